@@ -1,0 +1,28 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Each sets up what it needs.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck clean
+
+$(STAMP): pyproject.toml scripts/ensure-system-deps.sh
+	bash scripts/ensure-system-deps.sh
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/mtcache demo
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check cache optimizer control_tables heartbeat sql_ext experiments tests
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+clean:
+	rm -rf $(VENV) .mtcache *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""The heartbeat table and the backend clock estimate (SPEC §6)."""
