@@ -1,0 +1,50 @@
+"""mtcache's SQL extensions: the currency clause, TIMEORDERED brackets and the cache DDL.
+
+>>> from sql_ext import parse_one
+>>> q = parse_one("SELECT * FROM books b CURRENCY BOUND 10 MIN ON (b)")
+>>> q.clauses[0].specs[0].bound_seconds
+600.0
+>>> q.to_sql("duckdb")
+'SELECT * FROM books AS b'
+"""
+
+from sql_ext.blocks import Block, BlockAnalysis, Source, analyze
+from sql_ext.dialect import MTCache
+from sql_ext.statements import (
+    BlockClause,
+    Completeness,
+    Consistency,
+    ControlColumn,
+    CreateCachedView,
+    CreateControlTable,
+    DropCacheObject,
+    Presence,
+    Query,
+    Spec,
+    Statement,
+    Timeline,
+    parse,
+    parse_one,
+)
+
+__all__ = [
+    "Block",
+    "BlockAnalysis",
+    "BlockClause",
+    "Completeness",
+    "Consistency",
+    "ControlColumn",
+    "CreateCachedView",
+    "CreateControlTable",
+    "DropCacheObject",
+    "MTCache",
+    "Presence",
+    "Query",
+    "Source",
+    "Spec",
+    "Statement",
+    "Timeline",
+    "analyze",
+    "parse",
+    "parse_one",
+]

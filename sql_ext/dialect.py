@@ -1,0 +1,524 @@
+"""The ``mtcache`` sqlglot dialect: PostgreSQL plus the currency clause, TIMEORDERED brackets and
+the cache DDL (SPEC §2, §3).
+
+Extensions hook into sqlglot by subclassing (STYLE 3): the parser recognises the clause keywords
+by their text, because they are ordinary identifiers to PostgreSQL, and stops implicit aliases
+from swallowing them (``FROM books CURRENCY BOUND ...`` must not alias books as "currency").
+"""
+
+from __future__ import annotations
+
+import typing as t
+
+from sqlglot import exp
+from sqlglot.dialects.postgres import Postgres
+from sqlglot.errors import ParseError
+from sqlglot.generators.postgres import PostgresGenerator
+from sqlglot.parsers.postgres import PostgresParser
+from sqlglot.tokens import Token, TokenType
+
+from sql_ext.nodes import (
+    UNIT_SECONDS,
+    CachedViewDef,
+    CompletenessClause,
+    ConsistencyClause,
+    ControlTableDef,
+    CurrencyClause,
+    CurrencySpec,
+    DropCacheObject,
+    Duration,
+    PresenceClause,
+    Timeline,
+)
+
+UNIT_HELP = "use MS, SEC, MIN, HOUR or DAY (singular or plural)"
+RESERVED_CONTROL_COLUMNS = ("refreshed_at", "snapshot_id")
+
+# A keyword opens an extension clause only when the next token fits; otherwise it stays an
+# ordinary identifier (a column or alias may be called "presence").
+_CLAUSE_STARTS: dict[str, tuple[str, ...]] = {
+    "CURRENCY": ("BOUND",),
+    "PRESENCE": ("ON",),
+    "CONSISTENCY": ("ON", "ROOT"),
+    "COMPLETENESS": ("ON",),
+    "REFRESH": ("EVERY",),
+}
+
+
+class MTCacheParser(PostgresParser):
+    _in_cached_view = False
+
+    def _fail(self, message: str, token: Token | None = None) -> t.NoReturn:
+        """Raise a positioned ParseError (sqlglot's raise_error may only record it)."""
+        self.raise_error(message, token or self._curr or self._prev)
+        raise ParseError(message)
+
+    # -- where extension clauses begin --------------------------------------------------------
+
+    def _at_extension_clause(self) -> bool:
+        curr, nxt = self._curr, self._next
+        if not curr or curr.token_type == TokenType.STRING:
+            return False
+        followers = _CLAUSE_STARTS.get(curr.text.upper())
+        if followers is None:
+            return False
+        if self._in_cached_view and curr.text.upper() != "CURRENCY":
+            return True  # PRESENCE/CONSISTENCY/COMPLETENESS/REFRESH end a cached view's SELECT
+        if not nxt:
+            return False
+        if nxt.text.upper() in followers:
+            return True
+        # "CURRENCY 10 MIN" is a currency clause missing its BOUND, not an alias.
+        return curr.text.upper() == "CURRENCY" and nxt.token_type in (
+            TokenType.NUMBER,
+            TokenType.DASH,
+        )
+
+    def _at_currency_clause(self) -> bool:
+        return self._at_extension_clause() and self._curr.text.upper() == "CURRENCY"
+
+    def _parse_table_alias(
+        self, alias_tokens: t.Collection[TokenType] | None = None
+    ) -> exp.TableAlias | None:
+        if self._at_extension_clause():
+            return None
+        return super()._parse_table_alias(alias_tokens)
+
+    def _parse_alias(self, this: exp.Expr | None, explicit: bool = False) -> exp.Expr | None:
+        if self._at_extension_clause():
+            return this
+        return super()._parse_alias(this, explicit)
+
+    # -- statements ------------------------------------------------------------------------------
+
+    def _parse_select(self, *args: t.Any, **kwargs: t.Any) -> exp.Expr | None:
+        # Blocks are numbered in textual order (SPEC §9), so remember where each one starts.
+        start = self._curr
+        result = super()._parse_select(*args, **kwargs)
+        if start:
+            for select in _leading_selects(result):
+                select.meta.setdefault("block_start", start.start)
+        return result
+
+    def _parse_statement(self) -> exp.Expr | None:
+        curr, nxt = self._curr, self._next
+        if (
+            curr
+            and nxt
+            and curr.text.upper() in ("BEGIN", "END")
+            and nxt.text.upper() == "TIMEORDERED"
+        ):
+            self._advance(2)
+            return self.expression(Timeline(this=curr.text.upper()), token=curr)
+        return super()._parse_statement()
+
+    # -- §2 the currency clause --------------------------------------------------------------
+
+    def _parse_query_modifiers(self, this):  # type: ignore[no-untyped-def]
+        this = super()._parse_query_modifiers(this)
+        if isinstance(this, exp.Select) and self._at_currency_clause():
+            start = self._curr
+            clause = self._parse_currency_clause()
+            if this.args.get("currency") is not None:
+                self._fail("a SELECT block has at most one CURRENCY clause", start)
+            this.set("currency", clause)
+            # ORDER BY / LIMIT may follow the clause as well as precede it.
+            this = super()._parse_query_modifiers(this)
+        return this
+
+    def _parse_currency_clause(self) -> CurrencyClause:
+        start = self._curr
+        self._advance()  # CURRENCY
+        if not self._match_text_seq("BOUND"):
+            self._fail("expected BOUND after CURRENCY (CURRENCY BOUND 10 MIN ...)")
+        specs = [self._parse_currency_spec()]
+        while self._curr and self._curr.token_type == TokenType.COMMA:
+            self._advance()
+            specs.append(self._parse_currency_spec())
+
+        seen: dict[str, Token] = {}
+        for spec in specs:
+            for ident in spec.args.get("on") or []:
+                name = ident.name.lower()
+                if name in seen:
+                    self._fail(
+                        f"input {name!r} is named twice in one currency clause: an input belongs "
+                        "to one consistency class (merge the specs instead)",
+                        _token_of(ident, self._curr),
+                    )
+                seen[name] = _token_of(ident, self._curr)
+        return self.expression(CurrencyClause(expressions=specs), token=start)
+
+    def _parse_duration(self, after: str) -> Duration:
+        curr = self._curr
+        if curr and curr.token_type == TokenType.DASH:
+            self._fail("negative duration: a currency bound or interval must be 0 or more")
+        if not curr or curr.token_type != TokenType.NUMBER:
+            self._fail(f"expected a duration after {after}, e.g. 10 MIN")
+        number = curr
+        self._advance()
+        unit = self._curr
+        if (
+            not unit
+            or unit.token_type in (TokenType.COMMA, TokenType.SEMICOLON)
+            or (unit.text.upper() in ("ON", "BY") and unit.token_type != TokenType.STRING)
+        ):
+            self._fail(f"missing unit after {number.text}: {UNIT_HELP}", number)
+        if unit.text.upper() not in UNIT_SECONDS or unit.token_type == TokenType.STRING:
+            self._fail(f"unknown unit {unit.text!r}: {UNIT_HELP}", unit)
+        self._advance()
+        return self.expression(
+            Duration(this=exp.Literal.number(number.text), unit=exp.var(unit.text.upper())),
+            token=number,
+        )
+
+    def _parse_currency_spec(self) -> CurrencySpec:
+        duration = self._parse_duration("CURRENCY BOUND")
+        on: list[exp.Identifier] | None = None
+        by: list[exp.Column] | None = None
+        if self._match(TokenType.ON):
+            on = self._parse_name_list("ON")
+        if self._match_text_seq("BY"):
+            by = [self._parse_by_column()]
+            # A comma followed by a number starts the next spec, otherwise another column.
+            while (
+                self._curr is not None
+                and self._curr.token_type == TokenType.COMMA
+                and self._next
+                and self._next.token_type not in (TokenType.NUMBER, TokenType.DASH)
+            ):
+                self._advance()
+                by.append(self._parse_by_column())
+        return self.expression(CurrencySpec(this=duration, on=on, by=by), token=None)
+
+    def _parse_name_list(self, after: str) -> list[exp.Identifier]:
+        if not self._match(TokenType.L_PAREN):
+            self._fail(f"expected ( after {after}")
+        if self._curr and self._curr.token_type == TokenType.R_PAREN:
+            self._fail(f"empty {after} (): name at least one input")
+        names = []
+        while True:
+            token = self._curr
+            ident = self._parse_id_var(any_token=False)
+            if not isinstance(ident, exp.Identifier):
+                self._fail(f"expected a name in {after} (...)", token)
+            names.append(ident)
+            if not self._match(TokenType.COMMA):
+                break
+        if not self._match(TokenType.R_PAREN):
+            self._fail(f"expected , or ) in {after} (...)")
+        return names
+
+    def _parse_by_column(self) -> exp.Column:
+        token = self._curr
+        first = self._parse_id_var(any_token=False)
+        if not isinstance(first, exp.Identifier):
+            self._fail("expected a column after BY", token)
+        if self._match(TokenType.DOT):
+            second = self._parse_id_var(any_token=False)
+            if not isinstance(second, exp.Identifier):
+                self._fail("expected a column name after '.'")
+            return self.expression(exp.Column(this=second, table=first))
+        return self.expression(exp.Column(this=first))
+
+    # -- §3 cache DDL ----------------------------------------------------------------------------
+
+    def _parse_create(self) -> exp.Create | exp.Command:
+        if self._match_text_seq("CONTROL", "TABLE"):
+            return self._parse_control_table()  # type: ignore[return-value]
+        if self._match_text_seq("CACHED", "VIEW"):
+            return self._parse_cached_view()  # type: ignore[return-value]
+        return super()._parse_create()
+
+    def _parse_drop(self, exists: bool = False, kind: str | None = None) -> exp.Drop | exp.Command:
+        for words in (("CACHED", "VIEW"), ("CONTROL", "TABLE")):
+            if self._match_text_seq(*words):
+                if_exists = self._match_text_seq("IF", "EXISTS")
+                token = self._curr
+                name = self._parse_id_var(any_token=False)
+                if not isinstance(name, exp.Identifier):
+                    self._fail(f"expected the name of the {' '.join(words).lower()}", token)
+                return self.expression(  # type: ignore[return-value]
+                    DropCacheObject(this=name, kind=" ".join(words), exists=if_exists or None)
+                )
+        return super()._parse_drop(exists, kind)
+
+    def _parse_control_table(self) -> ControlTableDef:
+        token = self._curr
+        name = self._parse_id_var(any_token=False)
+        if not isinstance(name, exp.Identifier):
+            self._fail("expected the control table's name", token)
+        if not self._curr or self._curr.token_type != TokenType.L_PAREN:
+            self._fail("expected ( and the control-key columns, e.g. (authorid INT)")
+        schema = self._parse_schema(this=exp.to_table(name.name))
+        columns = schema.expressions if isinstance(schema, exp.Schema) else []
+        if not columns:
+            self._fail("a control table needs at least one control-key column")
+        seen: set[str] = set()
+        for column in columns:
+            if not isinstance(column, exp.ColumnDef) or column.args.get("kind") is None:
+                self._fail(
+                    f"expected `column type` in CREATE CONTROL TABLE {name.name}, got "
+                    f"{column.sql(dialect='postgres')!r}",
+                    _token_of(column, self._prev),
+                )
+            cname = column.name.lower()
+            if cname in RESERVED_CONTROL_COLUMNS:
+                self._fail(
+                    f"column {cname!r} is reserved: mtcache adds refreshed_at and snapshot_id "
+                    "to every control table itself",
+                    _token_of(column.this, self._prev),
+                )
+            if cname in seen:
+                self._fail(f"column {cname!r} appears twice", _token_of(column.this, self._prev))
+            seen.add(cname)
+        return self.expression(ControlTableDef(this=name, expressions=columns), token=token)
+
+    def _parse_cached_view(self) -> CachedViewDef:
+        token = self._curr
+        name = self._parse_id_var(any_token=False)
+        if not isinstance(name, exp.Identifier):
+            self._fail("expected the cached view's name", token)
+        if not self._match(TokenType.ALIAS):
+            self._fail(f"expected AS SELECT ... after CREATE CACHED VIEW {name.name}")
+        select_token = self._curr
+        if not select_token or select_token.token_type != TokenType.SELECT:
+            self._fail("a cached view is defined by SELECT cols FROM table [WHERE pred]")
+        self._in_cached_view = True
+        try:
+            select = self._parse_select()
+        finally:
+            self._in_cached_view = False
+        self._check_view_select(select, select_token)
+
+        args: dict[str, t.Any] = {"this": name, "expression": select, "presence": []}
+        while self._curr and self._curr.token_type != TokenType.SEMICOLON:
+            option = self._curr
+            word = option.text.upper()
+            if word == "PRESENCE" and self._next and self._next.text.upper() == "ON":
+                self._advance(2)
+                args["presence"].append(self._parse_presence())
+            elif word == "CONSISTENCY":
+                self._advance()
+                consistency = self._parse_consistency()
+                previous = args.get("consistency")
+                if previous is not None:
+                    kinds = {previous.text("kind"), consistency.text("kind")}
+                    self._fail(
+                        "CONSISTENCY ROOT cannot be combined with another CONSISTENCY clause: a "
+                        "gray view takes its consistency from its parent (Rule 2)"
+                        if "ROOT" in kinds
+                        else "a cached view has at most one CONSISTENCY clause",
+                        option,
+                    )
+                args["consistency"] = consistency
+            elif word == "COMPLETENESS":
+                if args.get("completeness") is not None:
+                    self._fail("a cached view has at most one COMPLETENESS clause", option)
+                self._advance()
+                if not self._match(TokenType.ON):
+                    self._fail("expected ON (cols) after COMPLETENESS")
+                columns = self._parse_name_list("COMPLETENESS ON")
+                control = self._parse_in_control()
+                args["completeness"] = self.expression(
+                    CompletenessClause(expressions=columns, this=control), token=option
+                )
+            elif word == "REFRESH":
+                if args.get("refresh") is not None:
+                    self._fail("a cached view has at most one REFRESH EVERY clause", option)
+                self._advance()
+                if not self._match_text_seq("EVERY"):
+                    self._fail("expected EVERY after REFRESH (REFRESH EVERY 5 MIN)")
+                args["refresh"] = self._parse_duration("REFRESH EVERY")
+            else:
+                self._fail(
+                    f"unknown cached view option {option.text!r}: expected PRESENCE ON, "
+                    "CONSISTENCY, COMPLETENESS ON or REFRESH EVERY",
+                    option,
+                )
+
+        root = args.get("consistency")
+        if root is not None and root.text("kind") == "ROOT":
+            if args.get("completeness") is not None:
+                self._fail(
+                    "CONSISTENCY ROOT makes the view gray: a gray view has no completeness "
+                    "control of its own (Rule 2); drop COMPLETENESS or CONSISTENCY ROOT",
+                    _token_of(args["completeness"], token),
+                )
+            if not args["presence"]:
+                self._fail(
+                    "CONSISTENCY ROOT makes the view consistent with its presence parent, but "
+                    "the view has no PRESENCE ON ... IN <cached view> clause",
+                    _token_of(root, token),
+                )
+        if not args["presence"]:
+            args["presence"] = None
+        return self.expression(CachedViewDef(**args), token=token)
+
+    def _parse_in_control(self, required: bool = False, what: str = "") -> exp.Identifier | None:
+        if not self._match(TokenType.IN):
+            if required:
+                self._fail(f"{what} needs IN <control table or cached view>")
+            return None
+        token = self._curr
+        control = self._parse_id_var(any_token=False)
+        if not isinstance(control, exp.Identifier):
+            self._fail("expected a control table or cached view after IN", token)
+        return control
+
+    def _parse_presence(self) -> PresenceClause:
+        start = self._prev
+        columns = self._parse_name_list("PRESENCE ON")
+        control = self._parse_in_control(required=True, what="PRESENCE ON (...)")
+        control_columns = None
+        if self._curr and self._curr.token_type == TokenType.L_PAREN:
+            control_columns = self._parse_name_list(f"IN {control.name}" if control else "IN")
+            if len(control_columns) != len(columns):
+                self._fail(
+                    f"PRESENCE ON lists {len(columns)} column(s) but IN "
+                    f"{control.name if control else ''} (...) lists {len(control_columns)}: "
+                    "they pair up one to one",
+                    self._prev,
+                )
+        return self.expression(
+            PresenceClause(expressions=columns, this=control, control_columns=control_columns),
+            token=start,
+        )
+
+    def _parse_consistency(self) -> ConsistencyClause:
+        start = self._prev
+        if self._match_text_seq("ROOT"):
+            return self.expression(ConsistencyClause(kind="ROOT"), token=start)
+        if not self._match(TokenType.ON):
+            self._fail("expected ON ALL, ON (cols) [IN control] or ROOT after CONSISTENCY")
+        if self._match(TokenType.ALL):
+            return self.expression(ConsistencyClause(kind="ALL"), token=start)
+        columns = self._parse_name_list("CONSISTENCY ON")
+        control = self._parse_in_control()
+        return self.expression(
+            ConsistencyClause(kind="ON", expressions=columns, this=control), token=start
+        )
+
+    def _check_view_select(self, select: exp.Expr | None, token: Token) -> None:
+        """§3.2: a cached view is a selection and projection of one backend table."""
+        if not isinstance(select, exp.Select):
+            self._fail(
+                "a cached view is defined by one SELECT cols FROM table [WHERE pred] block",
+                token,
+            )
+            return
+        source = select.args.get("from_")
+        if source is None or not isinstance(source.this, exp.Table):
+            self._fail("a cached view selects FROM one backend table", token)
+        if select.args.get("joins"):
+            self._fail(
+                "a cached view selects from one backend table: JOIN is not allowed (cache each "
+                "table in its own view; the optimizer joins them)",
+                _token_of(select.args["joins"][0], token),
+            )
+        if select.args.get("currency") is not None:
+            self._fail(
+                "a cached view's SELECT takes no CURRENCY clause: bounds belong to queries",
+                _token_of(select.args["currency"], token),
+            )
+        alias = source.this.args.get("alias")
+        if alias is not None:
+            self._fail(
+                f"unexpected {alias.name!r} after the view's table: expected WHERE, PRESENCE "
+                "ON, CONSISTENCY, COMPLETENESS ON or REFRESH EVERY (the table takes no alias)",
+                _token_of(alias, token),
+            )
+        for arg in ("joins", "group", "having", "order", "limit", "offset", "distinct", "with_"):
+            if select.args.get(arg):
+                self._fail(
+                    f"a cached view is a selection and projection of one table: "
+                    f"{arg.rstrip('_').upper()} is not allowed in its SELECT",
+                    token,
+                )
+        for projection in select.expressions:
+            target = projection.this if isinstance(projection, exp.Alias) else projection
+            if not isinstance(target, exp.Column | exp.Star) or (
+                isinstance(projection, exp.Alias) and projection.alias != target.name
+            ):
+                self._fail(
+                    "a cached view projects plain columns of its table (no expressions or "
+                    f"renames): {projection.sql(dialect='postgres')!r}",
+                    _token_of(projection, token),
+                )
+        where = select.args.get("where")
+        if where is not None and where.find(exp.Select) is not None:
+            self._fail("a cached view's WHERE takes no subqueries", token)
+
+
+def _leading_selects(node: exp.Expr | None) -> list[exp.Select]:
+    """The SELECT that begins at the same token as ``node`` (the left spine of set operations)."""
+    while isinstance(node, exp.SetOperation):
+        node = node.this
+    return [node] if isinstance(node, exp.Select) else []
+
+
+def _token_of(node: exp.Expr | None, fallback: Token | None) -> Token:
+    """A token positioned at a node (from its meta), for error messages."""
+    meta: dict[str, t.Any] = {}
+    if node is not None:
+        meta = node.meta if node.meta.get("line") else {}
+        if not meta:
+            for child in node.walk():
+                if isinstance(child, exp.Expr) and child.meta.get("line"):
+                    meta = child.meta
+                    break
+    if meta:
+        return Token(
+            TokenType.VAR,
+            node.sql() if isinstance(node, exp.Identifier) else "",
+            line=meta["line"],
+            col=meta["col"],
+            start=meta.get("start", 0),
+            end=meta.get("end", 0),
+        )
+    return fallback or Token.string("")
+
+
+class MTCacheGenerator(PostgresGenerator):
+    """Prints the extended dialect back (round trip); PostgreSQL/DuckDB output strips it."""
+
+    # sqlglot dispatches its own node classes by name; ours are registered explicitly.
+    TRANSFORMS = {
+        **PostgresGenerator.TRANSFORMS,
+        CurrencyClause: lambda self, e: self.currencyclause_sql(e),
+        CurrencySpec: lambda self, e: self.currencyspec_sql(e),
+        Duration: lambda self, e: self.duration_sql(e),
+        Timeline: lambda self, e: self.timeline_sql(e),
+    }
+
+    def select_sql(self, expression: exp.Select) -> str:
+        sql = super().select_sql(expression)
+        currency = expression.args.get("currency")
+        return f"{sql} {self.sql(currency)}" if currency is not None else sql
+
+    def currencyclause_sql(self, expression: CurrencyClause) -> str:
+        return "CURRENCY BOUND " + ", ".join(self.sql(spec) for spec in expression.expressions)
+
+    def currencyspec_sql(self, expression: CurrencySpec) -> str:
+        sql = self.sql(expression, "this")
+        if expression.args.get("on"):
+            sql += " ON (" + ", ".join(self.sql(i) for i in expression.args["on"]) + ")"
+        if expression.args.get("by"):
+            sql += " BY " + ", ".join(self.sql(c) for c in expression.args["by"])
+        return sql
+
+    def duration_sql(self, expression: Duration) -> str:
+        return f"{expression.this.name} {expression.text('unit')}"
+
+    def timeline_sql(self, expression: Timeline) -> str:
+        return f"{expression.name} TIMEORDERED"
+
+
+class MTCache(Postgres):
+    """PostgreSQL with mtcache's extensions."""
+
+    class Parser(MTCacheParser):
+        pass
+
+    class Generator(MTCacheGenerator):
+        pass

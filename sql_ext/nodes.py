@@ -1,0 +1,108 @@
+"""Typed sqlglot nodes for mtcache's SQL extensions (SPEC §2, §3).
+
+A SELECT block that carries a currency clause keeps it under the arg ``currency`` of its
+``exp.Select``; standard generators ignore that arg, and `strip_extensions` removes it so the
+tree prints as plain PostgreSQL or DuckDB SQL.
+"""
+
+from __future__ import annotations
+
+from sqlglot import exp
+
+# §2: the unit names a duration may use, in seconds.
+UNIT_SECONDS: dict[str, float] = {
+    "MS": 0.001,
+    "SEC": 1.0,
+    "SECOND": 1.0,
+    "SECONDS": 1.0,
+    "MIN": 60.0,
+    "MINUTE": 60.0,
+    "MINUTES": 60.0,
+    "HOUR": 3600.0,
+    "HOURS": 3600.0,
+    "DAY": 86400.0,
+    "DAYS": 86400.0,
+}
+
+
+class Duration(exp.Expression):
+    """``10 MIN``: this = the number literal, unit = the unit as written (upper case)."""
+
+    arg_types = {"this": True, "unit": True}
+
+    @property
+    def seconds(self) -> float:
+        return float(self.this.name) * UNIT_SECONDS[self.text("unit").upper()]
+
+
+class CurrencySpec(exp.Expression):
+    """One consistency class: ``10 MIN ON (b, r) BY b.isbn``.
+
+    this = Duration; on = list of Identifier (None when ON is omitted); by = list of Column.
+    """
+
+    arg_types = {"this": True, "on": False, "by": False}
+
+
+class CurrencyClause(exp.Expression):
+    """``CURRENCY BOUND spec, spec ...`` attached to one SELECT block."""
+
+    arg_types = {"expressions": True}
+
+
+class Timeline(exp.Expression):
+    """``BEGIN TIMEORDERED`` (this = "BEGIN") or ``END TIMEORDERED`` (this = "END")."""
+
+    arg_types = {"this": True}
+
+
+class ControlTableDef(exp.Expression):
+    """``CREATE CONTROL TABLE name (col type, ...)``: this = Identifier, expressions = ColumnDef."""
+
+    arg_types = {"this": True, "expressions": True}
+
+
+class PresenceClause(exp.Expression):
+    """``PRESENCE ON (cols) IN control [(control cols)]``."""
+
+    arg_types = {"expressions": True, "this": True, "control_columns": False}
+
+
+class ConsistencyClause(exp.Expression):
+    """``CONSISTENCY ON ALL | ON (cols) [IN control] | ROOT``: kind is ALL, ON or ROOT."""
+
+    arg_types = {"kind": True, "expressions": False, "this": False}
+
+
+class CompletenessClause(exp.Expression):
+    """``COMPLETENESS ON (cols) [IN control]``."""
+
+    arg_types = {"expressions": True, "this": False}
+
+
+class CachedViewDef(exp.Expression):
+    """``CREATE CACHED VIEW name AS SELECT ...`` with its cache clauses."""
+
+    arg_types = {
+        "this": True,
+        "expression": True,
+        "presence": False,
+        "consistency": False,
+        "completeness": False,
+        "refresh": False,
+    }
+
+
+class DropCacheObject(exp.Expression):
+    """``DROP CACHED VIEW name`` / ``DROP CONTROL TABLE name``: kind is the object kind."""
+
+    arg_types = {"this": True, "kind": True, "exists": False}
+
+
+def strip_extensions(tree: exp.Expr) -> exp.Expr:
+    """A copy of a query tree without currency clauses: plain SQL for PostgreSQL or DuckDB."""
+    copy = tree.copy()
+    for select in copy.find_all(exp.Select):
+        if select.args.get("currency") is not None:
+            select.set("currency", None)
+    return copy

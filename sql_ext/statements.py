@@ -1,0 +1,461 @@
+"""Typed parse results and the entry points `parse` / `parse_one`.
+
+Every statement a user can send is one of: `Query` (any SQL for the backend, with the currency
+clauses found in it), `Timeline` (BEGIN/END TIMEORDERED), or a cache DDL statement
+(`CreateControlTable`, `CreateCachedView`, `DropCacheObject`). Errors are `SqlSyntaxError`
+(a `ProgrammingError`) carrying the line and column of the offending token.
+"""
+
+from __future__ import annotations
+
+import re
+import typing as t
+from dataclasses import dataclass, field
+
+from sqlglot import exp
+from sqlglot.errors import ParseError, TokenError
+
+from cache.errors import SqlSyntaxError
+from sql_ext.blocks import Block, BlockAnalysis, analyze
+from sql_ext.dialect import MTCache
+from sql_ext.nodes import (
+    CachedViewDef,
+    ConsistencyClause,
+    ControlTableDef,
+    CurrencySpec,
+    Duration,
+    strip_extensions,
+)
+from sql_ext.nodes import DropCacheObject as DropNode
+from sql_ext.nodes import Timeline as TimelineNode
+
+DIALECT = MTCache()
+
+
+# -- typed results ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One spec of a currency clause (one consistency class before normalization)."""
+
+    bound_seconds: float
+    on: tuple[str, ...] | None  # input names as written, lower case; None = every input
+    by: tuple[str, ...]  # grouping columns as written, lower case; () = one snapshot
+    node: CurrencySpec = field(compare=False, repr=False)
+
+    def to_json(self) -> dict[str, t.Any]:
+        return {
+            "bound_seconds": self.bound_seconds,
+            "on": list(self.on) if self.on is not None else None,
+            "by": list(self.by),
+        }
+
+
+@dataclass(frozen=True)
+class BlockClause:
+    """The currency clause of one SELECT block."""
+
+    block: int
+    specs: tuple[Spec, ...]
+
+    def to_json(self) -> dict[str, t.Any]:
+        return {"block": self.block, "specs": [s.to_json() for s in self.specs]}
+
+
+@dataclass(frozen=True)
+class Query:
+    """Any SQL statement for the backend, with its currency clauses (none for writes)."""
+
+    text: str
+    tree: exp.Expr = field(repr=False)
+    clauses: tuple[BlockClause, ...]
+    analysis: BlockAnalysis = field(repr=False, compare=False)
+
+    kind: t.ClassVar[str] = "query"
+
+    @property
+    def has_currency_clause(self) -> bool:
+        return bool(self.clauses)
+
+    @property
+    def is_select(self) -> bool:
+        return isinstance(self.tree, exp.Query)
+
+    def to_sql(self, dialect: str = "postgres") -> str:
+        """The statement without extensions, in PostgreSQL or DuckDB syntax."""
+        if isinstance(self.tree, exp.Command):
+            return self.text.strip().rstrip(";").strip()
+        return strip_extensions(self.tree).sql(dialect=dialect)
+
+    def to_json(self) -> dict[str, t.Any]:
+        return {
+            "kind": self.kind,
+            "sql": self.to_sql("postgres"),
+            "clauses": [c.to_json() for c in self.clauses],
+        }
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """BEGIN TIMEORDERED (begin=True) or END TIMEORDERED (§2.3)."""
+
+    text: str
+    begin: bool
+
+    kind: t.ClassVar[str] = "timeline"
+
+    def to_json(self) -> dict[str, t.Any]:
+        return {
+            "kind": self.kind,
+            "sql": None,
+            "clauses": [],
+            "timeline": "begin" if self.begin else "end",
+        }
+
+
+@dataclass(frozen=True)
+class ControlColumn:
+    name: str
+    type: str  # PostgreSQL type as written, normalized by sqlglot
+
+
+@dataclass(frozen=True)
+class CreateControlTable:
+    text: str
+    name: str
+    columns: tuple[ControlColumn, ...]
+
+    kind: t.ClassVar[str] = "ddl"
+
+    def to_sql(self, dialect: str = "postgres") -> str:
+        cols = ", ".join(f"{c.name} {c.type}" for c in self.columns)
+        return f"CREATE TABLE {self.name} ({cols})"
+
+    def to_json(self) -> dict[str, t.Any]:
+        return {
+            "kind": self.kind,
+            "sql": self.to_sql(),
+            "clauses": [],
+            "ddl": {
+                "statement": "create control table",
+                "name": self.name,
+                "columns": [{"name": c.name, "type": c.type} for c in self.columns],
+            },
+        }
+
+
+@dataclass(frozen=True)
+class Presence:
+    columns: tuple[str, ...]  # the view's presence-controlled key K'
+    control: str  # control table or cached view
+    control_columns: tuple[str, ...]  # its control key K (defaults to the same names)
+
+
+@dataclass(frozen=True)
+class Consistency:
+    kind: t.Literal["all", "on", "root"]
+    columns: tuple[str, ...] = ()
+    control: str | None = None  # None with kind "on" = full guarantee for every value
+
+
+@dataclass(frozen=True)
+class Completeness:
+    columns: tuple[str, ...]
+    control: str | None  # None = full completeness for every value
+
+
+@dataclass(frozen=True)
+class CreateCachedView:
+    text: str
+    name: str
+    table: str  # the backend table
+    schema: str | None
+    columns: tuple[str, ...] | None  # None = every column (SELECT *)
+    select: exp.Select = field(repr=False, compare=False)
+    presence: tuple[Presence, ...]
+    consistency: Consistency | None
+    completeness: Completeness | None
+    refresh_seconds: float | None
+
+    kind: t.ClassVar[str] = "ddl"
+
+    @property
+    def where(self) -> exp.Expr | None:
+        where = self.select.args.get("where")
+        return where.this if where is not None else None
+
+    def to_sql(self, dialect: str = "postgres") -> str:
+        """The view's defining query."""
+        return self.select.sql(dialect=dialect)
+
+    def to_json(self) -> dict[str, t.Any]:
+        consistency = None
+        if self.consistency is not None:
+            consistency = {
+                "kind": self.consistency.kind,
+                "columns": list(self.consistency.columns),
+                "control": self.consistency.control,
+            }
+        completeness = None
+        if self.completeness is not None:
+            completeness = {
+                "columns": list(self.completeness.columns),
+                "control": self.completeness.control,
+            }
+        return {
+            "kind": self.kind,
+            "sql": self.to_sql(),
+            "clauses": [],
+            "ddl": {
+                "statement": "create cached view",
+                "name": self.name,
+                "table": self.table,
+                "columns": list(self.columns) if self.columns is not None else None,
+                "presence": [
+                    {
+                        "columns": list(p.columns),
+                        "control": p.control,
+                        "control_columns": list(p.control_columns),
+                    }
+                    for p in self.presence
+                ],
+                "consistency": consistency,
+                "completeness": completeness,
+                "refresh_seconds": self.refresh_seconds,
+            },
+        }
+
+
+@dataclass(frozen=True)
+class DropCacheObject:
+    text: str
+    object_kind: t.Literal["cached view", "control table"]
+    name: str
+    if_exists: bool
+
+    kind: t.ClassVar[str] = "ddl"
+
+    def to_sql(self, dialect: str = "postgres") -> str:
+        return f"DROP TABLE {'IF EXISTS ' if self.if_exists else ''}{self.name}"
+
+    def to_json(self) -> dict[str, t.Any]:
+        return {
+            "kind": self.kind,
+            "sql": self.to_sql(),
+            "clauses": [],
+            "ddl": {"statement": f"drop {self.object_kind}", "name": self.name},
+        }
+
+
+Statement = Query | Timeline | CreateControlTable | CreateCachedView | DropCacheObject
+
+
+# -- entry points -------------------------------------------------------------------------------
+
+
+def parse(text: str) -> list[Statement]:
+    """Parse a script of one or more statements separated by semicolons."""
+    try:
+        trees = DIALECT.parse(text)
+    except ParseError as exc:
+        raise _syntax_error(exc, text) from None
+    except TokenError as exc:
+        raise _token_error(exc, text) from None
+    chunks = _statement_texts(text, len(trees))
+    statements = [
+        _typed(tree, chunk) for tree, chunk in zip(trees, chunks, strict=True) if tree is not None
+    ]
+    if not statements:
+        raise SqlSyntaxError("empty statement: there is no SQL to run", 1, 1)
+    return statements
+
+
+def parse_one(text: str) -> Statement:
+    """Parse exactly one statement (a trailing semicolon is fine)."""
+    statements = parse(text)
+    if len(statements) != 1:
+        raise SqlSyntaxError(
+            f"expected one statement, found {len(statements)}: send them one at a time "
+            "(cursor.execute) or as a DDL script (mtcache ddl FILE)"
+        )
+    return statements[0]
+
+
+def _statement_texts(text: str, count: int) -> list[str]:
+    # The typed results keep their own text (for commands sqlglot keeps verbatim); a script
+    # split is only needed for multi-statement input.
+    if count <= 1:
+        return [text]
+    tokens = DIALECT.tokenize(text)
+    pieces, start = [], 0
+    for token in tokens:
+        if token.token_type.name == "SEMICOLON":
+            pieces.append(text[start : token.start])
+            start = token.end + 1
+    pieces.append(text[start:])
+    pieces = [p for p in pieces if p.strip()]
+    return pieces if len(pieces) == count else [text] * count
+
+
+def _token_error(exc: TokenError, text: str) -> SqlSyntaxError:
+    # sqlglot says "Missing ' from <line>:<offset of the opening quote>" in the cause.
+    cause = str(exc.__cause__ or exc)
+    match = re.match(r"Missing (.+) from (\d+):(\d+)", cause)
+    if match is None:
+        return SqlSyntaxError(f"cannot read the statement: {cause}")
+    delimiter, line, offset = match.group(1), int(match.group(2)), int(match.group(3))
+    col = offset - text.rfind("\n", 0, offset)
+    what = {"'": "string", '"': "quoted identifier"}.get(delimiter, "quoted text")
+    return SqlSyntaxError(f"unterminated {what}: add the closing {delimiter}", line, col)
+
+
+def _syntax_error(exc: ParseError, text: str) -> SqlSyntaxError:
+    info = exc.errors[0] if exc.errors else {}
+    description = str(info.get("description") or exc).strip()
+    highlight = str(info.get("highlight") or "").strip()
+    if description.startswith("Invalid expression / Unexpected token"):
+        description = (
+            f"unexpected {highlight!r}: the statement should have ended before it"
+            if highlight
+            else "unexpected end of statement"
+        )
+    elif description.startswith("Required keyword") or description.startswith("Expecting"):
+        near = f" near {highlight!r}" if highlight else ""
+        description = f"incomplete statement{near}: {description}"
+    line, col = info.get("line"), info.get("col")
+    if col is not None and highlight and "\n" not in highlight:
+        # sqlglot reports where the token ends; people look for where it starts.
+        col = max(1, int(col) - len(str(info.get("highlight"))) + 1)
+    return SqlSyntaxError(description, line, col)
+
+
+def _typed(tree: exp.Expr, text: str) -> Statement:
+    if isinstance(tree, TimelineNode):
+        return Timeline(text=text, begin=tree.name == "BEGIN")
+    if isinstance(tree, ControlTableDef):
+        return CreateControlTable(
+            text=text,
+            name=tree.this.name.lower(),
+            columns=tuple(
+                ControlColumn(name=c.name.lower(), type=c.args["kind"].sql(dialect="postgres"))
+                for c in tree.expressions
+            ),
+        )
+    if isinstance(tree, CachedViewDef):
+        return _typed_cached_view(tree, text)
+    if isinstance(tree, DropNode):
+        return DropCacheObject(
+            text=text,
+            object_kind="cached view" if tree.text("kind") == "CACHED VIEW" else "control table",
+            name=tree.this.name.lower(),
+            if_exists=bool(tree.args.get("exists")),
+        )
+    analysis = analyze(tree)
+    clauses = tuple(_check_clause(block, text) for block in analysis.blocks if block.clause)
+    return Query(text=text, tree=tree, clauses=clauses, analysis=analysis)
+
+
+def _names(nodes: list[exp.Expr] | None) -> tuple[str, ...]:
+    return tuple(n.name.lower() for n in nodes or [])
+
+
+def _typed_cached_view(tree: CachedViewDef, text: str) -> CreateCachedView:
+    select: exp.Select = tree.expression
+    table: exp.Table = select.args["from_"].this
+    columns: tuple[str, ...] | None = None
+    if not any(isinstance(p, exp.Star) for p in select.expressions):
+        columns = tuple(p.alias_or_name.lower() for p in select.expressions)
+    presence = tuple(
+        Presence(
+            columns=_names(p.expressions),
+            control=p.this.name.lower(),
+            control_columns=_names(p.args.get("control_columns") or p.expressions),
+        )
+        for p in tree.args.get("presence") or []
+    )
+    consistency = None
+    node: ConsistencyClause | None = tree.args.get("consistency")
+    if node is not None:
+        kind = t.cast(t.Literal["all", "on", "root"], node.text("kind").lower())
+        control = node.args.get("this")
+        consistency = Consistency(
+            kind=kind,
+            columns=_names(node.expressions),
+            control=control.name.lower() if control is not None else None,
+        )
+    completeness = None
+    if tree.args.get("completeness") is not None:
+        cnode = tree.args["completeness"]
+        control = cnode.args.get("this")
+        completeness = Completeness(
+            columns=_names(cnode.expressions),
+            control=control.name.lower() if control is not None else None,
+        )
+    refresh: Duration | None = tree.args.get("refresh")
+    return CreateCachedView(
+        text=text,
+        name=tree.this.name.lower(),
+        table=table.name.lower(),
+        schema=table.db.lower() or None,
+        columns=columns,
+        select=select,
+        presence=presence,
+        consistency=consistency,
+        completeness=completeness,
+        refresh_seconds=refresh.seconds if refresh is not None else None,
+    )
+
+
+def _column_name(column: exp.Column) -> str:
+    """``table.column`` as written, lower case, without quotes."""
+    name = column.name.lower()
+    return f"{column.table.lower()}.{name}" if column.table else name
+
+
+def position_of(node: exp.Expr) -> tuple[int | None, int | None]:
+    """Line and start column of the first positioned token of a node."""
+    for child in node.walk():
+        meta = child.meta if isinstance(child, exp.Expr) else {}
+        if meta.get("line"):
+            width = int(meta.get("end", 0)) - int(meta.get("start", 0))
+            return int(meta["line"]), max(1, int(meta["col"]) - width)
+    return None, None
+
+
+def _check_clause(block: Block, text: str) -> BlockClause:
+    """§2 scoping: ON names inputs visible from the block; BY columns lie inside the class."""
+    clause = block.clause
+    assert clause is not None
+    specs = []
+    own = {s.name for s in block.sources if s.name}
+    for node in clause.expressions:
+        on = node.args.get("on")
+        if on is not None:
+            for ident in on:
+                if block.resolve(ident.name) is None:
+                    visible = sorted({s.name for s in block.visible() if s.name})
+                    raise SqlSyntaxError(
+                        f"input {ident.name.lower()!r} is not visible from this block: name a "
+                        f"table or alias of this block or an outer one ({', '.join(visible)})",
+                        *position_of(ident),
+                    )
+        members = {i.name.lower() for i in on} if on is not None else own
+        for column in node.args.get("by") or []:
+            qualifier = column.table.lower()
+            if qualifier and qualifier not in members:
+                raise SqlSyntaxError(
+                    f"BY column {_column_name(column)} is outside its consistency class: "
+                    f"{qualifier!r} is not among the class's inputs ({', '.join(sorted(members))})",
+                    *position_of(column),
+                )
+        duration: Duration = node.this
+        specs.append(
+            Spec(
+                bound_seconds=duration.seconds,
+                on=_names(on) if on is not None else None,
+                by=tuple(_column_name(c) for c in node.args.get("by") or []),
+                node=node,
+            )
+        )
+    return BlockClause(block=block.index, specs=tuple(specs))
