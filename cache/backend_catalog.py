@@ -1,0 +1,106 @@
+"""Reflect the backend's catalog (tables, columns, types, primary and unique keys, views) from
+PostgreSQL's pg_catalog in three queries."""
+
+from __future__ import annotations
+
+import psycopg
+
+from cache.errors import BackendUnavailableError, translate
+from optimizer.catalog import Catalog, Column, Table, View
+
+# Relations visible on the search path, first schema wins (as an unqualified name resolves).
+_RELATIONS = """
+SELECT c.oid, c.relname, n.nspname, c.relkind,
+       CASE WHEN c.relkind = 'v' THEN pg_get_viewdef(c.oid, true) END AS definition
+FROM pg_class c
+JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f')
+  AND n.nspname = ANY (current_schemas(false))
+  AND NOT c.relispartition
+ORDER BY array_position(current_schemas(false), n.nspname::text), c.relname
+"""
+
+_COLUMNS = """
+SELECT a.attrelid, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull
+FROM pg_attribute a
+WHERE a.attrelid = ANY (%s) AND a.attnum > 0 AND NOT a.attisdropped
+ORDER BY a.attrelid, a.attnum
+"""
+
+# Primary keys and unique indexes over plain columns without a predicate.
+_KEYS = """
+SELECT i.indrelid, i.indisprimary,
+       array_agg(a.attname ORDER BY k.ord) AS columns
+FROM pg_index i
+CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+WHERE i.indrelid = ANY (%s) AND i.indisunique AND i.indpred IS NULL AND i.indexprs IS NULL
+GROUP BY i.indexrelid, i.indrelid, i.indisprimary
+ORDER BY i.indrelid, NOT i.indisprimary, i.indexrelid
+"""
+
+
+def reflect_catalog(conn: psycopg.Connection) -> Catalog:  # type: ignore[type-arg]
+    """Read the catalog through an open connection."""
+    try:
+        relations = conn.execute(_RELATIONS).fetchall()
+        oids = [r[0] for r in relations]
+        columns: dict[int, list[Column]] = {}
+        for oid, name, type_, notnull in conn.execute(_COLUMNS, (oids,)).fetchall():
+            columns.setdefault(oid, []).append(Column(name, type_, nullable=not notnull))
+        primary: dict[int, tuple[str, ...]] = {}
+        unique: dict[int, list[tuple[str, ...]]] = {}
+        for oid, is_primary, cols in conn.execute(_KEYS, (oids,)).fetchall():
+            if is_primary:
+                primary[oid] = tuple(cols)
+            else:
+                unique.setdefault(oid, []).append(tuple(cols))
+    except psycopg.Error as exc:
+        raise translate(exc, "reading the backend catalog") from exc
+
+    tables: dict[str, Table] = {}
+    views: dict[str, View] = {}
+    for oid, name, schema, kind, definition in relations:
+        if name in tables or name in views:
+            continue  # shadowed by an earlier schema on the search path
+        if kind == "v":  # a materialized view stores rows: the cache treats it as a table
+            views[name] = View(name=name, definition=definition or "", schema=schema)
+        else:
+            tables[name] = Table(
+                name=name,
+                columns=tuple(columns.get(oid, [])),
+                primary_key=primary.get(oid, ()),
+                unique_keys=tuple(unique.get(oid, [])),
+                schema=schema,
+            )
+    return Catalog(tables=tables, views=views)
+
+
+def connect_backend(dsn: str, **kwargs: object) -> psycopg.Connection:  # type: ignore[type-arg]
+    """Open a psycopg connection, turning a refusal into a clear `BackendUnavailableError`."""
+    try:
+        return psycopg.connect(dsn, **kwargs)  # type: ignore[arg-type]
+    except psycopg.OperationalError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise BackendUnavailableError(
+            f"cannot reach the PostgreSQL backend at {_redact(dsn)}: {first} "
+            "(check --backend / MTCACHE_BACKEND, or omit it to use the embedded default)"
+        ) from exc
+
+
+def fetch_catalog(dsn: str) -> Catalog:
+    with connect_backend(dsn, autocommit=True) as conn:
+        return reflect_catalog(conn)
+
+
+def _redact(dsn: str) -> str:
+    """A DSN fit for messages: no password."""
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return "<unparseable DSN>"
+    info.pop("password", None)
+    host = info.get("host", "localhost")
+    port = info.get("port", "5432")
+    db = info.get("dbname", "")
+    return f"{host}:{port}/{db}"

@@ -1,0 +1,67 @@
+"""The catalog the optimizer plans against: backend tables, columns, keys and views.
+
+Pure values: reflected from PostgreSQL by `cache.backend_catalog`, later kept in the DuckDB
+file's shadow catalog. Names are lower case, unqualified (the first match on the backend's
+search_path, as PostgreSQL resolves them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: str
+    nullable: bool = True
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    columns: tuple[Column, ...]
+    primary_key: tuple[str, ...] = ()
+    unique_keys: tuple[tuple[str, ...], ...] = ()
+    schema: str = "public"
+
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+    def has_column(self, name: str) -> bool:
+        return any(c.name == name for c in self.columns)
+
+    def candidate_keys(self) -> tuple[tuple[str, ...], ...]:
+        """Keys usable as functional dependencies K -> all columns.
+
+        A UNIQUE key over nullable columns admits several rows with NULLs, so it determines
+        nothing; only the primary key and all-NOT-NULL unique keys count (fewer FDs is always
+        safe: §5.1, Theorem 6.2).
+        """
+        not_null = {c.name for c in self.columns if not c.nullable}
+        keys = [self.primary_key] if self.primary_key else []
+        keys += [k for k in self.unique_keys if k and set(k) <= not_null and k not in keys]
+        return tuple(keys)
+
+
+@dataclass(frozen=True)
+class View:
+    """A backend view: expanded into its base tables during normalization (§4.3)."""
+
+    name: str
+    definition: str
+    schema: str = "public"
+
+
+@dataclass(frozen=True)
+class Catalog:
+    tables: Mapping[str, Table] = field(default_factory=dict)
+    views: Mapping[str, View] = field(default_factory=dict)
+
+    def table(self, name: str) -> Table | None:
+        return self.tables.get(name.lower())
+
+    def view(self, name: str) -> View | None:
+        return self.views.get(name.lower())
