@@ -1,0 +1,75 @@
+"""Session fixtures: one private PostgreSQL cluster per test run, a fresh database per module.
+
+The cluster comes from the same module as the embedded default (cache.embedded_pg). If it cannot
+start, every test that needs it errors: nothing is skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cache import bookstore
+from cache.backend_catalog import fetch_catalog
+from cache.embedded_pg import EmbeddedPostgres, ServerSettings
+from optimizer.catalog import Catalog
+
+
+def reachable_tempdir(prefix: str) -> Path:
+    """A temp dir the postgres OS user can enter (pytest's own tmp dirs are mode 700)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    path.chmod(0o755)
+    return path
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[EmbeddedPostgres]:
+    root = reachable_tempdir("mtcache-test-pg-")
+    cluster = EmbeddedPostgres(root / "pg", settings=ServerSettings(durable=False))
+    cluster.ensure_running()
+    try:
+        yield cluster
+    finally:
+        cluster.destroy()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def backend_dsn(pg_cluster: EmbeddedPostgres, request: pytest.FixtureRequest) -> str:
+    module = request.module.__name__.rsplit(".", 1)[-1]
+    return pg_cluster.create_database("t_" + re.sub(r"\W", "_", module)[:40])
+
+
+@pytest.fixture(scope="module")
+def bookstore_dsn(backend_dsn: str) -> str:
+    bookstore.load_into(backend_dsn)
+    return backend_dsn
+
+
+@pytest.fixture(scope="module")
+def bookstore_catalog(bookstore_dsn: str) -> Catalog:
+    return fetch_catalog(bookstore_dsn)
+
+
+@pytest.fixture(scope="session")
+def mtcache_bin() -> str:
+    """The installed console script (tests run inside the project's virtualenv)."""
+    import sys
+
+    script = Path(sys.executable).parent / "mtcache"
+    assert script.exists(), f"{script} is missing: install the project (make test does)"
+    return str(script)
+
+
+@pytest.fixture
+def clean_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("MTCACHE_BACKEND", None)
+    env.pop("MTCACHE_CACHE", None)
+    return env

@@ -1,0 +1,151 @@
+"""The `mtcache` command line, run as a real process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from tests.conftest import reachable_tempdir
+
+
+def run(
+    mtcache_bin: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [mtcache_bin, *args], capture_output=True, text=True, env=env, timeout=120, check=False
+    )
+
+
+def test_parse_json_needs_no_backend(mtcache_bin: str, clean_env: dict[str, str]) -> None:
+    clean_env["MTCACHE_BACKEND"] = "postgresql://nobody@127.0.0.1:1/none"
+    result = run(
+        mtcache_bin,
+        "parse",
+        "--json",
+        "SELECT o.id FROM orders o JOIN lines l ON o.id = l.oid "
+        "CURRENCY BOUND 90 SEC ON (o, l) BY o.id",
+        env=clean_env,
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {
+        "kind": "query",
+        "sql": "SELECT o.id FROM orders AS o JOIN lines AS l ON o.id = l.oid",
+        "clauses": [
+            {"block": 0, "specs": [{"bound_seconds": 90.0, "on": ["o", "l"], "by": ["o.id"]}]}
+        ],
+    }
+
+
+def test_parse_human_output(mtcache_bin: str) -> None:
+    result = run(mtcache_bin, "parse", "SELECT * FROM t CURRENCY BOUND 90 SEC ON (t) BY t.k")
+    assert result.returncode == 0
+    assert "block 0: 90 sec ON (t) BY t.k" in result.stdout
+
+
+def test_parse_error_is_one_line_with_position(mtcache_bin: str) -> None:
+    result = run(mtcache_bin, "parse", "--json", "SELECT *\nFROM t CURRENCY BOUND 5 EONS")
+    assert result.returncode == 1
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("mtcache: SqlSyntaxError: line 2, column 25: unknown unit 'EONS'")
+    assert "Traceback" not in result.stderr
+
+
+def test_explain_json_prints_the_constraint(mtcache_bin: str, bookstore_dsn: str) -> None:
+    result = run(
+        mtcache_bin,
+        "--backend",
+        bookstore_dsn,
+        "explain",
+        "--json",
+        "SELECT s.qty FROM sales s, (SELECT b.isbn FROM books b, reviews r WHERE b.isbn = r.isbn "
+        "CURRENCY BOUND 10 MIN ON (b, r)) t WHERE s.isbn = t.isbn CURRENCY BOUND 5 MIN ON (s, t)",
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {
+        "constraint": [{"bound_seconds": 300.0, "tables": ["books", "reviews", "sales"], "by": []}]
+    }
+
+
+def test_explain_reads_the_backend_from_the_environment(
+    mtcache_bin: str, bookstore_dsn: str, clean_env: dict[str, str]
+) -> None:
+    clean_env["MTCACHE_BACKEND"] = bookstore_dsn
+    result = run(
+        mtcache_bin,
+        "explain",
+        "SELECT * FROM authors a CURRENCY BOUND 2 MIN BY a.city",
+        env=clean_env,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "class 1 (authors): at most 2 min stale, one snapshot per group of (authors.city)" in (
+        result.stdout
+    )
+    assert "plan: not shown yet" in result.stdout
+
+
+def test_explain_unknown_table(mtcache_bin: str, bookstore_dsn: str) -> None:
+    result = run(mtcache_bin, "--backend", bookstore_dsn, "explain", "SELECT * FROM nope")
+    assert result.returncode == 1
+    assert "CatalogError: line 1, column 15: unknown table or view 'nope'" in result.stderr
+
+
+def test_explain_with_backend_down(mtcache_bin: str) -> None:
+    result = run(
+        mtcache_bin, "--backend", "postgresql://postgres@127.0.0.1:1/x", "explain", "SELECT 1"
+    )
+    assert result.returncode == 1
+    assert result.stderr.startswith("mtcache: BackendUnavailableError: cannot reach the PostgreSQL")
+    assert "127.0.0.1:1/x" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_explain_rejects_ddl(mtcache_bin: str, bookstore_dsn: str) -> None:
+    result = run(
+        mtcache_bin, "--backend", bookstore_dsn, "explain", "CREATE CONTROL TABLE p (k int)"
+    )
+    assert result.returncode == 1
+    assert "explain takes a query; this is a ddl statement" in result.stderr
+
+
+def test_usage_error_exits_2(mtcache_bin: str) -> None:
+    result = run(mtcache_bin, "frobnicate")
+    assert result.returncode == 2
+    assert "invalid choice" in result.stderr
+
+
+@pytest.mark.backend
+def test_embedded_default_starts_reuses_and_stops(
+    mtcache_bin: str, clean_env: dict[str, str]
+) -> None:
+    """With no backend, explain starts a private cluster beside the cache file; stop ends it."""
+    home = reachable_tempdir("mtcache-cli-")
+    cache = str(home / "cache.duckdb")
+    try:
+        first = run(mtcache_bin, "--cache", cache, "explain", "--json", "SELECT 1", env=clean_env)
+        assert first.returncode == 0, first.stderr
+        assert json.loads(first.stdout) == {"constraint": []}
+        assert (home / "pg" / "data" / "PG_VERSION").is_file()
+        port = (home / "pg" / "port").read_text().strip()
+
+        again = run(mtcache_bin, "--cache", cache, "explain", "--json", "SELECT 1", env=clean_env)
+        assert again.returncode == 0, again.stderr
+        assert (home / "pg" / "port").read_text().strip() == port
+
+        stopped = run(mtcache_bin, "--cache", cache, "stop", env=clean_env)
+        assert stopped.returncode == 0
+        assert "stopped the embedded PostgreSQL" in stopped.stdout
+        assert not (home / "pg" / "data" / "postmaster.pid").exists()
+
+        twice = run(mtcache_bin, "--cache", cache, "stop", env=clean_env)
+        assert "was not running" in twice.stdout
+    finally:
+        from cache.embedded_pg import EmbeddedPostgres
+
+        EmbeddedPostgres(home / "pg").destroy()
+        import shutil
+
+        shutil.rmtree(home, ignore_errors=True)
