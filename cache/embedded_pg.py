@@ -65,6 +65,9 @@ def find_pg_bin(search_dirs: Sequence[str] = SEARCH_DIRS) -> Path:
 def _free_port(preferred: int | None = None) -> int:
     for port in ([preferred] if preferred else []) + [0]:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            # PostgreSQL listens with SO_REUSEADDR, so a port whose old connections linger in
+            # TIME_WAIT is free for it; probe the same way.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:

@@ -103,7 +103,6 @@ class BlockAnalysis:
         return [self.block_of(s) for s in _branch_selects(query)]
 
 
-
 def analyze(tree: exp.Expr) -> BlockAnalysis:
     selects = [node for node in tree.walk() if isinstance(node, exp.Select)]
     dfs_rank = {id(s): i for i, s in enumerate(selects)}

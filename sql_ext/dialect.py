@@ -27,6 +27,7 @@ from sql_ext.nodes import (
     CurrencySpec,
     DropCacheObject,
     Duration,
+    ExplainStatement,
     PresenceClause,
     Timeline,
 )
@@ -100,7 +101,18 @@ class MTCacheParser(PostgresParser):
                 select.meta.setdefault("block_start", start.start)
         return result
 
+    def _warn_unsupported(self) -> None:
+        # Statements sqlglot does not model (VACUUM, REFRESH MATERIALIZED VIEW, ...) go to the
+        # backend verbatim by design: nothing to warn about.
+        return
+
     def _parse_statement(self) -> exp.Expr | None:
+        if (
+            self._curr
+            and self._curr.token_type == TokenType.VAR
+            and self._curr.text.upper() == ("EXPLAIN")
+        ):
+            return self._parse_explain()
         curr, nxt = self._curr, self._next
         if (
             curr
@@ -111,6 +123,35 @@ class MTCacheParser(PostgresParser):
             self._advance(2)
             return self.expression(Timeline(this=curr.text.upper()), token=curr)
         return super()._parse_statement()
+
+    def _parse_explain(self) -> ExplainStatement:
+        """EXPLAIN [ANALYZE] [VERBOSE] stmt | EXPLAIN (option, ...) stmt (PostgreSQL's forms)."""
+        start = self._curr
+        self._advance()
+        options = ""
+        if self._curr and self._curr.token_type == TokenType.L_PAREN:
+            first, depth = self._curr, 0
+            while self._curr:
+                depth += {TokenType.L_PAREN: 1, TokenType.R_PAREN: -1}.get(self._curr.token_type, 0)
+                self._advance()
+                if depth == 0:
+                    break
+            options = self._find_sql(first, self._prev)
+        else:
+            words = []
+            while self._curr and self._curr.text.upper() in ("ANALYZE", "ANALYSE", "VERBOSE"):
+                words.append(self._curr.text.upper())
+                self._advance()
+            options = " ".join(words)
+        if not self._curr or self._curr.token_type == TokenType.SEMICOLON:
+            self._fail("EXPLAIN needs a statement to explain, e.g. EXPLAIN SELECT ...", start)
+        inner = self._parse_statement()
+        if inner is None:
+            self._fail("EXPLAIN needs a statement to explain, e.g. EXPLAIN SELECT ...", start)
+        return self.expression(
+            ExplainStatement(this=inner, options=exp.var(options) if options else None),
+            token=start,
+        )
 
     # -- §2 the currency clause --------------------------------------------------------------
 
@@ -153,9 +194,27 @@ class MTCacheParser(PostgresParser):
         curr = self._curr
         if curr and curr.token_type == TokenType.DASH:
             self._fail("negative duration: a currency bound or interval must be 0 or more")
-        if not curr or curr.token_type != TokenType.NUMBER:
+        if (
+            curr
+            and curr.token_type == TokenType.DOT
+            and self._next
+            and self._next.token_type == TokenType.NUMBER
+            and curr.end + 1 == self._next.start
+        ):
+            # ".5 MIN": PostgreSQL's tokenizer reads a leading decimal point as a number.
+            self._advance()
+            number = Token(
+                TokenType.NUMBER,
+                "0." + self._curr.text,
+                curr.line,
+                curr.col,
+                curr.start,
+                self._curr.end,
+            )
+        elif not curr or curr.token_type != TokenType.NUMBER:
             self._fail(f"expected a duration after {after}, e.g. 10 MIN")
-        number = curr
+        else:
+            number = curr
         self._advance()
         unit = self._curr
         if (
@@ -489,6 +548,9 @@ class MTCacheGenerator(PostgresGenerator):
         CurrencySpec: lambda self, e: self.currencyspec_sql(e),
         Duration: lambda self, e: self.duration_sql(e),
         Timeline: lambda self, e: self.timeline_sql(e),
+        ExplainStatement: lambda self, e: " ".join(
+            p for p in ("EXPLAIN", self.sql(e, "options"), self.sql(e, "this")) if p
+        ),
     }
 
     def select_sql(self, expression: exp.Select) -> str:
@@ -514,8 +576,17 @@ class MTCacheGenerator(PostgresGenerator):
         return f"{expression.name} TIMEORDERED"
 
 
+class MTCacheTokenizer(Postgres.Tokenizer):
+    # EXPLAIN is a command to PostgreSQL's tokenizer (the rest of the statement becomes one
+    # string); mtcache parses the explained statement, so EXPLAIN is an ordinary word here.
+    KEYWORDS = {k: v for k, v in Postgres.Tokenizer.KEYWORDS.items() if k != "EXPLAIN"}
+
+
 class MTCache(Postgres):
     """PostgreSQL with mtcache's extensions."""
+
+    class Tokenizer(MTCacheTokenizer):
+        pass
 
     class Parser(MTCacheParser):
         pass

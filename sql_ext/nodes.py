@@ -56,6 +56,12 @@ class Timeline(exp.Expression):
     arg_types = {"this": True}
 
 
+class ExplainStatement(exp.Expression):
+    """``EXPLAIN [options] statement``: this = the statement, options = their text as written."""
+
+    arg_types = {"this": True, "options": False}
+
+
 class ControlTableDef(exp.Expression):
     """``CREATE CONTROL TABLE name (col type, ...)``: this = Identifier, expressions = ColumnDef."""
 

@@ -8,6 +8,7 @@ clauses found in it), `Timeline` (BEGIN/END TIMEORDERED), or a cache DDL stateme
 
 from __future__ import annotations
 
+import itertools
 import re
 import typing as t
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from sql_ext.nodes import (
     ControlTableDef,
     CurrencySpec,
     Duration,
+    ExplainStatement,
     strip_extensions,
 )
 from sql_ext.nodes import DropCacheObject as DropNode
@@ -71,6 +73,7 @@ class Query:
     tree: exp.Expr = field(repr=False)
     clauses: tuple[BlockClause, ...]
     analysis: BlockAnalysis = field(repr=False, compare=False)
+    explain: str | None = None  # EXPLAIN's options ("" for plain EXPLAIN); None = not EXPLAIN
 
     kind: t.ClassVar[str] = "query"
 
@@ -85,8 +88,17 @@ class Query:
     def to_sql(self, dialect: str = "postgres") -> str:
         """The statement without extensions, in PostgreSQL or DuckDB syntax."""
         if isinstance(self.tree, exp.Command):
-            return self.text.strip().rstrip(";").strip()
-        return strip_extensions(self.tree).sql(dialect=dialect)
+            return self._with_explain(self.tree.sql(dialect=dialect))
+        return self._with_explain(strip_extensions(self.tree).sql(dialect=dialect))
+
+    def to_extended_sql(self) -> str:
+        """The statement in mtcache's dialect, clauses included (parses back to the same)."""
+        return self._with_explain(self.tree.sql(dialect=DIALECT))
+
+    def _with_explain(self, sql: str) -> str:
+        if self.explain is None:
+            return sql
+        return " ".join(p for p in ("EXPLAIN", self.explain, sql) if p)
 
     def to_json(self) -> dict[str, t.Any]:
         return {
@@ -277,9 +289,18 @@ def parse_one(text: str) -> Statement:
     if len(statements) != 1:
         raise SqlSyntaxError(
             f"expected one statement, found {len(statements)}: send them one at a time "
-            "(cursor.execute) or as a DDL script (mtcache ddl FILE)"
+            "(cursor.execute) or as a DDL script (mtcache ddl FILE)",
+            *_second_statement_start(text),
         )
     return statements[0]
+
+
+def _second_statement_start(text: str) -> tuple[int | None, int | None]:
+    tokens = DIALECT.tokenize(text)
+    for token, following in itertools.pairwise(tokens):
+        if token.token_type.name == "SEMICOLON" and following.token_type.name != "SEMICOLON":
+            return following.line, following.col - len(following.text) + 1
+    return None, None
 
 
 def _statement_texts(text: str, count: int) -> list[str]:
@@ -351,9 +372,13 @@ def _typed(tree: exp.Expr, text: str) -> Statement:
             name=tree.this.name.lower(),
             if_exists=bool(tree.args.get("exists")),
         )
+    explain = None
+    if isinstance(tree, ExplainStatement):
+        explain = tree.text("options")
+        tree = tree.this
     analysis = analyze(tree)
     clauses = tuple(_check_clause(block, text) for block in analysis.blocks if block.clause)
-    return Query(text=text, tree=tree, clauses=clauses, analysis=analysis)
+    return Query(text=text, tree=tree, clauses=clauses, analysis=analysis, explain=explain)
 
 
 def _names(nodes: list[exp.Expr] | None) -> tuple[str, ...]:

@@ -33,6 +33,7 @@ def load_cases(filename: str) -> list[Case]:
     for raw in (FIXTURES / filename).read_text().splitlines():
         line = raw.rstrip()
         if line.startswith("-- case:"):
+            assert name is None, f"{filename}: case {name!r} has no expect or error line"
             name, sql = line.removeprefix("-- case:").strip(), []
         elif line.startswith("-- expect:"):
             assert name is not None, f"{filename}: expect before case"
@@ -46,6 +47,7 @@ def load_cases(filename: str) -> list[Case]:
             name = None
         elif name is not None and not line.startswith("--"):
             sql.append(raw)
+    assert name is None, f"{filename}: case {name!r} has no expect or error line"
     names = [c.name for c in cases]
     assert len(names) == len(set(names)), f"{filename}: duplicate case names"
     return cases

@@ -149,3 +149,10 @@ def test_embedded_default_starts_reuses_and_stops(
         import shutil
 
         shutil.rmtree(home, ignore_errors=True)
+
+
+def test_pass_through_statements_print_no_warnings(mtcache_bin: str) -> None:
+    result = run(mtcache_bin, "parse", "--json", "VACUUM ANALYZE books")
+    assert result.returncode == 0
+    assert result.stderr == ""
+    assert json.loads(result.stdout)["sql"] == "VACUUM ANALYZE books"

@@ -129,3 +129,19 @@ def normalize(value: object) -> object:
     if isinstance(value, Decimal | float) and not isinstance(value, bool):
         return round(float(value), 6)
     return value
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "EXPLAIN SELECT * FROM books b WHERE b.price > 10 CURRENCY BOUND 1 MIN",
+        "EXPLAIN (FORMAT JSON, COSTS OFF) SELECT b.isbn FROM books b CURRENCY BOUND 1 MIN ON (b)",
+        "EXPLAIN VERBOSE SELECT a.name FROM authors a WHERE a.authorid IN "
+        "(SELECT b.authorid FROM books b CURRENCY BOUND 1 MIN) CURRENCY BOUND 1 MIN",
+    ],
+)
+def test_explain_runs_on_postgres_without_the_clause(sql: str, bookstore_dsn: str) -> None:
+    query = parse_one(sql)
+    assert isinstance(query, Query) and query.explain is not None
+    plan = rows_pg(bookstore_dsn, query.to_sql("postgres"))
+    assert plan and any("books" in str(row) for row in plan)
