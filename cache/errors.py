@@ -11,8 +11,9 @@
           +-- IntegrityError
           +-- InternalError
           +-- ProgrammingError
-          |    +-- SqlSyntaxError            malformed SQL, currency clause or cache DDL
-          |    +-- CatalogError              an unknown table, view or column
+          |    +-- PositionedError           about a place in the statement (line, col)
+          |         +-- SqlSyntaxError       malformed SQL, currency clause or cache DDL
+          |         +-- CatalogError         an unknown table, view or column
           +-- NotSupportedError
 
 Every message says what was asked, what was found, and what to do. Errors from psycopg and
@@ -65,11 +66,9 @@ class NotSupportedError(DatabaseError):
     """A feature the cache or the backend does not support."""
 
 
-class SqlSyntaxError(ProgrammingError):
-    """A statement (SQL, currency clause, cache DDL or TIMEORDERED) that does not parse or check.
-
-    ``line`` and ``col`` are 1-based and point at the offending token.
-    """
+class PositionedError(ProgrammingError):
+    """A ProgrammingError about a place in the statement: ``line`` and ``col`` are 1-based and
+    point at the start of the offending token; ``reason`` is the message without them."""
 
     def __init__(self, message: str, line: int | None = None, col: int | None = None) -> None:
         self.line = line
@@ -79,14 +78,12 @@ class SqlSyntaxError(ProgrammingError):
         super().__init__(f"{where}{message}")
 
 
-class CatalogError(ProgrammingError):
-    """A name the backend's catalog does not know."""
+class SqlSyntaxError(PositionedError):
+    """A statement (SQL, currency clause, cache DDL or TIMEORDERED) that does not parse or check."""
 
-    def __init__(self, message: str, line: int | None = None, col: int | None = None) -> None:
-        self.line = line
-        self.col = col
-        where = f"line {line}, column {col}: " if line is not None and col is not None else ""
-        super().__init__(f"{where}{message}")
+
+class CatalogError(PositionedError):
+    """A name the backend's catalog does not know."""
 
 
 class BackendUnavailableError(OperationalError):
@@ -135,6 +132,7 @@ __all__ = [
     "InternalError",
     "NotSupportedError",
     "OperationalError",
+    "PositionedError",
     "ProgrammingError",
     "SqlSyntaxError",
     "Warning",

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import sqlglot
 from sqlglot import exp
+from sqlglot.errors import ParseError, TokenError
 
 from cache.errors import CatalogError, SqlSyntaxError
 from optimizer.catalog import Catalog
@@ -122,7 +123,16 @@ class _Normalizer:
                 self._base[key] = instance
                 result = [instance]
             elif view is not None:
-                body = analyze(sqlglot.parse_one(view.definition, read="postgres"))
+                try:
+                    body = analyze(sqlglot.parse_one(view.definition, read="postgres"))
+                except (ParseError, TokenError):
+                    # A definition sqlglot cannot read: the view stays one opaque input (read
+                    # from the backend as it is; no columns or keys known).
+                    instance = Instance(self._next_id, view.name, source.name)
+                    self._next_id += 1
+                    self._base[key] = instance
+                    self._instances[key] = [instance]
+                    return [instance]
                 self._views[key] = body
                 for block in body.blocks:
                     self._fd_blocks.append(block)
@@ -198,7 +208,8 @@ class _Normalizer:
         fds: list[FD] = []
         for instance in instances:
             table = self.catalog.table(instance.table)
-            assert table is not None
+            if table is None:
+                continue  # an opaque view: nothing known about it
             every = frozenset((instance, c) for c in table.column_names)
             for key in table.candidate_keys():
                 fds.append(FD(frozenset((instance, c) for c in key), every))
@@ -318,7 +329,8 @@ class _Normalizer:
         attrs = frozenset(
             (i, c)
             for i in instances
-            for c in t.cast(t.Any, self.catalog.table(i.table)).column_names
+            if (table := self.catalog.table(i.table)) is not None
+            for c in table.column_names
         )
         required = attrs
         for draft in group:

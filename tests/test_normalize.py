@@ -76,3 +76,19 @@ def test_nullable_unique_key_is_not_a_dependency(backend_dsn: str) -> None:
     assert normalized(
         "SELECT * FROM gadgets g CURRENCY BOUND 1 MIN BY g.serial, g.name", catalog
     ) == [{"bound_seconds": 60.0, "tables": ["gadgets"], "by": ["gadgets.name", "gadgets.serial"]}]
+
+
+def test_a_view_definition_sqlglot_cannot_read_stays_one_opaque_input() -> None:
+    """Planning is pure: a catalog value is enough (no database needed for this rule)."""
+    from optimizer.catalog import Column, Table, View
+
+    catalog = Catalog(
+        tables={"t": Table("t", (Column("id", "integer", nullable=False),), primary_key=("id",))},
+        views={"odd": View("odd", "SELECT FROM WHERE ((")},
+    )
+    assert normalized("SELECT * FROM odd o, t CURRENCY BOUND 1 MIN ON (o)", catalog) == [
+        {"bound_seconds": 60.0, "tables": ["odd"], "by": []},
+        {"bound_seconds": 0.0, "tables": ["t"], "by": []},
+    ]
+    with pytest.raises(ProgrammingError, match=r"BY column o\.x is not a column"):
+        normalized("SELECT * FROM odd o CURRENCY BOUND 1 MIN BY o.x", catalog)
