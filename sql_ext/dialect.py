@@ -107,11 +107,7 @@ class MTCacheParser(PostgresParser):
         return
 
     def _parse_statement(self) -> exp.Expr | None:
-        if (
-            self._curr
-            and self._curr.token_type == TokenType.VAR
-            and self._curr.text.upper() == ("EXPLAIN")
-        ):
+        if self._curr.token_type == TokenType.VAR and self._curr.text.upper() == "EXPLAIN":
             return self._parse_explain()
         curr, nxt = self._curr, self._next
         if (
