@@ -6,12 +6,13 @@ from __future__ import annotations
 import psycopg
 
 from cache.errors import BackendUnavailableError, translate
-from optimizer.catalog import Catalog, Column, Table, View
+from optimizer.catalog import Catalog, Column, Index, Table, View
 
 # Relations visible on the search path, first schema wins (as an unqualified name resolves).
 _RELATIONS = """
 SELECT c.oid, c.relname, n.nspname, c.relkind,
-       CASE WHEN c.relkind = 'v' THEN pg_get_viewdef(c.oid, true) END AS definition
+       CASE WHEN c.relkind = 'v' THEN pg_get_viewdef(c.oid, true) END AS definition,
+       greatest(c.reltuples, 0)::float8, c.relpages
 FROM pg_class c
 JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f')
@@ -20,11 +21,30 @@ WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f')
 ORDER BY array_position(current_schemas(false), n.nspname::text), c.relname
 """
 
+# n_distinct < 0 is a fraction of the row count (PostgreSQL's convention).
 _COLUMNS = """
-SELECT a.attrelid, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull
+SELECT a.attrelid, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull,
+       CASE WHEN s.n_distinct < 0 THEN -s.n_distinct * greatest(c.reltuples, 0)
+            ELSE s.n_distinct END
 FROM pg_attribute a
+JOIN pg_class c ON c.oid = a.attrelid
+JOIN pg_namespace n ON n.oid = c.relnamespace
+LEFT JOIN pg_stats s ON s.schemaname = n.nspname AND s.tablename = c.relname
+                    AND s.attname = a.attname AND NOT s.inherited
 WHERE a.attrelid = ANY (%s) AND a.attnum > 0 AND NOT a.attisdropped
 ORDER BY a.attrelid, a.attnum
+"""
+
+_INDEXES = """
+SELECT i.indrelid, ic.relname, i.indisunique,
+       array_agg(coalesce(a.attname, '(expression)') ORDER BY k.ord)
+FROM pg_index i
+JOIN pg_class ic ON ic.oid = i.indexrelid
+CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+LEFT JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+WHERE i.indrelid = ANY (%s)
+GROUP BY i.indexrelid, i.indrelid, ic.relname, i.indisunique
+ORDER BY i.indrelid, ic.relname
 """
 
 # Primary keys and unique indexes over plain columns without a predicate.
@@ -46,8 +66,13 @@ def reflect_catalog(conn: psycopg.Connection) -> Catalog:  # type: ignore[type-a
         relations = conn.execute(_RELATIONS).fetchall()
         oids = [r[0] for r in relations]
         columns: dict[int, list[Column]] = {}
-        for oid, name, type_, notnull in conn.execute(_COLUMNS, (oids,)).fetchall():
-            columns.setdefault(oid, []).append(Column(name, type_, nullable=not notnull))
+        for oid, name, type_, notnull, distinct in conn.execute(_COLUMNS, (oids,)).fetchall():
+            columns.setdefault(oid, []).append(
+                Column(name, type_, nullable=not notnull, n_distinct=distinct)
+            )
+        indexes: dict[int, list[Index]] = {}
+        for oid, name, is_unique, cols in conn.execute(_INDEXES, (oids,)).fetchall():
+            indexes.setdefault(oid, []).append(Index(name, tuple(cols), unique=is_unique))
         primary: dict[int, tuple[str, ...]] = {}
         unique: dict[int, list[tuple[str, ...]]] = {}
         for oid, is_primary, cols in conn.execute(_KEYS, (oids,)).fetchall():
@@ -60,7 +85,7 @@ def reflect_catalog(conn: psycopg.Connection) -> Catalog:  # type: ignore[type-a
 
     tables: dict[str, Table] = {}
     views: dict[str, View] = {}
-    for oid, name, schema, kind, definition in relations:
+    for oid, name, schema, kind, definition, row_count, pages in relations:
         if name in tables or name in views:
             continue  # shadowed by an earlier schema on the search path
         if kind == "v":  # a materialized view stores rows: the cache treats it as a table
@@ -72,6 +97,9 @@ def reflect_catalog(conn: psycopg.Connection) -> Catalog:  # type: ignore[type-a
                 primary_key=primary.get(oid, ()),
                 unique_keys=tuple(unique.get(oid, [])),
                 schema=schema,
+                row_count=float(row_count),
+                pages=int(pages),
+                indexes=tuple(indexes.get(oid, [])),
             )
     return Catalog(tables=tables, views=views)
 

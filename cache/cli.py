@@ -18,6 +18,8 @@ from pathlib import Path
 from cache.errors import Error, ProgrammingError
 
 DEFAULT_CACHE = ".mtcache/cache.duckdb"
+ENGINES = ("inline",)
+DEFAULT_ENGINE = "inline"  # SPEC: spark once its engine lands
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,155 @@ def cmd_explain(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def _store(settings: Settings) -> t.Any:
+    from cache.store import CacheStore
+
+    return CacheStore(settings.cache_path)
+
+
+def _reflect(settings: Settings, store: t.Any) -> t.Any:
+    """Refresh the shadow catalog from the backend and return it."""
+    from cache.backend_catalog import fetch_catalog
+
+    catalog = fetch_catalog(settings.backend_dsn())
+    store.save_catalog(catalog)
+    return catalog
+
+
+def cmd_init(settings: Settings, args: argparse.Namespace) -> int:
+    with _store(settings) as store:
+        catalog = _reflect(settings, store)
+    print(
+        f"cache {settings.cache_path}: shadow catalog of {len(catalog.tables)} backend tables "
+        f"and {len(catalog.views)} views"
+    )
+    return 0
+
+
+def cmd_ddl(settings: Settings, args: argparse.Namespace) -> int:
+    from sql_ext import parse
+
+    path = Path(args.file)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ProgrammingError(f"cannot read the DDL script {path}: {exc.strerror}") from None
+    statements = parse(text)
+    with _store(settings) as store:
+        catalog = _reflect(settings, store)
+        result = store.apply_ddl(statements, catalog)
+    for name in result.dropped:
+        print(f"dropped {name}")
+    for name in result.created:
+        print(f"created {name}")
+    return 0
+
+
+def _keys(store: t.Any, control: str, values: list[str]) -> list[tuple[str, ...]]:
+    """VALUE... grouped by the control table's key width (one value per key column)."""
+    schema = store.load_schema()
+    if control not in schema.control_tables:
+        from cache.refresh import _control_role
+
+        _control_role(schema, control)  # raises the precise error
+    width = len(schema.control_tables[control].column_names)
+    if not values or len(values) % width:
+        raise ProgrammingError(
+            f"{control} has {width} control-key column(s) "
+            f"({', '.join(schema.control_tables[control].column_names)}): give values in groups "
+            f"of {width}"
+        )
+    return [tuple(values[i : i + width]) for i in range(0, len(values), width)]
+
+
+def _print_report(report: t.Any, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(report.to_json()))
+        return
+    changed = ", ".join(
+        f"{v} -{report.rows_deleted.get(v, 0)}/+{report.rows_inserted.get(v, 0)}"
+        for v in sorted(set(report.rows_deleted) | set(report.rows_inserted))
+    )
+    snapshot = f" at snapshot {report.snapshot_id}" if report.snapshot_id else ""
+    print(
+        f"{report.operation}{snapshot} ({report.engine}, {report.seconds:.2f}s, "
+        f"{len(report.regions)} regions): rows {changed or 'unchanged'}"
+    )
+
+
+def _maintainer(settings: Settings, store: t.Any, engine: str = "inline") -> t.Any:
+    from cache.refresh import Maintainer, make_engine
+
+    if not store.has_catalog():
+        _reflect(settings, store)
+    return Maintainer(store, settings.backend_dsn(), make_engine(engine))
+
+
+def cmd_admit(settings: Settings, args: argparse.Namespace) -> int:
+    with _store(settings) as store:
+        keys = _keys(store, args.name, args.values)
+        _print_report(_maintainer(settings, store).admit(args.name, keys), args.json)
+    return 0
+
+
+def cmd_evict(settings: Settings, args: argparse.Namespace) -> int:
+    from cache.refresh import Maintainer
+
+    with _store(settings) as store:
+        keys = _keys(store, args.name, args.values)
+        report = Maintainer(store, dsn="").evict(args.name, keys)
+        _print_report(report, args.json)
+    return 0
+
+
+def cmd_refresh(settings: Settings, args: argparse.Namespace) -> int:
+    with _store(settings) as store:
+        keys = [tuple(k.split(",")) for k in args.key] if args.key else None
+        if keys and not args.view:
+            raise ProgrammingError("--key needs --view: keys are presence keys of one view")
+        maintainer = _maintainer(settings, store, args.engine)
+        _print_report(maintainer.refresh(args.view, keys), args.json)
+    return 0
+
+
+def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
+    from cache.status import status
+
+    if not settings.cache_path.exists():
+        raise ProgrammingError(
+            f"no cache file at {settings.cache_path}: create one with `mtcache init` "
+            "(or pass --cache)"
+        )
+    with _store(settings) as store:
+        document = status(store)
+    if args.json:
+        print(json.dumps(document))
+        return 0
+    print(f"cache {document['cache']} (currency by the {document['clock']} clock)")
+    for view in document["views"]:
+        parents = f" under {', '.join(view['parents'])}" if view["parents"] else ""
+        every = (
+            f", refresh every {format_seconds(view['refresh_seconds'])}"
+            if view["refresh_seconds"]
+            else ""
+        )
+        print(
+            f"  {view['name']} ({view['table']}, {view['color']}, {view['consistency']}-level"
+            f"{parents}{every}): {view['rows']} rows"
+        )
+        for region in view["regions"]:
+            where = f"{region['control']}{tuple(region['key'])}" if region["control"] else "all"
+            age = (
+                f"{region['currency_seconds']:.1f}s old, snapshot {region['snapshot_id']}"
+                if region["currency_seconds"] is not None
+                else "never refreshed"
+            )
+            print(f"    {region['kind']:<12} {where}: {region['rows']} rows, {age}")
+    counters = ", ".join(f"{k} {v}" for k, v in sorted(document["counters"].items()))
+    print(f"  counters: {counters}")
+    return 0
+
+
 def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
     from cache.demo import run_demo
 
@@ -159,6 +310,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the SPEC §9 JSON document")
     p.add_argument("sql")
     p.set_defaults(run=cmd_explain)
+
+    p = commands.add_parser("init", help="create the cache file and reflect the backend catalog")
+    p.set_defaults(run=cmd_init)
+
+    p = commands.add_parser("ddl", help="apply a cache schema script, all or nothing")
+    p.add_argument("file", help="a .sql file of CREATE CONTROL TABLE / CREATE CACHED VIEW / DROP")
+    p.set_defaults(run=cmd_ddl)
+
+    for name, run, what in (
+        ("admit", cmd_admit, "add control-key values and pull their regions"),
+        ("evict", cmd_evict, "remove control-key values and their rows (cascading)"),
+    ):
+        p = commands.add_parser(name, help=what)
+        p.add_argument("name", help="a control table")
+        p.add_argument("values", nargs="+", metavar="VALUE", help="control-key values")
+        p.add_argument("--json", action="store_true", help="print the report as JSON")
+        p.set_defaults(run=run)
+
+    p = commands.add_parser("refresh", help="refresh regions by their affected closure")
+    p.add_argument("--view", help="a white cached view (default: every white view)")
+    p.add_argument(
+        "--key", action="append", help="a presence key of --view (comma-separated columns)"
+    )
+    p.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE)
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(run=cmd_refresh)
+
+    p = commands.add_parser("status", help="views, regions, currency and counters")
+    p.add_argument("--json", action="store_true", help="print the SPEC §9 JSON document")
+    p.set_defaults(run=cmd_status)
 
     p = commands.add_parser("demo", help="start the embedded backend and walk through examples")
     p.set_defaults(run=cmd_demo)

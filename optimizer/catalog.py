@@ -16,6 +16,14 @@ class Column:
     name: str
     type: str
     nullable: bool = True
+    n_distinct: float | None = None  # distinct values (estimated by the backend's ANALYZE)
+
+
+@dataclass(frozen=True)
+class Index:
+    name: str
+    columns: tuple[str, ...]
+    unique: bool = False
 
 
 @dataclass(frozen=True)
@@ -25,6 +33,9 @@ class Table:
     primary_key: tuple[str, ...] = ()
     unique_keys: tuple[tuple[str, ...], ...] = ()
     schema: str = "public"
+    row_count: float = 0.0  # the backend's estimate (pg_class.reltuples), 0 when unknown
+    pages: int = 0  # heap pages (pg_class.relpages): partitions a full pull by block range
+    indexes: tuple[Index, ...] = ()
 
     @property
     def column_names(self) -> tuple[str, ...]:

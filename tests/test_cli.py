@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -156,3 +158,46 @@ def test_pass_through_statements_print_no_warnings(mtcache_bin: str) -> None:
     assert result.returncode == 0
     assert result.stderr == ""
     assert json.loads(result.stdout)["sql"] == "VACUUM ANALYZE books"
+
+
+def test_cache_store_commands_end_to_end(
+    mtcache_bin: str, pg_cluster: object, clean_env: dict[str, str]
+) -> None:
+    """init, ddl, admit, evict, refresh and status against a real backend, as a user runs them."""
+    from cache import bookstore
+    from cache.embedded_pg import EmbeddedPostgres
+
+    assert isinstance(pg_cluster, EmbeddedPostgres)
+    dsn = pg_cluster.create_database("cli_store")
+    bookstore.load_into(dsn)
+    home = reachable_tempdir("mtcache-cli-store-")
+    schema_file = Path(__file__).parents[1] / "cache" / "schemas" / "bookstore.sql"
+    clean_env["MTCACHE_BACKEND"] = dsn
+    clean_env["MTCACHE_CACHE"] = str(home / "cache.duckdb")
+
+    def ok(*args: str) -> str:
+        result = run(mtcache_bin, *args, env=clean_env)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    assert "shadow catalog of 5 backend tables and 1 views" in ok("init")
+    assert "created reviewcopy" in ok("ddl", str(schema_file))
+    assert "admit citylist_csct at snapshot 1" in ok("admit", "citylist_csct", "Madison")
+    report = json.loads(ok("admit", "--json", "authorlist_pct", "4", "8"))
+    assert report["rows_inserted"]["authorcopy"] == 2 and report["snapshot_id"] == 2
+    assert "authorcopy -1/+0" in ok("evict", "authorlist_pct", "8")
+    assert json.loads(ok("refresh", "--view", "authorcopy", "--key", "4", "--json"))["rounds"] == 1
+    document = json.loads(ok("status", "--json"))
+    views = {v["name"]: v for v in document["views"]}
+    assert views["authorcopy"]["rows"] == 1 and views["bookcopy"]["rows"] == 5
+    human = ok("status")
+    assert "authorcopy (authors, white, group-level under authorlist_pct" in human
+    assert "presence     authorlist_pct(4,): 1 rows" in human
+
+    bad = run(mtcache_bin, "admit", "authorlist_pct", env=clean_env)
+    assert bad.returncode == 2  # argparse: VALUE is required
+    bad = run(mtcache_bin, "refresh", "--view", "bookcopy", env=clean_env)
+    assert bad.returncode == 1 and "refresh authorcopy instead" in bad.stderr
+    bad = run(mtcache_bin, "ddl", str(home / "missing.sql"), env=clean_env)
+    assert bad.returncode == 1 and "cannot read the DDL script" in bad.stderr
+    shutil.rmtree(home, ignore_errors=True)

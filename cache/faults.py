@@ -1,0 +1,34 @@
+"""Named fault points in the refresh pipeline, for tests that must prove a failure at that
+point leaves the cache file exactly as it was (SPEC §7).
+
+Inert unless enabled: by the ``MTCACHE_FAULTS`` environment variable (a comma-separated list,
+read when a pipeline starts) or by the ``faults`` argument of a refresh. ``NAME`` raises
+`InjectedFault` there; ``NAME:kill`` kills the process on the spot (SIGKILL: no cleanup, no
+rollback handler runs), as a crash or an out-of-memory kill would.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterable
+
+POINTS = ("after_snapshot", "after_pull", "before_commit", "task")
+# ``after_snapshot:disconnect`` makes the backend terminate the refresh's session (a real
+# server-side disconnect, as a backend restart or a network cut would cause).
+
+
+class InjectedFault(RuntimeError):
+    """Raised at an enabled fault point."""
+
+
+def active(extra: Iterable[str] = ()) -> frozenset[str]:
+    from_env = {f.strip() for f in os.environ.get("MTCACHE_FAULTS", "").split(",") if f.strip()}
+    return frozenset(from_env | set(extra))
+
+
+def hit(point: str, enabled: frozenset[str]) -> None:
+    if f"{point}:kill" in enabled:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if point in enabled:
+        raise InjectedFault(f"injected fault at {point}")

@@ -1,0 +1,112 @@
+"""What is in the cache: views, their regions with currency, and the counters (SPEC §9).
+
+Currency is measured against this machine's clock until the heartbeat measures the offset to
+the backend's (SPEC §6); on one machine (the embedded default) they are the same clock.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import typing as t
+
+from cache.store import CacheStore
+from control_tables.regions import Region, guarantees, region_predicate
+from control_tables.schema import CachedView, CacheSchema
+
+
+def status(store: CacheStore, now: dt.datetime | None = None) -> dict[str, t.Any]:
+    now = now or dt.datetime.now(dt.UTC)
+    schema = store.load_schema()
+    views = [_view_status(store, schema, schema.views[n], now) for n in schema.topological_order()]
+    return {
+        "cache": str(store.path),
+        "clock": "local",
+        "views": views,
+        "control_tables": sorted(schema.control_tables),
+        "counters": store.counters(),
+    }
+
+
+def _view_status(
+    store: CacheStore, schema: CacheSchema, view: CachedView, now: dt.datetime
+) -> dict[str, t.Any]:
+    con = store.con
+    rows = con.execute(f'SELECT count(*) FROM "{view.name}"').fetchone()
+    regions: list[dict[str, t.Any]] = []
+    if view.view_level:
+        state = con.execute(
+            "SELECT refreshed_at, snapshot_id FROM mtcache.view_state WHERE view = ?", [view.name]
+        ).fetchone()
+        regions.append(
+            _region(
+                None,
+                "view",
+                [],
+                state[0] if state else None,
+                state[1] if state else None,
+                int(rows[0]) if rows else 0,
+                now,
+            )
+        )
+    controls: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]] = [
+        ("presence", p.control, p.columns, p.control_columns)
+        for p in view.presence
+        if p.control in schema.control_tables
+    ]
+    controls += [
+        (kind, control, columns, columns)
+        for kind, columns, control in guarantees(view)
+        if control is not None and kind != "view"
+    ]
+    for kind, control, columns, control_columns in controls:
+        select = ", ".join(f'"{c}"' for c in control_columns)
+        for record in con.execute(
+            f'SELECT {select}, refreshed_at, snapshot_id FROM "{control}" ORDER BY ALL'
+        ).fetchall():
+            values = tuple(record[: len(control_columns)])
+            inside = region_predicate([Region(view.name, "presence", columns, values)])
+            count = con.execute(
+                f'SELECT count(*) FROM "{view.name}" WHERE {inside.sql(dialect="duckdb")}'
+            ).fetchone()
+            regions.append(
+                _region(
+                    control,
+                    kind,
+                    list(values),
+                    record[-2],
+                    record[-1],
+                    int(count[0]) if count else 0,
+                    now,
+                )
+            )
+    return {
+        "name": view.name,
+        "table": view.table,
+        "color": view.color,
+        "consistency": "view" if view.view_level else "group",
+        "root": schema.consistency_root(view.name),
+        "parents": [p.control for p in view.presence],
+        "refresh_seconds": view.refresh_seconds,
+        "rows": int(rows[0]) if rows else 0,
+        "regions": regions,
+    }
+
+
+def _region(
+    control: str | None,
+    kind: str,
+    key: list[t.Any],
+    refreshed_at: dt.datetime | None,
+    snapshot_id: int | None,
+    rows: int,
+    now: dt.datetime,
+) -> dict[str, t.Any]:
+    return {
+        "control": control,
+        "kind": kind,
+        "key": key,
+        "refreshed_at": refreshed_at.isoformat() if refreshed_at else None,
+        "currency_seconds": (now - refreshed_at).total_seconds() if refreshed_at else None,
+        "snapshot_id": snapshot_id,
+        "rows": rows,
+    }

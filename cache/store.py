@@ -1,0 +1,338 @@
+"""The cache file: cached views and control tables in DuckDB, metadata in the schema ``mtcache``.
+
+A cached view or control table ``name`` is the DuckDB table ``main.name`` (SPEC §4). Internal
+state lives in ``mtcache.*``: the shadow catalog of the backend (tables, columns, keys, indexes,
+statistics), the cache objects with their DDL text (the cache schema is rebuilt by parsing it),
+view-level region state, snapshots and counters. Everything survives restarts.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+from sqlglot import exp
+
+from cache.errors import OperationalError, ProgrammingError, translate
+from control_tables.safety import backend_table, check_schema, view_key
+from control_tables.schema import CachedView, CacheSchema, ControlTable, view_from_statement
+from control_tables.types import duckdb_type
+from optimizer.catalog import Catalog, Column, Index, Table, View
+from sql_ext import CreateCachedView, CreateControlTable, DropCacheObject, Statement, parse
+
+FORMAT_VERSION = "1"
+
+_METADATA = [
+    "CREATE SCHEMA IF NOT EXISTS mtcache",
+    "CREATE TABLE IF NOT EXISTS mtcache.meta (key VARCHAR PRIMARY KEY, value VARCHAR)",
+    """CREATE TABLE IF NOT EXISTS mtcache.backend_tables (
+        name VARCHAR PRIMARY KEY, schema VARCHAR, row_count DOUBLE, pages BIGINT,
+        primary_key VARCHAR[], reflected_at TIMESTAMPTZ)""",
+    """CREATE TABLE IF NOT EXISTS mtcache.backend_columns (
+        table_name VARCHAR, position INTEGER, name VARCHAR, type VARCHAR, nullable BOOLEAN,
+        n_distinct DOUBLE, PRIMARY KEY (table_name, name))""",
+    """CREATE TABLE IF NOT EXISTS mtcache.backend_unique_keys (
+        table_name VARCHAR, columns VARCHAR[])""",
+    """CREATE TABLE IF NOT EXISTS mtcache.backend_indexes (
+        table_name VARCHAR, name VARCHAR, columns VARCHAR[], is_unique BOOLEAN)""",
+    """CREATE TABLE IF NOT EXISTS mtcache.backend_views (
+        name VARCHAR PRIMARY KEY, schema VARCHAR, definition VARCHAR)""",
+    """CREATE TABLE IF NOT EXISTS mtcache.objects (
+        seq INTEGER, name VARCHAR PRIMARY KEY, kind VARCHAR, statement VARCHAR,
+        columns VARCHAR[], key VARCHAR[], color VARCHAR, consistency VARCHAR,
+        parents VARCHAR[], created_at TIMESTAMPTZ)""",
+    """CREATE TABLE IF NOT EXISTS mtcache.view_state (
+        view VARCHAR PRIMARY KEY, refreshed_at TIMESTAMPTZ, snapshot_id BIGINT)""",
+    """CREATE TABLE IF NOT EXISTS mtcache.snapshots (
+        snapshot_id BIGINT PRIMARY KEY, backend_time TIMESTAMPTZ, pg_snapshot VARCHAR,
+        engine VARCHAR, applied_at TIMESTAMPTZ)""",
+    "CREATE TABLE IF NOT EXISTS mtcache.counters (name VARCHAR PRIMARY KEY, value BIGINT)",
+]
+
+COUNTERS = ("hits", "presence_misses", "currency_misses", "remote")
+
+
+@dataclass(frozen=True)
+class DdlResult:
+    created: list[str]
+    dropped: list[str]
+
+
+class CacheStore:
+    """One open cache file. Not shared across processes (DuckDB's rule: one writer process)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.con = duckdb.connect(str(self.path))
+        except duckdb.Error as exc:
+            if "lock" in str(exc).lower():
+                raise OperationalError(
+                    f"the cache file {self.path} is in use by another process (DuckDB allows "
+                    f"one): stop that process or use another --cache file ({_first_line(exc)})"
+                ) from exc
+            raise translate(exc, f"opening the cache file {self.path}") from exc
+        with self.transaction():
+            for statement in _METADATA:
+                self.con.execute(statement)
+            self.con.execute(
+                "INSERT INTO mtcache.meta VALUES ('format_version', ?) ON CONFLICT DO NOTHING",
+                [FORMAT_VERSION],
+            )
+            for name in COUNTERS:
+                self.con.execute(
+                    "INSERT INTO mtcache.counters VALUES (?, 0) ON CONFLICT DO NOTHING", [name]
+                )
+
+    def close(self) -> None:
+        self.con.close()
+
+    def __enter__(self) -> CacheStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """One DuckDB transaction: everything inside commits together or not at all."""
+        self.con.execute("BEGIN TRANSACTION")
+        try:
+            yield self.con
+        except BaseException:
+            self.con.execute("ROLLBACK")
+            raise
+        else:
+            self.con.execute("COMMIT")
+
+    # -- the shadow catalog --------------------------------------------------------------------
+
+    def save_catalog(self, catalog: Catalog) -> None:
+        now = dt.datetime.now(dt.UTC)
+        with self.transaction() as con:
+            for internal in ("backend_tables", "backend_columns", "backend_unique_keys",
+                             "backend_indexes", "backend_views"):  # fmt: skip
+                con.execute(f"DELETE FROM mtcache.{internal}")
+            for table in catalog.tables.values():
+                con.execute(
+                    "INSERT INTO mtcache.backend_tables VALUES (?, ?, ?, ?, ?, ?)",
+                    [table.name, table.schema, table.row_count, table.pages,
+                     list(table.primary_key), now],
+                )  # fmt: skip
+                con.executemany(
+                    "INSERT INTO mtcache.backend_columns VALUES (?, ?, ?, ?, ?, ?)",
+                    [[table.name, i, c.name, c.type, c.nullable, c.n_distinct]
+                     for i, c in enumerate(table.columns)],
+                )  # fmt: skip
+                for key in table.unique_keys:
+                    con.execute(
+                        "INSERT INTO mtcache.backend_unique_keys VALUES (?, ?)",
+                        [table.name, list(key)],
+                    )
+                for index in table.indexes:
+                    con.execute(
+                        "INSERT INTO mtcache.backend_indexes VALUES (?, ?, ?, ?)",
+                        [table.name, index.name, list(index.columns), index.unique],
+                    )
+            for view in catalog.views.values():
+                con.execute(
+                    "INSERT INTO mtcache.backend_views VALUES (?, ?, ?)",
+                    [view.name, view.schema, view.definition],
+                )
+
+    def has_catalog(self) -> bool:
+        row = self.con.execute("SELECT count(*) FROM mtcache.backend_tables").fetchone()
+        return bool(row and row[0])
+
+    def load_catalog(self) -> Catalog:
+        columns: dict[str, list[Column]] = {}
+        for table, name, type_, nullable, distinct in self.con.execute(
+            "SELECT table_name, name, type, nullable, n_distinct FROM mtcache.backend_columns "
+            "ORDER BY table_name, position"
+        ).fetchall():
+            columns.setdefault(table, []).append(Column(name, type_, nullable, distinct))
+        unique: dict[str, list[tuple[str, ...]]] = {}
+        for table, cols in self.con.execute(
+            "SELECT table_name, columns FROM mtcache.backend_unique_keys"
+        ).fetchall():
+            unique.setdefault(table, []).append(tuple(cols))
+        indexes: dict[str, list[Index]] = {}
+        for table, name, cols, is_unique in self.con.execute(
+            "SELECT table_name, name, columns, is_unique FROM mtcache.backend_indexes ORDER BY 1, 2"
+        ).fetchall():
+            indexes.setdefault(table, []).append(Index(name, tuple(cols), is_unique))
+        tables = {
+            name: Table(
+                name=name,
+                columns=tuple(columns.get(name, [])),
+                primary_key=tuple(pk or ()),
+                unique_keys=tuple(unique.get(name, [])),
+                schema=schema,
+                row_count=row_count or 0.0,
+                pages=int(pages or 0),
+                indexes=tuple(indexes.get(name, [])),
+            )
+            for name, schema, row_count, pages, pk in self.con.execute(
+                "SELECT name, schema, row_count, pages, primary_key FROM mtcache.backend_tables"
+            ).fetchall()
+        }
+        views = {
+            name: View(name, definition, schema)
+            for name, schema, definition in self.con.execute(
+                "SELECT name, schema, definition FROM mtcache.backend_views"
+            ).fetchall()
+        }
+        return Catalog(tables=tables, views=views)
+
+    # -- the cache schema ----------------------------------------------------------------------
+
+    def load_schema(self) -> CacheSchema:
+        schema = CacheSchema()
+        for kind, text, columns, key in self.con.execute(
+            "SELECT kind, statement, columns, key FROM mtcache.objects ORDER BY seq"
+        ).fetchall():
+            statement = parse(text)[0]
+            if kind == "control table":
+                assert isinstance(statement, CreateControlTable)
+                schema = schema.with_control_table(statement)
+            else:
+                assert isinstance(statement, CreateCachedView)
+                view = view_from_statement(statement, tuple(columns), tuple(key))
+                schema = schema.with_view(view)
+        return schema
+
+    def apply_ddl(self, statements: Sequence[Statement], catalog: Catalog) -> DdlResult:
+        """Apply a DDL script all or nothing: check the schema it leads to (validity and
+        Rules 1-5), then create and drop the DuckDB tables in one transaction."""
+        schema = self.load_schema()
+        actions: list[tuple[str, str]] = []  # ("create"|"drop", name) in script order
+        for statement in statements:
+            if isinstance(statement, CreateControlTable):
+                _refuse_existing(schema, statement.name)
+                schema = schema.with_control_table(statement)
+                actions.append(("create", statement.name))
+            elif isinstance(statement, CreateCachedView):
+                _refuse_existing(schema, statement.name)
+                table = backend_table(catalog, statement.name, statement.table)
+                columns = statement.columns or table.column_names
+                view = view_from_statement(
+                    statement, columns, view_key(statement.name, table, columns)
+                )
+                schema = schema.with_view(view)
+                actions.append(("create", statement.name))
+            elif isinstance(statement, DropCacheObject):
+                kind = schema.kind_of(statement.name)
+                if kind is None:
+                    if statement.if_exists:
+                        continue
+                    raise ProgrammingError(
+                        f"DROP {statement.object_kind.upper()} {statement.name}: there is no "
+                        f"{statement.object_kind} {statement.name!r}"
+                    )
+                if kind != statement.object_kind:
+                    raise ProgrammingError(
+                        f"DROP {statement.object_kind.upper()} {statement.name}: "
+                        f"{statement.name} is a {kind}; use DROP {kind.upper()}"
+                    )
+                schema = schema.without(statement.name)
+                actions.append(("drop", statement.name))
+            else:
+                raise ProgrammingError(
+                    "a cache schema script holds only CREATE CONTROL TABLE, CREATE CACHED VIEW "
+                    f"and DROP statements; found a {statement.kind} statement: "
+                    f"{statement.text.strip()[:60]!r}"
+                )
+        for name in [n for a, n in actions if a == "drop"]:
+            users = [v for v, _ in schema.users_of(name)]
+            if users and schema.kind_of(name) is None:
+                holders = ", ".join(sorted(set(users)))
+                raise ProgrammingError(
+                    f"cannot drop {name}: it is still a control of {holders}; "
+                    "drop or redefine those views first"
+                )
+        check_schema(schema, catalog)
+        self._execute_actions(actions, schema)
+        return DdlResult(
+            created=[n for a, n in actions if a == "create"],
+            dropped=[n for a, n in actions if a == "drop"],
+        )
+
+    def _execute_actions(self, actions: list[tuple[str, str]], schema: CacheSchema) -> None:
+        catalog = self.load_catalog()
+        try:
+            with self.transaction() as con:
+                row = con.execute("SELECT coalesce(max(seq), 0) FROM mtcache.objects").fetchone()
+                seq = int(row[0]) if row else 0
+                for action, name in actions:
+                    if action == "drop":
+                        con.execute(f'DROP TABLE IF EXISTS "{name}"')
+                        con.execute("DELETE FROM mtcache.objects WHERE name = ?", [name])
+                        con.execute("DELETE FROM mtcache.view_state WHERE view = ?", [name])
+                        continue
+                    seq += 1
+                    if name in schema.control_tables:
+                        self._create_control_table(schema.control_tables[name], seq)
+                    else:
+                        self._create_view(schema, schema.views[name], catalog, seq)
+        except duckdb.Error as exc:
+            raise translate(exc, "applying the cache schema (nothing was changed)") from exc
+
+    def _create_control_table(self, control: ControlTable, seq: int) -> None:
+        columns = [
+            f'"{name}" {exp.DataType.build(type_, dialect="postgres").sql(dialect="duckdb")}'
+            for name, type_ in control.columns
+        ]
+        key = ", ".join(f'"{c}"' for c in control.column_names)
+        self.con.execute(
+            f'CREATE TABLE "{control.name}" ({", ".join(columns)}, refreshed_at TIMESTAMPTZ, '
+            f"snapshot_id BIGINT, PRIMARY KEY ({key}))"
+        )
+        self.con.execute(
+            "INSERT INTO mtcache.objects VALUES (?, ?, 'control table', ?, ?, NULL, NULL, NULL, "
+            "NULL, now())",
+            [seq, control.name, control.statement, list(control.column_names)],
+        )
+
+    def _create_view(
+        self, schema: CacheSchema, view: CachedView, catalog: Catalog, seq: int
+    ) -> None:
+        table = catalog.table(view.table)
+        assert table is not None
+        types = {c.name: c.type for c in table.columns}
+        columns = [f'"{c}" {duckdb_type(types[c])}' for c in view.columns]
+        key = ", ".join(f'"{c}"' for c in view.key)
+        self.con.execute(f'CREATE TABLE "{view.name}" ({", ".join(columns)}, PRIMARY KEY ({key}))')
+        self.con.execute(
+            "INSERT INTO mtcache.objects VALUES (?, ?, 'cached view', ?, ?, ?, ?, ?, ?, now())",
+            [seq, view.name, view.statement, list(view.columns), list(view.key), view.color,
+             "view" if view.view_level else "group", [p.control for p in view.presence]],
+        )  # fmt: skip
+
+    # -- counters ------------------------------------------------------------------------------
+
+    def counters(self) -> dict[str, int]:
+        return {
+            name: int(value)
+            for name, value in self.con.execute(
+                "SELECT name, value FROM mtcache.counters"
+            ).fetchall()
+        }
+
+
+def _refuse_existing(schema: CacheSchema, name: str) -> None:
+    kind = schema.kind_of(name)
+    if kind is not None:
+        raise ProgrammingError(
+            f"{kind} {name} already exists: drop it first (DROP {kind.upper()} {name}) or "
+            "choose another name"
+        )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

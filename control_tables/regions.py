@@ -1,0 +1,100 @@
+"""Cache regions (§3.3.1) and the SQL that selects their rows.
+
+A region is a group of rows of one view that a guarantee holds for: a presence region per
+presence control-key value, a consistency or completeness region per control-key value (listed
+in a control table, or every value for a full guarantee), and the view-level region of a fully
+materialized or CONSISTENCY ON ALL view.
+"""
+
+from __future__ import annotations
+
+import typing as t
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from sqlglot import exp
+
+from control_tables.schema import CachedView
+
+Kind = t.Literal["presence", "consistency", "completeness", "view"]
+
+# Order of MaxAC's cleaning (§3.4.1): completeness is the strongest guarantee over its rows
+# (Lemma 2.3), then view-level and group consistency, then presence.
+STRENGTH: dict[str, int] = {"presence": 0, "consistency": 1, "view": 2, "completeness": 3}
+
+
+@dataclass(frozen=True, order=True)
+class Region:
+    view: str
+    kind: Kind
+    columns: tuple[str, ...] = ()  # view columns the region is defined on; () = view-level
+    values: tuple[t.Any, ...] = ()
+    control: str | None = None  # the control table (or parent view) listing it; None = full
+
+    def __str__(self) -> str:
+        if self.kind == "view":
+            return f"{self.view}(all rows)"
+        pairs = ", ".join(f"{c}={v!r}" for c, v in zip(self.columns, self.values, strict=True))
+        return f"{self.view} {self.kind}({pairs})"
+
+
+def column(name: str) -> exp.Column:
+    return exp.column(name, quoted=True)
+
+
+def literal(value: t.Any) -> exp.Expr:
+    return exp.convert(value)
+
+
+def in_list(columns: Sequence[str], values: Iterable[tuple[t.Any, ...]]) -> exp.Expr:
+    """``(cols) IN ((v1), (v2), ...)``; FALSE for an empty list."""
+    rows = list(dict.fromkeys(values))
+    if not rows:
+        return exp.false()
+    if len(columns) == 1:
+        return exp.In(this=column(columns[0]), expressions=[literal(r[0]) for r in rows])
+    return exp.In(
+        this=exp.Tuple(expressions=[column(c) for c in columns]),
+        expressions=[exp.Tuple(expressions=[literal(v) for v in r]) for r in rows],
+    )
+
+
+def any_of(predicates: Iterable[exp.Expr]) -> exp.Expr:
+    parts = [p for p in predicates if not (isinstance(p, exp.Boolean) and not p.this)]
+    if not parts:
+        return exp.false()
+    if any(isinstance(p, exp.Boolean) and p.this for p in parts):
+        return exp.true()
+    return exp.or_(*parts) if len(parts) > 1 else parts[0]
+
+
+def region_predicate(regions: Iterable[Region]) -> exp.Expr:
+    """A predicate on a view's columns selecting the rows of the given regions (one view)."""
+    by_columns: dict[tuple[str, ...], list[tuple[t.Any, ...]]] = {}
+    whole = False
+    for region in regions:
+        if region.kind == "view":
+            whole = True
+        else:
+            by_columns.setdefault(region.columns, []).append(region.values)
+    if whole:
+        return exp.true()
+    return any_of(in_list(cols, values) for cols, values in sorted(by_columns.items()))
+
+
+def control_rows_sql(control: str, columns: Sequence[str]) -> str:
+    cols = ", ".join(f'"{c}"' for c in columns)
+    return f'SELECT DISTINCT {cols} FROM "{control}"'
+
+
+def guarantees(view: CachedView) -> list[tuple[Kind, tuple[str, ...], str | None]]:
+    """(kind, columns, control) of the consistency and completeness guarantees of a view
+    beyond its presence regions ("view" for a view-level one)."""
+    found: list[tuple[Kind, tuple[str, ...], str | None]] = []
+    if view.view_level:
+        found.append(("view", (), None))
+    if view.consistency is not None and view.consistency.kind == "on":
+        found.append(("consistency", view.consistency.columns, view.consistency.control))
+    if view.completeness is not None:
+        found.append(("completeness", view.completeness.columns, view.completeness.control))
+    return found

@@ -1,0 +1,53 @@
+"""PostgreSQL column types and the DuckDB types the cache stores them as.
+
+Rows travel as CSV from `COPY ... TO STDOUT` through Arrow; a type is cacheable when PostgreSQL's
+text form reads back exactly in DuckDB. Anything else is refused at DDL time with a clear error.
+"""
+
+from __future__ import annotations
+
+import re
+
+_EXACT = {
+    "smallint": "SMALLINT",
+    "integer": "INTEGER",
+    "bigint": "BIGINT",
+    "real": "FLOAT",
+    "double precision": "DOUBLE",
+    "boolean": "BOOLEAN",
+    "text": "VARCHAR",
+    "date": "DATE",
+    "uuid": "UUID",
+    "timestamp without time zone": "TIMESTAMP",
+    "timestamp with time zone": "TIMESTAMPTZ",
+    "time without time zone": "TIME",
+    "name": "VARCHAR",
+}
+
+_PATTERNS = [
+    (re.compile(r"^(character varying|character|varchar|char|bpchar)(\(\d+\))?$"), "VARCHAR"),
+    (re.compile(r"^timestamp\(\d\) without time zone$"), "TIMESTAMP"),
+    (re.compile(r"^timestamp\(\d\) with time zone$"), "TIMESTAMPTZ"),
+    (re.compile(r"^time\(\d\) without time zone$"), "TIME"),
+]
+
+_NUMERIC = re.compile(r"^numeric\((\d+),(\d+)\)$")
+
+
+def duckdb_type(pg_type: str) -> str | None:
+    """The DuckDB type for a PostgreSQL ``format_type`` string, or None when not cacheable."""
+    text = pg_type.strip().lower()
+    if text in _EXACT:
+        return _EXACT[text]
+    for pattern, target in _PATTERNS:
+        if pattern.match(text):
+            return target
+    numeric = _NUMERIC.match(text.replace(" ", ""))
+    if numeric:
+        precision, scale = int(numeric.group(1)), int(numeric.group(2))
+        # DuckDB decimals stop at 38 digits; wider ones would lose digits silently.
+        return f"DECIMAL({precision},{scale})" if precision <= 38 else None
+    if text == "numeric":
+        # Unconstrained numeric has no fixed scale: DOUBLE would round, so it is refused.
+        return None
+    return None
