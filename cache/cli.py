@@ -18,8 +18,8 @@ from pathlib import Path
 from cache.errors import Error, ProgrammingError
 
 DEFAULT_CACHE = ".mtcache/cache.duckdb"
-ENGINES = ("inline",)
-DEFAULT_ENGINE = "inline"  # SPEC: spark once its engine lands
+ENGINES = ("spark", "inline")
+DEFAULT_ENGINE = "spark"
 
 
 @dataclass(frozen=True)
@@ -191,12 +191,14 @@ def _print_report(report: t.Any, as_json: bool) -> None:
     )
 
 
-def _maintainer(settings: Settings, store: t.Any, engine: str = "inline") -> t.Any:
+def _maintainer(
+    settings: Settings, store: t.Any, engine: str = "inline", master: str | None = None
+) -> t.Any:
     from cache.refresh import Maintainer, make_engine
 
     if not store.has_catalog():
         _reflect(settings, store)
-    return Maintainer(store, settings.backend_dsn(), make_engine(engine))
+    return Maintainer(store, settings.backend_dsn(), make_engine(engine, master))
 
 
 def cmd_admit(settings: Settings, args: argparse.Namespace) -> int:
@@ -221,7 +223,8 @@ def cmd_refresh(settings: Settings, args: argparse.Namespace) -> int:
         keys = [tuple(k.split(",")) for k in args.key] if args.key else None
         if keys and not args.view:
             raise ProgrammingError("--key needs --view: keys are presence keys of one view")
-        maintainer = _maintainer(settings, store, args.engine)
+        master = args.spark_master or os.environ.get("MTCACHE_SPARK_MASTER")
+        maintainer = _maintainer(settings, store, args.engine, master)
         _print_report(maintainer.refresh(args.view, keys), args.json)
     return 0
 
@@ -334,6 +337,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--key", action="append", help="a presence key of --view (comma-separated columns)"
     )
     p.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE)
+    p.add_argument(
+        "--spark-master",
+        help="Spark master URL (env MTCACHE_SPARK_MASTER; default local[*])",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(run=cmd_refresh)
 

@@ -113,10 +113,14 @@ class InlineEngine:
         ]
 
 
-def make_engine(name: str) -> Engine:
+def make_engine(name: str, master: str | None = None) -> Engine:
     if name == "inline":
         return InlineEngine()
-    raise ProgrammingError(f"unknown refresh engine {name!r}: use inline")
+    if name == "spark":
+        from cache.spark_engine import DEFAULT_MASTER, SparkEngine
+
+        return SparkEngine(master or DEFAULT_MASTER)
+    raise ProgrammingError(f"unknown refresh engine {name!r}: use spark or inline")
 
 
 @dataclass

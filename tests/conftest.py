@@ -73,3 +73,16 @@ def clean_env() -> dict[str, str]:
     env.pop("MTCACHE_BACKEND", None)
     env.pop("MTCACHE_CACHE", None)
     return env
+
+
+@pytest.fixture(scope="session")
+def spark_engine() -> Iterator[object]:
+    """One local Spark session for the whole test run (SPEC §8)."""
+    from cache.spark_engine import SparkEngine, spark_session, stop_sessions
+
+    engine = SparkEngine(min_pages_per_task=64)
+    spark_session(engine.master)
+    try:
+        yield engine
+    finally:
+        stop_sessions()
