@@ -89,6 +89,17 @@ class CacheStore:
                     "INSERT INTO mtcache.counters VALUES (?, 0) ON CONFLICT DO NOTHING", [name]
                 )
 
+    @classmethod
+    def _sharing(cls, parent: CacheStore) -> CacheStore:
+        twin = cls.__new__(cls)
+        twin.path = parent.path
+        twin.con = parent.con.cursor()  # a connection of its own to the same database
+        return twin
+
+    def for_thread(self) -> CacheStore:
+        """A handle for another thread of this process (DuckDB connections are per thread)."""
+        return CacheStore._sharing(self)
+
     def close(self) -> None:
         self.con.close()
 

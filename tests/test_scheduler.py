@@ -1,0 +1,76 @@
+"""The refresh scheduler: views are refreshed when their REFRESH EVERY interval elapses."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cache import bookstore
+from cache.backend_catalog import fetch_catalog
+from cache.embedded_pg import EmbeddedPostgres
+from cache.refresh import InlineEngine, Maintainer
+from cache.scheduler import RefreshScheduler, due_views
+from cache.store import CacheStore
+from sql_ext import parse
+from tests.test_maintenance import local, pg
+
+SCHEMA = """
+CREATE CONTROL TABLE authorlist_pct (authorid INTEGER);
+CREATE CACHED VIEW authorcopy AS SELECT * FROM authors PRESENCE ON (authorid) IN authorlist_pct
+    REFRESH EVERY 10 MIN;
+CREATE CACHED VIEW bookcopy AS SELECT isbn, authorid, title FROM books
+    PRESENCE ON (authorid) IN authorcopy CONSISTENCY ROOT;
+CREATE CACHED VIEW salescopy AS SELECT * FROM sales REFRESH EVERY 1 SEC;
+CREATE CACHED VIEW reviewercopy AS SELECT * FROM reviewers;
+"""
+
+
+@pytest.fixture
+def setup(pg_cluster: EmbeddedPostgres, tmp_path: Path) -> Iterator[tuple[CacheStore, str]]:
+    dsn = pg_cluster.create_database("scheduler")
+    bookstore.load_into(dsn)
+    store = CacheStore(tmp_path / "cache.duckdb")
+    store.save_catalog(fetch_catalog(dsn))
+    store.apply_ddl(parse(SCHEMA), store.load_catalog())
+    yield store, dsn
+    store.close()
+
+
+def test_due_views_follow_the_intervals(setup: tuple[CacheStore, str]) -> None:
+    store, dsn = setup
+    now = dt.datetime.now(dt.UTC)
+    # salescopy was never populated; authorcopy has no region; reviewercopy has no interval.
+    assert due_views(store, now) == ["salescopy"]
+    maintainer = Maintainer(store, dsn)
+    maintainer.refresh("salescopy")
+    maintainer.admit("authorlist_pct", [(4,)])
+    now = dt.datetime.now(dt.UTC)
+    assert due_views(store, now) == []
+    assert due_views(store, now + dt.timedelta(seconds=2)) == ["salescopy"]
+    assert due_views(store, now + dt.timedelta(minutes=11)) == ["authorcopy", "salescopy"]
+
+
+def test_the_scheduler_thread_keeps_a_view_fresh(setup: tuple[CacheStore, str]) -> None:
+    store, dsn = setup
+    scheduler = RefreshScheduler(store, dsn, InlineEngine(), tick=0.1)
+    scheduler.start()
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(scheduler.reports) < 2:
+            time.sleep(0.05)
+        pg(dsn, "UPDATE sales SET qty = 99 WHERE saleid = 1")
+        seen = len(scheduler.reports)
+        while time.monotonic() < deadline and len(scheduler.reports) <= seen:
+            time.sleep(0.05)
+    finally:
+        scheduler.stop()
+    assert scheduler.errors == []
+    assert len(scheduler.reports) >= 3
+    assert {r.operation for r in scheduler.reports} == {"refresh salescopy"}
+    assert local(store, "SELECT qty FROM salescopy WHERE saleid = 1") == [(99,)]
+    ids = [r.snapshot_id for r in scheduler.reports]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
