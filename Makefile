@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck clean
+.PHONY: demo test lint typecheck bench-refresh clean
 
 $(STAMP): pyproject.toml scripts/ensure-system-deps.sh
 	bash scripts/ensure-system-deps.sh
@@ -17,6 +17,14 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+$(VENV)/.experiments: $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,experiments]'
+	touch $@
+
+# Benchmarks print ratios measured side by side in one run (results/*.csv keeps them).
+bench-refresh: $(VENV)/.experiments
+	$(PY) -m experiments.bench_refresh
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check cache optimizer control_tables heartbeat sql_ext experiments tests
