@@ -42,6 +42,10 @@ class Settings:
         return EmbeddedPostgres(self.embedded_root).ensure_running()
 
 
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def format_seconds(seconds: float) -> str:
     for unit, size in (("day", 86400.0), ("hour", 3600.0), ("min", 60.0), ("sec", 1.0)):
         if seconds >= size and (seconds / size).is_integer():
@@ -187,7 +191,7 @@ def _print_report(report: t.Any, as_json: bool) -> None:
     snapshot = f" at snapshot {report.snapshot_id}" if report.snapshot_id else ""
     print(
         f"{report.operation}{snapshot} ({report.engine}, {report.seconds:.2f}s, "
-        f"{len(report.regions)} regions): rows {changed or 'unchanged'}"
+        f"{plural(len(report.regions), 'region')}): rows {changed or 'unchanged'}"
     )
 
 
@@ -252,7 +256,7 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
         )
         print(
             f"  {view['name']} ({view['table']}, {view['color']}, {view['consistency']}-level"
-            f"{parents}{every}): {view['rows']} rows"
+            f"{parents}{every}): {plural(view['rows'], 'row')}"
         )
         for region in view["regions"]:
             where = f"{region['control']}{tuple(region['key'])}" if region["control"] else "all"
@@ -261,7 +265,7 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
                 if region["currency_seconds"] is not None
                 else "never refreshed"
             )
-            print(f"    {region['kind']:<12} {where}: {region['rows']} rows, {age}")
+            print(f"    {region['kind']:<12} {where}: {plural(region['rows'], 'row')}, {age}")
     counters = ", ".join(f"{k} {v}" for k, v in sorted(document["counters"].items()))
     print(f"  counters: {counters}")
     return 0

@@ -192,7 +192,7 @@ def test_cache_store_commands_end_to_end(
     assert views["authorcopy"]["rows"] == 1 and views["bookcopy"]["rows"] == 5
     human = ok("status")
     assert "authorcopy (authors, white, group-level under authorlist_pct" in human
-    assert "presence     authorlist_pct(4,): 1 rows" in human
+    assert "presence     authorlist_pct(4,): 1 row," in human
 
     bad = run(mtcache_bin, "admit", "authorlist_pct", env=clean_env)
     assert bad.returncode == 2  # argparse: VALUE is required
