@@ -167,9 +167,9 @@ def _keys(store: t.Any, control: str, values: list[str]) -> list[tuple[str, ...]
     """VALUE... grouped by the control table's key width (one value per key column)."""
     schema = store.load_schema()
     if control not in schema.control_tables:
-        from cache.refresh import _control_role
+        from cache.refresh import control_role
 
-        _control_role(schema, control)  # raises the precise error
+        control_role(schema, control)  # raises the precise error
     width = len(schema.control_tables[control].column_names)
     if not values or len(values) % width:
         raise ProgrammingError(

@@ -171,7 +171,7 @@ class Maintainer:
     def admit(self, control: str, values: list[tuple[t.Any, ...]]) -> Report:
         """Add control-key values and pull the regions they define (and their closure)."""
         schema = self.store.load_schema()
-        view, role, columns = _control_role(schema, control)
+        view, role, columns = control_role(schema, control)
         values = [_coerce_key(self.store, control, columns, v) for v in values]
         seeds = {Region(view.name, role, _view_columns(view, role, control), v, control)
                  for v in values}  # fmt: skip
@@ -182,7 +182,7 @@ class Maintainer:
         the children they control. Needs no backend."""
         started = time.monotonic()
         schema = self.store.load_schema()
-        view, role, columns = _control_role(schema, control)
+        view, role, columns = control_role(schema, control)
         values = [_coerce_key(self.store, control, columns, v) for v in values]
         report = Report(operation=f"evict {control}", engine="none")
         if role == "presence":
@@ -342,6 +342,7 @@ class _Pull:
         self.coordinator = coordinator
         self.con = owner.store.con
         self.omega: set[Region] = set()
+        self.fetched: set[Region] = set()  # pulled already in this snapshot: not again
         self.staged: dict[str, pa.Table] = {}
         self.rounds = 0
 
@@ -378,7 +379,8 @@ class _Pull:
         while True:
             self.rounds += 1
             wanted = max_affected_closure_safe(self.con, self.schema, self.omega) | seeds
-            self.fetch(self._retrieval(wanted))
+            self.fetch(self._retrieval(wanted - self.fetched))
+            self.fetched |= wanted
             delta = self._regions_of_staged() - self.omega
             if not delta:
                 return
@@ -520,7 +522,8 @@ class _Pull:
 # -- helpers -------------------------------------------------------------------------------------
 
 
-def _control_role(schema: CacheSchema, control: str) -> tuple[CachedView, t.Any, tuple[str, ...]]:
+def control_role(schema: CacheSchema, control: str) -> tuple[CachedView, t.Any, tuple[str, ...]]:
+    """The view a control table controls, in which role, and the control table's key."""
     if control in schema.views:
         raise ProgrammingError(
             f"{control} is a cached view; admit or evict through the control table that "

@@ -278,3 +278,18 @@ def test_a_second_process_gets_a_clear_error(store: CacheStore, tmp_path: Path) 
     assert result.returncode == 3
     assert result.stdout.startswith("OperationalError the cache file")
     assert "in use by another process" in result.stdout
+
+
+def test_rule_2_is_checked_on_the_schema_too(store: CacheStore) -> None:
+    """The parser refuses ROOT with COMPLETENESS; a schema built another way is still checked."""
+    from dataclasses import replace
+
+    from control_tables.safety import check_schema
+    from sql_ext import Completeness
+
+    apply(store, SCHEMA_FILE.read_text())
+    schema = store.load_schema()
+    gray = replace(schema.views["bookcopy"], completeness=Completeness(("type",), None))
+    with pytest.raises(UnsafeSchemaError) as info:
+        check_schema(schema.with_view(gray), store.load_catalog())
+    assert info.value.rule == 2 and info.value.views == ["bookcopy"]
