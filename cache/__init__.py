@@ -1,1 +1,97 @@
-"""mtcache: a currency-and-consistency-aware mid-tier cache in front of PostgreSQL."""
+"""mtcache: a currency-and-consistency-aware mid-tier cache in front of PostgreSQL.
+
+The DB-API 2.0 (PEP 249) module, shaped like psycopg::
+
+    import cache
+    with cache.connect(backend="postgresql://app@db/shop", cache_path="mt.duckdb") as conn:
+        cur = conn.cursor()
+        cur.execute("SELECT * FROM books b WHERE b.isbn = %s CURRENCY BOUND 10 MIN", ["x"])
+        cur.fetchall(), cur.provenance
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import time as _time
+from pathlib import Path
+from typing import Any
+
+from cache.dbapi import BINARY, DATETIME, NUMBER, ROWID, STRING, Connection, Cursor
+from cache.errors import (
+    DatabaseError,
+    DataError,
+    Error,
+    IntegrityError,
+    InterfaceError,
+    InternalError,
+    NotSupportedError,
+    OperationalError,
+    ProgrammingError,
+    Warning,
+)
+
+apilevel = "2.0"
+threadsafety = 1  # threads may share the module, not connections
+paramstyle = "pyformat"
+
+
+def connect(
+    backend: str | None = None, cache_path: str | Path | None = None, **options: Any
+) -> Connection:
+    """Open a session: ``backend`` is a libpq DSN or URL (default: the embedded cluster beside
+    the cache file), ``cache_path`` the DuckDB file (default ``.mtcache/cache.duckdb``).
+    Options: ``autocommit`` (default False), ``stale_ok`` (default False)."""
+    return Connection(backend, cache_path, **options)
+
+
+Date = _dt.date
+Time = _dt.time
+Timestamp = _dt.datetime
+
+
+def DateFromTicks(ticks: float) -> _dt.date:
+    return Date(*_time.localtime(ticks)[:3])
+
+
+def TimeFromTicks(ticks: float) -> _dt.time:
+    return Time(*_time.localtime(ticks)[3:6])
+
+
+def TimestampFromTicks(ticks: float) -> _dt.datetime:
+    return Timestamp(*_time.localtime(ticks)[:6])
+
+
+def Binary(value: bytes | bytearray | memoryview) -> bytes:
+    return bytes(value)
+
+
+__all__ = [
+    "BINARY",
+    "DATETIME",
+    "NUMBER",
+    "ROWID",
+    "STRING",
+    "Binary",
+    "Connection",
+    "Cursor",
+    "DataError",
+    "DatabaseError",
+    "Date",
+    "DateFromTicks",
+    "Error",
+    "IntegrityError",
+    "InterfaceError",
+    "InternalError",
+    "NotSupportedError",
+    "OperationalError",
+    "ProgrammingError",
+    "Time",
+    "TimeFromTicks",
+    "Timestamp",
+    "TimestampFromTicks",
+    "Warning",
+    "apilevel",
+    "connect",
+    "paramstyle",
+    "threadsafety",
+]

@@ -271,6 +271,58 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def _json_value(value: t.Any) -> t.Any:
+    """SPEC §9: numbers and strings as they are; decimals, dates and the rest as strings."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, bytes | memoryview):
+        return bytes(value).hex()
+    if isinstance(value, list | tuple):
+        return [_json_value(v) for v in value]
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return str(value)
+
+
+def cmd_query(settings: Settings, args: argparse.Namespace) -> int:
+    import cache
+
+    with cache.connect(settings.backend_dsn(), settings.cache_path) as conn:
+        cur = conn.cursor()
+        cur.execute(args.sql)
+        columns = [d[0] for d in cur.description] if cur.description else []
+        rows = cur.fetchall() if cur.description else []
+        provenance = cur.provenance
+    if args.json:
+        print(json.dumps({
+            "columns": columns,
+            "rows": [[_json_value(v) for v in row] for row in rows],
+            "provenance": provenance,
+        }))  # fmt: skip
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False, soft_wrap=True)
+    if columns:
+        table = Table(*columns)
+        for row in rows:
+            table.add_row(*("NULL" if v is None else str(v) for v in row))
+        console.print(table)
+        console.print(plural(len(rows), "row"))
+    else:
+        console.print("done (no rows returned)")
+    if provenance:
+        parts = [
+            f"{p['table']}: {p['route']}"
+            + (f" via {p['view']}" if p["view"] else "")
+            + (f", {p['currency_seconds']:.1f}s old" if p["currency_seconds"] else "")
+            for p in provenance
+        ]
+        console.print("provenance: " + "; ".join(parts))
+    return 0
+
+
 def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
     from cache.demo import run_demo
 
@@ -317,6 +369,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the SPEC §9 JSON document")
     p.add_argument("sql")
     p.set_defaults(run=cmd_explain)
+
+    p = commands.add_parser("query", help="run a statement through the cache")
+    p.add_argument("--json", action="store_true", help="print the SPEC §9 JSON document")
+    p.add_argument("sql")
+    p.set_defaults(run=cmd_query)
 
     p = commands.add_parser("init", help="create the cache file and reflect the backend catalog")
     p.set_defaults(run=cmd_init)

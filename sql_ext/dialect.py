@@ -101,6 +101,14 @@ class MTCacheParser(PostgresParser):
                 select.meta.setdefault("block_start", start.start)
         return result
 
+    def _parse_placeholder(self) -> exp.Expr | None:
+        # Parameters bind by position (%s): remember where each one stands in the text.
+        start = self._curr
+        placeholder = super()._parse_placeholder()
+        if isinstance(placeholder, exp.Placeholder) and start:
+            placeholder.meta["offset"] = start.start
+        return placeholder
+
     def _warn_unsupported(self) -> None:
         # Statements sqlglot does not model (VACUUM, REFRESH MATERIALIZED VIEW, ...) go to the
         # backend verbatim by design: nothing to warn about.

@@ -201,3 +201,24 @@ def test_cache_store_commands_end_to_end(
     bad = run(mtcache_bin, "ddl", str(home / "missing.sql"), env=clean_env)
     assert bad.returncode == 1 and "cannot read the DDL script" in bad.stderr
     shutil.rmtree(home, ignore_errors=True)
+
+
+def test_query_prints_rows_and_provenance(mtcache_bin: str, bookstore_dsn: str) -> None:
+    home = reachable_tempdir("mtcache-cli-query-")
+    base = [mtcache_bin, "--backend", bookstore_dsn, "--cache", str(home / "c.duckdb")]
+    sql = (
+        "SELECT b.isbn, b.price, s.sold_on FROM books b JOIN sales s ON s.isbn = b.isbn "
+        "WHERE s.saleid = 1 CURRENCY BOUND 1 MIN ON (b, s)"
+    )
+    result = subprocess.run([*base, "query", "--json", sql], capture_output=True, text=True,
+                            check=False, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["columns"] == ["isbn", "price", "sold_on"]
+    _isbn, price, sold_on = document["rows"][0]
+    assert isinstance(price, str) and isinstance(sold_on, str) and len(sold_on) == 10
+    assert sorted(p["table"] for p in document["provenance"]) == ["books", "sales"]
+    human = subprocess.run([*base, "query", sql], capture_output=True, text=True, check=False,
+                           timeout=120)  # fmt: skip
+    assert "1 row" in human.stdout and "provenance: books: remote" in human.stdout
+    shutil.rmtree(home, ignore_errors=True)

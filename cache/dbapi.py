@@ -1,0 +1,493 @@
+"""The DB-API 2.0 connection and cursor (PEP 249), shaped like psycopg's so an application can
+switch to ``cache.connect(...)`` unchanged.
+
+What a statement does depends on what it is:
+
+* plain SQL without extensions goes to the backend verbatim, in the connection's backend
+  transaction (so the session always reads its own writes);
+* a query with currency clauses is planned; this release plans every access remote, which
+  satisfies any bound (the data is current), and reports it in ``cursor.provenance``;
+* cache DDL (CREATE CONTROL TABLE, CREATE CACHED VIEW, DROP) changes the cache schema;
+* INSERT INTO / DELETE FROM a control table admits / evicts control keys (pulling or removing
+  their regions);
+* BEGIN / END TIMEORDERED bracket a session timeline (§2.3).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import typing as t
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import psycopg
+from sqlglot import exp
+
+from cache import errors
+from cache.backend_catalog import connect_backend, fetch_catalog
+from cache.errors import InterfaceError, NotSupportedError, ProgrammingError
+from cache.params import Params, bind_literals
+from cache.refresh import Maintainer
+from cache.store import CacheStore
+from optimizer.normalize_constraint import normalize_constraint
+from sql_ext import (
+    CreateCachedView,
+    CreateControlTable,
+    DropCacheObject,
+    Query,
+    Statement,
+    Timeline,
+    parse_one,
+)
+from sql_ext.statements import DIALECT
+
+DEFAULT_CACHE = ".mtcache/cache.duckdb"
+_EXTENSION_WORDS = {"CURRENCY", "TIMEORDERED", "CACHED", "CONTROL", "EXPLAIN"}
+
+
+class DBAPITypeObject:
+    """Compares equal to every type code of its group (PEP 249 type objects)."""
+
+    def __init__(self, name: str, *pg_types: str) -> None:
+        self.name = name
+        self.values = frozenset(
+            info.oid for n in pg_types if (info := psycopg.postgres.types.get(n)) is not None
+        )
+
+    def __eq__(self, other: object) -> bool:
+        return other in self.values if isinstance(other, int) else other is self
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+    def __repr__(self) -> str:
+        return f"<DBAPITypeObject {self.name}>"
+
+
+STRING = DBAPITypeObject(
+    "STRING", "text", "varchar", "bpchar", "char", "name", "json", "jsonb", "xml", "uuid"
+)
+BINARY = DBAPITypeObject("BINARY", "bytea")
+NUMBER = DBAPITypeObject("NUMBER", "int2", "int4", "int8", "float4", "float8", "numeric", "oid")
+DATETIME = DBAPITypeObject("DATETIME", "date", "time", "timetz", "timestamp", "timestamptz",
+                           "interval")  # fmt: skip
+ROWID = DBAPITypeObject("ROWID", "oid", "tid")
+
+
+class Connection:
+    """A session: one backend connection (its transaction is the session's), the cache file."""
+
+    # PEP 249 optional extension: the exception classes as attributes.
+    Warning = errors.Warning
+    Error = errors.Error
+    InterfaceError = errors.InterfaceError
+    DatabaseError = errors.DatabaseError
+    DataError = errors.DataError
+    OperationalError = errors.OperationalError
+    IntegrityError = errors.IntegrityError
+    InternalError = errors.InternalError
+    ProgrammingError = errors.ProgrammingError
+    NotSupportedError = errors.NotSupportedError
+
+    def __init__(
+        self,
+        backend: str | None = None,
+        cache_path: str | Path | None = None,
+        *,
+        autocommit: bool = False,
+        stale_ok: bool = False,
+    ) -> None:
+        self.cache_path = Path(cache_path or DEFAULT_CACHE)
+        if backend is None:
+            from cache.embedded_pg import EmbeddedPostgres
+
+            backend = EmbeddedPostgres(self.cache_path.parent / "pg").ensure_running()
+        self.backend = backend
+        self.stale_ok = stale_ok
+        self._pg = connect_backend(backend, autocommit=autocommit)
+        self._notices: list[str] = []  # backend NOTICEs, handed to the cursor that caused them
+        self._pg.add_notice_handler(lambda d: self._notices.append(d.message_primary or ""))
+        try:
+            self._store = CacheStore(self.cache_path)
+        except BaseException:
+            self._pg.close()
+            raise
+        if not self._store.has_catalog():
+            self._store.save_catalog(fetch_catalog(backend))
+        self._catalog = self._store.load_catalog()
+        self._catalog_stale = False
+        self._timeline_floor: dt.datetime | None = None  # None: not inside TIMEORDERED
+        self._timeline_active = False
+        self.closed = False
+
+    # -- PEP 249 --------------------------------------------------------------------------
+
+    def cursor(self) -> Cursor:
+        self._check_open()
+        return Cursor(self)
+
+    def commit(self) -> None:
+        self._check_open()
+        self._backend_call(self._pg.commit)
+
+    def rollback(self) -> None:
+        self._check_open()
+        self._backend_call(self._pg.rollback)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self._pg.close()
+        finally:
+            self._store.close()
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        # As psycopg: commit on success, roll back on an exception, then close.
+        if not self.closed:
+            try:
+                if exc_type is None:
+                    self.commit()
+                else:
+                    self.rollback()
+            finally:
+                self.close()
+
+    @property
+    def autocommit(self) -> bool:
+        return bool(self._pg.autocommit)
+
+    @autocommit.setter
+    def autocommit(self, value: bool) -> None:
+        self._check_open()
+        self._backend_call(lambda: setattr(self._pg, "autocommit", value))
+
+    # -- session timeline (§2.3) -------------------------------------------------------------
+
+    @contextmanager
+    def timeordered(self) -> Iterator[Connection]:
+        """Inside, no query reads data older than what an earlier query of the block read."""
+        self.begin_timeordered()
+        try:
+            yield self
+        finally:
+            self.end_timeordered()
+
+    def begin_timeordered(self) -> None:
+        if self._timeline_active:
+            raise ProgrammingError("BEGIN TIMEORDERED inside a TIMEORDERED block: end it first")
+        self._timeline_active = True
+        self._timeline_floor = None
+
+    def end_timeordered(self) -> None:
+        if not self._timeline_active:
+            raise ProgrammingError("END TIMEORDERED without BEGIN TIMEORDERED")
+        self._timeline_active = False
+        self._timeline_floor = None
+
+    @property
+    def timeline_floor(self) -> dt.datetime | None:
+        """The freshest data time read inside the current TIMEORDERED block (None outside)."""
+        return self._timeline_floor
+
+    def _read_at(self, moment: dt.datetime) -> None:
+        if self._timeline_active and (
+            self._timeline_floor is None or moment > self._timeline_floor
+        ):
+            self._timeline_floor = moment
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise InterfaceError("the connection is closed")
+
+    def _backend_call(self, action: t.Callable[[], t.Any]) -> t.Any:
+        try:
+            return action()
+        except psycopg.Error as exc:
+            raise errors.translate(exc) from exc
+
+    def _apply_cache_ddl(self, statement: Statement) -> None:
+        self._catalog = fetch_catalog(self.backend)
+        self._store.save_catalog(self._catalog)
+        self._store.apply_ddl([statement], self._catalog)
+
+    def _base_tables(self, query: Query) -> list[str]:
+        """The base tables a query reads (views expanded), one entry per access."""
+        for attempt in range(2):
+            if self._catalog_stale or attempt:
+                self._catalog = fetch_catalog(self.backend)
+                self._store.save_catalog(self._catalog)
+                self._catalog_stale = False
+            try:
+                constraint = normalize_constraint(query, self._catalog)
+            except errors.CatalogError:
+                continue  # created since the catalog was read: read it again, once
+            return [instance.table for instance in constraint.instances]
+        # Relations the catalog does not list (temporary tables): name them as written.
+        return [
+            source.table
+            for block in query.analysis.blocks
+            for source in block.sources
+            if source.is_table and source.table is not None
+        ]
+
+    def _maintainer(self) -> Maintainer:
+        return Maintainer(self._store, self.backend)
+
+
+class Cursor:
+    """PEP 249 cursor. ``provenance`` tells, per table access of the last query, where the
+    data came from (SPEC §9); ``messages`` holds warnings as (class, text) pairs."""
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+        self.arraysize = 1
+        self.description: list[tuple[t.Any, ...]] | None = None
+        self.rowcount = -1
+        self.messages: list[tuple[type[Warning], str]] = []
+        self.provenance: list[dict[str, t.Any]] = []
+        self.closed = False
+        self._rows: list[tuple[t.Any, ...]] = []
+        self._position = 0
+
+    # -- PEP 249 --------------------------------------------------------------------------
+
+    def execute(self, operation: str, parameters: Params = None) -> Cursor:
+        self._check_open()
+        self._reset()
+        statement = _parse(operation)
+        if statement is None:
+            self._run_backend(operation, parameters)
+        elif isinstance(statement, Timeline):
+            if parameters:
+                raise ProgrammingError("TIMEORDERED takes no parameters")
+            if statement.begin:
+                self.connection.begin_timeordered()
+            else:
+                self.connection.end_timeordered()
+        elif isinstance(statement, CreateControlTable | CreateCachedView | DropCacheObject):
+            if parameters:
+                raise ProgrammingError("cache DDL takes no parameters")
+            self.connection._apply_cache_ddl(statement)
+        else:
+            assert isinstance(statement, Query)
+            self._run_query(statement, operation, parameters)
+        return self
+
+    def executemany(self, operation: str, seq_of_parameters: Sequence[Params]) -> Cursor:
+        self._check_open()
+        total = 0
+        for parameters in seq_of_parameters:
+            self.execute(operation, parameters)
+            total += max(self.rowcount, 0)
+        self.rowcount = total
+        self.description = None
+        self._rows = []
+        return self
+
+    def fetchone(self) -> tuple[t.Any, ...] | None:
+        self._check_result()
+        if self._position >= len(self._rows):
+            return None
+        row = self._rows[self._position]
+        self._position += 1
+        return row
+
+    def fetchmany(self, size: int | None = None) -> list[tuple[t.Any, ...]]:
+        self._check_result()
+        count = self.arraysize if size is None else size
+        rows = self._rows[self._position : self._position + count]
+        self._position += len(rows)
+        return rows
+
+    def fetchall(self) -> list[tuple[t.Any, ...]]:
+        self._check_result()
+        rows = self._rows[self._position :]
+        self._position = len(self._rows)
+        return rows
+
+    def __iter__(self) -> Iterator[tuple[t.Any, ...]]:
+        while (row := self.fetchone()) is not None:
+            yield row
+
+    def close(self) -> None:
+        self.closed = True
+        self._rows = []
+
+    def setinputsizes(self, sizes: t.Any) -> None:
+        """PEP 249 lets an implementation ignore size hints; this one does."""
+
+    def setoutputsize(self, size: t.Any, column: int | None = None) -> None:
+        """PEP 249 lets an implementation ignore size hints; this one does."""
+
+    def __enter__(self) -> Cursor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- execution ------------------------------------------------------------------------
+
+    def _run_query(self, query: Query, operation: str, parameters: Params) -> None:
+        target = _control_target(query, self.connection._store)
+        if target is not None:
+            self._edit_control_table(query, target, parameters)
+            return
+        if query.has_currency_clause or query.explain is not None:
+            sql = query.to_sql("postgres")
+        else:
+            sql = operation  # plain SQL: the backend gets exactly what the application wrote
+        self._run_backend(sql, parameters)
+        if isinstance(query.tree, exp.Create | exp.Drop | exp.Alter | exp.Command):
+            self.connection._catalog_stale = True  # the backend's tables may have changed
+        if query.is_select and query.explain is None:
+            self._record_remote(query)
+
+    def _run_backend(self, sql: str, parameters: Params) -> None:
+        connection = self.connection
+        try:
+            with connection._pg.cursor() as cur:
+                cur.execute(sql, parameters)  # type: ignore[arg-type]
+                self.rowcount = cur.rowcount
+                if cur.description is not None:
+                    self.description = [
+                        (c.name, c.type_code, c.display_size, c.internal_size, c.precision,
+                         c.scale, c.null_ok)
+                        for c in cur.description
+                    ]  # fmt: skip
+                    self._rows = [tuple(r) for r in cur.fetchall()]
+                    self.rowcount = len(self._rows)
+            while connection._notices:
+                self.messages.append((errors.Warning, connection._notices.pop(0)))
+        except psycopg.OperationalError as exc:
+            raise errors.BackendUnavailableError(
+                f"the backend is unreachable ({_first_line(exc)}); the statement needs it: "
+                "reconnect when it is back"
+            ) from exc
+        except psycopg.Error as exc:
+            raise errors.translate(exc) from exc
+        connection._read_at(dt.datetime.now(dt.UTC))
+
+    def _record_remote(self, query: Query) -> None:
+        tables = self.connection._base_tables(query)
+        self.provenance = [
+            {
+                "table": table,
+                "route": "remote",
+                "view": None,
+                "regions": [],
+                "currency_seconds": 0.0,
+                "snapshot_ids": [],
+                "stale": False,
+            }
+            for table in tables
+        ]
+
+    def _edit_control_table(
+        self, query: Query, target: tuple[str, str], parameters: Params
+    ) -> None:
+        """INSERT INTO control ... admits keys; DELETE FROM control ... evicts them."""
+        kind, control = target
+        store = self.connection._store
+        columns = store.load_schema().control_tables[control].column_names
+        tree = bind_literals(query.tree, parameters)
+        if kind == "insert":
+            source = tree.expression
+            named = [c.name.lower() for c in tree.this.expressions] if isinstance(
+                tree.this, exp.Schema) else list(columns)  # fmt: skip
+            unknown = [c for c in named if c not in columns]
+            if unknown or sorted(named) != sorted(columns):
+                raise ProgrammingError(
+                    f"INSERT INTO {control} must give exactly its control key "
+                    f"({', '.join(columns)}); got ({', '.join(named)})"
+                )
+            rows = store.con.execute(source.sql(dialect="duckdb")).fetchall()
+            keys = [tuple(row[named.index(c)] for c in columns) for row in rows]
+            report = self.connection._maintainer().admit(control, keys)
+            self.rowcount = len(keys)
+        else:
+            where = tree.args.get("where")
+            select = ", ".join(f'"{c}"' for c in columns)
+            sql = f'SELECT {select} FROM "{control}"'
+            if where is not None:
+                sql += f" WHERE {where.this.sql(dialect='duckdb')}"
+            keys = [tuple(r) for r in store.con.execute(sql).fetchall()]
+            report = self.connection._maintainer().evict(control, keys)
+            self.rowcount = len(keys)
+        self.messages.append((errors.Warning, f"{report.operation}: {len(report.regions)} regions"))
+
+    # -- state ----------------------------------------------------------------------------
+
+    def _reset(self) -> None:
+        self.description = None
+        self.rowcount = -1
+        self.messages = []
+        self.provenance = []
+        self._rows = []
+        self._position = 0
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise InterfaceError("the cursor is closed")
+        self.connection._check_open()
+
+    def _check_result(self) -> None:
+        self._check_open()
+        if self.description is None:
+            raise ProgrammingError("the last statement returned no rows to fetch")
+
+
+def _parse(operation: str) -> Statement | None:
+    """The typed statement, or None for plain SQL the parser cannot read but the backend may
+    (e.g. psycopg's ``%%``): anything using an extension must parse."""
+    try:
+        return parse_one(operation)
+    except errors.SqlSyntaxError:
+        words = {tok.text.upper() for tok in _tokens(operation)}
+        if words & _EXTENSION_WORDS:
+            raise
+        return None
+
+
+def _tokens(operation: str) -> list[t.Any]:
+    try:
+        return list(DIALECT.tokenize(operation))
+    except Exception:
+        return []
+
+
+def _control_target(query: Query, store: CacheStore) -> tuple[str, str] | None:
+    """("insert"|"delete", control table) when the statement edits a control table."""
+    tree = query.tree
+    if isinstance(tree, exp.Insert):
+        table = tree.this.this if isinstance(tree.this, exp.Schema) else tree.this
+        kind = "insert"
+    elif isinstance(tree, exp.Delete):
+        table, kind = tree.this, "delete"
+    elif isinstance(tree, exp.Update):
+        table, kind = tree.this, "update"
+    else:
+        return None
+    if not isinstance(table, exp.Table) or table.db:
+        return None
+    name = table.name.lower()
+    if name not in store.load_schema().control_tables:
+        return None
+    if kind == "update":
+        raise NotSupportedError(
+            f"UPDATE on control table {name}: control keys are admitted with INSERT and "
+            "evicted with DELETE"
+        )
+    return kind, name
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
