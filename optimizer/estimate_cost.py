@@ -31,7 +31,7 @@ def local_probability(bound: float, delay: float, interval: float | None) -> flo
 
 
 def guarded_cost(p: float, local: float, remote: float, guard: float) -> float:
-    """Expected cost of a SwitchUnion: p·c_local + (1 − p)·c_remote + c_guard."""
+    """Expected cost of a SwitchUnion: p*c_local + (1 - p)*c_remote + c_guard."""
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"p is a probability, got {p}")
     return p * local + (1.0 - p) * remote + guard

@@ -3,6 +3,8 @@ properties with their satisfaction and violation rules (§4.4, §5.2). No databa
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from optimizer.derive_consistency import (
@@ -46,7 +48,7 @@ def test_probability_grows_linearly_with_the_bound_then_saturates() -> None:
     values = [local_probability(b, 5, 100) for b in range(0, 130, 10)]
     assert values[:1] == [0.0]
     rising = values[1:11]
-    steps = {round(b - a, 6) for a, b in zip(rising, rising[1:], strict=False)}
+    steps = {round(b - a, 6) for a, b in itertools.pairwise(rising)}
     assert steps == {0.1}
     assert values[-2:] == [1.0, 1.0]
 
@@ -61,7 +63,7 @@ def test_guarded_cost_mixes_the_branches() -> None:
 # -- §4.4 / §5.2 consistency properties ---------------------------------------------------------
 
 C = Instance(0, "customer", "c")
-O = Instance(1, "orders", "o")
+ORD = Instance(1, "orders", "o")
 A = Instance(2, "authors", "a")
 B = Instance(3, "books", "b")
 KEYS = [
@@ -77,24 +79,24 @@ def cls(*instances: Instance, by: set[tuple[Instance, str]] | None = None) -> Co
 
 def test_q3_views_in_different_regions_cannot_serve_one_class() -> None:
     """§4.7.3 Q3: cust_prj and orders_prj are current enough but in different regions."""
-    local = join(local_leaf(C, 1), local_leaf(O, 2))
-    required = [cls(C, O)]
+    local = join(local_leaf(C, 1), local_leaf(ORD, 2))
+    required = [cls(C, ORD)]
     assert violates(local, required, []) and not satisfies(local, required, [])
-    remote = join(remote_leaf(C), remote_leaf(O))
-    assert remote == frozenset({Delivered(0, frozenset({C, O}))})
+    remote = join(remote_leaf(C), remote_leaf(ORD))
+    assert remote == frozenset({Delivered(0, frozenset({C, ORD}))})
     assert satisfies(remote, required, [])
 
 
 def test_q4_separate_classes_allow_a_mixed_plan() -> None:
     """§4.7.3 Q4: customer and orders in different classes: one remote, one local is fine."""
-    mixed = join(remote_leaf(C), local_leaf(O, 2))
-    assert satisfies(mixed, [cls(C), cls(O)], [])
-    assert not violates(mixed, [cls(C), cls(O)], [])
+    mixed = join(remote_leaf(C), local_leaf(ORD, 2))
+    assert satisfies(mixed, [cls(C), cls(ORD)], [])
+    assert not violates(mixed, [cls(C), cls(ORD)], [])
 
 
 def test_one_region_serves_a_whole_class() -> None:
-    both = join(local_leaf(C, 7), local_leaf(O, 7))
-    assert len(both) == 1 and satisfies(both, [cls(C, O)], [])
+    both = join(local_leaf(C, 7), local_leaf(ORD, 7))
+    assert len(both) == 1 and satisfies(both, [cls(C, ORD)], [])
 
 
 def test_group_level_views_fit_groupings_their_keys_determine() -> None:
