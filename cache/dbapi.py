@@ -27,9 +27,12 @@ from sqlglot import exp
 from cache import errors
 from cache.backend_catalog import connect_backend, fetch_catalog
 from cache.errors import InterfaceError, NotSupportedError, ProgrammingError
+from cache.executor import Bound, Misses, Session, decide, run_local
 from cache.params import Params, bind_literals
 from cache.refresh import Maintainer
+from cache.region_index import RegionIndex
 from cache.store import CacheStore
+from optimizer.accesses import model_query
 from optimizer.normalize_constraint import normalize_constraint
 from sql_ext import (
     CreateCachedView,
@@ -117,6 +120,12 @@ class Connection:
             self._store.save_catalog(fetch_catalog(backend))
         self._catalog = self._store.load_catalog()
         self._catalog_stale = False
+        self._index: RegionIndex | None = None
+        self._dirty: set[str] = set()  # tables written in the open backend transaction
+        self._dirty_unknown = False  # a write whose tables the parser could not name
+        self._last_write: dict[str, dt.datetime] = {}  # committed writes of this session
+        self._last_unknown_write: dt.datetime | None = None
+        self._counters = dict.fromkeys(("hits", "presence_misses", "currency_misses", "remote"), 0)
         self._timeline_floor: dt.datetime | None = None  # None: not inside TIMEORDERED
         self._timeline_active = False
         self.closed = False
@@ -130,10 +139,13 @@ class Connection:
     def commit(self) -> None:
         self._check_open()
         self._backend_call(self._pg.commit)
+        self._writes_committed()
 
     def rollback(self) -> None:
         self._check_open()
         self._backend_call(self._pg.rollback)
+        self._dirty.clear()
+        self._dirty_unknown = False
 
     def close(self) -> None:
         if self.closed:
@@ -142,7 +154,10 @@ class Connection:
         try:
             self._pg.close()
         finally:
-            self._store.close()
+            try:
+                self._flush_counters()
+            finally:
+                self._store.close()
 
     def __enter__(self) -> Connection:
         return self
@@ -237,6 +252,60 @@ class Connection:
             for source in block.sources
             if source.is_table and source.table is not None
         ]
+
+    # -- what the guards need --------------------------------------------------------------
+
+    def _region_index(self) -> RegionIndex:
+        if self._index is None or self._index.version != self._store.version:
+            self._index = RegionIndex.build(self._store)
+        return self._index
+
+    def _wrote(self, tables: set[str] | None) -> None:
+        """A write reached the backend (tables None: the parser could not name them)."""
+        if self.autocommit:
+            self._dirty |= tables or set()
+            self._dirty_unknown |= tables is None
+            self._writes_committed()
+        elif tables is None:
+            self._dirty_unknown = True
+        else:
+            self._dirty |= tables
+
+    def _writes_committed(self) -> None:
+        now = dt.datetime.now(dt.UTC)
+        for table in self._dirty:
+            self._last_write[table] = now
+        if self._dirty_unknown:
+            self._last_unknown_write = now
+        self._dirty.clear()
+        self._dirty_unknown = False
+
+    def _session(self, catalog_tables: t.Iterable[str]) -> Session:
+        session = Session(
+            now=dt.datetime.now(dt.UTC),
+            timeline_floor=self._timeline_floor,
+            dirty_tables=set(self._dirty),
+            last_write=dict(self._last_write),
+        )
+        if self._dirty_unknown:
+            session.dirty_tables |= set(catalog_tables)
+        if self._last_unknown_write is not None:
+            for table in catalog_tables:
+                previous = session.last_write.get(table)
+                if previous is None or previous < self._last_unknown_write:
+                    session.last_write[table] = self._last_unknown_write
+        return session
+
+    def _count(self, name: str, amount: int = 1) -> None:
+        self._counters[name] += amount
+
+    def _flush_counters(self) -> None:
+        pending = {k: v for k, v in self._counters.items() if v}
+        for name, amount in pending.items():
+            self._store.con.execute(
+                "UPDATE mtcache.counters SET value = value + ? WHERE name = ?", [amount, name]
+            )
+        self._counters = dict.fromkeys(self._counters, 0)
 
     def _maintainer(self) -> Maintainer:
         return Maintainer(self._store, self.backend)
@@ -340,6 +409,9 @@ class Cursor:
         if target is not None:
             self._edit_control_table(query, target, parameters)
             return
+        cacheable = query.has_currency_clause and query.is_select and query.explain is None
+        if cacheable and self._run_through_cache(query, parameters):
+            return
         if query.has_currency_clause or query.explain is not None:
             sql = query.to_sql("postgres")
         else:
@@ -347,8 +419,54 @@ class Cursor:
         self._run_backend(sql, parameters)
         if isinstance(query.tree, exp.Create | exp.Drop | exp.Alter | exp.Command):
             self.connection._catalog_stale = True  # the backend's tables may have changed
+            if isinstance(query.tree, exp.Command):
+                self.connection._wrote(None)
+        elif isinstance(query.tree, exp.Insert | exp.Update | exp.Delete | exp.Merge):
+            self.connection._wrote(_written_tables(query.tree))
         if query.is_select and query.explain is None:
             self._record_remote(query)
+            self.connection._count("remote")
+
+    def _run_through_cache(self, query: Query, parameters: Params) -> bool:
+        """Plan and run locally (or mixed) when the guards allow; False to go remote whole."""
+        connection = self.connection
+        connection._base_tables(query)  # refreshes a stale catalog
+        model = model_query(query, connection._catalog)
+        bound = Bound(model, parameters)
+        index = connection._region_index()
+        session = connection._session(connection._catalog.tables)
+        misses = Misses()
+        bindings = decide(model, index, bound, session, misses)
+        connection._count("presence_misses", misses.presence)
+        connection._count("currency_misses", misses.currency)
+        if bindings is None:
+            return False
+        try:
+            result = run_local(
+                bound, bindings, connection._store.con, connection._pg, connection._catalog,
+                session.now,
+            )  # fmt: skip
+        except psycopg.OperationalError as exc:
+            raise errors.BackendUnavailableError(
+                f"the backend is unreachable ({_first_line(exc)}) and a remote part of the "
+                "query needs it"
+            ) from exc
+        except psycopg.Error as exc:
+            raise errors.translate(exc) from exc
+        self.description = result.description
+        self._rows = result.rows
+        self.rowcount = len(result.rows)
+        self.provenance = result.provenance
+        local = sum(1 for p in result.provenance if p["route"] == "local")
+        connection._count("hits", local)
+        if local < len(result.provenance):
+            connection._count("remote")
+        moments = [session.now] if local < len(result.provenance) else []
+        if result.oldest is not None:
+            moments.append(max(s[0] for b in bindings.values() for _, s in b.regions if s[0]))
+        if moments:
+            connection._read_at(max(moments))
+        return True
 
     def _run_backend(self, sql: str, parameters: Params) -> None:
         connection = self.connection
@@ -486,6 +604,15 @@ def _control_target(query: Query, store: CacheStore) -> tuple[str, str] | None:
             "evicted with DELETE"
         )
     return kind, name
+
+
+def _written_tables(tree: exp.Expr) -> set[str] | None:
+    target = tree.this
+    if isinstance(target, exp.Schema):
+        target = target.this
+    if isinstance(target, exp.Table):
+        return {target.name.lower()}
+    return None
 
 
 def _first_line(exc: BaseException) -> str:

@@ -34,7 +34,7 @@ def bind_literals(tree: exp.Expr, params: Params) -> exp.Expr:
             name = mark.name
             if name not in params:
                 raise ProgrammingError(f"no value for the parameter %({name})s")
-            mark.replace(exp.convert(params[name]))
+            mark.replace(_literal(params[name], mark))
         return bound
     if isinstance(params, str | bytes):
         raise ProgrammingError("parameters must be a sequence or a mapping, not a string")
@@ -47,5 +47,11 @@ def bind_literals(tree: exp.Expr, params: Params) -> exp.Expr:
     for mark, value in zip(marks, values, strict=True):
         if mark.this is not None:
             raise ProgrammingError(f"%({mark.name})s needs a mapping of parameters")
-        mark.replace(exp.convert(value))
+        mark.replace(_literal(value, mark))
     return bound
+
+
+def _literal(value: t.Any, mark: exp.Placeholder) -> exp.Expr:
+    literal = exp.convert(value)
+    literal.meta.update(mark.meta)  # keeps the node's identity for whoever mapped the tree
+    return literal

@@ -199,6 +199,7 @@ class Maintainer:
             raise
         except Exception as exc:
             raise _as_error(exc, "evicting") from exc
+        self.store.bump()
         report.regions = [f"{control}{v}" for v in values]
         report.seconds = time.monotonic() - started
         return report
@@ -326,6 +327,7 @@ class Maintainer:
                         [name, *stamp],
                     )
             faults.hit("before_commit", self.faults)
+        self.store.bump()
         report.snapshot_id = snapshot_id
         report.backend_time = snapshot.backend_time
 

@@ -68,6 +68,9 @@ class CacheStore:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        # Bumped after every committed change; shared by the handles of other threads so the
+        # region index of a connection notices the scheduler's refreshes.
+        self._shared = {"version": 0}
         try:
             self.con = duckdb.connect(str(self.path))
         except duckdb.Error as exc:
@@ -94,7 +97,15 @@ class CacheStore:
         twin = cls.__new__(cls)
         twin.path = parent.path
         twin.con = parent.con.cursor()  # a connection of its own to the same database
+        twin._shared = parent._shared
         return twin
+
+    @property
+    def version(self) -> int:
+        return self._shared["version"]
+
+    def bump(self) -> None:
+        self._shared["version"] += 1
 
     def for_thread(self) -> CacheStore:
         """A handle for another thread of this process (DuckDB connections are per thread)."""
@@ -268,6 +279,7 @@ class CacheStore:
                 )
         check_schema(schema, catalog)
         self._execute_actions(actions, schema)
+        self.bump()
         return DdlResult(
             created=[n for a, n in actions if a == "create"],
             dropped=[n for a, n in actions if a == "drop"],

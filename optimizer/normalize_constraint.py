@@ -89,10 +89,13 @@ def normalize_constraint(query: Query, catalog: Catalog) -> Constraint:
     """The normalized C&C constraint of a parsed statement (empty for non-SELECT statements)."""
     if not query.is_select:
         return Constraint(classes=(), instances=(), fds=())
-    return _Normalizer(query, catalog).run()
+    return QueryResolver(query, catalog).run()
 
 
-class _Normalizer:
+class QueryResolver:
+    """Resolves a query's inputs to base-table instances and its columns to their attributes;
+    `run` normalizes the constraint. Shared by every optimizer rule that needs names resolved."""
+
     def __init__(self, query: Query, catalog: Catalog) -> None:
         self.query = query
         self.catalog = catalog
@@ -147,6 +150,15 @@ class _Normalizer:
                 )
         self._instances[key] = result
         return result
+
+    def base_instance(self, source: Source) -> Instance | None:
+        """The instance of a direct reference to a catalog table (None for views, CTEs,
+        derived tables and table functions)."""
+        self.source_instances(source)
+        instance = self._base.get(id(source))
+        if instance is None or self.catalog.table(instance.table) is None:
+            return None
+        return instance
 
     def block_instances(self, block: Block) -> list[Instance]:
         """Every instance a block reads: its sources and its nested subqueries."""

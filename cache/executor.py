@@ -1,0 +1,310 @@
+"""Run a query with currency clauses through the cache (SPEC §5.4).
+
+When the plan opens, each consistency class decides once, all its accesses together (its
+SwitchUnion): local if every access has a matching view whose guard passes - presence (probed
+keys present), completeness (probed values complete), currency (every region used at most the
+bound old), one snapshot for the class, the session timeline and its own writes - else remote.
+If some class is local, the statement runs in DuckDB with each table reference bound to its
+cached view or to a remote leaf (the rows ``SELECT cols FROM t WHERE pushed conjuncts`` fetched
+from PostgreSQL through Arrow); a remote class then has a single access, so no two remote leaves
+need to agree on a snapshot. Otherwise the statement goes to PostgreSQL whole.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import typing as t
+from dataclasses import dataclass, field
+
+import psycopg
+import pyarrow as pa
+from sqlglot import exp
+
+from cache.copy_arrow import copy_to_arrow, select_list
+from cache.params import Params, bind_literals
+from cache.region_index import Key, RegionIndex, Stamp
+from control_tables.types import duckdb_type
+from optimizer.accesses import Access, QueryModel
+from optimizer.catalog import Catalog
+from optimizer.fds import closure
+from optimizer.match_views import Match, match_access
+from optimizer.normalize_constraint import ConsistencyClass
+from sql_ext.nodes import strip_extensions
+
+# DuckDB result types and the PostgreSQL type codes a DB-API description reports for them.
+_PG_NAMES = {
+    "BOOLEAN": "bool", "SMALLINT": "int2", "INTEGER": "int4", "BIGINT": "int8",
+    "HUGEINT": "numeric", "FLOAT": "float4", "DOUBLE": "float8", "DECIMAL": "numeric",
+    "VARCHAR": "text", "DATE": "date", "TIME": "time", "TIMESTAMP": "timestamp",
+    "TIMESTAMP WITH TIME ZONE": "timestamptz", "UUID": "uuid", "BLOB": "bytea",
+    "INTERVAL": "interval",
+}  # fmt: skip
+
+
+@dataclass
+class Session:
+    """What the guards need to know about the session."""
+
+    now: dt.datetime
+    timeline_floor: dt.datetime | None = None
+    dirty_tables: set[str] = field(default_factory=set)  # written in the open transaction
+    last_write: dict[str, dt.datetime] = field(default_factory=dict)  # committed writes
+
+
+class Bound:
+    """The statement with parameters bound as literals and without extensions, and a map from
+    the parsed tree's nodes to their counterparts in it (computed once per execution)."""
+
+    def __init__(self, model: QueryModel, params: Params) -> None:
+        original = model.query.tree
+        # Node ids in the metadata survive copying; a bound literal inherits its placeholder's.
+        for number, node in enumerate(original.walk()):
+            node.meta.setdefault("mt_id", number)
+        self.tree = bind_literals(strip_extensions(original), params)
+        self._by_id = {n.meta["mt_id"]: n for n in self.tree.walk() if "mt_id" in n.meta}
+
+    def __getitem__(self, node: exp.Expr) -> exp.Expr:
+        return t.cast(exp.Expr, self._by_id[node.meta["mt_id"]])
+
+
+@dataclass
+class Misses:
+    """Why guards failed during one decision (for the status counters)."""
+
+    presence: int = 0
+    currency: int = 0
+
+
+@dataclass(frozen=True)
+class Binding:
+    access: Access
+    match: Match | None  # None: a remote leaf
+    regions: tuple[tuple[Key, Stamp], ...] = ()
+
+
+@dataclass
+class Result:
+    description: list[tuple[t.Any, ...]]
+    rows: list[tuple[t.Any, ...]]
+    provenance: list[dict[str, t.Any]]
+    oldest: dt.datetime | None  # the oldest data time read (for the session timeline)
+
+
+def decide(
+    model: QueryModel, index: RegionIndex, bound: Bound, session: Session, misses: Misses
+) -> dict[int, Binding] | None:
+    """The SwitchUnion decisions: a binding per access (by instance id), or None for the
+    whole statement remote."""
+    if not model.direct:
+        return None
+    bindings: dict[int, Binding] = {}
+    any_local = False
+    for cls in model.constraint.classes:
+        accesses = [model.access_of(i) for i in sorted(cls.instances, key=lambda i: i.id)]
+        chosen = _class_local(cls, accesses, index, bound, session, model, misses)
+        if chosen is None:
+            if len(accesses) > 1:
+                return None  # two remote leaves would need one snapshot: one statement instead
+            bindings[accesses[0].instance.id] = Binding(accesses[0], None)
+        else:
+            any_local = True
+            bindings.update({b.access.instance.id: b for b in chosen})
+    return bindings if any_local else None
+
+
+def _class_local(
+    cls: ConsistencyClass,
+    accesses: list[Access],
+    index: RegionIndex,
+    bound: Bound,
+    session: Session,
+    model: QueryModel,
+    misses: Misses,
+) -> list[Binding] | None:
+    if cls.bound_seconds <= 0:
+        return None
+    chosen: list[Binding] = []
+    for access in accesses:
+        binding = None
+        for match in match_access(access, index.schema):
+            regions = _guard(access, match, index, bound, session, cls.bound_seconds, misses)
+            if regions is not None:
+                binding = Binding(access, match, tuple(regions))
+                break
+        if binding is None:
+            return None
+        chosen.append(binding)
+    snapshots = {stamp[1] for b in chosen for _, stamp in b.regions}
+    if len(snapshots) > 1 and not _groups_inside_regions(cls, chosen, model):
+        return None  # the class needs one snapshot and the regions used have several
+    return chosen
+
+
+def _groups_inside_regions(cls: ConsistencyClass, chosen: list[Binding], model: QueryModel) -> bool:
+    """One access whose regions are its presence regions, and the required grouping determines
+    the presence key: every required group lies inside one region (Presence Assumption)."""
+    if len(chosen) != 1 or chosen[0].match is None or chosen[0].match.kind != "presence":
+        return False
+    instance = chosen[0].access.instance
+    wanted = closure(cls.grouping, model.fds)
+    return {(instance, c) for c in chosen[0].match.columns} <= wanted
+
+
+def _guard(
+    access: Access,
+    match: Match,
+    index: RegionIndex,
+    statement: Bound,
+    session: Session,
+    bound: float,
+    misses: Misses,
+) -> list[tuple[Key, Stamp]] | None:
+    """The regions the access would read, if every check passes; else None."""
+    if access.table in session.dirty_tables:
+        return None  # the session's uncommitted writes are only on the backend
+    regions: list[tuple[Key, Stamp]] = []
+    if match.kind == "full":
+        stamp = index.views.get(match.view.name)
+        if stamp is None:
+            return None
+        regions.append(((), stamp))
+    else:
+        keys = _probed_keys(access, match.columns, statement)
+        if keys is None:
+            return None
+        if match.control in index.schema.control_tables:
+            listed = index.controls.get(t.cast(str, match.control), {})
+        else:
+            listed = index.parents.get((t.cast(str, match.control), match.control_columns), {})
+        for key in keys:
+            if key not in listed:
+                misses.presence += 1
+                return None  # a presence (or completeness) miss
+            regions.append((key, listed[key]))
+    floor = session.timeline_floor
+    written = session.last_write.get(access.table)
+    for _, (refreshed_at, _snapshot) in regions:
+        if refreshed_at is None:
+            return None
+        if (session.now - refreshed_at).total_seconds() > bound:
+            misses.currency += 1
+            return None  # a currency miss
+        if floor is not None and refreshed_at < floor:
+            return None  # time must not move backwards inside TIMEORDERED
+        if written is not None and refreshed_at < written:
+            return None  # read your own writes
+    return regions
+
+
+def _probed_keys(access: Access, columns: tuple[str, ...], statement: Bound) -> list[Key] | None:
+    values: list[list[t.Any]] = []
+    for column in columns:
+        constants = access.probes.get(column)
+        if not constants:
+            return None
+        evaluated = []
+        for constant in constants:
+            value = _value(statement[constant])
+            if value is _UNKNOWN:
+                return None
+            evaluated.append(value)
+        values.append(evaluated)
+    if len(columns) == 1:
+        return [(v,) for v in dict.fromkeys(values[0])]
+    if all(len(v) == 1 for v in values):
+        return [tuple(v[0] for v in values)]
+    return None  # several values for a composite key: which combinations? not guessed
+
+
+_UNKNOWN = object()
+
+
+def _value(constant: exp.Expr) -> t.Any:
+    """A bound constant's Python value (parameters are literals by now)."""
+    if isinstance(constant, exp.Literal | exp.Boolean):
+        return constant.to_py()
+    return _UNKNOWN  # NULL matches no key; casts and expressions are not guessed
+
+
+def run_local(
+    bound: Bound,
+    bindings: dict[int, Binding],
+    duck: t.Any,
+    pg: psycopg.Connection,  # type: ignore[type-arg]
+    catalog: Catalog,
+    now: dt.datetime,
+) -> Result:
+    """Execute in DuckDB with every table reference rebound; remote leaves through Arrow."""
+    registered: list[str] = []
+    provenance: list[dict[str, t.Any]] = []
+    oldest: dt.datetime | None = None
+    try:
+        for number, binding in enumerate(
+            sorted(bindings.values(), key=lambda b: b.access.instance.id)
+        ):
+            access = binding.access
+            node = t.cast(exp.Table, bound[access.node])
+            alias = node.alias or node.name
+            if binding.match is not None:
+                target = binding.match.view.name
+                stamps = [s for _, s in binding.regions]
+                for refreshed_at, _ in stamps:
+                    if refreshed_at is not None and (oldest is None or refreshed_at < oldest):
+                        oldest = refreshed_at
+                provenance.append({
+                    "table": access.table, "route": "local", "view": target,
+                    "regions": [list(k) for k, _ in binding.regions],
+                    "currency_seconds": max(
+                        ((now - s[0]).total_seconds() for s in stamps if s[0]), default=0.0
+                    ),
+                    "snapshot_ids": sorted({s[1] for s in stamps if s[1] is not None}),
+                    "stale": False,
+                })  # fmt: skip
+            else:
+                target = f"mtcache_leaf_{number}"
+                leaf = _fetch_leaf(access, bound, pg, catalog)
+                duck.register(target, leaf)
+                registered.append(target)
+                provenance.append({
+                    "table": access.table, "route": "remote", "view": None, "regions": [],
+                    "currency_seconds": 0.0, "snapshot_ids": [], "stale": False,
+                })  # fmt: skip
+            node.replace(exp.Table(this=exp.to_identifier(target), alias=exp.TableAlias(
+                this=exp.to_identifier(alias))))  # fmt: skip
+        cursor = duck.execute(bound.tree.sql(dialect="duckdb"))
+        rows = [tuple(r) for r in cursor.fetchall()]
+        description = [
+            (d[0], _type_code(str(d[1])), None, None, None, None, None)
+            for d in cursor.description or []
+        ]
+    finally:
+        for name in registered:
+            duck.unregister(name)
+    return Result(description=description, rows=rows, provenance=provenance, oldest=oldest)
+
+
+def _fetch_leaf(
+    access: Access,
+    bound: Bound,
+    pg: psycopg.Connection,  # type: ignore[type-arg]
+    catalog: Catalog,
+) -> pa.Table:
+    table = catalog.table(access.table)
+    assert table is not None
+    types = {c.name: c.type for c in table.columns}
+    wanted = sorted(access.columns) or [table.column_names[0]]
+    columns = [(c, t.cast(str, duckdb_type(types[c]) or "VARCHAR")) for c in wanted]
+    alias = access.node.alias or access.node.name
+    conjuncts = [bound[c].sql(dialect="postgres") for c in access.conjuncts]
+    where = " AND ".join(f"({c})" for c in conjuncts) or "TRUE"
+    sql = (
+        f'SELECT {select_list(columns)} FROM "{table.schema}".'
+        f'"{table.name}" AS "{alias}" WHERE {where}'
+    )
+    return copy_to_arrow(pg, sql, columns)
+
+
+def _type_code(duck_type: str) -> int | None:
+    name = _PG_NAMES.get(duck_type.split("(", maxsplit=1)[0].upper())
+    info = psycopg.postgres.types.get(name) if name else None
+    return info.oid if info is not None else None

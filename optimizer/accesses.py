@@ -1,0 +1,144 @@
+"""Table accesses of a query: for each base-table reference, the columns the query uses from it,
+the conjuncts that mention only it (selections that can be pushed to it), and the constants it
+is probed with (``col = v``, ``col IN (v, ...)``, parameters included).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from sqlglot import exp
+
+from optimizer.catalog import Catalog
+from optimizer.fds import FD
+from optimizer.normalize_constraint import Constraint, Instance, QueryResolver
+from sql_ext import Block, Query, Source
+
+CONSTANTS = (exp.Literal, exp.Placeholder, exp.Null, exp.Boolean)
+
+
+@dataclass(frozen=True)
+class Access:
+    instance: Instance
+    source: Source = field(repr=False, compare=False)  # the reference in its block
+    block: Block = field(repr=False, compare=False)
+    columns: frozenset[str]
+    conjuncts: tuple[exp.Expr, ...] = field(compare=False)
+    probes: Mapping[str, tuple[exp.Expr, ...]] = field(compare=False)  # column -> constants
+
+    @property
+    def table(self) -> str:
+        return self.instance.table
+
+    @property
+    def node(self) -> exp.Table:
+        node = self.source.node
+        assert isinstance(node, exp.Table)
+        return node
+
+
+@dataclass(frozen=True)
+class QueryModel:
+    query: Query
+    constraint: Constraint
+    fds: tuple[FD, ...]
+    accesses: tuple[Access, ...]  # one per direct base-table reference
+
+    @property
+    def direct(self) -> bool:
+        """Every input is a base table referenced directly (no backend view): a local or mixed
+        plan can rebind each reference."""
+        return {a.instance for a in self.accesses} == set(self.constraint.instances)
+
+    def access_of(self, instance: Instance) -> Access:
+        return next(a for a in self.accesses if a.instance == instance)
+
+
+def model_query(query: Query, catalog: Catalog) -> QueryModel:
+    resolver = QueryResolver(query, catalog)
+    constraint = resolver.run()
+    analysis = query.analysis
+    # Which instance each direct table reference is.
+    direct: dict[int, tuple[Instance, Source, Block]] = {}
+    for block in analysis.blocks:
+        for source in block.sources:
+            instance = resolver.base_instance(source)
+            if instance is not None and isinstance(source.node, exp.Table):
+                direct[id(source)] = (instance, source, block)
+    columns: dict[Instance, set[str]] = {inst: set() for inst, _, _ in direct.values()}
+    for column in query.tree.find_all(exp.Column):
+        scope = _block_of(query, column)
+        if scope is None:
+            continue
+        attr = resolver.resolve_column(scope, column)
+        if attr is not None and attr[0] in columns:
+            columns[attr[0]].add(attr[1])
+    for star in query.tree.find_all(exp.Star):
+        scope = _block_of(query, star)
+        if scope is None:
+            continue
+        for source in scope.sources:
+            for instance in resolver.source_instances(source):
+                table = catalog.table(instance.table)
+                if instance in columns and table is not None:
+                    columns[instance] |= set(table.column_names)
+    conjuncts: dict[Instance, list[exp.Expr]] = {inst: [] for inst in columns}
+    probes: dict[Instance, dict[str, list[exp.Expr]]] = {inst: {} for inst in columns}
+    for block in analysis.blocks:
+        for predicate in block.conjuncts():
+            if predicate.find(exp.Select) is not None:
+                continue
+            attrs = [resolver.resolve_column(block, c) for c in predicate.find_all(exp.Column)]
+            owners = {a[0] for a in attrs if a is not None}
+            if len(owners) != 1 or None in attrs:
+                continue
+            owner = owners.pop()
+            if owner not in conjuncts:
+                continue
+            conjuncts[owner].append(predicate)
+            probe = _probe(predicate)
+            if probe is not None:
+                column_node, constants = probe
+                attr = resolver.resolve_column(block, column_node)
+                if attr is not None:
+                    probes[owner].setdefault(attr[1], []).extend(constants)
+    accesses = tuple(
+        Access(
+            instance=instance,
+            source=source,
+            block=block,
+            columns=frozenset(columns[instance]),
+            conjuncts=tuple(conjuncts[instance]),
+            probes={c: tuple(v) for c, v in probes[instance].items()},
+        )
+        for instance, source, block in sorted(direct.values(), key=lambda d: d[0].id)
+    )
+    return QueryModel(query=query, constraint=constraint, fds=constraint.fds, accesses=accesses)
+
+
+def _block_of(query: Query, node: exp.Expr) -> Block | None:
+    select = node.find_ancestor(exp.Select)
+    if select is None:
+        return None
+    try:
+        return query.analysis.block_of(select)
+    except KeyError:
+        return None
+
+
+def _probe(predicate: exp.Expr) -> tuple[exp.Column, list[exp.Expr]] | None:
+    """``col = constant`` or ``col IN (constants)``: the column and its constants."""
+    if isinstance(predicate, exp.EQ):
+        left, right = predicate.this, predicate.expression
+        if isinstance(left, exp.Column) and isinstance(right, CONSTANTS):
+            return left, [right]
+        if isinstance(right, exp.Column) and isinstance(left, CONSTANTS):
+            return right, [left]
+    if isinstance(predicate, exp.In) and isinstance(predicate.this, exp.Column):
+        values = predicate.expressions
+        if values and all(isinstance(v, CONSTANTS) for v in values) and not predicate.args.get(
+            "query"
+        ):
+            return predicate.this, list(values)
+    return None

@@ -1,0 +1,226 @@
+"""Queries through the cache, compared with PostgreSQL's answer to the same query.
+
+Local answers come from regions refreshed at a known snapshot; where the backend has changed
+since, the expected answer is the backend's rows as they were at that snapshot.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+import cache
+from cache import bookstore
+from cache.embedded_pg import EmbeddedPostgres
+from tests.test_store import SCHEMA_FILE
+
+SALES = "CREATE CACHED VIEW salescopy AS SELECT saleid, isbn, sold_on, qty FROM sales"
+
+
+@pytest.fixture
+def backend(pg_cluster: EmbeddedPostgres, request: pytest.FixtureRequest) -> str:
+    dsn = pg_cluster.create_database("q_" + re.sub(r"\W", "_", request.node.name)[:40])
+    bookstore.load_into(dsn)
+    return dsn
+
+
+@pytest.fixture
+def conn(backend: str, tmp_path: Path) -> Iterator[cache.Connection]:
+    connection = cache.connect(backend=backend, cache_path=tmp_path / "cache.duckdb")
+    cur = connection.cursor()
+    for statement in (SCHEMA_FILE.read_text() + SALES).split(";"):
+        if statement.strip():
+            cur.execute(statement)
+    cur.execute("INSERT INTO citylist_csct VALUES ('Madison')")
+    cur.execute("INSERT INTO authorlist_pct VALUES (4), (8)")
+    connection._maintainer().refresh("salescopy")
+    connection.commit()
+    yield connection
+    connection.close()
+
+
+def pg(dsn: str, sql: str, params: object = None) -> list[tuple[object, ...]]:
+    with psycopg.connect(dsn) as other:
+        return other.execute(sql, params).fetchall()  # type: ignore[arg-type]
+
+
+def through_cache(
+    conn: cache.Connection, sql: str, params: object = None
+) -> tuple[list[tuple[object, ...]], list[str]]:
+    cur = conn.cursor()
+    cur.execute(sql, params)  # type: ignore[arg-type]
+    return cur.fetchall(), [p["route"] for p in cur.provenance]
+
+
+CASES = [
+    # (name, query without clause, clause, params, expected routes)
+    (
+        "point query on a presence region",
+        "SELECT * FROM authors a WHERE a.authorid = 4",
+        "CURRENCY BOUND 10 MIN",
+        None,
+        ["local"],
+    ),
+    (
+        "IN list over one snapshot",
+        "SELECT a.name FROM authors a WHERE a.authorid IN (4, 8) ORDER BY 1",
+        "CURRENCY BOUND 10 MIN",
+        None,
+        ["local"],
+    ),
+    (
+        "parameter probe",
+        "SELECT a.city FROM authors a WHERE a.authorid = %s",
+        "CURRENCY BOUND 10 MIN",
+        [8],
+        ["local"],
+    ),
+    (
+        "gray child through its parent",
+        "SELECT a.name, b.title FROM authors a JOIN books b "
+        "ON a.authorid = b.authorid WHERE a.authorid = 4 AND b.authorid = 4 ORDER BY 2",
+        "CURRENCY BOUND 10 MIN ON (a, b)",
+        None,
+        ["local", "local"],
+    ),
+    (
+        "aggregate over a fully materialized view",
+        "SELECT count(*), sum(s.qty) FROM sales s WHERE s.sold_on >= DATE '2003-01-01'",
+        "CURRENCY BOUND 10 MIN",
+        None,
+        ["local"],
+    ),
+    (
+        "mixed: local sales, remote books",
+        "SELECT b.type, sum(s.qty) FROM sales s "
+        "JOIN books b ON s.isbn = b.isbn GROUP BY b.type ORDER BY 1",
+        "CURRENCY BOUND 10 MIN ON (s), 10 MIN ON (b)",
+        None,
+        ["local", "remote"],
+    ),
+    (
+        "presence miss goes remote",
+        "SELECT * FROM authors a WHERE a.authorid = 5",
+        "CURRENCY BOUND 10 MIN",
+        None,
+        ["remote"],
+    ),
+    (
+        "currency miss goes remote",
+        "SELECT * FROM authors a WHERE a.authorid = 4",
+        "CURRENCY BOUND 1 MS",
+        None,
+        ["remote"],
+    ),
+    (
+        "an unnamed input is bound 0",
+        "SELECT b.type, sum(s.qty) FROM sales s "
+        "JOIN books b ON s.isbn = b.isbn GROUP BY b.type ORDER BY 1",
+        "CURRENCY BOUND 10 MIN ON (s)",
+        None,
+        ["local", "remote"],
+    ),
+    (
+        "views of different snapshots cannot serve one class",
+        "SELECT count(*) FROM sales s, authors a WHERE a.authorid = 4 AND s.qty = 1",
+        "CURRENCY BOUND 10 MIN ON (s, a)",
+        None,
+        ["remote", "remote"],
+    ),
+    (
+        "subquery in WHERE stays remote",
+        "SELECT a.name FROM authors a WHERE a.authorid = 4 AND "
+        "EXISTS (SELECT 1 FROM books b WHERE b.authorid = a.authorid)",
+        "CURRENCY BOUND 10 MIN",
+        None,
+        ["local", "remote"],
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "sql", "clause", "params", "routes"), CASES,
+                         ids=[c[0] for c in CASES])  # fmt: skip
+def test_cached_answers_equal_postgres(
+    conn: cache.Connection, backend: str, name: str, sql: str, clause: str,
+    params: object, routes: list[str],
+) -> None:  # fmt: skip
+    rows, got = through_cache(conn, f"{sql} {clause}", params)
+    assert rows == pg(backend, sql, params)
+    assert sorted(got) == sorted(routes)
+
+
+def test_provenance_of_a_local_answer(conn: cache.Connection) -> None:
+    cur = conn.cursor()
+    cur.execute("SELECT * FROM authors a WHERE a.authorid IN (4, 8) CURRENCY BOUND 10 MIN")
+    (entry,) = cur.provenance
+    assert entry["table"] == "authors" and entry["view"] == "authorcopy"
+    assert sorted(entry["regions"]) == [[4], [8]]
+    assert len(entry["snapshot_ids"]) == 1 and 0 <= entry["currency_seconds"] < 600
+    assert entry["stale"] is False
+    assert [d[0] for d in cur.description or []] == ["authorid", "name", "gender", "city", "state"]
+    assert cur.description[0][1] == cache.NUMBER  # type: ignore[index]
+
+
+def test_a_cached_answer_is_the_backend_at_the_region_snapshot(
+    conn: cache.Connection, backend: str
+) -> None:
+    """After the backend changes, a generous bound still answers from the region: the rows
+    PostgreSQL had at the snapshot, no older than the bound."""
+    before = pg(backend, "SELECT name FROM authors WHERE authorid = 4")
+    with psycopg.connect(backend, autocommit=True) as other:
+        other.execute("UPDATE authors SET name = 'changed' WHERE authorid = 4")
+    cur = conn.cursor()
+    cur.execute("SELECT name FROM authors a WHERE a.authorid = 4 CURRENCY BOUND 10 MIN")
+    assert cur.fetchall() == before
+    assert cur.provenance[0]["route"] == "local" and cur.provenance[0]["currency_seconds"] < 600
+    cur.execute("SELECT name FROM authors a WHERE a.authorid = 4 CURRENCY BOUND 1 MS")
+    assert cur.fetchall() == [("changed",)]
+
+
+def test_the_session_reads_its_own_writes(conn: cache.Connection) -> None:
+    cur = conn.cursor()
+    query = "SELECT name FROM authors a WHERE a.authorid = 4 CURRENCY BOUND 10 MIN"
+    cur.execute("UPDATE authors SET name = 'mine' WHERE authorid = 4")
+    cur.execute(query)
+    assert cur.fetchall() == [("mine",)] and cur.provenance[0]["route"] == "remote"
+    conn.commit()
+    cur.execute(query)
+    assert cur.fetchall() == [("mine",)] and cur.provenance[0]["route"] == "remote"
+    cur.execute("INSERT INTO authorlist_pct VALUES (4)")  # refreshes the region
+    cur.execute(query)
+    assert cur.fetchall() == [("mine",)] and cur.provenance[0]["route"] == "local"
+
+
+def test_time_never_moves_backwards_inside_timeordered(conn: cache.Connection) -> None:
+    cur = conn.cursor()
+    query = "SELECT name FROM authors a WHERE a.authorid = 4 CURRENCY BOUND 10 MIN"
+    with conn.timeordered():
+        cur.execute(query)
+        assert cur.provenance[0]["route"] == "local"
+        cur.execute("SELECT count(*) FROM authors a CURRENCY BOUND 10 MIN")  # remote: now
+        assert cur.provenance[0]["route"] == "remote"
+        cur.execute(query)  # the region is older than what was just read
+        assert cur.provenance[0]["route"] == "remote"
+    cur.execute(query)
+    assert cur.provenance[0]["route"] == "local"
+
+
+def test_counters_reach_mtcache_status(conn: cache.Connection, tmp_path: Path) -> None:
+    cur = conn.cursor()
+    cur.execute("SELECT * FROM authors a WHERE a.authorid = 4 CURRENCY BOUND 10 MIN")
+    cur.execute("SELECT * FROM authors a WHERE a.authorid = 5 CURRENCY BOUND 10 MIN")
+    cur.execute("SELECT * FROM authors a WHERE a.authorid = 4 CURRENCY BOUND 1 MS")
+    conn.close()
+    from cache.store import CacheStore
+
+    store = CacheStore(tmp_path / "cache.duckdb")
+    counters = store.counters()
+    store.close()
+    assert counters["hits"] == 1
+    assert counters["presence_misses"] == 1
+    assert counters["currency_misses"] == 1
+    assert counters["remote"] == 2
