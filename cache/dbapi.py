@@ -237,7 +237,10 @@ class Connection:
         """The base tables a query reads (views expanded), one entry per access."""
         for attempt in range(2):
             if self._catalog_stale or attempt:
-                self._catalog = fetch_catalog(self.backend)
+                try:
+                    self._catalog = fetch_catalog(self.backend)
+                except errors.BackendUnavailableError:
+                    break  # the backend is down: plan with the catalog we have
                 self._store.save_catalog(self._catalog)
                 self._catalog_stale = False
             try:
@@ -410,7 +413,16 @@ class Cursor:
             self._edit_control_table(query, target, parameters)
             return
         cacheable = query.has_currency_clause and query.is_select and query.explain is None
-        if cacheable and self._run_through_cache(query, parameters):
+        if cacheable:
+            try:
+                if self._run_through_cache(query, parameters):
+                    return
+                self._run_backend(query.to_sql("postgres"), parameters)
+            except errors.BackendUnavailableError as exc:
+                self._answer_without_backend(query, parameters, exc)
+                return
+            self._record_remote(query)
+            self.connection._count("remote")
             return
         if query.has_currency_clause or query.explain is not None:
             sql = query.to_sql("postgres")
@@ -492,6 +504,46 @@ class Cursor:
         except psycopg.Error as exc:
             raise errors.translate(exc) from exc
         connection._read_at(dt.datetime.now(dt.UTC))
+
+    def _answer_without_backend(
+        self, query: Query, parameters: Params, down: errors.BackendUnavailableError
+    ) -> None:
+        """SPEC §5.9: with stale_ok, present local data of any age answers, flagged stale;
+        otherwise say which access needs the backend, its bound and the local data's age."""
+        connection = self.connection
+        model = model_query(query, connection._catalog)
+        bound = Bound(model, parameters)
+        index = connection._region_index()
+        session = connection._session(connection._catalog.tables)
+        session.ignore_currency = True
+        bindings = decide(model, index, bound, session, Misses())
+        if connection.stale_ok and bindings is not None:
+            result = run_local(
+                bound, bindings, connection._store.con, connection._pg, connection._catalog,
+                session.now,
+            )  # fmt: skip
+            limits = {
+                i.table: cls.bound_seconds
+                for cls in model.constraint.classes
+                for i in cls.instances
+            }
+            for entry in result.provenance:
+                if entry["currency_seconds"] > limits.get(entry["table"], 0.0):
+                    entry["stale"] = True
+                    self.messages.append((
+                        errors.Warning,
+                        f"{entry['table']}: answered from {entry['view']} "
+                        f"{entry['currency_seconds']:.1f}s old, beyond its bound of "
+                        f"{limits[entry['table']]:g}s: the backend is unreachable (stale_ok)",
+                    ))  # fmt: skip
+            self.description = result.description
+            self._rows = result.rows
+            self.rowcount = len(result.rows)
+            self.provenance = result.provenance
+            return
+        raise errors.BackendUnavailableError(
+            _needs_backend(model, bindings, session.now) + f"; {down}"
+        ) from down
 
     def _record_remote(self, query: Query) -> None:
         tables = self.connection._base_tables(query)
@@ -604,6 +656,27 @@ def _control_target(query: Query, store: CacheStore) -> tuple[str, str] | None:
             "evicted with DELETE"
         )
     return kind, name
+
+
+def _needs_backend(model: t.Any, bindings: dict[int, t.Any] | None, now: dt.datetime) -> str:
+    """Which access could not be answered locally, with its bound and its local data's age."""
+    for cls in model.constraint.classes:
+        for instance in sorted(cls.instances, key=lambda i: i.id):
+            binding = (bindings or {}).get(instance.id)
+            label = f"{instance.table} ({instance.label})"
+            if binding is None or binding.match is None:
+                return (
+                    f"{label} needs the backend (CURRENCY BOUND {cls.bound_seconds:g}s) and "
+                    "the cache holds no usable copy of it"
+                )
+            ages = [(now - s[0]).total_seconds() for _, s in binding.regions if s[0]]
+            if ages and max(ages) > cls.bound_seconds:
+                return (
+                    f"{label} needs the backend (CURRENCY BOUND {cls.bound_seconds:g}s): the "
+                    f"local data in {binding.match.view.name} is {max(ages):.1f}s old; "
+                    "connect with stale_ok=True to accept it"
+                )
+    return "a remote part of the query needs the backend"
 
 
 def _written_tables(tree: exp.Expr) -> set[str] | None:

@@ -46,6 +46,7 @@ class Session:
     """What the guards need to know about the session."""
 
     now: dt.datetime
+    ignore_currency: bool = False  # stale_ok with the backend down: any present data will do
     timeline_floor: dt.datetime | None = None
     dirty_tables: set[str] = field(default_factory=set)  # written in the open transaction
     last_write: dict[str, dt.datetime] = field(default_factory=dict)  # committed writes
@@ -94,7 +95,8 @@ def decide(
     model: QueryModel, index: RegionIndex, bound: Bound, session: Session, misses: Misses
 ) -> dict[int, Binding] | None:
     """The SwitchUnion decisions: a binding per access (by instance id), or None for the
-    whole statement remote."""
+    whole statement remote. With ``session.ignore_currency`` (the backend is down and the
+    application accepts stale data) every class that can be answered locally is."""
     if not model.direct:
         return None
     bindings: dict[int, Binding] = {}
@@ -103,6 +105,8 @@ def decide(
         accesses = [model.access_of(i) for i in sorted(cls.instances, key=lambda i: i.id)]
         chosen = _class_local(cls, accesses, index, bound, session, model, misses)
         if chosen is None:
+            if session.ignore_currency:
+                return None  # the backend is needed and down
             if len(accesses) > 1:
                 return None  # two remote leaves would need one snapshot: one statement instead
             bindings[accesses[0].instance.id] = Binding(accesses[0], None)
@@ -121,13 +125,14 @@ def _class_local(
     model: QueryModel,
     misses: Misses,
 ) -> list[Binding] | None:
-    if cls.bound_seconds <= 0:
+    if cls.bound_seconds <= 0 and not session.ignore_currency:
         return None
     chosen: list[Binding] = []
+    bound_seconds = float("inf") if session.ignore_currency else cls.bound_seconds
     for access in accesses:
         binding = None
         for match in match_access(access, index.schema):
-            regions = _guard(access, match, index, bound, session, cls.bound_seconds, misses)
+            regions = _guard(access, match, index, bound, session, bound_seconds, misses)
             if regions is not None:
                 binding = Binding(access, match, tuple(regions))
                 break
@@ -186,7 +191,7 @@ def _guard(
     for _, (refreshed_at, _snapshot) in regions:
         if refreshed_at is None:
             return None
-        if (session.now - refreshed_at).total_seconds() > bound:
+        if (session.now - refreshed_at).total_seconds() > bound and not session.ignore_currency:
             misses.currency += 1
             return None  # a currency miss
         if floor is not None and refreshed_at < floor:

@@ -7,6 +7,7 @@ since, the expected answer is the backend's rows as they were at that snapshot.
 from __future__ import annotations
 
 import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -224,3 +225,47 @@ def test_counters_reach_mtcache_status(conn: cache.Connection, tmp_path: Path) -
     assert counters["presence_misses"] == 1
     assert counters["currency_misses"] == 1
     assert counters["remote"] == 2
+
+
+def test_backend_down_local_answers_go_on_and_stale_ok_returns_stale_data(
+    tmp_path: Path,
+) -> None:
+    """SPEC §5.9, with a backend of its own that this test stops."""
+    from tests.conftest import reachable_tempdir
+
+    home = reachable_tempdir("mtcache-down-")
+    cluster = EmbeddedPostgres(home / "pg")
+    try:
+        dsn = cluster.ensure_running()
+        bookstore.load_into(dsn)
+        for stale_ok in (False, True):
+            path = tmp_path / f"cache-{stale_ok}.duckdb"
+            setup = cache.connect(backend=dsn, cache_path=path)
+            cur = setup.cursor()
+            for statement in SCHEMA_FILE.read_text().split(";"):
+                if statement.strip():
+                    cur.execute(statement)
+            cur.execute("INSERT INTO authorlist_pct VALUES (4)")
+            setup.close()
+        conns = {flag: cache.connect(backend=dsn, cache_path=tmp_path / f"cache-{flag}.duckdb",
+                                     stale_ok=flag) for flag in (False, True)}  # fmt: skip
+        cluster.stop()
+        strict, lenient = conns[False].cursor(), conns[True].cursor()
+        fresh = "SELECT name FROM authors a WHERE a.authorid = 4 CURRENCY BOUND 10 MIN"
+        strict.execute(fresh)  # the guard passes: no backend needed
+        assert strict.fetchall() == [("Author 4",)] and strict.provenance[0]["route"] == "local"
+        too_old = "SELECT name FROM authors a WHERE a.authorid = 4 CURRENCY BOUND 1 MS"
+        expected = r"authors \(a\) needs the backend \(CURRENCY BOUND 0.001s\): the local data"
+        with pytest.raises(cache.OperationalError, match=expected):
+            strict.execute(too_old)
+        with pytest.raises(cache.OperationalError, match="holds no usable copy"):
+            strict.execute("SELECT name FROM authors a WHERE a.authorid = 5 CURRENCY BOUND 1 MIN")
+        lenient.execute(too_old)
+        assert lenient.fetchall() == [("Author 4",)]
+        assert lenient.provenance[0]["stale"] is True
+        assert lenient.messages and "beyond its bound" in lenient.messages[0][1]
+        for conn in conns.values():
+            conn.close()
+    finally:
+        cluster.destroy()
+        shutil.rmtree(home, ignore_errors=True)
