@@ -16,6 +16,8 @@ What a statement does depends on what it is:
 from __future__ import annotations
 
 import datetime as dt
+import queue
+import threading
 import typing as t
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -100,6 +102,7 @@ class Connection:
         *,
         autocommit: bool = False,
         stale_ok: bool = False,
+        admit_on_miss: bool = True,
     ) -> None:
         self.cache_path = Path(cache_path or DEFAULT_CACHE)
         if backend is None:
@@ -108,6 +111,11 @@ class Connection:
             backend = EmbeddedPostgres(self.cache_path.parent / "pg").ensure_running()
         self.backend = backend
         self.stale_ok = stale_ok
+        self.admit_on_miss = admit_on_miss
+        self._admissions: queue.Queue[tuple[str, tuple[t.Any, ...]] | None] = queue.Queue()
+        self._queued: set[tuple[str, tuple[t.Any, ...]]] = set()
+        self._admitter: threading.Thread | None = None
+        self.admission_errors: list[str] = []
         self._pg = connect_backend(backend, autocommit=autocommit)
         self._notices: list[str] = []  # backend NOTICEs, handed to the cursor that caused them
         self._pg.add_notice_handler(lambda d: self._notices.append(d.message_primary or ""))
@@ -151,6 +159,10 @@ class Connection:
         if self.closed:
             return
         self.closed = True
+        self.wait_for_admissions()
+        if self._admitter is not None:
+            self._admissions.put(None)
+            self._admitter.join()
         try:
             self._pg.close()
         finally:
@@ -310,6 +322,41 @@ class Connection:
             )
         self._counters = dict.fromkeys(self._counters, 0)
 
+    # -- admission on a presence miss (SPEC 5.5) ---------------------------------------------
+
+    def _admit_later(self, misses: list[tuple[str, tuple[t.Any, ...]]]) -> None:
+        for item in misses:
+            if item in self._queued:
+                continue
+            self._queued.add(item)
+            if self._admitter is None:
+                self._admitter = threading.Thread(
+                    target=self._admit_loop, name="mtcache-admit", daemon=True
+                )
+                self._admitter.start()
+            self._admissions.put(item)
+
+    def wait_for_admissions(self) -> None:
+        """Block until the background admissions queued so far are done."""
+        if self._admitter is not None:
+            self._admissions.join()
+
+    def _admit_loop(self) -> None:
+        store = self._store.for_thread()
+        try:
+            while (item := self._admissions.get()) is not None:
+                control, key = item
+                try:
+                    Maintainer(store, self.backend).admit(control, [key])
+                except Exception as exc:  # the query was answered remotely; log and go on
+                    self.admission_errors.append(f"admitting {key} into {control}: {exc}")
+                finally:
+                    self._queued.discard(item)
+                    self._admissions.task_done()
+            self._admissions.task_done()
+        finally:
+            store.close()
+
     def _maintainer(self) -> Maintainer:
         return Maintainer(self._store, self.backend)
 
@@ -451,6 +498,8 @@ class Cursor:
         bindings = decide(model, index, bound, session, misses)
         connection._count("presence_misses", misses.presence)
         connection._count("currency_misses", misses.currency)
+        if connection.admit_on_miss and misses.admittable:
+            connection._admit_later(misses.admittable)
         if bindings is None:
             return False
         try:

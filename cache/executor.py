@@ -74,6 +74,8 @@ class Misses:
 
     presence: int = 0
     currency: int = 0
+    # (control table, key) of presence misses a background admission can fill
+    admittable: list[tuple[str, Key]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -184,6 +186,11 @@ def _guard(
         for key in keys:
             if key not in listed:
                 misses.presence += 1
+                if match.kind == "presence":
+                    target = _admission_target(index, t.cast(str, match.control),
+                                               match.control_columns, key)  # fmt: skip
+                    if target is not None:
+                        misses.admittable.append(target)
                 return None  # a presence (or completeness) miss
             regions.append((key, listed[key]))
     floor = session.timeline_floor
@@ -199,6 +206,23 @@ def _guard(
         if written is not None and refreshed_at < written:
             return None  # read your own writes
     return regions
+
+
+def _admission_target(
+    index: RegionIndex, control: str, control_columns: tuple[str, ...], key: Key
+) -> tuple[str, Key] | None:
+    """Where admitting ``key`` would make it present: the control table itself, or - for a
+    view controlled by a parent view on the parent's own presence key - the parent's."""
+    schema = index.schema
+    if control in schema.control_tables:
+        return control, key
+    parent = schema.views.get(control)
+    if parent is None or len(parent.presence) != 1:
+        return None
+    edge = parent.presence[0]
+    if edge.columns != control_columns:
+        return None
+    return _admission_target(index, edge.control, edge.control_columns, key)
 
 
 def _probed_keys(access: Access, columns: tuple[str, ...], statement: Bound) -> list[Key] | None:

@@ -74,15 +74,21 @@ def model_query(query: Query, catalog: Catalog) -> QueryModel:
         attr = resolver.resolve_column(scope, column)
         if attr is not None and attr[0] in columns:
             columns[attr[0]].add(attr[1])
-    for star in query.tree.find_all(exp.Star):
-        scope = _block_of(query, star)
-        if scope is None:
-            continue
-        for source in scope.sources:
-            for instance in resolver.source_instances(source):
-                table = catalog.table(instance.table)
-                if instance in columns and table is not None:
-                    columns[instance] |= set(table.column_names)
+    # SELECT * and t.* need every column (a star inside count(*) needs none).
+    for block in analysis.blocks:
+        for projection in block.select.expressions:
+            if isinstance(projection, exp.Star):
+                sources = block.sources
+            elif isinstance(projection, exp.Column) and isinstance(projection.this, exp.Star):
+                named = block.resolve(projection.table)
+                sources = [named] if named is not None else []
+            else:
+                continue
+            for source in sources:
+                for instance in resolver.source_instances(source):
+                    table = catalog.table(instance.table)
+                    if instance in columns and table is not None:
+                        columns[instance] |= set(table.column_names)
     conjuncts: dict[Instance, list[exp.Expr]] = {inst: [] for inst in columns}
     probes: dict[Instance, dict[str, list[exp.Expr]]] = {inst: {} for inst in columns}
     for block in analysis.blocks:
@@ -137,8 +143,10 @@ def _probe(predicate: exp.Expr) -> tuple[exp.Column, list[exp.Expr]] | None:
             return right, [left]
     if isinstance(predicate, exp.In) and isinstance(predicate.this, exp.Column):
         values = predicate.expressions
-        if values and all(isinstance(v, CONSTANTS) for v in values) and not predicate.args.get(
-            "query"
+        if (
+            values
+            and all(isinstance(v, CONSTANTS) for v in values)
+            and not predicate.args.get("query")
         ):
             return predicate.this, list(values)
     return None

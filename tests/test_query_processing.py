@@ -269,3 +269,36 @@ def test_backend_down_local_answers_go_on_and_stale_ok_returns_stale_data(
     finally:
         cluster.destroy()
         shutil.rmtree(home, ignore_errors=True)
+
+
+def test_a_presence_miss_admits_the_key_so_the_next_query_hits(conn: cache.Connection) -> None:
+    cur = conn.cursor()
+    query = "SELECT name FROM authors a WHERE a.authorid = %s CURRENCY BOUND 10 MIN"
+    cur.execute(query, [5])
+    assert cur.provenance[0]["route"] == "remote"
+    conn.wait_for_admissions()
+    assert conn.admission_errors == []
+    cur.execute(query, [5])
+    assert cur.fetchall() == [("Author 5",)] and cur.provenance[0]["route"] == "local"
+    # A gray child's miss admits the parent's key: the author's books follow.
+    books = "SELECT count(*) FROM books b WHERE b.authorid = 7 CURRENCY BOUND 10 MIN"
+    cur.execute(books)
+    assert cur.provenance[0]["route"] == "remote"
+    conn.wait_for_admissions()
+    cur.execute(books)
+    assert cur.provenance[0]["route"] == "local"
+
+
+def test_admission_on_miss_can_be_turned_off(backend: str, tmp_path: Path) -> None:
+    with cache.connect(backend=backend, cache_path=tmp_path / "c.duckdb") as setup:
+        cur = setup.cursor()
+        for statement in SCHEMA_FILE.read_text().split(";"):
+            if statement.strip():
+                cur.execute(statement)
+    with cache.connect(backend=backend, cache_path=tmp_path / "c.duckdb",
+                       admit_on_miss=False) as conn:  # fmt: skip
+        cur = conn.cursor()
+        for _ in range(2):
+            cur.execute("SELECT name FROM authors a WHERE a.authorid = 5 CURRENCY BOUND 10 MIN")
+            conn.wait_for_admissions()
+            assert cur.provenance[0]["route"] == "remote"
