@@ -102,20 +102,34 @@ def cmd_explain(settings: Settings, args: argparse.Namespace) -> int:
         raise ProgrammingError(
             f"explain takes a query; this is a {statement.kind} statement (try `mtcache parse`)"
         )
-    catalog = fetch_catalog(settings.backend_dsn())
-    constraint = normalize_constraint(statement, catalog)
+    from cache.explaining import explain_query
+    from cache.store import CacheStore
+    from optimizer.explain_plan import render
+
+    dsn = settings.backend_dsn()
+    catalog = fetch_catalog(dsn)
+    if not statement.is_select:
+        constraint = normalize_constraint(statement, catalog)
+        document: dict[str, t.Any] = {
+            "constraint": constraint.to_json(),
+            "plan": {"op": "RemoteQuery", "sql": statement.to_sql("postgres")},
+            "accesses": [],
+            "estimated_cost": 0.0,
+        }
+    else:
+        with CacheStore(settings.cache_path) as store:
+            document = explain_query(statement, None, catalog, store, dsn)
     if args.json:
-        print(json.dumps({"constraint": constraint.to_json()}))
+        print(json.dumps(document))
         return 0
     print("normalized C&C constraint:")
-    for number, cls in enumerate(constraint.to_json(), 1):
+    for number, cls in enumerate(document["constraint"], 1):
         print(f"  class {number} {describe_class(cls)}")
-    if not constraint.classes:
+    if not document["constraint"]:
         print("  (none: the statement reads nothing; it goes to the backend as it is)")
-    print(
-        "plan: not shown yet - view matching, SwitchUnion guards and costs arrive with the "
-        "optimizer; this build explains the constraint only"
-    )
+    print("plan:")
+    for line in render(document)[: -len(document["constraint"]) or None]:
+        print(f"  {line}")
     return 0
 
 

@@ -21,6 +21,7 @@ import threading
 import typing as t
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
@@ -48,6 +49,7 @@ from sql_ext import (
 from sql_ext.statements import DIALECT
 
 DEFAULT_CACHE = ".mtcache/cache.duckdb"
+PLAN_CACHE_SIZE = 256
 _EXTENSION_WORDS = {"CURRENCY", "TIMEORDERED", "CACHED", "CONTROL", "EXPLAIN"}
 
 
@@ -128,6 +130,7 @@ class Connection:
             self._store.save_catalog(fetch_catalog(backend))
         self._catalog = self._store.load_catalog()
         self._catalog_stale = False
+        self._plans: dict[str, PlanEntry] = {}
         self._index: RegionIndex | None = None
         self._dirty: set[str] = set()  # tables written in the open backend transaction
         self._dirty_unknown = False  # a write whose tables the parser could not name
@@ -357,8 +360,39 @@ class Connection:
         finally:
             store.close()
 
+    def _plan(self, operation: str, query: Query, parameters: Params) -> PlanEntry:
+        """The plan of a statement shape, from the plan cache when the schema is unchanged."""
+        from cache.explaining import explain_query
+
+        entry = self._plans.get(operation)
+        if entry is not None and entry.schema_version == self._store.schema_version:
+            return entry
+        self._base_tables(query)  # refreshes a stale catalog
+        model = model_query(query, self._catalog)
+        try:
+            document = explain_query(query, parameters, self._catalog, self._store, self.backend)
+            use_cache = document["plan"]["op"] != "RemoteQuery"
+        except errors.BackendUnavailableError:
+            use_cache = True  # no backend to cost against: the guards decide
+        entry = PlanEntry(query, model, use_cache, self._store.schema_version)
+        if len(self._plans) >= PLAN_CACHE_SIZE:
+            self._plans.pop(next(iter(self._plans)))
+        self._plans[operation] = entry
+        return entry
+
     def _maintainer(self) -> Maintainer:
         return Maintainer(self._store, self.backend)
+
+
+@dataclass
+class PlanEntry:
+    """What a statement shape costs once: its parse, model and the cost-based choice between
+    the whole statement remote and the guarded (local/mixed) plan."""
+
+    query: Query
+    model: t.Any
+    use_cache: bool
+    schema_version: int
 
 
 class Cursor:
@@ -372,6 +406,7 @@ class Cursor:
         self.rowcount = -1
         self.messages: list[tuple[type[Warning], str]] = []
         self.provenance: list[dict[str, t.Any]] = []
+        self.plan: dict[str, t.Any] | None = None  # the last EXPLAIN's document
         self.closed = False
         self._rows: list[tuple[t.Any, ...]] = []
         self._position = 0
@@ -459,10 +494,14 @@ class Cursor:
         if target is not None:
             self._edit_control_table(query, target, parameters)
             return
+        if query.explain is not None and query.has_currency_clause and query.is_select:
+            self._explain(query, parameters)
+            return
         cacheable = query.has_currency_clause and query.is_select and query.explain is None
         if cacheable:
             try:
-                if self._run_through_cache(query, parameters):
+                plan = self.connection._plan(operation, query, parameters)
+                if plan.use_cache and self._run_through_cache(plan.model, parameters):
                     return
                 self._run_backend(query.to_sql("postgres"), parameters)
             except errors.BackendUnavailableError as exc:
@@ -486,11 +525,9 @@ class Cursor:
             self._record_remote(query)
             self.connection._count("remote")
 
-    def _run_through_cache(self, query: Query, parameters: Params) -> bool:
-        """Plan and run locally (or mixed) when the guards allow; False to go remote whole."""
+    def _run_through_cache(self, model: t.Any, parameters: Params) -> bool:
+        """Run locally (or mixed) when the guards allow; False to go remote whole."""
         connection = self.connection
-        connection._base_tables(query)  # refreshes a stale catalog
-        model = model_query(query, connection._catalog)
         bound = Bound(model, parameters)
         index = connection._region_index()
         session = connection._session(connection._catalog.tables)
@@ -553,6 +590,23 @@ class Cursor:
         except psycopg.Error as exc:
             raise errors.translate(exc) from exc
         connection._read_at(dt.datetime.now(dt.UTC))
+
+    def _explain(self, query: Query, parameters: Params) -> None:
+        """EXPLAIN of a query with clauses: the cache's plan, one text line per row."""
+        from cache.explaining import explain_query
+        from optimizer.explain_plan import render
+
+        connection = self.connection
+        connection._base_tables(query)
+        document = explain_query(
+            query, parameters, connection._catalog, connection._store, connection.backend
+        )
+        text = psycopg.postgres.types.get("text")
+        self.description = [("QUERY PLAN", text.oid if text else None, None, None, None, None,
+                             None)]  # fmt: skip
+        self._rows = [(line,) for line in render(document)]
+        self.rowcount = len(self._rows)
+        self.plan = document
 
     def _answer_without_backend(
         self, query: Query, parameters: Params, down: errors.BackendUnavailableError

@@ -70,7 +70,7 @@ class CacheStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # Bumped after every committed change; shared by the handles of other threads so the
         # region index of a connection notices the scheduler's refreshes.
-        self._shared = {"version": 0}
+        self._shared = {"version": 0, "schema_version": 0}
         try:
             self.con = duckdb.connect(str(self.path))
         except duckdb.Error as exc:
@@ -106,6 +106,11 @@ class CacheStore:
 
     def bump(self) -> None:
         self._shared["version"] += 1
+
+    @property
+    def schema_version(self) -> int:
+        """Bumped by DDL only: plans depend on the schema, not on region contents."""
+        return self._shared["schema_version"]
 
     def for_thread(self) -> CacheStore:
         """A handle for another thread of this process (DuckDB connections are per thread)."""
@@ -279,6 +284,7 @@ class CacheStore:
                 )
         check_schema(schema, catalog)
         self._execute_actions(actions, schema)
+        self._shared["schema_version"] += 1
         self.bump()
         return DdlResult(
             created=[n for a, n in actions if a == "create"],

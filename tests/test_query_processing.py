@@ -214,7 +214,14 @@ def test_counters_reach_mtcache_status(conn: cache.Connection, tmp_path: Path) -
     cur = conn.cursor()
     cur.execute("SELECT * FROM authors a WHERE a.authorid = 4 CURRENCY BOUND 10 MIN")
     cur.execute("SELECT * FROM authors a WHERE a.authorid = 5 CURRENCY BOUND 10 MIN")
-    cur.execute("SELECT * FROM authors a WHERE a.authorid = 4 CURRENCY BOUND 1 MS")
+    conn.wait_for_admissions()
+    # Age author 8's region past the bound: the plan uses the cache, the guard says no.
+    conn._store.con.execute(
+        "UPDATE authorlist_pct SET refreshed_at = refreshed_at - INTERVAL 1 HOUR WHERE authorid = 8"
+    )
+    conn._store.bump()
+    cur.execute("SELECT * FROM authors a WHERE a.authorid = 8 CURRENCY BOUND 10 MIN")
+    assert cur.provenance[0]["route"] == "remote"
     conn.close()
     from cache.store import CacheStore
 
@@ -224,7 +231,7 @@ def test_counters_reach_mtcache_status(conn: cache.Connection, tmp_path: Path) -
     assert counters["hits"] == 1
     assert counters["presence_misses"] == 1
     assert counters["currency_misses"] == 1
-    assert counters["remote"] == 2
+    assert counters["remote"] == 2  # the presence miss and the currency miss
 
 
 def test_backend_down_local_answers_go_on_and_stale_ok_returns_stale_data(
@@ -302,3 +309,52 @@ def test_admission_on_miss_can_be_turned_off(backend: str, tmp_path: Path) -> No
             cur.execute("SELECT name FROM authors a WHERE a.authorid = 5 CURRENCY BOUND 10 MIN")
             conn.wait_for_admissions()
             assert cur.provenance[0]["route"] == "remote"
+
+
+def test_explain_shows_switchunions_and_guards(conn: cache.Connection) -> None:
+    cur = conn.cursor()
+    cur.execute(
+        "EXPLAIN SELECT a.name, b.title FROM authors a JOIN books b ON a.authorid = b.authorid "
+        "WHERE a.authorid = %s AND b.authorid = %s CURRENCY BOUND 10 MIN ON (a, b)",
+        (4, 4),
+    )
+    lines = [r[0] for r in cur.fetchall()]
+    assert lines[0].startswith("estimated cost ")
+    assert [d[0] for d in cur.description or []] == ["QUERY PLAN"]
+    plan = cur.plan
+    assert plan is not None and plan["plan"]["op"] == "LocalQuery"
+    join = plan["plan"]["children"][0]
+    assert join["op"] == "Join"
+    unions = join["children"]
+    assert [u["op"] for u in unions] == ["SwitchUnion", "SwitchUnion"]
+    assert unions[0]["guard"]["presence"] == {"columns": ["authorid"], "in": "authorlist_pct"}
+    assert unions[1]["guard"]["presence"] == {"columns": ["authorid"], "in": "authorcopy"}
+    assert [c["op"] for c in unions[0]["children"]] == ["LocalScan", "RemoteQuery"]
+    assert unions[0]["children"][0]["view"] == "authorcopy"
+    assert {a["route"] for a in plan["accesses"]} == {"guarded"}
+
+
+def test_a_bound_below_the_refresh_delay_is_planned_remote(conn: cache.Connection) -> None:
+    """§4.4: a bound the cache can never meet is rejected when the plan is made."""
+    cur = conn.cursor()
+    cur.execute("EXPLAIN SELECT * FROM authors a WHERE a.authorid = 4 CURRENCY BOUND 1 MS")
+    assert cur.plan is not None and cur.plan["plan"]["op"] == "RemoteQuery"
+    assert cur.plan["accesses"] == [{"table": "authors", "route": "remote", "view": None}]
+
+
+def test_a_statement_shape_is_planned_once(conn: cache.Connection, backend: str) -> None:
+    cur = conn.cursor()
+    query = "SELECT name FROM authors a WHERE a.authorid = %s CURRENCY BOUND 10 MIN"
+    answers = []
+    for key in (4, 8, 5, 4):
+        cur.execute(query, [key])
+        answers.append(cur.fetchall())
+    entry = conn._plans[query]
+    assert entry.use_cache
+    assert answers == [pg(backend, "SELECT name FROM authors WHERE authorid = %s", [k])
+                       for k in (4, 8, 5, 4)]  # fmt: skip
+    cur.execute(query, [8])
+    assert conn._plans[query] is entry  # reused, not re-planned
+    cur.execute("CREATE CONTROL TABLE extra_pct (x INTEGER)")  # DDL invalidates plans
+    cur.execute(query, [8])
+    assert conn._plans[query] is not entry
