@@ -131,6 +131,7 @@ class Connection:
         self._catalog = self._store.load_catalog()
         self._catalog_stale = False
         self._plans: dict[str, PlanEntry] = {}
+        self._parses: dict[str, Statement | None] = {}
         self._index: RegionIndex | None = None
         self._dirty: set[str] = set()  # tables written in the open backend transaction
         self._dirty_unknown = False  # a write whose tables the parser could not name
@@ -360,6 +361,17 @@ class Connection:
         finally:
             store.close()
 
+    def _parsed(self, operation: str) -> Statement | None:
+        """The typed statement for a text, parsed once per connection (LRU)."""
+        if operation in self._parses:
+            statement = self._parses.pop(operation)
+        else:
+            statement = _parse(operation)
+            if len(self._parses) >= PLAN_CACHE_SIZE:
+                self._parses.pop(next(iter(self._parses)))
+        self._parses[operation] = statement
+        return statement
+
     def _plan(self, operation: str, query: Query, parameters: Params) -> PlanEntry:
         """The plan of a statement shape, from the plan cache when the schema is unchanged."""
         from cache.explaining import explain_query
@@ -416,7 +428,7 @@ class Cursor:
     def execute(self, operation: str, parameters: Params = None) -> Cursor:
         self._check_open()
         self._reset()
-        statement = _parse(operation)
+        statement = self.connection._parsed(operation)
         if statement is None:
             self._run_backend(operation, parameters)
         elif isinstance(statement, Timeline):
