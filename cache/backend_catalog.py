@@ -101,7 +101,17 @@ def reflect_catalog(conn: psycopg.Connection) -> Catalog:  # type: ignore[type-a
                 pages=int(pages),
                 indexes=tuple(indexes.get(oid, [])),
             )
-    return Catalog(tables=tables, views=views)
+    return Catalog(tables=tables, views=views, text_byte_order=_text_byte_order(conn))
+
+
+def _text_byte_order(conn: psycopg.Connection) -> bool:  # type: ignore[type-arg]
+    """C-like collation of the current database (libc C/POSIX/C.UTF-8, not ICU)."""
+    row = conn.execute(
+        "SELECT to_jsonb(d) FROM pg_database d WHERE datname = current_database()"
+    ).fetchone()
+    info = row[0] if row else {}
+    provider = info.get("datlocprovider", "c")
+    return provider == "c" and info.get("datcollate") in ("C", "POSIX", "C.UTF-8", "C.utf8")
 
 
 def connect_backend(dsn: str, **kwargs: object) -> psycopg.Connection:  # type: ignore[type-arg]

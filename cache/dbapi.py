@@ -544,7 +544,7 @@ class Cursor:
         index = connection._region_index()
         session = connection._session(connection._catalog.tables)
         misses = Misses()
-        bindings = decide(model, index, bound, session, misses)
+        bindings = decide(model, index, bound, session, misses, connection._catalog)
         connection._count("presence_misses", misses.presence)
         connection._count("currency_misses", misses.currency)
         if connection.admit_on_miss and misses.admittable:
@@ -631,7 +631,7 @@ class Cursor:
         index = connection._region_index()
         session = connection._session(connection._catalog.tables)
         session.ignore_currency = True
-        bindings = decide(model, index, bound, session, Misses())
+        bindings = decide(model, index, bound, session, Misses(), connection._catalog)
         if connection.stale_ok and bindings is not None:
             result = run_local(
                 bound, bindings, connection._store.con, connection._pg, connection._catalog,

@@ -94,12 +94,17 @@ class Result:
 
 
 def decide(
-    model: QueryModel, index: RegionIndex, bound: Bound, session: Session, misses: Misses
+    model: QueryModel,
+    index: RegionIndex,
+    bound: Bound,
+    session: Session,
+    misses: Misses,
+    catalog: Catalog,
 ) -> dict[int, Binding] | None:
     """The SwitchUnion decisions: a binding per access (by instance id), or None for the
     whole statement remote. With ``session.ignore_currency`` (the backend is down and the
     application accepts stale data) every class that can be answered locally is."""
-    if not model.direct:
+    if not model.local_allowed(catalog):
         return None
     bindings: dict[int, Binding] = {}
     any_local = False

@@ -43,4 +43,4 @@ def explain_query(
             row = store.con.execute(f'SELECT count(*) FROM "{view}"').fetchone()
             return float(row[0]) if row else 0.0
 
-        return explain(model, schema, remote_cost, local_rows)
+        return explain(model, schema, remote_cost, local_rows, catalog)

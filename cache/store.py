@@ -80,6 +80,8 @@ class CacheStore:
                     f"one): stop that process or use another --cache file ({_first_line(exc)})"
                 ) from exc
             raise translate(exc, f"opening the cache file {self.path}") from exc
+        # Local answers follow PostgreSQL: integer / integer truncates.
+        self.con.execute("SET integer_division = true")
         with self.transaction():
             for statement in _METADATA:
                 self.con.execute(statement)
@@ -171,6 +173,10 @@ class CacheStore:
                     "INSERT INTO mtcache.backend_views VALUES (?, ?, ?)",
                     [view.name, view.schema, view.definition],
                 )
+            con.execute(
+                "INSERT OR REPLACE INTO mtcache.meta VALUES ('text_byte_order', ?)",
+                [str(catalog.text_byte_order).lower()],
+            )
 
     def has_catalog(self) -> bool:
         row = self.con.execute("SELECT count(*) FROM mtcache.backend_tables").fetchone()
@@ -214,7 +220,10 @@ class CacheStore:
                 "SELECT name, schema, definition FROM mtcache.backend_views"
             ).fetchall()
         }
-        return Catalog(tables=tables, views=views)
+        row = self.con.execute(
+            "SELECT value FROM mtcache.meta WHERE key = 'text_byte_order'"
+        ).fetchone()
+        return Catalog(tables=tables, views=views, text_byte_order=not row or row[0] == "true")
 
     # -- the cache schema ----------------------------------------------------------------------
 

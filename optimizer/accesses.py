@@ -5,6 +5,7 @@ is probed with (``col = v``, ``col IN (v, ...)``, parameters included).
 
 from __future__ import annotations
 
+import typing as t
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -16,6 +17,8 @@ from optimizer.normalize_constraint import Constraint, Instance, QueryResolver
 from sql_ext import Block, Query, Source
 
 CONSTANTS = (exp.Literal, exp.Placeholder, exp.Null, exp.Boolean)
+COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.In, exp.Between,
+               exp.Like, exp.ILike, exp.NullSafeEQ, exp.NullSafeNEQ)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,19 @@ class QueryModel:
     constraint: Constraint
     fds: tuple[FD, ...]
     accesses: tuple[Access, ...]  # one per direct base-table reference
+    # A char(n) column is compared or LIKE-matched: PostgreSQL ignores its blank padding,
+    # DuckDB (which stores it padded) would not, so such a query must run remote.
+    compares_padded_text: bool = False
+    # Text is ordered, range-compared or MIN/MAX-ed: collation-dependent (see Catalog).
+    orders_text: bool = False
+
+    def local_allowed(self, catalog: Catalog) -> bool:
+        """Can DuckDB answer this statement as PostgreSQL would?"""
+        return (
+            self.direct
+            and not self.compares_padded_text
+            and (catalog.text_byte_order or not self.orders_text)
+        )
 
     @property
     def direct(self) -> bool:
@@ -67,6 +83,7 @@ def model_query(query: Query, catalog: Catalog) -> QueryModel:
             if instance is not None and isinstance(source.node, exp.Table):
                 direct[id(source)] = (instance, source, block)
     columns: dict[Instance, set[str]] = {inst: set() for inst, _, _ in direct.values()}
+    padded = ordered = False
     for column in query.tree.find_all(exp.Column):
         scope = _block_of(query, column)
         if scope is None:
@@ -74,6 +91,10 @@ def model_query(query: Query, catalog: Catalog) -> QueryModel:
         attr = resolver.resolve_column(scope, column)
         if attr is not None and attr[0] in columns:
             columns[attr[0]].add(attr[1])
+        if attr is not None and _is_padded(catalog, attr) and _compared(column):
+            padded = True
+        if attr is not None and _is_text(catalog, attr) and _ordered(column):
+            ordered = True
     # SELECT * and t.* need every column (a star inside count(*) needs none).
     for block in analysis.blocks:
         for projection in block.select.expressions:
@@ -120,7 +141,45 @@ def model_query(query: Query, catalog: Catalog) -> QueryModel:
         )
         for instance, source, block in sorted(direct.values(), key=lambda d: d[0].id)
     )
-    return QueryModel(query=query, constraint=constraint, fds=constraint.fds, accesses=accesses)
+    return QueryModel(
+        query=query,
+        constraint=constraint,
+        fds=constraint.fds,
+        accesses=accesses,
+        compares_padded_text=padded,
+        orders_text=ordered,
+    )
+
+
+def _is_text(catalog: Catalog, attr: tuple[t.Any, str]) -> bool:
+    table = catalog.table(attr[0].table)
+    types = {c.name: c.type for c in table.columns} if table is not None else {}
+    kind = types.get(attr[1], "")
+    return kind in ("text", "name") or kind.startswith(("character", "varchar"))
+
+
+def _ordered(column: exp.Column) -> bool:
+    """Under ORDER BY, a range comparison, or MIN/MAX (up to its SELECT block)."""
+    node: exp.Expr | None = column.parent
+    while node is not None and not isinstance(node, exp.Select):
+        if isinstance(node, exp.Ordered | exp.GT | exp.GTE | exp.LT | exp.LTE | exp.Between
+                      | exp.Max | exp.Min):  # fmt: skip
+            return True
+        node = node.parent
+    return False
+
+
+def _is_padded(catalog: Catalog, attr: tuple[t.Any, str]) -> bool:
+    table = catalog.table(attr[0].table)
+    types = {c.name: c.type for c in table.columns} if table is not None else {}
+    return types.get(attr[1], "").startswith("character(")
+
+
+def _compared(column: exp.Column) -> bool:
+    node: exp.Expr | None = column.parent
+    while isinstance(node, exp.Paren | exp.Cast):
+        node = node.parent
+    return isinstance(node, COMPARISONS)
 
 
 def _block_of(query: Query, node: exp.Expr) -> Block | None:

@@ -70,6 +70,9 @@ class View:
 class Catalog:
     tables: Mapping[str, Table] = field(default_factory=dict)
     views: Mapping[str, View] = field(default_factory=dict)
+    # Does the backend order text by bytes (C/POSIX collation), as DuckDB does? If not, local
+    # answers that order or range-compare text could differ from the backend's.
+    text_byte_order: bool = True
 
     def table(self, name: str) -> Table | None:
         return self.tables.get(name.lower())

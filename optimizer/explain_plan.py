@@ -15,6 +15,7 @@ from sqlglot import exp
 
 from control_tables.schema import CacheSchema
 from optimizer.accesses import Access, QueryModel
+from optimizer.catalog import Catalog
 from optimizer.estimate_cost import guarded_cost, local_probability
 from optimizer.match_views import Match, match_access
 
@@ -29,13 +30,14 @@ def explain(
     schema: CacheSchema,
     remote_cost: Callable[[str], tuple[float, float]],  # sql -> (total cost, rows)
     local_rows: Callable[[str], float],  # view -> rows it holds
+    catalog: Catalog | None = None,
 ) -> dict[str, t.Any]:
     """The EXPLAIN document: constraint, plan tree, accesses and estimated cost."""
     whole_sql = model.query.to_sql("postgres")
     whole_cost, whole_rows = remote_cost(whole_sql)
     remote_plan: dict[str, t.Any] = {"op": "RemoteQuery", "sql": whole_sql}
     guarded: dict[int, Match] = {}
-    if model.direct:
+    if model.local_allowed(catalog or Catalog()):
         for cls in model.constraint.classes:
             if cls.bound_seconds <= DEFAULT_DELAY:
                 continue  # §4.4: below the refresh delay no region can ever be fresh enough

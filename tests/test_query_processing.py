@@ -358,3 +358,53 @@ def test_a_statement_shape_is_planned_once(conn: cache.Connection, backend: str)
     cur.execute("CREATE CONTROL TABLE extra_pct (x INTEGER)")  # DDL invalidates plans
     cur.execute(query, [8])
     assert conn._plans[query] is not entry
+
+
+def test_postgres_semantics_survive_local_execution(conn: cache.Connection, backend: str) -> None:
+    """Integer division truncates; char(n) compares without its padding (PostgreSQL's rules)."""
+    with psycopg.connect(backend, autocommit=True) as other:
+        other.execute("CREATE TABLE codes (id integer PRIMARY KEY, code char(5) NOT NULL, n int)")
+        other.execute("INSERT INTO codes VALUES (1, 'AB', 7), (2, 'ABCDE', 8), (3, 'X', 9)")
+    cur = conn.cursor()
+    cur.execute("CREATE CACHED VIEW codescopy AS SELECT * FROM codes")
+    conn._maintainer().refresh("codescopy")
+    for sql in (
+        "SELECT c.n / 2, c.id FROM codes c ORDER BY c.id",
+        "SELECT c.id FROM codes c WHERE c.code = 'AB'",
+        "SELECT c.id FROM codes c WHERE c.code LIKE 'AB'",
+        "SELECT c.code, c.id FROM codes c ORDER BY c.id",
+    ):
+        rows, routes = through_cache(conn, f"{sql} CURRENCY BOUND 10 MIN")
+        assert rows == pg(backend, sql), sql
+    rows, routes = through_cache(conn, "SELECT sum(c.n / 2) FROM codes c CURRENCY BOUND 10 MIN")
+    assert routes == ["local"] and rows == pg(backend, "SELECT sum(c.n / 2) FROM codes c")
+
+
+def test_text_ordering_follows_the_backend_collation(
+    pg_cluster: EmbeddedPostgres, tmp_path: Path
+) -> None:
+    """On an ICU en-US database 'a' < 'B' < 'c'; DuckDB orders bytes. Ordering text must stay
+    remote there, while other local answers go on."""
+    with psycopg.connect(pg_cluster.dsn("postgres"), autocommit=True) as admin:
+        admin.execute("DROP DATABASE IF EXISTS icu_books WITH (FORCE)")
+        admin.execute(
+            "CREATE DATABASE icu_books LOCALE_PROVIDER icu ICU_LOCALE 'en-US' TEMPLATE template0"
+        )
+    dsn = pg_cluster.dsn("icu_books")
+    bookstore.load_into(dsn)
+    with psycopg.connect(dsn, autocommit=True) as other:
+        other.execute("UPDATE authors SET name = 'alice' WHERE authorid = 4")
+        other.execute("UPDATE authors SET name = 'Bob' WHERE authorid = 8")
+    with cache.connect(backend=dsn, cache_path=tmp_path / "icu.duckdb") as conn:
+        cur = conn.cursor()
+        for statement in SCHEMA_FILE.read_text().split(";"):
+            if statement.strip():
+                cur.execute(statement)
+        cur.execute("INSERT INTO authorlist_pct VALUES (4), (8)")
+        ordered = "SELECT a.name FROM authors a WHERE a.authorid IN (4, 8) ORDER BY a.name"
+        rows, routes = through_cache(conn, f"{ordered} CURRENCY BOUND 10 MIN")
+        assert rows == pg(dsn, ordered) == [("alice",), ("Bob",)]
+        assert routes == ["remote"]
+        plain = "SELECT a.name FROM authors a WHERE a.authorid = 8"
+        rows, routes = through_cache(conn, f"{plain} CURRENCY BOUND 10 MIN")
+        assert rows == [("Bob",)] and routes == ["local"]
