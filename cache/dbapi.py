@@ -132,6 +132,7 @@ class Connection:
         self._catalog_stale = False
         self._plans: dict[str, PlanEntry] = {}
         self._parses: dict[str, Statement | None] = {}
+        self._tables_of: dict[int, tuple[Query, list[str]]] = {}
         self._index: RegionIndex | None = None
         self._dirty: set[str] = set()  # tables written in the open backend transaction
         self._dirty_unknown = False  # a write whose tables the parser could not name
@@ -250,7 +251,18 @@ class Connection:
         self._store.apply_ddl([statement], self._catalog)
 
     def _base_tables(self, query: Query) -> list[str]:
-        """The base tables a query reads (views expanded), one entry per access."""
+        """The base tables a query reads (views expanded), one entry per access; remembered
+        per statement until the catalog is read again."""
+        known = self._tables_of.get(id(query))
+        if known is not None and known[0] is query and not self._catalog_stale:
+            return known[1]
+        tables = self._resolve_tables(query)
+        if len(self._tables_of) >= PLAN_CACHE_SIZE:
+            self._tables_of.pop(next(iter(self._tables_of)))
+        self._tables_of[id(query)] = (query, tables)
+        return tables
+
+    def _resolve_tables(self, query: Query) -> list[str]:
         for attempt in range(2):
             if self._catalog_stale or attempt:
                 try:
@@ -259,6 +271,7 @@ class Connection:
                     break  # the backend is down: plan with the catalog we have
                 self._store.save_catalog(self._catalog)
                 self._catalog_stale = False
+                self._tables_of.clear()
             try:
                 constraint = normalize_constraint(query, self._catalog)
             except errors.CatalogError:
