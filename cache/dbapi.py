@@ -21,7 +21,7 @@ import threading
 import typing as t
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
@@ -30,7 +30,16 @@ from sqlglot import exp
 from cache import errors
 from cache.backend_catalog import connect_backend, fetch_catalog
 from cache.errors import InterfaceError, NotSupportedError, ProgrammingError
-from cache.executor import Bound, Misses, Session, decide, run_local
+from cache.executor import (
+    Bound,
+    Misses,
+    Parameters,
+    Session,
+    decide,
+    local_template,
+    run_local,
+    run_template,
+)
 from cache.params import Params, bind_literals
 from cache.refresh import Maintainer
 from cache.region_index import RegionIndex
@@ -418,6 +427,7 @@ class PlanEntry:
     model: t.Any
     use_cache: bool
     schema_version: int
+    templates: dict[tuple[tuple[int, str], ...], str] = field(default_factory=dict)
 
 
 class Cursor:
@@ -526,7 +536,7 @@ class Cursor:
         if cacheable:
             try:
                 plan = self.connection._plan(operation, query, parameters)
-                if plan.use_cache and self._run_through_cache(plan.model, parameters):
+                if plan.use_cache and self._run_through_cache(plan, parameters):
                     return
                 self._run_backend(query.to_sql("postgres"), parameters)
             except errors.BackendUnavailableError as exc:
@@ -550,10 +560,11 @@ class Cursor:
             self._record_remote(query)
             self.connection._count("remote")
 
-    def _run_through_cache(self, model: t.Any, parameters: Params) -> bool:
+    def _run_through_cache(self, plan: PlanEntry, parameters: Params) -> bool:
         """Run locally (or mixed) when the guards allow; False to go remote whole."""
         connection = self.connection
-        bound = Bound(model, parameters)
+        model = plan.model
+        bound = Parameters(model, parameters)
         index = connection._region_index()
         session = connection._session(connection._catalog.tables)
         misses = Misses()
@@ -565,10 +576,19 @@ class Cursor:
         if bindings is None:
             return False
         try:
-            result = run_local(
-                bound, bindings, connection._store.con, connection._pg, connection._catalog,
-                session.now,
-            )  # fmt: skip
+            if all(b.match is not None for b in bindings.values()):
+                signature = tuple(
+                    sorted((i, t.cast(t.Any, b.match).view.name) for i, b in bindings.items())
+                )
+                template = plan.templates.get(signature)
+                if template is None:
+                    template = plan.templates[signature] = local_template(model, bindings)
+                result = run_template(template, bound, bindings, connection._store.con, session.now)
+            else:
+                result = run_local(
+                    Bound(model, parameters), bindings, connection._store.con, connection._pg,
+                    connection._catalog, session.now,
+                )  # fmt: skip
         except psycopg.OperationalError as exc:
             raise errors.BackendUnavailableError(
                 f"the backend is unreachable ({_first_line(exc)}) and a remote part of the "
@@ -644,7 +664,9 @@ class Cursor:
         index = connection._region_index()
         session = connection._session(connection._catalog.tables)
         session.ignore_currency = True
-        bindings = decide(model, index, bound, session, Misses(), connection._catalog)
+        bindings = decide(
+            model, index, Parameters(model, parameters), session, Misses(), connection._catalog
+        )
         if connection.stale_ok and bindings is not None:
             result = run_local(
                 bound, bindings, connection._store.con, connection._pg, connection._catalog,

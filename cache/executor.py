@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import typing as t
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import psycopg
@@ -21,7 +22,7 @@ import pyarrow as pa
 from sqlglot import exp
 
 from cache.copy_arrow import copy_to_arrow, select_list
-from cache.params import Params, bind_literals
+from cache.params import Params, bind_literals, placeholders
 from cache.region_index import Key, RegionIndex, Stamp
 from control_tables.types import duckdb_type
 from optimizer.accesses import Access, QueryModel
@@ -50,6 +51,101 @@ class Session:
     timeline_floor: dt.datetime | None = None
     dirty_tables: set[str] = field(default_factory=set)  # written in the open transaction
     last_write: dict[str, dt.datetime] = field(default_factory=dict)  # committed writes
+
+
+class Parameters:
+    """Values of the statement's constants for one execution: literals as written, placeholders
+    from the parameters (by position or name) - no tree copies on the hot path."""
+
+    def __init__(self, model: QueryModel, params: Params) -> None:
+        self.params = params
+        self.slots = slots(model)
+
+    def value(self, constant: exp.Expr) -> t.Any:
+        if isinstance(constant, exp.Placeholder):
+            slot = self.slots.get(id(constant))
+            params = self.params
+            try:
+                if isinstance(slot, int) and isinstance(params, Sequence):
+                    return params[slot]
+                if isinstance(slot, str) and isinstance(params, Mapping):
+                    return params[slot]
+            except (IndexError, KeyError):
+                return _UNKNOWN
+            return _UNKNOWN
+        return _value(constant)
+
+    def named(self) -> dict[str, t.Any]:
+        """The parameters as DuckDB named parameters ($p0, $p1, ... or $name)."""
+        if isinstance(self.params, Mapping):
+            return dict(self.params)
+        return {f"p{i}": v for i, v in enumerate(self.params or ())}
+
+
+def slots(model: QueryModel) -> dict[int, int | str]:
+    """Each placeholder node's parameter: its position (%s) or its name (%(name)s)."""
+    found: dict[int, int | str] = {}
+    for position, mark in enumerate(placeholders(model.query.tree)):
+        found[id(mark)] = mark.name if mark.this is not None else position
+    return found
+
+
+def local_template(model: QueryModel, bindings: dict[int, Binding]) -> str:
+    """DuckDB SQL for an all-local decision: tables bound to their views, parameters as
+    named DuckDB parameters. Made once per decision signature and reused."""
+    original = model.query.tree
+    for number, node in enumerate(original.walk()):
+        node.meta.setdefault("mt_id", number)
+    marks = slots(model)
+    names = {node.meta["mt_id"]: key for node in placeholders(original)
+             if (key := marks.get(id(node))) is not None}  # fmt: skip
+    copy = strip_extensions(original)
+    by_id = {n.meta["mt_id"]: n for n in copy.walk() if "mt_id" in n.meta}
+    for binding in bindings.values():
+        assert binding.match is not None
+        node = t.cast(exp.Table, by_id[binding.access.node.meta["mt_id"]])
+        alias = node.alias or node.name
+        node.replace(exp.Table(this=exp.to_identifier(binding.match.view.name),
+                               alias=exp.TableAlias(this=exp.to_identifier(alias))))  # fmt: skip
+    for mark in list(copy.find_all(exp.Placeholder)):
+        key = names.get(mark.meta.get("mt_id", -1))
+        name = f"p{key}" if isinstance(key, int) else str(key)
+        mark.replace(exp.Placeholder(this=exp.to_identifier(name)))
+    return copy.sql(dialect="duckdb")
+
+
+def run_template(
+    template: str, parameters: Parameters, bindings: dict[int, Binding], duck: t.Any,
+    now: dt.datetime,
+) -> Result:  # fmt: skip
+    named = parameters.named()
+    used = {k: v for k, v in named.items() if f"${k}" in template}
+    cursor = duck.execute(template, used) if used else duck.execute(template)
+    rows = [tuple(r) for r in cursor.fetchall()]
+    description = [
+        (d[0], _type_code(str(d[1])), None, None, None, None, None)
+        for d in cursor.description or []
+    ]
+    ordered = sorted(bindings.values(), key=lambda b: b.access.instance.id)
+    times = [s[0] for b in ordered for _, s in b.regions if s[0] is not None]
+    oldest = min(times) if times else None
+    return Result(description, rows, [_local_provenance(b, now) for b in ordered], oldest)
+
+
+def _local_provenance(binding: Binding, now: dt.datetime) -> dict[str, t.Any]:
+    assert binding.match is not None
+    stamps = [s for _, s in binding.regions]
+    return {
+        "table": binding.access.table,
+        "route": "local",
+        "view": binding.match.view.name,
+        "regions": [list(k) for k, _ in binding.regions],
+        "currency_seconds": max(
+            ((now - s[0]).total_seconds() for s in stamps if s[0]), default=0.0
+        ),
+        "snapshot_ids": sorted({s[1] for s in stamps if s[1] is not None}),
+        "stale": False,
+    }
 
 
 class Bound:
@@ -96,7 +192,7 @@ class Result:
 def decide(
     model: QueryModel,
     index: RegionIndex,
-    bound: Bound,
+    bound: Parameters,
     session: Session,
     misses: Misses,
     catalog: Catalog,
@@ -127,7 +223,7 @@ def _class_local(
     cls: ConsistencyClass,
     accesses: list[Access],
     index: RegionIndex,
-    bound: Bound,
+    bound: Parameters,
     session: Session,
     model: QueryModel,
     misses: Misses,
@@ -166,7 +262,7 @@ def _guard(
     access: Access,
     match: Match,
     index: RegionIndex,
-    statement: Bound,
+    statement: Parameters,
     session: Session,
     bound: float,
     misses: Misses,
@@ -230,7 +326,9 @@ def _admission_target(
     return _admission_target(index, edge.control, edge.control_columns, key)
 
 
-def _probed_keys(access: Access, columns: tuple[str, ...], statement: Bound) -> list[Key] | None:
+def _probed_keys(
+    access: Access, columns: tuple[str, ...], statement: Parameters
+) -> list[Key] | None:
     values: list[list[t.Any]] = []
     for column in columns:
         constants = access.probes.get(column)
@@ -238,7 +336,7 @@ def _probed_keys(access: Access, columns: tuple[str, ...], statement: Bound) -> 
             return None
         evaluated = []
         for constant in constants:
-            value = _value(statement[constant])
+            value = statement.value(constant)
             if value is _UNKNOWN:
                 return None
             evaluated.append(value)
