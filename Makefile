@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck bench-refresh clean
+.PHONY: demo test lint typecheck bench-refresh bench-query clean
 
 $(STAMP): pyproject.toml scripts/ensure-system-deps.sh
 	bash scripts/ensure-system-deps.sh
@@ -25,6 +25,9 @@ $(VENV)/.experiments: $(STAMP)
 # Benchmarks print ratios measured side by side in one run (results/*.csv keeps them).
 bench-refresh: $(VENV)/.experiments
 	$(PY) -m experiments.bench_refresh
+
+bench-query: $(VENV)/.experiments
+	$(PY) -m experiments.bench_query
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check cache optimizer control_tables heartbeat sql_ext experiments tests

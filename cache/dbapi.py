@@ -39,6 +39,7 @@ from cache.executor import (
     local_template,
     run_local,
     run_template,
+    slots,
 )
 from cache.params import Params, bind_literals
 from cache.refresh import Maintainer
@@ -428,6 +429,7 @@ class PlanEntry:
     use_cache: bool
     schema_version: int
     templates: dict[tuple[tuple[int, str], ...], str] = field(default_factory=dict)
+    slots: dict[int, int | str] | None = None  # placeholder -> parameter, found once
 
 
 class Cursor:
@@ -437,7 +439,8 @@ class Cursor:
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
         self.arraysize = 1
-        self.description: list[tuple[t.Any, ...]] | None = None
+        self._description: list[tuple[t.Any, ...]] | None = None
+        self._pg_columns: t.Any = None  # psycopg's columns, turned into a description lazily
         self.rowcount = -1
         self.messages: list[tuple[type[Warning], str]] = []
         self.provenance: list[dict[str, t.Any]] = []
@@ -447,6 +450,23 @@ class Cursor:
         self._position = 0
 
     # -- PEP 249 --------------------------------------------------------------------------
+
+    @property
+    def description(self) -> list[tuple[t.Any, ...]] | None:
+        """Seven items per result column (PEP 249), None when the statement returned no rows.
+        Built on first access: most applications never read it on the hot path."""
+        if self._description is None and self._pg_columns is not None:
+            self._description = [
+                (c.name, c.type_code, c.display_size, c.internal_size, c.precision, c.scale,
+                 c.null_ok)
+                for c in self._pg_columns
+            ]  # fmt: skip
+        return self._description
+
+    @description.setter
+    def description(self, value: list[tuple[t.Any, ...]] | None) -> None:
+        self._description = value
+        self._pg_columns = None
 
     def execute(self, operation: str, parameters: Params = None) -> Cursor:
         self._check_open()
@@ -564,7 +584,9 @@ class Cursor:
         """Run locally (or mixed) when the guards allow; False to go remote whole."""
         connection = self.connection
         model = plan.model
-        bound = Parameters(model, parameters)
+        if plan.slots is None:
+            plan.slots = slots(model)
+        bound = Parameters(model, parameters, plan.slots)
         index = connection._region_index()
         session = connection._session(connection._catalog.tables)
         misses = Misses()
@@ -618,12 +640,8 @@ class Cursor:
                 cur.execute(sql, parameters)  # type: ignore[arg-type]
                 self.rowcount = cur.rowcount
                 if cur.description is not None:
-                    self.description = [
-                        (c.name, c.type_code, c.display_size, c.internal_size, c.precision,
-                         c.scale, c.null_ok)
-                        for c in cur.description
-                    ]  # fmt: skip
-                    self._rows = [tuple(r) for r in cur.fetchall()]
+                    self._pg_columns = cur.description
+                    self._rows = cur.fetchall()  # psycopg rows are tuples already
                     self.rowcount = len(self._rows)
             while connection._notices:
                 self.messages.append((errors.Warning, connection._notices.pop(0)))
@@ -634,7 +652,8 @@ class Cursor:
             ) from exc
         except psycopg.Error as exc:
             raise errors.translate(exc) from exc
-        connection._read_at(dt.datetime.now(dt.UTC))
+        if connection._timeline_active:
+            connection._read_at(dt.datetime.now(dt.UTC))
 
     def _explain(self, query: Query, parameters: Params) -> None:
         """EXPLAIN of a query with clauses: the cache's plan, one text line per row."""
@@ -760,7 +779,7 @@ class Cursor:
 
     def _check_result(self) -> None:
         self._check_open()
-        if self.description is None:
+        if self._description is None and self._pg_columns is None:
             raise ProgrammingError("the last statement returned no rows to fetch")
 
 

@@ -13,6 +13,7 @@ need to agree on a snapshot. Otherwise the statement goes to PostgreSQL whole.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import typing as t
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -57,9 +58,11 @@ class Parameters:
     """Values of the statement's constants for one execution: literals as written, placeholders
     from the parameters (by position or name) - no tree copies on the hot path."""
 
-    def __init__(self, model: QueryModel, params: Params) -> None:
+    def __init__(
+        self, model: QueryModel, params: Params, known: dict[int, int | str] | None = None
+    ) -> None:
         self.params = params
-        self.slots = slots(model)
+        self.slots = known if known is not None else slots(model)
 
     def value(self, constant: exp.Expr) -> t.Any:
         if isinstance(constant, exp.Placeholder):
@@ -121,11 +124,8 @@ def run_template(
     named = parameters.named()
     used = {k: v for k, v in named.items() if f"${k}" in template}
     cursor = duck.execute(template, used) if used else duck.execute(template)
-    rows = [tuple(r) for r in cursor.fetchall()]
-    description = [
-        (d[0], _type_code(str(d[1])), None, None, None, None, None)
-        for d in cursor.description or []
-    ]
+    rows = cursor.fetchall()
+    description = _description(tuple((d[0], str(d[1])) for d in cursor.description or []))
     ordered = sorted(bindings.values(), key=lambda b: b.access.instance.id)
     times = [s[0] for b in ordered for _, s in b.regions if s[0] is not None]
     oldest = min(times) if times else None
@@ -434,6 +434,11 @@ def _fetch_leaf(
         f'"{table.name}" AS "{alias}" WHERE {where}'
     )
     return copy_to_arrow(pg, sql, columns)
+
+
+@functools.lru_cache(maxsize=1024)
+def _description(columns: tuple[tuple[str, str], ...]) -> list[tuple[t.Any, ...]]:
+    return [(name, _type_code(kind), None, None, None, None, None) for name, kind in columns]
 
 
 def _type_code(duck_type: str) -> int | None:

@@ -52,12 +52,16 @@ class QueryModel:
     compares_padded_text: bool = False
     # Text is ordered, range-compared or MIN/MAX-ed: collation-dependent (see Catalog).
     orders_text: bool = False
+    # A numeric column is averaged or divided: PostgreSQL answers an exact numeric with its
+    # own scale, DuckDB a double, so such a query runs remote.
+    divides_numeric: bool = False
 
     def local_allowed(self, catalog: Catalog) -> bool:
         """Can DuckDB answer this statement as PostgreSQL would?"""
         return (
             self.direct
             and not self.compares_padded_text
+            and not self.divides_numeric
             and (catalog.text_byte_order or not self.orders_text)
         )
 
@@ -83,7 +87,7 @@ def model_query(query: Query, catalog: Catalog) -> QueryModel:
             if instance is not None and isinstance(source.node, exp.Table):
                 direct[id(source)] = (instance, source, block)
     columns: dict[Instance, set[str]] = {inst: set() for inst, _, _ in direct.values()}
-    padded = ordered = False
+    padded = ordered = divides = False
     for column in query.tree.find_all(exp.Column):
         scope = _block_of(query, column)
         if scope is None:
@@ -95,6 +99,8 @@ def model_query(query: Query, catalog: Catalog) -> QueryModel:
             padded = True
         if attr is not None and _is_text(catalog, attr) and _ordered(column):
             ordered = True
+        if attr is not None and _is_numeric(catalog, attr) and _divided(column):
+            divides = True
     # SELECT * and t.* need every column (a star inside count(*) needs none).
     for block in analysis.blocks:
         for projection in block.select.expressions:
@@ -148,7 +154,27 @@ def model_query(query: Query, catalog: Catalog) -> QueryModel:
         accesses=accesses,
         compares_padded_text=padded,
         orders_text=ordered,
+        divides_numeric=divides,
     )
+
+
+DIVIDING = (exp.Div, exp.Avg, exp.Stddev, exp.StddevPop, exp.StddevSamp, exp.Variance,
+            exp.VariancePop, exp.Corr, exp.CovarPop, exp.CovarSamp)  # fmt: skip
+
+
+def _is_numeric(catalog: Catalog, attr: tuple[t.Any, str]) -> bool:
+    table = catalog.table(attr[0].table)
+    types = {c.name: c.type for c in table.columns} if table is not None else {}
+    return types.get(attr[1], "").startswith("numeric")
+
+
+def _divided(column: exp.Column) -> bool:
+    node: exp.Expr | None = column.parent
+    while node is not None and not isinstance(node, exp.Select):
+        if isinstance(node, DIVIDING):
+            return True
+        node = node.parent
+    return False
 
 
 def _is_text(catalog: Catalog, attr: tuple[t.Any, str]) -> bool:

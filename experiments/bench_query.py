@@ -1,0 +1,198 @@
+"""Query-path overheads and local speedups on a TPC-H customer/orders cache (issue 4's figures).
+
+    python -m experiments.bench_query [--sf 1] [--runs 5] [--backend DSN]
+
+Measured side by side in one run, medians of interleaved repetitions:
+(a) a point query through the DB-API on the hit path vs the same query on DuckDB against the
+    view (target <= 1.25x);
+(b) a guarded local plan vs the same plan without its guard (the plan's DuckDB statement run
+    directly): overhead target <= 5%;
+(c) the remote path (no clause) vs the same query through raw psycopg (target <= 1.2x);
+(d) Q1/Q3/Q6-style aggregates answered locally vs by PostgreSQL: the speedup.
+Every cached answer is checked against PostgreSQL's before timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psycopg
+from rich.console import Console
+from rich.table import Table
+
+import cache
+from cache.embedded_pg import EmbeddedPostgres
+from experiments import tpch
+from experiments.provenance import append_rows
+
+SCHEMA = """
+CREATE CONTROL TABLE cust_pct (c_custkey INTEGER);
+CREATE CACHED VIEW cust_hot AS SELECT c_custkey, c_name, c_nationkey, c_acctbal FROM customer
+    PRESENCE ON (c_custkey) IN cust_pct REFRESH EVERY 10 MIN;
+CREATE CACHED VIEW cust_prj AS SELECT c_custkey, c_name, c_nationkey, c_acctbal FROM customer
+    REFRESH EVERY 10 MIN;
+CREATE CACHED VIEW orders_prj AS SELECT o_custkey, o_orderkey, o_totalprice, o_orderdate,
+    o_orderstatus FROM orders REFRESH EVERY 10 MIN
+"""
+
+AGGREGATES = {
+    # avg() over numeric is answered by PostgreSQL (exact numeric scale): count and sum here.
+    "Q1-style: group orders by status": (
+        "SELECT o.o_orderstatus, count(*), sum(o.o_totalprice), max(o.o_totalprice) "
+        "FROM orders o GROUP BY o.o_orderstatus ORDER BY 1",
+        "CURRENCY BOUND 10 MIN",
+    ),
+    "Q3-style: revenue by nation of early orders": (
+        "SELECT c.c_nationkey, sum(o.o_totalprice) AS revenue FROM customer c "
+        "JOIN orders o ON c.c_custkey = o.o_custkey WHERE o.o_orderdate < DATE '1995-03-15' "
+        "GROUP BY c.c_nationkey ORDER BY revenue DESC LIMIT 10",
+        "CURRENCY BOUND 10 MIN ON (c), 10 MIN ON (o)",
+    ),
+    "Q6-style: revenue in a date and price range": (
+        "SELECT sum(o.o_totalprice) FROM orders o WHERE o.o_orderdate >= DATE '1994-01-01' "
+        "AND o.o_orderdate < DATE '1995-01-01' AND o.o_totalprice BETWEEN 1000 AND 50000",
+        "CURRENCY BOUND 10 MIN",
+    ),
+}
+
+
+def paired(
+    cached: Callable[[], object], baseline: Callable[[], object], repeat: int, runs: int
+) -> tuple[float, float]:
+    """Median seconds per call of each, measured in alternating blocks (the order flips every
+    run) so both see the same machine conditions."""
+    samples: dict[int, list[float]] = {0: [], 1: []}
+    actions = (cached, baseline)
+    for run in range(runs * 2):
+        which = run % 2 if (run // 2) % 2 == 0 else 1 - run % 2
+        started = time.perf_counter()
+        for _ in range(repeat):
+            actions[which]()
+        samples[which].append((time.perf_counter() - started) / repeat)
+    return statistics.median(samples[0]), statistics.median(samples[1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sf", type=float, default=1.0)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--backend")
+    args = parser.parse_args(argv)
+    console = Console()
+    dsn = args.backend or EmbeddedPostgres(Path(".mtcache/pg")).ensure_running()
+    console.print(f"loading TPC-H customer and orders at SF {args.sf} ...")
+    tpch.load(dsn, args.sf, ["customer", "orders"])
+    work = Path(tempfile.mkdtemp(prefix="mtcache-bench-query-"))
+    conn = cache.connect(backend=dsn, cache_path=work / "cache.duckdb", admit_on_miss=False)
+    # Same transaction mode as the DB-API connection (PEP 249's default: not autocommit).
+    raw = psycopg.connect(dsn)
+    try:
+        cur = conn.cursor()
+        for statement in SCHEMA.split(";"):
+            if statement.strip():
+                cur.execute(statement)
+        console.print("populating the cache (inline engine) ...")
+        maintainer = conn._maintainer()
+        maintainer.refresh("cust_prj")
+        maintainer.refresh("orders_prj")
+        hot = list(range(1, 1001))
+        maintainer.admit("cust_pct", [(k,) for k in hot])
+        duck = conn._store.con
+        rows: list[dict[str, object]] = []
+
+        def check(sql: str, clause: str, expect_local: bool) -> None:
+            cur.execute(f"{sql} {clause}")
+            got = cur.fetchall()
+            want = raw.execute(sql).fetchall()
+            assert got == want, f"cached answer differs from PostgreSQL's for {sql}"
+            routes = {p["route"] for p in cur.provenance}
+            assert (routes == {"local"}) == expect_local, f"{sql}: routes {routes}"
+
+        # (a) hit path vs DuckDB direct
+        point = "SELECT c.c_name, c.c_acctbal FROM customer c WHERE c.c_custkey = %s"
+        check(point.replace("%s", "7"), "CURRENCY BOUND 10 MIN", True)
+        keys = iter(hot * 1000)
+        hit, direct = paired(
+            lambda: (cur.execute(point + " CURRENCY BOUND 10 MIN", [next(keys)]), cur.fetchall()),
+            lambda: duck.execute(
+                "SELECT c.c_name, c.c_acctbal FROM cust_hot c WHERE c.c_custkey = ?", [next(keys)]
+            ).fetchall(),
+            300,
+            args.runs,
+        )
+        rows.append({"figure": "a", "what": "point query: DB-API hit path vs DuckDB direct",
+                     "cache_s": hit, "baseline_s": direct, "ratio": hit / direct,
+                     "target": "<= 1.25"})  # fmt: skip
+
+        # (b) guarded plan vs the same plan without its guard
+        scan = ("SELECT o.o_orderstatus, count(*) FROM orders o "
+                "WHERE o.o_totalprice > %s GROUP BY 1 ORDER BY 1")  # fmt: skip
+        check(scan.replace("%s", "1000"), "CURRENCY BOUND 10 MIN", True)
+        cur.execute(scan + " CURRENCY BOUND 10 MIN", [1000])
+        plan = conn._plans[scan + " CURRENCY BOUND 10 MIN"]
+        (template,) = plan.templates.values()
+        guarded, unguarded = paired(
+            lambda: (cur.execute(scan + " CURRENCY BOUND 10 MIN", [1000]), cur.fetchall()),
+            lambda: duck.execute(template, {"p0": 1000}).fetchall(),
+            60,
+            args.runs,
+        )
+        rows.append({"figure": "b", "what": "guarded local plan vs the plan without its guard",
+                     "cache_s": guarded, "baseline_s": unguarded, "ratio": guarded / unguarded,
+                     "target": "<= 1.05"})  # fmt: skip
+
+        # (c) remote path vs raw psycopg
+        remote_sql = "SELECT c.c_name FROM customer c WHERE c.c_custkey = %s"
+        via_cache, via_psycopg = paired(
+            lambda: (cur.execute(remote_sql, [next(keys)]), cur.fetchall()),
+            lambda: raw.execute(remote_sql, [next(keys)]).fetchall(),
+            300,
+            args.runs,
+        )
+        rows.append({"figure": "c", "what": "remote path vs raw psycopg", "cache_s": via_cache,
+                     "baseline_s": via_psycopg, "ratio": via_cache / via_psycopg,
+                     "target": "<= 1.2"})  # fmt: skip
+
+        # (d) aggregates locally vs by PostgreSQL
+        for name, (sql, clause) in AGGREGATES.items():
+            check(sql, clause, True)
+            local, backend = paired(
+                lambda s=sql, c=clause: (cur.execute(f"{s} {c}"), cur.fetchall()),
+                lambda s=sql: raw.execute(s).fetchall(),
+                3,
+                args.runs,
+            )
+            speedup = f"speedup {backend / local:.1f}x"
+            rows.append({"figure": "d", "what": name, "cache_s": local, "baseline_s": backend,
+                         "ratio": local / backend, "target": speedup})  # fmt: skip
+
+        table = Table(title=f"Query paths, TPC-H SF {args.sf}, medians of {args.runs}")
+        for column in ("fig", "what", "cache ms", "baseline ms", "ratio", "target"):
+            table.add_column(column)
+        for row in rows:
+            table.add_row(str(row["figure"]), str(row["what"]),
+                          f"{float(row['cache_s']) * 1e3:.3f}",  # type: ignore[arg-type]
+                          f"{float(row['baseline_s']) * 1e3:.3f}",  # type: ignore[arg-type]
+                          f"{float(row['ratio']):.2f}x", str(row["target"]))  # type: ignore[arg-type]  # fmt: skip
+        console.print(table)
+        path = append_rows("bench_query", [
+            {"experiment": "bench_query", "scale_factor": args.sf, "runs": args.runs,
+             **{k: (round(v, 6) if isinstance(v, float) else v) for k, v in row.items()}}
+            for row in rows
+        ])  # fmt: skip
+        console.print(f"results appended to {path}")
+    finally:
+        raw.close()
+        conn.close()
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
