@@ -597,7 +597,7 @@ class Cursor:
             connection._admit_later(misses.admittable)
         if bindings is None:
             return False
-        try:
+        with _backend_errors("a remote part of the query needs it"):
             if all(b.match is not None for b in bindings.values()):
                 signature = tuple(
                     sorted((i, t.cast(t.Any, b.match).view.name) for i, b in bindings.items())
@@ -611,13 +611,6 @@ class Cursor:
                     Bound(model, parameters), bindings, connection._store.con, connection._pg,
                     connection._catalog, session.now,
                 )  # fmt: skip
-        except psycopg.OperationalError as exc:
-            raise errors.BackendUnavailableError(
-                f"the backend is unreachable ({_first_line(exc)}) and a remote part of the "
-                "query needs it"
-            ) from exc
-        except psycopg.Error as exc:
-            raise errors.translate(exc) from exc
         self.description = result.description
         self._rows = result.rows
         self.rowcount = len(result.rows)
@@ -635,7 +628,7 @@ class Cursor:
 
     def _run_backend(self, sql: str, parameters: Params) -> None:
         connection = self.connection
-        try:
+        with _backend_errors("the statement needs it: reconnect when it is back"):
             with connection._pg.cursor() as cur:
                 cur.execute(sql, parameters)  # type: ignore[arg-type]
                 self.rowcount = cur.rowcount
@@ -645,13 +638,6 @@ class Cursor:
                     self.rowcount = len(self._rows)
             while connection._notices:
                 self.messages.append((errors.Warning, connection._notices.pop(0)))
-        except psycopg.OperationalError as exc:
-            raise errors.BackendUnavailableError(
-                f"the backend is unreachable ({_first_line(exc)}); the statement needs it: "
-                "reconnect when it is back"
-            ) from exc
-        except psycopg.Error as exc:
-            raise errors.translate(exc) from exc
         if connection._timeline_active:
             connection._read_at(dt.datetime.now(dt.UTC))
 
@@ -855,6 +841,19 @@ def _written_tables(tree: exp.Expr) -> set[str] | None:
     if isinstance(target, exp.Table):
         return {target.name.lower()}
     return None
+
+
+@contextmanager
+def _backend_errors(consequence: str) -> Iterator[None]:
+    """psycopg errors into the PEP 249 tree; a lost backend says what it stops."""
+    try:
+        yield
+    except psycopg.OperationalError as exc:
+        raise errors.BackendUnavailableError(
+            f"the backend is unreachable ({_first_line(exc)}); {consequence}"
+        ) from exc
+    except psycopg.Error as exc:
+        raise errors.translate(exc) from exc
 
 
 def _first_line(exc: BaseException) -> str:

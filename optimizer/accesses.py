@@ -163,9 +163,7 @@ DIVIDING = (exp.Div, exp.Avg, exp.Stddev, exp.StddevPop, exp.StddevSamp, exp.Var
 
 
 def _is_numeric(catalog: Catalog, attr: tuple[t.Any, str]) -> bool:
-    table = catalog.table(attr[0].table)
-    types = {c.name: c.type for c in table.columns} if table is not None else {}
-    return types.get(attr[1], "").startswith("numeric")
+    return _column_type(catalog, attr).startswith("numeric")
 
 
 def _divided(column: exp.Column) -> bool:
@@ -178,9 +176,7 @@ def _divided(column: exp.Column) -> bool:
 
 
 def _is_text(catalog: Catalog, attr: tuple[t.Any, str]) -> bool:
-    table = catalog.table(attr[0].table)
-    types = {c.name: c.type for c in table.columns} if table is not None else {}
-    kind = types.get(attr[1], "")
+    kind = _column_type(catalog, attr)
     return kind in ("text", "name") or kind.startswith(("character", "varchar"))
 
 
@@ -195,10 +191,16 @@ def _ordered(column: exp.Column) -> bool:
     return False
 
 
-def _is_padded(catalog: Catalog, attr: tuple[t.Any, str]) -> bool:
+def _column_type(catalog: Catalog, attr: tuple[t.Any, str]) -> str:
+    """The PostgreSQL type of a base attribute ("" when unknown)."""
     table = catalog.table(attr[0].table)
-    types = {c.name: c.type for c in table.columns} if table is not None else {}
-    return types.get(attr[1], "").startswith("character(")
+    if table is None:
+        return ""
+    return next((c.type for c in table.columns if c.name == attr[1]), "")
+
+
+def _is_padded(catalog: Catalog, attr: tuple[t.Any, str]) -> bool:
+    return _column_type(catalog, attr).startswith("character(")
 
 
 def _compared(column: exp.Column) -> bool:

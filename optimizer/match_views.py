@@ -19,6 +19,7 @@ from sqlglot import exp
 
 from control_tables.schema import CachedView, CacheSchema
 from optimizer.accesses import Access
+from sql_ext.blocks import split_and
 
 
 @dataclass(frozen=True)
@@ -56,15 +57,7 @@ def _where_implied(view: CachedView, access: Access) -> bool:
     if view.where is None:
         return True
     have = {_unqualified(c) for c in access.conjuncts}
-    return all(_unqualified(c) in have for c in _conjuncts(view.where))
-
-
-def _conjuncts(node: exp.Expr) -> list[exp.Expr]:
-    while isinstance(node, exp.Paren):
-        node = node.this
-    if isinstance(node, exp.And):
-        return _conjuncts(node.this) + _conjuncts(node.expression)
-    return [node]
+    return all(_unqualified(c) in have for c in split_and(view.where))
 
 
 def _unqualified(node: exp.Expr) -> str:

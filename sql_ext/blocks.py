@@ -76,14 +76,14 @@ class Block:
         predicates: list[exp.Expr] = []
         where = self.select.args.get("where")
         if where is not None:
-            predicates.extend(_split_and(where.this))
+            predicates.extend(split_and(where.this))
         for join in self.select.args.get("joins") or []:
             side = (join.side or "").upper()
             if side in ("LEFT", "RIGHT", "FULL"):
                 continue
             on = join.args.get("on")
             if on is not None:
-                predicates.extend(_split_and(on))
+                predicates.extend(split_and(on))
         return predicates
 
 
@@ -202,9 +202,10 @@ def _start_of(select: exp.Select) -> int:
     return min(positions) if positions else 1 << 62
 
 
-def _split_and(node: exp.Expr) -> list[exp.Expr]:
+def split_and(node: exp.Expr) -> list[exp.Expr]:
+    """The AND-ed conjuncts of a predicate (parentheses looked through)."""
     while isinstance(node, exp.Paren):
         node = node.this
     if isinstance(node, exp.And):
-        return _split_and(node.this) + _split_and(node.expression)
+        return split_and(node.this) + split_and(node.expression)
     return [node]
