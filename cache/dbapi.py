@@ -29,7 +29,7 @@ from sqlglot import exp
 
 from cache import errors
 from cache.backend_catalog import connect_backend, fetch_catalog
-from cache.errors import InterfaceError, NotSupportedError, ProgrammingError
+from cache.errors import InterfaceError, NotSupportedError, ProgrammingError, first_line
 from cache.executor import (
     Bound,
     Misses,
@@ -37,6 +37,7 @@ from cache.executor import (
     Session,
     decide,
     local_template,
+    remote_provenance,
     run_local,
     run_template,
     slots,
@@ -702,18 +703,7 @@ class Cursor:
 
     def _record_remote(self, query: Query) -> None:
         tables = self.connection._base_tables(query)
-        self.provenance = [
-            {
-                "table": table,
-                "route": "remote",
-                "view": None,
-                "regions": [],
-                "currency_seconds": 0.0,
-                "snapshot_ids": [],
-                "stale": False,
-            }
-            for table in tables
-        ]
+        self.provenance = [remote_provenance(table) for table in tables]
 
     def _edit_control_table(
         self, query: Query, target: tuple[str, str], parameters: Params
@@ -850,12 +840,7 @@ def _backend_errors(consequence: str) -> Iterator[None]:
         yield
     except psycopg.OperationalError as exc:
         raise errors.BackendUnavailableError(
-            f"the backend is unreachable ({_first_line(exc)}); {consequence}"
+            f"the backend is unreachable ({first_line(exc)}); {consequence}"
         ) from exc
     except psycopg.Error as exc:
         raise errors.translate(exc) from exc
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

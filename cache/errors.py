@@ -94,6 +94,12 @@ class EmbeddedBackendError(OperationalError):
     """The private PostgreSQL cluster could not be created, started or stopped."""
 
 
+def first_line(exc: BaseException) -> str:
+    """An exception's first line, for one-line messages that embed a driver's error."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 _DBAPI_NAMES = (
     "NotSupportedError",
     "ProgrammingError",
@@ -136,5 +142,6 @@ __all__ = [
     "ProgrammingError",
     "SqlSyntaxError",
     "Warning",
+    "first_line",
     "translate",
 ]

@@ -127,9 +127,28 @@ def run_template(
     rows = cursor.fetchall()
     description = _description(tuple((d[0], str(d[1])) for d in cursor.description or []))
     ordered = sorted(bindings.values(), key=lambda b: b.access.instance.id)
-    times = [s[0] for b in ordered for _, s in b.regions if s[0] is not None]
-    oldest = min(times) if times else None
-    return Result(description, rows, [_local_provenance(b, now) for b in ordered], oldest)
+    return Result(
+        description, rows, [_local_provenance(b, now) for b in ordered], _oldest(bindings)
+    )
+
+
+def _oldest(bindings: dict[int, Binding]) -> dt.datetime | None:
+    """The oldest refresh time among the local regions read."""
+    times = [s[0] for b in bindings.values() for _, s in b.regions if s[0] is not None]
+    return min(times) if times else None
+
+
+def remote_provenance(table: str) -> dict[str, t.Any]:
+    """A table access answered by the backend: current data (SPEC §9)."""
+    return {
+        "table": table,
+        "route": "remote",
+        "view": None,
+        "regions": [],
+        "currency_seconds": 0.0,
+        "snapshot_ids": [],
+        "stale": False,
+    }
 
 
 def _local_provenance(binding: Binding, now: dt.datetime) -> dict[str, t.Any]:
@@ -369,7 +388,6 @@ def run_local(
     """Execute in DuckDB with every table reference rebound; remote leaves through Arrow."""
     registered: list[str] = []
     provenance: list[dict[str, t.Any]] = []
-    oldest: dt.datetime | None = None
     try:
         for number, binding in enumerate(
             sorted(bindings.values(), key=lambda b: b.access.instance.id)
@@ -379,40 +397,23 @@ def run_local(
             alias = node.alias or node.name
             if binding.match is not None:
                 target = binding.match.view.name
-                stamps = [s for _, s in binding.regions]
-                for refreshed_at, _ in stamps:
-                    if refreshed_at is not None and (oldest is None or refreshed_at < oldest):
-                        oldest = refreshed_at
-                provenance.append({
-                    "table": access.table, "route": "local", "view": target,
-                    "regions": [list(k) for k, _ in binding.regions],
-                    "currency_seconds": max(
-                        ((now - s[0]).total_seconds() for s in stamps if s[0]), default=0.0
-                    ),
-                    "snapshot_ids": sorted({s[1] for s in stamps if s[1] is not None}),
-                    "stale": False,
-                })  # fmt: skip
+                provenance.append(_local_provenance(binding, now))
             else:
                 target = f"mtcache_leaf_{number}"
-                leaf = _fetch_leaf(access, bound, pg, catalog)
-                duck.register(target, leaf)
+                duck.register(target, _fetch_leaf(access, bound, pg, catalog))
                 registered.append(target)
-                provenance.append({
-                    "table": access.table, "route": "remote", "view": None, "regions": [],
-                    "currency_seconds": 0.0, "snapshot_ids": [], "stale": False,
-                })  # fmt: skip
+                provenance.append(remote_provenance(access.table))
             node.replace(exp.Table(this=exp.to_identifier(target), alias=exp.TableAlias(
                 this=exp.to_identifier(alias))))  # fmt: skip
         cursor = duck.execute(bound.tree.sql(dialect="duckdb"))
-        rows = [tuple(r) for r in cursor.fetchall()]
-        description = [
-            (d[0], _type_code(str(d[1])), None, None, None, None, None)
-            for d in cursor.description or []
-        ]
+        rows = cursor.fetchall()
+        description = _description(tuple((d[0], str(d[1])) for d in cursor.description or []))
     finally:
         for name in registered:
             duck.unregister(name)
-    return Result(description=description, rows=rows, provenance=provenance, oldest=oldest)
+    return Result(
+        description=description, rows=rows, provenance=provenance, oldest=_oldest(bindings)
+    )
 
 
 def _fetch_leaf(

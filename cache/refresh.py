@@ -32,9 +32,19 @@ import pyarrow.compute as pc
 from cache import faults
 from cache.backend_catalog import connect_backend
 from cache.copy_arrow import copy_to_arrow, select_list
-from cache.errors import BackendUnavailableError, OperationalError, ProgrammingError, translate
+from cache.errors import (
+    BackendUnavailableError,
+    OperationalError,
+    ProgrammingError,
+    first_line,
+    translate,
+)
 from cache.store import CacheStore
-from control_tables.closure import affected_closure_safe, max_affected_closure_safe
+from control_tables.closure import (
+    affected_closure_safe,
+    control_values,
+    max_affected_closure_safe,
+)
 from control_tables.regions import Region, guarantees, in_list, region_predicate
 from control_tables.schema import CachedView, CacheSchema
 from control_tables.types import duckdb_type
@@ -260,7 +270,7 @@ class Maintainer:
             raise
         except psycopg.OperationalError as exc:
             raise BackendUnavailableError(
-                f"{label}: lost the backend during the pull ({_first_line(exc)}); the cache "
+                f"{label}: lost the backend during the pull ({first_line(exc)}); the cache "
                 "is unchanged, try again when the backend is back"
             ) from exc
         except Exception as exc:
@@ -509,11 +519,11 @@ class _Pull:
                     continue
                 values = set(_distinct_rows(rows, columns))
                 if control is not None:
-                    values &= set(_control_keys(self.con, control, columns))
+                    values &= set(control_values(self.con, control, columns))
                 found |= {Region(name, kind, columns, v, control) for v in values}
             for edge in view.presence:
                 if edge.control in self.schema.control_tables:
-                    listed = set(_control_keys(self.con, edge.control, edge.control_columns))
+                    listed = set(control_values(self.con, edge.control, edge.control_columns))
                     values = set(_distinct_rows(rows, edge.columns)) & listed
                     found |= {
                         Region(name, "presence", edge.columns, v, edge.control) for v in values
@@ -573,7 +583,7 @@ def _coerce_key(
     except Exception as exc:
         raise ProgrammingError(
             f"{control}: cannot read {value!r} as its control key ({', '.join(columns)}): "
-            f"{_first_line(exc)}"
+            f"{first_line(exc)}"
         ) from exc
     assert row is not None
     return tuple(row)
@@ -586,7 +596,7 @@ def _all_regions(
         return {Region(view.name, "view")}
     regions: set[Region] = set()
     for edge in view.presence:
-        listed = _control_keys(store.con, edge.control, edge.control_columns)
+        listed = control_values(store.con, edge.control, edge.control_columns)
         if keys is not None:
             wanted = {tuple(str(v) for v in k) for k in keys}
             listed = [v for v in listed if tuple(str(x) for x in v) in wanted]
@@ -596,16 +606,9 @@ def _all_regions(
             if control is not None and kind != "view":
                 regions |= {
                     Region(view.name, kind, columns, v, control)
-                    for v in _control_keys(store.con, control, columns)
+                    for v in control_values(store.con, control, columns)
                 }
     return regions
-
-
-def _control_keys(con: t.Any, control: str, columns: tuple[str, ...]) -> list[tuple[t.Any, ...]]:
-    select = ", ".join(f'"{c}"' for c in columns)
-    return [
-        tuple(r) for r in con.execute(f'SELECT {select} FROM "{control}" ORDER BY ALL').fetchall()
-    ]
 
 
 def _distinct_rows(rows: pa.Table | None, columns: tuple[str, ...]) -> list[tuple[t.Any, ...]]:
@@ -751,9 +754,4 @@ def _as_error(exc: BaseException, what: str) -> Exception:
         return exc
     if isinstance(exc, psycopg.Error):
         return translate(exc, f"{what}: the backend refused a pull (the cache is unchanged)")
-    return OperationalError(f"{what} failed, the cache is unchanged: {_first_line(exc)}")
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    return OperationalError(f"{what} failed, the cache is unchanged: {first_line(exc)}")

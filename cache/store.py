@@ -17,7 +17,7 @@ from pathlib import Path
 import duckdb
 from sqlglot import exp
 
-from cache.errors import OperationalError, ProgrammingError, translate
+from cache.errors import OperationalError, ProgrammingError, first_line, translate
 from control_tables.safety import backend_table, check_schema, view_key
 from control_tables.schema import CachedView, CacheSchema, ControlTable, view_from_statement
 from control_tables.types import duckdb_type
@@ -77,7 +77,7 @@ class CacheStore:
             if "lock" in str(exc).lower():
                 raise OperationalError(
                     f"the cache file {self.path} is in use by another process (DuckDB allows "
-                    f"one): stop that process or use another --cache file ({_first_line(exc)})"
+                    f"one): stop that process or use another --cache file ({first_line(exc)})"
                 ) from exc
             raise translate(exc, f"opening the cache file {self.path}") from exc
         # Local answers follow PostgreSQL: integer / integer truncates.
@@ -369,8 +369,3 @@ def _refuse_existing(schema: CacheSchema, name: str) -> None:
             f"{kind} {name} already exists: drop it first (DROP {kind.upper()} {name}) or "
             "choose another name"
         )
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

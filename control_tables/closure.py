@@ -37,7 +37,7 @@ def enumerate_regions(
         view = schema.views[name]
         rows = _rows(con, view)
         for edge in view.presence:
-            for values in _control_values(con, schema, edge.control, edge.control_columns):
+            for values in control_values(con, edge.control, edge.control_columns):
                 region = Region(name, "presence", edge.columns, values, edge.control)
                 found[region] = _matching(name, rows, view, edge.columns, values)
         for kind, columns, control in guarantees(view):
@@ -45,7 +45,7 @@ def enumerate_regions(
                 found[Region(name, "view")] = frozenset((name, key) for key, _ in rows)
                 continue
             listed = (
-                _control_values(con, schema, control, columns)
+                control_values(con, control, columns)
                 if control is not None
                 else sorted({tuple(r[c] for c in columns) for _, r in rows}, key=repr)
             )
@@ -153,9 +153,10 @@ def _matching(
     return frozenset((name, key) for key, row in rows if tuple(row[c] for c in columns) == values)
 
 
-def _control_values(
-    con: duckdb.DuckDBPyConnection, schema: CacheSchema, control: str, columns: tuple[str, ...]
+def control_values(
+    con: duckdb.DuckDBPyConnection, control: str, columns: tuple[str, ...]
 ) -> list[tuple[t.Any, ...]]:
+    """The distinct values of columns of a control table (or a parent view), in order."""
     select = ", ".join(f'"{c}"' for c in columns)
     sql = f'SELECT DISTINCT {select} FROM "{control}" ORDER BY ALL'
     return [tuple(r) for r in con.execute(sql).fetchall()]

@@ -82,11 +82,6 @@ def region_predicate(regions: Iterable[Region]) -> exp.Expr:
     return any_of(in_list(cols, values) for cols, values in sorted(by_columns.items()))
 
 
-def control_rows_sql(control: str, columns: Sequence[str]) -> str:
-    cols = ", ".join(f'"{c}"' for c in columns)
-    return f'SELECT DISTINCT {cols} FROM "{control}"'
-
-
 def guarantees(view: CachedView) -> list[tuple[Kind, tuple[str, ...], str | None]]:
     """(kind, columns, control) of the consistency and completeness guarantees of a view
     beyond its presence regions ("view" for a view-level one)."""
