@@ -19,12 +19,15 @@ import datetime as dt
 import queue
 import threading
 import typing as t
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import duckdb
 import psycopg
+from psycopg import pq
 from sqlglot import exp
 
 from cache import errors
@@ -32,6 +35,7 @@ from cache.backend_catalog import connect_backend, fetch_catalog
 from cache.errors import InterfaceError, NotSupportedError, ProgrammingError, first_line
 from cache.executor import (
     Bound,
+    LocalTemplate,
     Misses,
     Parameters,
     Session,
@@ -42,6 +46,7 @@ from cache.executor import (
     run_template,
     slots,
 )
+from cache.explaining import explain_query
 from cache.params import Params, bind_literals
 from cache.refresh import Maintainer
 from cache.region_index import RegionIndex
@@ -142,7 +147,7 @@ class Connection:
         self._catalog = self._store.load_catalog()
         self._catalog_stale = False
         self._plans: dict[str, PlanEntry] = {}
-        self._parses: dict[str, Statement | None] = {}
+        self._parses: OrderedDict[str, Statement | None] = OrderedDict()
         self._tables_of: dict[int, tuple[Query, list[str]]] = {}
         self._index: RegionIndex | None = None
         self._dirty: set[str] = set()  # tables written in the open backend transaction
@@ -324,15 +329,17 @@ class Connection:
         self._dirty_unknown = False
 
     def _session(self, catalog_tables: t.Iterable[str]) -> Session:
+        # The guards only read the session's sets: shared, copied only when widened below.
         session = Session(
             now=dt.datetime.now(dt.UTC),
             timeline_floor=self._timeline_floor,
-            dirty_tables=set(self._dirty),
-            last_write=dict(self._last_write),
+            dirty_tables=self._dirty,
+            last_write=self._last_write,
         )
         if self._dirty_unknown:
-            session.dirty_tables |= set(catalog_tables)
+            session.dirty_tables = self._dirty | set(catalog_tables)
         if self._last_unknown_write is not None:
+            session.last_write = dict(self._last_write)
             for table in catalog_tables:
                 previous = session.last_write.get(table)
                 if previous is None or previous < self._last_unknown_write:
@@ -387,19 +394,20 @@ class Connection:
 
     def _parsed(self, operation: str) -> Statement | None:
         """The typed statement for a text, parsed once per connection (LRU)."""
-        if operation in self._parses:
-            statement = self._parses.pop(operation)
-        else:
-            statement = _parse(operation)
-            if len(self._parses) >= PLAN_CACHE_SIZE:
-                self._parses.pop(next(iter(self._parses)))
-        self._parses[operation] = statement
+        parses = self._parses
+        try:
+            parses.move_to_end(operation)
+            return parses[operation]
+        except KeyError:
+            pass
+        statement = _parse(operation)
+        if len(parses) >= PLAN_CACHE_SIZE:
+            parses.popitem(last=False)
+        parses[operation] = statement
         return statement
 
     def _plan(self, operation: str, query: Query, parameters: Params) -> PlanEntry:
         """The plan of a statement shape, from the plan cache when the schema is unchanged."""
-        from cache.explaining import explain_query
-
         entry = self._plans.get(operation)
         if entry is not None and entry.schema_version == self._store.schema_version:
             return entry
@@ -429,8 +437,26 @@ class PlanEntry:
     model: t.Any
     use_cache: bool
     schema_version: int
-    templates: dict[tuple[tuple[int, str], ...], str] = field(default_factory=dict)
+    templates: dict[tuple[tuple[int, str], ...], LocalTemplate] = field(default_factory=dict)
     slots: dict[int, int | str] | None = None  # placeholder -> parameter, found once
+
+
+# psycopg's test for "the statement returned rows" (Cursor.description), on a result
+_ROW_STATUSES = frozenset((pq.ExecStatus.TUPLES_OK, pq.ExecStatus.SINGLE_TUPLE,
+                           pq.ExecStatus.TUPLES_CHUNK))  # fmt: skip
+
+
+class _ResultShape:
+    """A backend result's columns, kept so the DB-API description is built only when read:
+    psycopg.Column reads exactly these attributes of a cursor, frozen here at one result
+    (the psycopg cursor itself is reused by the next statement)."""
+
+    __slots__ = ("_encoding", "adapters", "pgresult")
+
+    def __init__(self, result: pq.abc.PGresult, cursor: psycopg.Cursor[t.Any]) -> None:
+        self.pgresult = result
+        self._encoding = cursor._encoding
+        self.adapters = cursor.adapters
 
 
 class Cursor:
@@ -441,10 +467,13 @@ class Cursor:
         self.connection = connection
         self.arraysize = 1
         self._description: list[tuple[t.Any, ...]] | None = None
-        self._pg_columns: t.Any = None  # psycopg's columns, turned into a description lazily
+        self._pg_columns: _ResultShape | None = None  # the backend's result, described lazily
         self.rowcount = -1
         self.messages: list[tuple[type[Warning], str]] = []
-        self.provenance: list[dict[str, t.Any]] = []
+        self._provenance: list[dict[str, t.Any]] = []
+        # the provenance of the last query, built when first read (most callers never do)
+        self._pending: t.Callable[[], list[dict[str, t.Any]]] | None = None
+        self._pg_cursor: psycopg.Cursor[t.Any] | None = None  # reused for backend statements
         self.plan: dict[str, t.Any] | None = None  # the last EXPLAIN's document
         self.closed = False
         self._rows: list[tuple[t.Any, ...]] = []
@@ -457,10 +486,12 @@ class Cursor:
         """Seven items per result column (PEP 249), None when the statement returned no rows.
         Built on first access: most applications never read it on the hot path."""
         if self._description is None and self._pg_columns is not None:
+            shape = self._pg_columns
             self._description = [
                 (c.name, c.type_code, c.display_size, c.internal_size, c.precision, c.scale,
                  c.null_ok)
-                for c in self._pg_columns
+                for c in (psycopg.Column(t.cast(t.Any, shape), i)
+                          for i in range(shape.pgresult.nfields))
             ]  # fmt: skip
         return self._description
 
@@ -469,11 +500,27 @@ class Cursor:
         self._description = value
         self._pg_columns = None
 
+    @property
+    def provenance(self) -> list[dict[str, t.Any]]:
+        """Per table access of the last query: where its rows came from (SPEC §9)."""
+        if self._pending is not None:
+            self._provenance = self._pending()
+            self._pending = None
+        return self._provenance
+
+    @provenance.setter
+    def provenance(self, value: list[dict[str, t.Any]]) -> None:
+        self._provenance = value
+        self._pending = None
+
     def execute(self, operation: str, parameters: Params = None) -> Cursor:
-        self._check_open()
+        if self.closed or self.connection.closed:
+            self._check_open()
         self._reset()
         statement = self.connection._parsed(operation)
-        if statement is None:
+        if type(statement) is Query:
+            self._run_query(statement, operation, parameters)
+        elif statement is None:
             self._run_backend(operation, parameters)
         elif isinstance(statement, Timeline):
             if parameters:
@@ -487,7 +534,7 @@ class Cursor:
                 raise ProgrammingError("cache DDL takes no parameters")
             self.connection._apply_cache_ddl(statement)
         else:
-            assert isinstance(statement, Query)
+            assert isinstance(statement, Query)  # a subclass
             self._run_query(statement, operation, parameters)
         return self
 
@@ -530,6 +577,8 @@ class Cursor:
     def close(self) -> None:
         self.closed = True
         self._rows = []
+        if self._pg_cursor is not None:
+            self._pg_cursor.close()
 
     def setinputsizes(self, sizes: t.Any) -> None:
         """PEP 249 lets an implementation ignore size hints; this one does."""
@@ -546,40 +595,40 @@ class Cursor:
     # -- execution ------------------------------------------------------------------------
 
     def _run_query(self, query: Query, operation: str, parameters: Params) -> None:
-        target = _control_target(query, self.connection._store)
+        connection = self.connection
+        if query.is_select and query.explain is None:  # reads: the hot paths first
+            if query.has_currency_clause:
+                try:
+                    plan = connection._plan(operation, query, parameters)
+                    if plan.use_cache and self._run_through_cache(plan, parameters):
+                        return
+                    self._run_backend(query.backend_sql, parameters)
+                except errors.BackendUnavailableError as exc:
+                    self._answer_without_backend(query, parameters, exc)
+                    return
+            else:  # plain SQL: the backend gets exactly what the application wrote
+                self._run_backend(operation, parameters)
+            self._record_remote(query)
+            connection._counters["remote"] += 1
+            return
+        target = _control_target(query, connection._store)
         if target is not None:
             self._edit_control_table(query, target, parameters)
             return
         if query.explain is not None and query.has_currency_clause and query.is_select:
             self._explain(query, parameters)
             return
-        cacheable = query.has_currency_clause and query.is_select and query.explain is None
-        if cacheable:
-            try:
-                plan = self.connection._plan(operation, query, parameters)
-                if plan.use_cache and self._run_through_cache(plan, parameters):
-                    return
-                self._run_backend(query.to_sql("postgres"), parameters)
-            except errors.BackendUnavailableError as exc:
-                self._answer_without_backend(query, parameters, exc)
-                return
-            self._record_remote(query)
-            self.connection._count("remote")
-            return
         if query.has_currency_clause or query.explain is not None:
-            sql = query.to_sql("postgres")
+            sql = query.backend_sql
         else:
-            sql = operation  # plain SQL: the backend gets exactly what the application wrote
+            sql = operation
         self._run_backend(sql, parameters)
         if isinstance(query.tree, exp.Create | exp.Drop | exp.Alter | exp.Command):
-            self.connection._catalog_stale = True  # the backend's tables may have changed
+            connection._catalog_stale = True  # the backend's tables may have changed
             if isinstance(query.tree, exp.Command):
-                self.connection._wrote(None)
+                connection._wrote(None)
         elif isinstance(query.tree, exp.Insert | exp.Update | exp.Delete | exp.Merge):
-            self.connection._wrote(_written_tables(query.tree))
-        if query.is_select and query.explain is None:
-            self._record_remote(query)
-            self.connection._count("remote")
+            connection._wrote(_written_tables(query.tree))
 
     def _run_through_cache(self, plan: PlanEntry, parameters: Params) -> bool:
         """Run locally (or mixed) when the guards allow; False to go remote whole."""
@@ -598,7 +647,7 @@ class Cursor:
             connection._admit_later(misses.admittable)
         if bindings is None:
             return False
-        with _backend_errors("a remote part of the query needs it"):
+        try:
             if all(b.match is not None for b in bindings.values()):
                 signature = tuple(
                     sorted((i, t.cast(t.Any, b.match).view.name) for i, b in bindings.items())
@@ -612,31 +661,44 @@ class Cursor:
                     Bound(model, parameters), bindings, connection._store.con, connection._pg,
                     connection._catalog, session.now,
                 )  # fmt: skip
+        except psycopg.Error as exc:
+            raise _backend_error(exc, "a remote part of the query needs it") from exc
+        except duckdb.Error as exc:
+            raise errors.translate(exc, "the local plan failed in DuckDB") from exc
         self.description = result.description
         self._rows = result.rows
         self.rowcount = len(result.rows)
-        self.provenance = result.provenance
-        local = sum(1 for p in result.provenance if p["route"] == "local")
-        connection._count("hits", local)
-        if local < len(result.provenance):
-            connection._count("remote")
-        moments = [session.now] if local < len(result.provenance) else []
-        if result.oldest is not None:
-            moments.append(max(s[0] for b in bindings.values() for _, s in b.regions if s[0]))
-        if moments:
-            connection._read_at(max(moments))
+        self._pending = lambda: result.provenance
+        counters = connection._counters
+        local = result.local_count
+        counters["hits"] += local
+        remote = local < len(result.bindings)
+        if remote:
+            counters["remote"] += 1
+        if connection._timeline_active:
+            moments = [session.now] if remote else []
+            if (newest := result.newest_local) is not None:
+                moments.append(newest)
+            if moments:
+                connection._read_at(max(moments))
         return True
 
     def _run_backend(self, sql: str, parameters: Params) -> None:
         connection = self.connection
-        with _backend_errors("the statement needs it: reconnect when it is back"):
-            with connection._pg.cursor() as cur:
-                cur.execute(sql, parameters)  # type: ignore[arg-type]
-                self.rowcount = cur.rowcount
-                if cur.description is not None:
-                    self._pg_columns = cur.description
-                    self._rows = cur.fetchall()  # psycopg rows are tuples already
-                    self.rowcount = len(self._rows)
+        try:
+            cur = self._pg_cursor
+            if cur is None or cur.closed:
+                cur = self._pg_cursor = connection._pg.cursor()
+            cur.execute(sql, parameters)  # type: ignore[arg-type]
+            self.rowcount = cur.rowcount
+            result = cur.pgresult
+            if result is not None and (result.nfields or result.status in _ROW_STATUSES):
+                self._pg_columns = _ResultShape(result, cur)
+                self._rows = cur.fetchall()  # psycopg rows are tuples already
+                self.rowcount = len(self._rows)
+        except psycopg.Error as exc:
+            raise _backend_error(exc, "the statement needs it: reconnect when it is back") from exc
+        finally:
             while connection._notices:
                 self.messages.append((errors.Warning, connection._notices.pop(0)))
         if connection._timeline_active:
@@ -644,7 +706,6 @@ class Cursor:
 
     def _explain(self, query: Query, parameters: Params) -> None:
         """EXPLAIN of a query with clauses: the cache's plan, one text line per row."""
-        from cache.explaining import explain_query
         from optimizer.explain_plan import render
 
         connection = self.connection
@@ -703,7 +764,7 @@ class Cursor:
 
     def _record_remote(self, query: Query) -> None:
         tables = self.connection._base_tables(query)
-        self.provenance = [remote_provenance(table) for table in tables]
+        self._pending = lambda: [remote_provenance(table) for table in tables]
 
     def _edit_control_table(
         self, query: Query, target: tuple[str, str], parameters: Params
@@ -741,10 +802,12 @@ class Cursor:
     # -- state ----------------------------------------------------------------------------
 
     def _reset(self) -> None:
-        self.description = None
+        self._description = None
+        self._pg_columns = None
         self.rowcount = -1
         self.messages = []
-        self.provenance = []
+        self._provenance = []
+        self._pending = None
         self._rows = []
         self._position = 0
 
@@ -833,14 +896,10 @@ def _written_tables(tree: exp.Expr) -> set[str] | None:
     return None
 
 
-@contextmanager
-def _backend_errors(consequence: str) -> Iterator[None]:
-    """psycopg errors into the PEP 249 tree; a lost backend says what it stops."""
-    try:
-        yield
-    except psycopg.OperationalError as exc:
-        raise errors.BackendUnavailableError(
+def _backend_error(exc: psycopg.Error, consequence: str) -> errors.Error:
+    """A psycopg error in the PEP 249 tree; a lost backend says what it stops."""
+    if isinstance(exc, psycopg.OperationalError):
+        return errors.BackendUnavailableError(
             f"the backend is unreachable ({first_line(exc)}); {consequence}"
-        ) from exc
-    except psycopg.Error as exc:
-        raise errors.translate(exc) from exc
+        )
+    return errors.translate(exc)

@@ -23,13 +23,13 @@ import pyarrow as pa
 from sqlglot import exp
 
 from cache.copy_arrow import copy_to_arrow, select_list
-from cache.params import Params, bind_literals, placeholders
+from cache.params import Params, bind_literals, placeholders, values_for
 from cache.region_index import Key, RegionIndex, Stamp
 from control_tables.types import duckdb_type
 from optimizer.accesses import Access, QueryModel
 from optimizer.catalog import Catalog
 from optimizer.fds import closure
-from optimizer.match_views import Match, match_access
+from optimizer.match_views import Match
 from optimizer.normalize_constraint import ConsistencyClass
 from sql_ext.nodes import strip_extensions
 
@@ -78,12 +78,6 @@ class Parameters:
             return _UNKNOWN
         return _value(constant)
 
-    def named(self) -> dict[str, t.Any]:
-        """The parameters as DuckDB named parameters ($p0, $p1, ... or $name)."""
-        if isinstance(self.params, Mapping):
-            return dict(self.params)
-        return {f"p{i}": v for i, v in enumerate(self.params or ())}
-
 
 def slots(model: QueryModel) -> dict[int, int | str]:
     """Each placeholder node's parameter: its position (%s) or its name (%(name)s)."""
@@ -93,9 +87,21 @@ def slots(model: QueryModel) -> dict[int, int | str]:
     return found
 
 
-def local_template(model: QueryModel, bindings: dict[int, Binding]) -> str:
-    """DuckDB SQL for an all-local decision: tables bound to their views, parameters as
-    named DuckDB parameters. Made once per decision signature and reused."""
+@dataclass
+class LocalTemplate:
+    """An all-local decision's DuckDB statement, made once per decision signature: tables
+    bound to their views, parameters as named DuckDB parameters (``names``: those it uses)."""
+
+    sql: str
+    keys: tuple[int | str, ...]  # each placeholder's position (%s) or name (%(name)s)
+    names: tuple[str, ...]  # the DuckDB parameter of each
+    statement: t.Any = None  # DuckDB's parse of sql, kept: executions skip the parser
+    # result description per parameter-type signature (the statement's types are fixed by it)
+    descriptions: dict[tuple[type, ...], list[tuple[t.Any, ...]]] = field(default_factory=dict)
+
+
+def local_template(model: QueryModel, bindings: dict[int, Binding]) -> LocalTemplate:
+    """The DuckDB statement of an all-local decision (see LocalTemplate)."""
     original = model.query.tree
     for number, node in enumerate(original.walk()):
         node.meta.setdefault("mt_id", number)
@@ -112,24 +118,39 @@ def local_template(model: QueryModel, bindings: dict[int, Binding]) -> str:
                                alias=exp.TableAlias(this=exp.to_identifier(alias))))  # fmt: skip
     for mark in list(copy.find_all(exp.Placeholder)):
         key = names.get(mark.meta.get("mt_id", -1))
-        name = f"p{key}" if isinstance(key, int) else str(key)
-        mark.replace(exp.Placeholder(this=exp.to_identifier(name)))
-    return copy.sql(dialect="duckdb")
+        mark.replace(exp.Placeholder(this=exp.to_identifier(_duck_name(t.cast(t.Any, key)))))
+    keys = tuple(dict.fromkeys(marks.values()))
+    return LocalTemplate(copy.sql(dialect="duckdb"), keys, tuple(map(_duck_name, keys)))
+
+
+def _duck_name(key: int | str) -> str:
+    return f"p{key}" if isinstance(key, int) else key
 
 
 def run_template(
-    template: str, parameters: Parameters, bindings: dict[int, Binding], duck: t.Any,
+    template: LocalTemplate, parameters: Parameters, bindings: dict[int, Binding], duck: t.Any,
     now: dt.datetime,
 ) -> Result:  # fmt: skip
-    named = parameters.named()
-    used = {k: v for k, v in named.items() if f"${k}" in template}
-    cursor = duck.execute(template, used) if used else duck.execute(template)
+    """Run an all-local decision's statement: the hit path, kept lean (no trees, no queries
+    beyond the one DuckDB statement; provenance is built only when read)."""
+    statement = template.statement
+    if statement is None:
+        (statement,) = duck.extract_statements(template.sql)
+        template.statement = statement
+    if not template.names:
+        cursor = duck.execute(statement)
+        types: tuple[type, ...] = ()
+    else:
+        values = values_for(template.keys, parameters.params)
+        cursor = duck.execute(statement, dict(zip(template.names, values, strict=True)))
+        types = tuple(map(type, values))
     rows = cursor.fetchall()
-    description = _description(tuple((d[0], str(d[1])) for d in cursor.description or []))
-    ordered = sorted(bindings.values(), key=lambda b: b.access.instance.id)
-    return Result(
-        description, rows, [_local_provenance(b, now) for b in ordered], _oldest(bindings)
-    )
+    description = template.descriptions.get(types)
+    if description is None:
+        description = template.descriptions[types] = _description(
+            tuple((d[0], str(d[1])) for d in cursor.description or [])
+        )
+    return Result(description, rows, bindings, now)
 
 
 def _oldest(bindings: dict[int, Binding]) -> dt.datetime | None:
@@ -204,8 +225,27 @@ class Binding:
 class Result:
     description: list[tuple[t.Any, ...]]
     rows: list[tuple[t.Any, ...]]
-    provenance: list[dict[str, t.Any]]
-    oldest: dt.datetime | None  # the oldest data time read (for the session timeline)
+    bindings: dict[int, Binding]
+    now: dt.datetime  # the moment the guards judged currency at
+
+    @functools.cached_property
+    def provenance(self) -> list[dict[str, t.Any]]:
+        """Per table access, in statement order: where its rows came from (SPEC §9)."""
+        return [
+            _local_provenance(b, self.now) if b.match is not None
+            else remote_provenance(b.access.table)
+            for b in sorted(self.bindings.values(), key=lambda b: b.access.instance.id)
+        ]  # fmt: skip
+
+    @property
+    def local_count(self) -> int:
+        return sum(1 for b in self.bindings.values() if b.match is not None)
+
+    @property
+    def newest_local(self) -> dt.datetime | None:
+        """The newest refresh time among the local regions read (for the session timeline)."""
+        times = [s[0] for b in self.bindings.values() for _, s in b.regions if s[0] is not None]
+        return max(times) if times else None
 
 
 def decide(
@@ -223,8 +263,7 @@ def decide(
         return None
     bindings: dict[int, Binding] = {}
     any_local = False
-    for cls in model.constraint.classes:
-        accesses = [model.access_of(i) for i in sorted(cls.instances, key=lambda i: i.id)]
+    for cls, accesses in model.class_accesses:
         chosen = _class_local(cls, accesses, index, bound, session, model, misses)
         if chosen is None:
             if session.ignore_currency:
@@ -240,7 +279,7 @@ def decide(
 
 def _class_local(
     cls: ConsistencyClass,
-    accesses: list[Access],
+    accesses: t.Sequence[Access],
     index: RegionIndex,
     bound: Parameters,
     session: Session,
@@ -253,7 +292,7 @@ def _class_local(
     bound_seconds = float("inf") if session.ignore_currency else cls.bound_seconds
     for access in accesses:
         binding = None
-        for match in match_access(access, index.schema):
+        for match in index.matches(access):
             regions = _guard(access, match, index, bound, session, bound_seconds, misses)
             if regions is not None:
                 binding = Binding(access, match, tuple(regions))
@@ -387,7 +426,6 @@ def run_local(
 ) -> Result:
     """Execute in DuckDB with every table reference rebound; remote leaves through Arrow."""
     registered: list[str] = []
-    provenance: list[dict[str, t.Any]] = []
     try:
         for number, binding in enumerate(
             sorted(bindings.values(), key=lambda b: b.access.instance.id)
@@ -397,12 +435,10 @@ def run_local(
             alias = node.alias or node.name
             if binding.match is not None:
                 target = binding.match.view.name
-                provenance.append(_local_provenance(binding, now))
             else:
                 target = f"mtcache_leaf_{number}"
                 duck.register(target, _fetch_leaf(access, bound, pg, catalog))
                 registered.append(target)
-                provenance.append(remote_provenance(access.table))
             node.replace(exp.Table(this=exp.to_identifier(target), alias=exp.TableAlias(
                 this=exp.to_identifier(alias))))  # fmt: skip
         cursor = duck.execute(bound.tree.sql(dialect="duckdb"))
@@ -411,9 +447,7 @@ def run_local(
     finally:
         for name in registered:
             duck.unregister(name)
-    return Result(
-        description=description, rows=rows, provenance=provenance, oldest=_oldest(bindings)
-    )
+    return Result(description, rows, bindings, now)
 
 
 def _fetch_leaf(

@@ -25,30 +25,41 @@ def bind_literals(tree: exp.Expr, params: Params) -> exp.Expr:
     marks = placeholders(bound)
     if params is None:
         params = ()
+    keys = [mark.name if mark.this is not None else position
+            for position, mark in enumerate(marks)]  # fmt: skip
+    for mark, value in zip(marks, values_for(keys, params), strict=True):
+        mark.replace(_literal(value, mark))
+    return bound
+
+
+def values_for(keys: Sequence[int | str], params: Params) -> list[t.Any]:
+    """The value of each placeholder (its position for %s, its name for %(name)s), with the
+    errors psycopg would give for parameters that do not fit the statement."""
+    if params is None:
+        params = ()
     if isinstance(params, Mapping):
-        for mark in marks:
-            if mark.this is None:
+        found = []
+        for key in keys:
+            if isinstance(key, int):
                 raise ProgrammingError(
                     "a %s placeholder needs a sequence of parameters, got a mapping"
                 )
-            name = mark.name
-            if name not in params:
-                raise ProgrammingError(f"no value for the parameter %({name})s")
-            mark.replace(_literal(params[name], mark))
-        return bound
+            if key not in params:
+                raise ProgrammingError(f"no value for the parameter %({key})s")
+            found.append(params[key])
+        return found
     if isinstance(params, str | bytes):
         raise ProgrammingError("parameters must be a sequence or a mapping, not a string")
     values = list(params)
-    if len(values) != len(marks):
+    if len(values) != len(keys):
         raise ProgrammingError(
-            f"the statement has {len(marks)} placeholder(s) but {len(values)} parameter(s) "
+            f"the statement has {len(keys)} placeholder(s) but {len(values)} parameter(s) "
             "were passed"
         )
-    for mark, value in zip(marks, values, strict=True):
-        if mark.this is not None:
-            raise ProgrammingError(f"%({mark.name})s needs a mapping of parameters")
-        mark.replace(_literal(value, mark))
-    return bound
+    for key in keys:
+        if isinstance(key, str):
+            raise ProgrammingError(f"%({key})s needs a mapping of parameters")
+    return values
 
 
 def _literal(value: t.Any, mark: exp.Placeholder) -> exp.Expr:

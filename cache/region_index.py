@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 from cache.store import CacheStore
 from control_tables.schema import CacheSchema
+from optimizer.accesses import Access
+from optimizer.match_views import Match, match_access
 
 Stamp = tuple[dt.datetime | None, int | None]  # (refreshed_at, snapshot_id)
 Key = tuple[t.Any, ...]
@@ -26,6 +28,17 @@ class RegionIndex:
     views: dict[str, Stamp] = field(default_factory=dict)  # view-level regions
     # (parent view, its control columns) -> control-key value -> stamp of the parent's region
     parents: dict[tuple[str, tuple[str, ...]], dict[Key, Stamp]] = field(default_factory=dict)
+    # view matches per table access, found once per index (the schema is fixed for its life)
+    _matches: dict[int, tuple[Access, list[Match]]] = field(default_factory=dict, repr=False)
+
+    def matches(self, access: Access) -> list[Match]:
+        """The cached views that can answer the access (optimizer.match_views), memoized."""
+        known = self._matches.get(id(access))
+        if known is not None and known[0] is access:
+            return known[1]
+        found = match_access(access, self.schema)
+        self._matches[id(access)] = (access, found)
+        return found
 
     @classmethod
     def build(cls, store: CacheStore) -> RegionIndex:
@@ -35,7 +48,7 @@ class RegionIndex:
         for name, control in schema.control_tables.items():
             columns = ", ".join(f'"{c}"' for c in control.column_names)
             index.controls[name] = {
-                tuple(row[:-2]): (row[-2], row[-1])
+                tuple(row[:-2]): (_utc(row[-2]), row[-1])
                 for row in con.execute(
                     f'SELECT {columns}, refreshed_at, snapshot_id FROM "{name}"'
                 ).fetchall()
@@ -43,7 +56,7 @@ class RegionIndex:
         for view, refreshed_at, snapshot_id in con.execute(
             "SELECT view, refreshed_at, snapshot_id FROM mtcache.view_state"
         ).fetchall():
-            index.views[view] = (refreshed_at, snapshot_id)
+            index.views[view] = (_utc(refreshed_at), snapshot_id)
         for name in schema.topological_order():
             for child, edge in schema.edges_from(name):
                 del child
@@ -80,6 +93,12 @@ class RegionIndex:
             if previous is None or _older(stamp, previous):
                 found[value] = stamp
         return found
+
+
+def _utc(moment: dt.datetime | None) -> dt.datetime | None:
+    """DuckDB hands out pytz-aware times; one plain UTC tzinfo keeps the guards' arithmetic
+    on the fast path."""
+    return moment.astimezone(dt.UTC) if moment is not None else None
 
 
 def _older(a: Stamp, b: Stamp) -> bool:

@@ -5,6 +5,7 @@ is probed with (``col = v``, ``col IN (v, ...)``, parameters included).
 
 from __future__ import annotations
 
+import functools
 import typing as t
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -13,7 +14,7 @@ from sqlglot import exp
 
 from optimizer.catalog import Catalog
 from optimizer.fds import FD
-from optimizer.normalize_constraint import Constraint, Instance, QueryResolver
+from optimizer.normalize_constraint import ConsistencyClass, Constraint, Instance, QueryResolver
 from sql_ext import Block, Query, Source
 
 CONSTANTS = (exp.Literal, exp.Placeholder, exp.Null, exp.Boolean)
@@ -65,7 +66,7 @@ class QueryModel:
             and (catalog.text_byte_order or not self.orders_text)
         )
 
-    @property
+    @functools.cached_property
     def direct(self) -> bool:
         """Every input is a base table referenced directly (no backend view): a local or mixed
         plan can rebind each reference."""
@@ -73,6 +74,14 @@ class QueryModel:
 
     def access_of(self, instance: Instance) -> Access:
         return next(a for a in self.accesses if a.instance == instance)
+
+    @functools.cached_property
+    def class_accesses(self) -> tuple[tuple[ConsistencyClass, tuple[Access, ...]], ...]:
+        """Each consistency class with its accesses in statement order (found once)."""
+        return tuple(
+            (cls, tuple(self.access_of(i) for i in sorted(cls.instances, key=lambda i: i.id)))
+            for cls in self.constraint.classes
+        )
 
 
 def model_query(query: Query, catalog: Catalog) -> QueryModel:

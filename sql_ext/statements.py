@@ -8,6 +8,7 @@ clauses found in it), `Timeline` (BEGIN/END TIMEORDERED), or a cache DDL stateme
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 import typing as t
@@ -90,6 +91,12 @@ class Query:
         if isinstance(self.tree, exp.Command):
             return self._with_explain(self.tree.sql(dialect=dialect))
         return self._with_explain(strip_extensions(self.tree).sql(dialect=dialect))
+
+    @functools.cached_property
+    def backend_sql(self) -> str:
+        """to_sql("postgres"), made once: what the backend runs when the statement goes
+        remote whole (the tree is not changed after parsing)."""
+        return self.to_sql("postgres")
 
     def to_extended_sql(self) -> str:
         """The statement in mtcache's dialect, clauses included (parses back to the same)."""

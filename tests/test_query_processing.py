@@ -98,7 +98,7 @@ CASES = [
     (
         "mixed: local sales, remote books",
         "SELECT b.type, sum(s.qty) FROM sales s "
-        "JOIN books b ON s.isbn = b.isbn GROUP BY b.type ORDER BY 1",
+        "JOIN books b ON s.isbn = b.isbn WHERE b.authorid = 3 GROUP BY b.type ORDER BY 1",
         "CURRENCY BOUND 10 MIN ON (s), 10 MIN ON (b)",
         None,
         ["local", "remote"],
@@ -120,7 +120,7 @@ CASES = [
     (
         "an unnamed input is bound 0",
         "SELECT b.type, sum(s.qty) FROM sales s "
-        "JOIN books b ON s.isbn = b.isbn GROUP BY b.type ORDER BY 1",
+        "JOIN books b ON s.isbn = b.isbn WHERE b.authorid = 3 GROUP BY b.type ORDER BY 1",
         "CURRENCY BOUND 10 MIN ON (s)",
         None,
         ["local", "remote"],
@@ -135,7 +135,7 @@ CASES = [
     (
         "subquery in WHERE stays remote",
         "SELECT a.name FROM authors a WHERE a.authorid = 4 AND "
-        "EXISTS (SELECT 1 FROM books b WHERE b.authorid = a.authorid)",
+        "EXISTS (SELECT 1 FROM books b WHERE b.authorid = a.authorid AND b.authorid = 4)",
         "CURRENCY BOUND 10 MIN",
         None,
         ["local", "remote"],
@@ -358,6 +358,23 @@ def test_a_statement_shape_is_planned_once(conn: cache.Connection, backend: str)
     cur.execute("CREATE CONTROL TABLE extra_pct (x INTEGER)")  # DDL invalidates plans
     cur.execute(query, [8])
     assert conn._plans[query] is not entry
+
+
+def test_wrong_parameters_on_the_local_path_are_programming_errors(
+    conn: cache.Connection,
+) -> None:
+    cur = conn.cursor()
+    query = ("SELECT a.name FROM authors a WHERE a.authorid = %s AND a.name <> %s "
+             "CURRENCY BOUND 10 MIN")  # fmt: skip
+    cur.execute(query, [4, "x"])
+    assert cur.fetchall() == [("Author 4",)] and cur.provenance[0]["route"] == "local"
+    with pytest.raises(cache.ProgrammingError, match="2 placeholder"):
+        cur.execute(query, [4])  # the probe is there, the second value is not
+    named = ("SELECT a.name FROM authors a WHERE a.authorid = %(k)s AND a.name <> %(n)s "
+             "CURRENCY BOUND 10 MIN")  # fmt: skip
+    cur.execute(named, {"k": 4, "n": "x"})
+    with pytest.raises(cache.ProgrammingError, match=r"%\(n\)s"):
+        cur.execute(named, {"k": 4})
 
 
 def test_postgres_semantics_survive_local_execution(conn: cache.Connection, backend: str) -> None:
