@@ -260,7 +260,12 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(document))
         return 0
-    print(f"cache {document['cache']} (currency by the {document['clock']} clock)")
+    clock = document.get("backend_clock")
+    measured = (
+        f", offset {clock['offset_seconds']:+.6f}s measured {clock['measured_at']}"
+        if clock else ""
+    )  # fmt: skip
+    print(f"cache {document['cache']} (currency by the {document['clock']} clock{measured})")
     for view in document["views"]:
         parents = f" under {', '.join(view['parents'])}" if view["parents"] else ""
         every = (

@@ -15,7 +15,9 @@ What a statement does depends on what it is:
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import functools
 import queue
 import threading
 import typing as t
@@ -27,14 +29,17 @@ from pathlib import Path
 
 import duckdb
 import psycopg
+import pyarrow as pa
 from psycopg import pq
 from sqlglot import exp
 
 from cache import errors
 from cache.backend_catalog import connect_backend, fetch_catalog
+from cache.copy_arrow import copy_to_arrow
 from cache.errors import InterfaceError, NotSupportedError, ProgrammingError, first_line
 from cache.executor import (
     Bound,
+    Fetch,
     LocalTemplate,
     Misses,
     Parameters,
@@ -48,9 +53,11 @@ from cache.executor import (
 )
 from cache.explaining import explain_query
 from cache.params import Params, bind_literals
+from cache.pool import in_parallel
 from cache.refresh import Maintainer
 from cache.region_index import RegionIndex
 from cache.store import CacheStore
+from heartbeat.clock import measure as measure_clock
 from optimizer.accesses import model_query
 from optimizer.normalize_constraint import normalize_constraint
 from sql_ext import (
@@ -66,6 +73,8 @@ from sql_ext.statements import DIALECT
 
 DEFAULT_CACHE = ".mtcache/cache.duckdb"
 PLAN_CACHE_SIZE = 256
+CLOCK_MAX_AGE = 600.0  # seconds between measurements of the backend clock's offset
+DRIFT = 1e-4  # clock drift assumed per second when a measurement is overdue (100 ppm)
 _EXTENSION_WORDS = {"CURRENCY", "TIMEORDERED", "CACHED", "CONTROL", "EXPLAIN"}
 
 
@@ -138,10 +147,15 @@ class Connection:
         self._notices: list[str] = []  # backend NOTICEs, handed to the cursor that caused them
         self._pg.add_notice_handler(lambda d: self._notices.append(d.message_primary or ""))
         try:
+            self.clock = measure_clock(self._pg)  # currency is judged on the backend's clock
             self._store = CacheStore(self.cache_path)
+        except psycopg.Error as exc:
+            self._pg.close()
+            raise _backend_error(exc, "connect again when it is back") from exc
         except BaseException:
             self._pg.close()
             raise
+        self._store.save_clock(self.clock)
         if not self._store.has_catalog():
             self._store.save_catalog(fetch_catalog(backend))
         self._catalog = self._store.load_catalog()
@@ -320,7 +334,7 @@ class Connection:
             self._dirty |= tables
 
     def _writes_committed(self) -> None:
-        now = dt.datetime.now(dt.UTC)
+        now = self._backend_now()
         for table in self._dirty:
             self._last_write[table] = now
         if self._dirty_unknown:
@@ -331,7 +345,7 @@ class Connection:
     def _session(self, catalog_tables: t.Iterable[str]) -> Session:
         # The guards only read the session's sets: shared, copied only when widened below.
         session = Session(
-            now=dt.datetime.now(dt.UTC),
+            now=self._backend_now(),
             timeline_floor=self._timeline_floor,
             dirty_tables=self._dirty,
             last_write=self._last_write,
@@ -345,6 +359,36 @@ class Connection:
                 if previous is None or previous < self._last_unknown_write:
                     session.last_write[table] = self._last_unknown_write
         return session
+
+    def _leaf_fetcher(self) -> Fetch:
+        """How a mixed plan gets its remote leaves: from the process's backend pool, in
+        parallel; through the session's own connection while it holds uncommitted writes
+        (only it can see them)."""
+        if self._dirty or self._dirty_unknown:
+            pg = self._pg
+            return lambda queries: [copy_to_arrow(pg, sql, columns) for sql, columns in queries]
+        backend = self.backend
+        return lambda queries: in_parallel(backend, [
+            functools.partial(_copy_leaf, sql=sql, columns=columns) for sql, columns in queries
+        ])  # fmt: skip
+
+    def _backend_now(self) -> dt.datetime:
+        """The backend's clock (erring late), re-measured every CLOCK_MAX_AGE seconds."""
+        clock = self.clock
+        now = dt.datetime.now(dt.UTC)
+        if (now - clock.measured_at).total_seconds() > CLOCK_MAX_AGE:
+            try:
+                self.clock = clock = measure_clock(self._pg)
+                self._store.save_clock(clock)
+            except psycopg.Error:
+                # the backend is unreachable: keep the last measurement, pushed later by the
+                # drift it may have accumulated since (so the estimate still errs late)
+                self.clock = clock = dataclasses.replace(
+                    clock,
+                    offset_seconds=clock.offset_seconds + DRIFT * CLOCK_MAX_AGE,
+                    measured_at=now,
+                )
+        return now + dt.timedelta(seconds=clock.offset_seconds)
 
     def _count(self, name: str, amount: int = 1) -> None:
         self._counters[name] += amount
@@ -658,8 +702,8 @@ class Cursor:
                 result = run_template(template, bound, bindings, connection._store.con, session.now)
             else:
                 result = run_local(
-                    Bound(model, parameters), bindings, connection._store.con, connection._pg,
-                    connection._catalog, session.now,
+                    Bound(model, parameters), bindings, connection._store.con,
+                    connection._leaf_fetcher(), connection._catalog, session.now,
                 )  # fmt: skip
         except psycopg.Error as exc:
             raise _backend_error(exc, "a remote part of the query needs it") from exc
@@ -702,7 +746,7 @@ class Cursor:
             while connection._notices:
                 self.messages.append((errors.Warning, connection._notices.pop(0)))
         if connection._timeline_active:
-            connection._read_at(dt.datetime.now(dt.UTC))
+            connection._read_at(connection._backend_now())
 
     def _explain(self, query: Query, parameters: Params) -> None:
         """EXPLAIN of a query with clauses: the cache's plan, one text line per row."""
@@ -736,8 +780,8 @@ class Cursor:
         )
         if connection.stale_ok and bindings is not None:
             result = run_local(
-                bound, bindings, connection._store.con, connection._pg, connection._catalog,
-                session.now,
+                bound, bindings, connection._store.con, connection._leaf_fetcher(),
+                connection._catalog, session.now,
             )  # fmt: skip
             limits = {
                 i.table: cls.bound_seconds
@@ -894,6 +938,12 @@ def _written_tables(tree: exp.Expr) -> set[str] | None:
     if isinstance(target, exp.Table):
         return {target.name.lower()}
     return None
+
+
+def _copy_leaf(
+    conn: psycopg.Connection[t.Any], *, sql: str, columns: list[tuple[str, str]]
+) -> pa.Table:
+    return copy_to_arrow(conn, sql, columns)
 
 
 def _backend_error(exc: psycopg.Error, consequence: str) -> errors.Error:

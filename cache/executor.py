@@ -22,12 +22,13 @@ import psycopg
 import pyarrow as pa
 from sqlglot import exp
 
-from cache.copy_arrow import copy_to_arrow, select_list
+from cache.copy_arrow import select_list
 from cache.params import Params, bind_literals, placeholders, values_for
 from cache.region_index import Key, RegionIndex, Stamp
 from control_tables.types import duckdb_type
 from optimizer.accesses import Access, QueryModel
 from optimizer.catalog import Catalog
+from optimizer.estimate_cost import below_delay
 from optimizer.fds import closure
 from optimizer.match_views import Match
 from optimizer.normalize_constraint import ConsistencyClass
@@ -286,8 +287,8 @@ def _class_local(
     model: QueryModel,
     misses: Misses,
 ) -> list[Binding] | None:
-    if cls.bound_seconds <= 0 and not session.ignore_currency:
-        return None
+    if below_delay(cls.bound_seconds) and not session.ignore_currency:
+        return None  # as planned: no copy can ever be this fresh
     chosen: list[Binding] = []
     bound_seconds = float("inf") if session.ignore_currency else cls.bound_seconds
     for access in accesses:
@@ -416,20 +417,28 @@ def _value(constant: exp.Expr) -> t.Any:
     return _UNKNOWN  # NULL matches no key; casts and expressions are not guessed
 
 
+LeafQuery = tuple[str, list[tuple[str, str]]]  # SQL for the backend, its (column, DuckDB type)s
+Fetch = t.Callable[[list[LeafQuery]], list[pa.Table]]  # the rows of each, as Arrow tables
+
+
 def run_local(
     bound: Bound,
     bindings: dict[int, Binding],
     duck: t.Any,
-    pg: psycopg.Connection,  # type: ignore[type-arg]
+    fetch: Fetch,
     catalog: Catalog,
     now: dt.datetime,
 ) -> Result:
-    """Execute in DuckDB with every table reference rebound; remote leaves through Arrow."""
+    """Execute in DuckDB with every table reference rebound; remote leaves through Arrow
+    (``fetch`` gets all of them at once, so it may fetch them in parallel)."""
+    ordered = sorted(bindings.values(), key=lambda b: b.access.instance.id)
+    remote = [b for b in ordered if b.match is None]
+    tables = fetch([leaf_query(b.access, bound, catalog) for b in remote]) if remote else []
+    leaves = {id(b): table for b, table in zip(remote, tables, strict=True)}
     registered: list[str] = []
+    duck.complete()  # a result some fetchone() left open would block register() (DuckDB 2)
     try:
-        for number, binding in enumerate(
-            sorted(bindings.values(), key=lambda b: b.access.instance.id)
-        ):
+        for number, binding in enumerate(ordered):
             access = binding.access
             node = t.cast(exp.Table, bound[access.node])
             alias = node.alias or node.name
@@ -437,7 +446,7 @@ def run_local(
                 target = binding.match.view.name
             else:
                 target = f"mtcache_leaf_{number}"
-                duck.register(target, _fetch_leaf(access, bound, pg, catalog))
+                duck.register(target, leaves[id(binding)])
                 registered.append(target)
             node.replace(exp.Table(this=exp.to_identifier(target), alias=exp.TableAlias(
                 this=exp.to_identifier(alias))))  # fmt: skip
@@ -450,12 +459,8 @@ def run_local(
     return Result(description, rows, bindings, now)
 
 
-def _fetch_leaf(
-    access: Access,
-    bound: Bound,
-    pg: psycopg.Connection,  # type: ignore[type-arg]
-    catalog: Catalog,
-) -> pa.Table:
+def leaf_query(access: Access, bound: Bound, catalog: Catalog) -> LeafQuery:
+    """The remote leaf of an access: its columns under its pushed-down conjuncts."""
     table = catalog.table(access.table)
     assert table is not None
     types = {c.name: c.type for c in table.columns}
@@ -468,7 +473,7 @@ def _fetch_leaf(
         f'SELECT {select_list(columns)} FROM "{table.schema}".'
         f'"{table.name}" AS "{alias}" WHERE {where}'
     )
-    return copy_to_arrow(pg, sql, columns)
+    return sql, columns
 
 
 @functools.lru_cache(maxsize=1024)

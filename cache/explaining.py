@@ -40,7 +40,7 @@ def explain_query(
             return float(plan.get("Total Cost", 0.0)), float(plan.get("Plan Rows", 0.0))
 
         def local_rows(view: str) -> float:
-            row = store.con.execute(f'SELECT count(*) FROM "{view}"').fetchone()
-            return float(row[0]) if row else 0.0
+            ((count,),) = store.con.execute(f'SELECT count(*) FROM "{view}"').fetchall()
+            return float(count)
 
         return explain(model, schema, remote_cost, local_rows, catalog)

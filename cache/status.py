@@ -1,7 +1,8 @@
 """What is in the cache: views, their regions with currency, and the counters (SPEC §9).
 
-Currency is measured against this machine's clock until the heartbeat measures the offset to
-the backend's (SPEC §6); on one machine (the embedded default) they are the same clock.
+Currency is measured on the backend's clock: the local clock plus the offset the last
+connection measured (heartbeat.clock), erring towards older; the local clock when no
+connection has measured one yet.
 """
 
 from __future__ import annotations
@@ -12,15 +13,21 @@ import typing as t
 from cache.store import CacheStore
 from control_tables.regions import Region, guarantees, region_predicate
 from control_tables.schema import CachedView, CacheSchema
+from heartbeat.clock import BackendClock
 
 
 def status(store: CacheStore, now: dt.datetime | None = None) -> dict[str, t.Any]:
-    now = now or dt.datetime.now(dt.UTC)
+    clock = store.load_clock()
+    if now is None:
+        # the backend's clock as last measured by a connection (SPEC §4); the local clock if
+        # none has connected yet
+        now = (clock or BackendClock.local()).now()
     schema = store.load_schema()
     views = [_view_status(store, schema, schema.views[n], now) for n in schema.topological_order()]
     return {
         "cache": str(store.path),
-        "clock": "local",
+        "clock": "backend" if clock is not None else "local",
+        "backend_clock": clock.to_json() if clock is not None else None,
         "views": views,
         "control_tables": sorted(schema.control_tables),
         "counters": store.counters(),

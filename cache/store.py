@@ -9,6 +9,7 @@ view-level region state, snapshots and counters. Everything survives restarts.
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from cache.errors import OperationalError, ProgrammingError, first_line, transla
 from control_tables.safety import backend_table, check_schema, view_key
 from control_tables.schema import CachedView, CacheSchema, ControlTable, view_from_statement
 from control_tables.types import duckdb_type
+from heartbeat.clock import BackendClock
 from optimizer.catalog import Catalog, Column, Index, Table, View
 from sql_ext import CreateCachedView, CreateControlTable, DropCacheObject, Statement, parse
 
@@ -108,6 +110,26 @@ class CacheStore:
 
     def bump(self) -> None:
         self._shared["version"] += 1
+
+    def save_clock(self, clock: BackendClock) -> None:
+        """The last backend-clock measurement, for tools without a backend connection."""
+        self.con.execute(
+            "INSERT OR REPLACE INTO mtcache.meta VALUES ('backend_clock', ?)",
+            [json.dumps(clock.to_json())],
+        )
+
+    def load_clock(self) -> BackendClock | None:
+        rows = self.con.execute(
+            "SELECT value FROM mtcache.meta WHERE key = 'backend_clock'"
+        ).fetchall()
+        if not rows:
+            return None
+        data = json.loads(rows[0][0])
+        return BackendClock(
+            float(data["offset_seconds"]),
+            float(data["uncertainty_seconds"]),
+            dt.datetime.fromisoformat(data["measured_at"]),
+        )
 
     @property
     def schema_version(self) -> int:

@@ -13,6 +13,14 @@ f = 0 models continuous propagation: p = 1 when B > d, else 0.
 
 from __future__ import annotations
 
+DEFAULT_DELAY = 1.0  # seconds a refresh takes to land (d of §4.6), until measured
+
+
+def below_delay(bound: float, delay: float = DEFAULT_DELAY) -> bool:
+    """§4.4's compile-time rule: a bound no larger than the refresh delay can never be met by
+    a cached copy, so plans (and the executor following them) do not try."""
+    return bound <= delay
+
 
 def local_probability(bound: float, delay: float, interval: float | None) -> float:
     """p for bound B, refresh delay d and refresh interval f (None: never refreshed on a

@@ -17,7 +17,7 @@ from sqlglot import exp
 from control_tables.schema import CachedView, CacheSchema
 from optimizer.accesses import Access, QueryModel
 from optimizer.catalog import Catalog
-from optimizer.estimate_cost import guarded_cost, local_probability
+from optimizer.estimate_cost import DEFAULT_DELAY, below_delay, guarded_cost, local_probability
 from optimizer.match_views import Match, match_access
 
 # Costs are in PostgreSQL's units (its EXPLAIN estimates the remote side). Calibrated on this
@@ -29,7 +29,6 @@ from optimizer.match_views import Match, match_access
 LOCAL_ROW_COST = 0.005  # DuckDB, per row of a cached view scanned
 TRANSFER_ROW_COST = 0.25  # per row a remote leaf moves from the backend into DuckDB
 GUARD_COST = 0.01  # dictionary lookups
-DEFAULT_DELAY = 1.0  # seconds a refresh takes to land (d of §4.6), until measured
 
 
 def explain(
@@ -46,7 +45,7 @@ def explain(
     guarded: dict[int, Match] = {}
     if model.local_allowed(catalog or Catalog()):
         for cls in model.constraint.classes:
-            if cls.bound_seconds <= DEFAULT_DELAY:
+            if below_delay(cls.bound_seconds):
                 continue  # §4.4: below the refresh delay no region can ever be fresh enough
             matches = {i.id: match_access(model.access_of(i), schema) for i in cls.instances}
             if all(matches.values()):

@@ -433,3 +433,38 @@ def test_text_ordering_follows_the_backend_collation(
         plain = "SELECT a.name FROM authors a WHERE a.authorid = 8"
         rows, routes = through_cache(conn, f"{plain} CURRENCY BOUND 10 MIN")
         assert rows == [("Bob",)] and routes == ["local"]
+
+
+MIXED_TWO_LEAVES = (
+    "SELECT a.name, b.title, sum(s.qty) FROM sales s JOIN books b ON s.isbn = b.isbn "
+    "JOIN authors a ON a.authorid = b.authorid WHERE b.authorid = 3 AND a.authorid = 3 "
+    "GROUP BY 1, 2 ORDER BY 2"
+)
+MIXED_CLAUSE = "CURRENCY BOUND 10 MIN ON (s), 10 MIN ON (b), 10 MIN ON (a)"
+
+
+def test_remote_leaves_come_from_the_backend_pool(
+    backend: str, tmp_path: Path, conn: cache.Connection
+) -> None:
+    """Two remote leaves of one mixed plan: each on a pooled backend connection."""
+    from cache.pool import backend_pool
+
+    conn.admit_on_miss = False  # author 3 stays a presence miss: both leaves remote
+    before = backend_pool(backend).get_stats().get("requests_num", 0)
+    rows, routes = through_cache(conn, f"{MIXED_TWO_LEAVES} {MIXED_CLAUSE}")
+    assert rows == pg(backend, MIXED_TWO_LEAVES) and rows
+    assert routes == ["local", "remote", "remote"]
+    assert backend_pool(backend).get_stats()["requests_num"] - before == 2
+
+
+def test_remote_leaves_see_the_sessions_uncommitted_writes(
+    backend: str, conn: cache.Connection
+) -> None:
+    conn.admit_on_miss = False
+    cur = conn.cursor()
+    cur.execute("UPDATE books SET title = 'uncommitted' WHERE authorid = 3")
+    rows, routes = through_cache(conn, f"{MIXED_TWO_LEAVES} {MIXED_CLAUSE}")
+    assert routes == ["local", "remote", "remote"]
+    assert rows and {r[1] for r in rows} == {"uncommitted"}  # through the session itself
+    assert pg(backend, MIXED_TWO_LEAVES) != rows  # nobody else sees it yet
+    conn.rollback()

@@ -1,0 +1,82 @@
+"""Backend connections shared by all sessions of a process for the remote branches of cached
+queries (SPEC §5.4): the rows a mixed plan's remote leaves import into DuckDB.
+
+A session's own backend connection stays the session's: plain SQL, writes, transactions and
+whole-statement remote execution run there, in the session's transaction. Remote leaves need
+no transaction of the session (they read committed data; a leaf over a table the session has
+written but not committed reads through the session instead, see cache.dbapi), so they come
+from a psycopg pool, several leaves of one plan in parallel.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+import typing as t
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+
+import psycopg
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from cache.errors import BackendUnavailableError
+
+POOL_SIZE = 4  # backend connections per backend, shared by the process's sessions
+WAIT_SECONDS = 5.0  # for a pooled connection before the backend counts as unreachable
+
+_pools: dict[str, ConnectionPool[t.Any]] = {}
+_lock = threading.Lock()
+_workers = ThreadPoolExecutor(max_workers=POOL_SIZE, thread_name_prefix="mtcache-leaf")
+
+
+def backend_pool(dsn: str) -> ConnectionPool[t.Any]:
+    """The process's pool for a backend (opened on first use, closed at exit)."""
+    with _lock:
+        pool = _pools.get(dsn)
+        if pool is None or pool.closed:
+            pool = ConnectionPool(
+                dsn, min_size=1, max_size=POOL_SIZE, kwargs={"autocommit": True},
+                name="mtcache-backend", timeout=WAIT_SECONDS, open=True,
+            )  # fmt: skip
+            _pools[dsn] = pool
+        return pool
+
+
+@contextmanager
+def pooled(dsn: str) -> Iterator[psycopg.Connection[t.Any]]:
+    """A backend connection from the pool, returned afterwards (reset if it failed)."""
+    try:
+        with backend_pool(dsn).connection(timeout=WAIT_SECONDS) as conn:
+            yield conn
+    except PoolTimeout as exc:
+        raise BackendUnavailableError(
+            f"no backend connection within {WAIT_SECONDS:g}s: the backend is unreachable or "
+            f"busy ({exc}); a remote part of the query needs it"
+        ) from exc
+
+
+R = t.TypeVar("R")
+
+
+def in_parallel(dsn: str, tasks: Sequence[Callable[[psycopg.Connection[t.Any]], R]]) -> list[R]:
+    """Run each task on its own pooled connection, concurrently; results in task order."""
+    if len(tasks) == 1:
+        with pooled(dsn) as conn:
+            return [tasks[0](conn)]
+
+    def run(task: Callable[[psycopg.Connection[t.Any]], R]) -> R:
+        with pooled(dsn) as conn:
+            return task(conn)
+
+    return list(_workers.map(run, tasks))
+
+
+def close_all() -> None:
+    with _lock:
+        for pool in _pools.values():
+            pool.close()
+        _pools.clear()
+
+
+atexit.register(close_all)
