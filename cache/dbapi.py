@@ -395,10 +395,8 @@ class Connection:
 
     def _flush_counters(self) -> None:
         pending = {k: v for k, v in self._counters.items() if v}
-        for name, amount in pending.items():
-            self._store.con.execute(
-                "UPDATE mtcache.counters SET value = value + ? WHERE name = ?", [amount, name]
-            )
+        if pending:
+            self._store.add_counters(pending)
         self._counters = dict.fromkeys(self._counters, 0)
 
     # -- admission on a presence miss (SPEC 5.5) ---------------------------------------------

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
@@ -64,15 +65,34 @@ class DdlResult:
     dropped: list[str]
 
 
+@dataclass
+class _Shared:
+    version: int = 0  # bumped after every committed change of the file
+    schema_version: int = 0  # bumped by DDL only
+    lock: threading.RLock = field(default_factory=threading.RLock)
+
+
+_SHARED: dict[Path, _Shared] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def _shared_state(path: Path) -> _Shared:
+    key = path.resolve()
+    with _SHARED_LOCK:
+        return _SHARED.setdefault(key, _Shared())
+
+
 class CacheStore:
     """One open cache file. Not shared across processes (DuckDB's rule: one writer process)."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        # Bumped after every committed change; shared by the handles of other threads so the
-        # region index of a connection notices the scheduler's refreshes.
-        self._shared = {"version": 0, "schema_version": 0}
+        # Shared by every handle on this file in the process (other connections, other
+        # threads): the change counters, so each region index notices every commit, and the
+        # lock that lets one write transaction at a time in (DuckDB would abort the second
+        # writer of a row with a conflict).
+        self._shared = _shared_state(self.path)
         try:
             self.con = duckdb.connect(str(self.path))
         except duckdb.Error as exc:
@@ -106,17 +126,27 @@ class CacheStore:
 
     @property
     def version(self) -> int:
-        return self._shared["version"]
+        return self._shared.version
 
     def bump(self) -> None:
-        self._shared["version"] += 1
+        with self._shared.lock:
+            self._shared.version += 1
 
     def save_clock(self, clock: BackendClock) -> None:
         """The last backend-clock measurement, for tools without a backend connection."""
-        self.con.execute(
-            "INSERT OR REPLACE INTO mtcache.meta VALUES ('backend_clock', ?)",
-            [json.dumps(clock.to_json())],
-        )
+        with self.transaction() as con:
+            con.execute(
+                "INSERT OR REPLACE INTO mtcache.meta VALUES ('backend_clock', ?)",
+                [json.dumps(clock.to_json())],
+            )
+
+    def add_counters(self, amounts: dict[str, int]) -> None:
+        """Add to the counters of `mtcache status` (hits, misses, remote executions)."""
+        with self.transaction() as con:
+            for name, amount in amounts.items():
+                con.execute(
+                    "UPDATE mtcache.counters SET value = value + ? WHERE name = ?", [amount, name]
+                )
 
     def load_clock(self) -> BackendClock | None:
         rows = self.con.execute(
@@ -134,7 +164,7 @@ class CacheStore:
     @property
     def schema_version(self) -> int:
         """Bumped by DDL only: plans depend on the schema, not on region contents."""
-        return self._shared["schema_version"]
+        return self._shared.schema_version
 
     def for_thread(self) -> CacheStore:
         """A handle for another thread of this process (DuckDB connections are per thread)."""
@@ -152,14 +182,15 @@ class CacheStore:
     @contextmanager
     def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """One DuckDB transaction: everything inside commits together or not at all."""
-        self.con.execute("BEGIN TRANSACTION")
-        try:
-            yield self.con
-        except BaseException:
-            self.con.execute("ROLLBACK")
-            raise
-        else:
-            self.con.execute("COMMIT")
+        with self._shared.lock:
+            self.con.execute("BEGIN TRANSACTION")
+            try:
+                yield self.con
+            except BaseException:
+                self.con.execute("ROLLBACK")
+                raise
+            else:
+                self.con.execute("COMMIT")
 
     # -- the shadow catalog --------------------------------------------------------------------
 
@@ -315,7 +346,8 @@ class CacheStore:
                 )
         check_schema(schema, catalog)
         self._execute_actions(actions, schema)
-        self._shared["schema_version"] += 1
+        with self._shared.lock:
+            self._shared.schema_version += 1
         self.bump()
         return DdlResult(
             created=[n for a, n in actions if a == "create"],

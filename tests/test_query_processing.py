@@ -468,3 +468,43 @@ def test_remote_leaves_see_the_sessions_uncommitted_writes(
     assert rows and {r[1] for r in rows} == {"uncommitted"}  # through the session itself
     assert pg(backend, MIXED_TWO_LEAVES) != rows  # nobody else sees it yet
     conn.rollback()
+
+
+def test_connections_of_one_process_share_the_cache_file(
+    backend: str, tmp_path: Path, conn: cache.Connection
+) -> None:
+    """Another connection to the same file (another thread's) sees admissions and evictions at
+    once, and concurrent sessions do not trip over each other's bookkeeping."""
+    import threading
+
+    query = "SELECT a.name FROM authors a WHERE a.authorid = %s CURRENCY BOUND 10 MIN"
+    other = cache.connect(backend=backend, cache_path=conn.cache_path, admit_on_miss=False)
+    try:
+        cur = other.cursor()
+        cur.execute(query, [4])
+        assert cur.provenance[0]["route"] == "local"
+        conn.cursor().execute("DELETE FROM authorlist_pct WHERE authorid = 4")
+        cur.execute(query, [4])  # evicted by the first connection: no stale "present" guard
+        assert cur.fetchall() == pg(backend, "SELECT name FROM authors WHERE authorid = 4")
+        assert cur.provenance[0]["route"] == "remote"
+    finally:
+        other.close()
+
+    failures: list[str] = []
+
+    def session(key: int) -> None:
+        try:
+            with cache.connect(backend=backend, cache_path=conn.cache_path) as mine:
+                c = mine.cursor()
+                for _ in range(20):
+                    c.execute(query, [key])
+                    assert c.fetchall() == [(f"Author {key}",)]
+        except Exception as exc:  # reported below
+            failures.append(repr(exc))
+
+    threads = [threading.Thread(target=session, args=(k,)) for k in (8, 8, 9, 10)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
