@@ -179,6 +179,27 @@ class Connection:
         self._check_open()
         return Cursor(self)
 
+    def execute(self, operation: str, parameters: Params = None) -> Cursor:
+        """psycopg's shortcut: a new cursor, executed."""
+        return self.cursor().execute(operation, parameters)
+
+    @contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        """psycopg's transaction block: commits on success, rolls back on an exception (a
+        savepoint when nested or inside an open transaction). Writes inside count as
+        uncommitted until the block's own COMMIT."""
+        self._check_open()
+        try:
+            with self._pg.transaction():
+                yield self
+        except psycopg.Error as exc:
+            self._settle_writes(rolled_back=True)
+            raise errors.translate(exc) from exc
+        except BaseException:
+            self._settle_writes(rolled_back=True)
+            raise
+        self._settle_writes()
+
     def commit(self) -> None:
         self._check_open()
         self._backend_call(self._pg.commit)
@@ -324,14 +345,25 @@ class Connection:
 
     def _wrote(self, tables: set[str] | None) -> None:
         """A write reached the backend (tables None: the parser could not name them)."""
-        if self.autocommit:
-            self._dirty |= tables or set()
-            self._dirty_unknown |= tables is None
-            self._writes_committed()
-        elif tables is None:
+        if tables is None:
             self._dirty_unknown = True
         else:
             self._dirty |= tables
+        self._settle_writes()
+
+    def _settle_writes(self, rolled_back: bool = False) -> None:
+        """Once the backend session is outside any transaction, its writes are over: committed
+        (autocommit, a COMMIT sent as SQL, the end of a transaction block) or rolled back. A
+        rollback the session cannot tell from a commit counts as a commit: stricter reads."""
+        if not (self._dirty or self._dirty_unknown):
+            return
+        if self._pg.info.transaction_status != pq.TransactionStatus.IDLE:
+            return
+        if rolled_back:
+            self._dirty.clear()
+            self._dirty_unknown = False
+        else:
+            self._writes_committed()
 
     def _writes_committed(self) -> None:
         now = self._backend_now()
@@ -743,6 +775,8 @@ class Cursor:
         finally:
             while connection._notices:
                 self.messages.append((errors.Warning, connection._notices.pop(0)))
+            if connection._dirty or connection._dirty_unknown:
+                connection._settle_writes()  # e.g. a COMMIT sent as SQL
         if connection._timeline_active:
             connection._read_at(connection._backend_now())
 

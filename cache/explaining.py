@@ -9,8 +9,8 @@ import typing as t
 
 import psycopg
 
-from cache.backend_catalog import connect_backend
 from cache.params import Params, bind_literals
+from cache.pool import pooled
 from cache.store import CacheStore
 from optimizer.accesses import model_query
 from optimizer.catalog import Catalog
@@ -29,7 +29,7 @@ def explain_query(
         query = bound_query
     model = model_query(query, catalog)
     schema = store.load_schema()
-    with connect_backend(dsn, autocommit=True) as conn:
+    with pooled(dsn) as conn:
 
         def remote_cost(sql: str) -> tuple[float, float]:
             try:

@@ -450,10 +450,11 @@ def test_remote_leaves_come_from_the_backend_pool(
     from cache.pool import backend_pool
 
     conn.admit_on_miss = False  # author 3 stays a presence miss: both leaves remote
-    before = backend_pool(backend).get_stats().get("requests_num", 0)
-    rows, routes = through_cache(conn, f"{MIXED_TWO_LEAVES} {MIXED_CLAUSE}")
+    rows, routes = through_cache(conn, f"{MIXED_TWO_LEAVES} {MIXED_CLAUSE}")  # planned here
     assert rows == pg(backend, MIXED_TWO_LEAVES) and rows
     assert routes == ["local", "remote", "remote"]
+    before = backend_pool(backend).get_stats().get("requests_num", 0)
+    assert through_cache(conn, f"{MIXED_TWO_LEAVES} {MIXED_CLAUSE}") == (rows, routes)
     assert backend_pool(backend).get_stats()["requests_num"] - before == 2
 
 
@@ -508,3 +509,42 @@ def test_connections_of_one_process_share_the_cache_file(
     for thread in threads:
         thread.join()
     assert failures == []
+
+
+def test_psycopg_style_shortcuts_and_transaction_blocks(
+    backend: str, conn: cache.Connection
+) -> None:
+    """conn.execute() and conn.transaction() as in psycopg 3; writes inside a block count as
+    uncommitted until the block ends, also on an autocommit connection."""
+    assert conn.execute("SELECT %s::int + 1", [41]).fetchone() == (42,)
+    query = "SELECT name FROM authors a WHERE a.authorid = 8 CURRENCY BOUND 10 MIN"
+    conn.commit()
+    conn.autocommit = True
+    with conn.transaction():
+        conn.execute("UPDATE authors SET name = 'in a block' WHERE authorid = 8")
+        cur = conn.execute(query)
+        assert cur.fetchall() == [("in a block",)] and cur.provenance[0]["route"] == "remote"
+        assert pg(backend, "SELECT name FROM authors WHERE authorid = 8") == [("Author 8",)]
+    assert pg(backend, "SELECT name FROM authors WHERE authorid = 8") == [("in a block",)]
+    cur = conn.execute(query)  # committed after the region was refreshed: still remote
+    assert cur.fetchall() == [("in a block",)] and cur.provenance[0]["route"] == "remote"
+
+    with pytest.raises(cache.IntegrityError), conn.transaction():
+        conn.execute("UPDATE authors SET name = 'rolled back' WHERE authorid = 4")
+        conn.execute("INSERT INTO authors (authorid, name, city) VALUES (4, 'x', 'y')")
+    assert pg(backend, "SELECT name FROM authors WHERE authorid = 4") == [("Author 4",)]
+    assert conn._dirty == set() and not conn._dirty_unknown  # nothing left uncommitted
+
+
+def test_a_commit_sent_as_sql_ends_the_sessions_uncommitted_writes(
+    backend: str, conn: cache.Connection
+) -> None:
+    query = "SELECT name FROM authors a WHERE a.authorid = 4 CURRENCY BOUND 10 MIN"
+    conn.commit()
+    cur = conn.cursor()
+    cur.execute("UPDATE authors SET name = 'sql commit' WHERE authorid = 4")
+    cur.execute("COMMIT")
+    assert conn._dirty == set()  # committed: later reads compare regions with the write time
+    cur.execute("INSERT INTO authorlist_pct VALUES (4)")  # refreshed after the commit
+    cur.execute(query)
+    assert cur.fetchall() == [("sql commit",)] and cur.provenance[0]["route"] == "local"
