@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import re
+import typing as t
 
 import psycopg
 import pyarrow as pa
@@ -55,10 +56,13 @@ def copy_to_arrow(
     conn: psycopg.Connection,  # type: ignore[type-arg]
     query: str,
     columns: list[tuple[str, str]],
+    params: t.Mapping[str, t.Any] | None = None,
 ) -> pa.Table:
-    """Run ``query`` (its columns in the order of ``columns``) and return an Arrow table."""
+    """Run ``query`` (its columns in the order of ``columns``) and return an Arrow table.
+    With ``params`` the query's %(name)s placeholders are bound (and %% is a literal %)."""
     buffer = io.BytesIO()
-    with conn.cursor().copy(f"COPY ({query}) TO STDOUT (FORMAT csv)") as copy:
+    statement = f"COPY ({query}) TO STDOUT (FORMAT csv)"
+    with conn.cursor().copy(statement, params) as copy:  # type: ignore[arg-type]
         for chunk in copy:
             buffer.write(chunk)
     return read_csv(buffer.getvalue(), columns)

@@ -38,16 +38,15 @@ from cache.backend_catalog import connect_backend, fetch_catalog
 from cache.copy_arrow import copy_to_arrow
 from cache.errors import InterfaceError, NotSupportedError, ProgrammingError, first_line
 from cache.executor import (
-    Bound,
     Fetch,
     LocalTemplate,
     Misses,
     Parameters,
+    Result,
     Session,
     decide,
     local_template,
     remote_provenance,
-    run_local,
     run_template,
     slots,
 )
@@ -398,11 +397,11 @@ class Connection:
         (only it can see them)."""
         if self._dirty or self._dirty_unknown:
             pg = self._pg
-            return lambda queries: [copy_to_arrow(pg, sql, columns) for sql, columns in queries]
+            return lambda leaves: [copy_to_arrow(pg, *leaf) for leaf in leaves]
         backend = self.backend
-        return lambda queries: in_parallel(backend, [
-            functools.partial(_copy_leaf, sql=sql, columns=columns) for sql, columns in queries
-        ])  # fmt: skip
+        return lambda leaves: in_parallel(
+            backend, [functools.partial(_copy_leaf, leaf=leaf) for leaf in leaves]
+        )
 
     def _backend_now(self) -> dt.datetime:
         """The backend's clock (erring late), re-measured every CLOCK_MAX_AGE seconds."""
@@ -511,7 +510,10 @@ class PlanEntry:
     model: t.Any
     use_cache: bool
     schema_version: int
-    templates: dict[tuple[tuple[int, str], ...], LocalTemplate] = field(default_factory=dict)
+    # per decision (view or remote leaf of each access) and parameter style
+    templates: dict[tuple[tuple[tuple[int, str], ...], bool], LocalTemplate] = field(
+        default_factory=dict
+    )
     slots: dict[int, int | str] | None = None  # placeholder -> parameter, found once
 
 
@@ -678,7 +680,7 @@ class Cursor:
                         return
                     self._run_backend(query.backend_sql, parameters)
                 except errors.BackendUnavailableError as exc:
-                    self._answer_without_backend(query, parameters, exc)
+                    self._answer_without_backend(query, operation, parameters, exc)
                     return
             else:  # plain SQL: the backend gets exactly what the application wrote
                 self._run_backend(operation, parameters)
@@ -722,19 +724,7 @@ class Cursor:
         if bindings is None:
             return False
         try:
-            if all(b.match is not None for b in bindings.values()):
-                signature = tuple(
-                    sorted((i, t.cast(t.Any, b.match).view.name) for i, b in bindings.items())
-                )
-                template = plan.templates.get(signature)
-                if template is None:
-                    template = plan.templates[signature] = local_template(model, bindings)
-                result = run_template(template, bound, bindings, connection._store.con, session.now)
-            else:
-                result = run_local(
-                    Bound(model, parameters), bindings, connection._store.con,
-                    connection._leaf_fetcher(), connection._catalog, session.now,
-                )  # fmt: skip
+            result = self._run_decision(plan, bindings, bound, session.now)
         except psycopg.Error as exc:
             raise _backend_error(exc, "a remote part of the query needs it") from exc
         except duckdb.Error as exc:
@@ -756,6 +746,23 @@ class Cursor:
             if moments:
                 connection._read_at(max(moments))
         return True
+
+    def _run_decision(
+        self, plan: PlanEntry, bindings: dict[int, t.Any], bound: Parameters, now: dt.datetime
+    ) -> Result:
+        """Run the guards' decision with the plan's statement for it (made on first use)."""
+        connection = self.connection
+        with_params = bound.params is not None
+        signature = (
+            tuple(sorted((i, b.match.view.name if b.match else "") for i, b in bindings.items())),
+            with_params,
+        )
+        template = plan.templates.get(signature)
+        if template is None:
+            template = local_template(plan.model, bindings, connection._catalog, with_params)
+            plan.templates[signature] = template
+        fetch = connection._leaf_fetcher() if template.leaves else None
+        return run_template(template, bound, bindings, connection._store.con, now, fetch)
 
     def _run_backend(self, sql: str, parameters: Params) -> None:
         connection = self.connection
@@ -797,24 +804,30 @@ class Cursor:
         self.plan = document
 
     def _answer_without_backend(
-        self, query: Query, parameters: Params, down: errors.BackendUnavailableError
+        self,
+        query: Query,
+        operation: str,
+        parameters: Params,
+        down: errors.BackendUnavailableError,
     ) -> None:
         """SPEC §5.9: with stale_ok, present local data of any age answers, flagged stale;
         otherwise say which access needs the backend, its bound and the local data's age."""
         connection = self.connection
-        model = model_query(query, connection._catalog)
-        bound = Bound(model, parameters)
+        plan = connection._plans.get(operation)
+        if plan is None or plan.schema_version != connection._store.schema_version:
+            model = model_query(query, connection._catalog)
+            plan = PlanEntry(query, model, True, connection._store.schema_version)
+        model = plan.model
         index = connection._region_index()
         session = connection._session(connection._catalog.tables)
         session.ignore_currency = True
-        bindings = decide(
-            model, index, Parameters(model, parameters), session, Misses(), connection._catalog
-        )
+        bound = Parameters(model, parameters)
+        bindings = decide(model, index, bound, session, Misses(), connection._catalog)
         if connection.stale_ok and bindings is not None:
-            result = run_local(
-                bound, bindings, connection._store.con, connection._leaf_fetcher(),
-                connection._catalog, session.now,
-            )  # fmt: skip
+            try:
+                result = self._run_decision(plan, bindings, bound, session.now)
+            except duckdb.Error as exc:
+                raise errors.translate(exc, "the local plan failed in DuckDB") from exc
             limits = {
                 i.table: cls.bound_seconds
                 for cls in model.constraint.classes
@@ -973,9 +986,11 @@ def _written_tables(tree: exp.Expr) -> set[str] | None:
 
 
 def _copy_leaf(
-    conn: psycopg.Connection[t.Any], *, sql: str, columns: list[tuple[str, str]]
+    conn: psycopg.Connection[t.Any],
+    *,
+    leaf: tuple[str, list[tuple[str, str]], dict[str, t.Any] | None],
 ) -> pa.Table:
-    return copy_to_arrow(conn, sql, columns)
+    return copy_to_arrow(conn, *leaf)
 
 
 def _backend_error(exc: psycopg.Error, consequence: str) -> errors.Error:

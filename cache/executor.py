@@ -23,7 +23,7 @@ import pyarrow as pa
 from sqlglot import exp
 
 from cache.copy_arrow import select_list
-from cache.params import Params, bind_literals, placeholders, values_for
+from cache.params import Params, placeholders, values_for
 from cache.region_index import Key, RegionIndex, Stamp
 from control_tables.types import duckdb_type
 from optimizer.accesses import Access, QueryModel
@@ -90,19 +90,27 @@ def slots(model: QueryModel) -> dict[int, int | str]:
 
 @dataclass
 class LocalTemplate:
-    """An all-local decision's DuckDB statement, made once per decision signature: tables
-    bound to their views, parameters as named DuckDB parameters (``names``: those it uses)."""
+    """A decision's DuckDB statement, made once per decision signature (which access reads
+    which view, which are remote leaves): tables bound to their views or to the leaves' names,
+    parameters as named DuckDB parameters (``names``: one per placeholder key)."""
 
     sql: str
     keys: tuple[int | str, ...]  # each placeholder's position (%s) or name (%(name)s)
     names: tuple[str, ...]  # the DuckDB parameter of each
+    # per remote leaf (in access order): its registered name and its query for the backend,
+    # with the statement's parameters as psycopg named placeholders
+    leaves: tuple[tuple[int, str, LeafQuery], ...] = ()
     statement: t.Any = None  # DuckDB's parse of sql, kept: executions skip the parser
     # result description per parameter-type signature (the statement's types are fixed by it)
     descriptions: dict[tuple[type, ...], list[tuple[t.Any, ...]]] = field(default_factory=dict)
 
 
-def local_template(model: QueryModel, bindings: dict[int, Binding]) -> LocalTemplate:
-    """The DuckDB statement of an all-local decision (see LocalTemplate)."""
+def local_template(
+    model: QueryModel, bindings: dict[int, Binding], catalog: Catalog, with_params: bool
+) -> LocalTemplate:
+    """The DuckDB statement of a local or mixed decision (see LocalTemplate). With parameters
+    (``with_params``: any, even none in a list) a ``%%`` in the text means ``%``, as psycopg
+    reads it; the string literals get that meaning here."""
     original = model.query.tree
     for number, node in enumerate(original.walk()):
         node.meta.setdefault("mt_id", number)
@@ -110,18 +118,31 @@ def local_template(model: QueryModel, bindings: dict[int, Binding]) -> LocalTemp
     names = {node.meta["mt_id"]: key for node in placeholders(original)
              if (key := marks.get(id(node))) is not None}  # fmt: skip
     copy = strip_extensions(original)
+    if with_params:
+        for literal in copy.find_all(exp.Literal):
+            if literal.is_string and "%%" in literal.this:
+                literal.set("this", literal.this.replace("%%", "%"))
     by_id = {n.meta["mt_id"]: n for n in copy.walk() if "mt_id" in n.meta}
-    for binding in bindings.values():
-        assert binding.match is not None
+    leaves = []
+    ordered = sorted(bindings.values(), key=lambda b: b.access.instance.id)
+    for number, binding in enumerate(ordered):
         node = t.cast(exp.Table, by_id[binding.access.node.meta["mt_id"]])
         alias = node.alias or node.name
-        node.replace(exp.Table(this=exp.to_identifier(binding.match.view.name),
+        if binding.match is not None:
+            target = binding.match.view.name
+        else:
+            target = f"mtcache_leaf_{number}"
+            leaves.append((binding.access.instance.id, target,
+                           leaf_query(binding.access, names, catalog)))  # fmt: skip
+        node.replace(exp.Table(this=exp.to_identifier(target),
                                alias=exp.TableAlias(this=exp.to_identifier(alias))))  # fmt: skip
     for mark in list(copy.find_all(exp.Placeholder)):
         key = names.get(mark.meta.get("mt_id", -1))
         mark.replace(exp.Placeholder(this=exp.to_identifier(_duck_name(t.cast(t.Any, key)))))
     keys = tuple(dict.fromkeys(marks.values()))
-    return LocalTemplate(copy.sql(dialect="duckdb"), keys, tuple(map(_duck_name, keys)))
+    return LocalTemplate(
+        copy.sql(dialect="duckdb"), keys, tuple(map(_duck_name, keys)), tuple(leaves)
+    )
 
 
 def _duck_name(key: int | str) -> str:
@@ -130,34 +151,40 @@ def _duck_name(key: int | str) -> str:
 
 def run_template(
     template: LocalTemplate, parameters: Parameters, bindings: dict[int, Binding], duck: t.Any,
-    now: dt.datetime,
+    now: dt.datetime, fetch: Fetch | None = None,
 ) -> Result:  # fmt: skip
-    """Run an all-local decision's statement: the hit path, kept lean (no trees, no queries
-    beyond the one DuckDB statement; provenance is built only when read)."""
+    """Run a decision's statement: no trees, no SQL generation. An all-local one is the hit
+    path (one DuckDB statement); a mixed one first fetches its remote leaves through ``fetch``
+    (all at once, so they may come in parallel) and registers them by name."""
+    values = values_for(template.keys, parameters.params) if template.keys else []
+    named = dict(zip(template.names, values, strict=True))
     statement = template.statement
     if statement is None:
         (statement,) = duck.extract_statements(template.sql)
         template.statement = statement
-    if not template.names:
-        cursor = duck.execute(statement)
-        types: tuple[type, ...] = ()
-    else:
-        values = values_for(template.keys, parameters.params)
-        cursor = duck.execute(statement, dict(zip(template.names, values, strict=True)))
+    registered: list[str] = []
+    tables: list[pa.Table] = []
+    if template.leaves:
+        assert fetch is not None
+        leaf_params = named or None  # a statement without placeholders: its leaves have none
+        tables = fetch([(sql, columns, leaf_params) for _, _, (sql, columns) in template.leaves])
+        duck.complete()  # a result some fetchone() left open would block register() (DuckDB 2)
+    try:
+        for (_, name, _), table in zip(template.leaves, tables, strict=True):
+            duck.register(name, table)
+            registered.append(name)
+        cursor = duck.execute(statement, named) if named else duck.execute(statement)
+        rows = cursor.fetchall()
         types = tuple(map(type, values))
-    rows = cursor.fetchall()
-    description = template.descriptions.get(types)
-    if description is None:
-        description = template.descriptions[types] = _description(
-            tuple((d[0], str(d[1])) for d in cursor.description or [])
-        )
+        description = template.descriptions.get(types)
+        if description is None:
+            description = template.descriptions[types] = _description(
+                tuple((d[0], str(d[1])) for d in cursor.description or [])
+            )
+    finally:
+        for name in registered:
+            duck.unregister(name)
     return Result(description, rows, bindings, now)
-
-
-def _oldest(bindings: dict[int, Binding]) -> dt.datetime | None:
-    """The oldest refresh time among the local regions read."""
-    times = [s[0] for b in bindings.values() for _, s in b.regions if s[0] is not None]
-    return min(times) if times else None
 
 
 def remote_provenance(table: str) -> dict[str, t.Any]:
@@ -187,22 +214,6 @@ def _local_provenance(binding: Binding, now: dt.datetime) -> dict[str, t.Any]:
         "snapshot_ids": sorted({s[1] for s in stamps if s[1] is not None}),
         "stale": False,
     }
-
-
-class Bound:
-    """The statement with parameters bound as literals and without extensions, and a map from
-    the parsed tree's nodes to their counterparts in it (computed once per execution)."""
-
-    def __init__(self, model: QueryModel, params: Params) -> None:
-        original = model.query.tree
-        # Node ids in the metadata survive copying; a bound literal inherits its placeholder's.
-        for number, node in enumerate(original.walk()):
-            node.meta.setdefault("mt_id", number)
-        self.tree = bind_literals(strip_extensions(original), params)
-        self._by_id = {n.meta["mt_id"]: n for n in self.tree.walk() if "mt_id" in n.meta}
-
-    def __getitem__(self, node: exp.Expr) -> exp.Expr:
-        return t.cast(exp.Expr, self._by_id[node.meta["mt_id"]])
 
 
 @dataclass
@@ -418,61 +429,39 @@ def _value(constant: exp.Expr) -> t.Any:
 
 
 LeafQuery = tuple[str, list[tuple[str, str]]]  # SQL for the backend, its (column, DuckDB type)s
-Fetch = t.Callable[[list[LeafQuery]], list[pa.Table]]  # the rows of each, as Arrow tables
+# the leaves to fetch, each with the parameters its placeholders name -> their Arrow tables
+Fetch = t.Callable[
+    [list[tuple[str, list[tuple[str, str]], dict[str, t.Any] | None]]], list[pa.Table]
+]
 
 
-def run_local(
-    bound: Bound,
-    bindings: dict[int, Binding],
-    duck: t.Any,
-    fetch: Fetch,
-    catalog: Catalog,
-    now: dt.datetime,
-) -> Result:
-    """Execute in DuckDB with every table reference rebound; remote leaves through Arrow
-    (``fetch`` gets all of them at once, so it may fetch them in parallel)."""
-    ordered = sorted(bindings.values(), key=lambda b: b.access.instance.id)
-    remote = [b for b in ordered if b.match is None]
-    tables = fetch([leaf_query(b.access, bound, catalog) for b in remote]) if remote else []
-    leaves = {id(b): table for b, table in zip(remote, tables, strict=True)}
-    registered: list[str] = []
-    duck.complete()  # a result some fetchone() left open would block register() (DuckDB 2)
-    try:
-        for number, binding in enumerate(ordered):
-            access = binding.access
-            node = t.cast(exp.Table, bound[access.node])
-            alias = node.alias or node.name
-            if binding.match is not None:
-                target = binding.match.view.name
-            else:
-                target = f"mtcache_leaf_{number}"
-                duck.register(target, leaves[id(binding)])
-                registered.append(target)
-            node.replace(exp.Table(this=exp.to_identifier(target), alias=exp.TableAlias(
-                this=exp.to_identifier(alias))))  # fmt: skip
-        cursor = duck.execute(bound.tree.sql(dialect="duckdb"))
-        rows = cursor.fetchall()
-        description = _description(tuple((d[0], str(d[1])) for d in cursor.description or []))
-    finally:
-        for name in registered:
-            duck.unregister(name)
-    return Result(description, rows, bindings, now)
-
-
-def leaf_query(access: Access, bound: Bound, catalog: Catalog) -> LeafQuery:
-    """The remote leaf of an access: its columns under its pushed-down conjuncts."""
+def leaf_query(access: Access, names: dict[int, int | str], catalog: Catalog) -> LeafQuery:
+    """The remote leaf of an access: its columns under its pushed-down conjuncts, with the
+    statement's placeholders as psycopg named parameters (%(p0)s, %(name)s)."""
     table = catalog.table(access.table)
     assert table is not None
     types = {c.name: c.type for c in table.columns}
     wanted = sorted(access.columns) or [table.column_names[0]]
     columns = [(c, t.cast(str, duckdb_type(types[c]) or "VARCHAR")) for c in wanted]
     alias = access.node.alias or access.node.name
-    conjuncts = [bound[c].sql(dialect="postgres") for c in access.conjuncts]
+    conjuncts = []
+    for conjunct in access.conjuncts:
+        copy = conjunct.copy()
+        for mark in list(copy.find_all(exp.Placeholder)):
+            key = names[mark.meta["mt_id"]]
+            mark.replace(exp.Placeholder(this=exp.to_identifier(f"mtcache_param_{key}")))
+        conjuncts.append(copy.sql(dialect="postgres"))
     where = " AND ".join(f"({c})" for c in conjuncts) or "TRUE"
     sql = (
         f'SELECT {select_list(columns)} FROM "{table.schema}".'
         f'"{table.name}" AS "{alias}" WHERE {where}'
     )
+    if names:
+        # psycopg reads % as the start of a placeholder once parameters are passed: double
+        # the literal ones, then restore the parameters' own
+        sql = sql.replace("%", "%%")
+        for key in set(names.values()):
+            sql = sql.replace(f"%%(mtcache_param_{key})s", f"%({_duck_name(key)})s")
     return sql, columns
 
 

@@ -20,10 +20,12 @@ from contextlib import contextmanager
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from cache.errors import BackendUnavailableError
+from cache.errors import BackendUnavailableError, first_line
 
 POOL_SIZE = 4  # backend connections per backend, shared by the process's sessions
 WAIT_SECONDS = 5.0  # for a pooled connection before the backend counts as unreachable
+READY_SECONDS = 0.05  # a ready connection comes at once; beyond this, check the backend is up
+PROBE_SECONDS = 2  # connect timeout of that check
 
 _pools: dict[str, ConnectionPool[t.Any]] = {}
 _lock = threading.Lock()
@@ -45,14 +47,33 @@ def backend_pool(dsn: str) -> ConnectionPool[t.Any]:
 
 @contextmanager
 def pooled(dsn: str) -> Iterator[psycopg.Connection[t.Any]]:
-    """A backend connection from the pool, returned afterwards (reset if it failed)."""
+    """A backend connection from the pool, returned afterwards (reset if it failed). When none
+    is ready at once, a direct connection attempt tells a down backend (fail now) from a busy
+    pool (wait up to WAIT_SECONDS)."""
+    pool = backend_pool(dsn)
     try:
-        with backend_pool(dsn).connection(timeout=WAIT_SECONDS) as conn:
-            yield conn
-    except PoolTimeout as exc:
+        conn = pool.getconn(timeout=READY_SECONDS)
+    except PoolTimeout:
+        _check_reachable(dsn)
+        try:
+            conn = pool.getconn(timeout=WAIT_SECONDS)
+        except PoolTimeout as exc:
+            raise BackendUnavailableError(
+                f"no backend connection within {WAIT_SECONDS:g}s: the backend is unreachable "
+                f"or busy ({exc}); a remote part of the query needs it"
+            ) from exc
+    try:
+        yield conn
+    finally:
+        pool.putconn(conn)
+
+
+def _check_reachable(dsn: str) -> None:
+    try:
+        psycopg.connect(dsn, connect_timeout=PROBE_SECONDS).close()
+    except psycopg.OperationalError as exc:
         raise BackendUnavailableError(
-            f"no backend connection within {WAIT_SECONDS:g}s: the backend is unreachable or "
-            f"busy ({exc}); a remote part of the query needs it"
+            f"the backend is unreachable ({first_line(exc)}); a remote part of the query needs it"
         ) from exc
 
 

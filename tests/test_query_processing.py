@@ -548,3 +548,31 @@ def test_a_commit_sent_as_sql_ends_the_sessions_uncommitted_writes(
     cur.execute("INSERT INTO authorlist_pct VALUES (4)")  # refreshed after the commit
     cur.execute(query)
     assert cur.fetchall() == [("sql commit",)] and cur.provenance[0]["route"] == "local"
+
+
+def test_a_mixed_plan_is_made_once_and_reused_with_new_parameters(
+    backend: str, conn: cache.Connection
+) -> None:
+    """The mixed statement and its leaf queries are made once per decision; parameters reach
+    both DuckDB and the leaves; a %% in the text means % once parameters are passed, as in
+    psycopg, on every path."""
+    conn.admit_on_miss = False
+    query = (
+        "SELECT b.title, sum(s.qty), 'x%%y' FROM sales s JOIN books b ON s.isbn = b.isbn "
+        "WHERE b.authorid = %s AND b.title LIKE 'Book%%' AND b.title <> 'a%%b' "
+        "GROUP BY 1 ORDER BY 1"
+    )
+    clause = " CURRENCY BOUND 10 MIN ON (s), 10 MIN ON (b)"
+    for author in (3, 5, 3):
+        rows, routes = through_cache(conn, query + clause, [author])
+        assert routes == ["local", "remote"]
+        assert rows == pg(backend, query, [author]) and rows
+        assert {r[2] for r in rows} == {"x%y"}
+    (template,) = conn._plans[query + clause].templates.values()
+    assert template.leaves and "%%" in template.leaves[0][2][0]  # escaped for psycopg
+    plain = ("SELECT count(*), 'x%%y' FROM sales s JOIN books b ON s.isbn = b.isbn "
+             "WHERE b.authorid = 3")  # fmt: skip
+    rows, routes = through_cache(conn, plain + clause)  # no parameters: %% stays %%
+    assert routes == ["local", "remote"] and rows == pg(backend, plain)
+    rows, routes = through_cache(conn, plain + clause, [])  # parameters, none used: %% is %
+    assert rows == pg(backend, plain, []) and rows[0][1] == "x%y"
