@@ -852,8 +852,8 @@ class Cursor:
         ) from down
 
     def _record_remote(self, query: Query) -> None:
-        tables = self.connection._base_tables(query)
-        self._pending = lambda: [remote_provenance(table) for table in tables]
+        connection = self.connection
+        self._pending = lambda: [remote_provenance(t) for t in connection._base_tables(query)]
 
     def _edit_control_table(
         self, query: Query, target: tuple[str, str], parameters: Params

@@ -190,12 +190,13 @@ def main(argv: list[str] | None = None) -> int:
                          "ratio": local / backend, "target": speedup})  # fmt: skip
 
         table = Table(title=f"Query paths, TPC-H SF {args.sf}: median call times, paired calls")
-        for column in ("fig", "what", "cache ms", "baseline ms", "ratio", "target"):
+        for column in ("fig", "what", "cache ms", "baseline ms", "added us", "ratio", "target"):
             table.add_column(column)
         for row in rows:
             table.add_row(str(row["figure"]), str(row["what"]),
                           f"{float(row['cache_s']) * 1e3:.3f}",  # type: ignore[arg-type]
                           f"{float(row['baseline_s']) * 1e3:.3f}",  # type: ignore[arg-type]
+                          f"{(float(row['cache_s']) - float(row['baseline_s'])) * 1e6:+.0f}",  # type: ignore[arg-type]
                           f"{float(row['ratio']):.2f}x", str(row["target"]))  # type: ignore[arg-type]  # fmt: skip
         console.print(table)
         path = append_rows("bench_query", [
