@@ -226,3 +226,30 @@ def test_query_prints_rows_and_provenance(mtcache_bin: str, bookstore_dsn: str) 
                            timeout=120)  # fmt: skip
     assert "1 row" in human.stdout and "provenance: books: remote" in human.stdout
     shutil.rmtree(home, ignore_errors=True)
+
+
+def test_demo_shows_the_cache_at_work(
+    mtcache_bin: str, pg_cluster: object, clean_env: dict[str, str]
+) -> None:
+    """`mtcache demo` (what `make demo` runs) on a backend of its own: the §2 examples, then
+    local and remote answers with their provenance, a mixed plan, EXPLAIN, the counters."""
+    from cache.embedded_pg import EmbeddedPostgres
+
+    assert isinstance(pg_cluster, EmbeddedPostgres)
+    home = reachable_tempdir("mtcache-cli-demo-")
+    clean_env["MTCACHE_BACKEND"] = pg_cluster.create_database("cli_demo")
+    clean_env["MTCACHE_CACHE"] = str(home / "cache.duckdb")
+    try:
+        for _ in range(2):  # a second run starts its demo cache afresh
+            result = run(mtcache_bin, "demo", env=clean_env)
+            assert result.returncode == 0, result.stderr
+        out = result.stdout
+        assert "normalized (books, reviews): at most 10 min stale, one snapshot" in out
+        assert "authors: local from authorcopy" in out
+        assert "authors: remote (PostgreSQL, current)" in out
+        assert "sales: local from salescopy" in out and "books: remote" in out
+        assert out.count("SwitchUnion (guard=") == 2
+        assert "counters: currency_misses 0, hits 5, presence_misses 2, remote 4" in out
+        assert (home / "demo.duckdb").exists() and not (home / "cache.duckdb").exists()
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
