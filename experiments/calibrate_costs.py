@@ -1,0 +1,114 @@
+"""The measurements behind the optimizer's cost constants (optimizer/explain_plan.py).
+
+    python -m experiments.calibrate_costs [--sf 1] [--backend DSN]
+
+On TPC-H customer (with the dissertation's secondary index on c_acctbal) and orders: for each
+query, PostgreSQL's own cost estimate and its measured time (microseconds per cost unit), and
+the time DuckDB takes for the same query on a cached copy (nanoseconds per row scanned); then
+the time to move backend rows into DuckDB through Arrow (microseconds per row). Medians of
+warm repetitions; compare the columns of one run, not numbers across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import duckdb
+import psycopg
+from rich.console import Console
+from rich.table import Table
+
+from cache.copy_arrow import copy_to_arrow
+from cache.embedded_pg import EmbeddedPostgres
+from experiments import tpch
+
+CUSTOMER = [("c_custkey", "INTEGER"), ("c_name", "VARCHAR"), ("c_nationkey", "INTEGER"),
+            ("c_acctbal", "DECIMAL(15,2)")]  # fmt: skip
+ORDERS = [("o_custkey", "INTEGER"), ("o_orderkey", "INTEGER"), ("o_totalprice", "DECIMAL(15,2)"),
+          ("o_orderdate", "DATE"), ("o_orderstatus", "VARCHAR")]  # fmt: skip
+QUERIES = [
+    ("point on the key", "SELECT c_name FROM customer WHERE c_custkey = 77", 300),
+    ("range, ~40 rows", "SELECT c_custkey, c_name FROM customer "
+     "WHERE c_acctbal BETWEEN 1000 AND 1003", 200),
+    ("range, ~1.3k rows", "SELECT c_custkey, c_name FROM customer "
+     "WHERE c_acctbal BETWEEN 1000 AND 1100", 50),
+    ("range, ~14k rows", "SELECT c_custkey, c_name FROM customer "
+     "WHERE c_acctbal BETWEEN 1000 AND 2000", 20),
+    ("count customer", "SELECT count(*) FROM customer WHERE c_acctbal > 0", 20),
+    ("orders by status", "SELECT o_orderstatus, count(*), sum(o_totalprice) FROM orders "
+     "GROUP BY 1", 5),
+    ("orders of a year", "SELECT sum(o_totalprice) FROM orders WHERE o_orderdate >= "
+     "DATE '1994-01-01' AND o_orderdate < DATE '1995-01-01'", 5),
+]  # fmt: skip
+
+
+def median_ms(action: Callable[[], object], repeat: int) -> float:
+    action()
+    samples = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        action()
+        samples.append(time.perf_counter() - started)
+    return statistics.median(samples) * 1e3
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sf", type=float, default=1.0)
+    parser.add_argument("--backend")
+    args = parser.parse_args(argv)
+    console = Console()
+    dsn = args.backend or EmbeddedPostgres(Path(".mtcache/pg")).ensure_running()
+    tpch.load(dsn, args.sf, ["customer", "orders"])
+    work = Path(tempfile.mkdtemp(prefix="mtcache-calibrate-"))
+    pg = psycopg.connect(dsn, autocommit=True)
+    try:
+        pg.execute("CREATE INDEX IF NOT EXISTS customer_acctbal ON customer (c_acctbal)")
+        pg.execute("ANALYZE customer")
+        pg.execute("ANALYZE orders")
+        duck = duckdb.connect(str(work / "copy.duckdb"))
+        for name, columns in (("customer", CUSTOMER), ("orders", ORDERS)):
+            arrow = copy_to_arrow(pg, f"SELECT {', '.join(c for c, _ in columns)} FROM {name}",
+                                  columns)  # fmt: skip
+            duck.register("incoming", arrow)
+            duck.execute(f"CREATE TABLE {name} AS SELECT * FROM incoming")
+            duck.unregister("incoming")
+        table = Table(title=f"Cost calibration, TPC-H SF {args.sf}")
+        for column in ("query", "pg cost", "pg ms", "us/cost", "duckdb ms", "rows scanned",
+                       "ns/row"):  # fmt: skip
+            table.add_column(column)
+        for label, sql, repeat in QUERIES:
+            row = pg.execute(f"EXPLAIN (FORMAT JSON) {sql}").fetchone()  # type: ignore[arg-type]
+            assert row is not None
+            cost = float(row[0][0]["Plan"]["Total Cost"])
+            pg_ms = median_ms(lambda s=sql: pg.execute(s).fetchall(), repeat)  # type: ignore[misc]
+            duck_ms = median_ms(lambda s=sql: duck.execute(s).fetchall(), repeat)  # type: ignore[misc]
+            scanned = duck.execute(
+                f"SELECT count(*) FROM {'orders' if 'orders' in sql else 'customer'}"
+            ).fetchall()[0][0]
+            per_cost, per_row = pg_ms / cost * 1e3, duck_ms / scanned * 1e6
+            table.add_row(label, f"{cost:.1f}", f"{pg_ms:.3f}", f"{per_cost:.2f}",
+                          f"{duck_ms:.3f}", str(scanned), f"{per_row:.1f}")  # fmt: skip
+        console.print(table)
+        moves = Table(title="Moving backend rows into DuckDB (COPY -> Arrow)")
+        for column in ("rows", "ms", "us/row"):
+            moves.add_column(column)
+        for rows in (1_000, 10_000, 100_000):
+            sql = f"SELECT c_custkey, c_name FROM customer WHERE c_custkey <= {rows}"
+            ms = median_ms(lambda s=sql: copy_to_arrow(pg, s, CUSTOMER[:2]), 5)  # type: ignore[misc]
+            moves.add_row(str(rows), f"{ms:.2f}", f"{ms / rows * 1e3:.3f}")
+        console.print(moves)
+    finally:
+        pg.close()
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
