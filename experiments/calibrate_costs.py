@@ -6,7 +6,8 @@ On TPC-H customer (with the dissertation's secondary index on c_acctbal) and ord
 query, PostgreSQL's own cost estimate and its measured time (microseconds per cost unit), and
 the time DuckDB takes for the same query on a cached copy (nanoseconds per row scanned); then
 the time to move backend rows into DuckDB through Arrow (microseconds per row). Medians of
-warm repetitions; compare the columns of one run, not numbers across runs.
+warm repetitions; compare the columns of one run, not numbers across runs. Rows are appended
+to experiments/results/calibrate_costs.csv with their provenance.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from rich.table import Table
 from cache.copy_arrow import copy_to_arrow
 from cache.embedded_pg import EmbeddedPostgres
 from experiments import tpch
+from experiments.provenance import append_rows
 
 CUSTOMER = [("c_custkey", "INTEGER"), ("c_name", "VARCHAR"), ("c_nationkey", "INTEGER"),
             ("c_acctbal", "DECIMAL(15,2)")]  # fmt: skip
@@ -79,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             duck.register("incoming", arrow)
             duck.execute(f"CREATE TABLE {name} AS SELECT * FROM incoming")
             duck.unregister("incoming")
+        results: list[dict[str, object]] = []
         table = Table(title=f"Cost calibration, TPC-H SF {args.sf}")
         for column in ("query", "pg cost", "pg ms", "us/cost", "duckdb ms", "rows scanned",
                        "ns/row"):  # fmt: skip
@@ -93,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"SELECT count(*) FROM {'orders' if 'orders' in sql else 'customer'}"
             ).fetchall()[0][0]
             per_cost, per_row = pg_ms / cost * 1e3, duck_ms / scanned * 1e6
+            results.append({"measure": label, "pg_cost": cost, "pg_ms": round(pg_ms, 4),
+                            "us_per_cost": round(per_cost, 3), "duckdb_ms": round(duck_ms, 4),
+                            "rows_scanned": scanned, "ns_per_row": round(per_row, 2)})  # fmt: skip
             table.add_row(label, f"{cost:.1f}", f"{pg_ms:.3f}", f"{per_cost:.2f}",
                           f"{duck_ms:.3f}", str(scanned), f"{per_row:.1f}")  # fmt: skip
         console.print(table)
@@ -103,7 +109,15 @@ def main(argv: list[str] | None = None) -> int:
             sql = f"SELECT c_custkey, c_name FROM customer WHERE c_custkey <= {rows}"
             ms = median_ms(lambda s=sql: copy_to_arrow(pg, s, CUSTOMER[:2]), 5)  # type: ignore[misc]
             moves.add_row(str(rows), f"{ms:.2f}", f"{ms / rows * 1e3:.3f}")
+            results.append({"measure": f"copy {rows} rows to arrow", "copy_ms": round(ms, 3),
+                            "us_per_row": round(ms / rows * 1e3, 3)})  # fmt: skip
         console.print(moves)
+        keys = list(dict.fromkeys(k for row in results for k in row))  # one header for all
+        path = append_rows("calibrate_costs", [
+            {"experiment": "calibrate_costs", "scale_factor": args.sf,
+             **{k: row.get(k) for k in keys}} for row in results
+        ])  # fmt: skip
+        console.print(f"results appended to {path}")
     finally:
         pg.close()
         shutil.rmtree(work, ignore_errors=True)
