@@ -38,14 +38,14 @@ from cache.backend_catalog import connect_backend, fetch_catalog
 from cache.copy_arrow import copy_to_arrow
 from cache.errors import InterfaceError, NotSupportedError, ProgrammingError, first_line
 from cache.executor import (
+    DecisionTemplate,
     Fetch,
-    LocalTemplate,
     Misses,
     Parameters,
     Result,
     Session,
     decide,
-    local_template,
+    decision_template,
     remote_provenance,
     run_template,
     slots,
@@ -511,7 +511,7 @@ class PlanEntry:
     use_cache: bool
     schema_version: int
     # per decision (view or remote leaf of each access) and parameter style
-    templates: dict[tuple[tuple[tuple[int, str], ...], bool], LocalTemplate] = field(
+    templates: dict[tuple[tuple[tuple[int, str], ...], bool], DecisionTemplate] = field(
         default_factory=dict
     )
     slots: dict[int, int | str] | None = None  # placeholder -> parameter, found once
@@ -759,7 +759,7 @@ class Cursor:
         )
         template = plan.templates.get(signature)
         if template is None:
-            template = local_template(plan.model, bindings, connection._catalog, with_params)
+            template = decision_template(plan.model, bindings, connection._catalog, with_params)
             plan.templates[signature] = template
         fetch = connection._leaf_fetcher() if template.leaves else None
         return run_template(template, bound, bindings, connection._store.con, now, fetch)

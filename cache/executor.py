@@ -89,7 +89,7 @@ def slots(model: QueryModel) -> dict[int, int | str]:
 
 
 @dataclass
-class LocalTemplate:
+class DecisionTemplate:
     """A decision's DuckDB statement, made once per decision signature (which access reads
     which view, which are remote leaves): tables bound to their views or to the leaves' names,
     parameters as named DuckDB parameters (``names``: one per placeholder key)."""
@@ -105,10 +105,10 @@ class LocalTemplate:
     descriptions: dict[tuple[type, ...], list[tuple[t.Any, ...]]] = field(default_factory=dict)
 
 
-def local_template(
+def decision_template(
     model: QueryModel, bindings: dict[int, Binding], catalog: Catalog, with_params: bool
-) -> LocalTemplate:
-    """The DuckDB statement of a local or mixed decision (see LocalTemplate). With parameters
+) -> DecisionTemplate:
+    """The DuckDB statement of a local or mixed decision (see DecisionTemplate). With parameters
     (``with_params``: any, even none in a list) a ``%%`` in the text means ``%``, as psycopg
     reads it; the string literals get that meaning here."""
     original = model.query.tree
@@ -140,7 +140,7 @@ def local_template(
         key = names.get(mark.meta.get("mt_id", -1))
         mark.replace(exp.Placeholder(this=exp.to_identifier(_duck_name(t.cast(t.Any, key)))))
     keys = tuple(dict.fromkeys(marks.values()))
-    return LocalTemplate(
+    return DecisionTemplate(
         copy.sql(dialect="duckdb"), keys, tuple(map(_duck_name, keys)), tuple(leaves)
     )
 
@@ -150,7 +150,7 @@ def _duck_name(key: int | str) -> str:
 
 
 def run_template(
-    template: LocalTemplate, parameters: Parameters, bindings: dict[int, Binding], duck: t.Any,
+    template: DecisionTemplate, parameters: Parameters, bindings: dict[int, Binding], duck: t.Any,
     now: dt.datetime, fetch: Fetch | None = None,
 ) -> Result:  # fmt: skip
     """Run a decision's statement: no trees, no SQL generation. An all-local one is the hit
