@@ -60,9 +60,6 @@ from heartbeat.clock import measure as measure_clock
 from optimizer.accesses import model_query
 from optimizer.normalize_constraint import normalize_constraint
 from sql_ext import (
-    CreateCachedView,
-    CreateControlTable,
-    DropCacheObject,
     Query,
     Statement,
     Timeline,
@@ -421,9 +418,6 @@ class Connection:
                 )
         return now + dt.timedelta(seconds=clock.offset_seconds)
 
-    def _count(self, name: str, amount: int = 1) -> None:
-        self._counters[name] += amount
-
     def _flush_counters(self) -> None:
         pending = {k: v for k, v in self._counters.items() if v}
         if pending:
@@ -594,7 +588,7 @@ class Cursor:
             self._check_open()
         self._reset()
         statement = self.connection._parsed(operation)
-        if type(statement) is Query:
+        if isinstance(statement, Query):
             self._run_query(statement, operation, parameters)
         elif statement is None:
             self._run_backend(operation, parameters)
@@ -605,13 +599,10 @@ class Cursor:
                 self.connection.begin_timeordered()
             else:
                 self.connection.end_timeordered()
-        elif isinstance(statement, CreateControlTable | CreateCachedView | DropCacheObject):
+        else:
             if parameters:
                 raise ProgrammingError("cache DDL takes no parameters")
             self.connection._apply_cache_ddl(statement)
-        else:
-            assert isinstance(statement, Query)  # a subclass
-            self._run_query(statement, operation, parameters)
         return self
 
     def executemany(self, operation: str, seq_of_parameters: Sequence[Params]) -> Cursor:
@@ -717,23 +708,18 @@ class Cursor:
         session = connection._session(connection._catalog.tables)
         misses = Misses()
         bindings = decide(model, index, bound, session, misses, connection._catalog)
-        connection._count("presence_misses", misses.presence)
-        connection._count("currency_misses", misses.currency)
+        counters = connection._counters
+        counters["presence_misses"] += misses.presence
+        counters["currency_misses"] += misses.currency
         if connection.admit_on_miss and misses.admittable:
             connection._admit_later(misses.admittable)
         if bindings is None:
             return False
-        try:
-            result = self._run_decision(plan, bindings, bound, session.now)
-        except psycopg.Error as exc:
-            raise _backend_error(exc, "a remote part of the query needs it") from exc
-        except duckdb.Error as exc:
-            raise errors.translate(exc, "the local plan failed in DuckDB") from exc
+        result = self._run_decision(plan, bindings, bound, session.now)
         self.description = result.description
         self._rows = result.rows
         self.rowcount = len(result.rows)
         self._pending = lambda: result.provenance
-        counters = connection._counters
         local = result.local_count
         counters["hits"] += local
         remote = local < len(result.bindings)
@@ -762,7 +748,12 @@ class Cursor:
             template = decision_template(plan.model, bindings, connection._catalog, with_params)
             plan.templates[signature] = template
         fetch = connection._leaf_fetcher() if template.leaves else None
-        return run_template(template, bound, bindings, connection._store.con, now, fetch)
+        try:
+            return run_template(template, bound, bindings, connection._store.con, now, fetch)
+        except psycopg.Error as exc:
+            raise _backend_error(exc, "a remote part of the query needs it") from exc
+        except duckdb.Error as exc:
+            raise errors.translate(exc, "the local plan failed in DuckDB") from exc
 
     def _run_backend(self, sql: str, parameters: Params) -> None:
         connection = self.connection
@@ -824,10 +815,7 @@ class Cursor:
         bound = Parameters(model, parameters)
         bindings = decide(model, index, bound, session, Misses(), connection._catalog)
         if connection.stale_ok and bindings is not None:
-            try:
-                result = self._run_decision(plan, bindings, bound, session.now)
-            except duckdb.Error as exc:
-                raise errors.translate(exc, "the local plan failed in DuckDB") from exc
+            result = self._run_decision(plan, bindings, bound, session.now)
             limits = {
                 i.table: cls.bound_seconds
                 for cls in model.constraint.classes

@@ -99,7 +99,7 @@ class DecisionTemplate:
     names: tuple[str, ...]  # the DuckDB parameter of each
     # per remote leaf (in access order): its registered name and its query for the backend,
     # with the statement's parameters as psycopg named placeholders
-    leaves: tuple[tuple[int, str, LeafQuery], ...] = ()
+    leaves: tuple[tuple[str, LeafQuery], ...] = ()
     statement: t.Any = None  # DuckDB's parse of sql, kept: executions skip the parser
     # result description per parameter-type signature (the statement's types are fixed by it)
     descriptions: dict[tuple[type, ...], list[tuple[t.Any, ...]]] = field(default_factory=dict)
@@ -132,8 +132,9 @@ def decision_template(
             target = binding.match.view.name
         else:
             target = f"mtcache_leaf_{number}"
-            leaves.append((binding.access.instance.id, target,
-                           leaf_query(binding.access, names, catalog)))  # fmt: skip
+            # the leaf's conjuncts from the copy: literals as this execution style reads them
+            conjuncts = [by_id[c.meta["mt_id"]] for c in binding.access.conjuncts]
+            leaves.append((target, leaf_query(binding.access, conjuncts, names, catalog)))
         node.replace(exp.Table(this=exp.to_identifier(target),
                                alias=exp.TableAlias(this=exp.to_identifier(alias))))  # fmt: skip
     for mark in list(copy.find_all(exp.Placeholder)):
@@ -167,10 +168,10 @@ def run_template(
     if template.leaves:
         assert fetch is not None
         leaf_params = named or None  # a statement without placeholders: its leaves have none
-        tables = fetch([(sql, columns, leaf_params) for _, _, (sql, columns) in template.leaves])
+        tables = fetch([(sql, columns, leaf_params) for _, (sql, columns) in template.leaves])
         duck.complete()  # a result some fetchone() left open would block register() (DuckDB 2)
     try:
-        for (_, name, _), table in zip(template.leaves, tables, strict=True):
+        for (name, _), table in zip(template.leaves, tables, strict=True):
             duck.register(name, table)
             registered.append(name)
         cursor = duck.execute(statement, named) if named else duck.execute(statement)
@@ -435,8 +436,10 @@ Fetch = t.Callable[
 ]
 
 
-def leaf_query(access: Access, names: dict[int, int | str], catalog: Catalog) -> LeafQuery:
-    """The remote leaf of an access: its columns under its pushed-down conjuncts, with the
+def leaf_query(
+    access: Access, conjuncts: list[exp.Expr], names: dict[int, int | str], catalog: Catalog
+) -> LeafQuery:
+    """The remote leaf of an access: its columns under its pushed-down ``conjuncts``, with the
     statement's placeholders as psycopg named parameters (%(p0)s, %(name)s)."""
     table = catalog.table(access.table)
     assert table is not None
@@ -444,14 +447,14 @@ def leaf_query(access: Access, names: dict[int, int | str], catalog: Catalog) ->
     wanted = sorted(access.columns) or [table.column_names[0]]
     columns = [(c, t.cast(str, duckdb_type(types[c]) or "VARCHAR")) for c in wanted]
     alias = access.node.alias or access.node.name
-    conjuncts = []
-    for conjunct in access.conjuncts:
+    rendered = []
+    for conjunct in conjuncts:
         copy = conjunct.copy()
         for mark in list(copy.find_all(exp.Placeholder)):
             key = names[mark.meta["mt_id"]]
             mark.replace(exp.Placeholder(this=exp.to_identifier(f"mtcache_param_{key}")))
-        conjuncts.append(copy.sql(dialect="postgres"))
-    where = " AND ".join(f"({c})" for c in conjuncts) or "TRUE"
+        rendered.append(copy.sql(dialect="postgres"))
+    where = " AND ".join(f"({c})" for c in rendered) or "TRUE"
     sql = (
         f'SELECT {select_list(columns)} FROM "{table.schema}".'
         f'"{table.name}" AS "{alias}" WHERE {where}'
