@@ -18,6 +18,7 @@ import pytest
 from cache import bookstore
 from cache.backend_catalog import fetch_catalog
 from cache.embedded_pg import EmbeddedPostgres, ServerSettings
+from cache.pool import close_all
 from optimizer.catalog import Catalog
 
 
@@ -36,6 +37,7 @@ def pg_cluster() -> Iterator[EmbeddedPostgres]:
     try:
         yield cluster
     finally:
+        close_all()  # the process's backend pools would keep reconnecting to a gone cluster
         cluster.destroy()
         shutil.rmtree(root, ignore_errors=True)
 
