@@ -14,9 +14,10 @@ from __future__ import annotations
 import datetime as _dt
 import time as _time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from cache.errors import (
+from cache.dbapi.connection import BINARY, DATETIME, NUMBER, ROWID, STRING, Connection, Cursor
+from sql_ext.errors import (
     DatabaseError,
     DataError,
     Error,
@@ -29,25 +30,9 @@ from cache.errors import (
     Warning,
 )
 
-if TYPE_CHECKING:
-    from cache.dbapi import BINARY, DATETIME, NUMBER, ROWID, STRING, Connection, Cursor
-
 apilevel = "2.0"
 threadsafety = 1  # threads may share the module, not connections
 paramstyle = "pyformat"
-
-
-# The connection machinery imports the optimizer and the store, which import cache.errors:
-# load it on first use, so `import cache.errors` stays light and acyclic (PEP 562).
-_LAZY = ("BINARY", "DATETIME", "NUMBER", "ROWID", "STRING", "Connection", "Cursor")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        from cache import dbapi
-
-        return getattr(dbapi, name)
-    raise AttributeError(f"module 'cache' has no attribute {name!r}")
 
 
 def connect(
@@ -56,8 +41,6 @@ def connect(
     """Open a session: ``backend`` is a libpq DSN or URL (default: the embedded cluster beside
     the cache file), ``cache_path`` the DuckDB file (default ``.mtcache/cache.duckdb``).
     Options: ``autocommit`` (default False), ``stale_ok`` (default False)."""
-    from cache.dbapi import Connection
-
     return Connection(backend, cache_path, **options)
 
 

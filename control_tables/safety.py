@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from sqlglot import exp
 
-from cache.errors import CatalogError, NotSupportedError, ProgrammingError
 from control_tables.schema import CachedView, CacheSchema
 from control_tables.types import duckdb_type
-from optimizer.catalog import Catalog, Table
-from optimizer.fds import FD, closure
+from sql_ext.catalog import Catalog, Table
+from sql_ext.errors import CatalogError, NotSupportedError, ProgrammingError
+from sql_ext.fds import FD, closure
 
 RULES = {
     1: "the cache graph is acyclic",

@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from sqlglot import exp
 
 from sql_ext import Completeness, Consistency, CreateCachedView, CreateControlTable, Presence
+from sql_ext.errors import ProgrammingError
+
+Role = t.Literal["presence", "consistency", "completeness"]  # what a control table controls
 
 
 @dataclass(frozen=True)
@@ -95,10 +98,10 @@ class CacheSchema:
                 if edge.control == view:
                     yield child, edge
 
-    def users_of(self, control: str) -> list[tuple[str, str]]:
+    def users_of(self, control: str) -> list[tuple[str, Role]]:
         """(view, role) pairs that use a control table or view as a control: role is
         presence, consistency or completeness."""
-        found = []
+        found: list[tuple[str, Role]] = []
         for view in self.views.values():
             found += [(view.name, "presence") for p in view.presence if p.control == control]
             if view.consistency is not None and view.consistency.control == control:
@@ -166,3 +169,34 @@ def view_from_statement(
         refresh_seconds=statement.refresh_seconds,
         statement=statement.text.strip(),
     )
+
+
+def control_role(
+    schema: CacheSchema, control: str
+) -> tuple[CachedView, Role, tuple[str, ...]]:
+    """The view a control table controls, in which role, and the control table's key."""
+    if control in schema.views:
+        raise ProgrammingError(
+            f"{control} is a cached view; admit or evict through the control table that "
+            "controls it, or through its parent view's control table"
+        )
+    if control not in schema.control_tables:
+        known = ", ".join(sorted(schema.control_tables)) or "none"
+        raise ProgrammingError(f"no control table {control!r} (control tables: {known})")
+    users = schema.users_of(control)
+    if not users:
+        raise ProgrammingError(
+            f"control table {control} controls no cached view yet; create a view that uses it"
+        )
+    view_name, role = users[0]
+    return schema.views[view_name], role, schema.control_tables[control].column_names
+
+
+def controlled_columns(view: CachedView, role: str, control: str) -> tuple[str, ...]:
+    """The view columns a control table's key maps to (presence: K', else the same names)."""
+    if role == "presence":
+        edge = next(p for p in view.presence if p.control == control)
+        return edge.columns
+    spec = view.consistency if role == "consistency" else view.completeness
+    assert spec is not None
+    return spec.columns

@@ -29,7 +29,7 @@ from rich.console import Console
 from rich.table import Table
 
 import cache
-from cache.embedded_pg import EmbeddedPostgres
+from cache.backend.embedded_pg import EmbeddedPostgres
 from experiments import tpch
 from experiments.provenance import append_rows
 

@@ -24,12 +24,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from cache.backend_catalog import connect_backend, fetch_catalog
-from cache.copy_arrow import copy_to_arrow, select_list
-from cache.embedded_pg import EmbeddedPostgres
-from cache.refresh import InlineEngine, Maintainer
-from cache.spark_engine import SparkEngine, spark_session, stop_sessions
-from cache.store import CacheStore
+from cache.backend.copy_arrow import copy_to_arrow, select_list
+from cache.backend.embedded_pg import EmbeddedPostgres
+from cache.backend.reflect import connect_backend, fetch_catalog
+from cache.maintenance.engines import InlineEngine
+from cache.maintenance.pipeline import Maintainer
+from cache.maintenance.spark import SparkEngine, spark_session, stop_sessions
+from cache.store.cache_file import CacheStore
 from experiments import tpch
 from experiments.provenance import append_rows
 from sql_ext import parse

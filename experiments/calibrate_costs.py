@@ -25,8 +25,8 @@ import psycopg
 from rich.console import Console
 from rich.table import Table
 
-from cache.copy_arrow import copy_to_arrow
-from cache.embedded_pg import EmbeddedPostgres
+from cache.backend.copy_arrow import copy_to_arrow
+from cache.backend.embedded_pg import EmbeddedPostgres
 from experiments import tpch
 from experiments.provenance import append_rows
 

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 
 from sqlglot import exp
 
-from optimizer.catalog import Catalog
-from optimizer.fds import FD
 from optimizer.normalize_constraint import ConsistencyClass, Constraint, Instance, QueryResolver
 from sql_ext import Block, Query, Source
+from sql_ext.catalog import Catalog
+from sql_ext.fds import FD
 
 CONSTANTS = (exp.Literal, exp.Placeholder, exp.Null, exp.Boolean)
 COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.In, exp.Between,

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from optimizer.fds import FD, Attr, closure
 from optimizer.normalize_constraint import ConsistencyClass, Instance
+from sql_ext.fds import FD, Attr, closure
 
 REMOTE = 0
 GROUP_LEVEL = -1

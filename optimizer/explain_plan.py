@@ -16,9 +16,9 @@ from sqlglot import exp
 
 from control_tables.schema import CachedView, CacheSchema
 from optimizer.accesses import Access, QueryModel
-from optimizer.catalog import Catalog
 from optimizer.estimate_cost import DEFAULT_DELAY, below_delay, guarded_cost, local_probability
 from optimizer.match_views import Match, match_access
+from sql_ext.catalog import Catalog
 
 # Costs are in PostgreSQL's units (its EXPLAIN estimates the remote side). Calibrated on this
 # project's reference machine (docs/decisions.md, "Cost constants"): a warm PostgreSQL spends

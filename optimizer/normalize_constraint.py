@@ -21,10 +21,10 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 
-from cache.errors import CatalogError, SqlSyntaxError
-from optimizer.catalog import Catalog
-from optimizer.fds import FD, Attr, closure, minimize
 from sql_ext.blocks import Block, BlockAnalysis, Source, analyze
+from sql_ext.catalog import Catalog
+from sql_ext.errors import CatalogError, SqlSyntaxError
+from sql_ext.fds import FD, Attr, closure, minimize
 from sql_ext.statements import Query, position_of
 
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 
-from cache.errors import SqlSyntaxError
 from sql_ext.blocks import Block, BlockAnalysis, analyze
 from sql_ext.dialect import MTCache
+from sql_ext.errors import SqlSyntaxError
 from sql_ext.nodes import (
     CachedViewDef,
     ConsistencyClause,

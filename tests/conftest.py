@@ -1,7 +1,7 @@
 """Session fixtures: one private PostgreSQL cluster per test run, a fresh database per module.
 
-The cluster comes from the same module as the embedded default (cache.embedded_pg). If it cannot
-start, every test that needs it errors: nothing is skipped.
+The cluster comes from the same module as the embedded default (cache.backend.embedded_pg). If it
+cannot start, every test that needs it errors: nothing is skipped.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from cache import bookstore
-from cache.backend_catalog import fetch_catalog
-from cache.embedded_pg import EmbeddedPostgres, ServerSettings
-from cache.pool import close_all
-from optimizer.catalog import Catalog
+from cache.backend.embedded_pg import EmbeddedPostgres, ServerSettings
+from cache.backend.pool import close_all
+from cache.backend.reflect import fetch_catalog
+from cache.tools import bookstore
+from sql_ext.catalog import Catalog
 
 
 def reachable_tempdir(prefix: str) -> Path:
@@ -80,7 +80,7 @@ def clean_env() -> dict[str, str]:
 @pytest.fixture(scope="session")
 def spark_engine() -> Iterator[object]:
     """One local Spark session for the whole test run (SPEC §8)."""
-    from cache.spark_engine import SparkEngine, spark_session, stop_sessions
+    from cache.maintenance.spark import SparkEngine, spark_session, stop_sessions
 
     engine = SparkEngine(min_pages_per_task=64)
     spark_session(engine.master)

@@ -149,7 +149,7 @@ def test_embedded_default_starts_reuses_and_stops(
         twice = run(mtcache_bin, "--cache", cache, "stop", env=clean_env)
         assert "was not running" in twice.stdout
     finally:
-        from cache.embedded_pg import EmbeddedPostgres
+        from cache.backend.embedded_pg import EmbeddedPostgres
 
         EmbeddedPostgres(home / "pg").destroy()
         import shutil
@@ -168,8 +168,8 @@ def test_cache_store_commands_end_to_end(
     mtcache_bin: str, pg_cluster: object, clean_env: dict[str, str]
 ) -> None:
     """init, ddl, admit, evict, refresh and status against a real backend, as a user runs them."""
-    from cache import bookstore
-    from cache.embedded_pg import EmbeddedPostgres
+    from cache.backend.embedded_pg import EmbeddedPostgres
+    from cache.tools import bookstore
 
     assert isinstance(pg_cluster, EmbeddedPostgres)
     dsn = pg_cluster.create_database("cli_store")
@@ -233,7 +233,7 @@ def test_demo_shows_the_cache_at_work(
 ) -> None:
     """`mtcache demo` (what `make demo` runs) on a backend of its own: the §2 examples, then
     local and remote answers with their provenance, a mixed plan, EXPLAIN, the counters."""
-    from cache.embedded_pg import EmbeddedPostgres
+    from cache.backend.embedded_pg import EmbeddedPostgres
 
     assert isinstance(pg_cluster, EmbeddedPostgres)
     home = reachable_tempdir("mtcache-cli-demo-")

@@ -9,11 +9,11 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from cache import bookstore
-from cache.backend_catalog import fetch_catalog
-from cache.embedded_pg import EmbeddedPostgres
-from cache.refresh import Maintainer
-from cache.store import CacheStore
+from cache.backend.embedded_pg import EmbeddedPostgres
+from cache.backend.reflect import fetch_catalog
+from cache.maintenance.pipeline import Maintainer
+from cache.store.cache_file import CacheStore
+from cache.tools import bookstore
 from control_tables.closure import (
     affected_closure,
     affected_closure_safe,

@@ -14,8 +14,8 @@ import psycopg
 import pytest
 
 import cache
-from cache import bookstore
-from cache.embedded_pg import EmbeddedPostgres
+from cache.backend.embedded_pg import EmbeddedPostgres
+from cache.tools import bookstore
 from tests.test_store import SCHEMA_FILE
 
 

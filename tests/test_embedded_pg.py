@@ -8,8 +8,8 @@ import shutil
 import psycopg
 import pytest
 
-from cache.embedded_pg import EmbeddedPostgres, ServerSettings, find_pg_bin
-from cache.errors import EmbeddedBackendError
+from cache.backend.embedded_pg import EmbeddedPostgres, ServerSettings, find_pg_bin
+from sql_ext.errors import EmbeddedBackendError
 from tests.conftest import reachable_tempdir
 
 

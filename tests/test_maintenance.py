@@ -15,14 +15,15 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from cache import bookstore, faults
-from cache.backend_catalog import fetch_catalog
-from cache.embedded_pg import EmbeddedPostgres
-from cache.errors import BackendUnavailableError, ProgrammingError
-from cache.refresh import Maintainer
-from cache.status import status
-from cache.store import CacheStore
+from cache.backend.embedded_pg import EmbeddedPostgres
+from cache.backend.reflect import fetch_catalog
+from cache.maintenance import faults
+from cache.maintenance.pipeline import Maintainer
+from cache.store.cache_file import CacheStore
+from cache.store.status import status
+from cache.tools import bookstore
 from sql_ext import parse
+from sql_ext.errors import BackendUnavailableError, ProgrammingError
 from tests.test_store import SCHEMA_FILE, dump
 
 # Authors' cities in the bookstore: authorid % 4 = 0 Madison, 1 Milwaukee, 2 Seattle, 3 Chicago.
@@ -298,7 +299,8 @@ def test_a_process_killed_before_commit_leaves_the_file_unchanged(
     before = dump(store)
     store.close()
     code = (
-        "import sys\nfrom cache.store import CacheStore\nfrom cache.refresh import Maintainer\n"
+        "import sys\nfrom cache.store.cache_file import CacheStore\n"
+        "from cache.maintenance.pipeline import Maintainer\n"
         "store = CacheStore(sys.argv[1])\n"
         "Maintainer(store, sys.argv[2]).admit('authorlist_pct', [(8,)])\n"
     )

@@ -5,11 +5,11 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from cache.backend_catalog import fetch_catalog
-from cache.errors import ProgrammingError
-from optimizer.catalog import Catalog
+from cache.backend.reflect import fetch_catalog
 from optimizer.normalize_constraint import normalize_constraint
 from sql_ext import Query, parse_one
+from sql_ext.catalog import Catalog
+from sql_ext.errors import ProgrammingError
 from tests.cases import Case, ids, load_cases
 
 CASES = load_cases("normalize.sql")
@@ -80,7 +80,7 @@ def test_nullable_unique_key_is_not_a_dependency(backend_dsn: str) -> None:
 
 def test_a_view_definition_sqlglot_cannot_read_stays_one_opaque_input() -> None:
     """Planning is pure: a catalog value is enough (no database needed for this rule)."""
-    from optimizer.catalog import Column, Table, View
+    from sql_ext.catalog import Column, Table, View
 
     catalog = Catalog(
         tables={"t": Table("t", (Column("id", "integer", nullable=False),), primary_key=("id",))},

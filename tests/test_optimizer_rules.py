@@ -19,8 +19,8 @@ from optimizer.derive_consistency import (
     violates,
 )
 from optimizer.estimate_cost import guarded_cost, local_probability
-from optimizer.fds import FD
 from optimizer.normalize_constraint import ConsistencyClass, Instance
+from sql_ext.fds import FD
 
 # -- §4.6 cost --------------------------------------------------------------------------------
 

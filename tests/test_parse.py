@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cache.errors import ProgrammingError, SqlSyntaxError
 from sql_ext import CreateCachedView, Query, parse, parse_one
+from sql_ext.errors import ProgrammingError, SqlSyntaxError
 from tests.cases import Case, ids, load_cases
 
 PARSE = load_cases("parse.sql")

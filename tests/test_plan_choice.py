@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 import cache
-from cache.embedded_pg import EmbeddedPostgres
+from cache.backend.embedded_pg import EmbeddedPostgres
 
 CUSTOMERS = 30_000
 ORDERS_PER_CUSTOMER = 5

@@ -15,9 +15,9 @@ import psycopg
 import pytest
 
 import cache
-from cache import bookstore
-from cache.embedded_pg import EmbeddedPostgres
-from cache.pool import close_all
+from cache.backend.embedded_pg import EmbeddedPostgres
+from cache.backend.pool import close_all
+from cache.tools import bookstore
 from tests.test_store import SCHEMA_FILE
 
 SALES = "CREATE CACHED VIEW salescopy AS SELECT saleid, isbn, sold_on, qty FROM sales"
@@ -224,7 +224,7 @@ def test_counters_reach_mtcache_status(conn: cache.Connection, tmp_path: Path) -
     cur.execute("SELECT * FROM authors a WHERE a.authorid = 8 CURRENCY BOUND 10 MIN")
     assert cur.provenance[0]["route"] == "remote"
     conn.close()
-    from cache.store import CacheStore
+    from cache.store.cache_file import CacheStore
 
     store = CacheStore(tmp_path / "cache.duckdb")
     counters = store.counters()
@@ -449,7 +449,7 @@ def test_remote_leaves_come_from_the_backend_pool(
     backend: str, tmp_path: Path, conn: cache.Connection
 ) -> None:
     """Two remote leaves of one mixed plan: each on a pooled backend connection."""
-    from cache.pool import backend_pool
+    from cache.backend.pool import backend_pool
 
     conn.admit_on_miss = False  # author 3 stays a presence miss: both leaves remote
     rows, routes = through_cache(conn, f"{MIXED_TWO_LEAVES} {MIXED_CLAUSE}")  # planned here

@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from cache import bookstore
-from cache.backend_catalog import fetch_catalog
-from cache.embedded_pg import EmbeddedPostgres
-from cache.refresh import InlineEngine, Maintainer
-from cache.scheduler import RefreshScheduler, due_views
-from cache.store import CacheStore
+from cache.backend.embedded_pg import EmbeddedPostgres
+from cache.backend.reflect import fetch_catalog
+from cache.maintenance.engines import InlineEngine
+from cache.maintenance.pipeline import Maintainer
+from cache.maintenance.scheduler import RefreshScheduler, due_views
+from cache.store.cache_file import CacheStore
+from cache.tools import bookstore
 from sql_ext import parse
 from tests.test_maintenance import local, pg
 

@@ -9,14 +9,14 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from cache import bookstore
-from cache.backend_catalog import fetch_catalog
-from cache.embedded_pg import EmbeddedPostgres
-from cache.errors import OperationalError
-from cache.refresh import Maintainer
-from cache.spark_engine import SparkEngine, block_ranges
-from cache.store import CacheStore
+from cache.backend.embedded_pg import EmbeddedPostgres
+from cache.backend.reflect import fetch_catalog
+from cache.maintenance.pipeline import Maintainer
+from cache.maintenance.spark import SparkEngine, block_ranges
+from cache.store.cache_file import CacheStore
+from cache.tools import bookstore
 from sql_ext import parse
+from sql_ext.errors import OperationalError
 from tests.test_maintenance import assert_mirrors_backend, local, pg
 from tests.test_store import SCHEMA_FILE, dump
 

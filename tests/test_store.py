@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from cache.backend_catalog import fetch_catalog
-from cache.errors import CatalogError, NotSupportedError, ProgrammingError
-from cache.store import CacheStore
+from cache.backend.reflect import fetch_catalog
+from cache.store.cache_file import CacheStore
 from control_tables.safety import UnsafeSchemaError
 from sql_ext import parse
+from sql_ext.errors import CatalogError, NotSupportedError, ProgrammingError
 
 SCHEMA_FILE = Path(__file__).parents[1] / "cache" / "schemas" / "bookstore.sql"
 
@@ -170,7 +170,7 @@ def test_rule_5_presence_key_must_determine_the_consistency_key(store: CacheStor
 
 
 def test_rule_2_gray_view_with_completeness_is_rejected_at_parse_time() -> None:
-    from cache.errors import SqlSyntaxError
+    from sql_ext.errors import SqlSyntaxError
 
     with pytest.raises(SqlSyntaxError, match="Rule 2"):
         parse(
@@ -267,7 +267,7 @@ def test_a_second_process_gets_a_clear_error(store: CacheStore, tmp_path: Path) 
     import sys
 
     code = (
-        "import sys; from cache.store import CacheStore\n"
+        "import sys; from cache.store.cache_file import CacheStore\n"
         "try:\n    CacheStore(sys.argv[1])\n"
         "except Exception as e:\n    print(type(e).__name__, e); sys.exit(3)\n"
     )

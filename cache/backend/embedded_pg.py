@@ -27,7 +27,7 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
-from cache.errors import EmbeddedBackendError
+from sql_ext.errors import EmbeddedBackendError
 
 DEFAULT_DATABASE = "mtcache"
 SUPERUSER = "postgres"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import psycopg
 
-from cache.errors import BackendUnavailableError, translate
-from optimizer.catalog import Catalog, Column, Index, Table, View
+from sql_ext.catalog import Catalog, Column, Index, Table, View
+from sql_ext.errors import BackendUnavailableError, translate
 
 # Relations visible on the search path, first schema wins (as an unqualified name resolves).
 _RELATIONS = """

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import typing as t
 
-from cache.store import CacheStore
+from cache.store.cache_file import CacheStore
 from control_tables.regions import Region, guarantees, region_predicate
 from control_tables.schema import CachedView, CacheSchema
 from heartbeat.clock import BackendClock

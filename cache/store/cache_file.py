@@ -19,13 +19,13 @@ from pathlib import Path
 import duckdb
 from sqlglot import exp
 
-from cache.errors import OperationalError, ProgrammingError, first_line, translate
 from control_tables.safety import backend_table, check_schema, view_key
 from control_tables.schema import CachedView, CacheSchema, ControlTable, view_from_statement
 from control_tables.types import duckdb_type
 from heartbeat.clock import BackendClock
-from optimizer.catalog import Catalog, Column, Index, Table, View
 from sql_ext import CreateCachedView, CreateControlTable, DropCacheObject, Statement, parse
+from sql_ext.catalog import Catalog, Column, Index, Table, View
+from sql_ext.errors import OperationalError, ProgrammingError, first_line, translate
 
 FORMAT_VERSION = "1"
 

@@ -4,8 +4,8 @@ queries (SPEC §5.4): the rows a mixed plan's remote leaves import into DuckDB.
 A session's own backend connection stays the session's: plain SQL, writes, transactions and
 whole-statement remote execution run there, in the session's transaction. Remote leaves need
 no transaction of the session (they read committed data; a leaf over a table the session has
-written but not committed reads through the session instead, see cache.dbapi), so they come
-from a psycopg pool, several leaves of one plan in parallel.
+written but not committed reads through the session instead, see cache.dbapi.connection), so
+they come from a psycopg pool, several leaves of one plan in parallel.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from contextlib import contextmanager
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from cache.errors import BackendUnavailableError, first_line
+from sql_ext.errors import BackendUnavailableError, first_line
 
 POOL_SIZE = 4  # backend connections per backend, shared by the process's sessions
 WAIT_SECONDS = 5.0  # for a pooled connection before the backend counts as unreachable

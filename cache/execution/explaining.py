@@ -9,13 +9,13 @@ import typing as t
 
 import psycopg
 
-from cache.params import Params, bind_literals
-from cache.pool import pooled
-from cache.store import CacheStore
+from cache.backend.pool import pooled
+from cache.store.cache_file import CacheStore
 from optimizer.accesses import model_query
-from optimizer.catalog import Catalog
 from optimizer.explain_plan import explain
 from sql_ext import MTCache, Query, parse_one
+from sql_ext.catalog import Catalog
+from sql_ext.params import Params, bind_literals
 
 
 def explain_query(

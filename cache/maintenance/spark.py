@@ -21,18 +21,15 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import psycopg
 import pyarrow as pa
 from psycopg import sql
 
-from cache import faults
-from cache.copy_arrow import copy_to_arrow
-from cache.errors import OperationalError
-
-if TYPE_CHECKING:
-    from cache.refresh import Coordinator, PullQuery
+from cache.backend.copy_arrow import copy_to_arrow
+from cache.maintenance import faults
+from cache.maintenance.engines import Coordinator, PullQuery
+from sql_ext.errors import OperationalError
 
 DEFAULT_MASTER = "local[*]"
 LOG_CONFIG = Path(__file__).with_name("spark-log4j2.properties")

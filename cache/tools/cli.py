@@ -15,7 +15,7 @@ import typing as t
 from dataclasses import dataclass
 from pathlib import Path
 
-from cache.errors import Error, ProgrammingError
+from sql_ext.errors import Error, ProgrammingError
 
 DEFAULT_CACHE = ".mtcache/cache.duckdb"
 ENGINES = ("spark", "inline")
@@ -37,7 +37,7 @@ class Settings:
     def backend_dsn(self) -> str:
         if self.backend:
             return self.backend
-        from cache.embedded_pg import EmbeddedPostgres
+        from cache.backend.embedded_pg import EmbeddedPostgres
 
         return EmbeddedPostgres(self.embedded_root).ensure_running()
 
@@ -93,7 +93,7 @@ def describe_class(cls: dict[str, t.Any]) -> str:
 
 
 def cmd_explain(settings: Settings, args: argparse.Namespace) -> int:
-    from cache.backend_catalog import fetch_catalog
+    from cache.backend.reflect import fetch_catalog
     from optimizer.normalize_constraint import normalize_constraint
     from sql_ext import Query, parse_one
 
@@ -102,8 +102,8 @@ def cmd_explain(settings: Settings, args: argparse.Namespace) -> int:
         raise ProgrammingError(
             f"explain takes a query; this is a {statement.kind} statement (try `mtcache parse`)"
         )
-    from cache.explaining import explain_query
-    from cache.store import CacheStore
+    from cache.execution.explaining import explain_query
+    from cache.store.cache_file import CacheStore
     from optimizer.explain_plan import render
 
     dsn = settings.backend_dsn()
@@ -134,14 +134,14 @@ def cmd_explain(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _store(settings: Settings) -> t.Any:
-    from cache.store import CacheStore
+    from cache.store.cache_file import CacheStore
 
     return CacheStore(settings.cache_path)
 
 
 def _reflect(settings: Settings, store: t.Any) -> t.Any:
     """Refresh the shadow catalog from the backend and return it."""
-    from cache.backend_catalog import fetch_catalog
+    from cache.backend.reflect import fetch_catalog
 
     catalog = fetch_catalog(settings.backend_dsn())
     store.save_catalog(catalog)
@@ -181,7 +181,7 @@ def _keys(store: t.Any, control: str, values: list[str]) -> list[tuple[str, ...]
     """VALUE... grouped by the control table's key width (one value per key column)."""
     schema = store.load_schema()
     if control not in schema.control_tables:
-        from cache.refresh import control_role
+        from control_tables.schema import control_role
 
         control_role(schema, control)  # raises the precise error
     width = len(schema.control_tables[control].column_names)
@@ -212,7 +212,7 @@ def _print_report(report: t.Any, as_json: bool) -> None:
 def _maintainer(
     settings: Settings, store: t.Any, engine: str = "inline", master: str | None = None
 ) -> t.Any:
-    from cache.refresh import Maintainer, make_engine
+    from cache.maintenance.pipeline import Maintainer, make_engine
 
     if not store.has_catalog():
         _reflect(settings, store)
@@ -227,7 +227,7 @@ def cmd_admit(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_evict(settings: Settings, args: argparse.Namespace) -> int:
-    from cache.refresh import Maintainer
+    from cache.maintenance.pipeline import Maintainer
 
     with _store(settings) as store:
         keys = _keys(store, args.name, args.values)
@@ -248,7 +248,7 @@ def cmd_refresh(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
-    from cache.status import status
+    from cache.store.status import status
 
     if not settings.cache_path.exists():
         raise ProgrammingError(
@@ -343,13 +343,13 @@ def cmd_query(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
-    from cache.demo import run_demo
+    from cache.tools.demo import run_demo
 
     return run_demo(settings)
 
 
 def cmd_stop(settings: Settings, args: argparse.Namespace) -> int:
-    from cache.embedded_pg import EmbeddedPostgres
+    from cache.backend.embedded_pg import EmbeddedPostgres
 
     if settings.backend:
         print("a --backend was given: mtcache only stops the embedded PostgreSQL it started")

@@ -1,6 +1,6 @@
 """The catalog the optimizer plans against: backend tables, columns, keys and views.
 
-Pure values: reflected from PostgreSQL by `cache.backend_catalog`, later kept in the DuckDB
+Pure values: reflected from PostgreSQL by `cache.backend.reflect`, later kept in the DuckDB
 file's shadow catalog. Names are lower case, unqualified (the first match on the backend's
 search_path, as PostgreSQL resolves them).
 """

@@ -22,17 +22,17 @@ import psycopg
 import pyarrow as pa
 from sqlglot import exp
 
-from cache.copy_arrow import select_list
-from cache.params import Params, placeholders, values_for
-from cache.region_index import Key, RegionIndex, Stamp
+from cache.backend.copy_arrow import select_list
+from cache.store.region_index import Key, RegionIndex, Stamp
 from control_tables.types import duckdb_type
 from optimizer.accesses import Access, QueryModel
-from optimizer.catalog import Catalog
 from optimizer.estimate_cost import below_delay
-from optimizer.fds import closure
 from optimizer.match_views import Match
 from optimizer.normalize_constraint import ConsistencyClass
+from sql_ext.catalog import Catalog
+from sql_ext.fds import closure
 from sql_ext.nodes import strip_extensions
+from sql_ext.params import Params, placeholders, values_for
 
 # DuckDB result types and the PostgreSQL type codes a DB-API description reports for them.
 _PG_NAMES = {

@@ -33,11 +33,10 @@ import pyarrow as pa
 from psycopg import pq
 from sqlglot import exp
 
-from cache import errors
-from cache.backend_catalog import connect_backend, fetch_catalog
-from cache.copy_arrow import copy_to_arrow
-from cache.errors import InterfaceError, NotSupportedError, ProgrammingError, first_line
-from cache.executor import (
+from cache.backend.copy_arrow import copy_to_arrow
+from cache.backend.pool import in_parallel
+from cache.backend.reflect import connect_backend, fetch_catalog
+from cache.execution.execute import (
     DecisionTemplate,
     Fetch,
     Misses,
@@ -50,12 +49,10 @@ from cache.executor import (
     run_template,
     slots,
 )
-from cache.explaining import explain_query
-from cache.params import Params, bind_literals
-from cache.pool import in_parallel
-from cache.refresh import Maintainer
-from cache.region_index import RegionIndex
-from cache.store import CacheStore
+from cache.execution.explaining import explain_query
+from cache.maintenance.pipeline import Maintainer
+from cache.store.cache_file import CacheStore
+from cache.store.region_index import RegionIndex
 from heartbeat.clock import measure as measure_clock
 from optimizer.accesses import model_query
 from optimizer.normalize_constraint import normalize_constraint
@@ -63,8 +60,11 @@ from sql_ext import (
     Query,
     Statement,
     Timeline,
+    errors,
     parse_one,
 )
+from sql_ext.errors import InterfaceError, NotSupportedError, ProgrammingError, first_line
+from sql_ext.params import Params, bind_literals
 from sql_ext.statements import DIALECT
 
 DEFAULT_CACHE = ".mtcache/cache.duckdb"
@@ -129,7 +129,7 @@ class Connection:
     ) -> None:
         self.cache_path = Path(cache_path or DEFAULT_CACHE)
         if backend is None:
-            from cache.embedded_pg import EmbeddedPostgres
+            from cache.backend.embedded_pg import EmbeddedPostgres
 
             backend = EmbeddedPostgres(self.cache_path.parent / "pg").ensure_running()
         self.backend = backend

@@ -14,8 +14,10 @@ import logging
 import threading
 import typing as t
 
-from cache.refresh import Engine, Maintainer, Report
-from cache.store import CacheStore
+from cache.maintenance.engines import Engine
+from cache.maintenance.pipeline import Maintainer
+from cache.maintenance.report import Report
+from cache.store.cache_file import CacheStore
 from control_tables.regions import guarantees
 
 log = logging.getLogger("mtcache.scheduler")

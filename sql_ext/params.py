@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 
 from sqlglot import exp
 
-from cache.errors import ProgrammingError
+from sql_ext.errors import ProgrammingError
 
 Params = Sequence[t.Any] | Mapping[str, t.Any] | None
 

@@ -18,12 +18,19 @@
 
 Every message says what was asked, what was found, and what to do. Errors from psycopg and
 DuckDB are re-raised as the class of the same name here (`translate`), so an application catches
-one tree whichever engine answered.
+one tree whichever engine answered. A backend error keeps PostgreSQL's ``sqlstate`` and ``diag``
+(as psycopg's errors do), and its class follows the SQLSTATE (``psycopg.errors.lookup``): a
+unique violation is an `IntegrityError`, a lost connection a `BackendUnavailableError`.
+
+This module sits in the lowest layer (sql_ext), so every package can raise these errors without
+importing the DB-API; `cache` re-exports them.
 """
 
 from __future__ import annotations
 
 import builtins
+import contextlib
+import typing as t
 
 
 class Warning(builtins.Warning):
@@ -31,7 +38,11 @@ class Warning(builtins.Warning):
 
 
 class Error(Exception):
-    """Base class of every mtcache error."""
+    """Base class of every mtcache error. ``sqlstate`` and ``diag`` are PostgreSQL's for an
+    error the backend raised (None otherwise), as on psycopg's errors."""
+
+    sqlstate: str | None = None
+    diag: t.Any = None
 
 
 class InterfaceError(Error):
@@ -111,19 +122,54 @@ _DBAPI_NAMES = (
     "InterfaceError",
 )
 
+# SQLSTATEs that mean the session is gone or cannot be had: connection exceptions (class 08)
+# and the server shutting down or starting up.
+_CONNECTION_LOST = ("08", "57P01", "57P02", "57P03")
 
-def translate(exc: BaseException, context: str = "") -> Error:
-    """Return the mtcache error for a psycopg or DuckDB exception (most specific class first).
 
-    Both drivers define the PEP 249 classes by the same names, so the class name decides. The
-    original exception is kept as ``__cause__`` by ``raise translate(e) from e``.
-    """
+def translate(exc: BaseException, context: str = "", *, unreachable: str = "") -> Error:
+    """The mtcache error for a psycopg or DuckDB exception (most specific class first), to be
+    raised ``from exc``. ``context`` prefixes the message. A backend connection that is lost or
+    cannot be had becomes a `BackendUnavailableError` whose message ends with ``unreachable``
+    (what that stops, and what to do)."""
+    if isinstance(exc, Error):
+        return exc
     prefix = f"{context}: " if context else ""
     text = str(exc).strip() or type(exc).__name__
-    for klass in type(exc).__mro__:
-        if klass.__name__ in _DBAPI_NAMES:
-            return globals()[klass.__name__](prefix + text)  # type: ignore[no-any-return]
-    return DatabaseError(prefix + text)
+    sqlstate = getattr(exc, "sqlstate", None)
+    klass: type = type(exc)
+    if sqlstate and _is_psycopg(exc):
+        from psycopg import errors as pg_errors  # loaded already: exc is one of its errors
+
+        # a SQLSTATE psycopg does not know keeps the class it raised
+        with contextlib.suppress(KeyError):
+            klass = pg_errors.lookup(sqlstate)
+    name = next((k.__name__ for k in klass.__mro__ if k.__name__ in _DBAPI_NAMES), None)
+    error: Error
+    if name == "OperationalError" and connection_lost(exc):
+        consequence = f"; {unreachable}" if unreachable else ""
+        error = BackendUnavailableError(
+            f"{prefix}the backend is unreachable ({first_line(exc)}){consequence}"
+        )
+    else:
+        error = globals()[name or "DatabaseError"](prefix + text)
+    if _is_psycopg(exc):
+        error.sqlstate = sqlstate
+        error.diag = getattr(exc, "diag", None)
+    return error
+
+
+def _is_psycopg(exc: BaseException) -> bool:
+    return type(exc).__module__.startswith("psycopg")
+
+
+def connection_lost(exc: BaseException) -> bool:
+    """A psycopg OperationalError without SQLSTATE (the client lost or could not open the
+    connection), or with one that says the session is gone."""
+    if not (_is_psycopg(exc) and any(k.__name__ == "OperationalError" for k in type(exc).__mro__)):
+        return False
+    sqlstate = getattr(exc, "sqlstate", None)
+    return not sqlstate or sqlstate.startswith(_CONNECTION_LOST)
 
 
 __all__ = [
@@ -142,6 +188,7 @@ __all__ = [
     "ProgrammingError",
     "SqlSyntaxError",
     "Warning",
+    "connection_lost",
     "first_line",
     "translate",
 ]

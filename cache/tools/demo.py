@@ -12,14 +12,14 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from cache import bookstore
-from cache.backend_catalog import fetch_catalog
+from cache.backend.reflect import fetch_catalog
+from cache.tools import bookstore
 
-SCHEMA = Path(__file__).parent / "schemas" / "bookstore.sql"
+SCHEMA = Path(__file__).parents[1] / "schemas" / "bookstore.sql"
 SALES_VIEW = "CREATE CACHED VIEW salescopy AS SELECT saleid, isbn, sold_on, qty FROM sales"
 
 if t.TYPE_CHECKING:
-    from cache.cli import Settings
+    from cache.tools.cli import Settings
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ EXAMPLES = (
 
 
 def run_demo(settings: Settings) -> int:
-    from cache.cli import describe_class, format_seconds
+    from cache.tools.cli import describe_class, format_seconds
     from optimizer.normalize_constraint import normalize_constraint
     from sql_ext import Query, parse_one
 
@@ -200,7 +200,7 @@ def cache_at_work(console: Console, dsn: str, path: Path) -> None:
         for (line,) in cur.fetchall():
             console.print(f"  {escape(line)}")
         console.print()
-    from cache.store import CacheStore
+    from cache.store.cache_file import CacheStore
 
     store = CacheStore(path)
     try:

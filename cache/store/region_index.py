@@ -11,7 +11,7 @@ import datetime as dt
 import typing as t
 from dataclasses import dataclass, field
 
-from cache.store import CacheStore
+from cache.store.cache_file import CacheStore
 from control_tables.schema import CacheSchema
 from optimizer.accesses import Access
 from optimizer.match_views import Match, match_access

@@ -1,0 +1,149 @@
+"""The Maintenance Rule's second step (§3.4.1): apply one operation's pulled rows in one DuckDB
+transaction - delete the rows of AC(U) and the rows whose keys reappear, insert the pulled rows,
+admit new control keys and stamp every refreshed region with ``refreshed_at`` and
+``snapshot_id``. A failure anywhere inside rolls the whole transaction back."""
+
+from __future__ import annotations
+
+import typing as t
+from collections.abc import Mapping
+
+import duckdb
+import pyarrow as pa
+
+from cache.maintenance import faults
+from cache.maintenance.engines import Snapshot
+from cache.maintenance.pull import distinct_rows
+from cache.maintenance.report import Report
+from cache.store.cache_file import CacheStore
+from control_tables.regions import Region, in_list, region_predicate
+from control_tables.schema import CachedView, CacheSchema
+from sql_ext.quoting import equal_columns, ident, idents
+
+Key = tuple[t.Any, ...]
+
+
+def apply_pull(
+    store: CacheStore,
+    schema: CacheSchema,
+    omega: set[Region],
+    staged: Mapping[str, pa.Table],
+    admitted: Mapping[str, list[Key]],
+    snapshot: Snapshot,
+    engine: str,
+    enabled_faults: frozenset[str],
+    report: Report,
+) -> None:
+    con = store.con
+    with store.transaction():
+        row = con.execute(
+            "SELECT coalesce(max(snapshot_id), 0) + 1 FROM mtcache.snapshots"
+        ).fetchone()
+        assert row is not None
+        snapshot_id = int(row[0])
+        con.execute(
+            "INSERT INTO mtcache.snapshots VALUES (?, ?, ?, ?, now())",
+            [snapshot_id, snapshot.backend_time, snapshot.pg_snapshot, engine],
+        )
+        stamp = [snapshot.backend_time, snapshot_id]
+        for control, values in admitted.items():
+            for value in values:
+                _insert_control_row(con, control, schema.control_tables[control].column_names,
+                                    value, stamp)  # fmt: skip
+        for name in schema.topological_order():
+            view = schema.views[name]
+            regions = {r for r in omega if r.view == name}
+            rows = staged.get(name)
+            if not regions and rows is None:
+                continue
+            report.rows_deleted[name] = _delete_rows(con, view, regions, rows)
+            report.rows_inserted[name] = 0
+            if rows is not None and rows.num_rows:
+                con.register("mtcache_staged", rows)
+                columns = idents(view.columns)
+                con.execute(
+                    f"INSERT INTO {ident(name)} ({columns}) SELECT {columns} FROM mtcache_staged"
+                )
+                con.unregister("mtcache_staged")
+                report.rows_inserted[name] = rows.num_rows
+            _stamp_regions(con, schema, view, regions, rows, stamp)
+            if view.view_level and Region(name, "view") in regions:
+                con.execute(
+                    "INSERT OR REPLACE INTO mtcache.view_state VALUES (?, ?, ?)", [name, *stamp]
+                )
+        faults.hit("before_commit", enabled_faults)
+    store.bump()
+    report.snapshot_id = snapshot_id
+    report.backend_time = snapshot.backend_time
+
+
+def _insert_control_row(
+    con: duckdb.DuckDBPyConnection,
+    control: str,
+    columns: tuple[str, ...],
+    key: Key,
+    stamp: list[t.Any],
+) -> None:
+    marks = ", ".join("?" for _ in columns)
+    con.execute(
+        f"INSERT INTO {ident(control)} ({idents(columns)}, refreshed_at, snapshot_id) "
+        f"VALUES ({marks}, ?, ?) ON CONFLICT DO NOTHING",
+        [*key, *stamp],
+    )
+
+
+def _delete_rows(
+    con: duckdb.DuckDBPyConnection, view: CachedView, regions: set[Region], rows: pa.Table | None
+) -> int:
+    """Delete the rows of the regions and the rows whose keys the pull brings again."""
+    deleted = 0
+    if regions:
+        predicate = region_predicate(regions).sql("duckdb")
+        row = con.execute(f"DELETE FROM {ident(view.name)} WHERE {predicate}").fetchone()
+        deleted += int(row[0]) if row else 0
+    if rows is not None and rows.num_rows:
+        con.register("mtcache_keys", rows.select(list(view.key)))
+        match = equal_columns(view.key, "v", "s")
+        row = con.execute(
+            f"DELETE FROM {ident(view.name)} v "
+            f"WHERE EXISTS (SELECT 1 FROM mtcache_keys s WHERE {match})"
+        ).fetchone()
+        con.unregister("mtcache_keys")
+        deleted += int(row[0]) if row else 0
+    return deleted
+
+
+def _stamp_regions(
+    con: duckdb.DuckDBPyConnection,
+    schema: CacheSchema,
+    view: CachedView,
+    regions: set[Region],
+    rows: pa.Table | None,
+    stamp: list[t.Any],
+) -> None:
+    """Set refreshed_at and snapshot_id on the control rows of refreshed regions, and admit the
+    presence keys that arrived with a completeness pull."""
+    for region in regions:
+        if region.control is None or region.control not in schema.control_tables:
+            continue
+        columns = _control_columns(view, region)
+        con.execute(
+            f"UPDATE {ident(region.control)} SET refreshed_at = ?, snapshot_id = ? "
+            f"WHERE {in_list(columns, [region.values]).sql('duckdb')}",
+            stamp,
+        )
+    if rows is None or rows.num_rows == 0:
+        return
+    for edge in view.presence:
+        if edge.control in schema.control_tables:
+            for key in distinct_rows(rows, edge.columns):
+                _insert_control_row(con, edge.control, edge.control_columns, key, stamp)
+
+
+def _control_columns(view: CachedView, region: Region) -> tuple[str, ...]:
+    if region.kind == "presence":
+        edge = next(
+            p for p in view.presence if p.control == region.control and p.columns == region.columns
+        )
+        return edge.control_columns
+    return region.columns

@@ -1,0 +1,93 @@
+"""Eviction (SPEC §7): remove control-key values; for presence keys, their rows and,
+transitively, the rows of the children they presence-control (no child row outlives its parent
+region). Needs no backend; one DuckDB transaction."""
+
+from __future__ import annotations
+
+import time
+import typing as t
+
+import duckdb
+
+from cache.maintenance import faults
+from cache.maintenance.report import Report
+from cache.store.cache_file import CacheStore
+from control_tables.regions import in_list
+from control_tables.schema import CachedView, CacheSchema
+from sql_ext.errors import ProgrammingError
+from sql_ext.quoting import equal_columns, ident, idents
+
+Key = tuple[t.Any, ...]
+
+
+def evict(
+    store: CacheStore,
+    schema: CacheSchema,
+    view: CachedView,
+    role: str,
+    control: str,
+    columns: tuple[str, ...],
+    values: list[Key],
+    enabled_faults: frozenset[str],
+) -> Report:
+    started = time.monotonic()
+    report = Report(operation=f"evict {control}", engine="none")
+    if role == "presence":
+        _refuse_breaking_completeness(store, view, control, values)
+    with store.transaction() as con:
+        con.execute(f"DELETE FROM {ident(control)} WHERE {in_list(columns, values).sql('duckdb')}")
+        if role == "presence":
+            _evict_presence(con, schema, view, report)
+        faults.hit("before_commit", enabled_faults)
+    store.bump()
+    report.regions = [f"{control}{v}" for v in values]
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _refuse_breaking_completeness(
+    store: CacheStore, view: CachedView, control: str, values: list[Key]
+) -> None:
+    """A complete region holds all of its rows or none (§3.2.3): evicting one presence key
+    inside it would leave it incomplete."""
+    spec = view.completeness
+    if spec is None:
+        return
+    edge = next(p for p in view.presence if p.control == control)
+    rows = in_list(edge.columns, values).sql("duckdb")
+    sql = f"SELECT DISTINCT {idents(spec.columns, 'v')} FROM {ident(view.name)} v WHERE ({rows})"
+    if spec.control is not None:
+        match = equal_columns(spec.columns, "c", "v")
+        sql += f" AND EXISTS (SELECT 1 FROM {ident(spec.control)} c WHERE {match})"
+    inside = store.con.execute(sql).fetchall()
+    if inside:
+        where = ", ".join(str(tuple(r)) for r in inside)
+        fix = (
+            f"evict {where} from {spec.control} first"
+            if spec.control is not None
+            else f"the view is complete on ({', '.join(spec.columns)}) for every value"
+        )
+        raise ProgrammingError(
+            f"cannot evict {values} from {control}: the rows lie in complete region(s) "
+            f"{where} of {view.name}, which must hold all of their rows or none; {fix}"
+        )
+
+
+def _evict_presence(
+    con: duckdb.DuckDBPyConnection, schema: CacheSchema, view: CachedView, report: Report
+) -> None:
+    """Delete rows no presence region holds any more, then cascade to the children."""
+    pending = [view.name]
+    while pending:
+        name = pending.pop(0)
+        held = [
+            f"({idents(edge.columns)}) IN "
+            f"(SELECT {idents(edge.control_columns)} FROM {ident(edge.control)})"
+            for edge in schema.views[name].presence
+        ]
+        predicate = " OR ".join(held) if held else "TRUE"
+        row = con.execute(f"DELETE FROM {ident(name)} WHERE NOT ({predicate})").fetchone()
+        removed = int(row[0]) if row else 0
+        report.rows_deleted[name] = report.rows_deleted.get(name, 0) + removed
+        if removed:
+            pending += [c for c in schema.children(name) if c not in pending]

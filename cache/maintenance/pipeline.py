@@ -1,0 +1,222 @@
+"""Pull maintenance (§3.4.1, SPEC §7): admission, eviction and refresh of cache regions.
+
+One operation = one backend snapshot and one DuckDB transaction:
+
+1. open a REPEATABLE READ, READ ONLY transaction on the backend and export its snapshot
+   (`engines.Coordinator`); ``refreshed_at`` is that statement's start time, never later than
+   the snapshot (so currency errs towards older);
+2. compute AC(U) on the cache instance (one pass: the schema is safe) and retrieve MaxAC(U);
+3. Maintenance Algorithm: while the pulled rows fall into regions outside the closure (a row
+   moved to another city), widen the closure and pull again, inside the same snapshot;
+4. top-down, pull the gray children controlled by the pulled rows, and re-pull view-level
+   children whose parents changed (no child row outlives its parent region) - steps 2-4 are
+   `pull.Pull`, run by an `engines.Engine`;
+5. apply the Maintenance Rule in one DuckDB transaction (`apply.apply_pull`): delete the rows
+   of AC(U) and rows whose keys reappear, insert the pulled rows, stamp control rows with
+   refreshed_at and snapshot_id.
+
+Any failure before the DuckDB commit leaves the cache file exactly as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import typing as t
+from collections.abc import Iterable
+
+import psycopg
+
+from cache.maintenance import faults
+from cache.maintenance.apply import apply_pull
+from cache.maintenance.engines import Coordinator, Engine, InlineEngine
+from cache.maintenance.evict import evict
+from cache.maintenance.pull import Pull
+from cache.maintenance.report import Report
+from cache.store.cache_file import CacheStore
+from control_tables.closure import affected_closure_safe, control_values
+from control_tables.regions import Region, guarantees
+from control_tables.schema import CachedView, CacheSchema, control_role, controlled_columns
+from sql_ext.errors import (
+    Error,
+    OperationalError,
+    ProgrammingError,
+    connection_lost,
+    first_line,
+    translate,
+)
+
+ENGINES = ("spark", "inline")
+
+
+def make_engine(name: str, master: str | None = None) -> Engine:
+    """A refresh engine by name; Spark (and its JVM) is loaded only when asked for."""
+    if name == "inline":
+        return InlineEngine()
+    if name == "spark":
+        from cache.maintenance.spark import DEFAULT_MASTER, SparkEngine
+
+        return SparkEngine(master or DEFAULT_MASTER)
+    raise ProgrammingError(f"unknown refresh engine {name!r}: use spark or inline")
+
+
+class Maintainer:
+    """Admission, eviction and refresh over one cache file and its backend."""
+
+    def __init__(
+        self,
+        store: CacheStore,
+        dsn: str,
+        engine: Engine | None = None,
+        faults_enabled: Iterable[str] = (),
+    ) -> None:
+        self.store = store
+        self.dsn = dsn
+        self.engine: Engine = engine or InlineEngine()
+        self.faults = faults.active(faults_enabled)
+
+    def admit(self, control: str, values: list[tuple[t.Any, ...]]) -> Report:
+        """Add control-key values and pull the regions they define (and their closure)."""
+        schema = self.store.load_schema()
+        view, role, columns = control_role(schema, control)
+        values = [_coerce_key(self.store, control, columns, v) for v in values]
+        seeds = {Region(view.name, role, controlled_columns(view, role, control), v, control)
+                 for v in values}  # fmt: skip
+        return self._run(f"admit {control}", schema, seeds, admitted={control: values})
+
+    def evict(self, control: str, values: list[tuple[t.Any, ...]]) -> Report:
+        """Remove control-key values; for presence, their rows and, transitively, the rows of
+        the children they control. Needs no backend."""
+        schema = self.store.load_schema()
+        view, role, columns = control_role(schema, control)
+        values = [_coerce_key(self.store, control, columns, v) for v in values]
+        try:
+            return evict(self.store, schema, view, role, control, columns, values, self.faults)
+        except faults.InjectedFault:
+            raise
+        except Exception as exc:
+            raise _failed(exc, "evicting") from exc
+
+    def refresh(
+        self, view_name: str | None = None, keys: list[tuple[t.Any, ...]] | None = None
+    ) -> Report:
+        """Refresh one view's regions (all, or those of the given presence keys), or every
+        white view when no view is named."""
+        schema = self.store.load_schema()
+        if view_name is None:
+            names = [v for v in schema.topological_order() if not schema.views[v].is_gray]
+        else:
+            if view_name not in schema.views:
+                known = ", ".join(sorted(schema.views)) or "none"
+                raise ProgrammingError(f"no cached view {view_name!r} (cached views: {known})")
+            view = schema.views[view_name]
+            if view.is_gray:
+                root = schema.consistency_root(view_name)
+                raise ProgrammingError(
+                    f"{view_name} is gray: its regions are consistent with {root}'s and are "
+                    f"refreshed with them; refresh {root} instead (§3.4.1: only white views "
+                    "are refreshed directly)"
+                )
+            names = [view_name]
+        seeds: set[Region] = set()
+        for name in names:
+            seeds |= _all_regions(self.store, schema.views[name], keys if view_name else None)
+        label = f"refresh {view_name or 'all'}" + (f" keys {keys}" if keys else "")
+        return self._run(label, schema, seeds, admitted={})
+
+    def _run(
+        self,
+        label: str,
+        schema: CacheSchema,
+        seeds: set[Region],
+        admitted: dict[str, list[tuple[t.Any, ...]]],
+    ) -> Report:
+        started = time.monotonic()
+        catalog = self.store.load_catalog()
+        report = Report(operation=label, engine=self.engine.name)
+        coordinator = Coordinator(self.dsn, self.faults)
+        try:
+            if "after_snapshot:disconnect" in self.faults:
+                coordinator.terminate_session()
+            faults.hit("after_snapshot", self.faults)
+            pull = Pull(self.store.con, self.engine, schema, catalog, coordinator)
+            # Admitted rows exist for the closure computation only inside the apply
+            # transaction; until then new control rows are seeds on their own.
+            omega = affected_closure_safe(self.store.con, schema, seeds)
+            pull.converge(omega, seeds)
+            pull.children()
+            faults.hit("after_pull", self.faults)
+            apply_pull(self.store, schema, pull.omega, pull.staged, admitted,
+                       coordinator.snapshot, self.engine.name, self.faults, report)  # fmt: skip
+        except faults.InjectedFault:
+            raise
+        except Exception as exc:
+            raise _failed(exc, label) from exc
+        finally:
+            # A lost connection is gone already; nothing was written through it.
+            with contextlib.suppress(psycopg.Error):
+                coordinator.close()
+        report.rounds = pull.rounds
+        report.regions = sorted(str(r) for r in pull.omega)
+        report.seconds = time.monotonic() - started
+        return report
+
+
+def _coerce_key(
+    store: CacheStore, control: str, columns: tuple[str, ...], value: tuple[t.Any, ...]
+) -> tuple[t.Any, ...]:
+    """Values typed as the control table's columns (the CLI passes text)."""
+    if len(value) != len(columns):
+        raise ProgrammingError(
+            f"{control} has {len(columns)} control-key column(s) ({', '.join(columns)}); "
+            f"got {len(value)} value(s)"
+        )
+    types = dict(store.con.execute(
+        "SELECT column_name, data_type FROM information_schema.columns "
+        "WHERE table_schema = 'main' AND table_name = ?",
+        [control],
+    ).fetchall())  # fmt: skip
+    casts = ", ".join(f"CAST(? AS {types[c]})" for c in columns)
+    try:
+        row = store.con.execute(f"SELECT {casts}", list(value)).fetchone()
+    except Exception as exc:
+        raise ProgrammingError(
+            f"{control}: cannot read {value!r} as its control key ({', '.join(columns)}): "
+            f"{first_line(exc)}"
+        ) from exc
+    assert row is not None
+    return tuple(row)
+
+
+def _all_regions(
+    store: CacheStore, view: CachedView, keys: list[tuple[t.Any, ...]] | None
+) -> set[Region]:
+    if view.view_level:
+        return {Region(view.name, "view")}
+    regions: set[Region] = set()
+    for edge in view.presence:
+        listed = control_values(store.con, edge.control, edge.control_columns)
+        if keys is not None:
+            wanted = {tuple(str(v) for v in k) for k in keys}
+            listed = [v for v in listed if tuple(str(x) for x in v) in wanted]
+        regions |= {Region(view.name, "presence", edge.columns, v, edge.control) for v in listed}
+    if keys is None:
+        for kind, columns, control in guarantees(view):
+            if control is not None and kind != "view":
+                regions |= {
+                    Region(view.name, kind, columns, v, control)
+                    for v in control_values(store.con, control, columns)
+                }
+    return regions
+
+
+def _failed(exc: BaseException, what: str) -> Error:
+    """An operation's failure in the PEP 249 tree, saying the cache is unchanged."""
+    if isinstance(exc, Error):
+        return exc
+    if connection_lost(exc):
+        return translate(exc, what, unreachable="lost the backend during the pull; the cache "
+                         "is unchanged, try again when the backend is back")  # fmt: skip
+    if isinstance(exc, psycopg.Error):
+        return translate(exc, f"{what}: the backend refused a pull (the cache is unchanged)")
+    return OperationalError(f"{what} failed, the cache is unchanged: {first_line(exc)}")

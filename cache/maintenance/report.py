@@ -1,0 +1,33 @@
+"""What one maintenance operation did (admission, eviction or refresh)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import typing as t
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Report:
+    operation: str
+    engine: str
+    snapshot_id: int | None = None
+    backend_time: dt.datetime | None = None
+    regions: list[str] = field(default_factory=list)
+    rows_deleted: dict[str, int] = field(default_factory=dict)
+    rows_inserted: dict[str, int] = field(default_factory=dict)
+    rounds: int = 0
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, t.Any]:
+        return {
+            "operation": self.operation,
+            "engine": self.engine,
+            "snapshot_id": self.snapshot_id,
+            "backend_time": self.backend_time.isoformat() if self.backend_time else None,
+            "regions": self.regions,
+            "rows_deleted": self.rows_deleted,
+            "rows_inserted": self.rows_inserted,
+            "rounds": self.rounds,
+            "seconds": round(self.seconds, 3),
+        }

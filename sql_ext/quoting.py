@@ -1,0 +1,27 @@
+"""Identifiers in generated SQL, quoted one way everywhere (PostgreSQL and DuckDB agree: double
+quotes, an embedded quote doubled). Every SQL builder of the cache uses these."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+def ident(name: str) -> str:
+    """``name`` as a quoted identifier: ``"name"``."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def idents(names: Iterable[str], qualifier: str | None = None) -> str:
+    """A comma-separated column list, each quoted (and qualified: ``v."a", v."b"``)."""
+    prefix = f"{qualifier}." if qualifier else ""
+    return ", ".join(prefix + ident(n) for n in names)
+
+
+def qualified(*parts: str) -> str:
+    """A dotted name with every part quoted: ``"schema"."table"``."""
+    return ".".join(ident(p) for p in parts)
+
+
+def equal_columns(names: Iterable[str], left: str, right: str) -> str:
+    """``left."a" = right."a" AND ...``: rows of two relations agreeing on the columns."""
+    return " AND ".join(f"{left}.{ident(n)} = {right}.{ident(n)}" for n in names)
