@@ -16,7 +16,12 @@ import time as _time
 from pathlib import Path
 from typing import Any
 
-from cache.dbapi.connection import BINARY, DATETIME, NUMBER, ROWID, STRING, Connection, Cursor
+from cache.dbapi.admin import Admin
+from cache.dbapi.connection import Connection
+from cache.dbapi.cursor import Cursor
+from cache.dbapi.types import BINARY, DATETIME, NUMBER, ROWID, STRING
+from cache.execution.provenance import AccessProvenance, Provenance
+from optimizer.plan import Plan
 from sql_ext.errors import (
     DatabaseError,
     DataError,
@@ -71,6 +76,8 @@ __all__ = [
     "NUMBER",
     "ROWID",
     "STRING",
+    "AccessProvenance",
+    "Admin",
     "Binary",
     "Connection",
     "Cursor",
@@ -84,7 +91,9 @@ __all__ = [
     "InternalError",
     "NotSupportedError",
     "OperationalError",
+    "Plan",
     "ProgrammingError",
+    "Provenance",
     "Time",
     "TimeFromTicks",
     "Timestamp",

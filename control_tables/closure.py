@@ -21,6 +21,7 @@ import duckdb
 
 from control_tables.regions import STRENGTH, Region, guarantees, region_predicate
 from control_tables.schema import CachedView, CacheSchema
+from sql_ext.quoting import equal_columns, ident, idents
 
 RowId = tuple[str, tuple[t.Any, ...]]  # (view, key values)
 
@@ -135,9 +136,8 @@ def _rows(
     con: duckdb.DuckDBPyConnection, view: CachedView, extra: tuple[str, ...] = ()
 ) -> list[tuple[tuple[t.Any, ...], dict[str, t.Any]]]:
     columns = list(dict.fromkeys([*view.key, *view.columns, *extra]))
-    select = ", ".join(f'"{c}"' for c in columns)
     result = []
-    for record in con.execute(f'SELECT {select} FROM "{view.name}"').fetchall():
+    for record in con.execute(f"SELECT {idents(columns)} FROM {ident(view.name)}").fetchall():
         row = dict(zip(columns, record, strict=True))
         result.append((tuple(row[k] for k in view.key), row))
     return result
@@ -157,8 +157,7 @@ def control_values(
     con: duckdb.DuckDBPyConnection, control: str, columns: tuple[str, ...]
 ) -> list[tuple[t.Any, ...]]:
     """The distinct values of columns of a control table (or a parent view), in order."""
-    select = ", ".join(f'"{c}"' for c in columns)
-    sql = f'SELECT DISTINCT {select} FROM "{control}" ORDER BY ALL'
+    sql = f"SELECT DISTINCT {idents(columns)} FROM {ident(control)} ORDER BY ALL"
     return [tuple(r) for r in con.execute(sql).fetchall()]
 
 
@@ -224,12 +223,10 @@ def _distinct(
 ) -> list[tuple[t.Any, ...]]:
     """Distinct values of columns among the view's rows matching predicate; with a control,
     only values listed there."""
-    select = ", ".join(f'v."{c}"' for c in columns)
-    sql = f'SELECT DISTINCT {select} FROM "{view}" v WHERE ({predicate})'
+    sql = f"SELECT DISTINCT {idents(columns, 'v')} FROM {ident(view)} v WHERE ({predicate})"
     if control is not None:
-        ccols = control_columns or columns
-        match = " AND ".join(f'c."{k}" = v."{c}"' for c, k in zip(columns, ccols, strict=True))
-        sql += f' AND EXISTS (SELECT 1 FROM "{control}" c WHERE {match})'
+        match = equal_columns(control_columns or columns, "c", "v", columns)
+        sql += f" AND EXISTS (SELECT 1 FROM {ident(control)} c WHERE {match})"
     return [tuple(r) for r in con.execute(sql + " ORDER BY ALL").fetchall()]
 
 
@@ -260,7 +257,8 @@ def _inside(con: duckdb.DuckDBPyConnection, view: str, region: Region, others: s
     mine = region_predicate([region]).sql(dialect="duckdb")
     theirs = region_predicate(others).sql(dialect="duckdb")
     row = con.execute(
-        f'SELECT count(*), count(*) FILTER (WHERE NOT ({theirs})) FROM "{view}" WHERE {mine}'
+        f"SELECT count(*), count(*) FILTER (WHERE NOT ({theirs})) FROM {ident(view)} "
+        f"WHERE {mine}"
     ).fetchone()
     assert row is not None
     return bool(row[0]) and row[1] == 0

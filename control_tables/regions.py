@@ -8,15 +8,18 @@ materialized or CONSISTENCY ON ALL view.
 
 from __future__ import annotations
 
+import datetime as dt
 import typing as t
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from sqlglot import exp
 
 from control_tables.schema import CachedView
 
 Kind = t.Literal["presence", "consistency", "completeness", "view"]
+Key = tuple[t.Any, ...]  # a control-key value
+Stamp = tuple[dt.datetime | None, int | None]  # a region's (refreshed_at, snapshot_id)
 
 # Order of MaxAC's cleaning (§3.4.1): completeness is the strongest guarantee over its rows
 # (Lemma 2.3), then view-level and group consistency, then presence.
@@ -93,3 +96,29 @@ def guarantees(view: CachedView) -> list[tuple[Kind, tuple[str, ...], str | None
     if view.completeness is not None:
         found.append(("completeness", view.completeness.columns, view.completeness.control))
     return found
+
+
+@dataclass(frozen=True)
+class RegionState:
+    """Which regions the cache holds at one moment, with their stamps: what run-time guards
+    read (a value; `cache.store.region_state` reads it from the cache file).
+
+    ``controls``: every control table's rows (control-key value -> stamp); ``views``: the
+    view-level regions; ``parents``: for each (parent view, control columns) that
+    presence-controls a child, the control-key values present in the parent's rows, with the
+    stamp of the parent region holding them.
+    """
+
+    controls: Mapping[str, Mapping[Key, Stamp]] = field(default_factory=dict)
+    views: Mapping[str, Stamp] = field(default_factory=dict)
+    parents: Mapping[tuple[str, tuple[str, ...]], Mapping[Key, Stamp]] = field(
+        default_factory=dict
+    )
+    version: int = 0  # the cache file's change counter it was read at
+
+    def listed(self, control: str, columns: tuple[str, ...]) -> Mapping[Key, Stamp]:
+        """The values listed by a control: a control table, or a parent view's rows."""
+        found = self.controls.get(control)
+        if found is not None:
+            return found
+        return self.parents.get((control, columns), {})

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import re
 
+from sql_ext.quoting import ident
+
 _EXACT = {
     "smallint": "SMALLINT",
     "integer": "INTEGER",
@@ -51,3 +53,16 @@ def duckdb_type(pg_type: str) -> str | None:
         # Unconstrained numeric has no fixed scale: DOUBLE would round, so it is refused.
         return None
     return None
+
+
+def select_list(columns: list[tuple[str, str]] | tuple[tuple[str, str], ...]) -> str:
+    """The SELECT list sending each (column, DuckDB type) in the text form the cache reads
+    back (`cache.backend.copy_arrow`): timestamps with time zone as UTC wall time."""
+    parts = []
+    for name, duck_type in columns:
+        quoted = ident(name)
+        if duck_type == "TIMESTAMPTZ":
+            parts.append(f"({quoted} AT TIME ZONE 'UTC') AS {quoted}")
+        else:
+            parts.append(quoted)
+    return ", ".join(parts)

@@ -24,13 +24,14 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from cache.backend.copy_arrow import copy_to_arrow, select_list
+from cache.backend.copy_arrow import copy_to_arrow
 from cache.backend.embedded_pg import EmbeddedPostgres
 from cache.backend.reflect import connect_backend, fetch_catalog
 from cache.maintenance.engines import InlineEngine
 from cache.maintenance.pipeline import Maintainer
 from cache.maintenance.spark import SparkEngine, spark_session, stop_sessions
 from cache.store.cache_file import CacheStore
+from control_tables.types import select_list
 from experiments import tpch
 from experiments.provenance import append_rows
 from sql_ext import parse

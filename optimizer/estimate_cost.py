@@ -9,11 +9,34 @@ with bound B finds it fresh enough during B - d of every f seconds:
     p = 1            if B - d > f
 
 f = 0 models continuous propagation: p = 1 when B > d, else 0.
+
+The rule `estimate_cost` (of `optimizer.planner`) costs the guarded plan against the whole
+statement remote and keeps the cheaper. Costs are in PostgreSQL's units: remote costs are the
+backend's own estimates (``EXPLAIN (FORMAT JSON)``, gathered before planning, so backend
+indexes count, as in §4.7.3's Q6), local costs the rows DuckDB scans.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from control_tables.schema import CachedView, CacheSchema
+from optimizer.analyze import Access
+from optimizer.plan import Plan, PlanInputs
+
 DEFAULT_DELAY = 1.0  # seconds a refresh takes to land (d of §4.6), until measured
+
+# Calibrated on this project's reference machine (docs/decisions.md, "Cost constants"): a warm
+# PostgreSQL spends about 4 us per unit on scans; DuckDB scans a cached view at 7-36 ns per row;
+# Arrow moves a backend row into DuckDB in about 1 us. Results reach the application either
+# way, so neither side is charged for delivering them; costs count work, so a point lookup
+# through a cached key stays local although both engines answer it in a fraction of a ms.
+LOCAL_ROW_COST = 0.005  # DuckDB, per row of a cached view scanned
+TRANSFER_ROW_COST = 0.25  # per row a remote leaf moves from the backend into DuckDB
+GUARD_COST = 0.01  # dictionary lookups
 
 
 def below_delay(bound: float, delay: float = DEFAULT_DELAY) -> bool:
@@ -43,3 +66,83 @@ def guarded_cost(p: float, local: float, remote: float, guard: float) -> float:
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"p is a probability, got {p}")
     return p * local + (1.0 - p) * remote + guard
+
+
+def estimate_cost(plan: Plan, inputs: PlanInputs) -> Plan:
+    """Cost the guarded plan and the whole statement remote; keep the cheaper. Without
+    estimates (no backend to ask) the guarded plan is kept: its guards decide."""
+    schema, estimates, delay = inputs.schema, inputs.estimates, inputs.delay
+    guarded = plan.guarded_accesses
+    whole = estimates.cost(plan.sql)[0] if estimates is not None else 0.0
+    # A remote class of several accesses would need its leaves read in one snapshot, which
+    # separate leaf statements do not give: such a statement runs remote whole.
+    split = [c for c in plan.classes if not c.guarded and len(c.accesses) > 1]
+    if not guarded or split:
+        reasons = [f"({', '.join(c.cls.tables)}): {c.remote_reason}"
+                   for c in plan.classes if c.remote_reason]  # fmt: skip
+        if split and guarded:
+            reasons.append("a class of several accesses must run remote, in one statement")
+        return dataclasses.replace(plan, local=False, estimated_cost=whole,
+                                   reason="; ".join(dict.fromkeys(reasons)) or None)  # fmt: skip
+    ids = {a.instance.id for a in guarded}
+    accesses = {}
+    for access in plan.accesses:
+        if access.instance.id in ids:
+            first = access.guards[0]
+            # no REFRESH EVERY: p as for f = 0; such a view is refreshed on demand (admission
+            # pulls its regions) and its guard catches a region that has grown too old
+            interval = schema.views[first.view].refresh_seconds or 0.0
+            p = local_probability(first.bound_seconds, delay, interval)
+            accesses[access.instance.id] = dataclasses.replace(access, probability_local=p)
+    classes = tuple(
+        dataclasses.replace(c, accesses=tuple(accesses.get(a.instance.id, a) for a in c.accesses))
+        for c in plan.classes
+    )
+    plan = dataclasses.replace(plan, classes=classes)
+    if estimates is None:
+        return dataclasses.replace(plan, local=True, estimated_cost=0.0,
+                                   reason=None)  # fmt: skip
+    mixed = 0.0
+    for access in plan.accesses:
+        leaf_cost, leaf_rows = estimates.cost(access.leaf.sql)
+        fetch = leaf_cost + leaf_rows * TRANSFER_ROW_COST
+        if access.instance.id not in ids:
+            mixed += fetch
+            continue
+        view = schema.views[access.guards[0].view]
+        local = scanned_rows(access.access, view, estimates.view_rows) * LOCAL_ROW_COST
+        mixed += guarded_cost(access.probability_local, local, fetch, GUARD_COST)
+    if whole <= mixed:
+        return dataclasses.replace(
+            plan, local=False, estimated_cost=whole,
+            reason=f"cheaper remote: estimated cost {whole:.4g} against {mixed:.4g} guarded",
+        )  # fmt: skip
+    return dataclasses.replace(plan, local=True, estimated_cost=mixed, reason=None)
+
+
+def scanned_rows(access: Access, view: CachedView, view_rows: Mapping[str, float]) -> float:
+    """Rows DuckDB reads for the access: the probed keys when the access names the view's key
+    with constants (its primary-key index finds them), else the whole view."""
+    if view.key and all(c in access.probes for c in view.key):
+        return float(math.prod(len(access.probes[c]) for c in view.key))
+    return view_rows.get(view.name, 0.0)
+
+
+@dataclass(frozen=True)
+class EstimateRequests:
+    """What `Estimates` must hold for a plan: the backend's estimates of the whole statement
+    (written with the application's placeholders) and of the leaf queries (named
+    placeholders), and the rows of the views."""
+
+    statement: str
+    leaves: tuple[str, ...]
+    views: tuple[str, ...]
+
+
+def requests(plan: Plan, schema: CacheSchema) -> EstimateRequests:
+    """The requests of a plan before costing: every leaf is asked for when some accessed table
+    has a cached view (none otherwise: the statement can only go remote)."""
+    tables = {a.table for a in plan.accesses}
+    views = tuple(sorted(v.name for v in schema.views.values() if v.table in tables))
+    leaves = tuple(dict.fromkeys(a.leaf.sql for a in plan.accesses)) if views else ()
+    return EstimateRequests(plan.sql, leaves, views)

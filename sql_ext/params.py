@@ -1,5 +1,9 @@
-"""Query parameters, in one place (STYLE 6): pyformat (``%s``, ``%(name)s``, as psycopg) is the
-module's paramstyle; statements evaluated by DuckDB get the values bound as literals."""
+"""Query parameters, in one place (STYLE 6). pyformat (``%s``, ``%(name)s``, as psycopg) is the
+module's paramstyle. Each placeholder of a statement has a *key*: its position among the ``%s``
+marks, or its name. Statements run by DuckDB name them ``$p0`` / ``$name``; leaf queries sent to
+PostgreSQL name them ``%(p0)s`` / ``%(name)s`` (bound by psycopg); the optimizer reads their
+values through `ParameterValues` to probe the cache's regions.
+"""
 
 from __future__ import annotations
 
@@ -11,12 +15,36 @@ from sqlglot import exp
 from sql_ext.errors import ProgrammingError
 
 Params = Sequence[t.Any] | Mapping[str, t.Any] | None
+Key = int | str  # a placeholder's position (%s) or its name (%(name)s)
+
+NODE_ID = "mt_id"  # meta key numbering a parsed tree's nodes: copies keep it (see number_nodes)
+
+
+def number_nodes(tree: exp.Expr) -> None:
+    """Give every node of a parsed tree a number in its meta (once): a copy of the tree keeps
+    the numbers, so a node of the original can be found again in a rewritten copy."""
+    for number, node in enumerate(tree.walk()):
+        node.meta.setdefault(NODE_ID, number)
 
 
 def placeholders(tree: exp.Expr) -> list[exp.Placeholder]:
     """The statement's placeholders in textual order."""
     found = [p for p in tree.find_all(exp.Placeholder)]
     return sorted(found, key=lambda p: p.meta.get("offset", 0))
+
+
+def placeholder_keys(tree: exp.Expr) -> dict[int, Key]:
+    """Each placeholder's key, by its node number (see `number_nodes`)."""
+    number_nodes(tree)
+    return {
+        mark.meta[NODE_ID]: mark.name if mark.this is not None else position
+        for position, mark in enumerate(placeholders(tree))
+    }
+
+
+def duckdb_name(key: Key) -> str:
+    """The DuckDB named parameter of a placeholder key (``$p0``, ``$name``)."""
+    return f"p{key}" if isinstance(key, int) else key
 
 
 def bind_literals(tree: exp.Expr, params: Params) -> exp.Expr:
@@ -32,7 +60,7 @@ def bind_literals(tree: exp.Expr, params: Params) -> exp.Expr:
     return bound
 
 
-def values_for(keys: Sequence[int | str], params: Params) -> list[t.Any]:
+def values_for(keys: Sequence[Key], params: Params) -> list[t.Any]:
     """The value of each placeholder (its position for %s, its name for %(name)s), with the
     errors psycopg would give for parameters that do not fit the statement."""
     if params is None:
@@ -60,6 +88,37 @@ def values_for(keys: Sequence[int | str], params: Params) -> list[t.Any]:
         if isinstance(key, str):
             raise ProgrammingError(f"%({key})s needs a mapping of parameters")
     return values
+
+
+UNKNOWN: t.Final = object()  # a constant whose value cannot be known before execution
+
+
+class ParameterValues:
+    """The values of a statement's constants for one execution: literals as written,
+    placeholders from the parameters. Lenient: a missing parameter is `UNKNOWN` (the statement
+    itself reports it when it runs), and so is anything but a plain literal."""
+
+    __slots__ = ("keys", "params")
+
+    def __init__(self, keys: Mapping[int, Key], params: Params) -> None:
+        self.keys = keys
+        self.params = params
+
+    def value(self, constant: exp.Expr) -> t.Any:
+        if isinstance(constant, exp.Placeholder):
+            key = self.keys.get(constant.meta.get(NODE_ID, -1))
+            params = self.params
+            try:
+                if isinstance(key, int) and isinstance(params, Sequence):
+                    return params[key]
+                if isinstance(key, str) and isinstance(params, Mapping):
+                    return params[key]
+            except (IndexError, KeyError):
+                return UNKNOWN
+            return UNKNOWN
+        if isinstance(constant, exp.Literal | exp.Boolean):
+            return constant.to_py()
+        return UNKNOWN  # NULL matches no key; casts and expressions are not guessed
 
 
 def _literal(value: t.Any, mark: exp.Placeholder) -> exp.Expr:

@@ -22,6 +22,13 @@ def qualified(*parts: str) -> str:
     return ".".join(ident(p) for p in parts)
 
 
-def equal_columns(names: Iterable[str], left: str, right: str) -> str:
-    """``left."a" = right."a" AND ...``: rows of two relations agreeing on the columns."""
-    return " AND ".join(f"{left}.{ident(n)} = {right}.{ident(n)}" for n in names)
+def equal_columns(
+    names: Iterable[str], left: str, right: str, right_names: Iterable[str] | None = None
+) -> str:
+    """``left."a" = right."a" AND ...``: rows of two relations agreeing on the columns (named
+    ``right_names`` on the right, when they differ)."""
+    names = list(names)
+    others = list(right_names) if right_names is not None else names
+    return " AND ".join(
+        f"{left}.{ident(a)} = {right}.{ident(b)}" for a, b in zip(names, others, strict=True)
+    )

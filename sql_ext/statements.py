@@ -8,6 +8,7 @@ clauses found in it), `Timeline` (BEGIN/END TIMEORDERED), or a cache DDL stateme
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import re
@@ -91,6 +92,16 @@ class Query:
         if isinstance(self.tree, exp.Command):
             return self._with_explain(self.tree.sql(dialect=dialect))
         return self._with_explain(strip_extensions(self.tree).sql(dialect=dialect))
+
+    def without_explain(self) -> Query:
+        """The explained statement itself."""
+        return dataclasses.replace(self, explain=None)
+
+    @functools.cached_property
+    def shape(self) -> str:
+        """The statement (without EXPLAIN) in mtcache's dialect, made once: the key its plan
+        is cached under, the same for a statement and its EXPLAIN."""
+        return self.tree.sql(dialect=DIALECT)
 
     @functools.cached_property
     def backend_sql(self) -> str:

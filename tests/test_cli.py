@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -175,7 +174,7 @@ def test_cache_store_commands_end_to_end(
     dsn = pg_cluster.create_database("cli_store")
     bookstore.load_into(dsn)
     home = reachable_tempdir("mtcache-cli-store-")
-    schema_file = Path(__file__).parents[1] / "cache" / "schemas" / "bookstore.sql"
+    schema_file = bookstore.CACHE_SCHEMA_FILE
     clean_env["MTCACHE_BACKEND"] = dsn
     clean_env["MTCACHE_CACHE"] = str(home / "cache.duckdb")
 

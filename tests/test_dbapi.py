@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 
+import duckdb
 import psycopg
 import pytest
 
@@ -213,12 +214,14 @@ def test_cache_ddl_and_control_table_edits_through_execute(conn: cache.Connectio
             cur.execute(statement)
     cur.execute("INSERT INTO authorlist_pct (authorid) VALUES (%s), (%s)", [4, 5])
     assert cur.rowcount == 2
-    store = conn._store
-    assert store.con.execute("SELECT count(*) FROM authorcopy").fetchone() == (2,)
-    assert store.con.execute("SELECT count(*) FROM bookcopy").fetchone() == (10,)
+    # the cache file is inspectable (SPEC §4): a view is the DuckDB table of its name
+    cache_file = duckdb.connect(str(conn.cache_path))
+    assert cache_file.execute("SELECT count(*) FROM authorcopy").fetchone() == (2,)
+    assert cache_file.execute("SELECT count(*) FROM bookcopy").fetchone() == (10,)
     cur.execute("DELETE FROM authorlist_pct WHERE authorid = %(id)s", {"id": 5})
     assert cur.rowcount == 1
-    assert store.con.execute("SELECT authorid FROM authorcopy").fetchall() == [(4,)]
+    assert cache_file.execute("SELECT authorid FROM authorcopy").fetchall() == [(4,)]
+    cache_file.close()
     with pytest.raises(cache.NotSupportedError, match="UPDATE on control table"):
         cur.execute("UPDATE authorlist_pct SET authorid = 6")
     with pytest.raises(cache.ProgrammingError, match="must give exactly its control key"):

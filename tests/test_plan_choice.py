@@ -73,9 +73,8 @@ def conn(tpch: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[cache.
     cur = connection.cursor()
     for statement in CACHE.split(";"):
         cur.execute(statement)
-    maintainer = connection._maintainer()
-    maintainer.refresh("cust_prj")  # two refreshes: two snapshots, two regions
-    maintainer.refresh("orders_prj")
+    connection.admin.refresh("cust_prj")  # two refreshes: two snapshots, two regions
+    connection.admin.refresh("orders_prj")
     yield connection
     connection.close()
 
@@ -84,7 +83,7 @@ def plan_of(conn: cache.Connection, sql: str) -> dict[str, t.Any]:
     cur = conn.cursor()
     cur.execute(f"EXPLAIN {sql}")
     assert cur.plan is not None
-    return cur.plan
+    return cur.plan.to_json()
 
 
 def run(conn: cache.Connection, tpch: str, query: str, clause: str) -> list[str]:

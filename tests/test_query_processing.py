@@ -11,6 +11,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+import duckdb
 import psycopg
 import pytest
 
@@ -39,7 +40,7 @@ def conn(backend: str, tmp_path: Path) -> Iterator[cache.Connection]:
             cur.execute(statement)
     cur.execute("INSERT INTO citylist_csct VALUES ('Madison')")
     cur.execute("INSERT INTO authorlist_pct VALUES (4), (8)")
-    connection._maintainer().refresh("salescopy")
+    connection.admin.refresh("salescopy")
     connection.commit()
     yield connection
     connection.close()
@@ -48,6 +49,11 @@ def conn(backend: str, tmp_path: Path) -> Iterator[cache.Connection]:
 def pg(dsn: str, sql: str, params: object = None) -> list[tuple[object, ...]]:
     with psycopg.connect(dsn) as other:
         return other.execute(sql, params).fetchall()  # type: ignore[arg-type]
+
+
+def cur_plan(conn: cache.Connection, sql: str, params: object = None) -> cache.Plan:
+    """The plan a statement runs with (the one its EXPLAIN shows)."""
+    return conn.explain(sql, params)  # type: ignore[arg-type]
 
 
 def through_cache(
@@ -211,24 +217,25 @@ def test_time_never_moves_backwards_inside_timeordered(conn: cache.Connection) -
     assert cur.provenance[0]["route"] == "local"
 
 
-def test_counters_reach_mtcache_status(conn: cache.Connection, tmp_path: Path) -> None:
+def test_counters_reach_mtcache_status(
+    conn: cache.Connection, backend: str, tmp_path: Path
+) -> None:
     cur = conn.cursor()
     cur.execute("SELECT * FROM authors a WHERE a.authorid = 4 CURRENCY BOUND 10 MIN")
     cur.execute("SELECT * FROM authors a WHERE a.authorid = 5 CURRENCY BOUND 10 MIN")
     conn.wait_for_admissions()
-    # Age author 8's region past the bound: the plan uses the cache, the guard says no.
-    conn._store.con.execute(
-        "UPDATE authorlist_pct SET refreshed_at = refreshed_at - INTERVAL 1 HOUR WHERE authorid = 8"
-    )
-    conn._store.bump()
-    cur.execute("SELECT * FROM authors a WHERE a.authorid = 8 CURRENCY BOUND 10 MIN")
-    assert cur.provenance[0]["route"] == "remote"
     conn.close()
-    from cache.store.cache_file import CacheStore
-
-    store = CacheStore(tmp_path / "cache.duckdb")
-    counters = store.counters()
-    store.close()
+    # Age author 8's region past the bound, editing the closed cache file as an operator
+    # could: the plan uses the cache, the guard says no.
+    with duckdb.connect(str(tmp_path / "cache.duckdb")) as cache_file:
+        cache_file.execute("UPDATE authorlist_pct SET refreshed_at = refreshed_at - "
+                           "INTERVAL 1 HOUR WHERE authorid = 8")  # fmt: skip
+    with cache.connect(backend=backend, cache_path=tmp_path / "cache.duckdb") as again:
+        cur = again.cursor()
+        cur.execute("SELECT * FROM authors a WHERE a.authorid = 8 CURRENCY BOUND 10 MIN")
+        assert cur.provenance[0]["route"] == "remote"
+    with cache.Admin.open(tmp_path / "cache.duckdb") as admin:
+        counters = admin.status()["counters"]
     assert counters["hits"] == 1
     assert counters["presence_misses"] == 1
     assert counters["currency_misses"] == 1
@@ -323,8 +330,9 @@ def test_explain_shows_switchunions_and_guards(conn: cache.Connection) -> None:
     lines = [r[0] for r in cur.fetchall()]
     assert lines[0].startswith("estimated cost ")
     assert [d[0] for d in cur.description or []] == ["QUERY PLAN"]
-    plan = cur.plan
-    assert plan is not None and plan["plan"]["op"] == "LocalQuery"
+    assert cur.plan is not None
+    plan = cur.plan.to_json()
+    assert plan["plan"]["op"] == "LocalQuery"
     join = plan["plan"]["children"][0]
     assert join["op"] == "Join"
     unions = join["children"]
@@ -340,26 +348,30 @@ def test_a_bound_below_the_refresh_delay_is_planned_remote(conn: cache.Connectio
     """§4.4: a bound the cache can never meet is rejected when the plan is made."""
     cur = conn.cursor()
     cur.execute("EXPLAIN SELECT * FROM authors a WHERE a.authorid = 4 CURRENCY BOUND 1 MS")
-    assert cur.plan is not None and cur.plan["plan"]["op"] == "RemoteQuery"
-    assert cur.plan["accesses"] == [{"table": "authors", "route": "remote", "view": None}]
+    assert cur.plan is not None
+    plan = cur.plan.to_json()
+    assert plan["plan"]["op"] == "RemoteQuery"
+    assert plan["accesses"] == [{"table": "authors", "route": "remote", "view": None}]
 
 
 def test_a_statement_shape_is_planned_once(conn: cache.Connection, backend: str) -> None:
     cur = conn.cursor()
     query = "SELECT name FROM authors a WHERE a.authorid = %s CURRENCY BOUND 10 MIN"
     answers = []
+    plans = []
     for key in (4, 8, 5, 4):
         cur.execute(query, [key])
         answers.append(cur.fetchall())
-    entry = conn._plans[query]
-    assert entry.use_cache
+        plans.append(cur.plan)
+    entry = plans[0]
+    assert entry is not None and entry.local
     assert answers == [pg(backend, "SELECT name FROM authors WHERE authorid = %s", [k])
                        for k in (4, 8, 5, 4)]  # fmt: skip
     cur.execute(query, [8])
-    assert conn._plans[query] is entry  # reused, not re-planned
+    assert cur.plan is entry and all(p is entry for p in plans)  # reused, not re-planned
     cur.execute("CREATE CONTROL TABLE extra_pct (x INTEGER)")  # DDL invalidates plans
     cur.execute(query, [8])
-    assert conn._plans[query] is not entry
+    assert cur.plan is not entry
 
 
 def test_wrong_parameters_on_the_local_path_are_programming_errors(
@@ -386,7 +398,7 @@ def test_postgres_semantics_survive_local_execution(conn: cache.Connection, back
         other.execute("INSERT INTO codes VALUES (1, 'AB', 7), (2, 'ABCDE', 8), (3, 'X', 9)")
     cur = conn.cursor()
     cur.execute("CREATE CACHED VIEW codescopy AS SELECT * FROM codes")
-    conn._maintainer().refresh("codescopy")
+    conn.admin.refresh("codescopy")
     for sql in (
         "SELECT c.n / 2, c.id FROM codes c ORDER BY c.id",
         "SELECT c.id FROM codes c WHERE c.code = 'AB'",
@@ -399,7 +411,7 @@ def test_postgres_semantics_survive_local_execution(conn: cache.Connection, back
     assert routes == ["local"] and rows == pg(backend, "SELECT sum(c.n / 2) FROM codes c")
     # numeric averages and divisions are exact decimals in PostgreSQL, doubles in DuckDB
     cur.execute("CREATE CACHED VIEW allbooks AS SELECT isbn, price FROM books")
-    conn._maintainer().refresh("allbooks")
+    conn.admin.refresh("allbooks")
     for sql in ("SELECT avg(b.price) FROM books b", "SELECT sum(b.price) / 3 FROM books b"):
         rows, routes = through_cache(conn, f"{sql} CURRENCY BOUND 10 MIN")
         assert rows == pg(backend, sql), sql
@@ -535,7 +547,10 @@ def test_psycopg_style_shortcuts_and_transaction_blocks(
         conn.execute("UPDATE authors SET name = 'rolled back' WHERE authorid = 4")
         conn.execute("INSERT INTO authors (authorid, name, city) VALUES (4, 'x', 'y')")
     assert pg(backend, "SELECT name FROM authors WHERE authorid = 4") == [("Author 4",)]
-    assert conn._dirty == set() and not conn._dirty_unknown  # nothing left uncommitted
+    # nothing is left uncommitted: a region refreshed now serves the session again
+    conn.execute("INSERT INTO authorlist_pct VALUES (4)")
+    cur = conn.execute("SELECT name FROM authors a WHERE a.authorid = 4 CURRENCY BOUND 10 MIN")
+    assert cur.fetchall() == [("Author 4",)] and cur.provenance[0]["route"] == "local"
 
 
 def test_a_commit_sent_as_sql_ends_the_sessions_uncommitted_writes(
@@ -546,7 +561,10 @@ def test_a_commit_sent_as_sql_ends_the_sessions_uncommitted_writes(
     cur = conn.cursor()
     cur.execute("UPDATE authors SET name = 'sql commit' WHERE authorid = 4")
     cur.execute("COMMIT")
-    assert conn._dirty == set()  # committed: later reads compare regions with the write time
+    # committed: later reads compare regions with the write time, so the region read before
+    # the commit no longer serves, one refreshed after it does
+    cur.execute(query)
+    assert cur.fetchall() == [("sql commit",)] and cur.provenance[0]["route"] == "remote"
     cur.execute("INSERT INTO authorlist_pct VALUES (4)")  # refreshed after the commit
     cur.execute(query)
     assert cur.fetchall() == [("sql commit",)] and cur.provenance[0]["route"] == "local"
@@ -571,8 +589,9 @@ def test_a_mixed_plan_is_made_once_and_reused_with_new_parameters(
         assert routes == ["local", "remote"]
         assert rows == pg(backend, query, [author]) and rows
         assert {r[2] for r in rows} == {"x%y"}
-    (template,) = conn._plans[query + clause].templates.values()
-    assert template.leaves and "%%" in template.leaves[0][1][0]  # escaped for psycopg
+    assert cur_plan(conn, query + clause, [3]).local
+    (leaf,) = [a.leaf for a in cur_plan(conn, query + clause, [3]).accesses if a.table == "books"]
+    assert "%%" in leaf.sql  # escaped for psycopg
     plain = ("SELECT count(*), 'x%%y' FROM sales s JOIN books b ON s.isbn = b.isbn "
              "WHERE b.authorid = 3 AND length(b.title || '%%') = length(b.title) + 1")  # fmt: skip
     rows, routes = through_cache(conn, plain + clause)  # no parameters: %% stays %%

@@ -8,11 +8,12 @@ import pytest
 
 from cache.backend.reflect import fetch_catalog
 from cache.store.cache_file import CacheStore
+from cache.tools import bookstore
 from control_tables.safety import UnsafeSchemaError
 from sql_ext import parse
 from sql_ext.errors import CatalogError, NotSupportedError, ProgrammingError
 
-SCHEMA_FILE = Path(__file__).parents[1] / "cache" / "schemas" / "bookstore.sql"
+SCHEMA_FILE = bookstore.CACHE_SCHEMA_FILE
 
 
 @pytest.fixture

@@ -40,18 +40,6 @@ def arrow_type(duck_type: str) -> pa.DataType:
     return _ARROW[duck_type]
 
 
-def select_list(columns: list[tuple[str, str]]) -> str:
-    """The SELECT list sending each (column, DuckDB type) in a form the reader parses."""
-    parts = []
-    for name, duck_type in columns:
-        quoted = '"' + name.replace('"', '""') + '"'
-        if duck_type == "TIMESTAMPTZ":
-            parts.append(f"({quoted} AT TIME ZONE 'UTC') AS {quoted}")
-        else:
-            parts.append(quoted)
-    return ", ".join(parts)
-
-
 def copy_to_arrow(
     conn: psycopg.Connection,  # type: ignore[type-arg]
     query: str,

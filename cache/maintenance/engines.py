@@ -16,8 +16,9 @@ from dataclasses import dataclass
 import psycopg
 import pyarrow as pa
 
-from cache.backend.copy_arrow import copy_to_arrow, select_list
+from cache.backend.copy_arrow import copy_to_arrow
 from cache.backend.reflect import connect_backend
+from control_tables.types import select_list
 from sql_ext.errors import translate
 
 

@@ -19,6 +19,7 @@ from cache.maintenance.pipeline import Maintainer
 from cache.maintenance.report import Report
 from cache.store.cache_file import CacheStore
 from control_tables.regions import guarantees
+from sql_ext.quoting import ident
 
 log = logging.getLogger("mtcache.scheduler")
 
@@ -58,7 +59,7 @@ def _oldest_region(store: CacheStore, name: str) -> dt.datetime | t.Literal["nev
     controls += [c for kind, _, c in guarantees(view) if c is not None and kind != "view"]
     for control in controls:
         stamps += [
-            r[0] for r in store.con.execute(f'SELECT refreshed_at FROM "{control}"').fetchall()
+            r[0] for r in store.con.execute(f"SELECT refreshed_at FROM {ident(control)}").fetchall()
         ]
     if not stamps:
         return None

@@ -11,7 +11,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 import threading
-from collections.abc import Iterator, Sequence
+import typing as t
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ from heartbeat.clock import BackendClock
 from sql_ext import CreateCachedView, CreateControlTable, DropCacheObject, Statement, parse
 from sql_ext.catalog import Catalog, Column, Index, Table, View
 from sql_ext.errors import OperationalError, ProgrammingError, first_line, translate
+from sql_ext.quoting import ident, idents
 
 FORMAT_VERSION = "1"
 
@@ -67,9 +69,13 @@ class DdlResult:
 
 @dataclass
 class _Shared:
+    """State of one cache file shared by every handle of this process."""
+
     version: int = 0  # bumped after every committed change of the file
     schema_version: int = 0  # bumped by DDL only
     lock: threading.RLock = field(default_factory=threading.RLock)
+    handles: int = 0  # open handles: with none, another process may change the file
+    schema: tuple[int, CacheSchema] | None = None  # parsed at a schema_version
 
 
 _SHARED: dict[Path, _Shared] = {}
@@ -102,6 +108,13 @@ class CacheStore:
                     f"one): stop that process or use another --cache file ({first_line(exc)})"
                 ) from exc
             raise translate(exc, f"opening the cache file {self.path}") from exc
+        with self._shared.lock:
+            if self._shared.handles == 0:
+                # another process may have changed the file while this one had it closed
+                self._shared.version += 1
+                self._shared.schema_version += 1
+                self._shared.schema = None
+            self._shared.handles += 1
         # Local answers follow PostgreSQL: integer / integer truncates.
         self.con.execute("SET integer_division = true")
         with self.transaction():
@@ -122,6 +135,8 @@ class CacheStore:
         twin.path = parent.path
         twin.con = parent.con.cursor()  # a connection of its own to the same database
         twin._shared = parent._shared
+        with twin._shared.lock:
+            twin._shared.handles += 1
         return twin
 
     @property
@@ -171,7 +186,12 @@ class CacheStore:
         return CacheStore._sharing(self)
 
     def close(self) -> None:
+        if self.con is None:
+            return
+        with self._shared.lock:
+            self._shared.handles -= 1
         self.con.close()
+        self.con = None  # type: ignore[assignment]
 
     def __enter__(self) -> CacheStore:
         return self
@@ -281,6 +301,19 @@ class CacheStore:
     # -- the cache schema ----------------------------------------------------------------------
 
     def load_schema(self) -> CacheSchema:
+        """The cache schema, parsed from the DDL texts once per schema version."""
+        shared = self._shared
+        with shared.lock:
+            version = shared.schema_version
+            if shared.schema is not None and shared.schema[0] == version:
+                return shared.schema[1]
+        schema = self._parse_schema()
+        with shared.lock:
+            if shared.schema_version == version:
+                shared.schema = (version, schema)
+        return schema
+
+    def _parse_schema(self) -> CacheSchema:
         schema = CacheSchema()
         for kind, text, columns, key in self.con.execute(
             "SELECT kind, statement, columns, key FROM mtcache.objects ORDER BY seq"
@@ -362,7 +395,7 @@ class CacheStore:
                 seq = int(row[0]) if row else 0
                 for action, name in actions:
                     if action == "drop":
-                        con.execute(f'DROP TABLE IF EXISTS "{name}"')
+                        con.execute(f"DROP TABLE IF EXISTS {ident(name)}")
                         con.execute("DELETE FROM mtcache.objects WHERE name = ?", [name])
                         con.execute("DELETE FROM mtcache.view_state WHERE view = ?", [name])
                         continue
@@ -376,13 +409,13 @@ class CacheStore:
 
     def _create_control_table(self, control: ControlTable, seq: int) -> None:
         columns = [
-            f'"{name}" {exp.DataType.build(type_, dialect="postgres").sql(dialect="duckdb")}'
+            f"{ident(name)} {exp.DataType.build(type_, dialect='postgres').sql(dialect='duckdb')}"
             for name, type_ in control.columns
         ]
-        key = ", ".join(f'"{c}"' for c in control.column_names)
         self.con.execute(
-            f'CREATE TABLE "{control.name}" ({", ".join(columns)}, refreshed_at TIMESTAMPTZ, '
-            f"snapshot_id BIGINT, PRIMARY KEY ({key}))"
+            f"CREATE TABLE {ident(control.name)} ({', '.join(columns)}, "
+            f"refreshed_at TIMESTAMPTZ, snapshot_id BIGINT, "
+            f"PRIMARY KEY ({idents(control.column_names)}))"
         )
         self.con.execute(
             "INSERT INTO mtcache.objects VALUES (?, ?, 'control table', ?, ?, NULL, NULL, NULL, "
@@ -396,14 +429,33 @@ class CacheStore:
         table = catalog.table(view.table)
         assert table is not None
         types = {c.name: c.type for c in table.columns}
-        columns = [f'"{c}" {duckdb_type(types[c])}' for c in view.columns]
-        key = ", ".join(f'"{c}"' for c in view.key)
-        self.con.execute(f'CREATE TABLE "{view.name}" ({", ".join(columns)}, PRIMARY KEY ({key}))')
+        columns = [f"{ident(c)} {duckdb_type(types[c])}" for c in view.columns]
+        self.con.execute(
+            f"CREATE TABLE {ident(view.name)} ({', '.join(columns)}, "
+            f"PRIMARY KEY ({idents(view.key)}))"
+        )
         self.con.execute(
             "INSERT INTO mtcache.objects VALUES (?, ?, 'cached view', ?, ?, ?, ?, ?, ?, now())",
             [seq, view.name, view.statement, list(view.columns), list(view.key), view.color,
              "view" if view.view_level else "group", [p.control for p in view.presence]],
         )  # fmt: skip
+
+    def matching_keys(
+        self, control: str, columns: Sequence[str], where: exp.Expr | None
+    ) -> list[tuple[t.Any, ...]]:
+        """The control-key values of a control table's rows a WHERE clause selects."""
+        sql = f"SELECT {idents(columns)} FROM {ident(control)}"
+        if where is not None:
+            sql += f" WHERE {where.this.sql(dialect='duckdb')}"
+        return [tuple(r) for r in self.con.execute(sql).fetchall()]
+
+    def row_counts(self, views: Iterable[str]) -> dict[str, float]:
+        """The rows each cached view holds (cost inputs of planning)."""
+        found = {}
+        for view in views:
+            row = self.con.execute(f"SELECT count(*) FROM {ident(view)}").fetchone()
+            found[view] = float(row[0]) if row else 0.0
+        return found
 
     # -- counters ------------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from cache.store.cache_file import CacheStore
 from control_tables.regions import Region, guarantees, region_predicate
 from control_tables.schema import CachedView, CacheSchema
 from heartbeat.clock import BackendClock
+from sql_ext.quoting import ident, idents
 
 
 def status(store: CacheStore, now: dt.datetime | None = None) -> dict[str, t.Any]:
@@ -38,7 +39,7 @@ def _view_status(
     store: CacheStore, schema: CacheSchema, view: CachedView, now: dt.datetime
 ) -> dict[str, t.Any]:
     con = store.con
-    rows = con.execute(f'SELECT count(*) FROM "{view.name}"').fetchone()
+    rows = con.execute(f"SELECT count(*) FROM {ident(view.name)}").fetchone()
     regions: list[dict[str, t.Any]] = []
     if view.view_level:
         state = con.execute(
@@ -66,14 +67,14 @@ def _view_status(
         if control is not None and kind != "view"
     ]
     for kind, control, columns, control_columns in controls:
-        select = ", ".join(f'"{c}"' for c in control_columns)
         for record in con.execute(
-            f'SELECT {select}, refreshed_at, snapshot_id FROM "{control}" ORDER BY ALL'
+            f"SELECT {idents(control_columns)}, refreshed_at, snapshot_id FROM {ident(control)} "
+            "ORDER BY ALL"
         ).fetchall():
             values = tuple(record[: len(control_columns)])
             inside = region_predicate([Region(view.name, "presence", columns, values)])
             count = con.execute(
-                f'SELECT count(*) FROM "{view.name}" WHERE {inside.sql(dialect="duckdb")}'
+                f"SELECT count(*) FROM {ident(view.name)} WHERE {inside.sql(dialect='duckdb')}"
             ).fetchone()
             regions.append(
                 _region(

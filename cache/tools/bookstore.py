@@ -6,7 +6,12 @@ load in well under a second.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import psycopg
+
+# Fig 3.2's cache schema over the bookstore: AuthorCopy, BookCopy, ReviewerCopy, ReviewCopy.
+CACHE_SCHEMA_FILE = Path(__file__).parents[1] / "schemas" / "bookstore.sql"
 
 SCHEMA = """
 CREATE TABLE authors (

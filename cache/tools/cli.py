@@ -15,9 +15,12 @@ import typing as t
 from dataclasses import dataclass
 from pathlib import Path
 
+from cache.dbapi.connection import DEFAULT_CACHE
 from sql_ext.errors import Error, ProgrammingError
 
-DEFAULT_CACHE = ".mtcache/cache.duckdb"
+if t.TYPE_CHECKING:
+    from cache.dbapi.admin import Admin
+
 ENGINES = ("spark", "inline")
 DEFAULT_ENGINE = "spark"
 
@@ -93,32 +96,12 @@ def describe_class(cls: dict[str, t.Any]) -> str:
 
 
 def cmd_explain(settings: Settings, args: argparse.Namespace) -> int:
-    from cache.backend.reflect import fetch_catalog
-    from optimizer.normalize_constraint import normalize_constraint
-    from sql_ext import Query, parse_one
+    import cache
 
-    statement = parse_one(args.sql)
-    if not isinstance(statement, Query):
-        raise ProgrammingError(
-            f"explain takes a query; this is a {statement.kind} statement (try `mtcache parse`)"
-        )
-    from cache.execution.explaining import explain_query
-    from cache.store.cache_file import CacheStore
-    from optimizer.explain_plan import render
-
-    dsn = settings.backend_dsn()
-    catalog = fetch_catalog(dsn)
-    if not statement.is_select:
-        constraint = normalize_constraint(statement, catalog)
-        document: dict[str, t.Any] = {
-            "constraint": constraint.to_json(),
-            "plan": {"op": "RemoteQuery", "sql": statement.to_sql("postgres")},
-            "accesses": [],
-            "estimated_cost": 0.0,
-        }
-    else:
-        with CacheStore(settings.cache_path) as store:
-            document = explain_query(statement, None, catalog, store, dsn)
+    with cache.connect(settings.backend_dsn(), settings.cache_path) as conn:
+        conn.admin.reflect()  # plan against the backend's tables as they are now
+        plan = conn.explain(args.sql)
+    document = plan.to_json()
     if args.json:
         print(json.dumps(document))
         return 0
@@ -128,29 +111,21 @@ def cmd_explain(settings: Settings, args: argparse.Namespace) -> int:
     if not document["constraint"]:
         print("  (none: the statement reads nothing; it goes to the backend as it is)")
     print("plan:")
-    for line in render(document)[: -len(document["constraint"]) or None]:
+    for line in plan.render()[: -len(document["constraint"]) or None]:
         print(f"  {line}")
     return 0
 
 
-def _store(settings: Settings) -> t.Any:
-    from cache.store.cache_file import CacheStore
+def _admin(settings: Settings) -> t.ContextManager[Admin]:
+    """The cache file's administration; the backend is started or reached only if needed."""
+    from cache.dbapi.admin import Admin
 
-    return CacheStore(settings.cache_path)
-
-
-def _reflect(settings: Settings, store: t.Any) -> t.Any:
-    """Refresh the shadow catalog from the backend and return it."""
-    from cache.backend.reflect import fetch_catalog
-
-    catalog = fetch_catalog(settings.backend_dsn())
-    store.save_catalog(catalog)
-    return catalog
+    return Admin.open(settings.cache_path, backend=settings.backend_dsn)
 
 
 def cmd_init(settings: Settings, args: argparse.Namespace) -> int:
-    with _store(settings) as store:
-        catalog = _reflect(settings, store)
+    with _admin(settings) as admin:
+        catalog = admin.reflect()
     print(
         f"cache {settings.cache_path}: shadow catalog of {len(catalog.tables)} backend tables "
         f"and {len(catalog.views)} views"
@@ -159,17 +134,13 @@ def cmd_init(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_ddl(settings: Settings, args: argparse.Namespace) -> int:
-    from sql_ext import parse
-
     path = Path(args.file)
     try:
         text = path.read_text()
     except OSError as exc:
         raise ProgrammingError(f"cannot read the DDL script {path}: {exc.strerror}") from None
-    statements = parse(text)
-    with _store(settings) as store:
-        catalog = _reflect(settings, store)
-        result = store.apply_ddl(statements, catalog)
+    with _admin(settings) as admin:
+        result = admin.apply_ddl(text)
     for name in result.dropped:
         print(f"dropped {name}")
     for name in result.created:
@@ -177,19 +148,14 @@ def cmd_ddl(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def _keys(store: t.Any, control: str, values: list[str]) -> list[tuple[str, ...]]:
+def _keys(admin: Admin, control: str, values: list[str]) -> list[tuple[str, ...]]:
     """VALUE... grouped by the control table's key width (one value per key column)."""
-    schema = store.load_schema()
-    if control not in schema.control_tables:
-        from control_tables.schema import control_role
-
-        control_role(schema, control)  # raises the precise error
-    width = len(schema.control_tables[control].column_names)
+    columns = admin.control_key(control)
+    width = len(columns)
     if not values or len(values) % width:
         raise ProgrammingError(
-            f"{control} has {width} control-key column(s) "
-            f"({', '.join(schema.control_tables[control].column_names)}): give values in groups "
-            f"of {width}"
+            f"{control} has {width} control-key column(s) ({', '.join(columns)}): give values "
+            f"in groups of {width}"
         )
     return [tuple(values[i : i + width]) for i in range(0, len(values), width)]
 
@@ -209,54 +175,37 @@ def _print_report(report: t.Any, as_json: bool) -> None:
     )
 
 
-def _maintainer(
-    settings: Settings, store: t.Any, engine: str = "inline", master: str | None = None
-) -> t.Any:
-    from cache.maintenance.pipeline import Maintainer, make_engine
-
-    if not store.has_catalog():
-        _reflect(settings, store)
-    return Maintainer(store, settings.backend_dsn(), make_engine(engine, master))
-
-
 def cmd_admit(settings: Settings, args: argparse.Namespace) -> int:
-    with _store(settings) as store:
-        keys = _keys(store, args.name, args.values)
-        _print_report(_maintainer(settings, store).admit(args.name, keys), args.json)
+    with _admin(settings) as admin:
+        _print_report(admin.admit(args.name, _keys(admin, args.name, args.values)), args.json)
     return 0
 
 
 def cmd_evict(settings: Settings, args: argparse.Namespace) -> int:
-    from cache.maintenance.pipeline import Maintainer
-
-    with _store(settings) as store:
-        keys = _keys(store, args.name, args.values)
-        report = Maintainer(store, dsn="").evict(args.name, keys)
-        _print_report(report, args.json)
+    with _admin(settings) as admin:
+        _print_report(admin.evict(args.name, _keys(admin, args.name, args.values)), args.json)
     return 0
 
 
 def cmd_refresh(settings: Settings, args: argparse.Namespace) -> int:
-    with _store(settings) as store:
-        keys = [tuple(k.split(",")) for k in args.key] if args.key else None
-        if keys and not args.view:
-            raise ProgrammingError("--key needs --view: keys are presence keys of one view")
-        master = args.spark_master or os.environ.get("MTCACHE_SPARK_MASTER")
-        maintainer = _maintainer(settings, store, args.engine, master)
-        _print_report(maintainer.refresh(args.view, keys), args.json)
+    keys = [tuple(k.split(",")) for k in args.key] if args.key else None
+    if keys and not args.view:
+        raise ProgrammingError("--key needs --view: keys are presence keys of one view")
+    master = args.spark_master or os.environ.get("MTCACHE_SPARK_MASTER")
+    with _admin(settings) as admin:
+        report = admin.refresh(args.view, keys, engine=args.engine, spark_master=master)
+        _print_report(report, args.json)
     return 0
 
 
 def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
-    from cache.store.status import status
-
     if not settings.cache_path.exists():
         raise ProgrammingError(
             f"no cache file at {settings.cache_path}: create one with `mtcache init` "
             "(or pass --cache)"
         )
-    with _store(settings) as store:
-        document = status(store)
+    with _admin(settings) as admin:
+        document = admin.status()
     if args.json:
         print(json.dumps(document))
         return 0
@@ -316,7 +265,7 @@ def cmd_query(settings: Settings, args: argparse.Namespace) -> int:
         print(json.dumps({
             "columns": columns,
             "rows": [[_json_value(v) for v in row] for row in rows],
-            "provenance": provenance,
+            "provenance": provenance.to_json(),
         }))  # fmt: skip
         return 0
     from rich.console import Console

@@ -15,7 +15,7 @@ from rich.markup import escape
 from cache.backend.reflect import fetch_catalog
 from cache.tools import bookstore
 
-SCHEMA = Path(__file__).parents[1] / "schemas" / "bookstore.sql"
+SCHEMA = bookstore.CACHE_SCHEMA_FILE
 SALES_VIEW = "CREATE CACHED VIEW salescopy AS SELECT saleid, isbn, sold_on, qty FROM sales"
 
 if t.TYPE_CHECKING:
@@ -163,7 +163,7 @@ def cache_at_work(console: Console, dsn: str, path: Path) -> None:
                           "INSERT INTO authorlist_pct VALUES (4), (8)"):  # fmt: skip
             cur.execute(admission)
             console.print(f"  [dim]{admission}[/dim]: {escape(cur.messages[-1][1])}")
-        conn._maintainer().refresh("salescopy")
+        conn.admin.refresh("salescopy")
         console.print()
 
         def run(sql: str, params: tuple[t.Any, ...] | None, why: str) -> None:
@@ -184,7 +184,7 @@ def cache_at_work(console: Console, dsn: str, path: Path) -> None:
         run(f"{AUTHOR} {bound}", (4,), "an admitted author: the guard passes")
         run(f"{AUTHOR} {bound}", (5,), "author 5 is not admitted: a presence miss goes to the "
             "backend, and admits the author in the background")  # fmt: skip
-        conn.wait_for_admissions()
+        conn.admin.wait_for_admissions()
         run(f"{AUTHOR} {bound}", (5,), "... so the same query now hits")
         run(f"{AUTHOR} CURRENCY BOUND 1 SECONDS", (4,), "a bound below the refresh delay: no "
             "copy can ever be that fresh, the backend answers")  # fmt: skip
@@ -193,19 +193,16 @@ def cache_at_work(console: Console, dsn: str, path: Path) -> None:
             "an author with her books, one snapshot: both from the cache")  # fmt: skip
         run(f"{SALES_BY_TYPE} {bound} ON (s), 10 MIN ON (b)", None, "mixed: sales from the "
             "cache, the books of author 3 (not admitted) from the backend")  # fmt: skip
-        conn.wait_for_admissions()
+        conn.admin.wait_for_admissions()
         cur.execute(f"EXPLAIN {AUTHOR_BOOKS} {bound} ON (a, b)")
         console.print("[bold cyan]EXPLAIN: a SwitchUnion per cached access, with its "
                       "guard[/bold cyan]")  # fmt: skip
         for (line,) in cur.fetchall():
             console.print(f"  {escape(line)}")
         console.print()
-    from cache.store.cache_file import CacheStore
+    from cache.dbapi.admin import Admin
 
-    store = CacheStore(path)
-    try:
-        counters = store.counters()
-    finally:
-        store.close()
+    with Admin.open(path) as admin:
+        counters = admin.status()["counters"]
     console.print("counters: " + ", ".join(f"{k} {v}" for k, v in sorted(counters.items())))
     console.print()

@@ -1,6 +1,11 @@
-"""Table accesses of a query: for each base-table reference, the columns the query uses from it,
-the conjuncts that mention only it (selections that can be pushed to it), and the constants it
-is probed with (``col = v``, ``col IN (v, ...)``, parameters included).
+"""Analyse a statement once, for every rule after it (STYLE 2): its normalized C&C constraint
+(§4.3, §5.1) and its table accesses - for each base-table reference, the columns the query uses
+from it, the conjuncts that mention only it (selections that can be pushed to it), and the
+constants it is probed with (``col = v``, ``col IN (v, ...)``, parameters included) - plus what
+would make DuckDB answer differently from PostgreSQL (SPEC §5.11).
+
+    parse (sql_ext) -> analyse (here) -> plan (optimizer.plan) -> guard
+    (optimizer.evaluate_guards) -> execute (cache.execution)
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from optimizer.normalize_constraint import ConsistencyClass, Constraint, Instanc
 from sql_ext import Block, Query, Source
 from sql_ext.catalog import Catalog
 from sql_ext.fds import FD
+from sql_ext.params import Key, placeholder_keys
 
 CONSTANTS = (exp.Literal, exp.Placeholder, exp.Null, exp.Boolean)
 COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.In, exp.Between,
@@ -41,50 +47,51 @@ class Access:
         assert isinstance(node, exp.Table)
         return node
 
+    @property
+    def alias(self) -> str:
+        """The name the statement reads the table by (its alias, else its name)."""
+        return self.node.alias or self.node.name
+
 
 @dataclass(frozen=True)
-class QueryModel:
+class Analysis:
+    """What every optimizer rule needs to know about one statement."""
+
     query: Query
     constraint: Constraint
     fds: tuple[FD, ...]
     accesses: tuple[Access, ...]  # one per direct base-table reference
-    # A char(n) column is compared or LIKE-matched: PostgreSQL ignores its blank padding,
-    # DuckDB (which stores it padded) would not, so such a query must run remote.
-    compares_padded_text: bool = False
-    # Text is ordered, range-compared or MIN/MAX-ed: collation-dependent (see Catalog).
-    orders_text: bool = False
-    # A numeric column is averaged or divided: PostgreSQL answers an exact numeric with its
-    # own scale, DuckDB a double, so such a query runs remote.
-    divides_numeric: bool = False
+    # Each placeholder's key (position or name), by node number (sql_ext.params).
+    parameter_keys: Mapping[int, Key]
+    # Why DuckDB could not answer the statement as PostgreSQL would (None: it can).
+    local_blocker: str | None = None
 
-    def local_allowed(self, catalog: Catalog) -> bool:
-        """Can DuckDB answer this statement as PostgreSQL would?"""
-        return (
-            self.direct
-            and not self.compares_padded_text
-            and not self.divides_numeric
-            and (catalog.text_byte_order or not self.orders_text)
-        )
+    @property
+    def local_allowed(self) -> bool:
+        return self.local_blocker is None
 
     @functools.cached_property
-    def direct(self) -> bool:
-        """Every input is a base table referenced directly (no backend view): a local or mixed
-        plan can rebind each reference."""
-        return {a.instance for a in self.accesses} == set(self.constraint.instances)
+    def keys(self) -> tuple[Key, ...]:
+        """The distinct placeholder keys, in textual order."""
+        return tuple(dict.fromkeys(self.parameter_keys.values()))
 
     def access_of(self, instance: Instance) -> Access:
         return next(a for a in self.accesses if a.instance == instance)
 
     @functools.cached_property
     def class_accesses(self) -> tuple[tuple[ConsistencyClass, tuple[Access, ...]], ...]:
-        """Each consistency class with its accesses in statement order (found once)."""
+        """Each consistency class with its accesses in statement order (found once; an input
+        read through a backend view has no access of its own)."""
         return tuple(
-            (cls, tuple(self.access_of(i) for i in sorted(cls.instances, key=lambda i: i.id)))
+            (cls, tuple(a for a in self.accesses if a.instance in cls.instances))
             for cls in self.constraint.classes
         )
 
 
-def model_query(query: Query, catalog: Catalog) -> QueryModel:
+def analyze(query: Query, catalog: Catalog) -> Analysis:
+    if not query.is_select:  # a write or a command: nothing to read from the cache
+        return Analysis(query, Constraint((), (), ()), (), (), placeholder_keys(query.tree),
+                        local_blocker="it is not a query")  # fmt: skip
     resolver = QueryResolver(query, catalog)
     constraint = resolver.run()
     analysis = query.analysis
@@ -156,15 +163,34 @@ def model_query(query: Query, catalog: Catalog) -> QueryModel:
         )
         for instance, source, block in sorted(direct.values(), key=lambda d: d[0].id)
     )
-    return QueryModel(
+    return Analysis(
         query=query,
         constraint=constraint,
         fds=constraint.fds,
         accesses=accesses,
-        compares_padded_text=padded,
-        orders_text=ordered,
-        divides_numeric=divides,
+        parameter_keys=placeholder_keys(query.tree),
+        local_blocker=_local_blocker(
+            direct={a.instance for a in accesses} == set(constraint.instances),
+            padded=padded,
+            divides=divides,
+            orders_text=ordered and not catalog.text_byte_order,
+        ),
     )
+
+
+def _local_blocker(*, direct: bool, padded: bool, divides: bool, orders_text: bool) -> str | None:
+    if not direct:
+        # a local or mixed plan rebinds each table reference; a backend view has none to rebind
+        return "it reads a backend view (only base-table references can be rebound locally)"
+    if padded:
+        # PostgreSQL ignores a char(n) column's blank padding; DuckDB stores it padded
+        return "it compares a char(n) column (DuckDB would see its blank padding)"
+    if divides:
+        # PostgreSQL answers an exact numeric with its own scale, DuckDB a double
+        return "it averages or divides a numeric column (DuckDB would answer a double)"
+    if orders_text:
+        return "it orders text, and the backend's collation is not byte order as DuckDB's is"
+    return None
 
 
 DIVIDING = (exp.Div, exp.Avg, exp.Stddev, exp.StddevPop, exp.StddevSamp, exp.Variance,

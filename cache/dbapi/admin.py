@@ -1,0 +1,143 @@
+"""The cache's administration API: the cache schema, admission, eviction, refresh, status.
+
+From a connection, ``conn.admin`` (it shares the connection's cache file and backend, and its
+background admissions); without one - tools that need no backend, like ``mtcache status`` or
+``mtcache evict`` - ``Admin.open(cache_path, backend=...)``::
+
+    with Admin.open(".mtcache/cache.duckdb", backend=dsn) as admin:
+        admin.apply_ddl(Path("cache/schemas/bookstore.sql").read_text())
+        admin.admit("authorlist_pct", [4, 8])
+        admin.refresh("authorcopy", engine="spark")
+        admin.status()["views"]
+
+Keys are tuples of control-key values, one per control-key column; a plain value stands for
+a one-column key. Every operation pulls or removes whole regions by affected closure, in one
+backend snapshot and one DuckDB transaction (`cache.maintenance`).
+"""
+
+from __future__ import annotations
+
+import typing as t
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from cache.backend.reflect import fetch_catalog
+from cache.dbapi.admission import Admissions
+from cache.maintenance.engines import Engine
+from cache.maintenance.pipeline import Maintainer, make_engine
+from cache.maintenance.report import Report
+from cache.store.cache_file import CacheStore, DdlResult
+from cache.store.status import status
+from control_tables.schema import control_role
+from sql_ext import Statement, parse
+from sql_ext.catalog import Catalog
+from sql_ext.errors import InterfaceError
+
+Dsn = Callable[[], str]  # the backend, resolved when first needed (the embedded one starts)
+
+
+class Admin:
+    def __init__(
+        self,
+        store: CacheStore,
+        backend: Dsn,
+        *,
+        admissions: Admissions | None = None,
+        on_catalog: Callable[[Catalog], None] | None = None,
+    ) -> None:
+        self._store = store
+        self._backend = backend
+        self._admissions = admissions
+        self._on_catalog = on_catalog
+
+    @classmethod
+    @contextmanager
+    def open(cls, cache_path: str | Path, backend: str | Dsn | None = None) -> Iterator[Admin]:
+        """An administration session on a cache file (closed on exit). ``backend``: a DSN, or a
+        callable giving one when an operation first needs the backend."""
+        store = CacheStore(cache_path)
+        if backend is None:
+            resolve: Dsn = _no_backend
+        elif isinstance(backend, str):
+            dsn = backend
+            resolve = lambda: dsn  # noqa: E731
+        else:
+            resolve = backend
+        try:
+            yield cls(store, resolve)
+        finally:
+            store.close()
+
+    # -- the cache schema ------------------------------------------------------------------------
+
+    def reflect(self) -> Catalog:
+        """Read the backend's catalog (tables, keys, statistics) into the cache file."""
+        catalog = fetch_catalog(self._backend())
+        self._store.save_catalog(catalog)
+        if self._on_catalog is not None:
+            self._on_catalog(catalog)
+        return catalog
+
+    def apply_ddl(self, script: str | Iterable[Statement]) -> DdlResult:
+        """Apply cache DDL (a script's text or parsed statements) all or nothing, checked
+        against the backend's current catalog and Rules 1-5."""
+        statements = parse(script) if isinstance(script, str) else list(script)
+        return self._store.apply_ddl(statements, self.reflect())
+
+    def control_key(self, control: str) -> tuple[str, ...]:
+        """The control-key columns of a control table (an error naming the control tables
+        there are, if it is none)."""
+        return control_role(self._store.load_schema(), control)[2]
+
+    # -- regions -----------------------------------------------------------------------------
+
+    def admit(self, control: str, keys: Iterable[t.Any]) -> Report:
+        """Add control-key values and pull the regions they define (and their closure)."""
+        return self._maintainer().admit(control, _keys(keys))
+
+    def evict(self, control: str, keys: Iterable[t.Any]) -> Report:
+        """Remove control-key values and their rows, cascading to presence-controlled
+        children. Needs no backend."""
+        return Maintainer(self._store, "").evict(control, _keys(keys))
+
+    def refresh(
+        self,
+        view: str | None = None,
+        keys: Iterable[t.Any] | None = None,
+        *,
+        engine: str | Engine = "inline",
+        spark_master: str | None = None,
+    ) -> Report:
+        """Refresh a view's regions (all, or those of the given presence keys), or every
+        white view; on the ``inline`` or ``spark`` engine."""
+        chosen = make_engine(engine, spark_master) if isinstance(engine, str) else engine
+        return self._maintainer(chosen).refresh(view, _keys(keys) if keys is not None else None)
+
+    def wait_for_admissions(self) -> None:
+        """Block until the background admissions requested so far (presence misses) are done."""
+        if self._admissions is not None:
+            self._admissions.wait()
+
+    @property
+    def admission_errors(self) -> list[str]:
+        return self._admissions.errors if self._admissions is not None else []
+
+    # -- status ----------------------------------------------------------------------------------
+
+    def status(self) -> dict[str, t.Any]:
+        """Views, their regions with currency, and the counters (SPEC §9's document)."""
+        return status(self._store)
+
+    def _maintainer(self, engine: Engine | None = None) -> Maintainer:
+        if not self._store.has_catalog():
+            self.reflect()
+        return Maintainer(self._store, self._backend(), engine)
+
+
+def _keys(values: Iterable[t.Any]) -> list[tuple[t.Any, ...]]:
+    return [v if isinstance(v, tuple) else (v,) for v in values]
+
+
+def _no_backend() -> str:
+    raise InterfaceError("this administration session has no backend: open it with backend=...")

@@ -1,0 +1,394 @@
+"""The DB-API 2.0 cursor (PEP 249). ``execute`` routes a statement (`cache.dbapi.route`) and
+runs it; a query with currency clauses takes the cache's path, top to bottom:
+
+    parse (sql_ext) -> analyse (optimizer.analyze) -> plan (optimizer.planner, cached per
+    shape) -> guard (optimizer.evaluate_guards) -> execute (cache.execution.execute, or the
+    whole statement on the backend) -> provenance (cache.execution.provenance)
+
+``cursor.provenance`` tells, per table access of the last query, where its rows came from;
+``cursor.plan`` is the plan the last cached read or EXPLAIN ran with.
+"""
+
+from __future__ import annotations
+
+import typing as t
+from collections.abc import Callable, Iterator, Sequence
+
+import duckdb
+import psycopg
+from psycopg import pq
+from sqlglot import exp
+
+from cache.dbapi import route as routes
+from cache.execution.execute import run_local, text_column
+from cache.execution.planning import Prepared
+from cache.execution.provenance import Provenance
+from optimizer.evaluate_guards import Decision, evaluate_guards
+from optimizer.plan import Plan
+from sql_ext import Query
+from sql_ext import errors as _errors
+from sql_ext.errors import BackendUnavailableError, InterfaceError, ProgrammingError, translate
+from sql_ext.params import ParameterValues, Params, bind_literals
+
+if t.TYPE_CHECKING:
+    from cache.dbapi.connection import Connection
+
+# psycopg's test for "the statement returned rows" (Cursor.description), on a result
+_ROW_STATUSES = frozenset((pq.ExecStatus.TUPLES_OK, pq.ExecStatus.SINGLE_TUPLE,
+                           pq.ExecStatus.TUPLES_CHUNK))  # fmt: skip
+
+
+class _ResultShape:
+    """A backend result's columns, kept so the DB-API description is built only when read:
+    psycopg.Column reads exactly these attributes of a cursor, frozen here at one result
+    (the psycopg cursor itself is reused by the next statement)."""
+
+    __slots__ = ("_encoding", "adapters", "pgresult")
+
+    def __init__(self, result: pq.abc.PGresult, cursor: psycopg.Cursor[t.Any]) -> None:
+        self.pgresult = result
+        self._encoding = cursor._encoding
+        self.adapters = cursor.adapters
+
+
+class Cursor:
+    """PEP 249 cursor. ``provenance`` tells, per table access of the last query, where the
+    data came from (SPEC §9); ``messages`` holds warnings as (class, text) pairs."""
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+        self.arraysize = 1
+        self._description: list[tuple[t.Any, ...]] | None = None
+        self._pg_columns: _ResultShape | None = None  # the backend's result, described lazily
+        self.rowcount = -1
+        self.messages: list[tuple[type[Warning], str]] = []
+        self._provenance = Provenance()
+        # the provenance of the last query, built when first read (most callers never do)
+        self._pending: Callable[[], Provenance] | None = None
+        self._pg_cursor: psycopg.Cursor[t.Any] | None = None  # reused for backend statements
+        self.plan: Plan | None = None  # the plan of the last cached read or EXPLAIN
+        self.closed = False
+        self._rows: list[tuple[t.Any, ...]] = []
+        self._position = 0
+
+    # -- PEP 249 --------------------------------------------------------------------------
+
+    @property
+    def description(self) -> list[tuple[t.Any, ...]] | None:
+        """Seven items per result column (PEP 249), None when the statement returned no rows.
+        Built on first access: most applications never read it on the hot path."""
+        if self._description is None and self._pg_columns is not None:
+            shape = self._pg_columns
+            self._description = [
+                (c.name, c.type_code, c.display_size, c.internal_size, c.precision, c.scale,
+                 c.null_ok)
+                for c in (psycopg.Column(t.cast(t.Any, shape), i)
+                          for i in range(shape.pgresult.nfields))
+            ]  # fmt: skip
+        return self._description
+
+    @property
+    def provenance(self) -> Provenance:
+        """Per table access of the last query: where its rows came from (SPEC §9)."""
+        if self._pending is not None:
+            self._provenance = self._pending()
+            self._pending = None
+        return self._provenance
+
+    def execute(self, operation: str, parameters: Params = None) -> Cursor:
+        if self.closed or self.connection.closed:
+            self._check_open()
+        self._reset()
+        connection = self.connection
+        statement = connection._statements.parse(operation)
+        controls = connection._store.load_schema().control_tables
+        route = routes.route(statement, operation, controls.keys())
+        if isinstance(route, routes.CachedRead):
+            self._read(route.query, parameters)
+        elif isinstance(route, routes.Passthrough):
+            self._run_backend(route.sql, parameters)
+            if route.reads is not None:
+                query = route.reads
+                self._pending = lambda: Provenance.remote(connection._planner.base_tables(query))
+                connection._counters["remote"] += 1
+            if route.changes_catalog:
+                connection._planner.catalog_changed()
+        elif isinstance(route, routes.Write):
+            self._run_backend(route.sql, parameters)
+            if route.changes_catalog:
+                connection._planner.catalog_changed()
+            connection._session.wrote(route.tables)
+        elif isinstance(route, routes.Explain):
+            self._explain(route.query, parameters)
+        elif isinstance(route, routes.ControlEdit):
+            self._edit_control_table(route, parameters)
+        elif isinstance(route, routes.TimelineBracket):
+            if parameters:
+                raise ProgrammingError("TIMEORDERED takes no parameters")
+            if route.begin:
+                connection.begin_timeordered()
+            else:
+                connection.end_timeordered()
+        else:
+            if parameters:
+                raise ProgrammingError("cache DDL takes no parameters")
+            connection.admin.apply_ddl([route.statement])
+        return self
+
+    def executemany(self, operation: str, seq_of_parameters: Sequence[Params]) -> Cursor:
+        self._check_open()
+        total = 0
+        for parameters in seq_of_parameters:
+            self.execute(operation, parameters)
+            total += max(self.rowcount, 0)
+        self.rowcount = total
+        self._set_result(None, [])
+        return self
+
+    def fetchone(self) -> tuple[t.Any, ...] | None:
+        self._check_result()
+        if self._position >= len(self._rows):
+            return None
+        row = self._rows[self._position]
+        self._position += 1
+        return row
+
+    def fetchmany(self, size: int | None = None) -> list[tuple[t.Any, ...]]:
+        self._check_result()
+        count = self.arraysize if size is None else size
+        rows = self._rows[self._position : self._position + count]
+        self._position += len(rows)
+        return rows
+
+    def fetchall(self) -> list[tuple[t.Any, ...]]:
+        self._check_result()
+        rows = self._rows[self._position :]
+        self._position = len(self._rows)
+        return rows
+
+    def __iter__(self) -> Iterator[tuple[t.Any, ...]]:
+        while (row := self.fetchone()) is not None:
+            yield row
+
+    def close(self) -> None:
+        self.closed = True
+        self._rows = []
+        if self._pg_cursor is not None:
+            self._pg_cursor.close()
+
+    def setinputsizes(self, sizes: t.Any) -> None:
+        """PEP 249 lets an implementation ignore size hints; this one does."""
+
+    def setoutputsize(self, size: t.Any, column: int | None = None) -> None:
+        """PEP 249 lets an implementation ignore size hints; this one does."""
+
+    def __enter__(self) -> Cursor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- a query with currency clauses -------------------------------------------------------
+
+    def _read(self, query: Query, parameters: Params) -> None:
+        connection = self.connection
+        try:
+            prepared = connection._planner.prepare(query, parameters)
+            self.plan = prepared.plan
+            decision = self._decide(prepared.plan, parameters)
+            if decision.remote:
+                self._run_backend(prepared.plan.sql, parameters)
+                self._pending = lambda: Provenance.remote(
+                    connection._planner.base_tables(query))  # fmt: skip
+                connection._counters["remote"] += 1
+                return
+            self._run_decision(prepared, decision, parameters)
+        except BackendUnavailableError as exc:
+            self._answer_without_backend(query, parameters, exc)
+
+    def _decide(self, plan: Plan, parameters: Params, ignore_currency: bool = False) -> Decision:
+        """Evaluate the plan's guards; a decision about current data counts its misses and
+        requests the admissions that would fill them."""
+        connection = self.connection
+        session = connection._session.guard_session(connection._planner.catalog.tables,
+                                                    ignore_currency)  # fmt: skip
+        values = ParameterValues(plan.analysis.parameter_keys, parameters)
+        decision = evaluate_guards(plan, connection._region_state(), values, session)
+        if not ignore_currency:
+            misses = decision.misses
+            counters = connection._counters
+            counters["presence_misses"] += misses.presence
+            counters["currency_misses"] += misses.currency
+            if connection.admit_on_miss and misses.admittable:
+                connection._admissions.request(misses.admittable)
+        return decision
+
+    def _run_decision(
+        self, prepared: Prepared, decision: Decision, parameters: Params, stale: bool = False
+    ) -> None:
+        """Run a local or mixed decision in DuckDB."""
+        connection = self.connection
+        fetch = connection._leaf_fetcher()
+        try:
+            result = run_local(prepared, decision, parameters, connection._store.con, fetch)
+        except psycopg.Error as exc:
+            raise translate(exc, unreachable="a remote part of the query needs it") from exc
+        except duckdb.Error as exc:
+            raise translate(exc, "the local plan failed in DuckDB") from exc
+        self._set_result(result.description, result.rows)
+        bindings = decision.bindings or ()
+        local = sum(1 for b in bindings if b.guard is not None)
+        remote = local < len(bindings)
+        connection._counters["hits"] += local
+        if remote:
+            connection._counters["remote"] += 1
+        if stale:
+            self._provenance = Provenance.of(decision, mark_stale=True)
+        else:
+            self._pending = lambda: Provenance.of(decision)
+        session = connection._session
+        if session.timeline_active:
+            moments = [decision.now] if remote else []
+            stamps = [s[0] for b in bindings for _, s in b.regions if s[0] is not None]
+            if stamps:
+                moments.append(max(stamps))
+            if moments:
+                session.read_at(max(moments))
+
+    def _answer_without_backend(
+        self, query: Query, parameters: Params, down: BackendUnavailableError
+    ) -> None:
+        """SPEC §5.9: with stale_ok, present local data of any age answers, flagged stale;
+        otherwise say which access needs the backend, its bound and the local data's age."""
+        connection = self.connection
+        prepared = connection._planner.cached(query, parameters)
+        if prepared is None:
+            prepared = Prepared(connection._planner.uncosted(query, parameters), -1)
+        decision = self._decide(prepared.plan, parameters, ignore_currency=True)
+        if connection.stale_ok and not decision.remote:
+            self._run_decision(prepared, decision, parameters, stale=True)
+            for entry in self._provenance:
+                if entry.stale:
+                    bound = next(b.bound_seconds for b in decision.bindings or ()
+                                 if b.access.table == entry.table)  # fmt: skip
+                    self.messages.append((
+                        _errors.Warning,
+                        f"{entry.table}: answered from {entry.view} "
+                        f"{entry.currency_seconds:.1f}s old, beyond its bound of "
+                        f"{bound:g}s: the backend is unreachable (stale_ok)",
+                    ))  # fmt: skip
+            return
+        needs = _needs_backend(prepared.plan, decision)
+        raise BackendUnavailableError(f"{needs}; {down}") from down
+
+    def _explain(self, query: Query, parameters: Params) -> None:
+        """EXPLAIN of a query with clauses: the cache's plan, one text line per row."""
+        plan = self.connection._planner.prepare(query, parameters).plan
+        self.plan = plan
+        self._set_result([tuple(text_column("QUERY PLAN"))], [(line,) for line in plan.render()])
+
+    # -- other statements ----------------------------------------------------------------------
+
+    def _run_backend(self, sql: str, parameters: Params) -> None:
+        connection = self.connection
+        session = connection._session
+        try:
+            cur = self._pg_cursor
+            if cur is None or cur.closed:
+                cur = self._pg_cursor = connection._pg.cursor()
+            cur.execute(sql, parameters)  # type: ignore[arg-type]
+            self.rowcount = cur.rowcount
+            result = cur.pgresult
+            if result is not None and (result.nfields or result.status in _ROW_STATUSES):
+                self._pg_columns = _ResultShape(result, cur)
+                self._rows = cur.fetchall()  # psycopg rows are tuples already
+                self.rowcount = len(self._rows)
+        except psycopg.Error as exc:
+            raise translate(exc, unreachable="the statement needs it: reconnect when it is "
+                            "back") from exc  # fmt: skip
+        finally:
+            while connection._notices:
+                self.messages.append((_errors.Warning, connection._notices.pop(0)))
+            if session.writing:
+                session.settle()  # e.g. a COMMIT sent as SQL
+        if session.timeline_active:
+            session.read_at(session.now())
+
+    def _edit_control_table(self, edit: routes.ControlEdit, parameters: Params) -> None:
+        """INSERT INTO control ... admits keys; DELETE FROM control ... evicts them."""
+        connection = self.connection
+        store = connection._store
+        control = edit.control
+        columns = store.load_schema().control_tables[control].column_names
+        tree = bind_literals(edit.query.tree, parameters)
+        if edit.kind == "insert":
+            named = [c.name.lower() for c in tree.this.expressions] if isinstance(
+                tree.this, exp.Schema) else list(columns)  # fmt: skip
+            if sorted(named) != sorted(columns):
+                raise ProgrammingError(
+                    f"INSERT INTO {control} must give exactly its control key "
+                    f"({', '.join(columns)}); got ({', '.join(named)})"
+                )
+            rows = store.con.execute(tree.expression.sql(dialect="duckdb")).fetchall()
+            keys = [tuple(row[named.index(c)] for c in columns) for row in rows]
+            report = connection.admin.admit(control, keys)
+        else:
+            keys = store.matching_keys(control, columns, tree.args.get("where"))
+            report = connection.admin.evict(control, keys)
+        self.rowcount = len(keys)
+        done = f"{report.operation}: {len(report.regions)} regions"
+        self.messages.append((_errors.Warning, done))
+
+    # -- state ----------------------------------------------------------------------------
+
+    def _set_result(
+        self, description: list[tuple[t.Any, ...]] | None, rows: list[tuple[t.Any, ...]]
+    ) -> None:
+        self._description = description
+        self._pg_columns = None
+        self._rows = rows
+        self.rowcount = len(rows) if description is not None else self.rowcount
+
+    def _reset(self) -> None:
+        self._description = None
+        self._pg_columns = None
+        self.rowcount = -1
+        self.messages = []
+        self._provenance = Provenance()
+        self._pending = None
+        self.plan = None
+        self._rows = []
+        self._position = 0
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise InterfaceError("the cursor is closed")
+        self.connection._check_open()
+
+    def _check_result(self) -> None:
+        self._check_open()
+        if self._description is None and self._pg_columns is None:
+            raise ProgrammingError("the last statement returned no rows to fetch")
+
+
+def _needs_backend(plan: Plan, decision: Decision) -> str:
+    """Which access could not be answered locally, with its bound and its local data's age."""
+    bindings = {b.access.instance.id: b for b in decision.bindings or ()}
+    for cls_plan in plan.classes:
+        for access in cls_plan.accesses:
+            binding = bindings.get(access.instance.id)
+            label = f"{access.table} ({access.alias})"
+            bound = cls_plan.bound_seconds
+            if binding is None or binding.guard is None:
+                return (
+                    f"{label} needs the backend (CURRENCY BOUND {bound:g}s) and the cache "
+                    "holds no usable copy of it"
+                )
+            ages = [(decision.now - s[0]).total_seconds() for _, s in binding.regions if s[0]]
+            if ages and max(ages) > bound:
+                return (
+                    f"{label} needs the backend (CURRENCY BOUND {bound:g}s): the local data "
+                    f"in {binding.guard.view} is {max(ages):.1f}s old; connect with "
+                    "stale_ok=True to accept it"
+                )
+    return "a remote part of the query needs the backend"

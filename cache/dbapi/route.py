@@ -1,0 +1,180 @@
+"""What a statement sent through ``cursor.execute`` does, decided once by a pure function
+(`route`) from its parse: a typed `Route` the cursor dispatches on.
+
+* `CachedRead`: a query with currency clauses, planned and guarded (SPEC §5);
+* `Explain`: EXPLAIN of such a query, answered with the cache's plan;
+* `Passthrough`: plain SQL for the backend, verbatim when it uses no extension;
+* `Write`: INSERT / UPDATE / DELETE / MERGE (and commands sqlglot does not model) on backend
+  tables, which the session's later reads must see (§5.8);
+* `ControlEdit`: INSERT INTO / DELETE FROM a control table admits / evicts control keys;
+* `CacheDdl`: CREATE / DROP of control tables and cached views;
+* `TimelineBracket`: BEGIN / END TIMEORDERED (§2.3).
+"""
+
+from __future__ import annotations
+
+import typing as t
+from collections import OrderedDict
+from collections.abc import Set
+from dataclasses import dataclass
+
+from sqlglot import exp
+
+from sql_ext import Query, Statement, Timeline, parse_one
+from sql_ext.errors import NotSupportedError, SqlSyntaxError
+from sql_ext.statements import DIALECT
+
+_EXTENSION_WORDS = {"CURRENCY", "TIMEORDERED", "CACHED", "CONTROL", "EXPLAIN"}
+
+
+@dataclass(frozen=True)
+class CachedRead:
+    query: Query
+
+
+@dataclass(frozen=True)
+class Explain:
+    query: Query  # the explained query (its EXPLAIN stripped)
+
+
+@dataclass(frozen=True)
+class Passthrough:
+    sql: str
+    reads: Query | None = None  # a plain query: its tables are named in the provenance
+    changes_catalog: bool = False  # backend DDL: the shadow catalog must be read again
+
+
+@dataclass(frozen=True)
+class Write:
+    sql: str
+    tables: frozenset[str] | None  # None: the parser could not name them (counts as all)
+    changes_catalog: bool = False
+
+
+@dataclass(frozen=True)
+class ControlEdit:
+    query: Query
+    control: str
+    kind: t.Literal["insert", "delete"]
+
+
+@dataclass(frozen=True)
+class CacheDdl:
+    statement: Statement
+
+
+@dataclass(frozen=True)
+class TimelineBracket:
+    begin: bool
+
+
+Route = CachedRead | Explain | Passthrough | Write | ControlEdit | CacheDdl | TimelineBracket
+
+
+def route(statement: Statement | None, operation: str, control_tables: Set[str]) -> Route:
+    """The route of a statement (None: text the parser cannot read that uses no extension:
+    the backend judges it, verbatim)."""
+    if statement is None:
+        return Passthrough(operation)
+    if isinstance(statement, Timeline):
+        return TimelineBracket(statement.begin)
+    if not isinstance(statement, Query):
+        return CacheDdl(statement)
+    tree = statement.tree
+    if statement.is_select and statement.explain is None:  # reads: the hot path first
+        if statement.has_currency_clause:
+            return CachedRead(statement)
+        return Passthrough(operation, reads=statement)
+    control = _control_target(tree, control_tables)
+    if control is not None:
+        return ControlEdit(statement, *control)
+    if statement.explain is not None and statement.has_currency_clause and statement.is_select:
+        return Explain(statement.without_explain())
+    # Only a statement using an extension is regenerated; plain SQL reaches PostgreSQL as
+    # written (psycopg's %%, dollar quotes, casts untouched).
+    extended = statement.has_currency_clause or statement.explain is not None
+    sql = statement.backend_sql if extended else operation
+    if isinstance(tree, exp.Insert | exp.Update | exp.Delete | exp.Merge):
+        return Write(sql, _written_tables(tree))
+    if isinstance(tree, exp.Command):
+        return Write(sql, None, changes_catalog=True)
+    return Passthrough(sql, changes_catalog=isinstance(tree, exp.Create | exp.Drop | exp.Alter))
+
+
+def _control_target(
+    tree: exp.Expr, control_tables: Set[str]
+) -> tuple[str, t.Literal["insert", "delete"]] | None:
+    """(control table, "insert"|"delete") when the statement edits a control table."""
+    kind: t.Literal["insert", "delete", "update"]
+    if isinstance(tree, exp.Insert):
+        table = tree.this.this if isinstance(tree.this, exp.Schema) else tree.this
+        kind = "insert"
+    elif isinstance(tree, exp.Delete):
+        table, kind = tree.this, "delete"
+    elif isinstance(tree, exp.Update):
+        table, kind = tree.this, "update"
+    else:
+        return None
+    if not isinstance(table, exp.Table) or table.db:
+        return None
+    name = table.name.lower()
+    if name not in control_tables:
+        return None
+    if kind == "update":
+        raise NotSupportedError(
+            f"UPDATE on control table {name}: control keys are admitted with INSERT and "
+            "evicted with DELETE"
+        )
+    return name, kind
+
+
+def _written_tables(tree: exp.Expr) -> frozenset[str] | None:
+    target = tree.this
+    if isinstance(target, exp.Schema):
+        target = target.this
+    if isinstance(target, exp.Table):
+        return frozenset({target.name.lower()})
+    return None
+
+
+# -- parsing, once per statement text -------------------------------------------------------------
+
+
+def parse_statement(operation: str) -> Statement | None:
+    """The typed statement, or None for plain SQL the parser cannot read but the backend may
+    (e.g. psycopg's ``%%``): anything using an extension must parse."""
+    try:
+        return parse_one(operation)
+    except SqlSyntaxError:
+        words = {tok.text.upper() for tok in _tokens(operation)}
+        if words & _EXTENSION_WORDS:
+            raise
+        return None
+
+
+def _tokens(operation: str) -> list[t.Any]:
+    try:
+        return list(DIALECT.tokenize(operation))
+    except Exception:
+        return []
+
+
+class StatementCache:
+    """Parses by statement text, least recently used first out."""
+
+    def __init__(self, size: int = 256) -> None:
+        self.size = size
+        self._parsed: OrderedDict[str, Statement | None] = OrderedDict()
+
+    def parse(self, operation: str) -> Statement | None:
+        parsed = self._parsed
+        try:
+            parsed.move_to_end(operation)
+            return parsed[operation]
+        except KeyError:
+            pass
+        statement = parse_statement(operation)
+        if len(parsed) >= self.size:
+            parsed.popitem(last=False)
+        parsed[operation] = statement
+        return statement

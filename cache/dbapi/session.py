@@ -1,0 +1,140 @@
+"""A session's state the guards depend on (SPEC §2.3, §4, §5.8): the backend clock, the
+session's writes (uncommitted, then committed at a backend time), and its TIMEORDERED
+timeline. `guard_session` freezes it into the optimizer's `Session` value for one decision.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import typing as t
+from collections.abc import Iterable
+
+import psycopg
+from psycopg import pq
+
+from cache.store.cache_file import CacheStore
+from heartbeat.clock import measure
+from optimizer.evaluate_guards import Session
+from sql_ext.errors import ProgrammingError
+
+CLOCK_MAX_AGE = 600.0  # seconds between measurements of the backend clock's offset
+DRIFT = 1e-4  # clock drift assumed per second when a measurement is overdue (100 ppm)
+
+
+class SessionState:
+    def __init__(self, pg: psycopg.Connection[t.Any], store: CacheStore) -> None:
+        self._pg = pg
+        self._store = store
+        self.clock = measure(pg)  # currency is judged on the backend's clock
+        store.save_clock(self.clock)
+        self.uncommitted: set[str] = set()  # tables written in the open backend transaction
+        self.uncommitted_unknown = False  # a write whose tables the parser could not name
+        self.written_at: dict[str, dt.datetime] = {}  # committed writes of this session
+        self.unknown_written_at: dt.datetime | None = None
+        self.timeline_active = False
+        self.timeline_floor: dt.datetime | None = None  # None: not inside TIMEORDERED
+
+    # -- the backend clock ---------------------------------------------------------------------
+
+    def now(self) -> dt.datetime:
+        """The backend's clock (erring late), re-measured every CLOCK_MAX_AGE seconds."""
+        clock = self.clock
+        local = dt.datetime.now(dt.UTC)
+        if (local - clock.measured_at).total_seconds() > CLOCK_MAX_AGE:
+            try:
+                self.clock = clock = measure(self._pg)
+                self._store.save_clock(clock)
+            except psycopg.Error:
+                # the backend is unreachable: keep the last measurement, pushed later by the
+                # drift it may have accumulated since (so the estimate still errs late)
+                self.clock = clock = dataclasses.replace(
+                    clock,
+                    offset_seconds=clock.offset_seconds + DRIFT * CLOCK_MAX_AGE,
+                    measured_at=local,
+                )
+        return local + dt.timedelta(seconds=clock.offset_seconds)
+
+    # -- the session's own writes (read your writes) -----------------------------------------
+
+    @property
+    def writing(self) -> bool:
+        return bool(self.uncommitted or self.uncommitted_unknown)
+
+    def wrote(self, tables: Iterable[str] | None) -> None:
+        """A write reached the backend (tables None: the parser could not name them)."""
+        if tables is None:
+            self.uncommitted_unknown = True
+        else:
+            self.uncommitted.update(tables)
+        self.settle()
+
+    def settle(self, rolled_back: bool = False) -> None:
+        """Once the backend session is outside any transaction, its writes are over: committed
+        (autocommit, a COMMIT sent as SQL, the end of a transaction block) or rolled back. A
+        rollback the session cannot tell from a commit counts as a commit: stricter reads."""
+        if not self.writing:
+            return
+        if self._pg.info.transaction_status != pq.TransactionStatus.IDLE:
+            return
+        if rolled_back:
+            self.rolled_back()
+        else:
+            self.committed()
+
+    def committed(self) -> None:
+        now = self.now()
+        for table in self.uncommitted:
+            self.written_at[table] = now
+        if self.uncommitted_unknown:
+            self.unknown_written_at = now
+        self.rolled_back()
+
+    def rolled_back(self) -> None:
+        self.uncommitted.clear()
+        self.uncommitted_unknown = False
+
+    # -- the session timeline (§2.3) -----------------------------------------------------------
+
+    def begin_timeordered(self) -> None:
+        if self.timeline_active:
+            raise ProgrammingError("BEGIN TIMEORDERED inside a TIMEORDERED block: end it first")
+        self.timeline_active = True
+        self.timeline_floor = None
+
+    def end_timeordered(self) -> None:
+        if not self.timeline_active:
+            raise ProgrammingError("END TIMEORDERED without BEGIN TIMEORDERED")
+        self.timeline_active = False
+        self.timeline_floor = None
+
+    def read_at(self, moment: dt.datetime) -> None:
+        """A query read data as of ``moment``: later ones inside TIMEORDERED may not read
+        older data."""
+        if self.timeline_active and (self.timeline_floor is None or moment > self.timeline_floor):
+            self.timeline_floor = moment
+
+    # -- what one decision sees ----------------------------------------------------------------
+
+    def guard_session(self, tables: Iterable[str], ignore_currency: bool = False) -> Session:
+        """The session as the guards see it now; ``tables``: every table a write the parser
+        could not name may have touched."""
+        uncommitted = frozenset(self.uncommitted)
+        if self.uncommitted_unknown:
+            uncommitted |= frozenset(tables)
+        written: t.Mapping[str, dt.datetime] = self.written_at
+        unknown = self.unknown_written_at
+        if unknown is not None:
+            written = dict(self.written_at)
+            for table in tables:
+                previous = written.get(table)
+                if previous is None or previous < unknown:
+                    written[table] = unknown
+        return Session(
+            now=self.now(),
+            timeline_floor=self.timeline_floor,
+            uncommitted=uncommitted,
+            written_at=written,
+            ignore_currency=ignore_currency,
+        )
+

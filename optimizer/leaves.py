@@ -1,0 +1,72 @@
+"""Remote leaves (§4.4): the remote branch of a SwitchUnion is the same table access as SQL for
+PostgreSQL - the columns the query uses from the table under the conjuncts pushed down to it -
+whose rows a mixed plan imports into DuckDB (through Arrow, `cache.backend.copy_arrow`).
+
+The SQL is made once per plan, in the form it runs: placeholders as psycopg named parameters
+(``%(p0)s``, ``%(name)s``) bound client-side, a literal ``%`` doubled once parameters are passed
+(psycopg's rule), every column sent in the text form the cache reads back.
+"""
+
+from __future__ import annotations
+
+import typing as t
+from dataclasses import dataclass
+
+from sqlglot import exp
+
+from control_tables.types import duckdb_type, select_list
+from optimizer.analyze import Access
+from sql_ext.catalog import Table
+from sql_ext.params import NODE_ID, Key, duckdb_name
+from sql_ext.quoting import ident, qualified
+
+_MARK = "mtcache_param_"  # placeholders while the SQL is generated, renamed afterwards
+
+
+@dataclass(frozen=True)
+class RemoteLeaf:
+    sql: str  # PostgreSQL, with %(name)s parameters when the statement has placeholders
+    columns: tuple[tuple[str, str], ...]  # (column, DuckDB type), in the order of the SQL
+
+    @property
+    def parameterized(self) -> bool:
+        return "%(" in self.sql
+
+
+def remote_leaf(
+    access: Access, table: Table, keys: t.Mapping[int, Key], with_params: bool
+) -> RemoteLeaf:
+    """The leaf of an access. ``keys``: each placeholder's key by node number; ``with_params``:
+    the statement is executed with parameters (so ``%%`` in its literals means ``%``)."""
+    types = {c.name: c.type for c in table.columns}
+    wanted = sorted(access.columns) or [table.column_names[0]]
+    columns = tuple((c, duckdb_type(types[c]) or "VARCHAR") for c in wanted)
+    rendered = []
+    for conjunct in access.conjuncts:
+        copy = conjunct.copy()
+        if with_params:
+            unescape_percent(copy)
+        for mark in list(copy.find_all(exp.Placeholder)):
+            key = keys[mark.meta[NODE_ID]]
+            mark.replace(exp.Placeholder(this=exp.to_identifier(f"{_MARK}{key}")))
+        rendered.append(copy.sql(dialect="postgres"))
+    where = " AND ".join(f"({c})" for c in rendered) or "TRUE"
+    sql = (
+        f"SELECT {select_list(columns)} FROM {qualified(table.schema, table.name)} "
+        f"AS {ident(access.alias)} WHERE {where}"
+    )
+    used = {keys[m.meta[NODE_ID]] for c in access.conjuncts for m in c.find_all(exp.Placeholder)}
+    if keys:
+        # psycopg reads % as the start of a placeholder once parameters are passed: double
+        # the literal ones, then restore the parameters' own
+        sql = sql.replace("%", "%%")
+        for key in used:
+            sql = sql.replace(f"%%({_MARK}{key})s", f"%({duckdb_name(key)})s")
+    return RemoteLeaf(sql, columns)
+
+
+def unescape_percent(tree: exp.Expr) -> None:
+    """``%%`` in string literals means ``%`` once parameters are passed (psycopg's rule)."""
+    for literal in tree.find_all(exp.Literal):
+        if literal.is_string and "%%" in literal.this:
+            literal.set("this", literal.this.replace("%%", "%"))

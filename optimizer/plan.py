@@ -1,0 +1,248 @@
+"""The plan of a query (SPEC §5, §9): one frozen value, made once per statement shape by
+`optimizer.planner.plan_query`, printed by EXPLAIN and run by the executor - never derived twice.
+
+A plan is either the whole statement sent to PostgreSQL (``local`` False) or a guarded plan:
+the statement run by DuckDB with each table access bound, when the plan opens, to a cached view
+or to a remote leaf. Accesses come grouped by consistency class (§4.3); a class decides all its
+accesses together. Each access of a class that may run locally sits under a chain of
+SwitchUnions (§4.4): one per candidate view, tried in order, each with the `Guard` that must hold
+for its local branch; the last branch is the access's `RemoteLeaf`. If some class of several
+accesses cannot run locally, or none can, the statement goes to PostgreSQL whole instead.
+"""
+
+from __future__ import annotations
+
+import math
+import typing as t
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from sqlglot import exp
+
+from control_tables.schema import CacheSchema
+from optimizer.analyze import Access, Analysis
+from optimizer.leaves import RemoteLeaf
+from optimizer.normalize_constraint import ConsistencyClass, Instance
+from sql_ext.catalog import Catalog
+
+GuardKind = t.Literal["full", "presence", "completeness"]
+
+
+@dataclass(frozen=True)
+class Estimates:
+    """What planning needs from outside, gathered before it: the backend's estimate (total
+    cost, rows) per SQL text, and the rows each cached view holds."""
+
+    remote: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    view_rows: Mapping[str, float] = field(default_factory=dict)
+
+    def cost(self, sql: str) -> tuple[float, float]:
+        # a statement the backend would not plan is never chosen
+        return self.remote.get(sql, (math.inf, 0.0))
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """Everything planning reads besides the statement's analysis."""
+
+    schema: CacheSchema
+    catalog: Catalog
+    estimates: Estimates | None  # None: no backend to ask; the guards decide
+    delay: float  # the refresh delay d of §4.6
+
+
+@dataclass(frozen=True)
+class ConsistencyProbe:
+    """Fig 7.3 A12: the rows read are consistent per value of ``columns`` if every value the
+    access probes them with is listed in the consistency control table ``control``."""
+
+    columns: tuple[str, ...]
+    control: str
+
+
+@dataclass(frozen=True)
+class Guard:
+    """What a SwitchUnion checks, once when the plan opens, before its local branch may run:
+    presence (the probed key values are present), completeness (the probed values are complete),
+    currency (every region read is at most ``bound_seconds`` old on the backend clock), the
+    session's timeline and its own writes, and the class's consistency (§5.2, Fig 7.2)."""
+
+    view: str
+    kind: GuardKind  # full: a fully materialized view; else the key the access probes
+    bound_seconds: float
+    probe: tuple[str, ...] = ()  # the probed key columns of the view (presence/completeness)
+    control: str | None = None  # where the probed values are looked up: control table/parent
+    control_columns: tuple[str, ...] = ()
+    # Keys under which the rows read are mutually consistent whatever their snapshots: the
+    # presence key (Presence Assumption), a full consistency key (§5.2.1 Ω).
+    groups: tuple[tuple[str, ...], ...] = ()
+    consistency_probe: ConsistencyProbe | None = None  # a partial consistency key (A12)
+    consistency: str = "one snapshot"  # the class's consistency check on this branch (Fig 7.2)
+    admit_into: str | None = None  # a presence miss is admitted into this control table
+
+    def to_json(self) -> dict[str, t.Any]:
+        found: dict[str, t.Any] = {"currency_bound_seconds": self.bound_seconds, "view": self.view}
+        if self.kind in ("presence", "completeness"):
+            found[self.kind] = {"columns": list(self.probe), "in": self.control}
+        found["consistency"] = self.consistency
+        return found
+
+
+@dataclass(frozen=True)
+class AccessPlan:
+    """One table access: its remote leaf and the guarded local branches it may take."""
+
+    access: Access = field(repr=False, compare=False)
+    leaf: RemoteLeaf
+    guards: tuple[Guard, ...] = ()  # SwitchUnion branches in order; () = always remote
+    probability_local: float = 0.0  # §4.6 p of the first branch
+
+    @property
+    def instance(self) -> Instance:
+        return self.access.instance
+
+    @property
+    def table(self) -> str:
+        return self.access.table
+
+    @property
+    def alias(self) -> str:
+        return self.access.alias
+
+    @property
+    def filter(self) -> str | None:
+        """The conjuncts pushed down to the access (PostgreSQL), as a LocalScan applies them."""
+        parts = [c.sql(dialect="postgres") for c in self.access.conjuncts]
+        return " AND ".join(parts) or None
+
+
+@dataclass(frozen=True)
+class ClassPlan:
+    """A consistency class of the normalized constraint and its accesses (statement order)."""
+
+    cls: ConsistencyClass
+    accesses: tuple[AccessPlan, ...]
+    remote_reason: str | None = None  # why the class always runs remote (None: guarded)
+
+    @property
+    def guarded(self) -> bool:
+        return self.remote_reason is None and all(a.guards for a in self.accesses)
+
+    @property
+    def bound_seconds(self) -> float:
+        return self.cls.bound_seconds
+
+
+@dataclass(frozen=True)
+class Plan:
+    analysis: Analysis = field(repr=False, compare=False)
+    sql: str  # the whole statement for PostgreSQL (its remote plan)
+    with_params: bool  # made for executions with parameters (psycopg's reading of %%)
+    classes: tuple[ClassPlan, ...]
+    local: bool = False  # the guarded plan was chosen over the whole statement remote
+    estimated_cost: float = 0.0
+    reason: str | None = None  # why the whole statement goes remote (when not local)
+    local_sql: str | None = None  # DuckDB statement of the first branches (every guard passes)
+
+    @property
+    def accesses(self) -> tuple[AccessPlan, ...]:
+        """Every access in statement order."""
+        found = [a for c in self.classes for a in c.accesses]
+        return tuple(sorted(found, key=lambda a: a.instance.id))
+
+    @property
+    def guarded_accesses(self) -> tuple[AccessPlan, ...]:
+        return tuple(a for c in self.classes if c.guarded for a in c.accesses)
+
+    # -- EXPLAIN ---------------------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, t.Any]:
+        """The SPEC §9 document of `mtcache explain --json` and EXPLAIN."""
+        guarded = {a.instance.id: a for a in self.guarded_accesses} if self.local else {}
+        accesses = [
+            {
+                "table": a.table,
+                "route": "guarded" if a.instance.id in guarded else "remote",
+                "view": a.guards[0].view if a.instance.id in guarded else None,
+            }
+            for a in self.accesses
+        ] or [
+            {"table": i.table, "route": "remote", "view": None}
+            for i in self.analysis.constraint.instances
+        ]
+        return {
+            "constraint": self.analysis.constraint.to_json(),
+            "plan": self._tree(),
+            "accesses": accesses,
+            "estimated_cost": round(self.estimated_cost, 4),
+        }
+
+    def _tree(self) -> dict[str, t.Any]:
+        if not self.local:
+            node: dict[str, t.Any] = {"op": "RemoteQuery", "sql": self.sql}
+            if self.reason:
+                node["reason"] = self.reason
+            return node
+        guarded = {a.instance.id for a in self.guarded_accesses}
+        leaves = [_access_tree(a) if a.instance.id in guarded else _leaf(a)
+                  for a in self.accesses]  # fmt: skip
+        tree = leaves[0]
+        for leaf in leaves[1:]:
+            tree = {"op": "Join", "children": [tree, leaf]}
+        if _aggregates(self.analysis.query.tree):
+            tree = {"op": "Aggregate", "children": [tree]}
+        return {
+            "op": "LocalQuery",
+            "engine": "duckdb",
+            "sql": self.local_sql,
+            # when a class of several accesses fails its guards, or none passes
+            "fallback": "RemoteQuery of the whole statement",
+            "children": [tree],
+        }
+
+    def render(self) -> list[str]:
+        """The plan as indented text lines (EXPLAIN through a cursor returns these as rows)."""
+        document = self.to_json()
+        lines = [f"estimated cost {document['estimated_cost']}"]
+
+        def walk(node: dict[str, t.Any], depth: int) -> None:
+            details = {k: v for k, v in node.items() if k not in ("op", "children")}
+            text = ", ".join(f"{k}={v}" for k, v in details.items())
+            lines.append(f"{'  ' * depth}{node['op']}" + (f" ({text})" if text else ""))
+            for child in node.get("children", []):
+                walk(child, depth + 1)
+
+        walk(document["plan"], 0)
+        for cls in document["constraint"]:
+            lines.append(
+                f"constraint: {', '.join(cls['tables'])} within {cls['bound_seconds']:g}s"
+                + (f" by {', '.join(cls['by'])}" if cls["by"] else "")
+            )
+        return lines
+
+
+def _leaf(access: AccessPlan) -> dict[str, t.Any]:
+    return {"op": "RemoteQuery", "sql": access.leaf.sql}
+
+
+def _access_tree(access: AccessPlan) -> dict[str, t.Any]:
+    """The SwitchUnion chain of an access: each guard's local branch, then the remote leaf."""
+    node = _leaf(access)
+    for position, guard in reversed(list(enumerate(access.guards))):
+        union: dict[str, t.Any] = {"op": "SwitchUnion", "guard": guard.to_json()}
+        if position == 0:
+            union["probability_local"] = round(access.probability_local, 4)
+        union["children"] = [
+            {"op": "LocalScan", "view": guard.view, "filter": access.filter},
+            node,
+        ]
+        node = union
+    return node
+
+
+def _aggregates(top: exp.Expr) -> bool:
+    if not isinstance(top, exp.Select):
+        return False
+    return bool(top.args.get("group")) or any(
+        isinstance(node, exp.AggFunc) for node in top.expressions for node in node.walk()
+    )

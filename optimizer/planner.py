@@ -1,0 +1,64 @@
+"""Planning: a statement's analysis in, one `optimizer.plan.Plan` out, by an ordered tuple of
+rules over it (as sqlglot's optimizer composes its rewrites). Pure: everything it needs from
+the backend and the cache file (cost estimates, view row counts) is gathered before it, from
+what `estimate_requests` asks for, and passed in.
+
+    analysis -> initial plan (every access remote, its leaf made)
+             -> place_guards   (§4.4, §4.5 view matching, Fig 7.2)
+             -> estimate_cost  (§4.6: guarded plan vs the whole statement remote)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing as t
+
+from control_tables.schema import CacheSchema
+from optimizer.analyze import Analysis
+from optimizer.estimate_cost import EstimateRequests, estimate_cost, requests
+from optimizer.leaves import remote_leaf
+from optimizer.local_statement import local_statement
+from optimizer.place_guards import place_guards
+from optimizer.plan import AccessPlan, ClassPlan, Plan, PlanInputs
+from sql_ext.catalog import Catalog
+
+Rule = t.Callable[[Plan, PlanInputs], Plan]
+
+RULES: tuple[Rule, ...] = (place_guards, estimate_cost)
+
+
+def plan_query(analysis: Analysis, inputs: PlanInputs, *, with_params: bool) -> Plan:
+    """The plan of a statement shape (``with_params``: executed with parameters)."""
+    plan = initial_plan(analysis, inputs.catalog, with_params)
+    for rule in RULES:
+        plan = rule(plan, inputs)
+    if plan.local:
+        first = {a.instance.id: a.guards[0].view for a in plan.guarded_accesses}
+        plan = dataclasses.replace(plan, local_sql=local_statement(plan, first).sql)
+    return plan
+
+
+def estimate_requests(
+    analysis: Analysis, schema: CacheSchema, catalog: Catalog, *, with_params: bool
+) -> EstimateRequests:
+    """What to gather for `plan_query`'s `Estimates` (the I/O before planning)."""
+    return requests(initial_plan(analysis, catalog, with_params), schema)
+
+
+def initial_plan(analysis: Analysis, catalog: Catalog, with_params: bool) -> Plan:
+    """Every access remote: the whole statement and each access's leaf."""
+    classes = []
+    for cls, accesses in analysis.class_accesses:
+        plans = []
+        for access in accesses:
+            table = catalog.table(access.table)
+            assert table is not None  # an access is a reference to a catalog table
+            plans.append(AccessPlan(access, remote_leaf(access, table, analysis.parameter_keys,
+                                                        with_params)))  # fmt: skip
+        classes.append(ClassPlan(cls, tuple(plans)))
+    return Plan(
+        analysis=analysis,
+        sql=analysis.query.backend_sql,
+        with_params=with_params,
+        classes=tuple(classes),
+    )
