@@ -23,6 +23,8 @@ from cache.dbapi.types import BINARY, DATETIME, NUMBER, ROWID, STRING
 from cache.execution.provenance import AccessProvenance, Provenance
 from optimizer.plan import Plan
 from sql_ext.errors import (
+    BackendUnavailableError,
+    CatalogError,
     DatabaseError,
     DataError,
     Error,
@@ -32,6 +34,7 @@ from sql_ext.errors import (
     NotSupportedError,
     OperationalError,
     ProgrammingError,
+    SqlSyntaxError,
     Warning,
 )
 
@@ -78,7 +81,9 @@ __all__ = [
     "STRING",
     "AccessProvenance",
     "Admin",
+    "BackendUnavailableError",
     "Binary",
+    "CatalogError",
     "Connection",
     "Cursor",
     "DataError",
@@ -94,6 +99,7 @@ __all__ = [
     "Plan",
     "ProgrammingError",
     "Provenance",
+    "SqlSyntaxError",
     "Time",
     "TimeFromTicks",
     "Timestamp",

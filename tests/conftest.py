@@ -88,3 +88,11 @@ def spark_engine() -> Iterator[object]:
         yield engine
     finally:
         stop_sessions()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that uses the PostgreSQL cluster (directly or through another fixture) is a
+    `backend` test: `pytest -m "not backend"` runs the rest with no database anywhere."""
+    for item in items:
+        if "pg_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.backend)

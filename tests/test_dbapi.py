@@ -165,11 +165,22 @@ def test_backend_errors_are_translated(conn: cache.Connection) -> None:
     conn.rollback()
     cur.execute("CREATE TEMP TABLE t_uniq (x int PRIMARY KEY)")
     cur.execute("INSERT INTO t_uniq VALUES (1)")
-    with pytest.raises(cache.IntegrityError):
+    with pytest.raises(cache.IntegrityError) as duplicate:
         cur.execute("INSERT INTO t_uniq VALUES (1)")
+    # PostgreSQL's SQLSTATE and diagnostics stay with the error, as on psycopg's
+    assert duplicate.value.sqlstate == "23505"
+    assert duplicate.value.diag.constraint_name == "t_uniq_pkey"
     conn.rollback()
-    with pytest.raises(cache.DataError):
+    with pytest.raises(cache.DataError) as division:
         cur.execute("SELECT 1 / 0")
+    assert division.value.sqlstate == "22012"
+    conn.rollback()
+    with pytest.raises(cache.OperationalError) as cancelled:
+        cur.execute("SET statement_timeout = 1; SELECT pg_sleep(1)")
+    # a cancelled statement is not a lost backend
+    assert cancelled.value.sqlstate == "57014"
+    assert not isinstance(cancelled.value, cache.BackendUnavailableError)
+    conn.rollback()
 
 
 def test_currency_clause_errors_surface_through_execute(conn: cache.Connection) -> None:

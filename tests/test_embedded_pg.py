@@ -45,6 +45,7 @@ def test_create_database_gives_an_empty_database(pg_cluster: EmbeddedPostgres) -
     assert row == (None,)
 
 
+@pytest.mark.backend
 def test_stop_and_restart_keep_the_data_and_port() -> None:
     home = reachable_tempdir("mtcache-pg-restart-")
     cluster = EmbeddedPostgres(home / "pg", settings=ServerSettings(durable=False))
@@ -88,11 +89,13 @@ def test_binary_search_reports_where_it_looked(monkeypatch: pytest.MonkeyPatch) 
     assert "apt-get install postgresql" in str(info.value)
 
 
+@pytest.mark.backend
 def test_the_machine_has_binaries_found_by_the_default_search() -> None:
     directory = find_pg_bin()
     assert (directory / "initdb").is_file() and (directory / "pg_ctl").is_file()
 
 
+@pytest.mark.backend
 def test_unreachable_directory_is_reported_when_running_as_root() -> None:
     """As root the server runs as `postgres`, which cannot enter a mode-700 root directory."""
     home = reachable_tempdir("mtcache-private-")

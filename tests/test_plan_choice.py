@@ -17,6 +17,7 @@ import pytest
 
 import cache
 from cache.backend.embedded_pg import EmbeddedPostgres
+from tests.explained import assert_ran_as_explained
 
 CUSTOMERS = 30_000
 ORDERS_PER_CUSTOMER = 5
@@ -87,10 +88,15 @@ def plan_of(conn: cache.Connection, sql: str) -> dict[str, t.Any]:
 
 
 def run(conn: cache.Connection, tpch: str, query: str, clause: str) -> list[str]:
-    """Execute through the cache; check the answer against PostgreSQL; return the routes."""
+    """Execute through the cache; check the answer against PostgreSQL and the plan that ran
+    against EXPLAIN's; return the routes."""
+    sql = f"{query} {clause}".strip()
+    explained = conn.explain(sql)
     cur = conn.cursor()
-    cur.execute(f"{query} {clause}".strip())
+    cur.execute(sql)
     got = cur.fetchall()
+    if clause:  # a statement without a clause is sent as written: no plan
+        assert_ran_as_explained(cur, explained)
     with psycopg.connect(tpch) as other:
         assert got == other.execute(query).fetchall()  # type: ignore[arg-type]
     return [p["route"] for p in cur.provenance]

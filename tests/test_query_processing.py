@@ -19,6 +19,7 @@ import cache
 from cache.backend.embedded_pg import EmbeddedPostgres
 from cache.backend.pool import close_all
 from cache.tools import bookstore
+from tests.explained import assert_ran_as_explained
 from tests.test_store import SCHEMA_FILE
 
 SALES = "CREATE CACHED VIEW salescopy AS SELECT saleid, isbn, sold_on, qty FROM sales"
@@ -156,9 +157,16 @@ def test_cached_answers_equal_postgres(
     conn: cache.Connection, backend: str, name: str, sql: str, clause: str,
     params: object, routes: list[str],
 ) -> None:  # fmt: skip
-    rows, got = through_cache(conn, f"{sql} {clause}", params)
-    assert rows == pg(backend, sql, params)
-    assert sorted(got) == sorted(routes)
+    explained = cur_plan(conn, f"{sql} {clause}", params)
+    cur = conn.cursor()
+    cur.execute(f"{sql} {clause}", params)  # type: ignore[arg-type]
+    assert cur.fetchall() == pg(backend, sql, params)
+    assert sorted(p["route"] for p in cur.provenance) == sorted(routes)
+    ran = assert_ran_as_explained(cur, explained)
+    if set(routes) == {"remote"}:
+        assert ran == "remote"
+    elif set(routes) == {"local"}:
+        assert ran == "first branches"  # the DuckDB statement EXPLAIN shows ran
 
 
 def test_provenance_of_a_local_answer(conn: cache.Connection) -> None:
@@ -242,6 +250,7 @@ def test_counters_reach_mtcache_status(
     assert counters["remote"] == 2  # the presence miss and the currency miss
 
 
+@pytest.mark.backend
 def test_backend_down_local_answers_go_on_and_stale_ok_returns_stale_data(
     tmp_path: Path,
 ) -> None:

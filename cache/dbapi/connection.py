@@ -17,6 +17,7 @@ import psycopg
 import pyarrow as pa
 
 from cache.backend.copy_arrow import copy_to_arrow
+from cache.backend.embedded_pg import EmbeddedPostgres
 from cache.backend.pool import in_parallel
 from cache.backend.reflect import connect_backend, fetch_catalog
 from cache.dbapi.admin import Admin
@@ -68,8 +69,6 @@ class Connection:
     ) -> None:
         self.cache_path = Path(cache_path or DEFAULT_CACHE)
         if backend is None:
-            from cache.backend.embedded_pg import EmbeddedPostgres
-
             backend = EmbeddedPostgres(self.cache_path.parent / "pg").ensure_running()
         self.backend = backend
         self.stale_ok = stale_ok

@@ -6,7 +6,8 @@ runs it; a query with currency clauses takes the cache's path, top to bottom:
     whole statement on the backend) -> provenance (cache.execution.provenance)
 
 ``cursor.provenance`` tells, per table access of the last query, where its rows came from;
-``cursor.plan`` is the plan the last cached read or EXPLAIN ran with.
+``cursor.plan`` is the plan the last cached read or EXPLAIN ran with, ``cursor.executed`` what
+the last statement sent to PostgreSQL and to DuckDB.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from psycopg import pq
 from sqlglot import exp
 
 from cache.dbapi import route as routes
-from cache.execution.execute import run_local, text_column
+from cache.execution.execute import Executed, run_local, text_column
 from cache.execution.planning import Prepared
 from cache.execution.provenance import Provenance
 from optimizer.evaluate_guards import Decision, evaluate_guards
@@ -67,6 +68,7 @@ class Cursor:
         self._pending: Callable[[], Provenance] | None = None
         self._pg_cursor: psycopg.Cursor[t.Any] | None = None  # reused for backend statements
         self.plan: Plan | None = None  # the plan of the last cached read or EXPLAIN
+        self.executed: Executed | None = None  # what the last statement sent where
         self.closed = False
         self._rows: list[tuple[t.Any, ...]] = []
         self._position = 0
@@ -236,6 +238,7 @@ class Cursor:
         except duckdb.Error as exc:
             raise translate(exc, "the local plan failed in DuckDB") from exc
         self._set_result(result.description, result.rows)
+        self.executed = result.executed
         bindings = decision.bindings or ()
         local = sum(1 for b in bindings if b.guard is not None)
         remote = local < len(bindings)
@@ -297,6 +300,7 @@ class Cursor:
             if cur is None or cur.closed:
                 cur = self._pg_cursor = connection._pg.cursor()
             cur.execute(sql, parameters)  # type: ignore[arg-type]
+            self.executed = Executed(backend_sql=sql)
             self.rowcount = cur.rowcount
             result = cur.pgresult
             if result is not None and (result.nfields or result.status in _ROW_STATUSES):
@@ -357,6 +361,7 @@ class Cursor:
         self._provenance = Provenance()
         self._pending = None
         self.plan = None
+        self.executed = None
         self._rows = []
         self._position = 0
 

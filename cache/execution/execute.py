@@ -48,10 +48,20 @@ class Compiled:
 
 
 @dataclass(frozen=True)
+class Executed:
+    """What a statement sent where: to PostgreSQL whole (``backend_sql``), or to DuckDB
+    (``duckdb_sql``) with the leaf queries it read from PostgreSQL."""
+
+    backend_sql: str | None = None
+    duckdb_sql: str | None = None
+    leaves: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Result:
     description: list[tuple[t.Any, ...]]
     rows: list[tuple[t.Any, ...]]
-    statement: LocalStatement  # what ran: the DuckDB statement and the leaves it read
+    executed: Executed
 
 
 def compiled_for(prepared: Prepared, decision: Decision) -> Compiled:
@@ -103,7 +113,9 @@ def run_local(
     finally:
         for name in registered:
             duck.unregister(name)
-    return Result(description, rows, statement)
+    executed = Executed(duckdb_sql=statement.sql, leaves=tuple(leaf.sql for _, leaf in
+                                                                statement.leaves))  # fmt: skip
+    return Result(description, rows, executed)
 
 
 @functools.lru_cache(maxsize=1024)

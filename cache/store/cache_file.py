@@ -20,13 +20,13 @@ from pathlib import Path
 import duckdb
 from sqlglot import exp
 
-from control_tables.safety import backend_table, check_schema, view_key
 from control_tables.schema import CachedView, CacheSchema, ControlTable, view_from_statement
+from control_tables.script import apply_script
 from control_tables.types import duckdb_type
 from heartbeat.clock import BackendClock
-from sql_ext import CreateCachedView, CreateControlTable, DropCacheObject, Statement, parse
+from sql_ext import CreateCachedView, CreateControlTable, Statement, parse
 from sql_ext.catalog import Catalog, Column, Index, Table, View
-from sql_ext.errors import OperationalError, ProgrammingError, first_line, translate
+from sql_ext.errors import OperationalError, first_line, translate
 from sql_ext.quoting import ident, idents
 
 FORMAT_VERSION = "1"
@@ -331,53 +331,7 @@ class CacheStore:
     def apply_ddl(self, statements: Sequence[Statement], catalog: Catalog) -> DdlResult:
         """Apply a DDL script all or nothing: check the schema it leads to (validity and
         Rules 1-5), then create and drop the DuckDB tables in one transaction."""
-        schema = self.load_schema()
-        actions: list[tuple[str, str]] = []  # ("create"|"drop", name) in script order
-        for statement in statements:
-            if isinstance(statement, CreateControlTable):
-                _refuse_existing(schema, statement.name)
-                schema = schema.with_control_table(statement)
-                actions.append(("create", statement.name))
-            elif isinstance(statement, CreateCachedView):
-                _refuse_existing(schema, statement.name)
-                table = backend_table(catalog, statement.name, statement.table)
-                columns = statement.columns or table.column_names
-                view = view_from_statement(
-                    statement, columns, view_key(statement.name, table, columns)
-                )
-                schema = schema.with_view(view)
-                actions.append(("create", statement.name))
-            elif isinstance(statement, DropCacheObject):
-                kind = schema.kind_of(statement.name)
-                if kind is None:
-                    if statement.if_exists:
-                        continue
-                    raise ProgrammingError(
-                        f"DROP {statement.object_kind.upper()} {statement.name}: there is no "
-                        f"{statement.object_kind} {statement.name!r}"
-                    )
-                if kind != statement.object_kind:
-                    raise ProgrammingError(
-                        f"DROP {statement.object_kind.upper()} {statement.name}: "
-                        f"{statement.name} is a {kind}; use DROP {kind.upper()}"
-                    )
-                schema = schema.without(statement.name)
-                actions.append(("drop", statement.name))
-            else:
-                raise ProgrammingError(
-                    "a cache schema script holds only CREATE CONTROL TABLE, CREATE CACHED VIEW "
-                    f"and DROP statements; found a {statement.kind} statement: "
-                    f"{statement.text.strip()[:60]!r}"
-                )
-        for name in [n for a, n in actions if a == "drop"]:
-            users = [v for v, _ in schema.users_of(name)]
-            if users and schema.kind_of(name) is None:
-                holders = ", ".join(sorted(set(users)))
-                raise ProgrammingError(
-                    f"cannot drop {name}: it is still a control of {holders}; "
-                    "drop or redefine those views first"
-                )
-        check_schema(schema, catalog)
+        schema, actions = apply_script(self.load_schema(), statements, catalog)
         self._execute_actions(actions, schema)
         with self._shared.lock:
             self._shared.schema_version += 1
@@ -466,12 +420,3 @@ class CacheStore:
                 "SELECT name, value FROM mtcache.counters"
             ).fetchall()
         }
-
-
-def _refuse_existing(schema: CacheSchema, name: str) -> None:
-    kind = schema.kind_of(name)
-    if kind is not None:
-        raise ProgrammingError(
-            f"{kind} {name} already exists: drop it first (DROP {kind.upper()} {name}) or "
-            "choose another name"
-        )

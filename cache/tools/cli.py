@@ -12,57 +12,29 @@ import json
 import os
 import sys
 import typing as t
-from dataclasses import dataclass
 from pathlib import Path
 
+from rich.console import Console
+from rich.table import Table
+
+import cache
+from cache.backend.embedded_pg import EmbeddedPostgres
+from cache.dbapi.admin import Admin
 from cache.dbapi.connection import DEFAULT_CACHE
+from cache.maintenance.pipeline import ENGINES
+from cache.tools.demo import run_demo
+from cache.tools.formatting import describe_class, format_seconds, plural
+from cache.tools.settings import Settings
+from sql_ext import parse_one
 from sql_ext.errors import Error, ProgrammingError
 
-if t.TYPE_CHECKING:
-    from cache.dbapi.admin import Admin
-
-ENGINES = ("spark", "inline")
 DEFAULT_ENGINE = "spark"
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Where the cache lives and which backend it fronts (None = the embedded default)."""
-
-    cache_path: Path
-    backend: str | None
-
-    @property
-    def embedded_root(self) -> Path:
-        # The embedded cluster lives beside the cache file: one cache directory, one backend.
-        return self.cache_path.parent / "pg"
-
-    def backend_dsn(self) -> str:
-        if self.backend:
-            return self.backend
-        from cache.backend.embedded_pg import EmbeddedPostgres
-
-        return EmbeddedPostgres(self.embedded_root).ensure_running()
-
-
-def plural(count: int, noun: str) -> str:
-    return f"{count} {noun}{'' if count == 1 else 's'}"
-
-
-def format_seconds(seconds: float) -> str:
-    for unit, size in (("day", 86400.0), ("hour", 3600.0), ("min", 60.0), ("sec", 1.0)):
-        if seconds >= size and (seconds / size).is_integer():
-            value = int(seconds / size)
-            return f"{value} {unit}{'s' if value != 1 and unit in ('day', 'hour') else ''}"
-    return f"{seconds:g} sec"
 
 
 # -- commands -------------------------------------------------------------------------------------
 
 
 def cmd_parse(settings: Settings, args: argparse.Namespace) -> int:
-    from sql_ext import parse_one
-
     statement = parse_one(args.sql)
     document = statement.to_json()
     if args.json:
@@ -83,21 +55,7 @@ def cmd_parse(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def describe_class(cls: dict[str, t.Any]) -> str:
-    tables = ", ".join(cls["tables"])
-    if cls["bound_seconds"] == 0:
-        freshness = "must be current (bound 0: read from the backend)"
-    else:
-        freshness = f"at most {format_seconds(cls['bound_seconds'])} stale"
-    grouping = (
-        f"one snapshot per group of ({', '.join(cls['by'])})" if cls["by"] else "one snapshot"
-    )
-    return f"({tables}): {freshness}, {grouping}"
-
-
 def cmd_explain(settings: Settings, args: argparse.Namespace) -> int:
-    import cache
-
     with cache.connect(settings.backend_dsn(), settings.cache_path) as conn:
         conn.admin.reflect()  # plan against the backend's tables as they are now
         plan = conn.explain(args.sql)
@@ -118,8 +76,6 @@ def cmd_explain(settings: Settings, args: argparse.Namespace) -> int:
 
 def _admin(settings: Settings) -> t.ContextManager[Admin]:
     """The cache file's administration; the backend is started or reached only if needed."""
-    from cache.dbapi.admin import Admin
-
     return Admin.open(settings.cache_path, backend=settings.backend_dsn)
 
 
@@ -253,8 +209,6 @@ def _json_value(value: t.Any) -> t.Any:
 
 
 def cmd_query(settings: Settings, args: argparse.Namespace) -> int:
-    import cache
-
     with cache.connect(settings.backend_dsn(), settings.cache_path) as conn:
         cur = conn.cursor()
         cur.execute(args.sql)
@@ -268,9 +222,6 @@ def cmd_query(settings: Settings, args: argparse.Namespace) -> int:
             "provenance": provenance.to_json(),
         }))  # fmt: skip
         return 0
-    from rich.console import Console
-    from rich.table import Table
-
     console = Console(highlight=False, soft_wrap=True)
     if columns:
         table = Table(*columns)
@@ -292,14 +243,10 @@ def cmd_query(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
-    from cache.tools.demo import run_demo
-
     return run_demo(settings)
 
 
 def cmd_stop(settings: Settings, args: argparse.Namespace) -> int:
-    from cache.backend.embedded_pg import EmbeddedPostgres
-
     if settings.backend:
         print("a --backend was given: mtcache only stops the embedded PostgreSQL it started")
         return 0

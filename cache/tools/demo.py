@@ -12,14 +12,18 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
+import cache
 from cache.backend.reflect import fetch_catalog
+from cache.dbapi.admin import Admin
 from cache.tools import bookstore
+from cache.tools.formatting import describe_class, format_seconds
+from cache.tools.settings import Settings
+from optimizer.normalize_constraint import normalize_constraint
+from sql_ext import Query, parse_one
 
 SCHEMA = bookstore.CACHE_SCHEMA_FILE
 SALES_VIEW = "CREATE CACHED VIEW salescopy AS SELECT saleid, isbn, sold_on, qty FROM sales"
 
-if t.TYPE_CHECKING:
-    from cache.tools.cli import Settings
 
 
 @dataclass(frozen=True)
@@ -91,10 +95,6 @@ EXAMPLES = (
 
 
 def run_demo(settings: Settings) -> int:
-    from cache.tools.cli import describe_class, format_seconds
-    from optimizer.normalize_constraint import normalize_constraint
-    from sql_ext import Query, parse_one
-
     console = Console(highlight=False, soft_wrap=True)
     where = settings.backend or f"embedded PostgreSQL under {settings.embedded_root}"
     console.print(f"[bold]mtcache demo[/bold]: backend = {escape(where)}")
@@ -148,8 +148,6 @@ SALES_BY_TYPE = (
 
 
 def cache_at_work(console: Console, dsn: str, path: Path) -> None:
-    import cache
-
     for leftover in (path, path.with_name(path.name + ".wal")):
         leftover.unlink(missing_ok=True)
     console.rule("[bold]the cache at work[/bold]")
@@ -200,8 +198,6 @@ def cache_at_work(console: Console, dsn: str, path: Path) -> None:
         for (line,) in cur.fetchall():
             console.print(f"  {escape(line)}")
         console.print()
-    from cache.dbapi.admin import Admin
-
     with Admin.open(path) as admin:
         counters = admin.status()["counters"]
     console.print("counters: " + ", ".join(f"{k} {v}" for k, v in sorted(counters.items())))

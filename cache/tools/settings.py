@@ -1,0 +1,27 @@
+"""Where the tools' cache lives and which backend it fronts: read from the command line and the
+environment by the CLI (the only place that reads the environment), passed to every tool."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from cache.backend.embedded_pg import EmbeddedPostgres
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Where the cache lives and which backend it fronts (None = the embedded default)."""
+
+    cache_path: Path
+    backend: str | None
+
+    @property
+    def embedded_root(self) -> Path:
+        # The embedded cluster lives beside the cache file: one cache directory, one backend.
+        return self.cache_path.parent / "pg"
+
+    def backend_dsn(self) -> str:
+        if self.backend:
+            return self.backend
+        return EmbeddedPostgres(self.embedded_root).ensure_running()
