@@ -1,1 +1,2 @@
-"""The heartbeat table and the backend clock estimate (SPEC §6)."""
+"""The backend clock estimate (`clock`, SPEC §4); the heartbeat table and process of SPEC §6 come
+with their issue."""

@@ -9,8 +9,8 @@ the normalized constraint: classes <bound, S, G>.
 
 from __future__ import annotations
 
+import typing as t
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 from optimizer.normalize_constraint import ConsistencyClass, Instance
 from sql_ext.fds import FD, Attr, closure
@@ -19,9 +19,9 @@ REMOTE = 0
 GROUP_LEVEL = -1
 
 
-@dataclass(frozen=True)
-class Delivered:
-    """One tuple <R, S, Ω> of a delivered consistency property."""
+class Delivered(t.NamedTuple):
+    """One tuple <R, S, Ω> of a delivered consistency property (a value; a tuple, so the
+    run-time guards make them cheaply)."""
 
     region: int
     inputs: frozenset[Instance]

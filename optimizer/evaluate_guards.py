@@ -21,32 +21,38 @@ goes to PostgreSQL whole, as it does when no class runs locally.
 from __future__ import annotations
 
 import datetime as dt
-import math
 import typing as t
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from control_tables.regions import Key, RegionState, Stamp
 from optimizer.analyze import Access
-from optimizer.derive_consistency import Property, group_leaf, join, local_leaf, satisfies, violates
+from optimizer.derive_consistency import (
+    Property,
+    group_leaf,
+    join,
+    local_leaf,
+    satisfies,
+    violates,
+)
 from optimizer.plan import AccessPlan, ClassPlan, Guard, Plan
 from sql_ext.fds import FD
 from sql_ext.params import UNKNOWN, ParameterValues
 
+# The run-time values below are NamedTuples, not dataclasses: every execution makes them, and
+# a tuple is made several times faster (the hit path's budget is tens of microseconds).
 
-@dataclass(frozen=True)
-class Session:
-    """What the guards need to know about the session."""
 
-    now: dt.datetime  # the backend's clock, erring late
+class Session(t.NamedTuple):
+    """What the guards need to know about the session (besides the clock)."""
+
     timeline_floor: dt.datetime | None = None  # inside TIMEORDERED: the freshest data read
     uncommitted: frozenset[str] = frozenset()  # tables written in the open transaction
-    written_at: Mapping[str, dt.datetime] = field(default_factory=dict)  # committed writes
+    written_at: Mapping[str, dt.datetime] = MappingProxyType({})  # committed writes
     ignore_currency: bool = False  # stale_ok with the backend down: any present data will do
 
 
-@dataclass(frozen=True)
-class Binding:
+class Binding(t.NamedTuple):
     """How one access runs: on the view of the guard that held (with the regions it read), or
     as its remote leaf (``guard`` None)."""
 
@@ -60,8 +66,7 @@ class Binding:
         return self.guard.view if self.guard is not None else None
 
 
-@dataclass(frozen=True)
-class Misses:
+class Misses(t.NamedTuple):
     """Why guards failed (for the status counters), and what an admission could fill."""
 
     presence: int = 0
@@ -69,11 +74,11 @@ class Misses:
     admittable: tuple[tuple[str, Key], ...] = ()  # (control table, key) of presence misses
 
 
-@dataclass(frozen=True)
-class Decision:
+class Decision(t.NamedTuple):
     bindings: tuple[Binding, ...] | None  # per access, statement order; None: remote whole
     misses: Misses
     now: dt.datetime  # the moment currency was judged at
+    local: int = 0  # how many accesses read a cached view
 
     @property
     def remote(self) -> bool:
@@ -83,13 +88,13 @@ class Decision:
     def signature(self) -> tuple[str | None, ...]:
         """The view of each access in statement order (None: its leaf): the decisions of one
         plan that run the same statement have the same signature."""
-        return tuple(b.view for b in self.bindings or ())
+        return tuple(b.guard.view if b.guard is not None else None for b in self.bindings or ())
 
     def choice(self) -> dict[int, str | None]:
         """Instance id -> the view read (None: the remote leaf)."""
         return {b.access.instance.id: b.view for b in self.bindings or ()}
 
-    def __str__(self) -> str:
+    def __str__(self) -> str:  # type: ignore[override]
         if self.bindings is None:
             return "remote"
         parts = []
@@ -105,44 +110,57 @@ class Decision:
 
 
 class _Tally:
+    __slots__ = ("admittable", "currency", "presence")
+
     def __init__(self) -> None:
         self.presence = 0
         self.currency = 0
         self.admittable: list[tuple[str, Key]] = []
 
     def freeze(self) -> Misses:
+        if not (self.presence or self.currency):
+            return _NO_MISSES
         return Misses(self.presence, self.currency, tuple(self.admittable))
 
 
+_NO_MISSES = Misses()
+
+
 def evaluate_guards(
-    plan: Plan, state: RegionState, values: ParameterValues, session: Session
+    plan: Plan, state: RegionState, values: ParameterValues, session: Session, now: dt.datetime
 ) -> Decision:
-    """The SwitchUnion decisions of one execution of ``plan``. With
-    ``session.ignore_currency`` (the backend is down and the application accepts stale data)
-    every class that present data can answer is answered locally, whatever the plan chose."""
+    """The SwitchUnion decisions of one execution of ``plan`` at ``now`` on the backend's
+    clock (erring late). With ``session.ignore_currency`` (the backend is down and the
+    application accepts stale data) every class that present data can answer is answered
+    locally, whatever the plan chose."""
     tally = _Tally()
     if not plan.local and not session.ignore_currency:
-        return Decision(None, tally.freeze(), session.now)
+        return Decision(None, tally.freeze(), now)
     bindings: list[Binding] = []
-    any_local = False
+    local = 0
     for cls_plan in plan.classes:
         chosen = None
-        usable = cls_plan.guarded or (
-            session.ignore_currency and all(a.guards for a in cls_plan.accesses)
-        )
-        if usable:
-            chosen = _class_local(cls_plan, state, values, session, tally, plan.analysis.fds)
+        if cls_plan.guarded or (session.ignore_currency and cls_plan.has_guards):
+            chosen = _class_local(cls_plan, state, values, session, now, tally,
+                                  plan.analysis.fds)  # fmt: skip
         if chosen is None:
             if session.ignore_currency or len(cls_plan.accesses) != 1:
-                return Decision(None, tally.freeze(), session.now)
+                return Decision(None, tally.freeze(), now)
             bindings.append(Binding(cls_plan.accesses[0], bound_seconds=cls_plan.bound_seconds))
         else:
-            any_local = True
+            local += len(chosen)
             bindings += chosen
-    if not any_local:
-        return Decision(None, tally.freeze(), session.now)
-    bindings.sort(key=lambda b: b.access.instance.id)
-    return Decision(tuple(bindings), tally.freeze(), session.now)
+    if not local:
+        return Decision(None, tally.freeze(), now)
+    if len(bindings) > 1:
+        bindings.sort(key=lambda b: b.access.instance.id)
+    return Decision(tuple(bindings), tally.freeze(), now, local)
+
+
+# A choice's consistency is judged on its pattern: per access, the snapshot its regions share
+# (numbered by first appearance) or the groups they hold. §5.2's rules depend on nothing else -
+# which regions are equal, not their ids - so a class memoizes their verdict per pattern.
+Token = tuple[str, t.Any]  # ("region", n) or ("groups", keys)
 
 
 def _class_local(
@@ -150,44 +168,81 @@ def _class_local(
     state: RegionState,
     values: ParameterValues,
     session: Session,
+    now: dt.datetime,
     tally: _Tally,
     fds: tuple[FD, ...],
 ) -> list[Binding] | None:
     """Every access on a guarded branch whose guard holds and whose regions, together, deliver
-    the class's consistency; None if there is no such choice."""
-    required = [cls_plan.cls]
-    bound = math.inf if session.ignore_currency else cls_plan.bound_seconds
+    the class's consistency; None if there is no such choice (depth first, in branch order)."""
+    delta = cls_plan.bound_delta
+    oldest = None if session.ignore_currency or delta is None else now - delta
     accesses = cls_plan.accesses
+    last = len(accesses) - 1
     # each guard evaluated at most once (and its misses counted once), in branch order
     checked: dict[tuple[int, int], tuple[tuple[Key, Stamp], ...] | None] = {}
 
-    def check(index: int, branch: int) -> tuple[tuple[Key, Stamp], ...] | None:
-        if (index, branch) not in checked:
-            access = accesses[index]
-            checked[(index, branch)] = _check(access.access, access.guards[branch], state,
-                                              values, session, bound, tally)  # fmt: skip
-        return checked[(index, branch)]
-
-    def choose(index: int, delivered: Property) -> list[Binding] | None:
-        if index == len(accesses):
-            return [] if satisfies(delivered, required, fds) else None
-        access = accesses[index]
-        for branch, guard in enumerate(access.guards):
-            regions = check(index, branch)
+    if last == 0:  # one access (the common case): each branch in turn, no backtracking
+        access = accesses[0]
+        for guard in access.guards:
+            regions = _check(access.access, guard, state, values, session, oldest, tally)
             if regions is None:
                 continue
-            leaf = _delivered(access.access, guard, regions, state, values)
-            if leaf is None:
+            token = _token(access.access, guard, regions, state, values)
+            if token is not None and _consistent(cls_plan, (token,), fds, final=True):
+                return [Binding(access, guard, regions, cls_plan.bound_seconds)]
+        return None
+
+    def choose(index: int, pattern: tuple[Token, ...]) -> list[Binding] | None:
+        access = accesses[index]
+        for branch, guard in enumerate(access.guards):
+            if (index, branch) in checked:
+                regions = checked[(index, branch)]
+            else:
+                regions = checked[(index, branch)] = _check(
+                    access.access, guard, state, values, session, oldest, tally
+                )
+            if regions is None:
                 continue
-            merged = join(delivered, leaf)
-            if violates(merged, required, fds):
-                continue  # §5.2.3: prune this partial choice
-            rest = choose(index + 1, merged)
+            token = _token(access.access, guard, regions, state, values)
+            if token is None:
+                continue
+            merged = (*pattern, token)
+            if not _consistent(cls_plan, merged, fds, final=index == last):
+                continue
+            rest = [] if index == last else choose(index + 1, merged)
             if rest is not None:
                 return [Binding(access, guard, regions, cls_plan.bound_seconds), *rest]
         return None
 
-    return choose(0, frozenset())
+    return choose(0, ())
+
+
+def _consistent(
+    cls_plan: ClassPlan, pattern: tuple[t.Any, ...], fds: tuple[FD, ...], final: bool
+) -> bool:
+    """§5.2.3 on a (partial) choice: satisfaction for a complete one, no violation for a
+    partial one (pruning); memoized per pattern on the class's plan."""
+    snapshots: dict[t.Any, int] = {}
+    canonical: list[tuple[str, t.Any]] = []
+    for kind, value in pattern:
+        if kind == "region":
+            canonical.append((kind, snapshots.setdefault(value, len(snapshots) + 1)))
+        else:
+            canonical.append((kind, value))
+    key = (final, *canonical)
+    verdict = cls_plan.verdicts.get(key)
+    if verdict is None:
+        delivered: Property = frozenset()
+        for access, (kind, value) in zip(cls_plan.accesses, canonical, strict=False):
+            instance = access.instance
+            leaf = (local_leaf(instance, value) if kind == "region" else group_leaf(
+                instance, [{(instance, c) for c in columns} for columns in value]))  # fmt: skip
+            delivered = join(delivered, leaf)
+        required = [cls_plan.cls]
+        verdict = (satisfies(delivered, required, fds) if final
+                   else not violates(delivered, required, fds))  # fmt: skip
+        cls_plan.verdicts[key] = verdict
+    return verdict
 
 
 def _check(
@@ -196,69 +251,73 @@ def _check(
     state: RegionState,
     values: ParameterValues,
     session: Session,
-    bound: float,
+    oldest: dt.datetime | None,
     tally: _Tally,
 ) -> tuple[tuple[Key, Stamp], ...] | None:
-    """The regions the access would read on the guard's branch, if the guard holds."""
+    """The regions the access would read on the guard's branch, if the guard holds: every one
+    refreshed at ``oldest`` or later (None: any age will do)."""
     if access.table in session.uncommitted:
         return None  # the session's uncommitted writes are only on the backend
-    regions: list[tuple[Key, Stamp]] = []
+    regions: tuple[tuple[Key, Stamp], ...]
     if guard.kind == "full":
         stamp = state.views.get(guard.view)
         if stamp is None:
             return None
-        regions.append(((), stamp))
+        regions = (((), stamp),)
     else:
         keys = probed_keys(access, guard.probe, values)
         if keys is None or guard.control is None:
             return None
         listed = state.listed(guard.control, guard.control_columns)
+        found = []
         for key in keys:
-            if key not in listed:
+            stamp = listed.get(key)
+            if stamp is None:
                 tally.presence += 1  # a presence (or completeness) miss
                 if guard.admit_into is not None:
                     tally.admittable.append((guard.admit_into, key))
                 return None
-            regions.append((key, listed[key]))
+            found.append((key, stamp))
+        regions = tuple(found)
     floor = session.timeline_floor
-    written = session.written_at.get(access.table)
+    written = session.written_at.get(access.table) if session.written_at else None
     for _, (refreshed_at, _snapshot) in regions:
         if refreshed_at is None:
             return None
-        if (session.now - refreshed_at).total_seconds() > bound:
+        if oldest is not None and refreshed_at < oldest:
             tally.currency += 1
             return None  # a currency miss
         if floor is not None and refreshed_at < floor:
             return None  # time must not move backwards inside TIMEORDERED
         if written is not None and refreshed_at < written:
             return None  # read your own writes
-    return tuple(regions)
+    return regions
 
 
-def _delivered(
+def _token(
     access: Access,
     guard: Guard,
     regions: tuple[tuple[Key, Stamp], ...],
     state: RegionState,
     values: ParameterValues,
-) -> Property | None:
-    """§5.2.2's delivered property of a local leaf: one cache region when every region read
-    shares a snapshot; else the groups guaranteed consistent (Fig 7.2 A, C); None if
-    neither."""
-    instance = access.instance
-    snapshots = {stamp[1] for _, stamp in regions}
-    if len(snapshots) == 1:
-        (snapshot,) = snapshots
-        if snapshot is not None and snapshot > 0:
-            return local_leaf(instance, snapshot)
-    groups = [frozenset((instance, c) for c in columns) for columns in guard.groups]
+) -> Token | None:
+    """What the regions read deliver (§5.2.2): one cache region when they share a snapshot;
+    else the groups guaranteed consistent (Fig 7.2 A, C); None if neither."""
+    first = regions[0][1][1]
+    if first is not None and first > 0:
+        for _, stamp in regions:
+            if stamp[1] != first:
+                break
+        else:
+            return ("region", first)
+    groups = guard.groups
     probe = guard.consistency_probe
     if probe is not None:
         keys = probed_keys(access, probe.columns, values)
         listed = state.controls.get(probe.control, {})
         if keys is not None and all(k in listed for k in keys):
-            groups.append(frozenset((instance, c) for c in probe.columns))  # Fig 7.3 A12
-    return group_leaf(instance, groups) if groups else None
+            groups = (*groups, probe.columns)  # Fig 7.3 A12
+    return ("groups", groups) if groups else None
 
 
 def probed_keys(
@@ -266,6 +325,13 @@ def probed_keys(
 ) -> list[Key] | None:
     """The key values the access probes ``columns`` with in this execution (None: not all
     known, or several values of a composite key, whose combinations are not guessed)."""
+    if len(columns) == 1:
+        constants = access.probes.get(columns[0])
+        if not constants:
+            return None
+        if len(constants) == 1:
+            value = values.value(constants[0])
+            return None if value is UNKNOWN else [(value,)]
     found: list[list[t.Any]] = []
     for column in columns:
         constants = access.probes.get(column)

@@ -12,6 +12,8 @@ accesses cannot run locally, or none can, the statement goes to PostgreSQL whole
 
 from __future__ import annotations
 
+import datetime as dt
+import functools
 import math
 import typing as t
 from collections.abc import Mapping
@@ -123,10 +125,24 @@ class ClassPlan:
     cls: ConsistencyClass
     accesses: tuple[AccessPlan, ...]
     remote_reason: str | None = None  # why the class always runs remote (None: guarded)
+    # the run-time guards' memo of §5.2 verdicts per region pattern (optimizer.evaluate_guards)
+    verdicts: dict[t.Any, bool] = field(default_factory=dict, compare=False, repr=False)
 
-    @property
+    @functools.cached_property
+    def bound_delta(self) -> dt.timedelta | None:
+        """The bound as a duration (None: beyond any date, every region is fresh enough)."""
+        try:
+            return dt.timedelta(seconds=self.cls.bound_seconds)
+        except OverflowError:
+            return None
+
+    @functools.cached_property
+    def has_guards(self) -> bool:
+        return all(a.guards for a in self.accesses)
+
+    @functools.cached_property
     def guarded(self) -> bool:
-        return self.remote_reason is None and all(a.guards for a in self.accesses)
+        return self.remote_reason is None and self.has_guards
 
     @property
     def bound_seconds(self) -> float:

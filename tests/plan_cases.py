@@ -122,7 +122,6 @@ class PlanCase:
             return NOW - dt.timedelta(seconds=float(age.removesuffix("s")))
 
         return Session(
-            now=NOW,
             timeline_floor=ago(given["floor"]) if "floor" in given else None,
             uncommitted=frozenset(given.get("uncommitted", ())),
             written_at={k: ago(v) for k, v in given.get("written", {}).items()},
@@ -131,7 +130,7 @@ class PlanCase:
 
     def decide(self, plan: Plan) -> Decision:
         values = ParameterValues(plan.analysis.parameter_keys, self.params)
-        return evaluate_guards(plan, self.region_state(), values, self.session())
+        return evaluate_guards(plan, self.region_state(), values, self.session(), NOW)
 
 
 def plan_summary(plan: Plan) -> str:

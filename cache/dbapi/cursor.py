@@ -196,9 +196,10 @@ class Cursor:
         connection = self.connection
         try:
             prepared = connection._planner.prepare(query, parameters)
-            self.plan = prepared.plan
-            decision = self._decide(prepared.plan, parameters)
-            if decision.remote:
+            plan = self.plan = prepared.plan
+            # a plan that chose the whole statement remote has no guard to evaluate
+            decision = self._decide(plan, parameters) if plan.local else None
+            if decision is None or decision.remote:
                 self._run_backend(prepared.plan.sql, parameters)
                 self._pending = lambda: Provenance.remote(
                     connection._planner.base_tables(query))  # fmt: skip
@@ -212,10 +213,10 @@ class Cursor:
         """Evaluate the plan's guards; a decision about current data counts its misses and
         requests the admissions that would fill them."""
         connection = self.connection
-        session = connection._session.guard_session(connection._planner.catalog.tables,
-                                                    ignore_currency)  # fmt: skip
+        state = connection._session
+        session = state.guard_session(connection._planner.catalog.tables, ignore_currency)
         values = ParameterValues(plan.analysis.parameter_keys, parameters)
-        decision = evaluate_guards(plan, connection._region_state(), values, session)
+        decision = evaluate_guards(plan, connection._region_state(), values, session, state.now())
         if not ignore_currency:
             misses = decision.misses
             counters = connection._counters
@@ -230,9 +231,9 @@ class Cursor:
     ) -> None:
         """Run a local or mixed decision in DuckDB."""
         connection = self.connection
-        fetch = connection._leaf_fetcher()
         try:
-            result = run_local(prepared, decision, parameters, connection._store.con, fetch)
+            result = run_local(prepared, decision, parameters, connection._store.con,
+                               connection._leaf_fetcher)  # fmt: skip
         except psycopg.Error as exc:
             raise translate(exc, unreachable="a remote part of the query needs it") from exc
         except duckdb.Error as exc:
@@ -240,9 +241,8 @@ class Cursor:
         self._set_result(result.description, result.rows)
         self.executed = result.executed
         bindings = decision.bindings or ()
-        local = sum(1 for b in bindings if b.guard is not None)
-        remote = local < len(bindings)
-        connection._counters["hits"] += local
+        remote = decision.local < len(bindings)
+        connection._counters["hits"] += decision.local
         if remote:
             connection._counters["remote"] += 1
         if stale:

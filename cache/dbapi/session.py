@@ -14,7 +14,7 @@ import psycopg
 from psycopg import pq
 
 from cache.store.cache_file import CacheStore
-from heartbeat.clock import measure
+from heartbeat.clock import BackendClock, measure
 from optimizer.evaluate_guards import Session
 from sql_ext.errors import ProgrammingError
 
@@ -26,34 +26,39 @@ class SessionState:
     def __init__(self, pg: psycopg.Connection[t.Any], store: CacheStore) -> None:
         self._pg = pg
         self._store = store
-        self.clock = measure(pg)  # currency is judged on the backend's clock
-        store.save_clock(self.clock)
+        self._use_clock(measure(pg))  # currency is judged on the backend's clock
         self.uncommitted: set[str] = set()  # tables written in the open backend transaction
         self.uncommitted_unknown = False  # a write whose tables the parser could not name
         self.written_at: dict[str, dt.datetime] = {}  # committed writes of this session
         self.unknown_written_at: dt.datetime | None = None
         self.timeline_active = False
         self.timeline_floor: dt.datetime | None = None  # None: not inside TIMEORDERED
+        self._guarded: Session | None = None  # what the guards see, until something changes
 
     # -- the backend clock ---------------------------------------------------------------------
 
     def now(self) -> dt.datetime:
         """The backend's clock (erring late), re-measured every CLOCK_MAX_AGE seconds."""
-        clock = self.clock
         local = dt.datetime.now(dt.UTC)
-        if (local - clock.measured_at).total_seconds() > CLOCK_MAX_AGE:
+        if local > self._remeasure_at:
+            clock = self.clock
             try:
-                self.clock = clock = measure(self._pg)
-                self._store.save_clock(clock)
+                self._use_clock(measure(self._pg))
             except psycopg.Error:
                 # the backend is unreachable: keep the last measurement, pushed later by the
                 # drift it may have accumulated since (so the estimate still errs late)
-                self.clock = clock = dataclasses.replace(
+                self._use_clock(dataclasses.replace(
                     clock,
                     offset_seconds=clock.offset_seconds + DRIFT * CLOCK_MAX_AGE,
                     measured_at=local,
-                )
-        return local + dt.timedelta(seconds=clock.offset_seconds)
+                ))  # fmt: skip
+        return local + self._offset
+
+    def _use_clock(self, clock: BackendClock) -> None:
+        self.clock = clock
+        self._offset = dt.timedelta(seconds=clock.offset_seconds)
+        self._remeasure_at = clock.measured_at + dt.timedelta(seconds=CLOCK_MAX_AGE)
+        self._store.save_clock(clock)
 
     # -- the session's own writes (read your writes) -----------------------------------------
 
@@ -67,6 +72,7 @@ class SessionState:
             self.uncommitted_unknown = True
         else:
             self.uncommitted.update(tables)
+        self._guarded = None
         self.settle()
 
     def settle(self, rolled_back: bool = False) -> None:
@@ -93,6 +99,7 @@ class SessionState:
     def rolled_back(self) -> None:
         self.uncommitted.clear()
         self.uncommitted_unknown = False
+        self._guarded = None
 
     # -- the session timeline (§2.3) -----------------------------------------------------------
 
@@ -101,40 +108,46 @@ class SessionState:
             raise ProgrammingError("BEGIN TIMEORDERED inside a TIMEORDERED block: end it first")
         self.timeline_active = True
         self.timeline_floor = None
+        self._guarded = None
 
     def end_timeordered(self) -> None:
         if not self.timeline_active:
             raise ProgrammingError("END TIMEORDERED without BEGIN TIMEORDERED")
         self.timeline_active = False
         self.timeline_floor = None
+        self._guarded = None
 
     def read_at(self, moment: dt.datetime) -> None:
         """A query read data as of ``moment``: later ones inside TIMEORDERED may not read
         older data."""
         if self.timeline_active and (self.timeline_floor is None or moment > self.timeline_floor):
             self.timeline_floor = moment
+            self._guarded = None
 
     # -- what one decision sees ----------------------------------------------------------------
 
     def guard_session(self, tables: Iterable[str], ignore_currency: bool = False) -> Session:
         """The session as the guards see it now; ``tables``: every table a write the parser
-        could not name may have touched."""
+        could not name may have touched. Kept until the session's state changes."""
+        if ignore_currency:
+            return self._session(tables)._replace(ignore_currency=True)
+        if self._guarded is None:
+            self._guarded = self._session(tables)
+        return self._guarded
+
+    def _session(self, tables: Iterable[str]) -> Session:
         uncommitted = frozenset(self.uncommitted)
         if self.uncommitted_unknown:
             uncommitted |= frozenset(tables)
-        written: t.Mapping[str, dt.datetime] = self.written_at
+        written = dict(self.written_at)
         unknown = self.unknown_written_at
         if unknown is not None:
-            written = dict(self.written_at)
             for table in tables:
                 previous = written.get(table)
                 if previous is None or previous < unknown:
                     written[table] = unknown
         return Session(
-            now=self.now(),
             timeline_floor=self.timeline_floor,
             uncommitted=uncommitted,
             written_at=written,
-            ignore_currency=ignore_currency,
         )
-

@@ -42,23 +42,23 @@ class Compiled:
     """A decision's statement, compiled by DuckDB once."""
 
     statement: LocalStatement
+    executed: Executed  # what running it sends where
     prepared: t.Any = None  # DuckDB's parse of statement.sql: executions skip the parser
     # result description per parameter-type signature (the statement's types are fixed by it)
     descriptions: dict[tuple[type, ...], list[tuple[t.Any, ...]]] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class Executed:
+class Executed(t.NamedTuple):
     """What a statement sent where: to PostgreSQL whole (``backend_sql``), or to DuckDB
-    (``duckdb_sql``) with the leaf queries it read from PostgreSQL."""
+    (``duckdb_sql``) with the leaf queries it read from PostgreSQL. (A NamedTuple, like the
+    other values every execution makes: cheap to make.)"""
 
     backend_sql: str | None = None
     duckdb_sql: str | None = None
     leaves: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class Result:
+class Result(t.NamedTuple):
     description: list[tuple[t.Any, ...]]
     rows: list[tuple[t.Any, ...]]
     executed: Executed
@@ -69,7 +69,9 @@ def compiled_for(prepared: Prepared, decision: Decision) -> Compiled:
     signature = decision.signature
     compiled = prepared.compiled.get(signature)
     if compiled is None:
-        compiled = Compiled(local_statement(prepared.plan, decision.choice()))
+        statement = local_statement(prepared.plan, decision.choice())
+        leaves = tuple(leaf.sql for _, leaf in statement.leaves)
+        compiled = Compiled(statement, Executed(duckdb_sql=statement.sql, leaves=leaves))
         prepared.compiled[signature] = compiled
     return compiled
 
@@ -79,10 +81,10 @@ def run_local(
     decision: Decision,
     params: Params,
     duck: duckdb.DuckDBPyConnection,
-    fetch: Fetch | None = None,
+    fetcher: Callable[[], Fetch] | None = None,
 ) -> Result:
     """Run a local or mixed decision: fetch its leaves (all at once, so they may come in
-    parallel), register them, run the statement."""
+    parallel, through the fetch ``fetcher`` gives), register them, run the statement."""
     compiled = compiled_for(prepared, decision)
     statement = compiled.statement
     values = values_for(statement.keys, params) if statement.keys else []
@@ -91,7 +93,8 @@ def run_local(
         (compiled.prepared,) = duck.extract_statements(statement.sql)
     tables: list[pa.Table] = []
     if statement.leaves:
-        assert fetch is not None
+        assert fetcher is not None
+        fetch = fetcher()
         leaf_params = named or None  # a statement without placeholders: its leaves have none
         tables = fetch([(leaf.sql, list(leaf.columns), leaf_params)
                         for _, leaf in statement.leaves])  # fmt: skip
@@ -113,9 +116,7 @@ def run_local(
     finally:
         for name in registered:
             duck.unregister(name)
-    executed = Executed(duckdb_sql=statement.sql, leaves=tuple(leaf.sql for _, leaf in
-                                                                statement.leaves))  # fmt: skip
-    return Result(description, rows, executed)
+    return Result(description, rows, compiled.executed)
 
 
 @functools.lru_cache(maxsize=1024)

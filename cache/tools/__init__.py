@@ -1,1 +1,2 @@
-"""."""
+"""The `mtcache` command line (`cli`), `mtcache demo` (`demo`) and the bookstore it loads
+(`bookstore`)."""
