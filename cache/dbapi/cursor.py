@@ -39,6 +39,9 @@ _ROW_STATUSES = frozenset((pq.ExecStatus.TUPLES_OK, pq.ExecStatus.SINGLE_TUPLE,
                            pq.ExecStatus.TUPLES_CHUNK))  # fmt: skip
 
 
+_NO_PROVENANCE = Provenance()
+
+
 class _ResultShape:
     """A backend result's columns, kept so the DB-API description is built only when read:
     psycopg.Column reads exactly these attributes of a cursor, frozen here at one result
@@ -63,7 +66,7 @@ class Cursor:
         self._pg_columns: _ResultShape | None = None  # the backend's result, described lazily
         self.rowcount = -1
         self.messages: list[tuple[type[Warning], str]] = []
-        self._provenance = Provenance()
+        self._provenance = _NO_PROVENANCE
         # the provenance of the last query, built when first read (most callers never do)
         self._pending: Callable[[], Provenance] | None = None
         self._pg_cursor: psycopg.Cursor[t.Any] | None = None  # reused for backend statements
@@ -102,9 +105,10 @@ class Cursor:
             self._check_open()
         self._reset()
         connection = self.connection
-        statement = connection._statements.parse(operation)
-        controls = connection._store.load_schema().control_tables
-        route = routes.route(statement, operation, controls.keys())
+        store = connection._store
+        route = connection._statements.route(
+            operation, store.schema_version, store.control_table_names
+        )
         if isinstance(route, routes.CachedRead):
             self._read(route.query, parameters)
         elif isinstance(route, routes.Passthrough):
@@ -300,7 +304,7 @@ class Cursor:
             if cur is None or cur.closed:
                 cur = self._pg_cursor = connection._pg.cursor()
             cur.execute(sql, parameters)  # type: ignore[arg-type]
-            self.executed = Executed(backend_sql=sql)
+            self.executed = Executed(sql)
             self.rowcount = cur.rowcount
             result = cur.pgresult
             if result is not None and (result.nfields or result.status in _ROW_STATUSES):
@@ -358,7 +362,7 @@ class Cursor:
         self._pg_columns = None
         self.rowcount = -1
         self.messages = []
-        self._provenance = Provenance()
+        self._provenance = _NO_PROVENANCE
         self._pending = None
         self.plan = None
         self.executed = None

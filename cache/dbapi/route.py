@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import typing as t
 from collections import OrderedDict
-from collections.abc import Set
+from collections.abc import Callable, Set
 from dataclasses import dataclass
 
 from sqlglot import exp
@@ -160,21 +160,37 @@ def _tokens(operation: str) -> list[t.Any]:
 
 
 class StatementCache:
-    """Parses by statement text, least recently used first out."""
+    """Parses and routes by statement text, least recently used first out: the hot path pays
+    one lookup. A route is made again when the cache schema has changed (its control tables
+    decide what an INSERT or DELETE is)."""
 
     def __init__(self, size: int = 256) -> None:
         self.size = size
-        self._parsed: OrderedDict[str, Statement | None] = OrderedDict()
+        self._entries: OrderedDict[str, tuple[Statement | None, Route | None, int]] = (
+            OrderedDict()
+        )
 
     def parse(self, operation: str) -> Statement | None:
-        parsed = self._parsed
+        return self._entry(operation)[0]
+
+    def route(
+        self, operation: str, schema_version: int, control_tables: Callable[[], Set[str]]
+    ) -> Route:
+        statement, routed, version = self._entry(operation)
+        if routed is None or version != schema_version:
+            routed = route(statement, operation, control_tables())
+            self._entries[operation] = (statement, routed, schema_version)
+        return routed
+
+    def _entry(self, operation: str) -> tuple[Statement | None, Route | None, int]:
+        entries = self._entries
         try:
-            parsed.move_to_end(operation)
-            return parsed[operation]
+            entries.move_to_end(operation)
+            return entries[operation]
         except KeyError:
             pass
-        statement = parse_statement(operation)
-        if len(parsed) >= self.size:
-            parsed.popitem(last=False)
-        parsed[operation] = statement
-        return statement
+        entry = (parse_statement(operation), None, -1)
+        if len(entries) >= self.size:
+            entries.popitem(last=False)
+        entries[operation] = entry
+        return entry

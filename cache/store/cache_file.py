@@ -313,6 +313,9 @@ class CacheStore:
                 shared.schema = (version, schema)
         return schema
 
+    def control_table_names(self) -> t.AbstractSet[str]:
+        return self.load_schema().control_tables.keys()
+
     def _parse_schema(self) -> CacheSchema:
         schema = CacheSchema()
         for kind, text, columns, key in self.con.execute(
