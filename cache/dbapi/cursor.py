@@ -20,10 +20,17 @@ import psycopg
 from psycopg import pq
 from sqlglot import exp
 
-from cache.dbapi import route as routes
-from cache.execution.execute import Executed, run_local, text_column
+from cache.dbapi.route import (
+    CachedRead,
+    ControlEdit,
+    Explain,
+    Passthrough,
+    TimelineBracket,
+    Write,
+)
+from cache.execution.execute import run_local, text_column
 from cache.execution.planning import Prepared
-from cache.execution.provenance import Provenance
+from cache.execution.provenance import Executed, Provenance
 from optimizer.evaluate_guards import Decision, evaluate_guards
 from optimizer.plan import Plan
 from sql_ext import Query
@@ -109,26 +116,26 @@ class Cursor:
         route = connection._statements.route(
             operation, store.schema_version, store.control_table_names
         )
-        if isinstance(route, routes.CachedRead):
+        if isinstance(route, CachedRead):
             self._read(route.query, parameters)
-        elif isinstance(route, routes.Passthrough):
-            self._run_backend(route.sql, parameters)
+        elif isinstance(route, Passthrough):
+            self._run_backend(route.executed, parameters)
             if route.reads is not None:
                 query = route.reads
                 self._pending = lambda: Provenance.remote(connection._planner.base_tables(query))
                 connection._counters["remote"] += 1
             if route.changes_catalog:
                 connection._planner.catalog_changed()
-        elif isinstance(route, routes.Write):
-            self._run_backend(route.sql, parameters)
+        elif isinstance(route, Write):
+            self._run_backend(route.executed, parameters)
             if route.changes_catalog:
                 connection._planner.catalog_changed()
             connection._session.wrote(route.tables)
-        elif isinstance(route, routes.Explain):
+        elif isinstance(route, Explain):
             self._explain(route.query, parameters)
-        elif isinstance(route, routes.ControlEdit):
+        elif isinstance(route, ControlEdit):
             self._edit_control_table(route, parameters)
-        elif isinstance(route, routes.TimelineBracket):
+        elif isinstance(route, TimelineBracket):
             if parameters:
                 raise ProgrammingError("TIMEORDERED takes no parameters")
             if route.begin:
@@ -204,7 +211,7 @@ class Cursor:
             # a plan that chose the whole statement remote has no guard to evaluate
             decision = self._decide(plan, parameters) if plan.local else None
             if decision is None or decision.remote:
-                self._run_backend(prepared.plan.sql, parameters)
+                self._run_backend(prepared.remote, parameters)
                 self._pending = lambda: Provenance.remote(
                     connection._planner.base_tables(query))  # fmt: skip
                 connection._counters["remote"] += 1
@@ -296,15 +303,17 @@ class Cursor:
 
     # -- other statements ----------------------------------------------------------------------
 
-    def _run_backend(self, sql: str, parameters: Params) -> None:
+    def _run_backend(self, executed: Executed, parameters: Params) -> None:
+        """Send a statement to PostgreSQL on the session's connection (``executed``: its SQL,
+        as `cursor.executed` reports it)."""
         connection = self.connection
         session = connection._session
         try:
             cur = self._pg_cursor
             if cur is None or cur.closed:
                 cur = self._pg_cursor = connection._pg.cursor()
-            cur.execute(sql, parameters)  # type: ignore[arg-type]
-            self.executed = Executed(sql)
+            cur.execute(executed.backend_sql, parameters)  # type: ignore[arg-type]
+            self.executed = executed
             self.rowcount = cur.rowcount
             result = cur.pgresult
             if result is not None and (result.nfields or result.status in _ROW_STATUSES):
@@ -317,12 +326,12 @@ class Cursor:
         finally:
             while connection._notices:
                 self.messages.append((_errors.Warning, connection._notices.pop(0)))
-            if session.writing:
+            if session.uncommitted or session.uncommitted_unknown:
                 session.settle()  # e.g. a COMMIT sent as SQL
         if session.timeline_active:
             session.read_at(session.now())
 
-    def _edit_control_table(self, edit: routes.ControlEdit, parameters: Params) -> None:
+    def _edit_control_table(self, edit: ControlEdit, parameters: Params) -> None:
         """INSERT INTO control ... admits keys; DELETE FROM control ... evicts them."""
         connection = self.connection
         store = connection._store

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import functools
 import typing as t
 from collections import OrderedDict
 from collections.abc import Callable, Set
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
+from cache.execution.provenance import Executed
 from sql_ext import Query, Statement, Timeline, parse_one
 from sql_ext.errors import NotSupportedError, SqlSyntaxError
 from sql_ext.statements import DIALECT
@@ -43,12 +45,20 @@ class Passthrough:
     reads: Query | None = None  # a plain query: its tables are named in the provenance
     changes_catalog: bool = False  # backend DDL: the shadow catalog must be read again
 
+    @functools.cached_property
+    def executed(self) -> Executed:
+        return Executed(self.sql)
+
 
 @dataclass(frozen=True)
 class Write:
     sql: str
     tables: frozenset[str] | None  # None: the parser could not name them (counts as all)
     changes_catalog: bool = False
+
+    @functools.cached_property
+    def executed(self) -> Executed:
+        return Executed(self.sql)
 
 
 @dataclass(frozen=True)

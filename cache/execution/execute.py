@@ -19,6 +19,7 @@ import psycopg
 import pyarrow as pa
 
 from cache.execution.planning import Prepared
+from cache.execution.provenance import Executed
 from optimizer.evaluate_guards import Decision
 from optimizer.local_statement import LocalStatement, local_statement
 from sql_ext.params import Params, values_for
@@ -46,16 +47,6 @@ class Compiled:
     prepared: t.Any = None  # DuckDB's parse of statement.sql: executions skip the parser
     # result description per parameter-type signature (the statement's types are fixed by it)
     descriptions: dict[tuple[type, ...], list[tuple[t.Any, ...]]] = field(default_factory=dict)
-
-
-class Executed(t.NamedTuple):
-    """What a statement sent where: to PostgreSQL whole (``backend_sql``), or to DuckDB
-    (``duckdb_sql``) with the leaf queries it read from PostgreSQL. (A NamedTuple, like the
-    other values every execution makes: cheap to make.)"""
-
-    backend_sql: str | None = None
-    duckdb_sql: str | None = None
-    leaves: tuple[str, ...] = ()
 
 
 class Result(t.NamedTuple):

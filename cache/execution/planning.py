@@ -10,12 +10,14 @@ EXPLAIN looks its plan up here too, so it shows the plan that runs.
 
 from __future__ import annotations
 
+import functools
 import typing as t
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from cache.backend.estimates import backend_estimates
 from cache.backend.reflect import fetch_catalog
+from cache.execution.provenance import Executed
 from cache.store.cache_file import CacheStore
 from optimizer.analyze import analyze
 from optimizer.estimate_cost import DEFAULT_DELAY
@@ -38,6 +40,11 @@ class Prepared:
     plan: Plan
     schema_version: int
     compiled: dict[t.Any, t.Any] = field(default_factory=dict)
+
+    @functools.cached_property
+    def remote(self) -> Executed:
+        """The whole statement sent to PostgreSQL, as `cursor.executed` reports it."""
+        return Executed(self.plan.sql)
 
 
 class Planner:

@@ -1,5 +1,6 @@
 """Where a result's rows came from (SPEC §5.7, §9): per table access, local or remote, the view
-and regions read, their currency and snapshot ids. Frozen values; `to_json` gives SPEC §9's
+and regions read, their currency and snapshot ids; and what the statement sent where
+(`Executed`). Frozen values; `to_json` gives SPEC §9's
 shapes. Each entry also reads like the dict of SPEC §9 (``entry["route"]``), so code written
 against the documented shape keeps working.
 """
@@ -12,6 +13,17 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from optimizer.evaluate_guards import Binding, Decision
+
+
+class Executed(t.NamedTuple):
+    """What a statement sent where: to PostgreSQL whole (``backend_sql``), or to DuckDB
+    (``duckdb_sql``) with the leaf queries it read from PostgreSQL. (A NamedTuple, like the
+    other values every execution makes: cheap to make.)"""
+
+    backend_sql: str | None = None
+    duckdb_sql: str | None = None
+    leaves: tuple[str, ...] = ()
+
 
 _FIELDS = ("table", "route", "view", "regions", "currency_seconds", "snapshot_ids", "stale")
 
