@@ -1,4 +1,4 @@
-"""The measurements behind the optimizer's cost constants (optimizer/explain_plan.py).
+"""The measurements behind the optimizer's cost constants (optimizer/estimate_cost.py).
 
     python -m experiments.calibrate_costs [--sf 1] [--backend DSN]
 

@@ -607,3 +607,17 @@ def test_a_mixed_plan_is_made_once_and_reused_with_new_parameters(
     assert routes == ["local", "remote"] and rows == pg(backend, plain)
     rows, routes = through_cache(conn, plain + clause, [])  # parameters, none used: %% is %
     assert rows == pg(backend, plain, []) and rows[0][1] == "x%y" and rows[0][0] > 0
+
+
+def test_a_write_the_parser_cannot_read_is_still_read_back(conn: cache.Connection) -> None:
+    """psycopg's %% makes the UPDATE unreadable to the parser: it reaches PostgreSQL verbatim
+    and still counts as the session's write, so the next read does not see the cached row."""
+    cur = conn.cursor()
+    query = "SELECT name FROM authors a WHERE a.authorid = 4 CURRENCY BOUND 10 MIN"
+    cur.execute(query)
+    assert cur.provenance[0]["route"] == "local"
+    cur.execute("UPDATE authors SET name = 'mine' WHERE authorid %% 1000 = %s", [4])
+    assert cur.rowcount == 1
+    cur.execute(query)
+    assert cur.fetchall() == [("mine",)] and cur.provenance[0]["route"] == "remote"
+    conn.rollback()

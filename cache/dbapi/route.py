@@ -27,6 +27,15 @@ from sql_ext.errors import NotSupportedError, SqlSyntaxError
 from sql_ext.statements import DIALECT
 
 _EXTENSION_WORDS = {"CURRENCY", "TIMEORDERED", "CACHED", "CONTROL", "EXPLAIN"}
+# First words of statements that change no table: any other statement the parser cannot read
+# counts as a write to every table (read your writes must hold; stricter is safe). EXPLAIN is
+# not among them (EXPLAIN ANALYZE runs its statement), nor EXECUTE (a prepared write).
+_READ_ONLY_WORDS = frozenset({
+    "SELECT", "VALUES", "TABLE", "SHOW", "SET", "RESET", "BEGIN", "START", "COMMIT", "END",
+    "ROLLBACK", "ABORT", "SAVEPOINT", "RELEASE", "FETCH", "MOVE", "CLOSE", "LISTEN",
+    "UNLISTEN", "NOTIFY", "DISCARD", "DEALLOCATE",
+})  # fmt: skip
+_WRITES = (exp.Insert, exp.Update, exp.Delete, exp.Merge)
 
 
 @dataclass(frozen=True)
@@ -85,13 +94,20 @@ def route(statement: Statement | None, operation: str, control_tables: Set[str])
     """The route of a statement (None: text the parser cannot read that uses no extension:
     the backend judges it, verbatim)."""
     if statement is None:
-        return Passthrough(operation)
+        tokens = _tokens(operation)
+        if tokens and tokens[0].text.upper() in _READ_ONLY_WORDS:
+            return Passthrough(operation)
+        return Write(operation, None)
     if isinstance(statement, Timeline):
         return TimelineBracket(statement.begin)
     if not isinstance(statement, Query):
         return CacheDdl(statement)
     tree = statement.tree
+    extended = statement.has_currency_clause or statement.explain is not None
     if statement.is_select and statement.explain is None:  # reads: the hot path first
+        if tree.find(*_WRITES) is not None:  # WITH d AS (DELETE ... RETURNING ...) SELECT
+            return Write(statement.backend_sql if extended else operation,
+                         _written_tables(tree))  # fmt: skip
         if statement.has_currency_clause:
             return CachedRead(statement)
         return Passthrough(operation, reads=statement)
@@ -102,9 +118,8 @@ def route(statement: Statement | None, operation: str, control_tables: Set[str])
         return Explain(statement.without_explain())
     # Only a statement using an extension is regenerated; plain SQL reaches PostgreSQL as
     # written (psycopg's %%, dollar quotes, casts untouched).
-    extended = statement.has_currency_clause or statement.explain is not None
     sql = statement.backend_sql if extended else operation
-    if isinstance(tree, exp.Insert | exp.Update | exp.Delete | exp.Merge):
+    if isinstance(tree, _WRITES):
         return Write(sql, _written_tables(tree))
     if isinstance(tree, exp.Command):
         return Write(sql, None, changes_catalog=True)
@@ -139,12 +154,17 @@ def _control_target(
 
 
 def _written_tables(tree: exp.Expr) -> frozenset[str] | None:
-    target = tree.this
-    if isinstance(target, exp.Schema):
-        target = target.this
-    if isinstance(target, exp.Table):
-        return frozenset({target.name.lower()})
-    return None
+    """The tables a statement writes (its own target and any data-modifying CTE's); None if
+    one of them is not a plain table name."""
+    tables = set()
+    for write in tree.find_all(*_WRITES):
+        target = write.this
+        if isinstance(target, exp.Schema):
+            target = target.this
+        if not isinstance(target, exp.Table):
+            return None
+        tables.add(target.name.lower())
+    return frozenset(tables)
 
 
 # -- parsing, once per statement text -------------------------------------------------------------
