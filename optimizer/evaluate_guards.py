@@ -2,7 +2,7 @@
 guards is evaluated once against the cache's region state, and each consistency class decides
 all its accesses together - local if every access gets a guarded branch whose guard holds and
 the regions read deliver the class's consistency, else remote. Pure: (plan, region state,
-parameter values, session) in, `Decision` out.
+parameter values, session, the backend clock's now) in, `Decision` out.
 
 A guard holds when the probed key values are present (or complete), every region read is at
 most the class's bound old on the backend clock, none is older than the session's TIMEORDERED

@@ -212,10 +212,9 @@ class Connection:
         self._check_open()
         statement = self._statements.parse(operation)
         if not isinstance(statement, Query):
-            kind = statement.kind if statement is not None else "unreadable"
-            raise ProgrammingError(
-                f"explain takes a query; this is a {kind} statement (try `mtcache parse`)"
-            )
+            what = f"a {statement.kind} statement" if statement is not None else "not SQL the " \
+                "cache can read"
+            raise ProgrammingError(f"explain takes a query; this is {what} (try `mtcache parse`)")
         if statement.explain is not None:
             statement = statement.without_explain()
         return self._planner.prepare(statement, parameters).plan
