@@ -88,12 +88,14 @@ class Analysis:
         )
 
 
-def analyze(query: Query, catalog: Catalog) -> Analysis:
+def analyze(query: Query, catalog: Catalog, default_bound: float | None = None) -> Analysis:
+    """The analysis of a statement; ``default_bound``: the session's currency bound for its
+    blocks without a clause (SPEC §2)."""
     if not query.is_select:  # a write or a command: nothing to read from the cache
         return Analysis(query, Constraint((), (), ()), (), (), placeholder_keys(query.tree),
                         local_blocker="it is not a query")  # fmt: skip
     resolver = QueryResolver(query, catalog)
-    constraint = resolver.run()
+    constraint = resolver.run(default_bound)
     analysis = query.analysis
     # Which instance each direct table reference is.
     direct: dict[int, tuple[Instance, Source, Block]] = {}

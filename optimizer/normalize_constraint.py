@@ -6,7 +6,8 @@ The result is a set of disjoint consistency classes over base-table instances. S
    CTEs and backend views expand recursively: "T is computed from B and R");
 2. defaults, always the strictest: a query with no clause is one class with bound 0; an input of
    a clause-bearing block named in none of its specs, and a base table no spec reaches, is a
-   class of its own with bound 0;
+   class of its own with bound 0 - unless the session set a currency bound d: then every
+   SELECT block without a clause reads as if it ended with ``CURRENCY BOUND d`` (SPEC §2);
 3. classes sharing an instance merge (Normalization Rule): bound = min, inputs = union,
    grouping G = ∩ Gi+ under the FDs of backend keys and the query's equality predicates,
    restricted to the class's attributes and reduced to a minimal generating set.
@@ -85,11 +86,14 @@ class _Draft:
     preferred: set[Attr]  # grouping columns the query wrote
 
 
-def normalize_constraint(query: Query, catalog: Catalog) -> Constraint:
-    """The normalized C&C constraint of a parsed statement (empty for non-SELECT statements)."""
+def normalize_constraint(
+    query: Query, catalog: Catalog, default_bound: float | None = None
+) -> Constraint:
+    """The normalized C&C constraint of a parsed statement (empty for non-SELECT statements);
+    ``default_bound``: the session's currency bound for blocks without a clause."""
     if not query.is_select:
         return Constraint(classes=(), instances=(), fds=())
-    return QueryResolver(query, catalog).run()
+    return QueryResolver(query, catalog).run(default_bound)
 
 
 class QueryResolver:
@@ -254,7 +258,7 @@ class QueryResolver:
 
     # -- 3. classes ----------------------------------------------------------------------------
 
-    def run(self) -> Constraint:
+    def run(self, default_bound: float | None = None) -> Constraint:
         analysis = self.query.analysis
         everything: list[Instance] = []
         for block in analysis.blocks:
@@ -262,12 +266,18 @@ class QueryResolver:
         everything = list(dict.fromkeys(everything))
 
         drafts: list[_Draft] = []
-        if not self.query.has_currency_clause:
+        if not self.query.has_currency_clause and default_bound is None:
             # Traditional semantics: latest snapshot, all inputs together.
             drafts.append(_Draft(0.0, set(everything), frozenset(), set()))
         for block in analysis.blocks:
             if block.clause is not None:
                 drafts += self._block_drafts(block)
+            elif default_bound is not None:
+                # the session's bound, as if the block ended with CURRENCY BOUND d
+                instances: set[Instance] = set()
+                for source in block.sources:
+                    instances |= set(self.source_instances(source))
+                drafts.append(_Draft(default_bound, instances, frozenset(), set()))
         covered = {i for d in drafts for i in d.instances}
         for instance in everything:
             if instance not in covered:

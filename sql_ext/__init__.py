@@ -20,10 +20,12 @@ from sql_ext.statements import (
     DropCacheObject,
     Presence,
     Query,
+    SessionBound,
     Spec,
     Statement,
     Timeline,
     parse,
+    parse_duration,
     parse_one,
 )
 
@@ -40,11 +42,13 @@ __all__ = [
     "MTCache",
     "Presence",
     "Query",
+    "SessionBound",
     "Source",
     "Spec",
     "Statement",
     "Timeline",
     "analyze",
     "parse",
+    "parse_duration",
     "parse_one",
 ]

@@ -29,6 +29,7 @@ from sql_ext.nodes import (
     Duration,
     ExplainStatement,
     PresenceClause,
+    SessionBound,
     Timeline,
 )
 
@@ -126,7 +127,41 @@ class MTCacheParser(PostgresParser):
         ):
             self._advance(2)
             return self.expression(Timeline(this=curr.text.upper()), token=curr)
+        if (
+            curr
+            and nxt
+            and curr.text.upper() in ("SET", "RESET", "SHOW")
+            and nxt.text.upper() == "CURRENCY"
+        ):
+            return self._parse_session_bound()
+        if (
+            curr
+            and nxt
+            and curr.text.upper() in ("RESET", "SHOW")
+            and nxt.token_type == TokenType.STRING
+            and nxt.text.upper().split() == ["CURRENCY", "BOUND"]
+        ):
+            # PostgreSQL's tokenizer reads the rest of a RESET/SHOW command as one string
+            self._advance(2)
+            return self.expression(SessionBound(this=curr.text.upper()), token=curr)
         return super()._parse_statement()
+
+    def _parse_session_bound(self) -> SessionBound:
+        """SET CURRENCY BOUND d | RESET CURRENCY BOUND | SHOW CURRENCY BOUND (SPEC §2)."""
+        start = self._curr
+        action = start.text.upper()
+        self._advance(2)
+        if not self._match_text_seq("BOUND"):
+            self._fail(f"expected BOUND after {action} CURRENCY ({action} CURRENCY BOUND ...)")
+        duration = None
+        if action == "SET":
+            if not self._curr or self._curr.token_type == TokenType.SEMICOLON:
+                self._fail("expected a duration after SET CURRENCY BOUND, e.g. 10 MIN", start)
+            duration = self._parse_duration("SET CURRENCY BOUND")
+        if self._curr and self._curr.token_type != TokenType.SEMICOLON:
+            self._fail(f"{action} CURRENCY BOUND takes "
+                       + ("a duration only" if action == "SET" else "nothing more"))  # fmt: skip
+        return self.expression(SessionBound(this=action, expression=duration), token=start)
 
     def _parse_explain(self) -> ExplainStatement:
         """EXPLAIN [ANALYZE] [VERBOSE] stmt | EXPLAIN (option, ...) stmt (PostgreSQL's forms)."""
@@ -552,6 +587,9 @@ class MTCacheGenerator(PostgresGenerator):
         CurrencySpec: lambda self, e: self.currencyspec_sql(e),
         Duration: lambda self, e: self.duration_sql(e),
         Timeline: lambda self, e: self.timeline_sql(e),
+        SessionBound: lambda self, e: " ".join(
+            p for p in (e.name, "CURRENCY BOUND", self.sql(e, "expression")) if p
+        ),
         ExplainStatement: lambda self, e: " ".join(
             p for p in ("EXPLAIN", self.sql(e, "options"), self.sql(e, "this")) if p
         ),

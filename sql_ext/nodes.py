@@ -50,6 +50,22 @@ class CurrencyClause(exp.Expression):
     arg_types = {"expressions": True}
 
 
+def format_duration(seconds: float) -> str:
+    """A duration the way people write it: the largest unit that divides it (``10 min``)."""
+    for unit, size in (("day", 86400.0), ("hour", 3600.0), ("min", 60.0), ("sec", 1.0)):
+        if seconds >= size and (seconds / size).is_integer():
+            value = int(seconds / size)
+            return f"{value} {unit}{'s' if value != 1 and unit in ('day', 'hour') else ''}"
+    return f"{seconds:g} sec"
+
+
+class SessionBound(exp.Expression):
+    """``SET CURRENCY BOUND d`` (this = "SET", expression = Duration), ``RESET CURRENCY BOUND``,
+    ``SHOW CURRENCY BOUND``: the session's default bound for blocks without a clause."""
+
+    arg_types = {"this": True, "expression": False}
+
+
 class Timeline(exp.Expression):
     """``BEGIN TIMEORDERED`` (this = "BEGIN") or ``END TIMEORDERED`` (this = "END")."""
 

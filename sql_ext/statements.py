@@ -1,7 +1,8 @@
 """Typed parse results and the entry points `parse` / `parse_one`.
 
 Every statement a user can send is one of: `Query` (any SQL for the backend, with the currency
-clauses found in it), `Timeline` (BEGIN/END TIMEORDERED), or a cache DDL statement
+clauses found in it), `Timeline` (BEGIN/END TIMEORDERED), `SessionBound` (SET / RESET / SHOW
+CURRENCY BOUND), or a cache DDL statement
 (`CreateControlTable`, `CreateCachedView`, `DropCacheObject`). Errors are `SqlSyntaxError`
 (a `ProgrammingError`) carrying the line and column of the offending token.
 """
@@ -31,6 +32,7 @@ from sql_ext.nodes import (
     strip_extensions,
 )
 from sql_ext.nodes import DropCacheObject as DropNode
+from sql_ext.nodes import SessionBound as SessionBoundNode
 from sql_ext.nodes import Timeline as TimelineNode
 
 DIALECT = MTCache()
@@ -141,6 +143,26 @@ class Timeline:
             "sql": None,
             "clauses": [],
             "timeline": "begin" if self.begin else "end",
+        }
+
+
+@dataclass(frozen=True)
+class SessionBound:
+    """SET / RESET / SHOW CURRENCY BOUND: the session's default bound for every SELECT block
+    without a clause of its own (SPEC §2)."""
+
+    text: str
+    action: t.Literal["set", "reset", "show"]
+    bound_seconds: float | None  # for SET
+
+    kind: t.ClassVar[str] = "session"
+
+    def to_json(self) -> dict[str, t.Any]:
+        return {
+            "kind": self.kind,
+            "sql": None,
+            "clauses": [],
+            "session": {"currency_bound": self.action, "bound_seconds": self.bound_seconds},
         }
 
 
@@ -278,7 +300,9 @@ class DropCacheObject:
         }
 
 
-Statement = Query | Timeline | CreateControlTable | CreateCachedView | DropCacheObject
+Statement = (
+    Query | Timeline | SessionBound | CreateControlTable | CreateCachedView | DropCacheObject
+)
 
 
 # -- entry points -------------------------------------------------------------------------------
@@ -372,6 +396,10 @@ def _syntax_error(exc: ParseError, text: str) -> SqlSyntaxError:
 def _typed(tree: exp.Expr, text: str) -> Statement:
     if isinstance(tree, TimelineNode):
         return Timeline(text=text, begin=tree.name == "BEGIN")
+    if isinstance(tree, SessionBoundNode):
+        duration = tree.args.get("expression")
+        action = t.cast(t.Literal["set", "reset", "show"], tree.name.lower())
+        return SessionBound(text, action, duration.seconds if duration is not None else None)
     if isinstance(tree, ControlTableDef):
         return CreateControlTable(
             text=text,
@@ -502,3 +530,13 @@ def _check_clause(block: Block, text: str) -> BlockClause:
             )
         )
     return BlockClause(block=block.index, specs=tuple(specs))
+
+
+def parse_duration(text: str) -> float:
+    """Seconds of a duration written as in a currency clause (``10 min``, ``1.5 SECONDS``)."""
+    try:
+        statement = parse_one(f"SET CURRENCY BOUND {text}")
+    except SqlSyntaxError as exc:
+        raise SqlSyntaxError(f"{text!r} is not a duration: {exc.reason}") from None
+    assert isinstance(statement, SessionBound) and statement.bound_seconds is not None
+    return statement.bound_seconds

@@ -77,7 +77,7 @@ class PlanCase:
     def plan(self) -> Plan:
         query = parse_one(self.spec["sql"])
         assert isinstance(query, Query)
-        analysis = analyze(query, self.catalog)
+        analysis = analyze(query, self.catalog, self.spec.get("currency_bound"))
         schema = self.schema()
         with_params = self.params is not None
         estimates = None

@@ -6,6 +6,7 @@ since, the expected answer is the backend's rows as they were at that snapshot.
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import shutil
 from collections.abc import Iterator
@@ -621,3 +622,49 @@ def test_a_write_the_parser_cannot_read_is_still_read_back(conn: cache.Connectio
     cur.execute(query)
     assert cur.fetchall() == [("mine",)] and cur.provenance[0]["route"] == "remote"
     conn.rollback()
+
+
+def test_a_session_currency_bound_lets_queries_without_a_clause_use_the_cache(
+    backend: str, tmp_path: Path, conn: cache.Connection
+) -> None:
+    """SPEC §2: connect(currency_bound=...) reads every block without a clause as if it ended
+    with CURRENCY BOUND d; explicit clauses rule their own blocks."""
+    plain = "SELECT a.name FROM authors a WHERE a.authorid = 4"
+    with cache.connect(backend=backend, cache_path=conn.cache_path,
+                       currency_bound="10 min") as bounded:  # fmt: skip
+        rows, routes = through_cache(bounded, plain)
+        assert rows == pg(backend, plain) and routes == ["local"]
+        rows, routes = through_cache(bounded, f"{plain} CURRENCY BOUND 1 MS")
+        assert rows == pg(backend, plain) and routes == ["remote"]
+        # a subquery block without a clause of its own takes the session's bound too
+        nested = ("SELECT a.name FROM authors a WHERE a.authorid = 4 AND EXISTS "
+                  "(SELECT 1 FROM books b WHERE b.authorid = 4 AND b.price > 0)")  # fmt: skip
+        rows, routes = through_cache(bounded, nested)
+        assert rows == pg(backend, nested) and routes == ["local", "local"]
+    rows, routes = through_cache(conn, plain)  # unset: the strict default, bound 0
+    assert routes == ["remote"]
+
+
+def test_set_show_and_reset_currency_bound(backend: str, conn: cache.Connection) -> None:
+    cur = conn.cursor()
+    cur.execute("SHOW CURRENCY BOUND")
+    assert cur.fetchall() == [("none",)] and cur.description[0][0] == "currency_bound"  # type: ignore[index]
+    cur.execute("SET CURRENCY BOUND 10 MIN")
+    assert conn.currency_bound == 600.0
+    cur.execute("SHOW CURRENCY BOUND")
+    assert cur.fetchall() == [("10 min",)]
+    plain = "SELECT a.city FROM authors a WHERE a.authorid = 8"
+    cur.execute(plain)
+    assert cur.fetchall() == pg(backend, plain) and cur.provenance[0]["route"] == "local"
+    cur.execute("EXPLAIN " + plain)  # the cache's plan, as the session reads the query
+    assert cur.plan is not None and cur.plan.local
+    cur.execute("RESET CURRENCY BOUND")
+    assert conn.currency_bound is None
+    cur.execute(plain)
+    assert cur.provenance[0]["route"] == "remote"
+    with pytest.raises(cache.ProgrammingError, match="not a duration"):
+        conn.currency_bound = "10 fortnights"
+    with pytest.raises(cache.ProgrammingError, match="0 or more"):
+        conn.currency_bound = -1
+    conn.currency_bound = dt.timedelta(minutes=2)
+    assert conn.currency_bound == 120.0

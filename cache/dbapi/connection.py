@@ -32,7 +32,7 @@ from cache.store.region_state import read_region_state
 from control_tables.regions import RegionState
 from heartbeat.clock import BackendClock
 from optimizer.plan import Plan
-from sql_ext import Query
+from sql_ext import Query, parse_duration
 from sql_ext import errors as _errors
 from sql_ext.errors import InterfaceError, ProgrammingError, translate
 from sql_ext.params import Params
@@ -44,7 +44,9 @@ class Connection:
     """A session: one backend connection (its transaction is the session's), the cache file.
     Options: ``autocommit`` (default False, as PEP 249), ``stale_ok`` (answer from stale local
     data when the backend is down, with a Warning), ``admit_on_miss`` (admit a missed presence
-    key in the background; default True)."""
+    key in the background; default True), ``currency_bound`` (the session's bound for every
+    SELECT block without a clause: ``"10 min"``, seconds, or a timedelta; default none, SPEC
+    §2's strict default)."""
 
     # PEP 249 optional extension: the exception classes as attributes.
     Warning = _errors.Warning
@@ -66,7 +68,9 @@ class Connection:
         autocommit: bool = False,
         stale_ok: bool = False,
         admit_on_miss: bool = True,
+        currency_bound: str | float | dt.timedelta | None = None,
     ) -> None:
+        self._currency_bound = _bound_seconds(currency_bound)
         self.cache_path = Path(cache_path or DEFAULT_CACHE)
         if backend is None:
             backend = EmbeddedPostgres(self.cache_path.parent / "pg").ensure_running()
@@ -189,6 +193,17 @@ class Connection:
         self._session.end_timeordered()
 
     @property
+    def currency_bound(self) -> float | None:
+        """The session's currency bound in seconds, for every SELECT block without a clause
+        of its own (None: SPEC §2's strict default, bound 0)."""
+        return self._currency_bound
+
+    @currency_bound.setter
+    def currency_bound(self, value: str | float | dt.timedelta | None) -> None:
+        self._check_open()
+        self._currency_bound = _bound_seconds(value)
+
+    @property
     def clock(self) -> BackendClock:
         """The backend clock as this session estimates it (SPEC §4)."""
         return self._session.clock
@@ -217,7 +232,7 @@ class Connection:
             raise ProgrammingError(f"explain takes a query; this is {what} (try `mtcache parse`)")
         if statement.explain is not None:
             statement = statement.without_explain()
-        return self._planner.prepare(statement, parameters).plan
+        return self._planner.prepare(statement, parameters, self._currency_bound).plan
 
     def wait_for_admissions(self) -> None:
         """Block until the background admissions queued so far are done."""
@@ -271,3 +286,23 @@ def _copy_leaf(
     leaf: tuple[str, list[tuple[str, str]], dict[str, t.Any] | None],
 ) -> pa.Table:
     return copy_to_arrow(conn, *leaf)
+
+
+def _bound_seconds(value: str | float | dt.timedelta | None) -> float | None:
+    """A session currency bound in seconds: a duration as in a clause, seconds, a timedelta."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return parse_duration(value)
+    if isinstance(value, dt.timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise ProgrammingError(
+            f"currency_bound must be a duration like '10 min', a number of seconds or a "
+            f"timedelta, not {type(value).__name__}"
+        )
+    if not seconds >= 0:  # negative or NaN
+        raise ProgrammingError(f"currency_bound must be 0 or more seconds, got {value!r}")
+    return seconds

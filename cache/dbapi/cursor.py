@@ -25,6 +25,7 @@ from cache.dbapi.route import (
     ControlEdit,
     Explain,
     Passthrough,
+    SessionSetting,
     TimelineBracket,
     Write,
 )
@@ -36,6 +37,7 @@ from optimizer.plan import Plan
 from sql_ext import Query
 from sql_ext import errors as _errors
 from sql_ext.errors import BackendUnavailableError, InterfaceError, ProgrammingError, translate
+from sql_ext.nodes import format_duration
 from sql_ext.params import ParameterValues, Params, bind_literals
 
 if t.TYPE_CHECKING:
@@ -114,7 +116,10 @@ class Cursor:
         connection = self.connection
         store = connection._store
         route = connection._statements.route(
-            operation, store.schema_version, store.control_table_names
+            operation,
+            store.schema_version,
+            store.control_table_names,
+            connection._currency_bound is not None,
         )
         if isinstance(route, CachedRead):
             self._read(route.query, parameters)
@@ -142,6 +147,15 @@ class Cursor:
                 connection.begin_timeordered()
             else:
                 connection.end_timeordered()
+        elif isinstance(route, SessionSetting):
+            if parameters:
+                raise ProgrammingError(f"{route.action.upper()} CURRENCY BOUND takes no parameters")
+            if route.action == "show":
+                bound = connection.currency_bound
+                shown = format_duration(bound) if bound is not None else "none"
+                self._set_result([tuple(text_column("currency_bound"))], [(shown,)])
+            else:
+                connection.currency_bound = route.bound_seconds
         else:
             if parameters:
                 raise ProgrammingError("cache DDL takes no parameters")
@@ -206,7 +220,7 @@ class Cursor:
     def _read(self, query: Query, parameters: Params) -> None:
         connection = self.connection
         try:
-            prepared = connection._planner.prepare(query, parameters)
+            prepared = connection._planner.prepare(query, parameters, connection._currency_bound)
             plan = self.plan = prepared.plan
             # a plan that chose the whole statement remote has no guard to evaluate
             decision = self._decide(plan, parameters) if plan.local else None
@@ -275,9 +289,10 @@ class Cursor:
         """SPEC §5.9: with stale_ok, present local data of any age answers, flagged stale;
         otherwise say which access needs the backend, its bound and the local data's age."""
         connection = self.connection
-        prepared = connection._planner.cached(query, parameters)
+        bound = connection._currency_bound
+        prepared = connection._planner.cached(query, parameters, bound)
         if prepared is None:
-            prepared = Prepared(connection._planner.uncosted(query, parameters), -1)
+            prepared = Prepared(connection._planner.uncosted(query, parameters, bound), -1)
         decision = self._decide(prepared.plan, parameters, ignore_currency=True)
         if connection.stale_ok and not decision.remote:
             self._run_decision(prepared, decision, parameters, stale=True)
@@ -297,7 +312,8 @@ class Cursor:
 
     def _explain(self, query: Query, parameters: Params) -> None:
         """EXPLAIN of a query with clauses: the cache's plan, one text line per row."""
-        plan = self.connection._planner.prepare(query, parameters).plan
+        connection = self.connection
+        plan = connection._planner.prepare(query, parameters, connection._currency_bound).plan
         self.plan = plan
         self._set_result([tuple(text_column("QUERY PLAN"))], [(line,) for line in plan.render()])
 

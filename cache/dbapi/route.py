@@ -8,7 +8,11 @@
   tables, which the session's later reads must see (§5.8);
 * `ControlEdit`: INSERT INTO / DELETE FROM a control table admits / evicts control keys;
 * `CacheDdl`: CREATE / DROP of control tables and cached views;
-* `TimelineBracket`: BEGIN / END TIMEORDERED (§2.3).
+* `TimelineBracket`: BEGIN / END TIMEORDERED (§2.3);
+* `SessionSetting`: SET / RESET / SHOW CURRENCY BOUND, the session's default bound (SPEC §2).
+
+With a session currency bound every query is read as carrying clauses, so a plain query takes
+the cache's path too.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from cache.execution.provenance import Executed
-from sql_ext import Query, Statement, Timeline, parse_one
+from sql_ext import Query, SessionBound, Statement, Timeline, parse_one
 from sql_ext.errors import NotSupportedError, SqlSyntaxError
 from sql_ext.statements import DIALECT
 
@@ -87,12 +91,28 @@ class TimelineBracket:
     begin: bool
 
 
-Route = CachedRead | Explain | Passthrough | Write | ControlEdit | CacheDdl | TimelineBracket
+@dataclass(frozen=True)
+class SessionSetting:
+    """SET / RESET / SHOW CURRENCY BOUND."""
+
+    action: t.Literal["set", "reset", "show"]
+    bound_seconds: float | None = None
 
 
-def route(statement: Statement | None, operation: str, control_tables: Set[str]) -> Route:
+Route = (
+    CachedRead | Explain | Passthrough | Write | ControlEdit | CacheDdl | TimelineBracket
+    | SessionSetting
+)
+
+
+def route(
+    statement: Statement | None,
+    operation: str,
+    control_tables: Set[str],
+    session_bound: bool = False,
+) -> Route:
     """The route of a statement (None: text the parser cannot read that uses no extension:
-    the backend judges it, verbatim)."""
+    the backend judges it, verbatim); ``session_bound``: the session has a currency bound."""
     if statement is None:
         tokens = _tokens(operation)
         if tokens and tokens[0].text.upper() in _READ_ONLY_WORDS:
@@ -100,6 +120,8 @@ def route(statement: Statement | None, operation: str, control_tables: Set[str])
         return Write(operation, None)
     if isinstance(statement, Timeline):
         return TimelineBracket(statement.begin)
+    if isinstance(statement, SessionBound):
+        return SessionSetting(statement.action, statement.bound_seconds)
     if not isinstance(statement, Query):
         return CacheDdl(statement)
     tree = statement.tree
@@ -108,13 +130,15 @@ def route(statement: Statement | None, operation: str, control_tables: Set[str])
         if tree.find(*_WRITES) is not None:  # WITH d AS (DELETE ... RETURNING ...) SELECT
             return Write(statement.backend_sql if extended else operation,
                          _written_tables(tree))  # fmt: skip
-        if statement.has_currency_clause:
+        if statement.has_currency_clause or session_bound:
             return CachedRead(statement)
         return Passthrough(operation, reads=statement)
     control = _control_target(tree, control_tables)
     if control is not None:
         return ControlEdit(statement, *control)
-    if statement.explain is not None and statement.has_currency_clause and statement.is_select:
+    if statement.explain is not None and statement.is_select and (
+        statement.has_currency_clause or session_bound
+    ):
         return Explain(statement.without_explain())
     # Only a statement using an extension is regenerated; plain SQL reaches PostgreSQL as
     # written (psycopg's %%, dollar quotes, casts untouched).
@@ -196,7 +220,7 @@ class StatementCache:
 
     def __init__(self, size: int = 256) -> None:
         self.size = size
-        self._entries: OrderedDict[str, tuple[Statement | None, Route | None, int]] = (
+        self._entries: OrderedDict[str, tuple[Statement | None, Route | None, t.Any]] = (
             OrderedDict()
         )
 
@@ -204,22 +228,26 @@ class StatementCache:
         return self._entry(operation)[0]
 
     def route(
-        self, operation: str, schema_version: int, control_tables: Callable[[], Set[str]]
+        self,
+        operation: str,
+        schema_version: int,
+        control_tables: Callable[[], Set[str]],
+        session_bound: bool = False,
     ) -> Route:
-        statement, routed, version = self._entry(operation)
-        if routed is None or version != schema_version:
-            routed = route(statement, operation, control_tables())
-            self._entries[operation] = (statement, routed, schema_version)
+        statement, routed, made_for = self._entry(operation)
+        if routed is None or made_for != (schema_version, session_bound):
+            routed = route(statement, operation, control_tables(), session_bound)
+            self._entries[operation] = (statement, routed, (schema_version, session_bound))
         return routed
 
-    def _entry(self, operation: str) -> tuple[Statement | None, Route | None, int]:
+    def _entry(self, operation: str) -> tuple[Statement | None, Route | None, t.Any]:
         entries = self._entries
         try:
             entries.move_to_end(operation)
             return entries[operation]
         except KeyError:
             pass
-        entry = (parse_statement(operation), None, -1)
+        entry = (parse_statement(operation), None, None)
         if len(entries) >= self.size:
             entries.popitem(last=False)
         entries[operation] = entry

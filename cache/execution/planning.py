@@ -2,10 +2,11 @@
 I/O planning needs (the backend's estimates, the views' row counts), gathered before the pure
 planner (`optimizer.planner.plan_query`) runs.
 
-A plan is made once per statement shape - its text in mtcache's dialect, and whether it is
-executed with parameters (psycopg reads ``%%`` differently then) - and kept until the cache
-schema changes; a shape is costed with the parameters of its first execution (SPEC §5.6).
-EXPLAIN looks its plan up here too, so it shows the plan that runs.
+A plan is made once per statement shape - its text in mtcache's dialect, whether it is
+executed with parameters (psycopg reads ``%%`` differently then), and the session's currency
+bound for blocks without a clause - and kept until the cache schema changes; a shape is costed
+with the parameters of its first execution (SPEC §5.6). EXPLAIN looks its plan up here too, so
+it shows the plan that runs.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class Planner:
         self.delay = delay
         self.catalog: Catalog = store.load_catalog()
         self._catalog_stale = False
-        self._plans: OrderedDict[tuple[str, bool], Prepared] = OrderedDict()
+        self._plans: OrderedDict[tuple[str, bool, float | None], Prepared] = OrderedDict()
         self._tables_of: dict[int, tuple[Query, list[str]]] = {}
 
     def catalog_changed(self) -> None:
@@ -75,15 +76,16 @@ class Planner:
         self._catalog_stale = False
         self._tables_of.clear()
 
-    def prepare(self, query: Query, params: Params) -> Prepared:
-        """The plan of a statement shape, from the plan cache while the schema is unchanged."""
-        key = (query.shape, params is not None)
+    def prepare(self, query: Query, params: Params, default_bound: float | None = None) -> Prepared:
+        """The plan of a statement shape, from the plan cache while the schema is unchanged;
+        ``default_bound``: the session's currency bound for blocks without a clause."""
+        key = (query.shape, params is not None, default_bound)
         version = self.store.schema_version
         prepared = self._plans.get(key)
         if prepared is not None and prepared.schema_version == version:
             return prepared
         self.base_tables(query)  # reads a stale catalog again
-        plan, costed = self._plan(query, params)
+        plan, costed = self._plan(query, params, default_bound)
         prepared = Prepared(plan, version)
         if costed:  # a plan made without the backend's estimates is not kept
             if len(self._plans) >= PLAN_CACHE_SIZE:
@@ -91,23 +93,27 @@ class Planner:
             self._plans[key] = prepared
         return prepared
 
-    def cached(self, query: Query, params: Params) -> Prepared | None:
+    def cached(
+        self, query: Query, params: Params, default_bound: float | None = None
+    ) -> Prepared | None:
         """The cached plan of a shape, if there is one for the current schema."""
-        prepared = self._plans.get((query.shape, params is not None))
+        prepared = self._plans.get((query.shape, params is not None, default_bound))
         if prepared is not None and prepared.schema_version == self.store.schema_version:
             return prepared
         return None
 
-    def uncosted(self, query: Query, params: Params) -> Plan:
+    def uncosted(self, query: Query, params: Params, default_bound: float | None = None) -> Plan:
         """A plan made without asking the backend (it is down): its guards decide."""
         schema = self.store.load_schema()
-        analysis = analyze(query, self.catalog)
+        analysis = analyze(query, self.catalog, default_bound)
         return plan_query(analysis, PlanInputs(schema, self.catalog, None, self.delay),
                           with_params=params is not None)  # fmt: skip
 
-    def _plan(self, query: Query, params: Params) -> tuple[Plan, bool]:
+    def _plan(
+        self, query: Query, params: Params, default_bound: float | None
+    ) -> tuple[Plan, bool]:
         schema = self.store.load_schema()
-        analysis = analyze(query, self.catalog)
+        analysis = analyze(query, self.catalog, default_bound)
         with_params = params is not None
         values = values_for(analysis.keys, params)  # psycopg's errors for wrong parameters
         named = dict(zip(map(duckdb_name, analysis.keys), values, strict=True))

@@ -23,10 +23,11 @@ from cache.dbapi.admin import Admin
 from cache.dbapi.connection import DEFAULT_CACHE
 from cache.maintenance.pipeline import ENGINES
 from cache.tools.demo import run_demo
-from cache.tools.formatting import describe_class, format_seconds, plural
+from cache.tools.formatting import describe_class, plural
 from cache.tools.settings import Settings
 from sql_ext import parse_one
 from sql_ext.errors import Error, ProgrammingError
+from sql_ext.nodes import format_duration
 
 DEFAULT_ENGINE = "spark"
 
@@ -45,11 +46,16 @@ def cmd_parse(settings: Settings, args: argparse.Namespace) -> int:
         print(f"sql:  {document['sql']}")
     if "timeline" in document:
         print(f"timeline: {document['timeline']} of a TIMEORDERED bracket")
+    if "session" in document:
+        session = document["session"]
+        bound = session["bound_seconds"]
+        print(f"session currency bound: {session['currency_bound']}"
+              + (f" {format_duration(bound)}" if bound is not None else ""))  # fmt: skip
     for clause in document["clauses"]:
         for spec in clause["specs"]:
             on = f" ON ({', '.join(spec['on'])})" if spec["on"] is not None else " ON (every input)"
             by = f" BY {', '.join(spec['by'])}" if spec["by"] else ""
-            print(f"block {clause['block']}: {format_seconds(spec['bound_seconds'])}{on}{by}")
+            print(f"block {clause['block']}: {format_duration(spec['bound_seconds'])}{on}{by}")
     if "ddl" in document:
         print("ddl:  " + json.dumps(document["ddl"]))
     return 0
@@ -174,7 +180,7 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
     for view in document["views"]:
         parents = f" under {', '.join(view['parents'])}" if view["parents"] else ""
         every = (
-            f", refresh every {format_seconds(view['refresh_seconds'])}"
+            f", refresh every {format_duration(view['refresh_seconds'])}"
             if view["refresh_seconds"]
             else ""
         )

@@ -16,10 +16,11 @@ import cache
 from cache.backend.reflect import fetch_catalog
 from cache.dbapi.admin import Admin
 from cache.tools import bookstore
-from cache.tools.formatting import describe_class, format_seconds
+from cache.tools.formatting import describe_class
 from cache.tools.settings import Settings
 from optimizer.normalize_constraint import normalize_constraint
 from sql_ext import Query, parse_one
+from sql_ext.nodes import format_duration
 
 SCHEMA = bookstore.CACHE_SCHEMA_FILE
 SALES_VIEW = "CREATE CACHED VIEW salescopy AS SELECT saleid, isbn, sold_on, qty FROM sales"
@@ -119,7 +120,7 @@ def run_demo(settings: Settings) -> int:
             continue
         for clause in statement.clauses:
             specs = "; ".join(
-                f"{format_seconds(s.bound_seconds)}"
+                f"{format_duration(s.bound_seconds)}"
                 f"{' ON (' + ', '.join(s.on) + ')' if s.on is not None else ''}"
                 f"{' BY ' + ', '.join(s.by) if s.by else ''}"
                 for s in clause.specs
