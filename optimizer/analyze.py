@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from sqlglot import exp
 
+from optimizer.equivalences import block_classes
 from optimizer.normalize_constraint import ConsistencyClass, Constraint, Instance, QueryResolver
 from sql_ext import Block, Query, Source
 from sql_ext.catalog import Catalog
@@ -34,6 +35,8 @@ class Access:
     source: Source = field(repr=False, compare=False)  # the reference in its block
     block: Block = field(repr=False, compare=False)
     columns: frozenset[str]
+    # pushable selections: its own block's conjuncts on it alone, and what the block's
+    # equivalence classes imply (optimizer.equivalences)
     conjuncts: tuple[exp.Expr, ...] = field(compare=False)
     probes: Mapping[str, tuple[exp.Expr, ...]] = field(compare=False)  # column -> constants
 
@@ -134,26 +137,36 @@ def analyze(query: Query, catalog: Catalog, default_bound: float | None = None) 
                     table = catalog.table(instance.table)
                     if instance in columns and table is not None:
                         columns[instance] |= set(table.column_names)
+    classes = block_classes(query, resolver.resolve_column)
     conjuncts: dict[Instance, list[exp.Expr]] = {inst: [] for inst in columns}
-    probes: dict[Instance, dict[str, list[exp.Expr]]] = {inst: {} for inst in columns}
-    for block in analysis.blocks:
+    probes: dict[Instance, dict[str, tuple[exp.Expr, ...]]] = {inst: {} for inst in columns}
+    for instance, source, block in direct.values():
+        # A block's conjuncts restrict the rows of its own FROM items only (a predicate on an
+        # outer table inside NOT EXISTS says nothing about which outer rows reach the result).
+        own = conjuncts[instance]
+        written = set()
         for predicate in block.conjuncts():
             if predicate.find(exp.Select) is not None:
                 continue
             attrs = [resolver.resolve_column(block, c) for c in predicate.find_all(exp.Column)]
-            owners = {a[0] for a in attrs if a is not None}
-            if len(owners) != 1 or None in attrs:
+            if not attrs or None in attrs or {a[0] for a in attrs if a} != {instance}:
                 continue
-            owner = owners.pop()
-            if owner not in conjuncts:
-                continue
-            conjuncts[owner].append(predicate)
+            own.append(predicate)
             probe = _probe(predicate)
             if probe is not None:
-                column_node, constants = probe
-                attr = resolver.resolve_column(block, column_node)
+                attr = resolver.resolve_column(block, probe[0])
                 if attr is not None:
-                    probes[owner].setdefault(attr[1], []).extend(constants)
+                    written.add(attr[1])
+        # What the block's equivalence classes add: columns equal to constants through joins.
+        table = catalog.table(instance.table)
+        seen = classes[id(block.select)]
+        for name in table.column_names if table is not None else ():
+            values = seen.constants((instance, name))
+            if values is None:
+                continue
+            probes[instance][name] = values
+            if name not in written:
+                own.append(_restriction(source.name, name, values))
     accesses = tuple(
         Access(
             instance=instance,
@@ -161,7 +174,7 @@ def analyze(query: Query, catalog: Catalog, default_bound: float | None = None) 
             block=block,
             columns=frozenset(columns[instance]),
             conjuncts=tuple(conjuncts[instance]),
-            probes={c: tuple(v) for c, v in probes[instance].items()},
+            probes=probes[instance],
         )
         for instance, source, block in sorted(direct.values(), key=lambda d: d[0].id)
     )
@@ -255,6 +268,15 @@ def _block_of(query: Query, node: exp.Expr) -> Block | None:
         return query.analysis.block_of(select)
     except KeyError:
         return None
+
+
+def _restriction(alias: str, column: str, values: tuple[exp.Expr, ...]) -> exp.Expr:
+    """``alias.column = v`` or ``alias.column IN (v, ...)``: a conjunct the access's
+    equivalence classes imply."""
+    target = exp.column(column, table=alias, quoted=True)
+    if len(values) == 1:
+        return exp.EQ(this=target, expression=values[0].copy())
+    return exp.In(this=target, expressions=[v.copy() for v in values])
 
 
 def _probe(predicate: exp.Expr) -> tuple[exp.Column, list[exp.Expr]] | None:

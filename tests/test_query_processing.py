@@ -668,3 +668,35 @@ def test_set_show_and_reset_currency_bound(backend: str, conn: cache.Connection)
         conn.currency_bound = -1
     conn.currency_bound = dt.timedelta(minutes=2)
     assert conn.currency_bound == 120.0
+
+
+def test_a_subquerys_predicate_on_an_outer_table_does_not_restrict_its_leaf(
+    backend: str, conn: cache.Connection
+) -> None:
+    """Inside NOT EXISTS, `b.authorid = 3` says nothing about which books reach the result:
+    the remote leaf of books must not be cut down to author 3's."""
+    conn.admit_on_miss = False
+    query = ("SELECT count(*) FROM sales s JOIN books b ON s.isbn = b.isbn WHERE NOT EXISTS "
+             "(SELECT 1 FROM reviewers r WHERE b.authorid = 3)")  # fmt: skip
+    rows, routes = through_cache(conn, f"{query} CURRENCY BOUND 10 MIN ON (s), 10 MIN ON (b)")
+    assert rows == pg(backend, query) and rows[0][0] > 0
+    assert routes == ["local", "remote", "remote"]
+
+
+def test_the_gray_child_is_probed_through_the_join_on_its_controlling_key(
+    backend: str, conn: cache.Connection
+) -> None:
+    """Equivalence classes: a.authorid = 4 and a.authorid = b.authorid make books probed with
+    authorid 4 - bookcopy answers without `AND b.authorid = 4` written by hand; and a mixed
+    plan's remote leaf of books is cut down to author 4's."""
+    query = ("SELECT a.name, b.title FROM authors a JOIN books b ON a.authorid = b.authorid "
+             "WHERE a.authorid = 4 ORDER BY b.title")  # fmt: skip
+    rows, routes = through_cache(conn, f"{query} CURRENCY BOUND 10 MIN ON (a, b)")
+    assert rows == pg(backend, query) and routes == ["local", "local"]
+    cur = conn.cursor()
+    cur.execute(f"{query} CURRENCY BOUND 10 MIN ON (a), 0 SEC ON (b)")
+    assert cur.fetchall() == rows
+    assert [p["route"] for p in cur.provenance] == ["local", "remote"]
+    assert cur.executed is not None and cur.executed.duckdb_sql is not None
+    (leaf,) = cur.executed.leaves
+    assert '"authorid" = 4' in leaf  # the leaf reads author 4's books only

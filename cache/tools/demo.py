@@ -140,7 +140,7 @@ def run_demo(settings: Settings) -> int:
 AUTHOR = "SELECT a.name, a.city FROM authors a WHERE a.authorid = %s"
 AUTHOR_BOOKS = (
     "SELECT a.name, b.title FROM authors a JOIN books b ON a.authorid = b.authorid "
-    "WHERE a.authorid = 4 AND b.authorid = 4 ORDER BY b.title"
+    "WHERE a.authorid = 4 ORDER BY b.title"
 )
 SALES_BY_TYPE = (
     "SELECT b.type, sum(s.qty) FROM sales s JOIN books b ON s.isbn = b.isbn "
@@ -189,7 +189,8 @@ def cache_at_work(console: Console, dsn: str, path: Path) -> None:
             "copy can ever be that fresh, the backend answers")  # fmt: skip
         run(AUTHOR, (4,), "no clause: traditional semantics, the backend answers")
         run(f"{AUTHOR_BOOKS} {bound} ON (a, b)", None,
-            "an author with her books, one snapshot: both from the cache")  # fmt: skip
+            "an author with her books, one snapshot: both from the cache (the books found "
+            "through the join on authorid)")  # fmt: skip
         run(f"{SALES_BY_TYPE} {bound} ON (s), 10 MIN ON (b)", None, "mixed: sales from the "
             "cache, the books of author 3 (not admitted) from the backend")  # fmt: skip
         conn.admin.wait_for_admissions()
