@@ -69,25 +69,19 @@ def guarded_cost(p: float, local: float, remote: float, guard: float) -> float:
 
 
 def estimate_cost(plan: Plan, inputs: PlanInputs) -> Plan:
-    """Cost the guarded plan and the whole statement remote; keep the cheaper. Without
-    estimates (no backend to ask) the guarded plan is kept: its guards decide."""
+    """Cost the guarded plan (each access on its SwitchUnion, or its remote leaf) against the
+    whole statement remote; keep the cheaper. Without estimates (no backend to ask) a plan
+    with guards is kept: they decide at run time."""
     schema, estimates, delay = inputs.schema, inputs.estimates, inputs.delay
-    guarded = plan.guarded_accesses
+    guarded = {a.instance.id for a in plan.guarded_accesses}
     whole = estimates.cost(plan.sql)[0] if estimates is not None else 0.0
-    # A remote class of several accesses would need its leaves read in one snapshot, which
-    # separate leaf statements do not give: such a statement runs remote whole.
-    split = [c for c in plan.classes if not c.guarded and len(c.accesses) > 1]
-    if not guarded or split:
-        reasons = [f"({', '.join(c.cls.tables)}): {c.remote_reason}"
-                   for c in plan.classes if c.remote_reason]  # fmt: skip
-        if split and guarded:
-            reasons.append("a class of several accesses must run remote, in one statement")
-        return dataclasses.replace(plan, local=False, estimated_cost=whole,
-                                   reason="; ".join(dict.fromkeys(reasons)) or None)  # fmt: skip
-    ids = {a.instance.id for a in guarded}
+    reasons = [f"({', '.join(c.cls.tables)}): {c.remote_reason}"
+               for c in plan.classes if c.remote_reason]  # fmt: skip
+    if not plan.analysis.local_allowed or not plan.accesses:
+        return _remote(plan, whole, reasons)
     accesses = {}
     for access in plan.accesses:
-        if access.instance.id in ids:
+        if access.instance.id in guarded:
             first = access.guards[0]
             # no REFRESH EVERY: p as for f = 0; such a view is refreshed on demand (admission
             # pulls its regions) and its guard catches a region that has grown too old
@@ -100,24 +94,31 @@ def estimate_cost(plan: Plan, inputs: PlanInputs) -> Plan:
     )
     plan = dataclasses.replace(plan, classes=classes)
     if estimates is None:
-        return dataclasses.replace(plan, local=True, estimated_cost=0.0,
-                                   reason=None)  # fmt: skip
+        if not guarded:
+            return _remote(plan, whole, reasons)
+        return dataclasses.replace(plan, local=True, estimated_cost=0.0, reason=None)
     mixed = 0.0
     for access in plan.accesses:
         leaf_cost, leaf_rows = estimates.cost(access.leaf.sql)
+        # the remote leaves are read in one backend snapshot (SPEC §5.5), so a class of
+        # several accesses may be read as leaves and joined locally (§4.7.3, Table 4.3's plan 2)
         fetch = leaf_cost + leaf_rows * TRANSFER_ROW_COST
-        if access.instance.id not in ids:
+        if access.instance.id not in guarded:
             mixed += fetch
             continue
         view = schema.views[access.guards[0].view]
         local = scanned_rows(access.access, view, estimates.view_rows) * LOCAL_ROW_COST
         mixed += guarded_cost(access.probability_local, local, fetch, GUARD_COST)
     if whole <= mixed:
-        return dataclasses.replace(
-            plan, local=False, estimated_cost=whole,
-            reason=f"cheaper remote: estimated cost {whole:.4g} against {mixed:.4g} guarded",
-        )  # fmt: skip
+        what = "guarded" if guarded else "with every access a remote leaf"
+        reasons.append(f"cheaper remote: estimated cost {whole:.4g} against {mixed:.4g} {what}")
+        return _remote(plan, whole, reasons if not guarded else reasons[-1:])
     return dataclasses.replace(plan, local=True, estimated_cost=mixed, reason=None)
+
+
+def _remote(plan: Plan, cost: float, reasons: list[str]) -> Plan:
+    return dataclasses.replace(plan, local=False, estimated_cost=cost,
+                               reason="; ".join(dict.fromkeys(reasons)) or None)  # fmt: skip
 
 
 def scanned_rows(access: Access, view: CachedView, view_rows: Mapping[str, float]) -> float:

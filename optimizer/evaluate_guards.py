@@ -13,9 +13,10 @@ share a snapshot, else the groups the Presence Assumption or a consistency contr
 guarantees (Fig 7.2); partial choices that already violate it are pruned (§5.2.3's violation
 rule), so another candidate view can be tried.
 
-A class that cannot run locally becomes a remote leaf when it has a single access; a class of
-several accesses would need several leaf statements to share a snapshot, so the statement then
-goes to PostgreSQL whole, as it does when no class runs locally.
+A class that cannot run locally reads its accesses as remote leaves, all of a decision's leaves
+in one backend snapshot (SPEC §5.5) - unless the session has uncommitted writes (its leaves then
+go through its own connection, statement by statement, so a class of several accesses goes to
+PostgreSQL whole). When every guard fails, the statement goes to PostgreSQL whole.
 """
 
 from __future__ import annotations
@@ -144,14 +145,19 @@ def evaluate_guards(
             chosen = _class_local(cls_plan, state, values, session, now, tally,
                                   plan.analysis.fds)  # fmt: skip
         if chosen is None:
-            if session.ignore_currency or len(cls_plan.accesses) != 1:
+            if session.ignore_currency:
+                return Decision(None, tally.freeze(), now)  # the backend is needed, and down
+            if session.uncommitted and len(cls_plan.accesses) > 1:
+                # leaves read through the session's own connection (the only one that sees
+                # its writes) are separate statements: they share no snapshot
                 return Decision(None, tally.freeze(), now)
-            bindings.append(Binding(cls_plan.accesses[0], bound_seconds=cls_plan.bound_seconds))
+            bindings += [Binding(a, bound_seconds=cls_plan.bound_seconds)
+                         for a in cls_plan.accesses]  # fmt: skip
         else:
             local += len(chosen)
             bindings += chosen
-    if not local:
-        return Decision(None, tally.freeze(), now)
+    if not local and any(c.guarded for c in plan.classes):
+        return Decision(None, tally.freeze(), now)  # every guard failed: the statement remote
     if len(bindings) > 1:
         bindings.sort(key=lambda b: b.access.instance.id)
     return Decision(tuple(bindings), tally.freeze(), now, local)

@@ -6,8 +6,9 @@ the statement run by DuckDB with each table access bound, when the plan opens, t
 or to a remote leaf. Accesses come grouped by consistency class (§4.3); a class decides all its
 accesses together. Each access of a class that may run locally sits under a chain of
 SwitchUnions (§4.4): one per candidate view, tried in order, each with the `Guard` that must hold
-for its local branch; the last branch is the access's `RemoteLeaf`. If some class of several
-accesses cannot run locally, or none can, the statement goes to PostgreSQL whole instead.
+for its local branch; the last branch is the access's `RemoteLeaf`. The remote leaves of an
+execution are read in one backend snapshot. If every guard fails, the statement goes to
+PostgreSQL whole instead.
 """
 
 from __future__ import annotations
@@ -211,7 +212,7 @@ class Plan:
             "op": "LocalQuery",
             "engine": "duckdb",
             "sql": self.local_sql,
-            # when a class of several accesses fails its guards, or none passes
+            # when every guard fails
             "fallback": "RemoteQuery of the whole statement",
             "children": [tree],
         }

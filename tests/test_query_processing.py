@@ -700,3 +700,35 @@ def test_the_gray_child_is_probed_through_the_join_on_its_controlling_key(
     assert cur.executed is not None and cur.executed.duckdb_sql is not None
     (leaf,) = cur.executed.leaves
     assert '"authorid" = 4' in leaf  # the leaf reads author 4's books only
+
+
+def test_remote_leaves_are_read_in_one_backend_snapshot(backend: str) -> None:
+    """SPEC §5.5: the first pooled connection exports its snapshot, the others join it - six
+    leaves on the pool's four connections all see one snapshot."""
+    from cache.backend.pool import in_one_snapshot
+
+    def snapshot(conn: psycopg.Connection[object]) -> str:
+        row = conn.execute("SELECT pg_current_snapshot()::text").fetchone()
+        assert row is not None
+        return str(row[0])
+
+    seen = in_one_snapshot(backend, [snapshot] * 6)
+    assert len(seen) == 6 and len(set(seen)) == 1
+
+
+def test_a_class_of_two_remote_leaves_joins_locally(backend: str, conn: cache.Connection) -> None:
+    """Sales local; authors and books must come from one snapshot no older than 1 s: both
+    are read as remote leaves, in one backend snapshot, and joined in DuckDB."""
+    conn.admit_on_miss = False
+    query = ("SELECT a.name, sum(s.qty) FROM sales s JOIN books b ON s.isbn = b.isbn "
+             "JOIN authors a ON a.authorid = b.authorid WHERE a.authorid = 3 "
+             "GROUP BY a.name")  # fmt: skip
+    clause = "CURRENCY BOUND 10 MIN ON (s), 1 SECONDS ON (a, b)"
+    explained = cur_plan(conn, f"{query} {clause}")
+    assert explained.local  # the leaves of author 3 and her books are few: cheaper than all
+    cur = conn.cursor()
+    cur.execute(f"{query} {clause}")
+    assert cur.fetchall() == pg(backend, query)
+    assert [p["route"] for p in cur.provenance] == ["local", "remote", "remote"]
+    assert cur.executed is not None and len(cur.executed.leaves) == 2
+    assert_ran_as_explained(cur, explained)

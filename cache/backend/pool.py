@@ -5,12 +5,13 @@ A session's own backend connection stays the session's: plain SQL, writes, trans
 whole-statement remote execution run there, in the session's transaction. Remote leaves need
 no transaction of the session (they read committed data; a leaf over a table the session has
 written but not committed reads through the session instead, see cache.dbapi.connection), so
-they come from a psycopg pool, several leaves of one plan in parallel.
+they come from a psycopg pool, several leaves of one plan in parallel and in one snapshot.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import threading
 import typing as t
 from collections.abc import Callable, Iterator, Sequence
@@ -18,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import psycopg
+from psycopg import sql
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from sql_ext.errors import BackendUnavailableError, first_line
@@ -80,17 +82,37 @@ def _check_reachable(dsn: str) -> None:
 R = t.TypeVar("R")
 
 
-def in_parallel(dsn: str, tasks: Sequence[Callable[[psycopg.Connection[t.Any]], R]]) -> list[R]:
-    """Run each task on its own pooled connection, concurrently; results in task order."""
+def in_one_snapshot(
+    dsn: str, tasks: Sequence[Callable[[psycopg.Connection[t.Any]], R]]
+) -> list[R]:
+    """Run the tasks concurrently on pooled connections, all reading one backend snapshot
+    (SPEC §5.5): the first connection opens a REPEATABLE READ transaction and exports its
+    snapshot, the others join it (as the refresh pipeline's tasks do). Results in task order."""
     if len(tasks) == 1:
         with pooled(dsn) as conn:
             return [tasks[0](conn)]
+    width = min(len(tasks), POOL_SIZE)
+    shares = [list(range(i, len(tasks), width)) for i in range(width)]
+    results: list[t.Any] = [None] * len(tasks)
+    with contextlib.ExitStack() as stack:
+        conns = [stack.enter_context(pooled(dsn)) for _ in range(width)]
+        snapshot = None
+        for conn in conns:
+            stack.enter_context(conn.transaction())
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            if snapshot is None:
+                row = conn.execute("SELECT pg_export_snapshot()").fetchone()
+                assert row is not None
+                snapshot = row[0]
+            else:
+                conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
 
-    def run(task: Callable[[psycopg.Connection[t.Any]], R]) -> R:
-        with pooled(dsn) as conn:
-            return task(conn)
+        def run(share: int) -> None:
+            for index in shares[share]:
+                results[index] = tasks[index](conns[share])
 
-    return list(_workers.map(run, tasks))
+        list(_workers.map(run, range(width)))
+    return results
 
 
 def close_all() -> None:

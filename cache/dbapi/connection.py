@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from cache.backend.copy_arrow import copy_to_arrow
 from cache.backend.embedded_pg import EmbeddedPostgres
-from cache.backend.pool import in_parallel
+from cache.backend.pool import in_one_snapshot
 from cache.backend.reflect import connect_backend, fetch_catalog
 from cache.dbapi.admin import Admin
 from cache.dbapi.admission import Admissions
@@ -263,13 +263,14 @@ class Connection:
 
     def _leaf_fetcher(self) -> Fetch:
         """How a mixed plan gets its remote leaves: from the process's backend pool, in
-        parallel; through the session's own connection while it holds uncommitted writes
-        (only it can see them)."""
+        parallel, in one backend snapshot; through the session's own connection while it holds
+        uncommitted writes (only it can see them; the guards then allow one leaf per class,
+        a statement's snapshot)."""
         if self._session.writing:
             pg = self._pg
             return lambda leaves: [copy_to_arrow(pg, *leaf) for leaf in leaves]
         backend = self.backend
-        return lambda leaves: in_parallel(
+        return lambda leaves: in_one_snapshot(
             backend, [functools.partial(_copy_leaf, leaf=leaf) for leaf in leaves]
         )
 
