@@ -55,14 +55,34 @@ def duckdb_type(pg_type: str) -> str | None:
     return None
 
 
+_BLANK_PADDED = re.compile(r"^(character|char|bpchar)(\(\d+\))?$")
+
+# How a blank-padded char(n) value travels and is stored: without its padding. PostgreSQL
+# ignores trailing blanks of char(n) in comparisons, LIKE, functions and concatenation (all of
+# them see the value cast to text), so the cache keeps that text form, and a result column of
+# type char(n) is padded again when it reaches the application (cache.execution.convert).
+BPCHAR = "BPCHAR"
+
+
+def transfer_type(pg_type: str) -> str | None:
+    """The type a column travels as from the backend: `duckdb_type`, except ``BPCHAR`` for
+    char(n), which is sent as text (its padding removed) and stored as VARCHAR."""
+    if _BLANK_PADDED.match(pg_type.strip().lower()):
+        return BPCHAR
+    return duckdb_type(pg_type)
+
+
 def select_list(columns: list[tuple[str, str]] | tuple[tuple[str, str], ...]) -> str:
-    """The SELECT list sending each (column, DuckDB type) in the text form the cache reads
-    back (`cache.backend.copy_arrow`): timestamps with time zone as UTC wall time."""
+    """The SELECT list sending each (column, transfer type) in the text form the cache reads
+    back (`cache.backend.copy_arrow`): timestamps with time zone as UTC wall time, char(n)
+    without its padding."""
     parts = []
     for name, duck_type in columns:
         quoted = ident(name)
         if duck_type == "TIMESTAMPTZ":
             parts.append(f"({quoted} AT TIME ZONE 'UTC') AS {quoted}")
+        elif duck_type == BPCHAR:
+            parts.append(f"{quoted}::text AS {quoted}")
         else:
             parts.append(quoted)
     return ", ".join(parts)

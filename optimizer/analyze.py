@@ -17,12 +17,15 @@ from dataclasses import dataclass, field
 
 from sqlglot import exp
 
+from optimizer.divisions import analyze_divisions
 from optimizer.equivalences import block_classes
+from optimizer.expression_types import ExpressionTypes
 from optimizer.normalize_constraint import ConsistencyClass, Constraint, Instance, QueryResolver
+from optimizer.pg_semantics import Semantics, pg_semantics
 from sql_ext import Block, Query, Source
 from sql_ext.catalog import Catalog
 from sql_ext.fds import FD
-from sql_ext.params import Key, placeholder_keys
+from sql_ext.params import Key, number_nodes, placeholder_keys
 
 CONSTANTS = (exp.Literal, exp.Placeholder, exp.Null, exp.Boolean)
 COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.In, exp.Between,
@@ -68,6 +71,11 @@ class Analysis:
     parameter_keys: Mapping[int, Key]
     # Why DuckDB could not answer the statement as PostgreSQL would (None: it can).
     local_blocker: str | None = None
+    reads_blank_padded: bool = False  # it reads a char(n) column
+    # How the local statement computes what PostgreSQL computes (optimizer.pg_semantics)
+    semantics: Semantics = field(default_factory=Semantics)
+    # Output columns the cache divides as PostgreSQL does (optimizer.divisions): index -> kind
+    divisions: Mapping[int, t.Literal["avg", "divide"]] = field(default_factory=dict)
 
     @property
     def local_allowed(self) -> bool:
@@ -97,6 +105,7 @@ def analyze(query: Query, catalog: Catalog, default_bound: float | None = None) 
     if not query.is_select:  # a write or a command: nothing to read from the cache
         return Analysis(query, Constraint((), (), ()), (), (), placeholder_keys(query.tree),
                         local_blocker="it is not a query")  # fmt: skip
+    number_nodes(query.tree)
     resolver = QueryResolver(query, catalog)
     constraint = resolver.run(default_bound)
     analysis = query.analysis
@@ -108,7 +117,6 @@ def analyze(query: Query, catalog: Catalog, default_bound: float | None = None) 
             if instance is not None and isinstance(source.node, exp.Table):
                 direct[id(source)] = (instance, source, block)
     columns: dict[Instance, set[str]] = {inst: set() for inst, _, _ in direct.values()}
-    padded = ordered = divides = False
     for column in query.tree.find_all(exp.Column):
         scope = _block_of(query, column)
         if scope is None:
@@ -116,12 +124,6 @@ def analyze(query: Query, catalog: Catalog, default_bound: float | None = None) 
         attr = resolver.resolve_column(scope, column)
         if attr is not None and attr[0] in columns:
             columns[attr[0]].add(attr[1])
-        if attr is not None and _is_padded(catalog, attr) and _compared(column):
-            padded = True
-        if attr is not None and _is_text(catalog, attr) and _ordered(column):
-            ordered = True
-        if attr is not None and _is_numeric(catalog, attr) and _divided(column):
-            divides = True
     # SELECT * and t.* need every column (a star inside count(*) needs none).
     for block in analysis.blocks:
         for projection in block.select.expressions:
@@ -137,6 +139,9 @@ def analyze(query: Query, catalog: Catalog, default_bound: float | None = None) 
                     table = catalog.table(instance.table)
                     if instance in columns and table is not None:
                         columns[instance] |= set(table.column_names)
+    types = ExpressionTypes(query, catalog, resolver.column_source)
+    semantics = pg_semantics(query, types, catalog.text_byte_order)
+    divisions, division_blocker = analyze_divisions(query, types)
     classes = block_classes(query, resolver.resolve_column)
     conjuncts: dict[Instance, list[exp.Expr]] = {inst: [] for inst in columns}
     probes: dict[Instance, dict[str, tuple[exp.Expr, ...]]] = {inst: {} for inst in columns}
@@ -184,61 +189,24 @@ def analyze(query: Query, catalog: Catalog, default_bound: float | None = None) 
         fds=constraint.fds,
         accesses=accesses,
         parameter_keys=placeholder_keys(query.tree),
+        semantics=semantics,
+        divisions=divisions,
+        reads_blank_padded=any(
+            _is_padded(catalog, (i, c)) for i, used in columns.items() for c in used
+        ),
         local_blocker=_local_blocker(
             direct={a.instance for a in accesses} == set(constraint.instances),
-            padded=padded,
-            divides=divides,
-            orders_text=ordered and not catalog.text_byte_order,
+            division=division_blocker,
+            semantics=semantics.blocker,
         ),
     )
 
 
-def _local_blocker(*, direct: bool, padded: bool, divides: bool, orders_text: bool) -> str | None:
+def _local_blocker(*, direct: bool, division: str | None, semantics: str | None) -> str | None:
     if not direct:
         # a local or mixed plan rebinds each table reference; a backend view has none to rebind
         return "it reads a backend view (only base-table references can be rebound locally)"
-    if padded:
-        # PostgreSQL ignores a char(n) column's blank padding; DuckDB stores it padded
-        return "it compares a char(n) column (DuckDB would see its blank padding)"
-    if divides:
-        # PostgreSQL answers an exact numeric with its own scale, DuckDB a double
-        return "it averages or divides a numeric column (DuckDB would answer a double)"
-    if orders_text:
-        return "it orders text, and the backend's collation is not byte order as DuckDB's is"
-    return None
-
-
-DIVIDING = (exp.Div, exp.Avg, exp.Stddev, exp.StddevPop, exp.StddevSamp, exp.Variance,
-            exp.VariancePop, exp.Corr, exp.CovarPop, exp.CovarSamp)  # fmt: skip
-
-
-def _is_numeric(catalog: Catalog, attr: tuple[t.Any, str]) -> bool:
-    return _column_type(catalog, attr).startswith("numeric")
-
-
-def _divided(column: exp.Column) -> bool:
-    node: exp.Expr | None = column.parent
-    while node is not None and not isinstance(node, exp.Select):
-        if isinstance(node, DIVIDING):
-            return True
-        node = node.parent
-    return False
-
-
-def _is_text(catalog: Catalog, attr: tuple[t.Any, str]) -> bool:
-    kind = _column_type(catalog, attr)
-    return kind in ("text", "name") or kind.startswith(("character", "varchar"))
-
-
-def _ordered(column: exp.Column) -> bool:
-    """Under ORDER BY, a range comparison, or MIN/MAX (up to its SELECT block)."""
-    node: exp.Expr | None = column.parent
-    while node is not None and not isinstance(node, exp.Select):
-        if isinstance(node, exp.Ordered | exp.GT | exp.GTE | exp.LT | exp.LTE | exp.Between
-                      | exp.Max | exp.Min):  # fmt: skip
-            return True
-        node = node.parent
-    return False
+    return semantics or division
 
 
 def _column_type(catalog: Catalog, attr: tuple[t.Any, str]) -> str:
@@ -252,12 +220,6 @@ def _column_type(catalog: Catalog, attr: tuple[t.Any, str]) -> str:
 def _is_padded(catalog: Catalog, attr: tuple[t.Any, str]) -> bool:
     return _column_type(catalog, attr).startswith("character(")
 
-
-def _compared(column: exp.Column) -> bool:
-    node: exp.Expr | None = column.parent
-    while isinstance(node, exp.Paren | exp.Cast):
-        node = node.parent
-    return isinstance(node, COMPARISONS)
 
 
 def _block_of(query: Query, node: exp.Expr) -> Block | None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
-from control_tables.types import duckdb_type, select_list
+from control_tables.types import select_list, transfer_type
 from optimizer.analyze import Access
 from sql_ext.catalog import Table
 from sql_ext.params import NODE_ID, Key, duckdb_name
@@ -26,7 +26,7 @@ _MARK = "mtcache_param_"  # placeholders while the SQL is generated, renamed aft
 @dataclass(frozen=True)
 class RemoteLeaf:
     sql: str  # PostgreSQL, with %(name)s parameters when the statement has placeholders
-    columns: tuple[tuple[str, str], ...]  # (column, DuckDB type), in the order of the SQL
+    columns: tuple[tuple[str, str], ...]  # (column, transfer type), in the order of the SQL
 
     @property
     def parameterized(self) -> bool:
@@ -40,7 +40,7 @@ def remote_leaf(
     the statement is executed with parameters (so ``%%`` in its literals means ``%``)."""
     types = {c.name: c.type for c in table.columns}
     wanted = sorted(access.columns) or [table.column_names[0]]
-    columns = tuple((c, duckdb_type(types[c]) or "VARCHAR") for c in wanted)
+    columns = tuple((c, transfer_type(types[c]) or "VARCHAR") for c in wanted)
     rendered = []
     for conjunct in access.conjuncts:
         copy = conjunct.copy()

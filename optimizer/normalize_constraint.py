@@ -207,18 +207,45 @@ class QueryResolver:
         return None
 
     def resolve_column(self, block: Block, column: exp.Column) -> Attr | None:
+        found = self.column_source(block, column)
+        return self.attr_of(*found) if found is not None else None
+
+    def column_source(self, block: Block, column: exp.Column) -> tuple[Source, str] | None:
+        """The FROM item a column reference reads (innermost scope first, as PostgreSQL binds
+        names) and the column's name in it; None when unknown or ambiguous."""
+        name = column.name.lower()
         if column.table:
             source = block.resolve(column.table)
-            return self.attr_of(source, column.name) if source is not None else None
+            return (source, name) if source is not None else None
         scope: Block | None = block
         while scope is not None:
-            hits = [a for s in scope.sources if (a := self.attr_of(s, column.name)) is not None]
+            hits = [s for s in scope.sources if self._has_column(s, name)]
             if len(hits) == 1:
-                return hits[0]
+                return hits[0], name
             if hits:
                 return None  # ambiguous: PostgreSQL will say so
             scope = scope.parent
         return None
+
+    def _has_column(self, source: Source, name: str) -> bool:
+        self.source_instances(source)
+        if id(source) in self._base:
+            table = self.catalog.table(self._base[id(source)].table)
+            return table is not None and table.has_column(name)
+        bodies = self._views[id(source)].blocks[:1] if id(source) in self._views \
+            else source.body[:1]  # fmt: skip
+        if not bodies:
+            return False
+        aliases = source.column_aliases
+        for position, projection in enumerate(bodies[0].select.expressions):
+            if isinstance(projection, exp.Star):
+                if any(self._has_column(inner, name) for inner in bodies[0].sources):
+                    return True
+                continue
+            label = aliases[position] if position < len(aliases) else projection.alias_or_name
+            if label.lower() == name:
+                return True
+        return False
 
     def dependencies(self, instances: list[Instance]) -> list[FD]:
         fds: list[FD] = []

@@ -52,6 +52,8 @@ class PlanInputs:
     catalog: Catalog
     estimates: Estimates | None  # None: no backend to ask; the guards decide
     delay: float  # the refresh delay d of §4.6
+    # the type OIDs of the statement's result columns, as the backend describes them
+    result_types: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ the backend and the cache file (cost estimates, view row counts) is gathered bef
 what `estimate_requests` asks for, and passed in.
 
     analysis -> initial plan (every access remote, its leaf made)
+             -> divide_outputs (the divisions the cache does as PostgreSQL, SPEC §5.11)
              -> place_guards   (§4.4, §4.5 view matching, Fig 7.2)
              -> estimate_cost  (§4.6: guarded plan vs the whole statement remote)
 """
@@ -15,6 +16,7 @@ import typing as t
 
 from control_tables.schema import CacheSchema
 from optimizer.analyze import Analysis
+from optimizer.divide_outputs import divide_outputs
 from optimizer.estimate_cost import EstimateRequests, estimate_cost, requests
 from optimizer.leaves import remote_leaf
 from optimizer.local_statement import local_statement
@@ -24,7 +26,7 @@ from sql_ext.catalog import Catalog
 
 Rule = t.Callable[[Plan, PlanInputs], Plan]
 
-RULES: tuple[Rule, ...] = (place_guards, estimate_cost)
+RULES: tuple[Rule, ...] = (divide_outputs, place_guards, estimate_cost)
 
 
 def plan_query(analysis: Analysis, inputs: PlanInputs, *, with_params: bool) -> Plan:

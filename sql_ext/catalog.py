@@ -17,6 +17,11 @@ class Column:
     type: str
     nullable: bool = True
     n_distinct: float | None = None  # distinct values (estimated by the backend's ANALYZE)
+    # A collation of its own (text types): does it order by bytes, as DuckDB does (None: the
+    # database's default collation, `Catalog.text_byte_order`)? Is it deterministic (equal
+    # only when byte-equal)?
+    byte_order: bool | None = None
+    deterministic: bool = True
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,11 @@ _CLAUSE_STARTS: dict[str, tuple[str, ...]] = {
 class MTCacheParser(PostgresParser):
     _in_cached_view = False
 
+    # date_part() stays a call: sqlglot would read it as EXTRACT, which PostgreSQL types numeric
+    # where date_part gives double precision (the backend must receive what the user wrote).
+    FUNCTION_PARSERS = {k: v for k, v in PostgresParser.FUNCTION_PARSERS.items()
+                        if k != "DATE_PART"}  # fmt: skip
+
     def _fail(self, message: str, token: Token | None = None) -> t.NoReturn:
         """Raise a positioned ParseError (sqlglot's raise_error may only record it)."""
         self.raise_error(message, token or self._curr or self._prev)

@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 
 from tests.conftest import reachable_tempdir
 
+# a cache file of this module's own, never the checkout's default one
+_PRIVATE_CACHE = Path(tempfile.mkdtemp(prefix="mtcache-cli-")) / "cache.duckdb"
+
 
 def run(
     mtcache_bin: str, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
+    if env is None:
+        env = {**os.environ, "MTCACHE_CACHE": str(_PRIVATE_CACHE)}
     return subprocess.run(
         [mtcache_bin, *args], capture_output=True, text=True, env=env, timeout=120, check=False
     )

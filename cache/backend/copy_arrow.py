@@ -24,6 +24,7 @@ _ARROW: dict[str, pa.DataType] = {
     "DOUBLE": pa.float64(),
     "BOOLEAN": pa.bool_(),
     "VARCHAR": pa.string(),
+    "BPCHAR": pa.string(),  # char(n) sent as text (control_tables.types.transfer_type)
     "DATE": pa.date32(),
     "UUID": pa.string(),
     "TIMESTAMP": pa.timestamp("us"),

@@ -3,6 +3,8 @@ PostgreSQL's pg_catalog in three queries."""
 
 from __future__ import annotations
 
+import typing as t
+
 import psycopg
 
 from sql_ext.catalog import Catalog, Column, Index, Table, View
@@ -25,10 +27,12 @@ ORDER BY array_position(current_schemas(false), n.nspname::text), c.relname
 _COLUMNS = """
 SELECT a.attrelid, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull,
        CASE WHEN s.n_distinct < 0 THEN -s.n_distinct * greatest(c.reltuples, 0)
-            ELSE s.n_distinct END
+            ELSE s.n_distinct END,
+       CASE WHEN a.attcollation NOT IN (0, 100) THEN to_jsonb(co) END
 FROM pg_attribute a
 JOIN pg_class c ON c.oid = a.attrelid
 JOIN pg_namespace n ON n.oid = c.relnamespace
+LEFT JOIN pg_collation co ON co.oid = a.attcollation
 LEFT JOIN pg_stats s ON s.schemaname = n.nspname AND s.tablename = c.relname
                     AND s.attname = a.attname AND NOT s.inherited
 WHERE a.attrelid = ANY (%s) AND a.attnum > 0 AND NOT a.attisdropped
@@ -66,10 +70,14 @@ def reflect_catalog(conn: psycopg.Connection) -> Catalog:  # type: ignore[type-a
         relations = conn.execute(_RELATIONS).fetchall()
         oids = [r[0] for r in relations]
         columns: dict[int, list[Column]] = {}
-        for oid, name, type_, notnull, distinct in conn.execute(_COLUMNS, (oids,)).fetchall():
+        for oid, name, type_, notnull, distinct, collation in conn.execute(
+            _COLUMNS, (oids,)
+        ).fetchall():
             columns.setdefault(oid, []).append(
-                Column(name, type_, nullable=not notnull, n_distinct=distinct)
-            )
+                Column(name, type_, nullable=not notnull, n_distinct=distinct,
+                       byte_order=None if collation is None else _byte_order(collation, "coll"),
+                       deterministic=(collation or {}).get("collisdeterministic", True))
+            )  # fmt: skip
         indexes: dict[int, list[Index]] = {}
         for oid, name, is_unique, cols in conn.execute(_INDEXES, (oids,)).fetchall():
             indexes.setdefault(oid, []).append(Index(name, tuple(cols), unique=is_unique))
@@ -105,13 +113,27 @@ def reflect_catalog(conn: psycopg.Connection) -> Catalog:  # type: ignore[type-a
 
 
 def _text_byte_order(conn: psycopg.Connection) -> bool:  # type: ignore[type-arg]
-    """C-like collation of the current database (libc C/POSIX/C.UTF-8, not ICU)."""
+    """Does the current database's default collation order text by bytes?"""
     row = conn.execute(
         "SELECT to_jsonb(d) FROM pg_database d WHERE datname = current_database()"
     ).fetchone()
-    info = row[0] if row else {}
-    provider = info.get("datlocprovider", "c")
-    return provider == "c" and info.get("datcollate") in ("C", "POSIX", "C.UTF-8", "C.utf8")
+    return _byte_order(row[0] if row else {}, "dat")
+
+
+_BYTE_ORDER_LOCALES = ("C", "POSIX", "C.UTF-8", "C.utf8")
+
+
+def _byte_order(info: dict[str, t.Any], prefix: str) -> bool:
+    """Is a collation (a pg_database or pg_collation row, as JSON; ``prefix``: its column
+    prefix) byte order, as DuckDB compares text: libc C/POSIX/C.UTF-8, or the builtin
+    provider's C and C.UTF-8 (PostgreSQL 17; code point order is UTF-8 byte order)? ICU and
+    other libc locales are not."""
+    provider = info.get(f"{prefix}locprovider", info.get(f"{prefix}provider", "c"))
+    if provider == "c":
+        return info.get(f"{prefix}collate") in _BYTE_ORDER_LOCALES
+    if provider == "b":
+        return info.get(f"{prefix}locale") in _BYTE_ORDER_LOCALES
+    return False
 
 
 def connect_backend(dsn: str, **kwargs: object) -> psycopg.Connection:  # type: ignore[type-arg]

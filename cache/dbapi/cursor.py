@@ -20,6 +20,7 @@ import psycopg
 from psycopg import pq
 from sqlglot import exp
 
+from cache.backend.describe import ResultShape
 from cache.dbapi.route import (
     CachedRead,
     ControlEdit,
@@ -29,7 +30,7 @@ from cache.dbapi.route import (
     TimelineBracket,
     Write,
 )
-from cache.execution.execute import run_local, text_column
+from cache.execution.execute import LocalUnfit, run_local, text_column
 from cache.execution.planning import Prepared
 from cache.execution.provenance import Executed, Provenance
 from optimizer.evaluate_guards import Decision, evaluate_guards
@@ -51,19 +52,6 @@ _ROW_STATUSES = frozenset((pq.ExecStatus.TUPLES_OK, pq.ExecStatus.SINGLE_TUPLE,
 _NO_PROVENANCE = Provenance()
 
 
-class _ResultShape:
-    """A backend result's columns, kept so the DB-API description is built only when read:
-    psycopg.Column reads exactly these attributes of a cursor, frozen here at one result
-    (the psycopg cursor itself is reused by the next statement)."""
-
-    __slots__ = ("_encoding", "adapters", "pgresult")
-
-    def __init__(self, result: pq.abc.PGresult, cursor: psycopg.Cursor[t.Any]) -> None:
-        self.pgresult = result
-        self._encoding = cursor._encoding
-        self.adapters = cursor.adapters
-
-
 class Cursor:
     """PEP 249 cursor. ``provenance`` tells, per table access of the last query, where the
     data came from (SPEC §9); ``messages`` holds warnings as (class, text) pairs."""
@@ -72,7 +60,7 @@ class Cursor:
         self.connection = connection
         self.arraysize = 1
         self._description: list[tuple[t.Any, ...]] | None = None
-        self._pg_columns: _ResultShape | None = None  # the backend's result, described lazily
+        self._pg_columns: ResultShape | None = None  # the backend's result, described lazily
         self.rowcount = -1
         self.messages: list[tuple[type[Warning], str]] = []
         self._provenance = _NO_PROVENANCE
@@ -92,13 +80,7 @@ class Cursor:
         """Seven items per result column (PEP 249), None when the statement returned no rows.
         Built on first access: most applications never read it on the hot path."""
         if self._description is None and self._pg_columns is not None:
-            shape = self._pg_columns
-            self._description = [
-                (c.name, c.type_code, c.display_size, c.internal_size, c.precision, c.scale,
-                 c.null_ok)
-                for c in (psycopg.Column(t.cast(t.Any, shape), i)
-                          for i in range(shape.pgresult.nfields))
-            ]  # fmt: skip
+            self._description = self._pg_columns.description()
         return self._description
 
     @property
@@ -224,13 +206,15 @@ class Cursor:
             plan = self.plan = prepared.plan
             # a plan that chose the whole statement remote has no guard to evaluate
             decision = self._decide(plan, parameters) if plan.local else None
-            if decision is None or decision.remote:
-                self._run_backend(prepared.remote, parameters)
-                self._pending = lambda: Provenance.remote(
-                    connection._planner.base_tables(query))  # fmt: skip
-                connection._counters["remote"] += 1
-                return
-            self._run_decision(prepared, decision, parameters)
+            if decision is not None and not decision.remote:
+                try:
+                    self._run_decision(prepared, decision, parameters)
+                    return
+                except LocalUnfit:
+                    pass  # DuckDB cannot give PostgreSQL's answer here: the backend gives it
+            self._run_backend(prepared.remote, parameters)
+            self._pending = lambda: Provenance.remote(connection._planner.base_tables(query))
+            connection._counters["remote"] += 1
         except BackendUnavailableError as exc:
             self._answer_without_backend(query, parameters, exc)
 
@@ -295,7 +279,11 @@ class Cursor:
             prepared = Prepared(connection._planner.uncosted(query, parameters, bound), -1)
         decision = self._decide(prepared.plan, parameters, ignore_currency=True)
         if connection.stale_ok and not decision.remote:
-            self._run_decision(prepared, decision, parameters, stale=True)
+            try:
+                self._run_decision(prepared, decision, parameters, stale=True)
+            except LocalUnfit as unfit:
+                raise BackendUnavailableError(
+                    f"{unfit}, and the backend is unreachable: {down}") from down  # fmt: skip
             for entry in self._provenance:
                 if entry.stale:
                     bound = next(b.bound_seconds for b in decision.bindings or ()
@@ -333,7 +321,7 @@ class Cursor:
             self.rowcount = cur.rowcount
             result = cur.pgresult
             if result is not None and (result.nfields or result.status in _ROW_STATUSES):
-                self._pg_columns = _ResultShape(result, cur)
+                self._pg_columns = ResultShape(result, cur)
                 self._rows = cur.fetchall()  # psycopg rows are tuples already
                 self.rowcount = len(self._rows)
         except psycopg.Error as exc:

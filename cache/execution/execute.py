@@ -18,10 +18,12 @@ import duckdb
 import psycopg
 import pyarrow as pa
 
+from cache.execution.convert import Row, converter
 from cache.execution.planning import Prepared
 from cache.execution.provenance import Executed
 from optimizer.evaluate_guards import Decision
 from optimizer.local_statement import LocalStatement, local_statement
+from sql_ext.errors import first_line
 from sql_ext.params import Params, values_for
 
 # DuckDB result types and the PostgreSQL type codes a DB-API description reports for them.
@@ -38,6 +40,10 @@ _PG_NAMES = {
 Fetch = Callable[[list[tuple[str, list[tuple[str, str]], dict[str, t.Any] | None]]], list[pa.Table]]
 
 
+Description = list[tuple[t.Any, ...]]
+ResultShape = tuple[Description, Callable[[list[Row]], list[Row]]]  # description, conversion
+
+
 @dataclass
 class Compiled:
     """A decision's statement, compiled by DuckDB once."""
@@ -45,8 +51,14 @@ class Compiled:
     statement: LocalStatement
     executed: Executed  # what running it sends where
     prepared: t.Any = None  # DuckDB's parse of statement.sql: executions skip the parser
-    # result description per parameter-type signature (the statement's types are fixed by it)
-    descriptions: dict[tuple[type, ...], list[tuple[t.Any, ...]]] = field(default_factory=dict)
+    # per parameter-type signature (DuckDB's result types are fixed by it): the description
+    # and the conversion of rows into PostgreSQL's types
+    results: dict[tuple[type, ...], ResultShape] = field(default_factory=dict)
+
+
+class LocalUnfit(Exception):
+    """DuckDB could not give PostgreSQL's answer to this statement (a result type that cannot
+    be made exact, an overflow PostgreSQL's numerics would not have): the backend answers."""
 
 
 class Result(t.NamedTuple):
@@ -95,19 +107,46 @@ def run_local(
         for (name, _), table in zip(statement.leaves, tables, strict=True):
             duck.register(name, table)
             registered.append(name)
-        cursor = duck.execute(compiled.prepared, named) if named else duck.execute(
-            compiled.prepared)  # fmt: skip
-        rows = cursor.fetchall()
+        try:
+            cursor = duck.execute(compiled.prepared, named) if named else duck.execute(
+                compiled.prepared)  # fmt: skip
+            rows = cursor.fetchall()
+        except (duckdb.OutOfRangeException, duckdb.ConversionException,
+                duckdb.InvalidInputException) as exc:
+            # PostgreSQL raises its own error (or, for an overflow DuckDB's types have and
+            # PostgreSQL's numerics do not, answers): the backend answers, as it would
+            raise LocalUnfit(f"DuckDB: {first_line(exc)}") from exc
         types = tuple(map(type, values))
-        description = compiled.descriptions.get(types)
-        if description is None:
-            description = compiled.descriptions[types] = describe(
-                tuple((d[0], str(d[1])) for d in cursor.description or [])
-            )
+        shape = compiled.results.get(types)
+        if shape is None:
+            shape = compiled.results[types] = _result_shape(prepared, compiled,
+                                                            cursor.description or [])  # fmt: skip
     finally:
         for name in registered:
             duck.unregister(name)
-    return Result(description, rows, compiled.executed)
+    description, convert = shape
+    return Result(description, convert(rows), compiled.executed)
+
+
+def _result_shape(
+    prepared: Prepared, compiled: Compiled, duck_columns: Sequence[tuple[t.Any, ...]]
+) -> ResultShape:
+    """The description and row conversion of a local answer: PostgreSQL's, as the backend
+    described the statement; DuckDB's types as PostgreSQL names them when it could not."""
+    duck_types = [str(d[1]) for d in duck_columns]
+    if prepared.result is None or prepared.description is None:
+        named = tuple((d[0], kind) for d, kind in zip(duck_columns, duck_types, strict=True))
+        return describe(named), _unchanged
+    names = [d[0] for d in prepared.description]
+    convert = converter(prepared.result.types, names, duck_types, compiled.statement.outputs,
+                        prepared.plan.analysis.semantics.output_widths)
+    if isinstance(convert, str):
+        raise LocalUnfit(convert)
+    return prepared.description, convert
+
+
+def _unchanged(rows: list[Row]) -> list[Row]:
+    return rows
 
 
 @functools.lru_cache(maxsize=1024)

@@ -11,23 +11,29 @@ it shows the plan that runs.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import typing as t
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+import duckdb
+
+from cache.backend.describe import ResultShape, describe_result
 from cache.backend.estimates import backend_estimates
 from cache.backend.reflect import fetch_catalog
+from cache.execution.convert import converter, duckdb_result_types
 from cache.execution.provenance import Executed
 from cache.store.cache_file import CacheStore
 from optimizer.analyze import analyze
 from optimizer.estimate_cost import DEFAULT_DELAY
+from optimizer.local_statement import local_statement
 from optimizer.normalize_constraint import normalize_constraint
 from optimizer.plan import Estimates, Plan, PlanInputs
 from optimizer.planner import estimate_requests, plan_query
 from sql_ext import Query
 from sql_ext.catalog import Catalog
-from sql_ext.errors import BackendUnavailableError, CatalogError
+from sql_ext.errors import BackendUnavailableError, CatalogError, first_line
 from sql_ext.params import Params, duckdb_name, values_for
 
 PLAN_CACHE_SIZE = 256
@@ -36,11 +42,17 @@ PLAN_CACHE_SIZE = 256
 @dataclass
 class Prepared:
     """A plan with what the executor compiled for it (`cache.execution.execute`): one DuckDB
-    statement per guard decision, made on first use."""
+    statement per guard decision, made on first use; and the result PostgreSQL describes for
+    the statement (None: the backend could not be asked), which local answers are given."""
 
     plan: Plan
     schema_version: int
+    result: ResultShape | None = None
     compiled: dict[t.Any, t.Any] = field(default_factory=dict)
+
+    @functools.cached_property
+    def description(self) -> list[tuple[t.Any, ...]] | None:
+        return self.result.description() if self.result is not None else None
 
     @functools.cached_property
     def remote(self) -> Executed:
@@ -85,9 +97,9 @@ class Planner:
         if prepared is not None and prepared.schema_version == version:
             return prepared
         self.base_tables(query)  # reads a stale catalog again
-        plan, costed = self._plan(query, params, default_bound)
-        prepared = Prepared(plan, version)
-        if costed:  # a plan made without the backend's estimates is not kept
+        plan, result, costed = self._plan(query, params, default_bound)
+        prepared = Prepared(plan, version, result)
+        if costed:  # a plan made without the backend is not kept
             if len(self._plans) >= PLAN_CACHE_SIZE:
                 self._plans.popitem(last=False)
             self._plans[key] = prepared
@@ -103,15 +115,23 @@ class Planner:
         return None
 
     def uncosted(self, query: Query, params: Params, default_bound: float | None = None) -> Plan:
-        """A plan made without asking the backend (it is down): its guards decide."""
+        """A plan made without asking the backend (it is down): its guards decide. Its result
+        types are DuckDB's, so it reads no char(n) column (whose padding only the backend's
+        description gives back)."""
         schema = self.store.load_schema()
         analysis = analyze(query, self.catalog, default_bound)
+        if analysis.reads_blank_padded and analysis.local_allowed:
+            analysis = dataclasses.replace(analysis, local_blocker=(
+                "it reads a char(n) column and the backend, which describes the result, is "
+                "unreachable"))  # fmt: skip
         return plan_query(analysis, PlanInputs(schema, self.catalog, None, self.delay),
                           with_params=params is not None)  # fmt: skip
 
     def _plan(
         self, query: Query, params: Params, default_bound: float | None
-    ) -> tuple[Plan, bool]:
+    ) -> tuple[Plan, ResultShape | None, bool]:
+        """The plan, the result the backend describes, and whether the backend was asked (a
+        plan made without it is not cached)."""
         schema = self.store.load_schema()
         analysis = analyze(query, self.catalog, default_bound)
         with_params = params is not None
@@ -123,12 +143,39 @@ class Planner:
                 self.dsn,
                 [(wanted.statement, params), *((sql, named or None) for sql in wanted.leaves)],
             )
+            result = describe_result(self.dsn, wanted.statement, params) if query.is_select \
+                else None  # fmt: skip
         except BackendUnavailableError:
-            estimates = None  # no backend to cost against: the guards decide
-        else:
-            estimates = Estimates(remote, self.store.row_counts(wanted.views))
-        inputs = PlanInputs(schema, self.catalog, estimates, self.delay)
-        return plan_query(analysis, inputs, with_params=with_params), estimates is not None
+            return self.uncosted(query, params, default_bound), None, False
+        inputs = PlanInputs(
+            schema, self.catalog, Estimates(remote, self.store.row_counts(wanted.views)),
+            self.delay, tuple(oid for oid, _ in result.types) if result is not None else None,
+        )
+        plan = plan_query(analysis, inputs, with_params=with_params)
+        if plan.local:
+            problem = self._result_problem(plan, result, named)
+            if problem is not None:  # DuckDB cannot give PostgreSQL's result: plan it remote
+                unfit = dataclasses.replace(analysis, local_blocker=problem)
+                plan = plan_query(unfit, inputs, with_params=with_params)
+        return plan, result, True
+
+    def _result_problem(
+        self, plan: Plan, result: ResultShape | None, named: dict[str, t.Any]
+    ) -> str | None:
+        """Why DuckDB's answer to the plan's statement could not be PostgreSQL's, or None."""
+        if result is None:
+            return "the backend does not describe its result"
+        first = {a.instance.id: a.guards[0].view for a in plan.guarded_accesses}
+        statement = local_statement(plan, first)
+        try:
+            types = duckdb_result_types(self.store.con, statement, named)
+        except (duckdb.BinderException, duckdb.CatalogException, duckdb.ParserException,
+                duckdb.NotImplementedException) as exc:  # a function DuckDB lacks, ...
+            return f"DuckDB cannot run it: {first_line(exc)}"
+        names = [d[0] for d in result.description()]
+        found = converter(result.types, names, types, statement.outputs,
+                          plan.analysis.semantics.output_widths)
+        return found if isinstance(found, str) else None
 
     # -- the tables a statement reads ----------------------------------------------------------
 

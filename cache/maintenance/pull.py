@@ -23,7 +23,7 @@ from control_tables.closure import (
 )
 from control_tables.regions import Region, guarantees, in_list, region_predicate
 from control_tables.schema import CachedView, CacheSchema
-from control_tables.types import duckdb_type
+from control_tables.types import transfer_type
 from sql_ext.catalog import Catalog
 from sql_ext.quoting import ident, idents, qualified
 
@@ -59,7 +59,7 @@ class Pull:
         return PullQuery(
             view=view.name,
             table=qualified(table.schema, table.name),
-            columns=tuple((c, t.cast(str, duckdb_type(types[c]))) for c in view.columns),
+            columns=tuple((c, t.cast(str, transfer_type(types[c]))) for c in view.columns),
             where=where,
             pages=table.pages,
         )

@@ -22,14 +22,16 @@ from sqlglot import exp
 
 from control_tables.schema import CachedView, CacheSchema, ControlTable, view_from_statement
 from control_tables.script import apply_script
-from control_tables.types import duckdb_type
+from control_tables.types import BPCHAR, duckdb_type, transfer_type
 from heartbeat.clock import BackendClock
 from sql_ext import CreateCachedView, CreateControlTable, Statement, parse
 from sql_ext.catalog import Catalog, Column, Index, Table, View
 from sql_ext.errors import OperationalError, first_line, translate
 from sql_ext.quoting import ident, idents
 
-FORMAT_VERSION = "1"
+# 2: char(n) values are stored without their blank padding (control_tables.types.BPCHAR);
+#    the shadow catalog knows each column's own collation
+FORMAT_VERSION = "2"
 
 _METADATA = [
     "CREATE SCHEMA IF NOT EXISTS mtcache",
@@ -39,7 +41,8 @@ _METADATA = [
         primary_key VARCHAR[], reflected_at TIMESTAMPTZ)""",
     """CREATE TABLE IF NOT EXISTS mtcache.backend_columns (
         table_name VARCHAR, position INTEGER, name VARCHAR, type VARCHAR, nullable BOOLEAN,
-        n_distinct DOUBLE, PRIMARY KEY (table_name, name))""",
+        n_distinct DOUBLE, byte_order BOOLEAN, deterministic BOOLEAN DEFAULT true,
+        PRIMARY KEY (table_name, name))""",
     """CREATE TABLE IF NOT EXISTS mtcache.backend_unique_keys (
         table_name VARCHAR, columns VARCHAR[])""",
     """CREATE TABLE IF NOT EXISTS mtcache.backend_indexes (
@@ -128,6 +131,35 @@ class CacheStore:
                 self.con.execute(
                     "INSERT INTO mtcache.counters VALUES (?, 0) ON CONFLICT DO NOTHING", [name]
                 )
+            row = self.con.execute(
+                "SELECT value FROM mtcache.meta WHERE key = 'format_version'"
+            ).fetchone()
+            if row is not None and row[0] == "1":
+                self._migrate_from_1()
+
+    def _migrate_from_1(self) -> None:
+        """Format 1 kept char(n) values padded: strip the padding (see transfer_type). Its
+        shadow catalog had no collations: it is dropped, and the next connection reflects the
+        backend's again."""
+        for column in ("byte_order BOOLEAN", "deterministic BOOLEAN DEFAULT true"):
+            self.con.execute(f"ALTER TABLE mtcache.backend_columns ADD COLUMN IF NOT EXISTS "
+                             f"{column}")  # fmt: skip
+        catalog = self.load_catalog()
+        for view in self._parse_schema().views.values():
+            table = catalog.table(view.table)
+            if table is None:
+                continue
+            types = {c.name: c.type for c in table.columns}
+            for column in view.columns:
+                if transfer_type(types.get(column, "")) == BPCHAR:
+                    name = ident(column)
+                    self.con.execute(
+                        f"UPDATE {ident(view.name)} SET {name} = rtrim({name}, ' ')"
+                    )
+        self.con.execute("DELETE FROM mtcache.backend_tables")
+        self.con.execute(
+            "UPDATE mtcache.meta SET value = ? WHERE key = 'format_version'", [FORMAT_VERSION]
+        )
 
     @classmethod
     def _sharing(cls, parent: CacheStore) -> CacheStore:
@@ -227,9 +259,9 @@ class CacheStore:
                      list(table.primary_key), now],
                 )  # fmt: skip
                 con.executemany(
-                    "INSERT INTO mtcache.backend_columns VALUES (?, ?, ?, ?, ?, ?)",
-                    [[table.name, i, c.name, c.type, c.nullable, c.n_distinct]
-                     for i, c in enumerate(table.columns)],
+                    "INSERT INTO mtcache.backend_columns VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    [[table.name, i, c.name, c.type, c.nullable, c.n_distinct, c.byte_order,
+                      c.deterministic] for i, c in enumerate(table.columns)],
                 )  # fmt: skip
                 for key in table.unique_keys:
                     con.execute(
@@ -257,11 +289,13 @@ class CacheStore:
 
     def load_catalog(self) -> Catalog:
         columns: dict[str, list[Column]] = {}
-        for table, name, type_, nullable, distinct in self.con.execute(
-            "SELECT table_name, name, type, nullable, n_distinct FROM mtcache.backend_columns "
-            "ORDER BY table_name, position"
+        for table, name, type_, nullable, distinct, byte_order, deterministic in self.con.execute(
+            "SELECT table_name, name, type, nullable, n_distinct, byte_order, deterministic "
+            "FROM mtcache.backend_columns ORDER BY table_name, position"
         ).fetchall():
-            columns.setdefault(table, []).append(Column(name, type_, nullable, distinct))
+            columns.setdefault(table, []).append(
+                Column(name, type_, nullable, distinct, byte_order, deterministic is not False)
+            )
         unique: dict[str, list[tuple[str, ...]]] = {}
         for table, cols in self.con.execute(
             "SELECT table_name, columns FROM mtcache.backend_unique_keys"

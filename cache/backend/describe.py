@@ -1,0 +1,61 @@
+"""What a statement returns, as PostgreSQL says (SPEC §5.11): its result columns' names, types
+and type modifiers. A local answer is given exactly these (`cache.execution.convert`): the
+same `cursor.description`, and values of the Python types psycopg gives for them.
+
+`describe_result` asks the backend without running the statement (the extended protocol's
+Describe of an unnamed prepared statement, the parameters of a first execution bound);
+`ResultShape` also carries a result the backend did return, so its description is built only
+when read.
+"""
+
+from __future__ import annotations
+
+import typing as t
+
+import psycopg
+from psycopg import pq
+
+from cache.backend.pool import pooled
+from sql_ext.params import Params
+
+
+class ResultShape:
+    """A backend result's columns. psycopg.Column reads exactly these attributes of a cursor,
+    frozen here at one result (a psycopg cursor is reused by the next statement)."""
+
+    __slots__ = ("_encoding", "adapters", "pgresult")
+
+    def __init__(self, result: pq.abc.PGresult, cursor: psycopg.Cursor[t.Any]) -> None:
+        self.pgresult = result
+        self._encoding = cursor._encoding
+        self.adapters = cursor.adapters
+
+    def description(self) -> list[tuple[t.Any, ...]]:
+        """Seven items per column (PEP 249), as psycopg's cursor.description gives them."""
+        columns = (psycopg.Column(t.cast(t.Any, self), i) for i in range(self.pgresult.nfields))
+        return [(c.name, c.type_code, c.display_size, c.internal_size, c.precision, c.scale,
+                 c.null_ok) for c in columns]  # fmt: skip
+
+    @property
+    def types(self) -> tuple[tuple[int, int], ...]:
+        """(type OID, type modifier) per column."""
+        result = self.pgresult
+        return tuple((result.ftype(i), result.fmod(i)) for i in range(result.nfields))
+
+
+def describe_result(dsn: str, sql: str, params: Params) -> ResultShape | None:
+    """The result shape of a query on the backend (None if it will not describe it)."""
+    with pooled(dsn) as conn:
+        cursor = psycopg.ClientCursor(conn)
+        try:
+            bound = cursor.mogrify(sql, params)  # type: ignore[arg-type]
+        except psycopg.Error:
+            return None
+        pgconn = conn.pgconn
+        prepared = pgconn.prepare(b"", bound.encode(conn.info.encoding))
+        if prepared.status != pq.ExecStatus.COMMAND_OK:
+            return None
+        described = pgconn.describe_prepared(b"")
+        if described.status != pq.ExecStatus.COMMAND_OK:
+            return None
+        return ResultShape(described, cursor)

@@ -1,0 +1,94 @@
+"""PostgreSQL's numeric division, exactly (src/backend/utils/adt/numeric.c): `numeric_div` and
+so `avg` of numerics and integers, which PostgreSQL computes as sum / count.
+
+The quotient's scale is `select_div_scale`'s: enough digits for at least 16 significant ones,
+no fewer than either operand's display scale; the quotient is rounded half away from zero at
+that scale. Numerics are stored in base 10000 (4 decimal digits a group), and the scale rule
+looks at the weight and the first group of each operand, so those are computed here as
+PostgreSQL keeps them.
+"""
+
+from __future__ import annotations
+
+import decimal
+
+NUMERIC_MIN_SIG_DIGITS = 16
+DEC_DIGITS = 4  # decimal digits per base-10000 group
+NUMERIC_MIN_DISPLAY_SCALE = 0
+NUMERIC_MAX_DISPLAY_SCALE = 1000
+
+
+class DivisionByZero(ArithmeticError):
+    """PostgreSQL's ERROR: division by zero (SQLSTATE 22012)."""
+
+
+def _exact(value: decimal.Decimal) -> tuple[int, int]:
+    """(N, s) with value = N / 10**s exactly, s >= 0 (no rounding by a decimal context)."""
+    sign, digits, exponent = value.as_tuple()
+    assert isinstance(exponent, int), "not a finite number"
+    integer = int("".join(map(str, digits)) or "0")
+    if exponent >= 0:
+        integer *= 10**exponent
+        scale = 0
+    else:
+        scale = -exponent
+    return (-integer if sign else integer), scale
+
+
+def _weight_and_first_group(value: decimal.Decimal) -> tuple[int, int]:
+    """The base-10000 weight of the first non-zero group and that group's value (0, 0 for
+    zero)."""
+    integer, scale = _exact(value)
+    integer = abs(integer)
+    if integer == 0:
+        return 0, 0
+    exponent = len(str(integer)) - 1 - scale  # the leading decimal digit is 10**exponent
+    weight = exponent // DEC_DIGITS  # groups are aligned at the decimal point
+    shift = DEC_DIGITS * weight + scale  # value / 10000**weight = integer / 10**shift
+    first = integer * 10**-shift if shift <= 0 else integer // 10**shift
+    return weight, first
+
+
+def _display_scale(value: decimal.Decimal) -> int:
+    return _exact(value)[1]
+
+
+def division_scale(dividend: decimal.Decimal, divisor: decimal.Decimal) -> int:
+    """`select_div_scale`: the result scale of dividend / divisor."""
+    weight1, first1 = _weight_and_first_group(dividend)
+    weight2, first2 = _weight_and_first_group(divisor)
+    # estimate the quotient's weight; with equal first groups assume dividend < divisor
+    qweight = weight1 - weight2
+    if first1 <= first2:
+        qweight -= 1
+    scale = NUMERIC_MIN_SIG_DIGITS - qweight * DEC_DIGITS
+    scale = max(scale, _display_scale(dividend), _display_scale(divisor),
+                NUMERIC_MIN_DISPLAY_SCALE)  # fmt: skip
+    return min(scale, NUMERIC_MAX_DISPLAY_SCALE)
+
+
+def divide(dividend: decimal.Decimal | int, divisor: decimal.Decimal | int) -> decimal.Decimal:
+    """dividend / divisor as PostgreSQL's numeric division gives it: at `division_scale`,
+    rounded half away from zero."""
+    a, b = decimal.Decimal(dividend), decimal.Decimal(divisor)
+    if b == 0:
+        raise DivisionByZero("division by zero")
+    scale = division_scale(a, b)
+    # exact integer arithmetic: a = A / 10**sa, b = B / 10**sb
+    big_a, sa = _exact(a)
+    big_b, sb = _exact(b)
+    numerator = big_a * 10 ** (sb + scale)
+    denominator = big_b * 10**sa
+    negative = (numerator < 0) != (denominator < 0)
+    quotient, remainder = divmod(abs(numerator), abs(denominator))
+    if 2 * remainder >= abs(denominator):
+        quotient += 1
+    digits = tuple(int(d) for d in str(quotient))
+    return decimal.Decimal((1 if negative and quotient else 0, digits, -scale))
+
+
+def average(total: decimal.Decimal | int | None, count: int) -> decimal.Decimal | None:
+    """avg of numerics or integers: sum / count (NULL over no rows)."""
+    if total is None or count == 0:
+        return None
+    return divide(total, count)

@@ -1,0 +1,84 @@
+"""Divisions DuckDB cannot do as PostgreSQL does (SPEC §5.11). PostgreSQL divides numerics with
+a result scale of its own (`cache.execution.pg_numeric`), and `avg` of integers or numerics is
+such a division; DuckDB answers them as doubles. Integer division is alike in both (DuckDB is
+set to truncate). So:
+
+* a division whose operands are all integers, or doubles and integers, stays in DuckDB;
+* one that is a whole output column of the outermost SELECT is computed by the cache: DuckDB
+  returns its exact numerator and denominator (sum and count for an average), the cache
+  divides as PostgreSQL does (`rewritable`);
+* any other (in WHERE, HAVING, a subquery, inside a larger expression, under ORDER BY or
+  DISTINCT) keeps the statement remote, as do variance, standard deviation and correlation.
+"""
+
+from __future__ import annotations
+
+import typing as t
+
+from sqlglot import exp
+
+from optimizer.expression_types import ExpressionTypes
+from sql_ext import Query
+
+Kind = t.Literal["avg", "divide"]
+_STATISTICS = (exp.Stddev, exp.StddevPop, exp.StddevSamp, exp.Variance, exp.VariancePop,
+               exp.Corr, exp.CovarPop, exp.CovarSamp)  # fmt: skip
+
+
+def analyze_divisions(query: Query, types: ExpressionTypes) -> tuple[dict[int, Kind], str | None]:
+    """(output column index -> "avg" | "divide" for the divisions the cache can do, why the
+    statement cannot run locally or None)."""
+    outputs: dict[int, Kind] = {}
+    rewritable = _rewritable_outputs(query)
+    for node in query.tree.find_all(exp.Div, exp.Avg, *_STATISTICS):
+        if isinstance(node, _STATISTICS):
+            return outputs, f"it computes {node.key} (DuckDB would answer a double)"
+        if types.block_of(node) is None:
+            continue
+        if isinstance(node, exp.Div):
+            kinds = {types.of(node.this).kind, types.of(node.expression).kind}
+            if kinds <= {"integer", "null"}:
+                continue  # integer / integer truncates in both engines
+            if "float" in kinds and kinds <= {"integer", "float", "null"}:
+                continue  # a division of doubles, IEEE's in both engines
+        index = rewritable.get(id(node))
+        if index is None:
+            what = "averages" if isinstance(node, exp.Avg) else "divides"
+            return outputs, (
+                f"it {what} numerics where the cache cannot divide as PostgreSQL does (only a "
+                "whole output column of the outermost SELECT can be)"
+            )
+        outputs[index] = "avg" if isinstance(node, exp.Avg) else "divide"
+    return outputs, None
+
+
+def _rewritable_outputs(query: Query) -> dict[int, int]:
+    """id(node) -> output index, for divisions and averages that make a whole output column
+    of the outermost SELECT, where the cache can divide: not under DISTINCT, not ordered by,
+    not a window function."""
+    top = query.tree
+    if not isinstance(top, exp.Select) or top.args.get("distinct"):
+        return {}
+    found = {}
+    for index, projection in enumerate(top.expressions):
+        node = projection.this if isinstance(projection, exp.Alias) else projection
+        if isinstance(node, exp.Avg | exp.Div) and not _ordered_by(top, index, projection):
+            found[id(node)] = index
+    return found
+
+
+def _ordered_by(top: exp.Select, index: int, projection: exp.Expr) -> bool:
+    order = top.args.get("order")
+    if order is None:
+        return False
+    inner = projection.this if isinstance(projection, exp.Alias) else projection
+    for ordered in order.expressions:
+        key = ordered.this
+        if isinstance(key, exp.Literal) and key.is_int and int(key.this) == index + 1:
+            return True
+        if isinstance(key, exp.Column) and not key.table and key.name == projection.alias_or_name:
+            return True
+        if key == inner:
+            return True
+    return False
+

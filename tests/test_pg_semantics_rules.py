@@ -1,0 +1,125 @@
+"""The rewrite rules of `optimizer.pg_semantics` and the type inference under them, without a
+database: which nodes are compared without trailing blanks, padded again, typed, and which
+statements cannot be made exactly PostgreSQL's (their answers are checked against PostgreSQL
+in tests/test_pg_semantics.py)."""
+
+from __future__ import annotations
+
+import pytest
+from sqlglot import exp
+
+from optimizer.analyze import analyze
+from optimizer.expression_types import PgType, combine
+from optimizer.pg_semantics import Semantics
+from sql_ext import parse_one
+from sql_ext.catalog import Catalog, Column, Table
+from sql_ext.params import NODE_ID
+
+CATALOG = Catalog(
+    tables={
+        "t": Table(
+            name="t",
+            columns=(
+                Column("id", "integer", nullable=False),
+                Column("code", "character(5)"),
+                Column("flag", "character(1)"),
+                Column("label", "character varying(10)"),
+                Column("note", "text"),
+                Column("price", "numeric(12,2)"),
+                Column("ratio", "double precision"),
+                Column("icu", "text", byte_order=False),
+                Column("loose", "text", byte_order=False, deterministic=False),
+            ),
+            primary_key=("id",),
+        )
+    },
+    views={},
+    text_byte_order=True,
+)
+
+
+def semantics(sql: str, catalog: Catalog = CATALOG) -> tuple[Semantics, exp.Expr]:
+    query = parse_one(f"{sql} CURRENCY BOUND 10 MIN")
+    return analyze(query, catalog).semantics, query.tree
+
+
+def nodes(tree: exp.Expr, numbers: object) -> list[str]:
+    by_id = {n.meta.get(NODE_ID): n for n in tree.walk()}
+    return sorted(by_id[number].sql(dialect="postgres") for number in numbers)  # type: ignore[attr-defined]
+
+
+def test_what_char_is_compared_with_loses_its_trailing_blanks() -> None:
+    found, tree = semantics("SELECT id FROM t WHERE code = 'AB ' AND flag IN ('A', label) "
+                            "AND note = 'x' AND code BETWEEN 'A' AND %s")  # fmt: skip
+    assert found.blocker is None
+    assert nodes(tree, found.rtrim) == ["%s", "'A'", "'A'", "'AB '", "label"]
+
+
+def test_patterns_and_printing_functions_read_char_padded() -> None:
+    found, tree = semantics("SELECT concat(code, flag), format('%s', code) FROM t "
+                            "WHERE code LIKE 'A%' AND label LIKE 'B%'")  # fmt: skip
+    assert found.blocker is None
+    assert sorted(found.rpad.values()) == [1, 5, 5, 5]
+    assert "label" not in nodes(tree, found.rpad)
+
+
+def test_char_outputs_are_padded_to_their_width() -> None:
+    found, _ = semantics("SELECT code, flag, upper(code), coalesce(code, 'none') FROM t")
+    assert found.output_widths == {0: 5, 1: 1, 3: 0}  # 3: padded in the statement itself
+
+
+def test_numeric_casts_keep_their_scale_and_exponents_are_exact() -> None:
+    found, _ = semantics("SELECT price::numeric, id::numeric, '1.250'::numeric, 1e3 FROM t")
+    assert found.blocker is None
+    assert sorted(found.decimal_scales.values()) == [0, 2, 3]
+    assert list(found.exact_numbers.values()) == ["CAST('1000' AS DECIMAL(38, 0))"]
+
+
+def test_date_part_is_a_double() -> None:
+    found, tree = semantics("SELECT date_part('year', now()) FROM t")
+    assert nodes(tree, found.doubles) == ["DATE_PART('year', CURRENT_TIMESTAMP)"]
+
+
+@pytest.mark.parametrize(
+    ("sql", "reason"),
+    [
+        ("SELECT sum(ratio) FROM t", "floating-point"),
+        ("SELECT round(ratio) FROM t", "rounds a double"),
+        ("SELECT extract(epoch FROM now()) FROM t", "extracts epoch"),
+        ("SELECT date_part('second', now()) FROM t", "date_part"),
+        ("SELECT label::char(3) FROM t", "casts to"),
+        ("SELECT ratio::numeric(5,1) FROM t", "from a double"),
+        ("SELECT substring(code from 0) FROM t", "substring"),
+        ("SELECT bit_length(code) FROM t", "bit_length"),
+        ("SELECT note FROM t ORDER BY icu", "collation"),
+        ("SELECT icu AS k FROM t ORDER BY 1", "collation"),
+        ("SELECT min(icu) FROM t", "collation"),
+        ("SELECT id FROM t WHERE loose = 'a'", "nondeterministic"),
+        ("SELECT DISTINCT coalesce(code, 'x') FROM t", "several lengths"),
+        ("SELECT id FROM t WHERE code = (SELECT label FROM t WHERE id = 1)", "subquery"),
+        ("SELECT 123456789012345678901234567890123456789.5 FROM t", "digits"),
+    ],
+)
+def test_what_cannot_be_made_exact_stays_remote(sql: str, reason: str) -> None:
+    found, _ = semantics(sql)
+    assert found.blocker is not None and reason in found.blocker, found.blocker
+
+
+def test_ordering_text_follows_the_database_collation() -> None:
+    icu = Catalog(tables=CATALOG.tables, views={}, text_byte_order=False)
+    assert semantics("SELECT note FROM t ORDER BY note", icu)[0].blocker is not None
+    assert semantics("SELECT note FROM t ORDER BY note COLLATE \"C\"", icu)[0].blocker is None
+    assert semantics("SELECT note FROM t ORDER BY note")[0].blocker is None
+    assert semantics("SELECT id FROM t WHERE note = 'a' ORDER BY id", icu)[0].blocker is None
+
+
+def test_combined_types_follow_postgres_resolution() -> None:
+    char5, char1 = PgType("char", 5), PgType("char", 1)
+    assert combine([char5, PgType("null")]) == char5
+    assert combine([char5, char1]) == PgType("char")
+    assert combine([char5, PgType("string")]) == PgType("char")
+    assert combine([PgType("string"), PgType("string")]).kind == "text"
+    assert combine([PgType("integer", 4), PgType("integer", 8)]) == PgType("integer", 8)
+    assert combine([PgType("numeric", scale=2), PgType("integer", 4)]).kind == "numeric"
+    assert combine([PgType("float"), PgType("numeric")]).kind == "float"
+    assert combine([char5, PgType("varchar")]).kind == "unknown"
