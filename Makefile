@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck bench-refresh bench-query clean
+.PHONY: demo test lint typecheck bench-refresh bench-query bench-tpch clean
 
 $(STAMP): pyproject.toml scripts/ensure-system-deps.sh
 	bash scripts/ensure-system-deps.sh
@@ -28,6 +28,9 @@ bench-refresh: $(VENV)/.experiments
 
 bench-query: $(VENV)/.experiments
 	$(PY) -m experiments.bench_query
+
+bench-tpch: $(VENV)/.experiments
+	$(PY) -m experiments.bench_tpch
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check cache optimizer control_tables heartbeat sql_ext experiments tests

@@ -22,6 +22,7 @@ from optimizer.equivalences import block_classes
 from optimizer.expression_types import ExpressionTypes
 from optimizer.normalize_constraint import ConsistencyClass, Constraint, Instance, QueryResolver
 from optimizer.pg_semantics import Semantics, pg_semantics
+from optimizer.volatility import repeatable
 from sql_ext import Block, Query, Source
 from sql_ext.catalog import Catalog
 from sql_ext.fds import FD
@@ -76,6 +77,9 @@ class Analysis:
     semantics: Semantics = field(default_factory=Semantics)
     # Output columns the cache divides as PostgreSQL does (optimizer.divisions): index -> kind
     divisions: Mapping[int, t.Literal["avg", "divide"]] = field(default_factory=dict)
+    # The answer depends only on the data and parameters (optimizer.volatility): a local
+    # answer may be reused while the views it read are unchanged
+    repeatable: bool = False
 
     @property
     def local_allowed(self) -> bool:
@@ -191,6 +195,7 @@ def analyze(query: Query, catalog: Catalog, default_bound: float | None = None) 
         parameter_keys=placeholder_keys(query.tree),
         semantics=semantics,
         divisions=divisions,
+        repeatable=repeatable(query.tree),
         reads_blank_padded=any(
             _is_padded(catalog, (i, c)) for i, used in columns.items() for c in used
         ),

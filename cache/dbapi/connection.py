@@ -25,7 +25,9 @@ from cache.dbapi.admission import Admissions
 from cache.dbapi.cursor import Cursor
 from cache.dbapi.route import StatementCache
 from cache.dbapi.session import SessionState
-from cache.execution.execute import Fetch
+from cache.execution.execute import Fetch, Memo
+from cache.execution.memo import DEFAULT_BYTES as DEFAULT_MEMO_BYTES
+from cache.execution.memo import memo_for
 from cache.execution.planning import Planner
 from cache.store.cache_file import COUNTERS, CacheStore
 from cache.store.region_state import read_region_state
@@ -46,7 +48,8 @@ class Connection:
     data when the backend is down, with a Warning), ``admit_on_miss`` (admit a missed presence
     key in the background; default True), ``currency_bound`` (the session's bound for every
     SELECT block without a clause: ``"10 min"``, seconds, or a timedelta; default none, SPEC
-    §2's strict default)."""
+    §2's strict default), ``result_memo_bytes`` (memory for local answers kept and reused while
+    the views they read are unchanged, per process and cache file; default 64 MiB, 0: off)."""
 
     # PEP 249 optional extension: the exception classes as attributes.
     Warning = _errors.Warning
@@ -69,8 +72,14 @@ class Connection:
         stale_ok: bool = False,
         admit_on_miss: bool = True,
         currency_bound: str | float | dt.timedelta | None = None,
+        result_memo_bytes: int = DEFAULT_MEMO_BYTES,
     ) -> None:
         self._currency_bound = _bound_seconds(currency_bound)
+        if isinstance(result_memo_bytes, bool) or not isinstance(result_memo_bytes, int) \
+                or result_memo_bytes < 0:  # fmt: skip
+            raise _errors.ProgrammingError(
+                f"result_memo_bytes must be a number of bytes >= 0 (0 turns the memo off), "
+                f"not {result_memo_bytes!r}")  # fmt: skip
         self.cache_path = Path(cache_path or DEFAULT_CACHE)
         if backend is None:
             backend = EmbeddedPostgres(self.cache_path.parent / "pg").ensure_running()
@@ -100,6 +109,8 @@ class Connection:
         self._admissions = Admissions(self._store, lambda: self.backend)
         self._regions: RegionState | None = None
         self._counters = dict.fromkeys(COUNTERS, 0)
+        self._memo = Memo(memo_for(self._store.path.resolve(), result_memo_bytes),
+                          self._store.change_token) if result_memo_bytes else None  # fmt: skip
         self.closed = False
 
     # -- PEP 249 ----------------------------------------------------------------------------

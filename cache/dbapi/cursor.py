@@ -242,7 +242,7 @@ class Cursor:
         connection = self.connection
         try:
             result = run_local(prepared, decision, parameters, connection._store.con,
-                               connection._leaf_fetcher)  # fmt: skip
+                               connection._leaf_fetcher, connection._memo)  # fmt: skip
         except psycopg.Error as exc:
             raise translate(exc, unreachable="a remote part of the query needs it") from exc
         except duckdb.Error as exc:
@@ -252,6 +252,8 @@ class Cursor:
         bindings = decision.bindings or ()
         remote = decision.local < len(bindings)
         connection._counters["hits"] += decision.local
+        if result.memo is not None:
+            connection._counters["memo_hits" if result.memo else "memo_misses"] += 1
         if remote:
             connection._counters["remote"] += 1
         if stale:

@@ -19,6 +19,7 @@ import psycopg
 import pyarrow as pa
 
 from cache.execution.convert import Row, converter
+from cache.execution.memo import ResultMemo
 from cache.execution.planning import Prepared
 from cache.execution.provenance import Executed
 from optimizer.evaluate_guards import Decision
@@ -50,6 +51,7 @@ class Compiled:
 
     statement: LocalStatement
     executed: Executed  # what running it sends where
+    views: tuple[str, ...] = ()  # the views it reads
     prepared: t.Any = None  # DuckDB's parse of statement.sql: executions skip the parser
     # per parameter-type signature (DuckDB's result types are fixed by it): the description
     # and the conversion of rows into PostgreSQL's types
@@ -65,6 +67,15 @@ class Result(t.NamedTuple):
     description: list[tuple[t.Any, ...]]
     rows: list[tuple[t.Any, ...]]
     executed: Executed
+    memo: bool | None = None  # reused from the memo (True), kept there (False), neither (None)
+
+
+class Memo(t.NamedTuple):
+    """Where local answers are kept (`cache.execution.memo`) and how to tell whether the
+    views an answer read changed since (`CacheStore.change_token`)."""
+
+    results: ResultMemo
+    change_token: Callable[[Sequence[str]], tuple[int, ...]]
 
 
 def compiled_for(prepared: Prepared, decision: Decision) -> Compiled:
@@ -74,7 +85,8 @@ def compiled_for(prepared: Prepared, decision: Decision) -> Compiled:
     if compiled is None:
         statement = local_statement(prepared.plan, decision.choice())
         leaves = tuple(leaf.sql for _, leaf in statement.leaves)
-        compiled = Compiled(statement, Executed(duckdb_sql=statement.sql, leaves=leaves))
+        views = tuple(sorted({v for v in decision.choice().values() if v is not None}))
+        compiled = Compiled(statement, Executed(duckdb_sql=statement.sql, leaves=leaves), views)
         prepared.compiled[signature] = compiled
     return compiled
 
@@ -85,12 +97,45 @@ def run_local(
     params: Params,
     duck: duckdb.DuckDBPyConnection,
     fetcher: Callable[[], Fetch] | None = None,
+    memo: Memo | None = None,
 ) -> Result:
     """Run a local or mixed decision: fetch its leaves (all at once, so they may come in
-    parallel, through the fetch ``fetcher`` gives), register them, run the statement."""
+    parallel, through the fetch ``fetcher`` gives), register them, run the statement. An
+    all-local answer is taken from ``memo`` when the views it read are unchanged, and kept
+    there otherwise."""
     compiled = compiled_for(prepared, decision)
     statement = compiled.statement
     values = values_for(statement.keys, params) if statement.keys else []
+    key: t.Hashable = None
+    if memo is not None and not statement.leaves and prepared.plan.analysis.repeatable:
+        # typed: 1, 1.0 and True are equal keys in Python, not equal parameters in DuckDB
+        key = (prepared.plan.analysis.query.shape, statement.sql,
+               *((type(v), v) for v in values))  # fmt: skip
+        try:
+            hash(key)
+        except TypeError:  # a list or dict parameter: not kept
+            key = None
+        else:
+            # taken before DuckDB reads: a change committed meanwhile makes the entry stale
+            token = memo.change_token(compiled.views)
+            found = memo.results.get(key, token)
+            if found is not None:
+                return Result(found[0], found[1], compiled.executed, memo=True)
+    result = _run(prepared, compiled, values, duck, fetcher)
+    if key is not None and memo is not None:
+        memo.results.put(key, token, result.description, result.rows)
+        return result._replace(memo=False)
+    return result
+
+
+def _run(
+    prepared: Prepared,
+    compiled: Compiled,
+    values: list[t.Any],
+    duck: duckdb.DuckDBPyConnection,
+    fetcher: Callable[[], Fetch] | None,
+) -> Result:
+    statement = compiled.statement
     named = dict(zip(statement.names, values, strict=True))
     if compiled.prepared is None:
         (compiled.prepared,) = duck.extract_statements(statement.sql)

@@ -50,12 +50,14 @@ def apply_pull(
             for value in values:
                 _insert_control_row(con, control, schema.control_tables[control].column_names,
                                     value, stamp)  # fmt: skip
+        changed = []
         for name in schema.topological_order():
             view = schema.views[name]
             regions = {r for r in omega if r.view == name}
             rows = staged.get(name)
             if not regions and rows is None:
                 continue
+            changed.append(name)
             report.rows_deleted[name] = _delete_rows(con, view, regions, rows)
             report.rows_inserted[name] = 0
             if rows is not None and rows.num_rows:
@@ -72,7 +74,7 @@ def apply_pull(
                     "INSERT OR REPLACE INTO mtcache.view_state VALUES (?, ?, ?)", [name, *stamp]
                 )
         faults.hit("before_commit", enabled_faults)
-    store.bump()
+    store.bump(changed)
     report.snapshot_id = snapshot_id
     report.backend_time = snapshot.backend_time
 

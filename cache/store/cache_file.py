@@ -61,7 +61,8 @@ _METADATA = [
     "CREATE TABLE IF NOT EXISTS mtcache.counters (name VARCHAR PRIMARY KEY, value BIGINT)",
 ]
 
-COUNTERS = ("hits", "presence_misses", "currency_misses", "remote")
+# memo_hits / memo_misses: local answers reused from / kept in the result memo
+COUNTERS = ("hits", "presence_misses", "currency_misses", "remote", "memo_hits", "memo_misses")
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,10 @@ class _Shared:
     lock: threading.RLock = field(default_factory=threading.RLock)
     handles: int = 0  # open handles: with none, another process may change the file
     schema: tuple[int, CacheSchema] | None = None  # parsed at a schema_version
+    # what changed which view's rows: a view's count goes up with every committed change of
+    # its rows; ``epoch`` with a change of any (DDL, another process's)
+    view_versions: dict[str, int] = field(default_factory=dict)
+    epoch: int = 0
 
 
 _SHARED: dict[Path, _Shared] = {}
@@ -116,6 +121,7 @@ class CacheStore:
                 # another process may have changed the file while this one had it closed
                 self._shared.version += 1
                 self._shared.schema_version += 1
+                self._shared.epoch += 1
                 self._shared.schema = None
             self._shared.handles += 1
         # Local answers follow PostgreSQL: integer / integer truncates.
@@ -175,9 +181,22 @@ class CacheStore:
     def version(self) -> int:
         return self._shared.version
 
-    def bump(self) -> None:
+    def bump(self, views: Iterable[str] | None = None) -> None:
+        """After a committed change: of the rows of ``views`` (None: of any view)."""
         with self._shared.lock:
-            self._shared.version += 1
+            shared = self._shared
+            shared.version += 1
+            if views is None:
+                shared.epoch += 1
+            else:
+                for view in views:
+                    shared.view_versions[view] = shared.view_versions.get(view, 0) + 1
+
+    def change_token(self, views: Iterable[str]) -> tuple[int, ...]:
+        """Equal at two moments only if no row of ``views`` changed in between."""
+        shared = self._shared
+        versions = shared.view_versions
+        return (shared.epoch, *(versions.get(v, 0) for v in views))
 
     def save_clock(self, clock: BackendClock) -> None:
         """The last backend-clock measurement, for tools without a backend connection."""
