@@ -14,6 +14,7 @@ from __future__ import annotations
 import typing as t
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from decimal import Decimal, InvalidOperation
 
 from sqlglot import exp
 
@@ -166,7 +167,7 @@ class ExpressionTypes:
                 return self._string
             if node.is_int and abs(int(node.this)) < 2**63:
                 return INT4 if abs(int(node.this)) < 2**31 else INT8
-            return PgType("numeric", scale=_literal_scale(node.this))
+            return PgType("numeric", scale=literal_scale(node.this))
         if isinstance(node, exp.Placeholder | exp.Parameter):
             return self._string  # typed by its context (psycopg sends strings untyped)
         if isinstance(node, exp.Query):
@@ -199,10 +200,10 @@ class ExpressionTypes:
         if isinstance(node, exp.Lag | exp.Lead | exp.NthValue):
             return self.of(node.this, block)
         if isinstance(node, VALUE_PRESERVING):
-            return combine([self.of(v, block) for v in _arguments(node)])
+            return combine([self.of(v, block) for v in arguments(node)])
         if isinstance(node, TEXT_FUNCTIONS):
             return PgType("text", byte_order=all(self.of(a, block).byte_order
-                                                 for a in _arguments(node)))  # fmt: skip
+                                                 for a in arguments(node)))  # fmt: skip
         if isinstance(node, INTEGER_FUNCTIONS):
             return INT4
         if isinstance(node, exp.Count):
@@ -227,10 +228,10 @@ class ExpressionTypes:
             return FLOAT
         if isinstance(node, PADDED_READERS):
             return PgType("text", byte_order=self._string.byte_order)
-        arguments = [self.of(a, block) for a in _arguments(node)]
-        if any(a.kind in ("char", "unknown") for a in arguments):
+        typed = [self.of(a, block) for a in arguments(node)]
+        if any(a.kind in ("char", "unknown") for a in typed):
             return UNKNOWN  # a function the inference does not know, over char(n) values
-        strings = [a for a in arguments if a.is_string]
+        strings = [a for a in typed if a.is_string]
         if strings:  # text, as far as comparisons with char(n) and ordering need to know
             return PgType("text", byte_order=all(a.byte_order for a in strings))
         return OTHER
@@ -346,18 +347,24 @@ def _unaliased(node: exp.Expr) -> exp.Expr:
     return node.this if isinstance(node, exp.Alias) else node
 
 
-def _arguments(node: exp.Expr) -> list[exp.Expr]:
+def arguments(node: exp.Expr) -> list[exp.Expr]:
+    """A function's value arguments (not its names, type arguments or window clauses)."""
     found: list[exp.Expr] = []
     for key, value in node.args.items():
         if key in ("over", "partition_by", "order", "spec"):
             continue
         for item in value if isinstance(value, list) else [value]:
-            if isinstance(item, exp.Expr) and not isinstance(item, exp.Identifier | exp.Var):
+            if isinstance(item, exp.Expr) and not isinstance(item, exp.Identifier | exp.Var
+                                                             | exp.DataType):  # fmt: skip
                 found.append(item)
     return found
 
 
-def _literal_scale(text: str) -> int | None:
-    if "e" in text.lower():
+def literal_scale(text: str) -> int | None:
+    """The scale PostgreSQL gives a numeric literal's text (``1.50`` 2, ``1.5e-3`` 4,
+    ``1e3`` 0); None when it is not a number."""
+    try:
+        exponent = Decimal(text.strip()).as_tuple().exponent
+    except InvalidOperation:
         return None
-    return len(text.partition(".")[2])
+    return max(0, -exponent) if isinstance(exponent, int) else None

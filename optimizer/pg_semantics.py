@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 
 from sqlglot import exp
 
@@ -35,6 +35,8 @@ from optimizer.expression_types import (
     VALUE_PRESERVING,
     ExpressionTypes,
     PgType,
+    arguments,
+    literal_scale,
 )
 from sql_ext import Query
 from sql_ext.params import NODE_ID
@@ -133,7 +135,7 @@ class _Finder:
         if isinstance(node, PADDED_READERS) or (
             isinstance(node, exp.Anonymous) and node.name.lower() in PADDED_READER_NAMES
         ):
-            for argument in _arguments(node):
+            for argument in arguments(node):
                 self._padded(argument, f"it prints {_short(argument)} with {_name(node)}")
         if isinstance(node, exp.Cast):
             self._cast(node)
@@ -156,7 +158,7 @@ class _Finder:
                 self.blocker = ("it takes a substring from a position that may be below 1 "
                                 "(PostgreSQL and DuckDB count those differently)")
         if isinstance(node, exp.Func) and not isinstance(node, _KNOWN_READERS):
-            for argument in _arguments(node):
+            for argument in arguments(node):
                 if self.type(argument).kind in ("char", "unknown"):
                     self.blocker = (f"it passes {_short(argument)} to {_name(node)}, whose "
                                     "reading of char(n) padding the cache does not know")
@@ -244,13 +246,10 @@ class _Finder:
         if digits > _DECIMAL_DIGITS:
             self.blocker = f"its number {text[:20]}... has more digits than DuckDB's decimals"
         elif "e" in text.lower():
-            try:
-                value = Decimal(text)
-            except InvalidOperation:
+            scale = literal_scale(text)
+            if scale is None:
                 return
-            exponent = value.as_tuple().exponent
-            scale = max(0, -exponent) if isinstance(exponent, int) else 0
-            plain = format(value, "f")
+            plain = format(Decimal(text), "f")
             if len(plain.replace(".", "").lstrip("-0")) > _DECIMAL_DIGITS:
                 self.blocker = f"its number {text} has more digits than DuckDB's decimals"
                 return
@@ -281,7 +280,7 @@ class _Finder:
             scale = inner.scale if inner.kind == "numeric" else 0 if inner.kind == "integer" \
                 else None  # fmt: skip
             if scale is None and isinstance(node.this, exp.Literal) and node.this.is_string:
-                scale = _literal_scale(node.this.this)
+                scale = literal_scale(node.this.this)
             if scale is None:
                 self.blocker = (f"it casts {_short(node.this)} to numeric, whose scale the "
                                 "cache cannot tell")  # fmt: skip
@@ -339,26 +338,6 @@ def _order_target(ordered: exp.Ordered) -> exp.Expr | None:
             if isinstance(output, exp.Alias) and output.alias.lower() == key.name.lower():
                 return output.this
     return None
-
-
-def _arguments(node: exp.Expr) -> list[exp.Expr]:
-    found = []
-    for key, value in node.args.items():
-        if key in ("over", "partition_by", "order", "spec"):
-            continue
-        for item in value if isinstance(value, list) else [value]:
-            if isinstance(item, exp.Expr) and not isinstance(item, exp.Identifier | exp.Var
-                                                             | exp.DataType):  # fmt: skip
-                found.append(item)
-    return found
-
-
-def _literal_scale(text: str) -> int | None:
-    try:
-        exponent = Decimal(text.strip()).as_tuple().exponent
-    except InvalidOperation:
-        return None
-    return max(0, -exponent) if isinstance(exponent, int) else None
 
 
 def _name(node: exp.Expr) -> str:

@@ -109,7 +109,7 @@ class Connection:
         self._admissions = Admissions(self._store, lambda: self.backend)
         self._regions: RegionState | None = None
         self._counters = dict.fromkeys(COUNTERS, 0)
-        self._memo = Memo(memo_for(self._store.path.resolve(), result_memo_bytes),
+        self._memo = Memo(memo_for(self._store.path, result_memo_bytes),
                           self._store.change_token) if result_memo_bytes else None  # fmt: skip
         self.closed = False
 

@@ -94,7 +94,9 @@ def column_converter(
         # char(n): stored without its padding (control_tables.types.BPCHAR), padded to n
         if modifier >= 4:
             return _padder(modifier - 4)
-        return _padder(width) if width is not None else None
+        if width is None:
+            return None
+        return _padder(width) if width else _identity  # 0: padded by the statement itself
     if oid in _TEXT_OIDS:
         return _identity if base == "VARCHAR" else None
     return _identity if base in _SAME.get(oid, ()) else None
@@ -109,7 +111,8 @@ def converter(
 ) -> Callable[[list[Row]], list[Row]] | str:
     """The row converter for a result, or why there is none. ``outputs``: how each of
     PostgreSQL's columns is made from DuckDB's (`optimizer.local_statement.Output`);
-    ``char_widths``: n for the char columns whose values are all char(n) values."""
+    ``char_widths``: n for the char columns whose values are all char(n) values (0: the
+    statement pads them itself)."""
     if outputs is None:
         outputs = tuple(range(len(duck_types)))
     if len(pg_types) != len(outputs):

@@ -52,6 +52,8 @@ class Compiled:
     statement: LocalStatement
     executed: Executed  # what running it sends where
     views: tuple[str, ...] = ()  # the views it reads
+    # the prefix of its answers' memo keys when they may be kept (all local, repeatable)
+    memo_key: tuple[str, str] | None = None
     prepared: t.Any = None  # DuckDB's parse of statement.sql: executions skip the parser
     # per parameter-type signature (DuckDB's result types are fixed by it): the description
     # and the conversion of rows into PostgreSQL's types
@@ -83,10 +85,15 @@ def compiled_for(prepared: Prepared, decision: Decision) -> Compiled:
     signature = decision.signature
     compiled = prepared.compiled.get(signature)
     if compiled is None:
-        statement = local_statement(prepared.plan, decision.choice())
+        choice = decision.choice()
+        statement = local_statement(prepared.plan, choice)
         leaves = tuple(leaf.sql for _, leaf in statement.leaves)
-        views = tuple(sorted({v for v in decision.choice().values() if v is not None}))
-        compiled = Compiled(statement, Executed(duckdb_sql=statement.sql, leaves=leaves), views)
+        views = tuple(sorted({v for v in choice.values() if v is not None}))
+        analysis = prepared.plan.analysis
+        memo_key = (analysis.query.shape, statement.sql) if analysis.repeatable and not \
+            statement.leaves else None  # fmt: skip
+        compiled = Compiled(statement, Executed(duckdb_sql=statement.sql, leaves=leaves), views,
+                            memo_key)  # fmt: skip
         prepared.compiled[signature] = compiled
     return compiled
 
@@ -107,10 +114,9 @@ def run_local(
     statement = compiled.statement
     values = values_for(statement.keys, params) if statement.keys else []
     key: t.Hashable = None
-    if memo is not None and not statement.leaves and prepared.plan.analysis.repeatable:
+    if memo is not None and compiled.memo_key is not None:
         # typed: 1, 1.0 and True are equal keys in Python, not equal parameters in DuckDB
-        key = (prepared.plan.analysis.query.shape, statement.sql,
-               *((type(v), v) for v in values))  # fmt: skip
+        key = (*compiled.memo_key, *((type(v), v) for v in values))
         try:
             hash(key)
         except TypeError:  # a list or dict parameter: not kept

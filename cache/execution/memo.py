@@ -16,6 +16,7 @@ import threading
 import typing as t
 from collections import OrderedDict
 from collections.abc import Hashable
+from pathlib import Path
 
 DEFAULT_BYTES = 64 << 20  # per process and cache file
 _ROW_OVERHEAD = 56 + 8  # a tuple and its slot in the list
@@ -76,13 +77,14 @@ def _estimate(rows: list[t.Any]) -> int:
     return sys.getsizeof(rows) + len(rows) * (_ROW_OVERHEAD + len(rows[0]) * _VALUE_BYTES)
 
 
-_MEMOS: dict[t.Any, ResultMemo] = {}
+_MEMOS: dict[Path, ResultMemo] = {}
 _MEMOS_LOCK = threading.Lock()
 
 
-def memo_for(cache_file: t.Any, max_bytes: int) -> ResultMemo:
+def memo_for(cache_file: Path, max_bytes: int) -> ResultMemo:
     """The memo of a cache file in this process (shared by its connections); ``max_bytes``:
     its bound, the latest connection's setting."""
+    cache_file = cache_file.resolve()
     with _MEMOS_LOCK:
         memo = _MEMOS.get(cache_file)
         if memo is None:
