@@ -11,8 +11,9 @@ rotation, ``runs`` times each (medians). Printed and appended to results/bench_t
 route, the speedup over PostgreSQL, the ratio to DuckDB direct (target <= 1.1x), and the
 geometric means over the queries answered locally.
 
-The backend gets the secondary indexes TPC-H implementations usually add (foreign keys), so
-that PostgreSQL runs the correlated subqueries of Q2, Q17 and Q20 by index.
+The backend gets the secondary indexes TPC-H implementations usually add (foreign keys,
+`experiments.tpch.INDEXES`), so that PostgreSQL runs the correlated subqueries of Q2, Q17 and
+Q20 by index.
 """
 
 from __future__ import annotations
@@ -35,12 +36,6 @@ from cache.backend.embedded_pg import EmbeddedPostgres
 from experiments import tpch
 from experiments.provenance import append_rows
 from experiments.tpch_queries import QUERIES, query
-
-INDEXES = (
-    "lineitem (l_partkey, l_suppkey)", "lineitem (l_suppkey)", "orders (o_custkey)",
-    "partsupp (ps_suppkey)", "customer (c_nationkey)", "supplier (s_nationkey)",
-    "nation (n_regionkey)",
-)  # fmt: skip
 
 
 def typed(rows: list[tuple[object, ...]]) -> list[tuple[tuple[str, str], ...]]:
@@ -78,20 +73,15 @@ def main(argv: list[str] | None = None) -> int:
     dsn = args.backend or EmbeddedPostgres(Path(".mtcache/pg")).ensure_running()
     console.print(f"loading TPC-H at SF {args.sf} ...")
     tpch.load(dsn, args.sf, list(tpch.TABLES))
-    with psycopg.connect(dsn, autocommit=True) as admin:
-        for number, index in enumerate(INDEXES):
-            admin.execute(f"CREATE INDEX IF NOT EXISTS mtcache_bench_{number} ON {index}")
+    tpch.add_indexes(dsn)
     work = Path(tempfile.mkdtemp(prefix="mtcache-bench-tpch-"))
     conn = cache.connect(backend=dsn, cache_path=work / "cache.duckdb", admit_on_miss=False,
                          currency_bound="10 min", result_memo_bytes=0)  # fmt: skip
     raw = psycopg.connect(dsn)  # the same transaction mode as the DB-API connection
     try:
-        conn.admin.apply_ddl(";\n".join(
-            f"CREATE CACHED VIEW {t}_copy AS SELECT * FROM {t} REFRESH EVERY 10 MIN"
-            for t in tpch.TABLES))  # fmt: skip
         console.print("populating the cache ...")
         started = time.perf_counter()
-        conn.admin.refresh()
+        tpch.cache_every_table(conn)
         console.print(f"  cached in {time.perf_counter() - started:.1f} s")
         duck = conn._store.con.cursor()  # the cache file, as the executor reads it
         cur = conn.cursor()

@@ -1,10 +1,14 @@
 """The measurements behind the optimizer's cost constants (optimizer/estimate_cost.py).
 
-    python -m experiments.calibrate_costs [--sf 1] [--backend DSN]
+    python -m experiments.calibrate_costs [--sf 1] [--backend DSN] [--no-tpch]
 
 On TPC-H customer (with the dissertation's secondary index on c_acctbal) and orders: for each
 query, PostgreSQL's own cost estimate and its measured time (microseconds per cost unit), and
-the time DuckDB takes for the same query on a cached copy (nanoseconds per row scanned); then
+the time DuckDB takes for the same query on a cached copy (nanoseconds per row scanned). Then
+the 22 TPC-H queries with every table cached (as in experiments/bench_tpch.py): per query
+PostgreSQL's estimate and time, the time of the cache's own local statement run by DuckDB and
+the rows the cost model says it scans, and their ratio: the PostgreSQL cost units one
+scanned row is worth (``LOCAL_ROW_COST``; the median over the queries is the constant). Last,
 the time to move backend rows into DuckDB through Arrow (microseconds per row). Medians of
 warm repetitions; compare the columns of one run, not numbers across runs. Rows are appended
 to experiments/results/calibrate_costs.csv with their provenance.
@@ -25,16 +29,23 @@ import psycopg
 from rich.console import Console
 from rich.table import Table
 
+import cache
 from cache.backend.copy_arrow import copy_to_arrow
+from cache.backend.describe import describe_result
 from cache.backend.embedded_pg import EmbeddedPostgres
 from experiments import tpch
 from experiments.provenance import append_rows
+from experiments.tpch_queries import QUERIES, query
+from optimizer.analyze import analyze
+from optimizer.estimate_cost import LOCAL_ROW_COST, scanned_rows
+from optimizer.plan import PlanInputs
+from optimizer.planner import plan_query
 
 CUSTOMER = [("c_custkey", "INTEGER"), ("c_name", "VARCHAR"), ("c_nationkey", "INTEGER"),
             ("c_acctbal", "DECIMAL(15,2)")]  # fmt: skip
 ORDERS = [("o_custkey", "INTEGER"), ("o_orderkey", "INTEGER"), ("o_totalprice", "DECIMAL(15,2)"),
           ("o_orderdate", "DATE"), ("o_orderstatus", "VARCHAR")]  # fmt: skip
-QUERIES = [
+SCANS = [
     ("point on the key", "SELECT c_name FROM customer WHERE c_custkey = 77", 300),
     ("range, ~40 rows", "SELECT c_custkey, c_name FROM customer "
      "WHERE c_acctbal BETWEEN 1000 AND 1003", 200),
@@ -60,10 +71,86 @@ def median_ms(action: Callable[[], object], repeat: int) -> float:
     return statistics.median(samples) * 1e3
 
 
+def pg_cost(pg: psycopg.Connection, sql: str) -> float:  # type: ignore[type-arg]
+    row = pg.execute(f"EXPLAIN (FORMAT JSON) {sql}").fetchone()  # type: ignore[arg-type]
+    assert row is not None
+    return float(row[0][0]["Plan"]["Total Cost"])
+
+
+def tpch_queries(dsn: str, scale: float, console: Console) -> list[dict[str, object]]:
+    """Per TPC-H query: PostgreSQL's cost and time, the cache's local statement's time and
+    scanned rows (whatever the cost model would choose: the guarded plan is made without
+    estimates), and the cost units per scanned row that would make the model exact."""
+    tpch.load(dsn, scale, list(tpch.TABLES))
+    tpch.add_indexes(dsn)
+    work = Path(tempfile.mkdtemp(prefix="mtcache-calibrate-tpch-"))
+    conn = cache.connect(backend=dsn, cache_path=work / "cache.duckdb", admit_on_miss=False,
+                         currency_bound="10 min", result_memo_bytes=0)  # fmt: skip
+    pg = psycopg.connect(dsn, autocommit=True)
+    try:
+        console.print(f"caching every TPC-H table at SF {scale} ...")
+        tpch.cache_every_table(conn)
+        store, planner = conn._store, conn._planner
+        schema = store.load_schema()
+        view_rows = store.row_counts(schema.views)
+        duck = store.con.cursor()
+        table = Table(title=f"Local statements vs PostgreSQL, TPC-H SF {scale}")
+        for column in ("query", "pg cost", "pg ms", "us/cost", "duckdb ms", "rows scanned",
+                       "ns/row", "cost/row"):  # fmt: skip
+            table.add_column(column)
+        results: list[dict[str, object]] = []
+        skipped: list[str] = []
+        for number in QUERIES:
+            sql = query(number, scale)
+            statement = conn._statements.parse(sql)
+            analysis = analyze(statement, planner.catalog, conn._currency_bound)  # type: ignore[arg-type]
+            described = describe_result(dsn, sql, None)  # the types the cache's divisions need
+            types = tuple(oid for oid, _ in described.types) if described else None
+            plan = plan_query(analysis, PlanInputs(schema, planner.catalog, None, planner.delay,
+                                                   types), with_params=False)  # fmt: skip
+            if plan.local_sql is None:
+                table.add_row(f"Q{number}", "-", "-", "-", "-", "-", "-", "remote")
+                skipped.append(f"Q{number}: {plan.reason}")
+                continue
+            scanned = sum(scanned_rows(a.access, schema.views[a.guards[0].view], view_rows)
+                          for a in plan.guarded_accesses)  # fmt: skip
+            cost = pg_cost(pg, sql)
+            pg_ms = median_ms(lambda s=sql: pg.execute(s).fetchall(), 3)  # type: ignore[misc]
+            duck_ms = median_ms(lambda s=plan.local_sql: duck.execute(s).fetchall(), 3)  # type: ignore[misc]
+            per_cost, per_row = pg_ms / cost * 1e3, duck_ms / scanned * 1e6
+            units = per_row / 1e3 / per_cost  # PostgreSQL cost units worth one scanned row
+            results.append({"measure": f"TPC-H Q{number}", "pg_cost": cost,
+                            "pg_ms": round(pg_ms, 4), "us_per_cost": round(per_cost, 3),
+                            "duckdb_ms": round(duck_ms, 4), "rows_scanned": scanned,
+                            "ns_per_row": round(per_row, 2),
+                            "cost_per_row": round(units, 6)})  # fmt: skip
+            table.add_row(f"Q{number}", f"{cost:.0f}", f"{pg_ms:.1f}", f"{per_cost:.1f}",
+                          f"{duck_ms:.1f}", f"{scanned:.0f}", f"{per_row:.1f}",
+                          f"{units:.5f}")  # fmt: skip
+        console.print(table)
+        for line in skipped:
+            console.print(f"  not measured: {line}")
+        ratios = [float(r["cost_per_row"]) for r in results]  # type: ignore[arg-type]
+        if ratios:
+            quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+            console.print(
+                f"cost units per scanned row over {len(ratios)} queries: median "
+                f"{statistics.median(ratios):.5f} (quartiles {quartiles[0]:.5f} .. "
+                f"{quartiles[2]:.5f}); LOCAL_ROW_COST is {LOCAL_ROW_COST}"
+            )
+        return results
+    finally:
+        pg.close()
+        conn.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sf", type=float, default=1.0)
     parser.add_argument("--backend")
+    parser.add_argument("--no-tpch", action="store_true",
+                        help="skip the 22 TPC-H queries (they cache every table)")  # fmt: skip
     args = parser.parse_args(argv)
     console = Console()
     dsn = args.backend or EmbeddedPostgres(Path(".mtcache/pg")).ensure_running()
@@ -86,10 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         for column in ("query", "pg cost", "pg ms", "us/cost", "duckdb ms", "rows scanned",
                        "ns/row"):  # fmt: skip
             table.add_column(column)
-        for label, sql, repeat in QUERIES:
-            row = pg.execute(f"EXPLAIN (FORMAT JSON) {sql}").fetchone()  # type: ignore[arg-type]
-            assert row is not None
-            cost = float(row[0][0]["Plan"]["Total Cost"])
+        for label, sql, repeat in SCANS:
+            cost = pg_cost(pg, sql)
             pg_ms = median_ms(lambda s=sql: pg.execute(s).fetchall(), repeat)  # type: ignore[misc]
             duck_ms = median_ms(lambda s=sql: duck.execute(s).fetchall(), repeat)  # type: ignore[misc]
             scanned = duck.execute(
@@ -112,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
             results.append({"measure": f"copy {rows} rows to arrow", "copy_ms": round(ms, 3),
                             "us_per_row": round(ms / rows * 1e3, 3)})  # fmt: skip
         console.print(moves)
+        if not args.no_tpch:
+            results.extend(tpch_queries(dsn, args.sf, console))
         keys = list(dict.fromkeys(k for row in results for k in row))  # one header for all
         path = append_rows("calibrate_costs", [
             {"experiment": "calibrate_costs", "scale_factor": args.sf,
