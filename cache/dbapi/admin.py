@@ -92,9 +92,10 @@ class Admin:
 
     # -- regions -----------------------------------------------------------------------------
 
-    def admit(self, control: str, keys: Iterable[t.Any]) -> Report:
-        """Add control-key values and pull the regions they define (and their closure)."""
-        return self._maintainer().admit(control, _keys(keys))
+    def admit(self, control: str, keys: Iterable[t.Any], *, allow_empty: bool = False) -> Report:
+        """Add control-key values and pull the regions they define (and their closure). A
+        presence key the backend has no rows for is an error unless ``allow_empty``."""
+        return self._maintainer().admit(control, _keys(keys), allow_empty=allow_empty)
 
     def evict(self, control: str, keys: Iterable[t.Any]) -> Report:
         """Remove control-key values and their rows, cascading to presence-controlled

@@ -31,7 +31,8 @@ from cache.maintenance import faults
 from cache.maintenance.apply import apply_pull
 from cache.maintenance.engines import Coordinator, Engine, InlineEngine
 from cache.maintenance.evict import evict
-from cache.maintenance.pull import Pull
+from cache.maintenance.key_values import column_types, exact_key
+from cache.maintenance.pull import Pull, distinct_rows
 from cache.maintenance.report import Report
 from cache.store.cache_file import CacheStore
 from control_tables.closure import affected_closure_safe, control_values
@@ -75,14 +76,20 @@ class Maintainer:
         self.engine: Engine = engine or InlineEngine()
         self.faults = faults.active(faults_enabled)
 
-    def admit(self, control: str, values: list[tuple[t.Any, ...]]) -> Report:
-        """Add control-key values and pull the regions they define (and their closure)."""
+    def admit(
+        self, control: str, values: list[tuple[t.Any, ...]], *, allow_empty: bool = False
+    ) -> Report:
+        """Add control-key values and pull the regions they define (and their closure). A
+        presence key the backend has no rows for is an error unless ``allow_empty`` (then it
+        is admitted as an empty region: the cache answers for it that there are none)."""
         schema = self.store.load_schema()
         view, role, columns = control_role(schema, control)
         values = [_coerce_key(self.store, control, columns, v) for v in values]
         seeds = {Region(view.name, role, controlled_columns(view, role, control), v, control)
                  for v in values}  # fmt: skip
-        return self._run(f"admit {control}", schema, seeds, admitted={control: values})
+        must_hold = seeds if role == "presence" and not allow_empty else set()
+        return self._run(f"admit {control}", schema, seeds, admitted={control: values},
+                         must_hold=must_hold)  # fmt: skip
 
     def evict(self, control: str, values: list[tuple[t.Any, ...]]) -> Report:
         """Remove control-key values; for presence, their rows and, transitively, the rows of
@@ -90,6 +97,13 @@ class Maintainer:
         schema = self.store.load_schema()
         view, role, columns = control_role(schema, control)
         values = [_coerce_key(self.store, control, columns, v) for v in values]
+        listed = set(control_values(self.store.con, control, columns))
+        absent = [v for v in dict.fromkeys(values) if v not in listed]
+        if absent:
+            raise ProgrammingError(
+                f"{control} has no key {', '.join(map(repr, absent))}: nothing was evicted "
+                f"(it lists {len(listed)} key(s); `mtcache status` shows them)"
+            )
         try:
             return evict(self.store, schema, view, role, control, columns, values, self.faults)
         except faults.InjectedFault:
@@ -130,6 +144,7 @@ class Maintainer:
         schema: CacheSchema,
         seeds: set[Region],
         admitted: dict[str, list[tuple[t.Any, ...]]],
+        must_hold: set[Region] | frozenset[Region] = frozenset(),
     ) -> Report:
         started = time.monotonic()
         catalog = self.store.load_catalog()
@@ -145,6 +160,7 @@ class Maintainer:
             omega = affected_closure_safe(self.store.con, schema, seeds)
             pull.converge(omega, seeds)
             pull.children()
+            _refuse_empty(pull, must_hold)
             faults.hit("after_pull", self.faults)
             apply_pull(self.store, schema, pull.omega, pull.staged, admitted,
                        coordinator.snapshot, self.engine.name, self.faults, report)  # fmt: skip
@@ -162,30 +178,31 @@ class Maintainer:
         return report
 
 
+def _refuse_empty(pull: Pull, must_hold: t.Iterable[Region]) -> None:
+    """Admitted presence keys the backend has no rows for (checked in the pull's snapshot)."""
+    empty = sorted((r for r in must_hold
+                    if r.values not in distinct_rows(pull.staged.get(r.view), r.columns)),
+                   key=str)  # fmt: skip
+    if empty:
+        control = empty[0].control
+        keys = ", ".join(repr(r.values) for r in empty)
+        raise ProgrammingError(
+            f"{control}: the backend has no rows for key {keys} ({empty[0].view} would hold "
+            "no rows for it); nothing was admitted. Admit it as an empty region with "
+            "allow_empty=True (CLI: --allow-empty)"
+        )
+
+
 def _coerce_key(
     store: CacheStore, control: str, columns: tuple[str, ...], value: tuple[t.Any, ...]
 ) -> tuple[t.Any, ...]:
-    """Values typed as the control table's columns (the CLI passes text)."""
+    """Values typed as the control table's columns, exactly (the CLI passes text)."""
     if len(value) != len(columns):
         raise ProgrammingError(
             f"{control} has {len(columns)} control-key column(s) ({', '.join(columns)}); "
             f"got {len(value)} value(s)"
         )
-    types = dict(store.con.execute(
-        "SELECT column_name, data_type FROM information_schema.columns "
-        "WHERE table_schema = 'main' AND table_name = ?",
-        [control],
-    ).fetchall())  # fmt: skip
-    casts = ", ".join(f"CAST(? AS {types[c]})" for c in columns)
-    try:
-        row = store.con.execute(f"SELECT {casts}", list(value)).fetchone()
-    except Exception as exc:
-        raise ProgrammingError(
-            f"{control}: cannot read {value!r} as its control key ({', '.join(columns)}): "
-            f"{first_line(exc)}"
-        ) from exc
-    assert row is not None
-    return tuple(row)
+    return exact_key(store.con, control, columns, column_types(store.con, control), value)
 
 
 def _all_regions(

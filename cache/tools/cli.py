@@ -139,7 +139,8 @@ def _print_report(report: t.Any, as_json: bool) -> None:
 
 def cmd_admit(settings: Settings, args: argparse.Namespace) -> int:
     with _admin(settings) as admin:
-        _print_report(admin.admit(args.name, _keys(admin, args.name, args.values)), args.json)
+        keys = _keys(admin, args.name, args.values)
+        _print_report(admin.admit(args.name, keys, allow_empty=args.allow_empty), args.json)
     return 0
 
 
@@ -311,6 +312,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("name", help="a control table")
         p.add_argument("values", nargs="+", metavar="VALUE", help="control-key values")
         p.add_argument("--json", action="store_true", help="print the report as JSON")
+        if name == "admit":
+            p.add_argument("--allow-empty", action="store_true",
+                           help="admit presence keys the backend has no rows for (as empty "
+                           "regions) instead of refusing them")  # fmt: skip
         p.set_defaults(run=run)
 
     p = commands.add_parser("refresh", help="refresh regions by their affected closure")

@@ -1,0 +1,105 @@
+"""Bad input gets a clear error and loses nothing (issue 10's table, row by row): control-key
+values typed without rounding, missing keys reported, evicting what is not there refused -
+each leaving the cache exactly as it was."""
+
+from __future__ import annotations
+
+import decimal
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import cache
+from cache.dbapi.connection import Connection
+
+SCHEMA = Path(__file__).parent.parent / "cache" / "schemas" / "bookstore.sql"
+
+
+@pytest.fixture
+def conn(bookstore_dsn: str, tmp_path: Path) -> Iterator[Connection]:
+    connection = cache.connect(backend=bookstore_dsn, cache_path=tmp_path / "c.duckdb",
+                               admit_on_miss=False)  # fmt: skip
+    connection.admin.apply_ddl(SCHEMA.read_text())
+    yield connection
+    connection.close()
+
+
+def keys(conn: Connection, control: str) -> list[tuple[object, ...]]:
+    columns = ", ".join(conn.admin.control_key(control))
+    sql = f"SELECT {columns} FROM {control} ORDER BY ALL"
+    return [tuple(r) for r in conn._store.con.execute(sql).fetchall()]
+
+
+def snapshot(conn: Connection) -> dict[str, list[tuple[object, ...]]]:
+    """Every control table's and view's rows, to show a rejected call changed nothing."""
+    names = ["authorlist_pct", "citylist_csct", "authorcopy", "bookcopy", "reviewcopy"]
+    return {n: sorted(map(tuple, conn._store.con.execute(f"SELECT * FROM {n}").fetchall()),
+                      key=repr) for n in names}  # fmt: skip
+
+
+@pytest.mark.parametrize("value", ["6.5", 6.5, "2.4", decimal.Decimal("2.4"), "1e3", "seven",
+                                   "", True, "9999999999999"])  # fmt: skip
+def test_an_integer_key_is_never_rounded(conn: Connection, value: object) -> None:
+    conn.admin.admit("authorlist_pct", [2])
+    before = snapshot(conn)
+    with pytest.raises(cache.DataError, match=r"authorlist_pct.*authorid.*integer"):
+        conn.admin.admit("authorlist_pct", [value])
+    with pytest.raises(cache.DataError, match=r"authorlist_pct.*authorid.*integer"):
+        conn.admin.evict("authorlist_pct", [value])
+    assert snapshot(conn) == before
+
+
+@pytest.mark.parametrize("value", ["7", " 7 ", 7, 7.0, decimal.Decimal("7.000"), "+7"])
+def test_integral_spellings_of_a_key_are_read_exactly(conn: Connection, value: object) -> None:
+    conn.admin.admit("authorlist_pct", [value])
+    assert keys(conn, "authorlist_pct") == [(7,)]
+
+
+def test_a_key_the_backend_does_not_have_is_reported(conn: Connection) -> None:
+    conn.admin.admit("authorlist_pct", [2])
+    before = snapshot(conn)
+    with pytest.raises(cache.ProgrammingError, match=r"99999.*no rows.*allow_empty"):
+        conn.admin.admit("authorlist_pct", [2, 99999])
+    assert snapshot(conn) == before  # all or nothing: 2 is not re-pulled either
+    report = conn.admin.admit("authorlist_pct", [99999], allow_empty=True)
+    assert report.rows_inserted.get("authorcopy", 0) == 0
+    assert keys(conn, "authorlist_pct") == [(2,), (99999,)]
+
+
+def test_evicting_what_is_not_there_says_so(conn: Connection) -> None:
+    conn.admin.admit("authorlist_pct", [2, 4])
+    conn.admin.evict("authorlist_pct", [4])
+    before = snapshot(conn)
+    with pytest.raises(cache.ProgrammingError, match=r"authorlist_pct has no key \(4,\)"):
+        conn.admin.evict("authorlist_pct", [2, 4])
+    assert snapshot(conn) == before
+
+
+def test_the_cli_refuses_bad_keys_in_one_line(
+    mtcache_bin: str, bookstore_dsn: str, tmp_path: Path
+) -> None:
+    env = {**os.environ, "MTCACHE_BACKEND": bookstore_dsn,
+           "MTCACHE_CACHE": str(tmp_path / "cli.duckdb")}  # fmt: skip
+
+    def mtcache(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([mtcache_bin, *args], capture_output=True, text=True, env=env,
+                              timeout=120, check=False)  # fmt: skip
+
+    assert mtcache("ddl", str(SCHEMA)).returncode == 0
+    for args, message in [
+        (("admit", "authorlist_pct", "6.5"), "DataError: authorlist_pct.authorid is integer: "
+                                             "'6.5' is not an integer"),
+        (("evict", "authorlist_pct", "6.5"), "'6.5' is not an integer"),
+        (("admit", "authorlist_pct", "99999"), "the backend has no rows for key (99999,)"),
+        (("evict", "authorlist_pct", "99999"), "authorlist_pct has no key (99999,)"),
+    ]:  # fmt: skip
+        result = mtcache(*args)
+        assert result.returncode == 1, (args, result.stdout)
+        assert result.stdout == ""
+        assert len(result.stderr.splitlines()) == 1 and message in result.stderr, result.stderr
+    assert mtcache("admit", "--allow-empty", "authorlist_pct", "99999").returncode == 0
+    assert mtcache("evict", "authorlist_pct", "99999").returncode == 0
+    assert mtcache("evict", "authorlist_pct", "99999").returncode == 1
