@@ -6,13 +6,15 @@ schemas with it alone."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from control_tables.safety import backend_table, check_schema, view_key
 from control_tables.schema import CacheSchema, view_from_statement
 from sql_ext import CreateCachedView, CreateControlTable, DropCacheObject, Statement
 from sql_ext.catalog import Catalog
-from sql_ext.errors import ProgrammingError
+from sql_ext.errors import NotSupportedError, PositionedError, ProgrammingError
+from sql_ext.statements import position_in_script
 
 Action = tuple[str, str]  # ("create" | "drop", object name), in script order
 
@@ -21,44 +23,25 @@ def apply_script(
     schema: CacheSchema, statements: Sequence[Statement], catalog: Catalog
 ) -> tuple[CacheSchema, list[Action]]:
     """The schema after ``statements`` and the actions that make it, or the error of the
-    first statement or rule the script breaks."""
+    first statement or rule the script breaks, with the line and column in the script of the
+    statement it is about (of the name it quotes, when the statement holds it)."""
+    try:
+        return _apply(schema, statements, catalog)
+    except (ProgrammingError, NotSupportedError) as exc:
+        _locate(exc, statements)
+        raise
+
+
+def _apply(
+    schema: CacheSchema, statements: Sequence[Statement], catalog: Catalog
+) -> tuple[CacheSchema, list[Action]]:
     actions: list[tuple[str, str]] = []  # ("create"|"drop", name) in script order
     for statement in statements:
-        if isinstance(statement, CreateControlTable):
-            _refuse_existing(schema, statement.name)
-            schema = schema.with_control_table(statement)
-            actions.append(("create", statement.name))
-        elif isinstance(statement, CreateCachedView):
-            _refuse_existing(schema, statement.name)
-            table = backend_table(catalog, statement.name, statement.table)
-            columns = statement.columns or table.column_names
-            view = view_from_statement(
-                statement, columns, view_key(statement.name, table, columns)
-            )
-            schema = schema.with_view(view)
-            actions.append(("create", statement.name))
-        elif isinstance(statement, DropCacheObject):
-            kind = schema.kind_of(statement.name)
-            if kind is None:
-                if statement.if_exists:
-                    continue
-                raise ProgrammingError(
-                    f"DROP {statement.object_kind.upper()} {statement.name}: there is no "
-                    f"{statement.object_kind} {statement.name!r}"
-                )
-            if kind != statement.object_kind:
-                raise ProgrammingError(
-                    f"DROP {statement.object_kind.upper()} {statement.name}: "
-                    f"{statement.name} is a {kind}; use DROP {kind.upper()}"
-                )
-            schema = schema.without(statement.name)
-            actions.append(("drop", statement.name))
-        else:
-            raise ProgrammingError(
-                "a cache schema script holds only CREATE CONTROL TABLE, CREATE CACHED VIEW "
-                f"and DROP statements; found a {statement.kind} statement: "
-                f"{statement.text.strip()[:60]!r}"
-            )
+        try:
+            schema = _apply_one(schema, statement, catalog, actions)
+        except (ProgrammingError, NotSupportedError) as exc:
+            _locate(exc, [statement])  # about this statement, whatever else it names
+            raise
     for name in [n for a, n in actions if a == "drop"]:
         users = [v for v, _ in schema.users_of(name)]
         if users and schema.kind_of(name) is None:
@@ -71,6 +54,45 @@ def apply_script(
     return schema, actions
 
 
+def _apply_one(
+    schema: CacheSchema, statement: Statement, catalog: Catalog, actions: list[Action]
+) -> CacheSchema:
+    if isinstance(statement, CreateControlTable):
+        _refuse_existing(schema, statement.name)
+        schema = schema.with_control_table(statement)
+        actions.append(("create", statement.name))
+    elif isinstance(statement, CreateCachedView):
+        _refuse_existing(schema, statement.name)
+        table = backend_table(catalog, statement.name, statement.table)
+        columns = statement.columns or table.column_names
+        view = view_from_statement(statement, columns, view_key(statement.name, table, columns))
+        schema = schema.with_view(view)
+        actions.append(("create", statement.name))
+    elif isinstance(statement, DropCacheObject):
+        kind = schema.kind_of(statement.name)
+        if kind is None:
+            if statement.if_exists:
+                return schema
+            raise ProgrammingError(
+                f"DROP {statement.object_kind.upper()} {statement.name}: there is no "
+                f"{statement.object_kind} {statement.name!r}"
+            )
+        if kind != statement.object_kind:
+            raise ProgrammingError(
+                f"DROP {statement.object_kind.upper()} {statement.name}: "
+                f"{statement.name} is a {kind}; use DROP {kind.upper()}"
+            )
+        schema = schema.without(statement.name)
+        actions.append(("drop", statement.name))
+    else:
+        raise ProgrammingError(
+            "a cache schema script holds only CREATE CONTROL TABLE, CREATE CACHED VIEW "
+            f"and DROP statements; found a {statement.kind} statement: "
+            f"{statement.text.strip()[:60]!r}"
+        )
+    return schema
+
+
 def _refuse_existing(schema: CacheSchema, name: str) -> None:
     kind = schema.kind_of(name)
     if kind is not None:
@@ -78,3 +100,39 @@ def _refuse_existing(schema: CacheSchema, name: str) -> None:
             f"{kind} {name} already exists: drop it first (DROP {kind.upper()} {name}) or "
             "choose another name"
         )
+
+
+def _locate(exc: ProgrammingError | NotSupportedError, statements: Sequence[Statement]) -> None:
+    """Give an error about one of the script's statements that statement's position: the
+    statement whose object the message names first; in it, the first name the message quotes,
+    else the object's name. The error is changed in place (its class stays)."""
+    if getattr(exc, "line", None) is not None:
+        return
+    message = str(exc)
+    found: list[tuple[int, CreateControlTable | CreateCachedView | DropCacheObject]] = []
+    for statement in statements:
+        if isinstance(statement, CreateControlTable | CreateCachedView | DropCacheObject):
+            named = _word(statement.name).search(message)
+            if named:
+                found.append((named.start(), statement))
+    if not found:
+        return
+    statement = min(found, key=lambda f: f[0])[1]
+    at = None
+    for quoted in re.findall(r"'([^'\s]+)'", message):
+        hit = _word(quoted).search(statement.text)
+        if hit:
+            at = hit.start()
+            break
+    if at is None:
+        hit = _word(statement.name).search(statement.text)
+        at = hit.start() if hit else len(statement.text) - len(statement.text.lstrip())
+    line, col = position_in_script(statement, at)
+    exc.args = (f"line {line}, column {col}: {message}",)
+    exc.line, exc.col = line, col  # type: ignore[union-attr]
+    if isinstance(exc, PositionedError):
+        exc.reason = message
+
+
+def _word(name: str) -> re.Pattern[str]:
+    return re.compile(rf"(?<![\w$]){re.escape(name)}(?![\w$])", re.IGNORECASE)

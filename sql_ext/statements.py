@@ -177,6 +177,8 @@ class CreateControlTable:
     text: str
     name: str
     columns: tuple[ControlColumn, ...]
+    # (line, column) of the first character of ``text`` in its script (1-based)
+    position: tuple[int, int] = field(default=(1, 1), compare=False)
 
     kind: t.ClassVar[str] = "ddl"
 
@@ -229,6 +231,7 @@ class CreateCachedView:
     consistency: Consistency | None
     completeness: Completeness | None
     refresh_seconds: float | None
+    position: tuple[int, int] = field(default=(1, 1), compare=False)
 
     kind: t.ClassVar[str] = "ddl"
 
@@ -285,6 +288,7 @@ class DropCacheObject:
     object_kind: t.Literal["cached view", "control table"]
     name: str
     if_exists: bool
+    position: tuple[int, int] = field(default=(1, 1), compare=False)
 
     kind: t.ClassVar[str] = "ddl"
 
@@ -318,7 +322,9 @@ def parse(text: str) -> list[Statement]:
         raise _token_error(exc, text) from None
     chunks = _statement_texts(text, len(trees))
     statements = [
-        _typed(tree, chunk) for tree, chunk in zip(trees, chunks, strict=True) if tree is not None
+        _placed(_typed(tree, chunk), text, start)
+        for tree, (chunk, start) in zip(trees, chunks, strict=True)
+        if tree is not None
     ]
     if not statements:
         raise SqlSyntaxError("empty statement: there is no SQL to run", 1, 1)
@@ -345,20 +351,45 @@ def _second_statement_start(text: str) -> tuple[int | None, int | None]:
     return None, None
 
 
-def _statement_texts(text: str, count: int) -> list[str]:
-    # The typed results keep their own text (for commands sqlglot keeps verbatim); a script
-    # split is only needed for multi-statement input.
+def _statement_texts(text: str, count: int) -> list[tuple[str, int]]:
+    """Each statement's text and its offset in the script. The typed results keep their own
+    text (for commands sqlglot keeps verbatim); a script split is only needed for
+    multi-statement input."""
     if count <= 1:
-        return [text]
+        return [(text, 0)]
     tokens = DIALECT.tokenize(text)
     pieces, start = [], 0
     for token in tokens:
         if token.token_type.name == "SEMICOLON":
-            pieces.append(text[start : token.start])
+            pieces.append((text[start : token.start], start))
             start = token.end + 1
-    pieces.append(text[start:])
-    pieces = [p for p in pieces if p.strip()]
-    return pieces if len(pieces) == count else [text] * count
+    pieces.append((text[start:], start))
+    pieces = [(p, at) for p, at in pieces if p.strip()]
+    return pieces if len(pieces) == count else [(text, 0)] * count
+
+
+def _placed(statement: Statement, script: str, start: int) -> Statement:
+    """A DDL statement with the script position of its text (for errors found later, when
+    the script is checked as a whole)."""
+    if not isinstance(statement, CreateControlTable | CreateCachedView | DropCacheObject):
+        return statement
+    return dataclasses.replace(statement, position=offset_position(script, start))
+
+
+def offset_position(text: str, offset: int) -> tuple[int, int]:
+    """(line, column), 1-based, of a character offset in ``text``."""
+    line = text.count("\n", 0, offset) + 1
+    return line, offset - (text.rfind("\n", 0, offset) + 1) + 1
+
+
+def position_in_script(statement: CreateControlTable | CreateCachedView | DropCacheObject,
+                       offset: int) -> tuple[int, int]:  # fmt: skip
+    """(line, column) in the script of an offset into the statement's own text."""
+    line, col = statement.position
+    before = statement.text[:offset]
+    if "\n" not in before:
+        return line, col + offset
+    return line + before.count("\n"), offset - before.rfind("\n")
 
 
 def _token_error(exc: TokenError, text: str) -> SqlSyntaxError:

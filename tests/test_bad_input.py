@@ -103,3 +103,27 @@ def test_the_cli_refuses_bad_keys_in_one_line(
     assert mtcache("admit", "--allow-empty", "authorlist_pct", "99999").returncode == 0
     assert mtcache("evict", "authorlist_pct", "99999").returncode == 0
     assert mtcache("evict", "authorlist_pct", "99999").returncode == 1
+
+
+@pytest.mark.parametrize(("script", "where", "what"), [
+    ("CREATE CONTROL TABLE x_pct (authorid INTEGER);\n\nCREATE CACHED VIEW xc AS SELECT * "
+     "FROM authorz\n  PRESENCE ON (authorid) IN x_pct;", (3, 40), "no table 'authorz'"),
+    ("CREATE CONTROL TABLE x_pct (authorid INTEGER);\n\nCREATE CACHED VIEW xc AS SELECT * "
+     "FROM authors\n  PRESENCE ON (authorid) IN y_pct;", (4, 29), "'y_pct'"),
+    ("CREATE CONTROL TABLE x_pct (authorid INTEGER);\nCREATE CACHED VIEW xc AS\n SELECT * FROM "
+     "authors PRESENCE ON (nocol) IN x_pct;", (2, 20), "names nocol"),
+    ("CREATE CONTROL TABLE x_pct (authorid INTEGER);\n  DROP CACHED VIEW nope;", (2, 20),
+     "no cached view 'nope'"),
+    ("CREATE CONTROL TABLE x_pct (authorid INTEGER);\n\n\n    CREATE CONTROL TABLE x_pct (a "
+     "INTEGER)", (4, 26), "x_pct already exists"),
+])  # fmt: skip
+def test_cache_ddl_errors_give_line_and_column(
+    conn: Connection, script: str, where: tuple[int, int], what: str
+) -> None:
+    before = snapshot(conn)
+    with pytest.raises(cache.ProgrammingError) as caught:
+        conn.admin.apply_ddl(script)
+    assert (caught.value.line, caught.value.col) == where, str(caught.value)  # type: ignore[attr-defined]
+    assert str(caught.value).startswith(f"line {where[0]}, column {where[1]}: ")
+    assert what in str(caught.value)
+    assert snapshot(conn) == before

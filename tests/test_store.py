@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -154,7 +155,8 @@ def test_each_rule_rejects_its_counter_example_and_changes_nothing(
     with pytest.raises(UnsafeSchemaError) as info:
         apply(store, script)
     assert info.value.rule == rule
-    assert str(info.value).startswith(f"Rule {rule} (")
+    # the script position of the view it is about, then the rule
+    assert re.match(rf"line \d+, column \d+: Rule {rule} \(", str(info.value))
     assert dump(store) == before
 
 
