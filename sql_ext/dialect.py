@@ -8,6 +8,8 @@ from swallowing them (``FROM books CURRENCY BOUND ...`` must not alias books as 
 
 from __future__ import annotations
 
+import math
+import sys
 import typing as t
 
 from sqlglot import exp
@@ -270,10 +272,14 @@ class MTCacheParser(PostgresParser):
         if unit.text.upper() not in UNIT_SECONDS or unit.token_type == TokenType.STRING:
             self._fail(f"unknown unit {unit.text!r}: {UNIT_HELP}", unit)
         self._advance()
-        return self.expression(
-            Duration(this=exp.Literal.number(number.text), unit=exp.var(unit.text.upper())),
-            token=number,
-        )
+        duration = Duration(this=exp.Literal.number(number.text), unit=exp.var(unit.text.upper()))
+        if not math.isfinite(duration.seconds):  # 1e400 SEC would be read as infinity
+            self._fail(
+                f"the bound {number.text} {unit.text} is too large to hold: give at most "
+                f"{sys.float_info.max:.3g} seconds",
+                number,
+            )
+        return self.expression(duration, token=number)
 
     def _parse_currency_spec(self) -> CurrencySpec:
         duration = self._parse_duration("CURRENCY BOUND")

@@ -331,6 +331,16 @@ def parse(text: str) -> list[Statement]:
     return statements
 
 
+def is_empty(text: str) -> bool:
+    """No statement at all: only whitespace, comments and semicolons (PostgreSQL accepts
+    such a text as an empty query)."""
+    try:
+        tokens = DIALECT.tokenize(text)
+    except TokenError:
+        return False
+    return all(token.token_type.name == "SEMICOLON" for token in tokens)
+
+
 def parse_one(text: str) -> Statement:
     """Parse exactly one statement (a trailing semicolon is fine)."""
     statements = parse(text)
@@ -405,6 +415,9 @@ def _token_error(exc: TokenError, text: str) -> SqlSyntaxError:
 
 
 def _syntax_error(exc: ParseError, text: str) -> SqlSyntaxError:
+    misspelled = _unknown_statement_start(text)
+    if misspelled is not None:
+        return misspelled
     info = exc.errors[0] if exc.errors else {}
     description = str(info.get("description") or exc).strip()
     highlight = str(info.get("highlight") or "").strip()
@@ -422,6 +435,39 @@ def _syntax_error(exc: ParseError, text: str) -> SqlSyntaxError:
         # sqlglot reports where the token ends; people look for where it starts.
         col = max(1, int(col) - len(str(info.get("highlight"))) + 1)
     return SqlSyntaxError(description, line, col)
+
+
+# the words PostgreSQL statements begin with (its SQL command reference)
+_STATEMENT_WORDS = frozenset({
+    "ABORT", "ALTER", "ANALYZE", "BEGIN", "CALL", "CHECKPOINT", "CLOSE", "CLUSTER", "COMMENT",
+    "COMMIT", "COPY", "CREATE", "DEALLOCATE", "DECLARE", "DELETE", "DISCARD", "DO", "DROP",
+    "END", "EXECUTE", "EXPLAIN", "FETCH", "GRANT", "IMPORT", "INSERT", "LISTEN", "LOAD", "LOCK",
+    "MERGE", "MOVE", "NOTIFY", "PREPARE", "REASSIGN", "REFRESH", "REINDEX", "RELEASE", "RESET",
+    "REVOKE", "ROLLBACK", "SAVEPOINT", "SECURITY", "SELECT", "SET", "SHOW", "START", "TABLE",
+    "TRUNCATE", "UNLISTEN", "UPDATE", "VACUUM", "VALUES", "WITH",
+})  # fmt: skip
+
+
+def _unknown_statement_start(text: str) -> SqlSyntaxError | None:
+    """A statement that begins with a word that is no keyword (``SELCT name FROM t``): the
+    parser would stumble later (at FROM); the typo is where the statement begins."""
+    try:
+        tokens = DIALECT.tokenize(text)
+    except TokenError:
+        return None
+    starts = [b for a, b in itertools.pairwise([None, *tokens])
+              if a is None or a.token_type.name == "SEMICOLON"]  # fmt: skip
+    for token in starts:
+        if (token is not None and token.token_type.name == "VAR"
+                and token.text.upper() not in _STATEMENT_WORDS):  # fmt: skip
+            line, col = offset_position(text, token.start)
+            return SqlSyntaxError(
+                f"{token.text!r} does not begin a statement: expected SELECT, WITH, VALUES, "
+                "INSERT, UPDATE, DELETE, CREATE, ... (a misspelled keyword?)",
+                line,
+                col,
+            )
+    return None
 
 
 def _typed(tree: exp.Expr, text: str) -> Statement:

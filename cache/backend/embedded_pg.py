@@ -195,8 +195,15 @@ class EmbeddedPostgres:
     @contextmanager
     def _lock(self) -> Iterator[None]:
         # Two processes starting the same cluster at once would race on initdb / pg_ctl start.
-        self.root.mkdir(parents=True, exist_ok=True)
-        with open(self.root / ".lock", "a+") as handle:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            handle = open(self.root / ".lock", "a+")  # noqa: SIM115 - closed by the with below
+        except OSError as exc:
+            raise EmbeddedBackendError(
+                f"cannot create the embedded PostgreSQL's directory {self.root}: "
+                f"{exc.strerror or exc} (choose a writable --cache location, or pass --backend)"
+            ) from None
+        with handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             try:
                 yield

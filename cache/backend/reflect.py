@@ -3,12 +3,13 @@ PostgreSQL's pg_catalog in three queries."""
 
 from __future__ import annotations
 
+import re
 import typing as t
 
 import psycopg
 
 from sql_ext.catalog import Catalog, Column, Index, Table, View
-from sql_ext.errors import BackendUnavailableError, translate
+from sql_ext.errors import BackendUnavailableError, InterfaceError, first_line, translate
 
 # Relations visible on the search path, first schema wins (as an unqualified name resolves).
 _RELATIONS = """
@@ -140,6 +141,12 @@ def connect_backend(dsn: str, **kwargs: object) -> psycopg.Connection:  # type: 
     """Open a psycopg connection, turning a refusal into a clear `BackendUnavailableError`."""
     try:
         return psycopg.connect(dsn, **kwargs)  # type: ignore[arg-type]
+    except psycopg.ProgrammingError as exc:  # libpq cannot read the connection string
+        raise InterfaceError(
+            f"the backend {_masked(dsn)!r} is not a PostgreSQL connection string or URL "
+            f"({first_line(exc)}); check --backend / MTCACHE_BACKEND, e.g. "
+            "postgresql://user@host:5432/dbname"
+        ) from None
     except psycopg.OperationalError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise BackendUnavailableError(
@@ -164,3 +171,9 @@ def _redact(dsn: str) -> str:
     port = info.get("port", "5432")
     db = info.get("dbname", "")
     return f"{host}:{port}/{db}"
+
+
+def _masked(text: str) -> str:
+    """Text that failed to parse as a DSN, with anything that looks like a password hidden."""
+    text = re.sub(r"(password\s*=\s*)('[^']*'|\S+)", r"\1***", text, flags=re.IGNORECASE)
+    return re.sub(r"(://[^:/@\s]*:)[^@\s]*@", r"\1***@", text)

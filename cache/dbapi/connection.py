@@ -22,6 +22,7 @@ from cache.backend.pool import in_one_snapshot
 from cache.backend.reflect import connect_backend, fetch_catalog
 from cache.dbapi.admin import Admin
 from cache.dbapi.admission import Admissions
+from cache.dbapi.boundary import public
 from cache.dbapi.cursor import Cursor
 from cache.dbapi.route import StatementCache
 from cache.dbapi.session import SessionState
@@ -63,6 +64,7 @@ class Connection:
     ProgrammingError = _errors.ProgrammingError
     NotSupportedError = _errors.NotSupportedError
 
+    @public(lambda self: getattr(self, "cache_path", DEFAULT_CACHE))
     def __init__(
         self,
         backend: str | None = None,
@@ -140,11 +142,13 @@ class Connection:
             raise
         self._session.settle()
 
+    @public(lambda self: getattr(self, "cache_path", DEFAULT_CACHE))
     def commit(self) -> None:
         self._check_open()
         self._backend_call(self._pg.commit)
         self._session.committed()
 
+    @public(lambda self: getattr(self, "cache_path", DEFAULT_CACHE))
     def rollback(self) -> None:
         self._check_open()
         self._backend_call(self._pg.rollback)
@@ -232,6 +236,7 @@ class Connection:
         return Admin(self._store, lambda: self.backend, admissions=self._admissions,
                      on_catalog=self._planner.use_catalog)  # fmt: skip
 
+    @public(lambda self: getattr(self, "cache_path", DEFAULT_CACHE))
     def explain(self, operation: str, parameters: Params = None) -> Plan:
         """The plan a query runs with (the one EXPLAIN shows): planned now, or the cached
         plan of its shape."""

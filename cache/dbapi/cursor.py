@@ -21,6 +21,7 @@ from psycopg import pq
 from sqlglot import exp
 
 from cache.backend.describe import ResultShape
+from cache.dbapi.boundary import public
 from cache.dbapi.route import (
     CachedRead,
     ControlEdit,
@@ -91,6 +92,7 @@ class Cursor:
             self._pending = None
         return self._provenance
 
+    @public(lambda self: self.connection.cache_path)
     def execute(self, operation: str, parameters: Params = None) -> Cursor:
         if self.closed or self.connection.closed:
             self._check_open()
@@ -144,6 +146,7 @@ class Cursor:
             connection.admin.apply_ddl([route.statement])
         return self
 
+    @public(lambda self: self.connection.cache_path)
     def executemany(self, operation: str, seq_of_parameters: Sequence[Params]) -> Cursor:
         self._check_open()
         total = 0

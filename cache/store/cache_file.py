@@ -96,12 +96,29 @@ def _shared_state(path: Path) -> _Shared:
         return _SHARED.setdefault(key, _Shared())
 
 
+def damaged(exc: BaseException, path: Path) -> OperationalError | None:
+    """The error for a DuckDB error that says the cache file is damaged (else None)."""
+    text = first_line(exc)
+    if "corrupt" not in text.lower() and "checksum" not in text.lower():
+        return None
+    return OperationalError(
+        f"the cache file {path} is damaged ({text}): move it aside and build the cache again "
+        "(mtcache init, ddl, admit); the backend's data is not affected"
+    )
+
+
 class CacheStore:
     """One open cache file. Not shared across processes (DuckDB's rule: one writer process)."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise OperationalError(
+                f"cannot create the cache file {self.path}: {exc.strerror or exc} (pass --cache "
+                "or cache_path= with a directory you can write to)"
+            ) from None
         # Shared by every handle on this file in the process (other connections, other
         # threads): the change counters, so each region index notices every commit, and the
         # lock that lets one write transaction at a time in (DuckDB would abort the second
@@ -110,7 +127,10 @@ class CacheStore:
         try:
             self.con = duckdb.connect(str(self.path))
         except duckdb.Error as exc:
-            if "lock" in str(exc).lower():
+            damage = damaged(exc, self.path)
+            if damage is not None:
+                raise damage from exc
+            if "conflicting lock" in str(exc).lower() or "could not set lock" in str(exc).lower():
                 raise OperationalError(
                     f"the cache file {self.path} is in use by another process (DuckDB allows "
                     f"one): stop that process or use another --cache file ({first_line(exc)})"

@@ -8,7 +8,9 @@ Errors print one line to stderr and exit 1 (2 for usage errors, from argparse).
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
+import math
 import os
 import sys
 import typing as t
@@ -25,7 +27,7 @@ from cache.maintenance.pipeline import ENGINES
 from cache.tools.demo import run_demo
 from cache.tools.formatting import describe_class, plural
 from cache.tools.settings import Settings
-from sql_ext import parse_one
+from sql_ext import is_empty, parse_one
 from sql_ext.errors import Error, ProgrammingError
 from sql_ext.nodes import format_duration
 
@@ -39,7 +41,7 @@ def cmd_parse(settings: Settings, args: argparse.Namespace) -> int:
     statement = parse_one(args.sql)
     document = statement.to_json()
     if args.json:
-        print(json.dumps(document))
+        _print_json(document)
         return 0
     print(f"kind: {document['kind']}")
     if document.get("sql"):
@@ -67,7 +69,7 @@ def cmd_explain(settings: Settings, args: argparse.Namespace) -> int:
         plan = conn.explain(args.sql)
     document = plan.to_json()
     if args.json:
-        print(json.dumps(document))
+        _print_json(document)
         return 0
     print("normalized C&C constraint:")
     for number, cls in enumerate(document["constraint"], 1):
@@ -124,7 +126,7 @@ def _keys(admin: Admin, control: str, values: list[str]) -> list[tuple[str, ...]
 
 def _print_report(report: t.Any, as_json: bool) -> None:
     if as_json:
-        print(json.dumps(report.to_json()))
+        _print_json(report.to_json())
         return
     changed = ", ".join(
         f"{v} -{report.rows_deleted.get(v, 0)}/+{report.rows_inserted.get(v, 0)}"
@@ -170,7 +172,7 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
     with _admin(settings) as admin:
         document = admin.status()
     if args.json:
-        print(json.dumps(document))
+        _print_json(document)
         return 0
     clock = document.get("backend_clock")
     measured = (
@@ -202,20 +204,53 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_json(document: t.Any) -> None:
+    """Valid JSON only (no NaN or Infinity tokens): a value that cannot be JSON is an error."""
+    print(json.dumps(document, allow_nan=False))
+
+
 def _json_value(value: t.Any) -> t.Any:
-    """SPEC §9: numbers and strings as they are; decimals, dates and the rest as strings."""
-    if value is None or isinstance(value, bool | int | float | str):
+    """SPEC §9 and README "JSON output": numbers, strings, booleans and NULL as they are; json
+    and jsonb values as the JSON they hold; arrays as lists; decimals as strings (exact);
+    floats JSON cannot hold (NaN, infinities) as PostgreSQL prints them; dates and times as
+    ISO 8601; intervals as ISO 8601 durations (PnDTnHnMnS, sign first); bytea as PostgreSQL's
+    hex text (\\x...); anything else as its text."""
+    if value is None or isinstance(value, bool | int | str):
         return value
-    if isinstance(value, bytes | memoryview):
-        return bytes(value).hex()
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, bytes | bytearray | memoryview):
+        return "\\x" + bytes(value).hex()
     if isinstance(value, list | tuple):
         return [_json_value(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _json_value(v) for k, v in value.items()}
+    if isinstance(value, dt.timedelta):
+        return _iso_duration(value)
     if hasattr(value, "isoformat"):
         return value.isoformat()
     return str(value)
 
 
+def _iso_duration(value: dt.timedelta) -> str:
+    sign, value = ("-", -value) if value < dt.timedelta(0) else ("", value)
+    hours, rest = divmod(value.seconds, 3600)
+    minutes, seconds = divmod(rest, 60)
+    second = f"{seconds}.{value.microseconds:06d}".rstrip("0").rstrip(".") if value.microseconds \
+        else str(seconds)  # fmt: skip
+    time = "".join(f"{n}{u}" for n, u in ((hours, "H"), (minutes, "M")) if n)
+    time += f"{second}S" if seconds or value.microseconds else ""
+    days = f"{value.days}D" if value.days else ""
+    if not days and not time:
+        return "PT0S"
+    return f"{sign}P{days}" + (f"T{time}" if time else "")
+
+
 def cmd_query(settings: Settings, args: argparse.Namespace) -> int:
+    if is_empty(args.sql):
+        raise ProgrammingError("empty statement: there is no SQL to run")
     with cache.connect(settings.backend_dsn(), settings.cache_path) as conn:
         cur = conn.cursor()
         cur.execute(args.sql)
@@ -223,11 +258,11 @@ def cmd_query(settings: Settings, args: argparse.Namespace) -> int:
         rows = cur.fetchall() if cur.description else []
         provenance = cur.provenance
     if args.json:
-        print(json.dumps({
+        _print_json({
             "columns": columns,
             "rows": [[_json_value(v) for v in row] for row in rows],
             "provenance": provenance.to_json(),
-        }))  # fmt: skip
+        })  # fmt: skip
         return 0
     console = Console(highlight=False, soft_wrap=True)
     if columns:
@@ -345,19 +380,49 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    settings = Settings(
-        cache_path=Path(args.cache or os.environ.get("MTCACHE_CACHE") or DEFAULT_CACHE),
-        backend=args.backend or os.environ.get("MTCACHE_BACKEND") or None,
-    )
     try:
+        _check_text(vars(args))
+        settings = Settings(
+            cache_path=Path(args.cache or os.environ.get("MTCACHE_CACHE") or DEFAULT_CACHE),
+            backend=args.backend or os.environ.get("MTCACHE_BACKEND") or None,
+        )
         return int(args.run(settings, args))
     except Error as exc:
-        message = " ".join(str(exc).split())  # one line, whatever the driver said
-        print(f"mtcache: {type(exc).__name__}: {message}", file=sys.stderr)
-        return 1
+        return _fail(f"{type(exc).__name__}: {exc}")
     except KeyboardInterrupt:
-        print("mtcache: interrupted", file=sys.stderr)
-        return 130
+        return _fail("interrupted", 130)
+    except BrokenPipeError:
+        # the reader went away (`mtcache status | head`): nothing more to say, to anyone
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except Exception as exc:  # a bug: still one line, never a traceback
+        return _fail(
+            f"InternalError: internal error ({type(exc).__name__}: {exc}): this is a bug in "
+            "mtcache; please report it with the command that caused it"
+        )
+
+
+def _fail(message: str, code: int = 1) -> int:
+    text = " ".join(message.split())  # one line, whatever the driver said
+    print(f"mtcache: {text.encode('utf-8', 'backslashreplace').decode()}", file=sys.stderr)
+    return code
+
+
+def _check_text(arguments: dict[str, t.Any]) -> None:
+    """Arguments are text: bytes the OS gave that are not UTF-8 (kept by Python as lone
+    surrogates) are refused here, before they reach a parser or a driver."""
+    for name, value in arguments.items():
+        if not isinstance(value, str):
+            continue
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raw = value.encode("utf-8", "surrogateescape")
+            offset = len(value[: exc.start].encode("utf-8", "surrogateescape"))
+            raise ProgrammingError(
+                f"the {name} argument is not valid UTF-8 text (byte 0x{raw[offset]:02x} at "
+                f"offset {offset}): pass SQL and names as UTF-8"
+            ) from None
 
 
 if __name__ == "__main__":

@@ -1,0 +1,54 @@
+"""The edge of the public API: whatever goes wrong below it leaves as an error of the PEP 249
+tree (`sql_ext.errors`). Errors of the tree pass unchanged; text that is not valid UTF-8 is a
+`DataError`; DuckDB's and psycopg's errors are translated (a damaged cache file says so and
+what to do); anything else is a bug, raised as an `InternalError` that names it (its
+traceback stays on ``__cause__``)."""
+
+from __future__ import annotations
+
+import functools
+import typing as t
+from pathlib import Path
+
+import duckdb
+import psycopg
+
+from cache.store.cache_file import damaged
+from sql_ext.errors import DataError, Error, InternalError, first_line, translate
+
+F = t.TypeVar("F", bound=t.Callable[..., t.Any])
+
+
+def public(cache_path: t.Callable[[t.Any], Path]) -> t.Callable[[F], F]:
+    """Decorate a public method: ``cache_path(self)`` names the cache file in messages."""
+
+    def decorate(method: F) -> F:
+        @functools.wraps(method)
+        def wrapper(self: t.Any, *args: t.Any, **kwargs: t.Any) -> t.Any:
+            try:
+                return method(self, *args, **kwargs)
+            except Error:
+                raise
+            except Exception as exc:
+                raise api_error(exc, cache_path(self)) from exc
+
+        return t.cast(F, wrapper)
+
+    return decorate
+
+
+def api_error(exc: Exception, path: Path) -> Error:
+    """The PEP 249 error for an exception that reached the API's edge."""
+    if isinstance(exc, UnicodeError):
+        return DataError(
+            f"text that is not valid UTF-8 ({first_line(exc)}): statements, parameters and "
+            "names must be valid Unicode without lone surrogates"
+        )
+    if isinstance(exc, duckdb.Error):
+        return damaged(exc, path) or translate(exc, f"the cache file {path}")
+    if isinstance(exc, psycopg.Error):
+        return translate(exc)
+    return InternalError(
+        f"internal error ({type(exc).__name__}: {first_line(exc)}): this is a bug in mtcache; "
+        "please report it with the statement that caused it"
+    )

@@ -1,0 +1,143 @@
+"""The command line under bad input (issue 10's table): one line on stderr naming what to do,
+exit 1, never a traceback - or the right result."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+SCHEMA = Path(__file__).parent.parent / "cache" / "schemas" / "bookstore.sql"
+
+
+@pytest.fixture
+def env(bookstore_dsn: str, tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "MTCACHE_BACKEND": bookstore_dsn,
+            "MTCACHE_CACHE": str(tmp_path / "cli.duckdb")}  # fmt: skip
+
+
+def run(
+    mtcache_bin: str, env: dict[str, str], *args: str | bytes
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([mtcache_bin, *args], capture_output=True, text=True, env=env,
+                          timeout=120, check=False)  # fmt: skip
+
+
+def one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("mtcache: "), lines
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("command", ["query", "parse", "explain"])
+def test_a_statement_that_is_not_utf8(mtcache_bin: str, env: dict[str, str], command: str) -> None:
+    result = run(mtcache_bin, env, command, b"SELECT \xff\xfe 1 CURRENCY BOUND 1 MIN")
+    one_line_error(result, "not valid UTF-8", "byte 0xff at offset 7")
+
+
+def test_a_backend_that_is_not_a_dsn(mtcache_bin: str, env: dict[str, str]) -> None:
+    result = run(mtcache_bin, env, "--backend", "this is not a dsn", "query", "SELECT 1")
+    one_line_error(result, "InterfaceError", "--backend", "this is not a dsn")
+
+
+@pytest.mark.parametrize("path", ["/proc/nowhere/cache.duckdb", "/proc/cache.duckdb",
+                                  "/sys/cache.duckdb"])  # fmt: skip
+@pytest.mark.parametrize("command", [("init",), ("query", "SELECT 1"),
+                                     ("ddl", str(SCHEMA)), ("status",)])  # fmt: skip
+def test_a_cache_file_that_cannot_be_created(
+    mtcache_bin: str, env: dict[str, str], path: str, command: tuple[str, ...]
+) -> None:
+    one_line_error(run(mtcache_bin, env, "--cache", path, *command), path)
+
+
+def test_a_corrupt_cache_file(mtcache_bin: str, env: dict[str, str]) -> None:
+    assert run(mtcache_bin, env, "ddl", str(SCHEMA)).returncode == 0
+    assert run(mtcache_bin, env, "admit", "authorlist_pct", "2").returncode == 0
+    path = Path(env["MTCACHE_CACHE"])
+    data = bytearray(path.read_bytes())
+    for offset in range(8192, len(data), 262144):  # a byte in every block after the headers
+        data[offset + 100 : offset + 164] = os.urandom(64)
+    path.write_bytes(bytes(data))
+    failed = 0
+    for command in (
+        ("query", "SELECT name FROM authors a WHERE a.authorid = 2 CURRENCY BOUND 10 MIN"),
+        ("admit", "authorlist_pct", "4"),
+        ("status",),
+    ):
+        result = run(mtcache_bin, env, *command)
+        if result.returncode != 0:
+            one_line_error(result, f"the cache file {path} is damaged", "move it aside")
+            failed += 1
+    assert failed, "the damage went unnoticed: damage more of the file"
+
+
+def test_output_into_a_closed_pipe(mtcache_bin: str, env: dict[str, str]) -> None:
+    """`mtcache status | head -1`: the reader goes away; no traceback."""
+    assert run(mtcache_bin, env, "ddl", str(SCHEMA)).returncode == 0
+    process = subprocess.Popen([mtcache_bin, "status"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, env=env)  # fmt: skip
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()  # before the command has written anything
+    error = process.stderr.read().decode()
+    process.stderr.close()
+    assert process.wait(timeout=120) == 1
+    assert error == ""
+
+
+@pytest.mark.parametrize("clause", ["1e400 SEC", "1e306 DAY", "1e400 MS"])
+def test_a_bound_too_large_to_hold(mtcache_bin: str, env: dict[str, str], clause: str) -> None:
+    result = run(mtcache_bin, env, "parse", "--json",
+                 f"SELECT a.name FROM authors a CURRENCY BOUND {clause}")  # fmt: skip
+    one_line_error(result, "SqlSyntaxError", "line 1, column 45", "too large")
+
+
+def test_json_output_is_json_for_every_bound(mtcache_bin: str, env: dict[str, str]) -> None:
+    result = run(mtcache_bin, env, "parse", "--json",
+                 "SELECT a.name FROM authors a CURRENCY BOUND 1e300 SEC")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    bound = json.loads(result.stdout)["clauses"][0]["specs"][0]["bound_seconds"]
+    assert bound == 1e300
+
+
+@pytest.mark.parametrize("sql", ["", ";", "  ;  ; ", "-- nothing"])
+def test_an_empty_statement(mtcache_bin: str, env: dict[str, str], sql: str) -> None:
+    one_line_error(run(mtcache_bin, env, "query", sql), "empty statement")
+
+
+def test_a_misspelled_keyword_is_pointed_at(mtcache_bin: str, env: dict[str, str]) -> None:
+    result = run(mtcache_bin, env, "query", "SELCT name FROM authors CURRENCY BOUND 10 MIN")
+    one_line_error(result, "line 1, column 1: 'SELCT' does not begin a statement")
+
+
+def test_query_json_is_faithful_for_every_type(
+    mtcache_bin: str, env: dict[str, str], bookstore_dsn: str
+) -> None:
+    """SPEC §9: decimals and dates as strings; json as JSON; intervals as ISO 8601 durations;
+    bytea as PostgreSQL's hex text; floats that JSON cannot hold as PostgreSQL prints them."""
+    import psycopg
+
+    with psycopg.connect(bookstore_dsn, autocommit=True) as pg:
+        pg.execute("DROP TABLE IF EXISTS odd")
+        pg.execute(
+            "CREATE TABLE odd AS SELECT 1 AS id, '{\"a\": 1, \"b\": [true, null]}'::json AS j, "
+            "'[1, \"x\"]'::jsonb AS jb, interval '1 day 2 hours 3.5 seconds' AS i, "
+            "interval '-1 second' AS neg, '\\x78ff'::bytea AS b, 1.50::numeric(5,2) AS n, "
+            "date '2024-02-29' AS d, 'NaN'::float8 AS nan, '-Infinity'::float8 AS inf, "
+            "ARRAY[1, 2] AS arr, '00000000-0000-0000-0000-000000000001'::uuid AS u"
+        )
+    result = run(mtcache_bin, env, "query", "--json", "SELECT * FROM odd")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout, parse_constant=lambda c: pytest.fail(f"not JSON: {c}"))
+    row = dict(zip(document["columns"], document["rows"][0], strict=True))
+    assert row == {
+        "id": 1, "j": {"a": 1, "b": [True, None]}, "jb": [1, "x"], "i": "P1DT2H3.5S",
+        "neg": "-PT1S", "b": "\\x78ff", "n": "1.50", "d": "2024-02-29", "nan": "NaN",
+        "inf": "-Infinity", "arr": [1, 2], "u": "00000000-0000-0000-0000-000000000001",
+    }  # fmt: skip
