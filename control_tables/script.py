@@ -40,7 +40,7 @@ def _apply(
         try:
             schema = _apply_one(schema, statement, catalog, actions)
         except (ProgrammingError, NotSupportedError) as exc:
-            _locate(exc, [statement])  # about this statement, whatever else it names
+            _place(exc, statement)  # about this statement, whatever else it names
             raise
     for name in [n for a, n in actions if a == "drop"]:
         users = [v for v, _ in schema.users_of(name)]
@@ -102,31 +102,29 @@ def _refuse_existing(schema: CacheSchema, name: str) -> None:
         )
 
 
+Placed = CreateControlTable | CreateCachedView | DropCacheObject  # statements with a position
+
+
 def _locate(exc: ProgrammingError | NotSupportedError, statements: Sequence[Statement]) -> None:
-    """Give an error about one of the script's statements that statement's position: the
-    statement whose object the message names first; in it, the first name the message quotes,
-    else the object's name. The error is changed in place (its class stays)."""
-    if getattr(exc, "line", None) is not None:
+    """Give an error found checking the whole script the position of the statement whose
+    object its message names first."""
+    found = [(named.start(), statement) for statement in statements
+             if isinstance(statement, Placed)
+             and (named := _word(statement.name).search(str(exc)))]  # fmt: skip
+    if found:
+        _place(exc, min(found, key=lambda f: f[0])[1])
+
+
+def _place(exc: ProgrammingError | NotSupportedError, statement: Statement) -> None:
+    """Give an error about ``statement`` its line and column in the script: of the first name
+    the message quotes that the statement holds, else of the statement's object name. The
+    error is changed in place (its class stays); one that has a position keeps it."""
+    if getattr(exc, "line", None) is not None or not isinstance(statement, Placed):
         return
     message = str(exc)
-    found: list[tuple[int, CreateControlTable | CreateCachedView | DropCacheObject]] = []
-    for statement in statements:
-        if isinstance(statement, CreateControlTable | CreateCachedView | DropCacheObject):
-            named = _word(statement.name).search(message)
-            if named:
-                found.append((named.start(), statement))
-    if not found:
-        return
-    statement = min(found, key=lambda f: f[0])[1]
-    at = None
-    for quoted in re.findall(r"'([^'\s]+)'", message):
-        hit = _word(quoted).search(statement.text)
-        if hit:
-            at = hit.start()
-            break
-    if at is None:
-        hit = _word(statement.name).search(statement.text)
-        at = hit.start() if hit else len(statement.text) - len(statement.text.lstrip())
+    quoted = (_word(q).search(statement.text) for q in re.findall(r"'([^'\s]+)'", message))
+    hit = next((h for h in quoted if h), None) or _word(statement.name).search(statement.text)
+    at = hit.start() if hit else len(statement.text) - len(statement.text.lstrip())
     line, col = position_in_script(statement, at)
     exc.args = (f"line {line}, column {col}: {message}",)
     exc.line, exc.col = line, col  # type: ignore[union-attr]

@@ -33,6 +33,7 @@ import cache
 from cache.backend.copy_arrow import copy_to_arrow
 from cache.backend.describe import describe_result
 from cache.backend.embedded_pg import EmbeddedPostgres
+from cache.backend.estimates import backend_estimates
 from experiments import tpch
 from experiments.provenance import append_rows
 from experiments.tpch_queries import QUERIES, query
@@ -71,10 +72,9 @@ def median_ms(action: Callable[[], object], repeat: int) -> float:
     return statistics.median(samples) * 1e3
 
 
-def pg_cost(pg: psycopg.Connection, sql: str) -> float:  # type: ignore[type-arg]
-    row = pg.execute(f"EXPLAIN (FORMAT JSON) {sql}").fetchone()  # type: ignore[arg-type]
-    assert row is not None
-    return float(row[0][0]["Plan"]["Total Cost"])
+def pg_cost(dsn: str, sql: str) -> float:
+    """PostgreSQL's total cost estimate of a statement, as the planner gets it."""
+    return backend_estimates(dsn, [(sql, None)])[sql][0]
 
 
 def tpch_queries(dsn: str, scale: float, console: Console) -> list[dict[str, object]]:
@@ -114,7 +114,7 @@ def tpch_queries(dsn: str, scale: float, console: Console) -> list[dict[str, obj
                 continue
             scanned = sum(scanned_rows(a.access, schema.views[a.guards[0].view], view_rows)
                           for a in plan.guarded_accesses)  # fmt: skip
-            cost = pg_cost(pg, sql)
+            cost = pg_cost(dsn, sql)
             pg_ms = median_ms(lambda s=sql: pg.execute(s).fetchall(), 3)  # type: ignore[misc]
             duck_ms = median_ms(lambda s=plan.local_sql: duck.execute(s).fetchall(), 3)  # type: ignore[misc]
             per_cost, per_row = pg_ms / cost * 1e3, duck_ms / scanned * 1e6
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                        "ns/row"):  # fmt: skip
             table.add_column(column)
         for label, sql, repeat in SCANS:
-            cost = pg_cost(pg, sql)
+            cost = pg_cost(dsn, sql)
             pg_ms = median_ms(lambda s=sql: pg.execute(s).fetchall(), repeat)  # type: ignore[misc]
             duck_ms = median_ms(lambda s=sql: duck.execute(s).fetchall(), repeat)  # type: ignore[misc]
             scanned = duck.execute(

@@ -14,8 +14,9 @@ import pytest
 
 import cache
 from cache.dbapi.connection import Connection
+from cache.tools import bookstore
 
-SCHEMA = Path(__file__).parent.parent / "cache" / "schemas" / "bookstore.sql"
+SCHEMA = bookstore.CACHE_SCHEMA_FILE
 
 
 @pytest.fixture

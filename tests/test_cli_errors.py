@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-SCHEMA = Path(__file__).parent.parent / "cache" / "schemas" / "bookstore.sql"
+from cache.tools import bookstore
+
+SCHEMA = bookstore.CACHE_SCHEMA_FILE
 
 
 @pytest.fixture

@@ -143,7 +143,7 @@ def connect_backend(dsn: str, **kwargs: object) -> psycopg.Connection:  # type: 
         return psycopg.connect(dsn, **kwargs)  # type: ignore[arg-type]
     except psycopg.ProgrammingError as exc:  # libpq cannot read the connection string
         raise InterfaceError(
-            f"the backend {_masked(dsn)!r} is not a PostgreSQL connection string or URL "
+            f"the backend {_redact(dsn)} is not a PostgreSQL connection string or URL "
             f"({first_line(exc)}); check --backend / MTCACHE_BACKEND, e.g. "
             "postgresql://user@host:5432/dbname"
         ) from None
@@ -161,19 +161,15 @@ def fetch_catalog(dsn: str) -> Catalog:
 
 
 def _redact(dsn: str) -> str:
-    """A DSN fit for messages: no password."""
+    """A DSN fit for messages: no password (host:port/db; a string libpq cannot read, quoted
+    with anything that looks like a password masked)."""
     try:
         info = psycopg.conninfo.conninfo_to_dict(dsn)
     except psycopg.ProgrammingError:
-        return "<unparseable DSN>"
+        text = re.sub(r"(password\s*=\s*)('[^']*'|\S+)", r"\1***", dsn, flags=re.IGNORECASE)
+        return repr(re.sub(r"(://[^:/@\s]*:)[^@\s]*@", r"\1***@", text))
     info.pop("password", None)
     host = info.get("host", "localhost")
     port = info.get("port", "5432")
     db = info.get("dbname", "")
     return f"{host}:{port}/{db}"
-
-
-def _masked(text: str) -> str:
-    """Text that failed to parse as a DSN, with anything that looks like a password hidden."""
-    text = re.sub(r"(password\s*=\s*)('[^']*'|\S+)", r"\1***", text, flags=re.IGNORECASE)
-    return re.sub(r"(://[^:/@\s]*:)[^@\s]*@", r"\1***@", text)

@@ -38,6 +38,10 @@ from sql_ext.errors import InterfaceError
 Dsn = Callable[[], str]  # the backend, resolved when first needed (the embedded one starts)
 
 
+# the public methods' edge (cache.dbapi.boundary), naming this cache file
+_public = public(lambda self: self._store.path)
+
+
 class Admin:
     def __init__(
         self,
@@ -72,7 +76,7 @@ class Admin:
 
     # -- the cache schema ------------------------------------------------------------------------
 
-    @public(lambda self: self._store.path)
+    @_public
     def reflect(self) -> Catalog:
         """Read the backend's catalog (tables, keys, statistics) into the cache file."""
         catalog = fetch_catalog(self._backend())
@@ -81,14 +85,14 @@ class Admin:
             self._on_catalog(catalog)
         return catalog
 
-    @public(lambda self: self._store.path)
+    @_public
     def apply_ddl(self, script: str | Iterable[Statement]) -> DdlResult:
         """Apply cache DDL (a script's text or parsed statements) all or nothing, checked
         against the backend's current catalog and Rules 1-5."""
         statements = parse(script) if isinstance(script, str) else list(script)
         return self._store.apply_ddl(statements, self.reflect())
 
-    @public(lambda self: self._store.path)
+    @_public
     def control_key(self, control: str) -> tuple[str, ...]:
         """The control-key columns of a control table (an error naming the control tables
         there are, if it is none)."""
@@ -96,19 +100,19 @@ class Admin:
 
     # -- regions -----------------------------------------------------------------------------
 
-    @public(lambda self: self._store.path)
+    @_public
     def admit(self, control: str, keys: Iterable[t.Any], *, allow_empty: bool = False) -> Report:
         """Add control-key values and pull the regions they define (and their closure). A
         presence key the backend has no rows for is an error unless ``allow_empty``."""
         return self._maintainer().admit(control, _keys(keys), allow_empty=allow_empty)
 
-    @public(lambda self: self._store.path)
+    @_public
     def evict(self, control: str, keys: Iterable[t.Any]) -> Report:
         """Remove control-key values and their rows, cascading to presence-controlled
         children. Needs no backend."""
         return Maintainer(self._store, "").evict(control, _keys(keys))
 
-    @public(lambda self: self._store.path)
+    @_public
     def refresh(
         self,
         view: str | None = None,
@@ -133,7 +137,7 @@ class Admin:
 
     # -- status ----------------------------------------------------------------------------------
 
-    @public(lambda self: self._store.path)
+    @_public
     def status(self) -> dict[str, t.Any]:
         """Views, their regions with currency, and the counters (SPEC §9's document)."""
         return status(self._store)

@@ -43,6 +43,10 @@ from sql_ext.params import Params
 DEFAULT_CACHE = ".mtcache/cache.duckdb"
 
 
+# the public methods' edge (cache.dbapi.boundary), naming this cache file
+_public = public(lambda self: Path(getattr(self, "cache_path", DEFAULT_CACHE)))
+
+
 class Connection:
     """A session: one backend connection (its transaction is the session's), the cache file.
     Options: ``autocommit`` (default False, as PEP 249), ``stale_ok`` (answer from stale local
@@ -64,7 +68,7 @@ class Connection:
     ProgrammingError = _errors.ProgrammingError
     NotSupportedError = _errors.NotSupportedError
 
-    @public(lambda self: getattr(self, "cache_path", DEFAULT_CACHE))
+    @_public
     def __init__(
         self,
         backend: str | None = None,
@@ -142,13 +146,13 @@ class Connection:
             raise
         self._session.settle()
 
-    @public(lambda self: getattr(self, "cache_path", DEFAULT_CACHE))
+    @_public
     def commit(self) -> None:
         self._check_open()
         self._backend_call(self._pg.commit)
         self._session.committed()
 
-    @public(lambda self: getattr(self, "cache_path", DEFAULT_CACHE))
+    @_public
     def rollback(self) -> None:
         self._check_open()
         self._backend_call(self._pg.rollback)
@@ -236,7 +240,7 @@ class Connection:
         return Admin(self._store, lambda: self.backend, admissions=self._admissions,
                      on_catalog=self._planner.use_catalog)  # fmt: skip
 
-    @public(lambda self: getattr(self, "cache_path", DEFAULT_CACHE))
+    @_public
     def explain(self, operation: str, parameters: Params = None) -> Plan:
         """The plan a query runs with (the one EXPLAIN shows): planned now, or the cached
         plan of its shape."""

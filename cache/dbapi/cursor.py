@@ -53,6 +53,10 @@ _ROW_STATUSES = frozenset((pq.ExecStatus.TUPLES_OK, pq.ExecStatus.SINGLE_TUPLE,
 _NO_PROVENANCE = Provenance()
 
 
+# the public methods' edge (cache.dbapi.boundary), naming this cache file
+_public = public(lambda self: self.connection.cache_path)
+
+
 class Cursor:
     """PEP 249 cursor. ``provenance`` tells, per table access of the last query, where the
     data came from (SPEC §9); ``messages`` holds warnings as (class, text) pairs."""
@@ -92,7 +96,7 @@ class Cursor:
             self._pending = None
         return self._provenance
 
-    @public(lambda self: self.connection.cache_path)
+    @_public
     def execute(self, operation: str, parameters: Params = None) -> Cursor:
         if self.closed or self.connection.closed:
             self._check_open()
@@ -146,7 +150,7 @@ class Cursor:
             connection.admin.apply_ddl([route.statement])
         return self
 
-    @public(lambda self: self.connection.cache_path)
+    @_public
     def executemany(self, operation: str, seq_of_parameters: Sequence[Params]) -> Cursor:
         self._check_open()
         total = 0

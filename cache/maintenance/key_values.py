@@ -1,12 +1,12 @@
-"""Control-key values typed exactly as their control table's columns (admission, eviction and
-refresh take them from applications and from the command line, where they are text).
+"""Control-key values typed exactly as their control table's columns (admission and eviction
+take them from applications and from the command line, where they are text).
 
-A value is read as PostgreSQL reads a literal of the column's type, except that nothing is
-ever rounded: '6.5' or 6.5 for an integer key is an error (PostgreSQL's ``'6.5'::integer`` is
-one too, but DuckDB's cast would give 7), as is 2.345 for a numeric(10,2) key (PostgreSQL
-would round it). Whitespace around a number and a leading sign are accepted, as PostgreSQL
-accepts them. Types other than integers and decimals are cast by DuckDB, whose casts of text
-to dates, times, booleans and uuids reject what they cannot read.
+A value is read as PostgreSQL reads a literal of the column's declared type, except that
+nothing is ever rounded: '6.5' or 6.5 for an integer key is an error (PostgreSQL's
+``'6.5'::integer`` is one too, but DuckDB's cast would give 7), as is 2.345 for a numeric(10,2)
+key (PostgreSQL would round it). Whitespace around a number and a leading sign are accepted,
+as PostgreSQL accepts them. Other types are cast by DuckDB, whose casts of text to dates,
+times, booleans and uuids reject what they cannot read.
 """
 
 from __future__ import annotations
@@ -16,78 +16,63 @@ import re
 import typing as t
 
 import duckdb
+from sqlglot import exp
 
+from control_tables.schema import ControlTable
 from sql_ext.errors import DataError, first_line
 
 Key = tuple[t.Any, ...]
 
-_INTEGERS = {"TINYINT": "smallint", "SMALLINT": "smallint", "INTEGER": "integer",
-             "BIGINT": "bigint", "HUGEINT": "integer", "UTINYINT": "integer",
-             "USMALLINT": "integer", "UINTEGER": "integer", "UBIGINT": "integer"}  # fmt: skip
+_INTEGER_NAMES = {exp.DataType.Type.SMALLINT: "smallint", exp.DataType.Type.INT: "integer",
+                  exp.DataType.Type.BIGINT: "bigint"}  # fmt: skip
 _INTEGER_TEXT = re.compile(r"\s*[+-]?\d+\s*")
-_DECIMAL_TYPE = re.compile(r"DECIMAL\((\d+),\s*(\d+)\)")
+_DUCKDB_DECIMAL = (18, 3)  # what DuckDB makes of a numeric declared without precision
+_WIDE = decimal.Context(prec=1000)
 
 
-def column_types(con: duckdb.DuckDBPyConnection, table: str) -> dict[str, str]:
-    """column -> DuckDB type of a table in the cache file."""
-    rows = con.execute(
-        "SELECT column_name, data_type FROM information_schema.columns "
-        "WHERE table_schema = 'main' AND table_name = ?",
-        [table],
-    ).fetchall()
-    return {name: str(kind) for name, kind in rows}
-
-
-def exact_key(
-    con: duckdb.DuckDBPyConnection,
-    control: str,
-    columns: tuple[str, ...],
-    types: t.Mapping[str, str],
-    value: Key,
-) -> Key:
-    """``value`` typed as the control table's key columns, or a `DataError` naming the column,
-    its type and what was given."""
-    typed = [_exact(v, types[c], f"{control}.{c}") for c, v in zip(columns, value, strict=True)]
-    casts = ", ".join(f"CAST(? AS {types[c]})" for c in columns)
+def exact_key(con: duckdb.DuckDBPyConnection, control: ControlTable, value: Key) -> Key:
+    """``value`` (one item per key column) typed as the control table's key columns, or a
+    `DataError` naming the column, its type and what was given."""
+    types = [exp.DataType.build(kind, dialect="postgres") for _, kind in control.columns]
+    typed = [_exact(v, kind, f"{control.name}.{name}")
+             for (name, _), kind, v in zip(control.columns, types, value, strict=True)]  # fmt: skip
+    casts = ", ".join(f"CAST(? AS {kind.sql('duckdb')})" for kind in types)
     try:
         row = con.execute(f"SELECT {casts}", typed).fetchone()
     except duckdb.Error as exc:
+        declared = ", ".join(f"{name} {_name(kind)}" for (name, _), kind in
+                             zip(control.columns, types, strict=True))  # fmt: skip
         raise DataError(
-            f"{control}: cannot read {value!r} as its control key "
-            f"({', '.join(f'{c} {_pg_name(types[c])}' for c in columns)}): {first_line(exc)}"
+            f"{control.name}: cannot read {value!r} as its control key ({declared}): "
+            f"{first_line(exc)}"
         ) from None
     assert row is not None
     return tuple(row)
 
 
-def _exact(value: t.Any, duck_type: str, where: str) -> t.Any:
+def _exact(value: t.Any, kind: exp.DataType, where: str) -> t.Any:
     """The value to cast: for integers and decimals the exact number (checked here), else the
     value itself."""
-    kind = duck_type.upper()
-    if kind in _INTEGERS:
+    if kind.is_type(*exp.DataType.INTEGER_TYPES):
         number = _integer(value)
         if number is None:
             raise DataError(
-                f"{where} is {_INTEGERS[kind]}: {value!r} is not an integer (control keys are "
-                "read exactly, never rounded)"
+                f"{where} is {_name(kind)}: {value!r} is not an integer (control keys are read "
+                "exactly, never rounded)"
             )
         return number
-    match = _DECIMAL_TYPE.fullmatch(kind)
-    if match:
-        precision, scale = int(match[1]), int(match[2])
+    if kind.is_type(exp.DataType.Type.DECIMAL):
+        scale = _scale(kind)
         exact = _decimal(value)
         if exact is None or not exact.is_finite():
-            raise DataError(f"{where} is numeric({precision},{scale}): {value!r} is not a number")
+            raise DataError(f"{where} is {_name(kind)}: {value!r} is not a number")
         if exact != exact.quantize(decimal.Decimal(1).scaleb(-scale), context=_WIDE):
             raise DataError(
-                f"{where} is numeric({precision},{scale}): {value!r} has more than {scale} "
-                "decimal place(s) (control keys are read exactly, never rounded)"
+                f"{where} is {_name(kind)}: {value!r} has more than {scale} decimal place(s) "
+                "(control keys are read exactly, never rounded)"
             )
         return exact
     return value
-
-
-_WIDE = decimal.Context(prec=1000)
 
 
 def _integer(value: t.Any) -> int | None:
@@ -99,12 +84,8 @@ def _integer(value: t.Any) -> int | None:
         return int(value)
     if isinstance(value, float) and value.is_integer():
         return int(value)
-    if (
-        isinstance(value, decimal.Decimal)
-        and value.is_finite()
-        and value == value.to_integral_value()
-    ):
-        return int(value)
+    if isinstance(value, decimal.Decimal) and value.is_finite():
+        return int(value) if value == value.to_integral_value() else None
     return None
 
 
@@ -125,9 +106,11 @@ def _decimal(value: t.Any) -> decimal.Decimal | None:
     return None
 
 
-def _pg_name(duck_type: str) -> str:
-    kind = duck_type.upper()
-    if kind in _INTEGERS:
-        return _INTEGERS[kind]
-    match = _DECIMAL_TYPE.fullmatch(kind)
-    return f"numeric({match[1]},{match[2]})" if match else duck_type.lower()
+def _scale(kind: exp.DataType) -> int:
+    params = [int(p.name) for p in kind.expressions]
+    return params[1] if len(params) > 1 else 0 if params else _DUCKDB_DECIMAL[1]
+
+
+def _name(kind: exp.DataType) -> str:
+    """The type as PostgreSQL names it in messages."""
+    return _INTEGER_NAMES.get(kind.this) or kind.sql("postgres").lower()

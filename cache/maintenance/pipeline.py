@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import time
 import typing as t
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 import psycopg
 
@@ -31,7 +31,7 @@ from cache.maintenance import faults
 from cache.maintenance.apply import apply_pull
 from cache.maintenance.engines import Coordinator, Engine, InlineEngine
 from cache.maintenance.evict import evict
-from cache.maintenance.key_values import column_types, exact_key
+from cache.maintenance.key_values import exact_key
 from cache.maintenance.pull import Pull, distinct_rows
 from cache.maintenance.report import Report
 from cache.store.cache_file import CacheStore
@@ -83,8 +83,8 @@ class Maintainer:
         presence key the backend has no rows for is an error unless ``allow_empty`` (then it
         is admitted as an empty region: the cache answers for it that there are none)."""
         schema = self.store.load_schema()
-        view, role, columns = control_role(schema, control)
-        values = [_coerce_key(self.store, control, columns, v) for v in values]
+        view, role, _ = control_role(schema, control)
+        values = [_coerce_key(self.store, schema, control, v) for v in values]
         seeds = {Region(view.name, role, controlled_columns(view, role, control), v, control)
                  for v in values}  # fmt: skip
         must_hold = seeds if role == "presence" and not allow_empty else set()
@@ -96,7 +96,7 @@ class Maintainer:
         the children they control. Needs no backend."""
         schema = self.store.load_schema()
         view, role, columns = control_role(schema, control)
-        values = [_coerce_key(self.store, control, columns, v) for v in values]
+        values = [_coerce_key(self.store, schema, control, v) for v in values]
         listed = set(control_values(self.store.con, control, columns))
         absent = [v for v in dict.fromkeys(values) if v not in listed]
         if absent:
@@ -144,7 +144,7 @@ class Maintainer:
         schema: CacheSchema,
         seeds: set[Region],
         admitted: dict[str, list[tuple[t.Any, ...]]],
-        must_hold: set[Region] | frozenset[Region] = frozenset(),
+        must_hold: Collection[Region] = (),
     ) -> Report:
         started = time.monotonic()
         catalog = self.store.load_catalog()
@@ -178,11 +178,11 @@ class Maintainer:
         return report
 
 
-def _refuse_empty(pull: Pull, must_hold: t.Iterable[Region]) -> None:
+def _refuse_empty(pull: Pull, must_hold: Collection[Region]) -> None:
     """Admitted presence keys the backend has no rows for (checked in the pull's snapshot)."""
-    empty = sorted((r for r in must_hold
-                    if r.values not in distinct_rows(pull.staged.get(r.view), r.columns)),
-                   key=str)  # fmt: skip
+    pulled = {(r.view, r.columns) for r in must_hold}
+    held = {at: set(distinct_rows(pull.staged.get(at[0]), at[1])) for at in pulled}
+    empty = sorted((r for r in must_hold if r.values not in held[r.view, r.columns]), key=str)
     if empty:
         control = empty[0].control
         keys = ", ".join(repr(r.values) for r in empty)
@@ -194,15 +194,16 @@ def _refuse_empty(pull: Pull, must_hold: t.Iterable[Region]) -> None:
 
 
 def _coerce_key(
-    store: CacheStore, control: str, columns: tuple[str, ...], value: tuple[t.Any, ...]
+    store: CacheStore, schema: CacheSchema, control: str, value: tuple[t.Any, ...]
 ) -> tuple[t.Any, ...]:
     """Values typed as the control table's columns, exactly (the CLI passes text)."""
+    columns = schema.control_tables[control].column_names
     if len(value) != len(columns):
         raise ProgrammingError(
             f"{control} has {len(columns)} control-key column(s) ({', '.join(columns)}); "
             f"got {len(value)} value(s)"
         )
-    return exact_key(store.con, control, columns, column_types(store.con, control), value)
+    return exact_key(store.con, schema.control_tables[control], value)
 
 
 def _all_regions(
