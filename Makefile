@@ -32,6 +32,9 @@ bench-query: $(VENV)/.experiments
 bench-tpch: $(VENV)/.experiments
 	$(PY) -m experiments.bench_tpch
 
+bench-statement-size: $(VENV)/.experiments
+	$(PY) -m experiments.bench_statement_size
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check cache optimizer control_tables heartbeat sql_ext experiments tests
 

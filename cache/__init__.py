@@ -39,7 +39,7 @@ from sql_ext.errors import (
 )
 
 apilevel = "2.0"
-threadsafety = 1  # threads may share the module, not connections
+threadsafety = 2  # threads may share connections (their calls are serialized), as psycopg
 paramstyle = "pyformat"
 
 

@@ -122,7 +122,7 @@ def analyze(query: Query, catalog: Catalog, default_bound: float | None = None) 
                 direct[id(source)] = (instance, source, block)
     columns: dict[Instance, set[str]] = {inst: set() for inst, _, _ in direct.values()}
     for column in query.tree.find_all(exp.Column):
-        scope = _block_of(query, column)
+        scope = analysis.enclosing(column)
         if scope is None:
             continue
         attr = resolver.resolve_column(scope, column)
@@ -225,16 +225,6 @@ def _column_type(catalog: Catalog, attr: tuple[t.Any, str]) -> str:
 def _is_padded(catalog: Catalog, attr: tuple[t.Any, str]) -> bool:
     return _column_type(catalog, attr).startswith("character(")
 
-
-
-def _block_of(query: Query, node: exp.Expr) -> Block | None:
-    select = node.find_ancestor(exp.Select)
-    if select is None:
-        return None
-    try:
-        return query.analysis.block_of(select)
-    except KeyError:
-        return None
 
 
 def _restriction(alias: str, column: str, values: tuple[exp.Expr, ...]) -> exp.Expr:

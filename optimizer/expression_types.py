@@ -137,13 +137,7 @@ class ExpressionTypes:
         return found
 
     def block_of(self, node: exp.Expr) -> Block | None:
-        select = node if isinstance(node, exp.Select) else node.find_ancestor(exp.Select)
-        if select is None:
-            return None
-        try:
-            return self.query.analysis.block_of(select)
-        except KeyError:
-            return None
+        return self.query.analysis.enclosing(node)
 
     def output(self, select: exp.Expr, index: int) -> PgType:
         """The type of a query expression's output column (both sides of a UNION)."""

@@ -49,7 +49,7 @@ def remote_leaf(
         for mark in list(copy.find_all(exp.Placeholder)):
             key = keys[mark.meta[NODE_ID]]
             mark.replace(exp.Placeholder(this=exp.to_identifier(f"{_MARK}{key}")))
-        rendered.append(copy.sql(dialect="postgres"))
+        rendered.append(copy.sql(dialect="postgres", copy=False))  # our own copy
     where = " AND ".join(f"({c})" for c in rendered) or "TRUE"
     sql = (
         f"SELECT {select_list(columns)} FROM {qualified(table.schema, table.name)} "

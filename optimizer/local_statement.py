@@ -63,9 +63,8 @@ def local_statement(plan: Plan, choice: Mapping[int, str | None]) -> LocalStatem
         mark.replace(exp.Placeholder(this=exp.to_identifier(duckdb_name(key))))
     outputs = _split_divisions(copy, analysis.divisions) if analysis.divisions else None
     keys = analysis.keys
-    return LocalStatement(
-        copy.sql(dialect="duckdb"), keys, tuple(map(duckdb_name, keys)), tuple(leaves), outputs
-    )
+    sql = copy.sql(dialect="duckdb", copy=False)  # our own copy
+    return LocalStatement(sql, keys, tuple(map(duckdb_name, keys)), tuple(leaves), outputs)
 
 
 def _split_divisions(select: exp.Expr, divisions: Mapping[int, str]) -> tuple[Output, ...]:

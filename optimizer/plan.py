@@ -28,6 +28,9 @@ from optimizer.leaves import RemoteLeaf
 from optimizer.normalize_constraint import ConsistencyClass, Instance
 from sql_ext.catalog import Catalog
 
+if t.TYPE_CHECKING:
+    from optimizer.local_statement import LocalStatement
+
 GuardKind = t.Literal["full", "presence", "completeness"]
 
 
@@ -161,7 +164,16 @@ class Plan:
     local: bool = False  # the guarded plan was chosen over the whole statement remote
     estimated_cost: float = 0.0
     reason: str | None = None  # why the whole statement goes remote (when not local)
-    local_sql: str | None = None  # DuckDB statement of the first branches (every guard passes)
+    # the DuckDB statement of the first branches (every guard passes), for a local plan
+    first: LocalStatement | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def local_sql(self) -> str | None:
+        return self.first.sql if self.first is not None else None
+
+    def first_choice(self) -> dict[int, str | None]:
+        """The choice of the first branches: each guarded access reads its first view."""
+        return {a.instance.id: a.guards[0].view for a in self.guarded_accesses}
 
     @property
     def accesses(self) -> tuple[AccessPlan, ...]:

@@ -1,7 +1,7 @@
 """Planning: a statement's analysis in, one `optimizer.plan.Plan` out, by an ordered tuple of
 rules over it (as sqlglot's optimizer composes its rewrites). Pure: everything it needs from
 the backend and the cache file (cost estimates, view row counts) is gathered before it, from
-what `estimate_requests` asks for, and passed in.
+what `estimate_requests` asks for of the initial plan, and passed in.
 
     analysis -> initial plan (every access remote, its leaf made)
              -> divide_outputs (the divisions the cache does as PostgreSQL, SPEC §5.11)
@@ -29,22 +29,23 @@ Rule = t.Callable[[Plan, PlanInputs], Plan]
 RULES: tuple[Rule, ...] = (divide_outputs, place_guards, estimate_cost)
 
 
-def plan_query(analysis: Analysis, inputs: PlanInputs, *, with_params: bool) -> Plan:
-    """The plan of a statement shape (``with_params``: executed with parameters)."""
-    plan = initial_plan(analysis, inputs.catalog, with_params)
+def plan_query(
+    analysis: Analysis, inputs: PlanInputs, *, with_params: bool, initial: Plan | None = None
+) -> Plan:
+    """The plan of a statement shape (``with_params``: executed with parameters), from its
+    ``initial`` plan when it was made already (for `estimate_requests`)."""
+    plan = initial_plan(analysis, inputs.catalog, with_params) if initial is None \
+        else dataclasses.replace(initial, analysis=analysis)  # fmt: skip
     for rule in RULES:
         plan = rule(plan, inputs)
     if plan.local:
-        first = {a.instance.id: a.guards[0].view for a in plan.guarded_accesses}
-        plan = dataclasses.replace(plan, local_sql=local_statement(plan, first).sql)
+        plan = dataclasses.replace(plan, first=local_statement(plan, plan.first_choice()))
     return plan
 
 
-def estimate_requests(
-    analysis: Analysis, schema: CacheSchema, catalog: Catalog, *, with_params: bool
-) -> EstimateRequests:
+def estimate_requests(initial: Plan, schema: CacheSchema) -> EstimateRequests:
     """What to gather for `plan_query`'s `Estimates` (the I/O before planning)."""
-    return requests(initial_plan(analysis, catalog, with_params), schema)
+    return requests(initial, schema)
 
 
 def initial_plan(analysis: Analysis, catalog: Catalog, with_params: bool) -> Plan:

@@ -10,6 +10,7 @@
 
 from sql_ext.blocks import Block, BlockAnalysis, Source, analyze
 from sql_ext.dialect import MTCache
+from sql_ext.errors import allow_deep_statements
 from sql_ext.statements import (
     BlockClause,
     Completeness,
@@ -29,6 +30,8 @@ from sql_ext.statements import (
     parse_duration,
     parse_one,
 )
+
+allow_deep_statements()
 
 __all__ = [
     "Block",

@@ -8,6 +8,7 @@ sources first, then those of enclosing blocks (§2.2.1: "the same scoping rules 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -97,6 +98,25 @@ class BlockAnalysis:
 
     def block_of(self, select: exp.Select) -> Block:
         return self.by_select[id(select)]
+
+    def enclosing(self, node: exp.Expr) -> Block | None:
+        """The block a node of the tree is evaluated in (a SELECT is its own block); None
+        outside every block or for a node that is not the tree's."""
+        if isinstance(node, exp.Select):
+            return self.by_select.get(id(node))
+        select = self._enclosing_selects.get(id(node))
+        return self.by_select.get(id(select)) if select is not None else None
+
+    @functools.cached_property
+    def _enclosing_selects(self) -> dict[int, exp.Select | None]:
+        """Each node's nearest enclosing SELECT, found in one walk (asking each node for its
+        ancestor would be quadratic in a deep tree, such as a long OR chain)."""
+        enclosing: dict[int, exp.Select | None] = {id(self.tree): None}
+        for node in self.tree.walk():
+            inner = node if isinstance(node, exp.Select) else enclosing.get(id(node))
+            for child in node.iter_expressions():
+                enclosing[id(child)] = inner
+        return enclosing
 
     def body_blocks(self, query: exp.Expr) -> list[Block]:
         """The blocks whose rows a query expression returns (both sides of a UNION)."""
@@ -203,9 +223,16 @@ def _start_of(select: exp.Select) -> int:
 
 
 def split_and(node: exp.Expr) -> list[exp.Expr]:
-    """The AND-ed conjuncts of a predicate (parentheses looked through)."""
-    while isinstance(node, exp.Paren):
-        node = node.this
-    if isinstance(node, exp.And):
-        return split_and(node.this) + split_and(node.expression)
-    return [node]
+    """The AND-ed conjuncts of a predicate (parentheses looked through), in textual order;
+    iterative, as a generated AND chain of thousands of terms is as deep as it is long."""
+    conjuncts = []
+    pending = [node]
+    while pending:
+        node = pending.pop()
+        while isinstance(node, exp.Paren):
+            node = node.this
+        if isinstance(node, exp.And):
+            pending += [node.expression, node.this]
+        else:
+            conjuncts.append(node)
+    return conjuncts

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import sys
 import typing as t
 
 
@@ -103,6 +104,26 @@ class BackendUnavailableError(OperationalError):
 
 class EmbeddedBackendError(OperationalError):
     """The private PostgreSQL cluster could not be created, started or stopped."""
+
+
+# sqlglot parses and prints SQL by recursion, about 20 Python frames per level of nesting, so
+# the interpreter's default limit (1000) refuses 50 nested parentheses that PostgreSQL accepts.
+# Importing sql_ext raises the limit (never lowers it) to allow about 1,000 levels; Python
+# calls since 3.11 do not grow the C stack, so this is safe on threads' default stacks.
+RECURSION_LIMIT = 25_000
+
+
+def allow_deep_statements() -> None:
+    if sys.getrecursionlimit() < RECURSION_LIMIT:
+        sys.setrecursionlimit(RECURSION_LIMIT)
+
+
+def too_deep() -> ProgrammingError:
+    """The error for a statement whose nesting exhausted the recursion limit."""
+    return ProgrammingError(
+        "the statement is nested too deeply (about 1,000 levels of parentheses, operators or "
+        "subqueries are supported): flatten it, e.g. a long OR of equalities as IN (...)"
+    )
 
 
 def first_line(exc: BaseException) -> str:

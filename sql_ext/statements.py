@@ -21,7 +21,7 @@ from sqlglot.errors import ParseError, TokenError
 
 from sql_ext.blocks import Block, BlockAnalysis, analyze
 from sql_ext.dialect import MTCache
-from sql_ext.errors import SqlSyntaxError
+from sql_ext.errors import SqlSyntaxError, too_deep
 from sql_ext.nodes import (
     CachedViewDef,
     ConsistencyClause,
@@ -93,7 +93,7 @@ class Query:
         """The statement without extensions, in PostgreSQL or DuckDB syntax."""
         if isinstance(self.tree, exp.Command):
             return self._with_explain(self.tree.sql(dialect=dialect))
-        return self._with_explain(strip_extensions(self.tree).sql(dialect=dialect))
+        return self._with_explain(strip_extensions(self.tree).sql(dialect=dialect, copy=False))
 
     def without_explain(self) -> Query:
         """The explained statement itself."""
@@ -320,6 +320,8 @@ def parse(text: str) -> list[Statement]:
         raise _syntax_error(exc, text) from None
     except TokenError as exc:
         raise _token_error(exc, text) from None
+    except RecursionError:
+        raise too_deep() from None
     chunks = _statement_texts(text, len(trees))
     statements = [
         _placed(_typed(tree, chunk), text, start)

@@ -10,6 +10,7 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
 import cache
@@ -128,3 +129,72 @@ def test_cache_ddl_errors_give_line_and_column(
     assert str(caught.value).startswith(f"line {where[0]}, column {where[1]}: ")
     assert what in str(caught.value)
     assert snapshot(conn) == before
+
+
+def test_one_connection_shared_by_threads_serializes_its_statements(conn: Connection) -> None:
+    """psycopg's connections may be shared by threads (threadsafety 2); so may ours: each
+    thread's statements run one at a time, with the right answers, local and remote alike."""
+    import concurrent.futures
+
+    conn.admin.admit("authorlist_pct", [1, 2, 3])
+    conn.commit()
+    queries = [
+        ("SELECT name FROM authors WHERE authorid = %s CURRENCY BOUND 10 MIN ON (authors)", 2),
+        ("SELECT count(*) FROM books WHERE authorid = %s", 1),
+        ("SELECT authorid, name FROM authors WHERE authorid <= %s ORDER BY authorid", 3),
+    ]
+    with psycopg.connect(conn.backend) as pg:
+        expected = {
+            (sql, arg): pg.execute(sql.split(" CURRENCY")[0], (arg,)).fetchall()
+            for sql, arg in queries
+        }
+
+    def work(worker: int) -> list[tuple[object, ...]]:
+        answers = []
+        for i in range(40):
+            sql, arg = queries[(worker + i) % len(queries)]
+            cur = conn.cursor()
+            cur.execute(sql, (arg,))
+            answers.append(((sql, arg), cur.fetchall()))
+        conn.commit()
+        return answers
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+        results = [a for f in [pool.submit(work, w) for w in range(4)] for a in f.result()]
+    assert len(results) == 160
+    for key, rows in results:
+        assert rows == expected[key]
+    assert cache.threadsafety == 2
+
+
+@pytest.mark.parametrize("shape", ["parentheses", "and", "or", "plus", "subqueries"])
+def test_deep_and_long_statements_are_answered_as_postgresql_answers(
+    conn: Connection, shape: str
+) -> None:
+    """Statements an ORM generates (long AND/OR chains, long sums) or a person nests deeply
+    get PostgreSQL's answer, with a clause (planned) and without one (sent remote whole)."""
+    conn.admin.admit("authorlist_pct", [1, 2, 3])
+    conn.commit()
+    where = {
+        "parentheses": "authorid = " + "(" * 300 + "2" + ")" * 300,
+        "and": " AND ".join(f"authorid <> {i}" for i in range(4, 2000)),
+        "or": " OR ".join(f"authorid = {i}" for i in range(3000)),
+        "plus": "authorid = " + " + ".join(["0"] * 1500) + " + 2",
+        "subqueries": "authorid IN " + "(SELECT authorid FROM authors WHERE authorid IN " * 60
+        + "(2, 3)" + ")" * 60,
+    }[shape]
+    sql = f"SELECT authorid, name FROM authors WHERE {where} ORDER BY authorid"
+    with psycopg.connect(conn.backend) as pg:
+        expected = pg.execute(sql).fetchall()
+    assert expected
+    for suffix in ("", " CURRENCY BOUND 10 MIN ON (authors)"):
+        assert conn.execute(sql + suffix).fetchall() == expected
+
+
+def test_a_statement_nested_past_the_limit_is_refused_and_the_session_goes_on(
+    conn: Connection,
+) -> None:
+    depth = 20_000
+    with pytest.raises(cache.ProgrammingError, match="nested too deeply"):
+        conn.execute("SELECT " + "(" * depth + "1" + ")" * depth)
+    assert conn.execute("SELECT 1").fetchall() == [(1,)]

@@ -76,3 +76,19 @@ def test_duckdb_output_has_no_extensions() -> None:
     query = parse_one("SELECT b.isbn FROM books b CURRENCY BOUND 1 MIN ON (b) BY b.isbn")
     assert isinstance(query, Query)
     assert query.to_sql("duckdb") == "SELECT b.isbn FROM books AS b"
+
+
+@pytest.mark.parametrize("depth", [100, 500])
+def test_deeply_nested_statements_parse(depth: int) -> None:
+    """PostgreSQL accepts hundreds of nested parentheses; so does the cache (sqlglot recurses
+    about 20 Python frames per level, past the interpreter's default limit at 50)."""
+    inner = "(" * depth + "1" + ")" * depth
+    query = parse_one(f"SELECT name FROM books b WHERE b.isbn = {inner} CURRENCY BOUND 1 MIN ON (b)")
+    assert isinstance(query, Query)
+    assert query.backend_sql.endswith(inner)
+
+
+def test_a_statement_nested_past_the_limit_is_a_programming_error() -> None:
+    depth = 20_000
+    with pytest.raises(ProgrammingError, match="nested too deeply"):
+        parse_one("SELECT " + "(" * depth + "1" + ")" * depth)

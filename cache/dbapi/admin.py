@@ -17,6 +17,7 @@ backend snapshot and one DuckDB transaction (`cache.maintenance`).
 
 from __future__ import annotations
 
+import threading
 import typing as t
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -39,7 +40,7 @@ Dsn = Callable[[], str]  # the backend, resolved when first needed (the embedded
 
 
 # the public methods' edge (cache.dbapi.boundary), naming this cache file
-_public = public(lambda self: self._store.path)
+_public = public(lambda self: self._store.path, lambda self: self._lock)
 
 
 class Admin:
@@ -50,7 +51,9 @@ class Admin:
         *,
         admissions: Admissions | None = None,
         on_catalog: Callable[[Catalog], None] | None = None,
+        lock: threading.RLock | None = None,
     ) -> None:
+        self._lock = lock or threading.RLock()  # the connection's, when reached through one
         self._store = store
         self._backend = backend
         self._admissions = admissions

@@ -1,12 +1,15 @@
-"""The edge of the public API: whatever goes wrong below it leaves as an error of the PEP 249
-tree (`sql_ext.errors`). Errors of the tree pass unchanged; text that is not valid UTF-8 is a
-`DataError`; DuckDB's and psycopg's errors are translated (a damaged cache file says so and
-what to do); anything else is a bug, raised as an `InternalError` that names it (its
-traceback stays on ``__cause__``)."""
+"""The edge of the public API, one call at a time per connection (threads may share a
+connection, as with psycopg: their calls are serialized by the connection's lock). Whatever
+goes wrong below it leaves as an error of the PEP 249 tree (`sql_ext.errors`). Errors of the
+tree pass unchanged; text that is not valid UTF-8 is a `DataError`; DuckDB's and psycopg's
+errors are translated (a damaged cache file says so and what to do); anything else is a bug,
+raised as an `InternalError` that names it (its traceback stays on ``__cause__``)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
 import typing as t
 from pathlib import Path
 
@@ -14,19 +17,25 @@ import duckdb
 import psycopg
 
 from cache.store.cache_file import damaged
-from sql_ext.errors import DataError, Error, InternalError, first_line, translate
+from sql_ext.errors import DataError, Error, InternalError, first_line, too_deep, translate
 
 F = t.TypeVar("F", bound=t.Callable[..., t.Any])
 
 
-def public(cache_path: t.Callable[[t.Any], Path]) -> t.Callable[[F], F]:
-    """Decorate a public method: ``cache_path(self)`` names the cache file in messages."""
+def public(
+    cache_path: t.Callable[[t.Any], Path],
+    lock: t.Callable[[t.Any], threading.RLock | None],
+) -> t.Callable[[F], F]:
+    """Decorate a public method: ``cache_path(self)`` names the cache file in messages;
+    ``lock(self)`` is held for the call (None: not yet made, while constructing)."""
 
     def decorate(method: F) -> F:
         @functools.wraps(method)
         def wrapper(self: t.Any, *args: t.Any, **kwargs: t.Any) -> t.Any:
+            held = lock(self)
             try:
-                return method(self, *args, **kwargs)
+                with held if held is not None else contextlib.nullcontext():
+                    return method(self, *args, **kwargs)
             except Error:
                 raise
             except Exception as exc:
@@ -44,6 +53,8 @@ def api_error(exc: Exception, path: Path) -> Error:
             f"text that is not valid UTF-8 ({first_line(exc)}): statements, parameters and "
             "names must be valid Unicode without lone surrogates"
         )
+    if isinstance(exc, RecursionError):
+        return too_deep()
     if isinstance(exc, duckdb.Error):
         return damaged(exc, path) or translate(exc, f"the cache file {path}")
     if isinstance(exc, psycopg.Error):

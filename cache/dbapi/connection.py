@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import threading
 import typing as t
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -44,7 +45,8 @@ DEFAULT_CACHE = ".mtcache/cache.duckdb"
 
 
 # the public methods' edge (cache.dbapi.boundary), naming this cache file
-_public = public(lambda self: Path(getattr(self, "cache_path", DEFAULT_CACHE)))
+_public = public(lambda self: Path(getattr(self, "cache_path", DEFAULT_CACHE)),
+                 lambda self: getattr(self, "_lock", None))
 
 
 class Connection:
@@ -81,6 +83,7 @@ class Connection:
         result_memo_bytes: int = DEFAULT_MEMO_BYTES,
     ) -> None:
         self._currency_bound = _bound_seconds(currency_bound)
+        self._lock = threading.RLock()  # one call at a time (cache.dbapi.boundary)
         if isinstance(result_memo_bytes, bool) or not isinstance(result_memo_bytes, int) \
                 or result_memo_bytes < 0:  # fmt: skip
             raise _errors.ProgrammingError(
@@ -158,6 +161,7 @@ class Connection:
         self._backend_call(self._pg.rollback)
         self._session.rolled_back()
 
+    @_public
     def close(self) -> None:
         if self.closed:
             return
@@ -238,7 +242,7 @@ class Connection:
     def admin(self) -> Admin:
         """Administration of this connection's cache: DDL, admit, evict, refresh, status."""
         return Admin(self._store, lambda: self.backend, admissions=self._admissions,
-                     on_catalog=self._planner.use_catalog)  # fmt: skip
+                     on_catalog=self._planner.use_catalog, lock=self._lock)  # fmt: skip
 
     @_public
     def explain(self, operation: str, parameters: Params = None) -> Plan:

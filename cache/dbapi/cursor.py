@@ -54,7 +54,7 @@ _NO_PROVENANCE = Provenance()
 
 
 # the public methods' edge (cache.dbapi.boundary), naming this cache file
-_public = public(lambda self: self.connection.cache_path)
+_public = public(lambda self: self.connection.cache_path, lambda self: self.connection._lock)
 
 
 class Cursor:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import typing as t
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import duckdb
@@ -86,7 +86,9 @@ def compiled_for(prepared: Prepared, decision: Decision) -> Compiled:
     compiled = prepared.compiled.get(signature)
     if compiled is None:
         choice = decision.choice()
-        statement = local_statement(prepared.plan, choice)
+        plan = prepared.plan
+        first = plan.first if _same_choice(choice, plan.first_choice()) else None
+        statement = first or local_statement(plan, choice)
         leaves = tuple(leaf.sql for _, leaf in statement.leaves)
         views = tuple(sorted({v for v in choice.values() if v is not None}))
         analysis = prepared.plan.analysis
@@ -96,6 +98,12 @@ def compiled_for(prepared: Prepared, decision: Decision) -> Compiled:
                             memo_key)  # fmt: skip
         prepared.compiled[signature] = compiled
     return compiled
+
+
+def _same_choice(a: Mapping[int, str | None], b: Mapping[int, str | None]) -> bool:
+    """Whether two choices read the same (an access missing from one reads its leaf)."""
+    return {k: v for k, v in a.items() if v is not None} == \
+        {k: v for k, v in b.items() if v is not None}  # fmt: skip
 
 
 def run_local(

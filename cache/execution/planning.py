@@ -27,10 +27,9 @@ from cache.execution.provenance import Executed
 from cache.store.cache_file import CacheStore
 from optimizer.analyze import analyze
 from optimizer.estimate_cost import DEFAULT_DELAY
-from optimizer.local_statement import local_statement
 from optimizer.normalize_constraint import normalize_constraint
 from optimizer.plan import Estimates, Plan, PlanInputs
-from optimizer.planner import estimate_requests, plan_query
+from optimizer.planner import estimate_requests, initial_plan, plan_query
 from sql_ext import Query
 from sql_ext.catalog import Catalog
 from sql_ext.errors import BackendUnavailableError, CatalogError, first_line
@@ -137,7 +136,8 @@ class Planner:
         with_params = params is not None
         values = values_for(analysis.keys, params)  # psycopg's errors for wrong parameters
         named = dict(zip(map(duckdb_name, analysis.keys), values, strict=True))
-        wanted = estimate_requests(analysis, schema, self.catalog, with_params=with_params)
+        initial = initial_plan(analysis, self.catalog, with_params)
+        wanted = estimate_requests(initial, schema)
         try:
             remote = backend_estimates(
                 self.dsn,
@@ -151,12 +151,12 @@ class Planner:
             schema, self.catalog, Estimates(remote, self.store.row_counts(wanted.views)),
             self.delay, tuple(oid for oid, _ in result.types) if result is not None else None,
         )
-        plan = plan_query(analysis, inputs, with_params=with_params)
+        plan = plan_query(analysis, inputs, with_params=with_params, initial=initial)
         if plan.local:
             problem = self._result_problem(plan, result, named)
             if problem is not None:  # DuckDB cannot give PostgreSQL's result: plan it remote
                 unfit = dataclasses.replace(analysis, local_blocker=problem)
-                plan = plan_query(unfit, inputs, with_params=with_params)
+                plan = plan_query(unfit, inputs, with_params=with_params, initial=initial)
         return plan, result, True
 
     def _result_problem(
@@ -165,8 +165,8 @@ class Planner:
         """Why DuckDB's answer to the plan's statement could not be PostgreSQL's, or None."""
         if result is None:
             return "the backend does not describe its result"
-        first = {a.instance.id: a.guards[0].view for a in plan.guarded_accesses}
-        statement = local_statement(plan, first)
+        statement = plan.first
+        assert statement is not None  # made for every local plan
         try:
             types = duckdb_result_types(self.store.con, statement, named)
         except (duckdb.BinderException, duckdb.CatalogException, duckdb.ParserException,
