@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -143,3 +145,72 @@ def test_query_json_is_faithful_for_every_type(
         "neg": "-PT1S", "b": "\\x78ff", "n": "1.50", "d": "2024-02-29", "nan": "NaN",
         "inf": "-Infinity", "arr": [1, 2], "u": "00000000-0000-0000-0000-000000000001",
     }  # fmt: skip
+
+
+def regions(mtcache_bin: str, env: dict[str, str]) -> list[tuple[object, ...]]:
+    """Every cached region: view, key, rows, snapshot and refresh time (not its age)."""
+    status = run(mtcache_bin, env, "status", "--json")
+    assert status.returncode == 0, status.stderr
+    return [(v["name"], v["rows"], r["key"], r["rows"], r["snapshot_id"], r["refreshed_at"])
+            for v in json.loads(status.stdout)["views"] for r in v["regions"]]  # fmt: skip
+
+
+def _descendants(pid: int) -> list[tuple[int, str]]:
+    """(pid, command line) of every process below ``pid``."""
+    children: dict[int, list[int]] = {}
+    commands: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            commands[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(parent, []).append(int(entry.name))
+    found, pending = [], [pid]
+    while pending:
+        for child in children.get(pending.pop(), []):
+            found.append((child, commands.get(child, "")))
+            pending.append(child)
+    return found
+
+
+@pytest.mark.parametrize("when", ["starting the JVM", "running a Spark task"])
+def test_ctrl_c_during_a_spark_refresh(mtcache_bin: str, env: dict[str, str], when: str) -> None:
+    """Ctrl-C stops a Spark refresh at once, whatever it is doing: exit 130, one line, no
+    traceback (py4j's included), the cache as it was."""
+    assert run(mtcache_bin, env, "ddl", str(SCHEMA)).returncode == 0
+    assert run(mtcache_bin, env, "admit", "authorlist_pct", "2").returncode == 0
+    before = regions(mtcache_bin, env)
+    stalled = {**env, "MTCACHE_FAULTS": "task:stall"}
+    # SIGINT as a terminal sends it (a shell's background job would start with it ignored)
+    proc = subprocess.Popen(
+        [mtcache_bin, "refresh", "--engine", "spark"], env=stalled, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 90
+        if when == "starting the JVM":
+            while not any("java" in c for _, c in _descendants(proc.pid)):
+                assert time.monotonic() < deadline and proc.poll() is None
+                time.sleep(0.05)
+        else:
+            while not any("pyspark" in c and "daemon" in c for _, c in _descendants(proc.pid)):
+                assert time.monotonic() < deadline and proc.poll() is None
+                time.sleep(0.1)
+            time.sleep(1.0)  # the task is running (stalled)
+        proc.send_signal(signal.SIGINT)
+        interrupted = time.monotonic()
+        out, err = proc.communicate(timeout=30)
+        took = time.monotonic() - interrupted
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, (out, err)
+    assert "Traceback" not in err and "ERROR" not in err, err
+    ours = [line for line in err.splitlines() if line.startswith("mtcache:")]
+    assert ours == ["mtcache: interrupted"], err
+    assert err.strip().splitlines()[-1] == "mtcache: interrupted"
+    assert took < 15, f"{took:.1f}s from Ctrl-C to exit"
+    assert regions(mtcache_bin, env) == before

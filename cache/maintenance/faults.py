@@ -4,18 +4,24 @@ point leaves the cache file exactly as it was (SPEC §7).
 Inert unless enabled: by the ``MTCACHE_FAULTS`` environment variable (a comma-separated list,
 read when a pipeline starts) or by the ``faults`` argument of a refresh. ``NAME`` raises
 `InjectedFault` there; ``NAME:kill`` kills the process on the spot (SIGKILL: no cleanup, no
-rollback handler runs), as a crash or an out-of-memory kill would.
+rollback handler runs), as a crash or an out-of-memory kill would; ``NAME:stall`` hangs there
+(up to a minute, less once its parent process is gone), as a stuck backend or task would, so
+a test can interrupt or kill the refresh while it waits.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterable
 
 POINTS = ("after_snapshot", "after_pull", "before_commit", "task")
 # ``after_snapshot:disconnect`` makes the backend terminate the refresh's session (a real
 # server-side disconnect, as a backend restart or a network cut would cause).
+
+
+STALL_SECONDS = 60.0
 
 
 class InjectedFault(RuntimeError):
@@ -30,5 +36,10 @@ def active(extra: Iterable[str] = ()) -> frozenset[str]:
 def hit(point: str, enabled: frozenset[str]) -> None:
     if f"{point}:kill" in enabled:
         os.kill(os.getpid(), signal.SIGKILL)
+    if f"{point}:stall" in enabled:
+        parent = os.getppid()
+        deadline = time.monotonic() + STALL_SECONDS
+        while time.monotonic() < deadline and os.getppid() == parent:
+            time.sleep(0.1)
     if point in enabled:
         raise InjectedFault(f"injected fault at {point}")

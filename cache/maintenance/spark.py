@@ -8,17 +8,27 @@ staging directory and returns the path; the driver maps the files and hands them
 through Arrow. With a non-local master the staging directory must be shared (a network file
 system) and the backend reachable from the executors.
 
-One Spark session per process, created on first use and reused by every refresh.
+One Spark session per process, created on first use and reused by every refresh. Spark is
+driven from a thread of its own (`_interruptible`): py4j blocks its caller in a socket read,
+which Ctrl-C cannot interrupt cleanly (Spark's own SIGINT handler then calls into the JVM
+from inside that read). The caller waits instead, so Ctrl-C reaches it at once: the jobs are
+cancelled (or the JVM still starting is stopped) and KeyboardInterrupt goes on up, before
+anything was written to the cache.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
 import threading
+import typing as t
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,8 +48,15 @@ _sessions: dict[str, object] = {}
 _lock = threading.Lock()
 
 
+T = t.TypeVar("T")
+
+
 def spark_session(master: str = DEFAULT_MASTER) -> object:
     """The process's Spark session for a master URL (created once, then reused)."""
+    return _interruptible(lambda: _session(master), _stop_starting_jvm)
+
+
+def _session(master: str) -> object:
     with _lock:
         session = _sessions.get(master)
         if session is None:
@@ -143,7 +160,10 @@ class SparkEngine:
                     )
                     owners.append(index)
             try:
-                results = context.parallelize(specs, len(specs)).map(run_task).collect()
+                results = _interruptible(
+                    lambda: context.parallelize(specs, len(specs)).map(run_task).collect(),
+                    context.cancelAllJobs,
+                )
             except Exception as exc:  # Py4JJavaError / PythonException from the executors
                 raise OperationalError(
                     f"a Spark task failed, the cache is unchanged: {_task_error(exc)}"
@@ -156,6 +176,55 @@ class SparkEngine:
             return [pa.concat_tables(parts) if parts else pa.table({}) for parts in tables]
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def _interruptible(action: Callable[[], T], cancel: Callable[[], object]) -> T:
+    """``action()`` run in a thread of its own while the caller waits; on KeyboardInterrupt,
+    ``cancel()`` (given a few seconds) and the interrupt goes on."""
+    outcome: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            outcome.set_result(action())
+        except BaseException as exc:  # handed to the waiting caller
+            outcome.set_exception(exc)
+
+    threading.Thread(target=run, name="mtcache-spark", daemon=True).start()
+    try:
+        return outcome.result()
+    except KeyboardInterrupt:
+        canceller = threading.Thread(target=_quietly(cancel), name="mtcache-spark-cancel",
+                                     daemon=True)  # fmt: skip
+        canceller.start()
+        canceller.join(CANCEL_SECONDS)
+        raise
+
+
+CANCEL_SECONDS = 5.0
+
+
+def _quietly(action: Callable[[], object]) -> Callable[[], None]:
+    def run() -> None:
+        with contextlib.suppress(Exception):  # best effort: the caller hears of the interrupt
+            action()
+
+    return run
+
+
+def _stop_starting_jvm() -> None:
+    """Kill the Spark JVM this process is starting (it ignores SIGINT, and would otherwise
+    outlive an interrupted start-up and print its failure to connect back)."""
+    me = os.getpid()
+    for entry in Path("/proc").iterdir():  # Linux; elsewhere the JVM ends with its stdin
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            command = (entry / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == me and b"org.apache.spark.deploy.SparkSubmit" in command:
+            os.kill(int(entry.name), signal.SIGKILL)
 
 
 _PYTHON_ERROR = re.compile(r"^([\w.]+(?:Error|Exception|Fault)): (.+)$")
