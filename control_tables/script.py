@@ -83,7 +83,10 @@ def _apply_one(
                 f"{statement.name} is a {kind}; use DROP {kind.upper()}"
             )
         schema = schema.without(statement.name)
-        actions.append(("drop", statement.name))
+        if ("create", statement.name) in actions:  # made by this script: never made at all
+            actions.remove(("create", statement.name))
+        else:
+            actions.append(("drop", statement.name))
     else:
         raise ProgrammingError(
             "a cache schema script holds only CREATE CONTROL TABLE, CREATE CACHED VIEW "

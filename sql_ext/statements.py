@@ -315,18 +315,24 @@ Statement = (
 def parse(text: str) -> list[Statement]:
     """Parse a script of one or more statements separated by semicolons."""
     try:
-        trees = DIALECT.parse(text)
+        parsed = DIALECT.parse(text)
     except ParseError as exc:
         raise _syntax_error(exc, text) from None
     except TokenError as exc:
         raise _token_error(exc, text) from None
     except RecursionError:
         raise too_deep() from None
+    # empty statements (";;", or only a comment, which sqlglot keeps as a Semicolon): nothing
+    trees = [tree for tree in parsed if tree is not None and not isinstance(tree, exp.Semicolon)]
+    if not trees and not is_empty(text):
+        # sqlglot read tokens as nothing at all (a lone ELSE): refuse them at the first
+        first = DIALECT.tokenize(text)[0]
+        raise SqlSyntaxError(f"unexpected {first.text!r}: a statement cannot start with it",
+                             first.line, first.col - len(first.text) + 1)  # fmt: skip
     chunks = _statement_texts(text, len(trees))
     statements = [
         _placed(_typed(tree, chunk), text, start)
         for tree, (chunk, start) in zip(trees, chunks, strict=True)
-        if tree is not None
     ]
     if not statements:
         raise SqlSyntaxError("empty statement: there is no SQL to run", 1, 1)
@@ -364,20 +370,27 @@ def _second_statement_start(text: str) -> tuple[int | None, int | None]:
 
 
 def _statement_texts(text: str, count: int) -> list[tuple[str, int]]:
-    """Each statement's text and its offset in the script. The typed results keep their own
-    text (for commands sqlglot keeps verbatim); a script split is only needed for
-    multi-statement input."""
+    """Each statement's text and its offset in the script (``count`` statements: the trees
+    sqlglot made, empty ones left out). The typed results keep their own text (for commands
+    sqlglot keeps verbatim); a script split is only needed for multi-statement input."""
     if count <= 1:
-        return [(text, 0)]
-    tokens = DIALECT.tokenize(text)
-    pieces, start = [], 0
-    for token in tokens:
+        return [(text, 0)] * count
+    pieces: list[tuple[str, int]] = []
+    start, has_tokens = 0, False
+    for token in DIALECT.tokenize(text):
         if token.token_type.name == "SEMICOLON":
-            pieces.append((text[start : token.start], start))
-            start = token.end + 1
-    pieces.append((text[start:], start))
-    pieces = [(p, at) for p, at in pieces if p.strip()]
-    return pieces if len(pieces) == count else [(text, 0)] * count
+            if has_tokens:
+                pieces.append((text[start : token.start], start))
+            start, has_tokens = token.end + 1, False
+        else:
+            has_tokens = True
+    if has_tokens:
+        pieces.append((text[start:], start))
+    if len(pieces) != count:
+        raise SqlSyntaxError(
+            f"cannot split the script into its {count} statements: send them one at a time", 1, 1
+        )
+    return pieces
 
 
 def _placed(statement: Statement, script: str, start: int) -> Statement:
@@ -480,11 +493,20 @@ def _typed(tree: exp.Expr, text: str) -> Statement:
         action = t.cast(t.Literal["set", "reset", "show"], tree.name.lower())
         return SessionBound(text, action, duration.seconds if duration is not None else None)
     if isinstance(tree, ControlTableDef):
+        for column in tree.expressions:
+            kind = column.args["kind"]
+            if kind.this == exp.DataType.Type.USERDEFINED:
+                raise SqlSyntaxError(
+                    f"unknown type {kind.sql(dialect='postgres')!r} for control column "
+                    f"{column.name}: use a built-in type such as INTEGER, BIGINT, TEXT, "
+                    "NUMERIC(p, s) or DATE (user-defined types cannot be cached)",
+                    *position_of(column),
+                )
         return CreateControlTable(
             text=text,
-            name=tree.this.name.lower(),
+            name=folded(tree.this),
             columns=tuple(
-                ControlColumn(name=c.name.lower(), type=c.args["kind"].sql(dialect="postgres"))
+                ControlColumn(name=folded(c.this), type=c.args["kind"].sql(dialect="postgres"))
                 for c in tree.expressions
             ),
         )
@@ -494,7 +516,7 @@ def _typed(tree: exp.Expr, text: str) -> Statement:
         return DropCacheObject(
             text=text,
             object_kind="cached view" if tree.text("kind") == "CACHED VIEW" else "control table",
-            name=tree.this.name.lower(),
+            name=folded(tree.this),
             if_exists=bool(tree.args.get("exists")),
         )
     explain = None
@@ -506,8 +528,16 @@ def _typed(tree: exp.Expr, text: str) -> Statement:
     return Query(text=text, tree=tree, clauses=clauses, analysis=analysis, explain=explain)
 
 
+def folded(node: exp.Expr) -> str:
+    """A name as PostgreSQL reads it: unquoted folded to lower case, quoted as written."""
+    name = node if isinstance(node, exp.Identifier) else node.args.get("this")
+    if isinstance(name, exp.Identifier):
+        return str(name.this) if name.quoted else str(name.this).lower()
+    return node.name.lower()
+
+
 def _names(nodes: list[exp.Expr] | None) -> tuple[str, ...]:
-    return tuple(n.name.lower() for n in nodes or [])
+    return tuple(folded(n) for n in nodes or [])
 
 
 def _typed_cached_view(tree: CachedViewDef, text: str) -> CreateCachedView:
@@ -515,11 +545,12 @@ def _typed_cached_view(tree: CachedViewDef, text: str) -> CreateCachedView:
     table: exp.Table = select.args["from_"].this
     columns: tuple[str, ...] | None = None
     if not any(isinstance(p, exp.Star) for p in select.expressions):
-        columns = tuple(p.alias_or_name.lower() for p in select.expressions)
+        columns = tuple(folded(p.args["alias"]) if isinstance(p, exp.Alias) else folded(p)
+                        for p in select.expressions)  # fmt: skip
     presence = tuple(
         Presence(
             columns=_names(p.expressions),
-            control=p.this.name.lower(),
+            control=folded(p.this),
             control_columns=_names(p.args.get("control_columns") or p.expressions),
         )
         for p in tree.args.get("presence") or []
@@ -532,7 +563,7 @@ def _typed_cached_view(tree: CachedViewDef, text: str) -> CreateCachedView:
         consistency = Consistency(
             kind=kind,
             columns=_names(node.expressions),
-            control=control.name.lower() if control is not None else None,
+            control=folded(control) if control is not None else None,
         )
     completeness = None
     if tree.args.get("completeness") is not None:
@@ -540,14 +571,14 @@ def _typed_cached_view(tree: CachedViewDef, text: str) -> CreateCachedView:
         control = cnode.args.get("this")
         completeness = Completeness(
             columns=_names(cnode.expressions),
-            control=control.name.lower() if control is not None else None,
+            control=folded(control) if control is not None else None,
         )
     refresh: Duration | None = tree.args.get("refresh")
     return CreateCachedView(
         text=text,
-        name=tree.this.name.lower(),
-        table=table.name.lower(),
-        schema=table.db.lower() or None,
+        name=folded(tree.this),
+        table=folded(table),
+        schema=folded(table.args["db"]) if table.args.get("db") else None,
         columns=columns,
         select=select,
         presence=presence,

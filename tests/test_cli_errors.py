@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -164,7 +165,8 @@ def _descendants(pid: int) -> list[tuple[int, str]]:
             continue
         try:
             parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            commands[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+            commands[int(entry.name)] = command.decode(errors="replace")
         except (OSError, ValueError, IndexError):
             continue
         children.setdefault(parent, []).append(int(entry.name))
@@ -184,11 +186,13 @@ def test_ctrl_c_during_a_spark_refresh(mtcache_bin: str, env: dict[str, str], wh
     assert run(mtcache_bin, env, "admit", "authorlist_pct", "2").returncode == 0
     before = regions(mtcache_bin, env)
     stalled = {**env, "MTCACHE_FAULTS": "task:stall"}
-    # SIGINT as a terminal sends it (a shell's background job would start with it ignored)
+    # SIGINT handled as under a terminal (a shell's background job, such as CI's, would start
+    # the test run with it ignored, and an ignored signal stays ignored across exec)
+    default_sigint = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                      "os.execv(sys.argv[1], sys.argv[1:])")  # fmt: skip
     proc = subprocess.Popen(
-        [mtcache_bin, "refresh", "--engine", "spark"], env=stalled, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        [sys.executable, "-c", default_sigint, mtcache_bin, "refresh", "--engine", "spark"],
+        env=stalled, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 90

@@ -27,6 +27,7 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
+from cache.private_files import make_private, make_private_dirs
 from sql_ext.errors import EmbeddedBackendError
 
 DEFAULT_DATABASE = "mtcache"
@@ -196,8 +197,9 @@ class EmbeddedPostgres:
     def _lock(self) -> Iterator[None]:
         # Two processes starting the same cluster at once would race on initdb / pg_ctl start.
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
+            make_private_dirs(self.root)
             handle = open(self.root / ".lock", "a+")  # noqa: SIM115 - closed by the with below
+            make_private(self.root / ".lock")
         except OSError as exc:
             raise EmbeddedBackendError(
                 f"cannot create the embedded PostgreSQL's directory {self.root}: "
@@ -261,7 +263,7 @@ class EmbeddedPostgres:
             )
 
     def _initdb(self) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(self.root)
         if self.data_dir.exists():
             # A half-made data directory (initdb interrupted) is useless; start over.
             shutil.rmtree(self.data_dir)
@@ -305,6 +307,7 @@ class EmbeddedPostgres:
             ]
         )
         self.port_file.write_text(f"{port}\n")
+        make_private(self.port_file)
         self._wait_accepting(port)
         return port
 

@@ -93,7 +93,11 @@ class Admin:
         """Apply cache DDL (a script's text or parsed statements) all or nothing, checked
         against the backend's current catalog and Rules 1-5."""
         statements = parse(script) if isinstance(script, str) else list(script)
-        return self._store.apply_ddl(statements, self.reflect())
+        catalog = fetch_catalog(self._backend())
+        result = self._store.apply_ddl(statements, catalog)  # saves the catalog if it applies
+        if self._on_catalog is not None:
+            self._on_catalog(catalog)
+        return result
 
     @_public
     def control_key(self, control: str) -> tuple[str, ...]:

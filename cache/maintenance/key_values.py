@@ -51,8 +51,19 @@ def exact_key(con: duckdb.DuckDBPyConnection, control: ControlTable, value: Key)
 
 
 def _exact(value: t.Any, kind: exp.DataType, where: str) -> t.Any:
-    """The value to cast: for integers and decimals the exact number (checked here), else the
-    value itself."""
+    """The value to cast: for integers and decimals the exact number (checked here), for text
+    a str PostgreSQL can hold, else the value itself."""
+    if value is None:
+        raise DataError(f"{where}: a control key cannot be NULL (no row's key equals NULL)")
+    if kind.is_type(*exp.DataType.TEXT_TYPES, exp.DataType.Type.BPCHAR):
+        if not isinstance(value, str):
+            raise DataError(
+                f"{where} is {_name(kind)}: {value!r} is a {type(value).__name__}, not text "
+                "(pass the key as a str)"
+            )
+        if "\0" in value:
+            raise DataError(f"{where} is {_name(kind)}: PostgreSQL text cannot hold NUL (\\0)")
+        return value
     if kind.is_type(*exp.DataType.INTEGER_TYPES):
         number = _integer(value)
         if number is None:

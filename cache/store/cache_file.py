@@ -20,6 +20,7 @@ from pathlib import Path
 import duckdb
 from sqlglot import exp
 
+from cache.private_files import make_private, make_private_dirs
 from control_tables.schema import CachedView, CacheSchema, ControlTable, view_from_statement
 from control_tables.script import apply_script
 from control_tables.types import BPCHAR, duckdb_type, transfer_type
@@ -113,7 +114,7 @@ class CacheStore:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            make_private_dirs(self.path.parent)
         except OSError as exc:
             raise OperationalError(
                 f"cannot create the cache file {self.path}: {exc.strerror or exc} (pass --cache "
@@ -124,8 +125,11 @@ class CacheStore:
         # lock that lets one write transaction at a time in (DuckDB would abort the second
         # writer of a row with a conflict).
         self._shared = _shared_state(self.path)
+        created = not self.path.exists()
         try:
             self.con = duckdb.connect(str(self.path))
+            if created:
+                make_private(self.path)
         except duckdb.Error as exc:
             damage = damaged(exc, self.path)
             if damage is not None:
@@ -406,9 +410,12 @@ class CacheStore:
 
     def apply_ddl(self, statements: Sequence[Statement], catalog: Catalog) -> DdlResult:
         """Apply a DDL script all or nothing: check the schema it leads to (validity and
-        Rules 1-5), then create and drop the DuckDB tables in one transaction."""
+        Rules 1-5) against ``catalog``, the backend's just now; then keep that catalog and
+        create and drop the DuckDB tables in one transaction. A script refused leaves the
+        file as it was, its catalog included."""
         schema, actions = apply_script(self.load_schema(), statements, catalog)
-        self._execute_actions(actions, schema)
+        self._execute_actions(actions, schema, catalog)
+        self.save_catalog(catalog)
         with self._shared.lock:
             self._shared.schema_version += 1
         self.bump()
@@ -417,8 +424,9 @@ class CacheStore:
             dropped=[n for a, n in actions if a == "drop"],
         )
 
-    def _execute_actions(self, actions: list[tuple[str, str]], schema: CacheSchema) -> None:
-        catalog = self.load_catalog()
+    def _execute_actions(
+        self, actions: list[tuple[str, str]], schema: CacheSchema, catalog: Catalog
+    ) -> None:
         try:
             with self.transaction() as con:
                 row = con.execute("SELECT coalesce(max(seq), 0) FROM mtcache.objects").fetchone()

@@ -303,8 +303,16 @@ def cmd_stop(settings: Settings, args: argparse.Namespace) -> int:
 # -- wiring ---------------------------------------------------------------------------------------
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line too (exit 2, as argparse's), pointing at --help."""
+
+    def error(self, message: str) -> t.NoReturn:
+        _fail(f"{message} (see {self.prog} --help)", 2)
+        raise SystemExit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="mtcache",
         description="A currency-and-consistency-aware mid-tier cache in front of PostgreSQL.",
     )
