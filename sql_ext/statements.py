@@ -634,7 +634,8 @@ def _check_clause(block: Block, text: str) -> BlockClause:
         specs.append(
             Spec(
                 bound_seconds=duration.seconds,
-                on=_names(on) if on is not None else None,
+                # query aliases match case-insensitively throughout the optimizer
+                on=tuple(i.name.lower() for i in on) if on is not None else None,
                 by=tuple(_column_name(c) for c in node.args.get("by") or []),
                 node=node,
             )

@@ -4,6 +4,7 @@ cache creates are private, the embedded cluster listens on loopback only."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -176,10 +177,8 @@ def test_the_embedded_cluster_is_private_and_on_loopback_only(
 def _other_addresses() -> list[str]:
     """This machine's IPv4 addresses other than loopback (may be none)."""
     found = set()
-    try:
+    with contextlib.suppress(OSError):
         found.update(socket.gethostbyname_ex(socket.gethostname())[2])
-    except OSError:
-        pass
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
         try:
             udp.connect(("10.255.255.255", 1))  # no packet is sent; picks the outward address

@@ -300,6 +300,16 @@ def cmd_stop(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_experiment(settings: Settings, args: argparse.Namespace) -> int:
+    from experiments import chaos  # the experiments ship with the package; loaded when asked
+
+    if args.minutes <= 0:
+        raise ProgrammingError(f"--minutes must be positive, not {args.minutes:g}")
+    dsn = settings.backend or EmbeddedPostgres(settings.embedded_root).ensure_running()
+    return chaos.main(["--seconds", str(args.minutes * 60), "--backend", dsn,
+                       *(["--seed", str(args.seed)] if args.seed is not None else [])])  # fmt: skip
+
+
 # -- wiring ---------------------------------------------------------------------------------------
 
 
@@ -380,6 +390,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = commands.add_parser("demo", help="start the embedded backend and walk through examples")
     p.set_defaults(run=cmd_demo)
+
+    p = commands.add_parser("experiment", help="run an experiment (chaos: the C&C checker)")
+    p.add_argument("name", choices=["chaos"], help="chaos: randomized concurrent C&C checker "
+                   "with injected faults (experiments/chaos.py)")  # fmt: skip
+    p.add_argument("--minutes", type=float, default=1.0, help="how long to run (default 1)")
+    p.add_argument("--seed", type=int, help="reproduce a run's choices (default: random)")
+    p.set_defaults(run=cmd_experiment)
 
     p = commands.add_parser("stop", help="stop the embedded PostgreSQL")
     p.set_defaults(run=cmd_stop)

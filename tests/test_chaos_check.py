@@ -1,0 +1,75 @@
+"""The C&C checker's history check (experiments/chaos_check.py) on hand-made histories: it
+accepts what one fresh-enough snapshot gives and names each kind of violation."""
+
+from __future__ import annotations
+
+import typing as t
+
+from experiments.chaos_check import Observation, Tick, Timeline, Unit, check
+
+# accounts 1, 2 in group 10; account 3 in group 20. Tick 1 (t=1.0): 1->v1; tick 2 (t=2.0):
+# 1->v2, 2->v1; tick 3 (t=3.0): 3->v1.
+TIMELINE = Timeline({1: 10, 2: 10, 3: 20}, [
+    Tick(1, 1.0, {1: 1}, 0.99), Tick(2, 2.0, {1: 2, 2: 1}, 1.99), Tick(3, 3.0, {3: 1}, 2.99),
+])  # fmt: skip
+
+
+def observe(
+    *units: Unit, start: float = 3.5, bound: float | None = 10.0, **kw: t.Any
+) -> Observation:
+    return Observation(session=1, start=start, end=start + 0.1, bound=bound, units=units,
+                       shape="test", **kw)  # fmt: skip
+
+
+def test_intervals_follow_the_versions() -> None:
+    assert TIMELINE.row_interval(1, 0) == (0, 0)
+    assert TIMELINE.row_interval(1, 1) == (1, 1)
+    assert TIMELINE.row_interval(1, 2) == (2, 3)
+    assert TIMELINE.row_interval(1, 3) is None
+    assert TIMELINE.group_interval(10, 3) == (2, 3)  # versions 2 + 1
+    assert TIMELINE.group_interval(20, 0) == (0, 2)
+
+
+def test_an_answer_from_one_fresh_snapshot_passes() -> None:
+    verdict = check(TIMELINE, [observe(Unit(rows=((1, 2), (2, 1)), groups=((20, 1),)))])
+    assert verdict.checked == 1 and verdict.violations == []
+
+
+def test_rows_from_two_snapshots_are_a_violation() -> None:
+    verdict = check(TIMELINE, [observe(Unit(rows=((1, 1), (2, 1))))])
+    assert len(verdict.violations) == 1 and "no single snapshot" in verdict.violations[0]
+
+
+def test_separate_units_may_come_from_separate_snapshots() -> None:
+    """Two classes (or BY groups) need not share a snapshot; one unit must."""
+    apart = observe(Unit(rows=((1, 1),)), Unit(rows=((2, 1),)))
+    together = observe(Unit(rows=((1, 1), (2, 1))))
+    assert check(TIMELINE, [apart]).violations == []
+    assert len(check(TIMELINE, [together]).violations) == 1
+
+
+def test_state_committed_after_the_query_ended_is_a_violation() -> None:
+    verdict = check(TIMELINE, [observe(Unit(rows=((1, 2),)), start=0.5, bound=None)])
+    assert len(verdict.violations) == 1 and "after it ended" in verdict.violations[0]
+
+
+def test_a_snapshot_older_than_the_bound_is_a_violation() -> None:
+    stale = observe(Unit(rows=((1, 1),)), start=5.0, bound=2.0)  # superseded at 2.0 < 3.0
+    fresh = observe(Unit(rows=((1, 1),)), start=5.0, bound=3.5)
+    verdict = check(TIMELINE, [stale])
+    assert len(verdict.violations) == 1 and "superseded" in verdict.violations[0]
+    assert check(TIMELINE, [fresh]).violations == []
+
+
+def test_a_session_must_see_its_own_writes() -> None:
+    verdict = check(TIMELINE, [observe(Unit(rows=((2, 0),)), floor_tick=2, bound=100.0)])
+    assert len(verdict.violations) == 1 and "own write" in verdict.violations[0]
+
+
+def test_timeordered_never_goes_back() -> None:
+    first = observe(Unit(rows=((1, 2),)), start=3.5, timeline=7)
+    back = observe(Unit(rows=((1, 1),)), start=3.6, bound=100.0, timeline=7)
+    outside = observe(Unit(rows=((1, 1),)), start=3.7, bound=100.0)
+    verdict = check(TIMELINE, [first, back, outside])
+    assert verdict.checked == 3
+    assert len(verdict.violations) == 1 and "TIMEORDERED" in verdict.violations[0]
