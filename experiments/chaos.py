@@ -16,8 +16,11 @@ every cached region must equal the backend's rows at one snapshot no older than 
 claims. Prints the operations checked, faults injected and violations (0 is the only passing
 number); a seed reproduces the run's choices (thread timing still varies).
 
-Not yet injected (see docs/decisions.md, "The C&C checker"): backend restarts, SIGKILL of the
-cache's process, Spark task failures.
+With the embedded backend (no --backend) the fault thread also restarts PostgreSQL now and
+then; answers the cache gave while it was down are counted (and checked like any other).
+
+Not yet injected (see docs/decisions.md, "The C&C checker"): SIGKILL of the cache's process,
+Spark task failures.
 """
 
 from __future__ import annotations
@@ -86,6 +89,8 @@ class Run:
     operations: Counter[str] = field(default_factory=Counter)
     errors: Counter[str] = field(default_factory=Counter)
     events: list[tuple[float, str]] = field(default_factory=list)  # maintenance, for reports
+    restart: t.Callable[[], None] | None = None  # stops and starts the backend, when we may
+    outages: list[tuple[float, float]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def running(self) -> bool:
@@ -272,8 +277,17 @@ def maintainer(run: Run) -> None:
 
 def fault_injector(run: Run) -> None:
     rng = random.Random(run.seed * 1000 + 900)
+    next_restart = time.time() + rng.uniform(5, 10)
     while run.running():
         time.sleep(rng.uniform(0.5, 2.0))
+        if run.restart is not None and time.time() > next_restart and run.running():
+            down = time.time()
+            run.restart()
+            with run.lock:
+                run.outages.append((down, time.time()))
+                run.faults["backend restart"] += 1
+            next_restart = time.time() + rng.uniform(8, 20)
+            continue
         try:
             with psycopg.connect(run.dsn, autocommit=True) as pg:
                 victims = pg.execute(
@@ -337,13 +351,16 @@ def prepare(dsn: str) -> str:
 
 
 def run_chaos(
-    dsn: str, seconds: float, seed: int, console: Console | None = None
+    dsn: str, seconds: float, seed: int, console: Console | None = None,
+    restart: t.Callable[[], None] | None = None,
 ) -> dict[str, t.Any]:
+    """A run against ``dsn`` (its server gets a database of the checker's own); ``restart``
+    stops and starts that server (faults of that kind are injected only when given)."""
     console = console or Console()
     chaos_dsn = prepare(dsn)
     work = Path(tempfile.mkdtemp(prefix="mtcache-chaos-"))
     try:
-        run = Run(chaos_dsn, work / "cache.duckdb", seed, time.time() + seconds)
+        run = Run(chaos_dsn, work / "cache.duckdb", seed, time.time() + seconds, restart=restart)
         with cache.connect(chaos_dsn, run.cache_path) as conn:
             conn.admin.apply_ddl(CACHE_SCHEMA)
             conn.admin.admit("acct_pct", [1, 2, 3])
@@ -365,6 +382,9 @@ def run_chaos(
         result = {
             "seed": seed, "seconds": seconds, "ticks": len(run.ticks),
             "answers_checked": verdict.checked, "answers_local": verdict.local,
+            "local_during_outages": sum(
+                1 for o in run.observations if o.local
+                and any(down <= o.start <= up for down, up in run.outages)),
             "regions_checked": regions.checked, "faults": dict(run.faults),
             "operations": dict(run.operations),
             "errors": {k: v for k, v in run.errors.items() if not k.startswith("VIOLATION")},
@@ -379,16 +399,30 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--seed", type=int)
-    parser.add_argument("--backend")
+    parser.add_argument("--backend", help="a PostgreSQL DSN (default: the embedded cluster, "
+                        "which the run also restarts now and then)")  # fmt: skip
+    parser.add_argument("--embedded", default=".mtcache/pg",
+                        help="the embedded cluster's directory (default .mtcache/pg)")  # fmt: skip
     args = parser.parse_args(argv)
     console = Console()
-    dsn = args.backend or EmbeddedPostgres(Path(".mtcache/pg")).ensure_running()
+    restart = None
+    if args.backend:
+        dsn = args.backend
+    else:
+        cluster = EmbeddedPostgres(Path(args.embedded))
+        dsn = cluster.ensure_running()
+
+        def restart() -> None:
+            cluster.stop()
+            cluster.ensure_running()
+
     seed = args.seed if args.seed is not None else random.randrange(2**31)
-    result = run_chaos(dsn, args.seconds, seed, console)
+    result = run_chaos(dsn, args.seconds, seed, console, restart)
     console.print(f"ticks committed {result['ticks']}; answers checked "
                   f"{result['answers_checked']} ({result['answers_local']} local); regions "
                   f"checked {result['regions_checked']}")  # fmt: skip
-    console.print(f"faults injected: {result['faults']}")
+    console.print(f"faults injected: {result['faults']}; answered locally while the backend "
+                  f"was down: {result['local_during_outages']}")  # fmt: skip
     console.print(f"operations: {result['operations']}")
     console.print(f"errors (refused or retried, not checked): {result['errors']}")
     console.print(f"violations: {len(result['violations'])}")

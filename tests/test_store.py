@@ -296,3 +296,37 @@ def test_rule_2_is_checked_on_the_schema_too(store: CacheStore) -> None:
     with pytest.raises(UnsafeSchemaError) as info:
         check_schema(schema.with_view(gray), store.load_catalog())
     assert info.value.rule == 2 and info.value.views == ["bookcopy"]
+
+
+def test_a_change_token_is_never_older_than_the_rows_a_reader_saw(tmp_path: Path) -> None:
+    """A reader that saw a commit's rows gets a change token counting that commit (the result
+    memo keeps answers under tokens: one from before the commit would let older rows pass for
+    current). The chaos checker caught the window between COMMIT and the count under load."""
+    import threading
+
+    path = tmp_path / "tokens.duckdb"
+    writer, reader = CacheStore(path), CacheStore(path)
+    writer.con.execute("CREATE TABLE t (x INTEGER)")
+    done = threading.Event()
+
+    def write() -> None:
+        for i in range(1000):
+            with writer.transaction() as con:
+                con.execute("INSERT INTO t VALUES (?)", [i])
+                writer.changed(["t"])
+        done.set()
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    checked = 0
+    try:
+        while not done.is_set():
+            (count,) = reader.con.execute("SELECT count(*) FROM t").fetchone()  # type: ignore[misc]
+            token = reader.change_token(["t"])
+            assert token[-1] >= count, f"saw {count} commits' rows, token counts {token[-1]}"
+            checked += 1
+    finally:
+        thread.join()
+        writer.close()
+        reader.close()
+    assert checked > 0

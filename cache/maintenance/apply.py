@@ -74,7 +74,7 @@ def apply_pull(
                     "INSERT OR REPLACE INTO mtcache.view_state VALUES (?, ?, ?)", [name, *stamp]
                 )
         faults.hit("before_commit", enabled_faults)
-    store.bump(changed)
+        store.changed(changed)
     report.snapshot_id = snapshot_id
     report.backend_time = snapshot.backend_time
 

@@ -39,7 +39,7 @@ def evict(
         if role == "presence":
             _evict_presence(con, schema, view, report)
         faults.hit("before_commit", enabled_faults)
-    store.bump()
+        store.changed()
     report.regions = [f"{control}{v}" for v in values]
     report.seconds = time.monotonic() - started
     return report

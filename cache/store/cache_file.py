@@ -79,6 +79,10 @@ class _Shared:
     version: int = 0  # bumped after every committed change of the file
     schema_version: int = 0  # bumped by DDL only
     lock: threading.RLock = field(default_factory=threading.RLock)
+    # held across a write's COMMIT and its version bump, and to read a change token: a reader
+    # that saw a commit's rows or stamps never gets a token from before it (a memo entry made
+    # from older rows would otherwise pass for current)
+    commit_lock: threading.Lock = field(default_factory=threading.Lock)
     handles: int = 0  # open handles: with none, another process may change the file
     schema: tuple[int, CacheSchema] | None = None  # parsed at a schema_version
     # what changed which view's rows: a view's count goes up with every committed change of
@@ -206,7 +210,12 @@ class CacheStore:
         return self._shared.version
 
     def bump(self, views: Iterable[str] | None = None) -> None:
-        """After a committed change: of the rows of ``views`` (None: of any view)."""
+        """After a committed change made outside `transaction`: of the rows of ``views``
+        (None: of any view)."""
+        with self._shared.commit_lock:
+            self._bump(views)
+
+    def _bump(self, views: Iterable[str] | None) -> None:
         with self._shared.lock:
             shared = self._shared
             shared.version += 1
@@ -219,8 +228,9 @@ class CacheStore:
     def change_token(self, views: Iterable[str]) -> tuple[int, ...]:
         """Equal at two moments only if no row of ``views`` changed in between."""
         shared = self._shared
-        versions = shared.view_versions
-        return (shared.epoch, *(versions.get(v, 0) for v in views))
+        with shared.commit_lock:
+            versions = shared.view_versions
+            return (shared.epoch, *(versions.get(v, 0) for v in views))
 
     def save_clock(self, clock: BackendClock) -> None:
         """The last backend-clock measurement, for tools without a backend connection."""
@@ -276,16 +286,27 @@ class CacheStore:
 
     @contextmanager
     def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        """One DuckDB transaction: everything inside commits together or not at all."""
+        """One DuckDB transaction: everything inside commits together or not at all; the
+        changes named by `changed` inside it are counted at the commit, atomically with it."""
         with self._shared.lock:
             self.con.execute("BEGIN TRANSACTION")
+            self._change: tuple[list[str] | None] | None = None  # (views,) once `changed`
             try:
                 yield self.con
             except BaseException:
                 self.con.execute("ROLLBACK")
                 raise
             else:
-                self.con.execute("COMMIT")
+                with self._shared.commit_lock:
+                    self.con.execute("COMMIT")
+                    if self._change is not None:
+                        self._bump(self._change[0])
+            finally:
+                self._change = None
+
+    def changed(self, views: Iterable[str] | None = None) -> None:
+        """Inside `transaction`: the rows of ``views`` (None: of any view) change with it."""
+        self._change = (None if views is None else list(views),)
 
     # -- the shadow catalog --------------------------------------------------------------------
 

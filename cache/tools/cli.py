@@ -305,8 +305,9 @@ def cmd_experiment(settings: Settings, args: argparse.Namespace) -> int:
 
     if args.minutes <= 0:
         raise ProgrammingError(f"--minutes must be positive, not {args.minutes:g}")
-    dsn = settings.backend or EmbeddedPostgres(settings.embedded_root).ensure_running()
-    return chaos.main(["--seconds", str(args.minutes * 60), "--backend", dsn,
+    backend = ["--backend", settings.backend] if settings.backend else \
+        ["--embedded", str(settings.embedded_root)]  # fmt: skip
+    return chaos.main(["--seconds", str(args.minutes * 60), *backend,
                        *(["--seed", str(args.seed)] if args.seed is not None else [])])  # fmt: skip
 
 
