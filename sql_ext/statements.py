@@ -328,7 +328,7 @@ def parse(text: str) -> list[Statement]:
         # sqlglot read tokens as nothing at all (a lone ELSE): refuse them at the first
         first = DIALECT.tokenize(text)[0]
         raise SqlSyntaxError(f"unexpected {first.text!r}: a statement cannot start with it",
-                             first.line, first.col - len(first.text) + 1)  # fmt: skip
+                             *offset_position(text, first.start))  # fmt: skip
     chunks = _statement_texts(text, len(trees))
     statements = [
         _placed(_typed(tree, chunk), text, start)

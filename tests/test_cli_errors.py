@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from cache.maintenance.spark import child_processes
 from cache.tools import bookstore
 
 SCHEMA = bookstore.CACHE_SCHEMA_FILE
@@ -158,23 +159,11 @@ def regions(mtcache_bin: str, env: dict[str, str]) -> list[tuple[object, ...]]:
 
 def _descendants(pid: int) -> list[tuple[int, str]]:
     """(pid, command line) of every process below ``pid``."""
-    children: dict[int, list[int]] = {}
-    commands: dict[int, str] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
-            commands[int(entry.name)] = command.decode(errors="replace")
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(parent, []).append(int(entry.name))
     found, pending = [], [pid]
     while pending:
-        for child in children.get(pending.pop(), []):
-            found.append((child, commands.get(child, "")))
-            pending.append(child)
+        for child in child_processes(pending.pop()):
+            found.append(child)
+            pending.append(child[0])
     return found
 
 

@@ -84,9 +84,7 @@ class Admin:
         """Read the backend's catalog (tables, keys, statistics) into the cache file."""
         catalog = fetch_catalog(self._backend())
         self._store.save_catalog(catalog)
-        if self._on_catalog is not None:
-            self._on_catalog(catalog)
-        return catalog
+        return self._adopt(catalog)
 
     @_public
     def apply_ddl(self, script: str | Iterable[Statement]) -> DdlResult:
@@ -95,8 +93,7 @@ class Admin:
         statements = parse(script) if isinstance(script, str) else list(script)
         catalog = fetch_catalog(self._backend())
         result = self._store.apply_ddl(statements, catalog)  # saves the catalog if it applies
-        if self._on_catalog is not None:
-            self._on_catalog(catalog)
+        self._adopt(catalog)
         return result
 
     @_public
@@ -148,6 +145,12 @@ class Admin:
     def status(self) -> dict[str, t.Any]:
         """Views, their regions with currency, and the counters (SPEC §9's document)."""
         return status(self._store)
+
+    def _adopt(self, catalog: Catalog) -> Catalog:
+        """Plan against a catalog just read and kept (the connection's planner, if any)."""
+        if self._on_catalog is not None:
+            self._on_catalog(catalog)
+        return catalog
 
     def _maintainer(self, engine: Engine | None = None) -> Maintainer:
         if not self._store.has_catalog():

@@ -214,17 +214,26 @@ def _quietly(action: Callable[[], object]) -> Callable[[], None]:
 def _stop_starting_jvm() -> None:
     """Kill the Spark JVM this process is starting (it ignores SIGINT, and would otherwise
     outlive an interrupted start-up and print its failure to connect back)."""
-    me = os.getpid()
-    for entry in Path("/proc").iterdir():  # Linux; elsewhere the JVM ends with its stdin
+    for pid, command in child_processes(os.getpid()):
+        if "org.apache.spark.deploy.SparkSubmit" in command:
+            os.kill(pid, signal.SIGKILL)
+
+
+def child_processes(parent: int) -> list[tuple[int, str]]:
+    """(pid, command line) of the processes whose parent is ``parent``, from /proc (Linux;
+    elsewhere none: the JVM then ends with its stdin)."""
+    found = []
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
         if not entry.name.isdigit():
             continue
         try:
-            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            command = (entry / "cmdline").read_bytes()
-        except (OSError, ValueError, IndexError):
+            stat = (entry / "stat").read_text()
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+            if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
+                found.append((int(entry.name), command.decode(errors="replace")))
+        except (OSError, ValueError, IndexError):  # gone meanwhile
             continue
-        if parent == me and b"org.apache.spark.deploy.SparkSubmit" in command:
-            os.kill(int(entry.name), signal.SIGKILL)
+    return found
 
 
 _PYTHON_ERROR = re.compile(r"^([\w.]+(?:Error|Exception|Fault)): (.+)$")

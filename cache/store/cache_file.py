@@ -129,6 +129,7 @@ class CacheStore:
         # lock that lets one write transaction at a time in (DuckDB would abort the second
         # writer of a row with a conflict).
         self._shared = _shared_state(self.path)
+        self._change: tuple[list[str] | None] | None = None  # (views,) once `changed`
         created = not self.path.exists()
         try:
             self.con = duckdb.connect(str(self.path))
@@ -210,8 +211,8 @@ class CacheStore:
         return self._shared.version
 
     def bump(self, views: Iterable[str] | None = None) -> None:
-        """After a committed change made outside `transaction`: of the rows of ``views``
-        (None: of any view)."""
+        """After a change committed outside `transaction` (DDL, once its schema version is
+        counted): of the rows of ``views`` (None: of any view)."""
         with self._shared.commit_lock:
             self._bump(views)
 
@@ -290,7 +291,6 @@ class CacheStore:
         changes named by `changed` inside it are counted at the commit, atomically with it."""
         with self._shared.lock:
             self.con.execute("BEGIN TRANSACTION")
-            self._change: tuple[list[str] | None] | None = None  # (views,) once `changed`
             try:
                 yield self.con
             except BaseException:
@@ -439,7 +439,7 @@ class CacheStore:
         self.save_catalog(catalog)
         with self._shared.lock:
             self._shared.schema_version += 1
-        self.bump()
+        self.bump()  # after the schema version: region state is re-read with the new schema
         return DdlResult(
             created=[n for a, n in actions if a == "create"],
             dropped=[n for a, n in actions if a == "drop"],
