@@ -1,36 +1,43 @@
 """A randomized concurrent C&C checker (issue 10), in the spirit of Jepsen/Elle.
 
-    python -m experiments.chaos [--seconds 60] [--seed N] [--backend DSN]
+    python -m experiments.chaos [--seconds 60] [--seed N] [--backend DSN] [--no-spark]
 
 Writer threads commit transactions on PostgreSQL that leave checkable traces: each takes the
-next tick of one clock row (so commits are totally ordered), bumps the version of a few
-accounts, and logs what it wrote. Meanwhile a maintenance thread refreshes, admits and evicts
-through the cache (inline engine), reader threads - each with a cache connection of its own -
-issue random queries (point, group range, aggregates with and without BY groups, TIMEORDERED
-brackets, reads after their own writes) with random bounds, and a fault thread terminates
-backend sessions (the cache's included) and injects failures at the refresh pipeline's fault
-points. Every answer is recorded with its start and end time and checked afterwards
-(experiments/chaos_check.py): one snapshot per consistency unit, no older than the bound
-allowed at the query's start, TIMEORDERED never back, a session's own writes seen. At the end
-every cached region must equal the backend's rows at one snapshot no older than the region
-claims. Prints the operations checked, faults injected and violations (0 is the only passing
-number); a seed reproduces the run's choices (thread timing still varies).
+next tick of one clock row (so commits are totally ordered), bumps the versions of a few
+accounts and of their entries, and logs what it wrote with the backend's clock. The cache lives
+in a process of its own (the *owner*, as an application's would), which this one starts, kills
+and restarts: in it, reader threads - each with a cache connection of its own - issue random
+queries (point, range, group through a completeness region, gray-child join as one class and as
+two classes with bounds of their own, aggregates with and without BY groups, TIMEORDERED
+brackets, reads after their own writes) with random bounds; a maintenance thread refreshes,
+admits and evicts (inline and Spark), and the refresh scheduler runs on its own. Every answer is
+journaled (JSON lines) with its start and end time and checked afterwards
+(experiments/chaos_check.py) against the backend's log: one snapshot per consistency unit, no
+older than the bound allowed at the query's start, TIMEORDERED never back, a session's own
+writes seen. At the end every cached region must equal the backend's rows at one snapshot no
+older than the region claims.
 
-With the embedded backend (no --backend) the fault thread also restarts PostgreSQL now and
-then; answers the cache gave while it was down are counted (and checked like any other).
-
-Not yet injected (see docs/decisions.md, "The C&C checker"): SIGKILL of the cache's process,
-Spark task failures.
+Faults: backend sessions terminated (the cache's included), the backend restarted (embedded
+cluster only: answers given while it was down are counted), refreshes failing at each fault
+point, refreshes killed at each fault point (the owner dies by SIGKILL there), the owner
+SIGKILLed at random moments and reopened, Spark tasks failing (raised and killed workers).
+Prints the operations checked, faults injected and violations (0 is the only passing number);
+a seed reproduces the run's choices (thread timing still varies).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime as dt
 import json
+import os
 import random
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -46,111 +53,177 @@ from rich.console import Console
 import cache
 from cache.backend.embedded_pg import EmbeddedPostgres
 from cache.maintenance import faults
+from cache.maintenance.engines import Engine
 from cache.maintenance.pipeline import Maintainer
+from cache.maintenance.scheduler import RefreshScheduler
 from experiments.chaos_check import Observation, Tick, Timeline, Unit, Verdict, check
 from experiments.provenance import append_rows
 
 ACCOUNTS = 24
+ENTRIES_PER_ACCOUNT = 2
+ENTRY_BASE = 1000  # entry ids: 1001.. (one id space with the accounts' for the history)
 GROUPS = 4
 DATABASE = "mtcache_chaos"
 
 BACKEND_SCHEMA = f"""
-DROP TABLE IF EXISTS chaos_clock, chaos_log, accounts;
+DROP TABLE IF EXISTS chaos_clock, chaos_log, entries, accounts;
 CREATE TABLE chaos_clock (id int PRIMARY KEY, tick bigint NOT NULL);
 INSERT INTO chaos_clock VALUES (1, 0);
 CREATE TABLE accounts (id int PRIMARY KEY, grp int NOT NULL, version bigint NOT NULL);
 INSERT INTO accounts SELECT g, g % {GROUPS}, 0 FROM generate_series(1, {ACCOUNTS}) g;
-CREATE TABLE chaos_log (tick bigint PRIMARY KEY, writes jsonb NOT NULL)
+CREATE TABLE entries (id int PRIMARY KEY, account int NOT NULL REFERENCES accounts,
+                      version bigint NOT NULL);
+INSERT INTO entries SELECT {ENTRY_BASE} + g, (g - 1) % {ACCOUNTS} + 1, 0
+    FROM generate_series(1, {ACCOUNTS * ENTRIES_PER_ACCOUNT}) g;
+CREATE TABLE chaos_log (tick bigint PRIMARY KEY, writes jsonb NOT NULL,
+                        visible_after float8 NOT NULL)
 """
 
+# acct_hot: a presence-controlled view with a completeness region per group and a gray child
+# (entries follow their account's region); acct_all: fully materialized, consistent per group.
 CACHE_SCHEMA = """
 CREATE CONTROL TABLE acct_pct (id INTEGER);
+CREATE CONTROL TABLE grp_cpct (grp INTEGER);
 CREATE CONTROL TABLE grp_csct (grp INTEGER);
 CREATE CACHED VIEW acct_hot AS SELECT id, grp, version FROM accounts
-    PRESENCE ON (id) IN acct_pct REFRESH EVERY 10 SEC;
+    PRESENCE ON (id) IN acct_pct COMPLETENESS ON (grp) IN grp_cpct REFRESH EVERY 5 SEC;
+CREATE CACHED VIEW entry_hot AS SELECT id, account, version FROM entries
+    PRESENCE ON (account) IN acct_hot (id) CONSISTENCY ROOT;
 CREATE CACHED VIEW acct_all AS SELECT id, grp, version FROM accounts
-    CONSISTENCY ON (grp) IN grp_csct REFRESH EVERY 10 SEC
+    CONSISTENCY ON (grp) IN grp_csct REFRESH EVERY 5 SEC
 """
 
-FAULT_POINTS = [p for p in faults.POINTS if p != "task"] + ["after_snapshot:disconnect"]
+FAIL_POINTS = [p for p in faults.POINTS if p != "task"] + ["after_snapshot:disconnect"]
+KILL_POINTS = [f"{p}:kill" for p in faults.POINTS if p != "task"]
+SPARK_FAULTS = ["task", "task:kill"]  # a task raising; a task's Python worker killed
+# in turns: Spark's before the kills, so that its JVM has had time to start since the last kill
+FAULTS = [("fail", p) for p in FAIL_POINTS] + [("spark", p) for p in SPARK_FAULTS] + \
+    [("kill", p) for p in KILL_POINTS]  # fmt: skip
 
 
 def group_of(account: int) -> int:
     return account % GROUPS
 
 
-@dataclass
-class Run:
-    dsn: str
-    cache_path: Path
-    seed: int
-    deadline: float
-    ticks: list[Tick] = field(default_factory=list)
-    observations: list[Observation] = field(default_factory=list)
-    faults: Counter[str] = field(default_factory=Counter)
-    operations: Counter[str] = field(default_factory=Counter)
-    errors: Counter[str] = field(default_factory=Counter)
-    events: list[tuple[float, str]] = field(default_factory=list)  # maintenance, for reports
-    restart: t.Callable[[], None] | None = None  # stops and starts the backend, when we may
-    outages: list[tuple[float, float]] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
+def entries_of(account: int) -> list[int]:
+    return [ENTRY_BASE + account + ACCOUNTS * k for k in range(ENTRIES_PER_ACCOUNT)]
 
-    def running(self) -> bool:
-        return time.time() < self.deadline
 
-    def note(self, counter: Counter[str], key: str) -> None:
-        with self.lock:
-            counter[key] += 1
+def account_of(entry: int) -> int:
+    return (entry - ENTRY_BASE - 1) % ACCOUNTS + 1
+
+
+# -- the journal: what the owner did, as JSON lines --------------------------------------------
+
+
+class Journal:
+    """Appends one JSON line per record, each with a single write: a process killed at any
+    moment leaves whole lines and at most one torn last line (ignored when read)."""
+
+    def __init__(self, path: Path) -> None:
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self._lock = threading.Lock()
+
+    def write(self, kind: str, **fields: t.Any) -> None:
+        line = (json.dumps({"kind": kind, **fields}) + "\n").encode()
+        with self._lock:
+            os.write(self._fd, line)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def read_journal(path: Path) -> list[dict[str, t.Any]]:
+    """Its whole records (none if the process died before writing any)."""
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_bytes().splitlines():
+        with contextlib.suppress(ValueError):  # the torn last line of a killed process
+            records.append(json.loads(line))
+    return records
+
+
+def observation_from(record: dict[str, t.Any]) -> Observation:
+    fields = {k: v for k, v in record.items() if k != "kind"}
+    units = tuple(
+        Unit(rows=tuple(tuple(r) for r in u["rows"]), groups=tuple(tuple(g) for g in u["groups"]),
+             bound=u["bound"], floor_tick=u["floor_tick"])
+        for u in fields.pop("units")
+    )  # fmt: skip
+    return Observation(units=units, **fields)
+
+
+# -- writers (this process) ----------------------------------------------------------------------
 
 
 def write(conn: t.Any, rng: random.Random) -> Tick:
     """One writer transaction through ``conn`` (psycopg, or the cache's DB-API connection):
-    the next tick, a few accounts' versions bumped, the log row."""
+    the next tick, a few accounts' and entries' versions bumped, the log row with the backend's
+    clock just before COMMIT."""
     accounts = sorted(rng.sample(range(1, ACCOUNTS + 1), rng.randint(1, 3)))
+    entries = sorted(rng.sample([e for a in accounts for e in entries_of(a)], rng.randint(0, 2)))
     cur = conn.cursor()
     cur.execute("UPDATE chaos_clock SET tick = tick + 1 WHERE id = 1 RETURNING tick")
     (tick,) = cur.fetchone()
     cur.execute("UPDATE accounts SET version = version + 1 WHERE id = ANY(%s) "
                 "RETURNING id, version", (accounts,))  # fmt: skip
     writes = {int(i): int(v) for i, v in cur.fetchall()}
-    cur.execute("INSERT INTO chaos_log VALUES (%s, %s) "
-                "RETURNING extract(epoch FROM clock_timestamp())::float8",
+    if entries:
+        cur.execute("UPDATE entries SET version = version + 1 WHERE id = ANY(%s) "
+                    "RETURNING id, version", (entries,))  # fmt: skip
+        writes |= {int(i): int(v) for i, v in cur.fetchall()}
+    cur.execute("INSERT INTO chaos_log VALUES (%s, %s, "
+                "extract(epoch FROM clock_timestamp())::float8) RETURNING visible_after",
                 (tick, json.dumps(writes)))  # fmt: skip
     (visible_after,) = cur.fetchone()
     conn.commit()
     return Tick(int(tick), time.time(), writes, float(visible_after))
 
 
-def writer(run: Run, number: int) -> None:
-    rng = random.Random(run.seed * 1000 + number)
-    while run.running():
-        try:
-            with psycopg.connect(run.dsn) as pg:
-                while run.running():
-                    tick = write(pg, rng)
-                    with run.lock:
-                        run.ticks.append(tick)
-                    run.note(run.operations, "write")
-                    time.sleep(rng.uniform(0, 0.02))
-        except psycopg.Error as exc:  # a terminated session: a fault, retried
-            run.note(run.errors, f"writer: {type(exc).__name__}")
-            time.sleep(0.05)
+# -- the owner: the process that has the cache file open -----------------------------------------
 
 
-SHAPES = ("point", "group", "aggregate", "aggregate_by", "timeordered", "own_write")
-WEIGHTS = (6, 4, 3, 3, 2, 1)
+@dataclass
+class Owner:
+    """One incarnation of the cache's process; everything it does goes to its journal."""
+
+    dsn: str
+    cache_path: Path
+    seed: int
+    deadline: float
+    incarnation: int
+    journal: Journal
+    spark: bool
+    faults_done: int  # by the incarnations before this one
+    parent: int = field(default_factory=os.getppid)
+    spark_ready: threading.Event = field(default_factory=threading.Event)  # its JVM is up
+
+    def running(self) -> bool:
+        return time.time() < self.deadline and os.getppid() == self.parent
+
+    def note(self, counter: str, key: str) -> None:
+        self.journal.write("count", counter=counter, key=key)
 
 
-def reader(run: Run, number: int) -> None:
-    rng = random.Random(run.seed * 1000 + 100 + number)
+SHAPES = ("point", "range", "group", "join", "join_classes", "aggregate", "aggregate_by",
+          "timeordered", "own_write")  # fmt: skip
+WEIGHTS = (6, 2, 4, 3, 2, 2, 2, 2, 1)
+SIMPLE = SHAPES[:7]  # what a TIMEORDERED bracket is made of
+
+
+def reader(run: Owner, number: int) -> None:
+    session = run.incarnation * 100 + number
+    rng = random.Random(run.seed * 1000 + run.incarnation * 10 + number)
     conn = None
-    own_tick: int | None = None
+    own_tick: int | None = None  # the session's last write (always to accounts)
+    own_entries = 0  # its last write to entries
     bracket = 0
     while run.running():
         try:
             if conn is None:  # a new session: the old one's writes are not its own
                 conn = cache.connect(run.dsn, run.cache_path, admit_on_miss=True)
-                own_tick = None
+                own_tick, own_entries = None, 0
             shape = rng.choices(SHAPES, WEIGHTS)[0]
             if shape == "own_write" and number == 0:
                 shape = "point"  # session 0 never writes: its reads may stay local
@@ -158,21 +231,24 @@ def reader(run: Run, number: int) -> None:
                 bracket += 1
                 with conn.timeordered():
                     for _ in range(rng.randint(2, 4)):
-                        observe(run, conn, rng, number, rng.choice(SHAPES[:4]), own_tick, bracket)
+                        observe(run, conn, rng, session, rng.choice(SIMPLE), own_tick, bracket,
+                                own_entries=own_entries)  # fmt: skip
             elif shape == "own_write":
                 tick = write(conn, rng)
-                with run.lock:
-                    run.ticks.append(tick)
-                run.note(run.operations, "write (through the cache)")
+                run.journal.write("tick", tick=tick.tick, committed=tick.committed)
+                run.note("operations", "write (through the cache)")
                 own_tick = tick.tick
-                observe(run, conn, rng, number, "point", own_tick, None,
-                        account=rng.choice(sorted(tick.writes)))  # fmt: skip
+                if any(i > ENTRY_BASE for i in tick.writes):
+                    own_entries = tick.tick
+                account = rng.choice(sorted(a for a in tick.writes if a <= ACCOUNTS))
+                observe(run, conn, rng, session, rng.choice(["point", "join", "join_classes"]),
+                        own_tick, None, account=account, own_entries=own_entries)  # fmt: skip
             else:
-                observe(run, conn, rng, number, shape, own_tick, None)
+                observe(run, conn, rng, session, shape, own_tick, None, own_entries=own_entries)
             conn.commit()
             time.sleep(rng.uniform(0, 0.01))
         except cache.Error as exc:  # refused or backend gone: recorded, never checked
-            run.note(run.errors, f"reader: {type(exc).__name__}")
+            run.note("errors", f"reader: {type(exc).__name__}")
             if conn is not None:
                 with contextlib.suppress(cache.Error):
                     conn.rollback()
@@ -185,107 +261,299 @@ def reader(run: Run, number: int) -> None:
             conn.close()
 
 
+def _bound(rng: random.Random) -> float:
+    return rng.choice([0.5, 2.0, 5.0, 10.0, 30.0, 60.0])
+
+
+def _ms(bound: float) -> str:
+    return f"{int(bound * 1000)} MS"
+
+
 def observe(
-    run: Run, conn: cache.Connection, rng: random.Random, session: int, shape: str,
-    own_tick: int | None, bracket: int | None, account: int | None = None,
+    run: Owner, conn: cache.Connection, rng: random.Random, session: int, shape: str,
+    own_tick: int | None, bracket: int | None, account: int | None = None, own_entries: int = 0,
 ) -> None:  # fmt: skip
-    bound = rng.choice([0.5, 2.0, 5.0, 10.0, 30.0, 60.0])
-    clause = f"CURRENCY BOUND {int(bound * 1000)} MS ON (a)"
+    bound, second = _bound(rng), _bound(rng)
+    clause = f"CURRENCY BOUND {_ms(bound)} ON (a)"
+    join = "SELECT a.id, a.version, e.id, e.version FROM accounts a JOIN entries e " \
+           "ON e.account = a.id WHERE a.id = %s "  # fmt: skip
+    account = account or rng.randint(1, ACCOUNTS)
+    expected: int | None = None
     if shape == "point":
-        account = account or rng.randint(1, ACCOUNTS)
-        query = f"SELECT a.id, a.version FROM accounts a WHERE a.id = %s {clause}"
-        params = [account]
+        query, params, expected = f"SELECT a.id, a.version FROM accounts a WHERE a.id = %s " \
+                                  f"{clause}", [account], 1  # fmt: skip
+    elif shape == "range":
+        low = rng.randint(1, ACCOUNTS - 3)
+        query = f"SELECT a.id, a.version FROM accounts a WHERE a.id BETWEEN %s AND %s {clause}"
+        params, expected = [low, low + 3], 4
     elif shape == "group":
         query = f"SELECT a.id, a.version FROM accounts a WHERE a.grp = %s {clause}"
-        params = [rng.randrange(GROUPS)]
+        params, expected = [rng.randrange(GROUPS)], ACCOUNTS // GROUPS
+    elif shape == "join":
+        query, params = join + f"CURRENCY BOUND {_ms(bound)} ON (a, e)", [account]
+        expected = ENTRIES_PER_ACCOUNT
+    elif shape == "join_classes":
+        query = join + f"CURRENCY BOUND {_ms(bound)} ON (a), {_ms(second)} ON (e)"
+        params, expected = [account], ENTRIES_PER_ACCOUNT
     elif shape == "aggregate":
-        query = (f"SELECT a.grp, sum(a.version), count(*) FROM accounts a GROUP BY a.grp "
-                 f"{clause}")  # fmt: skip
-        params = []
+        query, params = f"SELECT a.grp, sum(a.version), count(*) FROM accounts a " \
+                        f"GROUP BY a.grp {clause}", []  # fmt: skip
     else:
-        query = (f"SELECT a.grp, sum(a.version), count(*) FROM accounts a GROUP BY a.grp "
-                 f"{clause} BY a.grp")  # fmt: skip
-        params = []
+        query, params = f"SELECT a.grp, sum(a.version), count(*) FROM accounts a " \
+                        f"GROUP BY a.grp {clause} BY a.grp", []  # fmt: skip
     start = time.time()
     cur = conn.cursor()
     cur.execute(query, params)
     rows = cur.fetchall()
     end = time.time()
     local = any(p["route"] == "local" for p in cur.provenance)
-    if shape in ("point", "group"):
-        units: tuple[Unit, ...] = (Unit(rows=tuple((int(i), int(v)) for i, v in rows)),)
-        expected = 1 if shape == "point" else ACCOUNTS // GROUPS
-        if len(rows) != expected:
-            with run.lock:
-                run.observations.append(Observation(session, start, end, bound, (), shape))
-                run.errors[f"VIOLATION {shape} returned {len(rows)} rows, not {expected}"] += 1
-            return
+    if expected is not None and len(rows) != expected:
+        run.note("errors", f"VIOLATION {shape} returned {len(rows)} rows, not {expected}")
+        run.journal.write("event", at=start, what=f"VIOLATION {shape} returned {rows} for "
+                          f"{query} {params} at {start:.3f}: {cur.provenance!r}")  # fmt: skip
+        return
+    units: list[Unit]
+    if shape in ("point", "range", "group"):
+        units = [Unit(rows=tuple((int(i), int(v)) for i, v in rows))]
+    elif shape in ("join", "join_classes"):
+        accounts = tuple(sorted({(int(r[0]), int(r[1])) for r in rows}))
+        entries = tuple(sorted((int(r[2]), int(r[3])) for r in rows))
+        units = [Unit(rows=accounts + entries)] if shape == "join" else \
+            [Unit(rows=accounts, bound=bound),
+             Unit(rows=entries, bound=second, floor_tick=own_entries)]  # fmt: skip
     else:
         groups = tuple((int(g), int(s)) for g, s, _ in rows)
-        units = tuple(Unit(groups=(g,)) for g in groups) if shape == "aggregate_by" \
-            else (Unit(groups=groups),)  # fmt: skip
-    with run.lock:
-        run.observations.append(Observation(session, start, end, bound, units, shape, local,
-                                            bracket, own_tick, repr(cur.provenance)))  # fmt: skip
-    run.note(run.operations, f"read {shape}" + (" (local)" if local else ""))
+        units = [Unit(groups=(g,)) for g in groups] if shape == "aggregate_by" \
+            else [Unit(groups=groups)]  # fmt: skip
+    observation = Observation(session, start, end, bound, tuple(units), shape, local, bracket,
+                              own_tick, repr(cur.provenance))  # fmt: skip
+    run.journal.write("observation", **dataclasses.asdict(observation))
+    run.note("operations", f"read {shape}" + (" (local)" if local else ""))
 
 
-def maintainer(run: Run) -> None:
-    rng = random.Random(run.seed * 1000 + 500)
+def maintainer(run: Owner) -> None:
+    rng = random.Random(run.seed * 1000 + run.incarnation * 10 + 7)
+    spark: Engine | None = None
+    actions = ["refresh_all", "refresh_hot", "admit", "evict", "admit_grp", "evict_grp",
+               "admit_complete", "evict_complete", "fault"]  # fmt: skip
+    weights = [4, 4, 2, 2, 1, 1, 1, 1, 3]
+    if run.spark:
+        actions.append("spark_refresh")
+        weights.append(1)
+    rotation = run.faults_done  # the faults take turns across the owner's incarnations
     while run.running():
         try:
             with cache.Admin.open(run.cache_path, run.dsn) as admin:
+                store = admin._store
                 while run.running():
-                    action = rng.choice(["refresh_all", "refresh_all", "refresh_hot",
-                                         "refresh_hot", "admit", "evict", "admit_grp",
-                                         "evict_grp", "fault"])  # fmt: skip
+                    action = rng.choices(actions, weights)[0]
+                    if action.startswith("spark") and not run.spark_ready.is_set():
+                        action = "refresh_hot"  # Spark is still starting (in the background)
+                    view = rng.choice(["acct_all", "acct_hot"])
                     began = time.time()
                     if action == "refresh_all":
                         admin.refresh("acct_all")
                     elif action == "refresh_hot":
                         admin.refresh("acct_hot")
-                    elif action == "admit":
-                        admin.admit("acct_pct", rng.sample(range(1, ACCOUNTS + 1), 2))
-                    elif action == "evict":
-                        keys = [k for (k,) in admin._store.con.execute(
-                            "SELECT id FROM acct_pct").fetchall()]  # fmt: skip
-                        if keys:
-                            admin.evict("acct_pct", [rng.choice(keys)])
-                    elif action == "admit_grp":
-                        admin.admit("grp_csct", [rng.randrange(GROUPS)])
-                    elif action == "evict_grp":
-                        keys = [k for (k,) in admin._store.con.execute(
-                            "SELECT grp FROM grp_csct").fetchall()]  # fmt: skip
-                        if keys:
-                            admin.evict("grp_csct", [rng.choice(keys)])
+                    elif action in ("admit", "evict", "admit_grp", "evict_grp", "admit_complete",
+                                    "evict_complete"):  # fmt: skip
+                        control, span = {"admit": ("acct_pct", ACCOUNTS),
+                                         "admit_grp": ("grp_csct", GROUPS),
+                                         "admit_complete": ("grp_cpct", GROUPS)}[
+                            action.replace("evict", "admit")]  # fmt: skip
+                        if action.startswith("admit"):
+                            low = 1 if control == "acct_pct" else 0
+                            admin.admit(control, rng.sample(range(low, low + span), 1))
+                        else:
+                            column = "id" if control == "acct_pct" else "grp"
+                            keys = [k for (k,) in store.con.execute(
+                                f"SELECT {column} FROM {control}").fetchall()]  # fmt: skip
+                            if keys:
+                                admin.evict(control, [rng.choice(keys)])
+                    elif action == "spark_refresh":
+                        spark = spark or _spark()
+                        admin.refresh(view, engine=spark)
                     else:
-                        point = rng.choice(FAULT_POINTS)
-                        run.note(run.faults, f"refresh fault {point}")
-                        # the injected failure: the final region check shows the cache as it was
-                        with contextlib.suppress(Exception):
-                            Maintainer(admin._store, run.dsn, faults_enabled=[point]).refresh(
-                                rng.choice(["acct_all", "acct_hot"]))
-                    run.note(run.operations, f"maintain {action}")
-                    with run.lock:
-                        run.events.append((began, f"{action} {began:.3f}-{time.time():.3f}"))
+                        kind, point = FAULTS[rotation % len(FAULTS)]
+                        if kind == "spark" and not (run.spark and run.spark_ready.is_set()):
+                            if run.spark:
+                                continue  # its turn waits for the JVM
+                            rotation += 1  # no Spark in this run: its turns are skipped
+                            continue
+                        rotation += 1
+                        if kind == "spark":
+                            spark = spark or _spark()
+                        # a kill ends this process: the parent counts it from this line
+                        run.journal.write("armed", point=point)
+                        with contextlib.suppress(Exception):  # the cache is as it was: checked
+                            Maintainer(store, run.dsn, spark if kind == "spark" else None,
+                                       faults_enabled=[point]).refresh(view)  # fmt: skip
+                        run.journal.write("disarmed", point=point)
+                        if kind != "kill":
+                            run.note("faults", f"refresh failed at {point}" if kind == "fail"
+                                     else f"Spark task failure ({point})")  # fmt: skip
+                    run.note("operations", f"maintain {action}")
+                    run.journal.write("event", at=began, what=f"{action} {view} "
+                                      f"{began:.3f}-{time.time():.3f}")  # fmt: skip
                     time.sleep(rng.uniform(0.05, 0.3))
         except cache.Error as exc:
-            run.note(run.errors, f"maintainer: {type(exc).__name__}")
+            run.note("errors", f"maintainer: {type(exc).__name__}")
+            run.journal.write("event", at=time.time(), what=f"maintainer: {exc}")
             time.sleep(0.1)
+
+
+SPARK_MASTER = "local[2]"
+
+
+def _spark() -> Engine:
+    from cache.maintenance.spark import SparkEngine
+
+    return SparkEngine(SPARK_MASTER, min_pages_per_task=1)
+
+
+def _start_spark(run: Owner) -> None:
+    """The JVM starts in the background: the maintainer refreshes inline meanwhile."""
+    from cache.maintenance.spark import spark_session
+
+    began = time.time()
+    try:
+        spark_session(SPARK_MASTER)
+    except Exception as exc:  # reported; the run goes on without Spark
+        run.journal.write("event", at=time.time(), what=f"spark: could not start: {exc}")
+        return
+    run.journal.write("event", at=time.time(), what=f"spark: up in {time.time() - began:.1f}s")
+    run.spark_ready.set()
+
+
+def owner_main(config: dict[str, t.Any]) -> int:
+    """The owner process: readers, the maintainer and the refresh scheduler until the
+    deadline (or until its parent is gone)."""
+    journal = Journal(Path(config["journal"]))
+    run = Owner(config["dsn"], Path(config["cache_path"]), config["seed"], config["deadline"],
+                config["incarnation"], journal, config["spark"], config["faults_done"])  # fmt: skip
+    journal.write("started", at=time.time())
+    with cache.Admin.open(run.cache_path, run.dsn) as admin:
+        from cache.maintenance.engines import InlineEngine
+
+        scheduler = RefreshScheduler(admin._store, run.dsn, InlineEngine(), tick=1.0)
+        scheduler.start()
+        threads = [threading.Thread(target=reader, args=(run, i)) for i in range(3)]
+        threads.append(threading.Thread(target=maintainer, args=(run,)))
+        if run.spark:
+            threading.Thread(target=_start_spark, args=(run,), daemon=True).start()
+        for thread in threads:
+            thread.start()
+        counted = 0
+        while any(thread.is_alive() for thread in threads):
+            time.sleep(0.5)
+            for _ in range(len(scheduler.reports) - counted):
+                run.note("operations", "scheduled refresh")
+            counted = len(scheduler.reports)
+        scheduler.stop()
+    journal.write("stopped", at=time.time())
+    return 0
+
+
+# -- the run (this process): writers, faults, the owner's incarnations, the check ---------------
+
+
+@dataclass
+class Run:
+    dsn: str
+    cache_path: Path
+    seed: int
+    deadline: float
+    work: Path
+    spark: bool
+    restart: t.Callable[[], None] | None = None  # stops and starts the backend, when we may
+    commits: dict[int, float] = field(default_factory=dict)  # tick -> when COMMIT returned
+    faults: Counter[str] = field(default_factory=Counter)
+    operations: Counter[str] = field(default_factory=Counter)
+    errors: Counter[str] = field(default_factory=Counter)
+    outages: list[tuple[float, float]] = field(default_factory=list)
+    incarnations: list[Path] = field(default_factory=list)  # their journals
+    owner: subprocess.Popen[bytes] | None = None
+    killing: bool = False  # the fault thread is SIGKILLing the owner
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def running(self) -> bool:
+        return time.time() < self.deadline
+
+    def note(self, counter: Counter[str], key: str) -> None:
+        with self.lock:
+            counter[key] += 1
+
+
+def writer(run: Run, number: int) -> None:
+    rng = random.Random(run.seed * 1000 + number)
+    while run.running():
+        try:
+            with psycopg.connect(run.dsn) as pg:
+                while run.running():
+                    tick = write(pg, rng)
+                    with run.lock:
+                        run.commits[tick.tick] = tick.committed
+                    run.note(run.operations, "write")
+                    time.sleep(rng.uniform(0, 0.02))
+        except psycopg.Error as exc:  # a terminated session: a fault, retried
+            run.note(run.errors, f"writer: {type(exc).__name__}")
+            time.sleep(0.05)
+
+
+def supervisor(run: Run) -> None:
+    """Starts the owner, and starts it again whenever it dies before the deadline."""
+    number = 0
+    while run.deadline - time.time() > 3:
+        number += 1
+        journal = run.work / f"owner-{number}.jsonl"
+        faults_done = sum(1 for path in run.incarnations for r in read_journal(path)
+                          if r["kind"] == "armed")  # fmt: skip
+        config = {"dsn": run.dsn, "cache_path": str(run.cache_path), "seed": run.seed,
+                  "deadline": run.deadline, "incarnation": number, "journal": str(journal),
+                  "spark": run.spark, "faults_done": faults_done}  # fmt: skip
+        with (run.work / f"owner-{number}.log").open("wb") as log, run.lock:
+            run.incarnations.append(journal)
+            run.owner = subprocess.Popen(
+                [sys.executable, "-m", "experiments.chaos", "--owner", json.dumps(config)],
+                stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        code = run.owner.wait()
+        with run.lock:
+            killed, run.killing = run.killing, False
+        if code == 0:
+            continue
+        records = read_journal(journal)
+        armed = [r for r in records if r["kind"] in ("armed", "disarmed")]
+        if code == -signal.SIGKILL and killed:
+            run.note(run.faults, "owner SIGKILLed (reopened)")
+        elif code == -signal.SIGKILL and armed and armed[-1]["kind"] == "armed":
+            run.note(run.faults, f"refresh killed at {armed[-1]['point']} (owner reopened)")
+        else:
+            tail = (run.work / f"owner-{number}.log").read_text(errors="replace")[-2000:]
+            run.note(run.errors, f"VIOLATION the cache's process died ({code}): {tail}")
 
 
 def fault_injector(run: Run) -> None:
     rng = random.Random(run.seed * 1000 + 900)
     next_restart = time.time() + rng.uniform(5, 10)
+    next_kill = time.time() + rng.uniform(15, 30)
     while run.running():
         time.sleep(rng.uniform(0.5, 2.0))
-        if run.restart is not None and time.time() > next_restart and run.running():
+        if not run.running():
+            break
+        if run.restart is not None and time.time() > next_restart:
             down = time.time()
             run.restart()
             with run.lock:
                 run.outages.append((down, time.time()))
                 run.faults["backend restart"] += 1
             next_restart = time.time() + rng.uniform(8, 20)
+            continue
+        if time.time() > next_kill:
+            with run.lock:
+                if run.owner is not None and run.owner.poll() is None:
+                    run.killing = True
+                    run.owner.send_signal(signal.SIGKILL)
+            next_kill = time.time() + rng.uniform(20, 40)
             continue
         try:
             with psycopg.connect(run.dsn, autocommit=True) as pg:
@@ -301,29 +569,50 @@ def fault_injector(run: Run) -> None:
             pass
 
 
+def backend_timeline(run: Run, ended: float) -> Timeline:
+    """The history from the backend's own log (complete: a tick and its log row commit
+    together), with each commit's time from the writer that saw it return; a commit whose
+    writer was killed or cut off before seeing it is bounded by the next tick's clock reading
+    (that transaction waited on the clock row for it) or by the run's end."""
+    with psycopg.connect(run.dsn) as pg:
+        log = pg.execute("SELECT tick, writes, visible_after FROM chaos_log "
+                         "ORDER BY tick").fetchall()  # fmt: skip
+    ticks = []
+    for index, (tick, writes, visible_after) in enumerate(log):
+        committed = run.commits.get(tick)
+        if committed is None:
+            committed = log[index + 1][2] if index + 1 < len(log) else ended
+        ticks.append(Tick(int(tick), committed, {int(k): int(v) for k, v in writes.items()},
+                          float(visible_after)))  # fmt: skip
+    rows = {i: group_of(i) for i in range(1, ACCOUNTS + 1)}
+    rows |= {e: -1 for a in range(1, ACCOUNTS + 1) for e in entries_of(a)}  # entries: no group
+    return Timeline(rows, ticks)
+
+
 def final_regions(run: Run, timeline: Timeline) -> Verdict:
     """Every cached region equals the backend's rows at one snapshot as fresh as the region
-    says (its refresh time)."""
+    says (its refresh time); a presence region includes its gray child's rows."""
     observations = []
     with cache.Admin.open(run.cache_path) as admin:
         con = admin._store.con
-        status = admin.status()
-        for view in status["views"]:
+        for view in admin.status()["views"]:
             name = view["name"]
             for region in view["regions"]:
-                refreshed = region["refreshed_at"]
-                if region["kind"] == "presence":
+                kind, key = region["kind"], region["key"]
+                if kind == "presence":
                     rows = con.execute(f'SELECT id, version FROM "{name}" WHERE id = ?',
-                                       region["key"]).fetchall()  # fmt: skip
-                elif region["kind"] == "consistency":
+                                       key).fetchall()  # fmt: skip
+                    rows += con.execute("SELECT id, version FROM entry_hot WHERE account = ?",
+                                        key).fetchall()  # fmt: skip
+                elif kind in ("consistency", "completeness"):
                     rows = con.execute(f'SELECT id, version FROM "{name}" WHERE grp = ?',
-                                       region["key"]).fetchall()  # fmt: skip
+                                       key).fetchall()  # fmt: skip
                 else:
                     rows = con.execute(f'SELECT id, version FROM "{name}"').fetchall()
-                moment = _epoch(refreshed)
+                moment = _epoch(region["refreshed_at"])
                 unit = Unit(rows=tuple((int(i), int(v)) for i, v in rows))
                 observations.append(Observation(-1, moment, moment, 0.0, (unit,),
-                                                f"region {name} {region['key']}"))  # fmt: skip
+                                                f"region {name} {kind} {key}"))  # fmt: skip
     return check(timeline, observations)
 
 
@@ -349,7 +638,7 @@ def prepare(dsn: str) -> str:
 
 def run_chaos(
     dsn: str, seconds: float, seed: int, console: Console | None = None,
-    restart: t.Callable[[], None] | None = None,
+    restart: t.Callable[[], None] | None = None, spark: bool = True,
 ) -> dict[str, t.Any]:
     """A run against ``dsn`` (its server gets a database of the checker's own); ``restart``
     stops and starts that server (faults of that kind are injected only when given)."""
@@ -357,37 +646,50 @@ def run_chaos(
     chaos_dsn = prepare(dsn)
     work = Path(tempfile.mkdtemp(prefix="mtcache-chaos-"))
     try:
-        run = Run(chaos_dsn, work / "cache.duckdb", seed, time.time() + seconds, restart=restart)
+        run = Run(chaos_dsn, work / "cache.duckdb", seed, time.time() + seconds, work, spark,
+                  restart)  # fmt: skip
         with cache.connect(chaos_dsn, run.cache_path) as conn:
             conn.admin.apply_ddl(CACHE_SCHEMA)
             conn.admin.admit("acct_pct", [1, 2, 3])
             conn.admin.admit("grp_csct", [0])
+            conn.admin.admit("grp_cpct", [1])
         threads = [threading.Thread(target=writer, args=(run, i)) for i in range(2)]
-        threads += [threading.Thread(target=reader, args=(run, i)) for i in range(3)]
-        threads += [threading.Thread(target=maintainer, args=(run,)),
+        threads += [threading.Thread(target=supervisor, args=(run,)),
                     threading.Thread(target=fault_injector, args=(run,))]  # fmt: skip
         console.print(f"chaos for {seconds:g}s, seed {seed} ...")
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
-        timeline = Timeline({i: group_of(i) for i in range(1, ACCOUNTS + 1)}, run.ticks)
-        verdict = check(timeline, run.observations)
+        ended = time.time()
+        observations, events = [], []
+        for journal in run.incarnations:
+            for record in read_journal(journal):
+                kind = record["kind"]
+                if kind == "observation":
+                    observations.append(observation_from(record))
+                elif kind == "tick":
+                    run.commits[record["tick"]] = record["committed"]
+                elif kind == "count":
+                    getattr(run, record["counter"])[record["key"]] += 1
+                elif kind == "event":
+                    events.append((record["at"], record["what"]))
+        timeline = backend_timeline(run, ended)
+        verdict = check(timeline, observations)
         regions = final_regions(run, timeline)
         violations = verdict.violations + regions.violations
         violations += [k for k in run.errors if k.startswith("VIOLATION")]
-        result = {
-            "seed": seed, "seconds": seconds, "ticks": len(run.ticks),
+        return {
+            "seed": seed, "seconds": seconds, "ticks": timeline.last,
             "answers_checked": verdict.checked, "answers_local": verdict.local,
             "local_during_outages": sum(
-                1 for o in run.observations if o.local
+                1 for o in observations if o.local
                 and any(down <= o.start <= up for down, up in run.outages)),
-            "regions_checked": regions.checked, "faults": dict(run.faults),
-            "operations": dict(run.operations),
+            "regions_checked": regions.checked, "owner_incarnations": len(run.incarnations),
+            "faults": dict(run.faults), "operations": dict(run.operations),
             "errors": {k: v for k, v in run.errors.items() if not k.startswith("VIOLATION")},
-            "violations": violations, "events": run.events,
+            "violations": violations, "events": sorted(events),
         }  # fmt: skip
-        return result
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -400,7 +702,12 @@ def main(argv: list[str] | None = None) -> int:
                         "which the run also restarts now and then)")  # fmt: skip
     parser.add_argument("--embedded", default=".mtcache/pg",
                         help="the embedded cluster's directory (default .mtcache/pg)")  # fmt: skip
+    parser.add_argument("--no-spark", action="store_true",
+                        help="refresh inline only (no JVM in the cache's process)")  # fmt: skip
+    parser.add_argument("--owner", help=argparse.SUPPRESS)  # the cache's process, started here
     args = parser.parse_args(argv)
+    if args.owner:
+        return owner_main(json.loads(args.owner))
     console = Console()
     restart = None
     if args.backend:
@@ -414,10 +721,11 @@ def main(argv: list[str] | None = None) -> int:
             cluster.ensure_running()
 
     seed = args.seed if args.seed is not None else random.randrange(2**31)
-    result = run_chaos(dsn, args.seconds, seed, console, restart)
+    result = run_chaos(dsn, args.seconds, seed, console, restart, spark=not args.no_spark)
     console.print(f"ticks committed {result['ticks']}; answers checked "
                   f"{result['answers_checked']} ({result['answers_local']} local); regions "
-                  f"checked {result['regions_checked']}")  # fmt: skip
+                  f"checked {result['regions_checked']}; the cache's process ran "
+                  f"{result['owner_incarnations']} times")  # fmt: skip
     console.print(f"faults injected: {result['faults']}; answered locally while the backend "
                   f"was down: {result['local_during_outages']}")  # fmt: skip
     console.print(f"operations: {result['operations']}")

@@ -42,6 +42,9 @@ class Unit:
 
     rows: tuple[tuple[int, int], ...] = ()
     groups: tuple[tuple[int, int], ...] = ()
+    bound: float | None = None  # its class's own bound, when the query gave classes their own
+    floor_tick: int | None = None  # the session's own last write to its tables, when that is
+    # not the observation's (a session's reads see its writes table by table)
 
 
 @dataclass(frozen=True)
@@ -141,6 +144,8 @@ def check(timeline: Timeline, observations: Iterable[Observation]) -> Verdict:
         verdict.local += obs.local
         route = "local" if obs.local else "remote"
         where = f"session {obs.session} {obs.shape} ({route}) at {obs.start:.3f}"
+        key = (obs.session, obs.timeline) if obs.timeline is not None else None
+        floor = floor_by_bracket.get(key, 0) if key else 0  # what earlier queries read
         for unit in obs.units:
             span = timeline.unit_interval(unit)
             if span is None:
@@ -152,25 +157,24 @@ def check(timeline: Timeline, observations: Iterable[Observation]) -> Verdict:
                 if hi < lo:
                     verdict.violations.append(f"{where}: reads state committed after it ended")
                     continue
-            bound = obs.bound if obs.bound is not None else 0.0
+            bound = next((b for b in (unit.bound, obs.bound) if b is not None), 0.0)
             if timeline.current_until(hi) + EPSILON < obs.start - bound:
                 age = obs.start - timeline.current_until(hi)
                 verdict.violations.append(
                     f"{where}: snapshot tick {hi} was superseded {age:.3f}s before the query "
                     f"started; the bound was {bound}s"
                 )
-            if obs.floor_tick is not None and hi < obs.floor_tick:
+            own = unit.floor_tick if unit.floor_tick is not None else obs.floor_tick
+            if own is not None and hi < own:
                 verdict.violations.append(
-                    f"{where}: misses the session's own write (tick {obs.floor_tick}; read "
+                    f"{where}: misses the session's own write (tick {own}; read "
                     f"ticks {lo}-{hi}) {obs.detail}"
                 )
-            if obs.timeline is not None:
-                key = (obs.session, obs.timeline)
-                floor = floor_by_bracket.get(key, 0)
+            if key is not None:
                 if hi < floor:
                     verdict.violations.append(
                         f"{where}: TIMEORDERED went back (read ticks {lo}-{hi}, an earlier query "
                         f"of the bracket read tick {floor} or later)"
                     )
-                floor_by_bracket[key] = max(floor, lo)
+                floor_by_bracket[key] = max(floor_by_bracket.get(key, 0), lo)
     return verdict

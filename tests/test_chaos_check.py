@@ -73,3 +73,31 @@ def test_timeordered_never_goes_back() -> None:
     verdict = check(TIMELINE, [first, back, outside])
     assert verdict.checked == 3
     assert len(verdict.violations) == 1 and "TIMEORDERED" in verdict.violations[0]
+
+
+def test_each_class_is_held_to_its_own_bound() -> None:
+    """`CURRENCY BOUND 10 SEC ON (a), 1 SEC ON (b)`: one answer, two bounds."""
+    loose = Unit(rows=((1, 1),), bound=10.0)  # superseded at 2.0: fine 10 s back from 5.0
+    tight = Unit(rows=((2, 0),), bound=1.0)  # superseded at 2.0: too old for 1 s
+    verdict = check(TIMELINE, [observe(loose, tight, start=5.0, bound=None)])
+    assert len(verdict.violations) == 1 and "the bound was 1.0s" in verdict.violations[0]
+
+
+def test_classes_of_one_query_may_differ_inside_a_bracket() -> None:
+    """TIMEORDERED orders queries, not the classes of one query: a class older than another
+    class of the same query is no going back; older than an earlier query's is."""
+    mixed = observe(Unit(rows=((1, 2),)), Unit(rows=((3, 0),)), bound=100.0, timeline=3)
+    assert check(TIMELINE, [mixed]).violations == []
+    later = observe(Unit(rows=((1, 1),)), start=3.6, bound=100.0, timeline=3)  # tick 1 < 2
+    verdict = check(TIMELINE, [mixed, later])
+    assert len(verdict.violations) == 1 and "TIMEORDERED" in verdict.violations[0]
+
+
+def test_own_writes_are_seen_table_by_table() -> None:
+    """A class over a table the session's last write did not touch needs only its earlier
+    writes to that table."""
+    untouched = Unit(rows=((2, 0),), floor_tick=0)  # its writes never reached row 2's table
+    written = Unit(rows=((2, 0),), floor_tick=2)
+    assert check(TIMELINE, [observe(untouched, floor_tick=3, bound=100.0)]).violations == []
+    verdict = check(TIMELINE, [observe(written, floor_tick=3, bound=100.0)])
+    assert len(verdict.violations) == 1 and "own write (tick 2" in verdict.violations[0]

@@ -52,6 +52,10 @@ _ROW_STATUSES = frozenset((pq.ExecStatus.TUPLES_OK, pq.ExecStatus.SINGLE_TUPLE,
 
 _NO_PROVENANCE = Provenance()
 
+# how many times a query decides again when the cache file changed under its guards before
+# the backend answers it
+GUARD_ATTEMPTS = 3
+
 
 # the public methods' edge (cache.dbapi.boundary), naming this cache file
 _public = public(lambda self: self.connection.cache_path, lambda self: self.connection._lock)
@@ -212,11 +216,10 @@ class Cursor:
             prepared = connection._planner.prepare(query, parameters, connection._currency_bound)
             plan = self.plan = prepared.plan
             # a plan that chose the whole statement remote has no guard to evaluate
-            decision = self._decide(plan, parameters) if plan.local else None
-            if decision is not None and not decision.remote:
+            if plan.local:
                 try:
-                    self._run_decision(prepared, decision, parameters)
-                    return
+                    if self._decide_and_run(prepared, parameters)[1]:
+                        return
                 except LocalUnfit:
                     pass  # DuckDB cannot give PostgreSQL's answer here: the backend gives it
             self._run_backend(prepared.remote, parameters)
@@ -242,10 +245,28 @@ class Cursor:
                 connection._admissions.request(misses.admittable)
         return decision
 
+    def _decide_and_run(self, prepared: Prepared, parameters: Params,
+                        stale: bool = False) -> tuple[Decision, bool]:  # fmt: skip
+        """Evaluate the guards and run what they keep local (whole or in part): whether it ran,
+        with the decision. The guards and the rows they pass must come from one state of the
+        cache file: a change committed in between (an eviction while a remote leaf was
+        fetched, a refresh) makes it decide again, a few times, then leave it to the backend."""
+        store = self.connection._store
+        for _ in range(GUARD_ATTEMPTS):
+            seen = store.committed_version()
+            decision = self._decide(prepared.plan, parameters, ignore_currency=stale)
+            if decision.remote:
+                return decision, False
+            if self._run_decision(prepared, decision, parameters, seen, stale):
+                return decision, True
+        return decision, False
+
     def _run_decision(
-        self, prepared: Prepared, decision: Decision, parameters: Params, stale: bool = False
-    ) -> None:
-        """Run a local or mixed decision in DuckDB."""
+        self, prepared: Prepared, decision: Decision, parameters: Params, seen: int,
+        stale: bool = False,
+    ) -> bool:  # fmt: skip
+        """Run a local or mixed decision in DuckDB; False (and no result) if the cache file
+        changed since version ``seen``, on which the guards decided."""
         connection = self.connection
         try:
             result = run_local(prepared, decision, parameters, connection._store.con,
@@ -254,6 +275,8 @@ class Cursor:
             raise translate(exc, unreachable="a remote part of the query needs it") from exc
         except duckdb.Error as exc:
             raise translate(exc, "the local plan failed in DuckDB") from exc
+        if connection._store.committed_version() != seen:
+            return False
         self._set_result(result.description, result.rows)
         self.executed = result.executed
         bindings = decision.bindings or ()
@@ -275,6 +298,7 @@ class Cursor:
                 moments.append(max(stamps))
             if moments:
                 session.read_at(max(moments))
+        return True
 
     def _answer_without_backend(
         self, query: Query, parameters: Params, down: BackendUnavailableError
@@ -286,13 +310,15 @@ class Cursor:
         prepared = connection._planner.cached(query, parameters, bound)
         if prepared is None:
             prepared = Prepared(connection._planner.uncosted(query, parameters, bound), -1)
-        decision = self._decide(prepared.plan, parameters, ignore_currency=True)
-        if connection.stale_ok and not decision.remote:
+        if connection.stale_ok:
             try:
-                self._run_decision(prepared, decision, parameters, stale=True)
+                decision, ran = self._decide_and_run(prepared, parameters, stale=True)
             except LocalUnfit as unfit:
                 raise BackendUnavailableError(
                     f"{unfit}, and the backend is unreachable: {down}") from down  # fmt: skip
+        else:
+            decision, ran = self._decide(prepared.plan, parameters, ignore_currency=True), False
+        if ran:
             for entry in self._provenance:
                 if entry.stale:
                     bound = next(b.bound_seconds for b in decision.bindings or ()

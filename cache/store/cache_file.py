@@ -210,6 +210,13 @@ class CacheStore:
     def version(self) -> int:
         return self._shared.version
 
+    def committed_version(self) -> int:
+        """The version counting every change committed so far: equal at two moments only if
+        no change (of rows or regions) committed in between (`transaction` commits and counts
+        atomically)."""
+        with self._shared.commit_lock:
+            return self._shared.version
+
     def bump(self, views: Iterable[str] | None = None) -> None:
         """After a change committed outside `transaction` (DDL, once its schema version is
         counted): of the rows of ``views`` (None: of any view)."""

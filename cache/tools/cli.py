@@ -308,7 +308,8 @@ def cmd_experiment(settings: Settings, args: argparse.Namespace) -> int:
     backend = ["--backend", settings.backend] if settings.backend else \
         ["--embedded", str(settings.embedded_root)]  # fmt: skip
     return chaos.main(["--seconds", str(args.minutes * 60), *backend,
-                       *(["--seed", str(args.seed)] if args.seed is not None else [])])  # fmt: skip
+                       *(["--seed", str(args.seed)] if args.seed is not None else []),
+                       *(["--no-spark"] if args.no_spark else [])])  # fmt: skip
 
 
 # -- wiring ---------------------------------------------------------------------------------------
@@ -397,6 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "with injected faults (experiments/chaos.py)")  # fmt: skip
     p.add_argument("--minutes", type=float, default=1.0, help="how long to run (default 1)")
     p.add_argument("--seed", type=int, help="reproduce a run's choices (default: random)")
+    p.add_argument("--no-spark", action="store_true", help="refresh inline only (no JVM)")
     p.set_defaults(run=cmd_experiment)
 
     p = commands.add_parser("stop", help="stop the embedded PostgreSQL")
