@@ -48,7 +48,8 @@ def connect(
 ) -> Connection:
     """Open a session: ``backend`` is a libpq DSN or URL (default: the embedded cluster beside
     the cache file), ``cache_path`` the DuckDB file (default ``.mtcache/cache.duckdb``).
-    Options: ``autocommit`` (default False), ``stale_ok`` (default False)."""
+    Options: ``autocommit`` (default False), ``stale_ok`` (default False), and the others of
+    `Connection` (``background=False``: no refresh scheduler in this process)."""
     return Connection(backend, cache_path, **options)
 
 

@@ -52,10 +52,9 @@ from rich.console import Console
 
 import cache
 from cache.backend.embedded_pg import EmbeddedPostgres
-from cache.maintenance import faults
+from cache.maintenance import background, faults
 from cache.maintenance.engines import Engine
 from cache.maintenance.pipeline import Maintainer
-from cache.maintenance.scheduler import RefreshScheduler
 from experiments.chaos_check import Observation, Tick, Timeline, Unit, Verdict, check
 from experiments.provenance import append_rows
 
@@ -432,24 +431,21 @@ def owner_main(config: dict[str, t.Any]) -> int:
     run = Owner(config["dsn"], Path(config["cache_path"]), config["seed"], config["deadline"],
                 config["incarnation"], journal, config["spark"], config["faults_done"])  # fmt: skip
     journal.write("started", at=time.time())
-    with cache.Admin.open(run.cache_path, run.dsn) as admin:
-        from cache.maintenance.engines import InlineEngine
-
-        scheduler = RefreshScheduler(admin._store, run.dsn, InlineEngine(), tick=1.0)
-        scheduler.start()
-        threads = [threading.Thread(target=reader, args=(run, i)) for i in range(3)]
-        threads.append(threading.Thread(target=maintainer, args=(run,)))
-        if run.spark:
-            threading.Thread(target=_start_spark, args=(run,), daemon=True).start()
-        for thread in threads:
-            thread.start()
-        counted = 0
-        while any(thread.is_alive() for thread in threads):
-            time.sleep(0.5)
-            for _ in range(len(scheduler.reports) - counted):
+    threads = [threading.Thread(target=reader, args=(run, i)) for i in range(3)]
+    threads.append(threading.Thread(target=maintainer, args=(run,)))
+    if run.spark:
+        threading.Thread(target=_start_spark, args=(run,), daemon=True).start()
+    for thread in threads:
+        thread.start()
+    counted: dict[int, int] = {}  # the refresh scheduler the readers' connections run
+    while any(thread.is_alive() for thread in threads):
+        time.sleep(0.5)
+        running = background.running(run.cache_path)
+        if running is not None:
+            done = len(running.scheduler.reports)
+            for _ in range(done - counted.get(id(running), 0)):
                 run.note("operations", "scheduled refresh")
-            counted = len(scheduler.reports)
-        scheduler.stop()
+            counted[id(running)] = done
     journal.write("stopped", at=time.time())
     return 0
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import psycopg
 
 SAMPLES = 3
+DRIFT = 1e-4  # clock drift per second since a measurement (100 ppm), added: erring late
 
 
 @dataclass(frozen=True)

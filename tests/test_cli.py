@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -204,6 +206,14 @@ def test_cache_store_commands_end_to_end(
     human = ok("status")
     assert "authorcopy (authors, white, group-level under authorlist_pct" in human
     assert "presence     authorlist_pct(4,): 1 row," in human
+    # each view's last and next refresh (authorcopy: REFRESH EVERY 5 MIN; bookcopy is gray)
+    assert re.search(r"authorcopy .*: 1 row; refreshed [\d.]+ sec ago, next in [\d.]+ sec", human)
+    assert "bookcopy (books, gray" in human and "with authorcopy" in human
+    assert views["authorcopy"]["last_refresh"] is not None
+    next_refresh = dt.datetime.fromisoformat(views["authorcopy"]["next_refresh"])
+    oldest = min(dt.datetime.fromisoformat(r["refreshed_at"])
+                 for r in views["authorcopy"]["regions"])  # fmt: skip
+    assert next_refresh == oldest + dt.timedelta(minutes=5)
 
     bad = run(mtcache_bin, "admit", "authorlist_pct", env=clean_env)
     assert bad.returncode == 2  # argparse: VALUE is required

@@ -75,3 +75,48 @@ def test_the_scheduler_thread_keeps_a_view_fresh(setup: tuple[CacheStore, str]) 
     assert local(store, "SELECT qty FROM salescopy WHERE saleid = 1") == [(99,)]
     ids = [r.snapshot_id for r in scheduler.reports]
     assert ids == sorted(ids) and len(set(ids)) == len(ids)
+
+
+def test_a_connection_runs_the_scheduler_while_open(setup: tuple[CacheStore, str]) -> None:
+    """The process that opens the cache refreshes views by itself (SPEC §5.10): one scheduler
+    per file per process, stopped when the last connection closes; ``background=False`` runs
+    none."""
+    import threading
+
+    import cache
+    from cache.maintenance import background
+
+    store, dsn = setup
+    path = store.path
+    store.close()  # the connections below own the file now
+    query = "SELECT s.qty FROM sales s WHERE s.saleid = 1 CURRENCY BOUND 3 SEC ON (s)"
+    quiet = cache.connect(dsn, path, background=False)
+    assert background.running(path) is None
+    first = cache.connect(dsn, path)
+    second = cache.connect(dsn, path)
+    running = background.running(path)
+    assert running is not None and running.users == 2
+    try:
+        pg(dsn, "UPDATE sales SET qty = 77 WHERE saleid = 1")
+        deadline = time.monotonic() + 60
+        answer: list[tuple[object, ...]] = []
+        route = ""
+        while time.monotonic() < deadline and (answer, route) != ([(77,)], "local"):
+            cur = quiet.execute(query)  # nobody refreshes on demand: the scheduler must
+            answer, route = cur.fetchall(), cur.provenance[0]["route"]
+            time.sleep(0.2)
+        assert (answer, route) == ([(77,)], "local")
+        first.close()
+        assert background.running(path) is running and running.users == 1
+    finally:
+        second.close()
+        quiet.close()
+    assert background.running(path) is None
+    assert not [t for t in threading.enumerate() if t.name == "mtcache-refresh"]
+    with cache.Admin.open(path) as admin:
+        views = {v["name"]: v for v in admin.status()["views"]}
+    sales = views["salescopy"]
+    assert sales["last_refresh"] is not None and sales["next_refresh"] is not None
+    assert views["reviewercopy"]["next_refresh"] is None  # no interval: on demand
+    assert views["bookcopy"]["refresh_follows"] == "authorcopy"
+    assert views["authorcopy"]["next_refresh"] is None  # no regions yet: waits for admissions

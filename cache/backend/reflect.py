@@ -143,14 +143,14 @@ def connect_backend(dsn: str, **kwargs: object) -> psycopg.Connection:  # type: 
         return psycopg.connect(dsn, **kwargs)  # type: ignore[arg-type]
     except psycopg.ProgrammingError as exc:  # libpq cannot read the connection string
         raise InterfaceError(
-            f"the backend {_redact(dsn)} is not a PostgreSQL connection string or URL "
+            f"the backend {redact(dsn)} is not a PostgreSQL connection string or URL "
             f"({first_line(exc)}); check --backend / MTCACHE_BACKEND, e.g. "
             "postgresql://user@host:5432/dbname"
         ) from None
     except psycopg.OperationalError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise BackendUnavailableError(
-            f"cannot reach the PostgreSQL backend at {_redact(dsn)}: {first} "
+            f"cannot reach the PostgreSQL backend at {redact(dsn)}: {first} "
             "(check --backend / MTCACHE_BACKEND, or omit it to use the embedded default)"
         ) from exc
 
@@ -160,7 +160,7 @@ def fetch_catalog(dsn: str) -> Catalog:
         return reflect_catalog(conn)
 
 
-def _redact(dsn: str) -> str:
+def redact(dsn: str) -> str:
     """A DSN fit for messages: no password (host:port/db; a string libpq cannot read, quoted
     with anything that looks like a password masked)."""
     try:

@@ -31,6 +31,7 @@ from cache.execution.execute import Fetch, Memo
 from cache.execution.memo import DEFAULT_BYTES as DEFAULT_MEMO_BYTES
 from cache.execution.memo import memo_for
 from cache.execution.planning import Planner
+from cache.maintenance.background import Background, attach, detach
 from cache.store.cache_file import COUNTERS, CacheStore
 from cache.store.region_state import read_region_state
 from control_tables.regions import RegionState
@@ -56,7 +57,11 @@ class Connection:
     key in the background; default True), ``currency_bound`` (the session's bound for every
     SELECT block without a clause: ``"10 min"``, seconds, or a timedelta; default none, SPEC
     §2's strict default), ``result_memo_bytes`` (memory for local answers kept and reused while
-    the views they read are unchanged, per process and cache file; default 64 MiB, 0: off)."""
+    the views they read are unchanged, per process and cache file; default 64 MiB, 0: off),
+    ``background`` (run the cache file's background work in this process while the connection
+    is open: the refresh scheduler, `cache.maintenance.background`; default True),
+    ``heartbeat`` (seconds: also beat the backend's heartbeat row that often from this process,
+    SPEC §6, and judge currency on its clock estimate; default None, no heartbeat thread)."""
 
     # PEP 249 optional extension: the exception classes as attributes.
     Warning = _errors.Warning
@@ -81,9 +86,15 @@ class Connection:
         admit_on_miss: bool = True,
         currency_bound: str | float | dt.timedelta | None = None,
         result_memo_bytes: int = DEFAULT_MEMO_BYTES,
+        background: bool = True,
+        heartbeat: float | None = None,
     ) -> None:
         self._currency_bound = _bound_seconds(currency_bound)
         self._lock = threading.RLock()  # one call at a time (cache.dbapi.boundary)
+        if heartbeat is not None and (isinstance(heartbeat, bool) or not isinstance(
+                heartbeat, int | float) or not heartbeat > 0):  # fmt: skip
+            raise ProgrammingError(f"heartbeat must be a positive number of seconds (or None), "
+                                   f"not {heartbeat!r}")  # fmt: skip
         if isinstance(result_memo_bytes, bool) or not isinstance(result_memo_bytes, int) \
                 or result_memo_bytes < 0:  # fmt: skip
             raise _errors.ProgrammingError(
@@ -104,7 +115,8 @@ class Connection:
             self._pg.close()
             raise
         try:
-            self._session = SessionState(self._pg, self._store)
+            self._background: Background | None = None
+            self._session = SessionState(self._pg, self._store, self._heartbeat_clock)
             if not self._store.has_catalog():
                 self._store.save_catalog(fetch_catalog(backend))
         except BaseException as exc:
@@ -120,6 +132,8 @@ class Connection:
         self._counters = dict.fromkeys(COUNTERS, 0)
         self._memo = Memo(memo_for(self._store.path, result_memo_bytes),
                           self._store.change_token) if result_memo_bytes else None  # fmt: skip
+        if background or heartbeat is not None:
+            self._background = attach(self._store, backend, heartbeat)
         self.closed = False
 
     # -- PEP 249 ----------------------------------------------------------------------------
@@ -166,6 +180,8 @@ class Connection:
         if self.closed:
             return
         self.closed = True
+        if self._background is not None:
+            detach(self._background)
         self._admissions.close()
         try:
             self._pg.close()
@@ -228,7 +244,8 @@ class Connection:
 
     @property
     def clock(self) -> BackendClock:
-        """The backend clock as this session estimates it (SPEC §4)."""
+        """The backend clock as this session estimates it now (SPEC §4)."""
+        self._session.now()  # brings the estimate up to date (the heartbeat's, a re-measure)
         return self._session.clock
 
     @property
@@ -268,6 +285,10 @@ class Connection:
         return self._admissions.errors
 
     # -- for the cursors -------------------------------------------------------------------------
+
+    def _heartbeat_clock(self) -> BackendClock | None:
+        running = self._background
+        return running.heartbeat.clock if running is not None and running.heartbeat else None
 
     def _check_open(self) -> None:
         if self.closed:

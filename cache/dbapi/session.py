@@ -14,18 +14,21 @@ import psycopg
 from psycopg import pq
 
 from cache.store.cache_file import CacheStore
-from heartbeat.clock import BackendClock, measure
+from heartbeat.clock import DRIFT, BackendClock, measure
 from optimizer.evaluate_guards import Session
 from sql_ext.errors import ProgrammingError
 
 CLOCK_MAX_AGE = 600.0  # seconds between measurements of the backend clock's offset
-DRIFT = 1e-4  # clock drift assumed per second when a measurement is overdue (100 ppm)
 
 
 class SessionState:
-    def __init__(self, pg: psycopg.Connection[t.Any], store: CacheStore) -> None:
+    def __init__(
+        self, pg: psycopg.Connection[t.Any], store: CacheStore,
+        heartbeat_clock: t.Callable[[], BackendClock | None] = lambda: None,
+    ) -> None:  # fmt: skip
         self._pg = pg
         self._store = store
+        self._heartbeat_clock = heartbeat_clock  # a heartbeat of this process measures too
         self._use_clock(measure(pg))  # currency is judged on the backend's clock
         self.uncommitted: set[str] = set()  # tables written in the open backend transaction
         self.uncommitted_unknown = False  # a write whose tables the parser could not name
@@ -38,8 +41,12 @@ class SessionState:
     # -- the backend clock ---------------------------------------------------------------------
 
     def now(self) -> dt.datetime:
-        """The backend's clock (erring late), re-measured every CLOCK_MAX_AGE seconds."""
+        """The backend's clock (erring late): the heartbeat's estimate when this process runs
+        one and it is newer, else re-measured every CLOCK_MAX_AGE seconds."""
         local = dt.datetime.now(dt.UTC)
+        beat = self._heartbeat_clock()
+        if beat is not None and beat.measured_at > self.clock.measured_at:
+            self._use_clock(beat, save=False)
         if local > self._remeasure_at:
             clock = self.clock
             try:
@@ -54,11 +61,12 @@ class SessionState:
                 ))  # fmt: skip
         return local + self._offset
 
-    def _use_clock(self, clock: BackendClock) -> None:
+    def _use_clock(self, clock: BackendClock, save: bool = True) -> None:
         self.clock = clock
         self._offset = dt.timedelta(seconds=clock.offset_seconds)
         self._remeasure_at = clock.measured_at + dt.timedelta(seconds=CLOCK_MAX_AGE)
-        self._store.save_clock(clock)
+        if save:  # for tools without a backend (status); the heartbeat's every beat is not
+            self._store.save_clock(clock)
 
     # -- the session's own writes (read your writes) -----------------------------------------
 

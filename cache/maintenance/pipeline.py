@@ -26,10 +26,11 @@ import typing as t
 from collections.abc import Collection, Iterable
 
 import psycopg
+import pyarrow as pa
 
 from cache.maintenance import faults
 from cache.maintenance.apply import apply_pull
-from cache.maintenance.engines import Coordinator, Engine, InlineEngine
+from cache.maintenance.engines import Coordinator, Engine, InlineEngine, PullQuery
 from cache.maintenance.evict import evict
 from cache.maintenance.key_values import exact_key
 from cache.maintenance.pull import Pull, distinct_rows
@@ -59,6 +60,32 @@ def make_engine(name: str, master: str | None = None) -> Engine:
 
         return SparkEngine(master or DEFAULT_MASTER)
     raise ProgrammingError(f"unknown refresh engine {name!r}: use spark or inline")
+
+
+# Pulls reading tables of at least this many backend heap pages (8 KiB each: 128 MiB) go to
+# Spark when an engine is chosen by size; smaller ones are pulled inline (no JVM to start).
+SPARK_MIN_PAGES = 16384
+
+
+class SizedEngine:
+    """Inline or Spark by the size of what an operation pulls: the refresh scheduler's engine
+    (SPEC §7: Spark for the pipeline's large pulls, inline for small ones). ``name`` is the
+    engine the last pull used (what a refresh's report and provenance record)."""
+
+    def __init__(self, spark_master: str | None = None, spark_pages: int = SPARK_MIN_PAGES) -> None:
+        self.spark_master = spark_master
+        self.spark_pages = spark_pages
+        self.name = "inline"
+        self._spark: Engine | None = None
+
+    def pull(self, coordinator: Coordinator, queries: list[PullQuery]) -> list[pa.Table]:
+        if max((q.pages for q in queries), default=0) < self.spark_pages:
+            self.name = "inline"
+            return InlineEngine().pull(coordinator, queries)
+        if self._spark is None:
+            self._spark = make_engine("spark", self.spark_master)
+        self.name = "spark"
+        return self._spark.pull(coordinator, queries)
 
 
 class Maintainer:
@@ -162,6 +189,7 @@ class Maintainer:
             pull.children()
             _refuse_empty(pull, must_hold)
             faults.hit("after_pull", self.faults)
+            report.engine = self.engine.name  # an engine chosen by size names its choice now
             apply_pull(self.store, schema, pull.omega, pull.staged, admitted,
                        coordinator.snapshot, self.engine.name, self.faults, report)  # fmt: skip
         except faults.InjectedFault:

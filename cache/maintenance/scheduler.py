@@ -12,14 +12,12 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import threading
-import typing as t
 
 from cache.maintenance.engines import Engine
 from cache.maintenance.pipeline import Maintainer
 from cache.maintenance.report import Report
 from cache.store.cache_file import CacheStore
-from control_tables.regions import guarantees
-from sql_ext.quoting import ident
+from cache.store.refresh_times import refresh_times
 
 log = logging.getLogger("mtcache.scheduler")
 
@@ -29,43 +27,10 @@ def due_views(store: CacheStore, now: dt.datetime) -> list[str]:
     schema = store.load_schema()
     due = []
     for name in schema.topological_order():
-        view = schema.views[name]
-        if view.is_gray or not view.refresh_seconds:
-            continue
-        oldest = _oldest_region(store, name)
-        if oldest is None:
-            if view.is_fully_materialized:
-                due.append(name)  # never populated
-            continue
-        if oldest == "never" or (now - oldest).total_seconds() >= view.refresh_seconds:
+        when = refresh_times(store, schema, name)
+        if when.follows is None and when.due is not None and when.due <= now:
             due.append(name)
     return due
-
-
-def _oldest_region(store: CacheStore, name: str) -> dt.datetime | t.Literal["never"] | None:
-    """The oldest refreshed_at among the view's regions; "never" if one was never refreshed;
-    None when the view has no region yet."""
-    schema = store.load_schema()
-    view = schema.views[name]
-    stamps: list[dt.datetime | None] = []
-    if view.view_level:
-        row = store.con.execute(
-            "SELECT refreshed_at FROM mtcache.view_state WHERE view = ?", [name]
-        ).fetchone()
-        stamps.append(row[0] if row else None)
-        if row is None and not view.is_fully_materialized:
-            stamps.pop()  # a presence-controlled view-level view waits for its parents
-    controls = [p.control for p in view.presence if p.control in schema.control_tables]
-    controls += [c for kind, _, c in guarantees(view) if c is not None and kind != "view"]
-    for control in controls:
-        stamps += [
-            r[0] for r in store.con.execute(f"SELECT refreshed_at FROM {ident(control)}").fetchall()
-        ]
-    if not stamps:
-        return None
-    if any(s is None for s in stamps):
-        return "never"
-    return min(t.cast(list[dt.datetime], stamps))
 
 
 class RefreshScheduler:

@@ -11,6 +11,7 @@ import datetime as dt
 import typing as t
 
 from cache.store.cache_file import CacheStore
+from cache.store.refresh_times import refresh_times
 from control_tables.regions import Region, guarantees, region_predicate
 from control_tables.schema import CachedView, CacheSchema
 from heartbeat.clock import BackendClock
@@ -29,6 +30,7 @@ def status(store: CacheStore, now: dt.datetime | None = None) -> dict[str, t.Any
         "cache": str(store.path),
         "clock": "backend" if clock is not None else "local",
         "backend_clock": clock.to_json() if clock is not None else None,
+        "now": now.isoformat(),  # the moment currencies and refresh times are reckoned from
         "views": views,
         "control_tables": sorted(schema.control_tables),
         "counters": store.counters(),
@@ -87,6 +89,8 @@ def _view_status(
                     now,
                 )
             )
+    times = refresh_times(store, schema, view.name)
+    due = times.due if times.due is None or times.due > now else now  # due at once: now
     return {
         "name": view.name,
         "table": view.table,
@@ -95,6 +99,11 @@ def _view_status(
         "root": schema.consistency_root(view.name),
         "parents": [p.control for p in view.presence],
         "refresh_seconds": view.refresh_seconds,
+        # the newest region stamp; when the refresh scheduler refreshes the view next (None:
+        # not scheduled - on demand, or waiting for admissions); a gray view follows its root
+        "last_refresh": times.last.isoformat() if times.last else None,
+        "next_refresh": due.isoformat() if due else None,
+        "refresh_follows": times.follows,
         "rows": int(rows[0]) if rows else 0,
         "regions": regions,
     }

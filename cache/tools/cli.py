@@ -12,23 +12,28 @@ import datetime as dt
 import json
 import math
 import os
+import signal
 import sys
 import typing as t
 from pathlib import Path
 
+import psycopg
 from rich.console import Console
 from rich.table import Table
 
 import cache
 from cache.backend.embedded_pg import EmbeddedPostgres
+from cache.backend.reflect import connect_backend, redact
 from cache.dbapi.admin import Admin
 from cache.dbapi.connection import DEFAULT_CACHE
 from cache.maintenance.pipeline import ENGINES
 from cache.tools.demo import run_demo
 from cache.tools.formatting import describe_class, plural
 from cache.tools.settings import Settings
+from heartbeat.beat import DEFAULT_INTERVAL, DEFAULT_SOURCE, Heartbeat, beat, ensure_table
+from heartbeat.beat import TABLE as HEARTBEAT_TABLE
 from sql_ext import is_empty, parse_one
-from sql_ext.errors import Error, ProgrammingError
+from sql_ext.errors import Error, ProgrammingError, first_line, translate
 from sql_ext.nodes import format_duration
 
 DEFAULT_ENGINE = "spark"
@@ -64,7 +69,7 @@ def cmd_parse(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_explain(settings: Settings, args: argparse.Namespace) -> int:
-    with cache.connect(settings.backend_dsn(), settings.cache_path) as conn:
+    with cache.connect(settings.backend_dsn(), settings.cache_path, background=False) as conn:
         conn.admin.reflect()  # plan against the backend's tables as they are now
         plan = conn.explain(args.sql)
     document = plan.to_json()
@@ -180,6 +185,7 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
         if clock else ""
     )  # fmt: skip
     print(f"cache {document['cache']} (currency by the {document['clock']} clock{measured})")
+    now = dt.datetime.fromisoformat(document["now"])
     for view in document["views"]:
         parents = f" under {', '.join(view['parents'])}" if view["parents"] else ""
         every = (
@@ -189,7 +195,7 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
         )
         print(
             f"  {view['name']} ({view['table']}, {view['color']}, {view['consistency']}-level"
-            f"{parents}{every}): {plural(view['rows'], 'row')}"
+            f"{parents}{every}): {plural(view['rows'], 'row')}; {_refresh_line(view, now)}"
         )
         for region in view["regions"]:
             where = f"{region['control']}{tuple(region['key'])}" if region["control"] else "all"
@@ -202,6 +208,23 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
     counters = ", ".join(f"{k} {v}" for k, v in sorted(document["counters"].items()))
     print(f"  counters: {counters}")
     return 0
+
+
+def _refresh_line(view: dict[str, t.Any], now: dt.datetime) -> str:
+    """When the view was refreshed last and will be next, as `status` prints it."""
+    def seconds(moment: str) -> float:  # from now on; negative: ago
+        return round((dt.datetime.fromisoformat(moment) - now).total_seconds(), 1)
+
+    last = view["last_refresh"]
+    said = f"refreshed {format_duration(-seconds(last))} ago" if last else "never refreshed"
+    if view["refresh_follows"]:
+        return f"{said}, with {view['refresh_follows']}"
+    upcoming = view["next_refresh"]
+    if upcoming is None:
+        return f"{said}, next on demand" if not view["refresh_seconds"] else \
+            f"{said}, next once regions are admitted"  # fmt: skip
+    wait = seconds(upcoming)
+    return f"{said}, next {'now' if wait <= 0 else 'in ' + format_duration(wait)}"
 
 
 def _print_json(document: t.Any) -> None:
@@ -251,7 +274,7 @@ def _iso_duration(value: dt.timedelta) -> str:
 def cmd_query(settings: Settings, args: argparse.Namespace) -> int:
     if is_empty(args.sql):
         raise ProgrammingError("empty statement: there is no SQL to run")
-    with cache.connect(settings.backend_dsn(), settings.cache_path) as conn:
+    with cache.connect(settings.backend_dsn(), settings.cache_path, background=False) as conn:
         cur = conn.cursor()
         cur.execute(args.sql)
         columns = [d[0] for d in cur.description] if cur.description else []
@@ -286,6 +309,32 @@ def cmd_query(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
     return run_demo(settings)
+
+
+def cmd_heartbeat(settings: Settings, args: argparse.Namespace) -> int:
+    """SPEC §6: beat in the foreground until Ctrl-C or SIGTERM (exit 0); riding out backend
+    outages (one line on stderr each)."""
+    if not args.interval > 0:
+        raise ProgrammingError(f"--interval must be a positive number of seconds, not "
+                               f"{args.interval:g}")  # fmt: skip
+    dsn = settings.backend_dsn()
+    heart = Heartbeat(dsn, args.interval, args.source)
+    # the first beat here: an unreachable backend or a refused table is an error at once
+    with connect_backend(dsn, autocommit=True) as conn:
+        try:
+            ensure_table(conn)
+            beat(conn, args.source)
+        except psycopg.Error as exc:
+            raise translate(exc, "the heartbeat could not write its row") from exc
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: heart.stop())
+    print(f"heartbeat: source {args.source!r} in {HEARTBEAT_TABLE} every {args.interval:g}s "
+          f"at {redact(dsn)}; stop with Ctrl-C or SIGTERM", flush=True)  # fmt: skip
+    beats = heart.run(on_failure=lambda exc: print(
+        f"mtcache: heartbeat: the backend is unreachable ({first_line(exc)}); retrying every "
+        f"{args.interval:g}s", file=sys.stderr, flush=True))  # fmt: skip
+    print(f"heartbeat stopped after {plural(beats + 1, 'beat')}", flush=True)
+    return 0
 
 
 def cmd_stop(settings: Settings, args: argparse.Namespace) -> int:
@@ -400,6 +449,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="reproduce a run's choices (default: random)")
     p.add_argument("--no-spark", action="store_true", help="refresh inline only (no JVM)")
     p.set_defaults(run=cmd_experiment)
+
+    p = commands.add_parser("heartbeat", help="update the backend's heartbeat row every few "
+                            "seconds, in the foreground (SPEC §6)")  # fmt: skip
+    p.add_argument("--interval", type=float, default=DEFAULT_INTERVAL,
+                   help=f"seconds between beats (default {DEFAULT_INTERVAL:g})")  # fmt: skip
+    p.add_argument("--source", default=DEFAULT_SOURCE,
+                   help=f"the row's name (default {DEFAULT_SOURCE!r})")  # fmt: skip
+    p.set_defaults(run=cmd_heartbeat)
 
     p = commands.add_parser("stop", help="stop the embedded PostgreSQL")
     p.set_defaults(run=cmd_stop)

@@ -1,0 +1,64 @@
+"""When each view was last refreshed and when the refresh scheduler will refresh it next (SPEC
+§3 `REFRESH EVERY`, §5.10): read from the regions' stamps, for the scheduler and for `status`.
+
+A white view with ``REFRESH EVERY f`` is due once its oldest region is f old, at once when one
+of its regions was never refreshed or when it is fully materialized and was never populated; a
+presence-controlled view without regions waits for admissions. Gray views follow their roots;
+views without an interval are refreshed on demand only.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+from cache.store.cache_file import CacheStore
+from control_tables.regions import guarantees
+from control_tables.schema import CacheSchema
+from sql_ext.quoting import ident
+
+NOW = dt.datetime.min.replace(tzinfo=dt.UTC)  # due at once
+
+
+@dataclass(frozen=True)
+class RefreshTimes:
+    last: dt.datetime | None  # the newest region stamp (None: never refreshed)
+    due: dt.datetime | None  # the scheduler's next refresh (NOW: at once; None: not scheduled)
+    follows: str | None = None  # a gray view: the root whose refreshes it follows
+
+
+def refresh_times(store: CacheStore, schema: CacheSchema, name: str) -> RefreshTimes:
+    view = schema.views[name]
+    stamps = _region_stamps(store, schema, name)
+    last = max((s for s in stamps if s is not None), default=None)
+    if view.is_gray:
+        root = schema.consistency_root(name)
+        return RefreshTimes(last, refresh_times(store, schema, root).due, root)
+    if not view.refresh_seconds:
+        return RefreshTimes(last, None)
+    if not stamps:
+        return RefreshTimes(last, NOW if view.is_fully_materialized else None)
+    if any(s is None for s in stamps):
+        return RefreshTimes(last, NOW)
+    oldest = min(s for s in stamps if s is not None)
+    return RefreshTimes(last, oldest + dt.timedelta(seconds=view.refresh_seconds))
+
+
+def _region_stamps(store: CacheStore, schema: CacheSchema, name: str) -> list[dt.datetime | None]:
+    """refreshed_at of each of the view's regions (None: a region never refreshed)."""
+    view = schema.views[name]
+    stamps: list[dt.datetime | None] = []
+    if view.view_level:
+        row = store.con.execute(
+            "SELECT refreshed_at FROM mtcache.view_state WHERE view = ?", [name]
+        ).fetchone()
+        if row is not None or view.is_fully_materialized:
+            # a presence-controlled view-level view without a state waits for its parents
+            stamps.append(row[0] if row else None)
+    controls = [p.control for p in view.presence if p.control in schema.control_tables]
+    controls += [c for kind, _, c in guarantees(view) if c is not None and kind != "view"]
+    for control in controls:
+        stamps += [
+            r[0] for r in store.con.execute(f"SELECT refreshed_at FROM {ident(control)}").fetchall()
+        ]
+    return stamps
