@@ -74,7 +74,7 @@ def estimate_cost(plan: Plan, inputs: PlanInputs) -> Plan:
     """Cost the guarded plan (each access on its SwitchUnion, or its remote leaf) against the
     whole statement remote; keep the cheaper. Without estimates (no backend to ask) a plan
     with guards is kept: they decide at run time."""
-    schema, estimates, delay = inputs.schema, inputs.estimates, inputs.delay
+    schema, estimates = inputs.schema, inputs.estimates
     guarded = {a.instance.id for a in plan.guarded_accesses}
     whole = estimates.cost(plan.sql)[0] if estimates is not None else 0.0
     reasons = [f"({', '.join(c.cls.tables)}): {c.remote_reason}"
@@ -88,8 +88,10 @@ def estimate_cost(plan: Plan, inputs: PlanInputs) -> Plan:
             # no REFRESH EVERY: p as for f = 0; such a view is refreshed on demand (admission
             # pulls its regions) and its guard catches a region that has grown too old
             interval = schema.views[first.view].refresh_seconds or 0.0
+            delay = inputs.delay_of(first.view)
             p = local_probability(first.bound_seconds, delay, interval)
-            accesses[access.instance.id] = dataclasses.replace(access, probability_local=p)
+            accesses[access.instance.id] = dataclasses.replace(access, probability_local=p,
+                                                               refresh_delay=delay)  # fmt: skip
     classes = tuple(
         dataclasses.replace(c, accesses=tuple(accesses.get(a.instance.id, a) for a in c.accesses))
         for c in plan.classes

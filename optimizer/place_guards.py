@@ -31,7 +31,7 @@ from optimizer.plan import ClassPlan, ConsistencyProbe, Guard, Plan, PlanInputs
 
 
 def place_guards(plan: Plan, inputs: PlanInputs) -> Plan:
-    analysis, schema, delay = plan.analysis, inputs.schema, inputs.delay
+    analysis, schema = plan.analysis, inputs.schema
     classes = []
     for cls_plan in plan.classes:
         cls = cls_plan.cls
@@ -54,7 +54,9 @@ def place_guards(plan: Plan, inputs: PlanInputs) -> Plan:
         if missing:
             reason = f"no cached view answers {', '.join(missing)}"
             accesses = [dataclasses.replace(a, guards=()) for a in accesses]
-        elif below_delay(cls.bound_seconds, delay):
+        elif below_delay(cls.bound_seconds, delay := min(
+                (inputs.delay_of(g.view) for a in accesses for g in a.guards),
+                default=inputs.delay)):  # fmt: skip
             # the guards stay, for answering from stale data when the backend is down
             reason = (f"bound {cls.bound_seconds:g}s is at or below the refresh delay "
                       f"{delay:g}s (§4.4): no copy can be that fresh")  # fmt: skip

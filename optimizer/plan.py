@@ -54,9 +54,14 @@ class PlanInputs:
     schema: CacheSchema
     catalog: Catalog
     estimates: Estimates | None  # None: no backend to ask; the guards decide
-    delay: float  # the refresh delay d of §4.6
+    delay: float  # the refresh delay d of §4.6 of a view without a measured one
     # the type OIDs of the statement's result columns, as the backend describes them
     result_types: tuple[int, ...] | None = None
+    delays: tuple[tuple[str, float], ...] = ()  # (view, its measured d)
+
+    def delay_of(self, view: str) -> float:
+        """The view's refresh delay d: measured, else the default."""
+        return dict(self.delays).get(view, self.delay)
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,7 @@ class AccessPlan:
     leaf: RemoteLeaf
     guards: tuple[Guard, ...] = ()  # SwitchUnion branches in order; () = always remote
     probability_local: float = 0.0  # §4.6 p of the first branch
+    refresh_delay: float | None = None  # the d that p was reckoned with (its view's)
 
     @property
     def instance(self) -> Instance:
@@ -263,6 +269,8 @@ def _access_tree(access: AccessPlan) -> dict[str, t.Any]:
         union: dict[str, t.Any] = {"op": "SwitchUnion", "guard": guard.to_json()}
         if position == 0:
             union["probability_local"] = round(access.probability_local, 4)
+            if access.refresh_delay is not None:
+                union["refresh_delay_seconds"] = round(access.refresh_delay, 3)
         union["children"] = [
             {"op": "LocalScan", "view": guard.view, "filter": access.filter},
             node,

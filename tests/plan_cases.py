@@ -89,7 +89,9 @@ class PlanCase:
                 (access,) = [a for a in draft.accesses if a.alias == alias]
                 remote[access.leaf.sql] = (float(cost), float(rows))
             estimates = Estimates(remote, {k: float(v) for k, v in given.get("views", {}).items()})
-        inputs = PlanInputs(schema, self.catalog, estimates, DEFAULT_DELAY)
+        # measured refresh delays d per view (the rest: the default)
+        delays = tuple(sorted((v, float(d)) for v, d in self.spec.get("delays", {}).items()))
+        inputs = PlanInputs(schema, self.catalog, estimates, DEFAULT_DELAY, delays=delays)
         return plan_query(analysis, inputs, with_params=with_params)
 
     def region_state(self) -> RegionState:

@@ -305,3 +305,27 @@ def test_guards_and_the_rows_they_pass_come_from_one_state(
         thread.join()
         other.close()
     assert routes["local"] > 0 and routes["remote"] > 0  # the churned region answered too
+
+
+def test_pooled_backend_connections_the_backend_dropped_are_replaced(
+    conn: cache.Connection, dsn: str
+) -> None:
+    """The process's pool (estimates, descriptions, remote leaves) may hold connections the
+    backend has since ended (a restart, an administrator): the next query still plans with
+    the backend's estimates and answers, instead of failing or planning blind."""
+    conn.admin.apply_ddl(SCHEMA_FILE.read_text())
+    conn.admin.admit("authorlist_pct", [4])
+    sql = "SELECT a.name FROM authors a WHERE a.authorid = %s CURRENCY BOUND 10 MIN ON (a)"
+    assert conn.execute(sql, [4]).provenance[0]["route"] == "local"  # the pool is in use
+    own = conn._pg.info.backend_pid
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        ended = admin.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid NOT IN (pg_backend_pid(), %s)", (own,)
+        ).fetchone()
+    assert ended is not None and ended[0] >= 1
+    other = sql.replace("a.name", "a.name, a.city")  # a new shape: planned with estimates now
+    plan = conn.explain(other, [4])
+    assert plan.local, plan.reason
+    cur = conn.execute(other, [4])
+    assert cur.fetchall() and cur.provenance[0]["route"] == "local"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+import typing as t
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -120,3 +121,36 @@ def test_a_connection_runs_the_scheduler_while_open(setup: tuple[CacheStore, str
     assert views["reviewercopy"]["next_refresh"] is None  # no interval: on demand
     assert views["bookcopy"]["refresh_follows"] == "authorcopy"
     assert views["authorcopy"]["next_refresh"] is None  # no regions yet: waits for admissions
+
+
+def test_the_refresh_delay_is_measured_per_view_and_planned_with(
+    setup: tuple[CacheStore, str],
+) -> None:
+    """d of §4.6 is measured from the refreshes (how old their snapshot was when their rows
+    became visible), shown by status, and used by the plan (EXPLAIN shows the d it used)."""
+    import math
+
+    import cache
+
+    store, dsn = setup
+    path = store.path
+    store.close()
+    with cache.connect(dsn, path, background=False) as conn:
+        for _ in range(3):
+            conn.admin.refresh("salescopy")
+        views = {v["name"]: v for v in conn.admin.status()["views"]}
+        delay = views["salescopy"]["refresh_delay_seconds"]
+        assert delay is not None and 0 < delay < 60
+        assert views["reviewercopy"]["refresh_delay_seconds"] is None  # never refreshed
+        plan = conn.explain("SELECT s.qty FROM sales s WHERE s.saleid = 1 "
+                            "CURRENCY BOUND 10 MIN ON (s)").to_json()  # fmt: skip
+
+    def unions(node: dict[str, t.Any]) -> list[dict[str, t.Any]]:
+        found = [node] if node["op"] == "SwitchUnion" else []
+        return found + [u for child in node.get("children", []) for u in unions(child)]
+
+    found = unions(plan["plan"])
+    assert len(found) == 1, (plan["plan"], delay)
+    (union,) = found
+    assert union["guard"]["view"] == "salescopy"
+    assert union["refresh_delay_seconds"] == math.ceil(delay * 10) / 10

@@ -20,7 +20,7 @@ import pyarrow as pa
 from cache.backend.copy_arrow import copy_to_arrow
 from cache.backend.embedded_pg import EmbeddedPostgres
 from cache.backend.pool import in_one_snapshot
-from cache.backend.reflect import connect_backend, fetch_catalog
+from cache.backend.reflect import connect_backend, fetch_catalog, redact
 from cache.dbapi.admin import Admin
 from cache.dbapi.admission import Admissions
 from cache.dbapi.boundary import public
@@ -39,7 +39,7 @@ from heartbeat.clock import BackendClock
 from optimizer.plan import Plan
 from sql_ext import Query, parse_duration
 from sql_ext import errors as _errors
-from sql_ext.errors import InterfaceError, ProgrammingError, translate
+from sql_ext.errors import BackendUnavailableError, InterfaceError, ProgrammingError, translate
 from sql_ext.params import Params
 
 DEFAULT_CACHE = ".mtcache/cache.duckdb"
@@ -106,21 +106,35 @@ class Connection:
         self.backend = backend
         self.stale_ok = stale_ok
         self.admit_on_miss = admit_on_miss
-        self._pg = connect_backend(backend, autocommit=autocommit)
+        self._autocommit = autocommit
         self._notices: list[str] = []  # backend NOTICEs, handed to the cursor that caused them
-        self._pg.add_notice_handler(lambda d: self._notices.append(d.message_primary or ""))
+        # the session's backend connection; None while the backend is unreachable (SPEC §5.9:
+        # the cache still answers what its guards allow; the next statement that needs the
+        # backend connects again)
+        self._pg: psycopg.Connection[t.Any] | None = None
+        try:
+            self._connect_backend()
+        except BackendUnavailableError:
+            down = True
+        else:
+            down = False
         try:
             self._store = CacheStore(self.cache_path)
         except BaseException:
-            self._pg.close()
+            self._close_backend()
             raise
         try:
             self._background: Background | None = None
-            self._session = SessionState(self._pg, self._store, self._heartbeat_clock)
+            if down and not self._store.has_catalog():
+                raise BackendUnavailableError(
+                    f"cannot reach the PostgreSQL backend at {redact(backend)}, and the cache "
+                    f"file {self.cache_path} has no catalog of it yet: connect once while the "
+                    "backend is up")  # fmt: skip
+            self._session = SessionState(lambda: self._pg, self._store, self._heartbeat_clock)
             if not self._store.has_catalog():
                 self._store.save_catalog(fetch_catalog(backend))
         except BaseException as exc:
-            self._pg.close()
+            self._close_backend()
             self._store.close()
             if isinstance(exc, psycopg.Error):
                 raise translate(exc, unreachable="connect again when it is back") from exc
@@ -135,6 +149,30 @@ class Connection:
         if background or heartbeat is not None:
             self._background = attach(self._store, backend, heartbeat)
         self.closed = False
+
+    # -- the backend session -------------------------------------------------------------------
+
+    def _connect_backend(self) -> psycopg.Connection[t.Any]:
+        pg = connect_backend(self.backend, autocommit=self._autocommit)
+        pg.add_notice_handler(lambda d: self._notices.append(d.message_primary or ""))
+        self._pg = pg
+        return pg
+
+    def _backend_session(self) -> psycopg.Connection[t.Any]:
+        """The session's backend connection, connected again if the backend had gone (a
+        transaction open on the lost connection ended with it: its writes count as
+        committed for the session's own reads, the stricter choice); a
+        `BackendUnavailableError` while it is still unreachable."""
+        pg = self._pg
+        if pg is not None and not pg.closed:
+            return pg
+        if pg is not None:
+            self._session.settle()
+        return self._connect_backend()
+
+    def _close_backend(self) -> None:
+        if self._pg is not None:
+            self._pg.close()
 
     # -- PEP 249 ----------------------------------------------------------------------------
 
@@ -153,7 +191,7 @@ class Connection:
         uncommitted until the block's own COMMIT."""
         self._check_open()
         try:
-            with self._pg.transaction():
+            with self._backend_session().transaction():
                 yield self
         except psycopg.Error as exc:
             self._session.settle(rolled_back=True)
@@ -166,13 +204,15 @@ class Connection:
     @_public
     def commit(self) -> None:
         self._check_open()
-        self._backend_call(self._pg.commit)
+        if self._pg is not None:  # with no backend session there is nothing to commit
+            self._backend_call(self._pg.commit)
         self._session.committed()
 
     @_public
     def rollback(self) -> None:
         self._check_open()
-        self._backend_call(self._pg.rollback)
+        if self._pg is not None:
+            self._backend_call(self._pg.rollback)
         self._session.rolled_back()
 
     @_public
@@ -184,7 +224,7 @@ class Connection:
             detach(self._background)
         self._admissions.close()
         try:
-            self._pg.close()
+            self._close_backend()
         finally:
             try:
                 self._flush_counters()
@@ -207,12 +247,14 @@ class Connection:
 
     @property
     def autocommit(self) -> bool:
-        return bool(self._pg.autocommit)
+        return self._autocommit
 
     @autocommit.setter
     def autocommit(self, value: bool) -> None:
         self._check_open()
-        self._backend_call(lambda: setattr(self._pg, "autocommit", value))
+        if self._pg is not None and not self._pg.closed:
+            self._backend_call(lambda: setattr(self._pg, "autocommit", value))
+        self._autocommit = bool(value)
 
     # -- the session timeline (§2.3) -----------------------------------------------------------
 
@@ -312,7 +354,7 @@ class Connection:
         uncommitted writes (only it can see them; the guards then allow one leaf per class,
         a statement's snapshot)."""
         if self._session.writing:
-            pg = self._pg
+            pg = self._backend_session()
             return lambda leaves: [copy_to_arrow(pg, *leaf) for leaf in leaves]
         backend = self.backend
         return lambda leaves: in_one_snapshot(

@@ -348,9 +348,10 @@ class Cursor:
         connection = self.connection
         session = connection._session
         try:
+            pg = connection._backend_session()
             cur = self._pg_cursor
-            if cur is None or cur.closed:
-                cur = self._pg_cursor = connection._pg.cursor()
+            if cur is None or cur.closed or cur.connection is not pg:
+                cur = self._pg_cursor = pg.cursor()
             cur.execute(executed.backend_sql, parameters)  # type: ignore[arg-type]
             self.executed = executed
             self.rowcount = cur.rowcount

@@ -16,20 +16,21 @@ from psycopg import pq
 from cache.store.cache_file import CacheStore
 from heartbeat.clock import DRIFT, BackendClock, measure
 from optimizer.evaluate_guards import Session
-from sql_ext.errors import ProgrammingError
+from sql_ext.errors import BackendUnavailableError, ProgrammingError
 
 CLOCK_MAX_AGE = 600.0  # seconds between measurements of the backend clock's offset
+OFFLINE_RETRY = 60.0  # seconds between measurement attempts while the backend is unreachable
 
 
 class SessionState:
     def __init__(
-        self, pg: psycopg.Connection[t.Any], store: CacheStore,
+        self, pg: t.Callable[[], psycopg.Connection[t.Any] | None], store: CacheStore,
         heartbeat_clock: t.Callable[[], BackendClock | None] = lambda: None,
     ) -> None:  # fmt: skip
-        self._pg = pg
+        self._pg = pg  # the session's backend connection now (None: the backend is down)
         self._store = store
         self._heartbeat_clock = heartbeat_clock  # a heartbeat of this process measures too
-        self._use_clock(measure(pg))  # currency is judged on the backend's clock
+        self._use_clock(*self._measure_or_last())  # currency is judged on the backend's clock
         self.uncommitted: set[str] = set()  # tables written in the open backend transaction
         self.uncommitted_unknown = False  # a write whose tables the parser could not name
         self.written_at: dict[str, dt.datetime] = {}  # committed writes of this session
@@ -48,23 +49,36 @@ class SessionState:
         if beat is not None and beat.measured_at > self.clock.measured_at:
             self._use_clock(beat, save=False)
         if local > self._remeasure_at:
-            clock = self.clock
-            try:
-                self._use_clock(measure(self._pg))
-            except psycopg.Error:
-                # the backend is unreachable: keep the last measurement, pushed later by the
-                # drift it may have accumulated since (so the estimate still errs late)
-                self._use_clock(dataclasses.replace(
-                    clock,
-                    offset_seconds=clock.offset_seconds + DRIFT * CLOCK_MAX_AGE,
-                    measured_at=local,
-                ))  # fmt: skip
+            self._use_clock(*self._measure_or_last(self.clock))
         return local + self._offset
 
-    def _use_clock(self, clock: BackendClock, save: bool = True) -> None:
+    def _measure_or_last(self, last: BackendClock | None = None) -> tuple[BackendClock, float]:
+        """A measurement on the backend session; while the backend is unreachable, the last
+        one (this session's, else the cache file's) pushed later by the drift it may have
+        accumulated since (so the estimate still errs late), re-tried a minute later."""
+        pg = self._pg()
+        if pg is not None and not pg.closed:
+            try:
+                return measure(pg), CLOCK_MAX_AGE
+            except psycopg.Error:
+                pass
+        last = last or self._store.load_clock()
+        if last is None:
+            raise BackendUnavailableError(
+                "the backend is unreachable and this cache file has never measured its clock: "
+                "connect once while the backend is up")  # fmt: skip
+        local = dt.datetime.now(dt.UTC)
+        aged = max(0.0, (local - last.measured_at).total_seconds())
+        pushed = dataclasses.replace(
+            last, offset_seconds=last.offset_seconds + DRIFT * max(aged, OFFLINE_RETRY),
+            measured_at=local)  # fmt: skip
+        return pushed, OFFLINE_RETRY
+
+    def _use_clock(self, clock: BackendClock, retry: float = CLOCK_MAX_AGE,
+                   save: bool = True) -> None:  # fmt: skip
         self.clock = clock
         self._offset = dt.timedelta(seconds=clock.offset_seconds)
-        self._remeasure_at = clock.measured_at + dt.timedelta(seconds=CLOCK_MAX_AGE)
+        self._remeasure_at = clock.measured_at + dt.timedelta(seconds=retry)
         if save:  # for tools without a backend (status); the heartbeat's every beat is not
             self._store.save_clock(clock)
 
@@ -89,7 +103,9 @@ class SessionState:
         rollback the session cannot tell from a commit counts as a commit: stricter reads."""
         if not self.writing:
             return
-        if self._pg.info.transaction_status != pq.TransactionStatus.IDLE:
+        pg = self._pg()
+        if pg is not None and not pg.closed and \
+                pg.info.transaction_status != pq.TransactionStatus.IDLE:  # fmt: skip
             return
         if rolled_back:
             self.rolled_back()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import typing as t
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from cache.backend.reflect import fetch_catalog
 from cache.execution.convert import converter, duckdb_result_types
 from cache.execution.provenance import Executed
 from cache.store.cache_file import CacheStore
+from cache.store.refresh_times import measured_delays
 from optimizer.analyze import analyze
 from optimizer.estimate_cost import DEFAULT_DELAY
 from optimizer.normalize_constraint import normalize_constraint
@@ -48,6 +50,7 @@ class Prepared:
     schema_version: int
     result: ResultShape | None = None
     compiled: dict[t.Any, t.Any] = field(default_factory=dict)
+    delays: tuple[tuple[str, float], ...] = ()  # the measured refresh delays it was costed with
 
     @functools.cached_property
     def description(self) -> list[tuple[t.Any, ...]] | None:
@@ -68,6 +71,7 @@ class Planner:
         self._catalog_stale = False
         self._plans: OrderedDict[tuple[str, bool, float | None], Prepared] = OrderedDict()
         self._tables_of: dict[int, tuple[Query, list[str]]] = {}
+        self._delays: tuple[int, tuple[tuple[str, float], ...]] = (-1, ())
 
     def catalog_changed(self) -> None:
         """The backend's tables may have changed (DDL): read the catalog again before the next
@@ -81,6 +85,17 @@ class Planner:
         self.use_catalog(catalog)
         return catalog
 
+    def delays(self) -> tuple[tuple[str, float], ...]:
+        """The views' measured refresh delays d (§4.6), rounded up to a tenth of a second so
+        that a plan is made again only when one moves by that much; read again after every
+        change of the cache file."""
+        version = self.store.version
+        if self._delays[0] != version:
+            measured = measured_delays(self.store).items()
+            rounded = tuple(sorted((view, math.ceil(delay * 10) / 10) for view, delay in measured))
+            self._delays = (version, rounded)
+        return self._delays[1]
+
     def use_catalog(self, catalog: Catalog) -> None:
         """Plan against ``catalog`` from now on (read from the backend just now)."""
         self.catalog = catalog
@@ -92,12 +107,14 @@ class Planner:
         ``default_bound``: the session's currency bound for blocks without a clause."""
         key = (query.shape, params is not None, default_bound)
         version = self.store.schema_version
+        delays = self.delays()
         prepared = self._plans.get(key)
-        if prepared is not None and prepared.schema_version == version:
+        if prepared is not None and prepared.schema_version == version \
+                and prepared.delays == delays:  # fmt: skip
             return prepared
         self.base_tables(query)  # reads a stale catalog again
         plan, result, costed = self._plan(query, params, default_bound)
-        prepared = Prepared(plan, version, result)
+        prepared = Prepared(plan, version, result, delays=delays)
         if costed:  # a plan made without the backend is not kept
             if len(self._plans) >= PLAN_CACHE_SIZE:
                 self._plans.popitem(last=False)
@@ -123,8 +140,8 @@ class Planner:
             analysis = dataclasses.replace(analysis, local_blocker=(
                 "it reads a char(n) column and the backend, which describes the result, is "
                 "unreachable"))  # fmt: skip
-        return plan_query(analysis, PlanInputs(schema, self.catalog, None, self.delay),
-                          with_params=params is not None)  # fmt: skip
+        inputs = PlanInputs(schema, self.catalog, None, self.delay, delays=self.delays())
+        return plan_query(analysis, inputs, with_params=params is not None)
 
     def _plan(
         self, query: Query, params: Params, default_bound: float | None
@@ -150,6 +167,7 @@ class Planner:
         inputs = PlanInputs(
             schema, self.catalog, Estimates(remote, self.store.row_counts(wanted.views)),
             self.delay, tuple(oid for oid, _ in result.types) if result is not None else None,
+            self.delays(),
         )
         plan = plan_query(analysis, inputs, with_params=with_params, initial=initial)
         if plan.local:

@@ -33,7 +33,10 @@ def apply_pull(
     engine: str,
     enabled_faults: frozenset[str],
     report: Report,
+    age: t.Callable[[], float] = lambda: 0.0,
 ) -> None:
+    """``age``: how old the snapshot is now, in seconds (recorded at the commit as the
+    operation's delay d)."""
     con = store.con
     with store.transaction():
         row = con.execute(
@@ -42,7 +45,8 @@ def apply_pull(
         assert row is not None
         snapshot_id = int(row[0])
         con.execute(
-            "INSERT INTO mtcache.snapshots VALUES (?, ?, ?, ?, now())",
+            "INSERT INTO mtcache.snapshots (snapshot_id, backend_time, pg_snapshot, engine, "
+            "applied_at) VALUES (?, ?, ?, ?, now())",
             [snapshot_id, snapshot.backend_time, snapshot.pg_snapshot, engine],
         )
         stamp = [snapshot.backend_time, snapshot_id]
@@ -74,6 +78,8 @@ def apply_pull(
                     "INSERT OR REPLACE INTO mtcache.view_state VALUES (?, ?, ?)", [name, *stamp]
                 )
         faults.hit("before_commit", enabled_faults)
+        con.execute("UPDATE mtcache.snapshots SET views = ?, delay_seconds = ? "
+                    "WHERE snapshot_id = ?", [changed, age(), snapshot_id])  # fmt: skip
         store.changed(changed)
     report.snapshot_id = snapshot_id
     report.backend_time = snapshot.backend_time

@@ -10,6 +10,7 @@ whose snapshot every pull reads.
 from __future__ import annotations
 
 import datetime as dt
+import time
 import typing as t
 from dataclasses import dataclass
 
@@ -60,6 +61,14 @@ class Coordinator:
             raise translate(exc, "opening the refresh snapshot on the backend") from exc
         assert row is not None
         self.snapshot = Snapshot(row[0], row[1], row[2])
+
+    def snapshot_age(self) -> t.Callable[[], float]:
+        """How old the snapshot is, in seconds, from now on: the backend's clock read once
+        here, then the local monotonic clock (no round trip later)."""
+        row = self.conn.execute("SELECT clock_timestamp()").fetchone()
+        assert row is not None
+        began, then = time.monotonic(), (row[0] - self.snapshot.backend_time).total_seconds()
+        return lambda: then + time.monotonic() - began
 
     def terminate_session(self) -> None:
         """Have the backend end this session (fault injection: a real disconnect)."""

@@ -191,7 +191,8 @@ class Maintainer:
             faults.hit("after_pull", self.faults)
             report.engine = self.engine.name  # an engine chosen by size names its choice now
             apply_pull(self.store, schema, pull.omega, pull.staged, admitted,
-                       coordinator.snapshot, self.engine.name, self.faults, report)  # fmt: skip
+                       coordinator.snapshot, self.engine.name, self.faults, report,
+                       coordinator.snapshot_age())  # fmt: skip
         except faults.InjectedFault:
             raise
         except Exception as exc:

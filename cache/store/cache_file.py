@@ -59,6 +59,10 @@ _METADATA = [
     """CREATE TABLE IF NOT EXISTS mtcache.snapshots (
         snapshot_id BIGINT PRIMARY KEY, backend_time TIMESTAMPTZ, pg_snapshot VARCHAR,
         engine VARCHAR, applied_at TIMESTAMPTZ)""",
+    # the views an operation stamped, and its delay d (§4.6): how old its snapshot was when
+    # its rows became visible (files made before these were kept have them NULL)
+    "ALTER TABLE mtcache.snapshots ADD COLUMN IF NOT EXISTS views VARCHAR[]",
+    "ALTER TABLE mtcache.snapshots ADD COLUMN IF NOT EXISTS delay_seconds DOUBLE",
     "CREATE TABLE IF NOT EXISTS mtcache.counters (name VARCHAR PRIMARY KEY, value BIGINT)",
 ]
 

@@ -10,6 +10,8 @@ views without an interval are refreshed on demand only.
 from __future__ import annotations
 
 import datetime as dt
+import statistics
+from collections import defaultdict
 from dataclasses import dataclass
 
 from cache.store.cache_file import CacheStore
@@ -18,6 +20,7 @@ from control_tables.schema import CacheSchema
 from sql_ext.quoting import ident
 
 NOW = dt.datetime.min.replace(tzinfo=dt.UTC)  # due at once
+DELAY_HISTORY = 20  # operations per view the measured delay is the median of
 
 
 @dataclass(frozen=True)
@@ -62,3 +65,19 @@ def _region_stamps(store: CacheStore, schema: CacheSchema, name: str) -> list[dt
             r[0] for r in store.con.execute(f"SELECT refreshed_at FROM {ident(control)}").fetchall()
         ]
     return stamps
+
+
+def measured_delays(store: CacheStore) -> dict[str, float]:
+    """Each view's refresh delay d (§4.6), measured: the median, over its last operations
+    (refreshes, admissions), of how old their snapshot was when their rows became visible.
+    Views with no such operation are absent (the cost model's default stands)."""
+    rows = store.con.execute(
+        "SELECT views, delay_seconds FROM mtcache.snapshots WHERE delay_seconds IS NOT NULL "
+        "ORDER BY snapshot_id DESC LIMIT 2000"
+    ).fetchall()
+    recent: defaultdict[str, list[float]] = defaultdict(list)
+    for views, delay in rows:
+        for view in views or ():
+            if len(recent[view]) < DELAY_HISTORY:
+                recent[view].append(float(delay))
+    return {view: statistics.median(delays) for view, delays in recent.items()}

@@ -11,7 +11,7 @@ import datetime as dt
 import typing as t
 
 from cache.store.cache_file import CacheStore
-from cache.store.refresh_times import refresh_times
+from cache.store.refresh_times import measured_delays, refresh_times
 from control_tables.regions import Region, guarantees, region_predicate
 from control_tables.schema import CachedView, CacheSchema
 from heartbeat.clock import BackendClock
@@ -25,7 +25,9 @@ def status(store: CacheStore, now: dt.datetime | None = None) -> dict[str, t.Any
         # none has connected yet
         now = (clock or BackendClock.local()).now()
     schema = store.load_schema()
-    views = [_view_status(store, schema, schema.views[n], now) for n in schema.topological_order()]
+    delays = measured_delays(store)
+    views = [_view_status(store, schema, schema.views[n], now, delays.get(n))
+             for n in schema.topological_order()]  # fmt: skip
     return {
         "cache": str(store.path),
         "clock": "backend" if clock is not None else "local",
@@ -38,7 +40,7 @@ def status(store: CacheStore, now: dt.datetime | None = None) -> dict[str, t.Any
 
 
 def _view_status(
-    store: CacheStore, schema: CacheSchema, view: CachedView, now: dt.datetime
+    store: CacheStore, schema: CacheSchema, view: CachedView, now: dt.datetime, delay: float | None,
 ) -> dict[str, t.Any]:
     con = store.con
     rows = con.execute(f"SELECT count(*) FROM {ident(view.name)}").fetchone()
@@ -104,6 +106,8 @@ def _view_status(
         "last_refresh": times.last.isoformat() if times.last else None,
         "next_refresh": due.isoformat() if due else None,
         "refresh_follows": times.follows,
+        # d of §4.6, measured over its recent operations (None: none measured yet)
+        "refresh_delay_seconds": round(delay, 6) if delay is not None else None,
         "rows": int(rows[0]) if rows else 0,
         "regions": regions,
     }

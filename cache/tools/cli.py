@@ -8,8 +8,10 @@ Errors print one line to stderr and exit 1 (2 for usage errors, from argparse).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
+import logging
 import math
 import os
 import signal
@@ -33,7 +35,7 @@ from cache.tools.settings import Settings
 from heartbeat.beat import DEFAULT_INTERVAL, DEFAULT_SOURCE, Heartbeat, beat, ensure_table
 from heartbeat.beat import TABLE as HEARTBEAT_TABLE
 from sql_ext import is_empty, parse_one
-from sql_ext.errors import Error, ProgrammingError, first_line, translate
+from sql_ext.errors import BackendUnavailableError, Error, ProgrammingError, first_line, translate
 from sql_ext.nodes import format_duration
 
 DEFAULT_ENGINE = "spark"
@@ -70,7 +72,10 @@ def cmd_parse(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_explain(settings: Settings, args: argparse.Namespace) -> int:
     with cache.connect(settings.backend_dsn(), settings.cache_path, background=False) as conn:
-        conn.admin.reflect()  # plan against the backend's tables as they are now
+        # plan against the backend's tables as they are now; while it is unreachable, from the
+        # catalog on file without estimates (its guards decide)
+        with contextlib.suppress(BackendUnavailableError):
+            conn.admin.reflect()
         plan = conn.explain(args.sql)
     document = plan.to_json()
     if args.json:
@@ -217,6 +222,8 @@ def _refresh_line(view: dict[str, t.Any], now: dt.datetime) -> str:
 
     last = view["last_refresh"]
     said = f"refreshed {format_duration(-seconds(last))} ago" if last else "never refreshed"
+    if view["refresh_delay_seconds"] is not None:  # d of §4.6, measured
+        said += f" (landing {format_duration(round(view['refresh_delay_seconds'], 3))} old)"
     if view["refresh_follows"]:
         return f"{said}, with {view['refresh_follows']}"
     upcoming = view["next_refresh"]
@@ -464,6 +471,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # the backend pool retries in the background while the backend is down and logs each
+    # attempt; the CLI says what matters in its one line
+    logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
     args = build_parser().parse_args(argv)
     try:
         _check_text(vars(args))

@@ -185,7 +185,7 @@ def cache_at_work(console: Console, dsn: str, path: Path) -> None:
             "backend, and admits the author in the background")  # fmt: skip
         conn.admin.wait_for_admissions()
         run(f"{AUTHOR} {bound}", (5,), "... so the same query now hits")
-        run(f"{AUTHOR} CURRENCY BOUND 1 SECONDS", (4,), "a bound below the refresh delay: no "
+        run(f"{AUTHOR} CURRENCY BOUND 50 MS", (4,), "a bound below the refresh delay: no "
             "copy can ever be that fresh, the backend answers")  # fmt: skip
         run(AUTHOR, (4,), "no clause: traditional semantics, the backend answers")
         run(f"{AUTHOR_BOOKS} {bound} ON (a, b)", None,

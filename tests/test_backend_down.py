@@ -1,0 +1,89 @@
+"""Backend down, cache up (SPEC §5.9): a connection opens without the backend (the last known
+catalog and clock), answers what its guards allow, names what needs the backend, and
+connects again by itself when the backend is back; so does the CLI."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import psycopg
+import pytest
+
+import cache
+from cache.backend.embedded_pg import EmbeddedPostgres
+from cache.tools import bookstore
+from tests.answers import typed
+
+AUTHOR = "SELECT a.authorid, a.name FROM authors a WHERE a.authorid = {} CURRENCY BOUND 10 MIN"
+LOCAL, REMOTE = AUTHOR.format(4), AUTHOR.format(5)  # author 4 is admitted, 5 is not
+
+
+@pytest.fixture
+def cached(pg_cluster: EmbeddedPostgres, tmp_path: Path) -> tuple[str, Path]:
+    dsn = pg_cluster.create_database("backend_down")
+    bookstore.load_into(dsn)
+    path = tmp_path / "cache.duckdb"
+    with cache.connect(dsn, path, background=False) as conn:
+        conn.admin.apply_ddl(bookstore.CACHE_SCHEMA_FILE.read_text())
+        conn.admin.admit("authorlist_pct", [4])
+    return dsn, path
+
+
+def test_a_fresh_connection_answers_locally_while_the_backend_is_down(
+    pg_cluster: EmbeddedPostgres, cached: tuple[str, Path], mtcache_bin: str,
+    clean_env: dict[str, str],
+) -> None:  # fmt: skip
+    dsn, path = cached
+    with psycopg.connect(dsn) as pg:
+        expected = pg.execute(LOCAL.split(" CURRENCY", maxsplit=1)[0])
+        expected_rows = typed(expected.fetchall())
+        expected_description = [(d.name, d.type_code) for d in expected.description or []]
+    pg_cluster.stop()
+    try:
+        with cache.connect(dsn, path, background=False) as conn:  # catalog and clock on file
+            cur = conn.execute(LOCAL)
+            assert typed(cur.fetchall()) == expected_rows  # values and Python types
+            assert [(d[0], d[1]) for d in cur.description or []] == expected_description
+            assert cur.provenance[0]["route"] == "local"
+            with pytest.raises(cache.OperationalError, match=r"authors \(a\) needs the backend"):
+                conn.execute(REMOTE)
+            with pytest.raises(cache.OperationalError, match="cannot reach the PostgreSQL backend"):
+                conn.execute("UPDATE authors SET name = name WHERE authorid = 4")
+            conn.rollback()
+        # the CLI: the same, a fresh process each time
+        base = [mtcache_bin, "--backend", dsn, "--cache", str(path)]
+
+        def cli(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([*base, *args], capture_output=True, text=True, env=clean_env,
+                                  timeout=120, check=False)  # fmt: skip
+
+        shown = cli("query", LOCAL)
+        assert shown.returncode == 0, shown.stderr
+        assert "provenance: authors: local" in shown.stdout
+        refused = cli("query", REMOTE)
+        assert refused.returncode == 1 and refused.stderr.count("\n") == 1
+        assert "needs the backend" in refused.stderr
+        explained = cli("explain", LOCAL)
+        assert explained.returncode == 0 and "SwitchUnion" in explained.stdout, explained.stderr
+        status = cli("status")
+        assert status.returncode == 0 and "authorlist_pct(4,)" in status.stdout, status.stderr
+        # the backend comes back: a connection opened while it was down reaches it by itself
+        with cache.connect(dsn, path, background=False) as conn:
+            pg_cluster.ensure_running()
+            cur = conn.execute(REMOTE)
+            assert cur.fetchall() and cur.provenance[0]["route"] == "remote"
+    finally:
+        pg_cluster.ensure_running()
+
+
+def test_without_a_catalog_on_file_the_connection_says_what_to_do(
+    pg_cluster: EmbeddedPostgres, tmp_path: Path
+) -> None:
+    dsn = pg_cluster.create_database("backend_down_empty")
+    pg_cluster.stop()
+    try:
+        with pytest.raises(cache.OperationalError, match="connect once while the backend is up"):
+            cache.connect(dsn, tmp_path / "new.duckdb", background=False)
+    finally:
+        pg_cluster.ensure_running()
