@@ -1,0 +1,248 @@
+"""PostgreSQL's logical replication messages (pgoutput, protocol version 1), decoded: what the
+stream consumer of continuously maintained views reads (SPEC §6; the design in
+docs/decisions.md, "Continuous maintenance from the WAL").
+
+The messages come one per row from ``pg_logical_slot_peek_binary_changes(slot, ..,
+'proto_version', '1', 'publication_names', pub)``. `decode` turns one into a typed message;
+`Transactions` groups a stream of them into whole backend transactions in commit order,
+resolving each change's relation from the Relation messages seen so far (pgoutput sends a
+relation's description before its first change in a session, and again when it changes).
+Column values stay PostgreSQL's text form (None for NULL, `UNCHANGED` for a TOASTed value the
+update did not touch); the consumer types them as the view's columns.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import struct
+import typing as t
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+PG_EPOCH = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
+
+
+class Unchanged:
+    """A TOASTed value an update did not change (pgoutput does not send it)."""
+
+    def __repr__(self) -> str:
+        return "UNCHANGED"
+
+
+UNCHANGED = Unchanged()
+Value = str | None | Unchanged
+
+
+class DecodeError(ValueError):
+    """A message that is not pgoutput protocol version 1 as this decoder knows it."""
+
+
+@dataclass(frozen=True)
+class Begin:
+    final_lsn: int
+    commit_time: dt.datetime
+    xid: int
+
+
+@dataclass(frozen=True)
+class Commit:
+    commit_lsn: int
+    end_lsn: int
+    commit_time: dt.datetime
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type_oid: int
+    key: bool
+
+
+@dataclass(frozen=True)
+class Relation:
+    relid: int
+    schema: str
+    name: str
+    replica_identity: str
+    columns: tuple[Column, ...]
+
+
+@dataclass(frozen=True)
+class Change:
+    """An insert, update or delete of one row; ``old`` is the key (or the whole old row under
+    REPLICA IDENTITY FULL) when pgoutput sends it, ``new`` the row after (None for a delete)."""
+
+    kind: t.Literal["insert", "update", "delete"]
+    relid: int
+    old: tuple[Value, ...] | None
+    new: tuple[Value, ...] | None
+
+
+@dataclass(frozen=True)
+class Truncate:
+    relids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Other:
+    """A message the consumer does not act on (Origin, Type, logical decoding messages)."""
+
+    tag: str
+
+
+Message = Begin | Commit | Relation | Change | Truncate | Other
+
+
+class _Reader:
+    def __init__(self, data: bytes) -> None:
+        self.data, self.at = data, 0
+
+    def take(self, fmt: str) -> t.Any:
+        size = struct.calcsize(fmt)
+        if self.at + size > len(self.data):
+            raise DecodeError(f"message ends early at byte {self.at} ({len(self.data)} bytes)")
+        (value,) = struct.unpack_from(fmt, self.data, self.at)
+        self.at += size
+        return value
+
+    def string(self) -> str:
+        end = self.data.find(b"\0", self.at)
+        if end < 0:
+            raise DecodeError(f"unterminated string at byte {self.at}")
+        text = self.data[self.at : end].decode()
+        self.at = end + 1
+        return text
+
+    def time(self) -> dt.datetime:
+        return PG_EPOCH + dt.timedelta(microseconds=self.take("!q"))
+
+    def tuple(self) -> tuple[Value, ...]:
+        values: list[Value] = []
+        for _ in range(self.take("!h")):
+            kind = chr(self.take("!B"))
+            if kind == "n":
+                values.append(None)
+            elif kind == "u":
+                values.append(UNCHANGED)
+            elif kind == "t":
+                size = self.take("!i")
+                values.append(self.data[self.at : self.at + size].decode())
+                self.at += size
+            else:
+                raise DecodeError(f"unknown column kind {kind!r} (binary values need proto 2)")
+        return tuple(values)
+
+
+def decode(data: bytes) -> Message:
+    """One pgoutput message."""
+    if not data:
+        raise DecodeError("an empty message")
+    reader = _Reader(bytes(data))
+    tag = chr(reader.take("!B"))
+    if tag == "B":
+        return Begin(reader.take("!Q"), reader.time(), reader.take("!I"))
+    if tag == "C":
+        reader.take("!B")  # flags, unused
+        return Commit(reader.take("!Q"), reader.take("!Q"), reader.time())
+    if tag == "R":
+        relid, schema, name = reader.take("!I"), reader.string(), reader.string()
+        identity = chr(reader.take("!B"))
+        columns = []
+        for _ in range(reader.take("!h")):
+            flags, column = reader.take("!B"), reader.string()
+            columns.append(Column(column, reader.take("!I"), bool(flags & 1)))
+            reader.take("!i")  # type modifier
+        return Relation(relid, schema, name, identity, tuple(columns))
+    if tag == "I":
+        relid = reader.take("!I")
+        _expect(reader, "N")
+        return Change("insert", relid, None, reader.tuple())
+    if tag == "U":
+        relid = reader.take("!I")
+        marker = chr(reader.take("!B"))
+        old = None
+        if marker in ("K", "O"):
+            old = reader.tuple()
+            marker = chr(reader.take("!B"))
+        if marker != "N":
+            raise DecodeError(f"update: expected the new tuple, found {marker!r}")
+        return Change("update", relid, old, reader.tuple())
+    if tag == "D":
+        relid = reader.take("!I")
+        marker = chr(reader.take("!B"))
+        if marker not in ("K", "O"):
+            raise DecodeError(f"delete: expected a key or old tuple, found {marker!r}")
+        return Change("delete", relid, reader.tuple(), None)
+    if tag == "T":
+        count = reader.take("!i")
+        reader.take("!B")  # options: CASCADE, RESTART IDENTITY
+        return Truncate(tuple(reader.take("!I") for _ in range(count)))
+    if tag in ("O", "Y", "M"):
+        return Other(tag)
+    raise DecodeError(f"unknown message {tag!r}")
+
+
+def _expect(reader: _Reader, marker: str) -> None:
+    found = chr(reader.take("!B"))
+    if found != marker:
+        raise DecodeError(f"expected {marker!r}, found {found!r}")
+
+
+@dataclass
+class Transaction:
+    """One backend transaction's changes, in order, each with its relation."""
+
+    xid: int
+    commit_lsn: int = 0
+    end_lsn: int = 0
+    commit_time: dt.datetime = PG_EPOCH
+    changes: list[tuple[Relation, Change]] = field(default_factory=list)
+    truncated: list[Relation] = field(default_factory=list)
+
+
+@dataclass
+class Transactions:
+    """Groups decoded messages into whole transactions (relations remembered across them)."""
+
+    relations: dict[int, Relation] = field(default_factory=dict)
+
+    def read(self, messages: Iterable[bytes]) -> Iterator[Transaction]:
+        """The complete transactions in ``messages`` (a batch ending mid-transaction keeps
+        nothing of the unfinished one: peek again from its Begin)."""
+        current: Transaction | None = None
+        for data in messages:
+            message = decode(data)
+            if isinstance(message, Relation):
+                self.relations[message.relid] = message
+            elif isinstance(message, Begin):
+                current = Transaction(message.xid)
+            elif isinstance(message, Commit):
+                if current is None:
+                    raise DecodeError("a commit without its begin")
+                current.commit_lsn, current.end_lsn = message.commit_lsn, message.end_lsn
+                current.commit_time = message.commit_time
+                yield current
+                current = None
+            elif isinstance(message, Change | Truncate):
+                if current is None:
+                    raise DecodeError("a change outside a transaction")
+                if isinstance(message, Change):
+                    current.changes.append((self._relation(message.relid), message))
+                else:
+                    current.truncated += [self._relation(r) for r in message.relids]
+
+    def _relation(self, relid: int) -> Relation:
+        relation = self.relations.get(relid)
+        if relation is None:
+            raise DecodeError(f"a change of relation {relid} before its description")
+        return relation
+
+
+def lsn_text(lsn: int) -> str:
+    """An LSN as PostgreSQL writes it (``0/16B3748``)."""
+    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+
+
+def lsn_value(text: str) -> int:
+    high, low = text.split("/")
+    return (int(high, 16) << 32) | int(low, 16)

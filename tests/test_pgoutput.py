@@ -1,0 +1,116 @@
+"""pgoutput decoding (cache/backend/pgoutput.py) on a real stream: a slot made with an exported
+snapshot over a replication connection, changes peeked through the SQL interface, grouped into
+transactions in commit order with PostgreSQL's text values."""
+
+from __future__ import annotations
+
+import datetime as dt
+import secrets
+import time
+import typing as t
+
+import psycopg
+import pytest
+
+from cache.backend.embedded_pg import EmbeddedPostgres
+from cache.backend.pgoutput import UNCHANGED, DecodeError, Transactions, decode, lsn_text, lsn_value
+
+PEEK = ("SELECT data FROM pg_logical_slot_peek_binary_changes('t_slot', NULL, NULL, "
+        "'proto_version', '1', 'publication_names', 't_pub')")  # fmt: skip
+
+
+def peek(conn: psycopg.Connection[t.Any], commits: int) -> list[bytes]:
+    """The slot's messages once ``commits`` transactions are in them: decoding reads the WAL
+    flushed so far, and the test cluster commits asynchronously (flushed within 200 ms)."""
+    deadline = time.monotonic() + 60
+    while True:
+        rows = [bytes(r[0]) for r in conn.execute(PEEK).fetchall()]
+        if sum(r[:1] == b"C" for r in rows) >= commits or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def stream(pg_cluster: EmbeddedPostgres) -> t.Iterator[tuple[str, str]]:
+    dsn = pg_cluster.create_database("pgoutput")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE items (id int PRIMARY KEY, label text, price numeric(8,2), "
+                     "notes text)")  # fmt: skip
+        conn.execute("INSERT INTO items VALUES (1, 'before', 1.50, NULL)")
+        conn.execute("CREATE PUBLICATION t_pub FOR TABLE items")
+    with psycopg.connect(dsn, autocommit=True, replication="database") as rep:
+        row = rep.execute("CREATE_REPLICATION_SLOT t_slot LOGICAL pgoutput (SNAPSHOT 'export')"
+                          ).fetchone()  # fmt: skip
+        assert row is not None
+        consistent, snapshot = row[1], row[2]
+        # the exported snapshot is the stream's starting point: it sees what came before
+        with psycopg.connect(dsn) as reader:
+            reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            reader.execute(f"SET TRANSACTION SNAPSHOT '{snapshot}'")
+            assert reader.execute("SELECT id FROM items").fetchall() == [(1,)]
+            reader.rollback()
+    try:
+        yield dsn, consistent
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("SELECT pg_drop_replication_slot('t_slot')")  # slots hold WAL back
+
+
+def test_a_stream_decodes_into_transactions_in_commit_order(stream: tuple[str, str]) -> None:
+    dsn, consistent = stream
+    # incompressible, so stored out of line (TOAST): an update that keeps it does not send it
+    big = secrets.token_hex(60_000)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        with conn.transaction():
+            conn.execute("INSERT INTO items VALUES (2, 'two', 2.25, %s), (3, NULL, NULL, NULL)",
+                         (big,))  # fmt: skip
+        conn.execute("UPDATE items SET label = 'after' WHERE id = 2")
+        conn.execute("UPDATE items SET id = 4 WHERE id = 3")  # a key change sends the old key
+        conn.execute("DELETE FROM items WHERE id = 1")
+        rows = peek(conn, 4)
+    transactions = list(Transactions().read(rows))
+    assert [[(c.kind, c.old, c.new) for _, c in tx.changes] for tx in transactions] == [
+        [("insert", None, ("2", "two", "2.25", big)), ("insert", None, ("3", None, None, None))],
+        [("update", None, ("2", "after", "2.25", UNCHANGED))],
+        [("update", ("3", None, None, None), ("4", None, None, None))],
+        [("delete", ("1", None, None, None), None)],
+    ]
+    relation = transactions[0].changes[0][0]
+    assert (relation.schema, relation.name) == ("public", "items")
+    assert [(c.name, c.key) for c in relation.columns] == [
+        ("id", True), ("label", False), ("price", False), ("notes", False)]  # fmt: skip
+    lsns = [tx.commit_lsn for tx in transactions]
+    assert lsns == sorted(lsns) and lsns[0] >= lsn_value(consistent)
+    now = dt.datetime.now(dt.UTC)
+    assert all(abs((now - tx.commit_time).total_seconds()) < 60 for tx in transactions)
+    assert lsn_text(lsn_value(consistent)) == consistent
+
+
+def test_a_batch_ending_mid_transaction_keeps_nothing_of_it(stream: tuple[str, str]) -> None:
+    dsn, _ = stream
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO items VALUES (5, 'five', 5, NULL)")
+        rows = peek(conn, 1)
+    assert list(Transactions().read(rows[:-1])) == []  # no Commit yet
+    assert len(list(Transactions().read(rows))) == 1
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"", "an empty message"),
+        (b"Z", "unknown message 'Z'"),
+        (b"B\x00\x00", "ends early"),
+        (b"I\x00\x00\x00\x01X", "expected 'N'"),
+    ],
+)
+def test_malformed_messages_are_decode_errors(data: bytes, message: str) -> None:
+    with pytest.raises(DecodeError, match=message):
+        decode(data)
+
+
+def test_a_change_before_its_relation_is_a_decode_error() -> None:
+    begin = b"B" + bytes(8) + bytes(8) + b"\x00\x00\x00\x07"
+    insert = b"I\x00\x00\x00\x09N\x00\x01n"
+    with pytest.raises(DecodeError, match="relation 9 before its description"):
+        list(Transactions().read([begin, insert]))
