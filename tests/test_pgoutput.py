@@ -14,12 +14,20 @@ import pytest
 
 from cache.backend.embedded_pg import EmbeddedPostgres
 from cache.backend.pgoutput import UNCHANGED, DecodeError, Transactions, decode, lsn_text, lsn_value
+from cache.backend.replication import (
+    advance,
+    create_publication,
+    create_slot,
+    drop_slot,
+    peek,
+    slot_state,
+)
 
 PEEK = ("SELECT data FROM pg_logical_slot_peek_binary_changes('t_slot', NULL, NULL, "
         "'proto_version', '1', 'publication_names', 't_pub')")  # fmt: skip
 
 
-def peek(conn: psycopg.Connection[t.Any], commits: int) -> list[bytes]:
+def peek_raw(conn: psycopg.Connection[t.Any], commits: int) -> list[bytes]:
     """The slot's messages once ``commits`` transactions are in them: decoding reads the WAL
     flushed so far, and the test cluster commits asynchronously (flushed within 200 ms)."""
     deadline = time.monotonic() + 60
@@ -37,23 +45,19 @@ def stream(pg_cluster: EmbeddedPostgres) -> t.Iterator[tuple[str, str]]:
         conn.execute("CREATE TABLE items (id int PRIMARY KEY, label text, price numeric(8,2), "
                      "notes text)")  # fmt: skip
         conn.execute("INSERT INTO items VALUES (1, 'before', 1.50, NULL)")
-        conn.execute("CREATE PUBLICATION t_pub FOR TABLE items")
-    with psycopg.connect(dsn, autocommit=True, replication="database") as rep:
-        row = rep.execute("CREATE_REPLICATION_SLOT t_slot LOGICAL pgoutput (SNAPSHOT 'export')"
-                          ).fetchone()  # fmt: skip
-        assert row is not None
-        consistent, snapshot = row[1], row[2]
+    create_publication(dsn, "t_pub", [("public", "items")])
+    with create_slot(dsn, "t_slot") as start:
+        consistent = lsn_text(start.consistent_lsn)
         # the exported snapshot is the stream's starting point: it sees what came before
         with psycopg.connect(dsn) as reader:
             reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-            reader.execute(f"SET TRANSACTION SNAPSHOT '{snapshot}'")
+            reader.execute(f"SET TRANSACTION SNAPSHOT '{start.snapshot}'")
             assert reader.execute("SELECT id FROM items").fetchall() == [(1,)]
             reader.rollback()
     try:
         yield dsn, consistent
     finally:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("SELECT pg_drop_replication_slot('t_slot')")  # slots hold WAL back
+        drop_slot(dsn, "t_slot")  # slots hold WAL back
 
 
 def test_a_stream_decodes_into_transactions_in_commit_order(stream: tuple[str, str]) -> None:
@@ -67,7 +71,7 @@ def test_a_stream_decodes_into_transactions_in_commit_order(stream: tuple[str, s
         conn.execute("UPDATE items SET label = 'after' WHERE id = 2")
         conn.execute("UPDATE items SET id = 4 WHERE id = 3")  # a key change sends the old key
         conn.execute("DELETE FROM items WHERE id = 1")
-        rows = peek(conn, 4)
+        rows = peek_raw(conn, 4)
     transactions = list(Transactions().read(rows))
     assert [[(c.kind, c.old, c.new) for _, c in tx.changes] for tx in transactions] == [
         [("insert", None, ("2", "two", "2.25", big)), ("insert", None, ("3", None, None, None))],
@@ -90,7 +94,7 @@ def test_a_batch_ending_mid_transaction_keeps_nothing_of_it(stream: tuple[str, s
     dsn, _ = stream
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("INSERT INTO items VALUES (5, 'five', 5, NULL)")
-        rows = peek(conn, 1)
+        rows = peek_raw(conn, 1)
     assert list(Transactions().read(rows[:-1])) == []  # no Commit yet
     assert len(list(Transactions().read(rows))) == 1
 
@@ -114,3 +118,27 @@ def test_a_change_before_its_relation_is_a_decode_error() -> None:
     insert = b"I\x00\x00\x00\x09N\x00\x01n"
     with pytest.raises(DecodeError, match="relation 9 before its description"):
         list(Transactions().read([begin, insert]))
+
+
+def test_peeking_does_not_consume_and_advancing_confirms(stream: tuple[str, str]) -> None:
+    """The consumer's cycle: peek, apply, store the LSN, advance; a peek after a crash before
+    the advance sees the same transactions again (the stored LSN says which to skip)."""
+    dsn, _ = stream
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for i in range(3):
+            conn.execute("INSERT INTO items VALUES (%s, 'n', 1, NULL)", (10 + i,))
+        peek_raw(conn, 3)  # flushed
+        first = peek(conn, "t_slot", "t_pub", Transactions())
+        assert len(first) == 3
+        again = peek(conn, "t_slot", "t_pub", Transactions())
+        assert [tx.commit_lsn for tx in again] == [tx.commit_lsn for tx in first]
+        advance(conn, "t_slot", first[1].end_lsn)
+        state = slot_state(conn, "t_slot")
+        assert state.exists and state.confirmed_lsn is not None
+        assert state.confirmed_lsn >= first[1].end_lsn and state.lag_bytes is not None
+        rest = peek(conn, "t_slot", "t_pub", Transactions())
+        assert [tx.commit_lsn for tx in rest] == [first[2].commit_lsn]
+        assert [c.new for _, c in rest[0].changes] == [("12", "n", "1.00", None)]  # text form
+    assert drop_slot(dsn, "t_slot") and not drop_slot(dsn, "t_slot")
+    with psycopg.connect(dsn) as conn:
+        assert not slot_state(conn, "t_slot").exists
