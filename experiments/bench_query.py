@@ -96,10 +96,12 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"loading TPC-H customer and orders at SF {args.sf} ...")
     tpch.load(dsn, args.sf, ["customer", "orders"])
     work = Path(tempfile.mkdtemp(prefix="mtcache-bench-query-"))
-    conn = cache.connect(backend=dsn, cache_path=work / "cache.duckdb", admit_on_miss=False)
+    # benchmarks refresh explicitly: no scheduler refreshing in the middle of a measurement
+    conn = cache.connect(backend=dsn, cache_path=work / "cache.duckdb", admit_on_miss=False,
+                         background=False)  # fmt: skip
     # the same cache file without the result memo: every local answer runs DuckDB
     cold = cache.connect(backend=dsn, cache_path=work / "cache.duckdb", admit_on_miss=False,
-                         result_memo_bytes=0)  # fmt: skip
+                         background=False, result_memo_bytes=0)  # fmt: skip
     # Same transaction mode as the DB-API connection (PEP 249's default: not autocommit).
     raw = psycopg.connect(dsn)
     # the cache file itself, as anyone may open it (SPEC §4): the DuckDB baselines run on it

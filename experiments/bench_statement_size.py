@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     tpch.load(dsn, 0.01, ["customer"])
     work = Path(tempfile.mkdtemp(prefix="mtcache-bench-size-"))
     conn = cache.connect(backend=dsn, cache_path=work / "cache.duckdb", admit_on_miss=False,
-                         result_memo_bytes=0)  # fmt: skip
+                         background=False, result_memo_bytes=0)  # fmt: skip
     raw = psycopg.connect(dsn, autocommit=True)
     conn.autocommit = True
     sizes = []

@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     tpch.add_indexes(dsn)
     work = Path(tempfile.mkdtemp(prefix="mtcache-bench-tpch-"))
     conn = cache.connect(backend=dsn, cache_path=work / "cache.duckdb", admit_on_miss=False,
-                         currency_bound="10 min", result_memo_bytes=0)  # fmt: skip
+                         background=False, currency_bound="10 min",
+                         result_memo_bytes=0)  # fmt: skip
     raw = psycopg.connect(dsn)  # the same transaction mode as the DB-API connection
     try:
         console.print("populating the cache ...")

@@ -85,7 +85,8 @@ def tpch_queries(dsn: str, scale: float, console: Console) -> list[dict[str, obj
     tpch.add_indexes(dsn)
     work = Path(tempfile.mkdtemp(prefix="mtcache-calibrate-tpch-"))
     conn = cache.connect(backend=dsn, cache_path=work / "cache.duckdb", admit_on_miss=False,
-                         currency_bound="10 min", result_memo_bytes=0)  # fmt: skip
+                         background=False, currency_bound="10 min",
+                         result_memo_bytes=0)  # fmt: skip
     pg = psycopg.connect(dsn, autocommit=True)
     try:
         console.print(f"caching every TPC-H table at SF {scale} ...")
