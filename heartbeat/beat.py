@@ -77,6 +77,9 @@ class Heartbeat:
     source: str = DEFAULT_SOURCE
     beats: int = 0  # by this heartbeat
     last: Beat | None = None
+    # the estimate from recent beats (None before the first), made once per beat: sessions
+    # read it on every query
+    clock: BackendClock | None = None
     failures: int = 0  # beats that could not reach the backend
     _samples: deque[tuple[float, float, float]] = field(
         default_factory=lambda: deque(maxlen=WINDOW))  # fmt: skip
@@ -87,14 +90,12 @@ class Heartbeat:
         if not self.interval > 0:
             raise ValueError(f"the heartbeat interval must be positive, not {self.interval:g}")
 
-    @property
-    def clock(self) -> BackendClock | None:
+    def _estimate(self) -> BackendClock:
         """The tightest offset of the recent beats' samples, each pushed later by the drift
-        since it was taken (None before the first beat); as of the newest beat."""
+        since it was taken; as of the newest beat."""
         samples = list(self._samples)
-        if not samples:
-            return None
         newest = samples[-1][2]
+
         def late(clock: BackendClock) -> float:
             return clock.offset_seconds + DRIFT * (newest - clock.measured_at.timestamp())
 
@@ -114,6 +115,7 @@ class Heartbeat:
                         ensure_table(conn)
                     self.last = beat(conn, self.source)
                     self._samples.append(self.last.sample)
+                    self.clock = self._estimate()
                     self.beats += 1
                     down = False
                 except psycopg.Error as exc:

@@ -123,8 +123,8 @@ class Connection:
         except BaseException:
             self._close_backend()
             raise
+        self._background: Background | None = None  # attached once the connection is made
         try:
-            self._background: Background | None = None
             if down and not self._store.has_catalog():
                 raise BackendUnavailableError(
                     f"cannot reach the PostgreSQL backend at {redact(backend)}, and the cache "
