@@ -57,6 +57,7 @@ from cache.maintenance.engines import Engine
 from cache.maintenance.pipeline import Maintainer
 from experiments.chaos_check import Observation, Tick, Timeline, Unit, Verdict, check
 from experiments.provenance import append_rows
+from sql_ext.quoting import ident
 
 ACCOUNTS = 24
 ENTRIES_PER_ACCOUNT = 2
@@ -382,15 +383,17 @@ def maintainer(run: Owner) -> None:
                         rotation += 1
                         if kind == "spark":
                             spark = spark or _spark()
-                        # a kill ends this process: the parent counts it from this line
+                        # a kill ends this process: the parent counts it from this line;
+                        # the other kinds are counted before they run (the owner may be
+                        # SIGKILLed by the fault thread while one is under way)
                         run.journal.write("armed", point=point)
+                        if kind != "kill":
+                            run.note("faults", f"refresh failed at {point}" if kind == "fail"
+                                     else f"Spark task failure ({point})")  # fmt: skip
                         with contextlib.suppress(Exception):  # the cache is as it was: checked
                             Maintainer(store, run.dsn, spark if kind == "spark" else None,
                                        faults_enabled=[point]).refresh(view)  # fmt: skip
                         run.journal.write("disarmed", point=point)
-                        if kind != "kill":
-                            run.note("faults", f"refresh failed at {point}" if kind == "fail"
-                                     else f"Spark task failure ({point})")  # fmt: skip
                     run.note("operations", f"maintain {action}")
                     run.journal.write("event", at=began, what=f"{action} {view} "
                                       f"{began:.3f}-{time.time():.3f}")  # fmt: skip
@@ -596,15 +599,15 @@ def final_regions(run: Run, timeline: Timeline) -> Verdict:
             for region in view["regions"]:
                 kind, key = region["kind"], region["key"]
                 if kind == "presence":
-                    rows = con.execute(f'SELECT id, version FROM "{name}" WHERE id = ?',
+                    rows = con.execute(f"SELECT id, version FROM {ident(name)} WHERE id = ?",
                                        key).fetchall()  # fmt: skip
                     rows += con.execute("SELECT id, version FROM entry_hot WHERE account = ?",
                                         key).fetchall()  # fmt: skip
                 elif kind in ("consistency", "completeness"):
-                    rows = con.execute(f'SELECT id, version FROM "{name}" WHERE grp = ?',
+                    rows = con.execute(f"SELECT id, version FROM {ident(name)} WHERE grp = ?",
                                        key).fetchall()  # fmt: skip
                 else:
-                    rows = con.execute(f'SELECT id, version FROM "{name}"').fetchall()
+                    rows = con.execute(f"SELECT id, version FROM {ident(name)}").fetchall()
                 moment = _epoch(region["refreshed_at"])
                 unit = Unit(rows=tuple((int(i), int(v)) for i, v in rows))
                 observations.append(Observation(-1, moment, moment, 0.0, (unit,),
