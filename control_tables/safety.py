@@ -46,6 +46,7 @@ def check_schema(schema: CacheSchema, catalog: Catalog) -> None:
         _check_rules_2_to_5(schema, view, catalog)
     for view in sorted(schema.views.values(), key=lambda v: v.name):
         _check_supported(schema, view)
+        _check_continuous(schema, view)
 
 
 def backend_table(catalog: Catalog, view_name: str, table: str) -> Table:
@@ -182,6 +183,41 @@ def _check_supported(schema: CacheSchema, view: CachedView) -> None:
             "view-level consistent; add CONSISTENCY ON ALL, or CONSISTENCY ROOT to follow its "
             "parent (group-level white children are not supported yet)"
         )
+
+
+def _check_continuous(schema: CacheSchema, view: CachedView) -> None:
+    """REFRESH CONTINUOUSLY (issue 11): what the WAL consumer can keep exact."""
+    if view.continuous and view.is_gray:
+        root = schema.consistency_root(view.name)
+        raise ProgrammingError(
+            f"cached view {view.name}: a gray view is maintained with its consistency root; "
+            f"declare REFRESH CONTINUOUSLY on {root} instead"
+        )
+    if view.continuous and view.refresh_seconds is not None:
+        raise ProgrammingError(f"cached view {view.name}: REFRESH EVERY and REFRESH "
+                               "CONTINUOUSLY exclude each other; keep one")  # fmt: skip
+    if not schema.continuous(view.name):
+        for parent in schema.parents(view.name):
+            if schema.continuous(parent):
+                raise ProgrammingError(
+                    f"cached view {view.name} is controlled by {parent}, which is maintained "
+                    f"continuously: declare REFRESH CONTINUOUSLY on {view.name} too (its "
+                    "regions follow the parent's rows as they change)"
+                )
+        return
+    if view.where is not None:
+        raise NotSupportedError(
+            f"cached view {view.name}: a REFRESH CONTINUOUSLY view selects whole rows of its "
+            "table (its WHERE would be evaluated by the cache, not the backend); move the "
+            "condition into a presence or completeness control, or use REFRESH EVERY"
+        )
+    for parent in schema.parents(view.name):
+        if not schema.continuous(parent):
+            raise ProgrammingError(
+                f"cached view {view.name} is maintained continuously but its parent {parent} "
+                f"is not: declare REFRESH CONTINUOUSLY on {schema.consistency_root(parent)} "
+                "too (a child's regions follow its parent's rows)"
+            )
 
 
 _INTEGERS = {"SMALLINT", "INTEGER", "BIGINT"}

@@ -43,6 +43,7 @@ class CachedView:
     completeness: Completeness | None
     refresh_seconds: float | None
     statement: str  # the DDL as written
+    continuous: bool = False  # REFRESH CONTINUOUSLY (gray views follow their root: `maintained`)
 
     @property
     def is_fully_materialized(self) -> bool:
@@ -117,6 +118,14 @@ class CacheSchema:
             current = self.views[current.presence[0].control]
         return current.name
 
+    def continuous(self, view: str) -> bool:
+        """Kept current from the backend's WAL: REFRESH CONTINUOUSLY on the view or, for a
+        gray view, on its consistency root."""
+        return self.views[self.consistency_root(view)].continuous
+
+    def continuous_views(self) -> list[str]:
+        return [v for v in self.topological_order() if self.continuous(v)]
+
     def topological_order(self) -> list[str]:
         """Views parents first (the DAG is acyclic once Rule 1 has been checked)."""
         order: list[str] = []
@@ -168,6 +177,7 @@ def view_from_statement(
         completeness=statement.completeness,
         refresh_seconds=statement.refresh_seconds,
         statement=statement.text.strip(),
+        continuous=statement.continuous,
     )
 
 

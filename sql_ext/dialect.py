@@ -45,7 +45,7 @@ _CLAUSE_STARTS: dict[str, tuple[str, ...]] = {
     "PRESENCE": ("ON",),
     "CONSISTENCY": ("ON", "ROOT"),
     "COMPLETENESS": ("ON",),
-    "REFRESH": ("EVERY",),
+    "REFRESH": ("EVERY", "CONTINUOUSLY"),
 }
 
 
@@ -434,15 +434,19 @@ class MTCacheParser(PostgresParser):
                 )
             elif word == "REFRESH":
                 if args.get("refresh") is not None:
-                    self._fail("a cached view has at most one REFRESH EVERY clause", option)
+                    self._fail("a cached view has at most one REFRESH clause", option)
                 self._advance()
-                if not self._match_text_seq("EVERY"):
-                    self._fail("expected EVERY after REFRESH (REFRESH EVERY 5 MIN)")
-                args["refresh"] = self._parse_duration("REFRESH EVERY")
+                if self._match_text_seq("CONTINUOUSLY"):
+                    args["refresh"] = exp.var("CONTINUOUSLY")
+                elif not self._match_text_seq("EVERY"):
+                    self._fail("expected EVERY or CONTINUOUSLY after REFRESH "
+                               "(REFRESH EVERY 5 MIN, REFRESH CONTINUOUSLY)")  # fmt: skip
+                else:
+                    args["refresh"] = self._parse_duration("REFRESH EVERY")
             else:
                 self._fail(
                     f"unknown cached view option {option.text!r}: expected PRESENCE ON, "
-                    "CONSISTENCY, COMPLETENESS ON or REFRESH EVERY",
+                    "CONSISTENCY, COMPLETENESS ON, REFRESH EVERY or REFRESH CONTINUOUSLY",
                     option,
                 )
 

@@ -232,6 +232,7 @@ class CreateCachedView:
     completeness: Completeness | None
     refresh_seconds: float | None
     position: tuple[int, int] = field(default=(1, 1), compare=False)
+    continuous: bool = False  # REFRESH CONTINUOUSLY: kept current from the backend's WAL
 
     kind: t.ClassVar[str] = "ddl"
 
@@ -278,6 +279,7 @@ class CreateCachedView:
                 "consistency": consistency,
                 "completeness": completeness,
                 "refresh_seconds": self.refresh_seconds,
+                "continuous": self.continuous,
             },
         }
 
@@ -573,7 +575,8 @@ def _typed_cached_view(tree: CachedViewDef, text: str) -> CreateCachedView:
             columns=_names(cnode.expressions),
             control=folded(control) if control is not None else None,
         )
-    refresh: Duration | None = tree.args.get("refresh")
+    refresh: Duration | exp.Var | None = tree.args.get("refresh")
+    continuous = isinstance(refresh, exp.Var)
     return CreateCachedView(
         text=text,
         name=folded(tree.this),
@@ -584,7 +587,8 @@ def _typed_cached_view(tree: CachedViewDef, text: str) -> CreateCachedView:
         presence=presence,
         consistency=consistency,
         completeness=completeness,
-        refresh_seconds=refresh.seconds if refresh is not None else None,
+        refresh_seconds=refresh.seconds if isinstance(refresh, Duration) else None,
+        continuous=continuous,
     )
 
 

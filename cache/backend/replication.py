@@ -43,12 +43,19 @@ def create_publication(dsn: str, publication: str, tables: list[tuple[str, str]]
     names = sql.SQL(", ").join(sql.Identifier(s, n) for s, n in tables)
     with connect_backend(dsn, autocommit=True) as conn:
         try:
-            conn.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(
-                sql.Identifier(publication)))  # fmt: skip
-            conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
-                sql.Identifier(publication), names))  # fmt: skip
+            exists = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s",
+                                  (publication,)).fetchone()  # fmt: skip
+            # ALTER: the slot decodes on with the new table list from this commit on
+            verb = "ALTER PUBLICATION {} SET TABLE {}" if exists else \
+                "CREATE PUBLICATION {} FOR TABLE {}"  # fmt: skip
+            conn.execute(sql.SQL(verb).format(sql.Identifier(publication), names))
         except psycopg.Error as exc:
             raise translate(exc, "creating the publication for continuous maintenance") from exc
+
+
+def drop_publication(dsn: str, publication: str) -> None:
+    with connect_backend(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(publication)))
 
 
 @contextmanager

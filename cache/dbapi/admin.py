@@ -26,6 +26,7 @@ from pathlib import Path
 from cache.backend.reflect import fetch_catalog
 from cache.dbapi.admission import Admissions
 from cache.dbapi.boundary import public
+from cache.maintenance import stream
 from cache.maintenance.engines import Engine
 from cache.maintenance.pipeline import Maintainer, make_engine
 from cache.maintenance.report import Report
@@ -91,8 +92,10 @@ class Admin:
         """Apply cache DDL (a script's text or parsed statements) all or nothing, checked
         against the backend's current catalog and Rules 1-5."""
         statements = parse(script) if isinstance(script, str) else list(script)
-        catalog = fetch_catalog(self._backend())
-        result = self._store.apply_ddl(statements, catalog)  # saves the catalog if it applies
+        dsn = self._backend()
+        catalog = fetch_catalog(dsn)
+        # saves the catalog if it applies; keeps the replication slot in step
+        result = stream.apply_ddl(self._store, dsn, statements, catalog)
         self._adopt(catalog)
         return result
 

@@ -34,9 +34,10 @@ def apply_pull(
     enabled_faults: frozenset[str],
     report: Report,
     age: t.Callable[[], float] = lambda: 0.0,
+    then: t.Callable[[duckdb.DuckDBPyConnection, int], None] | None = None,
 ) -> None:
     """``age``: how old the snapshot is now, in seconds (recorded at the commit as the
-    operation's delay d)."""
+    operation's delay d); ``then(con, snapshot_id)`` runs last inside the transaction."""
     con = store.con
     with store.transaction():
         row = con.execute(
@@ -81,6 +82,8 @@ def apply_pull(
         con.execute("UPDATE mtcache.snapshots SET views = ?, delay_seconds = ? "
                     "WHERE snapshot_id = ?", [changed, age(), snapshot_id])  # fmt: skip
         store.changed(changed)
+        if then is not None:
+            then(con, snapshot_id)
     report.snapshot_id = snapshot_id
     report.backend_time = snapshot.backend_time
 

@@ -18,6 +18,7 @@ import psycopg
 import pyarrow as pa
 
 from cache.backend.copy_arrow import copy_to_arrow
+from cache.backend.pgoutput import lsn_value
 from cache.backend.reflect import connect_backend
 from control_tables.types import select_list
 from sql_ext.errors import translate
@@ -27,7 +28,9 @@ from sql_ext.errors import translate
 class Snapshot:
     backend_time: dt.datetime
     exported: str  # pg_export_snapshot(): other sessions join it with SET TRANSACTION SNAPSHOT
-    pg_snapshot: str  # pg_current_snapshot() as text, kept for the record
+    pg_snapshot: str  # pg_current_snapshot() as text: which transactions the pull saw
+    wal_lsn: int = 0  # the WAL insert position once the snapshot was taken: every transaction
+    # it saw committed before this (continuous maintenance lines the stream up with the pull)
 
 
 @dataclass(frozen=True)
@@ -54,13 +57,14 @@ class Coordinator:
         try:
             self.conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             row = self.conn.execute(
-                "SELECT statement_timestamp(), pg_export_snapshot(), pg_current_snapshot()::text"
+                "SELECT statement_timestamp(), pg_export_snapshot(), pg_current_snapshot()::text, "
+                "pg_current_wal_insert_lsn()::text"
             ).fetchone()
         except psycopg.Error as exc:
             self.conn.close()
             raise translate(exc, "opening the refresh snapshot on the backend") from exc
         assert row is not None
-        self.snapshot = Snapshot(row[0], row[1], row[2])
+        self.snapshot = Snapshot(row[0], row[1], row[2], lsn_value(row[3]))
 
     def snapshot_age(self) -> t.Callable[[], float]:
         """How old the snapshot is, in seconds, from now on: the backend's clock read once

@@ -25,6 +25,7 @@ import time
 import typing as t
 from collections.abc import Collection, Iterable
 
+import duckdb
 import psycopg
 import pyarrow as pa
 
@@ -33,6 +34,7 @@ from cache.maintenance.apply import apply_pull
 from cache.maintenance.engines import Coordinator, Engine, InlineEngine, PullQuery
 from cache.maintenance.evict import evict
 from cache.maintenance.key_values import exact_key
+from cache.maintenance.lineup import record_pull
 from cache.maintenance.pull import Pull, distinct_rows
 from cache.maintenance.report import Report
 from cache.store.cache_file import CacheStore
@@ -172,6 +174,24 @@ class Maintainer:
         seeds: set[Region],
         admitted: dict[str, list[tuple[t.Any, ...]]],
         must_hold: Collection[Region] = (),
+        then: t.Callable[[duckdb.DuckDBPyConnection, int], None] | None = None,
+    ) -> Report:
+        """``then(con, snapshot_id)``: more work inside the apply transaction (the stream
+        consumer applies the transaction that needed this pull)."""
+        if not any(schema.continuous(r.view) for r in seeds):
+            return self._pull_and_apply(label, schema, seeds, admitted, must_hold, then)
+        # the stream must not pass the pull's snapshot before the pull is applied
+        with self.store.stream_lock:
+            return self._pull_and_apply(label, schema, seeds, admitted, must_hold, then)
+
+    def _pull_and_apply(
+        self,
+        label: str,
+        schema: CacheSchema,
+        seeds: set[Region],
+        admitted: dict[str, list[tuple[t.Any, ...]]],
+        must_hold: Collection[Region],
+        then: t.Callable[[duckdb.DuckDBPyConnection, int], None] | None,
     ) -> Report:
         started = time.monotonic()
         catalog = self.store.load_catalog()
@@ -190,9 +210,15 @@ class Maintainer:
             _refuse_empty(pull, must_hold)
             faults.hit("after_pull", self.faults)
             report.engine = self.engine.name  # an engine chosen by size names its choice now
+
+            def finish(con: duckdb.DuckDBPyConnection, snapshot_id: int) -> None:
+                record_pull(con, schema, pull.omega, snapshot_id, coordinator.snapshot)
+                if then is not None:
+                    then(con, snapshot_id)
+
             apply_pull(self.store, schema, pull.omega, pull.staged, admitted,
                        coordinator.snapshot, self.engine.name, self.faults, report,
-                       coordinator.snapshot_age())  # fmt: skip
+                       coordinator.snapshot_age(), finish)  # fmt: skip
         except faults.InjectedFault:
             raise
         except Exception as exc:

@@ -64,6 +64,15 @@ _METADATA = [
     "ALTER TABLE mtcache.snapshots ADD COLUMN IF NOT EXISTS views VARCHAR[]",
     "ALTER TABLE mtcache.snapshots ADD COLUMN IF NOT EXISTS delay_seconds DOUBLE",
     "CREATE TABLE IF NOT EXISTS mtcache.counters (name VARCHAR PRIMARY KEY, value BIGINT)",
+    # continuous maintenance (cache.maintenance.stream): the slot and how far it is applied
+    # (an LSN and the backend time every change before which is applied), and the pulls whose
+    # snapshot the stream has not passed yet (the stream skips what they already hold)
+    """CREATE TABLE IF NOT EXISTS mtcache.stream (
+        slot VARCHAR PRIMARY KEY, publication VARCHAR, applied_lsn BIGINT,
+        stream_time TIMESTAMPTZ, applied_at TIMESTAMPTZ, relations VARCHAR, problem VARCHAR)""",
+    """CREATE TABLE IF NOT EXISTS mtcache.stream_pulls (
+        snapshot_id BIGINT, pg_snapshot VARCHAR, until_lsn BIGINT, backend_time TIMESTAMPTZ,
+        view VARCHAR, predicate VARCHAR)""",
 ]
 
 # memo_hits / memo_misses: local answers reused from / kept in the result memo
@@ -87,6 +96,9 @@ class _Shared:
     # that saw a commit's rows or stamps never gets a token from before it (a memo entry made
     # from older rows would otherwise pass for current)
     commit_lock: threading.Lock = field(default_factory=threading.Lock)
+    # held by the stream consumer while it applies, and by a pull of continuously maintained
+    # regions from its snapshot to its commit (the stream must not pass the pull meanwhile)
+    stream_lock: threading.RLock = field(default_factory=threading.RLock)
     handles: int = 0  # open handles: with none, another process may change the file
     schema: tuple[int, CacheSchema] | None = None  # parsed at a schema_version
     # what changed which view's rows: a view's count goes up with every committed change of
@@ -316,8 +328,18 @@ class CacheStore:
                 self._change = None
 
     def changed(self, views: Iterable[str] | None = None) -> None:
-        """Inside `transaction`: the rows of ``views`` (None: of any view) change with it."""
-        self._change = (None if views is None else list(views),)
+        """Inside `transaction`: the rows of ``views`` (None: of any view) change with it
+        (called again, the views add up)."""
+        if views is None or (self._change is not None and self._change[0] is None):
+            self._change = (None,)
+        else:
+            before = self._change[0] if self._change is not None else []
+            assert before is not None
+            self._change = ([*before, *views],)
+
+    @property
+    def stream_lock(self) -> threading.RLock:
+        return self._shared.stream_lock
 
     # -- the shadow catalog --------------------------------------------------------------------
 
@@ -440,13 +462,18 @@ class CacheStore:
                 schema = schema.with_view(view)
         return schema
 
-    def apply_ddl(self, statements: Sequence[Statement], catalog: Catalog) -> DdlResult:
+    def apply_ddl(
+        self,
+        statements: Sequence[Statement],
+        catalog: Catalog,
+        then: t.Callable[[duckdb.DuckDBPyConnection], None] | None = None,
+    ) -> DdlResult:
         """Apply a DDL script all or nothing: check the schema it leads to (validity and
         Rules 1-5) against ``catalog``, the backend's just now; then keep that catalog and
         create and drop the DuckDB tables in one transaction. A script refused leaves the
-        file as it was, its catalog included."""
+        file as it was, its catalog included. ``then(con)`` runs last inside the transaction."""
         schema, actions = apply_script(self.load_schema(), statements, catalog)
-        self._execute_actions(actions, schema, catalog)
+        self._execute_actions(actions, schema, catalog, then)
         self.save_catalog(catalog)
         with self._shared.lock:
             self._shared.schema_version += 1
@@ -457,7 +484,11 @@ class CacheStore:
         )
 
     def _execute_actions(
-        self, actions: list[tuple[str, str]], schema: CacheSchema, catalog: Catalog
+        self,
+        actions: list[tuple[str, str]],
+        schema: CacheSchema,
+        catalog: Catalog,
+        then: t.Callable[[duckdb.DuckDBPyConnection], None] | None,
     ) -> None:
         try:
             with self.transaction() as con:
@@ -474,6 +505,8 @@ class CacheStore:
                         self._create_control_table(schema.control_tables[name], seq)
                     else:
                         self._create_view(schema, schema.views[name], catalog, seq)
+                if then is not None:
+                    then(con)
         except duckdb.Error as exc:
             raise translate(exc, "applying the cache schema (nothing was changed)") from exc
 

@@ -1,0 +1,985 @@
+"""Continuous maintenance from the WAL (SPEC §6, issue 11; the design in docs/decisions.md,
+"Continuous maintenance from the WAL"): views declared ``REFRESH CONTINUOUSLY`` are kept
+current from PostgreSQL's logical replication stream.
+
+`set_up_stream` (run with the cache DDL) keeps one publication and one slot per cache file
+over the continuously maintained views' tables and the heartbeat table. `Consumer` reads the
+slot (`cache.backend.replication`), and `apply_transactions` applies whole backend
+transactions, in commit order, to the views in one DuckDB transaction with the stream
+position: a crash anywhere re-reads from the slot's confirmed position and skips what the
+file says is applied (nothing lost, nothing applied twice).
+
+Applying is set-based (one batch of transactions = a few statements per view): per table, the
+last change of each key wins; the keys touched are deleted from the view and the final rows
+inserted where they belong to a present region (Noria's partial state: changes to keys the
+cache does not hold are dropped; a row moving into a present region arrives whole, one moving
+out leaves). Views go parents first, so a child row belongs where its parent row now is; a
+parent key that disappears takes its children's rows with it. What the stream cannot carry -
+the children of a parent row that newly appears, the rest of a presence region a completeness
+region admits - is pulled (an upquery: `Maintainer` in the backend's current snapshot, lined
+up with the stream by `cache.maintenance.lineup`).
+
+The heartbeat's row travels in the same stream: applying heartbeat time T means every change
+committed before T is applied, so the continuously maintained regions are stamped T, all
+with the one snapshot id of the batch, which names the stream position (``lsn X/Y``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import io
+import json
+import logging
+import secrets
+import threading
+import time
+import typing as t
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import duckdb
+import psycopg
+import pyarrow as pa
+
+from cache.backend.copy_arrow import read_csv
+from cache.backend.pgoutput import (
+    UNCHANGED,
+    Relation,
+    Transaction,
+    Transactions,
+    lsn_text,
+    lsn_value,
+)
+from cache.backend.reflect import connect_backend
+from cache.backend.replication import (
+    advance,
+    create_publication,
+    create_slot,
+    drop_publication,
+    drop_slot,
+    peek,
+    slot_state,
+)
+from cache.maintenance.lineup import Pending, pending_pulls
+from cache.maintenance.pipeline import Maintainer
+from cache.store.cache_file import CacheStore, DdlResult
+from control_tables.regions import Region, in_list
+from control_tables.schema import CachedView, CacheSchema
+from control_tables.script import apply_script
+from control_tables.types import BPCHAR, transfer_type
+from heartbeat.beat import TABLE as HEARTBEAT_TABLE
+from heartbeat.beat import ensure_table
+from sql_ext import Presence, Statement
+from sql_ext.catalog import Catalog
+from sql_ext.errors import NotSupportedError, OperationalError, first_line
+from sql_ext.quoting import equal_columns, ident, idents
+
+log = logging.getLogger("mtcache.stream")
+
+SLOT_PREFIX = "mtcache_"
+KEEP_SNAPSHOTS = 200  # stream snapshot rows kept (status and the measured delay read the last)
+DEFAULT_LAG_LIMIT = 1 << 30  # bytes of WAL the slot may hold back before status warns
+
+
+class StreamProblem(Exception):
+    """The stream cannot be applied as it is (a cached table changed at the backend)."""
+
+
+@dataclass(frozen=True)
+class StreamRow:
+    slot: str
+    publication: str
+    applied_lsn: int
+    stream_time: dt.datetime | None
+    applied_at: dt.datetime | None
+    relations: dict[str, list[list[t.Any]]]  # table -> [[column, type oid], ...] at DDL time
+    problem: str | None
+
+
+def load_stream(con: duckdb.DuckDBPyConnection) -> StreamRow | None:
+    row = con.execute(
+        "SELECT slot, publication, applied_lsn, stream_time, applied_at, relations, problem "
+        "FROM mtcache.stream"
+    ).fetchone()
+    if row is None:
+        return None
+    return StreamRow(row[0], row[1], int(row[2]), row[3], row[4], json.loads(row[5] or "{}"),
+                     row[6])  # fmt: skip
+
+
+# -- the cache DDL's side: publication and slot ---------------------------------------------------
+
+
+def apply_ddl(
+    store: CacheStore, dsn: str, statements: Sequence[Statement], catalog: Catalog
+) -> DdlResult:
+    """Apply cache DDL, keeping the publication and the slot in step with the continuously
+    maintained views: made (the slot with the first such view) before the DuckDB commit and
+    dropped again if it fails; dropped after the commit that removes the last such view."""
+    before = store.load_schema()
+    after, _ = apply_script(before, statements, catalog)
+    tables = _stream_tables(after, catalog)
+    current = load_stream(store.con)
+    if not tables:
+        result = store.apply_ddl(statements, catalog, then=_forget_stream)
+        if current is not None:
+            with contextlib.suppress(psycopg.Error, OperationalError):
+                drop_slot(dsn, current.slot)
+                drop_publication(dsn, current.publication)
+        return result
+    if current is not None and tables == _stream_tables(before, catalog):
+        return store.apply_ddl(statements, catalog)
+    _check_replica_identity(after, catalog)
+    with connect_backend(dsn, autocommit=True) as conn:
+        ensure_table(conn)
+        relations = _relation_signatures(conn, tables)
+    name = current.slot if current is not None else SLOT_PREFIX + secrets.token_hex(8)
+    create_publication(dsn, name, [*tables, ("public", HEARTBEAT_TABLE)])
+    if current is not None:
+        # the new tables' changes come from now on; the new views are empty until pulled
+        return store.apply_ddl(statements, catalog,
+                               then=lambda con: _set_relations(con, relations))  # fmt: skip
+    try:
+        with create_slot(dsn, name) as start:
+
+            def keep(con: duckdb.DuckDBPyConnection) -> None:
+                con.execute("DELETE FROM mtcache.stream_pulls")
+                con.execute(
+                    "INSERT INTO mtcache.stream VALUES (?, ?, ?, NULL, now(), ?, NULL)",
+                    [name, name, start.consistent_lsn, json.dumps(relations)],
+                )
+
+            return store.apply_ddl(statements, catalog, then=keep)
+    except BaseException:
+        with contextlib.suppress(psycopg.Error, OperationalError):
+            drop_slot(dsn, name)
+            drop_publication(dsn, name)
+        raise
+
+
+def _forget_stream(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute("DELETE FROM mtcache.stream")
+    con.execute("DELETE FROM mtcache.stream_pulls")
+
+
+def _set_relations(con: duckdb.DuckDBPyConnection, relations: dict[str, t.Any]) -> None:
+    con.execute("UPDATE mtcache.stream SET relations = ?, problem = NULL",
+                [json.dumps(relations)])  # fmt: skip
+
+
+def _stream_tables(schema: CacheSchema, catalog: Catalog) -> list[tuple[str, str]]:
+    found = set()
+    for name in schema.continuous_views():
+        table = catalog.table(schema.views[name].table)
+        assert table is not None
+        found.add((table.schema, table.name))
+    return sorted(found)
+
+
+def _check_replica_identity(schema: CacheSchema, catalog: Catalog) -> None:
+    """The stream identifies a row by its table's primary key (PostgreSQL's default replica
+    identity); a table without one cannot even be updated once it is published."""
+    for name in schema.continuous_views():
+        view = schema.views[name]
+        table = catalog.table(view.table)
+        assert table is not None
+        if not table.primary_key:
+            raise NotSupportedError(
+                f"cached view {name}: REFRESH CONTINUOUSLY needs a primary key on {view.table} "
+                "(the replication stream identifies rows by it); add one, or use REFRESH EVERY"
+            )
+        if tuple(view.key) != tuple(table.primary_key):
+            raise NotSupportedError(
+                f"cached view {name}: REFRESH CONTINUOUSLY needs {view.table}'s primary key "
+                f"({', '.join(table.primary_key)}) among the view's columns"
+            )
+
+
+def _relation_signatures(
+    conn: psycopg.Connection[t.Any], tables: Iterable[tuple[str, str]]
+) -> dict[str, list[list[t.Any]]]:
+    """Each table's columns and type ids as the stream will describe them."""
+    found = {}
+    for schema, name in tables:
+        rows = conn.execute(
+            "SELECT attname, atttypid::int FROM pg_attribute WHERE attrelid = "
+            "(quote_ident(%s) || '.' || quote_ident(%s))::regclass AND attnum > 0 "
+            "AND NOT attisdropped ORDER BY attnum", (schema, name)
+        ).fetchall()  # fmt: skip
+        found[f"{schema}.{name}"] = [list(r) for r in rows]
+    return found
+
+
+# -- applying transactions --------------------------------------------------------------------
+
+
+@dataclass
+class NeedsPull(Exception):
+    """The stream cannot carry what a transaction brings into the cache: pull these."""
+
+    seeds: set[Region]
+    admitted: dict[str, list[tuple[t.Any, ...]]] = field(default_factory=dict)
+
+
+@dataclass
+class Applied:
+    views: set[str] = field(default_factory=set)
+    changes: int = 0
+
+
+def apply_transactions(
+    con: duckdb.DuckDBPyConnection,
+    schema: CacheSchema,
+    catalog: Catalog,
+    stream: StreamRow,
+    txns: Sequence[Transaction],
+    pendings: list[Pending],
+) -> Applied:
+    """Apply whole transactions inside the caller's DuckDB transaction, then stamp the
+    regions and record the stream position. ``pendings`` (pulls the stream has not passed)
+    is updated: a pull the first of ``txns`` passes is resolved (the caller applies a batch
+    of more than one transaction only when there is none)."""
+    stream_time = stream.stream_time
+    skip: dict[str, list[str]] = {}
+    assert len(txns) == 1 or not pendings, "with a pull pending, one transaction at a time"
+    for pending in list(pendings):
+        if pending.passed_by(txns[0].xid, txns[0].commit_lsn):
+            con.execute("DELETE FROM mtcache.stream_pulls WHERE snapshot_id = ?",
+                        [pending.snapshot_id])  # fmt: skip
+            stream_time = _later(stream_time, pending.backend_time)
+            pendings.remove(pending)
+        else:
+            for view, predicate in pending.predicates.items():
+                skip.setdefault(view, []).append(predicate)
+    applied = Applied()
+    by_table: dict[str, list[tuple[Relation, t.Any]]] = {}
+    truncated: set[str] = set()
+    for txn in txns:
+        for relation, change in txn.changes:
+            if relation.name == HEARTBEAT_TABLE:
+                if change.new is not None:
+                    beat = _heartbeat_time(relation, change.new)
+                    stream_time = _later(stream_time, beat)
+                continue
+            _check_relation(stream, relation)
+            by_table.setdefault(relation.name, []).append((relation, change))
+        for relation in txn.truncated:
+            if relation.name != HEARTBEAT_TABLE:
+                _check_relation(stream, relation)
+                truncated.add(relation.name)
+                by_table.pop(relation.name, None)  # later changes start from empty
+    views = schema.continuous_views()
+    staged: dict[str, _Staged] = {}
+    for name in views:
+        table = schema.views[name].table
+        if table not in staged:
+            staged[table] = _stage(schema, catalog, table, by_table.get(table, []))
+    for name in views:
+        cached = schema.views[name]
+        if cached.table in truncated:
+            _delete_all(con, schema, cached, skip.get(name, []), applied)
+        if staged[cached.table].count:
+            _apply_view(con, schema, cached, staged[cached.table], skip.get(name, []), applied)
+    for stage in staged.values():
+        stage.close(con)
+    last = txns[-1]
+    _stamp(con, schema, stream, last.end_lsn, stream_time, [p.snapshot_id for p in pendings],
+           applied)  # fmt: skip
+    return applied
+
+
+def _later(a: dt.datetime | None, b: dt.datetime | None) -> dt.datetime | None:
+    if a is None or b is None:
+        return a or b
+    return max(a, b)
+
+
+def _heartbeat_time(relation: Relation, row: tuple[t.Any, ...]) -> dt.datetime | None:
+    names = [c.name for c in relation.columns]
+    value = row[names.index("beat_at")] if "beat_at" in names else None
+    if not isinstance(value, str):
+        return None
+    return dt.datetime.fromisoformat(value).astimezone(dt.UTC)
+
+
+def _check_relation(stream: StreamRow, relation: Relation) -> None:
+    expected = stream.relations.get(f"{relation.schema}.{relation.name}")
+    got = [[c.name, c.type_oid] for c in relation.columns]
+    if expected is not None and expected != got:
+        raise StreamProblem(
+            f"table {relation.schema}.{relation.name} changed at the backend (its columns are "
+            f"now {', '.join(c.name for c in relation.columns)}): continuous maintenance "
+            "stopped, its views age and queries go to the backend; recreate the cached views "
+            "of that table (DROP CACHED VIEW, CREATE CACHED VIEW) to resume"
+        )
+
+
+class _Staged:
+    """One table's batch: the keys touched and the final rows, typed as the cache stores
+    them, registered in DuckDB as ``mtcache_del_<table>`` and ``mtcache_put_<table>``."""
+
+    def __init__(self, con_name: str, key: tuple[str, ...], columns: list[tuple[str, str]]):
+        self.name = con_name
+        self.key = key
+        self.columns = columns
+        self.count = 0
+        self.dels: pa.Table | None = None
+        self.puts: pa.Table | None = None
+        self.unchanged: set[tuple[str, ...]] = set()  # final rows with a TOASTed value unsent
+
+    @property
+    def del_name(self) -> str:
+        return f"mtcache_del_{self.name}"
+
+    @property
+    def put_name(self) -> str:
+        return f"mtcache_put_{self.name}"
+
+    def register(self, con: duckdb.DuckDBPyConnection) -> None:
+        assert self.dels is not None and self.puts is not None
+        con.register(self.del_name, self.dels)
+        con.register(self.put_name, self.puts)
+
+    def close(self, con: duckdb.DuckDBPyConnection) -> None:
+        if self.dels is not None:
+            with contextlib.suppress(duckdb.Error):
+                con.unregister(self.del_name)
+                con.unregister(self.put_name)
+
+
+def _stage(
+    schema: CacheSchema, catalog: Catalog, table_name: str, changes: list[tuple[Relation, t.Any]]
+) -> _Staged:
+    table = catalog.table(table_name)
+    assert table is not None
+    wanted: list[str] = []
+    for name in schema.continuous_views():
+        view = schema.views[name]
+        if view.table == table_name:
+            wanted += [c for c in view.columns if c not in wanted]
+    types = {c.name: c.type for c in table.columns}
+    columns = [(c, t.cast(str, transfer_type(types[c]))) for c in wanted]
+    stage = _Staged(str(len(table_name)) + "_" + "".join(ch for ch in table_name if ch.isalnum()),
+                    table.primary_key, columns)  # fmt: skip
+    if not changes:
+        return stage
+    final: dict[tuple[t.Any, ...], tuple[t.Any, ...] | None] = {}
+    touched: dict[tuple[t.Any, ...], None] = {}
+    transfer = dict(columns)
+    key_columns = [(k, transfer.get(k) or t.cast(str, transfer_type(types[k])))
+                   for k in table.primary_key]  # fmt: skip
+    key_forms = [_text_form(k, kind) for k, kind in key_columns]
+    forms = [_text_form(c, kind) for c, kind in columns]
+    for relation, change in changes:
+        names = [c.name for c in relation.columns]
+        keys = [names.index(k) for k in table.primary_key]
+        picks = [names.index(c) for c, _ in columns]
+        if change.old is not None:
+            old_key = tuple(f(change.old[i]) for f, i in zip(key_forms, keys, strict=True))
+            touched[old_key] = None
+            final[old_key] = None
+        if change.new is not None:
+            new = change.new
+            key = tuple(f(new[i]) for f, i in zip(key_forms, keys, strict=True))
+            row = tuple(f(new[i]) for f, i in zip(forms, picks, strict=True))
+            previous = final.get(key)
+            if previous is not None and any(v is UNCHANGED for v in row):
+                row = tuple(p if v is UNCHANGED else v for v, p in zip(row, previous, strict=True))
+            touched[key] = None
+            final[key] = row
+    stage.count = len(changes)
+    stage.dels = read_csv(_csv(touched), key_columns)
+    rows = [r for r in final.values() if r is not None]
+    if any(any(v is UNCHANGED for v in r) for r in rows):
+        # a TOASTed value the update did not send: the row's cached copy has it, else a pull
+        flags = [[v is UNCHANGED for v in r] for r in rows]
+        rows = [tuple(None if v is UNCHANGED else v for v in r) for r in rows]
+        puts = read_csv(_csv(rows), columns)
+        for index, (name, _) in enumerate(columns):
+            puts = puts.append_column(f"mtcache_unchanged_{name}",
+                                      pa.array([f[index] for f in flags]))  # fmt: skip
+        stage.puts = puts
+    else:
+        stage.puts = read_csv(_csv(rows), columns)
+    return stage
+
+
+def _text_form(column: str, kind: str) -> Callable[[t.Any], t.Any]:
+    """A value of the stream in the text form a pull sends (control_tables.types.select_list):
+    char(n) without its padding, a timestamp with time zone as UTC wall time (the consumer's
+    session runs in UTC, so PostgreSQL writes it with ``+00``)."""
+    if kind == BPCHAR:
+        return lambda v: v.rstrip(" ") if isinstance(v, str) else v
+    if kind == "TIMESTAMPTZ":
+
+        def utc(value: t.Any) -> t.Any:
+            if not isinstance(value, str):
+                return value
+            if not value.endswith("+00"):
+                raise StreamProblem(
+                    f"column {column}: a timestamp with time zone not in "
+                    f"UTC ({value!r}); the consumer's session runs in UTC"
+                )
+            return value[:-3]
+
+        return utc
+    return lambda v: v
+
+
+def _csv(rows: Iterable[tuple[t.Any, ...]]) -> bytes:
+    """PostgreSQL text values as the CSV `read_csv` reads a pull's rows from (NULL unquoted
+    and empty, every other value quoted)."""
+    out = io.StringIO()
+    for row in rows:
+        out.write(",".join("" if v is None else '"' + v.replace('"', '""') + '"' for v in row))
+        out.write("\n")
+    return out.getvalue().encode()
+
+
+def _apply_view(
+    con: duckdb.DuckDBPyConnection,
+    schema: CacheSchema,
+    view: CachedView,
+    stage: _Staged,
+    skip: list[str],
+    applied: Applied,
+) -> None:
+    """One view's part of a batch: the touched keys leave, the final rows that belong to a
+    present region arrive (``skip``: predicates of regions a pending pull holds)."""
+    assert stage.puts is not None
+    stage.register(con)
+    name = ident(view.name)
+    keep = " AND ".join(f"NOT ({p})" for p in skip) or "true"
+    touched = f"EXISTS (SELECT 1 FROM {stage.del_name} d WHERE {equal_columns(view.key, 'v', 'd')})"
+    children = list(schema.edges_from(view.name))
+    leaving: dict[tuple[str, ...], set[tuple[t.Any, ...]]] = {}
+    before: dict[tuple[str, ...], set[tuple[t.Any, ...]]] = {}
+    for _, edge in children:
+        cols = idents(edge.control_columns)
+        leaving[edge.control_columns] = _distinct(
+            con, f"SELECT DISTINCT {cols} FROM {name} v WHERE ({keep}) AND {touched}"
+        )
+        before[edge.control_columns] = _distinct(
+            con, f"SELECT DISTINCT {cols} FROM {name} WHERE ({cols}) IN "
+                 f"(SELECT {cols} FROM {stage.put_name})")  # fmt: skip
+    unchanged = [c for c in view.columns if f"mtcache_unchanged_{c}" in stage.puts.column_names]
+    source = stage.put_name
+    if unchanged:
+        # the cached copy of a row whose TOASTed value the update did not send supplies it
+        merged = ", ".join(
+            f"CASE WHEN p.{ident('mtcache_unchanged_' + c)} THEN k.{ident(c)} "
+            f"ELSE p.{ident(c)} END AS {ident(c)}" if c in unchanged else f"p.{ident(c)}"
+            for c in view.columns)  # fmt: skip
+        lacking = " OR ".join(f"(p.{ident('mtcache_unchanged_' + c)} AND k.{ident(view.key[0])} "
+                              "IS NULL)" for c in unchanged)  # fmt: skip
+        con.execute(
+            f"CREATE OR REPLACE TEMP TABLE mtcache_merged AS SELECT {merged}, ({lacking}) AS "
+            f"mtcache_lacking FROM {stage.put_name} p LEFT JOIN (SELECT * FROM {name} v WHERE "
+            f"{touched}) k ON {equal_columns(view.key, 'k', 'p')}"
+        )
+        source = "mtcache_merged"
+        qualifies = _qualifies(schema, view, "p")
+        lacking_rows = "(SELECT * FROM mtcache_merged WHERE mtcache_lacking) p"
+        if con.execute(f"SELECT count(*) FROM {lacking_rows} WHERE ({qualifies}) "
+                       f"AND ({keep})").fetchone() != (0,):  # fmt: skip
+            raise NeedsPull(_regions_of(con, view, lacking_rows))
+    row = con.execute(f"DELETE FROM {name} v WHERE ({keep}) AND {touched}").fetchone()
+    deleted = int(row[0]) if row else 0
+    con.execute(
+        f"CREATE OR REPLACE TEMP TABLE mtcache_arrived AS SELECT {idents(view.columns)} "
+        f"FROM {source} p WHERE ({_qualifies(schema, view, 'p')}) AND ({keep}) AND NOT EXISTS "
+        f"(SELECT 1 FROM {name} v WHERE {equal_columns(view.key, 'v', 'p')})"
+    )
+    if unchanged:
+        con.execute("DROP TABLE mtcache_merged")
+    row = con.execute(
+        f"INSERT INTO {name} ({idents(view.columns)}) SELECT * FROM mtcache_arrived"
+    ).fetchone()
+    inserted = int(row[0]) if row else 0
+    try:
+        _admit_completeness_keys(con, schema, view)
+        for child, edge in children:
+            cols = idents(edge.control_columns)
+            new = _distinct(con, f"SELECT DISTINCT {cols} FROM mtcache_arrived")
+            new -= before[edge.control_columns]
+            if new:
+                # the children of a row new to the cache are not in the stream: pull them
+                where = in_list(edge.control_columns, new).sql("duckdb")
+                raise NeedsPull(
+                    _regions_of(con, view, f"(SELECT * FROM mtcache_arrived WHERE {where}) p")
+                )
+            gone = leaving[edge.control_columns] - _distinct(
+                con, f"SELECT DISTINCT {cols} FROM {name}"
+            )
+            if gone:
+                _delete_children(con, schema, child, edge.columns, gone, applied)
+    finally:
+        con.execute("DROP TABLE mtcache_arrived")
+    if deleted or inserted:
+        applied.views.add(view.name)
+        applied.changes += deleted + inserted
+
+
+def _distinct(con: duckdb.DuckDBPyConnection, query: str) -> set[tuple[t.Any, ...]]:
+    return {tuple(r) for r in con.execute(query).fetchall()}
+
+
+def _edge_match(edge: Presence, alias: str) -> str:
+    """SQL: the control row ``c`` lists the row ``alias`` by the presence edge."""
+    pairs = zip(edge.columns, edge.control_columns, strict=True)
+    return " AND ".join(f"c.{ident(cc)} = {alias}.{ident(vc)}" for vc, cc in pairs)
+
+
+def _qualifies(schema: CacheSchema, view: CachedView, alias: str) -> str:
+    """SQL: the row ``alias`` belongs to a present region of ``view``."""
+    if view.is_fully_materialized:
+        return "true"
+    parts = []
+    for edge in view.presence:
+        match = _edge_match(edge, alias)
+        parts.append(f"EXISTS (SELECT 1 FROM {ident(edge.control)} c WHERE {match})")
+    if view.completeness is not None:
+        if view.completeness.control is None:
+            return "true"
+        match = " AND ".join(f"c.{ident(c)} = {alias}.{ident(c)}"
+                             for c in view.completeness.columns)  # fmt: skip
+        parts.append(f"EXISTS (SELECT 1 FROM {ident(view.completeness.control)} c WHERE {match})")
+    return " OR ".join(parts) or "false"
+
+
+def _admit_completeness_keys(
+    con: duckdb.DuckDBPyConnection, schema: CacheSchema, view: CachedView
+) -> None:
+    """Rows a completeness region brought in: their presence keys become listed (the region
+    is then the row itself when the key identifies rows, else it is pulled)."""
+    if view.completeness is None:
+        return
+    for edge in view.presence:
+        if edge.control not in schema.control_tables:
+            continue
+        match = _edge_match(edge, "a")
+        keys = con.execute(
+            f"SELECT DISTINCT {', '.join('a.' + ident(c) for c in edge.columns)} "
+            f"FROM mtcache_arrived a WHERE NOT EXISTS "
+            f"(SELECT 1 FROM {ident(edge.control)} c WHERE {match})"
+        ).fetchall()
+        if not keys:
+            continue
+        if not set(view.key) <= set(edge.columns):
+            values = [tuple(k) for k in keys]
+            raise NeedsPull(
+                {Region(view.name, "presence", edge.columns, v, edge.control) for v in values},
+                {edge.control: values},
+            )
+        marks = ", ".join("?" for _ in edge.control_columns)
+        con.executemany(
+            f"INSERT INTO {ident(edge.control)} ({idents(edge.control_columns)}) "
+            f"VALUES ({marks}) ON CONFLICT DO NOTHING", [list(k) for k in keys]
+        )  # fmt: skip
+
+
+def _regions_of(con: duckdb.DuckDBPyConnection, view: CachedView, rows: str) -> set[Region]:
+    """The regions of ``view`` holding ``rows`` (SQL for a relation aliased p): pulling them
+    brings the rows' children along (`Pull.children`), in one snapshot with them."""
+    if view.view_level:
+        return {Region(view.name, "view")}
+    found: set[Region] = set()
+    for edge in view.presence:
+        match = _edge_match(edge, "p")
+        found |= {Region(view.name, "presence", edge.columns, values, edge.control)
+                  for values in _distinct(
+                      con, f"SELECT DISTINCT {', '.join('p.' + ident(c) for c in edge.columns)} "
+                           f"FROM {rows} WHERE EXISTS (SELECT 1 FROM {ident(edge.control)} c "
+                           f"WHERE {match})")}  # fmt: skip
+    spec = view.completeness
+    if spec is not None and spec.control is not None:
+        match = " AND ".join(f"c.{ident(c)} = p.{ident(c)}" for c in spec.columns)
+        found |= {Region(view.name, "completeness", spec.columns, values, spec.control)
+                  for values in _distinct(
+                      con, f"SELECT DISTINCT {', '.join('p.' + ident(c) for c in spec.columns)} "
+                           f"FROM {rows} WHERE EXISTS (SELECT 1 FROM {ident(spec.control)} c "
+                           f"WHERE {match})")}  # fmt: skip
+    return found
+
+
+def _delete_children(
+    con: duckdb.DuckDBPyConnection,
+    schema: CacheSchema,
+    child: CachedView,
+    columns: tuple[str, ...],
+    gone: set[tuple[t.Any, ...]],
+    applied: Applied,
+) -> None:
+    """A parent key no longer in the parent: the child rows under it leave (unless another
+    parent still lists them), and so on down."""
+    where = in_list(columns, gone).sql("duckdb")
+    name = ident(child.name)
+    others = _qualifies(schema, child, "v")
+    leaving_keys: dict[tuple[str, ...], set[tuple[t.Any, ...]]] = {}
+    grandchildren = list(schema.edges_from(child.name))
+    for _, edge in grandchildren:
+        cols = idents(edge.control_columns)
+        leaving_keys[edge.control_columns] = _distinct(
+            con, f"SELECT DISTINCT {cols} FROM {name} v WHERE {where} AND NOT ({others})"
+        )
+    row = con.execute(f"DELETE FROM {name} v WHERE {where} AND NOT ({others})").fetchone()
+    if row and row[0]:
+        applied.views.add(child.name)
+        applied.changes += int(row[0])
+    for grandchild, edge in grandchildren:
+        cols = idents(edge.control_columns)
+        still = {tuple(r) for r in con.execute(f"SELECT DISTINCT {cols} FROM {name}").fetchall()}
+        lost = leaving_keys[edge.control_columns] - still
+        if lost:
+            _delete_children(con, schema, grandchild, edge.columns, lost, applied)
+
+
+def _delete_all(
+    con: duckdb.DuckDBPyConnection,
+    schema: CacheSchema,
+    view: CachedView,
+    skip: list[str],
+    applied: Applied,
+) -> None:
+    """TRUNCATE of the view's table: its rows leave (their regions stay present, empty)."""
+    keep = " AND ".join(f"NOT ({p})" for p in skip) or "true"
+    name = ident(view.name)
+    children = list(schema.edges_from(view.name))
+    before = {edge.control_columns: {tuple(r) for r in con.execute(
+        f"SELECT DISTINCT {idents(edge.control_columns)} FROM {name}").fetchall()}
+        for _, edge in children}  # fmt: skip
+    row = con.execute(f"DELETE FROM {name} WHERE {keep}").fetchone()
+    if row and row[0]:
+        applied.views.add(view.name)
+        applied.changes += int(row[0])
+    for child, edge in children:
+        still = {tuple(r) for r in con.execute(
+            f"SELECT DISTINCT {idents(edge.control_columns)} FROM {name}").fetchall()}  # fmt: skip
+        if before[edge.control_columns] - still:
+            _delete_children(con, schema, child, edge.columns,
+                             before[edge.control_columns] - still, applied)  # fmt: skip
+
+
+def _stamp(
+    con: duckdb.DuckDBPyConnection,
+    schema: CacheSchema,
+    stream: StreamRow,
+    end_lsn: int,
+    stream_time: dt.datetime | None,
+    pending_ids: list[int],
+    applied: Applied,
+) -> None:
+    """The batch's snapshot (naming the stream position) on every continuously maintained
+    region the stream has reached (a pull's regions keep theirs until the stream passes it),
+    with ``refreshed_at`` the stream time; the position with it."""
+    row = con.execute("SELECT coalesce(max(snapshot_id), 0) + 1 FROM mtcache.snapshots").fetchone()
+    assert row is not None
+    snapshot_id = int(row[0])
+    views = schema.continuous_views()
+    age = None
+    if stream_time is not None:
+        age = max(0.0, (dt.datetime.now(dt.UTC) - stream_time).total_seconds())
+    con.execute(
+        "INSERT INTO mtcache.snapshots (snapshot_id, backend_time, pg_snapshot, engine, "
+        "applied_at, views, delay_seconds) VALUES (?, ?, ?, 'stream', now(), ?, ?)",
+        [snapshot_id, stream_time, f"lsn {lsn_text(end_lsn)}", views, age],
+    )
+    con.execute("DELETE FROM mtcache.snapshots WHERE engine = 'stream' AND snapshot_id < ?",
+                [snapshot_id - KEEP_SNAPSHOTS])  # fmt: skip
+    reached = (f"(snapshot_id IS NULL OR snapshot_id NOT IN ({', '.join(map(str, pending_ids))}))"
+               if pending_ids else "true")  # fmt: skip
+    controls: set[str] = set()
+    for name in views:
+        view = schema.views[name]
+        controls |= {p.control for p in view.presence if p.control in schema.control_tables}
+        for spec in (view.consistency, view.completeness):
+            if spec is not None and spec.control is not None:
+                controls.add(spec.control)
+    for control in sorted(controls):
+        con.execute(
+            f"UPDATE {ident(control)} SET refreshed_at = coalesce(?, refreshed_at), "
+            f"snapshot_id = ? WHERE {reached}",
+            [stream_time, snapshot_id],
+        )
+    level = [n for n in views if schema.views[n].view_level]
+    if level:
+        con.execute(
+            "UPDATE mtcache.view_state SET refreshed_at = coalesce(?, refreshed_at), "
+            f"snapshot_id = ? WHERE view IN ({', '.join('?' for _ in level)}) "
+            f"AND {reached}",
+            [stream_time, snapshot_id, *level],
+        )
+    con.execute(
+        "UPDATE mtcache.stream SET applied_lsn = ?, stream_time = ?, applied_at = now()",
+        [end_lsn, stream_time],
+    )
+    applied.views |= set(views)
+
+
+# -- the consumer --------------------------------------------------------------------------------
+
+
+class Consumer:
+    """Reads the file's slot and applies it: `step` once (a batch), `catch_up` until the
+    stream reaches the backend's position, `start`/`stop` as a thread of the owning process."""
+
+    def __init__(
+        self,
+        store: CacheStore,
+        dsn: str,
+        *,
+        batch: int = 20_000,
+        poll: float = 0.05,
+        lag_limit: int = DEFAULT_LAG_LIMIT,
+    ) -> None:
+        self.store = store
+        self.dsn = dsn
+        self.batch = batch
+        self.poll = poll
+        self.lag_limit = lag_limit
+        self._conn: psycopg.Connection[t.Any] | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._warned: str | None = None
+        self.upqueries = 0
+
+    # -- one batch ---------------------------------------------------------------------------
+
+    def step(self) -> int:
+        """Apply the complete transactions the slot holds (up to about ``batch`` messages);
+        the number applied."""
+        with self.store.stream_lock:
+            stream = load_stream(self.store.con)
+            if stream is None or stream.problem is not None:
+                return 0
+            conn = self._connection()
+            state = slot_state(conn, stream.slot)
+            if not state.exists:
+                self._recover(stream)
+                return 0
+            self._check_lag(state.lag_bytes)
+            row = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
+            assert row is not None
+            flushed = lsn_value(row[0])  # before the peek: what it decodes at least
+            txns = [x for x in peek(conn, stream.slot, stream.publication, Transactions(),
+                                    self.batch) if x.end_lsn > stream.applied_lsn]  # fmt: skip
+            if not txns:
+                if state.confirmed_lsn is not None and state.confirmed_lsn < stream.applied_lsn:
+                    advance(conn, stream.slot, stream.applied_lsn)
+                self._pass_idle(stream, flushed)
+                return 0
+            try:
+                self._apply(stream, txns)
+            except StreamProblem as exc:
+                self._report(str(exc))
+                return 0
+            applied = load_stream(self.store.con)
+            assert applied is not None
+            advance(conn, stream.slot, applied.applied_lsn)
+            return len(txns)
+
+    def _apply(self, stream: StreamRow, txns: list[Transaction]) -> None:
+        schema, catalog = self.store.load_schema(), self.store.load_catalog()
+        with self.store.transaction() as con:
+            pendings = pending_pulls(con)
+        if not pendings:
+            try:
+                with self.store.transaction() as con:
+                    done = apply_transactions(con, schema, catalog, stream, txns, [])
+                    self.store.changed(done.views)
+                return
+            except NeedsPull:
+                pass  # one at a time: find the transaction that needs the pull
+        for txn in txns:
+            current = load_stream(self.store.con)
+            assert current is not None
+            try:
+                with self.store.transaction() as con:
+                    done = apply_transactions(con, schema, catalog, current, [txn],
+                                              pending_pulls(con))  # fmt: skip
+                    self.store.changed(done.views)
+            except NeedsPull as need:
+                self._upquery(schema, catalog, txn, need)
+
+    def _pass_idle(self, stream: StreamRow, flushed: int) -> None:
+        """Nothing left to apply up to ``flushed``: every pull whose transactions all
+        committed before it is passed (the stream holds all it saw), with no transaction to
+        show it."""
+        with self.store.transaction() as con:
+            pendings = pending_pulls(con)
+            passed = [p for p in pendings if p.until_lsn <= flushed]
+            if not passed:
+                return
+            schema = self.store.load_schema()
+            stream_time = stream.stream_time
+            for pending in passed:
+                con.execute("DELETE FROM mtcache.stream_pulls WHERE snapshot_id = ?",
+                            [pending.snapshot_id])  # fmt: skip
+                stream_time = _later(stream_time, pending.backend_time)
+            applied = Applied()
+            held = [p.snapshot_id for p in pendings if p not in passed]
+            _stamp(con, schema, stream, stream.applied_lsn, stream_time, held, applied)
+            self.store.changed(applied.views)
+
+    def _upquery(
+        self, schema: CacheSchema, catalog: Catalog, txn: Transaction, need: NeedsPull
+    ) -> None:
+        """Pull what ``txn`` brings in that the stream does not carry, in the backend's
+        snapshot now, and apply ``txn`` in the same DuckDB transaction (the pull's regions
+        skip it: the snapshot holds it)."""
+        self.upqueries += 1
+
+        def then(con: duckdb.DuckDBPyConnection, _: int) -> None:
+            current = load_stream(con)
+            assert current is not None
+            done = apply_transactions(con, schema, catalog, current, [txn], pending_pulls(con))
+            self.store.changed(done.views)
+
+        maintainer = Maintainer(self.store, self.dsn)
+        maintainer._run("stream upquery", schema, need.seeds, need.admitted, then=then)
+
+    # -- trouble -------------------------------------------------------------------------------
+
+    def _report(self, problem: str) -> None:
+        with self.store.transaction() as con:
+            con.execute("UPDATE mtcache.stream SET problem = ?", [problem])
+        log.error("%s", problem)
+
+    def _check_lag(self, lag: int | None) -> None:
+        if lag is not None and lag > self.lag_limit:
+            text = (f"the replication slot holds {lag} bytes of WAL, over the limit of "
+                    f"{self.lag_limit}: the consumer is behind")  # fmt: skip
+            if self._warned != "lag":
+                log.warning("%s", text)
+                self._warned = "lag"
+        elif self._warned == "lag":
+            self._warned = None
+
+    def _recover(self, stream: StreamRow) -> None:
+        """The slot is gone (dropped at the backend): make a new one and pull every
+        continuously maintained region again, lined up with it."""
+        log.warning("replication slot %s is gone at the backend: making it again and pulling "
+                    "the continuously maintained views anew", stream.slot)  # fmt: skip
+        with create_slot(self.dsn, stream.slot) as start, self.store.transaction() as con:
+            con.execute("DELETE FROM mtcache.stream_pulls")
+            con.execute("UPDATE mtcache.stream SET applied_lsn = ?, problem = NULL",
+                        [start.consistent_lsn])  # fmt: skip
+        schema = self.store.load_schema()
+        maintainer = Maintainer(self.store, self.dsn)
+        for name in schema.continuous_views():
+            if not schema.views[name].is_gray:
+                maintainer.refresh(name)
+
+    # -- running ---------------------------------------------------------------------------------
+
+    def catch_up(self, timeout: float = 60.0) -> int:
+        """Apply until the stream has reached the backend's WAL position of now (waiting for
+        the backend to flush it: logical decoding reads flushed WAL only); the number of
+        transactions applied."""
+        conn = self._connection()
+        row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+        assert row is not None
+        target = lsn_value(row[0])
+        deadline = time.monotonic() + timeout
+        total = 0
+        while True:
+            flushed = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
+            assert flushed is not None
+            if lsn_value(flushed[0]) >= target:
+                total += self.step()
+                stream = load_stream(self.store.con)
+                if stream is None or stream.problem is not None:
+                    problem = stream.problem if stream is not None else None
+                    raise OperationalError(f"the stream cannot be applied: {problem or 'none'}")
+                if stream.applied_lsn >= target or _nothing_left(conn, stream, target):
+                    self.step()  # passes the pulls the stream has reached, if idle now
+                    return total
+            if time.monotonic() > deadline:
+                raise OperationalError(f"the stream did not reach {lsn_text(target)} in "
+                                       f"{timeout:g} s")  # fmt: skip
+            time.sleep(self.poll)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="mtcache-stream", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._close()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                applied = self.step()
+            except Exception as exc:  # the backend away, mostly: try again later
+                self._close()
+                if self._warned != "error":
+                    log.warning("stream consumer: %s (retrying)", first_line(exc))
+                    self._warned = "error"
+                self._stop.wait(2.0)
+                continue
+            if self._warned == "error":
+                log.warning("stream consumer: applying again")
+                self._warned = None
+            if not applied:
+                self._stop.wait(self.poll)
+
+    def close(self) -> None:
+        """Close the backend connection (`step` and `catch_up` open it again)."""
+        self._close()
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _connection(self) -> psycopg.Connection[t.Any]:
+        if self._conn is None or self._conn.closed:
+            conn = connect_backend(self.dsn, autocommit=True)
+            conn.execute("SET TimeZone = 'UTC'")
+            conn.execute("SET DateStyle = 'ISO, YMD'")
+            self._conn = conn
+        return self._conn
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+            self._conn = None
+
+
+def _nothing_left(conn: psycopg.Connection[t.Any], stream: StreamRow, target: int) -> bool:
+    """No complete transaction of the publication before ``target`` is left to apply."""
+    rows = conn.execute(
+        "SELECT count(*) FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, NULL, "
+        "'proto_version', '1', 'publication_names', %s)",
+        (stream.slot, lsn_text(target), stream.publication),
+    ).fetchone()
+    return bool(rows is not None and rows[0] == 0)
+
+
+def stream_status(store: CacheStore, dsn: Callable[[], str] | None) -> dict[str, t.Any] | None:
+    """The stream's part of `mtcache status` (lag in bytes needs the backend)."""
+    stream = load_stream(store.con)
+    if stream is None:
+        return None
+    lag_bytes = None
+    exists = None
+    if dsn is not None:
+        with contextlib.suppress(Exception), connect_backend(dsn(), autocommit=True) as conn:
+            state = slot_state(conn, stream.slot)
+            exists, lag_bytes = state.exists, state.lag_bytes
+    now = dt.datetime.now(dt.UTC)
+    return {
+        "slot": stream.slot,
+        "applied_lsn": lsn_text(stream.applied_lsn),
+        "stream_time": stream.stream_time.isoformat() if stream.stream_time else None,
+        "lag_seconds": (now - stream.stream_time).total_seconds() if stream.stream_time else None,
+        "lag_bytes": lag_bytes,
+        "slot_exists": exists,
+        "problem": stream.problem,
+    }

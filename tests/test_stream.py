@@ -1,0 +1,177 @@
+"""Continuous maintenance from the WAL: REFRESH CONTINUOUSLY views follow the backend's
+transactions through the replication slot (cache.maintenance.stream), on a real slot."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cache.backend.embedded_pg import EmbeddedPostgres
+from cache.backend.reflect import fetch_catalog
+from cache.backend.replication import slot_state
+from cache.maintenance import stream
+from cache.maintenance.pipeline import Maintainer
+from cache.store.cache_file import CacheStore
+from cache.tools import bookstore
+from sql_ext import parse
+from tests.test_maintenance import local, pg
+
+Setup = tuple[CacheStore, str, stream.Consumer]
+
+SCHEMA = """
+CREATE CONTROL TABLE authorlist_pct (authorid INTEGER);
+CREATE CONTROL TABLE citylist_cpct (city TEXT);
+CREATE CACHED VIEW authorcopy AS SELECT * FROM authors
+    PRESENCE ON (authorid) IN authorlist_pct
+    COMPLETENESS ON (city) IN citylist_cpct
+    REFRESH CONTINUOUSLY;
+CREATE CACHED VIEW bookcopy AS SELECT isbn, authorid, title, price FROM books
+    PRESENCE ON (authorid) IN authorcopy CONSISTENCY ROOT;
+CREATE CACHED VIEW salescopy AS SELECT * FROM sales REFRESH CONTINUOUSLY;
+"""
+
+
+@pytest.fixture
+def setup(pg_cluster: EmbeddedPostgres, tmp_path: Path) -> Iterator[Setup]:
+    dsn = pg_cluster.create_database("stream")
+    bookstore.load_into(dsn)
+    store = CacheStore(tmp_path / "cache.duckdb")
+    stream.apply_ddl(store, dsn, parse(SCHEMA), fetch_catalog(dsn))
+    with stream.Consumer(store, dsn) as consumer:
+        yield store, dsn, consumer
+    # the last continuous view dropped takes the slot with it (a slot left holds WAL)
+    drops = "DROP CACHED VIEW bookcopy; DROP CACHED VIEW authorcopy; DROP CACHED VIEW salescopy"
+    stream.apply_ddl(store, dsn, parse(drops), fetch_catalog(dsn))
+    store.close()
+
+
+def mirrors_backend(store: CacheStore, dsn: str) -> None:
+    """Each continuous view holds exactly the backend's rows of its present regions, typed as
+    psycopg returns them."""
+    listed = [r[0] for r in local(store, "SELECT authorid FROM authorlist_pct")]
+    cities = [r[0] for r in local(store, "SELECT city FROM citylist_cpct")]
+    authors = pg(dsn, "SELECT * FROM authors WHERE authorid = ANY(%s) OR city = ANY(%s) "
+                 "ORDER BY authorid", (listed, cities))  # fmt: skip
+    assert local(store, "SELECT * FROM authorcopy ORDER BY authorid") == authors
+    ids = [a[0] for a in authors]
+    books = pg(dsn, "SELECT isbn, authorid, title, price FROM books WHERE authorid = ANY(%s) "
+               "ORDER BY isbn", (ids,))  # fmt: skip
+    cached = local(store, "SELECT * FROM bookcopy ORDER BY isbn")
+    assert cached == books
+    assert [tuple(map(type, r)) for r in cached] == [tuple(map(type, r)) for r in books]
+    assert local(store, "SELECT * FROM salescopy ORDER BY saleid") == pg(
+        dsn, "SELECT * FROM sales ORDER BY saleid"
+    )
+
+
+def test_ddl_makes_and_drops_the_slot(setup: Setup) -> None:
+    store, dsn, consumer = setup
+    row = stream.load_stream(store.con)
+    assert row is not None and row.slot.startswith("mtcache_")
+    assert set(row.relations) == {"public.authors", "public.books", "public.sales"}
+    assert pg(dsn, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s",
+              (row.slot,)) == [(1,)]  # fmt: skip
+    stream.apply_ddl(store, dsn, parse("DROP CACHED VIEW salescopy"), fetch_catalog(dsn))
+    # still continuous views left: the slot stays, the publication loses sales
+    tables = pg(dsn, "SELECT tablename FROM pg_publication_tables WHERE pubname = %s "
+                "ORDER BY 1", (row.publication,))  # fmt: skip
+    assert tables == [("authors",), ("books",), ("mtcache_heartbeat",)]
+    stream.apply_ddl(store, dsn, parse("CREATE CACHED VIEW salescopy AS SELECT * FROM sales "
+                                       "REFRESH CONTINUOUSLY"), fetch_catalog(dsn))  # fmt: skip
+
+
+def test_changes_reach_the_views_through_the_stream(setup: Setup) -> None:
+    store, dsn, consumer = setup
+    maintainer = Maintainer(store, dsn)
+    maintainer.admit("authorlist_pct", [(1,), (2,)])
+    city = pg(dsn, "SELECT city FROM authors WHERE authorid = 5")[0][0]
+    maintainer.admit("citylist_cpct", [(city,)])
+    maintainer.refresh("salescopy")
+    consumer.catch_up()
+    mirrors_backend(store, dsn)
+
+    two = pg(dsn, "SELECT isbn FROM books WHERE authorid = 2 ORDER BY isbn")
+    elsewhere = pg(dsn, "SELECT isbn FROM books WHERE authorid NOT IN (1, 2) "
+                   "AND authorid NOT IN (SELECT authorid FROM authors WHERE city = %s) "
+                   "ORDER BY isbn LIMIT 1", (city,))[0][0]  # fmt: skip
+    writes = [
+        "UPDATE authors SET name = name || ' Jr.' WHERE authorid = 1",
+        "UPDATE books SET title = 'Retitled', price = 12.34 WHERE authorid = 1",
+        "INSERT INTO books VALUES ('stream-1', 2, 'Fresh', 1, 'fiction', 7.50)",
+        f"UPDATE books SET authorid = 3 WHERE isbn = '{two[0][0]}'",  # leaves the cache
+        f"UPDATE books SET authorid = 2 WHERE isbn = '{elsewhere}'",  # moves in whole
+        "UPDATE books SET price = price + 1 WHERE authorid = 4",  # not cached: dropped
+        f"DELETE FROM sales WHERE isbn = '{two[1][0]}'",
+        f"DELETE FROM reviews WHERE isbn = '{two[1][0]}'",
+        f"DELETE FROM books WHERE isbn = '{two[1][0]}'",
+        "INSERT INTO sales SELECT max(saleid) + 1, 'stream-1', DATE '2026-11-23', 3 FROM sales",
+        "UPDATE sales SET qty = qty * 2 WHERE saleid %% 7 = 0",
+        # a new author in the complete city (and its book, same transaction): the stream
+        # brings the row, admits its presence key and pulls its children
+        "BEGIN; INSERT INTO authors VALUES (9001, 'New', 'F', "
+        f"'{city}', 'WA'); INSERT INTO books VALUES ('stream-2', 9001, 'First', 1, 'poetry', "
+        "9.99); COMMIT",
+        # an author moving out of the complete city takes its books out with it
+        f"UPDATE authors SET city = 'Nowhere' WHERE city = '{city}' AND authorid <> 9001",
+    ]
+    for sql in writes:
+        pg(dsn, sql)
+    applied = consumer.catch_up()
+    assert applied >= len(writes) - 1  # reviews is not published
+    assert consumer.upqueries == 1
+    mirrors_backend(store, dsn)
+    assert local(store, "SELECT count(*) FROM authorlist_pct WHERE authorid = 9001") == [(1,)]
+
+    # every continuously maintained region shares the batch's snapshot, which names the
+    # stream position
+    ids = local(store, "SELECT DISTINCT snapshot_id FROM authorlist_pct UNION "
+                "SELECT DISTINCT snapshot_id FROM citylist_cpct UNION "
+                "SELECT snapshot_id FROM mtcache.view_state WHERE view = 'salescopy'")  # fmt: skip
+    assert len(ids) == 1
+    engine, named = local(store, "SELECT engine, pg_snapshot FROM mtcache.snapshots "
+                          f"WHERE snapshot_id = {ids[0][0]}")[0]  # fmt: skip
+    row = stream.load_stream(store.con)
+    assert row is not None
+    assert engine == "stream" and named == f"lsn {stream.lsn_text(row.applied_lsn)}"
+    assert slot_state(consumer._connection(), row.slot).confirmed_lsn == row.applied_lsn
+
+
+def test_a_pull_lines_up_with_the_stream(setup: Setup) -> None:
+    """Transactions the pull's snapshot already holds are not applied to its regions again;
+    the ones after it are."""
+    store, dsn, consumer = setup
+    maintainer = Maintainer(store, dsn)
+    maintainer.refresh("salescopy")
+    consumer.catch_up()
+    pg(dsn, "UPDATE sales SET qty = 100 WHERE saleid = 1")
+    pg(dsn, "UPDATE sales SET qty = 200 WHERE saleid = 1")
+    maintainer.admit("authorlist_pct", [(1,)])  # pulls with the stream behind it
+    maintainer.refresh("salescopy")  # holds qty = 200; the stream has 100 then 200 to come
+    assert local(store, "SELECT qty FROM salescopy WHERE saleid = 1") == [(200,)]
+    assert local(store, "SELECT count(*) FROM mtcache.stream_pulls") != [(0,)]
+    pg(dsn, "UPDATE sales SET qty = 300 WHERE saleid = 2")
+    consumer.catch_up()
+    assert local(store, "SELECT qty FROM salescopy WHERE saleid = 1") == [(200,)]
+    assert local(store, "SELECT qty FROM salescopy WHERE saleid = 2") == [(300,)]
+    assert local(store, "SELECT count(*) FROM mtcache.stream_pulls") == [(0,)]
+    mirrors_backend(store, dsn)
+
+
+def test_ddl_on_a_cached_table_stops_the_stream_with_a_reason(
+    setup: Setup,
+) -> None:
+    store, dsn, consumer = setup
+    Maintainer(store, dsn).refresh("salescopy")
+    consumer.catch_up()
+    pg(dsn, "ALTER TABLE sales ADD COLUMN note text")
+    pg(dsn, "UPDATE sales SET qty = 5 WHERE saleid = 1")
+    with pytest.raises(stream.OperationalError, match="sales changed at the backend"):
+        consumer.catch_up()
+    row = stream.load_stream(store.con)
+    assert row is not None and row.problem is not None and "recreate" in row.problem
+    before = local(store, "SELECT * FROM salescopy ORDER BY saleid")
+    assert consumer.step() == 0  # stopped: nothing applied, nothing lost
+    assert local(store, "SELECT * FROM salescopy ORDER BY saleid") == before
+    pg(dsn, "ALTER TABLE sales DROP COLUMN note")
