@@ -3,9 +3,12 @@ transactions through the replication slot (cache.maintenance.stream), on a real 
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from cache.backend.embedded_pg import EmbeddedPostgres
@@ -43,7 +46,8 @@ def setup(pg_cluster: EmbeddedPostgres, tmp_path: Path) -> Iterator[Setup]:
         yield store, dsn, consumer
     # the last continuous view dropped takes the slot with it (a slot left holds WAL)
     drops = "DROP CACHED VIEW bookcopy; DROP CACHED VIEW authorcopy; DROP CACHED VIEW salescopy"
-    stream.apply_ddl(store, dsn, parse(drops), fetch_catalog(dsn))
+    with CacheStore(store.path) as again:  # a test may have handed the file to a connection
+        stream.apply_ddl(again, dsn, parse(drops), fetch_catalog(dsn))
     store.close()
 
 
@@ -175,3 +179,87 @@ def test_ddl_on_a_cached_table_stops_the_stream_with_a_reason(
     assert consumer.step() == 0  # stopped: nothing applied, nothing lost
     assert local(store, "SELECT * FROM salescopy ORDER BY saleid") == before
     pg(dsn, "ALTER TABLE sales DROP COLUMN note")
+
+
+class Writer:
+    """Sequential single-row transactions on sales: write n sets qty = n on sale (n % 5) + 1.
+    After each commit it reads the WAL insert position, which brackets the commit: write n's
+    commit ends after ``after[n - 1]`` and at or before ``after[n]``."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.after: list[int] = []
+        self.initial = dict(pg(dsn, "SELECT saleid, qty FROM sales WHERE saleid <= 5"))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+
+    def __enter__(self) -> Writer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            n = 0
+            while not self._stop.is_set():
+                n += 1
+                conn.execute("UPDATE sales SET qty = %s WHERE saleid = %s", (n, n % 5 + 1))
+                row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+                assert row is not None
+                self.after.append(stream.lsn_value(row[0]))
+                time.sleep(0.005)
+
+    def states_at(self, lsn: int) -> list[dict[int, int]]:
+        """The sales states a stream applied up to ``lsn`` may show: after write k where k is
+        exact unless a heartbeat's commit fell between a write's commit and its reading."""
+        after = list(self.after)
+        exact = sum(1 for a in after if a <= lsn)  # writes surely applied
+        ambiguous = exact < len(after)  # the next one may be applied too
+        return [self.state(k) for k in ([exact, exact + 1] if ambiguous else [exact])]
+
+    def state(self, k: int) -> dict[int, int]:
+        state = dict(self.initial)
+        for n in range(1, k + 1):
+            state[n % 5 + 1] = n
+        return state
+
+
+def test_bounded_queries_are_answered_locally_under_writes(setup: Setup) -> None:
+    """The owning process runs the heartbeat and the consumer: a CURRENCY BOUND 5 SEC query
+    is answered from the cache while writes go on, and each local answer is the backend's
+    state at the stream position its provenance names."""
+    import cache
+
+    store, dsn, _ = setup
+    Maintainer(store, dsn).refresh("salescopy")
+    path = store.path
+    store.close()
+    query = ("SELECT s.saleid, s.qty FROM sales s WHERE s.saleid <= 5 ORDER BY s.saleid "
+             "CURRENCY BOUND 5 SEC ON (s)")  # fmt: skip
+    local_answers = 0
+    answers = 0
+    with cache.connect(dsn, path, heartbeat=0.5, autocommit=True) as conn, Writer(dsn) as writer:
+        time.sleep(1.0)
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            cur = conn.execute(query)
+            rows = cur.fetchall()
+            answers += 1
+            access = cur.provenance[0]
+            if access["route"] != "local":
+                continue
+            local_answers += 1
+            assert access["currency_seconds"] <= 5
+            [snapshot] = access["snapshot_ids"]
+            # the snapshot the provenance names, as the cache file records it
+            [(named,)] = local(conn._store, "SELECT pg_snapshot FROM mtcache.snapshots "
+                               f"WHERE snapshot_id = {snapshot}")  # fmt: skip
+            assert named.startswith("lsn ")
+            position = stream.lsn_value(named[4:])
+            assert dict(rows) in writer.states_at(position), (snapshot, named)
+            time.sleep(0.05)
+    assert len(writer.after) > 100, "the writer wrote"
+    assert local_answers >= 0.8 * answers, (local_answers, answers)

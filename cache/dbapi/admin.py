@@ -146,8 +146,12 @@ class Admin:
 
     @_public
     def status(self) -> dict[str, t.Any]:
-        """Views, their regions with currency, and the counters (SPEC §9's document)."""
-        return status(self._store)
+        """Views, their regions with currency, and the counters (SPEC §9's document); the
+        replication stream of continuously maintained views, if any (its lag in bytes when
+        the backend answers)."""
+        document = status(self._store)
+        document["stream"] = stream.stream_status(self._store, self._backend)
+        return document
 
     def _adopt(self, catalog: Catalog) -> Catalog:
         """Plan against a catalog just read and kept (the connection's planner, if any)."""

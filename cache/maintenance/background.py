@@ -1,6 +1,6 @@
 """The background work of the process that owns a cache file (SPEC §5.10): the refresh
-scheduler and, when a connection asks for it, the heartbeat thread (SPEC §6); one of each per
-cache file per process.
+scheduler, the stream consumer of continuously maintained views and, when a connection asks
+for it, the heartbeat thread (SPEC §6); one of each per cache file per process.
 
 The first connection that opens the file with ``background=True`` (the default) starts it; it
 runs while any such connection of the process is open and stops when the last one closes (a
@@ -8,7 +8,8 @@ refresh in flight finishes first: it is one transaction, and the next tick never
 scheduler refreshes every white view per its ``REFRESH EVERY`` (cache.maintenance.scheduler),
 pulling inline or on Spark by size (`SizedEngine`). The heartbeat beats the backend's heartbeat
 row and keeps the process's estimate of the backend clock (`heartbeat.beat`); the connections'
-sessions use it.
+sessions use it. The consumer applies the replication slot of the file's `REFRESH CONTINUOUSLY`
+views (`cache.maintenance.stream`; idle while there are none) and rides out backend outages.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from cache.maintenance.pipeline import SizedEngine
 from cache.maintenance.scheduler import RefreshScheduler
+from cache.maintenance.stream import Consumer
 from cache.store.cache_file import CacheStore
 from heartbeat.beat import Heartbeat
 
@@ -32,6 +34,7 @@ TICK_SECONDS = 1.0  # how often the scheduler looks for due views
 class Background:
     path: Path
     scheduler: RefreshScheduler
+    consumer: Consumer
     heartbeat: Heartbeat | None = None
     users: int = 0
 
@@ -48,8 +51,10 @@ def attach(store: CacheStore, backend: str, heartbeat: float | None = None) -> B
         background = _RUNNING.get(path)
         if background is None:
             scheduler = RefreshScheduler(store, backend, SizedEngine(), tick=TICK_SECONDS)
-            background = _RUNNING[path] = Background(path, scheduler)
+            consumer = Consumer(store.for_thread(), backend)
+            background = _RUNNING[path] = Background(path, scheduler, consumer)
             scheduler.start()
+            consumer.start()
             log.info("refresh scheduler started for %s", path)
         if heartbeat is not None and background.heartbeat is None:
             background.heartbeat = Heartbeat(backend, heartbeat, source=str(path))
@@ -67,6 +72,8 @@ def detach(background: Background) -> None:
         del _RUNNING[background.path]
     if background.heartbeat is not None:
         background.heartbeat.stop()
+    background.consumer.stop()
+    background.consumer.store.close()
     background.scheduler.stop()
     log.info("refresh scheduler stopped for %s", background.path)
 

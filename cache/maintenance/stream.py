@@ -79,6 +79,7 @@ log = logging.getLogger("mtcache.stream")
 
 SLOT_PREFIX = "mtcache_"
 KEEP_SNAPSHOTS = 200  # stream snapshot rows kept (status and the measured delay read the last)
+IDLE_SECONDS = 1.0  # how often a consumer without a stream looks for one
 DEFAULT_LAG_LIMIT = 1 << 30  # bytes of WAL the slot may hold back before status warns
 
 
@@ -913,6 +914,9 @@ class Consumer:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
+                if load_stream(self.store.con) is None:  # no continuous view (yet)
+                    self._stop.wait(IDLE_SECONDS)
+                    continue
                 applied = self.step()
             except Exception as exc:  # the backend away, mostly: try again later
                 self._close()
@@ -962,7 +966,9 @@ def _nothing_left(conn: psycopg.Connection[t.Any], stream: StreamRow, target: in
     return bool(rows is not None and rows[0] == 0)
 
 
-def stream_status(store: CacheStore, dsn: Callable[[], str] | None) -> dict[str, t.Any] | None:
+def stream_status(
+    store: CacheStore, dsn: Callable[[], str] | None, lag_limit: int = DEFAULT_LAG_LIMIT
+) -> dict[str, t.Any] | None:
     """The stream's part of `mtcache status` (lag in bytes needs the backend)."""
     stream = load_stream(store.con)
     if stream is None:
@@ -981,5 +987,7 @@ def stream_status(store: CacheStore, dsn: Callable[[], str] | None) -> dict[str,
         "lag_seconds": (now - stream.stream_time).total_seconds() if stream.stream_time else None,
         "lag_bytes": lag_bytes,
         "slot_exists": exists,
+        "lag_limit_bytes": lag_limit,
+        "over_limit": lag_bytes is not None and lag_bytes > lag_limit,
         "problem": stream.problem,
     }

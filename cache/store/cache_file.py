@@ -218,6 +218,7 @@ class CacheStore:
         twin.path = parent.path
         twin.con = parent.con.cursor()  # a connection of its own to the same database
         twin._shared = parent._shared
+        twin._change = None
         with twin._shared.lock:
             twin._shared.handles += 1
         return twin

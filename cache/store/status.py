@@ -101,6 +101,7 @@ def _view_status(
         "root": schema.consistency_root(view.name),
         "parents": [p.control for p in view.presence],
         "refresh_seconds": view.refresh_seconds,
+        "continuous": schema.continuous(view.name),  # kept current from the WAL
         # the newest region stamp; when the refresh scheduler refreshes the view next (None:
         # not scheduled - on demand, or waiting for admissions); a gray view follows its root
         "last_refresh": times.last.isoformat() if times.last else None,

@@ -196,7 +196,7 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
         every = (
             f", refresh every {format_duration(view['refresh_seconds'])}"
             if view["refresh_seconds"]
-            else ""
+            else ", refreshed continuously" if view.get("continuous") else ""
         )
         print(
             f"  {view['name']} ({view['table']}, {view['color']}, {view['consistency']}-level"
@@ -210,6 +210,8 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
                 else "never refreshed"
             )
             print(f"    {region['kind']:<12} {where}: {plural(region['rows'], 'row')}, {age}")
+    if document.get("stream"):
+        print(f"  stream: {_stream_line(document['stream'])}")
     counters = ", ".join(f"{k} {v}" for k, v in sorted(document["counters"].items()))
     print(f"  counters: {counters}")
     return 0
@@ -226,12 +228,34 @@ def _refresh_line(view: dict[str, t.Any], now: dt.datetime) -> str:
         said += f" (landing {format_duration(round(view['refresh_delay_seconds'], 3))} old)"
     if view["refresh_follows"]:
         return f"{said}, with {view['refresh_follows']}"
+    if view.get("continuous"):
+        return f"{said}, continuously from the WAL"
     upcoming = view["next_refresh"]
     if upcoming is None:
         return f"{said}, next on demand" if not view["refresh_seconds"] else \
             f"{said}, next once regions are admitted"  # fmt: skip
     wait = seconds(upcoming)
     return f"{said}, next {'now' if wait <= 0 else 'in ' + format_duration(wait)}"
+
+
+def _stream_line(stream: dict[str, t.Any]) -> str:
+    """The replication stream of continuously maintained views, as `status` prints it."""
+    said = f"slot {stream['slot']}, applied to {stream['applied_lsn']}"
+    if stream["lag_seconds"] is not None:
+        said += f", current as of {format_duration(round(stream['lag_seconds'], 1))} ago"
+    else:
+        said += ", no heartbeat applied yet (run mtcache heartbeat)"
+    if stream["slot_exists"] is False:
+        said += "; the slot is gone at the backend (the owning process makes it again)"
+    elif stream["lag_bytes"] is not None:
+        said += f", {plural(stream['lag_bytes'], 'byte')} of WAL behind"
+        if stream["over_limit"]:
+            said += " - OVER THE LAG LIMIT: is the process that owns the cache running?"
+    else:
+        said += " (backend unreachable: lag in bytes unknown)"
+    if stream["problem"]:
+        said += f"; STOPPED: {stream['problem']}"
+    return said
 
 
 def _print_json(document: t.Any) -> None:
