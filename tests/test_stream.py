@@ -71,7 +71,7 @@ def mirrors_backend(store: CacheStore, dsn: str) -> None:
 
 
 def test_ddl_makes_and_drops_the_slot(setup: Setup) -> None:
-    store, dsn, consumer = setup
+    store, dsn, _ = setup
     row = stream.load_stream(store.con)
     assert row is not None and row.slot.startswith("mtcache_")
     assert set(row.relations) == {"public.authors", "public.books", "public.sales"}
@@ -263,3 +263,92 @@ def test_bounded_queries_are_answered_locally_under_writes(setup: Setup) -> None
             time.sleep(0.05)
     assert len(writer.after) > 100, "the writer wrote"
     assert local_answers >= 0.8 * answers, (local_answers, answers)
+
+
+OWNER = """
+import sys, time
+import cache
+conn = cache.connect(sys.argv[1], sys.argv[2], autocommit=True)
+time.sleep(float(sys.argv[3]))
+conn.close()
+"""
+
+
+class Churn:
+    """Concurrent writers on the continuously maintained tables: books of cached and
+    uncached authors updated, moved between authors, inserted and deleted; sales updated."""
+
+    def __init__(self, dsn: str, threads: int = 2) -> None:
+        self.dsn = dsn
+        self.count = 0
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(i,)) for i in range(threads)]
+
+    def __enter__(self) -> Churn:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join()
+
+    def _run(self, seed: int) -> None:
+        import random
+
+        rng = random.Random(seed)
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            n = 0
+            while not self._stop.is_set():
+                n += 1
+                author = rng.randint(1, 6)
+                isbn = f"churn-{seed}-{n}"
+                with conn.transaction():
+                    conn.execute("INSERT INTO books VALUES (%s, %s, 'Churned', 1, 'x', %s)",
+                                 (isbn, author, rng.randint(1, 9999) / 100))  # fmt: skip
+                    conn.execute("UPDATE books SET price = price + 0.01, authorid = %s "
+                                 "WHERE isbn = (SELECT isbn FROM books WHERE isbn LIKE "
+                                 "'churn-%%' ORDER BY random() LIMIT 1)",
+                                 (rng.randint(1, 6),))  # fmt: skip
+                    conn.execute("UPDATE sales SET qty = qty + 1 WHERE saleid = %s",
+                                 (rng.randint(1, 20),))  # fmt: skip
+                if n % 3 == 0:
+                    conn.execute("DELETE FROM books WHERE isbn = (SELECT isbn FROM books WHERE "
+                                 "isbn LIKE 'churn-%%' ORDER BY random() LIMIT 1)")  # fmt: skip
+                self.count += 1
+                time.sleep(0.002)
+
+
+@pytest.mark.parametrize("point", ["stream_apply", "stream_advance"])
+def test_sigkill_while_applying_loses_nothing(setup: Setup, point: str, tmp_path: Path) -> None:
+    """The owning process killed (SIGKILL) in the middle of applying a batch, or after its
+    commit before the slot is advanced, with writers going on: reopened, the views equal the
+    backend's rows."""
+    import os
+    import subprocess
+    import sys
+
+    store, dsn, consumer = setup
+    maintainer = Maintainer(store, dsn)
+    maintainer.admit("authorlist_pct", [(1,), (2,), (3,)])
+    maintainer.refresh("salescopy")
+    consumer.close()
+    path = store.path
+    store.close()
+    script = tmp_path / "owner.py"
+    script.write_text(OWNER)
+    env = {**os.environ, "MTCACHE_FAULTS": f"{point}:kill"}
+    with Churn(dsn) as churn:
+        time.sleep(0.5)
+        owner = subprocess.run([sys.executable, str(script), dsn, str(path), "30"], env=env,
+                               timeout=120, capture_output=True, text=True)  # fmt: skip
+        assert owner.returncode == -9, owner.stderr  # killed at the fault point
+        time.sleep(0.5)
+        # reopened (without the fault) while the writers go on
+        owner = subprocess.run([sys.executable, str(script), dsn, str(path), "2"],
+                               timeout=120, capture_output=True, text=True)  # fmt: skip
+        assert owner.returncode == 0, owner.stderr
+    with CacheStore(path) as reopened, stream.Consumer(reopened, dsn) as catching_up:
+        catching_up.catch_up()
+        mirrors_backend(reopened, dsn)

@@ -17,6 +17,10 @@ import time
 from collections.abc import Iterable
 
 POINTS = ("after_snapshot", "after_pull", "before_commit", "task")
+# The stream consumer's (cache.maintenance.stream):
+STREAM_POINTS = ("stream_apply", "stream_advance")
+# stream_apply: the stream consumer's batch applied in DuckDB, its position not yet stored;
+# stream_advance: the batch committed with its position, the slot not yet advanced
 # ``after_snapshot:disconnect`` makes the backend terminate the refresh's session (a real
 # server-side disconnect, as a backend restart or a network cut would cause).
 

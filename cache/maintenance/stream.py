@@ -61,6 +61,7 @@ from cache.backend.replication import (
     peek,
     slot_state,
 )
+from cache.maintenance import faults
 from cache.maintenance.lineup import Pending, pending_pulls
 from cache.maintenance.pipeline import Maintainer
 from cache.store.cache_file import CacheStore, DdlResult
@@ -236,6 +237,7 @@ def apply_transactions(
     stream: StreamRow,
     txns: Sequence[Transaction],
     pendings: list[Pending],
+    enabled_faults: frozenset[str] = frozenset(),
 ) -> Applied:
     """Apply whole transactions inside the caller's DuckDB transaction, then stamp the
     regions and record the stream position. ``pendings`` (pulls the stream has not passed)
@@ -243,7 +245,6 @@ def apply_transactions(
     of more than one transaction only when there is none)."""
     stream_time = stream.stream_time
     skip: dict[str, list[str]] = {}
-    assert len(txns) == 1 or not pendings, "with a pull pending, one transaction at a time"
     for pending in list(pendings):
         if pending.passed_by(txns[0].xid, txns[0].commit_lsn):
             con.execute("DELETE FROM mtcache.stream_pulls WHERE snapshot_id = ?",
@@ -253,6 +254,8 @@ def apply_transactions(
         else:
             for view, predicate in pending.predicates.items():
                 skip.setdefault(view, []).append(predicate)
+    assert all(not p.passed_by(x.xid, x.commit_lsn) for p in pendings for x in txns[1:]), \
+        "a run of transactions that leaves the pending pulls as they are (`_run_of`)"  # fmt: skip
     applied = Applied()
     by_table: dict[str, list[tuple[Relation, t.Any]]] = {}
     truncated: set[str] = set()
@@ -284,10 +287,21 @@ def apply_transactions(
             _apply_view(con, schema, cached, staged[cached.table], skip.get(name, []), applied)
     for stage in staged.values():
         stage.close(con)
+    faults.hit("stream_apply", enabled_faults)  # the changes made, the position not yet
     last = txns[-1]
     _stamp(con, schema, stream, last.end_lsn, stream_time, [p.snapshot_id for p in pendings],
            applied)  # fmt: skip
     return applied
+
+
+def _run_of(txns: list[Transaction], pendings: list[Pending]) -> list[Transaction]:
+    """The leading transactions that one `apply_transactions` call may take: the first may
+    pass pending pulls, the others none of those left."""
+    left = [p for p in pendings if not p.passed_by(txns[0].xid, txns[0].commit_lsn)]
+    for index, txn in enumerate(txns[1:], start=1):
+        if any(p.passed_by(txn.xid, txn.commit_lsn) for p in left):
+            return txns[:index]
+    return txns
 
 
 def _later(a: dt.datetime | None, b: dt.datetime | None) -> dt.datetime | None:
@@ -744,6 +758,7 @@ class Consumer:
         self._thread: threading.Thread | None = None
         self._warned: str | None = None
         self.upqueries = 0
+        self.faults = faults.active()
 
     # -- one batch ---------------------------------------------------------------------------
 
@@ -777,31 +792,35 @@ class Consumer:
                 return 0
             applied = load_stream(self.store.con)
             assert applied is not None
+            faults.hit("stream_advance", self.faults)  # applied and stored, not confirmed
             advance(conn, stream.slot, applied.applied_lsn)
             return len(txns)
 
     def _apply(self, stream: StreamRow, txns: list[Transaction]) -> None:
+        """Apply in as few DuckDB transactions as correctness allows: a run of transactions
+        that leaves the pending pulls as they are goes in one; a batch that needs a pull is
+        halved until the one transaction that needs it is found (it goes with its pull)."""
         schema, catalog = self.store.load_schema(), self.store.load_catalog()
-        with self.store.transaction() as con:
-            pendings = pending_pulls(con)
-        if not pendings:
-            try:
-                with self.store.transaction() as con:
-                    done = apply_transactions(con, schema, catalog, stream, txns, [])
-                    self.store.changed(done.views)
-                return
-            except NeedsPull:
-                pass  # one at a time: find the transaction that needs the pull
-        for txn in txns:
+        remaining = list(txns)
+        limit: int | None = None
+        while remaining:
             current = load_stream(self.store.con)
             assert current is not None
+            with self.store.transaction() as con:
+                pendings = pending_pulls(con)
+            group = _run_of(remaining, pendings)[:limit]
             try:
                 with self.store.transaction() as con:
-                    done = apply_transactions(con, schema, catalog, current, [txn],
-                                              pending_pulls(con))  # fmt: skip
+                    done = apply_transactions(con, schema, catalog, current, group, pendings,
+                                              self.faults)  # fmt: skip
                     self.store.changed(done.views)
             except NeedsPull as need:
-                self._upquery(schema, catalog, txn, need)
+                if len(group) > 1:
+                    limit = len(group) // 2
+                    continue
+                self._upquery(schema, catalog, group[0], need)
+            remaining = remaining[len(group) :]
+            limit = None
 
     def _pass_idle(self, stream: StreamRow, flushed: int) -> None:
         """Nothing left to apply up to ``flushed``: every pull whose transactions all
@@ -834,7 +853,8 @@ class Consumer:
         def then(con: duckdb.DuckDBPyConnection, _: int) -> None:
             current = load_stream(con)
             assert current is not None
-            done = apply_transactions(con, schema, catalog, current, [txn], pending_pulls(con))
+            done = apply_transactions(con, schema, catalog, current, [txn],
+                                      pending_pulls(con), self.faults)  # fmt: skip
             self.store.changed(done.views)
 
         maintainer = Maintainer(self.store, self.dsn)
