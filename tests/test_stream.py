@@ -349,6 +349,7 @@ def test_sigkill_while_applying_loses_nothing(setup: Setup, point: str, tmp_path
         owner = subprocess.run([sys.executable, str(script), dsn, str(path), "2"],
                                timeout=120, capture_output=True, text=True)  # fmt: skip
         assert owner.returncode == 0, owner.stderr
+    assert churn.count > 50
     with CacheStore(path) as reopened, stream.Consumer(reopened, dsn) as catching_up:
         catching_up.catch_up()
         mirrors_backend(reopened, dsn)
