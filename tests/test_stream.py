@@ -341,13 +341,14 @@ def test_sigkill_while_applying_loses_nothing(setup: Setup, point: str, tmp_path
     env = {**os.environ, "MTCACHE_FAULTS": f"{point}:kill"}
     with Churn(dsn) as churn:
         time.sleep(0.5)
-        owner = subprocess.run([sys.executable, str(script), dsn, str(path), "30"], env=env,
-                               timeout=120, capture_output=True, text=True, check=False)  # fmt: skip
+        run = [sys.executable, str(script), dsn, str(path)]
+        owner = subprocess.run([*run, "30"], env=env, timeout=120, capture_output=True,
+                               text=True, check=False)  # fmt: skip
         assert owner.returncode == -9, owner.stderr  # killed at the fault point
         time.sleep(0.5)
         # reopened (without the fault) while the writers go on
-        owner = subprocess.run([sys.executable, str(script), dsn, str(path), "2"],
-                               timeout=120, capture_output=True, text=True, check=False)  # fmt: skip
+        owner = subprocess.run([*run, "2"], timeout=120, capture_output=True, text=True,
+                               check=False)  # fmt: skip
         assert owner.returncode == 0, owner.stderr
     assert churn.count > 50
     with CacheStore(path) as reopened, stream.Consumer(reopened, dsn) as catching_up:
