@@ -4,6 +4,7 @@ transactions through the replication slot (cache.maintenance.stream), on a real 
 from __future__ import annotations
 
 import threading
+import typing as t
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -354,3 +355,43 @@ def test_sigkill_while_applying_loses_nothing(setup: Setup, point: str, tmp_path
     with CacheStore(path) as reopened, stream.Consumer(reopened, dsn) as catching_up:
         catching_up.catch_up()
         mirrors_backend(reopened, dsn)
+
+
+def _wait_for(condition: t.Callable[[], bool], seconds: float = 60.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def test_the_consumer_rides_out_an_outage_and_a_dropped_slot(
+    setup: Setup, pg_cluster: EmbeddedPostgres
+) -> None:
+    """The consumer thread keeps going across a backend restart, and makes the slot again
+    (pulling the views anew) when it was dropped at the backend."""
+    store, dsn, _ = setup
+    Maintainer(store, dsn).refresh("salescopy")
+    qty = "SELECT qty FROM salescopy WHERE saleid = 1"
+    runner = stream.Consumer(store.for_thread(), dsn, poll=0.05)
+    runner.start()
+    try:
+        pg(dsn, "UPDATE sales SET qty = 41 WHERE saleid = 1")
+        _wait_for(lambda: local(store, qty) == [(41,)])
+        pg_cluster.stop()
+        time.sleep(2.5)  # the consumer fails, says so once, and retries
+        pg_cluster.ensure_running()
+        pg(dsn, "UPDATE sales SET qty = 42 WHERE saleid = 1")
+        _wait_for(lambda: local(store, qty) == [(42,)])
+
+        row = stream.load_stream(store.con)
+        assert row is not None
+        pg(dsn, "SELECT pg_drop_replication_slot(%s)", (row.slot,))
+        pg(dsn, "UPDATE sales SET qty = 43 WHERE saleid = 1")  # the stream never carries it
+        _wait_for(lambda: local(store, qty) == [(43,)])  # the views were pulled anew
+        pg(dsn, "UPDATE sales SET qty = 44 WHERE saleid = 1")  # the new slot carries it
+        _wait_for(lambda: local(store, qty) == [(44,)])
+    finally:
+        runner.stop()
+        runner.store.close()
+    assert pg(dsn, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s",
+              (row.slot,)) == [(1,)]  # fmt: skip
