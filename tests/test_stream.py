@@ -395,3 +395,33 @@ def test_the_consumer_rides_out_an_outage_and_a_dropped_slot(
         runner.store.close()
     assert pg(dsn, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s",
               (row.slot,)) == [(1,)]  # fmt: skip
+
+
+def test_status_shows_the_stream_and_its_lag(
+    setup: Setup, mtcache_bin: str, clean_env: dict[str, str]
+) -> None:
+    import subprocess
+
+    store, dsn, consumer = setup
+    Maintainer(store, dsn).refresh("salescopy")
+    consumer.catch_up()
+    tight = stream.Consumer(store.for_thread(), dsn, lag_limit=1)
+    tight.start()  # an owning process with a 1-byte lag limit ran here
+    tight.stop()
+    tight.store.close()
+    pg(dsn, "UPDATE sales SET qty = qty + 1")  # not applied: the slot holds it
+    document = stream.stream_status(store, lambda: dsn)
+    assert document is not None
+    assert document["slot_exists"] and document["lag_bytes"] > 1 and document["over_limit"]
+    assert document["problem"] is None and document["lag_limit_bytes"] == 1
+    path = store.path
+    consumer.close()
+    store.close()
+    shown = subprocess.run([mtcache_bin, "--backend", dsn, "--cache", str(path), "status"],
+                           capture_output=True, text=True, env=clean_env, timeout=120,
+                           check=False)  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert "salescopy (sales, white, view-level, refreshed continuously)" in shown.stdout
+    assert "continuously from the WAL" in shown.stdout
+    line = next(x for x in shown.stdout.splitlines() if x.strip().startswith("stream:"))
+    assert "bytes of WAL behind - OVER THE LAG LIMIT" in line

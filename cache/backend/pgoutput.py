@@ -93,6 +93,13 @@ class Other:
 Message = Begin | Commit | Relation | Change | Truncate | Other
 
 
+_INT16 = struct.Struct("!h")
+_RELID = struct.Struct("!I")
+_BEGIN = struct.Struct("!QqI")  # final LSN, commit time, xid
+_COMMIT = struct.Struct("!BQQq")  # flags, commit LSN, end LSN, commit time
+_INT32 = struct.Struct("!i")
+
+
 class _Reader:
     def __init__(self, data: bytes) -> None:
         self.data, self.at = data, 0
@@ -117,19 +124,33 @@ class _Reader:
         return PG_EPOCH + dt.timedelta(microseconds=self.take("!q"))
 
     def tuple(self) -> tuple[Value, ...]:
-        values: list[Value] = []
-        for _ in range(self.take("!h")):
-            kind = chr(self.take("!B"))
-            if kind == "n":
-                values.append(None)
-            elif kind == "u":
-                values.append(UNCHANGED)
-            elif kind == "t":
-                size = self.take("!i")
-                values.append(self.data[self.at : self.at + size].decode())
-                self.at += size
-            else:
-                raise DecodeError(f"unknown column kind {kind!r} (binary values need proto 2)")
+        """TupleData: the hot path of decoding (one per row changed), kept to plain indexing."""
+        data, at = self.data, self.at
+        try:
+            (count,) = _INT16.unpack_from(data, at)
+            at += 2
+            values: list[Value] = []
+            append = values.append
+            for _ in range(count):
+                kind = data[at]
+                at += 1
+                if kind == 0x74:  # t: text
+                    (size,) = _INT32.unpack_from(data, at)
+                    at += 4
+                    append(data[at : at + size].decode())
+                    at += size
+                elif kind == 0x6E:  # n: NULL
+                    append(None)
+                elif kind == 0x75:  # u: unchanged TOASTed value
+                    append(UNCHANGED)
+                else:
+                    raise DecodeError(f"unknown column kind {chr(kind)!r} (binary values need "
+                                      "proto 2)")  # fmt: skip
+        except (IndexError, struct.error):
+            raise DecodeError(f"message ends early at byte {at} ({len(data)} bytes)") from None
+        if at > len(data):
+            raise DecodeError(f"message ends early at byte {at} ({len(data)} bytes)")
+        self.at = at
         return tuple(values)
 
 
@@ -137,8 +158,18 @@ def decode(data: bytes) -> Message:
     """One pgoutput message."""
     if not data:
         raise DecodeError("an empty message")
+    tag = chr(data[0])
+    if tag == "B" and len(data) == 1 + _BEGIN.size:  # the per-transaction messages, unpacked
+        lsn, micros, xid = _BEGIN.unpack_from(data, 1)  # at once: one each per transaction
+        return Begin(lsn, PG_EPOCH + dt.timedelta(microseconds=micros), xid)
+    if tag == "C" and len(data) == 1 + _COMMIT.size:
+        _, lsn, end, micros = _COMMIT.unpack_from(data, 1)  # flags unused
+        return Commit(lsn, end, PG_EPOCH + dt.timedelta(microseconds=micros))
     reader = _Reader(bytes(data))
-    tag = chr(reader.take("!B"))
+    if tag == "U" and len(data) > 6 and data[5] == 0x4E:  # an update with no old key: the
+        reader.at = 6  # common case of the hot path (one per row changed)
+        return Change("update", _RELID.unpack_from(data, 1)[0], None, reader.tuple())
+    reader.take("!B")
     if tag == "B":
         return Begin(reader.take("!Q"), reader.time(), reader.take("!I"))
     if tag == "C":

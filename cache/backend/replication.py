@@ -104,7 +104,7 @@ def peek(
         "SELECT data FROM pg_logical_slot_peek_binary_changes(%s, NULL, %s, "
         "'proto_version', '1', 'publication_names', %s)", (slot, limit, publication)
     ).fetchall()
-    return list(decoder.read(bytes(r[0]) for r in rows))
+    return list(decoder.read(r[0] for r in rows))
 
 
 def advance(conn: psycopg.Connection[t.Any], slot: str, lsn: int) -> None:

@@ -32,6 +32,7 @@ from cache.execution.memo import DEFAULT_BYTES as DEFAULT_MEMO_BYTES
 from cache.execution.memo import memo_for
 from cache.execution.planning import Planner
 from cache.maintenance.background import Background, attach, detach
+from cache.maintenance.stream import DEFAULT_LAG_LIMIT
 from cache.store.cache_file import COUNTERS, CacheStore
 from cache.store.region_state import read_region_state
 from control_tables.regions import RegionState
@@ -88,6 +89,7 @@ class Connection:
         result_memo_bytes: int = DEFAULT_MEMO_BYTES,
         background: bool = True,
         heartbeat: float | None = None,
+        stream_lag_limit: int = DEFAULT_LAG_LIMIT,
     ) -> None:
         self._currency_bound = _bound_seconds(currency_bound)
         self._lock = threading.RLock()  # one call at a time (cache.dbapi.boundary)
@@ -95,6 +97,10 @@ class Connection:
                 heartbeat, int | float) or not heartbeat > 0):  # fmt: skip
             raise ProgrammingError(f"heartbeat must be a positive number of seconds (or None), "
                                    f"not {heartbeat!r}")  # fmt: skip
+        if isinstance(stream_lag_limit, bool) or not isinstance(stream_lag_limit, int) \
+                or stream_lag_limit <= 0:  # fmt: skip
+            raise ProgrammingError(f"stream_lag_limit must be a positive number of bytes, "
+                                   f"not {stream_lag_limit!r}")  # fmt: skip
         if isinstance(result_memo_bytes, bool) or not isinstance(result_memo_bytes, int) \
                 or result_memo_bytes < 0:  # fmt: skip
             raise _errors.ProgrammingError(
@@ -147,7 +153,7 @@ class Connection:
         self._memo = Memo(memo_for(self._store.path, result_memo_bytes),
                           self._store.change_token) if result_memo_bytes else None  # fmt: skip
         if background or heartbeat is not None:
-            self._background = attach(self._store, backend, heartbeat)
+            self._background = attach(self._store, backend, heartbeat, stream_lag_limit)
         self.closed = False
 
     # -- the backend session -------------------------------------------------------------------

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from cache.maintenance.pipeline import SizedEngine
 from cache.maintenance.scheduler import RefreshScheduler
-from cache.maintenance.stream import Consumer
+from cache.maintenance.stream import DEFAULT_LAG_LIMIT, Consumer
 from cache.store.cache_file import CacheStore
 from heartbeat.beat import Heartbeat
 
@@ -43,15 +43,21 @@ _RUNNING: dict[Path, Background] = {}
 _LOCK = threading.Lock()
 
 
-def attach(store: CacheStore, backend: str, heartbeat: float | None = None) -> Background:
+def attach(
+    store: CacheStore,
+    backend: str,
+    heartbeat: float | None = None,
+    lag_limit: int = DEFAULT_LAG_LIMIT,
+) -> Background:
     """The file's background work, started if this is its first user in the process; with a
-    heartbeat every ``heartbeat`` seconds if asked (and none runs yet)."""
+    heartbeat every ``heartbeat`` seconds if asked (and none runs yet); the stream consumer
+    warns when its slot holds more than ``lag_limit`` bytes of WAL."""
     path = store.path.resolve()
     with _LOCK:
         background = _RUNNING.get(path)
         if background is None:
             scheduler = RefreshScheduler(store, backend, SizedEngine(), tick=TICK_SECONDS)
-            consumer = Consumer(store.for_thread(), backend)
+            consumer = Consumer(store.for_thread(), backend, lag_limit=lag_limit)
             background = _RUNNING[path] = Background(path, scheduler, consumer)
             scheduler.start()
             consumer.start()

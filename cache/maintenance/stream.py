@@ -31,6 +31,7 @@ import datetime as dt
 import io
 import json
 import logging
+import operator
 import secrets
 import threading
 import time
@@ -259,6 +260,7 @@ def apply_transactions(
     applied = Applied()
     by_table: dict[str, list[tuple[Relation, t.Any]]] = {}
     truncated: set[str] = set()
+    checked: set[int] = set()  # relations (as described in this batch) checked
     for txn in txns:
         for relation, change in txn.changes:
             if relation.name == HEARTBEAT_TABLE:
@@ -266,7 +268,9 @@ def apply_transactions(
                     beat = _heartbeat_time(relation, change.new)
                     stream_time = _later(stream_time, beat)
                 continue
-            _check_relation(stream, relation)
+            if id(relation) not in checked:
+                _check_relation(stream, relation)
+                checked.add(id(relation))
             by_table.setdefault(relation.name, []).append((relation, change))
         for relation in txn.truncated:
             if relation.name != HEARTBEAT_TABLE:
@@ -380,44 +384,54 @@ def _stage(
     if not changes:
         return stage
     final: dict[tuple[t.Any, ...], tuple[t.Any, ...] | None] = {}
-    touched: dict[tuple[t.Any, ...], None] = {}
+    touched: dict[tuple[t.Any, ...], None] = {}  # keys in the stream's text form
     transfer = dict(columns)
     key_columns = [(k, transfer.get(k) or t.cast(str, transfer_type(types[k])))
                    for k in table.primary_key]  # fmt: skip
-    key_forms = [_text_form(k, kind) for k, kind in key_columns]
-    forms = [_text_form(c, kind) for c, kind in columns]
+    getters: dict[int, tuple[Callable[[t.Any], tuple[t.Any, ...]], ...]] = {}
     for relation, change in changes:
-        names = [c.name for c in relation.columns]
-        keys = [names.index(k) for k in table.primary_key]
-        picks = [names.index(c) for c, _ in columns]
+        got = getters.get(id(relation))
+        if got is None:
+            names = [c.name for c in relation.columns]
+            got = getters[id(relation)] = (
+                _picker([names.index(k) for k in table.primary_key]),
+                _picker([names.index(c) for c, _ in columns]),
+            )
+        key_of, row_of = got
         if change.old is not None:
-            old_key = tuple(f(change.old[i]) for f, i in zip(key_forms, keys, strict=True))
+            old_key = key_of(change.old)
             touched[old_key] = None
             final[old_key] = None
-        if change.new is not None:
-            new = change.new
-            key = tuple(f(new[i]) for f, i in zip(key_forms, keys, strict=True))
-            row = tuple(f(new[i]) for f, i in zip(forms, picks, strict=True))
+        new = change.new
+        if new is not None:
+            key, row = key_of(new), row_of(new)
             previous = final.get(key)
-            if previous is not None and any(v is UNCHANGED for v in row):
+            if previous is not None and UNCHANGED in row:
                 row = tuple(p if v is UNCHANGED else v for v, p in zip(row, previous, strict=True))
             touched[key] = None
             final[key] = row
     stage.count = len(changes)
-    stage.dels = read_csv(_csv(touched), key_columns)
+    stage.dels = read_csv(_csv(touched, key_columns), key_columns)
     rows = [r for r in final.values() if r is not None]
-    if any(any(v is UNCHANGED for v in r) for r in rows):
+    if any(UNCHANGED in r for r in rows):
         # a TOASTed value the update did not send: the row's cached copy has it, else a pull
         flags = [[v is UNCHANGED for v in r] for r in rows]
         rows = [tuple(None if v is UNCHANGED else v for v in r) for r in rows]
-        puts = read_csv(_csv(rows), columns)
+        puts = read_csv(_csv(rows, columns), columns)
         for index, (name, _) in enumerate(columns):
             puts = puts.append_column(f"mtcache_unchanged_{name}",
                                       pa.array([f[index] for f in flags]))  # fmt: skip
         stage.puts = puts
     else:
-        stage.puts = read_csv(_csv(rows), columns)
+        stage.puts = read_csv(_csv(rows, columns), columns)
     return stage
+
+
+def _picker(indexes: list[int]) -> Callable[[t.Any], tuple[t.Any, ...]]:
+    if len(indexes) == 1:
+        (only,) = indexes
+        return lambda row: (row[only],)
+    return operator.itemgetter(*indexes)
 
 
 def _text_form(column: str, kind: str) -> Callable[[t.Any], t.Any]:
@@ -442,13 +456,19 @@ def _text_form(column: str, kind: str) -> Callable[[t.Any], t.Any]:
     return lambda v: v
 
 
-def _csv(rows: Iterable[tuple[t.Any, ...]]) -> bytes:
+def _csv(rows: Iterable[tuple[t.Any, ...]], columns: list[tuple[str, str]]) -> bytes:
     """PostgreSQL text values as the CSV `read_csv` reads a pull's rows from (NULL unquoted
-    and empty, every other value quoted)."""
+    and empty, every other value quoted), in the text form a pull sends (`_text_form`)."""
+    forms = [(i, _text_form(c, kind)) for i, (c, kind) in enumerate(columns)
+             if kind in (BPCHAR, "TIMESTAMPTZ")]  # fmt: skip
     out = io.StringIO()
+    write = out.write
     for row in rows:
-        out.write(",".join("" if v is None else '"' + v.replace('"', '""') + '"' for v in row))
-        out.write("\n")
+        values = list(row) if forms else row
+        for index, form in forms:
+            values[index] = form(values[index])  # type: ignore[index]
+        write(",".join("" if v is None else '"' + v.replace('"', '""') + '"' for v in values))
+        write("\n")
     return out.getvalue().encode()
 
 
@@ -501,17 +521,23 @@ def _apply_view(
             raise NeedsPull(_regions_of(con, view, lacking_rows))
     row = con.execute(f"DELETE FROM {name} v WHERE ({keep}) AND {touched}").fetchone()
     deleted = int(row[0]) if row else 0
-    con.execute(
-        f"CREATE OR REPLACE TEMP TABLE mtcache_arrived AS SELECT {idents(view.columns)} "
-        f"FROM {source} p WHERE ({_qualifies(schema, view, 'p')}) AND ({keep}) AND NOT EXISTS "
+    arriving = (
+        f"SELECT {idents(view.columns)} FROM {source} p WHERE ({_qualifies(schema, view, 'p')}) "
+        f"AND ({keep}) AND NOT EXISTS "
         f"(SELECT 1 FROM {name} v WHERE {equal_columns(view.key, 'v', 'p')})"
     )
+    if not children and view.completeness is None:  # nothing looks at the rows that arrived
+        row = con.execute(f"INSERT INTO {name} ({idents(view.columns)}) {arriving}").fetchone()
+        if unchanged:
+            con.execute("DROP TABLE mtcache_merged")
+        _count(applied, view, row, deleted)
+        return
+    con.execute(f"CREATE OR REPLACE TEMP TABLE mtcache_arrived AS {arriving}")
     if unchanged:
         con.execute("DROP TABLE mtcache_merged")
     row = con.execute(
         f"INSERT INTO {name} ({idents(view.columns)}) SELECT * FROM mtcache_arrived"
     ).fetchone()
-    inserted = int(row[0]) if row else 0
     try:
         _admit_completeness_keys(con, schema, view)
         for child, edge in children:
@@ -531,9 +557,15 @@ def _apply_view(
                 _delete_children(con, schema, child, edge.columns, gone, applied)
     finally:
         con.execute("DROP TABLE mtcache_arrived")
-    if deleted or inserted:
+    _count(applied, view, row, deleted)
+
+
+def _count(applied: Applied, view: CachedView, inserted: tuple[t.Any, ...] | None,
+           deleted: int) -> None:  # fmt: skip
+    changed = deleted + (int(inserted[0]) if inserted else 0)
+    if changed:
         applied.views.add(view.name)
-        applied.changes += deleted + inserted
+        applied.changes += changed
 
 
 def _distinct(con: duckdb.DuckDBPyConnection, query: str) -> set[tuple[t.Any, ...]]:
@@ -759,6 +791,7 @@ class Consumer:
         self._warned: str | None = None
         self.upqueries = 0
         self.faults = faults.active()
+        self._catalog_at: tuple[int, Catalog] | None = None
 
     # -- one batch ---------------------------------------------------------------------------
 
@@ -800,7 +833,7 @@ class Consumer:
         """Apply in as few DuckDB transactions as correctness allows: a run of transactions
         that leaves the pending pulls as they are goes in one; a batch that needs a pull is
         halved until the one transaction that needs it is found (it goes with its pull)."""
-        schema, catalog = self.store.load_schema(), self.store.load_catalog()
+        schema, catalog = self.store.load_schema(), self._catalog()
         remaining = list(txns)
         limit: int | None = None
         while remaining:
@@ -821,6 +854,13 @@ class Consumer:
                 self._upquery(schema, catalog, group[0], need)
             remaining = remaining[len(group) :]
             limit = None
+
+    def _catalog(self) -> Catalog:
+        """The shadow catalog, read again only after DDL or a reflect saved it."""
+        version = self.store.catalog_version
+        if self._catalog_at is None or self._catalog_at[0] != version:
+            self._catalog_at = (version, self.store.load_catalog())
+        return self._catalog_at[1]
 
     def _pass_idle(self, stream: StreamRow, flushed: int) -> None:
         """Nothing left to apply up to ``flushed``: every pull whose transactions all
@@ -914,7 +954,9 @@ class Consumer:
                     problem = stream.problem if stream is not None else None
                     raise OperationalError(f"the stream cannot be applied: {problem or 'none'}")
                 if stream.applied_lsn >= target or _nothing_left(conn, stream, target):
-                    self.step()  # passes the pulls the stream has reached, if idle now
+                    if self.store.con.execute("SELECT count(*) FROM mtcache.stream_pulls"
+                                              ).fetchone() != (0,):  # fmt: skip
+                        self.step()  # passes the pulls the stream has reached, if idle now
                     return total
             if time.monotonic() > deadline:
                 raise OperationalError(f"the stream did not reach {lsn_text(target)} in "
@@ -922,6 +964,10 @@ class Consumer:
             time.sleep(self.poll)
 
     def start(self) -> None:
+        with contextlib.suppress(duckdb.Error), self.store.transaction() as con:
+            # what `mtcache status` compares the slot's lag with
+            con.execute("INSERT OR REPLACE INTO mtcache.meta VALUES ('stream_lag_limit', ?)",
+                        [str(self.lag_limit)])  # fmt: skip
         self._thread = threading.Thread(target=self._run, name="mtcache-stream", daemon=True)
         self._thread.start()
 
@@ -986,13 +1032,16 @@ def _nothing_left(conn: psycopg.Connection[t.Any], stream: StreamRow, target: in
     return bool(rows is not None and rows[0] == 0)
 
 
-def stream_status(
-    store: CacheStore, dsn: Callable[[], str] | None, lag_limit: int = DEFAULT_LAG_LIMIT
-) -> dict[str, t.Any] | None:
-    """The stream's part of `mtcache status` (lag in bytes needs the backend)."""
+def stream_status(store: CacheStore, dsn: Callable[[], str] | None) -> dict[str, t.Any] | None:
+    """The stream's part of `mtcache status` (lag in bytes needs the backend), against the
+    lag limit of the owning process that ran last."""
     stream = load_stream(store.con)
     if stream is None:
         return None
+    row = store.con.execute(
+        "SELECT value FROM mtcache.meta WHERE key = 'stream_lag_limit'"
+    ).fetchone()
+    lag_limit = int(row[0]) if row else DEFAULT_LAG_LIMIT
     lag_bytes = None
     exists = None
     if dsn is not None:

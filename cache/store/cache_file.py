@@ -91,6 +91,7 @@ class _Shared:
 
     version: int = 0  # bumped after every committed change of the file
     schema_version: int = 0  # bumped by DDL only
+    catalog_version: int = 0  # bumped when the shadow catalog is saved
     lock: threading.RLock = field(default_factory=threading.RLock)
     # held across a write's COMMIT and its version bump, and to read a change token: a reader
     # that saw a commit's rows or stamps never gets a token from before it (a memo entry made
@@ -287,6 +288,11 @@ class CacheStore:
         )
 
     @property
+    def catalog_version(self) -> int:
+        """Bumped whenever the shadow catalog is saved (reflect, DDL)."""
+        return self._shared.catalog_version
+
+    @property
     def schema_version(self) -> int:
         """Bumped by DDL only: plans depend on the schema, not on region contents."""
         return self._shared.schema_version
@@ -380,6 +386,8 @@ class CacheStore:
                 "INSERT OR REPLACE INTO mtcache.meta VALUES ('text_byte_order', ?)",
                 [str(catalog.text_byte_order).lower()],
             )
+        with self._shared.lock:
+            self._shared.catalog_version += 1
 
     def has_catalog(self) -> bool:
         row = self.con.execute("SELECT count(*) FROM mtcache.backend_tables").fetchone()
