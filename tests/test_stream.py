@@ -4,8 +4,8 @@ transactions through the replication slot (cache.maintenance.stream), on a real 
 from __future__ import annotations
 
 import threading
-import typing as t
 import time
+import typing as t
 from collections.abc import Iterator
 from pathlib import Path
 
