@@ -523,9 +523,11 @@ def _apply_view(
     deleted = int(row[0]) if row else 0
     arriving = (
         f"SELECT {idents(view.columns)} FROM {source} p WHERE ({_qualifies(schema, view, 'p')}) "
-        f"AND ({keep}) AND NOT EXISTS "
-        f"(SELECT 1 FROM {name} v WHERE {equal_columns(view.key, 'v', 'p')})"
+        f"AND ({keep})"
     )
+    if skip:  # a row a pending pull holds was kept above: it stays as pulled
+        arriving += f" AND NOT EXISTS (SELECT 1 FROM {name} v WHERE " \
+                    f"{equal_columns(view.key, 'v', 'p')})"  # fmt: skip
     if not children and view.completeness is None:  # nothing looks at the rows that arrived
         row = con.execute(f"INSERT INTO {name} ({idents(view.columns)}) {arriving}").fetchone()
         if unchanged:
@@ -839,8 +841,7 @@ class Consumer:
         while remaining:
             current = load_stream(self.store.con)
             assert current is not None
-            with self.store.transaction() as con:
-                pendings = pending_pulls(con)
+            pendings = pending_pulls(self.store.con)  # only pulls (this thread) add to them
             group = _run_of(remaining, pendings)[:limit]
             try:
                 with self.store.transaction() as con:
