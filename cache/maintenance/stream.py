@@ -135,10 +135,16 @@ def apply_ddl(
         return store.apply_ddl(statements, catalog)
     _check_replica_identity(after, catalog)
     with connect_backend(dsn, autocommit=True) as conn:
-        ensure_table(conn)
+        ensure_table(conn)  # in the backend's default schema, wherever that is
+        row = conn.execute(
+            "SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE c.oid = to_regclass(%s)", (HEARTBEAT_TABLE,)
+        ).fetchone()  # fmt: skip
+        assert row is not None
+        heartbeat = (row[0], HEARTBEAT_TABLE)
         relations = _relation_signatures(conn, tables)
     name = current.slot if current is not None else SLOT_PREFIX + secrets.token_hex(8)
-    create_publication(dsn, name, [*tables, ("public", HEARTBEAT_TABLE)])
+    create_publication(dsn, name, [*tables, heartbeat])
     if current is not None:
         # the new tables' changes come from now on; the new views are empty until pulled
         return store.apply_ddl(statements, catalog,
