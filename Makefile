@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck bench-refresh bench-query bench-tpch clean
+.PHONY: demo test lint typecheck bench-refresh bench-query bench-tpch bench-maintenance clean
 
 $(STAMP): pyproject.toml scripts/ensure-system-deps.sh
 	bash scripts/ensure-system-deps.sh
@@ -34,6 +34,9 @@ bench-tpch: $(VENV)/.experiments
 
 bench-statement-size: $(VENV)/.experiments
 	$(PY) -m experiments.bench_statement_size
+
+bench-maintenance: $(VENV)/.experiments
+	$(PY) -m experiments.bench_maintenance
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check cache optimizer control_tables heartbeat sql_ext experiments tests

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
-import threading
 import time
 import typing as t
 from collections import deque
@@ -29,6 +28,7 @@ import psycopg
 from psycopg import errors as pg_errors
 
 from heartbeat.clock import DRIFT, BackendClock, from_samples
+from heartbeat.loop import Loop
 
 log = logging.getLogger("mtcache.heartbeat")
 
@@ -83,8 +83,7 @@ class Heartbeat:
     failures: int = 0  # beats that could not reach the backend
     _samples: deque[tuple[float, float, float]] = field(
         default_factory=lambda: deque(maxlen=WINDOW))  # fmt: skip
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
+    _loop: Loop = field(default_factory=lambda: Loop("mtcache-heartbeat"))
 
     def __post_init__(self) -> None:
         if not self.interval > 0:
@@ -108,7 +107,7 @@ class Heartbeat:
         conn: psycopg.Connection[t.Any] | None = None
         down = False
         try:
-            while not self._stop.is_set():
+            while not self._loop.stopping.is_set():
                 try:
                     if conn is None or conn.closed:
                         conn = psycopg.connect(self.dsn, autocommit=True)
@@ -126,7 +125,7 @@ class Heartbeat:
                     if not down and on_failure is not None:
                         on_failure(exc)  # once per outage
                     down = True
-                self._stop.wait(self.interval)
+                self._loop.stopping.wait(self.interval)
         finally:
             if conn is not None:
                 conn.close()
@@ -134,14 +133,7 @@ class Heartbeat:
 
     def start(self) -> None:
         """Beat in a daemon thread of this process."""
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=self.run, kwargs={"on_failure": lambda e: log.warning("heartbeat: %s", e)},
-                name="mtcache-heartbeat", daemon=True)  # fmt: skip
-            self._thread.start()
+        self._loop.start(self.run, on_failure=lambda e: log.warning("heartbeat: %s", e))
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._loop.stop()

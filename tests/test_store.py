@@ -237,6 +237,30 @@ def test_a_script_is_all_or_nothing(store: CacheStore) -> None:
             NotSupportedError,
             "must be view-level consistent",
         ),
+        (
+            "CREATE CACHED VIEW t AS SELECT * FROM sales WHERE qty > 1 REFRESH CONTINUOUSLY",
+            NotSupportedError,
+            "selects whole rows of its table",
+        ),
+        (
+            "CREATE CACHED VIEW t AS SELECT isbn, authorid FROM books PRESENCE ON (authorid) IN "
+            "authorcopy CONSISTENCY ROOT REFRESH CONTINUOUSLY",
+            ProgrammingError,
+            "declare REFRESH CONTINUOUSLY on authorcopy instead",
+        ),
+        (
+            "CREATE CACHED VIEW t AS SELECT * FROM books PRESENCE ON (authorid) IN authorcopy "
+            "CONSISTENCY ON ALL REFRESH CONTINUOUSLY",
+            ProgrammingError,
+            "its parent authorcopy is not",
+        ),
+        (
+            "CREATE CONTROL TABLE q (reviewerid INT); CREATE CACHED VIEW r AS SELECT * FROM "
+            "reviewers PRESENCE ON (reviewerid) IN q REFRESH CONTINUOUSLY; CREATE CACHED VIEW rv "
+            "AS SELECT * FROM reviews PRESENCE ON (reviewerid) IN r CONSISTENCY ON ALL",
+            ProgrammingError,
+            "controlled by r, which is maintained continuously",
+        ),
         ("DROP CONTROL TABLE authorlist_pct", ProgrammingError, "still a control of authorcopy"),
         ("DROP CACHED VIEW authorlist_pct", ProgrammingError, "is a control table"),
         ("DROP CACHED VIEW nothing", ProgrammingError, "there is no cached view 'nothing'"),

@@ -87,6 +87,20 @@ def test_ddl_makes_and_drops_the_slot(setup: Setup) -> None:
                                        "REFRESH CONTINUOUSLY"), fetch_catalog(dsn))  # fmt: skip
 
 
+def test_a_table_without_a_primary_key_is_refused(setup: Setup) -> None:
+    store, dsn, _ = setup
+    pg(dsn, "CREATE TABLE IF NOT EXISTS tags (tag text NOT NULL UNIQUE, note text)")
+    before = local(store, "SELECT name FROM mtcache.objects ORDER BY name")
+    with pytest.raises(stream.NotSupportedError, match="needs a primary key on tags"):
+        stream.apply_ddl(store, dsn, parse("CREATE CACHED VIEW tagcopy AS SELECT * FROM tags "
+                                           "REFRESH CONTINUOUSLY"), fetch_catalog(dsn))  # fmt: skip
+    assert local(store, "SELECT name FROM mtcache.objects ORDER BY name") == before
+    # the same view refreshed by pulls is fine
+    stream.apply_ddl(store, dsn, parse("CREATE CACHED VIEW tagcopy AS SELECT * FROM tags"),
+                     fetch_catalog(dsn))  # fmt: skip
+    stream.apply_ddl(store, dsn, parse("DROP CACHED VIEW tagcopy"), fetch_catalog(dsn))
+
+
 def test_changes_reach_the_views_through_the_stream(setup: Setup) -> None:
     store, dsn, consumer = setup
     maintainer = Maintainer(store, dsn)

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import threading
 
 from cache.maintenance.engines import Engine
 from cache.maintenance.pipeline import Maintainer
 from cache.maintenance.report import Report
 from cache.store.cache_file import CacheStore
 from cache.store.refresh_times import refresh_times
+from heartbeat.loop import Loop
 
 log = logging.getLogger("mtcache.scheduler")
 
@@ -43,8 +43,7 @@ class RefreshScheduler:
         self.tick = tick
         self.reports: list[Report] = []
         self.errors: list[str] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = Loop("mtcache-refresh")
 
     def run_once(self, now: dt.datetime | None = None) -> list[Report]:
         now = now or dt.datetime.now(dt.UTC)
@@ -62,18 +61,12 @@ class RefreshScheduler:
         return done
 
     def start(self) -> None:
-        if self._thread is not None:
-            return
-        self._thread = threading.Thread(target=self._loop, name="mtcache-refresh", daemon=True)
-        self._thread.start()
+        self._loop.start(self._run)
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._loop.stop()
         self.store.close()
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self.tick):
+    def _run(self) -> None:
+        while not self._loop.stopping.wait(self.tick):
             self.run_once()

@@ -33,7 +33,6 @@ import json
 import logging
 import operator
 import secrets
-import threading
 import time
 import typing as t
 from collections.abc import Callable, Iterable, Sequence
@@ -72,6 +71,7 @@ from control_tables.script import apply_script
 from control_tables.types import BPCHAR, transfer_type
 from heartbeat.beat import TABLE as HEARTBEAT_TABLE
 from heartbeat.beat import ensure_table
+from heartbeat.loop import Loop
 from sql_ext import Presence, Statement
 from sql_ext.catalog import Catalog
 from sql_ext.errors import NotSupportedError, OperationalError, first_line
@@ -794,8 +794,7 @@ class Consumer:
         self.poll = poll
         self.lag_limit = lag_limit
         self._conn: psycopg.Connection[t.Any] | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = Loop("mtcache-stream")
         self._warned: str | None = None
         self.upqueries = 0
         self.faults = faults.active()
@@ -975,20 +974,17 @@ class Consumer:
             # what `mtcache status` compares the slot's lag with
             con.execute("INSERT OR REPLACE INTO mtcache.meta VALUES ('stream_lag_limit', ?)",
                         [str(self.lag_limit)])  # fmt: skip
-        self._thread = threading.Thread(target=self._run, name="mtcache-stream", daemon=True)
-        self._thread.start()
+        self._loop.start(self._run)
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+        self._loop.stop()
         self._close()
 
     def _run(self) -> None:
-        while not self._stop.is_set():
+        while not self._loop.stopping.is_set():
             try:
                 if load_stream(self.store.con) is None:  # no continuous view (yet)
-                    self._stop.wait(IDLE_SECONDS)
+                    self._loop.stopping.wait(IDLE_SECONDS)
                     continue
                 applied = self.step()
             except Exception as exc:  # the backend away, mostly: try again later
@@ -996,13 +992,13 @@ class Consumer:
                 if self._warned != "error":
                     log.warning("stream consumer: %s (retrying)", first_line(exc))
                     self._warned = "error"
-                self._stop.wait(2.0)
+                self._loop.stopping.wait(2.0)
                 continue
             if self._warned == "error":
                 log.warning("stream consumer: applying again")
                 self._warned = None
             if not applied:
-                self._stop.wait(self.poll)
+                self._loop.stopping.wait(self.poll)
 
     def close(self) -> None:
         """Close the backend connection (`step` and `catch_up` open it again)."""
