@@ -82,6 +82,7 @@ log = logging.getLogger("mtcache.stream")
 SLOT_PREFIX = "mtcache_"
 KEEP_SNAPSHOTS = 200  # stream snapshot rows kept (status and the measured delay read the last)
 IDLE_SECONDS = 1.0  # how often a consumer without a stream looks for one
+ADVANCE_SECONDS = 1.0  # the slot is confirmed at most this often while batches come
 DEFAULT_LAG_LIMIT = 1 << 30  # bytes of WAL the slot may hold back before status warns
 
 
@@ -799,6 +800,7 @@ class Consumer:
         self.upqueries = 0
         self.faults = faults.active()
         self._catalog_at: tuple[int, Catalog] | None = None
+        self._advanced_at = 0.0  # monotonic time the slot was last advanced
 
     # -- one batch ---------------------------------------------------------------------------
 
@@ -822,7 +824,7 @@ class Consumer:
                                     self.batch) if x.end_lsn > stream.applied_lsn]  # fmt: skip
             if not txns:
                 if state.confirmed_lsn is not None and state.confirmed_lsn < stream.applied_lsn:
-                    advance(conn, stream.slot, stream.applied_lsn)
+                    self._advance(conn, stream.slot, stream.applied_lsn)
                 self._pass_idle(stream, flushed)
                 return 0
             try:
@@ -832,9 +834,17 @@ class Consumer:
                 return 0
             applied = load_stream(self.store.con)
             assert applied is not None
-            faults.hit("stream_advance", self.faults)  # applied and stored, not confirmed
-            advance(conn, stream.slot, applied.applied_lsn)
+            if time.monotonic() - self._advanced_at >= ADVANCE_SECONDS:
+                self._advance(conn, stream.slot, applied.applied_lsn)
             return len(txns)
+
+    def _advance(self, conn: psycopg.Connection[t.Any], slot: str, lsn: int) -> None:
+        """Confirm to the backend what the cache file holds (it may recycle that WAL). Not
+        after every batch: the position is safe in the file already, and advancing decodes
+        the WAL from the slot's restart point again (as every peek does)."""
+        faults.hit("stream_advance", self.faults)  # applied and stored, not confirmed
+        advance(conn, slot, lsn)
+        self._advanced_at = time.monotonic()
 
     def _apply(self, stream: StreamRow, txns: list[Transaction]) -> None:
         """Apply in as few DuckDB transactions as correctness allows: a run of transactions
