@@ -28,6 +28,7 @@ a seed reproduces the run's choices (thread timing still varies).
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import dataclasses
 import datetime as dt
@@ -99,6 +100,20 @@ SPARK_FAULTS = ["task", "task:kill"]  # a task raising; a task's Python worker k
 # in turns: Spark's before the kills, so that its JVM has had time to start since the last kill
 FAULTS = [("fail", p) for p in FAIL_POINTS] + [("spark", p) for p in SPARK_FAULTS] + \
     [("kill", p) for p in KILL_POINTS]  # fmt: skip
+
+
+def next_fault(done: collections.Counter[str], spark: bool, ready: bool) -> tuple[str, str]:
+    """The kind whose turns are fewest (in FAULTS order on a tie). Spark's wait for the JVM;
+    meanwhile the others go, except a kill that is ahead of them: a kill restarts the
+    owner and its JVM, so kills wait for Spark's turns (a slow start on a busy machine must
+    starve neither)."""
+    lowest_spark = min((done[p] for k, p in FAULTS if k == "spark"), default=0)
+    possible = [
+        (kind, point) for kind, point in FAULTS
+        if (kind != "spark" or (spark and ready))
+        and (kind != "kill" or not spark or done[point] <= lowest_spark)
+    ]  # fmt: skip
+    return min(possible, key=lambda f: (done[f[1]], FAULTS.index(f)))
 
 
 def group_of(account: int) -> int:
@@ -195,7 +210,7 @@ class Owner:
     incarnation: int
     journal: Journal
     spark: bool
-    faults_done: int  # by the incarnations before this one
+    faults_done: dict[str, int]  # each fault point's turns, by the incarnations before this one
     parent: int = field(default_factory=os.getppid)
     spark_ready: threading.Event = field(default_factory=threading.Event)  # its JVM is up
 
@@ -340,7 +355,7 @@ def maintainer(run: Owner) -> None:
     if run.spark:
         actions.append("spark_refresh")
         weights.append(1)
-    rotation = run.faults_done  # the faults take turns across the owner's incarnations
+    done = collections.Counter(run.faults_done)  # turns so far, across incarnations
     while run.running():
         try:
             with cache.Admin.open(run.cache_path, run.dsn) as admin:
@@ -374,13 +389,8 @@ def maintainer(run: Owner) -> None:
                         spark = spark or _spark()
                         admin.refresh(view, engine=spark)
                     else:
-                        kind, point = FAULTS[rotation % len(FAULTS)]
-                        if kind == "spark" and not (run.spark and run.spark_ready.is_set()):
-                            if run.spark:
-                                continue  # its turn waits for the JVM
-                            rotation += 1  # no Spark in this run: its turns are skipped
-                            continue
-                        rotation += 1
+                        kind, point = next_fault(done, run.spark, run.spark_ready.is_set())
+                        done[point] += 1
                         if kind == "spark":
                             spark = spark or _spark()
                         # a kill ends this process: the parent counts it from this line;
@@ -505,8 +515,9 @@ def supervisor(run: Run) -> None:
     while run.deadline - time.time() > 3:
         number += 1
         journal = run.work / f"owner-{number}.jsonl"
-        faults_done = sum(1 for path in run.incarnations for r in read_journal(path)
-                          if r["kind"] == "armed")  # fmt: skip
+        armed = [r for path in run.incarnations for r in read_journal(path)
+                 if r["kind"] == "armed"]  # fmt: skip
+        faults_done = collections.Counter(r["point"] for r in armed)
         config = {"dsn": run.dsn, "cache_path": str(run.cache_path), "seed": run.seed,
                   "deadline": run.deadline, "incarnation": number, "journal": str(journal),
                   "spark": run.spark, "faults_done": faults_done}  # fmt: skip

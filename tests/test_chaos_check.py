@@ -101,3 +101,25 @@ def test_own_writes_are_seen_table_by_table() -> None:
     assert check(TIMELINE, [observe(untouched, floor_tick=3, bound=100.0)]).violations == []
     verdict = check(TIMELINE, [observe(written, floor_tick=3, bound=100.0)])
     assert len(verdict.violations) == 1 and "own write (tick 2" in verdict.violations[0]
+
+
+def test_fault_turns_starve_no_kind() -> None:
+    """The fewest-turns kind goes next; Spark's kinds wait for the JVM while the others go,
+    but a kill (which restarts the JVM) does not run ahead of Spark's kinds."""
+    import collections
+
+    from experiments.chaos import FAULTS, next_fault
+
+    done: collections.Counter[str] = collections.Counter()
+    order = []
+    for _ in range(len(FAULTS) + 4):  # the JVM never ready: Spark's turns wait
+        kind, point = next_fault(done, spark=True, ready=False)
+        done[point] += 1
+        order.append(kind)
+    assert "spark" not in order
+    assert order.count("kill") == len([f for f in FAULTS if f[0] == "kill"])  # once each
+    kind, _ = next_fault(done, spark=True, ready=True)  # the JVM is up: Spark's turn
+    assert kind == "spark"
+    assert next_fault(collections.Counter(), spark=False, ready=False)[0] == "fail"
+    no_spark = collections.Counter({p: 1 for k, p in FAULTS if k == "fail"})
+    assert next_fault(no_spark, spark=False, ready=False)[0] == "kill"  # kills need no JVM

@@ -804,9 +804,10 @@ class Consumer:
 
     # -- one batch ---------------------------------------------------------------------------
 
-    def step(self) -> int:
+    def step(self, confirm: bool = True) -> int:
         """Apply the complete transactions the slot holds (up to about ``batch`` messages);
-        the number applied."""
+        the number applied. ``confirm``: also confirm the slot to the backend when due (at
+        most once a second; `catch_up` leaves it to the next step or `close`)."""
         with self.store.stream_lock:
             stream = load_stream(self.store.con)
             if stream is None or stream.problem is not None:
@@ -834,7 +835,7 @@ class Consumer:
                 return 0
             applied = load_stream(self.store.con)
             assert applied is not None
-            if time.monotonic() - self._advanced_at >= ADVANCE_SECONDS:
+            if confirm and time.monotonic() - self._advanced_at >= ADVANCE_SECONDS:
                 self._advance(conn, stream.slot, applied.applied_lsn)
             return len(txns)
 
@@ -964,7 +965,7 @@ class Consumer:
             flushed = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
             assert flushed is not None
             if lsn_value(flushed[0]) >= target:
-                total += self.step()
+                total += self.step(confirm=False)
                 stream = load_stream(self.store.con)
                 if stream is None or stream.problem is not None:
                     problem = stream.problem if stream is not None else None
@@ -972,7 +973,7 @@ class Consumer:
                 if stream.applied_lsn >= target or _nothing_left(conn, stream, target):
                     if self.store.con.execute("SELECT count(*) FROM mtcache.stream_pulls"
                                               ).fetchone() != (0,):  # fmt: skip
-                        self.step()  # passes the pulls the stream has reached, if idle now
+                        self.step(confirm=False)  # passes the pulls the stream has reached
                     return total
             if time.monotonic() > deadline:
                 raise OperationalError(f"the stream did not reach {lsn_text(target)} in "
@@ -980,15 +981,16 @@ class Consumer:
             time.sleep(self.poll)
 
     def start(self) -> None:
-        with contextlib.suppress(duckdb.Error), self.store.transaction() as con:
-            # what `mtcache status` compares the slot's lag with
-            con.execute("INSERT OR REPLACE INTO mtcache.meta VALUES ('stream_lag_limit', ?)",
-                        [str(self.lag_limit)])  # fmt: skip
+        if load_stream(self.store.con) is not None:
+            with contextlib.suppress(duckdb.Error), self.store.transaction() as con:
+                # what `mtcache status` compares the slot's lag with
+                con.execute("INSERT OR REPLACE INTO mtcache.meta VALUES "
+                            "('stream_lag_limit', ?)", [str(self.lag_limit)])  # fmt: skip
         self._loop.start(self._run)
 
     def stop(self) -> None:
         self._loop.stop()
-        self._close()
+        self.close()
 
     def _run(self) -> None:
         while not self._loop.stopping.is_set():
@@ -1011,8 +1013,21 @@ class Consumer:
                 self._loop.stopping.wait(self.poll)
 
     def close(self) -> None:
-        """Close the backend connection (`step` and `catch_up` open it again)."""
+        """Confirm the slot up to what the file holds (best effort: the file is what counts)
+        and close the backend connection (`step` and `catch_up` open it again)."""
+        self.confirm()
         self._close()
+
+    def confirm(self) -> None:
+        """Confirm the slot up to the position the cache file holds, if it is behind."""
+        with contextlib.suppress(Exception), self.store.stream_lock:
+            stream = load_stream(self.store.con)
+            if stream is None or self._conn is None or self._conn.closed:
+                return
+            state = slot_state(self._conn, stream.slot)
+            if state.confirmed_lsn is not None and state.confirmed_lsn < stream.applied_lsn:
+                advance(self._conn, stream.slot, stream.applied_lsn)
+                self._advanced_at = time.monotonic()
 
     def __enter__(self) -> Consumer:
         return self
