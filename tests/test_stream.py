@@ -158,6 +158,18 @@ def test_changes_reach_the_views_through_the_stream(setup: Setup) -> None:
     assert slot_state(consumer._connection(), row.slot).confirmed_lsn == row.applied_lsn
 
 
+def test_truncate_then_insert_in_one_transaction(setup: Setup) -> None:
+    """TRUNCATE and the rows inserted after it in the same transaction arrive in order."""
+    store, dsn, consumer = setup
+    Maintainer(store, dsn).refresh("salescopy")
+    consumer.catch_up()
+    pg(dsn, "BEGIN; CREATE TEMP TABLE keep AS SELECT * FROM sales WHERE saleid <= 3; "
+       "TRUNCATE sales; INSERT INTO sales SELECT * FROM keep; COMMIT")  # fmt: skip
+    consumer.catch_up()
+    assert local(store, "SELECT count(*) FROM salescopy") == [(3,)]
+    mirrors_backend(store, dsn)
+
+
 def test_a_pull_lines_up_with_the_stream(setup: Setup) -> None:
     """Transactions the pull's snapshot already holds are not applied to its regions again;
     the ones after it are."""

@@ -228,7 +228,9 @@ class Transaction:
     end_lsn: int = 0
     commit_time: dt.datetime = PG_EPOCH
     changes: list[tuple[Relation, Change]] = field(default_factory=list)
-    truncated: list[Relation] = field(default_factory=list)
+    # relations truncated, each after how many of ``changes`` (the order matters: a TRUNCATE
+    # and the rows inserted after it in one transaction)
+    truncated: list[tuple[int, Relation]] = field(default_factory=list)
 
 
 @dataclass
@@ -260,7 +262,8 @@ class Transactions:
                 if isinstance(message, Change):
                     current.changes.append((self._relation(message.relid), message))
                 else:
-                    current.truncated += [self._relation(r) for r in message.relids]
+                    at = len(current.changes)
+                    current.truncated += [(at, self._relation(r)) for r in message.relids]
 
     def _relation(self, relid: int) -> Relation:
         relation = self.relations.get(relid)

@@ -269,7 +269,9 @@ def apply_transactions(
     truncated: set[str] = set()
     checked: set[int] = set()  # relations (as described in this batch) checked
     for txn in txns:
-        for relation, change in txn.changes:
+        cuts = list(txn.truncated)
+        for index, (relation, change) in enumerate(txn.changes):
+            _truncate_until(index, cuts, stream, truncated, by_table)
             if relation.name == HEARTBEAT_TABLE:
                 if change.new is not None:
                     beat = _heartbeat_time(relation, change.new)
@@ -279,11 +281,7 @@ def apply_transactions(
                 _check_relation(stream, relation)
                 checked.add(id(relation))
             by_table.setdefault(relation.name, []).append((relation, change))
-        for relation in txn.truncated:
-            if relation.name != HEARTBEAT_TABLE:
-                _check_relation(stream, relation)
-                truncated.add(relation.name)
-                by_table.pop(relation.name, None)  # later changes start from empty
+        _truncate_until(len(txn.changes), cuts, stream, truncated, by_table)
     views = schema.continuous_views()
     staged: dict[str, _Staged] = {}
     for name in views:
@@ -303,6 +301,23 @@ def apply_transactions(
     _stamp(con, schema, stream, last.end_lsn, stream_time, [p.snapshot_id for p in pendings],
            applied)  # fmt: skip
     return applied
+
+
+def _truncate_until(
+    index: int,
+    cuts: list[tuple[int, Relation]],
+    stream: StreamRow,
+    truncated: set[str],
+    by_table: dict[str, list[tuple[Relation, t.Any]]],
+) -> None:
+    """The TRUNCATEs of a transaction that came before its change ``index``: the table's
+    changes so far no longer matter (its views empty out), the ones after start afresh."""
+    while cuts and cuts[0][0] <= index:
+        _, cut = cuts.pop(0)
+        if cut.name != HEARTBEAT_TABLE:
+            _check_relation(stream, cut)
+            truncated.add(cut.name)
+            by_table.pop(cut.name, None)
 
 
 def _run_of(txns: list[Transaction], pendings: list[Pending]) -> list[Transaction]:
