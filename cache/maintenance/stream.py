@@ -72,7 +72,7 @@ from control_tables.types import BPCHAR, transfer_type
 from heartbeat.beat import TABLE as HEARTBEAT_TABLE
 from heartbeat.beat import ensure_table
 from heartbeat.loop import Loop
-from sql_ext import Presence, Statement
+from sql_ext import CreateCachedView, Presence, Statement
 from sql_ext.catalog import Catalog
 from sql_ext.errors import NotSupportedError, OperationalError, first_line
 from sql_ext.quoting import equal_columns, ident, idents
@@ -132,8 +132,14 @@ def apply_ddl(
                 drop_slot(dsn, current.slot)
                 drop_publication(dsn, current.publication)
         return result
-    if current is not None and tables == _stream_tables(before, catalog):
+    created = [st.name for st in statements
+               if isinstance(st, CreateCachedView) and after.continuous(st.name)]  # fmt: skip
+    if current is not None and tables == _stream_tables(before, catalog) and not (
+        current.problem and created
+    ):  # fmt: skip
         return store.apply_ddl(statements, catalog)
+    # (a stopped stream resumes once continuous views are created again: they are checked
+    # against the backend's catalog of now, whose columns the stream is signed with anew)
     _check_replica_identity(after, catalog)
     with connect_backend(dsn, autocommit=True) as conn:
         ensure_table(conn)  # in the backend's default schema, wherever that is
@@ -415,6 +421,14 @@ def _stage(
         got = getters.get(id(relation))
         if got is None:
             names = [c.name for c in relation.columns]
+            missing = [c for c in [*table.primary_key, *(c for c, _ in columns)]
+                       if c not in names]  # fmt: skip
+            if missing:
+                raise StreamProblem(
+                    f"table {relation.schema}.{relation.name} has no column "
+                    f"{', '.join(missing)} any more: continuous maintenance stopped; recreate "
+                    "the cached views of that table (DROP CACHED VIEW, CREATE CACHED VIEW)"
+                )
             got = getters[id(relation)] = (
                 _picker([names.index(k) for k in table.primary_key]),
                 _picker([names.index(c) for c, _ in columns]),
