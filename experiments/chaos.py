@@ -116,6 +116,14 @@ def next_fault(done: collections.Counter[str], spark: bool, ready: bool) -> tupl
     return min(possible, key=lambda f: (done[f[1]], FAULTS.index(f)))
 
 
+def turns_taken(records: list[dict[str, t.Any]]) -> collections.Counter[str]:
+    """Each fault point's turns in the journal records: armed, less the kills that missed
+    (the refresh failed before reaching the point; the owner lived on)."""
+    done = collections.Counter(r["point"] for r in records if r["kind"] == "armed")
+    done.subtract(r["point"] for r in records if r["kind"] == "disarmed" and r.get("missed"))
+    return done
+
+
 def group_of(account: int) -> int:
     return account % GROUPS
 
@@ -403,7 +411,11 @@ def maintainer(run: Owner) -> None:
                         with contextlib.suppress(Exception):  # the cache is as it was: checked
                             Maintainer(store, run.dsn, spark if kind == "spark" else None,
                                        faults_enabled=[point]).refresh(view)  # fmt: skip
-                        run.journal.write("disarmed", point=point)
+                        # still alive after a kill's turn: the refresh failed before its point
+                        # (a terminated session, a restart): not a turn, it comes again
+                        missed = kind == "kill"
+                        done[point] -= missed
+                        run.journal.write("disarmed", point=point, missed=missed)
                     run.note("operations", f"maintain {action}")
                     run.journal.write("event", at=began, what=f"{action} {view} "
                                       f"{began:.3f}-{time.time():.3f}")  # fmt: skip
@@ -515,9 +527,7 @@ def supervisor(run: Run) -> None:
     while run.deadline - time.time() > 3:
         number += 1
         journal = run.work / f"owner-{number}.jsonl"
-        armed = [r for path in run.incarnations for r in read_journal(path)
-                 if r["kind"] == "armed"]  # fmt: skip
-        faults_done = collections.Counter(r["point"] for r in armed)
+        faults_done = turns_taken([r for path in run.incarnations for r in read_journal(path)])
         config = {"dsn": run.dsn, "cache_path": str(run.cache_path), "seed": run.seed,
                   "deadline": run.deadline, "incarnation": number, "journal": str(journal),
                   "spark": run.spark, "faults_done": faults_done}  # fmt: skip

@@ -123,3 +123,23 @@ def test_fault_turns_starve_no_kind() -> None:
     assert next_fault(collections.Counter(), spark=False, ready=False)[0] == "fail"
     no_spark = collections.Counter({p: 1 for k, p in FAULTS if k == "fail"})
     assert next_fault(no_spark, spark=False, ready=False)[0] == "kill"  # kills need no JVM
+
+
+def test_a_kill_that_missed_its_point_is_not_a_turn() -> None:
+    """A kill's refresh that failed before its point (the owner lived on) comes again: the
+    next incarnation counts it as not taken (under load the short run missed a kill kind)."""
+    from experiments.chaos import next_fault, turns_taken
+
+    records = [
+        {"kind": "armed", "point": "after_pull"},
+        {"kind": "disarmed", "point": "after_pull", "missed": False},  # a failure's turn
+        {"kind": "armed", "point": "after_pull:kill"},
+        {"kind": "disarmed", "point": "after_pull:kill", "missed": True},  # no kill happened
+        {"kind": "armed", "point": "before_commit:kill"},  # the owner died here: taken
+    ]
+    done = turns_taken(records)
+    assert (done["after_pull"], done["after_pull:kill"], done["before_commit:kill"]) == (1, 0, 1)
+    done.update({p: 1 for p in ("after_snapshot", "after_snapshot:disconnect", "before_commit",
+                                "task", "task:kill",
+                                "after_snapshot:kill")})  # fmt: skip
+    assert next_fault(done, spark=False, ready=False) == ("kill", "after_pull:kill")
