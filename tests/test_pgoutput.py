@@ -1,6 +1,7 @@
 """pgoutput decoding (cache/backend/pgoutput.py) on a real stream: a slot made with an exported
-snapshot over a replication connection, changes peeked through the SQL interface, grouped into
-transactions in commit order with PostgreSQL's text values."""
+snapshot over a replication connection, changes peeked through the SQL interface (and streamed:
+cache/backend/replication.SlotStream), grouped into transactions in commit order with
+PostgreSQL's text values."""
 
 from __future__ import annotations
 
@@ -15,12 +16,12 @@ import pytest
 from cache.backend.embedded_pg import EmbeddedPostgres
 from cache.backend.pgoutput import UNCHANGED, DecodeError, Transactions, decode, lsn_text, lsn_value
 from cache.backend.replication import (
-    advance,
+    SlotStream,
     create_publication,
     create_slot,
     drop_slot,
-    peek,
     slot_state,
+    wal_mark,
 )
 
 PEEK = ("SELECT data FROM pg_logical_slot_peek_binary_changes('t_slot', NULL, NULL, "
@@ -90,13 +91,15 @@ def test_a_stream_decodes_into_transactions_in_commit_order(stream: tuple[str, s
     assert lsn_text(lsn_value(consistent)) == consistent
 
 
-def test_a_batch_ending_mid_transaction_keeps_nothing_of_it(stream: tuple[str, str]) -> None:
+def test_a_batch_ending_mid_transaction_goes_on_with_it(stream: tuple[str, str]) -> None:
     dsn, _ = stream
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("INSERT INTO items VALUES (5, 'five', 5, NULL)")
         rows = peek_raw(conn, 1)
-    assert list(Transactions().read(rows[:-1])) == []  # no Commit yet
-    assert len(list(Transactions().read(rows))) == 1
+    decoder = Transactions()
+    assert list(decoder.read(rows[:-1])) == []  # no Commit yet: kept for the next read
+    assert [tx.changes[0][1].new for tx in decoder.read(rows[-1:])] == [("5", "five", "5.00", None)]
+    assert decoder.unfinished is None
 
 
 @pytest.mark.parametrize(
@@ -120,25 +123,55 @@ def test_a_change_before_its_relation_is_a_decode_error() -> None:
         list(Transactions().read([begin, insert]))
 
 
-def test_peeking_does_not_consume_and_advancing_confirms(stream: tuple[str, str]) -> None:
-    """The consumer's cycle: peek, apply, store the LSN, advance; a peek after a crash before
-    the advance sees the same transactions again (the stored LSN says which to skip)."""
-    dsn, _ = stream
+def test_streaming_from_a_position_and_confirming(stream: tuple[str, str]) -> None:
+    """The consumer's cycle: stream from the stored position, apply, store the LSN, confirm;
+    a session started again after a crash before the confirmation streams from the stored
+    position (what came before it is not sent), and a session holds the slot until it ends."""
+    dsn, consistent = stream
     with psycopg.connect(dsn, autocommit=True) as conn:
         for i in range(3):
             conn.execute("INSERT INTO items VALUES (%s, 'n', 1, NULL)", (10 + i,))
-        peek_raw(conn, 3)  # flushed
-        first = peek(conn, "t_slot", "t_pub", Transactions())
-        assert len(first) == 3
-        again = peek(conn, "t_slot", "t_pub", Transactions())
-        assert [tx.commit_lsn for tx in again] == [tx.commit_lsn for tx in first]
-        advance(conn, "t_slot", first[1].end_lsn)
-        state = slot_state(conn, "t_slot")
-        assert state.exists and state.confirmed_lsn is not None
-        assert state.confirmed_lsn >= first[1].end_lsn and state.lag_bytes is not None
-        rest = peek(conn, "t_slot", "t_pub", Transactions())
+        mark = wal_mark(conn)  # after the three, flushed
+    first = _streamed(dsn, lsn_value(consistent), mark)
+    assert [[c.new[0] for _, c in tx.changes] for tx in first] == [["10"], ["11"], ["12"]]
+    assert [c.new for _, c in first[2].changes] == [("12", "n", "1.00", None)]  # text form
+
+    session = SlotStream(dsn, "t_slot", "t_pub", first[1].end_lsn, lsn_value(consistent))
+    try:
+        decoder = Transactions()
+        rest: list[t.Any] = []
+        while session.reached <= mark:
+            rest += decoder.read(session.messages(1000, wait=0.2))
+            session.ping()
         assert [tx.commit_lsn for tx in rest] == [first[2].commit_lsn]
-        assert [c.new for _, c in rest[0].changes] == [("12", "n", "1.00", None)]  # text form
-    assert drop_slot(dsn, "t_slot") and not drop_slot(dsn, "t_slot")
+        with pytest.raises(psycopg.errors.ObjectInUse):  # one session per slot
+            SlotStream(dsn, "t_slot", "t_pub", first[1].end_lsn, 0)
+        session.confirm(first[1].end_lsn, wait=5.0)
+        with psycopg.connect(dsn) as conn:
+            state = slot_state(conn, "t_slot")
+        assert state.exists and state.confirmed_lsn == first[1].end_lsn
+        assert state.lag_bytes is not None and state.lag_bytes > 0
+    finally:
+        session.close()
+    # an active session does not stop the slot from being dropped: it is ended first
+    session = SlotStream(dsn, "t_slot", "t_pub", first[1].end_lsn, 0)
+    try:
+        assert drop_slot(dsn, "t_slot") and not drop_slot(dsn, "t_slot")
+    finally:
+        session.close()
     with psycopg.connect(dsn) as conn:
         assert not slot_state(conn, "t_slot").exists
+
+
+def _streamed(dsn: str, start: int, until: int) -> list[t.Any]:
+    """The transactions streamed from ``start`` until the server has passed ``until``."""
+    session = SlotStream(dsn, "t_slot", "t_pub", start, 0)
+    decoder, found = Transactions(), []
+    deadline = time.monotonic() + 60
+    try:
+        while session.reached <= until and time.monotonic() < deadline:
+            found += decoder.read(session.messages(1000, wait=0.2))
+            session.ping()
+    finally:
+        session.close()
+    return found

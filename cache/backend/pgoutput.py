@@ -2,8 +2,9 @@
 stream consumer of continuously maintained views reads (SPEC §6; the design in
 docs/decisions.md, "Continuous maintenance from the WAL").
 
-The messages come one per row from ``pg_logical_slot_peek_binary_changes(slot, ..,
-'proto_version', '1', 'publication_names', pub)``. `decode` turns one into a typed message;
+The messages come one by one from a streaming session (cache/backend/replication.SlotStream)
+or, one per row, from ``pg_logical_slot_peek_binary_changes(slot, .., 'proto_version', '1',
+'publication_names', pub)``. `decode` turns one into a typed message;
 `Transactions` groups a stream of them into whole backend transactions in commit order,
 resolving each change's relation from the Relation messages seen so far (pgoutput sends a
 relation's description before its first change in a session, and again when it changes).
@@ -67,10 +68,10 @@ class Relation:
     columns: tuple[Column, ...]
 
 
-@dataclass(frozen=True)
-class Change:
+class Change(t.NamedTuple):
     """An insert, update or delete of one row; ``old`` is the key (or the whole old row under
-    REPLICA IDENTITY FULL) when pgoutput sends it, ``new`` the row after (None for a delete)."""
+    REPLICA IDENTITY FULL) when pgoutput sends it, ``new`` the row after (None for a delete).
+    (A named tuple: one is made per row changed.)"""
 
     kind: t.Literal["insert", "update", "delete"]
     relid: int
@@ -238,12 +239,33 @@ class Transactions:
     """Groups decoded messages into whole transactions (relations remembered across them)."""
 
     relations: dict[int, Relation] = field(default_factory=dict)
+    unfinished: Transaction | None = None  # begun, its commit not read yet
 
     def read(self, messages: Iterable[bytes]) -> Iterator[Transaction]:
-        """The complete transactions in ``messages`` (a batch ending mid-transaction keeps
-        nothing of the unfinished one: peek again from its Begin)."""
-        current: Transaction | None = None
+        """The transactions ``messages`` complete (a batch ending mid-transaction: the next
+        read goes on with it)."""
+        current, self.unfinished = self.unfinished, None
+        relations = self.relations
         for data in messages:
+            tag = data[0] if data else 0
+            # the hot path, one message per row changed and two per transaction: an update
+            # without its old key, a Begin and a Commit, unpacked in place
+            if tag == 0x55 and current is not None and len(data) > 6 and data[5] == 0x4E:
+                (relid,) = _RELID.unpack_from(data, 1)
+                relation = relations.get(relid) or self._relation(relid)
+                reader = _Reader(data)
+                reader.at = 6
+                current.changes.append((relation, Change("update", relid, None, reader.tuple())))
+                continue
+            if tag == 0x42 and len(data) == 1 + _BEGIN.size:
+                current = Transaction(_BEGIN.unpack_from(data, 1)[2])
+                continue
+            if tag == 0x43 and current is not None and len(data) == 1 + _COMMIT.size:
+                _, current.commit_lsn, current.end_lsn, micros = _COMMIT.unpack_from(data, 1)
+                current.commit_time = PG_EPOCH + dt.timedelta(microseconds=micros)
+                yield current
+                current = None
+                continue
             message = decode(data)
             if isinstance(message, Relation):
                 self.relations[message.relid] = message
@@ -264,6 +286,7 @@ class Transactions:
                 else:
                     at = len(current.changes)
                     current.truncated += [(at, self._relation(r)) for r in message.relids]
+        self.unfinished = current
 
     def _relation(self, relid: int) -> Relation:
         relation = self.relations.get(relid)

@@ -1,26 +1,32 @@
 """The backend side of continuous maintenance (SPEC §6): a publication and a logical
-replication slot per cache file, read through the SQL interface (psycopg cannot run
-START_REPLICATION), decoded by `cache.backend.pgoutput`.
+replication slot per cache file, read as a stream (START_REPLICATION over psycopg's libpq
+wrapper) and decoded by `cache.backend.pgoutput`.
 
 `create_slot` makes the slot over a replication connection with an exported snapshot and
 keeps that connection open while the caller pulls in the snapshot (the snapshot lives only as
 long as the connection that exported it, idle): the pull and the stream meet exactly at the
-slot's consistent point. `peek` reads the complete transactions after the slot's confirmed
-position without consuming them; `advance` confirms up to an LSN once the changes are safely
-applied (the consumer stores the LSN with them, so a crash in between re-reads and skips).
+slot's consistent point. `SlotStream` is one streaming session: the backend decodes each
+transaction once, as it commits, and pushes it; the consumer confirms what it has applied
+with standby status updates (it stores the LSN with the changes, so a crash before a
+confirmation streams again from its stored position and skips nothing, applies nothing
+twice). `wal_mark` gives a position the stream must pass to have brought everything
+committed before it.
 """
 
 from __future__ import annotations
 
+import select
+import struct
+import time
 import typing as t
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import psycopg
-from psycopg import sql
+from psycopg import pq, sql
 
-from cache.backend.pgoutput import Transaction, Transactions, lsn_text, lsn_value
+from cache.backend.pgoutput import lsn_text, lsn_value
 from cache.backend.reflect import connect_backend
 from sql_ext.errors import translate
 
@@ -74,14 +80,25 @@ def create_slot(dsn: str, slot: str) -> Iterator[SlotStart]:
         yield SlotStart(lsn_value(row[1]), row[2])
 
 
-def drop_slot(dsn: str, slot: str) -> bool:
-    """Drop the slot if it exists (a slot left behind holds the backend's WAL)."""
+def drop_slot(dsn: str, slot: str, wait: float = 10.0) -> bool:
+    """Drop the slot if it exists (a slot left behind holds the backend's WAL), ending the
+    session that streams it, if any (a process of this cache file that is gone, or going)."""
+    deadline = time.monotonic() + wait
     with connect_backend(dsn, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(pg_drop_replication_slot(slot_name)) FROM pg_replication_slots "
-            "WHERE slot_name = %s", (slot,)
-        ).fetchone()
-    return bool(row and row[0])
+        while True:
+            conn.execute("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+                         "WHERE slot_name = %s AND active_pid IS NOT NULL", (slot,))  # fmt: skip
+            try:
+                row = conn.execute(
+                    "SELECT count(pg_drop_replication_slot(slot_name)) FROM "
+                    "pg_replication_slots WHERE slot_name = %s", (slot,)
+                ).fetchone()
+            except psycopg.errors.ObjectInUse:  # its session is still ending
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+                continue
+            return bool(row and row[0])
 
 
 def slot_state(conn: psycopg.Connection[t.Any], slot: str) -> SlotState:
@@ -94,19 +111,122 @@ def slot_state(conn: psycopg.Connection[t.Any], slot: str) -> SlotState:
     return SlotState(True, lsn_value(row[0]) if row[0] else None, row[1])
 
 
-def peek(
-    conn: psycopg.Connection[t.Any], slot: str, publication: str, decoder: Transactions,
-    limit: int = 10_000,
-) -> list[Transaction]:  # fmt: skip
-    """The complete transactions after the slot's confirmed position (up to about ``limit``
-    messages), not consumed."""
-    rows = conn.execute(
-        "SELECT data FROM pg_logical_slot_peek_binary_changes(%s, NULL, %s, "
-        "'proto_version', '1', 'publication_names', %s)", (slot, limit, publication)
-    ).fetchall()
-    return list(decoder.read(r[0] for r in rows))
+def wal_mark(conn: psycopg.Connection[t.Any]) -> int:
+    """A WAL position after every transaction committed so far, flushed: a logical message in
+    a transaction of its own, committed synchronously (decoding reads flushed WAL only; the
+    publication does not carry messages, so the stream passes it silently)."""
+    with conn.transaction():
+        conn.execute("SET LOCAL synchronous_commit = on")
+        row = conn.execute("SELECT pg_logical_emit_message(true, 'mtcache', '')::text").fetchone()
+    assert row is not None
+    return lsn_value(row[0])
 
 
-def advance(conn: psycopg.Connection[t.Any], slot: str, lsn: int) -> None:
-    """Confirm everything up to ``lsn`` applied: the backend may recycle that WAL."""
-    conn.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, lsn_text(lsn)))
+PG_EPOCH_UNIX = 946_684_800  # 2000-01-01, where the protocol's microseconds count from
+XLOG_DATA = 25  # 'w', start LSN, end LSN, send time: then the pgoutput message
+KEEPALIVE = struct.Struct("!QqB")  # after 'k': the server's WAL position, send time, reply?
+STATUS = struct.Struct("!cQQQqB")  # 'r', written, flushed, applied, client time, reply?
+
+
+class SlotStream:
+    """One streaming session of a slot from ``start`` (`messages`: the pgoutput messages in
+    commit order; `reached`: a position the server has sent everything before; `confirm`:
+    the slot may recycle WAL up to an LSN). One thread at a time."""
+
+    def __init__(self, dsn: str, slot: str, publication: str, start: int, confirmed: int):
+        self.slot = slot
+        self.confirmed = confirmed  # what this session last told the server is applied
+        self.reached = 0
+        self._keepalives = 0
+        self._held: list[bytes] = []  # messages read while waiting for a reply
+        self._conn = connect_backend(dsn, autocommit=True, replication="database")
+        self._pg = self._conn.pgconn
+        command = sql.SQL(
+            "START_REPLICATION SLOT {} LOGICAL {} (proto_version '1', publication_names {})"
+        ).format(sql.Identifier(slot), sql.SQL(lsn_text(start)), sql.Literal(publication))
+        self._pg.send_query(command.as_bytes(self._conn))
+        result = self._pg.get_result()
+        if result is None or result.status != pq.ExecStatus.COPY_BOTH:
+            error = (psycopg.errors.error_from_result(result) if result is not None
+                     else psycopg.OperationalError(self._error()))  # fmt: skip
+            self._conn.close()
+            raise error
+
+    def messages(self, limit: int, wait: float = 0.0) -> list[bytes]:
+        """The messages that have arrived (up to about ``limit``); if none, waiting up to
+        ``wait`` seconds for the server to send something (a keepalive ends the wait too)."""
+        out, self._held = self._held, []
+        self._pump(out, limit, wait, lambda: True)
+        return out
+
+    def confirm(self, lsn: int, wait: float = 0.0) -> None:
+        """Tell the server everything up to ``lsn`` is applied; with ``wait``, until it has
+        taken it in (its reply), at most that many seconds."""
+        seen = self._keepalives
+        self._send(lsn, reply=wait > 0)
+        if wait > 0:
+            self._pump(self._held, 1 << 30, wait, lambda: self._keepalives > seen)
+
+    def ping(self) -> None:
+        """Ask the server where it is (its reply moves `reached`)."""
+        self._send(self.confirmed, reply=True)
+
+    def fileno(self) -> int:
+        return self._pg.socket
+
+    def close(self, confirm: int | None = None) -> None:
+        """End the session (the slot is free for the next), confirming ``confirm`` first."""
+        try:
+            if confirm is not None and confirm > self.confirmed:
+                self.confirm(confirm, wait=2.0)
+        finally:
+            self._conn.close()
+
+    def _pump(self, out: list[bytes], limit: int, wait: float, done: t.Callable[[], bool]) -> None:
+        deadline = time.monotonic() + wait
+        pg, taken, drained = self._pg, 0, False
+        while len(out) < limit:
+            size, data = pg.get_copy_data(1)
+            if size > 0:
+                taken, drained = taken + 1, False
+                self._take(data, out)
+                continue
+            if size < 0:
+                raise self._ended(size)
+            if not drained:  # what the socket holds already
+                pg.consume_input()
+                drained = True
+                continue
+            remaining = deadline - time.monotonic()
+            if ((taken or out) and done()) or remaining <= 0:
+                return
+            select.select([pg.socket], [], [], remaining)
+            pg.consume_input()
+
+    def _take(self, data: t.Any, out: list[bytes]) -> None:
+        kind = data[0]
+        if kind == 0x77:  # 'w': XLogData
+            out.append(bytes(data[XLOG_DATA:]))
+        elif kind == 0x6B:  # 'k': keepalive (everything before its position has been sent)
+            position, _, reply = KEEPALIVE.unpack_from(data, 1)
+            self.reached = max(self.reached, position)
+            self._keepalives += 1
+            if reply:
+                self._send(self.confirmed, reply=False)
+
+    def _send(self, lsn: int, reply: bool) -> None:
+        now = int((time.time() - PG_EPOCH_UNIX) * 1_000_000)
+        if self._pg.put_copy_data(STATUS.pack(b"r", lsn, lsn, lsn, now, reply)) != 1 or \
+                self._pg.flush() != 0:  # fmt: skip
+            raise psycopg.OperationalError(self._error())
+        self.confirmed = max(self.confirmed, lsn)
+
+    def _ended(self, size: int) -> Exception:
+        if size == -1:  # the server ended the stream: its reason is in the result
+            result = self._pg.get_result()
+            if result is not None and result.status == pq.ExecStatus.FATAL_ERROR:
+                return psycopg.errors.error_from_result(result)
+        return psycopg.OperationalError(self._error() or "the replication stream ended")
+
+    def _error(self) -> str:
+        return self._pg.error_message.decode(errors="replace").strip()

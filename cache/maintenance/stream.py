@@ -33,6 +33,7 @@ import json
 import logging
 import operator
 import secrets
+import select
 import time
 import typing as t
 from collections.abc import Callable, Iterable, Sequence
@@ -49,17 +50,16 @@ from cache.backend.pgoutput import (
     Transaction,
     Transactions,
     lsn_text,
-    lsn_value,
 )
 from cache.backend.reflect import connect_backend
 from cache.backend.replication import (
-    advance,
+    SlotStream,
     create_publication,
     create_slot,
     drop_publication,
     drop_slot,
-    peek,
     slot_state,
+    wal_mark,
 )
 from cache.maintenance import faults
 from cache.maintenance.lineup import Pending, pending_pulls
@@ -82,7 +82,9 @@ log = logging.getLogger("mtcache.stream")
 SLOT_PREFIX = "mtcache_"
 KEEP_SNAPSHOTS = 200  # stream snapshot rows kept (status and the measured delay read the last)
 IDLE_SECONDS = 1.0  # how often a consumer without a stream looks for one
-ADVANCE_SECONDS = 1.0  # the slot is confirmed at most this often while batches come
+CONFIRM_SECONDS = 1.0  # the slot is confirmed at most this often while batches come
+CHECK_SECONDS = 1.0  # the slot's lag is looked at this often
+IN_USE_SECONDS = 10.0  # a slot still streamed by a session that is ending (a killed owner's)
 DEFAULT_LAG_LIMIT = 1 << 30  # bytes of WAL the slot may hold back before status warns
 
 
@@ -120,7 +122,18 @@ def apply_ddl(
 ) -> DdlResult:
     """Apply cache DDL, keeping the publication and the slot in step with the continuously
     maintained views: made (the slot with the first such view) before the DuckDB commit and
-    dropped again if it fails; dropped after the commit that removes the last such view."""
+    dropped again if it fails; dropped after the commit that removes the last such view. The
+    file's stream consumers wait meanwhile, their sessions ended (they start again from the
+    file's position, with the relations as they are now)."""
+    with store.stream_lock:
+        if load_stream(store.con) is not None:
+            store.release_streams()
+        return _apply_ddl(store, dsn, statements, catalog)
+
+
+def _apply_ddl(
+    store: CacheStore, dsn: str, statements: Sequence[Statement], catalog: Catalog
+) -> DdlResult:
     before = store.load_schema()
     after, _ = apply_script(before, statements, catalog)
     tables = _stream_tables(after, catalog)
@@ -806,8 +819,10 @@ def _stamp(
 
 
 class Consumer:
-    """Reads the file's slot and applies it: `step` once (a batch), `catch_up` until the
-    stream reaches the backend's position, `start`/`stop` as a thread of the owning process."""
+    """Streams the file's slot and applies it: `step` once (a batch), `catch_up` until the
+    stream has passed the backend's position of now, `start`/`stop` as a thread of the owning
+    process. The streaming session stays open between steps (`release` ends it: the cache
+    DDL does, before it changes the slot)."""
 
     def __init__(
         self,
@@ -824,57 +839,98 @@ class Consumer:
         self.poll = poll
         self.lag_limit = lag_limit
         self._conn: psycopg.Connection[t.Any] | None = None
+        self._source: SlotStream | None = None
+        self._decoder = Transactions()
         self._loop = Loop("mtcache-stream")
         self._warned: str | None = None
         self.upqueries = 0
         self.faults = faults.active()
         self._catalog_at: tuple[int, Catalog] | None = None
-        self._advanced_at = 0.0  # monotonic time the slot was last advanced
+        self._confirmed_at = 0.0  # monotonic time the slot was last confirmed
+        self._checked_at = 0.0  # monotonic time the slot's lag was last looked at
+        store.hold_stream(self)
 
     # -- one batch ---------------------------------------------------------------------------
 
-    def step(self, confirm: bool = True) -> int:
-        """Apply the complete transactions the slot holds (up to about ``batch`` messages);
-        the number applied. ``confirm``: also confirm the slot to the backend when due (at
-        most once a second; `catch_up` leaves it to the next step or `close`)."""
+    def step(self, confirm: bool = True, wait: float = 0.0) -> int:
+        """Apply the complete transactions the stream has brought (up to about ``batch``
+        messages; with none there yet, waiting up to ``wait`` seconds for some); the number
+        applied. ``confirm``: also confirm the slot to the backend when due (at most once a
+        second while batches come, and when the stream goes idle)."""
         with self.store.stream_lock:
             stream = load_stream(self.store.con)
             if stream is None or stream.problem is not None:
-                return 0
-            conn = self._connection()
-            state = slot_state(conn, stream.slot)
-            if not state.exists:
-                self._recover(stream)
-                return 0
-            self._check_lag(state.lag_bytes)
-            row = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
-            assert row is not None
-            flushed = lsn_value(row[0])  # before the peek: what it decodes at least
-            txns = [x for x in peek(conn, stream.slot, stream.publication, Transactions(),
-                                    self.batch) if x.end_lsn > stream.applied_lsn]  # fmt: skip
-            if not txns:
-                if state.confirmed_lsn is not None and state.confirmed_lsn < stream.applied_lsn:
-                    self._advance(conn, stream.slot, stream.applied_lsn)
-                self._pass_idle(stream, flushed)
+                self.release()
                 return 0
             try:
-                self._apply(stream, txns)
-            except StreamProblem as exc:
-                self._report(str(exc))
-                return 0
-            applied = load_stream(self.store.con)
-            assert applied is not None
-            if confirm and time.monotonic() - self._advanced_at >= ADVANCE_SECONDS:
-                self._advance(conn, stream.slot, applied.applied_lsn)
-            return len(txns)
+                source = self._open(stream)
+                if source is None:
+                    return 0
+                txns = [x for x in self._decoder.read(source.messages(self.batch, wait))
+                        if x.end_lsn > stream.applied_lsn]  # fmt: skip
+                if not txns:
+                    self._pass_idle(stream, source.reached)
+                    if confirm and source.confirmed < stream.applied_lsn:
+                        self._confirm(source, stream.applied_lsn, wait=1.0)
+                    return 0
+                try:
+                    self._apply(stream, txns)
+                except StreamProblem as exc:
+                    self._report(str(exc))
+                    self.release()
+                    return 0
+                applied = load_stream(self.store.con)
+                assert applied is not None
+                if confirm and time.monotonic() - self._confirmed_at >= CONFIRM_SECONDS:
+                    self._confirm(source, applied.applied_lsn)
+                return len(txns)
+            except BaseException:
+                # what was read goes with the session: the next starts from the file's position
+                self.release()
+                raise
 
-    def _advance(self, conn: psycopg.Connection[t.Any], slot: str, lsn: int) -> None:
+    def _open(self, stream: StreamRow) -> SlotStream | None:
+        """The streaming session, started from the file's position if there is none (None:
+        the slot was gone; it is made again and the views pulled anew)."""
+        source = self._source
+        if source is not None and source.slot == stream.slot:
+            if time.monotonic() - self._checked_at >= CHECK_SECONDS:
+                self._check_lag(slot_state(self._connection(), stream.slot).lag_bytes)
+                self._checked_at = time.monotonic()
+            return source
+        self.store.release_streams()  # this one's, and another consumer's of this process
+        state = slot_state(self._connection(), stream.slot)
+        if not state.exists:
+            self._recover(stream)
+            return None
+        self._check_lag(state.lag_bytes)
+        self._checked_at = time.monotonic()
+        deadline = time.monotonic() + IN_USE_SECONDS
+        while True:
+            try:
+                source = SlotStream(self.dsn, stream.slot, stream.publication,
+                                    stream.applied_lsn, state.confirmed_lsn or 0)  # fmt: skip
+                break
+            except psycopg.errors.ObjectInUse as exc:  # a session that is ending holds it
+                if time.monotonic() > deadline:
+                    raise OperationalError(
+                        f"replication slot {stream.slot} is streamed by another session "
+                        f"({first_line(exc)}): is another process applying this cache file's "
+                        "stream? Close it, or end that session at the backend"
+                    ) from exc
+                time.sleep(0.2)
+            except psycopg.errors.UndefinedObject:  # dropped since we looked
+                self._recover(stream)
+                return None
+        self._source, self._decoder = source, Transactions()
+        return source
+
+    def _confirm(self, source: SlotStream, lsn: int, wait: float = 0.0) -> None:
         """Confirm to the backend what the cache file holds (it may recycle that WAL). Not
-        after every batch: the position is safe in the file already, and advancing decodes
-        the WAL from the slot's restart point again (as every peek does)."""
+        after every batch: the position is safe in the file already."""
         faults.hit("stream_advance", self.faults)  # applied and stored, not confirmed
-        advance(conn, slot, lsn)
-        self._advanced_at = time.monotonic()
+        source.confirm(lsn, wait)
+        self._confirmed_at = time.monotonic()
 
     def _apply(self, stream: StreamRow, txns: list[Transaction]) -> None:
         """Apply in as few DuckDB transactions as correctness allows: a run of transactions
@@ -908,13 +964,13 @@ class Consumer:
             self._catalog_at = (version, self.store.load_catalog())
         return self._catalog_at[1]
 
-    def _pass_idle(self, stream: StreamRow, flushed: int) -> None:
-        """Nothing left to apply up to ``flushed``: every pull whose transactions all
-        committed before it is passed (the stream holds all it saw), with no transaction to
-        show it."""
+    def _pass_idle(self, stream: StreamRow, reached: int) -> None:
+        """Everything committed before ``reached`` is applied: every pull whose transactions
+        all committed before it is passed (the stream holds all it saw), with no transaction
+        to show it."""
         with self.store.transaction() as con:
             pendings = pending_pulls(con)
-            passed = [p for p in pendings if p.until_lsn <= flushed]
+            passed = [p for p in pendings if p.until_lsn <= reached]
             if not passed:
                 return
             schema = self.store.load_schema()
@@ -981,33 +1037,30 @@ class Consumer:
     # -- running ---------------------------------------------------------------------------------
 
     def catch_up(self, timeout: float = 60.0) -> int:
-        """Apply until the stream has reached the backend's WAL position of now (waiting for
-        the backend to flush it: logical decoding reads flushed WAL only); the number of
+        """Apply until the stream has passed the backend's WAL position of now (a mark made
+        in the WAL: everything committed before the call is applied); the number of
         transactions applied."""
-        conn = self._connection()
-        row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
-        assert row is not None
-        target = lsn_value(row[0])
+        target = wal_mark(self._connection())
         deadline = time.monotonic() + timeout
         total = 0
         while True:
-            flushed = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
-            assert flushed is not None
-            if lsn_value(flushed[0]) >= target:
-                total += self.step(confirm=False)
-                stream = load_stream(self.store.con)
-                if stream is None or stream.problem is not None:
-                    problem = stream.problem if stream is not None else None
-                    raise OperationalError(f"the stream cannot be applied: {problem or 'none'}")
-                if stream.applied_lsn >= target or _nothing_left(conn, stream, target):
-                    if self.store.con.execute("SELECT count(*) FROM mtcache.stream_pulls"
-                                              ).fetchone() != (0,):  # fmt: skip
-                        self.step(confirm=False)  # passes the pulls the stream has reached
-                    return total
+            applied = self.step(confirm=False, wait=self.poll)
+            total += applied
+            stream = load_stream(self.store.con)
+            if stream is None or stream.problem is not None:
+                problem = stream.problem if stream is not None else None
+                raise OperationalError(f"the stream cannot be applied: {problem or 'none'}")
+            source = self._source
+            if stream.applied_lsn > target or (source is not None and source.reached > target):
+                if self.store.con.execute("SELECT count(*) FROM mtcache.stream_pulls"
+                                          ).fetchone() != (0,):  # fmt: skip
+                    self.step(confirm=False)  # passes the pulls the stream has reached
+                return total
             if time.monotonic() > deadline:
                 raise OperationalError(f"the stream did not reach {lsn_text(target)} in "
                                        f"{timeout:g} s")  # fmt: skip
-            time.sleep(self.poll)
+            if not applied and source is not None:
+                source.ping()  # where is the server? (its reply moves `reached`)
 
     def start(self) -> None:
         if load_stream(self.store.con) is not None:
@@ -1025,6 +1078,7 @@ class Consumer:
         while not self._loop.stopping.is_set():
             try:
                 if load_stream(self.store.con) is None:  # no continuous view (yet)
+                    self.release()
                     self._loop.stopping.wait(IDLE_SECONDS)
                     continue
                 applied = self.step()
@@ -1039,24 +1093,38 @@ class Consumer:
                 log.warning("stream consumer: applying again")
                 self._warned = None
             if not applied:
-                self._loop.stopping.wait(self.poll)
+                self._wait(self.poll)
+
+    def _wait(self, seconds: float) -> None:
+        """Until the server sends something (or ``seconds``), outside the stream lock."""
+        source = self._source
+        if source is None:
+            self._loop.stopping.wait(seconds)
+            return
+        with contextlib.suppress(OSError, ValueError):  # released meanwhile: no matter
+            select.select([source.fileno()], [], [], seconds)
 
     def close(self) -> None:
-        """Confirm the slot up to what the file holds (best effort: the file is what counts)
-        and close the backend connection (`step` and `catch_up` open it again)."""
-        self.confirm()
+        """End the streaming session, confirming the slot up to what the file holds (best
+        effort: the file is what counts), and close the backend connection (`step` and
+        `catch_up` open them again)."""
+        self.release(confirm=True)
         self._close()
 
-    def confirm(self) -> None:
-        """Confirm the slot up to the position the cache file holds, if it is behind."""
-        with contextlib.suppress(Exception), self.store.stream_lock:
-            stream = load_stream(self.store.con)
-            if stream is None or self._conn is None or self._conn.closed:
+    def release(self, confirm: bool = False) -> None:
+        """End the streaming session (the slot is free; the next step starts another from
+        the file's position), confirming the file's position first if ``confirm``."""
+        with self.store.stream_lock:
+            source, self._source = self._source, None
+            if source is None:
                 return
-            state = slot_state(self._conn, stream.slot)
-            if state.confirmed_lsn is not None and state.confirmed_lsn < stream.applied_lsn:
-                advance(self._conn, stream.slot, stream.applied_lsn)
-                self._advanced_at = time.monotonic()
+            lsn = None
+            if confirm:
+                with contextlib.suppress(duckdb.Error):
+                    stream = load_stream(self.store.con)
+                    lsn = stream.applied_lsn if stream is not None else None
+            with contextlib.suppress(Exception):
+                source.close(confirm=lsn)
 
     def __enter__(self) -> Consumer:
         return self
@@ -1073,20 +1141,11 @@ class Consumer:
         return self._conn
 
     def _close(self) -> None:
+        self.release()
         if self._conn is not None:
             with contextlib.suppress(Exception):
                 self._conn.close()
             self._conn = None
-
-
-def _nothing_left(conn: psycopg.Connection[t.Any], stream: StreamRow, target: int) -> bool:
-    """No complete transaction of the publication before ``target`` is left to apply."""
-    rows = conn.execute(
-        "SELECT count(*) FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, NULL, "
-        "'proto_version', '1', 'publication_names', %s)",
-        (stream.slot, lsn_text(target), stream.publication),
-    ).fetchone()
-    return bool(rows is not None and rows[0] == 0)
 
 
 def stream_status(store: CacheStore, dsn: Callable[[], str] | None) -> dict[str, t.Any] | None:

@@ -12,6 +12,7 @@ import datetime as dt
 import json
 import threading
 import typing as t
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -85,6 +86,10 @@ class DdlResult:
     dropped: list[str]
 
 
+class StreamHolder(t.Protocol):
+    def release(self) -> None: ...
+
+
 @dataclass
 class _Shared:
     """State of one cache file shared by every handle of this process."""
@@ -100,6 +105,9 @@ class _Shared:
     # held by the stream consumer while it applies, and by a pull of continuously maintained
     # regions from its snapshot to its commit (the stream must not pass the pull meanwhile)
     stream_lock: threading.RLock = field(default_factory=threading.RLock)
+    # the stream consumers of this file in this process (their streaming sessions hold the
+    # slot: the cache DDL releases them before it changes or drops it)
+    stream_holders: weakref.WeakSet[StreamHolder] = field(default_factory=weakref.WeakSet)
     handles: int = 0  # open handles: with none, another process may change the file
     schema: tuple[int, CacheSchema] | None = None  # parsed at a schema_version
     # what changed which view's rows: a view's count goes up with every committed change of
@@ -347,6 +355,15 @@ class CacheStore:
     @property
     def stream_lock(self) -> threading.RLock:
         return self._shared.stream_lock
+
+    def hold_stream(self, holder: StreamHolder) -> None:
+        """``holder`` streams this file's slot (`release_streams` ends its session)."""
+        self._shared.stream_holders.add(holder)
+
+    def release_streams(self) -> None:
+        with self.stream_lock:
+            for holder in list(self._shared.stream_holders):
+                holder.release()
 
     # -- the shadow catalog --------------------------------------------------------------------
 
