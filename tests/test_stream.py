@@ -13,6 +13,7 @@ import psycopg
 import pytest
 
 from cache.backend.embedded_pg import EmbeddedPostgres
+from cache.backend.pgoutput import lsn_value
 from cache.backend.reflect import fetch_catalog
 from cache.backend.replication import drop_slot, slot_state
 from cache.maintenance import stream
@@ -246,7 +247,7 @@ class Writer:
                 conn.execute("UPDATE sales SET qty = %s WHERE saleid = %s", (n, n % 5 + 1))
                 row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
                 assert row is not None
-                self.after.append(stream.lsn_value(row[0]))
+                self.after.append(lsn_value(row[0]))
                 time.sleep(0.005)
 
     def states_at(self, lsn: int) -> list[dict[int, int]]:
@@ -295,7 +296,7 @@ def test_bounded_queries_are_answered_locally_under_writes(setup: Setup) -> None
             [(named,)] = local(conn._store, "SELECT pg_snapshot FROM mtcache.snapshots "
                                f"WHERE snapshot_id = {snapshot}")  # fmt: skip
             assert named.startswith("lsn ")
-            position = stream.lsn_value(named[4:])
+            position = lsn_value(named[4:])
             assert dict(rows) in writer.states_at(position), (snapshot, named)
             time.sleep(0.05)
     assert len(writer.after) > 100, "the writer wrote"
