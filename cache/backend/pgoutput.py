@@ -127,6 +127,7 @@ class _Reader:
     def tuple(self) -> tuple[Value, ...]:
         """TupleData: the hot path of decoding (one per row changed), kept to plain indexing."""
         data, at = self.data, self.at
+        int32 = _INT32.unpack_from
         try:
             (count,) = _INT16.unpack_from(data, at)
             at += 2
@@ -134,13 +135,13 @@ class _Reader:
             append = values.append
             for _ in range(count):
                 kind = data[at]
-                at += 1
                 if kind == 0x74:  # t: text
-                    (size,) = _INT32.unpack_from(data, at)
-                    at += 4
-                    append(data[at : at + size].decode())
-                    at += size
-                elif kind == 0x6E:  # n: NULL
+                    size = int32(data, at + 1)[0]
+                    at += 5 + size
+                    append(data[at - size : at].decode())
+                    continue
+                at += 1
+                if kind == 0x6E:  # n: NULL
                     append(None)
                 elif kind == 0x75:  # u: unchanged TOASTed value
                     append(UNCHANGED)

@@ -189,7 +189,10 @@ class SlotStream:
             size, data = pg.get_copy_data(1)
             if size > 0:
                 taken, drained = taken + 1, False
-                self._take(data, out)
+                if data[0] == 0x77:  # 'w': XLogData, the one per change (kept inline)
+                    out.append(bytes(data[XLOG_DATA:]))
+                else:
+                    self._take(data, out)
                 continue
             if size < 0:
                 raise self._ended(size)

@@ -849,6 +849,8 @@ class Consumer:
         self._catalog_at: tuple[int, Catalog] | None = None
         self._confirmed_at = 0.0  # monotonic time the slot was last confirmed
         self._checked_at = 0.0  # monotonic time the slot's lag was last looked at
+        # the position the file held after the last step (None: no stream, or stopped)
+        self.position: int | None = None
         store.hold_stream(self)
 
     # -- one batch ---------------------------------------------------------------------------
@@ -860,6 +862,7 @@ class Consumer:
         second while batches come, and when the stream goes idle)."""
         with self.store.stream_lock:
             stream = load_stream(self.store.con)
+            self.position = None
             if stream is None or stream.problem is not None:
                 self.release()
                 return 0
@@ -870,6 +873,7 @@ class Consumer:
                 txns = [x for x in self._decoder.read(source.messages(self.batch, wait))
                         if x.end_lsn > stream.applied_lsn]  # fmt: skip
                 if not txns:
+                    self.position = stream.applied_lsn
                     self._pass_idle(stream, source.reached)
                     if confirm and source.confirmed < stream.applied_lsn:
                         self._confirm(source, stream.applied_lsn, wait=1.0)
@@ -880,8 +884,9 @@ class Consumer:
                     self._report(str(exc))
                     self.release()
                     return 0
+                self.position = txns[-1].end_lsn  # now in the file
                 if confirm and time.monotonic() - self._confirmed_at >= CONFIRM_SECONDS:
-                    self._confirm(source, txns[-1].end_lsn)  # the position now in the file
+                    self._confirm(source, self.position)
                 return len(txns)
             except BaseException:
                 # what was read goes with the session: the next starts from the file's position
@@ -1046,12 +1051,16 @@ class Consumer:
         while True:
             applied = self.step(confirm=False, wait=self.poll)
             total += applied
-            stream = load_stream(self.store.con)
-            if stream is None or stream.problem is not None:
-                problem = stream.problem if stream is not None else None
-                raise OperationalError(f"the stream cannot be applied: {problem or 'none'}")
+            position = self.position
+            if position is None and self._source is None:
+                stream = load_stream(self.store.con)
+                if stream is None or stream.problem is not None:
+                    problem = stream.problem if stream is not None else None
+                    raise OperationalError(f"the stream cannot be applied: {problem or 'none'}")
             source = self._source
-            if stream.applied_lsn > target or (source is not None and source.reached > target):
+            if (position is not None and position > target) or (
+                source is not None and source.reached > target
+            ):
                 if self.store.con.execute("SELECT count(*) FROM mtcache.stream_pulls"
                                           ).fetchone() != (0,):  # fmt: skip
                     self.step(confirm=False)  # passes the pulls the stream has reached
