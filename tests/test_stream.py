@@ -434,6 +434,46 @@ def test_the_consumer_rides_out_an_outage_and_a_dropped_slot(
               (row.slot,)) == [(1,)]  # fmt: skip
 
 
+def test_ddl_while_the_owning_process_streams(
+    setup: Setup, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The consumer thread's streaming session holds the slot: the cache DDL ends it before
+    it changes the publication or drops the slot, and the thread goes on from the file's
+    position with the relations as they are now, without a warning."""
+    import logging
+
+    store, dsn, _ = setup
+    Maintainer(store, dsn).refresh("salescopy")
+    qty = "SELECT qty FROM salescopy WHERE saleid = 1"
+    runner = stream.Consumer(store.for_thread(), dsn, poll=0.05)
+    caplog.set_level(logging.WARNING, logger="mtcache.stream")
+    runner.start()
+    try:
+        pg(dsn, "UPDATE sales SET qty = 51 WHERE saleid = 1")
+        _wait_for(lambda: local(store, qty) == [(51,)])  # streaming
+        stream.apply_ddl(store, dsn, parse("DROP CACHED VIEW salescopy; CREATE CACHED VIEW "
+                                           "salescopy AS SELECT * FROM sales REFRESH "
+                                           "CONTINUOUSLY"), fetch_catalog(dsn))  # fmt: skip
+        Maintainer(store, dsn).refresh("salescopy")
+        pg(dsn, "UPDATE sales SET qty = 52 WHERE saleid = 1")
+        _wait_for(lambda: local(store, qty) == [(52,)])
+        row = stream.load_stream(store.con)
+        assert row is not None
+        # the last continuous views dropped while the thread streams: the slot goes too
+        stream.apply_ddl(store, dsn, parse("DROP CACHED VIEW bookcopy; DROP CACHED VIEW "
+                                           "authorcopy; DROP CACHED VIEW salescopy"),
+                         fetch_catalog(dsn))  # fmt: skip
+        assert pg(dsn, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s",
+                  (row.slot,)) == [(0,)]  # fmt: skip
+        time.sleep(0.5)  # the thread, idle: no stream to apply
+    finally:
+        runner.stop()
+        runner.store.close()
+    assert [r.getMessage() for r in caplog.records] == []
+    views = SCHEMA.split(";", 2)[2]  # the three views again, for the fixture to drop
+    stream.apply_ddl(store, dsn, parse(views), fetch_catalog(dsn))
+
+
 def test_status_shows_the_stream_and_its_lag(
     setup: Setup, mtcache_bin: str, clean_env: dict[str, str]
 ) -> None:
