@@ -3,6 +3,7 @@ transactions through the replication slot (cache.maintenance.stream), on a real 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import typing as t
@@ -265,10 +266,16 @@ class Writer:
         return state
 
 
-def test_bounded_queries_are_answered_locally_under_writes(setup: Setup) -> None:
-    """The owning process runs the heartbeat and the consumer: a CURRENCY BOUND 5 SEC query
-    is answered from the cache while writes go on, and each local answer is the backend's
-    state at the stream position its provenance names."""
+@pytest.mark.parametrize("beating", ["thread", "mtcache heartbeat"])
+def test_bounded_queries_are_answered_locally_under_writes(
+    setup: Setup, beating: str, mtcache_bin: str, clean_env: dict[str, str]
+) -> None:
+    """The owning process runs the consumer, and the heartbeat beats (a thread of it, or
+    the `mtcache heartbeat` process): a CURRENCY BOUND 5 SEC query is answered from the cache
+    while writes go on, and each local answer is the backend's state at the stream position
+    its provenance names."""
+    import subprocess
+
     import cache
 
     store, dsn, _ = setup
@@ -279,7 +286,17 @@ def test_bounded_queries_are_answered_locally_under_writes(setup: Setup) -> None
              "CURRENCY BOUND 5 SEC ON (s)")  # fmt: skip
     local_answers = 0
     answers = 0
-    with cache.connect(dsn, path, heartbeat=0.5, autocommit=True) as conn, Writer(dsn) as writer:
+    beater = None
+    if beating != "thread":
+        beater = subprocess.Popen([mtcache_bin, "--backend", dsn, "heartbeat", "--interval",
+                                   "0.5"], env=clean_env, stdout=subprocess.DEVNULL)  # fmt: skip
+    with contextlib.ExitStack() as running:
+        if beater is not None:
+            running.callback(beater.wait, 30)
+            running.callback(beater.terminate)
+        conn = running.enter_context(cache.connect(
+            dsn, path, heartbeat=0.5 if beating == "thread" else None, autocommit=True))
+        writer = running.enter_context(Writer(dsn))
         time.sleep(1.0)
         deadline = time.monotonic() + 8
         while time.monotonic() < deadline:
