@@ -18,24 +18,20 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest
 
-$(VENV)/.experiments: $(STAMP)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,experiments]'
-	touch $@
-
 # Benchmarks print ratios measured side by side in one run (results/*.csv keeps them).
-bench-refresh: $(VENV)/.experiments
+bench-refresh: $(STAMP)
 	$(PY) -m experiments.bench_refresh
 
-bench-query: $(VENV)/.experiments
+bench-query: $(STAMP)
 	$(PY) -m experiments.bench_query
 
-bench-tpch: $(VENV)/.experiments
+bench-tpch: $(STAMP)
 	$(PY) -m experiments.bench_tpch
 
-bench-statement-size: $(VENV)/.experiments
+bench-statement-size: $(STAMP)
 	$(PY) -m experiments.bench_statement_size
 
-bench-maintenance: $(VENV)/.experiments
+bench-maintenance: $(STAMP)
 	$(PY) -m experiments.bench_maintenance
 
 lint: $(STAMP)

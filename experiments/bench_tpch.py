@@ -61,34 +61,31 @@ def geomean(values: list[float]) -> float:
     return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sf", type=float, default=1.0)
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--backend")
-    parser.add_argument("--queries", help="comma-separated query numbers (default: all 22)")
-    args = parser.parse_args(argv)
-    numbers = [int(n) for n in args.queries.split(",")] if args.queries else list(QUERIES)
-    console = Console()
-    dsn = args.backend or EmbeddedPostgres(Path(".mtcache/pg")).ensure_running()
-    console.print(f"loading TPC-H at SF {args.sf} ...")
-    tpch.load(dsn, args.sf, list(tpch.TABLES))
+def measure(
+    dsn: str, sf: float, runs: int, numbers: list[int],
+    on_step: Callable[[str, dict[str, object] | None], None] | None = None,
+) -> tuple[list[dict[str, object]], dict[str, float]]:  # fmt: skip
+    """Cache every table (a fresh cache file), check and time ``numbers``: one row per query
+    (route, medians of the cache, PostgreSQL and DuckDB direct, speedup, ratio, reason) and
+    the geometric means. ``on_step`` is told of each step done: "loaded", "cached", then each
+    query with its row."""
+    step = on_step or (lambda label, row: None)
+    tpch.load(dsn, sf, list(tpch.TABLES))
     tpch.add_indexes(dsn)
+    step("loaded", None)
     work = Path(tempfile.mkdtemp(prefix="mtcache-bench-tpch-"))
     conn = cache.connect(backend=dsn, cache_path=work / "cache.duckdb", admit_on_miss=False,
                          background=False, currency_bound="10 min",
                          result_memo_bytes=0)  # fmt: skip
     raw = psycopg.connect(dsn)  # the same transaction mode as the DB-API connection
     try:
-        console.print("populating the cache ...")
-        started = time.perf_counter()
         tpch.cache_every_table(conn)
-        console.print(f"  cached in {time.perf_counter() - started:.1f} s")
+        step("cached", None)
         duck = conn._store.con.cursor()  # the cache file, as the executor reads it
         cur = conn.cursor()
         rows: list[dict[str, object]] = []
         for number in numbers:
-            sql = query(number, args.sf)
+            sql = query(number, sf)
             cur.execute(sql)
             got = cur.fetchall()
             want = raw.execute(sql).fetchall()
@@ -107,53 +104,77 @@ def main(argv: list[str] | None = None) -> int:
                 return result
 
             direct = (lambda s=local_sql: duck.execute(s).fetchall()) if local_sql else None
-            cache_s, pg_s, duck_s = rotated([via_cache, via_pg, direct], args.runs)
+            cache_s, pg_s, duck_s = rotated([via_cache, via_pg, direct], runs)
             assert cache_s is not None and pg_s is not None
-            rows.append({"query": f"Q{number}", "route": route, "cache_s": cache_s,
-                         "postgres_s": pg_s, "duckdb_s": duck_s, "speedup": pg_s / cache_s,
-                         "ratio_vs_duckdb": cache_s / duck_s if duck_s else None,
-                         "reason": "" if route == "local" else (cur.plan.reason or "")
-                         if cur.plan is not None else ""})  # fmt: skip
-            console.print(f"  Q{number}: {route}, {cache_s * 1e3:.1f} ms vs PostgreSQL "
-                          f"{pg_s * 1e3:.1f} ms")  # fmt: skip
-        local = [r for r in rows if r["route"] == "local"]
-        summary = {
-            "queries": len(rows), "local": len(local),
-            "speedup_geomean_all": geomean([float(r["speedup"]) for r in rows]),  # type: ignore[arg-type]
-            "speedup_geomean_local": geomean([float(r["speedup"]) for r in local]),  # type: ignore[arg-type]
-            "ratio_vs_duckdb_geomean": geomean([float(r["ratio_vs_duckdb"]) for r in local  # type: ignore[arg-type]
-                                                if r["ratio_vs_duckdb"]]),
-        }  # fmt: skip
-        table = Table(title=f"TPC-H SF {args.sf}, every table cached, session bound 10 min "
-                            f"(medians of {args.runs})")  # fmt: skip
-        for column in ("query", "route", "cache ms", "PostgreSQL ms", "DuckDB ms", "speedup",
-                       "vs DuckDB"):  # fmt: skip
-            table.add_column(column)
-        for r in rows:
-            table.add_row(str(r["query"]), str(r["route"]), f"{float(r['cache_s']) * 1e3:.1f}",  # type: ignore[arg-type]
-                          f"{float(r['postgres_s']) * 1e3:.1f}",  # type: ignore[arg-type]
-                          f"{float(r['duckdb_s']) * 1e3:.1f}" if r["duckdb_s"] else "-",  # type: ignore[arg-type]
-                          f"{float(r['speedup']):.1f}x",  # type: ignore[arg-type]
-                          f"{float(r['ratio_vs_duckdb']):.2f}x" if r["ratio_vs_duckdb"] else "-")  # type: ignore[arg-type]  # fmt: skip
-        console.print(table)
-        console.print(
-            f"{summary['local']}/{summary['queries']} answered locally; speedup over "
-            f"PostgreSQL: geomean {summary['speedup_geomean_all']:.1f}x (all), "
-            f"{summary['speedup_geomean_local']:.1f}x (local); cache vs DuckDB direct: "
-            f"geomean {summary['ratio_vs_duckdb_geomean']:.2f}x (target <= 1.1x)"
-        )
-        path = append_rows("bench_tpch", [
-            {"experiment": "bench_tpch", "scale_factor": args.sf, "runs": args.runs,
-             **{k: (round(v, 6) if isinstance(v, float) else v) for k, v in r.items()}}
-            for r in [*rows, {"query": "geomean", "route": f"{summary['local']} local",
-                              "speedup": summary["speedup_geomean_all"],
-                              "ratio_vs_duckdb": summary["ratio_vs_duckdb_geomean"]}]
-        ])  # fmt: skip
-        console.print(f"results appended to {path}")
+            row: dict[str, object] = {
+                "query": f"Q{number}", "route": route, "cache_s": cache_s,
+                "postgres_s": pg_s, "duckdb_s": duck_s, "speedup": pg_s / cache_s,
+                "ratio_vs_duckdb": cache_s / duck_s if duck_s else None,
+                "reason": "" if route == "local" else (cur.plan.reason or "")
+                if cur.plan is not None else ""}  # fmt: skip
+            rows.append(row)
+            step(f"Q{number}", row)
     finally:
         raw.close()
         conn.close()
         shutil.rmtree(work, ignore_errors=True)
+    local = [r for r in rows if r["route"] == "local"]
+    summary = {
+        "queries": float(len(rows)), "local": float(len(local)),
+        "speedup_geomean_all": geomean([float(r["speedup"]) for r in rows]),  # type: ignore[arg-type]
+        "speedup_geomean_local": geomean([float(r["speedup"]) for r in local]),  # type: ignore[arg-type]
+        "ratio_vs_duckdb_geomean": geomean([float(r["ratio_vs_duckdb"]) for r in local  # type: ignore[arg-type]
+                                            if r["ratio_vs_duckdb"]]),
+    }  # fmt: skip
+    return rows, summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sf", type=float, default=1.0)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--backend")
+    parser.add_argument("--queries", help="comma-separated query numbers (default: all 22)")
+    args = parser.parse_args(argv)
+    numbers = [int(n) for n in args.queries.split(",")] if args.queries else list(QUERIES)
+    console = Console()
+    dsn = args.backend or EmbeddedPostgres(Path(".mtcache/pg")).ensure_running()
+    console.print(f"TPC-H at SF {args.sf}: loading, caching every table, then the queries ...")
+
+    def said(label: str, row: dict[str, object] | None) -> None:
+        if row is None:
+            console.print(f"  {label}")
+            return
+        console.print(f"  {label}: {row['route']}, {float(row['cache_s']) * 1e3:.1f} ms vs "  # type: ignore[arg-type]
+                      f"PostgreSQL {float(row['postgres_s']) * 1e3:.1f} ms")  # type: ignore[arg-type]  # fmt: skip
+
+    rows, summary = measure(dsn, args.sf, args.runs, numbers, said)
+    table = Table(title=f"TPC-H SF {args.sf}, every table cached, session bound 10 min "
+                        f"(medians of {args.runs})")  # fmt: skip
+    for column in ("query", "route", "cache ms", "PostgreSQL ms", "DuckDB ms", "speedup",
+                   "vs DuckDB"):  # fmt: skip
+        table.add_column(column)
+    for r in rows:
+        table.add_row(str(r["query"]), str(r["route"]), f"{float(r['cache_s']) * 1e3:.1f}",  # type: ignore[arg-type]
+                      f"{float(r['postgres_s']) * 1e3:.1f}",  # type: ignore[arg-type]
+                      f"{float(r['duckdb_s']) * 1e3:.1f}" if r["duckdb_s"] else "-",  # type: ignore[arg-type]
+                      f"{float(r['speedup']):.1f}x",  # type: ignore[arg-type]
+                      f"{float(r['ratio_vs_duckdb']):.2f}x" if r["ratio_vs_duckdb"] else "-")  # type: ignore[arg-type]  # fmt: skip
+    console.print(table)
+    console.print(
+        f"{summary['local']:.0f}/{summary['queries']:.0f} answered locally; speedup over "
+        f"PostgreSQL: geomean {summary['speedup_geomean_all']:.1f}x (all), "
+        f"{summary['speedup_geomean_local']:.1f}x (local); cache vs DuckDB direct: "
+        f"geomean {summary['ratio_vs_duckdb_geomean']:.2f}x (target <= 1.1x)"
+    )
+    path = append_rows("bench_tpch", [
+        {"experiment": "bench_tpch", "scale_factor": args.sf, "runs": args.runs,
+         **{k: (round(v, 6) if isinstance(v, float) else v) for k, v in r.items()}}
+        for r in [*rows, {"query": "geomean", "route": f"{summary['local']:.0f} local",
+                          "speedup": summary["speedup_geomean_all"],
+                          "ratio_vs_duckdb": summary["ratio_vs_duckdb_geomean"]}]
+    ])  # fmt: skip
+    console.print(f"results appended to {path}")
     return 0
 
 

@@ -11,6 +11,7 @@ test default, reachable only from this machine. Production deployments pass ``--
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import pwd
@@ -184,6 +185,18 @@ class EmbeddedPostgres:
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
             )
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        return self.dsn(name, port)
+
+    def ensure_database(self, name: str) -> str:
+        """The DSN of database ``name``, created (empty) if it is missing, kept if not."""
+        port = self.running_port()
+        if port is None:
+            raise EmbeddedBackendError(f"the embedded PostgreSQL under {self.root} is not running")
+        with psycopg.connect(self.dsn("postgres", port), autocommit=True) as conn:
+            if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s",
+                            (name,)).fetchone() is None:  # fmt: skip
+                with contextlib.suppress(psycopg.errors.DuplicateDatabase):  # made meanwhile
+                    conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
         return self.dsn(name, port)
 
     def destroy(self) -> None:

@@ -381,15 +381,33 @@ def cmd_stop(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_experiment(settings: Settings, args: argparse.Namespace) -> int:
-    from experiments import chaos  # the experiments ship with the package; loaded when asked
+    # the experiments ship with the package; loaded when asked
+    if args.name == "chaos":
+        from experiments import chaos
 
-    if args.minutes <= 0:
-        raise ProgrammingError(f"--minutes must be positive, not {args.minutes:g}")
-    backend = ["--backend", settings.backend] if settings.backend else \
-        ["--embedded", str(settings.embedded_root)]  # fmt: skip
-    return chaos.main(["--seconds", str(args.minutes * 60), *backend,
-                       *(["--seed", str(args.seed)] if args.seed is not None else []),
-                       *(["--no-spark"] if args.no_spark else [])])  # fmt: skip
+        if args.minutes <= 0:
+            raise ProgrammingError(f"--minutes must be positive, not {args.minutes:g}")
+        backend = ["--backend", settings.backend] if settings.backend else \
+            ["--embedded", str(settings.embedded_root)]  # fmt: skip
+        return chaos.main(["--seconds", str(args.minutes * 60), *backend,
+                           *(["--seed", str(args.seed)] if args.seed is not None else []),
+                           *(["--no-spark"] if args.no_spark else [])])  # fmt: skip
+    from experiments import runs
+    from experiments.runs.framework import Context
+
+    sf = args.sf if args.sf is not None else runs.QUICK_SF if args.quick else 1.0
+    if not 0 < sf <= 100:
+        raise ProgrammingError(f"--sf must be a TPC-H scale factor in (0, 100], not {sf:g}")
+    if settings.backend:
+        dsn = settings.backend  # TPC-H is loaded there (replacing other scale factors' tables)
+    else:  # a database per scale factor on the embedded cluster: no reloading between runs
+        cluster = EmbeddedPostgres(settings.embedded_root)
+        cluster.ensure_running()
+        dsn = cluster.ensure_database("tpch_sf" + f"{sf:g}".replace(".", "_"))
+    ctx = Context(dsn=dsn, sf=sf, quick=args.quick, out=Path(args.out), console=Console())
+    report = runs.run([args.name], ctx)
+    print(f"report: {report}")
+    return 0
 
 
 # -- wiring ---------------------------------------------------------------------------------------
@@ -473,12 +491,22 @@ def build_parser() -> argparse.ArgumentParser:
     p = commands.add_parser("demo", help="start the embedded backend and walk through examples")
     p.set_defaults(run=cmd_demo)
 
-    p = commands.add_parser("experiment", help="run an experiment (chaos: the C&C checker)")
-    p.add_argument("name", choices=["chaos"], help="chaos: randomized concurrent C&C checker "
-                   "with injected faults (experiments/chaos.py)")  # fmt: skip
-    p.add_argument("--minutes", type=float, default=1.0, help="how long to run (default 1)")
-    p.add_argument("--seed", type=int, help="reproduce a run's choices (default: random)")
-    p.add_argument("--no-spark", action="store_true", help="refresh inline only (no JVM)")
+    from experiments.runs import EXPERIMENTS, QUICK_SF
+
+    p = commands.add_parser("experiment", help="run an experiment: CSV, plots and a markdown "
+                            "report (chaos: the C&C checker)")  # fmt: skip
+    p.add_argument("name", choices=[*EXPERIMENTS, "all", "chaos"],
+                   help="an experiment (experiments/runs/), all of them (not chaos), or chaos: "
+                   "the randomized concurrent C&C checker (experiments/chaos.py)")  # fmt: skip
+    p.add_argument("--sf", type=float, help=f"TPC-H scale factor (default 1; {QUICK_SF:g} "
+                   "with --quick)")  # fmt: skip
+    p.add_argument("--quick", action="store_true", help="small data, short scales")
+    p.add_argument("--out", default="mtcache-experiments",
+                   help="directory for the CSV, plots and report.md (default "
+                   "./mtcache-experiments)")  # fmt: skip
+    p.add_argument("--minutes", type=float, default=1.0, help="chaos: how long (default 1)")
+    p.add_argument("--seed", type=int, help="chaos: reproduce a run's choices")
+    p.add_argument("--no-spark", action="store_true", help="chaos: refresh inline only")
     p.set_defaults(run=cmd_experiment)
 
     p = commands.add_parser("heartbeat", help="update the backend's heartbeat row every few "

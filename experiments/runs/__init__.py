@@ -1,0 +1,24 @@
+"""`mtcache experiment NAME`: the dissertation's experiments as runs (experiments/runs/
+framework.py says what a run writes). Each experiment is a module here; ``all`` runs every one
+in the order below into one report."""
+
+from __future__ import annotations
+
+import importlib
+import typing as t
+from pathlib import Path
+
+from experiments.runs.framework import Context, Experiment, run_all
+
+EXPERIMENTS = ["tpch"]  # in the order `all` runs them
+QUICK_SF = 0.01  # --quick without --sf: small data
+
+
+def load(name: str) -> Experiment:
+    return t.cast(Experiment, importlib.import_module(f"experiments.runs.{name.replace('-', '_')}"))
+
+
+def run(names: list[str], ctx: Context) -> Path:
+    """Run the named experiments (``all``: every one); the report's path."""
+    chosen = EXPERIMENTS if names == ["all"] else names
+    return run_all([load(n) for n in chosen], ctx)

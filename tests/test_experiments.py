@@ -1,0 +1,60 @@
+"""`mtcache experiment ... --quick` end to end on the test cluster: the CSV rows, the plots and
+the report's sections (the answers themselves are checked against PostgreSQL's inside the
+runs, before anything is timed)."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+from pathlib import Path
+
+from cache.backend.embedded_pg import EmbeddedPostgres
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_all_quick_writes_csv_plots_and_one_report(
+    pg_cluster: EmbeddedPostgres, mtcache_bin: str, clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    dsn = pg_cluster.create_database("experiments")
+    out = tmp_path / "out"
+    done = subprocess.run([mtcache_bin, "--backend", dsn, "--cache", str(tmp_path / "c.duckdb"),
+                           "experiment", "all", "--quick", "--out", str(out)],
+                          capture_output=True, text=True, env=clean_env, timeout=600,
+                          check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert f"report: {out / 'report.md'}" in done.stdout
+    report = (out / "report.md").read_text()
+    assert "TPC-H scale factor 0.01 (quick run" in report
+
+    # tpch: a row per query and the geometric means, with provenance
+    with (out / "tpch.csv").open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    queries = [r for r in rows if r["query"].startswith("Q")]
+    assert [r["query"] for r in queries] == [f"Q{n}" for n in range(1, 23)]
+    assert all(r["route"] in ("local", "mixed", "remote") for r in queries)
+    assert all(float(r["cache_ms"]) > 0 and float(r["postgres_ms"]) > 0 for r in queries)
+    assert all(r["experiment"] == "tpch" and r["git_sha"] and r["scale_factor"] == "0.01"
+               for r in rows)  # fmt: skip
+    local = [r for r in queries if r["route"] == "local"]
+    assert len(local) >= 15  # every table is cached and the bound is loose
+    geomean = next(r for r in rows if r["query"] == "geomean (all)")
+    assert geomean["route"] == f"{len(local)} of 22 local" and float(geomean["speedup"]) > 0
+    assert "## TPC-H: the 22 queries through the cache vs PostgreSQL" in report
+    for r in queries:  # one verdict line per query, naming its route
+        assert f"| {r['query']} | {r['route']} |" in report
+    assert (out / "tpch-speedups.png").read_bytes()[:8] == PNG
+    assert "![tpch-speedups](tpch-speedups.png)" in report
+
+
+def test_a_scale_factor_out_of_range_is_one_line(
+    mtcache_bin: str, clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    done = subprocess.run([mtcache_bin, "--cache", str(tmp_path / "c.duckdb"), "experiment",
+                           "tpch", "--sf", "0", "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, env=clean_env, timeout=60,
+                          check=False)  # fmt: skip
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        "mtcache: ProgrammingError: --sf must be a TPC-H scale factor in (0, 100], not 0"]
+    assert not (tmp_path / "out").exists()
