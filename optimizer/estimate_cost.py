@@ -113,7 +113,10 @@ def estimate_cost(plan: Plan, inputs: PlanInputs) -> Plan:
         view = schema.views[access.guards[0].view]
         local = scanned_rows(access.access, view, estimates.view_rows) * LOCAL_ROW_COST
         mixed += guarded_cost(access.probability_local, local, fetch, GUARD_COST)
-    if whole <= mixed:
+    plan = dataclasses.replace(plan, candidates=(("remote", whole), ("guarded", mixed)))
+    if inputs.choice == "remote":
+        return _remote(plan, whole, ["the remote plan was asked for (plan_choice)"])
+    if inputs.choice != "guarded" and whole <= mixed:
         what = "guarded" if guarded else "with every access a remote leaf"
         reasons.append(f"cheaper remote: estimated cost {whole:.4g} against {mixed:.4g} {what}")
         return _remote(plan, whole, reasons if not guarded else reasons[-1:])

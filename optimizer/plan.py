@@ -58,6 +58,10 @@ class PlanInputs:
     # the type OIDs of the statement's result columns, as the backend describes them
     result_types: tuple[int, ...] | None = None
     delays: tuple[tuple[str, float], ...] = ()  # (view, its measured d)
+    # which candidate to keep: the cheaper ("cost"), or one forced ("remote": the whole
+    # statement at the backend; "guarded": the plan with SwitchUnions, its guards deciding
+    # at run time) - the experiments time each candidate (experiments/runs/plan_choices.py)
+    choice: str = "cost"
 
     def delay_of(self, view: str) -> float:
         """The view's refresh delay d: measured, else the default."""
@@ -170,6 +174,8 @@ class Plan:
     local: bool = False  # the guarded plan was chosen over the whole statement remote
     estimated_cost: float = 0.0
     reason: str | None = None  # why the whole statement goes remote (when not local)
+    # the estimated cost of each candidate costed: ("remote", c), ("guarded", c)
+    candidates: tuple[tuple[str, float], ...] = ()
     # the DuckDB statement of the first branches (every guard passes), for a local plan
     first: LocalStatement | None = field(default=None, repr=False, compare=False)
 

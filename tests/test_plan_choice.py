@@ -175,3 +175,23 @@ def test_a_bound_below_the_delay_is_remote_at_compile_time(
     query = "SELECT count(*) FROM orders o WHERE o.o_totalprice > 1000"
     assert plan_of(conn, f"{query} {clause}")["plan"]["op"] == "RemoteQuery"
     assert run(conn, tpch, query, clause) == ["remote"]
+
+
+def test_a_candidate_plan_can_be_forced(conn: cache.Connection, tpch: str) -> None:
+    """plan_choice keeps the candidate asked for (the experiments time each); the answers
+    stay PostgreSQL's, and the plan tells the estimated cost of both candidates."""
+    clause = "CURRENCY BOUND 10 MIN"
+    narrow, wide = RANGE.format(1000, 1003), RANGE.format(0, 4000)
+    for choice, sql, op, routes in (("remote", wide, "RemoteQuery", ["remote"]),
+                                    ("guarded", narrow, "LocalQuery", ["local"])):  # fmt: skip
+        with cache.connect(backend=tpch, cache_path=conn.cache_path, admit_on_miss=False,
+                           background=False, plan_choice=choice) as forced:  # fmt: skip
+            assert plan_of(forced, f"{sql} {clause}")["plan"]["op"] == op
+            assert run(forced, tpch, sql, clause) == routes
+    cur = conn.cursor()
+    cur.execute(f"EXPLAIN {narrow} {clause}")
+    assert cur.plan is not None
+    costs = dict(cur.plan.candidates)
+    assert set(costs) == {"remote", "guarded"} and costs["remote"] < costs["guarded"]
+    with pytest.raises(cache.ProgrammingError, match="plan_choice must be one of cost, remote"):
+        cache.connect(backend=tpch, cache_path=conn.cache_path, plan_choice="fastest")

@@ -51,6 +51,9 @@ _public = public(lambda self: Path(getattr(self, "cache_path", DEFAULT_CACHE)),
                  lambda self: getattr(self, "_lock", None))
 
 
+PLAN_CHOICES = ("cost", "remote", "guarded")
+
+
 class Connection:
     """A session: one backend connection (its transaction is the session's), the cache file.
     Options: ``autocommit`` (default False, as PEP 249), ``stale_ok`` (answer from stale local
@@ -62,7 +65,10 @@ class Connection:
     ``background`` (run the cache file's background work in this process while the connection
     is open: the refresh scheduler, `cache.maintenance.background`; default True),
     ``heartbeat`` (seconds: also beat the backend's heartbeat row that often from this process,
-    SPEC §6, and judge currency on its clock estimate; default None, no heartbeat thread)."""
+    SPEC §6, and judge currency on its clock estimate; default None, no heartbeat thread),
+    ``plan_choice`` ("cost", the default: the cheaper of the whole statement remote and the
+    guarded plan; "remote" or "guarded" forces that candidate, as the experiments do to time
+    each; guards still decide at run time)."""
 
     # PEP 249 optional extension: the exception classes as attributes.
     Warning = _errors.Warning
@@ -90,8 +96,12 @@ class Connection:
         background: bool = True,
         heartbeat: float | None = None,
         stream_lag_limit: int = DEFAULT_LAG_LIMIT,
+        plan_choice: str = "cost",
     ) -> None:
         self._currency_bound = _bound_seconds(currency_bound)
+        if plan_choice not in PLAN_CHOICES:
+            raise ProgrammingError(f"plan_choice must be one of {', '.join(PLAN_CHOICES)}, "
+                                   f"not {plan_choice!r}")  # fmt: skip
         self._lock = threading.RLock()  # one call at a time (cache.dbapi.boundary)
         if heartbeat is not None and (isinstance(heartbeat, bool) or not isinstance(
                 heartbeat, int | float) or not heartbeat > 0):  # fmt: skip
@@ -145,7 +155,7 @@ class Connection:
             if isinstance(exc, psycopg.Error):
                 raise translate(exc, unreachable="connect again when it is back") from exc
             raise
-        self._planner = Planner(self._store, backend)
+        self._planner = Planner(self._store, backend, choice=plan_choice)
         self._statements = StatementCache()
         self._admissions = Admissions(self._store, lambda: self.backend)
         self._regions: RegionState | None = None

@@ -63,10 +63,13 @@ class Prepared:
 
 
 class Planner:
-    def __init__(self, store: CacheStore, dsn: str, delay: float = DEFAULT_DELAY) -> None:
+    def __init__(
+        self, store: CacheStore, dsn: str, delay: float = DEFAULT_DELAY, choice: str = "cost"
+    ) -> None:
         self.store = store
         self.dsn = dsn
         self.delay = delay
+        self.choice = choice  # `PlanInputs.choice`: the session's plan_choice
         self.catalog: Catalog = store.load_catalog()
         self._catalog_stale = False
         self._plans: OrderedDict[tuple[str, bool, float | None], Prepared] = OrderedDict()
@@ -140,7 +143,8 @@ class Planner:
             analysis = dataclasses.replace(analysis, local_blocker=(
                 "it reads a char(n) column and the backend, which describes the result, is "
                 "unreachable"))  # fmt: skip
-        inputs = PlanInputs(schema, self.catalog, None, self.delay, delays=self.delays())
+        inputs = PlanInputs(schema, self.catalog, None, self.delay, delays=self.delays(),
+                            choice=self.choice)  # fmt: skip
         return plan_query(analysis, inputs, with_params=params is not None)
 
     def _plan(
@@ -167,7 +171,7 @@ class Planner:
         inputs = PlanInputs(
             schema, self.catalog, Estimates(remote, self.store.row_counts(wanted.views)),
             self.delay, tuple(oid for oid, _ in result.types) if result is not None else None,
-            self.delays(),
+            self.delays(), self.choice,
         )
         plan = plan_query(analysis, inputs, with_params=with_params, initial=initial)
         if plan.local:
