@@ -66,8 +66,8 @@ def generator() -> str:
     found = str(beside) if beside.exists() else shutil.which("tpchgen-cli")
     if not found:
         raise RuntimeError(
-            "tpchgen-cli is not installed: `pip install tpchgen-cli` (make installs it with "
-            "the project's experiments extra)"
+            "tpchgen-cli is not installed: `pip install tpchgen-cli` (a dependency of mtcache: "
+            "installing the project installs it)"
         )
     return found
 

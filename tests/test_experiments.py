@@ -46,6 +46,24 @@ def test_all_quick_writes_csv_plots_and_one_report(
     assert (out / "tpch-speedups.png").read_bytes()[:8] == PNG
     assert "![tpch-speedups](tpch-speedups.png)" in report
 
+    # plan-choices: each query's candidates timed, one of them the cost-based choice; the
+    # choices that do not depend on the scale are the dissertation's
+    with (out / "plan-choices.csv").open(newline="") as handle:
+        plans = list(csv.DictReader(handle))
+    names = list(dict.fromkeys(r["query"] for r in plans))
+    assert names == ["Q1", "Q2", "Q2 (clause)", "Q3", "Q4", "Q5", "Q6", "Q7"]
+    for name in names:
+        mine = [r for r in plans if r["query"] == name]
+        assert [r["chosen"] for r in mine].count("True") == 1
+        assert all(float(r["median_ms"]) > 0 for r in mine)
+    chosen = {r["query"]: r for r in plans if r["chosen"] == "True"}
+    assert {q: chosen[q]["chosen_plan"] for q in ("Q1", "Q4", "Q5", "Q7")} == {
+        "Q1": "remote", "Q4": "mixed", "Q5": "local", "Q7": "local"}
+    assert chosen["Q4"]["ran_as"] == "remote+local" and chosen["Q3"]["ran_as"] == "remote"
+    assert "## Plan choices (dissertation §4.7.3, Table 4.3 and Fig 4.1)" in report
+    assert "| Q4 | " in report and "same choice" in report
+    assert (out / "plan-choices.png").read_bytes()[:8] == PNG
+
 
 def test_a_scale_factor_out_of_range_is_one_line(
     mtcache_bin: str, clean_env: dict[str, str], tmp_path: Path

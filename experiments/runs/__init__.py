@@ -10,7 +10,7 @@ from pathlib import Path
 
 from experiments.runs.framework import Context, Experiment, run_all
 
-EXPERIMENTS = ["tpch"]  # in the order `all` runs them
+EXPERIMENTS = ["plan-choices", "tpch"]  # in the order `all` runs them
 QUICK_SF = 0.01  # --quick without --sf: small data
 
 
