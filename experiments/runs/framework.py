@@ -110,6 +110,30 @@ def number(value: str) -> float | None:
     return float(value) if value not in ("", None) else None
 
 
+def figure(width: float = 10, height: float = 4) -> tuple[t.Any, t.Any]:
+    """A matplotlib figure and its axes, drawn off-screen."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(figsize=(width, height))
+
+
+def save(drawn: t.Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    drawn.tight_layout()
+    drawn.savefig(path, dpi=110)
+    plt.close(drawn)
+    return path
+
+
+def scale_of(rows: list[Read]) -> str:
+    """The scale factor the rows were measured at (as their CSV says)."""
+    return rows[0].get("scale_factor", "?") if rows else "?"
+
+
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]

@@ -26,7 +26,16 @@ import psycopg
 import cache
 from experiments import tpch
 from experiments.bench_tpch import rotated
-from experiments.runs.framework import Context, Read, Row, markdown_table, number
+from experiments.runs.framework import (
+    Context,
+    Read,
+    Row,
+    figure,
+    markdown_table,
+    number,
+    save,
+    scale_of,
+)
 
 NAME = "plan-choices"
 TITLE = "Plan choices (dissertation §4.7.3, Table 4.3 and Fig 4.1)"
@@ -164,13 +173,8 @@ def _measure(
 
 
 def plot(rows: list[Read], out: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     names = list(dict.fromkeys(r["query"] for r in rows))
-    figure, axes = plt.subplots(figsize=(10, 4))
+    drawn, axes = figure()
     width = 0.4
     colors = {"remote": "tab:gray", "guarded": "tab:green", "as written": "tab:gray"}
     for index, name in enumerate(names):
@@ -183,14 +187,9 @@ def plot(rows: list[Read], out: Path) -> list[Path]:
     axes.set_xticks(range(len(names)), names)
     axes.set_yscale("log")
     axes.set_ylabel("median ms (log)")
-    scale = rows[0].get("scale_factor", "?") if rows else "?"
-    axes.set_title(f"Plan choices, TPC-H customer/orders SF {scale}: gray remote, green "
-                   "guarded; outlined: the cost-based choice")  # fmt: skip
-    figure.tight_layout()
-    path = out / "plan-choices.png"
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return [path]
+    axes.set_title(f"Plan choices, TPC-H customer/orders SF {scale_of(rows)}: gray remote, "
+                   "green guarded; outlined: the cost-based choice")  # fmt: skip
+    return [save(drawn, out / "plan-choices.png")]
 
 
 def report(rows: list[Read], plots: list[Path]) -> str:

@@ -12,7 +12,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from experiments import bench_tpch
-from experiments.runs.framework import Context, Read, Row, markdown_table, number
+from experiments.runs.framework import (
+    Context,
+    Read,
+    Row,
+    figure,
+    markdown_table,
+    number,
+    save,
+    scale_of,
+)
 from experiments.tpch_queries import QUERIES
 
 NAME = "tpch"
@@ -47,31 +56,22 @@ def run(ctx: Context) -> list[Row]:
 
 
 def plot(rows: list[Read], out: Path) -> list[Path]:
-    import matplotlib
-    import matplotlib.ticker
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FormatStrFormatter, NullFormatter
 
     queries = [r for r in rows if r["query"].startswith("Q")]
     colors = {"local": "tab:green", "mixed": "tab:orange", "remote": "tab:gray"}
-    figure, axes = plt.subplots(figsize=(10, 4))
+    drawn, axes = figure()
     axes.bar([r["query"] for r in queries], [number(r["speedup"]) or 0.0 for r in queries],
              color=[colors.get(r["route"], "tab:gray") for r in queries])  # fmt: skip
     axes.axhline(1.0, color="black", linewidth=0.8)
     axes.set_yscale("log")
-    axes.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%gx"))
-    axes.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    axes.yaxis.set_major_formatter(FormatStrFormatter("%gx"))
+    axes.yaxis.set_minor_formatter(NullFormatter())
     axes.set_ylabel("speedup over PostgreSQL (log)")
-    scale = rows[0].get("scale_factor", "?") if rows else "?"
-    axes.set_title(f"TPC-H SF {scale}: the cache vs PostgreSQL (green local, orange mixed, "
-                   "gray remote)")  # fmt: skip
+    axes.set_title(f"TPC-H SF {scale_of(rows)}: the cache vs PostgreSQL (green local, orange "
+                   "mixed, gray remote)")  # fmt: skip
     axes.tick_params(axis="x", labelrotation=60)
-    figure.tight_layout()
-    path = out / "tpch-speedups.png"
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return [path]
+    return [save(drawn, out / "tpch-speedups.png")]
 
 
 def report(rows: list[Read], plots: list[Path]) -> str:
