@@ -46,6 +46,23 @@ def test_all_quick_writes_csv_plots_and_one_report(
     assert (out / "tpch-speedups.png").read_bytes()[:8] == PNG
     assert "![tpch-speedups](tpch-speedups.png)" in report
 
+    # guard-overhead: four ways per query, each split into phases; only a guarded run
+    # spends time in the guard phase
+    with (out / "guard-overhead.csv").open(newline="") as handle:
+        guards = list(csv.DictReader(handle))
+    assert sorted({r["query"] for r in guards}) == ["Q1", "Q2", "Q3"]
+    assert {r["variant"] for r in guards} == {"local, no guard", "local, guard",
+                                              "remote, no guard", "remote, guard"}  # fmt: skip
+    assert {r["query"]: r["rows_returned"] for r in guards}["Q1"] == "1"
+    for r in guards:
+        if r["phase"] == "guard":
+            assert (float(r["median_us"]) > 0) == r["variant"].endswith(", guard"), r
+        if r["phase"] == "total":
+            assert float(r["median_us"]) > 0
+    assert "**Table 4.4: with and without the currency guard**" in report
+    assert "**Table 4.5: where the time goes**" in report
+    assert (out / "guard-overhead.png").read_bytes()[:8] == PNG
+
     # plan-choices: each query's candidates timed, one of them the cost-based choice; the
     # choices that do not depend on the scale are the dissertation's
     with (out / "plan-choices.csv").open(newline="") as handle:

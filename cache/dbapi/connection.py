@@ -30,6 +30,7 @@ from cache.dbapi.session import SessionState
 from cache.execution.execute import Fetch, Memo
 from cache.execution.memo import DEFAULT_BYTES as DEFAULT_MEMO_BYTES
 from cache.execution.memo import memo_for
+from cache.execution.phases import Phases
 from cache.execution.planning import Planner
 from cache.maintenance.background import Background, attach, detach
 from cache.maintenance.stream import DEFAULT_LAG_LIMIT
@@ -156,6 +157,7 @@ class Connection:
                 raise translate(exc, unreachable="connect again when it is back") from exc
             raise
         self._planner = Planner(self._store, backend, choice=plan_choice)
+        self._phases: Phases | None = None  # on for the guard-overhead experiment
         self._statements = StatementCache()
         self._admissions = Admissions(self._store, lambda: self.backend)
         self._regions: RegionState | None = None

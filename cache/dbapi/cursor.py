@@ -107,6 +107,9 @@ class Cursor:
         self._reset()
         connection = self.connection
         store = connection._store
+        phases = connection._phases
+        if phases is not None:
+            phases.start()
         route = connection._statements.route(
             operation,
             store.schema_version,
@@ -116,7 +119,11 @@ class Cursor:
         if isinstance(route, CachedRead):
             self._read(route.query, parameters)
         elif isinstance(route, Passthrough):
+            if phases is not None:
+                phases.mark("lookup")
             self._run_backend(route.executed, parameters)
+            if phases is not None:
+                phases.mark("run")
             if route.reads is not None:
                 query = route.reads
                 self._pending = lambda: Provenance.remote(connection._planner.base_tables(query))
@@ -212,9 +219,12 @@ class Cursor:
 
     def _read(self, query: Query, parameters: Params) -> None:
         connection = self.connection
+        phases = connection._phases
         try:
             prepared = connection._planner.prepare(query, parameters, connection._currency_bound)
             plan = self.plan = prepared.plan
+            if phases is not None:
+                phases.mark("lookup")
             # a plan that chose the whole statement remote has no guard to evaluate
             if plan.local:
                 try:
@@ -223,6 +233,8 @@ class Cursor:
                 except LocalUnfit:
                     pass  # DuckDB cannot give PostgreSQL's answer here: the backend gives it
             self._run_backend(prepared.remote, parameters)
+            if phases is not None:
+                phases.mark("run")
             self._pending = lambda: Provenance.remote(connection._planner.base_tables(query))
             connection._counters["remote"] += 1
         except BackendUnavailableError as exc:
@@ -252,12 +264,18 @@ class Cursor:
         cache file: a change committed in between (an eviction while a remote leaf was
         fetched, a refresh) makes it decide again, a few times, then leave it to the backend."""
         store = self.connection._store
+        phases = self.connection._phases
         for _ in range(GUARD_ATTEMPTS):
             seen = store.committed_version()
             decision = self._decide(prepared.plan, parameters, ignore_currency=stale)
+            if phases is not None:
+                phases.mark("guard")
             if decision.remote:
                 return decision, False
-            if self._run_decision(prepared, decision, parameters, seen, stale):
+            ran = self._run_decision(prepared, decision, parameters, seen, stale)
+            if phases is not None:
+                phases.mark("run")
+            if ran:
                 return decision, True
         return decision, False
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from experiments.runs.framework import Context, Experiment, run_all
 
-EXPERIMENTS = ["plan-choices", "tpch"]  # in the order `all` runs them
+EXPERIMENTS = ["plan-choices", "guard-overhead", "tpch"]  # in the order `all` runs them
 QUICK_SF = 0.01  # --quick without --sf: small data
 
 
