@@ -24,8 +24,8 @@ from pathlib import Path
 import psycopg
 
 import cache
-from experiments import tpch
 from experiments.bench_tpch import rotated
+from experiments.runs import section47
 from experiments.runs.framework import (
     Context,
     Read,
@@ -40,12 +40,6 @@ from experiments.runs.framework import (
 NAME = "plan-choices"
 TITLE = "Plan choices (dissertation §4.7.3, Table 4.3 and Fig 4.1)"
 
-CACHE = """
-CREATE CACHED VIEW cust_prj AS SELECT c_custkey, c_name, c_nationkey, c_acctbal FROM customer
-    REFRESH EVERY 10 MIN;
-CREATE CACHED VIEW orders_prj AS SELECT o_custkey, o_orderkey, o_totalprice FROM orders
-    REFRESH EVERY 10 MIN
-"""
 S1 = ("SELECT c.c_custkey, c.c_name, o.o_orderkey, o.o_totalprice FROM customer c "
       "JOIN orders o ON c.c_custkey = o.o_custkey WHERE c.c_custkey < {k}")  # fmt: skip
 S2 = "SELECT c.c_custkey, c.c_name FROM customer c WHERE c.c_acctbal BETWEEN {a} AND {b}"
@@ -102,11 +96,7 @@ def run(ctx: Context) -> list[Row]:
     chosen = queries(ctx.sf)
     rows: list[Row] = []
     with ctx.progress("plan choices", total=2 + len(chosen)) as done:
-        tpch.load(ctx.dsn, ctx.sf, ["customer", "orders"])
-        with psycopg.connect(ctx.dsn, autocommit=True) as conn:
-            conn.execute("CREATE INDEX IF NOT EXISTS mtcache_acctbal ON customer (c_acctbal)")
-            conn.execute("CREATE INDEX IF NOT EXISTS mtcache_bench_2 ON orders (o_custkey)")
-            conn.execute("ANALYZE customer")
+        section47.load_backend(ctx.dsn, ctx.sf)
         done("caching cust_prj and orders_prj")
         path = ctx.out / "plan-choices.duckdb"
         path.unlink(missing_ok=True)
@@ -116,11 +106,7 @@ def run(ctx: Context) -> list[Row]:
                     for choice in ("cost", "remote", "guarded")}  # fmt: skip
         raw = psycopg.connect(ctx.dsn, autocommit=True)
         try:
-            cur = sessions["cost"].cursor()
-            for statement in CACHE.split(";"):
-                cur.execute(statement)
-            sessions["cost"].admin.refresh("cust_prj")  # two pulls: two regions
-            sessions["cost"].admin.refresh("orders_prj")
+            section47.create_views(sessions["cost"])
             done(chosen[0][0])
             for index, (name, statement, clause) in enumerate(chosen):
                 rows += _measure(name, statement, clause, sessions, raw, runs)
