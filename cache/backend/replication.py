@@ -144,13 +144,15 @@ class SlotStream:
         command = sql.SQL(
             "START_REPLICATION SLOT {} LOGICAL {} (proto_version '1', publication_names {})"
         ).format(sql.Identifier(slot), sql.SQL(lsn_text(start)), sql.Literal(publication))
-        self._pg.send_query(command.as_bytes(self._conn))
-        result = self._pg.get_result()
-        if result is None or result.status != pq.ExecStatus.COPY_BOTH:
-            error = (psycopg.errors.error_from_result(result) if result is not None
-                     else psycopg.OperationalError(self._error()))  # fmt: skip
-            self._conn.close()
-            raise error
+        try:
+            self._pg.send_query(command.as_bytes(self._conn))
+            result = self._pg.get_result()
+            if result is None or result.status != pq.ExecStatus.COPY_BOTH:
+                raise (psycopg.errors.error_from_result(result) if result is not None
+                       else psycopg.OperationalError(self._error()))  # fmt: skip
+        except BaseException:
+            self._conn.close()  # a session that did not start holds nothing
+            raise
 
     def messages(self, limit: int, wait: float = 0.0) -> list[bytes]:
         """The messages that have arrived (up to about ``limit``); if none, waiting up to
