@@ -43,7 +43,7 @@ class CachedView:
     completeness: Completeness | None
     refresh_seconds: float | None
     statement: str  # the DDL as written
-    continuous: bool = False  # REFRESH CONTINUOUSLY (gray views follow their root: `maintained`)
+    continuous: bool = False  # REFRESH CONTINUOUSLY (a gray view follows its root: `continuous`)
 
     @property
     def is_fully_materialized(self) -> bool:

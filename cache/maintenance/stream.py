@@ -2,12 +2,12 @@
 "Continuous maintenance from the WAL"): views declared ``REFRESH CONTINUOUSLY`` are kept
 current from PostgreSQL's logical replication stream.
 
-`set_up_stream` (run with the cache DDL) keeps one publication and one slot per cache file
-over the continuously maintained views' tables and the heartbeat table. `Consumer` reads the
-slot (`cache.backend.replication`), and `apply_transactions` applies whole backend
+`apply_ddl` (the cache DDL) keeps one publication and one slot per cache file over the
+continuously maintained views' tables and the heartbeat table. `Consumer` streams the slot
+(`cache.backend.replication.SlotStream`), and `apply_transactions` applies whole backend
 transactions, in commit order, to the views in one DuckDB transaction with the stream
-position: a crash anywhere re-reads from the slot's confirmed position and skips what the
-file says is applied (nothing lost, nothing applied twice).
+position: a crash anywhere streams again from the position the file stores (nothing lost,
+nothing applied twice).
 
 Applying is set-based (one batch of transactions = a few statements per view): per table, the
 last change of each key wins; the keys touched are deleted from the view and the final rows
@@ -253,8 +253,7 @@ class NeedsPull(Exception):
 
 @dataclass
 class Applied:
-    views: set[str] = field(default_factory=set)
-    changes: int = 0
+    views: set[str] = field(default_factory=set)  # whose rows the batch changed
 
 
 def apply_transactions(
@@ -310,7 +309,8 @@ def apply_transactions(
     for name in views:
         cached = schema.views[name]
         if cached.table in truncated:
-            _delete_all(con, schema, cached, skip.get(name, []), applied)
+            # TRUNCATE: the rows leave (their regions stay present, empty)
+            _delete_where(con, schema, cached, _keep(skip.get(name, [])), applied)
         if staged[cached.table].count:
             _apply_view(con, schema, cached, staged[cached.table], skip.get(name, []), applied)
     for stage in staged.values():
@@ -379,14 +379,11 @@ class _Staged:
     """One table's batch: the keys touched and the final rows, typed as the cache stores
     them, registered in DuckDB as ``mtcache_del_<table>`` and ``mtcache_put_<table>``."""
 
-    def __init__(self, con_name: str, key: tuple[str, ...], columns: list[tuple[str, str]]):
+    def __init__(self, con_name: str):
         self.name = con_name
-        self.key = key
-        self.columns = columns
         self.count = 0
         self.dels: pa.Table | None = None
         self.puts: pa.Table | None = None
-        self.unchanged: set[tuple[str, ...]] = set()  # final rows with a TOASTed value unsent
 
     @property
     def del_name(self) -> str:
@@ -420,8 +417,7 @@ def _stage(
             wanted += [c for c in view.columns if c not in wanted]
     types = {c.name: c.type for c in table.columns}
     columns = [(c, t.cast(str, transfer_type(types[c]))) for c in wanted]
-    stage = _Staged(str(len(table_name)) + "_" + "".join(ch for ch in table_name if ch.isalnum()),
-                    table.primary_key, columns)  # fmt: skip
+    stage = _Staged(str(len(table_name)) + "_" + "".join(ch for ch in table_name if ch.isalnum()))
     if not changes:
         return stage
     final: dict[tuple[t.Any, ...], tuple[t.Any, ...] | None] = {}
@@ -534,7 +530,7 @@ def _apply_view(
     assert stage.puts is not None
     stage.register(con)
     name = ident(view.name)
-    keep = " AND ".join(f"NOT ({p})" for p in skip) or "true"
+    keep = _keep(skip)
     touched = f"EXISTS (SELECT 1 FROM {stage.del_name} d WHERE {equal_columns(view.key, 'v', 'd')})"
     children = list(schema.edges_from(view.name))
     leaving: dict[tuple[str, ...], set[tuple[t.Any, ...]]] = {}
@@ -581,7 +577,7 @@ def _apply_view(
         row = con.execute(f"INSERT INTO {name} ({idents(view.columns)}) {arriving}").fetchone()
         if unchanged:
             con.execute("DROP TABLE mtcache_merged")
-        _count(applied, view, row, deleted)
+        _changed(applied, view, row, deleted)
         return
     con.execute(f"CREATE OR REPLACE TEMP TABLE mtcache_arrived AS {arriving}")
     if unchanged:
@@ -605,18 +601,21 @@ def _apply_view(
                 con, f"SELECT DISTINCT {cols} FROM {name}"
             )
             if gone:
-                _delete_children(con, schema, child, edge.columns, gone, applied)
+                _delete_under(con, schema, child, edge, gone, applied)
     finally:
         con.execute("DROP TABLE mtcache_arrived")
-    _count(applied, view, row, deleted)
+    _changed(applied, view, row, deleted)
 
 
-def _count(applied: Applied, view: CachedView, inserted: tuple[t.Any, ...] | None,
-           deleted: int) -> None:  # fmt: skip
-    changed = deleted + (int(inserted[0]) if inserted else 0)
-    if changed:
+def _keep(skip: list[str]) -> str:
+    """SQL: the row is in no region a pending pull holds (``skip``: their predicates)."""
+    return " AND ".join(f"NOT ({p})" for p in skip) or "true"
+
+
+def _changed(applied: Applied, view: CachedView, inserted: tuple[t.Any, ...] | None,
+             deleted: int) -> None:  # fmt: skip
+    if deleted or (inserted and inserted[0]):
         applied.views.add(view.name)
-        applied.changes += changed
 
 
 def _distinct(con: duckdb.DuckDBPyConnection, query: str) -> set[tuple[t.Any, ...]]:
@@ -701,62 +700,43 @@ def _regions_of(con: duckdb.DuckDBPyConnection, view: CachedView, rows: str) -> 
     return found
 
 
-def _delete_children(
-    con: duckdb.DuckDBPyConnection,
-    schema: CacheSchema,
-    child: CachedView,
-    columns: tuple[str, ...],
-    gone: set[tuple[t.Any, ...]],
-    applied: Applied,
-) -> None:
-    """A parent key no longer in the parent: the child rows under it leave (unless another
-    parent still lists them), and so on down."""
-    where = in_list(columns, gone).sql("duckdb")
-    name = ident(child.name)
-    others = _qualifies(schema, child, "v")
-    leaving_keys: dict[tuple[str, ...], set[tuple[t.Any, ...]]] = {}
-    grandchildren = list(schema.edges_from(child.name))
-    for _, edge in grandchildren:
-        cols = idents(edge.control_columns)
-        leaving_keys[edge.control_columns] = _distinct(
-            con, f"SELECT DISTINCT {cols} FROM {name} v WHERE {where} AND NOT ({others})"
-        )
-    row = con.execute(f"DELETE FROM {name} v WHERE {where} AND NOT ({others})").fetchone()
-    if row and row[0]:
-        applied.views.add(child.name)
-        applied.changes += int(row[0])
-    for grandchild, edge in grandchildren:
-        cols = idents(edge.control_columns)
-        still = {tuple(r) for r in con.execute(f"SELECT DISTINCT {cols} FROM {name}").fetchall()}
-        lost = leaving_keys[edge.control_columns] - still
-        if lost:
-            _delete_children(con, schema, grandchild, edge.columns, lost, applied)
-
-
-def _delete_all(
+def _delete_where(
     con: duckdb.DuckDBPyConnection,
     schema: CacheSchema,
     view: CachedView,
-    skip: list[str],
+    where: str,
     applied: Applied,
 ) -> None:
-    """TRUNCATE of the view's table: its rows leave (their regions stay present, empty)."""
-    keep = " AND ".join(f"NOT ({p})" for p in skip) or "true"
+    """Delete the rows of ``view`` that ``where`` selects (SQL on the alias v); a parent key
+    no longer in the view takes the child rows under it along, and so on down."""
     name = ident(view.name)
     children = list(schema.edges_from(view.name))
-    before = {edge.control_columns: {tuple(r) for r in con.execute(
-        f"SELECT DISTINCT {idents(edge.control_columns)} FROM {name}").fetchall()}
+    leaving = {edge.control_columns: _distinct(
+        con, f"SELECT DISTINCT {idents(edge.control_columns)} FROM {name} v WHERE {where}")
         for _, edge in children}  # fmt: skip
-    row = con.execute(f"DELETE FROM {name} WHERE {keep}").fetchone()
+    row = con.execute(f"DELETE FROM {name} v WHERE {where}").fetchone()
     if row and row[0]:
         applied.views.add(view.name)
-        applied.changes += int(row[0])
     for child, edge in children:
-        still = {tuple(r) for r in con.execute(
-            f"SELECT DISTINCT {idents(edge.control_columns)} FROM {name}").fetchall()}  # fmt: skip
-        if before[edge.control_columns] - still:
-            _delete_children(con, schema, child, edge.columns,
-                             before[edge.control_columns] - still, applied)  # fmt: skip
+        gone = leaving[edge.control_columns] - _distinct(
+            con, f"SELECT DISTINCT {idents(edge.control_columns)} FROM {name}")  # fmt: skip
+        if gone:
+            _delete_under(con, schema, child, edge, gone, applied)
+
+
+def _delete_under(
+    con: duckdb.DuckDBPyConnection,
+    schema: CacheSchema,
+    child: CachedView,
+    edge: Presence,
+    gone: set[tuple[t.Any, ...]],
+    applied: Applied,
+) -> None:
+    """Parent keys no longer in the parent: the child rows under them leave, unless another
+    parent still lists them."""
+    where = in_list(edge.columns, gone).sql("duckdb")
+    _delete_where(con, schema, child, f"{where} AND NOT ({_qualifies(schema, child, 'v')})",
+                  applied)  # fmt: skip
 
 
 def _stamp(
