@@ -47,6 +47,9 @@ class Estimates:
         return self.remote.get(sql, (math.inf, 0.0))
 
 
+PLAN_CHOICES = ("cost", "remote", "guarded")  # `PlanInputs.choice`
+
+
 @dataclass(frozen=True)
 class PlanInputs:
     """Everything planning reads besides the statement's analysis."""
@@ -61,7 +64,7 @@ class PlanInputs:
     # which candidate to keep: the cheaper ("cost"), or one forced ("remote": the whole
     # statement at the backend; "guarded": the plan with SwitchUnions, its guards deciding
     # at run time) - the experiments time each candidate (experiments/runs/plan_choices.py)
-    choice: str = "cost"
+    choice: str = "cost"  # one of PLAN_CHOICES
 
     def delay_of(self, view: str) -> float:
         """The view's refresh delay d: measured, else the default."""

@@ -38,7 +38,7 @@ from cache.store.cache_file import COUNTERS, CacheStore
 from cache.store.region_state import read_region_state
 from control_tables.regions import RegionState
 from heartbeat.clock import BackendClock
-from optimizer.plan import Plan
+from optimizer.plan import PLAN_CHOICES, Plan
 from sql_ext import Query, parse_duration
 from sql_ext import errors as _errors
 from sql_ext.errors import BackendUnavailableError, InterfaceError, ProgrammingError, translate
@@ -50,9 +50,6 @@ DEFAULT_CACHE = ".mtcache/cache.duckdb"
 # the public methods' edge (cache.dbapi.boundary), naming this cache file
 _public = public(lambda self: Path(getattr(self, "cache_path", DEFAULT_CACHE)),
                  lambda self: getattr(self, "_lock", None))
-
-
-PLAN_CHOICES = ("cost", "remote", "guarded")
 
 
 class Connection:
