@@ -33,6 +33,7 @@ import statistics
 import tempfile
 import threading
 import time
+import typing as t
 from pathlib import Path
 
 import psycopg
@@ -40,7 +41,6 @@ from rich.console import Console
 from rich.table import Table
 
 import cache
-from cache.backend.embedded_pg import EmbeddedPostgres
 from cache.backend.reflect import connect_backend, fetch_catalog
 from cache.maintenance import stream
 from cache.maintenance.engines import InlineEngine
@@ -48,6 +48,7 @@ from cache.maintenance.pipeline import Maintainer
 from cache.store.cache_file import CacheStore
 from experiments import tpch
 from experiments.provenance import append_rows
+from experiments.workers import Workers
 from sql_ext import parse
 
 VIEW = "CREATE CACHED VIEW orders_copy AS SELECT * FROM orders REFRESH CONTINUOUSLY"
@@ -74,36 +75,28 @@ def equal_to_backend(store: CacheStore, dsn: str, keys: list[int]) -> bool:
     return cached == backend
 
 
-class Writers:
+class Writers(Workers):
     """``rate`` single-row transactions a second over two connections; every
     ``rate / 20``-th one marks MARK_ORDER with its sequence number."""
 
     def __init__(self, dsn: str, rate: float, keys: list[int]) -> None:
+        super().__init__(2)
         self.dsn, self.rate, self.keys = dsn, rate, keys
         self.committed: dict[int, float] = {}  # mark -> monotonic time its commit returned
         self.count = 0
-        self._stop = threading.Event()
         self._lock = threading.Lock()
         self._next = 0
-        self._threads = [threading.Thread(target=self._run, args=(i,)) for i in range(2)]
         self.started = 0.0
 
-    def __enter__(self) -> Writers:
+    def __enter__(self) -> t.Self:
         self.started = time.monotonic()
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join()
+        return super().__enter__()
 
     def _run(self, index: int) -> None:
         rng = random.Random(index)
         every = max(1, round(self.rate / 20))
         with psycopg.connect(self.dsn, autocommit=True) as conn:
-            while not self._stop.is_set():
+            while not self.stopping.is_set():
                 with self._lock:
                     number = self._next
                     self._next += 1
@@ -181,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     console = Console()
 
-    dsn = args.backend or EmbeddedPostgres(Path(".mtcache/pg")).ensure_running()
+    dsn = tpch.backend(args.backend)
     console.print(f"loading TPC-H orders at SF {args.sf} ...")
     rows = tpch.load(dsn, args.sf, ["orders"])["orders"]
     with connect_backend(dsn, autocommit=True) as conn:

@@ -33,7 +33,6 @@ from rich.console import Console
 from rich.table import Table
 
 import cache
-from cache.backend.embedded_pg import EmbeddedPostgres
 from experiments import tpch
 from experiments.provenance import append_rows
 
@@ -92,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend")
     args = parser.parse_args(argv)
     console = Console()
-    dsn = args.backend or EmbeddedPostgres(Path(".mtcache/pg")).ensure_running()
+    dsn = tpch.backend(args.backend)
     console.print(f"loading TPC-H customer and orders at SF {args.sf} ...")
     tpch.load(dsn, args.sf, ["customer", "orders"])
     work = Path(tempfile.mkdtemp(prefix="mtcache-bench-query-"))

@@ -25,7 +25,6 @@ from rich.console import Console
 from rich.table import Table
 
 from cache.backend.copy_arrow import copy_to_arrow
-from cache.backend.embedded_pg import EmbeddedPostgres
 from cache.backend.reflect import connect_backend, fetch_catalog
 from cache.maintenance.engines import InlineEngine
 from cache.maintenance.pipeline import Maintainer
@@ -63,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     console = Console()
 
-    dsn = args.backend or EmbeddedPostgres(Path(".mtcache/pg")).ensure_running()
+    dsn = tpch.backend(args.backend)
     console.print(f"loading TPC-H orders at SF {args.sf} ...")
     rows = tpch.load(dsn, args.sf, ["orders"])["orders"]
     work = Path(tempfile.mkdtemp(prefix="mtcache-bench-"))

@@ -26,7 +26,6 @@ from rich.console import Console
 from rich.table import Table
 
 import cache
-from cache.backend.embedded_pg import EmbeddedPostgres
 from experiments import tpch
 from experiments.provenance import append_rows
 
@@ -64,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend")
     args = parser.parse_args(argv)
     console = Console()
-    dsn = args.backend or EmbeddedPostgres(Path(".mtcache/pg")).ensure_running()
+    dsn = tpch.backend(args.backend)
     console.print("loading TPC-H customer at SF 0.01 ...")
     tpch.load(dsn, 0.01, ["customer"])
     work = Path(tempfile.mkdtemp(prefix="mtcache-bench-size-"))

@@ -32,7 +32,6 @@ from rich.console import Console
 from rich.table import Table
 
 import cache
-from cache.backend.embedded_pg import EmbeddedPostgres
 from experiments import tpch
 from experiments.provenance import append_rows
 from experiments.tpch_queries import QUERIES, query
@@ -138,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     numbers = [int(n) for n in args.queries.split(",")] if args.queries else list(QUERIES)
     console = Console()
-    dsn = args.backend or EmbeddedPostgres(Path(".mtcache/pg")).ensure_running()
+    dsn = tpch.backend(args.backend)
     console.print(f"TPC-H at SF {args.sf}: loading, caching every table, then the queries ...")
 
     def said(label: str, row: dict[str, object] | None) -> None:

@@ -32,7 +32,6 @@ from rich.table import Table
 import cache
 from cache.backend.copy_arrow import copy_to_arrow
 from cache.backend.describe import describe_result
-from cache.backend.embedded_pg import EmbeddedPostgres
 from cache.backend.estimates import backend_estimates
 from experiments import tpch
 from experiments.provenance import append_rows
@@ -154,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="skip the 22 TPC-H queries (they cache every table)")  # fmt: skip
     args = parser.parse_args(argv)
     console = Console()
-    dsn = args.backend or EmbeddedPostgres(Path(".mtcache/pg")).ensure_running()
+    dsn = tpch.backend(args.backend)
     tpch.load(dsn, args.sf, ["customer", "orders"])
     work = Path(tempfile.mkdtemp(prefix="mtcache-calibrate-"))
     pg = psycopg.connect(dsn, autocommit=True)

@@ -13,6 +13,7 @@ from pathlib import Path
 import psycopg
 
 import cache
+from cache.backend.embedded_pg import EmbeddedPostgres
 
 TABLES: dict[str, str] = {
     "region": """r_regionkey integer PRIMARY KEY, r_name char(25) NOT NULL,
@@ -58,6 +59,11 @@ INDEXES = (
     "partsupp (ps_suppkey)", "customer (c_nationkey)", "supplier (s_nationkey)",
     "nation (n_regionkey)",
 )  # fmt: skip
+
+
+def backend(given: str | None) -> str:
+    """The benchmarks' backend: ``given`` (a DSN), else the repository's embedded cluster."""
+    return given or EmbeddedPostgres(Path(".mtcache/pg")).ensure_running()
 
 
 def generator() -> str:

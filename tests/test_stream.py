@@ -4,7 +4,6 @@ transactions through the replication slot (cache.maintenance.stream), on a real 
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 import typing as t
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ from cache.maintenance import stream
 from cache.maintenance.pipeline import Maintainer
 from cache.store.cache_file import CacheStore
 from cache.tools import bookstore
+from experiments.workers import Workers
 from sql_ext import parse
 from tests.test_maintenance import local, pg
 
@@ -220,7 +220,7 @@ def test_ddl_on_a_cached_table_stops_the_stream_with_a_reason(
     assert local(store, "SELECT qty, note FROM salescopy WHERE saleid = 1") == [(6, "again")]
 
 
-class Writer:
+class Writer(Workers):
     """Sequential single-row transactions on sales: write n sets qty = n on sale (n % 5) + 1.
     After each commit it reads the WAL insert position, which brackets the commit: write n's
     commit ends after ``after[n - 1]`` and at or before ``after[n]``."""
@@ -229,21 +229,12 @@ class Writer:
         self.dsn = dsn
         self.after: list[int] = []
         self.initial = dict(pg(dsn, "SELECT saleid, qty FROM sales WHERE saleid <= 5"))
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run)
+        super().__init__()
 
-    def __enter__(self) -> Writer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
+    def _run(self, index: int) -> None:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             n = 0
-            while not self._stop.is_set():
+            while not self.stopping.is_set():
                 n += 1
                 conn.execute("UPDATE sales SET qty = %s WHERE saleid = %s", (n, n % 5 + 1))
                 row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
@@ -329,25 +320,14 @@ conn.close()
 """
 
 
-class Churn:
+class Churn(Workers):
     """Concurrent writers on the continuously maintained tables: books of cached and
     uncached authors updated, moved between authors, inserted and deleted; sales updated."""
 
     def __init__(self, dsn: str, threads: int = 2) -> None:
         self.dsn = dsn
         self.count = 0
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, args=(i,)) for i in range(threads)]
-
-    def __enter__(self) -> Churn:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join()
+        super().__init__(threads)
 
     def _run(self, seed: int) -> None:
         import random
@@ -355,7 +335,7 @@ class Churn:
         rng = random.Random(seed)
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             n = 0
-            while not self._stop.is_set():
+            while not self.stopping.is_set():
                 n += 1
                 author = rng.randint(1, 6)
                 isbn = f"churn-{seed}-{n}"
