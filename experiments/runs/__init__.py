@@ -8,7 +8,8 @@ import importlib
 import typing as t
 from pathlib import Path
 
-from experiments.runs.framework import Context, Experiment, run_all
+if t.TYPE_CHECKING:  # the CLI reads the names below on every call: nothing heavy at import
+    from experiments.runs.framework import Context, Experiment
 
 EXPERIMENTS = ["plan-choices", "guard-overhead", "tpch"]  # in the order `all` runs them
 QUICK_SF = 0.01  # --quick without --sf: small data
@@ -20,5 +21,7 @@ def load(name: str) -> Experiment:
 
 def run(names: list[str], ctx: Context) -> Path:
     """Run the named experiments (``all``: every one); the report's path."""
+    from experiments.runs.framework import run_all
+
     chosen = EXPERIMENTS if names == ["all"] else names
     return run_all([load(n) for n in chosen], ctx)
