@@ -16,7 +16,8 @@ QUICK_SF = 0.01  # --quick without --sf: small data
 
 
 def load(name: str) -> Experiment:
-    return t.cast(Experiment, importlib.import_module(f"experiments.runs.{name.replace('-', '_')}"))
+    module = importlib.import_module(f"experiments.runs.{name.replace('-', '_')}")
+    return t.cast("Experiment", module)
 
 
 def run(names: list[str], ctx: Context) -> Path:
