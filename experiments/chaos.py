@@ -124,6 +124,12 @@ def turns_taken(records: list[dict[str, t.Any]]) -> collections.Counter[str]:
     return done
 
 
+def spark_pending(done: collections.Counter[str], spark: bool) -> bool:
+    """A Spark fault kind has not had its first turn: a random SIGKILL of the owner waits
+    (each restarts the JVM, and under load a JVM start is most of the time between kills)."""
+    return spark and any(not done[p] for k, p in FAULTS if k == "spark")
+
+
 def group_of(account: int) -> int:
     return account % GROUPS
 
@@ -556,6 +562,7 @@ def fault_injector(run: Run) -> None:
     rng = random.Random(run.seed * 1000 + 900)
     next_restart = time.time() + rng.uniform(5, 10)
     next_kill = time.time() + rng.uniform(15, 30)
+    held_until = next_kill + 30  # a JVM that never starts does not stop the kills for good
     while run.running():
         time.sleep(rng.uniform(0.5, 2.0))
         if not run.running():
@@ -569,6 +576,10 @@ def fault_injector(run: Run) -> None:
             next_restart = time.time() + rng.uniform(8, 20)
             continue
         if time.time() > next_kill:
+            done = turns_taken([r for path in list(run.incarnations) for r in read_journal(path)])
+            if spark_pending(done, run.spark) and time.time() < held_until:
+                next_kill = time.time() + 5  # the JVM it would take down is Spark's first turn
+                continue
             with run.lock:
                 if run.owner is not None and run.owner.poll() is None:
                     run.killing = True

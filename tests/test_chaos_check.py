@@ -143,3 +143,15 @@ def test_a_kill_that_missed_its_point_is_not_a_turn() -> None:
                                 "task", "task:kill",
                                 "after_snapshot:kill")})  # fmt: skip
     assert next_fault(done, spark=False, ready=False) == ("kill", "after_pull:kill")
+
+
+def test_the_owner_is_not_killed_at_random_before_sparks_first_turns() -> None:
+    """A fresh clone's CI missed 'Spark task failure (task:kill)': random kills of the owner
+    kept restarting the JVM before Spark's second kind had a turn."""
+    import collections
+
+    from experiments.chaos import spark_pending
+
+    assert spark_pending(collections.Counter({"task": 1}), spark=True)
+    assert not spark_pending(collections.Counter({"task": 1, "task:kill": 1}), spark=True)
+    assert not spark_pending(collections.Counter(), spark=False)
