@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import time
 import typing as t
 from collections.abc import Iterator
@@ -14,7 +15,7 @@ from cache.backend.embedded_pg import EmbeddedPostgres
 from cache.backend.reflect import fetch_catalog
 from cache.maintenance.engines import InlineEngine
 from cache.maintenance.pipeline import Maintainer
-from cache.maintenance.scheduler import RefreshScheduler, due_views
+from cache.maintenance.scheduler import RefreshScheduler, due_views, next_due
 from cache.store.cache_file import CacheStore
 from cache.tools import bookstore
 from sql_ext import parse
@@ -54,6 +55,28 @@ def test_due_views_follow_the_intervals(setup: tuple[CacheStore, str]) -> None:
     assert due_views(store, now) == []
     assert due_views(store, now + dt.timedelta(seconds=2)) == ["salescopy"]
     assert due_views(store, now + dt.timedelta(minutes=11)) == ["authorcopy", "salescopy"]
+    # the scheduler wakes when the first of them is due (salescopy's 1 s), not a tick later
+    sales = next_due(store)
+    second = dt.timedelta(seconds=1)
+    assert sales is not None and now - second < sales <= now + second
+
+
+def test_the_scheduler_refreshes_on_time(setup: tuple[CacheStore, str]) -> None:
+    """A view is refreshed when its interval elapses, not up to a tick later: with a 1 s
+    interval and a 5 s tick, consecutive snapshots are ~1 s apart."""
+    store, dsn = setup
+    scheduler = RefreshScheduler(store, dsn, InlineEngine(), tick=5.0)
+    scheduler.start()
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(scheduler.reports) < 4:
+            time.sleep(0.05)
+    finally:
+        scheduler.stop()
+    assert scheduler.errors == []
+    times = [r.backend_time for r in scheduler.reports]
+    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(times[1:])]
+    assert len(gaps) >= 2 and all(0.99 <= g < 1.5 for g in gaps), gaps
 
 
 def test_the_scheduler_thread_keeps_a_view_fresh(setup: tuple[CacheStore, str]) -> None:
@@ -153,4 +176,21 @@ def test_the_refresh_delay_is_measured_per_view_and_planned_with(
     assert len(found) == 1, (plan["plan"], delay)
     (union,) = found
     assert union["guard"]["view"] == "salescopy"
-    assert union["refresh_delay_seconds"] == math.ceil(delay * 10) / 10
+    assert union["refresh_delay_seconds"] == math.ceil(delay * 100) / 100
+
+
+def test_an_emulated_transport_delay_is_measured_as_the_views_delay(
+    setup: tuple[CacheStore, str],
+) -> None:
+    """``after_pull:sleep=S`` (fault injection) delays the rows' arrival by S seconds, and the
+    measured delay d of the view (cost model, status) includes it."""
+    from cache.store.refresh_times import measured_delays
+
+    store, dsn = setup
+    Maintainer(store, dsn).refresh("salescopy")
+    quick = measured_delays(store)["salescopy"]
+    Maintainer(store, dsn, faults_enabled=["after_pull:sleep=0.6"]).refresh("salescopy")
+    [(slow,)] = local(store, "SELECT delay_seconds FROM mtcache.snapshots "
+                      "ORDER BY snapshot_id DESC LIMIT 1")  # fmt: skip
+    assert 0.6 <= slow < 0.6 + quick + 0.5, (quick, slow)
+    assert measured_delays(store)["salescopy"] == (quick + slow) / 2  # the median of the two

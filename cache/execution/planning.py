@@ -89,13 +89,15 @@ class Planner:
         return catalog
 
     def delays(self) -> tuple[tuple[str, float], ...]:
-        """The views' measured refresh delays d (§4.6), rounded up to a tenth of a second so
-        that a plan is made again only when one moves by that much; read again after every
-        change of the cache file."""
+        """The views' measured refresh delays d (§4.6), rounded up to a hundredth of a second
+        so that a plan is made again only when one moves by that much (and a bound at most
+        that much above d is planned remote by §4.4's rule); read again after every change of
+        the cache file."""
         version = self.store.version
         if self._delays[0] != version:
             measured = measured_delays(self.store).items()
-            rounded = tuple(sorted((view, math.ceil(delay * 10) / 10) for view, delay in measured))
+            rounded = tuple(sorted((view, math.ceil(delay * 100) / 100)
+                                   for view, delay in measured))  # fmt: skip
             self._delays = (version, rounded)
         return self._delays[1]
 

@@ -6,7 +6,9 @@ read when a pipeline starts) or by the ``faults`` argument of a refresh. ``NAME`
 `InjectedFault` there; ``NAME:kill`` kills the process on the spot (SIGKILL: no cleanup, no
 rollback handler runs), as a crash or an out-of-memory kill would; ``NAME:stall`` hangs there
 (up to a minute, less once its parent process is gone), as a stuck backend or task would, so
-a test can interrupt or kill the refresh while it waits.
+a test can interrupt or kill the refresh while it waits; ``NAME:sleep=SECONDS`` waits that long
+there and goes on, as a slow network between the backend and the cache would (the
+workload-shift experiment emulates the dissertation's propagation delays with it).
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ def active(extra: Iterable[str] = ()) -> frozenset[str]:
 
 
 def hit(point: str, enabled: frozenset[str]) -> None:
+    for fault in enabled:
+        if fault.startswith(f"{point}:sleep="):
+            time.sleep(float(fault.partition("=")[2]))
     if f"{point}:kill" in enabled:
         os.kill(os.getpid(), signal.SIGKILL)
     if f"{point}:stall" in enabled:

@@ -22,19 +22,34 @@ from heartbeat.loop import Loop
 log = logging.getLogger("mtcache.scheduler")
 
 
-def due_views(store: CacheStore, now: dt.datetime) -> list[str]:
-    """White views whose interval has elapsed (parents first)."""
+MIN_WAIT = 0.01  # seconds: a view due again at once (f shorter than its refresh) waits this
+
+
+def _scheduled(store: CacheStore) -> list[tuple[str, dt.datetime]]:
+    """(view, when it is due) of the views the scheduler refreshes, parents first."""
     schema = store.load_schema()
     due = []
     for name in schema.topological_order():
         when = refresh_times(store, schema, name)
-        if when.follows is None and when.due is not None and when.due <= now:
-            due.append(name)
+        if when.follows is None and when.due is not None:
+            due.append((name, when.due))
     return due
 
 
+def due_views(store: CacheStore, now: dt.datetime) -> list[str]:
+    """White views whose interval has elapsed (parents first)."""
+    return [name for name, due in _scheduled(store) if due <= now]
+
+
+def next_due(store: CacheStore) -> dt.datetime | None:
+    """When the first scheduled view is due (None: none is scheduled)."""
+    return min((due for _, due in _scheduled(store)), default=None)
+
+
 class RefreshScheduler:
-    """A daemon thread refreshing due views every ``tick`` seconds until stopped."""
+    """A daemon thread refreshing views when they are due until stopped: it wakes when the
+    first view is due, and at least every ``tick`` seconds (new views, DDL), and a ``tick``
+    after a failed refresh (its retry)."""
 
     def __init__(self, store: CacheStore, dsn: str, engine: Engine, tick: float = 1.0) -> None:
         self.store = store.for_thread()
@@ -68,5 +83,15 @@ class RefreshScheduler:
         self.store.close()
 
     def _run(self) -> None:
-        while not self._loop.stopping.wait(self.tick):
+        wait = self.tick
+        while not self._loop.stopping.wait(wait):
+            failed = len(self.errors)
             self.run_once()
+            wait = self.tick if len(self.errors) > failed else self._until_due()
+
+    def _until_due(self) -> float:
+        due = next_due(self.store)
+        if due is None:
+            return self.tick
+        until = (due - dt.datetime.now(dt.UTC)).total_seconds()
+        return min(self.tick, max(MIN_WAIT, until))

@@ -755,8 +755,8 @@ def _stamp(
     assert row is not None
     snapshot_id = int(row[0])
     views = schema.continuous_views()
-    age = None
-    if stream_time is not None:
+    age = None  # d (§4.6): how old the stream time is as it lands; batches that do not
+    if stream_time is not None and stream_time != stream.stream_time:  # move it measure none
         age = max(0.0, (dt.datetime.now(dt.UTC) - stream_time).total_seconds())
     con.execute(
         "INSERT INTO mtcache.snapshots (snapshot_id, backend_time, pg_snapshot, engine, "

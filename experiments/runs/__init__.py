@@ -11,7 +11,8 @@ from pathlib import Path
 if t.TYPE_CHECKING:  # the CLI reads the names below on every call: nothing heavy at import
     from experiments.runs.framework import Context, Experiment
 
-EXPERIMENTS = ["plan-choices", "guard-overhead", "tpch"]  # in the order `all` runs them
+# in the order `all` runs them (the dissertation's)
+EXPERIMENTS = ["workload-shift", "plan-choices", "guard-overhead", "consistency-guards", "tpch"]
 QUICK_SF = 0.01  # --quick without --sf: small data
 
 

@@ -110,14 +110,14 @@ def number(value: str) -> float | None:
     return float(value) if value not in ("", None) else None
 
 
-def figure(width: float = 10, height: float = 4) -> tuple[t.Any, t.Any]:
-    """A matplotlib figure and its axes, drawn off-screen."""
+def figure(width: float = 10, height: float = 4, columns: int = 1) -> tuple[t.Any, t.Any]:
+    """A matplotlib figure and its axes (one per column, side by side), drawn off-screen."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    return plt.subplots(figsize=(width, height))
+    return plt.subplots(1, columns, figsize=(width, height))
 
 
 def save(drawn: t.Any, path: Path) -> Path:

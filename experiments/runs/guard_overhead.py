@@ -99,7 +99,7 @@ def run(ctx: Context) -> list[Row]:
             done(plan[0][0])
             time.sleep(max(0.0, refreshed + failing + 0.5 - time.monotonic()))
             for index, (name, statement, tables, rounds) in enumerate(plan):
-                rows += _measure(conn, name, statement, tables, failing, rounds)
+                rows += measure(conn, name, statement, tables, failing, rounds)
                 done(plan[index + 1][0] if index + 1 < len(plan) else "done")
         finally:
             conn.close()
@@ -114,9 +114,11 @@ def queries_plan(ctx: Context) -> list[tuple[str, str, str, int]]:
     return [(n, s, c, rounds[n]) for n, s, c in queries(ctx.dsn)]
 
 
-def _measure(
+def measure(
     conn: cache.Connection, name: str, statement: str, tables: str, failing: int, rounds: int
 ) -> list[Row]:
+    """The four ways of one query, in turns, each answer checked first; rows of medians per
+    variant and phase (also the consistency-guards experiment's)."""
     local_sql = f"{statement} {clause('10 MIN', tables)}"
     failing_sql = f"{statement} {clause(f'{failing} SEC', tables)}"
     with psycopg.connect(conn.backend) as raw:

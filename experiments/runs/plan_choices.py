@@ -73,7 +73,7 @@ def queries(sf: float) -> list[tuple[str, str, str]]:
         ("Q2", S1.format(k=customers + 1), ""),
         ("Q2 (clause)", S1.format(k=customers + 1), "CURRENCY BOUND 0 SEC ON (c, o)"),
         ("Q3", S1.format(k=customers // 10), "CURRENCY BOUND 10 MIN ON (c, o)"),
-        ("Q4", S1.format(k=customers // 10), "CURRENCY BOUND 50 MS ON (c), 10 MIN ON (o)"),
+        ("Q4", S1.format(k=customers // 10), "CURRENCY BOUND 10 MS ON (c), 10 MIN ON (o)"),
         ("Q5", S1.format(k=customers // 10), "CURRENCY BOUND 10 MIN ON (c), 10 MIN ON (o)"),
         # c_acctbal is uniform on [-999.99, 9999.99]: ~53 rows of 150,000 in a width of 3.9
         ("Q6", S2.format(a=1000, b=1000 + 3.9), "CURRENCY BOUND 10 MIN"),
