@@ -106,6 +106,17 @@ def test_the_cli_refuses_bad_keys_in_one_line(
     assert mtcache("evict", "authorlist_pct", "99999").returncode == 1
 
 
+def test_admitting_many_keys_without_rows_names_a_few(conn: Connection) -> None:
+    """The error names the first keys and counts the rest (one line, not a thousand keys)."""
+    before = snapshot(conn)
+    with pytest.raises(cache.ProgrammingError) as caught:
+        conn.admin.admit("authorlist_pct", [(k,) for k in range(90000, 90030)])
+    message = str(caught.value)
+    assert "no rows for keys (90000,), (90001,)" in message, message
+    assert "(90009,) and 20 more (30 keys)" in message and "(90010,)" not in message
+    assert snapshot(conn) == before
+
+
 @pytest.mark.parametrize(("script", "where", "what"), [
     ("CREATE CONTROL TABLE x_pct (authorid INTEGER);\n\nCREATE CACHED VIEW xc AS SELECT * "
      "FROM authorz\n  PRESENCE ON (authorid) IN x_pct;", (3, 40), "no table 'authorz'"),

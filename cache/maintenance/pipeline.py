@@ -233,6 +233,9 @@ class Maintainer:
         return report
 
 
+NAMED_KEYS = 10  # an error names this many keys and counts the rest
+
+
 def _refuse_empty(pull: Pull, must_hold: Collection[Region]) -> None:
     """Admitted presence keys the backend has no rows for (checked in the pull's snapshot)."""
     pulled = {(r.view, r.columns) for r in must_hold}
@@ -240,10 +243,13 @@ def _refuse_empty(pull: Pull, must_hold: Collection[Region]) -> None:
     empty = sorted((r for r in must_hold if r.values not in held[r.view, r.columns]), key=str)
     if empty:
         control = empty[0].control
-        keys = ", ".join(repr(r.values) for r in empty)
+        keys = ", ".join(repr(r.values) for r in empty[:NAMED_KEYS])
+        if len(empty) > NAMED_KEYS:
+            keys += f" and {len(empty) - NAMED_KEYS} more ({len(empty)} keys)"
+        which = "key" if len(empty) == 1 else "keys"
         raise ProgrammingError(
-            f"{control}: the backend has no rows for key {keys} ({empty[0].view} would hold "
-            "no rows for it); nothing was admitted. Admit it as an empty region with "
+            f"{control}: the backend has no rows for {which} {keys} ({empty[0].view} would "
+            f"hold no rows for it); nothing was admitted. Admit it as an empty region with "
             "allow_empty=True (CLI: --allow-empty)"
         )
 
