@@ -27,6 +27,7 @@ from cache.dbapi.boundary import public
 from cache.dbapi.cursor import Cursor
 from cache.dbapi.route import StatementCache
 from cache.dbapi.session import SessionState
+from cache.execution.decisions import DecisionMemo
 from cache.execution.execute import Fetch, Memo
 from cache.execution.memo import DEFAULT_BYTES as DEFAULT_MEMO_BYTES
 from cache.execution.memo import memo_for
@@ -158,6 +159,7 @@ class Connection:
         self._statements = StatementCache()
         self._admissions = Admissions(self._store, lambda: self.backend)
         self._regions: RegionState | None = None
+        self._decisions = DecisionMemo()  # guard decisions while the regions and session stand
         self._counters = dict.fromkeys(COUNTERS, 0)
         self._memo = Memo(memo_for(self._store.path, result_memo_bytes),
                           self._store.change_token) if result_memo_bytes else None  # fmt: skip

@@ -34,6 +34,8 @@ from cache.dbapi.route import (
 from cache.execution.execute import LocalUnfit, run_local, text_column
 from cache.execution.planning import Prepared
 from cache.execution.provenance import Executed, Provenance
+from cache.store.region_state import read_region_state
+from control_tables.regions import RegionState
 from optimizer.evaluate_guards import Decision, evaluate_guards
 from optimizer.plan import Plan
 from sql_ext import Query
@@ -240,14 +242,26 @@ class Cursor:
         except BackendUnavailableError as exc:
             self._answer_without_backend(query, parameters, exc)
 
-    def _decide(self, plan: Plan, parameters: Params, ignore_currency: bool = False) -> Decision:
-        """Evaluate the plan's guards; a decision about current data counts its misses and
-        requests the admissions that would fill them."""
+    def _decide(
+        self, plan: Plan, parameters: Params, ignore_currency: bool = False,
+        regions: RegionState | None = None,
+    ) -> Decision:  # fmt: skip
+        """Evaluate the plan's guards (on ``regions``, else the connection's current region
+        state); a decision about current data counts its misses and requests the admissions
+        that would fill them."""
         connection = self.connection
         state = connection._session
         session = state.guard_session(connection._planner.catalog.tables, ignore_currency)
-        values = ParameterValues(plan.analysis.parameter_keys, parameters)
-        decision = evaluate_guards(plan, connection._region_state(), values, session, state.now())
+        memo = connection._decisions if regions is None and not ignore_currency else None
+        if regions is None:
+            regions = connection._region_state()
+        now = state.now()
+        decision = memo.get(plan, parameters, regions, session, now) if memo else None
+        if decision is None:
+            values = ParameterValues(plan.analysis.parameter_keys, parameters)
+            decision = evaluate_guards(plan, regions, values, session, now)
+            if memo is not None:
+                memo.put(plan, parameters, regions, session, decision)
         if not ignore_currency:
             misses = decision.misses
             counters = connection._counters
@@ -262,7 +276,8 @@ class Cursor:
         """Evaluate the guards and run what they keep local (whole or in part): whether it ran,
         with the decision. The guards and the rows they pass must come from one state of the
         cache file: a change committed in between (an eviction while a remote leaf was
-        fetched, a refresh) makes it decide again, a few times, then leave it to the backend."""
+        fetched, a refresh) makes it decide again, a few times, then once more inside one
+        DuckDB transaction."""
         store = self.connection._store
         phases = self.connection._phases
         for _ in range(GUARD_ATTEMPTS):
@@ -277,23 +292,43 @@ class Cursor:
                 phases.mark("run")
             if ran:
                 return decision, True
-        return decision, False
+        return self._decide_and_run_in_one_transaction(prepared, parameters, stale)
+
+    def _decide_and_run_in_one_transaction(
+        self, prepared: Prepared, parameters: Params, stale: bool
+    ) -> tuple[Decision, bool]:
+        """Changes keep landing while the local plan runs (a stream applying writes): read the
+        regions, decide and run inside one DuckDB transaction, a state of the file no commit
+        moves. Not the first way: a transaction costs two statements more on the hit path."""
+        store = self.connection._store
+        store.con.execute("BEGIN TRANSACTION")
+        try:
+            regions = read_region_state(store)
+            decision = self._decide(prepared.plan, parameters, stale, regions)
+            if decision.remote:
+                return decision, False
+            return decision, self._run_decision(prepared, decision, parameters, None, stale)
+        finally:
+            store.con.execute("ROLLBACK")  # it only read
 
     def _run_decision(
-        self, prepared: Prepared, decision: Decision, parameters: Params, seen: int,
+        self, prepared: Prepared, decision: Decision, parameters: Params, seen: int | None,
         stale: bool = False,
     ) -> bool:  # fmt: skip
         """Run a local or mixed decision in DuckDB; False (and no result) if the cache file
-        changed since version ``seen``, on which the guards decided."""
+        changed since version ``seen``, on which the guards decided (None: they decided inside
+        the transaction this runs in; the result memo, which holds the newest answers, is not
+        used)."""
         connection = self.connection
+        memo = connection._memo if seen is not None else None
         try:
             result = run_local(prepared, decision, parameters, connection._store.con,
-                               connection._leaf_fetcher, connection._memo)  # fmt: skip
+                               connection._leaf_fetcher, memo)  # fmt: skip
         except psycopg.Error as exc:
             raise translate(exc, unreachable="a remote part of the query needs it") from exc
         except duckdb.Error as exc:
             raise translate(exc, "the local plan failed in DuckDB") from exc
-        if connection._store.committed_version() != seen:
+        if seen is not None and connection._store.committed_version() != seen:
             return False
         self._set_result(result.description, result.rows)
         self.executed = result.executed

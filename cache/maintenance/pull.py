@@ -127,13 +127,22 @@ class Pull:
 
     def _retrieval(self, wanted: set[Region]) -> list[PullQuery]:
         """Queries for the wanted regions of white views, one per view (§3.4.1: presence,
-        consistency and completeness queries, OR-ed)."""
+        consistency and completeness queries, OR-ed). The presence regions of a view are one
+        IN list per control key (PostgreSQL hashes a long list; an OR of one comparison per
+        key is evaluated term by term for every row: 150,000 admitted keys never finished)."""
         by_view: dict[str, list[str]] = {}
+        present: dict[tuple[str, tuple[str, ...]], list[tuple[t.Any, ...]]] = {}
         for region in sorted(wanted):
             view = self.schema.views[region.view]
             if view.is_gray:
                 continue  # pulled top-down from its parent's rows
-            by_view.setdefault(region.view, []).append(self._region_query(view, region))
+            predicates = by_view.setdefault(region.view, [])
+            if region.kind == "presence":
+                present.setdefault((region.view, region.columns), []).append(region.values)
+            else:
+                predicates.append(self._region_query(view, region))
+        for (name, columns), values in present.items():
+            by_view[name].insert(0, in_list(columns, values).sql("postgres"))
         return [
             self.query(self.schema.views[name], " OR ".join(f"({p})" for p in preds))
             for name, preds in by_view.items()

@@ -1,0 +1,81 @@
+"""Guard decisions are reused only while they still hold (cache.execution.decisions): a
+decision that kept data local expires when the oldest region it read outlives its bound; one
+that sent the query remote holds until the region state or the session changes. No database:
+the memo only compares identities and times."""
+
+from __future__ import annotations
+
+import datetime as dt
+import typing as t
+
+from cache.execution.decisions import DecisionMemo, expiry
+from optimizer.evaluate_guards import Binding, Decision, Misses
+
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+
+def at(seconds: float) -> dt.datetime:
+    return T0 + dt.timedelta(seconds=seconds)
+
+
+def local(*refreshed: float, bound: float = 10.0) -> Decision:
+    """A decision reading regions refreshed at the given seconds, local under ``bound``."""
+    regions = tuple(((i,), (at(s), 1)) for i, s in enumerate(refreshed))
+    guard: t.Any = object()
+    access: t.Any = object()
+    return Decision((Binding(access, guard, regions, bound),), Misses(), at(0), 1)
+
+
+REMOTE = Decision(None, Misses(currency=1), at(0))
+
+
+def test_a_local_decision_expires_when_its_oldest_region_outlives_the_bound() -> None:
+    assert expiry(local(5.0, 2.0, 7.0, bound=10.0)) == at(12.0)
+    assert expiry(REMOTE) is None
+    assert expiry(local(2.0, bound=float("inf"))) is None  # no bound: never by time
+
+
+def test_a_kept_decision_is_reused_with_the_new_time_until_it_expires() -> None:
+    memo = DecisionMemo()
+    plan: t.Any = object()
+    state: t.Any = object()
+    session: t.Any = object()
+    assert memo.get(plan, [4], state, session, at(1)) is None
+    kept = local(2.0)
+    memo.put(plan, [4], state, session, kept)
+    reused = memo.get(plan, [4], state, session, at(11.5))
+    assert reused is not None and reused.now == at(11.5)  # provenance reports this moment
+    assert reused.bindings is kept.bindings
+    assert memo.get(plan, [4], state, session, at(12.0)) is not None  # still within 10 s
+    assert memo.get(plan, [4], state, session, at(12.000001)) is None  # outlived
+    assert memo.get(plan, [5], state, session, at(3)) is None  # other parameters
+    assert memo.get(plan, [4.0], state, session, at(3)) is None  # 4.0 is not 4
+    assert memo.get(object(), [4], state, session, at(3)) is None  # another plan
+
+
+def test_a_failed_decision_holds_until_the_state_or_the_session_changes() -> None:
+    memo = DecisionMemo()
+    plan: t.Any = object()
+    state: t.Any = object()
+    session: t.Any = object()
+    memo.get(plan, None, state, session, at(0))
+    memo.put(plan, None, state, session, REMOTE)
+    found = memo.get(plan, None, state, session, at(10_000))
+    assert found is not None and found.remote and found.misses == REMOTE.misses
+    assert memo.get(plan, None, object(), session, at(1)) is None  # a refresh landed
+    memo.put(plan, None, state, session, REMOTE)  # decided on the old state: not kept
+    assert memo.get(plan, None, state, session, at(1)) is None  # the old state is gone
+    memo.put(plan, None, state, session, REMOTE)
+    assert memo.get(plan, None, state, object(), at(1)) is None  # the session wrote
+
+
+def test_unhashable_parameters_are_not_kept() -> None:
+    memo = DecisionMemo()
+    plan: t.Any = object()
+    state: t.Any = object()
+    session: t.Any = object()
+    memo.get(plan, [[1, 2]], state, session, at(0))
+    memo.put(plan, [[1, 2]], state, session, REMOTE)
+    assert memo.get(plan, [[1, 2]], state, session, at(0)) is None
+    memo.put(plan, {"k": 3}, state, session, REMOTE)
+    assert memo.get(plan, {"k": 3}, state, session, at(0)) is not None
