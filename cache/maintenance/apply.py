@@ -6,7 +6,7 @@ admit new control keys and stamp every refreshed region with ``refreshed_at`` an
 from __future__ import annotations
 
 import typing as t
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import duckdb
 import pyarrow as pa
@@ -52,9 +52,8 @@ def apply_pull(
         )
         stamp = [snapshot.backend_time, snapshot_id]
         for control, values in admitted.items():
-            for value in values:
-                _insert_control_row(con, control, schema.control_tables[control].column_names,
-                                    value, stamp)  # fmt: skip
+            _insert_control_rows(con, control, schema.control_tables[control].column_names,
+                                 values, stamp)  # fmt: skip
         changed = []
         for name in schema.topological_order():
             view = schema.views[name]
@@ -88,19 +87,33 @@ def apply_pull(
     report.backend_time = snapshot.backend_time
 
 
-def _insert_control_row(
+def _insert_control_rows(
     con: duckdb.DuckDBPyConnection,
     control: str,
     columns: tuple[str, ...],
-    key: Key,
+    keys: Iterable[Key],
     stamp: list[t.Any],
 ) -> None:
-    marks = ", ".join("?" for _ in columns)
-    con.execute(
-        f"INSERT INTO {ident(control)} ({idents(columns)}, refreshed_at, snapshot_id) "
-        f"VALUES ({marks}, ?, ?) ON CONFLICT DO NOTHING",
-        [*key, *stamp],
-    )
+    """Admit the keys (those listed already stay as they are) in one statement: rows moved
+    through Arrow, or - values Arrow cannot type - bound row by row."""
+    rows = list(dict.fromkeys(keys))
+    if not rows:
+        return
+    target = f"INSERT INTO {ident(control)} ({idents(columns)}, refreshed_at, snapshot_id)"
+    try:
+        staged = pa.table({f"k{i}": [r[i] for r in rows] for i in range(len(columns))})
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        marks = ", ".join("?" for _ in columns)
+        con.executemany(f"{target} VALUES ({marks}, ?, ?) ON CONFLICT DO NOTHING",
+                        [[*r, *stamp] for r in rows])  # fmt: skip
+        return
+    con.register("mtcache_admitted", staged)
+    try:
+        names = ", ".join(f"k{i}" for i in range(len(columns)))
+        con.execute(f"{target} SELECT {names}, ?, ? FROM mtcache_admitted "
+                    "ON CONFLICT DO NOTHING", stamp)  # fmt: skip
+    finally:
+        con.unregister("mtcache_admitted")
 
 
 def _delete_rows(
@@ -134,21 +147,24 @@ def _stamp_regions(
 ) -> None:
     """Set refreshed_at and snapshot_id on the control rows of refreshed regions, and admit the
     presence keys that arrived with a completeness pull."""
+    stamped: dict[tuple[str, tuple[str, ...]], list[Key]] = {}
     for region in regions:
         if region.control is None or region.control not in schema.control_tables:
             continue
-        columns = _control_columns(view, region)
+        stamped.setdefault((region.control, _control_columns(view, region)), []).append(
+            region.values)
+    for (control, columns), values in stamped.items():  # one statement per control key
         con.execute(
-            f"UPDATE {ident(region.control)} SET refreshed_at = ?, snapshot_id = ? "
-            f"WHERE {in_list(columns, [region.values]).sql('duckdb')}",
+            f"UPDATE {ident(control)} SET refreshed_at = ?, snapshot_id = ? "
+            f"WHERE {in_list(columns, values).sql('duckdb')}",
             stamp,
         )
     if rows is None or rows.num_rows == 0:
         return
     for edge in view.presence:
         if edge.control in schema.control_tables:
-            for key in distinct_rows(rows, edge.columns):
-                _insert_control_row(con, edge.control, edge.control_columns, key, stamp)
+            _insert_control_rows(con, edge.control, edge.control_columns,
+                                 distinct_rows(rows, edge.columns), stamp)  # fmt: skip
 
 
 def _control_columns(view: CachedView, region: Region) -> tuple[str, ...]:

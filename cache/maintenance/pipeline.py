@@ -33,7 +33,7 @@ from cache.maintenance import faults
 from cache.maintenance.apply import apply_pull
 from cache.maintenance.engines import Coordinator, Engine, InlineEngine, PullQuery
 from cache.maintenance.evict import evict
-from cache.maintenance.key_values import exact_key
+from cache.maintenance.key_values import exact_keys
 from cache.maintenance.lineup import record_pull
 from cache.maintenance.pull import Pull, distinct_rows
 from cache.maintenance.report import Report
@@ -113,7 +113,7 @@ class Maintainer:
         is admitted as an empty region: the cache answers for it that there are none)."""
         schema = self.store.load_schema()
         view, role, _ = control_role(schema, control)
-        values = [_coerce_key(self.store, schema, control, v) for v in values]
+        values = _coerce_keys(self.store, schema, control, values)
         seeds = {Region(view.name, role, controlled_columns(view, role, control), v, control)
                  for v in values}  # fmt: skip
         must_hold = seeds if role == "presence" and not allow_empty else set()
@@ -125,7 +125,7 @@ class Maintainer:
         the children they control. Needs no backend."""
         schema = self.store.load_schema()
         view, role, columns = control_role(schema, control)
-        values = [_coerce_key(self.store, schema, control, v) for v in values]
+        values = _coerce_keys(self.store, schema, control, values)
         listed = set(control_values(self.store.con, control, columns))
         absent = [v for v in dict.fromkeys(values) if v not in listed]
         if absent:
@@ -254,17 +254,18 @@ def _refuse_empty(pull: Pull, must_hold: Collection[Region]) -> None:
         )
 
 
-def _coerce_key(
-    store: CacheStore, schema: CacheSchema, control: str, value: tuple[t.Any, ...]
-) -> tuple[t.Any, ...]:
+def _coerce_keys(
+    store: CacheStore, schema: CacheSchema, control: str, values: list[tuple[t.Any, ...]]
+) -> list[tuple[t.Any, ...]]:
     """Values typed as the control table's columns, exactly (the CLI passes text)."""
     columns = schema.control_tables[control].column_names
-    if len(value) != len(columns):
-        raise ProgrammingError(
-            f"{control} has {len(columns)} control-key column(s) ({', '.join(columns)}); "
-            f"got {len(value)} value(s)"
-        )
-    return exact_key(store.con, schema.control_tables[control], value)
+    for value in values:
+        if len(value) != len(columns):
+            raise ProgrammingError(
+                f"{control} has {len(columns)} control-key column(s) ({', '.join(columns)}); "
+                f"got {len(value)} value(s)"
+            )
+    return exact_keys(store.con, schema.control_tables[control], values)
 
 
 def _all_regions(

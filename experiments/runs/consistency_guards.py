@@ -5,10 +5,11 @@ costlier guards the design leaves out would cost.
 The setup (Fig 7.1, reconstructed from the prose; docs/decisions.md): TPC-H customer and
 orders; in the cache CustCopy, presence-controlled by customer key (C_PCT), consistent per
 nation listed in C_CsCT and complete per nation listed in C_CpCT, and OrderCopy,
-presence-controlled by customer key (O_PCT). Every customer is admitted, nation 1 is listed,
-and one refresh of everything puts all regions in one snapshot. The queries: Qa one customer
-($custSet, a customer of nation 1), Qb that customer joined with its orders, Qc the customers
-of nation 1 ($nationSet). Qa and Qb carry the ad-hoc guard S11 (every row read from one
+presence-controlled by customer key (O_PCT). The customers of nation 1 and the orders of Qa's
+customer are admitted (all the queries read; the dissertation cached whole tables), nation 1
+is listed, and one refresh of everything puts all regions in one snapshot. The queries: Qa one
+customer ($custSet, a customer of nation 1), Qb that customer joined with its orders, Qc the
+customers of nation 1 ($nationSet). Qa and Qb carry the ad-hoc guard S11 (every row read from one
 snapshot), Qc the assured guard A12 (probe C_CsCT for the nation).
 
 Table 7.1 is measured as guard-overhead measures Tables 4.4/4.5 (the same code): each query
@@ -117,7 +118,8 @@ def run(ctx: Context) -> list[Row]:
     with ctx.progress("consistency guards", total=7) as done:
         tpch.load(ctx.dsn, ctx.sf, ["customer", "orders"])
         with psycopg.connect(ctx.dsn) as raw:
-            keys = [r[0] for r in raw.execute("SELECT c_custkey FROM customer").fetchall()]
+            keys = [r[0] for r in raw.execute("SELECT c_custkey FROM customer WHERE "
+                                              "c_nationkey = %s", (NATION,)).fetchall()]
             found = raw.execute("SELECT min(c_custkey) FROM customer WHERE c_nationkey = %s "
                                 "AND EXISTS (SELECT 1 FROM orders WHERE o_custkey = c_custkey)",
                                 (NATION,)).fetchone()  # fmt: skip
@@ -135,7 +137,7 @@ def run(ctx: Context) -> list[Row]:
             cur.execute(f"INSERT INTO c_csct VALUES ({NATION})")
             cur.execute(f"INSERT INTO c_cpct VALUES ({NATION})")
             conn.admin.admit("c_pct", [(k,) for k in keys])
-            conn.admin.admit("o_pct", [(k,) for k in keys], allow_empty=True)
+            conn.admin.admit("o_pct", [(customer,)])
             conn.admin.refresh()  # every region from one snapshot
             refreshed = time.monotonic()
             delay = max(measured_delays(conn._store).values(), default=1.0)
@@ -287,8 +289,9 @@ def report(rows: list[Read], plots: list[Path]) -> str:
     return "\n".join([
         "Reconstructed from the prose (Fig 7.1's tables were lost in the text form): CustCopy "
         "(presence by customer in C_PCT, consistency by nation in C_CsCT, completeness by "
-        "nation in C_CpCT) and OrderCopy (presence by customer in O_PCT), every customer "
-        f"admitted, nation {NATION} listed, all regions from one snapshot. Qa one customer of "
+        "nation in C_CpCT) and OrderCopy (presence by customer in O_PCT); the customers of "
+        f"nation {NATION} and the orders of Qa's customer admitted, nation {NATION} listed, "
+        "all regions from one snapshot. Qa one customer of "
         f"nation {NATION}, Qb the same customer with its orders, Qc the customers of nation "
         f"{NATION}. Times in microseconds, medians, the four ways in turns.",
         "",
