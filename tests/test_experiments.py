@@ -124,6 +124,22 @@ def test_all_quick_writes_csv_plots_and_one_report(
     assert "**Fig 7.2: the decision for each $key of Qa**" in report
     assert (out / "consistency-guards.png").read_bytes()[:8] == PNG
 
+    # --from-csv draws the same plots and report again from the CSVs, measuring nothing
+    for drawn in [out / "report.md", *out.glob("*.png")]:
+        drawn.unlink()
+    again = subprocess.run([mtcache_bin, "experiment", "all", "--out", str(out), "--from-csv"],
+                           capture_output=True, text=True, env=clean_env, timeout=120,
+                           check=False)  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert (out / "report.md").read_text() == report
+    assert (out / "workload-shift.png").read_bytes()[:8] == PNG
+    (out / "tpch.csv").unlink()
+    missing = subprocess.run([mtcache_bin, "experiment", "tpch", "--out", str(out),
+                              "--from-csv"], capture_output=True, text=True, env=clean_env,
+                             timeout=120, check=False)  # fmt: skip
+    assert missing.returncode == 1 and len(missing.stderr.splitlines()) == 1
+    assert "tpch.csv is missing: run `mtcache experiment tpch`" in missing.stderr
+
 
 def test_a_scale_factor_out_of_range_is_one_line(
     mtcache_bin: str, clean_env: dict[str, str], tmp_path: Path

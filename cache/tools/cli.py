@@ -395,6 +395,13 @@ def cmd_experiment(settings: Settings, args: argparse.Namespace) -> int:
     from experiments import runs
     from experiments.runs.framework import Context
 
+    if args.from_csv:  # no measuring, no backend: the run's CSVs drawn again
+        try:
+            report = runs.redraw([args.name], Path(args.out))
+        except FileNotFoundError as exc:
+            raise ProgrammingError(str(exc)) from None
+        print(f"report: {report}")
+        return 0
     sf = args.sf if args.sf is not None else runs.QUICK_SF if args.quick else 1.0
     if not 0 < sf <= 100:
         raise ProgrammingError(f"--sf must be a TPC-H scale factor in (0, 100], not {sf:g}")
@@ -504,6 +511,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="mtcache-experiments",
                    help="directory for the CSV, plots and report.md (default "
                    "./mtcache-experiments)")  # fmt: skip
+    p.add_argument("--from-csv", action="store_true", help="measure nothing: draw the plots "
+                   "and report.md again from the CSVs a run left in --out")  # fmt: skip
     p.add_argument("--minutes", type=float, default=1.0, help="chaos: how long (default 1)")
     p.add_argument("--seed", type=int, help="chaos: reproduce a run's choices")
     p.add_argument("--no-spark", action="store_true", help="chaos: refresh inline only")

@@ -21,6 +21,14 @@ def load(name: str) -> Experiment:
     return t.cast("Experiment", module)
 
 
+def redraw(names: list[str], out: Path) -> Path:
+    """Draw the plots and the report of a run again from its CSVs in ``out``."""
+    from experiments.runs.framework import write_report
+
+    chosen = EXPERIMENTS if names == ["all"] else names
+    return write_report([load(n) for n in chosen], out)
+
+
 def run(names: list[str], ctx: Context) -> Path:
     """Run the named experiments (``all``: every one); the report's path."""
     from experiments.runs.framework import run_all

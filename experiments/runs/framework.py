@@ -141,27 +141,42 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def run_all(experiments: list[Experiment], ctx: Context) -> Path:
-    """Run each experiment, write its CSV and plots, then the one report; its path."""
+    """Run each experiment and write its CSV, then draw the plots and the one report from
+    the CSVs; the report's path."""
     ctx.out.mkdir(parents=True, exist_ok=True)
     context = {"scale_factor": ctx.sf, "quick": ctx.quick}
-    sections = []
     for experiment in experiments:
         ctx.console.print(f"[bold]{experiment.TITLE}[/bold]")
         rows = experiment.run(ctx)
-        path = write_rows(ctx.out / f"{experiment.NAME}.csv", experiment.NAME, rows, context)
+        write_rows(ctx.out / f"{experiment.NAME}.csv", experiment.NAME, rows, context)
+    return write_report(experiments, ctx.out)
+
+
+def write_report(experiments: list[Experiment], out: Path) -> Path:
+    """The plots and report.md of a run, from its CSVs in ``out`` (again, after a change of
+    how they are drawn: `mtcache experiment ... --from-csv`); the report's path."""
+    sections = []
+    read: list[Read] = []
+    for experiment in experiments:
+        path = out / f"{experiment.NAME}.csv"
+        if not path.exists():
+            raise FileNotFoundError(f"{path} is missing: run `mtcache experiment "
+                                    f"{experiment.NAME}` into {out} first")  # fmt: skip
         read = read_rows(path)
-        plots = experiment.plot(read, ctx.out)
+        plots = experiment.plot(read, out)
         body = experiment.report(read, plots)
         files = ", ".join(f"[{p.name}]({p.name})" for p in [path, *plots])
         sections.append(f"## {experiment.TITLE}\n\n{body.strip()}\n\nData and plots: {files}\n")
-    stamp = provenance()
+    first = read[0] if read else {}
+    stamp = {k: first.get(k, "") for k in provenance()}  # the run's, as its CSV holds it
+    sf, quick = first.get("scale_factor", "?"), first.get("quick") == "True"
     header = (
         "# mtcache experiment report\n\n"
-        f"Experiments: {', '.join(e.NAME for e in experiments)}; TPC-H scale factor {ctx.sf:g}"
-        f"{' (quick run: small data, short scales)' if ctx.quick else ''}.\n\n"
+        f"Experiments: {', '.join(e.NAME for e in experiments)}; TPC-H scale factor {sf}"
+        f"{' (quick run: small data, short scales)' if quick else ''}.\n\n"
         + markdown_table(["", ""], [[k, str(v)] for k, v in stamp.items()])
         + "\n"
     )
-    report = ctx.out / "report.md"
+    report = out / "report.md"
     report.write_text("\n".join([header, *sections]))
     return report

@@ -331,7 +331,7 @@ def plot(rows: list[Read], out: Path) -> list[Path]:
         grid = _grid(0, max(xs))
         live.plot(grid, [100 * local_probability(g, d, h) for g in grid], color="tab:purple",
                   linewidth=1, label=f"p = (B - d) / h, h = {h:g} s")  # fmt: skip
-        live.step([0, d, max(xs)], [0, 0, 100], where="post", color="gray", linestyle="--",
+        live.step([0, d, max(xs)], [0, 100, 100], where="post", color="gray", linestyle="--",
                   linewidth=1, label=f"f = 0: step at d = {d * 1000:.0f} ms")  # fmt: skip
         live.scatter(xs, [100 * float(r["p_measured"]) for r in points], color="tab:purple",
                      s=18, zorder=3, label="measured")  # fmt: skip
@@ -419,6 +419,13 @@ def _why(row: Read) -> str:
         return (f"off by {off:+.1f} pp: {superseded:.1f}% went remote though their guards "
                 "held (a stream commit landed during each of the 3 local attempts; the "
                 "cursor asks the backend rather than mix two states)")  # fmt: skip
+    measured = number(row["p_measured"]) or 0
+    f = number(row.get("f_s", "")) or 0
+    if f and 0 < measured < 1:  # periodic
+        return (f"off by {off:+.1f} pp: B - d is {(b - d) * 1000:.0f} ms of a {f:g} s cycle, "
+                "so each refresh's delay varying by tens of ms (d is their median), and "
+                "the lag from the due time to the pull's snapshot, move the share by "
+                "points")  # fmt: skip
     p90 = number(row.get("d_p90_s", "")) or 0
     if p90 > 1.5 * d:
         return (f"off by {off:+.1f} pp: the delivery delay varies (median {d * 1000:.0f} ms, "
