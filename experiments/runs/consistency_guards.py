@@ -44,7 +44,7 @@ from experiments.runs.framework import (
     save,
     scale_of,
 )
-from experiments.runs.guard_overhead import measure
+from experiments.runs.guard_overhead import measure, relative
 
 NAME = "consistency-guards"
 TITLE = "Consistency guards (dissertation §5.4, Table 7.1 and Figs 7.1-7.3)"
@@ -239,11 +239,6 @@ def plot(rows: list[Read], out: Path) -> list[Path]:
     return [save(drawn, out / "consistency-guards.png")]
 
 
-def _relative(found: dict[tuple[str, str, str], float], name: str, side: str) -> float:
-    without = found[(name, f"{side}, no guard", "total")]
-    return 100.0 * (found[(name, f"{side}, guard", "total")] - without) / without
-
-
 def report(rows: list[Read], plots: list[Path]) -> str:
     found = _medians(rows)
     measured = [r for r in rows if r["table"] == "7.1"]
@@ -257,12 +252,12 @@ def report(rows: list[Read], plots: list[Path]) -> str:
         for side in ("local", "remote"):
             without = found[(name, f"{side}, no guard", "total")]
             guarded = found[(name, f"{side}, guard", "total")]
-            relative = _relative(found, name, side)
+            overhead = relative(found, name, side)
             cells += [f"{without:.0f}", f"{guarded:.0f}", f"{guarded - without:+.0f}",
-                      f"{relative:+.1f}%"]  # fmt: skip
+                      f"{overhead:+.1f}%"]  # fmt: skip
             theirs = DISSERTATION_REMOTE if side == "remote" else DISSERTATION_LOCAL.get(name)
             if theirs is not None:
-                verdicts.append(f"{side} {'within' if relative < theirs else 'over'} the "
+                verdicts.append(f"{side} {'within' if overhead < theirs else 'over'} the "
                                 f"dissertation's < {theirs:g}%")  # fmt: skip
         cells.append(f"{found[(name, 'local, guard', 'guard')]:.0f}")
         cells.append("; ".join(verdicts) or "the dissertation's relative figure was lost")
@@ -282,10 +277,10 @@ def report(rows: list[Read], plots: list[Path]) -> str:
     for r in (r for r in rows if r["table"] == "emulated"):
         value = number(r["median_us"]) or 0.0
         query = r["query"]
-        ours = ours_us.get(query, 0.0)
-        emulated.append([r["guard"], WHAT[r["guard"]], query, f"{value:.0f}", f"{ours:.0f}",
+        guard_us = ours_us.get(query, 0.0)
+        emulated.append([r["guard"], WHAT[r["guard"]], query, f"{value:.0f}", f"{guard_us:.0f}",
                          f"{100 * value / local_us[query]:.0f}%" if query in local_us else "",
-                         f"{value / ours:.1f}x ours" if ours else ""])  # fmt: skip
+                         f"{value / guard_us:.1f}x ours" if guard_us else ""])  # fmt: skip
     return "\n".join([
         "Reconstructed from the prose (Fig 7.1's tables were lost in the text form): CustCopy "
         "(presence by customer in C_PCT, consistency by nation in C_CsCT, completeness by "

@@ -195,7 +195,7 @@ def plot(rows: list[Read], out: Path) -> list[Path]:
     drawn, axes = figure(8, 4)
     width = 0.35
     for offset, (side, color) in enumerate((("local", "tab:green"), ("remote", "tab:gray"))):
-        values = [_relative(found, n, side) for n in names]
+        values = [relative(found, n, side) for n in names]
         axes.bar([i + (offset - 0.5) * width for i in range(len(names))], values, width,
                  color=color, label=f"{side}: ours")  # fmt: skip
     axes.scatter([i - width / 2 for i in range(len(names))],
@@ -212,7 +212,8 @@ def plot(rows: list[Read], out: Path) -> list[Path]:
     return [save(drawn, out / "guard-overhead.png")]
 
 
-def _relative(found: dict[tuple[str, str, str], float], name: str, side: str) -> float:
+def relative(found: dict[tuple[str, str, str], float], name: str, side: str) -> float:
+    """The guard's overhead on one side (local, remote), % of the time without it."""
     without = found[(name, f"{side}, no guard", "total")]
     return 100.0 * (found[(name, f"{side}, guard", "total")] - without) / without
 
@@ -228,10 +229,10 @@ def report(rows: list[Read], plots: list[Path]) -> str:
         for side, target in (("local", TARGET_LOCAL), ("remote", TARGET_REMOTE)):
             without = found[(name, f"{side}, no guard", "total")]
             guarded = found[(name, f"{side}, guard", "total")]
-            relative = _relative(found, name, side)
+            overhead = relative(found, name, side)
             cells += [f"{without:.0f}", f"{guarded:.0f}", f"{guarded - without:+.0f}",
-                      f"{relative:+.1f}%"]  # fmt: skip
-            verdicts.append(f"{side} {'meets' if relative <= target else 'misses'} "
+                      f"{overhead:+.1f}%"]  # fmt: skip
+            verdicts.append(f"{side} {'meets' if overhead <= target else 'misses'} "
                             f"{target:g}%")  # fmt: skip
         cells.insert(6, f"{DISSERTATION_LOCAL[name]:g}%")
         cells.append(f"< {DISSERTATION_REMOTE:g}%")

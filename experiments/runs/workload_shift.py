@@ -307,8 +307,8 @@ def plot(rows: list[Read], out: Path) -> list[Path]:
     for axes, fig, x, by in ((left, "4.2a", "b_units", "d_units"),
                              (right, "4.2b", "f_units", "d_units")):  # fmt: skip
         points = _points(rows, fig)
-        for color, d in zip(colors, dict.fromkeys(r[by] for r in points), strict=False):
-            mine = sorted((r for r in points if r[by] == d), key=lambda r: float(r[x]))
+        for color, nominal in zip(colors, dict.fromkeys(r[by] for r in points), strict=False):
+            mine = sorted((r for r in points if r[by] == nominal), key=lambda r: float(r[x]))
             xs = [float(r[x]) for r in mine]
             measured = float(mine[0]["d_measured_s"]) / float(mine[0]["unit_s"])
             grid = _grid(min(xs), max(xs))
@@ -316,7 +316,7 @@ def plot(rows: list[Read], out: Path) -> list[Path]:
             axes.plot(grid, model, color=color, linewidth=1,
                       label=f"model, d = {measured:.1f} (measured)")  # fmt: skip
             axes.scatter(xs, [100 * float(r["p_measured"]) for r in mine], color=color,
-                         s=18, zorder=3, label=f"measured, d = {float(d):g}")  # fmt: skip
+                         s=18, zorder=3, label=f"measured, d = {float(nominal):g}")  # fmt: skip
         axes.set_ylim(-5, 105)
         axes.set_ylabel("% answered locally")
         axes.legend(fontsize=7)
