@@ -4,11 +4,12 @@ until `stopping` is set."""
 
 from __future__ import annotations
 
+import abc
 import threading
 import typing as t
 
 
-class Workers:
+class Workers(abc.ABC):
     def __init__(self, count: int = 1) -> None:
         self.stopping = threading.Event()
         self._threads = [threading.Thread(target=self._run, args=(i,)) for i in range(count)]
@@ -23,5 +24,6 @@ class Workers:
         for thread in self._threads:
             thread.join()
 
+    @abc.abstractmethod
     def _run(self, index: int) -> None:
-        raise NotImplementedError
+        """Write until `stopping` is set (thread ``index`` of ``count``)."""
