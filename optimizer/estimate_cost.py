@@ -101,18 +101,7 @@ def estimate_cost(plan: Plan, inputs: PlanInputs) -> Plan:
         if not guarded:
             return _remote(plan, whole, reasons)
         return dataclasses.replace(plan, local=True, estimated_cost=0.0, reason=None)
-    mixed = 0.0
-    for access in plan.accesses:
-        leaf_cost, leaf_rows = estimates.cost(access.leaf.sql)
-        # the remote leaves are read in one backend snapshot (SPEC §5.5), so a class of
-        # several accesses may be read as leaves and joined locally (§4.7.3, Table 4.3's plan 2)
-        fetch = leaf_cost + leaf_rows * TRANSFER_ROW_COST
-        if access.instance.id not in guarded:
-            mixed += fetch
-            continue
-        view = schema.views[access.guards[0].view]
-        local = scanned_rows(access.access, view, estimates.view_rows) * LOCAL_ROW_COST
-        mixed += guarded_cost(access.probability_local, local, fetch, GUARD_COST)
+    mixed = _guarded_plan_cost(plan, whole, inputs)
     plan = dataclasses.replace(plan, candidates=(("remote", whole), ("guarded", mixed)))
     if inputs.choice == "remote":
         return _remote(plan, whole, ["the remote plan was asked for (plan_choice)"])
@@ -121,6 +110,40 @@ def estimate_cost(plan: Plan, inputs: PlanInputs) -> Plan:
         reasons.append(f"cheaper remote: estimated cost {whole:.4g} against {mixed:.4g} {what}")
         return _remote(plan, whole, reasons if not guarded else reasons[-1:])
     return dataclasses.replace(plan, local=True, estimated_cost=mixed, reason=None)
+
+
+def _guarded_plan_cost(plan: Plan, whole: float, inputs: PlanInputs) -> float:
+    """Expected cost of the guarded plan as it runs (`optimizer.evaluate_guards`): a class
+    whose guards hold (probability p, the least of its accesses': they decide together) reads
+    its views, one whose guards fail fetches its accesses as remote leaves, which a class
+    without guards always does. When every guarded class fails, the statement goes to
+    PostgreSQL whole: that outcome costs ``whole``, not the leaves (classes taken as
+    independent)."""
+    estimates = inputs.estimates
+    assert estimates is not None
+    expected = fetched = 0.0
+    all_fail = 1.0  # the probability that no guarded class runs locally
+    for cls in plan.classes:
+        fetch = local = 0.0
+        for access in cls.accesses:
+            leaf_cost, leaf_rows = estimates.cost(access.leaf.sql)
+            # the remote leaves are read in one backend snapshot (SPEC §5.5), so a class of
+            # several accesses may be read as leaves and joined locally (§4.7.3, Table 4.3's
+            # plan 2)
+            fetch += leaf_cost + leaf_rows * TRANSFER_ROW_COST
+            if cls.guarded:
+                view = inputs.schema.views[access.guards[0].view]
+                local += scanned_rows(access.access, view, estimates.view_rows) * LOCAL_ROW_COST
+        fetched += fetch
+        if not cls.guarded:
+            expected += fetch
+            continue
+        p = min(a.probability_local for a in cls.accesses)
+        expected += guarded_cost(p, local, fetch, GUARD_COST * len(cls.accesses))
+        all_fail *= 1.0 - p
+    if any(c.guarded for c in plan.classes):
+        expected += all_fail * (whole - fetched)
+    return expected
 
 
 def _remote(plan: Plan, cost: float, reasons: list[str]) -> Plan:

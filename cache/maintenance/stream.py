@@ -1027,7 +1027,7 @@ class Consumer:
         transactions applied."""
         target = wal_mark(self._connection())
         deadline = time.monotonic() + timeout
-        total = 0
+        total, marked_again = 0, False
         while True:
             applied = self.step(confirm=False, wait=self.poll)
             total += applied
@@ -1041,15 +1041,24 @@ class Consumer:
             if (position is not None and position > target) or (
                 source is not None and source.reached > target
             ):
-                if self.store.con.execute("SELECT count(*) FROM mtcache.stream_pulls"
-                                          ).fetchone() != (0,):  # fmt: skip
+                if self._pulls_pending():
                     self.step(confirm=False)  # passes the pulls the stream has reached
+                if self._pulls_pending() and not marked_again:
+                    # a pull made during the call (an upquery) may have read past every
+                    # position the server has reported: mark the WAL again and go on until
+                    # the stream passes that mark, and with it the pull
+                    target, marked_again = wal_mark(self._connection()), True
+                    continue
                 return total
             if time.monotonic() > deadline:
                 raise OperationalError(f"the stream did not reach {lsn_text(target)} in "
                                        f"{timeout:g} s")  # fmt: skip
             if not applied and source is not None:
                 source.ping()  # where is the server? (its reply moves `reached`)
+
+    def _pulls_pending(self) -> bool:
+        row = self.store.con.execute("SELECT count(*) FROM mtcache.stream_pulls").fetchone()
+        return row != (0,)
 
     def start(self) -> None:
         if load_stream(self.store.con) is not None:
