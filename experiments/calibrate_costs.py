@@ -8,7 +8,9 @@ the time DuckDB takes for the same query on a cached copy (nanoseconds per row s
 the 22 TPC-H queries with every table cached (as in experiments/bench_tpch.py): per query
 PostgreSQL's estimate and time, the time of the cache's own local statement run by DuckDB and
 the rows the cost model says it scans, and their ratio: the PostgreSQL cost units one
-scanned row is worth (``LOCAL_ROW_COST``; the median over the queries is the constant). Last,
+scanned row is worth (``LOCAL_ROW_COST``; the median over the queries is the constant), and
+what decoding one text value costs (``LOCAL_TEXT_COST``: a selective range with and without
+``c_name``). Last,
 the time to move backend rows into DuckDB through Arrow (microseconds per row). Medians of
 warm repetitions; compare the columns of one run, not numbers across runs. Rows are appended
 to experiments/results/calibrate_costs.csv with their provenance.
@@ -37,7 +39,7 @@ from experiments import tpch
 from experiments.provenance import append_rows
 from experiments.tpch_queries import QUERIES, query
 from optimizer.analyze import analyze
-from optimizer.estimate_cost import LOCAL_ROW_COST, scanned_rows
+from optimizer.estimate_cost import LOCAL_ROW_COST, LOCAL_TEXT_COST, scanned_rows
 from optimizer.plan import PlanInputs
 from optimizer.planner import plan_query
 
@@ -48,6 +50,9 @@ ORDERS = [("o_custkey", "INTEGER"), ("o_orderkey", "INTEGER"), ("o_totalprice", 
 SCANS = [
     ("point on the key", "SELECT c_name FROM customer WHERE c_custkey = 77", 300),
     ("range, ~40 rows", "SELECT c_custkey, c_name FROM customer "
+     "WHERE c_acctbal BETWEEN 1000 AND 1003", 200),
+    # the same without the text column: the difference is decoding c_name (LOCAL_TEXT_COST)
+    ("range, ~40 rows, no text", "SELECT c_custkey FROM customer "
      "WHERE c_acctbal BETWEEN 1000 AND 1003", 200),
     ("range, ~1.3k rows", "SELECT c_custkey, c_name FROM customer "
      "WHERE c_acctbal BETWEEN 1000 AND 1100", 50),
@@ -187,6 +192,15 @@ def main(argv: list[str] | None = None) -> int:
             table.add_row(label, f"{cost:.1f}", f"{pg_ms:.3f}", f"{per_cost:.2f}",
                           f"{duck_ms:.3f}", str(scanned), f"{per_row:.1f}")  # fmt: skip
         console.print(table)
+        by_label = {r["measure"]: r for r in results}
+        with_text, without = by_label["range, ~40 rows"], by_label["range, ~40 rows, no text"]
+        decode_ns = (float(with_text["duckdb_ms"]) - float(without["duckdb_ms"])) * 1e6 \
+            / float(with_text["rows_scanned"])  # fmt: skip
+        per_unit = statistics.median(float(r["us_per_cost"]) for r in results)
+        units = decode_ns / 1e3 / per_unit
+        console.print(f"decoding a text value: {decode_ns:.1f} ns, {units:.4f} PostgreSQL "
+                      f"units at its median {per_unit:.2f} us per unit; "
+                      f"LOCAL_TEXT_COST is {LOCAL_TEXT_COST}")  # fmt: skip
         moves = Table(title="Moving backend rows into DuckDB (COPY -> Arrow)")
         for column in ("rows", "ms", "us/row"):
             moves.add_column(column)

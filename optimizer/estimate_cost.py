@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 from control_tables.schema import CachedView, CacheSchema
 from optimizer.analyze import Access
-from optimizer.plan import Plan, PlanInputs
+from optimizer.expression_types import column_type
+from optimizer.plan import AccessPlan, Plan, PlanInputs
 
 DEFAULT_DELAY = 1.0  # seconds a refresh takes to land (d of §4.6), until measured
 
@@ -37,6 +38,12 @@ DEFAULT_DELAY = 1.0  # seconds a refresh takes to land (d of §4.6), until measu
 # neither side is charged for delivering them; costs count work, so a point lookup through a
 # cached key stays local although both engines answer it in a fraction of a ms.
 LOCAL_ROW_COST = 0.0013  # DuckDB, per row of a cached view scanned
+# DuckDB decompresses a string column (FSST) a vector of 2048 rows at a time, for every vector
+# holding a row its filter keeps: 25-37 ns a value for TPC-H's c_name, 0.006-0.0075 units. A
+# selective scan that projects text pays for the vectors its matches fall in, which with
+# scattered matches is nearly all of them (§4.7.3's Q6: 4 of its 5 ms).
+LOCAL_TEXT_COST = 0.006
+DUCKDB_VECTOR = 2048
 TRANSFER_ROW_COST = 0.25  # per row a remote leaf moves from the backend into DuckDB
 GUARD_COST = 0.01  # dictionary lookups
 
@@ -132,8 +139,7 @@ def _guarded_plan_cost(plan: Plan, whole: float, inputs: PlanInputs) -> float:
             # plan 2)
             fetch += leaf_cost + leaf_rows * TRANSFER_ROW_COST
             if cls.guarded:
-                view = inputs.schema.views[access.guards[0].view]
-                local += scanned_rows(access.access, view, estimates.view_rows) * LOCAL_ROW_COST
+                local += local_cost(access, leaf_rows, inputs)
         fetched += fetch
         if not cls.guarded:
             expected += fetch
@@ -149,6 +155,22 @@ def _guarded_plan_cost(plan: Plan, whole: float, inputs: PlanInputs) -> float:
 def _remote(plan: Plan, cost: float, reasons: list[str]) -> Plan:
     return dataclasses.replace(plan, local=False, estimated_cost=cost,
                                reason="; ".join(dict.fromkeys(reasons)) or None)  # fmt: skip
+
+
+def local_cost(access: AccessPlan, matched: float, inputs: PlanInputs) -> float:
+    """DuckDB's cost of reading the access from its first candidate view: the rows it scans,
+    and the text values it decompresses (``matched``: the rows the backend estimates the
+    access keeps; their vectors are decoded whole)."""
+    assert inputs.estimates is not None
+    view = inputs.schema.views[access.guards[0].view]
+    rows = scanned_rows(access.access, view, inputs.estimates.view_rows)
+    table = inputs.catalog.table(access.access.table)
+    texts = 0 if table is None else sum(
+        1 for c in table.columns
+        if c.name in access.access.columns and column_type(c, True).is_string
+    )  # fmt: skip
+    decoded = min(rows, max(matched, 1.0) * DUCKDB_VECTOR)
+    return rows * LOCAL_ROW_COST + decoded * texts * LOCAL_TEXT_COST
 
 
 def scanned_rows(access: Access, view: CachedView, view_rows: Mapping[str, float]) -> float:
