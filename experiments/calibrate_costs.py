@@ -178,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
         for column in ("query", "pg cost", "pg ms", "us/cost", "duckdb ms", "rows scanned",
                        "ns/row"):  # fmt: skip
             table.add_column(column)
+        duck_times: dict[str, float] = {}
+        unit_times: list[float] = []
+        customers = int(duck.execute("SELECT count(*) FROM customer").fetchall()[0][0])
         for label, sql, repeat in SCANS:
             cost = pg_cost(dsn, sql)
             pg_ms = median_ms(lambda s=sql: pg.execute(s).fetchall(), repeat)  # type: ignore[misc]
@@ -186,17 +189,17 @@ def main(argv: list[str] | None = None) -> int:
                 f"SELECT count(*) FROM {'orders' if 'orders' in sql else 'customer'}"
             ).fetchall()[0][0]
             per_cost, per_row = pg_ms / cost * 1e3, duck_ms / scanned * 1e6
+            duck_times[label] = duck_ms
+            unit_times.append(per_cost)
             results.append({"measure": label, "pg_cost": cost, "pg_ms": round(pg_ms, 4),
                             "us_per_cost": round(per_cost, 3), "duckdb_ms": round(duck_ms, 4),
                             "rows_scanned": scanned, "ns_per_row": round(per_row, 2)})  # fmt: skip
             table.add_row(label, f"{cost:.1f}", f"{pg_ms:.3f}", f"{per_cost:.2f}",
                           f"{duck_ms:.3f}", str(scanned), f"{per_row:.1f}")  # fmt: skip
         console.print(table)
-        by_label = {r["measure"]: r for r in results}
-        with_text, without = by_label["range, ~40 rows"], by_label["range, ~40 rows, no text"]
-        decode_ns = (float(with_text["duckdb_ms"]) - float(without["duckdb_ms"])) * 1e6 \
-            / float(with_text["rows_scanned"])  # fmt: skip
-        per_unit = statistics.median(float(r["us_per_cost"]) for r in results)
+        decode_ns = (duck_times["range, ~40 rows"] - duck_times["range, ~40 rows, no text"]) \
+            * 1e6 / customers  # fmt: skip
+        per_unit = statistics.median(unit_times)
         units = decode_ns / 1e3 / per_unit
         console.print(f"decoding a text value: {decode_ns:.1f} ns, {units:.4f} PostgreSQL "
                       f"units at its median {per_unit:.2f} us per unit; "

@@ -39,7 +39,7 @@ DEFAULT_DELAY = 1.0  # seconds a refresh takes to land (d of §4.6), until measu
 # cached key stays local although both engines answer it in a fraction of a ms.
 LOCAL_ROW_COST = 0.0013  # DuckDB, per row of a cached view scanned
 # DuckDB decompresses a string column (FSST) a vector of 2048 rows at a time, for every vector
-# holding a row its filter keeps: 25-37 ns a value for TPC-H's c_name, 0.006-0.0075 units. A
+# holding a row its filter keeps: 25-41 ns a value for TPC-H's c_name, 0.006-0.012 units. A
 # selective scan that projects text pays for the vectors its matches fall in, which with
 # scattered matches is nearly all of them (§4.7.3's Q6: 4 of its 5 ms).
 LOCAL_TEXT_COST = 0.006
