@@ -124,12 +124,13 @@ def _guarded_plan_cost(plan: Plan, whole: float, inputs: PlanInputs) -> float:
     whose guards hold (probability p, the least of its accesses': they decide together) reads
     its views, one whose guards fail fetches its accesses as remote leaves, which a class
     without guards always does. When every guarded class fails, the statement goes to
-    PostgreSQL whole: that outcome costs ``whole``, not the leaves (classes taken as
-    independent)."""
+    PostgreSQL whole: that outcome costs ``whole``, not the leaves. Classes fail together,
+    not independently: a query arrives at one moment of cycles that run on shared intervals,
+    so the chance that every class fails is that of the likeliest-local class failing."""
     estimates = inputs.estimates
     assert estimates is not None
     expected = fetched = 0.0
-    all_fail = 1.0  # the probability that no guarded class runs locally
+    likeliest = 0.0  # the largest p of a guarded class
     for cls in plan.classes:
         fetch = local = 0.0
         for access in cls.accesses:
@@ -146,9 +147,9 @@ def _guarded_plan_cost(plan: Plan, whole: float, inputs: PlanInputs) -> float:
             continue
         p = min(a.probability_local for a in cls.accesses)
         expected += guarded_cost(p, local, fetch, GUARD_COST * len(cls.accesses))
-        all_fail *= 1.0 - p
+        likeliest = max(likeliest, p)
     if any(c.guarded for c in plan.classes):
-        expected += all_fail * (whole - fetched)
+        expected += (1.0 - likeliest) * (whole - fetched)
     return expected
 
 
