@@ -128,8 +128,11 @@ def analyze(query: Query, catalog: Catalog, default_bound: float | None = None) 
         attr = resolver.resolve_column(scope, column)
         if attr is not None and attr[0] in columns:
             columns[attr[0]].add(attr[1])
-    # SELECT * and t.* need every column (a star inside count(*) needs none).
+    # SELECT * and t.* need every column (a star inside count(*) needs none, and so does the
+    # select list of an EXISTS subquery: only whether it has rows is read).
     for block in analysis.blocks:
+        if isinstance(block.select.parent, exp.Exists):
+            continue
         for projection in block.select.expressions:
             if isinstance(projection, exp.Star):
                 sources = block.sources

@@ -38,12 +38,14 @@ DEFAULT_DELAY = 1.0  # seconds a refresh takes to land (d of §4.6), until measu
 # neither side is charged for delivering them; costs count work, so a point lookup through a
 # cached key stays local although both engines answer it in a fraction of a ms.
 LOCAL_ROW_COST = 0.0013  # DuckDB, per row of a cached view scanned
-# DuckDB decompresses a string column (FSST) a vector of 2048 rows at a time, for every vector
-# holding a row its filter keeps: 25-41 ns a value for TPC-H's c_name, 0.006-0.012 units. A
-# selective scan that projects text pays for the vectors its matches fall in, which with
-# scattered matches is nearly all of them (§4.7.3's Q6: 4 of its 5 ms).
+# DuckDB decompresses a string column of mostly distinct values (FSST) a vector of 2048 rows
+# at a time, for every vector holding a row its filter keeps: 25-41 ns a value for TPC-H's
+# c_name, 0.006-0.012 units. A selective scan that projects such text pays for the vectors its
+# matches fall in, which with scattered matches is nearly all of them (§4.7.3's Q6: 4 of its
+# 5 ms). A column of few distinct values stays a dictionary: ~1 ns a value, not counted.
 LOCAL_TEXT_COST = 0.006
 DUCKDB_VECTOR = 2048
+DISTINCT_TEXT = 0.5  # distinct values per row from which a text column is decoded value by value
 TRANSFER_ROW_COST = 0.25  # per row a remote leaf moves from the backend into DuckDB
 GUARD_COST = 0.01  # dictionary lookups
 
@@ -160,8 +162,9 @@ def _remote(plan: Plan, cost: float, reasons: list[str]) -> Plan:
 
 def local_cost(access: AccessPlan, matched: float, inputs: PlanInputs) -> float:
     """DuckDB's cost of reading the access from its first candidate view: the rows it scans,
-    and the text values it decompresses (``matched``: the rows the backend estimates the
-    access keeps; their vectors are decoded whole)."""
+    and the values of mostly distinct text columns it decompresses (``matched``: the rows the
+    backend estimates the access keeps; their vectors are decoded whole). A column whose
+    distinct count the backend has not estimated is not counted."""
     assert inputs.estimates is not None
     view = inputs.schema.views[access.guards[0].view]
     rows = scanned_rows(access.access, view, inputs.estimates.view_rows)
@@ -169,6 +172,7 @@ def local_cost(access: AccessPlan, matched: float, inputs: PlanInputs) -> float:
     texts = 0 if table is None else sum(
         1 for c in table.columns
         if c.name in access.access.columns and column_type(c, True).is_string
+        and (c.n_distinct or 0.0) >= DISTINCT_TEXT * table.row_count > 0
     )  # fmt: skip
     decoded = min(rows, max(matched, 1.0) * DUCKDB_VECTOR)
     return rows * LOCAL_ROW_COST + decoded * texts * LOCAL_TEXT_COST

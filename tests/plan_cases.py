@@ -187,7 +187,8 @@ def load_catalog(name: str) -> Catalog:
         for text in spec["columns"]:
             column, _, rest = text.partition(" ")
             not_null = rest.endswith(" not null")
-            columns.append(Column(column, rest.removesuffix(" not null"), nullable=not not_null))
+            columns.append(Column(column, rest.removesuffix(" not null"), nullable=not not_null,
+                                  n_distinct=spec.get("distinct", {}).get(column)))  # fmt: skip
         tables[table] = Table(
             name=table,
             columns=tuple(columns),

@@ -4,12 +4,16 @@ Three queries on TPC-H customer and orders, cached as ``cust_prj`` and ``orders_
 4.4's, reconstructed): Q1 a point lookup on the customer key, Q2 a customer's ~6 orders (a
 join), Q3 the ~6,000 customers of one nation (a scan at SF 1). Each runs four ways, in turns:
 
-- local without a guard: the plan's own DuckDB statement through the executor, with the
-  decision made once beforehand (what runs when no currency checking is asked for);
-- local with its guard (``CURRENCY BOUND 10 MIN``): the guard passes;
-- remote without a guard: the statement without a clause, which the cache sends as written;
+- local without a guard: the plan's own DuckDB statement through the cursor's executor, with
+  the decision made once beforehand (what runs when no currency checking is asked for);
+- local with its guard (``CURRENCY BOUND 10 MIN``): the same, deciding each time; the guard
+  passes;
+- remote without a guard: the SQL the failing guard sends to PostgreSQL, sent without a
+  clause (the cache passes it on as written);
 - remote with its guard: a bound the local data has outlived, so the guard fails and the
   backend answers.
+
+Each pair differs only by the guard (and, remote, by finding the clause's plan).
 
 Each run's time is split into the phases of Table 4.5 as this cache has them: lookup (routing
 and finding the plan: setup), guard, run (DuckDB or PostgreSQL producing the rows in
@@ -29,8 +33,8 @@ from pathlib import Path
 import psycopg
 
 import cache
-from cache.execution.execute import run_local
 from cache.execution.phases import Phases
+from cache.execution.planning import Prepared
 from cache.store.refresh_times import measured_delays
 from experiments.runs import section47
 from experiments.runs.framework import (
@@ -131,24 +135,34 @@ def measure(
         assert routes == {route}, f"{name}: {sql} ran {routes}, not {route}"
         if sql == failing_sql:
             assert cur.plan is not None and cur.plan.local, f"{name}: no guard to fail"
-    # the local plan without its guard: the decision made once, the executor run each time
+    # Each pair differs only by the guard. Local: both run the plan through the cursor's own
+    # executor, one deciding each time (`_decide_and_run`, as `execute` does), the other with
+    # the decision made once beforehand (what runs when no currency checking is asked for).
+    # Remote: the failing guard's statement, and the very SQL text it sends to PostgreSQL
+    # sent without a clause (which the cache passes on as written).
     cur.execute(local_sql)
-    query = conn._statements.route(local_sql, conn._store.schema_version,
-                                   conn._store.control_table_names, False).query  # type: ignore[union-attr]  # fmt: skip
-    prepared = conn._planner.prepare(query, None, None)
-    decision = cur._decide(prepared.plan, None)
+    decision = cur._decide(_prepared(conn, local_sql).plan, None)
+    remote_sql = _prepared(conn, failing_sql).remote.backend_sql
+    assert remote_sql is not None
+    cur.execute(remote_sql)
+    assert sorted(cur.fetchall()) == want, f"{name}: the plan's remote SQL answers otherwise"
     phases = conn._phases = Phases()
 
-    def unguarded() -> None:
-        phases.start()
-        routed = conn._statements.route(local_sql, conn._store.schema_version,
-                                        conn._store.control_table_names, False)  # fmt: skip
-        found = conn._planner.prepare(routed.query, None, None)  # type: ignore[union-attr]
-        phases.mark("lookup")
-        result = run_local(found, decision, None, conn._store.con, conn._leaf_fetcher, None)
-        phases.mark("run")
-        list(result.rows)
-        phases.mark("fetch")
+    def local(guarded: bool) -> t.Callable[[], None]:
+        def once() -> None:
+            phases.start()
+            found = _prepared(conn, local_sql)
+            phases.mark("lookup")
+            if guarded:
+                ran = cur._decide_and_run(found, None)[1]  # marks the guard and run phases
+            else:
+                ran = cur._run_decision(found, decision, None, conn._store.committed_version())
+                phases.mark("run")
+            assert ran, f"{name}: the local run was superseded"
+            cur.fetchall()
+            phases.mark("fetch")
+
+        return once
 
     def through_cursor(sql: str) -> t.Callable[[], None]:
         def once() -> None:
@@ -159,8 +173,8 @@ def measure(
 
         return once
 
-    actions = {"local, no guard": unguarded, "local, guard": through_cursor(local_sql),
-               "remote, no guard": through_cursor(statement),
+    actions = {"local, no guard": local(False), "local, guard": local(True),
+               "remote, no guard": through_cursor(remote_sql),
                "remote, guard": through_cursor(failing_sql)}  # fmt: skip
     samples: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
     try:
@@ -183,6 +197,13 @@ def measure(
                          "median_us": value * 1e6, "runs": len(runs),
                          "rows_returned": len(want)})  # fmt: skip
     return rows
+
+
+def _prepared(conn: cache.Connection, sql: str) -> Prepared:
+    """The connection's prepared plan of a statement with a clause, as `execute` finds it."""
+    routed = conn._statements.route(sql, conn._store.schema_version,
+                                    conn._store.control_table_names, False)  # fmt: skip
+    return conn._planner.prepare(routed.query, None, None)  # type: ignore[union-attr]
 
 
 def _table(rows: list[Read]) -> dict[tuple[str, str, str], float]:
