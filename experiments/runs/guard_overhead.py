@@ -25,6 +25,7 @@ branch is measured even where the cost model would send the query remote.
 from __future__ import annotations
 
 import math
+import random
 import statistics
 import time
 import typing as t
@@ -177,10 +178,12 @@ def measure(
                "remote, no guard": through_cursor(remote_sql),
                "remote, guard": through_cursor(failing_sql)}  # fmt: skip
     samples: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
+    # in turns, each round in a shuffled order: a variant that always ran right after a
+    # local one would share the cores with DuckDB's threads winding down
+    order = random.Random(0)
     try:
-        for round_ in range(rounds):
-            for offset in range(len(VARIANTS)):  # in turns, the order rotating
-                variant = VARIANTS[(round_ + offset) % len(VARIANTS)]
+        for _ in range(rounds):
+            for variant in order.sample(VARIANTS, len(VARIANTS)):
                 phases.take()
                 actions[variant]()
                 samples[variant].append(phases.take())
@@ -272,9 +275,10 @@ def report(rows: list[Read], plots: list[Path]) -> str:
         "Reconstructed from the prose (Table 4.4's queries were lost in the text form): Q1 a "
         "point lookup on c_custkey, Q2 one customer joined with its 6 orders, Q3 the "
         "customers of one nation (~6,000 rows at SF 1). Times in microseconds, medians of "
-        "the runs, the four ways run in turns. Our orders_prj is keyed by o_orderkey (the "
-        "table's key), so the local Q2 scans it where the dissertation's clustered index on "
-        "(o_custkey, o_orderkey) made it an indexed nested loop.",
+        "the runs, the four ways run in turns (each round in a shuffled order). Our "
+        "orders_prj is keyed by o_orderkey (the table's key), so the local Q2 scans it "
+        "where the dissertation's clustered index on (o_custkey, o_orderkey) made it an "
+        "indexed nested loop.",
         "",
         "**Table 4.4: with and without the currency guard** (overhead = with - without)",
         "",

@@ -279,6 +279,10 @@ def _continuous(ctx: Context) -> list[Row]:
     finally:
         conn.close()
         path.unlink(missing_ok=True)
+        # the updates left dead row versions: the experiments after this one read customer
+        # (and PostgreSQL's estimates of it) as loaded
+        with psycopg.connect(ctx.dsn, autocommit=True) as raw:
+            raw.execute("VACUUM ANALYZE customer")
     rows = []
     for b, (local, total, superseded) in counts.items():
         rows.append({"figure": "continuous", "f_units": 0, "f_s": 0.0, "b_s": b,
