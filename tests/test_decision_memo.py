@@ -18,6 +18,14 @@ def at(seconds: float) -> dt.datetime:
     return T0 + dt.timedelta(seconds=seconds)
 
 
+def clock(seconds: float) -> t.Callable[[], dt.datetime]:
+    return lambda: at(seconds)
+
+
+def unread() -> dt.datetime:
+    raise AssertionError("the clock was read")
+
+
 def local(*refreshed: float, bound: float = 10.0) -> Decision:
     """A decision reading regions refreshed at the given seconds, local under ``bound``."""
     regions = tuple(((i,), (at(s), 1)) for i, s in enumerate(refreshed))
@@ -40,17 +48,17 @@ def test_a_kept_decision_is_reused_with_the_new_time_until_it_expires() -> None:
     plan: t.Any = object()
     state: t.Any = object()
     session: t.Any = object()
-    assert memo.get(plan, [4], state, session, at(1)) is None
+    assert memo.get(plan, [4], state, session, clock(1)) is None
     kept = local(2.0)
     memo.put(plan, [4], state, session, kept)
-    reused = memo.get(plan, [4], state, session, at(11.5))
+    reused = memo.get(plan, [4], state, session, clock(11.5))
     assert reused is not None and reused.now == at(11.5)  # provenance reports this moment
     assert reused.bindings is kept.bindings
-    assert memo.get(plan, [4], state, session, at(12.0)) is not None  # still within 10 s
-    assert memo.get(plan, [4], state, session, at(12.000001)) is None  # outlived
-    assert memo.get(plan, [5], state, session, at(3)) is None  # other parameters
-    assert memo.get(plan, [4.0], state, session, at(3)) is None  # 4.0 is not 4
-    assert memo.get(object(), [4], state, session, at(3)) is None  # another plan
+    assert memo.get(plan, [4], state, session, clock(12.0)) is not None  # still within 10 s
+    assert memo.get(plan, [4], state, session, clock(12.000001)) is None  # outlived
+    assert memo.get(plan, [5], state, session, clock(3)) is None  # other parameters
+    assert memo.get(plan, [4.0], state, session, clock(3)) is None  # 4.0 is not 4
+    assert memo.get(object(), [4], state, session, clock(3)) is None  # another plan
 
 
 def test_a_failed_decision_holds_until_the_state_or_the_session_changes() -> None:
@@ -58,15 +66,15 @@ def test_a_failed_decision_holds_until_the_state_or_the_session_changes() -> Non
     plan: t.Any = object()
     state: t.Any = object()
     session: t.Any = object()
-    memo.get(plan, None, state, session, at(0))
+    memo.get(plan, None, state, session, clock(0))
     memo.put(plan, None, state, session, REMOTE)
-    found = memo.get(plan, None, state, session, at(10_000))
+    found = memo.get(plan, None, state, session, unread)  # no clock: time changes nothing
     assert found is not None and found.remote and found.misses == REMOTE.misses
-    assert memo.get(plan, None, object(), session, at(1)) is None  # a refresh landed
+    assert memo.get(plan, None, object(), session, clock(1)) is None  # a refresh landed
     memo.put(plan, None, state, session, REMOTE)  # decided on the old state: not kept
-    assert memo.get(plan, None, state, session, at(1)) is None  # the old state is gone
+    assert memo.get(plan, None, state, session, clock(1)) is None  # the old state is gone
     memo.put(plan, None, state, session, REMOTE)
-    assert memo.get(plan, None, state, object(), at(1)) is None  # the session wrote
+    assert memo.get(plan, None, state, object(), clock(1)) is None  # the session wrote
 
 
 def test_unhashable_parameters_are_not_kept() -> None:
@@ -74,8 +82,8 @@ def test_unhashable_parameters_are_not_kept() -> None:
     plan: t.Any = object()
     state: t.Any = object()
     session: t.Any = object()
-    memo.get(plan, [[1, 2]], state, session, at(0))
+    memo.get(plan, [[1, 2]], state, session, clock(0))
     memo.put(plan, [[1, 2]], state, session, REMOTE)
-    assert memo.get(plan, [[1, 2]], state, session, at(0)) is None
+    assert memo.get(plan, [[1, 2]], state, session, clock(0)) is None
     memo.put(plan, {"k": 3}, state, session, REMOTE)
-    assert memo.get(plan, {"k": 3}, state, session, at(0)) is not None
+    assert memo.get(plan, {"k": 3}, state, session, clock(0)) is not None

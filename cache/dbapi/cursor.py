@@ -255,11 +255,10 @@ class Cursor:
         memo = connection._decisions if regions is None and not ignore_currency else None
         if regions is None:
             regions = connection._region_state()
-        now = state.now()
-        decision = memo.get(plan, parameters, regions, session, now) if memo else None
+        decision = memo.get(plan, parameters, regions, session, state.now) if memo else None
         if decision is None:
             values = ParameterValues(plan.analysis.parameter_keys, parameters)
-            decision = evaluate_guards(plan, regions, values, session, now)
+            decision = evaluate_guards(plan, regions, values, session, state.now())
             if memo is not None:
                 memo.put(plan, parameters, regions, session, decision)
         if not ignore_currency:

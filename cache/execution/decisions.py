@@ -17,7 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import typing as t
 from collections import OrderedDict
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 
 from control_tables.regions import RegionState
 from optimizer.evaluate_guards import Decision, Session
@@ -38,9 +38,12 @@ class DecisionMemo:
 
     def get(
         self, plan: Plan, parameters: t.Any, state: RegionState, session: Session,
-        now: dt.datetime,
+        clock: Callable[[], dt.datetime],
     ) -> Decision | None:  # fmt: skip
-        """The decision kept for ``plan`` and ``parameters``, valid at ``now``; or None."""
+        """The decision kept for ``plan`` and ``parameters``, valid now (``clock``: the
+        backend's clock); or None. A remote decision is returned as it was made, without
+        reading the clock: it holds until the state or the session changes, and nothing reads
+        its moment (the remote branch's guard phase is this lookup)."""
         on = self._on
         if on[0] is not state or on[1] is not session:
             self._entries.clear()
@@ -51,9 +54,14 @@ class DecisionMemo:
         if entry is None:
             return None
         kept, decision, expires = entry
-        if kept is not plan or (expires is not None and now > expires):
+        if kept is not plan:
             return None
         self._entries.move_to_end(key)
+        if decision.bindings is None:
+            return decision
+        now = clock()
+        if expires is not None and now > expires:
+            return None
         return decision._replace(now=now)
 
     def put(
