@@ -16,6 +16,8 @@ import time as _time
 from pathlib import Path
 from typing import Any
 
+import psycopg as _psycopg
+
 from cache.dbapi.admin import Admin
 from cache.dbapi.connection import Connection
 from cache.dbapi.cursor import Cursor
@@ -37,6 +39,12 @@ from sql_ext.errors import (
     SqlSyntaxError,
     Warning,
 )
+
+# psycopg's module attributes the PostgreSQL dialects of SQLAlchemy read (cache.sqla): the
+# type adapters the backend sessions use, and the isolation levels
+adapters = _psycopg.adapters
+IsolationLevel = _psycopg.IsolationLevel
+__version__ = "0.1.0"
 
 apilevel = "2.0"
 threadsafety = 2  # threads may share connections (their calls are serialized), as psycopg

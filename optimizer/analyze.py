@@ -26,9 +26,8 @@ from optimizer.volatility import repeatable
 from sql_ext import Block, Query, Source
 from sql_ext.catalog import Catalog
 from sql_ext.fds import FD
-from sql_ext.params import Key, number_nodes, placeholder_keys
+from sql_ext.params import Key, is_constant, number_nodes, placeholder_keys
 
-CONSTANTS = (exp.Literal, exp.Placeholder, exp.Null, exp.Boolean)
 COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.In, exp.Between,
                exp.Like, exp.ILike, exp.NullSafeEQ, exp.NullSafeNEQ)  # fmt: skip
 
@@ -243,15 +242,15 @@ def _probe(predicate: exp.Expr) -> tuple[exp.Column, list[exp.Expr]] | None:
     """``col = constant`` or ``col IN (constants)``: the column and its constants."""
     if isinstance(predicate, exp.EQ):
         left, right = predicate.this, predicate.expression
-        if isinstance(left, exp.Column) and isinstance(right, CONSTANTS):
+        if isinstance(left, exp.Column) and is_constant(right, null=True):
             return left, [right]
-        if isinstance(right, exp.Column) and isinstance(left, CONSTANTS):
+        if isinstance(right, exp.Column) and is_constant(left, null=True):
             return right, [left]
     if isinstance(predicate, exp.In) and isinstance(predicate.this, exp.Column):
         values = predicate.expressions
         if (
             values
-            and all(isinstance(v, CONSTANTS) for v in values)
+            and all(is_constant(v, null=True) for v in values)
             and not predicate.args.get("query")
         ):
             return predicate.this, list(values)

@@ -22,8 +22,8 @@ from sqlglot import exp
 
 from sql_ext import Block, Query
 from sql_ext.fds import Attr
+from sql_ext.params import is_constant
 
-CONSTANTS = (exp.Literal, exp.Placeholder, exp.Boolean)
 Resolve = Callable[[Block, exp.Column], Attr | None]
 
 
@@ -104,7 +104,7 @@ def _add(classes: Classes, block: Block, predicate: exp.Expr, resolve: Resolve) 
                 classes.union(a, b)
             return
         column, constant = (left, right) if isinstance(left, exp.Column) else (right, left)
-        if isinstance(column, exp.Column) and isinstance(constant, CONSTANTS):
+        if isinstance(column, exp.Column) and is_constant(constant):
             attr = resolve(block, column)
             if attr is not None:
                 classes.equal.setdefault(classes.find(attr), []).append(constant)
@@ -114,7 +114,7 @@ def _add(classes: Classes, block: Block, predicate: exp.Expr, resolve: Resolve) 
         and isinstance(predicate.this, exp.Column)
         and not predicate.args.get("query")
         and predicate.expressions
-        and all(isinstance(v, CONSTANTS) for v in predicate.expressions)
+        and all(is_constant(v) for v in predicate.expressions)
     ):
         attr = resolve(block, predicate.this)
         if attr is not None:

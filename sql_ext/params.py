@@ -92,6 +92,29 @@ def values_for(keys: Sequence[Key], params: Params) -> list[t.Any]:
 
 UNKNOWN: t.Final = object()  # a constant whose value cannot be known before execution
 
+# Casts that keep a key: when the value cast is equal (in Python) to a key of the column,
+# PostgreSQL's cast gives that key (``%(id)s::INTEGER`` with 2, 2.0, Decimal("2") or True;
+# ``%(d)s::DATE`` with a date). A value that is not equal to any key - "2" for an integer -
+# finds none, so the guard sends the query to the backend, which casts it. SQLAlchemy's
+# psycopg dialect writes every parameter this way.
+KEY_CASTS = frozenset({
+    exp.DType.TINYINT, exp.DType.SMALLINT, exp.DType.INT, exp.DType.BIGINT,
+    exp.DType.TEXT, exp.DType.VARCHAR, exp.DType.DECIMAL, exp.DType.BOOLEAN, exp.DType.DATE,
+    exp.DType.TIMESTAMP, exp.DType.UUID,
+})  # fmt: skip
+LITERALS = (exp.Literal, exp.Placeholder, exp.Boolean)
+
+
+def is_constant(node: exp.Expr, null: bool = False) -> bool:
+    """A literal, a placeholder (``null``: or NULL), or one of them cast to a type that keeps
+    keys (`KEY_CASTS`): what a key may be probed with."""
+    if isinstance(node, exp.Cast):
+        to = node.to
+        if to.this not in KEY_CASTS or (to.this == exp.DType.VARCHAR and to.expressions):
+            return False
+        node = node.this
+    return isinstance(node, LITERALS) or (null and isinstance(node, exp.Null))
+
 
 class ParameterValues:
     """The values of a statement's constants for one execution: literals as written,
@@ -118,7 +141,9 @@ class ParameterValues:
             return UNKNOWN
         if isinstance(constant, exp.Literal | exp.Boolean):
             return constant.to_py()
-        return UNKNOWN  # NULL matches no key; casts and expressions are not guessed
+        if isinstance(constant, exp.Cast) and is_constant(constant):
+            return self.value(constant.this)  # a cast that keeps keys (KEY_CASTS)
+        return UNKNOWN  # NULL matches no key; other casts and expressions are not guessed
 
 
 def _literal(value: t.Any, mark: exp.Placeholder) -> exp.Expr:

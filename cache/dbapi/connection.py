@@ -97,7 +97,7 @@ class Connection:
         stream_lag_limit: int = DEFAULT_LAG_LIMIT,
         plan_choice: str = "cost",
     ) -> None:
-        self._currency_bound = _bound_seconds(currency_bound)
+        self._currency_bound = bound_seconds(currency_bound)
         if plan_choice not in PLAN_CHOICES:
             raise ProgrammingError(f"plan_choice must be one of {', '.join(PLAN_CHOICES)}, "
                                    f"not {plan_choice!r}")  # fmt: skip
@@ -123,6 +123,10 @@ class Connection:
         self.admit_on_miss = admit_on_miss
         self._autocommit = autocommit
         self._notices: list[str] = []  # backend NOTICEs, handed to the cursor that caused them
+        # psycopg's session settings and notice handlers the application gave (kept for the
+        # next backend connection, if this one is lost)
+        self._notice_handlers: list[t.Callable[[t.Any], None]] = []
+        self._pg_settings: dict[str, t.Any] = {}
         # the session's backend connection; None while the backend is unreachable (SPEC §5.9:
         # the cache still answers what its guards allow; the next statement that needs the
         # backend connects again)
@@ -172,6 +176,10 @@ class Connection:
     def _connect_backend(self) -> psycopg.Connection[t.Any]:
         pg = connect_backend(self.backend, autocommit=self._autocommit)
         pg.add_notice_handler(lambda d: self._notices.append(d.message_primary or ""))
+        for handler in self._notice_handlers:
+            pg.add_notice_handler(handler)
+        for name, value in self._pg_settings.items():
+            setattr(pg, name, value)
         self._pg = pg
         return pg
 
@@ -273,6 +281,61 @@ class Connection:
             self._backend_call(lambda: setattr(self._pg, "autocommit", value))
         self._autocommit = bool(value)
 
+    # -- psycopg's connection interface (the SQLAlchemy dialect uses it: cache.sqla) ----------
+
+    @property
+    def isolation_level(self) -> psycopg.IsolationLevel | None:
+        return t.cast("psycopg.IsolationLevel | None", self._pg_setting("isolation_level"))
+
+    @isolation_level.setter
+    def isolation_level(self, value: psycopg.IsolationLevel | None) -> None:
+        self._set_pg_setting("isolation_level", value)
+
+    @property
+    def read_only(self) -> bool | None:
+        return t.cast("bool | None", self._pg_setting("read_only"))
+
+    @read_only.setter
+    def read_only(self, value: bool | None) -> None:
+        self._set_pg_setting("read_only", value)
+
+    @property
+    def deferrable(self) -> bool | None:
+        return t.cast("bool | None", self._pg_setting("deferrable"))
+
+    @deferrable.setter
+    def deferrable(self, value: bool | None) -> None:
+        self._set_pg_setting("deferrable", value)
+
+    @property
+    def info(self) -> psycopg.ConnectionInfo:
+        """The backend session's connection information (psycopg's), connecting if needed."""
+        self._check_open()
+        info = self._backend_call(lambda: self._backend_session().info)
+        return t.cast(psycopg.ConnectionInfo, info)
+
+    @property
+    def broken(self) -> bool:
+        """Whether the backend session was lost (the next statement connects again)."""
+        return self._pg is not None and self._pg.broken
+
+    def add_notice_handler(self, handler: t.Callable[[t.Any], None]) -> None:
+        """Call ``handler`` with each notice the backend sends (a psycopg ``Diagnostic``)."""
+        self._notice_handlers.append(handler)
+        if self._pg is not None and not self._pg.closed:
+            self._pg.add_notice_handler(handler)
+
+    def _pg_setting(self, name: str) -> t.Any:
+        if self._pg is not None and not self._pg.closed:
+            return getattr(self._pg, name)
+        return self._pg_settings.get(name)
+
+    def _set_pg_setting(self, name: str, value: t.Any) -> None:
+        self._check_open()
+        if self._pg is not None and not self._pg.closed:
+            self._backend_call(lambda: setattr(self._pg, name, value))
+        self._pg_settings[name] = value
+
     # -- the session timeline (§2.3) -----------------------------------------------------------
 
     @contextmanager
@@ -299,7 +362,7 @@ class Connection:
     @currency_bound.setter
     def currency_bound(self, value: str | float | dt.timedelta | None) -> None:
         self._check_open()
-        self._currency_bound = _bound_seconds(value)
+        self._currency_bound = bound_seconds(value)
 
     @property
     def clock(self) -> BackendClock:
@@ -393,7 +456,7 @@ def _copy_leaf(
     return copy_to_arrow(conn, *leaf)
 
 
-def _bound_seconds(value: str | float | dt.timedelta | None) -> float | None:
+def bound_seconds(value: str | float | dt.timedelta | None) -> float | None:
     """A session currency bound in seconds: a duration as in a clause, seconds, a timedelta."""
     if value is None:
         return None

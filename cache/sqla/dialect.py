@@ -1,0 +1,114 @@
+"""The SQLAlchemy dialect ``postgresql+mtcache``: SQLAlchemy's own PostgreSQL dialect for
+psycopg 3, over the cache's DB-API (`cache`), which is shaped like psycopg.
+
+    engine = create_engine("postgresql+mtcache://app:pw@db:5432/shop"
+                           "?cache_path=/var/lib/app/cache.duckdb&currency_bound=10+min")
+
+The URL's user, password, host, port and database name the backend (with no host: the
+embedded cluster beside the cache file, as the CLI does); its query parameters and
+``connect_args`` are the DB-API connection's options (``cache_path``, ``currency_bound``,
+``stale_ok``, ``admit_on_miss``, ...). Everything else - reflection, types, RETURNING,
+insertmanyvalues, savepoints, isolation levels - is SQLAlchemy's PostgreSQL dialect.
+
+A bound given as an execution option (``currency_bound="10 min"`` on a statement, a
+connection, a session or the engine) ends the statement's outer block as its currency clause
+(`MTCacheDialect.do_execute`).
+"""
+
+from __future__ import annotations
+
+import typing as t
+from types import ModuleType
+
+from sqlalchemy import util
+from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
+from sqlalchemy.engine import URL
+from sqlalchemy.sql.selectable import CompoundSelect, Select
+
+from cache.dbapi.connection import bound_seconds
+from sql_ext.errors import ProgrammingError
+from sql_ext.nodes import format_duration
+
+# query parameters that are not strings in the DB-API's connect()
+_FLAGS = ("stale_ok", "admit_on_miss", "autocommit", "background")
+_INTEGERS = ("result_memo_bytes", "stream_lag_limit")
+_FLOATS = ("heartbeat",)
+
+
+class MTCacheDialect(PGDialect_psycopg):
+    driver = "mtcache"
+    supports_statement_cache = True
+    # the cache's cursors are client-side: a server-side cursor would read around the cache
+    supports_server_side_cursors = False
+
+    def __init__(self, **kwargs: t.Any) -> None:
+        kwargs.setdefault("use_native_hstore", False)  # its lookup needs a psycopg connection
+        super().__init__(**kwargs)
+
+    def retrieve_dbapi_version(self, dbapi: t.Any) -> t.Any:
+        """psycopg's version: the cache's sessions and result types are psycopg's."""
+        import psycopg
+
+        return util.parse_version_string(psycopg.__version__)
+
+    @classmethod
+    def import_dbapi(cls) -> ModuleType:
+        import cache
+
+        return cache
+
+    def create_connect_args(self, url: URL) -> tuple[list[t.Any], dict[str, t.Any]]:
+        options: dict[str, t.Any] = {}
+        for name, value in url.query.items():
+            text = value if isinstance(value, str) else value[-1]
+            options[name] = _option(name, text)
+        backend = None
+        if url.host is not None:
+            backend = URL.create("postgresql", url.username, url.password, url.host, url.port,
+                                 url.database).render_as_string(hide_password=False)  # fmt: skip
+        elif url.database or url.username:
+            raise ProgrammingError(
+                "a postgresql+mtcache URL without a host uses the embedded backend, which "
+                "names its own database and user: give a host, or leave them out")
+        options["backend"] = backend
+        return [], options
+
+    def do_execute(
+        self, cursor: t.Any, statement: str, parameters: t.Any, context: t.Any = None
+    ) -> None:
+        if context is not None and context.compiled is not None:
+            bound = context.execution_options.get("currency_bound")
+            if bound is not None and _bounded_read(context.compiled.statement):
+                statement = f"{statement.rstrip()} CURRENCY BOUND {_duration(bound)}"
+        cursor.execute(statement, parameters)
+
+
+def _bounded_read(statement: t.Any) -> bool:
+    """Whether a compiled statement is a read a bound applies to: a SELECT (or a UNION of
+    them) that locks no rows."""
+    if isinstance(statement, CompoundSelect):
+        return all(_bounded_read(s) for s in statement.selects)
+    return isinstance(statement, Select) and statement._for_update_arg is None
+
+
+def _duration(bound: t.Any) -> str:
+    seconds = bound_seconds(bound)
+    assert seconds is not None
+    return format_duration(seconds)
+
+
+def _option(name: str, text: str) -> t.Any:
+    if name in _FLAGS:
+        if text.lower() in ("1", "true", "yes", "on"):
+            return True
+        if text.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ProgrammingError(f"{name} must be true or false, not {text!r}")
+    if name in _INTEGERS:
+        return int(text)
+    if name in _FLOATS:
+        return float(text)
+    return text
+
+
+dialect = MTCacheDialect
