@@ -12,12 +12,21 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from sqlalchemy import ForeignKey, create_engine, inspect, select, text
+from sqlalchemy import ForeignKey, create_engine, event, inspect, select, text
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import URL, Engine, make_url
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
+from sqlalchemy.orm import (
+    DeclarativeBase,
+    Mapped,
+    Session,
+    aliased,
+    mapped_column,
+    relationship,
+    selectinload,
+)
 
 import cache
-from cache.sqla import admin, provenance
+from cache.sqla import admin, provenance, with_currency
 from cache.sqla.dialect import MTCacheDialect
 
 SCHEMA = Path(__file__).parent.parent / "cache" / "schemas" / "bookstore.sql"
@@ -163,3 +172,54 @@ def test_reflection_is_postgresqls(engines: tuple[Engine, Engine]) -> None:
 def _columns(engine: Engine, table: str) -> list[tuple[str, str, bool, t.Any]]:
     return [(c["name"], str(c["type"]), c["nullable"], c["default"])
             for c in inspect(engine).get_columns(table)]  # fmt: skip
+
+
+def test_with_currency_writes_the_clause_with_the_blocks_own_names(
+    engines: tuple[Engine, Engine],
+) -> None:
+    plain, cached = engines
+    other = aliased(Author)
+    inner = with_currency(select(other.authorid).where(other.city == "Madison"), 60, on=[other])
+    query = select(Author.authorid, Author.name).where(Author.authorid.in_([1, 2]))
+    bounded = with_currency(query.order_by(Author.authorid), "10 min", on=[Author],
+                            by=[Author.city])  # fmt: skip
+    text_of = str(bounded.compile(dialect=MTCacheDialect()))
+    assert text_of.rstrip().endswith("CURRENCY BOUND 10 min ON (authors) BY authors.city")
+    nested = str(select(Book.isbn).where(Book.authorid.in_(inner.scalar_subquery()))
+                 .compile(dialect=MTCacheDialect()))  # fmt: skip
+    assert "CURRENCY BOUND 1 min ON (authors_1) )" in nested
+    # another dialect renders no clause: PostgreSQL's own semantics
+    assert "CURRENCY" not in str(bounded.compile(dialect=postgresql.dialect()))
+    with plain.connect() as pg, cached.connect() as conn:
+        want = pg.execute(bounded).all()
+        result = conn.execute(bounded)
+        assert typed(result.all()) == typed(want)
+        assert {(e.table, e.route) for e in provenance(result).accesses} == {("authors", "local")}
+
+
+def test_orm_loaders_carry_the_bound_of_the_session(engines: tuple[Engine, Engine]) -> None:
+    """Lazy and selectin loads of a session whose engine carries a bound read the cache."""
+    plain, cached = engines
+    with Session(plain) as pg_session:
+        want = [(b.isbn, b.title) for b in pg_session.get(Author, 2).books]  # type: ignore[union-attr]
+    seen: list[set[tuple[str, str]]] = []
+
+    def routes(conn: t.Any, cursor: t.Any, *args: t.Any) -> None:
+        seen.append({(e.table, e.route) for e in cursor.provenance.accesses})
+
+    bounded = cached.execution_options(currency_bound="10 min")
+    event.listen(cached, "after_cursor_execute", routes)
+    try:
+        with Session(bounded) as session:
+            author = session.scalars(select(Author).where(Author.authorid == 2)).one()
+            books = author.books  # a lazy load
+            assert typed([(b.isbn, b.title) for b in books]) == typed(want)
+        with Session(bounded) as session:
+            query = select(Author).where(Author.authorid == 2).options(selectinload(Author.books))
+            author = session.scalars(query).one()
+            assert typed([(b.isbn, b.title) for b in author.books]) == typed(want)
+    finally:
+        event.remove(cached, "after_cursor_execute", routes)
+    assert ("authors", "local") in set().union(*seen)
+    # books: whole Book objects read publisherid, which bookcopy does not hold
+    assert all(routes_ <= {("authors", "local"), ("books", "remote")} for routes_ in seen)

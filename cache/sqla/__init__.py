@@ -21,7 +21,10 @@ from contextlib import contextmanager
 from cache.dbapi.admin import Admin
 from cache.dbapi.connection import Connection as CacheConnection
 from cache.execution.provenance import Provenance
+from cache.sqla.currency import with_currency
 from sql_ext.errors import InterfaceError
+
+__all__ = ["admin", "provenance", "with_currency"]
 
 
 def provenance(result: t.Any) -> Provenance:

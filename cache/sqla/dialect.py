@@ -26,6 +26,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.sql.selectable import CompoundSelect, Select
 
 from cache.dbapi.connection import bound_seconds
+from cache.sqla.currency import has_currency_clause
 from sql_ext.errors import ProgrammingError
 from sql_ext.nodes import format_duration
 
@@ -84,11 +85,13 @@ class MTCacheDialect(PGDialect_psycopg):
 
 
 def _bounded_read(statement: t.Any) -> bool:
-    """Whether a compiled statement is a read a bound applies to: a SELECT (or a UNION of
-    them) that locks no rows."""
+    """Whether a compiled statement is a read an execution option's bound applies to: a
+    SELECT (or a UNION of them) that locks no rows and has no clause of its own
+    (`cache.sqla.with_currency`)."""
     if isinstance(statement, CompoundSelect):
         return all(_bounded_read(s) for s in statement.selects)
-    return isinstance(statement, Select) and statement._for_update_arg is None
+    return isinstance(statement, Select) and statement._for_update_arg is None \
+        and not has_currency_clause(statement)  # fmt: skip
 
 
 def _duration(bound: t.Any) -> str:

@@ -1,0 +1,92 @@
+"""`with_currency`: a SELECT's own currency clause, written with SQLAlchemy's objects::
+
+    stmt = with_currency(select(Author.name, Book.title).join(Author.books), "10 min",
+                         on=[Author, Book], by=[Author.city])
+
+renders ``... CURRENCY BOUND 10 min ON (authors, books) BY authors.city`` (with the names the
+FROM clause gives the inputs: an ``aliased(Author)`` is named by its alias), in whatever
+block the SELECT becomes: the outer statement, a subquery, a CTE. Called again on the result,
+it adds a spec (a consistency class) to the same clause. On an engine of another dialect the
+clause renders as nothing: the statement keeps PostgreSQL's semantics, the strictest bound.
+"""
+
+from __future__ import annotations
+
+import typing as t
+
+from sqlalchemy import inspect
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql import elements
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.elements import DQLDMLClauseElement
+from sqlalchemy.sql.selectable import Alias, Select
+
+from cache.dbapi.connection import bound_seconds
+from sql_ext.errors import ProgrammingError
+from sql_ext.nodes import format_duration
+
+Spec = tuple[float, tuple[t.Any, ...], tuple[t.Any, ...]]  # seconds, ON inputs, BY columns
+SelectT = t.TypeVar("SelectT")
+
+
+class CurrencyClause(DQLDMLClauseElement):
+    """The ``CURRENCY BOUND spec, ...`` suffix of one SELECT."""
+
+    __visit_name__ = "mtcache_currency_clause"
+    # the inputs and columns are compiled with the statement; the clause is not a cache key
+    inherit_cache = False
+
+    def __init__(self, specs: tuple[Spec, ...]) -> None:
+        self.specs = specs
+
+
+def with_currency(
+    statement: SelectT, bound: t.Any, on: t.Iterable[t.Any] = (), by: t.Iterable[t.Any] = ()
+) -> SelectT:
+    """``statement`` with a currency spec: ``bound`` (``"10 min"``, seconds or a timedelta)
+    on the inputs ``on`` (mapped classes, aliases or tables; none: every input of the block)
+    with the rows grouped ``by`` these columns each from one snapshot (none: the whole class
+    from one snapshot)."""
+    if not isinstance(statement, Select):
+        raise ProgrammingError(f"with_currency takes a select(), not {type(statement).__name__}")
+    seconds = bound_seconds(bound)
+    assert seconds is not None
+    spec: Spec = (seconds, tuple(on), tuple(by))
+    kept = [(s, d) for s, d in statement._suffixes if not isinstance(s, CurrencyClause)]
+    found = [s for s, _ in statement._suffixes if isinstance(s, CurrencyClause)]
+    specs = (*found[0].specs, spec) if found else (spec,)
+    copy = statement._generate()
+    copy._suffixes = (*kept, (CurrencyClause(specs), "postgresql"))
+    return t.cast(SelectT, copy)
+
+
+def has_currency_clause(statement: t.Any) -> bool:
+    return any(isinstance(s, CurrencyClause) for s, _ in getattr(statement, "_suffixes", ()))
+
+
+@compiles(CurrencyClause)
+def _render(element: CurrencyClause, compiler: SQLCompiler, **kw: t.Any) -> str:
+    from cache.sqla.dialect import MTCacheDialect
+
+    if not isinstance(compiler.dialect, MTCacheDialect):
+        return ""
+    specs = []
+    for seconds, on, by in element.specs:
+        text = format_duration(seconds)
+        if on:
+            text += f" ON ({', '.join(_input_name(compiler, i) for i in on)})"
+        if by:
+            text += f" BY {', '.join(compiler.process(c, **kw) for c in by)}"
+        specs.append(text)
+    return f"CURRENCY BOUND {', '.join(specs)}"
+
+
+def _input_name(compiler: SQLCompiler, entity: t.Any) -> str:
+    """The name the FROM clause gives an input: its alias, else its table's name."""
+    selectable = inspect(entity).selectable
+    if isinstance(selectable, Alias):
+        name = selectable.name
+        if isinstance(name, elements._truncated_label):
+            name = compiler._truncated_identifier("alias", name)
+        return compiler.preparer.format_alias(selectable, name)
+    return compiler.preparer.quote(selectable.name)
