@@ -66,9 +66,7 @@ def has_currency_clause(statement: t.Any) -> bool:
 
 @compiles(CurrencyClause)
 def _render(element: CurrencyClause, compiler: SQLCompiler, **kw: t.Any) -> str:
-    from cache.sqla.dialect import MTCacheDialect
-
-    if not isinstance(compiler.dialect, MTCacheDialect):
+    if compiler.dialect.driver != "mtcache":  # another dialect: PostgreSQL's own semantics
         return ""
     specs = []
     for seconds, on, by in element.specs:
