@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 
-import psycopg
 import pytest
 from sqlalchemy import ForeignKey, create_engine, event, inspect, select, text
 from sqlalchemy.dialects import postgresql
@@ -26,7 +25,7 @@ from sqlalchemy.orm import (
 )
 
 import cache
-from cache.sqla import admin, provenance, with_currency
+from cache.sqla import admin, engine_url, provenance, with_currency
 from cache.sqla.dialect import MTCacheDialect
 
 SCHEMA = Path(__file__).parent.parent / "cache" / "schemas" / "bookstore.sql"
@@ -58,12 +57,8 @@ class Book(Base):
 
 
 def _urls(dsn: str, cache_path: Path) -> tuple[URL, URL]:
-    info = psycopg.conninfo.conninfo_to_dict(dsn)
-    plain = URL.create("postgresql+psycopg", info.get("user"), info.get("password"),  # type: ignore[arg-type]
-                       info["host"], int(info["port"]), info["dbname"])  # type: ignore[arg-type]  # fmt: skip
-    cached = plain.set(drivername="postgresql+mtcache",
-                       query={"cache_path": str(cache_path), "background": "false"})  # fmt: skip
-    return plain, cached
+    cached = engine_url(dsn, cache_path, background=False)
+    return cached.set(drivername="postgresql+psycopg", query={}), cached
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,10 @@ from __future__ import annotations
 import typing as t
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+
+import psycopg
+from sqlalchemy.engine import URL
 
 from cache.dbapi.admin import Admin
 from cache.dbapi.connection import Connection as CacheConnection
@@ -24,7 +28,22 @@ from cache.execution.provenance import Provenance
 from cache.sqla.currency import with_currency
 from sql_ext.errors import InterfaceError
 
-__all__ = ["admin", "provenance", "with_currency"]
+__all__ = ["admin", "engine_url", "provenance", "with_currency"]
+
+
+def engine_url(backend: str | None, cache_path: str | Path, **options: t.Any) -> URL:
+    """The ``postgresql+mtcache`` URL of a backend given as `cache.connect` takes it (a libpq
+    DSN or URL; None: the embedded cluster), with the cache file and connection options."""
+    query = {"cache_path": str(cache_path)}
+    for name, value in options.items():
+        query[name] = str(value).lower() if isinstance(value, bool) else str(value)
+    if backend is None:
+        return URL.create("postgresql+mtcache", query=query)
+    info: dict[str, t.Any] = psycopg.conninfo.conninfo_to_dict(backend)
+    port = info.get("port")
+    return URL.create("postgresql+mtcache", info.get("user"), info.get("password"),
+                      info.get("host"), int(port) if port else None, info.get("dbname"),
+                      query=query)  # fmt: skip
 
 
 def provenance(result: t.Any) -> Provenance:

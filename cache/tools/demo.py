@@ -11,10 +11,13 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
+from sqlalchemy import create_engine, select
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 import cache
 from cache.backend.reflect import fetch_catalog
 from cache.dbapi.admin import Admin
+from cache.sqla import engine_url, provenance
 from cache.tools import bookstore
 from cache.tools.formatting import describe_class
 from cache.tools.settings import Settings
@@ -200,7 +203,43 @@ def cache_at_work(console: Console, dsn: str, path: Path) -> None:
         for (line,) in cur.fetchall():
             console.print(f"  {escape(line)}")
         console.print()
+    orm_at_work(console, dsn, path)
     with Admin.open(path) as admin:
         counters = admin.status()["counters"]
     console.print("counters: " + ", ".join(f"{k} {v}" for k, v in sorted(counters.items())))
     console.print()
+
+
+class _Base(DeclarativeBase):
+    pass
+
+
+class Author(_Base):
+    """The bookstore's authors, as an ORM application maps them (the columns it reads)."""
+
+    __tablename__ = "authors"
+    authorid: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str]
+    city: Mapped[str]
+
+
+def orm_at_work(console: Console, dsn: str, path: Path) -> None:
+    """One ORM query through SQLAlchemy's ``postgresql+mtcache`` engine on the same cache."""
+    engine = create_engine(engine_url(dsn, path, background=False))
+    try:
+        with Session(engine) as session:
+            query = select(Author.name, Author.city).where(Author.authorid == 4)
+            result = session.execute(query.execution_options(currency_bound="10 min"))
+            rows = result.all()
+            console.print("[bold cyan]SQLAlchemy ORM: the same read through "
+                          "create_engine(\"postgresql+mtcache://...\")[/bold cyan]")  # fmt: skip
+            console.print('  [dim]select(Author.name, Author.city).where(Author.authorid == 4)'
+                          '.execution_options(currency_bound="10 min")[/dim]')  # fmt: skip
+            console.print(f"  {len(rows)} rows: {escape(', '.join(str(tuple(r)) for r in rows))}")
+            for entry in provenance(result):
+                where = f"local from {entry['view']}" if entry["route"] == "local" \
+                    else "remote (PostgreSQL, current)"  # fmt: skip
+                console.print(f"  [green]{entry['table']}[/green]: {escape(where)}")
+            console.print()
+    finally:
+        engine.dispose()
