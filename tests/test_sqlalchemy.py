@@ -27,6 +27,7 @@ from sqlalchemy.orm import (
 import cache
 from cache.sqla import admin, engine_url, provenance, with_currency
 from cache.sqla.dialect import MTCacheDialect
+from tests.answers import typed
 
 SCHEMA = Path(__file__).parent.parent / "cache" / "schemas" / "bookstore.sql"
 
@@ -76,10 +77,6 @@ def engines(
     finally:
         cached.dispose()
         plain.dispose()
-
-
-def typed(rows: t.Iterable[t.Sequence[t.Any]]) -> list[tuple[tuple[type, t.Any], ...]]:
-    return [tuple((type(v), v) for v in row) for row in rows]
 
 
 def test_a_url_names_the_backend_and_the_connection_options() -> None:

@@ -1,0 +1,50 @@
+"""SQLAlchemy's dialect compliance suite (``sqlalchemy.testing.suite``) against
+``postgresql+mtcache`` on the session's cluster, run as SQLAlchemy's README.dialects.rst
+describes: a pytest session of its own with SQLAlchemy's plugin (tests/sqla_suite). Every
+test passes or is skipped by a requirement tests/sqla_suite/requirements.py declares."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import psycopg
+
+from cache.backend.embedded_pg import EmbeddedPostgres
+from cache.sqla import engine_url
+from tests.conftest import reachable_tempdir
+
+SUITE = Path(__file__).parent / "sqla_suite"
+
+
+def test_the_compliance_suite_passes(pg_cluster: EmbeddedPostgres) -> None:
+    dsn = pg_cluster.create_database("sqla_suite")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for schema in ("test_schema", "test_schema_2"):  # the suite's other schemas
+            conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+    work = reachable_tempdir("mtcache-sqla-suite-")
+    try:
+        _run_suite(dsn, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _run_suite(dsn: str, work: Path) -> None:
+    url = engine_url(dsn, work / "cache.duckdb", background=False)
+    report = work / "junit.xml"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-c", str(SUITE / "setup.cfg"), "--rootdir", str(SUITE),
+         str(SUITE / "suite_compliance.py"), "--dburi", url.render_as_string(hide_password=False),
+         "-q", f"--junitxml={report}"],
+        cwd=SUITE, capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+    suite = ET.parse(report).getroot().find("testsuite")
+    assert suite is not None, done.stdout[-3000:]
+    counts = {k: int(suite.get(k, "0")) for k in ("tests", "failures", "errors", "skipped")}
+    summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr
+    assert done.returncode == 0 and counts["failures"] == counts["errors"] == 0, \
+        f"{summary}\n{done.stdout[-6000:]}"  # fmt: skip
+    assert counts["tests"] - counts["skipped"] > 1000, summary  # the suite did run
