@@ -80,16 +80,19 @@ def engines(
 
 
 def test_a_url_names_the_backend_and_the_connection_options() -> None:
-    dialect = MTCacheDialect()
+    dialect = MTCacheDialect(dbapi=MTCacheDialect.import_dbapi())
     url = make_url("postgresql+mtcache://app:s3cret@db.example:6543/shop?cache_path=/var/c.duckdb"
                    "&currency_bound=10+min&stale_ok=true&result_memo_bytes=0")  # fmt: skip
     args, options = dialect.create_connect_args(url)
     assert args == []
+    # the engine's psycopg adapters (JSON serializers, ...) for the backend sessions
+    assert options.pop("context") is dialect._psycopg_adapters_map
     assert options == {"backend": "postgresql://app:s3cret@db.example:6543/shop",
                        "cache_path": "/var/c.duckdb", "currency_bound": "10 min",
                        "stale_ok": True, "result_memo_bytes": 0}  # fmt: skip
     # no host: the embedded backend beside the cache file, as the CLI
-    assert dialect.create_connect_args(make_url("postgresql+mtcache://"))[1] == {"backend": None}
+    embedded = dialect.create_connect_args(make_url("postgresql+mtcache://"))[1]
+    assert embedded["backend"] is None and set(embedded) == {"backend", "context"}
     with pytest.raises(cache.ProgrammingError, match="stale_ok must be true or false"):
         dialect.create_connect_args(make_url("postgresql+mtcache://h/db?stale_ok=maybe"))
     with pytest.raises(cache.ProgrammingError, match="without a host uses the embedded"):

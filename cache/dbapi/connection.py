@@ -96,8 +96,11 @@ class Connection:
         heartbeat: float | None = None,
         stream_lag_limit: int = DEFAULT_LAG_LIMIT,
         plan_choice: str = "cost",
+        context: psycopg.adapt.AdaptersMap | None = None,
     ) -> None:
         self._currency_bound = bound_seconds(currency_bound)
+        # psycopg's type adapters for the backend sessions (as psycopg.connect's context=)
+        self._context = context
         if plan_choice not in PLAN_CHOICES:
             raise ProgrammingError(f"plan_choice must be one of {', '.join(PLAN_CHOICES)}, "
                                    f"not {plan_choice!r}")  # fmt: skip
@@ -174,7 +177,10 @@ class Connection:
     # -- the backend session -------------------------------------------------------------------
 
     def _connect_backend(self) -> psycopg.Connection[t.Any]:
-        pg = connect_backend(self.backend, autocommit=self._autocommit)
+        options: dict[str, object] = {"autocommit": self._autocommit}
+        if self._context is not None:
+            options["context"] = self._context
+        pg = connect_backend(self.backend, **options)
         pg.add_notice_handler(lambda d: self._notices.append(d.message_primary or ""))
         for handler in self._notice_handlers:
             pg.add_notice_handler(handler)

@@ -72,6 +72,8 @@ class MTCacheDialect(PGDialect_psycopg):
                 "a postgresql+mtcache URL without a host uses the embedded backend, which "
                 "names its own database and user: give a host, or leave them out")
         options["backend"] = backend
+        if self._psycopg_adapters_map is not None:  # the engine's JSON (de)serializers, ...
+            options["context"] = self._psycopg_adapters_map
         return [], options
 
     def do_execute(
