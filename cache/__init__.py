@@ -44,7 +44,6 @@ from sql_ext.errors import (
 # type adapters the backend sessions use, and the isolation levels
 adapters = _psycopg.adapters
 IsolationLevel = _psycopg.IsolationLevel
-__version__ = "0.1.0"
 
 apilevel = "2.0"
 threadsafety = 2  # threads may share connections (their calls are serialized), as psycopg

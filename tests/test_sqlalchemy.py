@@ -95,6 +95,8 @@ def test_a_url_names_the_backend_and_the_connection_options() -> None:
     assert embedded["backend"] is None and set(embedded) == {"backend", "context"}
     with pytest.raises(cache.ProgrammingError, match="stale_ok must be true or false"):
         dialect.create_connect_args(make_url("postgresql+mtcache://h/db?stale_ok=maybe"))
+    with pytest.raises(cache.ProgrammingError, match="result_memo_bytes must be a number"):
+        dialect.create_connect_args(make_url("postgresql+mtcache://h/db?result_memo_bytes=lots"))
     with pytest.raises(cache.ProgrammingError, match="without a host uses the embedded"):
         dialect.create_connect_args(make_url("postgresql+mtcache:///shop"))
 

@@ -53,6 +53,33 @@ _public = public(lambda self: Path(getattr(self, "cache_path", DEFAULT_CACHE)),
                  lambda self: getattr(self, "_lock", None))
 
 
+T = t.TypeVar("T")
+
+
+class _BackendSetting(t.Generic[T]):
+    """A psycopg session setting (``isolation_level``, ``read_only``, ``deferrable``) of the
+    connection's backend session: read from it and set on it, and kept for the next backend
+    connection if this one is lost."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, conn: Connection | None, owner: type) -> T:
+        if conn is None:
+            return t.cast(T, self)
+        pg = conn._pg
+        if pg is not None and not pg.closed:
+            return t.cast(T, getattr(pg, self.name))
+        return t.cast(T, conn._pg_settings.get(self.name))
+
+    def __set__(self, conn: Connection, value: T) -> None:
+        conn._check_open()
+        pg = conn._pg
+        if pg is not None and not pg.closed:
+            conn._backend_call(lambda: setattr(pg, self.name, value))
+        conn._pg_settings[self.name] = value
+
+
 class Connection:
     """A session: one backend connection (its transaction is the session's), the cache file.
     Options: ``autocommit`` (default False, as PEP 249), ``stale_ok`` (answer from stale local
@@ -289,29 +316,9 @@ class Connection:
 
     # -- psycopg's connection interface (the SQLAlchemy dialect uses it: cache.sqla) ----------
 
-    @property
-    def isolation_level(self) -> psycopg.IsolationLevel | None:
-        return t.cast("psycopg.IsolationLevel | None", self._pg_setting("isolation_level"))
-
-    @isolation_level.setter
-    def isolation_level(self, value: psycopg.IsolationLevel | None) -> None:
-        self._set_pg_setting("isolation_level", value)
-
-    @property
-    def read_only(self) -> bool | None:
-        return t.cast("bool | None", self._pg_setting("read_only"))
-
-    @read_only.setter
-    def read_only(self, value: bool | None) -> None:
-        self._set_pg_setting("read_only", value)
-
-    @property
-    def deferrable(self) -> bool | None:
-        return t.cast("bool | None", self._pg_setting("deferrable"))
-
-    @deferrable.setter
-    def deferrable(self, value: bool | None) -> None:
-        self._set_pg_setting("deferrable", value)
+    isolation_level: _BackendSetting[psycopg.IsolationLevel | None] = _BackendSetting()
+    read_only: _BackendSetting[bool | None] = _BackendSetting()
+    deferrable: _BackendSetting[bool | None] = _BackendSetting()
 
     @property
     def info(self) -> psycopg.ConnectionInfo:
@@ -330,17 +337,6 @@ class Connection:
         self._notice_handlers.append(handler)
         if self._pg is not None and not self._pg.closed:
             self._pg.add_notice_handler(handler)
-
-    def _pg_setting(self, name: str) -> t.Any:
-        if self._pg is not None and not self._pg.closed:
-            return getattr(self._pg, name)
-        return self._pg_settings.get(name)
-
-    def _set_pg_setting(self, name: str, value: t.Any) -> None:
-        self._check_open()
-        if self._pg is not None and not self._pg.closed:
-            self._backend_call(lambda: setattr(self._pg, name, value))
-        self._pg_settings[name] = value
 
     # -- the session timeline (§2.3) -----------------------------------------------------------
 

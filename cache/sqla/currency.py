@@ -25,7 +25,7 @@ from cache.dbapi.connection import bound_seconds
 from sql_ext.errors import ProgrammingError
 from sql_ext.nodes import format_duration
 
-Spec = tuple[float, tuple[t.Any, ...], tuple[t.Any, ...]]  # seconds, ON inputs, BY columns
+Spec = tuple[str, tuple[t.Any, ...], tuple[t.Any, ...]]  # duration, ON inputs, BY columns
 SelectT = t.TypeVar("SelectT")
 
 
@@ -49,15 +49,22 @@ def with_currency(
     from one snapshot)."""
     if not isinstance(statement, Select):
         raise ProgrammingError(f"with_currency takes a select(), not {type(statement).__name__}")
-    seconds = bound_seconds(bound)
-    assert seconds is not None
-    spec: Spec = (seconds, tuple(on), tuple(by))
+    spec: Spec = (duration(bound), tuple(on), tuple(by))
     kept = [(s, d) for s, d in statement._suffixes if not isinstance(s, CurrencyClause)]
     found = [s for s, _ in statement._suffixes if isinstance(s, CurrencyClause)]
     specs = (*found[0].specs, spec) if found else (spec,)
     copy = statement._generate()
     copy._suffixes = (*kept, (CurrencyClause(specs), "postgresql"))
     return t.cast(SelectT, copy)
+
+
+def duration(bound: t.Any) -> str:
+    """A bound (``"10 min"``, seconds, a timedelta; checked as the DB-API checks a session
+    bound) as a clause writes it."""
+    seconds = bound_seconds(bound)
+    if seconds is None:
+        raise ProgrammingError("a currency bound is a duration, not None")
+    return format_duration(seconds)
 
 
 def has_currency_clause(statement: t.Any) -> bool:
@@ -69,8 +76,8 @@ def _render(element: CurrencyClause, compiler: SQLCompiler, **kw: t.Any) -> str:
     if compiler.dialect.driver != "mtcache":  # another dialect: PostgreSQL's own semantics
         return ""
     specs = []
-    for seconds, on, by in element.specs:
-        text = format_duration(seconds)
+    for bound, on, by in element.specs:
+        text = bound
         if on:
             text += f" ON ({', '.join(_input_name(compiler, i) for i in on)})"
         if by:

@@ -25,15 +25,9 @@ from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 from sqlalchemy.engine import URL
 from sqlalchemy.sql.selectable import CompoundSelect, Select
 
-from cache.dbapi.connection import bound_seconds
-from cache.sqla.currency import has_currency_clause
+from cache.dbapi.connection import Connection
+from cache.sqla.currency import duration, has_currency_clause
 from sql_ext.errors import ProgrammingError
-from sql_ext.nodes import format_duration
-
-# query parameters that are not strings in the DB-API's connect()
-_FLAGS = ("stale_ok", "admit_on_miss", "autocommit", "background")
-_INTEGERS = ("result_memo_bytes", "stream_lag_limit")
-_FLOATS = ("heartbeat",)
 
 
 class MTCacheDialect(PGDialect_psycopg):
@@ -82,7 +76,7 @@ class MTCacheDialect(PGDialect_psycopg):
         if context is not None and context.compiled is not None:
             bound = context.execution_options.get("currency_bound")
             if bound is not None and _bounded_read(context.compiled.statement):
-                statement = f"{statement.rstrip()} CURRENCY BOUND {_duration(bound)}"
+                statement = f"{statement.rstrip()} CURRENCY BOUND {duration(bound)}"
         cursor.execute(statement, parameters)
 
 
@@ -96,24 +90,27 @@ def _bounded_read(statement: t.Any) -> bool:
         and not has_currency_clause(statement)  # fmt: skip
 
 
-def _duration(bound: t.Any) -> str:
-    seconds = bound_seconds(bound)
-    assert seconds is not None
-    return format_duration(seconds)
+def _option_kinds() -> dict[str, type]:
+    """The connection options (`cache.Connection`) a URL gives as text that are flags or
+    numbers, with their type."""
+    kinds: dict[str, type] = {}
+    for name, hint in t.get_type_hints(Connection.__init__).items():
+        accepted = t.get_args(hint) or (hint,)
+        kind = next((k for k in (bool, int, float) if k in accepted), None)  # bool: not a number
+        if kind is not None and str not in accepted:
+            kinds[name] = kind
+    return kinds
+
+
+_KINDS = _option_kinds()
 
 
 def _option(name: str, text: str) -> t.Any:
-    if name in _FLAGS:
-        if text.lower() in ("1", "true", "yes", "on"):
-            return True
-        if text.lower() in ("0", "false", "no", "off"):
-            return False
-        raise ProgrammingError(f"{name} must be true or false, not {text!r}")
-    if name in _INTEGERS:
-        return int(text)
-    if name in _FLOATS:
-        return float(text)
-    return text
-
-
-dialect = MTCacheDialect
+    kind = _KINDS.get(name)
+    if kind is None:
+        return text
+    try:
+        return util.asbool(text) if kind is bool else kind(text)
+    except ValueError:
+        what = "true or false" if kind is bool else f"a number ({kind.__name__})"
+        raise ProgrammingError(f"{name} must be {what}, not {text!r}") from None
