@@ -245,17 +245,17 @@ def max_affected_closure_safe(
             continue
         kept = {r for r in mine if r.kind == "completeness"}
         for kind in ("view", "consistency", "presence"):
-            kept |= {r for r in mine if r.kind == kind} - _inside(con, name, kind, mine, kept)
+            candidates = {r for r in mine if r.kind == kind}
+            kept |= candidates - _inside(con, name, candidates, kept)
         result |= kept
     return result
 
 
 def _inside(
-    con: duckdb.DuckDBPyConnection, view: str, kind: str, regions: set[Region], others: set[Region]
+    con: duckdb.DuckDBPyConnection, view: str, mine: set[Region], others: set[Region]
 ) -> set[Region]:
-    """The regions of ``kind`` whose (non-empty) rows all lie inside the union of others: one
+    """The regions of ``mine`` whose (non-empty) rows all lie inside the union of others: one
     query per set of region columns (an admission of 150,000 keys made one per region)."""
-    mine = [r for r in regions if r.kind == kind]
     if not others or not mine:
         return set()
     theirs = region_predicate(others).sql(dialect="duckdb")

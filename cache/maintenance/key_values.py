@@ -34,17 +34,13 @@ _RANGES = {exp.DataType.Type.SMALLINT: 2**15, exp.DataType.Type.INT: 2**31,
            exp.DataType.Type.BIGINT: 2**63}  # fmt: skip
 
 
-def exact_key(con: duckdb.DuckDBPyConnection, control: ControlTable, value: Key) -> Key:
-    """``value`` (one item per key column) typed as the control table's key columns, or a
-    `DataError` naming the column, its type and what was given."""
-    return exact_keys(con, control, [value])[0]
-
-
 def exact_keys(
     con: duckdb.DuckDBPyConnection, control: ControlTable, values: list[Key]
 ) -> list[Key]:
-    """`exact_key` of each value. Integer and text keys are checked here (an admission of
-    150,000 keys cast each in DuckDB for minutes); other types are cast by DuckDB."""
+    """Each value (one item per key column) typed as the control table's key columns, or a
+    `DataError` naming the column, its type and what was given. Integer and text keys are
+    checked here (an admission of 150,000 keys cast each in DuckDB for minutes); other types
+    are cast by DuckDB."""
     types = [exp.DataType.build(kind, dialect="postgres") for _, kind in control.columns]
     if all(kind.this in _RANGES or kind.is_type(*exp.DataType.TEXT_TYPES) for kind in types):
         return [_checked(control, types, value) for value in values]

@@ -1041,9 +1041,9 @@ class Consumer:
             if (position is not None and position > target) or (
                 source is not None and source.reached > target
             ):
-                if self._pulls_pending():
+                if pending_pulls(self.store.con):
                     self.step(confirm=False)  # passes the pulls the stream has reached
-                if self._pulls_pending() and not marked_again:
+                if pending_pulls(self.store.con) and not marked_again:
                     # a pull made during the call (an upquery) may have read past every
                     # position the server has reported: mark the WAL again and go on until
                     # the stream passes that mark, and with it the pull
@@ -1055,10 +1055,6 @@ class Consumer:
                                        f"{timeout:g} s")  # fmt: skip
             if not applied and source is not None:
                 source.ping()  # where is the server? (its reply moves `reached`)
-
-    def _pulls_pending(self) -> bool:
-        row = self.store.con.execute("SELECT count(*) FROM mtcache.stream_pulls").fetchone()
-        return row != (0,)
 
     def start(self) -> None:
         if load_stream(self.store.con) is not None:
