@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from sqlglot import exp
 
 from optimizer.divisions import analyze_divisions
-from optimizer.equivalences import block_classes
+from optimizer.equivalences import block_classes, joined
 from optimizer.expression_types import ExpressionTypes
 from optimizer.normalize_constraint import ConsistencyClass, Constraint, Instance, QueryResolver
 from optimizer.pg_semantics import Semantics, pg_semantics
@@ -156,7 +156,8 @@ def analyze(query: Query, catalog: Catalog, default_bound: float | None = None) 
         # outer table inside NOT EXISTS says nothing about which outer rows reach the result).
         own = conjuncts[instance]
         written = set()
-        for predicate in block.conjuncts():
+        joined_by = block.join_conditions(source)
+        for predicate in block.conjuncts() + joined_by:
             if predicate.find(exp.Select) is not None:
                 continue
             attrs = [resolver.resolve_column(block, c) for c in predicate.find_all(exp.Column)]
@@ -170,7 +171,7 @@ def analyze(query: Query, catalog: Catalog, default_bound: float | None = None) 
                     written.add(attr[1])
         # What the block's equivalence classes add: columns equal to constants through joins.
         table = catalog.table(instance.table)
-        seen = classes[id(block.select)]
+        seen = joined(classes[id(block.select)], block, joined_by, resolver.resolve_column)
         for name in table.column_names if table is not None else ():
             values = seen.constants((instance, name))
             if values is None:

@@ -6,16 +6,21 @@ known to equal: ``a JOIN b ON a.authorid = b.authorid WHERE a.authorid = 2`` pro
 remote leaf fetches only the rows that matter.
 
 What holds where: a block's top-level AND-ed conjuncts (WHERE and inner-join ON; not outer-join
-ON, not under OR or NOT) restrict the rows of that block's own FROM items. A subquery in WHERE or
+ON, not under OR or NOT) restrict the rows of that block's own FROM items. A LEFT JOIN's ON
+conjuncts hold, on top of those, for its null-supplying side alone: ``a LEFT JOIN b ON
+a.authorid = b.authorid WHERE a.authorid = 2`` (an ORM joinedload) needs only b's rows of
+authorid 2, while every a row of authorid 2 stays whatever b holds. A subquery in WHERE or
 in the select list is evaluated only for rows of its enclosing block that pass those conjuncts,
 so it inherits the enclosing block's classes (correlation); a derived table or CTE body is
-computed on its own and inherits nothing.
+computed on its own and inherits nothing, but the block reading it learns its constants: every
+row it yields passed its body's conjuncts (``(SELECT ... WHERE authorid = 2 LIMIT 1) AS anon_1
+LEFT JOIN books ON anon_1.authorid = books.authorid``, an ORM joinedload with LIMIT).
 """
 
 from __future__ import annotations
 
 import typing as t
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from sqlglot import exp
@@ -64,6 +69,13 @@ class Classes:
                 shortest = values
         return tuple(shortest) if shortest is not None else None
 
+    def constant_attrs(self) -> Iterator[tuple[Attr, tuple[exp.Expr, ...]]]:
+        """Every attribute known to take constants, with them."""
+        for attr in {*self.parent, *self.equal, *self.within}:
+            values = self.constants(attr)
+            if values is not None:
+                yield attr, values
+
     def copy(self) -> Classes:
         return Classes(dict(self.parent), {k: list(v) for k, v in self.equal.items()},
                        {k: list(v) for k, v in self.within.items()})  # fmt: skip
@@ -85,6 +97,10 @@ def block_classes(query: Query, resolve: Resolve) -> dict[int, Classes]:
             return found[key]
         inherited = block.parent is not None and key not in bodies
         classes = of(t.cast(Block, block.parent)).copy() if inherited else Classes()
+        for source in block.sources:
+            if len(source.body) == 1:  # every row of a derived table or CTE passed its body
+                for attr, values in of(source.body[0]).constant_attrs():
+                    classes.equal.setdefault(classes.find(attr), []).extend(values)
         for predicate in block.conjuncts():
             _add(classes, block, predicate, resolve)
         found[key] = classes
@@ -93,6 +109,17 @@ def block_classes(query: Query, resolve: Resolve) -> dict[int, Classes]:
     for block in query.analysis.blocks:
         of(block)
     return found
+
+
+def joined(classes: Classes, block: Block, predicates: list[exp.Expr], resolve: Resolve) -> Classes:
+    """A block's classes with the ON predicates of an outer join added: what holds for the
+    rows of its null-supplying side that reach the result (`Block.join_conditions`)."""
+    if not predicates:
+        return classes
+    extended = classes.copy()
+    for predicate in predicates:
+        _add(extended, block, predicate, resolve)
+    return extended
 
 
 def _add(classes: Classes, block: Block, predicate: exp.Expr, resolve: Resolve) -> None:

@@ -87,6 +87,17 @@ class Block:
                 predicates.extend(split_and(on))
         return predicates
 
+    def join_conditions(self, source: Source) -> list[exp.Expr]:
+        """Top-level AND-ed predicates of the ON clause of the LEFT JOIN that makes a source
+        null-supplying (none for any other source). A row of the source reaches the result
+        only joined by them, so they restrict which of its rows matter; they restrict no other
+        source (the preserved side keeps every row)."""
+        for join in self.select.args.get("joins") or []:
+            if join.this is source.node and (join.side or "").upper() == "LEFT":
+                on = join.args.get("on")
+                return split_and(on) if on is not None else []
+        return []
+
 
 @dataclass(eq=False)
 class BlockAnalysis:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import typing as t
 from collections.abc import Iterator
+from contextlib import contextmanager
 from decimal import Decimal
 from pathlib import Path
 
@@ -19,6 +20,8 @@ from sqlalchemy.orm import (
     Mapped,
     Session,
     aliased,
+    joinedload,
+    load_only,
     mapped_column,
     relationship,
     selectinload,
@@ -43,7 +46,8 @@ class Author(Base):
     gender: Mapped[str]
     city: Mapped[str]
     state: Mapped[str]
-    books: Mapped[list[Book]] = relationship(back_populates="author", order_by="Book.isbn")
+    books: Mapped[list[Book]] = relationship(back_populates="author", order_by="Book.isbn",
+                                             cascade="all, delete-orphan")  # fmt: skip
 
 
 class Book(Base):
@@ -55,6 +59,39 @@ class Book(Base):
     type: Mapped[str]
     price: Mapped[Decimal]
     author: Mapped[Author] = relationship(back_populates="books")
+    reviews: Mapped[list[Review]] = relationship(back_populates="book", order_by="Review.reviewid",
+                                                 cascade="all, delete-orphan")  # fmt: skip
+    sales: Mapped[list[Sale]] = relationship(back_populates="book", order_by="Sale.saleid",
+                                             cascade="all, delete-orphan")  # fmt: skip
+
+
+class Reviewer(Base):
+    __tablename__ = "reviewers"
+    reviewerid: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str]
+    gender: Mapped[str]
+    city: Mapped[str]
+    reviews: Mapped[list[Review]] = relationship(back_populates="reviewer",
+                                                 order_by="Review.reviewid")  # fmt: skip
+
+
+class Review(Base):
+    __tablename__ = "reviews"
+    reviewid: Mapped[int] = mapped_column(primary_key=True)
+    isbn: Mapped[str] = mapped_column(ForeignKey("books.isbn"))
+    reviewerid: Mapped[int] = mapped_column(ForeignKey("reviewers.reviewerid"))
+    rating: Mapped[int]
+    book: Mapped[Book] = relationship(back_populates="reviews")
+    reviewer: Mapped[Reviewer] = relationship(back_populates="reviews")
+
+
+class Sale(Base):
+    __tablename__ = "sales"
+    saleid: Mapped[int] = mapped_column(primary_key=True)
+    isbn: Mapped[str] = mapped_column(ForeignKey("books.isbn"))
+    sold_on: Mapped[dt.date]
+    qty: Mapped[int]
+    book: Mapped[Book] = relationship(back_populates="sales")
 
 
 def _urls(dsn: str, cache_path: Path) -> tuple[URL, URL]:
@@ -72,11 +109,24 @@ def engines(
     with admin(cached) as cache_admin:
         cache_admin.apply_ddl(SCHEMA.read_text())
         cache_admin.admit("authorlist_pct", [1, 2])
+        cache_admin.admit("reviewerlist_pct", [1, 2, 3])
     try:
         yield plain, cached
     finally:
         cached.dispose()
         plain.dispose()
+
+
+@pytest.fixture
+def writer(engines: tuple[Engine, Engine]) -> Iterator[Engine]:
+    """Another application's engine on the same cache and backend, for tests that write: a
+    DB-API session that wrote a table reads it from the backend until the cache has caught up
+    (read your writes), which would send the module's later bounded reads remote."""
+    engine = create_engine(engines[1].url)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
 
 
 def test_a_url_names_the_backend_and_the_connection_options() -> None:
@@ -134,8 +184,10 @@ def test_the_bound_of_a_session_or_engine_applies_to_its_reads(
         assert {(e.table, e.route) for e in provenance(books).accesses} == {("books", "remote")}
 
 
-def test_orm_writes_go_to_the_backend_in_transactions(engines: tuple[Engine, Engine]) -> None:
-    plain, cached = engines
+def test_orm_writes_go_to_the_backend_in_transactions(
+    engines: tuple[Engine, Engine], writer: Engine
+) -> None:
+    plain, cached = engines[0], writer
     with Session(cached) as session, session.begin():
         author = session.get(Author, 1)
         assert author is not None
@@ -194,19 +246,29 @@ def test_with_currency_writes_the_clause_with_the_blocks_own_names(
         assert {(e.table, e.route) for e in provenance(result).accesses} == {("authors", "local")}
 
 
-def test_orm_loaders_carry_the_bound_of_the_session(engines: tuple[Engine, Engine]) -> None:
-    """Lazy and selectin loads of a session whose engine carries a bound read the cache."""
-    plain, cached = engines
-    with Session(plain) as pg_session:
-        want = [(b.isbn, b.title) for b in pg_session.get(Author, 2).books]  # type: ignore[union-attr]
+@contextmanager
+def routes_of(engine: Engine) -> Iterator[list[set[tuple[str, str]]]]:
+    """The (table, route) pairs of each statement the engine runs inside the block, loaders'
+    statements included."""
     seen: list[set[tuple[str, str]]] = []
 
     def routes(conn: t.Any, cursor: t.Any, *args: t.Any) -> None:
         seen.append({(e.table, e.route) for e in cursor.provenance.accesses})
 
-    bounded = cached.execution_options(currency_bound="10 min")
-    event.listen(cached, "after_cursor_execute", routes)
+    event.listen(engine, "after_cursor_execute", routes)
     try:
+        yield seen
+    finally:
+        event.remove(engine, "after_cursor_execute", routes)
+
+
+def test_orm_loaders_carry_the_bound_of_the_session(engines: tuple[Engine, Engine]) -> None:
+    """Lazy and selectin loads of a session whose engine carries a bound read the cache."""
+    plain, cached = engines
+    with Session(plain) as pg_session:
+        want = [(b.isbn, b.title) for b in pg_session.get(Author, 2).books]  # type: ignore[union-attr]
+    bounded = cached.execution_options(currency_bound="10 min")
+    with routes_of(cached) as seen:
         with Session(bounded) as session:
             author = session.scalars(select(Author).where(Author.authorid == 2)).one()
             books = author.books  # a lazy load
@@ -215,8 +277,191 @@ def test_orm_loaders_carry_the_bound_of_the_session(engines: tuple[Engine, Engin
             query = select(Author).where(Author.authorid == 2).options(selectinload(Author.books))
             author = session.scalars(query).one()
             assert typed([(b.isbn, b.title) for b in author.books]) == typed(want)
-    finally:
-        event.remove(cached, "after_cursor_execute", routes)
     assert ("authors", "local") in set().union(*seen)
     # books: whole Book objects read publisherid, which bookcopy does not hold
     assert all(routes_ <= {("authors", "local"), ("books", "remote")} for routes_ in seen)
+
+
+# what bookcopy holds of a Book (not publisherid)
+CACHED_BOOK = (Book.isbn, Book.authorid, Book.title, Book.type, Book.price)
+
+
+def _author_rows(author: Author) -> list[tuple[t.Any, ...]]:
+    return [(author.authorid, author.name, author.city, b.isbn, b.title, b.type, b.price)
+            for b in author.books]  # fmt: skip
+
+
+def test_joinedload_reads_the_cache_in_one_statement(engines: tuple[Engine, Engine]) -> None:
+    """A joined eager load is one LEFT OUTER JOIN statement; with the bound of the statement
+    it is answered from the cache, also under LIMIT (a derived table) and many-to-one."""
+    plain, cached = engines
+    loads = [
+        select(Author).where(Author.authorid == 2)
+        .options(joinedload(Author.books).load_only(*CACHED_BOOK)),
+        select(Author).where(Author.authorid == 1)  # .limit() puts authors in a derived table
+        .options(joinedload(Author.books).load_only(*CACHED_BOOK)).limit(1),
+    ]  # fmt: skip
+    for query in loads:
+        with Session(plain) as pg_session:
+            want = [row for a in pg_session.scalars(query).unique() for row in _author_rows(a)]
+        with Session(cached) as session, routes_of(cached) as seen:
+            found = session.scalars(query.execution_options(currency_bound="10 min")).unique()
+            assert typed([row for a in found for row in _author_rows(a)]) == typed(want)
+        assert seen == [{("authors", "local"), ("books", "local")}]
+    # many-to-one: each book with its author, in the statement that loads the books
+    books = (select(Book).where(Book.authorid == 2).order_by(Book.isbn)
+             .options(load_only(*CACHED_BOOK), joinedload(Book.author)))  # fmt: skip
+    with Session(plain) as pg_session:
+        want = [(b.isbn, b.author.name) for b in pg_session.scalars(books)]
+    bounded = cached.execution_options(currency_bound="10 min")
+    with Session(bounded) as session, routes_of(cached) as seen:
+        assert typed([(b.isbn, b.author.name) for b in session.scalars(books)]) == typed(want)
+    assert seen == [{("authors", "local"), ("books", "local")}]
+
+
+def test_relationships_both_ways_read_the_cache(engines: tuple[Engine, Engine]) -> None:
+    """Reviewers and their reviews, and each review's reviewer and book, through every loader
+    kind; reviewers 1-3 are admitted, so their side reads the cache."""
+    plain, cached = engines
+
+    def graph(session: Session) -> list[tuple[t.Any, ...]]:
+        rows: list[tuple[t.Any, ...]] = []
+        query = (select(Reviewer).where(Reviewer.reviewerid.in_([2, 3]))
+                 .order_by(Reviewer.reviewerid)
+                 .options(selectinload(Reviewer.reviews)))  # fmt: skip
+        for reviewer in session.scalars(query):
+            for review in reviewer.reviews:
+                assert review.reviewer is reviewer  # back_populates: no statement
+                rows.append((reviewer.name, review.reviewid, review.rating, review.isbn))
+        joined = (select(Review).where(Review.reviewerid == 2).order_by(Review.reviewid)
+                  .options(joinedload(Review.reviewer, innerjoin=True)))  # fmt: skip
+        for review in session.scalars(joined):
+            rows.append((review.reviewer.city, review.reviewid))
+        lazy = session.scalars(select(Review).where(Review.reviewerid == 1)).first()
+        assert lazy is not None
+        rows.append((lazy.reviewer.name, lazy.book.title))  # lazy many-to-one loads
+        return rows
+
+    with Session(plain) as pg_session:
+        want = graph(pg_session)
+    bounded = cached.execution_options(currency_bound="10 min")
+    with Session(bounded) as session, routes_of(cached) as seen:
+        assert typed(graph(session)) == typed(want)
+    assert len(want) > 4
+    local = {("reviewers", "local"), ("reviews", "local")}
+    # every statement reads reviews and reviewers from the cache; only the lazy load of a
+    # whole Book (publisherid is not cached) reads the backend
+    assert seen[:-1] == [{("reviewers", "local")}, {("reviews", "local")}, local,
+                         {("reviews", "local")}, {("reviewers", "local")}]  # fmt: skip
+    assert seen[-1] == {("books", "remote")}
+
+
+def _store_graph(session: Session, authorid: int) -> list[tuple[t.Any, ...]]:
+    """An author's whole graph: books, their reviews with reviewers, their sales."""
+    author = session.get(Author, authorid, populate_existing=True)
+    if author is None:
+        return []
+    rows: list[tuple[t.Any, ...]] = [(author.authorid, author.name, author.city)]
+    for book in author.books:
+        rows.append((book.isbn, book.title, book.publisherid, book.price))
+        rows.extend((r.reviewid, r.rating, r.reviewer.name) for r in book.reviews)
+        rows.extend((s.saleid, s.sold_on, s.qty) for s in book.sales)
+    return rows
+
+
+def test_orm_crud_over_the_whole_bookstore(engines: tuple[Engine, Engine], writer: Engine) -> None:
+    """Create, read, update and delete a graph of every bookstore table through the cache, in
+    transactions. After each step, the bounded answers equal PostgreSQL's: the writing
+    application's at once (it reads its own writes), another application's once the cache
+    is refreshed (until then it may see the cached graph, as old as its bound allows)."""
+    plain, cached = engines
+
+    def same_graph() -> list[tuple[t.Any, ...]]:
+        with Session(plain) as pg_session:
+            want = _store_graph(pg_session, 9001)
+        with Session(writer.execution_options(currency_bound="10 min")) as session:
+            assert typed(_store_graph(session, 9001)) == typed(want)
+        with admin(cached) as cache_admin:
+            cache_admin.refresh()
+        with Session(cached.execution_options(currency_bound="10 min")) as session:
+            assert typed(_store_graph(session, 9001)) == typed(want)
+        return want
+
+    with Session(writer) as session, session.begin():
+        critic = session.get(Reviewer, 1)
+        author = Author(authorid=9001, name="New Author", gender="F", city="Madison", state="WI")
+        book = Book(isbn="sqla-crud", title="Fresh", publisherid=2, type="ebook",
+                    price=Decimal("12.00"))  # fmt: skip
+        author.books.append(book)
+        book.reviews.append(Review(reviewid=9001, reviewer=critic, rating=4))
+        book.sales.append(Sale(saleid=9001, sold_on=dt.date(2026, 1, 2), qty=3))
+        session.add(author)
+    created = same_graph()
+    assert [row[0] for row in created] == [9001, "sqla-crud", 9001, 9001]
+
+    with Session(writer) as session:
+        with session.begin():
+            stored = session.get(Author, 9001)
+            assert stored is not None
+            stored.books[0].price = Decimal("13.50")
+            stored.books[0].sales.append(Sale(saleid=9002, sold_on=dt.date(2026, 1, 3), qty=1))
+        session.begin()  # a transaction rolled back leaves the graph as it was
+        session.get(Author, 9001).name = "Renamed"  # type: ignore[union-attr]
+        session.flush()
+        session.rollback()
+    updated = same_graph()
+    assert updated[0] == (9001, "New Author", "Madison")
+    assert ("sqla-crud", "Fresh", 2, Decimal("13.50")) in updated
+    assert [row[0] for row in updated].count(9002) == 1
+
+    with Session(writer) as session, session.begin():
+        session.delete(session.get(Author, 9001))  # its books, their reviews and sales too
+    assert same_graph() == []
+    with plain.connect() as conn:
+        counts = conn.execute(text(
+            "SELECT (SELECT count(*) FROM reviews WHERE reviewid = 9001),"
+            " (SELECT count(*) FROM sales WHERE saleid > 9000)")).one()  # fmt: skip
+        assert tuple(counts) == (0, 0)
+
+
+def test_a_bounded_session_reads_its_own_writes(
+    engines: tuple[Engine, Engine], writer: Engine
+) -> None:
+    """A session that wrote a table reads it from the backend: inside its transaction, and
+    after it commits until the cache holds the change. Another application may read the
+    cached row, as old as the bound allows, until the cache is refreshed."""
+    plain, cached = engines
+    query = select(Author.name).where(Author.authorid == 2)
+
+    def read(engine: Engine) -> tuple[str, set[str]]:
+        with Session(engine.execution_options(currency_bound="10 min")) as session:
+            result = session.execute(query)
+            return result.scalar_one(), {e.route for e in provenance(result).accesses}
+
+    with Session(plain) as pg_session:
+        before = pg_session.scalars(query).one()
+    with Session(writer.execution_options(currency_bound="10 min")) as session:
+        result = session.execute(query)
+        assert (result.scalar_one(), {e.route for e in provenance(result).accesses}) == (
+            before, {"local"})  # fmt: skip
+        session.get(Author, 2).name = "Written"  # type: ignore[union-attr]
+        session.flush()
+        result = session.execute(query)
+        assert (result.scalar_one(), {e.route for e in provenance(result).accesses}) == (
+            "Written", {"remote"})  # fmt: skip
+        session.rollback()
+    assert read(writer) == (before, {"local"})
+    try:
+        with Session(writer) as session, session.begin():
+            session.get(Author, 2).name = "Committed"  # type: ignore[union-attr]
+        assert read(writer) == ("Committed", {"remote"})
+        assert read(cached) == (before, {"local"})  # within its 10 minutes
+        with admin(cached) as cache_admin:
+            cache_admin.refresh("authorcopy")
+        assert read(cached) == ("Committed", {"local"})
+        assert read(writer) == ("Committed", {"local"})  # the cache has caught up
+    finally:
+        with Session(writer) as session, session.begin():
+            session.get(Author, 2).name = before  # type: ignore[union-attr]
+        with admin(cached) as cache_admin:
+            cache_admin.refresh("authorcopy")
