@@ -237,6 +237,8 @@ def test_with_currency_writes_the_clause_with_the_blocks_own_names(
     nested = str(select(Book.isbn).where(Book.authorid.in_(inner.scalar_subquery()))
                  .compile(dialect=MTCacheDialect()))  # fmt: skip
     assert "CURRENCY BOUND 1 min ON (authors_1) )" in nested
+    with pytest.raises(cache.ProgrammingError, match="on= takes mapped classes"):
+        with_currency(query, "10 min", on=["authors"])
     # another dialect renders no clause: PostgreSQL's own semantics
     assert "CURRENCY" not in str(bounded.compile(dialect=postgresql.dialect()))
     with plain.connect() as pg, cached.connect() as conn:
@@ -260,6 +262,33 @@ def routes_of(engine: Engine) -> Iterator[list[set[tuple[str, str]]]]:
         yield seen
     finally:
         event.remove(engine, "after_cursor_execute", routes)
+
+
+def test_with_currency_statements_are_compiled_once(engines: tuple[Engine, Engine]) -> None:
+    """A statement with a currency clause has a cache key: run again, it is not compiled
+    again; another bound, another input or another alias is another key."""
+    _, cached = engines
+    other = aliased(Author)
+
+    def bounded(bound: str, on: t.Any, by: t.Any = Author.city) -> t.Any:
+        return with_currency(select(other.name, Author.name)
+                             .where(other.authorid == Author.authorid, Author.authorid == 1),
+                             bound, on=on, by=[by])  # fmt: skip
+
+    with cached.connect() as conn:
+        for statement, clause in [
+            (bounded("10 min", [Author, other]), "10 min ON (authors, authors_1) BY authors.city"),
+            (bounded("10 min", [Author, other]), "10 min ON (authors, authors_1) BY authors.city"),
+            (bounded("1 min", [Author, other]), "1 min ON (authors, authors_1) BY authors.city"),
+            (bounded("1 min", [other], other.city), "1 min ON (authors_1) BY authors_1.city"),
+            (bounded("1 min", [Author]), "1 min ON (authors) BY authors.city"),
+        ]:
+            result = conn.execute(statement)
+            assert result.context.statement.rstrip().endswith(f"CURRENCY BOUND {clause}")
+            result.all()
+        hits = [conn.execute(bounded("1 min", [other], other.city)).context.cache_hit
+                for _ in range(2)]  # fmt: skip
+    assert [str(h) for h in hits] == ["CacheStats.CACHE_HIT"] * 2
 
 
 def test_orm_loaders_carry_the_bound_of_the_session(engines: tuple[Engine, Engine]) -> None:

@@ -16,28 +16,34 @@ import typing as t
 
 from sqlalchemy import inspect
 from sqlalchemy.ext.compiler import compiles
-from sqlalchemy.sql import elements
+from sqlalchemy.sql import coercions, elements, roles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import DQLDMLClauseElement
 from sqlalchemy.sql.selectable import Alias, Select
+from sqlalchemy.sql.visitors import InternalTraversal
 
 from cache.dbapi.connection import bound_seconds
 from sql_ext.errors import ProgrammingError
 from sql_ext.nodes import format_duration
 
-Spec = tuple[str, tuple[t.Any, ...], tuple[t.Any, ...]]  # duration, ON inputs, BY columns
 SelectT = t.TypeVar("SelectT")
 
 
 class CurrencyClause(DQLDMLClauseElement):
-    """The ``CURRENCY BOUND spec, ...`` suffix of one SELECT."""
+    """The ``CURRENCY BOUND spec, ...`` suffix of one SELECT: per spec its duration, its
+    inputs (FROM clauses; none: every input of the block) and its BY columns. They make the
+    clause's part of the statement's cache key, so a statement is compiled once."""
 
     __visit_name__ = "mtcache_currency_clause"
-    # the inputs and columns are compiled with the statement; the clause is not a cache key
-    inherit_cache = False
+    _traverse_internals = [
+        ("bounds", InternalTraversal.dp_string_list),
+        ("inputs", InternalTraversal.dp_clauseelement_tuples),
+        ("columns", InternalTraversal.dp_clauseelement_tuples),
+    ]
 
-    def __init__(self, specs: tuple[Spec, ...]) -> None:
-        self.specs = specs
+    def __init__(self, bounds: t.Sequence[str], inputs: t.Sequence[tuple[t.Any, ...]],
+                 columns: t.Sequence[tuple[t.Any, ...]]) -> None:  # fmt: skip
+        self.bounds, self.inputs, self.columns = list(bounds), list(inputs), list(columns)
 
 
 def with_currency(
@@ -49,13 +55,24 @@ def with_currency(
     from one snapshot)."""
     if not isinstance(statement, Select):
         raise ProgrammingError(f"with_currency takes a select(), not {type(statement).__name__}")
-    spec: Spec = (duration(bound), tuple(on), tuple(by))
+    inputs = tuple(_selectable(entity) for entity in on)
+    columns = tuple(coercions.expect(roles.ExpressionElementRole, column) for column in by)
     kept = [(s, d) for s, d in statement._suffixes if not isinstance(s, CurrencyClause)]
     found = [s for s, _ in statement._suffixes if isinstance(s, CurrencyClause)]
-    specs = (*found[0].specs, spec) if found else (spec,)
+    before = found[0] if found else CurrencyClause([], [], [])
+    clause = CurrencyClause([*before.bounds, duration(bound)], [*before.inputs, inputs],
+                            [*before.columns, columns])  # fmt: skip
     copy = statement._generate()
-    copy._suffixes = (*kept, (CurrencyClause(specs), "postgresql"))
+    copy._suffixes = (*kept, (clause, "postgresql"))
     return t.cast(SelectT, copy)
+
+
+def _selectable(entity: t.Any) -> t.Any:
+    found = inspect(entity, raiseerr=False)
+    if found is None or not hasattr(found, "selectable"):
+        raise ProgrammingError(f"with_currency's on= takes mapped classes, aliases or tables, "
+                               f"not {entity!r}")  # fmt: skip
+    return found.selectable
 
 
 def duration(bound: t.Any) -> str:
@@ -76,19 +93,19 @@ def _render(element: CurrencyClause, compiler: SQLCompiler, **kw: t.Any) -> str:
     if compiler.dialect.driver != "mtcache":  # another dialect: PostgreSQL's own semantics
         return ""
     specs = []
-    for bound, on, by in element.specs:
+    for bound, inputs, columns in zip(element.bounds, element.inputs, element.columns,
+                                      strict=True):  # fmt: skip
         text = bound
-        if on:
-            text += f" ON ({', '.join(_input_name(compiler, i) for i in on)})"
-        if by:
-            text += f" BY {', '.join(compiler.process(c, **kw) for c in by)}"
+        if inputs:
+            text += f" ON ({', '.join(_input_name(compiler, i) for i in inputs)})"
+        if columns:
+            text += f" BY {', '.join(compiler.process(c, **kw) for c in columns)}"
         specs.append(text)
     return f"CURRENCY BOUND {', '.join(specs)}"
 
 
-def _input_name(compiler: SQLCompiler, entity: t.Any) -> str:
+def _input_name(compiler: SQLCompiler, selectable: t.Any) -> str:
     """The name the FROM clause gives an input: its alias, else its table's name."""
-    selectable = inspect(entity).selectable
     if isinstance(selectable, Alias):
         name = selectable.name
         if isinstance(name, elements._truncated_label):
