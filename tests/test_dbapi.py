@@ -216,6 +216,12 @@ def test_query_with_a_clause_answers_like_postgres_with_provenance(
     assert sorted(p["table"] for p in cur.provenance) == ["books", "reviews"]
     assert {p["route"] for p in cur.provenance} == {"remote"}
     assert all(p["currency_seconds"] == 0.0 and p["stale"] is False for p in cur.provenance)
+    # it stays the last statement's after the cursor closes (SQLAlchemy closes a cursor once
+    # its rows are read; cache.sqla.provenance reads it then), while another cursor runs
+    other_cursor = conn.cursor()
+    other_cursor.execute("SELECT a.name FROM authors a WHERE a.authorid = 4")
+    cur.close()
+    assert sorted(p["table"] for p in cur.provenance) == ["books", "reviews"]
 
 
 def test_cache_ddl_and_control_table_edits_through_execute(conn: cache.Connection) -> None:

@@ -96,7 +96,8 @@ class Cursor:
 
     @property
     def provenance(self) -> Provenance:
-        """Per table access of the last query: where its rows came from (SPEC §9)."""
+        """Per table access of the last query: where its rows came from (SPEC §9). It
+        stays readable after the cursor is closed, until the cursor runs another statement."""
         if self._pending is not None:
             self._provenance = self._pending()
             self._pending = None

@@ -49,7 +49,7 @@ def engine_url(backend: str | None, cache_path: str | Path, **options: t.Any) ->
 def provenance(result: t.Any) -> Provenance:
     """Where a result's rows came from (`cache.Provenance`: per table, local with its view,
     regions and currency, or remote), for a Core or ORM result of a ``postgresql+mtcache``
-    engine. Read it before the result is closed by a new statement on its connection."""
+    engine, also after its rows are read (the DB-API cursor keeps it when closed)."""
     cursor_result = result
     while True:  # scalars() and mappings() filter a result, an ORM result wraps the cursor's
         inner = getattr(cursor_result, "_real_result", None) or getattr(cursor_result, "raw", None)
