@@ -79,6 +79,8 @@ class Analysis:
     # The answer depends only on the data and parameters (optimizer.volatility): a local
     # answer may be reused while the views it read are unchanged
     repeatable: bool = False
+    # relations it reads that the cache cannot hold (`Catalog.outside`): PostgreSQL answers
+    outside: tuple[str, ...] = ()
 
     @property
     def local_allowed(self) -> bool:
@@ -202,7 +204,9 @@ def analyze(query: Query, catalog: Catalog, default_bound: float | None = None) 
         reads_blank_padded=any(
             _is_padded(catalog, (i, c)) for i, used in columns.items() for c in used
         ),
+        outside=tuple(dict.fromkeys(resolver.outside)),
         local_blocker=_local_blocker(
+            outside=resolver.outside,
             direct={a.instance for a in accesses} == set(constraint.instances),
             division=division_blocker,
             semantics=semantics.blocker,
@@ -210,7 +214,12 @@ def analyze(query: Query, catalog: Catalog, default_bound: float | None = None) 
     )
 
 
-def _local_blocker(*, direct: bool, division: str | None, semantics: str | None) -> str | None:
+def _local_blocker(
+    *, outside: list[str], direct: bool, division: str | None, semantics: str | None
+) -> str | None:
+    if outside:
+        return (f"it reads {', '.join(dict.fromkeys(outside))}, which the cache cannot hold (a "
+                "system catalog, a temporary table or a table off the search path)")  # fmt: skip
     if not direct:
         # a local or mixed plan rebinds each table reference; a backend view has none to rebind
         return "it reads a backend view (only base-table references can be rebound locally)"

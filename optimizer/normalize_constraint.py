@@ -108,6 +108,7 @@ class QueryResolver:
         self._views: dict[int, BlockAnalysis] = {}  # id(Source) -> analysis of its view body
         self._fd_blocks: list[Block] = []
         self._next_id = 0
+        self.outside: list[str] = []  # relations read from the backend as they are (`Catalog`)
 
     # -- 1. instances ------------------------------------------------------------------------
 
@@ -122,8 +123,8 @@ class QueryResolver:
                 result += self.block_instances(block)
         elif source.is_table:
             assert source.table is not None
-            table = self.catalog.table(source.table)
-            view = self.catalog.view(source.table)
+            table = self.catalog.table(source.table, source.schema)
+            view = self.catalog.view(source.table, source.schema)
             if table is not None:
                 instance = Instance(self._next_id, table.name, source.name)
                 self._next_id += 1
@@ -145,13 +146,24 @@ class QueryResolver:
                     self._fd_blocks.append(block)
                     for inner in block.sources:
                         result += self.source_instances(inner)
+            elif source.written in self.catalog.outside:
+                # read from the backend as it is (no columns or keys known), as PostgreSQL does
+                instance = Instance(self._next_id, source.written, source.name)
+                self._next_id += 1
+                self._base[key] = instance
+                self.outside.append(source.written)
+                result = [instance]
             else:
                 known = ", ".join(sorted([*self.catalog.tables, *self.catalog.views])[:12])
-                raise CatalogError(
-                    f"unknown table or view {source.table!r}: the backend has no such relation "
-                    f"on its search path (known: {known or 'none'})",
+                error = CatalogError(
+                    f"unknown table or view {source.written!r}: the backend has no such "
+                    f"relation on its search path (known: {known or 'none'})",
                     *position_of(source.node),
                 )
+                node = source.node
+                error.relation = (source.written, exp.Table(this=node.this.copy(), db=(
+                    node.args["db"].copy() if node.args.get("db") else None)).sql("postgres"))
+                raise error
         self._instances[key] = result
         return result
 

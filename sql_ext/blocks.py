@@ -33,6 +33,11 @@ class Source:
         return self.table is not None and self.cte is None
 
     @property
+    def written(self) -> str:
+        """A table reference's name as the statement gives it: ``schema.table`` or ``table``."""
+        return f"{self.schema}.{self.table}" if self.schema else str(self.table)
+
+    @property
     def column_aliases(self) -> list[str]:
         alias = self.node.args.get("alias")
         if isinstance(alias, exp.TableAlias):

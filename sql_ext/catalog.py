@@ -78,9 +78,16 @@ class Catalog:
     # Does the backend order text by bytes (C/POSIX collation), as DuckDB does? If not, local
     # answers that order or range-compare text could differ from the backend's.
     text_byte_order: bool = True
+    # Relations the backend has that the catalog does not describe (its system catalogs,
+    # temporary tables, tables of schemas off the search path), by the name a statement
+    # gives them (`Source.written`): read from the backend as they are, never cached.
+    outside: frozenset[str] = frozenset()
 
-    def table(self, name: str) -> Table | None:
-        return self.tables.get(name.lower())
+    def table(self, name: str, schema: str | None = None) -> Table | None:
+        """The table of that name on the search path (of that schema, when one is given)."""
+        table = self.tables.get(name.lower())
+        return table if table is not None and schema in (None, table.schema) else None
 
-    def view(self, name: str) -> View | None:
-        return self.views.get(name.lower())
+    def view(self, name: str, schema: str | None = None) -> View | None:
+        view = self.views.get(name.lower())
+        return view if view is not None and schema in (None, view.schema) else None

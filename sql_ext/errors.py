@@ -95,7 +95,10 @@ class SqlSyntaxError(PositionedError):
 
 
 class CatalogError(PositionedError):
-    """A name the backend's catalog does not know."""
+    """A name the backend's catalog does not know; ``relation``: for a table reference, the
+    name as the statement gives it (`Source.written`) and as SQL writes it (quoted)."""
+
+    relation: tuple[str, str] | None = None
 
 
 class BackendUnavailableError(OperationalError):

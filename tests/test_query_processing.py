@@ -696,6 +696,40 @@ def test_set_show_and_reset_currency_bound(backend: str, conn: cache.Connection)
     assert conn.currency_bound == 120.0
 
 
+def test_relations_the_cache_cannot_hold_are_read_from_the_backend(
+    conn: cache.Connection, backend: str
+) -> None:
+    """With a session bound every query is planned, SQLAlchemy's reflection queries too: the
+    backend's system catalogs, a temporary table and a table of another schema (even one named
+    like a cached table) are answered by PostgreSQL; an unknown name is still an error."""
+    with psycopg.connect(backend, autocommit=True) as other:
+        other.execute("CREATE SCHEMA elsewhere; CREATE TABLE elsewhere.authors AS "
+                      "SELECT authorid, 'Other ' || name AS name FROM authors")  # fmt: skip
+    conn.currency_bound = 600
+    cur = conn.cursor()
+    cur.execute("CREATE TEMPORARY TABLE scratch AS SELECT 4 AS authorid")
+    queries = [
+        "SELECT c.relname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n "
+        "ON n.oid = c.relnamespace WHERE n.nspname = 'public' AND c.relname LIKE 'auth%' "
+        "ORDER BY 1",
+        "SELECT table_name FROM information_schema.tables WHERE table_name = 'books'",
+        "SELECT relname FROM pg_class WHERE relname = 'books'",
+        "SELECT a.name FROM elsewhere.authors a WHERE a.authorid = 4",
+        "SELECT a.name FROM authors a JOIN scratch s ON s.authorid = a.authorid",
+    ]
+    for sql in queries:
+        with psycopg.connect(backend) as other:
+            if "scratch" in sql:
+                other.execute("CREATE TEMPORARY TABLE scratch AS SELECT 4 AS authorid")
+            want = other.execute(sql).fetchall()
+        cur.execute(sql)
+        assert typed(cur.fetchall()) == typed(want) and want, sql
+        assert {p["route"] for p in cur.provenance} == {"remote"}, sql
+    assert "which the cache cannot hold" in str(cur_plan(conn, queries[3]).reason)
+    with pytest.raises(cache.ProgrammingError, match="unknown table or view 'nowhere'"):
+        cur.execute("SELECT * FROM nowhere")
+
+
 def test_a_subquerys_predicate_on_an_outer_table_does_not_restrict_its_leaf(
     backend: str, conn: cache.Connection
 ) -> None:

@@ -155,6 +155,19 @@ def connect_backend(dsn: str, **kwargs: object) -> psycopg.Connection:  # type: 
         ) from exc
 
 
+def existing_relations(conn: psycopg.Connection, names: t.Sequence[str]) -> set[str]:  # type: ignore[type-arg]
+    """Which relation names (as SQL writes them) a backend session resolves, as a statement of
+    it would: its search path with pg_catalog, its temporary tables, schema-qualified names."""
+    try:
+        rows = conn.execute(
+            "SELECT n FROM unnest(%s::text[]) AS n WHERE to_regclass(n) IS NOT NULL", [list(names)]
+        ).fetchall()
+    except psycopg.Error as exc:
+        raise translate(exc, unreachable="the statement needs it: reconnect when it is "
+                        "back") from exc  # fmt: skip
+    return {row[0] for row in rows}
+
+
 def fetch_catalog(dsn: str) -> Catalog:
     with connect_backend(dsn, autocommit=True) as conn:
         return reflect_catalog(conn)

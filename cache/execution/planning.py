@@ -62,12 +62,19 @@ class Prepared:
         return Executed(self.plan.sql)
 
 
+MAX_OUTSIDE = 256  # relations a planner names outside its catalog (`Planner._outside`)
+
+
 class Planner:
     def __init__(
-        self, store: CacheStore, dsn: str, delay: float = DEFAULT_DELAY, choice: str = "cost"
-    ) -> None:
+        self, store: CacheStore, dsn: str, delay: float = DEFAULT_DELAY, choice: str = "cost",
+        existing: t.Callable[[list[str]], set[str]] | None = None,
+    ) -> None:  # fmt: skip
         self.store = store
         self.dsn = dsn
+        # which relation names the session's backend connection resolves (temporary tables
+        # are its own): `cache.backend.reflect.existing_relations`
+        self.existing = existing
         self.delay = delay
         self.choice = choice  # `PlanInputs.choice`: the session's plan_choice
         self.catalog: Catalog = store.load_catalog()
@@ -87,6 +94,19 @@ class Planner:
         self.store.save_catalog(catalog)
         self.use_catalog(catalog)
         return catalog
+
+    def _outside(self, written: str, sql: str, with_params: bool) -> bool:
+        """Whether the session's backend resolves a relation the catalog does not describe (a
+        system catalog, a temporary table, a table off the search path, a name with ``%%``
+        run with parameters); if so, the catalog names it outside, read from the backend as
+        it is."""
+        name = sql.replace("%%", "%") if with_params else sql
+        if self.existing is None or len(self.catalog.outside) >= MAX_OUTSIDE \
+                or not self.existing([name]):  # fmt: skip
+            return False
+        self.catalog = dataclasses.replace(self.catalog, outside=self.catalog.outside | {written})
+        self._tables_of.clear()
+        return True
 
     def delays(self) -> tuple[tuple[str, float], ...]:
         """The views' measured refresh delays d (§4.6), rounded up to a hundredth of a second
@@ -117,7 +137,7 @@ class Planner:
         if prepared is not None and prepared.schema_version == version \
                 and prepared.delays == delays:  # fmt: skip
             return prepared
-        self.base_tables(query)  # reads a stale catalog again
+        self.base_tables(query, with_params=params is not None)  # reads a stale catalog again
         plan, result, costed = self._plan(query, params, default_bound)
         prepared = Prepared(plan, version, result, delays=delays)
         if costed:  # a plan made without the backend is not kept
@@ -157,6 +177,10 @@ class Planner:
         schema = self.store.load_schema()
         analysis = analyze(query, self.catalog, default_bound)
         with_params = params is not None
+        if analysis.outside:  # nothing to cost: PostgreSQL answers it on the session's connection
+            inputs = PlanInputs(schema, self.catalog, None, self.delay, delays=self.delays(),
+                                choice=self.choice)  # fmt: skip
+            return plan_query(analysis, inputs, with_params=with_params), None, True
         values = values_for(analysis.keys, params)  # psycopg's errors for wrong parameters
         named = dict(zip(map(duckdb_name, analysis.keys), values, strict=True))
         initial = initial_plan(analysis, self.catalog, with_params)
@@ -203,29 +227,36 @@ class Planner:
 
     # -- the tables a statement reads ----------------------------------------------------------
 
-    def base_tables(self, query: Query) -> list[str]:
+    def base_tables(self, query: Query, with_params: bool = False) -> list[str]:
         """The base tables a query reads (views expanded), one entry per access; remembered
-        per statement until the catalog is read again."""
+        per statement until the catalog is read again. ``with_params``: it runs with
+        parameters (a ``%%`` in a name is then psycopg's ``%``)."""
         known = self._tables_of.get(id(query))
         if known is not None and known[0] is query and not self._catalog_stale:
             return known[1]
-        tables = self._resolve_tables(query)
+        tables = self._resolve_tables(query, with_params)
         if len(self._tables_of) >= PLAN_CACHE_SIZE:
             self._tables_of.pop(next(iter(self._tables_of)))
         self._tables_of[id(query)] = (query, tables)
         return tables
 
-    def _resolve_tables(self, query: Query) -> list[str]:
-        for attempt in range(2):
-            if self._catalog_stale or attempt:
+    def _resolve_tables(self, query: Query, with_params: bool) -> list[str]:
+        reloaded = False
+        for _ in range(MAX_OUTSIDE + 2):
+            if self._catalog_stale:
                 try:
                     self.reload_catalog()
                 except BackendUnavailableError:
                     break  # the backend is down: plan with the catalog there is
             try:
                 constraint = normalize_constraint(query, self.catalog)
-            except CatalogError:
-                continue  # created since the catalog was read: read it again, once
+            except CatalogError as exc:
+                if not reloaded:  # created since the catalog was read: read it again, once
+                    self._catalog_stale = reloaded = True
+                    continue
+                if exc.relation is None or not self._outside(*exc.relation, with_params):
+                    break  # the backend has no such relation either: the error stands
+                continue
             return [instance.table for instance in constraint.instances]
         # Relations the catalog does not list (temporary tables): name them as written.
         return [
