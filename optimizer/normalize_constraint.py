@@ -123,8 +123,9 @@ class QueryResolver:
                 result += self.block_instances(block)
         elif source.is_table:
             assert source.table is not None
-            table = self.catalog.table(source.table, source.schema)
-            view = self.catalog.view(source.table, source.schema)
+            outside = source.written in self.catalog.outside  # before the tables it shadows
+            table = None if outside else self.catalog.table(source.table, source.schema)
+            view = None if outside else self.catalog.view(source.table, source.schema)
             if table is not None:
                 instance = Instance(self._next_id, table.name, source.name)
                 self._next_id += 1
@@ -146,7 +147,7 @@ class QueryResolver:
                     self._fd_blocks.append(block)
                     for inner in block.sources:
                         result += self.source_instances(inner)
-            elif source.written in self.catalog.outside:
+            elif outside:
                 # read from the backend as it is (no columns or keys known), as PostgreSQL does
                 instance = Instance(self._next_id, source.written, source.name)
                 self._next_id += 1

@@ -79,8 +79,9 @@ class Catalog:
     # answers that order or range-compare text could differ from the backend's.
     text_byte_order: bool = True
     # Relations the backend has that the catalog does not describe (its system catalogs,
-    # temporary tables, tables of schemas off the search path), by the name a statement
-    # gives them (`Source.written`): read from the backend as they are, never cached.
+    # the session's temporary tables, tables of schemas off the search path), by the name a
+    # statement gives them (`Source.written`): read from the backend as they are, never
+    # cached. A temporary table shadows a table of the same name.
     outside: frozenset[str] = frozenset()
 
     def table(self, name: str, schema: str | None = None) -> Table | None:

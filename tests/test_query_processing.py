@@ -728,6 +728,15 @@ def test_relations_the_cache_cannot_hold_are_read_from_the_backend(
     assert "which the cache cannot hold" in str(cur_plan(conn, queries[3]).reason)
     with pytest.raises(cache.ProgrammingError, match="unknown table or view 'nowhere'"):
         cur.execute("SELECT * FROM nowhere")
+    # a temporary table shadows the cached table of its name, until it is dropped
+    shadow = "CREATE TEMPORARY TABLE authors AS SELECT 4 AS authorid, 'Temporary' AS name"
+    sql = "SELECT a.name FROM authors a WHERE a.authorid = 4"
+    cur.execute(shadow)
+    cur.execute(sql)
+    assert (cur.fetchall(), cur.provenance[0]["route"]) == ([("Temporary",)], "remote")
+    cur.execute("DROP TABLE authors")  # the temporary one
+    cur.execute(sql)
+    assert (cur.fetchall(), cur.provenance[0]["route"]) == (pg(backend, sql), "local")
 
 
 def test_a_subquerys_predicate_on_an_outer_table_does_not_restrict_its_leaf(

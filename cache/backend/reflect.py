@@ -168,6 +168,19 @@ def existing_relations(conn: psycopg.Connection, names: t.Sequence[str]) -> set[
     return {row[0] for row in rows}
 
 
+def temporary_relations(conn: psycopg.Connection) -> set[str]:  # type: ignore[type-arg]
+    """The names of a backend session's temporary tables (they come first on its search
+    path, before any table of that name)."""
+    try:
+        rows = conn.execute(
+            "SELECT relname FROM pg_class WHERE relnamespace = pg_my_temp_schema()"
+        ).fetchall()
+    except psycopg.Error as exc:
+        raise translate(exc, unreachable="the statement needs it: reconnect when it is "
+                        "back") from exc  # fmt: skip
+    return {row[0].lower() for row in rows}
+
+
 def fetch_catalog(dsn: str) -> Catalog:
     with connect_backend(dsn, autocommit=True) as conn:
         return reflect_catalog(conn)

@@ -20,7 +20,13 @@ import pyarrow as pa
 from cache.backend.copy_arrow import copy_to_arrow
 from cache.backend.embedded_pg import EmbeddedPostgres
 from cache.backend.pool import in_one_snapshot
-from cache.backend.reflect import connect_backend, existing_relations, fetch_catalog, redact
+from cache.backend.reflect import (
+    connect_backend,
+    existing_relations,
+    fetch_catalog,
+    redact,
+    temporary_relations,
+)
 from cache.dbapi.admin import Admin
 from cache.dbapi.admission import Admissions
 from cache.dbapi.boundary import public
@@ -188,8 +194,11 @@ class Connection:
             if isinstance(exc, psycopg.Error):
                 raise translate(exc, unreachable="connect again when it is back") from exc
             raise
-        self._planner = Planner(self._store, backend, choice=plan_choice, existing=lambda names:
-                                existing_relations(self._backend_session(), names))  # fmt: skip
+        self._planner = Planner(
+            self._store, backend, choice=plan_choice,
+            existing=lambda names: existing_relations(self._backend_session(), names),
+            temporary=lambda: temporary_relations(self._backend_session()),
+        )  # fmt: skip
         self._phases: Phases | None = None  # on for the guard-overhead experiment
         self._statements = StatementCache()
         self._admissions = Admissions(self._store, lambda: self.backend)

@@ -69,12 +69,15 @@ class Planner:
     def __init__(
         self, store: CacheStore, dsn: str, delay: float = DEFAULT_DELAY, choice: str = "cost",
         existing: t.Callable[[list[str]], set[str]] | None = None,
+        temporary: t.Callable[[], set[str]] | None = None,
     ) -> None:  # fmt: skip
         self.store = store
         self.dsn = dsn
         # which relation names the session's backend connection resolves (temporary tables
         # are its own): `cache.backend.reflect.existing_relations`
         self.existing = existing
+        # the names of the session's temporary tables, which shadow the search path's
+        self.temporary = temporary
         self.delay = delay
         self.choice = choice  # `PlanInputs.choice`: the session's plan_choice
         self.catalog: Catalog = store.load_catalog()
@@ -85,13 +88,16 @@ class Planner:
 
     def catalog_changed(self) -> None:
         """The backend's tables may have changed (DDL): read the catalog again before the next
-        plan that needs it."""
+        plan that needs it; the plans made with the old one are dropped."""
         self._catalog_stale = True
+        self._plans.clear()
 
     def reload_catalog(self) -> Catalog:
         """Read the backend's catalog now and keep it in the cache file."""
         catalog = fetch_catalog(self.dsn)
         self.store.save_catalog(catalog)
+        if self.temporary is not None:
+            catalog = dataclasses.replace(catalog, outside=frozenset(self.temporary()))
         self.use_catalog(catalog)
         return catalog
 
@@ -126,6 +132,7 @@ class Planner:
         self.catalog = catalog
         self._catalog_stale = False
         self._tables_of.clear()
+        self._plans.clear()
 
     def prepare(self, query: Query, params: Params, default_bound: float | None = None) -> Prepared:
         """The plan of a statement shape, from the plan cache while the schema is unchanged;
