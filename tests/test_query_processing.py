@@ -705,6 +705,14 @@ def test_relations_the_cache_cannot_hold_are_read_from_the_backend(
     with psycopg.connect(backend, autocommit=True) as other:
         other.execute("CREATE SCHEMA elsewhere; CREATE TABLE elsewhere.authors AS "
                       "SELECT authorid, 'Other ' || name AS name FROM authors")  # fmt: skip
+    # without a bound: PostgreSQL as written; its provenance is readable after the session's
+    # transaction failed (naming the relation does not ask the backend)
+    first = conn.cursor()
+    first.execute("SELECT relname FROM pg_class LIMIT 1")
+    with pytest.raises(cache.DataError):
+        conn.cursor().execute("SELECT 1 / 0")
+    assert [(p["table"], p["route"]) for p in first.provenance] == [("pg_class", "remote")]
+    conn.rollback()
     conn.currency_bound = 600
     cur = conn.cursor()
     cur.execute("CREATE TEMPORARY TABLE scratch AS SELECT 4 AS authorid")

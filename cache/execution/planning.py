@@ -144,7 +144,8 @@ class Planner:
         if prepared is not None and prepared.schema_version == version \
                 and prepared.delays == delays:  # fmt: skip
             return prepared
-        self.base_tables(query, with_params=params is not None)  # reads a stale catalog again
+        # reads a stale catalog again, and names what the backend has outside it
+        self.base_tables(query, params is not None, ask_backend=True)
         plan, result, costed = self._plan(query, params, default_bound)
         prepared = Prepared(plan, version, result, delays=delays)
         if costed:  # a plan made without the backend is not kept
@@ -234,41 +235,49 @@ class Planner:
 
     # -- the tables a statement reads ----------------------------------------------------------
 
-    def base_tables(self, query: Query, with_params: bool = False) -> list[str]:
+    def base_tables(
+        self, query: Query, with_params: bool = False, ask_backend: bool = False
+    ) -> list[str]:
         """The base tables a query reads (views expanded), one entry per access; remembered
-        per statement until the catalog is read again. ``with_params``: it runs with
-        parameters (a ``%%`` in a name is then psycopg's ``%``)."""
+        per statement until the catalog is read again. ``ask_backend``: read a stale catalog
+        again and ask the session's connection about names it lacks (`_outside`), as
+        planning does; a provenance read after the statement does neither (its transaction
+        may have failed since) and names what the catalog lacks as written.
+        ``with_params``: it runs with parameters (a ``%%`` in a name is psycopg's ``%``)."""
         known = self._tables_of.get(id(query))
         if known is not None and known[0] is query and not self._catalog_stale:
             return known[1]
-        tables = self._resolve_tables(query, with_params)
+        tables = self._resolve_tables(query, with_params) if ask_backend else None
+        if tables is None:
+            try:
+                tables = self._instances(query)
+            except CatalogError:
+                # relations the catalog does not list (a temporary table): named as written
+                return [source.table for block in query.analysis.blocks
+                        for source in block.sources
+                        if source.is_table and source.table is not None]  # fmt: skip
         if len(self._tables_of) >= PLAN_CACHE_SIZE:
             self._tables_of.pop(next(iter(self._tables_of)))
         self._tables_of[id(query)] = (query, tables)
         return tables
 
-    def _resolve_tables(self, query: Query, with_params: bool) -> list[str]:
+    def _instances(self, query: Query) -> list[str]:
+        return [instance.table for instance in normalize_constraint(query, self.catalog).instances]
+
+    def _resolve_tables(self, query: Query, with_params: bool) -> list[str] | None:
         reloaded = False
         for _ in range(MAX_OUTSIDE + 2):
             if self._catalog_stale:
                 try:
                     self.reload_catalog()
                 except BackendUnavailableError:
-                    break  # the backend is down: plan with the catalog there is
+                    return None  # the backend is down: plan with the catalog there is
             try:
-                constraint = normalize_constraint(query, self.catalog)
+                return self._instances(query)
             except CatalogError as exc:
                 if not reloaded:  # created since the catalog was read: read it again, once
                     self._catalog_stale = reloaded = True
                     continue
                 if exc.relation is None or not self._outside(*exc.relation, with_params):
-                    break  # the backend has no such relation either: the error stands
-                continue
-            return [instance.table for instance in constraint.instances]
-        # Relations the catalog does not list (temporary tables): name them as written.
-        return [
-            source.table
-            for block in query.analysis.blocks
-            for source in block.sources
-            if source.is_table and source.table is not None
-        ]
+                    return None  # the backend has no such relation either: the error stands
+        return None
