@@ -86,9 +86,10 @@ def test_explain_json_prints_the_constraint(mtcache_bin: str, bookstore_dsn: str
 
 
 def test_explain_reads_the_backend_from_the_environment(
-    mtcache_bin: str, bookstore_dsn: str, clean_env: dict[str, str]
+    mtcache_bin: str, bookstore_dsn: str, clean_env: dict[str, str], tmp_path: Path
 ) -> None:
     clean_env["MTCACHE_BACKEND"] = bookstore_dsn
+    clean_env["MTCACHE_CACHE"] = str(tmp_path / "cache.duckdb")  # not the checkout's .mtcache
     result = run(
         mtcache_bin,
         "explain",

@@ -112,3 +112,24 @@ def test_unreachable_directory_is_reported_when_running_as_root() -> None:
     finally:
         cluster.destroy()
         shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.mark.backend
+@pytest.mark.parametrize("cache_file_first", [False, True], ids=["cluster-first", "file-first"])
+def test_a_fresh_checkout_gets_its_cluster_beside_the_cache_file(cache_file_first: bool) -> None:
+    """`make demo` in a fresh clone: mtcache creates `.mtcache` and the cluster in it, with the
+    cache file there before the cluster or not (`make test` then `make demo`). Run as root,
+    the server (as postgres) must pass through the `.mtcache` mtcache made."""
+    from cache.store.cache_file import CacheStore
+
+    home = reachable_tempdir("mtcache-fresh-")
+    cache_dir = home / "checkout" / ".mtcache"
+    if cache_file_first:
+        CacheStore(cache_dir / "cache.duckdb").close()
+    cluster = EmbeddedPostgres(cache_dir / "pg", settings=ServerSettings(durable=False))
+    try:
+        with psycopg.connect(cluster.ensure_running()) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        cluster.destroy()
+        shutil.rmtree(home, ignore_errors=True)

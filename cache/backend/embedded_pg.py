@@ -28,7 +28,7 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
-from cache.private_files import make_private, make_private_dirs
+from cache.private_files import DIRECTORY_MODE, SERVER_USER, make_private, make_private_dirs
 from sql_ext.errors import EmbeddedBackendError
 
 DEFAULT_DATABASE = "mtcache"
@@ -234,7 +234,7 @@ class EmbeddedPostgres:
                     "running as root needs `runuser` (util-linux) to start PostgreSQL as the "
                     "postgres user: install util-linux, or run mtcache as an ordinary user"
                 )
-            return [runuser, "-u", SUPERUSER, "--", *argv]
+            return [runuser, "-u", SERVER_USER, "--", *argv]
         return argv
 
     def _run(self, argv: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -253,7 +253,7 @@ class EmbeddedPostgres:
         if not self._as_postgres:
             return
         try:
-            user = pwd.getpwnam(SUPERUSER)
+            user = pwd.getpwnam(SERVER_USER)
         except KeyError:
             raise EmbeddedBackendError(
                 "running as root, but there is no `postgres` OS user to run the server as: "
@@ -263,8 +263,9 @@ class EmbeddedPostgres:
         # file) must be writable by it too.
         for path in [self.root, *(p for p in self.root.iterdir() if p != self.data_dir)]:
             os.chown(path, user.pw_uid, user.pw_gid, follow_symlinks=False)
+        os.chmod(self.root, DIRECTORY_MODE)  # its own now: no passage for its group
         probe = subprocess.run(
-            ["runuser", "-u", SUPERUSER, "--", "test", "-w", str(self.root)],
+            ["runuser", "-u", SERVER_USER, "--", "test", "-w", str(self.root)],
             capture_output=True,
             stdin=subprocess.DEVNULL,
             check=False,
