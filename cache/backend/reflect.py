@@ -158,27 +158,28 @@ def connect_backend(dsn: str, **kwargs: object) -> psycopg.Connection:  # type: 
 def existing_relations(conn: psycopg.Connection, names: t.Sequence[str]) -> set[str]:  # type: ignore[type-arg]
     """Which relation names (as SQL writes them) a backend session resolves, as a statement of
     it would: its search path with pg_catalog, its temporary tables, schema-qualified names."""
-    try:
-        rows = conn.execute(
-            "SELECT n FROM unnest(%s::text[]) AS n WHERE to_regclass(n) IS NOT NULL", [list(names)]
-        ).fetchall()
-    except psycopg.Error as exc:
-        raise translate(exc, unreachable="the statement needs it: reconnect when it is "
-                        "back") from exc  # fmt: skip
+    rows = _session_rows(conn, "SELECT n FROM unnest(%s::text[]) AS n "
+                         "WHERE to_regclass(n) IS NOT NULL", [list(names)])  # fmt: skip
     return {row[0] for row in rows}
 
 
 def temporary_relations(conn: psycopg.Connection) -> set[str]:  # type: ignore[type-arg]
     """The names of a backend session's temporary tables (they come first on its search
     path, before any table of that name)."""
+    rows = _session_rows(conn, "SELECT relname FROM pg_class "
+                         "WHERE relnamespace = pg_my_temp_schema()")  # fmt: skip
+    return {row[0].lower() for row in rows}
+
+
+def _session_rows(
+    conn: psycopg.Connection, sql: str, params: t.Any = None  # type: ignore[type-arg]
+) -> list[tuple[t.Any, ...]]:
+    """A catalog question on a statement's own backend session, its errors the DB-API's."""
     try:
-        rows = conn.execute(
-            "SELECT relname FROM pg_class WHERE relnamespace = pg_my_temp_schema()"
-        ).fetchall()
+        return conn.execute(sql, params).fetchall()
     except psycopg.Error as exc:
         raise translate(exc, unreachable="the statement needs it: reconnect when it is "
                         "back") from exc  # fmt: skip
-    return {row[0].lower() for row in rows}
 
 
 def fetch_catalog(dsn: str) -> Catalog:
