@@ -161,9 +161,7 @@ class QueryResolver:
                     f"relation on its search path (known: {known or 'none'})",
                     *position_of(source.node),
                 )
-                node = source.node
-                error.relation = (source.written, exp.Table(this=node.this.copy(), db=(
-                    node.args["db"].copy() if node.args.get("db") else None)).sql("postgres"))
+                error.relation = (source.written, source.sql_name)
                 raise error
         self._instances[key] = result
         return result

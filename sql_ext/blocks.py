@@ -38,6 +38,14 @@ class Source:
         return f"{self.schema}.{self.table}" if self.schema else str(self.table)
 
     @property
+    def sql_name(self) -> str:
+        """A table reference's name as SQL writes it (quoted where the statement quoted it)."""
+        node = self.node
+        schema = node.args.get("db")
+        return exp.Table(this=node.this.copy(), db=schema.copy() if schema else None).sql(
+            "postgres")
+
+    @property
     def column_aliases(self) -> list[str]:
         alias = self.node.args.get("alias")
         if isinstance(alias, exp.TableAlias):

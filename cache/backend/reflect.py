@@ -155,12 +155,13 @@ def connect_backend(dsn: str, **kwargs: object) -> psycopg.Connection:  # type: 
         ) from exc
 
 
-def existing_relations(conn: psycopg.Connection, names: t.Sequence[str]) -> set[str]:  # type: ignore[type-arg]
+def existing_relations(conn: psycopg.Connection, names: t.Sequence[str]) -> dict[str, bool]:  # type: ignore[type-arg]
     """Which relation names (as SQL writes them) a backend session resolves, as a statement of
-    it would: its search path with pg_catalog, its temporary tables, schema-qualified names."""
-    rows = _session_rows(conn, "SELECT n FROM unnest(%s::text[]) AS n "
-                         "WHERE to_regclass(n) IS NOT NULL", [list(names)])  # fmt: skip
-    return {row[0] for row in rows}
+    it would (its search path with pg_catalog, its temporary tables, schema-qualified names),
+    each with whether it is a system relation (made by initdb, never changed by DDL)."""
+    rows = _session_rows(conn, "SELECT n, to_regclass(n)::oid < 16384 FROM unnest(%s::text[]) "
+                         "AS n WHERE to_regclass(n) IS NOT NULL", [list(names)])  # fmt: skip
+    return {name: system for name, system in rows}
 
 
 def temporary_relations(conn: psycopg.Connection) -> set[str]:  # type: ignore[type-arg]

@@ -68,7 +68,7 @@ MAX_OUTSIDE = 256  # relations a planner names outside its catalog (`Planner._ou
 class Planner:
     def __init__(
         self, store: CacheStore, dsn: str, delay: float = DEFAULT_DELAY, choice: str = "cost",
-        existing: t.Callable[[list[str]], set[str]] | None = None,
+        existing: t.Callable[[list[str]], dict[str, bool]] | None = None,
         temporary: t.Callable[[], set[str]] | None = None,
     ) -> None:  # fmt: skip
         self.store = store
@@ -78,6 +78,7 @@ class Planner:
         self.existing = existing
         # the names of the session's temporary tables, which shadow the search path's
         self.temporary = temporary
+        self._system: frozenset[str] = frozenset()  # outside names of system relations
         self.delay = delay
         self.choice = choice  # `PlanInputs.choice`: the session's plan_choice
         self.catalog: Catalog = store.load_catalog()
@@ -96,23 +97,39 @@ class Planner:
         """Read the backend's catalog now and keep it in the cache file."""
         catalog = fetch_catalog(self.dsn)
         self.store.save_catalog(catalog)
-        if self.temporary is not None:
-            catalog = dataclasses.replace(catalog, outside=frozenset(self.temporary()))
+        if self.temporary is not None:  # system relations stay what they were
+            catalog = dataclasses.replace(catalog, outside=self._system | self.temporary())
         self.use_catalog(catalog)
         return catalog
 
-    def _outside(self, written: str, sql: str, with_params: bool) -> bool:
-        """Whether the session's backend resolves a relation the catalog does not describe (a
-        system catalog, a temporary table, a table off the search path, a name with ``%%``
-        run with parameters); if so, the catalog names it outside, read from the backend as
-        it is."""
-        name = sql.replace("%%", "%") if with_params else sql
-        if self.existing is None or len(self.catalog.outside) >= MAX_OUTSIDE \
-                or not self.existing([name]):  # fmt: skip
+    def _outside(self, unknown: dict[str, str], with_params: bool) -> bool:
+        """Whether the session's backend resolves any of the relations the catalog does not
+        describe (by written name, with its SQL name): a system catalog, a temporary table, a
+        table off the search path, a name with ``%%`` run with parameters. Those it resolves,
+        the catalog names outside, read from the backend as they are."""
+        names = {written: sql.replace("%%", "%") if with_params else sql
+                 for written, sql in unknown.items()}  # fmt: skip
+        if self.existing is None or len(self.catalog.outside) >= MAX_OUTSIDE:
             return False
-        self.catalog = dataclasses.replace(self.catalog, outside=self.catalog.outside | {written})
+        found = self.existing(list(names.values()))
+        added = {written for written, sql in names.items() if sql in found}
+        if not added:
+            return False
+        self._system |= {written for written in added if found[names[written]]}
+        self.catalog = dataclasses.replace(self.catalog, outside=self.catalog.outside | added)
         self._tables_of.clear()
         return True
+
+    def _unknown(self, query: Query) -> dict[str, str]:
+        """The statement's table references the catalog lacks: written name -> SQL name (a
+        backend view's body is not searched: its first unknown name comes as an error)."""
+        catalog = self.catalog
+        return {source.written: source.sql_name for block in query.analysis.blocks
+                for source in block.sources
+                if source.is_table and source.table is not None
+                and source.written not in catalog.outside
+                and catalog.table(source.table, source.schema) is None
+                and catalog.view(source.table, source.schema) is None}  # fmt: skip
 
     def delays(self) -> tuple[tuple[str, float], ...]:
         """The views' measured refresh delays d (§4.6), rounded up to a hundredth of a second
@@ -272,12 +289,14 @@ class Planner:
                     self.reload_catalog()
                 except BackendUnavailableError:
                     return None  # the backend is down: plan with the catalog there is
+                reloaded = True
             try:
                 return self._instances(query)
             except CatalogError as exc:
                 if not reloaded:  # created since the catalog was read: read it again, once
                     self._catalog_stale = reloaded = True
                     continue
-                if exc.relation is None or not self._outside(*exc.relation, with_params):
-                    return None  # the backend has no such relation either: the error stands
+                unknown = self._unknown(query) or dict([exc.relation] if exc.relation else [])
+                if not self._outside(unknown, with_params):
+                    return None  # the backend has none of them either: the error stands
         return None
