@@ -78,7 +78,10 @@ class Planner:
         self.existing = existing
         # the names of the session's temporary tables, which shadow the search path's
         self.temporary = temporary
-        self._system: frozenset[str] = frozenset()  # outside names of system relations
+        # what every catalog the planner uses names outside (`Catalog.outside`): the system
+        # relations found so far, the session's temporary tables as last read
+        self._system: frozenset[str] = frozenset()
+        self._temporary: frozenset[str] = frozenset()
         self.delay = delay
         self.choice = choice  # `PlanInputs.choice`: the session's plan_choice
         self.catalog: Catalog = store.load_catalog()
@@ -97,10 +100,10 @@ class Planner:
         """Read the backend's catalog now and keep it in the cache file."""
         catalog = fetch_catalog(self.dsn)
         self.store.save_catalog(catalog)
-        if self.temporary is not None:  # system relations stay what they were
-            catalog = dataclasses.replace(catalog, outside=self._system | self.temporary())
+        if self.temporary is not None:
+            self._temporary = frozenset(self.temporary())
         self.use_catalog(catalog)
-        return catalog
+        return self.catalog
 
     def _outside(self, unknown: dict[str, str], with_params: bool) -> bool:
         """Whether the session's backend resolves any of the relations the catalog does not
@@ -145,8 +148,9 @@ class Planner:
         return self._delays[1]
 
     def use_catalog(self, catalog: Catalog) -> None:
-        """Plan against ``catalog`` from now on (read from the backend just now)."""
-        self.catalog = catalog
+        """Plan against ``catalog`` from now on (read from the backend just now), with the
+        system relations and temporary tables it does not describe named outside it."""
+        self.catalog = dataclasses.replace(catalog, outside=self._system | self._temporary)
         self._catalog_stale = False
         self._tables_of.clear()
         self._plans.clear()
