@@ -35,6 +35,10 @@ from sql_ext.nodes import (
     Timeline,
 )
 
+# meta key of a node's (start, end) character offsets in the parsed text (end exclusive)
+SPAN = "mt_span"
+BODY_START = "mt_body_start"  # EXPLAIN's meta: the character offset of the explained statement
+
 UNIT_HELP = "use MS, SEC, MIN, HOUR or DAY (singular or plural)"
 RESERVED_CONTROL_COLUMNS = ("refreshed_at", "snapshot_id")
 
@@ -191,13 +195,16 @@ class MTCacheParser(PostgresParser):
             options = " ".join(words)
         if not self._curr or self._curr.token_type == TokenType.SEMICOLON:
             self._fail("EXPLAIN needs a statement to explain, e.g. EXPLAIN SELECT ...", start)
+        body_start = self._curr.start
         inner = self._parse_statement()
         if inner is None:
             self._fail("EXPLAIN needs a statement to explain, e.g. EXPLAIN SELECT ...", start)
-        return self.expression(
+        explain = self.expression(
             ExplainStatement(this=inner, options=exp.var(options) if options else None),
             token=start,
         )
+        explain.meta[BODY_START] = body_start  # where the explained statement's text begins
+        return explain
 
     # -- §2 the currency clause --------------------------------------------------------------
 
@@ -208,6 +215,9 @@ class MTCacheParser(PostgresParser):
             clause = self._parse_currency_clause()
             if this.args.get("currency") is not None:
                 self._fail("a SELECT block has at most one CURRENCY clause", start)
+            # where the clause stands in the text: the backend is sent the text as written,
+            # with only the clauses cut out (`sql_ext.statements.Query.backend_sql`)
+            clause.meta[SPAN] = (start.start, self._prev.end + 1)
             this.set("currency", clause)
             # ORDER BY / LIMIT may follow the clause as well as precede it.
             this = super()._parse_query_modifiers(this)

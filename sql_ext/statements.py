@@ -20,12 +20,13 @@ from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 
 from sql_ext.blocks import Block, BlockAnalysis, analyze
-from sql_ext.dialect import MTCache
+from sql_ext.dialect import BODY_START, SPAN, MTCache
 from sql_ext.errors import SqlSyntaxError, too_deep
 from sql_ext.nodes import (
     CachedViewDef,
     ConsistencyClause,
     ControlTableDef,
+    CurrencyClause,
     CurrencySpec,
     Duration,
     ExplainStatement,
@@ -78,6 +79,10 @@ class Query:
     clauses: tuple[BlockClause, ...]
     analysis: BlockAnalysis = field(repr=False, compare=False)
     explain: str | None = None  # EXPLAIN's options ("" for plain EXPLAIN); None = not EXPLAIN
+    # (start, end) character offsets in ``text`` of the currency clauses, which the backend
+    # never sees, and where the explained statement begins (EXPLAIN)
+    cuts: tuple[tuple[int, int], ...] = field(default=(), repr=False, compare=False)
+    body_start: int = field(default=0, repr=False, compare=False)
 
     kind: t.ClassVar[str] = "query"
 
@@ -90,7 +95,8 @@ class Query:
         return isinstance(self.tree, exp.Query)
 
     def to_sql(self, dialect: str = "postgres") -> str:
-        """The statement without extensions, in PostgreSQL or DuckDB syntax."""
+        """The statement without extensions, regenerated in PostgreSQL or DuckDB syntax
+        (`parse --json`; the backend is sent `backend_sql`, the text as written)."""
         if isinstance(self.tree, exp.Command):
             return self._with_explain(self.tree.sql(dialect=dialect))
         return self._with_explain(strip_extensions(self.tree).sql(dialect=dialect, copy=False))
@@ -101,15 +107,18 @@ class Query:
 
     @functools.cached_property
     def shape(self) -> str:
-        """The statement (without EXPLAIN) in mtcache's dialect, made once: the key its plan
-        is cached under, the same for a statement and its EXPLAIN."""
-        return self.tree.sql(dialect=DIALECT)
+        """The statement as written (without EXPLAIN, clauses included): the key its plan is
+        cached under, the same for a statement and its EXPLAIN. Two texts sqlglot reads
+        alike may differ to PostgreSQL (``mod(a, b)`` names its column, ``a % b`` does not),
+        so the text itself is the key."""
+        return self.text[self.body_start :].strip().rstrip(";")
 
     @functools.cached_property
     def backend_sql(self) -> str:
-        """to_sql("postgres"), made once: what the backend runs when the statement goes
-        remote whole (the tree is not changed after parsing)."""
-        return self.to_sql("postgres")
+        """What the backend runs when the statement goes remote whole: the application's own
+        text with only the currency clauses cut out, never a regeneration (SPEC §5.11)."""
+        start = self.body_start if self.explain is None else 0
+        return cut_out(self.text, self.cuts, start)
 
     def to_extended_sql(self) -> str:
         """The statement in mtcache's dialect, clauses included (parses back to the same)."""
@@ -126,6 +135,24 @@ class Query:
             "sql": self.to_sql("postgres"),
             "clauses": [c.to_json() for c in self.clauses],
         }
+
+
+def cut_out(text: str, cuts: t.Iterable[tuple[int, int]], start: int = 0) -> str:
+    """``text[start:]`` without the character spans ``cuts``: each cut leaves one blank between
+    the tokens it separated, none at the end (a cut never touches a comment or a string: it
+    spans whole tokens)."""
+    parts, at = [], start
+    for begin, end in sorted(cuts):
+        if begin < start:
+            continue
+        before, after = text[at:begin], text[end:]
+        if not after or after[0].isspace() or after[0] in "),;":
+            before = before.rstrip(" \t")
+        elif before and not before[-1].isspace():
+            before += " "
+        parts.append(before)
+        at = end
+    return "".join(parts) + text[at:]
 
 
 @dataclass(frozen=True)
@@ -333,7 +360,7 @@ def parse(text: str) -> list[Statement]:
                              *offset_position(text, first.start))  # fmt: skip
     chunks = _statement_texts(text, len(trees))
     statements = [
-        _placed(_typed(tree, chunk), text, start)
+        _placed(_typed(tree, chunk, start), text, start)
         for tree, (chunk, start) in zip(trees, chunks, strict=True)
     ]
     if not statements:
@@ -487,7 +514,9 @@ def _unknown_statement_start(text: str) -> SqlSyntaxError | None:
     return None
 
 
-def _typed(tree: exp.Expr, text: str) -> Statement:
+def _typed(tree: exp.Expr, text: str, offset: int = 0) -> Statement:
+    """The typed statement of a tree; ``text``: its own text, which begins at ``offset`` of
+    the parsed script (the tree's positions are the script's)."""
     if isinstance(tree, TimelineNode):
         return Timeline(text=text, begin=tree.name == "BEGIN")
     if isinstance(tree, SessionBoundNode):
@@ -521,13 +550,17 @@ def _typed(tree: exp.Expr, text: str) -> Statement:
             name=folded(tree.this),
             if_exists=bool(tree.args.get("exists")),
         )
-    explain = None
+    explain, body_start = None, 0
     if isinstance(tree, ExplainStatement):
         explain = tree.text("options")
+        body_start = tree.meta[BODY_START] - offset
         tree = tree.this
     analysis = analyze(tree)
     clauses = tuple(_check_clause(block, text) for block in analysis.blocks if block.clause)
-    return Query(text=text, tree=tree, clauses=clauses, analysis=analysis, explain=explain)
+    cuts = tuple((b - offset, e - offset) for b, e in (
+        node.meta[SPAN] for node in tree.find_all(CurrencyClause)))  # fmt: skip
+    return Query(text=text, tree=tree, clauses=clauses, analysis=analysis, explain=explain,
+                 cuts=cuts, body_start=body_start)  # fmt: skip
 
 
 def folded(node: exp.Expr) -> str:
