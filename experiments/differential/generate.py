@@ -1,0 +1,751 @@
+"""Seeded random PostgreSQL SELECTs over the TPC-H schema, as an application would write them:
+expressions of every type family (integers, numerics, floating point, strings of each kind,
+dates, timestamps, intervals, booleans), joins along keys (inner and outer, so NULLs abound),
+grouping and aggregates, DISTINCT, IN / EXISTS / scalar subqueries, derived tables and CTEs,
+set operations, window functions, ORDER BY with LIMIT / OFFSET, NULL-heavy predicates, and
+expressions that must raise.
+
+Every query is deterministic on PostgreSQL - whatever plan either side picks, its answer is one
+set of rows (one sequence when ordered): LIMIT / OFFSET come with an ORDER BY of every output
+column, a window orders its rows by a key, an ordered aggregate (``string_agg``) says its
+order, a scalar subquery returns at most one row, and nothing volatile is called.
+
+`Generator(seed).query()` gives a `Select` or `Compound`: SQL text with its parts kept apart, so
+that a failing query can be made smaller (`shrink`) while it still fails.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import re
+import typing as t
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from experiments.tpch import TABLES
+
+Family = t.Literal["int", "numeric", "float", "text", "date", "timestamp", "interval", "bool"]
+FAMILIES: tuple[Family, ...] = ("int", "numeric", "float", "text", "date", "timestamp",
+                                "interval", "bool")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    family: Family
+    sql_type: str  # as declared
+
+
+def _columns(ddl: str) -> list[Column]:
+    found = []
+    for part in re.split(r",\s*(?![^()]*\))", ddl):
+        words = part.split()
+        if not words or words[0].upper() == "PRIMARY":
+            continue
+        declared = " ".join(words[1:]).replace("NOT NULL", "").replace("PRIMARY KEY", "").strip()
+        lowered = declared.lower()
+        family: Family = (
+            "int" if lowered.startswith("integer") else
+            "numeric" if lowered.startswith("numeric") else
+            "date" if lowered.startswith("date") else "text"
+        )  # fmt: skip
+        found.append(Column(words[0], family, declared))
+    return found
+
+
+SCHEMA: dict[str, list[Column]] = {name: _columns(ddl) for name, ddl in TABLES.items()}
+KEYS: dict[str, tuple[str, ...]] = {
+    "region": ("r_regionkey",), "nation": ("n_nationkey",), "supplier": ("s_suppkey",),
+    "customer": ("c_custkey",), "part": ("p_partkey",),
+    "partsupp": ("ps_partkey", "ps_suppkey"), "orders": ("o_orderkey",),
+    "lineitem": ("l_orderkey", "l_linenumber"),
+}  # fmt: skip
+# (child table, child columns, parent table, parent columns): the joins along keys
+FOREIGN_KEYS: list[tuple[str, tuple[str, ...], str, tuple[str, ...]]] = [
+    ("nation", ("n_regionkey",), "region", ("r_regionkey",)),
+    ("supplier", ("s_nationkey",), "nation", ("n_nationkey",)),
+    ("customer", ("c_nationkey",), "nation", ("n_nationkey",)),
+    ("partsupp", ("ps_partkey",), "part", ("p_partkey",)),
+    ("partsupp", ("ps_suppkey",), "supplier", ("s_suppkey",)),
+    ("orders", ("o_custkey",), "customer", ("c_custkey",)),
+    ("lineitem", ("l_orderkey",), "orders", ("o_orderkey",)),
+    ("lineitem", ("l_partkey", "l_suppkey"), "partsupp", ("ps_partkey", "ps_suppkey")),
+    ("lineitem", ("l_partkey",), "part", ("p_partkey",)),
+    ("lineitem", ("l_suppkey",), "supplier", ("s_suppkey",)),
+]
+# rows at scale factor 0.01 (tables past a few thousand rows get a key range or a LIMIT)
+SIZES = {"region": 5, "nation": 25, "supplier": 100, "customer": 1500, "part": 2000,
+         "partsupp": 8000, "orders": 15000, "lineitem": 60175}  # fmt: skip
+# a key range that keeps a big table's rows few: column, upper bound
+NARROW = {"customer": ("c_custkey", 120), "part": ("p_partkey", 150),
+          "partsupp": ("ps_partkey", 40), "orders": ("o_orderkey", 500),
+          "lineitem": ("l_orderkey", 130)}  # fmt: skip
+
+TEXT_LITERALS = ("'A'", "'BRAZIL'", "'abc'", "''", "' '", "'a b '", "'ASIA'", "'1-URGENT'",
+                 "'Customer#000000001'", "'furiously'", "'O'", "'F'", "'MAIL'", "'x%y'",
+                 "'ÄÖü'", "'R'")  # fmt: skip
+PATTERNS = ("'A%'", "'%ly%'", "'_A%'", "'%'", "''", "'%e'", "'B_AZ%'", "'%#%'", "'MED%'",
+            "'% '", "'%1%'", "'Customer#00000001_'")  # fmt: skip
+SIMILAR = ("'A%'", "'%(ly|ing)%'", "'[A-C]%'", "'%[0-9]'", "'(MED|SM)%'", "'_%'", "'%'")
+REGEXES = ("'^A'", "'ly$'", "'[0-9]{3}'", "'^(AIR|MAIL)'", "' $'", "'a.c'", "'^$'")
+DATES = ("DATE '1995-03-15'", "DATE '1994-01-01'", "DATE '1998-12-01'", "DATE '1992-02-29'",
+         "'1996-07-04'::date", "date '1993-10-01'")  # fmt: skip
+NUMERICS = ("1.5", "0.25", "100.00", "-3.125", "0.0", "2", "0.05", "1000", "1e3", "2.5e-1",
+            "0.10", "-0.5")  # fmt: skip
+INTEGERS = ("0", "1", "2", "3", "7", "-3", "10", "25", "100", "-1")
+INTERVALS = ("interval '1 day'", "interval '3 months'", "interval '1 year 2 days'",
+             "interval '36 hours'", "interval '-7 days'", "interval '90 minutes'")  # fmt: skip
+TO_CHAR_DATE = ("'YYYY-MM-DD'", "'Mon YYYY'", "'Day'", "'DD/MM/YY'", "'Month'", "'YYYY'",
+                "'Q'", "'DDD'", "'HH24:MI:SS'", "'FMMonth DD'")  # fmt: skip
+TO_CHAR_NUMBER = ("'999990.99'", "'FM9999.00'", "'0000'", "'9G999D9'")
+
+
+@dataclass(frozen=True)
+class Source:
+    """A table (or derived table) in scope: its alias, its columns, whether an outer join may
+    give it NULL rows."""
+
+    alias: str
+    columns: tuple[Column, ...]
+    table: str | None = None  # None: a derived table
+    nullable: bool = False
+
+
+@dataclass
+class Select:
+    items: list[str]
+    from_: str
+    where: list[str] = field(default_factory=list)
+    group: list[str] = field(default_factory=list)
+    having: list[str] = field(default_factory=list)
+    order: list[str] = field(default_factory=list)
+    limit: int | None = None
+    offset: int | None = None
+    distinct: bool = False
+    with_: str | None = None
+    kind: str = "select"  # what shape it was made as (reports count by it)
+
+    def sql(self) -> str:
+        parts = []
+        if self.with_:
+            parts.append(f"WITH {self.with_}")
+        parts.append("SELECT " + ("DISTINCT " if self.distinct else "") + ", ".join(self.items))
+        parts.append(f"FROM {self.from_}")
+        if self.where:
+            parts.append("WHERE " + " AND ".join(self.where))
+        if self.group:
+            parts.append("GROUP BY " + ", ".join(self.group))
+        if self.having:
+            parts.append("HAVING " + " AND ".join(self.having))
+        if self.order:
+            parts.append("ORDER BY " + ", ".join(self.order))
+        if self.limit is not None:
+            parts.append(f"LIMIT {self.limit}")
+        if self.offset is not None:
+            parts.append(f"OFFSET {self.offset}")
+        return " ".join(parts)
+
+    @property
+    def ordered(self) -> bool:
+        return bool(self.order)
+
+    def smaller(self) -> Iterator[Select]:
+        """Variants one step smaller (for minimal reproductions); some may be invalid SQL."""
+        if self.with_ is not None and self.with_ not in self.from_:
+            yield dataclasses.replace(self, with_=None)
+        if self.limit is not None or self.offset is not None or self.order:
+            yield dataclasses.replace(self, order=[], limit=None, offset=None)
+        if len(self.items) > 1:
+            for index in range(len(self.items)):
+                kept = [self.items[index]]
+                order = [f"{i}" for i in range(1, 2)] if self.order else []
+                yield dataclasses.replace(self, items=kept, order=order)
+        for index in range(len(self.where)):
+            yield dataclasses.replace(self, where=self.where[:index] + self.where[index + 1:])
+        for index in range(len(self.having)):
+            yield dataclasses.replace(self, having=self.having[:index] + self.having[index + 1:])
+        if self.distinct:
+            yield dataclasses.replace(self, distinct=False)
+
+
+@dataclass
+class Compound:
+    left: Select
+    op: str
+    right: Select
+    order: list[str] = field(default_factory=list)
+    limit: int | None = None
+    kind: str = "set operation"
+
+    def sql(self) -> str:
+        text = f"{self.left.sql()} {self.op} {self.right.sql()}"
+        if self.order:
+            text += " ORDER BY " + ", ".join(self.order)
+        if self.limit is not None:
+            text += f" LIMIT {self.limit}"
+        return text
+
+    @property
+    def ordered(self) -> bool:
+        return bool(self.order)
+
+    def smaller(self) -> Iterator[Select | Compound]:
+        yield self.left
+        yield self.right
+        if self.order or self.limit is not None:
+            yield dataclasses.replace(self, order=[], limit=None)
+
+
+Query = Select | Compound
+
+
+class Generator:
+    """Random queries from a seed: the same seed, the same queries."""
+
+    def __init__(self, seed: int) -> None:
+        self.r = random.Random(seed)
+        self._aliases = 0
+        self.last_scope: list[Source] = []  # the sources of the last FROM clause made
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def chance(self, p: float) -> bool:
+        return self.r.random() < p
+
+    def pick(self, options: t.Sequence[t.Any]) -> t.Any:
+        return options[self.r.randrange(len(options))]
+
+    def alias(self, table: str) -> str:
+        self._aliases += 1
+        return f"{table[0]}{self._aliases}"
+
+    def source(self, table: str, nullable: bool = False) -> Source:
+        return Source(self.alias(table), tuple(SCHEMA[table]), table, nullable)
+
+    def column(self, scope: list[Source], family: Family) -> str | None:
+        found = [(s, c) for s in scope for c in s.columns if c.family == family]
+        if not found:
+            return None
+        source, column = self.pick(found)
+        return f"{source.alias}.{column.name}"
+
+    # -- expressions by family -----------------------------------------------------------------
+
+    def expr(self, family: Family, scope: list[Source], depth: int = 2) -> str:
+        make = getattr(self, f"_{family}")
+        return t.cast(str, make(scope, depth))
+
+    def _leaf(self, family: Family, scope: list[Source], literals: t.Sequence[str]) -> str:
+        column = self.column(scope, family) if self.chance(0.75) else None
+        return column or self.pick(literals)
+
+    def _common(self, family: Family, scope: list[Source], depth: int) -> str | None:
+        """What every family has: CASE, COALESCE, NULLIF, GREATEST/LEAST, NULL."""
+        roll = self.r.random()
+        if roll < 0.05:
+            a = self.expr(family, scope, depth - 1)
+            return f"CASE WHEN {self._bool(scope, depth - 1)} THEN {a} END"
+        if roll < 0.10:
+            a, b = self.expr(family, scope, depth - 1), self.expr(family, scope, depth - 1)
+            return f"CASE WHEN {self._bool(scope, depth - 1)} THEN {a} ELSE {b} END"
+        if roll < 0.15:
+            a, b = self.expr(family, scope, depth - 1), self.expr(family, scope, depth - 1)
+            return f"coalesce({a}, {b})"
+        if roll < 0.18 and family != "bool":
+            a, b = self.expr(family, scope, depth - 1), self.expr(family, scope, depth - 1)
+            return f"nullif({a}, {b})"
+        if roll < 0.22 and family not in ("bool", "interval"):
+            a, b = self.expr(family, scope, depth - 1), self.expr(family, scope, depth - 1)
+            return f"{self.pick(('greatest', 'least'))}({a}, {b})"
+        return None
+
+    def _int(self, scope: list[Source], depth: int) -> str:
+        if depth <= 0:
+            return self._leaf("int", scope, INTEGERS)
+        common = self._common("int", scope, depth)
+        if common is not None:
+            return common
+        d = depth - 1
+        options: list[t.Callable[[], str]] = [
+            lambda: self._leaf("int", scope, INTEGERS),
+            lambda: self._leaf("int", scope, INTEGERS),
+            lambda: f"({self._int(scope, d)} {self.pick('+-')} {self._int(scope, d)})",
+            lambda: f"({self._int(scope, d)} * {self.pick(INTEGERS[1:6])})",
+            lambda: f"({self._int(scope, d)} / {self.pick(('2', '3', '7', '-4'))})",
+            lambda: f"({self._int(scope, d)} % {self.pick(('2', '3', '10', '-7'))})",
+            lambda: f"mod({self._int(scope, d)}, {self.pick(('3', '5', '-2'))})",
+            lambda: f"abs({self._int(scope, d)})",
+            lambda: f"-{self._int(scope, d)}",
+            lambda: f"length({self._text(scope, d)})",
+            lambda: f"char_length({self._text(scope, d)})",
+            lambda: f"octet_length({self._text(scope, d)})",
+            lambda: f"strpos({self._text(scope, d)}, {self.pick(('a', 'e', ' ', 'A'))!r})",
+            lambda: f"position({self.pick(('a', 'ly', ' '))!r} in {self._text(scope, d)})",
+            lambda: f"ascii({self._text(scope, d)})",
+            lambda: f"({self._date(scope, d)} - {self._date(scope, d)})",
+            lambda: f"{self._numeric(scope, d)}::int",
+            lambda: f"CAST({self._numeric(scope, d)} AS bigint)",
+            lambda: f"{self._int(scope, d)}::smallint",
+            lambda: f"width_bucket({self._numeric(scope, d)}, 0, 1000, 5)",
+            lambda: f"extract(year from {self._date(scope, d)})::int",
+        ]
+        return self.pick(options)()
+
+    def _numeric(self, scope: list[Source], depth: int) -> str:
+        if depth <= 0:
+            return self._leaf("numeric", scope, NUMERICS)
+        common = self._common("numeric", scope, depth)
+        if common is not None:
+            return common
+        d = depth - 1
+        options: list[t.Callable[[], str]] = [
+            lambda: self._leaf("numeric", scope, NUMERICS),
+            lambda: self._leaf("numeric", scope, NUMERICS),
+            lambda: f"({self._numeric(scope, d)} {self.pick('+-')} {self._numeric(scope, d)})",
+            lambda: f"({self._numeric(scope, d)} + {self._int(scope, d)})",
+            lambda: f"({self._numeric(scope, d)} * {self.pick(NUMERICS[:8])})",
+            lambda: f"({self._numeric(scope, d)} / {self.pick(('2', '3', '7', '0.3', '4.00'))})",
+            lambda: f"round({self._numeric(scope, d)}, {self.pick(('0', '1', '2', '3', '-1'))})",
+            lambda: f"round({self._numeric(scope, d)})",
+            lambda: f"round({self._int(scope, d)} / {self.pick(('3', '7'))}, 1)",
+            lambda: f"trunc({self._numeric(scope, d)}, {self.pick(('0', '1', '-1'))})",
+            lambda: f"{self.pick(('ceil', 'ceiling', 'floor', 'abs'))}({self._numeric(scope, d)})",
+            lambda: f"-{self._numeric(scope, d)}",
+            lambda: f"{self._int(scope, d)}::numeric",
+            lambda: f"{self._numeric(scope, d)}::numeric(12,{self.pick('0124')})",
+            lambda: f"extract({self.pick(('year', 'month', 'day', 'dow', 'quarter'))} "
+                    f"from {self._date(scope, d)})",
+            lambda: f"mod({self._numeric(scope, d)}, {self.pick(('3', '0.7', '10'))})",
+            lambda: f"sign({self._numeric(scope, d)})",
+        ]
+        return self.pick(options)()
+
+    def _float(self, scope: list[Source], depth: int) -> str:
+        d = max(depth - 1, 0)
+        if depth > 0:
+            common = self._common("float", scope, depth)
+            if common is not None:
+                return common
+        options: list[t.Callable[[], str]] = [
+            lambda: f"{self._numeric(scope, d)}::float8",
+            lambda: f"{self._int(scope, d)}::double precision",
+            lambda: f"{self._numeric(scope, d)}::real",
+            lambda: f"date_part({self.pick(('year', 'month', 'dow', 'doy'))!r}, "
+                    f"{self._date(scope, d)})",
+            lambda: f"{self.pick(('1.5', '-0.0', 'NaN', 'Infinity', '1e-3', '3.25'))!r}::float8",
+            lambda: f"({self._float(scope, 0)} * {self.pick(('2', '1.5', '0.1'))})",
+            lambda: f"({self._float(scope, 0)} + {self._float(scope, 0)})",
+            lambda: f"sqrt(abs({self._numeric(scope, d)})::float8)",
+            lambda: f"power({self._numeric(scope, d)}::float8, 2)",
+            lambda: f"round({self._numeric(scope, d)}::float8)",
+        ]
+        return self.pick(options)()
+
+    def _text(self, scope: list[Source], depth: int) -> str:
+        if depth <= 0:
+            return self._leaf("text", scope, TEXT_LITERALS)
+        common = self._common("text", scope, depth)
+        if common is not None:
+            return common
+        d = depth - 1
+        options: list[t.Callable[[], str]] = [
+            lambda: self._leaf("text", scope, TEXT_LITERALS),
+            lambda: self._leaf("text", scope, TEXT_LITERALS),
+            lambda: self._leaf("text", scope, TEXT_LITERALS),
+            lambda: f"({self._text(scope, d)} || {self._text(scope, d)})",
+            lambda: f"({self._text(scope, d)} || {self._int(scope, d)})",
+            lambda: f"{self.pick(('upper', 'lower', 'initcap', 'trim', 'ltrim', 'rtrim', 'btrim', 'reverse', 'md5'))}({self._text(scope, d)})",  # noqa: E501
+            lambda: f"substr({self._text(scope, d)}, {self.pick(('1', '2', '5'))}, "
+                    f"{self.pick(('1', '3', '10'))})",
+            lambda: f"substring({self._text(scope, d)} from {self.pick(('1', '3', '0'))} for "
+                    f"{self.pick(('2', '4'))})",
+            lambda: f"substring({self._text(scope, d)} from {self.pick(('2', '4'))})",
+            lambda: f"{self.pick(('left', 'right'))}({self._text(scope, d)}, "
+                    f"{self.pick(('1', '3', '-2'))})",
+            lambda: f"replace({self._text(scope, d)}, {self.pick(('a', ' ', 'e'))!r}, "
+                    f"{self.pick(('', 'X', '--'))!r})",
+            lambda: f"{self.pick(('lpad', 'rpad'))}({self._text(scope, d)}, "
+                    f"{self.pick(('5', '12', '0'))}, {self.pick(('*', ' ', 'ab'))!r})",
+            lambda: f"repeat({self._text(scope, d)}, {self.pick(('2', '0'))})",
+            lambda: f"concat({self._text(scope, d)}, {self._int(scope, d)}, "
+                    f"{self._text(scope, d)})",
+            lambda: f"concat_ws('-', {self._text(scope, d)}, {self._text(scope, d)})",
+            lambda: f"split_part({self._text(scope, d)}, ' ', {self.pick(('1', '2'))})",
+            lambda: f"translate({self._text(scope, d)}, 'aeiou', 'AEIOU')",
+            lambda: f"to_hex({self._int(scope, d)})",
+            lambda: f"chr(65 + abs({self._int(scope, d)}) % 26)",
+            lambda: f"{self._int(scope, d)}::text",
+            lambda: f"{self._numeric(scope, d)}::text",
+            lambda: f"{self._date(scope, d)}::text",
+            lambda: f"{self._text(scope, d)}::varchar",
+            lambda: f"to_char({self._date(scope, d)}, {self.pick(TO_CHAR_DATE)})",
+            lambda: f"to_char({self._numeric(scope, d)}, {self.pick(TO_CHAR_NUMBER)})",
+            lambda: f"{self.pick(DATES)}::varchar",
+        ]
+        return self.pick(options)()
+
+    def _date(self, scope: list[Source], depth: int) -> str:
+        if depth <= 0:
+            return self._leaf("date", scope, DATES)
+        common = self._common("date", scope, depth)
+        if common is not None:
+            return common
+        d = depth - 1
+        options: list[t.Callable[[], str]] = [
+            lambda: self._leaf("date", scope, DATES),
+            lambda: self._leaf("date", scope, DATES),
+            lambda: f"({self._date(scope, d)} {self.pick('+-')} {self.pick(INTEGERS[:8])})",
+            lambda: f"make_date({self.pick(('1995', '2000', '1992'))}, "
+                    f"{self.pick(('1', '2', '12'))}, {self.pick(('1', '28', '15'))})",
+            lambda: f"{self._timestamp(scope, d)}::date",
+            lambda: f"({self._date(scope, d)} + {self.pick(INTERVALS)})::date",
+        ]
+        return self.pick(options)()
+
+    def _timestamp(self, scope: list[Source], depth: int) -> str:
+        d = max(depth - 1, 0)
+        options: list[t.Callable[[], str]] = [
+            lambda: f"{self._date(scope, d)}::timestamp",
+            lambda: f"{self.pick(DATES)}::timestamp",
+            lambda: f"timestamp {self.pick(('1995-01-01 10:30:00', '1998-12-31 23:59:59.5'))!r}",
+            lambda: f"({self._date(scope, d)} + {self.pick(INTERVALS)})",
+            lambda: f"({self._date(scope, d)} + time '10:15')",
+            lambda: f"date_trunc({self.pick(('month', 'year', 'week'))!r}, "
+                    f"{self._date(scope, d)}::timestamp)",
+            lambda: f"date_trunc('month', {self._date(scope, d)})",
+        ]
+        return self.pick(options)()
+
+    def _interval(self, scope: list[Source], depth: int) -> str:
+        d = max(depth - 1, 0)
+        options: list[t.Callable[[], str]] = [
+            lambda: self.pick(INTERVALS),
+            lambda: f"({self._timestamp(scope, d)} - {self._timestamp(scope, d)})",
+            lambda: f"age({self._timestamp(scope, d)}, {self._timestamp(scope, d)})",
+            lambda: f"({self.pick(INTERVALS)} * {self.pick(('2', '0.5'))})",
+            lambda: f"({self._date(scope, d)} - {self.pick(DATES)}) * interval '1 day'",
+        ]
+        return self.pick(options)()
+
+    def _bool(self, scope: list[Source], depth: int) -> str:
+        d = max(depth - 1, 0)
+        if depth > 0 and self.chance(0.2):
+            a, b = self._bool(scope, d), self._bool(scope, d)
+            return self.pick((f"({a} AND {b})", f"({a} OR {b})", f"NOT ({a})"))
+        family = self.pick(("int", "int", "numeric", "numeric", "text", "text", "date",
+                            "float", "timestamp"))  # fmt: skip
+        a = self.expr(family, scope, d)
+        roll = self.r.random()
+        if roll < 0.35:
+            op = self.pick(("=", "<>", "<", "<=", ">", ">="))
+            return f"{a} {op} {self.expr(family, scope, d)}"
+        if roll < 0.45:
+            return f"{a} IS {self.pick(('', 'NOT '))}NULL"
+        if roll < 0.52:
+            low, high = self.expr(family, scope, 0), self.expr(family, scope, 0)
+            return f"{a} {self.pick(('', 'NOT '))}BETWEEN {low} AND {high}"
+        if roll < 0.60:
+            values = ", ".join(self.expr(family, scope, 0) for _ in range(self.r.randint(1, 4)))
+            if self.chance(0.25):
+                values += ", NULL"
+            return f"{a} {self.pick(('', 'NOT '))}IN ({values})"
+        if roll < 0.64:
+            return f"{a} IS {self.pick(('', 'NOT '))}DISTINCT FROM {self.expr(family, scope, d)}"
+        text = self._text(scope, d)
+        if roll < 0.75:
+            word = self.pick(("LIKE", "NOT LIKE", "ILIKE", "NOT ILIKE"))
+            return f"{text} {word} {self.pick(PATTERNS)}"
+        if roll < 0.80:
+            return f"{text} {self.pick(('', 'NOT '))}SIMILAR TO {self.pick(SIMILAR)}"
+        if roll < 0.85:
+            return f"{text} {self.pick(('~', '~*', '!~'))} {self.pick(REGEXES)}"
+        if roll < 0.88:
+            return f"starts_with({text}, {self.pick(('A', 'Cu', '1', ''))!r})"
+        if roll < 0.91:
+            return f"({self._bool(scope, d)}) IS {self.pick(('TRUE', 'NOT FALSE', 'UNKNOWN'))}"
+        if roll < 0.96 and scope and any(s.table for s in scope):
+            return self._exists(scope)
+        return self._in_subquery(scope)
+
+    # -- subqueries ----------------------------------------------------------------------------
+
+    def _exists(self, scope: list[Source]) -> str:
+        """EXISTS / NOT EXISTS correlated along a key."""
+        links = [(fk, outer) for outer in scope if outer.table
+                 for fk in FOREIGN_KEYS if outer.table in (fk[0], fk[2])]  # fmt: skip
+        if not links:
+            return "TRUE"
+        (child, ccols, parent, pcols), outer = self.pick(links)
+        inner_table, inner_cols, outer_cols = (
+            (child, ccols, pcols) if outer.table == parent else (parent, pcols, ccols)
+        )
+        inner = self.source(inner_table)
+        on = " AND ".join(f"{inner.alias}.{i} = {outer.alias}.{o}"
+                          for i, o in zip(inner_cols, outer_cols, strict=True))  # fmt: skip
+        extra = f" AND {self._bool([inner], 1)}" if self.chance(0.6) else ""
+        word = self.pick(("EXISTS", "NOT EXISTS"))
+        return f"{word} (SELECT 1 FROM {inner_table} {inner.alias} WHERE {on}{extra})"
+
+    def _in_subquery(self, scope: list[Source]) -> str:
+        table = self.pick(("nation", "region", "supplier", "part", "customer"))
+        inner = self.source(table)
+        key = KEYS[table][0]
+        column = self.column(scope, "int") or "1"
+        negated = self.pick(("", "NOT "))
+        where = f" WHERE {self._bool([inner], 1)}" if self.chance(0.7) else ""
+        if self.chance(0.2):  # a row-valued IN with a column that may be NULL
+            second = self.column(scope, "int") or "2"
+            return (f"({column}, {second}) {negated}IN (SELECT {inner.alias}.{key}, "
+                    f"nullif({inner.alias}.{key} % 3, 0) FROM {table} {inner.alias}{where})")
+        return f"{column} {negated}IN (SELECT {inner.alias}.{key} FROM {table} {inner.alias}{where})"
+
+    def _scalar_subquery(self, scope: list[Source]) -> str:
+        """A correlated aggregate (one row per outer row)."""
+        links = [(fk, outer) for outer in scope if outer.table
+                 for fk in FOREIGN_KEYS if outer.table == fk[2]]  # fmt: skip
+        if not links:
+            return "(SELECT count(*) FROM region)"
+        (child, ccols, _, pcols), outer = self.pick(links)
+        inner = self.source(child)
+        on = " AND ".join(f"{inner.alias}.{i} = {outer.alias}.{o}"
+                          for i, o in zip(ccols, pcols, strict=True))  # fmt: skip
+        aggregate = self._aggregate([inner], self.pick(("int", "numeric", "date")))
+        return f"(SELECT {aggregate} FROM {child} {inner.alias} WHERE {on})"
+
+    # -- aggregates and windows ----------------------------------------------------------------
+
+    def _aggregate(self, scope: list[Source], family: Family) -> str:
+        if family == "int":
+            return self.pick((
+                "count(*)", f"count({self.expr('text', scope, 1)})",
+                f"count(DISTINCT {self._int(scope, 1)})", f"sum({self._int(scope, 1)})",
+                f"max({self._int(scope, 1)})", f"min({self._int(scope, 1)})",
+            ))  # fmt: skip
+        if family == "numeric":
+            value = self._numeric(scope, 1)
+            return self.pick((f"sum({value})", f"avg({value})", f"min({value})",
+                              f"max({value})", f"avg({self._int(scope, 1)})",
+                              f"sum(CASE WHEN {self._bool(scope, 1)} THEN {value} ELSE 0 END)",
+                              f"sum({self._int(scope, 1)}::bigint)"))  # fmt: skip
+        if family == "float":
+            value = self._float(scope, 1)
+            return self.pick((f"sum({value})", f"avg({value})", f"max({value})",
+                              f"stddev({self._numeric(scope, 1)})",
+                              f"variance({self._numeric(scope, 1)})"))  # fmt: skip
+        if family == "text":
+            value = self._text(scope, 1)
+            return self.pick((f"min({value})", f"max({value})",
+                              f"string_agg({value}, ',' ORDER BY {value})"))  # fmt: skip
+        if family == "bool":
+            value = self._bool(scope, 1)
+            return self.pick((f"bool_and({value})", f"bool_or({value})", f"every({value})"))
+        if family == "date":
+            return f"{self.pick(('min', 'max'))}({self._date(scope, 1)})"
+        return f"max({self.expr(family, scope, 1)})"
+
+    def _window(self, scope: list[Source]) -> str:
+        """A window function whose rows are in a total order: by the key of every table in
+        scope (an outer join's NULL rows tie on one key, not on all together)."""
+        keyed = [s for s in scope if s.table]
+        if not keyed:
+            return "row_number() OVER ()"
+        key = ", ".join(f"{s.alias}.{k}" for s in keyed for k in KEYS[s.table or ""])
+        partition = self.column(scope, self.pick(("int", "text")))
+        over = f"PARTITION BY {partition} ORDER BY {key}" if partition and self.chance(0.7) \
+            else f"ORDER BY {key}"  # fmt: skip
+        return self.pick((
+            f"row_number() OVER ({over})", f"rank() OVER ({over})",
+            f"dense_rank() OVER ({over})", f"sum({self._numeric(scope, 1)}) OVER ({over})",
+            f"lag({self._int(scope, 1)}) OVER ({over})",
+            f"lead({self._text(scope, 1)}, 1, 'none') OVER ({over})",
+            f"count(*) OVER (PARTITION BY {partition or '1'})",
+            f"avg({self._numeric(scope, 1)}) OVER (PARTITION BY {partition or '1'})",
+        ))  # fmt: skip
+
+    # -- FROM ----------------------------------------------------------------------------------
+
+    def from_clause(self, joins: int) -> tuple[str, list[Source], list[str]]:
+        """A FROM clause joining up to ``joins`` more tables along keys; its sources; the
+        conjuncts that keep big tables small."""
+        weights = {"region": 3, "nation": 5, "supplier": 4, "customer": 4, "part": 4,
+                   "partsupp": 3, "orders": 4, "lineitem": 3}  # fmt: skip
+        first = self.r.choices(list(weights), list(weights.values()))[0]
+        root = self.source(first)
+        scope = [root]
+        text = f"{first} {root.alias}"
+        for _ in range(joins):
+            links = [(fk, s) for s in scope if s.table
+                     for fk in FOREIGN_KEYS if s.table in (fk[0], fk[2])]  # fmt: skip
+            if not links:
+                break
+            (child, ccols, parent, pcols), there = self.pick(links)
+            new_table, new_cols, old_cols = (
+                (parent, pcols, ccols) if there.table == child else (child, ccols, pcols)
+            )
+            kind = self.r.choices(["JOIN", "LEFT JOIN", "RIGHT JOIN", "FULL JOIN"],
+                                  [6, 3, 1, 1])[0]  # fmt: skip
+            new = self.source(new_table, nullable=kind in ("LEFT JOIN", "FULL JOIN"))
+            if kind in ("RIGHT JOIN", "FULL JOIN"):
+                scope = [dataclasses.replace(s, nullable=True) for s in scope]
+            on = " AND ".join(f"{new.alias}.{n} = {there.alias}.{o}"
+                              for n, o in zip(new_cols, old_cols, strict=True))  # fmt: skip
+            if kind != "JOIN" and self.chance(0.5):
+                on += f" AND {self._bool([new], 1)}"  # an outer join's ON filters one side
+            text += f" {kind} {new_table} {new.alias} ON {on}"
+            scope.append(new)
+        self.last_scope = scope
+        narrow = []
+        for source in scope:
+            bound = NARROW.get(source.table or "")
+            if bound is not None:
+                narrow.append(f"{source.alias}.{bound[0]} < {bound[1]}")
+        return text, scope, narrow
+
+    # -- query shapes --------------------------------------------------------------------------
+
+    def query(self) -> Query:
+        shape = self.r.choices(
+            ["plain", "join", "aggregate", "distinct", "subquery", "derived", "cte",
+             "set operation", "window", "limit", "raise"],
+            [14, 14, 16, 5, 10, 7, 5, 7, 8, 10, 4])[0]  # fmt: skip
+        made = getattr(self, "shape_" + shape.replace(" ", "_"))()
+        made.kind = shape
+        return t.cast(Query, made)
+
+    def _items(self, scope: list[Source], count: int) -> list[str]:
+        families = ["int", "numeric", "text", "date", "int", "numeric", "text", "float",
+                    "timestamp", "interval", "bool"]  # fmt: skip
+        return [self.expr(self.pick(families), scope, self.r.randint(0, 2))
+                for _ in range(count)]  # fmt: skip
+
+    def _where(self, scope: list[Source], narrow: list[str]) -> list[str]:
+        where = list(narrow)
+        for _ in range(self.r.randint(0, 2)):
+            where.append(self._bool(scope, 2))
+        return where
+
+    def shape_plain(self, joins: int = 0) -> Select:
+        text, scope, narrow = self.from_clause(joins)
+        return Select(self._items(scope, self.r.randint(1, 4)), text, self._where(scope, narrow))
+
+    def shape_join(self) -> Select:
+        return self.shape_plain(self.r.randint(1, 3))
+
+    def _aggregate_select(self, scope: list[Source], text: str, narrow: list[str]) -> Select:
+        keys = [self.expr(self.pick(("int", "text", "date")), scope, self.r.randint(0, 1))
+                for _ in range(self.r.randint(0, 2))]  # fmt: skip
+        aggregates = [self._aggregate(scope, self.pick(("int", "numeric", "numeric", "text",
+                                                        "date", "float", "bool")))
+                      for _ in range(self.r.randint(1, 3))]  # fmt: skip
+        having = []
+        if keys and self.chance(0.3):
+            having.append(f"count(*) > {self.pick(('1', '2', '0'))}")
+        where = narrow if self.chance(0.5) else []
+        where += [self._bool(scope, 1)] if self.chance(0.5) else []
+        select = Select(keys + aggregates, text, where, group=list(keys), having=having)
+        if self.chance(0.4):
+            select.order = [str(i) for i in range(1, len(select.items) + 1)]
+            if self.chance(0.5):
+                select.limit = self.r.randint(1, 10)
+        return select
+
+    def shape_aggregate(self) -> Select:
+        text, scope, narrow = self.from_clause(self.r.randint(0, 2))
+        return self._aggregate_select(scope, text, narrow)
+
+    def shape_distinct(self) -> Select:
+        select = self.shape_plain(self.r.randint(0, 1))
+        select.distinct = True
+        select.items = select.items[:2]
+        return select
+
+    def shape_subquery(self) -> Select:
+        text, scope, narrow = self.from_clause(self.r.randint(0, 1))
+        items = self._items(scope, self.r.randint(1, 2))
+        if self.chance(0.5):
+            items.append(self._scalar_subquery(scope))
+        where = narrow + [self.pick((self._exists, self._in_subquery))(scope)]
+        return Select(items, text, where)
+
+    def shape_derived(self) -> Select:
+        inner = self.shape_plain(self.r.randint(0, 1)) if self.chance(0.5) else self.shape_aggregate()
+        columns = [f"c{i}" for i in range(len(inner.items))]
+        inner.items = [f"{item} AS {name}" for item, name in zip(inner.items, columns,
+                                                                  strict=True)]  # fmt: skip
+        alias = self.alias("derived")
+        derived = Source(alias, tuple(Column(c, "int", "") for c in columns))
+        outer = [f"{alias}.{c}" for c in columns]
+        where = [f"{alias}.c0 IS NOT NULL"] if self.chance(0.4) else []
+        return Select(outer, f"({inner.sql()}) AS {derived.alias}", where)
+
+    def shape_cte(self) -> Select:
+        inner = self.shape_aggregate() if self.chance(0.5) else self.shape_plain()
+        columns = [f"c{i}" for i in range(len(inner.items))]
+        name = self.alias("cte")
+        body = ", ".join(f"{item} AS {c}" for item, c in zip(inner.items, columns, strict=True))
+        inner.items = [body]
+        outer = [f"t.{c}" for c in columns]
+        return Select(outer, f"{name} t", with_=f"{name} AS ({inner.sql()})")
+
+    def shape_set_operation(self) -> Compound:
+        family = self.pick(("int", "numeric", "text", "date"))
+        sides = []
+        for _ in range(2):
+            text, scope, narrow = self.from_clause(0)
+            sides.append(Select([self.expr(family, scope, self.r.randint(0, 2))], text,
+                                self._where(scope, narrow)))  # fmt: skip
+        op = self.pick(("UNION", "UNION ALL", "INTERSECT", "EXCEPT", "EXCEPT ALL"))
+        compound = Compound(sides[0], op, sides[1])
+        if self.chance(0.4):
+            compound.order = ["1"]
+            compound.limit = self.r.randint(1, 20) if self.chance(0.5) else None
+        return compound
+
+    def shape_window(self) -> Select:
+        text, scope, narrow = self.from_clause(self.r.randint(0, 1))
+        items = self._items(scope, self.r.randint(0, 2))
+        items.append(self._window(scope))
+        return Select(items, text, narrow)
+
+    def shape_limit(self) -> Select:
+        select = self.shape_plain(self.r.randint(0, 2))
+        select.order = [str(i) for i in range(1, len(select.items) + 1)]
+        select.limit = self.r.randint(0, 15)
+        if self.chance(0.3):
+            select.offset = self.r.randint(1, 10)
+        return select
+
+    def shape_raise(self) -> Select:
+        """An expression that raises on every row of a one-row query (PostgreSQL's error,
+        with its SQLSTATE, must reach the application)."""
+        table = self.pick(("nation", "region", "supplier"))
+        source = self.source(table)
+        key = KEYS[table][0]
+        number = f"{source.alias}.{key}"
+        name = self.column([source], "text") or "'x'"
+        failing = self.pick((
+            f"1 / ({number} - {number})", f"{number} % 0", f"1.5 / ({number} - {number})",
+            f"substring({name} from 1 for -1)", f"chr(0)", "'abc'::int",
+            f"sqrt(-1 - {number})", f"ln(0 * {number})", f"2147483647 + {number} + 1",
+            f"({number} + 1000)::numeric(3,2)", f"make_date(1995, 13, {number} + 1)",
+            "'1995-02-30'::date", f"repeat({name}, -1) || chr({number} - {number})",
+            f"power(10::numeric, 400 + {number}) * 0 + 1 / ({number} - {number})",
+        ))  # fmt: skip
+        return Select([failing], f"{table} {source.alias}", [f"{number} = 1"])
+
+
+def queries(seed: int, count: int) -> Iterator[Query]:
+    generator = Generator(seed)
+    for _ in range(count):
+        yield generator.query()
+
+
+def partition_cases(seed: int, count: int) -> Iterator[tuple[Select, str]]:
+    """(base query, predicate) pairs for ternary-logic partitioning: plain and join shapes,
+    without DISTINCT, LIMIT or aggregates, and a NULL-heavy predicate."""
+    generator = Generator(seed)
+    for _ in range(count):
+        base = generator.shape_plain(generator.r.randint(0, 2))
+        scope = generator.last_scope
+        yield base, generator._bool(scope, 2)

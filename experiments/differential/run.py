@@ -1,0 +1,261 @@
+"""A run of the differential oracle: TPC-H at scale factor 0.01 on the backend, every table
+cached as a fully materialized view, a session bound of 10 minutes, and random queries
+(`experiments.differential.generate`) each compared with PostgreSQL's answer twice - through a
+connection planning by cost and through one forcing the guarded plan
+(``plan_choice="guarded"``) - plus ternary-logic partitioning through the cache.
+
+    mtcache experiment differential [--queries N] [--seed S] [--out DIR]
+
+The queries come from seeds S, S+1, ... (`PER_SEED` queries each). The report gives the
+queries run, the local share of each pass, the failures by kind and a minimal reproduction of
+each in the format of tests/fixtures/differential.sql, where every failure found becomes a
+regression test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import tempfile
+import time
+import typing as t
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+from rich.console import Console
+
+import cache
+from cache.backend.embedded_pg import EmbeddedPostgres
+from experiments import tpch
+from experiments.differential.generate import Query, partition_cases, queries
+from experiments.differential.oracle import (
+    STATEMENT_TIMEOUT_MS,
+    TIMEOUT,
+    Difference,
+    Outcome,
+    check_partitions,
+    compare,
+    minimal,
+    on_cache,
+    on_postgres,
+)
+from experiments.provenance import provenance
+
+SCALE = 0.01
+PER_SEED = 1000
+PASSES = ("cost", "guarded")
+PARTITION_EVERY = 5  # one ternary-logic partitioning check per this many queries
+
+
+@dataclass(frozen=True)
+class Failure:
+    seed: int
+    number: int  # the query's place in its seed's sequence
+    plan: str  # the pass: cost, guarded or partition
+    kind: str
+    detail: str
+    sql: str
+    reproduction: str  # a smaller query failing the same way
+
+
+@dataclass
+class Report:
+    queries: int = 0
+    seconds: float = 0.0
+    slow: int = 0  # not compared: PostgreSQL ran past the statement timeout
+    errors: int = 0  # queries PostgreSQL raised an error for (compared by SQLSTATE)
+    partitions: int = 0
+    routes: dict[str, Counter[str]] = field(
+        default_factory=lambda: {p: Counter() for p in PASSES})
+    shapes: Counter[str] = field(default_factory=Counter)
+    remote_reasons: Counter[str] = field(default_factory=Counter)
+    failures: list[Failure] = field(default_factory=list)
+
+    def local_share(self, plan: str) -> float:
+        counted = sum(self.routes[plan].values())
+        return self.routes[plan]["local"] / counted if counted else 0.0
+
+    def by_kind(self) -> Counter[str]:
+        return Counter(f"{f.plan}: {f.kind}" for f in self.failures)
+
+
+@contextlib.contextmanager
+def connections(dsn: str, cache_path: Path) -> Iterator[tuple[psycopg.Connection[t.Any],
+                                                              dict[str, cache.Connection]]]:
+    """PostgreSQL itself, and one cache connection per pass, on one cache file holding every
+    TPC-H table (refreshed now)."""
+    limited = f"{dsn}{'&' if '?' in dsn else '?'}options=-c%20statement_timeout%3D{STATEMENT_TIMEOUT_MS}"
+    pg = psycopg.connect(limited, autocommit=True)
+    opened: dict[str, cache.Connection] = {}
+    try:
+        for plan in PASSES:
+            opened[plan] = cache.connect(
+                backend=limited, cache_path=cache_path, currency_bound="10 min",
+                admit_on_miss=False, background=False, autocommit=True, plan_choice=plan,
+            )  # fmt: skip
+        tpch.cache_every_table(opened["cost"])
+        yield pg, opened
+    finally:
+        for conn in opened.values():
+            conn.close()
+        pg.close()
+
+
+def check(
+    query: Query, pg: psycopg.Connection[t.Any], conn: cache.Connection
+) -> tuple[Outcome, Outcome, Difference | None]:
+    sql = query.sql()
+    expected = on_postgres(pg, sql)
+    got = on_cache(conn, sql)
+    return expected, got, compare(expected, got, query.ordered)
+
+
+def run(
+    dsn: str, cache_path: Path, count: int, seed: int,
+    step: Callable[[str], None] | None = None,
+) -> Report:  # fmt: skip
+    """Run ``count`` queries from seeds ``seed``, ``seed + 1``, ... (`PER_SEED` each)."""
+    report = Report()
+    started = time.monotonic()
+    tpch.load(dsn, SCALE, list(tpch.TABLES))
+    with connections(dsn, cache_path) as (pg, conns):
+        done = 0
+        current = seed
+        while done < count:
+            block = min(PER_SEED, count - done)
+            _run_seed(report, pg, conns, current, block, step)
+            done += block
+            current += 1
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _run_seed(
+    report: Report, pg: psycopg.Connection[t.Any], conns: dict[str, cache.Connection],
+    seed: int, count: int, step: Callable[[str], None] | None,
+) -> None:  # fmt: skip
+    cases = partition_cases(seed, count // PARTITION_EVERY + 1)
+    for number, query in enumerate(queries(seed, count)):
+        report.queries += 1
+        report.shapes[query.kind] += 1
+        for plan in PASSES:
+            expected, got, difference = check(query, pg, conns[plan])
+            if expected.sqlstate == TIMEOUT:
+                report.slow += 1
+                break
+            if plan == PASSES[0] and expected.failed:
+                report.errors += 1
+            if not expected.failed and not got.failed:
+                report.routes[plan][got.route] += 1
+                if plan == "guarded" and got.route != "local" and got.reason:
+                    report.remote_reasons[_reason_kind(got.reason)] += 1
+            if difference is not None:
+                report.failures.append(_failure(seed, number, plan, query, difference,
+                                                pg, conns[plan]))  # fmt: skip
+        if number % PARTITION_EVERY == 0:
+            base, predicate = next(cases)
+            report.partitions += 1
+            difference = check_partitions(conns["cost"], base, predicate)
+            if difference is not None:
+                report.failures.append(Failure(seed, number, "partition", difference.kind,
+                                               difference.detail, base.sql(),
+                                               f"{base.sql()} -- p: {predicate}"))  # fmt: skip
+        if step is not None:
+            step(f"seed {seed}, query {number + 1}")
+
+
+def _failure(
+    seed: int, number: int, plan: str, query: Query, difference: Difference,
+    pg: psycopg.Connection[t.Any], conn: cache.Connection,
+) -> Failure:  # fmt: skip
+    def fails(candidate: Query) -> bool:
+        expected, _, found = check(candidate, pg, conn)
+        return (found is not None and found.kind == difference.kind
+                and (expected.failed or difference.kind != "answered"))  # fmt: skip
+
+    smaller = minimal(query, fails)
+    return Failure(seed, number, plan, difference.kind, difference.detail, query.sql(),
+                   smaller.sql())  # fmt: skip
+
+
+def _reason_kind(reason: str) -> str:
+    """A remote plan's reason without the statement's own text (for counting)."""
+    words = reason.split()
+    return " ".join(words[:6])
+
+
+# -- the report ---------------------------------------------------------------------------------
+
+
+def write(report: Report, out: Path, seed: int) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = provenance()
+    with (out / "differential.csv").open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["seed", "number", "plan", "kind", "detail", "sql", "reproduction",
+                         *stamp])  # fmt: skip
+        for f in report.failures:
+            writer.writerow([f.seed, f.number, f.plan, f.kind, f.detail, f.sql,
+                             f.reproduction, *stamp.values()])  # fmt: skip
+    lines = [
+        "# Differential oracle",
+        "",
+        f"{report.queries} queries (seeds {seed}..{seed + max(report.queries - 1, 0) // PER_SEED}"
+        f", {PER_SEED} per seed), each run on PostgreSQL and through the cache with the "
+        f"cost-based plan and the guarded plan; {report.partitions} ternary-logic "
+        f"partitionings; {report.seconds / 60:.1f} min. TPC-H SF {SCALE:g}, every table cached, "
+        "a session bound of 10 min.",
+        "",
+        f"- PostgreSQL raised an error for {report.errors} queries (compared by SQLSTATE); "
+        f"{report.slow} ran past {STATEMENT_TIMEOUT_MS / 1000:g} s and were not compared.",
+    ]
+    for plan in PASSES:
+        routes = report.routes[plan]
+        lines.append(f"- {plan} plan: local {routes['local']}, mixed {routes['mixed']}, remote "
+                     f"{routes['remote']} - local share {report.local_share(plan):.1%}")
+    lines += ["", f"## Failures: {len(report.failures)}", ""]
+    for kind, number in sorted(report.by_kind().items()):
+        lines.append(f"- {kind}: {number}")
+    for f in report.failures[:200]:
+        lines += ["", f"### seed {f.seed} #{f.number} ({f.plan}: {f.kind})", "", f.detail, "",
+                  "```sql", f"-- case: seed{f.seed}_{f.number}_{f.plan}", f.reproduction,
+                  "```"]  # fmt: skip
+    lines += ["", "## Why the guarded plan went remote", ""]
+    for reason, number in report.remote_reasons.most_common(30):
+        lines.append(f"- {number}: {reason} ...")
+    lines += ["", "## Shapes", ""]
+    for shape, number in report.shapes.most_common():
+        lines.append(f"- {shape}: {number}")
+    path = out / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def main(argv: list[str] | None = None, backend: str | None = None,
+         embedded: Path | None = None) -> int:  # fmt: skip
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--queries", type=int, default=2000)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--out", default="mtcache-experiments/differential")
+    args = parser.parse_args(argv)
+    console = Console(stderr=True)
+    if backend is None:
+        cluster = EmbeddedPostgres(embedded or Path(".mtcache/pg"))
+        cluster.ensure_running()
+        backend = cluster.ensure_database("tpch_sf0_01")
+    work = Path(tempfile.mkdtemp(prefix="mtcache-differential-"))
+    from rich.progress import Progress
+
+    with Progress(console=console) as bar:
+        task = bar.add_task("differential", total=args.queries)
+        report = run(backend, work / "cache.duckdb", args.queries, args.seed,
+                     lambda _: bar.update(task, advance=1))  # fmt: skip
+    path = write(report, Path(args.out), args.seed)
+    console.print(f"{report.queries} queries, {len(report.failures)} failures; local share "
+                  f"cost {report.local_share('cost'):.1%}, guarded "
+                  f"{report.local_share('guarded'):.1%}; report: {path}")  # fmt: skip
+    return 0 if not report.failures else 1
