@@ -21,6 +21,7 @@ from optimizer.divisions import analyze_divisions
 from optimizer.equivalences import block_classes, joined
 from optimizer.expression_types import ExpressionTypes
 from optimizer.normalize_constraint import ConsistencyClass, Constraint, Instance, QueryResolver
+from optimizer.numeric_scales import scale_expression
 from optimizer.pg_semantics import Semantics, pg_semantics
 from optimizer.volatility import repeatable
 from sql_ext import Block, Query, Source
@@ -76,6 +77,10 @@ class Analysis:
     semantics: Semantics = field(default_factory=Semantics)
     # Output columns the cache divides as PostgreSQL does (optimizer.divisions): index -> kind
     divisions: Mapping[int, t.Literal["avg", "divide"]] = field(default_factory=dict)
+    # ... and the display scales of each one's numerator and denominator: the same for every
+    # value, or the DuckDB expression computing them row by row (optimizer.numeric_scales)
+    division_scales: Mapping[int, tuple[int | exp.Expr, int | exp.Expr]] = field(
+        default_factory=dict)
     # The answer depends only on the data and parameters (optimizer.volatility): a local
     # answer may be reused while the views it read are unchanged
     repeatable: bool = False
@@ -150,6 +155,12 @@ def analyze(query: Query, catalog: Catalog, default_bound: float | None = None) 
     types = ExpressionTypes(query, catalog, resolver.column_source)
     semantics = pg_semantics(query, types, catalog.text_byte_order)
     divisions, division_blocker = analyze_divisions(query, types)
+    division_scales, scale_blocker = _division_scales(query, types, divisions)
+    varying = sorted(semantics.varying_scales - set(divisions))
+    if varying and semantics.blocker is None:
+        scale_blocker = scale_blocker or (
+            f"its output column {varying[0] + 1} holds numerics whose display scales vary from "
+            "row to row (DuckDB gives one scale to a column)")  # fmt: skip
     classes = block_classes(query, resolver.resolve_column)
     conjuncts: dict[Instance, list[exp.Expr]] = {inst: [] for inst in columns}
     probes: dict[Instance, dict[str, tuple[exp.Expr, ...]]] = {inst: {} for inst in columns}
@@ -200,6 +211,7 @@ def analyze(query: Query, catalog: Catalog, default_bound: float | None = None) 
         parameter_keys=placeholder_keys(query.tree),
         semantics=semantics,
         divisions=divisions,
+        division_scales=division_scales,
         repeatable=repeatable(query.tree),
         reads_blank_padded=any(
             _is_padded(catalog, (i, c)) for i, used in columns.items() for c in used
@@ -208,7 +220,7 @@ def analyze(query: Query, catalog: Catalog, default_bound: float | None = None) 
         local_blocker=_local_blocker(
             outside=resolver.outside,
             direct={a.instance for a in accesses} == set(constraint.instances),
-            division=division_blocker,
+            division=division_blocker or scale_blocker,
             semantics=semantics.blocker,
         ),
     )
@@ -224,6 +236,37 @@ def _local_blocker(
         # a local or mixed plan rebinds each table reference; a backend view has none to rebind
         return "it reads a backend view (only base-table references can be rebound locally)"
     return semantics or division
+
+
+def _division_scales(
+    query: Query, types: ExpressionTypes, divisions: Mapping[int, str]
+) -> tuple[dict[int, tuple[int | exp.Expr, int | exp.Expr]], str | None]:
+    """The display scales of the numerator and denominator of each output the cache divides
+    (PostgreSQL's quotient's scale depends on them), or why the cache cannot follow them."""
+    found: dict[int, tuple[int | exp.Expr, int | exp.Expr]] = {}
+    if not divisions or not isinstance(query.tree, exp.Select):
+        return found, None
+    for index in divisions:
+        projection = query.tree.expressions[index]
+        node = projection.this if isinstance(projection, exp.Alias) else projection
+        if isinstance(node, exp.Avg):
+            scales = [scale_expression(node.this, types.of), 0]
+            if isinstance(scales[0], exp.Expr):  # the sum's: the largest of its values'
+                scales[0] = exp.Max(this=exp.Case(ifs=[exp.If(
+                    this=exp.Not(this=exp.Is(this=node.this.copy(), expression=exp.Null())),
+                    true=scales[0])]))  # fmt: skip
+        else:
+            scales = [scale_expression(node.this, types.of),
+                      scale_expression(node.expression, types.of)]  # fmt: skip
+        if types.of(node.this).kind == "float" or (
+            isinstance(node, exp.Div) and types.of(node.expression).kind == "float"
+        ):
+            scales = [0, 0]  # a division of doubles: no scale
+        if any(s is None for s in scales):
+            return found, (f"its output column {index + 1} divides numerics whose display "
+                           "scales vary from row to row in a way the cache cannot follow")
+        found[index] = (t.cast("int | exp.Expr", scales[0]), t.cast("int | exp.Expr", scales[1]))
+    return found, None
 
 
 def _column_type(catalog: Catalog, attr: tuple[t.Any, str]) -> str:

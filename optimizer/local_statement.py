@@ -13,16 +13,22 @@ from dataclasses import dataclass
 import sqlglot
 from sqlglot import exp
 
+from optimizer.allowlist import BY_NAME
 from optimizer.leaves import RemoteLeaf, unescape_percent
 from optimizer.pg_semantics import Semantics
 from optimizer.plan import Plan
 from sql_ext.nodes import strip_extensions
 from sql_ext.params import NODE_ID, Key, duckdb_name
 
+# A numeric's display scale as the converter finds it: the same for every value (a number), or
+# DuckDB's result column computing it row by row (("column", its index)).
+ScaleOf = int | tuple[str, int]
 # How an output column of the statement is made from DuckDB's result columns: the column
-# itself (its index), or ("avg" | "divide", numerator index, denominator index) for an
-# average or division the cache does as PostgreSQL (optimizer.divisions).
-Output = int | tuple[str, int, int]
+# itself (its index); ("scaled", value index, scale index) for a numeric whose values' display
+# scales vary (optimizer.numeric_scales); ("avg" | "divide", numerator index, denominator index,
+# numerator scale, denominator scale) for an average or division the cache does as PostgreSQL
+# (optimizer.divisions).
+Output = int | tuple[str, int, int] | tuple[str, int, int, ScaleOf, ScaleOf]
 
 
 @dataclass(frozen=True)
@@ -32,6 +38,9 @@ class LocalStatement:
     names: tuple[str, ...]  # ... and its DuckDB parameter name
     leaves: tuple[tuple[str, RemoteLeaf], ...]  # (registered name, leaf), statement order
     outputs: tuple[Output, ...] | None = None  # None: DuckDB's columns as they are
+    # parameters PostgreSQL reads as another type than text: (key, kind), checked per
+    # execution (a string must read alike in both engines: `optimizer.allowlist.reads_alike`)
+    typed_parameters: tuple[tuple[Key, str], ...] = ()
 
 
 def leaf_name(instance_id: int) -> str:
@@ -44,7 +53,11 @@ def local_statement(plan: Plan, choice: Mapping[int, str | None]) -> LocalStatem
     copy = strip_extensions(analysis.query.tree)
     if plan.with_params:
         unescape_percent(copy)
-    by_id = {n.meta[NODE_ID]: n for n in copy.walk() if NODE_ID in n.meta}
+    scale_columns = _add_scale_columns(copy, analysis)
+    by_id: dict[int, list[exp.Expr]] = {}
+    for node in copy.walk():
+        if NODE_ID in node.meta:
+            by_id.setdefault(node.meta[NODE_ID], []).append(node)
     leaves = []
     for access in plan.accesses:
         view = choice.get(access.instance.id)
@@ -53,27 +66,60 @@ def local_statement(plan: Plan, choice: Mapping[int, str | None]) -> LocalStatem
             leaves.append((target, access.leaf))
         else:
             target = view
-        by_id[access.access.node.meta[NODE_ID]].replace(
-            exp.Table(this=exp.to_identifier(target),
-                      alias=exp.TableAlias(this=exp.to_identifier(access.alias)))
-        )  # fmt: skip
+        for node in by_id[access.access.node.meta[NODE_ID]]:
+            node.replace(exp.Table(this=exp.to_identifier(target),
+                                   alias=exp.TableAlias(this=exp.to_identifier(access.alias))))
     _compute_as_postgres(by_id, analysis.semantics)
     for mark in list(copy.find_all(exp.Placeholder)):
         key = analysis.parameter_keys[mark.meta[NODE_ID]]
         mark.replace(exp.Placeholder(this=exp.to_identifier(duckdb_name(key))))
-    outputs = _split_divisions(copy, analysis.divisions) if analysis.divisions else None
+    outputs = _outputs(copy, analysis, scale_columns) if analysis.divisions or scale_columns \
+        else None  # fmt: skip
     keys = analysis.keys
     sql = copy.sql(dialect="duckdb", copy=False)  # our own copy
-    return LocalStatement(sql, keys, tuple(map(duckdb_name, keys)), tuple(leaves), outputs)
+    typed = tuple(sorted({(analysis.parameter_keys[n], kind) for n, kind
+                          in analysis.semantics.parameters.items()}, key=str))  # fmt: skip
+    return LocalStatement(sql, keys, tuple(map(duckdb_name, keys)), tuple(leaves), outputs,
+                          typed)  # fmt: skip
 
 
-def _split_divisions(select: exp.Expr, divisions: Mapping[int, str]) -> tuple[Output, ...]:
+def _add_scale_columns(copy: exp.Expr, analysis: t.Any) -> dict[t.Any, int]:
+    """Append a projection computing the display scale of each value where it varies (of an
+    output, or of a numerator or denominator the cache divides), before the rewrites: the
+    scale is computed from the same, rewritten, branches as the value. The key -> the
+    projection's index: an output index, or (output index, 0 | 1) for a division's operand."""
+    wanted: dict[t.Any, exp.Expr] = {}
+    for index, scale in analysis.semantics.scale_columns.items():
+        wanted[index] = scale
+    for index, scales in analysis.division_scales.items():
+        for side, scale in enumerate(scales):
+            if isinstance(scale, exp.Expr):
+                wanted[(index, side)] = scale
+    if not wanted:
+        return {}
+    assert isinstance(copy, exp.Select)
+    found = {}
+    projections = list(copy.expressions)
+    for key, scale in wanted.items():
+        found[key] = len(projections)
+        projections.append(exp.alias_(scale.copy(), f"mtcache_scale_{len(found)}"))
+    copy.set("expressions", projections)
+    return found
+
+
+def _outputs(select: exp.Expr, analysis: t.Any, scale_columns: dict[t.Any, int]
+             ) -> tuple[Output, ...]:  # fmt: skip
     """Each output average or division becomes its numerator and denominator (sum and count
-    for an average), which DuckDB computes exactly; the cache divides (SPEC §5.11)."""
+    for an average), which DuckDB computes exactly, and the cache divides (SPEC §5.11); a
+    numeric whose scale varies is given its scale column. Scale columns were appended last;
+    they move after the numerators and denominators."""
     assert isinstance(select, exp.Select)
+    divisions = analysis.divisions
+    count = len(analysis.query.tree.expressions)
+    originals, scales = select.expressions[:count], select.expressions[count:]
     projections: list[exp.Expr] = []
-    outputs: list[Output] = []
-    for index, projection in enumerate(select.expressions):
+    outputs: list[t.Any] = []
+    for index, projection in enumerate(originals):
         kind = divisions.get(index)
         if kind is None:
             outputs.append(len(projections))
@@ -88,26 +134,65 @@ def _split_divisions(select: exp.Expr, divisions: Mapping[int, str]) -> tuple[Ou
         outputs.append((kind, len(projections), len(projections) + 1))
         projections += [exp.alias_(numerator, f"mtcache_numerator_{index}"),
                         exp.alias_(denominator, f"mtcache_denominator_{index}")]  # fmt: skip
-    select.set("expressions", projections)
+    moved = len(projections) - count  # scale columns shift by the extra division columns
+
+    def scale_of(key: t.Any, static: t.Any) -> ScaleOf:
+        return ("column", scale_columns[key] + moved) if key in scale_columns else static
+
+    for index, output in enumerate(outputs):
+        if isinstance(output, tuple):
+            kind, top, bottom = output
+            static = analysis.division_scales.get(index, (0, 0))
+            outputs[index] = (kind, top, bottom, scale_of((index, 0), static[0]),
+                              scale_of((index, 1), static[1]))  # fmt: skip
+        elif index in scale_columns:
+            outputs[index] = ("scaled", output, scale_columns[index] + moved)
+    select.set("expressions", projections + scales)
     return tuple(outputs)
 
 
-def _compute_as_postgres(by_id: Mapping[int, exp.Expr], semantics: Semantics) -> None:
+def _compute_as_postgres(by_id: Mapping[int, list[exp.Expr]], semantics: Semantics) -> None:
     """The rewrites that make DuckDB compute what PostgreSQL computes (optimizer.pg_semantics).
-    A wrapped node stays itself (not a copy), so rewrites of nodes inside it still apply."""
-    for number in semantics.rtrim:
+    A wrapped node stays itself (not a copy), so rewrites of nodes inside it still apply; the
+    allowlist's rewrites come last, innermost first, each over its rewritten arguments."""
+    def each(numbers: t.Iterable[int]) -> t.Iterator[tuple[int, exp.Expr]]:
+        for number in numbers:
+            for node in by_id.get(number, ()):
+                yield number, node
+
+    for _, node in each(semantics.rtrim):
         # char(n) is stored without its trailing blanks: so are what it is compared with
-        _wrap(by_id[number], lambda n: exp.func("RTRIM", n, exp.Literal.string(" ")))
-    for number, width in semantics.rpad.items():
+        _wrap(node, lambda n: exp.func("RTRIM", n, exp.Literal.string(" ")))
+    for number, node in each(semantics.rpad):
         # ... but patterns and printing see them: pad the value again for those
-        _wrap(by_id[number], lambda n, w=width: exp.func(  # type: ignore[misc]
+        _wrap(node, lambda n, w=semantics.rpad[number]: exp.func(  # type: ignore[misc]
             "RPAD", n, exp.Literal.number(w), exp.Literal.string(" ")))
-    for number, scale in semantics.decimal_scales.items():
-        by_id[number].set("to", exp.DataType.build(f"DECIMAL(38, {scale})"))
-    for number in semantics.doubles:
-        _wrap(by_id[number], lambda n: exp.cast(n, "DOUBLE"))
-    for number, text in semantics.exact_numbers.items():
-        by_id[number].replace(sqlglot.parse_one(text, read="duckdb"))
+    for number, node in each(semantics.decimal_scales):
+        digits = semantics.decimal_digits.get(number, 38)
+        scale = semantics.decimal_scales[number]
+        node.set("to", exp.DataType.build(f"DECIMAL({digits}, {scale})"))
+    for _, node in each(semantics.doubles):
+        _wrap(node, lambda n: exp.cast(n, "DOUBLE"))
+    for number, node in each(semantics.exact_numbers):
+        exact = sqlglot.parse_one(semantics.exact_numbers[number], read="duckdb")
+        exact.meta.update(node.meta)
+        node.replace(exact)
+    for number, node in each(semantics.text_scales):
+        # a numeric printed as text shows PostgreSQL's display scale
+        _wrap(node, lambda n, s=semantics.text_scales[number]: exp.cast(  # type: ignore[misc]
+            n, exp.DataType.build(f"DECIMAL(38, {s})")))
+    rewritten = sorted(each(semantics.rewrites), key=lambda found: -_depth(found[1]))
+    for number, node in rewritten:
+        rewrite = BY_NAME[semantics.rewrites[number]].rewrite
+        assert rewrite is not None
+        _wrap(node, rewrite)
+
+
+def _depth(node: exp.Expr) -> int:
+    depth = 0
+    while node.parent is not None:
+        node, depth = node.parent, depth + 1
+    return depth
 
 
 def _wrap(node: exp.Expr, make: t.Callable[[exp.Expr], exp.Expr]) -> None:

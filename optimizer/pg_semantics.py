@@ -2,6 +2,10 @@
 rewritten to compute what PostgreSQL computes (SPEC §5.11) - or, where it cannot be made
 exactly equal, why the statement stays remote.
 
+* only what the allowlist lists runs in DuckDB (`optimizer.allowlist`): every node that
+  computes a value must be one of its entries for the types of its arguments (its rewrite, if
+  it has one, is recorded here), every other node one of the parts a query is made of;
+
 * ``char(n)``: the cache stores char(n) values without their blank padding, which is how
   PostgreSQL reads them in comparisons, functions and concatenation. What a char(n) value is
   compared with - a literal, a parameter, a ``varchar`` - is compared without trailing blanks
@@ -12,11 +16,13 @@ exactly equal, why the statement stays remote.
 * numbers: a cast to ``numeric`` without a scale keeps the value's own scale in PostgreSQL and
   gets scale 3 in DuckDB (``decimal_scales``); a literal in exponent form is a numeric in
   PostgreSQL and a double in DuckDB (``exact_numbers``).
-* what cannot be matched exactly keeps the statement remote (``blocker``): sums and averages
-  of floating-point values (the order of additions changes the last bits), rounding doubles,
-  fields of ``extract`` with fractions DuckDB drops, casts that truncate or pad strings, a
-  char(n) value given to a function the cache does not know, text ordered under a collation
-  that is not byte order, columns with nondeterministic collations.
+* numerics carry a display scale per value: an output's scale, when every value has the same
+  (``output_scales``), is given to the values DuckDB computes; a numeric printed as text is
+  printed at its scale (``text_scales``); outputs whose values' scales differ row by row
+  (``varying_scales``) stay remote unless the cache divides them (`optimizer.divisions`);
+* what cannot be matched exactly keeps the statement remote (``blocker``): text ordered under
+  a collation that is not byte order, columns with nondeterministic collations, char values of
+  several lengths compared.
 """
 
 from __future__ import annotations
@@ -27,36 +33,28 @@ from decimal import Decimal
 
 from sqlglot import exp
 
+from optimizer import allowlist
 from optimizer.expression_types import (
     PADDED_READER_NAMES,
     PADDED_READERS,
-    TEXT_FUNCTIONS,
-    TEXT_PREDICATES,
-    VALUE_PRESERVING,
     ExpressionTypes,
     PgType,
     arguments,
-    literal_scale,
 )
+from optimizer.numeric_scales import scale_expression
+from optimizer.pg_types import STRINGS, literal_scale
 from sql_ext import Query
+from sql_ext.nodes import CurrencyClause
 from sql_ext.params import NODE_ID
 
 _COMPARED = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.NullSafeEQ,
              exp.NullSafeNEQ)  # fmt: skip
 _RANGES = (exp.GT, exp.GTE, exp.LT, exp.LTE, exp.Between)
+_ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod)
 _PATTERNS = (exp.Like, exp.ILike, exp.SimilarTo, exp.RegexpLike, exp.RegexpILike)
-_SUMS = (exp.Sum, exp.Avg, exp.Stddev, exp.StddevPop, exp.StddevSamp, exp.Variance,
-         exp.VariancePop, exp.Corr, exp.CovarPop, exp.CovarSamp)  # fmt: skip
-# extract() fields whose value has a fraction in PostgreSQL (a numeric) and none in DuckDB
-_FRACTIONAL_FIELDS = frozenset({"second", "seconds", "millisecond", "milliseconds", "ms",
-                                "msec", "epoch", "julian"})  # fmt: skip
-# Functions that take a char(n) value in a known way (besides comparisons and patterns)
-_CHAR_SAFE = (*VALUE_PRESERVING, *TEXT_FUNCTIONS, *TEXT_PREDICATES, *PADDED_READERS,
-              exp.Length, exp.StrPosition, exp.Ascii, exp.Count, exp.Cast, exp.Collate,
-              exp.Distinct, exp.Window, exp.Paren, exp.Is)  # fmt: skip
-_KNOWN_READERS = (*_CHAR_SAFE, *_COMPARED, *_RANGES, *_PATTERNS, exp.In, exp.Any, exp.All,
-                  exp.Exists)
+_TEXT_TYPES = frozenset({exp.DType.TEXT, exp.DType.VARCHAR})
 _DECIMAL_DIGITS = 38  # DuckDB's widest DECIMAL
+_INTEGER_DIGITS = {2: 5, 4: 10, 8: 19}  # the decimal digits of each integer type's values
 
 
 @dataclass(frozen=True)
@@ -66,20 +64,38 @@ class Semantics:
     rtrim: frozenset[int] = frozenset()  # compared as char(n): without trailing blanks
     rpad: Mapping[int, int] = field(default_factory=dict)  # char(n) values read padded -> n
     decimal_scales: Mapping[int, int] = field(default_factory=dict)  # ::numeric -> its scale
+    decimal_digits: Mapping[int, int] = field(default_factory=dict)  # ... and its precision
     exact_numbers: Mapping[int, str] = field(default_factory=dict)  # 1e3 -> CAST('1000' ...)
     doubles: frozenset[int] = frozenset()  # date_part(): double precision in PostgreSQL
     # char output -> the n the cache pads its values to (0: they are padded in the statement)
     output_widths: Mapping[int, int] = field(default_factory=dict)
+    # allowlist entries whose rewrite the node needs (`optimizer.allowlist.BY_NAME`)
+    rewrites: Mapping[int, str] = field(default_factory=dict)
+    # numeric outputs: the display scale every value has; outputs whose values' scales vary
+    output_scales: Mapping[int, int] = field(default_factory=dict)
+    varying_scales: frozenset[int] = frozenset()
+    # numeric outputs whose values' scales vary: the DuckDB expression computing each one's
+    # (optimizer.numeric_scales), computed beside it
+    scale_columns: Mapping[int, exp.Expr] = field(default_factory=dict)
+    text_scales: Mapping[int, int] = field(default_factory=dict)  # numeric printed as text
+    # parameters PostgreSQL reads as a type of this kind: a string value must read alike in
+    # DuckDB (`optimizer.allowlist.reads_alike`), else the backend answers
+    parameters: Mapping[int, str] = field(default_factory=dict)
     blocker: str | None = None  # why DuckDB cannot answer as PostgreSQL, or None
 
 
 def pg_semantics(query: Query, types: ExpressionTypes, database_byte_order: bool) -> Semantics:
     found = _Finder(types, database_byte_order)
-    for node in query.tree.walk():
+    for node in query.tree.walk(prune=lambda n: isinstance(n, CurrencyClause)):
+        if isinstance(node, CurrencyClause):
+            continue  # the cache's own clause: not sent anywhere
         found.visit(node)
         if found.blocker is not None:
             return Semantics(blocker=found.blocker)
-    widths = {}
+    widths: dict[int, int] = {}
+    scales: dict[int, int] = {}
+    varying: set[int] = set()
+    columns: dict[int, exp.Expr] = {}
     for index in range(len(query.tree.selects) if isinstance(query.tree, exp.Query) else 0):
         typed = types.output(query.tree, index)
         if typed.kind == "char" and typed.width is not None:
@@ -89,14 +105,47 @@ def pg_semantics(query: Query, types: ExpressionTypes, database_byte_order: bool
             if found.blocker is not None:
                 return Semantics(blocker=found.blocker)
             widths[index] = 0
+        elif typed.kind == "numeric" and typed.scale is not None:
+            scales[index] = typed.scale
+        elif typed.kind == "numeric":
+            scale = _per_row_scale(query.tree, index, types)
+            if scale is None:
+                varying.add(index)
+            else:
+                columns[index] = scale
+        elif typed.kind == "interval" and typed.months:
+            return Semantics(blocker=f"its output column {index + 1} is an interval that may "
+                             "hold months (DuckDB counts them in days differently)")  # fmt: skip
     return Semantics(
         rtrim=frozenset(found.rtrim),
         rpad=found.rpad,
         decimal_scales=found.decimal_scales,
+        decimal_digits=found.decimal_digits,
         exact_numbers=found.exact_numbers,
         doubles=frozenset(found.doubles),
         output_widths=widths,
+        rewrites=found.rewrites,
+        output_scales=scales,
+        varying_scales=frozenset(varying),
+        scale_columns=columns,
+        text_scales=found.text_scales,
+        parameters=found.parameters,
     )
+
+
+def _per_row_scale(top: exp.Expr, index: int, types: ExpressionTypes) -> exp.Expr | None:
+    """The expression computing an output's display scale row by row, where the cache can:
+    an output of a plain SELECT (no DISTINCT, no star), which a column beside it cannot
+    change."""
+    if not isinstance(top, exp.Select) or top.args.get("distinct"):
+        return None
+    if any(isinstance(p, exp.Star) or (isinstance(p, exp.Column) and isinstance(p.this, exp.Star))
+           for p in top.expressions):  # fmt: skip
+        return None
+    projection = top.expressions[index]
+    node = projection.this if isinstance(projection, exp.Alias) else projection
+    found = scale_expression(node, types.of)
+    return found if isinstance(found, exp.Expr) else None
 
 
 class _Finder:
@@ -106,14 +155,30 @@ class _Finder:
         self.rtrim: set[int] = set()
         self.rpad: dict[int, int] = {}
         self.decimal_scales: dict[int, int] = {}
+        self.decimal_digits: dict[int, int] = {}
         self.exact_numbers: dict[int, str] = {}
         self.doubles: set[int] = set()
+        self.rewrites: dict[int, str] = {}
+        self.text_scales: dict[int, int] = {}
+        self.parameters: dict[int, str] = {}
         self.blocker: str | None = None
 
     def type(self, node: exp.Expr) -> PgType:
         return self.types.of(node)
 
     def visit(self, node: exp.Expr) -> None:
+        if allowlist.computes(node):
+            problem = self.types.problem(node)
+            if problem is not None:
+                self.blocker = problem
+                return
+            entry = self.types.entry(node)
+            if entry is not None and entry.rewrite is not None:
+                self.rewrites[node.meta[NODE_ID]] = entry.name
+        elif not isinstance(node, allowlist.QUERY_PARTS):
+            self.blocker = (f"it uses {_short(node)} ({node.key}), which is not on the list of "
+                            "what DuckDB computes as PostgreSQL does")  # fmt: skip
+            return
         if isinstance(node, exp.Column):
             if not self.type(node).deterministic:
                 self.blocker = (f"it reads {node.sql(dialect='postgres')}, whose collation is "
@@ -137,32 +202,45 @@ class _Finder:
         ):
             for argument in arguments(node):
                 self._padded(argument, f"it prints {_short(argument)} with {_name(node)}")
+        if isinstance(node, (*_ARITHMETIC, *_COMPARED, exp.Between, exp.In)):
+            self._widened(_operands(node))
         if isinstance(node, exp.Cast):
             self._cast(node)
-        if isinstance(node, exp.Extract):
-            unit = node.this.name.lower() if isinstance(node.this, exp.Expr) else ""
-            if unit in _FRACTIONAL_FIELDS:
-                self.blocker = (f"it extracts {unit}, which PostgreSQL gives with a fraction "
-                                "and DuckDB without")  # fmt: skip
+            if isinstance(node.this, exp.Placeholder):
+                kind = self.type(node).kind
+                if kind not in STRINGS:
+                    self.parameters[node.this.meta[NODE_ID]] = kind
         if isinstance(node, exp.Anonymous) and node.name.lower() == "date_part":
-            self._date_part(node)
-        if isinstance(node, _SUMS) and self.type(node.this).kind in ("float", "unknown"):
-            self.blocker = (f"it computes {_name(node)} over floating-point values (the order "
-                            "of additions changes the result's last bits)")  # fmt: skip
-        if isinstance(node, exp.Round) and self.type(node.this).kind in ("float", "unknown"):
-            self.blocker = "it rounds a double (PostgreSQL rounds half to even, DuckDB not)"
-        if isinstance(node, exp.Substring):
-            start = node.args.get("start")
-            if start is not None and not (isinstance(start, exp.Literal) and start.is_int
-                                          and int(start.this) >= 1):  # fmt: skip
-                self.blocker = ("it takes a substring from a position that may be below 1 "
-                                "(PostgreSQL and DuckDB count those differently)")
-        if isinstance(node, exp.Func) and not isinstance(node, _KNOWN_READERS):
+            self.doubles.add(node.meta[NODE_ID])
+        if isinstance(node, (*PADDED_READERS, exp.DPipe)) or (
+            isinstance(node, exp.Cast) and node.to.this in _TEXT_TYPES
+        ):
             for argument in arguments(node):
-                if self.type(argument).kind in ("char", "unknown"):
-                    self.blocker = (f"it passes {_short(argument)} to {_name(node)}, whose "
-                                    "reading of char(n) padding the cache does not know")
-                    return
+                self._printed(argument)
+
+    def _widened(self, operands: list[exp.Expr]) -> None:
+        """A real meeting a number of another type is widened to double precision in
+        PostgreSQL (DuckDB would compute in single precision): widen it in DuckDB too."""
+        typed = [(o, self.type(o)) for o in operands]
+        if not any(t_.kind == "float" and t_.width == 4 for _, t_ in typed):
+            return
+        if all(t_.kind == "float" and t_.width == 4 for _, t_ in typed):
+            return
+        for operand, found in typed:
+            if found.kind == "float" and found.width == 4:
+                self.doubles.add(operand.meta[NODE_ID])
+
+    def _printed(self, value: exp.Expr) -> None:
+        """A numeric printed as text shows its display scale: DuckDB prints it at the scale
+        PostgreSQL's values have (one for all of them, or the statement stays remote)."""
+        found = self.type(value)
+        if found.kind != "numeric":
+            return
+        if found.scale is None:
+            self.blocker = (f"it prints {_short(value)} as text, numerics whose scales vary "
+                            "from value to value")  # fmt: skip
+        else:
+            self.text_scales[value.meta[NODE_ID]] = found.scale
 
     # -- char(n) -------------------------------------------------------------------------------
 
@@ -171,6 +249,12 @@ class _Finder:
         varchar values are compared as char(n) (PostgreSQL's bpchar operators)."""
         typed = [(o, self.type(o)) for o in operands]
         kinds = {t_.kind for _, t_ in typed}
+        for operand, _ in typed:
+            if isinstance(operand, exp.Placeholder):
+                # a string parameter compared with a number, a date, ...: PostgreSQL reads it
+                # as that type; the executor checks DuckDB reads it alike
+                for other in kinds - {"string", "null", "unknown"} - STRINGS:
+                    self.parameters[operand.meta[NODE_ID]] = other
         if "char" not in kinds:
             if "unknown" in kinds and kinds & {"string", "varchar", "char", "text"}:
                 self.blocker = (f"it compares {_short(node)}, whose operand types the cache "
@@ -256,42 +340,26 @@ class _Finder:
             self.exact_numbers[node.meta[NODE_ID]] = (
                 f"CAST('{plain}' AS DECIMAL({_DECIMAL_DIGITS}, {scale}))")
 
-    def _date_part(self, node: exp.Anonymous) -> None:
-        """date_part() is double precision in PostgreSQL, an integer in DuckDB."""
-        field = node.expressions[0] if node.expressions else None
-        unit = field.name.lower() if isinstance(field, exp.Literal) and field.is_string else None
-        if unit is None or unit in _FRACTIONAL_FIELDS:
-            self.blocker = (f"it takes date_part({_short(field) if field else ''}), which "
-                            "PostgreSQL may give with a fraction and DuckDB without")
-        else:
-            self.doubles.add(node.meta[NODE_ID])
-
     def _cast(self, node: exp.Cast) -> None:
+        """A cast to numeric without a scale keeps the value's own scale in PostgreSQL (DuckDB
+        would give DECIMAL(18,3)): DuckDB casts to the value's precision and scale."""
         target = node.to
-        name = target.sql(dialect="postgres").lower()
+        if target.this != exp.DType.DECIMAL or target.expressions:
+            return
         inner = self.type(node.this)
-        sized = bool(target.expressions)
-        if target.this in (exp.DType.CHAR, exp.DType.NCHAR, exp.DType.BPCHAR) or (
-            target.this in (exp.DType.VARCHAR, exp.DType.NVARCHAR) and sized
-        ):
-            self.blocker = (f"it casts to {name} (PostgreSQL pads or cuts values to the "
-                            "length)")  # fmt: skip
-        elif target.this == exp.DType.DECIMAL and not sized:
-            scale = inner.scale if inner.kind == "numeric" else 0 if inner.kind == "integer" \
-                else None  # fmt: skip
-            if scale is None and isinstance(node.this, exp.Literal) and node.this.is_string:
-                scale = literal_scale(node.this.this)
-            if scale is None:
-                self.blocker = (f"it casts {_short(node.this)} to numeric, whose scale the "
-                                "cache cannot tell")  # fmt: skip
-            else:
-                self.decimal_scales[node.meta[NODE_ID]] = scale
-        elif target.this == exp.DType.DECIMAL and inner.kind in ("float", "unknown"):
-            self.blocker = f"it casts {_short(node.this)} to {name} from a double"
-        elif target.this in (exp.DType.BINARY, exp.DType.VARBINARY) and inner.kind in (
-            "char", "unknown"
-        ):
-            self._padded(node.this, f"it casts {_short(node.this)} to {name}")
+        scale = inner.scale if inner.kind == "numeric" else 0 if inner.kind == "integer" \
+            else None  # fmt: skip
+        digits = inner.digits if inner.kind == "numeric" else \
+            _INTEGER_DIGITS.get(inner.width or 8) if inner.kind == "integer" else None  # fmt: skip
+        if scale is None and isinstance(node.this, exp.Literal) and node.this.is_string:
+            scale = literal_scale(node.this.this)
+            digits = len(node.this.this.strip().lstrip("+-").replace(".", "")) or 1
+        if scale is None:
+            self.blocker = (f"it casts {_short(node.this)} to numeric, whose scale the "
+                            "cache cannot tell")  # fmt: skip
+            return
+        self.decimal_scales[node.meta[NODE_ID]] = scale
+        self.decimal_digits[node.meta[NODE_ID]] = max(digits or _DECIMAL_DIGITS, scale + 1)
 
     # -- collation -----------------------------------------------------------------------------
 

@@ -78,6 +78,9 @@ class Catalog:
     # Does the backend order text by bytes (C/POSIX collation), as DuckDB does? If not, local
     # answers that order or range-compare text could differ from the backend's.
     text_byte_order: bool = True
+    # Is the backend's LC_CTYPE C (upper, lower, ILIKE and ~* change ASCII letters only)? Case
+    # mapping runs locally only then, where the cache knows what PostgreSQL does.
+    ascii_case: bool = True
     # Relations the backend has that the catalog does not describe (its system catalogs,
     # the session's temporary tables, tables of schemas off the search path), by the name a
     # statement gives them (`Source.written`): read from the backend as they are, never

@@ -121,6 +121,33 @@ class MTCacheParser(PostgresParser):
             placeholder.meta["offset"] = start.start
         return placeholder
 
+    # -- typed literals ----------------------------------------------------------------------
+
+    _literal_bare = False  # the next column operators stop at a typed literal's string
+
+    def _parse_type(self, parse_interval: bool = True,
+                    fallback_to_identifier: bool = False) -> exp.Expr | None:  # fmt: skip
+        """PostgreSQL reads ``DATE '1995-01-22'::varchar`` as ``(DATE '1995-01-22')::varchar``:
+        the typed literal is made first, the cast applies to it. sqlglot casts the string
+        first (a date again); here the operators after the string wait for the literal."""
+        curr, nxt = self._curr, self._next
+        if (fallback_to_identifier or curr is None or nxt is None
+                or curr.token_type not in self.TYPE_TOKENS
+                or nxt.token_type != TokenType.STRING):  # fmt: skip
+            return super()._parse_type(parse_interval, fallback_to_identifier)
+        self._literal_bare = True
+        try:
+            typed = super()._parse_type(parse_interval, fallback_to_identifier)
+        finally:
+            self._literal_bare = False
+        return self._parse_column_ops(typed)
+
+    def _parse_column_ops(self, this: exp.Expr | None) -> exp.Expr | None:
+        if self._literal_bare and isinstance(this, exp.Literal):
+            self._literal_bare = False
+            return this
+        return super()._parse_column_ops(this)
+
     def _warn_unsupported(self) -> None:
         # Statements sqlglot does not model (VACUUM, REFRESH MATERIALIZED VIEW, ...) go to the
         # backend verbatim by design: nothing to warn about.

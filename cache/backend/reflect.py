@@ -110,15 +110,28 @@ def reflect_catalog(conn: psycopg.Connection) -> Catalog:  # type: ignore[type-a
                 pages=int(pages),
                 indexes=tuple(indexes.get(oid, [])),
             )
-    return Catalog(tables=tables, views=views, text_byte_order=_text_byte_order(conn))
+    database = _database(conn)
+    return Catalog(tables=tables, views=views, text_byte_order=_byte_order(database, "dat"),
+                   ascii_case=_ascii_case(database))  # fmt: skip
 
 
-def _text_byte_order(conn: psycopg.Connection) -> bool:  # type: ignore[type-arg]
-    """Does the current database's default collation order text by bytes?"""
+def _database(conn: psycopg.Connection) -> dict[str, t.Any]:  # type: ignore[type-arg]
+    """The current database's pg_database row, as JSON."""
     row = conn.execute(
         "SELECT to_jsonb(d) FROM pg_database d WHERE datname = current_database()"
     ).fetchone()
-    return _byte_order(row[0] if row else {}, "dat")
+    return t.cast(dict[str, t.Any], row[0] if row else {})
+
+
+def _ascii_case(database: dict[str, t.Any]) -> bool:
+    """Does the database map case for ASCII letters only (LC_CTYPE C or POSIX, libc's or the
+    builtin provider's C), as the cache's rewrites of upper, lower, ILIKE and ~* do?"""
+    provider = database.get("datlocprovider", "c")
+    if provider == "c":
+        return database.get("datctype") in ("C", "POSIX")
+    if provider == "b":
+        return database.get("datlocale") == "C"
+    return False
 
 
 _BYTE_ORDER_LOCALES = ("C", "POSIX", "C.UTF-8", "C.utf8")

@@ -2,7 +2,9 @@
 Python value psycopg would give for the column PostgreSQL describes (`cache.backend.describe`).
 
 Only conversions that are exact are allowed - an integer to a numeric's Decimal, an integer to
-a float, a char(n) value (stored without its padding) padded again to n - and a result column
+a float, a char(n) value (stored without its padding) padded again to n, a numeric given the
+display scale PostgreSQL's values have (``1`` as ``1.0``, never dropping a digit that is not
+zero), a real as the shortest decimal that reads back as it - and a result column
 DuckDB computes in a type that cannot be made exactly PostgreSQL's (a double where PostgreSQL
 answers numeric) makes the statement unfit for local execution: `converter` says why, and the
 planner sends it to the backend instead.
@@ -11,6 +13,8 @@ planner sends it to the backend instead.
 from __future__ import annotations
 
 import decimal
+import math
+import struct
 import typing as t
 from collections.abc import Callable, Mapping, Sequence
 
@@ -37,7 +41,7 @@ def _oid(name: str) -> int:
     return info.oid
 
 
-NUMERIC, BPCHAR = _oid("numeric"), _oid("bpchar")
+NUMERIC, BPCHAR, FLOAT4 = _oid("numeric"), _oid("bpchar"), _oid("float4")
 _INTEGER_OIDS = frozenset(_oid(n) for n in ("int2", "int4", "int8", "oid"))
 _FLOAT_OIDS = frozenset(_oid(n) for n in ("float4", "float8"))
 _TEXT_OIDS = frozenset(_oid(n) for n in ("text", "varchar", "name"))
@@ -49,7 +53,19 @@ _SAME = {  # PostgreSQL type -> DuckDB types whose Python values psycopg's equal
     _oid("timestamptz"): {"TIMESTAMP WITH TIME ZONE"},
     _oid("uuid"): {"UUID"},
     _oid("bytea"): {"BLOB"},
+    _oid("interval"): {"INTERVAL"},  # without months (optimizer.pg_semantics keeps those remote)
 }
+
+
+def _decimal_scale(duck_type: str) -> int:
+    """The scale of DuckDB's ``DECIMAL(p,s)``."""
+    inside = duck_type.partition("(")[2].rstrip(")").split(",")
+    return int(inside[1]) if len(inside) == 2 else 0
+
+
+class LocalUnfit(Exception):
+    """DuckDB could not give PostgreSQL's answer to this statement (a result type that cannot
+    be made exact, an overflow PostgreSQL's numerics would not have): the backend answers."""
 
 
 def _identity(value: t.Any) -> t.Any:
@@ -64,6 +80,38 @@ def _to_float(value: t.Any) -> t.Any:
     return value if value is None else float(value)
 
 
+def _float4(value: t.Any) -> t.Any:
+    """A real as psycopg gives it: the shortest decimal that reads back as the same 32-bit
+    float (PostgreSQL prints reals so), not the double DuckDB widens it to."""
+    if value is None or value != value or value in (math.inf, -math.inf):
+        return value
+    for digits in range(1, 10):
+        shortest = float(f"{value:.{digits}g}")
+        if struct.unpack("f", struct.pack("f", shortest))[0] == value:
+            return shortest
+    return value
+
+
+_EXACT = decimal.Context(prec=1000, traps=[decimal.InvalidOperation])
+
+
+def _scaler(scale: int) -> Convert:
+    """A numeric given PostgreSQL's display scale; a value with digits beyond it that are not
+    zero is not PostgreSQL's (the local answer is given up)."""
+    quantum = decimal.Decimal(1).scaleb(-scale)
+
+    def scaled(value: t.Any) -> t.Any:
+        if value is None:
+            return None
+        exact = decimal.Decimal(value)
+        found = exact.quantize(quantum, context=_EXACT)
+        if found != exact:
+            raise LocalUnfit(f"a value {exact} has more digits than PostgreSQL's scale {scale}")
+        return found
+
+    return scaled
+
+
 def _padder(width: int) -> Convert:
     def pad(value: t.Any) -> t.Any:
         return value if value is None else value.ljust(width)
@@ -72,18 +120,29 @@ def _padder(width: int) -> Convert:
 
 
 def column_converter(
-    oid: int, modifier: int, duck_type: str, width: int | None = None
+    oid: int, modifier: int, duck_type: str, width: int | None = None, scale: int | None = None
 ) -> Convert | None:
     """How a DuckDB value of ``duck_type`` becomes the value psycopg gives for PostgreSQL's
     (``oid``, ``modifier``); None when that cannot be done exactly. ``width``: the n of the
-    char(n) values of a char column PostgreSQL types without n, if they have one."""
+    char(n) values of a char column PostgreSQL types without n, if they have one; ``scale``:
+    the display scale of a numeric column's values (None: DuckDB's values have it)."""
     base = duck_type.split("(", maxsplit=1)[0].upper()
     if oid == NUMERIC:
         if base == "DECIMAL":
-            return _identity
-        return _to_decimal if base in _INTEGERS else None
+            duck_scale = _decimal_scale(duck_type)
+            if scale is None or scale == duck_scale:
+                return _identity
+            # fewer digits than PostgreSQL's: DuckDB rounded them away
+            return _scaler(scale) if duck_scale > scale else None
+        if base in _INTEGERS:
+            return _to_decimal if not scale else _scaler(scale)
+        return None
     if oid in _INTEGER_OIDS:
         return _identity if base in _INTEGERS else None
+    if oid == FLOAT4:
+        if base == "FLOAT":
+            return _float4
+        return _to_float if base in ("TINYINT", "SMALLINT") else None
     if oid in _FLOAT_OIDS:
         if base in _FLOATS:
             return _identity
@@ -108,11 +167,13 @@ def converter(
     duck_types: Sequence[str],
     outputs: Sequence[Output] | None = None,
     char_widths: Mapping[int, int] | None = None,
+    scales: Mapping[int, int] | None = None,
 ) -> Callable[[list[Row]], list[Row]] | str:
     """The row converter for a result, or why there is none. ``outputs``: how each of
     PostgreSQL's columns is made from DuckDB's (`optimizer.local_statement.Output`);
     ``char_widths``: n for the char columns whose values are all char(n) values (0: the
-    statement pads them itself)."""
+    statement pads them itself); ``scales``: the display scale of a numeric column's values,
+    where every value has the same."""
     if outputs is None:
         outputs = tuple(range(len(duck_types)))
     if len(pg_types) != len(outputs):
@@ -125,17 +186,26 @@ def converter(
     ):
         if isinstance(output, int):
             convert = column_converter(oid, modifier, duck_types[output],
-                                       (char_widths or {}).get(index))  # fmt: skip
+                                       (char_widths or {}).get(index),
+                                       (scales or {}).get(index))  # fmt: skip
             if convert is None:
                 info = psycopg.postgres.types.get(oid)
                 return (f"DuckDB computes {name} as {duck_types[output]}, which cannot be "
                         f"made exactly PostgreSQL's {info.name if info else oid}")  # fmt: skip
             plain = plain and convert is _identity and output == len(makers)
             makers.append(_column(output, convert))
+        elif output[0] == "scaled":
+            _, value, scale = output
+            if oid != NUMERIC or duck_types[value].split("(")[0].upper() not in \
+                    _INTEGERS | {"DECIMAL"}:  # fmt: skip
+                return f"DuckDB computes {name} as {duck_types[value]}, not a numeric"
+            plain = False
+            makers.append(_scaled_by_row(value, scale))
         else:
-            kind, numerator, denominator = output
+            kind, numerator, denominator, top_scale, bottom_scale = output
             made = _division(oid, kind, numerator, denominator,
-                             (duck_types[numerator], duck_types[denominator]))  # fmt: skip
+                             (duck_types[numerator], duck_types[denominator]),
+                             (top_scale, bottom_scale))  # fmt: skip
             if made is None:
                 return f"the cache cannot divide {name} as PostgreSQL does"
             plain = False
@@ -153,18 +223,65 @@ def _column(index: int, convert: Convert) -> Callable[[Row], t.Any]:
     return lambda row: convert(row[index])
 
 
+def _scaled_by_row(value: int, scale: int) -> Callable[[Row], t.Any]:
+    """A numeric given the display scale DuckDB computed beside it for its row."""
+    scalers: dict[int, Convert] = {}
+
+    def make(row: Row) -> t.Any:
+        digits = row[scale]
+        if row[value] is None or digits is None:
+            return None if row[value] is None else _to_decimal(row[value])
+        found = scalers.get(digits)
+        if found is None:
+            found = scalers[digits] = _scaler(int(digits))
+        return found(row[value])
+
+    return make
+
+
+def _operand(duck_type: str, scale: t.Any) -> Callable[[Row], t.Any] | None:
+    """How a division's operand is read from a row, at PostgreSQL's display scale: the same
+    for every row (a number) or DuckDB's column beside it (("column", index))."""
+    if isinstance(scale, int):
+        found = column_converter(NUMERIC, -1, duck_type, scale=scale)
+        return (lambda value, _row: found(value)) if found is not None else None
+    base = duck_type.split("(", maxsplit=1)[0].upper()
+    if base not in _INTEGERS | {"DECIMAL"}:
+        return None
+    index = scale[1]
+    scalers: dict[int, Convert] = {}
+
+    def read(value: t.Any, row: Row) -> t.Any:
+        digits = row[index]
+        if value is None or digits is None:
+            return value
+        found = scalers.get(digits) or scalers.setdefault(digits, _scaler(int(digits)))
+        return found(value)
+
+    return read
+
+
 def _division(
-    oid: int, kind: str, numerator: int, denominator: int, duck_types: tuple[str, str]
+    oid: int, kind: str, numerator: int, denominator: int, duck_types: tuple[str, str],
+    scales: tuple[t.Any, t.Any] = (0, 0),
 ) -> Callable[[Row], t.Any] | None:
     """An output the cache divides: numeric division as PostgreSQL's (`pg_numeric`), or a
-    floating-point one; None when DuckDB's operands are not exact for it."""
+    floating-point one; None when DuckDB's operands are not exact for it. ``scales``: the
+    display scales of PostgreSQL's operands (its quotient's scale depends on them)."""
     bases = {d.split("(", maxsplit=1)[0].upper() for d in duck_types}
     if oid == NUMERIC:
         if not bases <= _INTEGERS | {"DECIMAL"}:
             return None
+        operands = []
+        for duck_type, scale in zip(duck_types, scales, strict=True):
+            found = _operand(duck_type, scale)
+            if found is None:
+                return None
+            operands.append(found)
+        top_of, bottom_of = operands
 
         def numeric(row: Row) -> t.Any:
-            top, bottom = row[numerator], row[denominator]
+            top, bottom = top_of(row[numerator], row), bottom_of(row[denominator], row)
             if kind == "avg":
                 return pg_numeric.average(top, bottom)
             if top is None or bottom is None:

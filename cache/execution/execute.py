@@ -18,10 +18,11 @@ import duckdb
 import psycopg
 import pyarrow as pa
 
-from cache.execution.convert import Row, converter
+from cache.execution.convert import LocalUnfit, Row, converter
 from cache.execution.memo import ResultMemo
 from cache.execution.planning import Prepared
 from cache.execution.provenance import Executed
+from optimizer.allowlist import reads_alike
 from optimizer.evaluate_guards import Decision
 from optimizer.local_statement import LocalStatement, local_statement
 from sql_ext.errors import first_line
@@ -58,11 +59,6 @@ class Compiled:
     # per parameter-type signature (DuckDB's result types are fixed by it): the description
     # and the conversion of rows into PostgreSQL's types
     results: dict[tuple[type, ...], ResultShape] = field(default_factory=dict)
-
-
-class LocalUnfit(Exception):
-    """DuckDB could not give PostgreSQL's answer to this statement (a result type that cannot
-    be made exact, an overflow PostgreSQL's numerics would not have): the backend answers."""
 
 
 class Result(t.NamedTuple):
@@ -121,6 +117,8 @@ def run_local(
     compiled = compiled_for(prepared, decision)
     statement = compiled.statement
     values = values_for(statement.keys, params) if statement.keys else []
+    if statement.typed_parameters:
+        _check_parameters(statement, values)
     key: t.Hashable = None
     if memo is not None and compiled.memo_key is not None:
         # typed: 1, 1.0 and True are equal keys in Python, not equal parameters in DuckDB
@@ -140,6 +138,16 @@ def run_local(
         memo.results.put(key, token, result.description, result.rows)
         return result._replace(memo=False)
     return result
+
+
+def _check_parameters(statement: LocalStatement, values: list[t.Any]) -> None:
+    """A string PostgreSQL reads as a number, a date, ... must read alike in DuckDB."""
+    by_key = dict(zip(statement.keys, values, strict=True))
+    for key, kind in statement.typed_parameters:
+        value = by_key.get(key)
+        if isinstance(value, str) and not reads_alike(kind, value):
+            raise LocalUnfit(f"the parameter {value[:30]!r} is read as {kind} differently by "
+                             "DuckDB")  # fmt: skip
 
 
 def _run(
@@ -197,8 +205,10 @@ def _result_shape(
         named = tuple((d[0], kind) for d, kind in zip(duck_columns, duck_types, strict=True))
         return describe(named), _unchanged
     names = [d[0] for d in prepared.description]
+    analysis = prepared.plan.analysis
     convert = converter(prepared.result.types, names, duck_types, compiled.statement.outputs,
-                        prepared.plan.analysis.semantics.output_widths)
+                        analysis.semantics.output_widths,
+                        analysis.semantics.output_scales)  # fmt: skip
     if isinstance(convert, str):
         raise LocalUnfit(convert)
     return prepared.description, convert

@@ -250,8 +250,9 @@ class Planner:
                 duckdb.NotImplementedException) as exc:  # a function DuckDB lacks, ...
             return f"DuckDB cannot run it: {first_line(exc)}"
         names = [d[0] for d in result.description()]
-        found = converter(result.types, names, types, statement.outputs,
-                          plan.analysis.semantics.output_widths)
+        semantics = plan.analysis.semantics
+        found = converter(result.types, names, types, statement.outputs, semantics.output_widths,
+                          semantics.output_scales)  # fmt: skip
         return found if isinstance(found, str) else None
 
     # -- the tables a statement reads ----------------------------------------------------------

@@ -399,10 +399,10 @@ class CacheStore:
                     "INSERT INTO mtcache.backend_views VALUES (?, ?, ?)",
                     [view.name, view.schema, view.definition],
                 )
-            con.execute(
-                "INSERT OR REPLACE INTO mtcache.meta VALUES ('text_byte_order', ?)",
-                [str(catalog.text_byte_order).lower()],
-            )
+            for key, value in (("text_byte_order", catalog.text_byte_order),
+                               ("ascii_case", catalog.ascii_case)):  # fmt: skip
+                con.execute("INSERT OR REPLACE INTO mtcache.meta VALUES (?, ?)",
+                            [key, str(value).lower()])  # fmt: skip
         with self._shared.lock:
             self._shared.catalog_version += 1
 
@@ -450,10 +450,13 @@ class CacheStore:
                 "SELECT name, schema, definition FROM mtcache.backend_views"
             ).fetchall()
         }
-        row = self.con.execute(
-            "SELECT value FROM mtcache.meta WHERE key = 'text_byte_order'"
-        ).fetchone()
-        return Catalog(tables=tables, views=views, text_byte_order=not row or row[0] == "true")
+        meta = dict(self.con.execute(
+            "SELECT key, value FROM mtcache.meta WHERE key IN ('text_byte_order', 'ascii_case')"
+        ).fetchall())  # fmt: skip
+        # a catalog saved before the ctype was read: case mapping stays at the backend
+        return Catalog(tables=tables, views=views,
+                       text_byte_order=meta.get("text_byte_order", "true") == "true",
+                       ascii_case=meta.get("ascii_case") == "true")  # fmt: skip
 
     # -- the cache schema ----------------------------------------------------------------------
 

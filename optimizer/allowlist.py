@@ -1,0 +1,1306 @@
+"""What DuckDB may compute for a local answer (SPEC §5.11): every function, operator, cast and
+literal form that may run in DuckDB is listed here, with the argument types it is listed for,
+the type PostgreSQL gives its result, and the rewrite DuckDB needs to compute exactly what
+PostgreSQL computes (or none). Anything not listed keeps the statement at the backend, and
+EXPLAIN's ``reason`` names it.
+
+Each entry carries its proofs: expressions over the edge-value table of
+tests/test_allowlist.py (NULLs, empty strings, trailing blanks in char(n), negative and zero
+scales, extremes, out-of-range arguments) whose answers the test compares with PostgreSQL's,
+values and types, and expressions PostgreSQL raises an error for, which the cache must raise
+with the same SQLSTATE. An entry without a proof fails that test.
+
+Entries speak in `optimizer.pg_types` types; the type inference (`optimizer.expression_types`)
+asks `resolve` for the type of every node that computes a value.
+"""
+
+from __future__ import annotations
+
+import re
+import typing as t
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sqlglot import exp
+
+from optimizer.pg_types import (
+    BOOL,
+    DATE,
+    DATETIMES,
+    FLOAT4,
+    FLOAT8,
+    INT4,
+    INT8,
+    NUMBERS,
+    STRINGS,
+    TIME,
+    TIMESTAMP,
+    UNKNOWN,
+    PgType,
+    combine,
+    declared,
+    literal_scale,
+)
+
+Result = PgType | str  # the result's type, or why the entry does not take these arguments
+
+_DIGITS = 38  # DuckDB's widest decimal
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What of the backend's configuration the entries depend on."""
+
+    # the database's LC_CTYPE is C: upper, lower, ILIKE and ~* change ASCII letters only
+    ascii_case: bool = True
+
+
+class Call:
+    """A node to resolve, with the types of its arguments."""
+
+    def __init__(self, node: exp.Expr, typer: Callable[[exp.Expr], PgType],
+                 settings: Settings) -> None:  # fmt: skip
+        self.node = node
+        self.typer = typer
+        self.settings = settings
+
+    def type(self, key: str = "this") -> PgType:
+        value = self.node.args.get(key)
+        return self.typer(value) if isinstance(value, exp.Expr) else UNKNOWN
+
+    def of(self, node: exp.Expr | None) -> PgType:
+        return self.typer(node) if node is not None else UNKNOWN
+
+    def arg(self, key: str = "this") -> exp.Expr | None:
+        value = self.node.args.get(key)
+        return value if isinstance(value, exp.Expr) else None
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One form DuckDB computes as PostgreSQL does."""
+
+    name: str  # how documents and reasons name it: "substring(text, int, int)"
+    forms: tuple[type[exp.Expr] | str, ...]  # sqlglot classes, or names of calls it leaves as is
+    signature: Callable[[Call], Result]
+    rewrite: Callable[[exp.Expr], exp.Expr] | None = None  # the DuckDB form (None: as it is)
+    proofs: tuple[str, ...] = ()  # expressions over the edge table, answered as PostgreSQL does
+    raises: tuple[str, ...] = ()  # expressions PostgreSQL raises for: the cache raises the same
+
+
+# -- helpers for signatures ---------------------------------------------------------------------
+
+
+def _literal_int(node: exp.Expr | None) -> int | None:
+    """The value of an integer literal (negative ones included), else None."""
+    if isinstance(node, exp.Neg):
+        inner = _literal_int(node.this)
+        return -inner if inner is not None else None
+    if isinstance(node, exp.Paren):
+        return _literal_int(node.this)
+    if isinstance(node, exp.Literal) and node.is_int:
+        return int(node.this)
+    return None
+
+
+def _string_literal(node: exp.Expr | None) -> str | None:
+    if isinstance(node, exp.Paren):
+        return _string_literal(node.this)
+    return node.this if isinstance(node, exp.Literal) and node.is_string else None
+
+
+def _text(*types: PgType) -> PgType:
+    return PgType("text", byte_order=all(t_.byte_order for t_ in types if t_.is_string))
+
+
+def _strings(*types: PgType) -> bool:
+    return all(t_.kind in STRINGS | {"null"} for t_ in types)
+
+
+def _integers(*types: PgType) -> bool:
+    return all(t_.kind in ("integer", "null") for t_ in types)
+
+
+def _exact(*types: PgType) -> bool:
+    """Integers and numerics (and NULL)."""
+    return all(t_.kind in ("integer", "numeric", "null") for t_ in types)
+
+
+def _scale(*types: PgType, rule: Callable[[list[int]], int]) -> int | None:
+    """A numeric result's display scale from its operands' (None if one is not known)."""
+    scales = [t_.as_numeric().scale if t_.kind != "null" else 0 for t_ in types]
+    if any(s is None for s in scales):
+        return None
+    return rule(t.cast(list[int], scales))
+
+
+def _floating(a: PgType, b: PgType) -> PgType | None:
+    """The type of arithmetic on two numbers one of which is floating point: real only when
+    both are real (PostgreSQL widens a real to double precision for anything else, and the
+    local statement does too: `optimizer.pg_semantics`); None when neither is floating."""
+    kinds = {a.kind, b.kind} - {"null"}
+    if "float" not in kinds or not kinds <= NUMBERS:
+        return None
+    floats = [t_ for t_ in (a, b) if t_.kind == "float"]
+    return FLOAT4 if len(floats) == 2 and all(t_.width == 4 for t_ in floats) else FLOAT8
+
+
+def _func(name: str, *args: exp.Expr) -> exp.Expr:
+    return exp.Anonymous(this=name, expressions=list(args))
+
+
+def _error_if(condition: exp.Expr, message: str, value: exp.Expr) -> exp.Expr:
+    """``CASE WHEN condition THEN error(message) ELSE value END``: DuckDB raises where
+    PostgreSQL raises (the cache then asks the backend, which raises its own error)."""
+    return exp.Case(ifs=[exp.If(this=condition, true=_func("error", exp.Literal.string(message)))],
+                    default=value)  # fmt: skip
+
+
+_UPPER = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_LOWER = _UPPER.lower()
+
+
+def _ascii_map(node: exp.Expr, source: str, target: str) -> exp.Expr:
+    return exp.Translate(this=node, from_=exp.Literal.string(source),
+                         to=exp.Literal.string(target))  # fmt: skip
+
+
+# -- the entries, by family ---------------------------------------------------------------------
+
+ENTRIES: list[Entry] = []
+
+
+def entry(name: str, forms: type[exp.Expr] | str | tuple[type[exp.Expr] | str, ...],
+          signature: Callable[[Call], Result], *, rewrite: Callable[[exp.Expr], exp.Expr]
+          | None = None, proofs: tuple[str, ...] = (), raises: tuple[str, ...] = ()) -> None:  # fmt: skip
+    ENTRIES.append(Entry(name, forms if isinstance(forms, tuple) else (forms,), signature,
+                         rewrite, proofs, raises))  # fmt: skip
+
+
+# literals
+
+
+def _number_literal(call: Call) -> Result:
+    node = t.cast(exp.Literal, call.node)
+    if node.is_string:
+        return PgType("string")
+    text = node.this
+    digits = len(text.lower().partition("e")[0].replace(".", "").lstrip("-+0"))
+    if digits > _DIGITS:
+        return f"its number {text[:20]}... has more digits than DuckDB's decimals"
+    if node.is_int and abs(int(text)) < 2**63:
+        return INT4 if abs(int(text)) < 2**31 else INT8
+    scale = literal_scale(text)
+    if scale is None:
+        return f"it writes the number {text!r} in a form the cache does not read"
+    return PgType("numeric", scale=scale)
+
+
+entry("literal", exp.Literal, _number_literal,
+      proofs=("1", "0", "-7", "2147483648", "1.50", "0.0", "-0.001", "1e3", "2.5e-1", "1.5E+2",
+              "'abc'", "''"))  # fmt: skip
+entry("NULL", exp.Null, lambda call: PgType("null"), proofs=("NULL::int",))
+entry("TRUE / FALSE", exp.Boolean, lambda call: BOOL, proofs=("TRUE", "FALSE"))
+
+
+def _interval_literal(call: Call) -> Result:
+    node = t.cast(exp.Interval, call.node)
+    text = (_string_literal(node.this) or "").lower()
+    unit = node.text("unit").lower()
+    words = f"{text} {unit}"
+    if not re.fullmatch(r"[\s\d.+-]*(\s*(day|days|hour|hours|minute|minutes|second|seconds|"
+                        r"week|weeks|month|months|mon|mons|year|years)\s*[\d.+-]*)*\s*", words):
+        return f"it writes the interval {text!r}, which the cache does not read"
+    if re.search(r"\d\s*\.\s*\d", words) and re.search(r"(month|mon|year)", words):
+        return "it writes a fractional month or year interval"
+    return PgType("interval", months=bool(re.search(r"(month|mon|year)", words)))
+
+
+entry("interval literal", exp.Interval, _interval_literal,
+      proofs=("interval '1 day'", "interval '36 hours'", "interval '-7 days'",
+              "interval '90 minutes'", "e.ts + interval '1 year 2 days'",
+              "e.d + interval '1 month'", "interval '1.5 days'"))  # fmt: skip
+
+
+# casts
+
+
+_INT_TEXT = re.compile(r"\s*[+-]?\d+\s*")
+_DECIMAL_TEXT = re.compile(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*")
+_DATE_TEXT = re.compile(r"\d{4}-\d{2}-\d{2}")
+_TIMESTAMP_TEXT = re.compile(r"\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?)?")
+_TIME_TEXT = re.compile(r"\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?")
+_FLOAT_WORDS = frozenset({"nan", "infinity", "-infinity", "+infinity", "inf", "-inf"})
+
+
+def _cast(call: Call) -> Result:
+    node = t.cast(exp.Cast, call.node)
+    target = node.to
+    name = target.sql(dialect="postgres").lower()
+    to = declared(name)
+    inner = call.type()
+    literal = _string_literal(node.this)
+    sized = bool(target.expressions)
+    if inner.kind == "unknown":
+        return inner
+    if to.kind in ("char",) or (to.kind == "varchar" and sized):
+        return f"it casts to {name} (PostgreSQL pads or cuts values to the length)"
+    if literal is not None and inner.kind == "string":
+        return _cast_literal(literal, to, name)
+    if isinstance(node.this, exp.Placeholder):
+        # a parameter: the executor checks that a string value reads alike in both engines
+        # (`reads_alike`); values of other Python types are bound typed
+        if to.kind in _PARAMETER_TARGETS:
+            return to
+        return f"it casts a parameter to {name}"
+    kind = inner.kind
+    if to.kind == "integer":
+        if kind in ("integer", "numeric", "float", "null"):
+            return to
+        return f"it casts {kind} to {name}"
+    if to.kind == "numeric":
+        if kind == "integer":
+            return PgType("numeric", scale=to.scale if sized else 0)
+        if kind in ("numeric", "null"):
+            return PgType("numeric", scale=to.scale if sized else inner.scale)
+        if kind == "float":
+            return f"it casts to {name} from a double (PostgreSQL converts it through its text)"
+        return f"it casts {kind} to {name}"
+    if to.kind == "float":
+        if kind == "integer" and to.width == 8:
+            return to
+        if kind == "float" and (to.width == 8 or inner.width == 4):
+            return to
+        if kind == "numeric" and to.width == 8 and _small_numeric(call, node.this):
+            return to
+        if kind == "null":
+            return to
+        return f"it casts {kind} to {name}, which DuckDB may round differently"
+    if to.kind in ("text", "varchar"):
+        if kind in ("integer", "numeric", "date", "timestamp", "null") or inner.is_string:
+            return PgType(to.kind, byte_order=inner.byte_order if inner.is_string else True)
+        return f"it casts {kind} to {name} (another text form)"
+    if to.kind == "date" and kind in ("date", "timestamp", "null"):
+        return DATE
+    if to.kind == "timestamp" and kind in ("date", "timestamp", "null"):
+        return TIMESTAMP
+    if to.kind == kind and kind in ("bool", "time", "interval"):
+        return inner
+    return f"it casts {kind} to {name}"
+
+
+def _small_numeric(call: Call, node: exp.Expr) -> bool:
+    """A numeric whose digits fit a double exactly (a column of precision 15 or less, or a
+    literal): DuckDB's conversion to double is then correctly rounded, as PostgreSQL's."""
+    if isinstance(node, exp.Literal):
+        return len(node.this.replace(".", "").replace("-", "").lstrip("0")) <= 15
+    found = call.of(node)
+    return found.digits is not None and found.digits <= 15 and (found.scale or 0) <= 15
+
+
+_PARAMETER_TARGETS = frozenset({"integer", "numeric", "float", "text", "varchar", "date",
+                                "timestamp", "bool"})  # fmt: skip
+
+
+def reads_alike(kind: str, text: str) -> bool:
+    """Do DuckDB and PostgreSQL read ``text`` as the same value of a type of this kind?"""
+    return {
+        "integer": _INT_TEXT.fullmatch(text) is not None and abs(int(text)) < 2**63,
+        "numeric": _DECIMAL_TEXT.fullmatch(text) is not None,
+        "float": _DECIMAL_TEXT.fullmatch(text) is not None or text.strip().lower()
+        in _FLOAT_WORDS,
+        "date": _DATE_TEXT.fullmatch(text.strip()) is not None,
+        "timestamp": _TIMESTAMP_TEXT.fullmatch(text.strip()) is not None,
+        "time": _TIME_TEXT.fullmatch(text.strip()) is not None,
+        "bool": text.strip().lower() in ("true", "false"),
+        "text": True,
+        "varchar": True,
+    }.get(kind, False)
+
+
+def _cast_literal(text: str, to: PgType, name: str) -> Result:
+    """A typed literal (``DATE '1995-01-01'``, ``'12'::int``): only texts DuckDB reads as
+    PostgreSQL does."""
+    if not reads_alike(to.kind, text):
+        return f"it reads the literal {text[:30]!r} as {name}, which the cache does not parse"
+    if to.kind == "numeric" and to.scale is None:
+        return PgType("numeric", scale=literal_scale(text))
+    if to.kind == "numeric":
+        return to
+    return to
+
+
+entry("CAST", exp.Cast, _cast,
+      proofs=("e.i4::bigint", "e.i8::int", "e.n::int", "e.n4::bigint", "(e.f8 / 4)::int",
+              "e.i4::numeric", "e.n::numeric", "e.i2::numeric(8,2)", "e.n4::numeric(20,1)",
+              "e.n::numeric(14)", "e.i4::float8", "e.n::double precision", "e.f4::float8",
+              "e.i4::text", "e.n::varchar", "e.n0::text", "e.d::text", "e.ts::text",
+              "e.c::text", "e.v::text", "e.ts::date", "e.d::timestamp", "'12'::int",
+              "' -3 '::bigint", "'1.250'::numeric", "'1e3'::numeric", "'NaN'::float8",
+              "'-Infinity'::float8", "'1.5'::float8", "DATE '1995-01-22'", "DATE '1995-01-22'::varchar",
+              "date '1994-06-27'::timestamp", "TIMESTAMP '1998-12-31 23:59:59.5'",
+              "'10:15'::time", "'true'::boolean", "e.b::boolean", "e.f4::real"),
+      raises=("(e.i8 * 0 + 3000000000)::int", "'abc'::int", "(e.n0 * 10)::numeric(3,2)",
+              "'1995-02-30'::date"))  # fmt: skip
+
+
+# arithmetic
+
+
+def _add(call: Call) -> Result:
+    a, b = call.type(), call.type("expression")
+    kinds = {a.kind, b.kind} - {"null"}
+    sub = isinstance(call.node, exp.Sub)
+    if _integers(a, b):
+        return PgType("integer", max(a.width or 4, b.width or 4, 4 if 2 not in (a.width, b.width)
+                                     else 2))  # fmt: skip
+    if _exact(a, b):
+        return PgType("numeric", scale=_scale(a, b, rule=max))
+    floating = _floating(a, b)
+    if floating is not None:
+        return floating
+    if a.kind == "date" and b.kind in ("integer", "null"):
+        return DATE
+    if not sub and b.kind == "date" and a.kind == "integer":
+        return DATE
+    if sub and a.kind == "date" and b.kind == "date":
+        return INT4
+    if a.kind in ("date", "timestamp") and b.kind == "interval":
+        return TIMESTAMP
+    if not sub and b.kind in ("date", "timestamp") and a.kind == "interval":
+        return TIMESTAMP
+    if not sub and {a.kind, b.kind} == {"date", "time"}:
+        return TIMESTAMP
+    if sub and a.kind == "timestamp" and b.kind == "timestamp":
+        return PgType("interval")
+    if a.kind == "interval" and b.kind == "interval" and not (a.months or b.months):
+        return PgType("interval")
+    return f"it computes {a.kind} {'-' if sub else '+'} {b.kind}"
+
+
+entry("+ and -", (exp.Add, exp.Sub), _add,
+      proofs=("e.i4 + 1", "e.i2 + e.i2", "e.i4 - e.i8", "e.n + e.n4", "e.n - 1", "e.n0 + 0.5",
+              "e.f8 + 1", "e.f8 - e.n", "e.d + 7", "e.d - 30", "7 + e.d", "e.d - DATE '1992-01-01'",
+              "e.d + interval '1 month'", "e.ts - interval '36 hours'",
+              "e.ts - TIMESTAMP '1992-01-01 10:00'", "e.d + time '10:15'",
+              "interval '1 day' + interval '2 hours'"),
+      raises=("e.i4 + 2147483647 + 2147483647", "e.i2 + 32767 + 32767"))  # fmt: skip
+
+
+def _mul(call: Call) -> Result:
+    a, b = call.type(), call.type("expression")
+    if _integers(a, b):
+        return PgType("integer", max(a.width or 4, b.width or 4))
+    if _exact(a, b):
+        return PgType("numeric", scale=_scale(a, b, rule=sum))
+    kinds = {a.kind, b.kind} - {"null"}
+    floating = _floating(a, b)
+    if floating is not None:
+        return floating
+    if "interval" in kinds and kinds - {"interval"} <= {"integer"} and not (a.months or b.months):
+        return PgType("interval")
+    return f"it multiplies {a.kind} by {b.kind}"
+
+
+entry("*", exp.Mul, _mul,
+      proofs=("e.i4 * 3", "e.i2 * e.i2", "e.n * e.n4", "e.n * 2", "e.n0 * 0.25", "e.f8 * 1.5",
+              "e.f8 * e.i4", "interval '36 hours' * 2", "e.f4 * 3", "e.f4 * e.f4",
+              "e.f4 * 0.1"),
+      raises=("e.i4 * 2147483647 * 2", "e.i8 * 9223372036854775807 * 2"))  # fmt: skip
+
+
+def _div(call: Call) -> Result:
+    a, b = call.type(), call.type("expression")
+    if _integers(a, b):
+        return PgType("integer", max(a.width or 4, b.width or 4))
+    floating = _floating(a, b)
+    if floating is not None:
+        return floating
+    if _exact(a, b):
+        # the cache divides numerics itself (optimizer.divisions): PostgreSQL's scale per value
+        return PgType("numeric")
+    return f"it divides {a.kind} by {b.kind}"
+
+
+entry("/", exp.Div, _div,
+      proofs=("e.i4 / 2", "-7 / 2", "e.i8 / e.i4", "e.f8 / 4", "e.i4 / 2.5::float8"),
+      raises=("e.i4 / 0", "e.f8 / 0", "e.i4 / (e.i4 - e.i4)"))  # fmt: skip
+
+
+def _mod(call: Call) -> Result:
+    a, b = call.type(), call.type("expression")
+    if _integers(a, b):
+        return PgType("integer", max(a.width or 4, b.width or 4))
+    if _exact(a, b):
+        return PgType("numeric", scale=_scale(a, b, rule=max))
+    return f"it takes {a.kind} modulo {b.kind}"
+
+
+entry("% and mod()", exp.Mod, _mod,
+      proofs=("e.i4 % 3", "-7 % 3", "7 % -3", "mod(e.i8, 5)", "e.n % 2", "mod(e.n4, 0.7)",
+              "e.n0 % e.i2"),
+      raises=("e.i4 % 0", "mod(e.n, 0)"))  # fmt: skip
+
+
+def _neg(call: Call) -> Result:
+    inner = call.type()
+    if inner.kind in ("integer", "numeric", "float", "null") or (
+        inner.kind == "interval" and not inner.months
+    ):
+        return inner
+    return f"it negates {inner.kind}"
+
+
+entry("unary -", exp.Neg, _neg, proofs=("-e.i4", "-e.n", "-e.f8", "-e.n4"),
+      raises=("-(e.i2 * 0 - 32768)::smallint",))  # fmt: skip
+
+
+# comparisons and predicates
+
+
+_ORDERED_KINDS = NUMBERS | STRINGS | DATETIMES | {"bool", "time", "null", "interval"}
+
+
+def _comparable(a: PgType, b: PgType) -> bool:
+    kinds = {a.kind, b.kind} - {"null"}
+    if not kinds:
+        return True
+    if "unknown" in kinds or not kinds <= _ORDERED_KINDS:
+        return False
+    if kinds <= NUMBERS:
+        return True  # a real compared with anything but a real is widened to a double
+    if kinds <= STRINGS:
+        return True
+    if kinds <= {"date", "timestamp", "string"}:
+        return True
+    if "interval" in kinds:
+        return kinds == {"interval"} and not (a.months or b.months)
+    return len(kinds - {"string"}) == 1
+
+
+def _compare(call: Call) -> Result:
+    a, b = call.type(), call.type("expression")
+    if not _comparable(a, b):
+        return f"it compares {a.kind} with {b.kind}"
+    return BOOL
+
+
+entry("= <> < <= > >=", (exp.EQ, exp.NEQ, exp.LT, exp.LTE, exp.GT, exp.GTE), _compare,
+      proofs=("e.i4 = 7", "e.i2 < e.i8", "e.n >= 2.5", "e.n = e.i4", "e.f8 > e.n", "e.f8 = 0.1",
+              "e.c = 'ab'", "e.c = e.v", "e.v <> 'ab  '", "e.t < 'B'", "e.d < DATE '1995-01-31'",
+              "e.d <= e.ts", "e.d > '1995-01-01'", "e.b = TRUE", "e.tm < '12:00'",
+              "e.ts - e.ts > interval '1 hour'"))  # fmt: skip
+entry("IS [NOT] DISTINCT FROM", (exp.NullSafeEQ, exp.NullSafeNEQ), _compare,
+      proofs=("e.i4 IS DISTINCT FROM 7", "e.c IS NOT DISTINCT FROM 'ab'",
+              "e.n IS DISTINCT FROM NULL"))  # fmt: skip
+
+
+def _between(call: Call) -> Result:
+    a = call.type()
+    for key in ("low", "high"):
+        if not _comparable(a, call.type(key)):
+            return f"it compares {a.kind} with {call.type(key).kind}"
+    if call.node.args.get("symmetric"):
+        return "it takes BETWEEN SYMMETRIC"
+    return BOOL
+
+
+entry("BETWEEN", exp.Between, _between,
+      proofs=("e.i4 BETWEEN 0 AND 10", "e.c BETWEEN 'a' AND 'b'", "e.d NOT BETWEEN DATE "
+              "'1992-01-01' AND DATE '1995-12-31'", "e.n BETWEEN e.i4 AND 3.5"))  # fmt: skip
+
+
+def _in(call: Call) -> Result:
+    node = t.cast(exp.In, call.node)
+    a = call.type()
+    if isinstance(node.this, exp.Tuple):
+        return "it compares a row of values with IN (NULLs count differently in DuckDB)"
+    if node.args.get("unnest") or node.args.get("field"):
+        return "it takes IN UNNEST"
+    query = node.args.get("query")
+    others = [query] if query is not None else node.expressions
+    for other in others:
+        if not _comparable(a, call.of(other)):
+            return f"it compares {a.kind} with {call.of(other).kind} in IN"
+    return BOOL
+
+
+entry("IN", exp.In, _in,
+      proofs=("e.i4 IN (1, 7, NULL)", "e.i4 NOT IN (1, NULL)", "e.c IN ('ab', 'x')",
+              "e.n IN (2.5, 0)", "e.d IN (DATE '2000-01-01')",
+              "e.i4 IN (SELECT x.i2 FROM edge x WHERE x.id < 4)",
+              "e.i4 NOT IN (SELECT x.i4 FROM edge x)"))  # fmt: skip
+
+
+def _is(call: Call) -> Result:
+    target = call.node.args.get("expression")
+    if isinstance(target, exp.Null):
+        return BOOL
+    if isinstance(target, exp.Boolean) and call.type().kind in ("bool", "null"):
+        return BOOL
+    return "it takes IS with something other than NULL, TRUE or FALSE"
+
+
+entry("IS [NOT] NULL / TRUE / FALSE", exp.Is, _is,
+      proofs=("e.i4 IS NULL", "e.c IS NOT NULL", "e.b IS TRUE", "e.b IS NOT FALSE",
+              "(e.i4 > 1) IS UNKNOWN"))  # fmt: skip
+
+
+def _boolean(call: Call) -> Result:
+    for key in ("this", "expression"):
+        if key in call.node.args and call.type(key).kind not in ("bool", "null"):
+            return f"it applies {call.node.key.upper()} to {call.type(key).kind}"
+    return BOOL
+
+
+entry("AND OR NOT", (exp.And, exp.Or, exp.Not), _boolean,
+      proofs=("e.b AND e.i4 > 1", "e.b OR NULL", "NOT e.b", "NOT (e.i4 > 1 AND e.b)"))
+entry("EXISTS", exp.Exists, lambda call: BOOL,
+      proofs=("EXISTS (SELECT 1 FROM edge x WHERE x.i4 = e.i4 + 1)",))
+
+
+def _like(call: Call) -> Result:
+    a, pattern = call.type(), call.type("expression")
+    if not _strings(a, pattern):
+        return f"it matches {a.kind} with LIKE"
+    if isinstance(call.node, exp.ILike) and not call.settings.ascii_case:
+        return "it takes ILIKE, whose case folding follows the database's ctype"
+    text = _string_literal(call.arg("expression"))
+    if text is None:
+        return "it matches LIKE with a pattern that is not a literal"
+    if "\\" in text:
+        return "its LIKE pattern has a backslash (escapes are read differently)"
+    return BOOL
+
+
+def _ilike_rewrite(node: exp.Expr) -> exp.Expr:
+    """ILIKE folds ASCII letters only under the C ctype: compare both sides lowered so."""
+    like = exp.Like(this=_ascii_map(node.this, _UPPER, _LOWER),
+                    expression=_ascii_map(node.expression, _UPPER, _LOWER))  # fmt: skip
+    return exp.Not(this=like) if node.args.get("negate") else like
+
+
+entry("LIKE", exp.Like, _like,
+      proofs=("e.t LIKE 'A%'", "e.c LIKE 'ab'", "e.c LIKE 'ab%'", "e.c NOT LIKE '% '",
+              "e.v LIKE '%b _'", "e.t LIKE ''", "e.v LIKE '%'", "e.t LIKE '_b%'"))  # fmt: skip
+entry("ILIKE", exp.ILike, _like, rewrite=_ilike_rewrite,
+      proofs=("e.t ILIKE 'a%'", "e.c ILIKE 'AB%'", "e.v NOT ILIKE '%Ä%'", "e.t ILIKE '%ö%'"))
+
+
+def _similar_regex(pattern: str) -> str | None:
+    """PostgreSQL's translation of a SQL regular expression (SIMILAR TO) into a POSIX one
+    (``similar_to_escape``, src/backend/utils/adt/regexp.c) for the part both engines read
+    alike; None for what the cache does not translate (escapes, brace ranges)."""
+    out = []
+    in_class = False
+    for char in pattern:
+        if char == "\\":
+            return None
+        if in_class:
+            out.append(char)
+            if char == "]":
+                in_class = False
+            continue
+        if char == "[":
+            in_class = True
+            out.append(char)
+        elif char == "%":
+            out.append(".*")
+        elif char == "_":
+            out.append(".")
+        elif char in ".^$":
+            out.append("\\" + char)
+        elif char in "{}":
+            return None
+        else:
+            out.append(char)
+    if in_class:
+        return None
+    return "^(?:" + "".join(out) + ")$"
+
+
+def _similar(call: Call) -> Result:
+    a = call.type()
+    if not _strings(a, call.type("expression")):
+        return f"it matches {a.kind} with SIMILAR TO"
+    text = _string_literal(call.arg("expression"))
+    if text is None or _similar_regex(text) is None:
+        return "its SIMILAR TO pattern is not a literal the cache translates"
+    return BOOL
+
+
+def _similar_rewrite(node: exp.Expr) -> exp.Expr:
+    """DuckDB reads SIMILAR TO's pattern as a regular expression: give it PostgreSQL's
+    translation, matched in full."""
+    regex = _similar_regex(node.expression.this) or ""
+    return exp.RegexpLike(this=node.this, expression=exp.Literal.string(regex),
+                          full_match=True)  # fmt: skip
+
+
+entry("SIMILAR TO", exp.SimilarTo, _similar, rewrite=_similar_rewrite,
+      proofs=("e.t SIMILAR TO 'A%'", "e.c SIMILAR TO 'ab%'", "e.v SIMILAR TO '%(b|y)%'",
+              "e.t SIMILAR TO '[A-C]%'", "e.t NOT SIMILAR TO '_%'", "e.v SIMILAR TO '%'",
+              "e.t SIMILAR TO 'x.y'", "e.t SIMILAR TO '(Ab|x)%'", "e.v SIMILAR TO '%1*'"))  # fmt: skip
+
+# what both PostgreSQL's regular expressions and RE2 read alike
+_SAFE_REGEX = re.compile(r"(?:[^\\\[\](){}|*+?.^$]|\\[.^$*+?()\[\]{}|\\]|[.^$|*+?()]"
+                         r"|\{\d+(,\d*)?\}|\[\^?\]?[^\]\[\\]*\])*")
+
+
+def _regex(call: Call) -> Result:
+    a = call.type()
+    if not _strings(a, call.type("expression")):
+        return f"it matches {a.kind} with a regular expression"
+    if call.node.args.get("flag") is not None:
+        return "it passes flags to a regular expression"
+    if isinstance(call.node, exp.RegexpILike) and not call.settings.ascii_case:
+        return "it takes ~*, whose case folding follows the database's ctype"
+    text = _string_literal(call.arg("expression"))
+    if text is None or not _SAFE_REGEX.fullmatch(text) or not text.isascii():
+        return "its regular expression is not a literal both engines read alike"
+    return BOOL
+
+
+def _regex_i_rewrite(node: exp.Expr) -> exp.Expr:
+    """~* folds ASCII letters only under the C ctype: match the value lowered so against the
+    pattern lowered (a literal of ASCII, checked)."""
+    return exp.RegexpLike(this=_ascii_map(node.this, _UPPER, _LOWER),
+                          expression=exp.Literal.string(node.expression.this.lower()))  # fmt: skip
+
+
+entry("~", exp.RegexpLike, _regex,
+      proofs=("e.t ~ '^A'", "e.c ~ ' $'", "e.v ~ 'b +'", "e.t !~ '[0-9]{2}'",
+              "e.t ~ '^(Ab|x)'", "e.v ~ '^$'", "e.t ~ 'a.c'"))  # fmt: skip
+entry("~*", exp.RegexpILike, _regex, rewrite=_regex_i_rewrite,
+      proofs=("e.t ~* '^a'", "e.v ~* 'B'", "e.t ~* 'Ä'"))
+
+
+# conditionals
+
+
+def _case(call: Call) -> Result:
+    node = call.node
+    values = [i.args["true"] for i in node.args.get("ifs") or []]
+    if node.args.get("default") is not None:
+        values.append(node.args["default"])
+    subject = node.args.get("this")
+    for branch in node.args.get("ifs") or []:
+        condition = call.of(branch.this)
+        if subject is not None:
+            if not _comparable(call.of(subject), condition):
+                return "it compares CASE's value with another type"
+        elif condition.kind not in ("bool", "null"):
+            return f"its CASE tests a {condition.kind}"
+    return _combined([call.of(v) for v in values])
+
+
+def _combined(types: list[PgType]) -> Result:
+    found = combine(types)
+    if found.kind == "unknown":
+        return "it mixes values of types the cache cannot resolve as PostgreSQL does"
+    return found
+
+
+entry("CASE", exp.Case, _case,
+      proofs=("CASE WHEN e.i4 > 1 THEN e.n ELSE 0 END", "CASE e.c WHEN 'ab' THEN 1 END",
+              "CASE WHEN e.b THEN e.c ELSE e.v END", "CASE WHEN e.i4 IS NULL THEN 'none' END",
+              "CASE WHEN e.i4 > 0 THEN 1.5 ELSE 2.25 END"))  # fmt: skip
+
+
+def _coalesce(call: Call) -> Result:
+    node = call.node
+    return _combined([call.of(node.this), *map(call.of, node.expressions)])
+
+
+entry("coalesce", exp.Coalesce, _coalesce,
+      proofs=("coalesce(e.i4, 0)", "coalesce(e.n, 0)", "coalesce(e.c, 'none')",
+              "coalesce(e.v, e.t)", "coalesce(e.d, DATE '1999-01-01')", "coalesce(e.n, e.n4)"))
+
+
+def _nullif(call: Call) -> Result:
+    a, b = call.type(), call.type("expression")
+    if not _comparable(a, b):
+        return f"it compares {a.kind} with {b.kind} in NULLIF"
+    return a
+
+
+entry("nullif", exp.Nullif, _nullif,
+      proofs=("nullif(e.i4, 7)", "nullif(e.c, 'ab')", "nullif(e.n, 0)", "nullif(e.v, '')"))
+
+
+def _extreme(call: Call) -> Result:
+    node = call.node
+    types = [call.of(node.this), *map(call.of, node.expressions)]
+    for other in types[1:]:
+        if not _comparable(types[0], other):
+            return "it compares values of different types in GREATEST/LEAST"
+    return _combined(types)
+
+
+entry("greatest / least", (exp.Greatest, exp.Least), _extreme,
+      proofs=("greatest(e.i4, 0)", "least(e.n, 1.5)", "greatest(e.c, e.v)",
+              "least(e.d, DATE '1995-01-01')", "greatest(e.n, e.i4::numeric)", "least(1.5, 2.25)",
+              "greatest(e.n, NULL)"))  # fmt: skip
+
+
+# text
+
+
+def _text_of(*keys: str, result: Callable[..., PgType] | None = None) -> Callable[[Call], Result]:
+    """A function of string arguments ``keys`` (the rest integers) returning text."""
+
+    def signature(call: Call) -> Result:
+        types = [call.type(k) for k in keys if call.arg(k) is not None]
+        if not _strings(*types):
+            return f"it passes {'/'.join(t_.kind for t_ in types)} to {call.node.key}"
+        others = [call.type(k) for k in call.node.args if k not in keys and call.arg(k)
+                  is not None and k not in ("position", "is_left")]  # fmt: skip
+        if not _integers(*others):
+            return f"it passes {'/'.join(t_.kind for t_ in others)} to {call.node.key}"
+        return result(*types) if result is not None else _text(*types)
+
+    return signature
+
+
+def _case_map(source: str, target: str) -> Callable[[exp.Expr], exp.Expr]:
+    def rewrite(node: exp.Expr) -> exp.Expr:
+        return _ascii_map(node.this, source, target)
+
+    return rewrite
+
+
+def _cased(call: Call) -> Result:
+    if not call.settings.ascii_case:
+        return f"it takes {call.node.key}, whose case mapping follows the database's ctype"
+    return _text_of("this")(call)
+
+
+entry("upper", exp.Upper, _cased, rewrite=_case_map(_LOWER, _UPPER),
+      proofs=("upper(e.t)", "upper(e.c)", "upper('äb')"))
+entry("lower", exp.Lower, _cased, rewrite=_case_map(_UPPER, _LOWER),
+      proofs=("lower(e.t)", "lower(e.v)", "lower('ÄB')"))
+entry("length / char_length", exp.Length, _text_of("this", result=lambda *_: INT4),
+      rewrite=lambda node: exp.Length(this=exp.cast(node.this, "VARCHAR")),
+      proofs=("length(e.t)", "char_length(e.c)", "length('ab  ')", "length(e.v)"))
+
+
+entry("strpos / position", exp.StrPosition, _text_of("this", "substr", result=lambda *_: INT4),
+      proofs=("strpos(e.t, 'b')", "position('' in e.v)", "position(' ' in e.c)",
+              "strpos(e.v, e.c)"))  # fmt: skip
+
+
+def _substring(call: Call) -> Result:
+    found = _text_of("this")(call)
+    if isinstance(found, str):
+        return found
+    start = _literal_int(call.arg("start"))
+    if call.arg("start") is not None and (start is None or start < 1):
+        return "it takes a substring from a position that may be below 1"
+    length = call.arg("length")
+    if length is not None and not _integers(call.of(length)):
+        return "its substring length is not an integer"
+    return found
+
+
+def _substring_rewrite(node: exp.Expr) -> exp.Expr:
+    """A negative length raises in PostgreSQL (DuckDB would give '')."""
+    length = node.args.get("length")
+    if length is None or (_literal_int(length) or 0) >= 0 and _literal_int(length) is not None:
+        return node
+    checked = _error_if(exp.LT(this=length.copy(), expression=exp.Literal.number(0)),
+                        "negative substring length not allowed", length)  # fmt: skip
+    node.set("length", checked)
+    return node
+
+
+entry("substring / substr", exp.Substring, _substring, rewrite=_substring_rewrite,
+      proofs=("substring(e.t from 2 for 3)", "substr(e.c, 1, 2)", "substring(e.v from 3)",
+              "substring(e.t, 1, e.i2)", "substr(e.v, 2, 0)"),
+      raises=("substring(e.t from 1 for -1)", "substr(e.v, 1, e.i4 - 100)"))  # fmt: skip
+
+
+def _trim(call: Call) -> Result:
+    node = call.node
+    if node.args.get("collation"):
+        return "it trims with a collation"
+    return _text_of("this", "expression")(call)
+
+
+entry("trim / ltrim / rtrim / btrim", exp.Trim, _trim,
+      proofs=("trim(e.t)", "ltrim(e.v)", "rtrim(e.c)", "btrim(e.v, 'ab')",
+              "trim(both 'x' from e.t)", "trim(leading from e.v)", "rtrim(e.t, ' b')"))  # fmt: skip
+entry("replace", exp.Replace, _text_of("this", "expression", "replacement"),
+      proofs=("replace(e.t, 'b', 'X')", "replace(e.c, 'a', '')", "replace(e.v, '', 'x')"))
+entry("left / right", (exp.Left, exp.Right), _text_of("this"),
+      proofs=("left(e.t, 2)", "right(e.c, 1)", "left(e.v, -1)", "right(e.t, -2)",
+              "left(e.v, e.i2)"))  # fmt: skip
+
+
+def _pad(call: Call) -> Result:
+    found = _text_of("this", "fill_pattern")(call)
+    if isinstance(found, str):
+        return found
+    fill = call.arg("fill_pattern")
+    if fill is not None and not _string_literal(fill):
+        return "it pads with a fill that is not a literal of at least one character"
+    return found
+
+
+entry("lpad / rpad", exp.Pad, _pad,
+      proofs=("lpad(e.t, 5, '*')", "rpad(e.v, 3)", "lpad(e.c, 2, 'xy')", "rpad(e.t, -1, '*')",
+              "lpad(e.v, 0)"))  # fmt: skip
+entry("repeat", exp.Repeat, _text_of("this"),
+      proofs=("repeat(e.t, 2)", "repeat(e.c, 0)", "repeat(e.v, -1)"))
+entry("reverse", exp.Reverse, _text_of("this"), proofs=("reverse(e.t)", "reverse(e.c)"))
+entry("md5", exp.MD5, _text_of("this"), proofs=("md5(e.t)", "md5(e.c)", "md5('')"))
+
+
+def _split_part(call: Call) -> Result:
+    found = _text_of("this", "delimiter")(call)
+    if isinstance(found, str):
+        return found
+    part = _literal_int(call.arg("part_index"))
+    if part is None or part == 0:
+        return "it takes split_part of a field that is not a nonzero literal"
+    return found
+
+
+entry("split_part", exp.SplitPart, _split_part,
+      proofs=("split_part(e.t, ' ', 2)", "split_part(e.v, 'b', 1)", "split_part(e.t, ' ', -1)",
+              "split_part(e.c, '', 1)"),
+      raises=("split_part(e.t, ' ', 0)",))  # fmt: skip
+entry("translate", exp.Translate, _text_of("this", "from_", "to"),
+      proofs=("translate(e.t, 'ab', 'XY')", "translate(e.c, 'a', '')", "translate(e.v, '', 'x')"))
+
+
+def _to_hex(width: int) -> Callable[[Call], Result]:
+    def signature(call: Call) -> Result:
+        found = call.type()
+        if found.kind != "integer" or (found.width or 4) != width:
+            return f"it takes to_hex of {found.kind}"
+        return PgType("text")
+
+    return signature
+
+
+def _to_hex_int4(node: exp.Expr) -> exp.Expr:
+    """PostgreSQL prints lower case, and an integer's negative values as 32 bits (DuckDB:
+    64)."""
+    value = node.this
+    unsigned = exp.Case(ifs=[exp.If(this=exp.LT(this=value.copy(), expression=exp.Literal.number(0)),
+                                    true=exp.Add(this=exp.cast(value.copy(), "BIGINT"),
+                                                 expression=exp.Literal.number(2**32)))],
+                        default=exp.cast(value, "BIGINT"))  # fmt: skip
+    return exp.Lower(this=exp.Hex(this=unsigned))
+
+
+entry("to_hex(integer)", exp.Hex, _to_hex(4), rewrite=_to_hex_int4,
+      proofs=("to_hex(e.i4)", "to_hex(255)", "to_hex(-1)", "to_hex(e.i4 * 0 - 2147483648)"))
+entry("to_hex(bigint)", exp.Hex, _to_hex(8),
+      rewrite=lambda node: exp.Lower(this=exp.Hex(this=node.this)),
+      proofs=("to_hex(e.i8)", "to_hex(-1::bigint)", "to_hex(e.i8 * 0)"))
+
+
+def _chr(call: Call) -> Result:
+    args = call.node.expressions
+    if len(args) != 1 or not _integers(call.of(args[0])) or call.node.args.get("charset"):
+        return "it takes chr of something other than one integer"
+    return PgType("text")
+
+
+def _chr_rewrite(node: exp.Expr) -> exp.Expr:
+    """chr(0) and code points that are not characters raise in PostgreSQL."""
+    value = node.expressions[0]
+    bad = exp.or_(exp.LTE(this=value.copy(), expression=exp.Literal.number(0)),
+                  exp.GT(this=value.copy(), expression=exp.Literal.number(1114111)),
+                  exp.Between(this=value.copy(), low=exp.Literal.number(55296),
+                              high=exp.Literal.number(57343)))  # fmt: skip
+    return _error_if(bad, "requested character not valid", exp.Chr(expressions=[value]))
+
+
+entry("chr", exp.Chr, _chr, rewrite=_chr_rewrite,
+      proofs=("chr(65)", "chr(e.i4 + 65)", "chr(228)", "chr(8364)"),
+      raises=("chr(0)", "chr(e.i2 * 0)", "chr(-1)", "chr(55296)"))  # fmt: skip
+entry("ascii", exp.Ascii, _text_of("this", result=lambda *_: INT4),
+      proofs=("ascii(e.t)", "ascii(e.c)", "ascii('')", "ascii('Ä')"))
+entry("starts_with", exp.StartsWith, _text_of("this", "expression", result=lambda *_: BOOL),
+      proofs=("starts_with(e.t, 'A')", "starts_with(e.c, 'ab')", "starts_with(e.v, '')"))
+
+
+_PRINTED = frozenset({"integer", "numeric", "date"}) | STRINGS | {"null"}
+
+
+def _concat(call: Call) -> Result:
+    node = call.node
+    args = node.expressions
+    types = [call.of(a) for a in args]
+    for found in types:
+        if found.kind not in _PRINTED:
+            return f"it concatenates {found.kind}, which DuckDB prints differently"
+    if isinstance(node, exp.ConcatWs) and not _strings(types[0]):
+        return "its concat_ws separator is not a string"
+    return _text(*types)
+
+
+entry("concat / concat_ws", (exp.Concat, exp.ConcatWs), _concat,
+      proofs=("concat(e.t, e.i4, e.c)", "concat(e.v, NULL, 'x')", "concat_ws('-', e.c, e.v, e.n)",
+              "concat(e.d, e.n0)", "concat_ws(',', NULL, e.t)"))  # fmt: skip
+
+
+def _dpipe(call: Call) -> Result:
+    a, b = call.type(), call.type("expression")
+    if not (a.is_string or b.is_string) and not {a.kind, b.kind} & {"null"}:
+        return "it applies || to values that are not text"
+    for found in (a, b):
+        if found.kind not in _PRINTED:
+            return f"it concatenates {found.kind}, which DuckDB prints differently"
+    return _text(a, b)
+
+
+entry("||", exp.DPipe, _dpipe,
+      proofs=("e.t || e.v", "e.c || '!'", "'<' || e.c || '>'", "e.t || e.i4", "e.n || 'x'",
+              "e.d || ''", "e.t || NULL"))  # fmt: skip
+
+
+# numbers
+
+
+def _abs(call: Call) -> Result:
+    inner = call.type()
+    if inner.kind in ("integer", "numeric", "null") or (inner.kind == "float"
+                                                       and inner.width == 8):  # fmt: skip
+        return inner
+    return f"it takes abs of {inner.kind}"
+
+
+entry("abs", exp.Abs, _abs, proofs=("abs(e.i4)", "abs(e.n)", "abs(e.f8)", "abs(e.n4)"),
+      raises=("abs(e.i4 * 0 - 2147483647 - 1)",))  # fmt: skip
+
+
+def _round(call: Call) -> Result:
+    inner = call.type()
+    decimals = call.arg("decimals")
+    digits = _literal_int(decimals) if decimals is not None else 0
+    if call.node.args.get("truncate"):
+        return "it rounds by truncation"
+    if inner.kind == "integer" and decimals is None:
+        return FLOAT8  # round(double precision): an integer is rounded as itself
+    if inner.kind in ("integer", "numeric", "null"):
+        if digits is None:
+            return "it rounds to a number of digits that is not a literal"
+        return PgType("numeric", scale=max(digits, 0))
+    if inner.kind == "float":
+        return "it rounds a double (PostgreSQL rounds half to even, DuckDB not)"
+    return f"it rounds {inner.kind}"
+
+
+entry("round(numeric[, int])", exp.Round, _round,
+      proofs=("round(e.n)", "round(e.n4, 2)", "round(e.n, 1)", "round(e.n0, -1)",
+              "round(e.i4, 1)", "round(e.i4 / 7, 1)", "round(2.5)", "round(-2.5)",
+              "round(1234.5, -2)", "round(e.n4, 6)", "round(e.i8)"))  # fmt: skip
+
+
+def _trunc(call: Call) -> Result:
+    inner = call.type()
+    digits = _literal_int(call.arg("decimals")) if call.arg("decimals") is not None else 0
+    if inner.kind == "integer" and call.arg("decimals") is None:
+        return FLOAT8
+    if inner.kind in ("integer", "numeric", "null") and digits is not None:
+        return PgType("numeric", scale=max(digits, 0))
+    return f"it truncates {inner.kind}"
+
+
+entry("trunc(numeric[, int])", exp.Trunc, _trunc,
+      proofs=("trunc(e.n)", "trunc(e.n4, 2)", "trunc(e.n, -1)", "trunc(-2.567, 1)",
+              "trunc(e.i4, 2)"))  # fmt: skip
+
+
+def _integral(call: Call) -> Result:
+    """ceil, floor, sign: numeric in, numeric of scale 0 out; an integer or a double in, a
+    double out (PostgreSQL picks the double precision function for an integer)."""
+    inner = call.type()
+    if call.node.args.get("decimals") or call.node.args.get("to"):
+        return f"it takes {call.node.key} with digits"
+    if inner.kind in ("numeric", "null"):
+        return PgType("numeric", scale=0)
+    if inner.kind == "integer" or (inner.kind == "float" and inner.width == 8):
+        return FLOAT8
+    return f"it takes {call.node.key} of {inner.kind}"
+
+
+entry("ceil / ceiling / floor / sign", (exp.Ceil, exp.Floor, exp.Sign), _integral,
+      proofs=("ceil(e.n)", "floor(e.n4)", "ceiling(-2.5)", "floor(e.f8)", "ceil(e.f8)",
+              "ceil(e.i4)", "sign(e.n)", "sign(e.f8)", "sign(e.n4)", "sign(0.0)",
+              "sign(e.i2)", "floor(-0.5)"))  # fmt: skip
+
+
+def _float_function(call: Call) -> Result:
+    for key in ("this", "expression"):
+        if key in call.node.args and call.arg(key) is not None:
+            found = call.type(key)
+            if not (found.kind in ("null", "integer") or (found.kind == "float"
+                                                          and found.width == 8)):
+                return f"it takes {call.node.key} of {found.kind} (PostgreSQL computes it " \
+                    "in numeric)" if found.kind in ("numeric", "integer") else \
+                    f"it takes {call.node.key} of {found.kind}"  # fmt: skip
+    return FLOAT8
+
+
+def _checked_float(name: str, condition: Callable[[exp.Expr], exp.Expr], message: str
+                   ) -> Callable[[exp.Expr], exp.Expr]:  # fmt: skip
+    def rewrite(node: exp.Expr) -> exp.Expr:
+        return _error_if(condition(node.this.copy()), message, node)
+
+    return rewrite
+
+
+entry("sqrt(double)", exp.Sqrt, _float_function,
+      rewrite=_checked_float("sqrt", lambda v: exp.LT(this=v, expression=exp.Literal.number(0)),
+                             "cannot take square root of a negative number"),
+      proofs=("sqrt(abs(e.f8))", "sqrt(2::float8)", "sqrt(abs(e.i4))"),
+      raises=("sqrt(-1::float8)", "sqrt(e.f8 * 0 - 1)"))  # fmt: skip
+entry("ln(double)", exp.Ln, _float_function,
+      rewrite=_checked_float("ln", lambda v: exp.LTE(this=v, expression=exp.Literal.number(0)),
+                             "cannot take logarithm of zero or a negative number"),
+      proofs=("ln(2::float8)", "ln(abs(e.f8) + 1)"),
+      raises=("ln(0::float8)", "ln(e.f8 * 0)"))  # fmt: skip
+entry("power(double, double)", exp.Pow, _float_function,
+      proofs=("power(e.f8, 2)", "power(2::float8, 10)", "power(e.f8, 0.5::float8)",
+              "power(2, e.i2)"))  # fmt: skip
+
+
+def _extract(call: Call) -> Result:
+    unit = call.node.this.name.lower() if isinstance(call.node.this, exp.Expr) else ""
+    if unit not in _INTEGER_FIELDS:
+        return f"it extracts {unit}, which PostgreSQL may give with a fraction"
+    if call.type("expression").kind not in ("date", "timestamp", "null"):
+        return f"it extracts {unit} from {call.type('expression').kind}"
+    return PgType("numeric", scale=0)
+
+
+_INTEGER_FIELDS = frozenset({"year", "month", "day", "dow", "doy", "quarter", "week", "isodow",
+                             "isoyear", "decade", "century", "millennium", "hour", "minute"})
+entry("extract(field from date / timestamp)", exp.Extract, _extract,
+      proofs=("extract(year from e.d)", "extract(month from e.ts)", "extract(dow from e.d)",
+              "extract(doy from e.d)", "extract(quarter from e.d)", "extract(week from e.d)",
+              "extract(isodow from e.d)", "extract(isoyear from e.d)", "extract(hour from e.ts)",
+              "extract(minute from e.ts)", "extract(century from e.d)"))  # fmt: skip
+
+
+def _date_part(call: Call) -> Result:
+    args = call.node.expressions
+    unit = _string_literal(args[0]) if args else None
+    if unit is None or unit.lower() not in _INTEGER_FIELDS or len(args) != 2:
+        return "it takes date_part of a field that may have a fraction"
+    if call.of(args[1]).kind not in ("date", "timestamp", "null"):
+        return f"it takes date_part of {call.of(args[1]).kind}"
+    return FLOAT8
+
+
+entry("date_part(field, date / timestamp)", "date_part", _date_part,
+      proofs=("date_part('year', e.d)", "date_part('dow', e.ts)", "date_part('doy', e.d)"))
+
+
+def _date_trunc(call: Call) -> Result:
+    unit = call.node.text("unit").lower()
+    if unit not in ("year", "quarter", "month", "week", "day", "hour", "minute", "second"):
+        return f"it truncates to {unit}"
+    if call.type().kind in ("timestamp", "null"):
+        return TIMESTAMP
+    return (f"it takes date_trunc of {call.type().kind} (PostgreSQL reads a date as a timestamp "
+            "with time zone)")  # fmt: skip
+
+
+entry("date_trunc(field, timestamp)", exp.TimestampTrunc, _date_trunc,
+      proofs=("date_trunc('month', e.ts)", "date_trunc('year', e.d::timestamp)",
+              "date_trunc('week', e.ts)", "date_trunc('quarter', e.ts)"))  # fmt: skip
+
+
+def _make_date(call: Call) -> Result:
+    args = call.node.expressions
+    if len(args) != 3 or not _integers(*map(call.of, args)):
+        return "it takes make_date of something other than three integers"
+    return DATE
+
+
+entry("make_date", "make_date", _make_date,
+      proofs=("make_date(1995, 2, 28)", "make_date(e.i2 + 2000, 1, 1)"),
+      raises=("make_date(1995, 13, 1)", "make_date(1995, 2, 29 + e.i2 * 0)"))  # fmt: skip
+
+
+# aggregates
+
+
+def _count(call: Call) -> Result:
+    return INT8
+
+
+entry("count", exp.Count, _count,
+      proofs=("(SELECT count(*) FROM edge x)", "(SELECT count(x.c) FROM edge x)",
+              "(SELECT count(DISTINCT x.c) FROM edge x)"))  # fmt: skip
+
+
+def _sum(call: Call) -> Result:
+    inner = call.type()
+    if inner.kind == "integer":
+        return INT8 if (inner.width or 8) < 8 else PgType("numeric", scale=0)
+    if inner.kind == "numeric":
+        return inner
+    if inner.kind == "float":
+        return ("it sums floating-point values (the order of additions changes the result's "
+                "last bits)")  # fmt: skip
+    return f"it sums {inner.kind} values"
+
+
+entry("sum", exp.Sum, _sum,
+      proofs=("(SELECT sum(x.i4) FROM edge x)", "(SELECT sum(x.i8) FROM edge x WHERE x.i8 > 0)",
+              "(SELECT sum(x.n) FROM edge x)", "(SELECT sum(x.n4) FROM edge x)",
+              "(SELECT sum(x.i2) FROM edge x)"))  # fmt: skip
+
+
+def _avg(call: Call) -> Result:
+    inner = call.type()
+    if inner.kind in ("integer", "numeric"):
+        return PgType("numeric")  # divided by the cache (optimizer.divisions)
+    return f"it averages {inner.kind} values"
+
+
+entry("avg", exp.Avg, _avg,
+      proofs=("(SELECT avg(x.i4) FROM edge x)", "(SELECT avg(x.n) FROM edge x)"))
+
+
+def _extremum(call: Call) -> Result:
+    inner = call.type()
+    if inner.kind in ("unknown", "other"):
+        return f"it takes min/max of {inner.kind}"
+    return inner
+
+
+entry("min / max", (exp.Min, exp.Max), _extremum,
+      proofs=("(SELECT min(x.i4) FROM edge x)", "(SELECT max(x.n) FROM edge x)",
+              "(SELECT min(x.c) FROM edge x)", "(SELECT max(x.v) FROM edge x)",
+              "(SELECT min(x.d) FROM edge x)", "(SELECT max(x.f8) FROM edge x)",
+              "(SELECT max(x.ts) FROM edge x)"))  # fmt: skip
+
+
+def _bool_aggregate(call: Call) -> Result:
+    args = [call.node.this] if call.node.args.get("this") is not None else call.node.expressions
+    if len(args) != 1 or call.of(args[0]).kind not in ("bool", "null"):
+        return "it aggregates something other than a boolean"
+    return BOOL
+
+
+entry("bool_and / bool_or / every", (exp.LogicalAnd, exp.LogicalOr, "every"), _bool_aggregate,
+      rewrite=lambda node: exp.LogicalAnd(this=node.expressions[0])
+      if isinstance(node, exp.Anonymous) else node,
+      proofs=("(SELECT bool_and(x.b) FROM edge x)", "(SELECT bool_or(x.i4 > 5) FROM edge x)",
+              "(SELECT every(x.b) FROM edge x)"))  # fmt: skip
+
+
+def _string_agg(call: Call) -> Result:
+    node = call.node
+    value = node.this
+    if not isinstance(value, exp.Order):
+        return "it aggregates strings without ORDER BY (the order is the engine's)"
+    separator = node.args.get("separator")
+    if _string_literal(separator) is None:
+        return "its string_agg separator is not a literal"
+    if not _strings(call.of(value.this)):
+        return "it aggregates something other than strings with string_agg"
+    return _text(call.of(value.this))
+
+
+entry("string_agg(text, literal ORDER BY ...)", exp.GroupConcat, _string_agg,
+      proofs=("(SELECT string_agg(x.t, ',' ORDER BY x.t) FROM edge x)",
+              "(SELECT string_agg(x.c, '' ORDER BY x.c DESC) FROM edge x)"))  # fmt: skip
+
+
+# window functions
+
+
+entry("row_number / rank / dense_rank", (exp.RowNumber, exp.Rank, exp.DenseRank),
+      lambda call: INT8,
+      proofs=("row_number() OVER (ORDER BY e.id)", "rank() OVER (ORDER BY e.c)",
+              "dense_rank() OVER (PARTITION BY e.b ORDER BY e.i4)"))  # fmt: skip
+
+
+def _offset_value(call: Call) -> Result:
+    value = call.type()
+    default = call.arg("default")
+    if default is not None:
+        return _combined([value, call.of(default)])
+    offset = call.arg("offset")
+    if offset is not None and _literal_int(offset) is None:
+        return "it takes lag/lead with an offset that is not a literal"
+    return value
+
+
+entry("lag / lead", (exp.Lag, exp.Lead), _offset_value,
+      proofs=("lag(e.i4) OVER (ORDER BY e.id)", "lead(e.c, 2) OVER (ORDER BY e.id)",
+              "lead(e.t, 1, 'none') OVER (ORDER BY e.id)"))  # fmt: skip
+entry("first_value / last_value", (exp.FirstValue, exp.LastValue), lambda call: call.type(),
+      proofs=("first_value(e.n) OVER (ORDER BY e.id)", "last_value(e.c) OVER (ORDER BY e.id "
+              "ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)"))  # fmt: skip
+
+
+# -- lookup -------------------------------------------------------------------------------------
+
+_BY_FORM: dict[type[exp.Expr] | str, list[Entry]] = {}
+for _entry in ENTRIES:
+    for _form in _entry.forms:
+        _BY_FORM.setdefault(_form, []).append(_entry)
+BY_NAME = {e.name: e for e in ENTRIES}
+
+
+def entries_for(node: exp.Expr) -> list[Entry]:
+    if isinstance(node, exp.Anonymous):
+        return _BY_FORM.get(node.name.lower(), [])
+    return _BY_FORM.get(type(node), [])
+
+
+def resolve(node: exp.Expr, typer: Callable[[exp.Expr], PgType],
+            settings: Settings) -> tuple[Entry | None, Result]:  # fmt: skip
+    """The entry that computes ``node`` and the type of its result, or (None, why no entry
+    does)."""
+    found = entries_for(node)
+    if not found:
+        return None, f"it calls {name_of(node)}, which is not on the list of what DuckDB computes as " \
+            "PostgreSQL does"  # fmt: skip
+    call = Call(node, typer, settings)
+    reason = ""
+    for candidate in found:
+        result = candidate.signature(call)
+        if isinstance(result, PgType):
+            return candidate, result
+        reason = reason or result
+    return None, reason
+
+
+def name_of(node: exp.Expr) -> str:
+    """A function's name as SQL writes it (an operator's node name)."""
+    if isinstance(node, exp.Anonymous):
+        return node.name.lower()
+    return node.sql_name().lower() if isinstance(node, exp.Func) else node.key
+
+
+def computes(node: exp.Expr) -> bool:
+    """Does the node compute a value that an entry must cover (rather than structure a query:
+    a column, a subquery, a clause)?"""
+    return isinstance(node, _COMPUTING) and not isinstance(node, _STRUCTURAL)
+
+
+_COMPUTING = (exp.Func, exp.Binary, exp.Unary, exp.Predicate, exp.Literal, exp.Null,
+              exp.Boolean, exp.Interval, exp.Cast)  # fmt: skip
+# nodes that are typed by the inference itself or only arrange a query
+_STRUCTURAL = (exp.Paren, exp.Alias, exp.Column, exp.Subquery, exp.Window, exp.Distinct,
+               exp.Ordered, exp.Order, exp.Star, exp.Tuple, exp.Dot, exp.If)  # fmt: skip
+
+# the parts a query is made of, which compute nothing themselves (anything else - a lateral
+# join, a grouping set, a TABLESAMPLE, a recursive CTE's search clause - keeps the statement
+# at the backend)
+QUERY_PARTS = (
+    *_STRUCTURAL, exp.Select, exp.From, exp.Join, exp.Where, exp.Group, exp.Having,
+    exp.Limit, exp.Offset, exp.Union, exp.Intersect, exp.Except, exp.With, exp.CTE,
+    exp.TableAlias, exp.Table, exp.Identifier, exp.WindowSpec, exp.DataType, exp.DataTypeParam,
+    exp.Var, exp.Placeholder, exp.Collate, exp.Values, exp.Qualify,
+)  # fmt: skip

@@ -1,0 +1,116 @@
+"""A numeric's display scale, value by value (SPEC §5.11). PostgreSQL keeps a scale per numeric
+value - ``coalesce(price, 0)`` is ``12.50`` for a row with a price and ``0`` for one without -
+while DuckDB gives a column one decimal type. Where the scale is not the same for every value,
+the cache has DuckDB compute it beside the value, from the same branches PostgreSQL takes, and
+gives each value its own scale (`cache.execution.convert`).
+
+`scale_expression` gives a number when every value has the same scale, a DuckDB expression
+over the row when it varies in a way the cache can follow, and None when it cannot (a minimum
+of values of different scales keeps whichever it met first, for instance).
+"""
+
+from __future__ import annotations
+
+import typing as t
+from collections.abc import Callable
+
+from sqlglot import exp
+
+from optimizer.pg_types import PgType
+
+Scale = int | exp.Expr | None
+
+
+def scale_expression(node: exp.Expr, type_of: Callable[[exp.Expr], PgType]) -> Scale:
+    """The display scale of each value of ``node`` (an integer has scale 0)."""
+    found = type_of(node)
+    if found.kind == "integer":
+        return 0
+    if found.kind == "null":
+        return 0
+    if found.kind != "numeric":
+        return None
+    if found.scale is not None:
+        return found.scale
+    return _varying(node, type_of)
+
+
+def _varying(node: exp.Expr, type_of: Callable[[exp.Expr], PgType]) -> Scale:
+    def of(child: exp.Expr) -> Scale:
+        return scale_expression(child, type_of)
+
+    if isinstance(node, exp.Paren | exp.Alias):
+        return of(node.this)
+    if isinstance(node, exp.Cast) and not node.to.expressions:
+        return of(node.this)  # ::numeric keeps each value's scale
+    if isinstance(node, exp.Case):
+        ifs = []
+        for branch in node.args.get("ifs") or []:
+            value = of(branch.args["true"])
+            if value is None:
+                return None
+            condition = branch.this.copy()
+            if node.args.get("this") is not None:
+                condition = exp.EQ(this=node.this.copy(), expression=condition)
+            ifs.append(exp.If(this=condition, true=_sql(value)))
+        default = node.args.get("default")
+        fallback = of(default) if default is not None else 0
+        if fallback is None:
+            return None
+        return exp.Case(ifs=ifs, default=_sql(fallback))
+    if isinstance(node, exp.Coalesce):
+        values = [node.this, *node.expressions]
+        scales = [of(v) for v in values]
+        if any(s is None for s in scales):
+            return None
+        ifs = [exp.If(this=exp.Not(this=exp.Is(this=v.copy(), expression=exp.Null())),
+                      true=_sql(s)) for v, s in zip(values[:-1], scales[:-1], strict=True)]  # fmt: skip
+        return exp.Case(ifs=ifs, default=_sql(scales[-1]))
+    if isinstance(node, exp.Nullif):
+        return of(node.this)
+    if isinstance(node, exp.Greatest | exp.Least) and not node.expressions[1:]:
+        a, b = node.this, node.expressions[0]
+        sa, sb = of(a), of(b)
+        if sa is None or sb is None:
+            return None
+        # PostgreSQL keeps the first value unless a later one is strictly beyond it
+        beyond = exp.GT if isinstance(node, exp.Greatest) else exp.LT
+        return exp.Case(ifs=[
+            exp.If(this=exp.Is(this=a.copy(), expression=exp.Null()), true=_sql(sb)),
+            exp.If(this=exp.Is(this=b.copy(), expression=exp.Null()), true=_sql(sa)),
+            exp.If(this=beyond(this=b.copy(), expression=a.copy()), true=_sql(sb)),
+        ], default=_sql(sa))  # fmt: skip
+    if isinstance(node, exp.Add | exp.Sub | exp.Mod):
+        return _combine(of(node.this), of(node.expression), "greatest")
+    if isinstance(node, exp.Mul):
+        return _combine(of(node.this), of(node.expression), "add")
+    if isinstance(node, exp.Neg | exp.Abs):
+        return of(node.this)
+    if isinstance(node, exp.Sum) and not isinstance(node.this, exp.Distinct) and not isinstance(
+        node.parent, exp.Window
+    ):
+        inner = of(node.this)
+        if inner is None:
+            return None
+        if isinstance(inner, int):
+            return inner
+        # the sum's scale is the largest of the values it added (NULLs add nothing)
+        counted = exp.Case(ifs=[exp.If(this=exp.Not(this=exp.Is(this=node.this.copy(),
+                                                                 expression=exp.Null())),
+                                       true=inner)])  # fmt: skip
+        return exp.Max(this=counted)
+    return None
+
+
+def _combine(a: Scale, b: Scale, how: t.Literal["greatest", "add"]) -> Scale:
+    if a is None or b is None:
+        return None
+    if isinstance(a, int) and isinstance(b, int):
+        return max(a, b) if how == "greatest" else a + b
+    if how == "add":
+        return exp.Add(this=_sql(a), expression=_sql(b))
+    return exp.Greatest(this=_sql(a), expressions=[_sql(b)])
+
+
+def _sql(scale: int | exp.Expr) -> exp.Expr:
+    return exp.Literal.number(scale) if isinstance(scale, int) else scale
