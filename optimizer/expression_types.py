@@ -138,15 +138,13 @@ class ExpressionTypes:
             return replace(inner, byte_order=byte_order_name(collation), deterministic=True)
         if isinstance(node, exp.Distinct):
             return self.of(node.expressions[0], block) if node.expressions else OTHER
-        if isinstance(node, exp.Literal) and node.is_string:
-            return self._string
         if allowlist.computes(node):
             found, result = allowlist.resolve(node, lambda n: self.of(n, block), self.settings)
             if found is None or not isinstance(result, PgType):
                 self._problems[id(node)] = str(result)
                 return UNKNOWN
             self._entries[id(node)] = found
-            return result
+            return self._string if result.kind == "string" else result
         if isinstance(node, exp.Null):
             return NULL
         return OTHER

@@ -186,6 +186,10 @@ def _compute_as_postgres(by_id: Mapping[int, list[exp.Expr]], semantics: Semanti
         rewrite = BY_NAME[semantics.rewrites[number]].rewrite
         assert rewrite is not None
         _wrap(node, rewrite)
+    for number, node in each(semantics.widen):
+        # numerics of several scales in one column: one type DuckDB combines without rounding
+        _wrap(node, lambda n, s=semantics.widen[number]: exp.cast(  # type: ignore[misc]
+            n, exp.DataType.build(f"DECIMAL(38, {s})")))
 
 
 def _depth(node: exp.Expr) -> int:

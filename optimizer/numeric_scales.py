@@ -114,3 +114,39 @@ def _combine(a: Scale, b: Scale, how: t.Literal["greatest", "add"]) -> Scale:
 
 def _sql(scale: int | exp.Expr) -> exp.Expr:
     return exp.Literal.number(scale) if isinstance(scale, int) else scale
+
+
+def scale_bound(node: exp.Expr, type_of: Callable[[exp.Expr], PgType]) -> int | None:
+    """The largest display scale any value of ``node`` may have (None: the cache cannot
+    tell, as for a numeric division's quotient)."""
+    found = type_of(node)
+    if found.kind in ("integer", "null"):
+        return 0
+    if found.kind != "numeric":
+        return None
+    if found.scale is not None:
+        return found.scale
+
+    def bounds(children: list[exp.Expr]) -> list[int] | None:
+        scales = [scale_bound(c, type_of) for c in children]
+        return None if any(s is None for s in scales) else t.cast(list[int], scales)
+
+    children: list[exp.Expr]
+    if isinstance(node, exp.Paren | exp.Alias | exp.Nullif | exp.Neg | exp.Abs | exp.Sum
+                  | exp.Min | exp.Max | exp.Window) or (isinstance(node, exp.Cast)
+                                                        and not node.to.expressions):  # fmt: skip
+        children = [node.this]
+    elif isinstance(node, exp.Case):
+        children = [i.args["true"] for i in node.args.get("ifs") or []]
+        if node.args.get("default") is not None:
+            children.append(node.args["default"])
+    elif isinstance(node, exp.Coalesce | exp.Greatest | exp.Least):
+        children = [node.this, *node.expressions]
+    elif isinstance(node, exp.Add | exp.Sub | exp.Mod | exp.Mul):
+        children = [node.this, node.expression]
+    else:
+        return None
+    found_bounds = bounds(children)
+    if found_bounds is None:
+        return None
+    return sum(found_bounds) if isinstance(node, exp.Mul) else max(found_bounds, default=0)

@@ -27,6 +27,7 @@ exactly equal, why the statement stays remote.
 
 from __future__ import annotations
 
+import typing as t
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -41,7 +42,7 @@ from optimizer.expression_types import (
     PgType,
     arguments,
 )
-from optimizer.numeric_scales import scale_expression
+from optimizer.numeric_scales import scale_bound, scale_expression
 from optimizer.pg_types import STRINGS, literal_scale
 from sql_ext import Query
 from sql_ext.nodes import CurrencyClause
@@ -81,6 +82,11 @@ class Semantics:
     # parameters PostgreSQL reads as a type of this kind: a string value must read alike in
     # DuckDB (`optimizer.allowlist.reads_alike`), else the backend answers
     parameters: Mapping[int, str] = field(default_factory=dict)
+    # numerics of different scales combined (CASE, COALESCE, GREATEST, UNION, ...): DuckDB
+    # keeps at most 38 digits and would round the larger scales away; each is cast to
+    # DECIMAL(38, the largest scale) first
+    widen: Mapping[int, int] = field(default_factory=dict)
+    entries: frozenset[str] = frozenset()  # the allowlist entries the statement uses
     blocker: str | None = None  # why DuckDB cannot answer as PostgreSQL, or None
 
 
@@ -130,6 +136,8 @@ def pg_semantics(query: Query, types: ExpressionTypes, database_byte_order: bool
         scale_columns=columns,
         text_scales=found.text_scales,
         parameters=found.parameters,
+        widen=found.widen,
+        entries=frozenset(found.entries),
     )
 
 
@@ -161,6 +169,8 @@ class _Finder:
         self.rewrites: dict[int, str] = {}
         self.text_scales: dict[int, int] = {}
         self.parameters: dict[int, str] = {}
+        self.entries: set[str] = set()
+        self.widen: dict[int, int] = {}
         self.blocker: str | None = None
 
     def type(self, node: exp.Expr) -> PgType:
@@ -173,8 +183,10 @@ class _Finder:
                 self.blocker = problem
                 return
             entry = self.types.entry(node)
-            if entry is not None and entry.rewrite is not None:
-                self.rewrites[node.meta[NODE_ID]] = entry.name
+            if entry is not None:
+                self.entries.add(entry.name)
+                if entry.rewrite is not None:
+                    self.rewrites[node.meta[NODE_ID]] = entry.name
         elif not isinstance(node, allowlist.QUERY_PARTS):
             self.blocker = (f"it uses {_short(node)} ({node.key}), which is not on the list of "
                             "what DuckDB computes as PostgreSQL does")  # fmt: skip
@@ -204,6 +216,9 @@ class _Finder:
                 self._padded(argument, f"it prints {_short(argument)} with {_name(node)}")
         if isinstance(node, (*_ARITHMETIC, *_COMPARED, exp.Between, exp.In)):
             self._widened(_operands(node))
+        combined = _combined_values(node, self.types)
+        for values in combined:
+            self._combined(values)
         if isinstance(node, exp.Cast):
             self._cast(node)
             if isinstance(node.this, exp.Placeholder):
@@ -217,6 +232,27 @@ class _Finder:
         ):
             for argument in arguments(node):
                 self._printed(argument)
+
+    def _combined(self, values: list[exp.Expr]) -> None:
+        """Values one column holds (CASE branches, COALESCE arguments, UNION branches, ...):
+        numerics of different scales are all cast to DECIMAL(38, the largest scale), which
+        DuckDB combines without rounding."""
+        typed = [(v, self.type(v)) for v in values]
+        kinds = {t_.kind for _, t_ in typed} - {"null"}
+        if "numeric" not in kinds or not kinds <= {"numeric", "integer"}:
+            return
+        scales = {t_.as_numeric().scale for _, t_ in typed if t_.kind != "null"}
+        if len(scales) == 1 and None not in scales:
+            return  # one type of one scale: nothing to round
+        bounds = [scale_bound(v, self.types.of) for v, t_ in typed if t_.kind != "null"]
+        if any(b is None for b in bounds):
+            self.blocker = ("it combines numerics whose scales the cache cannot bound (DuckDB "
+                            "could round them)")  # fmt: skip
+            return
+        largest = max(t.cast(list[int], bounds))
+        for value, found in typed:
+            if found.kind != "null":
+                self.widen[value.meta[NODE_ID]] = largest
 
     def _widened(self, operands: list[exp.Expr]) -> None:
         """A real meeting a number of another type is widened to double precision in
@@ -337,8 +373,9 @@ class _Finder:
             if len(plain.replace(".", "").lstrip("-0")) > _DECIMAL_DIGITS:
                 self.blocker = f"its number {text} has more digits than DuckDB's decimals"
                 return
+            digits = max(len(plain.lstrip("-").replace(".", "")), scale + 1)
             self.exact_numbers[node.meta[NODE_ID]] = (
-                f"CAST('{plain}' AS DECIMAL({_DECIMAL_DIGITS}, {scale}))")
+                f"CAST('{plain}' AS DECIMAL({digits}, {scale}))")
 
     def _cast(self, node: exp.Cast) -> None:
         """A cast to numeric without a scale keeps the value's own scale in PostgreSQL (DuckDB
@@ -353,7 +390,13 @@ class _Finder:
             _INTEGER_DIGITS.get(inner.width or 8) if inner.kind == "integer" else None  # fmt: skip
         if scale is None and isinstance(node.this, exp.Literal) and node.this.is_string:
             scale = literal_scale(node.this.this)
-            digits = len(node.this.this.strip().lstrip("+-").replace(".", "")) or 1
+            if scale is not None:  # DuckDB reads no exponent: the literal written out
+                plain = format(Decimal(node.this.this.strip()), "f")
+                digits = max(len(plain.lstrip("+-").replace(".", "")), scale + 1)
+                self.exact_numbers[node.meta[NODE_ID]] = (
+                    f"CAST('{plain}' AS DECIMAL({min(digits, _DECIMAL_DIGITS)}, {scale}))")
+                self.decimal_scales[node.meta[NODE_ID]] = scale
+                return
         if scale is None:
             self.blocker = (f"it casts {_short(node.this)} to numeric, whose scale the "
                             "cache cannot tell")  # fmt: skip
@@ -377,6 +420,38 @@ class _Finder:
                 self.blocker = (f"it orders {_short(value)} under a collation that is not "
                                 "byte order (DuckDB's)")  # fmt: skip
                 return
+
+
+def _combined_values(node: exp.Expr, types: ExpressionTypes) -> list[list[exp.Expr]]:
+    """The groups of values a node combines into one column."""
+    if isinstance(node, exp.Case):
+        values = [i.args["true"] for i in node.args.get("ifs") or []]
+        if node.args.get("default") is not None:
+            values.append(node.args["default"])
+        return [values]
+    if isinstance(node, exp.Coalesce | exp.Greatest | exp.Least):
+        return [[node.this, *node.expressions]]
+    if isinstance(node, exp.Nullif):
+        return [[node.this, node.expression]]
+    if isinstance(node, exp.Lag | exp.Lead) and node.args.get("default") is not None:
+        return [[node.this, node.args["default"]]]
+    if isinstance(node, exp.SetOperation) and not isinstance(node.parent, exp.SetOperation):
+        branches = types.query.analysis.body_blocks(node)
+        columns = [b.select.expressions for b in branches]
+        if len({len(c) for c in columns}) != 1 or any(isinstance(p, exp.Star)
+                                                        for c in columns for p in c):  # fmt: skip
+            return []
+        return [[_unaliased(c[i]) for c in columns] for i in range(len(columns[0]))]
+    if isinstance(node, exp.Values):
+        rows = [r.expressions for r in node.expressions if isinstance(r, exp.Tuple)]
+        if not rows or len({len(r) for r in rows}) != 1:
+            return []
+        return [[r[i] for r in rows] for i in range(len(rows[0]))]
+    return []
+
+
+def _unaliased(node: exp.Expr) -> exp.Expr:
+    return node.this if isinstance(node, exp.Alias) else node
 
 
 def _operands(node: exp.Expr) -> list[exp.Expr]:

@@ -57,6 +57,18 @@ _SAME = {  # PostgreSQL type -> DuckDB types whose Python values psycopg's equal
 }
 
 
+_DATETIMES = frozenset(_oid(n) for n in ("date", "timestamp", "timestamptz"))
+
+
+def _in_python_range(value: t.Any) -> t.Any:
+    """A date or timestamp as psycopg loads it. One Python's types cannot hold (BC, past year
+    9999, infinity), which DuckDB gives as a string, psycopg refuses to load (a DataError):
+    the backend answers, so that the application gets that error as psycopg raises it."""
+    if isinstance(value, str):
+        raise LocalUnfit(f"a date or timestamp out of Python's range: {value!r}")
+    return value
+
+
 def _decimal_scale(duck_type: str) -> int:
     """The scale of DuckDB's ``DECIMAL(p,s)``."""
     inside = duck_type.partition("(")[2].rstrip(")").split(",")
@@ -126,7 +138,11 @@ def column_converter(
     (``oid``, ``modifier``); None when that cannot be done exactly. ``width``: the n of the
     char(n) values of a char column PostgreSQL types without n, if they have one; ``scale``:
     the display scale of a numeric column's values (None: DuckDB's values have it)."""
-    base = duck_type.split("(", maxsplit=1)[0].upper()
+    base = duck_type.split("(", maxsplit=1)[0].upper().strip('"')
+    if base == "NULL":  # DuckDB folded the column to NULL: every value is None
+        return _identity
+    if oid in _DATETIMES:
+        return _in_python_range if base in _SAME[oid] else None
     if oid == NUMERIC:
         if base == "DECIMAL":
             duck_scale = _decimal_scale(duck_type)

@@ -183,9 +183,15 @@ def _failure(
 
 
 def _reason_kind(reason: str) -> str:
-    """A remote plan's reason without the statement's own text (for counting)."""
-    words = reason.split()
-    return " ".join(words[:6])
+    """A remote plan's reason without the statement's own text (for counting): what follows
+    its tables, up to the first quoted or parenthesized detail."""
+    text = reason.split("PostgreSQL: ", 1)[-1]
+    words = []
+    for word in text.split():
+        if word[:1] in "('\"" or any(c in word for c in "()"):
+            break
+        words.append(word)
+    return " ".join(words[:8])
 
 
 # -- the report ---------------------------------------------------------------------------------
