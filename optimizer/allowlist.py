@@ -43,6 +43,9 @@ from optimizer.pg_types import (
 )
 
 Result = PgType | str  # the result's type, or why the entry does not take these arguments
+# an entry's answer that it is not the one for these arguments (another entry may be; it is not
+# the reason given when none is)
+NOT_MINE = ""
 
 _DIGITS = 38  # DuckDB's widest decimal
 
@@ -267,13 +270,9 @@ def _cast(call: Call) -> Result:
             return f"it casts to {name} from a double (PostgreSQL converts it through its text)"
         return f"it casts {kind} to {name}"
     if to.kind == "float":
-        if kind == "integer" and to.width == 8:
-            return to
+        if kind in ("integer", "numeric", "null"):
+            return to  # a numeric through its text (`_cast_rewrite`), as PostgreSQL does
         if kind == "float" and (to.width == 8 or inner.width == 4):
-            return to
-        if kind == "numeric" and to.width == 8 and _small_numeric(call, node.this):
-            return to
-        if kind == "null":
             return to
         return f"it casts {kind} to {name}, which DuckDB may round differently"
     if to.kind in ("text", "varchar"):
@@ -289,13 +288,14 @@ def _cast(call: Call) -> Result:
     return f"it casts {kind} to {name}"
 
 
-def _small_numeric(call: Call, node: exp.Expr) -> bool:
-    """A numeric whose digits fit a double exactly (a column of precision 15 or less, or a
-    literal): DuckDB's conversion to double is then correctly rounded, as PostgreSQL's."""
-    if isinstance(node, exp.Literal):
-        return len(node.this.replace(".", "").replace("-", "").lstrip("0")) <= 15
-    found = call.of(node)
-    return found.digits is not None and found.digits <= 15 and (found.scale or 0) <= 15
+def _cast_rewrite(node: exp.Expr) -> exp.Expr:
+    """A numeric becomes a double or a real through its text in PostgreSQL (strtod: the
+    nearest value); DuckDB divides its digits by a power of ten, which may round twice. Read
+    from the text too."""
+    target = node.to.this
+    if target in (exp.DType.DOUBLE, exp.DType.FLOAT) and isinstance(node.this, exp.Expr):
+        node.set("this", exp.cast(node.this, "VARCHAR"))
+    return node
 
 
 _PARAMETER_TARGETS = frozenset({"integer", "numeric", "float", "text", "varchar", "date",
@@ -330,10 +330,23 @@ def _cast_literal(text: str, to: PgType, name: str) -> Result:
     return to
 
 
+def _numeric_to_float(call: Call) -> Result:
+    """Casts of numerics to double precision and real (`_cast_rewrite`)."""
+    inner = call.type()
+    to = declared(call.node.to.sql(dialect="postgres").lower())
+    if inner.kind != "numeric" or to.kind != "float":
+        return NOT_MINE
+    return to
+
+
+entry("CAST numeric AS double precision / real", exp.Cast, _numeric_to_float,
+      rewrite=_cast_rewrite,
+      proofs=("e.n::float8", "e.n4::double precision", "e.n0::real", "e.n4::real",
+              "(e.n * e.n4)::float8", "0.1::float8", "123456789012345678.9::float8"))
 entry("CAST", exp.Cast, _cast,
       proofs=("e.i4::bigint", "e.i8::int", "e.n::int", "e.n4::bigint", "(e.f8 / 4)::int",
               "e.i4::numeric", "e.n::numeric", "e.i2::numeric(8,2)", "e.n4::numeric(20,1)",
-              "e.n::numeric(14)", "e.i4::float8", "e.n::double precision", "e.f4::float8",
+              "e.n::numeric(14)", "e.i4::float8", "e.i8::float8", "e.i4::real", "e.f4::float8",
               "e.i4::text", "e.n::varchar", "e.n0::text", "e.d::text", "e.ts::text",
               "e.c::text", "e.v::text", "e.ts::date", "e.d::timestamp", "'12'::int",
               "' -3 '::bigint", "'1.250'::numeric", "'1e3'::numeric", "'NaN'::float8",
@@ -383,7 +396,7 @@ def _floating_only(signature: Callable[[Call], Result]) -> Callable[[Call], Resu
 
     def only(call: Call) -> Result:
         if _floating(call.type(), call.type("expression")) is None:
-            return "its operands are not floating point"
+            return NOT_MINE
         return signature(call)
 
     return only
@@ -448,14 +461,17 @@ def _mul(call: Call) -> Result:
     floating = _floating(a, b)
     if floating is not None:
         return floating
-    if "interval" in kinds and kinds - {"interval"} <= {"integer"} and not (a.months or b.months):
+    if "interval" in kinds and len(kinds) == 2 and kinds - {"interval"} <= NUMBERS and not (
+        a.months or b.months
+    ):
         return PgType("interval")
     return f"it multiplies {a.kind} by {b.kind}"
 
 
 entry("*", exp.Mul, _mul,
       proofs=("e.i4 * 3", "e.i2 * e.i2", "e.n * e.n4", "e.n * 2", "e.n0 * 0.25",
-              "interval '36 hours' * 2"),
+              "interval '36 hours' * 2", "interval '1 day' * 1.5", "e.i4 * interval '1 hour'",
+              "interval '90 minutes' * e.f8", "interval '1 day' * 0.3"),
       raises=("(e.i4 + 2147483647) * 2", "(e.i8 + 9223372036854775807) * 2"))  # fmt: skip
 
 
@@ -930,7 +946,9 @@ entry("translate", exp.Translate, _text_of("this", "from_", "to"),
 def _to_hex(width: int) -> Callable[[Call], Result]:
     def signature(call: Call) -> Result:
         found = call.type()
-        if found.kind != "integer" or (found.width or 4) != width:
+        if found.kind == "integer" and (found.width or 4) != width:
+            return NOT_MINE
+        if found.kind != "integer":
             return f"it takes to_hex of {found.kind}"
         return PgType("text")
 
@@ -1044,7 +1062,7 @@ def _round(call: Call) -> Result:
             return "it rounds to a number of digits that is not a literal"
         return PgType("numeric", scale=max(digits, 0))
     if inner.kind == "float":
-        return "it rounds a double (PostgreSQL rounds half to even, DuckDB not)"
+        return NOT_MINE  # round(double precision)
     return f"it rounds {inner.kind}"
 
 
@@ -1061,6 +1079,21 @@ entry("round(numeric[, int])", exp.Round, _round, rewrite=_to_scale,
       proofs=("round(e.n)", "round(e.n4, 2)", "round(e.n, 1)", "round(e.n0, -1)",
               "round(e.i4, 1)", "round(e.i4 / 7, 1)", "round(2.5)", "round(-2.5)",
               "round(1234.5, -2)", "round(e.n4, 6)", "round(e.i8)"))  # fmt: skip
+
+
+def _round_double(call: Call) -> Result:
+    inner = call.type()
+    if inner.kind != "float" or inner.width != 8:
+        return NOT_MINE
+    if call.arg("decimals") is not None:
+        return "it rounds a double to digits (PostgreSQL has no such function)"
+    return FLOAT8
+
+
+entry("round(double precision)", exp.Round, _round_double,
+      rewrite=lambda node: _func("round_even", node.this, exp.Literal.number(0)),
+      proofs=("round(e.f8)", "round(2.5::float8)", "round(-0.5::float8)", "round(3.5::float8)",
+              "round(e.f8 * 10)", "round(4503599627370497::float8)"))  # PostgreSQL: rint()
 
 
 def _trunc(call: Call) -> Result:
@@ -1349,8 +1382,8 @@ def resolve(node: exp.Expr, typer: Callable[[exp.Expr], PgType],
     does)."""
     found = entries_for(node)
     if not found:
-        return None, f"it calls {name_of(node)}, which is not on the list of what DuckDB computes as " \
-            "PostgreSQL does"  # fmt: skip
+        return None, (f"it calls {name_of(node)}, which is not on the list of what DuckDB "
+                      "computes as PostgreSQL does")  # fmt: skip
     call = Call(node, typer, settings)
     reason = ""
     for candidate in found:
@@ -1358,7 +1391,7 @@ def resolve(node: exp.Expr, typer: Callable[[exp.Expr], PgType],
         if isinstance(result, PgType):
             return candidate, result
         reason = reason or result
-    return None, reason
+    return None, reason or f"it applies {name_of(node)} to arguments the list does not take"
 
 
 def name_of(node: exp.Expr) -> str:

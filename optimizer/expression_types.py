@@ -139,15 +139,28 @@ class ExpressionTypes:
         if isinstance(node, exp.Distinct):
             return self.of(node.expressions[0], block) if node.expressions else OTHER
         if allowlist.computes(node):
+            for argument in arguments(node):
+                if self.of(argument, block).kind == "unknown" and id(argument) in self._problems:
+                    # an argument the list does not take: the first cause is the reason
+                    self._problems[id(node)] = self._problems[id(argument)]
+                    return UNKNOWN
             found, result = allowlist.resolve(node, lambda n: self.of(n, block), self.settings)
             if found is None or not isinstance(result, PgType):
-                self._problems[id(node)] = str(result)
+                self._problems[id(node)] = self._first_problem(node) or str(result)
                 return UNKNOWN
             self._entries[id(node)] = found
             return self._string if result.kind == "string" else result
         if isinstance(node, exp.Null):
             return NULL
         return OTHER
+
+    def _first_problem(self, node: exp.Expr) -> str | None:
+        """The problem of a value inside ``node`` (under a CASE's branch, say), if one of them
+        has one: the first cause is the reason a statement stays at the backend."""
+        for inner in node.walk(prune=lambda n: isinstance(n, exp.Query)):
+            if inner is not node and id(inner) in self._problems:
+                return self._problems[id(inner)]
+        return None
 
     def _column(self, column: exp.Column, block: Block | None) -> PgType:
         if block is None:

@@ -167,6 +167,7 @@ class Connection:
         # the cache still answers what its guards allow; the next statement that needs the
         # backend connects again)
         self._pg: psycopg.Connection[t.Any] | None = None
+        self._last_zone: dt.tzinfo = dt.UTC  # `_zone`
         try:
             self._connect_backend()
         except BackendUnavailableError:
@@ -237,6 +238,14 @@ class Connection:
         if pg is not None:
             self._session.settle()
         return self._connect_backend()
+
+    def _zone(self) -> dt.tzinfo:
+        """The session's time zone as psycopg gives timestamps with time zone in it (the last
+        one known while the backend is unreachable)."""
+        pg = self._pg
+        if pg is not None and not pg.closed:
+            self._last_zone = pg.info.timezone
+        return self._last_zone
 
     def _close_backend(self) -> None:
         if self._pg is not None:

@@ -323,7 +323,7 @@ class Cursor:
         memo = connection._memo if seen is not None else None
         try:
             result = run_local(prepared, decision, parameters, connection._store.con,
-                               connection._leaf_fetcher, memo)  # fmt: skip
+                               connection._leaf_fetcher, memo, connection._zone())  # fmt: skip
         except psycopg.Error as exc:
             raise translate(exc, unreachable="a remote part of the query needs it") from exc
         except duckdb.Error as exc:

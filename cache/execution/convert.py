@@ -12,6 +12,7 @@ planner sends it to the backend instead.
 
 from __future__ import annotations
 
+import datetime as dt
 import decimal
 import math
 import struct
@@ -42,6 +43,7 @@ def _oid(name: str) -> int:
 
 
 NUMERIC, BPCHAR, FLOAT4 = _oid("numeric"), _oid("bpchar"), _oid("float4")
+TIMESTAMPTZ = _oid("timestamptz")
 _INTEGER_OIDS = frozenset(_oid(n) for n in ("int2", "int4", "int8", "oid"))
 _FLOAT_OIDS = frozenset(_oid(n) for n in ("float4", "float8"))
 _TEXT_OIDS = frozenset(_oid(n) for n in ("text", "varchar", "name"))
@@ -67,6 +69,16 @@ def _in_python_range(value: t.Any) -> t.Any:
     if isinstance(value, str):
         raise LocalUnfit(f"a date or timestamp out of Python's range: {value!r}")
     return value
+
+
+def _in_zone(zone: dt.tzinfo) -> Convert:
+    """A timestamp with time zone in the session's zone, with the tzinfo psycopg gives it."""
+
+    def zoned(value: t.Any) -> t.Any:
+        value = _in_python_range(value)
+        return value.astimezone(zone) if value is not None else None
+
+    return zoned
 
 
 def _decimal_scale(duck_type: str) -> int:
@@ -132,7 +144,8 @@ def _padder(width: int) -> Convert:
 
 
 def column_converter(
-    oid: int, modifier: int, duck_type: str, width: int | None = None, scale: int | None = None
+    oid: int, modifier: int, duck_type: str, width: int | None = None, scale: int | None = None,
+    zone: dt.tzinfo = dt.UTC,
 ) -> Convert | None:
     """How a DuckDB value of ``duck_type`` becomes the value psycopg gives for PostgreSQL's
     (``oid``, ``modifier``); None when that cannot be done exactly. ``width``: the n of the
@@ -141,6 +154,8 @@ def column_converter(
     base = duck_type.split("(", maxsplit=1)[0].upper().strip('"')
     if base == "NULL":  # DuckDB folded the column to NULL: every value is None
         return _identity
+    if oid == TIMESTAMPTZ:
+        return _in_zone(zone) if base in _SAME[oid] else None
     if oid in _DATETIMES:
         return _in_python_range if base in _SAME[oid] else None
     if oid == NUMERIC:
@@ -184,12 +199,13 @@ def converter(
     outputs: Sequence[Output] | None = None,
     char_widths: Mapping[int, int] | None = None,
     scales: Mapping[int, int] | None = None,
+    zone: dt.tzinfo = dt.UTC,
 ) -> Callable[[list[Row]], list[Row]] | str:
     """The row converter for a result, or why there is none. ``outputs``: how each of
     PostgreSQL's columns is made from DuckDB's (`optimizer.local_statement.Output`);
     ``char_widths``: n for the char columns whose values are all char(n) values (0: the
     statement pads them itself); ``scales``: the display scale of a numeric column's values,
-    where every value has the same."""
+    where every value has the same; ``zone``: the session's time zone, as psycopg gives it."""
     if outputs is None:
         outputs = tuple(range(len(duck_types)))
     if len(pg_types) != len(outputs):
@@ -203,7 +219,7 @@ def converter(
         if isinstance(output, int):
             convert = column_converter(oid, modifier, duck_types[output],
                                        (char_widths or {}).get(index),
-                                       (scales or {}).get(index))  # fmt: skip
+                                       (scales or {}).get(index), zone)  # fmt: skip
             if convert is None:
                 info = psycopg.postgres.types.get(oid)
                 return (f"DuckDB computes {name} as {duck_types[output]}, which cannot be "

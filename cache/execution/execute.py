@@ -9,6 +9,7 @@ backend connection (`cache.dbapi.cursor`), with the plan's SQL.
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import typing as t
 from collections.abc import Callable, Mapping, Sequence
@@ -56,8 +57,8 @@ class Compiled:
     # the prefix of its answers' memo keys when they may be kept (all local, repeatable)
     memo_key: tuple[str, str] | None = None
     prepared: t.Any = None  # DuckDB's parse of statement.sql: executions skip the parser
-    # per parameter-type signature (DuckDB's result types are fixed by it): the description
-    # and the conversion of rows into PostgreSQL's types
+    # per time zone and parameter-type signature (DuckDB's result types are fixed by it):
+    # the description and the conversion of rows into PostgreSQL's types
     results: dict[tuple[type, ...], ResultShape] = field(default_factory=dict)
 
 
@@ -109,11 +110,13 @@ def run_local(
     duck: duckdb.DuckDBPyConnection,
     fetcher: Callable[[], Fetch] | None = None,
     memo: Memo | None = None,
+    zone: dt.tzinfo = dt.UTC,
 ) -> Result:
     """Run a local or mixed decision: fetch its leaves (all at once, so they may come in
     parallel, through the fetch ``fetcher`` gives), register them, run the statement. An
     all-local answer is taken from ``memo`` when the views it read are unchanged, and kept
-    there otherwise."""
+    there otherwise. ``zone``: the session's time zone as psycopg gives it (timestamps with
+    time zone are given in it)."""
     compiled = compiled_for(prepared, decision)
     statement = compiled.statement
     values = values_for(statement.keys, params) if statement.keys else []
@@ -122,7 +125,7 @@ def run_local(
     key: t.Hashable = None
     if memo is not None and compiled.memo_key is not None:
         # typed: 1, 1.0 and True are equal keys in Python, not equal parameters in DuckDB
-        key = (*compiled.memo_key, *((type(v), v) for v in values))
+        key = (*compiled.memo_key, zone, *((type(v), v) for v in values))
         try:
             hash(key)
         except TypeError:  # a list or dict parameter: not kept
@@ -133,7 +136,7 @@ def run_local(
             found = memo.results.get(key, token)
             if found is not None:
                 return Result(found[0], found[1], compiled.executed, memo=True)
-    result = _run(prepared, compiled, values, duck, fetcher)
+    result = _run(prepared, compiled, values, duck, fetcher, zone)
     if key is not None and memo is not None:
         memo.results.put(key, token, result.description, result.rows)
         return result._replace(memo=False)
@@ -156,6 +159,7 @@ def _run(
     values: list[t.Any],
     duck: duckdb.DuckDBPyConnection,
     fetcher: Callable[[], Fetch] | None,
+    zone: dt.tzinfo,
 ) -> Result:
     statement = compiled.statement
     named = dict(zip(statement.names, values, strict=True))
@@ -183,11 +187,11 @@ def _run(
             # PostgreSQL raises its own error (or, for an overflow DuckDB's types have and
             # PostgreSQL's numerics do not, answers): the backend answers, as it would
             raise LocalUnfit(f"DuckDB: {first_line(exc)}") from exc
-        types = tuple(map(type, values))
+        types = (zone, *map(type, values))
         shape = compiled.results.get(types)
         if shape is None:
             shape = compiled.results[types] = _result_shape(prepared, compiled,
-                                                            cursor.description or [])  # fmt: skip
+                                                            cursor.description or [], zone)  # fmt: skip
     finally:
         for name in registered:
             duck.unregister(name)
@@ -196,7 +200,8 @@ def _run(
 
 
 def _result_shape(
-    prepared: Prepared, compiled: Compiled, duck_columns: Sequence[tuple[t.Any, ...]]
+    prepared: Prepared, compiled: Compiled, duck_columns: Sequence[tuple[t.Any, ...]],
+    zone: dt.tzinfo = dt.UTC,
 ) -> ResultShape:
     """The description and row conversion of a local answer: PostgreSQL's, as the backend
     described the statement; DuckDB's types as PostgreSQL names them when it could not."""
@@ -208,7 +213,7 @@ def _result_shape(
     analysis = prepared.plan.analysis
     convert = converter(prepared.result.types, names, duck_types, compiled.statement.outputs,
                         analysis.semantics.output_widths,
-                        analysis.semantics.output_scales)  # fmt: skip
+                        analysis.semantics.output_scales, zone)  # fmt: skip
     if isinstance(convert, str):
         raise LocalUnfit(convert)
     return prepared.description, convert
