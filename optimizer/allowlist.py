@@ -56,6 +56,7 @@ class Settings:
 
     # the database's LC_CTYPE is C: upper, lower, ILIKE and ~* change ASCII letters only
     ascii_case: bool = True
+    utf8: bool = True  # the server's encoding is UTF8 (octet_length counts UTF-8 bytes)
 
 
 class Call:
@@ -461,17 +462,19 @@ def _mul(call: Call) -> Result:
     floating = _floating(a, b)
     if floating is not None:
         return floating
-    if "interval" in kinds and len(kinds) == 2 and kinds - {"interval"} <= NUMBERS and not (
-        a.months or b.months
-    ):
-        return PgType("interval")
+    if "interval" in kinds and len(kinds) == 2 and kinds - {"interval"} <= NUMBERS:
+        if not (a.months or b.months):
+            return PgType("interval")
+        if kinds - {"interval"} == {"integer"}:
+            return PgType("interval", months=True)  # months times an integer: whole months
     return f"it multiplies {a.kind} by {b.kind}"
 
 
 entry("*", exp.Mul, _mul,
       proofs=("e.i4 * 3", "e.i2 * e.i2", "e.n * e.n4", "e.n * 2", "e.n0 * 0.25",
               "interval '36 hours' * 2", "interval '1 day' * 1.5", "e.i4 * interval '1 hour'",
-              "interval '90 minutes' * e.f8", "interval '1 day' * 0.3"),
+              "interval '90 minutes' * e.f8", "interval '1 day' * 0.3",
+              "e.d + interval '1 month' * e.i2", "e.ts - 2 * interval '1 year 1 month'"),
       raises=("(e.i4 + 2147483647) * 2", "(e.i8 + 9223372036854775807) * 2"))  # fmt: skip
 
 
@@ -852,6 +855,19 @@ entry("length / char_length", exp.Length, _text_of("this", result=lambda *_: INT
       proofs=("length(e.t)", "char_length(e.c)", "length('ab  ')", "length(e.v)"))
 
 
+def _octet_length(call: Call) -> Result:
+    args = [call.of(a) for a in call.node.expressions]
+    if len(args) != 1 or not _strings(*args):
+        return "it takes octet_length of something other than one string"
+    if not call.settings.utf8:
+        return "it takes octet_length, which counts bytes of the server's encoding (not UTF8)"
+    return INT4
+
+
+entry("octet_length", "octet_length", _octet_length,
+      rewrite=lambda node: _func("strlen", exp.cast(node.expressions[0], "VARCHAR")),
+      proofs=("octet_length(e.t)", "octet_length(e.c)", "octet_length('ÄÖ')",
+              "octet_length(e.v)"))  # fmt: skip
 entry("strpos / position", exp.StrPosition, _text_of("this", "substr", result=lambda *_: INT4),
       proofs=("strpos(e.t, 'b')", "position('' in e.v)", "position(' ' in e.c)",
               "strpos(e.v, e.c)"))  # fmt: skip
@@ -1223,13 +1239,132 @@ def _date_trunc(call: Call) -> Result:
         return f"it truncates to {unit}"
     if call.type().kind in ("timestamp", "null"):
         return TIMESTAMP
-    return (f"it takes date_trunc of {call.type().kind} (PostgreSQL reads a date as a timestamp "
-            "with time zone)")  # fmt: skip
+    if call.type().kind == "date":
+        return PgType("timestamptz")  # `_date_trunc_zoned`
+    return f"it takes date_trunc of {call.type().kind}"
 
 
+ZONE_PARAMETER = "mtcache_zone"  # the session's time zone, bound by the executor
+
+
+def _date_trunc_zoned(node: exp.Expr) -> exp.Expr:
+    """date_trunc of a date: PostgreSQL reads the date as midnight in the session's time zone
+    (a timestamp with time zone) and truncates there; DuckDB truncates the timestamp and
+    places it in that zone, a parameter the executor binds."""
+    if not isinstance(node.this, exp.Expr) or node.args.get("zone") is not None:
+        return node
+    inner = node.this
+    node.set("this", exp.cast(inner, "TIMESTAMP"))
+    zone = exp.Placeholder(this=exp.to_identifier(ZONE_PARAMETER))
+    return _func("timezone", zone, node)
+
+
+def _date_trunc_date(call: Call) -> Result:
+    found = _date_trunc(call)
+    return found if isinstance(found, str) or found.kind == "timestamptz" else NOT_MINE
+
+
+entry("date_trunc(field, date)", exp.TimestampTrunc, _date_trunc_date,
+      rewrite=_date_trunc_zoned,
+      proofs=("date_trunc('month', e.d)", "date_trunc('year', e.d)", "date_trunc('week', e.d)",
+              "date_trunc('day', e.d)", "date_trunc('quarter', e.d) < e.tz"))  # fmt: skip
 entry("date_trunc(field, timestamp)", exp.TimestampTrunc, _date_trunc,
       proofs=("date_trunc('month', e.ts)", "date_trunc('year', e.d::timestamp)",
               "date_trunc('week', e.ts)", "date_trunc('quarter', e.ts)"))  # fmt: skip
+
+
+# to_char's template patterns the cache reads: (strftime, blank-padded width, case)
+_TEMPLATE = {
+    "YYYY": ("%Y", None, None), "YY": ("%y", None, None), "MM": ("%m", None, None),
+    "DDD": ("%j", None, None), "DD": ("%d", None, None), "HH24": ("%H", None, None),
+    "MI": ("%M", None, None), "SS": ("%S", None, None),
+    "Month": ("%B", 9, None), "MONTH": ("%B", 9, "upper"), "month": ("%B", 9, "lower"),
+    "Mon": ("%b", None, None), "MON": ("%b", None, "upper"), "mon": ("%b", None, "lower"),
+    "Day": ("%A", 9, None), "DAY": ("%A", 9, "upper"), "day": ("%A", 9, "lower"),
+    "Dy": ("%a", None, None), "DY": ("%a", None, "upper"), "dy": ("%a", None, "lower"),
+    "Q": ("quarter", None, None),
+}  # fmt: skip
+_NUMERIC_PATTERNS = frozenset({"YYYY", "YY", "MM", "DDD", "DD", "HH24", "MI", "SS", "Q"})
+
+
+def _template(text: str) -> list[tuple[str, str | None, bool]] | None:
+    """A to_char template as pieces: ("literal", text) or (pattern, None) with its FM flag;
+    None where it holds what the cache does not read."""
+    pieces: list[tuple[str, str | None, bool]] = []
+    at, fill_mode = 0, False
+    patterns = sorted(_TEMPLATE, key=len, reverse=True)
+    while at < len(text):
+        if text.startswith("FM", at):
+            fill_mode, at = True, at + 2
+            continue
+        if text[at] == '"':
+            end = text.find('"', at + 1)
+            if end < 0 or "\\" in text[at:end]:
+                return None
+            pieces.append(("literal", text[at + 1:end], False))
+            at = end + 1
+            continue
+        found = next((p for p in patterns if text.startswith(p, at)), None)
+        if found is not None:
+            pieces.append((found, None, fill_mode))
+            fill_mode, at = False, at + len(found)
+            continue
+        if text[at].isalpha() or text[at] == "\\":
+            return None  # another pattern (or a letter PostgreSQL may read as one)
+        pieces.append(("literal", text[at], False))
+        at += 1
+    return pieces
+
+
+def _to_char(call: Call) -> Result:
+    args = call.node.expressions
+    if len(args) != 2 or call.of(args[0]).kind not in ("date", "timestamp", "null"):
+        return "it takes to_char of something other than a date or timestamp"
+    template = _string_literal(args[1])
+    if template is None or _template(template) is None:
+        return "its to_char template holds patterns the cache does not translate"
+    return PgType("text")
+
+
+def _to_char_rewrite(node: exp.Expr) -> exp.Expr:
+    value, template = node.expressions
+    stamp = exp.cast(value, "TIMESTAMP")
+    parts: list[exp.Expr] = []
+    for pattern, literal, fill_mode in _template(template.this) or []:
+        if pattern == "literal":
+            parts.append(exp.Literal.string(literal or ""))
+            continue
+        code, width, case = _TEMPLATE[pattern]
+        if code == "quarter":
+            piece = exp.cast(_func("quarter", stamp.copy()), "VARCHAR")
+        else:
+            piece = _func("strftime", stamp.copy(), exp.Literal.string(code))
+        if fill_mode and pattern in _NUMERIC_PATTERNS:  # FM: no leading zeros
+            piece = exp.cast(exp.cast(piece, "BIGINT"), "VARCHAR")
+        if case == "upper":
+            piece = exp.Upper(this=piece)
+        elif case == "lower":
+            piece = exp.Lower(this=piece)
+        if width is not None and not fill_mode:
+            piece = _func("rpad", piece, exp.Literal.number(width), exp.Literal.string(" "))
+        parts.append(piece)
+    if not parts:  # an empty template gives NULL in PostgreSQL
+        return exp.cast(exp.Null(), "VARCHAR")
+    result = parts[0]
+    for part in parts[1:]:
+        result = exp.DPipe(this=result, expression=part)
+    # a literal-only template still gives NULL for a NULL value
+    return exp.Case(ifs=[exp.If(this=exp.Is(this=value.copy(), expression=exp.Null()),
+                                true=exp.Null())], default=result)  # fmt: skip
+
+
+entry("to_char(date / timestamp, literal template)", "to_char", _to_char,
+      rewrite=_to_char_rewrite,
+      proofs=("to_char(e.d, 'YYYY-MM-DD')", "to_char(e.d, 'Mon YYYY')", "to_char(e.d, 'Day')",
+              "to_char(e.ts, 'DD/MM/YY HH24:MI:SS')", "to_char(e.d, 'Month')",
+              "to_char(e.d, 'FMMonth FMDD, YYYY')", "to_char(e.d, 'Q')", "to_char(e.d, 'DDD')",
+              "to_char(e.d, 'MONTH-month-MON-mon-DY-dy')", "to_char(e.ts, '\"at\" HH24\"h\"')",
+              "to_char(e.d, 'FMDay')", "to_char(e.d, '')"))  # fmt: skip
 
 
 def _make_date(call: Call) -> Result:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import sqlglot
 from sqlglot import exp
 
-from optimizer.allowlist import BY_NAME
+from optimizer.allowlist import BY_NAME, ZONE_PARAMETER
 from optimizer.leaves import RemoteLeaf, unescape_percent
 from optimizer.pg_semantics import Semantics
 from optimizer.plan import Plan
@@ -41,6 +41,7 @@ class LocalStatement:
     # parameters PostgreSQL reads as another type than text: (key, kind), checked per
     # execution (a string must read alike in both engines: `optimizer.allowlist.reads_alike`)
     typed_parameters: tuple[tuple[Key, str], ...] = ()
+    zone: bool = False  # it reads the session's time zone (`optimizer.allowlist.ZONE_PARAMETER`)
 
 
 def leaf_name(instance_id: int) -> str:
@@ -71,6 +72,8 @@ def local_statement(plan: Plan, choice: Mapping[int, str | None]) -> LocalStatem
                                    alias=exp.TableAlias(this=exp.to_identifier(access.alias))))
     _compute_as_postgres(by_id, analysis.semantics)
     for mark in list(copy.find_all(exp.Placeholder)):
+        if NODE_ID not in mark.meta:
+            continue  # a parameter of the cache's own (the session's time zone)
         key = analysis.parameter_keys[mark.meta[NODE_ID]]
         mark.replace(exp.Placeholder(this=exp.to_identifier(duckdb_name(key))))
     outputs = _outputs(copy, analysis, scale_columns) if analysis.divisions or scale_columns \
@@ -79,8 +82,9 @@ def local_statement(plan: Plan, choice: Mapping[int, str | None]) -> LocalStatem
     sql = copy.sql(dialect="duckdb", copy=False)  # our own copy
     typed = tuple(sorted({(analysis.parameter_keys[n], kind) for n, kind
                           in analysis.semantics.parameters.items()}, key=str))  # fmt: skip
+    zone = any(m.name == ZONE_PARAMETER for m in copy.find_all(exp.Placeholder))
     return LocalStatement(sql, keys, tuple(map(duckdb_name, keys)), tuple(leaves), outputs,
-                          typed)  # fmt: skip
+                          typed, zone)  # fmt: skip
 
 
 def _add_scale_columns(copy: exp.Expr, analysis: t.Any) -> dict[t.Any, int]:

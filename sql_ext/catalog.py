@@ -81,6 +81,7 @@ class Catalog:
     # Is the backend's LC_CTYPE C (upper, lower, ILIKE and ~* change ASCII letters only)? Case
     # mapping runs locally only then, where the cache knows what PostgreSQL does.
     ascii_case: bool = True
+    utf8: bool = True  # the server's encoding is UTF8, as DuckDB's strings are
     # Relations the backend has that the catalog does not describe (its system catalogs,
     # the session's temporary tables, tables of schemas off the search path), by the name a
     # statement gives them (`Source.written`): read from the backend as they are, never

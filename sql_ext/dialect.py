@@ -60,6 +60,9 @@ class MTCacheParser(PostgresParser):
     # where date_part gives double precision (the backend must receive what the user wrote).
     FUNCTION_PARSERS = {k: v for k, v in PostgresParser.FUNCTION_PARSERS.items()
                         if k != "DATE_PART"}  # fmt: skip
+    # to_char() stays a call with its template as written: sqlglot would translate the template
+    # into its own time format, losing what PostgreSQL reads in it ('Month' is blank-padded)
+    FUNCTIONS = {k: v for k, v in PostgresParser.FUNCTIONS.items() if k != "TO_CHAR"}
 
     def _fail(self, message: str, token: Token | None = None) -> t.NoReturn:
         """Raise a positioned ParseError (sqlglot's raise_error may only record it)."""

@@ -111,8 +111,10 @@ def reflect_catalog(conn: psycopg.Connection) -> Catalog:  # type: ignore[type-a
                 indexes=tuple(indexes.get(oid, [])),
             )
     database = _database(conn)
+    row = conn.execute("SELECT current_setting('server_encoding')").fetchone()
     return Catalog(tables=tables, views=views, text_byte_order=_byte_order(database, "dat"),
-                   ascii_case=_ascii_case(database))  # fmt: skip
+                   ascii_case=_ascii_case(database),
+                   utf8=bool(row) and row[0] == "UTF8")  # fmt: skip
 
 
 def _database(conn: psycopg.Connection) -> dict[str, t.Any]:  # type: ignore[type-arg]

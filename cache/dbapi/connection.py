@@ -34,7 +34,7 @@ from cache.dbapi.cursor import Cursor
 from cache.dbapi.route import StatementCache
 from cache.dbapi.session import SessionState
 from cache.execution.decisions import DecisionMemo
-from cache.execution.execute import Fetch, Memo
+from cache.execution.execute import UTC, Fetch, Memo, Zone
 from cache.execution.memo import DEFAULT_BYTES as DEFAULT_MEMO_BYTES
 from cache.execution.memo import memo_for
 from cache.execution.phases import Phases
@@ -167,7 +167,7 @@ class Connection:
         # the cache still answers what its guards allow; the next statement that needs the
         # backend connects again)
         self._pg: psycopg.Connection[t.Any] | None = None
-        self._last_zone: dt.tzinfo = dt.UTC  # `_zone`
+        self._last_zone = UTC  # `_zone`
         try:
             self._connect_backend()
         except BackendUnavailableError:
@@ -239,12 +239,15 @@ class Connection:
             self._session.settle()
         return self._connect_backend()
 
-    def _zone(self) -> dt.tzinfo:
-        """The session's time zone as psycopg gives timestamps with time zone in it (the last
-        one known while the backend is unreachable)."""
+    def _zone(self) -> Zone:
+        """The session's time zone, by name and as psycopg gives timestamps with time zone in
+        it (the last one known while the backend is unreachable)."""
         pg = self._pg
         if pg is not None and not pg.closed:
-            self._last_zone = pg.info.timezone
+            info = pg.info
+            name = info.parameter_status("TimeZone") or "UTC"
+            if name != self._last_zone.name:
+                self._last_zone = Zone(name, info.timezone)
         return self._last_zone
 
     def _close_backend(self) -> None:

@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from cache.backend.copy_arrow import arrow_type
 from cache.execution import pg_numeric
+from optimizer.allowlist import ZONE_PARAMETER
 from optimizer.local_statement import LocalStatement, Output
 from sql_ext.errors import DataError
 
@@ -357,6 +358,8 @@ def duckdb_result_types(
             con.register(name, schema.empty_table())
             registered.append(name)
         values = {k: v for k, v in named.items() if k in statement.names}
+        if statement.zone:
+            values[ZONE_PARAMETER] = "UTC"  # the types do not depend on it
         rows = con.execute(f"DESCRIBE {statement.sql}", values).fetchall()
     finally:
         for name in registered:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import typing as t
+import zoneinfo
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -23,7 +24,7 @@ from cache.execution.convert import LocalUnfit, Row, converter
 from cache.execution.memo import ResultMemo
 from cache.execution.planning import Prepared
 from cache.execution.provenance import Executed
-from optimizer.allowlist import reads_alike
+from optimizer.allowlist import ZONE_PARAMETER, reads_alike
 from optimizer.evaluate_guards import Decision
 from optimizer.local_statement import LocalStatement, local_statement
 from sql_ext.errors import first_line
@@ -60,6 +61,22 @@ class Compiled:
     # per time zone and parameter-type signature (DuckDB's result types are fixed by it):
     # the description and the conversion of rows into PostgreSQL's types
     results: dict[tuple[type, ...], ResultShape] = field(default_factory=dict)
+
+
+class Zone(t.NamedTuple):
+    """The session's time zone: its name, as the TimeZone setting gives it, and the tzinfo
+    psycopg gives timestamps with time zone in."""
+
+    name: str
+    info: dt.tzinfo
+
+
+UTC = Zone("UTC", dt.UTC)
+
+
+@functools.lru_cache(maxsize=1)
+def _zone_names() -> frozenset[str]:
+    return frozenset(zoneinfo.available_timezones())
 
 
 class Result(t.NamedTuple):
@@ -110,7 +127,7 @@ def run_local(
     duck: duckdb.DuckDBPyConnection,
     fetcher: Callable[[], Fetch] | None = None,
     memo: Memo | None = None,
-    zone: dt.tzinfo = dt.UTC,
+    zone: Zone = UTC,
 ) -> Result:
     """Run a local or mixed decision: fetch its leaves (all at once, so they may come in
     parallel, through the fetch ``fetcher`` gives), register them, run the statement. An
@@ -159,10 +176,14 @@ def _run(
     values: list[t.Any],
     duck: duckdb.DuckDBPyConnection,
     fetcher: Callable[[], Fetch] | None,
-    zone: dt.tzinfo,
+    zone: Zone,
 ) -> Result:
     statement = compiled.statement
     named = dict(zip(statement.names, values, strict=True))
+    if statement.zone:
+        if zone.name not in _zone_names():  # a POSIX zone string: DuckDB reads no such name
+            raise LocalUnfit(f"the session's time zone {zone.name!r} is not one DuckDB knows")
+        named[ZONE_PARAMETER] = zone.name
     if compiled.prepared is None:
         (compiled.prepared,) = duck.extract_statements(statement.sql)
     tables: list[pa.Table] = []
@@ -191,7 +212,8 @@ def _run(
         shape = compiled.results.get(types)
         if shape is None:
             shape = compiled.results[types] = _result_shape(prepared, compiled,
-                                                            cursor.description or [], zone)  # fmt: skip
+                                                            cursor.description or [],
+                                                            zone.info)  # fmt: skip
     finally:
         for name in registered:
             duck.unregister(name)

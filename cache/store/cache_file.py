@@ -400,7 +400,7 @@ class CacheStore:
                     [view.name, view.schema, view.definition],
                 )
             for key, value in (("text_byte_order", catalog.text_byte_order),
-                               ("ascii_case", catalog.ascii_case)):  # fmt: skip
+                               ("ascii_case", catalog.ascii_case), ("utf8", catalog.utf8)):
                 con.execute("INSERT OR REPLACE INTO mtcache.meta VALUES (?, ?)",
                             [key, str(value).lower()])  # fmt: skip
         with self._shared.lock:
@@ -451,12 +451,14 @@ class CacheStore:
             ).fetchall()
         }
         meta = dict(self.con.execute(
-            "SELECT key, value FROM mtcache.meta WHERE key IN ('text_byte_order', 'ascii_case')"
+            "SELECT key, value FROM mtcache.meta "
+            "WHERE key IN ('text_byte_order', 'ascii_case', 'utf8')"
         ).fetchall())  # fmt: skip
         # a catalog saved before the ctype was read: case mapping stays at the backend
         return Catalog(tables=tables, views=views,
                        text_byte_order=meta.get("text_byte_order", "true") == "true",
-                       ascii_case=meta.get("ascii_case") == "true")  # fmt: skip
+                       ascii_case=meta.get("ascii_case") == "true",
+                       utf8=meta.get("utf8") == "true")  # fmt: skip
 
     # -- the cache schema ----------------------------------------------------------------------
 
