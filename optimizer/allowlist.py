@@ -280,9 +280,9 @@ def _cast(call: Call) -> Result:
         if kind in ("integer", "numeric", "date", "timestamp", "null") or inner.is_string:
             return PgType(to.kind, byte_order=inner.byte_order if inner.is_string else True)
         return f"it casts {kind} to {name} (another text form)"
-    if to.kind == "date" and kind in ("date", "timestamp", "null"):
-        return DATE
-    if to.kind == "timestamp" and kind in ("date", "timestamp", "null"):
+    if to.kind == "date" and kind in ("date", "timestamp", "timestamptz", "null"):
+        return DATE  # of a timestamp with time zone: its date in the session's zone
+    if to.kind == "timestamp" and kind in ("date", "timestamp", "timestamptz", "null"):
         return TIMESTAMP
     if to.kind == kind and kind in ("bool", "time", "interval"):
         return inner
@@ -349,7 +349,8 @@ entry("CAST", exp.Cast, _cast,
               "e.i4::numeric", "e.n::numeric", "e.i2::numeric(8,2)", "e.n4::numeric(20,1)",
               "e.n::numeric(14)", "e.i4::float8", "e.i8::float8", "e.i4::real", "e.f4::float8",
               "e.i4::text", "e.n::varchar", "e.n0::text", "e.d::text", "e.ts::text",
-              "e.c::text", "e.v::text", "e.ts::date", "e.d::timestamp", "'12'::int",
+              "e.c::text", "e.v::text", "e.ts::date", "e.d::timestamp", "e.tz::date",
+              "e.tz::timestamp", "'12'::int",
               "' -3 '::bigint", "'1.250'::numeric", "'1e3'::numeric", "'NaN'::float8",
               "'-Infinity'::float8", "'1.5'::float8", "DATE '1995-01-22'", "DATE '1995-01-22'::varchar",
               "date '1994-06-27'::timestamp", "TIMESTAMP '1998-12-31 23:59:59.5'",
@@ -541,8 +542,8 @@ def _comparable(a: PgType, b: PgType) -> bool:
         return True  # a real compared with anything but a real is widened to a double
     if kinds <= STRINGS:
         return True
-    if kinds <= {"date", "timestamp", "string"}:
-        return True
+    if kinds <= {"date", "timestamp", "timestamptz", "string"}:
+        return True  # a date or timestamp meets a timestamp with time zone in the session's zone
     if "interval" in kinds:
         return kinds == {"interval"} and not (a.months or b.months)
     return len(kinds - {"string"}) == 1
@@ -559,6 +560,8 @@ entry("= <> < <= > >=", (exp.EQ, exp.NEQ, exp.LT, exp.LTE, exp.GT, exp.GTE), _co
       proofs=("e.i4 = 7", "e.i2 < e.i8", "e.n >= 2.5", "e.n = e.i4", "e.f8 > e.n", "e.f8 = 0.1",
               "e.c = 'ab'", "e.c = e.v", "e.v <> 'ab  '", "e.t < 'B'", "e.d < DATE '1995-01-31'",
               "e.d <= e.ts", "e.d > '1995-01-01'", "e.b = TRUE", "e.tm < '12:00'",
+              "e.tz < e.ts", "e.tz >= e.d", "e.tz = '1995-01-31 10:20:30.5'",
+              "date_trunc('month', e.d) > e.ts",
               "e.ts - e.ts > interval '1 hour'"))  # fmt: skip
 entry("IS [NOT] DISTINCT FROM", (exp.NullSafeEQ, exp.NullSafeNEQ), _compare,
       proofs=("e.i4 IS DISTINCT FROM 7", "e.c IS NOT DISTINCT FROM 'ab'",
@@ -789,14 +792,20 @@ entry("coalesce", exp.Coalesce, _coalesce,
 
 
 def _nullif(call: Call) -> Result:
+    """NULLIF's value is its first argument, promoted to the type it is compared in (an
+    integer compared with a numeric is a numeric, of scale 0)."""
     a, b = call.type(), call.type("expression")
     if not _comparable(a, b):
         return f"it compares {a.kind} with {b.kind} in NULLIF"
-    return a
+    common = _combined([a, b])
+    if isinstance(common, PgType) and common.kind == "numeric":
+        return PgType("numeric", scale=a.as_numeric().scale if a.kind != "null" else None)
+    return common if isinstance(common, PgType) and common.kind == "float" else a
 
 
 entry("nullif", exp.Nullif, _nullif,
-      proofs=("nullif(e.i4, 7)", "nullif(e.c, 'ab')", "nullif(e.n, 0)", "nullif(e.v, '')"))
+      proofs=("nullif(e.i4, 7)", "nullif(e.c, 'ab')", "nullif(e.n, 0)", "nullif(e.v, '')",
+              "nullif(1000, -0.5)", "nullif(e.i4, e.n)", "nullif(e.n, e.n4)", "nullif(e.i4, e.f8)"))
 
 
 def _extreme(call: Call) -> Result:

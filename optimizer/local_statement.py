@@ -190,6 +190,12 @@ def _compute_as_postgres(by_id: Mapping[int, list[exp.Expr]], semantics: Semanti
         rewrite = BY_NAME[semantics.rewrites[number]].rewrite
         assert rewrite is not None
         _wrap(node, rewrite)
+    zone = exp.Placeholder(this=exp.to_identifier(ZONE_PARAMETER))
+    for _, node in each(semantics.zoned):
+        _wrap(node, lambda n: exp.Anonymous(this="timezone", expressions=[
+            zone.copy(), exp.cast(n, "TIMESTAMP")]))  # fmt: skip
+    for _, node in each(semantics.localized):
+        _wrap(node, lambda n: exp.Anonymous(this="timezone", expressions=[zone.copy(), n]))
     for number, node in each(semantics.widen):
         # numerics of several scales in one column: one type DuckDB combines without rounding
         _wrap(node, lambda n, s=semantics.widen[number]: exp.cast(  # type: ignore[misc]

@@ -86,6 +86,11 @@ class Semantics:
     # keeps at most 38 digits and would round the larger scales away; each is cast to
     # DECIMAL(38, the largest scale) first
     widen: Mapping[int, int] = field(default_factory=dict)
+    # where PostgreSQL reads a time in the session's time zone: a date, timestamp or literal
+    # meeting a timestamp with time zone (``zoned``: placed in the zone), a timestamp with
+    # time zone cast to a date or timestamp (``localized``: its wall time in the zone)
+    zoned: frozenset[int] = frozenset()
+    localized: frozenset[int] = frozenset()
     entries: frozenset[str] = frozenset()  # the allowlist entries the statement uses
     blocker: str | None = None  # why DuckDB cannot answer as PostgreSQL, or None
 
@@ -137,6 +142,8 @@ def pg_semantics(query: Query, types: ExpressionTypes, database_byte_order: bool
         text_scales=found.text_scales,
         parameters=found.parameters,
         widen=found.widen,
+        zoned=frozenset(found.zoned),
+        localized=frozenset(found.localized),
         entries=frozenset(found.entries),
     )
 
@@ -171,6 +178,8 @@ class _Finder:
         self.parameters: dict[int, str] = {}
         self.entries: set[str] = set()
         self.widen: dict[int, int] = {}
+        self.zoned: set[int] = set()
+        self.localized: set[int] = set()
         self.blocker: str | None = None
 
     def type(self, node: exp.Expr) -> PgType:
@@ -216,6 +225,11 @@ class _Finder:
                 self._padded(argument, f"it prints {_short(argument)} with {_name(node)}")
         if isinstance(node, (*_ARITHMETIC, *_COMPARED, exp.Between, exp.In)):
             self._widened(_operands(node))
+        if isinstance(node, (*_COMPARED, exp.Between, exp.In, exp.Nullif)):
+            self._zoned(_operands(node))
+        if isinstance(node, exp.Cast) and self.type(node.this).kind == "timestamptz" and \
+                self.type(node).kind in ("date", "timestamp"):  # fmt: skip
+            self.localized.add(node.this.meta[NODE_ID])
         combined = _combined_values(node, self.types)
         for values in combined:
             self._combined(values)
@@ -253,6 +267,18 @@ class _Finder:
         for value, found in typed:
             if found.kind != "null":
                 self.widen[value.meta[NODE_ID]] = largest
+
+    def _zoned(self, operands: list[exp.Expr]) -> None:
+        """A date, timestamp or literal compared with a timestamp with time zone is read in
+        the session's time zone by PostgreSQL (DuckDB would use its own)."""
+        typed = [(o, self.type(o)) for o in operands]
+        if not any(t_.kind == "timestamptz" for _, t_ in typed):
+            return
+        for operand, found in typed:
+            if found.kind in ("date", "timestamp", "string"):
+                self.zoned.add(operand.meta[NODE_ID])
+            if isinstance(operand, exp.Placeholder):
+                self.parameters[operand.meta[NODE_ID]] = "timestamptz"
 
     def _widened(self, operands: list[exp.Expr]) -> None:
         """A real meeting a number of another type is widened to double precision in

@@ -125,3 +125,30 @@ def test_every_entry_is_proven_against_postgres(
     for failing in entry.raises:
         sql = f"SELECT e.id, {failing} FROM edge e WHERE e.id = 1"
         assert check(conn, backend, sql) == "error", f"{failing} does not raise"
+
+
+ZONED = ("e.tz", "e.tz::date", "e.tz::timestamp", "e.tz < e.ts", "e.tz >= e.d",
+         "e.tz = '1995-01-31 10:20:30.5'", "date_trunc('month', e.d)",
+         "date_trunc('day', e.d) = e.tz", "(SELECT max(x.tz) FROM edge x)")  # fmt: skip
+
+
+@pytest.mark.parametrize("zone", ["Asia/Kathmandu", "America/Sao_Paulo"])
+def test_times_with_time_zone_follow_the_sessions_zone(
+    conn: cache.Connection, backend: str, zone: str
+) -> None:
+    """Where PostgreSQL reads a time in the session's time zone (timestamps with time zone
+    printed, cast to dates, compared with timestamps), the cache does too: the session's
+    TimeZone is set through the cache, and PostgreSQL is asked with the same setting."""
+    cursor = conn.cursor()
+    cursor.execute(f"SET TimeZone = '{zone}'")
+    try:
+        for expression in ZONED:
+            sql = f"SELECT e.id, {expression} FROM edge e WHERE e.id NOT IN {EXTREMES} ORDER BY e.id"
+            with psycopg.connect(backend, autocommit=True) as pg:
+                pg.execute(f"SET TimeZone = '{zone}'")
+                want = outcome(pg.execute, sql)
+            got = outcome(lambda q: cursor.execute(q) or cursor, sql)
+            assert got == want, f"{sql}\n  cache: {got}\n  pg:    {want}"
+            assert {p["route"] for p in cursor.provenance} == {"local"}, sql
+    finally:
+        cursor.execute("RESET TimeZone")

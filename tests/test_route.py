@@ -88,3 +88,11 @@ def test_a_data_modifying_cte_is_a_write(clause: str) -> None:
     write = routed(f"WITH d AS (DELETE FROM books b WHERE b.authorid = 3 RETURNING *) "
                    f"SELECT count(*) FROM d{clause}")  # fmt: skip
     assert isinstance(write, Write) and write.tables == {"books"}
+
+
+def test_commands_that_change_no_table_are_not_writes() -> None:
+    """RESET and SHOW reach PostgreSQL as commands; they write nothing, so the session's own
+    later reads may still be answered from the cache."""
+    for sql in ("RESET TimeZone", "SHOW TimeZone", "SET TimeZone = 'UTC'", "LISTEN x"):
+        assert isinstance(routed(sql), Passthrough), sql
+    assert isinstance(routed("VACUUM authors"), Write)

@@ -146,6 +146,8 @@ def route(
     if isinstance(tree, _WRITES):
         return Write(sql, _written_tables(tree))
     if isinstance(tree, exp.Command):
+        if str(tree.this).upper() in _READ_ONLY_WORDS:  # RESET TimeZone, SHOW ..., LISTEN
+            return Passthrough(sql)
         return Write(sql, None, changes_catalog=True)
     return Passthrough(sql, changes_catalog=isinstance(tree, exp.Create | exp.Drop | exp.Alter))
 

@@ -162,7 +162,11 @@ def column_converter(
     if oid == NUMERIC:
         if base == "DECIMAL":
             duck_scale = _decimal_scale(duck_type)
-            if scale is None or scale == duck_scale:
+            if scale is None:
+                # the inference gave this output no scale: DuckDB's is not known to be
+                # PostgreSQL's (a numeric the inference typed otherwise)
+                return None
+            if scale == duck_scale:
                 return _identity
             # fewer digits than PostgreSQL's: DuckDB rounded them away
             return _scaler(scale) if duck_scale > scale else None

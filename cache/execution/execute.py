@@ -165,6 +165,10 @@ def _check_parameters(statement: LocalStatement, values: list[t.Any]) -> None:
     by_key = dict(zip(statement.keys, values, strict=True))
     for key, kind in statement.typed_parameters:
         value = by_key.get(key)
+        if kind == "timestamptz" and not (isinstance(value, dt.datetime)
+                                          and value.tzinfo is not None):  # fmt: skip
+            # PostgreSQL places anything else in the session's zone, DuckDB in its own
+            raise LocalUnfit("a parameter meets a timestamp with time zone without one")
         if isinstance(value, str) and not reads_alike(kind, value):
             raise LocalUnfit(f"the parameter {value[:30]!r} is read as {kind} differently by "
                              "DuckDB")  # fmt: skip

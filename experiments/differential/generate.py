@@ -276,7 +276,7 @@ class Generator:
             lambda: f"({self._int(scope, d)} % {self.pick(('2', '3', '10', '-7'))})",
             lambda: f"mod({self._int(scope, d)}, {self.pick(('3', '5', '-2'))})",
             lambda: f"abs({self._int(scope, d)})",
-            lambda: f"-{self._int(scope, d)}",
+            lambda: f"-({self._int(scope, d)})",
             lambda: f"length({self._text(scope, d)})",
             lambda: f"char_length({self._text(scope, d)})",
             lambda: f"octet_length({self._text(scope, d)})",
@@ -311,7 +311,7 @@ class Generator:
             lambda: f"round({self._int(scope, d)} / {self.pick(('3', '7'))}, 1)",
             lambda: f"trunc({self._numeric(scope, d)}, {self.pick(('0', '1', '-1'))})",
             lambda: f"{self.pick(('ceil', 'ceiling', 'floor', 'abs'))}({self._numeric(scope, d)})",
-            lambda: f"-{self._numeric(scope, d)}",
+            lambda: f"-({self._numeric(scope, d)})",
             lambda: f"{self._int(scope, d)}::numeric",
             lambda: f"{self._numeric(scope, d)}::numeric(12,{self.pick('0124')})",
             lambda: f"extract({self.pick(('year', 'month', 'day', 'dow', 'quarter'))} "
