@@ -213,9 +213,10 @@ def _interval_literal(call: Call) -> Result:
     unit = node.text("unit").lower()
     words = f"{text} {unit}"
     if not re.fullmatch(r"[\s\d.+-]*(\s*(day|days|hour|hours|minute|minutes|second|seconds|"
-                        r"week|weeks|month|months|mon|mons|year|years)\s*[\d.+-]*)*\s*", words):
+                        r"week|weeks|month|months|mon|mons|year|years)\s*[\d.+-]*)*\s*"
+                        r"(\d+:\d+(:\d+(\.\d+)?)?)?\s*", words):
         return f"it writes the interval {text!r}, which the cache does not read"
-    if re.search(r"\d\s*\.\s*\d", words) and re.search(r"(month|mon|year)", words):
+    if re.search(r"\d\.\d*\s*(month|mon|year)", words):
         return "it writes a fractional month or year interval"
     return PgType("interval", months=bool(re.search(r"(month|mon|year)", words)))
 
@@ -223,7 +224,9 @@ def _interval_literal(call: Call) -> Result:
 entry("interval literal", exp.Interval, _interval_literal,
       proofs=("interval '1 day'", "interval '36 hours'", "interval '-7 days'",
               "interval '90 minutes'", "e.ts + interval '1 year 2 days'",
-              "e.d + interval '1 month'", "interval '1.5 days'"))  # fmt: skip
+              "e.d + interval '1 month'", "interval '1.5 days'",
+              "interval '1 year 2 months 3 days 04:05:06'", "interval '-14 months'",
+              "interval '-1 year -2 months -3 days'"))
 
 
 # casts
@@ -1374,6 +1377,23 @@ entry("to_char(date / timestamp, literal template)", "to_char", _to_char,
               "to_char(e.d, 'FMMonth FMDD, YYYY')", "to_char(e.d, 'Q')", "to_char(e.d, 'DDD')",
               "to_char(e.d, 'MONTH-month-MON-mon-DY-dy')", "to_char(e.ts, '\"at\" HH24\"h\"')",
               "to_char(e.d, 'FMDay')", "to_char(e.d, '')"))  # fmt: skip
+
+
+def _age(call: Call) -> Result:
+    args = call.node.expressions
+    if len(args) != 2:
+        return "it takes age of one timestamp (the current date: not repeatable)"
+    kinds = {call.of(a).kind for a in args} - {"null"}
+    if not kinds <= {"timestamp", "date"}:
+        return f"it takes age of {'/'.join(sorted(kinds))}"
+    return PgType("interval", months=True)
+
+
+entry("age(timestamp, timestamp)", "age", _age,
+      rewrite=lambda node: _func("age", *(exp.cast(a, "TIMESTAMP") for a in node.expressions)),
+      proofs=("age(e.ts, TIMESTAMP '1994-01-01')", "age(TIMESTAMP '1994-01-01', e.ts)",
+              "age(e.d, DATE '1992-02-29')", "age(e.ts, e.ts)",
+              "age(TIMESTAMP '1995-03-31', TIMESTAMP '1995-02-28 23:00')"))  # fmt: skip
 
 
 def _make_date(call: Call) -> Result:

@@ -71,6 +71,11 @@ def local_statement(plan: Plan, choice: Mapping[int, str | None]) -> LocalStatem
             node.replace(exp.Table(this=exp.to_identifier(target),
                                    alias=exp.TableAlias(this=exp.to_identifier(access.alias))))
     _compute_as_postgres(by_id, analysis.semantics)
+    for index in analysis.semantics.printed_intervals:
+        for branch in _branches(copy):
+            projection = branch.expressions[index]
+            inner = projection.this if isinstance(projection, exp.Alias) else projection
+            _wrap(inner, lambda n: exp.cast(n, "VARCHAR"))
     for mark in list(copy.find_all(exp.Placeholder)):
         if NODE_ID not in mark.meta:
             continue  # a parameter of the cache's own (the session's time zone)
@@ -200,6 +205,15 @@ def _compute_as_postgres(by_id: Mapping[int, list[exp.Expr]], semantics: Semanti
         # numerics of several scales in one column: one type DuckDB combines without rounding
         _wrap(node, lambda n, s=semantics.widen[number]: exp.cast(  # type: ignore[misc]
             n, exp.DataType.build(f"DECIMAL(38, {s})")))
+
+
+def _branches(query: exp.Expr) -> list[exp.Select]:
+    """The SELECT blocks whose rows a query expression returns (each branch of a UNION)."""
+    if isinstance(query, exp.SetOperation):
+        return _branches(query.this) + _branches(query.expression)
+    if isinstance(query, exp.Subquery):
+        return _branches(query.this)
+    return [query] if isinstance(query, exp.Select) else []
 
 
 def _depth(node: exp.Expr) -> int:

@@ -78,6 +78,9 @@ class Semantics:
     # numeric outputs whose values' scales vary: the DuckDB expression computing each one's
     # (optimizer.numeric_scales), computed beside it
     scale_columns: Mapping[int, exp.Expr] = field(default_factory=dict)
+    # interval outputs that may hold months: DuckDB prints them, the converter reads them as
+    # psycopg reads PostgreSQL's (a month is 30 days, a year 365; DuckDB's Python gives 360)
+    printed_intervals: frozenset[int] = frozenset()
     text_scales: Mapping[int, int] = field(default_factory=dict)  # numeric printed as text
     # parameters PostgreSQL reads as a type of this kind: a string value must read alike in
     # DuckDB (`optimizer.allowlist.reads_alike`), else the backend answers
@@ -107,6 +110,7 @@ def pg_semantics(query: Query, types: ExpressionTypes, database_byte_order: bool
     scales: dict[int, int] = {}
     varying: set[int] = set()
     columns: dict[int, exp.Expr] = {}
+    intervals: set[int] = set()
     for index in range(len(query.tree.selects) if isinstance(query.tree, exp.Query) else 0):
         typed = types.output(query.tree, index)
         if typed.kind == "char" and typed.width is not None:
@@ -125,8 +129,7 @@ def pg_semantics(query: Query, types: ExpressionTypes, database_byte_order: bool
             else:
                 columns[index] = scale
         elif typed.kind == "interval" and typed.months:
-            return Semantics(blocker=f"its output column {index + 1} is an interval that may "
-                             "hold months (DuckDB counts them in days differently)")  # fmt: skip
+            intervals.add(index)
     return Semantics(
         rtrim=frozenset(found.rtrim),
         rpad=found.rpad,
@@ -139,6 +142,7 @@ def pg_semantics(query: Query, types: ExpressionTypes, database_byte_order: bool
         output_scales=scales,
         varying_scales=frozenset(varying),
         scale_columns=columns,
+        printed_intervals=frozenset(intervals),
         text_scales=found.text_scales,
         parameters=found.parameters,
         widen=found.widen,

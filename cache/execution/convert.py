@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import math
+import re
 import struct
 import typing as t
 from collections.abc import Callable, Mapping, Sequence
@@ -44,7 +45,7 @@ def _oid(name: str) -> int:
 
 
 NUMERIC, BPCHAR, FLOAT4 = _oid("numeric"), _oid("bpchar"), _oid("float4")
-TIMESTAMPTZ = _oid("timestamptz")
+TIMESTAMPTZ, INTERVAL = _oid("timestamptz"), _oid("interval")
 _INTEGER_OIDS = frozenset(_oid(n) for n in ("int2", "int4", "int8", "oid"))
 _FLOAT_OIDS = frozenset(_oid(n) for n in ("float4", "float8"))
 _TEXT_OIDS = frozenset(_oid(n) for n in ("text", "varchar", "name"))
@@ -70,6 +71,32 @@ def _in_python_range(value: t.Any) -> t.Any:
     if isinstance(value, str):
         raise LocalUnfit(f"a date or timestamp out of Python's range: {value!r}")
     return value
+
+
+_INTERVAL_TEXT = re.compile(
+    r"(?:([-+]?\d+) years? ?)?(?:([-+]?\d+) months? ?)?(?:([-+]?\d+) days? ?)?"
+    r"(?:([-+])?(\d+):(\d+):(\d+(?:\.\d+)?))?"
+)
+
+
+def _interval(value: t.Any) -> t.Any:
+    """An interval holding months, as DuckDB prints it, turned into the timedelta psycopg
+    makes of PostgreSQL's: a year is 365 days, a month 30 (DuckDB's own conversion counts a
+    year as 360)."""
+    if value is None:
+        return None
+    found = _INTERVAL_TEXT.fullmatch(value.strip())
+    if found is None:
+        raise LocalUnfit(f"an interval DuckDB prints as {value!r}")
+    years, months, days, sign, hours, minutes, seconds = found.groups()
+    total = 365 * int(years or 0) + 30 * int(months or 0) + int(days or 0)
+    whole, micros = 0, 0
+    if hours is not None:
+        whole = 3600 * int(hours) + 60 * int(minutes)
+        micros = round(float(seconds) * 1_000_000)
+        if sign == "-":
+            whole, micros = -whole, -micros
+    return dt.timedelta(days=total, seconds=whole, microseconds=micros)
 
 
 def _in_zone(zone: dt.tzinfo) -> Convert:
@@ -155,6 +182,8 @@ def column_converter(
     base = duck_type.split("(", maxsplit=1)[0].upper().strip('"')
     if base == "NULL":  # DuckDB folded the column to NULL: every value is None
         return _identity
+    if oid == INTERVAL and base == "VARCHAR":  # an interval with months, printed by DuckDB
+        return _interval
     if oid == TIMESTAMPTZ:
         return _in_zone(zone) if base in _SAME[oid] else None
     if oid in _DATETIMES:
