@@ -758,7 +758,7 @@ def _case(call: Call) -> Result:
     node = call.node
     values = [i.args["true"] for i in node.args.get("ifs") or []]
     if node.args.get("default") is not None:
-        values.append(node.args["default"])
+        values.insert(0, node.args["default"])  # PostgreSQL resolves the ELSE first
     subject = node.args.get("this")
     for branch in node.args.get("ifs") or []:
         condition = call.of(branch.this)
@@ -780,7 +780,8 @@ def _combined(types: list[PgType]) -> Result:
 entry("CASE", exp.Case, _case,
       proofs=("CASE WHEN e.i4 > 1 THEN e.n ELSE 0 END", "CASE e.c WHEN 'ab' THEN 1 END",
               "CASE WHEN e.b THEN e.c ELSE 'x' END", "CASE WHEN e.i4 IS NULL THEN 'none' END",
-              "CASE WHEN e.b THEN e.v ELSE e.t END",
+              "CASE WHEN e.b THEN e.v ELSE e.t END", "CASE WHEN e.b THEN e.c ELSE e.v END",
+              "CASE WHEN e.b THEN e.v ELSE e.c END", "CASE WHEN e.b THEN e.c ELSE e.c1 END",
               "CASE WHEN e.i4 > 0 THEN 1.5 ELSE 2.25 END"))  # fmt: skip
 
 
@@ -791,7 +792,9 @@ def _coalesce(call: Call) -> Result:
 
 entry("coalesce", exp.Coalesce, _coalesce,
       proofs=("coalesce(e.i4, 0)", "coalesce(e.n, 0)", "coalesce(e.c, 'none')",
-              "coalesce(e.v, e.t)", "coalesce(e.d, DATE '1999-01-01')", "coalesce(e.n, e.n4)"))
+              "coalesce(e.v, e.t)", "coalesce(e.d, DATE '1999-01-01')", "coalesce(e.n, e.n4)",
+              "coalesce(e.c, e.v)", "coalesce(e.v, e.c)", "coalesce(e.c, e.t)",
+              "coalesce(e.t, e.c1)", "coalesce(e.c1, e.c)"))  # fmt: skip
 
 
 def _nullif(call: Call) -> Result:
@@ -822,6 +825,7 @@ def _extreme(call: Call) -> Result:
 
 entry("greatest / least", (exp.Greatest, exp.Least), _extreme,
       proofs=("greatest(e.i4, 0)", "least(e.n, 1.5)", "greatest(e.v, e.t)", "least(e.c, 'b') = 'ab'", "least(e.c, e.c)",
+              "greatest(e.c, e.v) = 'ab'", "least(e.v, e.c)",
               "least(e.d, DATE '1995-01-01')", "greatest(e.n, e.i4::numeric)", "least(1.5, 2.25)",
               "greatest(e.n, NULL)"))  # fmt: skip
 

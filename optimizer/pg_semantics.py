@@ -382,7 +382,7 @@ class _Finder:
             found = self.type(node)
             if found.kind == "char" and found.width is not None:
                 self.rpad[node.meta[NODE_ID]] = found.width
-            elif found.kind not in ("string", "null"):
+            elif found.kind not in ("string", "varchar", "text", "null"):  # printed as they are
                 self.blocker = (f"it outputs {_short(node)} as char values whose padding the "
                                 "cache cannot tell")  # fmt: skip
 

@@ -110,10 +110,12 @@ def declared(name: str, byte_order: bool = True, deterministic: bool = True) -> 
 
 
 def combine(types: list[PgType]) -> PgType:
-    """The type of a value that may come from any of several expressions (CASE branches,
-    COALESCE arguments, UNION branches), as PostgreSQL resolves it; unknown when the inference
-    cannot tell (strings of different kinds). A numeric's scale is kept only when every
-    branch has the same one."""
+    """The type of a value that may come from any of several expressions (COALESCE arguments,
+    UNION branches, CASE's ELSE and then its branches: PostgreSQL's order), as PostgreSQL's
+    select_common_type resolves it; unknown when the inference cannot tell. Strings take the
+    first typed input's type (every string type converts to every other implicitly, so
+    PostgreSQL keeps the first). A numeric's scale is kept only when every branch has the
+    same one."""
     known = [t_ for t_ in types if t_.kind != "null"]
     if not known:
         return NULL
@@ -123,14 +125,12 @@ def combine(types: list[PgType]) -> PgType:
     if "unknown" in kinds:
         return UNKNOWN
     if kinds <= STRINGS:
-        typed = kinds - {"string"}
+        typed = [t_ for t_ in known if t_.kind != "string"]
         if not typed:  # PostgreSQL resolves untyped strings alone to text
             return PgType("text", byte_order=byte_order)
-        if len(typed) > 1:
-            return PgType("text", byte_order=byte_order) if "text" in typed else UNKNOWN
-        kind = next(iter(typed))
+        kind = typed[0].kind
         width = None
-        if kind == "char" and "string" not in kinds:
+        if kind == "char" and kinds == {"char"}:
             widths = {t_.width for t_ in known}
             width = widths.pop() if len(widths) == 1 else None
         return PgType(kind, width=width, byte_order=byte_order, deterministic=deterministic)

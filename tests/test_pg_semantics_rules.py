@@ -125,4 +125,7 @@ def test_combined_types_follow_postgres_resolution() -> None:
     assert combine([PgType("integer", 4), PgType("integer", 8)]) == PgType("integer", 8)
     assert combine([PgType("numeric", scale=2), PgType("integer", 4)]).kind == "numeric"
     assert combine([PgType("float"), PgType("numeric")]).kind == "float"
-    assert combine([char5, PgType("varchar")]).kind == "unknown"
+    # every string type converts to every other implicitly: PostgreSQL keeps the first
+    assert combine([char5, PgType("varchar")]).kind == "char"
+    assert combine([PgType("varchar"), char5]).kind == "varchar"
+    assert combine([char5, PgType("text")]).kind == "char"
