@@ -280,7 +280,7 @@ def _cast(call: Call) -> Result:
             return to
         return f"it casts {kind} to {name}, which DuckDB may round differently"
     if to.kind in ("text", "varchar"):
-        if kind in ("integer", "numeric", "date", "timestamp", "null") or inner.is_string:
+        if kind in ("integer", "numeric", "date", "timestamp", "bool", "null") or inner.is_string:
             return PgType(to.kind, byte_order=inner.byte_order if inner.is_string else True)
         return f"it casts {kind} to {name} (another text form)"
     if to.kind == "date" and kind in ("date", "timestamp", "timestamptz", "null"):
@@ -352,7 +352,7 @@ entry("CAST", exp.Cast, _cast,
               "e.i4::numeric", "e.n::numeric", "e.i2::numeric(8,2)", "e.n4::numeric(20,1)",
               "e.n::numeric(14)", "e.i4::float8", "e.i8::float8", "e.i4::real", "e.f4::float8",
               "e.i4::text", "e.n::varchar", "e.n0::text", "e.d::text", "e.ts::text",
-              "e.c::text", "e.v::text", "e.ts::date", "e.d::timestamp", "e.tz::date",
+              "e.c::text", "e.v::text", "e.b::text", "e.ts::date", "e.d::timestamp", "e.tz::date",
               "e.tz::timestamp", "'12'::int",
               "' -3 '::bigint", "'1.250'::numeric", "'1e3'::numeric", "'NaN'::float8",
               "'-Infinity'::float8", "'1.5'::float8", "DATE '1995-01-22'", "DATE '1995-01-22'::varchar",
@@ -603,6 +603,7 @@ def _in(call: Call) -> Result:
 
 entry("IN", exp.In, _in,
       proofs=("e.i4 IN (1, 7, NULL)", "e.i4 NOT IN (1, NULL)", "e.c IN ('ab', 'x')",
+              "e.v IN ('ab', 'Q R')", "e.c IN (e.v)", "e.t IN ('Ab', e.t)",
               "e.n IN (2.5, 0)", "e.d IN (DATE '2000-01-01')",
               "e.i4 IN (SELECT x.i2 FROM edge x WHERE x.id < 4)",
               "e.i4 NOT IN (SELECT x.i4 FROM edge x)"))  # fmt: skip
@@ -825,7 +826,8 @@ def _extreme(call: Call) -> Result:
 
 entry("greatest / least", (exp.Greatest, exp.Least), _extreme,
       proofs=("greatest(e.i4, 0)", "least(e.n, 1.5)", "greatest(e.v, e.t)", "least(e.c, 'b') = 'ab'", "least(e.c, e.c)",
-              "greatest(e.c, e.v) = 'ab'", "least(e.v, e.c)",
+              "greatest(e.c, e.v) = 'ab'", "least(e.v, e.c)", "greatest(e.v, e.c1)",
+              "greatest(e.t, e.c)",
               "least(e.d, DATE '1995-01-01')", "greatest(e.n, e.i4::numeric)", "least(1.5, 2.25)",
               "greatest(e.n, NULL)"))  # fmt: skip
 

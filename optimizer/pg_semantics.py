@@ -212,9 +212,23 @@ class _Finder:
         if isinstance(node, exp.Literal):
             self._number(node)
             return
-        if isinstance(node, (*_COMPARED, exp.Between, exp.In, exp.Nullif, exp.Greatest,
-                             exp.Least)):
+        if isinstance(node, (*_COMPARED, exp.Between, exp.Nullif)):
             self._compared(node, _operands(node))
+        if isinstance(node, exp.Greatest | exp.Least):
+            # compared in the type of the first operand (select_common_type): as char only
+            # when that is char; a char value met as text is already without its padding
+            operands = _operands(node)
+            if self.type(operands[0]).kind in ("char", "unknown"):
+                self._compared(node, operands)
+        if isinstance(node, exp.In):
+            # the constants are compared in the left operand's type, each other value with
+            # its own = operator (PostgreSQL's transformAExprIn)
+            operands = _operands(node)
+            if self.type(operands[0]).kind in ("char", "unknown"):
+                self._compared(node, operands)
+            elif any(self.type(o).kind == "char" for o in operands[1:]):
+                self.blocker = (f"it compares {_short(operands[0])} with char(n) values in IN "
+                                "(each compared as char, the constants as text)")  # fmt: skip
         if isinstance(node, exp.Case) and node.args.get("this") is not None:
             whens = [i.this for i in node.args.get("ifs") or []]
             self._compared(node, [node.this, *whens])

@@ -207,6 +207,7 @@ class Generator:
         self.r = random.Random(seed)
         self._aliases = 0
         self.last_scope: list[Source] = []  # the sources of the last FROM clause made
+        self.families: dict[str, Family] = {}  # the family of each select item made
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -616,8 +617,19 @@ class Generator:
     def _items(self, scope: list[Source], count: int) -> list[str]:
         families = ["int", "numeric", "text", "date", "int", "numeric", "text", "float",
                     "timestamp", "interval", "bool"]  # fmt: skip
-        return [self.expr(self.pick(families), scope, self.r.randint(0, 2))
-                for _ in range(count)]  # fmt: skip
+        items = []
+        for _ in range(count):
+            family = self.pick(families)
+            items.append(self.expr(family, scope, self.r.randint(0, 2)))
+            self.families[items[-1]] = family
+        return items
+
+    def _tie_breakers(self, items: list[str]) -> list[str]:
+        """ORDER BY terms that make a LIMIT's rows one set: values PostgreSQL orders as equal
+        may print differently (1.5 and 1.50, an interval of 1 year and one of 12 months 5
+        days), and their texts tell them apart."""
+        return [f"({item})::text" for item in items
+                if self.families.get(item, "numeric") in ("numeric", "interval", "float")]
 
     def _where(self, scope: list[Source], narrow: list[str]) -> list[str]:
         where = list(narrow)
@@ -635,9 +647,11 @@ class Generator:
     def _aggregate_select(self, scope: list[Source], text: str, narrow: list[str]) -> Select:
         keys = [self.expr(self.pick(("int", "text", "date")), scope, self.r.randint(0, 1))
                 for _ in range(self.r.randint(0, 2))]  # fmt: skip
-        aggregates = [self._aggregate(scope, self.pick(("int", "numeric", "numeric", "text",
-                                                        "date", "float", "bool")))
-                      for _ in range(self.r.randint(1, 3))]  # fmt: skip
+        aggregates = []
+        for _ in range(self.r.randint(1, 3)):
+            family = self.pick(("int", "numeric", "numeric", "text", "date", "float", "bool"))
+            aggregates.append(self._aggregate(scope, family))
+            self.families[aggregates[-1]] = family
         having = []
         if keys and self.chance(0.3):
             having.append(f"count(*) > {self.pick(('1', '2', '0'))}")
@@ -647,7 +661,7 @@ class Generator:
         if self.chance(0.4):
             select.order = [str(i) for i in range(1, len(select.items) + 1)]
             if self.chance(0.5):
-                select.order += _tie_breakers(select.items)
+                select.order += self._tie_breakers(select.items)
                 select.limit = self.r.randint(1, 10)
         return select
 
@@ -714,7 +728,7 @@ class Generator:
     def shape_limit(self) -> Select:
         select = self.shape_plain(self.r.randint(0, 2))
         select.order = [str(i) for i in range(1, len(select.items) + 1)]
-        select.order += _tie_breakers(select.items)
+        select.order += self._tie_breakers(select.items)
         select.limit = self.r.randint(0, 15)
         if self.chance(0.3):
             select.offset = self.r.randint(1, 10)
@@ -737,13 +751,6 @@ class Generator:
             f"power(10::numeric, 400 + {number}) * 0 + 1 / ({number} - {number})",
         ))  # fmt: skip
         return Select([failing], f"{table} {source.alias}", [f"{number} = 1"])
-
-
-def _tie_breakers(items: list[str]) -> list[str]:
-    """ORDER BY terms that make a LIMIT's rows one set: values PostgreSQL orders as equal may
-    print differently (1.5 and 1.50, an interval of 1 year and one of 12 months 5 days), and
-    their texts tell them apart."""
-    return [f"({item})::text" for item in items]
 
 
 def queries(seed: int, count: int) -> Iterator[Query]:

@@ -119,17 +119,26 @@ def run(
     step: Callable[[str], None] | None = None,
 ) -> Report:  # fmt: skip
     """Run ``count`` queries from seeds ``seed``, ``seed + 1``, ... (`PER_SEED` each)."""
-    report = Report()
-    started = time.monotonic()
     tpch.load(dsn, SCALE, list(tpch.TABLES))
     with connections(dsn, cache_path) as (pg, conns):
-        done = 0
-        current = seed
-        while done < count:
-            block = min(PER_SEED, count - done)
-            _run_seed(report, pg, conns, current, block, step)
-            done += block
-            current += 1
+        return run_queries(pg, conns, count, seed, step)
+
+
+def run_queries(
+    pg: psycopg.Connection[t.Any], conns: dict[str, cache.Connection], count: int, seed: int,
+    step: Callable[[str], None] | None = None,
+) -> Report:  # fmt: skip
+    """``count`` queries from seeds ``seed``, ``seed + 1``, ... through ``conns`` (one cache
+    connection per pass) and on ``pg``."""
+    report = Report()
+    started = time.monotonic()
+    done = 0
+    current = seed
+    while done < count:
+        block = min(PER_SEED, count - done)
+        _run_seed(report, pg, conns, current, block, step)
+        done += block
+        current += 1
     report.seconds = time.monotonic() - started
     return report
 
