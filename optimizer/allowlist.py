@@ -590,7 +590,7 @@ def _in(call: Call) -> Result:
     node = t.cast(exp.In, call.node)
     a = call.type()
     if isinstance(node.this, exp.Tuple):
-        return "it compares a row of values with IN (NULLs count differently in DuckDB)"
+        return _row_in(call)
     if node.args.get("unnest") or node.args.get("field"):
         return "it takes IN UNNEST"
     query = node.args.get("query")
@@ -601,6 +601,56 @@ def _in(call: Call) -> Result:
     return BOOL
 
 
+def _row_in(call: Call) -> Result:
+    """``(a, b) IN (SELECT x, y ...)``: DuckDB counts the NULLs of row comparisons otherwise
+    (`_row_in_rewrite` spells PostgreSQL's three-valued logic out)."""
+    node = t.cast(exp.In, call.node)
+    query = node.args.get("query")
+    select = query.this if isinstance(query, exp.Subquery) else query
+    if not isinstance(select, exp.Select) or node.expressions:
+        return "it compares a row of values with IN (NULLs count differently in DuckDB)"
+    left = node.this.expressions
+    right = select.expressions
+    if len(left) != len(right) or any(isinstance(p, exp.Star) for p in right):
+        return "it compares rows of different widths with IN"
+    for a, b in zip(left, right, strict=True):
+        ta, tb = call.of(a), call.of(b.this if isinstance(b, exp.Alias) else b)
+        if not _comparable(ta, tb) or "char" in (ta.kind, tb.kind):
+            return f"it compares a row of {ta.kind} and {tb.kind} with IN"
+    return BOOL
+
+
+def _row_in_rewrite(node: exp.Expr) -> exp.Expr:
+    """Row IN as PostgreSQL decides it: true if a row of the subquery equals, else NULL if a
+    comparison with one is NULL, else false."""
+    if not isinstance(node.this, exp.Tuple):
+        return node
+    query = node.args["query"]
+    select = query.this if isinstance(query, exp.Subquery) else query
+    name = f"mtcache_in_{node.meta.get('mt_id', 0)}"
+    columns = [f"c{i}" for i in range(len(node.this.expressions))]
+
+    def matching(condition: t.Callable[[exp.Expr], exp.Expr]) -> exp.Expr:
+        equal = exp.and_(*[exp.EQ(this=value.copy(), expression=exp.column(c, table=name))
+                           for value, c in zip(node.this.expressions, columns, strict=True)])
+        source = exp.Subquery(this=select.copy(), alias=exp.TableAlias(
+            this=exp.to_identifier(name), columns=[exp.to_identifier(c) for c in columns]))
+        return exp.Exists(this=exp.select("1").from_(source).where(condition(equal)))
+
+    return exp.Case(ifs=[
+        exp.If(this=matching(lambda e: e), true=exp.true()),
+        exp.If(this=matching(lambda e: exp.Is(this=exp.Paren(this=e), expression=exp.Null())),
+               true=exp.Null()),
+    ], default=exp.false())  # fmt: skip
+
+
+entry("(row) IN (subquery)", exp.In, lambda call: _row_in(call) if isinstance(
+          call.node.this, exp.Tuple) else NOT_MINE, rewrite=_row_in_rewrite,
+      proofs=("(e.i4, e.i2) IN (SELECT x.i4, x.i2 FROM edge x WHERE x.id < 5)",
+              "(e.i4, e.i2) NOT IN (SELECT x.i4, nullif(x.i2, 1) FROM edge x)",
+              "(e.d, e.i8) IN (SELECT x.d, x.i8 FROM edge x WHERE x.id <> e.id)",
+              "SELECT count(*) FROM edge e WHERE (e.i4, e.n) NOT IN "
+              "(SELECT x.i4, x.n FROM edge x WHERE x.id IN (2, 3))"))  # fmt: skip
 entry("IN", exp.In, _in,
       proofs=("e.i4 IN (1, 7, NULL)", "e.i4 NOT IN (1, NULL)", "e.c IN ('ab', 'x')",
               "e.v IN ('ab', 'Q R')", "e.c IN (e.v)", "e.t IN ('Ab', e.t)",
@@ -895,9 +945,9 @@ def _substring(call: Call) -> Result:
     found = _text_of("this")(call)
     if isinstance(found, str):
         return found
-    start = _literal_int(call.arg("start"))
-    if call.arg("start") is not None and (start is None or start < 1):
-        return "it takes a substring from a position that may be below 1"
+    start = call.arg("start")
+    if start is not None and not _integers(call.of(start)):
+        return "its substring start is not an integer"
     length = call.arg("length")
     if length is not None and not _integers(call.of(length)):
         return "its substring length is not an integer"
@@ -905,19 +955,32 @@ def _substring(call: Call) -> Result:
 
 
 def _substring_rewrite(node: exp.Expr) -> exp.Expr:
-    """A negative length raises in PostgreSQL (DuckDB would give '')."""
-    length = node.args.get("length")
-    if length is None or (_literal_int(length) or 0) >= 0 and _literal_int(length) is not None:
+    """PostgreSQL counts a start below 1 as characters before the string, which shorten the
+    length (DuckDB counts a negative start from the end); a negative length raises (DuckDB
+    would give '')."""
+    start, length = node.args.get("start"), node.args.get("length")
+    literal = _literal_int(start) if start is not None else 1
+    if length is not None and not (_literal_int(length) is not None and _literal_int(length) >= 0):
+        length = _error_if(exp.LT(this=length.copy(), expression=exp.Literal.number(0)),
+                           "negative substring length not allowed", length)  # fmt: skip
+        node.set("length", length)
+    if start is None or (literal is not None and literal >= 1):
         return node
-    checked = _error_if(exp.LT(this=length.copy(), expression=exp.Literal.number(0)),
-                        "negative substring length not allowed", length)  # fmt: skip
-    node.set("length", checked)
+    one = exp.Literal.number(1)
+    first = exp.Greatest(this=start.copy(), expressions=[one.copy()])
+    node.set("start", first)
+    if length is not None:  # the characters from start to start + length, of those from 1
+        end = exp.Sub(this=exp.Add(this=start.copy(), expression=length),
+                      expression=first.copy())  # fmt: skip
+        node.set("length", exp.Greatest(this=end, expressions=[exp.Literal.number(0)]))
     return node
 
 
 entry("substring / substr", exp.Substring, _substring, rewrite=_substring_rewrite,
       proofs=("substring(e.t from 2 for 3)", "substr(e.c, 1, 2)", "substring(e.v from 3)",
-              "substring(e.t, 1, e.i2)", "substr(e.v, 2, 0)"),
+              "substring(e.t, 1, e.i2 + 1)", "substr(e.v, 2, 0)", "substring(e.t from 0 for 3)",
+              "substring(e.v from -2 for 4)", "substring(e.t from -5)", "substr(e.c, e.i2, 2)",
+              "substring(e.v from e.i4 - 8)", "substr(e.t, -1, 1)"),
       raises=("substring(e.t from 1 for -1)", "substr(e.v, 1, e.i4 - 100)"))  # fmt: skip
 
 

@@ -144,7 +144,7 @@ class ExpressionTypes:
                     # an argument the list does not take: the first cause is the reason
                     self._problems[id(node)] = self._problems[id(argument)]
                     return UNKNOWN
-            found, result = allowlist.resolve(node, lambda n: self.of(n, block), self.settings)
+            found, result = allowlist.resolve(node, self.of, self.settings)
             if found is None or not isinstance(result, PgType):
                 self._problems[id(node)] = self._first_problem(node) or str(result)
                 return UNKNOWN

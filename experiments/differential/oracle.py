@@ -141,9 +141,15 @@ def partitions(base: Select, predicate: str) -> list[str]:
 
 
 def check_partitions(
-    conn: cache.Connection, base: Select, predicate: str
+    conn: cache.Connection, base: Select, predicate: str,
+    pg: psycopg.Connection[t.Any] | None = None,
 ) -> Difference | None:
-    """The base query's rows through the cache equal its three partitions' rows together."""
+    """The base query's rows through the cache equal its three partitions' rows together
+    (``pg``: first checked to be valid queries on PostgreSQL; an invalid predicate is no
+    partition)."""
+    if pg is not None and any(on_postgres(pg, sql).failed for sql in
+                              [base.sql(), *partitions(base, predicate)]):  # fmt: skip
+        return None
     whole = on_cache(conn, base.sql())
     parts = [on_cache(conn, sql) for sql in partitions(base, predicate)]
     failed = [p for p in (whole, *parts) if p.failed]

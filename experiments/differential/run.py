@@ -168,7 +168,7 @@ def _run_seed(
         if number % PARTITION_EVERY == 0:
             base, predicate = next(cases)
             report.partitions += 1
-            difference = check_partitions(conns["cost"], base, predicate)
+            difference = check_partitions(conns["cost"], base, predicate, pg)
             if difference is not None:
                 report.failures.append(Failure(seed, number, "partition", difference.kind,
                                                difference.detail, base.sql(),
