@@ -48,6 +48,11 @@ Result = PgType | str  # the result's type, or why the entry does not take these
 NOT_MINE = ""
 
 _DIGITS = 38  # DuckDB's widest decimal
+# PostgreSQL's numeric division inside a local statement: the cache's own DuckDB functions
+# (`cache.execution.functions`), giving the quotient at PostgreSQL's scale (at most
+# DIVISION_SCALE digits: DuckDB holds it as a DECIMAL(38, DIVISION_SCALE)) and that scale
+NUMERIC_DIVIDE, NUMERIC_DIVIDE_SCALE = "mtcache_numeric_div", "mtcache_numeric_div_scale"
+DIVISION_SCALE = 24
 
 
 @dataclass(frozen=True)
@@ -497,7 +502,9 @@ def _div(call: Call) -> Result:
 
 entry("/", exp.Div, _div,
       proofs=("e.i4 / 2", "-7 / 2", "e.i8 / e.i4", "SELECT e.n / 3 FROM edge e",
-              "SELECT e.n4 / e.n FROM edge e WHERE e.n <> 0"),
+              "SELECT e.n4 / e.n FROM edge e WHERE e.n <> 0", "e.n / 3 + 1",
+              "e.n4 / 7 > 0.1", "round(e.n / 3, 2)", "(e.n / e.i4::numeric) * 2",
+              "coalesce(e.n / 7, 0)", "e.n0 / 3 = 1", "e.i4 / 7.0"),
       raises=("e.i4 / 0", "e.i4 / (e.i4 - e.i4)", "e.n / 0"))  # fmt: skip
 
 
@@ -698,6 +705,19 @@ def _like(call: Call) -> Result:
     if "\\" in text:
         return "its LIKE pattern has a backslash (escapes are read differently)"
     return BOOL
+
+
+def numeric_division(numerator: exp.Expr, numerator_scale: exp.Expr, denominator: exp.Expr,
+                     denominator_scale: exp.Expr, scale: bool = False) -> exp.Expr:  # fmt: skip
+    """PostgreSQL's numeric division of two exact operands, given their display scales, in
+    DuckDB: the quotient (a DECIMAL(38, DIVISION_SCALE)) or, with ``scale``, its display
+    scale."""
+    call = _func(NUMERIC_DIVIDE_SCALE if scale else NUMERIC_DIVIDE,
+                 exp.cast(numerator, "VARCHAR"), numerator_scale,
+                 exp.cast(denominator, "VARCHAR"), denominator_scale)  # fmt: skip
+    if scale:
+        return call
+    return exp.cast(call, exp.DataType.build(f"DECIMAL(38, {DIVISION_SCALE})"))
 
 
 def _ilike_rewrite(node: exp.Expr) -> exp.Expr:
@@ -1518,7 +1538,13 @@ def _avg(call: Call) -> Result:
 entry("avg", exp.Avg, _avg,
       proofs=("SELECT avg(e.i4), avg(e.n), avg(e.n4), avg(e.i8) FROM edge e",
               "SELECT e.b, avg(e.n0) FROM edge e GROUP BY e.b",
-              "SELECT avg(CASE WHEN e.i4 > 0 THEN e.n ELSE 0 END) FROM edge e"))  # fmt: skip
+              "SELECT avg(CASE WHEN e.i4 > 0 THEN e.n ELSE 0 END) FROM edge e",
+              "SELECT e.b, avg(e.n) + 1, avg(e.i4) * 2 FROM edge e GROUP BY e.b",
+              "SELECT e.b FROM edge e GROUP BY e.b HAVING avg(e.n4) > 0",
+              "(SELECT avg(x.n) FROM edge x WHERE x.id <> e.id)",
+              "avg(e.n) OVER (PARTITION BY e.b)", "avg(e.i2) OVER (ORDER BY e.id)",
+              "SELECT count(*) FROM (SELECT avg(e.n4) AS a FROM edge e GROUP BY e.b) d "
+              "WHERE d.a > 0"))  # fmt: skip
 
 
 def _extremum(call: Call) -> Result:

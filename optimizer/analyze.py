@@ -21,13 +21,14 @@ from optimizer.divisions import analyze_divisions
 from optimizer.equivalences import block_classes, joined
 from optimizer.expression_types import ExpressionTypes
 from optimizer.normalize_constraint import ConsistencyClass, Constraint, Instance, QueryResolver
-from optimizer.numeric_scales import scale_expression
+from optimizer.allowlist import numeric_division
+from optimizer.numeric_scales import division_operands, scale_expression
 from optimizer.pg_semantics import Semantics, pg_semantics
 from optimizer.volatility import repeatable
 from sql_ext import Block, Query, Source
 from sql_ext.catalog import Catalog
 from sql_ext.fds import FD
-from sql_ext.params import Key, is_constant, number_nodes, placeholder_keys
+from sql_ext.params import NODE_ID, Key, is_constant, number_nodes, placeholder_keys
 
 COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.In, exp.Between,
                exp.Like, exp.ILike, exp.NullSafeEQ, exp.NullSafeNEQ)  # fmt: skip
@@ -81,6 +82,9 @@ class Analysis:
     # value, or the DuckDB expression computing them row by row (optimizer.numeric_scales)
     division_scales: Mapping[int, tuple[int | exp.Expr, int | exp.Expr]] = field(
         default_factory=dict)
+    # divisions inside the statement, by node number: the DuckDB expression computing each one
+    # with PostgreSQL's division (optimizer.allowlist.numeric_division)
+    inner_divisions: Mapping[int, exp.Expr] = field(default_factory=dict)
     # The answer depends only on the data and parameters (optimizer.volatility): a local
     # answer may be reused while the views it read are unchanged
     repeatable: bool = False
@@ -154,8 +158,10 @@ def analyze(query: Query, catalog: Catalog, default_bound: float | None = None) 
                         columns[instance] |= set(table.column_names)
     types = ExpressionTypes(query, catalog, resolver.column_source)
     semantics = pg_semantics(query, types, catalog.text_byte_order)
-    divisions, division_blocker = analyze_divisions(query, types)
+    divisions, inner, division_blocker = analyze_divisions(query, types)
     division_scales, scale_blocker = _division_scales(query, types, divisions)
+    inner_divisions, inner_blocker = _inner_divisions(query, types, inner)
+    scale_blocker = scale_blocker or inner_blocker
     varying = sorted(semantics.varying_scales - set(divisions))
     if varying and semantics.blocker is None:
         scale_blocker = scale_blocker or (
@@ -212,6 +218,7 @@ def analyze(query: Query, catalog: Catalog, default_bound: float | None = None) 
         semantics=semantics,
         divisions=divisions,
         division_scales=division_scales,
+        inner_divisions=inner_divisions,
         repeatable=repeatable(query.tree),
         reads_blank_padded=any(
             _is_padded(catalog, (i, c)) for i, used in columns.items() for c in used
@@ -267,6 +274,33 @@ def _division_scales(
                            "scales vary from row to row in a way the cache cannot follow")
         found[index] = (t.cast("int | exp.Expr", scales[0]), t.cast("int | exp.Expr", scales[1]))
     return found, None
+
+
+def _inner_divisions(
+    query: Query, types: ExpressionTypes, inner: Mapping[int, str]
+) -> tuple[dict[int, exp.Expr], str | None]:
+    """The DuckDB expression of each division inside the statement, or why one cannot be."""
+    found: dict[int, exp.Expr] = {}
+    if not inner:
+        return found, None
+    for node in query.tree.find_all(exp.Div, exp.Avg):
+        number = node.meta.get(NODE_ID)
+        if number not in inner:
+            continue
+        operands = division_operands(node, types.of)
+        if operands is None or operands[1] is None or operands[3] is None:
+            return {}, (f"it divides {node.sql(dialect='postgres')[:40]}, numerics whose display "
+                        "scales the cache cannot follow")  # fmt: skip
+        numerator, a, denominator, b = operands
+        target: exp.Expr = node.parent if isinstance(node, exp.Avg) and isinstance(
+            node.parent, exp.Window) else node  # fmt: skip
+        found[target.meta[NODE_ID]] = numeric_division(
+            numerator.copy(), _literal(a), denominator.copy(), _literal(b))
+    return found, None
+
+
+def _literal(scale: int | exp.Expr | None) -> exp.Expr:
+    return exp.Literal.number(scale) if isinstance(scale, int) else t.cast(exp.Expr, scale)
 
 
 def _column_type(catalog: Catalog, attr: tuple[t.Any, str]) -> str:

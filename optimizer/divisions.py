@@ -1,5 +1,5 @@
 """Divisions DuckDB cannot do as PostgreSQL does (SPEC §5.11). PostgreSQL divides numerics with
-a result scale of its own (`cache.execution.pg_numeric`), and `avg` of integers or numerics is
+a result scale of its own (`optimizer.pg_numeric`), and `avg` of integers or numerics is
 such a division; DuckDB answers them as doubles. Integer division is alike in both (DuckDB is
 set to truncate). So:
 
@@ -8,7 +8,9 @@ set to truncate). So:
   returns its exact numerator and denominator (sum and count for an average), the cache
   divides as PostgreSQL does (`rewritable`);
 * any other (in WHERE, HAVING, a subquery, inside a larger expression, under ORDER BY or
-  DISTINCT) keeps the statement remote, as do variance, standard deviation and correlation.
+  DISTINCT, over a window) DuckDB computes with the cache's own function, PostgreSQL's
+  division given the operands' display scales (`optimizer.allowlist.numeric_division`);
+* variance, standard deviation and correlation keep the statement remote.
 """
 
 from __future__ import annotations
@@ -19,37 +21,43 @@ from sqlglot import exp
 
 from optimizer.expression_types import ExpressionTypes
 from sql_ext import Query
+from sql_ext.params import NODE_ID
 
 Kind = t.Literal["avg", "divide"]
 _STATISTICS = (exp.Stddev, exp.StddevPop, exp.StddevSamp, exp.Variance, exp.VariancePop,
                exp.Corr, exp.CovarPop, exp.CovarSamp)  # fmt: skip
 
 
-def analyze_divisions(query: Query, types: ExpressionTypes) -> tuple[dict[int, Kind], str | None]:
-    """(output column index -> "avg" | "divide" for the divisions the cache can do, why the
-    statement cannot run locally or None)."""
+def analyze_divisions(
+    query: Query, types: ExpressionTypes
+) -> tuple[dict[int, Kind], dict[int, Kind], str | None]:
+    """(output column index -> "avg" | "divide" for the divisions the cache does itself, node
+    number -> "avg" | "divide" for those DuckDB does with the cache's function
+    (`optimizer.allowlist.numeric_division`), why the statement cannot run locally or
+    None)."""
     outputs: dict[int, Kind] = {}
+    inner: dict[int, Kind] = {}
     rewritable = _rewritable_outputs(query)
     for node in query.tree.find_all(exp.Div, exp.Avg, *_STATISTICS):
         if isinstance(node, _STATISTICS):
-            return outputs, f"it computes {node.key} (DuckDB would answer a double)"
+            return outputs, inner, f"it computes {node.key} (DuckDB would answer a double)"
         if types.block_of(node) is None:
             continue
         if isinstance(node, exp.Div):
             kinds = {types.of(node.this).kind, types.of(node.expression).kind}
             if kinds <= {"integer", "null"}:
                 continue  # integer / integer truncates in both engines
-            if "float" in kinds and kinds <= {"integer", "float", "null"}:
+            if "float" in kinds:
                 continue  # a division of doubles, IEEE's in both engines
+        elif types.of(node.this).kind not in ("integer", "numeric", "null"):
+            continue  # an average of doubles: the allowlist keeps it remote
+        kind: Kind = "avg" if isinstance(node, exp.Avg) else "divide"
         index = rewritable.get(id(node))
         if index is None:
-            what = "averages" if isinstance(node, exp.Avg) else "divides"
-            return outputs, (
-                f"it {what} numerics where the cache cannot divide as PostgreSQL does (only a "
-                "whole output column of the outermost SELECT can be)"
-            )
-        outputs[index] = "avg" if isinstance(node, exp.Avg) else "divide"
-    return outputs, None
+            inner[node.meta[NODE_ID]] = kind
+        else:
+            outputs[index] = kind
+    return outputs, inner, None
 
 
 def _rewritable_outputs(query: Query) -> dict[int, int]:

@@ -55,6 +55,7 @@ def local_statement(plan: Plan, choice: Mapping[int, str | None]) -> LocalStatem
     if plan.with_params:
         unescape_percent(copy)
     scale_columns = _add_scale_columns(copy, analysis)
+    _divide_inside(copy, analysis.inner_divisions)
     by_id: dict[int, list[exp.Expr]] = {}
     for node in copy.walk():
         if NODE_ID in node.meta:
@@ -90,6 +91,23 @@ def local_statement(plan: Plan, choice: Mapping[int, str | None]) -> LocalStatem
     zone = any(m.name == ZONE_PARAMETER for m in copy.find_all(exp.Placeholder))
     return LocalStatement(sql, keys, tuple(map(duckdb_name, keys)), tuple(leaves), outputs,
                           typed, zone)  # fmt: skip
+
+
+def _divide_inside(copy: exp.Expr, divisions: Mapping[int, exp.Expr]) -> None:
+    """Each division inside the statement as PostgreSQL's (optimizer.divisions), before the
+    rewrites: its operands are rewritten like any other part."""
+    while divisions:  # again for divisions inside the operands just put in
+        found = [n for n in copy.walk() if n.meta.get(NODE_ID) in divisions
+                 and not n.meta.get(_DIVIDED)]  # fmt: skip
+        if not found:
+            return
+        for node in found:
+            replacement = divisions[node.meta[NODE_ID]].copy()
+            replacement.meta.update({NODE_ID: node.meta[NODE_ID], _DIVIDED: True})
+            node.replace(replacement)
+
+
+_DIVIDED = "mt_divided"  # meta of a division already put in as PostgreSQL's
 
 
 def _add_scale_columns(copy: exp.Expr, analysis: t.Any) -> dict[t.Any, int]:

@@ -16,9 +16,45 @@ from collections.abc import Callable
 
 from sqlglot import exp
 
+from optimizer.allowlist import DIVISION_SCALE, numeric_division
 from optimizer.pg_types import PgType
+from sql_ext.params import NODE_ID
 
 Scale = int | exp.Expr | None
+
+
+def division_operands(node: exp.Expr, type_of: Callable[[exp.Expr], PgType]
+                      ) -> tuple[exp.Expr, Scale, exp.Expr, Scale] | None:  # fmt: skip
+    """An average or a numeric division as numerator, its scale, denominator, its scale
+    (an average: the sum and the count of its values, over its window if it has one)."""
+    if isinstance(node, exp.Div):
+        return (node.this, scale_expression(node.this, type_of), node.expression,
+                scale_expression(node.expression, type_of))
+    if isinstance(node, exp.Avg):
+        value = node.this
+        found = scale_expression(value, type_of)
+        if isinstance(found, exp.Expr):  # the sum's: the largest of its values'
+            found = exp.Max(this=exp.Case(ifs=[exp.If(
+                this=exp.Not(this=exp.Is(this=value.copy(), expression=exp.Null())),
+                true=found)]))  # fmt: skip
+        window = node.parent if isinstance(node.parent, exp.Window) else None
+        if window is not None and isinstance(found, exp.Expr):
+            return None  # a windowed sum's scale: not followed
+        total: exp.Expr = exp.Sum(this=value.copy())
+        count: exp.Expr = exp.Count(this=value.copy())
+        if window is not None:
+            total = _windowed(window, total)
+            count = _windowed(window, count)
+        return total, found, count, 0
+    return None
+
+
+def _windowed(window: exp.Window, function: exp.Expr) -> exp.Expr:
+    """``function`` over the average's window (a new node: not the window's number)."""
+    copy = window.copy()
+    copy.meta.pop(NODE_ID, None)
+    copy.set("this", function)
+    return copy
 
 
 def scale_expression(node: exp.Expr, type_of: Callable[[exp.Expr], PgType]) -> Scale:
@@ -41,6 +77,17 @@ def _varying(node: exp.Expr, type_of: Callable[[exp.Expr], PgType]) -> Scale:
 
     if isinstance(node, exp.Paren | exp.Alias):
         return of(node.this)
+    if isinstance(node, exp.Window) and isinstance(node.this, exp.Avg):
+        return of(node.this)  # the average's own (its operands are windowed)
+    if isinstance(node, exp.Subquery) and isinstance(node.this, exp.Select):
+        return _subquery_scale(node, type_of)
+    if isinstance(node, exp.Div | exp.Avg):
+        operands = division_operands(node, type_of)
+        if operands is None or operands[1] is None or operands[3] is None:
+            return None
+        numerator, a, denominator, b = operands
+        return numeric_division(numerator.copy(), _sql(a), denominator.copy(), _sql(b),
+                                scale=True)  # fmt: skip
     if isinstance(node, exp.Cast) and not node.to.expressions:
         return of(node.this)  # ::numeric keeps each value's scale
     if isinstance(node, exp.Case):
@@ -102,6 +149,21 @@ def _varying(node: exp.Expr, type_of: Callable[[exp.Expr], PgType]) -> Scale:
     return None
 
 
+def _subquery_scale(node: exp.Subquery, type_of: Callable[[exp.Expr], PgType]) -> Scale:
+    """A scalar subquery's value's scale: the same subquery, computing the scale instead."""
+    select = node.this
+    if len(select.expressions) != 1 or select.args.get("distinct"):
+        return None
+    projection = select.expressions[0]
+    value = projection.this if isinstance(projection, exp.Alias) else projection
+    inner = scale_expression(value, type_of)
+    if not isinstance(inner, exp.Expr):
+        return inner
+    copy = select.copy()
+    copy.set("expressions", [inner])
+    return exp.Subquery(this=copy)
+
+
 def _combine(a: Scale, b: Scale, how: t.Literal["greatest", "add"]) -> Scale:
     if a is None or b is None:
         return None
@@ -132,6 +194,8 @@ def scale_bound(node: exp.Expr, type_of: Callable[[exp.Expr], PgType]) -> int | 
         return None if any(s is None for s in scales) else t.cast(list[int], scales)
 
     children: list[exp.Expr]
+    if isinstance(node, exp.Div | exp.Avg):
+        return DIVISION_SCALE
     if isinstance(node, exp.Paren | exp.Alias | exp.Nullif | exp.Neg | exp.Abs | exp.Sum
                   | exp.Min | exp.Max | exp.Window) or (isinstance(node, exp.Cast)
                                                         and not node.to.expressions):  # fmt: skip

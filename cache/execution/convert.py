@@ -25,7 +25,7 @@ import psycopg
 import pyarrow as pa
 
 from cache.backend.copy_arrow import arrow_type
-from cache.execution import pg_numeric
+from optimizer import pg_numeric
 from optimizer.allowlist import ZONE_PARAMETER
 from optimizer.local_statement import LocalStatement, Output
 from sql_ext.errors import DataError

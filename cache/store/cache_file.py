@@ -22,6 +22,7 @@ import duckdb
 from sqlglot import exp
 
 from cache.private_files import make_private, make_private_dirs
+from cache.store import functions
 from control_tables.schema import CachedView, CacheSchema, ControlTable, view_from_statement
 from control_tables.script import apply_script
 from control_tables.types import BPCHAR, duckdb_type, transfer_type
@@ -114,6 +115,9 @@ class _Shared:
     # its rows; ``epoch`` with a change of any (DDL, another process's)
     view_versions: dict[str, int] = field(default_factory=dict)
     epoch: int = 0
+    # the connection holding the cache's DuckDB functions (`cache.store.functions`): opened
+    # with the first handle, closed after the last
+    functions: duckdb.DuckDBPyConnection | None = None
 
 
 _SHARED: dict[Path, _Shared] = {}
@@ -177,6 +181,12 @@ class CacheStore:
                 self._shared.schema_version += 1
                 self._shared.epoch += 1
                 self._shared.schema = None
+            if self._shared.functions is None:
+                try:
+                    self._shared.functions = functions.holder(self.path)
+                except BaseException:
+                    self.con.close()
+                    raise
             self._shared.handles += 1
         # Local answers follow PostgreSQL: integer / integer truncates.
         self.con.execute("SET integer_division = true")
@@ -314,8 +324,11 @@ class CacheStore:
             return
         with self._shared.lock:
             self._shared.handles -= 1
-        self.con.close()
-        self.con = None  # type: ignore[assignment]
+            self.con.close()
+            self.con = None  # type: ignore[assignment]
+            if self._shared.handles == 0 and self._shared.functions is not None:
+                self._shared.functions.close()  # the last connection: its functions go
+                self._shared.functions = None
 
     def __enter__(self) -> CacheStore:
         return self

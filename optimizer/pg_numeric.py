@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import decimal
 
+from optimizer.allowlist import DIVISION_SCALE
+
 NUMERIC_MIN_SIG_DIGITS = 16
 DEC_DIGITS = 4  # decimal digits per base-10000 group
 NUMERIC_MIN_DISPLAY_SCALE = 0
@@ -92,3 +94,41 @@ def average(total: decimal.Decimal | int | None, count: int) -> decimal.Decimal 
     if total is None or count == 0:
         return None
     return divide(total, count)
+
+
+# -- inside a local statement ---------------------------------------------------------------------
+#
+# A numeric division PostgreSQL computes inside a statement (an average in a subquery, a
+# quotient compared in WHERE) is computed by these functions, which DuckDB calls
+# (`cache.store.functions`): the operands come as their exact text with PostgreSQL's display
+# scale beside them; the quotient goes back as text at PostgreSQL's scale, which DuckDB reads as
+# a DECIMAL(38, DIVISION_SCALE) (a quotient needing more digits raises: the backend answers).
+
+
+
+def _operand(text: str, scale: int) -> decimal.Decimal:
+    return decimal.Decimal(text).quantize(decimal.Decimal(1).scaleb(-scale),
+                                          context=decimal.Context(prec=1000))  # fmt: skip
+
+
+def divide_texts(a: str | None, a_scale: int | None, b: str | None,
+                 b_scale: int | None) -> str | None:  # fmt: skip
+    """a / b as PostgreSQL's numeric division, from and to text (NULL in, NULL out)."""
+    if a is None or b is None or a_scale is None or b_scale is None:
+        return None
+    quotient = divide(_operand(a, a_scale), _operand(b, b_scale))
+    if -quotient.as_tuple().exponent > DIVISION_SCALE:  # type: ignore[operator]
+        raise ArithmeticError(f"a quotient of scale {-quotient.as_tuple().exponent} "
+                              f"exceeds the cache's {DIVISION_SCALE}")  # type: ignore[operator]
+    return format(quotient, "f")
+
+
+def division_text_scale(a: str | None, a_scale: int | None, b: str | None,
+                        b_scale: int | None) -> int | None:  # fmt: skip
+    """The display scale of a / b as PostgreSQL gives it."""
+    if a is None or b is None or a_scale is None or b_scale is None:
+        return None
+    dividend, divisor = _operand(a, a_scale), _operand(b, b_scale)
+    if divisor == 0:
+        return None  # the division itself raises
+    return division_scale(dividend, divisor)

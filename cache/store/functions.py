@@ -1,0 +1,31 @@
+"""Functions of the cache's own that local statements call in DuckDB: PostgreSQL's numeric
+division (`optimizer.pg_numeric`).
+
+DuckDB keeps a Python function per database, pointing into the connection that registered it:
+that connection must outlive every other of the process on the file (a function left behind by
+a closed connection crashes the process when called). So each cache file has one connection of
+its own for them, opened with the first handle of the process on the file and closed after the
+last (`cache.store.cache_file`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+
+from optimizer import pg_numeric
+from optimizer.allowlist import NUMERIC_DIVIDE, NUMERIC_DIVIDE_SCALE
+
+_ARGUMENTS = ["VARCHAR", "INTEGER", "VARCHAR", "INTEGER"]
+
+
+def holder(path: Path) -> duckdb.DuckDBPyConnection:
+    """A connection to the cache file with the cache's functions registered (the database
+    shares them with every other connection of the process)."""
+    con = duckdb.connect(str(path))
+    con.create_function(NUMERIC_DIVIDE, pg_numeric.divide_texts, _ARGUMENTS,  # type: ignore[arg-type]
+                        "VARCHAR", null_handling="special", side_effects=False)
+    con.create_function(NUMERIC_DIVIDE_SCALE, pg_numeric.division_text_scale,  # type: ignore[arg-type]
+                        _ARGUMENTS, "INTEGER", null_handling="special", side_effects=False)
+    return con
