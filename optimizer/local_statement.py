@@ -76,7 +76,7 @@ def local_statement(plan: Plan, choice: Mapping[int, str | None]) -> LocalStatem
         for branch in _branches(copy):
             projection = branch.expressions[index]
             inner = projection.this if isinstance(projection, exp.Alias) else projection
-            _wrap(inner, lambda n: exp.cast(n, "VARCHAR"))
+            _wrap(inner, lambda n: exp.Cast(this=n, to=exp.DataType.build("VARCHAR")))
     for mark in list(copy.find_all(exp.Placeholder)):
         if NODE_ID not in mark.meta:
             continue  # a parameter of the cache's own (the session's time zone)
@@ -180,49 +180,55 @@ def _outputs(select: exp.Expr, analysis: t.Any, scale_columns: dict[t.Any, int]
 
 def _compute_as_postgres(by_id: Mapping[int, list[exp.Expr]], semantics: Semantics) -> None:
     """The rewrites that make DuckDB compute what PostgreSQL computes (optimizer.pg_semantics).
-    A wrapped node stays itself (not a copy), so rewrites of nodes inside it still apply; the
-    allowlist's rewrites come last, innermost first, each over its rewritten arguments."""
+    First the wrappers around single nodes, each keeping the node itself (not a copy), so the
+    rewrites of nodes inside it still apply; then the allowlist's rewrites, innermost first,
+    each over its rewritten arguments (a copy it makes holds them all)."""
+
     def each(numbers: t.Iterable[int]) -> t.Iterator[tuple[int, exp.Expr]]:
         for number in numbers:
             for node in by_id.get(number, ()):
                 yield number, node
 
+    def as_type(node: exp.Expr, name: str) -> exp.Expr:
+        return exp.Cast(this=node, to=exp.DataType.build(name))
+
     for _, node in each(semantics.rtrim):
         # char(n) is stored without its trailing blanks: so are what it is compared with
-        _wrap(node, lambda n: exp.func("RTRIM", n, exp.Literal.string(" ")))
+        _wrap(node, lambda n: exp.Anonymous(this="RTRIM", expressions=[
+            n, exp.Literal.string(" ")]))  # fmt: skip
     for number, node in each(semantics.rpad):
         # ... but patterns and printing see them: pad the value again for those
-        _wrap(node, lambda n, w=semantics.rpad[number]: exp.func(  # type: ignore[misc]
-            "RPAD", n, exp.Literal.number(w), exp.Literal.string(" ")))
+        _wrap(node, lambda n, w=semantics.rpad[number]: exp.Anonymous(  # type: ignore[misc]
+            this="RPAD", expressions=[n, exp.Literal.number(w), exp.Literal.string(" ")]))
     for number, node in each(semantics.decimal_scales):
         digits = semantics.decimal_digits.get(number, 38)
         scale = semantics.decimal_scales[number]
         node.set("to", exp.DataType.build(f"DECIMAL({digits}, {scale})"))
     for _, node in each(semantics.doubles):
-        _wrap(node, lambda n: exp.cast(n, "DOUBLE"))
+        _wrap(node, lambda n: as_type(n, "DOUBLE"))
     for number, node in each(semantics.exact_numbers):
         exact = sqlglot.parse_one(semantics.exact_numbers[number], read="duckdb")
         exact.meta.update(node.meta)
         node.replace(exact)
     for number, node in each(semantics.text_scales):
         # a numeric printed as text shows PostgreSQL's display scale
-        _wrap(node, lambda n, s=semantics.text_scales[number]: exp.cast(  # type: ignore[misc]
-            n, exp.DataType.build(f"DECIMAL(38, {s})")))
+        _wrap(node, lambda n, s=semantics.text_scales[number]: as_type(  # type: ignore[misc]
+            n, f"DECIMAL(38, {s})"))
+    zone = exp.Placeholder(this=exp.to_identifier(ZONE_PARAMETER))
+    for _, node in each(semantics.zoned):
+        _wrap(node, lambda n: exp.Anonymous(this="timezone", expressions=[
+            zone.copy(), as_type(n, "TIMESTAMP")]))  # fmt: skip
+    for _, node in each(semantics.localized):
+        _wrap(node, lambda n: exp.Anonymous(this="timezone", expressions=[zone.copy(), n]))
+    for number, node in each(semantics.widen):
+        # numerics of several scales in one column: one type DuckDB combines without rounding
+        _wrap(node, lambda n, s=semantics.widen[number]: as_type(  # type: ignore[misc]
+            n, f"DECIMAL(38, {s})"))
     rewritten = sorted(each(semantics.rewrites), key=lambda found: -_depth(found[1]))
     for number, node in rewritten:
         rewrite = BY_NAME[semantics.rewrites[number]].rewrite
         assert rewrite is not None
         _wrap(node, rewrite)
-    zone = exp.Placeholder(this=exp.to_identifier(ZONE_PARAMETER))
-    for _, node in each(semantics.zoned):
-        _wrap(node, lambda n: exp.Anonymous(this="timezone", expressions=[
-            zone.copy(), exp.cast(n, "TIMESTAMP")]))  # fmt: skip
-    for _, node in each(semantics.localized):
-        _wrap(node, lambda n: exp.Anonymous(this="timezone", expressions=[zone.copy(), n]))
-    for number, node in each(semantics.widen):
-        # numerics of several scales in one column: one type DuckDB combines without rounding
-        _wrap(node, lambda n, s=semantics.widen[number]: exp.cast(  # type: ignore[misc]
-            n, exp.DataType.build(f"DECIMAL(38, {s})")))
 
 
 def _branches(query: exp.Expr) -> list[exp.Select]:
@@ -242,6 +248,9 @@ def _depth(node: exp.Expr) -> int:
 
 
 def _wrap(node: exp.Expr, make: t.Callable[[exp.Expr], exp.Expr]) -> None:
+    """Put ``make(node)`` where ``node`` is (``make`` must not copy ``node``: sqlglot's
+    ``exp.cast`` and ``exp.func`` do, and a copy would lose the rewrites still to come inside
+    it)."""
     hole = exp.Null()
     node.replace(hole)
     hole.replace(make(node))

@@ -88,7 +88,10 @@ def connections(dsn: str, cache_path: Path) -> Iterator[tuple[psycopg.Connection
                                                               dict[str, cache.Connection]]]:
     """PostgreSQL itself, and one cache connection per pass, on one cache file holding every
     TPC-H table (refreshed now)."""
-    limited = f"{dsn}{'&' if '?' in dsn else '?'}options=-c%20statement_timeout%3D{STATEMENT_TIMEOUT_MS}"
+    # no parallel plans: PostgreSQL's own sums of doubles would change with the workers' order
+    options = (f"-c statement_timeout={STATEMENT_TIMEOUT_MS} "
+               "-c max_parallel_workers_per_gather=0").replace(" ", "%20").replace("=", "%3D")
+    limited = f"{dsn}{'&' if '?' in dsn else '?'}options={options}"
     pg = psycopg.connect(limited, autocommit=True)
     opened: dict[str, cache.Connection] = {}
     try:
