@@ -33,7 +33,6 @@ from optimizer.pg_types import (
     INT8,
     NUMBERS,
     STRINGS,
-    TIME,
     TIMESTAMP,
     UNKNOWN,
     PgType,
@@ -179,9 +178,12 @@ def _ascii_map(node: exp.Expr, source: str, target: str) -> exp.Expr:
 ENTRIES: list[Entry] = []
 
 
-def entry(name: str, forms: type[exp.Expr] | str | tuple[type[exp.Expr] | str, ...],
-          signature: Callable[[Call], Result], *, rewrite: Callable[[exp.Expr], exp.Expr]
-          | None = None, proofs: tuple[str, ...] = (), raises: tuple[str, ...] = ()) -> None:  # fmt: skip
+Forms = type[exp.Expr] | str | tuple[type[exp.Expr] | str, ...]
+
+
+def entry(name: str, forms: Forms, signature: Callable[[Call], Result], *,
+          rewrite: Callable[[exp.Expr], exp.Expr] | None = None, proofs: tuple[str, ...] = (),
+          raises: tuple[str, ...] = ()) -> None:  # fmt: skip
     ENTRIES.append(Entry(name, forms if isinstance(forms, tuple) else (forms,), signature,
                          rewrite, proofs, raises))  # fmt: skip
 
@@ -301,6 +303,7 @@ def _cast_rewrite(node: exp.Expr) -> exp.Expr:
     """A numeric becomes a double or a real through its text in PostgreSQL (strtod: the
     nearest value); DuckDB divides its digits by a power of ten, which may round twice. Read
     from the text too."""
+    assert isinstance(node, exp.Cast)
     target = node.to.this
     if target in (exp.DType.DOUBLE, exp.DType.FLOAT) and isinstance(node.this, exp.Expr):
         node.set("this", exp.cast(node.this, "VARCHAR"))
@@ -342,7 +345,7 @@ def _cast_literal(text: str, to: PgType, name: str) -> Result:
 def _numeric_to_float(call: Call) -> Result:
     """Casts of numerics to double precision and real (`_cast_rewrite`)."""
     inner = call.type()
-    to = declared(call.node.to.sql(dialect="postgres").lower())
+    to = declared(t.cast(exp.Cast, call.node).to.sql(dialect="postgres").lower())
     if inner.kind != "numeric" or to.kind != "float":
         return NOT_MINE
     return to
@@ -360,7 +363,8 @@ entry("CAST", exp.Cast, _cast,
               "e.c::text", "e.v::text", "e.b::text", "e.ts::date", "e.d::timestamp", "e.tz::date",
               "e.tz::timestamp", "'12'::int",
               "' -3 '::bigint", "'1.250'::numeric", "'1e3'::numeric", "'NaN'::float8",
-              "'-Infinity'::float8", "'1.5'::float8", "DATE '1995-01-22'", "DATE '1995-01-22'::varchar",
+              "'-Infinity'::float8", "'1.5'::float8", "DATE '1995-01-22'",
+              "DATE '1995-01-22'::varchar",
               "date '1994-06-27'::timestamp", "TIMESTAMP '1998-12-31 23:59:59.5'",
               "'10:15'::time", "'true'::boolean", "e.b::boolean", "e.f4::real"),
       raises=("(e.i8 * 0 + 3000000000)::int", "'abc'::int", "(e.n0 + 10)::numeric(3,2)",
@@ -372,7 +376,6 @@ entry("CAST", exp.Cast, _cast,
 
 def _add(call: Call) -> Result:
     a, b = call.type(), call.type("expression")
-    kinds = {a.kind, b.kind} - {"null"}
     sub = isinstance(call.node, exp.Sub)
     if _integers(a, b):
         return PgType("integer", max(a.width or 4, b.width or 4, 4 if 2 not in (a.width, b.width)
@@ -458,7 +461,8 @@ entry("+ and -", (exp.Add, exp.Sub), _add,
               "e.d + interval '1 month'", "e.ts - interval '36 hours'",
               "e.ts - TIMESTAMP '1992-01-01 10:00'", "e.d + time '10:15'",
               "interval '1 day' + interval '2 hours'"),
-      raises=("e.i4 + 2147483647 + 2147483647", "e.i2 + 32767::smallint + 32767::smallint"))  # fmt: skip
+      raises=("e.i4 + 2147483647 + 2147483647",
+              "e.i2 + 32767::smallint + 32767::smallint"))  # fmt: skip
 
 
 def _mul(call: Call) -> Result:
@@ -787,7 +791,8 @@ def _similar_rewrite(node: exp.Expr) -> exp.Expr:
 entry("SIMILAR TO", exp.SimilarTo, _similar, rewrite=_similar_rewrite,
       proofs=("e.t SIMILAR TO 'A%'", "e.c SIMILAR TO 'ab%'", "e.v SIMILAR TO '%(b|y)%'",
               "e.t SIMILAR TO '[A-C]%'", "e.t NOT SIMILAR TO '_%'", "e.v SIMILAR TO '%'",
-              "e.t SIMILAR TO 'x.y'", "e.t SIMILAR TO '(Ab|x)%'", "e.v SIMILAR TO '%1*'"))  # fmt: skip
+              "e.t SIMILAR TO 'x.y'", "e.t SIMILAR TO '(Ab|x)%'",
+              "e.v SIMILAR TO '%1*'"))  # fmt: skip
 
 # what both PostgreSQL's regular expressions and RE2 read alike
 _SAFE_REGEX = re.compile(r"(?:[^\\\[\](){}|*+?.^$]|\\[.^$*+?()\[\]{}|\\]|[.^$|*+?()]"
@@ -895,7 +900,8 @@ def _extreme(call: Call) -> Result:
 
 
 entry("greatest / least", (exp.Greatest, exp.Least), _extreme,
-      proofs=("greatest(e.i4, 0)", "least(e.n, 1.5)", "greatest(e.v, e.t)", "least(e.c, 'b') = 'ab'", "least(e.c, e.c)",
+      proofs=("greatest(e.i4, 0)", "least(e.n, 1.5)", "greatest(e.v, e.t)",
+              "least(e.c, 'b') = 'ab'", "least(e.c, e.c)",
               "greatest(e.c, e.v) = 'ab'", "least(e.v, e.c)", "greatest(e.v, e.c1)",
               "greatest(e.t, e.c)",
               "least(e.d, DATE '1995-01-01')", "greatest(e.n, e.i4::numeric)", "least(1.5, 2.25)",
@@ -980,7 +986,8 @@ def _substring_rewrite(node: exp.Expr) -> exp.Expr:
     would give '')."""
     start, length = node.args.get("start"), node.args.get("length")
     literal = _literal_int(start) if start is not None else 1
-    if length is not None and not (_literal_int(length) is not None and _literal_int(length) >= 0):
+    fixed = _literal_int(length) if length is not None else None
+    if length is not None and (fixed is None or fixed < 0):
         length = _error_if(exp.LT(this=length.copy(), expression=exp.Literal.number(0)),
                            "negative substring length not allowed", length)  # fmt: skip
         node.set("length", length)
@@ -1076,10 +1083,10 @@ def _to_hex_int4(node: exp.Expr) -> exp.Expr:
     """PostgreSQL prints lower case, and an integer's negative values as 32 bits (DuckDB:
     64)."""
     value = node.this
-    unsigned = exp.Case(ifs=[exp.If(this=exp.LT(this=value.copy(), expression=exp.Literal.number(0)),
-                                    true=exp.Add(this=exp.cast(value.copy(), "BIGINT"),
-                                                 expression=exp.Literal.number(2**32)))],
-                        default=exp.cast(value, "BIGINT"))  # fmt: skip
+    negative = exp.LT(this=value.copy(), expression=exp.Literal.number(0))
+    wrapped = exp.Add(this=exp.cast(value.copy(), "BIGINT"), expression=exp.Literal.number(2**32))
+    unsigned = exp.Case(ifs=[exp.If(this=negative, true=wrapped)],
+                        default=exp.cast(value, "BIGINT"))
     return exp.Lower(this=exp.Hex(this=unsigned))
 
 
@@ -1436,6 +1443,7 @@ def _to_char_rewrite(node: exp.Expr) -> exp.Expr:
             parts.append(exp.Literal.string(literal or ""))
             continue
         code, width, case = _TEMPLATE[pattern]
+        piece: exp.Expr
         if code == "quarter":
             piece = exp.cast(_func("quarter", stamp.copy()), "VARCHAR")
         else:

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 
 from sqlglot import exp
 
+from optimizer.allowlist import numeric_division
 from optimizer.divisions import analyze_divisions
 from optimizer.equivalences import block_classes, joined
 from optimizer.expression_types import ExpressionTypes
 from optimizer.normalize_constraint import ConsistencyClass, Constraint, Instance, QueryResolver
-from optimizer.allowlist import numeric_division
 from optimizer.numeric_scales import division_operands, scale_expression
 from optimizer.pg_semantics import Semantics, pg_semantics
 from optimizer.volatility import repeatable

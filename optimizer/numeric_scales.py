@@ -86,7 +86,8 @@ def _varying(node: exp.Expr, type_of: Callable[[exp.Expr], PgType]) -> Scale:
         if operands is None or operands[1] is None or operands[3] is None:
             return None
         numerator, a, denominator, b = operands
-        return numeric_division(numerator.copy(), _sql(a), denominator.copy(), _sql(b),
+        return numeric_division(numerator.copy(), _sql(t.cast("int | exp.Expr", a)),
+                                denominator.copy(), _sql(t.cast("int | exp.Expr", b)),
                                 scale=True)  # fmt: skip
     if isinstance(node, exp.Cast) and not node.to.expressions:
         return of(node.this)  # ::numeric keeps each value's scale
@@ -110,9 +111,11 @@ def _varying(node: exp.Expr, type_of: Callable[[exp.Expr], PgType]) -> Scale:
         scales = [of(v) for v in values]
         if any(s is None for s in scales):
             return None
+        known = t.cast(list["int | exp.Expr"], scales)
         ifs = [exp.If(this=exp.Not(this=exp.Is(this=v.copy(), expression=exp.Null())),
-                      true=_sql(s)) for v, s in zip(values[:-1], scales[:-1], strict=True)]  # fmt: skip
-        return exp.Case(ifs=ifs, default=_sql(scales[-1]))
+                      true=_sql(s))
+               for v, s in zip(values[:-1], known[:-1], strict=True)]  # fmt: skip
+        return exp.Case(ifs=ifs, default=_sql(known[-1]))
     if isinstance(node, exp.Nullif):
         return of(node.this)
     if isinstance(node, exp.Greatest | exp.Least) and not node.expressions[1:]:

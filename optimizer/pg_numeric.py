@@ -117,9 +117,10 @@ def divide_texts(a: str | None, a_scale: int | None, b: str | None,
     if a is None or b is None or a_scale is None or b_scale is None:
         return None
     quotient = divide(_operand(a, a_scale), _operand(b, b_scale))
-    if -quotient.as_tuple().exponent > DIVISION_SCALE:  # type: ignore[operator]
-        raise ArithmeticError(f"a quotient of scale {-quotient.as_tuple().exponent} "
-                              f"exceeds the cache's {DIVISION_SCALE}")  # type: ignore[operator]
+    scale = _display_scale(quotient)
+    if scale > DIVISION_SCALE:
+        raise ArithmeticError(f"a quotient of scale {scale} exceeds the cache's "
+                              f"{DIVISION_SCALE}")  # fmt: skip
     return format(quotient, "f")
 
 

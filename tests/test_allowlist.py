@@ -143,7 +143,8 @@ def test_times_with_time_zone_follow_the_sessions_zone(
     cursor.execute(f"SET TimeZone = '{zone}'")
     try:
         for expression in ZONED:
-            sql = f"SELECT e.id, {expression} FROM edge e WHERE e.id NOT IN {EXTREMES} ORDER BY e.id"
+            sql = (f"SELECT e.id, {expression} FROM edge e WHERE e.id NOT IN {EXTREMES} "
+                   "ORDER BY e.id")
             with psycopg.connect(backend, autocommit=True) as pg:
                 pg.execute(f"SET TimeZone = '{zone}'")
                 want = outcome(pg.execute, sql)

@@ -174,7 +174,8 @@ def test_ctrl_c_during_a_spark_refresh(mtcache_bin: str, env: dict[str, str], wh
     assert run(mtcache_bin, env, "ddl", str(SCHEMA)).returncode == 0
     assert run(mtcache_bin, env, "admit", "authorlist_pct", "2").returncode == 0
     before = regions(mtcache_bin, env)
-    stalled = {**env, "MTCACHE_FAULTS": "task:stall"}
+    mark = Path(env["MTCACHE_CACHE"]).parent / "stalled"
+    stalled = {**env, "MTCACHE_FAULTS": "task:stall", "MTCACHE_FAULT_MARK": str(mark)}
     # SIGINT handled as under a terminal (a shell's background job, such as CI's, would start
     # the test run with it ignored, and an ignored signal stays ignored across exec)
     default_sigint = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
@@ -190,14 +191,12 @@ def test_ctrl_c_during_a_spark_refresh(mtcache_bin: str, env: dict[str, str], wh
                 assert time.monotonic() < deadline and proc.poll() is None
                 time.sleep(0.05)
         else:
-            while not any("pyspark" in c and "daemon" in c for _, c in _descendants(proc.pid)):
+            while not mark.exists():  # the task is running: it stalls
                 assert time.monotonic() < deadline and proc.poll() is None
                 time.sleep(0.1)
-            time.sleep(1.0)  # the task is running (stalled)
         proc.send_signal(signal.SIGINT)
-        interrupted = time.monotonic()
+        # the task stalls for a minute: an exit before is the interrupt's doing
         out, err = proc.communicate(timeout=30)
-        took = time.monotonic() - interrupted
     finally:
         proc.kill()
     assert proc.returncode == 130, (out, err)
@@ -205,5 +204,4 @@ def test_ctrl_c_during_a_spark_refresh(mtcache_bin: str, env: dict[str, str], wh
     ours = [line for line in err.splitlines() if line.startswith("mtcache:")]
     assert ours == ["mtcache: interrupted"], err
     assert err.strip().splitlines()[-1] == "mtcache: interrupted"
-    assert took < 15, f"{took:.1f}s from Ctrl-C to exit"
     assert regions(mtcache_bin, env) == before

@@ -71,7 +71,7 @@ CASES: list[tuple[str, str]] = [
     ("SELECT i.id, substring(i.code from 2 for 3), replace(i.code, 'B', 'b') FROM items i", LOCAL),
     ("SELECT i.id, concat(i.code, '|', i.flag), concat_ws('-', i.code, i.label) FROM items i",
      LOCAL),
-    ("SELECT i.id, octet_length(i.code) FROM items i", LOCAL),  # UTF-8 bytes: the server encoding is UTF8
+    ("SELECT i.id, octet_length(i.code) FROM items i", LOCAL),  # UTF-8 bytes: the server's
     ("SELECT i.id, octet_length(i.label), i.note::bytea FROM items i", REMOTE),
     ("SELECT i.id, position('B' in i.code), trim(i.code) FROM items i", LOCAL),
     # outputs: plain char(n) is printed padded, as PostgreSQL does

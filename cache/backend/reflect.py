@@ -114,7 +114,7 @@ def reflect_catalog(conn: psycopg.Connection) -> Catalog:  # type: ignore[type-a
     row = conn.execute("SELECT current_setting('server_encoding')").fetchone()
     return Catalog(tables=tables, views=views, text_byte_order=_byte_order(database, "dat"),
                    ascii_case=_ascii_case(database),
-                   utf8=bool(row) and row[0] == "UTF8")  # fmt: skip
+                   utf8=row is not None and row[0] == "UTF8")  # fmt: skip
 
 
 def _database(conn: psycopg.Connection) -> dict[str, t.Any]:  # type: ignore[type-arg]

@@ -100,7 +100,10 @@ class Connection:
     SPEC §6, and judge currency on its clock estimate; default None, no heartbeat thread),
     ``plan_choice`` ("cost", the default: the cheaper of the whole statement remote and the
     guarded plan; "remote" or "guarded" forces that candidate, as the experiments do to time
-    each; guards still decide at run time)."""
+    each; guards still decide at run time), ``refresh_delays`` (view -> seconds: the refresh
+    delay d of §4.6 the plans assume for these views instead of the one measured from their
+    refreshes; for what-if planning and for tests that must not depend on a measured
+    time)."""
 
     # PEP 249 optional extension: the exception classes as attributes.
     Warning = _errors.Warning
@@ -129,6 +132,7 @@ class Connection:
         heartbeat: float | None = None,
         stream_lag_limit: int = DEFAULT_LAG_LIMIT,
         plan_choice: str = "cost",
+        refresh_delays: t.Mapping[str, float] | None = None,
         context: psycopg.adapt.AdaptersMap | None = None,
     ) -> None:
         self._currency_bound = bound_seconds(currency_bound)
@@ -195,8 +199,13 @@ class Connection:
             if isinstance(exc, psycopg.Error):
                 raise translate(exc, unreachable="connect again when it is back") from exc
             raise
+        delays = dict(refresh_delays or {})
+        for view, seconds in delays.items():
+            if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
+                raise ProgrammingError(f"refresh_delays[{view!r}] must be seconds >= 0, not "
+                                       f"{seconds!r}")  # fmt: skip
         self._planner = Planner(
-            self._store, backend, choice=plan_choice,
+            self._store, backend, choice=plan_choice, given_delays=delays,
             existing=lambda names: existing_relations(self._backend_session(), names),
             temporary=lambda: temporary_relations(self._backend_session()),
         )  # fmt: skip

@@ -135,7 +135,7 @@ def _to_float(value: t.Any) -> t.Any:
 def _float4(value: t.Any) -> t.Any:
     """A real as psycopg gives it: the shortest decimal that reads back as the same 32-bit
     float (PostgreSQL prints reals so), not the double DuckDB widens it to."""
-    if value is None or value != value or value in (math.inf, -math.inf):
+    if value is None or math.isnan(value) or math.isinf(value):
         return value
     for digits in range(1, 10):
         shortest = float(f"{value:.{digits}g}")
@@ -261,14 +261,15 @@ def converter(
             plain = plain and convert is _identity and output == len(makers)
             makers.append(_column(output, convert))
         elif output[0] == "scaled":
-            _, value, scale = output
+            _, value, scale = t.cast(tuple[str, int, int], output)
             if oid != NUMERIC or duck_types[value].split("(")[0].upper() not in \
                     _INTEGERS | {"DECIMAL"}:  # fmt: skip
                 return f"DuckDB computes {name} as {duck_types[value]}, not a numeric"
             plain = False
             makers.append(_scaled_by_row(value, scale))
         else:
-            kind, numerator, denominator, top_scale, bottom_scale = output
+            kind, numerator, denominator, top_scale, bottom_scale = t.cast(
+                tuple[str, int, int, t.Any, t.Any], output)
             made = _division(oid, kind, numerator, denominator,
                              (duck_types[numerator], duck_types[denominator]),
                              (top_scale, bottom_scale))  # fmt: skip
@@ -305,12 +306,15 @@ def _scaled_by_row(value: int, scale: int) -> Callable[[Row], t.Any]:
     return make
 
 
-def _operand(duck_type: str, scale: t.Any) -> Callable[[Row], t.Any] | None:
+def _operand(duck_type: str, scale: t.Any) -> Callable[[t.Any, Row], t.Any] | None:
     """How a division's operand is read from a row, at PostgreSQL's display scale: the same
     for every row (a number) or DuckDB's column beside it (("column", index))."""
     if isinstance(scale, int):
         found = column_converter(NUMERIC, -1, duck_type, scale=scale)
-        return (lambda value, _row: found(value)) if found is not None else None
+        if found is None:
+            return None
+        fixed: Convert = found
+        return lambda value, _row: fixed(value)
     base = duck_type.split("(", maxsplit=1)[0].upper()
     if base not in _INTEGERS | {"DECIMAL"}:
         return None

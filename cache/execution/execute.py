@@ -60,7 +60,7 @@ class Compiled:
     prepared: t.Any = None  # DuckDB's parse of statement.sql: executions skip the parser
     # per time zone and parameter-type signature (DuckDB's result types are fixed by it):
     # the description and the conversion of rows into PostgreSQL's types
-    results: dict[tuple[type, ...], ResultShape] = field(default_factory=dict)
+    results: dict[tuple[object, ...], ResultShape] = field(default_factory=dict)
 
 
 class Zone(t.NamedTuple):

@@ -70,6 +70,7 @@ class Planner:
         self, store: CacheStore, dsn: str, delay: float = DEFAULT_DELAY, choice: str = "cost",
         existing: t.Callable[[list[str]], dict[str, bool]] | None = None,
         temporary: t.Callable[[], set[str]] | None = None,
+        given_delays: t.Mapping[str, float] | None = None,
     ) -> None:  # fmt: skip
         self.store = store
         self.dsn = dsn
@@ -83,6 +84,8 @@ class Planner:
         self._system: frozenset[str] = frozenset()
         self._temporary: frozenset[str] = frozenset()
         self.delay = delay
+        # refresh delays given for views (the connection's refresh_delays): not measured
+        self.given_delays = dict(given_delays or {})
         self.choice = choice  # `PlanInputs.choice`: the session's plan_choice
         self.catalog: Catalog = store.load_catalog()
         self._catalog_stale = False
@@ -141,7 +144,7 @@ class Planner:
         the cache file."""
         version = self.store.version
         if self._delays[0] != version:
-            measured = measured_delays(self.store).items()
+            measured = {**measured_delays(self.store), **self.given_delays}.items()
             rounded = tuple(sorted((view, math.ceil(delay * 100) / 100)
                                    for view, delay in measured))  # fmt: skip
             self._delays = (version, rounded)

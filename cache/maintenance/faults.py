@@ -6,7 +6,8 @@ read when a pipeline starts) or by the ``faults`` argument of a refresh. ``NAME`
 `InjectedFault` there; ``NAME:kill`` kills the process on the spot (SIGKILL: no cleanup, no
 rollback handler runs), as a crash or an out-of-memory kill would; ``NAME:stall`` hangs there
 (up to a minute, less once its parent process is gone), as a stuck backend or task would, so
-a test can interrupt or kill the refresh while it waits; ``NAME:sleep=SECONDS`` waits that long
+a test can interrupt or kill the refresh while it waits (with ``MTCACHE_FAULT_MARK`` naming a
+file, the stall writes its point there when it begins); ``NAME:sleep=SECONDS`` waits that long
 there and goes on, as a slow network between the backend and the cache would (the
 workload-shift experiment emulates the dissertation's propagation delays with it).
 """
@@ -46,6 +47,10 @@ def hit(point: str, enabled: frozenset[str]) -> None:
     if f"{point}:kill" in enabled:
         os.kill(os.getpid(), signal.SIGKILL)
     if f"{point}:stall" in enabled:
+        mark = os.environ.get("MTCACHE_FAULT_MARK")
+        if mark:  # a test waits for the stall to begin (not for a time to pass)
+            with open(mark, "a") as marked:
+                marked.write(f"{point}\n")
         parent = os.getppid()
         deadline = time.monotonic() + STALL_SECONDS
         while time.monotonic() < deadline and os.getppid() == parent:

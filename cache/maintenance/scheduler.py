@@ -87,11 +87,12 @@ class RefreshScheduler:
         while not self._loop.stopping.wait(wait):
             failed = len(self.errors)
             self.run_once()
-            wait = self.tick if len(self.errors) > failed else self._until_due()
+            wait = self.tick if len(self.errors) > failed else self.until_due()
 
-    def _until_due(self) -> float:
+    def until_due(self, now: dt.datetime | None = None) -> float:
+        """How long to sleep at ``now``: until the first view is due, at most a tick."""
         due = next_due(self.store)
         if due is None:
             return self.tick
-        until = (due - dt.datetime.now(dt.UTC)).total_seconds()
+        until = (due - (now or dt.datetime.now(dt.UTC))).total_seconds()
         return min(self.tick, max(MIN_WAIT, until))

@@ -412,10 +412,10 @@ class CacheStore:
                     "INSERT INTO mtcache.backend_views VALUES (?, ?, ?)",
                     [view.name, view.schema, view.definition],
                 )
-            for key, value in (("text_byte_order", catalog.text_byte_order),
-                               ("ascii_case", catalog.ascii_case), ("utf8", catalog.utf8)):
+            for setting, on in (("text_byte_order", catalog.text_byte_order),
+                                ("ascii_case", catalog.ascii_case), ("utf8", catalog.utf8)):
                 con.execute("INSERT OR REPLACE INTO mtcache.meta VALUES (?, ?)",
-                            [key, str(value).lower()])  # fmt: skip
+                            [setting, str(on).lower()])  # fmt: skip
         with self._shared.lock:
             self._shared.catalog_version += 1
 

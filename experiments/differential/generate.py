@@ -503,7 +503,8 @@ class Generator:
             second = self.column(scope, "int") or "2"
             return (f"({column}, {second}) {negated}IN (SELECT {inner.alias}.{key}, "
                     f"nullif({inner.alias}.{key} % 3, 0) FROM {table} {inner.alias}{where})")
-        return f"{column} {negated}IN (SELECT {inner.alias}.{key} FROM {table} {inner.alias}{where})"
+        return (f"{column} {negated}IN (SELECT {inner.alias}.{key} FROM {table} "
+                f"{inner.alias}{where})")
 
     def _scalar_subquery(self, scope: list[Source]) -> str:
         """A correlated aggregate (one row per outer row)."""
@@ -691,11 +692,12 @@ class Generator:
         items = self._items(scope, self.r.randint(1, 2))
         if self.chance(0.5):
             items.append(self._scalar_subquery(scope))
-        where = narrow + [self.pick((self._exists, self._in_subquery))(scope)]
+        where = [*narrow, self.pick((self._exists, self._in_subquery))(scope)]
         return Select(items, text, where)
 
     def shape_derived(self) -> Select:
-        inner = self.shape_plain(self.r.randint(0, 1)) if self.chance(0.5) else self.shape_aggregate()
+        inner = self.shape_plain(self.r.randint(0, 1)) if self.chance(0.5) \
+            else self.shape_aggregate()  # fmt: skip
         columns = [f"c{i}" for i in range(len(inner.items))]
         inner.items = [f"{item} AS {name}" for item, name in zip(inner.items, columns,
                                                                   strict=True)]  # fmt: skip
@@ -757,7 +759,7 @@ class Generator:
         name = self.column([source], "text") or "'x'"
         failing = self.pick((
             f"1 / ({number} - {number})", f"{number} % 0", f"1.5 / ({number} - {number})",
-            f"substring({name} from 1 for -1)", f"chr(0)", "'abc'::int",
+            f"substring({name} from 1 for -1)", "chr(0)", "'abc'::int",
             f"sqrt(-1 - {number})", f"ln(0 * {number})", f"2147483647 + {number} + 1",
             f"({number} + 1000)::numeric(3,2)", f"make_date(1995, 13, {number} + 1)",
             "'1995-02-30'::date", f"repeat({name}, -1) || chr({number} - {number})",
