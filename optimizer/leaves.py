@@ -37,15 +37,14 @@ def remote_leaf(
     access: Access, table: Table, keys: t.Mapping[int, Key], with_params: bool
 ) -> RemoteLeaf:
     """The leaf of an access. ``keys``: each placeholder's key by node number; ``with_params``:
-    the statement is executed with parameters (so ``%%`` in its literals means ``%``)."""
+    the statement is executed with parameters (it was parsed reading ``%%`` as ``%``; the
+    leaf doubles its own % marks for psycopg)."""
     types = {c.name: c.type for c in table.columns}
     wanted = sorted(access.columns) or [table.column_names[0]]
     columns = tuple((c, transfer_type(types[c]) or "VARCHAR") for c in wanted)
     rendered = []
     for conjunct in access.conjuncts:
         copy = conjunct.copy()
-        if with_params:
-            unescape_percent(copy)
         for mark in list(copy.find_all(exp.Placeholder)):
             key = keys[mark.meta[NODE_ID]]
             mark.replace(exp.Placeholder(this=exp.to_identifier(f"{_MARK}{key}")))
@@ -63,10 +62,3 @@ def remote_leaf(
         for key in used:
             sql = sql.replace(f"%%({_MARK}{key})s", f"%({duckdb_name(key)})s")
     return RemoteLeaf(sql, columns)
-
-
-def unescape_percent(tree: exp.Expr) -> None:
-    """``%%`` in string literals means ``%`` once parameters are passed (psycopg's rule)."""
-    for literal in tree.find_all(exp.Literal):
-        if literal.is_string and "%%" in literal.this:
-            literal.set("this", literal.this.replace("%%", "%"))

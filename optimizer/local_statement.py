@@ -14,7 +14,7 @@ import sqlglot
 from sqlglot import exp
 
 from optimizer.allowlist import BY_NAME, ZONE_PARAMETER
-from optimizer.leaves import RemoteLeaf, unescape_percent
+from optimizer.leaves import RemoteLeaf
 from optimizer.pg_semantics import Semantics
 from optimizer.plan import Plan
 from sql_ext.nodes import strip_extensions
@@ -51,9 +51,7 @@ def leaf_name(instance_id: int) -> str:
 def local_statement(plan: Plan, choice: Mapping[int, str | None]) -> LocalStatement:
     """The statement for a choice: instance id -> the cached view read (None: the leaf)."""
     analysis = plan.analysis
-    copy = strip_extensions(analysis.query.tree)
-    if plan.with_params:
-        unescape_percent(copy)
+    copy = strip_extensions(analysis.query.tree)  # (with parameters, %% was read as %)
     scale_columns = _add_scale_columns(copy, analysis)
     _divide_inside(copy, analysis.inner_divisions)
     by_id: dict[int, list[exp.Expr]] = {}

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
+from sqlglot.tokens import Token, TokenType
 
 from sql_ext.blocks import Block, BlockAnalysis, analyze
 from sql_ext.dialect import BODY_START, SPAN, MTCache
@@ -341,10 +342,13 @@ Statement = (
 # -- entry points -------------------------------------------------------------------------------
 
 
-def parse(text: str) -> list[Statement]:
-    """Parse a script of one or more statements separated by semicolons."""
+def parse(text: str, percent: bool = False) -> list[Statement]:
+    """Parse a script of one or more statements separated by semicolons. ``percent``: the
+    text comes with parameters, so ``%%`` is a ``%`` (psycopg's rule: the backend is sent the
+    text as written and psycopg reads it so)."""
     try:
-        parsed = DIALECT.parse(text)
+        parsed = DIALECT.parse(text) if not percent else DIALECT.parser().parse(
+            _percent_tokens(DIALECT.tokenize(text)), text)  # fmt: skip
     except ParseError as exc:
         raise _syntax_error(exc, text) from None
     except TokenError as exc:
@@ -368,6 +372,30 @@ def parse(text: str) -> list[Statement]:
     return statements
 
 
+def _percent_tokens(tokens: list[Token]) -> list[Token]:
+    """Tokens of a text with parameters as psycopg reads it: ``%%`` (two adjacent % tokens) is
+    one %, also inside strings and quoted names; positions stay the text's."""
+    found: list[Token] = []
+    for token in tokens:
+        previous = found[-1] if found else None
+        if (token.token_type == TokenType.MOD and previous is not None
+                and previous.token_type == TokenType.MOD and previous.text == "%"
+                and previous.end + 1 == token.start and not previous.comments):  # fmt: skip
+            found[-1] = Token(TokenType.MOD, "%%", previous.line, previous.col, previous.start,
+                              token.end, previous.comments)  # fmt: skip
+            continue
+        if "%%" in token.text and token.token_type in _QUOTED:
+            found.append(Token(token.token_type, token.text.replace("%%", "%"), token.line,
+                               token.col, token.start, token.end, token.comments))  # fmt: skip
+        else:
+            found.append(token)
+    return found
+
+
+_QUOTED = frozenset({TokenType.STRING, TokenType.IDENTIFIER, TokenType.NATIONAL_STRING,
+                     TokenType.BIT_STRING, TokenType.HEX_STRING, TokenType.RAW_STRING})
+
+
 def is_empty(text: str) -> bool:
     """No statement at all: only whitespace, comments and semicolons (PostgreSQL accepts
     such a text as an empty query)."""
@@ -378,9 +406,9 @@ def is_empty(text: str) -> bool:
     return all(token.token_type.name == "SEMICOLON" for token in tokens)
 
 
-def parse_one(text: str) -> Statement:
-    """Parse exactly one statement (a trailing semicolon is fine)."""
-    statements = parse(text)
+def parse_one(text: str, percent: bool = False) -> Statement:
+    """Parse exactly one statement (a trailing semicolon is fine; ``percent``: as `parse`)."""
+    statements = parse(text, percent)
     if len(statements) != 1:
         raise SqlSyntaxError(
             f"expected one statement, found {len(statements)}: send them one at a time "

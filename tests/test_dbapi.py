@@ -6,6 +6,7 @@ Written after the classic dbapi20 suite's checks, against the real backend and a
 from __future__ import annotations
 
 import datetime as dt
+import typing as t
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -377,3 +378,31 @@ def test_pooled_backend_connections_the_backend_dropped_are_replaced(
     assert plan.local, plan.reason
     cur = conn.execute(other, [4])
     assert cur.fetchall() and cur.provenance[0]["route"] == "local"
+
+
+@pytest.mark.parametrize(
+    ("sql", "params"),
+    [
+        ("SELECT a.authorid FROM authors a WHERE a.authorid %% 2 = %s", [1]),
+        ("SELECT a.authorid, a.name LIKE 'A%%' FROM authors a WHERE a.authorid = %(id)s",
+         {"id": 4}),
+        ("SELECT a.authorid, '100%%' FROM authors a WHERE a.authorid IN (%s, %s)", (4, 5)),
+        ("SELECT mod(a.authorid, 3), 'x%%%%y' FROM authors a", ()),
+    ],
+)
+def test_percent_marks_read_as_psycopg_reads_them(
+    conn: cache.Connection, dsn: str, sql: str, params: t.Any
+) -> None:
+    """With parameters psycopg reads %% as one %: the cache accepts every such statement with
+    a clause, answers as PostgreSQL does, and refuses a lone % as psycopg does."""
+    conn.admin.apply_ddl(SCHEMA_FILE.read_text())
+    conn.admin.admit("authorlist_pct", [4, 5])
+    cur = conn.cursor()
+    cur.execute(f"{sql} CURRENCY BOUND 10 MIN", params)
+    got = cur.fetchall()
+    with psycopg.connect(dsn) as pg:
+        want = pg.execute(sql, params).fetchall()  # type: ignore[arg-type]
+    assert sorted(got) == sorted(want)
+    with pytest.raises(cache.ProgrammingError, match="only '%s', '%b', '%t'"):
+        cur.execute("SELECT a.authorid FROM authors a WHERE a.name LIKE 'A%' AND "
+                    "a.authorid = %s CURRENCY BOUND 10 MIN", [4])  # fmt: skip

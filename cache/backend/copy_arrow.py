@@ -2,8 +2,9 @@
 pyarrow's multithreaded CSV reader with the columns' exact types.
 
 CSV keeps NULL (unquoted empty) apart from the empty string (quoted), and PostgreSQL's text
-forms of the cacheable types (control_tables.types) read back exactly. Timestamps with time zone
-are sent as UTC wall time and typed UTC.
+forms of the cacheable types (control_tables.types) read back exactly; nothing else is NULL
+(the strings NA and NULL, and a double's NaN, are values). Dates and times come as numbers
+(`control_tables.types.NUMBERED`) and are typed after reading.
 """
 
 from __future__ import annotations
@@ -28,9 +29,12 @@ _ARROW: dict[str, pa.DataType] = {
     "DATE": pa.date32(),
     "UUID": pa.string(),
     "TIMESTAMP": pa.timestamp("us"),
-    "TIMESTAMPTZ": pa.timestamp("us"),  # parsed as UTC wall time, then typed UTC
+    "TIMESTAMPTZ": pa.timestamp("us", tz="UTC"),
     "TIME": pa.time64("us"),
 }
+# how the numbered types travel (`control_tables.types.NUMBERED`): days or microseconds
+_WIRE = {"DATE": pa.int32(), "TIMESTAMP": pa.int64(), "TIMESTAMPTZ": pa.int64(),
+         "TIME": pa.int64()}  # fmt: skip
 _DECIMAL = re.compile(r"DECIMAL\((\d+),(\d+)\)")
 
 
@@ -59,15 +63,17 @@ def copy_to_arrow(
 
 def read_csv(data: bytes, columns: list[tuple[str, str]]) -> pa.Table:
     names = [name for name, _ in columns]
-    types = {name: arrow_type(duck_type) for name, duck_type in columns}
+    final = {name: arrow_type(duck_type) for name, duck_type in columns}
     if not data:
-        return pa.table({n: pa.array([], type=t) for n, t in types.items()})
+        return pa.table({n: pa.array([], type=t) for n, t in final.items()})
+    types = {name: _WIRE.get(duck_type, final[name]) for name, duck_type in columns}
     table = pacsv.read_csv(
         io.BytesIO(data),
         read_options=pacsv.ReadOptions(column_names=names, block_size=16 << 20),
         parse_options=pacsv.ParseOptions(newlines_in_values=True),
         convert_options=pacsv.ConvertOptions(
             column_types=types,
+            null_values=[""],  # only the unquoted empty field (pyarrow would take NA, NaN, ...)
             strings_can_be_null=True,
             quoted_strings_can_be_null=False,
             true_values=["t"],
@@ -75,8 +81,6 @@ def read_csv(data: bytes, columns: list[tuple[str, str]]) -> pa.Table:
         ),
     )
     for index, (name, duck_type) in enumerate(columns):
-        if duck_type == "TIMESTAMPTZ":
-            table = table.set_column(
-                index, name, table.column(name).cast(pa.timestamp("us", tz="UTC"))
-            )
+        if duck_type in _WIRE:
+            table = table.set_column(index, name, table.column(name).cast(final[name]))
     return table

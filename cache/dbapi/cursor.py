@@ -118,6 +118,7 @@ class Cursor:
             store.schema_version,
             store.control_table_names,
             connection._currency_bound is not None,
+            parameters is not None,
         )
         if isinstance(route, CachedRead):
             self._read(route.query, parameters)

@@ -23,11 +23,13 @@ from collections import OrderedDict
 from collections.abc import Callable, Set
 from dataclasses import dataclass
 
+import psycopg
+from psycopg._queries import _split_query  # psycopg's reading of % marks (no public one)
 from sqlglot import exp
 
 from cache.execution.provenance import Executed
 from sql_ext import Query, SessionBound, Statement, Timeline, parse_one
-from sql_ext.errors import NotSupportedError, SqlSyntaxError
+from sql_ext.errors import NotSupportedError, ProgrammingError, SqlSyntaxError
 from sql_ext.statements import DIALECT
 
 _EXTENSION_WORDS = {"CURRENCY", "TIMEORDERED", "CACHED", "CONTROL", "EXPLAIN"}
@@ -196,11 +198,19 @@ def _written_tables(tree: exp.Expr) -> frozenset[str] | None:
 # -- parsing, once per statement text -------------------------------------------------------------
 
 
-def parse_statement(operation: str) -> Statement | None:
-    """The typed statement, or None for plain SQL the parser cannot read but the backend may
-    (e.g. psycopg's ``%%``): anything using an extension must parse."""
+def parse_statement(operation: str, with_params: bool = False) -> Statement | None:
+    """The typed statement, or None for plain SQL the parser cannot read but the backend may:
+    anything using an extension must parse. ``with_params``: it comes with parameters, so a
+    ``%`` is read as psycopg reads it (``%%`` is one, a lone one an error)."""
     try:
-        return parse_one(operation)
+        if with_params:
+            _split_query(operation.encode(), "utf-8")  # psycopg's own check of the % marks
+        return parse_one(operation, percent=with_params)
+    except psycopg.ProgrammingError as exc:
+        words = {tok.text.upper() for tok in _tokens(operation)}
+        if words & _EXTENSION_WORDS:
+            raise ProgrammingError(f"{exc} (write %% for a literal %)") from None
+        return None  # psycopg reports it, as it would without the cache
     except SqlSyntaxError:
         words = {tok.text.upper() for tok in _tokens(operation)}
         if words & _EXTENSION_WORDS:
@@ -222,12 +232,11 @@ class StatementCache:
 
     def __init__(self, size: int = 256) -> None:
         self.size = size
-        self._entries: OrderedDict[str, tuple[Statement | None, Route | None, t.Any]] = (
-            OrderedDict()
-        )
+        self._entries: OrderedDict[tuple[str, bool],
+                                   tuple[Statement | None, Route | None, t.Any]] = OrderedDict()
 
-    def parse(self, operation: str) -> Statement | None:
-        return self._entry(operation)[0]
+    def parse(self, operation: str, with_params: bool = False) -> Statement | None:
+        return self._entry(operation, with_params)[0]
 
     def route(
         self,
@@ -235,22 +244,28 @@ class StatementCache:
         schema_version: int,
         control_tables: Callable[[], Set[str]],
         session_bound: bool = False,
+        with_params: bool = False,
     ) -> Route:
-        statement, routed, made_for = self._entry(operation)
+        """The route of a statement (``with_params``: executed with parameters, which change
+        how psycopg reads its % marks)."""
+        key = (operation, with_params)
+        statement, routed, made_for = self._entry(operation, with_params)
         if routed is None or made_for != (schema_version, session_bound):
             routed = route(statement, operation, control_tables(), session_bound)
-            self._entries[operation] = (statement, routed, (schema_version, session_bound))
+            self._entries[key] = (statement, routed, (schema_version, session_bound))
         return routed
 
-    def _entry(self, operation: str) -> tuple[Statement | None, Route | None, t.Any]:
+    def _entry(self, operation: str,
+               with_params: bool) -> tuple[Statement | None, Route | None, t.Any]:  # fmt: skip
         entries = self._entries
+        key = (operation, with_params)
         try:
-            entries.move_to_end(operation)
-            return entries[operation]
+            entries.move_to_end(key)
+            return entries[key]
         except KeyError:
             pass
-        entry = (parse_statement(operation), None, None)
+        entry = (parse_statement(operation, with_params), None, None)
         if len(entries) >= self.size:
             entries.popitem(last=False)
-        entries[operation] = entry
+        entries[key] = entry
         return entry

@@ -61,15 +61,21 @@ _SAME = {  # PostgreSQL type -> DuckDB types whose Python values psycopg's equal
 }
 
 
-_DATETIMES = frozenset(_oid(n) for n in ("date", "timestamp", "timestamptz"))
+_DATETIMES = frozenset(_oid(n) for n in ("date", "timestamp", "timestamptz", "time"))
+# what DuckDB's Python gives for infinity and -infinity: the same as for the extreme dates
+_EDGES = frozenset({
+    dt.date.max, dt.date.min, dt.datetime.max, dt.datetime.min,
+    dt.datetime.max.replace(tzinfo=dt.UTC), dt.datetime.min.replace(tzinfo=dt.UTC),
+})  # fmt: skip
 
 
 def _in_python_range(value: t.Any) -> t.Any:
-    """A date or timestamp as psycopg loads it. One Python's types cannot hold (BC, past year
-    9999, infinity), which DuckDB gives as a string, psycopg refuses to load (a DataError):
-    the backend answers, so that the application gets that error as psycopg raises it."""
-    if isinstance(value, str):
-        raise LocalUnfit(f"a date or timestamp out of Python's range: {value!r}")
+    """A date or time as psycopg loads it. One Python's types cannot hold (BC, past year 9999,
+    infinity, 24:00:00), which DuckDB gives as a string or as the extreme value of Python's
+    type, psycopg refuses to load (a DataError): the backend answers, so that the application
+    gets that error as psycopg raises it (or the extreme date, if that is what it holds)."""
+    if isinstance(value, str) or value in _EDGES:
+        raise LocalUnfit(f"a date or time at or out of Python's range: {value!r}")
     return value
 
 

@@ -68,7 +68,7 @@ from cache.store.cache_file import CacheStore, DdlResult
 from control_tables.regions import Region, in_list
 from control_tables.schema import CachedView, CacheSchema
 from control_tables.script import apply_script
-from control_tables.types import BPCHAR, transfer_type
+from control_tables.types import BPCHAR, NUMBERED, numbered, transfer_type
 from heartbeat.beat import TABLE as HEARTBEAT_TABLE
 from heartbeat.beat import ensure_table
 from heartbeat.loop import Loop
@@ -480,24 +480,22 @@ def _picker(indexes: list[int]) -> Callable[[t.Any], tuple[t.Any, ...]]:
 
 
 def _text_form(column: str, kind: str) -> Callable[[t.Any], t.Any]:
-    """A value of the stream in the text form a pull sends (control_tables.types.select_list):
-    char(n) without its padding, a timestamp with time zone as UTC wall time (the consumer's
-    session runs in UTC, so PostgreSQL writes it with ``+00``)."""
+    """A value of the stream in the form a pull sends (control_tables.types.select_list):
+    char(n) without its padding, dates and times as numbers (`control_tables.types.NUMBERED`),
+    read from the text PostgreSQL wrote."""
     if kind == BPCHAR:
         return lambda v: v.rstrip(" ") if isinstance(v, str) else v
-    if kind == "TIMESTAMPTZ":
+    if kind in NUMBERED:
 
-        def utc(value: t.Any) -> t.Any:
+        def number(value: t.Any) -> t.Any:
             if not isinstance(value, str):
                 return value
-            if not value.endswith("+00"):
-                raise StreamProblem(
-                    f"column {column}: a timestamp with time zone not in "
-                    f"UTC ({value!r}); the consumer's session runs in UTC"
-                )
-            return value[:-3]
+            try:
+                return str(numbered(kind, value))
+            except ValueError as exc:
+                raise StreamProblem(f"column {column}: {exc}") from None
 
-        return utc
+        return number
     return lambda v: v
 
 
@@ -505,7 +503,7 @@ def _csv(rows: Iterable[tuple[t.Any, ...]], columns: list[tuple[str, str]]) -> b
     """PostgreSQL text values as the CSV `read_csv` reads a pull's rows from (NULL unquoted
     and empty, every other value quoted), in the text form a pull sends (`_text_form`)."""
     forms = [(i, _text_form(c, kind)) for i, (c, kind) in enumerate(columns)
-             if kind in (BPCHAR, "TIMESTAMPTZ")]  # fmt: skip
+             if kind == BPCHAR or kind in NUMBERED]  # fmt: skip
     out = io.StringIO()
     write = out.write
     for row in rows:
