@@ -382,6 +382,15 @@ def cmd_stop(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_experiment(settings: Settings, args: argparse.Namespace) -> int:
     # the experiments ship with the package; loaded when asked
+    if args.name == "differential":
+        from experiments.differential import run as differential
+
+        if args.queries <= 0:
+            raise ProgrammingError(f"--queries must be positive, not {args.queries}")
+        return differential.main(
+            ["--queries", str(args.queries), "--seed", str(args.seed or 1), "--out", args.out],
+            backend=settings.backend, embedded=settings.embedded_root,
+        )  # fmt: skip
     if args.name == "chaos":
         from experiments import chaos
 
@@ -502,9 +511,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = commands.add_parser("experiment", help="run an experiment: CSV, plots and a markdown "
                             "report (chaos: the C&C checker)")  # fmt: skip
-    p.add_argument("name", choices=[*EXPERIMENTS, "all", "chaos"],
-                   help="an experiment (experiments/runs/), all of them (not chaos), or chaos: "
-                   "the randomized concurrent C&C checker (experiments/chaos.py)")  # fmt: skip
+    p.add_argument("name", choices=[*EXPERIMENTS, "all", "chaos", "differential"],
+                   help="an experiment (experiments/runs/), all of them (not chaos or "
+                   "differential), chaos: the randomized concurrent C&C checker "
+                   "(experiments/chaos.py), or differential: random queries compared with "
+                   "PostgreSQL's answers (experiments/differential/)")  # fmt: skip
     p.add_argument("--sf", type=float, help=f"TPC-H scale factor (default 1; {QUICK_SF:g} "
                    "with --quick)")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="small data, short scales")
@@ -514,7 +525,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--from-csv", action="store_true", help="measure nothing: draw the plots "
                    "and report.md again from the CSVs a run left in --out")  # fmt: skip
     p.add_argument("--minutes", type=float, default=1.0, help="chaos: how long (default 1)")
-    p.add_argument("--seed", type=int, help="chaos: reproduce a run's choices")
+    p.add_argument("--seed", type=int, help="chaos, differential: reproduce a run's choices "
+                   "(differential: its first seed, default 1)")  # fmt: skip
+    p.add_argument("--queries", type=int, default=2000,
+                   help="differential: how many random queries (default 2000)")  # fmt: skip
     p.add_argument("--no-spark", action="store_true", help="chaos: refresh inline only")
     p.set_defaults(run=cmd_experiment)
 

@@ -6,7 +6,8 @@ connection planning by cost and through one forcing the guarded plan
 
     mtcache experiment differential [--queries N] [--seed S] [--out DIR]
 
-The queries come from seeds S, S+1, ... (`PER_SEED` queries each). The report gives the
+The queries come from seeds S, S+1, ... (`PER_SEED` queries each). The report
+(DIR/differential.md, the failures in DIR/differential.csv; exit 1 if there are any) gives the
 queries run, the local share of each pass, the failures by kind and a minimal reproduction of
 each in the format of tests/fixtures/differential.sql, where every failure found becomes a
 regression test.
@@ -248,7 +249,7 @@ def write(report: Report, out: Path, seed: int) -> Path:
     lines += ["", "## Shapes", ""]
     for shape, number in report.shapes.most_common():
         lines.append(f"- {shape}: {number}")
-    path = out / "report.md"
+    path = out / "differential.md"
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -258,7 +259,7 @@ def main(argv: list[str] | None = None, backend: str | None = None,
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--queries", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--out", default="mtcache-experiments/differential")
+    parser.add_argument("--out", default="mtcache-experiments")
     args = parser.parse_args(argv)
     console = Console(stderr=True)
     if backend is None:
