@@ -51,6 +51,7 @@ _DIGITS = 38  # DuckDB's widest decimal
 # (`cache.execution.functions`), giving the quotient at PostgreSQL's scale (at most
 # DIVISION_SCALE digits: DuckDB holds it as a DECIMAL(38, DIVISION_SCALE)) and that scale
 NUMERIC_DIVIDE, NUMERIC_DIVIDE_SCALE = "mtcache_numeric_div", "mtcache_numeric_div_scale"
+WIDTH_BUCKET = "mtcache_width_bucket"  # PostgreSQL's width_bucket over numerics
 DIVISION_SCALE = 24
 
 
@@ -1307,6 +1308,35 @@ entry("power(double, double)", exp.Pow, _float_function, rewrite=_power_checked,
               "power(2, e.i2)", "power(e.f8, 0)"),
       raises=("power(e.f8 * 0 + 1e300::float8, 2)", "power(e.f8 * 0 - 8, 0.5::float8)",
               "power(e.f8 * 0, -1)"))  # fmt: skip
+
+
+def _width_bucket(call: Call) -> Result:
+    node = call.node
+    values = [node.this, node.args.get("min_value"), node.args.get("max_value")]
+    count = node.args.get("num_buckets")
+    if any(v is None for v in values) or count is None or node.args.get("threshold"):
+        return "it takes width_bucket of other than four arguments"
+    if not _exact(*map(call.of, values)) or not _integers(call.of(count)):
+        return "it takes width_bucket of values that are not integers or numerics"
+    return INT4
+
+
+def _width_bucket_rewrite(node: exp.Expr) -> exp.Expr:
+    """The cache's own width_bucket (`optimizer.pg_numeric`): exact in numeric, as
+    PostgreSQL's (DuckDB has none)."""
+    values = [node.this, node.args["min_value"], node.args["max_value"]]
+    return _func(WIDTH_BUCKET, *(exp.cast(v, "VARCHAR") for v in values),
+                 node.args["num_buckets"])  # fmt: skip
+
+
+entry("width_bucket(numeric, numeric, numeric, int)", exp.WidthBucket, _width_bucket,
+      rewrite=_width_bucket_rewrite,
+      proofs=("width_bucket(e.n, 0, 10, 4)", "width_bucket(e.i4, -10, 10, 3)",
+              "width_bucket(e.n4, 2, -2, 5)", "width_bucket(e.n, e.n0, 100.5, 7)",
+              "width_bucket(5.5, 0, 10, 4)", "width_bucket(10, 0, 10, 4)",
+              "width_bucket(e.n, 0, 1, 2147483646)"),
+      raises=("width_bucket(e.n, 1, 1, 3)", "width_bucket(e.n, 0, 10, e.i4 * 0)",
+              "width_bucket(e.n + 20, 0, 10, 2147483647)"))  # fmt: skip
 
 
 def _extract(call: Call) -> Result:

@@ -133,3 +133,33 @@ def division_text_scale(a: str | None, a_scale: int | None, b: str | None,
     if divisor == 0:
         return None  # the division itself raises
     return division_scale(dividend, divisor)
+
+
+def width_bucket_texts(operand: str | None, low: str | None, high: str | None,
+                       count: int | None) -> int | None:  # fmt: skip
+    """PostgreSQL's width_bucket(numeric, numeric, numeric, int) (width_bucket_numeric: exact
+    in numeric, the bucket truncated), from the operands' text (NULL in, NULL out)."""
+    if operand is None or low is None or high is None or count is None:
+        return None
+    if count <= 0:
+        raise ArithmeticError("count must be greater than zero")
+    value, first, last = decimal.Decimal(operand), decimal.Decimal(low), decimal.Decimal(high)
+    if first == last:
+        raise ArithmeticError("lower bound cannot equal upper bound")
+    if first < last:
+        if value < first:
+            return 0
+        if value >= last:
+            return _bucket_limit(count + 1)
+        return _bucket_limit(int((value - first) * count // (last - first)) + 1)
+    if value > first:
+        return 0
+    if value <= last:
+        return _bucket_limit(count + 1)
+    return _bucket_limit(int((first - value) * count // (first - last)) + 1)
+
+
+def _bucket_limit(bucket: int) -> int:
+    if bucket > 2**31 - 1:
+        raise ArithmeticError("integer out of range")
+    return bucket

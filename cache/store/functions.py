@@ -1,5 +1,5 @@
 """Functions of the cache's own that local statements call in DuckDB: PostgreSQL's numeric
-division (`optimizer.pg_numeric`).
+division and width_bucket (`optimizer.pg_numeric`).
 
 DuckDB keeps a Python function per database, pointing into the connection that registered it:
 that connection must outlive every other of the process on the file (a function left behind by
@@ -16,7 +16,7 @@ from pathlib import Path
 import duckdb
 
 from optimizer import pg_numeric
-from optimizer.allowlist import NUMERIC_DIVIDE, NUMERIC_DIVIDE_SCALE
+from optimizer.allowlist import NUMERIC_DIVIDE, NUMERIC_DIVIDE_SCALE, WIDTH_BUCKET
 
 _ARGUMENTS = ["VARCHAR", "INTEGER", "VARCHAR", "INTEGER"]
 
@@ -30,4 +30,7 @@ def holder(path: Path) -> duckdb.DuckDBPyConnection:
              null_handling="special", side_effects=False)
     register(NUMERIC_DIVIDE_SCALE, pg_numeric.division_text_scale, _ARGUMENTS, "INTEGER",
              null_handling="special", side_effects=False)
+    register(WIDTH_BUCKET, pg_numeric.width_bucket_texts,
+             ["VARCHAR", "VARCHAR", "VARCHAR", "INTEGER"], "INTEGER", null_handling="special",
+             side_effects=False)  # fmt: skip
     return con
