@@ -871,7 +871,10 @@ entry("coalesce", exp.Coalesce, _coalesce,
       proofs=("coalesce(e.i4, 0)", "coalesce(e.n, 0)", "coalesce(e.c, 'none')",
               "coalesce(e.v, e.t)", "coalesce(e.d, DATE '1999-01-01')", "coalesce(e.n, e.n4)",
               "coalesce(e.c, e.v)", "coalesce(e.v, e.c)", "coalesce(e.c, e.t)",
-              "coalesce(e.t, e.c1)", "coalesce(e.c1, e.c)"))  # fmt: skip
+              "coalesce(e.t, e.c1)", "coalesce(e.c1, e.c)",
+              "SELECT u.x FROM (SELECT coalesce(e.n, 0) AS x FROM edge e UNION ALL "
+              "SELECT 0.5 FROM edge e) u",
+              "SELECT d.x + 1 FROM (SELECT coalesce(e.n4, e.n) AS x FROM edge e) d"))
 
 
 def _nullif(call: Call) -> Result:
@@ -1582,7 +1585,10 @@ entry("avg", exp.Avg, _avg,
               "(SELECT avg(x.n) FROM edge x WHERE x.id <> e.id)",
               "avg(e.n) OVER (PARTITION BY e.b)", "avg(e.i2) OVER (ORDER BY e.id)",
               "SELECT count(*) FROM (SELECT avg(e.n4) AS a FROM edge e GROUP BY e.b) d "
-              "WHERE d.a > 0"))  # fmt: skip
+              "WHERE d.a > 0",
+              "SELECT d.a FROM (SELECT avg(e.n4) AS a FROM edge e GROUP BY e.b) d",
+              "SELECT sum(d.a) FROM (SELECT e.b, avg(e.n) AS a FROM edge e GROUP BY e.b) d",
+              "SELECT w.a, w.a + 1 FROM (SELECT e.b, avg(e.i4) AS a FROM edge e GROUP BY e.b) w"))
 
 
 def _extremum(call: Call) -> Result:

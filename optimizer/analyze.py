@@ -22,7 +22,7 @@ from optimizer.divisions import analyze_divisions
 from optimizer.equivalences import block_classes, joined
 from optimizer.expression_types import ExpressionTypes
 from optimizer.normalize_constraint import ConsistencyClass, Constraint, Instance, QueryResolver
-from optimizer.numeric_scales import division_operands, scale_expression
+from optimizer.numeric_scales import DerivedScales, division_operands
 from optimizer.pg_semantics import Semantics, pg_semantics
 from optimizer.volatility import repeatable
 from sql_ext import Block, Query, Source
@@ -85,6 +85,9 @@ class Analysis:
     # divisions inside the statement, by node number: the DuckDB expression computing each one
     # with PostgreSQL's division (optimizer.allowlist.numeric_division)
     inner_divisions: Mapping[int, exp.Expr] = field(default_factory=dict)
+    # columns the local statement adds to derived tables' bodies: the scale of a column of
+    # theirs whose values' scales vary (optimizer.numeric_scales.DerivedScales)
+    derived_scales: Mapping[int, tuple[tuple[str, exp.Expr], ...]] = field(default_factory=dict)
     # The answer depends only on the data and parameters (optimizer.volatility): a local
     # answer may be reused while the views it read are unchanged
     repeatable: bool = False
@@ -157,10 +160,11 @@ def analyze(query: Query, catalog: Catalog, default_bound: float | None = None) 
                     if instance in columns and table is not None:
                         columns[instance] |= set(table.column_names)
     types = ExpressionTypes(query, catalog, resolver.column_source)
-    semantics = pg_semantics(query, types, catalog.text_byte_order)
+    derived = DerivedScales(query.tree, types.of, lambda c: _column_source(query, resolver, c))
+    semantics = pg_semantics(query, types, catalog.text_byte_order, derived.scale)
     divisions, inner, division_blocker = analyze_divisions(query, types)
-    division_scales, scale_blocker = _division_scales(query, types, divisions)
-    inner_divisions, inner_blocker = _inner_divisions(query, types, inner)
+    division_scales, scale_blocker = _division_scales(query, types, divisions, derived)
+    inner_divisions, inner_blocker = _inner_divisions(query, types, inner, derived)
     scale_blocker = scale_blocker or inner_blocker
     varying = sorted(semantics.varying_scales - set(divisions))
     if varying and semantics.blocker is None:
@@ -219,6 +223,7 @@ def analyze(query: Query, catalog: Catalog, default_bound: float | None = None) 
         divisions=divisions,
         division_scales=division_scales,
         inner_divisions=inner_divisions,
+        derived_scales={k: tuple(v) for k, v in derived.projections.items()},
         repeatable=repeatable(query.tree),
         reads_blank_padded=any(
             _is_padded(catalog, (i, c)) for i, used in columns.items() for c in used
@@ -245,8 +250,13 @@ def _local_blocker(
     return semantics or division
 
 
+def _column_source(query: Query, resolver: QueryResolver, column: exp.Column) -> t.Any:
+    block = query.analysis.enclosing(column)
+    return resolver.column_source(block, column) if block is not None else None
+
+
 def _division_scales(
-    query: Query, types: ExpressionTypes, divisions: Mapping[int, str]
+    query: Query, types: ExpressionTypes, divisions: Mapping[int, str], derived: DerivedScales
 ) -> tuple[dict[int, tuple[int | exp.Expr, int | exp.Expr]], str | None]:
     """The display scales of the numerator and denominator of each output the cache divides
     (PostgreSQL's quotient's scale depends on them), or why the cache cannot follow them."""
@@ -257,14 +267,13 @@ def _division_scales(
         projection = query.tree.expressions[index]
         node = projection.this if isinstance(projection, exp.Alias) else projection
         if isinstance(node, exp.Avg):
-            scales = [scale_expression(node.this, types.of), 0]
+            scales = [derived.scale(node.this), 0]
             if isinstance(scales[0], exp.Expr):  # the sum's: the largest of its values'
                 scales[0] = exp.Max(this=exp.Case(ifs=[exp.If(
                     this=exp.Not(this=exp.Is(this=node.this.copy(), expression=exp.Null())),
                     true=scales[0])]))  # fmt: skip
         else:
-            scales = [scale_expression(node.this, types.of),
-                      scale_expression(node.expression, types.of)]  # fmt: skip
+            scales = [derived.scale(node.this), derived.scale(node.expression)]
         if types.of(node.this).kind == "float" or (
             isinstance(node, exp.Div) and types.of(node.expression).kind == "float"
         ):
@@ -277,7 +286,7 @@ def _division_scales(
 
 
 def _inner_divisions(
-    query: Query, types: ExpressionTypes, inner: Mapping[int, str]
+    query: Query, types: ExpressionTypes, inner: Mapping[int, str], derived: DerivedScales
 ) -> tuple[dict[int, exp.Expr], str | None]:
     """The DuckDB expression of each division inside the statement, or why one cannot be."""
     found: dict[int, exp.Expr] = {}
@@ -287,7 +296,7 @@ def _inner_divisions(
         number = node.meta.get(NODE_ID)
         if number not in inner:
             continue
-        operands = division_operands(node, types.of)
+        operands = division_operands(node, types.of, derived.column)
         if operands is None or operands[1] is None or operands[3] is None:
             return {}, (f"it divides {node.sql(dialect='postgres')[:40]}, numerics whose display "
                         "scales the cache cannot follow")  # fmt: skip

@@ -52,6 +52,7 @@ def local_statement(plan: Plan, choice: Mapping[int, str | None]) -> LocalStatem
     """The statement for a choice: instance id -> the cached view read (None: the leaf)."""
     analysis = plan.analysis
     copy = strip_extensions(analysis.query.tree)  # (with parameters, %% was read as %)
+    _add_derived_scales(copy, analysis.derived_scales)
     scale_columns = _add_scale_columns(copy, analysis)
     _divide_inside(copy, analysis.inner_divisions)
     by_id: dict[int, list[exp.Expr]] = {}
@@ -89,6 +90,18 @@ def local_statement(plan: Plan, choice: Mapping[int, str | None]) -> LocalStatem
     zone = any(m.name == ZONE_PARAMETER for m in copy.find_all(exp.Placeholder))
     return LocalStatement(sql, keys, tuple(map(duckdb_name, keys)), tuple(leaves), outputs,
                           typed, zone)  # fmt: skip
+
+
+def _add_derived_scales(
+    copy: exp.Expr, wanted: Mapping[int, tuple[tuple[str, exp.Expr], ...]]
+) -> None:
+    """The scale columns derived tables' bodies get (optimizer.numeric_scales.DerivedScales),
+    before the rewrites: their expressions are rewritten like the values'."""
+    if not wanted:
+        return
+    for select in [n for n in copy.walk() if isinstance(n, exp.Select)]:
+        for name, scale in wanted.get(select.meta.get(NODE_ID, -1), ()):
+            select.set("expressions", [*select.expressions, exp.alias_(scale.copy(), name)])
 
 
 def _divide_inside(copy: exp.Expr, divisions: Mapping[int, exp.Expr]) -> None:

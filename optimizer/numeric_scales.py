@@ -23,16 +23,17 @@ from sql_ext.params import NODE_ID
 Scale = int | exp.Expr | None
 
 
-def division_operands(node: exp.Expr, type_of: Callable[[exp.Expr], PgType]
+def division_operands(node: exp.Expr, type_of: Callable[[exp.Expr], PgType],
+                      column: ColumnScale | None = None,
                       ) -> tuple[exp.Expr, Scale, exp.Expr, Scale] | None:  # fmt: skip
     """An average or a numeric division as numerator, its scale, denominator, its scale
     (an average: the sum and the count of its values, over its window if it has one)."""
     if isinstance(node, exp.Div):
-        return (node.this, scale_expression(node.this, type_of), node.expression,
-                scale_expression(node.expression, type_of))
+        return (node.this, scale_expression(node.this, type_of, column), node.expression,
+                scale_expression(node.expression, type_of, column))
     if isinstance(node, exp.Avg):
         value = node.this
-        found = scale_expression(value, type_of)
+        found = scale_expression(value, type_of, column)
         if isinstance(found, exp.Expr):  # the sum's: the largest of its values'
             found = exp.Max(this=exp.Case(ifs=[exp.If(
                 this=exp.Not(this=exp.Is(this=value.copy(), expression=exp.Null())),
@@ -57,8 +58,13 @@ def _windowed(window: exp.Window, function: exp.Expr) -> exp.Expr:
     return copy
 
 
-def scale_expression(node: exp.Expr, type_of: Callable[[exp.Expr], PgType]) -> Scale:
-    """The display scale of each value of ``node`` (an integer has scale 0)."""
+ColumnScale = Callable[[exp.Column], "Scale"]
+
+
+def scale_expression(node: exp.Expr, type_of: Callable[[exp.Expr], PgType],
+                     column: ColumnScale | None = None) -> Scale:  # fmt: skip
+    """The display scale of each value of ``node`` (an integer has scale 0; ``column``: the
+    scale of a derived table's column, `DerivedScales.column`)."""
     found = type_of(node)
     if found.kind == "integer":
         return 0
@@ -68,21 +74,24 @@ def scale_expression(node: exp.Expr, type_of: Callable[[exp.Expr], PgType]) -> S
         return None
     if found.scale is not None:
         return found.scale
-    return _varying(node, type_of)
+    return _varying(node, type_of, column)
 
 
-def _varying(node: exp.Expr, type_of: Callable[[exp.Expr], PgType]) -> Scale:
+def _varying(node: exp.Expr, type_of: Callable[[exp.Expr], PgType],
+             column: ColumnScale | None) -> Scale:  # fmt: skip
     def of(child: exp.Expr) -> Scale:
-        return scale_expression(child, type_of)
+        return scale_expression(child, type_of, column)
 
+    if isinstance(node, exp.Column):
+        return column(node) if column is not None else None
     if isinstance(node, exp.Paren | exp.Alias):
         return of(node.this)
     if isinstance(node, exp.Window) and isinstance(node.this, exp.Avg):
         return of(node.this)  # the average's own (its operands are windowed)
     if isinstance(node, exp.Subquery) and isinstance(node.this, exp.Select):
-        return _subquery_scale(node, type_of)
+        return _subquery_scale(node, type_of, column)
     if isinstance(node, exp.Div | exp.Avg):
-        operands = division_operands(node, type_of)
+        operands = division_operands(node, type_of, column)
         if operands is None or operands[1] is None or operands[3] is None:
             return None
         numerator, a, denominator, b = operands
@@ -152,14 +161,15 @@ def _varying(node: exp.Expr, type_of: Callable[[exp.Expr], PgType]) -> Scale:
     return None
 
 
-def _subquery_scale(node: exp.Subquery, type_of: Callable[[exp.Expr], PgType]) -> Scale:
+def _subquery_scale(node: exp.Subquery, type_of: Callable[[exp.Expr], PgType],
+                    column: ColumnScale | None) -> Scale:  # fmt: skip
     """A scalar subquery's value's scale: the same subquery, computing the scale instead."""
     select = node.this
     if len(select.expressions) != 1 or select.args.get("distinct"):
         return None
     projection = select.expressions[0]
     value = projection.this if isinstance(projection, exp.Alias) else projection
-    inner = scale_expression(value, type_of)
+    inner = scale_expression(value, type_of, column)
     if not isinstance(inner, exp.Expr):
         return inner
     copy = select.copy()
@@ -217,3 +227,78 @@ def scale_bound(node: exp.Expr, type_of: Callable[[exp.Expr], PgType]) -> int | 
     if found_bounds is None:
         return None
     return sum(found_bounds) if isinstance(node, exp.Mul) else max(found_bounds, default=0)
+
+
+SCALE_PREFIX = "mtcache_scale_"
+
+
+class DerivedScales:
+    """Scales of derived tables' and CTEs' columns: a column whose values' scales vary reads
+    its scale from a column the cache adds to the derived table's body, computed there
+    (``projections``: body SELECT node number -> (that column's name, its expression)).
+    A body under DISTINCT, a UNION that removes duplicates, or a query with a star anywhere
+    (which would show the added column) cannot take one."""
+
+    def __init__(self, query_tree: exp.Expr, type_of: Callable[[exp.Expr], PgType],
+                 source_of: Callable[[exp.Column], t.Any]) -> None:  # fmt: skip
+        self.type_of = type_of
+        self.source_of = source_of  # column -> (Source, name) or None
+        self.projections: dict[int, list[tuple[str, exp.Expr]]] = {}
+        self._starred = any(isinstance(n, exp.Star) and not isinstance(n.parent, exp.Count)
+                            for n in query_tree.walk())  # fmt: skip
+
+    def scale(self, node: exp.Expr) -> Scale:
+        """`scale_expression`, following columns into derived tables."""
+        return scale_expression(node, self.type_of, self.column)
+
+    def column(self, column: exp.Column) -> Scale:
+        found = self.source_of(column)
+        if found is None or self._starred:
+            return None
+        source, name = found
+        if not source.body or source.is_table:
+            return None
+        scales: list[tuple[exp.Select, Scale]] = []
+        for branch in source.body:
+            select = branch.select
+            if select.args.get("distinct") or not _all_kept(select):
+                return None
+            projection = _projection(source, select, name)
+            if projection is None:
+                return None
+            scales.append((select, self.scale(projection)))
+        values = [s for _, s in scales]
+        if any(s is None for s in values):
+            return None
+        if all(isinstance(s, int) for s in values) and len(set(values)) == 1:
+            return t.cast(int, values[0])
+        added = f"{SCALE_PREFIX}{name}"
+        for select, scale in scales:
+            number = select.meta[NODE_ID]
+            wanted = self.projections.setdefault(number, [])
+            if all(n != added for n, _ in wanted):
+                wanted.append((added, _sql(t.cast("int | exp.Expr", scale))))
+        return exp.column(added, table=source.name)
+
+
+def _all_kept(select: exp.Select) -> bool:
+    """A body whose rows a UNION, INTERSECT or EXCEPT above it compares whole (an added column
+    would change which are equal): only UNION ALL keeps every row as it is."""
+    node: exp.Expr | None = select
+    while node is not None and isinstance(node.parent, exp.SetOperation | exp.Subquery):
+        node = node.parent
+        if isinstance(node, exp.SetOperation) and not (isinstance(node, exp.Union)
+                                                       and not node.args.get("distinct")):
+            return False
+    return True
+
+
+def _projection(source: t.Any, select: exp.Select, name: str) -> exp.Expr | None:
+    aliases = source.column_aliases
+    for position, projection in enumerate(select.expressions):
+        if isinstance(projection, exp.Star):
+            return None
+        label = aliases[position] if position < len(aliases) else projection.alias_or_name
+        if label.lower() == name:
+            return projection.this if isinstance(projection, exp.Alias) else projection
+    return None

@@ -98,7 +98,13 @@ class Semantics:
     blocker: str | None = None  # why DuckDB cannot answer as PostgreSQL, or None
 
 
-def pg_semantics(query: Query, types: ExpressionTypes, database_byte_order: bool) -> Semantics:
+def pg_semantics(
+    query: Query, types: ExpressionTypes, database_byte_order: bool,
+    scale_of: t.Callable[[exp.Expr], t.Any] | None = None,
+) -> Semantics:  # fmt: skip
+    """The rewrites and blockers of a statement (``scale_of``: each value's display scale of a
+    numeric, `optimizer.numeric_scales.DerivedScales.scale`; a derived table's column's
+    unknown without it)."""
     found = _Finder(types, database_byte_order)
     for node in query.tree.walk(prune=lambda n: isinstance(n, CurrencyClause)):
         if isinstance(node, CurrencyClause):
@@ -123,7 +129,8 @@ def pg_semantics(query: Query, types: ExpressionTypes, database_byte_order: bool
         elif typed.kind == "numeric" and typed.scale is not None:
             scales[index] = typed.scale
         elif typed.kind == "numeric":
-            scale = _per_row_scale(query.tree, index, types)
+            scale = _per_row_scale(query.tree, index, scale_of or (
+                lambda n: scale_expression(n, types.of)))  # fmt: skip
             if scale is None:
                 varying.add(index)
             else:
@@ -152,7 +159,8 @@ def pg_semantics(query: Query, types: ExpressionTypes, database_byte_order: bool
     )
 
 
-def _per_row_scale(top: exp.Expr, index: int, types: ExpressionTypes) -> exp.Expr | None:
+def _per_row_scale(top: exp.Expr, index: int,
+                   scale_of: t.Callable[[exp.Expr], t.Any]) -> exp.Expr | None:  # fmt: skip
     """The expression computing an output's display scale row by row, where the cache can:
     an output of a plain SELECT (no DISTINCT, no star), which a column beside it cannot
     change."""
@@ -163,7 +171,7 @@ def _per_row_scale(top: exp.Expr, index: int, types: ExpressionTypes) -> exp.Exp
         return None
     projection = top.expressions[index]
     node = projection.this if isinstance(projection, exp.Alias) else projection
-    found = scale_expression(node, types.of)
+    found = scale_of(node)
     return found if isinstance(found, exp.Expr) else None
 
 
