@@ -190,6 +190,9 @@ class CacheStore:
             self._shared.handles += 1
         # Local answers follow PostgreSQL: integer / integer truncates.
         self.con.execute("SET integer_division = true")
+        # a library prints nothing: DuckDB would draw a progress bar on the application's
+        # stdout for a statement that runs a few seconds
+        self.con.execute("SET enable_progress_bar = false")
         with self.transaction():
             for statement in _METADATA:
                 self.con.execute(statement)
