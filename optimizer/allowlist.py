@@ -130,6 +130,11 @@ def _integers(*types: PgType) -> bool:
     return all(t_.kind in ("integer", "null") for t_ in types)
 
 
+def _wider_integer(a: PgType, b: PgType) -> PgType:
+    """The integer type of an operator over two integers: the wider one (int4 at least)."""
+    return PgType("integer", max(a.width or 4, b.width or 4))
+
+
 def _exact(*types: PgType) -> bool:
     """Integers and numerics (and NULL)."""
     return all(t_.kind in ("integer", "numeric", "null") for t_ in types)
@@ -379,8 +384,7 @@ def _add(call: Call) -> Result:
     a, b = call.type(), call.type("expression")
     sub = isinstance(call.node, exp.Sub)
     if _integers(a, b):
-        return PgType("integer", max(a.width or 4, b.width or 4, 4 if 2 not in (a.width, b.width)
-                                     else 2))  # fmt: skip
+        return _wider_integer(a, b)
     if _exact(a, b):
         return PgType("numeric", scale=_scale(a, b, rule=max))
     floating = _floating(a, b)
@@ -469,7 +473,7 @@ entry("+ and -", (exp.Add, exp.Sub), _add,
 def _mul(call: Call) -> Result:
     a, b = call.type(), call.type("expression")
     if _integers(a, b):
-        return PgType("integer", max(a.width or 4, b.width or 4))
+        return _wider_integer(a, b)
     if _exact(a, b):
         return PgType("numeric", scale=_scale(a, b, rule=sum))
     kinds = {a.kind, b.kind} - {"null"}
@@ -495,7 +499,7 @@ entry("*", exp.Mul, _mul,
 def _div(call: Call) -> Result:
     a, b = call.type(), call.type("expression")
     if _integers(a, b):
-        return PgType("integer", max(a.width or 4, b.width or 4))
+        return _wider_integer(a, b)
     floating = _floating(a, b)
     if floating is not None:
         return floating
@@ -516,7 +520,7 @@ entry("/", exp.Div, _div,
 def _mod(call: Call) -> Result:
     a, b = call.type(), call.type("expression")
     if _integers(a, b):
-        return PgType("integer", max(a.width or 4, b.width or 4))
+        return _wider_integer(a, b)
     if _exact(a, b):
         return PgType("numeric", scale=_scale(a, b, rule=max))
     return f"it takes {a.kind} modulo {b.kind}"
