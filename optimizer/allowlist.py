@@ -863,7 +863,10 @@ entry("CASE", exp.Case, _case,
               "CASE WHEN e.b THEN e.c ELSE 'x' END", "CASE WHEN e.i4 IS NULL THEN 'none' END",
               "CASE WHEN e.b THEN e.v ELSE e.t END", "CASE WHEN e.b THEN e.c ELSE e.v END",
               "CASE WHEN e.b THEN e.v ELSE e.c END", "CASE WHEN e.b THEN e.c ELSE e.c1 END",
-              "CASE WHEN e.i4 > 0 THEN 1.5 ELSE 2.25 END"))  # fmt: skip
+              "CASE WHEN e.i4 > 0 THEN 1.5 ELSE 2.25 END",
+              "(CASE WHEN e.b THEN e.v ELSE e.c END) || '|'",
+              "length(CASE WHEN e.b THEN e.t ELSE e.c END)",
+              "CASE WHEN e.b THEN e.v ELSE e.c END = 'ab'"))  # fmt: skip
 
 
 def _coalesce(call: Call) -> Result:
@@ -878,7 +881,8 @@ entry("coalesce", exp.Coalesce, _coalesce,
               "coalesce(e.t, e.c1)", "coalesce(e.c1, e.c)",
               "SELECT u.x FROM (SELECT coalesce(e.n, 0) AS x FROM edge e UNION ALL "
               "SELECT 0.5 FROM edge e) u",
-              "SELECT d.x + 1 FROM (SELECT coalesce(e.n4, e.n) AS x FROM edge e) d"))
+              "SELECT d.x + 1 FROM (SELECT coalesce(e.n4, e.n) AS x FROM edge e) d",
+              "coalesce(e.c, e.v) || '|'", "coalesce(e.c, 'x  ') || '|'"))
 
 
 def _nullif(call: Call) -> Result:

@@ -9,7 +9,8 @@ exactly equal, why the statement stays remote.
 * ``char(n)``: the cache stores char(n) values without their blank padding, which is how
   PostgreSQL reads them in comparisons, functions and concatenation. What a char(n) value is
   compared with - a literal, a parameter, a ``varchar`` - is compared without trailing blanks
-  too (``rtrim``). A pattern (LIKE, SIMILAR TO, a regular expression) and the functions that
+  too (``rtrim``), as are strings a CASE, COALESCE, GREATEST or UNION resolves to char, except
+  where they are printed. A pattern (LIKE, SIMILAR TO, a regular expression) and the functions that
   print a value (``concat``, ``format``, ``octet_length``) see the padding: the value is padded
   again for them (``rpad``). An output column PostgreSQL types as char without n is padded by
   the cache to the n its values come from (``output_widths``).
@@ -43,7 +44,7 @@ from optimizer.expression_types import (
     arguments,
 )
 from optimizer.numeric_scales import scale_bound, scale_expression
-from optimizer.pg_types import STRINGS, literal_scale
+from optimizer.pg_types import STRINGS, combine, literal_scale
 from sql_ext import Query
 from sql_ext.nodes import CurrencyClause
 from sql_ext.params import NODE_ID
@@ -105,7 +106,7 @@ def pg_semantics(
     """The rewrites and blockers of a statement (``scale_of``: each value's display scale of a
     numeric, `optimizer.numeric_scales.DerivedScales.scale`; a derived table's column's
     unknown without it)."""
-    found = _Finder(types, database_byte_order)
+    found = _Finder(types, database_byte_order, query.tree)
     for node in query.tree.walk(prune=lambda n: isinstance(n, CurrencyClause)):
         if isinstance(node, CurrencyClause):
             continue  # the cache's own clause: not sent anywhere
@@ -176,8 +177,9 @@ def _per_row_scale(top: exp.Expr, index: int,
 
 
 class _Finder:
-    def __init__(self, types: ExpressionTypes, database_byte_order: bool) -> None:
+    def __init__(self, types: ExpressionTypes, database_byte_order: bool, top: exp.Expr) -> None:
         self.types = types
+        self.top = top  # the statement: its outputs are printed
         self.database_byte_order = database_byte_order
         self.rtrim: set[int] = set()
         self.rpad: dict[int, int] = {}
@@ -259,6 +261,7 @@ class _Finder:
         combined = _combined_values(node, self.types)
         for values in combined:
             self._combined(values)
+        self._as_char(node, combined)
         if isinstance(node, exp.Cast):
             self._cast(node)
             if isinstance(node.this, exp.Placeholder):
@@ -359,6 +362,43 @@ class _Finder:
                                     f"{found.kind} values")  # fmt: skip
                     return
                 self.rtrim.add(operand.meta[NODE_ID])
+
+    def _as_char(self, node: exp.Expr, groups: list[list[exp.Expr]]) -> None:
+        """Strings a CASE, COALESCE, GREATEST, UNION, ... resolves to char (its ELSE or first
+        value a char(n): ``CASE WHEN p THEN comment ELSE name END``) become char values, whose
+        trailing blanks PostgreSQL ignores wherever they are read - compared, concatenated,
+        measured - so they are read without them, as the cache stores char(n). Only an output
+        prints them as they are."""
+        if isinstance(node, exp.Nullif) or self._printed_as_is(node):
+            return
+        for values in groups:
+            result = (combine([self.type(v) for v in values])
+                      if isinstance(node, exp.SetOperation) else self.type(node))  # fmt: skip
+            if result.kind != "char":
+                continue
+            for value in values:
+                if self.type(value).kind in ("string", "varchar", "text"):
+                    self.rtrim.add(value.meta[NODE_ID])
+
+    def _printed_as_is(self, node: exp.Expr) -> bool:
+        """Whether a value reaches one of the statement's outputs unchanged (through
+        parentheses, an alias, and the values of CASE, COALESCE, GREATEST, LEAST, NULLIF)."""
+        if node is self.top:
+            return True
+        child, parent = node, node.parent
+        while parent is not None:
+            if isinstance(parent, exp.If) and child is not parent.args.get("true"):
+                return False  # a condition
+            if isinstance(parent, exp.Case) and child is parent.args.get("this"):
+                return False  # the value CASE compares
+            if isinstance(parent, exp.Nullif) and child is not parent.this:
+                return False
+            if not isinstance(parent, (exp.Paren, exp.Alias, exp.If, exp.Case, exp.Coalesce,
+                                       exp.Greatest, exp.Least, exp.Nullif)):  # fmt: skip
+                break
+            child, parent = parent, parent.parent
+        return parent is self.top and isinstance(parent, exp.Select) and any(
+            child is p for p in parent.expressions)
 
     def _padded(self, value: exp.Expr, what: str) -> None:
         """A value read with its padding: a char(n) value padded again to n."""
