@@ -1,6 +1,7 @@
 """The architecture holds (STYLE 13): pyproject.toml's import-linter contracts - each layer
 imports only the layers below it (sql_ext -> control_tables -> optimizer -> heartbeat ->
-store/backend -> execution/maintenance -> DB-API -> tools), and no package's modules or
+store/backend -> execution/maintenance -> DB-API -> tools -> experiments, which the cache never
+imports: `mtcache experiment` is the experiments' entry point), and no package's modules or
 subpackages import each other in a cycle."""
 
 from __future__ import annotations

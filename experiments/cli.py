@@ -1,0 +1,88 @@
+"""`mtcache experiment NAME`: the command this package adds to the cache's CLI, through the
+``mtcache.commands`` entry point pyproject.toml declares (the cache does not import the
+experiments; they import the cache)."""
+
+from __future__ import annotations
+
+import argparse
+import typing as t
+from pathlib import Path
+
+from rich.console import Console
+
+from cache.backend.embedded_pg import EmbeddedPostgres
+from cache.tools.settings import Settings
+from experiments.runs import EXPERIMENTS, QUICK_SF
+from sql_ext.errors import ProgrammingError
+
+
+def register(commands: t.Any) -> None:
+    """Add ``experiment`` to the CLI's subcommands (argparse's sub-parsers action)."""
+    p = commands.add_parser("experiment", help="run an experiment: CSV, plots and a markdown "
+                            "report (chaos: the C&C checker)")  # fmt: skip
+    p.add_argument("name", choices=[*EXPERIMENTS, "all", "chaos", "differential"],
+                   help="an experiment (experiments/runs/), all of them (not chaos or "
+                   "differential), chaos: the randomized concurrent C&C checker "
+                   "(experiments/chaos.py), or differential: random queries compared with "
+                   "PostgreSQL's answers (experiments/differential/)")  # fmt: skip
+    p.add_argument("--sf", type=float, help=f"TPC-H scale factor (default 1; {QUICK_SF:g} "
+                   "with --quick)")  # fmt: skip
+    p.add_argument("--quick", action="store_true", help="small data, short scales")
+    p.add_argument("--out", default="mtcache-experiments",
+                   help="directory for the CSV, plots and report.md (default "
+                   "./mtcache-experiments)")  # fmt: skip
+    p.add_argument("--from-csv", action="store_true", help="measure nothing: draw the plots "
+                   "and report.md again from the CSVs a run left in --out")  # fmt: skip
+    p.add_argument("--minutes", type=float, default=1.0, help="chaos: how long (default 1)")
+    p.add_argument("--seed", type=int, help="chaos, differential: reproduce a run's choices "
+                   "(differential: its first seed, default 1)")  # fmt: skip
+    p.add_argument("--queries", type=int, default=2000,
+                   help="differential: how many random queries (default 2000)")  # fmt: skip
+    p.add_argument("--no-spark", action="store_true", help="chaos: refresh inline only")
+    p.set_defaults(run=cmd_experiment)
+
+
+def cmd_experiment(settings: Settings, args: argparse.Namespace) -> int:
+    # the experiments ship with the package; loaded when asked
+    if args.name == "differential":
+        from experiments.differential import run as differential
+
+        if args.queries <= 0:
+            raise ProgrammingError(f"--queries must be positive, not {args.queries}")
+        return differential.main(
+            ["--queries", str(args.queries), "--seed", str(args.seed or 1), "--out", args.out],
+            backend=settings.backend, embedded=settings.embedded_root,
+        )  # fmt: skip
+    if args.name == "chaos":
+        from experiments import chaos
+
+        if args.minutes <= 0:
+            raise ProgrammingError(f"--minutes must be positive, not {args.minutes:g}")
+        backend = ["--backend", settings.backend] if settings.backend else \
+            ["--embedded", str(settings.embedded_root)]  # fmt: skip
+        return chaos.main(["--seconds", str(args.minutes * 60), *backend,
+                           *(["--seed", str(args.seed)] if args.seed is not None else []),
+                           *(["--no-spark"] if args.no_spark else [])])  # fmt: skip
+    from experiments import runs
+    from experiments.runs.framework import Context
+
+    if args.from_csv:  # no measuring, no backend: the run's CSVs drawn again
+        try:
+            report = runs.redraw([args.name], Path(args.out))
+        except FileNotFoundError as exc:
+            raise ProgrammingError(str(exc)) from None
+        print(f"report: {report}")
+        return 0
+    sf = args.sf if args.sf is not None else runs.QUICK_SF if args.quick else 1.0
+    if not 0 < sf <= 100:
+        raise ProgrammingError(f"--sf must be a TPC-H scale factor in (0, 100], not {sf:g}")
+    if settings.backend:
+        dsn = settings.backend  # TPC-H is loaded there (replacing other scale factors' tables)
+    else:  # a database per scale factor on the embedded cluster: no reloading between runs
+        cluster = EmbeddedPostgres(settings.embedded_root)
+        cluster.ensure_running()
+        dsn = cluster.ensure_database("tpch_sf" + f"{sf:g}".replace(".", "_"))
+    ctx = Context(dsn=dsn, sf=sf, quick=args.quick, out=Path(args.out), console=Console())
+    report = runs.run([args.name], ctx)
+    print(f"report: {report}")
+    return 0
