@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 import shutil
+import typing as t
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -393,6 +394,25 @@ def test_a_bound_below_the_refresh_delay_is_planned_remote(
         plan = cur.plan.to_json()
     assert plan["plan"]["op"] == "RemoteQuery"
     assert plan["accesses"] == [{"table": "authors", "route": "remote", "view": None}]
+
+
+@pytest.mark.parametrize("given", [-1, float("nan"), "soon", None, [1]])
+def test_a_refresh_delay_that_is_no_duration_is_refused(
+    conn: cache.Connection, backend: str, given: t.Any
+) -> None:
+    with pytest.raises(cache.ProgrammingError, match=r"refresh_delays\['authorcopy'\] must"):
+        cache.connect(backend=backend, cache_path=conn.cache_path, background=False,
+                      refresh_delays={"authorcopy": given})  # fmt: skip
+
+
+def test_a_refresh_delay_is_given_as_a_duration(conn: cache.Connection, backend: str) -> None:
+    """As a currency bound is: "500 ms" plans as 0.5 does (a bound of 100 ms goes remote)."""
+    for delay in ("500 ms", dt.timedelta(milliseconds=500)):
+        with cache.connect(backend=backend, cache_path=conn.cache_path, background=False,
+                           refresh_delays={"authorcopy": delay}) as given:  # fmt: skip
+            plan = given.explain("SELECT * FROM authors a WHERE a.authorid = 4 "
+                                 "CURRENCY BOUND 100 MS").to_json()  # fmt: skip
+        assert plan["plan"]["op"] == "RemoteQuery", delay
 
 
 def test_a_statement_shape_is_planned_once(conn: cache.Connection, backend: str) -> None:

@@ -48,7 +48,13 @@ from heartbeat.clock import BackendClock
 from optimizer.plan import PLAN_CHOICES, Plan
 from sql_ext import Query, parse_duration
 from sql_ext import errors as _errors
-from sql_ext.errors import BackendUnavailableError, InterfaceError, ProgrammingError, translate
+from sql_ext.errors import (
+    BackendUnavailableError,
+    InterfaceError,
+    ProgrammingError,
+    SqlSyntaxError,
+    translate,
+)
 from sql_ext.params import Params
 
 DEFAULT_CACHE = ".mtcache/cache.duckdb"
@@ -100,10 +106,10 @@ class Connection:
     SPEC §6, and judge currency on its clock estimate; default None, no heartbeat thread),
     ``plan_choice`` ("cost", the default: the cheaper of the whole statement remote and the
     guarded plan; "remote" or "guarded" forces that candidate, as the experiments do to time
-    each; guards still decide at run time), ``refresh_delays`` (view -> seconds: the refresh
-    delay d of §4.6 the plans assume for these views instead of the one measured from their
-    refreshes; for what-if planning and for tests that must not depend on a measured
-    time)."""
+    each; guards still decide at run time), ``refresh_delays`` (view -> a duration, as
+    ``currency_bound``: the refresh delay d of §4.6 the plans assume for these views instead of
+    the one measured from their refreshes; for what-if planning and for tests that must not
+    depend on a measured time)."""
 
     # PEP 249 optional extension: the exception classes as attributes.
     Warning = _errors.Warning
@@ -132,10 +138,16 @@ class Connection:
         heartbeat: float | None = None,
         stream_lag_limit: int = DEFAULT_LAG_LIMIT,
         plan_choice: str = "cost",
-        refresh_delays: t.Mapping[str, float] | None = None,
+        refresh_delays: t.Mapping[str, str | float | dt.timedelta] | None = None,
         context: psycopg.adapt.AdaptersMap | None = None,
     ) -> None:
         self._currency_bound = bound_seconds(currency_bound)
+        delays: dict[str, float] = {}
+        for view, given in (refresh_delays or {}).items():
+            seconds = bound_seconds(given, f"refresh_delays[{view!r}]")
+            if seconds is None:
+                raise ProgrammingError(f"refresh_delays[{view!r}] must be a duration, not None")
+            delays[view] = seconds
         # psycopg's type adapters for the backend sessions (as psycopg.connect's context=)
         self._context = context
         if plan_choice not in PLAN_CHOICES:
@@ -199,11 +211,6 @@ class Connection:
             if isinstance(exc, psycopg.Error):
                 raise translate(exc, unreachable="connect again when it is back") from exc
             raise
-        delays = dict(refresh_delays or {})
-        for view, seconds in delays.items():
-            if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
-                raise ProgrammingError(f"refresh_delays[{view!r}] must be seconds >= 0, not "
-                                       f"{seconds!r}")  # fmt: skip
         self._planner = Planner(
             self._store, backend, choice=plan_choice, given_delays=delays,
             existing=lambda names: existing_relations(self._backend_session(), names),
@@ -489,21 +496,28 @@ def _copy_leaf(
     return copy_to_arrow(conn, *leaf)
 
 
-def bound_seconds(value: str | float | dt.timedelta | None) -> float | None:
-    """A session currency bound in seconds: a duration as in a clause, seconds, a timedelta."""
+def bound_seconds(
+    value: str | float | dt.timedelta | None, what: str = "currency_bound"
+) -> float | None:
+    """A duration in seconds (a session currency bound, ``what`` it is for the errors): as in a
+    clause, seconds, a timedelta."""
     if value is None:
         return None
     if isinstance(value, str):
-        return parse_duration(value)
+        try:
+            return parse_duration(value)
+        except SqlSyntaxError:
+            raise ProgrammingError(f"{what} must be a duration like '10 min', not "
+                                   f"{value!r}") from None  # fmt: skip
     if isinstance(value, dt.timedelta):
         seconds = value.total_seconds()
     elif isinstance(value, int | float) and not isinstance(value, bool):
         seconds = float(value)
     else:
         raise ProgrammingError(
-            f"currency_bound must be a duration like '10 min', a number of seconds or a "
+            f"{what} must be a duration like '10 min', a number of seconds or a "
             f"timedelta, not {type(value).__name__}"
         )
     if not seconds >= 0:  # negative or NaN
-        raise ProgrammingError(f"currency_bound must be 0 or more seconds, got {value!r}")
+        raise ProgrammingError(f"{what} must be 0 or more seconds, got {value!r}")
     return seconds
