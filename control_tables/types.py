@@ -133,8 +133,8 @@ def numbered(kind: str, text: str) -> int:
         if found is None:
             raise ValueError(f"not a time: {text!r}")
         hours, minutes, seconds, fraction = found.groups()
-        return ((int(hours) * 60 + int(minutes)) * 60 + int(seconds)) * 1_000_000 + int(
-            (fraction or "0").ljust(6, "0"))
+        return ((int(hours) * 60 + int(minutes)) * 60 + int(seconds)) * 1_000_000 + _micros(
+            fraction)
     found = _STAMP.fullmatch(text)
     if found is None:
         raise ValueError(f"not a date or timestamp: {text!r}")
@@ -146,4 +146,9 @@ def numbered(kind: str, text: str) -> int:
     if sign is not None:  # a timestamp with time zone: its offset from UTC
         offset = int(oh) * 3600 + int(om or 0) * 60 + int(osec or 0)
         seconds -= offset if sign == "+" else -offset
-    return seconds * 1_000_000 + int((fraction or "0").ljust(6, "0"))
+    return seconds * 1_000_000 + _micros(fraction)
+
+
+def _micros(fraction: str | None) -> int:
+    """The microseconds of a time's fractional digits (up to six)."""
+    return int((fraction or "0").ljust(6, "0"))

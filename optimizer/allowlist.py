@@ -48,7 +48,7 @@ NOT_MINE = ""
 
 _DIGITS = 38  # DuckDB's widest decimal
 # PostgreSQL's numeric division inside a local statement: the cache's own DuckDB functions
-# (`cache.execution.functions`), giving the quotient at PostgreSQL's scale (at most
+# (`cache.store.functions`), giving the quotient at PostgreSQL's scale (at most
 # DIVISION_SCALE digits: DuckDB holds it as a DECIMAL(38, DIVISION_SCALE)) and that scale
 NUMERIC_DIVIDE, NUMERIC_DIVIDE_SCALE = "mtcache_numeric_div", "mtcache_numeric_div_scale"
 WIDTH_BUCKET = "mtcache_width_bucket"  # PostgreSQL's width_bucket over numerics

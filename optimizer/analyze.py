@@ -22,7 +22,7 @@ from optimizer.divisions import analyze_divisions
 from optimizer.equivalences import block_classes, joined
 from optimizer.expression_types import ExpressionTypes
 from optimizer.normalize_constraint import ConsistencyClass, Constraint, Instance, QueryResolver
-from optimizer.numeric_scales import DerivedScales, division_operands
+from optimizer.numeric_scales import DerivedScales, Scale, division_operands
 from optimizer.pg_semantics import Semantics, pg_semantics
 from optimizer.volatility import repeatable
 from sql_ext import Block, Query, Source
@@ -266,14 +266,8 @@ def _division_scales(
     for index in divisions:
         projection = query.tree.expressions[index]
         node = projection.this if isinstance(projection, exp.Alias) else projection
-        if isinstance(node, exp.Avg):
-            scales = [derived.scale(node.this), 0]
-            if isinstance(scales[0], exp.Expr):  # the sum's: the largest of its values'
-                scales[0] = exp.Max(this=exp.Case(ifs=[exp.If(
-                    this=exp.Not(this=exp.Is(this=node.this.copy(), expression=exp.Null())),
-                    true=scales[0])]))  # fmt: skip
-        else:
-            scales = [derived.scale(node.this), derived.scale(node.expression)]
+        operands = division_operands(node, types.of, derived.column)
+        scales: list[Scale] = [operands[1], operands[3]] if operands is not None else [None, None]
         if types.of(node.this).kind == "float" or (
             isinstance(node, exp.Div) and types.of(node.expression).kind == "float"
         ):

@@ -75,7 +75,7 @@ def local_statement(plan: Plan, choice: Mapping[int, str | None]) -> LocalStatem
         for branch in _branches(copy):
             projection = branch.expressions[index]
             inner = projection.this if isinstance(projection, exp.Alias) else projection
-            _wrap(inner, lambda n: exp.Cast(this=n, to=exp.DataType.build("VARCHAR")))
+            _wrap(inner, lambda n: _as_type(n, "VARCHAR"))
     for mark in list(copy.find_all(exp.Placeholder)):
         if NODE_ID not in mark.meta:
             continue  # a parameter of the cache's own (the session's time zone)
@@ -200,9 +200,6 @@ def _compute_as_postgres(by_id: Mapping[int, list[exp.Expr]], semantics: Semanti
             for node in by_id.get(number, ()):
                 yield number, node
 
-    def as_type(node: exp.Expr, name: str) -> exp.Expr:
-        return exp.Cast(this=node, to=exp.DataType.build(name))
-
     for _, node in each(semantics.rtrim):
         # char(n) is stored without its trailing blanks: so are what it is compared with
         _wrap(node, lambda n: exp.Anonymous(this="RTRIM", expressions=[
@@ -216,24 +213,24 @@ def _compute_as_postgres(by_id: Mapping[int, list[exp.Expr]], semantics: Semanti
         scale = semantics.decimal_scales[number]
         node.set("to", exp.DataType.build(f"DECIMAL({digits}, {scale})"))
     for _, node in each(semantics.doubles):
-        _wrap(node, lambda n: as_type(n, "DOUBLE"))
+        _wrap(node, lambda n: _as_type(n, "DOUBLE"))
     for number, node in each(semantics.exact_numbers):
         exact = sqlglot.parse_one(semantics.exact_numbers[number], read="duckdb")
         exact.meta.update(node.meta)
         node.replace(exact)
     for number, node in each(semantics.text_scales):
         # a numeric printed as text shows PostgreSQL's display scale
-        _wrap(node, lambda n, s=semantics.text_scales[number]: as_type(  # type: ignore[misc]
+        _wrap(node, lambda n, s=semantics.text_scales[number]: _as_type(  # type: ignore[misc]
             n, f"DECIMAL(38, {s})"))
     zone = exp.Placeholder(this=exp.to_identifier(ZONE_PARAMETER))
     for _, node in each(semantics.zoned):
         _wrap(node, lambda n: exp.Anonymous(this="timezone", expressions=[
-            zone.copy(), as_type(n, "TIMESTAMP")]))  # fmt: skip
+            zone.copy(), _as_type(n, "TIMESTAMP")]))  # fmt: skip
     for _, node in each(semantics.localized):
         _wrap(node, lambda n: exp.Anonymous(this="timezone", expressions=[zone.copy(), n]))
     for number, node in each(semantics.widen):
         # numerics of several scales in one column: one type DuckDB combines without rounding
-        _wrap(node, lambda n, s=semantics.widen[number]: as_type(  # type: ignore[misc]
+        _wrap(node, lambda n, s=semantics.widen[number]: _as_type(  # type: ignore[misc]
             n, f"DECIMAL(38, {s})"))
     rewritten = sorted(each(semantics.rewrites), key=lambda found: -_depth(found[1]))
     for number, node in rewritten:
@@ -256,6 +253,11 @@ def _depth(node: exp.Expr) -> int:
     while node.parent is not None:
         node, depth = node.parent, depth + 1
     return depth
+
+
+def _as_type(node: exp.Expr, name: str) -> exp.Expr:
+    """``CAST(node AS name)`` over the node itself (`_wrap`: sqlglot's ``exp.cast`` copies)."""
+    return exp.Cast(this=node, to=exp.DataType.build(name))
 
 
 def _wrap(node: exp.Expr, make: t.Callable[[exp.Expr], exp.Expr]) -> None:

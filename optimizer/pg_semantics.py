@@ -369,7 +369,7 @@ class _Finder:
         trailing blanks PostgreSQL ignores wherever they are read - compared, concatenated,
         measured - so they are read without them, as the cache stores char(n). Only an output
         prints them as they are."""
-        if isinstance(node, exp.Nullif) or self._printed_as_is(node):
+        if not groups or isinstance(node, exp.Nullif) or self._printed_as_is(node):
             return
         for values in groups:
             result = (combine([self.type(v) for v in values])

@@ -207,15 +207,17 @@ def parse_statement(operation: str, with_params: bool = False) -> Statement | No
             _split_query(operation.encode(), "utf-8")  # psycopg's own check of the % marks
         return parse_one(operation, percent=with_params)
     except psycopg.ProgrammingError as exc:
-        words = {tok.text.upper() for tok in _tokens(operation)}
-        if words & _EXTENSION_WORDS:
+        if _uses_extension(operation):
             raise ProgrammingError(f"{exc} (write %% for a literal %)") from None
         return None  # psycopg reports it, as it would without the cache
     except SqlSyntaxError:
-        words = {tok.text.upper() for tok in _tokens(operation)}
-        if words & _EXTENSION_WORDS:
+        if _uses_extension(operation):
             raise
         return None
+
+
+def _uses_extension(operation: str) -> bool:
+    return bool({tok.text.upper() for tok in _tokens(operation)} & _EXTENSION_WORDS)
 
 
 def _tokens(operation: str) -> list[t.Any]:
