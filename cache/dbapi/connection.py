@@ -507,8 +507,8 @@ def bound_seconds(
         try:
             return parse_duration(value)
         except SqlSyntaxError:
-            raise ProgrammingError(f"{what} must be a duration like '10 min', not "
-                                   f"{value!r}") from None  # fmt: skip
+            raise ProgrammingError(f"{what}: {value!r} is not a duration (write one like "
+                                   "'10 min')") from None  # fmt: skip
     if isinstance(value, dt.timedelta):
         seconds = value.total_seconds()
     elif isinstance(value, int | float) and not isinstance(value, bool):
