@@ -18,10 +18,10 @@ from typing import Any
 
 import psycopg as _psycopg
 
-from cache.dbapi.admin import Admin
 from cache.dbapi.connection import Connection
 from cache.dbapi.cursor import Cursor
 from cache.dbapi.types import BINARY, DATETIME, NUMBER, ROWID, STRING
+from cache.engine.admin import Admin
 from cache.execution.provenance import AccessProvenance, Provenance
 from optimizer.plan import Plan
 from sql_ext.errors import (

@@ -1,4 +1,4 @@
-"""A cache DDL script applied to a cache schema (§3.3-3.6, SPEC §3), without touching any
+"""A cache DDL script applied to a cache schema (§3.3-3.6), without touching any
 file: the schema the whole script leads to - forward references within the script allowed -
 checked for validity and Rules 1-5, and the create / drop actions that get it there. The store
 carries the actions out in one transaction (`cache.store.cache_file`); tests and tools can build

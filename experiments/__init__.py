@@ -1,1 +1,1 @@
-"""TPC-D (TPC-H) experiments of the dissertation (SPEC §1)."""
+"""TPC-D (TPC-H) experiments of the dissertation."""

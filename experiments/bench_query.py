@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                          background=False, result_memo_bytes=0)  # fmt: skip
     # Same transaction mode as the DB-API connection (PEP 249's default: not autocommit).
     raw = psycopg.connect(dsn)
-    # the cache file itself, as anyone may open it (SPEC §4): the DuckDB baselines run on it
+    # the cache file itself, as anyone may open it: the DuckDB baselines run on it
     duck = duckdb.connect(str(conn.cache_path))
     try:
         cur = conn.cursor()

@@ -80,7 +80,7 @@ def measure(
     try:
         tpch.cache_every_table(conn)
         step("cached", None)
-        duck = conn._store.con.cursor()  # the cache file, as the executor reads it
+        duck = conn.engine.store.con.cursor()  # the cache file, as the executor reads it
         cur = conn.cursor()
         rows: list[dict[str, object]] = []
         for number in numbers:

@@ -95,7 +95,7 @@ def tpch_queries(dsn: str, scale: float, console: Console) -> list[dict[str, obj
     try:
         console.print(f"caching every TPC-H table at SF {scale} ...")
         tpch.cache_every_table(conn)
-        store, planner = conn._store, conn._planner
+        store, planner = conn.engine.store, conn.session.planner
         schema = store.load_schema()
         view_rows = store.row_counts(schema.views)
         duck = store.con.cursor()
@@ -107,8 +107,8 @@ def tpch_queries(dsn: str, scale: float, console: Console) -> list[dict[str, obj
         skipped: list[str] = []
         for number in QUERIES:
             sql = query(number, scale)
-            statement = conn._statements.parse(sql)
-            analysis = analyze(statement, planner.catalog, conn._currency_bound)  # type: ignore[arg-type]
+            statement = conn.engine.statements.parse(sql)
+            analysis = analyze(statement, planner.catalog, conn.currency_bound)  # type: ignore[arg-type]
             described = describe_result(dsn, sql, None)  # the types the cache's divisions need
             types = tuple(oid for oid, _ in described.types) if described else None
             plan = plan_query(analysis, PlanInputs(schema, planner.catalog, None, planner.delay,

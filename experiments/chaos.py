@@ -373,7 +373,7 @@ def maintainer(run: Owner) -> None:
     while run.running():
         try:
             with cache.Admin.open(run.cache_path, run.dsn) as admin:
-                store = admin._store
+                store = admin.store
                 while run.running():
                     action = rng.choices(actions, weights)[0]
                     if action.startswith("spark") and not run.spark_ready.is_set():
@@ -625,7 +625,7 @@ def final_regions(run: Run, timeline: Timeline) -> Verdict:
     says (its refresh time); a presence region includes its gray child's rows."""
     observations = []
     with cache.Admin.open(run.cache_path) as admin:
-        con = admin._store.con
+        con = admin.store.con
         for view in admin.status()["views"]:
             name = view["name"]
             for region in view["regions"]:

@@ -238,7 +238,7 @@ order by cntrycode""",
 }
 
 # Queries with a subquery in WHERE or HAVING: with a clause on the outer block only, their
-# subquery blocks keep SPEC §2's bound 0 (a session currency bound gives them one).
+# subquery blocks keep the strict default bound 0 (a session currency bound gives them one).
 WITH_SUBQUERIES = frozenset({2, 4, 11, 15, 16, 17, 18, 20, 21, 22})
 
 

@@ -1,2 +1,2 @@
-"""The backend clock estimate (`clock`, SPEC §4); the heartbeat table and process of SPEC §6 come
-with their issue."""
+"""The backend clock estimate (`clock`); the heartbeat table and the process that beats it
+(`beat`, `loop`)."""

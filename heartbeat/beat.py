@@ -1,4 +1,4 @@
-"""The heartbeat (SPEC §6): one row per source in a backend table, its timestamp set by the
+"""The heartbeat: one row per source in a backend table, its timestamp set by the
 backend's own clock every few seconds by `mtcache heartbeat` or by a thread of the process that
 owns a cache file.
 

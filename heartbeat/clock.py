@@ -1,4 +1,4 @@
-"""The backend's clock, estimated locally (SPEC §4): local clock plus a measured offset.
+"""The backend's clock, estimated locally: local clock plus a measured offset.
 
 A region's currency is backend_now - refreshed_at, and refreshed_at is a backend timestamp, so
 the cache needs backend_now. Reading the backend clock once costs a round trip; instead the

@@ -1,4 +1,4 @@
-"""What DuckDB may compute for a local answer (SPEC §5.11): every function, operator, cast and
+"""What DuckDB may compute for a local answer: every function, operator, cast and
 literal form that may run in DuckDB is listed here, with the argument types it is listed for,
 the type PostgreSQL gives its result, and the rewrite DuckDB needs to compute exactly what
 PostgreSQL computes (or none). Anything not listed keeps the statement at the backend, and

@@ -2,7 +2,7 @@
 (§4.3, §5.1) and its table accesses - for each base-table reference, the columns the query uses
 from it, the conjuncts that mention only it (selections that can be pushed to it), and the
 constants it is probed with (``col = v``, ``col IN (v, ...)``, parameters included) - plus what
-would make DuckDB answer differently from PostgreSQL (SPEC §5.11).
+would make DuckDB answer differently from PostgreSQL.
 
     parse (sql_ext) -> analyse (here) -> plan (optimizer.plan) -> guard
     (optimizer.evaluate_guards) -> execute (cache.execution)
@@ -118,7 +118,7 @@ class Analysis:
 
 def analyze(query: Query, catalog: Catalog, default_bound: float | None = None) -> Analysis:
     """The analysis of a statement; ``default_bound``: the session's currency bound for its
-    blocks without a clause (SPEC §2)."""
+    blocks without a clause."""
     if not query.is_select:  # a write or a command: nothing to read from the cache
         return Analysis(query, Constraint((), (), ()), (), (), placeholder_keys(query.tree),
                         local_blocker="it is not a query")  # fmt: skip

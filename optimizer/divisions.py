@@ -1,4 +1,4 @@
-"""Divisions DuckDB cannot do as PostgreSQL does (SPEC §5.11). PostgreSQL divides numerics with
+"""Divisions DuckDB cannot do as PostgreSQL does. PostgreSQL divides numerics with
 a result scale of its own (`optimizer.pg_numeric`), and `avg` of integers or numerics is
 such a division; DuckDB answers them as doubles. Integer division is alike in both (DuckDB is
 set to truncate). So:

@@ -137,7 +137,7 @@ def _guarded_plan_cost(plan: Plan, whole: float, inputs: PlanInputs) -> float:
         fetch = local = 0.0
         for access in cls.accesses:
             leaf_cost, leaf_rows = estimates.cost(access.leaf.sql)
-            # the remote leaves are read in one backend snapshot (SPEC §5.5), so a class of
+            # the remote leaves are read in one backend snapshot, so a class of
             # several accesses may be read as leaves and joined locally (§4.7.3, Table 4.3's
             # plan 2)
             fetch += leaf_cost + leaf_rows * TRANSFER_ROW_COST

@@ -1,4 +1,4 @@
-"""The run-time SwitchUnion decision (§4.4, §5.3; SPEC §5.4): when a plan opens, each of its
+"""The run-time SwitchUnion decision (§4.4, §5.3): when a plan opens, each of its
 guards is evaluated once against the cache's region state, and each consistency class decides
 all its accesses together - local if every access gets a guarded branch whose guard holds and
 the regions read deliver the class's consistency, else remote. Pure: (plan, region state,
@@ -14,7 +14,7 @@ guarantees (Fig 7.2); partial choices that already violate it are pruned (§5.2.
 rule), so another candidate view can be tried.
 
 A class that cannot run locally reads its accesses as remote leaves, all of a decision's leaves
-in one backend snapshot (SPEC §5.5) - unless the session has uncommitted writes (its leaves then
+in one backend snapshot - unless the session has uncommitted writes (its leaves then
 go through its own connection, statement by statement, so a class of several accesses goes to
 PostgreSQL whole). When every guard fails, the statement goes to PostgreSQL whole.
 """

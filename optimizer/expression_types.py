@@ -1,4 +1,4 @@
-"""What PostgreSQL would type each expression of a statement as (SPEC §5.11): an inference over
+"""What PostgreSQL would type each expression of a statement as: an inference over
 the statement's tree, without the backend, in the types of `optimizer.pg_types`.
 
 Columns are typed from the catalog (through derived tables, CTEs and UNION branches),

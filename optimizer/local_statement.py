@@ -1,4 +1,4 @@
-"""The statement DuckDB runs for a guarded plan once its guards have chosen (SPEC §5.4): the
+"""The statement DuckDB runs for a guarded plan once its guards have chosen: the
 query without extensions, in DuckDB's dialect, each table reference rebound to the cached view
 its SwitchUnion chose or to its remote leaf's rows (registered under a name of their own), and
 its placeholders as DuckDB named parameters. Pure: the executor compiles it once per choice.
@@ -8,40 +8,15 @@ from __future__ import annotations
 
 import typing as t
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import sqlglot
 from sqlglot import exp
 
 from optimizer.allowlist import BY_NAME, ZONE_PARAMETER
-from optimizer.leaves import RemoteLeaf
 from optimizer.pg_semantics import Semantics
-from optimizer.plan import Plan
+from optimizer.plan import LocalStatement, Output, Plan, ScaleOf
 from sql_ext.nodes import strip_extensions
-from sql_ext.params import NODE_ID, Key, duckdb_name
-
-# A numeric's display scale as the converter finds it: the same for every value (a number), or
-# DuckDB's result column computing it row by row (("column", its index)).
-ScaleOf = int | tuple[str, int]
-# How an output column of the statement is made from DuckDB's result columns: the column
-# itself (its index); ("scaled", value index, scale index) for a numeric whose values' display
-# scales vary (optimizer.numeric_scales); ("avg" | "divide", numerator index, denominator index,
-# numerator scale, denominator scale) for an average or division the cache does as PostgreSQL
-# (optimizer.divisions).
-Output = int | tuple[str, int, int] | tuple[str, int, int, ScaleOf, ScaleOf]
-
-
-@dataclass(frozen=True)
-class LocalStatement:
-    sql: str  # DuckDB
-    keys: tuple[Key, ...]  # each placeholder key, in textual order ...
-    names: tuple[str, ...]  # ... and its DuckDB parameter name
-    leaves: tuple[tuple[str, RemoteLeaf], ...]  # (registered name, leaf), statement order
-    outputs: tuple[Output, ...] | None = None  # None: DuckDB's columns as they are
-    # parameters PostgreSQL reads as another type than text: (key, kind), checked per
-    # execution (a string must read alike in both engines: `optimizer.allowlist.reads_alike`)
-    typed_parameters: tuple[tuple[Key, str], ...] = ()
-    zone: bool = False  # it reads the session's time zone (`optimizer.allowlist.ZONE_PARAMETER`)
+from sql_ext.params import NODE_ID, duckdb_name
 
 
 def leaf_name(instance_id: int) -> str:
@@ -148,7 +123,7 @@ def _add_scale_columns(copy: exp.Expr, analysis: t.Any) -> dict[t.Any, int]:
 def _outputs(select: exp.Expr, analysis: t.Any, scale_columns: dict[t.Any, int]
              ) -> tuple[Output, ...]:  # fmt: skip
     """Each output average or division becomes its numerator and denominator (sum and count
-    for an average), which DuckDB computes exactly, and the cache divides (SPEC §5.11); a
+    for an average), which DuckDB computes exactly, and the cache divides; a
     numeric whose scale varies is given its scale column. Scale columns were appended last;
     they move after the numerators and denominators."""
     assert isinstance(select, exp.Select)

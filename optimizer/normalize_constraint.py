@@ -1,4 +1,4 @@
-"""Normalize a query's currency clauses into one C&C constraint (§4.3, §5.1; SPEC §2).
+"""Normalize a query's currency clauses into one C&C constraint (§4.3, §5.1).
 
 The result is a set of disjoint consistency classes over base-table instances. Steps:
 
@@ -7,7 +7,7 @@ The result is a set of disjoint consistency classes over base-table instances. S
 2. defaults, always the strictest: a query with no clause is one class with bound 0; an input of
    a clause-bearing block named in none of its specs, and a base table no spec reaches, is a
    class of its own with bound 0 - unless the session set a currency bound d: then every
-   SELECT block without a clause reads as if it ended with ``CURRENCY BOUND d`` (SPEC §2);
+   SELECT block without a clause reads as if it ended with ``CURRENCY BOUND d``;
 3. classes sharing an instance merge (Normalization Rule): bound = min, inputs = union,
    grouping G = ∩ Gi+ under the FDs of backend keys and the query's equality predicates,
    restricted to the class's attributes and reduced to a minimal generating set.

@@ -1,4 +1,4 @@
-"""A numeric's display scale, value by value (SPEC §5.11). PostgreSQL keeps a scale per numeric
+"""A numeric's display scale, value by value. PostgreSQL keeps a scale per numeric
 value - ``coalesce(price, 0)`` is ``12.50`` for a row with a price and ``0`` for one without -
 while DuckDB gives a column one decimal type. Where the scale is not the same for every value,
 the cache has DuckDB compute it beside the value, from the same branches PostgreSQL takes, and

@@ -1,5 +1,5 @@
 """Where DuckDB would compute differently from PostgreSQL, and how the local statement is
-rewritten to compute what PostgreSQL computes (SPEC §5.11) - or, where it cannot be made
+rewritten to compute what PostgreSQL computes - or, where it cannot be made
 exactly equal, why the statement stays remote.
 
 * only what the allowlist lists runs in DuckDB (`optimizer.allowlist`): every node that

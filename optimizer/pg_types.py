@@ -1,4 +1,4 @@
-"""PostgreSQL's types as far as the cache's local answers depend on them (SPEC §5.11): values
+"""PostgreSQL's types as far as the cache's local answers depend on them: values
 the type inference (`optimizer.expression_types`) and the allowlist of what DuckDB may compute
 (`optimizer.allowlist`) speak in.
 

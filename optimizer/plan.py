@@ -1,4 +1,4 @@
-"""The plan of a query (SPEC §5, §9): one frozen value, made once per statement shape by
+"""The plan of a query: one frozen value, made once per statement shape by
 `optimizer.planner.plan_query`, printed by EXPLAIN and run by the executor - never derived twice.
 
 A plan is either the whole statement sent to PostgreSQL (``local`` False) or a guarded plan:
@@ -27,9 +27,31 @@ from optimizer.analyze import Access, Analysis
 from optimizer.leaves import RemoteLeaf
 from optimizer.normalize_constraint import ConsistencyClass, Instance
 from sql_ext.catalog import Catalog
+from sql_ext.params import Key
 
-if t.TYPE_CHECKING:
-    from optimizer.local_statement import LocalStatement
+# A numeric's display scale as the converter finds it: the same for every value (a number), or
+# DuckDB's result column computing it row by row (("column", its index)).
+ScaleOf = int | tuple[str, int]
+# How an output column of the statement is made from DuckDB's result columns: the column
+# itself (its index); ("scaled", value index, scale index) for a numeric whose values' display
+# scales vary (optimizer.numeric_scales); ("avg" | "divide", numerator index, denominator index,
+# numerator scale, denominator scale) for an average or division the cache does as PostgreSQL
+# (optimizer.divisions).
+Output = int | tuple[str, int, int] | tuple[str, int, int, ScaleOf, ScaleOf]
+
+
+@dataclass(frozen=True)
+class LocalStatement:
+    sql: str  # DuckDB
+    keys: tuple[Key, ...]  # each placeholder key, in textual order ...
+    names: tuple[str, ...]  # ... and its DuckDB parameter name
+    leaves: tuple[tuple[str, RemoteLeaf], ...]  # (registered name, leaf), statement order
+    outputs: tuple[Output, ...] | None = None  # None: DuckDB's columns as they are
+    # parameters PostgreSQL reads as another type than text: (key, kind), checked per
+    # execution (a string must read alike in both engines: `optimizer.allowlist.reads_alike`)
+    typed_parameters: tuple[tuple[Key, str], ...] = ()
+    zone: bool = False  # it reads the session's time zone (`optimizer.allowlist.ZONE_PARAMETER`)
+
 
 GuardKind = t.Literal["full", "presence", "completeness"]
 
@@ -65,6 +87,9 @@ class PlanInputs:
     # statement at the backend; "guarded": the plan with SwitchUnions, its guards deciding
     # at run time) - the experiments time each candidate (experiments/runs/plan_choices.py)
     choice: str = "cost"  # one of PLAN_CHOICES
+    # why DuckDB's answer to a guarded plan's statement could not be PostgreSQL's (its result
+    # types, found by DuckDB without running it), or None; None: not asked (`fit_result`)
+    result_problem: t.Callable[[Plan, LocalStatement], str | None] | None = None
 
     def delay_of(self, view: str) -> float:
         """The view's refresh delay d: measured, else the default."""
@@ -203,7 +228,7 @@ class Plan:
     # -- EXPLAIN ---------------------------------------------------------------------------------
 
     def to_json(self) -> dict[str, t.Any]:
-        """The SPEC §9 document of `mtcache explain --json` and EXPLAIN."""
+        """The document of `mtcache explain --json` and EXPLAIN (docs/json-outputs.md)."""
         guarded = {a.instance.id: a for a in self.guarded_accesses} if self.local else {}
         accesses = [
             {

@@ -4,9 +4,11 @@ the backend and the cache file (cost estimates, view row counts) is gathered bef
 what `estimate_requests` asks for of the initial plan, and passed in.
 
     analysis -> initial plan (every access remote, its leaf made)
-             -> divide_outputs (the divisions the cache does as PostgreSQL, SPEC §5.11)
+             -> divide_outputs (the divisions the cache does as PostgreSQL)
              -> place_guards   (§4.4, §4.5 view matching, Fig 7.2)
              -> estimate_cost  (§4.6: guarded plan vs the whole statement remote)
+             -> fit_result     (the guarded plan's DuckDB statement, made once; planned
+                                again, remote, if DuckDB cannot give PostgreSQL's result)
 """
 
 from __future__ import annotations
@@ -26,7 +28,28 @@ from sql_ext.catalog import Catalog
 
 Rule = t.Callable[[Plan, PlanInputs], Plan]
 
-RULES: tuple[Rule, ...] = (divide_outputs, place_guards, estimate_cost)
+
+def fit_result(plan: Plan, inputs: PlanInputs) -> Plan:
+    """A guarded plan gets the DuckDB statement of its first choice, made here once. When
+    DuckDB's answer to it could not be PostgreSQL's (``inputs.result_problem`` says why: a
+    function DuckDB lacks, a result type it cannot give), the statement is planned again by
+    the rules before this one with local execution blocked for that reason: the whole
+    statement remote."""
+    if not plan.local:
+        return plan
+    first = local_statement(plan, plan.first_choice())
+    problem = inputs.result_problem(plan, first) if inputs.result_problem is not None else None
+    if problem is None:
+        return dataclasses.replace(plan, first=first)
+    unfit = dataclasses.replace(plan.analysis, local_blocker=problem)
+    again = initial_plan(unfit, inputs.catalog, plan.with_params)
+    for rule in RULES[: RULES.index(fit_result)]:
+        again = rule(again, inputs)
+    assert not again.local, "a plan blocked from local execution stays remote"
+    return again
+
+
+RULES: tuple[Rule, ...] = (divide_outputs, place_guards, estimate_cost, fit_result)
 
 
 def plan_query(
@@ -38,8 +61,6 @@ def plan_query(
         else dataclasses.replace(initial, analysis=analysis)  # fmt: skip
     for rule in RULES:
         plan = rule(plan, inputs)
-    if plan.local:
-        plan = dataclasses.replace(plan, first=local_statement(plan, plan.first_choice()))
     return plan
 
 

@@ -1,5 +1,5 @@
 """The ``mtcache`` sqlglot dialect: PostgreSQL plus the currency clause, TIMEORDERED brackets and
-the cache DDL (SPEC §2, §3).
+the cache DDL.
 
 Extensions hook into sqlglot by subclassing (STYLE 3): the parser recognises the clause keywords
 by their text, because they are ordinary identifiers to PostgreSQL, and stops implicit aliases
@@ -108,7 +108,7 @@ class MTCacheParser(PostgresParser):
     # -- statements ------------------------------------------------------------------------------
 
     def _parse_select(self, *args: t.Any, **kwargs: t.Any) -> exp.Expr | None:
-        # Blocks are numbered in textual order (SPEC §9), so remember where each one starts.
+        # Blocks are numbered in textual order, so remember where each one starts.
         start = self._curr
         result = super()._parse_select(*args, **kwargs)
         if start:
@@ -188,7 +188,7 @@ class MTCacheParser(PostgresParser):
         return super()._parse_statement()
 
     def _parse_session_bound(self) -> SessionBound:
-        """SET CURRENCY BOUND d | RESET CURRENCY BOUND | SHOW CURRENCY BOUND (SPEC §2)."""
+        """SET CURRENCY BOUND d | RESET CURRENCY BOUND | SHOW CURRENCY BOUND."""
         start = self._curr
         action = start.text.upper()
         self._advance(2)

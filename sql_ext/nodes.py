@@ -1,4 +1,4 @@
-"""Typed sqlglot nodes for mtcache's SQL extensions (SPEC §2, §3).
+"""Typed sqlglot nodes for mtcache's SQL extensions.
 
 A SELECT block that carries a currency clause keeps it under the arg ``currency`` of its
 ``exp.Select``; standard generators ignore that arg, and `strip_extensions` removes it so the

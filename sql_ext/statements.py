@@ -117,7 +117,7 @@ class Query:
     @functools.cached_property
     def backend_sql(self) -> str:
         """What the backend runs when the statement goes remote whole: the application's own
-        text with only the currency clauses cut out, never a regeneration (SPEC §5.11)."""
+        text with only the currency clauses cut out, never a regeneration."""
         start = self.body_start if self.explain is None else 0
         return cut_out(self.text, self.cuts, start)
 
@@ -177,7 +177,7 @@ class Timeline:
 @dataclass(frozen=True)
 class SessionBound:
     """SET / RESET / SHOW CURRENCY BOUND: the session's default bound for every SELECT block
-    without a clause of its own (SPEC §2)."""
+    without a clause of its own."""
 
     text: str
     action: t.Literal["set", "reset", "show"]

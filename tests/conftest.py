@@ -79,7 +79,7 @@ def clean_env() -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def spark_engine() -> Iterator[object]:
-    """One local Spark session for the whole test run (SPEC §8)."""
+    """One local Spark session for the whole test run."""
     from cache.maintenance.spark import SparkEngine, spark_session, stop_sessions
 
     engine = SparkEngine(min_pages_per_task=64)

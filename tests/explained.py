@@ -1,4 +1,4 @@
-"""What EXPLAIN shows is what ran (SPEC §5.12): a check for the differential suites, which run
+"""What EXPLAIN shows is what ran: a check for the differential suites, which run
 each query through the cache and compare its answer with PostgreSQL's."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Backend down, cache up (SPEC §5.9): a connection opens without the backend (the last known
+"""Backend down, cache up: a connection opens without the backend (the last known
 catalog and clock), answers what its guards allow, names what needs the backend, and
 connects again by itself when the backend is back; so does the CLI."""
 

@@ -33,12 +33,12 @@ def conn(bookstore_dsn: str, tmp_path: Path) -> Iterator[Connection]:
 def keys(conn: Connection, control: str) -> list[tuple[object, ...]]:
     columns = ", ".join(conn.admin.control_key(control))
     sql = f"SELECT {columns} FROM {control} ORDER BY ALL"
-    return [tuple(r) for r in conn._store.con.execute(sql).fetchall()]
+    return [tuple(r) for r in conn.engine.store.con.execute(sql).fetchall()]
 
 
 def snapshot(conn: Connection) -> dict[str, tuple[int, int | None]]:
     """Every table of the cache file, hashed, to show a rejected call changed nothing."""
-    return cache_contents(conn._store.con)
+    return cache_contents(conn.engine.store.con)
 
 
 @pytest.mark.parametrize("value", ["6.5", 6.5, "2.4", decimal.Decimal("2.4"), "1e3", "seven",

@@ -125,8 +125,9 @@ def test_a_misspelled_keyword_is_pointed_at(mtcache_bin: str, env: dict[str, str
 def test_query_json_is_faithful_for_every_type(
     mtcache_bin: str, env: dict[str, str], bookstore_dsn: str
 ) -> None:
-    """SPEC §9: decimals and dates as strings; json as JSON; intervals as ISO 8601 durations;
-    bytea as PostgreSQL's hex text; floats that JSON cannot hold as PostgreSQL prints them."""
+    """docs/json-outputs.md: decimals and dates as strings; json as JSON; intervals as ISO 8601
+    durations; bytea as PostgreSQL's hex text; floats that JSON cannot hold as PostgreSQL
+    prints them."""
     import psycopg
 
     with psycopg.connect(bookstore_dsn, autocommit=True) as pg:

@@ -1,4 +1,4 @@
-"""The backend clock estimate (SPEC §4): local clock plus a measured offset, erring late."""
+"""The backend clock estimate: local clock plus a measured offset, erring late."""
 
 from __future__ import annotations
 

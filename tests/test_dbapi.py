@@ -232,7 +232,7 @@ def test_cache_ddl_and_control_table_edits_through_execute(conn: cache.Connectio
             cur.execute(statement)
     cur.execute("INSERT INTO authorlist_pct (authorid) VALUES (%s), (%s)", [4, 5])
     assert cur.rowcount == 2
-    # the cache file is inspectable (SPEC §4): a view is the DuckDB table of its name
+    # the cache file is inspectable: a view is the DuckDB table of its name
     cache_file = duckdb.connect(str(conn.cache_path))
     assert cache_file.execute("SELECT count(*) FROM authorcopy").fetchone() == (2,)
     assert cache_file.execute("SELECT count(*) FROM bookcopy").fetchone() == (10,)
@@ -339,7 +339,7 @@ def test_a_query_is_answered_locally_while_changes_keep_committing(
 
     def churn() -> None:
         while not stop.is_set():
-            conn._store.bump(["bookcopy"])
+            conn.engine.store.bump(["bookcopy"])
 
     thread = threading.Thread(target=churn)
     routes = []
@@ -366,7 +366,7 @@ def test_pooled_backend_connections_the_backend_dropped_are_replaced(
     conn.admin.admit("authorlist_pct", [4])
     sql = "SELECT a.name FROM authors a WHERE a.authorid = %s CURRENCY BOUND 10 MIN ON (a)"
     assert conn.execute(sql, [4]).provenance[0]["route"] == "local"  # the pool is in use
-    own = conn._pg.info.backend_pid
+    own = conn.session.backend_pid
     with psycopg.connect(dsn, autocommit=True) as admin:
         ended = admin.execute(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "

@@ -22,8 +22,8 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 import cache
-from cache.dbapi.admin import Admin
 from cache.dbapi.connection import Connection
+from cache.engine.admin import Admin
 from cache.tools import bookstore
 from sql_ext import Query, parse
 from sql_ext.errors import Error, InternalError, PositionedError
@@ -132,7 +132,7 @@ def test_queries_answer_as_postgresql_or_fail_as_it_does(
                 [(d.name, d.type_code) for d in expected.description or []])  # fmt: skip
     except psycopg.Error:
         want = None
-    before = fuzzing.cache_contents(conn._store.con)
+    before = fuzzing.cache_contents(conn.engine.store.con)
     for text in (sql, f"{sql} {clause}".strip()):
         try:
             plan = conn.explain(text, params)
@@ -146,7 +146,7 @@ def test_queries_answer_as_postgresql_or_fail_as_it_does(
         except Error as exc:
             assert refused(exc), (text, params, exc)
             assert want is None, f"{text} {params!r}: PostgreSQL answered, the cache said {exc}"
-            assert fuzzing.cache_contents(conn._store.con) == before, text
+            assert fuzzing.cache_contents(conn.engine.store.con) == before, text
             event("refused, as by PostgreSQL")
             continue
         event("answered " + "+".join(sorted({p["route"] for p in cur.provenance})))
@@ -163,12 +163,12 @@ def test_ddl_scripts_apply_or_leave_the_cache_as_it_was(
     path = template.with_name("ddl.duckdb")
     shutil.copy(template, path)
     with Admin.open(path, bookstore_dsn) as admin:
-        before = fuzzing.cache_contents(admin._store.con)
+        before = fuzzing.cache_contents(admin.store.con)
         try:
             admin.apply_ddl(script)
         except Error as exc:
             assert refused(exc), (script, exc)
-            assert fuzzing.cache_contents(admin._store.con) == before, script
+            assert fuzzing.cache_contents(admin.store.con) == before, script
 
 
 @given(control=st.sampled_from(["authorlist_pct", "citylist_cpct", "reviewerlist_pct"]),
@@ -180,14 +180,15 @@ def test_control_keys_are_exact_or_refused(
     (column,) = conn.admin.control_key(control)
 
     def keys() -> set[object]:
-        return {k for (k,) in conn._store.con.execute(f"SELECT {column} FROM {control}").fetchall()}
+        found = conn.engine.store.con.execute(f"SELECT {column} FROM {control}").fetchall()
+        return {k for (k,) in found}
 
-    before, listed = fuzzing.cache_contents(conn._store.con), keys()
+    before, listed = fuzzing.cache_contents(conn.engine.store.con), keys()
     try:
         (conn.admin.evict if evict else conn.admin.admit)(control, [value])
     except Error as exc:
         assert refused(exc), (control, value, exc)
-        assert fuzzing.cache_contents(conn._store.con) == before, (control, value)
+        assert fuzzing.cache_contents(conn.engine.store.con) == before, (control, value)
         return
     # accepted: the value named exactly one key; then the cache is put back as it was
     changed = listed ^ keys()

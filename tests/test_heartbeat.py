@@ -1,4 +1,4 @@
-"""The heartbeat (SPEC §6): `mtcache heartbeat` and the Heartbeat thread keep a row of the
+"""The heartbeat: `mtcache heartbeat` and the Heartbeat thread keep a row of the
 backend's heartbeat table beating, survive each other and backend outages, stop cleanly on
 SIGTERM/SIGINT, and measure the backend clock as they beat."""
 

@@ -111,7 +111,7 @@ def test_many_presence_keys_are_pulled_with_one_in_list(store: CacheStore, backe
     pull = Pull(store.con, None, schema, store.load_catalog(), None)  # type: ignore[arg-type]
     wanted = {Region("authorcopy", "presence", ("authorid",), (k,), "authorlist_pct")
               for k in range(1, 2001)}  # fmt: skip
-    [query] = pull._retrieval(wanted)
+    [query] = pull.retrieval(wanted)
     assert query.where.count(" IN ") == 1 and " OR " not in query.where, query.where[:200]
     assert all(f"{k}," in query.where or f"{k})" in query.where for k in (1, 1000, 2000))
     Maintainer(store, backend).admit("authorlist_pct", [(k,) for k in range(1, 2001)],

@@ -1,4 +1,4 @@
-"""PostgreSQL's semantics in local answers (SPEC §5.11): every rewrite of the local statement -
+"""PostgreSQL's semantics in local answers: every rewrite of the local statement -
 char(n) in every position, numeric averages and divisions at several scales, exact numbers,
 extract - checked against PostgreSQL's answer to the same query, values *and* Python types
 and `cursor.description`'s type codes; and what cannot be made exactly equal goes remote."""

@@ -282,7 +282,7 @@ def test_counters_reach_mtcache_status(
 def test_backend_down_local_answers_go_on_and_stale_ok_returns_stale_data(
     tmp_path: Path,
 ) -> None:
-    """SPEC §5.9, with a backend of its own that this test stops."""
+    """Backend down, cache up, with a backend of its own that this test stops."""
     from tests.conftest import reachable_tempdir
 
     home = reachable_tempdir("mtcache-down-")
@@ -678,7 +678,7 @@ def test_a_write_the_parser_cannot_read_is_still_read_back(conn: cache.Connectio
 def test_a_session_currency_bound_lets_queries_without_a_clause_use_the_cache(
     backend: str, tmp_path: Path, conn: cache.Connection
 ) -> None:
-    """SPEC §2: connect(currency_bound=...) reads every block without a clause as if it ended
+    """connect(currency_bound=...) reads every block without a clause as if it ended
     with CURRENCY BOUND d; explicit clauses rule their own blocks."""
     plain = "SELECT a.name FROM authors a WHERE a.authorid = 4"
     with cache.connect(backend=backend, cache_path=conn.cache_path,
@@ -805,7 +805,7 @@ def test_the_gray_child_is_probed_through_the_join_on_its_controlling_key(
 
 
 def test_remote_leaves_are_read_in_one_backend_snapshot(backend: str) -> None:
-    """SPEC §5.5: the first pooled connection exports its snapshot, the others join it - six
+    """The first pooled connection exports its snapshot, the others join it - six
     leaves on the pool's four connections all see one snapshot."""
     from cache.backend.pool import in_one_snapshot
 

@@ -40,7 +40,7 @@ def conn(backend: str, tmp_path: Path) -> Iterator[cache.Connection]:
 
 
 def memo_counts(conn: cache.Connection) -> tuple[int, int]:
-    counters = conn._counters  # this connection's, not yet flushed to the file
+    counters = conn.session.counters  # this connection's, not yet flushed to the file
     return counters["memo_hits"], counters["memo_misses"]
 
 

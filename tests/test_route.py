@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from cache.dbapi.route import (
+from cache.engine.route import (
     CacheDdl,
     CachedRead,
     ControlEdit,

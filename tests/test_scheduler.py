@@ -104,7 +104,7 @@ def test_the_scheduler_thread_keeps_a_view_fresh(setup: tuple[CacheStore, str]) 
 
 
 def test_a_connection_runs_the_scheduler_while_open(setup: tuple[CacheStore, str]) -> None:
-    """The process that opens the cache refreshes views by itself (SPEC §5.10): one scheduler
+    """The process that opens the cache refreshes views by itself: one scheduler
     per file per process, stopped when the last connection closes; ``background=False`` runs
     none."""
     import threading

@@ -157,7 +157,7 @@ def test_changes_reach_the_views_through_the_stream(setup: Setup) -> None:
     assert row is not None
     assert engine == "stream" and named == f"lsn {stream.lsn_text(row.applied_lsn)}"
     consumer.step()  # nothing new: confirms to the backend what the file holds
-    assert slot_state(consumer._connection(), row.slot).confirmed_lsn == row.applied_lsn
+    assert slot_state(consumer.connection(), row.slot).confirmed_lsn == row.applied_lsn
 
 
 def test_truncate_then_insert_in_one_transaction(setup: Setup) -> None:
@@ -301,7 +301,7 @@ def test_bounded_queries_are_answered_locally_under_writes(
             assert access["currency_seconds"] <= 5
             [snapshot] = access["snapshot_ids"]
             # the snapshot the provenance names, as the cache file records it
-            [(named,)] = local(conn._store, "SELECT pg_snapshot FROM mtcache.snapshots "
+            [(named,)] = local(conn.engine.store, "SELECT pg_snapshot FROM mtcache.snapshots "
                                f"WHERE snapshot_id = {snapshot}")  # fmt: skip
             assert named.startswith("lsn ")
             position = lsn_value(named[4:])

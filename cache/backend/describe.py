@@ -1,4 +1,4 @@
-"""What a statement returns, as PostgreSQL says (SPEC §5.11): its result columns' names, types
+"""What a statement returns, as PostgreSQL says: its result columns' names, types
 and type modifiers. A local answer is given exactly these (`cache.execution.convert`): the
 same `cursor.description`, and values of the Python types psycopg gives for them.
 

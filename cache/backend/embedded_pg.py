@@ -1,4 +1,4 @@
-"""The embedded default backend: a private PostgreSQL cluster in a directory (SPEC §1).
+"""The embedded default backend: a private PostgreSQL cluster in a directory.
 
 The cluster is created with the machine's own PostgreSQL binaries (``initdb``/``pg_ctl``), listens
 on 127.0.0.1 only, on a free port, with ``wal_level=logical``, and is reused while it runs. When

@@ -1,4 +1,4 @@
-"""The backend's own cost estimates for planning (§4.6, SPEC §5.5): ``EXPLAIN (FORMAT JSON)`` of
+"""The backend's own cost estimates for planning (§4.6): ``EXPLAIN (FORMAT JSON)`` of
 each SQL text a plan may send, so backend indexes count. A shape is costed with the values of
 its first execution, bound client-side (psycopg's mogrify)."""
 

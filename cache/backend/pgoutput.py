@@ -1,5 +1,5 @@
 """PostgreSQL's logical replication messages (pgoutput, protocol version 1), decoded: what the
-stream consumer of continuously maintained views reads (SPEC §6; the design in
+stream consumer of continuously maintained views reads (the design in
 docs/decisions.md, "Continuous maintenance from the WAL").
 
 The messages come one by one from a streaming session (cache/backend/replication.SlotStream)

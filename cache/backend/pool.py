@@ -1,5 +1,5 @@
 """Backend connections shared by all sessions of a process for the remote branches of cached
-queries (SPEC §5.4): the rows a mixed plan's remote leaves import into DuckDB.
+queries: the rows a mixed plan's remote leaves import into DuckDB.
 
 A session's own backend connection stays the session's: plain SQL, writes, transactions and
 whole-statement remote execution run there, in the session's transaction. Remote leaves need
@@ -85,11 +85,9 @@ def _check_reachable(dsn: str) -> None:
 R = t.TypeVar("R")
 
 
-def in_one_snapshot(
-    dsn: str, tasks: Sequence[Callable[[psycopg.Connection[t.Any]], R]]
-) -> list[R]:
-    """Run the tasks concurrently on pooled connections, all reading one backend snapshot
-    (SPEC §5.5): the first connection opens a REPEATABLE READ transaction and exports its
+def in_one_snapshot(dsn: str, tasks: Sequence[Callable[[psycopg.Connection[t.Any]], R]]) -> list[R]:
+    """Run the tasks concurrently on pooled connections, all reading one backend snapshot:
+    the first connection opens a REPEATABLE READ transaction and exports its
     snapshot, the others join it (as the refresh pipeline's tasks do). Results in task order."""
     if len(tasks) == 1:
         with pooled(dsn) as conn:

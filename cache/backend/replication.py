@@ -1,4 +1,4 @@
-"""The backend side of continuous maintenance (SPEC §6): a publication and a logical
+"""The backend side of continuous maintenance: a publication and a logical
 replication slot per cache file, read as a stream (START_REPLICATION over psycopg's libpq
 wrapper) and decoded by `cache.backend.pgoutput`.
 

@@ -1,4 +1,2 @@
-"""The DB-API 2.0 façade (re-exported by `cache`): `connection.Connection`, `cursor.Cursor`, the
-pure statement router (`route`), the session state the guards see (`session`), background
-admissions (`admission`), the administration API (`admin`) and the PEP 249 type objects
-(`types`)."""
+"""The DB-API 2.0 façade (re-exported by `cache`): `connection.Connection` and `cursor.Cursor`
+over a session of the engine (`cache.engine`), and the PEP 249 type objects (`types`)."""

@@ -1,4 +1,4 @@
-"""Local answers in PostgreSQL's types (SPEC §5.11): each value of a DuckDB result becomes the
+"""Local answers in PostgreSQL's types: each value of a DuckDB result becomes the
 Python value psycopg would give for the column PostgreSQL describes (`cache.backend.describe`).
 
 Only conversions that are exact are allowed - an integer to a numeric's Decimal, an integer to
@@ -27,7 +27,7 @@ import pyarrow as pa
 from cache.backend.copy_arrow import arrow_type
 from optimizer import pg_numeric
 from optimizer.allowlist import ZONE_PARAMETER
-from optimizer.local_statement import LocalStatement, Output
+from optimizer.plan import LocalStatement, Output
 from sql_ext.errors import DataError
 
 Row = tuple[t.Any, ...]

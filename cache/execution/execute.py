@@ -1,4 +1,4 @@
-"""Run a guarded plan as its guards decided (SPEC §5.4): the decision's DuckDB statement
+"""Run a guarded plan as its guards decided: the decision's DuckDB statement
 (`optimizer.local_statement`, compiled once per decision and kept with the plan), after the
 remote leaves it reads are fetched from PostgreSQL through Arrow and registered under their
 names. An all-local decision is the hit path: one prepared DuckDB statement, no SQL work.
@@ -26,7 +26,8 @@ from cache.execution.planning import Prepared
 from cache.execution.provenance import Executed
 from optimizer.allowlist import ZONE_PARAMETER, reads_alike
 from optimizer.evaluate_guards import Decision
-from optimizer.local_statement import LocalStatement, local_statement
+from optimizer.local_statement import local_statement
+from optimizer.plan import LocalStatement
 from sql_ext.errors import first_line
 from sql_ext.params import Params, values_for
 

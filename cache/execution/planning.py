@@ -5,7 +5,7 @@ planner (`optimizer.planner.plan_query`) runs.
 A plan is made once per statement shape - its text in mtcache's dialect, whether it is
 executed with parameters (psycopg reads ``%%`` differently then), and the session's currency
 bound for blocks without a clause - and kept until the cache schema changes; a shape is costed
-with the parameters of its first execution (SPEC §5.6). EXPLAIN looks its plan up here too, so
+with the parameters of its first execution. EXPLAIN looks its plan up here too, so
 it shows the plan that runs.
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import threading
 import typing as t
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -27,10 +28,10 @@ from cache.execution.convert import converter, duckdb_result_types
 from cache.execution.provenance import Executed
 from cache.store.cache_file import CacheStore
 from cache.store.refresh_times import measured_delays
-from optimizer.analyze import analyze
+from optimizer.analyze import Analysis, analyze
 from optimizer.estimate_cost import DEFAULT_DELAY
 from optimizer.normalize_constraint import normalize_constraint
-from optimizer.plan import Estimates, Plan, PlanInputs
+from optimizer.plan import Estimates, LocalStatement, Plan, PlanInputs
 from optimizer.planner import estimate_requests, initial_plan, plan_query
 from sql_ext import Query
 from sql_ext.catalog import Catalog
@@ -64,6 +65,40 @@ class Prepared:
 
 MAX_OUTSIDE = 256  # relations a planner names outside its catalog (`Planner._outside`)
 
+PlanKey = tuple[t.Hashable, ...]
+
+
+class PlanCache:
+    """The prepared plans of one cache file in this process, shared by its sessions: by
+    statement shape and everything else a plan depends on (`Planner.prepare`'s key), least
+    recently used out. Thread-safe."""
+
+    def __init__(self, size: int = PLAN_CACHE_SIZE) -> None:
+        self.size = size
+        self._entries: OrderedDict[PlanKey, Prepared] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: PlanKey) -> Prepared | None:
+        with self._lock:
+            prepared = self._entries.get(key)
+            if prepared is not None:
+                self._entries.move_to_end(key)
+            return prepared
+
+    def put(self, key: PlanKey, prepared: Prepared) -> None:
+        with self._lock:
+            self._entries[key] = prepared
+            self._entries.move_to_end(key)
+            if len(self._entries) > self.size:
+                self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
 
 class Planner:
     def __init__(
@@ -71,6 +106,7 @@ class Planner:
         existing: t.Callable[[list[str]], dict[str, bool]] | None = None,
         temporary: t.Callable[[], set[str]] | None = None,
         given_delays: t.Mapping[str, float] | None = None,
+        plans: PlanCache | None = None,
     ) -> None:  # fmt: skip
         self.store = store
         self.dsn = dsn
@@ -89,7 +125,11 @@ class Planner:
         self.choice = choice  # `PlanInputs.choice`: the session's plan_choice
         self.catalog: Catalog = store.load_catalog()
         self._catalog_stale = False
-        self._plans: OrderedDict[tuple[str, bool, float | None], Prepared] = OrderedDict()
+        # the engine's, shared with the other sessions on the file (a plan depends on what
+        # its key names: the shape, the session's bound, plan choice, given delays and the
+        # relations its catalog names outside)
+        self._plans = plans if plans is not None else PlanCache()
+        self._session_key = (choice, tuple(sorted(self.given_delays.items())))
         self._tables_of: dict[int, tuple[Query, list[str]]] = {}
         self._delays: tuple[int, tuple[tuple[str, float], ...]] = (-1, ())
 
@@ -161,53 +201,86 @@ class Planner:
     def prepare(self, query: Query, params: Params, default_bound: float | None = None) -> Prepared:
         """The plan of a statement shape, from the plan cache while the schema is unchanged;
         ``default_bound``: the session's currency bound for blocks without a clause."""
-        key = (query.shape, params is not None, default_bound)
+        key = self._key(query, params, default_bound)
         version = self.store.schema_version
         delays = self.delays()
         prepared = self._plans.get(key)
         if prepared is not None and prepared.schema_version == version \
                 and prepared.delays == delays:  # fmt: skip
             return prepared
-        # reads a stale catalog again, and names what the backend has outside it
-        self.base_tables(query, params is not None, ask_backend=True)
-        plan, result, costed = self._plan(query, params, default_bound)
+        with_params = params is not None
+        analysis = self._analyze(query, with_params, default_bound)
+        plan, result, costed = self._plan(analysis, params)
         prepared = Prepared(plan, version, result, delays=delays)
         if costed:  # a plan made without the backend is not kept
-            if len(self._plans) >= PLAN_CACHE_SIZE:
-                self._plans.popitem(last=False)
-            self._plans[key] = prepared
+            # (the key again: naming relations outside the catalog changed it)
+            self._plans.put(self._key(query, params, default_bound), prepared)
         return prepared
+
+    def _key(self, query: Query, params: Params, default_bound: float | None) -> PlanKey:
+        return (query.shape, params is not None, default_bound, self._session_key,
+                self.catalog.outside)  # fmt: skip
 
     def cached(
         self, query: Query, params: Params, default_bound: float | None = None
     ) -> Prepared | None:
         """The cached plan of a shape, if there is one for the current schema."""
-        prepared = self._plans.get((query.shape, params is not None, default_bound))
+        prepared = self._plans.get(self._key(query, params, default_bound))
         if prepared is not None and prepared.schema_version == self.store.schema_version:
             return prepared
         return None
 
     def uncosted(self, query: Query, params: Params, default_bound: float | None = None) -> Plan:
-        """A plan made without asking the backend (it is down): its guards decide. Its result
-        types are DuckDB's, so it reads no char(n) column (whose padding only the backend's
-        description gives back)."""
-        schema = self.store.load_schema()
-        analysis = analyze(query, self.catalog, default_bound)
+        """A plan made without asking the backend (it is down): its guards decide."""
+        return self._uncosted(analyze(query, self.catalog, default_bound), params is not None)
+
+    def _uncosted(self, analysis: Analysis, with_params: bool) -> Plan:
+        """Its result types are DuckDB's, so it reads no char(n) column (whose padding only
+        the backend's description gives back)."""
         if analysis.reads_blank_padded and analysis.local_allowed:
             analysis = dataclasses.replace(analysis, local_blocker=(
                 "it reads a char(n) column and the backend, which describes the result, is "
                 "unreachable"))  # fmt: skip
-        inputs = PlanInputs(schema, self.catalog, None, self.delay, delays=self.delays(),
-                            choice=self.choice)  # fmt: skip
-        return plan_query(analysis, inputs, with_params=params is not None)
+        inputs = PlanInputs(self.store.load_schema(), self.catalog, None, self.delay,
+                            delays=self.delays(), choice=self.choice)  # fmt: skip
+        return plan_query(analysis, inputs, with_params=with_params)
 
-    def _plan(
-        self, query: Query, params: Params, default_bound: float | None
-    ) -> tuple[Plan, ResultShape | None, bool]:
+    def _analyze(self, query: Query, with_params: bool, default_bound: float | None) -> Analysis:
+        """The statement's analysis (names resolved, its constraint normalized: once per
+        shape), against a catalog read again when stale, or once when it lacks a name
+        (created since), and naming outside it the relations the session's backend resolves
+        (system relations, temporary tables: `_outside`). The tables it reads are kept for
+        its provenance (`base_tables`)."""
+        reloaded = False
+        for _ in range(MAX_OUTSIDE + 2):
+            if self._catalog_stale:
+                try:
+                    self.reload_catalog()
+                except BackendUnavailableError:
+                    break  # the backend is down: plan with the catalog there is
+                reloaded = True
+            try:
+                analysis = analyze(query, self.catalog, default_bound)
+            except CatalogError as exc:
+                if not reloaded:  # created since the catalog was read: read it again, once
+                    self._catalog_stale = reloaded = True
+                    continue
+                unknown = self._unknown(query) or dict([exc.relation] if exc.relation else [])
+                if not self._outside(unknown, with_params):
+                    raise  # the backend has none of them either: the error stands
+                continue
+            self._remember_tables(query, [i.table for i in analysis.constraint.instances])
+            return analysis
+        return analyze(query, self.catalog, default_bound)
+
+    def _plan(self, analysis: Analysis, params: Params) -> tuple[Plan, ResultShape | None, bool]:
         """The plan, the result the backend describes, and whether the backend was asked (a
-        plan made without it is not cached)."""
+        plan made without it is not cached). Everything planning reads is gathered first:
+        the backend's estimates for the statement and for each access's leaf, its result
+        description, the views' row counts; DuckDB's result types are asked by the last rule
+        (`optimizer.planner.fit_result`)."""
+        query = analysis.query
         schema = self.store.load_schema()
-        analysis = analyze(query, self.catalog, default_bound)
         with_params = params is not None
         if analysis.outside:  # nothing to cost: PostgreSQL answers it on the session's connection
             inputs = PlanInputs(schema, self.catalog, None, self.delay, delays=self.delays(),
@@ -225,28 +298,26 @@ class Planner:
             result = describe_result(self.dsn, wanted.statement, params) if query.is_select \
                 else None  # fmt: skip
         except BackendUnavailableError:
-            return self.uncosted(query, params, default_bound), None, False
+            return self._uncosted(analysis, with_params), None, False
         inputs = PlanInputs(
-            schema, self.catalog, Estimates(remote, self.store.row_counts(wanted.views)),
-            self.delay, tuple(oid for oid, _ in result.types) if result is not None else None,
-            self.delays(), self.choice,
+            schema,
+            self.catalog,
+            Estimates(remote, self.store.row_counts(wanted.views)),
+            self.delay,
+            tuple(oid for oid, _ in result.types) if result is not None else None,
+            self.delays(),
+            self.choice,
+            result_problem=functools.partial(self._result_problem, result=result, named=named),
         )
-        plan = plan_query(analysis, inputs, with_params=with_params, initial=initial)
-        if plan.local:
-            problem = self._result_problem(plan, result, named)
-            if problem is not None:  # DuckDB cannot give PostgreSQL's result: plan it remote
-                unfit = dataclasses.replace(analysis, local_blocker=problem)
-                plan = plan_query(unfit, inputs, with_params=with_params, initial=initial)
-        return plan, result, True
+        return plan_query(analysis, inputs, with_params=with_params, initial=initial), result, True
 
     def _result_problem(
-        self, plan: Plan, result: ResultShape | None, named: dict[str, t.Any]
-    ) -> str | None:
+        self, plan: Plan, statement: LocalStatement, *, result: ResultShape | None,
+        named: dict[str, t.Any],
+    ) -> str | None:  # fmt: skip
         """Why DuckDB's answer to the plan's statement could not be PostgreSQL's, or None."""
         if result is None:
             return "the backend does not describe its result"
-        statement = plan.first
-        assert statement is not None  # made for every local plan
         try:
             types = duckdb_result_types(self.store.con, statement, named)
         except (duckdb.BinderException, duckdb.CatalogException, duckdb.ParserException,
@@ -260,51 +331,24 @@ class Planner:
 
     # -- the tables a statement reads ----------------------------------------------------------
 
-    def base_tables(
-        self, query: Query, with_params: bool = False, ask_backend: bool = False
-    ) -> list[str]:
-        """The base tables a query reads (views expanded), one entry per access; remembered
-        per statement until the catalog is read again. ``ask_backend``: read a stale catalog
-        again and ask the session's connection about names it lacks (`_outside`), as
-        planning does; a provenance read after the statement does neither (its transaction
-        may have failed since) and names what the catalog lacks as written.
-        ``with_params``: it runs with parameters (a ``%%`` in a name is psycopg's ``%``)."""
+    def base_tables(self, query: Query) -> list[str]:
+        """The base tables a query reads (views expanded), one entry per access, for its
+        provenance: as planning found them, or found now (remembered per statement until the
+        catalog is read again). It reads no catalog again and asks the backend nothing (the
+        statement's transaction may have failed since): what the catalog lacks (a temporary
+        table) is named as written."""
         known = self._tables_of.get(id(query))
         if known is not None and known[0] is query and not self._catalog_stale:
             return known[1]
-        tables = self._resolve_tables(query, with_params) if ask_backend else None
-        if tables is None:
-            try:
-                tables = self._instances(query)
-            except CatalogError:
-                # relations the catalog does not list (a temporary table): named as written
-                return [source.table for block in query.analysis.blocks
-                        for source in block.sources
-                        if source.is_table and source.table is not None]  # fmt: skip
+        try:
+            tables = [i.table for i in normalize_constraint(query, self.catalog).instances]
+        except CatalogError:
+            return [source.table for block in query.analysis.blocks for source in block.sources
+                    if source.is_table and source.table is not None]  # fmt: skip
+        self._remember_tables(query, tables)
+        return tables
+
+    def _remember_tables(self, query: Query, tables: list[str]) -> None:
         if len(self._tables_of) >= PLAN_CACHE_SIZE:
             self._tables_of.pop(next(iter(self._tables_of)))
         self._tables_of[id(query)] = (query, tables)
-        return tables
-
-    def _instances(self, query: Query) -> list[str]:
-        return [instance.table for instance in normalize_constraint(query, self.catalog).instances]
-
-    def _resolve_tables(self, query: Query, with_params: bool) -> list[str] | None:
-        reloaded = False
-        for _ in range(MAX_OUTSIDE + 2):
-            if self._catalog_stale:
-                try:
-                    self.reload_catalog()
-                except BackendUnavailableError:
-                    return None  # the backend is down: plan with the catalog there is
-                reloaded = True
-            try:
-                return self._instances(query)
-            except CatalogError as exc:
-                if not reloaded:  # created since the catalog was read: read it again, once
-                    self._catalog_stale = reloaded = True
-                    continue
-                unknown = self._unknown(query) or dict([exc.relation] if exc.relation else [])
-                if not self._outside(unknown, with_params):
-                    return None  # the backend has none of them either: the error stands
-        return None

@@ -1,8 +1,8 @@
-"""Where a result's rows came from (SPEC §5.7, §9): per table access, local or remote, the view
+"""Where a result's rows came from: per table access, local or remote, the view
 and regions read, their currency and snapshot ids; and what the statement sent where
-(`Executed`). Frozen values; `to_json` gives SPEC §9's
-shapes. Each entry also reads like the dict of SPEC §9 (``entry["route"]``), so code written
-against the documented shape keeps working.
+(`Executed`). Frozen values; `to_json` gives the documented shapes (docs/json-outputs.md).
+Each entry also reads like the documented dict (``entry["route"]``), so code written against
+the documented shape keeps working.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The background work of the process that owns a cache file (SPEC §5.10): the refresh
+"""The background work of the process that owns a cache file: the refresh
 scheduler, the stream consumer of continuously maintained views and, when a connection asks
-for it, the heartbeat thread (SPEC §6); one of each per cache file per process.
+for it, the heartbeat thread; one of each per cache file per process.
 
 The first connection that opens the file with ``background=True`` (the default) starts it; it
 runs while any such connection of the process is open and stops when the last one closes (a

@@ -1,4 +1,4 @@
-"""Refresh engines behind one Protocol (SPEC §7): an engine runs the pulls of one operation
+"""Refresh engines behind one Protocol: an engine runs the pulls of one operation
 inside the coordinator's backend snapshot and returns one Arrow table per pull query.
 
 `InlineEngine` pulls in this process (small on-demand pulls: a presence miss's admission);

@@ -1,4 +1,4 @@
-"""Eviction (SPEC §7): remove control-key values; for presence keys, their rows and,
+"""Eviction: remove control-key values; for presence keys, their rows and,
 transitively, the rows of the children they presence-control (no child row outlives its parent
 region). Needs no backend; one DuckDB transaction."""
 

@@ -1,5 +1,5 @@
 """Named fault points in the refresh pipeline, for tests that must prove a failure at that
-point leaves the cache file exactly as it was (SPEC §7).
+point leaves the cache file exactly as it was.
 
 Inert unless enabled: by the ``MTCACHE_FAULTS`` environment variable (a comma-separated list,
 read when a pipeline starts) or by the ``faults`` argument of a refresh. ``NAME`` raises

@@ -1,4 +1,4 @@
-"""Pull maintenance (§3.4.1, SPEC §7): admission, eviction and refresh of cache regions.
+"""Pull maintenance (§3.4.1): admission, eviction and refresh of cache regions.
 
 One operation = one backend snapshot and one DuckDB transaction:
 
@@ -71,7 +71,7 @@ SPARK_MIN_PAGES = 16384
 
 class SizedEngine:
     """Inline or Spark by the size of what an operation pulls: the refresh scheduler's engine
-    (SPEC §7: Spark for the pipeline's large pulls, inline for small ones). ``name`` is the
+    (Spark for the pipeline's large pulls, inline for small ones). ``name`` is the
     engine the last pull used (what a refresh's report and provenance record)."""
 
     def __init__(self, spark_master: str | None = None, spark_pages: int = SPARK_MIN_PAGES) -> None:

@@ -82,7 +82,7 @@ class Pull:
         while True:
             self.rounds += 1
             wanted = max_affected_closure_safe(self.con, self.schema, self.omega) | seeds
-            self.fetch(self._retrieval(wanted - self.fetched))
+            self.fetch(self.retrieval(wanted - self.fetched))
             self.fetched |= wanted
             delta = self._regions_of_staged() - self.omega
             if not delta:
@@ -125,7 +125,7 @@ class Pull:
         row = self.con.execute(f"SELECT count(*) FROM {ident(view)} WHERE {predicate}").fetchone()
         return bool(row and row[0])
 
-    def _retrieval(self, wanted: set[Region]) -> list[PullQuery]:
+    def retrieval(self, wanted: set[Region]) -> list[PullQuery]:
         """Queries for the wanted regions of white views, one per view (§3.4.1: presence,
         consistency and completeness queries, OR-ed). The presence regions of a view are one
         IN list per control key (PostgreSQL hashes a long list; an OR of one comparison per

@@ -1,4 +1,4 @@
-"""The refresh scheduler of the process that owns a cache file (SPEC §5.10, §7).
+"""The refresh scheduler of the process that owns a cache file.
 
 Each white view with ``REFRESH EVERY f`` is refreshed (all its regions, by affected closure)
 once its oldest region is f old; a fully materialized view never refreshed is populated at

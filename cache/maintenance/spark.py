@@ -1,4 +1,4 @@
-"""The Spark refresh engine (SPEC §7): pulls run as Spark tasks, each in its own backend session
+"""The Spark refresh engine: pulls run as Spark tasks, each in its own backend session
 joined to the coordinator's exported snapshot, so every task reads the same database state.
 
 A large pull is split into block ranges of the backend table's heap (``ctid`` ranges: a TID

@@ -1,4 +1,4 @@
-"""Continuous maintenance from the WAL (SPEC §6, issue 11; the design in docs/decisions.md,
+"""Continuous maintenance from the WAL (issue 11; the design in docs/decisions.md,
 "Continuous maintenance from the WAL"): views declared ``REFRESH CONTINUOUSLY`` are kept
 current from PostgreSQL's logical replication stream.
 
@@ -877,11 +877,11 @@ class Consumer:
         source = self._source
         if source is not None and source.slot == stream.slot:
             if time.monotonic() - self._checked_at >= CHECK_SECONDS:
-                self._check_lag(slot_state(self._connection(), stream.slot).lag_bytes)
+                self._check_lag(slot_state(self.connection(), stream.slot).lag_bytes)
                 self._checked_at = time.monotonic()
             return source
         self.store.release_streams()  # this one's, and another consumer's of this process
-        state = slot_state(self._connection(), stream.slot)
+        state = slot_state(self.connection(), stream.slot)
         if not state.exists:
             self._recover(stream)
             return None
@@ -1023,7 +1023,7 @@ class Consumer:
         """Apply until the stream has passed the backend's WAL position of now (a mark made
         in the WAL: everything committed before the call is applied); the number of
         transactions applied."""
-        target = wal_mark(self._connection())
+        target = wal_mark(self.connection())
         deadline = time.monotonic() + timeout
         total, marked_again = 0, False
         while True:
@@ -1045,7 +1045,7 @@ class Consumer:
                     # a pull made during the call (an upquery) may have read past every
                     # position the server has reported: mark the WAL again and go on until
                     # the stream passes that mark, and with it the pull
-                    target, marked_again = wal_mark(self._connection()), True
+                    target, marked_again = wal_mark(self.connection()), True
                     continue
                 return total
             if time.monotonic() > deadline:
@@ -1124,7 +1124,8 @@ class Consumer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _connection(self) -> psycopg.Connection[t.Any]:
+    def connection(self) -> psycopg.Connection[t.Any]:
+        """The consumer's plain backend connection (slot state, WAL marks), opened if needed."""
         if self._conn is None or self._conn.closed:
             conn = connect_backend(self.dsn, autocommit=True)
             conn.execute("SET TimeZone = 'UTC'")

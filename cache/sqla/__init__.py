@@ -22,8 +22,8 @@ from pathlib import Path
 import psycopg
 from sqlalchemy.engine import URL
 
-from cache.dbapi.admin import Admin
 from cache.dbapi.connection import Connection as CacheConnection
+from cache.engine.admin import Admin
 from cache.execution.provenance import Provenance
 from cache.sqla.currency import with_currency
 from sql_ext.errors import InterfaceError

@@ -22,7 +22,7 @@ from sqlalchemy.sql.elements import DQLDMLClauseElement
 from sqlalchemy.sql.selectable import Alias, Select
 from sqlalchemy.sql.visitors import InternalTraversal
 
-from cache.dbapi.connection import bound_seconds
+from cache.engine.engine import bound_seconds
 from sql_ext.errors import ProgrammingError
 from sql_ext.nodes import format_duration
 

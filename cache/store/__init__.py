@@ -1,3 +1,3 @@
-"""The cache file (SPEC §4): cached views, control tables and metadata in DuckDB
+"""The cache file: cached views, control tables and metadata in DuckDB
 (`cache_file.CacheStore`), the region state the guards read (`region_state`), and the status
 document (`status`)."""

@@ -1,6 +1,6 @@
 """The cache file: cached views and control tables in DuckDB, metadata in the schema ``mtcache``.
 
-A cached view or control table ``name`` is the DuckDB table ``main.name`` (SPEC §4). Internal
+A cached view or control table ``name`` is the DuckDB table ``main.name``. Internal
 state lives in ``mtcache.*``: the shadow catalog of the backend (tables, columns, keys, indexes,
 statistics), the cache objects with their DDL text (the cache schema is rebuilt by parsing it),
 view-level region state, snapshots and counters. Everything survives restarts.
@@ -188,11 +188,7 @@ class CacheStore:
                     self.con.close()
                     raise
             self._shared.handles += 1
-        # Local answers follow PostgreSQL: integer / integer truncates.
-        self.con.execute("SET integer_division = true")
-        # a library prints nothing: DuckDB would draw a progress bar on the application's
-        # stdout for a statement that runs a few seconds
-        self.con.execute("SET enable_progress_bar = false")
+        self._configure()
         with self.transaction():
             for statement in _METADATA:
                 self.con.execute(statement)
@@ -234,11 +230,19 @@ class CacheStore:
             "UPDATE mtcache.meta SET value = ? WHERE key = 'format_version'", [FORMAT_VERSION]
         )
 
+    def _configure(self) -> None:
+        # Local answers follow PostgreSQL: integer / integer truncates.
+        self.con.execute("SET integer_division = true")
+        # a library prints nothing: DuckDB would draw a progress bar on the application's
+        # stdout for a statement that runs a few seconds
+        self.con.execute("SET enable_progress_bar = false")
+
     @classmethod
     def _sharing(cls, parent: CacheStore) -> CacheStore:
         twin = cls.__new__(cls)
         twin.path = parent.path
         twin.con = parent.con.cursor()  # a connection of its own to the same database
+        twin._configure()  # (its settings are its own: a cursor starts with DuckDB's)
         twin._shared = parent._shared
         twin._change = None
         with twin._shared.lock:

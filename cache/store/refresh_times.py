@@ -1,5 +1,5 @@
-"""When each view was last refreshed and when the refresh scheduler will refresh it next (SPEC
-§3 `REFRESH EVERY`, §5.10): read from the regions' stamps, for the scheduler and for `status`.
+"""When each view was last refreshed and when the refresh scheduler will refresh it next
+(`REFRESH EVERY`): read from the regions' stamps, for the scheduler and for `status`.
 
 A white view with ``REFRESH EVERY f`` is due once its oldest region is f old, at once when one
 of its regions was never refreshed or when it is fully materialized and was never populated; a

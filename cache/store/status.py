@@ -1,4 +1,4 @@
-"""What is in the cache: views, their regions with currency, and the counters (SPEC §9).
+"""What is in the cache: views, their regions with currency, and the counters.
 
 Currency is measured on the backend's clock: the local clock plus the offset the last
 connection measured (heartbeat.clock), erring towards older; the local clock when no
@@ -21,7 +21,7 @@ from sql_ext.quoting import ident, idents
 def status(store: CacheStore, now: dt.datetime | None = None) -> dict[str, t.Any]:
     clock = store.load_clock()
     if now is None:
-        # the backend's clock as last measured by a connection (SPEC §4); the local clock if
+        # the backend's clock as last measured by a connection; the local clock if
         # none has connected yet
         now = (clock or BackendClock.local()).now()
     schema = store.load_schema()

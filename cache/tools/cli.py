@@ -1,4 +1,4 @@
-"""The `mtcache` command line (SPEC §1). Environment variables are read here and nowhere else.
+"""The `mtcache` command line. Environment variables are read here and nowhere else.
 
     mtcache [--backend DSN] [--cache FILE] COMMAND ...
 
@@ -27,8 +27,8 @@ from rich.table import Table
 import cache
 from cache.backend.embedded_pg import EmbeddedPostgres
 from cache.backend.reflect import connect_backend, redact
-from cache.dbapi.admin import Admin
-from cache.dbapi.connection import DEFAULT_CACHE
+from cache.engine.admin import Admin
+from cache.engine.engine import DEFAULT_CACHE
 from cache.maintenance.pipeline import ENGINES
 from cache.tools.demo import run_demo
 from cache.tools.formatting import describe_class, plural
@@ -45,6 +45,9 @@ COMMANDS = "mtcache.commands"
 
 
 # -- commands -------------------------------------------------------------------------------------
+
+
+JSON_HELP = "print the JSON document (its shape: docs/json-outputs.md)"
 
 
 def cmd_parse(settings: Settings, args: argparse.Namespace) -> int:
@@ -267,7 +270,7 @@ def _print_json(document: t.Any) -> None:
 
 
 def _json_value(value: t.Any) -> t.Any:
-    """SPEC §9 and README "JSON output": numbers, strings, booleans and NULL as they are; json
+    """docs/json-outputs.md: numbers, strings, booleans and NULL as they are; json
     and jsonb values as the JSON they hold; arrays as lists; decimals as strings (exact);
     floats JSON cannot hold (NaN, infinities) as PostgreSQL prints them; dates and times as
     ISO 8601; intervals as ISO 8601 durations (PnDTnHnMnS, sign first); bytea as PostgreSQL's
@@ -346,7 +349,7 @@ def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_heartbeat(settings: Settings, args: argparse.Namespace) -> int:
-    """SPEC §6: beat in the foreground until Ctrl-C or SIGTERM (exit 0); riding out backend
+    """Beat in the foreground until Ctrl-C or SIGTERM (exit 0); riding out backend
     outages (one line on stderr each)."""
     if not args.interval > 0:
         raise ProgrammingError(f"--interval must be a positive number of seconds, not "
@@ -409,17 +412,17 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = commands.add_parser("parse", help="parse a statement (no backend needed)")
-    p.add_argument("--json", action="store_true", help="print the SPEC §9 JSON document")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
     p.add_argument("sql")
     p.set_defaults(run=cmd_parse)
 
     p = commands.add_parser("explain", help="explain a query: its normalized C&C constraint")
-    p.add_argument("--json", action="store_true", help="print the SPEC §9 JSON document")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
     p.add_argument("sql")
     p.set_defaults(run=cmd_explain)
 
     p = commands.add_parser("query", help="run a statement through the cache")
-    p.add_argument("--json", action="store_true", help="print the SPEC §9 JSON document")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
     p.add_argument("sql")
     p.set_defaults(run=cmd_query)
 
@@ -458,7 +461,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_refresh)
 
     p = commands.add_parser("status", help="views, regions, currency and counters")
-    p.add_argument("--json", action="store_true", help="print the SPEC §9 JSON document")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
     p.set_defaults(run=cmd_status)
 
     p = commands.add_parser("demo", help="start the embedded backend and walk through examples")
@@ -470,7 +473,7 @@ def build_parser() -> argparse.ArgumentParser:
         command.load()(commands)
 
     p = commands.add_parser("heartbeat", help="update the backend's heartbeat row every few "
-                            "seconds, in the foreground (SPEC §6)")  # fmt: skip
+                            "seconds, in the foreground")  # fmt: skip
     p.add_argument("--interval", type=float, default=DEFAULT_INTERVAL,
                    help=f"seconds between beats (default {DEFAULT_INTERVAL:g})")  # fmt: skip
     p.add_argument("--source", default=DEFAULT_SOURCE,

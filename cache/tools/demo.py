@@ -16,7 +16,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 import cache
 from cache.backend.reflect import fetch_catalog
-from cache.dbapi.admin import Admin
+from cache.engine.admin import Admin
 from cache.sqla import engine_url, provenance
 from cache.tools import bookstore
 from cache.tools.formatting import describe_class

@@ -140,7 +140,7 @@ def run(ctx: Context) -> list[Row]:
             conn.admin.admit("o_pct", [(customer,)])
             conn.admin.refresh()  # every region from one snapshot
             refreshed = time.monotonic()
-            delay = max(measured_delays(conn._store).values(), default=1.0)
+            delay = max(measured_delays(conn.engine.store).values(), default=1.0)
             failing = math.ceil(2 * delay) + 1
             done("the Fig 7.2 decisions (EXPLAIN)")
             rows += _decisions(conn, customer)
@@ -191,7 +191,7 @@ def _decisions(conn: cache.Connection, customer: int) -> list[Row]:
 
 def _emulated(conn: cache.Connection, customer: int, rounds: int) -> list[Row]:
     """Each costlier guard's statement timed on Qa's and Qc's rows (medians, in turns)."""
-    con = conn._store.con
+    con = conn.engine.store.con
     wheres = {"Qa": f"v.c_custkey IN ({customer})", "Qc": f"v.c_nationkey IN ({NATION})"}
     samples: dict[tuple[str, str], list[float]] = {}
     for round_ in range(rounds):

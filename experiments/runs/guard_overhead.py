@@ -35,7 +35,6 @@ import psycopg
 
 import cache
 from cache.execution.phases import Phases
-from cache.execution.planning import Prepared
 from cache.store.refresh_times import measured_delays
 from experiments.runs import section47
 from experiments.runs.framework import (
@@ -99,7 +98,7 @@ def run(ctx: Context) -> list[Row]:
             section47.create_views(conn)
             refreshed = time.monotonic()
             # a bound the data outlives soon, but above the refresh delay (else no guard)
-            delay = max(measured_delays(conn._store).values(), default=1.0)
+            delay = max(measured_delays(conn.engine.store).values(), default=1.0)
             failing = math.ceil(2 * delay) + 1
             done(plan[0][0])
             time.sleep(max(0.0, refreshed + failing + 0.5 - time.monotonic()))
@@ -136,31 +135,33 @@ def measure(
         assert routes == {route}, f"{name}: {sql} ran {routes}, not {route}"
         if sql == failing_sql:
             assert cur.plan is not None and cur.plan.local, f"{name}: no guard to fail"
-    # Each pair differs only by the guard. Local: both run the plan through the cursor's own
-    # executor, one deciding each time (`_decide_and_run`, as `execute` does), the other with
-    # the decision made once beforehand (what runs when no currency checking is asked for).
-    # Remote: the failing guard's statement, and the very SQL text it sends to PostgreSQL
-    # sent without a clause (which the cache passes on as written).
+    # Each pair differs only by the guard. Local: both run the plan through the session's
+    # own steps (`prepare`, `decide`, `run`, as `execute` composes them), one deciding each
+    # time, the other with the decision made once beforehand (what runs when no currency
+    # checking is asked for). Remote: the failing guard's statement, and the very SQL text it
+    # sends to PostgreSQL sent without a clause (which the cache passes on as written).
+    session = conn.session
     cur.execute(local_sql)
-    decision = cur._decide(_prepared(conn, local_sql).plan, None)
-    remote_sql = _prepared(conn, failing_sql).remote.backend_sql
+    decision = session.decide(session.prepare(local_sql))
+    remote_sql = session.prepare(failing_sql).remote.backend_sql
     assert remote_sql is not None
     cur.execute(remote_sql)
     assert sorted(cur.fetchall()) == want, f"{name}: the plan's remote SQL answers otherwise"
-    phases = conn._phases = Phases()
+    phases = session.phases = Phases()
 
     def local(guarded: bool) -> t.Callable[[], None]:
         def once() -> None:
             phases.start()
-            found = _prepared(conn, local_sql)
+            found = session.prepare(local_sql)
             phases.mark("lookup")
+            chosen = decision
             if guarded:
-                ran = cur._decide_and_run(found, None)[1]  # marks the guard and run phases
-            else:
-                ran = cur._run_decision(found, decision, None, conn._store.committed_version())
-                phases.mark("run")
-            assert ran, f"{name}: the local run was superseded"
-            cur.fetchall()
+                chosen = session.decide(found)
+                phases.mark("guard")
+            ran = session.run(found, chosen)
+            phases.mark("run")
+            assert ran is not None and ran.rows is not None, f"{name}: the local run was superseded"
+            list(ran.rows)
             phases.mark("fetch")
 
         return once
@@ -188,7 +189,7 @@ def measure(
                 actions[variant]()
                 samples[variant].append(phases.take())
     finally:
-        conn._phases = None
+        session.phases = None
     rows = []
     for variant in VARIANTS:
         runs = samples[variant]
@@ -200,13 +201,6 @@ def measure(
                          "median_us": value * 1e6, "runs": len(runs),
                          "rows_returned": len(want)})  # fmt: skip
     return rows
-
-
-def _prepared(conn: cache.Connection, sql: str) -> Prepared:
-    """The connection's prepared plan of a statement with a clause, as `execute` finds it."""
-    routed = conn._statements.route(sql, conn._store.schema_version,
-                                    conn._store.control_table_names, False)  # fmt: skip
-    return conn._planner.prepare(routed.query, None, None)  # type: ignore[union-attr]
 
 
 def _table(rows: list[Read]) -> dict[tuple[str, str, str], float]:

@@ -136,7 +136,7 @@ def _natural_delay(ctx: Context) -> float:
 
 def _delays(conn: cache.Connection, after: int) -> list[float]:
     """The delays of the refreshes after snapshot ``after``, as the cache measured them."""
-    return [r[0] for r in conn._store.con.execute(
+    return [r[0] for r in conn.engine.store.con.execute(
         "SELECT delay_seconds FROM mtcache.snapshots WHERE snapshot_id > ? "
         "AND delay_seconds IS NOT NULL", [after]).fetchall()]  # fmt: skip
 
@@ -182,7 +182,7 @@ def _periodic(ctx: Context, sweep: Sweep, f: float, d: float, scale: float,
 
 
 def _last_snapshot(conn: cache.Connection) -> int:
-    row = conn._store.con.execute("SELECT max(snapshot_id) FROM mtcache.snapshots").fetchone()
+    row = conn.engine.store.con.execute("SELECT max(snapshot_id) FROM mtcache.snapshots").fetchone()
     return int(row[0]) if row and row[0] is not None else 0
 
 
@@ -211,7 +211,7 @@ def _sample(conn: cache.Connection, bounds: dict[float, str],
     """Run the query at each arrival on a fixed grid for ``seconds``, the bounds in turns (a
     shuffled order each round); what the guards decided, per bound."""
     cur = conn.cursor()
-    counters = conn._counters
+    counters = conn.session.counters
     counts = {b: [0, 0, 0] for b in bounds}
     order: list[float] = []
     shuffle = random.Random(42).shuffle

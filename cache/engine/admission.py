@@ -1,6 +1,7 @@
-"""Admission on a presence miss (SPEC §7, like Noria's upquery): the query that missed is
+"""Admission on a presence miss(, like Noria's upquery): the query that missed is
 answered by the backend, and the missing control key is admitted in the background - one
-thread per connection, with a DuckDB handle of its own - so the next query hits."""
+thread per engine, with a DuckDB handle of its own - so the next query hits. The sessions of
+an engine share it (a key two of them miss is admitted once)."""
 
 from __future__ import annotations
 
@@ -23,18 +24,20 @@ class Admissions:
         self._queued: set[Item] = set()
         self._thread: threading.Thread | None = None
         self.errors: list[str] = []  # the failures (their queries were answered remotely)
+        self._lock = threading.Lock()
 
     def request(self, items: Iterable[Item]) -> None:
-        for item in items:
-            if item in self._queued:
-                continue
-            self._queued.add(item)
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._loop, name="mtcache-admit", daemon=True
-                )
-                self._thread.start()
-            self._queue.put(item)
+        with self._lock:
+            for item in items:
+                if item in self._queued:
+                    continue
+                self._queued.add(item)
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._loop, name="mtcache-admit", daemon=True
+                    )
+                    self._thread.start()
+                self._queue.put(item)
 
     def wait(self) -> None:
         """Block until the admissions requested so far are done."""

@@ -24,8 +24,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from cache.backend.reflect import fetch_catalog
-from cache.dbapi.admission import Admissions
-from cache.dbapi.boundary import public
+from cache.engine.admission import Admissions
+from cache.engine.boundary import public
 from cache.maintenance import stream
 from cache.maintenance.engines import Engine
 from cache.maintenance.pipeline import Maintainer, make_engine
@@ -40,7 +40,7 @@ from sql_ext.errors import InterfaceError
 Dsn = Callable[[], str]  # the backend, resolved when first needed (the embedded one starts)
 
 
-# the public methods' edge (cache.dbapi.boundary), naming this cache file
+# the public methods' edge (cache.engine.boundary), naming this cache file
 _public = public(lambda self: self._store.path, lambda self: self._lock)
 
 
@@ -59,6 +59,11 @@ class Admin:
         self._backend = backend
         self._admissions = admissions
         self._on_catalog = on_catalog
+
+    @property
+    def store(self) -> CacheStore:
+        """The cache file this session administers (for reading its tables)."""
+        return self._store
 
     @classmethod
     @contextmanager
@@ -146,7 +151,7 @@ class Admin:
 
     @_public
     def status(self) -> dict[str, t.Any]:
-        """Views, their regions with currency, and the counters (SPEC §9's document); the
+        """Views, their regions with currency, and the counters('s document); the
         replication stream of continuously maintained views, if any (its lag in bytes when
         the backend answers)."""
         document = status(self._store)

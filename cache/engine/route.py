@@ -1,7 +1,7 @@
 """What a statement sent through ``cursor.execute`` does, decided once by a pure function
 (`route`) from its parse: a typed `Route` the cursor dispatches on.
 
-* `CachedRead`: a query with currency clauses, planned and guarded (SPEC §5);
+* `CachedRead`: a query with currency clauses, planned and guarded;
 * `Explain`: EXPLAIN of such a query, answered with the cache's plan;
 * `Passthrough`: plain SQL for the backend, verbatim when it uses no extension;
 * `Write`: INSERT / UPDATE / DELETE / MERGE (and commands sqlglot does not model) on backend
@@ -9,7 +9,7 @@
 * `ControlEdit`: INSERT INTO / DELETE FROM a control table admits / evicts control keys;
 * `CacheDdl`: CREATE / DROP of control tables and cached views;
 * `TimelineBracket`: BEGIN / END TIMEORDERED (§2.3);
-* `SessionSetting`: SET / RESET / SHOW CURRENCY BOUND, the session's default bound (SPEC §2).
+* `SessionSetting`: SET / RESET / SHOW CURRENCY BOUND, the session's default bound.
 
 With a session currency bound every query is read as carrying clauses, so a plain query takes
 the cache's path too.
@@ -18,6 +18,7 @@ the cache's path too.
 from __future__ import annotations
 
 import functools
+import threading
 import typing as t
 from collections import OrderedDict
 from collections.abc import Callable, Set
@@ -102,7 +103,13 @@ class SessionSetting:
 
 
 Route = (
-    CachedRead | Explain | Passthrough | Write | ControlEdit | CacheDdl | TimelineBracket
+    CachedRead
+    | Explain
+    | Passthrough
+    | Write
+    | ControlEdit
+    | CacheDdl
+    | TimelineBracket
     | SessionSetting
 )
 
@@ -138,8 +145,10 @@ def route(
     control = _control_target(tree, control_tables)
     if control is not None:
         return ControlEdit(statement, *control)
-    if statement.explain is not None and statement.is_select and (
-        statement.has_currency_clause or session_bound
+    if (
+        statement.explain is not None
+        and statement.is_select
+        and (statement.has_currency_clause or session_bound)
     ):
         return Explain(statement.without_explain())
     # Only a statement using an extension is regenerated; plain SQL reaches PostgreSQL as
@@ -230,12 +239,15 @@ def _tokens(operation: str) -> list[t.Any]:
 class StatementCache:
     """Parses and routes by statement text, least recently used first out: the hot path pays
     one lookup. A route is made again when the cache schema has changed (its control tables
-    decide what an INSERT or DELETE is)."""
+    decide what an INSERT or DELETE is). Shared by the sessions of an engine (thread-safe:
+    parsing runs outside the lock; two sessions parsing one new text keep either parse)."""
 
     def __init__(self, size: int = 256) -> None:
         self.size = size
-        self._entries: OrderedDict[tuple[str, bool],
-                                   tuple[Statement | None, Route | None, t.Any]] = OrderedDict()
+        self._entries: OrderedDict[
+            tuple[str, bool], tuple[Statement | None, Route | None, t.Any]
+        ] = OrderedDict()
+        self._lock = threading.Lock()
 
     def parse(self, operation: str, with_params: bool = False) -> Statement | None:
         return self._entry(operation, with_params)[0]
@@ -254,20 +266,23 @@ class StatementCache:
         statement, routed, made_for = self._entry(operation, with_params)
         if routed is None or made_for != (schema_version, session_bound):
             routed = route(statement, operation, control_tables(), session_bound)
-            self._entries[key] = (statement, routed, (schema_version, session_bound))
+            with self._lock:
+                self._entries[key] = (statement, routed, (schema_version, session_bound))
         return routed
 
     def _entry(self, operation: str,
                with_params: bool) -> tuple[Statement | None, Route | None, t.Any]:  # fmt: skip
         entries = self._entries
         key = (operation, with_params)
-        try:
-            entries.move_to_end(key)
-            return entries[key]
-        except KeyError:
-            pass
+        with self._lock:
+            try:
+                entries.move_to_end(key)
+                return entries[key]
+            except KeyError:
+                pass
         entry = (parse_statement(operation, with_params), None, None)
-        if len(entries) >= self.size:
-            entries.popitem(last=False)
-        entries[key] = entry
+        with self._lock:
+            entries[key] = entry
+            if len(entries) > self.size:
+                entries.popitem(last=False)
         return entry

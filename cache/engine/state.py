@@ -1,4 +1,4 @@
-"""A session's state the guards depend on (SPEC §2.3, §4, §5.8): the backend clock, the
+"""A session's state the guards depend on: the backend clock, the
 session's writes (uncommitted, then committed at a backend time), and its TIMEORDERED
 timeline. `guard_session` freezes it into the optimizer's `Session` value for one decision.
 """

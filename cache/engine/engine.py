@@ -1,0 +1,287 @@
+"""The session engine: one cache file's shared parts in this process, and the sessions that
+use them. Every front end is a façade over it: the DB-API connection (`cache.dbapi`) holds one
+session of an engine of its own; a server holds one engine and a session per client.
+
+An `Engine` owns what the sessions of one cache file share: the store (the DuckDB file and its
+shared change counters), the parsed statements and the plans (by statement shape), the result
+memo, the background admissions, the process's background work on the file (the refresh
+scheduler, the stream consumer, a heartbeat), the region state the guards read, and the
+counters. All of it is thread-safe: sessions run in threads of their own. A session
+(`cache.engine.session.Session(engine, options)`) carries what is one client's: its backend
+connection and transaction, its settings, what it wrote, its timeline.
+
+Hooks for experiments and tools, documented here and nowhere else:
+
+* ``engine.store``: the cache file (`cache.store.cache_file.CacheStore`), for reading its
+  tables and metadata (use a session's ``store`` inside a session's work);
+* ``engine.counters()``: hits, misses, remote answers and memo use so far, the file's own
+  totals plus what the open sessions have not flushed yet;
+* a session's ``phases`` (`cache.execution.phases.Phases`): set it to time each statement's
+  phases, None (the default) to pay nothing;
+* a session's ``prepare``, ``decide`` and ``run``: the three steps of a cached read, which
+  ``execute`` composes, for timing each apart;
+* ``engine.on_decision``: called with each guard decision (plan, decision) when set.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import typing as t
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+
+from cache.backend.embedded_pg import EmbeddedPostgres
+from cache.backend.reflect import fetch_catalog, redact
+from cache.engine.admission import Admissions
+from cache.engine.route import StatementCache
+from cache.execution.execute import Memo
+from cache.execution.memo import DEFAULT_BYTES as DEFAULT_MEMO_BYTES
+from cache.execution.memo import memo_for
+from cache.execution.planning import PlanCache
+from cache.maintenance.background import Background, attach, detach
+from cache.maintenance.stream import DEFAULT_LAG_LIMIT
+from cache.store.cache_file import COUNTERS, CacheStore
+from cache.store.region_state import read_region_state
+from control_tables.regions import RegionState
+from heartbeat.clock import BackendClock
+from optimizer.evaluate_guards import Decision
+from optimizer.plan import PLAN_CHOICES, Plan
+from sql_ext import parse_duration
+from sql_ext.errors import BackendUnavailableError, ProgrammingError, SqlSyntaxError, translate
+
+
+class Member(t.Protocol):
+    """What an engine needs of its sessions (`cache.engine.session.Session`)."""
+
+    counters: dict[str, int]
+
+    def close(self) -> None: ...
+
+
+DEFAULT_CACHE = ".mtcache/cache.duckdb"
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    """A session's settings, checked (`SessionOptions.of`) before anything is opened.
+    ``currency_bound``: seconds for every SELECT block without a clause (None: the strict
+    default, bound 0); ``plan_choice``: "cost", "remote" or "guarded"; ``refresh_delays``:
+    view -> seconds, the refresh delay d plans assume for it instead of the measured one;
+    ``context``: psycopg's type adapters for the session's backend connections."""
+
+    autocommit: bool = False
+    stale_ok: bool = False
+    admit_on_miss: bool = True
+    currency_bound: float | None = None
+    plan_choice: str = "cost"
+    refresh_delays: t.Mapping[str, float] = field(default_factory=dict)
+    context: psycopg.adapt.AdaptersMap | None = None
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        autocommit: bool = False,
+        stale_ok: bool = False,
+        admit_on_miss: bool = True,
+        currency_bound: str | float | dt.timedelta | None = None,
+        plan_choice: str = "cost",
+        refresh_delays: t.Mapping[str, str | float | dt.timedelta] | None = None,
+        context: psycopg.adapt.AdaptersMap | None = None,
+    ) -> SessionOptions:
+        bound = bound_seconds(currency_bound)
+        delays: dict[str, float] = {}
+        for view, given in (refresh_delays or {}).items():
+            seconds = bound_seconds(given, f"refresh_delays[{view!r}]")
+            if seconds is None:
+                raise ProgrammingError(f"refresh_delays[{view!r}] must be a duration, not None")
+            delays[view] = seconds
+        if plan_choice not in PLAN_CHOICES:
+            raise ProgrammingError(f"plan_choice must be one of {', '.join(PLAN_CHOICES)}, "
+                                   f"not {plan_choice!r}")  # fmt: skip
+        return cls(bool(autocommit), bool(stale_ok), bool(admit_on_miss), bound, plan_choice,
+                   delays, context)  # fmt: skip
+
+
+class Engine:
+    """One cache file's shared parts (see the module). Options: ``result_memo_bytes``
+    (memory for local answers kept and reused while the views they read are unchanged, per
+    process and file; 0: off), ``background`` (run the file's refresh scheduler and stream
+    consumer in this process while the engine is open), ``heartbeat`` (seconds: also beat the
+    backend's heartbeat row that often, and judge currency on its clock estimate),
+    ``stream_lag_limit`` (bytes of WAL the slot may hold before the consumer warns)."""
+
+    def __init__(
+        self,
+        backend: str | None = None,
+        cache_path: str | Path | None = None,
+        *,
+        result_memo_bytes: int = DEFAULT_MEMO_BYTES,
+        background: bool = True,
+        heartbeat: float | None = None,
+        stream_lag_limit: int = DEFAULT_LAG_LIMIT,
+    ) -> None:
+        _check_options(heartbeat, stream_lag_limit, result_memo_bytes)
+        self.cache_path = Path(cache_path or DEFAULT_CACHE)
+        if backend is None:
+            backend = EmbeddedPostgres(self.cache_path.parent / "pg").ensure_running()
+        self.backend = backend
+        self.store = CacheStore(self.cache_path)
+        try:
+            if not self.store.has_catalog():
+                self.store.save_catalog(_first_catalog(backend, self.cache_path))
+        except BaseException:
+            self.store.close()
+            raise
+        self.statements = StatementCache()
+        self.plans = PlanCache()
+        self.admissions = Admissions(self.store, lambda: self.backend)
+        self.memo = Memo(memo_for(self.store.path, result_memo_bytes),
+                         self.store.change_token) if result_memo_bytes else None  # fmt: skip
+        self.on_decision: Callable[[Plan, Decision], None] | None = None
+        self._regions: RegionState | None = None
+        self._counters = dict.fromkeys(COUNTERS, 0)  # flushed by closed sessions, not saved yet
+        self._counters_lock = threading.Lock()
+        self._sessions: weakref.WeakSet[Member] = weakref.WeakSet()
+        self._background: Background | None = None
+        if background or heartbeat is not None:
+            self._background = attach(self.store, backend, heartbeat, stream_lag_limit)
+        self.closed = False
+
+    def join(self, session: Member) -> None:
+        """A new session (`Session(engine, options)` calls this): closed with the engine."""
+        if self.closed:
+            raise ProgrammingError("the engine is closed: open another")
+        self._sessions.add(session)
+
+    def leave(self, session: Member) -> None:
+        """A session closed: its counts stay with the engine."""
+        self._sessions.discard(session)
+        self.add_counters(session.counters)
+
+    # -- shared state the sessions read ----------------------------------------------------
+
+    def region_state(self) -> RegionState:
+        """The regions' state as of the file's current version (read again after a change)."""
+        state = self._regions
+        if state is None or state.version != self.store.version:
+            state = self._regions = read_region_state(self.store)
+        return state
+
+    def heartbeat_clock(self) -> BackendClock | None:
+        """The backend clock as this process's heartbeat estimates it (None: no heartbeat)."""
+        running = self._background
+        return running.heartbeat.clock if running is not None and running.heartbeat else None
+
+    # -- counters --------------------------------------------------------------------------------
+
+    def add_counters(self, amounts: t.Mapping[str, int]) -> None:
+        """A closing session's counts, saved in the file when the engine closes."""
+        with self._counters_lock:
+            for name, value in amounts.items():
+                self._counters[name] += value
+
+    def counters(self) -> dict[str, int]:
+        """Hits, misses, remote answers and memo use: the file's totals so far, with what
+        this engine's sessions counted and have not saved yet."""
+        totals = self.store.counters()
+        with self._counters_lock:
+            for name, value in self._counters.items():
+                totals[name] = totals.get(name, 0) + value
+        for session in list(self._sessions):
+            for name, value in session.counters.items():
+                totals[name] = totals.get(name, 0) + value
+        return totals
+
+    def _flush_counters(self) -> None:
+        with self._counters_lock:
+            pending = {k: v for k, v in self._counters.items() if v}
+            self._counters = dict.fromkeys(COUNTERS, 0)
+        if pending:
+            self.store.add_counters(pending)
+
+    # -- closing -------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the open sessions, stop the background work, save the counters, close the
+        file."""
+        if self.closed:
+            return
+        self.closed = True
+        for session in list(self._sessions):
+            session.close()
+        if self._background is not None:
+            detach(self._background)
+        self.admissions.close()
+        try:
+            self._flush_counters()
+        finally:
+            self.store.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _check_options(heartbeat: float | None, stream_lag_limit: int,
+                   result_memo_bytes: int) -> None:  # fmt: skip
+    if heartbeat is not None and (isinstance(heartbeat, bool) or not isinstance(
+            heartbeat, int | float) or not heartbeat > 0):  # fmt: skip
+        raise ProgrammingError(f"heartbeat must be a positive number of seconds (or None), "
+                               f"not {heartbeat!r}")  # fmt: skip
+    if isinstance(stream_lag_limit, bool) or not isinstance(stream_lag_limit, int) \
+            or stream_lag_limit <= 0:  # fmt: skip
+        raise ProgrammingError(f"stream_lag_limit must be a positive number of bytes, "
+                               f"not {stream_lag_limit!r}")  # fmt: skip
+    if isinstance(result_memo_bytes, bool) or not isinstance(result_memo_bytes, int) \
+            or result_memo_bytes < 0:  # fmt: skip
+        raise ProgrammingError(
+            f"result_memo_bytes must be a number of bytes >= 0 (0 turns the memo off), "
+            f"not {result_memo_bytes!r}")  # fmt: skip
+
+
+def _first_catalog(backend: str, path: Path) -> t.Any:
+    """The backend's catalog for a cache file that has none yet."""
+    try:
+        return fetch_catalog(backend)
+    except BackendUnavailableError:
+        raise BackendUnavailableError(
+            f"cannot reach the PostgreSQL backend at {redact(backend)}, and the cache file "
+            f"{path} has no catalog of it yet: connect once while the backend is up"
+        ) from None
+    except psycopg.Error as exc:
+        raise translate(exc, unreachable="connect again when it is back") from exc
+
+
+def bound_seconds(
+    value: str | float | dt.timedelta | None, what: str = "currency_bound"
+) -> float | None:
+    """A duration in seconds (a session currency bound, ``what`` it is for the errors): as in a
+    clause, seconds, a timedelta."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            return parse_duration(value)
+        except SqlSyntaxError:
+            raise ProgrammingError(f"{what}: {value!r} is not a duration (write one like "
+                                   "'10 min')") from None  # fmt: skip
+    if isinstance(value, dt.timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise ProgrammingError(
+            f"{what} must be a duration like '10 min', a number of seconds or a "
+            f"timedelta, not {type(value).__name__}"
+        )
+    if not seconds >= 0:  # negative or NaN
+        raise ProgrammingError(f"{what} must be 0 or more seconds, got {value!r}")
+    return seconds

@@ -1,0 +1,119 @@
+"""What one statement gave (`Session.execute`): a value every front end reads the same way.
+
+Rows are Python values of the types psycopg gives for PostgreSQL's result columns, whichever
+engine produced them. ``columns`` names each result column with its PostgreSQL type OID and
+type modifier (what PostgreSQL's RowDescription carries); ``description`` is the same as PEP
+249's seven-item tuples, as psycopg's ``cursor.description`` gives them. ``status`` is the
+command status PostgreSQL would send (``SELECT 3``, ``INSERT 0 1``). ``plan`` is the plan a
+cached read or EXPLAIN ran with, ``executed`` what the statement sent to PostgreSQL and to
+DuckDB, ``provenance`` per table access where its rows came from, ``notices`` the backend's
+notices and the cache's warnings, in order.
+
+Both the description and the provenance are made when first read: most callers never read
+them on the hot path.
+"""
+
+from __future__ import annotations
+
+import typing as t
+from collections.abc import Callable
+
+from cache.backend.describe import ResultShape
+from cache.execution.provenance import Executed, Provenance
+from optimizer.plan import Plan
+
+Row = tuple[t.Any, ...]
+Description = list[tuple[t.Any, ...]]
+
+NO_PROVENANCE = Provenance()
+
+
+class Column(t.NamedTuple):
+    """A result column as PostgreSQL describes it."""
+
+    name: str
+    type_oid: int | None  # None: a type PostgreSQL has no OID for (never from the backend)
+    type_modifier: int = -1  # -1: none (varchar without a length, numeric without a scale)
+
+
+class Result:
+    """One statement's outcome. ``rows`` is None when the statement returns no rows (an
+    INSERT, a SET); ``rowcount`` is -1 when nothing tells it."""
+
+    __slots__ = ("_columns", "_description", "_provenance", "_shape", "executed", "notices",
+                 "plan", "rowcount", "rows", "status")  # fmt: skip
+
+    def __init__(
+        self,
+        rows: list[Row] | None = None,
+        description: Description | None = None,
+        *,
+        shape: ResultShape | None = None,
+        types: t.Sequence[tuple[int, int]] | None = None,
+        rowcount: int | None = None,
+        status: str | None = None,
+        plan: Plan | None = None,
+        executed: Executed | None = None,
+        provenance: Provenance | Callable[[], Provenance] = NO_PROVENANCE,
+        notices: list[str] | None = None,
+    ) -> None:  # fmt: skip
+        self.rows = rows
+        self._description = description
+        self._shape = shape  # the backend's result, described when first read
+        # (OID, type modifier) per column when known beside a description
+        self._columns: tuple[Column, ...] | None = None
+        if types is not None and description is not None:
+            self._columns = tuple(Column(d[0], oid, mod) for d, (oid, mod)
+                                  in zip(description, types, strict=True))  # fmt: skip
+        if rowcount is None:
+            rowcount = len(rows) if rows is not None else -1
+        self.rowcount = rowcount
+        if status is None and rows is not None:
+            status = f"SELECT {len(rows)}"
+        self.status = status
+        self.plan = plan
+        self.executed = executed
+        self._provenance = provenance
+        self.notices = notices if notices is not None else []
+
+    @property
+    def returns_rows(self) -> bool:
+        return self.rows is not None
+
+    @property
+    def description(self) -> Description | None:
+        """Seven items per result column (PEP 249), None when the statement returned no rows."""
+        if self._description is None and self._shape is not None:
+            self._description = self._shape.description()
+        return self._description
+
+    @property
+    def columns(self) -> tuple[Column, ...] | None:
+        """Name, type OID and type modifier per result column (None: no rows returned)."""
+        if self._columns is None:
+            if self._shape is not None:
+                names = [d[0] for d in self.description or ()]
+                self._columns = tuple(Column(name, oid, mod) for name, (oid, mod)
+                                      in zip(names, self._shape.types, strict=True))  # fmt: skip
+            elif self.description is not None:
+                self._columns = tuple(Column(d[0], d[1]) for d in self.description)
+        return self._columns
+
+    def set_provenance(self, provenance: Provenance | Callable[[], Provenance]) -> None:
+        """The provenance, or how to make it when first read."""
+        self._provenance = provenance
+
+    @property
+    def provenance(self) -> Provenance:
+        """Per table access of the statement: where its rows came from."""
+        found = self._provenance
+        if not isinstance(found, Provenance):
+            found = self._provenance = found()
+        return found
+
+
+def no_rows(status: str | None = None, rowcount: int = -1, notices: list[str] | None = None,
+            executed: Executed | None = None) -> Result:  # fmt: skip
+    """The result of a statement that returns no rows."""
+    return Result(None, None, rowcount=rowcount, status=status, notices=notices,
+                  executed=executed)  # fmt: skip

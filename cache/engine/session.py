@@ -1,0 +1,695 @@
+"""A session of the engine: one client's backend connection (its transaction is the session's),
+settings, writes and timeline, over the engine's shared parts (`cache.engine.engine`).
+
+``session.execute(sql, params)`` runs one statement and returns its `Result`. It routes the
+statement (`cache.engine.route`); a query with currency clauses takes the cache's path, which
+reads top to bottom in `Session._read`:
+
+    parse and route (cached per text) -> plan (`Planner.prepare`, cached per shape: names
+    resolved, the constraint normalized, the backend's estimates and description gathered,
+    then `optimizer.planner.plan_query`) -> guard (`decide`: `optimizer.evaluate_guards`)
+    -> run what the guards keep local in DuckDB, its remote leaves from PostgreSQL
+    (`run`: `cache.execution.execute`), or the whole statement on the backend -> provenance
+    (`cache.execution.provenance`, made when first read)
+
+Every other statement goes to the backend on the session's connection, as written, except the
+cache's own: its DDL, control-table edits (admit and evict), TIMEORDERED brackets and the
+session currency bound. Calls are serialized per session (`cache.engine.boundary`); errors
+leave as the PEP 249 tree of `sql_ext.errors`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import functools
+import threading
+import typing as t
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import duckdb
+import psycopg
+import pyarrow as pa
+from psycopg import pq
+from sqlglot import exp
+
+from cache.backend.copy_arrow import copy_to_arrow
+from cache.backend.describe import ResultShape
+from cache.backend.pool import in_one_snapshot
+from cache.backend.reflect import connect_backend, existing_relations, temporary_relations
+from cache.engine.admin import Admin
+from cache.engine.boundary import public
+from cache.engine.engine import Engine, SessionOptions, bound_seconds
+from cache.engine.result import Result, no_rows
+from cache.engine.route import (
+    CachedRead,
+    ControlEdit,
+    Explain,
+    Passthrough,
+    SessionSetting,
+    TimelineBracket,
+    Write,
+)
+from cache.engine.state import SessionState
+from cache.execution.decisions import DecisionMemo
+from cache.execution.execute import UTC, Fetch, LocalUnfit, Zone, run_local, text_column
+from cache.execution.phases import Phases
+from cache.execution.planning import Planner, Prepared
+from cache.execution.provenance import Executed, Provenance
+from cache.store.cache_file import COUNTERS
+from cache.store.region_state import read_region_state
+from control_tables.regions import RegionState
+from heartbeat.clock import BackendClock
+from optimizer.evaluate_guards import Decision, evaluate_guards
+from optimizer.plan import Plan
+from sql_ext import CreateCachedView, CreateControlTable, DropCacheObject, Query
+from sql_ext.errors import BackendUnavailableError, InterfaceError, ProgrammingError, translate
+from sql_ext.nodes import format_duration
+from sql_ext.params import ParameterValues, Params, bind_literals
+
+# psycopg's test for "the statement returned rows" (Cursor.description), on a result
+_ROW_STATUSES = frozenset((pq.ExecStatus.TUPLES_OK, pq.ExecStatus.SINGLE_TUPLE,
+                           pq.ExecStatus.TUPLES_CHUNK))  # fmt: skip
+
+# how many times a query decides again when the cache file changed under its guards before
+# the backend answers it
+GUARD_ATTEMPTS = 3
+
+
+# the public methods' edge (cache.engine.boundary), naming this cache file
+_public = public(lambda self: self.engine.cache_path, lambda self: getattr(self, "lock", None))
+
+
+class Session:
+    """One client's session on an engine (see the module). ``stale_ok``: answer from stale
+    local data when the backend is down, with a warning; ``admit_on_miss``: admit a missed
+    presence key in the background."""
+
+    @_public
+    def __init__(self, engine: Engine, options: SessionOptions | None = None) -> None:
+        options = options or SessionOptions()
+        self.engine = engine
+        self.lock = threading.RLock()  # one call at a time (cache.engine.boundary)
+        self.stale_ok = options.stale_ok
+        self.admit_on_miss = options.admit_on_miss
+        self.currency_bound = options.currency_bound  # seconds, None: the strict default
+        self._autocommit = options.autocommit
+        self._context = options.context  # psycopg's type adapters for the backend sessions
+        self._notices: list[str] = []  # backend NOTICEs, handed to the statement's result
+        # psycopg's session settings and notice handlers the application gave (kept for the
+        # next backend connection, if this one is lost)
+        self._notice_handlers: list[t.Callable[[t.Any], None]] = []
+        self._pg_settings: dict[str, t.Any] = {}
+        # the backend connection; None while the backend is unreachable (the cache still
+        # answers what its guards allow; the next statement that needs the backend connects)
+        self._pg: psycopg.Connection[t.Any] | None = None
+        self._pg_cursor: psycopg.Cursor[t.Any] | None = None  # reused for backend statements
+        self._last_zone = UTC  # `_zone`
+        self.counters = dict.fromkeys(COUNTERS, 0)  # this session's, until it closes
+        self.phases: Phases | None = None  # set to time each statement's phases
+        self.closed = True  # until everything below is open
+        engine.join(self)
+        # while the backend is down the cache answers what its guards allow; the next
+        # statement that needs the backend connects (`_backend_session`)
+        with contextlib.suppress(BackendUnavailableError):
+            self._connect_backend()
+        self.store = engine.store.for_thread()  # a DuckDB handle of the session's own
+        try:
+            self.state = SessionState(lambda: self._pg, self.store, engine.heartbeat_clock)
+            self.planner = Planner(
+                self.store, engine.backend, choice=options.plan_choice,
+                given_delays=options.refresh_delays, plans=engine.plans,
+                existing=lambda names: existing_relations(self._backend_session(), names),
+                temporary=lambda: temporary_relations(self._backend_session()),
+            )  # fmt: skip
+        except BaseException:
+            self._close_backend()
+            self.store.close()
+            engine.leave(self)
+            raise
+        self._decisions = DecisionMemo()  # guard decisions while the regions and session stand
+        self.admin = Admin(self.store, lambda: engine.backend, admissions=engine.admissions,
+                           on_catalog=self.planner.use_catalog, lock=self.lock)  # fmt: skip
+        self.closed = False
+
+    # -- one statement -------------------------------------------------------------------------
+
+    @_public
+    def execute(self, sql: str, params: Params = None) -> Result:
+        """Run one statement (psycopg's ``%s`` / ``%(name)s`` placeholders for ``params``)."""
+        self._check_open()
+        phases = self.phases
+        if phases is not None:
+            phases.start()
+        store = self.store
+        route = self.engine.statements.route(sql, store.schema_version,
+                                             store.control_table_names,
+                                             self.currency_bound is not None,
+                                             params is not None)  # fmt: skip
+        if isinstance(route, CachedRead):
+            return self._read(route.query, params)
+        if isinstance(route, Passthrough):
+            self._mark("lookup")
+            result = self._run_backend(route.executed, params)
+            self._mark("run")
+            if route.reads is not None:
+                query = route.reads
+                result.set_provenance(lambda: Provenance.remote(self.planner.base_tables(query)))
+                self.counters["remote"] += 1
+            if route.changes_catalog:
+                self.planner.catalog_changed()
+            return result
+        if isinstance(route, Write):
+            result = self._run_backend(route.executed, params)
+            if route.changes_catalog:
+                self.planner.catalog_changed()
+            self.state.wrote(route.tables)
+            return result
+        if isinstance(route, Explain):
+            plan = self.planner.prepare(route.query, params, self.currency_bound).plan
+            return Result([(line,) for line in plan.render()], [tuple(text_column("QUERY PLAN"))],
+                          status="EXPLAIN", plan=plan)  # fmt: skip
+        if isinstance(route, ControlEdit):
+            return self._edit_control_table(route, params)
+        if isinstance(route, TimelineBracket):
+            if params:
+                raise ProgrammingError("TIMEORDERED takes no parameters")
+            if route.begin:
+                self.begin_timeordered()
+            else:
+                self.end_timeordered()
+            return no_rows(f"{'BEGIN' if route.begin else 'END'} TIMEORDERED")
+        if isinstance(route, SessionSetting):
+            if params:
+                raise ProgrammingError(f"{route.action.upper()} CURRENCY BOUND takes no parameters")
+            if route.action == "show":
+                bound = self.currency_bound
+                shown = format_duration(bound) if bound is not None else "none"
+                return Result([(shown,)], [tuple(text_column("currency_bound"))], status="SHOW")
+            self.currency_bound = route.bound_seconds
+            return no_rows(route.action.upper())
+        if params:
+            raise ProgrammingError("cache DDL takes no parameters")
+        statement = route.statement
+        self.admin.apply_ddl([statement])
+        return no_rows(_ddl_status(statement))
+
+    # -- a query with currency clauses, top to bottom --------------------------------------------
+
+    def _read(self, query: Query, params: Params) -> Result:
+        try:
+            # the plan of the statement's shape: made once, kept until the schema changes
+            prepared = self.planner.prepare(query, params, self.currency_bound)
+            self._mark("lookup")
+            # guard and run locally what the guards allow (a plan that chose the whole
+            # statement remote has no guard to evaluate)
+            if prepared.plan.local:
+                try:
+                    result = self._decide_and_run(prepared, params)[1]
+                except LocalUnfit:
+                    result = None  # DuckDB cannot give PostgreSQL's answer: the backend does
+                if result is not None:
+                    return result
+            # the whole statement on the backend
+            result = self._run_backend(prepared.remote, params)
+            self._mark("run")
+            result.plan = prepared.plan
+            result.set_provenance(lambda: Provenance.remote(self.planner.base_tables(query)))
+            self.counters["remote"] += 1
+            return result
+        except BackendUnavailableError as exc:
+            return self._answer_without_backend(query, params, exc)
+
+    def _decide_and_run(self, prepared: Prepared, params: Params,
+                        stale: bool = False) -> tuple[Decision, Result | None]:  # fmt: skip
+        """Evaluate the guards and run what they keep local (whole or in part): the decision,
+        and the result (None when they send it all to the backend). The guards and the rows
+        they pass must come from one state of the cache file: a change committed in between
+        (an eviction while a remote leaf was fetched, a refresh) makes it decide again, a few
+        times, then once more inside one DuckDB transaction."""
+        store = self.store
+        for _ in range(GUARD_ATTEMPTS):
+            seen = store.committed_version()
+            decision = self.decide(prepared, params, ignore_currency=stale)
+            self._mark("guard")
+            if decision.remote:
+                return decision, None
+            result = self._run(prepared, decision, params, seen, stale)
+            self._mark("run")
+            if result is not None:
+                return decision, result
+        return self._decide_and_run_in_one_transaction(prepared, params, stale)
+
+    def _decide_and_run_in_one_transaction(
+        self, prepared: Prepared, params: Params, stale: bool
+    ) -> tuple[Decision, Result | None]:
+        """Changes keep landing while the local plan runs (a stream applying writes): read the
+        regions, decide and run inside one DuckDB transaction, a state of the file no commit
+        moves. Not the first way: a transaction costs two statements more on the hit path."""
+        store = self.store
+        store.con.execute("BEGIN TRANSACTION")
+        try:
+            regions = read_region_state(store)
+            decision = self.decide(prepared, params, stale, regions)
+            if decision.remote:
+                return decision, None
+            return decision, self._run(prepared, decision, params, None, stale)
+        finally:
+            store.con.execute("ROLLBACK")  # it only read
+
+    # -- the steps of a cached read, public for timing each apart ---------------------------------
+
+    def prepare(self, sql: str | Query, params: Params = None) -> Prepared:
+        """The prepared plan of a query with currency clauses (of its shape, as ``execute``
+        finds it)."""
+        self._check_open()
+        query = self._query(sql) if isinstance(sql, str) else sql
+        return self.planner.prepare(query, params, self.currency_bound)
+
+    def decide(
+        self, prepared: Prepared, params: Params = None, ignore_currency: bool = False,
+        regions: RegionState | None = None,
+    ) -> Decision:  # fmt: skip
+        """Evaluate the plan's guards (on ``regions``, else the file's current region
+        state); a decision about current data counts its misses and requests the admissions
+        that would fill them."""
+        plan = prepared.plan
+        state = self.state
+        session = state.guard_session(self.planner.catalog.tables, ignore_currency)
+        memo = self._decisions if regions is None and not ignore_currency else None
+        if regions is None:
+            regions = self.engine.region_state()
+        decision = memo.get(plan, params, regions, session, state.now) if memo else None
+        if decision is None:
+            values = ParameterValues(plan.analysis.parameter_keys, params)
+            decision = evaluate_guards(plan, regions, values, session, state.now())
+            if memo is not None:
+                memo.put(plan, params, regions, session, decision)
+        if not ignore_currency:
+            misses = decision.misses
+            counters = self.counters
+            counters["presence_misses"] += misses.presence
+            counters["currency_misses"] += misses.currency
+            if self.admit_on_miss and misses.admittable:
+                self.engine.admissions.request(misses.admittable)
+        observer = self.engine.on_decision
+        if observer is not None:
+            observer(plan, decision)
+        return decision
+
+    def run(self, prepared: Prepared, decision: Decision, params: Params = None) -> Result | None:
+        """Run a local or mixed decision in DuckDB (None, and no result, if the cache file
+        changed while it ran)."""
+        return self._run(prepared, decision, params, self.store.committed_version())
+
+    def _run(
+        self, prepared: Prepared, decision: Decision, params: Params, seen: int | None,
+        stale: bool = False,
+    ) -> Result | None:  # fmt: skip
+        """Run a local or mixed decision; None if the cache file changed since version
+        ``seen``, on which the guards decided (None: they decided inside the transaction this
+        runs in; the result memo, which holds the newest answers, is not used then)."""
+        store = self.store
+        memo = self.engine.memo if seen is not None else None
+        try:
+            ran = run_local(prepared, decision, params, store.con, self._leaf_fetcher, memo,
+                            self._zone())  # fmt: skip
+        except psycopg.Error as exc:
+            raise translate(exc, unreachable="a remote part of the query needs it") from exc
+        except duckdb.Error as exc:
+            raise translate(exc, "the local plan failed in DuckDB") from exc
+        if seen is not None and store.committed_version() != seen:
+            return None
+        shape = prepared.result
+        types = shape.types if shape is not None and ran.description is prepared.description \
+            else None  # fmt: skip
+        bindings = decision.bindings or ()
+        remote = decision.local < len(bindings)
+        counters = self.counters
+        counters["hits"] += decision.local
+        if ran.memo is not None:
+            counters["memo_hits" if ran.memo else "memo_misses"] += 1
+        if remote:
+            counters["remote"] += 1
+        provenance: Provenance | t.Callable[[], Provenance]
+        if stale:
+            provenance = Provenance.of(decision, mark_stale=True)
+        else:
+            provenance = lambda: Provenance.of(decision)  # noqa: E731
+        state = self.state
+        if state.timeline_active:
+            moments = [decision.now] if remote else []
+            stamps = [s[0] for b in bindings for _, s in b.regions if s[0] is not None]
+            if stamps:
+                moments.append(max(stamps))
+            if moments:
+                state.read_at(max(moments))
+        return Result(ran.rows, ran.description, types=types, plan=prepared.plan,
+                      executed=ran.executed, provenance=provenance)  # fmt: skip
+
+    def _answer_without_backend(
+        self, query: Query, params: Params, down: BackendUnavailableError
+    ) -> Result:
+        """With stale_ok, present local data of any age answers, flagged stale; otherwise say
+        which access needs the backend, its bound and the local data's age."""
+        bound = self.currency_bound
+        prepared = self.planner.cached(query, params, bound)
+        if prepared is None:
+            prepared = Prepared(self.planner.uncosted(query, params, bound), -1)
+        result: Result | None = None
+        if self.stale_ok:
+            try:
+                decision, result = self._decide_and_run(prepared, params, stale=True)
+            except LocalUnfit as unfit:
+                raise BackendUnavailableError(
+                    f"{unfit}, and the backend is unreachable: {down}") from down  # fmt: skip
+        else:
+            decision = self.decide(prepared, params, ignore_currency=True)
+        if result is not None:
+            for entry in result.provenance:
+                if entry.stale:
+                    bound = next(b.bound_seconds for b in decision.bindings or ()
+                                 if b.access.table == entry.table)  # fmt: skip
+                    result.notices.append(
+                        f"{entry.table}: answered from {entry.view} "
+                        f"{entry.currency_seconds:.1f}s old, beyond its bound of "
+                        f"{bound:g}s: the backend is unreachable (stale_ok)"
+                    )  # fmt: skip
+            return result
+        raise BackendUnavailableError(f"{_needs_backend(prepared.plan, decision)}; {down}") \
+            from down  # fmt: skip
+
+    # -- other statements ----------------------------------------------------------------------
+
+    def _run_backend(self, executed: Executed, params: Params) -> Result:
+        """Send a statement to PostgreSQL on the session's connection (``executed``: its SQL,
+        as the result reports it)."""
+        state = self.state
+        notices: list[str] = []
+        try:
+            pg = self._backend_session()
+            cur = self._pg_cursor
+            if cur is None or cur.closed or cur.connection is not pg:
+                cur = self._pg_cursor = pg.cursor()
+            cur.execute(executed.backend_sql, params)  # type: ignore[arg-type]
+            found = cur.pgresult
+            if found is not None and (found.nfields or found.status in _ROW_STATUSES):
+                rows = cur.fetchall()  # psycopg rows are tuples already
+                result = Result(rows, shape=ResultShape(found, cur), status=cur.statusmessage,
+                                executed=executed, notices=notices)  # fmt: skip
+            else:
+                result = no_rows(cur.statusmessage, cur.rowcount, notices, executed)
+        except psycopg.Error as exc:
+            raise translate(exc, unreachable="the statement needs it: reconnect when it is "
+                            "back") from exc  # fmt: skip
+        finally:
+            while self._notices:
+                notices.append(self._notices.pop(0))
+            if state.uncommitted or state.uncommitted_unknown:
+                state.settle()  # e.g. a COMMIT sent as SQL
+        if state.timeline_active:
+            state.read_at(state.now())
+        return result
+
+    def _edit_control_table(self, edit: ControlEdit, params: Params) -> Result:
+        """INSERT INTO control ... admits keys; DELETE FROM control ... evicts them."""
+        store = self.store
+        control = edit.control
+        columns = store.load_schema().control_tables[control].column_names
+        tree = bind_literals(edit.query.tree, params)
+        if edit.kind == "insert":
+            named = [c.name.lower() for c in tree.this.expressions] if isinstance(
+                tree.this, exp.Schema) else list(columns)  # fmt: skip
+            if sorted(named) != sorted(columns):
+                raise ProgrammingError(
+                    f"INSERT INTO {control} must give exactly its control key "
+                    f"({', '.join(columns)}); got ({', '.join(named)})"
+                )
+            rows = store.con.execute(tree.expression.sql(dialect="duckdb")).fetchall()
+            keys = [tuple(row[named.index(c)] for c in columns) for row in rows]
+            report = self.admin.admit(control, keys)
+            status = f"INSERT 0 {len(keys)}"
+        else:
+            keys = store.matching_keys(control, columns, tree.args.get("where"))
+            report = self.admin.evict(control, keys)
+            status = f"DELETE {len(keys)}"
+        done = f"{report.operation}: {len(report.regions)} regions"
+        return no_rows(status, len(keys), [done])
+
+    # -- EXPLAIN ---------------------------------------------------------------------------------
+
+    @_public
+    def explain(self, sql: str, params: Params = None) -> Plan:
+        """The plan a query runs with (the one EXPLAIN shows): planned now, or the cached
+        plan of its shape."""
+        self._check_open()
+        return self.prepare(sql, params).plan
+
+    def _query(self, sql: str) -> Query:
+        statement = self.engine.statements.parse(sql)
+        if not isinstance(statement, Query):
+            what = (
+                f"a {statement.kind} statement"
+                if statement is not None
+                else "not SQL the cache can read"
+            )
+            raise ProgrammingError(f"explain takes a query; this is {what} (try `mtcache parse`)")
+        if statement.explain is not None:
+            statement = statement.without_explain()
+        return statement
+
+    # -- transactions ----------------------------------------------------------------------------
+
+    @_public
+    def commit(self) -> None:
+        self._check_open()
+        if self._pg is not None:  # with no backend session there is nothing to commit
+            self._backend_call(self._pg.commit)
+        self.state.committed()
+
+    @_public
+    def rollback(self) -> None:
+        self._check_open()
+        if self._pg is not None:
+            self._backend_call(self._pg.rollback)
+        self.state.rolled_back()
+
+    @contextmanager
+    def transaction(self) -> Iterator[Session]:
+        """psycopg's transaction block: commits on success, rolls back on an exception (a
+        savepoint when nested or inside an open transaction). Writes inside count as
+        uncommitted until the block's own COMMIT."""
+        self._check_open()
+        try:
+            with self._backend_session().transaction():
+                yield self
+        except psycopg.Error as exc:
+            self.state.settle(rolled_back=True)
+            raise translate(exc) from exc
+        except BaseException:
+            self.state.settle(rolled_back=True)
+            raise
+        self.state.settle()
+
+    @property
+    def autocommit(self) -> bool:
+        return self._autocommit
+
+    @autocommit.setter
+    def autocommit(self, value: bool) -> None:
+        self._check_open()
+        pg = self._pg
+        if pg is not None and not pg.closed:
+            self._backend_call(lambda: setattr(pg, "autocommit", value))
+        self._autocommit = bool(value)
+
+    # -- settings --------------------------------------------------------------------------------
+
+    def set_currency_bound(self, value: str | float | dt.timedelta | None) -> None:
+        """The session's bound for every SELECT block without a clause (None: bound 0)."""
+        self._check_open()
+        self.currency_bound = bound_seconds(value)
+
+    def backend_setting(self, name: str) -> t.Any:
+        """A psycopg session setting (``isolation_level``, ``read_only``, ``deferrable``)."""
+        pg = self._pg
+        if pg is not None and not pg.closed:
+            return getattr(pg, name)
+        return self._pg_settings.get(name)
+
+    def set_backend_setting(self, name: str, value: t.Any) -> None:
+        """Set it on the backend session, and keep it for the next one if this is lost."""
+        self._check_open()
+        pg = self._pg
+        if pg is not None and not pg.closed:
+            self._backend_call(lambda: setattr(pg, name, value))
+        self._pg_settings[name] = value
+
+    @property
+    def info(self) -> psycopg.ConnectionInfo:
+        """The backend session's connection information (psycopg's), connecting if needed."""
+        self._check_open()
+        info = self._backend_call(lambda: self._backend_session().info)
+        return t.cast(psycopg.ConnectionInfo, info)
+
+    @property
+    def broken(self) -> bool:
+        """Whether the backend session was lost (the next statement connects again)."""
+        return self._pg is not None and self._pg.broken
+
+    @property
+    def backend_pid(self) -> int | None:
+        """The process id of the session's backend connection (None: none is open)."""
+        pg = self._pg
+        return pg.info.backend_pid if pg is not None and not pg.closed else None
+
+    def add_notice_handler(self, handler: t.Callable[[t.Any], None]) -> None:
+        """Call ``handler`` with each notice the backend sends (a psycopg ``Diagnostic``)."""
+        self._notice_handlers.append(handler)
+        if self._pg is not None and not self._pg.closed:
+            self._pg.add_notice_handler(handler)
+
+    # -- the session timeline (§2.3) -----------------------------------------------------------
+
+    def begin_timeordered(self) -> None:
+        self.state.begin_timeordered()
+
+    def end_timeordered(self) -> None:
+        self.state.end_timeordered()
+
+    @property
+    def clock(self) -> BackendClock:
+        """The backend clock as this session estimates it now."""
+        self.state.now()  # brings the estimate up to date (the heartbeat's, a re-measure)
+        return self.state.clock
+
+    @property
+    def timeline_floor(self) -> dt.datetime | None:
+        return self.state.timeline_floor
+
+    # -- closing ---------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self._close_backend()
+        finally:
+            self.store.close()
+            self.engine.leave(self)
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise InterfaceError("the connection is closed")
+
+    # -- the backend connection ------------------------------------------------------------------
+
+    def _connect_backend(self) -> psycopg.Connection[t.Any]:
+        options: dict[str, object] = {"autocommit": self._autocommit}
+        if self._context is not None:
+            options["context"] = self._context
+        pg = connect_backend(self.engine.backend, **options)
+        pg.add_notice_handler(lambda d: self._notices.append(d.message_primary or ""))
+        for handler in self._notice_handlers:
+            pg.add_notice_handler(handler)
+        for name, value in self._pg_settings.items():
+            setattr(pg, name, value)
+        self._pg = pg
+        return pg
+
+    def _backend_session(self) -> psycopg.Connection[t.Any]:
+        """The session's backend connection, connected again if the backend had gone (a
+        transaction open on the lost connection ended with it: its writes count as
+        committed for the session's own reads, the stricter choice); a
+        `BackendUnavailableError` while it is still unreachable."""
+        pg = self._pg
+        if pg is not None and not pg.closed:
+            return pg
+        if pg is not None:
+            self.state.settle()
+        return self._connect_backend()
+
+    def _close_backend(self) -> None:
+        if self._pg_cursor is not None:
+            self._pg_cursor.close()
+        if self._pg is not None:
+            self._pg.close()
+
+    def _backend_call(self, action: t.Callable[[], t.Any]) -> t.Any:
+        try:
+            return action()
+        except psycopg.Error as exc:
+            raise translate(exc) from exc
+
+    def _zone(self) -> Zone:
+        """The session's time zone, by name and as psycopg gives timestamps with time zone in
+        it (the last one known while the backend is unreachable)."""
+        pg = self._pg
+        if pg is not None and not pg.closed:
+            info = pg.info
+            name = info.parameter_status("TimeZone") or "UTC"
+            if name != self._last_zone.name:
+                self._last_zone = Zone(name, info.timezone)
+        return self._last_zone
+
+    def _leaf_fetcher(self) -> Fetch:
+        """How a mixed plan gets its remote leaves: from the process's backend pool, in
+        parallel, in one backend snapshot; through the session's own connection while it holds
+        uncommitted writes (only it can see them; the guards then allow one leaf per class,
+        a statement's snapshot)."""
+        if self.state.writing:
+            pg = self._backend_session()
+            return lambda leaves: [copy_to_arrow(pg, *leaf) for leaf in leaves]
+        backend = self.engine.backend
+        return lambda leaves: in_one_snapshot(
+            backend, [functools.partial(_copy_leaf, leaf=leaf) for leaf in leaves]
+        )
+
+    def _mark(self, phase: str) -> None:
+        phases = self.phases
+        if phases is not None:
+            phases.mark(phase)
+
+
+def _copy_leaf(
+    conn: psycopg.Connection[t.Any],
+    *,
+    leaf: tuple[str, list[tuple[str, str]], dict[str, t.Any] | None],
+) -> pa.Table:
+    return copy_to_arrow(conn, *leaf)
+
+
+def _ddl_status(statement: t.Any) -> str:
+    """The command status of cache DDL: CREATE CONTROL TABLE, DROP CACHED VIEW, ..."""
+    if isinstance(statement, CreateCachedView):
+        return "CREATE CACHED VIEW"
+    if isinstance(statement, CreateControlTable):
+        return "CREATE CONTROL TABLE"
+    if isinstance(statement, DropCacheObject):
+        return f"DROP {statement.object_kind.upper()}"
+    return "CACHE DDL"
+
+
+def _needs_backend(plan: Plan, decision: Decision) -> str:
+    """Which access could not be answered locally, with its bound and its local data's age."""
+    bindings = {b.access.instance.id: b for b in decision.bindings or ()}
+    for cls_plan in plan.classes:
+        for access in cls_plan.accesses:
+            binding = bindings.get(access.instance.id)
+            label = f"{access.table} ({access.alias})"
+            bound = cls_plan.bound_seconds
+            if binding is None or binding.guard is None:
+                return (
+                    f"{label} needs the backend (CURRENCY BOUND {bound:g}s) and the cache "
+                    "holds no usable copy of it"
+                )
+            ages = [(decision.now - s[0]).total_seconds() for _, s in binding.regions if s[0]]
+            if ages and max(ages) > bound:
+                return (
+                    f"{label} needs the backend (CURRENCY BOUND {bound:g}s): the local data "
+                    f"in {binding.guard.view} is {max(ages):.1f}s old; connect with "
+                    "stale_ok=True to accept it"
+                )
+    return "a remote part of the query needs the backend"
