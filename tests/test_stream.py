@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from cache.backend.embedded_pg import EmbeddedPostgres
-from cache.backend.pgoutput import lsn_value
+from cache.backend.pgoutput import lsn_text, lsn_value
 from cache.backend.reflect import fetch_catalog
 from cache.backend.replication import drop_slot, slot_state
 from cache.maintenance import stream
@@ -22,6 +22,7 @@ from cache.store.cache_file import CacheStore
 from cache.tools import bookstore
 from experiments.workers import Workers
 from sql_ext import parse
+from sql_ext.errors import NotSupportedError, OperationalError
 from tests.test_maintenance import local, pg
 
 Setup = tuple[CacheStore, str, stream.Consumer]
@@ -93,7 +94,7 @@ def test_a_table_without_a_primary_key_is_refused(setup: Setup) -> None:
     store, dsn, _ = setup
     pg(dsn, "CREATE TABLE IF NOT EXISTS tags (tag text NOT NULL UNIQUE, note text)")
     before = local(store, "SELECT name FROM mtcache.objects ORDER BY name")
-    with pytest.raises(stream.NotSupportedError, match="needs a primary key on tags"):
+    with pytest.raises(NotSupportedError, match="needs a primary key on tags"):
         stream.apply_ddl(store, dsn, parse("CREATE CACHED VIEW tagcopy AS SELECT * FROM tags "
                                            "REFRESH CONTINUOUSLY"), fetch_catalog(dsn))  # fmt: skip
     assert local(store, "SELECT name FROM mtcache.objects ORDER BY name") == before
@@ -155,7 +156,7 @@ def test_changes_reach_the_views_through_the_stream(setup: Setup) -> None:
                           f"WHERE snapshot_id = {ids[0][0]}")[0]  # fmt: skip
     row = stream.load_stream(store.con)
     assert row is not None
-    assert engine == "stream" and named == f"lsn {stream.lsn_text(row.applied_lsn)}"
+    assert engine == "stream" and named == f"lsn {lsn_text(row.applied_lsn)}"
     consumer.step()  # nothing new: confirms to the backend what the file holds
     assert slot_state(consumer.connection(), row.slot).confirmed_lsn == row.applied_lsn
 
@@ -201,7 +202,7 @@ def test_ddl_on_a_cached_table_stops_the_stream_with_a_reason(
     consumer.catch_up()
     pg(dsn, "ALTER TABLE sales ADD COLUMN note text")
     pg(dsn, "UPDATE sales SET qty = 5 WHERE saleid = 1")
-    with pytest.raises(stream.OperationalError, match="sales changed at the backend"):
+    with pytest.raises(OperationalError, match="sales changed at the backend"):
         consumer.catch_up()
     row = stream.load_stream(store.con)
     assert row is not None and row.problem is not None and "recreate" in row.problem

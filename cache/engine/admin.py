@@ -26,10 +26,11 @@ from pathlib import Path
 from cache.backend.reflect import fetch_catalog
 from cache.engine.admission import Admissions
 from cache.engine.boundary import public
-from cache.maintenance import stream
 from cache.maintenance.engines import Engine
 from cache.maintenance.pipeline import Maintainer, make_engine
 from cache.maintenance.report import Report
+from cache.maintenance.stream.publication import publication_for
+from cache.maintenance.stream.status import stream_status
 from cache.store.cache_file import CacheStore, DdlResult
 from cache.store.status import status
 from control_tables.schema import control_role
@@ -99,8 +100,9 @@ class Admin:
         statements = parse(script) if isinstance(script, str) else list(script)
         dsn = self._backend()
         catalog = fetch_catalog(dsn)
-        # saves the catalog if it applies; keeps the replication slot in step
-        result = stream.apply_ddl(self._store, dsn, statements, catalog)
+        # the replication slot kept in step; the store saves the catalog if the DDL applies
+        with publication_for(self._store, dsn, statements, catalog) as record:
+            result = self._store.apply_ddl(statements, catalog, then=record)
         self._adopt(catalog)
         return result
 
@@ -155,7 +157,7 @@ class Admin:
         replication stream of continuously maintained views, if any (its lag in bytes when
         the backend answers)."""
         document = status(self._store)
-        document["stream"] = stream.stream_status(self._store, self._backend)
+        document["stream"] = stream_status(self._store, self._backend)
         return document
 
     def _adopt(self, catalog: Catalog) -> Catalog:

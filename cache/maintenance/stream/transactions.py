@@ -1,0 +1,142 @@
+"""Applying whole backend transactions, in commit order, to the continuously maintained views
+in one DuckDB transaction with the stream position (`apply_transactions`)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import typing as t
+from collections.abc import Sequence
+
+import duckdb
+
+from cache.backend.pgoutput import (
+    Relation,
+    Transaction,
+)
+from cache.maintenance import faults
+from cache.maintenance.lineup import Pending
+from cache.maintenance.stream.position import Applied, StreamProblem, StreamRow
+from cache.maintenance.stream.staging import Staged, stage_changes
+from cache.maintenance.stream.views import apply_view, delete_where, not_pending, stamp_regions
+from control_tables.schema import CacheSchema
+from heartbeat.beat import TABLE as HEARTBEAT_TABLE
+from sql_ext.catalog import Catalog
+
+
+def apply_transactions(
+    con: duckdb.DuckDBPyConnection,
+    schema: CacheSchema,
+    catalog: Catalog,
+    stream: StreamRow,
+    txns: Sequence[Transaction],
+    pendings: list[Pending],
+    enabled_faults: frozenset[str] = frozenset(),
+) -> Applied:
+    """Apply whole transactions inside the caller's DuckDB transaction, then stamp the
+    regions and record the stream position. ``pendings`` (pulls the stream has not passed)
+    is updated: a pull the first of ``txns`` passes is resolved (the caller applies a batch
+    of more than one transaction only when there is none)."""
+    stream_time = stream.stream_time
+    skip: dict[str, list[str]] = {}
+    for pending in list(pendings):
+        if pending.passed_by(txns[0].xid, txns[0].commit_lsn):
+            con.execute("DELETE FROM mtcache.stream_pulls WHERE snapshot_id = ?",
+                        [pending.snapshot_id])  # fmt: skip
+            stream_time = later(stream_time, pending.backend_time)
+            pendings.remove(pending)
+        else:
+            for view, predicate in pending.predicates.items():
+                skip.setdefault(view, []).append(predicate)
+    assert all(not p.passed_by(x.xid, x.commit_lsn) for p in pendings for x in txns[1:]), \
+        "a run of transactions that leaves the pending pulls as they are (`run_of`)"  # fmt: skip
+    applied = Applied()
+    by_table: dict[str, list[tuple[Relation, t.Any]]] = {}
+    truncated: set[str] = set()
+    checked: set[int] = set()  # relations (as described in this batch) checked
+    for txn in txns:
+        cuts = list(txn.truncated)
+        for index, (relation, change) in enumerate(txn.changes):
+            _truncate_until(index, cuts, stream, truncated, by_table)
+            if relation.name == HEARTBEAT_TABLE:
+                if change.new is not None:
+                    beat = _heartbeat_time(relation, change.new)
+                    stream_time = later(stream_time, beat)
+                continue
+            if id(relation) not in checked:
+                _check_relation(stream, relation)
+                checked.add(id(relation))
+            by_table.setdefault(relation.name, []).append((relation, change))
+        _truncate_until(len(txn.changes), cuts, stream, truncated, by_table)
+    views = schema.continuous_views()
+    staged: dict[str, Staged] = {}
+    for name in views:
+        table = schema.views[name].table
+        if table not in staged:
+            staged[table] = stage_changes(schema, catalog, table, by_table.get(table, []))
+    for name in views:
+        cached = schema.views[name]
+        if cached.table in truncated:
+            # TRUNCATE: the rows leave (their regions stay present, empty)
+            delete_where(con, schema, cached, not_pending(skip.get(name, [])), applied)
+        if staged[cached.table].count:
+            apply_view(con, schema, cached, staged[cached.table], skip.get(name, []), applied)
+    for stage in staged.values():
+        stage.close(con)
+    faults.hit("stream_apply", enabled_faults)  # the changes made, the position not yet
+    last = txns[-1]
+    stamp_regions(con, schema, stream, last.end_lsn, stream_time, [p.snapshot_id for p in pendings],
+           applied)  # fmt: skip
+    return applied
+
+
+def _truncate_until(
+    index: int,
+    cuts: list[tuple[int, Relation]],
+    stream: StreamRow,
+    truncated: set[str],
+    by_table: dict[str, list[tuple[Relation, t.Any]]],
+) -> None:
+    """The TRUNCATEs of a transaction that came before its change ``index``: the table's
+    changes so far no longer matter (its views empty out), the ones after start afresh."""
+    while cuts and cuts[0][0] <= index:
+        _, cut = cuts.pop(0)
+        if cut.name != HEARTBEAT_TABLE:
+            _check_relation(stream, cut)
+            truncated.add(cut.name)
+            by_table.pop(cut.name, None)
+
+
+def run_of(txns: list[Transaction], pendings: list[Pending]) -> list[Transaction]:
+    """The leading transactions that one `apply_transactions` call may take: the first may
+    pass pending pulls, the others none of those left."""
+    left = [p for p in pendings if not p.passed_by(txns[0].xid, txns[0].commit_lsn)]
+    for index, txn in enumerate(txns[1:], start=1):
+        if any(p.passed_by(txn.xid, txn.commit_lsn) for p in left):
+            return txns[:index]
+    return txns
+
+
+def later(a: dt.datetime | None, b: dt.datetime | None) -> dt.datetime | None:
+    if a is None or b is None:
+        return a or b
+    return max(a, b)
+
+
+def _heartbeat_time(relation: Relation, row: tuple[t.Any, ...]) -> dt.datetime | None:
+    names = [c.name for c in relation.columns]
+    value = row[names.index("beat_at")] if "beat_at" in names else None
+    if not isinstance(value, str):
+        return None
+    return dt.datetime.fromisoformat(value).astimezone(dt.UTC)
+
+
+def _check_relation(stream: StreamRow, relation: Relation) -> None:
+    expected = stream.relations.get(f"{relation.schema}.{relation.name}")
+    got = [[c.name, c.type_oid] for c in relation.columns]
+    if expected is not None and expected != got:
+        raise StreamProblem(
+            f"table {relation.schema}.{relation.name} changed at the backend (its columns are "
+            f"now {', '.join(c.name for c in relation.columns)}): continuous maintenance "
+            "stopped, its views age and queries go to the backend; recreate the cached views "
+            "of that table (DROP CACHED VIEW, CREATE CACHED VIEW) to resume"
+        )

@@ -1,0 +1,299 @@
+"""One view's part of a batch: the touched keys leave, the final rows that belong to a
+present region arrive; rows whose parent keys left take their children along; completeness
+keys admitted; the regions stamped with the batch's backend time (`apply_view`, `stamp`)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import typing as t
+
+import duckdb
+
+from cache.backend.pgoutput import (
+    lsn_text,
+)
+from cache.maintenance.stream.position import KEEP_SNAPSHOTS, Applied, NeedsPull, StreamRow
+from cache.maintenance.stream.staging import Staged
+from control_tables.regions import Region, in_list
+from control_tables.schema import CachedView, CacheSchema
+from sql_ext import Presence
+from sql_ext.quoting import equal_columns, ident, idents
+
+
+def apply_view(
+    con: duckdb.DuckDBPyConnection,
+    schema: CacheSchema,
+    view: CachedView,
+    stage: Staged,
+    skip: list[str],
+    applied: Applied,
+) -> None:
+    """One view's part of a batch: the touched keys leave, the final rows that belong to a
+    present region arrive (``skip``: predicates of regions a pending pull holds)."""
+    assert stage.puts is not None
+    stage.register(con)
+    name = ident(view.name)
+    keep = not_pending(skip)
+    touched = f"EXISTS (SELECT 1 FROM {stage.del_name} d WHERE {equal_columns(view.key, 'v', 'd')})"
+    children = list(schema.edges_from(view.name))
+    leaving: dict[tuple[str, ...], set[tuple[t.Any, ...]]] = {}
+    before: dict[tuple[str, ...], set[tuple[t.Any, ...]]] = {}
+    for _, edge in children:
+        cols = idents(edge.control_columns)
+        leaving[edge.control_columns] = _distinct(
+            con, f"SELECT DISTINCT {cols} FROM {name} v WHERE ({keep}) AND {touched}"
+        )
+        before[edge.control_columns] = _distinct(
+            con, f"SELECT DISTINCT {cols} FROM {name} WHERE ({cols}) IN "
+                 f"(SELECT {cols} FROM {stage.put_name})")  # fmt: skip
+    unchanged = [c for c in view.columns if f"mtcache_unchanged_{c}" in stage.puts.column_names]
+    source = stage.put_name
+    if unchanged:
+        # the cached copy of a row whose TOASTed value the update did not send supplies it
+        merged = ", ".join(
+            f"CASE WHEN p.{ident('mtcache_unchanged_' + c)} THEN k.{ident(c)} "
+            f"ELSE p.{ident(c)} END AS {ident(c)}" if c in unchanged else f"p.{ident(c)}"
+            for c in view.columns)  # fmt: skip
+        lacking = " OR ".join(f"(p.{ident('mtcache_unchanged_' + c)} AND k.{ident(view.key[0])} "
+                              "IS NULL)" for c in unchanged)  # fmt: skip
+        con.execute(
+            f"CREATE OR REPLACE TEMP TABLE mtcache_merged AS SELECT {merged}, ({lacking}) AS "
+            f"mtcache_lacking FROM {stage.put_name} p LEFT JOIN (SELECT * FROM {name} v WHERE "
+            f"{touched}) k ON {equal_columns(view.key, 'k', 'p')}"
+        )
+        source = "mtcache_merged"
+        qualifies = _qualifies(schema, view, "p")
+        lacking_rows = "(SELECT * FROM mtcache_merged WHERE mtcache_lacking) p"
+        if con.execute(f"SELECT count(*) FROM {lacking_rows} WHERE ({qualifies}) "
+                       f"AND ({keep})").fetchone() != (0,):  # fmt: skip
+            raise NeedsPull(_regions_of(con, view, lacking_rows))
+    row = con.execute(f"DELETE FROM {name} v WHERE ({keep}) AND {touched}").fetchone()
+    deleted = int(row[0]) if row else 0
+    arriving = (
+        f"SELECT {idents(view.columns)} FROM {source} p WHERE ({_qualifies(schema, view, 'p')}) "
+        f"AND ({keep})"
+    )
+    if skip:  # a row a pending pull holds was kept above: it stays as pulled
+        arriving += f" AND NOT EXISTS (SELECT 1 FROM {name} v WHERE " \
+                    f"{equal_columns(view.key, 'v', 'p')})"  # fmt: skip
+    if not children and view.completeness is None:  # nothing looks at the rows that arrived
+        row = con.execute(f"INSERT INTO {name} ({idents(view.columns)}) {arriving}").fetchone()
+        if unchanged:
+            con.execute("DROP TABLE mtcache_merged")
+        _changed(applied, view, row, deleted)
+        return
+    con.execute(f"CREATE OR REPLACE TEMP TABLE mtcache_arrived AS {arriving}")
+    if unchanged:
+        con.execute("DROP TABLE mtcache_merged")
+    row = con.execute(
+        f"INSERT INTO {name} ({idents(view.columns)}) SELECT * FROM mtcache_arrived"
+    ).fetchone()
+    try:
+        _admit_completeness_keys(con, schema, view)
+        for child, edge in children:
+            cols = idents(edge.control_columns)
+            new = _distinct(con, f"SELECT DISTINCT {cols} FROM mtcache_arrived")
+            new -= before[edge.control_columns]
+            if new:
+                # the children of a row new to the cache are not in the stream: pull them
+                where = in_list(edge.control_columns, new).sql("duckdb")
+                raise NeedsPull(
+                    _regions_of(con, view, f"(SELECT * FROM mtcache_arrived WHERE {where}) p")
+                )
+            gone = leaving[edge.control_columns] - _distinct(
+                con, f"SELECT DISTINCT {cols} FROM {name}"
+            )
+            if gone:
+                _delete_under(con, schema, child, edge, gone, applied)
+    finally:
+        con.execute("DROP TABLE mtcache_arrived")
+    _changed(applied, view, row, deleted)
+
+
+def not_pending(skip: list[str]) -> str:
+    """SQL: the row is in no region a pending pull holds (``skip``: their predicates)."""
+    return " AND ".join(f"NOT ({p})" for p in skip) or "true"
+
+
+def _changed(applied: Applied, view: CachedView, inserted: tuple[t.Any, ...] | None,
+             deleted: int) -> None:  # fmt: skip
+    if deleted or (inserted and inserted[0]):
+        applied.views.add(view.name)
+
+
+def _distinct(con: duckdb.DuckDBPyConnection, query: str) -> set[tuple[t.Any, ...]]:
+    return {tuple(r) for r in con.execute(query).fetchall()}
+
+
+def _edge_match(edge: Presence, alias: str) -> str:
+    """SQL: the control row ``c`` lists the row ``alias`` by the presence edge."""
+    pairs = zip(edge.columns, edge.control_columns, strict=True)
+    return " AND ".join(f"c.{ident(cc)} = {alias}.{ident(vc)}" for vc, cc in pairs)
+
+
+def _qualifies(schema: CacheSchema, view: CachedView, alias: str) -> str:
+    """SQL: the row ``alias`` belongs to a present region of ``view``."""
+    if view.is_fully_materialized:
+        return "true"
+    parts = []
+    for edge in view.presence:
+        match = _edge_match(edge, alias)
+        parts.append(f"EXISTS (SELECT 1 FROM {ident(edge.control)} c WHERE {match})")
+    if view.completeness is not None:
+        if view.completeness.control is None:
+            return "true"
+        match = " AND ".join(f"c.{ident(c)} = {alias}.{ident(c)}"
+                             for c in view.completeness.columns)  # fmt: skip
+        parts.append(f"EXISTS (SELECT 1 FROM {ident(view.completeness.control)} c WHERE {match})")
+    return " OR ".join(parts) or "false"
+
+
+def _admit_completeness_keys(
+    con: duckdb.DuckDBPyConnection, schema: CacheSchema, view: CachedView
+) -> None:
+    """Rows a completeness region brought in: their presence keys become listed (the region
+    is then the row itself when the key identifies rows, else it is pulled)."""
+    if view.completeness is None:
+        return
+    for edge in view.presence:
+        if edge.control not in schema.control_tables:
+            continue
+        match = _edge_match(edge, "a")
+        keys = con.execute(
+            f"SELECT DISTINCT {', '.join('a.' + ident(c) for c in edge.columns)} "
+            f"FROM mtcache_arrived a WHERE NOT EXISTS "
+            f"(SELECT 1 FROM {ident(edge.control)} c WHERE {match})"
+        ).fetchall()
+        if not keys:
+            continue
+        if not set(view.key) <= set(edge.columns):
+            values = [tuple(k) for k in keys]
+            raise NeedsPull(
+                {Region(view.name, "presence", edge.columns, v, edge.control) for v in values},
+                {edge.control: values},
+            )
+        marks = ", ".join("?" for _ in edge.control_columns)
+        con.executemany(
+            f"INSERT INTO {ident(edge.control)} ({idents(edge.control_columns)}) "
+            f"VALUES ({marks}) ON CONFLICT DO NOTHING", [list(k) for k in keys]
+        )  # fmt: skip
+
+
+def _regions_of(con: duckdb.DuckDBPyConnection, view: CachedView, rows: str) -> set[Region]:
+    """The regions of ``view`` holding ``rows`` (SQL for a relation aliased p): pulling them
+    brings the rows' children along (`Pull.children`), in one snapshot with them."""
+    if view.view_level:
+        return {Region(view.name, "view")}
+    found: set[Region] = set()
+    for edge in view.presence:
+        match = _edge_match(edge, "p")
+        found |= {Region(view.name, "presence", edge.columns, values, edge.control)
+                  for values in _distinct(
+                      con, f"SELECT DISTINCT {', '.join('p.' + ident(c) for c in edge.columns)} "
+                           f"FROM {rows} WHERE EXISTS (SELECT 1 FROM {ident(edge.control)} c "
+                           f"WHERE {match})")}  # fmt: skip
+    spec = view.completeness
+    if spec is not None and spec.control is not None:
+        match = " AND ".join(f"c.{ident(c)} = p.{ident(c)}" for c in spec.columns)
+        found |= {Region(view.name, "completeness", spec.columns, values, spec.control)
+                  for values in _distinct(
+                      con, f"SELECT DISTINCT {', '.join('p.' + ident(c) for c in spec.columns)} "
+                           f"FROM {rows} WHERE EXISTS (SELECT 1 FROM {ident(spec.control)} c "
+                           f"WHERE {match})")}  # fmt: skip
+    return found
+
+
+def delete_where(
+    con: duckdb.DuckDBPyConnection,
+    schema: CacheSchema,
+    view: CachedView,
+    where: str,
+    applied: Applied,
+) -> None:
+    """Delete the rows of ``view`` that ``where`` selects (SQL on the alias v); a parent key
+    no longer in the view takes the child rows under it along, and so on down."""
+    name = ident(view.name)
+    children = list(schema.edges_from(view.name))
+    leaving = {edge.control_columns: _distinct(
+        con, f"SELECT DISTINCT {idents(edge.control_columns)} FROM {name} v WHERE {where}")
+        for _, edge in children}  # fmt: skip
+    row = con.execute(f"DELETE FROM {name} v WHERE {where}").fetchone()
+    if row and row[0]:
+        applied.views.add(view.name)
+    for child, edge in children:
+        gone = leaving[edge.control_columns] - _distinct(
+            con, f"SELECT DISTINCT {idents(edge.control_columns)} FROM {name}")  # fmt: skip
+        if gone:
+            _delete_under(con, schema, child, edge, gone, applied)
+
+
+def _delete_under(
+    con: duckdb.DuckDBPyConnection,
+    schema: CacheSchema,
+    child: CachedView,
+    edge: Presence,
+    gone: set[tuple[t.Any, ...]],
+    applied: Applied,
+) -> None:
+    """Parent keys no longer in the parent: the child rows under them leave, unless another
+    parent still lists them."""
+    where = in_list(edge.columns, gone).sql("duckdb")
+    delete_where(con, schema, child, f"{where} AND NOT ({_qualifies(schema, child, 'v')})",
+                  applied)  # fmt: skip
+
+
+def stamp_regions(
+    con: duckdb.DuckDBPyConnection,
+    schema: CacheSchema,
+    stream: StreamRow,
+    end_lsn: int,
+    stream_time: dt.datetime | None,
+    pending_ids: list[int],
+    applied: Applied,
+) -> None:
+    """The batch's snapshot (naming the stream position) on every continuously maintained
+    region the stream has reached (a pull's regions keep theirs until the stream passes it),
+    with ``refreshed_at`` the stream time; the position with it."""
+    row = con.execute("SELECT coalesce(max(snapshot_id), 0) + 1 FROM mtcache.snapshots").fetchone()
+    assert row is not None
+    snapshot_id = int(row[0])
+    views = schema.continuous_views()
+    age = None  # d (§4.6): how old the stream time is as it lands; batches that do not
+    if stream_time is not None and stream_time != stream.stream_time:  # move it measure none
+        age = max(0.0, (dt.datetime.now(dt.UTC) - stream_time).total_seconds())
+    con.execute(
+        "INSERT INTO mtcache.snapshots (snapshot_id, backend_time, pg_snapshot, engine, "
+        "applied_at, views, delay_seconds) VALUES (?, ?, ?, 'stream', now(), ?, ?)",
+        [snapshot_id, stream_time, f"lsn {lsn_text(end_lsn)}", views, age],
+    )
+    if snapshot_id % 20 == 0:  # now and then: a statement costs as much as the batch's rows
+        con.execute("DELETE FROM mtcache.snapshots WHERE engine = 'stream' AND snapshot_id < ?",
+                    [snapshot_id - KEEP_SNAPSHOTS])  # fmt: skip
+    reached = (f"(snapshot_id IS NULL OR snapshot_id NOT IN ({', '.join(map(str, pending_ids))}))"
+               if pending_ids else "true")  # fmt: skip
+    controls: set[str] = set()
+    for name in views:
+        view = schema.views[name]
+        controls |= {p.control for p in view.presence if p.control in schema.control_tables}
+        for spec in (view.consistency, view.completeness):
+            if spec is not None and spec.control is not None:
+                controls.add(spec.control)
+    for control in sorted(controls):
+        con.execute(
+            f"UPDATE {ident(control)} SET refreshed_at = coalesce(?, refreshed_at), "
+            f"snapshot_id = ? WHERE {reached}",
+            [stream_time, snapshot_id],
+        )
+    level = [n for n in views if schema.views[n].view_level]
+    if level:
+        con.execute(
+            "UPDATE mtcache.view_state SET refreshed_at = coalesce(?, refreshed_at), "
+            f"snapshot_id = ? WHERE view IN ({', '.join('?' for _ in level)}) "
+            f"AND {reached}",
+            [stream_time, snapshot_id, *level],
+        )
+    con.execute(
+        "UPDATE mtcache.stream SET applied_lsn = ?, stream_time = ?, applied_at = now()",
+        [end_lsn, stream_time],
+    )
+    applied.views |= set(views)
