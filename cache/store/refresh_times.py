@@ -3,7 +3,8 @@
 
 A white view with ``REFRESH EVERY f`` is due once its oldest region is f old, at once when one
 of its regions was never refreshed or when it is fully materialized and was never populated; a
-presence-controlled view without regions waits for admissions. Gray views follow their roots;
+presence-controlled view without regions waits for admissions. A ``REFRESH CONTINUOUSLY`` view
+is due only while a region of it was never populated (then at once). Gray views follow their roots;
 views without an interval are refreshed on demand only.
 """
 
@@ -38,7 +39,11 @@ def refresh_times(store: CacheStore, schema: CacheSchema, name: str) -> RefreshT
         root = schema.consistency_root(name)
         return RefreshTimes(last, refresh_times(store, schema, root).due, root)
     if not view.refresh_seconds:
-        return RefreshTimes(last, None)
+        # a continuously maintained view is pulled once, at once, when a region of it was
+        # never populated (its creation's pull, or one the stream asked for, interrupted by a
+        # crash); the stream keeps it current from then on
+        never = view.continuous and any(s is None for s in stamps)
+        return RefreshTimes(last, NOW if never else None)
     if not stamps:
         return RefreshTimes(last, NOW if view.is_fully_materialized else None)
     if any(s is None for s in stamps):

@@ -72,6 +72,7 @@ def publication_for(
         create_publication(dsn, name, [*tables, heartbeat])
         if current is not None:
             # the new tables' changes come from now on; the new views are empty until pulled
+            # (the owning process's scheduler pulls a continuous view never populated)
             yield lambda con: _set_relations(con, relations)
             return
         try:
