@@ -92,3 +92,38 @@ def test_a_statement_nested_past_the_limit_is_a_programming_error() -> None:
     depth = 20_000
     with pytest.raises(ProgrammingError, match="nested too deeply"):
         parse_one("SELECT " + "(" * depth + "1" + ")" * depth)
+
+
+LISTS = [
+    ", ".join(str(i) for i in range(40)),
+    ", ".join(f"'k{i}'" for i in range(40)),
+    ", ".join(["1.5", "'it''s'", "1e3", "0.000", "'%'", "''"] * 8),
+    ", ".join([*map(str, range(39)), "-1"]),  # a sign: the generic rules
+    ", ".join([*map(str, range(39)), "NULL"]),
+    ", ".join([*map(str, range(39)), "'2024-01-01'::date"]),
+    ", ".join([*map(str, range(39)), "'a' 'b'"]),
+    ", ".join([*map(str, range(39)), "/* c */ 7"]),
+    ", ".join([*map(str, range(39)), "(SELECT 1)"]),
+    "SELECT k FROM t",
+]
+
+
+@pytest.mark.parametrize("items", LISTS, ids=range(len(LISTS)))
+def test_a_long_constant_list_parses_as_the_generic_rules_parse_it(
+    items: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The parser reads a long IN list of plain constants straight from its tokens (a 1 MB
+    list must not take seconds): the tree, its positions and its SQL are the generic rules'."""
+    from sql_ext.dialect import MTCacheParser
+
+    sql = f"SELECT a FROM t WHERE a IN ({items}) AND b NOT IN ({items}) CURRENCY BOUND 1 MIN"
+    fast = parse_one(sql)
+    monkeypatch.setattr(MTCacheParser, "FAST_LIST", 10**9)
+    generic = parse_one(sql)
+    assert fast.tree == generic.tree
+    assert fast.to_json() == generic.to_json()
+    assert fast.tree.sql("duckdb") == generic.tree.sql("duckdb")
+    positions = [(n.meta.get("line"), n.meta.get("col"), n.meta.get("start"))
+                 for n in fast.tree.walk()]  # fmt: skip
+    assert positions == [(n.meta.get("line"), n.meta.get("col"), n.meta.get("start"))
+                         for n in generic.tree.walk()]  # fmt: skip

@@ -52,11 +52,15 @@ class Cursor:
 
     # -- PEP 249 --------------------------------------------------------------------------
 
-    @_public
     def execute(self, operation: str, parameters: Params = None) -> Cursor:
-        self._check_open()
-        self._use(_NOTHING)  # a failed statement leaves no result behind
-        self._use(self._session.execute(operation, parameters))
+        # the session serializes the call and gives its errors in the PEP 249 tree
+        if self.closed or self.connection.closed:
+            self._check_open()
+        try:
+            self._use(self._session.execute(operation, parameters))
+        except BaseException:
+            self._use(_NOTHING)  # a failed statement leaves no result behind
+            raise
         return self
 
     @_public
@@ -145,10 +149,12 @@ class Cursor:
 
     def _use(self, result: Result) -> None:
         self._result = result
-        self._rows = result.rows if result.rows is not None else []
+        rows = result.rows
+        self._rows = rows if rows is not None else []
         self._position = 0
         self.rowcount = result.rowcount
-        self.messages = [(_errors.Warning, notice) for notice in result.notices]
+        notices = result.notices
+        self.messages = [(_errors.Warning, notice) for notice in notices] if notices else []
 
     def _check_open(self) -> None:
         if self.closed:

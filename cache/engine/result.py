@@ -40,8 +40,8 @@ class Result:
     """One statement's outcome. ``rows`` is None when the statement returns no rows (an
     INSERT, a SET); ``rowcount`` is -1 when nothing tells it."""
 
-    __slots__ = ("_columns", "_description", "_provenance", "_shape", "executed", "notices",
-                 "plan", "rowcount", "rows", "status")  # fmt: skip
+    __slots__ = ("_columns", "_description", "_provenance", "_shape", "_status", "_types_of",
+                 "executed", "notices", "plan", "rowcount", "rows")  # fmt: skip
 
     def __init__(
         self,
@@ -49,7 +49,7 @@ class Result:
         description: Description | None = None,
         *,
         shape: ResultShape | None = None,
-        types: t.Sequence[tuple[int, int]] | None = None,
+        types_of: ResultShape | None = None,
         rowcount: int | None = None,
         status: str | None = None,
         plan: Plan | None = None,
@@ -60,21 +60,28 @@ class Result:
         self.rows = rows
         self._description = description
         self._shape = shape  # the backend's result, described when first read
-        # (OID, type modifier) per column when known beside a description
+        # PostgreSQL's description of a local answer's statement, whose columns it gives
+        self._types_of = types_of
         self._columns: tuple[Column, ...] | None = None
-        if types is not None and description is not None:
-            self._columns = tuple(Column(d[0], oid, mod) for d, (oid, mod)
-                                  in zip(description, types, strict=True))  # fmt: skip
         if rowcount is None:
             rowcount = len(rows) if rows is not None else -1
         self.rowcount = rowcount
-        if status is None and rows is not None:
-            status = f"SELECT {len(rows)}"
-        self.status = status
+        self._status = status
         self.plan = plan
         self.executed = executed
         self._provenance = provenance
         self.notices = notices if notices is not None else []
+
+    @property
+    def status(self) -> str | None:
+        """The command status PostgreSQL sends (``SELECT 3``, ``INSERT 0 1``)."""
+        if self._status is None:
+            if self._shape is not None:
+                found = self._shape.pgresult.command_status
+                self._status = found.decode() if found is not None else None
+            elif self.rows is not None:
+                self._status = f"SELECT {len(self.rows)}"
+        return self._status
 
     @property
     def returns_rows(self) -> bool:
@@ -91,10 +98,11 @@ class Result:
     def columns(self) -> tuple[Column, ...] | None:
         """Name, type OID and type modifier per result column (None: no rows returned)."""
         if self._columns is None:
-            if self._shape is not None:
-                names = [d[0] for d in self.description or ()]
+            typed = self._shape or self._types_of
+            if typed is not None and self.description is not None:
+                names = [d[0] for d in self.description]
                 self._columns = tuple(Column(name, oid, mod) for name, (oid, mod)
-                                      in zip(names, self._shape.types, strict=True))  # fmt: skip
+                                      in zip(names, typed.types, strict=True))  # fmt: skip
             elif self.description is not None:
                 self._columns = tuple(Column(d[0], d[1]) for d in self.description)
         return self._columns

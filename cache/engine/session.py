@@ -228,15 +228,17 @@ class Session:
         they pass must come from one state of the cache file: a change committed in between
         (an eviction while a remote leaf was fetched, a refresh) makes it decide again, a few
         times, then once more inside one DuckDB transaction."""
-        store = self.store
+        store, phases = self.store, self.phases
         for _ in range(GUARD_ATTEMPTS):
             seen = store.committed_version()
             decision = self.decide(prepared, params, ignore_currency=stale)
-            self._mark("guard")
+            if phases is not None:
+                phases.mark("guard")
             if decision.remote:
                 return decision, None
             result = self._run(prepared, decision, params, seen, stale)
-            self._mark("run")
+            if phases is not None:
+                phases.mark("run")
             if result is not None:
                 return decision, result
         return self._decide_and_run_in_one_transaction(prepared, params, stale)
@@ -321,9 +323,7 @@ class Session:
             raise translate(exc, "the local plan failed in DuckDB") from exc
         if seen is not None and store.committed_version() != seen:
             return None
-        shape = prepared.result
-        types = shape.types if shape is not None and ran.description is prepared.description \
-            else None  # fmt: skip
+        described = prepared.result if ran.description is prepared.description else None
         bindings = decision.bindings or ()
         remote = decision.local < len(bindings)
         counters = self.counters
@@ -345,7 +345,7 @@ class Session:
                 moments.append(max(stamps))
             if moments:
                 state.read_at(max(moments))
-        return Result(ran.rows, ran.description, types=types, plan=prepared.plan,
+        return Result(ran.rows, ran.description, types_of=described, plan=prepared.plan,
                       executed=ran.executed, provenance=provenance)  # fmt: skip
 
     def _answer_without_backend(
@@ -396,8 +396,8 @@ class Session:
             found = cur.pgresult
             if found is not None and (found.nfields or found.status in _ROW_STATUSES):
                 rows = cur.fetchall()  # psycopg rows are tuples already
-                result = Result(rows, shape=ResultShape(found, cur), status=cur.statusmessage,
-                                executed=executed, notices=notices)  # fmt: skip
+                result = Result(rows, shape=ResultShape(found, cur), executed=executed,
+                                notices=notices)  # fmt: skip
             else:
                 result = no_rows(cur.statusmessage, cur.rowcount, notices, executed)
         except psycopg.Error as exc:

@@ -76,14 +76,18 @@ class PlanCache:
     def __init__(self, size: int = PLAN_CACHE_SIZE) -> None:
         self.size = size
         self._entries: OrderedDict[PlanKey, Prepared] = OrderedDict()
+        self._tokens: dict[t.Hashable, int] = {}
         self._lock = threading.Lock()
 
     def get(self, key: PlanKey) -> Prepared | None:
-        with self._lock:
-            prepared = self._entries.get(key)
-            if prepared is not None:
-                self._entries.move_to_end(key)
-            return prepared
+        # no lock on the hit path: each OrderedDict call is atomic (a plan evicted meanwhile
+        # is simply not moved)
+        entries = self._entries
+        try:
+            entries.move_to_end(key)
+            return entries[key]
+        except KeyError:
+            return None
 
     def put(self, key: PlanKey, prepared: Prepared) -> None:
         with self._lock:
@@ -91,6 +95,12 @@ class PlanCache:
             self._entries.move_to_end(key)
             if len(self._entries) > self.size:
                 self._entries.popitem(last=False)
+
+    def token(self, settings: t.Hashable) -> int:
+        """A small number standing for ``settings`` (what a session's plans depend on besides
+        the statement), the same for equal settings: plan keys stay cheap to hash."""
+        with self._lock:
+            return self._tokens.setdefault(settings, len(self._tokens))
 
     def clear(self) -> None:
         with self._lock:
@@ -129,7 +139,8 @@ class Planner:
         # its key names: the shape, the session's bound, plan choice, given delays and the
         # relations its catalog names outside)
         self._plans = plans if plans is not None else PlanCache()
-        self._session_key = (choice, tuple(sorted(self.given_delays.items())))
+        self._settings = (choice, tuple(sorted(self.given_delays.items())))
+        self._token = self._plans.token((self._settings, self.catalog.outside))
         self._tables_of: dict[int, tuple[Query, list[str]]] = {}
         self._delays: tuple[int, tuple[tuple[str, float], ...]] = (-1, ())
 
@@ -163,6 +174,7 @@ class Planner:
             return False
         self._system |= {written for written in added if found[names[written]]}
         self.catalog = dataclasses.replace(self.catalog, outside=self.catalog.outside | added)
+        self._token = self._plans.token((self._settings, self.catalog.outside))
         self._tables_of.clear()
         return True
 
@@ -194,6 +206,7 @@ class Planner:
         """Plan against ``catalog`` from now on (read from the backend just now), with the
         system relations and temporary tables it does not describe named outside it."""
         self.catalog = dataclasses.replace(catalog, outside=self._system | self._temporary)
+        self._token = self._plans.token((self._settings, self.catalog.outside))
         self._catalog_stale = False
         self._tables_of.clear()
         self._plans.clear()
@@ -218,8 +231,7 @@ class Planner:
         return prepared
 
     def _key(self, query: Query, params: Params, default_bound: float | None) -> PlanKey:
-        return (query.shape, params is not None, default_bound, self._session_key,
-                self.catalog.outside)  # fmt: skip
+        return (query.shape, params is not None, default_bound, self._token)
 
     def cached(
         self, query: Query, params: Params, default_bound: float | None = None
