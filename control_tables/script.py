@@ -103,6 +103,14 @@ def _refuse_existing(schema: CacheSchema, name: str) -> None:
             f"{kind} {name} already exists: drop it first (DROP {kind.upper()} {name}) or "
             "choose another name"
         )
+    # DuckDB, which holds every cache object as a table, matches names case-insensitively
+    # (quoted or not): "Copy" and copy would be one table
+    for other in [*schema.views, *schema.control_tables]:
+        if other.casefold() == name.casefold():
+            raise ProgrammingError(
+                f"{name} and {other} differ only in case: the cache file matches names "
+                "case-insensitively, so both cannot be cache objects; choose another name"
+            )
 
 
 Placed = CreateControlTable | CreateCachedView | DropCacheObject  # statements with a position

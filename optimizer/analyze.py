@@ -29,6 +29,7 @@ from sql_ext import Block, Query, Source
 from sql_ext.catalog import Catalog
 from sql_ext.fds import FD
 from sql_ext.params import NODE_ID, Key, is_constant, number_nodes, placeholder_keys
+from sql_ext.quoting import qualifier
 
 COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.In, exp.Between,
                exp.Like, exp.ILike, exp.NullSafeEQ, exp.NullSafeNEQ)  # fmt: skip
@@ -150,7 +151,7 @@ def analyze(query: Query, catalog: Catalog, default_bound: float | None = None) 
             if isinstance(projection, exp.Star):
                 sources = block.sources
             elif isinstance(projection, exp.Column) and isinstance(projection.this, exp.Star):
-                named = block.resolve(projection.table)
+                named = block.resolve(qualifier(projection))
                 sources = [named] if named is not None else []
             else:
                 continue

@@ -27,6 +27,7 @@ from optimizer.pg_types import (
 )
 from sql_ext import Block, Query, Source
 from sql_ext.catalog import Catalog, Column
+from sql_ext.quoting import output_name
 
 # Functions whose result keeps the type of their value arguments (PostgreSQL's "anyelement"
 # family): CASE, COALESCE, NULLIF, GREATEST, LEAST, MIN, MAX, ...
@@ -187,8 +188,8 @@ class ExpressionTypes:
         for position, projection in enumerate(first.select.expressions):
             if isinstance(projection, exp.Star):
                 return UNKNOWN if len(source.body) > 1 else self._star(first, name)
-            label = aliases[position] if position < len(aliases) else projection.alias_or_name
-            if label.lower() == name:
+            label = aliases[position] if position < len(aliases) else output_name(projection)
+            if label == name:
                 types = []
                 for branch in source.body:
                     projections = branch.select.expressions

@@ -26,6 +26,7 @@ from sql_ext.blocks import Block, BlockAnalysis, Source, analyze
 from sql_ext.catalog import Catalog
 from sql_ext.errors import CatalogError, SqlSyntaxError
 from sql_ext.fds import FD, Attr, closure, minimize
+from sql_ext.quoting import folded, output_name, qualifier
 from sql_ext.statements import Query, position_of
 
 
@@ -189,7 +190,6 @@ class QueryResolver:
 
     def attr_of(self, source: Source, column: str) -> Attr | None:
         """The base attribute a column of a source stands for, or None (computed, unknown)."""
-        column = column.lower()
         self.source_instances(source)
         if id(source) in self._base:
             instance = self._base[id(source)]
@@ -203,14 +203,14 @@ class QueryResolver:
         body = bodies[0]
         aliases = source.column_aliases
         for position, projection in enumerate(body.select.expressions):
-            name = aliases[position] if position < len(aliases) else projection.alias_or_name
+            name = aliases[position] if position < len(aliases) else output_name(projection)
             if isinstance(projection, exp.Star):
                 for inner in body.sources:
                     attr = self.attr_of(inner, column)
                     if attr is not None:
                         return attr
                 continue
-            if name.lower() == column:
+            if name == column:
                 target = projection.this if isinstance(projection, exp.Alias) else projection
                 if isinstance(target, exp.Column):
                     return self.resolve_column(body, target)
@@ -224,9 +224,9 @@ class QueryResolver:
     def column_source(self, block: Block, column: exp.Column) -> tuple[Source, str] | None:
         """The FROM item a column reference reads (innermost scope first, as PostgreSQL binds
         names) and the column's name in it; None when unknown or ambiguous."""
-        name = column.name.lower()
+        name = folded(column)
         if column.table:
-            source = block.resolve(column.table)
+            source = block.resolve(qualifier(column))
             return (source, name) if source is not None else None
         scope: Block | None = block
         while scope is not None:
@@ -253,8 +253,8 @@ class QueryResolver:
                 if any(self._has_column(inner, name) for inner in bodies[0].sources):
                     return True
                 continue
-            label = aliases[position] if position < len(aliases) else projection.alias_or_name
-            if label.lower() == name:
+            label = aliases[position] if position < len(aliases) else output_name(projection)
+            if label == name:
                 return True
         return False
 
@@ -336,7 +336,7 @@ class QueryResolver:
             if on is None:
                 members = list(block.sources)
             else:
-                members = [t.cast(Source, block.resolve(i.name)) for i in on]
+                members = [t.cast(Source, block.resolve(folded(i))) for i in on]
             named |= {id(m) for m in members}
             instances: set[Instance] = set()
             for member in members:
@@ -356,11 +356,11 @@ class QueryResolver:
     def _by_attr(self, block: Block, members: list[Source], column: exp.Column) -> Attr:
         written = column.sql(dialect="postgres").lower()
         if column.table:
-            source = next((m for m in members if m.name == column.table.lower()), None)
+            source = next((m for m in members if m.name == qualifier(column)), None)
             candidates = [source] if source is not None else []
         else:
             candidates = members
-        hits = [(m, a) for m in candidates if (a := self.attr_of(m, column.name)) is not None]
+        hits = [(m, a) for m in candidates if (a := self.attr_of(m, folded(column))) is not None]
         if len(hits) == 1:
             return hits[0][1]
         names = ", ".join(m.name for m in members)
@@ -439,6 +439,6 @@ def _positive_path(block: Block) -> bool:
 def _projects(source: Source, column: str) -> bool:
     for body in source.body:
         for projection in body.select.expressions:
-            if projection.alias_or_name.lower() == column.lower():
+            if output_name(projection) == column:
                 return True
     return False

@@ -19,6 +19,7 @@ from sqlglot import exp
 from optimizer.allowlist import DIVISION_SCALE, numeric_division
 from optimizer.pg_types import PgType
 from sql_ext.params import NODE_ID
+from sql_ext.quoting import output_name
 
 Scale = int | exp.Expr | None
 
@@ -298,7 +299,7 @@ def _projection(source: t.Any, select: exp.Select, name: str) -> exp.Expr | None
     for position, projection in enumerate(select.expressions):
         if isinstance(projection, exp.Star):
             return None
-        label = aliases[position] if position < len(aliases) else projection.alias_or_name
-        if label.lower() == name:
+        label = aliases[position] if position < len(aliases) else output_name(projection)
+        if label == name:
             return projection.this if isinstance(projection, exp.Alias) else projection
     return None

@@ -48,6 +48,7 @@ from optimizer.pg_types import STRINGS, combine, literal_scale
 from sql_ext import Query
 from sql_ext.nodes import CurrencyClause
 from sql_ext.params import NODE_ID
+from sql_ext.quoting import folded, output_name
 
 _COMPARED = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.NullSafeEQ,
              exp.NullSafeNEQ)  # fmt: skip
@@ -570,7 +571,7 @@ def _order_target(ordered: exp.Ordered) -> exp.Expr | None:
         return output.this if isinstance(output, exp.Alias) else output
     if isinstance(key, exp.Column) and not key.table:
         for output in outputs:
-            if isinstance(output, exp.Alias) and output.alias.lower() == key.name.lower():
+            if isinstance(output, exp.Alias) and output_name(output) == folded(key):
                 return output.this
     return None
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from sqlglot import exp
 
 from sql_ext.nodes import CurrencyClause
+from sql_ext.quoting import folded
 
 
 @dataclass(eq=False)
@@ -49,7 +50,7 @@ class Source:
     def column_aliases(self) -> list[str]:
         alias = self.node.args.get("alias")
         if isinstance(alias, exp.TableAlias):
-            return [c.name.lower() for c in alias.columns]
+            return [folded(c) for c in alias.columns]
         return []
 
 
@@ -78,8 +79,8 @@ class Block:
             block = block.parent
 
     def resolve(self, name: str) -> Source | None:
-        """The source an input name refers to from this block, or None."""
-        name = name.lower()
+        """The source an input name (folded: `sql_ext.quoting.folded`) refers to from this
+        block, or None."""
         for source in self.visible():
             if source.name == name:
                 return source
@@ -171,12 +172,14 @@ def analyze(tree: exp.Expr) -> BlockAnalysis:
 
 
 def _make_source(item: exp.Expr, block: Block, analysis: BlockAnalysis) -> Source:
-    alias = item.alias_or_name.lower() if item.alias_or_name else ""
+    named = item.args.get("alias")
+    alias = folded(named.args.get("this")) if isinstance(named, exp.TableAlias) and \
+        named.args.get("this") is not None else ""  # fmt: skip
     if isinstance(item, exp.Subquery):
         return Source(name=alias, node=item, body=analysis.body_blocks(item.this))
     if isinstance(item, exp.Table) and isinstance(item.this, exp.Identifier):
-        table = item.name.lower()
-        schema = item.db.lower() or None
+        table = folded(item.this)
+        schema = folded(item.args["db"]) if item.args.get("db") else None
         if schema is None:
             cte = _find_cte(block, table)
             if cte is not None:
@@ -198,7 +201,7 @@ def _find_cte(block: Block, name: str) -> exp.CTE | None:
         with_ = scope.select.args.get("with_")
         if with_ is not None:
             for cte in with_.expressions:
-                if cte.alias_or_name.lower() == name:
+                if folded(cte.args["alias"].this) == name:
                     return cte  # type: ignore[no-any-return]
         scope = scope.parent
     return None

@@ -1,8 +1,9 @@
 """The catalog the optimizer plans against: backend tables, columns, keys and views.
 
 Pure values: reflected from PostgreSQL by `cache.backend.reflect`, later kept in the DuckDB
-file's shadow catalog. Names are lower case, unqualified (the first match on the backend's
-search_path, as PostgreSQL resolves them).
+file's shadow catalog. Names are as PostgreSQL stores them (an unquoted name folded to lower
+case, a quoted one as written: `sql_ext.quoting.folded`), unqualified (the first match on the
+backend's search_path, as PostgreSQL resolves them).
 """
 
 from __future__ import annotations
@@ -90,9 +91,9 @@ class Catalog:
 
     def table(self, name: str, schema: str | None = None) -> Table | None:
         """The table of that name on the search path (of that schema, when one is given)."""
-        table = self.tables.get(name.lower())
+        table = self.tables.get(name)
         return table if table is not None and schema in (None, table.schema) else None
 
     def view(self, name: str, schema: str | None = None) -> View | None:
-        view = self.views.get(name.lower())
+        view = self.views.get(name)
         return view if view is not None and schema in (None, view.schema) else None

@@ -34,6 +34,7 @@ from sql_ext.nodes import (
     SessionBound,
     Timeline,
 )
+from sql_ext.quoting import folded
 
 # meta key of a node's (start, end) character offsets in the parsed text (end exclusive)
 SPAN = "mt_span"
@@ -308,7 +309,7 @@ class MTCacheParser(PostgresParser):
         seen: dict[str, Token] = {}
         for spec in specs:
             for ident in spec.args.get("on") or []:
-                name = ident.name.lower()
+                name = folded(ident)
                 if name in seen:
                     self._fail(
                         f"input {name!r} is named twice in one currency clause: an input belongs "
@@ -453,7 +454,7 @@ class MTCacheParser(PostgresParser):
                     f"{column.sql(dialect='postgres')!r}",
                     _token_of(column, self._prev),
                 )
-            cname = column.name.lower()
+            cname = folded(column.this)
             if cname in RESERVED_CONTROL_COLUMNS:
                 self._fail(
                     f"column {cname!r} is reserved: mtcache adds refreshed_at and snapshot_id "

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from sqlglot import exp
+
 
 def ident(name: str) -> str:
     """``name`` as a quoted identifier: ``"name"``."""
@@ -32,3 +34,29 @@ def equal_columns(
     return " AND ".join(
         f"{left}.{ident(a)} = {right}.{ident(b)}" for a, b in zip(names, others, strict=True)
     )
+
+
+def folded(node: exp.Expr | None) -> str:
+    """A name as PostgreSQL reads it: unquoted folded to lower case, quoted as written (an
+    identifier, or the name part of a column, table or alias)."""
+    if node is None:
+        return ""
+    name = node if isinstance(node, exp.Identifier) else node.args.get("this")
+    if isinstance(name, exp.Identifier):
+        return str(name.this) if name.quoted else str(name.this).lower()
+    return node.name.lower()
+
+
+def qualifier(column: exp.Column) -> str:
+    """The input name a column reference is qualified with, folded ("" when none)."""
+    table = column.args.get("table")
+    return folded(table) if table is not None else ""
+
+
+def output_name(projection: exp.Expr) -> str:
+    """The name of a select-list item's output column, as PostgreSQL names it."""
+    if isinstance(projection, exp.Alias):
+        return folded(projection.args.get("alias"))
+    if isinstance(projection, exp.Column):
+        return folded(projection)
+    return projection.alias_or_name.lower()

@@ -36,6 +36,8 @@ from sql_ext.nodes import (
 from sql_ext.nodes import DropCacheObject as DropNode
 from sql_ext.nodes import SessionBound as SessionBoundNode
 from sql_ext.nodes import Timeline as TimelineNode
+from sql_ext.quoting import folded
+from sql_ext.quoting import qualifier as column_qualifier
 
 DIALECT = MTCache()
 
@@ -591,14 +593,6 @@ def _typed(tree: exp.Expr, text: str, offset: int = 0) -> Statement:
                  cuts=cuts, body_start=body_start)  # fmt: skip
 
 
-def folded(node: exp.Expr) -> str:
-    """A name as PostgreSQL reads it: unquoted folded to lower case, quoted as written."""
-    name = node if isinstance(node, exp.Identifier) else node.args.get("this")
-    if isinstance(name, exp.Identifier):
-        return str(name.this) if name.quoted else str(name.this).lower()
-    return node.name.lower()
-
-
 def _names(nodes: list[exp.Expr] | None) -> tuple[str, ...]:
     return tuple(folded(n) for n in nodes or [])
 
@@ -654,9 +648,9 @@ def _typed_cached_view(tree: CachedViewDef, text: str) -> CreateCachedView:
 
 
 def _column_name(column: exp.Column) -> str:
-    """``table.column`` as written, lower case, without quotes."""
-    name = column.name.lower()
-    return f"{column.table.lower()}.{name}" if column.table else name
+    """``table.column`` as PostgreSQL reads it (unquoted names folded), without quotes."""
+    name = folded(column)
+    return f"{column_qualifier(column)}.{name}" if column.table else name
 
 
 def position_of(node: exp.Expr) -> tuple[int | None, int | None]:
@@ -679,16 +673,16 @@ def _check_clause(block: Block, text: str) -> BlockClause:
         on = node.args.get("on")
         if on is not None:
             for ident in on:
-                if block.resolve(ident.name) is None:
+                if block.resolve(folded(ident)) is None:
                     visible = sorted({s.name for s in block.visible() if s.name})
                     raise SqlSyntaxError(
-                        f"input {ident.name.lower()!r} is not visible from this block: name a "
+                        f"input {folded(ident)!r} is not visible from this block: name a "
                         f"table or alias of this block or an outer one ({', '.join(visible)})",
                         *position_of(ident),
                     )
-        members = {i.name.lower() for i in on} if on is not None else own
+        members = {folded(i) for i in on} if on is not None else own
         for column in node.args.get("by") or []:
-            qualifier = column.table.lower()
+            qualifier = column_qualifier(column)
             if qualifier and qualifier not in members:
                 raise SqlSyntaxError(
                     f"BY column {_column_name(column)} is outside its consistency class: "
@@ -699,8 +693,7 @@ def _check_clause(block: Block, text: str) -> BlockClause:
         specs.append(
             Spec(
                 bound_seconds=duration.seconds,
-                # query aliases match case-insensitively throughout the optimizer
-                on=tuple(i.name.lower() for i in on) if on is not None else None,
+                on=tuple(folded(i) for i in on) if on is not None else None,
                 by=tuple(_column_name(c) for c in node.args.get("by") or []),
                 node=node,
             )

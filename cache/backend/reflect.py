@@ -184,7 +184,7 @@ def temporary_relations(conn: psycopg.Connection) -> set[str]:  # type: ignore[t
     path, before any table of that name)."""
     rows = _session_rows(conn, "SELECT relname FROM pg_class "
                          "WHERE relnamespace = pg_my_temp_schema()")  # fmt: skip
-    return {row[0].lower() for row in rows}
+    return {row[0] for row in rows}
 
 
 def _session_rows(

@@ -31,6 +31,7 @@ from sqlglot import exp
 from cache.execution.provenance import Executed
 from sql_ext import Query, SessionBound, Statement, Timeline, parse_one
 from sql_ext.errors import NotSupportedError, ProgrammingError, SqlSyntaxError
+from sql_ext.quoting import folded
 from sql_ext.statements import DIALECT
 
 _EXTENSION_WORDS = {"CURRENCY", "TIMEORDERED", "CACHED", "CONTROL", "EXPLAIN"}
@@ -179,7 +180,7 @@ def _control_target(
         return None
     if not isinstance(table, exp.Table) or table.db:
         return None
-    name = table.name.lower()
+    name = folded(table)
     if name not in control_tables:
         return None
     if kind == "update":
@@ -200,7 +201,7 @@ def _written_tables(tree: exp.Expr) -> frozenset[str] | None:
             target = target.this
         if not isinstance(target, exp.Table):
             return None
-        tables.add(target.name.lower())
+        tables.add(folded(target))
     return frozenset(tables)
 
 

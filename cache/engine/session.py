@@ -67,6 +67,7 @@ from sql_ext import CreateCachedView, CreateControlTable, DropCacheObject, Query
 from sql_ext.errors import BackendUnavailableError, InterfaceError, ProgrammingError, translate
 from sql_ext.nodes import format_duration
 from sql_ext.params import ParameterValues, Params, bind_literals
+from sql_ext.quoting import folded
 
 # psycopg's test for "the statement returned rows" (Cursor.description), on a result
 _ROW_STATUSES = frozenset((pq.ExecStatus.TUPLES_OK, pq.ExecStatus.SINGLE_TUPLE,
@@ -419,7 +420,7 @@ class Session:
         columns = store.load_schema().control_tables[control].column_names
         tree = bind_literals(edit.query.tree, params)
         if edit.kind == "insert":
-            named = [c.name.lower() for c in tree.this.expressions] if isinstance(
+            named = [folded(c) for c in tree.this.expressions] if isinstance(
                 tree.this, exp.Schema) else list(columns)  # fmt: skip
             if sorted(named) != sorted(columns):
                 raise ProgrammingError(
