@@ -698,6 +698,18 @@ class MTCacheGenerator(PostgresGenerator):
         currency = expression.args.get("currency")
         return f"{sql} {self.sql(currency)}" if currency is not None else sql
 
+    # An IN list of at least this many plain constants is printed in one go (the generic
+    # path dispatches each item on its own).
+    FAST_LIST = 32
+
+    def in_sql(self, expression: exp.In) -> str:
+        items = expression.expressions
+        if len(items) >= self.FAST_LIST and not self.pretty and len(expression.args) == 2 \
+                and all(type(e) is exp.Literal and not e.comments for e in items):  # fmt: skip
+            listed = ", ".join([self.literal_sql(e) for e in items])
+            return f"{self.sql(expression, 'this')} IN ({listed})"
+        return super().in_sql(expression)
+
     def currencyclause_sql(self, expression: CurrencyClause) -> str:
         return "CURRENCY BOUND " + ", ".join(self.sql(spec) for spec in expression.expressions)
 
@@ -732,4 +744,19 @@ class MTCache(Postgres):
         pass
 
     class Generator(MTCacheGenerator):
+        pass
+
+
+class PlainGenerator(MTCacheGenerator):
+    """Prints a parsed statement as plain PostgreSQL, its currency clauses left out: what
+    stripping them from a copy would print, without the copy."""
+
+    def select_sql(self, expression: exp.Select) -> str:
+        return PostgresGenerator.select_sql(self, expression)
+
+
+class MTCachePlain(MTCache):
+    """The output dialect of `PlainGenerator`."""
+
+    class Generator(PlainGenerator):
         pass

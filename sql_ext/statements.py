@@ -21,7 +21,7 @@ from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import Token, TokenType
 
 from sql_ext.blocks import Block, BlockAnalysis, analyze
-from sql_ext.dialect import BODY_START, SPAN, MTCache
+from sql_ext.dialect import BODY_START, SPAN, MTCache, MTCachePlain
 from sql_ext.errors import SqlSyntaxError, too_deep
 from sql_ext.nodes import (
     CachedViewDef,
@@ -102,6 +102,8 @@ class Query:
         (`parse --json`; the backend is sent `backend_sql`, the text as written)."""
         if isinstance(self.tree, exp.Command):
             return self._with_explain(self.tree.sql(dialect=dialect))
+        if dialect == "postgres":  # printed from the tree itself, its clauses left out
+            return self._with_explain(self.tree.sql(dialect=MTCachePlain, copy=False))
         return self._with_explain(strip_extensions(self.tree).sql(dialect=dialect, copy=False))
 
     def without_explain(self) -> Query:

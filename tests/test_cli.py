@@ -280,3 +280,17 @@ def test_demo_shows_the_cache_at_work(
         assert (home / "demo.duckdb").exists() and not (home / "cache.duckdb").exists()
     finally:
         shutil.rmtree(home, ignore_errors=True)
+
+
+def test_a_statement_too_long_for_an_argument_is_read_from_stdin(mtcache_bin: str) -> None:
+    """`-` reads the statement from standard input (Linux caps one argument at 128 KiB)."""
+    keys = ", ".join(str(k) for k in range(40_000))
+    sql = f"SELECT o.id FROM orders o WHERE o.id IN ({keys}) CURRENCY BOUND 1 MIN ON (o)"
+    assert len(sql) > 128 * 1024
+    result = subprocess.run([mtcache_bin, "parse", "--json", "-"], input=sql,
+                            capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["sql"] == f"SELECT o.id FROM orders AS o WHERE o.id IN ({keys})"
+    assert document["clauses"] == [
+        {"block": 0, "specs": [{"bound_seconds": 60.0, "on": ["o"], "by": []}]}]

@@ -112,16 +112,20 @@ LISTS = [
 def test_a_long_constant_list_parses_as_the_generic_rules_parse_it(
     items: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The parser reads a long IN list of plain constants straight from its tokens (a 1 MB
-    list must not take seconds): the tree, its positions and its SQL are the generic rules'."""
-    from sql_ext.dialect import MTCacheParser
+    """The parser reads a long IN list of plain constants straight from its tokens, and the
+    printer prints it in one go (a 1 MB list must not take seconds): the tree, its positions
+    and its SQL are the generic rules'."""
+    from sql_ext.dialect import MTCacheGenerator, MTCacheParser
 
     sql = f"SELECT a FROM t WHERE a IN ({items}) AND b NOT IN ({items}) CURRENCY BOUND 1 MIN"
     fast = parse_one(sql)
+    fast_json = fast.to_json()
     monkeypatch.setattr(MTCacheParser, "FAST_LIST", 10**9)
+    monkeypatch.setattr(MTCacheGenerator, "FAST_LIST", 10**9)
     generic = parse_one(sql)
     assert fast.tree == generic.tree
-    assert fast.to_json() == generic.to_json()
+    assert fast_json == generic.to_json()  # printed in one go and item by item
+    assert fast_json["sql"] == generic.tree.sql("postgres").replace(" CURRENCY BOUND 1 MIN", "")
     assert fast.tree.sql("duckdb") == generic.tree.sql("duckdb")
     positions = [(n.meta.get("line"), n.meta.get("col"), n.meta.get("start"))
                  for n in fast.tree.walk()]  # fmt: skip

@@ -36,7 +36,14 @@ from cache.tools.settings import Settings
 from heartbeat.beat import DEFAULT_INTERVAL, DEFAULT_SOURCE, Heartbeat, beat, ensure_table
 from heartbeat.beat import TABLE as HEARTBEAT_TABLE
 from sql_ext import is_empty, parse_one
-from sql_ext.errors import BackendUnavailableError, Error, ProgrammingError, first_line, translate
+from sql_ext.errors import (
+    BackendUnavailableError,
+    DataError,
+    Error,
+    ProgrammingError,
+    first_line,
+    translate,
+)
 from sql_ext.nodes import format_duration
 
 DEFAULT_ENGINE = "spark"
@@ -48,6 +55,17 @@ COMMANDS = "mtcache.commands"
 
 
 JSON_HELP = "print the JSON document (its shape: docs/json-outputs.md)"
+SQL_HELP = "the statement; - reads it from standard input (a statement too long for an argument)"
+
+
+def read_statement(args: argparse.Namespace) -> None:
+    """``-`` for the statement: read it from standard input."""
+    if getattr(args, "sql", None) == "-":
+        try:
+            args.sql = sys.stdin.read()
+        except UnicodeDecodeError as exc:
+            raise DataError(f"the statement on standard input is not valid UTF-8 ({exc})") \
+                from None  # fmt: skip
 
 
 def cmd_parse(settings: Settings, args: argparse.Namespace) -> int:
@@ -413,17 +431,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = commands.add_parser("parse", help="parse a statement (no backend needed)")
     p.add_argument("--json", action="store_true", help=JSON_HELP)
-    p.add_argument("sql")
+    p.add_argument("sql", help=SQL_HELP)
     p.set_defaults(run=cmd_parse)
 
     p = commands.add_parser("explain", help="explain a query: its normalized C&C constraint")
     p.add_argument("--json", action="store_true", help=JSON_HELP)
-    p.add_argument("sql")
+    p.add_argument("sql", help=SQL_HELP)
     p.set_defaults(run=cmd_explain)
 
     p = commands.add_parser("query", help="run a statement through the cache")
     p.add_argument("--json", action="store_true", help=JSON_HELP)
-    p.add_argument("sql")
+    p.add_argument("sql", help=SQL_HELP)
     p.set_defaults(run=cmd_query)
 
     p = commands.add_parser("init", help="create the cache file and reflect the backend catalog")
@@ -491,6 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
     args = build_parser().parse_args(argv)
     try:
+        read_statement(args)
         _check_text(vars(args))
         settings = Settings(
             cache_path=Path(args.cache or os.environ.get("MTCACHE_CACHE") or DEFAULT_CACHE),
