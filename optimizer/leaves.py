@@ -17,6 +17,7 @@ from sqlglot import exp
 from control_tables.types import select_list, transfer_type
 from optimizer.analyze import Access
 from sql_ext.catalog import Table
+from sql_ext.dialect import MTCachePlain
 from sql_ext.params import NODE_ID, Key, duckdb_name
 from sql_ext.quoting import ident, qualified
 
@@ -43,18 +44,23 @@ def remote_leaf(
     wanted = sorted(access.columns) or [table.column_names[0]]
     columns = tuple((c, transfer_type(types[c]) or "VARCHAR") for c in wanted)
     rendered = []
+    used: set[Key] = set()
     for conjunct in access.conjuncts:
+        marks = [keys[m.meta[NODE_ID]] for m in conjunct.find_all(exp.Placeholder)]
+        if not marks:  # printed as it is (a long IN list of constants: in one go)
+            rendered.append(conjunct.sql(dialect=MTCachePlain, copy=False))
+            continue
+        used.update(marks)
         copy = conjunct.copy()
         for mark in list(copy.find_all(exp.Placeholder)):
             key = keys[mark.meta[NODE_ID]]
             mark.replace(exp.Placeholder(this=exp.to_identifier(f"{_MARK}{key}")))
-        rendered.append(copy.sql(dialect="postgres", copy=False))  # our own copy
+        rendered.append(copy.sql(dialect=MTCachePlain, copy=False))  # our own copy
     where = " AND ".join(f"({c})" for c in rendered) or "TRUE"
     sql = (
         f"SELECT {select_list(columns)} FROM {qualified(table.schema, table.name)} "
         f"AS {ident(access.alias)} WHERE {where}"
     )
-    used = {keys[m.meta[NODE_ID]] for c in access.conjuncts for m in c.find_all(exp.Placeholder)}
     if keys:
         # psycopg reads % as the start of a placeholder once parameters are passed: double
         # the literal ones, then restore the parameters' own

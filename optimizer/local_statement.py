@@ -15,6 +15,7 @@ from sqlglot import exp
 from optimizer.allowlist import BY_NAME, ZONE_PARAMETER
 from optimizer.pg_semantics import Semantics
 from optimizer.plan import LocalStatement, Output, Plan, ScaleOf
+from sql_ext.dialect import LocalDuckDB
 from sql_ext.nodes import strip_extensions
 from sql_ext.params import NODE_ID, duckdb_name
 
@@ -59,7 +60,7 @@ def local_statement(plan: Plan, choice: Mapping[int, str | None]) -> LocalStatem
     outputs = _outputs(copy, analysis, scale_columns) if analysis.divisions or scale_columns \
         else None  # fmt: skip
     keys = analysis.keys
-    sql = copy.sql(dialect="duckdb", copy=False)  # our own copy
+    sql = copy.sql(dialect=LocalDuckDB, copy=False)  # our own copy
     typed = tuple(sorted({(analysis.parameter_keys[n], kind) for n, kind
                           in analysis.semantics.parameters.items()}, key=str))  # fmt: skip
     zone = any(m.name == ZONE_PARAMETER for m in copy.find_all(exp.Placeholder))

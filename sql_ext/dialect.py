@@ -13,8 +13,11 @@ import sys
 import typing as t
 
 from sqlglot import exp
+from sqlglot.dialects.duckdb import DuckDB
 from sqlglot.dialects.postgres import Postgres
 from sqlglot.errors import ParseError
+from sqlglot.generator import Generator
+from sqlglot.generators.duckdb import DuckDBGenerator
 from sqlglot.generators.postgres import PostgresGenerator
 from sqlglot.parsers.postgres import PostgresParser
 from sqlglot.tokens import Token, TokenType
@@ -675,7 +678,22 @@ def _token_of(node: exp.Expr | None, fallback: Token | None) -> Token:
     return fallback or Token.string("")
 
 
-class MTCacheGenerator(PostgresGenerator):
+class FastLists(Generator):
+    """Prints an IN list of at least ``FAST_LIST`` plain constants in one go (the generic path
+    dispatches each item on its own: seconds for a list of 150,000)."""
+
+    FAST_LIST = 32
+
+    def in_sql(self, expression: exp.In) -> str:
+        items = expression.expressions
+        if len(items) >= self.FAST_LIST and not self.pretty and len(expression.args) == 2 \
+                and all(type(e) is exp.Literal and not e.comments for e in items):  # fmt: skip
+            listed = ", ".join([self.literal_sql(e) for e in items])
+            return f"{self.sql(expression, 'this')} IN ({listed})"
+        return super().in_sql(expression)
+
+
+class MTCacheGenerator(FastLists, PostgresGenerator):
     """Prints the extended dialect back (round trip); PostgreSQL/DuckDB output strips it."""
 
     # sqlglot dispatches its own node classes by name; ours are registered explicitly.
@@ -697,18 +715,6 @@ class MTCacheGenerator(PostgresGenerator):
         sql = super().select_sql(expression)
         currency = expression.args.get("currency")
         return f"{sql} {self.sql(currency)}" if currency is not None else sql
-
-    # An IN list of at least this many plain constants is printed in one go (the generic
-    # path dispatches each item on its own).
-    FAST_LIST = 32
-
-    def in_sql(self, expression: exp.In) -> str:
-        items = expression.expressions
-        if len(items) >= self.FAST_LIST and not self.pretty and len(expression.args) == 2 \
-                and all(type(e) is exp.Literal and not e.comments for e in items):  # fmt: skip
-            listed = ", ".join([self.literal_sql(e) for e in items])
-            return f"{self.sql(expression, 'this')} IN ({listed})"
-        return super().in_sql(expression)
 
     def currencyclause_sql(self, expression: CurrencyClause) -> str:
         return "CURRENCY BOUND " + ", ".join(self.sql(spec) for spec in expression.expressions)
@@ -759,4 +765,12 @@ class MTCachePlain(MTCache):
     """The output dialect of `PlainGenerator`."""
 
     class Generator(PlainGenerator):
+        pass
+
+
+class LocalDuckDB(DuckDB):
+    """DuckDB, as the cache prints the statements it runs locally (long constant lists in one
+    go)."""
+
+    class Generator(FastLists, DuckDBGenerator):
         pass

@@ -7,6 +7,8 @@ tree prints as plain PostgreSQL or DuckDB SQL.
 
 from __future__ import annotations
 
+import typing as t
+
 from sqlglot import exp
 
 # §2: the unit names a duration may use, in seconds.
@@ -121,9 +123,49 @@ class DropCacheObject(exp.Expression):
     arg_types = {"this": True, "kind": True, "exists": False}
 
 
+E = t.TypeVar("E", bound=exp.Expr)
+
+
+def copy_tree(tree: E) -> E:
+    """A copy of a parsed tree, as sqlglot's ``copy`` makes it, but with each node's meta
+    copied shallowly: its values are numbers and tuples (positions, node numbers, offsets),
+    and a deep copy of every meta dict was most of the cost of copying a large statement.
+    (It follows sqlglot's own ``Expr.__deepcopy__``, whose node attributes it reads: sqlglot
+    is pinned to a minor release in pyproject.toml.)"""
+    root = tree.__class__()
+    stack: list[tuple[exp.Expr, exp.Expr]] = [(tree, root)]
+    while stack:
+        node, copy = stack.pop()
+        if node.comments is not None:
+            copy.comments = list(node.comments)
+        if node._type is not None:
+            copy._type = node._type.copy()
+        if node._meta is not None:
+            copy._meta = dict(node._meta)
+        if node._hash is not None:
+            copy._hash = node._hash
+        for key, value in node.args.items():
+            if isinstance(value, exp.Expr):
+                child = value.__class__()
+                stack.append((value, child))
+                copy.set(key, child)
+            elif type(value) is list:
+                copy.args[key] = []
+                for item in value:
+                    if isinstance(item, exp.Expr):
+                        child = item.__class__()
+                        stack.append((item, child))
+                        copy.append(key, child)
+                    else:
+                        copy.append(key, item)
+            else:
+                copy.args[key] = value
+    return root
+
+
 def strip_extensions(tree: exp.Expr) -> exp.Expr:
     """A copy of a query tree without currency clauses: plain SQL for PostgreSQL or DuckDB."""
-    copy = tree.copy()
+    copy = copy_tree(tree)
     for select in copy.find_all(exp.Select):
         if select.args.get("currency") is not None:
             select.set("currency", None)

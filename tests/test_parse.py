@@ -131,3 +131,27 @@ def test_a_long_constant_list_parses_as_the_generic_rules_parse_it(
                  for n in fast.tree.walk()]  # fmt: skip
     assert positions == [(n.meta.get("line"), n.meta.get("col"), n.meta.get("start"))
                          for n in generic.tree.walk()]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", PARSE, ids=ids(PARSE))
+def test_copy_tree_copies_as_sqlglot_does(case: Case) -> None:
+    """`copy_tree` (a large statement's copy without a deep copy of every meta dict) gives
+    what sqlglot's copy gives: equal nodes, metas, comments and printed SQL, and a tree of its
+    own (parents inside the copy, nothing shared but immutable values)."""
+    from sql_ext.nodes import copy_tree
+
+    statement = parse_one(case.sql)
+    tree = statement.tree if isinstance(statement, Query) else statement.select \
+        if isinstance(statement, CreateCachedView) else None  # fmt: skip
+    if tree is None:
+        return  # no tree to copy (control tables, drops, timeline brackets, settings)
+    ours, theirs = copy_tree(tree), tree.copy()
+    assert ours == theirs
+    assert ours.sql("duckdb") == theirs.sql("duckdb") and ours.sql() == theirs.sql()
+    assert ours.parent is None  # the copy's root stands alone, as sqlglot's does
+    pairs = list(zip(ours.walk(), theirs.walk(), tree.walk(), strict=True))
+    for mine, copied, original in pairs:
+        assert mine.meta == copied.meta and mine.comments == copied.comments
+        assert mine is not original
+        if mine is not ours:
+            assert mine.parent is not None and mine.parent is not original.parent
