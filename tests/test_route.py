@@ -1,4 +1,4 @@
-"""Statement routing (cache/dbapi/route.py): one pure function from a parse to a typed route.
+"""Statement routing (cache/engine/route.py): one pure function from a parse to a typed route.
 No database needed."""
 
 from __future__ import annotations
