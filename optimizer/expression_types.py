@@ -82,6 +82,15 @@ class ExpressionTypes:
         found = self._memo.get(key)
         if found is not None:
             return found
+        if isinstance(node, exp.Connector) and isinstance(node.this, exp.Connector):
+            # a long AND / OR chain nests as deep as it is long: type its spine bottom up, so
+            # each connective finds its left operand typed (no recursion down the chain)
+            spine = [node]
+            while isinstance(spine[-1].this, exp.Connector) and id(spine[-1].this) not in \
+                    self._memo:  # fmt: skip
+                spine.append(spine[-1].this)
+            for inner in reversed(spine[1:]):
+                self.of(inner, block)
         if key in self._visiting:
             return UNKNOWN  # a recursive CTE reads itself
         self._visiting.add(key)

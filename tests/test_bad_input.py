@@ -177,7 +177,7 @@ def test_one_connection_shared_by_threads_serializes_its_statements(conn: Connec
     assert cache.threadsafety == 2
 
 
-@pytest.mark.parametrize("shape", ["parentheses", "and", "or", "plus", "subqueries"])
+@pytest.mark.parametrize("shape", ["parentheses", "and", "or", "long or", "plus", "subqueries"])
 def test_deep_and_long_statements_are_answered_as_postgresql_answers(
     conn: Connection, shape: str
 ) -> None:
@@ -189,6 +189,8 @@ def test_deep_and_long_statements_are_answered_as_postgresql_answers(
         "parentheses": "authorid = " + "(" * 300 + "2" + ")" * 300,
         "and": " AND ".join(f"authorid <> {i}" for i in range(4, 2000)),
         "or": " OR ".join(f"authorid = {i}" for i in range(3000)),
+        # nests 18,000 deep: typed without recursing down the chain
+        "long or": " OR ".join(f"authorid = {i}" for i in range(18_000)),
         "plus": "authorid = " + " + ".join(["0"] * 1500) + " + 2",
         "subqueries": "authorid IN " + "(SELECT authorid FROM authors WHERE authorid IN " * 60
         + "(2, 3)" + ")" * 60,
