@@ -40,6 +40,8 @@ from optimizer.pg_types import (
     declared,
     literal_scale,
 )
+from sql_ext.long_lists import LONG_LIST
+from sql_ext.nodes import ConstantList
 
 Result = PgType | str  # the result's type, or why the entry does not take these arguments
 # an entry's answer that it is not the one for these arguments (another entry may be; it is not
@@ -216,6 +218,34 @@ def _number_literal(call: Call) -> Result:
 entry("literal", exp.Literal, _number_literal,
       proofs=("1", "0", "-7", "2147483648", "1.50", "0.0", "-0.001", "1e3", "2.5e-1", "1.5E+2",
               "'abc'", "''"))  # fmt: skip
+
+
+def _constant_list(call: Call) -> Result:
+    """A long IN list's constants (`sql_ext.nodes.ConstantList`), typed as one: the type of
+    its widest constant (PostgreSQL compares each in the type the list resolves to)."""
+    node = t.cast(ConstantList, call.node)
+    if node.is_string:
+        return PgType("string")
+    largest = max(int(c) for c in node.constants)
+    if largest >= 2**63:
+        return "it lists integers beyond bigint's range in IN"
+    return INT4 if largest < 2**31 else INT8
+
+
+def _listed(template: str, constants: t.Iterable[object]) -> str:
+    """A proof with a long list: ``template``'s {} the constants, LONG_LIST of them at least."""
+    return template.format(", ".join(map(str, constants)))
+
+
+entry("long constant list", ConstantList, _constant_list,
+      proofs=(_listed("e.i4 IN ({})", range(LONG_LIST + 7)),
+              _listed("e.i2 NOT IN ({})", range(LONG_LIST + 3)),
+              _listed("e.i8 IN ({})", [*range(LONG_LIST), 9223372036854775807, 3000000000]),
+              _listed("e.i4 IN ({})", [*range(LONG_LIST), 3000000000]),
+              _listed("e.t IN ({})", [*(f"'k{i}'" for i in range(LONG_LIST)), "'Ab '",
+                                      "'x y'", "''"]),
+              _listed("e.v NOT IN ({})", [*(f"'it''s {i}'" for i in range(LONG_LIST)), "'a%_'",
+                                          "'ÄÖü€'"])))  # fmt: skip
 entry("NULL", exp.Null, lambda call: PgType("null"), proofs=("NULL::int",))
 entry("TRUE / FALSE", exp.Boolean, lambda call: BOOL, proofs=("TRUE", "FALSE"))
 
@@ -1718,8 +1748,8 @@ def computes(node: exp.Expr) -> bool:
     return isinstance(node, _COMPUTING) and not isinstance(node, _STRUCTURAL)
 
 
-_COMPUTING = (exp.Func, exp.Binary, exp.Unary, exp.Predicate, exp.Literal, exp.Null,
-              exp.Boolean, exp.Interval, exp.Cast)  # fmt: skip
+_COMPUTING = (exp.Func, exp.Binary, exp.Unary, exp.Predicate, exp.Literal, ConstantList,
+              exp.Null, exp.Boolean, exp.Interval, exp.Cast)  # fmt: skip
 # nodes that are typed by the inference itself or only arrange a query
 _STRUCTURAL = (exp.Paren, exp.Alias, exp.Column, exp.Subquery, exp.Window, exp.Distinct,
                exp.Ordered, exp.Order, exp.Star, exp.Tuple, exp.Dot, exp.If)  # fmt: skip

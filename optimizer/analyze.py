@@ -28,6 +28,7 @@ from optimizer.volatility import repeatable
 from sql_ext import Block, Query, Source
 from sql_ext.catalog import Catalog
 from sql_ext.fds import FD
+from sql_ext.nodes import ConstantList
 from sql_ext.params import NODE_ID, Key, is_constant, number_nodes, placeholder_keys
 from sql_ext.quoting import qualifier
 
@@ -330,7 +331,8 @@ def _restriction(alias: str, column: str, values: tuple[exp.Expr, ...]) -> exp.E
 
 
 def _probe(predicate: exp.Expr) -> tuple[exp.Column, list[exp.Expr]] | None:
-    """``col = constant`` or ``col IN (constants)``: the column and its constants."""
+    """``col = constant`` or ``col IN (constants)``: the column and its constants (a long
+    list's one `ConstantList`)."""
     if isinstance(predicate, exp.EQ):
         left, right = predicate.this, predicate.expression
         if isinstance(left, exp.Column) and is_constant(right, null=True):
@@ -341,7 +343,7 @@ def _probe(predicate: exp.Expr) -> tuple[exp.Column, list[exp.Expr]] | None:
         values = predicate.expressions
         if (
             values
-            and all(is_constant(v, null=True) for v in values)
+            and all(is_constant(v, null=True) or isinstance(v, ConstantList) for v in values)
             and not predicate.args.get("query")
         ):
             return predicate.this, list(values)

@@ -27,6 +27,7 @@ from sqlglot import exp
 
 from sql_ext import Block, Query
 from sql_ext.fds import Attr
+from sql_ext.nodes import ConstantList
 from sql_ext.params import is_constant
 
 Resolve = Callable[[Block, exp.Column], Attr | None]
@@ -141,8 +142,11 @@ def _add(classes: Classes, block: Block, predicate: exp.Expr, resolve: Resolve) 
         and isinstance(predicate.this, exp.Column)
         and not predicate.args.get("query")
         and predicate.expressions
-        and all(is_constant(v) for v in predicate.expressions)
+        and all(is_constant(v) or isinstance(v, ConstantList) for v in predicate.expressions)
     ):
         attr = resolve(block, predicate.this)
         if attr is not None:
-            classes.within.setdefault(classes.find(attr), []).append(list(predicate.expressions))
+            values = predicate.expressions
+            if isinstance(values[0], ConstantList):  # a long list: its keys one by one
+                values = values[0].literals()
+            classes.within.setdefault(classes.find(attr), []).append(list(values))

@@ -16,7 +16,7 @@ from optimizer.allowlist import BY_NAME, ZONE_PARAMETER
 from optimizer.pg_semantics import Semantics
 from optimizer.plan import LocalStatement, Output, Plan, ScaleOf
 from sql_ext.dialect import LocalDuckDB
-from sql_ext.nodes import strip_extensions
+from sql_ext.nodes import ConstantList, strip_extensions
 from sql_ext.params import NODE_ID, duckdb_name
 
 
@@ -57,6 +57,7 @@ def local_statement(plan: Plan, choice: Mapping[int, str | None]) -> LocalStatem
             continue  # a parameter of the cache's own (the session's time zone)
         key = analysis.parameter_keys[mark.meta[NODE_ID]]
         mark.replace(exp.Placeholder(this=exp.to_identifier(duckdb_name(key))))
+    lists = _bind_lists(copy)
     outputs = _outputs(copy, analysis, scale_columns) if analysis.divisions or scale_columns \
         else None  # fmt: skip
     keys = analysis.keys
@@ -65,7 +66,25 @@ def local_statement(plan: Plan, choice: Mapping[int, str | None]) -> LocalStatem
                           in analysis.semantics.parameters.items()}, key=str))  # fmt: skip
     zone = any(m.name == ZONE_PARAMETER for m in copy.find_all(exp.Placeholder))
     return LocalStatement(sql, keys, tuple(map(duckdb_name, keys)), tuple(leaves), outputs,
-                          typed, zone)  # fmt: skip
+                          typed, zone, lists)  # fmt: skip
+
+
+def _bind_lists(copy: exp.Expr) -> tuple[tuple[str, list[int] | list[str]], ...]:
+    """Each long constant list as a DuckDB parameter, read by ``x IN (SELECT unnest($list))``:
+    the same answer as the list written out (its constants are never NULL), without DuckDB
+    parsing megabytes of SQL. Its values are those PostgreSQL reads (`pg_semantics` lets only
+    integers meet integers and strings meet text)."""
+    lists: list[tuple[str, list[int] | list[str]]] = []
+    for node in list(copy.find_all(ConstantList)):
+        in_list = node.parent
+        assert isinstance(in_list, exp.In) and in_list.expressions == [node]
+        name = f"mtcache_list_{len(lists)}"
+        element = "VARCHAR" if node.is_string else "BIGINT"
+        query = sqlglot.parse_one(f"SELECT unnest(CAST(${name} AS {element}[]))", read="duckdb")
+        in_list.set("expressions", None)
+        in_list.set("query", exp.Subquery(this=query))
+        lists.append((name, node.python_values()))
+    return tuple(lists)
 
 
 def _add_derived_scales(

@@ -46,7 +46,7 @@ from optimizer.expression_types import (
 from optimizer.numeric_scales import scale_bound, scale_expression
 from optimizer.pg_types import STRINGS, combine, literal_scale
 from sql_ext import Query
-from sql_ext.nodes import CurrencyClause
+from sql_ext.nodes import ConstantList, CurrencyClause
 from sql_ext.params import NODE_ID
 from sql_ext.quoting import folded, output_name
 
@@ -231,6 +231,9 @@ class _Finder:
             operands = _operands(node)
             if self.type(operands[0]).kind in ("char", "unknown"):
                 self._compared(node, operands)
+        if isinstance(node, exp.In) and any(isinstance(o, ConstantList) for o in node.expressions):
+            self._long_list(node)
+            return
         if isinstance(node, exp.In):
             # the constants are compared in the left operand's type, each other value with
             # its own = operator (PostgreSQL's transformAExprIn)
@@ -276,6 +279,19 @@ class _Finder:
         ):
             for argument in arguments(node):
                 self._printed(argument)
+
+    def _long_list(self, node: exp.In) -> None:
+        """``x IN (long list)``: DuckDB compares integers with integers and strings with text
+        as PostgreSQL does, with no rewrite of either side; any other pair keeps the statement
+        at the backend (a short list's constants are rewritten one by one where needed)."""
+        listed = self.type(node.expressions[0])
+        left = self.type(node.this)
+        if (listed.kind, left.kind) in (("integer", "integer"), ("string", "text"),
+                                        ("string", "varchar")):  # fmt: skip
+            return
+        self.blocker = (f"it compares {_short(node.this)} ({left.kind}) with a list of "
+                        f"{len(node.expressions[0].constants)} constants in IN (long lists are "
+                        "compared with integer and text columns only)")  # fmt: skip
 
     def _combined(self, values: list[exp.Expr]) -> None:
         """Values one column holds (CASE branches, COALESCE arguments, UNION branches, ...):

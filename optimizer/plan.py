@@ -51,6 +51,13 @@ class LocalStatement:
     # execution (a string must read alike in both engines: `optimizer.allowlist.reads_alike`)
     typed_parameters: tuple[tuple[Key, str], ...] = ()
     zone: bool = False  # it reads the session's time zone (`optimizer.allowlist.ZONE_PARAMETER`)
+    # each long constant list's values, bound to the DuckDB parameter of that name (DuckDB
+    # reads a list of 100,000 keys as one value, not as 1 MB of SQL text)
+    lists: tuple[tuple[str, list[int] | list[str]], ...] = ()
+
+    def bound(self, named: Mapping[str, t.Any]) -> dict[str, t.Any]:
+        """The statement's DuckDB parameters: ``named`` (its placeholders) and its lists."""
+        return {**named, **dict(self.lists)} if self.lists else dict(named)
 
 
 GuardKind = t.Literal["full", "presence", "completeness"]

@@ -22,11 +22,14 @@ from sqlglot.generators.postgres import PostgresGenerator
 from sqlglot.parsers.postgres import PostgresParser
 from sqlglot.tokens import Token, TokenType
 
+from sql_ext import long_lists
+from sql_ext.long_lists import ListToken, constant_list
 from sql_ext.nodes import (
     UNIT_SECONDS,
     CachedViewDef,
     CompletenessClause,
     ConsistencyClause,
+    ConstantList,
     ControlTableDef,
     CurrencyClause,
     CurrencySpec,
@@ -123,12 +126,19 @@ class MTCacheParser(PostgresParser):
 
     def _constant_list(self) -> list[exp.Expr] | None:
         """``(c, c, ...)`` of plain numbers and strings without comments, as the generic rules
-        read it (the same `exp.Literal` nodes, positions included), the parser moved past its
-        closing parenthesis; None (nothing moved) for anything else."""
+        read it (the same `exp.Literal` nodes, positions included; a long list as one
+        `ConstantList`, `sql_ext.long_lists`), the parser moved past its closing parenthesis;
+        None (nothing moved) for anything else."""
         tokens, start = self._tokens, self._index
         if start >= len(tokens) or tokens[start].token_type != TokenType.L_PAREN \
                 or tokens[start].comments:  # fmt: skip
             return None
+        if start + 2 < len(tokens) and isinstance(tokens[start + 1], ListToken) \
+                and tokens[start + 2].token_type == TokenType.R_PAREN:  # fmt: skip
+            self._advance(3)
+            node = t.cast(ListToken, tokens[start + 1]).node
+            fresh = ConstantList(constants=node.constants, is_string=node.is_string)
+            return [self.expression(fresh, tokens[start + 1])]
         constant = (TokenType.NUMBER, TokenType.STRING)
         ends = (TokenType.COMMA, TokenType.R_PAREN)
         found: list[Token] = []
@@ -147,6 +157,9 @@ class MTCacheParser(PostgresParser):
         if len(found) < self.FAST_LIST:
             return None
         self._advance(index - start)
+        listed = constant_list(found)
+        if listed is not None:
+            return [self.expression(listed, found[0])]
         return [self.expression(exp.Literal(this=token.text,
                                             is_string=token.token_type == TokenType.STRING),
                                 token) for token in found]  # fmt: skip
@@ -680,9 +693,14 @@ def _token_of(node: exp.Expr | None, fallback: Token | None) -> Token:
 
 class FastLists(Generator):
     """Prints an IN list of at least ``FAST_LIST`` plain constants in one go (the generic path
-    dispatches each item on its own: seconds for a list of 150,000)."""
+    dispatches each item on its own: seconds for a list of 150,000), and a `ConstantList`."""
 
     FAST_LIST = 32
+
+    def constantlist_sql(self, expression: ConstantList) -> str:
+        if expression.is_string:
+            return ", ".join(["'" + c.replace("'", "''") + "'" for c in expression.constants])
+        return ", ".join(expression.constants)
 
     def in_sql(self, expression: exp.In) -> str:
         items = expression.expressions
@@ -700,6 +718,7 @@ class MTCacheGenerator(FastLists, PostgresGenerator):
     TRANSFORMS = {
         **PostgresGenerator.TRANSFORMS,
         CurrencyClause: lambda self, e: self.currencyclause_sql(e),
+        ConstantList: lambda self, e: self.constantlist_sql(e),
         CurrencySpec: lambda self, e: self.currencyspec_sql(e),
         Duration: lambda self, e: self.duration_sql(e),
         Timeline: lambda self, e: self.timeline_sql(e),
@@ -738,6 +757,17 @@ class MTCacheTokenizer(Postgres.Tokenizer):
     # EXPLAIN is a command to PostgreSQL's tokenizer (the rest of the statement becomes one
     # string); mtcache parses the explained statement, so EXPLAIN is an ordinary word here.
     KEYWORDS = {k: v for k, v in Postgres.Tokenizer.KEYWORDS.items() if k != "EXPLAIN"}
+    LONG_LISTS = True  # read a long list of constants as one token (`sql_ext.long_lists`)
+
+    def tokenize(self, sql: str) -> list[Token]:
+        if not self.LONG_LISTS:
+            return super().tokenize(sql)
+        return long_lists.tokenize(sql, super().tokenize)
+
+
+def plain_tokens(text: str) -> list[Token]:
+    """The tokens of ``text``, each constant of a long list a token of its own."""
+    return Postgres.Tokenizer.tokenize(MTCache().tokenizer(), text)
 
 
 class MTCache(Postgres):
@@ -773,4 +803,5 @@ class LocalDuckDB(DuckDB):
     go)."""
 
     class Generator(FastLists, DuckDBGenerator):
-        pass
+        TRANSFORMS = {**DuckDBGenerator.TRANSFORMS,
+                      ConstantList: lambda self, e: self.constantlist_sql(e)}

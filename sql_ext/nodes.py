@@ -123,6 +123,35 @@ class DropCacheObject(exp.Expression):
     arg_types = {"this": True, "kind": True, "exists": False}
 
 
+class ConstantList(exp.Expression):
+    """The constants of a long ``IN (...)`` list, as one node: unsigned integers, or strings
+    without backslashes or control characters (``constants`` holds their texts as
+    `exp.Literal` holds one: a string without its quotes). Applications send lists of tens of
+    thousands of keys; one node is planned, typed and printed at the cost of a few joins of
+    strings, where one `exp.Literal` per key cost each phase a walk over every key
+    (`sql_ext.long_lists` says when a list becomes one)."""
+
+    arg_types = {"constants": True, "is_string": True}
+
+    @property
+    def constants(self) -> tuple[str, ...]:
+        return t.cast(tuple[str, ...], self.args["constants"])
+
+    @property
+    def is_string(self) -> bool:
+        return bool(self.args["is_string"])
+
+    def python_values(self) -> list[int] | list[str]:
+        """The constants as Python values (int or str)."""
+        if self.is_string:
+            return list(self.constants)
+        return [int(c) for c in self.constants]
+
+    def literals(self) -> list[exp.Literal]:
+        """The constants as the `exp.Literal` nodes a short list would have."""
+        return [exp.Literal(this=c, is_string=self.is_string) for c in self.constants]
+
+
 E = t.TypeVar("E", bound=exp.Expr)
 
 

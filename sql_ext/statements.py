@@ -21,11 +21,13 @@ from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import Token, TokenType
 
 from sql_ext.blocks import Block, BlockAnalysis, analyze
-from sql_ext.dialect import BODY_START, SPAN, MTCache, MTCachePlain
+from sql_ext.dialect import BODY_START, SPAN, MTCache, MTCachePlain, plain_tokens
 from sql_ext.errors import SqlSyntaxError, too_deep
+from sql_ext.long_lists import ListToken
 from sql_ext.nodes import (
     CachedViewDef,
     ConsistencyClause,
+    ConstantList,
     ControlTableDef,
     CurrencyClause,
     CurrencySpec,
@@ -351,8 +353,12 @@ def parse(text: str, percent: bool = False) -> list[Statement]:
     text comes with parameters, so ``%%`` is a ``%`` (psycopg's rule: the backend is sent the
     text as written and psycopg reads it so)."""
     try:
-        parsed = DIALECT.parse(text) if not percent else DIALECT.parser().parse(
-            _percent_tokens(DIALECT.tokenize(text)), text)  # fmt: skip
+        tokens = _percent_tokens(DIALECT.tokenize(text)) if percent else DIALECT.tokenize(text)
+        parsed = DIALECT.parser().parse(tokens, text)
+        if not _lists_in_place(tokens, parsed):
+            # a long list read where no IN list stands: read it one constant at a time
+            tokens = _percent_tokens(plain_tokens(text)) if percent else plain_tokens(text)
+            parsed = DIALECT.parser().parse(tokens, text)
     except ParseError as exc:
         raise _syntax_error(exc, text) from None
     except TokenError as exc:
@@ -366,7 +372,7 @@ def parse(text: str, percent: bool = False) -> list[Statement]:
         first = DIALECT.tokenize(text)[0]
         raise SqlSyntaxError(f"unexpected {first.text!r}: a statement cannot start with it",
                              *offset_position(text, first.start))  # fmt: skip
-    chunks = _statement_texts(text, len(trees))
+    chunks = _statement_texts(text, tokens, len(trees))
     statements = [
         _placed(_typed(tree, chunk, start), text, start)
         for tree, (chunk, start) in zip(trees, chunks, strict=True)
@@ -374,6 +380,16 @@ def parse(text: str, percent: bool = False) -> list[Statement]:
     if not statements:
         raise SqlSyntaxError("empty statement: there is no SQL to run", 1, 1)
     return statements
+
+
+def _lists_in_place(tokens: list[Token], trees: list[exp.Expr | None]) -> bool:
+    """Did every long list of the tokens become the `ConstantList` of an IN list?"""
+    lists = {id(token.node.constants) for token in tokens if isinstance(token, ListToken)}
+    if not lists:
+        return True
+    nodes = {id(node.constants) for tree in trees if tree is not None
+             for node in tree.find_all(ConstantList)}  # fmt: skip
+    return lists <= nodes
 
 
 def _percent_tokens(tokens: list[Token]) -> list[Token]:
@@ -388,7 +404,11 @@ def _percent_tokens(tokens: list[Token]) -> list[Token]:
             found[-1] = Token(TokenType.MOD, "%%", previous.line, previous.col, previous.start,
                               token.end, previous.comments)  # fmt: skip
             continue
-        if "%%" in token.text and token.token_type in _QUOTED:
+        if isinstance(token, ListToken):
+            found.append(token if not token.node.is_string else ListToken(ConstantList(
+                constants=tuple(c.replace("%%", "%") for c in token.node.constants),
+                is_string=True), token.line, token.col, token.start, token.end))  # fmt: skip
+        elif "%%" in token.text and token.token_type in _QUOTED:
             found.append(Token(token.token_type, token.text.replace("%%", "%"), token.line,
                                token.col, token.start, token.end, token.comments))  # fmt: skip
         else:
@@ -430,7 +450,7 @@ def _second_statement_start(text: str) -> tuple[int | None, int | None]:
     return None, None
 
 
-def _statement_texts(text: str, count: int) -> list[tuple[str, int]]:
+def _statement_texts(text: str, tokens: list[Token], count: int) -> list[tuple[str, int]]:
     """Each statement's text and its offset in the script (``count`` statements: the trees
     sqlglot made, empty ones left out). The typed results keep their own text (for commands
     sqlglot keeps verbatim); a script split is only needed for multi-statement input."""
@@ -438,7 +458,7 @@ def _statement_texts(text: str, count: int) -> list[tuple[str, int]]:
         return [(text, 0)] * count
     pieces: list[tuple[str, int]] = []
     start, has_tokens = 0, False
-    for token in DIALECT.tokenize(text):
+    for token in tokens:
         if token.token_type.name == "SEMICOLON":
             if has_tokens:
                 pieces.append((text[start : token.start], start))

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from sqlglot import exp
+from sqlglot.tokens import Token
 
 from sql_ext import CreateCachedView, Query, parse, parse_one
 from sql_ext.errors import ProgrammingError, SqlSyntaxError
+from sql_ext.long_lists import LONG_LIST, ListToken
+from sql_ext.nodes import ConstantList
 from tests.cases import Case, ids, load_cases
 
 PARSE = load_cases("parse.sql")
@@ -155,3 +159,76 @@ def test_copy_tree_copies_as_sqlglot_does(case: Case) -> None:
         assert mine is not original
         if mine is not ours:
             assert mine.parent is not None and mine.parent is not original.parent
+
+
+def _long(items: list[str]) -> str:
+    return ", ".join(items)
+
+
+LONG_INTS = _long([str(i) for i in range(LONG_LIST + 5)])
+LONG_STRINGS = _long([f"'k{i}'" for i in range(LONG_LIST)] + ["'it''s'", "''", "'%'", "'€'"])
+SPLICED = [  # (statement, how many lists the tokenizer reads as one token)
+    (f"SELECT a FROM t WHERE a IN ({LONG_INTS}) AND b NOT IN ({LONG_STRINGS}) "
+     "CURRENCY BOUND 1 MIN", 2),
+    (f"SELECT a\nFROM t -- a comment\nWHERE a in (\n  {LONG_INTS.replace(', 7,', ',7 ,')}\n)\n"
+     "  AND c = 'x' CURRENCY BOUND 1 MIN ON (t)", 1),
+    # lists that are not IN lists: in a string, a comment, a quoted name, a dollar quote
+    (f"SELECT 'x IN ({LONG_INTS})' AS s, a FROM t WHERE a IN ({LONG_INTS})", 1),
+    (f"SELECT a FROM t /* IN ({LONG_INTS}) */ WHERE a IN (1, 2)", 0),
+    (f"SELECT a FROM t -- IN ({LONG_INTS})\nWHERE a IN ({LONG_INTS})", 1),
+    (f'SELECT "in" ({LONG_INTS}) FROM t', 0),
+    (f"SELECT $$ IN ({LONG_INTS}) $$ AS s, a FROM t WHERE a IN ({LONG_INTS})", 1),
+    # lists of other constants: one literal each
+    (f"SELECT a FROM t WHERE a IN ({LONG_INTS}, -1)", 0),
+    (f"SELECT a FROM t WHERE a IN ({LONG_INTS}, 'x')", 0),
+    (f"SELECT a FROM t WHERE a IN ({LONG_STRINGS}, 'back\\\\slash')", 0),
+    (f"SELECT a FROM t WHERE a IN ({LONG_INTS}, 1.5)", 0),
+]
+
+
+@pytest.mark.parametrize(("sql", "count"), SPLICED, ids=range(len(SPLICED)))
+def test_a_long_list_reads_as_its_tokens_read(
+    sql: str, count: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tokenizer reads a long IN list of constants as one token, the text around it as
+    ever (every other token where the whole text puts it); the tree is the one the tokens
+    one by one give, positions included, and prints the same SQL."""
+    from sql_ext.dialect import MTCacheTokenizer, plain_tokens
+    from sql_ext.statements import DIALECT
+
+    spliced = DIALECT.tokenize(sql)
+    plain = plain_tokens(sql)
+    lists = [tk for tk in spliced if type(tk) is ListToken]
+    assert len(lists) == count
+    where = {(tk.start, tk.end) for tk in plain}
+
+    def key(tk: Token) -> tuple[object, ...]:
+        return (tk.token_type, tk.text, tk.line, tk.col, tk.start, tk.end, tk.comments)
+
+    inside = [range(tk.start, sql.index(")", tk.start)) for tk in lists]
+    assert [key(tk) for tk in spliced if type(tk) is not ListToken] == \
+        [key(tk) for tk in plain if not any(tk.start in r for r in inside)]  # fmt: skip
+    for tk in lists:
+        assert (tk.start, tk.end) in where  # where its first constant stands
+    fast = parse_one(sql)
+    monkeypatch.setattr(MTCacheTokenizer, "LONG_LISTS", False)
+    generic = parse_one(sql)
+    assert fast.tree == generic.tree
+    assert fast.to_json() == generic.to_json()
+    assert [n.meta for n in fast.tree.walk()] == [n.meta for n in generic.tree.walk()]
+
+
+def test_a_long_list_outside_an_in_list_reads_one_constant_at_a_time() -> None:
+    """``position(x IN (...))`` is not an IN list: the text is read again without the splice
+    and gets PostgreSQL's reading (here a row constructor)."""
+    sql = f"SELECT position('1' IN ({LONG_INTS})) FROM t"
+    tree = parse_one(sql).tree
+    assert not list(tree.find_all(ConstantList))
+    assert len(list(tree.find_all(exp.Literal))) == LONG_LIST + 5 + 1
+
+
+def test_a_long_list_of_strings_with_parameters_reads_percent_signs_as_psycopg() -> None:
+    sql = f"SELECT a FROM t WHERE a IN ({_long(['%%s', 'x%%y'] * LONG_LIST)}) AND b = %s"
+    sql = sql.replace("%%s", "'%%s'").replace("x%%y", "'x%%y'")
+    node = next(parse(sql, percent=True)[0].tree.find_all(ConstantList))
+    assert node.constants[:2] == ("%s", "x%y")

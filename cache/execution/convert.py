@@ -400,7 +400,7 @@ def duckdb_result_types(
             schema = pa.schema([(c, arrow_type(kind)) for c, kind in leaf.columns])
             con.register(name, schema.empty_table())
             registered.append(name)
-        values = {k: v for k, v in named.items() if k in statement.names}
+        values = statement.bound({k: v for k, v in named.items() if k in statement.names})
         if statement.zone:
             values[ZONE_PARAMETER] = "UTC"  # the types do not depend on it
         rows = con.execute(f"DESCRIBE {statement.sql}", values).fetchall()

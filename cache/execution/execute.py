@@ -184,7 +184,7 @@ def _run(
     zone: Zone,
 ) -> Result:
     statement = compiled.statement
-    named = dict(zip(statement.names, values, strict=True))
+    named = statement.bound(dict(zip(statement.names, values, strict=True)))
     if statement.zone:
         if zone.name not in _zone_names():  # a POSIX zone string: DuckDB reads no such name
             raise LocalUnfit(f"the session's time zone {zone.name!r} is not one DuckDB knows")
