@@ -757,11 +757,9 @@ class MTCacheTokenizer(Postgres.Tokenizer):
     # EXPLAIN is a command to PostgreSQL's tokenizer (the rest of the statement becomes one
     # string); mtcache parses the explained statement, so EXPLAIN is an ordinary word here.
     KEYWORDS = {k: v for k, v in Postgres.Tokenizer.KEYWORDS.items() if k != "EXPLAIN"}
-    LONG_LISTS = True  # read a long list of constants as one token (`sql_ext.long_lists`)
 
     def tokenize(self, sql: str) -> list[Token]:
-        if not self.LONG_LISTS:
-            return super().tokenize(sql)
+        # a long list of constants is one token (`sql_ext.long_lists`)
         return long_lists.tokenize(sql, super().tokenize)
 
 

@@ -90,6 +90,12 @@ class PositionedError(ProgrammingError):
         super().__init__(f"{where}{message}")
 
 
+def offset_position(text: str, offset: int) -> tuple[int, int]:
+    """(line, column), 1-based, of a character offset in ``text``."""
+    line = text.count("\n", 0, offset) + 1
+    return line, offset - (text.rfind("\n", 0, offset) + 1) + 1
+
+
 class SqlSyntaxError(PositionedError):
     """A statement (SQL, currency clause, cache DDL or TIMEORDERED) that does not parse or check."""
 

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from sqlglot.errors import TokenError
 from sqlglot.tokens import Token, TokenType
 
+from sql_ext.errors import offset_position
 from sql_ext.nodes import ConstantList
 
 LONG_LIST = 1000  # constants in one list from which it is read as one node
@@ -100,9 +101,8 @@ def tokenize(text: str, plain: Callable[[str], list[Token]]) -> list[Token]:
                                 is_string=False)  # fmt: skip
         first = _FIRST[node.is_string].match(text, search)
         end = t.cast(re.Match[str], first).end() - 1
-        line, col = _line_col(text, end)
         found += head
-        found.append(ListToken(node, line, col + 1, search, end))
+        found.append(ListToken(node, *offset_position(text, end), search, end))
         done = search = closing
     found += _shifted(plain(text[done:]), text, done) if done else plain(text)
     return found
@@ -112,23 +112,12 @@ def _shifted(tokens: list[Token], text: str, offset: int) -> list[Token]:
     """Tokens of ``text[offset:]``, placed where they stand in ``text``."""
     if not offset:
         return tokens
-    lines = text.count("\n", 0, offset)
-    column = offset - (text.rfind("\n", 0, offset) + 1)
+    line, column = offset_position(text, offset)
     for token in tokens:
         if token.line == 1:
-            token.col += column
-        token.line += lines
+            token.col += column - 1
+        token.line += line - 1
         token.start += offset
         token.end += offset
     return tokens
-
-
-def _line_col(text: str, offset: int) -> tuple[int, int]:
-    """1-based line and 0-based column of ``offset``."""
-    return text.count("\n", 0, offset) + 1, offset - (text.rfind("\n", 0, offset) + 1)
-
-
-def list_tokens(tokens: Sequence[Token]) -> int:
-    """How many `ListToken` the tokens hold."""
-    return sum(1 for token in tokens if type(token) is ListToken)
 

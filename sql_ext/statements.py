@@ -22,7 +22,7 @@ from sqlglot.tokens import Token, TokenType
 
 from sql_ext.blocks import Block, BlockAnalysis, analyze
 from sql_ext.dialect import BODY_START, SPAN, MTCache, MTCachePlain, plain_tokens
-from sql_ext.errors import SqlSyntaxError, too_deep
+from sql_ext.errors import SqlSyntaxError, offset_position, too_deep
 from sql_ext.long_lists import ListToken
 from sql_ext.nodes import (
     CachedViewDef,
@@ -480,12 +480,6 @@ def _placed(statement: Statement, script: str, start: int) -> Statement:
     if not isinstance(statement, CreateControlTable | CreateCachedView | DropCacheObject):
         return statement
     return dataclasses.replace(statement, position=offset_position(script, start))
-
-
-def offset_position(text: str, offset: int) -> tuple[int, int]:
-    """(line, column), 1-based, of a character offset in ``text``."""
-    line = text.count("\n", 0, offset) + 1
-    return line, offset - (text.rfind("\n", 0, offset) + 1) + 1
 
 
 def position_in_script(statement: CreateControlTable | CreateCachedView | DropCacheObject,

@@ -29,6 +29,15 @@ def reachable_tempdir(prefix: str) -> Path:
     return path
 
 
+def cli_home(env: dict[str, str], dsn: str, prefix: str) -> Path:
+    """Point the command line's environment at ``dsn`` and a cache file of its own, in a
+    fresh directory the postgres user can enter (returned)."""
+    home = reachable_tempdir(prefix)
+    env["MTCACHE_BACKEND"] = dsn
+    env["MTCACHE_CACHE"] = str(home / "cache.duckdb")
+    return home
+
+
 @pytest.fixture(scope="session")
 def pg_cluster() -> Iterator[EmbeddedPostgres]:
     root = reachable_tempdir("mtcache-test-pg-")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import reachable_tempdir
+from tests.conftest import cli_home, reachable_tempdir
 
 # a cache file of this module's own, never the checkout's default one
 _PRIVATE_CACHE = Path(tempfile.mkdtemp(prefix="mtcache-cli-")) / "cache.duckdb"
@@ -188,10 +188,8 @@ def test_cache_store_commands_end_to_end(
     assert isinstance(pg_cluster, EmbeddedPostgres)
     dsn = pg_cluster.create_database("cli_store")
     bookstore.load_into(dsn)
-    home = reachable_tempdir("mtcache-cli-store-")
+    home = cli_home(clean_env, dsn, "mtcache-cli-store-")
     schema_file = bookstore.CACHE_SCHEMA_FILE
-    clean_env["MTCACHE_BACKEND"] = dsn
-    clean_env["MTCACHE_CACHE"] = str(home / "cache.duckdb")
 
     def ok(*args: str) -> str:
         result = run(mtcache_bin, *args, env=clean_env)
@@ -259,9 +257,7 @@ def test_demo_shows_the_cache_at_work(
     from cache.backend.embedded_pg import EmbeddedPostgres
 
     assert isinstance(pg_cluster, EmbeddedPostgres)
-    home = reachable_tempdir("mtcache-cli-demo-")
-    clean_env["MTCACHE_BACKEND"] = pg_cluster.create_database("cli_demo")
-    clean_env["MTCACHE_CACHE"] = str(home / "cache.duckdb")
+    home = cli_home(clean_env, pg_cluster.create_database("cli_demo"), "mtcache-cli-demo-")
     try:
         for _ in range(2):  # a second run starts its demo cache afresh
             result = run(mtcache_bin, "demo", env=clean_env)

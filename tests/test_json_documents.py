@@ -16,7 +16,7 @@ from referencing import Registry, Resource
 
 import cache
 from cache.tools import bookstore
-from tests.conftest import reachable_tempdir
+from tests.conftest import cli_home
 
 SCHEMAS = Path(__file__).parents[1] / "docs" / "schemas"
 
@@ -101,9 +101,7 @@ def test_explain_query_status_and_provenance_documents(
     assert isinstance(pg_cluster, EmbeddedPostgres)
     dsn = pg_cluster.create_database("json_documents")
     bookstore.load_into(dsn)
-    home = reachable_tempdir("mtcache-json-")
-    clean_env["MTCACHE_BACKEND"] = dsn
-    clean_env["MTCACHE_CACHE"] = str(home / "cache.duckdb")
+    home = cli_home(clean_env, dsn, "mtcache-json-")
 
     def document(*args: str) -> Any:
         result = subprocess.run([mtcache_bin, *args], capture_output=True, text=True,
