@@ -23,6 +23,7 @@ import psycopg
 
 SAMPLES = 3
 DRIFT = 1e-4  # clock drift per second since a measurement (100 ppm), added: erring late
+CLOCK_MAX_AGE = 600.0  # seconds between measurements of the backend clock's offset
 
 
 @dataclass(frozen=True)

@@ -202,6 +202,65 @@ def connection_lost(exc: BaseException) -> bool:
     return not sqlstate or sqlstate.startswith(_CONNECTION_LOST)
 
 
+# The SQLSTATE an error of the cache's own carries on the wire, by class (most specific first);
+# a backend error keeps the one PostgreSQL gave.
+_SQLSTATES: tuple[tuple[type, str], ...] = (
+    (SqlSyntaxError, "42601"),  # syntax_error
+    (CatalogError, "42P01"),  # undefined_table (42703 for a column, below)
+    (ProgrammingError, "42000"),  # syntax_error_or_access_rule_violation
+    (NotSupportedError, "0A000"),  # feature_not_supported
+    (BackendUnavailableError, "08006"),  # connection_failure
+    (EmbeddedBackendError, "58000"),  # system_error
+    (OperationalError, "55000"),  # object_not_in_prerequisite_state: data too stale, ...
+    (DataError, "22000"),
+    (IntegrityError, "23000"),
+    (InterfaceError, "08003"),  # connection_does_not_exist
+    (Error, "XX000"),
+)
+
+_DIAG_FIELDS = (
+    ("severity", "severity"), ("severity_nonlocalized", "severity_nonlocalized"),
+    ("sqlstate", "sqlstate"), ("message", "message_primary"), ("detail", "message_detail"),
+    ("hint", "message_hint"), ("position", "statement_position"),
+    ("internal_position", "internal_position"), ("internal_query", "internal_query"),
+    ("context", "context"), ("schema", "schema_name"), ("table", "table_name"),
+    ("column", "column_name"), ("datatype", "datatype_name"),
+    ("constraint", "constraint_name"), ("file", "source_file"), ("line", "source_line"),
+    ("routine", "source_function"),
+)  # fmt: skip
+
+
+def diagnostics(exc: BaseException, statement: str | None = None) -> list[tuple[str, str]]:
+    """An error as PostgreSQL's error fields, (name, value) in protocol order: every field
+    the backend sent for one of its errors; SQLSTATE by class, message and position (a
+    1-based character offset in ``statement``) for one of the cache's own."""
+    diag = getattr(exc, "diag", None)
+    if diag is not None and getattr(diag, "sqlstate", None):
+        fields = []
+        for name, attribute in _DIAG_FIELDS:
+            value = getattr(diag, attribute, None)
+            if value is not None:
+                fields.append((name, str(value)))
+        return fields
+    own = getattr(exc, "sqlstate", None)
+    if isinstance(exc, Error) or _is_psycopg(exc) or isinstance(own, str):
+        sqlstate = own or next(
+            (code for klass, code in _SQLSTATES if isinstance(exc, klass)), "XX000")
+        if isinstance(exc, CatalogError) and exc.relation is None:
+            sqlstate = "42703"  # undefined_column
+        text = exc.reason if isinstance(exc, PositionedError) else first_line(exc)
+    else:
+        sqlstate, text = "XX000", f"internal error in the cache: {first_line(exc)}"
+    fields = [("severity", "ERROR"), ("severity_nonlocalized", "ERROR"),
+              ("sqlstate", sqlstate), ("message", text)]  # fmt: skip
+    if isinstance(exc, PositionedError) and statement is not None and exc.line is not None:
+        lines = statement.split("\n")
+        if exc.line <= len(lines):
+            offset = sum(len(line) + 1 for line in lines[: exc.line - 1]) + (exc.col or 1)
+            fields.append(("position", str(offset)))
+    return fields
+
+
 __all__ = [
     "BackendUnavailableError",
     "CatalogError",
@@ -219,6 +278,7 @@ __all__ = [
     "SqlSyntaxError",
     "Warning",
     "connection_lost",
+    "diagnostics",
     "first_line",
     "translate",
 ]

@@ -450,12 +450,20 @@ def _second_statement_start(text: str) -> tuple[int | None, int | None]:
     return None, None
 
 
-def _statement_texts(text: str, tokens: list[Token], count: int) -> list[tuple[str, int]]:
-    """Each statement's text and its offset in the script (``count`` statements: the trees
-    sqlglot made, empty ones left out). The typed results keep their own text (for commands
-    sqlglot keeps verbatim); a script split is only needed for multi-statement input."""
-    if count <= 1:
-        return [(text, 0)] * count
+def split_statements(text: str) -> list[str]:
+    """The statements of a text of several separated by semicolons (PostgreSQL's simple query
+    protocol sends them so), empty ones left out; text the tokenizer cannot read is one
+    statement (the backend judges it)."""
+    if ";" not in text.rstrip().rstrip(";"):
+        return [] if is_empty(text) else [text]
+    try:
+        tokens = DIALECT.tokenize(text)
+    except TokenError:
+        return [text]
+    return [piece for piece, _ in _pieces(text, tokens)]
+
+
+def _pieces(text: str, tokens: list[Token]) -> list[tuple[str, int]]:
     pieces: list[tuple[str, int]] = []
     start, has_tokens = 0, False
     for token in tokens:
@@ -467,6 +475,16 @@ def _statement_texts(text: str, tokens: list[Token], count: int) -> list[tuple[s
             has_tokens = True
     if has_tokens:
         pieces.append((text[start:], start))
+    return pieces
+
+
+def _statement_texts(text: str, tokens: list[Token], count: int) -> list[tuple[str, int]]:
+    """Each statement's text and its offset in the script (``count`` statements: the trees
+    sqlglot made, empty ones left out). The typed results keep their own text (for commands
+    sqlglot keeps verbatim); a script split is only needed for multi-statement input."""
+    if count <= 1:
+        return [(text, 0)] * count
+    pieces = _pieces(text, tokens)
     if len(pieces) != count:
         raise SqlSyntaxError(
             f"cannot split the script into its {count} statements: send them one at a time", 1, 1

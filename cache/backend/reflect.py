@@ -170,6 +170,26 @@ def connect_backend(dsn: str, **kwargs: object) -> psycopg.Connection:  # type: 
         ) from exc
 
 
+# libpq's connection keywords a client's startup parameters may carry; any other parameter is a
+# setting (DateStyle, TimeZone, search_path), passed in ``options``
+_LIBPQ_KEYWORDS = frozenset({"user", "application_name", "client_encoding", "options"})
+
+
+def connection_parameters(parameters: t.Mapping[str, str]) -> dict[str, str]:
+    """psycopg.connect keywords for a backend session with a client's startup parameters."""
+    found: dict[str, str] = {}
+    settings = []
+    for name, value in parameters.items():
+        if name in _LIBPQ_KEYWORDS:
+            found[name] = value
+        else:
+            escaped = value.replace("\\", "\\\\").replace(" ", "\\ ")
+            settings.append(f"-c {name}={escaped}")
+    if settings:
+        found["options"] = " ".join([found.get("options", ""), *settings]).strip()
+    return found
+
+
 def existing_relations(conn: psycopg.Connection, names: t.Sequence[str]) -> dict[str, bool]:  # type: ignore[type-arg]
     """Which relation names (as SQL writes them) a backend session resolves, as a statement of
     it would (its search path with pg_catalog, its temporary tables, schema-qualified names),

@@ -36,6 +36,7 @@ from pathlib import Path
 import psycopg
 
 from cache.backend.embedded_pg import EmbeddedPostgres
+from cache.backend.pool import pooled
 from cache.backend.reflect import fetch_catalog, redact
 from cache.engine.admission import Admissions
 from cache.engine.route import StatementCache
@@ -48,7 +49,7 @@ from cache.maintenance.stream import DEFAULT_LAG_LIMIT
 from cache.store.cache_file import COUNTERS, CacheStore
 from cache.store.region_state import read_region_state
 from control_tables.regions import RegionState
-from heartbeat.clock import BackendClock
+from heartbeat.clock import CLOCK_MAX_AGE, BackendClock, measure
 from optimizer.evaluate_guards import Decision
 from optimizer.plan import PLAN_CHOICES, Plan
 from sql_ext import parse_duration
@@ -147,6 +148,8 @@ class Engine:
         self._regions: RegionState | None = None
         self._counters = dict.fromkeys(COUNTERS, 0)  # flushed by closed sessions, not saved yet
         self._counters_lock = threading.Lock()
+        self._clock: BackendClock | None = None  # `shared_clock`
+        self._clock_lock = threading.Lock()
         self._sessions: weakref.WeakSet[Member] = weakref.WeakSet()
         self._background: Background | None = None
         if background or heartbeat is not None:
@@ -177,6 +180,24 @@ class Engine:
         """The backend clock as this process's heartbeat estimates it (None: no heartbeat)."""
         running = self._background
         return running.heartbeat.clock if running is not None and running.heartbeat else None
+
+    def shared_clock(self) -> BackendClock | None:
+        """The backend clock for sessions without a backend connection of their own: the
+        heartbeat's estimate, else one measurement on a pooled connection shared by all and
+        made again every CLOCK_MAX_AGE seconds (None while the backend is unreachable)."""
+        beat = self.heartbeat_clock()
+        if beat is not None:
+            return beat
+        with self._clock_lock:
+            clock = self._clock
+            now = dt.datetime.now(dt.UTC)
+            if clock is None or (now - clock.measured_at).total_seconds() > CLOCK_MAX_AGE:
+                try:
+                    with pooled(self.backend) as conn:
+                        clock = self._clock = measure(conn)
+                except (psycopg.Error, BackendUnavailableError):
+                    return clock
+            return clock
 
     # -- counters --------------------------------------------------------------------------------
 

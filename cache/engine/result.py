@@ -107,6 +107,13 @@ class Result:
                 self._columns = tuple(Column(d[0], d[1]) for d in self.description)
         return self._columns
 
+    @property
+    def described(self) -> t.Any:
+        """PostgreSQL's description of the result's columns (a psycopg ``PGresult`` with
+        their names, types, tables and column numbers), when the backend gave one."""
+        shape = self._shape or self._types_of
+        return shape.pgresult if shape is not None else None
+
     def set_provenance(self, provenance: Provenance | Callable[[], Provenance]) -> None:
         """The provenance, or how to make it when first read."""
         self._provenance = provenance

@@ -37,7 +37,12 @@ from sqlglot import exp
 from cache.backend.copy_arrow import copy_to_arrow
 from cache.backend.describe import ResultShape
 from cache.backend.pool import in_one_snapshot
-from cache.backend.reflect import connect_backend, existing_relations, temporary_relations
+from cache.backend.reflect import (
+    connect_backend,
+    connection_parameters,
+    existing_relations,
+    temporary_relations,
+)
 from cache.engine.admin import Admin
 from cache.engine.boundary import public
 from cache.engine.engine import Engine, SessionOptions, bound_seconds
@@ -47,13 +52,22 @@ from cache.engine.route import (
     ControlEdit,
     Explain,
     Passthrough,
+    Route,
     SessionSetting,
     TimelineBracket,
     Write,
 )
 from cache.engine.state import SessionState
 from cache.execution.decisions import DecisionMemo
-from cache.execution.execute import UTC, Fetch, LocalUnfit, Zone, run_local, text_column
+from cache.execution.execute import (
+    UTC,
+    Fetch,
+    LocalUnfit,
+    Zone,
+    run_local,
+    text_column,
+    zone_named,
+)
 from cache.execution.phases import Phases
 from cache.execution.planning import Planner, Prepared
 from cache.execution.provenance import Executed, Provenance
@@ -88,7 +102,13 @@ class Session:
     presence key in the background."""
 
     @_public
-    def __init__(self, engine: Engine, options: SessionOptions | None = None) -> None:
+    def __init__(self, engine: Engine, options: SessionOptions | None = None, *,
+                 backend_parameters: t.Mapping[str, str] | None = None,
+                 connect: bool = True, time_zone: str | None = None) -> None:  # fmt: skip
+        """``backend_parameters``: the backend session's startup parameters (user,
+        application_name, options, settings such as DateStyle); ``connect``: open the backend
+        connection now (else when a statement first needs it); ``time_zone``: the TimeZone
+        the backend will report, for local answers given before it is connected."""
         options = options or SessionOptions()
         self.engine = engine
         self.lock = threading.RLock()  # one call at a time (cache.engine.boundary)
@@ -106,18 +126,22 @@ class Session:
         # answers what its guards allow; the next statement that needs the backend connects)
         self._pg: psycopg.Connection[t.Any] | None = None
         self._pg_cursor: psycopg.Cursor[t.Any] | None = None  # reused for backend statements
-        self._last_zone = UTC  # `_zone`
+        self._last_zone = zone_named(time_zone) if time_zone else UTC  # `_zone`
+        self._parameters = dict(backend_parameters or {})
         self.counters = dict.fromkeys(COUNTERS, 0)  # this session's, until it closes
         self.phases: Phases | None = None  # set to time each statement's phases
         self.closed = True  # until everything below is open
         engine.join(self)
         # while the backend is down the cache answers what its guards allow; the next
         # statement that needs the backend connects (`_backend_session`)
-        with contextlib.suppress(BackendUnavailableError):
-            self._connect_backend()
+        if connect:
+            with contextlib.suppress(BackendUnavailableError):
+                self._connect_backend()
         self.store = engine.store.for_thread()  # a DuckDB handle of the session's own
         try:
-            self.state = SessionState(lambda: self._pg, self.store, engine.heartbeat_clock)
+            # a session without a backend connection judges currency on the process's clock
+            clock = engine.heartbeat_clock if connect else engine.shared_clock
+            self.state = SessionState(lambda: self._pg, self.store, clock)
             self.planner = Planner(
                 self.store, engine.backend, choice=options.plan_choice,
                 given_delays=options.refresh_delays, plans=engine.plans,
@@ -157,15 +181,11 @@ class Session:
             if route.reads is not None:
                 query = route.reads
                 result.set_provenance(lambda: Provenance.remote(self.planner.base_tables(query)))
-                self.counters["remote"] += 1
-            if route.changes_catalog:
-                self.planner.catalog_changed()
+            self.forwarded(route)
             return result
         if isinstance(route, Write):
             result = self._run_backend(route.executed, params)
-            if route.changes_catalog:
-                self.planner.catalog_changed()
-            self.state.wrote(route.tables)
+            self.forwarded(route)
             return result
         if isinstance(route, Explain):
             plan = self.planner.prepare(route.query, params, self.currency_bound).plan
@@ -200,18 +220,9 @@ class Session:
 
     def _read(self, query: Query, params: Params) -> Result:
         try:
-            # the plan of the statement's shape: made once, kept until the schema changes
-            prepared = self.planner.prepare(query, params, self.currency_bound)
-            self._mark("lookup")
-            # guard and run locally what the guards allow (a plan that chose the whole
-            # statement remote has no guard to evaluate)
-            if prepared.plan.local:
-                try:
-                    result = self._decide_and_run(prepared, params)[1]
-                except LocalUnfit:
-                    result = None  # DuckDB cannot give PostgreSQL's answer: the backend does
-                if result is not None:
-                    return result
+            prepared, result = self._local_answer(query, params)
+            if result is not None:
+                return result
             # the whole statement on the backend
             result = self._run_backend(prepared.remote, params)
             self._mark("run")
@@ -221,6 +232,21 @@ class Session:
             return result
         except BackendUnavailableError as exc:
             return self._answer_without_backend(query, params, exc)
+
+    def _local_answer(self, query: Query, params: Params) -> tuple[Prepared, Result | None]:
+        """The prepared plan, and the answer of what its guards keep local (None: the
+        backend answers the whole statement)."""
+        # the plan of the statement's shape: made once, kept until the schema changes
+        prepared = self.planner.prepare(query, params, self.currency_bound)
+        self._mark("lookup")
+        # guard and run locally what the guards allow (a plan that chose the whole
+        # statement remote has no guard to evaluate)
+        if prepared.plan.local:
+            try:
+                return prepared, self._decide_and_run(prepared, params)[1]
+            except LocalUnfit:
+                pass  # DuckDB cannot give PostgreSQL's answer: the backend does
+        return prepared, None
 
     def _decide_and_run(self, prepared: Prepared, params: Params,
                         stale: bool = False) -> tuple[Decision, Result | None]:  # fmt: skip
@@ -438,6 +464,84 @@ class Session:
         done = f"{report.operation}: {len(report.regions)} regions"
         return no_rows(status, len(keys), [done])
 
+    # -- for a front end that sends statements to the backend itself (cache.server) ----------
+
+    def route(self, sql: str, with_params: bool = False) -> Route:
+        """What ``execute`` would do with the statement (`cache.engine.route`)."""
+        store = self.store
+        bound = self.currency_bound is not None
+        return self.engine.statements.route(sql, store.schema_version,
+                                            store.control_table_names, bound, with_params)
+
+    @_public
+    def read_locally(self, query: Query, params: Params = None) -> Result | None:
+        """A query with currency clauses as far as the cache answers it: the result of a
+        local or mixed plan (remote leaves fetched as ``execute`` fetches them), or None when
+        the backend answers the whole statement: the caller sends ``query.backend_sql`` (the
+        clauses cut out) on this session's backend connection, then calls
+        `answered_remotely`."""
+        self._check_open()
+        try:
+            return self._local_answer(query, params)[1]
+        except BackendUnavailableError as exc:
+            return self._answer_without_backend(query, params, exc)
+
+    def answered_remotely(self, query: Query) -> None:
+        """The caller had the backend answer a query `read_locally` left to it."""
+        self.counters["remote"] += 1
+        state = self.state
+        if state.timeline_active:
+            state.read_at(state.now())
+
+    def forwarded(self, route: Passthrough | Write) -> None:
+        """A statement of this route reached the backend on this session's connection (sent
+        by ``execute`` or by the caller itself): count it, and let the session's later reads
+        see its writes and catalog changes."""
+        if isinstance(route, Passthrough) and route.reads is not None:
+            self.counters["remote"] += 1
+        if route.changes_catalog:
+            self.planner.catalog_changed()
+        state = self.state
+        if isinstance(route, Write):
+            state.wrote(route.tables)
+        elif state.writing:
+            state.settle()  # e.g. a COMMIT sent as SQL
+        if state.timeline_active:
+            state.read_at(state.now())
+
+    def settle(self) -> None:
+        """The backend session may have ended a transaction (a pipeline the caller ran):
+        writes of a finished one are committed (or rolled back) for the session's reads."""
+        if self.state.writing:
+            self.state.settle()
+
+    def backend_connection(self) -> psycopg.Connection[t.Any]:
+        """The session's backend connection (opened now if it is not open): the caller may
+        use it between statements of this session, and leaves it idle."""
+        self._check_open()
+        return self._backend_session()
+
+    def backend_connection_if_open(self) -> psycopg.Connection[t.Any] | None:
+        pg = self._pg
+        return pg if pg is not None and not pg.closed else None
+
+    def backend_transaction_status(self) -> pq.TransactionStatus:
+        """The backend session's transaction status (IDLE while it has no connection)."""
+        pg = self.backend_connection_if_open()
+        if pg is None:
+            return pq.TransactionStatus.IDLE
+        return pq.TransactionStatus(pg.pgconn.transaction_status)
+
+    def cancel(self) -> None:
+        """Cancel the statement running in this session (from another thread): its DuckDB
+        work and its backend statement. Nothing happens to a session that runs nothing."""
+        with contextlib.suppress(duckdb.Error):
+            self.store.con.interrupt()
+        pg = self.backend_connection_if_open()
+        if pg is not None:
+            with contextlib.suppress(psycopg.Error):
+                pg.pgconn.get_cancel().cancel()
+
     # -- EXPLAIN ---------------------------------------------------------------------------------
 
     @_public
@@ -591,6 +695,7 @@ class Session:
         options: dict[str, object] = {"autocommit": self._autocommit}
         if self._context is not None:
             options["context"] = self._context
+        options.update(connection_parameters(self._parameters))
         pg = connect_backend(self.engine.backend, **options)
         pg.add_notice_handler(lambda d: self._notices.append(d.message_primary or ""))
         for handler in self._notice_handlers:

@@ -14,11 +14,10 @@ import psycopg
 from psycopg import pq
 
 from cache.store.cache_file import CacheStore
-from heartbeat.clock import DRIFT, BackendClock, measure
+from heartbeat.clock import CLOCK_MAX_AGE, DRIFT, BackendClock, measure
 from optimizer.evaluate_guards import Session
 from sql_ext.errors import BackendUnavailableError, ProgrammingError
 
-CLOCK_MAX_AGE = 600.0  # seconds between measurements of the backend clock's offset
 OFFLINE_RETRY = 60.0  # seconds between measurement attempts while the backend is unreachable
 
 
@@ -62,6 +61,10 @@ class SessionState:
                 return measure(pg), CLOCK_MAX_AGE
             except psycopg.Error:
                 pass
+        else:  # no connection of its own: the process's clock, if it has one
+            shared = self._heartbeat_clock()
+            if shared is not None:
+                return shared, CLOCK_MAX_AGE
         last = last or self._store.load_clock()
         if last is None:
             raise BackendUnavailableError(

@@ -75,6 +75,15 @@ class Zone(t.NamedTuple):
 UTC = Zone("UTC", dt.UTC)
 
 
+def zone_named(name: str) -> Zone:
+    """The zone of a TimeZone setting, as psycopg reads it (UTC when Python has no such
+    zone)."""
+    try:
+        return Zone(name, zoneinfo.ZoneInfo(name))
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        return UTC
+
+
 @functools.lru_cache(maxsize=1)
 def _zone_names() -> frozenset[str]:
     return frozenset(zoneinfo.available_timezones())

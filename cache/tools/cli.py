@@ -392,6 +392,39 @@ def cmd_heartbeat(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
+    """Serve the cache to PostgreSQL clients in the foreground until SIGTERM or Ctrl-C."""
+    from cache.engine.engine import Engine, bound_seconds
+    from cache.server.server import Server, ServerOptions, listen_socket
+
+    if args.heartbeat is not None and not args.heartbeat > 0:
+        raise ProgrammingError(f"--heartbeat must be a positive number of seconds, not "
+                               f"{args.heartbeat:g}")  # fmt: skip
+    if not args.grace >= 0:
+        raise ProgrammingError(f"--grace must be 0 or more seconds, not {args.grace:g}")
+    options = ServerOptions(listen=args.listen, grace_seconds=args.grace,
+                            currency_bound=bound_seconds(args.currency_bound,
+                                                         "--currency-bound"))  # fmt: skip
+    sock = listen_socket(args.listen)  # a busy port fails before anything starts
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s mtcache serve: %(message)s")  # fmt: skip
+    try:
+        engine = Engine(settings.backend_dsn(), settings.cache_path, heartbeat=args.heartbeat)
+    except BaseException:
+        sock.close()
+        raise
+    try:
+        server = Server(engine, options, sock)
+        server.install_signals()
+        print(f"mtcache serve: listening on {server.address[0]}:{server.address[1]} "
+              f"(cache {settings.cache_path}); stop with Ctrl-C or SIGTERM", file=sys.stderr,
+              flush=True)  # fmt: skip
+        server.serve_forever()
+    finally:
+        engine.close()
+    return 0
+
+
 def cmd_stop(settings: Settings, args: argparse.Namespace) -> int:
     if settings.backend:
         print("a --backend was given: mtcache only stops the embedded PostgreSQL it started")
@@ -497,6 +530,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--source", default=DEFAULT_SOURCE,
                    help=f"the row's name (default {DEFAULT_SOURCE!r})")  # fmt: skip
     p.set_defaults(run=cmd_heartbeat)
+
+    p = commands.add_parser("serve", help="serve the cache to PostgreSQL clients (psql, "
+                            "JDBC, psycopg, ...) in the foreground")  # fmt: skip
+    p.add_argument("--listen", default="127.0.0.1:6432",
+                   help="HOST:PORT to listen on (default 127.0.0.1:6432; loopback only)")
+    p.add_argument("--heartbeat", type=float, metavar="SECONDS",
+                   help="also beat the backend's heartbeat row this often")  # fmt: skip
+    p.add_argument("--currency-bound", metavar="DURATION",
+                   help="every session's default currency bound, e.g. '10 min' (a session "
+                   "changes it with SET CURRENCY BOUND; default: none, reads go to the "
+                   "backend unless they carry a clause)")  # fmt: skip
+    p.add_argument("--grace", type=float, default=10.0, metavar="SECONDS",
+                   help="at shutdown, how long running statements may finish before they "
+                   "are cancelled (default 10)")  # fmt: skip
+    p.set_defaults(run=cmd_serve)
 
     p = commands.add_parser("stop", help="stop the embedded PostgreSQL")
     p.set_defaults(run=cmd_stop)

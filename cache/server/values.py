@@ -1,0 +1,284 @@
+"""Values on the wire: a local answer's Python values (the types psycopg gives) encoded as
+PostgreSQL sends them, in text and binary format, and the parameters a client binds decoded
+into the Python values the session engine takes.
+
+Binary is PostgreSQL's ``*send`` format, which psycopg's binary dumpers write byte for byte.
+Text is PostgreSQL's *output* format, which psycopg's text dumpers do not write (they write
+input that PostgreSQL reads: ``1.0`` for the float 1, PostgreSQL prints ``1``), so it is
+encoded here per type, under the settings that shape it: DateStyle ISO, IntervalStyle
+postgres, bytea_output hex and extra_float_digits (see `OutputSettings`). A type with no
+encoder here (`encodable`) is not answered locally: the backend answers the statement.
+tests/test_server_values.py checks every encoder against PostgreSQL's own bytes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import struct
+import typing as t
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from decimal import Decimal
+
+import psycopg
+from psycopg import _encodings as psycopg_encodings  # PostgreSQL's encoding names (no public map)
+from psycopg.pq import Format
+
+from cache.backend.oids import OID
+
+Encoder = Callable[[t.Any], bytes]
+
+_BINARY_DUMPED = (OID.bool, OID.int2, OID.int4, OID.int8, OID.oid, OID.float4, OID.float8,
+                  OID.numeric, OID.text, OID.varchar, OID.name, OID.date, OID.time,
+                  OID.timestamp, OID.timestamptz, OID.bytea, OID.uuid)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class OutputSettings:
+    """The session settings PostgreSQL's text output depends on. Other DateStyles,
+    IntervalStyles and bytea outputs are not encoded here (`supported`): under them the
+    backend answers."""
+
+    codec: str = "utf-8"  # Python's name of the client encoding
+    extra_float_digits: int = 1
+    date_style: str = "ISO, MDY"
+    bytea_output: str = "hex"
+
+    @property
+    def supported(self) -> bool:
+        return self.date_style.replace(" ", "").upper().startswith("ISO,") \
+            and self.bytea_output == "hex"  # fmt: skip
+
+
+def codec_of(client_encoding: str, server_encoding: str) -> str:
+    """Python's codec for text in the client encoding (SQL_ASCII: the server's bytes as they
+    are, which for a UTF8 database are UTF-8)."""
+    name = client_encoding if client_encoding.upper() != "SQL_ASCII" else server_encoding
+    try:
+        return psycopg_encodings.pg2pyenc(name.encode())
+    except psycopg.NotSupportedError:
+        return "utf-8"
+
+
+def encodable(type_oids: t.Iterable[int]) -> bool:
+    """Whether values of every one of these types can be encoded here."""
+    return all(oid in _TEXT for oid in type_oids)
+
+
+def encoders(type_oids: t.Sequence[int], formats: t.Sequence[int],
+             settings: OutputSettings) -> list[Encoder]:  # fmt: skip
+    """One encoder per column, in the format the client asked for it (0 text, 1 binary)."""
+    found = []
+    for oid, code in zip(type_oids, formats, strict=True):
+        if code == 1:
+            found.append(_binary(oid))
+        else:
+            make = _TEXT[oid]
+            found.append(make(settings))
+    return found
+
+
+# -- text: PostgreSQL's output functions ----------------------------------------------------------
+
+
+def _strings(settings: OutputSettings) -> Encoder:
+    codec = settings.codec
+    return lambda value: value.encode(codec)
+
+
+def _bool(_: OutputSettings) -> Encoder:
+    return lambda value: b"t" if value else b"f"
+
+
+def _integer(_: OutputSettings) -> Encoder:
+    return lambda value: str(int(value)).encode()
+
+
+def _numeric(_: OutputSettings) -> Encoder:
+    def encode(value: Decimal) -> bytes:
+        if value.is_nan():
+            return b"NaN"
+        if value.is_infinite():
+            return b"-Infinity" if value.is_signed() else b"Infinity"
+        text = format(value, "f")
+        if value.is_zero() and text.startswith("-"):  # PostgreSQL has no negative zero
+            text = text[1:]
+        return text.encode()
+
+    return encode
+
+
+def _float(width: int) -> Callable[[OutputSettings], Encoder]:
+    """float8out / float4out: the shortest digits that read back to the same value, fixed
+    notation for decimal exponents -4 up to 14 (6 for float4), else d.ddde+XX; with
+    extra_float_digits <= 0, printf's %g at 15 (6) + extra_float_digits digits."""
+    limit = 15 if width == 8 else 6
+
+    def make(settings: OutputSettings) -> Encoder:
+        extra = settings.extra_float_digits
+        shortest = _shortest8 if width == 8 else _shortest4
+
+        def encode(value: float) -> bytes:
+            if math.isnan(value):
+                return b"NaN"
+            if value in (float("inf"), float("-inf")):
+                return b"Infinity" if value > 0 else b"-Infinity"
+            if extra <= 0:
+                return format(value, f".{max(limit + extra, 1)}g").encode()
+            if value == 0:
+                return b"-0" if struct.pack("!d", value)[0] & 0x80 else b"0"
+            sign, digits, exponent = Decimal(shortest(value)).normalize().as_tuple()
+            text = "".join(map(str, digits))
+            point = len(text) + int(exponent)  # digits before the decimal point
+            e10 = point - 1
+            if -4 <= e10 < limit:
+                if point <= 0:
+                    text = "0." + "0" * -point + text
+                elif point >= len(text):
+                    text += "0" * (point - len(text))
+                else:
+                    text = text[:point] + "." + text[point:]
+            else:
+                mantissa = text[0] + ("." + text[1:] if len(text) > 1 else "")
+                text = f"{mantissa}e{'-' if e10 < 0 else '+'}{abs(e10):02d}"
+            return (("-" if sign else "") + text).encode()
+
+        return encode
+
+    return make
+
+
+def _shortest8(value: float) -> str:
+    return repr(value)
+
+
+_F4 = struct.Struct("!f")
+
+
+def _shortest4(value: float) -> str:
+    """The shortest decimal that reads back as the same float4."""
+    target = _F4.pack(value)
+    for digits in range(1, 10):
+        text = format(value, f".{digits}g")
+        try:
+            if _F4.pack(float(text)) == target:
+                return text
+        except OverflowError:  # rounded past the largest float4
+            continue
+    return repr(value)
+
+
+def _date(_: OutputSettings) -> Encoder:
+    return lambda value: value.isoformat().encode()
+
+
+def _fraction(microseconds: int) -> str:
+    return f".{microseconds:06d}".rstrip("0") if microseconds else ""
+
+
+def _time(_: OutputSettings) -> Encoder:
+    return lambda v: f"{v.hour:02d}:{v.minute:02d}:{v.second:02d}{_fraction(v.microsecond)}" \
+        .encode()  # fmt: skip
+
+
+def _timestamp(_: OutputSettings) -> Encoder:
+    def encode(value: dt.datetime) -> bytes:
+        return (f"{value.year:04d}-{value.month:02d}-{value.day:02d} {value.hour:02d}:"
+                f"{value.minute:02d}:{value.second:02d}{_fraction(value.microsecond)}"
+                ).encode()  # fmt: skip
+
+    return encode
+
+
+def _timestamptz(settings: OutputSettings) -> Encoder:
+    plain = _timestamp(settings)
+
+    def encode(value: dt.datetime) -> bytes:
+        offset = value.utcoffset()
+        seconds = int(offset.total_seconds()) if offset is not None else 0
+        sign = "-" if seconds < 0 else "+"
+        hours, rest = divmod(abs(seconds), 3600)
+        minutes, secs = divmod(rest, 60)
+        zone = f"{sign}{hours:02d}"
+        if minutes or secs:
+            zone += f":{minutes:02d}"
+        if secs:
+            zone += f":{secs:02d}"
+        return plain(value) + zone.encode()
+
+    return encode
+
+
+def _bytea(_: OutputSettings) -> Encoder:
+    return lambda value: b"\\x" + bytes(value).hex().encode()
+
+
+def _uuid(_: OutputSettings) -> Encoder:
+    return lambda value: str(value).encode()
+
+
+def _char(settings: OutputSettings) -> Encoder:
+    """The one-byte "char" type."""
+    return _strings(settings)
+
+
+_TEXT: dict[int, Callable[[OutputSettings], Encoder]] = {
+    OID.bool: _bool, OID.int2: _integer, OID.int4: _integer, OID.int8: _integer,
+    OID.oid: _integer, OID.float4: _float(4), OID.float8: _float(8), OID.numeric: _numeric,
+    OID.text: _strings, OID.varchar: _strings, OID.bpchar: _strings, OID.name: _strings,
+    OID.char: _char, OID.date: _date, OID.time: _time, OID.timestamp: _timestamp,
+    OID.timestamptz: _timestamptz, OID.bytea: _bytea, OID.uuid: _uuid,
+}  # fmt: skip
+
+
+# -- binary: PostgreSQL's send functions, as psycopg's dumpers write them ------------------------
+
+
+# numeric_send of +-Infinity: PostgreSQL reads a display scale of 32 off the special value's
+# header bits (psycopg writes 0)
+_NUMERIC_INFINITIES = {False: b"\0\0\0\0\xd0\0\0\x20", True: b"\0\0\0\0\xf0\0\0\x20"}
+
+
+def _binary(oid: int) -> Encoder:
+    if oid in (OID.bpchar, OID.char):  # bpcharsend / charsend: the bytes themselves
+        return lambda value: value.encode()
+    if oid == OID.numeric:
+        plain = _dumped(oid)
+        return lambda value: _NUMERIC_INFINITIES[value.is_signed()] if value.is_infinite() \
+            else plain(value)  # fmt: skip
+    return _dumped(oid)
+
+
+def _dumped(oid: int) -> Encoder:
+    dumper = psycopg.adapters.get_dumper_by_oid(oid, Format.BINARY)(object, None)
+    dump = dumper.dump
+    return lambda value: bytes(dump(value) or b"")
+
+
+# -- parameters ------------------------------------------------------------------------------------
+
+Decoder = Callable[[bytes], t.Any]
+
+
+def decoder(type_oid: int, binary: bool) -> Decoder | None:
+    """How a parameter of this type, in this format, becomes the Python value psycopg would
+    give for it (None: no such loader; the backend takes the statement)."""
+    try:
+        loader_class = psycopg.adapters.get_loader(type_oid, Format.BINARY if binary
+                                                   else Format.TEXT)  # fmt: skip
+    except KeyError:
+        return None
+    if loader_class is None:
+        return None
+    loader = loader_class(type_oid, None)
+    return loader.load
+
+
+def decodable(type_oid: int) -> bool:
+    return type_oid in _TEXT and type_oid != OID.char
+
+
+__all__ = ["OutputSettings", "codec_of", "decodable", "decoder", "encodable", "encoders",
+           "uuid"]

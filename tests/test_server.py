@@ -1,0 +1,321 @@
+"""`mtcache serve`: the cache as a PostgreSQL server, driven by real clients (psycopg here;
+psql and the raw protocol below). Every cached answer is compared with PostgreSQL's own answer
+to the same statement: values, Python types and the description."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import subprocess
+import threading
+import typing as t
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from cache.engine.engine import Engine
+from cache.server import protocol
+from cache.server.server import Server, ServerOptions
+from tests.answers import typed
+
+SCHEMA = """
+CREATE CONTROL TABLE authorlist_pct (authorid INTEGER);
+CREATE CACHED VIEW authorcopy AS SELECT * FROM authors PRESENCE ON (authorid) IN authorlist_pct
+    REFRESH EVERY 5 MIN;
+CREATE CACHED VIEW bookcopy AS SELECT isbn, authorid, title, type, price FROM books
+    PRESENCE ON (authorid) IN authorcopy CONSISTENCY ROOT;
+"""
+
+BOOKS = "SELECT isbn, title, price, authorid FROM books WHERE authorid = %s ORDER BY isbn"
+
+
+class Served(t.NamedTuple):
+    engine: Engine
+    server: Server
+    dsn: str  # the server's
+    backend: str  # PostgreSQL's
+
+
+@pytest.fixture(scope="module")
+def served(bookstore_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    engine = Engine(bookstore_dsn, tmp_path_factory.mktemp("server") / "cache.duckdb")
+    server = Server(engine, ServerOptions(listen="127.0.0.1:0", grace_seconds=2))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    host, port = server.address
+    dbname = psycopg.conninfo.conninfo_to_dict(bookstore_dsn)["dbname"]
+    dsn = f"host={host} port={port} user=postgres dbname={dbname}"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for statement in SCHEMA.split(";"):
+            if statement.strip():
+                conn.execute(statement)
+        conn.execute("INSERT INTO authorlist_pct VALUES (1), (2), (3)")
+    try:
+        yield Served(engine, server, dsn, bookstore_dsn)
+    finally:
+        server.shutdown()
+        thread.join(30)
+        engine.close()
+
+
+def _same(got: psycopg.Cursor[t.Any], want: psycopg.Cursor[t.Any]) -> list[t.Any]:
+    rows, expected = got.fetchall(), want.fetchall()
+    assert typed(rows) == typed(expected)
+    described = [(d.name, d.type_code, d.internal_size, d.precision, d.scale)
+                 for d in got.description or []]  # fmt: skip
+    assert described == [(d.name, d.type_code, d.internal_size, d.precision, d.scale)
+                         for d in want.description or []]  # fmt: skip
+    return rows
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["text", "binary"])
+@pytest.mark.parametrize("prepare", [False, True], ids=["unprepared", "prepared"])
+def test_cached_reads_answer_as_postgres_in_both_formats(served: Served, binary: bool,
+                                                          prepare: bool) -> None:  # fmt: skip
+    hits = served.engine.counters()["hits"]
+    with psycopg.connect(served.dsn, autocommit=True) as conn, \
+            psycopg.connect(served.backend, autocommit=True) as pg:  # fmt: skip
+        for author in (1, 2, 3, 2):
+            got = conn.cursor(binary=binary).execute(
+                BOOKS + " CURRENCY BOUND 10 MIN", (author,), prepare=prepare)  # fmt: skip
+            want = pg.cursor(binary=binary).execute(BOOKS, (author,))
+            assert _same(got, want)
+    assert served.engine.counters()["hits"] >= hits + 4  # answered by the cache
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["text", "binary"])
+def test_values_of_every_cached_type_are_postgres_bytes(served: Served, binary: bool) -> None:
+    """Each type the cache answers, edge values included, through a cached view."""
+    sql = ("SELECT a.authorid, a.name, b.price, b.price * 1.5 AS scaled, "
+           "b.price::float8 / 7 AS f8, b.price::float4 AS f4, b.authorid::int2 AS i2, "
+           "b.authorid::int8 * 1000000000000 AS i8, b.isbn, b.price > 30 AS dear, "
+           "b.price::numeric(20,6) - 100 AS negative "
+           "FROM authors a JOIN books b ON b.authorid = a.authorid WHERE a.authorid = %s "
+           "ORDER BY b.isbn")  # fmt: skip
+    with psycopg.connect(served.dsn, autocommit=True) as conn, \
+            psycopg.connect(served.backend, autocommit=True) as pg:  # fmt: skip
+        got = conn.cursor(binary=binary).execute(sql + " CURRENCY BOUND 10 MIN", (1,))
+        want = pg.cursor(binary=binary).execute(sql, (1,))
+        assert _same(got, want)
+
+
+def test_simple_query_protocol_several_statements(served: Served) -> None:
+    with psycopg.connect(served.dsn, autocommit=True) as conn:
+        cur = conn.cursor()
+        cur.execute("CREATE TEMP TABLE notes (n int, t text); INSERT INTO notes VALUES (1, 'a'),"
+                    " (2, 'b'); SELECT authorid FROM authors WHERE authorid = 2 CURRENCY BOUND "
+                    "10 MIN; SELECT count(*) FROM notes")  # fmt: skip
+        statuses, rows = [], []
+        while True:
+            statuses.append(cur.statusmessage)
+            rows.append(cur.fetchall() if cur.description else None)
+            if not cur.nextset():
+                break
+        assert statuses == ["CREATE TABLE", "INSERT 0 2", "SELECT 1", "SELECT 1"]
+        assert rows == [None, None, [(2,)], [(2,)]]
+
+
+def test_writes_transactions_and_read_your_writes(served: Served) -> None:
+    with psycopg.connect(served.dsn) as conn:
+        cur = conn.cursor()
+        cur.execute("SELECT price FROM books WHERE isbn = 'isbn-00001' CURRENCY BOUND 10 MIN")
+        (price,) = cur.fetchone() or ()
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+        cur.execute("UPDATE books SET price = price + 1 WHERE isbn = 'isbn-00001'")
+        cur.execute("SELECT price FROM books WHERE isbn = 'isbn-00001' CURRENCY BOUND 10 MIN")
+        assert cur.fetchone() == (price + 1,)  # its own uncommitted write, not the cache's row
+        conn.rollback()
+        cur.execute("SELECT price FROM books WHERE isbn = 'isbn-00001'")
+        assert cur.fetchone() == (price,)
+        conn.rollback()
+
+
+def test_errors_carry_every_field_postgres_sent(served: Served) -> None:
+    statement = "INSERT INTO books (isbn, authorid, title, publisherid, type, price) " \
+                "VALUES ('isbn-00001', 1, 't', 1, 'x', 1)"  # fmt: skip
+    errors = []
+    for dsn in (served.dsn, served.backend):
+        with psycopg.connect(dsn, autocommit=True) as conn, \
+                pytest.raises(psycopg.errors.UniqueViolation) as caught:  # fmt: skip
+            conn.execute(statement)
+        diag = caught.value.diag
+        errors.append((diag.sqlstate, diag.message_primary, diag.message_detail,
+                       diag.constraint_name, diag.table_name, diag.schema_name,
+                       diag.source_function))  # fmt: skip
+    assert errors[0] == errors[1]
+
+
+def test_cache_errors_have_sqlstates_and_positions(served: Served) -> None:
+    with psycopg.connect(served.dsn, autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.SyntaxError) as caught:
+            conn.execute("SELECT * FROM books WHERE authorid = 1 CURRENCY BOUND -1 MIN")
+        assert caught.value.diag.statement_position == "55"
+        assert conn.execute("SELECT 1").fetchone() == (1,)  # the session goes on
+
+
+def test_a_cache_error_in_a_transaction_block_fails_the_transaction(served: Served) -> None:
+    with psycopg.connect(served.dsn) as conn:
+        conn.execute("SELECT 1")
+        with pytest.raises(psycopg.errors.SyntaxError):
+            conn.execute("SELECT * FROM books CURRENCY BOUND -1 MIN")
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
+        with pytest.raises(psycopg.errors.InFailedSqlTransaction):
+            conn.execute("SELECT 1")
+        conn.rollback()
+        assert conn.execute("SELECT 2").fetchone() == (2,)
+
+
+def test_pipeline_mode(served: Served) -> None:
+    with psycopg.connect(served.dsn, autocommit=True) as conn, \
+            psycopg.connect(served.backend, autocommit=True) as pg:  # fmt: skip
+        conn.execute("CREATE TEMP TABLE piped (n int)")
+        with conn.pipeline():
+            first = conn.execute("INSERT INTO piped VALUES (1), (2)")
+            cached = conn.execute(BOOKS + " CURRENCY BOUND 10 MIN", (3,))
+            counted = conn.execute("SELECT count(*) FROM piped")
+        assert first.rowcount == 2
+        assert typed(cached.fetchall()) == typed(pg.execute(BOOKS, (3,)).fetchall())
+        assert counted.fetchone() == (2,)
+
+
+def test_copy_passes_through(served: Served) -> None:
+    with psycopg.connect(served.dsn, autocommit=True) as conn:
+        conn.execute("CREATE TEMP TABLE copied (n int, t text)")
+        with conn.cursor().copy("COPY copied FROM STDIN") as copy:
+            for row in [(1, "one"), (2, "two\ttab")]:
+                copy.write_row(row)
+        with conn.cursor().copy("COPY copied TO STDOUT") as copy:
+            assert list(copy.rows()) == [("1", "one"), ("2", "two\ttab")]
+
+
+def test_listen_notify_pass_through(served: Served) -> None:
+    with psycopg.connect(served.dsn, autocommit=True) as listener, \
+            psycopg.connect(served.dsn, autocommit=True) as sender:  # fmt: skip
+        listener.execute("LISTEN chan")
+        sender.execute("NOTIFY chan, 'hello'")
+        found = next(listener.notifies(timeout=10, stop_after=1))
+        assert (found.channel, found.payload) == ("chan", "hello")
+
+
+def test_psql_through_the_server(served: Served) -> None:
+    host, port = served.server.address
+    dbname = psycopg.conninfo.conninfo_to_dict(served.backend)["dbname"]
+    script = ("\\d books\n"
+              "SELECT isbn, price FROM books WHERE authorid = 1 ORDER BY isbn LIMIT 2 "
+              "CURRENCY BOUND 10 MIN;\n")  # fmt: skip
+    run = subprocess.run(["psql", "-X", "-h", host, "-p", str(port), "-U", "postgres", "-d",
+                          dbname, "-v", "ON_ERROR_STOP=1"], input=script, text=True,
+                         capture_output=True, timeout=60, check=False)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert 'Table "public.books"' in run.stdout
+    direct = subprocess.run(["psql", "-X", served.backend, "-c", "SELECT isbn, price FROM books "
+                             "WHERE authorid = 1 ORDER BY isbn LIMIT 2"], text=True,
+                            capture_output=True, timeout=60, check=True)  # fmt: skip
+    assert direct.stdout in run.stdout
+
+
+# -- the protocol, byte by byte -------------------------------------------------------------------
+
+
+def _raw(served: Served) -> socket.socket:
+    sock = socket.create_connection(served.server.address, timeout=10)
+    dbname = psycopg.conninfo.conninfo_to_dict(served.backend)["dbname"]
+    body = struct.pack("!i", protocol.PROTOCOL_3_0) + b"user\0postgres\0database\0" \
+        + dbname.encode() + b"\0\0"  # fmt: skip
+    sock.sendall(struct.pack("!i", len(body) + 4) + body)
+    _until(sock, b"Z")
+    return sock
+
+
+def _messages(sock: socket.socket) -> Iterator[tuple[bytes, bytes]]:
+    buffer = b""
+    while True:
+        while len(buffer) < 5 or len(buffer) < 1 + struct.unpack("!i", buffer[1:5])[0]:
+            data = sock.recv(65536)
+            if not data:
+                return
+            buffer += data
+        length = struct.unpack("!i", buffer[1:5])[0]
+        yield buffer[:1], buffer[5 : 1 + length]
+        buffer = buffer[1 + length :]
+
+
+def _until(sock: socket.socket, kind: bytes) -> list[tuple[bytes, bytes]]:
+    seen = []
+    for message in _messages(sock):
+        seen.append(message)
+        if message[0] == kind:
+            return seen
+    return seen
+
+
+def test_row_limited_execute_suspends_the_portal(served: Served) -> None:
+    sock = _raw(served)
+    sql = b"SELECT isbn FROM books WHERE authorid = 1 ORDER BY isbn CURRENCY BOUND 10 MIN"
+    sock.sendall(protocol.message(b"P", b"\0" + sql + b"\0\0\0")
+                 + protocol.message(b"B", b"\0\0\0\0\0\0\0\0")
+                 + protocol.message(b"E", b"\0" + struct.pack("!i", 2))
+                 + protocol.message(b"E", b"\0" + struct.pack("!i", 0))
+                 + protocol.message(b"S"))  # fmt: skip
+    kinds = [kind for kind, _ in _until(sock, b"Z")]
+    assert kinds[:5] == [b"1", b"2", b"D", b"D", b"s"]
+    assert kinds[-2:] == [b"C", b"Z"] and kinds.count(b"D") > 2
+    sock.close()
+
+
+@pytest.mark.parametrize("garbage", [
+    b"Y\0\0\0\x04",  # an unknown message type
+    b"P\0\0\0\x05x",  # a truncated Parse (no terminators)
+    b"Q\xff\xff\xff\xff",  # a negative length
+], ids=["unknown-type", "truncated", "bad-length"])  # fmt: skip
+def test_protocol_violations_close_only_that_session(served: Served, garbage: bytes) -> None:
+    with psycopg.connect(served.dsn, autocommit=True) as other:
+        sock = _raw(served)
+        sock.sendall(garbage)
+        seen = _until(sock, b"E")
+        assert seen and seen[-1][0] == b"E" and b"C08P01" in seen[-1][1]
+        assert sock.recv(100) == b""  # closed
+        sock.close()
+        assert other.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_ssl_request_is_declined_and_startup_goes_on(served: Served) -> None:
+    sock = socket.create_connection(served.server.address, timeout=10)
+    sock.sendall(struct.pack("!ii", 8, protocol.SSL_REQUEST))
+    assert sock.recv(1) == b"N"
+    sock.close()
+    with psycopg.connect(served.dsn + " sslmode=prefer") as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_cancel_request_cancels_a_remote_statement(served: Served) -> None:
+    with psycopg.connect(served.dsn, autocommit=True) as conn:
+        timer = threading.Timer(0.5, conn.cancel_safe)
+        timer.start()
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            conn.execute("SELECT pg_sleep(30)")
+        timer.join()
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_a_wrong_database_is_refused(served: Served) -> None:
+    host, port = served.server.address
+    with pytest.raises(psycopg.OperationalError, match="not served here"):
+        psycopg.connect(f"host={host} port={port} user=postgres dbname=elsewhere")
+
+
+def test_busy_port_and_bad_listen_are_one_line_errors(served: Served, mtcache_bin: str,
+                                                      clean_env: dict[str, str],
+                                                      tmp_path: Path) -> None:  # fmt: skip
+    host, port = served.server.address
+    env = dict(clean_env, MTCACHE_BACKEND=served.backend,
+               MTCACHE_CACHE=str(tmp_path / "other.duckdb"))  # fmt: skip
+    for listen, says in ((f"{host}:{port}", "cannot listen"), ("nonsense", "HOST:PORT"),
+                         ("0.0.0.0:7777", "authentication")):  # fmt: skip
+        run = subprocess.run([mtcache_bin, "serve", "--listen", listen], env=env, text=True,
+                             capture_output=True, timeout=120, check=False)  # fmt: skip
+        assert run.returncode == 1, run.stderr
+        assert says in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
+

@@ -1,0 +1,140 @@
+"""The server's protocol codec, fed bytes: whole, split at every byte, and malformed. No
+database needed."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from cache.server import protocol
+from cache.server.protocol import FrontendReader, ProtocolViolation
+
+
+def _startup(**parameters: str) -> bytes:
+    body = struct.pack("!i", protocol.PROTOCOL_3_0) + b"".join(
+        k.encode() + b"\0" + v.encode() + b"\0" for k, v in parameters.items()) + b"\0"
+    return struct.pack("!i", len(body) + 4) + body
+
+
+def _bind() -> bytes:
+    body = (b"portal\0stmt\0" + struct.pack("!hh", 1, 1) + struct.pack("!h", 2)
+            + struct.pack("!i", 4) + b"\0\0\0\x07" + struct.pack("!i", -1)
+            + struct.pack("!hh", 1, 0))  # fmt: skip
+    return protocol.message(b"B", body)
+
+
+MESSAGES = (
+    protocol.message(b"Q", b"SELECT 1\0")
+    + protocol.message(b"P", b"s1\0SELECT $1\0" + struct.pack("!hI", 1, 23))
+    + _bind()
+    + protocol.message(b"D", b"Pportal\0")
+    + protocol.message(b"E", b"portal\0" + struct.pack("!i", 10))
+    + protocol.message(b"C", b"Ss1\0")
+    + protocol.message(b"H")
+    + protocol.message(b"S")
+    + protocol.message(b"d", b"raw copy bytes")
+    + protocol.message(b"c")
+    + protocol.message(b"f", b"no more\0")
+    + protocol.message(b"X")
+)
+
+EXPECTED = [
+    protocol.Query(b"SELECT 1"),
+    protocol.Parse(b"s1", b"SELECT $1", (23,)),
+    protocol.Bind(b"portal", b"stmt", (1,), (b"\0\0\0\x07", None), (0,)),
+    protocol.Describe(b"P", b"portal"),
+    protocol.Execute(b"portal", 10),
+    protocol.Close(b"S", b"s1"),
+    protocol.Flush(),
+    protocol.Sync(),
+    protocol.CopyData(b"raw copy bytes"),
+    protocol.CopyDone(),
+    protocol.CopyFail(b"no more"),
+    protocol.Terminate(),
+]
+
+
+def _read_all(reader: FrontendReader) -> list[protocol.Message]:
+    found = []
+    while (message := reader.next_message()) is not None:
+        found.append(message)
+    return found
+
+
+def test_startup_then_every_message_type() -> None:
+    reader = FrontendReader()
+    reader.feed(_startup(user="alice", database="shop", options="-c mtcache.x=1") + MESSAGES)
+    startup = reader.next_startup()
+    assert startup == protocol.Startup(protocol.PROTOCOL_3_0, {
+        "user": "alice", "database": "shop", "options": "-c mtcache.x=1"})  # fmt: skip
+    assert _read_all(reader) == EXPECTED
+    assert reader.pending == 0
+
+
+def test_messages_split_at_every_byte() -> None:
+    reader = FrontendReader()
+    found: list[protocol.Message] = []
+    for i in range(len(MESSAGES)):
+        reader.feed(MESSAGES[i : i + 1])
+        found += _read_all(reader)
+    assert found == EXPECTED
+
+
+def test_ssl_gssenc_and_cancel_requests() -> None:
+    reader = FrontendReader()
+    reader.feed(struct.pack("!ii", 8, protocol.SSL_REQUEST)
+                + struct.pack("!ii", 8, protocol.GSSENC_REQUEST)
+                + struct.pack("!iii", 16, protocol.CANCEL_REQUEST, 42) + b"KEY!")  # fmt: skip
+    assert reader.next_startup() == protocol.SSLRequest()
+    assert reader.next_startup() == protocol.GSSENCRequest()
+    assert reader.next_startup() == protocol.CancelRequest(42, b"KEY!")
+
+
+@pytest.mark.parametrize(("data", "says"), [
+    (protocol.message(b"Y"), "invalid frontend message type"),
+    (b"Q" + struct.pack("!i", 2), "invalid message length"),
+    (b"Q" + struct.pack("!i", -5), "invalid message length"),
+    (protocol.message(b"Q", b"no terminator"), "no terminator"),
+    (protocol.message(b"E", b"portal\0\0"), "insufficient data"),
+    (protocol.message(b"S", b"extra"), "left over"),
+    (protocol.message(b"D", b"Xname\0"), "subtype"),
+    (protocol.message(b"B", b"\0\0" + struct.pack("!hh", 1, 7) + b"\0\0\0\0"),
+     "unsupported format code"),
+    (protocol.message(b"B", b"\0\0\0\0" + struct.pack("!hi", 1, -2) + b"\0\0"),
+     "invalid parameter length"),
+    (protocol.message(b"B", b"\0\0" + struct.pack("!hhh", 2, 0, 0) + struct.pack("!h", 1)
+                      + struct.pack("!i", -1) + b"\0\0"), "parameter formats"),
+], ids=["unknown", "short-length", "negative-length", "unterminated", "truncated",
+        "left-over", "describe-kind", "format-code", "param-length", "format-count"])  # fmt: skip
+def test_malformed_messages_are_protocol_violations(data: bytes, says: str) -> None:
+    reader = FrontendReader()
+    reader.feed(data)
+    with pytest.raises(ProtocolViolation, match=says):
+        reader.next_message()
+
+
+@pytest.mark.parametrize("packet", [
+    struct.pack("!i", 4),  # too short
+    struct.pack("!i", 20_000) + b"\0" * 16,  # too long
+    struct.pack("!ii", 8, 2 << 16),  # protocol 2
+    struct.pack("!iii", 12, protocol.PROTOCOL_3_0, 0x41414141),  # an unterminated name
+], ids=["short", "long", "version-2", "unterminated"])  # fmt: skip
+def test_malformed_startup_packets(packet: bytes) -> None:
+    reader = FrontendReader()
+    reader.feed(packet)
+    with pytest.raises(ProtocolViolation):
+        reader.next_startup()
+
+
+def test_backend_messages_encode_as_postgres_frames_them() -> None:
+    assert protocol.ready_for_query(b"I") == b"Z\0\0\0\x05I"
+    assert protocol.command_complete("SELECT 1") == b"C\0\0\0\x0dSELECT 1\0"
+    assert protocol.data_row([b"7", None]) == (b"D\0\0\0\x0f\0\x02" + b"\0\0\0\x017"
+                                               + b"\xff\xff\xff\xff")  # fmt: skip
+    row = protocol.row_description([protocol.Field(b"a", 16384, 1, 23, 4, -1, 0)])
+    assert row == b"T" + struct.pack("!ih", 4 + 2 + 2 + 18, 1) + b"a\0" + struct.pack(
+        "!IhIhih", 16384, 1, 23, 4, -1, 0)  # fmt: skip
+    body = b"SERROR\0VERROR\0C42601\0Mbad\0P3\0\0"
+    assert protocol.error_response("42601", "bad", position=3) == b"E" + struct.pack(
+        "!i", len(body) + 4) + body  # fmt: skip
