@@ -225,6 +225,13 @@ class _Finder:
             return
         if isinstance(node, (*_COMPARED, exp.Between, exp.Nullif)):
             self._compared(node, _operands(node))
+            if isinstance(node, exp.Nullif) and node.this.meta.get(NODE_ID) in self.rtrim:
+                # its value is that operand promoted to char, trailing blanks kept (printed,
+                # counted by octet_length): the comparison's rtrim would drop them
+                self.blocker = (f"it takes NULLIF of a {self.type(node.this).kind} value "
+                                "compared with a char(n) one (PostgreSQL keeps its trailing "
+                                "blanks)")  # fmt: skip
+                return
         if isinstance(node, exp.Greatest | exp.Least):
             # compared in the type of the first operand (select_common_type): as char only
             # when that is char; a char value met as text is already without its padding
