@@ -4,6 +4,10 @@ must be the bytes PostgreSQL sent, in text and in binary."""
 
 from __future__ import annotations
 
+import math
+import random
+import struct
+
 import psycopg
 import pytest
 from psycopg import pq
@@ -20,9 +24,12 @@ EDGES = {
                 "-1e-20", "1e20", "NaN", "Infinity", "-Infinity", "100", "9999.9999"],
     "float8": ["0", "-0", "1", "1.5", "1e15", "1e14", "123456789012345.6", "1e-5", "0.0001",
                "1e300", "-2.2250738585072014e-308", "5e-324", "3.141592653589793", "NaN",
-               "Infinity", "-Infinity", "0.1", "100", "12345678.9"],
+               "Infinity", "-Infinity", "0.1", "100", "12345678.9",
+               # halfway between two doubles: PostgreSQL takes one digit more than repr
+               "-6.5670570644285216e+16", "-5.5261576824590643e+17"],
     "float4": ["0", "-0", "1", "3.14", "1e6", "999999", "123456", "1.2345679e+07", "1e-5",
-               "3.4028235e+38", "1e-45", "NaN", "Infinity", "0.1"],
+               "3.4028235e+38", "1e-45", "NaN", "Infinity", "0.1",
+               "33566752", "5.0816768e+07", "-2.7479839e+09"],  # halfway, as for doubles
     "text": ["", "plain", "ünïcødé ✓", "tab\there", "new\nline", "back\\slash"],
     "varchar(5)": ["abc", ""],
     "char(4)": ["ab", "abcd"],
@@ -64,9 +71,28 @@ def test_every_encoder_writes_postgres_bytes(backend_dsn: str, binary: bool) -> 
                     sql = f"SELECT {psycopg.sql.quote(literal)}::{type_name}"
                     oid, sent, loaded = _postgres(conn, sql, binary)
                     assert values.encodable([oid]), type_name
-                    (encode,) = values.encoders([oid], [1 if binary else 0],
+                    (encode,) = values.encoders((oid,), (1 if binary else 0,),
                                                 values.OutputSettings())  # fmt: skip
                     assert encode(loaded) == sent, (zone, sql, loaded)
+
+
+def test_random_floats_print_as_postgres_prints_them(backend_dsn: str) -> None:
+    """Every bit pattern is as likely: a fixed-seed sweep of doubles and reals."""
+    chance = random.Random(27)
+    doubles = [struct.unpack("d", struct.pack("Q", chance.getrandbits(64)))[0]
+               for _ in range(3000)]  # fmt: skip
+    reals = [struct.unpack("f", struct.pack("I", chance.getrandbits(32)))[0]
+             for _ in range(3000)]  # fmt: skip
+    with psycopg.connect(backend_dsn, autocommit=True) as conn:
+        for type_name, found in (("float8", doubles), ("float4", reals)):
+            finite = [v for v in found if math.isfinite(v)]
+            array = "{" + ",".join(repr(v) for v in finite) + "}"
+            sent = conn.pgconn.exec_params(f"SELECT unnest($1::{type_name}[])".encode(),
+                                           [array.encode()])  # fmt: skip
+            oid = sent.ftype(0)
+            (encode,) = values.encoders((oid,), (0,), values.OutputSettings())
+            for row, value in enumerate(finite):
+                assert encode(value) == sent.get_value(row, 0), (type_name, value)
 
 
 def test_floats_under_extra_float_digits_zero(backend_dsn: str) -> None:
@@ -76,7 +102,7 @@ def test_floats_under_extra_float_digits_zero(backend_dsn: str) -> None:
         for type_name in ("float8", "float4"):
             for literal in EDGES[type_name]:
                 oid, sent, loaded = _postgres(conn, f"SELECT '{literal}'::{type_name}", False)
-                (encode,) = values.encoders([oid], [0], settings)
+                (encode,) = values.encoders((oid,), (0,), settings)
                 assert encode(loaded) == sent, (type_name, literal)
 
 

@@ -36,4 +36,3 @@ class OID:
     interval = oid_of("interval")
     numeric = oid_of("numeric")
     uuid = oid_of("uuid")
-    unknown = 705  # not in psycopg's registry

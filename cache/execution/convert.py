@@ -16,7 +16,6 @@ import datetime as dt
 import decimal
 import math
 import re
-import struct
 import typing as t
 from collections.abc import Callable, Mapping, Sequence
 
@@ -25,8 +24,10 @@ import psycopg
 import pyarrow as pa
 
 from cache.backend.copy_arrow import arrow_type
+from cache.backend.oids import OID
 from optimizer import pg_numeric
 from optimizer.allowlist import ZONE_PARAMETER
+from optimizer.pg_float import shortest_digits
 from optimizer.plan import LocalStatement, Output
 from sql_ext.errors import DataError
 
@@ -38,30 +39,22 @@ _INTEGERS = frozenset({"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "U
 _FLOATS = frozenset({"FLOAT", "DOUBLE"})
 
 
-def _oid(name: str) -> int:
-    info = psycopg.postgres.types.get(name)
-    assert info is not None
-    return info.oid
-
-
-NUMERIC, BPCHAR, FLOAT4 = _oid("numeric"), _oid("bpchar"), _oid("float4")
-TIMESTAMPTZ, INTERVAL = _oid("timestamptz"), _oid("interval")
-_INTEGER_OIDS = frozenset(_oid(n) for n in ("int2", "int4", "int8", "oid"))
-_FLOAT_OIDS = frozenset(_oid(n) for n in ("float4", "float8"))
-_TEXT_OIDS = frozenset(_oid(n) for n in ("text", "varchar", "name"))
+_INTEGER_OIDS = frozenset((OID.int2, OID.int4, OID.int8, OID.oid))
+_FLOAT_OIDS = frozenset((OID.float4, OID.float8))
+_TEXT_OIDS = frozenset((OID.text, OID.varchar, OID.name))
 _SAME = {  # PostgreSQL type -> DuckDB types whose Python values psycopg's equal as they are
-    _oid("bool"): {"BOOLEAN"},
-    _oid("date"): {"DATE"},
-    _oid("time"): {"TIME"},
-    _oid("timestamp"): {"TIMESTAMP"},
-    _oid("timestamptz"): {"TIMESTAMP WITH TIME ZONE"},
-    _oid("uuid"): {"UUID"},
-    _oid("bytea"): {"BLOB"},
-    _oid("interval"): {"INTERVAL"},  # without months (optimizer.pg_semantics keeps those remote)
+    OID.bool: {"BOOLEAN"},
+    OID.date: {"DATE"},
+    OID.time: {"TIME"},
+    OID.timestamp: {"TIMESTAMP"},
+    OID.timestamptz: {"TIMESTAMP WITH TIME ZONE"},
+    OID.uuid: {"UUID"},
+    OID.bytea: {"BLOB"},
+    OID.interval: {"INTERVAL"},  # without months (optimizer.pg_semantics keeps those remote)
 }
 
 
-_DATETIMES = frozenset(_oid(n) for n in ("date", "timestamp", "timestamptz", "time"))
+_DATETIMES = frozenset((OID.date, OID.timestamp, OID.timestamptz, OID.time))
 # what DuckDB's Python gives for infinity and -infinity: the same as for the extreme dates
 _EDGES = frozenset({
     dt.date.max, dt.date.min, dt.datetime.max, dt.datetime.min,
@@ -139,15 +132,11 @@ def _to_float(value: t.Any) -> t.Any:
 
 
 def _float4(value: t.Any) -> t.Any:
-    """A real as psycopg gives it: the shortest decimal that reads back as the same 32-bit
-    float (PostgreSQL prints reals so), not the double DuckDB widens it to."""
-    if value is None or math.isnan(value) or math.isinf(value):
+    """A real as psycopg gives it: the double of the digits PostgreSQL prints for it
+    (`optimizer.pg_float`), not the double DuckDB widens it to."""
+    if value is None or math.isnan(value) or math.isinf(value) or value == 0:
         return value
-    for digits in range(1, 10):
-        shortest = float(f"{value:.{digits}g}")
-        if struct.unpack("f", struct.pack("f", shortest))[0] == value:
-            return shortest
-    return value
+    return float(shortest_digits(value, 4))
 
 
 _EXACT = decimal.Context(prec=1000, traps=[decimal.InvalidOperation])
@@ -188,13 +177,13 @@ def column_converter(
     base = duck_type.split("(", maxsplit=1)[0].upper().strip('"')
     if base == "NULL":  # DuckDB folded the column to NULL: every value is None
         return _identity
-    if oid == INTERVAL and base == "VARCHAR":  # an interval with months, printed by DuckDB
+    if oid == OID.interval and base == "VARCHAR":  # an interval with months, printed by DuckDB
         return _interval
-    if oid == TIMESTAMPTZ:
+    if oid == OID.timestamptz:
         return _in_zone(zone) if base in _SAME[oid] else None
     if oid in _DATETIMES:
         return _in_python_range if base in _SAME[oid] else None
-    if oid == NUMERIC:
+    if oid == OID.numeric:
         if base == "DECIMAL":
             duck_scale = _decimal_scale(duck_type)
             if scale is None:
@@ -210,7 +199,7 @@ def column_converter(
         return None
     if oid in _INTEGER_OIDS:
         return _identity if base in _INTEGERS else None
-    if oid == FLOAT4:
+    if oid == OID.float4:
         if base == "FLOAT":
             return _float4
         return _to_float if base in ("TINYINT", "SMALLINT") else None
@@ -218,7 +207,7 @@ def column_converter(
         if base in _FLOATS:
             return _identity
         return _to_float if base in _INTEGERS else None
-    if oid == BPCHAR:
+    if oid == OID.bpchar:
         if base != "VARCHAR":
             return None
         # char(n): stored without its padding (control_tables.types.BPCHAR), padded to n
@@ -268,7 +257,7 @@ def converter(
             makers.append(_column(output, convert))
         elif output[0] == "scaled":
             _, value, scale = t.cast(tuple[str, int, int], output)
-            if oid != NUMERIC or duck_types[value].split("(")[0].upper() not in \
+            if oid != OID.numeric or duck_types[value].split("(")[0].upper() not in \
                     _INTEGERS | {"DECIMAL"}:  # fmt: skip
                 return f"DuckDB computes {name} as {duck_types[value]}, not a numeric"
             plain = False
@@ -316,7 +305,7 @@ def _operand(duck_type: str, scale: t.Any) -> Callable[[t.Any, Row], t.Any] | No
     """How a division's operand is read from a row, at PostgreSQL's display scale: the same
     for every row (a number) or DuckDB's column beside it (("column", index))."""
     if isinstance(scale, int):
-        found = column_converter(NUMERIC, -1, duck_type, scale=scale)
+        found = column_converter(OID.numeric, -1, duck_type, scale=scale)
         if found is None:
             return None
         fixed: Convert = found
@@ -345,7 +334,7 @@ def _division(
     floating-point one; None when DuckDB's operands are not exact for it. ``scales``: the
     display scales of PostgreSQL's operands (its quotient's scale depends on them)."""
     bases = {d.split("(", maxsplit=1)[0].upper() for d in duck_types}
-    if oid == NUMERIC:
+    if oid == OID.numeric:
         if not bases <= _INTEGERS | {"DECIMAL"}:
             return None
         operands = []

@@ -14,10 +14,10 @@ tests/test_server_values.py checks every encoder against PostgreSQL's own bytes.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import math
 import struct
 import typing as t
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
@@ -27,13 +27,9 @@ from psycopg import _encodings as psycopg_encodings  # PostgreSQL's encoding nam
 from psycopg.pq import Format
 
 from cache.backend.oids import OID
+from optimizer.pg_float import shortest_digits
 
 Encoder = Callable[[t.Any], bytes]
-
-_BINARY_DUMPED = (OID.bool, OID.int2, OID.int4, OID.int8, OID.oid, OID.float4, OID.float8,
-                  OID.numeric, OID.text, OID.varchar, OID.name, OID.date, OID.time,
-                  OID.timestamp, OID.timestamptz, OID.bytea, OID.uuid)  # fmt: skip
-
 
 @dataclass(frozen=True)
 class OutputSettings:
@@ -67,17 +63,13 @@ def encodable(type_oids: t.Iterable[int]) -> bool:
     return all(oid in _TEXT for oid in type_oids)
 
 
-def encoders(type_oids: t.Sequence[int], formats: t.Sequence[int],
-             settings: OutputSettings) -> list[Encoder]:  # fmt: skip
-    """One encoder per column, in the format the client asked for it (0 text, 1 binary)."""
-    found = []
-    for oid, code in zip(type_oids, formats, strict=True):
-        if code == 1:
-            found.append(_binary(oid))
-        else:
-            make = _TEXT[oid]
-            found.append(make(settings))
-    return found
+@functools.lru_cache(maxsize=1024)
+def encoders(type_oids: tuple[int, ...], formats: tuple[int, ...],
+             settings: OutputSettings) -> tuple[Encoder, ...]:  # fmt: skip
+    """One encoder per column, in the format the client asked for it (0 text, 1 binary);
+    made once per result shape (encoders keep no state: sessions share them)."""
+    return tuple(_binary(oid) if code == 1 else _TEXT[oid](settings)
+                 for oid, code in zip(type_oids, formats, strict=True))  # fmt: skip
 
 
 # -- text: PostgreSQL's output functions ----------------------------------------------------------
@@ -118,18 +110,20 @@ def _float(width: int) -> Callable[[OutputSettings], Encoder]:
 
     def make(settings: OutputSettings) -> Encoder:
         extra = settings.extra_float_digits
-        shortest = _shortest8 if width == 8 else _shortest4
 
         def encode(value: float) -> bytes:
             if math.isnan(value):
                 return b"NaN"
-            if value in (float("inf"), float("-inf")):
+            if math.isinf(value):
                 return b"Infinity" if value > 0 else b"-Infinity"
             if extra <= 0:
                 return format(value, f".{max(limit + extra, 1)}g").encode()
             if value == 0:
-                return b"-0" if struct.pack("!d", value)[0] & 0x80 else b"0"
-            sign, digits, exponent = Decimal(shortest(value)).normalize().as_tuple()
+                return b"-0" if math.copysign(1.0, value) < 0 else b"0"
+            if width == 4:  # psycopg gives a real as the double of its printed digits
+                value = _F4.unpack(_F4.pack(value))[0]
+            sign, digits, exponent = Decimal(shortest_digits(value, width)).normalize() \
+                .as_tuple()  # fmt: skip
             text = "".join(map(str, digits))
             point = len(text) + int(exponent)  # digits before the decimal point
             e10 = point - 1
@@ -150,24 +144,7 @@ def _float(width: int) -> Callable[[OutputSettings], Encoder]:
     return make
 
 
-def _shortest8(value: float) -> str:
-    return repr(value)
-
-
-_F4 = struct.Struct("!f")
-
-
-def _shortest4(value: float) -> str:
-    """The shortest decimal that reads back as the same float4."""
-    target = _F4.pack(value)
-    for digits in range(1, 10):
-        text = format(value, f".{digits}g")
-        try:
-            if _F4.pack(float(text)) == target:
-                return text
-        except OverflowError:  # rounded past the largest float4
-            continue
-    return repr(value)
+_F4 = struct.Struct("f")
 
 
 def _date(_: OutputSettings) -> Encoder:
@@ -219,16 +196,11 @@ def _uuid(_: OutputSettings) -> Encoder:
     return lambda value: str(value).encode()
 
 
-def _char(settings: OutputSettings) -> Encoder:
-    """The one-byte "char" type."""
-    return _strings(settings)
-
-
 _TEXT: dict[int, Callable[[OutputSettings], Encoder]] = {
     OID.bool: _bool, OID.int2: _integer, OID.int4: _integer, OID.int8: _integer,
     OID.oid: _integer, OID.float4: _float(4), OID.float8: _float(8), OID.numeric: _numeric,
     OID.text: _strings, OID.varchar: _strings, OID.bpchar: _strings, OID.name: _strings,
-    OID.char: _char, OID.date: _date, OID.time: _time, OID.timestamp: _timestamp,
+    OID.char: _strings, OID.date: _date, OID.time: _time, OID.timestamp: _timestamp,
     OID.timestamptz: _timestamptz, OID.bytea: _bytea, OID.uuid: _uuid,
 }  # fmt: skip
 
@@ -262,6 +234,7 @@ def _dumped(oid: int) -> Encoder:
 Decoder = Callable[[bytes], t.Any]
 
 
+@functools.lru_cache(maxsize=256)
 def decoder(type_oid: int, binary: bool) -> Decoder | None:
     """How a parameter of this type, in this format, becomes the Python value psycopg would
     give for it (None: no such loader; the backend takes the statement)."""
@@ -276,9 +249,4 @@ def decoder(type_oid: int, binary: bool) -> Decoder | None:
     return loader.load
 
 
-def decodable(type_oid: int) -> bool:
-    return type_oid in _TEXT and type_oid != OID.char
-
-
-__all__ = ["OutputSettings", "codec_of", "decodable", "decoder", "encodable", "encoders",
-           "uuid"]
+__all__ = ["OutputSettings", "codec_of", "decoder", "encodable", "encoders"]
