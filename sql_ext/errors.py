@@ -230,18 +230,20 @@ _DIAG_FIELDS = (
 )  # fmt: skip
 
 
+def diag_fields(diag: t.Any) -> list[tuple[str, str]]:
+    """The fields of a psycopg ``Diagnostic`` (an error's or a notice's), as `diagnostics`
+    names them."""
+    return [(name, str(value)) for name, attribute in _DIAG_FIELDS
+            if (value := getattr(diag, attribute, None)) is not None]  # fmt: skip
+
+
 def diagnostics(exc: BaseException, statement: str | None = None) -> list[tuple[str, str]]:
     """An error as PostgreSQL's error fields, (name, value) in protocol order: every field
     the backend sent for one of its errors; SQLSTATE by class, message and position (a
     1-based character offset in ``statement``) for one of the cache's own."""
     diag = getattr(exc, "diag", None)
     if diag is not None and getattr(diag, "sqlstate", None):
-        fields = []
-        for name, attribute in _DIAG_FIELDS:
-            value = getattr(diag, attribute, None)
-            if value is not None:
-                fields.append((name, str(value)))
-        return fields
+        return diag_fields(diag)
     own = getattr(exc, "sqlstate", None)
     if isinstance(exc, Error) or _is_psycopg(exc) or isinstance(own, str):
         sqlstate = own or next(
@@ -278,6 +280,7 @@ __all__ = [
     "SqlSyntaxError",
     "Warning",
     "connection_lost",
+    "diag_fields",
     "diagnostics",
     "first_line",
     "translate",

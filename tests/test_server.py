@@ -101,6 +101,33 @@ def test_values_of_every_cached_type_are_postgres_bytes(served: Served, binary: 
         assert _same(got, want)
 
 
+def test_local_floats_follow_the_sessions_extra_float_digits(served: Served) -> None:
+    """extra_float_digits is not reported to clients: the server reads it after a statement
+    that may set it, and again when a SET LOCAL's transaction ends."""
+    sql = ("SELECT isbn, price::float8 / 7 AS f8, price::float4 / 3 AS f4 FROM books "
+           "WHERE authorid = %s ORDER BY isbn")  # fmt: skip
+    with psycopg.connect(served.dsn, autocommit=True) as conn, \
+            psycopg.connect(served.backend, autocommit=True) as pg:  # fmt: skip
+        for setting in ("SET extra_float_digits = 0", "SET extra_float_digits = -3",
+                        "BEGIN; SET LOCAL extra_float_digits = 1; COMMIT",
+                        "RESET extra_float_digits"):  # fmt: skip
+            conn.execute(setting)
+            pg.execute(setting)
+            hits = served.engine.counters()["hits"]
+            for binary in (False, True):
+                got = conn.cursor(binary=binary).execute(sql + " CURRENCY BOUND 10 MIN", (1,))
+                assert _same(got, pg.cursor(binary=binary).execute(sql, (1,))), setting
+            # the text itself, as psql would print it
+            text = conn.pgconn.exec_(
+                b"SELECT price::float8 / 7 FROM books WHERE authorid = 1 ORDER BY isbn "
+                b"CURRENCY BOUND 10 MIN")  # fmt: skip
+            want = pg.pgconn.exec_(b"SELECT price::float8 / 7 FROM books WHERE authorid = 1 "
+                                   b"ORDER BY isbn")  # fmt: skip
+            assert [text.get_value(i, 0) for i in range(text.ntuples)] == \
+                [want.get_value(i, 0) for i in range(want.ntuples)], setting  # fmt: skip
+            assert served.engine.counters()["hits"] > hits  # answered by the cache
+
+
 def test_simple_query_protocol_several_statements(served: Served) -> None:
     with psycopg.connect(served.dsn, autocommit=True) as conn:
         cur = conn.cursor()

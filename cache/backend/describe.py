@@ -3,7 +3,8 @@ and type modifiers. A local answer is given exactly these (`cache.execution.conv
 same `cursor.description`, and values of the Python types psycopg gives for them.
 
 `describe_result` asks the backend without running the statement (the extended protocol's
-Describe of an unnamed prepared statement, the parameters of a first execution bound);
+Describe of an unnamed prepared statement, `describe_statement`, the parameters of a first
+execution bound);
 `ResultShape` also carries a result the backend did return, so its description is built only
 when read.
 """
@@ -51,11 +52,19 @@ def describe_result(dsn: str, sql: str, params: Params) -> ResultShape | None:
             bound = cursor.mogrify(sql, params)  # type: ignore[arg-type]
         except psycopg.Error:
             return None
-        pgconn = conn.pgconn
-        prepared = pgconn.prepare(b"", bound.encode(conn.info.encoding))
-        if prepared.status != pq.ExecStatus.COMMAND_OK:
-            return None
-        described = pgconn.describe_prepared(b"")
+        described = describe_statement(conn, bound.encode(conn.info.encoding))
         if described.status != pq.ExecStatus.COMMAND_OK:
             return None
         return ResultShape(described, cursor)
+
+
+def describe_statement(conn: psycopg.Connection[t.Any], sql: bytes,
+                       param_types: t.Sequence[int] = ()) -> pq.abc.PGresult:  # fmt: skip
+    """The backend's Describe of a statement (``$n`` parameters of these types, 0: to
+    infer) as the unnamed prepared statement: its parameter types and result columns, or
+    the error result that refused it."""
+    pgconn = conn.pgconn
+    prepared = pgconn.prepare(b"", sql, param_types or None)
+    if prepared.status != pq.ExecStatus.COMMAND_OK:
+        return prepared
+    return pgconn.describe_prepared(b"")

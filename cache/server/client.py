@@ -14,8 +14,6 @@ flushes, or when a statement the engine answers comes next.
 from __future__ import annotations
 
 import dataclasses
-import logging
-import select
 import typing as t
 from collections import deque
 from collections.abc import Callable
@@ -25,20 +23,23 @@ import psycopg
 from psycopg import pq
 from psycopg.pq import ExecStatus
 
+from cache.backend.oids import OID
 from cache.engine.result import Result
 from cache.engine.route import CachedRead, Passthrough, Route, Write
 from cache.engine.session import Session
 from cache.server import protocol, relay, values
 from cache.server.placeholders import Converted, to_backend, to_engine
 from cache.server.protocol import Field, ProtocolViolation
-from sql_ext.errors import Error, diagnostics
+from sql_ext.errors import Error, diag_fields, diagnostics
 from sql_ext.statements import split_statements
 
-log = logging.getLogger("mtcache.server")
-
 Out = Callable[[bytes], None]
+# a statement's parameter types and result columns (None: it returns no rows)
+Description = tuple[tuple[int, ...], list[Field] | None]
 
 _TEXT_SIZE = -1
+# settings that shape PostgreSQL's text output without being reported in ParameterStatus
+_OUTPUT_SETTINGS = ("EXTRA_FLOAT_DIGITS", "BYTEA_OUTPUT", "RESET ALL", "DISCARD")
 
 
 @dataclass
@@ -51,12 +52,27 @@ class Statement:
     converted: Converted  # the engine's text: $n as %s
     route: Route
     backend_name: bytes | None = None  # its name at the backend once parsed there
-    # (parameter types, result columns or None for no rows), once described
-    described: tuple[tuple[int, ...], list[Field] | None] | None = None
+    described: Description | None = None  # once described
 
     @property
     def passthrough(self) -> bool:
         return isinstance(self.route, Passthrough | Write)
+
+    @property
+    def engine_sql(self) -> str:
+        """The text the engine routes and plans (``%s`` marks for ``$n`` ones)."""
+        converted = self.converted
+        return converted.sql if converted.order else self.text
+
+    @property
+    def backend_text(self) -> str:
+        """What the backend is sent for the statement: a cached read's clauses cut out."""
+        routed = self.route
+        if not isinstance(routed, CachedRead):
+            return self.text
+        order = self.converted.order
+        return to_backend(routed.query.backend_sql, order) if order else \
+            routed.query.backend_sql  # fmt: skip
 
 
 @dataclass
@@ -85,8 +101,7 @@ class Conversation:
     """The protocol state of one client connection (see the module)."""
 
     def __init__(self, session: Session, out: Out, settings: values.OutputSettings,
-                 describe: Callable[[str, tuple[int, ...]], tuple[tuple[int, ...],
-                                                                   list[Field] | None]],
+                 describe: Callable[[str, tuple[int, ...]], Description],
                  next_message: Callable[[], protocol.Message],
                  reported: dict[str, str]) -> None:  # fmt: skip
         self.session = session
@@ -104,7 +119,7 @@ class Conversation:
         self._unnamed_owner: Statement | None = None  # whose text the backend's "" holds
         self._names = 0
         self.ignoring = False  # after an error, until Sync
-        self.last_status = b"I"
+        self._output_changed = False  # a statement may have changed `_OUTPUT_SETTINGS`
 
     # -- messages ------------------------------------------------------------------------------
 
@@ -190,8 +205,8 @@ class Conversation:
         if sql is None:
             sql = ";".join(part for part, _ in run).encode(self.settings.codec)
         ok = self._relay_query(sql)
-        for _, routed in run:
-            self.session.forwarded(t.cast(Passthrough | Write, routed))
+        for part, routed in run:
+            self._forwarded(part, t.cast(Passthrough | Write, routed))
         return ok
 
     def _relay_query(self, sql: bytes) -> bool:
@@ -200,38 +215,61 @@ class Conversation:
         pgconn.send_query(sql)
         relay.flush(pgconn)
         pgconn.set_chunked_rows_mode(relay.CHUNK_ROWS)
-        ok = True
-        described = False
-        tag = relay.Tag()
-        while (result := relay.wait_result(pgconn)) is not None:
-            status = result.status
-            if status in relay.ROWS:
-                if not described:
-                    self.out(protocol.row_description(relay.fields_of(result)))
-                    described = True
-                relay.send_rows(result, self.out)
-                if tag.seen(result):
-                    self.out(protocol.command_complete(tag.take()))
-                    described = False
-            elif status == ExecStatus.COMMAND_OK:
-                self.out(protocol.command_complete(result.command_status or b""))
-            elif status == ExecStatus.EMPTY_QUERY:
-                self.out(protocol.EMPTY_QUERY)
-            elif status == ExecStatus.COPY_OUT:
-                self._copy_out(conn, result)
-            elif status == ExecStatus.COPY_IN:
-                ok = self._copy_in(conn, result) and ok
-            else:
-                self.out(relay.diagnostic_message(result))
-                ok = False
+        ok = self._relay_results(conn, self.out, simple=True)
         self._notifications()
         return ok
 
+    def _relay_results(self, conn: psycopg.Connection[t.Any], out: Out, *, simple: bool,
+                       mixed: list[int] | None = None) -> bool:  # fmt: skip
+        """A backend command's results as the client's messages (``simple``: a Query
+        message's, each row set with its RowDescription, COPY relayed; ``mixed``: the
+        client's per-column formats where libpq sent text): False if it failed."""
+        pgconn = conn.pgconn
+        ok, described, transcoder, tag = True, False, None, relay.Tag()
+        while (result := relay.wait_result(pgconn)) is not None:
+            status = result.status
+            if status in relay.ROWS:
+                if simple and not described:
+                    out(protocol.row_description(relay.fields_of(result)))
+                    described = True
+                if mixed is not None and transcoder is None:
+                    formats = relay.result_formats(mixed, result.nfields)
+                    transcoder = relay.Transcoder(conn, result, formats)
+                relay.send_rows(result, out, transcoder)
+                if tag.seen(result):
+                    out(protocol.command_complete(tag.take()))
+                    described = False
+            elif status == ExecStatus.COMMAND_OK:
+                out(protocol.command_complete(result.command_status or b""))
+            elif status == ExecStatus.EMPTY_QUERY:
+                out(protocol.EMPTY_QUERY)
+            elif status == ExecStatus.PIPELINE_ABORTED:
+                ok = False
+            elif status == ExecStatus.COPY_OUT and simple:
+                self._copy_out(conn, result)
+            elif status == ExecStatus.COPY_IN and simple:
+                self._copy_in(conn, result)
+            elif status in (ExecStatus.COPY_IN, ExecStatus.COPY_OUT):
+                self.out(protocol.error_response("0A000", "COPY through the extended query "
+                         "protocol is not supported by the cache server: send it as a "
+                         "simple query"))  # fmt: skip
+                ok = False
+            else:
+                self.out(relay.diagnostic_message(result))
+                ok = False
+        return ok
+
+    def _forwarded(self, sql: str, routed: Passthrough | Write) -> None:
+        """A statement reached the backend: the session's bookkeeping, and a note when it
+        may have changed a setting local answers are encoded by."""
+        self.session.forwarded(routed)
+        upper = sql.upper()
+        if any(name in upper for name in _OUTPUT_SETTINGS):
+            self._output_changed = True
+
     def _engine_simple(self, text: str, routed: Route) -> bool:
         """A statement the cache answers (or judges) in a Query message."""
-        if self.session.backend_transaction_status() == pq.TransactionStatus.INERROR:
-            raise _Refusal("25P02", "current transaction is aborted, commands ignored until "
-                           "end of transaction block")  # fmt: skip
+        self._check_not_failed()
         if isinstance(routed, CachedRead):
             result = self._read_locally(routed, None)
             if result is None:  # the backend answers it, its clauses cut out
@@ -246,8 +284,8 @@ class Conversation:
     def _parse(self, message: protocol.Parse) -> None:
         text = message.sql.decode(self.settings.codec)
         converted = to_engine(text)
-        has_params = bool(converted.order)
-        routed = self._route(converted.sql if has_params else text, with_params=has_params)
+        engine_sql = converted.sql if converted.order else text
+        routed = self._route(engine_sql, with_params=bool(converted.order))
         statement = Statement(message.sql, text, message.param_types, converted, routed)
         name = message.name
         if name and name in self.statements:
@@ -257,18 +295,21 @@ class Conversation:
         if previous is not None and previous.backend_name:
             self._close_at_backend(previous)
         self.statements[name] = statement
-        if statement.passthrough:
-            self._prepare_at_backend(statement, name)
-        else:
+        if not statement.passthrough:
             self._queue.append(_Ready(protocol.PARSE_COMPLETE))
-
-    def _prepare_at_backend(self, statement: Statement, client_name: bytes) -> None:
-        pgconn = self._piped_backend()
-        if client_name:
+            return
+        backend_name = b""  # the backend's names are the server's (the engine names too)
+        if name:
             self._names += 1
             backend_name = f"mtcache_{self._names}".encode()
-        else:
-            backend_name = b""
+        self._prepare_at_backend(statement, backend_name, protocol.PARSE_COMPLETE)
+
+    def _prepare_at_backend(self, statement: Statement, backend_name: bytes,
+                            answer: bytes = b"") -> None:  # fmt: skip
+        """Parse the statement at the backend under this name; ``answer`` for the client
+        when it succeeds."""
+        pgconn = self._piped_backend()
+        if not backend_name:
             self._unnamed_owner = statement
         statement.backend_name = backend_name
         pgconn.send_prepare(backend_name, statement.sql, statement.param_types or None)
@@ -279,7 +320,7 @@ class Conversation:
                 statement.backend_name = None
                 self.out(relay.diagnostic_message(result))
                 return False
-            self.out(protocol.PARSE_COMPLETE)
+            self.out(answer)
             return True
 
         self._queue.append(_Expect(read))
@@ -326,7 +367,7 @@ class Conversation:
             self._queue.append(_Expect(lambda: _then(then, found)))
             return
         if not statement.passthrough:
-            found = self._describe(self._backend_text(statement), statement.param_types)
+            found = self._describe(statement.backend_text, statement.param_types)
             statement.described = found
             self._queue.append(_Expect(lambda: _then(then, found)))
             return
@@ -361,21 +402,16 @@ class Conversation:
         self._drain()
         if self.ignoring:
             return
-        if self.session.backend_transaction_status() == pq.TransactionStatus.INERROR:
-            raise _Refusal("25P02", "current transaction is aborted, commands ignored until "
-                           "end of transaction block")  # fmt: skip
+        self._check_not_failed()
         params = self._engine_params(portal)
         routed = statement.route
-        engine_sql = statement.converted.sql if statement.converted.order else statement.text
         if isinstance(routed, CachedRead):
             result = self._read_locally(routed, params)
             if result is None:
-                backend_sql = to_backend(routed.query.backend_sql, statement.converted.order) \
-                    if statement.converted.order else routed.query.backend_sql  # fmt: skip
-                self._execute_text_at_backend(portal, backend_sql, message.max_rows)
+                self._execute_text_at_backend(portal, routed, message.max_rows)
                 return
         else:
-            result = self.session.execute(engine_sql, params if params else None)
+            result = self.session.execute(statement.engine_sql, params or None)
         formats = relay.result_formats(portal.bind.result_formats,
                                        len(result.columns or ()))  # fmt: skip
         if message.max_rows > 0 and result.rows is not None:
@@ -390,68 +426,37 @@ class Conversation:
         pgconn = self._piped_backend()
         self._ensure_at_backend(statement)
         bind = portal.bind
-        formats = list(bind.result_formats)
-        uniform = len(set(formats)) <= 1
-        pgconn.send_query_prepared(
-            statement.backend_name or b"", list(bind.params),
-            [bind.param_format(i) for i in range(len(bind.params))] or None,
-            (formats[0] if formats else 0) if uniform else 0)  # fmt: skip
-        self._expect_rows(portal, max_rows, None if uniform else formats, statement.route)
+        param_formats, result_format, mixed = _bind_formats(bind)
+        pgconn.send_query_prepared(statement.backend_name or b"", list(bind.params),
+                                   param_formats, result_format)  # fmt: skip
+        self._expect_rows(portal, max_rows, mixed, statement.route)
 
-    def _execute_text_at_backend(self, portal: Portal, sql: str, max_rows: int) -> None:
+    def _execute_text_at_backend(self, portal: Portal, routed: CachedRead, max_rows: int) -> None:
         """A cached read the backend answers: its text (clauses cut), the client's values."""
         pgconn = self._piped_backend()
         bind = portal.bind
-        formats = list(bind.result_formats)
-        uniform = len(set(formats)) <= 1
         statement = portal.statement
         types = statement.described[0] if statement.described else statement.param_types
-        pgconn.send_query_params(
-            sql.encode(self.settings.codec), list(bind.params), list(types) or None,
-            [bind.param_format(i) for i in range(len(bind.params))] or None,
-            (formats[0] if formats else 0) if uniform else 0)  # fmt: skip
+        param_formats, result_format, mixed = _bind_formats(bind)
+        pgconn.send_query_params(statement.backend_text.encode(self.settings.codec),
+                                 list(bind.params), list(types) or None, param_formats,
+                                 result_format)  # fmt: skip
         self._unnamed_owner = None
-        self._expect_rows(portal, max_rows, None if uniform else formats, None)
-        self.session.answered_remotely(t.cast(CachedRead, statement.route).query)
+        self._expect_rows(portal, max_rows, mixed, None)
+        self.session.answered_remotely(routed.query)
 
     def _expect_rows(self, portal: Portal, max_rows: int, mixed: list[int] | None,
                      routed: Route | None) -> None:  # fmt: skip
         conn = self._backend()
-        pgconn = conn.pgconn
 
         def read() -> bool:
             held = max_rows > 0
-            out = self._holder(portal) if held else self.out
             if not held:
-                pgconn.set_chunked_rows_mode(relay.CHUNK_ROWS)
-            transcoder = None
-            ok = True
-            tag = relay.Tag()
-            while (result := relay.wait_result(pgconn)) is not None:
-                status = result.status
-                if status in relay.ROWS:
-                    if mixed is not None and transcoder is None:
-                        transcoder = relay.Transcoder(conn, result, relay.result_formats(
-                            mixed, result.nfields))  # fmt: skip
-                    relay.send_rows(result, out, transcoder)
-                    if tag.seen(result):
-                        out(protocol.command_complete(tag.take()))
-                elif status == ExecStatus.COMMAND_OK:
-                    out(protocol.command_complete(result.command_status or b""))
-                elif status == ExecStatus.EMPTY_QUERY:
-                    out(protocol.EMPTY_QUERY)
-                elif status == ExecStatus.PIPELINE_ABORTED:
-                    ok = False
-                elif status in (ExecStatus.COPY_IN, ExecStatus.COPY_OUT):
-                    self.out(protocol.error_response("0A000", "COPY through the extended "
-                             "query protocol is not supported by the cache server: send it "
-                             "as a simple query"))  # fmt: skip
-                    ok = False
-                else:
-                    self.out(relay.diagnostic_message(result))
-                    ok = False
+                conn.pgconn.set_chunked_rows_mode(relay.CHUNK_ROWS)
+            out = self._holder(portal) if held else self.out
+            ok = self._relay_results(conn, out, simple=False, mixed=mixed)
             if ok and routed is not None:
-                self.session.forwarded(t.cast(Passthrough | Write, routed))
+                self._forwarded(portal.statement.text, t.cast(Passthrough | Write, routed))
             if held and ok:
                 self.out(self._portal_rows(portal, max_rows))
             return ok
@@ -504,40 +509,22 @@ class Conversation:
             return
         pgconn = self._piped_backend()
         pgconn.send_close_prepared(name)
-        self._queue.append(_Expect(lambda: self._command_result(pgconn) is not None))
+        self._discard_result(pgconn)
 
     def _ensure_at_backend(self, statement: Statement) -> None:
         """Parse the statement at the backend again if its unnamed statement was replaced."""
         name = statement.backend_name
         if name is None or (name == b"" and self._unnamed_owner is not statement):
-            pgconn = self._piped_backend()
-            statement.backend_name = b""
-            self._unnamed_owner = statement
-            pgconn.send_prepare(b"", statement.sql, statement.param_types or None)
-
-            def read() -> bool:
-                result = self._command_result(pgconn)
-                if result.status != ExecStatus.COMMAND_OK:
-                    self.out(relay.diagnostic_message(result))
-                    return False
-                return True
-
-            self._queue.append(_Expect(read))
+            self._prepare_at_backend(statement, b"")
 
     def _sync(self) -> None:
         if self._piped:
-            pgconn = self._backend().pgconn
-            pgconn.pipeline_sync()
+            self._backend().pgconn.pipeline_sync()
         self._drain(leave_pipeline=True)
         self.ignoring = False
-        self._unnamed_portal_done()
+        if self.session.backend_transaction_status() == pq.TransactionStatus.IDLE:
+            self.portals.clear()  # portals end with their transaction, as PostgreSQL's
         self._ready()
-
-    def _unnamed_portal_done(self) -> None:
-        # PostgreSQL drops the unnamed portal at the end of a transaction; keep it simple:
-        # outside a transaction block nothing survives a Sync but named statements
-        if self.last_status == b"I":
-            self.portals = {k: v for k, v in self.portals.items() if k}
 
     # -- backend pipeline ------------------------------------------------------------------------
 
@@ -551,6 +538,16 @@ class Conversation:
             pgconn.enter_pipeline_mode()
             self._piped = True
         return pgconn
+
+    def _discard_result(self, pgconn: pq.abc.PGconn) -> None:
+        """A piped command whose result the client does not see."""
+        self._queue.append(_Expect(lambda: bool(self._command_result(pgconn)) or True))
+
+    def _check_not_failed(self) -> None:
+        """The cache answers nothing in a failed transaction block, as PostgreSQL."""
+        if self.session.backend_transaction_status() == pq.TransactionStatus.INERROR:
+            raise _Refusal("25P02", "current transaction is aborted, commands ignored until "
+                           "end of transaction block")  # fmt: skip
 
     def _command_result(self, pgconn: pq.abc.PGconn) -> pq.abc.PGresult:
         """A command's one result, then libpq's end of its results."""
@@ -603,8 +600,11 @@ class Conversation:
         return self.session.route(sql, with_params)
 
     def _read_locally(self, routed: CachedRead, params: list[t.Any] | None) -> Result | None:
+        """The cache's answer, if it gives one the server can encode."""
+        if not self.settings.supported:
+            return None
         result = self.session.read_locally(routed.query, params)
-        if result is None or not self.settings.supported:
+        if result is None:
             return None
         columns = result.columns or ()
         if not values.encodable(c.type_oid or 0 for c in columns):
@@ -620,7 +620,7 @@ class Conversation:
         types = statement.param_types
         if len(types) < len(bind.params) or 0 in types:
             if statement.described is None:
-                statement.described = self._describe(self._backend_text(statement), types)
+                statement.described = self._describe(statement.backend_text, types)
             types = statement.described[0]
         if len(bind.params) != len(types):
             raise _Refusal("08P01", f"bind message supplies {len(bind.params)} parameters, "
@@ -637,15 +637,6 @@ class Conversation:
             decoded.append(decode(value))
         return converted.params(decoded)
 
-    def _backend_text(self, statement: Statement) -> str:
-        """What the backend is sent for the statement: a query's clauses cut out."""
-        routed = statement.route
-        if isinstance(routed, CachedRead):
-            sql = routed.query.backend_sql
-            return to_backend(sql, statement.converted.order) if statement.converted.order \
-                else sql  # fmt: skip
-        return statement.text
-
     def _send_result(self, result: Result, *, describe: bool, formats: list[int] | None,
                      into: Out | None = None) -> None:  # fmt: skip
         out = into or self.out
@@ -658,12 +649,12 @@ class Conversation:
         if result.rows is None or columns is None:
             out(protocol.command_complete(result.status or ""))
             return
-        oids = [c.type_oid or 25 for c in columns]
+        oids = tuple(c.type_oid or OID.text for c in columns)
         if formats is None:
             formats = [0] * len(oids)
         if describe:
             out(protocol.row_description(result_fields(result, formats)))
-        encode = values.encoders(oids, formats, self.settings)
+        encode = values.encoders(oids, tuple(formats), self.settings)
         data_row = protocol.data_row
         for row in result.rows:
             out(data_row([None if v is None else f(v) for f, v in zip(encode, row,
@@ -674,13 +665,11 @@ class Conversation:
 
     def _error(self, exc: BaseException, sql: bytes | None = None) -> None:
         self._drain()
-        text = sql.decode(self.settings.codec, errors="replace") if sql is not None else None
-        fields = diagnostics(exc, text)
+        codec = self.settings.codec
+        text = sql.decode(codec, errors="replace") if sql is not None else None
         if not isinstance(exc, psycopg.Error):
             self._fail_transaction()
-        codec = self.settings.codec
-        self.out(protocol.error_fields([(protocol.FIELD_CODES[k], v.encode(codec))
-                                        for k, v in fields]))  # fmt: skip
+        self.out(protocol.diagnostic(diagnostics(exc, text), codec))
         self.ignoring = True
 
     def _fail_transaction(self) -> None:
@@ -693,19 +682,19 @@ class Conversation:
         pgconn.send_query_params(_FAIL_TRANSACTION, None)
         relay.flush(pgconn)
         if self._piped:
-            self._queue.append(_Expect(lambda: bool(self._command_result(pgconn)) or True))
+            self._discard_result(pgconn)
         else:
             while relay.wait_result(pgconn) is not None:
                 pass
 
     def _ready(self) -> None:
         status = self.session.backend_transaction_status()
-        code = _STATUS.get(status, b"I")
-        self.last_status = code
         self._notifications()
         self._parameter_changes()
+        if self._output_changed:
+            self._read_output_settings(status)
         self._noticed.clear()
-        self.out(protocol.ready_for_query(code))
+        self.out(protocol.ready_for_query(_STATUS.get(status, b"I")))
 
     def _parameter_changes(self) -> None:
         """ParameterStatus for every reported setting the backend session changed (SET
@@ -722,8 +711,27 @@ class Conversation:
                 self.out(protocol.parameter_status(name, now))
                 if name == "DateStyle":
                     self.settings = dataclasses.replace(self.settings, date_style=now)
-                elif name == "TimeZone":
-                    pass  # the engine reads the zone from the connection itself
+
+    def _read_output_settings(self, status: pq.TransactionStatus) -> None:
+        """After a statement that may have set extra_float_digits or bytea_output (which
+        ParameterStatus does not report): read them. A SET LOCAL ends with its transaction,
+        so they are read again at its end."""
+        conn = self.session.backend_connection_if_open()
+        if conn is None or status == pq.TransactionStatus.INERROR:
+            return
+        pgconn = conn.pgconn
+        pgconn.send_query(b"SELECT current_setting('extra_float_digits'), "
+                          b"current_setting('bytea_output')")  # fmt: skip
+        relay.flush(pgconn)
+        found = relay.wait_result(pgconn)
+        while relay.wait_result(pgconn) is not None:
+            pass
+        if found is not None and found.status == ExecStatus.TUPLES_OK:
+            digits, output = (found.get_value(0, i) or b"" for i in range(2))
+            self.settings = dataclasses.replace(self.settings,
+                                                extra_float_digits=int(digits),
+                                                bytea_output=output.decode())  # fmt: skip
+        self._output_changed = status == pq.TransactionStatus.INTRANS
 
     def notify(self) -> None:
         """Forward what the backend sent while the session was idle (LISTEN)."""
@@ -731,11 +739,8 @@ class Conversation:
 
     def _notice(self, diag: psycopg.errors.Diagnostic) -> None:
         """A NoticeResponse for a notice the backend sent, with all of its fields."""
-        codec = self.settings.codec
-        fields = [(protocol.FIELD_CODES[name], str(value).encode(codec, errors="replace"))
-                  for name, value in diagnostics_of(diag)]  # fmt: skip
         self._noticed.append(diag.message_primary or "")
-        self.out(protocol.error_fields(fields, notice=True))
+        self.out(protocol.diagnostic(diag_fields(diag), self.settings.codec, notice=True))
 
     def _notifications(self) -> None:
         conn = self.session.backend_connection_if_open()
@@ -761,7 +766,7 @@ class Conversation:
             self.out(protocol.copy_data(bytes(data)))
         self.out(protocol.COPY_DONE)
 
-    def _copy_in(self, conn: psycopg.Connection[t.Any], result: pq.abc.PGresult) -> bool:
+    def _copy_in(self, conn: psycopg.Connection[t.Any], result: pq.abc.PGresult) -> None:
         """COPY FROM STDIN: the client's CopyData to the backend until CopyDone (or
         CopyFail); Flush and Sync are ignored meanwhile, as PostgreSQL does."""
         pgconn = conn.pgconn
@@ -770,7 +775,7 @@ class Conversation:
             message = self._next_message()
             if isinstance(message, protocol.CopyData):
                 while pgconn.put_copy_data(message.data) == 0:
-                    select.select([], [pgconn.socket], [])
+                    relay.wait_writable(pgconn)
             elif isinstance(message, protocol.CopyDone):
                 pgconn.put_copy_end()
                 break
@@ -783,7 +788,6 @@ class Conversation:
                 pgconn.put_copy_end(b"unexpected message type during COPY from stdin")
                 break
         relay.flush(pgconn)
-        return True
 
 
 _STATUS = {pq.TransactionStatus.IDLE: b"I", pq.TransactionStatus.INTRANS: b"T",
@@ -805,7 +809,17 @@ class _Refusal(Exception):
 _Described = Callable[[tuple[int, ...], list[Field] | None], None]
 
 
-def _then(then: _Described, found: tuple[tuple[int, ...], list[Field] | None]) -> bool:
+def _bind_formats(bind: protocol.Bind) -> tuple[list[int] | None, int, list[int] | None]:
+    """(parameter formats, the one result format libpq asks for, the client's per-column
+    formats when they differ: those columns are converted)."""
+    params = [bind.param_format(i) for i in range(len(bind.params))] or None
+    formats = list(bind.result_formats)
+    if len(set(formats)) > 1:
+        return params, 0, formats
+    return params, formats[0] if formats else 0, None
+
+
+def _then(then: _Described, found: Description) -> bool:
     then(*found)
     return True
 
@@ -827,17 +841,6 @@ def result_fields(result: Result, formats: list[int]) -> list[Field]:
     columns = result.columns or ()
     return [Field(c.name.encode(), 0, 0, c.type_oid or 25, _TEXT_SIZE, c.type_modifier, f)
             for c, f in zip(columns, formats, strict=True)]  # fmt: skip
-
-
-def diagnostics_of(diag: psycopg.errors.Diagnostic) -> list[tuple[str, str]]:
-    """A psycopg Diagnostic's fields as (name, value), in protocol order."""
-    return diagnostics(_WithDiag(diag))
-
-
-class _WithDiag(Exception):
-    def __init__(self, diag: psycopg.errors.Diagnostic) -> None:
-        super().__init__(diag.message_primary)
-        self.diag = diag
 
 
 __all__ = ["Conversation"]

@@ -382,7 +382,6 @@ NO_DATA = message(b"n")
 PORTAL_SUSPENDED = message(b"s")
 EMPTY_QUERY = message(b"I")
 COPY_DONE = message(b"c")
-TRANSACTION_STATUS = {"idle": b"I", "transaction": b"T", "failed": b"E"}
 
 
 def ready_for_query(status: bytes) -> bytes:
@@ -478,6 +477,15 @@ def error_fields(fields: Iterable[tuple[bytes, bytes]], notice: bool = False) ->
     """An ErrorResponse (or NoticeResponse) of (code, value) pairs, in order."""
     body = b"".join(code + value.replace(b"\0", b"") + b"\0" for code, value in fields)
     return message(b"N" if notice else b"E", body + b"\0")
+
+
+def diagnostic(fields: Iterable[tuple[str, str]], codec: str = "utf-8", *,
+               notice: bool = False, fatal: bool = False) -> bytes:
+    """An ErrorResponse (NoticeResponse) of named fields (`sql_ext.errors.diagnostics`),
+    in the client's encoding; ``fatal``: the severity of an error that ends the session."""
+    severity = ("severity", "severity_nonlocalized") if fatal else ()
+    return error_fields([(FIELD_CODES[name], ("FATAL" if name in severity else value).encode(
+        codec, errors="replace")) for name, value in fields], notice)  # fmt: skip
 
 
 def error_response(sqlstate: str, text: str, *, severity: str = "ERROR",

@@ -26,26 +26,8 @@ Out = Callable[[bytes], None]  # where the client's bytes go (buffered by the ca
 
 CHUNK_ROWS = 1000  # rows per result read from the backend at a time: memory stays bounded
 
-_DIAGNOSTICS = [(protocol.FIELD_CODES[n], f) for n, f in (
-    ("severity", pq.DiagnosticField.SEVERITY),
-    ("severity_nonlocalized", pq.DiagnosticField.SEVERITY_NONLOCALIZED),
-    ("sqlstate", pq.DiagnosticField.SQLSTATE),
-    ("message", pq.DiagnosticField.MESSAGE_PRIMARY),
-    ("detail", pq.DiagnosticField.MESSAGE_DETAIL),
-    ("hint", pq.DiagnosticField.MESSAGE_HINT),
-    ("position", pq.DiagnosticField.STATEMENT_POSITION),
-    ("internal_position", pq.DiagnosticField.INTERNAL_POSITION),
-    ("internal_query", pq.DiagnosticField.INTERNAL_QUERY),
-    ("context", pq.DiagnosticField.CONTEXT),
-    ("schema", pq.DiagnosticField.SCHEMA_NAME),
-    ("table", pq.DiagnosticField.TABLE_NAME),
-    ("column", pq.DiagnosticField.COLUMN_NAME),
-    ("datatype", pq.DiagnosticField.DATATYPE_NAME),
-    ("constraint", pq.DiagnosticField.CONSTRAINT_NAME),
-    ("file", pq.DiagnosticField.SOURCE_FILE),
-    ("line", pq.DiagnosticField.SOURCE_LINE),
-    ("routine", pq.DiagnosticField.SOURCE_FUNCTION),
-)]  # fmt: skip
+# every field PostgreSQL's errors carry, as libpq names them (its codes are the protocol's)
+_DIAGNOSTICS = [(code, pq.DiagnosticField(code[0])) for code in protocol.FIELD_CODES.values()]
 
 ROWS = (ExecStatus.TUPLES_OK, ExecStatus.SINGLE_TUPLE, ExecStatus.TUPLES_CHUNK)
 
@@ -129,17 +111,21 @@ def wait_readable(pgconn: pq.abc.PGconn) -> None:
     select.select([pgconn.socket], [], [])
 
 
+def wait_writable(pgconn: pq.abc.PGconn) -> None:
+    select.select([], [pgconn.socket], [])
+
+
 def wait_result(pgconn: pq.abc.PGconn) -> pq.abc.PGresult | None:
     """The next result, waiting for it off the GIL."""
     while pgconn.is_busy():
-        select.select([pgconn.socket], [], [])
+        wait_readable(pgconn)
         pgconn.consume_input()
     return pgconn.get_result()
 
 
 def flush(pgconn: pq.abc.PGconn) -> None:
     while pgconn.flush():
-        select.select([], [pgconn.socket], [])
+        wait_writable(pgconn)
 
 
 def send_rows(result: pq.abc.PGresult, out: Out, transcoder: Transcoder | None = None) -> None:

@@ -29,19 +29,19 @@ import socket
 import threading
 import time
 import typing as t
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import psycopg
 from psycopg import pq
 
+from cache.backend.describe import describe_statement
 from cache.backend.pool import pooled
 from cache.backend.reflect import redact
 from cache.engine.engine import Engine, SessionOptions
 from cache.engine.session import Session
 from cache.server import protocol, values
-from cache.server.client import Conversation
-from cache.server.protocol import Field, ProtocolViolation
+from cache.server.client import Conversation, Description
+from cache.server.protocol import ProtocolViolation
 from cache.server.relay import BackendRefused, diagnostic_message, fields_of
 from sql_ext.errors import Error, ProgrammingError, diagnostics
 
@@ -127,7 +127,7 @@ class Server:
         self._threads: set[threading.Thread] = set()
         self._next_pid = 1
         self.defaults = _backend_defaults(engine.backend)
-        self._describes: dict[tuple[str, tuple[int, ...], int], t.Any] = {}
+        self._describes: dict[tuple[str, tuple[int, ...], int], Description] = {}
 
     # -- serving -----------------------------------------------------------------------------------
 
@@ -224,36 +224,35 @@ class Server:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
-    def describe(self, sql: str, types: tuple[int, ...]) -> tuple[tuple[int, ...],
-                                                                 list[Field] | None]:  # fmt: skip
+    def describe(self, sql: str, types: tuple[int, ...]) -> Description:
         """The backend's description of a statement: parameter types and result columns
         (None: it returns no rows), kept while the cache schema stands."""
         key = (sql, types, self.engine.store.schema_version)
         found = self._describes.get(key)
         if found is None:
             with pooled(self.engine.backend) as conn:
-                pgconn = conn.pgconn
-                prepared = pgconn.prepare(b"", sql.encode(), types or None)
-                if prepared.status != pq.ExecStatus.COMMAND_OK:
-                    raise BackendRefused(diagnostic_message(prepared))
-                result = pgconn.describe_prepared(b"")
-                if result.status != pq.ExecStatus.COMMAND_OK:
-                    raise BackendRefused(diagnostic_message(result))
+                result = describe_statement(conn, sql.encode(), types)
+            if result.status != pq.ExecStatus.COMMAND_OK:
+                raise BackendRefused(diagnostic_message(result))
             found = (tuple(result.param_type(i) for i in range(result.nparams)),
                      fields_of(result) if result.nfields else None)  # fmt: skip
             if len(self._describes) > 4096:
                 self._describes.clear()
             self._describes[key] = found
-        return t.cast(tuple[tuple[int, ...], list[Field] | None], found)
+        return found
 
 
 def _backend_defaults(dsn: str) -> dict[str, str]:
     """The parameters the backend reports to a new session (for sessions that have not
     needed a backend connection yet)."""
     with pooled(dsn) as conn:
-        info = conn.info
-        return {name: value for name in _REPORTED
-                if (value := info.parameter_status(name)) is not None}
+        return _reported_by(conn.info)
+
+
+def _reported_by(info: psycopg.ConnectionInfo) -> dict[str, str]:
+    """What a backend session reports in ParameterStatus, by name."""
+    return {name: value for name in _REPORTED
+            if (value := info.parameter_status(name)) is not None}  # fmt: skip
 
 
 class ClientConnection:
@@ -311,8 +310,7 @@ class ClientConnection:
                 self.sock.sendall(b"N")
                 continue
             if isinstance(packet, protocol.CancelRequest):
-                self.server.cancel(packet.pid, packet.key[:4] if len(packet.key) >= 4
-                                   else packet.key)  # fmt: skip
+                self.server.cancel(packet.pid, packet.key)
                 return False
             return self._open_session(packet)
 
@@ -344,7 +342,8 @@ class ClientConnection:
                               connect=_needs_backend_at_start(backend_parameters, defaults),
                               time_zone=defaults.get("TimeZone"))  # fmt: skip
         except Error as exc:
-            self._send_error(exc, fatal=True)
+            with contextlib.suppress(OSError):
+                self.sock.sendall(protocol.diagnostic(diagnostics(exc), fatal=True))
             return False
         self.session = session
         reported = _reported(session, defaults, backend_parameters)
@@ -437,15 +436,6 @@ class ClientConnection:
             self._flush()
             self.sock.sendall(protocol.error_response(sqlstate, text, severity="FATAL"))
 
-    def _send_error(self, exc: Error, fatal: bool = False) -> None:
-        fields = diagnostics(exc)
-        if fatal:
-            fields = [("severity", "FATAL"), ("severity_nonlocalized", "FATAL")] + [
-                f for f in fields if f[0] not in ("severity", "severity_nonlocalized")]
-        with contextlib.suppress(OSError):
-            self.sock.sendall(protocol.error_fields(
-                [(protocol.FIELD_CODES[k], v.encode()) for k, v in fields]))  # fmt: skip
-
     # -- from other threads ----------------------------------------------------------------------
 
     def cancel(self) -> None:
@@ -523,9 +513,7 @@ def _reported(session: Session, defaults: dict[str, str],
     yet) the backend's defaults with the client's application name."""
     conn = session.backend_connection_if_open()
     if conn is not None:
-        info = conn.info
-        return {name: value for name in _REPORTED
-                if (value := info.parameter_status(name)) is not None}
+        return _reported_by(conn.info)
     reported = dict(defaults)
     reported["application_name"] = parameters.get("application_name", "")
     return reported
@@ -559,6 +547,4 @@ def _int(text: str | None, default: int) -> int:
         return default
 
 
-Callback = Callable[[], None]
-
-__all__ = ["DEFAULT_LISTEN", "Server", "ServerOptions", "diagnostic_message"]
+__all__ = ["DEFAULT_LISTEN", "Server", "ServerOptions", "listen_socket"]
