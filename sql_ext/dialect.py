@@ -23,10 +23,12 @@ from sqlglot.parsers.postgres import PostgresParser
 from sqlglot.tokens import Token, TokenType
 
 from sql_ext import long_lists
+from sql_ext.errors import offset_position
 from sql_ext.long_lists import ListToken, constant_list
 from sql_ext.nodes import (
     UNIT_SECONDS,
     CachedViewDef,
+    CacheSetting,
     CompletenessClause,
     ConsistencyClause,
     ConstantList,
@@ -36,11 +38,17 @@ from sql_ext.nodes import (
     DropCacheObject,
     Duration,
     ExplainStatement,
+    Inspect,
     PresenceClause,
+    RefreshCached,
     SessionBound,
     Timeline,
 )
 from sql_ext.quoting import folded
+
+# the prefix of the cache's own session settings (SET mtcache.provenance = on)
+CACHE_SETTINGS = "mtcache."
+_KEY_VALUES = frozenset({TokenType.STRING, TokenType.NUMBER})
 
 # meta key of a node's (start, end) character offsets in the parsed text (end exclusive)
 SPAN = "mt_span"
@@ -234,17 +242,125 @@ class MTCacheParser(PostgresParser):
             and nxt.text.upper() == "CURRENCY"
         ):
             return self._parse_session_bound()
-        if (
-            curr
-            and nxt
-            and curr.text.upper() in ("RESET", "SHOW")
-            and nxt.token_type == TokenType.STRING
-            and nxt.text.upper().split() == ["CURRENCY", "BOUND"]
-        ):
-            # PostgreSQL's tokenizer reads the rest of a RESET/SHOW command as one string
-            self._advance(2)
-            return self.expression(SessionBound(this=curr.text.upper()), token=curr)
+        if curr and nxt and curr.text.upper() in ("RESET", "SHOW", "REFRESH") \
+                and nxt.token_type == TokenType.STRING:  # fmt: skip
+            # PostgreSQL's tokenizer reads the rest of a RESET/SHOW/REFRESH command as one
+            # string: the cache's own commands are read from its words
+            ours = self._cache_command(curr, nxt)
+            if ours is not None:
+                return ours
+        if curr and nxt and curr.token_type == TokenType.SET:
+            setting = self._parse_cache_setting()
+            if setting is not None:
+                return setting
         return super()._parse_statement()
+
+    def _cache_command(self, curr: Token, nxt: Token) -> exp.Expr | None:
+        """SHOW/RESET CURRENCY BOUND, SHOW CACHED VIEWS, SHOW CACHE STATUS, SHOW/RESET
+        mtcache.name, REFRESH CACHED VIEW(S) ...; None for the backend's commands."""
+        action, words = curr.text.upper(), nxt.text.split()
+        upper = [w.upper() for w in words]
+        node: exp.Expr
+        if action == "REFRESH":
+            if upper[:2] not in (["CACHED", "VIEW"], ["CACHED", "VIEWS"]):
+                return None
+            node = self._refresh_cached(nxt)
+        elif upper == ["CURRENCY", "BOUND"]:
+            node = SessionBound(this=action)
+        elif action == "SHOW" and upper in (["CACHED", "VIEWS"], ["CACHE", "STATUS"]):
+            node = Inspect(this=" ".join(words).lower())
+        elif len(words) == 1 and words[0].lower().startswith(CACHE_SETTINGS):
+            node = CacheSetting(this=action, name=words[0].lower())
+        else:
+            return None
+        self._advance(2)
+        return self.expression(node, token=curr)
+
+    def _parse_cache_setting(self) -> CacheSetting | None:
+        """SET [SESSION] mtcache.name {= | TO} value (SET LOCAL of one is refused); None for
+        any other SET."""
+        start, at = self._curr, self._index + 1
+        tokens = self._tokens
+        scope = tokens[at].text.upper() if at < len(tokens) else ""
+        if scope in ("SESSION", "LOCAL"):
+            at += 1
+        if not (at + 2 < len(tokens) and tokens[at].text.lower() == CACHE_SETTINGS[:-1]
+                and tokens[at + 1].token_type == TokenType.DOT):  # fmt: skip
+            return None
+        name = f"{CACHE_SETTINGS}{tokens[at + 2].text.lower()}"
+        if scope == "LOCAL":
+            self._fail(f"SET LOCAL {name}: the cache's settings hold for the session (use SET)",
+                       start)  # fmt: skip
+        self._advance(at + 3 - self._index)
+        if not (self._curr and (self._curr.token_type == TokenType.EQ
+                                or self._curr.text.upper() == "TO")):  # fmt: skip
+            self._fail(f"expected = or TO after SET {name}")
+        self._advance()
+        value = self._curr
+        if not value or value.token_type == TokenType.SEMICOLON:
+            self._fail(f"expected a value after SET {name}", start)
+        self._advance()
+        if self._curr and self._curr.token_type != TokenType.SEMICOLON:
+            self._fail(f"SET {name} takes one value (quote it: SET {name} = '10 min')")
+        text = None if value.text.upper() == "DEFAULT" and value.token_type != TokenType.STRING \
+            else value.text  # fmt: skip
+        return self.expression(CacheSetting(this="SET", name=name, value=text), token=start)
+
+    def _refresh_cached(self, words: Token) -> RefreshCached:
+        """The words of REFRESH CACHED VIEW name [KEY (v, ...), ...] | REFRESH CACHED VIEWS,
+        tokenized again (the command's tokenizer read them as one string)."""
+        base = words.end - len(words.text) + 1  # a command's string token ends where it does
+        tokens = [  # sqlglot's tokens hold the line and column of their last character
+            Token(tok.token_type, tok.text, *offset_position(self.sql, base + tok.end),
+                  base + tok.start, base + tok.end)
+            for tok in MTCacheTokenizer().tokenize(words.text)
+        ]  # fmt: skip
+
+        def fail(message: str, at: int) -> t.NoReturn:
+            self._fail(message, tokens[min(at, len(tokens) - 1)])
+
+        if tokens[1].text.upper() == "VIEWS":
+            if len(tokens) > 2:
+                fail("REFRESH CACHED VIEWS takes nothing more (it refreshes every white view)",
+                     2)  # fmt: skip
+            return RefreshCached()
+        if len(tokens) < 3 or tokens[2].token_type not in (TokenType.VAR, TokenType.IDENTIFIER):
+            fail("expected a cached view's name after REFRESH CACHED VIEW", 2)
+        view = tokens[2].text if tokens[2].token_type == TokenType.IDENTIFIER \
+            else tokens[2].text.lower()  # fmt: skip
+        if len(tokens) == 3:
+            return RefreshCached(this=view)
+        if tokens[3].text.upper() != "KEY":
+            fail(f"expected KEY (value, ...) after REFRESH CACHED VIEW {view}", 3)
+        keys: list[tuple[str, ...]] = []
+        at = 4
+        while True:
+            if at >= len(tokens) or tokens[at].token_type != TokenType.L_PAREN:
+                fail("expected (value, ...): a presence key's values", at)
+            values: list[str] = []
+            at += 1
+            while True:
+                negative = at < len(tokens) and tokens[at].token_type == TokenType.DASH
+                at += negative
+                if at >= len(tokens) or tokens[at].token_type not in _KEY_VALUES \
+                        or (negative and tokens[at].token_type != TokenType.NUMBER):  # fmt: skip
+                    fail("a key value is a string or a number", at)
+                values.append(("-" if negative else "") + tokens[at].text)
+                at += 1
+                if at < len(tokens) and tokens[at].token_type == TokenType.COMMA:
+                    at += 1
+                    continue
+                if at >= len(tokens) or tokens[at].token_type != TokenType.R_PAREN:
+                    fail("expected , or ) in a key's values", at)
+                at += 1
+                break
+            keys.append(tuple(values))
+            if at < len(tokens) and tokens[at].token_type == TokenType.COMMA:
+                at += 1
+                continue
+            if at < len(tokens):
+                fail("expected , and another key, or the end of the statement", at)
+            return RefreshCached(this=view, keys=keys)
 
     def _parse_session_bound(self) -> SessionBound:
         """SET CURRENCY BOUND d | RESET CURRENCY BOUND | SHOW CURRENCY BOUND."""
@@ -263,10 +379,16 @@ class MTCacheParser(PostgresParser):
                        + ("a duration only" if action == "SET" else "nothing more"))  # fmt: skip
         return self.expression(SessionBound(this=action, expression=duration), token=start)
 
-    def _parse_explain(self) -> ExplainStatement:
+    def _parse_explain(self) -> ExplainStatement | Inspect:
         """EXPLAIN [ANALYZE] [VERBOSE] stmt | EXPLAIN (option, ...) stmt (PostgreSQL's forms)."""
         start = self._curr
         self._advance()
+        if self._curr and self._next and self._curr.text.upper() == "LAST" \
+                and self._next.text.upper() == "STATEMENT":  # fmt: skip
+            self._advance(2)
+            if self._curr and self._curr.token_type != TokenType.SEMICOLON:
+                self._fail("EXPLAIN LAST STATEMENT takes nothing more")
+            return self.expression(Inspect(this="last statement"), token=start)
         options = ""
         if self._curr and self._curr.token_type == TokenType.L_PAREN:
             first, depth = self._curr, 0

@@ -68,6 +68,27 @@ class SessionBound(exp.Expression):
     arg_types = {"this": True, "expression": False}
 
 
+class Inspect(exp.Expression):
+    """``EXPLAIN LAST STATEMENT``, ``SHOW CACHED VIEWS``, ``SHOW CACHE STATUS``: this = what
+    is asked ("last statement", "cached views", "cache status")."""
+
+    arg_types = {"this": True}
+
+
+class CacheSetting(exp.Expression):
+    """``SET mtcache.name = value`` / ``RESET mtcache.name`` / ``SHOW mtcache.name``: this =
+    the action, name = the setting's full name, value = its text (SET)."""
+
+    arg_types = {"this": True, "name": True, "value": False}
+
+
+class RefreshCached(exp.Expression):
+    """``REFRESH CACHED VIEW name [KEY (v, ...), ...]`` or ``REFRESH CACHED VIEWS``: this =
+    the view (None: every white view), keys = tuples of the key values' texts."""
+
+    arg_types = {"this": False, "keys": False}
+
+
 class Timeline(exp.Expression):
     """``BEGIN TIMEORDERED`` (this = "BEGIN") or ``END TIMEORDERED`` (this = "END")."""
 

@@ -35,7 +35,10 @@ from sql_ext.nodes import (
     ExplainStatement,
     strip_extensions,
 )
+from sql_ext.nodes import CacheSetting as CacheSettingNode
 from sql_ext.nodes import DropCacheObject as DropNode
+from sql_ext.nodes import Inspect as InspectNode
+from sql_ext.nodes import RefreshCached as RefreshNode
 from sql_ext.nodes import SessionBound as SessionBoundNode
 from sql_ext.nodes import Timeline as TimelineNode
 from sql_ext.quoting import folded
@@ -201,6 +204,53 @@ class SessionBound:
 
 
 @dataclass(frozen=True)
+class Inspect:
+    """EXPLAIN LAST STATEMENT, SHOW CACHED VIEWS or SHOW CACHE STATUS: a session asks the
+    cache about itself."""
+
+    text: str
+    what: t.Literal["last statement", "cached views", "cache status"]
+
+    kind: t.ClassVar[str] = "inspect"
+
+    def to_json(self) -> dict[str, t.Any]:
+        return {"kind": self.kind, "sql": None, "clauses": [], "inspect": self.what}
+
+
+@dataclass(frozen=True)
+class CacheSetting:
+    """SET / RESET / SHOW of one of the cache's session settings (``mtcache.name``)."""
+
+    text: str
+    action: t.Literal["set", "reset", "show"]
+    name: str  # the full name, lower case: mtcache.provenance
+    value: str | None  # for SET (None: SET ... TO DEFAULT, a reset)
+
+    kind: t.ClassVar[str] = "setting"
+
+    def to_json(self) -> dict[str, t.Any]:
+        return {"kind": self.kind, "sql": None, "clauses": [],
+                "setting": {"action": self.action, "name": self.name, "value": self.value}}
+
+
+@dataclass(frozen=True)
+class RefreshCachedView:
+    """REFRESH CACHED VIEW name [KEY (...), ...] (view None: REFRESH CACHED VIEWS, every
+    white view): refresh regions by their affected closure now."""
+
+    text: str
+    view: str | None
+    keys: tuple[tuple[str, ...], ...] | None  # presence keys, the values' texts
+
+    kind: t.ClassVar[str] = "refresh"
+
+    def to_json(self) -> dict[str, t.Any]:
+        keys = [list(k) for k in self.keys] if self.keys is not None else None
+        return {"kind": self.kind, "sql": None, "clauses": [],
+                "refresh": {"view": self.view, "keys": keys}}
+
+
+@dataclass(frozen=True)
 class ControlColumn:
     name: str
     type: str  # PostgreSQL type as written, normalized by sqlglot
@@ -341,7 +391,8 @@ class DropCacheObject:
 
 
 Statement = (
-    Query | Timeline | SessionBound | CreateControlTable | CreateCachedView | DropCacheObject
+    Query | Timeline | SessionBound | Inspect | CacheSetting | RefreshCachedView
+    | CreateControlTable | CreateCachedView | DropCacheObject
 )
 
 
@@ -587,6 +638,15 @@ def _typed(tree: exp.Expr, text: str, offset: int = 0) -> Statement:
         duration = tree.args.get("expression")
         action = t.cast(t.Literal["set", "reset", "show"], tree.name.lower())
         return SessionBound(text, action, duration.seconds if duration is not None else None)
+    if isinstance(tree, InspectNode):
+        return Inspect(text, t.cast(t.Any, tree.name))
+    if isinstance(tree, CacheSettingNode):
+        action = t.cast(t.Literal["set", "reset", "show"], tree.name.lower())
+        return CacheSetting(text, action, tree.text("name"), tree.args.get("value"))
+    if isinstance(tree, RefreshNode):
+        keys = tree.args.get("keys")
+        view = tree.args.get("this")
+        return RefreshCachedView(text, view, tuple(keys) if keys is not None else None)
     if isinstance(tree, ControlTableDef):
         for column in tree.expressions:
             kind = column.args["kind"]

@@ -4,6 +4,7 @@ to the same statement: values, Python types and the description."""
 
 from __future__ import annotations
 
+import json
 import socket
 import struct
 import subprocess
@@ -16,6 +17,7 @@ import psycopg
 import pytest
 
 from cache.engine.engine import Engine
+from cache.engine.inspect import status_document
 from cache.server import protocol
 from cache.server.server import Server, ServerOptions
 from tests.answers import typed
@@ -192,6 +194,50 @@ def test_a_cache_error_in_a_transaction_block_fails_the_transaction(served: Serv
             conn.execute("SELECT 1")
         conn.rollback()
         assert conn.execute("SELECT 2").fetchone() == (2,)
+
+
+def test_the_cache_statements_over_the_wire(served: Served) -> None:
+    """EXPLAIN LAST STATEMENT, SHOW CACHED VIEWS / CACHE STATUS and the provenance NOTICE,
+    in both protocols; the setting also comes as a startup option."""
+    notices: list[tuple[str | None, str | None]] = []  # message, detail (read in the handler)
+    with psycopg.connect(served.dsn, autocommit=True,
+                         options="-c mtcache.provenance=on") as conn:  # fmt: skip
+        conn.add_notice_handler(lambda d: notices.append((d.message_primary, d.message_detail)))
+        assert conn.execute("SHOW mtcache.provenance").fetchone() == ("on",)
+        for prepare in (False, True):
+            notices.clear()
+            conn.execute(BOOKS + " CURRENCY BOUND 10 MIN", (1,), prepare=prepare)
+            [(message, detail)] = notices
+            assert (message or "").startswith("provenance: books: local via bookcopy")
+            provenance = json.loads(detail or "")
+            rows = conn.execute("EXPLAIN LAST STATEMENT").fetchall()
+            assert [(r[0], r[1], r[2], json.loads(r[3])) for r in rows] == [
+                (p["table"], p["route"], p["view"], p["regions"]) for p in provenance]
+            # a read the backend answers, in either protocol: remote
+            notices.clear()
+            conn.execute(BOOKS, (1,), prepare=prepare)
+            assert json.loads(notices[-1][1] or "") == [{
+                "table": "books", "route": "remote", "view": None, "regions": [],
+                "currency_seconds": 0.0, "snapshot_ids": [], "stale": False}]
+        conn.execute("SET mtcache.provenance = off")
+        notices.clear()
+        conn.execute(BOOKS + " CURRENCY BOUND 10 MIN", (1,))
+        assert notices == []
+        conn.execute("RESET mtcache.provenance")  # back to the value the session began with
+        assert conn.execute("SHOW mtcache.provenance").fetchone() == ("on",)
+        conn.execute("SET mtcache.provenance = off")
+        cur = conn.execute("SHOW CACHED VIEWS")
+        assert cur.statusmessage == "SHOW 2"
+        assert [d.name for d in cur.description or []][:3] == ["name", "table", "consistency"]
+        assert [d.type_code for d in cur.description or []][5] == 20  # rows: bigint
+        assert sorted(r[0] for r in cur.fetchall()) == ["authorcopy", "bookcopy"]
+        document = status_document(conn.execute("SHOW CACHE STATUS").fetchall())
+        assert [v["name"] for v in document["views"]] == ["authorcopy", "bookcopy"]
+    host, port = served.server.address
+    with pytest.raises(psycopg.OperationalError, match="requires a Boolean value"):
+        psycopg.connect(f"host={host} port={port} user=postgres dbname="
+                        f"{psycopg.conninfo.conninfo_to_dict(served.dsn)['dbname']}",
+                        options="-c mtcache.provenance=perhaps")  # fmt: skip
 
 
 def test_pipeline_mode(served: Served) -> None:

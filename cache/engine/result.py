@@ -119,6 +119,12 @@ class Result:
         self._provenance = provenance
 
     @property
+    def lineage(self) -> Provenance | Callable[[], Provenance]:
+        """The provenance, or how to make it: what a session keeps of its last statement
+        (never its rows)."""
+        return self._provenance
+
+    @property
     def provenance(self) -> Provenance:
         """Per table access of the statement: where its rows came from."""
         found = self._provenance

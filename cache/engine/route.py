@@ -9,7 +9,10 @@
 * `ControlEdit`: INSERT INTO / DELETE FROM a control table admits / evicts control keys;
 * `CacheDdl`: CREATE / DROP of control tables and cached views;
 * `TimelineBracket`: BEGIN / END TIMEORDERED (§2.3);
-* `SessionSetting`: SET / RESET / SHOW CURRENCY BOUND, the session's default bound.
+* `SessionSetting`: SET / RESET / SHOW of the cache's session settings (``mtcache.name``;
+  CURRENCY BOUND is ``mtcache.currency_bound``);
+* `Inspection`: EXPLAIN LAST STATEMENT, SHOW CACHED VIEWS, SHOW CACHE STATUS;
+* `Refresh`: REFRESH CACHED VIEW(S).
 
 With a session currency bound every query is read as carrying clauses, so a plain query takes
 the cache's path too.
@@ -29,7 +32,16 @@ from psycopg._queries import _split_query  # psycopg's reading of % marks (no pu
 from sqlglot import exp
 
 from cache.execution.provenance import Executed
-from sql_ext import Query, SessionBound, Statement, Timeline, parse_one
+from sql_ext import (
+    CacheSetting,
+    Inspect,
+    Query,
+    RefreshCachedView,
+    SessionBound,
+    Statement,
+    Timeline,
+    parse_one,
+)
 from sql_ext.errors import NotSupportedError, ProgrammingError, SqlSyntaxError
 from sql_ext.quoting import folded
 from sql_ext.statements import DIALECT
@@ -97,10 +109,23 @@ class TimelineBracket:
 
 @dataclass(frozen=True)
 class SessionSetting:
-    """SET / RESET / SHOW CURRENCY BOUND."""
+    """SET / RESET / SHOW of a cache session setting (`cache.engine.settings`)."""
 
     action: t.Literal["set", "reset", "show"]
-    bound_seconds: float | None = None
+    name: str  # its full name: mtcache.currency_bound
+    value: str | float | None = None  # SET's (None: the session's default)
+    column: str = ""  # SHOW's column name (the name as written)
+
+
+@dataclass(frozen=True)
+class Inspection:
+    what: t.Literal["last statement", "cached views", "cache status"]
+
+
+@dataclass(frozen=True)
+class Refresh:
+    view: str | None  # None: every white view
+    keys: tuple[tuple[str, ...], ...] | None
 
 
 Route = (
@@ -112,6 +137,8 @@ Route = (
     | CacheDdl
     | TimelineBracket
     | SessionSetting
+    | Inspection
+    | Refresh
 )
 
 
@@ -131,7 +158,14 @@ def route(
     if isinstance(statement, Timeline):
         return TimelineBracket(statement.begin)
     if isinstance(statement, SessionBound):
-        return SessionSetting(statement.action, statement.bound_seconds)
+        return SessionSetting(statement.action, "mtcache.currency_bound",
+                              statement.bound_seconds, "currency_bound")  # fmt: skip
+    if isinstance(statement, CacheSetting):
+        return SessionSetting(statement.action, statement.name, statement.value, statement.name)
+    if isinstance(statement, Inspect):
+        return Inspection(statement.what)
+    if isinstance(statement, RefreshCachedView):
+        return Refresh(statement.view, statement.keys)
     if not isinstance(statement, Query):
         return CacheDdl(statement)
     tree = statement.tree

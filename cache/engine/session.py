@@ -43,20 +43,24 @@ from cache.backend.reflect import (
     existing_relations,
     temporary_relations,
 )
+from cache.engine import inspect
 from cache.engine.admin import Admin
 from cache.engine.boundary import public
 from cache.engine.engine import Engine, SessionOptions, bound_seconds
-from cache.engine.result import Result, no_rows
+from cache.engine.result import NO_PROVENANCE, Result, no_rows
 from cache.engine.route import (
     CachedRead,
     ControlEdit,
     Explain,
+    Inspection,
     Passthrough,
+    Refresh,
     Route,
     SessionSetting,
     TimelineBracket,
     Write,
 )
+from cache.engine.settings import SETTINGS, setting
 from cache.engine.state import SessionState
 from cache.execution.decisions import DecisionMemo
 from cache.execution.execute import (
@@ -79,7 +83,6 @@ from optimizer.evaluate_guards import Decision, evaluate_guards
 from optimizer.plan import Plan
 from sql_ext import CreateCachedView, CreateControlTable, DropCacheObject, Query
 from sql_ext.errors import BackendUnavailableError, InterfaceError, ProgrammingError, translate
-from sql_ext.nodes import format_duration
 from sql_ext.params import ParameterValues, Params, bind_literals
 from sql_ext.quoting import folded
 
@@ -115,6 +118,17 @@ class Session:
         self.stale_ok = options.stale_ok
         self.admit_on_miss = options.admit_on_miss
         self.currency_bound = options.currency_bound  # seconds, None: the strict default
+        # the other settings of `cache.engine.settings` (SET mtcache.name = ...)
+        self.provenance_notices = False
+        self.admit_empty = False
+        self.refresh_engine = "inline"
+        self.spark_master: str | None = None
+        # what RESET returns each setting to: its value when the session began
+        self._setting_defaults = {s.attribute: getattr(self, s.attribute)
+                                  for s in SETTINGS.values()}  # fmt: skip
+        # where the last statement's rows came from (EXPLAIN LAST STATEMENT): the provenance
+        # or how to make it, never the rows
+        self._last: Provenance | t.Callable[[], Provenance] = NO_PROVENANCE
         self._autocommit = options.autocommit
         self._context = options.context  # psycopg's type adapters for the backend sessions
         self._notices: list[str] = []  # backend NOTICEs, handed to the statement's result
@@ -173,26 +187,34 @@ class Session:
                                              self.currency_bound is not None,
                                              params is not None)  # fmt: skip
         if isinstance(route, CachedRead):
-            return self._read(route.query, params)
-        if isinstance(route, Passthrough):
+            result = self._read(route.query, params)
+            return self._noted(result, result.lineage)
+        if isinstance(route, Passthrough | Write):
             self._mark("lookup")
             result = self._run_backend(route.executed, params)
             self._mark("run")
-            if route.reads is not None:
-                query = route.reads
-                result.set_provenance(lambda: Provenance.remote(self.planner.base_tables(query)))
             self.forwarded(route)
-            return result
-        if isinstance(route, Write):
-            result = self._run_backend(route.executed, params)
-            self.forwarded(route)
-            return result
+            result.set_provenance(self._last)
+            return self._noted(result)
+        if isinstance(route, Inspection | SessionSetting):
+            if params:
+                raise ProgrammingError(f"{_route_words(route)} takes no parameters")
+            if isinstance(route, Inspection):
+                return self._inspect(route)
+            return self._setting_statement(route)
         if isinstance(route, Explain):
             plan = self.planner.prepare(route.query, params, self.currency_bound).plan
             return Result([(line,) for line in plan.render()], [tuple(text_column("QUERY PLAN"))],
                           status="EXPLAIN", plan=plan)  # fmt: skip
+        self._last = NO_PROVENANCE  # the cache's own statements read no table
         if isinstance(route, ControlEdit):
             return self._edit_control_table(route, params)
+        if isinstance(route, Refresh):
+            if params:
+                raise ProgrammingError("REFRESH CACHED VIEW takes no parameters")
+            report = self.admin.refresh(route.view, route.keys, engine=self.refresh_engine,
+                                        spark_master=self.spark_master)  # fmt: skip
+            return no_rows("REFRESH CACHED VIEW", notices=[_report_notice(report)])
         if isinstance(route, TimelineBracket):
             if params:
                 raise ProgrammingError("TIMEORDERED takes no parameters")
@@ -201,15 +223,6 @@ class Session:
             else:
                 self.end_timeordered()
             return no_rows(f"{'BEGIN' if route.begin else 'END'} TIMEORDERED")
-        if isinstance(route, SessionSetting):
-            if params:
-                raise ProgrammingError(f"{route.action.upper()} CURRENCY BOUND takes no parameters")
-            if route.action == "show":
-                bound = self.currency_bound
-                shown = format_duration(bound) if bound is not None else "none"
-                return Result([(shown,)], [tuple(text_column("currency_bound"))], status="SHOW")
-            self.currency_bound = route.bound_seconds
-            return no_rows(route.action.upper())
         if params:
             raise ProgrammingError("cache DDL takes no parameters")
         statement = route.statement
@@ -455,14 +468,78 @@ class Session:
                 )
             rows = store.con.execute(tree.expression.sql(dialect="duckdb")).fetchall()
             keys = [tuple(row[named.index(c)] for c in columns) for row in rows]
-            report = self.admin.admit(control, keys)
+            report = self.admin.admit(control, keys, allow_empty=self.admit_empty)
             status = f"INSERT 0 {len(keys)}"
         else:
             keys = store.matching_keys(control, columns, tree.args.get("where"))
             report = self.admin.evict(control, keys)
             status = f"DELETE {len(keys)}"
-        done = f"{report.operation}: {len(report.regions)} regions"
-        return no_rows(status, len(keys), [done])
+        return no_rows(status, len(keys), [_report_notice(report)])
+
+    # -- what a session asks the cache about itself (cache.engine.inspect) ---------------------
+
+    def _inspect(self, route: Inspection) -> Result:
+        if route.what == "last statement":
+            return inspect.last_statement(self.last_provenance())
+        document = self.admin.status()
+        if route.what == "cached views":
+            return inspect.cached_views(document, self._zone().info)
+        return inspect.cache_status(document)
+
+    def last_provenance(self) -> Provenance:
+        """Where the session's last statement's rows came from (the cache's own statements
+        and those that read no table: nothing)."""
+        last = self._last
+        if not isinstance(last, Provenance):
+            last = self._last = last()
+        return last
+
+    def statement_notice(self) -> inspect.Notice | None:
+        """The provenance NOTICE of the last statement, when the session asks for one
+        (``mtcache.provenance``)."""
+        return inspect.provenance_notice(self.last_provenance()) \
+            if self.provenance_notices else None  # fmt: skip
+
+    def _noted(
+        self, result: Result, lineage: Provenance | t.Callable[[], Provenance] | None = None
+    ) -> Result:
+        """A statement's result, its provenance kept as the session's last (``lineage``),
+        with the provenance NOTICE if the session asks for one."""
+        if lineage is not None:
+            self._last = lineage
+        if self.provenance_notices:
+            result.notices.append(inspect.provenance_notice(self.last_provenance()))
+        return result
+
+    # -- the cache's session settings (cache.engine.settings) ----------------------------------
+
+    def _setting_statement(self, route: SessionSetting) -> Result:
+        if route.action == "show":
+            return Result([(self.setting(route.name),)], [tuple(text_column(route.column))],
+                          status="SHOW")  # fmt: skip
+        value = route.value if route.action == "set" else None
+        self.set_setting(route.name, value)
+        return no_rows(route.action.upper())
+
+    def setting(self, name: str) -> str:
+        """A cache session setting's value as SHOW gives it (``mtcache.provenance``)."""
+        found = setting(name)
+        return found.show(getattr(self, found.attribute))
+
+    @_public
+    def set_setting(self, name: str, value: str | float | None, *, default: bool = False) -> None:
+        """Set a cache session setting from its text (None: back to the session's default);
+        ``default``: also make it the value RESET returns to (a startup option)."""
+        found = setting(name)
+        if value is None:
+            chosen = self._setting_defaults[found.attribute]
+        elif isinstance(value, str):
+            chosen = found.read(value, name)
+        else:  # SET CURRENCY BOUND's duration, in seconds already
+            chosen = value
+        setattr(self, found.attribute, chosen)
+        if default:
+            self._setting_defaults[found.attribute] = chosen
 
     # -- for a front end that sends statements to the backend itself (cache.server) ----------
 
@@ -482,12 +559,14 @@ class Session:
         `answered_remotely`."""
         self._check_open()
         try:
-            return self._local_answer(query, params)[1]
+            result = self._local_answer(query, params)[1]
         except BackendUnavailableError as exc:
-            return self._answer_without_backend(query, params, exc)
+            result = self._answer_without_backend(query, params, exc)
+        return self._noted(result, result.lineage) if result is not None else None
 
     def answered_remotely(self, query: Query) -> None:
         """The caller had the backend answer a query `read_locally` left to it."""
+        self._last = lambda: Provenance.remote(self.planner.base_tables(query))
         self.counters["remote"] += 1
         state = self.state
         if state.timeline_active:
@@ -498,7 +577,11 @@ class Session:
         by ``execute`` or by the caller itself): count it, and let the session's later reads
         see its writes and catalog changes."""
         if isinstance(route, Passthrough) and route.reads is not None:
+            query = route.reads
+            self._last = lambda: Provenance.remote(self.planner.base_tables(query))
             self.counters["remote"] += 1
+        else:
+            self._last = NO_PROVENANCE
         if route.changes_catalog:
             self.planner.catalog_changed()
         state = self.state
@@ -765,6 +848,20 @@ def _copy_leaf(
     leaf: tuple[str, list[tuple[str, str]], dict[str, t.Any] | None],
 ) -> pa.Table:
     return copy_to_arrow(conn, *leaf)
+
+
+def _report_notice(report: t.Any) -> inspect.Notice:
+    """The NOTICE of an admission, eviction or refresh: what it did, its report as JSON."""
+    return inspect.Notice.with_detail(f"{report.operation}: {len(report.regions)} regions",
+                                      report.to_json())  # fmt: skip
+
+
+def _route_words(route: SessionSetting | Inspection) -> str:
+    """A statement's words, for its errors."""
+    if isinstance(route, Inspection):
+        return "EXPLAIN LAST STATEMENT" if route.what == "last statement" \
+            else f"SHOW {route.what.upper()}"  # fmt: skip
+    return f"{route.action.upper()} {route.name}"
 
 
 def _ddl_status(statement: t.Any) -> str:

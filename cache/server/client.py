@@ -207,6 +207,7 @@ class Conversation:
         ok = self._relay_query(sql)
         for part, routed in run:
             self._forwarded(part, t.cast(Passthrough | Write, routed))
+        self._provenance_notice()
         return ok
 
     def _relay_query(self, sql: bytes) -> bool:
@@ -273,7 +274,10 @@ class Conversation:
         if isinstance(routed, CachedRead):
             result = self._read_locally(routed, None)
             if result is None:  # the backend answers it, its clauses cut out
-                return self._relay_query(routed.query.backend_sql.encode(self.settings.codec))
+                ok = self._relay_query(routed.query.backend_sql.encode(self.settings.codec))
+                self.session.answered_remotely(routed.query)
+                self._provenance_notice()
+                return ok
         else:
             result = self.session.execute(text)
         self._send_result(result, describe=True, formats=None)
@@ -457,6 +461,8 @@ class Conversation:
             ok = self._relay_results(conn, out, simple=False, mixed=mixed)
             if ok and routed is not None:
                 self._forwarded(portal.statement.text, t.cast(Passthrough | Write, routed))
+            if ok:
+                self._provenance_notice()
             if held and ok:
                 self.out(self._portal_rows(portal, max_rows))
             return ok
@@ -644,7 +650,7 @@ class Conversation:
             if notice in self._noticed:  # the backend's, sent as it came
                 self._noticed.remove(notice)
                 continue
-            self.out(protocol.error_response("00000", notice, severity="NOTICE", notice=True))
+            self._cache_notice(notice)
         columns = result.columns
         if result.rows is None or columns is None:
             out(protocol.command_complete(result.status or ""))
@@ -660,6 +666,18 @@ class Conversation:
             out(data_row([None if v is None else f(v) for f, v in zip(encode, row,
                                                                        strict=True)]))  # fmt: skip
         out(protocol.command_complete(result.status or f"SELECT {len(result.rows)}"))
+
+    def _cache_notice(self, notice: str) -> None:
+        """A NOTICE of the cache's own (with its JSON detail, if it has one)."""
+        self.out(protocol.error_response("00000", notice, severity="NOTICE", notice=True,
+                                         detail=getattr(notice, "detail", None)))  # fmt: skip
+
+    def _provenance_notice(self) -> None:
+        """After a statement the backend answered: its provenance NOTICE, if the session asks
+        for one (``mtcache.provenance``)."""
+        notice = self.session.statement_notice()
+        if notice is not None:
+            self._cache_notice(notice)
 
     # -- errors ----------------------------------------------------------------------------------
 

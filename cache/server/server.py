@@ -54,7 +54,6 @@ _SEND_BUFFER = 64 * 1024  # client bytes collected before a send
 SESSION_STACK = 512 * 1024  # a session thread's stack (idle sessions stay cheap)
 
 # Settings of ours a client may give at startup (as parameters or in ``options``)
-CURRENCY_BOUND = "mtcache.currency_bound"
 
 # the parameters PostgreSQL reports at startup (GUC_REPORT), in its order
 _REPORTED = ("in_hot_standby", "integer_datetimes", "TimeZone", "IntervalStyle",
@@ -331,17 +330,19 @@ class ClientConnection:
             self._fatal("3D000", f'database "{database}" is not served here: this cache '
                         f'server fronts database "{backend_db}"')  # fmt: skip
             return False
+        session = None
         try:
-            bound = ours.get(CURRENCY_BOUND)
-            options = SessionOptions.of(
-                autocommit=True,
-                currency_bound=bound if bound is not None else server.options.currency_bound,
-            )
+            options = SessionOptions.of(autocommit=True,
+                                        currency_bound=server.options.currency_bound)
             defaults = server.defaults
             session = Session(server.engine, options, backend_parameters=backend_parameters,
                               connect=_needs_backend_at_start(backend_parameters, defaults),
                               time_zone=defaults.get("TimeZone"))  # fmt: skip
+            for name, value in ours.items():  # the cache's settings given at startup
+                session.set_setting(name, value, default=True)
         except Error as exc:
+            if session is not None:
+                session.close()
             with contextlib.suppress(OSError):
                 self.sock.sendall(protocol.diagnostic(diagnostics(exc), fatal=True))
             return False

@@ -1,0 +1,114 @@
+"""What a session can ask the cache about itself, as rows any client reads: ``EXPLAIN LAST
+STATEMENT`` (where the last statement's rows came from), ``SHOW CACHED VIEWS`` (one row per
+view) and ``SHOW CACHE STATUS`` (the status document, one row per entry, its value as JSON);
+and the provenance NOTICE a session may ask for after each statement (``mtcache.provenance``).
+Each is a `Result` whose columns carry PostgreSQL's types, so the cache server sends them as
+PostgreSQL would send such rows.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import typing as t
+
+from cache.backend.oids import OID
+from cache.engine.result import Result
+from cache.execution.provenance import Provenance
+from sql_ext.nodes import format_duration
+
+Columns = tuple[tuple[str, int], ...]
+
+LAST_STATEMENT: Columns = (
+    ("table", OID.text), ("route", OID.text), ("view", OID.text), ("regions", OID.text),
+    ("currency_seconds", OID.float8), ("snapshot_ids", OID.text), ("stale", OID.bool),
+)  # fmt: skip
+
+CACHED_VIEWS: Columns = (
+    ("name", OID.text), ("table", OID.text), ("consistency", OID.text), ("root", OID.text),
+    ("refresh", OID.text), ("rows", OID.int8), ("regions", OID.int8),
+    ("currency_seconds", OID.float8), ("last_refresh", OID.timestamptz),
+    ("next_refresh", OID.timestamptz), ("refresh_delay_seconds", OID.float8),
+)  # fmt: skip
+
+CACHE_STATUS: Columns = (("name", OID.text), ("value", OID.text))
+
+
+class Notice(str):
+    """A notice of the cache's own with a detail for programs (JSON), which the cache server
+    sends in the NoticeResponse's detail field; read as text it is the message."""
+
+    detail: str | None = None
+
+    @classmethod
+    def with_detail(cls, message: str, detail: t.Any) -> Notice:
+        notice = cls(message)
+        notice.detail = json.dumps(detail, separators=(",", ":"))
+        return notice
+
+
+def rows_of(columns: Columns, rows: list[tuple[t.Any, ...]], status: str) -> Result:
+    description = [(name, oid, None, None, None, None, None) for name, oid in columns]
+    return Result(rows, description, status=status)
+
+
+def last_statement(provenance: Provenance) -> Result:
+    """EXPLAIN LAST STATEMENT: one row per table access of the session's last statement."""
+    rows = [(a.table, a.route, a.view, _json([list(k) for k in a.regions]),
+             a.currency_seconds, _json(list(a.snapshot_ids)), a.stale)
+            for a in provenance]  # fmt: skip
+    return rows_of(LAST_STATEMENT, rows, "EXPLAIN")
+
+
+def cached_views(document: dict[str, t.Any], zone: dt.tzinfo) -> Result:
+    """SHOW CACHED VIEWS: one row per cached view of a status document."""
+    rows = []
+    for view in document["views"]:
+        ages = [r["currency_seconds"] for r in view["regions"]
+                if r["currency_seconds"] is not None]  # fmt: skip
+        if view["refresh_seconds"]:
+            refresh = f"every {format_duration(view['refresh_seconds'])}"
+        elif view.get("continuous"):
+            refresh = "continuously"
+        elif view["refresh_follows"]:
+            refresh = f"with {view['refresh_follows']}"
+        else:
+            refresh = "on demand"
+        rows.append((view["name"], view["table"], view["consistency"], view["root"], refresh,
+                     view["rows"], len(view["regions"]), max(ages) if ages else None,
+                     _moment(view["last_refresh"], zone), _moment(view["next_refresh"], zone),
+                     view["refresh_delay_seconds"]))  # fmt: skip
+    return rows_of(CACHED_VIEWS, rows, f"SHOW {len(rows)}")
+
+
+def cache_status(document: dict[str, t.Any]) -> Result:
+    """SHOW CACHE STATUS: the status document, one row per entry with its value as JSON (a
+    program rebuilds the document from the rows: `status_document`)."""
+    rows = [(name, _json(value)) for name, value in document.items()]
+    return rows_of(CACHE_STATUS, rows, "SHOW")
+
+
+def status_document(rows: t.Iterable[tuple[str, str]]) -> dict[str, t.Any]:
+    """The status document of SHOW CACHE STATUS's rows."""
+    return {name: json.loads(value) for name, value in rows}
+
+
+def provenance_notice(provenance: Provenance) -> Notice:
+    """The NOTICE of ``mtcache.provenance``: a line per access, the provenance as JSON in its
+    detail (docs/json-outputs.md's shape)."""
+    said = "; ".join(
+        f"{a.table}: {a.route}" + (f" via {a.view}" if a.view else "")
+        + (f", {a.currency_seconds:.1f}s old" if a.route == "local"
+           and a.currency_seconds is not None else "")
+        + (" (stale)" if a.stale else "")
+        for a in provenance
+    )  # fmt: skip
+    return Notice.with_detail(f"provenance: {said or 'no table read'}", provenance.to_json())
+
+
+def _json(value: t.Any) -> str:
+    return json.dumps(value, separators=(",", ":"), default=str)
+
+
+def _moment(text: str | None, zone: dt.tzinfo) -> dt.datetime | None:
+    return dt.datetime.fromisoformat(text).astimezone(zone) if text else None

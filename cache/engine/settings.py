@@ -1,0 +1,102 @@
+"""The cache's own session settings, ``mtcache.<name>``: what ``SET mtcache.name = value``,
+``SHOW mtcache.name`` and ``RESET mtcache.name`` read and write (on a connection of the cache
+server, also the startup option ``-c mtcache.name=value``), each a named value of the session
+with a reader of its text and a printer for SHOW. PostgreSQL's own settings are the backend's
+and pass through to it.
+"""
+
+from __future__ import annotations
+
+import typing as t
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from cache.engine.engine import bound_seconds
+from cache.maintenance.pipeline import ENGINES
+from sql_ext.errors import ProgrammingError
+from sql_ext.nodes import format_duration
+
+PREFIX = "mtcache."
+
+_TRUE = frozenset({"on", "true", "yes", "1", "t", "y"})
+_FALSE = frozenset({"off", "false", "no", "0", "f", "n"})
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str  # without the prefix
+    attribute: str  # the session's attribute that holds it
+    read: Callable[[str, str], t.Any]  # (text, full name) -> the value
+    show: Callable[[t.Any], str]
+    help: str
+
+
+def _flag(text: str, name: str) -> bool:
+    word = text.strip().lower()
+    if word in _TRUE:
+        return True
+    if word in _FALSE:
+        return False
+    raise ProgrammingError(f'parameter "{name}" requires a Boolean value (on or off), '
+                           f"not {text!r}")  # fmt: skip
+
+
+def _bound(text: str, name: str) -> float | None:
+    if text.strip().lower() in ("none", "default", ""):
+        return None
+    return bound_seconds(text, name)
+
+
+def _engine(text: str, name: str) -> str:
+    if text not in ENGINES:
+        raise ProgrammingError(f'parameter "{name}" is one of {", ".join(ENGINES)}, '
+                               f"not {text!r}")  # fmt: skip
+    return text
+
+
+def _text_or_none(text: str, name: str) -> str | None:
+    return text or None
+
+
+def _show_flag(value: bool) -> str:
+    return "on" if value else "off"
+
+
+def _show_bound(value: float | None) -> str:
+    return format_duration(value) if value is not None else "none"
+
+
+SETTINGS: dict[str, Setting] = {s.name: s for s in (
+    Setting("currency_bound", "currency_bound", _bound, _show_bound,
+            "the bound of every SELECT block without a clause of its own (none: such "
+            "reads go to the backend); also SET CURRENCY BOUND"),
+    Setting("provenance", "provenance_notices", _flag, _show_flag,
+            "a NOTICE after each statement saying where its rows came from (its detail: "
+            "the provenance as JSON)"),
+    Setting("stale_ok", "stale_ok", _flag, _show_flag,
+            "answer from stale local data while the backend is down, with a notice"),
+    Setting("admit_on_miss", "admit_on_miss", _flag, _show_flag,
+            "admit a missed presence key in the background"),
+    Setting("admit_empty", "admit_empty", _flag, _show_flag,
+            "INSERT into a presence control table admits keys the backend has no rows for "
+            "(as empty regions) instead of refusing them"),
+    Setting("refresh_engine", "refresh_engine", _engine, str,
+            f"what REFRESH CACHED VIEW pulls with ({', '.join(ENGINES)})"),
+    Setting("spark_master", "spark_master", _text_or_none, lambda v: v or "",
+            "the Spark master REFRESH CACHED VIEW uses (empty: local[*])"),
+)}  # fmt: skip
+
+
+def setting(name: str) -> Setting:
+    """The setting of a full name (``mtcache.provenance``), or an error naming them all."""
+    short = name.lower().removeprefix(PREFIX)
+    found = SETTINGS.get(short) if name.lower().startswith(PREFIX) else None
+    if found is None:
+        known = ", ".join(PREFIX + n for n in SETTINGS)
+        raise UnknownSetting(f'unrecognized configuration parameter "{name}": the cache\'s '
+                             f"settings are {known}")  # fmt: skip
+    return found
+
+
+class UnknownSetting(ProgrammingError):
+    sqlstate = "42704"  # undefined_object, as PostgreSQL says for an unknown parameter
