@@ -18,14 +18,9 @@ import cache
 from cache.engine.inspect import status_document
 from sql_ext import CacheSetting, Inspect, RefreshCachedView, parse_one
 from sql_ext.errors import ProgrammingError, SqlSyntaxError
+from tests.schemas import AUTHORS_AND_BOOKS
 
-SCHEMA = """
-CREATE CONTROL TABLE authorlist_pct (authorid INTEGER);
-CREATE CACHED VIEW authorcopy AS SELECT * FROM authors PRESENCE ON (authorid) IN authorlist_pct
-    REFRESH EVERY 5 MIN;
-CREATE CACHED VIEW bookcopy AS SELECT isbn, authorid, title, type, price FROM books
-    PRESENCE ON (authorid) IN authorcopy CONSISTENCY ROOT;
-"""
+SCHEMA = AUTHORS_AND_BOOKS
 
 BOOKS = "SELECT isbn, title FROM books WHERE authorid = %s ORDER BY isbn"
 

@@ -71,6 +71,12 @@ PARSED = [
     "DROP CACHED VIEW authorcopy",
     "DROP CONTROL TABLE authorlist_pct",
     "BEGIN TIMEORDERED",
+    "EXPLAIN LAST STATEMENT",
+    "SHOW CACHE STATUS",
+    "SET mtcache.provenance = on",
+    "SHOW mtcache.currency_bound",
+    "REFRESH CACHED VIEW authorcopy KEY (1), (2)",
+    "REFRESH CACHED VIEWS",
     "END TIMEORDERED",
     "SET CURRENCY BOUND 5 MIN",
     "RESET CURRENCY BOUND",
@@ -90,7 +96,8 @@ def test_parse_documents(mtcache_bin: str, clean_env: dict[str, str]) -> None:
     assert kinds == {("query", None), ("ddl", "create control table"),
                      ("ddl", "create cached view"), ("ddl", "drop cached view"),
                      ("ddl", "drop control table"), ("timeline", None),
-                     ("session", None)}  # fmt: skip
+                     ("session", None), ("inspect", None), ("setting", None),
+                     ("refresh", None)}  # fmt: skip
 
 
 def test_explain_query_status_and_provenance_documents(

@@ -21,14 +21,9 @@ from cache.engine.inspect import status_document
 from cache.server import protocol
 from cache.server.server import Server, ServerOptions
 from tests.answers import typed
+from tests.schemas import AUTHORS_AND_BOOKS
 
-SCHEMA = """
-CREATE CONTROL TABLE authorlist_pct (authorid INTEGER);
-CREATE CACHED VIEW authorcopy AS SELECT * FROM authors PRESENCE ON (authorid) IN authorlist_pct
-    REFRESH EVERY 5 MIN;
-CREATE CACHED VIEW bookcopy AS SELECT isbn, authorid, title, type, price FROM books
-    PRESENCE ON (authorid) IN authorcopy CONSISTENCY ROOT;
-"""
+SCHEMA = AUTHORS_AND_BOOKS
 
 BOOKS = "SELECT isbn, title, price, authorid FROM books WHERE authorid = %s ORDER BY isbn"
 

@@ -15,12 +15,14 @@ from pathlib import Path
 import psycopg
 
 from cache.dbapi.cursor import Cursor
+from cache.dbapi.remote import ServerAdmin, ServerSession, server_conninfo
 from cache.engine.admin import Admin
 from cache.engine.boundary import public
 from cache.engine.engine import DEFAULT_CACHE, Engine, SessionOptions
 from cache.engine.session import Session
 from cache.execution.memo import DEFAULT_BYTES as DEFAULT_MEMO_BYTES
 from cache.maintenance.stream import DEFAULT_LAG_LIMIT
+from cache.store.served import ServedAt
 from heartbeat.clock import BackendClock
 from optimizer.plan import Plan
 from sql_ext import errors as _errors
@@ -72,7 +74,17 @@ class Connection:
     the one measured from their refreshes; for what-if planning and for tests that must not
     depend on a measured time). The connection is a façade over one session
     (`cache.engine.session.Session`, ``conn.session``) of an engine of its own
-    (`cache.engine.engine.Engine`, ``conn.engine``)."""
+    (`cache.engine.engine.Engine`, ``conn.engine``).
+
+    ``server`` (``"HOST:PORT"``, or a conninfo or URL): go through a running cache server
+    (`mtcache serve`) instead of opening the cache file, so many processes share it; the
+    session is the server's (`cache.dbapi.remote.ServerSession`), ``backend`` only names the
+    user, database and password, and the options of the process (``result_memo_bytes``,
+    ``background``, ``heartbeat``, ``stream_lag_limit``, ``plan_choice``,
+    ``refresh_delays``) are the server's."""
+
+    engine: Engine | None  # None: through a cache server
+    session: Session | ServerSession
 
     # PEP 249 optional extension: the exception classes as attributes.
     Warning = _errors.Warning
@@ -103,6 +115,7 @@ class Connection:
         plan_choice: str = "cost",
         refresh_delays: t.Mapping[str, str | float | dt.timedelta] | None = None,
         context: psycopg.adapt.AdaptersMap | None = None,
+        server: str | ServedAt | None = None,
     ) -> None:
         # every option is checked before anything is opened
         options = SessionOptions.of(
@@ -111,6 +124,22 @@ class Connection:
             refresh_delays=refresh_delays, context=context,
         )  # fmt: skip
         self.closed = True
+        if server is not None:
+            own = {"result_memo_bytes": result_memo_bytes != DEFAULT_MEMO_BYTES,
+                   "background": background is not True, "heartbeat": heartbeat is not None,
+                   "stream_lag_limit": stream_lag_limit != DEFAULT_LAG_LIMIT,
+                   "plan_choice": plan_choice != "cost", "refresh_delays": bool(refresh_delays)}
+            given = [name for name, changed in own.items() if changed]
+            if given:
+                raise _errors.ProgrammingError(
+                    f"{given[0]} belongs to the cache server's process: give it to `mtcache "
+                    "serve`, not to a connection through the server")  # fmt: skip
+            self.engine = None
+            self.cache_path = Path(cache_path if cache_path is not None else DEFAULT_CACHE)
+            self.backend = backend
+            self.session = ServerSession(server_conninfo(server, backend), options)
+            self.closed = False
+            return
         self.engine = Engine(backend, cache_path, result_memo_bytes=result_memo_bytes,
                              background=background, heartbeat=heartbeat,
                              stream_lag_limit=stream_lag_limit)  # fmt: skip
@@ -158,7 +187,8 @@ class Connection:
         try:
             self.session.close()
         finally:
-            self.engine.close()
+            if self.engine is not None:
+                self.engine.close()
 
     def __enter__(self) -> Connection:
         return self
@@ -265,7 +295,7 @@ class Connection:
     # -- the cache ---------------------------------------------------------------------------
 
     @property
-    def admin(self) -> Admin:
+    def admin(self) -> Admin | ServerAdmin:
         """Administration of this connection's cache: DDL, admit, evict, refresh, status."""
         return self.session.admin
 
@@ -277,12 +307,18 @@ class Connection:
 
     def wait_for_admissions(self) -> None:
         """Block until the background admissions queued so far are done."""
-        self.engine.admissions.wait()
+        self._in_process("background admissions").admissions.wait()
 
     @property
     def admission_errors(self) -> list[str]:
         """Failures of background admissions (their queries were answered remotely)."""
-        return self.engine.admissions.errors
+        return self._in_process("background admissions").admissions.errors
+
+    def _in_process(self, what: str) -> Engine:
+        if self.engine is None:
+            raise _errors.NotSupportedError(f"{what} are the cache server's (this connection "
+                                            "goes through it)")  # fmt: skip
+        return self.engine
 
     def _check_open(self) -> None:
         if self.closed:

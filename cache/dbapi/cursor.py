@@ -14,6 +14,7 @@ import typing as t
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from cache.dbapi.remote import ServerSession
 from cache.engine.boundary import public
 from cache.engine.result import Result, no_rows
 from cache.engine.session import Session
@@ -39,7 +40,7 @@ class Cursor:
     """PEP 249 cursor. ``provenance`` tells, per table access of the last query, where the
     data came from; ``messages`` holds warnings as (class, text) pairs."""
 
-    def __init__(self, connection: _Closable, session: Session) -> None:
+    def __init__(self, connection: _Closable, session: Session | ServerSession) -> None:
         self.connection = connection
         self._session = session
         self.arraysize = 1

@@ -18,6 +18,9 @@ from __future__ import annotations
 import typing as t
 from collections.abc import Callable
 
+import psycopg
+from psycopg import pq
+
 from cache.backend.describe import ResultShape
 from cache.execution.provenance import Executed, Provenance
 from optimizer.plan import Plan
@@ -131,6 +134,21 @@ class Result:
         if not isinstance(found, Provenance):
             found = self._provenance = found()
         return found
+
+
+# psycopg's test for "the statement returned rows" (Cursor.description), on a result
+_ROW_STATUSES = frozenset((pq.ExecStatus.TUPLES_OK, pq.ExecStatus.SINGLE_TUPLE,
+                           pq.ExecStatus.TUPLES_CHUNK))  # fmt: skip
+
+
+def of_cursor(cur: psycopg.Cursor[t.Any], *, executed: Executed | None = None,
+              notices: list[str] | None = None) -> Result:  # fmt: skip
+    """The result of the statement a psycopg cursor just ran (its rows fetched)."""
+    found = cur.pgresult
+    if found is not None and (found.nfields or found.status in _ROW_STATUSES):
+        rows = cur.fetchall()  # psycopg rows are tuples already
+        return Result(rows, shape=ResultShape(found, cur), executed=executed, notices=notices)
+    return no_rows(cur.statusmessage, cur.rowcount, notices, executed)
 
 
 def no_rows(status: str | None = None, rowcount: int = -1, notices: list[str] | None = None,

@@ -66,6 +66,7 @@ class CachedRead:
 @dataclass(frozen=True)
 class Explain:
     query: Query  # the explained query (its EXPLAIN stripped)
+    json: bool = False  # EXPLAIN (FORMAT JSON): the plan's document in one row
 
 
 @dataclass(frozen=True)
@@ -180,12 +181,10 @@ def route(
     control = _control_target(tree, control_tables)
     if control is not None:
         return ControlEdit(statement, *control)
-    if (
-        statement.explain is not None
-        and statement.is_select
-        and (statement.has_currency_clause or session_bound)
-    ):
-        return Explain(statement.without_explain())
+    if statement.explain is not None and statement.is_select:
+        options = explain_options(statement.explain)
+        if options.cache or statement.has_currency_clause or session_bound:
+            return Explain(statement.without_explain(), options.json)
     # Only a statement using an extension is regenerated; plain SQL reaches PostgreSQL as
     # written (psycopg's %%, dollar quotes, casts untouched).
     sql = statement.backend_sql if extended else operation
@@ -196,6 +195,30 @@ def route(
             return Passthrough(sql)
         return Write(sql, None, changes_catalog=True)
     return Passthrough(sql, changes_catalog=isinstance(tree, exp.Create | exp.Drop | exp.Alter))
+
+
+class ExplainOptions(t.NamedTuple):
+    cache: bool  # EXPLAIN (CACHE): the cache's plan, clauses or not
+    json: bool  # FORMAT JSON
+
+
+def explain_options(text: str) -> ExplainOptions:
+    """EXPLAIN's options as written (``(CACHE, FORMAT JSON)``, ``ANALYZE``): the cache's own
+    (CACHE) and the format. With CACHE, only FORMAT TEXT or JSON may come along: the rest
+    (ANALYZE, BUFFERS, ...) are the backend's."""
+    words = [w.strip().upper() for w in text.strip().strip("()").split(",") if w.strip()]
+    cache = "CACHE" in words
+    json = any(w.split()[:2] == ["FORMAT", "JSON"] for w in words)
+    if cache:
+        others = [w for w in words if w != "CACHE" and w.split()[:1] != ["FORMAT"]]
+        if others:
+            raise NotSupportedError(f"EXPLAIN (CACHE) shows the cache's plan, which has no "
+                                    f"{others[0].split()[0]}: drop it, or drop CACHE to ask "
+                                    "the backend")  # fmt: skip
+        if any(w.split()[:1] == ["FORMAT"] and w.split()[1:] not in (["TEXT"], ["JSON"])
+               for w in words):  # fmt: skip
+            raise NotSupportedError("EXPLAIN (CACHE) gives FORMAT TEXT or FORMAT JSON")
+    return ExplainOptions(cache, json)
 
 
 def _control_target(

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import functools
+import json
 import threading
 import typing as t
 from collections.abc import Iterator
@@ -35,7 +36,6 @@ from psycopg import pq
 from sqlglot import exp
 
 from cache.backend.copy_arrow import copy_to_arrow
-from cache.backend.describe import ResultShape
 from cache.backend.pool import in_one_snapshot
 from cache.backend.reflect import (
     connect_backend,
@@ -47,7 +47,7 @@ from cache.engine import inspect
 from cache.engine.admin import Admin
 from cache.engine.boundary import public
 from cache.engine.engine import Engine, SessionOptions, bound_seconds
-from cache.engine.result import NO_PROVENANCE, Result, no_rows
+from cache.engine.result import NO_PROVENANCE, Result, no_rows, of_cursor
 from cache.engine.route import (
     CachedRead,
     ControlEdit,
@@ -85,10 +85,6 @@ from sql_ext import CreateCachedView, CreateControlTable, DropCacheObject, Query
 from sql_ext.errors import BackendUnavailableError, InterfaceError, ProgrammingError, translate
 from sql_ext.params import ParameterValues, Params, bind_literals
 from sql_ext.quoting import folded
-
-# psycopg's test for "the statement returned rows" (Cursor.description), on a result
-_ROW_STATUSES = frozenset((pq.ExecStatus.TUPLES_OK, pq.ExecStatus.SINGLE_TUPLE,
-                           pq.ExecStatus.TUPLES_CHUNK))  # fmt: skip
 
 # how many times a query decides again when the cache file changed under its guards before
 # the backend answers it
@@ -204,7 +200,8 @@ class Session:
             return self._setting_statement(route)
         if isinstance(route, Explain):
             plan = self.planner.prepare(route.query, params, self.currency_bound).plan
-            return Result([(line,) for line in plan.render()], [tuple(text_column("QUERY PLAN"))],
+            lines = [json.dumps(plan.to_json())] if route.json else plan.render()
+            return Result([(line,) for line in lines], [tuple(text_column("QUERY PLAN"))],
                           status="EXPLAIN", plan=plan)  # fmt: skip
         self._last = NO_PROVENANCE  # the cache's own statements read no table
         if isinstance(route, ControlEdit):
@@ -225,9 +222,16 @@ class Session:
             return no_rows(f"{'BEGIN' if route.begin else 'END'} TIMEORDERED")
         if params:
             raise ProgrammingError("cache DDL takes no parameters")
-        statement = route.statement
-        self.admin.apply_ddl([statement])
-        return no_rows(_ddl_status(statement))
+        return self.apply_cache_ddl([route.statement])[0]
+
+    @_public
+    def apply_cache_ddl(self, statements: list[t.Any]) -> list[Result]:
+        """Cache DDL statements (`sql_ext` statements, as a script's) applied together, all
+        or nothing: a result per statement."""
+        self._check_open()
+        self._last = NO_PROVENANCE
+        self.admin.apply_ddl(statements)
+        return [no_rows(_ddl_status(statement)) for statement in statements]
 
     # -- a query with currency clauses, top to bottom --------------------------------------------
 
@@ -433,13 +437,7 @@ class Session:
             if cur is None or cur.closed or cur.connection is not pg:
                 cur = self._pg_cursor = pg.cursor()
             cur.execute(executed.backend_sql, params)  # type: ignore[arg-type]
-            found = cur.pgresult
-            if found is not None and (found.nfields or found.status in _ROW_STATUSES):
-                rows = cur.fetchall()  # psycopg rows are tuples already
-                result = Result(rows, shape=ResultShape(found, cur), executed=executed,
-                                notices=notices)  # fmt: skip
-            else:
-                result = no_rows(cur.statusmessage, cur.rowcount, notices, executed)
+            result = of_cursor(cur, executed=executed, notices=notices)
         except psycopg.Error as exc:
             raise translate(exc, unreachable="the statement needs it: reconnect when it is "
                             "back") from exc  # fmt: skip

@@ -7,6 +7,7 @@ and pass through to it.
 
 from __future__ import annotations
 
+import math
 import typing as t
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,9 +43,17 @@ def _flag(text: str, name: str) -> bool:
 
 
 def _bound(text: str, name: str) -> float | None:
-    if text.strip().lower() in ("none", "default", ""):
+    """A duration as in a clause ('10 min'), or a number of seconds; none: no bound."""
+    word = text.strip().lower()
+    if word in ("none", "default", ""):
         return None
-    return bound_seconds(text, name)
+    try:
+        seconds = float(word)
+    except ValueError:
+        return bound_seconds(text, name)
+    if not math.isfinite(seconds):
+        raise ProgrammingError(f"{name} must be a finite duration, not {text!r}")
+    return bound_seconds(seconds, name)
 
 
 def _engine(text: str, name: str) -> str:

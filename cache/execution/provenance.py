@@ -82,6 +82,15 @@ class Provenance(Sequence[AccessProvenance]):
     def to_json(self) -> list[dict[str, t.Any]]:
         return [a.to_json() for a in self.accesses]
 
+    @classmethod
+    def from_json(cls, document: list[dict[str, t.Any]]) -> Provenance:
+        """The provenance `to_json` gave (a cache server's NOTICE carries it)."""
+        return cls(tuple(AccessProvenance(
+            table=e["table"], route=e["route"], view=e["view"],
+            regions=tuple(tuple(k) for k in e["regions"]),
+            currency_seconds=e["currency_seconds"], snapshot_ids=tuple(e["snapshot_ids"]),
+            stale=e["stale"]) for e in document))  # fmt: skip
+
     def __getitem__(self, index: int) -> AccessProvenance:  # type: ignore[override]
         return self.accesses[index]
 

@@ -31,3 +31,10 @@ class Report:
             "rounds": self.rounds,
             "seconds": round(self.seconds, 3),
         }
+
+    @classmethod
+    def from_json(cls, document: dict[str, t.Any]) -> Report:
+        """The report `to_json` gave (a cache server's NOTICE carries it)."""
+        moment = document["backend_time"]
+        return cls(**{**document,
+                      "backend_time": dt.datetime.fromisoformat(moment) if moment else None})

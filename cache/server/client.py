@@ -25,7 +25,7 @@ from psycopg.pq import ExecStatus
 
 from cache.backend.oids import OID
 from cache.engine.result import Result
-from cache.engine.route import CachedRead, Passthrough, Route, Write
+from cache.engine.route import CacheDdl, CachedRead, Passthrough, Route, Write
 from cache.engine.session import Session
 from cache.server import protocol, relay, values
 from cache.server.placeholders import Converted, to_backend, to_engine
@@ -187,7 +187,8 @@ class Conversation:
             self._backend_simple(sql, routes)  # as the client wrote it (error positions)
             return
         run: list[tuple[str, Route]] = []  # statements for the backend, sent together
-        for part, routed in routes:
+        ddl: list[CacheDdl] = []  # cache DDL, applied together (all or nothing, as a script)
+        for at, (part, routed) in enumerate(routes):
             if isinstance(routed, Passthrough | Write):
                 run.append((part, routed))
                 continue
@@ -195,6 +196,15 @@ class Conversation:
                 if not self._backend_simple(None, run):
                     return
                 run = []
+            if isinstance(routed, CacheDdl):
+                ddl.append(routed)
+                if at + 1 < len(routes) and isinstance(routes[at + 1][1], CacheDdl):
+                    continue
+                self._check_not_failed()
+                for result in self.session.apply_cache_ddl([d.statement for d in ddl]):
+                    self._send_result(result, describe=True, formats=None)
+                ddl = []
+                continue
             if not self._engine_simple(part, routed):
                 return
         if run:

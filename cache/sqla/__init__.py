@@ -23,6 +23,7 @@ import psycopg
 from sqlalchemy.engine import URL
 
 from cache.dbapi.connection import Connection as CacheConnection
+from cache.dbapi.remote import ServerAdmin
 from cache.engine.admin import Admin
 from cache.execution.provenance import Provenance
 from cache.sqla.currency import with_currency
@@ -65,9 +66,10 @@ def provenance(result: t.Any) -> Provenance:
 
 
 @contextmanager
-def admin(engine: t.Any) -> Iterator[Admin]:
+def admin(engine: t.Any) -> Iterator[Admin | ServerAdmin]:
     """The cache's administration API (`cache.Admin`: DDL, admit, evict, refresh, status) of
-    an engine, through one of its pooled DB-API connections (returned to the pool on exit)."""
+    an engine, through one of its pooled DB-API connections (returned to the pool on exit);
+    through a cache server (``?server=``), the server's (`cache.dbapi.remote.ServerAdmin`)."""
     with engine.connect() as conn:
         dbapi = conn.connection.driver_connection
         if not isinstance(dbapi, CacheConnection):

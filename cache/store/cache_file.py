@@ -23,6 +23,7 @@ from sqlglot import exp
 
 from cache.private_files import make_private, make_private_dirs
 from cache.store import functions
+from cache.store.served import served_at
 from control_tables.schema import CachedView, CacheSchema, ControlTable, view_from_statement
 from control_tables.script import apply_script
 from control_tables.types import BPCHAR, duckdb_type, transfer_type
@@ -169,6 +170,13 @@ class CacheStore:
             if damage is not None:
                 raise damage from exc
             if "conflicting lock" in str(exc).lower() or "could not set lock" in str(exc).lower():
+                served = served_at(self.path)
+                if served is not None:
+                    raise OperationalError(
+                        f"the cache file {self.path} is served by `mtcache serve` (pid "
+                        f"{served.pid}) at {served.address}: connect through it "
+                        f"(cache.connect(..., server={served.address!r}); the mtcache "
+                        "commands do so by themselves)") from exc  # fmt: skip
                 raise OperationalError(
                     f"the cache file {self.path} is in use by another process (DuckDB allows "
                     f"one): stop that process or use another --cache file ({first_line(exc)})"

@@ -35,6 +35,9 @@ def status(store: CacheStore, now: dt.datetime | None = None) -> dict[str, t.Any
         "now": now.isoformat(),  # the moment currencies and refresh times are reckoned from
         "views": views,
         "control_tables": sorted(schema.control_tables),
+        # each control table's key columns, in order (what admit and evict give values for)
+        "control_keys": {name: list(schema.control_tables[name].column_names)
+                         for name in sorted(schema.control_tables)},
         "counters": store.counters(),
     }
 

@@ -27,9 +27,11 @@ from rich.table import Table
 import cache
 from cache.backend.embedded_pg import EmbeddedPostgres
 from cache.backend.reflect import connect_backend, redact
+from cache.dbapi.remote import ServerAdmin, server_conninfo
 from cache.engine.admin import Admin
 from cache.engine.engine import DEFAULT_CACHE
 from cache.maintenance.pipeline import ENGINES
+from cache.store.served import published, served_at
 from cache.tools.demo import run_demo
 from cache.tools.formatting import describe_class, plural
 from cache.tools.settings import Settings
@@ -40,6 +42,7 @@ from sql_ext.errors import (
     BackendUnavailableError,
     DataError,
     Error,
+    OperationalError,
     ProgrammingError,
     first_line,
     translate,
@@ -84,6 +87,16 @@ def cmd_parse(settings: Settings, args: argparse.Namespace) -> int:
         bound = session["bound_seconds"]
         print(f"session currency bound: {session['currency_bound']}"
               + (f" {format_duration(bound)}" if bound is not None else ""))  # fmt: skip
+    if "inspect" in document:
+        print(f"asks the cache: {document['inspect']}")
+    if "setting" in document:
+        setting = document["setting"]
+        value = f" = {setting['value']!r}" if setting["value"] is not None else ""
+        print(f"cache setting: {setting['action']} {setting['name']}{value}")
+    if "refresh" in document:
+        refresh = document["refresh"]
+        keys = f" keys {refresh['keys']}" if refresh["keys"] else ""
+        print(f"refresh: {refresh['view'] or 'every white view'}{keys}")
     for clause in document["clauses"]:
         for spec in clause["specs"]:
             on = f" ON ({', '.join(spec['on'])})" if spec["on"] is not None else " ON (every input)"
@@ -95,13 +108,23 @@ def cmd_parse(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_explain(settings: Settings, args: argparse.Namespace) -> int:
-    with cache.connect(settings.backend_dsn(), settings.cache_path, background=False) as conn:
-        # plan against the backend's tables as they are now; while it is unreachable, from the
-        # catalog on file without estimates (its guards decide)
-        with contextlib.suppress(BackendUnavailableError):
-            conn.admin.reflect()
-        plan = conn.explain(args.sql)
-    document = plan.to_json()
+    served = served_at(settings.cache_path)
+    if served is not None:  # the server plans it: its plan's document and lines
+        with cache.connect(settings.backend, settings.cache_path, autocommit=True,
+                           server=served) as conn:  # fmt: skip
+            cur = conn.cursor()
+            rows = cur.execute(f"EXPLAIN (CACHE, FORMAT JSON) {args.sql}").fetchall()
+            document = json.loads(rows[0][0])
+            lines = [row[0] for row in cur.execute(f"EXPLAIN (CACHE) {args.sql}").fetchall()]
+    else:
+        with cache.connect(settings.backend_dsn(), settings.cache_path,
+                           background=False) as local:  # fmt: skip
+            # plan against the backend's tables as they are now; while it is unreachable,
+            # from the catalog on file without estimates (its guards decide)
+            with contextlib.suppress(BackendUnavailableError):
+                t.cast(Admin, local.admin).reflect()
+            plan = local.explain(args.sql)
+        document, lines = plan.to_json(), plan.render()
     if args.json:
         _print_json(document)
         return 0
@@ -111,18 +134,39 @@ def cmd_explain(settings: Settings, args: argparse.Namespace) -> int:
     if not document["constraint"]:
         print("  (none: the statement reads nothing; it goes to the backend as it is)")
     print("plan:")
-    for line in plan.render()[: -len(document["constraint"]) or None]:
+    for line in lines[: -len(document["constraint"]) or None]:
         print(f"  {line}")
     return 0
 
 
-def _admin(settings: Settings) -> t.ContextManager[Admin]:
-    """The cache file's administration; the backend is started or reached only if needed."""
+def _admin(settings: Settings) -> t.ContextManager[Admin | ServerAdmin]:
+    """The cache file's administration; the backend is started or reached only if needed.
+    While `mtcache serve` owns the file, the server's (through its protocol)."""
+    served = served_at(settings.cache_path)
+    if served is not None:
+        return ServerAdmin.open(server_conninfo(served, settings.backend))
     return Admin.open(settings.cache_path, backend=settings.backend_dsn)
 
 
+def _connect(settings: Settings) -> cache.Connection:
+    """A session on the cache: through its server while one owns the file."""
+    served = served_at(settings.cache_path)
+    if served is not None:
+        return cache.connect(settings.backend, settings.cache_path, server=served)
+    return cache.connect(settings.backend_dsn(), settings.cache_path, background=False)
+
+
+def _not_served(settings: Settings, command: str) -> None:
+    served = served_at(settings.cache_path)
+    if served is not None:
+        raise OperationalError(
+            f"the cache file {settings.cache_path} is served by `mtcache serve` (pid "
+            f"{served.pid}) at {served.address}: {command} it there, or stop the server first")
+
+
 def cmd_init(settings: Settings, args: argparse.Namespace) -> int:
-    with _admin(settings) as admin:
+    _not_served(settings, "its server keeps the catalog:")
+    with Admin.open(settings.cache_path, backend=settings.backend_dsn) as admin:
         catalog = admin.reflect()
     print(
         f"cache {settings.cache_path}: shadow catalog of {len(catalog.tables)} backend tables "
@@ -146,7 +190,7 @@ def cmd_ddl(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def _keys(admin: Admin, control: str, values: list[str]) -> list[tuple[str, ...]]:
+def _keys(admin: Admin | ServerAdmin, control: str, values: list[str]) -> list[tuple[str, ...]]:
     """VALUE... grouped by the control table's key width (one value per key column)."""
     columns = admin.control_key(control)
     width = len(columns)
@@ -329,7 +373,7 @@ def _iso_duration(value: dt.timedelta) -> str:
 def cmd_query(settings: Settings, args: argparse.Namespace) -> int:
     if is_empty(args.sql):
         raise ProgrammingError("empty statement: there is no SQL to run")
-    with cache.connect(settings.backend_dsn(), settings.cache_path, background=False) as conn:
+    with _connect(settings) as conn:
         cur = conn.cursor()
         cur.execute(args.sql)
         columns = [d[0] for d in cur.description] if cur.description else []
@@ -405,6 +449,7 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     options = ServerOptions(listen=args.listen, grace_seconds=args.grace,
                             currency_bound=bound_seconds(args.currency_bound,
                                                          "--currency-bound"))  # fmt: skip
+    _not_served(settings, "connect to")
     sock = listen_socket(args.listen)  # a busy port fails before anything starts
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s mtcache serve: %(message)s")  # fmt: skip
@@ -416,10 +461,14 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     try:
         server = Server(engine, options, sock)
         server.install_signals()
-        print(f"mtcache serve: listening on {server.address[0]}:{server.address[1]} "
-              f"(cache {settings.cache_path}); stop with Ctrl-C or SIGTERM", file=sys.stderr,
-              flush=True)  # fmt: skip
-        server.serve_forever()
+        dsn = psycopg.conninfo.conninfo_to_dict(engine.backend)
+        host, port = server.address
+        user, dbname = (str(dsn[k]) if k in dsn else None for k in ("user", "dbname"))
+        # the commands and connections that find the file served go through the server
+        with published(settings.cache_path, host, port, user, dbname):
+            print(f"mtcache serve: listening on {host}:{port} (cache {settings.cache_path}); "
+                  "stop with Ctrl-C or SIGTERM", file=sys.stderr, flush=True)  # fmt: skip
+            server.serve_forever()
     finally:
         engine.close()
     return 0
