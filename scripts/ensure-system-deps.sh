@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what pip cannot: the PostgreSQL server binaries (the embedded backend and the tests'
-# private cluster) and a Java runtime (Spark's refresh pipeline). Does nothing when present.
+# private cluster), a Java runtime (Spark's refresh pipeline), and the clients the server's
+# tests and benchmark drive: psql and pgbench, pgbouncer, a JDK and pgjdbc (Debian's
+# libpostgresql-jdbc-java). Does nothing when present.
 set -euo pipefail
 
 have_postgres() {
@@ -11,6 +13,11 @@ have_postgres() {
 missing=()
 have_postgres || missing+=(postgresql)
 command -v java >/dev/null 2>&1 || missing+=(default-jre-headless)
+command -v javac >/dev/null 2>&1 || missing+=(default-jdk-headless)
+# psql and pgbench (Debian's postgresql-client brings both)
+{ command -v psql && command -v pgbench; } >/dev/null 2>&1 || missing+=(postgresql-client)
+command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || missing+=(pgbouncer)
+[ -f /usr/share/java/postgresql.jar ] || missing+=(libpostgresql-jdbc-java)
 command -v runuser >/dev/null 2>&1 || missing+=(util-linux)
 
 if [ ${#missing[@]} -eq 0 ]; then

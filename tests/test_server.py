@@ -16,45 +16,19 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from cache.engine.engine import Engine
 from cache.engine.inspect import status_document
 from cache.server import protocol
-from cache.server.server import Server, ServerOptions
 from tests.answers import typed
-from tests.schemas import AUTHORS_AND_BOOKS
-
-SCHEMA = AUTHORS_AND_BOOKS
+from tests.serving import Served, serving
 
 BOOKS = "SELECT isbn, title, price, authorid FROM books WHERE authorid = %s ORDER BY isbn"
 
 
-class Served(t.NamedTuple):
-    engine: Engine
-    server: Server
-    dsn: str  # the server's
-    backend: str  # PostgreSQL's
-
-
 @pytest.fixture(scope="module")
 def served(bookstore_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    engine = Engine(bookstore_dsn, tmp_path_factory.mktemp("server") / "cache.duckdb")
-    server = Server(engine, ServerOptions(listen="127.0.0.1:0", grace_seconds=2))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    host, port = server.address
-    dbname = psycopg.conninfo.conninfo_to_dict(bookstore_dsn)["dbname"]
-    dsn = f"host={host} port={port} user=postgres dbname={dbname}"
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        for statement in SCHEMA.split(";"):
-            if statement.strip():
-                conn.execute(statement)
-        conn.execute("INSERT INTO authorlist_pct VALUES (1), (2), (3)")
-    try:
-        yield Served(engine, server, dsn, bookstore_dsn)
-    finally:
-        server.shutdown()
-        thread.join(30)
-        engine.close()
+    with serving(bookstore_dsn, tmp_path_factory.mktemp("server") / "cache.duckdb",
+                 (1, 2, 3)) as found:  # fmt: skip
+        yield found
 
 
 def _same(got: psycopg.Cursor[t.Any], want: psycopg.Cursor[t.Any]) -> list[t.Any]:

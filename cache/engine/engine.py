@@ -146,6 +146,8 @@ class Engine:
                          self.store.change_token) if result_memo_bytes else None  # fmt: skip
         self.on_decision: Callable[[Plan, Decision], None] | None = None
         self._regions: RegionState | None = None
+        # the engine's DuckDB handle reads the regions for every session: one thread at a time
+        self._regions_lock = threading.Lock()
         self._counters = dict.fromkeys(COUNTERS, 0)  # flushed by closed sessions, not saved yet
         self._counters_lock = threading.Lock()
         self._clock: BackendClock | None = None  # `shared_clock`
@@ -173,7 +175,10 @@ class Engine:
         """The regions' state as of the file's current version (read again after a change)."""
         state = self._regions
         if state is None or state.version != self.store.version:
-            state = self._regions = read_region_state(self.store)
+            with self._regions_lock:  # sessions of several threads may find it changed at once
+                state = self._regions
+                if state is None or state.version != self.store.version:
+                    state = self._regions = read_region_state(self.store)
         return state
 
     def heartbeat_clock(self) -> BackendClock | None:

@@ -34,6 +34,22 @@ CACHED_VIEWS: Columns = (
 CACHE_STATUS: Columns = (("name", OID.text), ("value", OID.text))
 
 
+def result_columns(route: t.Any) -> Columns | None:
+    """The columns of an engine statement's result, known before it runs (what a Describe
+    of it answers): None when it returns no rows. Not for cached reads (their columns are
+    the backend's description of the query)."""
+    from cache.engine.route import Explain, Inspection, SessionSetting
+
+    if isinstance(route, Inspection):
+        return {"last statement": LAST_STATEMENT, "cached views": CACHED_VIEWS,
+                "cache status": CACHE_STATUS}[route.what]  # fmt: skip
+    if isinstance(route, Explain):
+        return (("QUERY PLAN", OID.text),)
+    if isinstance(route, SessionSetting) and route.action == "show":
+        return ((route.column, OID.text),)
+    return None
+
+
 class Notice(str):
     """A notice of the cache's own with a detail for programs (JSON), which the cache server
     sends in the NoticeResponse's detail field; read as text it is the message."""

@@ -24,6 +24,7 @@ from psycopg import pq
 from psycopg.pq import ExecStatus
 
 from cache.backend.oids import OID
+from cache.engine import inspect
 from cache.engine.result import Result
 from cache.engine.route import CacheDdl, CachedRead, Passthrough, Route, Write
 from cache.engine.session import Session
@@ -37,7 +38,13 @@ Out = Callable[[bytes], None]
 # a statement's parameter types and result columns (None: it returns no rows)
 Description = tuple[tuple[int, ...], list[Field] | None]
 
-_TEXT_SIZE = -1
+# pg_type.typlen of the types the cache's own results have (-1: variable length)
+_SIZES = {OID.bool: 1, OID.int8: 8, OID.float8: 8, OID.timestamptz: 8}
+
+
+def _size(oid: int | None) -> int:
+    return _SIZES.get(oid or 0, -1)
+
 # settings that shape PostgreSQL's text output without being reported in ParameterStatus
 _OUTPUT_SETTINGS = ("EXTRA_FLOAT_DIGITS", "BYTEA_OUTPUT", "RESET ALL", "DISCARD")
 
@@ -101,7 +108,7 @@ class Conversation:
     """The protocol state of one client connection (see the module)."""
 
     def __init__(self, session: Session, out: Out, settings: values.OutputSettings,
-                 describe: Callable[[str, tuple[int, ...]], Description],
+                 describe: Callable[..., Description],
                  next_message: Callable[[], protocol.Message],
                  reported: dict[str, str]) -> None:  # fmt: skip
         self.session = session
@@ -380,8 +387,16 @@ class Conversation:
             found = statement.described
             self._queue.append(_Expect(lambda: _then(then, found)))
             return
+        if not statement.passthrough and not isinstance(statement.route, CachedRead):
+            # the cache's own statements: their columns are known without running them
+            columns = inspect.result_columns(statement.route)
+            found = (tuple(statement.param_types), None if columns is None else [
+                Field(name.encode(), 0, 0, oid, _size(oid), -1, 0) for name, oid in columns])
+            statement.described = found
+            self._queue.append(_Expect(lambda: _then(then, found)))
+            return
         if not statement.passthrough:
-            found = self._describe(statement.backend_text, statement.param_types)
+            found = self._description(statement.backend_text, statement.param_types)
             statement.described = found
             self._queue.append(_Expect(lambda: _then(then, found)))
             return
@@ -610,6 +625,16 @@ class Conversation:
             self._piped = False
             self.session.settle()
 
+    def _description(self, text: str, types: tuple[int, ...]) -> Description:
+        """The backend's description of a cached read: shared by the sessions, or, when a
+        shared connection cannot describe it (a temporary table of this session's), made on
+        the session's own connection."""
+        try:
+            return self._describe(text, types)
+        except relay.BackendRefused:
+            self._drain()
+            return self._describe(text, types, self._backend())
+
     # -- the engine's answers ------------------------------------------------------------------
 
     def _route(self, sql: str, with_params: bool) -> Route:
@@ -636,7 +661,7 @@ class Conversation:
         types = statement.param_types
         if len(types) < len(bind.params) or 0 in types:
             if statement.described is None:
-                statement.described = self._describe(statement.backend_text, types)
+                statement.described = self._description(statement.backend_text, types)
             types = statement.described[0]
         if len(bind.params) != len(types):
             raise _Refusal("08P01", f"bind message supplies {len(bind.params)} parameters, "
@@ -867,7 +892,7 @@ def result_fields(result: Result, formats: list[int]) -> list[Field]:
     if described is not None:
         return relay.fields_of(described, formats)
     columns = result.columns or ()
-    return [Field(c.name.encode(), 0, 0, c.type_oid or 25, _TEXT_SIZE, c.type_modifier, f)
+    return [Field(c.name.encode(), 0, 0, c.type_oid or 25, _size(c.type_oid), c.type_modifier, f)
             for c, f in zip(columns, formats, strict=True)]  # fmt: skip
 
 

@@ -223,18 +223,25 @@ class Server:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
-    def describe(self, sql: str, types: tuple[int, ...]) -> Description:
+    def describe(self, sql: str, types: tuple[int, ...],
+                 conn: psycopg.Connection[t.Any] | None = None) -> Description:  # fmt: skip
         """The backend's description of a statement: parameter types and result columns
-        (None: it returns no rows), kept while the cache schema stands."""
+        (None: it returns no rows), kept while the cache schema stands; on ``conn`` (a
+        session's own connection, which sees its temporary tables) when given, not kept."""
         key = (sql, types, self.engine.store.schema_version)
-        found = self._describes.get(key)
+        found = self._describes.get(key) if conn is None else None
         if found is None:
-            with pooled(self.engine.backend) as conn:
+            if conn is None:
+                with pooled(self.engine.backend) as shared:
+                    result = describe_statement(shared, sql.encode(), types)
+            else:
                 result = describe_statement(conn, sql.encode(), types)
             if result.status != pq.ExecStatus.COMMAND_OK:
                 raise BackendRefused(diagnostic_message(result))
             found = (tuple(result.param_type(i) for i in range(result.nparams)),
                      fields_of(result) if result.nfields else None)  # fmt: skip
+            if conn is not None:
+                return found
             if len(self._describes) > 4096:
                 self._describes.clear()
             self._describes[key] = found

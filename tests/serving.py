@@ -1,0 +1,57 @@
+"""An in-process cache server for the tests that drive it with real clients."""
+
+from __future__ import annotations
+
+import threading
+import typing as t
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import psycopg
+
+from cache.engine.engine import Engine
+from cache.server.server import Server, ServerOptions
+from tests.schemas import AUTHORS_AND_BOOKS
+
+
+class Served(t.NamedTuple):
+    engine: Engine
+    server: Server
+    dsn: str  # the server's
+    backend: str  # PostgreSQL's
+
+    @property
+    def host(self) -> str:
+        return str(self.server.address[0])
+
+    @property
+    def port(self) -> int:
+        return int(self.server.address[1])
+
+    @property
+    def dbname(self) -> str:
+        return str(psycopg.conninfo.conninfo_to_dict(self.backend)["dbname"])
+
+
+@contextmanager
+def serving(backend: str, cache_path: Path, authors: t.Sequence[int]) -> Iterator[Served]:
+    """A server on a free loopback port over a cache of AUTHORS_AND_BOOKS, ``authors``
+    admitted."""
+    engine = Engine(backend, cache_path)
+    server = Server(engine, ServerOptions(listen="127.0.0.1:0", grace_seconds=2))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    host, port = server.address
+    dbname = psycopg.conninfo.conninfo_to_dict(backend)["dbname"]
+    dsn = f"host={host} port={port} user=postgres dbname={dbname}"
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(AUTHORS_AND_BOOKS)
+            listed = ", ".join(f"({a})" for a in authors)
+            conn.execute(f"INSERT INTO authorlist_pct VALUES {listed}")
+        yield Served(engine, server, dsn, backend)
+    finally:
+        server.shutdown()
+        thread.join(30)
+        engine.close()
