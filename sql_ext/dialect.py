@@ -48,7 +48,6 @@ from sql_ext.quoting import folded
 
 # the prefix of the cache's own session settings (SET mtcache.provenance = on)
 CACHE_SETTINGS = "mtcache."
-_KEY_VALUES = frozenset({TokenType.STRING, TokenType.NUMBER})
 
 # meta key of a node's (start, end) character offsets in the parsed text (end exclusive)
 SPAN = "mt_span"
@@ -264,8 +263,8 @@ class MTCacheParser(PostgresParser):
         if action == "REFRESH":
             if upper[:2] not in (["CACHED", "VIEW"], ["CACHED", "VIEWS"]):
                 return None
-            node = self._refresh_cached(nxt)
-        elif upper == ["CURRENCY", "BOUND"]:
+            return self._parse_refresh_cached(curr, nxt)
+        if upper == ["CURRENCY", "BOUND"]:
             node = SessionBound(this=action)
         elif action == "SHOW" and upper in (["CACHED", "VIEWS"], ["CACHE", "STATUS"]):
             node = Inspect(this=" ".join(words).lower())
@@ -306,61 +305,59 @@ class MTCacheParser(PostgresParser):
             else value.text  # fmt: skip
         return self.expression(CacheSetting(this="SET", name=name, value=text), token=start)
 
-    def _refresh_cached(self, words: Token) -> RefreshCached:
-        """The words of REFRESH CACHED VIEW name [KEY (v, ...), ...] | REFRESH CACHED VIEWS,
-        tokenized again (the command's tokenizer read them as one string)."""
+    def _parse_refresh_cached(self, start: Token, words: Token) -> RefreshCached:
+        """REFRESH CACHED VIEW name [KEY (v, ...), ...] | REFRESH CACHED VIEWS. The command's
+        tokenizer read the words after REFRESH as one string: they are tokenized again, put in
+        its place, and parsed as any statement's tokens."""
         base = words.end - len(words.text) + 1  # a command's string token ends where it does
-        tokens = [  # sqlglot's tokens hold the line and column of their last character
+        self._tokens[self._index + 1 : self._index + 2] = [
+            # sqlglot's tokens hold the line and column of their last character
             Token(tok.token_type, tok.text, *offset_position(self.sql, base + tok.end),
                   base + tok.start, base + tok.end)
             for tok in MTCacheTokenizer().tokenize(words.text)
         ]  # fmt: skip
+        self._tokens_size = len(self._tokens)  # sqlglot's parser keeps the count
+        self._advance(2)  # REFRESH CACHED
+        if self._match_text_seq("VIEWS"):
+            node = RefreshCached()
+            rest = "REFRESH CACHED VIEWS takes nothing more (it refreshes every white view)"
+        else:
+            self._match_text_seq("VIEW")
+            name = self._parse_id_var(any_token=False)
+            if name is None:
+                self._fail("expected a cached view's name after REFRESH CACHED VIEW")
+            keys = None
+            if self._match_text_seq("KEY"):
+                keys = [self._parse_refresh_key()]
+                while self._match(TokenType.COMMA):
+                    keys.append(self._parse_refresh_key())
+                rest = "expected , and another key, or the end of the statement"
+            else:
+                rest = f"expected KEY (value, ...) after REFRESH CACHED VIEW {folded(name)}"
+            node = RefreshCached(this=folded(name), keys=keys)
+        if self._curr and self._curr.token_type != TokenType.SEMICOLON:
+            self._fail(rest)
+        return self.expression(node, token=start)
 
-        def fail(message: str, at: int) -> t.NoReturn:
-            self._fail(message, tokens[min(at, len(tokens) - 1)])
+    def _parse_refresh_key(self) -> tuple[str, ...]:
+        """(value, ...): a presence key's values, as their texts."""
+        if not self._match(TokenType.L_PAREN):
+            self._fail("expected (value, ...): a presence key's values")
+        values = [self._parse_key_value()]
+        while self._match(TokenType.COMMA):
+            values.append(self._parse_key_value())
+        if not self._match(TokenType.R_PAREN):
+            self._fail("expected , or ) in a key's values")
+        return tuple(values)
 
-        if tokens[1].text.upper() == "VIEWS":
-            if len(tokens) > 2:
-                fail("REFRESH CACHED VIEWS takes nothing more (it refreshes every white view)",
-                     2)  # fmt: skip
-            return RefreshCached()
-        if len(tokens) < 3 or tokens[2].token_type not in (TokenType.VAR, TokenType.IDENTIFIER):
-            fail("expected a cached view's name after REFRESH CACHED VIEW", 2)
-        view = tokens[2].text if tokens[2].token_type == TokenType.IDENTIFIER \
-            else tokens[2].text.lower()  # fmt: skip
-        if len(tokens) == 3:
-            return RefreshCached(this=view)
-        if tokens[3].text.upper() != "KEY":
-            fail(f"expected KEY (value, ...) after REFRESH CACHED VIEW {view}", 3)
-        keys: list[tuple[str, ...]] = []
-        at = 4
-        while True:
-            if at >= len(tokens) or tokens[at].token_type != TokenType.L_PAREN:
-                fail("expected (value, ...): a presence key's values", at)
-            values: list[str] = []
-            at += 1
-            while True:
-                negative = at < len(tokens) and tokens[at].token_type == TokenType.DASH
-                at += negative
-                if at >= len(tokens) or tokens[at].token_type not in _KEY_VALUES \
-                        or (negative and tokens[at].token_type != TokenType.NUMBER):  # fmt: skip
-                    fail("a key value is a string or a number", at)
-                values.append(("-" if negative else "") + tokens[at].text)
-                at += 1
-                if at < len(tokens) and tokens[at].token_type == TokenType.COMMA:
-                    at += 1
-                    continue
-                if at >= len(tokens) or tokens[at].token_type != TokenType.R_PAREN:
-                    fail("expected , or ) in a key's values", at)
-                at += 1
-                break
-            keys.append(tuple(values))
-            if at < len(tokens) and tokens[at].token_type == TokenType.COMMA:
-                at += 1
-                continue
-            if at < len(tokens):
-                fail("expected , and another key, or the end of the statement", at)
-            return RefreshCached(this=view, keys=keys)
+    def _parse_key_value(self) -> str:
+        value = self._parse_unary()
+        if isinstance(value, exp.Neg) and isinstance(value.this, exp.Literal) \
+                and value.this.is_number:  # fmt: skip
+            return f"-{value.this.name}"
+        if not isinstance(value, exp.Literal):
+            self._fail("a key value is a string or a number", self._prev)
+        return value.name
 
     def _parse_session_bound(self) -> SessionBound:
         """SET CURRENCY BOUND d | RESET CURRENCY BOUND | SHOW CURRENCY BOUND."""

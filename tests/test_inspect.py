@@ -66,6 +66,7 @@ def test_the_statements_parse() -> None:
     ("REFRESH CACHED VIEW v KEY 1", "expected (value, ...)", 27),
     ("REFRESH CACHED VIEW v KEY (1 2)", "expected , or )", 30),
     ("REFRESH CACHED VIEWS now", "takes nothing more", 22),
+    ("REFRESH CACHED VIEW v KEY (x)", "a key value is a string or a number", 28),
 ])  # fmt: skip
 def test_malformed_statements_say_where(text: str, message: str, column: int) -> None:
     with pytest.raises(SqlSyntaxError, match=re.escape(message)) as caught:

@@ -26,6 +26,7 @@ from sqlglot import exp
 from cache.engine.engine import SessionOptions, bound_seconds
 from cache.engine.inspect import Notice, status_document
 from cache.engine.result import NO_PROVENANCE, Result, of_cursor
+from cache.engine.settings import show_flag
 from cache.execution.provenance import Provenance
 from cache.maintenance.report import Report
 from cache.store.cache_file import DdlResult
@@ -61,6 +62,22 @@ def server_conninfo(server: str | ServedAt, backend: str | None) -> str:
     return make_conninfo("", **given)
 
 
+class _Flag:
+    """A flag of the server session's settings (``mtcache.<name>``), read with SHOW and set
+    with SET on the server."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, session: ServerSession | None, owner: type) -> t.Any:
+        if session is None:
+            return self
+        return session._setting(self.name) == show_flag(True)
+
+    def __set__(self, session: ServerSession, value: bool) -> None:
+        session._set(self.name, show_flag(bool(value)))
+
+
 class ServerSession:
     """A session of a cache server (see the module)."""
 
@@ -68,8 +85,8 @@ class ServerSession:
         self.lock = threading.RLock()  # one call at a time, as an engine session
         self.closed = True
         given = conninfo_to_dict(conninfo)
-        startup = {"provenance": "on", "stale_ok": _flag(options.stale_ok),
-                   "admit_on_miss": _flag(options.admit_on_miss)}  # fmt: skip
+        startup = {"provenance": show_flag(True), "stale_ok": show_flag(options.stale_ok),
+                   "admit_on_miss": show_flag(options.admit_on_miss)}  # fmt: skip
         if options.currency_bound is not None:
             startup["currency_bound"] = repr(options.currency_bound)
         ours = " ".join(f"-c mtcache.{name}={value}" for name, value in startup.items())
@@ -108,9 +125,7 @@ class ServerSession:
             with contextlib.suppress(ValueError, KeyError, TypeError):
                 self._provenance = Provenance.from_json(json.loads(detail))
                 return
-        notice = Notice(message)
-        notice.detail = detail
-        self._notices.append(notice)
+        self._notices.append(Notice(message, detail))
         for handler in self._handlers:
             handler(diag)
 
@@ -168,21 +183,8 @@ class ServerSession:
         else:
             self._set("currency_bound", repr(seconds))
 
-    @property
-    def stale_ok(self) -> bool:
-        return self._setting("stale_ok") == "on"
-
-    @stale_ok.setter
-    def stale_ok(self, value: bool) -> None:
-        self._set("stale_ok", _flag(value))
-
-    @property
-    def admit_on_miss(self) -> bool:
-        return self._setting("admit_on_miss") == "on"
-
-    @admit_on_miss.setter
-    def admit_on_miss(self, value: bool) -> None:
-        self._set("admit_on_miss", _flag(value))
+    stale_ok = _Flag()
+    admit_on_miss = _Flag()
 
     def backend_setting(self, name: str) -> t.Any:
         return getattr(self._conn, name)
@@ -275,20 +277,16 @@ class ServerAdmin:
         return DdlResult(created, dropped)
 
     def admit(self, control: str, keys: Iterable[t.Any], *, allow_empty: bool = False) -> Report:
-        rows = [_row(k) for k in keys]
-        values = ", ".join(f"({', '.join(_literal(v) for v in row)})" for row in rows)
-        self._session.execute(f"SET mtcache.admit_empty = {_flag(allow_empty)}")
+        self._session.execute(f"SET mtcache.admit_empty = {show_flag(allow_empty)}")
         try:
-            return self._report(f"INSERT INTO {ident(control)} VALUES {values}")
+            return self._report(f"INSERT INTO {ident(control)} VALUES {_tuples(keys)}")
         finally:
             self._session.execute("RESET mtcache.admit_empty")
 
     def evict(self, control: str, keys: Iterable[t.Any]) -> Report:
-        columns = self.control_key(control)
-        rows = [_row(k) for k in keys]
-        listed = ", ".join(f"({', '.join(_literal(v) for v in row)})" for row in rows)
-        return self._report(f"DELETE FROM {ident(control)} WHERE "
-                            f"({', '.join(ident(c) for c in columns)}) IN ({listed})")  # fmt: skip
+        columns = ", ".join(ident(c) for c in self.control_key(control))
+        return self._report(f"DELETE FROM {ident(control)} WHERE ({columns}) IN "
+                            f"({_tuples(keys)})")  # fmt: skip
 
     def refresh(self, view: str | None = None, keys: Iterable[t.Any] | None = None, *,
                 engine: str = "inline", spark_master: str | None = None) -> Report:  # fmt: skip
@@ -298,8 +296,7 @@ class ServerAdmin:
         statement = "REFRESH CACHED VIEWS" if view is None else \
             f"REFRESH CACHED VIEW {ident(view)}"  # fmt: skip
         if keys is not None:
-            statement += " KEY " + ", ".join(
-                f"({', '.join(_literal(v) for v in _row(k))})" for k in keys)
+            statement += f" KEY {_tuples(keys)}"
         return self._report(statement)
 
     def wait_for_admissions(self) -> t.NoReturn:
@@ -316,8 +313,10 @@ class ServerAdmin:
         raise InterfaceError(f"the cache server gave no report for its {word}")
 
 
-def _row(key: t.Any) -> tuple[t.Any, ...]:
-    return key if isinstance(key, tuple) else (key,)
+def _tuples(keys: Iterable[t.Any]) -> str:
+    """Control keys (values, or tuples of them) as SQL: (1, 'a'), (2, 'b')."""
+    rows = [key if isinstance(key, tuple) else (key,) for key in keys]
+    return ", ".join(f"({', '.join(_literal(v) for v in row)})" for row in rows)
 
 
 def _literal(value: t.Any) -> str:
@@ -326,10 +325,6 @@ def _literal(value: t.Any) -> str:
     if isinstance(value, int | float):
         return repr(value)
     return exp.Literal.string(str(value)).sql("postgres")
-
-
-def _flag(value: bool) -> str:
-    return "on" if value else "off"
 
 
 __all__ = ["ServerAdmin", "ServerSession", "server_conninfo"]

@@ -14,7 +14,9 @@ import typing as t
 
 from cache.backend.oids import OID
 from cache.engine.result import Result
+from cache.engine.route import Explain, Inspection, Route, SessionSetting
 from cache.execution.provenance import Provenance
+from optimizer.plan import Plan
 from sql_ext.nodes import format_duration
 
 Columns = tuple[tuple[str, int], ...]
@@ -34,17 +36,18 @@ CACHED_VIEWS: Columns = (
 CACHE_STATUS: Columns = (("name", OID.text), ("value", OID.text))
 
 
-def result_columns(route: t.Any) -> Columns | None:
-    """The columns of an engine statement's result, known before it runs (what a Describe
-    of it answers): None when it returns no rows. Not for cached reads (their columns are
-    the backend's description of the query)."""
-    from cache.engine.route import Explain, Inspection, SessionSetting
+EXPLAIN: Columns = (("QUERY PLAN", OID.text),)
 
+
+def result_columns(route: Route) -> Columns | None:
+    """The columns of an engine statement's result, known before it runs (what a Describe
+    of it answers, and what the statement's result is made with): None when it returns no
+    rows. Not for cached reads (their columns are the backend's description of the query)."""
     if isinstance(route, Inspection):
         return {"last statement": LAST_STATEMENT, "cached views": CACHED_VIEWS,
                 "cache status": CACHE_STATUS}[route.what]  # fmt: skip
     if isinstance(route, Explain):
-        return (("QUERY PLAN", OID.text),)
+        return EXPLAIN
     if isinstance(route, SessionSetting) and route.action == "show":
         return ((route.column, OID.text),)
     return None
@@ -54,18 +57,22 @@ class Notice(str):
     """A notice of the cache's own with a detail for programs (JSON), which the cache server
     sends in the NoticeResponse's detail field; read as text it is the message."""
 
-    detail: str | None = None
+    detail: str | None
+
+    def __new__(cls, message: str, detail: str | None = None) -> Notice:
+        notice = super().__new__(cls, message)
+        notice.detail = detail
+        return notice
 
     @classmethod
     def with_detail(cls, message: str, detail: t.Any) -> Notice:
-        notice = cls(message)
-        notice.detail = json.dumps(detail, separators=(",", ":"))
-        return notice
+        return cls(message, json.dumps(detail, separators=(",", ":")))
 
 
-def rows_of(columns: Columns, rows: list[tuple[t.Any, ...]], status: str) -> Result:
+def rows_of(columns: Columns, rows: list[tuple[t.Any, ...]], status: str, *,
+            plan: Plan | None = None) -> Result:  # fmt: skip
     description = [(name, oid, None, None, None, None, None) for name, oid in columns]
-    return Result(rows, description, status=status)
+    return Result(rows, description, status=status, plan=plan)
 
 
 def last_statement(provenance: Provenance) -> Result:

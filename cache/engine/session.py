@@ -69,7 +69,6 @@ from cache.execution.execute import (
     LocalUnfit,
     Zone,
     run_local,
-    text_column,
     zone_named,
 )
 from cache.execution.phases import Phases
@@ -192,36 +191,31 @@ class Session:
             self.forwarded(route)
             result.set_provenance(self._last)
             return self._noted(result)
-        if isinstance(route, Inspection | SessionSetting):
-            if params:
-                raise ProgrammingError(f"{_route_words(route)} takes no parameters")
-            if isinstance(route, Inspection):
-                return self._inspect(route)
-            return self._setting_statement(route)
         if isinstance(route, Explain):
             plan = self.planner.prepare(route.query, params, self.currency_bound).plan
             lines = [json.dumps(plan.to_json())] if route.json else plan.render()
-            return Result([(line,) for line in lines], [tuple(text_column("QUERY PLAN"))],
-                          status="EXPLAIN", plan=plan)  # fmt: skip
-        self._last = NO_PROVENANCE  # the cache's own statements read no table
+            return inspect.rows_of(inspect.EXPLAIN, [(line,) for line in lines], "EXPLAIN",
+                                   plan=plan)  # fmt: skip
         if isinstance(route, ControlEdit):
+            self._last = NO_PROVENANCE  # the cache's own statements read no table
             return self._edit_control_table(route, params)
+        if params:  # the cache's other statements take none
+            raise ProgrammingError(f"{_route_words(route)} takes no parameters")
+        if isinstance(route, Inspection):  # about the last statement: it stays the last
+            return self._inspect(route)
+        if isinstance(route, SessionSetting):
+            return self._setting_statement(route)
+        self._last = NO_PROVENANCE
         if isinstance(route, Refresh):
-            if params:
-                raise ProgrammingError("REFRESH CACHED VIEW takes no parameters")
             report = self.admin.refresh(route.view, route.keys, engine=self.refresh_engine,
                                         spark_master=self.spark_master)  # fmt: skip
             return no_rows("REFRESH CACHED VIEW", notices=[_report_notice(report)])
         if isinstance(route, TimelineBracket):
-            if params:
-                raise ProgrammingError("TIMEORDERED takes no parameters")
             if route.begin:
                 self.begin_timeordered()
             else:
                 self.end_timeordered()
             return no_rows(f"{'BEGIN' if route.begin else 'END'} TIMEORDERED")
-        if params:
-            raise ProgrammingError("cache DDL takes no parameters")
         return self.apply_cache_ddl([route.statement])[0]
 
     @_public
@@ -512,9 +506,9 @@ class Session:
     # -- the cache's session settings (cache.engine.settings) ----------------------------------
 
     def _setting_statement(self, route: SessionSetting) -> Result:
-        if route.action == "show":
-            return Result([(self.setting(route.name),)], [tuple(text_column(route.column))],
-                          status="SHOW")  # fmt: skip
+        columns = inspect.result_columns(route)
+        if columns is not None:  # SHOW
+            return inspect.rows_of(columns, [(self.setting(route.name),)], "SHOW")
         value = route.value if route.action == "set" else None
         self.set_setting(route.name, value)
         return no_rows(route.action.upper())
@@ -854,12 +848,18 @@ def _report_notice(report: t.Any) -> inspect.Notice:
                                       report.to_json())  # fmt: skip
 
 
-def _route_words(route: SessionSetting | Inspection) -> str:
-    """A statement's words, for its errors."""
+def _route_words(route: Route) -> str:
+    """What a statement of the cache's own is, for its errors."""
     if isinstance(route, Inspection):
         return "EXPLAIN LAST STATEMENT" if route.what == "last statement" \
             else f"SHOW {route.what.upper()}"  # fmt: skip
-    return f"{route.action.upper()} {route.name}"
+    if isinstance(route, SessionSetting):
+        return f"{route.action.upper()} {route.name}"
+    if isinstance(route, Refresh):
+        return "REFRESH CACHED VIEW"
+    if isinstance(route, TimelineBracket):
+        return "TIMEORDERED"
+    return "cache DDL"
 
 
 def _ddl_status(statement: t.Any) -> str:

@@ -67,7 +67,7 @@ def _text_or_none(text: str, name: str) -> str | None:
     return text or None
 
 
-def _show_flag(value: bool) -> str:
+def show_flag(value: bool) -> str:
     return "on" if value else "off"
 
 
@@ -79,14 +79,14 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("currency_bound", "currency_bound", _bound, _show_bound,
             "the bound of every SELECT block without a clause of its own (none: such "
             "reads go to the backend); also SET CURRENCY BOUND"),
-    Setting("provenance", "provenance_notices", _flag, _show_flag,
+    Setting("provenance", "provenance_notices", _flag, show_flag,
             "a NOTICE after each statement saying where its rows came from (its detail: "
             "the provenance as JSON)"),
-    Setting("stale_ok", "stale_ok", _flag, _show_flag,
+    Setting("stale_ok", "stale_ok", _flag, show_flag,
             "answer from stale local data while the backend is down, with a notice"),
-    Setting("admit_on_miss", "admit_on_miss", _flag, _show_flag,
+    Setting("admit_on_miss", "admit_on_miss", _flag, show_flag,
             "admit a missed presence key in the background"),
-    Setting("admit_empty", "admit_empty", _flag, _show_flag,
+    Setting("admit_empty", "admit_empty", _flag, show_flag,
             "INSERT into a presence control table admits keys the backend has no rows for "
             "(as empty regions) instead of refusing them"),
     Setting("refresh_engine", "refresh_engine", _engine, str,

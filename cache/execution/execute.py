@@ -269,9 +269,3 @@ def _type_code(duck_type: str) -> int | None:
     name = _PG_NAMES.get(duck_type.split("(", maxsplit=1)[0].upper())
     info = psycopg.postgres.types.get(name) if name else None
     return info.oid if info is not None else None
-
-
-def text_column(name: str) -> Sequence[t.Any]:
-    """A description entry for a text column (EXPLAIN's QUERY PLAN)."""
-    text = psycopg.postgres.types.get("text")
-    return (name, text.oid if text else None, None, None, None, None, None)

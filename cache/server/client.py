@@ -14,6 +14,7 @@ flushes, or when a statement the engine answers comes next.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import typing as t
 from collections import deque
 from collections.abc import Callable
@@ -40,11 +41,6 @@ Description = tuple[tuple[int, ...], list[Field] | None]
 
 # pg_type.typlen of the types the cache's own results have (-1: variable length)
 _SIZES = {OID.bool: 1, OID.int8: 8, OID.float8: 8, OID.timestamptz: 8}
-
-
-def _size(oid: int | None) -> int:
-    return _SIZES.get(oid or 0, -1)
-
 # settings that shape PostgreSQL's text output without being reported in ParameterStatus
 _OUTPUT_SETTINGS = ("EXTRA_FLOAT_DIGITS", "BYTEA_OUTPUT", "RESET ALL", "DISCARD")
 
@@ -193,29 +189,22 @@ class Conversation:
         if all(isinstance(r, Passthrough | Write) for _, r in routes):
             self._backend_simple(sql, routes)  # as the client wrote it (error positions)
             return
-        run: list[tuple[str, Route]] = []  # statements for the backend, sent together
-        ddl: list[CacheDdl] = []  # cache DDL, applied together (all or nothing, as a script)
-        for at, (part, routed) in enumerate(routes):
-            if isinstance(routed, Passthrough | Write):
-                run.append((part, routed))
-                continue
-            if run:
-                if not self._backend_simple(None, run):
-                    return
-                run = []
-            if isinstance(routed, CacheDdl):
-                ddl.append(routed)
-                if at + 1 < len(routes) and isinstance(routes[at + 1][1], CacheDdl):
-                    continue
+        # runs of statements for the backend are sent together; runs of cache DDL applied
+        # together (all or nothing, as a script); the cache's other statements one by one
+        for kind, run in itertools.groupby(routes, key=lambda r: _simple_kind(r[1])):
+            group = list(run)
+            if kind == "backend":
+                ok = self._backend_simple(None, group)
+            elif kind == "ddl":
                 self._check_not_failed()
-                for result in self.session.apply_cache_ddl([d.statement for d in ddl]):
+                ddl = [t.cast(CacheDdl, routed).statement for _, routed in group]
+                for result in self.session.apply_cache_ddl(ddl):
                     self._send_result(result, describe=True, formats=None)
-                ddl = []
-                continue
-            if not self._engine_simple(part, routed):
+                ok = True
+            else:
+                ok = all(self._engine_simple(part, routed) for part, routed in group)
+            if not ok:
                 return
-        if run:
-            self._backend_simple(None, run)
 
     def _backend_simple(self, sql: bytes | None, run: list[tuple[str, Route]]) -> bool:
         """Statements passed through in one Query message (one implicit transaction)."""
@@ -390,8 +379,8 @@ class Conversation:
         if not statement.passthrough and not isinstance(statement.route, CachedRead):
             # the cache's own statements: their columns are known without running them
             columns = inspect.result_columns(statement.route)
-            found = (tuple(statement.param_types), None if columns is None else [
-                Field(name.encode(), 0, 0, oid, _size(oid), -1, 0) for name, oid in columns])
+            found = (tuple(statement.param_types), None if columns is None else
+                     [_field(name, oid, -1, 0) for name, oid in columns])  # fmt: skip
             statement.described = found
             self._queue.append(_Expect(lambda: _then(then, found)))
             return
@@ -862,6 +851,14 @@ class _Refusal(Exception):
 _Described = Callable[[tuple[int, ...], list[Field] | None], None]
 
 
+def _simple_kind(routed: Route) -> str:
+    """How a Query message runs a statement: with its neighbours at the backend ("backend"),
+    with its neighbours as one cache DDL script ("ddl"), or alone by the cache ("engine")."""
+    if isinstance(routed, Passthrough | Write):
+        return "backend"
+    return "ddl" if isinstance(routed, CacheDdl) else "engine"
+
+
 def _bind_formats(bind: protocol.Bind) -> tuple[list[int] | None, int, list[int] | None]:
     """(parameter formats, the one result format libpq asks for, the client's per-column
     formats when they differ: those columns are converted)."""
@@ -892,8 +889,13 @@ def result_fields(result: Result, formats: list[int]) -> list[Field]:
     if described is not None:
         return relay.fields_of(described, formats)
     columns = result.columns or ()
-    return [Field(c.name.encode(), 0, 0, c.type_oid or 25, _size(c.type_oid), c.type_modifier, f)
+    return [_field(c.name, c.type_oid or OID.text, c.type_modifier, f)
             for c, f in zip(columns, formats, strict=True)]  # fmt: skip
+
+
+def _field(name: str, oid: int, type_modifier: int, format: int) -> Field:
+    """A RowDescription field of a column no table holds."""
+    return Field(name.encode(), 0, 0, oid, _SIZES.get(oid, -1), type_modifier, format)
 
 
 __all__ = ["Conversation"]

@@ -53,8 +53,6 @@ _RECV = 256 * 1024
 _SEND_BUFFER = 64 * 1024  # client bytes collected before a send
 SESSION_STACK = 512 * 1024  # a session thread's stack (idle sessions stay cheap)
 
-# Settings of ours a client may give at startup (as parameters or in ``options``)
-
 # the parameters PostgreSQL reports at startup (GUC_REPORT), in its order
 _REPORTED = ("in_hot_standby", "integer_datetimes", "TimeZone", "IntervalStyle",
              "is_superuser", "application_name", "default_transaction_read_only",

@@ -108,23 +108,19 @@ def cmd_parse(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_explain(settings: Settings, args: argparse.Namespace) -> int:
-    served = served_at(settings.cache_path)
-    if served is not None:  # the server plans it: its plan's document and lines
-        with cache.connect(settings.backend, settings.cache_path, autocommit=True,
-                           server=served) as conn:  # fmt: skip
+    with _connect(settings) as conn:
+        if conn.engine is None:  # through the server, which plans it: its plan as rows
             cur = conn.cursor()
             rows = cur.execute(f"EXPLAIN (CACHE, FORMAT JSON) {args.sql}").fetchall()
             document = json.loads(rows[0][0])
             lines = [row[0] for row in cur.execute(f"EXPLAIN (CACHE) {args.sql}").fetchall()]
-    else:
-        with cache.connect(settings.backend_dsn(), settings.cache_path,
-                           background=False) as local:  # fmt: skip
+        else:
             # plan against the backend's tables as they are now; while it is unreachable,
             # from the catalog on file without estimates (its guards decide)
             with contextlib.suppress(BackendUnavailableError):
-                t.cast(Admin, local.admin).reflect()
-            plan = local.explain(args.sql)
-        document, lines = plan.to_json(), plan.render()
+                t.cast(Admin, conn.admin).reflect()
+            plan = conn.explain(args.sql)
+            document, lines = plan.to_json(), plan.render()
     if args.json:
         _print_json(document)
         return 0
@@ -156,16 +152,18 @@ def _connect(settings: Settings) -> cache.Connection:
     return cache.connect(settings.backend_dsn(), settings.cache_path, background=False)
 
 
-def _not_served(settings: Settings, command: str) -> None:
+def _not_served(settings: Settings, advice: str) -> None:
+    """Refuse a command that needs the file itself while a server owns it."""
     served = served_at(settings.cache_path)
     if served is not None:
         raise OperationalError(
             f"the cache file {settings.cache_path} is served by `mtcache serve` (pid "
-            f"{served.pid}) at {served.address}: {command} it there, or stop the server first")
+            f"{served.pid}) at {served.address}: {advice}")
 
 
 def cmd_init(settings: Settings, args: argparse.Namespace) -> int:
-    _not_served(settings, "its server keeps the catalog:")
+    _not_served(settings, "its server keeps the catalog; stop the server to initialize "
+                "the file again")
     with Admin.open(settings.cache_path, backend=settings.backend_dsn) as admin:
         catalog = admin.reflect()
     print(
@@ -449,7 +447,7 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     options = ServerOptions(listen=args.listen, grace_seconds=args.grace,
                             currency_bound=bound_seconds(args.currency_bound,
                                                          "--currency-bound"))  # fmt: skip
-    _not_served(settings, "connect to")
+    _not_served(settings, "connect to it, or stop it first")
     sock = listen_socket(args.listen)  # a busy port fails before anything starts
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s mtcache serve: %(message)s")  # fmt: skip
