@@ -62,6 +62,13 @@ class OperationalError(DatabaseError):
     """Errors outside the application's control: backend down, data too stale, a cluster setup."""
 
 
+class QueryCanceledError(OperationalError):
+    """The statement was cancelled (a CancelRequest, or the server shutting down)."""
+
+    def __init__(self, message: str = "canceling statement due to user request") -> None:
+        super().__init__(message)
+
+
 class IntegrityError(DatabaseError):
     """A constraint of the backend was violated."""
 
@@ -164,6 +171,8 @@ def translate(exc: BaseException, context: str = "", *, unreachable: str = "") -
     (what that stops, and what to do)."""
     if isinstance(exc, Error):
         return exc
+    if type(exc).__name__ == "InterruptException":  # DuckDB's, after an interrupt()
+        return QueryCanceledError()
     prefix = f"{context}: " if context else ""
     text = str(exc).strip() or type(exc).__name__
     sqlstate = getattr(exc, "sqlstate", None)
@@ -210,6 +219,7 @@ _SQLSTATES: tuple[tuple[type, str], ...] = (
     (ProgrammingError, "42000"),  # syntax_error_or_access_rule_violation
     (NotSupportedError, "0A000"),  # feature_not_supported
     (BackendUnavailableError, "08006"),  # connection_failure
+    (QueryCanceledError, "57014"),  # query_canceled
     (EmbeddedBackendError, "58000"),  # system_error
     (OperationalError, "55000"),  # object_not_in_prerequisite_state: data too stale, ...
     (DataError, "22000"),
@@ -277,6 +287,7 @@ __all__ = [
     "OperationalError",
     "PositionedError",
     "ProgrammingError",
+    "QueryCanceledError",
     "SqlSyntaxError",
     "Warning",
     "connection_lost",

@@ -35,9 +35,9 @@ class Served(t.NamedTuple):
 
 
 @contextmanager
-def serving(backend: str, cache_path: Path, authors: t.Sequence[int]) -> Iterator[Served]:
-    """A server on a free loopback port over a cache of AUTHORS_AND_BOOKS, ``authors``
-    admitted."""
+def server_of(backend: str, cache_path: Path) -> Iterator[Served]:
+    """A server on a free loopback port over the cache file ``cache_path`` (created empty when
+    missing), run in a thread of this process."""
     engine = Engine(backend, cache_path)
     server = Server(engine, ServerOptions(listen="127.0.0.1:0", grace_seconds=2))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -46,12 +46,19 @@ def serving(backend: str, cache_path: Path, authors: t.Sequence[int]) -> Iterato
     dbname = psycopg.conninfo.conninfo_to_dict(backend)["dbname"]
     dsn = f"host={host} port={port} user=postgres dbname={dbname}"
     try:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(AUTHORS_AND_BOOKS)
-            listed = ", ".join(f"({a})" for a in authors)
-            conn.execute(f"INSERT INTO authorlist_pct VALUES {listed}")
         yield Served(engine, server, dsn, backend)
     finally:
         server.shutdown()
         thread.join(30)
         engine.close()
+
+
+@contextmanager
+def serving(backend: str, cache_path: Path, authors: t.Sequence[int]) -> Iterator[Served]:
+    """A server (`server_of`) over a cache of AUTHORS_AND_BOOKS, ``authors`` admitted."""
+    with server_of(backend, cache_path) as served:
+        with psycopg.connect(served.dsn, autocommit=True) as conn:
+            conn.execute(AUTHORS_AND_BOOKS)
+            listed = ", ".join(f"({a})" for a in authors)
+            conn.execute(f"INSERT INTO authorlist_pct VALUES {listed}")
+        yield served

@@ -13,10 +13,12 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from sqlalchemy.engine import URL
 
 from cache.backend.embedded_pg import EmbeddedPostgres
 from cache.sqla import engine_url
 from tests.conftest import reachable_tempdir
+from tests.serving import server_of
 
 SUITE = Path(__file__).parent / "sqla_suite"
 
@@ -28,10 +30,8 @@ def test_the_compliance_suite_passes(
     """Without a bound every statement goes to PostgreSQL as written; with a session bound every
     read is planned first (SQLAlchemy's reflection queries of pg_catalog, temporary tables,
     names with %, ...) and must come out the same."""
-    dsn = pg_cluster.create_database("sqla_suite" if currency_bound is None else "sqla_suite_bound")
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        for schema in ("test_schema", "test_schema_2"):  # the suite's other schemas
-            conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+    dsn = _suite_database(pg_cluster, "sqla_suite" if currency_bound is None
+                          else "sqla_suite_bound")  # fmt: skip
     work = reachable_tempdir("mtcache-sqla-suite-")
     try:
         _run_suite(dsn, work, currency_bound)
@@ -39,9 +39,41 @@ def test_the_compliance_suite_passes(
         shutil.rmtree(work, ignore_errors=True)
 
 
+@pytest.mark.parametrize("options", [None, "-c mtcache.currency_bound=600"],
+                         ids=["unbounded", "session-bound"])  # fmt: skip
+def test_the_compliance_suite_passes_over_the_server(
+    pg_cluster: EmbeddedPostgres, options: str | None
+) -> None:
+    """The same suite over SQLAlchemy's own ``postgresql+psycopg`` dialect connected to
+    `mtcache serve`: nothing of ours in the client, the bound (if any) given by the
+    connection string's startup options."""
+    name = "sqla_suite_server" if options is None else "sqla_suite_server_bound"
+    dsn = _suite_database(pg_cluster, name)
+    work = reachable_tempdir("mtcache-sqla-suite-")
+    try:
+        with server_of(dsn, work / "cache.duckdb") as served:
+            query = {} if options is None else {"options": options}
+            url = URL.create("postgresql+psycopg", username="postgres", host=served.host,
+                             port=served.port, database=name, query=query)  # fmt: skip
+            _run_pytest(url, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _suite_database(pg_cluster: EmbeddedPostgres, name: str) -> str:
+    dsn = pg_cluster.create_database(name)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for schema in ("test_schema", "test_schema_2"):  # the suite's other schemas
+            conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+    return dsn
+
+
 def _run_suite(dsn: str, work: Path, currency_bound: str | None) -> None:
     bound = {} if currency_bound is None else {"currency_bound": currency_bound}
-    url = engine_url(dsn, work / "cache.duckdb", background=False, **bound)
+    _run_pytest(engine_url(dsn, work / "cache.duckdb", background=False, **bound), work)
+
+
+def _run_pytest(url: URL, work: Path) -> None:
     report = work / "junit.xml"
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-c", str(SUITE / "setup.cfg"), "--rootdir", str(SUITE),

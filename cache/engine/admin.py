@@ -54,12 +54,14 @@ class Admin:
         admissions: Admissions | None = None,
         on_catalog: Callable[[Catalog], None] | None = None,
         lock: threading.RLock | None = None,
+        counters: Callable[[], dict[str, int]] | None = None,
     ) -> None:
         self._lock = lock or threading.RLock()  # the connection's, when reached through one
         self._store = store
         self._backend = backend
         self._admissions = admissions
         self._on_catalog = on_catalog
+        self._counters = counters  # the running engine's (those saved in the file lag behind)
 
     @property
     def store(self) -> CacheStore:
@@ -157,6 +159,8 @@ class Admin:
         replication stream of continuously maintained views, if any (its lag in bytes when
         the backend answers)."""
         document = status(self._store)
+        if self._counters is not None:
+            document["counters"] = self._counters()
         document["stream"] = stream_status(self._store, self._backend)
         return document
 

@@ -212,10 +212,11 @@ class Engine:
             for name, value in amounts.items():
                 self._counters[name] += value
 
-    def counters(self) -> dict[str, int]:
-        """Hits, misses, remote answers and memo use: the file's totals so far, with what
-        this engine's sessions counted and have not saved yet."""
-        totals = self.store.counters()
+    def counters(self, store: CacheStore | None = None) -> dict[str, int]:
+        """Hits, misses, remote answers and memo use: the file's totals so far (read through
+        ``store``, a session's own handle, when given), with what this engine's sessions
+        counted and have not saved yet."""
+        totals = (store or self.store).counters()
         with self._counters_lock:
             for name, value in self._counters.items():
                 totals[name] = totals.get(name, 0) + value

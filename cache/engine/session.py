@@ -164,7 +164,8 @@ class Session:
             raise
         self._decisions = DecisionMemo()  # guard decisions while the regions and session stand
         self.admin = Admin(self.store, lambda: engine.backend, admissions=engine.admissions,
-                           on_catalog=self.planner.use_catalog, lock=self.lock)  # fmt: skip
+                           on_catalog=self.planner.use_catalog, lock=self.lock,
+                           counters=lambda: engine.counters(self.store))  # fmt: skip
         self.closed = False
 
     # -- one statement -------------------------------------------------------------------------
@@ -610,12 +611,18 @@ class Session:
     def cancel(self) -> None:
         """Cancel the statement running in this session (from another thread): its DuckDB
         work and its backend statement. Nothing happens to a session that runs nothing."""
-        with contextlib.suppress(duckdb.Error):
-            self.store.con.interrupt()
+        self.interrupt_local()
         pg = self.backend_connection_if_open()
         if pg is not None:
             with contextlib.suppress(psycopg.Error):
                 pg.pgconn.get_cancel().cancel()
+
+    def interrupt_local(self) -> None:
+        """Interrupt the session's DuckDB statement, if one runs (DuckDB forgets an interrupt
+        that comes before its statement starts: a canceller repeats it while the cancelled
+        statement runs)."""
+        with contextlib.suppress(duckdb.Error):
+            self.store.con.interrupt()
 
     # -- EXPLAIN ---------------------------------------------------------------------------------
 

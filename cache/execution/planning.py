@@ -264,11 +264,13 @@ class Planner:
         (system relations, temporary tables: `_outside`). The tables it reads are kept for
         its provenance (`base_tables`)."""
         reloaded = False
+        down: BackendUnavailableError | None = None
         for _ in range(MAX_OUTSIDE + 2):
             if self._catalog_stale:
                 try:
                     self.reload_catalog()
-                except BackendUnavailableError:
+                except BackendUnavailableError as exc:
+                    down = exc
                     break  # the backend is down: plan with the catalog there is
                 reloaded = True
             try:
@@ -283,7 +285,12 @@ class Planner:
                 continue
             self._remember_tables(query, [i.table for i in analysis.constraint.instances])
             return analysis
-        return analyze(query, self.catalog, default_bound)
+        try:
+            return analyze(query, self.catalog, default_bound)
+        except CatalogError:
+            if down is not None:  # a name only the backend could resolve, and it is down
+                raise down from None
+            raise
 
     def _plan(self, analysis: Analysis, params: Params) -> tuple[Plan, ResultShape | None, bool]:
         """The plan, the result the backend describes, and whether the backend was asked (a

@@ -13,6 +13,7 @@ flushes, or when a statement the engine answers comes next.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import typing as t
@@ -358,7 +359,8 @@ class Conversation:
             return
         portal = self.portals.get(message.name)
         if portal is None:
-            raise _Refusal("34000", f'portal "{_name(message.name)}" does not exist')
+            self._describe_backend_portal(message.name)
+            return
 
         def described(_: tuple[int, ...], fields: list[Field] | None) -> None:
             if fields is None:
@@ -369,6 +371,26 @@ class Conversation:
             self.out(protocol.row_description(chosen))
 
         self._with_description(portal.statement, described)
+
+    def _describe_backend_portal(self, name: bytes) -> None:
+        """A portal the client did not bind here: a cursor it declared at the backend
+        (``DECLARE c CURSOR FOR ...``, as psycopg's server-side cursors do), described there
+        (where, if it does not exist either, the backend says so)."""
+        if not name or self.session.backend_connection_if_open() is None:
+            raise _Refusal("34000", f'portal "{_name(name)}" does not exist')
+        pgconn = self._piped_backend()
+        pgconn.send_describe_portal(name)
+
+        def read() -> bool:
+            result = self._command_result(pgconn)
+            if result.status != ExecStatus.COMMAND_OK:
+                self.out(relay.diagnostic_message(result))
+                return False
+            self.out(protocol.row_description(relay.fields_of(result)) if result.nfields
+                     else protocol.NO_DATA)  # fmt: skip
+            return True
+
+        self._queue.append(_Expect(read))
 
     def _with_description(self, statement: Statement, then: _Described) -> None:
         """Call ``then`` with the statement's parameter types and columns, in its turn."""
@@ -421,8 +443,16 @@ class Conversation:
         if self.ignoring:
             return
         self._check_not_failed()
-        params = self._engine_params(portal)
         routed = statement.route
+        try:
+            params = self._engine_params(portal)
+        except _Unreadable:
+            if not isinstance(routed, CachedRead):
+                raise
+            # a read whose values the cache cannot take (a regclass, say): the backend
+            # answers it, as it answers every read the cache does not
+            self._execute_text_at_backend(portal, routed, message.max_rows)
+            return
         if isinstance(routed, CachedRead):
             result = self._read_locally(routed, params)
             if result is None:
@@ -470,7 +500,9 @@ class Conversation:
         def read() -> bool:
             held = max_rows > 0
             if not held:
-                conn.pgconn.set_chunked_rows_mode(relay.CHUNK_ROWS)
+                # refused (an aborted pipeline, whose results are only read past): no matter
+                with contextlib.suppress(psycopg.OperationalError):
+                    conn.pgconn.set_chunked_rows_mode(relay.CHUNK_ROWS)
             out = self._holder(portal) if held else self.out
             ok = self._relay_results(conn, out, simple=False, mixed=mixed)
             if ok and routed is not None:
@@ -518,8 +550,11 @@ class Conversation:
             statement = self.statements.pop(message.name, None)
             if statement is not None and statement.backend_name:
                 self._close_at_backend(statement)
-        else:
-            self.portals.pop(message.name, None)
+        elif self.portals.pop(message.name, None) is None and message.name \
+                and self.session.backend_connection_if_open() is not None:
+            pgconn = self._piped_backend()  # a cursor declared at the backend
+            pgconn.send_close_portal(message.name)
+            self._discard_result(pgconn)
         self._queue.append(_Ready(protocol.CLOSE_COMPLETE))
 
     def _close_at_backend(self, statement: Statement) -> None:
@@ -662,7 +697,7 @@ class Conversation:
                 continue
             decode = values.decoder(oid, bind.param_format(i) == 1)
             if decode is None:
-                raise _Refusal("0A000", f"parameter ${i + 1} has a type (OID {oid}) the cache "
+                raise _Unreadable("0A000", f"parameter ${i + 1} has a type (OID {oid}) the cache "
                                "cannot read")  # fmt: skip
             decoded.append(decode(value))
         return converted.params(decoded)
@@ -849,6 +884,10 @@ class _Refusal(Exception):
 
 
 _Described = Callable[[tuple[int, ...], list[Field] | None], None]
+
+
+class _Unreadable(_Refusal):
+    """A parameter value of a type the cache does not decode."""
 
 
 def _simple_kind(routed: Route) -> str:

@@ -108,11 +108,19 @@ class BackendRefused(Exception):
 
 
 def wait_readable(pgconn: pq.abc.PGconn) -> None:
-    select.select([pgconn.socket], [], [])
+    _wait(pgconn.socket, select.POLLIN)
 
 
 def wait_writable(pgconn: pq.abc.PGconn) -> None:
-    select.select([], [pgconn.socket], [])
+    _wait(pgconn.socket, select.POLLOUT)
+
+
+def _wait(fd: int, event: int) -> None:
+    """Until ``fd`` is ready (poll, not select: a server with hundreds of sessions has
+    descriptors past select's 1024)."""
+    poller = select.poll()
+    poller.register(fd, event | select.POLLERR | select.POLLHUP)
+    poller.poll()
 
 
 def wait_result(pgconn: pq.abc.PGconn) -> pq.abc.PGresult | None:

@@ -51,6 +51,9 @@ DEFAULT_LISTEN = "127.0.0.1:6432"
 GRACE_SECONDS = 10.0
 _RECV = 256 * 1024
 _SEND_BUFFER = 64 * 1024  # client bytes collected before a send
+WATCH_SECONDS = 1.0  # how often running statements' clients are checked for being gone
+CANCEL_SECONDS = 30.0  # how long a cancel keeps interrupting its statement's DuckDB work
+CANCEL_REPEAT = 0.01
 SESSION_STACK = 512 * 1024  # a session thread's stack (idle sessions stay cheap)
 
 # the parameters PostgreSQL reports at startup (GUC_REPORT), in its order
@@ -135,6 +138,7 @@ class Server:
         selector.register(self._wake_r, selectors.EVENT_READ)
         log.info("mtcache serving %s on %s:%d (backend %s)", self.engine.cache_path,
                  self.address[0], self.address[1], redact(self.engine.backend))  # fmt: skip
+        threading.Thread(target=self._watch, name="mtcache-watch", daemon=True).start()
         try:
             while not self._stop.is_set():
                 for key, _ in selector.select():
@@ -163,6 +167,17 @@ class Server:
         with self._lock:
             self._threads.add(thread)
             self._threads = {t_ for t_ in self._threads if t_.is_alive()}
+
+    def _watch(self) -> None:
+        """Cancel the statement of a client that went away while it ran (as PostgreSQL's
+        client_connection_check_interval): its session ends when the statement does."""
+        while not self._stop.wait(WATCH_SECONDS):
+            with self._lock:
+                clients = list(self._clients.values())
+            for client in clients:
+                if client.busy and client.gone():
+                    log.info("cancelling the statement of a client that went away")
+                    client.cancel()
 
     def shutdown(self) -> None:
         """Refuse new sessions; `serve_forever` then finishes the running ones and returns."""
@@ -217,6 +232,16 @@ class Server:
         if client is not None:
             client.cancel()
 
+    def sessions(self) -> int:
+        """How many client sessions are open."""
+        with self._lock:
+            return len(self._clients)
+
+    def running(self) -> int:
+        """How many sessions are answering a message now."""
+        with self._lock:
+            return sum(1 for client in self._clients.values() if client.busy)
+
     @property
     def stopping(self) -> bool:
         return self._stop.is_set()
@@ -268,7 +293,9 @@ class ClientConnection:
         self.peer = peer
         self.session: Session | None = None
         self.conversation: Conversation | None = None
-        self.busy = False
+        self.busy = False  # a message is being answered (statement number `_serial`)
+        self._serial = 0
+        self._state = threading.Lock()
         self._key: tuple[int, bytes] | None = None
         self._reader = protocol.FrontendReader()
         self._out: list[bytes] = []
@@ -343,6 +370,10 @@ class ClientConnection:
             session = Session(server.engine, options, backend_parameters=backend_parameters,
                               connect=_needs_backend_at_start(backend_parameters, defaults),
                               time_zone=defaults.get("TimeZone"))  # fmt: skip
+            # the client's DEALLOCATE ALL / DISCARD ALL reach this connection past psycopg,
+            # which must then hold no prepared statements of its own (it prepares what the
+            # engine asks five times)
+            session.set_backend_setting("prepare_threshold", None)
             for name, value in ours.items():  # the cache's settings given at startup
                 session.set_setting(name, value, default=True)
         except Error as exc:
@@ -402,12 +433,15 @@ class ClientConnection:
                     if any(key.fileobj is self.sock for key, _ in ready) and not self._recv():
                         return
                     continue
-                self.busy = True
+                with self._state:
+                    self.busy = True
+                    self._serial += 1
                 try:
                     if not conversation.handle(message):
                         return
                 finally:
-                    self.busy = False
+                    with self._state:
+                        self.busy = False
         finally:
             selector.close()
 
@@ -445,9 +479,38 @@ class ClientConnection:
     # -- from other threads ----------------------------------------------------------------------
 
     def cancel(self) -> None:
+        """Cancel the statement running now (none: nothing happens, as PostgreSQL ignores a
+        cancel that arrives between statements)."""
         session = self.session
-        if session is not None and self.busy:
+        with self._state:
+            if session is None or not self.busy:
+                return
+            serial = self._serial
             session.cancel()
+        threading.Thread(target=self._keep_interrupting, args=(session, serial),
+                         daemon=True).start()  # fmt: skip
+
+    def _keep_interrupting(self, session: Session, serial: int) -> None:
+        """Repeat the local interrupt while the cancelled statement runs: DuckDB forgets one
+        that comes before its statement starts (the cancel may arrive while the statement is
+        still parsed or planned)."""
+        deadline = time.monotonic() + CANCEL_SECONDS
+        while time.monotonic() < deadline:
+            time.sleep(CANCEL_REPEAT)
+            with self._state:
+                if not self.busy or self._serial != serial:
+                    return
+                session.interrupt_local()
+
+    def gone(self) -> bool:
+        """Whether the client closed or reset its connection (bytes it sent and the session
+        has not read yet stay where they are)."""
+        try:
+            return self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
 
     def stop_when_idle(self) -> None:
         self._stop_when_idle = True

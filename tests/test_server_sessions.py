@@ -1,0 +1,303 @@
+"""Sessions of `mtcache serve` side by side: a slow remote statement does not hold up another
+session's hit, a CancelRequest stops a local (DuckDB) or a remote statement, a client that dies
+mid-statement or breaks the protocol takes nobody else down and the cache loses nothing,
+hundreds of sessions at once, and SIGTERM with statements still running. No step waits on a
+clock: each waits for a state it can see (the backend's pg_stat_activity, the server's own
+count of running statements)."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import resource
+import signal
+import socket
+import struct
+import subprocess
+import time
+import typing as t
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from cache.server import protocol
+from cache.server.process import serving_process
+from tests.answers import typed
+from tests.serving import Served, serving
+
+BOUND = "-c mtcache.currency_bound=600"
+BOOKS = "SELECT isbn, title, price, authorid FROM books WHERE authorid = %s ORDER BY isbn"
+# a local statement that runs for minutes unless cancelled: 2,000^3 combinations in DuckDB,
+# each hashed (a test DuckDB's statistics cannot decide in advance)
+SLOW_LOCAL = ("SELECT count(*) FROM numbers a, numbers b, numbers c "
+              "WHERE md5((a.n * b.n + c.n)::text) = 'x' CURRENCY BOUND 10 MIN")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def served(bookstore_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    with psycopg.connect(bookstore_dsn, autocommit=True) as pg:
+        pg.execute("DROP TABLE IF EXISTS numbers")
+        pg.execute("CREATE TABLE numbers (n integer PRIMARY KEY)")
+        pg.execute("INSERT INTO numbers SELECT generate_series(1, 2000)")
+    with serving(bookstore_dsn, tmp_path_factory.mktemp("sessions") / "cache.duckdb",
+                 (1, 2)) as found:  # fmt: skip
+        with psycopg.connect(found.dsn, autocommit=True) as conn:
+            conn.execute("CREATE CACHED VIEW numbercopy AS SELECT n FROM numbers "
+                         "REFRESH EVERY 10 MIN")  # fmt: skip
+            conn.execute("REFRESH CACHED VIEW numbercopy")
+        yield found
+
+
+def _wait_for(condition: Callable[[], bool], what: str) -> None:
+    """Until ``condition`` holds (a state the test can see), checked every few ms; the limit
+    is only there to fail rather than hang."""
+    deadline = time.monotonic() + 120
+    while not condition():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.01)
+
+
+def _sleeping_at_backend(pg: psycopg.Connection[t.Any]) -> bool:
+    found = pg.execute("SELECT count(*) FROM pg_stat_activity WHERE state = 'active' "
+                       "AND query LIKE '%pg_sleep(600)%' AND pid <> pg_backend_pid()"
+                       ).fetchone()  # fmt: skip
+    return bool(found and found[0])
+
+
+def _hits_right(served: Served, conn: psycopg.Connection[t.Any],
+                pg: psycopg.Connection[t.Any], author: int) -> None:  # fmt: skip
+    """A cached read on ``conn``: PostgreSQL's answer, and from the cache."""
+    got = conn.execute(BOOKS, [author]).fetchall()
+    assert typed(got) == typed(pg.execute(BOOKS, [author]).fetchall())
+    routes = [row[1] for row in conn.execute("EXPLAIN LAST STATEMENT").fetchall()]
+    assert routes == ["local"], routes
+
+
+def test_a_slow_remote_statement_never_blocks_another_sessions_hit(served: Served) -> None:
+    with psycopg.connect(served.dsn, autocommit=True) as slow, \
+            psycopg.connect(served.dsn, options=BOUND, autocommit=True) as fast, \
+            psycopg.connect(served.backend, autocommit=True) as pg, \
+            cf.ThreadPoolExecutor(1) as pool:  # fmt: skip
+        running = pool.submit(slow.execute, "SELECT pg_sleep(600)")
+        _wait_for(lambda: _sleeping_at_backend(pg), "the slow statement running")
+        hits = served.engine.counters()["hits"]
+        for round_ in range(20):
+            _hits_right(served, fast, pg, 1 + round_ % 2)
+        assert served.engine.counters()["hits"] >= hits + 20
+        assert not running.done()  # all the hits came while it still ran
+        slow.cancel_safe()
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            running.result(timeout=120)
+        assert slow.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_cancel_request_stops_a_local_statement(served: Served) -> None:
+    with psycopg.connect(served.dsn, autocommit=True) as conn, \
+            psycopg.connect(served.dsn, options=BOUND, autocommit=True) as other, \
+            psycopg.connect(served.backend, autocommit=True) as pg, \
+            cf.ThreadPoolExecutor(1) as pool:  # fmt: skip
+        plan = "\n".join(r[0] for r in conn.execute(f"EXPLAIN {SLOW_LOCAL}").fetchall())
+        assert "LocalQuery (engine=duckdb, sql=SELECT COUNT(*) FROM numbercopy" in plan, plan
+        running = pool.submit(conn.execute, SLOW_LOCAL)
+        _wait_for(lambda: served.server.running() >= 1, "the local statement running")
+        conn.cancel_safe()
+        with pytest.raises(psycopg.errors.QueryCanceled) as caught:
+            running.result(timeout=120)
+        assert caught.value.diag.sqlstate == "57014"
+        # the session goes on, and so does everyone else, with the same answers
+        assert conn.execute("SELECT count(*) FROM numbers CURRENCY BOUND 10 MIN"
+                            ).fetchone() == (2000,)  # fmt: skip
+        _hits_right(served, other, pg, 1)
+
+
+def test_cancel_request_stops_a_remote_statement(served: Served) -> None:
+    with psycopg.connect(served.dsn, autocommit=True) as conn, \
+            psycopg.connect(served.backend, autocommit=True) as pg, \
+            cf.ThreadPoolExecutor(1) as pool:  # fmt: skip
+        running = pool.submit(conn.execute, "SELECT pg_sleep(600)")
+        _wait_for(lambda: _sleeping_at_backend(pg), "the remote statement running")
+        conn.cancel_safe()
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            running.result(timeout=120)
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def _views(conn: psycopg.Connection[t.Any]) -> list[tuple[t.Any, ...]]:
+    """SHOW CACHED VIEWS without the ages (which grow as the test runs)."""
+    cur = conn.execute("SHOW CACHED VIEWS")
+    age = [d.name for d in cur.description or []].index("currency_seconds")
+    return [row[:age] + row[age + 1:] for row in cur.fetchall()]
+
+
+def _startup(served: Served) -> socket.socket:
+    sock = socket.create_connection(served.server.address, timeout=60)
+    body = struct.pack("!i", protocol.PROTOCOL_3_0) + b"user\0postgres\0database\0" \
+        + served.dbname.encode() + b"\0options\0" + BOUND.encode() + b"\0\0"  # fmt: skip
+    sock.sendall(struct.pack("!i", len(body) + 4) + body)
+    seen = b""
+    while not seen.endswith(protocol.ready_for_query(b"I")):
+        data = sock.recv(65536)
+        assert data, "the server closed the connection at startup"
+        seen += data
+    return sock
+
+
+@pytest.mark.parametrize("when", ["local", "remote", "in-transaction"])
+def test_a_client_killed_mid_statement_takes_nobody_else_down(served: Served, when: str) -> None:
+    """The client sends a statement and vanishes (its socket reset): the server ends that
+    session (its backend statement cancelled, its transaction rolled back), the others go on
+    and the cache is as it was."""
+    with psycopg.connect(served.backend, autocommit=True) as pg, \
+            psycopg.connect(served.dsn, options=BOUND, autocommit=True) as other:  # fmt: skip
+        before = pg.execute("SELECT count(*) FROM books").fetchone()
+        views = _views(other)
+        sessions = served.server.sessions()
+        sock = _startup(served)
+        assert served.server.sessions() == sessions + 1
+        if when == "local":
+            sql = SLOW_LOCAL
+        elif when == "remote":
+            sql = "SELECT pg_sleep(600)"
+        else:
+            sql = ("BEGIN; INSERT INTO books (isbn, authorid, title, publisherid, type, price) "
+                   "VALUES ('killed-1', 1, 'k', 1, 'x', 1); SELECT pg_sleep(600)")  # fmt: skip
+        sock.sendall(protocol.message(b"Q", sql.encode() + b"\0"))
+        if when == "local":
+            _wait_for(lambda: served.server.running() >= 1, "the statement running")
+        else:
+            _wait_for(lambda: _sleeping_at_backend(pg), "the statement running at the backend")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()  # a reset, as from a client killed with SIGKILL
+        _wait_for(lambda: served.server.sessions() == sessions, "the session ended")
+        _wait_for(lambda: not _sleeping_at_backend(pg), "its backend statement ended")
+        assert pg.execute("SELECT count(*) FROM books").fetchone() == before
+        assert _views(other) == views
+        _hits_right(served, other, pg, 2)
+
+
+@pytest.mark.parametrize("garbage", [
+    b"Y\0\0\0\x04",  # an unknown message type
+    b"P\0\0\0\x05x",  # a truncated Parse (no terminators)
+    b"Q\xff\xff\xff\xff",  # a negative length
+    b"B\0\0\0\x0a\0\0\0\x05\0\0",  # a Bind with more parameter formats than it carries
+    b"Q\0\0\0\x09SEL",  # a message cut short: the client then goes away
+], ids=["unknown-type", "truncated", "bad-length", "bad-bind", "cut-short"])  # fmt: skip
+def test_a_broken_message_closes_only_its_session(served: Served, garbage: bytes) -> None:
+    with psycopg.connect(served.backend, autocommit=True) as pg, \
+            psycopg.connect(served.dsn, options=BOUND, autocommit=True) as other:  # fmt: skip
+        views = _views(other)
+        sessions = served.server.sessions()
+        sock = _startup(served)
+        sock.sendall(garbage)
+        if garbage.startswith(b"Q\0\0\0\x09"):
+            sock.shutdown(socket.SHUT_WR)
+        said = b""
+        while data := sock.recv(65536):
+            said += data
+        sock.close()
+        if not garbage.startswith(b"Q\0\0\0\x09"):
+            assert said[:1] == b"E" and b"C08P01" in said, said  # a protocol violation
+        _wait_for(lambda: served.server.sessions() == sessions, "the session ended")
+        assert _views(other) == views
+        _hits_right(served, other, pg, 1)
+
+
+def test_hundreds_of_sessions_at_once(served: Served) -> None:
+    """300 sessions open together, each reading a cached answer (no backend connection
+    needed for that), 20 of them also a statement passed through (which opens one)."""
+    with psycopg.connect(served.backend, autocommit=True) as pg:
+        want = {a: typed(pg.execute(BOOKS, [a]).fetchall()) for a in (1, 2)}
+        held = _server_backends(pg)
+        conns = [psycopg.connect(served.dsn, options=BOUND, autocommit=True)
+                 for _ in range(300)]  # fmt: skip
+        try:
+            assert served.server.sessions() >= 300
+
+            def read(k: int) -> bool:
+                conn = conns[k]
+                got = typed(conn.execute(BOOKS, [1 + k % 2]).fetchall())
+                if k % 15 == 0:
+                    assert conn.execute("SELECT count(*) FROM pg_stat_activity").fetchone()
+                return got == want[1 + k % 2]
+
+            with cf.ThreadPoolExecutor(16) as pool:
+                assert all(pool.map(read, range(len(conns))))
+            # the sessions that needed one, and the engine's few shared ones (descriptions of
+            # statements, the catalog): nothing like one per session
+            assert 20 <= _server_backends(pg) - held < 30
+        finally:
+            for conn in conns:
+                conn.close()
+
+
+def test_sessions_past_descriptor_1024(served: Served) -> None:
+    """A server with hundreds of sessions has file descriptors past 1024 (select's limit):
+    waiting on a backend connection numbered so works."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 2048:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(2048, hard), hard))
+    spare: list[int] = []
+    try:
+        while (fd := os.open(os.devnull, os.O_RDONLY)) < 1100:
+            spare.append(fd)
+        spare.append(fd)
+        with psycopg.connect(served.dsn, autocommit=True) as conn, \
+                psycopg.connect(served.dsn, options=BOUND, autocommit=True) as bound, \
+                psycopg.connect(served.backend, autocommit=True) as pg:  # fmt: skip
+            _hits_right(served, bound, pg, 1)
+            assert conn.execute("SELECT count(*) FROM books").fetchone() == \
+                pg.execute("SELECT count(*) FROM books").fetchone()  # fmt: skip
+    finally:
+        for fd in spare:
+            os.close(fd)
+
+
+def _server_backends(pg: psycopg.Connection[t.Any]) -> int:
+    """Backend connections open for sessions of a cache server (not the test's own)."""
+    found = pg.execute("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client "
+                       "backend' AND pid <> pg_backend_pid() AND client_port IS NOT NULL "
+                       "AND application_name = ''").fetchone()  # fmt: skip
+    return int(found[0]) if found else 0
+
+
+def test_sigterm_cancels_what_outlives_the_grace(bookstore_dsn: str, mtcache_bin: str,
+                                                 tmp_path: Path) -> None:  # fmt: skip
+    """SIGTERM: no new sessions; a statement that runs longer than the grace period is
+    cancelled (57014 or the connection's end), then the server closes the file and exits 0."""
+    cache_path = tmp_path / "cache.duckdb"
+    with open(tmp_path / "server.log", "ab") as log, \
+            serving_process(bookstore_dsn, cache_path, "--grace", "1", log=log) as where, \
+            psycopg.connect(bookstore_dsn, autocommit=True) as pg, \
+            cf.ThreadPoolExecutor(1) as pool:  # fmt: skip
+        dsn = f"host={where.host} port={where.port} user=postgres dbname={where.database}"
+        conn = psycopg.connect(dsn, autocommit=True)
+        running = pool.submit(conn.execute, "SELECT pg_sleep(600)")
+        _wait_for(lambda: _sleeping_at_backend(pg), "the statement running")
+        os.kill(where.pid, signal.SIGTERM)
+        with pytest.raises((psycopg.errors.QueryCanceled, psycopg.errors.AdminShutdown,
+                            psycopg.OperationalError)):  # fmt: skip
+            running.result(timeout=120)
+        conn.close()
+        _wait_for(lambda: not _process_alive(where.pid), "the server exited")
+        with pytest.raises(psycopg.OperationalError):
+            psycopg.connect(dsn, connect_timeout=5)
+        _wait_for(lambda: not _sleeping_at_backend(pg), "its backend statement ended")
+    said = (tmp_path / "server.log").read_text()
+    assert "cancelling a statement still running at shutdown" in said, said
+    # the file is whole and free: another process opens it
+    run = subprocess.run([mtcache_bin, "--backend", bookstore_dsn, "--cache", str(cache_path),
+                          "status", "--json"], text=True, capture_output=True, timeout=120,
+                         check=False)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+
