@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck bench-refresh bench-query bench-tpch bench-maintenance clean
+.PHONY: demo test lint typecheck bench-refresh bench-query bench-tpch bench-maintenance bench-server clean
 
 $(STAMP): pyproject.toml scripts/ensure-system-deps.sh
 	bash scripts/ensure-system-deps.sh
@@ -33,6 +33,9 @@ bench-statement-size: $(STAMP)
 
 bench-maintenance: $(STAMP)
 	$(PY) -m experiments.bench_maintenance
+
+bench-server: $(STAMP)
+	$(PY) -m experiments.bench_server
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check cache optimizer control_tables heartbeat sql_ext experiments tests

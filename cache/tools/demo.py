@@ -5,10 +5,15 @@ counters. The cache part uses its own file beside the cache (``demo.duckdb``), m
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import subprocess
 import typing as t
 from dataclasses import dataclass
 from pathlib import Path
 
+import psycopg
 from rich.console import Console
 from rich.markup import escape
 from sqlalchemy import create_engine, select
@@ -17,12 +22,14 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 import cache
 from cache.backend.reflect import fetch_catalog
 from cache.engine.admin import Admin
+from cache.server.process import serving_process
 from cache.sqla import engine_url, provenance
 from cache.tools import bookstore
 from cache.tools.formatting import describe_class
 from cache.tools.settings import Settings
 from optimizer.normalize_constraint import normalize_constraint
 from sql_ext import Query, parse_one
+from sql_ext.errors import ProgrammingError
 from sql_ext.nodes import format_duration
 
 SCHEMA = bookstore.CACHE_SCHEMA_FILE
@@ -208,6 +215,7 @@ def cache_at_work(console: Console, dsn: str, path: Path) -> None:
         counters = admin.status()["counters"]
     console.print("counters: " + ", ".join(f"{k} {v}" for k, v in sorted(counters.items())))
     console.print()
+    server_at_work(console, dsn, path)
 
 
 class _Base(DeclarativeBase):
@@ -243,3 +251,70 @@ def orm_at_work(console: Console, dsn: str, path: Path) -> None:
             console.print()
     finally:
         engine.dispose()
+
+
+PSQL_SCRIPT = """\\set ECHO queries
+SET mtcache.provenance = on;
+SELECT name, city FROM authors WHERE authorid = 4 CURRENCY BOUND 10 MIN;
+EXPLAIN LAST STATEMENT;
+SELECT name, city FROM authors WHERE authorid = 4;
+EXPLAIN LAST STATEMENT;
+SHOW CACHED VIEWS;
+"""
+
+
+def server_at_work(console: Console, dsn: str, path: Path) -> None:
+    """The same cache file served by `mtcache serve`: psql, then pgbench, through it."""
+    console.rule("[bold]one cache, every client: mtcache serve[/bold]")
+    with serving_process(dsn, path) as served:
+        host, port = served.host, served.port
+        database = str(psycopg.conninfo.conninfo_to_dict(dsn).get("dbname", "postgres"))
+        env = dict(os.environ, PGHOST=host, PGPORT=str(port), PGUSER="postgres",
+                   PGDATABASE=database)  # fmt: skip
+        env.pop("PGOPTIONS", None)
+        console.print(f"[bold cyan]mtcache serve --listen {host}:{port}[/bold cyan] owns "
+                      f"{escape(str(path))}; every PostgreSQL client connects to it\n")  # fmt: skip
+        console.print(f"[bold cyan]psql -h {host} -p {port} -d {database}[/bold cyan]")
+        said = _client(["psql", "-X", "-v", "ON_ERROR_STOP=1"], env, PSQL_SCRIPT)
+        console.print(escape(said.rstrip()), highlight=False)
+        console.print()
+        console.print("[bold cyan]pgbench through the server[/bold cyan]: init (writes pass "
+                      "through), a cached view of pgbench_accounts, then a select-only run "
+                      "with a session bound given in PGOPTIONS")  # fmt: skip
+        _client(["pgbench", "-i", "-q", "-s", "1"], env)
+        with psycopg.connect(host=host, port=port, user="postgres", dbname=database,
+                             autocommit=True) as conn:  # fmt: skip
+            conn.execute("CREATE CACHED VIEW demo_accounts AS SELECT * FROM pgbench_accounts "
+                         "REFRESH EVERY 10 MIN")  # fmt: skip
+            conn.execute("REFRESH CACHED VIEW demo_accounts")
+            hits = _hits(conn)
+            bound = dict(env, PGOPTIONS="-c mtcache.currency_bound=600")
+            said = _client(["pgbench", "-S", "-M", "prepared", "-n", "-c", "4", "-j", "2", "-t",
+                            "500"], bound)  # fmt: skip
+            for line in said.splitlines():
+                if line.startswith(("number of transactions actually", "latency average",
+                                    "tps =")):  # fmt: skip
+                    console.print(f"  {escape(line)}")
+            console.print(f"  the cache answered {_hits(conn) - hits} of them (SHOW CACHE "
+                          "STATUS, counters.hits)")  # fmt: skip
+            conn.execute("DROP CACHED VIEW demo_accounts")
+        console.print()
+    console.print("the server stopped on SIGTERM (see README, Server)")
+    console.print()
+
+
+def _client(argv: list[str], env: dict[str, str], script: str | None = None) -> str:
+    """A PostgreSQL client program's output (its notices in their place)."""
+    if shutil.which(argv[0]) is None:
+        raise ProgrammingError(f"{argv[0]} is not installed: `make demo` installs it "
+                               "(scripts/ensure-system-deps.sh)")  # fmt: skip
+    run = subprocess.run(argv, env=env, input=script, text=True, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, timeout=600, check=False)  # fmt: skip
+    if run.returncode != 0:
+        raise ProgrammingError(f"{argv[0]} failed through the server: {run.stdout.strip()}")
+    return run.stdout
+
+
+def _hits(conn: psycopg.Connection[t.Any]) -> int:
+    rows = dict(conn.execute("SHOW CACHE STATUS").fetchall())
+    return int(json.loads(rows["counters"])["hits"])
