@@ -13,8 +13,10 @@ Startup: SSLRequest and GSSENCRequest are answered "N" (TLS arrives with authent
 loopback clients are trusted (AuthenticationOk). ParameterStatus reports the backend's
 settings as the backend reports them to a session with the client's parameters; BackendKeyData
 gives the key a CancelRequest presents, which cancels the session's running statement, local
-or remote. SIGTERM/SIGINT: stop accepting, let running statements finish for a grace period,
-cancel what still runs, close the sessions and the cache file.
+or remote (the DuckDB interrupt repeated while that statement runs, see `ClientConnection`);
+a watcher cancels the statement of a client that went away while it ran. SIGTERM/SIGINT: stop
+accepting, let running statements finish for a grace period, cancel what still runs, close the
+sessions and the cache file.
 """
 
 from __future__ import annotations
