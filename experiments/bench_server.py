@@ -46,9 +46,9 @@ import psycopg
 from rich.console import Console
 from rich.table import Table
 
-from cache.backend.embedded_pg import EmbeddedPostgres
+from cache.backend.embedded_pg import EmbeddedPostgres, free_port
 from cache.private_files import SERVER_USER
-from cache.server.process import serving_process
+from cache.server.process import client_environment, serving_process
 from cache.store.served import served_at
 from experiments.provenance import append_rows
 
@@ -59,12 +59,6 @@ CLIENTS = (1, 8, 32, 128)
 
 
 # -- the processes -------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def dsn_at(port: int, dbname: str, options: str | None = None) -> str:
@@ -215,11 +209,7 @@ def p99(samples: list[float]) -> float:
 
 def pgbench(port: int, clients: int, seconds: int, options: str | None = None) -> float:
     """TPS of ``pgbench -S -M prepared`` against the server at ``port``."""
-    env = dict(os.environ, PGHOST="127.0.0.1", PGPORT=str(port), PGUSER="postgres",
-               PGDATABASE=DATABASE)  # fmt: skip
-    env.pop("PGOPTIONS", None)
-    if options:
-        env["PGOPTIONS"] = options
+    env = client_environment("127.0.0.1", port, DATABASE, options=options)
     run = subprocess.run(["pgbench", "-S", "-M", "prepared", "-n", "-c", str(clients), "-j",
                           str(min(clients, 2)), "-T", str(seconds)], env=env, text=True,
                          capture_output=True, timeout=seconds * 5 + 120, check=False)  # fmt: skip
@@ -280,8 +270,8 @@ def prepare_database(cluster: EmbeddedPostgres, scale: int, console: Console) ->
     if not have:
         console.print(f"pgbench -i -s {scale} ...")
         port = cluster.running_port()
-        env = dict(os.environ, PGHOST="127.0.0.1", PGPORT=str(port), PGUSER="postgres",
-                   PGDATABASE=DATABASE)  # fmt: skip
+        assert port is not None
+        env = client_environment("127.0.0.1", port, DATABASE)
         subprocess.run(["pgbench", "-i", "-q", "-s", str(scale)], env=env, check=True,
                        capture_output=True)  # fmt: skip
     return dsn

@@ -33,6 +33,8 @@ import contextlib
 import sys
 import typing as t
 
+T = t.TypeVar("T")
+
 
 class Warning(builtins.Warning):
     """Important warnings, e.g. stale local data returned under ``stale_ok``."""
@@ -198,6 +200,19 @@ def translate(exc: BaseException, context: str = "", *, unreachable: str = "") -
     return error
 
 
+def translating(action: t.Callable[[], T]) -> T:
+    """``action()``, a driver error it raises raised as the mtcache error `translate` makes
+    of it."""
+    try:
+        return action()
+    except Error:
+        raise
+    except Exception as exc:
+        if not _is_psycopg(exc):
+            raise
+        raise translate(exc) from exc
+
+
 def _is_psycopg(exc: BaseException) -> bool:
     return type(exc).__module__.startswith("psycopg")
 
@@ -295,4 +310,5 @@ __all__ = [
     "diagnostics",
     "first_line",
     "translate",
+    "translating",
 ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+import struct
 import threading
 import typing as t
 from collections.abc import Iterator
@@ -11,6 +13,7 @@ from pathlib import Path
 import psycopg
 
 from cache.engine.engine import Engine
+from cache.server import protocol
 from cache.server.server import Server, ServerOptions
 from tests.schemas import AUTHORS_AND_BOOKS
 
@@ -62,3 +65,21 @@ def serving(backend: str, cache_path: Path, authors: t.Sequence[int]) -> Iterato
             listed = ", ".join(f"({a})" for a in authors)
             conn.execute(f"INSERT INTO authorlist_pct VALUES {listed}")
         yield served
+
+
+def raw_session(served: Served, options: str | None = None) -> socket.socket:
+    """A socket that has gone through startup with the server (user postgres, its database,
+    ``options``) and read up to its first ReadyForQuery: for tests that speak the protocol
+    byte by byte."""
+    sock = socket.create_connection(served.server.address, timeout=60)
+    body = struct.pack("!i", protocol.PROTOCOL_3_0) + b"user\0postgres\0database\0" \
+        + served.dbname.encode() + b"\0"  # fmt: skip
+    if options:
+        body += b"options\0" + options.encode() + b"\0"
+    sock.sendall(struct.pack("!i", len(body) + 5) + body + b"\0")
+    seen = b""
+    while not seen.endswith(protocol.ready_for_query(b"I")):
+        data = sock.recv(65536)
+        assert data, "the server closed the connection at startup"
+        seen += data
+    return sock

@@ -18,7 +18,7 @@ import pytest
 from cache.engine.inspect import status_document
 from cache.server import protocol
 from tests.answers import typed
-from tests.serving import Served, serving
+from tests.serving import Served, raw_session, serving
 
 BOOKS = "SELECT isbn, title, price, authorid FROM books WHERE authorid = %s ORDER BY isbn"
 
@@ -300,16 +300,6 @@ def test_psql_through_the_server(served: Served, tmp_path: Path) -> None:
 # -- the protocol, byte by byte -------------------------------------------------------------------
 
 
-def _raw(served: Served) -> socket.socket:
-    sock = socket.create_connection(served.server.address, timeout=10)
-    dbname = psycopg.conninfo.conninfo_to_dict(served.backend)["dbname"]
-    body = struct.pack("!i", protocol.PROTOCOL_3_0) + b"user\0postgres\0database\0" \
-        + dbname.encode() + b"\0\0"  # fmt: skip
-    sock.sendall(struct.pack("!i", len(body) + 4) + body)
-    _until(sock, b"Z")
-    return sock
-
-
 def _messages(sock: socket.socket) -> Iterator[tuple[bytes, bytes]]:
     buffer = b""
     while True:
@@ -333,7 +323,7 @@ def _until(sock: socket.socket, kind: bytes) -> list[tuple[bytes, bytes]]:
 
 
 def test_row_limited_execute_suspends_the_portal(served: Served) -> None:
-    sock = _raw(served)
+    sock = raw_session(served)
     sql = b"SELECT isbn FROM books WHERE authorid = 1 ORDER BY isbn CURRENCY BOUND 10 MIN"
     sock.sendall(protocol.message(b"P", b"\0" + sql + b"\0\0\0")
                  + protocol.message(b"B", b"\0\0\0\0\0\0\0\0")

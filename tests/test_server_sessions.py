@@ -25,7 +25,7 @@ import pytest
 from cache.server import protocol
 from cache.server.process import serving_process
 from tests.answers import typed
-from tests.serving import Served, serving
+from tests.serving import Served, raw_session, serving
 
 BOUND = "-c mtcache.currency_bound=600"
 BOOKS = "SELECT isbn, title, price, authorid FROM books WHERE authorid = %s ORDER BY isbn"
@@ -131,19 +131,6 @@ def _views(conn: psycopg.Connection[t.Any]) -> list[tuple[t.Any, ...]]:
     return [row[:age] + row[age + 1:] for row in cur.fetchall()]
 
 
-def _startup(served: Served) -> socket.socket:
-    sock = socket.create_connection(served.server.address, timeout=60)
-    body = struct.pack("!i", protocol.PROTOCOL_3_0) + b"user\0postgres\0database\0" \
-        + served.dbname.encode() + b"\0options\0" + BOUND.encode() + b"\0\0"  # fmt: skip
-    sock.sendall(struct.pack("!i", len(body) + 4) + body)
-    seen = b""
-    while not seen.endswith(protocol.ready_for_query(b"I")):
-        data = sock.recv(65536)
-        assert data, "the server closed the connection at startup"
-        seen += data
-    return sock
-
-
 @pytest.mark.parametrize("when", ["local", "remote", "in-transaction"])
 def test_a_client_killed_mid_statement_takes_nobody_else_down(served: Served, when: str) -> None:
     """The client sends a statement and vanishes (its socket reset): the server ends that
@@ -154,7 +141,7 @@ def test_a_client_killed_mid_statement_takes_nobody_else_down(served: Served, wh
         before = pg.execute("SELECT count(*) FROM books").fetchone()
         views = _views(other)
         sessions = served.server.sessions()
-        sock = _startup(served)
+        sock = raw_session(served, BOUND)
         assert served.server.sessions() == sessions + 1
         if when == "local":
             sql = SLOW_LOCAL
@@ -189,7 +176,7 @@ def test_a_broken_message_closes_only_its_session(served: Served, garbage: bytes
             psycopg.connect(served.dsn, options=BOUND, autocommit=True) as other:  # fmt: skip
         views = _views(other)
         sessions = served.server.sessions()
-        sock = _startup(served)
+        sock = raw_session(served, BOUND)
         sock.sendall(garbage)
         if garbage.startswith(b"Q\0\0\0\x09"):
             sock.shutdown(socket.SHUT_WR)

@@ -64,7 +64,8 @@ def find_pg_bin(search_dirs: Sequence[str] = SEARCH_DIRS) -> Path:
     )
 
 
-def _free_port(preferred: int | None = None) -> int:
+def free_port(preferred: int | None = None) -> int:
+    """A TCP port free on 127.0.0.1 (``preferred`` if it is)."""
     for port in ([preferred] if preferred else []) + [0]:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             # PostgreSQL listens with SO_REUSEADDR, so a port whose old connections linger in
@@ -303,7 +304,7 @@ class EmbeddedPostgres:
         preferred = None
         if self.port_file.is_file() and self.port_file.read_text().strip().isdigit():
             preferred = int(self.port_file.read_text().strip())
-        port = _free_port(preferred)
+        port = free_port(preferred)
         self._hand_to_postgres_user()
         self._run(
             [

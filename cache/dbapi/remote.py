@@ -24,7 +24,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from sqlglot import exp
 
 from cache.engine.engine import SessionOptions, bound_seconds
-from cache.engine.inspect import Notice, status_document
+from cache.engine.inspect import PROVENANCE_NOTICE, Notice, status_document
 from cache.engine.result import NO_PROVENANCE, Result, of_cursor
 from cache.engine.settings import show_flag
 from cache.execution.provenance import Provenance
@@ -32,11 +32,15 @@ from cache.maintenance.report import Report
 from cache.store.cache_file import DdlResult
 from cache.store.served import ServedAt
 from sql_ext import CreateCachedView, CreateControlTable, DropCacheObject, parse
-from sql_ext.errors import InterfaceError, NotSupportedError, ProgrammingError, translate
+from sql_ext.errors import (
+    InterfaceError,
+    NotSupportedError,
+    ProgrammingError,
+    translate,
+    translating,
+)
 from sql_ext.params import Params
 from sql_ext.quoting import ident
-
-_PROVENANCE = "provenance: "
 
 
 def server_conninfo(server: str | ServedAt, backend: str | None) -> str:
@@ -121,7 +125,7 @@ class ServerSession:
 
     def _on_notice(self, diag: psycopg.errors.Diagnostic) -> None:
         message, detail = diag.message_primary or "", diag.message_detail
-        if message.startswith(_PROVENANCE) and detail:
+        if message.startswith(PROVENANCE_NOTICE) and detail:
             with contextlib.suppress(ValueError, KeyError, TypeError):
                 self._provenance = Provenance.from_json(json.loads(detail))
                 return
@@ -132,12 +136,12 @@ class ServerSession:
     def commit(self) -> None:
         with self.lock:
             self._check_open()
-            self._call(self._conn.commit)
+            translating(self._conn.commit)
 
     def rollback(self) -> None:
         with self.lock:
             self._check_open()
-            self._call(self._conn.rollback)
+            translating(self._conn.rollback)
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[ServerSession]:
@@ -155,7 +159,7 @@ class ServerSession:
 
     @autocommit.setter
     def autocommit(self, value: bool) -> None:
-        self._call(lambda: setattr(self._conn, "autocommit", bool(value)))
+        translating(lambda: setattr(self._conn, "autocommit", bool(value)))
 
     def close(self) -> None:
         if not self.closed:
@@ -190,7 +194,7 @@ class ServerSession:
         return getattr(self._conn, name)
 
     def set_backend_setting(self, name: str, value: t.Any) -> None:
-        self._call(lambda: setattr(self._conn, name, value))
+        translating(lambda: setattr(self._conn, name, value))
 
     @property
     def info(self) -> psycopg.ConnectionInfo:
@@ -228,12 +232,6 @@ class ServerSession:
     @property
     def admin(self) -> ServerAdmin:
         return ServerAdmin(self)
-
-    def _call(self, action: t.Callable[[], t.Any]) -> t.Any:
-        try:
-            return action()
-        except psycopg.Error as exc:
-            raise translate(exc) from exc
 
     def _check_open(self) -> None:
         if self.closed:

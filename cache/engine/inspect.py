@@ -116,6 +116,9 @@ def status_document(rows: t.Iterable[tuple[str, str]]) -> dict[str, t.Any]:
     return {name: json.loads(value) for name, value in rows}
 
 
+PROVENANCE_NOTICE = "provenance: "  # how the message of a provenance NOTICE begins
+
+
 def provenance_notice(provenance: Provenance) -> Notice:
     """The NOTICE of ``mtcache.provenance``: a line per access, the provenance as JSON in its
     detail (docs/json-outputs.md's shape)."""
@@ -126,7 +129,8 @@ def provenance_notice(provenance: Provenance) -> Notice:
         + (" (stale)" if a.stale else "")
         for a in provenance
     )  # fmt: skip
-    return Notice.with_detail(f"provenance: {said or 'no table read'}", provenance.to_json())
+    return Notice.with_detail(f"{PROVENANCE_NOTICE}{said or 'no table read'}",
+                              provenance.to_json())  # fmt: skip
 
 
 def _json(value: t.Any) -> str:

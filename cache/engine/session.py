@@ -81,7 +81,13 @@ from heartbeat.clock import BackendClock
 from optimizer.evaluate_guards import Decision, evaluate_guards
 from optimizer.plan import Plan
 from sql_ext import CreateCachedView, CreateControlTable, DropCacheObject, Query
-from sql_ext.errors import BackendUnavailableError, InterfaceError, ProgrammingError, translate
+from sql_ext.errors import (
+    BackendUnavailableError,
+    InterfaceError,
+    ProgrammingError,
+    translate,
+    translating,
+)
 from sql_ext.params import ParameterValues, Params, bind_literals
 from sql_ext.quoting import folded
 
@@ -500,8 +506,9 @@ class Session:
         with the provenance NOTICE if the session asks for one."""
         if lineage is not None:
             self._last = lineage
-        if self.provenance_notices:
-            result.notices.append(inspect.provenance_notice(self.last_provenance()))
+        notice = self.statement_notice()
+        if notice is not None:
+            result.notices.append(notice)
         return result
 
     # -- the cache's session settings (cache.engine.settings) ----------------------------------
@@ -652,14 +659,14 @@ class Session:
     def commit(self) -> None:
         self._check_open()
         if self._pg is not None:  # with no backend session there is nothing to commit
-            self._backend_call(self._pg.commit)
+            translating(self._pg.commit)
         self.state.committed()
 
     @_public
     def rollback(self) -> None:
         self._check_open()
         if self._pg is not None:
-            self._backend_call(self._pg.rollback)
+            translating(self._pg.rollback)
         self.state.rolled_back()
 
     @contextmanager
@@ -688,7 +695,7 @@ class Session:
         self._check_open()
         pg = self._pg
         if pg is not None and not pg.closed:
-            self._backend_call(lambda: setattr(pg, "autocommit", value))
+            translating(lambda: setattr(pg, "autocommit", value))
         self._autocommit = bool(value)
 
     # -- settings --------------------------------------------------------------------------------
@@ -710,14 +717,14 @@ class Session:
         self._check_open()
         pg = self._pg
         if pg is not None and not pg.closed:
-            self._backend_call(lambda: setattr(pg, name, value))
+            translating(lambda: setattr(pg, name, value))
         self._pg_settings[name] = value
 
     @property
     def info(self) -> psycopg.ConnectionInfo:
         """The backend session's connection information (psycopg's), connecting if needed."""
         self._check_open()
-        info = self._backend_call(lambda: self._backend_session().info)
+        info = translating(lambda: self._backend_session().info)
         return t.cast(psycopg.ConnectionInfo, info)
 
     @property
@@ -804,12 +811,6 @@ class Session:
             self._pg_cursor.close()
         if self._pg is not None:
             self._pg.close()
-
-    def _backend_call(self, action: t.Callable[[], t.Any]) -> t.Any:
-        try:
-            return action()
-        except psycopg.Error as exc:
-            raise translate(exc) from exc
 
     def _zone(self) -> Zone:
         """The session's time zone, by name and as psycopg gives timestamps with time zone in

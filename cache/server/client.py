@@ -325,16 +325,10 @@ class Conversation:
         statement.backend_name = backend_name
         pgconn.send_prepare(backend_name, statement.sql, statement.param_types or None)
 
-        def read() -> bool:
-            result = self._command_result(pgconn)
-            if result.status != ExecStatus.COMMAND_OK:
-                statement.backend_name = None
-                self.out(relay.diagnostic_message(result))
-                return False
-            self.out(answer)
-            return True
+        def failed() -> None:
+            statement.backend_name = None
 
-        self._queue.append(_Expect(read))
+        self._expect_command(pgconn, lambda _: self.out(answer), failed)
 
     def _bind(self, message: protocol.Bind) -> None:
         statement = self.statements.get(message.statement)
@@ -380,17 +374,9 @@ class Conversation:
             raise _Refusal("34000", f'portal "{_name(name)}" does not exist')
         pgconn = self._piped_backend()
         pgconn.send_describe_portal(name)
-
-        def read() -> bool:
-            result = self._command_result(pgconn)
-            if result.status != ExecStatus.COMMAND_OK:
-                self.out(relay.diagnostic_message(result))
-                return False
-            self.out(protocol.row_description(relay.fields_of(result)) if result.nfields
-                     else protocol.NO_DATA)  # fmt: skip
-            return True
-
-        self._queue.append(_Expect(read))
+        self._expect_command(pgconn, lambda result: self.out(
+            protocol.row_description(relay.fields_of(result)) if result.nfields
+            else protocol.NO_DATA))  # fmt: skip
 
     def _with_description(self, statement: Statement, then: _Described) -> None:
         """Call ``then`` with the statement's parameter types and columns, in its turn."""
@@ -415,18 +401,13 @@ class Conversation:
         self._ensure_at_backend(statement)
         pgconn.send_describe_prepared(statement.backend_name or b"")
 
-        def read() -> bool:
-            result = self._command_result(pgconn)
-            if result.status != ExecStatus.COMMAND_OK:
-                self.out(relay.diagnostic_message(result))
-                return False
+        def described(result: pq.abc.PGresult) -> None:
             params = tuple(result.param_type(i) for i in range(result.nparams))
             fields = relay.fields_of(result) if result.nfields else None
             statement.described = (params, fields)
             then(params, fields)
-            return True
 
-        self._queue.append(_Expect(read))
+        self._expect_command(pgconn, described)
 
     def _execute(self, message: protocol.Execute) -> None:
         portal = self.portals.get(message.portal)
@@ -593,6 +574,23 @@ class Conversation:
             pgconn.enter_pipeline_mode()
             self._piped = True
         return pgconn
+
+    def _expect_command(self, pgconn: pq.abc.PGconn, done: Callable[[pq.abc.PGresult], None],
+                        failed: Callable[[], None] | None = None) -> None:  # fmt: skip
+        """A piped command (Parse, Describe) answered in its turn: ``done`` with its result,
+        or, when the backend refused it, its ErrorResponse for the client (and ``failed``)."""
+
+        def read() -> bool:
+            result = self._command_result(pgconn)
+            if result.status != ExecStatus.COMMAND_OK:
+                if failed is not None:
+                    failed()
+                self.out(relay.diagnostic_message(result))
+                return False
+            done(result)
+            return True
+
+        self._queue.append(_Expect(read))
 
     def _discard_result(self, pgconn: pq.abc.PGconn) -> None:
         """A piped command whose result the client does not see."""

@@ -5,6 +5,7 @@ SIGTERM as an operator would stop it."""
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -22,6 +23,17 @@ START_SECONDS = 120.0
 def mtcache_executable() -> str:
     """The `mtcache` command installed beside this interpreter."""
     return str(Path(sys.executable).parent / "mtcache")
+
+
+def client_environment(host: str, port: int, database: str, user: str = "postgres",
+                       options: str | None = None) -> dict[str, str]:  # fmt: skip
+    """The environment of a libpq client program (psql, pgbench) pointed at a server: this
+    process's, with PGOPTIONS set to ``options`` (none of the caller's own)."""
+    env = dict(os.environ, PGHOST=host, PGPORT=str(port), PGUSER=user, PGDATABASE=database)
+    env.pop("PGOPTIONS", None)
+    if options:
+        env["PGOPTIONS"] = options
+    return env
 
 
 @contextlib.contextmanager
@@ -51,4 +63,4 @@ def serving_process(backend: str, cache_path: Path, *options: str,
             proc.wait()
 
 
-__all__ = ["mtcache_executable", "serving_process"]
+__all__ = ["client_environment", "mtcache_executable", "serving_process"]

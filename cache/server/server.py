@@ -297,6 +297,7 @@ class ClientConnection:
         self.conversation: Conversation | None = None
         self.busy = False  # a message is being answered (statement number `_serial`)
         self._serial = 0
+        self._cancelled = 0  # the statement last cancelled
         self._state = threading.Lock()
         self._key: tuple[int, bytes] | None = None
         self._reader = protocol.FrontendReader()
@@ -485,9 +486,9 @@ class ClientConnection:
         cancel that arrives between statements)."""
         session = self.session
         with self._state:
-            if session is None or not self.busy:
-                return
-            serial = self._serial
+            if session is None or not self.busy or self._cancelled == self._serial:
+                return  # nothing runs, or its cancel is under way
+            serial = self._cancelled = self._serial
             session.cancel()
         threading.Thread(target=self._keep_interrupting, args=(session, serial),
                          daemon=True).start()  # fmt: skip

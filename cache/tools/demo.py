@@ -6,7 +6,6 @@ counters. The cache part uses its own file beside the cache (``demo.duckdb``), m
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import typing as t
@@ -22,7 +21,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 import cache
 from cache.backend.reflect import fetch_catalog
 from cache.engine.admin import Admin
-from cache.server.process import serving_process
+from cache.server.process import client_environment, serving_process
 from cache.sqla import engine_url, provenance
 from cache.tools import bookstore
 from cache.tools.formatting import describe_class
@@ -269,9 +268,7 @@ def server_at_work(console: Console, dsn: str, path: Path) -> None:
     with serving_process(dsn, path) as served:
         host, port = served.host, served.port
         database = str(psycopg.conninfo.conninfo_to_dict(dsn).get("dbname", "postgres"))
-        env = dict(os.environ, PGHOST=host, PGPORT=str(port), PGUSER="postgres",
-                   PGDATABASE=database)  # fmt: skip
-        env.pop("PGOPTIONS", None)
+        env = client_environment(host, port, database)
         console.print(f"[bold cyan]mtcache serve --listen {host}:{port}[/bold cyan] owns "
                       f"{escape(str(path))}; every PostgreSQL client connects to it\n")  # fmt: skip
         console.print(f"[bold cyan]psql -h {host} -p {port} -d {database}[/bold cyan]")
@@ -288,7 +285,8 @@ def server_at_work(console: Console, dsn: str, path: Path) -> None:
                          "REFRESH EVERY 10 MIN")  # fmt: skip
             conn.execute("REFRESH CACHED VIEW demo_accounts")
             hits = _hits(conn)
-            bound = dict(env, PGOPTIONS="-c mtcache.currency_bound=600")
+            bound = client_environment(host, port, database,
+                                       options="-c mtcache.currency_bound=600")
             said = _client(["pgbench", "-S", "-M", "prepared", "-n", "-c", "4", "-j", "2", "-t",
                             "500"], bound)  # fmt: skip
             for line in said.splitlines():
