@@ -210,3 +210,19 @@ def test_a_statement_nested_past_the_limit_is_refused_and_the_session_goes_on(
     with pytest.raises(cache.ProgrammingError, match="nested too deeply"):
         conn.execute("SELECT " + "(" * depth + "1" + ")" * depth)
     assert conn.execute("SELECT 1").fetchall() == [(1,)]
+
+
+def test_a_call_with_wrong_arguments_is_the_callers_error(
+    conn: Connection, bookstore_dsn: str, tmp_path: Path
+) -> None:  # fmt: skip
+    """A misspelled option or a missing argument is a ProgrammingError naming it, not an
+    InternalError calling it a bug in mtcache."""
+    with pytest.raises(cache.ProgrammingError, match="unexpected keyword argument 'cache'"):
+        cache.connect(backend=bookstore_dsn, cache=tmp_path / "other.duckdb")
+    assert not (tmp_path / "other.duckdb").exists()
+    missing = r"Admin.admit\(\): missing a required argument: 'control'"
+    with pytest.raises(cache.ProgrammingError, match=missing):
+        conn.admin.admit(sql="x")  # type: ignore[call-arg]
+    cur = conn.cursor()
+    cur.execute("SELECT 1")
+    assert cur.fetchall() == [(1,)]

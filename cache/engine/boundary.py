@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import threading
 import typing as t
 from pathlib import Path
@@ -17,7 +18,15 @@ import duckdb
 import psycopg
 
 from cache.store.cache_file import damaged
-from sql_ext.errors import DataError, Error, InternalError, first_line, too_deep, translate
+from sql_ext.errors import (
+    DataError,
+    Error,
+    InternalError,
+    ProgrammingError,
+    first_line,
+    too_deep,
+    translate,
+)
 
 F = t.TypeVar("F", bound=t.Callable[..., t.Any])
 
@@ -38,12 +47,27 @@ def public(
                     return method(self, *args, **kwargs)
             except Error:
                 raise
+            except TypeError as exc:
+                misfit = _misfit(method, self, args, kwargs)
+                raise misfit or api_error(exc, cache_path(self)) from exc
             except Exception as exc:
                 raise api_error(exc, cache_path(self)) from exc
 
         return t.cast(F, wrapper)
 
     return decorate
+
+
+def _misfit(method: t.Callable[..., t.Any], self: t.Any, args: tuple[t.Any, ...],
+            kwargs: dict[str, t.Any]) -> ProgrammingError | None:  # fmt: skip
+    """The caller's error when the call itself does not fit the method's parameters (a
+    misspelled option, a missing argument), else None: the TypeError came from below."""
+    try:
+        inspect.signature(method).bind(self, *args, **kwargs)
+    except TypeError as exc:
+        name = getattr(method, "__qualname__", "the call").replace(".__init__", "")
+        return ProgrammingError(f"{name}(): {exc}")
+    return None
 
 
 def api_error(exc: Exception, path: Path) -> Error:
