@@ -41,6 +41,8 @@ from cache.backend.reflect import fetch_catalog, redact
 from cache.engine.admission import Admissions
 from cache.engine.route import StatementCache
 from cache.execution.execute import Memo
+from cache.execution.lookup import lookups_for
+from cache.execution.lookup import release as release_lookups
 from cache.execution.memo import DEFAULT_BYTES as DEFAULT_MEMO_BYTES
 from cache.execution.memo import memo_for
 from cache.execution.planning import PlanCache
@@ -142,8 +144,9 @@ class Engine:
         self.statements = StatementCache()
         self.plans = PlanCache()
         self.admissions = Admissions(self.store, lambda: self.backend)
-        self.memo = Memo(memo_for(self.store.path, result_memo_bytes),
-                         self.store.change_token) if result_memo_bytes else None  # fmt: skip
+        self.memo = Memo(memo_for(self.store.path, result_memo_bytes), self.store.change_token,
+                         lookups_for(self.store.path), self.store.for_thread) \
+            if result_memo_bytes else None  # fmt: skip
         self.on_decision: Callable[[Plan, Decision], None] | None = None
         self._regions: RegionState | None = None
         # the engine's DuckDB handle reads the regions for every session: one thread at a time
@@ -245,6 +248,8 @@ class Engine:
         if self._background is not None:
             detach(self._background)
         self.admissions.close()
+        if self.memo is not None:
+            release_lookups(self.store.path)
         try:
             self._flush_counters()
         finally:

@@ -21,6 +21,7 @@ import psycopg
 import pyarrow as pa
 
 from cache.execution.convert import LocalUnfit, Row, converter
+from cache.execution.lookup import LookupIndexes, LookupShape, Store, lookup_shape
 from cache.execution.memo import ResultMemo
 from cache.execution.planning import Prepared
 from cache.execution.provenance import Executed
@@ -58,6 +59,7 @@ class Compiled:
     views: tuple[str, ...] = ()  # the views it reads
     # the prefix of its answers' memo keys when they may be kept (all local, repeatable)
     memo_key: tuple[str, str] | None = None
+    lookup: LookupShape | None = None  # a point lookup a lookup index may answer
     prepared: t.Any = None  # DuckDB's parse of statement.sql: executions skip the parser
     # per time zone and parameter-type signature (DuckDB's result types are fixed by it):
     # the description and the conversion of rows into PostgreSQL's types
@@ -97,11 +99,13 @@ class Result(t.NamedTuple):
 
 
 class Memo(t.NamedTuple):
-    """Where local answers are kept (`cache.execution.memo`) and how to tell whether the
-    views an answer read changed since (`CacheStore.change_token`)."""
+    """Where local answers are kept (`cache.execution.memo`, `cache.execution.lookup`) and
+    how to tell whether the views an answer read changed since (`CacheStore.change_token`)."""
 
     results: ResultMemo
     change_token: Callable[[Sequence[str]], tuple[int, ...]]
+    lookups: LookupIndexes | None = None
+    handle: Callable[[], Store] | None = None  # a DuckDB handle for building a lookup index
 
 
 def compiled_for(prepared: Prepared, decision: Decision) -> Compiled:
@@ -118,8 +122,10 @@ def compiled_for(prepared: Prepared, decision: Decision) -> Compiled:
         analysis = prepared.plan.analysis
         memo_key = (analysis.query.shape, statement.sql) if analysis.repeatable and not \
             statement.leaves else None  # fmt: skip
+        lookup = lookup_shape(statement.sql) if memo_key is not None and not statement.lists \
+            and not statement.zone else None  # fmt: skip
         compiled = Compiled(statement, Executed(duckdb_sql=statement.sql, leaves=leaves), views,
-                            memo_key)  # fmt: skip
+                            memo_key, lookup)  # fmt: skip
         prepared.compiled[signature] = compiled
     return compiled
 
@@ -142,8 +148,9 @@ def run_local(
     """Run a local or mixed decision: fetch its leaves (all at once, so they may come in
     parallel, through the fetch ``fetcher`` gives), register them, run the statement. An
     all-local answer is taken from ``memo`` when the views it read are unchanged, and kept
-    there otherwise. ``zone``: the session's time zone as psycopg gives it (timestamps with
-    time zone are given in it)."""
+    there otherwise, or from a lookup index of the memo's when the statement is a point
+    lookup (`cache.execution.lookup`). ``zone``: the session's time zone as psycopg gives it
+    (timestamps with time zone are given in it)."""
     compiled = compiled_for(prepared, decision)
     statement = compiled.statement
     values = values_for(statement.keys, params) if statement.keys else []
@@ -160,14 +167,39 @@ def run_local(
         else:
             # taken before DuckDB reads: a change committed meanwhile makes the entry stale
             token = memo.change_token(compiled.views)
+            shape = compiled.lookup
+            if shape is not None and memo.lookups is not None:
+                looked_up = _looked_up(compiled, shape, memo.lookups, token, values, zone)
+                if looked_up is not None:
+                    return looked_up
             found = memo.results.get(key, token)
             if found is not None:
                 return Result(found[0], found[1], compiled.executed, memo=True)
     result = _run(prepared, compiled, values, duck, fetcher, zone)
     if key is not None and memo is not None:
+        if compiled.lookup is not None and memo.lookups is not None and memo.handle:
+            memo.lookups.ran(compiled.lookup, token, duck,
+                             dict(zip(compiled.statement.names, values, strict=True)),
+                             memo.handle)  # fmt: skip
         memo.results.put(key, token, result.description, result.rows)
         return result._replace(memo=False)
     return result
+
+
+def _looked_up(
+    compiled: Compiled, shape: LookupShape, lookups: LookupIndexes, token: tuple[int, ...],
+    values: list[t.Any], zone: Zone,
+) -> Result | None:  # fmt: skip
+    """The answer of a lookup index, when it has one and DuckDB's answer to these parameter
+    types was converted before (the conversion is made from DuckDB's result columns)."""
+    result_shape = compiled.results.get((zone, *map(type, values)))
+    if result_shape is None:
+        return None
+    rows = lookups.rows(shape, token, dict(zip(compiled.statement.names, values, strict=True)))
+    if rows is None:
+        return None
+    description, convert = result_shape
+    return Result(description, convert(rows), compiled.executed, memo=True)
 
 
 def _check_parameters(statement: LocalStatement, values: list[t.Any]) -> None:

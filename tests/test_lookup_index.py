@@ -1,0 +1,151 @@
+"""Point lookups answered from a lookup index (`cache.execution.lookup`): the same answers as
+PostgreSQL's, in values and types, for integer and text keys, keys with several rows, NULL and
+parameters of other types; an index stale after its view changes is never used, and is built
+again; a view too large to index on the statement's thread is indexed in the background."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+import cache
+from cache.execution.lookup import LookupIndexes, lookup_shape
+from tests.answers import assert_same_answer
+
+BOUND = " CURRENCY BOUND 10 MIN"
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT a, b FROM v AS t WHERE k = $p0",
+    "SELECT * FROM v WHERE k = $p0 AND j = $p1",
+    "SELECT t.a AS x, t.* FROM v AS t WHERE $p0 = t.k",
+])  # fmt: skip
+def test_point_lookups_are_recognized(sql: str) -> None:
+    shape = lookup_shape(sql)
+    assert shape is not None
+    assert shape.params == tuple(f"p{i}" for i in range(sql.count("$")))
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT a + 1 FROM v WHERE k = $p0",  # an expression could fail on rows never looked up
+    "SELECT a FROM v WHERE k = $p0 ORDER BY a",
+    "SELECT a FROM v WHERE k = $p0 LIMIT 1",
+    "SELECT DISTINCT a FROM v WHERE k = $p0",
+    "SELECT a FROM v JOIN w ON v.a = w.a WHERE k = $p0",
+    "SELECT a FROM v WHERE k = $p0 OR j = $p1",
+    "SELECT a FROM v WHERE k = 3",
+    "SELECT a FROM v WHERE k > $p0",
+    "SELECT a FROM v WHERE k = $p0 AND j = $p0",
+    "SELECT count(*) FROM v WHERE k = $p0",
+    "SELECT a FROM v WHERE k = $p0 GROUP BY a",
+    "SELECT a FROM (SELECT * FROM v) AS s WHERE k = $p0",
+    "SELECT a FROM v",
+])  # fmt: skip
+def test_other_statements_are_not_lookups(sql: str) -> None:
+    assert lookup_shape(sql) is None
+
+
+@pytest.fixture(scope="module")
+def backend(backend_dsn: str) -> str:
+    with psycopg.connect(backend_dsn, autocommit=True) as setup:
+        setup.execute("DROP TABLE IF EXISTS people, readings")
+        setup.execute("CREATE TABLE people (id integer PRIMARY KEY, name text, team text, "
+                      "score numeric(6,2), born date, big bigint)")  # fmt: skip
+        setup.execute("INSERT INTO people SELECT g, 'p' || g, CASE WHEN g % 7 = 0 THEN NULL "
+                      "ELSE 't' || (g % 5) END, g * 1.25, date '2000-01-01' + g, g * 10000000000 "
+                      "FROM generate_series(1, 200) g")  # fmt: skip
+        setup.execute("CREATE TABLE readings (id integer PRIMARY KEY, v double precision)")
+        setup.execute("INSERT INTO readings SELECT g, g / 3.0 FROM generate_series(1, 60000) g")
+    return backend_dsn
+
+
+@pytest.fixture
+def conn(backend: str, tmp_path: Path) -> Iterator[cache.Connection]:
+    with cache.connect(backend=backend, cache_path=tmp_path / "c.duckdb",
+                       admit_on_miss=False) as conn:  # fmt: skip
+        conn.admin.apply_ddl("CREATE CACHED VIEW peoplecopy AS SELECT * FROM people;"
+                             "CREATE CACHED VIEW readingscopy AS SELECT * FROM readings")
+        conn.admin.refresh()
+        yield conn
+
+
+def lookups(conn: cache.Connection) -> LookupIndexes:
+    memo = conn.engine.memo
+    assert memo is not None and memo.lookups is not None
+    return memo.lookups
+
+
+QUERIES = [
+    ("SELECT p.name, p.score, p.born FROM people p WHERE p.id = %s", lambda r: r.randint(-2, 205)),
+    ("SELECT id, name, team, born FROM people WHERE team = %s",
+     lambda r: r.choice(["t0", "t1", "t4", "t9", ""])),
+    ("SELECT id, team FROM people WHERE big = %s", lambda r: r.randint(0, 210) * 10000000000),
+]
+
+
+def test_lookups_answer_as_postgresql(conn: cache.Connection, backend: str) -> None:
+    draw = random.Random(27)
+    index = lookups(conn)
+    for sql, key in QUERIES:
+        before = index.answered
+        for _ in range(40):
+            answer = assert_same_answer(conn, backend, sql + BOUND, sql, (key(draw),))
+            assert answer.route == "local", (sql, answer.reason)
+        assert index.answered > before + 30, sql  # after a few runs, the index answers
+    two = "SELECT id, name FROM people WHERE team = %s AND id = %s"
+    for values in [("t1", 11), ("t1", 12), (None, 14), ("t2", None), ("t0", 14)] * 2:
+        assert_same_answer(conn, backend, two + BOUND, two, values)
+    # parameters of other types than the key's: the index does not answer them, DuckDB does
+    sql = QUERIES[0][0]
+    for value in (3.0, 3.5, decimal.Decimal("4"), "5"):
+        before = index.answered
+        assert_same_answer(conn, backend, sql + BOUND, sql, (value,))
+        assert index.answered == before, value
+    for _ in range(2):  # NULL matches no key
+        assert_same_answer(conn, backend, sql + BOUND, sql, (None,))
+    date_key = "SELECT id FROM people WHERE born = %s"  # a date key: never indexed
+    for _ in range(6):
+        assert_same_answer(conn, backend, date_key + BOUND, date_key, (dt.date(2000, 1, 9),))
+
+
+def test_a_changed_view_is_never_answered_from_its_old_index(
+    conn: cache.Connection, backend: str
+) -> None:  # fmt: skip
+    sql = QUERIES[0][0]
+    index = lookups(conn)
+    for key in range(1, 10):
+        assert_same_answer(conn, backend, sql + BOUND, sql, (key,))
+    answered = index.answered
+    assert answered > 0
+    with psycopg.connect(backend, autocommit=True) as other:
+        other.execute("UPDATE people SET name = 'changed' WHERE id = 3")
+        other.execute("DELETE FROM people WHERE id = 4")
+    conn.admin.refresh("peoplecopy")
+    for key in (3, 4, 5, 6, 7, 8, 3, 4):
+        assert_same_answer(conn, backend, sql + BOUND, sql, (key,))
+    assert conn.execute(sql + BOUND, (3,)).fetchall()[0][0] == "changed"
+    assert index.answered > answered  # built again on the changed view, and answering
+    with psycopg.connect(backend, autocommit=True) as other:
+        other.execute("UPDATE people SET name = 'p3' WHERE id = 3")
+        other.execute("INSERT INTO people SELECT 4, 'p4', 't4', 5.00, date '2000-01-05', "
+                      "40000000000")  # fmt: skip
+
+
+def test_a_large_view_is_indexed_in_the_background(conn: cache.Connection, backend: str) -> None:
+    sql = "SELECT r.v FROM readings r WHERE r.id = %s"
+    index = lookups(conn)
+    for key in range(1, 6):
+        assert_same_answer(conn, backend, sql + BOUND, sql, (key,))
+    index.wait()
+    before = index.answered
+    draw = random.Random(3)
+    for _ in range(50):
+        assert_same_answer(conn, backend, sql + BOUND, sql, (draw.randint(0, 60001),))
+    assert index.answered == before + 50
+    assert any(entry["keys"] == 60000 for entry in index.summary())
