@@ -12,8 +12,10 @@ run on every execution; the index only replaces DuckDB's run of the statement th
 Only shapes whose answer is exactly the index's rows are indexed: one cached view, no joins,
 grouping, ordering, limits or DISTINCT, a select list of its columns as stored (no
 expressions: a computed column could fail for rows a lookup never touches), keys compared
-with parameters by ``=``, keys of integer or text columns, and parameters of exactly those
-types (anything else - a float for an integer key, a NULL - is DuckDB's to answer, or none).
+with parameters by ``=``, keys of integer or text columns (no value with a time zone among
+the columns: a background handle's zone could differ from the session's), and parameters of
+exactly those types (anything else, a float for an integer key, is DuckDB's to answer; a NULL
+matches no key).
 Indexes are built after a shape's `USES_BEFORE_BUILD`-th run, on the statement's thread when
 the view is small (`SYNC_ROWS`), else by a background thread, and then not built again sooner
 than `REBUILD_SPACING` times its last build's length (a large view the stream changes every
@@ -234,21 +236,23 @@ class LookupIndexes:
         count = _count(duck, shape)
         relation = duck.sql(shape.build_sql)
         width = len(shape.params)
-        types = tuple(_KEY_TYPES.get(str(k)) for k in relation.types[:width])
-        if any(k is None for k in types):
+        kinds = [str(k) for k in relation.types]
+        types = tuple(_KEY_TYPES.get(k) for k in kinds[:width])
+        if any(k is None for k in types) or any("TIME ZONE" in k for k in kinds):
             with self._lock:
                 self._refused[shape] = token
             return
-        size = count * (_ENTRY_BYTES + _VALUE_BYTES * (len(relation.types) - width))
+        size = count * (_ENTRY_BYTES + _VALUE_BYTES * (len(kinds) - width))
         if size > self.max_bytes // 2:
             with self._lock:
                 self._refused[shape] = token
             return
-        table = relation.to_arrow_table()
-        columns = [c.to_pylist() for c in table.columns]
-        keys: Sequence[Hashable] = columns[0] if width == 1 else \
-            list(zip(*columns[:width], strict=True))  # fmt: skip
-        rows = list(zip(*columns[width:], strict=True))
+        # DuckDB's own Python values, as its answer to the statement has them
+        read = duck.execute(shape.build_sql).fetchall()
+        keys: Sequence[Hashable] = [r[0] for r in read] if width == 1 else \
+            [r[:width] for r in read]  # fmt: skip
+        rows = [r[width:] for r in read]
+        del read
         index: dict[Hashable, t.Any] = dict(zip(keys, rows, strict=True))
         if len(index) != len(rows):  # a key with several rows: each key's in scan order
             index = {}
