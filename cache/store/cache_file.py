@@ -78,7 +78,8 @@ _METADATA = [
         view VARCHAR, predicate VARCHAR)""",
 ]
 
-# memo_hits / memo_misses: local answers reused from / kept in the result memo
+# memo_hits / memo_misses: local answers reused from memory (the result memo or a lookup
+# index) / kept in the result memo
 COUNTERS = ("hits", "presence_misses", "currency_misses", "remote", "memo_hits", "memo_misses")
 
 
