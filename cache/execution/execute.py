@@ -21,10 +21,11 @@ import psycopg
 import pyarrow as pa
 
 from cache.execution.convert import LocalUnfit, Row, converter
-from cache.execution.lookup import LookupIndexes, LookupShape, Store, lookup_shape
+from cache.execution.lookup import LookupIndexes, LookupShape, lookup_shape
 from cache.execution.memo import ResultMemo
 from cache.execution.planning import Prepared
 from cache.execution.provenance import Executed
+from cache.store.cache_file import CacheStore
 from optimizer.allowlist import ZONE_PARAMETER, reads_alike
 from optimizer.evaluate_guards import Decision
 from optimizer.local_statement import local_statement
@@ -105,7 +106,7 @@ class Memo(t.NamedTuple):
     results: ResultMemo
     change_token: Callable[[Sequence[str]], tuple[int, ...]]
     lookups: LookupIndexes | None = None
-    handle: Callable[[], Store] | None = None  # a DuckDB handle for building a lookup index
+    handle: Callable[[], CacheStore] | None = None  # a DuckDB handle for building an index
 
 
 def compiled_for(prepared: Prepared, decision: Decision) -> Compiled:
@@ -122,8 +123,8 @@ def compiled_for(prepared: Prepared, decision: Decision) -> Compiled:
         analysis = prepared.plan.analysis
         memo_key = (analysis.query.shape, statement.sql) if analysis.repeatable and not \
             statement.leaves else None  # fmt: skip
-        lookup = lookup_shape(statement.sql) if memo_key is not None and not statement.lists \
-            and not statement.zone else None  # fmt: skip
+        lookup = lookup_shape(statement.sql, statement.names) if memo_key is not None \
+            and not statement.lists and not statement.zone else None  # fmt: skip
         compiled = Compiled(statement, Executed(duckdb_sql=statement.sql, leaves=leaves), views,
                             memo_key, lookup)  # fmt: skip
         prepared.compiled[signature] = compiled
@@ -157,7 +158,16 @@ def run_local(
     if statement.typed_parameters:
         _check_parameters(statement, values)
     key: t.Hashable = None
+    shape: LookupShape | None = None
+    lookups: LookupIndexes | None = None
     if memo is not None and compiled.memo_key is not None:
+        # taken before DuckDB reads: a change committed meanwhile makes the answers stale
+        token = memo.change_token(compiled.views)
+        shape, lookups = compiled.lookup, memo.lookups
+        if shape is not None and lookups is not None:
+            looked_up = _looked_up(compiled, shape, lookups, token, values, zone)
+            if looked_up is not None:
+                return looked_up
         # typed: 1, 1.0 and True are equal keys in Python, not equal parameters in DuckDB
         key = (*compiled.memo_key, zone, *((type(v), v) for v in values))
         try:
@@ -165,22 +175,15 @@ def run_local(
         except TypeError:  # a list or dict parameter: not kept
             key = None
         else:
-            # taken before DuckDB reads: a change committed meanwhile makes the entry stale
-            token = memo.change_token(compiled.views)
-            shape = compiled.lookup
-            if shape is not None and memo.lookups is not None:
-                looked_up = _looked_up(compiled, shape, memo.lookups, token, values, zone)
-                if looked_up is not None:
-                    return looked_up
             found = memo.results.get(key, token)
             if found is not None:
                 return Result(found[0], found[1], compiled.executed, memo=True)
     result = _run(prepared, compiled, values, duck, fetcher, zone)
-    if key is not None and memo is not None:
-        if compiled.lookup is not None and memo.lookups is not None and memo.handle:
-            memo.lookups.ran(compiled.lookup, token, duck,
-                             dict(zip(compiled.statement.names, values, strict=True)),
-                             memo.handle)  # fmt: skip
+    if memo is None:
+        return result
+    if shape is not None and lookups is not None and memo.handle is not None:
+        lookups.ran(shape, token, duck, values, memo.handle)
+    if key is not None:
         memo.results.put(key, token, result.description, result.rows)
         return result._replace(memo=False)
     return result
@@ -195,7 +198,7 @@ def _looked_up(
     result_shape = compiled.results.get((zone, *map(type, values)))
     if result_shape is None:
         return None
-    rows = lookups.rows(shape, token, dict(zip(compiled.statement.names, values, strict=True)))
+    rows = lookups.rows(shape, token, values)
     if rows is None:
         return None
     description, convert = result_shape

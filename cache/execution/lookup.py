@@ -40,6 +40,8 @@ import duckdb
 import sqlglot
 from sqlglot import exp
 
+from cache.store.cache_file import CacheStore
+
 log = logging.getLogger(__name__)
 
 DEFAULT_BYTES = 512 << 20  # per process and cache file
@@ -58,28 +60,20 @@ _KEY_TYPES: dict[str, type] = {
 Row = tuple[t.Any, ...]
 
 
-class Store(t.Protocol):
-    """A DuckDB handle of the cache file (`cache.store.cache_file.CacheStore`)."""
-
-    con: duckdb.DuckDBPyConnection
-
-    def close(self) -> None: ...
-
-_MANY = object()  # marks a key whose rows are a list (keys are unique in most views)
-
-
 @dataclass(frozen=True)
 class LookupShape:
-    """A statement answered by a lookup: its parameters (DuckDB names, in key order) and the
-    DuckDB statement reading every row's keys and output columns."""
+    """A statement answered by a lookup: where each key's value is among the statement's
+    parameter values (in key order), and the DuckDB statements counting and reading every
+    row's keys and output columns."""
 
-    params: tuple[str, ...]
+    params: tuple[int, ...]
     build_sql: str
     count_sql: str
 
 
-def lookup_shape(sql: str) -> LookupShape | None:
-    """The lookup a DuckDB statement is, or None when it is not one (see the module)."""
+def lookup_shape(sql: str, names: Sequence[str]) -> LookupShape | None:
+    """The lookup a DuckDB statement is, or None when it is not one (see the module);
+    ``names``: its parameters' names, in the order their values are given."""
     try:
         tree = sqlglot.parse_one(sql, read="duckdb")
     except sqlglot.errors.SqlglotError:
@@ -103,7 +97,7 @@ def lookup_shape(sql: str) -> LookupShape | None:
     if where is None:
         return None
     keys: list[exp.Column] = []
-    params: list[str] = []
+    params: list[int] = []
     for term in where.this.flatten() if isinstance(where.this, exp.And) else [where.this]:
         if not isinstance(term, exp.EQ):
             return None
@@ -111,10 +105,11 @@ def lookup_shape(sql: str) -> LookupShape | None:
         if isinstance(left, exp.Placeholder):
             left, right = right, left
         if not isinstance(left, exp.Column) or not isinstance(right, exp.Placeholder) or \
-                not isinstance(left.this, exp.Identifier):  # fmt: skip
+                not isinstance(left.this, exp.Identifier) or \
+                str(right.this) not in names:  # fmt: skip
             return None
         keys.append(left)
-        params.append(str(right.this))
+        params.append(names.index(str(right.this)))
     if len(set(params)) != len(params) or len({k.sql("duckdb") for k in keys}) != len(keys):
         return None
     present = exp.and_(*(exp.Not(this=exp.Is(this=k.copy(), expression=exp.Null()))
@@ -143,10 +138,12 @@ class LookupIndexes:
         self.max_bytes = max_bytes
         self.used = 0
         self.answered = 0  # lookups answered (a statistic: threads may miss an increment)
+        self.built = 0  # indexes built
         self.engines = 0  # the engines using them (`lookups_for`, `release`)
         self._indexes: OrderedDict[LookupShape, _Index] = OrderedDict()
         self._uses: dict[LookupShape, int] = {}
-        self._refused: dict[LookupShape, tuple[int, ...]] = {}  # too big at that token
+        # not indexed at that token (too big, unsupported types, a failed build)
+        self._refused: dict[LookupShape, tuple[int, ...]] = {}
         self._building: set[LookupShape] = set()
         self._not_before: dict[LookupShape, float] = {}  # monotonic time of its next build
         self._lock = threading.Lock()
@@ -154,27 +151,27 @@ class LookupIndexes:
         self._closed = False
 
     def rows(self, shape: LookupShape, token: tuple[int, ...],
-             named: dict[str, t.Any]) -> list[Row] | None:  # fmt: skip
-        """The rows the statement would return for these parameters, if its index is built
-        at ``token`` and the parameters have the keys' types; else None."""
+             values: Sequence[t.Any]) -> list[Row] | None:  # fmt: skip
+        """The rows the statement would return for these parameter values, if its index is
+        built at ``token`` and the values have the keys' types; else None."""
         index = self._indexes.get(shape)
         if index is None or index.token != token:
             return None
         params = shape.params
         if len(params) == 1:
-            value = named[params[0]]
+            value = values[params[0]]
             if value is None:
                 return []
             if type(value) is not index.types[0]:
                 return None
             found = index.rows.get(value)
         else:
-            values = tuple(named[p] for p in params)
-            if None in values:
+            key = tuple(values[p] for p in params)
+            if None in key:
                 return []
-            if any(type(v) is not k for v, k in zip(values, index.types, strict=True)):
+            if any(type(v) is not k for v, k in zip(key, index.types, strict=True)):
                 return None
-            found = index.rows.get(values)
+            found = index.rows.get(key)
         self.answered += 1
         if found is None:
             return []
@@ -183,72 +180,74 @@ class LookupIndexes:
         return [found]
 
     def ran(self, shape: LookupShape, token: tuple[int, ...], duck: duckdb.DuckDBPyConnection,
-            named: dict[str, t.Any], handle: Callable[[], Store]) -> None:  # fmt: skip
-        """DuckDB ran the shape on ``duck`` (its index missing or stale): build the index once
-        it has run often enough, here or on a handle of its own (``handle()``, closed after).
-        """
+            values: Sequence[t.Any], handle: Callable[[], CacheStore]) -> None:  # fmt: skip
+        """DuckDB ran the shape on ``duck`` with these parameter values: build its index,
+        missing or stale, once it has run often enough, here or on a handle of its own
+        (``handle()``, closed after)."""
         with self._lock:
+            index = self._indexes.get(shape)
             if self._closed or shape in self._building or self._refused.get(shape) == token \
+                    or (index is not None and index.token == token) \
                     or time.monotonic() < self._not_before.get(shape, 0.0):  # fmt: skip
-                return
+                return  # (a current index did not take these values' types)
             uses = self._uses[shape] = self._uses.get(shape, 0) + 1
             if uses < USES_BEFORE_BUILD:
                 return
-            if not all(type(named[p]) in (int, str) for p in shape.params):
+            if not all(type(values[p]) in (int, str) for p in shape.params):
                 return  # these parameters could not be looked up anyway
             self._uses[shape] = 0
             self._building.add(shape)
         apart = False
         try:
-            if _count(duck, shape) > SYNC_ROWS:
+            count = _count(duck, shape)
+            if count > SYNC_ROWS:
                 with self._lock:
                     if self._pool is None:
                         self._pool = concurrent.futures.ThreadPoolExecutor(
                             1, thread_name_prefix="mtcache-lookup")  # fmt: skip
-                    self._pool.submit(self._build_apart, shape, token, handle())
+                    self._pool.submit(self._build_apart, shape, token, count, handle())
                 apart = True
             else:
-                self._build(shape, token, duck)
+                self._build(shape, token, count, duck)
         except Exception:  # the statement was answered: only its index is not made
             log.exception("building a lookup index failed (lookups stay with DuckDB)")
-            with self._lock:
-                self._refused[shape] = token
+            self._refuse(shape, token)
         finally:
             if not apart:
                 with self._lock:
                     self._building.discard(shape)
 
-    def _build_apart(self, shape: LookupShape, token: tuple[int, ...], store: Store) -> None:
+    def _build_apart(self, shape: LookupShape, token: tuple[int, ...], count: int,
+                     store: CacheStore) -> None:  # fmt: skip
         try:
             with contextlib.closing(store):
-                self._build(shape, token, store.con, apart=True)
+                self._build(shape, token, count, store.con, apart=True)
         except Exception:
             log.exception("building a lookup index failed (lookups stay with DuckDB)")
-            with self._lock:
-                self._refused[shape] = token
+            self._refuse(shape, token)
         finally:
             with self._lock:
                 self._building.discard(shape)
 
-    def _build(self, shape: LookupShape, token: tuple[int, ...],
+    def _refuse(self, shape: LookupShape, token: tuple[int, ...]) -> None:
+        """Not indexed while its views stay at ``token``."""
+        with self._lock:
+            self._refused[shape] = token
+
+    def _build(self, shape: LookupShape, token: tuple[int, ...], count: int,
                duck: duckdb.DuckDBPyConnection, apart: bool = False) -> None:  # fmt: skip
         started = time.monotonic()
-        count = _count(duck, shape)
         relation = duck.sql(shape.build_sql)
         width = len(shape.params)
         kinds = [str(k) for k in relation.types]
         types = tuple(_KEY_TYPES.get(k) for k in kinds[:width])
-        if any(k is None for k in types) or any("TIME ZONE" in k for k in kinds):
-            with self._lock:
-                self._refused[shape] = token
-            return
         size = count * (_ENTRY_BYTES + _VALUE_BYTES * (len(kinds) - width))
-        if size > self.max_bytes // 2:
-            with self._lock:
-                self._refused[shape] = token
+        if any(k is None for k in types) or any("TIME ZONE" in k for k in kinds) \
+                or size > self.max_bytes // 2:  # fmt: skip
+            self._refuse(shape, token)
             return
         # DuckDB's own Python values, as its answer to the statement has them
-        read = duck.execute(shape.build_sql).fetchall()
+        read = relation.fetchall()
         keys: Sequence[Hashable] = [r[0] for r in read] if width == 1 else \
             [r[:width] for r in read]  # fmt: skip
         rows = [r[width:] for r in read]
@@ -276,6 +275,7 @@ class LookupIndexes:
                 self.used -= old.size
             self._indexes[shape] = built
             self.used += size
+            self.built += 1
             while self.used > self.max_bytes and self._indexes:
                 _, dropped = self._indexes.popitem(last=False)
                 self.used -= dropped.size
