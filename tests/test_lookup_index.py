@@ -15,7 +15,11 @@ import psycopg
 import pytest
 
 import cache
+from cache.engine.result import Result
+from cache.engine.route import CachedRead
+from cache.engine.session import Session
 from cache.execution.lookup import LookupIndexes, lookup_shape
+from cache.store.cache_file import WouldWait
 from tests.answers import assert_same_answer
 
 BOUND = " CURRENCY BOUND 10 MIN"
@@ -162,3 +166,44 @@ def test_a_large_view_is_indexed_in_the_background(conn: cache.Connection, backe
         assert_same_answer(conn, backend, sql + BOUND, sql, (draw.randint(0, 60001),))
     assert index.answered == before + 50
     assert any(entry["keys"] == 60000 for entry in index.summary())
+
+
+def test_an_answer_at_hand_never_waits_and_is_counted_once(
+    conn: cache.Connection, backend: str
+) -> None:  # fmt: skip
+    """What the server's event loop asks (`Session.read_locally` with ``wait=False``): until
+    the plan is made and the index built, `WouldWait` with nothing counted; then the same
+    answer as waiting gives, each counted once; after a refresh, `WouldWait` again until the
+    index is built again."""
+    session = conn.session
+    assert isinstance(session, Session)
+    sql = QUERIES[0][0]
+    routed = session.route(sql + BOUND, with_params=True)
+    assert isinstance(routed, CachedRead)
+
+    def at_hand(key: int) -> Result:
+        return session.read_locally(routed.query, [key], wait=False)
+
+    def counted() -> tuple[int, int, int]:
+        memo = conn.engine.memo
+        assert memo is not None
+        return session.counters["hits"], session.counters["memo_hits"], memo.results.misses
+
+    for _ in range(2):
+        before = counted()
+        with pytest.raises(WouldWait):
+            at_hand(5)
+        assert counted() == before
+        for key in range(1, 6):  # DuckDB answers, then the index is built
+            assert_same_answer(conn, backend, sql + BOUND, sql, (key,))
+        before = counted()
+        for key in (3, 7, 250):
+            found = at_hand(key)
+            waited = session.read_locally(routed.query, [key])
+            assert waited is not None and found.rows == waited.rows
+            assert found.description == waited.description
+        hits, memo_hits, misses = counted()
+        assert (hits - before[0], memo_hits - before[1], misses) == (6, 6, before[2])
+        with psycopg.connect(backend, autocommit=True) as other:
+            other.execute("UPDATE people SET name = name WHERE id = 1")
+        conn.admin.refresh("peoplecopy")

@@ -2,8 +2,9 @@
 connection, as with psycopg: their calls are serialized by the connection's lock). Whatever
 goes wrong below it leaves as an error of the PEP 249 tree (`sql_ext.errors`). Errors of the
 tree pass unchanged; text that is not valid UTF-8 is a `DataError`; DuckDB's and psycopg's
-errors are translated (a damaged cache file says so and what to do); anything else is a bug,
-raised as an `InternalError` that names it (its traceback stays on ``__cause__``)."""
+errors are translated (a damaged cache file says so and what to do); `WouldWait` reaches the
+caller that asked not to wait; anything else is a bug, raised as an `InternalError` that names
+it (its traceback stays on ``__cause__``)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from pathlib import Path
 import duckdb
 import psycopg
 
-from cache.store.cache_file import damaged
+from cache.store.cache_file import WouldWait, damaged
 from sql_ext.errors import (
     DataError,
     Error,
@@ -45,7 +46,7 @@ def public(
             try:
                 with held if held is not None else contextlib.nullcontext():
                     return method(self, *args, **kwargs)
-            except Error:
+            except (Error, WouldWait):  # (a call without waiting is asked again: no error)
                 raise
             except TypeError as exc:
                 misfit = _misfit(method, self, args, kwargs)

@@ -48,7 +48,7 @@ from cache.execution.memo import memo_for
 from cache.execution.planning import PlanCache
 from cache.maintenance.background import Background, attach, detach
 from cache.maintenance.stream import DEFAULT_LAG_LIMIT
-from cache.store.cache_file import COUNTERS, CacheStore
+from cache.store.cache_file import COUNTERS, CacheStore, WouldWait
 from cache.store.region_state import read_region_state
 from control_tables.regions import RegionState
 from heartbeat.clock import CLOCK_MAX_AGE, BackendClock, measure
@@ -174,10 +174,13 @@ class Engine:
 
     # -- shared state the sessions read ----------------------------------------------------
 
-    def region_state(self) -> RegionState:
-        """The regions' state as of the file's current version (read again after a change)."""
+    def region_state(self, wait: bool = True) -> RegionState:
+        """The regions' state as of the file's current version (read again after a change;
+        ``wait=False``: `WouldWait` instead)."""
         state = self._regions
         if state is None or state.version != self.store.version:
+            if not wait:
+                raise WouldWait("the regions' state is read again")
             with self._regions_lock:  # sessions of several threads may find it changed at once
                 state = self._regions
                 if state is None or state.version != self.store.version:

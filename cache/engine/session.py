@@ -74,7 +74,7 @@ from cache.execution.execute import (
 from cache.execution.phases import Phases
 from cache.execution.planning import Planner, Prepared
 from cache.execution.provenance import Executed, Provenance
-from cache.store.cache_file import COUNTERS
+from cache.store.cache_file import COUNTERS, WouldWait
 from cache.store.region_state import read_region_state
 from control_tables.regions import RegionState
 from heartbeat.clock import BackendClock
@@ -266,6 +266,27 @@ class Session:
                 pass  # DuckDB cannot give PostgreSQL's answer: the backend does
         return prepared, None
 
+    def _answer_at_hand(self, query: Query, params: Params) -> Result:
+        """The answer of a plan made before, whose guards keep it all local, from the result
+        memo or a lookup index: no DuckDB statement, no backend, no lock another thread holds
+        (an event loop may ask). Anything else: `WouldWait`, with nothing counted or kept, so
+        that the caller asks again where it may wait."""
+        prepared = self.planner.prepare(query, params, self.currency_bound, wait=False)
+        if not prepared.plan.local:
+            raise WouldWait("the backend answers it")
+        seen = self.store.committed_version(wait=False)
+        decision = self._guard(prepared, params, wait=False)
+        if decision.remote or decision.local < len(decision.bindings or ()):
+            raise WouldWait("the backend answers (some of) it")
+        try:
+            result = self._run(prepared, decision, params, seen, wait=False)
+        except LocalUnfit as exc:
+            raise WouldWait("the backend answers it") from exc
+        if result is None:
+            raise WouldWait("the cache changed meanwhile")
+        self._counted(prepared, decision)
+        return self._noted(result, result.lineage)
+
     def _decide_and_run(self, prepared: Prepared, params: Params,
                         stale: bool = False) -> tuple[Decision, Result | None]:  # fmt: skip
         """Evaluate the guards and run what they keep local (whole or in part): the decision,
@@ -321,18 +342,36 @@ class Session:
         """Evaluate the plan's guards (on ``regions``, else the file's current region
         state); a decision about current data counts its misses and requests the admissions
         that would fill them."""
+        decision = self._guard(prepared, params, ignore_currency, regions)
+        self._counted(prepared, decision, ignore_currency)
+        return decision
+
+    def _guard(
+        self, prepared: Prepared, params: Params, ignore_currency: bool = False,
+        regions: RegionState | None = None, wait: bool = True,
+    ) -> Decision:  # fmt: skip
+        """The guards' decision (`decide`'s, not counted; ``wait=False``: `WouldWait` when
+        the regions' state or the clock must be read again)."""
         plan = prepared.plan
         state = self.state
         session = state.guard_session(self.planner.catalog.tables, ignore_currency)
         memo = self._decisions if regions is None and not ignore_currency else None
         if regions is None:
-            regions = self.engine.region_state()
-        decision = memo.get(plan, params, regions, session, state.now) if memo else None
+            regions = self.engine.region_state(wait)
+        now = state.now if wait else state.now_at_hand
+        decision = memo.get(plan, params, regions, session, now) if memo else None
         if decision is None:
             values = ParameterValues(plan.analysis.parameter_keys, params)
-            decision = evaluate_guards(plan, regions, values, session, state.now())
+            decision = evaluate_guards(plan, regions, values, session, now())
             if memo is not None:
                 memo.put(plan, params, regions, session, decision)
+        return decision
+
+    def _counted(self, prepared: Prepared, decision: Decision,
+                 ignore_currency: bool = False) -> None:  # fmt: skip
+        """A decision about current data counts its misses and requests the admissions that
+        would fill them; the engine's observer sees every decision."""
+        plan = prepared.plan
         if not ignore_currency:
             misses = decision.misses
             counters = self.counters
@@ -343,7 +382,6 @@ class Session:
         observer = self.engine.on_decision
         if observer is not None:
             observer(plan, decision)
-        return decision
 
     def run(self, prepared: Prepared, decision: Decision, params: Params = None) -> Result | None:
         """Run a local or mixed decision in DuckDB (None, and no result, if the cache file
@@ -352,21 +390,22 @@ class Session:
 
     def _run(
         self, prepared: Prepared, decision: Decision, params: Params, seen: int | None,
-        stale: bool = False,
+        stale: bool = False, wait: bool = True,
     ) -> Result | None:  # fmt: skip
         """Run a local or mixed decision; None if the cache file changed since version
         ``seen``, on which the guards decided (None: they decided inside the transaction this
-        runs in; the result memo, which holds the newest answers, is not used then)."""
+        runs in; the result memo, which holds the newest answers, is not used then).
+        ``wait=False``: an answer of the memo or a lookup index, else `WouldWait`."""
         store = self.store
         memo = self.engine.memo if seen is not None else None
         try:
             ran = run_local(prepared, decision, params, store.con, self._leaf_fetcher, memo,
-                            self._zone())  # fmt: skip
+                            self._zone(), wait)  # fmt: skip
         except psycopg.Error as exc:
             raise translate(exc, unreachable="a remote part of the query needs it") from exc
         except duckdb.Error as exc:
             raise translate(exc, "the local plan failed in DuckDB") from exc
-        if seen is not None and store.committed_version() != seen:
+        if seen is not None and store.committed_version(wait) != seen:
             return None
         described = prepared.result if ran.description is prepared.description else None
         bindings = decision.bindings or ()
@@ -551,13 +590,17 @@ class Session:
                                             store.control_table_names, bound, with_params)
 
     @_public
-    def read_locally(self, query: Query, params: Params = None) -> Result | None:
+    def read_locally(self, query: Query, params: Params = None,
+                     wait: bool = True) -> Result | None:  # fmt: skip
         """A query with currency clauses as far as the cache answers it: the result of a
         local or mixed plan (remote leaves fetched as ``execute`` fetches them), or None when
         the backend answers the whole statement: the caller sends ``query.backend_sql`` (the
         clauses cut out) on this session's backend connection, then calls
-        `answered_remotely`."""
+        `answered_remotely`. ``wait=False``: only an answer at hand (see `_answer_at_hand`),
+        else `WouldWait`."""
         self._check_open()
+        if not wait:
+            return self._answer_at_hand(query, params)
         try:
             result = self._local_answer(query, params)[1]
         except BackendUnavailableError as exc:

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 import psycopg
 from psycopg import pq
 
-from cache.store.cache_file import CacheStore
+from cache.store.cache_file import CacheStore, WouldWait
 from heartbeat.clock import CLOCK_MAX_AGE, DRIFT, BackendClock, measure
 from optimizer.evaluate_guards import Session
 from sql_ext.errors import BackendUnavailableError, ProgrammingError
@@ -40,16 +40,23 @@ class SessionState:
 
     # -- the backend clock ---------------------------------------------------------------------
 
-    def now(self) -> dt.datetime:
+    def now(self, wait: bool = True) -> dt.datetime:
         """The backend's clock (erring late): the heartbeat's estimate when this process runs
-        one and it is newer, else re-measured every CLOCK_MAX_AGE seconds."""
+        one and it is newer, else re-measured every CLOCK_MAX_AGE seconds (``wait=False``:
+        `WouldWait` when it is time to measure)."""
         local = dt.datetime.now(dt.UTC)
         beat = self._heartbeat_clock()
         if beat is not None and beat.measured_at > self.clock.measured_at:
             self._use_clock(beat, save=False)
         if local > self._remeasure_at:
+            if not wait:
+                raise WouldWait("the backend's clock is measured again")
             self._use_clock(*self._measure_or_last(self.clock))
         return local + self._offset
+
+    def now_at_hand(self) -> dt.datetime:
+        """`now` without waiting."""
+        return self.now(wait=False)
 
     def _measure_or_last(self, last: BackendClock | None = None) -> tuple[BackendClock, float]:
         """A measurement on the backend session; while the backend is unreachable, the last

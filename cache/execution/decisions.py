@@ -3,7 +3,8 @@
 `optimizer.evaluate_guards` is pure: its decision depends on the plan, the parameter values,
 the region state, the session and the time. The region state and the session are values the
 connection keeps until the cache file or the session changes (then they are new objects), so
-for one (plan, parameters) on the same state and session only time moves, and a decision moves
+for one (plan, parameters) on the same state and session only time moves (and parameters
+the guards do not read - no presence guard looks them up - do not count), and a decision moves
 with time in one direction only: data gets older. A guard that failed (a key not present, a
 region too old, regions of different snapshots) keeps failing until the state or the session
 changes; one that held keeps holding until the oldest region it read outlives its class's
@@ -20,7 +21,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
 
 from control_tables.regions import RegionState
-from optimizer.evaluate_guards import Decision, Session
+from optimizer.evaluate_guards import Decision, Session, reads_parameters
 from optimizer.plan import Plan
 
 SIZE = 256  # decisions kept per connection (least recently used go first)
@@ -98,8 +99,9 @@ def expiry(decision: Decision) -> dt.datetime | None:
 
 def _key(plan: Plan, parameters: t.Any) -> Hashable | None:
     """The plan and the typed parameter values (1, 1.0 and True are equal keys in Python, not
-    equal values); None when a value is unhashable (a list, a dict)."""
-    if parameters is None:
+    equal values) when its guards read them; None when a value is unhashable (a list, a
+    dict)."""
+    if parameters is None or not reads_parameters(plan):
         values: tuple[t.Any, ...] = ()
     elif isinstance(parameters, Mapping):
         values = tuple(sorted((k, type(v), v) for k, v in parameters.items()))

@@ -25,7 +25,7 @@ from cache.execution.lookup import LookupIndexes, LookupShape, lookup_shape
 from cache.execution.memo import ResultMemo
 from cache.execution.planning import Prepared
 from cache.execution.provenance import Executed
-from cache.store.cache_file import CacheStore
+from cache.store.cache_file import CacheStore, WouldWait
 from optimizer.allowlist import ZONE_PARAMETER, reads_alike
 from optimizer.evaluate_guards import Decision
 from optimizer.local_statement import local_statement
@@ -104,7 +104,7 @@ class Memo(t.NamedTuple):
     how to tell whether the views an answer read changed since (`CacheStore.change_token`)."""
 
     results: ResultMemo
-    change_token: Callable[[Sequence[str]], tuple[int, ...]]
+    change_token: Callable[..., tuple[int, ...]]  # (views, wait)
     lookups: LookupIndexes | None = None
     handle: Callable[[], CacheStore] | None = None  # a DuckDB handle for building an index
 
@@ -145,13 +145,15 @@ def run_local(
     fetcher: Callable[[], Fetch] | None = None,
     memo: Memo | None = None,
     zone: Zone = UTC,
+    wait: bool = True,
 ) -> Result:
     """Run a local or mixed decision: fetch its leaves (all at once, so they may come in
     parallel, through the fetch ``fetcher`` gives), register them, run the statement. An
     all-local answer is taken from ``memo`` when the views it read are unchanged, and kept
     there otherwise, or from a lookup index of the memo's when the statement is a point
     lookup (`cache.execution.lookup`). ``zone``: the session's time zone as psycopg gives it
-    (timestamps with time zone are given in it)."""
+    (timestamps with time zone are given in it). ``wait=False``: only an answer the memo or
+    an index has, else `WouldWait` (before anything is run or kept)."""
     compiled = compiled_for(prepared, decision)
     statement = compiled.statement
     values = values_for(statement.keys, params) if statement.keys else []
@@ -160,9 +162,12 @@ def run_local(
     key: t.Hashable = None
     shape: LookupShape | None = None
     lookups: LookupIndexes | None = None
-    if memo is not None and compiled.memo_key is not None:
+    if memo is None or compiled.memo_key is None:
+        if not wait:
+            raise WouldWait("the answer is made by DuckDB")
+    else:
         # taken before DuckDB reads: a change committed meanwhile makes the answers stale
-        token = memo.change_token(compiled.views)
+        token = memo.change_token(compiled.views, wait)
         shape, lookups = compiled.lookup, memo.lookups
         if shape is not None and lookups is not None:
             looked_up = _looked_up(compiled, shape, lookups, token, values, zone)
@@ -175,9 +180,11 @@ def run_local(
         except TypeError:  # a list or dict parameter: not kept
             key = None
         else:
-            found = memo.results.get(key, token)
+            found = memo.results.get(key, token, count_miss=wait)
             if found is not None:
                 return Result(found[0], found[1], compiled.executed, memo=True)
+        if not wait:
+            raise WouldWait("the answer is made by DuckDB")
     result = _run(prepared, compiled, values, duck, fetcher, zone)
     if memo is None:
         return result

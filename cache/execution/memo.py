@@ -36,12 +36,14 @@ class ResultMemo:
         )
         self._lock = threading.Lock()
 
-    def get(self, key: Hashable, token: tuple[int, ...]) -> tuple[t.Any, list[t.Any]] | None:
-        """The description and rows kept under ``key`` at ``token``, or None."""
+    def get(self, key: Hashable, token: tuple[int, ...],
+            count_miss: bool = True) -> tuple[t.Any, list[t.Any]] | None:  # fmt: skip
+        """The description and rows kept under ``key`` at ``token``, or None (counted as a
+        miss unless the caller asks again where it may wait)."""
         with self._lock:
             entry = self._entries.get(key)
             if entry is None or entry[0] != token:
-                self.misses += 1
+                self.misses += count_miss
                 return None
             self._entries.move_to_end(key)
             self.hits += 1

@@ -26,7 +26,7 @@ from cache.backend.estimates import backend_estimates
 from cache.backend.reflect import fetch_catalog
 from cache.execution.convert import converter, duckdb_result_types
 from cache.execution.provenance import Executed
-from cache.store.cache_file import CacheStore
+from cache.store.cache_file import CacheStore, WouldWait
 from cache.store.refresh_times import measured_delays
 from optimizer.analyze import Analysis, analyze
 from optimizer.estimate_cost import DEFAULT_DELAY
@@ -189,13 +189,15 @@ class Planner:
                 and catalog.table(source.table, source.schema) is None
                 and catalog.view(source.table, source.schema) is None}  # fmt: skip
 
-    def delays(self) -> tuple[tuple[str, float], ...]:
+    def delays(self, wait: bool = True) -> tuple[tuple[str, float], ...]:
         """The views' measured refresh delays d (§4.6), rounded up to a hundredth of a second
         so that a plan is made again only when one moves by that much (and a bound at most
         that much above d is planned remote by §4.4's rule); read again after every change of
-        the cache file."""
+        the cache file (``wait=False``: `WouldWait` instead)."""
         version = self.store.version
         if self._delays[0] != version:
+            if not wait:
+                raise WouldWait("the views' delays are read again")
             measured = {**measured_delays(self.store), **self.given_delays}.items()
             rounded = tuple(sorted((view, math.ceil(delay * 100) / 100)
                                    for view, delay in measured))  # fmt: skip
@@ -211,16 +213,20 @@ class Planner:
         self._tables_of.clear()
         self._plans.clear()
 
-    def prepare(self, query: Query, params: Params, default_bound: float | None = None) -> Prepared:
+    def prepare(self, query: Query, params: Params, default_bound: float | None = None,
+                wait: bool = True) -> Prepared:  # fmt: skip
         """The plan of a statement shape, from the plan cache while the schema is unchanged;
-        ``default_bound``: the session's currency bound for blocks without a clause."""
+        ``default_bound``: the session's currency bound for blocks without a clause;
+        ``wait=False``: `WouldWait` unless the plan is cached."""
         key = self._key(query, params, default_bound)
         version = self.store.schema_version
-        delays = self.delays()
+        delays = self.delays(wait)
         prepared = self._plans.get(key)
         if prepared is not None and prepared.schema_version == version \
                 and prepared.delays == delays:  # fmt: skip
             return prepared
+        if not wait:
+            raise WouldWait("the statement is planned")
         with_params = params is not None
         analysis = self._analyze(query, with_params, default_bound)
         plan, result, costed = self._plan(analysis, params)

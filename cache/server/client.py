@@ -33,6 +33,7 @@ from cache.engine.session import Session
 from cache.server import protocol, relay, values
 from cache.server.placeholders import Converted, to_backend, to_engine
 from cache.server.protocol import Field, ProtocolViolation
+from cache.store.cache_file import WouldWait
 from sql_ext.errors import Error, diag_fields, diagnostics
 from sql_ext.statements import split_statements
 
@@ -164,6 +165,60 @@ class Conversation:
             self.ignoring = True
         except (_Refusal, Error, psycopg.Error) as exc:
             self._error(exc, getattr(message, "sql", None))
+        return True
+
+    def at_hand(self, message: protocol.Message) -> bool:
+        """Answer ``message`` now if that needs no waiting: no backend, no DuckDB statement,
+        no planning (the server's event loop answers cached point lookups of prepared
+        statements so). False: nothing was done; `handle` it where waiting is allowed."""
+        if self._piped or self._output_changed or \
+                self.session.backend_transaction_status() != pq.TransactionStatus.IDLE:  # fmt: skip
+            return False  # (outside a transaction block a failed statement touches nothing)
+        if isinstance(message, protocol.Sync | protocol.Flush | protocol.Bind):
+            return self.handle(message)
+        if not isinstance(message, protocol.Describe | protocol.Execute | protocol.Close):
+            return False
+        if self.ignoring:
+            return self.handle(message)  # ignored until Sync
+        if isinstance(message, protocol.Execute):
+            return self._execute_at_hand(message)
+        if message.kind == b"S":
+            statement = self.statements.get(message.name)
+        else:
+            portal = self.portals.get(message.name)
+            statement = portal.statement if portal is not None else None
+        if statement is None:
+            return False  # (a cursor declared at the backend, or an error)
+        if isinstance(message, protocol.Close):
+            if message.kind == b"S" and statement.backend_name:
+                return False
+        elif statement.described is None and (statement.passthrough or
+                                              isinstance(statement.route, CachedRead)):  # fmt: skip
+            return False  # the backend describes it
+        return self.handle(message)
+
+    def _execute_at_hand(self, message: protocol.Execute) -> bool:
+        """`at_hand` of an Execute: a cached read of a described statement answered from what
+        the cache holds in memory (`Session.read_locally` without waiting)."""
+        portal = self.portals.get(message.portal)
+        if portal is None or portal.rows is not None or message.max_rows > 0:
+            return False
+        statement = portal.statement
+        routed, described = statement.route, statement.described
+        if not isinstance(routed, CachedRead) or described is None or described[1] is None \
+                or not self.settings.supported \
+                or not values.encodable(f.type_oid for f in described[1]):  # fmt: skip
+            return False
+        try:
+            params = self._engine_params(portal)
+            result = self.session.read_locally(routed.query, params, wait=False)
+        except (WouldWait, _Refusal, Error):
+            return False  # (nothing was done: an error is made where it is handled)
+        if result is None or not values.encodable(c.type_oid or 0 for c in result.columns or ()):
+            return False
+        self._drain()
+        formats = relay.result_formats(portal.bind.result_formats, len(result.columns or ()))
+        self._send_result(result, describe=False, formats=formats)
         return True
 
     # -- the simple query protocol -------------------------------------------------------------

@@ -1,39 +1,46 @@
 """`mtcache serve`: the cache as a server that speaks PostgreSQL's protocol to every client.
 
 One `Server` owns one engine (`cache.engine.Engine`: the cache file, its scheduler, stream
-consumer and heartbeat) and a listening socket. Each client connection gets a thread of its
-own and an engine session (`cache.engine.session.Session`), whose backend connection opens
-only when the session first needs the backend; `cache.server.client.Conversation` answers its
-messages. A thread per session, not an event loop: the engine's work is blocking (DuckDB, and
-libpq waited on off the GIL), so statements of different sessions run in parallel wherever
-DuckDB and the backend allow, and a slow remote statement never holds up another session's
-hit (docs/decisions.md).
+consumer and heartbeat) and a listening socket. An event loop (asyncio on uvloop) owns every
+client socket: it reads and parses their messages and answers on the spot what needs no
+waiting - the cached point lookups of prepared statements, from the result memo or a lookup
+index (`Conversation.at_hand`). Everything else a session asks (planning, DuckDB statements,
+the backend) is answered by a worker thread of a pool, one message after another, the
+session's messages kept in order; a session holds a thread only while it has work, so idle
+sessions are cheap, a slow remote statement never holds up another session, and statements of
+different sessions run in parallel wherever DuckDB and the backend allow (docs/decisions.md).
+A worker's output waits while the client's socket is full (backpressure).
 
 Startup: SSLRequest and GSSENCRequest are answered "N" (TLS arrives with authentication);
 loopback clients are trusted (AuthenticationOk). ParameterStatus reports the backend's
 settings as the backend reports them to a session with the client's parameters; BackendKeyData
 gives the key a CancelRequest presents, which cancels the session's running statement, local
-or remote (the DuckDB interrupt repeated while that statement runs, see `ClientConnection`);
-a watcher cancels the statement of a client that went away while it ran. SIGTERM/SIGINT: stop
-accepting, let running statements finish for a grace period, cancel what still runs, close the
-sessions and the cache file.
+or remote (the DuckDB interrupt repeated while that statement runs); a client that goes away
+while its statement runs has it cancelled. SIGTERM/SIGINT: stop accepting, let running
+statements finish for a grace period, cancel what still runs, close the sessions and the
+cache file.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import ipaddress
 import logging
 import secrets
-import selectors
 import signal
 import socket
 import threading
 import time
 import typing as t
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import psycopg
+import uvloop
 from psycopg import pq
 
 from cache.backend.describe import describe_statement
@@ -51,12 +58,13 @@ log = logging.getLogger("mtcache.server")
 
 DEFAULT_LISTEN = "127.0.0.1:6432"
 GRACE_SECONDS = 10.0
-_RECV = 256 * 1024
-_SEND_BUFFER = 64 * 1024  # client bytes collected before a send
-WATCH_SECONDS = 1.0  # how often running statements' clients are checked for being gone
+_SEND_BUFFER = 64 * 1024  # output collected before it is handed to the socket
+_UNSENT_LIMIT = 1024 * 1024  # a worker's output waiting for the socket before it pauses
+_INBOX_LIMIT = 4096  # messages read ahead of a session's work before reading pauses
 CANCEL_SECONDS = 30.0  # how long a cancel keeps interrupting its statement's DuckDB work
 CANCEL_REPEAT = 0.01
-SESSION_STACK = 512 * 1024  # a session thread's stack (idle sessions stay cheap)
+WORKERS = 1024  # threads answering sessions' work at once, at most (made when needed)
+WORKER_STACK = 512 * 1024  # a worker thread's stack
 
 # the parameters PostgreSQL reports at startup (GUC_REPORT), in its order
 _REPORTED = ("in_hot_standby", "integer_datetimes", "TimeZone", "IntervalStyle",
@@ -123,11 +131,15 @@ class Server:
         self._socket = sock if sock is not None else listen_socket(self.options.listen)
         self.address = self._socket.getsockname()[:2]
         self._stop = threading.Event()
-        self._wake_r, self._wake_w = socket.socketpair()
         self._lock = threading.Lock()
         self._clients: dict[tuple[int, bytes], ClientConnection] = {}
-        self._threads: set[threading.Thread] = set()
+        self._connections: set[ClientConnection] = set()  # the event loop's own
         self._next_pid = 1
+        self._signals = False
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.loop_thread: int | None = None
+        self._stopping: asyncio.Event | None = None
+        self.workers = ThreadPoolExecutor(WORKERS, thread_name_prefix="mtcache-session")
         self.defaults = _backend_defaults(engine.backend)
         self._describes: dict[tuple[str, tuple[int, ...], int], Description] = {}
 
@@ -135,86 +147,81 @@ class Server:
 
     def serve_forever(self) -> None:
         """Accept clients until `shutdown` (or SIGTERM/SIGINT, see `install_signals`)."""
-        selector = selectors.DefaultSelector()
-        selector.register(self._socket, selectors.EVENT_READ)
-        selector.register(self._wake_r, selectors.EVENT_READ)
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(self._serve())
+
+    async def _serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
+        self.loop, self.loop_thread = loop, threading.get_ident()
+        if self._signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.shutdown)
+        listening = await loop.create_server(lambda: ClientConnection(self), sock=self._socket,
+                                             backlog=512)  # fmt: skip
         log.info("mtcache serving %s on %s:%d (backend %s)", self.engine.cache_path,
                  self.address[0], self.address[1], redact(self.engine.backend))  # fmt: skip
-        threading.Thread(target=self._watch, name="mtcache-watch", daemon=True).start()
         try:
-            while not self._stop.is_set():
-                for key, _ in selector.select():
-                    if key.fileobj is self._wake_r:
-                        continue
-                    with contextlib.suppress(OSError):
-                        sock, peer = self._socket.accept()
-                        self._start(sock, peer)
+            if not self._stop.is_set():
+                await self._stopping.wait()
         finally:
-            selector.close()
-            self._socket.close()
-            self._finish()
-            self._wake_r.close()
-            self._wake_w.close()
-
-    def _start(self, sock: socket.socket, peer: t.Any) -> None:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        client = ClientConnection(self, sock, peer)
-        size = threading.stack_size(SESSION_STACK)
-        try:
-            thread = threading.Thread(target=client.run, name=f"mtcache-client-{peer}",
-                                      daemon=True)  # fmt: skip
-            thread.start()
-        finally:
-            threading.stack_size(size)
-        with self._lock:
-            self._threads.add(thread)
-            self._threads = {t_ for t_ in self._threads if t_.is_alive()}
-
-    def _watch(self) -> None:
-        """Cancel the statement of a client that went away while it ran (as PostgreSQL's
-        client_connection_check_interval): its session ends when the statement does."""
-        while not self._stop.wait(WATCH_SECONDS):
-            with self._lock:
-                clients = list(self._clients.values())
-            for client in clients:
-                if client.busy and client.gone():
-                    log.info("cancelling the statement of a client that went away")
-                    client.cancel()
+            listening.close()
+            await self._finish()
 
     def shutdown(self) -> None:
-        """Refuse new sessions; `serve_forever` then finishes the running ones and returns."""
+        """Refuse new sessions; `serve_forever` then finishes the running ones and returns
+        (from any thread)."""
         self._stop.set()
-        with contextlib.suppress(OSError):
-            self._wake_w.send(b"x")
+        loop, stopping = self.loop, self._stopping
+        if loop is not None and stopping is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has ended
+                loop.call_soon_threadsafe(stopping.set)
 
     def install_signals(self) -> None:
+        """SIGTERM and SIGINT shut the server down (call before `serve_forever`, in the main
+        thread)."""
+        self._signals = True
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.shutdown())
 
-    def _finish(self) -> None:
+    async def _finish(self) -> None:
         """Let running statements finish within the grace period, cancel the rest, close."""
-        deadline = time.monotonic() + self.options.grace_seconds
-        with self._lock:
-            clients = list(self._clients.values())
-        for client in clients:
-            client.stop_when_idle()
-        while time.monotonic() < deadline and any(c.busy for c in clients):
-            time.sleep(0.05)
-        for client in clients:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.options.grace_seconds
+        connections = list(self._connections)
+        for client in connections:
+            client.stop_reading()
+        while loop.time() < deadline and any(c.working for c in connections):
+            await asyncio.sleep(0.05)
+        for client in connections:
             if client.busy:
                 log.info("cancelling a statement still running at shutdown")
                 client.cancel()
-        for client in clients:
-            client.close(protocol.error_response(
-                "57P01", "terminating connection due to administrator command",
-                severity="FATAL"))  # fmt: skip
-        with self._lock:
-            threads = list(self._threads)
-        for thread in threads:
-            thread.join(timeout=max(0.1, deadline - time.monotonic()) + 5)
+        farewell = protocol.error_response(
+            "57P01", "terminating connection due to administrator command", severity="FATAL")
+        for client in connections:
+            client.close(farewell)
+        end = loop.time() + 15
+        while self._connections and loop.time() < end:  # sessions close in the workers
+            await asyncio.sleep(0.02)
+        await loop.run_in_executor(None, self.workers.shutdown)
         log.info("mtcache server stopped")
 
+    def run(self, job: Callable[[], None]) -> None:
+        """Run ``job`` on a worker thread (from the event loop)."""
+        size = threading.stack_size(WORKER_STACK)  # (a thread made now gets this stack)
+        try:
+            self.workers.submit(job)
+        finally:
+            threading.stack_size(size)
+
     # -- sessions ----------------------------------------------------------------------------------
+
+    def opened(self, client: ClientConnection) -> None:
+        self._connections.add(client)
+
+    def closed(self, client: ClientConnection) -> None:
+        self._connections.discard(client)
 
     def register(self, client: ClientConnection) -> tuple[int, bytes]:
         with self._lock:
@@ -273,6 +280,8 @@ class Server:
         return found
 
 
+
+
 def _backend_defaults(dsn: str) -> dict[str, str]:
     """The parameters the backend reports to a new session (for sessions that have not
     needed a backend connection yet)."""
@@ -286,67 +295,295 @@ def _reported_by(info: psycopg.ConnectionInfo) -> dict[str, str]:
             if (value := info.parameter_status(name)) is not None}  # fmt: skip
 
 
-class ClientConnection:
-    """One client socket: startup, then the conversation (see the module)."""
+class _Violation(t.NamedTuple):
+    """A malformed message, answered in its turn (a FATAL ErrorResponse, the end)."""
 
-    def __init__(self, server: Server, sock: socket.socket, peer: t.Any) -> None:
+    text: str
+
+
+class ClientConnection(asyncio.Protocol):
+    """One client socket: startup, then the conversation (see the module). The event loop
+    reads, parses and answers what is at hand; a worker answers the rest (``working``: one
+    has the conversation now, and takes the messages that arrive meanwhile)."""
+
+    def __init__(self, server: Server) -> None:
         self.server = server
-        self.sock = sock
-        self.peer = peer
+        self.loop = server.loop
+        self.transport: asyncio.Transport | None = None
         self.session: Session | None = None
         self.conversation: Conversation | None = None
+        self.working = False  # a worker has the conversation (set and cleared by the loop)
         self.busy = False  # a message is being answered (statement number `_serial`)
         self._serial = 0
         self._cancelled = 0  # the statement last cancelled
         self._state = threading.Lock()
         self._key: tuple[int, bytes] | None = None
         self._reader = protocol.FrontendReader()
+        self._started = False  # the startup packet came
+        self._inbox: deque[protocol.Message | _Violation] = deque()
+        self._arrived = threading.Condition()  # a message, the end of input, a full socket
+        self._reading = True
+        self._eof = False  # no more input: the session ends once its messages are answered
+        self._lost = False  # the socket is gone
+        self._ending = False  # the session ends (or has ended)
+        self._ended = False
         self._out: list[bytes] = []
         self._out_size = 0
-        self._stop_when_idle = False
-        self._closed = False
-        self._send_lock = threading.Lock()
+        self._unsent = 0  # bytes a worker handed to the loop, not yet in the transport
+        self._paused = False  # the transport's buffer is full
+        self._watched: int | None = None  # the backend socket the loop watches (LISTEN)
+        self._farewell = b""  # the last message of a session the server ends
 
-    # -- the thread ------------------------------------------------------------------------------
+    # -- the event loop's side -------------------------------------------------------------
 
-    def run(self) -> None:
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = t.cast(asyncio.Transport, transport)
+        self.server.opened(self)
+        if self.server.stopping:
+            self._write(protocol.error_response("57P03", "the cache server is shutting down",
+                                                severity="FATAL"))  # fmt: skip
+            self._flush()
+            self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        if self._ending or self._eof:
+            return
+        reader = self._reader
+        reader.feed(data)
         try:
-            if self._startup():
-                self._converse()
+            if not self._started and not self._startup():
+                return
+            arrived: list[protocol.Message | _Violation] = []
+            while (message := reader.next_message()) is not None:
+                arrived.append(message)
+        except ProtocolViolation as exc:
+            if not self._started:
+                self._fatal_now("08P01", str(exc))
+                return
+            arrived.append(_Violation(str(exc)))
+            self._ending_input()
+        with self._arrived:
+            self._inbox.extend(arrived)
+            self._arrived.notify_all()
+        if len(self._inbox) > _INBOX_LIMIT and self._reading and self.transport is not None:
+            self.transport.pause_reading()
+            self._reading = False
+        if not self.working:
+            self._pump()
+
+    def eof_received(self) -> bool:
+        self._ending_input()
+        if not self.working:
+            self._pump()
+        return True  # answers may still go out
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = True
+        self._ending_input()
+        if not self.working:
+            self._pump()
+
+    def pause_writing(self) -> None:
+        with self._arrived:
+            self._paused = True
+
+    def resume_writing(self) -> None:
+        with self._arrived:
+            self._paused = False
+            self._arrived.notify_all()
+
+    def _ending_input(self) -> None:
+        """No more messages come: a statement running with none after it is cancelled (its
+        client went away), as PostgreSQL's client_connection_check_interval does."""
+        with self._arrived:
+            self._eof = True
+            self._arrived.notify_all()
+            waiting = bool(self._inbox)
+        if self.busy and not waiting:
+            log.info("cancelling the statement of a client that went away")
+            self.cancel()
+
+    def _startup(self) -> bool:
+        """Startup packets: True once the session's startup packet came (a worker opens the
+        session)."""
+        reader, transport = self._reader, self.transport
+        assert transport is not None
+        while (packet := reader.next_startup()) is not None:
+            if isinstance(packet, protocol.SSLRequest | protocol.GSSENCRequest):
+                if reader.pending:  # bytes sent before the answer: a man in the middle
+                    raise ProtocolViolation("received unencrypted data after SSL request")
+                transport.write(b"N")
+                continue
+            if isinstance(packet, protocol.CancelRequest):
+                self._ending = True
+                transport.close()
+                self.server.run(functools.partial(self.server.cancel, packet.pid, packet.key))
+                return False
+            self._started = True
+            self._start_work(functools.partial(self._open_session, packet))
+            return True
+        return False
+
+    def _pump(self) -> None:
+        """Answer what is at hand, in order; hand the rest to a worker."""
+        if self._ended or self.working:
+            return
+        if not self._reading and len(self._inbox) < _INBOX_LIMIT // 2 and not self._eof \
+                and self.transport is not None:  # fmt: skip
+            self.transport.resume_reading()
+            self._reading = True
+        conversation = self.conversation
+        inbox = self._inbox
+        if conversation is not None and not self._ending:
+            try:
+                while inbox:
+                    message = inbox[0]
+                    if isinstance(message, _Violation) or not conversation.at_hand(message):
+                        break
+                    inbox.popleft()
+            except Exception:
+                log.exception("session failed")
+                inbox.clear()
+                inbox.append(_Violation("internal error in the cache server (see its log)"))
+            self._flush()
+        if inbox or (self._eof and self._started) or self._ending:
+            self._start_work(None)
+        elif self._eof and self.transport is not None:  # it never started a session
+            self.transport.close()
+            self.server.closed(self)
+        elif conversation is not None:
+            self._watch_backend()
+
+    def _start_work(self, first: Callable[[], bool] | None) -> None:
+        self.working = True
+        self._unwatch_backend()
+        self.server.run(lambda: self._work(first))
+
+    def _work_done(self) -> None:
+        self.working = False
+        if self._ended:
+            if self.transport is not None:
+                self.transport.close()
+            self.server.closed(self)
+            return
+        self._pump()
+
+    def _watch_backend(self) -> None:
+        """While idle, the loop watches the session's backend socket: notifications of a
+        LISTEN are forwarded as they come."""
+        session = self.session
+        conn = session.backend_connection_if_open() if session is not None else None
+        fd = conn.pgconn.socket if conn is not None else None
+        if fd == self._watched:
+            return
+        self._unwatch_backend()
+        if fd is not None and self.loop is not None:
+            self.loop.add_reader(fd, self._backend_readable)
+            self._watched = fd
+
+    def _unwatch_backend(self) -> None:
+        if self._watched is not None and self.loop is not None:
+            self.loop.remove_reader(self._watched)
+        self._watched = None
+
+    def _backend_readable(self) -> None:
+        if not self.working:
+            self._start_work(self._notify)
+
+    def stop_reading(self) -> None:
+        """Shutdown: no more messages are read or answered once the running one is."""
+        if self.transport is not None and self._reading:
+            self.transport.pause_reading()
+            self._reading = False
+        with self._arrived:
+            self._inbox.clear()
+
+    def close(self, farewell: bytes = b"") -> None:
+        """End the session with a last message, after what runs now (from the event loop)."""
+        with self._arrived:
+            self._inbox.clear()
+            self._ending = True
+            self._arrived.notify_all()
+        if self._started:
+            self._farewell = farewell
+        if not self.working:
+            self._start_work(None)
+
+    def _fatal_now(self, sqlstate: str, text: str) -> None:
+        self._ending = True
+        if self.transport is not None:
+            self.transport.write(protocol.error_response(sqlstate, text, severity="FATAL"))
+            self.transport.close()
+        self.server.closed(self)
+
+    def _send(self, data: bytes) -> None:
+        """Into the transport (on the loop)."""
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.write(data)
+
+    def _sent(self, data: bytes) -> None:
+        """A worker's output into the transport (on the loop), the worker told it went on."""
+        with self._arrived:
+            self._unsent -= len(data)
+            self._arrived.notify_all()
+        self._send(data)
+
+    # -- a worker's side -----------------------------------------------------------------------
+
+    def _work(self, first: Callable[[], bool] | None) -> None:
+        """Answer the session's messages until none is waiting (a worker thread)."""
+        try:
+            if first is not None and not first():
+                self._ending = True
+            while not self._ending:
+                with self._arrived:
+                    if not self._inbox:
+                        if self._eof:
+                            self._ending = True
+                        break
+                    message = self._inbox.popleft()
+                if isinstance(message, _Violation):
+                    raise ProtocolViolation(message.text)
+                conversation = self.conversation
+                assert conversation is not None
+                with self._state:
+                    self.busy = True
+                    self._serial += 1
+                try:
+                    if not conversation.handle(message):
+                        self._ending = True
+                finally:
+                    with self._state:
+                        self.busy = False
+            self._flush()
         except (ConnectionError, OSError):
-            pass  # the client went away: its session ends
+            self._ending = True  # the client went away: its session ends
         except ProtocolViolation as exc:
             self._fatal("08P01", str(exc))
         except Exception:
             log.exception("session failed")
             self._fatal("XX000", "internal error in the cache server (see its log)")
         finally:
-            self._end()
+            if self._ending:
+                self._end()
+            with contextlib.suppress(RuntimeError):  # the loop has ended
+                self._on_loop(self._work_done)
 
-    def _recv(self) -> bool:
-        data = self.sock.recv(_RECV)
-        if not data:
-            return False
-        self._reader.feed(data)
+    def _on_loop(self, call: Callable[..., None], *args: t.Any) -> None:
+        loop = self.loop
+        assert loop is not None
+        loop.call_soon_threadsafe(call, *args)
+
+    def _notify(self) -> bool:
+        """What the backend sent while the session was idle (LISTEN), to the client."""
+        session, conversation = self.session, self.conversation
+        conn = session.backend_connection_if_open() if session is not None else None
+        if conn is None or conversation is None:
+            return True
+        conn.pgconn.consume_input()
+        conversation.notify()
         return True
-
-    def _startup(self) -> bool:
-        reader = self._reader
-        while True:
-            packet = reader.next_startup()
-            if packet is None:
-                if not self._recv():
-                    return False
-                continue
-            if isinstance(packet, protocol.SSLRequest | protocol.GSSENCRequest):
-                if reader.pending:  # bytes sent before the answer: a man in the middle
-                    raise ProtocolViolation("received unencrypted data after SSL request")
-                self.sock.sendall(b"N")
-                continue
-            if isinstance(packet, protocol.CancelRequest):
-                self.server.cancel(packet.pid, packet.key)
-                return False
-            return self._open_session(packet)
 
     def _open_session(self, startup: protocol.Startup) -> bool:
         server = self.server
@@ -382,8 +619,8 @@ class ClientConnection:
         except Error as exc:
             if session is not None:
                 session.close()
-            with contextlib.suppress(OSError):
-                self.sock.sendall(protocol.diagnostic(diagnostics(exc), fatal=True))
+            self._write(protocol.diagnostic(diagnostics(exc), fatal=True))
+            self._flush()
             return False
         self.session = session
         reported = _reported(session, defaults, backend_parameters)
@@ -403,62 +640,31 @@ class ClientConnection:
         out += [protocol.parameter_status(n, v) for n, v in reported.items()]
         out.append(protocol.backend_key_data(*self._key))
         out.append(protocol.ready_for_query(b"I"))
-        self.sock.sendall(b"".join(out))
+        self._write(b"".join(out))
+        self._flush()
         return True
-
-    def _converse(self) -> None:
-        conversation = self.conversation
-        session = self.session
-        assert conversation is not None and session is not None
-        reader = self._reader
-        selector = selectors.DefaultSelector()
-        selector.register(self.sock, selectors.EVENT_READ)
-        watched: int | None = None
-        try:
-            while True:
-                message = reader.next_message()
-                if message is None:
-                    self._flush()
-                    if self._stop_when_idle:
-                        return
-                    backend = session.backend_connection_if_open()
-                    fd = backend.pgconn.socket if backend is not None else None
-                    if fd != watched:
-                        if watched is not None:
-                            selector.unregister(watched)
-                        if fd is not None:
-                            selector.register(fd, selectors.EVENT_READ)
-                        watched = fd
-                    ready = selector.select()
-                    if any(key.fileobj == fd for key, _ in ready) and backend is not None:
-                        backend.pgconn.consume_input()
-                        conversation.notify()  # LISTEN: what arrived while idle
-                    if any(key.fileobj is self.sock for key, _ in ready) and not self._recv():
-                        return
-                    continue
-                with self._state:
-                    self.busy = True
-                    self._serial += 1
-                try:
-                    if not conversation.handle(message):
-                        return
-                finally:
-                    with self._state:
-                        self.busy = False
-        finally:
-            selector.close()
 
     def _next_message(self) -> protocol.Message:
         """The client's next message, waiting for it (COPY FROM STDIN reads its data so)."""
-        while True:
-            message = self._reader.next_message()
-            if message is not None:
-                return message
-            self._flush()
-            if not self._recv():
-                raise ConnectionError("the client went away")
+        self._flush()
+        with self._arrived:
+            while not self._inbox:
+                if self._eof or self._ending:
+                    raise ConnectionError("the client went away")
+                if not self._reading:
+                    self._on_loop(self._resume_reading)
+                self._arrived.wait()
+            message = self._inbox.popleft()
+        if isinstance(message, _Violation):
+            raise ProtocolViolation(message.text)
+        return message
 
-    # -- output ----------------------------------------------------------------------------------
+    def _resume_reading(self) -> None:
+        if not self._reading and self.transport is not None and not self._ending:
+            self.transport.resume_reading()
+            self._reading = True
+
+    # -- output (the loop's or a worker's, whichever has the conversation) ---------------------
 
     def _write(self, data: bytes) -> None:
         self._out.append(data)
@@ -467,17 +673,28 @@ class ClientConnection:
             self._flush()
 
     def _flush(self) -> None:
-        if self._out:
-            data = b"".join(self._out)
-            self._out.clear()
-            self._out_size = 0
-            with self._send_lock:
-                self.sock.sendall(data)
+        if not self._out:
+            return
+        data = b"".join(self._out)
+        self._out.clear()
+        self._out_size = 0
+        if threading.get_ident() == self.server.loop_thread:
+            self._send(data)
+            return
+        with self._arrived:  # backpressure: wait while the client does not read
+            while (self._paused or self._unsent > _UNSENT_LIMIT) and not self._lost:
+                self._arrived.wait()
+            if self._lost:
+                raise ConnectionError("the client went away")
+            self._unsent += len(data)
+        self._on_loop(self._sent, data)
 
     def _fatal(self, sqlstate: str, text: str) -> None:
+        self._ending = True
         with contextlib.suppress(OSError):
             self._flush()
-            self.sock.sendall(protocol.error_response(sqlstate, text, severity="FATAL"))
+            self._write(protocol.error_response(sqlstate, text, severity="FATAL"))
+            self._flush()
 
     # -- from other threads ----------------------------------------------------------------------
 
@@ -489,14 +706,14 @@ class ClientConnection:
             if session is None or not self.busy or self._cancelled == self._serial:
                 return  # nothing runs, or its cancel is under way
             serial = self._cancelled = self._serial
-            session.cancel()
         threading.Thread(target=self._keep_interrupting, args=(session, serial),
                          daemon=True).start()  # fmt: skip
 
     def _keep_interrupting(self, session: Session, serial: int) -> None:
-        """Repeat the local interrupt while the cancelled statement runs: DuckDB forgets one
-        that comes before its statement starts (the cancel may arrive while the statement is
-        still parsed or planned)."""
+        """Cancel the session's statement (its backend part by a cancel request), and repeat
+        the local interrupt while it runs: DuckDB forgets one that comes before its statement
+        starts (the cancel may arrive while the statement is still parsed or planned)."""
+        session.cancel()
         deadline = time.monotonic() + CANCEL_SECONDS
         while time.monotonic() < deadline:
             time.sleep(CANCEL_REPEAT)
@@ -505,40 +722,21 @@ class ClientConnection:
                     return
                 session.interrupt_local()
 
-    def gone(self) -> bool:
-        """Whether the client closed or reset its connection (bytes it sent and the session
-        has not read yet stay where they are)."""
-        try:
-            return self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-        except BlockingIOError:
-            return False
-        except OSError:
-            return True
-
-    def stop_when_idle(self) -> None:
-        self._stop_when_idle = True
-        if not self.busy:
-            with contextlib.suppress(OSError):
-                self.sock.shutdown(socket.SHUT_RD)
-
-    def close(self, farewell: bytes = b"") -> None:
-        if self._closed:
-            return
-        with contextlib.suppress(OSError), self._send_lock:
-            if farewell:
-                self.sock.sendall(farewell)
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)
-
     def _end(self) -> None:
-        self._closed = True
+        """The session's end (on its worker)."""
+        if self._ended:
+            return
+        if self._farewell:
+            with contextlib.suppress(OSError):
+                self._write(self._farewell)
+                self._flush()
+        self._ended = True
+        self._ending = True
         if self._key is not None:
             self.server.unregister(self._key)
         if self.session is not None:
             with contextlib.suppress(Exception):
                 self.session.close()
-        with contextlib.suppress(OSError):
-            self.sock.close()
 
 
 def _split_parameters(parameters: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:

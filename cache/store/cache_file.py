@@ -93,6 +93,11 @@ class StreamHolder(t.Protocol):
     def release(self) -> None: ...
 
 
+class WouldWait(Exception):
+    """What was asked for without waiting needs to wait: for DuckDB, the backend, or a lock
+    another thread holds (the caller asks again where it may wait; nothing was changed)."""
+
+
 @dataclass
 class _Shared:
     """State of one cache file shared by every handle of this process."""
@@ -262,12 +267,17 @@ class CacheStore:
     def version(self) -> int:
         return self._shared.version
 
-    def committed_version(self) -> int:
+    def committed_version(self, wait: bool = True) -> int:
         """The version counting every change committed so far: equal at two moments only if
         no change (of rows or regions) committed in between (`transaction` commits and counts
-        atomically)."""
-        with self._shared.commit_lock:
+        atomically). ``wait=False``: `WouldWait` while a change is being committed."""
+        lock = self._shared.commit_lock
+        if not lock.acquire(wait):
+            raise WouldWait("a change is being committed")
+        try:
             return self._shared.version
+        finally:
+            lock.release()
 
     def bump(self, views: Iterable[str] | None = None) -> None:
         """After a change committed outside `transaction` (DDL, once its schema version is
@@ -285,12 +295,18 @@ class CacheStore:
                 for view in views:
                     shared.view_versions[view] = shared.view_versions.get(view, 0) + 1
 
-    def change_token(self, views: Iterable[str]) -> tuple[int, ...]:
-        """Equal at two moments only if no row of ``views`` changed in between."""
+    def change_token(self, views: Iterable[str], wait: bool = True) -> tuple[int, ...]:
+        """Equal at two moments only if no row of ``views`` changed in between (``wait``: as
+        `committed_version`'s)."""
         shared = self._shared
-        with shared.commit_lock:
+        lock = shared.commit_lock
+        if not lock.acquire(wait):
+            raise WouldWait("a change is being committed")
+        try:
             versions = shared.view_versions
             return (shared.epoch, *(versions.get(v, 0) for v in views))
+        finally:
+            lock.release()
 
     def save_clock(self, clock: BackendClock) -> None:
         """The last backend-clock measurement, for tools without a backend connection."""
