@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import typing as t
+from types import SimpleNamespace
 
 from cache.execution.decisions import DecisionMemo, expiry
 from optimizer.evaluate_guards import Binding, Decision, Misses
@@ -37,6 +38,13 @@ def local(*refreshed: float, bound: float = 10.0) -> Decision:
 REMOTE = Decision(None, Misses(currency=1), at(0))
 
 
+def a_plan(guard_kind: str = "presence") -> t.Any:
+    """A stand-in plan of one access with one guard of this kind (a presence guard reads the
+    parameters, a "full" one does not)."""
+    guard = SimpleNamespace(kind=guard_kind, consistency_probe=None)
+    return SimpleNamespace(classes=[SimpleNamespace(accesses=[SimpleNamespace(guards=[guard])])])
+
+
 def test_a_local_decision_expires_when_its_oldest_region_outlives_the_bound() -> None:
     assert expiry(local(5.0, 2.0, 7.0, bound=10.0)) == at(12.0)
     assert expiry(REMOTE) is None
@@ -45,7 +53,7 @@ def test_a_local_decision_expires_when_its_oldest_region_outlives_the_bound() ->
 
 def test_a_kept_decision_is_reused_with_the_new_time_until_it_expires() -> None:
     memo = DecisionMemo()
-    plan: t.Any = object()
+    plan = a_plan()
     state: t.Any = object()
     session: t.Any = object()
     assert memo.get(plan, [4], state, session, clock(1)) is None
@@ -58,12 +66,12 @@ def test_a_kept_decision_is_reused_with_the_new_time_until_it_expires() -> None:
     assert memo.get(plan, [4], state, session, clock(12.000001)) is None  # outlived
     assert memo.get(plan, [5], state, session, clock(3)) is None  # other parameters
     assert memo.get(plan, [4.0], state, session, clock(3)) is None  # 4.0 is not 4
-    assert memo.get(object(), [4], state, session, clock(3)) is None  # another plan
+    assert memo.get(a_plan(), [4], state, session, clock(3)) is None  # another plan
 
 
 def test_a_failed_decision_holds_until_the_state_or_the_session_changes() -> None:
     memo = DecisionMemo()
-    plan: t.Any = object()
+    plan = a_plan()
     state: t.Any = object()
     session: t.Any = object()
     memo.get(plan, None, state, session, clock(0))
@@ -79,7 +87,7 @@ def test_a_failed_decision_holds_until_the_state_or_the_session_changes() -> Non
 
 def test_unhashable_parameters_are_not_kept() -> None:
     memo = DecisionMemo()
-    plan: t.Any = object()
+    plan = a_plan()
     state: t.Any = object()
     session: t.Any = object()
     memo.get(plan, [[1, 2]], state, session, clock(0))
@@ -87,3 +95,17 @@ def test_unhashable_parameters_are_not_kept() -> None:
     assert memo.get(plan, [[1, 2]], state, session, clock(0)) is None
     memo.put(plan, {"k": 3}, state, session, REMOTE)
     assert memo.get(plan, {"k": 3}, state, session, clock(0)) is not None
+
+
+def test_a_decision_whose_guards_read_no_parameter_is_kept_for_every_value() -> None:
+    memo = DecisionMemo()
+    plan = a_plan("full")  # a fully materialized view: its guard reads no key
+    state: t.Any = object()
+    session: t.Any = object()
+    memo.get(plan, [4], state, session, clock(0))
+    kept = local(2.0)
+    memo.put(plan, [4], state, session, kept)
+    for other in ([5], [4.0], ["x"], [[1, 2]]):
+        found = memo.get(plan, other, state, session, clock(3))
+        assert found is not None and found.bindings is kept.bindings
+    assert memo.get(a_plan("presence"), [4], state, session, clock(3)) is None

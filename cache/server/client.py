@@ -125,6 +125,7 @@ class Conversation:
         self._names = 0
         self.ignoring = False  # after an error, until Sync
         self._output_changed = False  # a statement may have changed `_OUTPUT_SETTINGS`
+        self.listening = False  # a LISTEN reached the backend: notifications may come
 
     # -- messages ------------------------------------------------------------------------------
 
@@ -329,6 +330,8 @@ class Conversation:
         upper = sql.upper()
         if any(name in upper for name in _OUTPUT_SETTINGS):
             self._output_changed = True
+        if "LISTEN" in upper:
+            self.listening = True
 
     def _engine_simple(self, text: str, routed: Route) -> bool:
         """A statement the cache answers (or judges) in a Query message."""

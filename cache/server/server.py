@@ -28,7 +28,9 @@ import contextlib
 import functools
 import ipaddress
 import logging
+import os
 import secrets
+import select
 import signal
 import socket
 import threading
@@ -333,6 +335,9 @@ class ClientConnection(asyncio.Protocol):
         self._paused = False  # the transport's buffer is full
         self._watched: int | None = None  # the backend socket the loop watches (LISTEN)
         self._farewell = b""  # the last message of a session the server ends
+        self._fd: int | None = None  # the client socket's descriptor the workers write to
+        self._direct = False  # the worker writes there (else it hands its output to the loop)
+        self._abandoned = False  # the server ends the session: a full socket is not waited on
 
     # -- the event loop's side -------------------------------------------------------------
 
@@ -457,6 +462,13 @@ class ClientConnection(asyncio.Protocol):
     def _start_work(self, first: Callable[[], bool] | None) -> None:
         self.working = True
         self._unwatch_backend()
+        transport = self.transport
+        if transport is not None and self._fd is None and not transport.is_closing():
+            # a worker writes to the client's socket itself, through a descriptor of its
+            # own (never one the loop closes and the system gives to another client)
+            self._fd = os.dup(transport.get_extra_info("socket").fileno())
+        # ... while nothing the loop wrote waits in the transport, to keep the order
+        self._direct = transport is not None and transport.get_write_buffer_size() == 0
         self.server.run(lambda: self._work(first))
 
     def _work_done(self) -> None:
@@ -469,10 +481,13 @@ class ClientConnection(asyncio.Protocol):
         self._pump()
 
     def _watch_backend(self) -> None:
-        """While idle, the loop watches the session's backend socket: notifications of a
-        LISTEN are forwarded as they come."""
-        session = self.session
-        conn = session.backend_connection_if_open() if session is not None else None
+        """While idle after a LISTEN, the loop watches the session's backend socket:
+        notifications are forwarded as they come (otherwise with the next statement's
+        answer)."""
+        session, conversation = self.session, self.conversation
+        conn = session.backend_connection_if_open() \
+            if session is not None and conversation is not None and conversation.listening \
+            else None  # fmt: skip
         fd = conn.pgconn.socket if conn is not None else None
         if fd == self._watched:
             return
@@ -503,6 +518,7 @@ class ClientConnection(asyncio.Protocol):
         with self._arrived:
             self._inbox.clear()
             self._ending = True
+            self._abandoned = True  # output the client does not read is given up
             self._arrived.notify_all()
         if self._started:
             self._farewell = farewell
@@ -681,13 +697,29 @@ class ClientConnection(asyncio.Protocol):
         if threading.get_ident() == self.server.loop_thread:
             self._send(data)
             return
+        if self._direct and self._fd is not None:
+            self._send_direct(self._fd, data)
+            return
         with self._arrived:  # backpressure: wait while the client does not read
-            while (self._paused or self._unsent > _UNSENT_LIMIT) and not self._lost:
+            while (self._paused or self._unsent > _UNSENT_LIMIT) and not self._lost \
+                    and not self._abandoned:  # fmt: skip
                 self._arrived.wait()
-            if self._lost:
+            if self._lost or self._abandoned:
                 raise ConnectionError("the client went away")
             self._unsent += len(data)
         self._on_loop(self._sent, data)
+
+    def _send_direct(self, fd: int, data: bytes) -> None:
+        """A worker's output written to the socket (waiting while the client does not read:
+        backpressure)."""
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[os.write(fd, view):]
+            except BlockingIOError:
+                select.select([], [fd], [fd], 1.0)
+                if self._lost or self._abandoned:
+                    raise ConnectionError("the client went away") from None
 
     def _fatal(self, sqlstate: str, text: str) -> None:
         self._ending = True
@@ -737,6 +769,9 @@ class ClientConnection(asyncio.Protocol):
         if self.session is not None:
             with contextlib.suppress(Exception):
                 self.session.close()
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
 
 
 def _split_parameters(parameters: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
