@@ -163,15 +163,6 @@ def evaluate_guards(
     return Decision(tuple(bindings), tally.freeze(), now, local)
 
 
-def reads_parameters(plan: Plan) -> bool:
-    """Whether `evaluate_guards` reads the parameter values of ``plan`` (the keys a presence
-    or completeness guard, or a consistency probe, looks up): if not, its decision is the same
-    for every execution's values."""
-    return any(guard.kind != "full" or guard.consistency_probe is not None
-               for cls_plan in plan.classes for access in cls_plan.accesses
-               for guard in access.guards)  # fmt: skip
-
-
 # A choice's consistency is judged on its pattern: per access, the snapshot its regions share
 # (numbered by first appearance) or the groups they hold. §5.2's rules depend on nothing else -
 # which regions are equal, not their ids - so a class memoizes their verdict per pattern.

@@ -232,6 +232,14 @@ class Plan:
     def guarded_accesses(self) -> tuple[AccessPlan, ...]:
         return tuple(a for c in self.classes if c.guarded for a in c.accesses)
 
+    @functools.cached_property
+    def guards_read_parameters(self) -> bool:
+        """Whether its guards read parameter values (the keys a presence or completeness
+        guard, or a consistency probe, looks up): if not, every execution's values get the
+        same decision."""
+        return any(guard.kind != "full" or guard.consistency_probe is not None
+                   for access in self.accesses for guard in access.guards)  # fmt: skip
+
     # -- EXPLAIN ---------------------------------------------------------------------------------
 
     def to_json(self) -> dict[str, t.Any]:

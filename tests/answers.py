@@ -4,14 +4,26 @@ types psycopg gives them (a ``Decimal('1.50')`` is not a ``Decimal('1.5')``, an 
 
 from __future__ import annotations
 
+import contextlib
 import typing as t
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import psycopg
 
 import cache
 
 Row = tuple[t.Any, ...]
+
+
+@contextlib.contextmanager
+def cached_copies(backend: str, path: Path, ddl: str) -> Iterator[cache.Connection]:
+    """A connection to a cache whose schema is ``ddl`` (admissions off), every view pulled."""
+    with cache.connect(backend=backend, cache_path=path, admit_on_miss=False) as conn:
+        conn.admin.apply_ddl(ddl)
+        conn.admin.refresh()
+        yield conn
 
 
 def typed(rows: t.Iterable[Row]) -> list[tuple[tuple[str, str], ...]]:

@@ -130,8 +130,10 @@ class PlanCase:
             ignore_currency=bool(given.get("ignore_currency", False)),
         )
 
-    def decide(self, plan: Plan) -> Decision:
-        values = ParameterValues(plan.analysis.parameter_keys, self.params)
+    def decide(self, plan: Plan, params: t.Any = "the case's") -> Decision:
+        """The decision with the case's parameters (or ``params``)."""
+        values = ParameterValues(plan.analysis.parameter_keys,
+                                 self.params if params == "the case's" else params)  # fmt: skip
         return evaluate_guards(plan, self.region_state(), values, self.session(), NOW)
 
 

@@ -38,11 +38,10 @@ def local(*refreshed: float, bound: float = 10.0) -> Decision:
 REMOTE = Decision(None, Misses(currency=1), at(0))
 
 
-def a_plan(guard_kind: str = "presence") -> t.Any:
-    """A stand-in plan of one access with one guard of this kind (a presence guard reads the
-    parameters, a "full" one does not)."""
-    guard = SimpleNamespace(kind=guard_kind, consistency_probe=None)
-    return SimpleNamespace(classes=[SimpleNamespace(accesses=[SimpleNamespace(guards=[guard])])])
+def a_plan(reads_parameters: bool = True) -> t.Any:
+    """A stand-in plan whose guards read the parameters (a presence guard) or not (a fully
+    materialized view's)."""
+    return SimpleNamespace(guards_read_parameters=reads_parameters)
 
 
 def test_a_local_decision_expires_when_its_oldest_region_outlives_the_bound() -> None:
@@ -99,7 +98,7 @@ def test_unhashable_parameters_are_not_kept() -> None:
 
 def test_a_decision_whose_guards_read_no_parameter_is_kept_for_every_value() -> None:
     memo = DecisionMemo()
-    plan = a_plan("full")  # a fully materialized view: its guard reads no key
+    plan = a_plan(reads_parameters=False)  # a fully materialized view's guard reads no key
     state: t.Any = object()
     session: t.Any = object()
     memo.get(plan, [4], state, session, clock(0))
@@ -108,4 +107,4 @@ def test_a_decision_whose_guards_read_no_parameter_is_kept_for_every_value() -> 
     for other in ([5], [4.0], ["x"], [[1, 2]]):
         found = memo.get(plan, other, state, session, clock(3))
         assert found is not None and found.bindings is kept.bindings
-    assert memo.get(a_plan("presence"), [4], state, session, clock(3)) is None
+    assert memo.get(a_plan(), [4], state, session, clock(3)) is None

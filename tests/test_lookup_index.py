@@ -20,7 +20,7 @@ from cache.engine.route import CachedRead
 from cache.engine.session import Session
 from cache.execution.lookup import LookupIndexes, lookup_shape
 from cache.store.cache_file import WouldWait
-from tests.answers import assert_same_answer
+from tests.answers import assert_same_answer, cached_copies
 
 BOUND = " CURRENCY BOUND 10 MIN"
 NAMES = ("p0", "p1")  # the DuckDB names of a statement's parameters, in order
@@ -76,11 +76,9 @@ def backend(backend_dsn: str) -> str:
 
 @pytest.fixture
 def conn(backend: str, tmp_path: Path) -> Iterator[cache.Connection]:
-    with cache.connect(backend=backend, cache_path=tmp_path / "c.duckdb",
-                       admit_on_miss=False) as conn:  # fmt: skip
-        conn.admin.apply_ddl("CREATE CACHED VIEW peoplecopy AS SELECT * FROM people;"
-                             "CREATE CACHED VIEW readingscopy AS SELECT * FROM readings")
-        conn.admin.refresh()
+    with cached_copies(backend, tmp_path / "c.duckdb",
+                       "CREATE CACHED VIEW peoplecopy AS SELECT * FROM people;"
+                       "CREATE CACHED VIEW readingscopy AS SELECT * FROM readings") as conn:
         yield conn
 
 
@@ -180,6 +178,8 @@ def test_an_answer_at_hand_never_waits_and_is_counted_once(
     sql = QUERIES[0][0]
     routed = session.route(sql + BOUND, with_params=True)
     assert isinstance(routed, CachedRead)
+    # a fully materialized view: one guard decision serves every key
+    assert not session.prepare(routed.query, [1]).plan.guards_read_parameters
 
     def at_hand(key: int) -> Result:
         return session.read_locally(routed.query, [key], wait=False)

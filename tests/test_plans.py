@@ -32,6 +32,18 @@ def test_plan_and_decision(case: PlanCase) -> None:
         assert misses_summary(decision) == expect["misses"]
 
 
+def test_guards_that_read_no_parameter_decide_alike_for_any_values() -> None:
+    """What lets the decision memo keep one decision for all values of such a plan."""
+    reading = 0
+    for case in CASES:
+        plan = case.plan()
+        if plan.guards_read_parameters:
+            reading += 1
+        else:
+            assert str(case.decide(plan, None)) == str(case.decide(plan)), case.id
+    assert 0 < reading < len(CASES)  # both kinds are among the cases
+
+
 def test_every_fixture_file_has_cases() -> None:
     files = {c.file for c in CASES}
     assert {"section_4_7_3", "section_5_2", "fig_7_2", "session"} <= files

@@ -12,7 +12,7 @@ import pytest
 
 import cache
 from cache.execution.memo import ResultMemo
-from tests.answers import assert_same_answer
+from tests.answers import assert_same_answer, cached_copies
 
 POINT = "SELECT i.id, i.price FROM items i WHERE i.id = %s"
 BOUND = " CURRENCY BOUND 10 MIN"
@@ -31,11 +31,9 @@ def backend(backend_dsn: str) -> str:
 
 @pytest.fixture
 def conn(backend: str, tmp_path: Path) -> Iterator[cache.Connection]:
-    with cache.connect(backend=backend, cache_path=tmp_path / "c.duckdb",
-                       admit_on_miss=False) as conn:  # fmt: skip
-        conn.admin.apply_ddl("CREATE CACHED VIEW itemscopy AS SELECT * FROM items;"
-                             "CREATE CACHED VIEW otherscopy AS SELECT * FROM others")  # fmt: skip
-        conn.admin.refresh()
+    with cached_copies(backend, tmp_path / "c.duckdb",
+                       "CREATE CACHED VIEW itemscopy AS SELECT * FROM items;"
+                       "CREATE CACHED VIEW otherscopy AS SELECT * FROM others") as conn:
         yield conn
 
 

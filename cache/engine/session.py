@@ -272,8 +272,6 @@ class Session:
         (an event loop may ask). Anything else: `WouldWait`, with nothing counted or kept, so
         that the caller asks again where it may wait."""
         prepared = self.planner.prepare(query, params, self.currency_bound, wait=False)
-        if not prepared.plan.local:
-            raise WouldWait("the backend answers it")
         seen = self.store.committed_version(wait=False)
         decision = self._guard(prepared, params, wait=False)
         if decision.remote or decision.local < len(decision.bindings or ()):

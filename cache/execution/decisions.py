@@ -21,7 +21,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
 
 from control_tables.regions import RegionState
-from optimizer.evaluate_guards import Decision, Session, reads_parameters
+from optimizer.evaluate_guards import Decision, Session
 from optimizer.plan import Plan
 
 SIZE = 256  # decisions kept per connection (least recently used go first)
@@ -101,7 +101,7 @@ def _key(plan: Plan, parameters: t.Any) -> Hashable | None:
     """The plan and the typed parameter values (1, 1.0 and True are equal keys in Python, not
     equal values) when its guards read them; None when a value is unhashable (a list, a
     dict)."""
-    if parameters is None or not reads_parameters(plan):
+    if parameters is None or not plan.guards_read_parameters:
         values: tuple[t.Any, ...] = ()
     elif isinstance(parameters, Mapping):
         values = tuple(sorted((k, type(v), v) for k, v in parameters.items()))

@@ -162,10 +162,7 @@ def run_local(
     key: t.Hashable = None
     shape: LookupShape | None = None
     lookups: LookupIndexes | None = None
-    if memo is None or compiled.memo_key is None:
-        if not wait:
-            raise WouldWait("the answer is made by DuckDB")
-    else:
+    if memo is not None and compiled.memo_key is not None:
         # taken before DuckDB reads: a change committed meanwhile makes the answers stale
         token = memo.change_token(compiled.views, wait)
         shape, lookups = compiled.lookup, memo.lookups
@@ -183,8 +180,8 @@ def run_local(
             found = memo.results.get(key, token, count_miss=wait)
             if found is not None:
                 return Result(found[0], found[1], compiled.executed, memo=True)
-        if not wait:
-            raise WouldWait("the answer is made by DuckDB")
+    if not wait:
+        raise WouldWait("the answer is made by DuckDB")
     result = _run(prepared, compiled, values, duck, fetcher, zone)
     if memo is None:
         return result

@@ -271,13 +271,20 @@ class CacheStore:
         """The version counting every change committed so far: equal at two moments only if
         no change (of rows or regions) committed in between (`transaction` commits and counts
         atomically). ``wait=False``: `WouldWait` while a change is being committed."""
-        lock = self._shared.commit_lock
-        if not lock.acquire(wait):
-            raise WouldWait("a change is being committed")
+        lock = self._commit_lock(wait)
         try:
             return self._shared.version
         finally:
             lock.release()
+
+    def _commit_lock(self, wait: bool) -> threading.Lock:
+        """The commit lock, acquired (the caller releases it); ``wait=False``: `WouldWait`
+        while a change is being committed. (Not a context manager: the hit path takes it
+        twice per statement.)"""
+        lock = self._shared.commit_lock
+        if not lock.acquire(wait):
+            raise WouldWait("a change is being committed")
+        return lock
 
     def bump(self, views: Iterable[str] | None = None) -> None:
         """After a change committed outside `transaction` (DDL, once its schema version is
@@ -299,9 +306,7 @@ class CacheStore:
         """Equal at two moments only if no row of ``views`` changed in between (``wait``: as
         `committed_version`'s)."""
         shared = self._shared
-        lock = shared.commit_lock
-        if not lock.acquire(wait):
-            raise WouldWait("a change is being committed")
+        lock = self._commit_lock(wait)
         try:
             versions = shared.view_versions
             return (shared.epoch, *(versions.get(v, 0) for v in views))
