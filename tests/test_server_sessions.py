@@ -191,6 +191,79 @@ def test_a_broken_message_closes_only_its_session(served: Served, garbage: bytes
         _hits_right(served, other, pg, 1)
 
 
+def _message(kind: bytes, body: bytes) -> bytes:
+    return kind + struct.pack("!i", len(body) + 4) + body
+
+
+def _messages(data: bytes) -> list[tuple[bytes, bytes]]:
+    """A backend's answer cut into (type, body) pairs."""
+    found, pos = [], 0
+    while pos < len(data):
+        length = struct.unpack_from("!i", data, pos + 1)[0]
+        found.append((data[pos:pos + 1], data[pos + 5:pos + 1 + length]))
+        pos += 1 + length
+    return found
+
+
+def test_a_client_that_does_not_read_holds_only_itself_up(served: Served) -> None:
+    """A client pipelines a 20 MB result (more than the sockets hold), 2,000 executions of a
+    cached lookup and the 20 MB again, reading nothing: its statement waits for it to read
+    (running, the server holding no more than it must), another session's hits are answered
+    meanwhile; then it gets every answer, complete and in order."""
+    with psycopg.connect(served.backend, autocommit=True) as pg, \
+            psycopg.connect(served.dsn, options=BOUND, autocommit=True) as other:  # fmt: skip
+        rows = {a: len(pg.execute(BOOKS, [a]).fetchall()) for a in (1, 2)}
+        big = _message(b"Q", b"SELECT repeat('x', 1000) FROM generate_series(1, 20000)\0")
+        sql = BOOKS.replace("%s", "$1").encode()
+        runs = 2000
+        pipeline = [big, _message(b"P", b"s\0" + sql + b"\0\0\0"), _message(b"S", b"")]
+        for i in range(runs):
+            key = str(1 + i % 2).encode()
+            pipeline += [_message(b"B", b"\0s\0\0\0\0\1" + struct.pack("!i", len(key)) + key
+                                  + b"\0\0"),
+                         _message(b"D", b"P\0"), _message(b"E", b"\0\0\0\0\0"),
+                         _message(b"S", b"")]  # fmt: skip
+        pipeline.append(big)
+        running = served.server.running()
+        sock = raw_session(served, BOUND)
+        with cf.ThreadPoolExecutor(1) as sender:
+            sent = sender.submit(sock.sendall, b"".join(pipeline))
+            # the first 20 MB cannot all be sent: its statement waits for the client
+            _wait_for(lambda: served.server.running() > running, "the statement running")
+            for author in (1, 2, 1):  # another session, meanwhile
+                _hits_right(served, other, pg, author)
+            ready = protocol.ready_for_query(b"I")
+            chunks, readies, tail = [], 0, b""
+            while readies < runs + 3:
+                data = sock.recv(1 << 20)
+                assert data, "the server closed the connection"
+                readies += (tail + data).count(ready)  # (one may straddle two chunks)
+                tail = data[-(len(ready) - 1):]
+                chunks.append(data)
+            sent.result()
+        sock.close()
+        answers = _messages(b"".join(chunks))
+
+        def whole_big_result(at: int) -> int:
+            """Where the answer to ``big`` starting at ``at`` ends (checked whole)."""
+            end = at + 1 + 20000 + 2
+            assert answers[at][0] == b"T"
+            assert all(kind == b"D" and len(body) == 2 + 4 + 1000
+                       for kind, body in answers[at + 1:end - 2])  # fmt: skip
+            assert answers[end - 2:end] == [(b"C", b"SELECT 20000\0"), (b"Z", b"I")]
+            return end
+
+        pos = whole_big_result(0)
+        assert [kind for kind, _ in answers[pos:pos + 2]] == [b"1", b"Z"]
+        pos += 2
+        for i in range(runs):
+            expect = [b"2", b"T"] + [b"D"] * rows[1 + i % 2] + [b"C", b"Z"]
+            kinds = [kind for kind, _ in answers[pos:pos + len(expect)]]
+            assert kinds == expect, (i, kinds)
+            pos += len(expect)
+        assert whole_big_result(pos) == len(answers)
+
+
 def test_hundreds_of_sessions_at_once(served: Served) -> None:
     """300 sessions open together, each reading a cached answer (no backend connection
     needed for that), 20 of them also a statement passed through (which opens one)."""

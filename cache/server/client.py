@@ -206,20 +206,19 @@ class Conversation:
             return False
         statement = portal.statement
         routed, described = statement.route, statement.described
+        # (columns the server cannot encode: known before the engine counts an answer)
         if not isinstance(routed, CachedRead) or described is None or described[1] is None \
-                or not self.settings.supported \
                 or not values.encodable(f.type_oid for f in described[1]):  # fmt: skip
             return False
         try:
             params = self._engine_params(portal)
-            result = self.session.read_locally(routed.query, params, wait=False)
+            result = self._read_locally(routed, params, wait=False)
         except (WouldWait, _Refusal, Error):
             return False  # (nothing was done: an error is made where it is handled)
-        if result is None or not values.encodable(c.type_oid or 0 for c in result.columns or ()):
+        if result is None:
             return False
         self._drain()
-        formats = relay.result_formats(portal.bind.result_formats, len(result.columns or ()))
-        self._send_result(result, describe=False, formats=formats)
+        self._send_local(portal, result, 0)
         return True
 
     # -- the simple query protocol -------------------------------------------------------------
@@ -499,12 +498,17 @@ class Conversation:
                 return
         else:
             result = self.session.execute(statement.engine_sql, params or None)
+        self._send_local(portal, result, message.max_rows)
+
+    def _send_local(self, portal: Portal, result: Result, max_rows: int) -> None:
+        """The engine's answer to an Execute: in the portal's result formats, at most
+        ``max_rows`` rows now (the rest kept in the portal)."""
         formats = relay.result_formats(portal.bind.result_formats,
                                        len(result.columns or ()))  # fmt: skip
-        if message.max_rows > 0 and result.rows is not None:
+        if max_rows > 0 and result.rows is not None:
             self._send_result(result, describe=False, formats=formats,
                               into=self._holder(portal))  # fmt: skip
-            self.out(self._portal_rows(portal, message.max_rows))
+            self.out(self._portal_rows(portal, max_rows))
             return
         self._send_result(result, describe=False, formats=formats)
 
@@ -720,11 +724,13 @@ class Conversation:
     def _route(self, sql: str, with_params: bool) -> Route:
         return self.session.route(sql, with_params)
 
-    def _read_locally(self, routed: CachedRead, params: list[t.Any] | None) -> Result | None:
-        """The cache's answer, if it gives one the server can encode."""
+    def _read_locally(self, routed: CachedRead, params: list[t.Any] | None,
+                      wait: bool = True) -> Result | None:  # fmt: skip
+        """The cache's answer, if it gives one the server can encode (``wait``: as
+        `Session.read_locally`'s)."""
         if not self.settings.supported:
             return None
-        result = self.session.read_locally(routed.query, params)
+        result = self.session.read_locally(routed.query, params, wait)
         if result is None:
             return None
         columns = result.columns or ()

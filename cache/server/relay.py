@@ -108,19 +108,19 @@ class BackendRefused(Exception):
 
 
 def wait_readable(pgconn: pq.abc.PGconn) -> None:
-    _wait(pgconn.socket, select.POLLIN)
+    wait_ready(pgconn.socket, select.POLLIN)
 
 
 def wait_writable(pgconn: pq.abc.PGconn) -> None:
-    _wait(pgconn.socket, select.POLLOUT)
+    wait_ready(pgconn.socket, select.POLLOUT)
 
 
-def _wait(fd: int, event: int) -> None:
-    """Until ``fd`` is ready (poll, not select: a server with hundreds of sessions has
-    descriptors past select's 1024)."""
+def wait_ready(fd: int, event: int, timeout: float | None = None) -> None:
+    """Until ``fd`` is ready for ``event`` (or ``timeout`` seconds pass); poll, not select:
+    a server with hundreds of sessions has descriptors past select's 1024."""
     poller = select.poll()
     poller.register(fd, event | select.POLLERR | select.POLLHUP)
-    poller.poll()
+    poller.poll(None if timeout is None else timeout * 1000)
 
 
 def wait_result(pgconn: pq.abc.PGconn) -> pq.abc.PGresult | None:

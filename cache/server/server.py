@@ -9,7 +9,9 @@ the backend) is answered by a worker thread of a pool, one message after another
 session's messages kept in order; a session holds a thread only while it has work, so idle
 sessions are cheap, a slow remote statement never holds up another session, and statements of
 different sessions run in parallel wherever DuckDB and the backend allow (docs/decisions.md).
-A worker's output waits while the client's socket is full (backpressure).
+A worker writes to the client's socket itself, once what the loop wrote has gone out, and
+waits while the client does not read; the loop answers nothing more while its own output
+waits (backpressure on both paths).
 
 Startup: SSLRequest and GSSENCRequest are answered "N" (TLS arrives with authentication);
 loopback clients are trusted (AuthenticationOk). ParameterStatus reports the backend's
@@ -50,7 +52,7 @@ from cache.backend.pool import pooled
 from cache.backend.reflect import redact
 from cache.engine.engine import Engine, SessionOptions
 from cache.engine.session import Session
-from cache.server import protocol, values
+from cache.server import protocol, relay, values
 from cache.server.client import Conversation, Description
 from cache.server.protocol import ProtocolViolation
 from cache.server.relay import BackendRefused, diagnostic_message, fields_of
@@ -61,7 +63,6 @@ log = logging.getLogger("mtcache.server")
 DEFAULT_LISTEN = "127.0.0.1:6432"
 GRACE_SECONDS = 10.0
 _SEND_BUFFER = 64 * 1024  # output collected before it is handed to the socket
-_UNSENT_LIMIT = 1024 * 1024  # a worker's output waiting for the socket before it pauses
 _INBOX_LIMIT = 4096  # messages read ahead of a session's work before reading pauses
 CANCEL_SECONDS = 30.0  # how long a cancel keeps interrupting its statement's DuckDB work
 CANCEL_REPEAT = 0.01
@@ -323,7 +324,7 @@ class ClientConnection(asyncio.Protocol):
         self._reader = protocol.FrontendReader()
         self._started = False  # the startup packet came
         self._inbox: deque[protocol.Message | _Violation] = deque()
-        self._arrived = threading.Condition()  # a message, the end of input, a full socket
+        self._arrived = threading.Condition()  # a message, or the end of input
         self._reading = True
         self._eof = False  # no more input: the session ends once its messages are answered
         self._lost = False  # the socket is gone
@@ -331,18 +332,19 @@ class ClientConnection(asyncio.Protocol):
         self._ended = False
         self._out: list[bytes] = []
         self._out_size = 0
-        self._unsent = 0  # bytes a worker handed to the loop, not yet in the transport
-        self._paused = False  # the transport's buffer is full
+        self._paused = False  # the loop's output waits in the transport (the client is slow)
+        self._deferred: tuple[Callable[[], bool] | None] | None = None  # work waiting for it
         self._watched: int | None = None  # the backend socket the loop watches (LISTEN)
         self._farewell = b""  # the last message of a session the server ends
         self._fd: int | None = None  # the client socket's descriptor the workers write to
-        self._direct = False  # the worker writes there (else it hands its output to the loop)
         self._abandoned = False  # the server ends the session: a full socket is not waited on
 
     # -- the event loop's side -------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = t.cast(asyncio.Transport, transport)
+        # told of any output waiting (and of none left): a worker writes only after it
+        self.transport.set_write_buffer_limits(high=0)
         self.server.opened(self)
         if self.server.stopping:
             self._write(protocol.error_response("57P03", "the cache server is shutting down",
@@ -384,18 +386,20 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
+        self._run_deferred()
         self._ending_input()
         if not self.working:
             self._pump()
 
     def pause_writing(self) -> None:
-        with self._arrived:
-            self._paused = True
+        self._paused = True
 
     def resume_writing(self) -> None:
-        with self._arrived:
-            self._paused = False
-            self._arrived.notify_all()
+        self._paused = False
+        if self._deferred is not None:
+            self._run_deferred()
+        elif not self.working:
+            self._pump()
 
     def _ending_input(self) -> None:
         """No more messages come: a statement running with none after it is cancelled (its
@@ -441,7 +445,7 @@ class ClientConnection(asyncio.Protocol):
         inbox = self._inbox
         if conversation is not None and not self._ending:
             try:
-                while inbox:
+                while inbox and not self._paused:  # (a slow client: backpressure)
                     message = inbox[0]
                     if isinstance(message, _Violation) or not conversation.at_hand(message):
                         break
@@ -460,16 +464,22 @@ class ClientConnection(asyncio.Protocol):
             self._watch_backend()
 
     def _start_work(self, first: Callable[[], bool] | None) -> None:
+        """Hand the conversation to a worker (``first``: its first job), once what the loop
+        wrote has gone out: the worker writes to the socket itself, through a descriptor of
+        its own (never one the loop closed and the system gave to another client)."""
         self.working = True
         self._unwatch_backend()
         transport = self.transport
         if transport is not None and self._fd is None and not transport.is_closing():
-            # a worker writes to the client's socket itself, through a descriptor of its
-            # own (never one the loop closes and the system gives to another client)
             self._fd = os.dup(transport.get_extra_info("socket").fileno())
-        # ... while nothing the loop wrote waits in the transport, to keep the order
-        self._direct = transport is not None and transport.get_write_buffer_size() == 0
-        self.server.run(lambda: self._work(first))
+        self._deferred = (first,)
+        if not self._paused or self._lost or self._abandoned:
+            self._run_deferred()
+
+    def _run_deferred(self) -> None:
+        deferred, self._deferred = self._deferred, None
+        if deferred is not None:
+            self.server.run(functools.partial(self._work, deferred[0]))
 
     def _work_done(self) -> None:
         self.working = False
@@ -522,6 +532,7 @@ class ClientConnection(asyncio.Protocol):
             self._arrived.notify_all()
         if self._started:
             self._farewell = farewell
+        self._run_deferred()
         if not self.working:
             self._start_work(None)
 
@@ -537,13 +548,6 @@ class ClientConnection(asyncio.Protocol):
         transport = self.transport
         if transport is not None and not transport.is_closing():
             transport.write(data)
-
-    def _sent(self, data: bytes) -> None:
-        """A worker's output into the transport (on the loop), the worker told it went on."""
-        with self._arrived:
-            self._unsent -= len(data)
-            self._arrived.notify_all()
-        self._send(data)
 
     # -- a worker's side -----------------------------------------------------------------------
 
@@ -696,18 +700,10 @@ class ClientConnection(asyncio.Protocol):
         self._out_size = 0
         if threading.get_ident() == self.server.loop_thread:
             self._send(data)
-            return
-        if self._direct and self._fd is not None:
+        elif self._fd is None:
+            raise ConnectionError("the client went away")
+        else:
             self._send_direct(self._fd, data)
-            return
-        with self._arrived:  # backpressure: wait while the client does not read
-            while (self._paused or self._unsent > _UNSENT_LIMIT) and not self._lost \
-                    and not self._abandoned:  # fmt: skip
-                self._arrived.wait()
-            if self._lost or self._abandoned:
-                raise ConnectionError("the client went away")
-            self._unsent += len(data)
-        self._on_loop(self._sent, data)
 
     def _send_direct(self, fd: int, data: bytes) -> None:
         """A worker's output written to the socket (waiting while the client does not read:
@@ -717,7 +713,7 @@ class ClientConnection(asyncio.Protocol):
             try:
                 view = view[os.write(fd, view):]
             except BlockingIOError:
-                select.select([], [fd], [fd], 1.0)
+                relay.wait_ready(fd, select.POLLOUT, timeout=1.0)
                 if self._lost or self._abandoned:
                     raise ConnectionError("the client went away") from None
 
