@@ -336,6 +336,48 @@ def test_row_limited_execute_suspends_the_portal(served: Served) -> None:
     sock.close()
 
 
+def test_a_prepared_run_sent_at_once_gets_the_bytes_of_its_messages(served: Served) -> None:
+    """A client's Bind, Describe, Execute and Sync arriving together are answered in one
+    step from what the cache holds (the server's fast lane): byte for byte what the same
+    messages get through their turns one by one, in text and binary, with and without a
+    Describe, in the unnamed and a named portal; a key the cache does not hold goes the
+    usual way (to the backend)."""
+    sock = raw_session(served)
+    sql = BOOKS.replace("%s", "$1").encode() + b" CURRENCY BOUND 10 MIN"
+    sock.sendall(protocol.message(b"P", b"s\0" + sql + b"\0\0\0")
+                 + protocol.message(b"D", b"Ss\0") + protocol.message(b"S"))  # fmt: skip
+    assert [kind for kind, _ in _until(sock, b"Z")] == [b"1", b"t", b"T", b"Z"]
+
+    def run(author: int, binary: bool, describe: bool, portal: bytes) -> bytes:
+        value = str(author).encode()
+        bind = portal + b"\0s\0" + struct.pack("!hhhi", 1, 0, 1, len(value)) + value \
+            + struct.pack("!hh", 1, int(binary))  # fmt: skip
+        return protocol.message(b"B", bind) \
+            + (protocol.message(b"D", b"P" + portal + b"\0") if describe else b"") \
+            + protocol.message(b"E", portal + b"\0\0\0\0\0") + protocol.message(b"S")  # fmt: skip
+
+    def answer(data: bytes) -> list[tuple[bytes, bytes]]:
+        sock.sendall(data)
+        return _until(sock, b"Z")
+
+    runs = [(author, binary, describe, portal) for author in (1, 2, 3, 99)
+            for binary in (False, True) for describe in (False, True)
+            for portal in (b"", b"p")]  # fmt: skip
+    flush = protocol.message(b"H")  # (a run that does not start with its Bind: one by one)
+    before = served.server.runs_at_once
+    one_by_one = [answer(flush + run(*each)) for each in runs]
+    served.engine.memo.lookups.wait()
+    assert served.server.runs_at_once == before
+    at_once = [answer(run(*each)) for each in runs]
+    assert at_once == one_by_one
+    cached = sum(1 for author, *_ in runs if author != 99)
+    assert served.server.runs_at_once - before == cached
+    kinds = [kind for kind, _ in at_once[0]]
+    assert kinds[0] == b"2" and kinds[-2:] == [b"C", b"Z"] and b"D" in kinds
+    assert [kind for kind, _ in at_once[-1]][:2] == [b"2", b"T"]
+    sock.close()
+
+
 def test_ssl_request_is_declined_and_startup_goes_on(served: Served) -> None:
     sock = socket.create_connection(served.server.address, timeout=10)
     sock.sendall(struct.pack("!ii", 8, protocol.SSL_REQUEST))

@@ -81,6 +81,37 @@ def test_messages_split_at_every_byte() -> None:
     assert found == EXPECTED
 
 
+def test_a_run_of_a_prepared_statement_is_recognized_whole() -> None:
+    """Bind, Describe of its portal (or not), Execute of every row, Sync: recognized when the
+    bytes are exactly that; anything else (another portal, a row limit, a message more or
+    less, a malformed Bind, a partial message) is left to the message-by-message reader."""
+    bind = _bind()
+    parsed = protocol.Bind(b"portal", b"stmt", (1,), (b"\0\0\0\x07", None), (0,))
+    describe = protocol.message(b"D", b"Pportal\0")
+    execute = protocol.message(b"E", b"portal\0" + struct.pack("!i", 0))
+    sync = protocol.message(b"S")
+    assert protocol.execution(bind + execute + sync) == (parsed, False)
+    assert protocol.execution(bind + describe + execute + sync) == (parsed, True)
+    unnamed = protocol.message(b"B", b"\0stmt\0\0\0\0\0\0\0")
+    assert protocol.execution(unnamed + protocol.message(b"D", b"P\0")
+                              + protocol.message(b"E", b"\0\0\0\0\0") + sync) == (
+        protocol.Bind(b"", b"stmt", (), (), ()), True)  # fmt: skip
+    for other in (
+        bind + protocol.message(b"E", b"other\0" + struct.pack("!i", 0)) + sync,
+        bind + protocol.message(b"E", b"portal\0" + struct.pack("!i", 10)) + sync,
+        bind + protocol.message(b"D", b"Sstmt\0") + execute + sync,
+        bind + execute,
+        bind + execute + sync + sync,
+        bind + execute + sync[:-1],
+        bind[:-3] + execute + sync,
+        protocol.message(b"B", b"portal\0stmt\0" + struct.pack("!hh", 1, 7)) + execute + sync,
+        protocol.message(b"H") + bind + execute + sync,
+        b"B\0\0",
+        b"",
+    ):
+        assert protocol.execution(other) is None, other
+
+
 def test_ssl_gssenc_and_cancel_requests() -> None:
     reader = FrontendReader()
     reader.feed(struct.pack("!ii", 8, protocol.SSL_REQUEST)

@@ -58,6 +58,8 @@ class Statement:
     route: Route
     backend_name: bytes | None = None  # its name at the backend once parsed there
     described: Description | None = None  # once described
+    # its RowDescription by the result format codes of a Bind (`Conversation._row_description`)
+    row_descriptions: dict[tuple[int, ...], bytes] = dataclasses.field(default_factory=dict)
 
     @property
     def passthrough(self) -> bool:
@@ -172,9 +174,8 @@ class Conversation:
         """Answer ``message`` now if that needs no waiting: no backend, no DuckDB statement,
         no planning (the server's event loop answers cached point lookups of prepared
         statements so). False: nothing was done; `handle` it where waiting is allowed."""
-        if self._piped or self._output_changed or \
-                self.session.backend_transaction_status() != pq.TransactionStatus.IDLE:  # fmt: skip
-            return False  # (outside a transaction block a failed statement touches nothing)
+        if not self._idle():
+            return False
         if isinstance(message, protocol.Sync | protocol.Flush | protocol.Bind):
             return self.handle(message)
         if not isinstance(message, protocol.Describe | protocol.Execute | protocol.Close):
@@ -199,27 +200,61 @@ class Conversation:
         return self.handle(message)
 
     def _execute_at_hand(self, message: protocol.Execute) -> bool:
-        """`at_hand` of an Execute: a cached read of a described statement answered from what
-        the cache holds in memory (`Session.read_locally` without waiting)."""
+        """`at_hand` of an Execute."""
         portal = self.portals.get(message.portal)
         if portal is None or portal.rows is not None or message.max_rows > 0:
             return False
-        statement = portal.statement
-        routed, described = statement.route, statement.described
-        # (columns the server cannot encode: known before the engine counts an answer)
-        if not isinstance(routed, CachedRead) or described is None or described[1] is None \
-                or not values.encodable(f.type_oid for f in described[1]):  # fmt: skip
-            return False
-        try:
-            params = self._engine_params(portal)
-            result = self._read_locally(routed, params, wait=False)
-        except (WouldWait, _Refusal, Error):
-            return False  # (nothing was done: an error is made where it is handled)
+        result = self._answer_at_hand(portal)
         if result is None:
             return False
         self._drain()
         self._send_local(portal, result, 0)
         return True
+
+    def execution_at_hand(self, bind: protocol.Bind, describe: bool) -> bool:
+        """A whole run of a prepared statement (`protocol.execution`: Bind, Describe of its
+        portal or not, Execute, Sync) answered at once if it is a cached read whose answer is
+        at hand: the bytes its messages get one by one (`at_hand`), with none of their
+        turns. False: nothing was done."""
+        if self.portals or self._queue or self.ignoring or not self._idle():
+            return False
+        statement = self.statements.get(bind.statement)
+        if statement is None:
+            return False
+        portal = Portal(statement, bind)
+        result = self._answer_at_hand(portal)
+        if result is None:
+            return False
+        self.out(protocol.BIND_COMPLETE)
+        if describe:
+            self.out(self._row_description(portal))
+        self._send_local(portal, result, 0)
+        self._ready()  # (the portal ends with the Sync: it was never kept)
+        return True
+
+    def _idle(self) -> bool:
+        """Nothing of the session's waits at the backend, and no transaction block is open
+        there (outside one, a statement that fails touches nothing): answers at hand may be
+        given."""
+        return not (self._piped or self._output_changed) and \
+            self.session.backend_transaction_status() == pq.TransactionStatus.IDLE  # fmt: skip
+
+    def _answer_at_hand(self, portal: Portal) -> Result | None:
+        """The answer of a bound cached read of a described statement from what the cache
+        holds in memory (`Session.read_locally` without waiting); None: nothing was done."""
+        statement = portal.statement
+        routed, described = statement.route, statement.described
+        # (columns the server cannot encode: known before the engine counts an answer)
+        if not isinstance(routed, CachedRead) or described is None or described[1] is None \
+                or not values.encodable(f.type_oid for f in described[1]):  # fmt: skip
+            return None
+        if len(portal.bind.result_formats) not in (0, 1, len(described[1])):
+            return None  # (refused where errors are made)
+        try:
+            params = self._engine_params(portal)
+            return self._read_locally(routed, params, wait=False)
+        except (WouldWait, _Refusal, Error):
+            return None  # (nothing was done: an error is made where it is handled)
 
     # -- the simple query protocol -------------------------------------------------------------
 
@@ -414,14 +449,25 @@ class Conversation:
             return
 
         def described(_: tuple[int, ...], fields: list[Field] | None) -> None:
-            if fields is None:
-                self.out(protocol.NO_DATA)
-                return
-            formats = relay.result_formats(portal.bind.result_formats, len(fields))
-            chosen = [f._replace(format=c) for f, c in zip(fields, formats, strict=True)]
-            self.out(protocol.row_description(chosen))
+            self.out(protocol.NO_DATA if fields is None else self._row_description(portal))
 
         self._with_description(portal.statement, described)
+
+    @staticmethod
+    def _row_description(portal: Portal) -> bytes:
+        """The RowDescription of a portal of a described statement that returns rows, in
+        its result formats (made once per statement and formats)."""
+        statement = portal.statement
+        codes = portal.bind.result_formats
+        found = statement.row_descriptions.get(codes)
+        if found is None:
+            assert statement.described is not None and statement.described[1] is not None
+            fields = statement.described[1]
+            formats = relay.result_formats(codes, len(fields))
+            found = protocol.row_description(
+                [f._replace(format=c) for f, c in zip(fields, formats, strict=True)])
+            statement.row_descriptions[codes] = found
+        return found
 
     def _describe_backend_portal(self, name: bytes) -> None:
         """A portal the client did not bind here: a cursor it declared at the backend

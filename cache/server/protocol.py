@@ -355,6 +355,40 @@ class FrontendReader:
         return _parse_message(kind, data)
 
 
+def execution(data: bytes) -> tuple[Bind, bool] | None:
+    """The run of messages a client sends to run a prepared statement once - Bind, Describe
+    of its portal (or not), Execute of all its rows, Sync - when ``data`` is exactly that:
+    (the Bind, whether its portal is described). None: anything else, or a malformed message
+    (read message by message, where it gets its error)."""
+    if len(data) < 5 or data[0] != 0x42:  # "B"
+        return None
+    end = _INT32.unpack_from(data, 1)[0] + 1
+    if end > len(data) or end < 5:
+        return None
+    try:
+        bind = _parse_message(b"B", data[5:end])
+    except ProtocolViolation:
+        return None
+    assert isinstance(bind, Bind)
+    portal = bind.portal
+    tail = data[end:]
+    run = _RUN_UNNAMED if not portal else _run_of(portal)
+    if tail == run:
+        return bind, False
+    if tail == (_DESCRIBE_UNNAMED if not portal else _describe_of(portal)) + run:
+        return bind, True
+    return None
+
+
+def _run_of(portal: bytes) -> bytes:
+    """Execute of all the portal's rows, then Sync."""
+    return message(b"E", portal + b"\0\0\0\0\0") + message(b"S")
+
+
+def _describe_of(portal: bytes) -> bytes:
+    return message(b"D", b"P" + portal + b"\0")
+
+
 def _text(value: bytes) -> str:
     try:
         return value.decode()
@@ -372,6 +406,10 @@ def message(kind: bytes, body: bytes = b"") -> bytes:
 
 def cstring(value: str | bytes) -> bytes:
     return (value.encode() if isinstance(value, str) else value) + b"\0"
+
+
+_RUN_UNNAMED = _run_of(b"")
+_DESCRIBE_UNNAMED = _describe_of(b"")
 
 
 AUTHENTICATION_OK = message(b"R", _INT32.pack(0))
