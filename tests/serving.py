@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import struct
 import threading
+import time
 import typing as t
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -83,3 +84,11 @@ def raw_session(served: Served, options: str | None = None) -> socket.socket:
         assert data, "the server closed the connection at startup"
         seen += data
     return sock
+
+
+def quiet(served: Served) -> None:
+    """Until no session of the server is answered by a worker: a client may have its answer
+    before the worker has let go of the session, and a run arriving meanwhile waits its turn
+    instead of being answered by the event loop."""
+    while not served.server.quiet():
+        time.sleep(0.001)

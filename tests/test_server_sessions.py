@@ -112,12 +112,21 @@ def test_cancel_request_stops_a_local_statement(served: Served) -> None:
         _hits_right(served, other, pg, 1)
 
 
-def test_cancel_request_stops_a_remote_statement(served: Served) -> None:
+@pytest.mark.parametrize("prepared", [False, True], ids=["by-a-worker", "relayed-by-the-loop"])
+def test_cancel_request_stops_a_remote_statement(served: Served, prepared: bool) -> None:
     with psycopg.connect(served.dsn, autocommit=True) as conn, \
             psycopg.connect(served.backend, autocommit=True) as pg, \
             cf.ThreadPoolExecutor(1) as pool:  # fmt: skip
-        running = pool.submit(conn.execute, "SELECT pg_sleep(600)")
+        if prepared:  # (a prepared statement's second run is passed through by the loop)
+            sql = "SELECT pg_sleep(600) WHERE %s"
+            assert conn.execute(sql, [False], prepare=True).fetchall() == []
+            relayed = served.server.relayed_at_once
+            running = pool.submit(conn.execute, sql, [True], prepare=True)
+        else:
+            running = pool.submit(conn.execute, "SELECT pg_sleep(600)")
         _wait_for(lambda: _sleeping_at_backend(pg), "the remote statement running")
+        if prepared:
+            assert served.server.relayed_at_once == relayed + 1
         conn.cancel_safe()
         with pytest.raises(psycopg.errors.QueryCanceled):
             running.result(timeout=120)
@@ -131,7 +140,7 @@ def _views(conn: psycopg.Connection[t.Any]) -> list[tuple[t.Any, ...]]:
     return [row[:age] + row[age + 1:] for row in cur.fetchall()]
 
 
-@pytest.mark.parametrize("when", ["local", "remote", "in-transaction"])
+@pytest.mark.parametrize("when", ["local", "remote", "in-transaction", "relayed"])
 def test_a_client_killed_mid_statement_takes_nobody_else_down(served: Served, when: str) -> None:
     """The client sends a statement and vanishes (its socket reset): the server ends that
     session (its backend statement cancelled, its transaction rolled back), the others go on
@@ -141,20 +150,33 @@ def test_a_client_killed_mid_statement_takes_nobody_else_down(served: Served, wh
         before = pg.execute("SELECT count(*) FROM books").fetchone()
         views = _views(other)
         sessions = served.server.sessions()
-        sock = raw_session(served, BOUND)
+        # (with no bound a SELECT passes through: prepared, the event loop relays its runs)
+        sock = raw_session(served, None if when == "relayed" else BOUND)
         assert served.server.sessions() == sessions + 1
         if when == "local":
             sql = SLOW_LOCAL
-        elif when == "remote":
+        elif when in ("remote", "relayed"):
             sql = "SELECT pg_sleep(600)"
         else:
             sql = ("BEGIN; INSERT INTO books (isbn, authorid, title, publisherid, type, price) "
                    "VALUES ('killed-1', 1, 'k', 1, 'x', 1); SELECT pg_sleep(600)")  # fmt: skip
-        sock.sendall(protocol.message(b"Q", sql.encode() + b"\0"))
+        if when == "relayed":  # a prepared run the event loop passes through
+            sock.sendall(protocol.message(b"P", b"s\0" + sql.encode() + b"\0\0\0")
+                         + protocol.message(b"S"))  # fmt: skip
+            seen = b""
+            while not seen.endswith(protocol.ready_for_query(b"I")):
+                seen += sock.recv(65536)
+            relayed = served.server.relayed_at_once
+            sock.sendall(protocol.message(b"B", b"\0s\0\0\0\0\0\0\0")
+                         + protocol.message(b"E", b"\0\0\0\0\0") + protocol.message(b"S"))
+        else:
+            sock.sendall(protocol.message(b"Q", sql.encode() + b"\0"))
         if when == "local":
             _wait_for(lambda: served.server.running() >= 1, "the statement running")
         else:
             _wait_for(lambda: _sleeping_at_backend(pg), "the statement running at the backend")
+        if when == "relayed":
+            assert served.server.relayed_at_once == relayed + 1
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         sock.close()  # a reset, as from a client killed with SIGKILL
         _wait_for(lambda: served.server.sessions() == sessions, "the session ended")

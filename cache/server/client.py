@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 import typing as t
 from collections import deque
@@ -65,6 +66,13 @@ class Statement:
     def passthrough(self) -> bool:
         return isinstance(self.route, Passthrough | Write)
 
+    @functools.cached_property
+    def relayed_as_is(self) -> bool:
+        """Whether passing it through needs no more than relaying the backend's answer: it
+        mentions no setting local answers are encoded by, and no LISTEN (`_forwarded`)."""
+        upper = self.text.upper()
+        return not any(name in upper for name in (*_OUTPUT_SETTINGS, "LISTEN"))
+
     @property
     def engine_sql(self) -> str:
         """The text the engine routes and plans (``%s`` marks for ``$n`` ones)."""
@@ -104,6 +112,29 @@ class _Ready:
     data: bytes  # messages made without the backend, sent in their turn
 
 
+@dataclass
+class _Relaying:
+    """A backend command's results on their way to the client (`Conversation._relay_result`)."""
+
+    conn: psycopg.Connection[t.Any]
+    out: Out
+    simple: bool
+    mixed: list[int] | None
+    ok: bool = True
+    described: bool = False  # (simple) the rows under way were described
+    transcoder: relay.Transcoder | None = None
+    tag: relay.Tag = dataclasses.field(default_factory=relay.Tag)
+
+
+@dataclass
+class Passing:
+    """A run of a prepared statement passed through on the event loop
+    (`Conversation.run_at_backend`)."""
+
+    portal: Portal
+    relaying: _Relaying
+
+
 class Conversation:
     """The protocol state of one client connection (see the module)."""
 
@@ -117,6 +148,7 @@ class Conversation:
         self._describe = describe  # the backend's description of a statement, cached
         self._next_message = next_message  # the client's next message (COPY FROM STDIN)
         self.reported = reported  # the ParameterStatus values the client has
+        self._reported_bytes: dict[bytes, bytes] = {}  # as libpq last gave them
         self._noticed: list[str] = []  # backend notices sent during the current statement
         session.add_notice_handler(self._notice)
         self.statements: dict[bytes, Statement] = {}
@@ -232,6 +264,72 @@ class Conversation:
         self._ready()  # (the portal ends with the Sync: it was never kept)
         return True
 
+    def run_at_backend(self, bind: protocol.Bind, describe: bool) -> Passing | None:
+        """Send a whole run of a passed-through prepared statement (`protocol.execution`) to
+        the backend without waiting for its answer, which `relay_ready` relays as it comes:
+        the server's event loop passes statements through so, with no hand-off to a worker.
+        None: nothing was done (the run is answered message by message)."""
+        if (bind.portal and bind.portal in self.portals) or self._queue or self.ignoring \
+                or self._piped or self._output_changed:  # fmt: skip
+            return None
+        statement = self.statements.get(bind.statement)
+        if statement is None or not statement.passthrough or not statement.relayed_as_is \
+                or (describe and statement.described is None):  # fmt: skip
+            return None
+        name = statement.backend_name
+        conn = self.session.backend_connection_if_open()
+        if conn is None or name is None or (name == b"" and self._unnamed_owner is not statement):
+            return None  # (the connection is opened, or the statement parsed, by a worker)
+        param_formats, result_format, mixed = _bind_formats(bind)
+        if mixed is not None:
+            return None
+        portal = Portal(statement, bind)
+        description = b""
+        if describe:
+            assert statement.described is not None
+            description = protocol.NO_DATA if statement.described[1] is None \
+                else self._row_description(portal)  # fmt: skip
+        pgconn = conn.pgconn
+        pgconn.send_query_prepared(name, list(bind.params), param_formats, result_format)
+        pgconn.set_chunked_rows_mode(relay.CHUNK_ROWS)
+        self.out(protocol.BIND_COMPLETE + description)
+        return Passing(portal, _Relaying(conn, self.out, False, None))
+
+    def relay_ready(self, passing: Passing) -> bool:
+        """Relay what the backend has sent of a run `run_at_backend` sent (its socket is
+        readable); True when the run is over and answered, ReadyForQuery included."""
+        pgconn = passing.relaying.conn.pgconn
+        pgconn.consume_input()
+        while not pgconn.is_busy():
+            result = pgconn.get_result()
+            if result is None:
+                self._relayed(passing)
+                return True
+            self._relay_result(passing.relaying, result)
+        return False
+
+    def relay_failed(self, passing: Passing, exc: psycopg.Error) -> None:
+        """The backend connection failed under a run `run_at_backend` sent: its error, then
+        ReadyForQuery."""
+        self._error(exc)
+        self.ignoring = False
+        self._ready()
+
+    def _relayed(self, passing: Passing) -> None:
+        """A run relayed whole: what `_expect_rows` and `_sync` do after it."""
+        portal = passing.portal
+        if passing.relaying.ok:
+            statement = portal.statement
+            self._forwarded(statement.text, t.cast(Passthrough | Write, statement.route))
+            self._provenance_notice()
+        self.session.settle()
+        self.ignoring = False
+        if self.session.backend_transaction_status() == pq.TransactionStatus.IDLE:
+            self.portals.clear()  # portals end with their transaction (`_sync`)
+        else:
+            self.portals[portal.bind.portal] = portal
+        self._ready()
+
     def _idle(self) -> bool:
         """Nothing of the session's waits at the backend, and no transaction block is open
         there (outside one, a statement that fails touches nothing): answers at hand may be
@@ -322,40 +420,44 @@ class Conversation:
         """A backend command's results as the client's messages (``simple``: a Query
         message's, each row set with its RowDescription, COPY relayed; ``mixed``: the
         client's per-column formats where libpq sent text): False if it failed."""
-        pgconn = conn.pgconn
-        ok, described, transcoder, tag = True, False, None, relay.Tag()
-        while (result := relay.wait_result(pgconn)) is not None:
-            status = result.status
-            if status in relay.ROWS:
-                if simple and not described:
-                    out(protocol.row_description(relay.fields_of(result)))
-                    described = True
-                if mixed is not None and transcoder is None:
-                    formats = relay.result_formats(mixed, result.nfields)
-                    transcoder = relay.Transcoder(conn, result, formats)
-                relay.send_rows(result, out, transcoder)
-                if tag.seen(result):
-                    out(protocol.command_complete(tag.take()))
-                    described = False
-            elif status == ExecStatus.COMMAND_OK:
-                out(protocol.command_complete(result.command_status or b""))
-            elif status == ExecStatus.EMPTY_QUERY:
-                out(protocol.EMPTY_QUERY)
-            elif status == ExecStatus.PIPELINE_ABORTED:
-                ok = False
-            elif status == ExecStatus.COPY_OUT and simple:
-                self._copy_out(conn, result)
-            elif status == ExecStatus.COPY_IN and simple:
-                self._copy_in(conn, result)
-            elif status in (ExecStatus.COPY_IN, ExecStatus.COPY_OUT):
-                self.out(protocol.error_response("0A000", "COPY through the extended query "
-                         "protocol is not supported by the cache server: send it as a "
-                         "simple query"))  # fmt: skip
-                ok = False
-            else:
-                self.out(relay.diagnostic_message(result))
-                ok = False
-        return ok
+        relaying = _Relaying(conn, out, simple, mixed)
+        while (result := relay.wait_result(conn.pgconn)) is not None:
+            self._relay_result(relaying, result)
+        return relaying.ok
+
+    def _relay_result(self, relaying: _Relaying, result: pq.abc.PGresult) -> None:
+        """One result of a backend command (`_relay_results`)."""
+        out, simple = relaying.out, relaying.simple
+        status = result.status
+        if status in relay.ROWS:
+            if simple and not relaying.described:
+                out(protocol.row_description(relay.fields_of(result)))
+                relaying.described = True
+            if relaying.mixed is not None and relaying.transcoder is None:
+                formats = relay.result_formats(relaying.mixed, result.nfields)
+                relaying.transcoder = relay.Transcoder(relaying.conn, result, formats)
+            relay.send_rows(result, out, relaying.transcoder)
+            if relaying.tag.seen(result):
+                out(protocol.command_complete(relaying.tag.take()))
+                relaying.described = False
+        elif status == ExecStatus.COMMAND_OK:
+            out(protocol.command_complete(result.command_status or b""))
+        elif status == ExecStatus.EMPTY_QUERY:
+            out(protocol.EMPTY_QUERY)
+        elif status == ExecStatus.PIPELINE_ABORTED:
+            relaying.ok = False
+        elif status == ExecStatus.COPY_OUT and simple:
+            self._copy_out(relaying.conn, result)
+        elif status == ExecStatus.COPY_IN and simple:
+            self._copy_in(relaying.conn, result)
+        elif status in (ExecStatus.COPY_IN, ExecStatus.COPY_OUT):
+            self.out(protocol.error_response("0A000", "COPY through the extended query "
+                     "protocol is not supported by the cache server: send it as a "
+                     "simple query"))  # fmt: skip
+            relaying.ok = False
+        else:
+            self.out(relay.diagnostic_message(result))
+            relaying.ok = False
 
     def _forwarded(self, sql: str, routed: Passthrough | Write) -> None:
         """A statement reached the backend: the session's bookkeeping, and a note when it
@@ -887,10 +989,15 @@ class Conversation:
         conn = self.session.backend_connection_if_open()
         if conn is None:
             return
-        info = conn.info
-        reported = self.reported
+        pgconn = conn.pgconn
+        reported, seen = self.reported, self._reported_bytes
         for name, value in list(reported.items()):
-            now = info.parameter_status(name)
+            key = name.encode()
+            found = pgconn.parameter_status(key)  # (libpq's bytes: compared undecoded)
+            if found is None or found == seen.get(key):
+                continue
+            seen[key] = found
+            now = conn.info.parameter_status(name)
             if now is not None and now != value:
                 reported[name] = now
                 self.out(protocol.parameter_status(name, now))

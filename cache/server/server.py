@@ -53,7 +53,7 @@ from cache.backend.reflect import redact
 from cache.engine.engine import Engine, SessionOptions
 from cache.engine.session import Session
 from cache.server import protocol, relay, values
-from cache.server.client import Conversation, Description
+from cache.server.client import Conversation, Description, Passing
 from cache.server.protocol import ProtocolViolation
 from cache.server.relay import BackendRefused, diagnostic_message, fields_of
 from sql_ext.errors import Error, ProgrammingError, diagnostics
@@ -146,6 +146,7 @@ class Server:
         self.defaults = _backend_defaults(engine.backend)
         self._describes: dict[tuple[str, tuple[int, ...], int], Description] = {}
         self.runs_at_once = 0  # prepared runs answered in one step (`ClientConnection._at_hand`)
+        self.relayed_at_once = 0  # passed through by the loop (`ClientConnection._pass_through`)
 
     # -- serving -----------------------------------------------------------------------------------
 
@@ -255,6 +256,11 @@ class Server:
         with self._lock:
             return sum(1 for client in self._clients.values() if client.busy)
 
+    def quiet(self) -> bool:
+        """Whether no session's messages are being answered by a worker or relayed now (a
+        session's answer may reach its client a moment before its worker lets go of it)."""
+        return not any(client.working for client in list(self._connections))
+
     @property
     def stopping(self) -> bool:
         return self._stop.is_set()
@@ -339,6 +345,9 @@ class ClientConnection(asyncio.Protocol):
         self._farewell = b""  # the last message of a session the server ends
         self._fd: int | None = None  # the client socket's descriptor the workers write to
         self._abandoned = False  # the server ends the session: a full socket is not waited on
+        # a passed-through run the loop relays, and the backend socket it watches for it
+        self._passing: tuple[Passing, int] | None = None
+        self._sending = False  # the loop waits for the backend's socket to send the run
 
     # -- the event loop's side -------------------------------------------------------------
 
@@ -395,7 +404,7 @@ class ClientConnection(asyncio.Protocol):
             return False
         try:
             if not conversation.execution_at_hand(*run):
-                return False
+                return self._pass_through(conversation, *run)
         except Exception:
             log.exception("session failed")
             self._out.clear()
@@ -409,6 +418,72 @@ class ClientConnection(asyncio.Protocol):
         if conversation.listening:
             self._watch_backend()
         return True
+
+    def _pass_through(self, conversation: Conversation, bind: protocol.Bind,
+                      describe: bool) -> bool:  # fmt: skip
+        """A run of a passed-through statement sent to the backend by the loop, which relays
+        the answer as it comes (`_relayed`): the conversation is taken meanwhile, as by a
+        worker (``working``); False: nothing was done."""
+        passing = conversation.run_at_backend(bind, describe)
+        if passing is None:
+            return False
+        loop = self.loop
+        assert loop is not None
+        self.working = True
+        with self._state:
+            self.busy = True
+            self._serial += 1
+        pgconn = passing.relaying.conn.pgconn
+        self._passing = (passing, pgconn.socket)
+        self._backend_writable()
+        self._watch_backend(relaying=True)
+        self.server.relayed_at_once += 1
+        return True
+
+    def _backend_writable(self) -> None:
+        """What libpq has not sent yet of a passed-through run, sent (waiting for the
+        backend's socket when it is full)."""
+        loop, passing = self.loop, self._passing
+        assert loop is not None and passing is not None
+        try:
+            pending = passing[0].relaying.conn.pgconn.flush()
+        except psycopg.Error:
+            pending = 0  # (the failure is read with the answer)
+        if pending:
+            loop.add_writer(passing[1], self._backend_writable)
+        elif self._sending:
+            loop.remove_writer(passing[1])
+        self._sending = bool(pending)
+
+    def _relayed(self) -> None:
+        """The backend's socket is readable under a passed-through run: relay what came;
+        at its end the conversation is free again."""
+        passing, conversation = self._passing, self.conversation
+        assert passing is not None and conversation is not None
+        try:
+            over = conversation.relay_ready(passing[0])
+        except psycopg.Error as exc:
+            conversation.relay_failed(passing[0], exc)
+            over = True
+        except Exception:
+            log.exception("session failed")
+            with self._arrived:
+                self._inbox.appendleft(
+                    _Violation("internal error in the cache server (see its log)"))
+            over = True
+        if not over:  # (its output goes out as it fills a buffer: `_write`)
+            if self._paused:  # the client does not read: the backend waits
+                self._unwatch_backend()
+            return
+        if self._sending and self.loop is not None:
+            self.loop.remove_writer(passing[1])
+            self._sending = False
+        self._passing = None
+        with self._state:
+            self.busy = False
+        self._flush()
+        self.working = False
+        self._pump()
 
     def eof_received(self) -> bool:
         self._ending_input()
@@ -428,7 +503,9 @@ class ClientConnection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._paused = False
-        if self._deferred is not None:
+        if self._passing is not None:
+            self._watch_backend(relaying=True)
+        elif self._deferred is not None:
             self._run_deferred()
         elif not self.working:
             self._pump()
@@ -522,15 +599,17 @@ class ClientConnection(asyncio.Protocol):
             return
         self._pump()
 
-    def _watch_backend(self) -> None:
-        """While idle after a LISTEN, the loop watches the session's backend socket:
-        notifications are forwarded as they come (otherwise with the next statement's
-        answer)."""
+    def _watch_backend(self, relaying: bool = False) -> None:
+        """The loop watches the session's backend socket while a run it passed through is
+        answered (``relaying``), and after it until a worker takes the session (a watch is
+        not made and dropped per statement); and while the session is idle after a LISTEN:
+        notifications are forwarded as they come (otherwise with the next answer)."""
         session, conversation = self.session, self.conversation
         conn = session.backend_connection_if_open() \
-            if session is not None and conversation is not None and conversation.listening \
-            else None  # fmt: skip
-        fd = conn.pgconn.socket if conn is not None else None
+            if session is not None and conversation is not None else None  # fmt: skip
+        keep = relaying or self._watched is not None or \
+            (conversation is not None and conversation.listening)  # fmt: skip
+        fd = conn.pgconn.socket if conn is not None and keep else None
         if fd == self._watched:
             return
         self._unwatch_backend()
@@ -544,7 +623,9 @@ class ClientConnection(asyncio.Protocol):
         self._watched = None
 
     def _backend_readable(self) -> None:
-        if not self.working:
+        if self._passing is not None:
+            self._relayed()
+        elif not self.working:  # (a notification, or the backend going away)
             self._start_work(self._notify)
 
     def stop_reading(self) -> None:
