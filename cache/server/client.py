@@ -68,10 +68,15 @@ class Statement:
 
     @functools.cached_property
     def relayed_as_is(self) -> bool:
-        """Whether passing it through needs no more than relaying the backend's answer: it
-        mentions no setting local answers are encoded by, and no LISTEN (`_forwarded`)."""
-        upper = self.text.upper()
-        return not any(name in upper for name in (*_OUTPUT_SETTINGS, "LISTEN"))
+        """Whether passing it through needs no more than relaying the backend's answer (no
+        effect `_forwarded` notes)."""
+        return not any(_effects(self.text))
+
+    @functools.cached_property
+    def encodable(self) -> bool:
+        """Whether the server encodes every column of its description (once described)."""
+        assert self.described is not None and self.described[1] is not None
+        return values.encodable(f.type_oid for f in self.described[1])
 
     @property
     def engine_sql(self) -> str:
@@ -133,6 +138,10 @@ class Passing:
 
     portal: Portal
     relaying: _Relaying
+
+    @property
+    def pgconn(self) -> pq.abc.PGconn:
+        return self.relaying.conn.pgconn
 
 
 class Conversation:
@@ -257,12 +266,18 @@ class Conversation:
         result = self._answer_at_hand(portal)
         if result is None:
             return False
-        self.out(protocol.BIND_COMPLETE)
-        if describe:
-            self.out(self._row_description(portal))
+        self.out(self._bound(portal, describe))
         self._send_local(portal, result, 0)
         self._ready()  # (the portal ends with the Sync: it was never kept)
         return True
+
+    def _bound(self, portal: Portal, describe: bool) -> bytes:
+        """BindComplete, then the portal's description if asked (a run taken whole)."""
+        if not describe:
+            return protocol.BIND_COMPLETE
+        assert portal.statement.described is not None
+        return protocol.BIND_COMPLETE + (protocol.NO_DATA if portal.statement.described[1]
+                                         is None else self._row_description(portal))
 
     def run_at_backend(self, bind: protocol.Bind, describe: bool) -> Passing | None:
         """Send a whole run of a passed-through prepared statement (`protocol.execution`) to
@@ -276,59 +291,48 @@ class Conversation:
         if statement is None or not statement.passthrough or not statement.relayed_as_is \
                 or (describe and statement.described is None):  # fmt: skip
             return None
-        name = statement.backend_name
         conn = self.session.backend_connection_if_open()
-        if conn is None or name is None or (name == b"" and self._unnamed_owner is not statement):
+        if conn is None or not self._at_backend(statement):
             return None  # (the connection is opened, or the statement parsed, by a worker)
         param_formats, result_format, mixed = _bind_formats(bind)
         if mixed is not None:
             return None
         portal = Portal(statement, bind)
-        description = b""
-        if describe:
-            assert statement.described is not None
-            description = protocol.NO_DATA if statement.described[1] is None \
-                else self._row_description(portal)  # fmt: skip
+        bound = self._bound(portal, describe)
         pgconn = conn.pgconn
-        pgconn.send_query_prepared(name, list(bind.params), param_formats, result_format)
+        pgconn.send_query_prepared(statement.backend_name or b"", list(bind.params),
+                                   param_formats, result_format)  # fmt: skip
         pgconn.set_chunked_rows_mode(relay.CHUNK_ROWS)
-        self.out(protocol.BIND_COMPLETE + description)
+        self.out(bound)
         return Passing(portal, _Relaying(conn, self.out, False, None))
 
     def relay_ready(self, passing: Passing) -> bool:
         """Relay what the backend has sent of a run `run_at_backend` sent (its socket is
         readable); True when the run is over and answered, ReadyForQuery included."""
-        pgconn = passing.relaying.conn.pgconn
+        pgconn = passing.pgconn
         pgconn.consume_input()
         while not pgconn.is_busy():
             result = pgconn.get_result()
             if result is None:
-                self._relayed(passing)
+                self._relay_over(passing)
                 return True
             self._relay_result(passing.relaying, result)
         return False
 
-    def relay_failed(self, passing: Passing, exc: psycopg.Error) -> None:
+    def relay_failed(self, exc: psycopg.Error) -> None:
         """The backend connection failed under a run `run_at_backend` sent: its error, then
-        ReadyForQuery."""
+        the Sync's answer."""
         self._error(exc)
-        self.ignoring = False
-        self._ready()
+        self._sync()
 
-    def _relayed(self, passing: Passing) -> None:
-        """A run relayed whole: what `_expect_rows` and `_sync` do after it."""
+    def _relay_over(self, passing: Passing) -> None:
+        """A run relayed whole: what its Execute and Sync do after the backend's answer."""
         portal = passing.portal
         if passing.relaying.ok:
-            statement = portal.statement
-            self._forwarded(statement.text, t.cast(Passthrough | Write, statement.route))
-            self._provenance_notice()
-        self.session.settle()
-        self.ignoring = False
-        if self.session.backend_transaction_status() == pq.TransactionStatus.IDLE:
-            self.portals.clear()  # portals end with their transaction (`_sync`)
-        else:
-            self.portals[portal.bind.portal] = portal
-        self._ready()
+            self._passed(portal.statement, portal.statement.route)
+        self.session.settle()  # (as when a pipeline ends)
+        self.portals[portal.bind.portal] = portal  # (the Sync ends it with its transaction)
+        self._sync()
 
     def _idle(self) -> bool:
         """Nothing of the session's waits at the backend, and no transaction block is open
@@ -344,7 +348,7 @@ class Conversation:
         routed, described = statement.route, statement.described
         # (columns the server cannot encode: known before the engine counts an answer)
         if not isinstance(routed, CachedRead) or described is None or described[1] is None \
-                or not values.encodable(f.type_oid for f in described[1]):  # fmt: skip
+                or not statement.encodable:  # fmt: skip
             return None
         if len(portal.bind.result_formats) not in (0, 1, len(described[1])):
             return None  # (refused where errors are made)
@@ -463,11 +467,9 @@ class Conversation:
         """A statement reached the backend: the session's bookkeeping, and a note when it
         may have changed a setting local answers are encoded by."""
         self.session.forwarded(routed)
-        upper = sql.upper()
-        if any(name in upper for name in _OUTPUT_SETTINGS):
-            self._output_changed = True
-        if "LISTEN" in upper:
-            self.listening = True
+        output, listens = _effects(sql)
+        self._output_changed |= output
+        self.listening |= listens
 
     def _engine_simple(self, text: str, routed: Route) -> bool:
         """A statement the cache answers (or judges) in a Query message."""
@@ -696,15 +698,20 @@ class Conversation:
                     conn.pgconn.set_chunked_rows_mode(relay.CHUNK_ROWS)
             out = self._holder(portal) if held else self.out
             ok = self._relay_results(conn, out, simple=False, mixed=mixed)
-            if ok and routed is not None:
-                self._forwarded(portal.statement.text, t.cast(Passthrough | Write, routed))
             if ok:
-                self._provenance_notice()
+                self._passed(portal.statement, routed)
             if held and ok:
                 self.out(self._portal_rows(portal, max_rows))
             return ok
 
         self._queue.append(_Expect(read))
+
+    def _passed(self, statement: Statement, routed: Route | None) -> None:
+        """A statement the backend answered: the bookkeeping of one passed through (None: a
+        cached read it answered, counted apart), and the provenance NOTICE."""
+        if routed is not None:
+            self._forwarded(statement.text, t.cast(Passthrough | Write, routed))
+        self._provenance_notice()
 
     def _holder(self, portal: Portal) -> Out:
         """Where a row-limited Execute's messages wait: the rows in the portal, the
@@ -759,9 +766,14 @@ class Conversation:
 
     def _ensure_at_backend(self, statement: Statement) -> None:
         """Parse the statement at the backend again if its unnamed statement was replaced."""
-        name = statement.backend_name
-        if name is None or (name == b"" and self._unnamed_owner is not statement):
+        if not self._at_backend(statement):
             self._prepare_at_backend(statement, b"")
+
+    def _at_backend(self, statement: Statement) -> bool:
+        """Whether the backend holds the statement parsed (its unnamed statement may have
+        been replaced since)."""
+        name = statement.backend_name
+        return name is not None and (name != b"" or self._unnamed_owner is statement)
 
     def _sync(self) -> None:
         if self._piped:
@@ -1111,6 +1123,13 @@ def _simple_kind(routed: Route) -> str:
     if isinstance(routed, Passthrough | Write):
         return "backend"
     return "ddl" if isinstance(routed, CacheDdl) else "engine"
+
+
+def _effects(sql: str) -> tuple[bool, bool]:
+    """Whether a statement may change a setting local answers are encoded by
+    (`_OUTPUT_SETTINGS`), and whether it may LISTEN."""
+    upper = sql.upper()
+    return any(name in upper for name in _OUTPUT_SETTINGS), "LISTEN" in upper
 
 
 def _bind_formats(bind: protocol.Bind) -> tuple[list[int] | None, int, list[int] | None]:

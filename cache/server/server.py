@@ -345,9 +345,7 @@ class ClientConnection(asyncio.Protocol):
         self._farewell = b""  # the last message of a session the server ends
         self._fd: int | None = None  # the client socket's descriptor the workers write to
         self._abandoned = False  # the server ends the session: a full socket is not waited on
-        # a passed-through run the loop relays, and the backend socket it watches for it
-        self._passing: tuple[Passing, int] | None = None
-        self._sending = False  # the loop waits for the backend's socket to send the run
+        self._passing: Passing | None = None  # a passed-through run the loop relays
 
     # -- the event loop's side -------------------------------------------------------------
 
@@ -406,11 +404,7 @@ class ClientConnection(asyncio.Protocol):
             if not conversation.execution_at_hand(*run):
                 return self._pass_through(conversation, *run)
         except Exception:
-            log.exception("session failed")
-            self._out.clear()
-            self._out_size = 0
-            with self._arrived:
-                self._inbox.append(_Violation("internal error in the cache server (see its log)"))
+            self._failed()
             self._start_work(None)
             return True
         self._flush()
@@ -433,8 +427,7 @@ class ClientConnection(asyncio.Protocol):
         with self._state:
             self.busy = True
             self._serial += 1
-        pgconn = passing.relaying.conn.pgconn
-        self._passing = (passing, pgconn.socket)
+        self._passing = passing
         self._backend_writable()
         self._watch_backend(relaying=True)
         self.server.relayed_at_once += 1
@@ -445,15 +438,15 @@ class ClientConnection(asyncio.Protocol):
         backend's socket when it is full)."""
         loop, passing = self.loop, self._passing
         assert loop is not None and passing is not None
+        pgconn = passing.pgconn
         try:
-            pending = passing[0].relaying.conn.pgconn.flush()
+            pending = pgconn.flush()
         except psycopg.Error:
             pending = 0  # (the failure is read with the answer)
         if pending:
-            loop.add_writer(passing[1], self._backend_writable)
-        elif self._sending:
-            loop.remove_writer(passing[1])
-        self._sending = bool(pending)
+            loop.add_writer(pgconn.socket, self._backend_writable)
+        else:
+            loop.remove_writer(pgconn.socket)  # (none: nothing happens)
 
     def _relayed(self) -> None:
         """The backend's socket is readable under a passed-through run: relay what came;
@@ -461,23 +454,19 @@ class ClientConnection(asyncio.Protocol):
         passing, conversation = self._passing, self.conversation
         assert passing is not None and conversation is not None
         try:
-            over = conversation.relay_ready(passing[0])
+            over = conversation.relay_ready(passing)
         except psycopg.Error as exc:
-            conversation.relay_failed(passing[0], exc)
+            conversation.relay_failed(exc)
             over = True
         except Exception:
-            log.exception("session failed")
-            with self._arrived:
-                self._inbox.appendleft(
-                    _Violation("internal error in the cache server (see its log)"))
+            self._failed()
             over = True
         if not over:  # (its output goes out as it fills a buffer: `_write`)
             if self._paused:  # the client does not read: the backend waits
                 self._unwatch_backend()
             return
-        if self._sending and self.loop is not None:
-            self.loop.remove_writer(passing[1])
-            self._sending = False
+        if self.loop is not None:
+            self.loop.remove_writer(passing.pgconn.socket)
         self._passing = None
         with self._state:
             self.busy = False
@@ -560,9 +549,7 @@ class ClientConnection(asyncio.Protocol):
                         break
                     inbox.popleft()
             except Exception:
-                log.exception("session failed")
-                inbox.clear()
-                inbox.append(_Violation("internal error in the cache server (see its log)"))
+                self._failed()
             self._flush()
         if inbox or (self._eof and self._started) or self._ending:
             self._start_work(None)
@@ -571,6 +558,16 @@ class ClientConnection(asyncio.Protocol):
             self.server.closed(self)
         elif conversation is not None:
             self._watch_backend()
+
+    def _failed(self) -> None:
+        """The loop failed answering the session (a bug, logged): what it wrote and what
+        waits are dropped, and the session ends with an internal error, by a worker."""
+        log.exception("session failed")
+        self._out.clear()
+        self._out_size = 0
+        with self._arrived:
+            self._inbox.clear()
+            self._inbox.append(_Violation("internal error in the cache server (see its log)"))
 
     def _start_work(self, first: Callable[[], bool] | None) -> None:
         """Hand the conversation to a worker (``first``: its first job), once what the loop

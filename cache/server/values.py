@@ -42,7 +42,7 @@ class OutputSettings:
     date_style: str = "ISO, MDY"
     bytea_output: str = "hex"
 
-    @property
+    @functools.cached_property
     def supported(self) -> bool:
         return self.date_style.replace(" ", "").upper().startswith("ISO,") \
             and self.bytea_output == "hex"  # fmt: skip
