@@ -86,6 +86,30 @@ def raw_session(served: Served, options: str | None = None) -> socket.socket:
     return sock
 
 
+def messages(sock: socket.socket) -> Iterator[tuple[bytes, bytes]]:
+    """The server's messages on a raw session, as (type, body), until it closes."""
+    buffer = b""
+    while True:
+        while len(buffer) < 5 or len(buffer) < 1 + struct.unpack("!i", buffer[1:5])[0]:
+            data = sock.recv(65536)
+            if not data:
+                return
+            buffer += data
+        length = struct.unpack("!i", buffer[1:5])[0]
+        yield buffer[:1], buffer[5 : 1 + length]
+        buffer = buffer[1 + length :]
+
+
+def until(sock: socket.socket, kind: bytes) -> list[tuple[bytes, bytes]]:
+    """The server's messages on a raw session up to the first of type ``kind``."""
+    seen = []
+    for message in messages(sock):
+        seen.append(message)
+        if message[0] == kind:
+            return seen
+    return seen
+
+
 def quiet(served: Served) -> None:
     """Until no session of the server is answered by a worker: a client may have its answer
     before the worker has let go of the session, and a run arriving meanwhile waits its turn

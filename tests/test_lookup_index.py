@@ -5,9 +5,11 @@ again; a view too large to index on the statement's thread is indexed in the bac
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import decimal
 import random
+import typing as t
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +22,7 @@ from cache.engine.route import CachedRead
 from cache.engine.session import Session
 from cache.execution.lookup import LookupIndexes, lookup_shape
 from cache.store.cache_file import WouldWait
-from tests.answers import assert_same_answer, cached_copies
+from tests.answers import assert_same_answer, cached_copies, typed
 
 BOUND = " CURRENCY BOUND 10 MIN"
 NAMES = ("p0", "p1")  # the DuckDB names of a statement's parameters, in order
@@ -164,6 +166,70 @@ def test_a_large_view_is_indexed_in_the_background(conn: cache.Connection, backe
         assert_same_answer(conn, backend, sql + BOUND, sql, (draw.randint(0, 60001),))
     assert index.answered == before + 50
     assert any(entry["keys"] == 60000 for entry in index.summary())
+
+
+def test_a_lane_answers_as_the_full_path_while_nothing_it_depends_on_changes(
+    conn: cache.Connection, backend: str
+) -> None:  # fmt: skip
+    """`Session.lane` (the server's hit path): for a statement just answered at hand, other
+    keys of the same type get `read_locally`'s rows, counted and noted alike (the provenance
+    EXPLAIN LAST STATEMENT shows); it answers None, with nothing counted, for a key of another
+    type, once its decision has expired, while decisions are observed and after the cache
+    file changed (a refresh); a session with a timeline gets no lane."""
+    session = conn.session
+    assert isinstance(session, Session)
+    sql = QUERIES[0][0]
+    routed = session.route(sql + BOUND, with_params=True)
+    assert isinstance(routed, CachedRead)
+    query = routed.query
+    for key in range(1, 6):  # DuckDB answers, then the index is built
+        assert_same_answer(conn, backend, sql + BOUND, sql, (key,))
+    lookups(conn).wait()
+    session.read_locally(query, [3], wait=False)
+    lane = session.lane(query, [3])
+    assert lane is not None
+
+    def counted() -> tuple[int, int]:
+        return session.counters["hits"], session.counters["memo_hits"]
+
+    def accesses() -> list[tuple[t.Any, ...]]:
+        return [(a.table, a.route, a.view, a.regions, a.snapshot_ids, a.stale)
+                for a in session.last_provenance()]  # fmt: skip
+
+    for key in (3, 7, 250, -1):
+        before = counted()
+        rows = lane.rows([key])
+        assert rows is not None
+        assert counted() == (before[0] + 1, before[1] + 1)
+        noted = accesses()
+        waited = session.read_locally(query, [key])
+        assert waited is not None and typed(rows) == typed(waited.rows)
+        assert noted == accesses() and noted[0][1] == "local"
+    before = counted()
+    assert lane.rows(["3"]) is None and lane.rows([3.0]) is None and lane.rows([None]) is None
+    expired = dataclasses.replace(lane, expires=session.state.now() - dt.timedelta(seconds=1))
+    assert expired.rows([3]) is None
+    conn.engine.on_decision = lambda plan, decision: None
+    try:
+        assert lane.rows([3]) is None
+    finally:
+        conn.engine.on_decision = None
+    assert counted() == before
+    with psycopg.connect(backend, autocommit=True) as other:
+        other.execute("UPDATE people SET name = 'renamed' WHERE id = 3")
+    try:
+        conn.admin.refresh("peoplecopy")
+        assert lane.rows([3]) is None
+        assert_same_answer(conn, backend, sql + BOUND, sql, (3,))
+    finally:
+        with psycopg.connect(backend, autocommit=True) as other:
+            other.execute("UPDATE people SET name = 'p3' WHERE id = 3")
+        conn.admin.refresh("peoplecopy")
+    conn.execute("BEGIN TIMEORDERED")
+    try:
+        assert session.lane(query, [3]) is None
+    finally:
+        conn.execute("END TIMEORDERED")
 
 
 def test_an_answer_at_hand_never_waits_and_is_counted_once(

@@ -18,7 +18,7 @@ import pytest
 from cache.engine.inspect import status_document
 from cache.server import protocol
 from tests.answers import typed
-from tests.serving import Served, quiet, raw_session, serving
+from tests.serving import Served, quiet, raw_session, serving, until
 
 BOOKS = "SELECT isbn, title, price, authorid FROM books WHERE authorid = %s ORDER BY isbn"
 
@@ -300,28 +300,6 @@ def test_psql_through_the_server(served: Served, tmp_path: Path) -> None:
 # -- the protocol, byte by byte -------------------------------------------------------------------
 
 
-def _messages(sock: socket.socket) -> Iterator[tuple[bytes, bytes]]:
-    buffer = b""
-    while True:
-        while len(buffer) < 5 or len(buffer) < 1 + struct.unpack("!i", buffer[1:5])[0]:
-            data = sock.recv(65536)
-            if not data:
-                return
-            buffer += data
-        length = struct.unpack("!i", buffer[1:5])[0]
-        yield buffer[:1], buffer[5 : 1 + length]
-        buffer = buffer[1 + length :]
-
-
-def _until(sock: socket.socket, kind: bytes) -> list[tuple[bytes, bytes]]:
-    seen = []
-    for message in _messages(sock):
-        seen.append(message)
-        if message[0] == kind:
-            return seen
-    return seen
-
-
 def test_row_limited_execute_suspends_the_portal(served: Served) -> None:
     sock = raw_session(served)
     sql = b"SELECT isbn FROM books WHERE authorid = 1 ORDER BY isbn CURRENCY BOUND 10 MIN"
@@ -330,7 +308,7 @@ def test_row_limited_execute_suspends_the_portal(served: Served) -> None:
                  + protocol.message(b"E", b"\0" + struct.pack("!i", 2))
                  + protocol.message(b"E", b"\0" + struct.pack("!i", 0))
                  + protocol.message(b"S"))  # fmt: skip
-    kinds = [kind for kind, _ in _until(sock, b"Z")]
+    kinds = [kind for kind, _ in until(sock, b"Z")]
     assert kinds[:5] == [b"1", b"2", b"D", b"D", b"s"]
     assert kinds[-2:] == [b"C", b"Z"] and kinds.count(b"D") > 2
     sock.close()
@@ -346,7 +324,7 @@ def test_a_prepared_run_sent_at_once_gets_the_bytes_of_its_messages(served: Serv
     sql = BOOKS.replace("%s", "$1").encode() + b" CURRENCY BOUND 10 MIN"
     sock.sendall(protocol.message(b"P", b"s\0" + sql + b"\0\0\0")
                  + protocol.message(b"D", b"Ss\0") + protocol.message(b"S"))  # fmt: skip
-    assert [kind for kind, _ in _until(sock, b"Z")] == [b"1", b"t", b"T", b"Z"]
+    assert [kind for kind, _ in until(sock, b"Z")] == [b"1", b"t", b"T", b"Z"]
 
     def run(author: int, binary: bool, describe: bool, portal: bytes) -> bytes:
         value = str(author).encode()
@@ -358,7 +336,7 @@ def test_a_prepared_run_sent_at_once_gets_the_bytes_of_its_messages(served: Serv
 
     def answer(data: bytes) -> list[tuple[bytes, bytes]]:
         sock.sendall(data)
-        return _until(sock, b"Z")
+        return until(sock, b"Z")
 
     runs = [(author, binary, describe, portal) for author in (1, 2, 3, 99)
             for binary in (False, True) for describe in (False, True)
@@ -393,7 +371,7 @@ def test_a_passed_through_run_sent_at_once_gets_the_bytes_of_its_messages(
 
     def answer(data: bytes) -> list[tuple[bytes, bytes]]:
         sock.sendall(data)
-        return _until(sock, b"Z")
+        return until(sock, b"Z")
 
     def query(sql: bytes) -> list[bytes]:
         return [kind for kind, _ in answer(protocol.message(b"Q", sql + b"\0"))]

@@ -47,6 +47,7 @@ from cache.engine import inspect
 from cache.engine.admin import Admin
 from cache.engine.boundary import public
 from cache.engine.engine import Engine, SessionOptions, bound_seconds
+from cache.engine.lane import Lane
 from cache.engine.result import NO_PROVENANCE, Result, no_rows, of_cursor
 from cache.engine.route import (
     CachedRead,
@@ -62,12 +63,13 @@ from cache.engine.route import (
 )
 from cache.engine.settings import SETTINGS, setting
 from cache.engine.state import SessionState
-from cache.execution.decisions import DecisionMemo
+from cache.execution.decisions import DecisionMemo, expiry
 from cache.execution.execute import (
     UTC,
     Fetch,
     LocalUnfit,
     Zone,
+    compiled_for,
     run_local,
     zone_named,
 )
@@ -78,7 +80,7 @@ from cache.store.cache_file import COUNTERS, WouldWait
 from cache.store.region_state import read_region_state
 from control_tables.regions import RegionState
 from heartbeat.clock import BackendClock
-from optimizer.evaluate_guards import Decision, evaluate_guards
+from optimizer.evaluate_guards import Decision, Misses, evaluate_guards
 from optimizer.plan import Plan
 from sql_ext import CreateCachedView, CreateControlTable, DropCacheObject, Query
 from sql_ext.errors import (
@@ -88,7 +90,7 @@ from sql_ext.errors import (
     translate,
     translating,
 )
-from sql_ext.params import ParameterValues, Params, bind_literals
+from sql_ext.params import ParameterValues, Params, bind_literals, values_for
 from sql_ext.quoting import folded
 
 # how many times a query decides again when the cache file changed under its guards before
@@ -604,6 +606,53 @@ class Session:
         except BackendUnavailableError as exc:
             result = self._answer_without_backend(query, params, exc)
         return self._noted(result, result.lineage) if result is not None else None
+
+    def lane(self, query: Query, params: Params) -> Lane | None:
+        """The lane of a query `read_locally` just answered at hand with these parameters,
+        for its next executions with values of the same types, when it has one (see
+        `cache.engine.lane`); None otherwise."""
+        engine = self.engine
+        memo = engine.memo
+        lookups = memo.lookups if memo is not None else None
+        if memo is None or lookups is None or self.closed or self.provenance_notices or \
+                self.state.timeline_active or engine.on_decision is not None:  # fmt: skip
+            return None
+        store = self.store
+        try:
+            version = store.committed_version(wait=False)
+            prepared = self.planner.prepare(query, params, self.currency_bound, wait=False)
+            decision = self._guard(prepared, params, wait=False)
+            bindings = decision.bindings
+            if not bindings or decision.local < len(bindings) or decision.misses != Misses() \
+                    or prepared.plan.guards_read_parameters:  # fmt: skip
+                return None
+            compiled = compiled_for(prepared, decision)
+            statement, shape = compiled.statement, compiled.lookup
+            if shape is None or statement.zone:
+                return None
+            values = values_for(statement.keys, params)
+            types = tuple(map(type, values))
+            typed = dict(zip(statement.keys, types, strict=True))
+            if any(kind == "timestamptz" or typed.get(key) is str
+                   for key, kind in statement.typed_parameters):  # fmt: skip
+                return None  # (values of these types are checked one by one: `run_local`)
+            result_shape = compiled.results.get((self._zone(), *types))
+            token = memo.change_token(compiled.views, False)
+            if result_shape is None or not lookups.holds(shape, token) or \
+                    not store.unchanged_since(version):  # fmt: skip
+                return None
+        except WouldWait:
+            return None
+        return Lane(self, version, decision, expiry(decision), statement.keys, types, shape,
+                    lookups, token, result_shape[1])  # fmt: skip
+
+    def answered_from_lane(self, decision: Decision, lineage: t.Callable[[], Provenance]) -> None:
+        """A lane answered a query all local by this decision: counted and noted as
+        `read_locally` counts and notes its answers."""
+        counters = self.counters
+        counters["hits"] += decision.local
+        counters["memo_hits"] += 1
+        self._last = lineage
 
     def answered_remotely(self, query: Query) -> None:
         """The caller had the backend answer a query `read_locally` left to it."""

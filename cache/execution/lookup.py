@@ -179,6 +179,11 @@ class LookupIndexes:
             return list(found)
         return [found]
 
+    def holds(self, shape: LookupShape, token: tuple[int, ...]) -> bool:
+        """Whether the shape's index is built at ``token``."""
+        index = self._indexes.get(shape)
+        return index is not None and index.token == token
+
     def ran(self, shape: LookupShape, token: tuple[int, ...], duck: duckdb.DuckDBPyConnection,
             values: Sequence[t.Any], handle: Callable[[], CacheStore]) -> None:  # fmt: skip
         """DuckDB ran the shape on ``duck`` with these parameter values: build its index,

@@ -44,6 +44,7 @@ Description = tuple[tuple[int, ...], list[Field] | None]
 
 # pg_type.typlen of the types the cache's own results have (-1: variable length)
 _SIZES = {OID.bool: 1, OID.int8: 8, OID.float8: 8, OID.timestamptz: 8}
+_READY_IDLE = protocol.ready_for_query(b"I")
 # settings that shape PostgreSQL's text output without being reported in ParameterStatus
 _OUTPUT_SETTINGS = ("EXTRA_FLOAT_DIGITS", "BYTEA_OUTPUT", "RESET ALL", "DISCARD")
 
@@ -61,6 +62,7 @@ class Statement:
     described: Description | None = None  # once described
     # its RowDescription by the result format codes of a Bind (`Conversation._row_description`)
     row_descriptions: dict[tuple[int, ...], bytes] = dataclasses.field(default_factory=dict)
+    lane: _Lane | None = None  # its runs' hit path in the session (`Conversation.lane_at_hand`)
 
     @property
     def passthrough(self) -> bool:
@@ -93,6 +95,20 @@ class Statement:
         order = self.converted.order
         return to_backend(routed.query.backend_sql, order) if order else \
             routed.query.backend_sql  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Lane:
+    """The hit path of a statement's runs of one shape while the session only reads at hand
+    (`Conversation.lane_at_hand`): the engine's lane, and the bytes around its rows."""
+
+    epoch: int  # the conversation's, when it was made
+    run: protocol.RunShape
+    decoders: tuple[values.Decoder, ...]  # per parameter, as `_engine_params` decodes it
+    converted: Converted
+    rows: Callable[[list[t.Any]], list[t.Any] | None]  # `cache.engine.lane.Lane.rows`
+    encoders: tuple[values.Encoder, ...]
+    head: bytes  # BindComplete, and the RowDescription when the run describes its portal
 
 
 @dataclass
@@ -169,6 +185,9 @@ class Conversation:
         self.ignoring = False  # after an error, until Sync
         self._output_changed = False  # a statement may have changed `_OUTPUT_SETTINGS`
         self.listening = False  # a LISTEN reached the backend: notifications may come
+        # counts what the session did other than reads at hand: a lane made at another count
+        # may have seen another session state (`lane_at_hand`)
+        self.epoch = 0
 
     # -- messages ------------------------------------------------------------------------------
 
@@ -269,7 +288,74 @@ class Conversation:
         self.out(self._bound(portal, describe))
         self._send_local(portal, result, 0)
         self._ready()  # (the portal ends with the Sync: it was never kept)
+        lane = statement.lane
+        if lane is None or lane.epoch != self.epoch or lane.run != protocol.run_shape(bind,
+                                                                                   describe):
+            statement.lane = self._lane(portal, describe, result)
         return True
+
+    def lane_at_hand(self, data: bytes) -> bool:
+        """A run of a prepared statement (as `execution_at_hand` takes them) answered by the
+        lane its last run made, when ``data`` differs from that run only in its parameter
+        values and the session did nothing but read at hand since (``epoch``): the same bytes
+        as `execution_at_hand`'s, with only what could have changed checked
+        (`cache.engine.lane`). False: nothing was done."""
+        if data[5:6] != b"\0" or self.portals or self._queue or self.ignoring or \
+                not self._idle():  # fmt: skip
+            return False  # (a named portal: not a lane's)
+        statement = self.statements.get(data[6 : data.find(b"\0", 6)])
+        lane = statement.lane if statement is not None else None
+        if lane is None or lane.epoch != self.epoch:
+            return False
+        found = lane.run.values(data)
+        if found is None:
+            return False
+        try:
+            decoded = [None if v is None else d(v)
+                       for d, v in zip(lane.decoders, found, strict=True)]  # fmt: skip
+        except Exception:  # a value it cannot read: the full path says why
+            return False
+        rows = lane.rows(lane.converted.params(decoded))
+        if rows is None:
+            return False
+        encoders = lane.encoders
+        data_row = protocol.data_row
+        out = [lane.head]
+        for row in rows:
+            out.append(data_row([None if v is None else f(v)
+                                 for f, v in zip(encoders, row, strict=True)]))  # fmt: skip
+        out.append(protocol.command_complete(f"SELECT {len(rows)}"))
+        out.append(_READY_IDLE)
+        self.out(b"".join(out))
+        return True
+
+    def _lane(self, portal: Portal, describe: bool, result: Result) -> _Lane | None:
+        """The lane of a run `execution_at_hand` just answered, if it can have one."""
+        statement, bind = portal.statement, portal.bind
+        routed, described = statement.route, statement.described
+        if bind.portal or result.notices or result.rows is None or self.listening \
+                or result.status != f"SELECT {len(result.rows)}" \
+                or not isinstance(routed, CachedRead) or described is None:  # fmt: skip
+            return None
+        decoders = []
+        for i, oid in enumerate(self._param_types(portal)):
+            decode = values.decoder(oid, bind.param_format(i) == 1)
+            if decode is None:
+                return None
+            decoders.append(decode)
+        try:
+            params = self._engine_params(portal)
+        except (_Refusal, Error):
+            return None
+        lane = self.session.lane(routed.query, params)
+        if lane is None:
+            return None
+        oids = tuple(c.type_oid or OID.text for c in result.columns or ())
+        formats = relay.result_formats(bind.result_formats, len(oids))
+        return _Lane(self.epoch, protocol.run_shape(bind, describe), tuple(decoders),
+                     statement.converted, lane.rows, values.encoders(oids, tuple(formats),
+                                                                     self.settings),
+                     self._bound(portal, describe))  # fmt: skip
 
     def _bound(self, portal: Portal, describe: bool) -> bytes:
         """BindComplete, then the portal's description if asked (a run taken whole)."""
@@ -904,11 +990,7 @@ class Conversation:
         if not converted.order:
             return []
         bind = portal.bind
-        types = statement.param_types
-        if len(types) < len(bind.params) or 0 in types:
-            if statement.described is None:
-                statement.described = self._description(statement.backend_text, types)
-            types = statement.described[0]
+        types = self._param_types(portal)
         if len(bind.params) != len(types):
             raise _Refusal("08P01", f"bind message supplies {len(bind.params)} parameters, "
                            f"but prepared statement requires {len(types)}")  # fmt: skip
@@ -923,6 +1005,17 @@ class Conversation:
                                "cannot read")  # fmt: skip
             decoded.append(decode(value))
         return converted.params(decoded)
+
+    def _param_types(self, portal: Portal) -> tuple[int, ...]:
+        """The types of a portal's parameters: as the client gave them, else as the backend
+        describes the statement."""
+        statement = portal.statement
+        types = statement.param_types
+        if len(types) < len(portal.bind.params) or 0 in types:
+            if statement.described is None:
+                statement.described = self._description(statement.backend_text, types)
+            types = statement.described[0]
+        return types
 
     def _send_result(self, result: Result, *, describe: bool, formats: list[int] | None,
                      into: Out | None = None) -> None:  # fmt: skip

@@ -380,6 +380,59 @@ def execution(data: bytes) -> tuple[Bind, bool] | None:
     return None
 
 
+class RunShape(t.NamedTuple):
+    """The bytes every run of one prepared statement (`execution`) shares when it differs from
+    another only in its parameter values: what a client sends again and again, read again
+    by comparing bytes (`values`) instead of parsing messages."""
+
+    head: bytes  # the Bind's body up to its parameter count (portal, statement, formats)
+    params: int  # how many parameters it has
+    result_formats: bytes  # the Bind's rest
+    tail: bytes  # Describe of the portal or not, Execute, Sync
+
+    def values(self, data: bytes) -> list[bytes | None] | None:
+        """The parameter values of a run of this shape; None when ``data`` is anything else
+        (then read as usual, where it gets its answer or its error)."""
+        head = self.head
+        if data[:1] != b"B" or not data.startswith(head, 5):
+            return None
+        size = len(data)
+        pos = 5 + len(head)
+        found: list[bytes | None] = []
+        unpack = _INT32.unpack_from
+        for _ in range(self.params):
+            if pos + 4 > size:
+                return None
+            length = unpack(data, pos)[0]
+            pos += 4
+            if length < 0:
+                if length != -1:
+                    return None
+                found.append(None)
+                continue
+            found.append(data[pos : pos + length])
+            pos += length
+        formats = self.result_formats
+        end = pos + len(formats)
+        if pos > size or unpack(data, 1)[0] + 1 != end or not data.startswith(formats, pos) \
+                or data[end:] != self.tail:  # fmt: skip
+            return None
+        return found
+
+
+def run_shape(bind: Bind, describe: bool) -> RunShape:
+    """The shape of a run `execution` recognized (its Bind and whether it described the
+    portal)."""
+    head = (cstring(bind.portal) + cstring(bind.statement) + _INT16.pack(len(bind.param_formats))
+            + b"".join(_INT16.pack(f) for f in bind.param_formats)
+            + _INT16.pack(len(bind.params)))  # fmt: skip
+    formats = _INT16.pack(len(bind.result_formats)) + \
+        b"".join(_INT16.pack(f) for f in bind.result_formats)  # fmt: skip
+    portal = bind.portal
+    tail = (_describe_of(portal) if describe else b"") + _run_of(portal)
+    return RunShape(head, len(bind.params), formats, tail)
+
+
 def _run_of(portal: bytes) -> bytes:
     """Execute of all the portal's rows, then Sync."""
     return message(b"E", portal + b"\0\0\0\0\0") + message(b"S")

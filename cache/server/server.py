@@ -146,6 +146,7 @@ class Server:
         self.defaults = _backend_defaults(engine.backend)
         self._describes: dict[tuple[str, tuple[int, ...], int], Description] = {}
         self.runs_at_once = 0  # prepared runs answered in one step (`ClientConnection._at_hand`)
+        self.lane_hits = 0  # of them, by a statement's lane (`Conversation.lane_at_hand`)
         self.relayed_at_once = 0  # passed through by the loop (`ClientConnection._pass_through`)
 
     # -- serving -----------------------------------------------------------------------------------
@@ -365,6 +366,8 @@ class ClientConnection(asyncio.Protocol):
             return
         if self._at_hand(data):
             return
+        if self.conversation is not None:
+            self.conversation.epoch += 1  # (its lanes stop: the session may change)
         reader = self._reader
         reader.feed(data)
         try:
@@ -397,13 +400,19 @@ class ClientConnection(asyncio.Protocol):
         if conversation is None or self.working or self._inbox or self._paused \
                 or self._reader.pending:  # fmt: skip
             return False
-        run = protocol.execution(data)
-        if run is None:
-            return False
         try:
+            if conversation.lane_at_hand(data):
+                self._flush()
+                self.server.lane_hits += 1
+                return True
+            run = protocol.execution(data)
+            if run is None:
+                return False
             if not conversation.execution_at_hand(*run):
+                conversation.epoch += 1
                 return self._pass_through(conversation, *run)
         except Exception:
+            conversation.epoch += 1
             self._failed()
             self._start_work(None)
             return True

@@ -277,6 +277,17 @@ class CacheStore:
         finally:
             lock.release()
 
+    def unchanged_since(self, version: int) -> bool:
+        """Whether no change committed since the file was at ``version``, and none is being
+        committed (`committed_version` without waiting, in one step)."""
+        lock = self._shared.commit_lock
+        if not lock.acquire(False):
+            return False
+        try:
+            return self._shared.version == version
+        finally:
+            lock.release()
+
     def _commit_lock(self, wait: bool) -> threading.Lock:
         """The commit lock, acquired (the caller releases it); ``wait=False``: `WouldWait`
         while a change is being committed. (Not a context manager: the hit path takes it

@@ -1,0 +1,95 @@
+"""A lane: one session's cached point lookup answered again with only what could have changed
+checked (the server's hit path).
+
+A cached read answered at hand (`Session.read_locally` without waiting) from a lookup index
+went through planning, the guards and the local run, and each step kept its work - the plan
+cache, the decision memo, the compiled statement, the index - and checks on every execution
+that what it kept still holds. For the next executions of the same statement with other
+values of the same types, a lane checks all of that at once:
+
+- the cache file is unchanged since (`CacheStore.unchanged_since`: its rows, regions, schema
+  and measured delays, everything a plan, a decision and an index were made from);
+- time has not outlived the decision (`cache.execution.decisions.expiry`, on the backend's
+  clock as the guards read it);
+- nothing observes decisions (`Engine.on_decision`);
+- the session is unchanged, which its caller guarantees: a lane is used only while the
+  session runs nothing but cached reads at hand (the server drops its lanes at any other
+  statement of the session). A lane is made only for a plan whose guards read no parameter
+  (no presence guard: any key's decision is the one made) and a session with no timeline and
+  no provenance NOTICE to keep.
+
+Then the index gives the rows, converted as the local run converts them, and the session
+counts and notes the answer as the full path does (hits, memo hits, the provenance EXPLAIN
+LAST STATEMENT shows, with the moment of this read). Anything else - a key of another type,
+an index rebuilt, a commit in progress - is None: the full path answers.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import typing as t
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from cache.engine.engine import Engine
+from cache.engine.state import SessionState
+from cache.execution.convert import Row
+from cache.execution.lookup import LookupIndexes, LookupShape
+from cache.execution.provenance import Provenance
+from cache.store.cache_file import CacheStore, WouldWait
+from optimizer.evaluate_guards import Decision
+from sql_ext.params import Key, values_for
+
+
+class Owner(t.Protocol):
+    """What a lane reads of its session (`cache.engine.session.Session`)."""
+
+    closed: bool
+    engine: Engine
+    store: CacheStore
+    state: SessionState
+
+    def answered_from_lane(self, decision: Decision,
+                           lineage: Callable[[], Provenance]) -> None: ...  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Lane:
+    """One statement's lane in one session (`Session.lane`)."""
+
+    session: Owner
+    version: int  # the cache file's version the lane was made at
+    decision: Decision  # all local
+    expires: dt.datetime | None  # when the decision stops holding (None: not by time)
+    keys: Sequence[Key]  # the local statement's parameters
+    types: tuple[type, ...]  # the type of each parameter value the lane takes
+    shape: LookupShape
+    lookups: LookupIndexes
+    token: tuple[int, ...]  # the views' change token (unchanged with the version)
+    convert: Callable[[list[Row]], list[Row]]  # DuckDB's values as PostgreSQL's types
+
+    def rows(self, params: Sequence[t.Any]) -> list[Row] | None:
+        """The statement's rows for these parameter values, counted and noted as the session's
+        last answer; None: the lane does not hold (nothing was done)."""
+        session = self.session
+        if session.closed or session.engine.on_decision is not None or \
+                not session.store.unchanged_since(self.version):  # fmt: skip
+            return None
+        try:
+            now = session.state.now(wait=False)
+        except WouldWait:
+            return None
+        expires = self.expires
+        if expires is not None and now > expires:
+            return None
+        if len(params) != len(self.keys):
+            return None
+        values = values_for(self.keys, params)
+        if any(type(v) is not k for v, k in zip(values, self.types, strict=True)):
+            return None
+        found = self.lookups.rows(self.shape, self.token, values)
+        if found is None:
+            return None
+        decision = self.decision._replace(now=now)
+        session.answered_from_lane(decision, lambda: Provenance.of(decision))
+        return self.convert(found)

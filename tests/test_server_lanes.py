@@ -1,0 +1,144 @@
+"""A statement's lane, the server's hit path for runs of a prepared point lookup
+(`Conversation.lane_at_hand`, `cache.engine.lane`): byte for byte what the full path answers,
+in text and binary, with and without a Describe, for keys with rows, without, and NULL; and
+never an answer the full path would not give: after the session's own write, inside a
+transaction block, after a refresh of the view, after the session's bound changed."""
+
+from __future__ import annotations
+
+import itertools
+import struct
+import typing as t
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from cache.server import protocol
+from tests.answers import typed
+from tests.serving import Served, quiet, raw_session, server_of, until
+
+POINT = "SELECT abalance, note, amount FROM accounts WHERE aid = %s"
+BOUND = "-c mtcache.currency_bound=600"
+
+
+@pytest.fixture(scope="module")
+def served(backend_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    with psycopg.connect(backend_dsn, autocommit=True) as setup:
+        setup.execute("DROP TABLE IF EXISTS accounts")
+        setup.execute("CREATE TABLE accounts (aid integer PRIMARY KEY, abalance integer, "
+                      "note text, amount numeric(12,2))")  # fmt: skip
+        setup.execute("INSERT INTO accounts SELECT g, g * 3, CASE WHEN g % 5 = 0 THEN NULL "
+                      "ELSE 'n' || g END, g * 1.5 FROM generate_series(1, 500) g")  # fmt: skip
+    with server_of(backend_dsn, tmp_path_factory.mktemp("lanes") / "cache.duckdb") as found:
+        with psycopg.connect(found.dsn, autocommit=True) as conn:
+            conn.execute("CREATE CACHED VIEW accountcopy AS SELECT * FROM accounts "
+                         "REFRESH EVERY 10 MIN")  # fmt: skip
+            conn.execute("REFRESH CACHED VIEW accountcopy")
+        yield found
+
+
+def _warm(served: Served, read: t.Callable[[int], object]) -> None:
+    """Runs enough for the plan, the decision and the lookup index to be made."""
+    for key in range(1, 8):
+        read(key)
+    memo = served.engine.memo
+    assert memo is not None and memo.lookups is not None
+    memo.lookups.wait()
+    quiet(served)
+
+
+@pytest.mark.parametrize(("binary", "describe"), list(itertools.product((False, True), repeat=2)))
+def test_a_lane_gives_the_bytes_the_full_path_gives(served: Served, binary: bool,
+                                                     describe: bool) -> None:  # fmt: skip
+    sock = raw_session(served, BOUND)
+    sql = POINT.replace("%s", "$1").encode()
+    sock.sendall(protocol.message(b"P", b"s\0" + sql + b"\0\0\0")
+                 + protocol.message(b"D", b"Ss\0") + protocol.message(b"S"))  # fmt: skip
+    assert [kind for kind, _ in until(sock, b"Z")] == [b"1", b"t", b"T", b"Z"]
+
+    def run(key: int | None) -> bytes:
+        value = b"" if key is None else str(key).encode()
+        length = -1 if key is None else len(value)
+        bind = b"\0s\0" + struct.pack("!hhhi", 1, 0, 1, length) + value \
+            + struct.pack("!hh", 1, int(binary))  # fmt: skip
+        return protocol.message(b"B", bind) \
+            + (protocol.message(b"D", b"P\0") if describe else b"") \
+            + protocol.message(b"E", b"\0\0\0\0\0") + protocol.message(b"S")  # fmt: skip
+
+    def answer(data: bytes) -> list[tuple[bytes, bytes]]:
+        sock.sendall(data)
+        return until(sock, b"Z")
+
+    flush = protocol.message(b"H")  # (a run that does not start with its Bind: one by one)
+    _warm(served, lambda key: answer(run(key)))
+    keys = [1, 2, 5, 499, 0, 501, None, 10, 7]  # (5, 10: a NULL note; 0, 501: no row)
+    one_by_one = [answer(flush + run(key)) for key in keys]
+    before = served.server.lane_hits
+    at_once = [answer(run(key)) for key in keys]
+    assert at_once == one_by_one
+    # the first run makes the lane again (the runs one by one ended it), a NULL goes the full
+    # path; one more may, if the backend's clock was measured again meanwhile
+    assert len(keys) - 3 <= served.server.lane_hits - before <= len(keys) - 2
+    kinds = [kind for kind, _ in at_once[0]]
+    assert kinds == ([b"2", b"T"] if describe else [b"2"]) + [b"D", b"C", b"Z"]
+    sock.close()
+
+
+def _same(got: psycopg.Cursor[t.Any], want: psycopg.Cursor[t.Any]) -> list[t.Any]:
+    rows, expected = got.fetchall(), want.fetchall()
+    assert typed(rows) == typed(expected)
+    assert [(d.name, d.type_code) for d in got.description or []] == \
+        [(d.name, d.type_code) for d in want.description or []]  # fmt: skip
+    return rows
+
+
+def test_a_lane_never_answers_what_the_full_path_would_not(served: Served) -> None:
+    with psycopg.connect(served.dsn, autocommit=True, options=BOUND) as conn, \
+            psycopg.connect(served.dsn, autocommit=True) as admin, \
+            psycopg.connect(served.backend, autocommit=True) as pg:  # fmt: skip
+
+        def read(key: int) -> list[t.Any]:
+            return conn.execute(POINT, (key,), prepare=True).fetchall()
+
+        def check(key: int) -> list[t.Any]:
+            return _same(conn.execute(POINT, (key,), prepare=True), pg.execute(POINT, (key,)))
+
+        def lane_hits() -> int:
+            quiet(served)
+            return served.server.lane_hits
+
+        _warm(served, read)
+        before = lane_hits()
+        for key in range(1, 41):
+            check(key)
+        assert lane_hits() - before >= 37  # (see the test above)
+        try:
+            # the session's own write: its next read sees it (the backend answers)
+            conn.execute("UPDATE accounts SET abalance = abalance + 1 WHERE aid = 7")
+            assert check(7) == [(22, "n7", pg.execute(POINT, (7,)).fetchone()[2])]
+            # a transaction block: its reads see its writes
+            conn.execute("BEGIN")
+            conn.execute("UPDATE accounts SET abalance = -1 WHERE aid = 8")
+            assert read(8)[0][0] == -1
+            conn.execute("ROLLBACK")
+            check(8)
+            # a change at the backend, then the view refreshed by another session
+            _warm(served, read)
+            pg.execute("UPDATE accounts SET note = 'changed' WHERE aid = 9")
+            admin.execute("REFRESH CACHED VIEW accountcopy")
+            assert check(9)[0][1] == "changed"
+            # a change the cache has not seen (within the bound: the cache may answer), then a
+            # bound the cached copy does not meet: the backend answers
+            _warm(served, read)
+            before = lane_hits()
+            pg.execute("UPDATE accounts SET note = 'fresh' WHERE aid = 11")
+            read(11)
+            assert lane_hits() > before
+            conn.execute("SET CURRENCY BOUND 0 SECONDS")
+            assert check(11)[0][1] == "fresh"
+            conn.execute("SET CURRENCY BOUND 10 MIN")
+        finally:
+            pg.execute("UPDATE accounts SET abalance = aid * 3, note = CASE WHEN aid % 5 = 0 "
+                       "THEN NULL ELSE 'n' || aid END WHERE aid IN (7, 9, 11)")  # fmt: skip
+            admin.execute("REFRESH CACHED VIEW accountcopy")
