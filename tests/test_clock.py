@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import subprocess
@@ -11,7 +12,9 @@ import psycopg
 import pytest
 
 import cache
-from heartbeat.clock import BackendClock, from_samples, measure
+from cache.engine.engine import Engine
+from cache.store.cache_file import WouldWait
+from heartbeat.clock import CLOCK_MAX_AGE, BackendClock, from_samples, measure
 
 
 def test_the_estimate_is_never_earlier_than_the_backend_clock() -> None:
@@ -66,3 +69,27 @@ def test_a_connection_measures_the_clock_and_status_reports_it(
     assert set(document["backend_clock"]) == {
         "offset_seconds", "uncertainty_seconds", "measured_at"
     }  # fmt: skip
+
+
+@pytest.mark.backend
+def test_the_shared_clock_is_measured_again_only_where_waiting_is_allowed(
+    backend_dsn: str, tmp_path: Path
+) -> None:  # fmt: skip
+    """The clock of sessions without a backend connection of their own (the server's) is
+    measured on a pooled connection every CLOCK_MAX_AGE seconds: a session that may not wait
+    (an event loop's answer at hand) gets `WouldWait` then, never a measurement."""
+    engine = Engine(backend_dsn, tmp_path / "cache.duckdb", background=False)
+    try:
+        first = engine.shared_clock()
+        assert first is not None
+        assert engine.shared_clock(wait=False) is first  # (fresh: no measurement)
+        aged = dataclasses.replace(first, measured_at=first.measured_at
+                                   - dt.timedelta(seconds=CLOCK_MAX_AGE + 1))  # fmt: skip
+        engine._clock = aged  # (as it is CLOCK_MAX_AGE seconds later)
+        with pytest.raises(WouldWait):
+            engine.shared_clock(wait=False)
+        assert engine._clock is aged
+        again = engine.shared_clock()
+        assert again is not None and again.measured_at > first.measured_at
+    finally:
+        engine.close()

@@ -187,21 +187,29 @@ class Engine:
                     state = self._regions = read_region_state(self.store)
         return state
 
-    def heartbeat_clock(self) -> BackendClock | None:
-        """The backend clock as this process's heartbeat estimates it (None: no heartbeat)."""
+    def heartbeat_clock(self, wait: bool = True) -> BackendClock | None:
+        """The backend clock as this process's heartbeat estimates it (None: no heartbeat;
+        ``wait``: as `shared_clock`'s, never needed here)."""
         running = self._background
         return running.heartbeat.clock if running is not None and running.heartbeat else None
 
-    def shared_clock(self) -> BackendClock | None:
+    def shared_clock(self, wait: bool = True) -> BackendClock | None:
         """The backend clock for sessions without a backend connection of their own: the
         heartbeat's estimate, else one measurement on a pooled connection shared by all and
-        made again every CLOCK_MAX_AGE seconds (None while the backend is unreachable)."""
+        made again every CLOCK_MAX_AGE seconds (None while the backend is unreachable;
+        ``wait=False``: `WouldWait` when it is time to measure, which an event loop may not
+        wait for)."""
         beat = self.heartbeat_clock()
         if beat is not None:
             return beat
+        clock = self._clock
+        now = dt.datetime.now(dt.UTC)
+        if clock is not None and (now - clock.measured_at).total_seconds() <= CLOCK_MAX_AGE:
+            return clock
+        if not wait:
+            raise WouldWait("the backend's clock is measured again")
         with self._clock_lock:
             clock = self._clock
-            now = dt.datetime.now(dt.UTC)
             if clock is None or (now - clock.measured_at).total_seconds() > CLOCK_MAX_AGE:
                 try:
                     with pooled(self.backend) as conn:

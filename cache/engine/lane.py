@@ -85,7 +85,7 @@ class Lane:
         if len(params) != len(self.keys):
             return None
         values = values_for(self.keys, params)
-        if any(type(v) is not k for v, k in zip(values, self.types, strict=True)):
+        if tuple(map(type, values)) != self.types:
             return None
         found = self.lookups.rows(self.shape, self.token, values)
         if found is None:

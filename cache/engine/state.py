@@ -24,7 +24,7 @@ OFFLINE_RETRY = 60.0  # seconds between measurement attempts while the backend i
 class SessionState:
     def __init__(
         self, pg: t.Callable[[], psycopg.Connection[t.Any] | None], store: CacheStore,
-        heartbeat_clock: t.Callable[[], BackendClock | None] = lambda: None,
+        heartbeat_clock: t.Callable[[bool], BackendClock | None] = lambda wait: None,
     ) -> None:  # fmt: skip
         self._pg = pg  # the session's backend connection now (None: the backend is down)
         self._store = store
@@ -45,7 +45,7 @@ class SessionState:
         one and it is newer, else re-measured every CLOCK_MAX_AGE seconds (``wait=False``:
         `WouldWait` when it is time to measure)."""
         local = dt.datetime.now(dt.UTC)
-        beat = self._heartbeat_clock()
+        beat = self._heartbeat_clock(wait)
         if beat is not None and beat.measured_at > self.clock.measured_at:
             self._use_clock(beat, save=False)
         if local > self._remeasure_at:
@@ -69,7 +69,7 @@ class SessionState:
             except psycopg.Error:
                 pass
         else:  # no connection of its own: the process's clock, if it has one
-            shared = self._heartbeat_clock()
+            shared = self._heartbeat_clock(True)
             if shared is not None:
                 return shared, CLOCK_MAX_AGE
         last = last or self._store.load_clock()

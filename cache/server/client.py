@@ -300,9 +300,11 @@ class Conversation:
         values and the session did nothing but read at hand since (``epoch``): the same bytes
         as `execution_at_hand`'s, with only what could have changed checked
         (`cache.engine.lane`). False: nothing was done."""
-        if data[5:6] != b"\0" or self.portals or self._queue or self.ignoring or \
-                not self._idle():  # fmt: skip
-            return False  # (a named portal: not a lane's)
+        # (the backend's transaction status is not asked: it changes only by a statement,
+        # which ends the lanes; a named portal is not a lane's)
+        if data[5:6] != b"\0" or self.portals or self._queue or self.ignoring or self._piped \
+                or self._output_changed:  # fmt: skip
+            return False
         statement = self.statements.get(data[6 : data.find(b"\0", 6)])
         lane = statement.lane if statement is not None else None
         if lane is None or lane.epoch != self.epoch:
@@ -324,7 +326,7 @@ class Conversation:
         for row in rows:
             out.append(data_row([None if v is None else f(v)
                                  for f, v in zip(encoders, row, strict=True)]))  # fmt: skip
-        out.append(protocol.command_complete(f"SELECT {len(rows)}"))
+        out.append(protocol.select_complete(len(rows)))
         out.append(_READY_IDLE)
         self.out(b"".join(out))
         return True

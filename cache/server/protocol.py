@@ -15,6 +15,7 @@ docs/decisions.md. The codec is small and tested by feeding it bytes, malformed 
 
 from __future__ import annotations
 
+import functools
 import struct
 import typing as t
 from collections.abc import Iterable, Sequence
@@ -534,6 +535,12 @@ def data_row(values: Sequence[bytes | None]) -> bytes:
 
 def command_complete(tag: str | bytes) -> bytes:
     return message(b"C", cstring(tag))
+
+
+@functools.lru_cache(maxsize=256)
+def select_complete(rows: int) -> bytes:
+    """CommandComplete of a SELECT of ``rows`` rows (made once per count)."""
+    return command_complete(f"SELECT {rows}")
 
 
 def parameter_description(type_oids: Sequence[int]) -> bytes:
