@@ -7,7 +7,8 @@ One run, everything side by side on one pgbench database (`pgbench -i -s SCALE`)
 (a) a point lookup of an account through the server (answered from the cache) vs the same
     statement sent to PostgreSQL directly, one psycopg client, prepared, the two alternating
     call by call: p50 and p99 (target <= 1.0x), for uniform and Zipf keys (the server's lookup
-    index of the view answers them: `cache.execution.lookup`);
+    index of the view answers them: `cache.execution.lookup`), as the scheduler places the
+    processes and pinned (`PLACEMENTS`);
 (b) `pgbench -S -M prepared` through the server vs PostgreSQL directly vs pgbouncer (session
     pooling: pgbouncer 1.18 keeps no prepared statements across transactions) at 1, 8, 32 and
     128 clients (target: at least pgbouncer's TPS at 32 clients);
