@@ -62,6 +62,7 @@ class Lane:
     decision: Decision  # all local
     expires: dt.datetime | None  # when the decision stops holding (None: not by time)
     keys: Sequence[Key]  # the local statement's parameters
+    positional: bool  # all given by position: a sequence of values is taken as it is
     types: tuple[type, ...]  # the type of each parameter value the lane takes
     shape: LookupShape
     lookups: LookupIndexes
@@ -82,14 +83,17 @@ class Lane:
         expires = self.expires
         if expires is not None and now > expires:
             return None
-        if len(params) != len(self.keys):
+        keys = self.keys
+        if len(params) != len(keys):
             return None
-        values = values_for(self.keys, params)
+        values = params if self.positional and type(params) is list else values_for(keys, params)
         if tuple(map(type, values)) != self.types:
             return None
         found = self.lookups.rows(self.shape, self.token, values)
         if found is None:
             return None
-        decision = self.decision._replace(now=now)
-        session.answered_from_lane(decision, lambda: Provenance.of(decision))
+        decision = self.decision
+        session.answered_from_lane(decision,
+                                   lambda: Provenance.of(decision._replace(now=now)))  # fmt: skip
         return self.convert(found)
+

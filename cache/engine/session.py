@@ -643,8 +643,10 @@ class Session:
                 return None
         except WouldWait:
             return None
-        return Lane(self, version, decision, expiry(decision), statement.keys, types, shape,
-                    lookups, token, result_shape[1])  # fmt: skip
+        keys = statement.keys
+        return Lane(self, version, decision, expiry(decision), keys,
+                    all(isinstance(k, int) for k in keys), types, shape, lookups, token,
+                    result_shape[1])  # fmt: skip
 
     def answered_from_lane(self, decision: Decision, lineage: t.Callable[[], Provenance]) -> None:
         """A lane answered a query all local by this decision: counted and noted as
