@@ -63,6 +63,7 @@ class Statement:
     # its RowDescription by the result format codes of a Bind (`Conversation._row_description`)
     row_descriptions: dict[tuple[int, ...], bytes] = dataclasses.field(default_factory=dict)
     lane: _Lane | None = None  # its runs' hit path in the session (`Conversation.lane_at_hand`)
+    answered_at: int = -1  # the session's epoch at its last run answered at hand without one
 
     @property
     def passthrough(self) -> bool:
@@ -291,7 +292,11 @@ class Conversation:
         lane = statement.lane
         if lane is None or lane.epoch != self.epoch or lane.run != protocol.run_shape(bind,
                                                                                    describe):
-            statement.lane = self._lane(portal, describe, result)
+            # made at the second such run of an epoch: a session that writes between its
+            # reads does not pay for lanes it would not use
+            if statement.answered_at == self.epoch:
+                statement.lane = self._lane(portal, describe, result)
+            statement.answered_at = self.epoch
         return True
 
     def lane_at_hand(self, data: bytes) -> bool:
