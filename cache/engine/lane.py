@@ -55,7 +55,7 @@ class Owner(t.Protocol):
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Lane:
-    """One statement's lane in one session (`Session.lane`)."""
+    """One statement's lane in one session (`Session.read_with_lane`)."""
 
     session: Owner
     version: int  # the cache file's version the lane was made at

@@ -69,6 +69,7 @@ from cache.execution.execute import (
     Fetch,
     LocalUnfit,
     Zone,
+    checks_values,
     compiled_for,
     run_local,
     zone_named,
@@ -268,11 +269,13 @@ class Session:
                 pass  # DuckDB cannot give PostgreSQL's answer: the backend does
         return prepared, None
 
-    def _answer_at_hand(self, query: Query, params: Params) -> Result:
+    def _answer_at_hand(self, query: Query, params: Params,
+                        lane: bool = False) -> tuple[Result, Lane | None]:  # fmt: skip
         """The answer of a plan made before, whose guards keep it all local, from the result
         memo or a lookup index: no DuckDB statement, no backend, no lock another thread holds
         (an event loop may ask). Anything else: `WouldWait`, with nothing counted or kept, so
-        that the caller asks again where it may wait."""
+        that the caller asks again where it may wait. With ``lane``, also the lane of this
+        plan and decision for the next executions, when it has one (`cache.engine.lane`)."""
         prepared = self.planner.prepare(query, params, self.currency_bound, wait=False)
         seen = self.store.committed_version(wait=False)
         decision = self._guard(prepared, params, wait=False)
@@ -285,7 +288,38 @@ class Session:
         if result is None:
             raise WouldWait("the cache changed meanwhile")
         self._counted(prepared, decision)
-        return self._noted(result, result.lineage)
+        made = self._lane(prepared, decision, seen, params) if lane else None
+        return self._noted(result, result.lineage), made
+
+    def _lane(self, prepared: Prepared, decision: Decision, version: int,
+              params: Params) -> Lane | None:  # fmt: skip
+        """The lane of a plan and decision that just answered at hand on the cache file at
+        ``version`` (see `cache.engine.lane`), or None."""
+        engine = self.engine
+        memo = engine.memo
+        lookups = memo.lookups if memo is not None else None
+        if memo is None or lookups is None or self.provenance_notices or \
+                self.state.timeline_active or engine.on_decision is not None or \
+                decision.misses != Misses() or prepared.plan.guards_read_parameters:  # fmt: skip
+            return None
+        compiled = compiled_for(prepared, decision)
+        statement, shape = compiled.statement, compiled.lookup
+        if shape is None:
+            return None
+        keys = statement.keys
+        types = tuple(map(type, values_for(keys, params)))
+        result_shape = compiled.results.get((self._zone(), *types))
+        if result_shape is None or checks_values(statement, types):
+            return None  # (values that must be checked one by one: `run_local`)
+        try:
+            token = memo.change_token(compiled.views, False)
+        except WouldWait:
+            return None
+        if not lookups.holds(shape, token) or not self.store.unchanged_since(version):
+            return None
+        return Lane(self, version, decision, expiry(decision), keys,
+                    all(isinstance(k, int) for k in keys), types, shape, lookups, token,
+                    result_shape[1])  # fmt: skip
 
     def _decide_and_run(self, prepared: Prepared, params: Params,
                         stale: bool = False) -> tuple[Decision, Result | None]:  # fmt: skip
@@ -410,12 +444,9 @@ class Session:
         described = prepared.result if ran.description is prepared.description else None
         bindings = decision.bindings or ()
         remote = decision.local < len(bindings)
-        counters = self.counters
-        counters["hits"] += decision.local
-        if ran.memo is not None:
-            counters["memo_hits" if ran.memo else "memo_misses"] += 1
+        self._counted_local(decision, ran.memo)
         if remote:
-            counters["remote"] += 1
+            self.counters["remote"] += 1
         provenance: Provenance | t.Callable[[], Provenance]
         if stale:
             provenance = Provenance.of(decision, mark_stale=True)
@@ -600,61 +631,32 @@ class Session:
         else `WouldWait`."""
         self._check_open()
         if not wait:
-            return self._answer_at_hand(query, params)
+            return self._answer_at_hand(query, params)[0]
         try:
             result = self._local_answer(query, params)[1]
         except BackendUnavailableError as exc:
             result = self._answer_without_backend(query, params, exc)
         return self._noted(result, result.lineage) if result is not None else None
 
-    def lane(self, query: Query, params: Params) -> Lane | None:
-        """The lane of a query `read_locally` just answered at hand with these parameters,
-        for its next executions with values of the same types, when it has one (see
-        `cache.engine.lane`); None otherwise."""
-        engine = self.engine
-        memo = engine.memo
-        lookups = memo.lookups if memo is not None else None
-        if memo is None or lookups is None or self.closed or self.provenance_notices or \
-                self.state.timeline_active or engine.on_decision is not None:  # fmt: skip
-            return None
-        store = self.store
-        try:
-            version = store.committed_version(wait=False)
-            prepared = self.planner.prepare(query, params, self.currency_bound, wait=False)
-            decision = self._guard(prepared, params, wait=False)
-            bindings = decision.bindings
-            if not bindings or decision.local < len(bindings) or decision.misses != Misses() \
-                    or prepared.plan.guards_read_parameters:  # fmt: skip
-                return None
-            compiled = compiled_for(prepared, decision)
-            statement, shape = compiled.statement, compiled.lookup
-            if shape is None or statement.zone:
-                return None
-            values = values_for(statement.keys, params)
-            types = tuple(map(type, values))
-            typed = dict(zip(statement.keys, types, strict=True))
-            if any(kind == "timestamptz" or typed.get(key) is str
-                   for key, kind in statement.typed_parameters):  # fmt: skip
-                return None  # (values of these types are checked one by one: `run_local`)
-            result_shape = compiled.results.get((self._zone(), *types))
-            token = memo.change_token(compiled.views, False)
-            if result_shape is None or not lookups.holds(shape, token) or \
-                    not store.unchanged_since(version):  # fmt: skip
-                return None
-        except WouldWait:
-            return None
-        keys = statement.keys
-        return Lane(self, version, decision, expiry(decision), keys,
-                    all(isinstance(k, int) for k in keys), types, shape, lookups, token,
-                    result_shape[1])  # fmt: skip
+    def read_with_lane(self, query: Query, params: Params) -> tuple[Result, Lane | None]:
+        """`read_locally` without waiting, and the lane its answer leaves for the next
+        executions with values of the same types, when it has one (`cache.engine.lane`)."""
+        self._check_open()
+        return self._answer_at_hand(query, params, lane=True)
 
     def answered_from_lane(self, decision: Decision, lineage: t.Callable[[], Provenance]) -> None:
-        """A lane answered a query all local by this decision: counted and noted as
-        `read_locally` counts and notes its answers."""
+        """A lane answered a query all local by this decision (from a lookup index): counted
+        and noted as `read_locally` counts and notes its answers."""
+        self._counted_local(decision, True)
+        self._last = lineage
+
+    def _counted_local(self, decision: Decision, memo: bool | None) -> None:
+        """The accesses a decision kept local, and whether the memo (or an index) answered
+        (None: it was not asked)."""
         counters = self.counters
         counters["hits"] += decision.local
-        counters["memo_hits"] += 1
-        self._last = lineage
+        if memo is not None:
+            counters["memo_hits" if memo else "memo_misses"] += 1
 
     def answered_remotely(self, query: Query) -> None:
         """The caller had the backend answer a query `read_locally` left to it."""

@@ -209,6 +209,14 @@ def _looked_up(
     return Result(description, convert(rows), compiled.executed, memo=True)
 
 
+def checks_values(statement: LocalStatement, types: Sequence[type]) -> bool:
+    """Whether `_check_parameters` may refuse some values of these types (in the order of
+    ``statement.keys``): a string read as a typed value, any timestamp with time zone."""
+    typed = dict(zip(statement.keys, types, strict=True))
+    return any(kind == "timestamptz" or issubclass(typed.get(key, type(None)), str)
+               for key, kind in statement.typed_parameters)  # fmt: skip
+
+
 def _check_parameters(statement: LocalStatement, values: list[t.Any]) -> None:
     """A string PostgreSQL reads as a number, a date, ... must read alike in DuckDB."""
     by_key = dict(zip(statement.keys, values, strict=True))

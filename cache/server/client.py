@@ -28,6 +28,7 @@ from psycopg.pq import ExecStatus
 
 from cache.backend.oids import OID
 from cache.engine import inspect
+from cache.engine.lane import Lane
 from cache.engine.result import Result
 from cache.engine.route import CacheDdl, CachedRead, Passthrough, Route, Write
 from cache.engine.session import Session
@@ -186,14 +187,15 @@ class Conversation:
         self.ignoring = False  # after an error, until Sync
         self._output_changed = False  # a statement may have changed `_OUTPUT_SETTINGS`
         self.listening = False  # a LISTEN reached the backend: notifications may come
-        # counts what the session did other than reads at hand: a lane made at another count
-        # may have seen another session state (`lane_at_hand`)
+        # counts the messages handled other than reads at hand (`handle`, `run_at_backend`): a
+        # lane made at another count may have seen another session state (`lane_at_hand`)
         self.epoch = 0
 
     # -- messages ------------------------------------------------------------------------------
 
     def handle(self, message: protocol.Message) -> bool:
         """Answer one message; False when the client ends the session (Terminate)."""
+        self.epoch += 1  # (anything but a read at hand may change the session: lanes end)
         if isinstance(message, protocol.Terminate):
             return False
         if isinstance(message, protocol.Sync):
@@ -265,11 +267,11 @@ class Conversation:
         portal = self.portals.get(message.portal)
         if portal is None or portal.rows is not None or message.max_rows > 0:
             return False
-        result = self._answer_at_hand(portal)
-        if result is None:
+        found = self._answer_at_hand(portal)
+        if found is None:
             return False
         self._drain()
-        self._send_local(portal, result, 0)
+        self._send_local(portal, found[0], 0)
         return True
 
     def execution_at_hand(self, bind: protocol.Bind, describe: bool) -> bool:
@@ -283,19 +285,23 @@ class Conversation:
         if statement is None:
             return False
         portal = Portal(statement, bind)
-        result = self._answer_at_hand(portal)
-        if result is None:
+        lane = statement.lane
+        run = protocol.run_shape(bind, describe)
+        stale = lane is None or lane.epoch != self.epoch or lane.run != run
+        # a lane is made at the second such run of an epoch (a session that writes between
+        # its reads does not pay for lanes it would not use), for the unnamed portal
+        found = self._answer_at_hand(portal, lane=stale and statement.answered_at == self.epoch
+                                     and not bind.portal and not self.listening)  # fmt: skip
+        if found is None:
             return False
-        self.out(self._bound(portal, describe))
+        result, made = found
+        head = self._bound(portal, describe)
+        self.out(head)
         self._send_local(portal, result, 0)
         self._ready()  # (the portal ends with the Sync: it was never kept)
-        lane = statement.lane
-        if lane is None or lane.epoch != self.epoch or lane.run != protocol.run_shape(bind,
-                                                                                   describe):
-            # made at the second such run of an epoch: a session that writes between its
-            # reads does not pay for lanes it would not use
-            if statement.answered_at == self.epoch:
-                statement.lane = self._lane(portal, describe, result)
+        if stale:
+            if made is not None:
+                statement.lane = self._lane(portal, run, head, result, made)
             statement.answered_at = self.epoch
         return True
 
@@ -325,44 +331,25 @@ class Conversation:
         rows = lane.rows(lane.converted.params(decoded))
         if rows is None:
             return False
-        encoders = lane.encoders
-        data_row = protocol.data_row
-        out = [lane.head]
-        for row in rows:
-            out.append(data_row([None if v is None else f(v)
-                                 for f, v in zip(encoders, row, strict=True)]))  # fmt: skip
-        out.append(protocol.select_complete(len(rows)))
-        out.append(_READY_IDLE)
-        self.out(b"".join(out))
+        self.out(b"".join((lane.head, *_data_rows(lane.encoders, rows),
+                           protocol.select_complete(len(rows)), _READY_IDLE)))
         return True
 
-    def _lane(self, portal: Portal, describe: bool, result: Result) -> _Lane | None:
-        """The lane of a run `execution_at_hand` just answered, if it can have one."""
-        statement, bind = portal.statement, portal.bind
-        routed, described = statement.route, statement.described
-        if bind.portal or result.notices or result.rows is None or self.listening \
-                or result.status != f"SELECT {len(result.rows)}" \
-                or not isinstance(routed, CachedRead) or described is None:  # fmt: skip
+    def _lane(self, portal: Portal, run: protocol.RunShape, head: bytes, result: Result,
+              made: Lane) -> _Lane | None:  # fmt: skip
+        """The server's side of the lane the engine made for a run `execution_at_hand` just
+        answered (``head``: its BindComplete and RowDescription), if it can have one."""
+        rows = result.rows
+        if result.notices or rows is None or result.status != f"SELECT {len(rows)}":
             return None
-        decoders = []
-        for i, oid in enumerate(self._param_types(portal)):
-            decode = values.decoder(oid, bind.param_format(i) == 1)
-            if decode is None:
-                return None
-            decoders.append(decode)
-        try:
-            params = self._engine_params(portal)
-        except (_Refusal, Error):
+        bind = portal.bind
+        decoders = _decoders(bind, self._param_types(portal))
+        if None in decoders:
             return None
-        lane = self.session.lane(routed.query, params)
-        if lane is None:
-            return None
-        oids = tuple(c.type_oid or OID.text for c in result.columns or ())
-        formats = relay.result_formats(bind.result_formats, len(oids))
-        return _Lane(self.epoch, protocol.run_shape(bind, describe), tuple(decoders),
-                     statement.converted, lane.rows, values.encoders(oids, tuple(formats),
-                                                                     self.settings),
-                     self._bound(portal, describe))  # fmt: skip
+        formats = relay.result_formats(bind.result_formats, len(result.columns or ()))
+        return _Lane(self.epoch, run, tuple(t.cast(list[values.Decoder], decoders)),
+                     portal.statement.converted, made.rows, self._encoders(result, formats),
+                     head)  # fmt: skip
 
     def _bound(self, portal: Portal, describe: bool) -> bytes:
         """BindComplete, then the portal's description if asked (a run taken whole)."""
@@ -390,6 +377,7 @@ class Conversation:
         param_formats, result_format, mixed = _bind_formats(bind)
         if mixed is not None:
             return None
+        self.epoch += 1  # (as in `handle`)
         portal = Portal(statement, bind)
         bound = self._bound(portal, describe)
         pgconn = conn.pgconn
@@ -434,22 +422,27 @@ class Conversation:
         return not (self._piped or self._output_changed) and \
             self.session.backend_transaction_status() == pq.TransactionStatus.IDLE  # fmt: skip
 
-    def _answer_at_hand(self, portal: Portal) -> Result | None:
+    def _answer_at_hand(self, portal: Portal,
+                        lane: bool = False) -> tuple[Result, Lane | None] | None:  # fmt: skip
         """The answer of a bound cached read of a described statement from what the cache
-        holds in memory (`Session.read_locally` without waiting); None: nothing was done."""
+        holds in memory (`Session.read_locally` without waiting), and with ``lane`` the lane
+        it leaves (`Session.read_with_lane`); None: nothing was done."""
         statement = portal.statement
         routed, described = statement.route, statement.described
         # (columns the server cannot encode: known before the engine counts an answer)
         if not isinstance(routed, CachedRead) or described is None or described[1] is None \
-                or not statement.encodable:  # fmt: skip
+                or not statement.encodable or not self.settings.supported:  # fmt: skip
             return None
         if len(portal.bind.result_formats) not in (0, 1, len(described[1])):
             return None  # (refused where errors are made)
         try:
             params = self._engine_params(portal)
-            return self._read_locally(routed, params, wait=False)
+            session = self.session
+            result, made = session.read_with_lane(routed.query, params) if lane else \
+                (session.read_locally(routed.query, params, wait=False), None)  # fmt: skip
         except (WouldWait, _Refusal, Error):
             return None  # (nothing was done: an error is made where it is handled)
+        return (result, made) if result is not None and _encodes(result) else None
 
     # -- the simple query protocol -------------------------------------------------------------
 
@@ -977,19 +970,12 @@ class Conversation:
     def _route(self, sql: str, with_params: bool) -> Route:
         return self.session.route(sql, with_params)
 
-    def _read_locally(self, routed: CachedRead, params: list[t.Any] | None,
-                      wait: bool = True) -> Result | None:  # fmt: skip
-        """The cache's answer, if it gives one the server can encode (``wait``: as
-        `Session.read_locally`'s)."""
+    def _read_locally(self, routed: CachedRead, params: list[t.Any] | None) -> Result | None:
+        """The cache's answer, if it gives one the server can encode."""
         if not self.settings.supported:
             return None
-        result = self.session.read_locally(routed.query, params, wait)
-        if result is None:
-            return None
-        columns = result.columns or ()
-        if not values.encodable(c.type_oid or 0 for c in columns):
-            return None
-        return result
+        result = self.session.read_locally(routed.query, params)
+        return result if result is not None and _encodes(result) else None
 
     def _engine_params(self, portal: Portal) -> list[t.Any]:
         statement = portal.statement
@@ -1002,14 +988,14 @@ class Conversation:
             raise _Refusal("08P01", f"bind message supplies {len(bind.params)} parameters, "
                            f"but prepared statement requires {len(types)}")  # fmt: skip
         decoded: list[t.Any] = []
-        for i, (value, oid) in enumerate(zip(bind.params, types, strict=True)):
+        for i, (value, decode) in enumerate(zip(bind.params, _decoders(bind, types),
+                                                strict=True)):  # fmt: skip
             if value is None:
                 decoded.append(None)
                 continue
-            decode = values.decoder(oid, bind.param_format(i) == 1)
             if decode is None:
-                raise _Unreadable("0A000", f"parameter ${i + 1} has a type (OID {oid}) the cache "
-                               "cannot read")  # fmt: skip
+                raise _Unreadable("0A000", f"parameter ${i + 1} has a type (OID {types[i]}) "
+                                  "the cache cannot read")  # fmt: skip
             decoded.append(decode(value))
         return converted.params(decoded)
 
@@ -1036,17 +1022,18 @@ class Conversation:
         if result.rows is None or columns is None:
             out(protocol.command_complete(result.status or ""))
             return
-        oids = tuple(c.type_oid or OID.text for c in columns)
         if formats is None:
-            formats = [0] * len(oids)
+            formats = [0] * len(columns)
         if describe:
             out(protocol.row_description(result_fields(result, formats)))
-        encode = values.encoders(oids, tuple(formats), self.settings)
-        data_row = protocol.data_row
-        for row in result.rows:
-            out(data_row([None if v is None else f(v) for f, v in zip(encode, row,
-                                                                       strict=True)]))  # fmt: skip
+        for row in _data_rows(self._encoders(result, formats), result.rows):
+            out(row)
         out(protocol.command_complete(result.status or f"SELECT {len(result.rows)}"))
+
+    def _encoders(self, result: Result, formats: list[int]) -> tuple[values.Encoder, ...]:
+        """How each column of an engine's result is encoded, in these formats."""
+        oids = tuple(c.type_oid or OID.text for c in result.columns or ())
+        return values.encoders(oids, tuple(formats), self.settings)
 
     def _cache_notice(self, notice: str) -> None:
         """A NOTICE of the cache's own (with its JSON detail, if it has one)."""
@@ -1230,6 +1217,25 @@ def _effects(sql: str) -> tuple[bool, bool]:
     (`_OUTPUT_SETTINGS`), and whether it may LISTEN."""
     upper = sql.upper()
     return any(name in upper for name in _OUTPUT_SETTINGS), "LISTEN" in upper
+
+
+def _encodes(result: Result) -> bool:
+    """Whether the server encodes every column of an engine's result."""
+    return values.encodable(c.type_oid or 0 for c in result.columns or ())
+
+
+def _decoders(bind: protocol.Bind, types: t.Sequence[int]) -> list[values.Decoder | None]:
+    """How each parameter of a Bind is read, by its type and format (None: a type the cache
+    cannot read)."""
+    return [values.decoder(oid, bind.param_format(i) == 1) for i, oid in enumerate(types)]
+
+
+def _data_rows(encoders: t.Sequence[values.Encoder],
+               rows: t.Iterable[t.Sequence[t.Any]]) -> t.Iterator[bytes]:
+    """DataRow messages of rows, each value by its column's encoder."""
+    data_row = protocol.data_row
+    for row in rows:
+        yield data_row([None if v is None else f(v) for f, v in zip(encoders, row, strict=True)])
 
 
 def _bind_formats(bind: protocol.Bind) -> tuple[list[int] | None, int, list[int] | None]:

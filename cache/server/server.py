@@ -366,8 +366,6 @@ class ClientConnection(asyncio.Protocol):
             return
         if self._at_hand(data):
             return
-        if self.conversation is not None:
-            self.conversation.epoch += 1  # (its lanes stop: the session may change)
         reader = self._reader
         reader.feed(data)
         try:
@@ -409,10 +407,8 @@ class ClientConnection(asyncio.Protocol):
             if run is None:
                 return False
             if not conversation.execution_at_hand(*run):
-                conversation.epoch += 1
                 return self._pass_through(conversation, *run)
         except Exception:
-            conversation.epoch += 1
             self._failed()
             self._start_work(None)
             return True
