@@ -72,9 +72,20 @@ def raw_session(served: Served, options: str | None = None) -> socket.socket:
     """A socket that has gone through startup with the server (user postgres, its database,
     ``options``) and read up to its first ReadyForQuery: for tests that speak the protocol
     byte by byte."""
-    sock = socket.create_connection(served.server.address, timeout=60)
+    return _started(served.server.address, served.dbname, options)
+
+
+def raw_postgres(served: Served) -> socket.socket:
+    """As `raw_session`, with the server's backend itself: what PostgreSQL answers the same
+    bytes."""
+    found = psycopg.conninfo.conninfo_to_dict(served.backend)
+    return _started((str(found["host"]), int(str(found["port"]))), served.dbname, None)
+
+
+def _started(address: tuple[str, int], dbname: str, options: str | None) -> socket.socket:
+    sock = socket.create_connection(address, timeout=60)
     body = struct.pack("!i", protocol.PROTOCOL_3_0) + b"user\0postgres\0database\0" \
-        + served.dbname.encode() + b"\0"  # fmt: skip
+        + dbname.encode() + b"\0"  # fmt: skip
     if options:
         body += b"options\0" + options.encode() + b"\0"
     sock.sendall(struct.pack("!i", len(body) + 5) + body + b"\0")

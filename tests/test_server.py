@@ -5,6 +5,7 @@ to the same statement: values, Python types and the description."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 import struct
 import subprocess
@@ -18,7 +19,7 @@ import pytest
 from cache.engine.inspect import status_document
 from cache.server import protocol
 from tests.answers import typed
-from tests.serving import Served, quiet, raw_session, serving, until
+from tests.serving import Served, quiet, raw_postgres, raw_session, serving, until
 
 BOOKS = "SELECT isbn, title, price, authorid FROM books WHERE authorid = %s ORDER BY isbn"
 
@@ -364,35 +365,38 @@ def test_a_prepared_run_sent_at_once_gets_the_bytes_of_its_messages(served: Serv
 def test_a_passed_through_run_sent_at_once_gets_the_bytes_of_its_messages(
         served: Served) -> None:  # fmt: skip
     """Runs of passed-through prepared statements arriving whole are sent to the backend
-    by the event loop, which relays the answer as it comes (no hand-off to a worker): byte
-    for byte what the same messages get one by one - rows in text and binary, a write, an
-    error, a notice, with and without a Describe, in and out of a transaction block."""
-    sock = raw_session(served)
+    by the event loop, which relays the answer as it comes (no hand-off to a worker): outside
+    a transaction block byte for byte, the backend's answer being PostgreSQL's own bytes (the
+    same bytes sent to PostgreSQL directly get them); in a block through libpq, the bytes the
+    same messages get one by one - rows in text and binary, a write, an error, a notice, with
+    and without a Describe."""
+    sock, direct = raw_session(served), raw_postgres(served)
 
-    def answer(data: bytes) -> list[tuple[bytes, bytes]]:
-        sock.sendall(data)
-        return until(sock, b"Z")
+    def answer(data: bytes, to: socket.socket = sock) -> list[tuple[bytes, bytes]]:
+        to.sendall(data)
+        return until(to, b"Z")
 
-    def query(sql: bytes) -> list[bytes]:
-        return [kind for kind, _ in answer(protocol.message(b"Q", sql + b"\0"))]
+    def query(sql: bytes, to: socket.socket = sock) -> list[bytes]:
+        return [kind for kind, _ in answer(protocol.message(b"Q", sql + b"\0"), to)]
 
-    assert b"E" not in query(
-        b"CREATE TEMP TABLE relayed (k int PRIMARY KEY, v text, x numeric);"
-        b"INSERT INTO relayed SELECT g, 'v' || g, g / 7.0 FROM generate_series(1, 50) g;"
-        b"UPDATE relayed SET v = upper(v) WHERE k IN (3, 48);"  # (as the write leaves them)
-        b"CREATE FUNCTION pg_temp.said(int) RETURNS int LANGUAGE plpgsql AS "
-        b"$$BEGIN RAISE NOTICE 'said %', $1; RETURN $1; END$$")  # fmt: skip
     statements = {
         b"r": b"SELECT k, v, x FROM relayed WHERE k >= $1 ORDER BY k",
         b"w": b"UPDATE relayed SET v = upper(v) WHERE k = $1",
         b"e": b"SELECT 1 / ($1::int - $1::int)",
         b"n": b"SELECT pg_temp.said($1)",
     }
-    for name, sql in statements.items():
-        kinds = [kind for kind, _ in answer(
-            protocol.message(b"P", name + b"\0" + sql + b"\0\0\0")
-            + protocol.message(b"D", b"S" + name + b"\0") + protocol.message(b"S"))]
-        assert kinds[0] == b"1" and kinds[-1] == b"Z" and b"E" not in kinds, (name, kinds)
+    for to in (sock, direct):
+        assert b"E" not in query(
+            b"CREATE TEMP TABLE relayed (k int PRIMARY KEY, v text, x numeric);"
+            b"INSERT INTO relayed SELECT g, 'v' || g, g / 7.0 FROM generate_series(1, 50) g;"
+            b"UPDATE relayed SET v = upper(v) WHERE k IN (3, 48);"  # (as the write leaves them)
+            b"CREATE FUNCTION pg_temp.said(int) RETURNS int LANGUAGE plpgsql AS "
+            b"$$BEGIN RAISE NOTICE 'said %', $1; RETURN $1; END$$", to)  # fmt: skip
+        for name, sql in statements.items():
+            kinds = [kind for kind, _ in answer(
+                protocol.message(b"P", name + b"\0" + sql + b"\0\0\0")
+                + protocol.message(b"D", b"S" + name + b"\0") + protocol.message(b"S"), to)]
+            assert kinds[0] == b"1" and kinds[-1] == b"Z" and b"E" not in kinds, (name, kinds)
 
     def run(name: bytes, key: int, binary: bool, describe: bool) -> bytes:
         value = str(key).encode()
@@ -408,7 +412,7 @@ def test_a_passed_through_run_sent_at_once_gets_the_bytes_of_its_messages(
     for block in (False, True):
         if block:
             assert query(b"BEGIN") == [b"C", b"Z"]
-        before = served.server.relayed_at_once
+        before, raw = served.server.relayed_at_once, served.server.relayed_raw
         remote = served.engine.counters().get("remote", 0)
         one_by_one = [answer(flush + run(*each)) for each in runs if each[0] != b"e"]
         quiet(served)
@@ -417,20 +421,44 @@ def test_a_passed_through_run_sent_at_once_gets_the_bytes_of_its_messages(
         at_once = [answer(run(*each)) for each in runs if each[0] != b"e"]
         assert at_once == one_by_one
         assert served.server.relayed_at_once - before == len(at_once)
+        # byte for byte outside a block, through libpq in one
+        assert served.server.relayed_raw - raw == (0 if block else len(at_once))
         # the session's bookkeeping as for any statement passed through (reads counted)
         assert served.engine.counters().get("remote", 0) - remote == 2 * counted > 0
         if block:
             assert at_once[-1][-1] == (b"Z", b"T")
-        # an error (in a block: it fails the block, as PostgreSQL)
-        failed = [answer(flush + run(b"e", 1, False, True)), answer(run(b"e", 1, False, True))]
-        assert failed[0][:2] == [(b"2", b""), failed[1][1]] and failed[0][2][0] == b"E"
-        assert failed[1][2:] == failed[0][2:] if not block else failed[1][2][0] == b"E"
-        if block:
-            assert failed[1][-1] == (b"Z", b"E")
+            # an error fails the block, as in PostgreSQL
+            failed = [answer(flush + run(b"e", 1, False, True)),
+                      answer(run(b"e", 1, False, True))]  # fmt: skip
+            assert failed[0][:2] == [(b"2", b""), failed[1][1]] and failed[0][2][0] == b"E"
+            assert failed[1][2][0] == b"E" and failed[1][-1] == (b"Z", b"E")
             assert query(b"ROLLBACK") == [b"C", b"Z"]
+        else:
+            # PostgreSQL's own bytes, its error at Bind included (its plan folds 1 / 0)
+            assert [_oids_blank(a) for a in at_once] == [
+                _oids_blank(answer(run(*each), direct)) for each in runs if each[0] != b"e"]
+            failed = [answer(run(b"e", 1, False, True), to) for to in (sock, direct)]
+            assert failed[0] == failed[1] and [k for k, _ in failed[0]] == [b"E", b"Z"]
     kinds = [kind for kind, _ in at_once[-1]]
     assert kinds == [b"2", b"T", b"N", b"D", b"C", b"Z"]  # the notice, before its row
     sock.close()
+    direct.close()
+
+
+def _oids_blank(answer: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """Messages with what differs between two sessions blanked: the table OIDs of their
+    RowDescriptions, the number of their temporary schema."""
+    found = []
+    for kind, body in answer:
+        if kind == b"T":
+            fields, pos = bytearray(body), 2
+            for _ in range(struct.unpack_from("!h", body)[0]):
+                pos = body.index(b"\0", pos) + 1
+                fields[pos : pos + 4] = bytes(4)
+                pos += 18
+            body = bytes(fields)
+        found.append((kind, re.sub(rb"pg_temp_\d+", b"pg_temp", body)))
+    return found
 
 
 def test_ssl_request_is_declined_and_startup_goes_on(served: Served) -> None:

@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import functools
 import itertools
+import logging
 import typing as t
 from collections import deque
 from collections.abc import Callable
@@ -38,6 +39,8 @@ from cache.server.protocol import Field, ProtocolViolation
 from cache.store.cache_file import WouldWait
 from sql_ext.errors import Error, diag_fields, diagnostics
 from sql_ext.statements import split_statements
+
+log = logging.getLogger("mtcache.server")
 
 Out = Callable[[bytes], None]
 # a statement's parameter types and result columns (None: it returns no rows)
@@ -64,6 +67,7 @@ class Statement:
     # its RowDescription by the result format codes of a Bind (`Conversation._row_description`)
     row_descriptions: dict[tuple[int, ...], bytes] = dataclasses.field(default_factory=dict)
     lane: _Lane | None = None  # its runs' hit path in the session (`Conversation.lane_at_hand`)
+    raw_shape: protocol.RunShape | None = None  # of its runs passed through raw (`raw_lane`)
     answered_at: int = -1  # the session's epoch at its last run answered at hand without one
 
     @property
@@ -75,6 +79,17 @@ class Statement:
         """Whether passing it through needs no more than relaying the backend's answer (no
         effect `_forwarded` notes)."""
         return not any(_effects(self.text))
+
+    @functools.cached_property
+    def raw(self) -> bool:
+        """Whether its runs may pass through byte for byte (`Conversation.raw_run`): a plain
+        read or write of rows, which leaves the backend session as its answer shows (no
+        transaction control, DDL, SET, LISTEN or output setting, no set_config by name)."""
+        routed = self.route
+        plain = (isinstance(routed, Passthrough) and routed.reads is not None) or \
+            (isinstance(routed, Write) and routed.tables is not None
+             and not routed.changes_catalog)  # fmt: skip
+        return plain and self.relayed_as_is and "SET_CONFIG" not in self.text.upper()
 
     @functools.cached_property
     def encodable(self) -> bool:
@@ -161,6 +176,24 @@ class Passing:
     def pgconn(self) -> pq.abc.PGconn:
         return self.relaying.conn.pgconn
 
+    @property
+    def fd(self) -> int:
+        return self.pgconn.socket
+
+    waiting = True  # (libpq may have left bytes to send: the loop's writer is dropped at the end)
+
+
+@dataclass(slots=True)
+class RawRun:
+    """A run of a plain statement passed through byte for byte (`Conversation.raw_run`):
+    what the backend is sent, and its answer read as it comes (`Conversation.raw_received`)."""
+
+    statement: Statement
+    send: bytes  # what is still to be written to the backend
+    fd: int  # the backend connection's socket
+    scan: protocol.AnswerScan = dataclasses.field(default_factory=protocol.AnswerScan)
+    waiting: bool = False  # the loop waits for the backend's socket to take the rest of send
+
 
 class Conversation:
     """The protocol state of one client connection (see the module)."""
@@ -190,6 +223,11 @@ class Conversation:
         # counts the messages handled other than reads at hand (`handle`, `run_at_backend`): a
         # lane made at another count may have seen another session state (`lane_at_hand`)
         self.epoch = 0
+        # what a raw answer changed that libpq did not see (`raw_received`, `resync`):
+        # reported settings by name, and whether its transaction status moved
+        self._unsynced: dict[str, str] = {}
+        self._status_unsynced = False
+        self._plain: pq.abc.PGconn | None = None  # a backend connection without TLS or GSSAPI
 
     # -- messages ------------------------------------------------------------------------------
 
@@ -282,7 +320,7 @@ class Conversation:
         if self.portals or self._queue or self.ignoring or not self._idle():
             return False
         statement = self.statements.get(bind.statement)
-        if statement is None:
+        if statement is None or not isinstance(statement.route, CachedRead):
             return False
         portal = Portal(statement, bind)
         lane = statement.lane
@@ -305,20 +343,25 @@ class Conversation:
             statement.answered_at = self.epoch
         return True
 
-    def lane_at_hand(self, data: bytes) -> bool:
-        """A run of a prepared statement (as `execution_at_hand` takes them) answered by the
-        lane its last run made, when ``data`` differs from that run only in its parameter
-        values and the session did nothing but read at hand since (``epoch``): the same bytes
-        as `execution_at_hand`'s, with only what could have changed checked
-        (`cache.engine.lane`). False: nothing was done."""
+    def bound_statement(self, data: bytes) -> Statement | None:
+        """The prepared statement ``data`` binds to the unnamed portal, if it starts with such
+        a Bind (the runs of lanes, `lane_at_hand` and `raw_lane`, are read no further)."""
+        if data[5:6] != b"\0" or data[:1] != b"B":
+            return None
+        return self.statements.get(data[6 : data.find(b"\0", 6)])
+
+    def lane_at_hand(self, statement: Statement, data: bytes) -> bool:
+        """A run of a prepared statement (as `execution_at_hand` takes them; ``statement``:
+        the one it binds, `bound_statement`) answered by the lane its last run made, when
+        ``data`` differs from that run only in its parameter values and the session did
+        nothing but read at hand since (``epoch``): the same bytes as `execution_at_hand`'s,
+        with only what could have changed checked (`cache.engine.lane`). False: nothing was
+        done."""
         # (the backend's transaction status is not asked: it changes only by a statement,
         # which ends the lanes; a named portal is not a lane's)
-        if data[5:6] != b"\0" or self.portals or self._queue or self.ignoring or self._piped \
-                or self._output_changed:  # fmt: skip
-            return False
-        statement = self.statements.get(data[6 : data.find(b"\0", 6)])
-        lane = statement.lane if statement is not None else None
-        if lane is None or lane.epoch != self.epoch:
+        lane = statement.lane
+        if lane is None or lane.epoch != self.epoch or self.portals or self._queue \
+                or self.ignoring or self._piped or self._output_changed:  # fmt: skip
             return False
         found = lane.run.values(data)
         if found is None:
@@ -405,6 +448,139 @@ class Conversation:
         the Sync's answer."""
         self._error(exc)
         self._sync()
+
+    def raw_run(self, data: bytes, bind: protocol.Bind, describe: bool) -> RawRun | None:
+        """A run of a passed-through plain read or write (``data``, as `protocol.execution`
+        recognized it) to be sent to the backend as the client sent it, its Bind naming the
+        backend's statement, and answered with the backend's bytes as they come
+        (`raw_received`): no libpq between, so the server's event loop only moves bytes, as
+        a pooler does. Only where libpq's view of the backend session stays true: outside a
+        transaction block, with nothing of the session's under way or asynchronous (LISTEN),
+        over a connection without TLS or GSSAPI; what such a run may still change unseen
+        (a function calling set_config) is settled after it (`resync`). The statement keeps
+        the run's shape: its next runs are recognized by their bytes (`raw_lane`). None:
+        nothing was done."""
+        statement = self.statements.get(bind.statement)
+        if statement is None or not statement.raw:
+            return None
+        found = self._raw(statement, data)
+        if found is not None and not bind.portal:
+            statement.raw_shape = protocol.run_shape(bind, describe)
+        return found
+
+    def raw_lane(self, statement: Statement, data: bytes) -> RawRun | None:
+        """`raw_run` of a run that differs from one of ``statement`` passed through raw
+        before only in its parameter values (compared as bytes, not parsed:
+        `protocol.RunShape`). None: nothing was done."""
+        shape = statement.raw_shape
+        if shape is None or shape.values(data) is None:
+            return None
+        return self._raw(statement, data)
+
+    def _raw(self, statement: Statement, data: bytes) -> RawRun | None:
+        """`raw_run` of a run of a plain statement, when the session allows it."""
+        name = statement.backend_name
+        if name is None or (not name and self._unnamed_owner is not statement) \
+                or self.portals or self._queue or self.ignoring or self._piped \
+                or self._output_changed or self.listening or self._unsynced \
+                or self._status_unsynced or self.session.provenance_notices:  # fmt: skip
+            return None
+        conn = self.session.backend_connection_if_open()
+        if conn is None:
+            return None
+        pgconn = conn.pgconn
+        if pgconn is not self._plain:  # (judged once per connection)
+            if pgconn.ssl_in_use or pgconn.used_gssapi:
+                return None
+            self._plain = pgconn
+        if pgconn.transaction_status != _IDLE:
+            return None
+        self.epoch += 1  # (as in `handle`)
+        return RawRun(statement, protocol.renamed(data, name), pgconn.socket)
+
+    def raw_received(self, run: RawRun, data: bytes) -> bool:
+        """What the backend sent of a raw run, forwarded as whole messages; True when its
+        answer is over and the session's bookkeeping done (`resync` then due if
+        ``needs_resync``)."""
+        scan = run.scan
+        try:
+            self.out(scan.feed(data))
+        except protocol.BackendViolation as exc:
+            self.raw_lost(run, str(exc))
+            return True
+        if not scan.done:
+            return False
+        session = self.session
+        if not scan.failed:  # (`_forwarded`, its effects known to be none: `Statement.raw`)
+            session.forwarded(t.cast(Passthrough | Write, run.statement.route))
+        session.settle()
+        codec = self.settings.codec
+        for name, value in scan.reported:  # (the client has them: they came in the answer)
+            key, text = name.decode(codec, "replace"), value.decode(codec, "replace")
+            self._client_has(key, text)
+            self._unsynced[key] = text
+        self._status_unsynced = scan.status != b"I"
+        return True
+
+    def raw_lost(self, run: RawRun, why: str) -> None:
+        """The backend connection ended (or sent what is not the protocol) under a raw run:
+        the connection is given up, and the client gets the error and the Sync's answer."""
+        conn = self.session.backend_connection_if_open()
+        if conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                conn.pgconn.consume_input()  # (libpq sees the end, and says so from now on)
+            conn.close()
+        self.relay_failed(psycopg.OperationalError(f"the backend connection was lost: {why}"))
+
+    @property
+    def needs_resync(self) -> bool:
+        return bool(self._unsynced) or self._status_unsynced
+
+    def resync(self) -> bool:
+        """libpq's view of the backend session made true again after a raw answer changed
+        what libpq keeps (a worker's job; True: the session goes on). The transaction status
+        is learnt by an empty query's ReadyForQuery; a reported setting by making the
+        backend report it twice: set back to the value libpq holds (the one it had before),
+        then to the new one, each in a statement of its own, the backend reporting a setting
+        only when it differs from what it last reported. Settings no statement can set
+        (server_version, in_hot_standby, ...) are left: only the client reads them, and it
+        got them."""
+        unsynced, self._unsynced = self._unsynced, {}
+        status_moved, self._status_unsynced = self._status_unsynced, False
+        conn = self.session.backend_connection_if_open()
+        if conn is None:
+            return True
+        pgconn = conn.pgconn
+        if status_moved:
+            self._backend_command(pgconn, b"")
+        names = [n for n in unsynced if n not in _READ_ONLY_REPORTED
+                 and pgconn.parameter_status(n.encode()) is not None]  # fmt: skip
+        if not names or pgconn.transaction_status != pq.TransactionStatus.IDLE:
+            return True
+        sets = b"SELECT " + b", ".join(b"set_config($%d, $%d, false)" % (2 * i + 1, 2 * i + 2)
+                                       for i in range(len(names)))  # fmt: skip
+        before = [pgconn.parameter_status(n.encode()) for n in names]
+        for values_ in (before, [unsynced[n].encode(self.settings.codec) for n in names]):
+            params = [p for n, v in zip(names, values_, strict=True) for p in (n.encode(), v)]
+            failed = self._backend_command(pgconn, sets, params)
+            if failed is not None:
+                log.warning("the server could not bring libpq's copy of %s up to date: %s",
+                            ", ".join(names), failed)  # fmt: skip
+                break
+        return True
+
+    @staticmethod
+    def _backend_command(pgconn: pq.abc.PGconn, sql: bytes,
+                         params: list[bytes | None] | None = None) -> str | None:  # fmt: skip
+        """A statement of the server's own on the session's connection, its results read
+        and dropped; its error message, if it failed."""
+        pgconn.send_query_params(sql, params)
+        relay.flush(pgconn)
+        failed = None
+        while (result := relay.wait_result(pgconn)) is not None:
+            if result.status == ExecStatus.FATAL_ERROR:
+                failed = (result.error_message or b"").decode(errors="replace").strip()
+        return failed
 
     def _relay_over(self, passing: Passing) -> None:
         """A run relayed whole: what its Execute and Sync do after the backend's answer."""
@@ -1098,10 +1274,14 @@ class Conversation:
             seen[key] = found
             now = conn.info.parameter_status(name)
             if now is not None and now != value:
-                reported[name] = now
+                self._client_has(name, now)
                 self.out(protocol.parameter_status(name, now))
-                if name == "DateStyle":
-                    self.settings = dataclasses.replace(self.settings, date_style=now)
+
+    def _client_has(self, name: str, value: str) -> None:
+        """The client was told this value of a reported setting."""
+        self.reported[name] = value
+        if name == "DateStyle":
+            self.settings = dataclasses.replace(self.settings, date_style=value)
 
     def _read_output_settings(self, status: pq.TransactionStatus) -> None:
         """After a statement that may have set extra_float_digits or bytea_output (which
@@ -1180,6 +1360,12 @@ class Conversation:
                 break
         relay.flush(pgconn)
 
+
+_IDLE = pq.TransactionStatus.IDLE
+
+# reported settings no statement sets (`Conversation.resync`)
+_READ_ONLY_REPORTED = frozenset(("server_version", "server_encoding", "integer_datetimes",
+                                 "in_hot_standby", "is_superuser"))  # fmt: skip
 
 _STATUS = {pq.TransactionStatus.IDLE: b"I", pq.TransactionStatus.INTRANS: b"T",
            pq.TransactionStatus.INERROR: b"E"}  # fmt: skip

@@ -421,6 +421,16 @@ class RunShape(t.NamedTuple):
         return found
 
 
+def renamed(data: bytes, statement: bytes) -> bytes:
+    """A run `execution` recognized, its Bind naming ``statement`` instead (the backend's
+    name of the client's prepared statement); the rest as the client sent it."""
+    end = _INT32.unpack_from(data, 1)[0] + 1
+    portal_end = data.index(b"\0", 5)
+    named_end = data.index(b"\0", portal_end + 1)
+    body = data[5 : portal_end + 1] + statement + data[named_end:end]
+    return b"B" + _INT32.pack(len(body) + 4) + body + data[end:]
+
+
 def run_shape(bind: Bind, describe: bool) -> RunShape:
     """The shape of a run `execution` recognized (its Bind and whether it described the
     portal)."""
@@ -449,6 +459,61 @@ def _text(value: bytes) -> str:
     except UnicodeDecodeError:
         raise ProtocolViolation("invalid byte sequence in startup packet (expected "
                                 "UTF-8)") from None  # fmt: skip
+
+
+# -- what the backend sends, passed on as it came ----------------------------------------------
+
+
+class BackendViolation(Exception):
+    """The backend's bytes are not messages of the protocol: its connection is unusable."""
+
+
+class AnswerScan:
+    """The backend's answer to a run passed through byte for byte (a statement's Bind to
+    Sync): fed what the backend sent, it hands back the whole messages among them, to be
+    forwarded as they are, and notes what the server must know of them - whether the
+    statement failed (ErrorResponse), the settings the backend reported changed
+    (ParameterStatus) and the transaction status of its ReadyForQuery, which ends the
+    answer. Only message headers are read: a row's bytes are never looked at."""
+
+    __slots__ = ("_rest", "failed", "reported", "status")
+
+    def __init__(self) -> None:
+        self._rest = b""  # the start of a message not whole yet
+        self.failed = False
+        self.reported: list[tuple[bytes, bytes]] = []  # ParameterStatus (name, value)
+        self.status: bytes | None = None  # ReadyForQuery's, once it came
+
+    @property
+    def done(self) -> bool:
+        """ReadyForQuery came, and nothing after it is left half."""
+        return self.status is not None and not self._rest
+
+    def feed(self, data: bytes) -> bytes:
+        """The whole messages ``data`` completes (the rest kept for the next feed)."""
+        if self._rest:
+            data = self._rest + data
+        size = len(data)
+        pos = 0
+        unpack = _INT32.unpack_from
+        while pos + 5 <= size:
+            length = unpack(data, pos + 1)[0]
+            if length < 4:
+                raise BackendViolation(f"a backend message of length {length}")
+            end = pos + 1 + length
+            if end > size:
+                break
+            kind = data[pos]
+            if kind == 0x5A:  # "Z" ReadyForQuery
+                self.status = data[pos + 5 : end]
+            elif kind == 0x45:  # "E" ErrorResponse
+                self.failed = True
+            elif kind == 0x53:  # "S" ParameterStatus
+                name, value = data[pos + 5 : end].split(b"\0")[:2]
+                self.reported.append((name, value))
+            pos = end
+        self._rest = data[pos:]
+        return data[:pos] if pos < size else data
 
 
 # -- what the server sends -----------------------------------------------------------------------

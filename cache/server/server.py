@@ -53,7 +53,7 @@ from cache.backend.reflect import redact
 from cache.engine.engine import Engine, SessionOptions
 from cache.engine.session import Session
 from cache.server import protocol, relay, values
-from cache.server.client import Conversation, Description, Passing
+from cache.server.client import Conversation, Description, Passing, RawRun
 from cache.server.protocol import ProtocolViolation
 from cache.server.relay import BackendRefused, diagnostic_message, fields_of
 from sql_ext.errors import Error, ProgrammingError, diagnostics
@@ -63,6 +63,7 @@ log = logging.getLogger("mtcache.server")
 DEFAULT_LISTEN = "127.0.0.1:6432"
 GRACE_SECONDS = 10.0
 _SEND_BUFFER = 64 * 1024  # output collected before it is handed to the socket
+_RAW_READ = 256 * 1024  # bytes of a raw answer read from the backend at a time
 _INBOX_LIMIT = 4096  # messages read ahead of a session's work before reading pauses
 CANCEL_SECONDS = 30.0  # how long a cancel keeps interrupting its statement's DuckDB work
 CANCEL_REPEAT = 0.01
@@ -148,6 +149,7 @@ class Server:
         self.runs_at_once = 0  # prepared runs answered in one step (`ClientConnection._at_hand`)
         self.lane_hits = 0  # of them, by a statement's lane (`Conversation.lane_at_hand`)
         self.relayed_at_once = 0  # passed through by the loop (`ClientConnection._pass_through`)
+        self.relayed_raw = 0  # of them, byte for byte (`Conversation.raw_run`)
 
     # -- serving -----------------------------------------------------------------------------------
 
@@ -346,7 +348,7 @@ class ClientConnection(asyncio.Protocol):
         self._farewell = b""  # the last message of a session the server ends
         self._fd: int | None = None  # the client socket's descriptor the workers write to
         self._abandoned = False  # the server ends the session: a full socket is not waited on
-        self._passing: Passing | None = None  # a passed-through run the loop relays
+        self._passing: Passing | RawRun | None = None  # a passed-through run the loop relays
 
     # -- the event loop's side -------------------------------------------------------------
 
@@ -399,15 +401,23 @@ class ClientConnection(asyncio.Protocol):
                 or self._reader.pending:  # fmt: skip
             return False
         try:
-            if conversation.lane_at_hand(data):
-                self._flush()
-                self.server.lane_hits += 1
-                return True
+            statement = conversation.bound_statement(data)
+            if statement is not None:
+                if statement.raw_shape is not None:
+                    raw = conversation.raw_lane(statement, data)
+                    if raw is not None:
+                        self._relay(raw)
+                        self.server.relayed_raw += 1
+                        return True
+                elif conversation.lane_at_hand(statement, data):
+                    self._flush()
+                    self.server.lane_hits += 1
+                    return True
             run = protocol.execution(data)
             if run is None:
                 return False
             if not conversation.execution_at_hand(*run):
-                return self._pass_through(conversation, *run)
+                return self._pass_through(conversation, data, *run)
         except Exception:
             self._failed()
             self._start_work(None)
@@ -418,46 +428,68 @@ class ClientConnection(asyncio.Protocol):
             self._watch_backend()
         return True
 
-    def _pass_through(self, conversation: Conversation, bind: protocol.Bind,
+    def _pass_through(self, conversation: Conversation, data: bytes, bind: protocol.Bind,
                       describe: bool) -> bool:  # fmt: skip
         """A run of a passed-through statement sent to the backend by the loop, which relays
-        the answer as it comes (`_relayed`): the conversation is taken meanwhile, as by a
-        worker (``working``); False: nothing was done."""
-        passing = conversation.run_at_backend(bind, describe)
-        if passing is None:
-            return False
-        loop = self.loop
-        assert loop is not None
+        the answer as it comes (`_relayed`): byte for byte when the conversation allows it
+        (`Conversation.raw_run`), else through libpq (`Conversation.run_at_backend`). The
+        conversation is taken meanwhile, as by a worker (``working``); False: nothing was
+        done."""
+        passing: Passing | RawRun | None = conversation.raw_run(data, bind, describe)
+        if passing is not None:
+            self.server.relayed_raw += 1
+        else:
+            passing = conversation.run_at_backend(bind, describe)
+            if passing is None:
+                return False
+        self._relay(passing)
+        return True
+
+    def _relay(self, passing: Passing | RawRun) -> None:
+        """Send a passed-through run and relay its answer (`_pass_through`)."""
         self.working = True
         with self._state:
             self.busy = True
             self._serial += 1
         self._passing = passing
         self._backend_writable()
-        self._watch_backend(relaying=True)
+        if self._watched != passing.fd:
+            self._watch_backend(relaying=True)
         self.server.relayed_at_once += 1
-        return True
 
     def _backend_writable(self) -> None:
-        """What libpq has not sent yet of a passed-through run, sent (waiting for the
-        backend's socket when it is full)."""
+        """What is not sent yet of a passed-through run, sent (waiting for the backend's
+        socket when it is full)."""
         loop, passing = self.loop, self._passing
         assert loop is not None and passing is not None
-        pgconn = passing.pgconn
+        if isinstance(passing, RawRun):
+            try:
+                passing.send = passing.send[os.write(passing.fd, passing.send):]
+            except BlockingIOError:
+                pass
+            except OSError:
+                passing.send = b""  # (the failure is read with the answer)
+            if passing.send:
+                passing.waiting = True
+                loop.add_writer(passing.fd, self._backend_writable)
+            elif passing.waiting:
+                passing.waiting = False
+                loop.remove_writer(passing.fd)
+            return
         try:
-            pending = pgconn.flush()
+            pending = passing.pgconn.flush()
         except psycopg.Error:
             pending = 0  # (the failure is read with the answer)
         if pending:
-            loop.add_writer(pgconn.socket, self._backend_writable)
+            loop.add_writer(passing.fd, self._backend_writable)
         else:
-            loop.remove_writer(pgconn.socket)  # (none: nothing happens)
+            loop.remove_writer(passing.fd)  # (none: nothing happens)
 
-    def _relayed(self) -> None:
-        """The backend's socket is readable under a passed-through run: relay what came;
-        at its end the conversation is free again."""
-        passing, conversation = self._passing, self.conversation
-        assert passing is not None and conversation is not None
+    def _relayed(self, passing: Passing) -> None:
+        """The backend's socket is readable under a run passed through libpq: relay what
+        came."""
+        conversation = self.conversation
+        assert conversation is not None
         try:
             over = conversation.relay_ready(passing)
         except psycopg.Error as exc:
@@ -466,18 +498,54 @@ class ClientConnection(asyncio.Protocol):
         except Exception:
             self._failed()
             over = True
+        self._relayed_yet(passing, over)
+
+    def _raw_relayed(self, run: RawRun) -> None:
+        """The backend's socket is readable under a raw run: what it holds, to the
+        conversation."""
+        conversation = self.conversation
+        assert conversation is not None
+        try:
+            try:
+                data = os.read(run.fd, _RAW_READ)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                conversation.raw_lost(run, exc.strerror or str(exc))
+                over = True
+            else:
+                if data:
+                    over = conversation.raw_received(run, data)
+                else:
+                    conversation.raw_lost(run, "it closed")
+                    over = True
+        except Exception:
+            self._failed()
+            over = True
+        self._relayed_yet(run, over)
+
+    def _relayed_yet(self, passing: Passing | RawRun, over: bool) -> None:
+        """After a passed-through run's answer came in part (``over``: all of it): at its
+        end the conversation is free again (or a worker's, to bring libpq up to date after a
+        raw answer that changed what it keeps: `Conversation.resync`)."""
         if not over:  # (its output goes out as it fills a buffer: `_write`)
             if self._paused:  # the client does not read: the backend waits
                 self._unwatch_backend()
             return
-        if self.loop is not None:
-            self.loop.remove_writer(passing.pgconn.socket)
+        if passing.waiting and self.loop is not None:
+            self.loop.remove_writer(passing.fd)
         self._passing = None
         with self._state:
             self.busy = False
         self._flush()
+        conversation = self.conversation
+        if conversation is not None and conversation.needs_resync:
+            self._start_work(conversation.resync)
+            return
         self.working = False
-        self._pump()
+        if self._inbox or self._eof or self._ending or self._paused or not self._reading:
+            self._pump()
+        # (else nothing waits, and the backend's socket stays watched, as `_pump` would leave)
 
     def eof_received(self) -> bool:
         self._ending_input()
@@ -625,8 +693,11 @@ class ClientConnection(asyncio.Protocol):
         self._watched = None
 
     def _backend_readable(self) -> None:
-        if self._passing is not None:
-            self._relayed()
+        passing = self._passing
+        if isinstance(passing, RawRun):
+            self._raw_relayed(passing)
+        elif passing is not None:
+            self._relayed(passing)
         elif not self.working:  # (a notification, or the backend going away)
             self._start_work(self._notify)
 
