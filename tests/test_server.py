@@ -4,11 +4,13 @@ to the same statement: values, Python types and the description."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 import socket
 import struct
 import subprocess
+import threading
 import typing as t
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +18,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from cache.engine import state as state_module
 from cache.engine.inspect import status_document
+from cache.engine.session import Session
 from cache.server import protocol
 from tests.answers import typed
 from tests.serving import Served, quiet, raw_postgres, raw_session, serving, until
@@ -445,19 +449,89 @@ def test_a_passed_through_run_sent_at_once_gets_the_bytes_of_its_messages(
     direct.close()
 
 
+def _session_of(served: Served, conn: psycopg.Connection[t.Any]) -> Session:
+    """The server's session of a client connection (by the pid its BackendKeyData gave)."""
+    found = [client.session for (pid, _), client in list(served.server._clients.items())
+             if pid == conn.info.backend_pid]  # fmt: skip
+    assert len(found) == 1 and found[0] is not None
+    return found[0]
+
+
+def test_a_function_that_sets_a_reported_setting_in_a_raw_run(served: Served) -> None:
+    """A statement passed through byte for byte that changes a reported setting unseen by
+    its text (a function calling set_config): the client gets the ParameterStatus in the
+    backend's answer, and the session's libpq learns it too before the next statement, so a
+    later change back to the old value reaches the client as well."""
+    with psycopg.connect(served.dsn, autocommit=True) as conn:
+        before = conn.info.parameter_status("TimeZone")
+        other = "Asia/Kolkata" if before != "Asia/Kolkata" else "America/Lima"
+        conn.execute("CREATE FUNCTION pg_temp.zoned(text) RETURNS text LANGUAGE sql AS "
+                     "$$SELECT set_config('TimeZone', $1, false)$$")  # fmt: skip
+        for zone in (before, before):  # (prepared, then run whole)
+            conn.execute("SELECT pg_temp.zoned(%s)", [zone], prepare=True)
+        raw = served.server.relayed_raw
+        conn.execute("SELECT pg_temp.zoned(%s)", [other], prepare=True)
+        assert served.server.relayed_raw == raw + 1
+        assert conn.info.parameter_status("TimeZone") == other
+        quiet(served)
+        pg = _session_of(served, conn).backend_connection_if_open()
+        assert pg is not None and pg.info.parameter_status("TimeZone") == other
+        conn.execute(f"SET TimeZone TO '{before}'")  # (through libpq: back to its old value)
+        assert conn.info.parameter_status("TimeZone") == before
+        assert conn.execute("SHOW TimeZone").fetchone() == (before,)
+
+
+def test_a_raw_write_when_the_clock_is_due_is_settled_off_the_loop(
+        served: Served, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A write passed through byte for byte when the session's backend clock is due to be
+    measured: its commit time needs that measurement, which the event loop may not wait for;
+    a worker makes it before the session's next statement, and the write counts for the
+    session's reads from then on."""
+    measured_on: list[int] = []
+    spied = state_module.measure
+
+    def measure(pg: psycopg.Connection[t.Any]) -> t.Any:
+        measured_on.append(threading.get_ident())
+        return spied(pg)
+
+    monkeypatch.setattr(state_module, "measure", measure)
+    update = "UPDATE books SET price = price + 1 WHERE isbn = %s"
+    plain = "SELECT price FROM books WHERE isbn = %s"
+    with psycopg.connect(served.dsn, autocommit=True) as conn, \
+            psycopg.connect(served.backend, autocommit=True) as direct:  # fmt: skip
+        found = direct.execute("SELECT isbn FROM books WHERE authorid = 2 ORDER BY isbn "
+                               "LIMIT 1").fetchone()  # fmt: skip
+        assert found is not None
+        (isbn,) = found
+        conn.execute(update, [isbn], prepare=True)
+        state = _session_of(served, conn).state
+        first = state.written_at["books"]
+        raw = served.server.relayed_raw
+        state._remeasure_at = dt.datetime.now(dt.UTC)  # (as CLOCK_MAX_AGE seconds later)
+        measured_on.clear()
+        conn.execute(update, [isbn], prepare=True)
+        assert served.server.relayed_raw == raw + 1
+        quiet(served)
+        assert measured_on and served.server.loop_thread not in measured_on
+        assert not state.writing and state.written_at["books"] > first
+        _same(conn.execute(plain + " CURRENCY BOUND 10 MIN", [isbn]),
+              direct.execute(plain, [isbn]))  # fmt: skip
+
+
 def _oids_blank(answer: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     """Messages with what differs between two sessions blanked: the table OIDs of their
     RowDescriptions, the number of their temporary schema."""
     found = []
     for kind, body in answer:
+        blanked = body
         if kind == b"T":
             fields, pos = bytearray(body), 2
             for _ in range(struct.unpack_from("!h", body)[0]):
                 pos = body.index(b"\0", pos) + 1
                 fields[pos : pos + 4] = bytes(4)
                 pos += 18
-            body = bytes(fields)
-        found.append((kind, re.sub(rb"pg_temp_\d+", b"pg_temp", body)))
+            blanked = bytes(fields)
+        found.append((kind, re.sub(rb"pg_temp_\d+", b"pg_temp", blanked)))
     return found
 
 

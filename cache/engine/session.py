@@ -666,10 +666,12 @@ class Session:
         if state.timeline_active:
             state.read_at(state.now())
 
-    def forwarded(self, route: Passthrough | Write) -> None:
+    def forwarded(self, route: Passthrough | Write, wait: bool = True) -> None:
         """A statement of this route reached the backend on this session's connection (sent
         by ``execute`` or by the caller itself): count it, and let the session's later reads
-        see its writes and catalog changes."""
+        see its writes and catalog changes. ``wait=False``: `WouldWait` when what is left
+        needs a measurement of the backend's clock (a write's commit time, the timeline's
+        floor): its writes are then noted as uncommitted, and `caught_up` does the rest."""
         if isinstance(route, Passthrough) and route.reads is not None:
             query = route.reads
             self._last = lambda: Provenance.remote(self.planner.base_tables(query))
@@ -680,17 +682,28 @@ class Session:
             self.planner.catalog_changed()
         state = self.state
         if isinstance(route, Write):
-            state.wrote(route.tables)
+            state.wrote(route.tables, wait)
         elif state.writing:
-            state.settle()  # e.g. a COMMIT sent as SQL
+            state.settle(wait=wait)  # e.g. a COMMIT sent as SQL
+        if state.timeline_active:
+            state.read_at(state.now(wait))
+
+    def caught_up(self) -> None:
+        """What `forwarded` left undone when it could not wait: the writes' commit time and
+        the timeline's floor, on the backend's clock now (both later than they would have
+        been: stricter reads, never looser)."""
+        state = self.state
+        state.settle()
         if state.timeline_active:
             state.read_at(state.now())
 
-    def settle(self) -> None:
+    def settle(self, wait: bool = True) -> None:
         """The backend session may have ended a transaction (a pipeline the caller ran):
-        writes of a finished one are committed (or rolled back) for the session's reads."""
+        writes of a finished one are committed (or rolled back) for the session's reads
+        (``wait=False``: `WouldWait`, nothing changed, when that needs the backend's clock
+        measured)."""
         if self.state.writing:
-            self.state.settle()
+            self.state.settle(wait=wait)
 
     def backend_connection(self) -> psycopg.Connection[t.Any]:
         """The session's backend connection (opened now if it is not open): the caller may

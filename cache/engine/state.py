@@ -98,19 +98,23 @@ class SessionState:
     def writing(self) -> bool:
         return bool(self.uncommitted or self.uncommitted_unknown)
 
-    def wrote(self, tables: Iterable[str] | None) -> None:
-        """A write reached the backend (tables None: the parser could not name them)."""
+    def wrote(self, tables: Iterable[str] | None, wait: bool = True) -> None:
+        """A write reached the backend (tables None: the parser could not name them;
+        ``wait=False``: `WouldWait`, the write noted as uncommitted, when its commit time
+        needs a measurement of the clock)."""
         if tables is None:
             self.uncommitted_unknown = True
         else:
             self.uncommitted.update(tables)
         self._guarded = None
-        self.settle()
+        self.settle(wait=wait)
 
-    def settle(self, rolled_back: bool = False) -> None:
+    def settle(self, rolled_back: bool = False, wait: bool = True) -> None:
         """Once the backend session is outside any transaction, its writes are over: committed
         (autocommit, a COMMIT sent as SQL, the end of a transaction block) or rolled back. A
-        rollback the session cannot tell from a commit counts as a commit: stricter reads."""
+        rollback the session cannot tell from a commit counts as a commit: stricter reads.
+        (``wait=False``: `WouldWait`, nothing changed, when a commit time needs a measurement
+        of the clock.)"""
         if not self.writing:
             return
         pg = self._pg()
@@ -120,10 +124,10 @@ class SessionState:
         if rolled_back:
             self.rolled_back()
         else:
-            self.committed()
+            self.committed(wait)
 
-    def committed(self) -> None:
-        now = self.now()
+    def committed(self, wait: bool = True) -> None:
+        now = self.now(wait)
         for table in self.uncommitted:
             self.written_at[table] = now
         if self.uncommitted_unknown:

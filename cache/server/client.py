@@ -67,7 +67,11 @@ class Statement:
     # its RowDescription by the result format codes of a Bind (`Conversation._row_description`)
     row_descriptions: dict[tuple[int, ...], bytes] = dataclasses.field(default_factory=dict)
     lane: _Lane | None = None  # its runs' hit path in the session (`Conversation.lane_at_hand`)
-    raw_shape: protocol.RunShape | None = None  # of its runs passed through raw (`raw_lane`)
+    # its runs passed through raw (`Conversation.raw_lane`): their shape, the backend's Bind
+    # head for them, and the conversation's `handled` count when the last was
+    raw_shape: protocol.RunShape | None = None
+    raw_head: bytes = b""
+    raw_handled: int = -1
     answered_at: int = -1  # the session's epoch at its last run answered at hand without one
 
     @property
@@ -223,17 +227,22 @@ class Conversation:
         # counts the messages handled other than reads at hand (`handle`, `run_at_backend`): a
         # lane made at another count may have seen another session state (`lane_at_hand`)
         self.epoch = 0
+        # counts what `epoch` counts but runs passed through raw: a raw lane made at another
+        # count may have seen another session state (`raw_lane`)
+        self.handled = 0
         # what a raw answer changed that libpq did not see (`raw_received`, `resync`):
         # reported settings by name, and whether its transaction status moved
         self._unsynced: dict[str, str] = {}
         self._status_unsynced = False
-        self._plain: pq.abc.PGconn | None = None  # a backend connection without TLS or GSSAPI
+        self._clock_unsynced = False  # a raw write's commit time waits for the clock
+        self._raw_fd = -1  # the backend socket of the raw lanes (`raw_lane`)
 
     # -- messages ------------------------------------------------------------------------------
 
     def handle(self, message: protocol.Message) -> bool:
         """Answer one message; False when the client ends the session (Terminate)."""
         self.epoch += 1  # (anything but a read at hand may change the session: lanes end)
+        self.handled += 1
         if isinstance(message, protocol.Terminate):
             return False
         if isinstance(message, protocol.Sync):
@@ -421,6 +430,7 @@ class Conversation:
         if mixed is not None:
             return None
         self.epoch += 1  # (as in `handle`)
+        self.handled += 1
         portal = Portal(statement, bind)
         bound = self._bound(portal, describe)
         pgconn = conn.pgconn
@@ -463,40 +473,39 @@ class Conversation:
         statement = self.statements.get(bind.statement)
         if statement is None or not statement.raw:
             return None
-        found = self._raw(statement, data)
-        if found is not None and not bind.portal:
-            statement.raw_shape = protocol.run_shape(bind, describe)
-        return found
-
-    def raw_lane(self, statement: Statement, data: bytes) -> RawRun | None:
-        """`raw_run` of a run that differs from one of ``statement`` passed through raw
-        before only in its parameter values (compared as bytes, not parsed:
-        `protocol.RunShape`). None: nothing was done."""
-        shape = statement.raw_shape
-        if shape is None or shape.values(data) is None:
-            return None
-        return self._raw(statement, data)
-
-    def _raw(self, statement: Statement, data: bytes) -> RawRun | None:
-        """`raw_run` of a run of a plain statement, when the session allows it."""
         name = statement.backend_name
         if name is None or (not name and self._unnamed_owner is not statement) \
                 or self.portals or self._queue or self.ignoring or self._piped \
                 or self._output_changed or self.listening or self._unsynced \
-                or self._status_unsynced or self.session.provenance_notices:  # fmt: skip
+                or self._status_unsynced or self._clock_unsynced \
+                or self.session.provenance_notices:  # fmt: skip
             return None
         conn = self.session.backend_connection_if_open()
         if conn is None:
             return None
         pgconn = conn.pgconn
-        if pgconn is not self._plain:  # (judged once per connection)
-            if pgconn.ssl_in_use or pgconn.used_gssapi:
-                return None
-            self._plain = pgconn
-        if pgconn.transaction_status != _IDLE:
+        if pgconn.transaction_status != _IDLE or pgconn.ssl_in_use or pgconn.used_gssapi:
+            return None
+        shape = protocol.run_shape(bind, describe)
+        if not bind.portal:
+            statement.raw_shape, statement.raw_handled = shape, self.handled
+            statement.raw_head = shape.renaming(name)
+            self._raw_fd = pgconn.socket
+        self.epoch += 1  # (as in `handle`)
+        return RawRun(statement, shape.rebound(data, shape.renaming(name)), pgconn.socket)
+
+    def raw_lane(self, statement: Statement, data: bytes) -> RawRun | None:
+        """`raw_run` of a run that differs from the last of ``statement`` passed through
+        raw only in its parameter values (compared as bytes, not parsed: `protocol.RunShape`)
+        when the conversation has done nothing since but such runs and reads at hand
+        (``handled``): nothing the conversation would have checked can have changed. None:
+        nothing was done."""
+        shape = statement.raw_shape
+        if statement.raw_handled != self.handled or shape is None \
+                or shape.values(data) is None:  # fmt: skip
             return None
         self.epoch += 1  # (as in `handle`)
-        return RawRun(statement, protocol.renamed(data, name), pgconn.socket)
+        return RawRun(statement, shape.rebound(data, statement.raw_head), self._raw_fd)
 
     def raw_received(self, run: RawRun, data: bytes) -> bool:
         """What the backend sent of a raw run, forwarded as whole messages; True when its
@@ -510,21 +519,27 @@ class Conversation:
             return True
         if not scan.done:
             return False
-        session = self.session
         if not scan.failed:  # (`_forwarded`, its effects known to be none: `Statement.raw`)
-            session.forwarded(t.cast(Passthrough | Write, run.statement.route))
-        session.settle()
-        codec = self.settings.codec
-        for name, value in scan.reported:  # (the client has them: they came in the answer)
-            key, text = name.decode(codec, "replace"), value.decode(codec, "replace")
-            self._client_has(key, text)
-            self._unsynced[key] = text
-        self._status_unsynced = scan.status != b"I"
+            try:
+                self.session.forwarded(t.cast(Passthrough | Write, run.statement.route),
+                                       wait=False)  # fmt: skip
+            except WouldWait:
+                self._clock_unsynced = True  # (`resync` settles it)
+        if scan.reported or scan.status != b"I" or self._clock_unsynced:
+            self.handled += 1  # (a worker must settle what the loop could not: `resync`)
+            codec = self.settings.codec
+            for name, value in scan.reported:  # (the client has them: they were answered)
+                key, text = name.decode(codec, "replace"), value.decode(codec, "replace")
+                self._client_has(key, text)
+                self._unsynced[key] = text
+                self._reported_bytes[name] = value  # (as libpq will hold it: `resync`)
+            self._status_unsynced = scan.status != b"I"
         return True
 
     def raw_lost(self, run: RawRun, why: str) -> None:
         """The backend connection ended (or sent what is not the protocol) under a raw run:
         the connection is given up, and the client gets the error and the Sync's answer."""
+        self.handled += 1
         conn = self.session.backend_connection_if_open()
         if conn is not None:
             with contextlib.suppress(psycopg.Error):
@@ -534,7 +549,7 @@ class Conversation:
 
     @property
     def needs_resync(self) -> bool:
-        return bool(self._unsynced) or self._status_unsynced
+        return bool(self._unsynced) or self._status_unsynced or self._clock_unsynced
 
     def resync(self) -> bool:
         """libpq's view of the backend session made true again after a raw answer changed
@@ -544,15 +559,19 @@ class Conversation:
         then to the new one, each in a statement of its own, the backend reporting a setting
         only when it differs from what it last reported. Settings no statement can set
         (server_version, in_hot_standby, ...) are left: only the client reads them, and it
-        got them."""
+        got them. A write relayed while the backend's clock was due to be measured gets its
+        commit time here (`Session.caught_up`)."""
         unsynced, self._unsynced = self._unsynced, {}
         status_moved, self._status_unsynced = self._status_unsynced, False
         conn = self.session.backend_connection_if_open()
-        if conn is None:
-            return True
-        pgconn = conn.pgconn
-        if status_moved:
+        pgconn = conn.pgconn if conn is not None else None
+        if status_moved and pgconn is not None:
             self._backend_command(pgconn, b"")
+        if self._clock_unsynced:
+            self._clock_unsynced = False
+            self.session.caught_up()
+        if pgconn is None:
+            return True
         names = [n for n in unsynced if n not in _READ_ONLY_REPORTED
                  and pgconn.parameter_status(n.encode()) is not None]  # fmt: skip
         if not names or pgconn.transaction_status != pq.TransactionStatus.IDLE:
@@ -583,11 +602,15 @@ class Conversation:
         return failed
 
     def _relay_over(self, passing: Passing) -> None:
-        """A run relayed whole: what its Execute and Sync do after the backend's answer."""
+        """A run relayed whole: what its Execute and Sync do after the backend's answer
+        (on the event loop: what needs the backend's clock measured is left to `resync`)."""
         portal = passing.portal
         if passing.relaying.ok:
-            self._passed(portal.statement, portal.statement.route)
-        self.session.settle()  # (as when a pipeline ends)
+            self._passed(portal.statement, portal.statement.route, wait=False)
+        try:
+            self.session.settle(wait=False)  # (as when a pipeline ends)
+        except WouldWait:
+            self._clock_unsynced = True
         self.portals[portal.bind.portal] = portal  # (the Sync ends it with its transaction)
         self._sync()
 
@@ -725,13 +748,13 @@ class Conversation:
             self.out(relay.diagnostic_message(result))
             relaying.ok = False
 
-    def _forwarded(self, sql: str, routed: Passthrough | Write) -> None:
-        """A statement reached the backend: the session's bookkeeping, and a note when it
-        may have changed a setting local answers are encoded by."""
-        self.session.forwarded(routed)
+    def _forwarded(self, sql: str, routed: Passthrough | Write, wait: bool = True) -> None:
+        """A statement reached the backend: a note when it may have changed a setting local
+        answers are encoded by, and the session's bookkeeping (`Session.forwarded`)."""
         output, listens = _effects(sql)
         self._output_changed |= output
         self.listening |= listens
+        self.session.forwarded(routed, wait)
 
     def _engine_simple(self, text: str, routed: Route) -> bool:
         """A statement the cache answers (or judges) in a Query message."""
@@ -968,11 +991,15 @@ class Conversation:
 
         self._queue.append(_Expect(read))
 
-    def _passed(self, statement: Statement, routed: Route | None) -> None:
+    def _passed(self, statement: Statement, routed: Route | None, wait: bool = True) -> None:
         """A statement the backend answered: the bookkeeping of one passed through (None: a
-        cached read it answered, counted apart), and the provenance NOTICE."""
+        cached read it answered, counted apart), and the provenance NOTICE (``wait=False``:
+        on the event loop, what needs the backend's clock measured left to `resync`)."""
         if routed is not None:
-            self._forwarded(statement.text, t.cast(Passthrough | Write, routed))
+            try:
+                self._forwarded(statement.text, t.cast(Passthrough | Write, routed), wait)
+            except WouldWait:
+                self._clock_unsynced = True
         self._provenance_notice()
 
     def _holder(self, portal: Portal) -> Out:

@@ -391,6 +391,17 @@ class RunShape(t.NamedTuple):
     result_formats: bytes  # the Bind's rest
     tail: bytes  # Describe of the portal or not, Execute, Sync
 
+    def renaming(self, statement: bytes) -> bytes:
+        """The head of this shape's Bind naming ``statement`` instead (`rebound`)."""
+        portal = self.head[: self.head.index(b"\0") + 1]
+        return portal + statement + self.head[self.head.index(b"\0", len(portal)):]
+
+    def rebound(self, data: bytes, head: bytes) -> bytes:
+        """A run of this shape (``data``) with another head for its Bind (`renaming`: the
+        backend's name of the client's prepared statement); the rest as the client sent it."""
+        size = _INT32.unpack_from(data, 1)[0] + len(head) - len(self.head)
+        return b"B" + _INT32.pack(size) + head + data[5 + len(self.head) :]
+
     def values(self, data: bytes) -> list[bytes | None] | None:
         """The parameter values of a run of this shape; None when ``data`` is anything else
         (then read as usual, where it gets its answer or its error)."""
@@ -419,16 +430,6 @@ class RunShape(t.NamedTuple):
                 or data[end:] != self.tail:  # fmt: skip
             return None
         return found
-
-
-def renamed(data: bytes, statement: bytes) -> bytes:
-    """A run `execution` recognized, its Bind naming ``statement`` instead (the backend's
-    name of the client's prepared statement); the rest as the client sent it."""
-    end = _INT32.unpack_from(data, 1)[0] + 1
-    portal_end = data.index(b"\0", 5)
-    named_end = data.index(b"\0", portal_end + 1)
-    body = data[5 : portal_end + 1] + statement + data[named_end:end]
-    return b"B" + _INT32.pack(len(body) + 4) + body + data[end:]
 
 
 def run_shape(bind: Bind, describe: bool) -> RunShape:
