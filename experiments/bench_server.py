@@ -17,7 +17,8 @@ One run, everything side by side on one pgbench database (`pgbench -i -s SCALE`)
     (target <= 0.1x);
 (d) statements passed through (an uncached read, a write) through the server vs pgbouncer vs
     directly: the latency each adds to PostgreSQL's (target: the server adds at most 2x what
-    pgbouncer adds);
+    pgbouncer adds), placed as (a) is (`PLACEMENTS`: the two servers with every backend of the
+    database);
 and what the cache saves: the backend's CPU time per 1,000 reads through the server vs direct,
 and the server's memory per idle session. Every cached answer is checked against PostgreSQL's
 before timing.
@@ -85,8 +86,8 @@ def pgbouncer_binary() -> str:
 
 
 @contextlib.contextmanager
-def pgbouncer(backend_port: int, work: Path) -> Iterator[int]:
-    """pgbouncer (session pooling, trust) in front of the backend; yields its port."""
+def pgbouncer(backend_port: int, work: Path) -> Iterator[tuple[int, int]]:
+    """pgbouncer (session pooling, trust) in front of the backend; yields its port and pid."""
     port = free_port()
     config = work / "pgbouncer.ini"
     config.write_text(
@@ -116,7 +117,7 @@ def pgbouncer(backend_port: int, work: Path) -> Iterator[int]:
                     said = proc.stderr.read().decode() if proc.stderr else ""
                     raise RuntimeError(f"pgbouncer did not start: {said}") from None
                 time.sleep(0.1)
-        yield port
+        yield port, proc.pid
     finally:
         proc.terminate()
         proc.wait(30)
@@ -421,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
                          "ratio": float("nan"), "unit": "conns", "target": "0"})  # fmt: skip
 
             # (d) passed through: the server and pgbouncer vs direct
-            with pgbouncer(backend_port, work) as bouncer_port:
+            with pgbouncer(backend_port, work) as (bouncer_port, bouncer_pid):
                 bouncer = psycopg.connect(dsn_at(bouncer_port, DATABASE), autocommit=True)
                 plain = psycopg.connect(dsn_at(port, DATABASE), autocommit=True)  # no bound
                 branches = args.scale
@@ -431,19 +432,25 @@ def main(argv: list[str] | None = None) -> int:
                     "write": ("UPDATE pgbench_tellers SET tbalance = tbalance + 1 "
                               "WHERE tid = %s", lambda: draw.randint(1, branches * 10)),
                 }  # fmt: skip
+                # (placed as (a) is: the two servers and every backend of the database)
+                relaying = (found.pid, bouncer_pid, *_backend_pids(direct))
                 for what, (sql, pick) in passthrough.items():
                     def run(conn: psycopg.Connection[t.Any], s: str = sql,
                             k: Callable[[], int] = pick) -> object:  # fmt: skip
                         cur = conn.execute(s, [k()], prepare=True)
                         return cur.fetchall() if cur.description else None
 
-                    via, bounced, straight = paired([
-                        lambda: run(plain), lambda: run(bouncer), lambda: run(direct)],
-                        args.calls)  # fmt: skip
-                    added_server = p50(via) - p50(straight)
-                    added_bouncer = p50(bounced) - p50(straight)
-                    row("d", f"{what}: latency added to PostgreSQL's (p50)", added_server * 1e6,
-                        added_bouncer * 1e6, "<= 2.0x (server vs pgbouncer)", "us")  # fmt: skip
+                    for placement in PLACEMENTS:
+                        with placed(placement, relaying):
+                            via, bounced, straight = paired([
+                                lambda: run(plain), lambda: run(bouncer), lambda: run(direct)],
+                                args.calls)  # fmt: skip
+                        added_server = p50(via) - p50(straight)
+                        added_bouncer = p50(bounced) - p50(straight)
+                        where = "" if placement is None else f", {placement}"
+                        row("d", f"{what}: latency added to PostgreSQL's (p50){where}",
+                            added_server * 1e6, added_bouncer * 1e6,
+                            "<= 2.0x (server vs pgbouncer)", "us")  # fmt: skip
                 plain.close()
                 bouncer.close()
 
@@ -499,6 +506,13 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def _backend_pids(conn: psycopg.Connection[t.Any]) -> list[int]:
+    """The backends of the benchmark's database, ``conn``'s own included."""
+    found = conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s",
+                         [DATABASE]).fetchall()  # fmt: skip
+    return [int(pid) for (pid,) in found]
 
 
 def _backends(conn: psycopg.Connection[t.Any]) -> int:

@@ -18,6 +18,8 @@ from heartbeat.clock import CLOCK_MAX_AGE, DRIFT, BackendClock, measure
 from optimizer.evaluate_guards import Session
 from sql_ext.errors import BackendUnavailableError, ProgrammingError
 
+# libpq's transaction statuses of a session outside any transaction (or with no session)
+_OUTSIDE = (pq.TransactionStatus.IDLE, pq.TransactionStatus.UNKNOWN)
 OFFLINE_RETRY = 60.0  # seconds between measurement attempts while the backend is unreachable
 
 
@@ -118,8 +120,7 @@ class SessionState:
         if not self.writing:
             return
         pg = self._pg()
-        if pg is not None and not pg.closed and \
-                pg.info.transaction_status != pq.TransactionStatus.IDLE:  # fmt: skip
+        if pg is not None and pg.pgconn.transaction_status not in _OUTSIDE:
             return
         if rolled_back:
             self.rolled_back()

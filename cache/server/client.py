@@ -197,6 +197,7 @@ class RawRun:
     fd: int  # the backend connection's socket
     scan: protocol.AnswerScan = dataclasses.field(default_factory=protocol.AnswerScan)
     waiting: bool = False  # the loop waits for the backend's socket to take the rest of send
+    lost: bool = False  # the backend connection ended under it (`Conversation.raw_lost`)
 
 
 class Conversation:
@@ -509,16 +510,22 @@ class Conversation:
 
     def raw_received(self, run: RawRun, data: bytes) -> bool:
         """What the backend sent of a raw run, forwarded as whole messages; True when its
-        answer is over and the session's bookkeeping done (`resync` then due if
-        ``needs_resync``)."""
+        answer is over (then `raw_over`)."""
         scan = run.scan
         try:
             self.out(scan.feed(data))
         except protocol.BackendViolation as exc:
             self.raw_lost(run, str(exc))
             return True
-        if not scan.done:
-            return False
+        return scan.done
+
+    def raw_over(self, run: RawRun) -> None:
+        """The session's bookkeeping of a raw run whose answer is over, done once the client
+        has the answer (its own next statement waits for it, but not its reading of this
+        one); `resync` is then due if ``needs_resync``."""
+        scan = run.scan
+        if run.lost:
+            return
         if not scan.failed:  # (`_forwarded`, its effects known to be none: `Statement.raw`)
             try:
                 self.session.forwarded(t.cast(Passthrough | Write, run.statement.route),
@@ -534,11 +541,11 @@ class Conversation:
                 self._unsynced[key] = text
                 self._reported_bytes[name] = value  # (as libpq will hold it: `resync`)
             self._status_unsynced = scan.status != b"I"
-        return True
 
     def raw_lost(self, run: RawRun, why: str) -> None:
         """The backend connection ended (or sent what is not the protocol) under a raw run:
         the connection is given up, and the client gets the error and the Sync's answer."""
+        run.lost = True
         self.handled += 1
         conn = self.session.backend_connection_if_open()
         if conn is not None:

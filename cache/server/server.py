@@ -53,7 +53,7 @@ from cache.backend.reflect import redact
 from cache.engine.engine import Engine, SessionOptions
 from cache.engine.session import Session
 from cache.server import protocol, relay, values
-from cache.server.client import Conversation, Description, Passing, RawRun
+from cache.server.client import Conversation, Description, Passing, RawRun, Statement
 from cache.server.protocol import ProtocolViolation
 from cache.server.relay import BackendRefused, diagnostic_message, fields_of
 from sql_ext.errors import Error, ProgrammingError, diagnostics
@@ -349,6 +349,7 @@ class ClientConnection(asyncio.Protocol):
         self._fd: int | None = None  # the client socket's descriptor the workers write to
         self._abandoned = False  # the server ends the session: a full socket is not waited on
         self._passing: Passing | RawRun | None = None  # a passed-through run the loop relays
+        self._hot: Statement | None = None  # the statement of the last raw lane's run
 
     # -- the event loop's side -------------------------------------------------------------
 
@@ -401,11 +402,18 @@ class ClientConnection(asyncio.Protocol):
                 or self._reader.pending:  # fmt: skip
             return False
         try:
+            hot = self._hot  # (the statement of the last raw run: most often the next one's)
+            raw = conversation.raw_lane(hot, data) if hot is not None else None
+            if raw is not None:
+                self._relay(raw)
+                self.server.relayed_raw += 1
+                return True
             statement = conversation.bound_statement(data)
             if statement is not None:
                 if statement.raw_shape is not None:
                     raw = conversation.raw_lane(statement, data)
                     if raw is not None:
+                        self._hot = statement
                         self._relay(raw)
                         self.server.relayed_raw += 1
                         return True
@@ -448,11 +456,11 @@ class ClientConnection(asyncio.Protocol):
     def _relay(self, passing: Passing | RawRun) -> None:
         """Send a passed-through run and relay its answer (`_pass_through`)."""
         self.working = True
-        with self._state:
-            self.busy = True
-            self._serial += 1
         self._passing = passing
         self._backend_writable()
+        with self._state:  # (a cancel before this finds nothing running, as before the send)
+            self.busy = True
+            self._serial += 1
         if self._watched != passing.fd:
             self._watch_backend(relaying=True)
         self.server.relayed_at_once += 1
@@ -535,10 +543,15 @@ class ClientConnection(asyncio.Protocol):
         if passing.waiting and self.loop is not None:
             self.loop.remove_writer(passing.fd)
         self._passing = None
+        self._flush()
         with self._state:
             self.busy = False
-        self._flush()
         conversation = self.conversation
+        if isinstance(passing, RawRun) and conversation is not None:
+            try:  # (once the client has its answer: `Conversation.raw_over`)
+                conversation.raw_over(passing)
+            except Exception:
+                self._failed()
         if conversation is not None and conversation.needs_resync:
             self._start_work(conversation.resync)
             return
