@@ -432,14 +432,16 @@ def main(argv: list[str] | None = None) -> int:
                     "write": ("UPDATE pgbench_tellers SET tbalance = tbalance + 1 "
                               "WHERE tid = %s", lambda: draw.randint(1, branches * 10)),
                 }  # fmt: skip
-                # (placed as (a) is: the two servers and every backend of the database)
-                relaying = (found.pid, bouncer_pid, *_backend_pids(direct))
                 for what, (sql, pick) in passthrough.items():
                     def run(conn: psycopg.Connection[t.Any], s: str = sql,
                             k: Callable[[], int] = pick) -> object:  # fmt: skip
                         cur = conn.execute(s, [k()], prepare=True)
                         return cur.fetchall() if cur.description else None
 
+                    for conn in (plain, bouncer, direct):  # (each has its backend now)
+                        run(conn)
+                    # placed as (a) is: the two servers and every backend of the database
+                    relaying = (found.pid, bouncer_pid, *_backend_pids(direct))
                     for placement in PLACEMENTS:
                         with placed(placement, relaying):
                             via, bounced, straight = paired([
