@@ -451,10 +451,9 @@ def test_a_passed_through_run_sent_at_once_gets_the_bytes_of_its_messages(
 
 def _session_of(served: Served, conn: psycopg.Connection[t.Any]) -> Session:
     """The server's session of a client connection (by the pid its BackendKeyData gave)."""
-    found = [client.session for (pid, _), client in list(served.server._clients.items())
-             if pid == conn.info.backend_pid]  # fmt: skip
-    assert len(found) == 1 and found[0] is not None
-    return found[0]
+    found = served.server.session_of(conn.info.backend_pid)
+    assert found is not None
+    return found
 
 
 def test_a_function_that_sets_a_reported_setting_in_a_raw_run(served: Served) -> None:

@@ -249,6 +249,12 @@ class Server:
         if client is not None:
             client.cancel()
 
+    def session_of(self, pid: int) -> Session | None:
+        """The session of the client whose BackendKeyData gave this process id."""
+        with self._lock:
+            found = [client for (key_pid, _), client in self._clients.items() if key_pid == pid]
+        return found[0].session if found else None
+
     def sessions(self) -> int:
         """How many client sessions are open."""
         with self._lock:
