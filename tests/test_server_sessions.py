@@ -131,6 +131,51 @@ def test_cancel_request_stops_a_remote_statement(served: Served, prepared: bool)
         assert conn.execute("SELECT 1").fetchone() == (1,)
 
 
+@pytest.mark.parametrize("when", ["relayed raw", "relayed in a block", "by a worker", "idle"])
+def test_a_session_whose_backend_connection_is_lost_ends(served: Served, when: str) -> None:
+    """The backend ends a session's backend connection (pg_terminate_backend, as a restart
+    would) while a statement runs there, or while the session is idle: the client gets the
+    error and the server ends the session, as PostgreSQL ends it, rather than running the
+    client's next statements in another backend session without its prepared statements,
+    settings and transaction. Other sessions go on."""
+    sql = "SELECT pg_sleep(600) WHERE %s"
+    with psycopg.connect(served.dsn, autocommit=True) as conn, \
+            psycopg.connect(served.dsn, autocommit=True, options=BOUND) as other, \
+            psycopg.connect(served.backend, autocommit=True) as pg, \
+            cf.ThreadPoolExecutor(1) as pool:  # fmt: skip
+        assert conn.execute(sql, [False], prepare=True).fetchall() == []
+        quiet(served)  # (the worker that parsed it has let go of the session)
+        session = served.server.session_of(conn.info.backend_pid)
+        backend = session.backend_connection_if_open() if session is not None else None
+        assert backend is not None
+        pid = backend.info.backend_pid
+        raw = served.server.relayed_raw
+        if when == "idle":
+            pg.execute("SELECT pg_terminate_backend(%s)", [pid])
+            _wait_for(lambda: served.server.session_of(conn.info.backend_pid) is None,
+                      "the session ended")  # fmt: skip
+            with pytest.raises(psycopg.OperationalError):
+                conn.execute("SELECT 1")
+        else:
+            if when == "relayed in a block":
+                conn.execute("BEGIN")
+            # (a run with its Parse goes to a worker, a prepared statement's run is relayed)
+            running = pool.submit(conn.execute, sql, [True], prepare=when != "by a worker")
+            _wait_for(lambda: _sleeping_at_backend(pg), "the remote statement running")
+            pg.execute("SELECT pg_terminate_backend(%s)", [pid])
+            with pytest.raises(psycopg.OperationalError, match="terminating connection"):
+                running.result(timeout=120)
+            assert served.server.relayed_raw - raw == (1 if when == "relayed raw" else 0)
+            with pytest.raises(psycopg.OperationalError):
+                conn.execute(sql, [False], prepare=True)
+        assert conn.closed
+        _hits_right(served, other, pg, 1)
+        assert other.execute("SELECT count(*) FROM numbers").fetchone() == (2000,)
+    with psycopg.connect(served.dsn, autocommit=True) as again:
+        assert again.execute(sql, [False], prepare=True).fetchall() == []
+        assert again.execute(sql, [False], prepare=True).fetchall() == []
+
+
 def _views(conn: psycopg.Connection[t.Any]) -> list[tuple[t.Any, ...]]:
     """SHOW CACHED VIEWS without the ages (which grow as the test runs)."""
     cur = conn.execute("SHOW CACHED VIEWS")

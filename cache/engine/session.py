@@ -715,6 +715,13 @@ class Session:
         pg = self._pg
         return pg if pg is not None and not pg.closed else None
 
+    @property
+    def lost_backend(self) -> bool:
+        """Whether the session had a backend connection and lost it (until its next statement
+        that needs the backend connects again)."""
+        pg = self._pg
+        return pg is not None and pg.closed
+
     def backend_transaction_status(self) -> pq.TransactionStatus:
         """The backend session's transaction status (IDLE while it has no connection)."""
         pg = self.backend_connection_if_open()

@@ -544,15 +544,16 @@ class Conversation:
 
     def raw_lost(self, run: RawRun, why: str) -> None:
         """The backend connection ended (or sent what is not the protocol) under a raw run:
-        the connection is given up, and the client gets the error and the Sync's answer."""
+        the connection is given up (the session then ends, as PostgreSQL ends it: the
+        server's `Session.lost_backend`); the client has what came whole before."""
         run.lost = True
         self.handled += 1
+        log.warning("a session's backend connection was lost under a statement: %s", why)
         conn = self.session.backend_connection_if_open()
         if conn is not None:
             with contextlib.suppress(psycopg.Error):
                 conn.pgconn.consume_input()  # (libpq sees the end, and says so from now on)
             conn.close()
-        self.relay_failed(psycopg.OperationalError(f"the backend connection was lost: {why}"))
 
     @property
     def needs_resync(self) -> bool:
@@ -1161,6 +1162,9 @@ class Conversation:
                 result = relay.wait_result(pgconn)
                 if result is not None and result.status == ExecStatus.PIPELINE_SYNC:
                     break
+                if result is None and pgconn.status == pq.ConnStatus.BAD:
+                    self._piped = False  # (the connection is gone: the session ends)
+                    raise psycopg.OperationalError("the backend connection was lost")
             pgconn.exit_pipeline_mode()
             self._piped = False
             self.session.settle()

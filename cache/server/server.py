@@ -65,6 +65,9 @@ GRACE_SECONDS = 10.0
 _SEND_BUFFER = 64 * 1024  # output collected before it is handed to the socket
 _RAW_READ = 256 * 1024  # bytes of a raw answer read from the backend at a time
 _INBOX_LIMIT = 4096  # messages read ahead of a session's work before reading pauses
+_LOST_BACKEND = ("08006", "the backend connection of this session was lost, and with it the "
+                 "session's prepared statements, settings, temporary tables and open "
+                 "transaction: connect again")  # fmt: skip
 CANCEL_SECONDS = 30.0  # how long a cancel keeps interrupting its statement's DuckDB work
 CANCEL_REPEAT = 0.01
 WORKERS = 1024  # threads answering sessions' work at once, at most (made when needed)
@@ -468,7 +471,7 @@ class ClientConnection(asyncio.Protocol):
             self.busy = True
             self._serial += 1
         if self._watched != passing.fd:
-            self._watch_backend(relaying=True)
+            self._watch_backend()
         self.server.relayed_at_once += 1
 
     def _backend_writable(self) -> None:
@@ -558,6 +561,10 @@ class ClientConnection(asyncio.Protocol):
                 conversation.raw_over(passing)
             except Exception:
                 self._failed()
+        if self._lost_backend():
+            self._fatal(*_LOST_BACKEND)
+            self._start_work(None)  # (which ends the session)
+            return
         if conversation is not None and conversation.needs_resync:
             self._start_work(conversation.resync)
             return
@@ -585,7 +592,7 @@ class ClientConnection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._paused = False
         if self._passing is not None:
-            self._watch_backend(relaying=True)
+            self._watch_backend()
         elif self._deferred is not None:
             self._run_deferred()
         elif not self.working:
@@ -688,17 +695,16 @@ class ClientConnection(asyncio.Protocol):
             return
         self._pump()
 
-    def _watch_backend(self, relaying: bool = False) -> None:
-        """The loop watches the session's backend socket while a run it passed through is
-        answered (``relaying``), and after it until a worker takes the session (a watch is
-        not made and dropped per statement); and while the session is idle after a LISTEN:
-        notifications are forwarded as they come (otherwise with the next answer)."""
+    def _watch_backend(self) -> None:
+        """The loop watches the session's backend socket whenever the loop has the session
+        (a worker does not watch it): the answers of runs the loop passes through; while the
+        session is idle, notifications after a LISTEN (forwarded as they come) and the end
+        of the backend session (the client's session then ends, as PostgreSQL ends it:
+        `_lost_backend`)."""
         session, conversation = self.session, self.conversation
         conn = session.backend_connection_if_open() \
             if session is not None and conversation is not None else None  # fmt: skip
-        keep = relaying or self._watched is not None or \
-            (conversation is not None and conversation.listening)  # fmt: skip
-        fd = conn.pgconn.socket if conn is not None and keep else None
+        fd = conn.pgconn.socket if conn is not None else None
         if fd == self._watched:
             return
         self._unwatch_backend()
@@ -761,6 +767,8 @@ class ClientConnection(asyncio.Protocol):
         try:
             if first is not None and not first():
                 self._ending = True
+            if self._lost_backend():
+                self._fatal(*_LOST_BACKEND)
             while not self._ending:
                 with self._arrived:
                     if not self._inbox:
@@ -781,19 +789,32 @@ class ClientConnection(asyncio.Protocol):
                 finally:
                     with self._state:
                         self.busy = False
+                if self._lost_backend():
+                    self._fatal(*_LOST_BACKEND)
             self._flush()
         except (ConnectionError, OSError):
             self._ending = True  # the client went away: its session ends
         except ProtocolViolation as exc:
             self._fatal("08P01", str(exc))
         except Exception:
-            log.exception("session failed")
-            self._fatal("XX000", "internal error in the cache server (see its log)")
+            if self._lost_backend():
+                self._fatal(*_LOST_BACKEND)
+            else:
+                log.exception("session failed")
+                self._fatal("XX000", "internal error in the cache server (see its log)")
         finally:
             if self._ending:
                 self._end()
             with contextlib.suppress(RuntimeError):  # the loop has ended
                 self._on_loop(self._work_done)
+
+    def _lost_backend(self) -> bool:
+        """Whether the session lost its backend connection: it then ends, as PostgreSQL ends
+        a session whose backend is gone (its prepared statements, settings, temporary
+        tables and transaction went with it: connecting again silently would run the
+        client's next statements in another session)."""
+        session = self.session
+        return session is not None and session.lost_backend
 
     def _on_loop(self, call: Callable[..., None], *args: t.Any) -> None:
         loop = self.loop
