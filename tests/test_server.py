@@ -468,6 +468,7 @@ def test_a_function_that_sets_a_reported_setting_in_a_raw_run(served: Served) ->
                      "$$SELECT set_config('TimeZone', $1, false)$$")  # fmt: skip
         for zone in (before, before):  # (prepared, then run whole)
             conn.execute("SELECT pg_temp.zoned(%s)", [zone], prepare=True)
+        quiet(served)  # (no worker holds the session: the loop relays the next run)
         raw = served.server.relayed_raw
         conn.execute("SELECT pg_temp.zoned(%s)", [other], prepare=True)
         assert served.server.relayed_raw == raw + 1
@@ -508,6 +509,7 @@ def test_a_raw_write_when_the_clock_is_due_is_settled_off_the_loop(
         raw = served.server.relayed_raw
         state._remeasure_at = dt.datetime.now(dt.UTC)  # (as CLOCK_MAX_AGE seconds later)
         measured_on.clear()
+        quiet(served)  # (no worker holds the session: the loop relays the next run)
         conn.execute(update, [isbn], prepare=True)
         assert served.server.relayed_raw == raw + 1
         quiet(served)

@@ -159,6 +159,7 @@ def test_a_session_whose_backend_connection_is_lost_ends(served: Served, when: s
         else:
             if when == "relayed in a block":
                 conn.execute("BEGIN")
+                quiet(served)
             # (a run with its Parse goes to a worker, a prepared statement's run is relayed)
             running = pool.submit(conn.execute, sql, [True], prepare=when != "by a worker")
             _wait_for(lambda: _sleeping_at_backend(pg), "the remote statement running")

@@ -175,14 +175,11 @@ class Passing:
 
     portal: Portal
     relaying: _Relaying
+    fd: int  # the backend connection's socket (libpq's, which it drops if the connection ends)
 
     @property
     def pgconn(self) -> pq.abc.PGconn:
         return self.relaying.conn.pgconn
-
-    @property
-    def fd(self) -> int:
-        return self.pgconn.socket
 
     waiting = True  # (libpq may have left bytes to send: the loop's writer is dropped at the end)
 
@@ -237,6 +234,7 @@ class Conversation:
         self._status_unsynced = False
         self._clock_unsynced = False  # a raw write's commit time waits for the clock
         self._raw_fd = -1  # the backend socket of the raw lanes (`raw_lane`)
+        self.backend_lost = False  # the backend connection broke under a raw run (`raw_lost`)
 
     # -- messages ------------------------------------------------------------------------------
 
@@ -439,7 +437,7 @@ class Conversation:
                                    param_formats, result_format)  # fmt: skip
         pgconn.set_chunked_rows_mode(relay.CHUNK_ROWS)
         self.out(bound)
-        return Passing(portal, _Relaying(conn, self.out, False, None))
+        return Passing(portal, _Relaying(conn, self.out, False, None), pgconn.socket)
 
     def relay_ready(self, passing: Passing) -> bool:
         """Relay what the backend has sent of a run `run_at_backend` sent (its socket is
@@ -544,16 +542,12 @@ class Conversation:
 
     def raw_lost(self, run: RawRun, why: str) -> None:
         """The backend connection ended (or sent what is not the protocol) under a raw run:
-        the connection is given up (the session then ends, as PostgreSQL ends it: the
-        server's `Session.lost_backend`); the client has what came whole before."""
+        the connection is given up (``backend_lost``: the session ends, as PostgreSQL ends
+        it; its end closes the connection); the client has what came whole before."""
         run.lost = True
         self.handled += 1
+        self.backend_lost = True
         log.warning("a session's backend connection was lost under a statement: %s", why)
-        conn = self.session.backend_connection_if_open()
-        if conn is not None:
-            with contextlib.suppress(psycopg.Error):
-                conn.pgconn.consume_input()  # (libpq sees the end, and says so from now on)
-            conn.close()
 
     @property
     def needs_resync(self) -> bool:

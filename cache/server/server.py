@@ -813,8 +813,9 @@ class ClientConnection(asyncio.Protocol):
         a session whose backend is gone (its prepared statements, settings, temporary
         tables and transaction went with it: connecting again silently would run the
         client's next statements in another session)."""
-        session = self.session
-        return session is not None and session.lost_backend
+        session, conversation = self.session, self.conversation
+        return session is not None and (session.lost_backend or (
+            conversation is not None and conversation.backend_lost))
 
     def _on_loop(self, call: Callable[..., None], *args: t.Any) -> None:
         loop = self.loop
