@@ -413,23 +413,17 @@ class ClientConnection(asyncio.Protocol):
         try:
             hot = self._hot  # (the statement of the last raw run: most often the next one's)
             raw = conversation.raw_lane(hot, data) if hot is not None else None
+            statement = conversation.bound_statement(data) if raw is None else None
+            if statement is not None and statement.raw_shape is not None:
+                raw = conversation.raw_lane(statement, data)
             if raw is not None:
+                self._hot = raw.statement
                 self._relay(raw)
-                self.server.relayed_raw += 1
                 return True
-            statement = conversation.bound_statement(data)
-            if statement is not None:
-                if statement.raw_shape is not None:
-                    raw = conversation.raw_lane(statement, data)
-                    if raw is not None:
-                        self._hot = statement
-                        self._relay(raw)
-                        self.server.relayed_raw += 1
-                        return True
-                elif conversation.lane_at_hand(statement, data):
-                    self._flush()
-                    self.server.lane_hits += 1
-                    return True
+            if statement is not None and conversation.lane_at_hand(statement, data):
+                self._flush()
+                self.server.lane_hits += 1
+                return True
             run = protocol.execution(data)
             if run is None:
                 return False
@@ -441,8 +435,6 @@ class ClientConnection(asyncio.Protocol):
             return True
         self._flush()
         self.server.runs_at_once += 1
-        if conversation.listening:
-            self._watch_backend()
         return True
 
     def _pass_through(self, conversation: Conversation, data: bytes, bind: protocol.Bind,
@@ -452,13 +444,10 @@ class ClientConnection(asyncio.Protocol):
         (`Conversation.raw_run`), else through libpq (`Conversation.run_at_backend`). The
         conversation is taken meanwhile, as by a worker (``working``); False: nothing was
         done."""
-        passing: Passing | RawRun | None = conversation.raw_run(data, bind, describe)
-        if passing is not None:
-            self.server.relayed_raw += 1
-        else:
-            passing = conversation.run_at_backend(bind, describe)
-            if passing is None:
-                return False
+        passing = conversation.raw_run(data, bind, describe) or \
+            conversation.run_at_backend(bind, describe)  # fmt: skip
+        if passing is None:
+            return False
         self._relay(passing)
         return True
 
@@ -473,6 +462,8 @@ class ClientConnection(asyncio.Protocol):
         if self._watched != passing.fd:
             self._watch_backend()
         self.server.relayed_at_once += 1
+        if isinstance(passing, RawRun):
+            self.server.relayed_raw += 1
 
     def _backend_writable(self) -> None:
         """What is not sent yet of a passed-through run, sent (waiting for the backend's
