@@ -378,8 +378,7 @@ def main(argv: list[str] | None = None) -> int:
                         stream = keys(zipf)
                         via, straight = paired([lookup(served, stream), lookup(direct, stream)],
                                                args.calls)  # fmt: skip
-                        kind = ("Zipf" if zipf else "uniform") + " keys" + \
-                            ("" if placement is None else f", {placement}")  # fmt: skip
+                        kind = ("Zipf" if zipf else "uniform") + " keys" + _placed(placement)
                         row("a", f"point lookup p50, {kind}", p50(via) * 1e3,
                             p50(straight) * 1e3, "<= 1.0x")  # fmt: skip
                         row("a", f"point lookup p99, {kind}", p99(via) * 1e3,
@@ -449,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
                                 args.calls)  # fmt: skip
                         added_server = p50(via) - p50(straight)
                         added_bouncer = p50(bounced) - p50(straight)
-                        where = "" if placement is None else f", {placement}"
+                        where = _placed(placement)
                         row("d", f"{what}: latency added to PostgreSQL's (p50){where}",
                             added_server * 1e6, added_bouncer * 1e6,
                             "<= 2.0x (server vs pgbouncer)", "us")  # fmt: skip
@@ -486,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
                     with placed(placement, (again.pid, remote.info.backend_pid)):
                         via, straight = paired([lookup(served, stream), lookup(remote, stream)],
                                                max(200, args.calls // 5))  # fmt: skip
-                    where = "" if placement is None else f", {placement}"
+                    where = _placed(placement)
                     row("c", f"point hit vs the backend 1 ms away (p50){where}",
                         p50(via) * 1e3, p50(straight) * 1e3, "<= 0.1x")  # fmt: skip
                     row("c", f"point hit vs the backend 1 ms away (p99){where}",
@@ -516,6 +515,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _placed(placement: str | None) -> str:
+    """How a figure's name says where its processes ran (`PLACEMENTS`)."""
+    return "" if placement is None else f", {placement}"
+
+
 def _backend_pids(conn: psycopg.Connection[t.Any]) -> list[int]:
     """The backends of the benchmark's database, ``conn``'s own included."""
     found = conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s",
@@ -524,9 +528,8 @@ def _backend_pids(conn: psycopg.Connection[t.Any]) -> list[int]:
 
 
 def _backends(conn: psycopg.Connection[t.Any]) -> int:
-    found = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s "
-                         "AND pid <> pg_backend_pid()", [DATABASE]).fetchone()  # fmt: skip
-    return int(found[0]) if found else 0
+    """How many backends of the benchmark's database there are, besides ``conn``'s own."""
+    return len(_backend_pids(conn)) - 1
 
 
 def _num(value: float) -> str:

@@ -184,6 +184,45 @@ def test_a_cache_error_in_a_transaction_block_fails_the_transaction(served: Serv
         assert conn.execute("SELECT 2").fetchone() == (2,)
 
 
+def test_the_clients_unnamed_statement_outlives_the_servers_own(served: Served) -> None:
+    """The server runs statements of its own on a session's connection (here: failing the
+    backend's transaction when the cache failed a statement of the block), which take the
+    backend's unnamed statement: the client's unnamed statement, parsed before, still runs
+    as itself afterwards, as with PostgreSQL (extended protocol throughout: a simple Query
+    would destroy it in both)."""
+    sock, direct = raw_session(served), raw_postgres(served)
+
+    def message(kind: bytes, body: bytes = b"") -> bytes:
+        return protocol.message(kind, body)
+
+    def run(statement: bytes) -> bytes:  # (no parameters)
+        return message(b"B", b"\0" + statement + b"\0\0\0\0\0\0\0") \
+            + message(b"E", b"\0\0\0\0\0") + message(b"S")  # fmt: skip
+
+    steps = [
+        message(b"P", b"b\0BEGIN\0\0\0") + run(b"b"),
+        message(b"P", b"\0SELECT $1::int + 1\0\0\0") + message(b"S"),
+        message(b"P", b"x\0SELECT * FROM books CURRENCY BOUND -1 MIN\0\0\0")
+        + message(b"S"),
+        message(b"P", b"r\0ROLLBACK\0\0\0") + run(b"r"),
+    ]  # fmt: skip
+    answers = []
+    for to in (sock, direct):
+        got = []
+        for step in steps:
+            to.sendall(step)
+            got.append([kind for kind, _ in until(to, b"Z")])
+        to.sendall(message(b"B", b"\0\0\0\0\0\x01\0\0\0\x0241\0\0")
+                   + message(b"E", b"\0\0\0\0\0") + message(b"S"))  # fmt: skip
+        got.append(until(to, b"Z"))
+        answers.append(got)
+    assert answers[0][2][0] == b"E"  # (the cache's error, which failed the block)
+    assert answers[0][-1] == answers[1][-1]
+    assert (b"D", b"\0\x01\0\0\0\x0242") in answers[0][-1]
+    sock.close()
+    direct.close()
+
+
 def test_the_cache_statements_over_the_wire(served: Served) -> None:
     """EXPLAIN LAST STATEMENT, SHOW CACHED VIEWS / CACHE STATUS and the provenance NOTICE,
     in both protocols; the setting also comes as a startup option."""

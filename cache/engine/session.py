@@ -144,6 +144,7 @@ class Session:
         # answers what its guards allow; the next statement that needs the backend connects)
         self._pg: psycopg.Connection[t.Any] | None = None
         self._pg_cursor: psycopg.Cursor[t.Any] | None = None  # reused for backend statements
+        self._pg_lost: psycopg.Connection[t.Any] | None = None  # `lose_backend`
         self._last_zone = zone_named(time_zone) if time_zone else UTC  # `_zone`
         self._parameters = dict(backend_parameters or {})
         self.counters = dict.fromkeys(COUNTERS, 0)  # this session's, until it closes
@@ -712,15 +713,21 @@ class Session:
         return self._backend_session()
 
     def backend_connection_if_open(self) -> psycopg.Connection[t.Any] | None:
-        pg = self._pg
-        return pg if pg is not None and not pg.closed else None
+        return self._pg if not self.lost_backend else None
 
     @property
     def lost_backend(self) -> bool:
         """Whether the session had a backend connection and lost it (until its next statement
         that needs the backend connects again)."""
         pg = self._pg
-        return pg is not None and pg.closed
+        return pg is not None and (pg.closed or pg is self._pg_lost)
+
+    def lose_backend(self) -> None:
+        """The caller found the backend connection unusable (it read the connection's socket
+        itself): lost from now on, as if libpq had seen it end. The connection is closed
+        when the session is, or when the next statement that needs the backend replaces it
+        (the caller may still be watching its socket)."""
+        self._pg_lost = self._pg
 
     def backend_transaction_status(self) -> pq.TransactionStatus:
         """The backend session's transaction status (IDLE while it has no connection)."""
@@ -914,10 +921,12 @@ class Session:
         committed for the session's own reads, the stricter choice); a
         `BackendUnavailableError` while it is still unreachable."""
         pg = self._pg
-        if pg is not None and not pg.closed:
+        if pg is not None and not self.lost_backend:
             return pg
         if pg is not None:
             self.state.settle()
+            if not pg.closed:  # (`lose_backend`)
+                pg.close()
         return self._connect_backend()
 
     def _close_backend(self) -> None:

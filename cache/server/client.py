@@ -234,7 +234,6 @@ class Conversation:
         self._status_unsynced = False
         self._clock_unsynced = False  # a raw write's commit time waits for the clock
         self._raw_fd = -1  # the backend socket of the raw lanes (`raw_lane`)
-        self.backend_lost = False  # the backend connection broke under a raw run (`raw_lost`)
 
     # -- messages ------------------------------------------------------------------------------
 
@@ -472,26 +471,22 @@ class Conversation:
         statement = self.statements.get(bind.statement)
         if statement is None or not statement.raw:
             return None
-        name = statement.backend_name
-        if name is None or (not name and self._unnamed_owner is not statement) \
-                or self.portals or self._queue or self.ignoring or self._piped \
-                or self._output_changed or self.listening or self._unsynced \
-                or self._status_unsynced or self._clock_unsynced \
-                or self.session.provenance_notices:  # fmt: skip
-            return None
         conn = self.session.backend_connection_if_open()
-        if conn is None:
+        if conn is None or not self._at_backend(statement) or self.portals or self._queue \
+                or self.ignoring or self.listening or self.needs_resync \
+                or self.session.provenance_notices or not self._idle():  # fmt: skip
             return None
         pgconn = conn.pgconn
-        if pgconn.transaction_status != _IDLE or pgconn.ssl_in_use or pgconn.used_gssapi:
+        if pgconn.ssl_in_use or pgconn.used_gssapi:
             return None
         shape = protocol.run_shape(bind, describe)
+        head = shape.renaming(statement.backend_name or b"")
         if not bind.portal:
-            statement.raw_shape, statement.raw_handled = shape, self.handled
-            statement.raw_head = shape.renaming(name)
+            statement.raw_shape, statement.raw_head = shape, head
+            statement.raw_handled = self.handled
             self._raw_fd = pgconn.socket
         self.epoch += 1  # (as in `handle`)
-        return RawRun(statement, shape.rebound(data, shape.renaming(name)), pgconn.socket)
+        return RawRun(statement, shape.rebound(data, head), pgconn.socket)
 
     def raw_lane(self, statement: Statement, data: bytes) -> RawRun | None:
         """`raw_run` of a run that differs from the last of ``statement`` passed through
@@ -542,11 +537,11 @@ class Conversation:
 
     def raw_lost(self, run: RawRun, why: str) -> None:
         """The backend connection ended (or sent what is not the protocol) under a raw run:
-        the connection is given up (``backend_lost``: the session ends, as PostgreSQL ends
-        it; its end closes the connection); the client has what came whole before."""
+        the connection is given up (`Session.lose_backend`: the server then ends the
+        session, as PostgreSQL ends it); the client has what came whole before."""
         run.lost = True
         self.handled += 1
-        self.backend_lost = True
+        self.session.lose_backend()
         log.warning("a session's backend connection was lost under a statement: %s", why)
 
     @property
@@ -568,40 +563,41 @@ class Conversation:
         conn = self.session.backend_connection_if_open()
         pgconn = conn.pgconn if conn is not None else None
         if status_moved and pgconn is not None:
-            self._backend_command(pgconn, b"")
+            self._own_statement(pgconn, b"")
         if self._clock_unsynced:
             self._clock_unsynced = False
+            self._unnamed_owner = None  # (measuring the clock may use the session's connection)
             self.session.caught_up()
         if pgconn is None:
             return True
         names = [n for n in unsynced if n not in _READ_ONLY_REPORTED
                  and pgconn.parameter_status(n.encode()) is not None]  # fmt: skip
-        if not names or pgconn.transaction_status != pq.TransactionStatus.IDLE:
+        if not names or pgconn.transaction_status != _IDLE:
             return True
         sets = b"SELECT " + b", ".join(b"set_config($%d, $%d, false)" % (2 * i + 1, 2 * i + 2)
                                        for i in range(len(names)))  # fmt: skip
         before = [pgconn.parameter_status(n.encode()) for n in names]
         for values_ in (before, [unsynced[n].encode(self.settings.codec) for n in names]):
             params = [p for n, v in zip(names, values_, strict=True) for p in (n.encode(), v)]
-            failed = self._backend_command(pgconn, sets, params)
-            if failed is not None:
+            result = self._own_statement(pgconn, sets, params)
+            if result is None or result.status != ExecStatus.TUPLES_OK:
                 log.warning("the server could not bring libpq's copy of %s up to date: %s",
-                            ", ".join(names), failed)  # fmt: skip
+                            ", ".join(names), result and result.error_message)  # fmt: skip
                 break
         return True
 
-    @staticmethod
-    def _backend_command(pgconn: pq.abc.PGconn, sql: bytes,
-                         params: list[bytes | None] | None = None) -> str | None:  # fmt: skip
-        """A statement of the server's own on the session's connection, its results read
-        and dropped; its error message, if it failed."""
+    def _own_statement(self, pgconn: pq.abc.PGconn, sql: bytes,
+                       params: list[bytes | None] | None = None) -> pq.abc.PGresult | None:
+        """A statement of the server's own on the session's connection (outside a pipeline):
+        its first result, the rest read and dropped. It takes the backend's unnamed
+        statement, which a client's unnamed statement then no longer is."""
+        self._unnamed_owner = None
         pgconn.send_query_params(sql, params)
         relay.flush(pgconn)
-        failed = None
-        while (result := relay.wait_result(pgconn)) is not None:
-            if result.status == ExecStatus.FATAL_ERROR:
-                failed = (result.error_message or b"").decode(errors="replace").strip()
-        return failed
+        found = relay.wait_result(pgconn)
+        while relay.wait_result(pgconn) is not None:
+            pass
+        return found
 
     def _relay_over(self, passing: Passing) -> None:
         """A run relayed whole: what its Execute and Sync do after the backend's answer
@@ -1273,13 +1269,12 @@ class Conversation:
         if self.session.backend_transaction_status() != pq.TransactionStatus.INTRANS:
             return
         pgconn = self._backend().pgconn
+        if not self._piped:
+            self._own_statement(pgconn, _FAIL_TRANSACTION)
+            return
         pgconn.send_query_params(_FAIL_TRANSACTION, None)
-        relay.flush(pgconn)
-        if self._piped:
-            self._discard_result(pgconn)
-        else:
-            while relay.wait_result(pgconn) is not None:
-                pass
+        self._unnamed_owner = None
+        self._discard_result(pgconn)
 
     def _ready(self) -> None:
         status = self.session.backend_transaction_status()
@@ -1322,13 +1317,8 @@ class Conversation:
         conn = self.session.backend_connection_if_open()
         if conn is None or status == pq.TransactionStatus.INERROR:
             return
-        pgconn = conn.pgconn
-        pgconn.send_query(b"SELECT current_setting('extra_float_digits'), "
-                          b"current_setting('bytea_output')")  # fmt: skip
-        relay.flush(pgconn)
-        found = relay.wait_result(pgconn)
-        while relay.wait_result(pgconn) is not None:
-            pass
+        found = self._own_statement(conn.pgconn, b"SELECT current_setting('extra_float_digits'), "
+                                    b"current_setting('bytea_output')")  # fmt: skip
         if found is not None and found.status == ExecStatus.TUPLES_OK:
             digits, output = (found.get_value(0, i) or b"" for i in range(2))
             self.settings = dataclasses.replace(self.settings,
@@ -1394,7 +1384,6 @@ class Conversation:
 
 
 _IDLE = pq.TransactionStatus.IDLE
-
 # reported settings no statement sets (`Conversation.resync`)
 _READ_ONLY_REPORTED = frozenset(("server_version", "server_encoding", "integer_datetimes",
                                  "in_hot_standby", "is_superuser"))  # fmt: skip

@@ -758,9 +758,10 @@ class ClientConnection(asyncio.Protocol):
         try:
             if first is not None and not first():
                 self._ending = True
-            if self._lost_backend():
-                self._fatal(*_LOST_BACKEND)
             while not self._ending:
+                if self._lost_backend():  # (by ``first`` or the last message)
+                    self._fatal(*_LOST_BACKEND)
+                    break
                 with self._arrived:
                     if not self._inbox:
                         if self._eof:
@@ -780,8 +781,6 @@ class ClientConnection(asyncio.Protocol):
                 finally:
                     with self._state:
                         self.busy = False
-                if self._lost_backend():
-                    self._fatal(*_LOST_BACKEND)
             self._flush()
         except (ConnectionError, OSError):
             self._ending = True  # the client went away: its session ends
@@ -804,9 +803,8 @@ class ClientConnection(asyncio.Protocol):
         a session whose backend is gone (its prepared statements, settings, temporary
         tables and transaction went with it: connecting again silently would run the
         client's next statements in another session)."""
-        session, conversation = self.session, self.conversation
-        return session is not None and (session.lost_backend or (
-            conversation is not None and conversation.backend_lost))
+        session = self.session
+        return session is not None and session.lost_backend
 
     def _on_loop(self, call: Callable[..., None], *args: t.Any) -> None:
         loop = self.loop
