@@ -184,12 +184,15 @@ def test_a_cache_error_in_a_transaction_block_fails_the_transaction(served: Serv
         assert conn.execute("SELECT 2").fetchone() == (2,)
 
 
-def test_the_clients_unnamed_statement_outlives_the_servers_own(served: Served) -> None:
-    """The server runs statements of its own on a session's connection (here: failing the
-    backend's transaction when the cache failed a statement of the block), which take the
-    backend's unnamed statement: the client's unnamed statement, parsed before, still runs
-    as itself afterwards, as with PostgreSQL (extended protocol throughout: a simple Query
-    would destroy it in both)."""
+@pytest.mark.parametrize("user", ["server", "engine"])
+def test_the_clients_unnamed_statement_outlives_the_servers_own(served: Served,
+                                                                user: str) -> None:  # fmt: skip
+    """The server and the engine run statements of their own on a session's connection,
+    which take the backend's unnamed statement: failing the backend's transaction when the
+    cache failed a statement of the block ("server"), asking the backend which relations it
+    resolves while planning a query on a temporary table ("engine"). The client's unnamed
+    statement, parsed before, still runs as itself afterwards, as with PostgreSQL (extended
+    protocol throughout: a simple Query would destroy it in both)."""
     sock, direct = raw_session(served), raw_postgres(served)
 
     def message(kind: bytes, body: bytes = b"") -> bytes:
@@ -199,24 +202,30 @@ def test_the_clients_unnamed_statement_outlives_the_servers_own(served: Served) 
         return message(b"B", b"\0" + statement + b"\0\0\0\0\0\0\0") \
             + message(b"E", b"\0\0\0\0\0") + message(b"S")  # fmt: skip
 
+    own = {"server": [message(b"P", b"b\0BEGIN\0\0\0") + run(b"b"),
+                      message(b"P", b"x\0SELECT * FROM books CURRENCY BOUND -1 MIN\0\0\0")
+                      + message(b"S"),
+                      message(b"P", b"r\0ROLLBACK\0\0\0") + run(b"r")],
+           "engine": [message(b"P", b"x\0EXPLAIN (CACHE) SELECT k FROM scratch_u\0\0\0")
+                      + run(b"x")]}[user]  # fmt: skip
     steps = [
-        message(b"P", b"b\0BEGIN\0\0\0") + run(b"b"),
+        message(b"P", b"t\0CREATE TEMP TABLE scratch_u (k int)\0\0\0") + run(b"t"),
         message(b"P", b"\0SELECT $1::int + 1\0\0\0") + message(b"S"),
-        message(b"P", b"x\0SELECT * FROM books CURRENCY BOUND -1 MIN\0\0\0")
+        *own,
+        message(b"B", b"\0\0\0\0\0\x01\0\0\0\x0241\0\0") + message(b"E", b"\0\0\0\0\0")
         + message(b"S"),
-        message(b"P", b"r\0ROLLBACK\0\0\0") + run(b"r"),
     ]  # fmt: skip
     answers = []
     for to in (sock, direct):
         got = []
         for step in steps:
             to.sendall(step)
-            got.append([kind for kind, _ in until(to, b"Z")])
-        to.sendall(message(b"B", b"\0\0\0\0\0\x01\0\0\0\x0241\0\0")
-                   + message(b"E", b"\0\0\0\0\0") + message(b"S"))  # fmt: skip
-        got.append(until(to, b"Z"))
+            got.append(until(to, b"Z"))
         answers.append(got)
-    assert answers[0][2][0] == b"E"  # (the cache's error, which failed the block)
+    if user == "server":
+        assert answers[0][3][0][0] == b"E"  # (the cache's error, which failed the block)
+    else:
+        assert b"E" not in [kind for kind, _ in answers[0][2]]  # (the cache's plan)
     assert answers[0][-1] == answers[1][-1]
     assert (b"D", b"\0\x01\0\0\0\x0242") in answers[0][-1]
     sock.close()

@@ -145,6 +145,9 @@ class Session:
         self._pg: psycopg.Connection[t.Any] | None = None
         self._pg_cursor: psycopg.Cursor[t.Any] | None = None  # reused for backend statements
         self._pg_lost: psycopg.Connection[t.Any] | None = None  # `lose_backend`
+        # statements the session ran on that connection itself (not its caller's, through
+        # `backend_connection`): each may have taken the backend's unnamed statement
+        self.backend_statements = 0
         self._last_zone = zone_named(time_zone) if time_zone else UTC  # `_zone`
         self._parameters = dict(backend_parameters or {})
         self.counters = dict.fromkeys(COUNTERS, 0)  # this session's, until it closes
@@ -160,7 +163,7 @@ class Session:
         try:
             # a session without a backend connection judges currency on the process's clock
             clock = engine.heartbeat_clock if connect else engine.shared_clock
-            self.state = SessionState(lambda: self._pg, self.store, clock)
+            self.state = SessionState(lambda: self._pg, self.store, clock, self._ran_own)
             self.planner = Planner(
                 self.store, engine.backend, choice=options.plan_choice,
                 given_delays=options.refresh_delays, plans=engine.plans,
@@ -710,7 +713,7 @@ class Session:
         """The session's backend connection (opened now if it is not open): the caller may
         use it between statements of this session, and leaves it idle."""
         self._check_open()
-        return self._backend_session()
+        return self._connected()
 
     def backend_connection_if_open(self) -> psycopg.Connection[t.Any] | None:
         return self._pg if not self.lost_backend else None
@@ -916,6 +919,15 @@ class Session:
         return pg
 
     def _backend_session(self) -> psycopg.Connection[t.Any]:
+        """The session's backend connection for a statement of the session's own
+        (``backend_statements``)."""
+        self._ran_own()
+        return self._connected()
+
+    def _ran_own(self) -> None:
+        self.backend_statements += 1
+
+    def _connected(self) -> psycopg.Connection[t.Any]:
         """The session's backend connection, connected again if the backend had gone (a
         transaction open on the lost connection ended with it: its writes count as
         committed for the session's own reads, the stricter choice); a

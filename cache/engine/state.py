@@ -27,8 +27,10 @@ class SessionState:
     def __init__(
         self, pg: t.Callable[[], psycopg.Connection[t.Any] | None], store: CacheStore,
         heartbeat_clock: t.Callable[[bool], BackendClock | None] = lambda wait: None,
+        ran: t.Callable[[], None] = lambda: None,
     ) -> None:  # fmt: skip
         self._pg = pg  # the session's backend connection now (None: the backend is down)
+        self._ran = ran  # told of each statement this state runs on that connection
         self._store = store
         self._heartbeat_clock = heartbeat_clock  # a heartbeat of this process measures too
         self._use_clock(*self._measure_or_last())  # currency is judged on the backend's clock
@@ -66,6 +68,7 @@ class SessionState:
         accumulated since (so the estimate still errs late), re-tried a minute later."""
         pg = self._pg()
         if pg is not None and not pg.closed:
+            self._ran()
             try:
                 return measure(pg), CLOCK_MAX_AGE
             except psycopg.Error:

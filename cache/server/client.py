@@ -218,6 +218,7 @@ class Conversation:
         self._queue: deque[_Expect | _Ready] = deque()
         self._piped = False  # the backend connection is in pipeline mode
         self._unnamed_owner: Statement | None = None  # whose text the backend's "" holds
+        self._unnamed_at = 0  # the session's `backend_statements` when it was parsed
         self._names = 0
         self.ignoring = False  # after an error, until Sync
         self._output_changed = False  # a statement may have changed `_OUTPUT_SETTINGS`
@@ -566,7 +567,6 @@ class Conversation:
             self._own_statement(pgconn, b"")
         if self._clock_unsynced:
             self._clock_unsynced = False
-            self._unnamed_owner = None  # (measuring the clock may use the session's connection)
             self.session.caught_up()
         if pgconn is None:
             return True
@@ -801,6 +801,7 @@ class Conversation:
         pgconn = self._piped_backend()
         if not backend_name:
             self._unnamed_owner = statement
+            self._unnamed_at = self.session.backend_statements
         statement.backend_name = backend_name
         pgconn.send_prepare(backend_name, statement.sql, statement.param_types or None)
 
@@ -1060,7 +1061,9 @@ class Conversation:
         """Whether the backend holds the statement parsed (its unnamed statement may have
         been replaced since)."""
         name = statement.backend_name
-        return name is not None and (name != b"" or self._unnamed_owner is statement)
+        return name is not None and (name != b"" or (
+            self._unnamed_owner is statement
+            and self._unnamed_at == self.session.backend_statements))  # (the engine's took it)
 
     def _sync(self) -> None:
         if self._piped:
@@ -1167,6 +1170,7 @@ class Conversation:
             return self._describe(text, types)
         except relay.BackendRefused:
             self._drain()
+            self._unnamed_owner = None  # (the description takes the backend's unnamed statement)
             return self._describe(text, types, self._backend())
 
     # -- the engine's answers ------------------------------------------------------------------
