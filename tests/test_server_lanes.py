@@ -142,3 +142,26 @@ def test_a_lane_never_answers_what_the_full_path_would_not(served: Served) -> No
             pg.execute("UPDATE accounts SET abalance = aid * 3, note = CASE WHEN aid % 5 = 0 "
                        "THEN NULL ELSE 'n' || aid END WHERE aid IN (7, 9, 11)")  # fmt: skip
             admin.execute("REFRESH CACHED VIEW accountcopy")
+
+
+def test_a_lane_of_two_keys_answers_as_postgresql(served: Served) -> None:
+    """A lookup on two keys takes the lane's general reading of a run (the usual one-key
+    lookup has its own: the tests above)."""
+    two_keys = "SELECT abalance, note, amount FROM accounts WHERE aid = %s AND note = %s"
+    with psycopg.connect(served.dsn, autocommit=True, options=BOUND) as conn, \
+            psycopg.connect(served.backend, autocommit=True) as pg:  # fmt: skip
+
+        def read(key: int) -> list[t.Any]:
+            return conn.execute(two_keys, (key, f"n{key}"), prepare=True).fetchall()
+
+        _warm(served, read)
+        quiet(served)
+        before = served.server.lane_hits
+        pairs = [(k, f"n{k}") for k in range(12, 40)] + [(41, "n42"), (45, "n45"), (0, "n0")]
+        found = [_same(conn.execute(two_keys, pair, prepare=True), pg.execute(two_keys, pair))
+                 for pair in pairs]  # fmt: skip
+        quiet(served)
+        assert served.server.lane_hits - before >= len(pairs) - 3  # (see the tests above)
+        # (a note is NULL where the key is a multiple of 5: no row)
+        assert [len(rows) for rows in found] == [int(k % 5 != 0) for k in range(12, 40)] \
+            + [0, 0, 0]  # fmt: skip

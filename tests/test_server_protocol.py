@@ -169,3 +169,32 @@ def test_backend_messages_encode_as_postgres_frames_them() -> None:
     body = b"SERROR\0VERROR\0C42601\0Mbad\0P3\0\0"
     assert protocol.error_response("42601", "bad", position=3) == b"E" + struct.pack(
         "!i", len(body) + 4) + body  # fmt: skip
+
+
+def _run(value: bytes | None, statement: bytes = b"s") -> bytes:
+    """A run of a one-parameter prepared statement, as psycopg sends it."""
+    length = -1 if value is None else len(value)
+    bind = b"\0" + statement + b"\0" + struct.pack("!hhhi", 1, 0, 1, length) + (value or b"") \
+        + struct.pack("!hh", 1, 1)  # fmt: skip
+    return protocol.message(b"B", bind) + protocol.message(b"D", b"P\0") \
+        + protocol.message(b"E", b"\0\0\0\0\0") + protocol.message(b"S")  # fmt: skip
+
+
+@pytest.mark.parametrize("value", [b"42", b"", b"a longer value \0 with a zero", None])
+def test_a_run_shapes_one_value_is_what_its_values_are(value: bytes | None) -> None:
+    """`RunShape.value`, the one-parameter lane's reading, agrees with `values` on a run
+    and on every malformed or other run (then both None; a NULL is None for `value`)."""
+    found = protocol.execution(_run(b"7"))
+    assert found is not None
+    shape = protocol.run_shape(*found)
+    data = _run(value)
+    assert shape.values(data) == [value]
+    assert shape.value(data) == value
+    others = [data[:cut] for cut in range(len(data))] + [data + b"S\0\0\0\x04", _run(value, b"t")]
+    longer = bytearray(data)
+    longer[4] += 1  # (the Bind's length one more than it is)
+    shorter = bytearray(data)
+    struct.pack_into("!i", shorter, 5 + len(shape.head), 0 if value else 1)  # a value's length
+    for other in [*others, bytes(longer), bytes(shorter)]:
+        assert shape.values(other) is None
+        assert shape.value(other) is None

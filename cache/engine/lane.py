@@ -72,6 +72,25 @@ class Lane:
     def rows(self, params: Sequence[t.Any]) -> list[Row] | None:
         """The statement's rows for these parameter values, counted and noted as the session's
         last answer; None: the lane does not hold (nothing was done)."""
+        keys = self.keys
+        if len(params) != len(keys):
+            return None
+        values = params if self.positional and type(params) is list else values_for(keys, params)
+        if tuple(map(type, values)) != self.types:
+            return None
+        at = self.shape.params
+        return self.key_rows(values[at[0]] if len(at) == 1 else tuple(values[p] for p in at))
+
+    @property
+    def one_key(self) -> bool:
+        """Whether the statement's one parameter, given by position, is its lookup's one key:
+        then `key_rows` takes the parameter's value as it is (the server's usual point
+        lookup)."""
+        return self.positional and len(self.keys) == 1 and self.shape.params == (0,)
+
+    def key_rows(self, key: t.Any) -> list[Row] | None:
+        """`rows` of the lookup's key: its one key's value, or the tuple of its keys' values,
+        each of the lane's `types` (which the caller checked)."""
         session = self.session
         if session.closed or session.engine.on_decision is not None or \
                 not session.store.unchanged_since(self.version):  # fmt: skip
@@ -83,17 +102,10 @@ class Lane:
         expires = self.expires
         if expires is not None and now > expires:
             return None
-        keys = self.keys
-        if len(params) != len(keys):
-            return None
-        values = params if self.positional and type(params) is list else values_for(keys, params)
-        if tuple(map(type, values)) != self.types:
-            return None
-        found = self.lookups.rows(self.shape, self.token, values)
+        found = self.lookups.key_rows(self.shape, self.token, key)
         if found is None:
             return None
         decision = self.decision
         session.answered_from_lane(decision,
                                    lambda: Provenance.of(decision._replace(now=now)))  # fmt: skip
         return self.convert(found)
-

@@ -650,8 +650,11 @@ class Session:
 
     def answered_from_lane(self, decision: Decision, lineage: t.Callable[[], Provenance]) -> None:
         """A lane answered a query all local by this decision (from a lookup index): counted
-        and noted as `read_locally` counts and notes its answers."""
-        self._counted_local(decision, True)
+        and noted as `read_locally` counts and notes its answers (`_counted_local`, in
+        line: the server's hit path)."""
+        counters = self.counters
+        counters["hits"] += decision.local
+        counters["memo_hits"] += 1
         self._last = lineage
 
     def _counted_local(self, decision: Decision, memo: bool | None) -> None:

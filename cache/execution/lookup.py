@@ -154,24 +154,28 @@ class LookupIndexes:
              values: Sequence[t.Any]) -> list[Row] | None:  # fmt: skip
         """The rows the statement would return for these parameter values, if its index is
         built at ``token`` and the values have the keys' types; else None."""
+        params = shape.params
+        if len(params) == 1:
+            return self.key_rows(shape, token, values[params[0]])
+        return self.key_rows(shape, token, tuple(values[p] for p in params))
+
+    def key_rows(self, shape: LookupShape, token: tuple[int, ...],
+                 key: t.Any) -> list[Row] | None:  # fmt: skip
+        """`rows` of the value of the shape's one key, or the tuple of its keys' values."""
         index = self._indexes.get(shape)
         if index is None or index.token != token:
             return None
-        params = shape.params
-        if len(params) == 1:
-            value = values[params[0]]
-            if value is None:
+        if len(index.types) == 1:
+            if key is None:
                 return []
-            if type(value) is not index.types[0]:
+            if type(key) is not index.types[0]:
                 return None
-            found = index.rows.get(value)
         else:
-            key = tuple(values[p] for p in params)
             if None in key:
                 return []
             if any(type(v) is not k for v, k in zip(key, index.types, strict=True)):
                 return None
-            found = index.rows.get(key)
+        found = index.rows.get(key)
         self.answered += 1
         if found is None:
             return []

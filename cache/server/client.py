@@ -49,6 +49,7 @@ Description = tuple[tuple[int, ...], list[Field] | None]
 # pg_type.typlen of the types the cache's own results have (-1: variable length)
 _SIZES = {OID.bool: 1, OID.int8: 8, OID.float8: 8, OID.timestamptz: 8}
 _READY_IDLE = protocol.ready_for_query(b"I")
+_ONE_SELECTED = protocol.select_complete(1) + _READY_IDLE
 # settings that shape PostgreSQL's text output without being reported in ParameterStatus
 _OUTPUT_SETTINGS = ("EXTRA_FLOAT_DIGITS", "BYTEA_OUTPUT", "RESET ALL", "DISCARD")
 
@@ -125,11 +126,8 @@ class _Lane:
 
     epoch: int  # the conversation's, when it was made
     run: protocol.RunShape
-    decoders: tuple[values.Decoder, ...]  # per parameter, as `_engine_params` decodes it
-    converted: Converted
-    rows: Callable[[list[t.Any]], list[t.Any] | None]  # `cache.engine.lane.Lane.rows`
-    encoders: tuple[values.Encoder, ...]
-    head: bytes  # BindComplete, and the RowDescription when the run describes its portal
+    # a run's whole answer (`_lane_answer`), or None: the full path answers it
+    answer: Callable[[bytes], bytes | None]
 
 
 @dataclass
@@ -358,33 +356,20 @@ class Conversation:
             return None
         return self.statements.get(data[6 : data.find(b"\0", 6)])
 
-    def lane_at_hand(self, statement: Statement, data: bytes) -> bool:
-        """A run of a prepared statement (as `execution_at_hand` takes them; ``statement``:
-        the one it binds, `bound_statement`) answered by the lane its last run made, when
-        ``data`` differs from that run only in its parameter values and the session did
+    def lane_at_hand(self, statement: Statement, data: bytes) -> bytes | None:
+        """The answer to a run of a prepared statement (as `execution_at_hand` takes them;
+        ``statement``: the one it binds, `bound_statement`) by the lane its last run made,
+        when ``data`` differs from that run only in its parameter values and the session did
         nothing but read at hand since (``epoch``): the same bytes as `execution_at_hand`'s,
-        with only what could have changed checked (`cache.engine.lane`). False: nothing was
-        done."""
+        with only what could have changed checked (`cache.engine.lane`), for the caller to
+        send. None: nothing was done."""
         # (the backend's transaction status is not asked: it changes only by a statement,
         # which ends the lanes; a named portal is not a lane's)
         lane = statement.lane
         if lane is None or lane.epoch != self.epoch or self.portals or self._queue \
                 or self.ignoring or self._piped or self._output_changed:  # fmt: skip
-            return False
-        found = lane.run.values(data)
-        if found is None:
-            return False
-        try:
-            decoded = [None if v is None else d(v)
-                       for d, v in zip(lane.decoders, found, strict=True)]  # fmt: skip
-        except Exception:  # a value it cannot read: the full path says why
-            return False
-        rows = lane.rows(lane.converted.params(decoded))
-        if rows is None:
-            return False
-        self.out(b"".join((lane.head, *_data_rows(lane.encoders, rows),
-                           protocol.select_complete(len(rows)), _READY_IDLE)))
-        return True
+            return None
+        return lane.answer(data)
 
     def _lane(self, portal: Portal, run: protocol.RunShape, head: bytes, result: Result,
               made: Lane) -> _Lane | None:  # fmt: skip
@@ -398,9 +383,9 @@ class Conversation:
         if None in decoders:
             return None
         formats = relay.result_formats(bind.result_formats, len(result.columns or ()))
-        return _Lane(self.epoch, run, tuple(t.cast(list[values.Decoder], decoders)),
-                     portal.statement.converted, made.rows, self._encoders(result, formats),
-                     head)  # fmt: skip
+        return _Lane(self.epoch, run, _lane_answer(
+            run, t.cast(list[values.Decoder], decoders), portal.statement.converted, made,
+            self._encoders(result, formats), head))  # fmt: skip
 
     def _bound(self, portal: Portal, describe: bool) -> bytes:
         """BindComplete, then the portal's description if asked (a run taken whole)."""
@@ -1441,12 +1426,63 @@ def _decoders(bind: protocol.Bind, types: t.Sequence[int]) -> list[values.Decode
     return [values.decoder(oid, bind.param_format(i) == 1) for i, oid in enumerate(types)]
 
 
+def _lane_answer(run: protocol.RunShape, decoders: t.Sequence[values.Decoder],
+                 converted: Converted, made: Lane, encoders: t.Sequence[values.Encoder],
+                 head: bytes) -> Callable[[bytes], bytes | None]:  # fmt: skip
+    """How a lane answers a run of its shape (``data``: its bytes): the parameter values read
+    (``decoders``, as `_engine_params` reads them), the engine's lane asked for the rows, and
+    the bytes of the answer after ``head``; None when the lane does not hold or a value is
+    not one it takes (the full path answers, or says why not). The usual point lookup, one
+    parameter that is the lookup's key, is read with nothing in between (`Lane.key_rows`)."""
+    if run.params == 1 and converted.order == (0,) and made.one_key:
+        value_of, decode, key_type, key_rows = run.value, decoders[0], made.types[0], \
+            made.key_rows  # fmt: skip
+
+        def one_key(data: bytes) -> bytes | None:
+            value = value_of(data)
+            if value is None:
+                return None
+            try:
+                key = decode(value)
+            except Exception:  # a value it cannot read: the full path says why
+                return None
+            if type(key) is not key_type:
+                return None
+            rows = key_rows(key)
+            return None if rows is None else _rows_answer(head, encoders, rows)
+
+        return one_key
+
+    def any_run(data: bytes) -> bytes | None:
+        found = run.values(data)
+        if found is None:
+            return None
+        try:
+            decoded = [None if v is None else d(v)
+                       for d, v in zip(decoders, found, strict=True)]  # fmt: skip
+        except Exception:  # a value it cannot read: the full path says why
+            return None
+        rows = made.rows(converted.params(decoded))
+        return None if rows is None else _rows_answer(head, encoders, rows)
+
+    return any_run
+
+
+def _rows_answer(head: bytes, encoders: t.Sequence[values.Encoder],
+                 rows: t.Sequence[t.Sequence[t.Any]]) -> bytes:  # fmt: skip
+    """A lane's answer: ``head``, the rows, SELECT n and ReadyForQuery (idle)."""
+    if len(rows) == 1:  # (the usual point lookup's)
+        return b"".join((head, protocol.data_row(rows[0], encoders), _ONE_SELECTED))
+    return b"".join((head, *_data_rows(encoders, rows), protocol.select_complete(len(rows)),
+                     _READY_IDLE))  # fmt: skip
+
+
 def _data_rows(encoders: t.Sequence[values.Encoder],
                rows: t.Iterable[t.Sequence[t.Any]]) -> t.Iterator[bytes]:
     """DataRow messages of rows, each value by its column's encoder."""
     data_row = protocol.data_row
     for row in rows:
-        yield data_row([None if v is None else f(v) for f, v in zip(encoders, row, strict=True)])
+        yield data_row(row, encoders)
 
 
 def _bind_formats(bind: protocol.Bind) -> tuple[list[int] | None, int, list[int] | None]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import struct
 import typing as t
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 PROTOCOL_3_0 = 3 << 16
@@ -431,6 +431,23 @@ class RunShape(t.NamedTuple):
             return None
         return found
 
+    def value(self, data: bytes) -> bytes | None:
+        """The one parameter value of a run of this shape (of one parameter), as `values`
+        reads it; None also for a NULL."""
+        head = self.head
+        if data[:1] != b"B" or not data.startswith(head, 5):
+            return None
+        pos = 9 + len(head)
+        if pos > len(data):
+            return None
+        end = pos + _INT32.unpack_from(data, pos - 4)[0]
+        formats = self.result_formats
+        rest = end + len(formats)
+        if end < pos or end > len(data) or _INT32.unpack_from(data, 1)[0] + 1 != rest \
+                or not data.startswith(formats, end) or data[rest:] != self.tail:  # fmt: skip
+            return None
+        return data[pos:end]
+
 
 def run_shape(bind: Bind, describe: bool) -> RunShape:
     """The shape of a run `execution` recognized (its Bind and whether it described the
@@ -586,15 +603,20 @@ def row_description(fields: Iterable[Field]) -> bytes:
 _FIELD = struct.Struct("!IhIhih")
 
 
-def data_row(values: Sequence[bytes | None]) -> bytes:
+def data_row(values: Sequence[t.Any],
+             encoders: Sequence[Callable[[t.Any], bytes]] | None = None) -> bytes:  # fmt: skip
+    """A DataRow of encoded values, or of values each encoded by its column's encoder."""
+    if encoders is not None and len(encoders) != len(values):
+        raise ValueError(f"a row of {len(values)} values for {len(encoders)} columns")
     parts = [_INT16.pack(len(values))]
     append = parts.append
-    for value in values:
+    for i, value in enumerate(values):
         if value is None:
             append(b"\xff\xff\xff\xff")
         else:
-            append(_INT32.pack(len(value)))
-            append(value)
+            encoded = value if encoders is None else encoders[i](value)
+            append(_INT32.pack(len(encoded)))
+            append(encoded)
     body = b"".join(parts)
     return b"D" + _INT32.pack(len(body) + 4) + body
 

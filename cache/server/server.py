@@ -420,8 +420,11 @@ class ClientConnection(asyncio.Protocol):
                 self._hot = raw.statement
                 self._relay(raw)
                 return True
-            if statement is not None and conversation.lane_at_hand(statement, data):
-                self._flush()
+            answer = conversation.lane_at_hand(statement, data) if statement is not None \
+                else None  # fmt: skip
+            if answer is not None:
+                self._flush()  # (nothing waits before it, as a rule)
+                self._send(answer)
                 self.server.lane_hits += 1
                 return True
             run = protocol.execution(data)
