@@ -184,6 +184,21 @@ def _views(conn: psycopg.Connection[t.Any]) -> list[tuple[t.Any, ...]]:
     return [row[:age] + row[age + 1:] for row in cur.fetchall()]
 
 
+def test_a_statement_whose_client_is_gone_before_it_starts_is_cancelled(served: Served) -> None:
+    """The client sends a statement and is reset at once, before a worker has started it (or
+    before the backend has it): the statement is cancelled all the same, as one running when
+    its client went away, and the session ends."""
+    with psycopg.connect(served.backend, autocommit=True) as pg:
+        sessions = served.server.sessions()
+        for _ in range(3):
+            sock = raw_session(served, BOUND)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            sock.sendall(protocol.message(b"Q", b"SELECT pg_sleep(600)\0"))
+            sock.close()
+            _wait_for(lambda: served.server.sessions() == sessions, "the session ended")
+            _wait_for(lambda: not _sleeping_at_backend(pg), "its backend statement ended")
+
+
 @pytest.mark.parametrize("when", ["local", "remote", "in-transaction", "relayed"])
 def test_a_client_killed_mid_statement_takes_nobody_else_down(served: Served, when: str) -> None:
     """The client sends a statement and vanishes (its socket reset): the server ends that

@@ -746,6 +746,11 @@ class Session:
         """Cancel the statement running in this session (from another thread): its DuckDB
         work and its backend statement. Nothing happens to a session that runs nothing."""
         self.interrupt_local()
+        self.cancel_backend()
+
+    def cancel_backend(self) -> None:
+        """Cancel the session's backend statement, if one runs (the backend ignores a cancel
+        that comes before its statement: `cancel`)."""
         pg = self.backend_connection_if_open()
         if pg is not None:
             with contextlib.suppress(psycopg.Error):

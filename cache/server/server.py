@@ -70,6 +70,7 @@ _LOST_BACKEND = ("08006", "the backend connection of this session was lost, and 
                  "transaction: connect again")  # fmt: skip
 CANCEL_SECONDS = 30.0  # how long a cancel keeps interrupting its statement's DuckDB work
 CANCEL_REPEAT = 0.01
+BACKEND_CANCEL_REPEAT = 0.2  # a gone client's statement: how often its backend part is cancelled
 WORKERS = 1024  # threads answering sessions' work at once, at most (made when needed)
 WORKER_STACK = 512 * 1024  # a worker thread's stack
 
@@ -778,6 +779,10 @@ class ClientConnection(asyncio.Protocol):
                 with self._state:
                     self.busy = True
                     self._serial += 1
+                if self._eof and not self._inbox:
+                    # its client went away before it started: cancelled as if it had been
+                    # running then (`_ending_input`)
+                    self.cancel()
                 try:
                     if not conversation.handle(message):
                         self._ending = True
@@ -959,15 +964,23 @@ class ClientConnection(asyncio.Protocol):
     def _keep_interrupting(self, session: Session, serial: int) -> None:
         """Cancel the session's statement (its backend part by a cancel request), and repeat
         the local interrupt while it runs: DuckDB forgets one that comes before its statement
-        starts (the cancel may arrive while the statement is still parsed or planned)."""
+        starts (the cancel may arrive while the statement is still parsed or planned). So does
+        the backend: when the client is gone, the cancel request is repeated too (spaced:
+        each is a connection to the backend), as no later statement of the client's can be
+        the one it reaches; a client's own cancel is sent once, as PostgreSQL takes it."""
         session.cancel()
-        deadline = time.monotonic() + CANCEL_SECONDS
+        now = time.monotonic()
+        deadline, again = now + CANCEL_SECONDS, now + BACKEND_CANCEL_REPEAT
         while time.monotonic() < deadline:
             time.sleep(CANCEL_REPEAT)
             with self._state:
                 if not self.busy or self._serial != serial:
                     return
                 session.interrupt_local()
+                gone = self._eof
+            if gone and time.monotonic() >= again:
+                session.cancel_backend()
+                again = time.monotonic() + BACKEND_CANCEL_REPEAT
 
     def _end(self) -> None:
         """The session's end (on its worker)."""
