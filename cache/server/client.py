@@ -487,16 +487,15 @@ class Conversation:
         self.epoch += 1  # (as in `handle`)
         return RawRun(statement, shape.rebound(data, statement.raw_head), self._raw_fd)
 
-    def raw_received(self, run: RawRun, data: bytes) -> bool:
-        """What the backend sent of a raw run, forwarded as whole messages; True when its
-        answer is over (then `raw_over`)."""
-        scan = run.scan
+    def raw_received(self, run: RawRun, data: bytes) -> bytes | None:
+        """The whole messages of what the backend sent of a raw run, for the caller to
+        forward; ``run.scan.done`` when its answer is over (then `raw_over`). None: the
+        backend broke the protocol (the run is lost: `raw_lost`)."""
         try:
-            self.out(scan.feed(data))
+            return run.scan.feed(data)
         except protocol.BackendViolation as exc:
             self.raw_lost(run, str(exc))
-            return True
-        return scan.done
+            return None
 
     def raw_over(self, run: RawRun) -> None:
         """The session's bookkeeping of a raw run whose answer is over, done once the client

@@ -526,11 +526,16 @@ class ClientConnection(asyncio.Protocol):
                 conversation.raw_lost(run, exc.strerror or str(exc))
                 over = True
             else:
-                if data:
-                    over = conversation.raw_received(run, data)
-                else:
+                if not data:
                     conversation.raw_lost(run, "it closed")
                     over = True
+                else:
+                    whole = conversation.raw_received(run, data)
+                    over = whole is None or run.scan.done
+                    if over and whole and not self._out:
+                        self._send(whole)  # (the usual answer: all of it in one read)
+                    elif whole:
+                        self._write(whole)
         except Exception:
             self._failed()
             over = True
