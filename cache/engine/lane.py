@@ -78,8 +78,7 @@ class Lane:
         values = params if self.positional and type(params) is list else values_for(keys, params)
         if tuple(map(type, values)) != self.types:
             return None
-        at = self.shape.params
-        return self.key_rows(values[at[0]] if len(at) == 1 else tuple(values[p] for p in at))
+        return self.key_rows(self.shape.key(values))
 
     @property
     def one_key(self) -> bool:

@@ -70,6 +70,12 @@ class LookupShape:
     build_sql: str
     count_sql: str
 
+    def key(self, values: Sequence[t.Any]) -> t.Any:
+        """The key these parameter values look up: its one key's value, or the tuple of its
+        keys' values (as `LookupIndexes.key_rows` takes it)."""
+        params = self.params
+        return values[params[0]] if len(params) == 1 else tuple(values[p] for p in params)
+
 
 def lookup_shape(sql: str, names: Sequence[str]) -> LookupShape | None:
     """The lookup a DuckDB statement is, or None when it is not one (see the module);
@@ -154,10 +160,7 @@ class LookupIndexes:
              values: Sequence[t.Any]) -> list[Row] | None:  # fmt: skip
         """The rows the statement would return for these parameter values, if its index is
         built at ``token`` and the values have the keys' types; else None."""
-        params = shape.params
-        if len(params) == 1:
-            return self.key_rows(shape, token, values[params[0]])
-        return self.key_rows(shape, token, tuple(values[p] for p in params))
+        return self.key_rows(shape, token, shape.key(values))
 
     def key_rows(self, shape: LookupShape, token: tuple[int, ...],
                  key: t.Any) -> list[Row] | None:  # fmt: skip
