@@ -17,8 +17,9 @@ One run, everything side by side on one pgbench database (`pgbench -i -s SCALE`)
     (target <= 0.1x), placed as (a) is;
 (d) statements passed through (an uncached read, a write) through the server vs pgbouncer vs
     directly: the latency each adds to PostgreSQL's (target: the server adds at most 2x what
-    pgbouncer adds), placed as (a) is (`PLACEMENTS`: the two servers with every backend of the
-    database);
+    pgbouncer adds), placed as (a) is (`PLACEMENTS`: the relays with every backend of the
+    database); beside them a byte pipe in Python (`experiments.byte_pipe`), the floor of any
+    relay written in Python, as a reference;
 and what the cache saves: the backend's CPU time per 1,000 reads through the server vs direct,
 and the server's memory per idle session. Every cached answer is checked against PostgreSQL's
 before timing.
@@ -37,6 +38,7 @@ import shutil
 import socket
 import statistics
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -121,6 +123,23 @@ def pgbouncer(backend_port: int, work: Path) -> Iterator[tuple[int, int]]:
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+@contextlib.contextmanager
+def byte_pipe(backend_port: int) -> Iterator[tuple[int, int]]:
+    """`experiments.byte_pipe` in front of the backend, as its own process; yields its port
+    and pid."""
+    argv = [sys.executable, "-m", "experiments.byte_pipe", str(backend_port)]
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        try:
+            assert proc.stdout is not None and proc.stderr is not None
+            said = proc.stdout.readline().strip()
+            if not said.isdigit():
+                proc.kill()
+                raise RuntimeError(f"the byte pipe did not start: {proc.stderr.read()!r}")
+            yield int(said), proc.pid
+        finally:
+            proc.terminate()
 
 
 class DelayProxy:
@@ -421,8 +440,10 @@ def main(argv: list[str] | None = None) -> int:
                          "ratio": float("nan"), "unit": "conns", "target": "0"})  # fmt: skip
 
             # (d) passed through: the server and pgbouncer vs direct
-            with pgbouncer(backend_port, work) as (bouncer_port, bouncer_pid):
+            with pgbouncer(backend_port, work) as (bouncer_port, bouncer_pid), \
+                    byte_pipe(backend_port) as (pipe_port, pipe_pid):  # fmt: skip
                 bouncer = psycopg.connect(dsn_at(bouncer_port, DATABASE), autocommit=True)
+                piped = psycopg.connect(dsn_at(pipe_port, DATABASE), autocommit=True)
                 plain = psycopg.connect(dsn_at(port, DATABASE), autocommit=True)  # no bound
                 branches = args.scale
                 passthrough = {
@@ -437,22 +458,26 @@ def main(argv: list[str] | None = None) -> int:
                         cur = conn.execute(s, [k()], prepare=True)
                         return cur.fetchall() if cur.description else None
 
-                    for conn in (plain, bouncer, direct):  # (each has its backend now)
+                    for conn in (plain, bouncer, piped, direct):  # (each has its backend now)
                         run(conn)
-                    # placed as (a) is: the two servers and every backend of the database
-                    relaying = (found.pid, bouncer_pid, *_backend_pids(direct))
+                    # placed as (a) is: the relays and every backend of the database
+                    relaying = (found.pid, bouncer_pid, pipe_pid, *_backend_pids(direct))
                     for placement in PLACEMENTS:
                         with placed(placement, relaying):
-                            via, bounced, straight = paired([
-                                lambda: run(plain), lambda: run(bouncer), lambda: run(direct)],
-                                args.calls)  # fmt: skip
+                            via, bounced, pipe, straight = paired([
+                                lambda: run(plain), lambda: run(bouncer), lambda: run(piped),
+                                lambda: run(direct)], args.calls)  # fmt: skip
                         added_server = p50(via) - p50(straight)
                         added_bouncer = p50(bounced) - p50(straight)
                         where = _placed(placement)
                         row("d", f"{what}: latency added to PostgreSQL's (p50){where}",
                             added_server * 1e6, added_bouncer * 1e6,
                             "<= 2.0x (server vs pgbouncer)", "us")  # fmt: skip
+                        row("d", f"{what}: a byte pipe in Python adds, for reference{where}",
+                            (p50(pipe) - p50(straight)) * 1e6, added_bouncer * 1e6,
+                            "(floor of a Python relay)", "us")  # fmt: skip
                 plain.close()
+                piped.close()
                 bouncer.close()
 
                 # (b) pgbench -S -M prepared: server vs direct vs pgbouncer

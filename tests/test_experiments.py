@@ -1,12 +1,15 @@
 """`mtcache experiment ... --quick` end to end on the test cluster: the CSV rows, the plots and
 the report's sections (the answers themselves are checked against PostgreSQL's inside the
-runs, before anything is timed)."""
+runs, before anything is timed); and the benchmarks' own reference relay."""
 
 from __future__ import annotations
 
 import csv
 import subprocess
 from pathlib import Path
+
+import psycopg
+import psycopg.conninfo
 
 from cache.backend.embedded_pg import EmbeddedPostgres
 
@@ -152,3 +155,22 @@ def test_a_scale_factor_out_of_range_is_one_line(
     assert done.stderr.strip().splitlines() == [
         "mtcache: ProgrammingError: --sf must be a TPC-H scale factor in (0, 100], not 0"]
     assert not (tmp_path / "out").exists()
+
+
+def test_the_byte_pipe_relays_a_postgresql_session_as_it_is(backend_dsn: str) -> None:
+    """bench_server's reference relay (`experiments.byte_pipe`) passes a session through
+    unchanged: what a client gets through it is what PostgreSQL answers directly, prepared
+    or not."""
+    from experiments.bench_server import byte_pipe
+
+    port = psycopg.conninfo.conninfo_to_dict(backend_dsn)["port"]
+    query = "SELECT n, n::numeric / 3 AS third, repeat('x', n %% 100) FROM generate_series(1, %s) n"
+    with byte_pipe(int(port)) as (pipe_port, _pid):
+        piped_dsn = psycopg.conninfo.make_conninfo(backend_dsn, port=pipe_port)
+        with psycopg.connect(piped_dsn) as piped, psycopg.connect(backend_dsn) as direct:
+            for prepare in (False, True):
+                for size in (3, 5000):  # (the second: more than one read of the backend's)
+                    cur = piped.execute(query, [size], prepare=prepare)
+                    got = (cur.fetchall(), [c.name for c in cur.description or []])
+                    cur = direct.execute(query, [size], prepare=prepare)
+                    assert got == (cur.fetchall(), [c.name for c in cur.description or []])

@@ -182,14 +182,16 @@ def _run(value: bytes | None, statement: bytes = b"s") -> bytes:
 
 @pytest.mark.parametrize("value", [b"42", b"", b"a longer value \0 with a zero", None])
 def test_a_run_shapes_one_value_is_what_its_values_are(value: bytes | None) -> None:
-    """`RunShape.value`, the one-parameter lane's reading, agrees with `values` on a run
-    and on every malformed or other run (then both None; a NULL is None for `value`)."""
+    """`RunShape.value`, the one-parameter lane's reading, and `fits`, the raw lane's, agree
+    with `values` on a run and on every malformed or other run (then None and False; a NULL
+    is None for `value`)."""
     found = protocol.execution(_run(b"7"))
     assert found is not None
     shape = protocol.run_shape(*found)
     data = _run(value)
     assert shape.values(data) == [value]
     assert shape.value(data) == value
+    assert shape.fits(data)
     others = [data[:cut] for cut in range(len(data))] + [data + b"S\0\0\0\x04", _run(value, b"t")]
     longer = bytearray(data)
     longer[4] += 1  # (the Bind's length one more than it is)
@@ -198,3 +200,4 @@ def test_a_run_shapes_one_value_is_what_its_values_are(value: bytes | None) -> N
     for other in [*others, bytes(longer), bytes(shorter)]:
         assert shape.values(other) is None
         assert shape.value(other) is None
+        assert not shape.fits(other)

@@ -162,7 +162,7 @@ class Session:
         self.store = engine.store.for_thread()  # a DuckDB handle of the session's own
         try:
             # a session without a backend connection judges currency on the process's clock
-            clock = engine.heartbeat_clock if connect else engine.shared_clock
+            clock = engine.heartbeat_clock if connect else self._process_clock
             self.state = SessionState(lambda: self._pg, self.store, clock, self._ran_own)
             self.planner = Planner(
                 self.store, engine.backend, choice=options.plan_choice,
@@ -672,6 +672,15 @@ class Session:
         state = self.state
         if state.timeline_active:
             state.read_at(state.now())
+
+    def _process_clock(self, wait: bool = True) -> BackendClock | None:
+        """The clock of this process (`SessionState`) for a session that connects only when
+        it first needs the backend: the shared one until then (`Engine.shared_clock`), the
+        heartbeat's alone once the session measures on a connection of its own (as a
+        session that connected at once: asking the shared one then costs each statement
+        that needs the time, a write passed through among them, and gains nothing)."""
+        engine = self.engine
+        return engine.heartbeat_clock() if self._pg is not None else engine.shared_clock(wait)
 
     def forwarded(self, route: Passthrough | Write, wait: bool = True) -> None:
         """A statement of this route reached the backend on this session's connection (sent

@@ -482,7 +482,7 @@ class Conversation:
         nothing was done."""
         shape = statement.raw_shape
         if statement.raw_handled != self.handled or shape is None \
-                or shape.values(data) is None:  # fmt: skip
+                or not shape.fits(data):  # fmt: skip
             return None
         self.epoch += 1  # (as in `handle`)
         return RawRun(statement, shape.rebound(data, statement.raw_head), self._raw_fd)

@@ -405,31 +405,39 @@ class RunShape(t.NamedTuple):
     def values(self, data: bytes) -> list[bytes | None] | None:
         """The parameter values of a run of this shape; None when ``data`` is anything else
         (then read as usual, where it gets its answer or its error)."""
+        found: list[bytes | None] = []
+        return found if self._walk(data, found) else None
+
+    def fits(self, data: bytes) -> bool:
+        """Whether ``data`` is a run of this shape (`values`, without taking them out: a run
+        passed through as it is needs only to be recognized)."""
+        return self._walk(data, None)
+
+    def _walk(self, data: bytes, found: list[bytes | None] | None) -> bool:
         head = self.head
         if data[:1] != b"B" or not data.startswith(head, 5):
-            return None
+            return False
         size = len(data)
         pos = 5 + len(head)
-        found: list[bytes | None] = []
         unpack = _INT32.unpack_from
         for _ in range(self.params):
             if pos + 4 > size:
-                return None
+                return False
             length = unpack(data, pos)[0]
             pos += 4
             if length < 0:
                 if length != -1:
-                    return None
-                found.append(None)
+                    return False
+                if found is not None:
+                    found.append(None)
                 continue
-            found.append(data[pos : pos + length])
+            if found is not None:
+                found.append(data[pos : pos + length])
             pos += length
         formats = self.result_formats
         end = pos + len(formats)
-        if pos > size or unpack(data, 1)[0] + 1 != end or not data.startswith(formats, pos) \
-                or data[end:] != self.tail:  # fmt: skip
-            return None
-        return found
+        return pos <= size and unpack(data, 1)[0] + 1 == end and data.startswith(formats, pos) \
+            and data[end:] == self.tail  # fmt: skip
 
     def value(self, data: bytes) -> bytes | None:
         """The one parameter value of a run of this shape (of one parameter), as `values`
