@@ -1218,8 +1218,9 @@ class Conversation:
             formats = [0] * len(columns)
         if describe:
             out(protocol.row_description(result_fields(result, formats)))
-        for row in _data_rows(self._encoders(result, formats), result.rows):
-            out(row)
+        encoders = self._encoders(result, formats)
+        for row in result.rows:
+            out(protocol.data_row(row, encoders))
         out(protocol.command_complete(result.status or f"SELECT {len(result.rows)}"))
 
     def _encoders(self, result: Result, formats: list[int]) -> tuple[values.Encoder, ...]:
@@ -1472,16 +1473,8 @@ def _rows_answer(head: bytes, encoders: t.Sequence[values.Encoder],
     """A lane's answer: ``head``, the rows, SELECT n and ReadyForQuery (idle)."""
     if len(rows) == 1:  # (the usual point lookup's)
         return b"".join((head, protocol.data_row(rows[0], encoders), _ONE_SELECTED))
-    return b"".join((head, *_data_rows(encoders, rows), protocol.select_complete(len(rows)),
-                     _READY_IDLE))  # fmt: skip
-
-
-def _data_rows(encoders: t.Sequence[values.Encoder],
-               rows: t.Iterable[t.Sequence[t.Any]]) -> t.Iterator[bytes]:
-    """DataRow messages of rows, each value by its column's encoder."""
-    data_row = protocol.data_row
-    for row in rows:
-        yield data_row(row, encoders)
+    return b"".join((head, *(protocol.data_row(row, encoders) for row in rows),
+                     protocol.select_complete(len(rows)), _READY_IDLE))  # fmt: skip
 
 
 def _bind_formats(bind: protocol.Bind) -> tuple[list[int] | None, int, list[int] | None]:
