@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import struct
 import threading
@@ -39,11 +40,15 @@ class Served(t.NamedTuple):
 
 
 @contextmanager
-def server_of(backend: str, cache_path: Path) -> Iterator[Served]:
+def server_of(backend: str, cache_path: Path,
+              options: ServerOptions | None = None) -> Iterator[Served]:  # fmt: skip
     """A server on a free loopback port over the cache file ``cache_path`` (created empty when
-    missing), run in a thread of this process."""
+    missing), run in a thread of this process (``options``: its listen address and grace
+    period are the tests')."""
     engine = Engine(backend, cache_path)
-    server = Server(engine, ServerOptions(listen="127.0.0.1:0", grace_seconds=2))
+    options = dataclasses.replace(options or ServerOptions(), listen="127.0.0.1:0",
+                                  grace_seconds=2)  # fmt: skip
+    server = Server(engine, options)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     host, port = server.address
@@ -58,9 +63,10 @@ def server_of(backend: str, cache_path: Path) -> Iterator[Served]:
 
 
 @contextmanager
-def serving(backend: str, cache_path: Path, authors: t.Sequence[int]) -> Iterator[Served]:
+def serving(backend: str, cache_path: Path, authors: t.Sequence[int],
+            options: ServerOptions | None = None) -> Iterator[Served]:  # fmt: skip
     """A server (`server_of`) over a cache of AUTHORS_AND_BOOKS, ``authors`` admitted."""
-    with server_of(backend, cache_path) as served:
+    with server_of(backend, cache_path, options) as served:
         with psycopg.connect(served.dsn, autocommit=True) as conn:
             conn.execute(AUTHORS_AND_BOOKS)
             listed = ", ".join(f"({a})" for a in authors)

@@ -111,9 +111,12 @@ class Session:
     @_public
     def __init__(self, engine: Engine, options: SessionOptions | None = None, *,
                  backend_parameters: t.Mapping[str, str] | None = None,
+                 backend_credentials: t.Mapping[str, str] | None = None,
                  connect: bool = True, time_zone: str | None = None) -> None:  # fmt: skip
         """``backend_parameters``: the backend session's startup parameters (user,
-        application_name, options, settings such as DateStyle); ``connect``: open the backend
+        application_name, options, settings such as DateStyle); ``backend_credentials``: what
+        logs it in as that user (libpq's password or SCRAM keys: secret, never shown);
+        ``connect``: open the backend
         connection now (else when a statement first needs it); ``time_zone``: the TimeZone
         the backend will report, for local answers given before it is connected."""
         options = options or SessionOptions()
@@ -150,6 +153,7 @@ class Session:
         self.backend_statements = 0
         self._last_zone = zone_named(time_zone) if time_zone else UTC  # `_zone`
         self._parameters = dict(backend_parameters or {})
+        self._credentials = dict(backend_credentials or {})
         self.counters = dict.fromkeys(COUNTERS, 0)  # this session's, until it closes
         self.phases: Phases | None = None  # set to time each statement's phases
         self.closed = True  # until everything below is open
@@ -926,6 +930,7 @@ class Session:
         if self._context is not None:
             options["context"] = self._context
         options.update(connection_parameters(self._parameters))
+        options.update(self._credentials)
         pg = connect_backend(self.engine.backend, **options)
         pg.add_notice_handler(lambda d: self._notices.append(d.message_primary or ""))
         for handler in self._notice_handlers:

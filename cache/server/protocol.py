@@ -558,6 +558,22 @@ _DESCRIBE_UNNAMED = _describe_of(b"")
 
 
 AUTHENTICATION_OK = message(b"R", _INT32.pack(0))
+
+
+def authentication(code: int, data: bytes = b"") -> bytes:
+    """An Authentication request: 3 cleartext password, 10 SASL (the mechanisms), 11 SASL
+    continue, 12 SASL final (the data)."""
+    return message(b"R", _INT32.pack(code) + data)
+
+
+def sasl_initial_response(data: bytes) -> tuple[str, bytes]:
+    """The mechanism and the client-first-message of a SASLInitialResponse body."""
+    body = _Body(data, "SASLInitialResponse")
+    mechanism = body.cstring()
+    size = body.int32()
+    first = body.take(size) if size >= 0 else b""
+    body.end()
+    return mechanism.decode("utf-8", "replace"), first
 PARSE_COMPLETE = message(b"1")
 BIND_COMPLETE = message(b"2")
 CLOSE_COMPLETE = message(b"3")

@@ -13,8 +13,11 @@ A worker writes to the client's socket itself, once what the loop wrote has gone
 waits while the client does not read; the loop answers nothing more while its own output
 waits (backpressure on both paths).
 
-Startup: SSLRequest and GSSENCRequest are answered "N" (TLS arrives with authentication);
-loopback clients are trusted (AuthenticationOk). ParameterStatus reports the backend's
+Startup: SSLRequest is answered "S" and TLS set up on the connection when the server has a
+certificate (`ServerOptions.tls`; the workers then write through the loop, which owns the TLS
+transport), else "N", as is GSSENCRequest; the client then authenticates as its rules say
+(`cache.server.auth`: loopback clients trusted by default, SCRAM or a password over TLS), and
+its backend connection logs in as that role. ParameterStatus reports the backend's
 settings as the backend reports them to a session with the client's parameters; BackendKeyData
 gives the key a CancelRequest presents, which cancels the session's running statement, local
 or remote (the DuckDB interrupt repeated while that statement runs); a client that goes away
@@ -35,13 +38,14 @@ import secrets
 import select
 import signal
 import socket
+import ssl
 import threading
 import time
 import typing as t
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import psycopg
 import uvloop
@@ -53,6 +57,7 @@ from cache.backend.reflect import redact
 from cache.engine.engine import Engine, SessionOptions
 from cache.engine.session import Session
 from cache.server import protocol, relay, values
+from cache.server.auth import AUTH_SECONDS, LOOPBACK_TRUST, Login, LoginRefused, Rules
 from cache.server.client import Conversation, Description, Passing, RawRun, Statement
 from cache.server.protocol import ProtocolViolation
 from cache.server.relay import BackendRefused, diagnostic_message, fields_of
@@ -63,6 +68,7 @@ log = logging.getLogger("mtcache.server")
 DEFAULT_LISTEN = "127.0.0.1:6432"
 GRACE_SECONDS = 10.0
 _SEND_BUFFER = 64 * 1024  # output collected before it is handed to the socket
+_TLS_BUFFER = 256 * 1024  # output a TLS connection's transport holds before writers wait
 _RAW_READ = 256 * 1024  # bytes of a raw answer read from the backend at a time
 _INBOX_LIMIT = 4096  # messages read ahead of a session's work before reading pauses
 _LOST_BACKEND = ("08006", "the backend connection of this session was lost, and with it the "
@@ -104,17 +110,19 @@ class ServerOptions:
     listen: str = DEFAULT_LISTEN
     grace_seconds: float = GRACE_SECONDS
     currency_bound: float | None = None  # every session's default bound (None: strict)
+    login: Login = field(default_factory=Login)  # who may connect, and how they prove it
+    tls: ssl.SSLContext | None = None  # TLS offered to clients (SSLRequest answered "S")
 
 
-def listen_socket(listen: str) -> socket.socket:
-    """The listening socket of ``--listen`` (refused beyond loopback, or when the port is
-    taken: before anything else is started)."""
+def listen_socket(listen: str, rules: Rules = LOOPBACK_TRUST) -> socket.socket:
+    """The listening socket of ``--listen`` (refused beyond loopback unless ``rules`` ask
+    clients for a secret, or when the port is taken: before anything else is started)."""
     host, port = parse_listen(listen)
-    if not is_loopback(host):
+    if not is_loopback(host) and not rules.challenges:
         raise ProgrammingError(
-            f"--listen {listen}: listening beyond loopback needs client authentication, "
-            "which this server does not have yet; listen on 127.0.0.1 (or ::1) and reach it "
-            "through a tunnel")  # fmt: skip
+            f"--listen {listen}: listening beyond loopback needs client authentication: give "
+            "--hba FILE with scram-sha-256 (or hostssl password) rules, or listen on "
+            "127.0.0.1 (or ::1)")  # fmt: skip
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -360,6 +368,10 @@ class ClientConnection(asyncio.Protocol):
         self._abandoned = False  # the server ends the session: a full socket is not waited on
         self._passing: Passing | RawRun | None = None  # a passed-through run the loop relays
         self._hot: Statement | None = None  # the statement of the last raw lane's run
+        self.tls = False  # the connection is encrypted (then workers write through the loop)
+        self._handshake: asyncio.Task[None] | None = None  # TLS being set up
+        self._early: list[bytes] = []  # what came through TLS before its transport did
+        self._drained: list[threading.Event] = []  # workers waiting for the loop's output
 
     # -- the event loop's side -------------------------------------------------------------
 
@@ -376,6 +388,9 @@ class ClientConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self._ending or self._eof:
+            return
+        if self._handshake is not None:  # (decrypted before `start_tls` hands its transport)
+            self._early.append(data)
             return
         if self._at_hand(data):
             return
@@ -577,10 +592,13 @@ class ClientConnection(asyncio.Protocol):
         self._ending_input()
         if not self.working:
             self._pump()
-        return True  # answers may still go out
+        return not self.tls  # answers may still go out (TLS ends both ways at once)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
+        drained, self._drained = self._drained, []
+        for event in drained:
+            event.set()
         self._run_deferred()
         self._ending_input()
         if not self.working:
@@ -591,6 +609,9 @@ class ClientConnection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._paused = False
+        drained, self._drained = self._drained, []
+        for event in drained:
+            event.set()
         if self._passing is not None:
             self._watch_backend()
         elif self._deferred is not None:
@@ -618,6 +639,13 @@ class ClientConnection(asyncio.Protocol):
             if isinstance(packet, protocol.SSLRequest | protocol.GSSENCRequest):
                 if reader.pending:  # bytes sent before the answer: a man in the middle
                     raise ProtocolViolation("received unencrypted data after SSL request")
+                context, loop = self.server.options.tls, self.loop
+                if isinstance(packet, protocol.SSLRequest) and context is not None \
+                        and loop is not None and not self.tls:  # fmt: skip
+                    transport.write(b"S")
+                    transport.pause_reading()  # (until TLS is up: `_start_tls`)
+                    self._handshake = loop.create_task(self._start_tls(context))
+                    return False
                 transport.write(b"N")
                 continue
             if isinstance(packet, protocol.CancelRequest):
@@ -629,6 +657,34 @@ class ClientConnection(asyncio.Protocol):
             self._start_work(functools.partial(self._open_session, packet))
             return True
         return False
+
+    async def _start_tls(self, context: ssl.SSLContext) -> None:
+        """TLS on the client's connection (after SSLRequest): the startup packet and all
+        that follows come through it; the workers then write through the loop
+        (`_send_through_loop`)."""
+        transport = self.transport
+        assert transport is not None and self.loop is not None
+        try:
+            secured = await self.loop.start_tls(transport, self, context, server_side=True,
+                                                ssl_handshake_timeout=AUTH_SECONDS)  # fmt: skip
+        except (TimeoutError, OSError) as exc:  # (ssl.SSLError and ConnectionError are OSErrors)
+            log.info("a client's TLS handshake failed: %s", exc)
+            self._ending = True
+            transport.close()
+            self.server.closed(self)
+            return
+        if secured is None or self._lost:
+            self.server.closed(self)
+            return
+        self.transport = t.cast(asyncio.Transport, secured)
+        # every write goes through this transport, in order: a worker waits only while much
+        # waits in it (told by `pause_writing` / `resume_writing`)
+        self.transport.set_write_buffer_limits(high=_TLS_BUFFER)
+        self.tls = True
+        self._handshake = None
+        early, self._early = self._early, []
+        for data in early:
+            self.data_received(data)
 
     def _pump(self) -> None:
         """Answer what is at hand, in order; hand the rest to a worker."""
@@ -675,7 +731,8 @@ class ClientConnection(asyncio.Protocol):
         self.working = True
         self._unwatch_backend()
         transport = self.transport
-        if transport is not None and self._fd is None and not transport.is_closing():
+        if transport is not None and self._fd is None and not self.tls \
+                and not transport.is_closing():  # fmt: skip
             self._fd = os.dup(transport.get_extra_info("socket").fileno())
         self._deferred = (first,)
         if not self._paused or self._lost or self._abandoned:
@@ -851,12 +908,21 @@ class ClientConnection(asyncio.Protocol):
             self._fatal("3D000", f'database "{database}" is not served here: this cache '
                         f'server fronts database "{backend_db}"')  # fmt: skip
             return False
+        try:
+            credentials = server.options.login.check(
+                self.tls, database, user, self._address(), self._send_now,
+                functools.partial(self._next_message, time.monotonic() + AUTH_SECONDS))
+        except LoginRefused as exc:
+            log.info("refused a login of role %r: %s", user, exc)
+            self._fatal(exc.sqlstate, str(exc))
+            return False
         session = None
         try:
             options = SessionOptions.of(autocommit=True,
                                         currency_bound=server.options.currency_bound)
             defaults = server.defaults
             session = Session(server.engine, options, backend_parameters=backend_parameters,
+                              backend_credentials=credentials,
                               connect=_needs_backend_at_start(backend_parameters, defaults),
                               time_zone=defaults.get("TimeZone"))  # fmt: skip
             # the client's DEALLOCATE ALL / DISCARD ALL reach this connection past psycopg,
@@ -893,8 +959,25 @@ class ClientConnection(asyncio.Protocol):
         self._flush()
         return True
 
-    def _next_message(self) -> protocol.Message:
-        """The client's next message, waiting for it (COPY FROM STDIN reads its data so)."""
+    def _address(self) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+        """The client's address (an IPv4 client of an IPv6 socket as IPv4)."""
+        transport = self.transport
+        peer = transport.get_extra_info("peername") if transport is not None else None
+        try:
+            address = ipaddress.ip_address(peer[0]) if peer else None
+        except ValueError:
+            return None
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            return address.ipv4_mapped
+        return address
+
+    def _send_now(self, data: bytes) -> None:
+        self._write(data)
+        self._flush()
+
+    def _next_message(self, deadline: float | None = None) -> protocol.Message:
+        """The client's next message, waiting for it (COPY FROM STDIN reads its data so;
+        ``deadline``: a `time.monotonic` past which the session ends)."""
         self._flush()
         with self._arrived:
             while not self._inbox:
@@ -902,7 +985,11 @@ class ClientConnection(asyncio.Protocol):
                     raise ConnectionError("the client went away")
                 if not self._reading:
                     self._on_loop(self._resume_reading)
-                self._arrived.wait()
+                if deadline is None:
+                    self._arrived.wait()
+                elif not self._arrived.wait(max(0.0, deadline - time.monotonic())) \
+                        and time.monotonic() >= deadline:  # fmt: skip
+                    raise LoginRefused("08006", "canceling authentication due to timeout")
             message = self._inbox.popleft()
         if isinstance(message, _Violation):
             raise ProtocolViolation(message.text)
@@ -929,10 +1016,31 @@ class ClientConnection(asyncio.Protocol):
         self._out_size = 0
         if threading.get_ident() == self.server.loop_thread:
             self._send(data)
+        elif self.tls:
+            self._send_through_loop(data)
         elif self._fd is None:
             raise ConnectionError("the client went away")
         else:
             self._send_direct(self._fd, data)
+
+    def _send_through_loop(self, data: bytes) -> None:
+        """A worker's output on a TLS connection: written by the loop into the TLS
+        transport, the worker waiting until it has gone out (backpressure)."""
+        drained = threading.Event()
+
+        def write() -> None:
+            self._send(data)
+            if self._paused and not self._lost:
+                self._drained.append(drained)  # (set by `resume_writing`)
+            else:
+                drained.set()
+
+        self._on_loop(write)
+        while not drained.wait(1.0):
+            if self._lost or self._abandoned:
+                raise ConnectionError("the client went away")
+        if self._lost:
+            raise ConnectionError("the client went away")
 
     def _send_direct(self, fd: int, data: bytes) -> None:
         """A worker's output written to the socket (waiting while the client does not read:

@@ -437,6 +437,15 @@ def cmd_heartbeat(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     """Serve the cache to PostgreSQL clients in the foreground until SIGTERM or Ctrl-C."""
     from cache.engine.engine import Engine, bound_seconds
+    from cache.server.auth import (
+        LOOPBACK_TRUST,
+        AuthFile,
+        AuthQuery,
+        Login,
+        Rules,
+        backend_membership,
+        tls_context,
+    )
     from cache.server.server import Server, ServerOptions, listen_socket
 
     if args.heartbeat is not None and not args.heartbeat > 0:
@@ -444,19 +453,35 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
                                f"{args.heartbeat:g}")  # fmt: skip
     if not args.grace >= 0:
         raise ProgrammingError(f"--grace must be 0 or more seconds, not {args.grace:g}")
-    options = ServerOptions(listen=args.listen, grace_seconds=args.grace,
-                            currency_bound=bound_seconds(args.currency_bound,
-                                                         "--currency-bound"))  # fmt: skip
+    rules = Rules.load(Path(args.hba)) if args.hba else LOOPBACK_TRUST
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise ProgrammingError("give both --tls-cert and --tls-key, or neither")
+    tls, binding = tls_context(Path(args.tls_cert), Path(args.tls_key)) \
+        if args.tls_cert is not None else (None, None)  # fmt: skip
+    if rules.needs_tls and tls is None:
+        raise ProgrammingError(f"{rules.source} has hostssl rules: give --tls-cert and "
+                               "--tls-key")  # fmt: skip
+    currency_bound = bound_seconds(args.currency_bound, "--currency-bound")
+    verifiers: AuthFile | AuthQuery | None = AuthFile(Path(args.auth_file)) \
+        if args.auth_file else None  # fmt: skip
     _not_served(settings, "connect to it, or stop it first")
-    sock = listen_socket(args.listen)  # a busy port fails before anything starts
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s mtcache serve: %(message)s")  # fmt: skip
+    sock = listen_socket(args.listen, rules)  # a busy port fails before anything starts
     try:
-        engine = Engine(settings.backend_dsn(), settings.cache_path, heartbeat=args.heartbeat)
+        backend = settings.backend_dsn()
+        if verifiers is None and rules.challenges:
+            verifiers = AuthQuery(backend, args.auth_query)
+            verifiers.check()  # (a query the backend refuses fails now, in one line)
+        login = Login(rules, verifiers, binding, member=backend_membership(backend))
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                            format="%(asctime)s mtcache serve: %(message)s")  # fmt: skip
+        engine = Engine(backend, settings.cache_path, heartbeat=args.heartbeat)
     except BaseException:
         sock.close()
         raise
     try:
+        options = ServerOptions(listen=args.listen, grace_seconds=args.grace,
+                                currency_bound=currency_bound, login=login,
+                                tls=tls)  # fmt: skip
         server = Server(engine, options, sock)
         server.install_signals()
         dsn = psycopg.conninfo.conninfo_to_dict(engine.backend)
@@ -581,7 +606,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = commands.add_parser("serve", help="serve the cache to PostgreSQL clients (psql, "
                             "JDBC, psycopg, ...) in the foreground")  # fmt: skip
     p.add_argument("--listen", default="127.0.0.1:6432",
-                   help="HOST:PORT to listen on (default 127.0.0.1:6432; loopback only)")
+                   help="HOST:PORT to listen on (default 127.0.0.1:6432; beyond loopback "
+                   "only with --hba rules that ask for a password)")
     p.add_argument("--heartbeat", type=float, metavar="SECONDS",
                    help="also beat the backend's heartbeat row this often")  # fmt: skip
     p.add_argument("--currency-bound", metavar="DURATION",
@@ -591,6 +617,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grace", type=float, default=10.0, metavar="SECONDS",
                    help="at shutdown, how long running statements may finish before they "
                    "are cancelled (default 10)")  # fmt: skip
+    p.add_argument("--hba", metavar="FILE",
+                   help="who may connect and how, a rule a line as in pg_hba.conf: TYPE "
+                   "(host, hostssl, hostnossl) DATABASE USER ADDRESS METHOD (trust for "
+                   "loopback only, reject, scram-sha-256, password over TLS); default: "
+                   "loopback clients trusted")  # fmt: skip
+    p.add_argument("--auth-file", metavar="FILE",
+                   help='the roles\' SCRAM verifiers, a line each: "role" '
+                   '"SCRAM-SHA-256$..." (pgbouncer\'s auth_file; default: --auth-query)')
+    p.add_argument("--auth-query", metavar="SQL",
+                   help="the query (one parameter, the role) that reads a role's verifier "
+                   "on the backend (default: from pg_authid, which needs a superuser)")
+    p.add_argument("--tls-cert", metavar="FILE",
+                   help="the server's certificate (PEM, with its chain): clients may use TLS")
+    p.add_argument("--tls-key", metavar="FILE", help="the certificate's private key (PEM)")
     p.set_defaults(run=cmd_serve)
 
     p = commands.add_parser("stop", help="stop the embedded PostgreSQL")
