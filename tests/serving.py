@@ -40,12 +40,12 @@ class Served(t.NamedTuple):
 
 
 @contextmanager
-def server_of(backend: str, cache_path: Path,
-              options: ServerOptions | None = None) -> Iterator[Served]:  # fmt: skip
+def server_of(backend: str, cache_path: Path, options: ServerOptions | None = None,
+              **engine_options: t.Any) -> Iterator[Served]:  # fmt: skip
     """A server on a free loopback port over the cache file ``cache_path`` (created empty when
     missing), run in a thread of this process (``options``: its listen address and grace
-    period are the tests')."""
-    engine = Engine(backend, cache_path)
+    period are the tests'; ``engine_options``: the `Engine`'s)."""
+    engine = Engine(backend, cache_path, **engine_options)
     options = dataclasses.replace(options or ServerOptions(), listen="127.0.0.1:0",
                                   grace_seconds=2)  # fmt: skip
     server = Server(engine, options)
@@ -64,9 +64,10 @@ def server_of(backend: str, cache_path: Path,
 
 @contextmanager
 def serving(backend: str, cache_path: Path, authors: t.Sequence[int],
-            options: ServerOptions | None = None) -> Iterator[Served]:  # fmt: skip
+            options: ServerOptions | None = None,
+            **engine_options: t.Any) -> Iterator[Served]:  # fmt: skip
     """A server (`server_of`) over a cache of AUTHORS_AND_BOOKS, ``authors`` admitted."""
-    with server_of(backend, cache_path, options) as served:
+    with server_of(backend, cache_path, options, **engine_options) as served:
         with psycopg.connect(served.dsn, autocommit=True) as conn:
             conn.execute(AUTHORS_AND_BOOKS)
             listed = ", ".join(f"({a})" for a in authors)

@@ -39,6 +39,7 @@ from cache.backend.embedded_pg import EmbeddedPostgres
 from cache.backend.pool import pooled
 from cache.backend.reflect import fetch_catalog, redact
 from cache.engine.admission import Admissions
+from cache.engine.privileges import PRIVILEGE_SECONDS, ReadPrivileges, login_role
 from cache.engine.route import StatementCache
 from cache.execution.execute import Memo
 from cache.execution.lookup import lookups_for
@@ -128,7 +129,10 @@ class Engine:
         background: bool = True,
         heartbeat: float | None = None,
         stream_lag_limit: int = DEFAULT_LAG_LIMIT,
+        privilege_seconds: float = PRIVILEGE_SECONDS,
     ) -> None:
+        """``privilege_seconds``: how long what a role may read is taken as known (a GRANT or
+        REVOKE takes effect on local answers within it: `cache.engine.privileges`)."""
         _check_options(heartbeat, stream_lag_limit, result_memo_bytes)
         self.cache_path = Path(cache_path or DEFAULT_CACHE)
         if backend is None:
@@ -148,6 +152,8 @@ class Engine:
                          lookups_for(self.store.path), self.store.for_thread) \
             if result_memo_bytes else None  # fmt: skip
         self.on_decision: Callable[[Plan, Decision], None] | None = None
+        self.privileges = ReadPrivileges(backend, privilege_seconds)
+        self.owner_role = login_role(backend)  # the role of its backend DSN, which fills it
         self._regions: RegionState | None = None
         # the engine's DuckDB handle reads the regions for every session: one thread at a time
         self._regions_lock = threading.Lock()

@@ -24,7 +24,10 @@ import contextlib
 import datetime as dt
 import functools
 import json
+import math
+import re
 import threading
+import time
 import typing as t
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -97,6 +100,9 @@ from sql_ext.quoting import folded
 # how many times a query decides again when the cache file changed under its guards before
 # the backend answers it
 GUARD_ATTEMPTS = 3
+# words of a statement that may change the role the backend checks reads as (SET ROLE, SET
+# SESSION AUTHORIZATION, RESET ALL, DISCARD ALL, set_config('role', ...)): then asked again
+_MAY_CHANGE_ROLE = re.compile(r"role|authorization|set_config|reset|discard", re.IGNORECASE)
 
 
 # the public methods' edge (cache.engine.boundary), naming this cache file
@@ -154,6 +160,9 @@ class Session:
         self._last_zone = zone_named(time_zone) if time_zone else UTC  # `_zone`
         self._parameters = dict(backend_parameters or {})
         self._credentials = dict(backend_credentials or {})
+        # the role the backend checks the session's reads as (None: asked at the next local
+        # read, after a statement that may have changed it: `_reader`)
+        self._role: str | None = self._parameters.get("user") or engine.owner_role
         self.counters = dict.fromkeys(COUNTERS, 0)  # this session's, until it closes
         self.phases: Phases | None = None  # set to time each statement's phases
         self.closed = True  # until everything below is open
@@ -270,7 +279,7 @@ class Session:
         self._mark("lookup")
         # guard and run locally what the guards allow (a plan that chose the whole
         # statement remote has no guard to evaluate)
-        if prepared.plan.local:
+        if prepared.plan.local and self._readable_until(prepared) is not None:
             try:
                 return prepared, self._decide_and_run(prepared, params)[1]
             except LocalUnfit:
@@ -285,6 +294,9 @@ class Session:
         that the caller asks again where it may wait. With ``lane``, also the lane of this
         plan and decision for the next executions, when it has one (`cache.engine.lane`)."""
         prepared = self.planner.prepare(query, params, self.currency_bound, wait=False)
+        readable = self._readable_until(prepared, wait=False)
+        if readable is None:
+            raise WouldWait("the backend answers it: the session's role may not read it here")
         seen = self.store.committed_version(wait=False)
         decision = self._guard(prepared, params, wait=False)
         if decision.remote or decision.local < len(decision.bindings or ()):
@@ -296,13 +308,14 @@ class Session:
         if result is None:
             raise WouldWait("the cache changed meanwhile")
         self._counted(prepared, decision)
-        made = self._lane(prepared, decision, seen, params) if lane else None
+        made = self._lane(prepared, decision, seen, params, readable) if lane else None
         return self._noted(result, result.lineage), made
 
-    def _lane(self, prepared: Prepared, decision: Decision, version: int,
-              params: Params) -> Lane | None:  # fmt: skip
+    def _lane(self, prepared: Prepared, decision: Decision, version: int, params: Params,
+              readable: float) -> Lane | None:  # fmt: skip
         """The lane of a plan and decision that just answered at hand on the cache file at
-        ``version`` (see `cache.engine.lane`), or None."""
+        ``version`` (see `cache.engine.lane`), or None; ``readable``: until when
+        (`time.monotonic`) the session's role may read it locally."""
         engine = self.engine
         memo = engine.memo
         lookups = memo.lookups if memo is not None else None
@@ -325,7 +338,15 @@ class Session:
             return None
         if not lookups.holds(shape, token) or not self.store.unchanged_since(version):
             return None
-        return Lane(self, version, decision, expiry(decision), keys,
+        expires = expiry(decision)
+        if readable != math.inf:  # (what the role may read is asked again then)
+            try:
+                until = self.state.now(wait=False) + dt.timedelta(
+                    seconds=readable - time.monotonic())  # fmt: skip
+            except WouldWait:
+                return None
+            expires = until if expires is None else min(expires, until)
+        return Lane(self, version, decision, expires, keys,
                     all(isinstance(k, int) for k in keys), types, shape, lookups, token,
                     result_shape[1])  # fmt: skip
 
@@ -479,7 +500,10 @@ class Session:
         bound = self.currency_bound
         prepared = self.planner.cached(query, params, bound)
         if prepared is None:
-            prepared = Prepared(self.planner.uncosted(query, params, bound), -1)
+            prepared = Prepared(self.planner.uncosted(query, params, bound), -1,
+                                relations=self.planner.relations(query))  # fmt: skip
+        if self._readable_until(prepared, last_known=True) is None:
+            raise down  # (its role was never seen allowed to read it: the backend decides)
         result: Result | None = None
         if self.stale_ok:
             try:
@@ -677,6 +701,54 @@ class Session:
         if state.timeline_active:
             state.read_at(state.now())
 
+    # -- who reads (cache.engine.privileges) ------------------------------------------------
+
+    def _readable_until(self, prepared: Prepared, wait: bool = True,
+                        last_known: bool = False) -> float | None:  # fmt: skip
+        """Until when (`time.monotonic`) the session's role may read the statement's relations
+        locally; None: the backend answers it (``wait=False``: `WouldWait` when that must be
+        asked of the backend; ``last_known``: as last asked, the backend being down). While
+        the backend is down, a role never asked in this process reads locally only if it is
+        the cache's own (the role of its backend DSN, which fills it)."""
+        relations = prepared.relations
+        if not relations:
+            return math.inf
+        privileges, owner = self.engine.privileges, self.engine.owner_role
+        if not last_known:
+            try:
+                reader = self._reader(wait)
+                return privileges.holds_until(reader, relations, wait) if reader else None
+            except BackendUnavailableError:
+                pass  # (as last known)
+        role = self._role or self._parameters.get("user") or owner
+        if role == owner and not privileges.knows(role):
+            return math.inf  # (the cache's own role, never asked in this process: as before)
+        return privileges.holds_until(role, relations, last_known=True)
+
+    def _reader(self, wait: bool = True) -> str | None:
+        """The role the backend checks this session's reads as: its login role, or, after a
+        statement that may have changed it (SET ROLE, SET SESSION AUTHORIZATION, RESET, a
+        set_config call ...), the backend's current_user, kept once outside a transaction
+        (None: the backend would not say, in a failed transaction: it answers itself)."""
+        role = self._role
+        if role is not None:
+            return role
+        pg = self._pg
+        if pg is None or self.lost_backend:
+            return self._parameters.get("user") or self.engine.owner_role
+        if not wait:
+            raise WouldWait("the session's role is asked of the backend")
+        try:
+            row = self._backend_session().execute("SELECT current_user").fetchone()
+        except psycopg.OperationalError as exc:
+            raise BackendUnavailableError(f"the backend connection failed: {exc}") from exc
+        except psycopg.Error:
+            return None
+        role = str(row[0]) if row else ""
+        if pg.pgconn.transaction_status == pq.TransactionStatus.IDLE:
+            self._role = role  # (inside a transaction, a ROLLBACK could change it back)
+        return role
+
     def _process_clock(self, wait: bool = True) -> BackendClock | None:
         """The clock of this process (`SessionState`) for a session that connects only when
         it first needs the backend: the shared one until then (`Engine.shared_clock`), the
@@ -700,6 +772,8 @@ class Session:
             self._last = NO_PROVENANCE
         if route.changes_catalog:
             self.planner.catalog_changed()
+        if _MAY_CHANGE_ROLE.search(route.sql):
+            self._role = None  # (`_reader` asks the backend)
         state = self.state
         if isinstance(route, Write):
             state.wrote(route.tables, wait)
@@ -932,6 +1006,7 @@ class Session:
         options.update(connection_parameters(self._parameters))
         options.update(self._credentials)
         pg = connect_backend(self.engine.backend, **options)
+        self._role = pg.info.user  # (a new backend session: its login role)
         pg.add_notice_handler(lambda d: self._notices.append(d.message_primary or ""))
         for handler in self._notice_handlers:
             pg.add_notice_handler(handler)

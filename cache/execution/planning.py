@@ -37,6 +37,7 @@ from sql_ext import Query
 from sql_ext.catalog import Catalog
 from sql_ext.errors import BackendUnavailableError, CatalogError, first_line
 from sql_ext.params import Params, duckdb_name, values_for
+from sql_ext.quoting import ident, qualified
 
 PLAN_CACHE_SIZE = 256
 
@@ -52,6 +53,9 @@ class Prepared:
     result: ResultShape | None = None
     compiled: dict[t.Any, t.Any] = field(default_factory=dict)
     delays: tuple[tuple[str, float], ...] = ()  # the measured refresh delays it was costed with
+    # the relations the statement names and the base tables it reads: what a session's role
+    # must be allowed to read for a local answer (`cache.engine.privileges`)
+    relations: frozenset[str] = frozenset()
 
     @functools.cached_property
     def description(self) -> list[tuple[t.Any, ...]] | None:
@@ -230,7 +234,8 @@ class Planner:
         with_params = params is not None
         analysis = self._analyze(query, with_params, default_bound)
         plan, result, costed = self._plan(analysis, params)
-        prepared = Prepared(plan, version, result, delays=delays)
+        prepared = Prepared(plan, version, result, delays=delays,
+                            relations=self.relations(query))  # fmt: skip
         if costed:  # a plan made without the backend is not kept
             # (the key again: naming relations outside the catalog changed it)
             self._plans.put(self._key(query, params, default_bound), prepared)
@@ -355,6 +360,18 @@ class Planner:
         return found if isinstance(found, str) else None
 
     # -- the tables a statement reads ----------------------------------------------------------
+
+    def relations(self, query: Query) -> frozenset[str]:
+        """The relations a statement names (tables, views) and the base tables it reads, as
+        SQL names the backend resolves (schema-qualified where the catalog knows them)."""
+        named = {source.table for block in query.analysis.blocks for source in block.sources
+                 if source.is_table and source.table is not None}  # fmt: skip
+        catalog, found = self.catalog, set()
+        for name in named.union(self.base_tables(query)):
+            known = catalog.table(name) or catalog.view(name)
+            found.add(qualified(known.schema, name) if known is not None and known.schema
+                      else ident(name))  # fmt: skip
+        return frozenset(found)
 
     def base_tables(self, query: Query) -> list[str]:
         """The base tables a query reads (views expanded), one entry per access, for its
