@@ -37,7 +37,7 @@ from cache.server import protocol, relay, values
 from cache.server.placeholders import Converted, to_backend, to_engine
 from cache.server.protocol import Field, ProtocolViolation
 from cache.store.cache_file import WouldWait
-from sql_ext.errors import Error, diag_fields, diagnostics
+from sql_ext.errors import Error, QueryCanceledError, diag_fields, diagnostics
 from sql_ext.statements import split_statements
 
 log = logging.getLogger("mtcache.server")
@@ -219,6 +219,7 @@ class Conversation:
         self._unnamed_at = 0  # the session's `backend_statements` when it was parsed
         self._names = 0
         self.ignoring = False  # after an error, until Sync
+        self.cancel_reason: str | None = None  # why the running statement is cancelled
         self._output_changed = False  # a statement may have changed `_OUTPUT_SETTINGS`
         self.listening = False  # a LISTEN reached the backend: notifications may come
         # counts the messages handled other than reads at hand (`handle`, `run_at_backend`): a
@@ -1248,6 +1249,8 @@ class Conversation:
         text = sql.decode(codec, errors="replace") if sql is not None else None
         if not isinstance(exc, psycopg.Error):
             self._fail_transaction()
+        if isinstance(exc, QueryCanceledError) and self.cancel_reason is not None:
+            exc = QueryCanceledError(f"canceling statement due to {self.cancel_reason}")
         self.out(protocol.diagnostic(diagnostics(exc, text), codec))
         self.ignoring = True
 

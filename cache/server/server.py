@@ -59,6 +59,7 @@ from cache.engine.session import Session
 from cache.server import protocol, relay, values
 from cache.server.auth import AUTH_SECONDS, LOOPBACK_TRUST, Login, LoginRefused, Rules
 from cache.server.client import Conversation, Description, Passing, RawRun, Statement
+from cache.server.limits import TICK_SECONDS, Admission, Limits
 from cache.server.protocol import ProtocolViolation
 from cache.server.relay import BackendRefused, diagnostic_message, fields_of
 from sql_ext.errors import Error, ProgrammingError, diagnostics
@@ -111,6 +112,7 @@ class ServerOptions:
     grace_seconds: float = GRACE_SECONDS
     currency_bound: float | None = None  # every session's default bound (None: strict)
     login: Login = field(default_factory=Login)  # who may connect, and how they prove it
+    limits: Limits = field(default_factory=Limits)  # sessions at once, statements' time
     tls: ssl.SSLContext | None = None  # TLS offered to clients (SSLRequest answered "S")
 
 
@@ -156,6 +158,7 @@ class Server:
         self.loop_thread: int | None = None
         self._stopping: asyncio.Event | None = None
         self.workers = ThreadPoolExecutor(WORKERS, thread_name_prefix="mtcache-session")
+        self.admission = Admission(self.options.limits)
         self.defaults = _backend_defaults(engine.backend)
         self._describes: dict[tuple[str, tuple[int, ...], int], Description] = {}
         self.runs_at_once = 0  # prepared runs answered in one step (`ClientConnection._at_hand`)
@@ -181,6 +184,9 @@ class Server:
                                              backlog=512)  # fmt: skip
         log.info("mtcache serving %s on %s:%d (backend %s)", self.engine.cache_path,
                  self.address[0], self.address[1], redact(self.engine.backend))  # fmt: skip
+        limits = self.options.limits
+        if limits.statement_timeout is not None or limits.idle_in_transaction_timeout is not None:
+            loop.call_later(TICK_SECONDS, self._tick)
         try:
             if not self._stop.is_set():
                 await self._stopping.wait()
@@ -226,6 +232,16 @@ class Server:
             await asyncio.sleep(0.02)
         await loop.run_in_executor(None, self.workers.shutdown)
         log.info("mtcache server stopped")
+
+    def _tick(self) -> None:
+        """Statements and idle transactions past their time (`cache.server.limits`)."""
+        if self._stop.is_set():
+            return
+        now, limits = time.monotonic(), self.options.limits
+        for client in list(self._connections):
+            client.check_time(now, limits)
+        assert self.loop is not None
+        self.loop.call_later(TICK_SECONDS, self._tick)
 
     def run(self, job: Callable[[], None]) -> None:
         """Run ``job`` on a worker thread (from the event loop)."""
@@ -369,6 +385,10 @@ class ClientConnection(asyncio.Protocol):
         self._passing: Passing | RawRun | None = None  # a passed-through run the loop relays
         self._hot: Statement | None = None  # the statement of the last raw lane's run
         self.tls = False  # the connection is encrypted (then workers write through the loop)
+        self._busy_since = 0.0  # when the statement running now began (`time.monotonic`)
+        self._idle_since = time.monotonic()  # when the client last sent or got something
+        self._timed_out = 0  # the statement last interrupted for its time
+        self._admitted: str | None = None  # the role this session is counted as (`Admission`)
         self._handshake: asyncio.Task[None] | None = None  # TLS being set up
         self._early: list[bytes] = []  # what came through TLS before its transport did
         self._drained: list[threading.Event] = []  # workers waiting for the loop's output
@@ -389,6 +409,7 @@ class ClientConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._ending or self._eof:
             return
+        self._idle_since = time.monotonic()
         if self._handshake is not None:  # (decrypted before `start_tls` hands its transport)
             self._early.append(data)
             return
@@ -478,6 +499,7 @@ class ClientConnection(asyncio.Protocol):
         with self._state:  # (a cancel before this finds nothing running, as before the send)
             self.busy = True
             self._serial += 1
+            self._busy_since = time.monotonic()
         if self._watched != passing.fd:
             self._watch_backend()
         self.server.relayed_at_once += 1
@@ -567,6 +589,7 @@ class ClientConnection(asyncio.Protocol):
         if passing.waiting and self.loop is not None:
             self.loop.remove_writer(passing.fd)
         self._passing = None
+        self._idle_since = time.monotonic()
         self._flush()
         with self._state:
             self.busy = False
@@ -745,6 +768,7 @@ class ClientConnection(asyncio.Protocol):
 
     def _work_done(self) -> None:
         self.working = False
+        self._idle_since = time.monotonic()
         if self._ended:
             if self.transport is not None:
                 self.transport.close()
@@ -841,6 +865,8 @@ class ClientConnection(asyncio.Protocol):
                 with self._state:
                     self.busy = True
                     self._serial += 1
+                    self._busy_since = time.monotonic()
+                conversation.cancel_reason = None
                 if self._eof and not self._inbox:
                     # its client went away before it started: cancelled as if it had been
                     # running then (`_ending_input`)
@@ -912,6 +938,8 @@ class ClientConnection(asyncio.Protocol):
             credentials = server.options.login.check(
                 self.tls, database, user, self._address(), self._send_now,
                 functools.partial(self._next_message, time.monotonic() + AUTH_SECONDS))
+            server.admission.admit(user)
+            self._admitted = user
         except LoginRefused as exc:
             log.info("refused a login of role %r: %s", user, exc)
             self._fatal(exc.sqlstate, str(exc))
@@ -921,9 +949,11 @@ class ClientConnection(asyncio.Protocol):
             options = SessionOptions.of(autocommit=True,
                                         currency_bound=server.options.currency_bound)
             defaults = server.defaults
+            connect = _needs_backend_at_start(backend_parameters, defaults)
+            for name, value in server.options.limits.backend_settings().items():
+                backend_parameters.setdefault(name, value)  # (the client's own come first)
             session = Session(server.engine, options, backend_parameters=backend_parameters,
-                              backend_credentials=credentials,
-                              connect=_needs_backend_at_start(backend_parameters, defaults),
+                              backend_credentials=credentials, connect=connect,
                               time_zone=defaults.get("TimeZone"))  # fmt: skip
             # the client's DEALLOCATE ALL / DISCARD ALL reach this connection past psycopg,
             # which must then hold no prepared statements of its own (it prepares what the
@@ -1074,14 +1104,49 @@ class ClientConnection(asyncio.Protocol):
         threading.Thread(target=self._keep_interrupting, args=(session, serial),
                          daemon=True).start()  # fmt: skip
 
-    def _keep_interrupting(self, session: Session, serial: int) -> None:
+    def check_time(self, now: float, limits: Limits) -> None:
+        """A statement past the statement timeout is interrupted; a session idle inside a
+        transaction past the idle timeout is ended (from the event loop's tick)."""
+        timeout = limits.statement_timeout
+        if timeout is not None and self.busy and now - self._busy_since > timeout \
+                and self._timed_out != self._serial:  # fmt: skip
+            self._timed_out = self._serial
+            self._time_out()
+        idle = limits.idle_in_transaction_timeout
+        session = self.session
+        if idle is None or session is None or self.working or self.busy or self._ending \
+                or now - self._idle_since <= idle:  # fmt: skip
+            return
+        if session.backend_transaction_status() in (pq.TransactionStatus.INTRANS,
+                                                    pq.TransactionStatus.INERROR):  # fmt: skip
+            log.info("ending a session idle in a transaction for over %gs", idle)
+            self.close(protocol.error_response(
+                "25P03", "terminating connection due to idle-in-transaction timeout",
+                severity="FATAL"))  # fmt: skip
+
+    def _time_out(self) -> None:
+        """Interrupt the cache's own work of the statement running now, which then fails as
+        PostgreSQL's statement timeout does (the backend times its own part out)."""
+        session, conversation = self.session, self.conversation
+        with self._state:
+            if session is None or conversation is None or not self.busy:
+                return
+            serial = self._serial
+        conversation.cancel_reason = "statement timeout"
+        threading.Thread(target=self._keep_interrupting, args=(session, serial, False),
+                         daemon=True).start()  # fmt: skip
+
+    def _keep_interrupting(self, session: Session, serial: int, backend: bool = True) -> None:
         """Cancel the session's statement (its backend part by a cancel request), and repeat
         the local interrupt while it runs: DuckDB forgets one that comes before its statement
         starts (the cancel may arrive while the statement is still parsed or planned). So does
         the backend: when the client is gone, the cancel request is repeated too (spaced:
         each is a connection to the backend), as no later statement of the client's can be
         the one it reaches; a client's own cancel is sent once, as PostgreSQL takes it."""
-        session.cancel()
+        if backend:
+            session.cancel()
+        else:
+            session.interrupt_local()
         now = time.monotonic()
         deadline, again = now + CANCEL_SECONDS, now + BACKEND_CANCEL_REPEAT
         while time.monotonic() < deadline:
@@ -1091,7 +1156,7 @@ class ClientConnection(asyncio.Protocol):
                     return
                 session.interrupt_local()
                 gone = self._eof
-            if gone and time.monotonic() >= again:
+            if backend and gone and time.monotonic() >= again:
                 session.cancel_backend()
                 again = time.monotonic() + BACKEND_CANCEL_REPEAT
 
@@ -1105,6 +1170,9 @@ class ClientConnection(asyncio.Protocol):
                 self._flush()
         self._ended = True
         self._ending = True
+        if self._admitted is not None:
+            self.server.admission.release(self._admitted)
+            self._admitted = None
         if self._key is not None:
             self.server.unregister(self._key)
         if self.session is not None:

@@ -446,6 +446,7 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
         backend_membership,
         tls_context,
     )
+    from cache.server.limits import Limits
     from cache.server.server import Server, ServerOptions, listen_socket
 
     if args.heartbeat is not None and not args.heartbeat > 0:
@@ -462,6 +463,12 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
         raise ProgrammingError(f"{rules.source} has hostssl rules: give --tls-cert and "
                                "--tls-key")  # fmt: skip
     currency_bound = bound_seconds(args.currency_bound, "--currency-bound")
+    limits = Limits(
+        max_sessions=_positive(args.max_sessions, "--max-sessions"),
+        max_sessions_per_role=_positive(args.max_sessions_per_role, "--max-sessions-per-role"),
+        statement_timeout=_duration(args.statement_timeout, "--statement-timeout"),
+        idle_in_transaction_timeout=_duration(args.idle_in_transaction_timeout,
+                                              "--idle-in-transaction-timeout"))  # fmt: skip
     verifiers: AuthFile | AuthQuery | None = AuthFile(Path(args.auth_file)) \
         if args.auth_file else None  # fmt: skip
     _not_served(settings, "connect to it, or stop it first")
@@ -480,7 +487,7 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
         raise
     try:
         options = ServerOptions(listen=args.listen, grace_seconds=args.grace,
-                                currency_bound=currency_bound, login=login,
+                                currency_bound=currency_bound, login=login, limits=limits,
                                 tls=tls)  # fmt: skip
         server = Server(engine, options, sock)
         server.install_signals()
@@ -495,6 +502,20 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     finally:
         engine.close()
     return 0
+
+
+def _positive(value: int | None, option: str) -> int | None:
+    if value is not None and value < 1:
+        raise ProgrammingError(f"{option} must be at least 1, not {value}")
+    return value
+
+
+def _duration(text: str | None, option: str) -> float | None:
+    """A duration option ('30 sec', '500 ms'; 0 or none: no limit)."""
+    from cache.engine.engine import bound_seconds
+
+    seconds = bound_seconds(text, option)
+    return seconds if seconds else None
 
 
 def cmd_stop(settings: Settings, args: argparse.Namespace) -> int:
@@ -631,6 +652,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-cert", metavar="FILE",
                    help="the server's certificate (PEM, with its chain): clients may use TLS")
     p.add_argument("--tls-key", metavar="FILE", help="the certificate's private key (PEM)")
+    p.add_argument("--max-sessions", type=int, metavar="N",
+                   help="client sessions at once (more are refused with 53300; default: none)")
+    p.add_argument("--max-sessions-per-role", type=int, metavar="N",
+                   help="client sessions at once per role (default: none)")
+    p.add_argument("--statement-timeout", metavar="DURATION",
+                   help="a statement running longer is cancelled (57014), e.g. '30 sec'; the "
+                   "backend's statement_timeout for the sessions' remote statements too")
+    p.add_argument("--idle-in-transaction-timeout", metavar="DURATION",
+                   help="a session idle inside a transaction block longer is ended (25P03), "
+                   "e.g. '10 min'")  # fmt: skip
     p.set_defaults(run=cmd_serve)
 
     p = commands.add_parser("stop", help="stop the embedded PostgreSQL")

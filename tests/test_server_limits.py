@@ -1,0 +1,120 @@
+"""The server's limits, each refusal PostgreSQL's own: sessions at once in all and per role
+(FATAL 53300), a statement's time (57014 "canceling statement due to statement timeout", for
+the cache's own work and the backend's), a transaction's idle time (FATAL 25P03, the
+transaction rolled back). Other sessions go on."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import typing as t
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from cache.server.limits import Limits
+from cache.server.server import ServerOptions
+from tests.conftest import cli_home
+from tests.serving import Served, messages, raw_session, serving
+
+# a local statement that runs for minutes unless cancelled (as tests/test_server_sessions.py's)
+SLOW_LOCAL = ("SELECT count(*) FROM numbers a, numbers b, numbers c "
+              "WHERE md5((a.n * b.n + c.n)::text) = 'x' CURRENCY BOUND 10 MIN")  # fmt: skip
+LIMITS = Limits(max_sessions=4, max_sessions_per_role=3, statement_timeout=0.5,
+                idle_in_transaction_timeout=0.5)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def served(bookstore_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    with psycopg.connect(bookstore_dsn, autocommit=True) as pg:
+        pg.execute("DROP TABLE IF EXISTS numbers, kept")
+        pg.execute("CREATE TABLE numbers (n integer PRIMARY KEY)")
+        pg.execute("INSERT INTO numbers SELECT generate_series(1, 2000)")
+        pg.execute("CREATE TABLE kept (n integer)")
+        if not pg.execute("SELECT 1 FROM pg_roles WHERE rolname = 'limits_other'").fetchone():
+            pg.execute("CREATE ROLE limits_other LOGIN")
+        pg.execute("GRANT SELECT, INSERT ON ALL TABLES IN SCHEMA public TO limits_other")
+    with serving(bookstore_dsn, tmp_path_factory.mktemp("limits") / "cache.duckdb", (1, 2),
+                 ServerOptions(limits=LIMITS)) as found:  # fmt: skip
+        with psycopg.connect(found.dsn, autocommit=True) as conn:
+            conn.execute("CREATE CACHED VIEW numbercopy AS SELECT n FROM numbers "
+                         "REFRESH EVERY 10 MIN")  # fmt: skip
+            conn.execute("REFRESH CACHED VIEW numbercopy")
+        yield found
+
+
+def connect(served: Served, role: str = "postgres") -> psycopg.Connection[t.Any]:
+    return psycopg.connect(served.dsn.replace("user=postgres", f"user={role}"), autocommit=True)
+
+
+def test_sessions_past_the_limits_are_refused(served: Served) -> None:
+    held = [connect(served) for _ in range(3)]
+    try:
+        with pytest.raises(psycopg.OperationalError,
+                           match='FATAL:  too many connections for role "postgres"'):  # fmt: skip
+            connect(served)
+        other = connect(served, "limits_other")  # the fourth session, another role
+        try:
+            with pytest.raises(psycopg.OperationalError,
+                               match="FATAL:  sorry, too many clients already"):  # fmt: skip
+                connect(served, "limits_other")
+            assert other.execute("SELECT 1").fetchone() == (1,)
+        finally:
+            other.close()
+        assert all(conn.execute("SELECT 2").fetchone() == (2,) for conn in held)
+    finally:
+        for conn in held:
+            conn.close()
+    with connect(served) as again:  # the places are free once the sessions end
+        assert again.execute("SELECT 3").fetchone() == (3,)
+
+
+@pytest.mark.parametrize("sql", [SLOW_LOCAL, "SELECT pg_sleep(600)"], ids=["local", "remote"])
+def test_a_statement_past_its_time_is_cancelled(served: Served, sql: str) -> None:
+    with connect(served) as conn:
+        with pytest.raises(psycopg.errors.QueryCanceled,
+                           match="canceling statement due to statement timeout"):  # fmt: skip
+            conn.execute(sql)
+        assert conn.execute("SELECT 1").fetchone() == (1,)  # the session goes on
+
+
+def test_a_session_idle_in_a_transaction_is_ended_and_its_transaction_rolled_back(
+        served: Served) -> None:  # fmt: skip
+    sock = raw_session(served)
+    try:
+        for sql in (b"BEGIN", b"INSERT INTO kept VALUES (1)"):
+            sock.sendall(b"Q" + (len(sql) + 5).to_bytes(4, "big") + sql + b"\0")
+            seen = []
+            for kind, body in messages(sock):
+                seen.append(kind)
+                if kind == b"Z":
+                    assert body == b"T"
+                    break
+        ended = list(messages(sock))  # nothing more is sent: the server ends the session
+    finally:
+        sock.close()
+    assert len(ended) == 1 and ended[0][0] == b"E", ended
+    fields = dict((f[:1], f[1:]) for f in ended[0][1].split(b"\0") if f)
+    assert (fields[b"S"], fields[b"C"]) == (b"FATAL", b"25P03")
+    assert fields[b"M"] == b"terminating connection due to idle-in-transaction timeout"
+    with psycopg.connect(served.backend) as pg:
+        assert pg.execute("SELECT count(*) FROM kept").fetchone() == (0,)
+
+
+@pytest.mark.parametrize("args, why", [
+    (["--max-sessions", "0"], "--max-sessions must be at least 1, not 0"),
+    (["--max-sessions-per-role", "-2"], "--max-sessions-per-role must be at least 1"),
+    (["--statement-timeout", "soon"], "--statement-timeout: 'soon' is not a duration"),
+    (["--idle-in-transaction-timeout", "5 parsecs"], "--idle-in-transaction-timeout: '5 "
+                                                     "parsecs' is not a duration"),
+])
+def test_mtcache_serve_refuses_limits_it_cannot_read(bookstore_dsn: str, mtcache_bin: str,
+                                                     args: list[str], why: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MTCACHE_")}
+    cli_home(env, bookstore_dsn, "mtcache-limits-")
+    done = subprocess.run([mtcache_bin, "serve", *args], env=env, text=True,
+                          capture_output=True, timeout=120, check=False)  # fmt: skip
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and len(lines) == 1, done.stderr
+    assert lines[0].startswith("mtcache: ") and why in lines[0], lines
