@@ -75,6 +75,28 @@ def serving(backend: str, cache_path: Path, authors: t.Sequence[int],
         yield served
 
 
+# a local statement that runs for minutes unless cancelled: 2,000^3 combinations in DuckDB,
+# each hashed (a test DuckDB's statistics cannot decide in advance), over `with_numbers`
+SLOW_LOCAL = ("SELECT count(*) FROM numbers a, numbers b, numbers c "
+              "WHERE md5((a.n * b.n + c.n)::text) = 'x' CURRENCY BOUND 10 MIN")  # fmt: skip
+
+
+def numbers_table(backend: str) -> None:
+    """The backend table `SLOW_LOCAL` reads: 2,000 numbers (made again)."""
+    with psycopg.connect(backend, autocommit=True) as pg:
+        pg.execute("DROP TABLE IF EXISTS numbers")
+        pg.execute("CREATE TABLE numbers (n integer PRIMARY KEY)")
+        pg.execute("INSERT INTO numbers SELECT generate_series(1, 2000)")
+
+
+def cache_numbers(served: Served) -> None:
+    """The numbers cached whole on the server, so `SLOW_LOCAL` runs locally."""
+    with psycopg.connect(served.dsn, autocommit=True) as conn:
+        conn.execute("CREATE CACHED VIEW numbercopy AS SELECT n FROM numbers "
+                     "REFRESH EVERY 10 MIN")  # fmt: skip
+        conn.execute("REFRESH CACHED VIEW numbercopy")
+
+
 def raw_session(served: Served, options: str | None = None) -> socket.socket:
     """A socket that has gone through startup with the server (user postgres, its database,
     ``options``) and read up to its first ReadyForQuery: for tests that speak the protocol

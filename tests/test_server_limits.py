@@ -16,31 +16,32 @@ import pytest
 from cache.server.limits import Limits
 from cache.server.server import ServerOptions
 from tests.conftest import cli_home
-from tests.serving import Served, messages, raw_session, serving
+from tests.serving import (
+    SLOW_LOCAL,
+    Served,
+    cache_numbers,
+    messages,
+    numbers_table,
+    raw_session,
+    serving,
+)
 
-# a local statement that runs for minutes unless cancelled (as tests/test_server_sessions.py's)
-SLOW_LOCAL = ("SELECT count(*) FROM numbers a, numbers b, numbers c "
-              "WHERE md5((a.n * b.n + c.n)::text) = 'x' CURRENCY BOUND 10 MIN")  # fmt: skip
 LIMITS = Limits(max_sessions=4, max_sessions_per_role=3, statement_timeout=0.5,
                 idle_in_transaction_timeout=0.5)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def served(bookstore_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    numbers_table(bookstore_dsn)
     with psycopg.connect(bookstore_dsn, autocommit=True) as pg:
-        pg.execute("DROP TABLE IF EXISTS numbers, kept")
-        pg.execute("CREATE TABLE numbers (n integer PRIMARY KEY)")
-        pg.execute("INSERT INTO numbers SELECT generate_series(1, 2000)")
+        pg.execute("DROP TABLE IF EXISTS kept")
         pg.execute("CREATE TABLE kept (n integer)")
         if not pg.execute("SELECT 1 FROM pg_roles WHERE rolname = 'limits_other'").fetchone():
             pg.execute("CREATE ROLE limits_other LOGIN")
         pg.execute("GRANT SELECT, INSERT ON ALL TABLES IN SCHEMA public TO limits_other")
     with serving(bookstore_dsn, tmp_path_factory.mktemp("limits") / "cache.duckdb", (1, 2),
                  ServerOptions(limits=LIMITS)) as found:  # fmt: skip
-        with psycopg.connect(found.dsn, autocommit=True) as conn:
-            conn.execute("CREATE CACHED VIEW numbercopy AS SELECT n FROM numbers "
-                         "REFRESH EVERY 10 MIN")  # fmt: skip
-            conn.execute("REFRESH CACHED VIEW numbercopy")
+        cache_numbers(found)
         yield found
 
 

@@ -25,28 +25,24 @@ import pytest
 from cache.server import protocol
 from cache.server.process import serving_process
 from tests.answers import typed
-from tests.serving import Served, quiet, raw_session, serving
+from tests.serving import (
+    SLOW_LOCAL,
+    Served,
+    cache_numbers,
+    numbers_table,
+    quiet,
+    raw_session,
+    serving,
+)
 
 BOUND = "-c mtcache.currency_bound=600"
 BOOKS = "SELECT isbn, title, price, authorid FROM books WHERE authorid = %s ORDER BY isbn"
-# a local statement that runs for minutes unless cancelled: 2,000^3 combinations in DuckDB,
-# each hashed (a test DuckDB's statistics cannot decide in advance)
-SLOW_LOCAL = ("SELECT count(*) FROM numbers a, numbers b, numbers c "
-              "WHERE md5((a.n * b.n + c.n)::text) = 'x' CURRENCY BOUND 10 MIN")  # fmt: skip
-
-
 @pytest.fixture(scope="module")
 def served(bookstore_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    with psycopg.connect(bookstore_dsn, autocommit=True) as pg:
-        pg.execute("DROP TABLE IF EXISTS numbers")
-        pg.execute("CREATE TABLE numbers (n integer PRIMARY KEY)")
-        pg.execute("INSERT INTO numbers SELECT generate_series(1, 2000)")
+    numbers_table(bookstore_dsn)
     with serving(bookstore_dsn, tmp_path_factory.mktemp("sessions") / "cache.duckdb",
                  (1, 2)) as found:  # fmt: skip
-        with psycopg.connect(found.dsn, autocommit=True) as conn:
-            conn.execute("CREATE CACHED VIEW numbercopy AS SELECT n FROM numbers "
-                         "REFRESH EVERY 10 MIN")  # fmt: skip
-            conn.execute("REFRESH CACHED VIEW numbercopy")
+        cache_numbers(found)
         yield found
 
 
