@@ -104,7 +104,7 @@ def test_the_codec_reads_a_startup_packet_or_says_the_protocol_is_broken(data: b
         assert packet is None or isinstance(packet, t.get_args(protocol.StartupPacket))
 
 
-# -- a live server ----------------------------------------------------------------------------------
+# -- a live server ---------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
