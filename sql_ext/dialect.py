@@ -255,7 +255,7 @@ class MTCacheParser(PostgresParser):
         return super()._parse_statement()
 
     def _cache_command(self, curr: Token, nxt: Token) -> exp.Expr | None:
-        """SHOW/RESET CURRENCY BOUND, SHOW CACHED VIEWS, SHOW CACHE STATUS, SHOW/RESET
+        """SHOW/RESET CURRENCY BOUND, SHOW CACHED VIEWS, SHOW CACHE STATUS / STATS, SHOW/RESET
         mtcache.name, REFRESH CACHED VIEW(S) ...; None for the backend's commands."""
         action, words = curr.text.upper(), nxt.text.split()
         upper = [w.upper() for w in words]
@@ -266,7 +266,8 @@ class MTCacheParser(PostgresParser):
             return self._parse_refresh_cached(curr, nxt)
         if upper == ["CURRENCY", "BOUND"]:
             node = SessionBound(this=action)
-        elif action == "SHOW" and upper in (["CACHED", "VIEWS"], ["CACHE", "STATUS"]):
+        elif action == "SHOW" and upper in (["CACHED", "VIEWS"], ["CACHE", "STATUS"],
+                                            ["CACHE", "STATS"]):  # fmt: skip
             node = Inspect(this=" ".join(words).lower())
         elif len(words) == 1 and words[0].lower().startswith(CACHE_SETTINGS):
             node = CacheSetting(this=action, name=words[0].lower())

@@ -70,7 +70,7 @@ class SessionBound(exp.Expression):
 
 class Inspect(exp.Expression):
     """``EXPLAIN LAST STATEMENT``, ``SHOW CACHED VIEWS``, ``SHOW CACHE STATUS``: this = what
-    is asked ("last statement", "cached views", "cache status")."""
+    is asked ("last statement", "cached views", "cache status", "cache stats")."""
 
     arg_types = {"this": True}
 

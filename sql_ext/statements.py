@@ -209,7 +209,7 @@ class Inspect:
     cache about itself."""
 
     text: str
-    what: t.Literal["last statement", "cached views", "cache status"]
+    what: t.Literal["last statement", "cached views", "cache status", "cache stats"]
 
     kind: t.ClassVar[str] = "inspect"
 

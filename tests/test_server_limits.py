@@ -109,8 +109,9 @@ def test_a_session_idle_in_a_transaction_is_ended_and_its_transaction_rolled_bac
     (["--statement-timeout", "soon"], "--statement-timeout: 'soon' is not a duration"),
     (["--idle-in-transaction-timeout", "5 parsecs"], "--idle-in-transaction-timeout: '5 "
                                                      "parsecs' is not a duration"),
+    (["--metrics", "nowhere"], "--metrics 'nowhere': write HOST:PORT"),
 ])
-def test_mtcache_serve_refuses_limits_it_cannot_read(bookstore_dsn: str, mtcache_bin: str,
+def test_mtcache_serve_refuses_options_it_cannot_read(bookstore_dsn: str, mtcache_bin: str,
                                                      args: list[str], why: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MTCACHE_")}
     cli_home(env, bookstore_dsn, "mtcache-limits-")

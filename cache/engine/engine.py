@@ -41,6 +41,7 @@ from cache.backend.reflect import fetch_catalog, redact
 from cache.engine.admission import Admissions
 from cache.engine.privileges import PRIVILEGE_SECONDS, ReadPrivileges, login_role
 from cache.engine.route import StatementCache
+from cache.engine.stats import Sample, document_samples
 from cache.execution.execute import Memo
 from cache.execution.lookup import lookups_for
 from cache.execution.lookup import release as release_lookups
@@ -153,6 +154,8 @@ class Engine:
             if result_memo_bytes else None  # fmt: skip
         self.on_decision: Callable[[Plan, Decision], None] | None = None
         self.privileges = ReadPrivileges(backend, privilege_seconds)
+        # more figures for `stats` from what serves the engine (the server's sessions ...)
+        self.stats_sources: list[Callable[[], list[Sample]]] = []
         self.owner_role = login_role(backend)  # the role of its backend DSN, which fills it
         self._regions: RegionState | None = None
         # the engine's DuckDB handle reads the regions for every session: one thread at a time
@@ -231,6 +234,14 @@ class Engine:
         with self._counters_lock:
             for name, value in amounts.items():
                 self._counters[name] += value
+
+    def stats(self, document: dict[str, t.Any]) -> list[Sample]:
+        """The cache's figures (`cache.engine.stats`): a status document's, and what serves
+        the engine adds."""
+        found = document_samples(document)
+        for source in list(self.stats_sources):
+            found += source()
+        return found
 
     def counters(self, store: CacheStore | None = None) -> dict[str, int]:
         """Hits, misses, remote answers and memo use: the file's totals so far (read through

@@ -15,6 +15,7 @@ import typing as t
 from cache.backend.oids import OID
 from cache.engine.result import Result
 from cache.engine.route import Explain, Inspection, Route, SessionSetting
+from cache.engine.stats import Sample
 from cache.execution.provenance import Provenance
 from optimizer.plan import Plan
 from sql_ext.nodes import format_duration
@@ -34,6 +35,8 @@ CACHED_VIEWS: Columns = (
 )  # fmt: skip
 
 CACHE_STATUS: Columns = (("name", OID.text), ("value", OID.text))
+CACHE_STATS: Columns = (("name", OID.text), ("labels", OID.text), ("value", OID.float8),
+                        ("kind", OID.text))  # fmt: skip
 
 
 EXPLAIN: Columns = (("QUERY PLAN", OID.text),)
@@ -45,7 +48,7 @@ def result_columns(route: Route) -> Columns | None:
     rows. Not for cached reads (their columns are the backend's description of the query)."""
     if isinstance(route, Inspection):
         return {"last statement": LAST_STATEMENT, "cached views": CACHED_VIEWS,
-                "cache status": CACHE_STATUS}[route.what]  # fmt: skip
+                "cache status": CACHE_STATUS, "cache stats": CACHE_STATS}[route.what]  # fmt: skip
     if isinstance(route, Explain):
         return EXPLAIN
     if isinstance(route, SessionSetting) and route.action == "show":
@@ -109,6 +112,13 @@ def cache_status(document: dict[str, t.Any]) -> Result:
     program rebuilds the document from the rows: `status_document`)."""
     rows = [(name, _json(value)) for name, value in document.items()]
     return rows_of(CACHE_STATUS, rows, "SHOW")
+
+
+def cache_stats(samples: t.Iterable[Sample]) -> Result:
+    """SHOW CACHE STATS: a row per sample (`cache.engine.stats`): its name, its labels as a
+    JSON object, its value and kind, as the server's Prometheus endpoint gives them."""
+    rows = [(s.name, _json(dict(s.labels)), s.value, s.kind) for s in samples]
+    return rows_of(CACHE_STATS, rows, "SHOW")
 
 
 def status_document(rows: t.Iterable[tuple[str, str]]) -> dict[str, t.Any]:

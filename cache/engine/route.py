@@ -11,7 +11,7 @@
 * `TimelineBracket`: BEGIN / END TIMEORDERED (§2.3);
 * `SessionSetting`: SET / RESET / SHOW of the cache's session settings (``mtcache.name``;
   CURRENCY BOUND is ``mtcache.currency_bound``);
-* `Inspection`: EXPLAIN LAST STATEMENT, SHOW CACHED VIEWS, SHOW CACHE STATUS;
+* `Inspection`: EXPLAIN LAST STATEMENT, SHOW CACHED VIEWS, SHOW CACHE STATUS, SHOW CACHE STATS;
 * `Refresh`: REFRESH CACHED VIEW(S).
 
 With a session currency bound every query is read as carrying clauses, so a plain query takes
@@ -120,7 +120,7 @@ class SessionSetting:
 
 @dataclass(frozen=True)
 class Inspection:
-    what: t.Literal["last statement", "cached views", "cache status"]
+    what: t.Literal["last statement", "cached views", "cache status", "cache stats"]
 
 
 @dataclass(frozen=True)

@@ -585,6 +585,8 @@ class Session:
         document = self.admin.status()
         if route.what == "cached views":
             return inspect.cached_views(document, self._zone().info)
+        if route.what == "cache stats":
+            return inspect.cache_stats(self.engine.stats(document))
         return inspect.cache_status(document)
 
     def last_provenance(self) -> Provenance:

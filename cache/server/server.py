@@ -54,12 +54,15 @@ from psycopg import pq
 from cache.backend.describe import describe_statement
 from cache.backend.pool import pooled
 from cache.backend.reflect import redact
+from cache.engine.admin import Admin
 from cache.engine.engine import Engine, SessionOptions
 from cache.engine.session import Session
+from cache.engine.stats import Sample
 from cache.server import protocol, relay, values
 from cache.server.auth import AUTH_SECONDS, LOOPBACK_TRUST, Login, LoginRefused, Rules
 from cache.server.client import Conversation, Description, Passing, RawRun, Statement
 from cache.server.limits import TICK_SECONDS, Admission, Limits
+from cache.server.metrics import MetricsEndpoint, server_samples
 from cache.server.protocol import ProtocolViolation
 from cache.server.relay import BackendRefused, diagnostic_message, fields_of
 from sql_ext.errors import Error, ProgrammingError, diagnostics
@@ -89,11 +92,11 @@ _REPORTED = ("in_hot_standby", "integer_datetimes", "TimeZone", "IntervalStyle",
              "server_encoding", "search_path")  # fmt: skip
 
 
-def parse_listen(text: str) -> tuple[str, int]:
-    """HOST:PORT (an IPv6 host in brackets) of ``--listen``."""
+def parse_listen(text: str, option: str = "--listen") -> tuple[str, int]:
+    """HOST:PORT (an IPv6 host in brackets) of ``--listen`` (or ``option``)."""
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) < 65536 or not host:
-        raise ProgrammingError(f"--listen {text!r}: write HOST:PORT, e.g. {DEFAULT_LISTEN}")
+        raise ProgrammingError(f"{option} {text!r}: write HOST:PORT, e.g. {DEFAULT_LISTEN}")
     return host.strip("[]"), int(port)
 
 
@@ -113,6 +116,7 @@ class ServerOptions:
     currency_bound: float | None = None  # every session's default bound (None: strict)
     login: Login = field(default_factory=Login)  # who may connect, and how they prove it
     limits: Limits = field(default_factory=Limits)  # sessions at once, statements' time
+    metrics: str | None = None  # HOST:PORT of the Prometheus endpoint (`cache.server.metrics`)
     tls: ssl.SSLContext | None = None  # TLS offered to clients (SSLRequest answered "S")
 
 
@@ -159,6 +163,11 @@ class Server:
         self._stopping: asyncio.Event | None = None
         self.workers = ThreadPoolExecutor(WORKERS, thread_name_prefix="mtcache-session")
         self.admission = Admission(self.options.limits)
+        self._own_stats = functools.partial(server_samples, self)
+        engine.stats_sources.append(self._own_stats)  # (SHOW CACHE STATS over the wire too)
+        self.metrics: MetricsEndpoint | None = None
+        if self.options.metrics is not None:
+            self.metrics = _metrics_endpoint(self, self.options.metrics)
         self.defaults = _backend_defaults(engine.backend)
         self._describes: dict[tuple[str, tuple[int, ...], int], Description] = {}
         self.runs_at_once = 0  # prepared runs answered in one step (`ClientConnection._at_hand`)
@@ -231,6 +240,10 @@ class Server:
         while self._connections and loop.time() < end:  # sessions close in the workers
             await asyncio.sleep(0.02)
         await loop.run_in_executor(None, self.workers.shutdown)
+        if self.metrics is not None:
+            self.metrics.close()
+        with contextlib.suppress(ValueError):
+            self.engine.stats_sources.remove(self._own_stats)
         log.info("mtcache server stopped")
 
     def _tick(self) -> None:
@@ -242,6 +255,30 @@ class Server:
             client.check_time(now, limits)
         assert self.loop is not None
         self.loop.call_later(TICK_SECONDS, self._tick)
+
+    def stats(self) -> list[Sample]:
+        """The cache's figures and the server's (`cache.engine.stats`), read now through a
+        DuckDB handle of their own (the Prometheus endpoint's scrape)."""
+        engine = self.engine
+        store = engine.store.for_thread()
+        try:
+            document = Admin(store, lambda: engine.backend,
+                             counters=lambda: engine.counters(store)).status()  # fmt: skip
+        finally:
+            store.close()
+        return engine.stats(document)
+
+    def responsive(self, timeout: float) -> bool:
+        """Whether the event loop runs a callback within ``timeout`` seconds (from another
+        thread)."""
+        loop, answered = self.loop, threading.Event()
+        if loop is None or self._stop.is_set():
+            return False
+        try:
+            loop.call_soon_threadsafe(answered.set)
+        except RuntimeError:  # the loop has ended
+            return False
+        return answered.wait(timeout)
 
     def run(self, job: Callable[[], None]) -> None:
         """Run ``job`` on a worker thread (from the event loop)."""
@@ -1183,6 +1220,25 @@ class ClientConnection(asyncio.Protocol):
             os.close(fd)
 
 
+def metrics_address(address: str) -> tuple[str, int]:
+    """HOST:PORT of ``--metrics``, checked free (a bad or busy one: one clear error, before
+    anything starts)."""
+    host, port = parse_listen(address, "--metrics")
+    try:
+        socket.create_server((host, port), family=socket.AF_INET6 if ":" in host
+                             else socket.AF_INET).close()  # fmt: skip
+    except OSError as exc:
+        raise ProgrammingError(f"--metrics {address}: cannot listen there: {exc.strerror} (is "
+                               "another server using that port?)") from None  # fmt: skip
+    return host, port
+
+
+def _metrics_endpoint(server: Server, address: str) -> MetricsEndpoint:
+    """The Prometheus endpoint of ``--metrics HOST:PORT``."""
+    host, port = metrics_address(address)
+    return MetricsEndpoint(server, host, port)
+
+
 def _split_parameters(parameters: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
     """(settings of ours, parameters for the backend session): ``mtcache.*`` settings come as
     startup parameters or as ``-c mtcache.x=y`` in ``options``."""
@@ -1261,4 +1317,4 @@ def _int(text: str | None, default: int) -> int:
         return default
 
 
-__all__ = ["DEFAULT_LISTEN", "Server", "ServerOptions", "listen_socket"]
+__all__ = ["DEFAULT_LISTEN", "Server", "ServerOptions", "listen_socket", "metrics_address"]

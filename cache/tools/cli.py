@@ -447,7 +447,7 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
         tls_context,
     )
     from cache.server.limits import Limits
-    from cache.server.server import Server, ServerOptions, listen_socket
+    from cache.server.server import Server, ServerOptions, listen_socket, metrics_address
 
     if args.heartbeat is not None and not args.heartbeat > 0:
         raise ProgrammingError(f"--heartbeat must be a positive number of seconds, not "
@@ -463,6 +463,8 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
         raise ProgrammingError(f"{rules.source} has hostssl rules: give --tls-cert and "
                                "--tls-key")  # fmt: skip
     currency_bound = bound_seconds(args.currency_bound, "--currency-bound")
+    if args.metrics is not None:
+        metrics_address(args.metrics)  # (a bad or busy address fails now, in one line)
     limits = Limits(
         max_sessions=_positive(args.max_sessions, "--max-sessions"),
         max_sessions_per_role=_positive(args.max_sessions_per_role, "--max-sessions-per-role"),
@@ -488,7 +490,7 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     try:
         options = ServerOptions(listen=args.listen, grace_seconds=args.grace,
                                 currency_bound=currency_bound, login=login, limits=limits,
-                                tls=tls)  # fmt: skip
+                                tls=tls, metrics=args.metrics)  # fmt: skip
         server = Server(engine, options, sock)
         server.install_signals()
         dsn = psycopg.conninfo.conninfo_to_dict(engine.backend)
@@ -652,6 +654,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-cert", metavar="FILE",
                    help="the server's certificate (PEM, with its chain): clients may use TLS")
     p.add_argument("--tls-key", metavar="FILE", help="the certificate's private key (PEM)")
+    p.add_argument("--metrics", metavar="HOST:PORT",
+                   help="serve Prometheus metrics at http://HOST:PORT/metrics, with /livez "
+                   "and /readyz (default: none)")  # fmt: skip
     p.add_argument("--max-sessions", type=int, metavar="N",
                    help="client sessions at once (more are refused with 53300; default: none)")
     p.add_argument("--max-sessions-per-role", type=int, metavar="N",

@@ -1,0 +1,120 @@
+"""The server's Prometheus endpoint (``mtcache serve --metrics HOST:PORT``, prometheus_client):
+
+- ``/metrics``: the cache's figures (`cache.engine.stats`: table accesses local and remote,
+  guard failures by kind, the memo, each view's rows, regions, staleness and refresh delay d,
+  the stream's lag) with the server's (`server_samples`: sessions open and running,
+  statements by the path that answered them, the shared backend pool's use and waits), all
+  read when scraped, nothing counted for them on the hit path;
+- ``/livez``: 200 while the event loop answers within two seconds;
+- ``/readyz``: 200 while the server accepts sessions (a backend that is down does not make
+  it unready: the cache still answers what its guards allow).
+"""
+
+from __future__ import annotations
+
+import threading
+import typing as t
+from collections.abc import Callable, Iterable, Iterator
+from wsgiref.simple_server import make_server
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import ThreadingWSGIServer, WSGIRequestHandler, make_wsgi_app
+
+from cache.backend.pool import backend_pool
+from cache.engine.stats import Sample
+
+if t.TYPE_CHECKING:
+    from cache.server.server import Server
+
+LIVE_SECONDS = 2.0
+STATEMENTS = "statements the server answered, by the path that answered them"
+
+
+def server_samples(server: Server) -> list[Sample]:
+    """The server's own figures."""
+    paths = (("lane", server.lane_hits), ("at_hand", server.runs_at_once - server.lane_hits),
+             ("relayed_raw", server.relayed_raw),
+             ("relayed", server.relayed_at_once - server.relayed_raw))  # fmt: skip
+    found = [
+        Sample("mtcache_sessions", (), float(server.sessions()), "gauge",
+               "client sessions open"),
+        Sample("mtcache_sessions_running", (), float(server.running()), "gauge",
+               "client sessions answering a statement now"),
+        *(Sample("mtcache_server_statements_total", (("path", path),), float(count), "counter",
+                 STATEMENTS) for path, count in paths),
+    ]
+    pool = backend_pool(server.engine.backend).get_stats()
+    found += [
+        Sample("mtcache_backend_pool_connections", (), float(pool.get("pool_size", 0)),
+               "gauge", "connections of the shared backend pool"),
+        Sample("mtcache_backend_pool_available", (), float(pool.get("pool_available", 0)),
+               "gauge", "idle connections of the shared backend pool"),
+        Sample("mtcache_backend_pool_waiting", (), float(pool.get("requests_waiting", 0)),
+               "gauge", "requests waiting for a connection of the shared backend pool"),
+        Sample("mtcache_backend_pool_waits_total", (), float(pool.get("requests_queued", 0)),
+               "counter", "requests that had to wait for a pooled backend connection"),
+    ]
+    return found
+
+
+class _Collector:
+    """The samples, as Prometheus's metric families, made at each scrape."""
+
+    def __init__(self, samples: Callable[[], list[Sample]]) -> None:
+        self._samples = samples
+
+    def collect(self) -> Iterator[Metric]:
+        families: dict[str, Metric] = {}
+        for sample in self._samples():
+            family = families.get(sample.name)
+            if family is None:
+                kind = CounterMetricFamily if sample.kind == "counter" else GaugeMetricFamily
+                name = sample.name.removesuffix("_total") if sample.kind == "counter" \
+                    else sample.name  # fmt: skip
+                family = families[sample.name] = kind(
+                    name, sample.help, labels=[k for k, _ in sample.labels])
+            family.add_metric([v for _, v in sample.labels], sample.value)  # type: ignore[attr-defined]
+        yield from families.values()
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: t.Any) -> None:  # scrapes are not logged
+        pass
+
+
+class MetricsEndpoint:
+    """The HTTP endpoint of a server's metrics, served from a thread of its own."""
+
+    def __init__(self, server: Server, host: str, port: int) -> None:
+        self._server = server
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Collector(server.stats))  # type: ignore[arg-type]
+        self._metrics = make_wsgi_app(registry)
+        self._httpd = make_server(host, port, self._app, ThreadingWSGIServer, _Quiet)
+        self.address = self._httpd.server_address[:2]
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True,
+                                        name="mtcache-metrics")  # fmt: skip
+        self._thread.start()
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    def _app(self, environ: dict[str, t.Any],
+             respond: Callable[..., t.Any]) -> Iterable[bytes]:  # fmt: skip
+        path = environ.get("PATH_INFO", "")
+        if path == "/livez":
+            return _plain(respond, self._server.responsive(LIVE_SECONDS), "live")
+        if path == "/readyz":
+            return _plain(respond, not self._server.stopping, "ready")
+        return t.cast(Iterable[bytes], self._metrics(environ, respond))
+
+
+def _plain(respond: Callable[..., t.Any], ok: bool, what: str) -> list[bytes]:
+    respond("200 OK" if ok else "503 Service Unavailable",
+            [("Content-Type", "text/plain; charset=utf-8")])  # fmt: skip
+    return [f"{what}\n".encode() if ok else f"not {what}\n".encode()]
+
+
+__all__ = ["MetricsEndpoint", "server_samples"]

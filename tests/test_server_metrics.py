@@ -1,0 +1,99 @@
+"""The server's Prometheus endpoint scraped while a load runs: the cache's figures and the
+server's move with the load, each view's figures are the view's, /livez and /readyz answer,
+and SHOW CACHE STATS gives the same figures over SQL."""
+
+from __future__ import annotations
+
+import threading
+import urllib.request
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from cache.server.server import ServerOptions
+from tests.serving import Served, serving
+
+BOOKS = "SELECT isbn, title FROM books WHERE authorid = %s CURRENCY BOUND 10 MIN"
+
+
+@pytest.fixture(scope="module")
+def served(bookstore_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    with serving(bookstore_dsn, tmp_path_factory.mktemp("metrics") / "cache.duckdb", (1, 2),
+                 ServerOptions(metrics="127.0.0.1:0")) as found:  # fmt: skip
+        yield found
+
+
+def url(served: Served, path: str) -> str:
+    assert served.server.metrics is not None
+    host, port = served.server.metrics.address
+    return f"http://{host}:{port}{path}"
+
+
+def scrape(served: Served) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    with urllib.request.urlopen(url(served, "/metrics"), timeout=60) as answer:
+        text = answer.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_metrics_scraped_while_a_load_runs(served: Served) -> None:
+    stop, errors = threading.Event(), []
+    running = threading.Barrier(3)
+
+    def load() -> None:
+        try:
+            with psycopg.connect(served.dsn, autocommit=True) as conn:
+                running.wait(60)
+                while not stop.is_set():
+                    conn.execute(BOOKS, [1]).fetchall()
+        except Exception as exc:  # (reported below)
+            errors.append(exc)
+
+    clients = [threading.Thread(target=load) for _ in range(2)]
+    for client in clients:
+        client.start()
+    try:
+        running.wait(60)
+        first = scrape(served)
+        local = ("mtcache_accesses_total", (("outcome", "local"),))
+        while scrape(served)[local] <= first[local] + 10 and not errors:
+            pass  # (the load goes on: the counter must move between scrapes)
+        during = scrape(served)
+    finally:
+        stop.set()
+        for client in clients:
+            client.join(60)
+    assert not errors, errors
+    assert during[("mtcache_sessions", ())] >= 2
+    assert during[("mtcache_server_statements_total", (("path", "lane"),))] + \
+        during[("mtcache_server_statements_total", (("path", "at_hand"),))] > 0  # fmt: skip
+    with psycopg.connect(served.backend) as pg:
+        books = pg.execute("SELECT count(*) FROM books WHERE authorid IN (1, 2)").fetchone()
+    assert books is not None
+    assert during[("mtcache_view_rows", (("view", "bookcopy"),))] == books[0]
+    assert during[("mtcache_view_regions", (("view", "authorcopy"),))] == 2
+    assert during[("mtcache_view_staleness_seconds", (("view", "authorcopy"),))] >= 0
+
+
+def test_liveness_and_readiness(served: Served) -> None:
+    for path, said in (("/livez", b"live\n"), ("/readyz", b"ready\n")):
+        with urllib.request.urlopen(url(served, path), timeout=60) as answer:
+            assert (answer.status, answer.read()) == (200, said)
+
+
+def test_show_cache_stats_gives_the_same_figures(served: Served) -> None:
+    with psycopg.connect(served.dsn, autocommit=True) as conn:
+        cur = conn.execute("SHOW CACHE STATS")
+        assert [d.name for d in cur.description or []] == ["name", "labels", "value", "kind"]
+        rows = cur.fetchall()
+    names = {name for name, _, _, _ in rows}
+    scraped = {name for name, _ in scrape(served)}
+    assert names <= scraped | {n.removesuffix("_total") for n in names}
+    assert {"mtcache_accesses_total", "mtcache_sessions", "mtcache_view_rows"} <= names
+    kinds = {name: kind for name, _, _, kind in rows}
+    assert kinds["mtcache_accesses_total"] == "counter" and kinds["mtcache_sessions"] == "gauge"
+    assert all(isinstance(value, float) for _, _, value, _ in rows)
+
+
