@@ -14,6 +14,7 @@ import psycopg
 import pytest
 
 import cache
+from cache.engine.route import may_change_role
 from tests.answers import typed
 from tests.serving import Served, serving
 
@@ -136,3 +137,13 @@ def test_cache_connect_through_the_server_is_checked_alike(served: Served) -> No
         with pytest.raises(cache.ProgrammingError) as raised:
             conn.cursor().execute(PLAIN, [1])
         assert getattr(raised.value, "sqlstate", None) == "42501"
+
+
+@pytest.mark.parametrize("sql, changes", [
+    ("SET ROLE priv_none", True), ("reset role", True), ("RESET ALL", True),
+    ("SET SESSION AUTHORIZATION priv_none", True), ("DISCARD ALL", True),
+    ("SELECT set_config('role', 'priv_none', false)", True),
+    ("SELECT 1", False), ("UPDATE books SET price = 1", False),
+])
+def test_statements_that_may_change_the_role_are_recognized(sql: str, changes: bool) -> None:
+    assert may_change_role(sql) is changes

@@ -21,6 +21,7 @@ the cache's path too.
 from __future__ import annotations
 
 import functools
+import re
 import threading
 import typing as t
 from collections import OrderedDict
@@ -56,6 +57,15 @@ _READ_ONLY_WORDS = frozenset({
     "UNLISTEN", "NOTIFY", "DISCARD", "DEALLOCATE",
 })  # fmt: skip
 _WRITES = (exp.Insert, exp.Update, exp.Delete, exp.Merge)
+# words of a statement that may change the role the backend checks reads as (SET ROLE, SET
+# SESSION AUTHORIZATION, RESET ALL, DISCARD ALL, set_config('role', ...)), over-approximately
+_MAY_CHANGE_ROLE = re.compile(r"role|authorization|set_config|reset|discard", re.IGNORECASE)
+
+
+def may_change_role(sql: str) -> bool:
+    """Whether a statement passed to the backend may change the session's role
+    (`cache.engine.privileges`: its current_user is then asked again)."""
+    return _MAY_CHANGE_ROLE.search(sql) is not None
 
 
 @dataclass(frozen=True)
@@ -79,6 +89,10 @@ class Passthrough:
     def executed(self) -> Executed:
         return Executed(self.sql)
 
+    @functools.cached_property
+    def may_change_role(self) -> bool:
+        return may_change_role(self.sql)
+
 
 @dataclass(frozen=True)
 class Write:
@@ -89,6 +103,10 @@ class Write:
     @functools.cached_property
     def executed(self) -> Executed:
         return Executed(self.sql)
+
+    @functools.cached_property
+    def may_change_role(self) -> bool:
+        return may_change_role(self.sql)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,6 @@ import datetime as dt
 import functools
 import json
 import math
-import re
 import threading
 import time
 import typing as t
@@ -100,9 +99,6 @@ from sql_ext.quoting import folded
 # how many times a query decides again when the cache file changed under its guards before
 # the backend answers it
 GUARD_ATTEMPTS = 3
-# words of a statement that may change the role the backend checks reads as (SET ROLE, SET
-# SESSION AUTHORIZATION, RESET ALL, DISCARD ALL, set_config('role', ...)): then asked again
-_MAY_CHANGE_ROLE = re.compile(r"role|authorization|set_config|reset|discard", re.IGNORECASE)
 
 
 # the public methods' edge (cache.engine.boundary), naming this cache file
@@ -774,7 +770,7 @@ class Session:
             self._last = NO_PROVENANCE
         if route.changes_catalog:
             self.planner.catalog_changed()
-        if _MAY_CHANGE_ROLE.search(route.sql):
+        if route.may_change_role:
             self._role = None  # (`_reader` asks the backend)
         state = self.state
         if isinstance(route, Write):
