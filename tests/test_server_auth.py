@@ -28,6 +28,7 @@ import trustme
 from cache.backend.embedded_pg import EmbeddedPostgres
 from cache.server import protocol
 from cache.server.auth import (
+    AuthFile,
     AuthQuery,
     Login,
     LoginRefused,
@@ -436,3 +437,34 @@ def _written(home: Path, text: str) -> Path:
     path = home / "written.conf"
     path.write_text(text + "\n")
     return path
+
+
+def test_an_auth_file_of_verifiers_serves_as_the_backends(
+        bookstore_dsn: str, roles: None, certificates: dict[str, Path],
+        tmp_path: Path) -> None:  # fmt: skip
+    with psycopg.connect(bookstore_dsn) as pg:
+        secret = pg.execute("SELECT rolpassword FROM pg_authid WHERE rolname = 'auth_alice'"
+                            ).fetchone()[0]  # fmt: skip
+    listed = tmp_path / "userlist.txt"
+    listed.write_text(f'; verifiers as pg_authid holds them\n"auth_alice" "{secret}"\n')
+    context, binding = tls_context(certificates["cert"], certificates["key"])
+    login = Login(Rules.parse(RULES, "the tests' rules"), AuthFile(listed), binding)
+    with serving(bookstore_dsn, tmp_path / "cache.duckdb", (1,),
+                 ServerOptions(login=login, tls=context)) as served:  # fmt: skip
+        with psycopg.connect(conninfo(served, certificates, "auth_alice",
+                                      password=ROLES["auth_alice"])) as conn:  # fmt: skip
+            assert conn.execute("SELECT current_user").fetchone() == ("auth_alice",)
+        with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+            psycopg.connect(conninfo(served, certificates, "auth_carol",
+                                     password=ROLES["auth_carol"]))  # (not in the file)
+
+
+@pytest.mark.parametrize("text, why", [
+    ('"auth_alice" "md5abcdef"\n', "has no SCRAM-SHA-256 verifier"),
+    ("auth_alice SCRAM-SHA-256$1:x$y:z\n", 'write "role" "SCRAM-SHA-256$..."'),
+])
+def test_an_auth_file_that_cannot_serve_is_refused(tmp_path: Path, text: str, why: str) -> None:
+    listed = tmp_path / "userlist.txt"
+    listed.write_text(text)
+    with pytest.raises(ProgrammingError, match=re.escape(why)):
+        AuthFile(listed)
