@@ -22,13 +22,29 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import ThreadingWSGIServer, WSGIRequestHandler, make_wsgi_app
 
 from cache.backend.pool import backend_pool
+from cache.engine.engine import Engine
 from cache.engine.stats import Sample
-
-if t.TYPE_CHECKING:
-    from cache.server.server import Server
 
 LIVE_SECONDS = 2.0
 STATEMENTS = "statements the server answered, by the path that answered them"
+
+
+class Server(t.Protocol):
+    """What the endpoint reads of the server (`cache.server.server.Server`)."""
+
+    engine: Engine
+    lane_hits: int
+    runs_at_once: int
+    relayed_at_once: int
+    relayed_raw: int
+
+    def sessions(self) -> int: ...
+    def running(self) -> int: ...
+    def stats(self) -> list[Sample]: ...
+    def responsive(self, timeout: float) -> bool: ...
+
+    @property
+    def stopping(self) -> bool: ...
 
 
 def server_samples(server: Server) -> list[Sample]:
