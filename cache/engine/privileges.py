@@ -76,6 +76,10 @@ class ReadPrivileges:
             raise WouldWait("what the role may read is asked of the backend")
         with self._lock:
             known = self._known.get(role)
+            if known is not None and time.monotonic() < known[0] \
+                    and names.issubset(known[1].keys()):  # fmt: skip
+                readable = known[1]  # (another session asked meanwhile)
+                return known[0] if all(readable[n] for n in names) else None
             asked = names | (known[1].keys() if known is not None else frozenset())
             try:
                 with pooled(self.backend) as conn:
