@@ -19,6 +19,7 @@ import getpass
 import os
 import threading
 import time
+import typing as t
 from collections.abc import Iterable
 
 import psycopg
@@ -64,22 +65,17 @@ class ReadPrivileges:
         it may not (the backend answers). ``wait=False``: `WouldWait` when the backend must be
         asked; ``last_known``: the last answer, however old (the backend is unreachable)."""
         names = relations if isinstance(relations, frozenset) else frozenset(relations)
-        known = self._known.get(role)
-        now = time.monotonic()
-        if known is not None and (last_known or now < known[0]):
-            readable = known[1]
-            if names.issubset(readable.keys()):
-                return known[0] if all(readable[n] for n in names) else None
-        if last_known:
-            return None
+        found = self._answer(role, names, last_known)
+        if found is not False or last_known:
+            return found or None
         if not wait:
             raise WouldWait("what the role may read is asked of the backend")
         with self._lock:
+            found = self._answer(role, names)  # (another session may have asked meanwhile)
+            if found is not False:
+                return found
             known = self._known.get(role)
-            if known is not None and time.monotonic() < known[0] \
-                    and names.issubset(known[1].keys()):  # fmt: skip
-                readable = known[1]  # (another session asked meanwhile)
-                return known[0] if all(readable[n] for n in names) else None
+            now = time.monotonic()
             asked = names | (known[1].keys() if known is not None else frozenset())
             try:
                 with pooled(self.backend) as conn:
@@ -90,6 +86,18 @@ class ReadPrivileges:
             readable = {str(n): bool(r) for n, r in rows}
             self._known[role] = (until, readable)
         return until if all(readable.get(n, False) for n in names) else None
+
+    def _answer(self, role: str, names: frozenset[str],
+                last_known: bool = False) -> float | t.Literal[False] | None:  # fmt: skip
+        """`holds_until` from what is known (as old as it may be with ``last_known``);
+        False: the backend must be asked."""
+        known = self._known.get(role)
+        if known is None or not (last_known or time.monotonic() < known[0]):
+            return False
+        until, readable = known
+        if not names.issubset(readable.keys()):
+            return False
+        return until if all(readable[n] for n in names) else None
 
 
 __all__ = ["PRIVILEGE_SECONDS", "ReadPrivileges", "login_role"]

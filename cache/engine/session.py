@@ -158,7 +158,8 @@ class Session:
         self._credentials = dict(backend_credentials or {})
         # the role the backend checks the session's reads as (None: asked at the next local
         # read, after a statement that may have changed it: `_reader`)
-        self._role: str | None = self._parameters.get("user") or engine.owner_role
+        self._login = self._parameters.get("user") or engine.owner_role  # (its backend user)
+        self._role: str | None = self._login
         self.counters = dict.fromkeys(COUNTERS, 0)  # this session's, until it closes
         self.phases: Phases | None = None  # set to time each statement's phases
         self.closed = True  # until everything below is open
@@ -718,7 +719,7 @@ class Session:
                 return privileges.holds_until(reader, relations, wait) if reader else None
             except BackendUnavailableError:
                 pass  # (as last known)
-        role = self._role or self._parameters.get("user") or owner
+        role = self._role or self._login
         if role == owner and not privileges.knows(role):
             return math.inf  # (the cache's own role, never asked in this process: as before)
         return privileges.holds_until(role, relations, last_known=True)
@@ -733,7 +734,7 @@ class Session:
             return role
         pg = self._pg
         if pg is None or self.lost_backend:
-            return self._parameters.get("user") or self.engine.owner_role
+            return self._login
         if not wait:
             raise WouldWait("the session's role is asked of the backend")
         try:
