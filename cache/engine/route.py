@@ -68,6 +68,36 @@ def may_change_role(sql: str) -> bool:
     return _MAY_CHANGE_ROLE.search(sql) is not None
 
 
+# what a statement may leave in the backend session that a pooled connection cannot carry to
+# another (`cache.backend.session_pool`): the session is pinned to its connection
+_PINS = [(re.compile(pattern, re.IGNORECASE), why) for pattern, why in (
+    (r"\b(TEMP|TEMPORARY)\s+(TABLE|SEQUENCE|VIEW|RECURSIVE\s+VIEW)\b", "a temporary relation"),
+    (r"\bINTO\s+(TEMP|TEMPORARY|UNLOGGED\s+TEMP)\b", "a temporary relation"),
+    (r"\bpg_temp\b", "a temporary object"),
+    (r"^\s*LISTEN\b", "LISTEN"),
+    (r"\bpg_(try_)?advisory_lock", "a session advisory lock"),
+    (r"\bWITH\s+HOLD\b", "a WITH HOLD cursor"),
+    (r"^\s*PREPARE\b", "a prepared statement (PREPARE)"),
+    (r"^\s*LOAD\b", "a loaded library"),
+    (r"^\s*(SET|RESET)\s+(SESSION\s+|LOCAL\s+)?(ROLE|SESSION\s+AUTHORIZATION)\b",
+     "a role change"),
+    (r"set_config\s*\(\s*'(role|session_authorization)'", "a role change"),
+)]  # fmt: skip
+# statements that may change a session-level setting a pooled connection must carry over
+_SETTING = re.compile(r"^\s*(SET|RESET|DISCARD)\b|set_config", re.IGNORECASE)
+# statements after which the backend session holds none of the server's prepared statements
+_UNPREPARES = re.compile(r"^\s*(DEALLOCATE|DISCARD)\b", re.IGNORECASE)
+
+
+def pins(sql: str) -> str | None:
+    """What a statement leaves in the backend session that pins a pooled session to its
+    connection (None: nothing)."""
+    for pattern, why in _PINS:
+        if pattern.search(sql) is not None:
+            return why
+    return None
+
+
 @dataclass(frozen=True)
 class CachedRead:
     query: Query
@@ -93,6 +123,18 @@ class Passthrough:
     def may_change_role(self) -> bool:
         return may_change_role(self.sql)
 
+    @functools.cached_property
+    def pins(self) -> str | None:
+        return pins(self.sql)
+
+    @functools.cached_property
+    def may_change_settings(self) -> bool:
+        return _SETTING.search(self.sql) is not None
+
+    @functools.cached_property
+    def unprepares(self) -> bool:
+        return _UNPREPARES.search(self.sql) is not None
+
 
 @dataclass(frozen=True)
 class Write:
@@ -107,6 +149,18 @@ class Write:
     @functools.cached_property
     def may_change_role(self) -> bool:
         return may_change_role(self.sql)
+
+    @functools.cached_property
+    def pins(self) -> str | None:
+        return pins(self.sql)
+
+    @functools.cached_property
+    def may_change_settings(self) -> bool:
+        return _SETTING.search(self.sql) is not None
+
+    @functools.cached_property
+    def unprepares(self) -> bool:
+        return _UNPREPARES.search(self.sql) is not None
 
 
 @dataclass(frozen=True)

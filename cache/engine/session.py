@@ -28,6 +28,7 @@ import math
 import threading
 import time
 import typing as t
+from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -45,6 +46,7 @@ from cache.backend.reflect import (
     existing_relations,
     temporary_relations,
 )
+from cache.backend.session_pool import Pooled, PoolKey, SessionPool
 from cache.engine import inspect
 from cache.engine.admin import Admin
 from cache.engine.boundary import public
@@ -114,13 +116,16 @@ class Session:
     def __init__(self, engine: Engine, options: SessionOptions | None = None, *,
                  backend_parameters: t.Mapping[str, str] | None = None,
                  backend_credentials: t.Mapping[str, str] | None = None,
-                 connect: bool = True, time_zone: str | None = None) -> None:  # fmt: skip
+                 connect: bool = True, time_zone: str | None = None,
+                 pool: SessionPool | None = None) -> None:  # fmt: skip
         """``backend_parameters``: the backend session's startup parameters (user,
         application_name, options, settings such as DateStyle); ``backend_credentials``: what
         logs it in as that user (libpq's password or SCRAM keys: secret, never shown);
         ``connect``: open the backend
         connection now (else when a statement first needs it); ``time_zone``: the TimeZone
-        the backend will report, for local answers given before it is connected."""
+        the backend will report, for local answers given before it is connected; ``pool``:
+        take the backend connection from this pool and give it back between transactions
+        (`release_backend`; `cache.backend.session_pool`)."""
         options = options or SessionOptions()
         self.engine = engine
         self.lock = threading.RLock()  # one call at a time (cache.engine.boundary)
@@ -150,11 +155,24 @@ class Session:
         self._pg: psycopg.Connection[t.Any] | None = None
         self._pg_cursor: psycopg.Cursor[t.Any] | None = None  # reused for backend statements
         self._pg_lost: psycopg.Connection[t.Any] | None = None  # `lose_backend`
+        # transaction pooling: the pool, the connection taken from it now, why the session
+        # keeps it until it ends (None: it gives it back between transactions), the
+        # session-level settings its backend session holds (replayed on the next connection),
+        # and whether a statement may have changed them since they were read
+        self._pool = pool
+        self._pooled: Pooled | None = None
+        self.pinned: str | None = None
+        self._settings: tuple[tuple[str, str], ...] = ()
+        self._settings_unknown = False
+        self._pg_lock = threading.Lock()  # `_pooled` against a cancel from another thread
+        self._notice_sink = lambda d: self._notices.append(d.message_primary or "")
         # statements the session ran on that connection itself (not its caller's, through
         # `backend_connection`): each may have taken the backend's unnamed statement
         self.backend_statements = 0
         self._last_zone = zone_named(time_zone) if time_zone else UTC  # `_zone`
         self._parameters = dict(backend_parameters or {})
+        self._pool_key = PoolKey(self._parameters.get("user") or engine.owner_role,
+                                 tuple(sorted(self._parameters.items())))  # fmt: skip
         self._credentials = dict(backend_credentials or {})
         # the role the backend checks the session's reads as (None: asked at the next local
         # read, after a statement that may have changed it: `_reader`)
@@ -773,6 +791,14 @@ class Session:
             self.planner.catalog_changed()
         if route.may_change_role:
             self._role = None  # (`_reader` asks the backend)
+        pooled = self._pooled
+        if pooled is not None:
+            if self.pinned is None and route.pins is not None:
+                self.pinned = route.pins
+            if route.may_change_settings:
+                self._settings_unknown = True
+            if route.unprepares:
+                pooled.prepared.clear()
         state = self.state
         if isinstance(route, Write):
             state.wrote(route.tables, wait)
@@ -808,6 +834,44 @@ class Session:
         return self._pg if not self.lost_backend else None
 
     @property
+    def pooled(self) -> bool:
+        """Whether the session takes its backend connection from a pool (`release_backend`)."""
+        return self._pool is not None
+
+    @property
+    def backend_prepared(self) -> OrderedDict[bytes, None] | None:
+        """The server's prepared statement names parsed on the pooled connection the session
+        holds, least recently used first (None: not pooled, or none held)."""
+        pooled = self._pooled
+        return pooled.prepared if pooled is not None else None
+
+    def release_backend(self) -> None:
+        """Give the pooled backend connection back when its session is idle (no transaction,
+        nothing running) and the session is not pinned to it: the client was sent
+        ReadyForQuery. The session-level settings a statement may have changed are read
+        first, for the next connection. Nothing happens to a session that is not pooled."""
+        pooled = self._pooled
+        if pooled is None or self.pinned is not None or self.lost_backend:
+            return
+        pg = pooled.conn
+        if pg.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+            return
+        if self._settings_unknown:
+            try:
+                self._settings = pooled.settings = _session_settings(pg)
+                self._ran_own()
+            except psycopg.Error:
+                self.pinned = "its settings could not be read"
+                return
+            self._settings_unknown = False
+        with self._pg_lock:
+            self._pooled = None
+            self._pg = None
+        self._let_go(pooled)
+        assert self._pool is not None
+        self._pool.release(pooled)
+
+    @property
     def lost_backend(self) -> bool:
         """Whether the session had a backend connection and lost it (until its next statement
         that needs the backend connects again)."""
@@ -837,8 +901,12 @@ class Session:
     def cancel_backend(self) -> None:
         """Cancel the session's backend statement, if one runs (the backend ignores a cancel
         that comes before its statement: `cancel`)."""
-        pg = self.backend_connection_if_open()
-        if pg is not None:
+        with self._pg_lock:  # (a pooled connection is not given back meanwhile)
+            pg = self.backend_connection_if_open()
+            if pg is None:
+                return
+            if self._pooled is not None:
+                self._pooled.cancelled = True  # (the cancel could reach another session's)
             with contextlib.suppress(psycopg.Error):
                 pg.pgconn.get_cancel().cancel()
 
@@ -846,8 +914,10 @@ class Session:
         """Interrupt the session's DuckDB statement, if one runs (DuckDB forgets an interrupt
         that comes before its statement starts: a canceller repeats it while the cancelled
         statement runs)."""
-        with contextlib.suppress(duckdb.Error):
-            self.store.con.interrupt()
+        con = self.store.con
+        if con is not None:  # (None: the session closed meanwhile)
+            with contextlib.suppress(duckdb.Error):
+                con.interrupt()
 
     # -- EXPLAIN ---------------------------------------------------------------------------------
 
@@ -999,20 +1069,56 @@ class Session:
     # -- the backend connection ------------------------------------------------------------------
 
     def _connect_backend(self) -> psycopg.Connection[t.Any]:
+        pool = self._pool
+        if pool is None:
+            pg = self._open_backend()
+            self._adopt(pg)
+            self._pg = pg
+            return pg
+        pooled = pool.acquire(self._pool_key, self._open_backend)
+        pg = pooled.conn
+        try:
+            if pooled.settings != self._settings:
+                _replay_settings(pg, pooled.settings, self._settings)
+                pooled.settings = self._settings
+            self._adopt(pg)
+        except psycopg.Error as exc:
+            pool.discard(pooled)
+            raise BackendUnavailableError(f"the backend connection failed: {exc}") from exc
+        self._ran_own()  # (its unnamed statement is not the one the session left elsewhere)
+        with self._pg_lock:
+            self._pooled = pooled
+            self._pg = pg
+        return pg
+
+    def _open_backend(self) -> psycopg.Connection[t.Any]:
         options: dict[str, object] = {"autocommit": self._autocommit}
         if self._context is not None:
             options["context"] = self._context
         options.update(connection_parameters(self._parameters))
         options.update(self._credentials)
-        pg = connect_backend(self.engine.backend, **options)
-        self._role = pg.info.user  # (a new backend session: its login role)
-        pg.add_notice_handler(lambda d: self._notices.append(d.message_primary or ""))
+        return connect_backend(self.engine.backend, **options)
+
+    def _adopt(self, pg: psycopg.Connection[t.Any]) -> None:
+        """The session's handlers and psycopg settings on the connection it now uses."""
+        self._role = pg.info.user  # (a new backend session, or a pooled one: its login role)
+        pg.add_notice_handler(self._notice_sink)
         for handler in self._notice_handlers:
             pg.add_notice_handler(handler)
+        if pg.autocommit != self._autocommit:
+            pg.autocommit = self._autocommit
         for name, value in self._pg_settings.items():
             setattr(pg, name, value)
-        self._pg = pg
-        return pg
+
+    def _let_go(self, pooled: Pooled) -> None:
+        """The session's handlers off a pooled connection it no longer uses."""
+        pg = pooled.conn
+        for handler in (self._notice_sink, *self._notice_handlers):
+            with contextlib.suppress(ValueError):
+                pg.remove_notice_handler(handler)
+        cursor, self._pg_cursor = self._pg_cursor, None
+        if cursor is not None:
+            cursor.close()
 
     def _backend_session(self) -> psycopg.Connection[t.Any]:
         """The session's backend connection for a statement of the session's own
@@ -1033,11 +1139,30 @@ class Session:
             return pg
         if pg is not None:
             self.state.settle()
-            if not pg.closed:  # (`lose_backend`)
+            pooled = self._pooled
+            if pooled is not None:
+                assert self._pool is not None
+                with self._pg_lock:
+                    self._pooled = None
+                    self._pg = None
+                self._pool.discard(pooled)
+            elif not pg.closed:  # (`lose_backend`)
                 pg.close()
         return self._connect_backend()
 
     def _close_backend(self) -> None:
+        pooled = self._pooled
+        if pooled is not None:  # given back if it can be, else closed (a pinned session's)
+            assert self._pool is not None
+            with self._pg_lock:
+                self._pooled = None
+                self._pg = None
+            self._let_go(pooled)
+            if self.pinned is not None or self._settings_unknown:
+                self._pool.discard(pooled)
+            else:
+                self._pool.release(pooled)
+            return
         if self._pg_cursor is not None:
             self._pg_cursor.close()
         if self._pg is not None:
@@ -1071,6 +1196,25 @@ class Session:
         phases = self.phases
         if phases is not None:
             phases.mark(phase)
+
+
+def _session_settings(pg: psycopg.Connection[t.Any]) -> tuple[tuple[str, str], ...]:
+    """The settings the backend session changed by SET (or set_config), as it holds them."""
+    with pg.cursor() as cur:
+        cur.execute("SELECT name, setting FROM pg_settings WHERE source = 'session' "
+                    "ORDER BY name")  # fmt: skip
+        return tuple((str(n), str(v)) for n, v in cur.fetchall())
+
+
+def _replay_settings(pg: psycopg.Connection[t.Any], held: tuple[tuple[str, str], ...],
+                     wanted: tuple[tuple[str, str], ...]) -> None:  # fmt: skip
+    """A pooled connection's settings (``held``) made the session's (``wanted``)."""
+    with pg.cursor() as cur:
+        if held:
+            cur.execute("RESET ALL")
+        if wanted:
+            cur.execute("SELECT " + ", ".join(["set_config(%s, %s, false)"] * len(wanted)),
+                        [v for pair in wanted for v in pair])  # fmt: skip
 
 
 def _copy_leaf(

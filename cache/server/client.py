@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import itertools
 import logging
 import typing as t
@@ -28,6 +29,7 @@ from psycopg import pq
 from psycopg.pq import ExecStatus
 
 from cache.backend.oids import OID
+from cache.backend.session_pool import PREPARED_LIMIT
 from cache.engine import inspect
 from cache.engine.lane import Lane
 from cache.engine.result import Result
@@ -284,6 +286,9 @@ class Conversation:
         statements so). False: nothing was done; `handle` it where waiting is allowed."""
         if not self._idle():
             return False
+        if isinstance(message, protocol.Sync) and self.session.pooled and \
+                self.session.backend_connection_if_open() is not None:  # fmt: skip
+            return False  # (a worker gives the connection back: that may ask the backend)
         if isinstance(message, protocol.Sync | protocol.Flush | protocol.Bind):
             return self.handle(message)
         if not isinstance(message, protocol.Describe | protocol.Execute | protocol.Close):
@@ -458,6 +463,8 @@ class Conversation:
         statement = self.statements.get(bind.statement)
         if statement is None or not statement.raw:
             return None
+        if self.session.pooled and self.session.pinned is None:
+            return None  # (its connection may be another session's by its next run)
         conn = self.session.backend_connection_if_open()
         if conn is None or not self._at_backend(statement) or self.portals or self._queue \
                 or self.ignoring or self.listening or self.needs_resync \
@@ -774,7 +781,17 @@ class Conversation:
             self._queue.append(_Ready(protocol.PARSE_COMPLETE))
             return
         backend_name = b""  # the backend's names are the server's (the engine names too)
-        if name:
+        if name and self.session.pooled:  # named by its text: pooled sessions share it
+            backend_name = _pooled_name(statement)
+            if self.session.backend_connection_if_open() is None \
+                    or self._at_backend(statement, backend_name):  # fmt: skip
+                # parsed at the backend when first used (`_ensure_at_backend`): a client that
+                # prepares synchronously for many sessions (pgbench's threads) waits for no
+                # pooled connection here while its other sessions hold them
+                statement.backend_name = backend_name
+                self._queue.append(_Ready(protocol.PARSE_COMPLETE))
+                return
+        elif name:
             self._names += 1
             backend_name = f"mtcache_{self._names}".encode()
         self._prepare_at_backend(statement, backend_name, protocol.PARSE_COMPLETE)
@@ -788,10 +805,19 @@ class Conversation:
             self._unnamed_owner = statement
             self._unnamed_at = self.session.backend_statements
         statement.backend_name = backend_name
+        prepared = self.session.backend_prepared
+        if prepared is not None and backend_name:  # (a pooled connection's: oldest closed)
+            prepared[backend_name] = None
+            while len(prepared) > PREPARED_LIMIT:
+                oldest, _ = prepared.popitem(last=False)
+                pgconn.send_close_prepared(oldest)
+                self._discard_result(pgconn)
         pgconn.send_prepare(backend_name, statement.sql, statement.param_types or None)
 
         def failed() -> None:
             statement.backend_name = None
+            if prepared is not None:
+                prepared.pop(backend_name, None)
 
         self._expect_command(pgconn, lambda _: self.out(answer), failed)
 
@@ -1031,8 +1057,8 @@ class Conversation:
     def _close_at_backend(self, statement: Statement) -> None:
         name = statement.backend_name
         statement.backend_name = None
-        if not name:
-            return
+        if not name or self.session.pooled:
+            return  # (a pooled connection's are shared: the oldest are closed, `_prepare_...`)
         pgconn = self._piped_backend()
         pgconn.send_close_prepared(name)
         self._discard_result(pgconn)
@@ -1040,15 +1066,25 @@ class Conversation:
     def _ensure_at_backend(self, statement: Statement) -> None:
         """Parse the statement at the backend again if its unnamed statement was replaced."""
         if not self._at_backend(statement):
-            self._prepare_at_backend(statement, b"")
+            self._prepare_at_backend(statement, statement.backend_name or b"")
 
-    def _at_backend(self, statement: Statement) -> bool:
-        """Whether the backend holds the statement parsed (its unnamed statement may have
-        been replaced since)."""
-        name = statement.backend_name
-        return name is not None and (name != b"" or (
-            self._unnamed_owner is statement
-            and self._unnamed_at == self.session.backend_statements))  # (the engine's took it)
+    def _at_backend(self, statement: Statement, name: bytes | None = None) -> bool:
+        """Whether the backend holds the statement parsed (under ``name``, else its own): its
+        unnamed statement may have been replaced since, and a pooled connection may be
+        another than the one it was parsed on."""
+        name = statement.backend_name if name is None else name
+        if name is None:
+            return False
+        if name == b"":
+            return self._unnamed_owner is statement and \
+                self._unnamed_at == self.session.backend_statements  # (the engine's took it)
+        prepared = self.session.backend_prepared
+        if prepared is None:
+            return not self.session.pooled  # (a session's own connection holds its own)
+        if name not in prepared:
+            return False
+        prepared.move_to_end(name)
+        return True
 
     def _sync(self) -> None:
         if self._piped:
@@ -1276,6 +1312,8 @@ class Conversation:
             self._read_output_settings(status)
         self._noticed.clear()
         self.out(protocol.ready_for_query(_STATUS.get(status, b"I")))
+        if status == pq.TransactionStatus.IDLE and not self._piped and not self._queue:
+            self.session.release_backend()  # (transaction pooling: between transactions)
 
     def _parameter_changes(self) -> None:
         """ParameterStatus for every reported setting the backend session changed (SET
@@ -1497,6 +1535,13 @@ def _then(then: _Described, found: Description) -> bool:
 
 def _formats(result: pq.abc.PGresult) -> list[int]:
     return [result.fformat(i) for i in range(result.nfields)]
+
+
+def _pooled_name(statement: Statement) -> bytes:
+    """A named statement's name on pooled connections: its text's and parameter types'."""
+    digest = hashlib.blake2b(statement.sql, digest_size=12)
+    digest.update(b"".join(oid.to_bytes(4, "big") for oid in statement.param_types))
+    return b"mtcache_" + digest.hexdigest().encode()
 
 
 def _name(name: bytes) -> str:

@@ -22,6 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import ThreadingWSGIServer, WSGIRequestHandler, make_wsgi_app
 
 from cache.backend.pool import backend_pool
+from cache.backend.session_pool import SessionPool
 from cache.engine.engine import Engine
 from cache.engine.stats import Sample
 
@@ -37,6 +38,7 @@ class Server(t.Protocol):
     runs_at_once: int
     relayed_at_once: int
     relayed_raw: int
+    pool: SessionPool | None
 
     def sessions(self) -> int: ...
     def running(self) -> int: ...
@@ -71,6 +73,26 @@ def server_samples(server: Server) -> list[Sample]:
         Sample("mtcache_backend_pool_waits_total", (), float(pool.get("requests_queued", 0)),
                "counter", "requests that had to wait for a pooled backend connection"),
     ]
+    sessions = server.pool.stats() if server.pool is not None else None
+    if sessions is not None:
+        for role, count in sessions.open.items():
+            idle = sessions.idle.get(role, 0)
+            found += [Sample("mtcache_session_pool_connections",
+                             (("role", role), ("state", state)), float(n), "gauge",
+                             "backend connections of the session pool")
+                      for state, n in (("busy", count - idle), ("idle", idle))]  # fmt: skip
+        found += [
+            Sample("mtcache_session_pool_waiting", (), float(sessions.waiting), "gauge",
+                   "statements waiting for a connection of the session pool now"),
+            Sample("mtcache_session_pool_waits_total", (), float(sessions.waits), "counter",
+                   "statements that waited for a connection of the session pool"),
+            Sample("mtcache_session_pool_wait_seconds_total", (), sessions.wait_seconds,
+                   "counter", "time statements waited for a connection of the session pool"),
+            Sample("mtcache_session_pool_timeouts_total", (), float(sessions.timeouts),
+                   "counter", "statements that gave up waiting (53300)"),
+            Sample("mtcache_session_pool_acquired_total", (), float(sessions.acquired),
+                   "counter", "connections handed to sessions by the session pool"),
+        ]
     return found
 
 

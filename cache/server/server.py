@@ -54,6 +54,8 @@ from psycopg import pq
 from cache.backend.describe import describe_statement
 from cache.backend.pool import pooled
 from cache.backend.reflect import redact
+from cache.backend.session_pool import DEFAULT_TIMEOUT as POOL_TIMEOUT
+from cache.backend.session_pool import SessionPool
 from cache.engine.admin import Admin
 from cache.engine.engine import Engine, SessionOptions
 from cache.engine.session import Session
@@ -118,6 +120,10 @@ class ServerOptions:
     limits: Limits = field(default_factory=Limits)  # sessions at once, statements' time
     metrics: str | None = None  # HOST:PORT of the Prometheus endpoint (`cache.server.metrics`)
     tls: ssl.SSLContext | None = None  # TLS offered to clients (SSLRequest answered "S")
+    # transaction pooling: backend connections per role shared by the sessions (0: each
+    # session has its own, as PostgreSQL's), and how long a statement waits for one
+    pool_size: int = 0
+    pool_timeout: float = POOL_TIMEOUT
 
 
 def listen_socket(listen: str, rules: Rules = LOOPBACK_TRUST) -> socket.socket:
@@ -163,6 +169,8 @@ class Server:
         self._stopping: asyncio.Event | None = None
         self.workers = ThreadPoolExecutor(WORKERS, thread_name_prefix="mtcache-session")
         self.admission = Admission(self.options.limits)
+        self.pool = SessionPool(self.options.pool_size, self.options.pool_timeout) \
+            if self.options.pool_size else None  # fmt: skip
         self._own_stats = functools.partial(server_samples, self)
         engine.stats_sources.append(self._own_stats)  # (SHOW CACHE STATS over the wire too)
         self.metrics: MetricsEndpoint | None = None
@@ -240,6 +248,8 @@ class Server:
         while self._connections and loop.time() < end:  # sessions close in the workers
             await asyncio.sleep(0.02)
         await loop.run_in_executor(None, self.workers.shutdown)
+        if self.pool is not None:
+            self.pool.close()
         if self.metrics is not None:
             self.metrics.close()
         with contextlib.suppress(ValueError):
@@ -626,6 +636,10 @@ class ClientConnection(asyncio.Protocol):
         if passing.waiting and self.loop is not None:
             self.loop.remove_writer(passing.fd)
         self._passing = None
+        if self.session is not None and self.session.pooled:
+            # its answer may have given the connection back to the pool (a COMMIT): the loop
+            # stops watching it now, before another session's run can watch the same socket
+            self._watch_backend()
         self._idle_since = time.monotonic()
         self._flush()
         with self._state:
@@ -991,7 +1005,7 @@ class ClientConnection(asyncio.Protocol):
                 backend_parameters.setdefault(name, value)  # (the client's own come first)
             session = Session(server.engine, options, backend_parameters=backend_parameters,
                               backend_credentials=credentials, connect=connect,
-                              time_zone=defaults.get("TimeZone"))  # fmt: skip
+                              time_zone=defaults.get("TimeZone"), pool=server.pool)  # fmt: skip
             # the client's DEALLOCATE ALL / DISCARD ALL reach this connection past psycopg,
             # which must then hold no prepared statements of its own (it prepares what the
             # engine asks five times)
@@ -1015,6 +1029,7 @@ class ClientConnection(asyncio.Protocol):
         self.conversation = Conversation(session, self._write, settings, server.describe,
                                          self._next_message, reported)  # fmt: skip
         self._key = server.register(self)
+        session.release_backend()  # (pooled: until a statement needs it)
         out = [protocol.AUTHENTICATION_OK]
         if startup.version & 0xFFFF:
             out.append(protocol.negotiate_protocol_version(0, [

@@ -447,7 +447,13 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
         tls_context,
     )
     from cache.server.limits import Limits
-    from cache.server.server import Server, ServerOptions, listen_socket, metrics_address
+    from cache.server.server import (
+        POOL_TIMEOUT,
+        Server,
+        ServerOptions,
+        listen_socket,
+        metrics_address,
+    )
 
     if args.heartbeat is not None and not args.heartbeat > 0:
         raise ProgrammingError(f"--heartbeat must be a positive number of seconds, not "
@@ -471,6 +477,8 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
         statement_timeout=_duration(args.statement_timeout, "--statement-timeout"),
         idle_in_transaction_timeout=_duration(args.idle_in_transaction_timeout,
                                               "--idle-in-transaction-timeout"))  # fmt: skip
+    pool_size = _positive(args.pool_size, "--pool-size") or 0
+    pool_timeout = _duration(args.pool_timeout, "--pool-timeout") or POOL_TIMEOUT
     verifiers: AuthFile | AuthQuery | None = AuthFile(Path(args.auth_file)) \
         if args.auth_file else None  # fmt: skip
     _not_served(settings, "connect to it, or stop it first")
@@ -490,7 +498,8 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     try:
         options = ServerOptions(listen=args.listen, grace_seconds=args.grace,
                                 currency_bound=currency_bound, login=login, limits=limits,
-                                tls=tls, metrics=args.metrics)  # fmt: skip
+                                tls=tls, metrics=args.metrics, pool_size=pool_size,
+                                pool_timeout=pool_timeout)  # fmt: skip
         server = Server(engine, options, sock)
         server.install_signals()
         dsn = psycopg.conninfo.conninfo_to_dict(engine.backend)
@@ -667,6 +676,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--idle-in-transaction-timeout", metavar="DURATION",
                    help="a session idle inside a transaction block longer is ended (25P03), "
                    "e.g. '10 min'")  # fmt: skip
+    p.add_argument("--pool-size", type=int, metavar="N",
+                   help="transaction pooling: the sessions of a role share N backend "
+                   "connections, each held for a transaction or a statement outside one "
+                   "(default: each session has its own)")  # fmt: skip
+    p.add_argument("--pool-timeout", metavar="DURATION",
+                   help="with --pool-size, how long a statement waits for a free backend "
+                   "connection before it fails with 53300 (default '60 sec')")  # fmt: skip
     p.set_defaults(run=cmd_serve)
 
     p = commands.add_parser("stop", help="stop the embedded PostgreSQL")
