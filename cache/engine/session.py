@@ -65,7 +65,7 @@ from cache.engine.route import (
     TimelineBracket,
     Write,
 )
-from cache.engine.settings import SETTINGS, setting
+from cache.engine.settings import SETTINGS, CantChange, setting
 from cache.engine.state import SessionState
 from cache.execution.decisions import DecisionMemo, expiry
 from cache.execution.execute import (
@@ -137,9 +137,11 @@ class Session:
         self.admit_empty = False
         self.refresh_engine = "inline"
         self.spark_master: str | None = None
+        self.report_position = False  # a ParameterStatus mtcache.position after statements
+        self._seen_decision: Decision | None = None  # (`answered_from_lane`)
         # what RESET returns each setting to: its value when the session began
         self._setting_defaults = {s.attribute: getattr(self, s.attribute)
-                                  for s in SETTINGS.values()}  # fmt: skip
+                                  for s in SETTINGS.values() if s.writable}  # fmt: skip
         # where the last statement's rows came from (EXPLAIN LAST STATEMENT): the provenance
         # or how to make it, never the rows
         self._last: Provenance | t.Callable[[], Provenance] = NO_PROVENANCE
@@ -282,6 +284,7 @@ class Session:
             result.plan = prepared.plan
             result.set_provenance(lambda: Provenance.remote(self.planner.base_tables(query)))
             self.counters["remote"] += 1
+            self.state.saw_backend()
             return result
         except BackendUnavailableError as exc:
             return self._answer_without_backend(query, params, exc)
@@ -497,12 +500,13 @@ class Session:
         else:
             provenance = lambda: Provenance.of(decision)  # noqa: E731
         state = self.state
-        if state.timeline_active:
-            moments = [decision.now] if remote else []
-            stamps = [s[0] for b in bindings for _, s in b.regions if s[0] is not None]
-            if stamps:
-                moments.append(max(stamps))
-            if moments:
+        moments = [decision.now] if remote else []
+        stamps = [s[0] for b in bindings for _, s in b.regions if s[0] is not None]
+        if stamps:
+            moments.append(max(stamps))
+        if moments:
+            state.saw(max(moments))
+            if state.timeline_active:
                 state.read_at(max(moments))
         return Result(ran.rows, ran.description, types_of=described, plan=prepared.plan,
                       executed=ran.executed, provenance=provenance)  # fmt: skip
@@ -650,6 +654,9 @@ class Session:
         """Set a cache session setting from its text (None: back to the session's default);
         ``default``: also make it the value RESET returns to (a startup option)."""
         found = setting(name)
+        if not found.writable:
+            raise CantChange(f'parameter "{name}" cannot be changed: it is the session\'s own '
+                             "(SET mtcache.min_position gives another cache's position)")
         if value is None:
             chosen = self._setting_defaults[found.attribute]
         elif isinstance(value, str):
@@ -701,6 +708,12 @@ class Session:
         counters["hits"] += decision.local
         counters["memo_hits"] += 1
         self._last = lineage
+        if decision is not self._seen_decision:  # (a lane's decision: its data's moment, once)
+            self._seen_decision = decision
+            stamps = [s[0] for b in decision.bindings or () for _, s in b.regions
+                      if s[0] is not None]  # fmt: skip
+            if stamps:
+                self.state.saw(max(stamps))
 
     def _counted_local(self, decision: Decision, memo: bool | None) -> None:
         """The accesses a decision kept local, and whether the memo (or an index) answered
@@ -715,6 +728,7 @@ class Session:
         self._last = lambda: Provenance.remote(self.planner.base_tables(query))
         self.counters["remote"] += 1
         state = self.state
+        state.saw_backend()
         if state.timeline_active:
             state.read_at(state.now())
 
@@ -785,6 +799,7 @@ class Session:
             query = route.reads
             self._last = lambda: Provenance.remote(self.planner.base_tables(query))
             self.counters["remote"] += 1
+            self.state.saw_backend()
         else:
             self._last = NO_PROVENANCE
         if route.changes_catalog:
@@ -1049,6 +1064,24 @@ class Session:
     @property
     def timeline_floor(self) -> dt.datetime | None:
         return self.state.timeline_floor
+
+    # -- the freshness position (several caches in front of one backend) -------------------
+
+    @property
+    def position(self) -> dt.datetime | None:
+        """The newest backend moment the session has seen (`SessionState.position`): given
+        to another cache as ``min_position``, it never reads older data there."""
+        state = getattr(self, "state", None)  # (None while the session opens)
+        return state.position() if state is not None else None
+
+    @property
+    def min_position(self) -> dt.datetime | None:
+        state = getattr(self, "state", None)
+        return state.min_position if state is not None else None
+
+    @min_position.setter
+    def min_position(self, moment: dt.datetime | None) -> None:
+        self.state.require(moment)
 
     # -- closing ---------------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ and pass through to it.
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import typing as t
 from collections.abc import Callable
@@ -30,6 +31,7 @@ class Setting:
     read: Callable[[str, str], t.Any]  # (text, full name) -> the value
     show: Callable[[t.Any], str]
     help: str
+    writable: bool = True  # False: SHOW only
 
 
 def _flag(text: str, name: str) -> bool:
@@ -67,6 +69,25 @@ def _text_or_none(text: str, name: str) -> str | None:
     return text or None
 
 
+def _moment(text: str, name: str) -> dt.datetime | None:
+    """A backend moment with its time zone, as SHOW mtcache.position gives it (none: none)."""
+    word = text.strip()
+    if word.lower() in ("none", "default", ""):
+        return None
+    try:
+        moment = dt.datetime.fromisoformat(word)
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None:
+        raise ProgrammingError(f'parameter "{name}" takes a position as SHOW mtcache.position '
+                               f"gives it (a timestamp with its time zone), not {text!r}")
+    return moment.astimezone(dt.UTC)
+
+
+def _show_moment(value: dt.datetime | None) -> str:
+    return value.isoformat(timespec="microseconds") if value is not None else "none"
+
+
 def show_flag(value: bool) -> str:
     return "on" if value else "off"
 
@@ -93,6 +114,14 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             f"what REFRESH CACHED VIEW pulls with ({', '.join(ENGINES)})"),
     Setting("spark_master", "spark_master", _text_or_none, lambda v: v or "",
             "the Spark master REFRESH CACHED VIEW uses (empty: local[*])"),
+    Setting("position", "position", _moment, _show_moment,
+            "the newest backend moment the session has seen (its reads' data, its committed "
+            "writes): give it to another cache server as mtcache.min_position", writable=False),
+    Setting("min_position", "min_position", _moment, _show_moment,
+            "no read answers from data older than this position (from mtcache.position of "
+            "another cache server in front of the same backend)"),
+    Setting("report_position", "report_position", _flag, show_flag,
+            "a ParameterStatus mtcache.position after each statement that moved it"),
 )}  # fmt: skip
 
 
@@ -109,3 +138,7 @@ def setting(name: str) -> Setting:
 
 class UnknownSetting(ProgrammingError):
     sqlstate = "42704"  # undefined_object, as PostgreSQL says for an unknown parameter
+
+
+class CantChange(ProgrammingError):
+    sqlstate = "55P02"  # cant_change_runtime_param

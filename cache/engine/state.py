@@ -40,6 +40,12 @@ class SessionState:
         self.unknown_written_at: dt.datetime | None = None
         self.timeline_active = False
         self.timeline_floor: dt.datetime | None = None  # None: not inside TIMEORDERED
+        # the session's freshness position (`position`): the newest backend moment of the data
+        # its reads saw, the local time of its last remote read (on the backend's clock: plus
+        # the offset), and a position it presented from elsewhere, which no read goes below
+        self.seen_at: dt.datetime | None = None
+        self._remote_at: dt.datetime | None = None
+        self.min_position: dt.datetime | None = None
         self._guarded: Session | None = None  # what the guards see, until something changes
 
     # -- the backend clock ---------------------------------------------------------------------
@@ -166,6 +172,35 @@ class SessionState:
             self.timeline_floor = moment
             self._guarded = None
 
+    # -- the freshness position (several servers, one backend) -------------------------------
+
+    def saw(self, moment: dt.datetime) -> None:
+        """A read saw data as of ``moment`` (the backend's clock)."""
+        if self.seen_at is None or moment > self.seen_at:
+            self.seen_at = moment
+
+    def saw_backend(self) -> None:
+        """The backend answered a read just now (its moment is taken on the local clock: the
+        backend's is the clock's estimate of it, which errs late, when the position is asked)."""
+        self._remote_at = dt.datetime.now(dt.UTC)
+
+    def position(self) -> dt.datetime | None:
+        """The newest backend moment the session has seen: of the data it read, of its
+        committed writes, and any position it presented (None: nothing yet). Another cache
+        given it (`require`) never answers the session from older data."""
+        moments = [m for m in (self.seen_at, self.unknown_written_at, self.min_position,
+                               self.timeline_floor) if m is not None]  # fmt: skip
+        moments += self.written_at.values()
+        if self._remote_at is not None:
+            moments.append(self._remote_at + self._offset)
+        return max(moments, default=None)
+
+    def require(self, moment: dt.datetime | None) -> None:
+        """From now on no read answers from data older than ``moment`` (a position another
+        cache gave the session; None: no such floor)."""
+        self.min_position = moment
+        self._guarded = None
+
     # -- what one decision sees ----------------------------------------------------------------
 
     def guard_session(self, tables: Iterable[str], ignore_currency: bool = False) -> Session:
@@ -183,6 +218,9 @@ class SessionState:
             uncommitted |= frozenset(tables)
         written = dict(self.written_at)
         unknown = self.unknown_written_at
+        floor = self.min_position  # (as a write of every table then: nothing older is read)
+        if floor is not None and (unknown is None or unknown < floor):
+            unknown = floor
         if unknown is not None:
             for table in tables:
                 previous = written.get(table)

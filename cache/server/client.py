@@ -51,6 +51,7 @@ Description = tuple[tuple[int, ...], list[Field] | None]
 # pg_type.typlen of the types the cache's own results have (-1: variable length)
 _SIZES = {OID.bool: 1, OID.int8: 8, OID.float8: 8, OID.timestamptz: 8}
 _READY_IDLE = protocol.ready_for_query(b"I")
+_POSITION = "mtcache.position"  # reported with mtcache.report_position
 _ONE_SELECTED = protocol.select_complete(1) + _READY_IDLE
 # settings that shape PostgreSQL's text output without being reported in ParameterStatus
 _OUTPUT_SETTINGS = ("EXTRA_FLOAT_DIGITS", "BYTEA_OUTPUT", "RESET ALL", "DISCARD")
@@ -407,7 +408,8 @@ class Conversation:
         the server's event loop passes statements through so, with no hand-off to a worker.
         None: nothing was done (the run is answered message by message)."""
         if (bind.portal and bind.portal in self.portals) or self._queue or self.ignoring \
-                or self._piped or self._output_changed:  # fmt: skip
+                or self._piped or self._output_changed \
+                or self.session.report_position:  # fmt: skip
             return None
         statement = self.statements.get(bind.statement)
         if statement is None or not statement.passthrough or not statement.relayed_as_is \
@@ -463,7 +465,8 @@ class Conversation:
         statement = self.statements.get(bind.statement)
         if statement is None or not statement.raw:
             return None
-        if self.session.pooled and self.session.pinned is None:
+        if (self.session.pooled and self.session.pinned is None) or \
+                self.session.report_position:  # fmt: skip
             return None  # (its connection may be another session's by its next run)
         conn = self.session.backend_connection_if_open()
         if conn is None or not self._at_backend(statement) or self.portals or self._queue \
@@ -1311,9 +1314,20 @@ class Conversation:
         if self._output_changed:
             self._read_output_settings(status)
         self._noticed.clear()
+        if self.session.report_position:
+            self._report_position()
         self.out(protocol.ready_for_query(_STATUS.get(status, b"I")))
         if status == pq.TransactionStatus.IDLE and not self._piped and not self._queue:
             self.session.release_backend()  # (transaction pooling: between transactions)
+
+    def _report_position(self) -> None:
+        """ParameterStatus mtcache.position when the session's position moved (asked for
+        with mtcache.report_position): what a client gives another cache server as
+        mtcache.min_position."""
+        value = self.session.setting("mtcache.position")
+        if value != self.reported.get(_POSITION):
+            self.reported[_POSITION] = value
+            self.out(protocol.parameter_status(_POSITION, value))
 
     def _parameter_changes(self) -> None:
         """ParameterStatus for every reported setting the backend session changed (SET
