@@ -21,6 +21,15 @@ Faults: backend sessions terminated (the cache's included), the backend restarte
 cluster only: answers given while it was down are counted), refreshes failing at each fault
 point, refreshes killed at each fault point (the owner dies by SIGKILL there), the owner
 SIGKILLed at random moments and reopened, Spark tasks failing (raised and killed workers).
+
+Over the wire (``--wire``): the cache's process is `mtcache serve` (with transaction
+pooling), and the readers, the maintainer and a disconnecting client drive it through
+PostgreSQL's protocol (`cache.connect(server=...)`, psycopg). Its faults: the server SIGKILLed
+and started again, clients disconnecting mid-statement and mid-transaction, cancels (inside
+transactions too), backend sessions terminated, the backend restarted, and a faulty network
+between the server and the backend (`experiments.faulty_network`: delays, dropped and reset
+connections). Besides every answer and region, it checks that nothing of a transaction a
+client abandoned (by disconnecting or after a cancel) was ever committed.
 Prints the operations checked, faults injected and violations (0 is the only passing number);
 a seed reproduces the run's choices (thread timing still varies).
 """
@@ -29,14 +38,17 @@ from __future__ import annotations
 
 import argparse
 import collections
+import concurrent.futures
 import contextlib
 import dataclasses
 import datetime as dt
+import functools
 import json
 import os
 import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -57,6 +69,7 @@ from cache.maintenance import background, faults
 from cache.maintenance.engines import Engine
 from cache.maintenance.pipeline import Maintainer
 from experiments.chaos_check import Observation, Tick, Timeline, Unit, Verdict, check
+from experiments.faulty_network import FaultyNetwork
 from experiments.provenance import append_rows
 from sql_ext.quoting import ident
 
@@ -67,7 +80,8 @@ GROUPS = 4
 DATABASE = "mtcache_chaos"
 
 BACKEND_SCHEMA = f"""
-DROP TABLE IF EXISTS chaos_clock, chaos_log, entries, accounts;
+DROP TABLE IF EXISTS chaos_clock, chaos_log, entries, accounts, chaos_abandoned;
+CREATE TABLE chaos_abandoned (id bigint PRIMARY KEY);
 CREATE TABLE chaos_clock (id int PRIMARY KEY, tick bigint NOT NULL);
 INSERT INTO chaos_clock VALUES (1, 0);
 CREATE TABLE accounts (id int PRIMARY KEY, grp int NOT NULL, version bigint NOT NULL);
@@ -225,6 +239,7 @@ class Owner:
     journal: Journal
     spark: bool
     faults_done: dict[str, int]  # each fault point's turns, by the incarnations before this one
+    server: str | None = None  # over the wire: the cache server's HOST:PORT
     parent: int = field(default_factory=os.getppid)
     spark_ready: threading.Event = field(default_factory=threading.Event)  # its JVM is up
 
@@ -251,7 +266,8 @@ def reader(run: Owner, number: int) -> None:
     while run.running():
         try:
             if conn is None:  # a new session: the old one's writes are not its own
-                conn = cache.connect(run.dsn, run.cache_path, admit_on_miss=True)
+                conn = cache.connect(run.dsn, None if run.server else run.cache_path,
+                                     admit_on_miss=True, server=run.server)  # fmt: skip
                 own_tick, own_entries = None, 0
             shape = rng.choices(SHAPES, WEIGHTS)[0]
             if shape == "own_write" and number == 0:
@@ -285,6 +301,7 @@ def reader(run: Owner, number: int) -> None:
                 with contextlib.suppress(cache.Error):
                     conn.close()
                 conn = None
+            time.sleep(0.02)  # (a server starting again: not a busy loop)
     if conn is not None:
         with contextlib.suppress(cache.Error):
             conn.close()
@@ -501,6 +518,7 @@ class Run:
     incarnations: list[Path] = field(default_factory=list)  # their journals
     owner: subprocess.Popen[bytes] | None = None
     killing: bool = False  # the fault thread is SIGKILLing the owner
+    incarnations_served: int = 0  # over the wire: how many times the server started
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def running(self) -> bool:
@@ -600,6 +618,193 @@ def fault_injector(run: Run) -> None:
             pass
 
 
+# -- over the wire: the cache as `mtcache serve`, its clients through the protocol --------------
+
+
+@dataclass
+class Wire:
+    """What a run over the wire adds: the server's address and process, the faulty network
+    between it and the backend, and the clients' journal."""
+
+    port: int
+    network: FaultyNetwork
+    backend: str  # the server's backend DSN: through the faulty network
+    clients: Owner | None = None
+    server: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+def wire_supervisor(run: Run, wire: Wire) -> None:
+    """Runs `mtcache serve` over the cache file, and starts it again whenever it dies before
+    the deadline; at the deadline it is stopped (SIGTERM) so the file can be checked."""
+    from cache.server.process import mtcache_executable
+    from cache.store.served import served_at
+
+    number = 0
+    while run.deadline - time.time() > 3:
+        number += 1
+        argv = [mtcache_executable(), "--backend", wire.backend, "--cache", str(run.cache_path),
+                "serve", "--listen", wire.address, "--pool-size", "3", "--grace", "1"]  # fmt: skip
+        with (run.work / f"server-{number}.log").open("wb") as log, run.lock:
+            wire.server = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
+                                           stderr=subprocess.STDOUT)  # fmt: skip
+            run.owner = wire.server  # (what the fault thread SIGKILLs)
+        while wire.server.poll() is None and run.running():
+            time.sleep(0.1)
+        if wire.server.poll() is None:  # the deadline: stopped, as an operator would
+            wire.server.send_signal(signal.SIGTERM)
+        code = wire.server.wait()
+        with run.lock:
+            killed, run.killing = run.killing, False
+        if code == -signal.SIGKILL and killed:
+            run.note(run.faults, "server SIGKILLed (started again)")
+        elif code != 0:
+            tail = (run.work / f"server-{number}.log").read_text(errors="replace")[-2000:]
+            if code == 1 and "mtcache: BackendUnavailableError" in tail:  # its one line
+                run.note(run.errors, "server: refused to start, the backend unreachable")
+            else:
+                run.note(run.errors, f"VIOLATION the cache server died ({code}): {tail}")
+        while served_at(run.cache_path) is not None and time.time() < run.deadline:
+            time.sleep(0.05)  # (its note goes with it)
+    run.incarnations_served = number
+
+
+def wire_maintainer(run: Owner) -> None:
+    """Refreshes, admissions and evictions through the server (its refresh scheduler runs
+    there too)."""
+    rng = random.Random(run.seed * 1000 + 7)
+    conn = None
+    while run.running():
+        action = rng.choice(["refresh_all", "refresh_hot", "admit", "evict", "admit_grp",
+                             "evict_grp", "admit_complete", "evict_complete"])  # fmt: skip
+        began = time.time()
+        try:
+            if conn is None:
+                conn = cache.connect(run.dsn, server=run.server, autocommit=True)
+            admin = conn.admin
+            if action.startswith("refresh"):
+                admin.refresh("acct_all" if action == "refresh_all" else "acct_hot")
+            else:
+                control, low, span = {"admit": ("acct_pct", 1, ACCOUNTS),
+                                      "admit_grp": ("grp_csct", 0, GROUPS),
+                                      "admit_complete": ("grp_cpct", 0, GROUPS)}[
+                    action.replace("evict", "admit")]  # fmt: skip
+                key = rng.randrange(low, low + span)
+                (admin.admit if action.startswith("admit") else admin.evict)(control, [key])
+            run.note("operations", f"maintain {action}")
+            run.journal.write("event", at=began, what=f"{action} "
+                              f"{began:.3f}-{time.time():.3f}")  # fmt: skip
+        except cache.Error as exc:
+            run.note("errors", f"maintainer: {type(exc).__name__}")
+            if conn is not None:
+                with contextlib.suppress(cache.Error):
+                    conn.close()
+            conn = None
+        time.sleep(rng.uniform(0.05, 0.3))
+
+
+def disconnector(run: Owner, run_faults: t.Callable[[str], None]) -> None:
+    """A client of the server that walks away: its socket shut mid-statement or inside a
+    transaction that wrote (the server must cancel it and roll it back), or its statement
+    cancelled (inside a transaction that wrote too, then rolled back). The rows it writes
+    (chaos_abandoned) must never be committed."""
+    rng = random.Random(run.seed * 1000 + 11)
+    assert run.server is not None
+    host, _, port = run.server.rpartition(":")
+    info = psycopg.conninfo.conninfo_to_dict(run.dsn)
+    target = psycopg.conninfo.make_conninfo(host=host, port=port, user=str(info["user"]),
+                                            dbname=str(info["dbname"]))  # fmt: skip
+    serial = run.seed * 1_000_000
+    while run.running():
+        time.sleep(rng.uniform(0.2, 1.0))
+        kind = rng.choice(["disconnect mid-statement", "disconnect mid-transaction", "cancel",
+                           "cancel mid-transaction"])  # fmt: skip
+        serial += 1
+        try:
+            conn = psycopg.connect(target, autocommit="transaction" not in kind,
+                                   connect_timeout=5)  # fmt: skip
+        except psycopg.Error:
+            continue  # (the server is starting again)
+        worker = concurrent.futures.ThreadPoolExecutor(1)
+        try:
+            if "transaction" in kind:
+                conn.execute("INSERT INTO chaos_abandoned VALUES (%s)", [serial])
+            running = worker.submit(conn.execute, "SELECT pg_sleep(2)")
+            time.sleep(rng.uniform(0.05, 0.4))
+            if kind.startswith("disconnect"):
+                with contextlib.suppress(OSError), \
+                        socket.socket(fileno=os.dup(conn.pgconn.socket)) as sock:  # fmt: skip
+                    sock.shutdown(socket.SHUT_RDWR)
+            else:
+                conn.cancel_safe()
+            with contextlib.suppress(psycopg.Error):
+                running.result(timeout=30)
+            if kind == "cancel mid-transaction":
+                conn.rollback()
+            run_faults(f"client {kind}")
+        except (psycopg.Error, concurrent.futures.TimeoutError) as exc:
+            run.note("errors", f"disconnector: {type(exc).__name__}")
+        finally:
+            conn.close()  # (never a commit: what it wrote is abandoned)
+            worker.shutdown(wait=False)
+
+
+def wire_faults(run: Run, wire: Wire) -> None:
+    """The run's faults over the wire: the backend restarted, the server SIGKILLed, backend
+    sessions terminated, and the network between server and backend delaying, dropping and
+    resetting its connections."""
+    rng = random.Random(run.seed * 1000 + 900)
+    next_restart = time.time() + rng.uniform(8, 15)
+    next_kill = time.time() + rng.uniform(10, 20)
+    while run.running():
+        time.sleep(rng.uniform(0.5, 2.0))
+        if not run.running():
+            break
+        now = time.time()
+        if run.restart is not None and now > next_restart:
+            run.restart()
+            with run.lock:
+                run.outages.append((now, time.time()))
+                run.faults["backend restart"] += 1
+            next_restart = time.time() + rng.uniform(10, 25)
+            continue
+        if now > next_kill:
+            with run.lock:
+                up = wire.server is not None and wire.server.poll() is None
+                if up and wire.server is not None:
+                    run.killing = True
+                    wire.server.send_signal(signal.SIGKILL)
+            next_kill = time.time() + (rng.uniform(10, 25) if up else 1)  # (up again soon)
+            continue
+        fault = rng.choice(["delay", "drop", "reset", "terminate"])
+        if fault == "delay":
+            wire.network.delay(rng.uniform(0.02, 0.2), rng.uniform(1, 4))
+            run.note(run.faults, "network delayed")
+        elif fault in ("drop", "reset"):
+            if (wire.network.drop() if fault == "drop" else wire.network.reset()):
+                run.note(run.faults, f"network {'dropped' if fault == 'drop' else 'reset'} "
+                         "the server's backend connections")  # fmt: skip
+        else:
+            with contextlib.suppress(psycopg.Error), \
+                    psycopg.connect(run.dsn, autocommit=True) as pg:  # fmt: skip
+                victims = pg.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+                ).fetchall()
+                if victims:
+                    pg.execute("SELECT pg_terminate_backend(%s)", (rng.choice(victims)[0],))
+                    run.note(run.faults, "pg_terminate_backend")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def backend_timeline(run: Run, ended: float) -> Timeline:
     """The history from the backend's own log (complete: a tick and its log row commit
     together), with each commit's time from the writer that saw it return; a commit whose
@@ -669,29 +874,53 @@ def prepare(dsn: str) -> str:
 
 def run_chaos(
     dsn: str, seconds: float, seed: int, console: Console | None = None,
-    restart: t.Callable[[], None] | None = None, spark: bool = True,
+    restart: t.Callable[[], None] | None = None, spark: bool = True, wire: bool = False,
 ) -> dict[str, t.Any]:
     """A run against ``dsn`` (its server gets a database of the checker's own); ``restart``
-    stops and starts that server (faults of that kind are injected only when given)."""
+    stops and starts that server (faults of that kind are injected only when given);
+    ``wire``: the cache as `mtcache serve`, driven over the protocol (see the module)."""
     console = console or Console()
     chaos_dsn = prepare(dsn)
     work = Path(tempfile.mkdtemp(prefix="mtcache-chaos-"))
+    served: Wire | None = None
     try:
-        run = Run(chaos_dsn, work / "cache.duckdb", seed, time.time() + seconds, work, spark,
-                  restart)  # fmt: skip
+        run = Run(chaos_dsn, work / "cache.duckdb", seed, time.time() + seconds, work,
+                  spark and not wire, restart)  # fmt: skip
         with cache.connect(chaos_dsn, run.cache_path) as conn:
             conn.admin.apply_ddl(CACHE_SCHEMA)
             conn.admin.admit("acct_pct", [1, 2, 3])
             conn.admin.admit("grp_csct", [0])
             conn.admin.admit("grp_cpct", [1])
         threads = [threading.Thread(target=writer, args=(run, i)) for i in range(2)]
-        threads += [threading.Thread(target=supervisor, args=(run,)),
-                    threading.Thread(target=fault_injector, args=(run,))]  # fmt: skip
-        console.print(f"chaos for {seconds:g}s, seed {seed} ...")
+        if wire:
+            info = psycopg.conninfo.conninfo_to_dict(chaos_dsn)
+            network = FaultyNetwork((str(info.get("host", "127.0.0.1")),
+                                     int(str(info.get("port", 5432)))))  # fmt: skip
+            proxied = psycopg.conninfo.make_conninfo(
+                chaos_dsn, host="127.0.0.1", port=str(network.port))  # fmt: skip
+            served = Wire(_free_port(), network, proxied)
+            clients = Owner(chaos_dsn, run.cache_path, seed, run.deadline, 1,
+                            Journal(work / "clients.jsonl"), False, {},
+                            server=served.address)  # fmt: skip
+            served.clients = clients
+            run.incarnations.append(work / "clients.jsonl")
+            threads += [threading.Thread(target=wire_supervisor, args=(run, served)),
+                        threading.Thread(target=wire_faults, args=(run, served)),
+                        threading.Thread(target=wire_maintainer, args=(clients,)),
+                        threading.Thread(target=disconnector, args=(
+                            clients, functools.partial(run.note, run.faults)))]  # fmt: skip
+            threads += [threading.Thread(target=reader, args=(clients, i)) for i in range(3)]
+        else:
+            threads += [threading.Thread(target=supervisor, args=(run,)),
+                        threading.Thread(target=fault_injector, args=(run,))]  # fmt: skip
+        console.print(f"chaos for {seconds:g}s, seed {seed}{' over the wire' if wire else ''}"
+                      " ...")  # fmt: skip
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
+        if served is not None and served.clients is not None:
+            served.clients.journal.close()
         ended = time.time()
         observations, events = [], []
         for journal in run.incarnations:
@@ -710,18 +939,25 @@ def run_chaos(
         regions = final_regions(run, timeline)
         violations = verdict.violations + regions.violations
         violations += [k for k in run.errors if k.startswith("VIOLATION")]
+        with psycopg.connect(chaos_dsn) as pg:  # what a client abandoned never committed
+            kept = pg.execute("SELECT id FROM chaos_abandoned ORDER BY id").fetchall()
+        violations += [f"VIOLATION an abandoned transaction's row {i} was committed"
+                       for (i,) in kept]  # fmt: skip
         return {
             "seed": seed, "seconds": seconds, "ticks": timeline.last,
             "answers_checked": verdict.checked, "answers_local": verdict.local,
             "local_during_outages": sum(
                 1 for o in observations if o.local
                 and any(down <= o.start <= up for down, up in run.outages)),
-            "regions_checked": regions.checked, "owner_incarnations": len(run.incarnations),
+            "regions_checked": regions.checked,
+            "owner_incarnations": run.incarnations_served if wire else len(run.incarnations),
             "faults": dict(run.faults), "operations": dict(run.operations),
             "errors": {k: v for k, v in run.errors.items() if not k.startswith("VIOLATION")},
             "violations": violations, "events": sorted(events),
         }  # fmt: skip
     finally:
+        if served is not None:
+            served.network.close()
         shutil.rmtree(work, ignore_errors=True)
 
 
@@ -735,6 +971,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the embedded cluster's directory (default .mtcache/pg)")  # fmt: skip
     parser.add_argument("--no-spark", action="store_true",
                         help="refresh inline only (no JVM in the cache's process)")  # fmt: skip
+    parser.add_argument("--wire", action="store_true",
+                        help="the cache as `mtcache serve`, its clients over the protocol, a "
+                        "faulty network between it and the backend")  # fmt: skip
     parser.add_argument("--owner", help=argparse.SUPPRESS)  # the cache's process, started here
     args = parser.parse_args(argv)
     if args.owner:
@@ -752,7 +991,8 @@ def main(argv: list[str] | None = None) -> int:
             cluster.ensure_running()
 
     seed = args.seed if args.seed is not None else random.randrange(2**31)
-    result = run_chaos(dsn, args.seconds, seed, console, restart, spark=not args.no_spark)
+    result = run_chaos(dsn, args.seconds, seed, console, restart, spark=not args.no_spark,
+                       wire=args.wire)  # fmt: skip
     console.print(f"ticks committed {result['ticks']}; answers checked "
                   f"{result['answers_checked']} ({result['answers_local']} local); regions "
                   f"checked {result['regions_checked']}; the cache's process ran "

@@ -41,7 +41,9 @@ def cli_home(env: dict[str, str], dsn: str, prefix: str) -> Path:
 @pytest.fixture(scope="session")
 def pg_cluster() -> Iterator[EmbeddedPostgres]:
     root = reachable_tempdir("mtcache-test-pg-")
-    cluster = EmbeddedPostgres(root / "pg", settings=ServerSettings(durable=False))
+    # (300 connections: the suite's servers, pools and clients of many modules at once)
+    settings = ServerSettings(durable=False, max_connections=300)
+    cluster = EmbeddedPostgres(root / "pg", settings=settings)
     cluster.ensure_running()
     try:
         yield cluster

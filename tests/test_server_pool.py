@@ -72,7 +72,7 @@ def _same(conn: psycopg.Connection[t.Any], pg: psycopg.Connection[t.Any], sql: s
 def test_a_thousand_sessions_over_a_pool_of_twenty(served: Served) -> None:
     """1,000 client sessions open at once, each reading, writing in a transaction and
     reading the cache: never more than 20 backend connections for them (the backend
-    itself allows 100), and every answer PostgreSQL's."""
+    itself allows 300, the test cluster's max_connections), and every answer PostgreSQL's."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < 4096:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(4096, hard), hard))

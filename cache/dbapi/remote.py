@@ -33,9 +33,12 @@ from cache.store.cache_file import DdlResult
 from cache.store.served import ServedAt
 from sql_ext import CreateCachedView, CreateControlTable, DropCacheObject, parse
 from sql_ext.errors import (
+    Error,
     InterfaceError,
     NotSupportedError,
+    OperationalError,
     ProgrammingError,
+    first_line,
     translate,
     translating,
 )
@@ -118,7 +121,7 @@ class ServerSession:
             try:
                 self._cursor.execute(sql, params)  # type: ignore[arg-type]
             except psycopg.Error as exc:
-                raise translate(exc, unreachable="the cache server went away") from exc
+                raise self._translated(exc) from exc
             result = of_cursor(self._cursor, notices=self._notices)
             result.set_provenance(self._provenance or NO_PROVENANCE)
             return result
@@ -136,12 +139,29 @@ class ServerSession:
     def commit(self) -> None:
         with self.lock:
             self._check_open()
-            translating(self._conn.commit)
+            try:
+                self._conn.commit()
+            except psycopg.Error as exc:
+                raise self._translated(exc) from exc
 
     def rollback(self) -> None:
         with self.lock:
             self._check_open()
-            translating(self._conn.rollback)
+            try:
+                self._conn.rollback()
+            except psycopg.Error as exc:
+                raise self._translated(exc) from exc
+
+    def _translated(self, exc: psycopg.Error) -> Error:
+        """The error of a statement through the server: the connection's loss as such
+        (psycopg gives some losses other classes, by the call that saw it), else the error
+        the server sent."""
+        if self._conn.closed:
+            lost = OperationalError(f"the connection to the cache server was lost "
+                                    f"({first_line(exc)}): connect again")  # fmt: skip
+            lost.sqlstate = "08006"
+            return lost
+        return translate(exc, unreachable="the cache server went away")
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[ServerSession]:

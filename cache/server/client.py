@@ -225,6 +225,9 @@ class Conversation:
         self.cancel_reason: str | None = None  # why the running statement is cancelled
         self._output_changed = False  # a statement may have changed `_OUTPUT_SETTINGS`
         self.listening = False  # a LISTEN reached the backend: notifications may come
+        # the client was sent an error of the statement the backend connection was lost
+        # under: the session ends without another (a client expects one error a statement)
+        self.told_lost = False
         # counts the messages handled other than reads at hand (`handle`, `run_at_backend`): a
         # lane made at another count may have seen another session state (`lane_at_hand`)
         self.epoch = 0
@@ -738,7 +741,7 @@ class Conversation:
                      "simple query"))  # fmt: skip
             relaying.ok = False
         else:
-            self.out(relay.diagnostic_message(result))
+            self._backend_error(relay.diagnostic_message(result))
             relaying.ok = False
 
     def _forwarded(self, sql: str, routed: Passthrough | Write, wait: bool = True) -> None:
@@ -1121,7 +1124,7 @@ class Conversation:
             if result.status != ExecStatus.COMMAND_OK:
                 if failed is not None:
                     failed()
-                self.out(relay.diagnostic_message(result))
+                self._backend_error(relay.diagnostic_message(result))
                 return False
             done(result)
             return True
@@ -1290,8 +1293,22 @@ class Conversation:
             self._fail_transaction()
         if isinstance(exc, QueryCanceledError) and self.cancel_reason is not None:
             exc = QueryCanceledError(f"canceling statement due to {self.cancel_reason}")
-        self.out(protocol.diagnostic(diagnostics(exc, text), codec))
+        if isinstance(exc, psycopg.Error) and self.session.lost_backend:
+            # (libpq's loss of the connection, which psycopg may class by the call that saw
+            # it: the session ends with it, as PostgreSQL's would)
+            self._backend_error(protocol.error_response(
+                "08006", f"the backend connection was lost: {str(exc).strip()}",
+                severity="FATAL"))  # fmt: skip
+            return
+        self._backend_error(protocol.diagnostic(diagnostics(exc, text), codec))
         self.ignoring = True
+
+    def _backend_error(self, message: bytes) -> None:
+        """An ErrorResponse for the client; when the backend connection is gone with it, the
+        session ends after it with no second one (`told_lost`)."""
+        self.out(message)
+        if self.session.lost_backend:
+            self.told_lost = True
 
     def _fail_transaction(self) -> None:
         """The cache failed a statement inside a transaction block: as PostgreSQL, the block

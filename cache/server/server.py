@@ -651,7 +651,7 @@ class ClientConnection(asyncio.Protocol):
             except Exception:
                 self._failed()
         if self._lost_backend():
-            self._fatal(*_LOST_BACKEND)
+            self._end_lost()
             self._start_work(None)  # (which ends the session)
             return
         if conversation is not None and conversation.needs_resync:
@@ -901,7 +901,7 @@ class ClientConnection(asyncio.Protocol):
                 self._ending = True
             while not self._ending:
                 if self._lost_backend():  # (by ``first`` or the last message)
-                    self._fatal(*_LOST_BACKEND)
+                    self._end_lost()
                     break
                 with self._arrived:
                     if not self._inbox:
@@ -935,7 +935,7 @@ class ClientConnection(asyncio.Protocol):
             self._fatal("08P01", str(exc))
         except Exception:
             if self._lost_backend():
-                self._fatal(*_LOST_BACKEND)
+                self._end_lost()
             else:
                 log.exception("session failed")
                 self._fatal("XX000", "internal error in the cache server (see its log)")
@@ -1135,6 +1135,17 @@ class ClientConnection(asyncio.Protocol):
                 relay.wait_ready(fd, select.POLLOUT, timeout=1.0)
                 if self._lost or self._abandoned:
                     raise ConnectionError("the client went away") from None
+
+    def _end_lost(self) -> None:
+        """The session's backend connection was lost: it ends, with FATAL 08006 unless the
+        client was already sent its statement's error (`Conversation.told_lost`)."""
+        conversation = self.conversation
+        if conversation is not None and conversation.told_lost:
+            self._ending = True
+            with contextlib.suppress(OSError):
+                self._flush()
+            return
+        self._fatal(*_LOST_BACKEND)
 
     def _fatal(self, sqlstate: str, text: str) -> None:
         self._ending = True

@@ -89,7 +89,9 @@ def _integer(_: OutputSettings) -> Encoder:
 
 
 def _numeric(_: OutputSettings) -> Encoder:
-    def encode(value: Decimal) -> bytes:
+    def encode(value: Decimal | int) -> bytes:
+        if isinstance(value, int):  # (a sum of integers DuckDB gives as an int: no scale)
+            return str(value).encode()
         if value.is_nan():
             return b"NaN"
         if value.is_infinite():
@@ -218,8 +220,14 @@ def _binary(oid: int) -> Encoder:
         return lambda value: value.encode()
     if oid == OID.numeric:
         plain = _dumped(oid)
-        return lambda value: _NUMERIC_INFINITIES[value.is_signed()] if value.is_infinite() \
-            else plain(value)  # fmt: skip
+
+        def numeric(value: Decimal | int) -> bytes:
+            if isinstance(value, int):  # (as the text encoder: an int has no scale)
+                value = Decimal(value)
+            return _NUMERIC_INFINITIES[value.is_signed()] if value.is_infinite() \
+                else plain(value)  # fmt: skip
+
+        return numeric
     return _dumped(oid)
 
 
