@@ -39,6 +39,9 @@ def register(commands: t.Any) -> None:
     p.add_argument("--queries", type=int, default=2000,
                    help="differential: how many random queries (default 2000)")  # fmt: skip
     p.add_argument("--no-spark", action="store_true", help="chaos: refresh inline only")
+    p.add_argument("--wire", action="store_true",
+                   help="chaos: the cache as `mtcache serve`, its clients over the protocol, "
+                   "a faulty network between it and the backend")  # fmt: skip
     p.set_defaults(run=cmd_experiment)
 
 
@@ -62,7 +65,8 @@ def cmd_experiment(settings: Settings, args: argparse.Namespace) -> int:
             ["--embedded", str(settings.embedded_root)]  # fmt: skip
         return chaos.main(["--seconds", str(args.minutes * 60), *backend,
                            *(["--seed", str(args.seed)] if args.seed is not None else []),
-                           *(["--no-spark"] if args.no_spark else [])])  # fmt: skip
+                           *(["--no-spark"] if args.no_spark else []),
+                           *(["--wire"] if args.wire else [])])  # fmt: skip
     from experiments import runs
     from experiments.runs.framework import Context
 
