@@ -12,6 +12,10 @@ One run, everything side by side on one pgbench database (`pgbench -i -s SCALE`)
 (b) `pgbench -S -M prepared` through the server vs PostgreSQL directly vs pgbouncer (session
     pooling: pgbouncer 1.18 keeps no prepared statements across transactions) at 1, 8, 32 and
     128 clients (target: at least pgbouncer's TPS at 32 clients);
+(e) TLS: a client's start (connect, one statement, close) with `sslmode=require` vs without,
+    and a point lookup over TLS vs without, on one server with a certificate;
+(f) the metrics: point lookups through a server with `--metrics` scraped every second vs a
+    server without (each its own cache file; target <= 1.02x);
 (c) the same point lookup with a 1 ms round trip between the cache and the backend (a delay
     proxy of this module's own): hits through the server vs the backend through the proxy
     (target <= 0.1x), placed as (a) is;
@@ -72,10 +76,50 @@ def dsn_at(port: int, dbname: str, options: str | None = None) -> str:
 
 
 @contextlib.contextmanager
-def mtcache_server(backend: str, cache_path: Path, log: Path) -> Iterator[int]:
-    """`mtcache serve` as its own process; yields its port."""
-    with log.open("ab") as sink, serving_process(backend, cache_path, log=sink) as served:
+def mtcache_server(backend: str, cache_path: Path, log: Path, *options: str) -> Iterator[int]:
+    """`mtcache serve [options]` as its own process; yields its port."""
+    with log.open("ab") as sink, \
+            serving_process(backend, cache_path, *options, log=sink) as served:  # fmt: skip
         yield served.port
+
+
+def tls_files(work: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and its key (readable by its owner only), from a CA of
+    trustme's: the server's TLS for (e)."""
+    import trustme
+
+    authority = trustme.CA()
+    issued = authority.issue_cert("127.0.0.1")
+    cert, key = work / "server.pem", work / "server.key"
+    issued.cert_chain_pems[0].write_to_path(str(cert))
+    issued.private_key_pem.write_to_path(str(key))
+    key.chmod(0o600)
+    return cert, key
+
+
+def connect_once(dsn: str) -> Callable[[], object]:
+    """A connection set up, asked one thing and closed: what a client's start costs."""
+    def run() -> object:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            return conn.execute("SELECT 1").fetchone()
+
+    return run
+
+
+def cached_accounts(port: int) -> None:
+    with psycopg.connect(dsn_at(port, DATABASE), autocommit=True) as admin:
+        admin.execute("CREATE CACHED VIEW accounts AS SELECT * FROM pgbench_accounts "
+                      "REFRESH EVERY 10 MIN")  # fmt: skip
+        admin.execute("REFRESH CACHED VIEW accounts")
+
+
+def scraping(url: str, stop: threading.Event) -> None:
+    """Scrape the metrics endpoint every second, as Prometheus would, until ``stop``."""
+    import urllib.request
+
+    while not stop.wait(1.0):
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=5) as answer:
+            answer.read()
 
 
 def pgbouncer_binary() -> str:
@@ -519,6 +563,56 @@ def main(argv: list[str] | None = None) -> int:
                 remote.close()
         finally:
             proxy.close()
+
+        # (e) TLS: a client's start and a hit over TLS vs without, on one server; (f) the
+        # metrics: hits on a server scraped every second vs a server without --metrics
+        cert, key = tls_files(work)
+        metrics_port = free_port()
+        with mtcache_server(backend, work / "tls.duckdb", log, "--tls-cert", str(cert),
+                            "--tls-key", str(key), "--metrics",
+                            f"127.0.0.1:{metrics_port}") as tls_port, \
+                mtcache_server(backend, work / "plain.duckdb", log) as plain_port:  # fmt: skip
+            for port in (tls_port, plain_port):
+                cached_accounts(port)
+            secure = dsn_at(tls_port, DATABASE, BOUND) + " sslmode=require"
+            clear = dsn_at(tls_port, DATABASE, BOUND) + " sslmode=disable"
+            starts = max(100, args.calls // 20)
+            with_tls, without_tls, postgres = paired([
+                connect_once(secure), connect_once(clear),
+                connect_once(dsn_at(backend_port, DATABASE))], starts)  # fmt: skip
+            row("e", "a client's start (connect, SELECT 1, close) over TLS vs without (p50)",
+                p50(with_tls) * 1e3, p50(without_tls) * 1e3, "(cost of TLS)")  # fmt: skip
+            row("e", "a client's start without TLS: the server vs PostgreSQL's own (p50)",
+                p50(without_tls) * 1e3, p50(postgres) * 1e3, "(for reference)")  # fmt: skip
+            over_tls = psycopg.connect(secure, autocommit=True)
+            in_clear = psycopg.connect(clear, autocommit=True)
+            unscraped = psycopg.connect(dsn_at(plain_port, DATABASE, BOUND), autocommit=True)
+            for conn in (over_tls, in_clear, unscraped):
+                for key in draw.sample(range(1, accounts + 1), 20):
+                    got = conn.execute(POINT, [key], prepare=True).fetchall()
+                    assert got == direct.execute(POINT, [key], prepare=True).fetchall(), key
+            time.sleep(INDEX_SECONDS)  # (both servers index the view, as in (a))
+            stream = keys(False)
+            via_tls, via_clear = paired([lookup(over_tls, stream), lookup(in_clear, stream)],
+                                        args.calls)  # fmt: skip
+            row("e", "point lookup over TLS vs without (p50)", p50(via_tls) * 1e3,
+                p50(via_clear) * 1e3, "(cost of TLS)")  # fmt: skip
+            stop = threading.Event()
+            scraper = threading.Thread(target=scraping, args=(
+                f"http://127.0.0.1:{metrics_port}/metrics", stop))  # fmt: skip
+            scraper.start()
+            try:
+                scraped, plain_hits = paired([lookup(in_clear, stream),
+                                              lookup(unscraped, stream)], args.calls)  # fmt: skip
+            finally:
+                stop.set()
+                scraper.join()
+            row("f", "point lookup p50, --metrics scraped every second vs no --metrics",
+                p50(scraped) * 1e3, p50(plain_hits) * 1e3, "<= 1.02x")  # fmt: skip
+            row("f", "point lookup p99, --metrics scraped every second vs no --metrics",
+                p99(scraped) * 1e3, p99(plain_hits) * 1e3, "")  # fmt: skip
+            for conn in (over_tls, in_clear, unscraped):
+                conn.close()
         direct.close()
 
         table = Table(title=f"mtcache serve, pgbench scale {args.scale}: side by side in one run")

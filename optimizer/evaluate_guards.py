@@ -73,6 +73,9 @@ class Misses(t.NamedTuple):
     presence: int = 0
     currency: int = 0
     admittable: tuple[tuple[str, Key], ...] = ()  # (control table, key) of presence misses
+    completeness: int = 0  # a completeness region missing
+    consistency: int = 0  # regions present and fresh that share no snapshot the class needs
+    timeline: int = 0  # data older than the session's timeline floor or its own writes
 
 
 class Decision(t.NamedTuple):
@@ -111,17 +114,23 @@ class Decision(t.NamedTuple):
 
 
 class _Tally:
-    __slots__ = ("admittable", "currency", "presence")
+    __slots__ = ("admittable", "completeness", "consistency", "currency", "presence",
+                 "timeline")  # fmt: skip
 
     def __init__(self) -> None:
         self.presence = 0
         self.currency = 0
+        self.completeness = 0
+        self.consistency = 0
+        self.timeline = 0
         self.admittable: list[tuple[str, Key]] = []
 
     def freeze(self) -> Misses:
-        if not (self.presence or self.currency):
+        if not (self.presence or self.currency or self.completeness or self.consistency
+                or self.timeline):  # fmt: skip
             return _NO_MISSES
-        return Misses(self.presence, self.currency, tuple(self.admittable))
+        return Misses(self.presence, self.currency, tuple(self.admittable), self.completeness,
+                      self.consistency, self.timeline)  # fmt: skip
 
 
 _NO_MISSES = Misses()
@@ -196,6 +205,7 @@ def _class_local(
             token = _token(access.access, guard, regions, state, values)
             if token is not None and _consistent(cls_plan, (token,), fds, final=True):
                 return [Binding(access, guard, regions, cls_plan.bound_seconds)]
+            tally.consistency += 1
         return None
 
     def choose(index: int, pattern: tuple[Token, ...]) -> list[Binding] | None:
@@ -220,7 +230,10 @@ def _class_local(
                 return [Binding(access, guard, regions, cls_plan.bound_seconds), *rest]
         return None
 
-    return choose(0, ())
+    chosen = choose(0, ())
+    if chosen is None and checked and all(r is not None for r in checked.values()):
+        tally.consistency += 1  # (every guard held: what failed was their snapshots)
+    return chosen
 
 
 def _consistent(
@@ -279,7 +292,10 @@ def _check(
         for key in keys:
             stamp = listed.get(key)
             if stamp is None:
-                tally.presence += 1  # a presence (or completeness) miss
+                if guard.kind == "completeness":
+                    tally.completeness += 1
+                else:
+                    tally.presence += 1
                 if guard.admit_into is not None:
                     tally.admittable.append((guard.admit_into, key))
                 return None
@@ -294,9 +310,11 @@ def _check(
             tally.currency += 1
             return None  # a currency miss
         if floor is not None and refreshed_at < floor:
+            tally.timeline += 1
             return None  # time must not move backwards inside TIMEORDERED
         if written is not None and refreshed_at < written:
-            return None  # read your own writes
+            tally.timeline += 1
+            return None  # read your own writes (and a position presented: min_position)
     return regions
 
 

@@ -355,4 +355,5 @@ def test_status_reports_regions_with_currency(store: CacheStore, backend: str) -
     assert views["bookcopy"]["root"] == "authorcopy" and views["bookcopy"]["regions"] == []
     assert views["reviewcopy"]["regions"][0]["kind"] == "view"
     assert set(document["counters"]) == {"hits", "presence_misses", "currency_misses", "remote",
-                                         "memo_hits", "memo_misses"}
+                                         "memo_hits", "memo_misses", "completeness_misses",
+                                         "consistency_misses", "timeline_misses"}

@@ -55,6 +55,14 @@ def _route(conn: psycopg.Connection[t.Any]) -> str:
     return str(rows[0][names.index("route")])
 
 
+def _timeline_failures(conn: psycopg.Connection[t.Any]) -> float:
+    """The server's guard failures of the timeline kind (SHOW CACHE STATS)."""
+    for name, labels, value, _ in conn.execute("SHOW CACHE STATS"):
+        if name == "mtcache_guard_failures_total" and '"timeline"' in labels:
+            return float(value)
+    raise AssertionError("no timeline guard failures in SHOW CACHE STATS")
+
+
 def _refresh_after(served: Served, pg: psycopg.Connection[t.Any], position: str) -> None:
     """Refresh the server's view once the backend's clock has passed ``position`` (so the
     refresh's snapshot is newer than it)."""
@@ -80,8 +88,10 @@ def test_a_write_on_one_server_is_read_on_the_other(servers: tuple[Served, Serve
         assert on_b.execute("SELECT v FROM counter WHERE k = 1").fetchone() == before
         # given the position (a startup option here), B never answers from older data
         with connect(b, f"{BOUND} -c mtcache.min_position={position}") as moved:
+            failures = _timeline_failures(moved)
             assert moved.execute("SELECT v FROM counter WHERE k = 1").fetchone() == written
             assert _route(moved) == "remote"
+            assert _timeline_failures(moved) > failures  # (counted by kind, as /metrics)
             assert _position(moved) >= position
             _refresh_after(b, pg, position)  # B's cache now holds the write: local again
             assert moved.execute("SELECT v FROM counter WHERE k = 1").fetchone() == written

@@ -458,6 +458,9 @@ class Session:
             counters = self.counters
             counters["presence_misses"] += misses.presence
             counters["currency_misses"] += misses.currency
+            counters["completeness_misses"] += misses.completeness
+            counters["consistency_misses"] += misses.consistency
+            counters["timeline_misses"] += misses.timeline
             if self.admit_on_miss and misses.admittable:
                 self.engine.admissions.request(misses.admittable)
         observer = self.engine.on_decision

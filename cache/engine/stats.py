@@ -42,6 +42,8 @@ def document_samples(document: dict[str, t.Any]) -> list[Sample]:
                  kind="presence"),
         _counter("mtcache_guard_failures_total", counters.get("currency_misses", 0), GUARDS,
                  kind="currency"),
+        *(_counter("mtcache_guard_failures_total", counters.get(f"{kind}_misses", 0), GUARDS,
+                   kind=kind) for kind in ("completeness", "consistency", "timeline")),
         _counter("mtcache_memo_lookups_total", counters.get("memo_hits", 0), MEMO,
                  result="hit"),
         _counter("mtcache_memo_lookups_total", counters.get("memo_misses", 0), MEMO,

@@ -80,7 +80,8 @@ _METADATA = [
 
 # memo_hits / memo_misses: local answers reused from memory (the result memo or a lookup
 # index) / kept in the result memo
-COUNTERS = ("hits", "presence_misses", "currency_misses", "remote", "memo_hits", "memo_misses")
+COUNTERS = ("hits", "presence_misses", "currency_misses", "remote", "memo_hits", "memo_misses",
+            "completeness_misses", "consistency_misses", "timeline_misses")
 
 
 @dataclass(frozen=True)
