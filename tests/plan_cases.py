@@ -159,6 +159,9 @@ def _branch(guard: Guard) -> str:
 def misses_summary(decision: Decision) -> str:
     misses = decision.misses
     text = f"presence {misses.presence}, currency {misses.currency}"
+    for kind in ("completeness", "consistency", "timeline"):
+        if getattr(misses, kind):
+            text += f", {kind} {getattr(misses, kind)}"
     for control, key in misses.admittable:
         text += f", admit {control}{key!r}"
     return text
