@@ -26,6 +26,7 @@ from tests.serving import (
     serving,
 )
 
+RESULT_BYTES = 4000  # what a local answer may take as sent: ~300 rows of one integer
 LIMITS = Limits(max_sessions=4, max_sessions_per_role=3, statement_timeout=0.5,
                 idle_in_transaction_timeout=0.5)  # fmt: skip
 
@@ -40,7 +41,7 @@ def served(bookstore_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
             pg.execute("CREATE ROLE limits_other LOGIN")
         pg.execute("GRANT SELECT, INSERT ON ALL TABLES IN SCHEMA public TO limits_other")
     with serving(bookstore_dsn, tmp_path_factory.mktemp("limits") / "cache.duckdb", (1, 2),
-                 ServerOptions(limits=LIMITS)) as found:  # fmt: skip
+                 ServerOptions(limits=LIMITS, max_result_bytes=RESULT_BYTES)) as found:  # fmt: skip
         cache_numbers(found)
         yield found
 
@@ -120,3 +121,25 @@ def test_mtcache_serve_refuses_options_it_cannot_read(bookstore_dsn: str, mtcach
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 1 and len(lines) == 1, done.stderr
     assert lines[0].startswith("mtcache: ") and why in lines[0], lines
+
+
+def test_a_local_answer_past_the_result_limit_is_refused(served: Served) -> None:
+    """A result the cache answers whose rows take more than --max-result-bytes gets 54000
+    (simple and extended protocol, at hand or not), and the session goes on; a result the
+    backend sends is relayed as it comes, whatever its size."""
+    everything = "SELECT n FROM numbers ORDER BY n"
+    with connect(served) as conn, psycopg.connect(served.backend, autocommit=True) as pg:
+        conn.execute("SET mtcache.currency_bound = 600")
+        at_once = served.server.runs_at_once
+        for prepare in (False, True, True, True):  # (the last runs answered at hand)
+            with pytest.raises(psycopg.errors.ProgramLimitExceeded,
+                               match="--max-result-bytes"):  # fmt: skip
+                conn.execute(everything + " LIMIT %s", [2000], prepare=prepare)
+            few = "SELECT n FROM numbers WHERE n <= %s ORDER BY n"
+            assert conn.execute(few, [10], prepare=prepare).fetchall() == \
+                pg.execute(few, [10]).fetchall()  # fmt: skip
+        assert served.server.runs_at_once > at_once  # (the refusal at hand too)
+        with pytest.raises(psycopg.errors.ProgramLimitExceeded):
+            conn.execute(everything)
+        conn.execute("RESET mtcache.currency_bound")
+        assert conn.execute(everything).fetchall() == pg.execute(everything).fetchall()

@@ -225,6 +225,7 @@ class Conversation:
         self.cancel_reason: str | None = None  # why the running statement is cancelled
         self._output_changed = False  # a statement may have changed `_OUTPUT_SETTINGS`
         self.listening = False  # a LISTEN reached the backend: notifications may come
+        self.max_result_bytes: int | None = None  # a local answer's encoded rows, at most
         # the client was sent an error of the statement the backend connection was lost
         # under: the session ends without another (a client expects one error a statement)
         self.told_lost = False
@@ -325,7 +326,10 @@ class Conversation:
         if found is None:
             return False
         self._drain()
-        self._send_local(portal, found[0], 0)
+        try:
+            self._send_local(portal, found[0], 0)
+        except _Refusal as exc:  # (past --max-result-bytes: as `handle` refuses it)
+            self._error(exc)
         return True
 
     def execution_at_hand(self, bind: protocol.Bind, describe: bool) -> bool:
@@ -351,7 +355,13 @@ class Conversation:
         result, made = found
         head = self._bound(portal, describe)
         self.out(head)
-        self._send_local(portal, result, 0)
+        try:
+            self._send_local(portal, result, 0)
+        except _Refusal as exc:  # (past --max-result-bytes: then the Sync's answer)
+            self._error(exc)
+            self.ignoring = False
+            self._ready()
+            return True
         self._ready()  # (the portal ends with the Sync: it was never kept)
         if stale:
             if made is not None:
@@ -1262,8 +1272,22 @@ class Conversation:
         if describe:
             out(protocol.row_description(result_fields(result, formats)))
         encoders = self._encoders(result, formats)
-        for row in result.rows:
-            out(protocol.data_row(row, encoders))
+        limit = self.max_result_bytes
+        if limit is None:
+            for row in result.rows:
+                out(protocol.data_row(row, encoders))
+        else:  # (encoded whole first: a result past the limit sends none of its rows)
+            rows, total = [], 0
+            for row in result.rows:
+                data = protocol.data_row(row, encoders)
+                total += len(data)
+                if total > limit:
+                    raise _Refusal("54000", f"the result is larger than the cache server's "
+                                   f"limit of {limit} bytes (--max-result-bytes): ask for "
+                                   "fewer rows (LIMIT), or read it in parts through a cursor")
+                rows.append(data)
+            for data in rows:
+                out(data)
         out(protocol.command_complete(result.status or f"SELECT {len(result.rows)}"))
 
     def _encoders(self, result: Result, formats: list[int]) -> tuple[values.Encoder, ...]:

@@ -124,6 +124,7 @@ class ServerOptions:
     # session has its own, as PostgreSQL's), and how long a statement waits for one
     pool_size: int = 0
     pool_timeout: float = POOL_TIMEOUT
+    max_result_bytes: int | None = None  # a local answer's rows as sent, at most (None: any)
 
 
 def listen_socket(listen: str, rules: Rules = LOOPBACK_TRUST) -> socket.socket:
@@ -1028,6 +1029,7 @@ class ClientConnection(asyncio.Protocol):
             date_style=reported.get("DateStyle", "ISO, MDY"))  # fmt: skip
         self.conversation = Conversation(session, self._write, settings, server.describe,
                                          self._next_message, reported)  # fmt: skip
+        self.conversation.max_result_bytes = server.options.max_result_bytes
         self._key = server.register(self)
         session.release_backend()  # (pooled: until a statement needs it)
         out = [protocol.AUTHENTICATION_OK]

@@ -499,7 +499,9 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
         options = ServerOptions(listen=args.listen, grace_seconds=args.grace,
                                 currency_bound=currency_bound, login=login, limits=limits,
                                 tls=tls, metrics=args.metrics, pool_size=pool_size,
-                                pool_timeout=pool_timeout)  # fmt: skip
+                                pool_timeout=pool_timeout,
+                                max_result_bytes=_positive(args.max_result_bytes,
+                                                           "--max-result-bytes"))  # fmt: skip
         server = Server(engine, options, sock)
         server.install_signals()
         dsn = psycopg.conninfo.conninfo_to_dict(engine.backend)
@@ -676,6 +678,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--idle-in-transaction-timeout", metavar="DURATION",
                    help="a session idle inside a transaction block longer is ended (25P03), "
                    "e.g. '10 min'")  # fmt: skip
+    p.add_argument("--max-result-bytes", type=int, metavar="N",
+                   help="a result the cache answers whose rows take more than N bytes is "
+                   "refused with 54000 instead of held in the server (default: no limit)")
     p.add_argument("--pool-size", type=int, metavar="N",
                    help="transaction pooling: the sessions of a role share N backend "
                    "connections, each held for a transaction or a statement outside one "
