@@ -97,3 +97,32 @@ def test_show_cache_stats_gives_the_same_figures(served: Served) -> None:
     assert all(isinstance(value, float) for _, _, value, _ in rows)
 
 
+
+
+def test_statements_by_route_outcome_and_latency(served: Served) -> None:
+    """Each statement counted once by its route (a cached read local, a failed guard's
+    fallback, a statement passed through, the cache's own) and outcome, and timed in its
+    route's histogram: the counts move by what the statements were."""
+    before = scrape(served)
+
+    def moved(route: str, outcome: str = "ok") -> float:
+        key = ("mtcache_statements_total", (("outcome", outcome), ("route", route)))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    with psycopg.connect(served.dsn, autocommit=True) as conn:
+        for _ in range(3):
+            conn.execute(BOOKS, [1]).fetchall()  # local (author 1 is cached)
+        conn.execute(BOOKS, [7]).fetchall()  # fallback: author 7 is not
+        conn.execute("SELECT count(*) FROM books").fetchall()  # remote: no clause
+        conn.execute("SHOW CACHED VIEWS").fetchall()  # the cache's own
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            conn.execute("SELECT 1 / 0")  # remote, failed
+    after = scrape(served)
+    assert moved("local") >= 3 and moved("fallback") == 1 and moved("cache") == 1
+    assert moved("remote") == 1 and moved("remote", "error") == 1
+    for route in ("local", "fallback", "remote"):
+        count = ("mtcache_statement_seconds_count", (("route", route),))
+        under = ("mtcache_statement_seconds_bucket", (("le", "+Inf"), ("route", route)))
+        assert after[count] - before.get(count, 0.0) == \
+            moved(route) + moved(route, "error")  # fmt: skip
+        assert after[under] == after[count]

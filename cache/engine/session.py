@@ -138,6 +138,9 @@ class Session:
         self.refresh_engine = "inline"
         self.spark_master: str | None = None
         self.report_position = False  # a ParameterStatus mtcache.position after statements
+        # how the last statement was answered (`cache.server.statements`): local, mixed,
+        # fallback (guards failed), remote; the caller sets "cache" before the cache's own
+        self.last_route = "cache"
         self._seen_decision: Decision | None = None  # (`answered_from_lane`)
         # what RESET returns each setting to: its value when the session began
         self._setting_defaults = {s.attribute: getattr(self, s.attribute)
@@ -299,9 +302,14 @@ class Session:
         # statement remote has no guard to evaluate)
         if prepared.plan.local and self._readable_until(prepared) is not None:
             try:
-                return prepared, self._decide_and_run(prepared, params)[1]
+                found = self._decide_and_run(prepared, params)[1]
             except LocalUnfit:
-                pass  # DuckDB cannot give PostgreSQL's answer: the backend does
+                found = None  # DuckDB cannot give PostgreSQL's answer: the backend does
+            if found is not None:
+                return prepared, found
+            self.last_route = "fallback"
+            return prepared, None
+        self.last_route = "remote"
         return prepared, None
 
     def _answer_at_hand(self, query: Query, params: Params,
@@ -494,6 +502,7 @@ class Session:
         described = prepared.result if ran.description is prepared.description else None
         bindings = decision.bindings or ()
         remote = decision.local < len(bindings)
+        self.last_route = "mixed" if remote else "local"
         self._counted_local(decision, ran.memo)
         if remote:
             self.counters["remote"] += 1
@@ -711,6 +720,7 @@ class Session:
         counters["hits"] += decision.local
         counters["memo_hits"] += 1
         self._last = lineage
+        self.last_route = "local"
         if decision is not self._seen_decision:  # (a lane's decision: its data's moment, once)
             self._seen_decision = decision
             stamps = [s[0] for b in decision.bindings or () for _, s in b.regions
@@ -798,6 +808,7 @@ class Session:
         see its writes and catalog changes. ``wait=False``: `WouldWait` when what is left
         needs a measurement of the backend's clock (a write's commit time, the timeline's
         floor): its writes are then noted as uncommitted, and `caught_up` does the rest."""
+        self.last_route = "remote"
         if isinstance(route, Passthrough) and route.reads is not None:
             query = route.reads
             self._last = lambda: Provenance.remote(self.planner.base_tables(query))

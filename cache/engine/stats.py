@@ -14,7 +14,7 @@ class Sample(t.NamedTuple):
     name: str  # Prometheus's naming: mtcache_..., _total for counters
     labels: tuple[tuple[str, str], ...]
     value: float
-    kind: t.Literal["counter", "gauge"]
+    kind: t.Literal["counter", "gauge", "histogram"]  # histogram: a _bucket, _sum or _count
     help: str
 
 

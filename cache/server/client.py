@@ -19,6 +19,7 @@ import functools
 import hashlib
 import itertools
 import logging
+import time
 import typing as t
 from collections import deque
 from collections.abc import Callable
@@ -38,6 +39,7 @@ from cache.engine.session import Session
 from cache.server import protocol, relay, values
 from cache.server.placeholders import Converted, to_backend, to_engine
 from cache.server.protocol import Field, ProtocolViolation
+from cache.server.statements import StatementStats
 from cache.store.cache_file import WouldWait
 from sql_ext.errors import Error, QueryCanceledError, diag_fields, diagnostics
 from sql_ext.statements import split_statements
@@ -196,6 +198,7 @@ class RawRun:
     scan: protocol.AnswerScan = dataclasses.field(default_factory=protocol.AnswerScan)
     waiting: bool = False  # the loop waits for the backend's socket to take the rest of send
     lost: bool = False  # the backend connection ended under it (`Conversation.raw_lost`)
+    started: float = 0.0  # `time.perf_counter` when it was sent (with statement stats)
 
 
 class Conversation:
@@ -226,6 +229,11 @@ class Conversation:
         self._output_changed = False  # a statement may have changed `_OUTPUT_SETTINGS`
         self.listening = False  # a LISTEN reached the backend: notifications may come
         self.max_result_bytes: int | None = None  # a local answer's encoded rows, at most
+        # statements by route, outcome and latency (`cache.server.statements`; None: not
+        # kept): when the running one started (None: none runs), whether it failed
+        self.statement_stats: StatementStats | None = None
+        self._started: float | None = None
+        self._failed = False
         # the client was sent an error of the statement the backend connection was lost
         # under: the session ends without another (a client expects one error a statement)
         self.told_lost = False
@@ -250,6 +258,9 @@ class Conversation:
         self.handled += 1
         if isinstance(message, protocol.Terminate):
             return False
+        if self.statement_stats is not None and \
+                isinstance(message, protocol.Query | protocol.Execute):  # fmt: skip
+            self._statement_starts()
         if isinstance(message, protocol.Sync):
             self._sync()
             return True
@@ -281,9 +292,18 @@ class Conversation:
             self._drain()
             self.out(exc.message)
             self.ignoring = True
+            self._failed = True
         except (_Refusal, Error, psycopg.Error) as exc:
             self._error(exc, getattr(message, "sql", None))
         return True
+
+    def _statement_starts(self) -> None:
+        """A statement's first message (Query, Execute): its latency runs from here to the
+        ReadyForQuery that ends its cycle (`_ready`)."""
+        if self._started is None:
+            self._started = time.perf_counter()
+            self._failed = False
+            self.session.last_route = "cache"
 
     def at_hand(self, message: protocol.Message) -> bool:
         """Answer ``message`` now if that needs no waiting: no backend, no DuckDB statement,
@@ -322,9 +342,12 @@ class Conversation:
         portal = self.portals.get(message.portal)
         if portal is None or portal.rows is not None or message.max_rows > 0:
             return False
+        started = time.perf_counter()
         found = self._answer_at_hand(portal)
         if found is None:
             return False
+        if self.statement_stats is not None and self._started is None:
+            self._started, self._failed = started, False
         self._drain()
         try:
             self._send_local(portal, found[0], 0)
@@ -342,6 +365,8 @@ class Conversation:
         statement = self.statements.get(bind.statement)
         if statement is None or not isinstance(statement.route, CachedRead):
             return False
+        if self.statement_stats is not None:
+            self._statement_starts()
         portal = Portal(statement, bind)
         lane = statement.lane
         run = protocol.run_shape(bind, describe)
@@ -389,7 +414,14 @@ class Conversation:
         if lane is None or lane.epoch != self.epoch or self.portals or self._queue \
                 or self.ignoring or self._piped or self._output_changed:  # fmt: skip
             return None
-        return lane.answer(data)
+        stats = self.statement_stats
+        if stats is None:
+            return lane.answer(data)
+        started = time.perf_counter()
+        answer = lane.answer(data)
+        if answer is not None:
+            stats.record("local", True, time.perf_counter() - started)
+        return answer
 
     def _lane(self, portal: Portal, run: protocol.RunShape, head: bytes, result: Result,
               made: Lane) -> _Lane | None:  # fmt: skip
@@ -436,6 +468,9 @@ class Conversation:
             return None
         self.epoch += 1  # (as in `handle`)
         self.handled += 1
+        if self.statement_stats is not None:
+            self._statement_starts()
+            self.session.last_route = "remote"
         portal = Portal(statement, bind)
         bound = self._bound(portal, describe)
         pgconn = conn.pgconn
@@ -496,7 +531,8 @@ class Conversation:
             statement.raw_handled = self.handled
             self._raw_fd = pgconn.socket
         self.epoch += 1  # (as in `handle`)
-        return RawRun(statement, shape.rebound(data, head), pgconn.socket)
+        return RawRun(statement, shape.rebound(data, head), pgconn.socket,
+                      started=time.perf_counter() if self.statement_stats else 0.0)
 
     def raw_lane(self, statement: Statement, data: bytes) -> RawRun | None:
         """`raw_run` of a run that differs from the last of ``statement`` passed through
@@ -509,7 +545,8 @@ class Conversation:
                 or not shape.fits(data):  # fmt: skip
             return None
         self.epoch += 1  # (as in `handle`)
-        return RawRun(statement, shape.rebound(data, statement.raw_head), self._raw_fd)
+        return RawRun(statement, shape.rebound(data, statement.raw_head), self._raw_fd,
+                      started=time.perf_counter() if self.statement_stats else 0.0)
 
     def raw_received(self, run: RawRun, data: bytes) -> bytes | None:
         """The whole messages of what the backend sent of a raw run, for the caller to
@@ -526,6 +563,9 @@ class Conversation:
         has the answer (its own next statement waits for it, but not its reading of this
         one); `resync` is then due if ``needs_resync``."""
         scan = run.scan
+        if self.statement_stats is not None:
+            self.statement_stats.record("remote", not scan.failed and not run.lost,
+                                        time.perf_counter() - run.started)  # fmt: skip
         if run.lost:
             return
         if not scan.failed:  # (`_forwarded`, its effects known to be none: `Statement.raw`)
@@ -1331,6 +1371,7 @@ class Conversation:
         """An ErrorResponse for the client; when the backend connection is gone with it, the
         session ends after it with no second one (`told_lost`)."""
         self.out(message)
+        self._failed = True
         if self.session.lost_backend:
             self.told_lost = True
 
@@ -1355,6 +1396,11 @@ class Conversation:
         if self._output_changed:
             self._read_output_settings(status)
         self._noticed.clear()
+        started = self._started
+        if started is not None and self.statement_stats is not None:
+            self._started = None
+            self.statement_stats.record(self.session.last_route, not self._failed,
+                                        time.perf_counter() - started)  # fmt: skip
         if self.session.report_position:
             self._report_position()
         self.out(protocol.ready_for_query(_STATUS.get(status, b"I")))

@@ -18,13 +18,19 @@ from collections.abc import Callable, Iterable, Iterator
 from wsgiref.simple_server import make_server
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.exposition import ThreadingWSGIServer, WSGIRequestHandler, make_wsgi_app
 
 from cache.backend.pool import backend_pool
 from cache.backend.session_pool import SessionPool
 from cache.engine.engine import Engine
 from cache.engine.stats import Sample
+from cache.server.statements import StatementStats
 
 LIVE_SECONDS = 2.0
 STATEMENTS = "statements the server answered, by the path that answered them"
@@ -39,6 +45,7 @@ class Server(t.Protocol):
     relayed_at_once: int
     relayed_raw: int
     pool: SessionPool | None
+    statement_stats: StatementStats | None
 
     def sessions(self) -> int: ...
     def running(self) -> int: ...
@@ -73,6 +80,8 @@ def server_samples(server: Server) -> list[Sample]:
         Sample("mtcache_backend_pool_waits_total", (), float(pool.get("requests_queued", 0)),
                "counter", "requests that had to wait for a pooled backend connection"),
     ]
+    if server.statement_stats is not None:
+        found += server.statement_stats.samples()
     sessions = server.pool.stats() if server.pool is not None else None
     if sessions is not None:
         for role, count in sessions.open.items():
@@ -104,7 +113,20 @@ class _Collector:
 
     def collect(self) -> Iterator[Metric]:
         families: dict[str, Metric] = {}
+        histograms: dict[str, dict[tuple[tuple[str, str], ...], dict[str, t.Any]]] = {}
+        helps: dict[str, str] = {}
         for sample in self._samples():
+            if sample.kind == "histogram":  # its series gathered, then one family each
+                base, _, part = sample.name.rpartition("_")
+                labels = tuple(kv for kv in sample.labels if kv[0] != "le")
+                series = histograms.setdefault(base, {}).setdefault(
+                    labels, {"buckets": [], "sum": 0.0})  # fmt: skip
+                if part == "bucket":
+                    series["buckets"].append((dict(sample.labels)["le"], sample.value))
+                elif part == "sum":
+                    series["sum"] = sample.value
+                helps[base] = sample.help
+                continue
             family = families.get(sample.name)
             if family is None:
                 kind = CounterMetricFamily if sample.kind == "counter" else GaugeMetricFamily
@@ -114,6 +136,12 @@ class _Collector:
                     name, sample.help, labels=[k for k, _ in sample.labels])
             family.add_metric([v for _, v in sample.labels], sample.value)  # type: ignore[attr-defined]
         yield from families.values()
+        for base, by_labels in histograms.items():
+            names = [k for k, _ in next(iter(by_labels))]
+            histogram = HistogramMetricFamily(base, helps[base], labels=names)
+            for labels, series in by_labels.items():
+                histogram.add_metric([v for _, v in labels], series["buckets"], series["sum"])
+            yield histogram
 
 
 class _Quiet(WSGIRequestHandler):

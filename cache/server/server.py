@@ -67,6 +67,7 @@ from cache.server.limits import TICK_SECONDS, Admission, Limits
 from cache.server.metrics import MetricsEndpoint, server_samples
 from cache.server.protocol import ProtocolViolation
 from cache.server.relay import BackendRefused, diagnostic_message, fields_of
+from cache.server.statements import StatementStats
 from sql_ext.errors import Error, ProgrammingError, diagnostics
 
 log = logging.getLogger("mtcache.server")
@@ -172,6 +173,8 @@ class Server:
         self.admission = Admission(self.options.limits)
         self.pool = SessionPool(self.options.pool_size, self.options.pool_timeout) \
             if self.options.pool_size else None  # fmt: skip
+        # statements by route and outcome, and their latency: kept while metrics are served
+        self.statement_stats = StatementStats() if self.options.metrics is not None else None
         self._own_stats = functools.partial(server_samples, self)
         engine.stats_sources.append(self._own_stats)  # (SHOW CACHE STATS over the wire too)
         self.metrics: MetricsEndpoint | None = None
@@ -1030,6 +1033,7 @@ class ClientConnection(asyncio.Protocol):
         self.conversation = Conversation(session, self._write, settings, server.describe,
                                          self._next_message, reported)  # fmt: skip
         self.conversation.max_result_bytes = server.options.max_result_bytes
+        self.conversation.statement_stats = server.statement_stats
         self._key = server.register(self)
         session.release_backend()  # (pooled: until a statement needs it)
         out = [protocol.AUTHENTICATION_OK]

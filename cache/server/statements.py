@@ -1,0 +1,67 @@
+"""The server's statements by route and outcome, with their latency (`--metrics`): a counter
+and a histogram per route, updated once per statement under an uncontended lock.
+
+Routes: ``local`` (every table access answered by the cache), ``mixed`` (some accesses local,
+the rest fetched from the backend), ``fallback`` (a cached read whose guards failed, answered
+whole by the backend), ``remote`` (a statement passed through, or a cached read planned for
+the backend), ``cache`` (the cache's own statements: SHOW, SET mtcache.*, cache DDL,
+REFRESH). A statement's latency runs from the server starting on its first message to its
+ReadyForQuery (a protocol cycle: Parse, Bind, Execute, Sync, or a Query).
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+
+from cache.engine.stats import Sample
+
+ROUTES = ("local", "mixed", "fallback", "remote", "cache")
+# bucket bounds in seconds (Prometheus's ``le``): 50 us to 10 s
+BOUNDS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+          0.25, 0.5, 1.0, 2.5, 5.0, 10.0)  # fmt: skip
+_HELP = "statements answered by the server, by route and outcome"
+_SECONDS = "seconds from a statement's first message to its ReadyForQuery, by route"
+
+
+class StatementStats:
+    """Counts and latency histograms of the server's statements (see the module)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._outcomes = {(route, ok): 0 for route in ROUTES for ok in (True, False)}
+        self._buckets = {route: [0] * (len(BOUNDS) + 1) for route in ROUTES}
+        self._sums = dict.fromkeys(ROUTES, 0.0)
+
+    def record(self, route: str, ok: bool, seconds: float) -> None:
+        slot = bisect.bisect_left(BOUNDS, seconds)
+        with self._lock:
+            self._outcomes[(route, ok)] += 1
+            self._buckets[route][slot] += 1
+            self._sums[route] += seconds
+
+    def samples(self) -> list[Sample]:
+        with self._lock:
+            outcomes = dict(self._outcomes)
+            buckets = {route: list(counts) for route, counts in self._buckets.items()}
+            sums = dict(self._sums)
+        found = [Sample("mtcache_statements_total", (("route", route),
+                                                     ("outcome", "ok" if ok else "error")),
+                        float(count), "counter", _HELP)
+                 for (route, ok), count in outcomes.items()]  # fmt: skip
+        for route, counts in buckets.items():
+            total = 0
+            for bound, count in zip((*BOUNDS, float("inf")), counts, strict=True):
+                total += count
+                le = "+Inf" if bound == float("inf") else f"{bound:g}"
+                found.append(Sample("mtcache_statement_seconds_bucket",
+                                    (("route", route), ("le", le)), float(total), "histogram",
+                                    _SECONDS))  # fmt: skip
+            found.append(Sample("mtcache_statement_seconds_sum", (("route", route),),
+                                sums[route], "histogram", _SECONDS))  # fmt: skip
+            found.append(Sample("mtcache_statement_seconds_count", (("route", route),),
+                                float(total), "histogram", _SECONDS))  # fmt: skip
+        return found
+
+
+__all__ = ["BOUNDS", "ROUTES", "StatementStats"]
