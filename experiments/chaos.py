@@ -576,6 +576,16 @@ def supervisor(run: Run) -> None:
             run.note(run.errors, f"VIOLATION the cache's process died ({code}): {tail}")
 
 
+def restart_backend(run: Run) -> None:
+    """The backend stopped and started again (``run.restart``), its outage noted."""
+    assert run.restart is not None
+    down = time.time()
+    run.restart()
+    with run.lock:
+        run.outages.append((down, time.time()))
+        run.faults["backend restart"] += 1
+
+
 def fault_injector(run: Run) -> None:
     rng = random.Random(run.seed * 1000 + 900)
     next_restart = time.time() + rng.uniform(5, 10)
@@ -586,11 +596,7 @@ def fault_injector(run: Run) -> None:
         if not run.running():
             break
         if run.restart is not None and time.time() > next_restart:
-            down = time.time()
-            run.restart()
-            with run.lock:
-                run.outages.append((down, time.time()))
-                run.faults["backend restart"] += 1
+            restart_backend(run)
             next_restart = time.time() + rng.uniform(8, 20)
             continue
         if time.time() > next_kill:
@@ -765,10 +771,7 @@ def wire_faults(run: Run, wire: Wire) -> None:
             break
         now = time.time()
         if run.restart is not None and now > next_restart:
-            run.restart()
-            with run.lock:
-                run.outages.append((now, time.time()))
-                run.faults["backend restart"] += 1
+            restart_backend(run)
             next_restart = time.time() + rng.uniform(10, 25)
             continue
         if now > next_kill:

@@ -109,58 +109,46 @@ class Explain:
     json: bool = False  # EXPLAIN (FORMAT JSON): the plan's document in one row
 
 
+class _ToBackend:
+    """What a statement sent to the backend as written may do there, read off its text."""
+
+    sql: str
+
+    @functools.cached_property
+    def executed(self) -> Executed:
+        return Executed(self.sql)
+
+    @functools.cached_property
+    def may_change_role(self) -> bool:
+        return may_change_role(self.sql)
+
+    @functools.cached_property
+    def pins(self) -> str | None:
+        return pins(self.sql)
+
+    @functools.cached_property
+    def may_change_settings(self) -> bool:
+        return _SETTING.search(self.sql) is not None
+
+    @functools.cached_property
+    def unprepares(self) -> bool:
+        return _UNPREPARES.search(self.sql) is not None
+
+
 @dataclass(frozen=True)
-class Passthrough:
+class Passthrough(_ToBackend):
     sql: str
     reads: Query | None = None  # a plain query: its tables are named in the provenance
     changes_catalog: bool = False  # backend DDL: the shadow catalog must be read again
 
-    @functools.cached_property
-    def executed(self) -> Executed:
-        return Executed(self.sql)
-
-    @functools.cached_property
-    def may_change_role(self) -> bool:
-        return may_change_role(self.sql)
-
-    @functools.cached_property
-    def pins(self) -> str | None:
-        return pins(self.sql)
-
-    @functools.cached_property
-    def may_change_settings(self) -> bool:
-        return _SETTING.search(self.sql) is not None
-
-    @functools.cached_property
-    def unprepares(self) -> bool:
-        return _UNPREPARES.search(self.sql) is not None
 
 
 @dataclass(frozen=True)
-class Write:
+class Write(_ToBackend):
     sql: str
     tables: frozenset[str] | None  # None: the parser could not name them (counts as all)
     changes_catalog: bool = False
 
-    @functools.cached_property
-    def executed(self) -> Executed:
-        return Executed(self.sql)
-
-    @functools.cached_property
-    def may_change_role(self) -> bool:
-        return may_change_role(self.sql)
-
-    @functools.cached_property
-    def pins(self) -> str | None:
-        return pins(self.sql)
-
-    @functools.cached_property
-    def may_change_settings(self) -> bool:
-        return _SETTING.search(self.sql) is not None
-
-    @functools.cached_property
-    def unprepares(self) -> bool:
-        return _UNPREPARES.search(self.sql) is not None
 
 
 @dataclass(frozen=True)
