@@ -271,8 +271,9 @@ def test_demo_shows_the_cache_at_work(
         # SQLAlchemy's ORM through postgresql+mtcache (its connect-time queries are remote)
         orm = out[out.index("SQLAlchemy ORM"):]
         assert "1 rows: ('Author 4', 'Madison')" in orm and "authors: local from authorcopy" in orm
-        assert ("counters: currency_misses 0, hits 6, memo_hits 0, memo_misses 4, "
-                "presence_misses 2, remote 6") in out
+        assert ("counters: completeness_misses 0, consistency_misses 0, currency_misses 0, "
+                "hits 6, memo_hits 0, memo_misses 4, presence_misses 2, remote 6, "
+                "timeline_misses 0") in out
         assert (home / "demo.duckdb").exists() and not (home / "cache.duckdb").exists()
     finally:
         shutil.rmtree(home, ignore_errors=True)

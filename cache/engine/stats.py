@@ -58,6 +58,8 @@ def document_samples(document: dict[str, t.Any]) -> list[Sample]:
                    view=name),
             _gauge("mtcache_view_regions", len(regions), "regions of a cached view present",
                    view=name),
+            _gauge("mtcache_view_bytes", view.get("bytes", 0), "bytes a cached view's data "
+                   "takes in the cache file (checkpointed)", view=name),
         ]
         if ages:
             found.append(_gauge("mtcache_view_staleness_seconds", max(ages),

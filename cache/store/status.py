@@ -26,8 +26,9 @@ def status(store: CacheStore, now: dt.datetime | None = None) -> dict[str, t.Any
         now = (clock or BackendClock.local()).now()
     schema = store.load_schema()
     delays = measured_delays(store)
-    views = [_view_status(store, schema, schema.views[n], now, delays.get(n))
-             for n in schema.topological_order()]  # fmt: skip
+    sizes = stored_bytes(store, list(schema.views))
+    views = [_view_status(store, schema, schema.views[n], now, delays.get(n)) | {
+        "bytes": sizes.get(n, 0)} for n in schema.topological_order()]  # fmt: skip
     return {
         "cache": str(store.path),
         "clock": "backend" if clock is not None else "local",
@@ -115,6 +116,32 @@ def _view_status(
         "rows": int(rows[0]) if rows else 0,
         "regions": regions,
     }
+
+
+def stored_bytes(store: CacheStore, tables: list[str]) -> dict[str, int]:
+    """The bytes each table's data takes in the cache file, by its checkpointed segments:
+    a segment runs from its offset in its block to the next segment's there (of any table)
+    or to the block's end (so a small table counts the rest of its last block: an upper
+    bound); data not yet checkpointed (in the WAL) is not counted."""
+    con = store.con
+    size = con.execute("SELECT block_size FROM pragma_database_size()").fetchone()
+    block = int(size[0]) if size else 262144
+    segments: list[tuple[int, int, str, int]] = []  # (block, offset, table, extra blocks)
+    every = con.execute("SELECT schema_name, table_name FROM duckdb_tables() "
+                        "WHERE database_name = current_database()").fetchall()  # fmt: skip
+    for schema, name in every:  # (every table's segments: where one ends, the next begins)
+        table = name if schema == "main" else f"{schema}.{name}"
+        for block_id, offset, extra in con.execute(
+                "SELECT block_id, block_offset, additional_block_ids FROM "
+                "pragma_storage_info(?) WHERE block_id >= 0", [table]).fetchall():  # fmt: skip
+            segments.append((int(block_id), int(offset), table, len(extra or ())))
+    segments.sort()
+    found: dict[str, int] = {}
+    for i, (block_id, offset, table, extra) in enumerate(segments):
+        following = segments[i + 1] if i + 1 < len(segments) else None
+        end = following[1] if following is not None and following[0] == block_id else block
+        found[table] = found.get(table, 0) + end - offset + extra * block
+    return {table: found.get(table, 0) for table in tables}
 
 
 def _region(

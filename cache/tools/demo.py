@@ -212,7 +212,8 @@ def cache_at_work(console: Console, dsn: str, path: Path) -> None:
     orm_at_work(console, dsn, path)
     with Admin.open(path) as admin:
         counters = admin.status()["counters"]
-    console.print("counters: " + ", ".join(f"{k} {v}" for k, v in sorted(counters.items())))
+    console.print("counters: " + ", ".join(f"{k} {v}" for k, v in sorted(counters.items())),
+                  soft_wrap=True)  # (one line, however narrow the terminal)
     console.print()
     server_at_work(console, dsn, path)
 
