@@ -27,7 +27,7 @@ def test_a_short_chaos_run_over_the_wire_finds_no_violation(
     assert result["violations"] == []
     # the run did what it is for: many answers through the server, local ones among them,
     # and faults of each kind
-    assert result["answers_checked"] > 300 and result["answers_local"] > 20
+    assert result["answers_checked"] > 100 and result["answers_local"] > 20
     assert result["regions_checked"] > 0 and result["ticks"] > 100
     assert result["owner_incarnations"] >= 2  # the server started again after a SIGKILL
     faults = result["faults"]
