@@ -660,12 +660,15 @@ def wire_supervisor(run: Run, wire: Wire) -> None:
             run.owner = wire.server  # (what the fault thread SIGKILLs)
         while wire.server.poll() is None and run.running():
             time.sleep(0.1)
-        if wire.server.poll() is None:  # the deadline: stopped, as an operator would
+        stopped = wire.server.poll() is None
+        if stopped:  # the deadline: stopped, as an operator would
             wire.server.send_signal(signal.SIGTERM)
         code = wire.server.wait()
         with run.lock:
             killed, run.killing = run.killing, False
-        if code == -signal.SIGKILL and killed:
+        if stopped and code == -signal.SIGTERM:
+            pass  # (stopped while it was still starting, before it handles SIGTERM)
+        elif code == -signal.SIGKILL and killed:
             run.note(run.faults, "server SIGKILLed (started again)")
         elif code != 0:
             tail = (run.work / f"server-{number}.log").read_text(errors="replace")[-2000:]
@@ -712,6 +715,9 @@ def wire_maintainer(run: Owner, completeness: bool = True) -> None:
                     conn.close()
             conn = None
         time.sleep(rng.uniform(0.05, 0.3))
+    if conn is not None:
+        with contextlib.suppress(cache.Error):
+            conn.close()
 
 
 def disconnector(run: Owner, run_faults: t.Callable[[str], None]) -> None:

@@ -133,7 +133,8 @@ def stored_bytes(store: CacheStore, tables: list[str]) -> dict[str, int]:
         table = name if schema == "main" else f"{schema}.{name}"
         for block_id, offset, extra in con.execute(
                 "SELECT block_id, block_offset, additional_block_ids FROM "
-                "pragma_storage_info(?) WHERE block_id >= 0", [table]).fetchall():  # fmt: skip
+                "pragma_storage_info(?) WHERE block_id >= 0",
+                [f"{ident(schema)}.{ident(name)}"]).fetchall():  # fmt: skip
             segments.append((int(block_id), int(offset), table, len(extra or ())))
     segments.sort()
     found: dict[str, int] = {}
