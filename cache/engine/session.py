@@ -141,10 +141,8 @@ class Session:
         # how the last statement was answered (`cache.server.statements`): local, mixed,
         # fallback (guards failed), remote; the caller sets "cache" before the cache's own
         self.last_route = "cache"
-        self._seen_decision: Decision | None = None  # (`answered_from_lane`)
-        # what RESET returns each setting to: its value when the session began
-        self._setting_defaults = {s.attribute: getattr(self, s.attribute)
-                                  for s in SETTINGS.values() if s.writable}  # fmt: skip
+        self._seen_decision: Decision | None = None  # (`_saw`)
+        self._seen_moment: dt.datetime | None = None
         # where the last statement's rows came from (EXPLAIN LAST STATEMENT): the provenance
         # or how to make it, never the rows
         self._last: Provenance | t.Callable[[], Provenance] = NO_PROVENANCE
@@ -208,6 +206,9 @@ class Session:
             self.store.close()
             engine.leave(self)
             raise
+        # what RESET returns each setting to: its value when the session began
+        self._setting_defaults = {s.attribute: getattr(self, s.attribute)
+                                  for s in SETTINGS.values() if s.writable}  # fmt: skip
         self._decisions = DecisionMemo()  # guard decisions while the regions and session stand
         self.admin = Admin(self.store, lambda: engine.backend, admissions=engine.admissions,
                            on_catalog=self.planner.use_catalog, lock=self.lock,
@@ -512,14 +513,9 @@ class Session:
         else:
             provenance = lambda: Provenance.of(decision)  # noqa: E731
         state = self.state
-        moments = [decision.now] if remote else []
-        stamps = [s[0] for b in bindings for _, s in b.regions if s[0] is not None]
-        if stamps:
-            moments.append(max(stamps))
-        if moments:
-            state.saw(max(moments))
-            if state.timeline_active:
-                state.read_at(max(moments))
+        moment = self._saw(decision)
+        if moment is not None and state.timeline_active:
+            state.read_at(moment)
         return Result(ran.rows, ran.description, types_of=described, plan=prepared.plan,
                       executed=ran.executed, provenance=provenance)  # fmt: skip
 
@@ -721,12 +717,23 @@ class Session:
         counters["memo_hits"] += 1
         self._last = lineage
         self.last_route = "local"
-        if decision is not self._seen_decision:  # (a lane's decision: its data's moment, once)
-            self._seen_decision = decision
-            stamps = [s[0] for b in decision.bindings or () for _, s in b.regions
-                      if s[0] is not None]  # fmt: skip
-            if stamps:
-                self.state.saw(max(stamps))
+        self._saw(decision)
+
+    def _saw(self, decision: Decision) -> dt.datetime | None:
+        """The newest backend moment of the data a decision read (its regions' refreshes; the
+        decision's moment for what it fetched remotely), noted in the session's position:
+        worked out once per decision (a memo or a lane gives the same one again)."""
+        if decision is self._seen_decision:
+            return self._seen_moment
+        bindings = decision.bindings or ()
+        moments = [s[0] for b in bindings for _, s in b.regions if s[0] is not None]
+        if decision.local < len(bindings):
+            moments.append(decision.now)
+        moment = max(moments, default=None)
+        self._seen_decision, self._seen_moment = decision, moment
+        if moment is not None:
+            self.state.saw(moment)
+        return moment
 
     def _counted_local(self, decision: Decision, memo: bool | None) -> None:
         """The accesses a decision kept local, and whether the memo (or an index) answered
@@ -893,12 +900,8 @@ class Session:
                 self.pinned = "its settings could not be read"
                 return
             self._settings_unknown = False
-        with self._pg_lock:
-            self._pooled = None
-            self._pg = None
-        self._let_go(pooled)
         assert self._pool is not None
-        self._pool.release(pooled)
+        self._pool.release(self._detach(pooled))
 
     @property
     def lost_backend(self) -> bool:
@@ -1085,13 +1088,11 @@ class Session:
     def position(self) -> dt.datetime | None:
         """The newest backend moment the session has seen (`SessionState.position`): given
         to another cache as ``min_position``, it never reads older data there."""
-        state = getattr(self, "state", None)  # (None while the session opens)
-        return state.position() if state is not None else None
+        return self.state.position()
 
     @property
     def min_position(self) -> dt.datetime | None:
-        state = getattr(self, "state", None)
-        return state.min_position if state is not None else None
+        return self.state.min_position
 
     @min_position.setter
     def min_position(self, moment: dt.datetime | None) -> None:
@@ -1157,8 +1158,12 @@ class Session:
         for name, value in self._pg_settings.items():
             setattr(pg, name, value)
 
-    def _let_go(self, pooled: Pooled) -> None:
-        """The session's handlers off a pooled connection it no longer uses."""
+    def _detach(self, pooled: Pooled) -> Pooled:
+        """The pooled connection the session holds is no longer its own (a cancel from
+        another thread then finds none), its handlers taken off."""
+        with self._pg_lock:
+            self._pooled = None
+            self._pg = None
         pg = pooled.conn
         for handler in (self._notice_sink, *self._notice_handlers):
             with contextlib.suppress(ValueError):
@@ -1166,6 +1171,7 @@ class Session:
         cursor, self._pg_cursor = self._pg_cursor, None
         if cursor is not None:
             cursor.close()
+        return pooled
 
     def _backend_session(self) -> psycopg.Connection[t.Any]:
         """The session's backend connection for a statement of the session's own
@@ -1189,10 +1195,7 @@ class Session:
             pooled = self._pooled
             if pooled is not None:
                 assert self._pool is not None
-                with self._pg_lock:
-                    self._pooled = None
-                    self._pg = None
-                self._pool.discard(pooled)
+                self._pool.discard(self._detach(pooled))
             elif not pg.closed:  # (`lose_backend`)
                 pg.close()
         return self._connect_backend()
@@ -1201,10 +1204,7 @@ class Session:
         pooled = self._pooled
         if pooled is not None:  # given back if it can be, else closed (a pinned session's)
             assert self._pool is not None
-            with self._pg_lock:
-                self._pooled = None
-                self._pg = None
-            self._let_go(pooled)
+            self._detach(pooled)
             if self.pinned is not None or self._settings_unknown:
                 self._pool.discard(pooled)
             else:

@@ -258,8 +258,7 @@ class Conversation:
         self.handled += 1
         if isinstance(message, protocol.Terminate):
             return False
-        if self.statement_stats is not None and \
-                isinstance(message, protocol.Query | protocol.Execute):  # fmt: skip
+        if isinstance(message, protocol.Query | protocol.Execute):
             self._statement_starts()
         if isinstance(message, protocol.Sync):
             self._sync()
@@ -299,8 +298,8 @@ class Conversation:
 
     def _statement_starts(self) -> None:
         """A statement's first message (Query, Execute): its latency runs from here to the
-        ReadyForQuery that ends its cycle (`_ready`)."""
-        if self._started is None:
+        ReadyForQuery that ends its cycle (`_ready`), when statements are counted."""
+        if self.statement_stats is not None and self._started is None:
             self._started = time.perf_counter()
             self._failed = False
             self.session.last_route = "cache"
@@ -342,12 +341,10 @@ class Conversation:
         portal = self.portals.get(message.portal)
         if portal is None or portal.rows is not None or message.max_rows > 0:
             return False
-        started = time.perf_counter()
+        self._statement_starts()
         found = self._answer_at_hand(portal)
         if found is None:
             return False
-        if self.statement_stats is not None and self._started is None:
-            self._started, self._failed = started, False
         self._drain()
         try:
             self._send_local(portal, found[0], 0)
@@ -365,8 +362,7 @@ class Conversation:
         statement = self.statements.get(bind.statement)
         if statement is None or not isinstance(statement.route, CachedRead):
             return False
-        if self.statement_stats is not None:
-            self._statement_starts()
+        self._statement_starts()
         portal = Portal(statement, bind)
         lane = statement.lane
         run = protocol.run_shape(bind, describe)
@@ -468,9 +464,8 @@ class Conversation:
             return None
         self.epoch += 1  # (as in `handle`)
         self.handled += 1
-        if self.statement_stats is not None:
-            self._statement_starts()
-            self.session.last_route = "remote"
+        self._statement_starts()
+        self.session.last_route = "remote"
         portal = Portal(statement, bind)
         bound = self._bound(portal, describe)
         pgconn = conn.pgconn

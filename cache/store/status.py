@@ -27,8 +27,8 @@ def status(store: CacheStore, now: dt.datetime | None = None) -> dict[str, t.Any
     schema = store.load_schema()
     delays = measured_delays(store)
     sizes = stored_bytes(store, list(schema.views))
-    views = [_view_status(store, schema, schema.views[n], now, delays.get(n)) | {
-        "bytes": sizes.get(n, 0)} for n in schema.topological_order()]  # fmt: skip
+    views = [_view_status(store, schema, schema.views[n], now, delays.get(n), sizes.get(n, 0))
+             for n in schema.topological_order()]  # fmt: skip
     return {
         "cache": str(store.path),
         "clock": "backend" if clock is not None else "local",
@@ -45,7 +45,9 @@ def status(store: CacheStore, now: dt.datetime | None = None) -> dict[str, t.Any
 
 def _view_status(
     store: CacheStore, schema: CacheSchema, view: CachedView, now: dt.datetime, delay: float | None,
+    stored: int = 0,
 ) -> dict[str, t.Any]:
+    """A view's entry of the status document (``stored``: its bytes, `stored_bytes`)."""
     con = store.con
     rows = con.execute(f"SELECT count(*) FROM {ident(view.name)}").fetchone()
     regions: list[dict[str, t.Any]] = []
@@ -114,6 +116,7 @@ def _view_status(
         # d of §4.6, measured over its recent operations (None: none measured yet)
         "refresh_delay_seconds": round(delay, 6) if delay is not None else None,
         "rows": int(rows[0]) if rows else 0,
+        "bytes": stored,
         "regions": regions,
     }
 
