@@ -829,6 +829,7 @@ class ClientConnection(asyncio.Protocol):
                 self.transport.close()
             self.server.closed(self)
             return
+        self._flush()
         self._pump()
 
     def _watch_backend(self) -> None:
@@ -932,7 +933,10 @@ class ClientConnection(asyncio.Protocol):
                 finally:
                     with self._state:
                         self.busy = False
-            self._flush()
+            if self._ending:
+                self._flush()
+            # (else the loop sends the last of it once it has the conversation back,
+            # `_work_done`: a client answered at once finds its next run taken at hand)
         except (ConnectionError, OSError):
             self._ending = True  # the client went away: its session ends
         except ProtocolViolation as exc:
