@@ -161,3 +161,21 @@ def test_position_of_a_fresh_session_is_none(servers: tuple[Served, Served]) -> 
         assert _position(conn) == "2024-01-01T00:00:00.000000+00:00"
         conn.execute("RESET mtcache.min_position")
         assert conn.execute("SHOW mtcache.min_position").fetchone() == ("none",)
+
+
+@pytest.mark.parametrize("prepare", [False, True])
+def test_a_write_alone_moves_the_position(servers: tuple[Served, Served], prepare: bool) -> None:
+    """A session's own write, with no read after it, is in the position it shows at once:
+    whichever way the write went (a worker, the loop's relay, byte for byte), the other
+    server given that position reads the write."""
+    a, b = servers
+    update = "UPDATE counter SET v = v + 1 WHERE k = %s RETURNING v"
+    read = "SELECT v FROM counter WHERE k = %s"
+    with connect(a) as on_a, psycopg.connect(a.backend, autocommit=True) as pg:
+        _refresh_after(b, pg, "-infinity")
+        for k in (3, 4, 3, 4, 3, 4):  # (prepared: later runs relayed by the loop)
+            written = on_a.execute(update, [k], prepare=prepare).fetchone()
+            position = _position(on_a)
+            with connect(b, f"{BOUND} -c mtcache.min_position={position}") as moved:
+                assert moved.execute(read, [k], prepare=prepare).fetchone() == written
+                assert pg.execute(read, [k]).fetchone() == written

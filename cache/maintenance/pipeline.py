@@ -134,7 +134,9 @@ class Maintainer:
                 f"(it lists {len(listed)} key(s); `mtcache status` shows them)"
             )
         try:
-            return evict(self.store, schema, view, role, control, columns, values, self.faults)
+            with self.store.maintenance_lock:
+                return evict(self.store, schema, view, role, control, columns, values,
+                             self.faults)  # fmt: skip
         except faults.InjectedFault:
             raise
         except Exception as exc:
@@ -179,9 +181,10 @@ class Maintainer:
         """``then(con, snapshot_id)``: more work inside the apply transaction (the stream
         consumer applies the transaction that needed this pull)."""
         if not any(schema.continuous(r.view) for r in seeds):
-            return self._pull_and_apply(label, schema, seeds, admitted, must_hold, then)
+            with self.store.maintenance_lock:  # (one operation at a time: `_Shared`)
+                return self._pull_and_apply(label, schema, seeds, admitted, must_hold, then)
         # the stream must not pass the pull's snapshot before the pull is applied
-        with self.store.stream_lock:
+        with self.store.stream_lock, self.store.maintenance_lock:
             return self._pull_and_apply(label, schema, seeds, admitted, must_hold, then)
 
     def _pull_and_apply(

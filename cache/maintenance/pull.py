@@ -159,20 +159,12 @@ class Pull:
         for edge in view.presence:
             keys = self._distinct_cached(view.name, edge.columns, inside)
             parts.append(in_list(edge.columns, keys).sql("postgres"))
-        if region.kind == "completeness" and self._holds_rows(view, region):
-            # §3.4.1: the completeness query runs only for a non-empty region: an entry in the
-            # CpCT does not imply presence ("all rows or none"; none needs no pull).
+        if region.kind == "completeness":
+            # A listed completeness region holds all of its rows, always: the guard answers a
+            # read of its key from it (an empty region would answer "none" for a group the
+            # backend has rows in), and the stream adds the rows that join it.
             parts.append(in_list(region.columns, [region.values]).sql("postgres"))
         return " OR ".join(f"({p})" for p in parts) if parts else "FALSE"
-
-    def _holds_rows(self, view: CachedView, region: Region) -> bool:
-        if region.values in distinct_rows(self.staged.get(view.name), region.columns):
-            return True
-        inside = region_predicate([region]).sql("duckdb")
-        row = self.con.execute(
-            f"SELECT count(*) FROM {ident(view.name)} WHERE {inside}"
-        ).fetchone()
-        return bool(row and row[0])
 
     def _view_level_predicate(self, view: CachedView) -> str:
         if view.is_fully_materialized:

@@ -114,6 +114,10 @@ class _Shared:
     # held by the stream consumer while it applies, and by a pull of continuously maintained
     # regions from its snapshot to its commit (the stream must not pass the pull meanwhile)
     stream_lock: threading.RLock = field(default_factory=threading.RLock)
+    # held by an admission, refresh or eviction from its closure to its commit: an operation
+    # works out what it replaces from the cache as it is, which another one committing
+    # meanwhile would make stale (a refresh's older rows over a region admitted since)
+    maintenance_lock: threading.RLock = field(default_factory=threading.RLock)
     # the stream consumers of this file in this process (their streaming sessions hold the
     # slot: the cache DDL releases them before it changes or drops it)
     stream_holders: weakref.WeakSet[StreamHolder] = field(default_factory=weakref.WeakSet)
@@ -417,6 +421,10 @@ class CacheStore:
     @property
     def stream_lock(self) -> threading.RLock:
         return self._shared.stream_lock
+
+    @property
+    def maintenance_lock(self) -> threading.RLock:
+        return self._shared.maintenance_lock
 
     def hold_stream(self, holder: StreamHolder) -> None:
         """``holder`` streams this file's slot (`release_streams` ends its session)."""
