@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psycopg
 
+import cache
 from cache.engine.engine import Engine
 from cache.server import protocol
 from cache.server.server import Server, ServerOptions
@@ -64,14 +65,29 @@ def server_of(backend: str, cache_path: Path, options: ServerOptions | None = No
 
 @contextmanager
 def serving(backend: str, cache_path: Path, authors: t.Sequence[int],
-            options: ServerOptions | None = None,
+            options: ServerOptions | None = None, numbers: bool = False,
             **engine_options: t.Any) -> Iterator[Served]:  # fmt: skip
-    """A server (`server_of`) over a cache of AUTHORS_AND_BOOKS, ``authors`` admitted."""
+    """A server (`server_of`) over a cache of AUTHORS_AND_BOOKS, ``authors`` admitted (and
+    the numbers, `cache_numbers`). With a statement timeout in ``options`` the cache is built
+    in this process before the server starts: its limits are not for the tests' setup (a
+    cold refresh may take longer than a test's short timeout)."""
+    statements = [AUTHORS_AND_BOOKS,
+                  f"INSERT INTO authorlist_pct VALUES {', '.join(f'({a})' for a in authors)}"]
+    if numbers:
+        statements += NUMBERCOPY
+    before = options is not None and options.limits.statement_timeout is not None
+    if before:
+        with cache.connect(backend=backend, cache_path=cache_path, autocommit=True,
+                           background=False) as conn:  # fmt: skip
+            conn.admin.apply_ddl(statements[0])  # (a script: the cursor takes one statement)
+            cur = conn.cursor()
+            for statement in statements[1:]:
+                cur.execute(statement)
     with server_of(backend, cache_path, options, **engine_options) as served:
-        with psycopg.connect(served.dsn, autocommit=True) as conn:
-            conn.execute(AUTHORS_AND_BOOKS)
-            listed = ", ".join(f"({a})" for a in authors)
-            conn.execute(f"INSERT INTO authorlist_pct VALUES {listed}")
+        if not before:
+            with psycopg.connect(served.dsn, autocommit=True) as conn:
+                for statement in statements:
+                    conn.execute(statement)
         yield served
 
 
@@ -89,12 +105,15 @@ def numbers_table(backend: str) -> None:
         pg.execute("INSERT INTO numbers SELECT generate_series(1, 2000)")
 
 
+NUMBERCOPY = ["CREATE CACHED VIEW numbercopy AS SELECT n FROM numbers REFRESH EVERY 10 MIN",
+              "REFRESH CACHED VIEW numbercopy"]
+
+
 def cache_numbers(served: Served) -> None:
     """The numbers cached whole on the server, so `SLOW_LOCAL` runs locally."""
     with psycopg.connect(served.dsn, autocommit=True) as conn:
-        conn.execute("CREATE CACHED VIEW numbercopy AS SELECT n FROM numbers "
-                     "REFRESH EVERY 10 MIN")  # fmt: skip
-        conn.execute("REFRESH CACHED VIEW numbercopy")
+        for statement in NUMBERCOPY:
+            conn.execute(statement)
 
 
 def raw_session(served: Served, options: str | None = None) -> socket.socket:

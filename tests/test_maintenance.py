@@ -429,3 +429,27 @@ def test_an_operation_committing_during_another_is_not_overwritten(
     assert local(store, "SELECT name FROM authorcopy WHERE authorid = 4") == [("later",)]
     stamps = set(snapshot_ids(store, "authorlist_pct", "authorid").values())
     assert len(stamps) == 1 and stamps == set(snapshot_ids(store, "citylist_cpct", "city").values())
+
+
+def test_an_interrupted_operation_says_cancelled(
+    store: CacheStore, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DuckDB interrupted under an operation (a cancel, the server's statement timeout): the
+    error is 57014's, which the server words by its reason, not a failure of the cache, and
+    the cache is unchanged."""
+    import duckdb
+
+    from cache.maintenance import pipeline
+    from sql_ext.errors import QueryCanceledError
+
+    maintainer = Maintainer(store, backend)
+    maintainer.admit("authorlist_pct", [(4,)])
+    before = dump(store)
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise duckdb.InterruptException("INTERRUPT Error: Interrupted!")
+
+    monkeypatch.setattr(pipeline, "apply_pull", interrupted)
+    with pytest.raises(QueryCanceledError):
+        maintainer.refresh("authorcopy")
+    assert dump(store) == before

@@ -19,7 +19,6 @@ from tests.conftest import cli_home
 from tests.serving import (
     SLOW_LOCAL,
     Served,
-    cache_numbers,
     messages,
     numbers_table,
     raw_session,
@@ -41,8 +40,8 @@ def served(bookstore_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
             pg.execute("CREATE ROLE limits_other LOGIN")
         pg.execute("GRANT SELECT, INSERT ON ALL TABLES IN SCHEMA public TO limits_other")
     with serving(bookstore_dsn, tmp_path_factory.mktemp("limits") / "cache.duckdb", (1, 2),
-                 ServerOptions(limits=LIMITS, max_result_bytes=RESULT_BYTES)) as found:  # fmt: skip
-        cache_numbers(found)
+                 ServerOptions(limits=LIMITS, max_result_bytes=RESULT_BYTES),
+                 numbers=True) as found:  # fmt: skip
         yield found
 
 

@@ -297,6 +297,8 @@ def _failed(exc: BaseException, what: str) -> Error:
     """An operation's failure in the PEP 249 tree, saying the cache is unchanged."""
     if isinstance(exc, Error):
         return exc
+    if type(exc).__name__ == "InterruptException":  # (DuckDB's: a cancel or a timeout)
+        return translate(exc)
     if connection_lost(exc):
         return translate(exc, what, unreachable="lost the backend during the pull; the cache "
                          "is unchanged, try again when the backend is back")  # fmt: skip

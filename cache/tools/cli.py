@@ -32,7 +32,6 @@ from cache.engine.admin import Admin
 from cache.engine.engine import DEFAULT_CACHE
 from cache.maintenance.pipeline import ENGINES
 from cache.store.served import published, served_at
-from cache.tools.demo import run_demo
 from cache.tools.formatting import describe_class, plural
 from cache.tools.settings import Settings
 from heartbeat.beat import DEFAULT_INTERVAL, DEFAULT_SOURCE, Heartbeat, beat, ensure_table
@@ -405,6 +404,8 @@ def cmd_query(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
+    from cache.tools.demo import run_demo  # (SQLAlchemy: only the demo needs it at start)
+
     return run_demo(settings)
 
 
