@@ -176,6 +176,26 @@ class Journal:
         os.close(self._fd)
 
 
+def logged_failures(work: Path) -> dict[str, int]:
+    """The exceptions the cache's processes logged with a traceback (their last lines, and
+    how often): not violations, but each a failure of the cache worth reading (the logs go
+    with the run's directory)."""
+    found: collections.Counter[str] = collections.Counter()
+    for log in sorted(work.glob("*.log")):
+        lines = log.read_text(errors="replace").splitlines()
+        for n, line in enumerate(lines):
+            if not line.startswith("Traceback (most recent call last)"):
+                continue
+            end = n + 1
+            while end < len(lines) and (lines[end].startswith((" ", "\t")) or not lines[end]):
+                end += 1
+            after = next((x for x in lines[end + 1 :] if x.strip()), "")
+            if end < len(lines) and not after.startswith(("During handling of the above",
+                                                          "The above exception was")):
+                found[lines[end][:200]] += 1  # (of a chain, the last exception's line)
+    return dict(found.most_common())
+
+
 def read_journal(path: Path) -> list[dict[str, t.Any]]:
     """Its whole records (none if the process died before writing any)."""
     if not path.exists():
@@ -970,6 +990,7 @@ def run_chaos(
             "owner_incarnations": run.incarnations_served if wire else len(run.incarnations),
             "faults": dict(run.faults), "operations": dict(run.operations),
             "errors": {k: v for k, v in run.errors.items() if not k.startswith("VIOLATION")},
+            "logged_failures": logged_failures(work),
             "violations": violations, "events": sorted(events),
         }  # fmt: skip
     finally:
@@ -1018,6 +1039,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"was down: {result['local_during_outages']}")  # fmt: skip
     console.print(f"operations: {result['operations']}")
     console.print(f"errors (refused or retried, not checked): {result['errors']}")
+    console.print(f"failures the cache's processes logged: {result['logged_failures']}")
     console.print(f"violations: {len(result['violations'])}")
     for violation in result["violations"][:20]:
         console.print(f"  {violation}", markup=False)
