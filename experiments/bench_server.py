@@ -15,7 +15,9 @@ One run, everything side by side on one pgbench database (`pgbench -i -s SCALE`)
 (e) TLS: a client's start (connect, one statement, close) with `sslmode=require` vs without,
     and a point lookup over TLS vs without, on one server with a certificate;
 (f) the metrics: point lookups through a server with `--metrics` scraped every second vs a
-    server without (each its own cache file, both on the client's CPU; target <= 1.02x);
+    server without (each its own cache file, both on the client's CPU, at least 10,000 calls
+    each; target <= 1.02x), beside a second server without them (how much two servers alike
+    differ);
 (c) the same point lookup with a 1 ms round trip between the cache and the backend (a delay
     proxy of this module's own): hits through the server vs the backend through the proxy
     (target <= 0.1x), placed as (a) is;
@@ -574,11 +576,12 @@ def main(argv: list[str] | None = None) -> int:
                             "--tls-key", str(key)) as tls_port, \
                 mtcache_server(backend, work / "metrics.duckdb", log, "--metrics",
                                f"127.0.0.1:{metrics_port}") as measured_port, \
-                mtcache_server(backend, work / "plain.duckdb", log) as plain_port:  # fmt: skip
-            for port in (tls_port, measured_port, plain_port):
+                mtcache_server(backend, work / "plain.duckdb", log) as plain_port, \
+                mtcache_server(backend, work / "twin.duckdb", log) as twin_port:  # fmt: skip
+            for port in (tls_port, measured_port, plain_port, twin_port):
                 cached_accounts(port)
             pids = {name: _server_pid(work / f"{name}.duckdb")
-                    for name in ("tls", "metrics", "plain")}  # fmt: skip
+                    for name in ("tls", "metrics", "plain", "twin")}  # fmt: skip
             secure = dsn_at(tls_port, DATABASE, BOUND) + " sslmode=require"
             clear = dsn_at(tls_port, DATABASE, BOUND) + " sslmode=disable"
             starts = max(100, args.calls // 20)
@@ -594,7 +597,9 @@ def main(argv: list[str] | None = None) -> int:
             scraped_conn = psycopg.connect(dsn_at(measured_port, DATABASE, BOUND),
                                            autocommit=True)  # fmt: skip
             unscraped = psycopg.connect(dsn_at(plain_port, DATABASE, BOUND), autocommit=True)
-            conns = (over_tls, in_clear, scraped_conn, unscraped)
+            # (a second server without --metrics: two servers alike differ by this much)
+            twin = psycopg.connect(dsn_at(twin_port, DATABASE, BOUND), autocommit=True)
+            conns = (over_tls, in_clear, scraped_conn, unscraped, twin)
             for conn in conns:
                 for key in draw.sample(range(1, accounts + 1), 20):
                     got = conn.execute(POINT, [key], prepare=True).fetchall()
@@ -613,10 +618,12 @@ def main(argv: list[str] | None = None) -> int:
             scraper = threading.Thread(target=scraping, args=(
                 f"http://127.0.0.1:{metrics_port}/metrics", stop))  # fmt: skip
             scraper.start()
+            calls = max(args.calls, 10_000)  # (seconds of lookups: the scrapes among them)
             try:
-                with placed("one CPU", [pids["metrics"], pids["plain"]]):
-                    scraped, plain_hits = paired([lookup(scraped_conn, stream),
-                                                  lookup(unscraped, stream)], args.calls)
+                with placed("one CPU", [pids["metrics"], pids["plain"], pids["twin"]]):
+                    scraped, plain_hits, twin_hits = paired([
+                        lookup(scraped_conn, stream), lookup(unscraped, stream),
+                        lookup(twin, stream)], calls)  # fmt: skip
             finally:
                 stop.set()
                 scraper.join()
@@ -624,6 +631,8 @@ def main(argv: list[str] | None = None) -> int:
                 p50(scraped) * 1e3, p50(plain_hits) * 1e3, "<= 1.02x")  # fmt: skip
             row("f", "point lookup p99, --metrics scraped every second vs no --metrics",
                 p99(scraped) * 1e3, p99(plain_hits) * 1e3, "")  # fmt: skip
+            row("f", "point lookup p50, two servers without --metrics (how alike)",
+                p50(twin_hits) * 1e3, p50(plain_hits) * 1e3, "(noise floor)")  # fmt: skip
             for conn in conns:
                 conn.close()
         direct.close()
