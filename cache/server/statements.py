@@ -20,6 +20,7 @@ ROUTES = ("local", "mixed", "fallback", "remote", "cache")
 # bucket bounds in seconds (Prometheus's ``le``): 50 us to 10 s
 BOUNDS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
           0.25, 0.5, 1.0, 2.5, 5.0, 10.0)  # fmt: skip
+_slot = bisect.bisect_left
 _HELP = "statements answered by the server, by route and outcome"
 _SECONDS = "seconds from a statement's first message to its ReadyForQuery, by route"
 
@@ -29,22 +30,27 @@ class StatementStats:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._outcomes = {(route, ok): 0 for route in ROUTES for ok in (True, False)}
-        self._buckets = {route: [0] * (len(BOUNDS) + 1) for route in ROUTES}
-        self._sums = dict.fromkeys(ROUTES, 0.0)
+        # per route: the bucket counts of failed and of answered statements, and the seconds
+        # of all (one list each, indexed by ``ok``: the hit path builds no key; a count is
+        # its buckets' sum)
+        self._routes = {route: ([0] * (len(BOUNDS) + 1), [0] * (len(BOUNDS) + 1), [0.0])
+                        for route in ROUTES}  # fmt: skip
 
     def record(self, route: str, ok: bool, seconds: float) -> None:
-        slot = bisect.bisect_left(BOUNDS, seconds)
+        slot = _slot(BOUNDS, seconds)
+        kept = self._routes[route]
         with self._lock:
-            self._outcomes[(route, ok)] += 1
-            self._buckets[route][slot] += 1
-            self._sums[route] += seconds
+            kept[ok][slot] += 1
+            kept[2][0] += seconds
 
     def samples(self) -> list[Sample]:
         with self._lock:
-            outcomes = dict(self._outcomes)
-            buckets = {route: list(counts) for route, counts in self._buckets.items()}
-            sums = dict(self._sums)
+            outcomes, buckets, sums = {}, {}, {}
+            for route, (failed, answered, seconds) in self._routes.items():
+                outcomes[(route, True)] = sum(answered)
+                outcomes[(route, False)] = sum(failed)
+                buckets[route] = [a + b for a, b in zip(answered, failed, strict=True)]
+                sums[route] = seconds[0]
         found = [Sample("mtcache_statements_total", (("route", route),
                                                      ("outcome", "ok" if ok else "error")),
                         float(count), "counter", _HELP)
