@@ -434,9 +434,8 @@ def main(argv: list[str] | None = None) -> int:
             # (a) point lookups, one client, prepared: as the scheduler places the processes,
             # then with the client, the server and the direct connection's backend on one
             # CPU, and with the client on one and both servers on another (see `placed`)
-            found = served_at(cache_path)
-            assert found is not None
-            serving_pids = (found.pid, direct.info.backend_pid)
+            server_pid = _server_pid(cache_path)
+            serving_pids = (server_pid, direct.info.backend_pid)
             for placement in PLACEMENTS:
                 with placed(placement, serving_pids):
                     for zipf in (False, True):
@@ -462,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
                              "ratio": float("nan"), "unit": "ms", "target": ""})  # fmt: skip
 
             # memory per idle session, and the backend connections idle sessions hold
-            pid = found.pid
+            pid = server_pid
             # (the growth from 200 to 400 sessions: the first ones also meet one-time
             # allocations and memory the process gives back meanwhile)
             before_backends = _backends(direct)
@@ -507,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
                     for conn in (plain, bouncer, piped, direct):  # (each has its backend now)
                         run(conn)
                     # placed as (a) is: the relays and every backend of the database
-                    relaying = (found.pid, bouncer_pid, pipe_pid, *_backend_pids(direct))
+                    relaying = (server_pid, bouncer_pid, pipe_pid, *_backend_pids(direct))
                     for placement in PLACEMENTS:
                         with placed(placement, relaying):
                             via, bounced, pipe, straight = paired([
@@ -550,10 +549,9 @@ def main(argv: list[str] | None = None) -> int:
                     got = served.execute(POINT, [key], prepare=True).fetchall()
                     assert got == remote.execute(POINT, [key], prepare=True).fetchall(), key
                 time.sleep(INDEX_SECONDS)  # (this server indexes the view again, as in (a))
-                again = served_at(cache_path)
-                assert again is not None
+                again = _server_pid(cache_path)
                 for placement in PLACEMENTS:
-                    with placed(placement, (again.pid, remote.info.backend_pid)):
+                    with placed(placement, (again, remote.info.backend_pid)):
                         via, straight = paired([lookup(served, stream), lookup(remote, stream)],
                                                max(200, args.calls // 5))  # fmt: skip
                     where = _placed(placement)

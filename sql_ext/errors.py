@@ -166,6 +166,11 @@ _DBAPI_NAMES = (
 _CONNECTION_LOST = ("08", "57P01", "57P02", "57P03")
 
 
+def interrupted(exc: BaseException) -> bool:
+    """DuckDB's error after an interrupt() (a cancel, a statement timeout)."""
+    return type(exc).__name__ == "InterruptException"
+
+
 def translate(exc: BaseException, context: str = "", *, unreachable: str = "") -> Error:
     """The mtcache error for a psycopg or DuckDB exception (most specific class first), to be
     raised ``from exc``. ``context`` prefixes the message. A backend connection that is lost or
@@ -173,7 +178,7 @@ def translate(exc: BaseException, context: str = "", *, unreachable: str = "") -
     (what that stops, and what to do)."""
     if isinstance(exc, Error):
         return exc
-    if type(exc).__name__ == "InterruptException":  # DuckDB's, after an interrupt()
+    if interrupted(exc):
         return QueryCanceledError()
     prefix = f"{context}: " if context else ""
     text = str(exc).strip() or type(exc).__name__
@@ -309,6 +314,7 @@ __all__ = [
     "diag_fields",
     "diagnostics",
     "first_line",
+    "interrupted",
     "translate",
     "translating",
 ]

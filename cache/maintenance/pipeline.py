@@ -47,6 +47,7 @@ from sql_ext.errors import (
     ProgrammingError,
     connection_lost,
     first_line,
+    interrupted,
     translate,
 )
 
@@ -180,11 +181,11 @@ class Maintainer:
     ) -> Report:
         """``then(con, snapshot_id)``: more work inside the apply transaction (the stream
         consumer applies the transaction that needed this pull)."""
-        if not any(schema.continuous(r.view) for r in seeds):
-            with self.store.maintenance_lock:  # (one operation at a time: `_Shared`)
-                return self._pull_and_apply(label, schema, seeds, admitted, must_hold, then)
-        # the stream must not pass the pull's snapshot before the pull is applied
-        with self.store.stream_lock, self.store.maintenance_lock:
+        # one operation at a time (`_Shared.maintenance_lock`); the stream must not pass the
+        # snapshot of a pull of continuously maintained views before the pull is applied
+        continuous = any(schema.continuous(r.view) for r in seeds)
+        with self.store.stream_lock if continuous else contextlib.nullcontext(), \
+                self.store.maintenance_lock:  # fmt: skip
             return self._pull_and_apply(label, schema, seeds, admitted, must_hold, then)
 
     def _pull_and_apply(
@@ -297,7 +298,7 @@ def _failed(exc: BaseException, what: str) -> Error:
     """An operation's failure in the PEP 249 tree, saying the cache is unchanged."""
     if isinstance(exc, Error):
         return exc
-    if type(exc).__name__ == "InterruptException":  # (DuckDB's: a cancel or a timeout)
+    if interrupted(exc):  # (a cancel or a timeout: the statement's, not the cache's)
         return translate(exc)
     if connection_lost(exc):
         return translate(exc, what, unreachable="lost the backend during the pull; the cache "

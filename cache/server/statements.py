@@ -20,9 +20,19 @@ ROUTES = ("local", "mixed", "fallback", "remote", "cache")
 # bucket bounds in seconds (Prometheus's ``le``): 50 us to 10 s
 BOUNDS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
           0.25, 0.5, 1.0, 2.5, 5.0, 10.0)  # fmt: skip
-_slot = bisect.bisect_left
 _HELP = "statements answered by the server, by route and outcome"
 _SECONDS = "seconds from a statement's first message to its ReadyForQuery, by route"
+
+
+class _Route:
+    """One route's statements: bucket counts of the failed and of the answered ones (indexed
+    by ``ok``; a count is its buckets' sum), and the seconds of all."""
+
+    __slots__ = ("buckets", "seconds")
+
+    def __init__(self) -> None:
+        self.buckets = ([0] * (len(BOUNDS) + 1), [0] * (len(BOUNDS) + 1))
+        self.seconds = 0.0
 
 
 class StatementStats:
@@ -30,27 +40,24 @@ class StatementStats:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        # per route: the bucket counts of failed and of answered statements, and the seconds
-        # of all (one list each, indexed by ``ok``: the hit path builds no key; a count is
-        # its buckets' sum)
-        self._routes = {route: ([0] * (len(BOUNDS) + 1), [0] * (len(BOUNDS) + 1), [0.0])
-                        for route in ROUTES}  # fmt: skip
+        self._routes = {route: _Route() for route in ROUTES}
 
     def record(self, route: str, ok: bool, seconds: float) -> None:
-        slot = _slot(BOUNDS, seconds)
+        slot = bisect.bisect_left(BOUNDS, seconds)
         kept = self._routes[route]
         with self._lock:
-            kept[ok][slot] += 1
-            kept[2][0] += seconds
+            kept.buckets[ok][slot] += 1
+            kept.seconds += seconds
 
     def samples(self) -> list[Sample]:
         with self._lock:
             outcomes, buckets, sums = {}, {}, {}
-            for route, (failed, answered, seconds) in self._routes.items():
+            for route, kept in self._routes.items():
+                failed, answered = kept.buckets
                 outcomes[(route, True)] = sum(answered)
                 outcomes[(route, False)] = sum(failed)
                 buckets[route] = [a + b for a, b in zip(answered, failed, strict=True)]
-                sums[route] = seconds[0]
+                sums[route] = kept.seconds
         found = [Sample("mtcache_statements_total", (("route", route),
                                                      ("outcome", "ok" if ok else "error")),
                         float(count), "counter", _HELP)
