@@ -13,15 +13,18 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cache.server.server import ServerOptions
-from tests.serving import Served, serving
+from cache.server.statements import FOLD
+from tests.serving import Served, numbers_table, quiet, serving
 
 BOOKS = "SELECT isbn, title FROM books WHERE authorid = %s CURRENCY BOUND 10 MIN"
+NUMBER = "SELECT n FROM numbers WHERE n = %s CURRENCY BOUND 10 MIN"  # (numbercopy's: a lane)
 
 
 @pytest.fixture(scope="module")
 def served(bookstore_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    numbers_table(bookstore_dsn)
     with serving(bookstore_dsn, tmp_path_factory.mktemp("metrics") / "cache.duckdb", (1, 2),
-                 ServerOptions(metrics="127.0.0.1:0")) as found:  # fmt: skip
+                 ServerOptions(metrics="127.0.0.1:0"), numbers=True) as found:  # fmt: skip
         yield found
 
 
@@ -126,3 +129,34 @@ def test_statements_by_route_outcome_and_latency(served: Served) -> None:
         assert after[count] - before.get(count, 0.0) == \
             moved(route) + moved(route, "error")  # fmt: skip
         assert after[under] == after[count]
+
+
+def test_hit_path_statements_are_counted_and_timed_each_once(served: Served) -> None:
+    """Prepared lookups answered by their lane (the hit path, whose seconds the event loop
+    appends and folds every `FOLD`: `StatementStats.fold_hits`) are counted once each as
+    local, folded or not, and every path's count is a count (never below zero)."""
+    lookups = FOLD + 50  # (at least one fold, and some hits left unfolded)
+    with psycopg.connect(served.dsn, autocommit=True) as conn:
+        for n in range(5):  # (the plan, the decision and the lookup index made)
+            conn.execute(NUMBER, [n], prepare=True).fetchall()
+        memo = served.engine.memo
+        assert memo is not None and memo.lookups is not None
+        memo.lookups.wait()
+        quiet(served)
+        before = scrape(served)
+        for n in range(lookups):
+            conn.execute(NUMBER, [n], prepare=True).fetchall()
+    after = scrape(served)
+
+    def moved(name: str, *labels: tuple[str, str]) -> float:
+        key = (name, tuple(sorted(labels)))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    route = ("route", "local")
+    assert moved("mtcache_statements_total", route, ("outcome", "ok")) == lookups
+    assert moved("mtcache_statement_seconds_count", route) == lookups
+    assert moved("mtcache_statement_seconds_bucket", route, ("le", "+Inf")) == lookups
+    assert moved("mtcache_server_statements_total", ("path", "lane")) >= lookups - 5
+    paths = [value for (name, _), value in after.items()
+             if name == "mtcache_server_statements_total"]  # fmt: skip
+    assert len(paths) == 4 and min(paths) >= 0

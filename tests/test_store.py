@@ -354,3 +354,33 @@ def test_a_change_token_is_never_older_than_the_rows_a_reader_saw(tmp_path: Path
         writer.close()
         reader.close()
     assert checked > 0
+
+
+def test_a_figure_of_the_data_is_read_again_after_a_change_or_a_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """`CacheStore.at_version` keeps a costly figure (the status's stored bytes, read at
+    every scrape of the server's metrics) only while neither a commit nor a checkpoint can
+    have changed it."""
+    store = CacheStore(tmp_path / "figures.duckdb")
+    reads: list[int] = []
+
+    def count() -> int:
+        (n,) = store.con.execute("SELECT count(*) FROM t").fetchone()  # type: ignore[misc]
+        reads.append(n)
+        return int(n)
+
+    try:
+        store.con.execute("CREATE TABLE t (x INTEGER)")
+        store.bump()
+        assert [store.at_version("n", count) for _ in range(3)] == [0, 0, 0]
+        assert reads == [0]  # (read once: nothing changed)
+        with store.transaction() as con:
+            con.execute("INSERT INTO t VALUES (1)")
+            store.changed(["t"])
+        assert store.at_version("n", count) == 1 and reads == [0, 1]
+        store.con.execute("CHECKPOINT")  # (no version: the file on disk changed)
+        assert store.at_version("n", count) == 1 and reads == [0, 1, 1]
+        assert store.at_version("n", count) == 1 and reads == [0, 1, 1]
+    finally:
+        store.close()

@@ -58,7 +58,7 @@ class Server(t.Protocol):
 
 def server_samples(server: Server) -> list[Sample]:
     """The server's own figures."""
-    paths = (("lane", server.lane_hits), ("at_hand", server.runs_at_once - server.lane_hits),
+    paths = (("lane", server.lane_hits), ("at_hand", server.runs_at_once),
              ("relayed_raw", server.relayed_raw),
              ("relayed", server.relayed_at_once - server.relayed_raw))  # fmt: skip
     found = [

@@ -182,8 +182,10 @@ class Server:
             self.metrics = _metrics_endpoint(self, self.options.metrics)
         self.defaults = _backend_defaults(engine.backend)
         self._describes: dict[tuple[str, tuple[int, ...], int], Description] = {}
-        self.runs_at_once = 0  # prepared runs answered in one step (`ClientConnection._at_hand`)
-        self.lane_hits = 0  # of them, by a statement's lane (`Conversation.lane_at_hand`)
+        # prepared runs answered in one step (`ClientConnection._at_hand`): by a statement's
+        # lane (`Conversation.lane_at_hand`), and by `Conversation.execution_at_hand`
+        self.lane_hits = 0
+        self.runs_at_once = 0
         self.relayed_at_once = 0  # passed through by the loop (`ClientConnection._pass_through`)
         self.relayed_raw = 0  # of them, byte for byte (`Conversation.raw_run`)
 

@@ -13,7 +13,7 @@ import json
 import threading
 import typing as t
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +32,8 @@ from sql_ext import CreateCachedView, CreateControlTable, Statement, parse
 from sql_ext.catalog import Catalog, Column, Index, Table, View
 from sql_ext.errors import OperationalError, first_line, translate
 from sql_ext.quoting import ident, idents
+
+T = t.TypeVar("T")
 
 # 2: char(n) values are stored without their blank padding (control_tables.types.BPCHAR);
 #    the shadow catalog knows each column's own collation
@@ -127,6 +129,8 @@ class _Shared:
     # its rows; ``epoch`` with a change of any (DDL, another process's)
     view_versions: dict[str, int] = field(default_factory=dict)
     epoch: int = 0
+    # figures read from the file's data, each at the version it was read at (`at_version`)
+    figures: dict[str, tuple[t.Any, t.Any]] = field(default_factory=dict)
     # the connection holding the cache's DuckDB functions (`cache.store.functions`): opened
     # with the first handle, closed after the last
     functions: duckdb.DuckDBPyConnection | None = None
@@ -301,6 +305,37 @@ class CacheStore:
         if not lock.acquire(wait):
             raise WouldWait("a change is being committed")
         return lock
+
+    def at_version(self, name: str, read: Callable[[], T]) -> T:
+        """``read()``, or what it gave at the file's present version (no change committed
+        since, and the file and its WAL on disk as they were: a checkpoint changes where
+        the data lies without a change of version): a figure of the file's data too costly
+        to read again each time it is asked (the stored bytes that the status, and so each
+        scrape of the server's metrics, gives). The caller does not change what it gets."""
+        shared = self._shared
+        version = (self.committed_version(), self._on_disk())
+        with shared.lock:
+            kept = shared.figures.get(name)
+        if kept is not None and kept[0] == version:
+            return t.cast(T, kept[1])
+        value = read()
+        # (read while a change committed or a checkpoint moved the data: not kept)
+        if self.unchanged_since(version[0]) and self._on_disk() == version[1]:
+            with shared.lock:
+                shared.figures[name] = (version, value)
+        return value
+
+    def _on_disk(self) -> tuple[tuple[int, int] | None, ...]:
+        """The size and modification time of the file and of its WAL (None: not there)."""
+        found: list[tuple[int, int] | None] = []
+        for path in (self.path, self.path.with_name(self.path.name + ".wal")):
+            try:
+                stat = path.stat()
+            except FileNotFoundError:
+                found.append(None)
+            else:
+                found.append((stat.st_size, stat.st_mtime_ns))
+        return tuple(found)
 
     def bump(self, views: Iterable[str] | None = None) -> None:
         """After a change committed outside `transaction` (DDL, once its schema version is

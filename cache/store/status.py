@@ -125,7 +125,14 @@ def stored_bytes(store: CacheStore, tables: list[str]) -> dict[str, int]:
     """The bytes each table's data takes in the cache file, by its checkpointed segments:
     a segment runs from its offset in its block to the next segment's there (of any table)
     or to the block's end (so a small table counts the rest of its last block: an upper
-    bound); data not yet checkpointed (in the WAL) is not counted."""
+    bound); data not yet checkpointed (in the WAL) is not counted. Read again only after a
+    change committed (`CacheStore.at_version`)."""
+    found = store.at_version("stored bytes", lambda: _table_bytes(store))
+    return {table: found.get(table, 0) for table in tables}
+
+
+def _table_bytes(store: CacheStore) -> dict[str, int]:
+    """`stored_bytes` of every table of the cache file."""
     con = store.con
     size = con.execute("SELECT block_size FROM pragma_database_size()").fetchone()
     block = int(size[0]) if size else 262144
@@ -145,7 +152,7 @@ def stored_bytes(store: CacheStore, tables: list[str]) -> dict[str, int]:
         following = segments[i + 1] if i + 1 < len(segments) else None
         end = following[1] if following is not None and following[0] == block_id else block
         found[table] = found.get(table, 0) + end - offset + extra * block
-    return {table: found.get(table, 0) for table in tables}
+    return found
 
 
 def _region(
