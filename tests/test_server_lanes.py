@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import itertools
 import struct
+import time
 import typing as t
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -165,3 +167,40 @@ def test_a_lane_of_two_keys_answers_as_postgresql(served: Served) -> None:
         # (a note is NULL where the key is a multiple of 5: no row)
         assert [len(rows) for rows in found] == [int(k % 5 != 0) for k in range(12, 40)] \
             + [0, 0, 0]  # fmt: skip
+
+
+def test_a_lane_that_stopped_holding_is_made_again(served: Served, tmp_path: Path) -> None:
+    """A lane ends when what its role may read is due to be asked again (or with any change
+    committed to the cache file); when another session has meanwhile asked it, the full path
+    answers the next run at hand, and the lane must be made again then, not left ended for
+    the rest of the session (the bench found one of its two sessions on the slower path for
+    good, a second after it started)."""
+    # (what a role may read known for 0.2 s: the lanes end; then for a minute, ample for
+    # what follows)
+    with server_of(served.backend, tmp_path / "cache.duckdb", privilege_seconds=0.2) as own, \
+            psycopg.connect(own.dsn, autocommit=True, options=BOUND) as first, \
+            psycopg.connect(own.dsn, autocommit=True, options=BOUND) as second:  # fmt: skip
+        first.execute("CREATE CACHED VIEW accountcopy AS SELECT * FROM accounts "
+                      "REFRESH EVERY 10 MIN")  # fmt: skip
+        first.execute("REFRESH CACHED VIEW accountcopy")
+
+        def reader(conn: psycopg.Connection[t.Any]) -> t.Callable[[int], object]:
+            return lambda key: conn.execute(POINT, (key,), prepare=True).fetchall()
+
+        def lane_hits(read: t.Callable[[int], object], keys: range) -> int:
+            quiet(own)
+            before = own.server.lane_hits
+            for key in keys:
+                read(key)
+                quiet(own)
+            return own.server.lane_hits - before
+
+        one, two = reader(first), reader(second)
+        _warm(own, one)
+        _warm(own, two)
+        time.sleep(0.3)  # (both lanes ended, and what the role may read is due)
+        own.engine.privileges.seconds = 60.0
+        assert lane_hits(two, range(1, 11)) >= 5  # (its first run asks: fresh for a minute)
+        # the first run finds its lane ended and is answered at hand; the next ones by the
+        # lane made again (one more may find the clock measured again meanwhile)
+        assert lane_hits(one, range(1, 21)) >= 18

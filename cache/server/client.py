@@ -411,11 +411,11 @@ class Conversation:
                 or self.ignoring or self._piped or self._output_changed:  # fmt: skip
             return None
         stats = self.statement_stats
-        if stats is None:
-            return lane.answer(data)
-        started = time.perf_counter()
+        started = time.perf_counter() if stats is not None else 0.0
         answer = lane.answer(data)
-        if answer is not None:  # (the hit path: no call, no lock; `StatementStats.fold_hits`)
+        if answer is None:  # (it no longer holds, or not for this run: the full path answers,
+            statement.lane = None  # and makes it again, `execution_at_hand`)
+        elif stats is not None:  # (the hit path: no call, no lock; `StatementStats.fold_hits`)
             hits = stats.hits
             hits.append(time.perf_counter() - started)
             if len(hits) >= FOLD:
