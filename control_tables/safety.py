@@ -37,14 +37,17 @@ class UnsafeSchemaError(ProgrammingError):
 
 
 def check_schema(schema: CacheSchema, catalog: Catalog) -> None:
-    """Raise on the first problem of the whole schema (views in name order)."""
-    for view in sorted(schema.views.values(), key=lambda v: v.name):
+    """Raise on the first problem of the whole schema (views in name order; a derived view
+    is checked when it is created, `control_tables.derived`, and has no controls)."""
+    views = sorted((v for v in schema.views.values() if not v.is_derived),
+                   key=lambda v: v.name)  # fmt: skip
+    for view in views:
         _check_view(schema, view, catalog)
     _check_single_use(schema)
     _check_rule_1(schema)
-    for view in sorted(schema.views.values(), key=lambda v: v.name):
+    for view in views:
         _check_rules_2_to_5(schema, view, catalog)
-    for view in sorted(schema.views.values(), key=lambda v: v.name):
+    for view in views:
         _check_supported(schema, view)
         _check_continuous(schema, view)
 
@@ -108,6 +111,11 @@ def _check_view(schema: CacheSchema, view: CachedView, catalog: Catalog) -> None
                 f"cached view {view.name}: PRESENCE ... IN {edge.control}: no control table or "
                 f"cached view {edge.control!r}; create it (before or in the same script)"
             )
+        if kind == "cached view" and schema.views[edge.control].is_derived:
+            raise NotSupportedError(
+                f"cached view {view.name}: PRESENCE ... IN {edge.control}: a derived view "
+                "controls no other view in this release; control it by a control table or a "
+                "view of one table")  # fmt: skip
         control_columns = (
             schema.control_tables[edge.control].column_names
             if kind == "control table"

@@ -12,7 +12,14 @@ from dataclasses import dataclass, field
 
 from sqlglot import exp
 
-from sql_ext import Completeness, Consistency, CreateCachedView, CreateControlTable, Presence
+from sql_ext import (
+    Completeness,
+    Consistency,
+    CreateCachedView,
+    CreateControlTable,
+    Derivation,
+    Presence,
+)
 from sql_ext.errors import ProgrammingError
 
 Role = t.Literal["presence", "consistency", "completeness"]  # what a control table controls
@@ -31,7 +38,8 @@ class ControlTable:
 
 @dataclass(frozen=True)
 class CachedView:
-    """A selection and projection of one backend table, with its cache constraints."""
+    """A selection and projection of one backend table, with its cache constraints; or a
+    derived view (``derivation``: joins, groups and aggregates, fully materialized)."""
 
     name: str
     table: str
@@ -44,6 +52,13 @@ class CachedView:
     refresh_seconds: float | None
     statement: str  # the DDL as written
     continuous: bool = False  # REFRESH CONTINUOUSLY (a gray view follows its root: `continuous`)
+    # a derived view's joins, groups and aggregates (`control_tables.derived`): then ``table``
+    # is the first table it reads, and only what handles derivations reads it
+    derivation: Derivation | None = field(default=None, compare=False)
+
+    @property
+    def is_derived(self) -> bool:
+        return self.derivation is not None
 
     @property
     def is_fully_materialized(self) -> bool:
@@ -178,6 +193,7 @@ def view_from_statement(
         refresh_seconds=statement.refresh_seconds,
         statement=statement.text.strip(),
         continuous=statement.continuous,
+        derivation=statement.derivation,
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from control_tables.derived import check_derived
 from control_tables.safety import backend_table, check_schema, view_key
 from control_tables.schema import CacheSchema, view_from_statement
 from sql_ext import CreateCachedView, CreateControlTable, DropCacheObject, Statement
@@ -60,6 +61,13 @@ def _apply_one(
     if isinstance(statement, CreateControlTable):
         _refuse_existing(schema, statement.name)
         schema = schema.with_control_table(statement)
+        actions.append(("create", statement.name))
+    elif isinstance(statement, CreateCachedView) and statement.derivation is not None:
+        _refuse_existing(schema, statement.name)
+        resolved = check_derived(statement, catalog)
+        assert statement.columns is not None
+        view = view_from_statement(statement, statement.columns, resolved.key)
+        schema = schema.with_view(view)
         actions.append(("create", statement.name))
     elif isinstance(statement, CreateCachedView):
         _refuse_existing(schema, statement.name)

@@ -118,6 +118,13 @@ class Analysis:
         )
 
 
+def statement_types(query: Query, catalog: Catalog) -> ExpressionTypes:
+    """The types PostgreSQL gives a statement's expressions, its columns resolved against
+    the catalog (what `analyze` types its statements with)."""
+    number_nodes(query.tree)
+    return ExpressionTypes(query, catalog, QueryResolver(query, catalog).column_source)
+
+
 def analyze(query: Query, catalog: Catalog, default_bound: float | None = None) -> Analysis:
     """The analysis of a statement; ``default_bound``: the session's currency bound for its
     blocks without a clause."""

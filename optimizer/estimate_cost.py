@@ -201,6 +201,7 @@ def requests(plan: Plan, schema: CacheSchema) -> EstimateRequests:
     """The requests of a plan before costing: every leaf is asked for when some accessed table
     has a cached view (none otherwise: the statement can only go remote)."""
     tables = {a.table for a in plan.accesses}
-    views = tuple(sorted(v.name for v in schema.views.values() if v.table in tables))
+    views = tuple(sorted(v.name for v in schema.views.values()
+                         if v.table in tables and not v.is_derived))  # fmt: skip
     leaves = tuple(dict.fromkeys(a.leaf.sql for a in plan.accesses)) if views else ()
     return EstimateRequests(plan.sql, leaves, views)

@@ -35,6 +35,8 @@ def match_access(access: Access, schema: CacheSchema) -> list[Match]:
     """Every way a cached view can answer the access, cheapest guard first."""
     found: list[Match] = []
     for view in sorted(schema.views.values(), key=lambda v: v.name):
+        if view.is_derived:  # (its rows are not the table's: it answers no table access)
+            continue
         if view.table != access.table or not access.columns <= set(view.columns):
             continue
         if not _where_implied(view, access):

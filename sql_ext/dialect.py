@@ -732,7 +732,9 @@ class MTCacheParser(PostgresParser):
         )
 
     def _check_view_select(self, select: exp.Expr | None, token: Token) -> None:
-        """§3.2: a cached view is a selection and projection of one backend table."""
+        """§3.2: a cached view is a selection and projection of one backend table; a derived
+        one (`is_derived`) joins tables along keys, groups and aggregates
+        (`_check_derived_select`)."""
         if not isinstance(select, exp.Select):
             self._fail(
                 "a cached view is defined by one SELECT cols FROM table [WHERE pred] block",
@@ -742,17 +744,14 @@ class MTCacheParser(PostgresParser):
         source = select.args.get("from_")
         if source is None or not isinstance(source.this, exp.Table):
             self._fail("a cached view selects FROM one backend table", token)
-        if select.args.get("joins"):
-            self._fail(
-                "a cached view selects from one backend table: JOIN is not allowed (cache each "
-                "table in its own view; the optimizer joins them)",
-                _token_of(select.args["joins"][0], token),
-            )
         if select.args.get("currency") is not None:
             self._fail(
                 "a cached view's SELECT takes no CURRENCY clause: bounds belong to queries",
                 _token_of(select.args["currency"], token),
             )
+        if is_derived(select):
+            self._check_derived_select(select, token)
+            return
         alias = source.this.args.get("alias")
         if alias is not None:
             self._fail(
@@ -780,6 +779,82 @@ class MTCacheParser(PostgresParser):
         where = select.args.get("where")
         if where is not None and where.find(exp.Select) is not None:
             self._fail("a cached view's WHERE takes no subqueries", token)
+
+    def _check_derived_select(self, select: exp.Select, token: Token) -> None:
+        """A derived cached view: FROM a table [JOIN a table ON col = col [AND ...]]...
+        [WHERE pred] [GROUP BY cols], projecting columns (the grouping ones, when it groups)
+        and aggregates named by AS (count(*), count, sum, avg, min, max of an expression of
+        the rows). Names and keys are checked against the catalog with the schema
+        (`control_tables.derived`)."""
+        for arg in ("having", "order", "limit", "offset", "distinct", "with_", "qualify",
+                    "windows"):  # fmt: skip
+            if select.args.get(arg):
+                self._fail(f"a derived cached view takes no {arg.rstrip('_').upper()}: it keeps "
+                           "joined rows or groups, which queries then order and limit",
+                           token)  # fmt: skip
+        for join in select.args.get("joins") or []:
+            if join.args.get("side") or join.args.get("kind") not in (None, "INNER") \
+                    or join.args.get("method") or join.args.get("using") \
+                    or not isinstance(join.this, exp.Table):  # fmt: skip
+                self._fail("a derived cached view joins tables by inner JOIN ... ON col = col "
+                           f"only: {join.sql(dialect='postgres')!r}",
+                           _token_of(join, token))  # fmt: skip
+            on = join.args.get("on")
+            pairs = list(on.flatten()) if isinstance(on, exp.And) else [on]
+            if on is None or not all(isinstance(p, exp.EQ) and isinstance(p.this, exp.Column)
+                                     and isinstance(p.expression, exp.Column)
+                                     for p in pairs):  # fmt: skip
+                self._fail("a derived cached view's JOIN ... ON is equalities of columns joined "
+                           f"by AND: {join.sql(dialect='postgres')!r}",
+                           _token_of(join, token))  # fmt: skip
+        group = select.args.get("group")
+        if group is not None:
+            extra = [k for k in group.args if k != "expressions" and group.args.get(k)]
+            if extra or not all(isinstance(c, exp.Column) for c in group.expressions):
+                self._fail("a derived cached view groups by plain columns only: "
+                           f"{group.sql(dialect='postgres')!r}",
+                           _token_of(group, token))  # fmt: skip
+        for node in (select.args.get("where"), *select.expressions):
+            if node is not None and node.find(exp.Select, exp.Window) is not None:
+                self._fail("a derived cached view takes no subqueries or window functions: "
+                           f"{node.sql(dialect='postgres')!r}",
+                           _token_of(node, token))  # fmt: skip
+        for projection in select.expressions:
+            target = projection.this if isinstance(projection, exp.Alias) else projection
+            if isinstance(target, exp.Star):
+                self._fail("a derived cached view lists its columns (SELECT * is for views "
+                           "of one table)", _token_of(projection, token))  # fmt: skip
+            if isinstance(target, exp.Column):
+                continue
+            if not isinstance(target, DERIVED_AGGREGATES):
+                self._fail("a derived cached view projects columns and the aggregates count, "
+                           f"sum, avg, min and max: {projection.sql(dialect='postgres')!r}",
+                           _token_of(projection, token))  # fmt: skip
+            if not isinstance(projection, exp.Alias):
+                self._fail("name each aggregate of a derived cached view with AS: "
+                           f"{projection.sql(dialect='postgres')!r}",
+                           _token_of(projection, token))  # fmt: skip
+            value = target.this
+            if isinstance(value, exp.Distinct) or target.find(exp.Filter) is not None:
+                self._fail("a derived cached view's aggregates take no DISTINCT or FILTER: "
+                           f"{projection.sql(dialect='postgres')!r}",
+                           _token_of(projection, token))  # fmt: skip
+            if value is not None and value.find(*DERIVED_AGGREGATES) is not None:
+                self._fail("an aggregate of a derived cached view takes an expression of the "
+                           f"rows: {projection.sql(dialect='postgres')!r}",
+                           _token_of(projection, token))  # fmt: skip
+
+
+# the aggregates a derived cached view keeps (count(*) is a Count of a Star)
+DERIVED_AGGREGATES = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max)
+
+
+def is_derived(select: exp.Select) -> bool:
+    """Whether a cached view's SELECT makes a derived view: it joins, groups or
+    aggregates."""
+    return bool(select.args.get("joins") or select.args.get("group")
+                or any(p.find(*DERIVED_AGGREGATES) is not None
+                       for p in select.expressions))  # fmt: skip
 
 
 def _leading_selects(node: exp.Expr | None) -> list[exp.Select]:

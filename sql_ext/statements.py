@@ -21,7 +21,7 @@ from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import Token, TokenType
 
 from sql_ext.blocks import Block, BlockAnalysis, analyze
-from sql_ext.dialect import BODY_START, SPAN, MTCache, MTCachePlain, plain_tokens
+from sql_ext.dialect import BODY_START, SPAN, MTCache, MTCachePlain, is_derived, plain_tokens
 from sql_ext.errors import SqlSyntaxError, offset_position, too_deep
 from sql_ext.long_lists import ListToken
 from sql_ext.nodes import (
@@ -304,10 +304,49 @@ class Completeness:
 
 
 @dataclass(frozen=True)
+class DerivedSource:
+    """A table a derived cached view reads (`Derivation`)."""
+
+    table: str
+    schema: str | None
+    alias: str  # as written, else the table's name: what the view's columns are qualified by
+
+
+@dataclass(frozen=True)
+class DerivedOutput:
+    """A column of a derived cached view: a column of its rows, or an aggregate of them."""
+
+    name: str
+    expression: exp.Expr | None = field(compare=False)  # the column, the aggregate's argument
+    aggregate: t.Literal["count", "sum", "avg", "min", "max"] | None = None  # None: a column
+
+    @property
+    def count_star(self) -> bool:
+        return self.aggregate == "count" and self.expression is None
+
+
+@dataclass(frozen=True)
+class Derivation:
+    """What a derived cached view's SELECT says (`sql_ext.dialect.is_derived`): tables
+    joined by column equalities, grouped by columns, its columns and aggregates; names are
+    resolved against the catalog with the schema (`control_tables.derived`)."""
+
+    sources: tuple[DerivedSource, ...]
+    joins: tuple[tuple[exp.Column, exp.Column], ...] = field(compare=False)
+    group: tuple[exp.Column, ...] = field(compare=False)
+    outputs: tuple[DerivedOutput, ...]
+
+    @property
+    def aggregates(self) -> bool:
+        """One row per group (GROUP BY, or aggregates over all rows: one group)."""
+        return bool(self.group) or any(o.aggregate for o in self.outputs)
+
+
+@dataclass(frozen=True)
 class CreateCachedView:
     text: str
     name: str
-    table: str  # the backend table
+    table: str  # the backend table (a derived view's: the first it reads)
     schema: str | None
     columns: tuple[str, ...] | None  # None = every column (SELECT *)
     select: exp.Select = field(repr=False, compare=False)
@@ -317,6 +356,7 @@ class CreateCachedView:
     refresh_seconds: float | None
     position: tuple[int, int] = field(default=(1, 1), compare=False)
     continuous: bool = False  # REFRESH CONTINUOUSLY: kept current from the backend's WAL
+    derivation: Derivation | None = None  # a derived view's joins, groups and aggregates
 
     kind: t.ClassVar[str] = "ddl"
 
@@ -726,6 +766,9 @@ def _typed_cached_view(tree: CachedViewDef, text: str) -> CreateCachedView:
         )
     refresh: Duration | exp.Var | None = tree.args.get("refresh")
     continuous = isinstance(refresh, exp.Var)
+    derivation = _derivation(select) if is_derived(select) else None
+    if derivation is not None:
+        columns = tuple(o.name for o in derivation.outputs)
     return CreateCachedView(
         text=text,
         name=folded(tree.this),
@@ -738,7 +781,41 @@ def _typed_cached_view(tree: CachedViewDef, text: str) -> CreateCachedView:
         completeness=completeness,
         refresh_seconds=refresh.seconds if isinstance(refresh, Duration) else None,
         continuous=continuous,
+        derivation=derivation,
     )
+
+
+_AGGREGATE_NAMES: dict[type[exp.Expr], t.Literal["count", "sum", "avg", "min", "max"]] = {
+    exp.Count: "count", exp.Sum: "sum", exp.Avg: "avg", exp.Min: "min", exp.Max: "max"}
+
+
+def _derivation(select: exp.Select) -> Derivation:
+    """A derived view's SELECT as the dialect checked it (`MTCache._check_derived_select`)."""
+    tables = [select.args["from_"].this, *(j.this for j in select.args.get("joins") or [])]
+    sources = tuple(DerivedSource(folded(table), folded(table.args["db"])
+                                  if table.args.get("db") else None,
+                                  folded(table.args["alias"].this) if table.args.get("alias")
+                                  else folded(table)) for table in tables)  # fmt: skip
+    joins: list[tuple[exp.Column, exp.Column]] = []
+    for join in select.args.get("joins") or []:
+        on = join.args["on"]
+        for pair in on.flatten() if isinstance(on, exp.And) else [on]:
+            joins.append((pair.this, pair.expression))
+    group = select.args.get("group")
+    outputs = []
+    for projection in select.expressions:
+        target = projection.this if isinstance(projection, exp.Alias) else projection
+        name = folded(projection.args["alias"]) if isinstance(projection, exp.Alias) \
+            else folded(target)  # fmt: skip
+        if isinstance(target, exp.Column):
+            outputs.append(DerivedOutput(name, target))
+            continue
+        value = target.this
+        outputs.append(DerivedOutput(name, None if isinstance(value, exp.Star) else value,
+                                     _AGGREGATE_NAMES[type(target)]))  # fmt: skip
+    return Derivation(sources, tuple(joins),
+                      tuple(group.expressions) if group is not None else (),
+                      tuple(outputs))  # fmt: skip
 
 
 def _column_name(column: exp.Column) -> str:

@@ -66,7 +66,7 @@ def apply_pull(
             report.rows_inserted[name] = 0
             if rows is not None and rows.num_rows:
                 con.register("mtcache_staged", rows)
-                columns = idents(view.columns)
+                columns = idents(rows.column_names)  # (a derived view's: what it stores)
                 con.execute(
                     f"INSERT INTO {ident(name)} ({columns}) SELECT {columns} FROM mtcache_staged"
                 )
@@ -125,7 +125,7 @@ def _delete_rows(
         predicate = region_predicate(regions).sql("duckdb")
         row = con.execute(f"DELETE FROM {ident(view.name)} WHERE {predicate}").fetchone()
         deleted += int(row[0]) if row else 0
-    if rows is not None and rows.num_rows:
+    if rows is not None and rows.num_rows and view.key:
         con.register("mtcache_keys", rows.select(list(view.key)))
         match = equal_columns(view.key, "v", "s")
         row = con.execute(

@@ -24,6 +24,7 @@ from control_tables.closure import (
 from control_tables.regions import Region, guarantees, in_list, region_predicate
 from control_tables.schema import CachedView, CacheSchema
 from control_tables.types import transfer_type
+from optimizer.derived_states import layout, pull_select
 from sql_ext.catalog import Catalog
 from sql_ext.quoting import ident, idents, qualified
 
@@ -50,6 +51,15 @@ class Pull:
         self.rounds = 0
 
     def query(self, view: CachedView, predicate: str) -> PullQuery:
+        if view.is_derived:  # (fully materialized: its one region's predicate is TRUE)
+            stored = layout(view, self.catalog)
+            return PullQuery(
+                view=view.name,
+                table=f"({pull_select(view, stored)}) AS mtcache_derived",
+                columns=tuple((c.name, t.cast(str, transfer_type(c.pg_type)))
+                              for c in stored.columns),
+                where=predicate,
+            )
         table = self.catalog.table(view.table)
         assert table is not None
         types = {c.name: c.type for c in table.columns}

@@ -28,6 +28,7 @@ from control_tables.schema import CachedView, CacheSchema, ControlTable, view_fr
 from control_tables.script import apply_script
 from control_tables.types import BPCHAR, duckdb_type, transfer_type
 from heartbeat.clock import BackendClock
+from optimizer.derived_states import layout
 from sql_ext import CreateCachedView, CreateControlTable, Statement, parse
 from sql_ext.catalog import Catalog, Column, Index, Table, View
 from sql_ext.errors import OperationalError, first_line, translate
@@ -665,14 +666,19 @@ class CacheStore:
     def _create_view(
         self, schema: CacheSchema, view: CachedView, catalog: Catalog, seq: int
     ) -> None:
-        table = catalog.table(view.table)
-        assert table is not None
-        types = {c.name: c.type for c in table.columns}
-        columns = [f"{ident(c)} {duckdb_type(types[c])}" for c in view.columns]
-        self.con.execute(
-            f"CREATE TABLE {ident(view.name)} ({', '.join(columns)}, "
-            f"PRIMARY KEY ({idents(view.key)}))"
-        )
+        if view.is_derived:  # (its stored columns, and no primary key: a group may be NULL)
+            stored = layout(view, catalog).columns
+            columns = [f"{ident(c.name)} {c.duckdb_type}" for c in stored]
+            self.con.execute(f"CREATE TABLE {ident(view.name)} ({', '.join(columns)})")
+        else:
+            table = catalog.table(view.table)
+            assert table is not None
+            types = {c.name: c.type for c in table.columns}
+            columns = [f"{ident(c)} {duckdb_type(types[c])}" for c in view.columns]
+            self.con.execute(
+                f"CREATE TABLE {ident(view.name)} ({', '.join(columns)}, "
+                f"PRIMARY KEY ({idents(view.key)}))"
+            )
         self.con.execute(
             "INSERT INTO mtcache.objects VALUES (?, ?, 'cached view', ?, ?, ?, ?, ?, ?, now())",
             [seq, view.name, view.statement, list(view.columns), list(view.key), view.color,

@@ -1,0 +1,155 @@
+"""Derived cached views (joins along keys, groups, aggregates): created by the cache DDL,
+refreshed from the backend in one snapshot, their stored rows PostgreSQL's own computation
+of the view (values and Python types), and every DDL the cache cannot keep refused with a
+clear error that changes nothing (real PostgreSQL and DuckDB)."""
+
+from __future__ import annotations
+
+import typing as t
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+import cache
+from cache.dbapi.connection import Connection
+from sql_ext.errors import CatalogError, NotSupportedError, ProgrammingError
+
+# per author: how many books, what they cost in all, on average, at least, and the last title
+AUTHOR_STATS = """CREATE CACHED VIEW author_stats AS
+    SELECT b.authorid, count(*) AS books, sum(b.price) AS total, avg(b.price) AS mean,
+           min(b.price) AS cheapest, max(b.title) AS last_title
+    FROM books b GROUP BY b.authorid REFRESH EVERY 10 MIN"""
+# what the backend computes of it: the average as its sum and count
+AUTHOR_STATS_STATES = """SELECT b.authorid, count(*), sum(b.price), sum(b.price),
+    count(b.price), min(b.price), max(b.title) FROM books b GROUP BY b.authorid"""
+# reviews with their book: a join along the book's key
+REVIEWED = """CREATE CACHED VIEW reviewed AS
+    SELECT r.reviewid, r.rating, b.isbn, b.title, b.price
+    FROM reviews r JOIN books b ON r.isbn = b.isbn WHERE r.rating >= 3"""
+REVIEWED_ROWS = """SELECT r.reviewid, r.rating, b.isbn, b.title, b.price
+    FROM reviews r JOIN books b ON r.isbn = b.isbn WHERE r.rating >= 3"""
+# ratings by the author's city: two joins, grouped
+CITY_RATINGS = """CREATE CACHED VIEW city_ratings AS
+    SELECT a.city, count(*) AS reviews, sum(r.rating) AS stars, avg(r.rating) AS mean
+    FROM reviews r JOIN books b ON r.isbn = b.isbn JOIN authors a ON b.authorid = a.authorid
+    GROUP BY a.city"""
+CITY_RATINGS_STATES = """SELECT a.city, count(*), sum(r.rating), sum(r.rating)::numeric,
+    count(r.rating) FROM reviews r JOIN books b ON r.isbn = b.isbn
+    JOIN authors a ON b.authorid = a.authorid GROUP BY a.city"""
+# one row: every sale
+ALL_SALES = """CREATE CACHED VIEW all_sales AS
+    SELECT count(*) AS sales, sum(s.qty) AS sold, sum(s.qty * 1.5) AS weighted,
+           max(s.sold_on) AS last_day FROM sales s"""
+ALL_SALES_STATES = "SELECT count(*), sum(s.qty), sum(s.qty * 1.5), max(s.sold_on) FROM sales s"
+
+
+@pytest.fixture
+def conn(bookstore_dsn: str, tmp_path: Path) -> Iterator[Connection]:
+    with cache.connect(backend=bookstore_dsn, cache_path=tmp_path / "cache.duckdb",
+                       background=False) as opened:  # fmt: skip
+        yield opened
+
+
+def stored(conn: Connection, view: str) -> list[tuple[t.Any, ...]]:
+    return sorted(conn.admin.store.con.execute(f"SELECT * FROM {view}").fetchall(), key=repr)
+
+
+def backend(dsn: str, sql: str) -> list[tuple[t.Any, ...]]:
+    with psycopg.connect(dsn) as pg:
+        return sorted(pg.execute(sql).fetchall(), key=repr)
+
+
+def typed(rows: list[tuple[t.Any, ...]]) -> list[tuple[tuple[type, t.Any], ...]]:
+    return [tuple((type(v), v) for v in row) for row in rows]
+
+
+@pytest.mark.parametrize(("ddl", "states"), [(AUTHOR_STATS, AUTHOR_STATS_STATES),
+                                             (REVIEWED, REVIEWED_ROWS),
+                                             (CITY_RATINGS, CITY_RATINGS_STATES),
+                                             (ALL_SALES, ALL_SALES_STATES)])  # fmt: skip
+def test_a_refreshed_derived_view_holds_what_the_backend_computes(
+    conn: Connection, bookstore_dsn: str, ddl: str, states: str
+) -> None:
+    name = ddl.split()[3]
+    conn.admin.apply_ddl(ddl)
+    assert stored(conn, name) == []  # (created empty; a refresh fills it)
+    conn.admin.refresh(name)
+    want = backend(bookstore_dsn, states)
+    assert want and typed(stored(conn, name)) == typed(want)
+    views = {v["name"]: v for v in conn.admin.status()["views"]}
+    assert views[name]["rows"] == len(want) and views[name]["last_refresh"] is not None
+
+
+def test_a_derived_view_follows_the_backend_at_each_refresh(
+    conn: Connection, bookstore_dsn: str
+) -> None:
+    conn.admin.apply_ddl(AUTHOR_STATS)
+    conn.admin.refresh("author_stats")
+    with psycopg.connect(bookstore_dsn, autocommit=True) as pg:
+        pg.execute("INSERT INTO books VALUES ('isbn-derived', 1, 'Zzz', 1, 'ebook', 12.345)")
+        try:
+            conn.admin.refresh("author_stats")
+            assert typed(stored(conn, "author_stats")) == \
+                typed(backend(bookstore_dsn, AUTHOR_STATS_STATES))  # fmt: skip
+            row = next(r for r in stored(conn, "author_stats") if r[0] == 1)
+            assert row[5] == pg.execute("SELECT min(price) FROM books WHERE authorid = 1"
+                                        ).fetchone()[0]  # fmt: skip
+        finally:
+            pg.execute("DELETE FROM books WHERE isbn = 'isbn-derived'")
+    conn.admin.apply_ddl("DROP CACHED VIEW author_stats")
+    assert "author_stats" not in {v["name"] for v in conn.admin.status()["views"]}
+
+
+@pytest.mark.parametrize(("ddl", "error", "words"), [
+    ("CREATE CACHED VIEW v AS SELECT b.authorid, r.rating FROM books b "
+     "JOIN reviews r ON b.authorid = r.reviewerid", NotSupportedError, "not along a key"),
+    ("CREATE CACHED VIEW v AS SELECT b.authorid, b.title, count(*) AS n FROM books b "
+     "GROUP BY b.authorid", ProgrammingError, "neither grouped by nor aggregated"),
+    ("CREATE CACHED VIEW v AS SELECT count(*) AS n FROM books b GROUP BY b.authorid",
+     ProgrammingError, "without projecting it"),
+    ("CREATE CACHED VIEW v AS SELECT r.rating, b.title FROM reviews r JOIN books b "
+     "ON r.isbn = b.isbn", ProgrammingError, "projects the key of each table"),
+    ("CREATE CACHED VIEW v AS SELECT isbn, count(*) AS n FROM reviews r JOIN books b "
+     "ON r.isbn = b.isbn GROUP BY isbn", ProgrammingError, "qualify it"),
+    ("CREATE CACHED VIEW v AS SELECT b.authorid, sum(b.price / 3) AS s FROM books b "
+     "GROUP BY b.authorid", NotSupportedError, "display scale varies"),
+    ("CREATE CACHED VIEW v AS SELECT b.authorid, count(*) AS n FROM books b "
+     "GROUP BY b.authorid REFRESH CONTINUOUSLY", NotSupportedError, "REFRESH CONTINUOUSLY"),
+    ("CREATE CONTROL TABLE apct (authorid integer); CREATE CACHED VIEW v AS SELECT "
+     "b.authorid, count(*) AS n FROM books b GROUP BY b.authorid PRESENCE ON (authorid) IN "
+     "apct", NotSupportedError, "fully materialized"),
+    ("CREATE CACHED VIEW v AS SELECT b.authorid, count(*) AS n FROM nosuch b "
+     "GROUP BY b.authorid", CatalogError, "no table 'nosuch'"),
+])  # fmt: skip
+def test_what_a_derived_view_cannot_be_is_refused_and_changes_nothing(
+    conn: Connection, ddl: str, error: type[Exception], words: str
+) -> None:
+    conn.admin.apply_ddl(AUTHOR_STATS)
+
+    def objects() -> list[tuple[t.Any, ...]]:
+        return conn.admin.store.con.execute(
+            "SELECT table_name, column_name, data_type FROM information_schema.columns "
+            "ORDER BY ALL").fetchall()  # fmt: skip
+
+    before = objects()
+    with pytest.raises(error, match=words):
+        conn.admin.apply_ddl(ddl)
+    assert objects() == before
+
+
+def test_a_derived_view_never_answers_a_read_of_its_tables(
+    conn: Connection, bookstore_dsn: str
+) -> None:
+    """Its rows are groups, not the table's rows: a read of books' authorid (a column the
+    view also has, by name) is the backend's, not one row per author."""
+    conn.admin.apply_ddl(AUTHOR_STATS)
+    conn.admin.refresh("author_stats")
+    cur = conn.cursor()
+    read = "SELECT authorid FROM books WHERE authorid = 1"
+    cur.execute(read + " CURRENCY BOUND 10 MIN")
+    got = cur.fetchall()
+    cur.execute("EXPLAIN LAST STATEMENT")
+    assert cur.fetchone()[1] == "remote"
+    assert got == backend(bookstore_dsn, read) and len(got) > 1
