@@ -253,6 +253,35 @@ def test_time_never_moves_backwards_inside_timeordered(conn: cache.Connection) -
     assert cur.provenance[0]["route"] == "local"
 
 
+def test_a_mixed_read_inside_timeordered_sets_the_floor_after_its_remote_rows(
+    conn: cache.Connection,
+) -> None:
+    """A mixed plan's remote leaves are read after its decision, so a commit made in between
+    may be among their rows: the bracket's floor is the backend's clock after they were
+    read, not the decision's moment (with the decision's, the chaos run read a region
+    refreshed in between locally, and time went back)."""
+    mixed = ("SELECT b.type, sum(s.qty) FROM sales s JOIN books b ON s.isbn = b.isbn "
+             "WHERE b.authorid = 3 GROUP BY b.type ORDER BY 1 "
+             "CURRENCY BOUND 10 MIN ON (s), 10 MIN ON (b)")  # fmt: skip
+    state = conn.session.state
+    marks: list[dt.datetime] = []
+
+    def meanwhile(plan: object, decision: object) -> None:
+        marks.append(state.now())  # (decided; the remote leaves are read next)
+
+    cur = conn.cursor()
+    with conn.timeordered():
+        conn.engine.on_decision = meanwhile
+        try:
+            cur.execute(mixed)
+        finally:
+            conn.engine.on_decision = None
+        assert [p["route"] for p in cur.provenance] == ["local", "remote"]
+        assert len(marks) == 1 and state.timeline_floor is not None
+        assert state.timeline_floor >= marks[0]
+        assert state.position() is not None and state.position() >= marks[0]
+
+
 def test_counters_reach_mtcache_status(
     conn: cache.Connection, backend: str, tmp_path: Path
 ) -> None:

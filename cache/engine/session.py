@@ -514,6 +514,12 @@ class Session:
             provenance = lambda: Provenance.of(decision)  # noqa: E731
         state = self.state
         moment = self._saw(decision)
+        if remote:  # (its remote leaves were read after the decision, so before now: a commit
+            # made since the decision may be among their rows, which the decision's moment
+            # would miss, letting a later read of TIMEORDERED or of another cache go back)
+            read = state.now(wait)
+            state.saw(read)
+            moment = read if moment is None else max(moment, read)
         if moment is not None and state.timeline_active:
             state.read_at(moment)
         return Result(ran.rows, ran.description, types_of=described, plan=prepared.plan,
