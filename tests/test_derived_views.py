@@ -153,3 +153,86 @@ def test_a_derived_view_never_answers_a_read_of_its_tables(
     cur.execute("EXPLAIN LAST STATEMENT")
     assert cur.fetchone()[1] == "remote"
     assert got == backend(bookstore_dsn, read) and len(got) > 1
+
+
+# queries author_stats and city_ratings answer (merging their groups), and ones they do not
+ANSWERED = [
+    ("author_stats", "SELECT b.authorid, count(*), sum(b.price), avg(b.price), min(b.price), "
+                     "max(b.title) FROM books b GROUP BY b.authorid ORDER BY 1"),
+    ("author_stats", "SELECT count(*) AS n, sum(price) AS total, avg(price) AS mean FROM books"),
+    ("author_stats", "SELECT authorid, avg(price) FROM books WHERE authorid IN (1, 2, 3) "
+                     "GROUP BY authorid ORDER BY authorid"),
+    ("author_stats", "SELECT count(*), sum(x.price) FROM books x WHERE x.authorid > 30"),
+    ("author_stats", "SELECT count(*), avg(price) FROM books WHERE authorid = -1"),
+    ("city_ratings", "SELECT a.city, avg(r.rating), count(*) FROM reviews r JOIN books b "
+                     "ON r.isbn = b.isbn JOIN authors a ON b.authorid = a.authorid "
+                     "GROUP BY a.city ORDER BY a.city"),
+    ("city_ratings", "SELECT avg(r.rating), sum(r.rating), count(*) FROM authors a, books b, "
+                     "reviews r WHERE b.authorid = a.authorid AND r.isbn = b.isbn "
+                     "AND a.city <> 'Seattle'"),
+]
+NOT_ANSWERED = [
+    ("author_stats", "SELECT b.type, count(*) FROM books b GROUP BY b.type"),  # not grouped
+    ("author_stats", "SELECT count(*) FROM books b WHERE b.price > 10"),  # not a group's filter
+    ("author_stats", "SELECT sum(b.publisherid) FROM books b"),  # not kept
+    ("author_stats", "SELECT count(DISTINCT b.authorid) FROM books b"),
+    ("author_stats", "SELECT b.authorid, count(*) FROM books b GROUP BY b.authorid "
+                     "HAVING count(*) > 1"),
+    ("author_stats", "SELECT count(*) FROM books b JOIN reviews r ON r.isbn = b.isbn"),
+    ("author_stats", "SELECT b.authorid FROM books b"),  # rows, not groups
+    ("author_stats", "SELECT count(*) FROM books b WHERE b.authorid = %s"),  # (a parameter)
+    ("city_ratings", "SELECT a.city, count(*) FROM reviews r JOIN books b ON r.isbn = b.isbn "
+                     "JOIN authors a ON b.authorid = a.authorid WHERE r.rating > 2 "
+                     "GROUP BY a.city"),  # a filter on rows the groups merged
+    ("city_ratings", "SELECT a.city, count(*) FROM reviews r JOIN books b ON r.isbn = b.isbn "
+                     "JOIN authors a ON b.publisherid = a.authorid GROUP BY a.city"),
+]
+
+
+def answered_from_view(conn: Connection, bookstore_dsn: str, view: str, sql: str
+                       ) -> list[tuple[t.Any, ...]] | None:  # fmt: skip
+    """The query's answer from the view as the cache would give it (the matched statement
+    run in DuckDB, its columns made PostgreSQL's by the converter), or None: not matched."""
+    from cache.backend.describe import describe_result
+    from cache.execution.convert import converter
+    from optimizer.match_derived import match_derived
+    from sql_ext import Query, parse_one
+
+    store = conn.admin.store
+    query = parse_one(sql, percent=True)
+    assert isinstance(query, Query)
+    found = match_derived(query, store.load_schema().views[view], store.load_catalog())
+    if found is None:
+        return None
+    ran = store.con.execute(found.sql)
+    rows = ran.fetchall()
+    types = [str(row[1]) for row in store.con.execute(f"DESCRIBE {found.sql}").fetchall()]
+    shape = describe_result(bookstore_dsn, sql, None)
+    assert shape is not None
+    convert = converter(shape.types, [d[0] for d in shape.description()], types,
+                        found.outputs, scales=found.scales)  # fmt: skip
+    assert not isinstance(convert, str), convert
+    return convert(rows)
+
+
+@pytest.mark.parametrize(("view", "sql"), ANSWERED)
+def test_a_query_a_derived_view_answers_gets_postgresql_s_answer(
+    conn: Connection, bookstore_dsn: str, view: str, sql: str
+) -> None:
+    conn.admin.apply_ddl(AUTHOR_STATS + ";" + CITY_RATINGS)
+    conn.admin.refresh(view)
+    got = answered_from_view(conn, bookstore_dsn, view, sql)
+    assert got is not None, "not matched"
+    with psycopg.connect(bookstore_dsn) as pg:
+        want = pg.execute(sql).fetchall()
+    if "ORDER BY" not in sql:
+        got, want = sorted(got, key=repr), sorted(want, key=repr)
+    assert typed(got) == typed(want)
+
+
+@pytest.mark.parametrize(("view", "sql"), NOT_ANSWERED)
+def test_a_query_a_derived_view_cannot_answer_is_not_matched(
+    conn: Connection, bookstore_dsn: str, view: str, sql: str
+) -> None:
+    conn.admin.apply_ddl(AUTHOR_STATS + ";" + CITY_RATINGS)
+    assert answered_from_view(conn, bookstore_dsn, view, sql) is None

@@ -1,0 +1,372 @@
+"""View matching of a whole query against a derived cached view that groups and aggregates
+(`control_tables.derived`, `optimizer.derived_states`): when the view answers the query, the
+DuckDB statement that answers it from the view's stored states.
+
+A grouped view answers a query block that
+- reads the same tables (each once) joined by the same column equalities, in its FROM's
+  JOIN ... ON or its WHERE;
+- filters by every conjunct of the view's WHERE, and besides by comparisons of the view's
+  grouping columns with constants (=, <>, <, <=, >, >=, BETWEEN, IN; a range only over a
+  number or a date, whose order DuckDB shares with PostgreSQL);
+- groups by some of the view's grouping columns (or by none: one group), a coarser grouping
+  than the view's;
+- projects grouping columns and aggregates the view keeps (the same function of the same
+  argument; an average also from the sum and count the view keeps for it), and orders by
+  its output columns, with a constant LIMIT or OFFSET.
+
+The statement merges the view's groups: counts and sums are summed (a count of no rows is 0),
+minimums and maximums taken again, an average the quotient of its summed sum and count,
+divided as PostgreSQL divides (`Output` "avg": `cache.execution.convert`). Anything else is
+not matched (None): the statement is planned as before.
+"""
+
+from __future__ import annotations
+
+import typing as t
+from dataclasses import dataclass
+
+from sqlglot import exp
+
+from control_tables.schema import CachedView
+from optimizer.derived_states import Layout, layout
+from optimizer.plan import Output
+from sql_ext import CreateCachedView, Query, parse_one
+from sql_ext.blocks import split_and
+from sql_ext.catalog import Catalog
+from sql_ext.quoting import folded, ident
+
+Ref = tuple[str, str]  # (table, column): a column of the query or view, by its table's name
+_RANGES = (exp.GT, exp.GTE, exp.LT, exp.LTE, exp.Between)
+_ORDERED_TYPES = ("smallint", "integer", "bigint", "numeric", "real", "double precision",
+                  "date", "timestamp", "timestamp with time zone")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class DerivedMatch:
+    """A query answered from a derived view: the DuckDB statement over the view's table,
+    and how each of the query's columns is made from its result (`optimizer.plan.Output`)."""
+
+    view: str
+    sql: str
+    outputs: tuple[Output, ...]
+    # the display scale of each numeric column DuckDB returns, by the query's column (every
+    # value of a stored numeric state has its column's scale, and so have their merges)
+    scales: dict[int, int]
+
+
+def match_derived(query: Query, view: CachedView, catalog: Catalog) -> DerivedMatch | None:
+    """The statement that answers ``query`` from ``view`` (see the module), or None."""
+    derivation = view.derivation
+    if derivation is None or not derivation.aggregates:
+        return None
+    tree = query.tree
+    if not isinstance(tree, exp.Select) or _unsupported(tree):
+        return None
+    tables = _tables(tree)
+    if tables is None:
+        return None
+    view_tables = {s.alias: s.table for s in derivation.sources}
+    if sorted(tables.values()) != sorted(view_tables.values()) or \
+            len(set(view_tables.values())) != len(view_tables):  # fmt: skip
+        return None
+
+    def ref(column: exp.Column, aliases: t.Mapping[str, str]) -> Ref | None:
+        return _ref(column, aliases, catalog)
+
+    # the view's joins and filters, and its grouping columns, by table
+    view_pairs = set()
+    for left, right in derivation.joins:
+        a, b = ref(left, view_tables), ref(right, view_tables)
+        if a is None or b is None:
+            return None
+        view_pairs.add(frozenset((a, b)))
+    definition = _definition(view)
+    view_filters = {_normal(c, view_tables, catalog)
+                    for c in split_and(definition.args["where"].this)} \
+        if definition.args.get("where") else set()  # fmt: skip
+    stored = layout(view, catalog)
+    grouped: dict[Ref, str] = {}
+    for output in derivation.outputs:
+        if output.aggregate is None:
+            found = ref(t.cast(exp.Column, output.expression), view_tables)
+            if found is None:
+                return None
+            grouped[found] = output.name
+    aggregates = {_aggregate_key(o.aggregate, o.expression, view_tables, catalog): o.name
+                  for o in derivation.outputs if o.aggregate is not None}  # fmt: skip
+
+    # the query's conjuncts: its joins, the view's filters, and its own over grouping columns
+    conjuncts = [c for join in tree.args.get("joins") or [] if join.args.get("on") is not None
+                 for c in split_and(join.args["on"])]  # fmt: skip
+    if tree.args.get("where"):
+        conjuncts += split_and(tree.args["where"].this)
+    pairs, extra, seen_filters = set(), [], set()
+    for conjunct in conjuncts:
+        if isinstance(conjunct, exp.EQ) and isinstance(conjunct.this, exp.Column) and \
+                isinstance(conjunct.expression, exp.Column):  # fmt: skip
+            a, b = ref(conjunct.this, tables), ref(conjunct.expression, tables)
+            if a is None or b is None:
+                return None
+            if a[0] != b[0]:
+                pairs.add(frozenset((a, b)))
+                continue
+        normal = _normal(conjunct, tables, catalog)
+        if normal in view_filters:
+            seen_filters.add(normal)
+            continue
+        extra.append(conjunct)
+    if pairs != view_pairs or seen_filters != view_filters:
+        return None
+    where = []
+    for conjunct in extra:
+        rewritten = _filter(conjunct, tables, grouped, catalog)
+        if rewritten is None:
+            return None
+        where.append(rewritten)
+
+    # its grouping and its columns
+    group: list[str] = []
+    for column in tree.args["group"].expressions if tree.args.get("group") else []:
+        found = ref(column, tables) if isinstance(column, exp.Column) else None
+        if found is None or found not in grouped:
+            return None
+        group.append(grouped[found])
+    projections: list[exp.Expr] = []
+    outputs: list[Output] = []
+    scales: dict[int, int] = {}
+    names: list[str] = []
+    for projection in tree.expressions:
+        target = projection.this if isinstance(projection, exp.Alias) else projection
+        names.append(projection.alias_or_name)
+        if isinstance(target, exp.Column):
+            found = ref(target, tables)
+            if found is None or found not in grouped or grouped[found] not in group:
+                return None
+            scale = _scale(stored, grouped[found])
+            if scale is not None:
+                scales[len(outputs)] = scale
+            outputs.append(len(projections))
+            projections.append(exp.column(grouped[found], quoted=True))
+            continue
+        made = _merged(target, tables, catalog, aggregates, stored, not group,
+                       set(group) != set(grouped.values()))  # fmt: skip
+        if made is None:
+            return None
+        columns, scale = made
+        if len(columns) == 2:  # an average: its sum over its count, as PostgreSQL divides
+            outputs.append(("avg", len(projections), len(projections) + 1, scale or 0, 0))
+        else:
+            if scale is not None:
+                scales[len(outputs)] = scale
+            outputs.append(len(projections))
+        projections += columns
+    statement = exp.select(*projections).from_(exp.to_table(ident(view.name)))
+    if where:
+        statement = statement.where(exp.and_(*where))
+    if group:
+        statement = statement.group_by(*(exp.column(g, quoted=True) for g in group))
+    order = _order(tree, names, outputs)
+    if order is False:
+        return None
+    if order:
+        statement = statement.order_by(*t.cast(list[exp.Ordered], order))
+    for arg in ("limit", "offset"):
+        node = tree.args.get(arg)
+        if node is not None:
+            value = node.expression if isinstance(node, exp.Limit | exp.Offset) else node
+            if not isinstance(value, exp.Literal) or value.is_string:
+                return None
+            statement.set(arg, node.copy())
+    return DerivedMatch(view.name, statement.sql(dialect="duckdb"), tuple(outputs), scales)
+
+
+def _unsupported(tree: exp.Select) -> bool:
+    for arg in ("with_", "distinct", "having", "qualify", "windows", "into", "locks"):
+        if tree.args.get(arg):
+            return True
+    if any(isinstance(n, exp.Select) for n in tree.walk() if n is not tree):
+        return True
+    if tree.find(exp.Window, exp.Placeholder) is not None:
+        return True
+    return any(not isinstance(star.parent, exp.Count) for star in tree.find_all(exp.Star))
+
+
+def _tables(tree: exp.Select) -> dict[str, str] | None:
+    """The query's tables by alias (None: anything but tables joined by inner joins)."""
+    source = tree.args.get("from_")
+    if source is None or not isinstance(source.this, exp.Table):
+        return None
+    found = {}
+    items = [source.this]
+    for join in tree.args.get("joins") or []:
+        # (inner joins, and tables listed by commas or CROSS JOIN with their equalities in
+        # the WHERE: the same rows)
+        if join.args.get("side") or join.args.get("kind") not in (None, "INNER", "CROSS") or \
+                join.args.get("using") or not isinstance(join.this, exp.Table):  # fmt: skip
+            return None
+        items.append(join.this)
+    for table in items:
+        if table.args.get("db") and folded(table.args["db"]) != "public":
+            return None
+        alias = folded(table.args["alias"].this) if table.args.get("alias") else folded(table)
+        if alias in found:
+            return None
+        found[alias] = folded(table)
+    return found
+
+
+def _ref(column: exp.Column, aliases: t.Mapping[str, str], catalog: Catalog) -> Ref | None:
+    """The (table, column) a column reference reads, by its qualifier or the one table of
+    ``aliases`` that has it."""
+    name = folded(column)
+    if column.table:
+        table = aliases.get(folded(column.args["table"]))
+        found = catalog.table(table) if table is not None else None
+        return (table, name) if table is not None and found is not None and \
+            found.has_column(name) else None  # fmt: skip
+    having = [table for table in aliases.values()
+              if (known := catalog.table(table)) is not None and known.has_column(name)]
+    return (having[0], name) if len(having) == 1 else None
+
+
+def _normal(node: exp.Expr, aliases: t.Mapping[str, str], catalog: Catalog) -> str:
+    """A conjunct's text with each column qualified by its table's name (so a view's
+    conjunct and a query's compare alike whatever their aliases)."""
+    unresolved = []
+
+    def qualified(part: exp.Expr) -> exp.Expr:
+        if not isinstance(part, exp.Column):
+            return part
+        found = _ref(part, aliases, catalog)
+        if found is None:
+            unresolved.append(part)
+            return part
+        return exp.column(found[1], table=found[0])
+
+    text = node.copy().transform(qualified).sql(dialect="postgres")
+    return f"unresolved:{text}" if unresolved else text
+
+
+def _aggregate_key(kind: str | None, value: exp.Expr | None, aliases: t.Mapping[str, str],
+                   catalog: Catalog) -> tuple[str, str]:  # fmt: skip
+    return (t.cast(str, kind), "*" if value is None else _normal(value, aliases, catalog))
+
+
+_KINDS: dict[type[exp.Expr], str] = {exp.Count: "count", exp.Sum: "sum", exp.Avg: "avg",
+                                     exp.Min: "min", exp.Max: "max"}  # fmt: skip
+
+
+def _merged(target: exp.Expr, aliases: t.Mapping[str, str], catalog: Catalog,
+            aggregates: t.Mapping[tuple[str, str], str], stored: Layout, one_group: bool,
+            merging: bool) -> tuple[list[exp.Expr], int | None] | None:  # fmt: skip
+    """How an aggregate of the query is made from the view's states: the DuckDB
+    expressions (an average: its sum and its count) and the sum's display scale, or None.
+    ``merging``: several of the view's groups make one of the query's (a floating-point
+    sum added up in another order may differ in its last digits: not matched then)."""
+    kind = _KINDS.get(type(target))
+    if kind is None:
+        return None
+    value = target.this
+    if isinstance(value, exp.Distinct) or target.find(exp.Filter) is not None:
+        return None
+    argument = None if isinstance(value, exp.Star) else value
+    key = _aggregate_key(kind, argument, aliases, catalog)
+    name = aggregates.get(key)
+    if name is not None and kind in ("sum", "avg") and merging and any(
+            c.duckdb_type in ("FLOAT", "DOUBLE") for c in stored.columns
+            if c.name in stored.outputs[name]):  # fmt: skip
+        return None
+    if kind == "avg" and name is not None:
+        total, count = stored.outputs[name]
+        return [exp.Sum(this=exp.column(total, quoted=True)),
+                exp.Sum(this=exp.column(count, quoted=True))], _scale(stored, total)
+    if name is None:
+        return None
+    column = exp.column(name, quoted=True)
+    if kind == "count":
+        counted: exp.Expr = exp.Sum(this=column)
+        if one_group:  # (a count of no rows is 0)
+            counted = exp.Coalesce(this=counted, expressions=[exp.Literal.number(0)])
+        return [exp.Cast(this=counted, to=exp.DataType.build("BIGINT"))], None
+    if kind == "sum":
+        duck = next(c.duckdb_type for c in stored.columns if c.name == name)
+        summed = exp.Sum(this=column)
+        if duck == "BIGINT":  # (DuckDB sums bigints into a hugeint; PostgreSQL's is bigint)
+            return [exp.Cast(this=summed, to=exp.DataType.build("BIGINT"))], None
+        if duck.startswith("DECIMAL"):  # (DuckDB widens a sum's precision; keep the scale)
+            return [exp.Cast(this=summed, to=exp.DataType.build(duck))], _scale(stored, name)
+        return [summed], None
+    return [exp.Min(this=column) if kind == "min" else exp.Max(this=column)], \
+        _scale(stored, name)  # fmt: skip
+
+
+def _scale(stored: Layout, name: str) -> int | None:
+    """The display scale of every value of a stored numeric column (None: not a numeric;
+    an integer's is 0)."""
+    duck = next(c.duckdb_type for c in stored.columns if c.name == name)
+    if duck.startswith("DECIMAL"):
+        return int(duck.rstrip(")").split(",")[1])
+    return 0 if duck in ("SMALLINT", "INTEGER", "BIGINT") else None
+
+
+def _filter(conjunct: exp.Expr, aliases: t.Mapping[str, str], grouped: t.Mapping[Ref, str],
+            catalog: Catalog) -> exp.Expr | None:  # fmt: skip
+    """A query's own conjunct over the view's grouping columns, in the view's names."""
+    if not isinstance(conjunct, (exp.EQ, exp.NEQ, exp.In, *_RANGES)):
+        return None
+    column = conjunct.this
+    if not isinstance(column, exp.Column):
+        return None
+    found = _ref(column, aliases, catalog)
+    if found is None or found not in grouped:
+        return None
+    others = [v for k, v in conjunct.args.items() if k != "this" and v is not None]
+    flat = [x for v in others for x in (v if isinstance(v, list) else [v])]
+    if not flat or not all(isinstance(v, exp.Literal | exp.Null | exp.Neg) or
+                           (isinstance(v, exp.Cast) and isinstance(v.this, exp.Literal))
+                           for v in flat):  # fmt: skip
+        return None
+    if isinstance(conjunct, _RANGES):
+        table = catalog.table(found[0])
+        declared = next(c.type for c in table.columns if c.name == found[1]) if table else ""
+        if not declared.startswith(_ORDERED_TYPES):
+            return None
+    copy = conjunct.copy()
+    copy.set("this", exp.column(grouped[found], quoted=True))
+    return copy
+
+
+def _order(tree: exp.Select, names: list[str],
+           outputs: list[Output]) -> list[exp.Expr] | t.Literal[False]:  # fmt: skip
+    """The ORDER BY over the statement's columns: by an output's name or position (of a
+    column DuckDB returns as it is; an average is ordered by no rule here), or False."""
+    order = tree.args.get("order")
+    if order is None:
+        return []
+    written = [(p.this if isinstance(p, exp.Alias) else p).sql() for p in tree.expressions]
+    found: list[exp.Expr] = []
+    for item in order.expressions:
+        key = item.this
+        if isinstance(key, exp.Literal) and not key.is_string:
+            index = int(key.this) - 1
+        elif isinstance(key, exp.Column) and not key.table and folded(key) in names:
+            index = names.index(folded(key))
+        elif key.sql() in written:  # (an output's expression as the select list writes it)
+            index = written.index(key.sql())
+        else:
+            return False
+        if not 0 <= index < len(outputs) or not isinstance(outputs[index], int):
+            return False
+        copy = item.copy()
+        copy.set("this", exp.Literal.number(t.cast(int, outputs[index]) + 1))
+        found.append(copy)
+    return found
+
+
+def _definition(view: CachedView) -> exp.Select:
+    statement = parse_one(view.statement)
+    assert isinstance(statement, CreateCachedView)
+    return statement.select
+
+
+__all__ = ["DerivedMatch", "match_derived"]
