@@ -203,5 +203,9 @@ def requests(plan: Plan, schema: CacheSchema) -> EstimateRequests:
     tables = {a.table for a in plan.accesses}
     views = tuple(sorted(v.name for v in schema.views.values()
                          if v.table in tables and not v.is_derived))  # fmt: skip
+    # (a derived view reading only these tables may answer the whole statement: its rows)
+    derived = tuple(sorted(v.name for v in schema.views.values() if v.derivation is not None
+                           and {s.table for s in v.derivation.sources} <= tables))  # fmt: skip
     leaves = tuple(dict.fromkeys(a.leaf.sql for a in plan.accesses)) if views else ()
+    views += derived
     return EstimateRequests(plan.sql, leaves, views)

@@ -213,6 +213,9 @@ class Plan:
     candidates: tuple[tuple[str, float], ...] = ()
     # the DuckDB statement of the first branches (every guard passes), for a local plan
     first: LocalStatement | None = field(default=None, repr=False, compare=False)
+    # the derived cached view answering the whole statement (`optimizer.answer_derived`):
+    # every access is guarded by its one region, and ``first`` reads it
+    derived: str | None = None
 
     @property
     def local_sql(self) -> str | None:
@@ -269,6 +272,14 @@ class Plan:
             if self.reason:
                 node["reason"] = self.reason
             return node
+        if self.derived is not None:  # (its guard: of the one region every access reads)
+            first = self.accesses[0]
+            union = {"op": "SwitchUnion", "guard": first.guards[0].to_json(),
+                     "probability_local": round(first.probability_local, 4),
+                     "children": [{"op": "DerivedScan", "view": self.derived},
+                                  {"op": "RemoteQuery", "sql": self.sql}]}  # fmt: skip
+            return {"op": "LocalQuery", "engine": "duckdb", "sql": self.local_sql,
+                    "fallback": "RemoteQuery of the whole statement", "children": [union]}
         guarded = {a.instance.id for a in self.guarded_accesses}
         leaves = [_access_tree(a) if a.instance.id in guarded else _leaf(a)
                   for a in self.accesses]  # fmt: skip

@@ -7,6 +7,8 @@ what `estimate_requests` asks for of the initial plan, and passed in.
              -> divide_outputs (the divisions the cache does as PostgreSQL)
              -> place_guards   (§4.4, §4.5 view matching, Fig 7.2)
              -> estimate_cost  (§4.6: guarded plan vs the whole statement remote)
+             -> answer_from_derived (a derived cached view answering the whole statement,
+                                when it costs less)
              -> fit_result     (the guarded plan's DuckDB statement, made once; planned
                                 again, remote, if DuckDB cannot give PostgreSQL's result)
 """
@@ -18,6 +20,7 @@ import typing as t
 
 from control_tables.schema import CacheSchema
 from optimizer.analyze import Analysis
+from optimizer.answer_derived import answer_from_derived
 from optimizer.divide_outputs import divide_outputs
 from optimizer.estimate_cost import EstimateRequests, estimate_cost, requests
 from optimizer.leaves import remote_leaf
@@ -35,7 +38,7 @@ def fit_result(plan: Plan, inputs: PlanInputs) -> Plan:
     function DuckDB lacks, a result type it cannot give), the statement is planned again by
     the rules before this one with local execution blocked for that reason: the whole
     statement remote."""
-    if not plan.local:
+    if not plan.local or plan.derived is not None:  # (a derived view's: fitted when made)
         return plan
     first = local_statement(plan, plan.first_choice())
     problem = inputs.result_problem(plan, first) if inputs.result_problem is not None else None
@@ -49,7 +52,8 @@ def fit_result(plan: Plan, inputs: PlanInputs) -> Plan:
     return again
 
 
-RULES: tuple[Rule, ...] = (divide_outputs, place_guards, estimate_cost, fit_result)
+RULES: tuple[Rule, ...] = (divide_outputs, place_guards, estimate_cost, answer_from_derived,
+                          fit_result)  # fmt: skip
 
 
 def plan_query(

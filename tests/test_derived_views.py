@@ -236,3 +236,42 @@ def test_a_query_a_derived_view_cannot_answer_is_not_matched(
 ) -> None:
     conn.admin.apply_ddl(AUTHOR_STATS + ";" + CITY_RATINGS)
     assert answered_from_view(conn, bookstore_dsn, view, sql) is None
+
+
+def test_a_query_is_answered_from_a_derived_view_under_its_guard(
+    conn: Connection, bookstore_dsn: str
+) -> None:
+    """Through the cache: the plan reads the derived view under the guard of its region
+    (EXPLAIN shows it), the answer and its description are PostgreSQL's; a bound the region
+    does not meet, or a change of the view's rows, sends the statement to PostgreSQL."""
+    conn.admin.apply_ddl(AUTHOR_STATS + ";" + CITY_RATINGS)
+    conn.admin.refresh("author_stats")
+    conn.admin.refresh("city_ratings")
+    queries = [
+        "SELECT b.authorid, count(*), avg(b.price), min(b.price) FROM books b "
+        "GROUP BY b.authorid ORDER BY 1",
+        "SELECT a.city, avg(r.rating) AS mean, count(*) FROM reviews r JOIN books b "
+        "ON r.isbn = b.isbn JOIN authors a ON b.authorid = a.authorid GROUP BY a.city "
+        "ORDER BY 1 DESC",
+        "SELECT count(*), sum(price) FROM books WHERE authorid BETWEEN 3 AND 9",
+    ]
+    cur = conn.cursor()
+    with psycopg.connect(bookstore_dsn) as pg:
+        for sql in queries:
+            cur.execute(sql + " CURRENCY BOUND 10 MIN")
+            got, description = cur.fetchall(), cur.description
+            cur.execute("EXPLAIN LAST STATEMENT")
+            routes = {row[1] for row in cur.fetchall()}
+            want = pg.execute(sql)
+            assert typed(got) == typed(want.fetchall())
+            assert [tuple(d) for d in description] == [tuple(d) for d in want.description]
+            assert routes == {"local"}, sql
+            plan = "\n".join(r[0] for r in cur.execute("EXPLAIN " + sql +
+                                                        " CURRENCY BOUND 10 MIN").fetchall())  # fmt: skip
+            assert "DerivedScan" in plan and ("author_stats" in plan or "city_ratings" in plan)
+        # a bound its region cannot meet: PostgreSQL answers
+        sql = queries[0]
+        cur.execute(sql + " CURRENCY BOUND 0 SECONDS")
+        assert typed(cur.fetchall()) == typed(pg.execute(sql).fetchall())
+        cur.execute("EXPLAIN LAST STATEMENT")
+        assert {row[1] for row in cur.fetchall()} == {"remote"}
