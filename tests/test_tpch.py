@@ -63,3 +63,30 @@ def test_a_session_bound_answers_all_22_locally(conn: cache.Connection, backend:
         conn.currency_bound = None
     remote = {n: a.reason for n, a in answers.items() if a.route != "local"}
     assert not remote, remote
+
+
+def test_q1_is_answered_from_a_derived_view_of_its_groups(
+    conn: cache.Connection, backend: str
+) -> None:
+    """TPC-H Q1 kept as a derived view (its SELECT, without its ORDER BY): Q1 itself is
+    then read from the view's few groups, not from the cached lineitem, and its answer is
+    PostgreSQL's (values, Python types, description); so is a coarser grouping of it."""
+    sql = query(1, SCALE)
+    definition = sql[: sql.index("order by")]
+    conn.admin.apply_ddl(f"CREATE CACHED VIEW q1_groups AS {definition} REFRESH EVERY 10 MIN")
+    try:
+        conn.admin.refresh("q1_groups")
+        answer = assert_same_answer(conn, backend, with_clause(sql, "CURRENCY BOUND 10 MIN"),
+                                    sql)  # fmt: skip
+        assert answer.route == "local", answer.reason
+        cur = conn.cursor()
+        cur.execute("EXPLAIN " + with_clause(sql, "CURRENCY BOUND 10 MIN"))
+        assert any("DerivedScan" in row[0] and "q1_groups" in row[0] for row in cur.fetchall())
+        coarser = ("select l_returnflag, sum(l_quantity) as sum_qty, avg(l_discount) as avg_disc, "
+                   "count(*) as count_order from lineitem where l_shipdate <= date '1998-12-01' "
+                   "- interval '90 days' group by l_returnflag order by l_returnflag")  # fmt: skip
+        bounded = with_clause(coarser, "CURRENCY BOUND 10 MIN")
+        answer = assert_same_answer(conn, backend, bounded, coarser)
+        assert answer.route == "local", answer.reason
+    finally:
+        conn.admin.apply_ddl("DROP CACHED VIEW q1_groups")
