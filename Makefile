@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck bench-refresh bench-query bench-tpch bench-maintenance bench-server clean
+.PHONY: demo test lint typecheck bench-refresh bench-query bench-tpch bench-maintenance bench-server bench-derived clean
 
 $(STAMP): pyproject.toml scripts/ensure-system-deps.sh
 	bash scripts/ensure-system-deps.sh
@@ -36,6 +36,9 @@ bench-maintenance: $(STAMP)
 
 bench-server: $(STAMP)
 	$(PY) -m experiments.bench_server
+
+bench-derived: $(STAMP)
+	$(PY) -m experiments.bench_derived
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check cache optimizer control_tables heartbeat sql_ext experiments tests
