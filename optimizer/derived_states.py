@@ -53,7 +53,7 @@ def layout(view: CachedView, catalog: Catalog) -> Layout:
     aggregate whose states it cannot keep exactly."""
     derivation = view.derivation
     assert derivation is not None
-    query, select = _definition(view)
+    query, select = definition(view)
     types = statement_types(query, catalog)
     columns: list[StoredColumn] = []
     outputs: dict[str, tuple[str, ...]] = {}
@@ -92,14 +92,14 @@ def layout(view: CachedView, catalog: Catalog) -> Layout:
 
 def pull_select(view: CachedView, found: Layout) -> str:
     """The backend's query of the view's stored columns (PostgreSQL SQL)."""
-    _, select = _definition(view)
+    _, select = definition(view)
     states = select.copy()
     states.set("expressions", [exp.alias_(c.source.copy(), c.name, quoted=True)
                                for c in found.columns])  # fmt: skip
     return states.sql(dialect="postgres")
 
 
-def _definition(view: CachedView) -> tuple[Query, exp.Select]:
+def definition(view: CachedView) -> tuple[Query, exp.Select]:
     """The view's SELECT as a statement of its own, typed and resolved as queries are."""
     statement = parse_one(view.statement)
     assert isinstance(statement, CreateCachedView)
@@ -172,4 +172,5 @@ def _pg_name(found: PgType) -> str | None:
             "timestamptz": "timestamp with time zone"}.get(found.kind)  # fmt: skip
 
 
-__all__ = ["COUNT_SUFFIX", "SUM_SUFFIX", "Layout", "StoredColumn", "layout", "pull_select"]
+__all__ = ["COUNT_SUFFIX", "SUM_SUFFIX", "Layout", "StoredColumn", "definition", "layout",
+           "pull_select"]

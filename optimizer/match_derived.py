@@ -29,8 +29,9 @@ from sqlglot import exp
 
 from control_tables.schema import CachedView
 from optimizer.derived_states import Layout, layout
+from optimizer.derived_states import definition as view_definition
 from optimizer.plan import Output
-from sql_ext import CreateCachedView, Query, parse_one
+from sql_ext import Query
 from sql_ext.blocks import split_and
 from sql_ext.catalog import Catalog
 from sql_ext.quoting import folded, ident
@@ -80,7 +81,7 @@ def match_derived(query: Query, view: CachedView, catalog: Catalog) -> DerivedMa
         if a is None or b is None:
             return None
         view_pairs.add(frozenset((a, b)))
-    definition = _definition(view)
+    _, definition = view_definition(view)
     view_filters = {_normal(c, view_tables, catalog)
                     for c in split_and(definition.args["where"].this)} \
         if definition.args.get("where") else set()  # fmt: skip
@@ -361,12 +362,6 @@ def _order(tree: exp.Select, names: list[str],
         copy.set("this", exp.Literal.number(t.cast(int, outputs[index]) + 1))
         found.append(copy)
     return found
-
-
-def _definition(view: CachedView) -> exp.Select:
-    statement = parse_one(view.statement)
-    assert isinstance(statement, CreateCachedView)
-    return statement.select
 
 
 __all__ = ["DerivedMatch", "match_derived"]
