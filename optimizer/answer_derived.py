@@ -24,6 +24,7 @@ from optimizer.estimate_cost import (
 from optimizer.match_derived import match_derived
 from optimizer.normalize_constraint import ConsistencyClass
 from optimizer.plan import ClassPlan, Guard, LocalStatement, Plan, PlanInputs
+from sql_ext.params import duckdb_name
 
 
 def answer_from_derived(plan: Plan, inputs: PlanInputs) -> Plan:
@@ -36,7 +37,7 @@ def answer_from_derived(plan: Plan, inputs: PlanInputs) -> Plan:
     for view in sorted(inputs.schema.views.values(), key=lambda v: v.name):
         if view.derivation is None:
             continue
-        match = match_derived(analysis.query, view, inputs.catalog)
+        match = match_derived(analysis.query, view, inputs.catalog, analysis.parameter_keys)
         if match is None:
             continue
         bound = min(c.bound_seconds for c in analysis.constraint.classes)
@@ -58,7 +59,13 @@ def answer_from_derived(plan: Plan, inputs: PlanInputs) -> Plan:
         accesses = tuple(dataclasses.replace(a, guards=(guard,), probability_local=p,
                                              refresh_delay=delay)
                          for a in plan.accesses)  # fmt: skip
-        statement = LocalStatement(match.sql, (), (), (), match.outputs)
+        # (its parameters are the query's, compared with the same columns' values: what
+        # PostgreSQL reads them as is checked per execution, as for any local statement)
+        typed = tuple(sorted({(analysis.parameter_keys[n], kind) for n, kind
+                              in analysis.semantics.parameters.items()}, key=str))  # fmt: skip
+        statement = LocalStatement(match.sql, analysis.keys,
+                                   tuple(map(duckdb_name, analysis.keys)), (), match.outputs,
+                                   typed)  # fmt: skip
         semantics = dataclasses.replace(
             analysis.semantics,
             output_scales={**analysis.semantics.output_scales, **match.scales})  # fmt: skip

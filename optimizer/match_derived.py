@@ -6,8 +6,8 @@ A grouped view answers a query block that
 - reads the same tables (each once) joined by the same column equalities, in its FROM's
   JOIN ... ON or its WHERE;
 - filters by every conjunct of the view's WHERE, and besides by comparisons of the view's
-  grouping columns with constants (=, <>, <, <=, >, >=, BETWEEN, IN; a range only over a
-  number or a date, whose order DuckDB shares with PostgreSQL);
+  grouping columns with constants or parameters (=, <>, <, <=, >, >=, BETWEEN, IN; a range
+  only over a number or a date, whose order DuckDB shares with PostgreSQL);
 - groups by some of the view's grouping columns (or by none: one group), a coarser grouping
   than the view's;
 - projects grouping columns and aggregates the view keeps (the same function of the same
@@ -34,6 +34,7 @@ from optimizer.plan import Output
 from sql_ext import Query
 from sql_ext.blocks import split_and
 from sql_ext.catalog import Catalog
+from sql_ext.params import NODE_ID, Key, duckdb_name
 from sql_ext.quoting import folded, ident
 
 Ref = tuple[str, str]  # (table, column): a column of the query or view, by its table's name
@@ -55,8 +56,12 @@ class DerivedMatch:
     scales: dict[int, int]
 
 
-def match_derived(query: Query, view: CachedView, catalog: Catalog) -> DerivedMatch | None:
-    """The statement that answers ``query`` from ``view`` (see the module), or None."""
+def match_derived(query: Query, view: CachedView, catalog: Catalog,
+                  parameter_keys: t.Mapping[int, Key] | None = None) -> DerivedMatch | None:
+    """The statement that answers ``query`` from ``view`` (see the module), or None;
+    ``parameter_keys``: each placeholder's key by node number (`optimizer.analyze`), when
+    the query has parameters (compared with grouping columns, they become the statement's
+    DuckDB parameters)."""
     derivation = view.derivation
     if derivation is None or not derivation.aggregates:
         return None
@@ -120,10 +125,13 @@ def match_derived(query: Query, view: CachedView, catalog: Catalog) -> DerivedMa
         return None
     where = []
     for conjunct in extra:
-        rewritten = _filter(conjunct, tables, grouped, catalog)
+        rewritten = _filter(conjunct, tables, grouped, catalog, parameter_keys or {})
         if rewritten is None:
             return None
         where.append(rewritten)
+    placed = sum(1 for c in where for _ in c.find_all(exp.Placeholder))
+    if placed != sum(1 for _ in tree.find_all(exp.Placeholder)):
+        return None  # (a parameter anywhere but compared with a grouping column)
 
     # its grouping and its columns
     group: list[str] = []
@@ -187,7 +195,7 @@ def _unsupported(tree: exp.Select) -> bool:
             return True
     if any(isinstance(n, exp.Select) for n in tree.walk() if n is not tree):
         return True
-    if tree.find(exp.Window, exp.Placeholder) is not None:
+    if tree.find(exp.Window) is not None:
         return True
     return any(not isinstance(star.parent, exp.Count) for star in tree.find_all(exp.Star))
 
@@ -311,8 +319,9 @@ def _scale(stored: Layout, name: str) -> int | None:
 
 
 def _filter(conjunct: exp.Expr, aliases: t.Mapping[str, str], grouped: t.Mapping[Ref, str],
-            catalog: Catalog) -> exp.Expr | None:  # fmt: skip
-    """A query's own conjunct over the view's grouping columns, in the view's names."""
+            catalog: Catalog, keys: t.Mapping[int, Key]) -> exp.Expr | None:  # fmt: skip
+    """A query's own conjunct over the view's grouping columns, in the view's names (a
+    parameter as the DuckDB parameter of its key)."""
     if not isinstance(conjunct, (exp.EQ, exp.NEQ, exp.In, *_RANGES)):
         return None
     column = conjunct.this
@@ -324,7 +333,9 @@ def _filter(conjunct: exp.Expr, aliases: t.Mapping[str, str], grouped: t.Mapping
     others = [v for k, v in conjunct.args.items() if k != "this" and v is not None]
     flat = [x for v in others for x in (v if isinstance(v, list) else [v])]
     if not flat or not all(isinstance(v, exp.Literal | exp.Null | exp.Neg) or
-                           (isinstance(v, exp.Cast) and isinstance(v.this, exp.Literal))
+                           (isinstance(v, exp.Cast) and isinstance(v.this, exp.Literal)) or
+                           (isinstance(v, exp.Placeholder) and NODE_ID in v.meta
+                            and v.meta[NODE_ID] in keys)
                            for v in flat):  # fmt: skip
         return None
     if isinstance(conjunct, _RANGES):
@@ -334,6 +345,9 @@ def _filter(conjunct: exp.Expr, aliases: t.Mapping[str, str], grouped: t.Mapping
             return None
     copy = conjunct.copy()
     copy.set("this", exp.column(grouped[found], quoted=True))
+    for mark in list(copy.find_all(exp.Placeholder)):
+        mark.replace(exp.Placeholder(this=exp.to_identifier(
+            duckdb_name(keys[mark.meta[NODE_ID]]))))  # fmt: skip
     return copy
 
 

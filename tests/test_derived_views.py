@@ -341,3 +341,33 @@ def test_random_queries_after_random_writes_get_postgresql_s_answers(
                         [tuple(d) for d in want.description], sql  # fmt: skip
         finally:  # (the module's database: every test here reads PostgreSQL's answers)
             pg.execute("DELETE FROM books WHERE isbn LIKE 'isbn-r%'")
+
+
+def test_a_query_with_parameters_is_answered_from_a_derived_view(
+    conn: Connection, bookstore_dsn: str
+) -> None:
+    """Parameters compared with grouping columns become the local statement's: each
+    execution's values give PostgreSQL's answer from the view."""
+    conn.admin.apply_ddl(AUTHOR_STATS + ";" + CITY_RATINGS)
+    conn.admin.refresh("author_stats")
+    conn.admin.refresh("city_ratings")
+    cases = [
+        ("SELECT count(*), sum(b.price), avg(b.price) FROM books b WHERE b.authorid = %s",
+         [[1], [7], [40], [999]]),
+        ("SELECT b.authorid, max(b.title) FROM books b WHERE b.authorid BETWEEN %s AND %s "
+         "GROUP BY b.authorid ORDER BY 1", [[1, 5], [10, 12], [30, 29]]),
+        ("SELECT avg(r.rating), count(*) FROM reviews r JOIN books b ON r.isbn = b.isbn "
+         "JOIN authors a ON b.authorid = a.authorid WHERE a.city = %s",
+         [["Madison"], ["Seattle"], ["Nowhere"]]),
+    ]  # fmt: skip
+    cur = conn.cursor()
+    with psycopg.connect(bookstore_dsn) as pg:
+        for sql, runs in cases:
+            for params in runs:
+                cur.execute(sql + " CURRENCY BOUND 10 MIN", params)
+                got, description = cur.fetchall(), cur.description
+                cur.execute("EXPLAIN LAST STATEMENT")
+                assert {row[1] for row in cur.fetchall()} == {"local"}, (sql, params)
+                want = pg.execute(sql, params)
+                assert typed(got) == typed(want.fetchall()), (sql, params)
+                assert [tuple(d) for d in description] == [tuple(d) for d in want.description]
