@@ -16,7 +16,8 @@ A grouped view answers a query block that
 
 The statement merges the view's groups: counts and sums are summed (a count of no rows is 0),
 minimums and maximums taken again, an average the quotient of its summed sum and count,
-divided as PostgreSQL divides (`Output` "avg": `cache.execution.convert`). Anything else is
+divided as PostgreSQL divides (`Output` "avg": `cache.execution.convert`). A query that
+groups as the view does reads the view's rows as they are (no GROUP BY). Anything else is
 not matched (None): the statement is planned as before.
 """
 
@@ -140,6 +141,9 @@ def match_derived(query: Query, view: CachedView, catalog: Catalog,
         if found is None or found not in grouped:
             return None
         group.append(grouped[found])
+    # the query's groups are the view's rows when it groups as the view does (or neither
+    # groups): the stored states are read as they are, with no GROUP BY
+    merging = set(group) != set(grouped.values())
     projections: list[exp.Expr] = []
     outputs: list[Output] = []
     scales: dict[int, int] = {}
@@ -157,8 +161,7 @@ def match_derived(query: Query, view: CachedView, catalog: Catalog,
             outputs.append(len(projections))
             projections.append(exp.column(grouped[found], quoted=True))
             continue
-        made = _merged(target, tables, catalog, aggregates, stored, not group,
-                       set(group) != set(grouped.values()))  # fmt: skip
+        made = _merged(target, tables, catalog, aggregates, stored, not group, merging)
         if made is None:
             return None
         columns, scale = made
@@ -172,7 +175,7 @@ def match_derived(query: Query, view: CachedView, catalog: Catalog,
     statement = exp.select(*projections).from_(exp.to_table(ident(view.name)))
     if where:
         statement = statement.where(exp.and_(*where))
-    if group:
+    if group and merging:
         statement = statement.group_by(*(exp.column(g, quoted=True) for g in group))
     order = _order(tree, names, outputs)
     if order is False:
@@ -285,12 +288,15 @@ def _merged(target: exp.Expr, aliases: t.Mapping[str, str], catalog: Catalog,
             c.duckdb_type in ("FLOAT", "DOUBLE") for c in stored.columns
             if c.name in stored.outputs[name]):  # fmt: skip
         return None
-    if kind == "avg" and name is not None:
+    if name is None:
+        return None
+    if not merging:  # (each of the query's groups is one of the view's rows: its states)
+        states = stored.outputs[name]
+        return [exp.column(n, quoted=True) for n in states], _scale(stored, states[0])
+    if kind == "avg":
         total, count = stored.outputs[name]
         return [exp.Sum(this=exp.column(total, quoted=True)),
                 exp.Sum(this=exp.column(count, quoted=True))], _scale(stored, total)
-    if name is None:
-        return None
     column = exp.column(name, quoted=True)
     if kind == "count":
         counted: exp.Expr = exp.Sum(this=column)

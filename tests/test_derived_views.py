@@ -170,6 +170,7 @@ ANSWERED = [
     ("city_ratings", "SELECT avg(r.rating), sum(r.rating), count(*) FROM authors a, books b, "
                      "reviews r WHERE b.authorid = a.authorid AND r.isbn = b.isbn "
                      "AND a.city <> 'Seattle'"),
+    ("all_sales", "SELECT max(s.sold_on), count(*), sum(s.qty * 1.5) FROM sales s"),
 ]
 NOT_ANSWERED = [
     ("author_stats", "SELECT b.type, count(*) FROM books b GROUP BY b.type"),  # not grouped
@@ -219,7 +220,7 @@ def answered_from_view(conn: Connection, bookstore_dsn: str, view: str, sql: str
 def test_a_query_a_derived_view_answers_gets_postgresql_s_answer(
     conn: Connection, bookstore_dsn: str, view: str, sql: str
 ) -> None:
-    conn.admin.apply_ddl(AUTHOR_STATS + ";" + CITY_RATINGS)
+    conn.admin.apply_ddl(AUTHOR_STATS + ";" + CITY_RATINGS + ";" + ALL_SALES)
     conn.admin.refresh(view)
     got = answered_from_view(conn, bookstore_dsn, view, sql)
     assert got is not None, "not matched"
