@@ -29,8 +29,10 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from control_tables.schema import CachedView
+from optimizer.allowlist import reads_alike
 from optimizer.derived_states import Layout, layout
 from optimizer.derived_states import definition as view_definition
+from optimizer.pg_types import declared
 from optimizer.plan import Output
 from sql_ext import Query
 from sql_ext.blocks import split_and
@@ -338,23 +340,52 @@ def _filter(conjunct: exp.Expr, aliases: t.Mapping[str, str], grouped: t.Mapping
         return None
     others = [v for k, v in conjunct.args.items() if k != "this" and v is not None]
     flat = [x for v in others for x in (v if isinstance(v, list) else [v])]
-    if not flat or not all(isinstance(v, exp.Literal | exp.Null | exp.Neg) or
-                           (isinstance(v, exp.Cast) and isinstance(v.this, exp.Literal)) or
-                           (isinstance(v, exp.Placeholder) and NODE_ID in v.meta
-                            and v.meta[NODE_ID] in keys)
-                           for v in flat):  # fmt: skip
+    table = catalog.table(found[0])
+    assert table is not None  # (`_ref` found the column in it)
+    column_info = next(c for c in table.columns if c.name == found[1])
+    kind = declared(column_info.type)
+    if not flat or not all(_reads_alike(v, kind.kind, keys) for v in flat):
         return None
-    if isinstance(conjunct, _RANGES):
-        table = catalog.table(found[0])
-        declared = next(c.type for c in table.columns if c.name == found[1]) if table else ""
-        if not declared.startswith(_ORDERED_TYPES):
-            return None
+    if isinstance(conjunct, _RANGES) and not column_info.type.startswith(_ORDERED_TYPES):
+        return None
+    if kind.is_string and (isinstance(conjunct, _RANGES) or not column_info.deterministic):
+        return None  # (an order, or equality under a collation, DuckDB does not share)
     copy = conjunct.copy()
     copy.set("this", exp.column(grouped[found], quoted=True))
     for mark in list(copy.find_all(exp.Placeholder)):
         mark.replace(exp.Placeholder(this=exp.to_identifier(
             duckdb_name(keys[mark.meta[NODE_ID]]))))  # fmt: skip
+    if kind.kind == "char":  # (stored without its blank padding, which = ignores: so must
+        for value in [v for k, v in copy.args.items() if k != "this"]:  # the values')
+            for item in value if isinstance(value, list) else [value]:
+                if isinstance(item, exp.Literal | exp.Placeholder):
+                    item.replace(exp.Anonymous(this="RTRIM", expressions=[
+                        item.copy(), exp.Literal.string(" ")]))  # fmt: skip
     return copy
+
+
+def _reads_alike(value: exp.Expr, kind: str, keys: t.Mapping[int, Key]) -> bool:
+    """Whether DuckDB compares a grouping column of this kind with ``value`` as PostgreSQL
+    does: a literal of the column's own kind (a date's or timestamp's text as DuckDB reads
+    it too), NULL, or a parameter (its reading is checked per execution)."""
+    if isinstance(value, exp.Placeholder):
+        return NODE_ID in value.meta and value.meta[NODE_ID] in keys
+    if isinstance(value, exp.Null):
+        return True
+    if isinstance(value, exp.Neg):
+        value = value.this
+    if isinstance(value, exp.Cast) and isinstance(value.this, exp.Literal):
+        return kind in ("date", "timestamp", "timestamptz") and \
+            declared(value.to.sql(dialect="postgres")).kind == kind  # fmt: skip
+    if not isinstance(value, exp.Literal):
+        return False
+    if value.is_string:
+        if kind in ("char", "varchar", "text"):
+            return True
+        return kind in ("date", "timestamp") and reads_alike(kind, value.this)
+    if kind == "integer":
+        return value.this.isdigit()
+    return kind in ("numeric", "float")
 
 
 def _order(tree: exp.Select, names: list[str],

@@ -43,6 +43,9 @@ ALL_SALES = """CREATE CACHED VIEW all_sales AS
     SELECT count(*) AS sales, sum(s.qty) AS sold, sum(s.qty * 1.5) AS weighted,
            max(s.sold_on) AS last_day FROM sales s"""
 ALL_SALES_STATES = "SELECT count(*), sum(s.qty), sum(s.qty * 1.5), max(s.sold_on) FROM sales s"
+# books by their author's gender, a char(1)
+BY_GENDER = """CREATE CACHED VIEW by_gender AS SELECT a.gender, count(*) AS books
+    FROM books b JOIN authors a ON b.authorid = a.authorid GROUP BY a.gender"""
 
 
 @pytest.fixture
@@ -171,6 +174,11 @@ ANSWERED = [
                      "reviews r WHERE b.authorid = a.authorid AND r.isbn = b.isbn "
                      "AND a.city <> 'Seattle'"),
     ("all_sales", "SELECT max(s.sold_on), count(*), sum(s.qty * 1.5) FROM sales s"),
+    # a char(n) compared as PostgreSQL compares it: its trailing blanks do not count
+    ("by_gender", "SELECT count(*) FROM books b JOIN authors a ON b.authorid = a.authorid "
+                  "WHERE a.gender = 'F '"),
+    ("by_gender", "SELECT a.gender, count(*) FROM books b JOIN authors a "
+                  "ON b.authorid = a.authorid WHERE a.gender IN ('M  ', 'X') GROUP BY a.gender"),
 ]
 NOT_ANSWERED = [
     ("author_stats", "SELECT b.type, count(*) FROM books b GROUP BY b.type"),  # not grouped
@@ -187,6 +195,10 @@ NOT_ANSWERED = [
                      "GROUP BY a.city"),  # a filter on rows the groups merged
     ("city_ratings", "SELECT a.city, count(*) FROM reviews r JOIN books b ON r.isbn = b.isbn "
                      "JOIN authors a ON b.publisherid = a.authorid GROUP BY a.city"),
+    ("author_stats", "SELECT count(*) FROM books b WHERE b.authorid = 1.5"),  # (not an integer)
+    ("author_stats", "SELECT count(*) FROM books b WHERE b.authorid = '3'"),  # (text)
+    ("city_ratings", "SELECT count(*) FROM reviews r JOIN books b ON r.isbn = b.isbn "
+                     "JOIN authors a ON b.authorid = a.authorid WHERE a.city > 'M'"),  # (order)
 ]
 
 
@@ -220,7 +232,7 @@ def answered_from_view(conn: Connection, bookstore_dsn: str, view: str, sql: str
 def test_a_query_a_derived_view_answers_gets_postgresql_s_answer(
     conn: Connection, bookstore_dsn: str, view: str, sql: str
 ) -> None:
-    conn.admin.apply_ddl(AUTHOR_STATS + ";" + CITY_RATINGS + ";" + ALL_SALES)
+    conn.admin.apply_ddl(";".join((AUTHOR_STATS, CITY_RATINGS, ALL_SALES, BY_GENDER)))
     conn.admin.refresh(view)
     got = answered_from_view(conn, bookstore_dsn, view, sql)
     assert got is not None, "not matched"
