@@ -11,8 +11,9 @@ A grouped view answers a query block that
 - groups by some of the view's grouping columns (or by none: one group), a coarser grouping
   than the view's;
 - projects grouping columns and aggregates the view keeps (the same function of the same
-  argument; an average also from the sum and count the view keeps for it), and orders by
-  its output columns, with a constant LIMIT or OFFSET.
+  argument; an average also from the sum and count the view keeps for it), keeps groups by
+  comparisons of such aggregates (not averages) with constants (HAVING), and orders by its
+  output columns, with a constant LIMIT or OFFSET.
 
 The statement merges the view's groups: counts and sums are summed (a count of no rows is 0),
 minimums and maximums taken again, an average the quotient of its summed sum and count,
@@ -174,11 +175,22 @@ def match_derived(query: Query, view: CachedView, catalog: Catalog,
                 scales[len(outputs)] = scale
             outputs.append(len(projections))
         projections += columns
+    having = []
+    if tree.args.get("having"):
+        for conjunct in split_and(tree.args["having"].this):
+            kept = _having(conjunct, tables, catalog, aggregates, stored, not group, merging)
+            if kept is None:
+                return None
+            having.append(kept)
     statement = exp.select(*projections).from_(exp.to_table(ident(view.name)))
+    if not merging:  # (the groups are the view's rows: a condition on them is a WHERE)
+        where += having
     if where:
         statement = statement.where(exp.and_(*where))
     if group and merging:
         statement = statement.group_by(*(exp.column(g, quoted=True) for g in group))
+    if merging and having:
+        statement = statement.having(exp.and_(*having))
     order = _order(tree, names, outputs)
     if order is False:
         return None
@@ -195,7 +207,7 @@ def match_derived(query: Query, view: CachedView, catalog: Catalog,
 
 
 def _unsupported(tree: exp.Select) -> bool:
-    for arg in ("with_", "distinct", "having", "qualify", "windows", "into", "locks"):
+    for arg in ("with_", "distinct", "qualify", "windows", "into", "locks"):
         if tree.args.get(arg):
             return True
     if any(isinstance(n, exp.Select) for n in tree.walk() if n is not tree):
@@ -361,6 +373,35 @@ def _filter(conjunct: exp.Expr, aliases: t.Mapping[str, str], grouped: t.Mapping
                 if isinstance(item, exp.Literal | exp.Placeholder):
                     item.replace(exp.Anonymous(this="RTRIM", expressions=[
                         item.copy(), exp.Literal.string(" ")]))  # fmt: skip
+    return copy
+
+
+def _having(conjunct: exp.Expr, aliases: t.Mapping[str, str], catalog: Catalog,
+            aggregates: t.Mapping[tuple[str, str], str], stored: Layout, one_group: bool,
+            merging: bool) -> exp.Expr | None:  # fmt: skip
+    """A HAVING conjunct comparing an aggregate the view keeps (not an average) with
+    constants of its type, over the merged states."""
+    if not isinstance(conjunct, (exp.EQ, exp.NEQ, *_RANGES)):
+        return None
+    target: exp.Expr = conjunct.this
+    if type(target) not in _KINDS or isinstance(target, exp.Avg):
+        return None
+    made = _merged(target, aliases, catalog, aggregates, stored, one_group, merging)
+    if made is None or len(made[0]) != 1:
+        return None
+    value = target.this
+    key = _aggregate_key(_KINDS[type(target)], None if isinstance(value, exp.Star) else value,
+                         aliases, catalog)  # fmt: skip
+    name = aggregates[key]
+    pg_type = next(c.pg_type for c in stored.columns if c.name == name)
+    kind = "integer" if isinstance(target, exp.Count) else declared(pg_type).kind
+    if kind not in ("integer", "numeric", "float", "date"):
+        return None  # (text ordered by a collation DuckDB does not share, ...)
+    values = [v for k, v in conjunct.args.items() if k != "this" and v is not None]
+    if not all(_reads_alike(v, kind, {}) for v in values):
+        return None
+    copy = conjunct.copy()
+    copy.set("this", made[0][0])
     return copy
 
 

@@ -174,6 +174,13 @@ ANSWERED = [
                      "reviews r WHERE b.authorid = a.authorid AND r.isbn = b.isbn "
                      "AND a.city <> 'Seattle'"),
     ("all_sales", "SELECT max(s.sold_on), count(*), sum(s.qty * 1.5) FROM sales s"),
+    # groups kept by conditions on their aggregates, grouped as the view or coarser
+    ("author_stats", "SELECT b.authorid, count(*) FROM books b GROUP BY b.authorid "
+                     "HAVING count(*) > 5 AND sum(b.price) >= 100.5 ORDER BY 1"),
+    ("city_ratings", "SELECT a.city, sum(r.rating) FROM reviews r JOIN books b "
+                     "ON r.isbn = b.isbn JOIN authors a ON b.authorid = a.authorid "
+                     "GROUP BY a.city HAVING sum(r.rating) BETWEEN 10 AND 400 ORDER BY 1"),
+    ("author_stats", "SELECT count(*), sum(b.price) FROM books b HAVING count(*) > 1"),
     # a char(n) compared as PostgreSQL compares it: its trailing blanks do not count
     ("by_gender", "SELECT count(*) FROM books b JOIN authors a ON b.authorid = a.authorid "
                   "WHERE a.gender = 'F '"),
@@ -185,8 +192,6 @@ NOT_ANSWERED = [
     ("author_stats", "SELECT count(*) FROM books b WHERE b.price > 10"),  # not a group's filter
     ("author_stats", "SELECT sum(b.publisherid) FROM books b"),  # not kept
     ("author_stats", "SELECT count(DISTINCT b.authorid) FROM books b"),
-    ("author_stats", "SELECT b.authorid, count(*) FROM books b GROUP BY b.authorid "
-                     "HAVING count(*) > 1"),
     ("author_stats", "SELECT count(*) FROM books b JOIN reviews r ON r.isbn = b.isbn"),
     ("author_stats", "SELECT b.authorid FROM books b"),  # rows, not groups
     ("author_stats", "SELECT count(*) FROM books b WHERE b.authorid = %s"),  # (a parameter)
@@ -195,6 +200,9 @@ NOT_ANSWERED = [
                      "GROUP BY a.city"),  # a filter on rows the groups merged
     ("city_ratings", "SELECT a.city, count(*) FROM reviews r JOIN books b ON r.isbn = b.isbn "
                      "JOIN authors a ON b.publisherid = a.authorid GROUP BY a.city"),
+    ("author_stats", "SELECT b.authorid FROM books b GROUP BY b.authorid "
+                     "HAVING avg(b.price) > 10"),  # (an average's condition)
+    ("author_stats", "SELECT count(*) FROM books b HAVING max(b.title) > 'A'"),  # (text order)
     ("author_stats", "SELECT count(*) FROM books b WHERE b.authorid = 1.5"),  # (not an integer)
     ("author_stats", "SELECT count(*) FROM books b WHERE b.authorid = '3'"),  # (text)
     ("city_ratings", "SELECT count(*) FROM reviews r JOIN books b ON r.isbn = b.isbn "
