@@ -282,6 +282,20 @@ _KINDS: dict[type[exp.Expr], str] = {exp.Count: "count", exp.Sum: "sum", exp.Avg
                                      exp.Min: "min", exp.Max: "max"}  # fmt: skip
 
 
+def _kept(target: exp.Expr, aliases: t.Mapping[str, str], catalog: Catalog,
+          aggregates: t.Mapping[tuple[str, str], str]) -> tuple[str, str] | None:  # fmt: skip
+    """The kind of an aggregate of the query and the view's column keeping it, or None."""
+    kind = _KINDS.get(type(target))
+    if kind is None:
+        return None
+    value = target.this
+    if isinstance(value, exp.Distinct) or target.find(exp.Filter) is not None:
+        return None
+    name = aggregates.get(_aggregate_key(kind, None if isinstance(value, exp.Star) else value,
+                                         aliases, catalog))  # fmt: skip
+    return None if name is None else (kind, name)
+
+
 def _merged(target: exp.Expr, aliases: t.Mapping[str, str], catalog: Catalog,
             aggregates: t.Mapping[tuple[str, str], str], stored: Layout, one_group: bool,
             merging: bool) -> tuple[list[exp.Expr], int | None] | None:  # fmt: skip
@@ -289,20 +303,13 @@ def _merged(target: exp.Expr, aliases: t.Mapping[str, str], catalog: Catalog,
     expressions (an average: its sum and its count) and the sum's display scale, or None.
     ``merging``: several of the view's groups make one of the query's (a floating-point
     sum added up in another order may differ in its last digits: not matched then)."""
-    kind = _KINDS.get(type(target))
-    if kind is None:
+    found = _kept(target, aliases, catalog, aggregates)
+    if found is None:
         return None
-    value = target.this
-    if isinstance(value, exp.Distinct) or target.find(exp.Filter) is not None:
-        return None
-    argument = None if isinstance(value, exp.Star) else value
-    key = _aggregate_key(kind, argument, aliases, catalog)
-    name = aggregates.get(key)
-    if name is not None and kind in ("sum", "avg") and merging and any(
+    kind, name = found
+    if kind in ("sum", "avg") and merging and any(
             c.duckdb_type in ("FLOAT", "DOUBLE") for c in stored.columns
             if c.name in stored.outputs[name]):  # fmt: skip
-        return None
-    if name is None:
         return None
     if not merging:  # (each of the query's groups is one of the view's rows: its states)
         states = stored.outputs[name]
@@ -384,17 +391,14 @@ def _having(conjunct: exp.Expr, aliases: t.Mapping[str, str], catalog: Catalog,
     if not isinstance(conjunct, (exp.EQ, exp.NEQ, *_RANGES)):
         return None
     target: exp.Expr = conjunct.this
-    if type(target) not in _KINDS or isinstance(target, exp.Avg):
+    found = _kept(target, aliases, catalog, aggregates)
+    if found is None or found[0] == "avg":
         return None
     made = _merged(target, aliases, catalog, aggregates, stored, one_group, merging)
-    if made is None or len(made[0]) != 1:
+    if made is None:
         return None
-    value = target.this
-    key = _aggregate_key(_KINDS[type(target)], None if isinstance(value, exp.Star) else value,
-                         aliases, catalog)  # fmt: skip
-    name = aggregates[key]
-    pg_type = next(c.pg_type for c in stored.columns if c.name == name)
-    kind = "integer" if isinstance(target, exp.Count) else declared(pg_type).kind
+    pg_type = next(c.pg_type for c in stored.columns if c.name == found[1])
+    kind = "integer" if found[0] == "count" else declared(pg_type).kind
     if kind not in ("integer", "numeric", "float", "date"):
         return None  # (text ordered by a collation DuckDB does not share, ...)
     values = [v for k, v in conjunct.args.items() if k != "this" and v is not None]
