@@ -193,11 +193,6 @@ def check_derived(statement: CreateCachedView, catalog: Catalog) -> Resolved:
         raise NotSupportedError(
             f"cached view {statement.name}: a derived view is fully materialized in this "
             "release: PRESENCE, CONSISTENCY and COMPLETENESS are not supported on it yet")
-    if statement.continuous:
-        raise NotSupportedError(
-            f"cached view {statement.name}: a derived view is refreshed by REFRESH EVERY or "
-            "REFRESH CACHED VIEW in this release (REFRESH CONTINUOUSLY is not supported on "
-            "it yet)")  # fmt: skip
     return resolved
 
 

@@ -213,7 +213,7 @@ def _check_continuous(schema: CacheSchema, view: CachedView) -> None:
                     "regions follow the parent's rows as they change)"
                 )
         return
-    if view.where is not None:
+    if view.where is not None and not view.is_derived:  # (a derived view's: its maintenance)
         raise NotSupportedError(
             f"cached view {view.name}: a REFRESH CONTINUOUSLY view selects whole rows of its "
             "table (its WHERE would be evaluated by the cache, not the backend); move the "

@@ -43,10 +43,12 @@ def append_rows(name: str, rows: list[dict[str, Any]]) -> Path:
     path = RESULTS / f"{name}.csv"
     stamp = provenance()
     records = [{**row, **stamp} for row in rows]
-    fields = list(records[0]) if records else []
+    fields: list[str] = []  # (rows of several kinds: every field any of them has)
+    for record in records:
+        fields += [f for f in record if f not in fields]
     new = not path.exists()
     with path.open("a", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=fields)
+        writer = csv.DictWriter(handle, fieldnames=fields, restval="")
         if new:
             writer.writeheader()
         writer.writerows(records)

@@ -8,7 +8,10 @@ computed again from when groups are merged (DBSP's and DBToaster's re-aggregable
   the display scale every value of the sum has (the largest of its argument's: a sum whose
   argument's scale the cache cannot tell is refused at DDL time);
 - ``avg``: two stored columns, ``<name>__sum`` and ``<name>__count`` (the sum of the values and
-  how many there were), its value their quotient as PostgreSQL divides them.
+  how many there were), its value their quotient as PostgreSQL divides them;
+- kept ``REFRESH CONTINUOUSLY`` (`optimizer.derived_delta`), besides: a sum's count of values
+  as ``<name>__count`` (a sum of none is NULL), and each group's rows as ``mtcache_rows``
+  (a group of none leaves the view).
 
 Each stored column has PostgreSQL's type (``pg_type``, `format_type`'s text, a numeric with
 its scale) and the DuckDB type it is kept in.
@@ -29,6 +32,7 @@ from sql_ext.catalog import Catalog
 from sql_ext.errors import NotSupportedError
 
 SUM_SUFFIX, COUNT_SUFFIX = "__sum", "__count"
+ROWS = "mtcache_rows"  # a continuously maintained group's row count (it leaves at none)
 NUMERIC_DIGITS = 38  # DuckDB's widest decimal
 
 
@@ -70,6 +74,9 @@ def layout(view: CachedView, catalog: Catalog) -> Layout:
         elif output.aggregate == "sum":
             columns.append(_sum(view, name, types.of(target.this),
                                 exp.Sum(this=target.this.copy())))  # fmt: skip
+            if view.continuous:  # (how many values it adds: a sum of none is NULL)
+                columns.append(StoredColumn(name + COUNT_SUFFIX, "bigint", "BIGINT",
+                                            exp.Count(this=target.this.copy())))  # fmt: skip
         else:  # avg: its sum and its count
             value = target.this
             kind = types.of(value)
@@ -81,12 +88,17 @@ def layout(view: CachedView, catalog: Catalog) -> Layout:
             outputs[name] = (total.name, count.name)
             continue
         outputs[name] = (name,)
+    if view.continuous and derivation.aggregates:
+        columns.append(StoredColumn(ROWS, "bigint", "BIGINT",
+                                    exp.Count(this=exp.Star())))  # fmt: skip
     names = [c.name for c in columns]
     clash = next((n for n in names if names.count(n) > 1), None)
     if clash is not None:
         raise NotSupportedError(
             f"cached view {view.name}: the cache keeps an average as <name>{SUM_SUFFIX} and "
-            f"<name>{COUNT_SUFFIX}, and {clash!r} is also a column of the view; rename it")
+            f"<name>{COUNT_SUFFIX} (and, kept continuously, a sum's count as "
+            f"<name>{COUNT_SUFFIX} and each group's rows as {ROWS}), and {clash!r} is also a "
+            "column of the view; rename it")
     return Layout(tuple(columns), outputs)
 
 
@@ -172,5 +184,5 @@ def _pg_name(found: PgType) -> str | None:
             "timestamptz": "timestamp with time zone"}.get(found.kind)  # fmt: skip
 
 
-__all__ = ["COUNT_SUFFIX", "SUM_SUFFIX", "Layout", "StoredColumn", "definition", "layout",
+__all__ = ["COUNT_SUFFIX", "ROWS", "SUM_SUFFIX", "Layout", "StoredColumn", "definition", "layout",
            "pull_select"]

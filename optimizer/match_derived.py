@@ -129,7 +129,7 @@ def match_derived(query: Query, view: CachedView, catalog: Catalog,
         return None
     where = []
     for conjunct in extra:
-        rewritten = _filter(conjunct, tables, grouped, catalog, parameter_keys or {})
+        rewritten = filter_conjunct(conjunct, tables, grouped, catalog, parameter_keys or {})
         if rewritten is None:
             return None
         where.append(rewritten)
@@ -345,10 +345,14 @@ def _scale(stored: Layout, name: str) -> int | None:
     return 0 if duck in ("SMALLINT", "INTEGER", "BIGINT") else None
 
 
-def _filter(conjunct: exp.Expr, aliases: t.Mapping[str, str], grouped: t.Mapping[Ref, str],
-            catalog: Catalog, keys: t.Mapping[int, Key]) -> exp.Expr | None:  # fmt: skip
-    """A query's own conjunct over the view's grouping columns, in the view's names (a
-    parameter as the DuckDB parameter of its key)."""
+def filter_conjunct(conjunct: exp.Expr, aliases: t.Mapping[str, str],
+                    grouped: t.Mapping[Ref, str | exp.Expr], catalog: Catalog,
+                    keys: t.Mapping[int, Key]) -> exp.Expr | None:  # fmt: skip
+    """A conjunct comparing a column of ``grouped`` with constants, as DuckDB reads it as
+    PostgreSQL does, over what ``grouped`` maps the column to (a name of the view's: a query's
+    own conjunct over its grouping columns; an expression: a continuously maintained view's
+    WHERE, `optimizer.derived_delta`), a parameter as the DuckDB parameter of its key; else
+    None."""
     if not isinstance(conjunct, (exp.EQ, exp.NEQ, exp.In, *_RANGES)):
         return None
     column = conjunct.this
@@ -370,7 +374,8 @@ def _filter(conjunct: exp.Expr, aliases: t.Mapping[str, str], grouped: t.Mapping
     if kind.is_string and (isinstance(conjunct, _RANGES) or not column_info.deterministic):
         return None  # (an order, or equality under a collation, DuckDB does not share)
     copy = conjunct.copy()
-    copy.set("this", exp.column(grouped[found], quoted=True))
+    target = grouped[found]
+    copy.set("this", exp.column(target, quoted=True) if isinstance(target, str) else target.copy())
     for mark in list(copy.find_all(exp.Placeholder)):
         mark.replace(exp.Placeholder(this=exp.to_identifier(
             duckdb_name(keys[mark.meta[NODE_ID]]))))  # fmt: skip
@@ -417,6 +422,16 @@ def _reads_alike(value: exp.Expr, kind: str, keys: t.Mapping[int, Key]) -> bool:
         return NODE_ID in value.meta and value.meta[NODE_ID] in keys
     if isinstance(value, exp.Null):
         return True
+    if isinstance(value, exp.Add | exp.Sub) and isinstance(value.expression, exp.Interval):
+        # a date or timestamp constant moved by whole days, weeks, months or years: both
+        # compute a timestamp (`date '1998-12-01' - interval '90 days'`, TPC-H Q1's)
+        interval = value.expression
+        unit = interval.args.get("unit")
+        amount = interval.this
+        return kind in ("date", "timestamp") and unit is not None and \
+            unit.name.upper().rstrip("S") in ("DAY", "WEEK", "MONTH", "YEAR") and \
+            isinstance(amount, exp.Literal) and amount.this.isdigit() and \
+            _reads_alike(value.this, kind, keys)  # fmt: skip
     if isinstance(value, exp.Neg):
         value = value.this
     if isinstance(value, exp.Cast) and isinstance(value.this, exp.Literal):
@@ -460,4 +475,4 @@ def _order(tree: exp.Select, names: list[str],
     return found
 
 
-__all__ = ["DerivedMatch", "match_derived"]
+__all__ = ["DerivedMatch", "filter_conjunct", "match_derived"]

@@ -77,6 +77,13 @@ def apply_pull(
                 con.execute(
                     "INSERT OR REPLACE INTO mtcache.view_state VALUES (?, ?, ?)", [name, *stamp]
                 )
+        for name, rows in staged.items():  # a continuously maintained derived view's copies
+            if name not in schema.views:  # of its tables, pulled whole with it
+                con.execute(f"DELETE FROM {ident(name)}")
+                con.register("mtcache_staged", rows)
+                con.execute(f"INSERT INTO {ident(name)} ({idents(rows.column_names)}) "
+                            f"SELECT * FROM mtcache_staged")  # fmt: skip
+                con.unregister("mtcache_staged")
         faults.hit("before_commit", enabled_faults)
         con.execute("UPDATE mtcache.snapshots SET views = ?, delay_seconds = ? "
                     "WHERE snapshot_id = ?", [changed, age(), snapshot_id])  # fmt: skip

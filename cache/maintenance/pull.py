@@ -24,6 +24,7 @@ from control_tables.closure import (
 from control_tables.regions import Region, guarantees, in_list, region_predicate
 from control_tables.schema import CachedView, CacheSchema
 from control_tables.types import transfer_type
+from optimizer.derived_delta import maintenance
 from optimizer.derived_states import layout, pull_select
 from sql_ext.catalog import Catalog
 from sql_ext.quoting import ident, idents, qualified
@@ -82,7 +83,7 @@ class Pull:
             previous = self.staged.get(query.view)
             self.staged[query.view] = (
                 rows
-                if previous is None
+                if previous is None or query.view not in self.schema.views  # (a copy: whole)
                 else union_by_key(previous, rows, self.schema.views[query.view].key)
             )
 
@@ -153,10 +154,26 @@ class Pull:
                 predicates.append(self._region_query(view, region))
         for (name, columns), values in present.items():
             by_view[name].insert(0, in_list(columns, values).sql("postgres"))
-        return [
+        queries = [
             self.query(self.schema.views[name], " OR ".join(f"({p})" for p in preds))
             for name, preds in by_view.items()
         ]
+        for name in by_view:  # a continuously maintained derived view's copies come with it
+            view = self.schema.views[name]
+            if view.is_derived and view.continuous:
+                queries += [self._copy_query(aux.copy)
+                            for aux in maintenance(view, self.catalog).auxiliaries]  # fmt: skip
+        return queries
+
+    def _copy_query(self, copy: CachedView) -> PullQuery:
+        """All rows of a derived view's copy of a table (`optimizer.derived_delta`)."""
+        table = self.catalog.table(copy.table)
+        assert table is not None
+        types = {c.name: c.type for c in table.columns}
+        return PullQuery(view=copy.name, table=qualified(table.schema, table.name),
+                         columns=tuple((c, t.cast(str, transfer_type(types[c])))
+                                       for c in copy.columns),
+                         where="TRUE", pages=table.pages)  # fmt: skip
 
     def _region_query(self, view: CachedView, region: Region) -> str:
         if region.kind == "presence":
@@ -209,8 +226,8 @@ class Pull:
         """Regions (listed in control tables, or full guarantees) holding a pulled row."""
         found: set[Region] = set()
         for name, rows in self.staged.items():
-            view = self.schema.views[name]
-            if view.is_gray or rows.num_rows == 0:
+            view = self.schema.views.get(name)
+            if view is None or view.is_gray or rows.num_rows == 0:  # (None: a derived's copy)
                 continue
             for kind, columns, control in guarantees(view):
                 if kind == "view":

@@ -28,6 +28,7 @@ from control_tables.schema import CachedView, CacheSchema, ControlTable, view_fr
 from control_tables.script import apply_script
 from control_tables.types import BPCHAR, duckdb_type, transfer_type
 from heartbeat.clock import BackendClock
+from optimizer.derived_delta import auxiliary_prefix, maintenance
 from optimizer.derived_states import layout
 from sql_ext import CreateCachedView, CreateControlTable, Statement, parse
 from sql_ext.catalog import Catalog, Column, Index, Table, View
@@ -634,6 +635,11 @@ class CacheStore:
                 for action, name in actions:
                     if action == "drop":
                         con.execute(f"DROP TABLE IF EXISTS {ident(name)}")
+                        for (copy,) in con.execute(  # a derived view's copies of its tables
+                                "SELECT table_name FROM duckdb_tables() WHERE schema_name = "
+                                "'main' AND starts_with(table_name, ?)",
+                                [auxiliary_prefix(name)]).fetchall():  # fmt: skip
+                            con.execute(f"DROP TABLE {ident(copy)}")
                         con.execute("DELETE FROM mtcache.objects WHERE name = ?", [name])
                         con.execute("DELETE FROM mtcache.view_state WHERE view = ?", [name])
                         continue
@@ -670,6 +676,16 @@ class CacheStore:
             stored = layout(view, catalog).columns
             columns = [f"{ident(c.name)} {c.duckdb_type}" for c in stored]
             self.con.execute(f"CREATE TABLE {ident(view.name)} ({', '.join(columns)})")
+            if view.continuous:  # its copies of the tables it reads (`optimizer.derived_delta`)
+                for aux in maintenance(view, catalog).auxiliaries:
+                    table = catalog.table(aux.table)
+                    assert table is not None
+                    types = {c.name: c.type for c in table.columns}
+                    copy = aux.copy
+                    columns = [f"{ident(c)} {duckdb_type(types[c])}" for c in copy.columns]
+                    self.con.execute(
+                        f"CREATE TABLE {ident(copy.name)} ({', '.join(columns)}, "
+                        f"PRIMARY KEY ({idents(copy.key)}))")  # fmt: skip
         else:
             table = catalog.table(view.table)
             assert table is not None

@@ -15,6 +15,7 @@ from cache.store.refresh_times import measured_delays, refresh_times
 from control_tables.regions import Region, guarantees, region_predicate
 from control_tables.schema import CachedView, CacheSchema
 from heartbeat.clock import BackendClock
+from optimizer.derived_delta import AUX_PREFIX
 from sql_ext.quoting import ident, idents
 
 
@@ -26,9 +27,21 @@ def status(store: CacheStore, now: dt.datetime | None = None) -> dict[str, t.Any
         now = (clock or BackendClock.local()).now()
     schema = store.load_schema()
     delays = measured_delays(store)
-    sizes = stored_bytes(store, list(schema.views))
+    copies: dict[str, list[str]] = {}  # a continuously maintained derived view's copies
+    for (name,) in store.con.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main' AND "
+            "starts_with(table_name, ?) ORDER BY 1", [AUX_PREFIX]).fetchall():  # fmt: skip
+        copies.setdefault(name[len(AUX_PREFIX):].rpartition(".")[0], []).append(name)
+    sizes = stored_bytes(store, [*schema.views, *(c for cs in copies.values() for c in cs)])
     views = [_view_status(store, schema, schema.views[n], now, delays.get(n), sizes.get(n, 0))
              for n in schema.topological_order()]  # fmt: skip
+    for view in views:
+        if view["name"] in copies:
+            found = copies[view["name"]]
+            counted = [store.con.execute(f"SELECT count(*) FROM {ident(c)}").fetchone()
+                       for c in found]  # fmt: skip
+            view["copies"] = {"rows": sum(int(c[0]) for c in counted if c),
+                              "bytes": sum(sizes.get(c, 0) for c in found)}  # fmt: skip
     return {
         "cache": str(store.path),
         "clock": "backend" if clock is not None else "local",

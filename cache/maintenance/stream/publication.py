@@ -27,6 +27,7 @@ from control_tables.schema import CacheSchema
 from control_tables.script import apply_script
 from heartbeat.beat import TABLE as HEARTBEAT_TABLE
 from heartbeat.beat import ensure_table
+from optimizer.derived_delta import maintenance
 from sql_ext import CreateCachedView, Statement
 from sql_ext.catalog import Catalog
 from sql_ext.errors import NotSupportedError, OperationalError
@@ -130,9 +131,13 @@ def _set_relations(con: duckdb.DuckDBPyConnection, relations: dict[str, t.Any]) 
 def _stream_tables(schema: CacheSchema, catalog: Catalog) -> list[tuple[str, str]]:
     found = set()
     for name in schema.continuous_views():
-        table = catalog.table(schema.views[name].table)
-        assert table is not None
-        found.add((table.schema, table.name))
+        view = schema.views[name]
+        sources = ([(s.table, s.schema) for s in view.derivation.sources]
+                   if view.derivation is not None else [(view.table, None)])  # fmt: skip
+        for source, in_schema in sources:
+            table = catalog.table(source, in_schema)
+            assert table is not None
+            found.add((table.schema, table.name))
     return sorted(found)
 
 
@@ -141,6 +146,9 @@ def _check_replica_identity(schema: CacheSchema, catalog: Catalog) -> None:
     identity); a table without one cannot even be updated once it is published."""
     for name in schema.continuous_views():
         view = schema.views[name]
+        if view.is_derived:  # (its tables' keys, and whether the cache can keep it exact)
+            maintenance(view, catalog)
+            continue
         table = catalog.table(view.table)
         assert table is not None
         if not table.primary_key:

@@ -7,7 +7,7 @@ import contextlib
 import io
 import operator
 import typing as t
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import duckdb
 import pyarrow as pa
@@ -18,7 +18,7 @@ from cache.backend.pgoutput import (
     Relation,
 )
 from cache.maintenance.stream.position import StreamProblem
-from control_tables.schema import CacheSchema
+from control_tables.schema import CachedView
 from control_tables.types import BPCHAR, NUMBERED, numbered, transfer_type
 from sql_ext.catalog import Catalog
 
@@ -54,15 +54,16 @@ class Staged:
 
 
 def stage_changes(
-    schema: CacheSchema, catalog: Catalog, table_name: str, changes: list[tuple[Relation, t.Any]]
+    readers: Sequence[CachedView], catalog: Catalog, table_name: str,
+    changes: list[tuple[Relation, t.Any]],
 ) -> Staged:
+    """The changes to one table, with the columns its ``readers`` keep (continuously
+    maintained views of it, and derived views' copies of it)."""
     table = catalog.table(table_name)
     assert table is not None
     wanted: list[str] = []
-    for name in schema.continuous_views():
-        view = schema.views[name]
-        if view.table == table_name:
-            wanted += [c for c in view.columns if c not in wanted]
+    for view in readers:
+        wanted += [c for c in view.columns if c not in wanted]
     types = {c.name: c.type for c in table.columns}
     columns = [(c, t.cast(str, transfer_type(types[c]))) for c in wanted]
     stage = Staged(str(len(table_name)) + "_" + "".join(ch for ch in table_name if ch.isalnum()))

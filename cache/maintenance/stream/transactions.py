@@ -15,10 +15,11 @@ from cache.backend.pgoutput import (
 )
 from cache.maintenance import faults
 from cache.maintenance.lineup import Pending
+from cache.maintenance.stream.derived import apply_derived, plan_of
 from cache.maintenance.stream.position import Applied, StreamProblem, StreamRow
-from cache.maintenance.stream.staging import Staged, stage_changes
+from cache.maintenance.stream.staging import stage_changes
 from cache.maintenance.stream.views import apply_view, delete_where, not_pending, stamp_regions
-from control_tables.schema import CacheSchema
+from control_tables.schema import CachedView, CacheSchema
 from heartbeat.beat import TABLE as HEARTBEAT_TABLE
 from sql_ext.catalog import Catalog
 
@@ -67,21 +68,35 @@ def apply_transactions(
                 checked.add(id(relation))
             by_table.setdefault(relation.name, []).append((relation, change))
         _truncate_until(len(txn.changes), cuts, stream, truncated, by_table)
-    views = schema.continuous_views()
-    staged: dict[str, Staged] = {}
-    for name in views:
-        table = schema.views[name].table
-        if table not in staged:
-            staged[table] = stage_changes(schema, catalog, table, by_table.get(table, []))
-    for name in views:
-        cached = schema.views[name]
-        if cached.table in truncated:
-            # TRUNCATE: the rows leave (their regions stay present, empty)
-            delete_where(con, schema, cached, not_pending(skip.get(name, [])), applied)
-        if staged[cached.table].count:
-            apply_view(con, schema, cached, staged[cached.table], skip.get(name, []), applied)
-    for stage in staged.values():
-        stage.close(con)
+    views = [schema.views[name] for name in schema.continuous_views()]
+    # a derived view's changes go through its copies of the tables it reads (not while a
+    # pull of it that holds them is pending: a view-level region, all of it skips them)
+    derived = [plan_of(v, catalog) for v in views if v.is_derived and v.name not in skip]
+    readers: dict[str, list[CachedView]] = {}
+    for cached in views:
+        if not cached.is_derived:
+            readers.setdefault(cached.table, []).append(cached)
+    for plan in derived:
+        for aux in plan.auxiliaries:
+            readers.setdefault(aux.table, []).append(aux.copy)
+    staged = {table: stage_changes(found, catalog, table, by_table.get(table, []))
+              for table, found in readers.items()}  # fmt: skip
+    try:
+        for cached in views:
+            if cached.is_derived:
+                continue
+            name = cached.name
+            if cached.table in truncated:
+                # TRUNCATE: the rows leave (their regions stay present, empty)
+                delete_where(con, schema, cached, not_pending(skip.get(name, [])), applied)
+            if staged[cached.table].count:
+                apply_view(con, schema, cached, staged[cached.table], skip.get(name, []),
+                           applied)  # fmt: skip
+        for plan in derived:
+            apply_derived(con, schema, plan, staged, truncated, applied)
+    finally:
+        for stage in staged.values():
+            stage.close(con)
     faults.hit("stream_apply", enabled_faults)  # the changes made, the position not yet
     last = txns[-1]
     stamp_regions(con, schema, stream, last.end_lsn, stream_time, [p.snapshot_id for p in pendings],

@@ -1,0 +1,285 @@
+"""Incremental maintenance of a derived cached view kept ``REFRESH CONTINUOUSLY``: the
+DuckDB statements that carry a batch of the stream's changes into the view's stored states,
+with work that follows the change (DBSP's and DBToaster's delta rules).
+
+The stream sends an update's new row and only the old row's key, and the delta of a sum or
+of a join needs the old values. So the view keeps, per table it reads, an *auxiliary copy*
+(`Auxiliary`, DBToaster's auxiliary views): the columns the view needs, keyed by the table's
+primary key, in the cache file, kept exact by the stream as a base view is, and pulled with
+the view in one snapshot.
+
+A batch's changes to a table are a Z-set: the copy's rows of the keys it touches as they
+were (weight -1) and as they are after it (+1), consolidated, so a row the batch leaves as
+it was cancels out. The view's delta is the sum over its tables, in the order it reads them,
+of the table's Z-set joined with the other tables' copies: those before it as they are after
+the batch, those after it as before (the sequential form of ΔA ⋈ B' + A ⋈ ΔB; along keys,
+each change meets at most one row of the keyed side). Its rows, each with its weight, are
+the *items*: the view's grouping columns and its aggregates' arguments.
+
+- A grouped view's states change by weighted sums: a count by the weights, a sum by the
+  values signed by them, each sum with the count of its non-NULL values kept beside it (a
+  sum of none is NULL) and every group with its row count (``mtcache_rows``: a group of no
+  rows leaves). Minimum and maximum take the new values; a group that loses a value is
+  computed again from the copies (DBToaster's recompute of the affected groups).
+- A join view without aggregates deletes its rows of weight -1 by the view's key and inserts
+  those of weight +1.
+- A TRUNCATE of a table it reads computes the view again from the copies.
+
+What DuckDB evaluates must read as PostgreSQL does, so a continuously maintained view is
+refused at DDL time (`maintenance` says why) unless its WHERE compares columns with constants as the
+matcher's filters do (`optimizer.match_derived`), its sums and averages are of integers and
+numerics computed by +, - and * (exact in both), its minimums and maximums of numbers and
+dates, and every table it reads has a primary key and is read once.
+"""
+
+from __future__ import annotations
+
+import typing as t
+from dataclasses import dataclass
+
+from sqlglot import exp
+
+from control_tables.schema import CachedView
+from optimizer.derived_states import COUNT_SUFFIX, ROWS, Layout, definition, layout
+from optimizer.match_derived import Ref, filter_conjunct
+from optimizer.pg_types import declared
+from sql_ext.blocks import split_and
+from sql_ext.catalog import Catalog
+from sql_ext.errors import NotSupportedError
+from sql_ext.quoting import folded, ident
+
+AUX_PREFIX = "mtcache_aux."
+WEIGHT = "mtcache_w"
+REDO = "mtcache_redo"  # a merged group computed again from the copies
+CURRENT = "mtcache_current"  # a group's states as the view holds them (not a delta's)
+_ARITHMETIC = (exp.Column, exp.Identifier, exp.Literal, exp.Add, exp.Sub, exp.Mul, exp.Paren,
+               exp.Neg)
+_ORDERED = ("integer", "numeric", "float", "date", "timestamp", "timestamptz")
+
+
+def auxiliary_prefix(view: str) -> str:
+    """What the DuckDB names of a view's auxiliary copies begin with."""
+    return f"{AUX_PREFIX}{view}."
+
+
+@dataclass(frozen=True)
+class Auxiliary:
+    """A view's copy of one table it reads (``copy``: a fully materialized base view of the
+    table, keyed by its primary key, that the stream keeps as it keeps any)."""
+
+    alias: str
+    table: str  # the backend table's name
+    copy: CachedView
+
+
+@dataclass(frozen=True)
+class Item:
+    """A column of the items: a grouping column (named as the view's) or an aggregate's
+    argument (``mtcache_a<n>``), as DuckDB computes it."""
+
+    name: str
+    sql: str
+
+
+@dataclass(frozen=True)
+class Maintenance:
+    """How the stream's changes reach one continuously maintained derived view."""
+
+    view: CachedView
+    stored: Layout
+    auxiliaries: tuple[Auxiliary, ...]  # in the order the view reads its tables
+    items: tuple[Item, ...]
+    where: str  # the joins and the view's WHERE, in DuckDB's SQL
+    group: tuple[str, ...]  # the grouping columns (a join view: its key)
+    states: tuple[tuple[str, str], ...]  # (stored column, its state over weighted items)
+    merges: tuple[tuple[str, str], ...]  # (stored column, merging states of one group)
+
+    @property
+    def grouped(self) -> bool:
+        derivation = self.view.derivation
+        assert derivation is not None
+        return derivation.aggregates
+
+    def items_sql(self, relations: t.Mapping[str, str], weighted: str | None) -> str:
+        """The view's items over ``relations`` (alias -> DuckDB relation; the others read
+        their copies), each with the weight of the ``weighted`` alias's rows (None: 1)."""
+        sources = ", ".join(
+            f"{relations.get(a.alias, ident(a.copy.name))} AS {ident(a.alias)}"
+            for a in self.auxiliaries)  # fmt: skip
+        weight = f"{ident(weighted)}.{WEIGHT}" if weighted is not None else "1"
+        columns = ", ".join([*(f"{i.sql} AS {ident(i.name)}" for i in self.items),
+                             f"{weight} AS {WEIGHT}"])  # fmt: skip
+        return f"SELECT {columns} FROM {sources} WHERE {self.where}"
+
+    def states_sql(self, items: str, stored_only: bool = False) -> str:
+        """The stored states of weighted items (and, unless ``stored_only``, the extremes of
+        the values they remove)."""
+        names = set(self.stored_names)
+        columns = [f"{sql} AS {ident(name)}" for name, sql in self.states
+                   if not stored_only or name in names]  # fmt: skip
+        sql = f"SELECT {', '.join(columns)} FROM ({items}) i"
+        if self.group:
+            sql += f" GROUP BY {', '.join(f'i.{ident(g)}' for g in self.group)}"
+        return sql
+
+    def merged_sql(self, states: str) -> str:
+        """States of one group merged into one row (the view's and a delta's)."""
+        columns = [f"{sql} AS {ident(name)}" for name, sql in self.merges]
+        sql = f"SELECT {', '.join(columns)} FROM ({states}) s"
+        if self.group:
+            sql += f" GROUP BY {', '.join(f's.{ident(g)}' for g in self.group)}"
+        return sql
+
+    def same_group(self, left: str, right: str) -> str:
+        """SQL: the rows ``left`` and ``right`` are of one group (NULL the same as NULL)."""
+        return " AND ".join(f"{left}.{ident(g)} IS NOT DISTINCT FROM {right}.{ident(g)}"
+                            for g in self.group) or "true"  # fmt: skip
+
+    @property
+    def stored_names(self) -> list[str]:
+        return [c.name for c in self.stored.columns]
+
+
+def maintenance(view: CachedView, catalog: Catalog) -> Maintenance:
+    """The maintenance of ``view`` (a continuously maintained derived view), or
+    `NotSupportedError` saying what the cache cannot maintain exactly and what to do."""
+    derivation = view.derivation
+    assert derivation is not None
+    _, select = definition(view)
+    aliases = {s.alias: s.table for s in derivation.sources}
+    if len(set(aliases.values())) != len(aliases):
+        raise _refused(view, "it reads one table twice (its changes would have to meet "
+                             "themselves)")  # fmt: skip
+    tables = {}
+    for source in derivation.sources:
+        table = catalog.table(source.table, source.schema)
+        assert table is not None  # (checked at DDL time)
+        if not table.primary_key:
+            raise _refused(view, f"{source.table} has no primary key (the stream identifies "
+                                 "rows by it); add one")  # fmt: skip
+        tables[source.alias] = table
+
+    def owner(column: exp.Column) -> str:
+        if column.table:
+            return folded(column.args["table"])
+        name = folded(column)
+        return next(a for a, table in tables.items() if table.has_column(name))
+
+    needed: dict[str, list[str]] = {a: list(tables[a].primary_key) for a in tables}
+    for column in select.find_all(exp.Column):
+        alias, name = owner(column), folded(column)
+        if name not in needed[alias]:
+            needed[alias].append(name)
+
+    where = [f"{left.sql(dialect='duckdb')} = {right.sql(dialect='duckdb')}"
+             for left, right in derivation.joins]  # fmt: skip
+    if select.args.get("where") is not None:
+        every: dict[Ref, exp.Expr] = {
+            (aliases[owner(c)], folded(c)): exp.column(folded(c), table=owner(c), quoted=True)
+            for c in select.args["where"].find_all(exp.Column)}  # fmt: skip
+        for conjunct in split_and(select.args["where"].this):
+            made = filter_conjunct(conjunct, aliases, every, catalog, {})
+            if made is None:
+                raise _refused(view, f"DuckDB would not read its condition "
+                                     f"{conjunct.sql(dialect='postgres')} as PostgreSQL does "
+                                     "(a column compared with constants of its own type is "
+                                     "maintained; = and IN only on text)")  # fmt: skip
+            where.append(made.sql(dialect="duckdb"))
+
+    stored = layout(view, catalog)
+    items: list[Item] = []
+    states: list[tuple[str, str]] = []
+    merges: list[tuple[str, str]] = []
+    group: list[str] = []
+    redo: list[str] = []
+    weight = f"i.{WEIGHT}"
+    counted = f"coalesce(sum({weight}), 0)"
+    for index, output in enumerate(derivation.outputs):
+        if output.aggregate is None:
+            assert output.expression is not None
+            items.append(Item(output.name, output.expression.sql(dialect="duckdb")))
+            states.append((output.name, f"i.{ident(output.name)}"))
+            merges.append((output.name, f"s.{ident(output.name)}"))
+            group.append(output.name)
+            continue
+        if output.expression is None:  # count(*)
+            states.append((output.name, counted))
+            merges.append((output.name, f"sum(s.{ident(output.name)})::BIGINT"))
+            continue
+        argument = f"mtcache_a{index}"
+        value = f"i.{ident(argument)}"
+        items.append(Item(argument, output.expression.sql(dialect="duckdb")))
+        kind = _kind(stored, output.name)
+        non_null = f"coalesce(sum(CASE WHEN {value} IS NULL THEN 0 ELSE {weight} END), 0)"
+        if output.aggregate == "count":
+            states.append((output.name, non_null))
+            merges.append((output.name, f"sum(s.{ident(output.name)})::BIGINT"))
+        elif output.aggregate in ("min", "max"):
+            if kind not in _ORDERED or not _arithmetic(output.expression):
+                raise _refused(view, f"its {output.aggregate}({output.expression.sql()}) is "
+                                     "not of a number or a date, whose order DuckDB shares "
+                                     "with PostgreSQL")  # fmt: skip
+            states.append((output.name,
+                           f"{output.aggregate}({value}) FILTER (WHERE {weight} > 0)"))
+            merges.append((output.name, f"{output.aggregate}(s.{ident(output.name)})"))
+            # the group's extreme among the values it loses: at the view's, it goes again
+            lost = f"mtcache_lost{index}"
+            states.append((lost, f"{output.aggregate}({value}) FILTER (WHERE {weight} < 0)"))
+            sign = "<=" if output.aggregate == "min" else ">="
+            redo.append(f"{output.aggregate}(s.{lost}) {sign} {output.aggregate}("
+                        f"s.{ident(output.name)}) FILTER (WHERE s.{CURRENT})")  # fmt: skip
+        else:  # sum, avg: signed values, beside the count of non-NULL ones
+            if kind not in ("integer", "numeric") or not _arithmetic(output.expression):
+                raise _refused(view, f"its {output.aggregate}({output.expression.sql()}) is "
+                                     "not of integers or numerics computed by +, - and * "
+                                     "(a floating-point sum depends on the order it adds "
+                                     "in)")  # fmt: skip
+            total, count = (stored.outputs[output.name] if output.aggregate == "avg"
+                            else (output.name, output.name + COUNT_SUFFIX))  # fmt: skip
+            duck = next(c.duckdb_type for c in stored.columns if c.name == total)
+            states.append((total, f"CAST(sum(CASE WHEN {weight} > 0 THEN {value} ELSE "
+                                  f"-{value} END) AS {duck})"))  # fmt: skip
+            states.append((count, non_null))
+            merges.append((total, f"CASE WHEN sum(s.{ident(count)}) = 0 THEN NULL ELSE "
+                                  f"CAST(sum(s.{ident(total)}) AS {duck}) END"))  # fmt: skip
+            merges.append((count, f"sum(s.{ident(count)})::BIGINT"))
+    if derivation.aggregates:
+        states.append((ROWS, counted))
+        merges.append((ROWS, f"sum(s.{ident(ROWS)})::BIGINT"))
+        merges.append((REDO, f"coalesce({' OR '.join(redo)}, false)" if redo else "false"))
+    else:
+        group = list(view.key)
+    order = {name: i for i, name in enumerate(c.name for c in stored.columns)}
+    states.sort(key=lambda s: order.get(s[0], len(order)))
+    merges.sort(key=lambda s: order.get(s[0], len(order)))
+
+    auxiliaries = tuple(
+        Auxiliary(alias, tables[alias].name, CachedView(
+            name=f"{auxiliary_prefix(view.name)}{alias}", table=tables[alias].name,
+            columns=tuple(needed[alias]), key=tables[alias].primary_key, where=None,
+            presence=(), consistency=None, completeness=None, refresh_seconds=None,
+            statement="", continuous=True))
+        for alias in aliases)  # fmt: skip
+    return Maintenance(view, stored, auxiliaries, tuple(items), " AND ".join(where) or "true",
+                       tuple(group), tuple(states), tuple(merges))  # fmt: skip
+
+
+def _arithmetic(value: exp.Expr) -> bool:
+    return all(isinstance(node, _ARITHMETIC) for node in value.walk())
+
+
+def _kind(stored: Layout, name: str) -> str:
+    """The kind of an aggregate's value, from what the cache stores of it."""
+    columns = stored.outputs[name]
+    pg_type = next(c.pg_type for c in stored.columns if c.name == columns[0])
+    return declared(pg_type).kind
+
+
+def _refused(view: CachedView, why: str) -> NotSupportedError:
+    return NotSupportedError(
+        f"cached view {view.name}: REFRESH CONTINUOUSLY cannot keep it exact: {why}; or use "
+        "REFRESH EVERY, whose refresh the backend computes")
+
+
+__all__ = ["AUX_PREFIX", "CURRENT", "REDO", "WEIGHT", "Auxiliary", "Maintenance",
+           "auxiliary_prefix", "maintenance"]  # fmt: skip

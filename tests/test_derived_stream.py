@@ -1,0 +1,336 @@
+"""Derived cached views kept REFRESH CONTINUOUSLY: the replication stream's changes carried
+into their stored states as deltas (cache.maintenance.stream.derived), on a real slot; after
+every batch of random writes each view equals what the backend computes of it."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import typing as t
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from cache.backend.embedded_pg import EmbeddedPostgres
+from cache.backend.reflect import fetch_catalog
+from cache.maintenance import stream
+from cache.maintenance.pipeline import Maintainer
+from cache.store.cache_file import CacheStore
+from cache.store.status import status
+from cache.tools import bookstore
+from control_tables.schema import CacheSchema
+from control_tables.script import apply_script
+from experiments.workers import Workers
+from optimizer.derived_delta import maintenance
+from optimizer.derived_states import layout, pull_select
+from sql_ext import parse
+from sql_ext.errors import NotSupportedError
+from tests.plan_cases import load_catalog
+
+Setup = tuple[CacheStore, str, stream.Consumer]
+
+VIEWS = {
+    # one table, grouped: counts, sums, an average, a minimum and a maximum
+    "author_stats": """SELECT b.authorid, count(*) AS books, sum(b.price) AS total,
+        avg(b.price) AS mean, min(b.price) AS cheapest, max(b.price) AS dearest
+        FROM books b GROUP BY b.authorid""",
+    # three tables joined along keys, grouped by a column of the last
+    "city_ratings": """SELECT a.city, count(*) AS reviews, sum(r.rating) AS stars,
+        avg(r.rating) AS mean, min(r.rating) AS worst
+        FROM reviews r JOIN books b ON r.isbn = b.isbn JOIN authors a ON b.authorid = a.authorid
+        GROUP BY a.city""",
+    # a join view without aggregates, with a selection
+    "reviewed": """SELECT r.reviewid, r.rating, b.isbn, b.title, b.price
+        FROM reviews r JOIN books b ON r.isbn = b.isbn WHERE r.rating >= 3""",
+    # one group of all rows, with a char(n) grouping elsewhere
+    "all_sales": """SELECT count(*) AS sales, sum(s.qty) AS sold, sum(s.qty * 1.5) AS weighted,
+        max(s.sold_on) AS last_day FROM sales s""",
+    "by_gender": """SELECT a.gender, count(*) AS books, sum(b.price) AS total
+        FROM books b JOIN authors a ON b.authorid = a.authorid
+        WHERE a.state = 'WI' GROUP BY a.gender""",
+}
+
+
+@pytest.fixture
+def setup(pg_cluster: EmbeddedPostgres, tmp_path: Path) -> Iterator[Setup]:
+    dsn = pg_cluster.create_database("derived_stream")
+    bookstore.load_into(dsn)
+    store = CacheStore(tmp_path / "cache.duckdb")
+    ddl = ";\n".join(f"CREATE CACHED VIEW {name} AS {select} REFRESH CONTINUOUSLY"
+                     for name, select in VIEWS.items())  # fmt: skip
+    stream.apply_ddl(store, dsn, parse(ddl), fetch_catalog(dsn))
+    with stream.Consumer(store, dsn) as consumer:
+        yield store, dsn, consumer
+    drops = "; ".join(f"DROP CACHED VIEW {name}" for name in VIEWS)
+    with CacheStore(store.path) as again:  # (the last continuous view takes the slot along)
+        stream.apply_ddl(again, dsn, parse(drops), fetch_catalog(dsn))
+    store.close()
+
+
+def pg(dsn: str, sql: str, params: t.Sequence[t.Any] = ()) -> list[tuple[t.Any, ...]]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        cursor = conn.execute(sql, params)
+        return cursor.fetchall() if cursor.description else []
+
+
+def typed(rows: t.Iterable[tuple[t.Any, ...]]) -> list[tuple[tuple[type, t.Any], ...]]:
+    return sorted((tuple((type(v), v) for v in row) for row in rows), key=repr)
+
+
+def recomputed(store: CacheStore, dsn: str) -> None:
+    """Every view holds what the backend computes of it now (values and types)."""
+    schema, catalog = store.load_schema(), store.load_catalog()
+    for name in VIEWS:
+        found = layout(schema.views[name], catalog)
+        columns = ", ".join(f'"{c.name}"' for c in found.columns)
+        cached = store.con.execute(f"SELECT {columns} FROM {name}").fetchall()
+        cast = ", ".join(f'"{c.name}"::{c.pg_type}' for c in found.columns)  # (as stored)
+        want = pg(dsn, f"SELECT {cast} FROM ({pull_select(schema.views[name], found)}) x")
+        assert typed(cached) == typed(want), name
+
+
+def populate(store: CacheStore, dsn: str, consumer: stream.Consumer) -> None:
+    maintainer = Maintainer(store, dsn)
+    for name in VIEWS:
+        maintainer.refresh(name)
+    consumer.catch_up()
+
+
+WRITES = [
+    "UPDATE books SET price = price + 1.25 WHERE isbn = (SELECT isbn FROM books "
+    "ORDER BY md5(isbn::text || %(tag)s) LIMIT 1)",
+    "UPDATE authors SET city = (ARRAY['Madison','Milwaukee','Seattle','Chicago','Tulsa'])"
+    "[1 + %(seed)s %% 5], state = (ARRAY['WI','WI','WA','IL','OK'])[1 + %(seed)s %% 5] "
+    "WHERE authorid = (SELECT authorid FROM authors "
+    "ORDER BY md5(authorid::text || %(tag)s) LIMIT 1)",
+    "UPDATE reviews SET rating = 1 + (rating + %(seed)s) %% 5 WHERE reviewid = (SELECT reviewid "
+    "FROM reviews ORDER BY md5(reviewid::text || %(tag)s) LIMIT 1)",
+    "DELETE FROM reviews WHERE reviewid = (SELECT reviewid FROM reviews "
+    "ORDER BY md5(reviewid::text || %(tag)s) LIMIT 1)",
+    "INSERT INTO reviews SELECT (SELECT coalesce(max(reviewid), 0) + 1 FROM reviews), b.isbn, "
+    "r.reviewerid, 1 + %(seed)s %% 5 FROM books b, reviewers r "
+    "WHERE NOT EXISTS (SELECT 1 FROM reviews x "
+    "WHERE x.isbn = b.isbn AND x.reviewerid = r.reviewerid) "
+    "ORDER BY md5(b.isbn || r.reviewerid::text "
+    "|| %(tag)s) LIMIT 1",
+    "INSERT INTO sales SELECT (SELECT coalesce(max(saleid), 0) + 1 FROM sales), isbn, "
+    "date '2024-01-01' + %(seed)s %% 400, 1 + %(seed)s %% 7 FROM books "
+    "ORDER BY md5(isbn::text || %(tag)s) LIMIT 1",
+    "DELETE FROM sales WHERE saleid = (SELECT saleid FROM sales "
+    "ORDER BY md5(saleid::text || %(tag)s) LIMIT 1)",
+    # the cheapest book of an author gets dearer: the minimum of that group is found again
+    "UPDATE books SET price = price + 100 WHERE isbn = (SELECT isbn FROM books WHERE authorid "
+    "= 1 + %(seed)s %% 5 ORDER BY price, isbn LIMIT 1)",
+    # a new book, and a book with its reviews and sales gone
+    "INSERT INTO books SELECT 'isbn-new-' || %(tag)s, 1 + %(seed)s %% 5, 'New ' || %(tag)s, 1, "
+    "'ebook', 9.99 ON CONFLICT DO NOTHING",
+    # an author's books all gone: the group leaves (its minimum computed again first)
+    "WITH gone AS (SELECT isbn FROM books WHERE authorid = (SELECT authorid FROM books "
+    "ORDER BY md5(isbn::text || %(tag)s) LIMIT 1)), "
+    "r AS (DELETE FROM reviews WHERE isbn IN (SELECT isbn FROM gone)), "
+    "s AS (DELETE FROM sales WHERE isbn IN (SELECT isbn FROM gone)) "
+    "DELETE FROM books WHERE isbn IN (SELECT isbn FROM gone)",
+    "WITH gone AS (SELECT isbn FROM books ORDER BY md5(isbn::text || %(tag)s) LIMIT 1), "
+    "r AS (DELETE FROM reviews WHERE isbn IN (SELECT isbn FROM gone)), "
+    "s AS (DELETE FROM sales WHERE isbn IN (SELECT isbn FROM gone)) "
+    "DELETE FROM books WHERE isbn IN (SELECT isbn FROM gone)",
+]
+
+
+def test_random_writes_keep_every_derived_view_equal_to_the_backend_s(setup: Setup) -> None:
+    store, dsn, consumer = setup
+    populate(store, dsn, consumer)
+    recomputed(store, dsn)
+    pulls = pulled(store)
+    rng = random.Random(2911)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for _ in range(12):
+            for _ in range(rng.randint(1, 12)):  # transactions of one to three writes
+                with conn.transaction():
+                    for _ in range(rng.randint(1, 3)):
+                        seed = rng.randint(0, 10**6)
+                        conn.execute(rng.choice(WRITES), {"seed": seed, "tag": str(seed)})
+            consumer.catch_up()
+            recomputed(store, dsn)
+    assert pulled(store) == pulls and consumer.upqueries == 0  # (the stream did it all)
+    store.con.execute("CHECKPOINT")
+    [entry] = [v for v in status(store)["views"] if v["name"] == "city_ratings"]
+    copied = sum(pg(dsn, f"SELECT count(*) FROM {t}")[0][0] for t in ("reviews", "books",
+                                                                      "authors"))  # fmt: skip
+    assert entry["continuous"] and entry["copies"]["rows"] == copied
+    assert entry["copies"]["bytes"] > 0
+
+
+def pulled(store: CacheStore) -> int:
+    """How many pulls the file has applied (the stream's batches are not pulls)."""
+    row = store.con.execute("SELECT count(*) FROM mtcache.snapshots WHERE engine <> 'stream'")
+    found = row.fetchone()
+    assert found is not None
+    return int(found[0])
+
+
+def test_a_truncate_empties_what_the_table_held(setup: Setup) -> None:
+    store, dsn, consumer = setup
+    populate(store, dsn, consumer)
+    pg(dsn, "TRUNCATE sales")
+    consumer.catch_up()
+    recomputed(store, dsn)
+    assert store.con.execute("SELECT sales, sold, last_day FROM all_sales").fetchall() == \
+        [(0, None, None)]  # fmt: skip
+    pg(dsn, "INSERT INTO sales VALUES (1, (SELECT min(isbn) FROM books), '2024-02-29', 3)")
+    consumer.catch_up()
+    recomputed(store, dsn)
+
+
+@pytest.mark.parametrize(("select", "words"), [
+    ("SELECT b.authorid, max(b.title) AS last FROM books b GROUP BY b.authorid",
+     "not of a number or a date"),
+    ("SELECT b.authorid, count(*) AS n FROM books b WHERE b.title LIKE 'A%' "
+     "GROUP BY b.authorid", "would not read its condition"),
+    ("SELECT b.authorid, count(*) AS n FROM books b WHERE b.title > 'M' GROUP BY b.authorid",
+     "would not read its condition"),
+])  # fmt: skip
+def test_what_the_stream_cannot_keep_exact_is_refused_and_changes_nothing(
+    setup: Setup, select: str, words: str
+) -> None:
+    store, dsn, _ = setup
+    before = store.con.execute("SELECT name FROM mtcache.objects ORDER BY name").fetchall()
+    with pytest.raises(NotSupportedError, match=words):
+        stream.apply_ddl(store, dsn, parse(f"CREATE CACHED VIEW v AS {select} "
+                                           "REFRESH CONTINUOUSLY"), fetch_catalog(dsn))  # fmt: skip
+    assert store.con.execute("SELECT name FROM mtcache.objects ORDER BY name").fetchall() == \
+        before  # fmt: skip
+
+
+def test_the_copies_keep_the_key_and_the_columns_the_view_reads() -> None:
+    catalog = load_catalog("bookstore")
+    ddl = f"CREATE CACHED VIEW city_ratings AS {VIEWS['city_ratings']} REFRESH CONTINUOUSLY"
+    schema, _ = apply_script(CacheSchema(), parse(ddl), catalog)
+    plan = maintenance(schema.views["city_ratings"], catalog)
+    assert {a.alias: a.copy.columns for a in plan.auxiliaries} == {
+        "r": ("reviewid", "rating", "isbn"), "b": ("isbn", "authorid"),
+        "a": ("authorid", "city")}  # fmt: skip
+
+
+OWNER = """
+import sys
+from cache.maintenance import stream
+from cache.store.cache_file import CacheStore
+from cache.store.status import status
+from cache.backend.replication import wal_mark
+with CacheStore(sys.argv[2]) as store, stream.Consumer(store, sys.argv[1], batch=50) as c:
+    target = wal_mark(c.connection())
+    while (c.position or 0) <= target:  # batch by batch, each confirmed to the backend
+        c.step(wait=0.5)
+"""
+
+
+def random_writes(dsn: str, rng: random.Random, transactions: int) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for _ in range(transactions):
+            with conn.transaction():
+                for _ in range(rng.randint(1, 3)):
+                    seed = rng.randint(0, 10**6)
+                    conn.execute(rng.choice(WRITES), {"seed": seed, "tag": str(seed)})
+
+
+@pytest.mark.parametrize("point", ["stream_apply", "stream_advance"])
+def test_sigkill_while_applying_then_reopening_leaves_each_view_as_recomputed(
+    setup: Setup, point: str, tmp_path: Path
+) -> None:
+    """The owning process killed (SIGKILL) in the middle of applying a batch to the derived
+    views and their copies, or after its commit before the slot is confirmed: reopened, the
+    stream goes on from the position the file holds, and each view equals what the backend
+    computes."""
+    store, dsn, consumer = setup
+    populate(store, dsn, consumer)
+    consumer.close()
+    path = store.path
+    store.close()
+    script = tmp_path / "owner.py"
+    script.write_text(OWNER)
+    rng = random.Random(point)
+    random_writes(dsn, rng, 40)
+    env = {**os.environ, "MTCACHE_FAULTS": f"{point}:kill"}
+    owner = subprocess.run([sys.executable, str(script), dsn, str(path)], env=env, timeout=120,
+                           capture_output=True, text=True, check=False)  # fmt: skip
+    assert owner.returncode == -signal.SIGKILL, owner.stderr  # killed at the fault point
+    random_writes(dsn, rng, 20)
+    with CacheStore(path) as reopened, stream.Consumer(reopened, dsn) as catching_up:
+        catching_up.catch_up()
+        recomputed(reopened, dsn)
+
+
+def test_a_view_kept_current_under_concurrent_writes_answers_as_postgresql(
+    pg_cluster: EmbeddedPostgres, tmp_path: Path
+) -> None:
+    """A writer goes on while the stream is applied; now and then the writer pauses, the
+    stream catches up, and the queries the views answer are answered locally (EXPLAIN names
+    the view), equal to PostgreSQL's answer, in values, types and description."""
+    import threading
+
+    import cache
+
+    dsn = pg_cluster.create_database("derived_stream_live")
+    bookstore.load_into(dsn)
+    path = tmp_path / "cache.duckdb"
+    ddl = ";\n".join(f"CREATE CACHED VIEW {name} AS {VIEWS[name]} REFRESH CONTINUOUSLY"
+                     for name in ("author_stats", "city_ratings"))  # fmt: skip
+    queries = [
+        "SELECT b.authorid, count(*), avg(b.price), min(b.price) FROM books b "
+        "GROUP BY b.authorid ORDER BY 1",
+        "SELECT a.city, sum(r.rating), count(*) FROM reviews r JOIN books b ON r.isbn = b.isbn "
+        "JOIN authors a ON b.authorid = a.authorid GROUP BY a.city ORDER BY 1",
+        "SELECT count(*), max(b.price) FROM books b",
+    ]
+    pause = threading.Lock()
+    with cache.connect(dsn, path, background=False, admit_on_miss=False,
+                       result_memo_bytes=0) as conn, psycopg.connect(dsn) as backend:  # fmt: skip
+        conn.admin.apply_ddl(ddl)
+        for name in ("author_stats", "city_ratings"):
+            conn.admin.refresh(name)
+        with stream.Consumer(conn.admin.store.for_thread(), dsn) as consumer, \
+                Writer(dsn, pause) as writer:  # fmt: skip
+            for _ in range(4):
+                for _ in range(20):
+                    consumer.step(wait=0.05)  # (applying while the writer writes)
+                with pause:
+                    consumer.catch_up()
+                    for sql in queries:
+                        cur = conn.cursor()
+                        cur.execute(f"EXPLAIN {sql} CURRENCY BOUND 10 MIN")
+                        assert "DerivedScan" in str(cur.fetchall()), sql
+                        cur.execute(f"{sql} CURRENCY BOUND 10 MIN")
+                        rows = cur.fetchall()
+                        assert {p["route"] for p in cur.provenance} == {"local"}, sql
+                        want = backend.execute(sql)
+                        got = want.fetchall()
+                        assert typed(rows) == typed(got), sql
+                        assert [d[0] for d in cur.description] == \
+                            [d.name for d in want.description or []]  # fmt: skip
+                        backend.rollback()
+            assert writer.count > 0
+        conn.admin.apply_ddl("DROP CACHED VIEW author_stats; DROP CACHED VIEW city_ratings")
+
+
+class Writer(Workers):
+    """Random writes on the views' tables, one transaction at a time (none while ``pause``
+    is held), until stopped."""
+
+    def __init__(self, dsn: str, pause: t.Any) -> None:
+        self.dsn = dsn
+        self.pause = pause
+        self.count = 0
+        super().__init__(1)
+
+    def _run(self, seed: int) -> None:
+        rng = random.Random(seed)
+        while not self.stopping.is_set():
+            with self.pause:
+                random_writes(self.dsn, rng, 1)
+            self.count += 1
