@@ -18,7 +18,7 @@ from cache.maintenance.report import Report
 from cache.store.cache_file import CacheStore
 from control_tables.regions import Region, in_list, region_predicate
 from control_tables.schema import CachedView, CacheSchema
-from sql_ext.quoting import equal_columns, ident, idents
+from sql_ext.quoting import ident, idents, keys_in
 
 Key = tuple[t.Any, ...]
 
@@ -134,10 +134,8 @@ def _delete_rows(
         deleted += int(row[0]) if row else 0
     if rows is not None and rows.num_rows and view.key:
         con.register("mtcache_keys", rows.select(list(view.key)))
-        match = equal_columns(view.key, "v", "s")
         row = con.execute(
-            f"DELETE FROM {ident(view.name)} v "
-            f"WHERE EXISTS (SELECT 1 FROM mtcache_keys s WHERE {match})"
+            f"DELETE FROM {ident(view.name)} v WHERE {keys_in(view.key, 'v', 'mtcache_keys')}"
         ).fetchone()
         con.unregister("mtcache_keys")
         deleted += int(row[0]) if row else 0

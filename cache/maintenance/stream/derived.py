@@ -5,18 +5,20 @@ transaction, with the stream position."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import duckdb
+import pyarrow as pa
 
-from cache.maintenance.stream.position import Applied
+from cache.maintenance.stream.position import Applied, NeedsPull
 from cache.maintenance.stream.staging import Staged
 from cache.maintenance.stream.views import apply_view, delete_where
+from control_tables.regions import Region
 from control_tables.schema import CachedView, CacheSchema
 from optimizer.derived_delta import CURRENT, REDO, WEIGHT, Maintenance, maintenance
 from optimizer.derived_states import ROWS
 from sql_ext.catalog import Catalog
-from sql_ext.quoting import equal_columns, ident, idents
+from sql_ext.quoting import equal_columns, ident, idents, keys_in
 
 _PLANS: dict[tuple[str, int], Maintenance] = {}  # (view's DDL, catalog) -> its maintenance
 
@@ -40,7 +42,9 @@ def apply_derived(
     truncated: set[str],
     applied: Applied,
 ) -> None:
-    """Carry the batch's changes (``staged`` by table; ``truncated`` tables) into the view."""
+    """Carry the batch's changes (``staged`` by table; ``truncated`` tables) into the view.
+    What passes between statements is fetched as Arrow and registered, not made a table (a
+    DuckDB table costs more to make than a small batch costs to apply)."""
     changing = [a for a in plan.auxiliaries
                 if a.table in truncated or staged[a.table].count]  # fmt: skip
     if not changing:
@@ -51,36 +55,64 @@ def apply_derived(
         _recompute(con, plan)
         applied.views.add(plan.view.name)
         return
-    con.execute(f"CREATE OR REPLACE TEMP TABLE mtcache_items AS "
-                f"{plan.items_sql({}, None)} LIMIT 0")  # fmt: skip
+    registered: list[str] = []
+
+    def register(name: str, rows: pa.Table) -> None:
+        con.register(name, rows)
+        registered.append(name)
+
     try:
+        items = []
         for aux in changing:
             stage = staged[aux.table]
             stage.register(con)
             copy = aux.copy
             columns = idents(copy.columns)
-            touched = (f"EXISTS (SELECT 1 FROM {stage.del_name} d WHERE "
-                       f"{equal_columns(copy.key, 'c', 'd')})")  # fmt: skip
-            con.execute(f"CREATE OR REPLACE TEMP TABLE mtcache_change AS SELECT {columns}, -1 "
-                        f"AS {WEIGHT} FROM {ident(copy.name)} c WHERE {touched}")  # fmt: skip
-            _apply_copy(con, schema, copy, stage, False)
-            con.execute(f"INSERT INTO mtcache_change SELECT {columns}, 1 FROM "
-                        f"{ident(copy.name)} c WHERE {touched}")  # fmt: skip
+            # the copy's rows of the keys the batch touches leave (as they were: weight -1)
+            register("mtcache_before", con.sql(
+                f"DELETE FROM {ident(copy.name)} c WHERE {keys_in(copy.key, 'c', stage.del_name)} "
+                f"RETURNING {columns}").to_arrow_table())  # fmt: skip
+            after = _after(con, plan, copy, stage)
+            con.execute(f"INSERT INTO {ident(copy.name)} ({columns}) {after}")
             # (a row the batch left as the view sees it cancels out)
-            con.execute(f"CREATE OR REPLACE TEMP TABLE mtcache_delta AS SELECT {columns}, "
-                        f"sum({WEIGHT})::INTEGER AS {WEIGHT} FROM mtcache_change GROUP BY "
-                        f"{columns} HAVING sum({WEIGHT}) <> 0")  # fmt: skip
-            con.execute(f"INSERT INTO mtcache_items "
-                        f"{plan.items_sql({aux.alias: 'mtcache_delta'}, aux.alias)}")
+            delta = (f"SELECT {columns}, sum({WEIGHT})::INTEGER AS {WEIGHT} FROM (SELECT "
+                     f"{columns}, -1 AS {WEIGHT} FROM mtcache_before UNION ALL SELECT "
+                     f"{columns}, 1 FROM ({after}) a) z GROUP BY {columns} HAVING "
+                     f"sum({WEIGHT}) <> 0")  # fmt: skip
+            items.append(con.sql(plan.items_sql({aux.alias: f"({delta})"}, aux.alias))
+                         .to_arrow_table())  # fmt: skip
+            con.unregister("mtcache_before")
+            registered.remove("mtcache_before")
+        register("mtcache_items", pa.concat_tables(items, promote_options="default"))
         if plan.grouped:
-            _merge_groups(con, plan)
+            _merge_groups(con, plan, register)
         else:
-            _merge_rows(con, plan)
+            _merge_rows(con, plan, register)
     finally:
-        for table in ("mtcache_items", "mtcache_change", "mtcache_delta", "mtcache_states",
-                      "mtcache_next", "mtcache_redo_groups"):  # fmt: skip
-            con.execute(f"DROP TABLE IF EXISTS {table}")
+        for name in registered:
+            con.unregister(name)
     applied.views.add(plan.view.name)
+
+
+def _after(con: duckdb.DuckDBPyConnection, plan: Maintenance, copy: CachedView,
+           stage: Staged) -> str:  # fmt: skip
+    """SQL: the copy's rows of the touched keys after the batch (its final rows; a TOASTed
+    value an update did not send, from the row as it was)."""
+    assert stage.puts is not None
+    unchanged = [c for c in copy.columns if f"mtcache_unchanged_{c}" in stage.puts.column_names]
+    if not unchanged:
+        return f"SELECT {idents(copy.columns)} FROM {stage.put_name}"
+    merged = ", ".join(
+        f"CASE WHEN p.{ident('mtcache_unchanged_' + c)} THEN b.{ident(c)} ELSE p.{ident(c)} "
+        f"END AS {ident(c)}" if c in unchanged else f"p.{ident(c)}" for c in copy.columns)
+    source = (f"{stage.put_name} p LEFT JOIN mtcache_before b ON "
+              f"{equal_columns(copy.key, 'p', 'b')}")  # fmt: skip
+    lacking = " OR ".join(f"p.{ident('mtcache_unchanged_' + c)}" for c in unchanged)
+    missing = con.execute(f"SELECT count(*) FROM {source} WHERE ({lacking}) AND "
+                          f"b.{ident(copy.key[0])} IS NULL").fetchone()  # fmt: skip
+    if missing and missing[0]:  # (the copy lacks the row: the view is pulled anew)
+        raise NeedsPull({Region(plan.view.name, "view")})
+    return f"SELECT {merged} FROM {source}"
 
 
 def _apply_copy(con: duckdb.DuckDBPyConnection, schema: CacheSchema, copy: CachedView,
@@ -92,44 +124,44 @@ def _apply_copy(con: duckdb.DuckDBPyConnection, schema: CacheSchema, copy: Cache
         apply_view(con, schema, copy, stage, [], Applied())
 
 
-def _merge_groups(con: duckdb.DuckDBPyConnection, plan: Maintenance) -> None:
+Register = Callable[[str, pa.Table], None]
+
+
+def _merge_groups(con: duckdb.DuckDBPyConnection, plan: Maintenance, register: Register) -> None:
     """The items' states merged with the view's of the groups they touch; a group that lost
     a minimum's or maximum's value computed again from the copies."""
     name = ident(plan.view.name)
     stored = idents(plan.stored_names)
-    con.execute(f"CREATE TEMP TABLE mtcache_states AS "
-                f"{plan.states_sql('SELECT * FROM mtcache_items')}")  # fmt: skip
-    current = (f"SELECT {stored}, true AS {CURRENT} FROM {name} v WHERE EXISTS (SELECT 1 "
-               f"FROM mtcache_states d WHERE {plan.same_group('v', 'd')})")  # fmt: skip
+    current = (f"SELECT {stored}, true AS {CURRENT} FROM {name} v SEMI JOIN mtcache_states d "
+               f"ON {plan.same_group('v', 'd')}")  # fmt: skip
     both = f"{current} UNION ALL BY NAME SELECT *, false AS {CURRENT} FROM mtcache_states"
-    con.execute(f"CREATE TEMP TABLE mtcache_next AS {plan.merged_sql(both)}")
+    register("mtcache_next", con.sql(
+        f"WITH mtcache_states AS ({plan.states_sql('SELECT * FROM mtcache_items')}) "
+        f"{plan.merged_sql(both)}").to_arrow_table())  # fmt: skip
+    kept = f"{ROWS} > 0" if plan.group else "true"  # (one group of all rows: always there)
+    arriving = f"SELECT {stored} FROM mtcache_next WHERE NOT {REDO} AND {kept}"
     redo = con.execute(f"SELECT count(*) FROM mtcache_next WHERE {REDO}").fetchone()
     if redo and redo[0]:
+        items = plan.items_sql({}, None)
         if plan.group:
-            groups = idents(plan.group)
-            con.execute(f"CREATE TEMP TABLE mtcache_redo_groups AS SELECT {groups} FROM "
-                        f"mtcache_next WHERE {REDO}")  # fmt: skip
-            items = (f"SELECT * FROM ({plan.items_sql({}, None)}) x WHERE EXISTS (SELECT 1 "
-                     f"FROM mtcache_redo_groups r WHERE {plan.same_group('x', 'r')})")
-        else:
-            items = plan.items_sql({}, None)
-        con.execute(f"DELETE FROM mtcache_next WHERE {REDO}")
-        con.execute(f"INSERT INTO mtcache_next BY NAME {plan.states_sql(items, True)}")
+            items = (f"SELECT x.* FROM ({items}) x SEMI JOIN (SELECT * FROM mtcache_next "
+                     f"WHERE {REDO}) r ON {plan.same_group('x', 'r')}")  # fmt: skip
+        arriving += (f" UNION ALL SELECT {stored} FROM ({plan.states_sql(items, True)}) s "
+                     f"WHERE {kept}")  # fmt: skip
     # every group the items touch leaves (one computed again may have no rows left)
-    con.execute(f"DELETE FROM {name} v WHERE EXISTS (SELECT 1 FROM mtcache_states d WHERE "
-                f"{plan.same_group('v', 'd')})")  # fmt: skip
-    kept = f" WHERE {ROWS} > 0" if plan.group else ""  # (one group of all rows: always there)
-    con.execute(f"INSERT INTO {name} ({stored}) SELECT {stored} FROM mtcache_next{kept}")
+    con.execute(f"DELETE FROM {name} v USING mtcache_next d WHERE {plan.same_group('v', 'd')}")
+    con.execute(f"INSERT INTO {name} ({stored}) {arriving}")
 
 
-def _merge_rows(con: duckdb.DuckDBPyConnection, plan: Maintenance) -> None:
+def _merge_rows(con: duckdb.DuckDBPyConnection, plan: Maintenance, register: Register) -> None:
     """A join view's rows of weight -1 leave by its key, those of weight +1 arrive."""
     name = ident(plan.view.name)
     columns = idents(plan.stored_names)
-    con.execute(f"CREATE TEMP TABLE mtcache_next AS SELECT {columns}, sum({WEIGHT}) AS "
-                f"{WEIGHT} FROM mtcache_items GROUP BY {columns} HAVING sum({WEIGHT}) <> 0")
-    con.execute(f"DELETE FROM {name} v WHERE EXISTS (SELECT 1 FROM mtcache_next n WHERE "
-                f"n.{WEIGHT} < 0 AND {equal_columns(plan.group, 'v', 'n')})")  # fmt: skip
+    register("mtcache_next", con.sql(
+        f"SELECT {columns}, sum({WEIGHT}) AS {WEIGHT} FROM mtcache_items GROUP BY {columns} "
+        f"HAVING sum({WEIGHT}) <> 0").to_arrow_table())  # fmt: skip
+    con.execute(f"DELETE FROM {name} v WHERE "
+                f"{keys_in(plan.group, 'v', f'mtcache_next WHERE {WEIGHT} < 0')}")
     con.execute(f"INSERT INTO {name} ({columns}) SELECT {columns} FROM mtcache_next "
                 f"WHERE {WEIGHT} > 0")  # fmt: skip
 

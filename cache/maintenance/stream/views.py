@@ -17,7 +17,7 @@ from cache.maintenance.stream.staging import Staged
 from control_tables.regions import Region, in_list
 from control_tables.schema import CachedView, CacheSchema
 from sql_ext import Presence
-from sql_ext.quoting import equal_columns, ident, idents
+from sql_ext.quoting import equal_columns, ident, idents, keys_in
 
 
 def apply_view(
@@ -34,7 +34,7 @@ def apply_view(
     stage.register(con)
     name = ident(view.name)
     keep = not_pending(skip)
-    touched = f"EXISTS (SELECT 1 FROM {stage.del_name} d WHERE {equal_columns(view.key, 'v', 'd')})"
+    touched = keys_in(view.key, "v", stage.del_name)
     children = list(schema.edges_from(view.name))
     leaving: dict[tuple[str, ...], set[tuple[t.Any, ...]]] = {}
     before: dict[tuple[str, ...], set[tuple[t.Any, ...]]] = {}
