@@ -1,6 +1,6 @@
-"""View matching of a whole query against a derived cached view that groups and aggregates
-(`control_tables.derived`, `optimizer.derived_states`): when the view answers the query, the
-DuckDB statement that answers it from the view's stored states.
+"""View matching of a whole query against a derived cached view (`control_tables.derived`,
+`optimizer.derived_states`): when the view answers the query, the DuckDB statement that
+answers it from the view's stored states or rows.
 
 A grouped view answers a query block that
 - reads the same tables (each once) joined by the same column equalities, in its FROM's
@@ -18,8 +18,15 @@ A grouped view answers a query block that
 The statement merges the view's groups: counts and sums are summed (a count of no rows is 0),
 minimums and maximums taken again, an average the quotient of its summed sum and count,
 divided as PostgreSQL divides (`Output` "avg": `cache.execution.convert`). A query that
-groups as the view does reads the view's rows as they are (no GROUP BY). Anything else is
-not matched (None): the statement is planned as before.
+groups as the view does reads the view's rows as they are (no GROUP BY).
+
+A join view (no aggregates) answers a query block that joins the same tables by the same
+equalities, filters by the view's WHERE and by comparisons of the view's columns with
+constants or parameters (as above), projects view columns, and neither groups nor
+aggregates: the view's rows are the join's, one for each combination (the view keeps every
+table's key), so the statement selects them with its filters, order and limit.
+
+Anything else is not matched (None): the statement is planned as before.
 """
 
 from __future__ import annotations
@@ -67,10 +74,15 @@ def match_derived(query: Query, view: CachedView, catalog: Catalog,
     the query has parameters (compared with grouping columns, they become the statement's
     DuckDB parameters)."""
     derivation = view.derivation
-    if derivation is None or not derivation.aggregates:
+    if derivation is None:
         return None
     tree = query.tree
     if not isinstance(tree, exp.Select) or _unsupported(tree):
+        return None
+    # a join view (no aggregates) answers a query of its rows: no grouping, no aggregate
+    rows_only = not derivation.aggregates
+    if rows_only and (tree.args.get("group") or tree.args.get("having") or any(
+            p.find(exp.AggFunc) is not None for p in tree.expressions)):  # fmt: skip
         return None
     tables = _tables(tree)
     if tables is None:
@@ -146,7 +158,7 @@ def match_derived(query: Query, view: CachedView, catalog: Catalog,
         group.append(grouped[found])
     # the query's groups are the view's rows when it groups as the view does (or neither
     # groups): the stored states are read as they are, with no GROUP BY
-    merging = set(group) != set(grouped.values())
+    merging = not rows_only and set(group) != set(grouped.values())
     projections: list[exp.Expr] = []
     outputs: list[Output] = []
     scales: dict[int, int] = {}
@@ -156,7 +168,8 @@ def match_derived(query: Query, view: CachedView, catalog: Catalog,
         names.append(projection.alias_or_name)
         if isinstance(target, exp.Column):
             found = ref(target, tables)
-            if found is None or found not in grouped or grouped[found] not in group:
+            if found is None or found not in grouped or \
+                    (not rows_only and grouped[found] not in group):  # fmt: skip
                 return None
             scale = _scale(stored, grouped[found])
             if scale is not None:

@@ -186,6 +186,12 @@ ANSWERED = [
                   "WHERE a.gender = 'F '"),
     ("by_gender", "SELECT a.gender, count(*) FROM books b JOIN authors a "
                   "ON b.authorid = a.authorid WHERE a.gender IN ('M  ', 'X') GROUP BY a.gender"),
+    # a join view's rows, selected by its columns, ordered and limited
+    ("reviewed", "SELECT r.reviewid, b.title, b.price FROM reviews r JOIN books b "
+                 "ON r.isbn = b.isbn WHERE r.rating >= 3 AND b.price > 20.5 "
+                 "ORDER BY r.reviewid LIMIT 7"),
+    ("reviewed", "SELECT r.reviewid, b.isbn FROM books b, reviews r WHERE b.isbn = r.isbn "
+                 "AND r.rating >= 3 AND r.rating IN (4, 5)"),
 ]
 NOT_ANSWERED = [
     ("author_stats", "SELECT b.type, count(*) FROM books b GROUP BY b.type"),  # not grouped
@@ -207,6 +213,11 @@ NOT_ANSWERED = [
     ("author_stats", "SELECT count(*) FROM books b WHERE b.authorid = '3'"),  # (text)
     ("city_ratings", "SELECT count(*) FROM reviews r JOIN books b ON r.isbn = b.isbn "
                      "JOIN authors a ON b.authorid = a.authorid WHERE a.city > 'M'"),  # (order)
+    ("reviewed", "SELECT r.reviewid FROM reviews r JOIN books b ON r.isbn = b.isbn "),  # all
+    ("reviewed", "SELECT count(*) FROM reviews r JOIN books b ON r.isbn = b.isbn "
+                 "WHERE r.rating >= 3"),  # (an aggregate of its rows)
+    ("reviewed", "SELECT b.publisherid FROM reviews r JOIN books b ON r.isbn = b.isbn "
+                 "WHERE r.rating >= 3"),  # (not one of its columns)
 ]
 
 
@@ -240,7 +251,7 @@ def answered_from_view(conn: Connection, bookstore_dsn: str, view: str, sql: str
 def test_a_query_a_derived_view_answers_gets_postgresql_s_answer(
     conn: Connection, bookstore_dsn: str, view: str, sql: str
 ) -> None:
-    conn.admin.apply_ddl(";".join((AUTHOR_STATS, CITY_RATINGS, ALL_SALES, BY_GENDER)))
+    conn.admin.apply_ddl(";".join((AUTHOR_STATS, CITY_RATINGS, ALL_SALES, BY_GENDER, REVIEWED)))
     conn.admin.refresh(view)
     got = answered_from_view(conn, bookstore_dsn, view, sql)
     assert got is not None, "not matched"
@@ -255,7 +266,7 @@ def test_a_query_a_derived_view_answers_gets_postgresql_s_answer(
 def test_a_query_a_derived_view_cannot_answer_is_not_matched(
     conn: Connection, bookstore_dsn: str, view: str, sql: str
 ) -> None:
-    conn.admin.apply_ddl(AUTHOR_STATS + ";" + CITY_RATINGS)
+    conn.admin.apply_ddl(";".join((AUTHOR_STATS, CITY_RATINGS, REVIEWED)))
     assert answered_from_view(conn, bookstore_dsn, view, sql) is None
 
 

@@ -127,6 +127,27 @@ def test_all_quick_writes_csv_plots_and_one_report(
     assert "**Fig 7.2: the decision for each $key of Qa**" in report
     assert (out / "consistency-guards.png").read_bytes()[:8] == PNG
 
+    # derived-views: each of the three views answers locally and is kept by the stream; the
+    # figures are measured (each view checked against the backend's computation on the way)
+    with (out / "derived-views.csv").open(newline="") as handle:
+        derived = list(csv.DictReader(handle))
+    kinds = {r["kind"] for r in derived}
+    assert kinds == {"query", "maintenance", "lag", "size"}
+    for kind in ("query", "maintenance", "size"):
+        assert [r["query"] for r in derived if r["kind"] == kind] == ["Q1", "Q3-like", "Q5-like"]
+    for r in derived:
+        if r["kind"] == "query":
+            assert float(r["view_s"]) > 0 and float(r["postgresql_s"]) > 0
+        if r["kind"] == "maintenance":
+            assert r["updates"] == "200" and 0 < float(r["view_delta_s"]) <= float(r["batch_s"])
+        if r["kind"] == "size":
+            assert int(r["view_rows"]) > 0 and int(r["copies_rows"]) > int(r["view_rows"])
+    [lag] = [r for r in derived if r["kind"] == "lag"]
+    assert int(lag["transactions"]) == 300 and 0 <= float(lag["lag_p50_s"]) <= float(
+        lag["lag_p99_s"])  # fmt: skip
+    assert "## Derived views kept current from the change stream" in report
+    assert (out / "derived-views.png").read_bytes()[:8] == PNG
+
     # --from-csv draws the same plots and report again from the CSVs, measuring nothing
     for drawn in [out / "report.md", *out.glob("*.png")]:
         drawn.unlink()
