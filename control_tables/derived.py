@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
+from control_tables.schema import CachedView
 from control_tables.types import duckdb_type
 from sql_ext import CreateCachedView, Derivation
 from sql_ext.catalog import Catalog, Table
@@ -189,11 +190,60 @@ def check_derived(statement: CreateCachedView, catalog: Catalog) -> Resolved:
     derivation = statement.derivation
     assert derivation is not None
     resolved = resolve(statement.name, derivation, catalog)
-    if statement.presence or statement.consistency or statement.completeness:
+    if statement.consistency or statement.completeness:
         raise NotSupportedError(
-            f"cached view {statement.name}: a derived view is fully materialized in this "
-            "release: PRESENCE, CONSISTENCY and COMPLETENESS are not supported on it yet")
+            f"cached view {statement.name}: CONSISTENCY and COMPLETENESS are not supported on "
+            "a derived view yet (a view of one presence key's groups is one snapshot's)")
+    if statement.presence and statement.continuous:
+        raise NotSupportedError(
+            f"cached view {statement.name}: PRESENCE on a REFRESH CONTINUOUSLY derived view is "
+            "not supported yet; keep it REFRESH EVERY, or fully materialized")  # fmt: skip
+    if len(statement.presence) > 1:
+        raise NotSupportedError(
+            f"cached view {statement.name}: a derived view takes one PRESENCE clause")
     return resolved
 
 
-__all__ = ["RESERVED", "Resolved", "check_derived", "resolve"]
+def plain_output(derivation: Derivation, name: str) -> exp.Column | None:
+    """The column of the view's rows a column of the view is (None: an aggregate, or no
+    such column)."""
+    output = next((o for o in derivation.outputs if o.name == name), None)
+    if output is None or output.aggregate is not None:
+        return None
+    return t.cast(exp.Column, output.expression)
+
+
+def derived_column_type(view_name: str, derivation: Derivation, name: str,
+                        catalog: Catalog) -> str | None:  # fmt: skip
+    """The PostgreSQL type of a column of a derived view that is a column of its rows."""
+    column = plain_output(derivation, name)
+    if column is None:
+        return None
+    found = resolve(view_name, derivation, catalog)
+    qualifier = column_qualifier(column) if column.table else None
+    for alias, table in found.tables.items():
+        if (qualifier is None or qualifier == alias) and table.has_column(folded(column)):
+            return next(c.type for c in table.columns if c.name == folded(column))
+    return None
+
+
+def check_presence(view: CachedView, kind_of: t.Callable[[str], str | None]) -> None:
+    """A derived view's PRESENCE: by a control table, on columns of its rows (a grouped
+    view's grouping columns; any column of a join view's rows)."""
+    derivation = view.derivation
+    assert derivation is not None
+    for edge in view.presence:
+        if kind_of(edge.control) != "control table":
+            raise NotSupportedError(
+                f"cached view {view.name}: PRESENCE ... IN {edge.control}: a derived view's "
+                "presence is controlled by a control table (CREATE CONTROL TABLE)")
+        aggregated = [c for c in edge.columns if c in {o.name for o in derivation.outputs}
+                      and plain_output(derivation, c) is None]  # fmt: skip
+        if aggregated:
+            raise ProgrammingError(
+                f"cached view {view.name}: PRESENCE ON ({', '.join(aggregated)}): an "
+                "aggregate is no key; control the view by its grouping columns")
+
+
+__all__ = ["RESERVED", "Resolved", "check_derived", "check_presence", "derived_column_type",
+           "plain_output", "resolve"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from sqlglot import exp
 
+from control_tables.derived import check_presence, derived_column_type
 from control_tables.schema import CachedView, CacheSchema
 from control_tables.types import duckdb_type
 from sql_ext.catalog import Catalog, Table
@@ -43,6 +44,9 @@ def check_schema(schema: CacheSchema, catalog: Catalog) -> None:
                    key=lambda v: v.name)  # fmt: skip
     for view in views:
         _check_view(schema, view, catalog)
+    for view in sorted((v for v in schema.views.values() if v.is_derived),
+                       key=lambda v: v.name):  # fmt: skip
+        _check_presence(schema, view, catalog)
     _check_single_use(schema)
     _check_rule_1(schema)
     for view in views:
@@ -80,31 +84,23 @@ def view_key(view_name: str, table: Table, columns: tuple[str, ...]) -> tuple[st
     )
 
 
-def _check_view(schema: CacheSchema, view: CachedView, catalog: Catalog) -> None:
-    table = backend_table(catalog, view.name, view.table)
-    for column in view.columns:
-        if not table.has_column(column):
-            raise CatalogError(
-                f"cached view {view.name}: {table.name} has no column {column!r} "
-                f"(columns: {', '.join(table.column_names)})"
-            )
-        pg_type = next(c.type for c in table.columns if c.name == column)
-        if duckdb_type(pg_type) is None:
-            raise NotSupportedError(
-                f"cached view {view.name}: column {column} has type {pg_type}, which the cache "
-                "cannot store yet; leave it out of the view's column list"
-            )
+def _need_columns(view: CachedView, what: str, columns: tuple[str, ...]) -> None:
+    missing = [c for c in columns if c not in view.columns]
+    if missing:
+        raise ProgrammingError(
+            f"cached view {view.name}: {what} names {', '.join(missing)}, which the view "
+            f"does not select (it selects {', '.join(view.columns)})"
+        )
 
-    def need_columns(what: str, columns: tuple[str, ...]) -> None:
-        missing = [c for c in columns if c not in view.columns]
-        if missing:
-            raise ProgrammingError(
-                f"cached view {view.name}: {what} names {', '.join(missing)}, which the view "
-                f"does not select (it selects {', '.join(view.columns)})"
-            )
 
+def _check_presence(schema: CacheSchema, view: CachedView, catalog: Catalog) -> None:
+    """Each PRESENCE edge: its columns selected by the view, its control there with the
+    control key's columns, of the types of the view columns it controls (a derived view's:
+    by a control table, on columns of its rows: `control_tables.derived.check_presence`)."""
+    if view.is_derived:
+        check_presence(view, schema.kind_of)
     for edge in view.presence:
-        need_columns("PRESENCE ON", edge.columns)
+        _need_columns(view, "PRESENCE ON", edge.columns)
         kind = schema.kind_of(edge.control)
         if kind is None:
             raise ProgrammingError(
@@ -147,13 +143,31 @@ def _check_view(schema: CacheSchema, view: CachedView, catalog: Catalog) -> None
                 f"{', '.join(control_columns)}"
             )
 
+
+def _check_view(schema: CacheSchema, view: CachedView, catalog: Catalog) -> None:
+    table = backend_table(catalog, view.name, view.table)
+    for column in view.columns:
+        if not table.has_column(column):
+            raise CatalogError(
+                f"cached view {view.name}: {table.name} has no column {column!r} "
+                f"(columns: {', '.join(table.column_names)})"
+            )
+        pg_type = next(c.type for c in table.columns if c.name == column)
+        if duckdb_type(pg_type) is None:
+            raise NotSupportedError(
+                f"cached view {view.name}: column {column} has type {pg_type}, which the cache "
+                "cannot store yet; leave it out of the view's column list"
+            )
+
+    _check_presence(schema, view, catalog)
+
     for what, spec in (
         ("CONSISTENCY ON", view.consistency),
         ("COMPLETENESS ON", view.completeness),
     ):
         if spec is None or not spec.columns:
             continue
-        need_columns(what, spec.columns)
+        _need_columns(view, what, spec.columns)
         if spec.control is None:
             continue
         if spec.control not in schema.control_tables:
@@ -253,6 +267,9 @@ def compatible(a: str | None, b: str | None) -> bool:
 
 
 def _view_column_type(catalog: Catalog, view: CachedView, column: str) -> str | None:
+    if view.derivation is not None:
+        found = derived_column_type(view.name, view.derivation, column, catalog)
+        return duckdb_type(found) if found is not None else None
     table = catalog.table(view.table)
     types = {c.name: c.type for c in table.columns} if table is not None else {}
     return duckdb_type(types[column]) if column in types else None

@@ -208,6 +208,9 @@ def measure(dsn: str, sf: float, calls: int, updates: int, rate: float, seconds:
                 consumer = Recording(store_of(views).for_thread(), dsn)
                 try:
                     consumer.catch_up()
+                    # (its streaming session ends meanwhile: the backend ends one that sends
+                    # no feedback for wal_sender_timeout; the next catch-up starts another)
+                    consumer.release()
                     rows += _latencies(views, tables, pg, found, calls, step)
                     rows += _maintenance(views, pg, consumer, undo, found, updates, step)
                     rows += _lag(dsn, pg, consumer, undo, rate, seconds, work, step)

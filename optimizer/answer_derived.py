@@ -14,6 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from sqlglot import exp
+
+from control_tables.derived import plain_output
+from control_tables.schema import CachedView
 from optimizer.estimate_cost import (
     GUARD_COST,
     LOCAL_ROW_COST,
@@ -25,6 +29,8 @@ from optimizer.match_derived import match_derived
 from optimizer.normalize_constraint import ConsistencyClass
 from optimizer.plan import ClassPlan, Guard, LocalStatement, Plan, PlanInputs
 from sql_ext.params import duckdb_name
+from sql_ext.quoting import folded
+from sql_ext.quoting import qualifier as column_qualifier
 
 
 def answer_from_derived(plan: Plan, inputs: PlanInputs) -> Plan:
@@ -55,10 +61,20 @@ def answer_from_derived(plan: Plan, inputs: PlanInputs) -> Plan:
             if inputs.choice != "guarded" and cost >= chosen:
                 continue
         guard = Guard(view.name, "full", bound)
+        probes: dict[str, tuple[exp.Expr, ...]] | None = None
+        if view.presence:
+            probes = _presence_probes(plan, view)
+            if probes is None:
+                continue  # (the regions the query reads are not known: it is not matched)
+            edge = view.presence[0]
+            guard = Guard(view.name, "presence", bound, probe=edge.columns,
+                          control=edge.control, control_columns=edge.control_columns,
+                          admit_into=edge.control)  # fmt: skip
         instances = frozenset(i for c in analysis.constraint.classes for i in c.instances)
-        accesses = tuple(dataclasses.replace(a, guards=(guard,), probability_local=p,
-                                             refresh_delay=delay)
-                         for a in plan.accesses)  # fmt: skip
+        accesses = tuple(dataclasses.replace(
+            a, guards=(guard,), probability_local=p, refresh_delay=delay,
+            access=a.access if probes is None else dataclasses.replace(a.access, probes=probes))
+            for a in plan.accesses)  # fmt: skip
         # (its parameters are the query's, compared with the same columns' values: what
         # PostgreSQL reads them as is checked per execution, as for any local statement)
         typed = tuple(sorted({(analysis.parameter_keys[n], kind) for n, kind
@@ -79,6 +95,27 @@ def answer_from_derived(plan: Plan, inputs: PlanInputs) -> Plan:
         if problem is None:
             return derived
     return plan
+
+
+def _presence_probes(plan: Plan, view: CachedView) -> dict[str, tuple[exp.Expr, ...]] | None:
+    """The constants the query compares the view's presence columns with (each a column of
+    one of its tables, found in that table's access), by the view's column names: what its
+    presence guard looks up, for every access of the plan (None: a column not compared)."""
+    derivation = view.derivation
+    assert derivation is not None
+    tables = {s.alias: s.table for s in derivation.sources}
+    found: dict[str, tuple[exp.Expr, ...]] = {}
+    for column in view.presence[0].columns:
+        source = plain_output(derivation, column)
+        if source is None:
+            return None
+        table = tables.get(column_qualifier(source)) if source.table else None
+        owners = [a for a in plan.accesses if (table is None or a.table == table)
+                  and folded(source) in a.access.probes]  # fmt: skip
+        if len(owners) != 1:
+            return None
+        found[column] = owners[0].access.probes[folded(source)]
+    return found
 
 
 __all__ = ["answer_from_derived"]
