@@ -5,6 +5,7 @@ clear error that changes nothing (real PostgreSQL and DuckDB)."""
 
 from __future__ import annotations
 
+import random
 import typing as t
 from collections.abc import Iterator
 from pathlib import Path
@@ -59,9 +60,9 @@ def stored(conn: Connection, view: str) -> list[tuple[t.Any, ...]]:
     return sorted(conn.admin.store.con.execute(f"SELECT * FROM {view}").fetchall(), key=repr)
 
 
-def backend(dsn: str, sql: str) -> list[tuple[t.Any, ...]]:
+def backend(dsn: str, sql: str, params: t.Sequence[t.Any] = ()) -> list[tuple[t.Any, ...]]:
     with psycopg.connect(dsn) as pg:
-        return sorted(pg.execute(sql).fetchall(), key=repr)
+        return sorted(pg.execute(sql, params).fetchall(), key=repr)
 
 
 def typed(rows: list[tuple[t.Any, ...]]) -> list[tuple[tuple[type, t.Any], ...]]:
@@ -316,16 +317,11 @@ def test_random_queries_after_random_writes_get_postgresql_s_answers(
     author, removed), a refresh, then random queries the views answer (a random grouping,
     aggregates and filters): each answered locally, equal to PostgreSQL's in values, types
     and description (fixed seed)."""
-    import random
-
     draw = random.Random(29)
     conn.admin.apply_ddl(AUTHOR_STATS + ";" + CITY_RATINGS)
     aggregates = {"author_stats": ["count(*)", "sum(b.price)", "avg(b.price)", "min(b.price)",
                                    "max(b.title)"],
                   "city_ratings": ["count(*)", "sum(r.rating)", "avg(r.rating)"]}  # fmt: skip
-    sources = {"author_stats": ("books b", "b.authorid"),
-               "city_ratings": ("reviews r JOIN books b ON r.isbn = b.isbn JOIN authors a "
-                                "ON b.authorid = a.authorid", "a.city")}  # fmt: skip
     cur = conn.cursor()
     with psycopg.connect(bookstore_dsn, autocommit=True) as pg:
         try:
@@ -351,28 +347,43 @@ def test_random_queries_after_random_writes_get_postgresql_s_answers(
                 conn.admin.refresh("author_stats")
                 conn.admin.refresh("city_ratings")
                 for _ in range(10):
-                    view = draw.choice(sorted(aggregates))
-                    source, key = sources[view]
-                    chosen = draw.sample(aggregates[view], draw.randint(1, 3))
-                    grouped = draw.random() < 0.6
-                    where = ""
-                    if view == "author_stats" and draw.random() < 0.5:
-                        low = draw.randint(1, 35)
-                        where = f" WHERE {key} BETWEEN {low} AND {low + draw.randint(0, 8)}"
-                    elif view == "city_ratings" and draw.random() < 0.5:
-                        where = f" WHERE {key} <> 'Seattle'"
-                    sql = (f"SELECT {key + ', ' if grouped else ''}{', '.join(chosen)} FROM "
-                           f"{source}{where}{f' GROUP BY {key} ORDER BY 1' if grouped else ''}")
-                    cur.execute(sql + " CURRENCY BOUND 10 MIN")
-                    got, description = cur.fetchall(), cur.description
-                    cur.execute("EXPLAIN LAST STATEMENT")
-                    assert {row[1] for row in cur.fetchall()} == {"local"}, sql
-                    want = pg.execute(sql)
-                    assert typed(got) == typed(want.fetchall()), sql
-                    assert [tuple(d) for d in description] == \
-                        [tuple(d) for d in want.description], sql  # fmt: skip
+                    answered_locally_as_postgresql(cur, pg, random_query(draw, aggregates))
         finally:  # (the module's database: every test here reads PostgreSQL's answers)
             pg.execute("DELETE FROM books WHERE isbn LIKE 'isbn-r%'")
+
+
+SOURCES = {"author_stats": ("books b", "b.authorid"),
+           "city_ratings": ("reviews r JOIN books b ON r.isbn = b.isbn JOIN authors a "
+                            "ON b.authorid = a.authorid", "a.city")}  # fmt: skip
+
+
+def random_query(draw: random.Random, aggregates: t.Mapping[str, list[str]]) -> str:
+    """A random query author_stats or city_ratings answers: some of ``aggregates`` (by
+    view), grouped as the view or over all rows, with a filter of its groups or none."""
+    view = draw.choice(sorted(aggregates))
+    source, key = SOURCES[view]
+    chosen = draw.sample(aggregates[view], draw.randint(1, 3))
+    grouped = draw.random() < 0.6
+    where = ""
+    if view == "author_stats" and draw.random() < 0.5:
+        low = draw.randint(1, 35)
+        where = f" WHERE {key} BETWEEN {low} AND {low + draw.randint(0, 8)}"
+    elif view == "city_ratings" and draw.random() < 0.5:
+        where = f" WHERE {key} <> 'Seattle'"
+    return (f"SELECT {key + ', ' if grouped else ''}{', '.join(chosen)} FROM "
+            f"{source}{where}{f' GROUP BY {key} ORDER BY 1' if grouped else ''}")
+
+
+def answered_locally_as_postgresql(cur: t.Any, pg: psycopg.Connection[t.Any], sql: str) -> None:
+    """The cache answers ``sql`` locally, with PostgreSQL's rows (values and Python types)
+    and description."""
+    cur.execute(sql + " CURRENCY BOUND 10 MIN")
+    got, description = cur.fetchall(), cur.description
+    cur.execute("EXPLAIN LAST STATEMENT")
+    assert {row[1] for row in cur.fetchall()} == {"local"}, sql
+    want = pg.execute(sql)
+    assert typed(got) == typed(want.fetchall()), sql
+    assert [tuple(d) for d in description] == [tuple(d) for d in want.description or []], sql
 
 
 def test_a_query_with_parameters_is_answered_from_a_derived_view(
@@ -434,7 +445,7 @@ def test_a_derived_view_under_presence_holds_the_admitted_keys_groups(
     conn.admin.admit("isbn_pct", [isbn])
     assert stored(conn, "reviewed") == backend(
         bookstore_dsn, "SELECT r.reviewid, r.rating, b.isbn, b.title, b.price FROM reviews r "
-        "JOIN books b ON r.isbn = b.isbn WHERE r.rating >= 3 AND b.isbn = %s" % f"'{isbn}'")
+        "JOIN books b ON r.isbn = b.isbn WHERE r.rating >= 3 AND b.isbn = %s", (isbn,))
     conn.admin.evict("stats_pct", [7])
     assert [r[0] for r in stored(conn, "author_stats")] == [3]
     views = {v["name"]: v for v in conn.admin.status()["views"]}

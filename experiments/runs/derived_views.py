@@ -10,6 +10,7 @@ ours alone, after Noria, DBToaster and DBSP (the reference documents 000-003).
 
 from __future__ import annotations
 
+import typing as t
 from pathlib import Path
 
 from experiments import bench_derived
@@ -41,45 +42,41 @@ def _of(rows: list[Read], kind: str) -> list[Read]:
 
 
 def plot(rows: list[Read], out: Path) -> list[Path]:
-    from matplotlib.ticker import FormatStrFormatter, NullFormatter
-
-    queries = _of(rows, "query")
-    maintained = _of(rows, "maintenance")
     drawn, (left, right) = figure(12, 4, columns=2)
-    names = [r["query"] for r in queries]
-    width = 0.27
-    for offset, (column, label, color) in enumerate((
-            ("view_s", "from the view", "tab:green"),
-            ("recompute_s", "recomputed in DuckDB", "tab:orange"),
-            ("postgresql_s", "PostgreSQL", "tab:gray"))):  # fmt: skip
-        left.bar([i + (offset - 1) * width for i in range(len(names))],
-                 [(number(r[column]) or 0.0) * 1e3 for r in queries], width, label=label,
-                 color=color)  # fmt: skip
-    left.set_xticks(range(len(names)), names)
-    left.set_yscale("log")
-    left.yaxis.set_major_formatter(FormatStrFormatter("%g"))
-    left.yaxis.set_minor_formatter(NullFormatter())
+    _bars(left, _of(rows, "query"), (
+        ("view_s", "from the view", "tab:green"),
+        ("recompute_s", "recomputed in DuckDB", "tab:orange"),
+        ("postgresql_s", "PostgreSQL", "tab:gray")))  # fmt: skip
     left.axhline(1.0, color="black", linewidth=0.8, linestyle=":")
     left.set_ylabel("ms per query, p50 (log)")
     left.set_title(f"Answering, SF {scale_of(rows)} (dotted: 1 ms)")
-    left.legend()
-    names = [r["query"] for r in maintained]
-    for offset, (column, label, color) in enumerate((
-            ("view_delta_s", "the view's delta", "tab:green"),
-            ("duckdb_recompute_s", "recomputed in DuckDB", "tab:orange"),
-            ("backend_recompute_s", "computed by PostgreSQL", "tab:gray"))):  # fmt: skip
-        right.bar([i + (offset - 1) * width for i in range(len(names))],
-                  [(number(r[column]) or 0.0) * 1e3 for r in maintained], width, label=label,
-                  color=color)  # fmt: skip
-    right.set_xticks(range(len(names)), names)
-    right.set_yscale("log")
-    right.yaxis.set_major_formatter(FormatStrFormatter("%g"))
-    right.yaxis.set_minor_formatter(NullFormatter())
-    updates = maintained[0]["updates"] if maintained else "?"
+    maintained = _of(rows, "maintenance")
+    _bars(right, maintained, (
+        ("view_delta_s", "the view's delta", "tab:green"),
+        ("duckdb_recompute_s", "recomputed in DuckDB", "tab:orange"),
+        ("backend_recompute_s", "computed by PostgreSQL", "tab:gray")))  # fmt: skip
     right.set_ylabel("ms (log)")
-    right.set_title(f"Upkeep after {updates} single-row updates")
-    right.legend()
+    right.set_title(f"Upkeep after {maintained[0]['updates'] if maintained else '?'} "
+                    "single-row updates")  # fmt: skip
     return [save(drawn, out / "derived-views.png")]
+
+
+def _bars(axes: t.Any, rows: list[Read], series: tuple[tuple[str, str, str], ...]) -> None:
+    """Side-by-side bars of each row's figures (seconds, drawn in ms on a log scale)."""
+    from matplotlib.ticker import FormatStrFormatter, NullFormatter
+
+    names = [r["query"] for r in rows]
+    width = 0.8 / len(series)
+    middle = (len(series) - 1) / 2
+    for offset, (column, label, color) in enumerate(series):
+        axes.bar([i + (offset - middle) * width for i in range(len(names))],
+                 [(number(r[column]) or 0.0) * 1e3 for r in rows], width, label=label,
+                 color=color)  # fmt: skip
+    axes.set_xticks(range(len(names)), names)
+    axes.set_yscale("log")
+    axes.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+    axes.yaxis.set_minor_formatter(NullFormatter())
+    axes.legend()
 
 
 def report(rows: list[Read], plots: list[Path]) -> str:
