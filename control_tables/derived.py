@@ -194,10 +194,6 @@ def check_derived(statement: CreateCachedView, catalog: Catalog) -> Resolved:
         raise NotSupportedError(
             f"cached view {statement.name}: CONSISTENCY and COMPLETENESS are not supported on "
             "a derived view yet (a view of one presence key's groups is one snapshot's)")
-    if statement.presence and statement.continuous:
-        raise NotSupportedError(
-            f"cached view {statement.name}: PRESENCE on a REFRESH CONTINUOUSLY derived view is "
-            "not supported yet; keep it REFRESH EVERY, or fully materialized")  # fmt: skip
     if len(statement.presence) > 1:
         raise NotSupportedError(
             f"cached view {statement.name}: a derived view takes one PRESENCE clause")

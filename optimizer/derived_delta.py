@@ -62,6 +62,13 @@ def auxiliary_prefix(view: str) -> str:
     return f"{AUX_PREFIX}{view}."
 
 
+def copy_owner(name: str) -> str | None:
+    """The view a DuckDB table is a copy of a table for (None: not a copy)."""
+    if not name.startswith(AUX_PREFIX):
+        return None
+    return name[len(AUX_PREFIX):].rpartition(".")[0] or None
+
+
 @dataclass(frozen=True)
 class Auxiliary:
     """A view's copy of one table it reads (``copy``: a fully materialized base view of the
@@ -282,4 +289,4 @@ def _refused(view: CachedView, why: str) -> NotSupportedError:
 
 
 __all__ = ["AUX_PREFIX", "CURRENT", "REDO", "WEIGHT", "Auxiliary", "Maintenance",
-           "auxiliary_prefix", "maintenance"]  # fmt: skip
+           "auxiliary_prefix", "copy_owner", "maintenance"]  # fmt: skip

@@ -380,3 +380,74 @@ def test_random_queries_after_each_batch_of_random_writes_get_postgresql_s_answe
                         sql = random_query(draw, aggregates)
                     answered_locally_as_postgresql(cur, pg, sql)
         conn.admin.apply_ddl("; ".join(f"DROP CACHED VIEW {name}" for name in live))
+
+
+def test_a_partial_view_kept_by_the_stream_holds_its_admitted_keys_as_the_backend(
+    pg_cluster: EmbeddedPostgres, tmp_path: Path
+) -> None:
+    """PRESENCE on a continuously maintained derived view: the first admission pulls the
+    copies with it, later ones only their keys' groups (lined up with the stream); the
+    stream keeps the admitted keys' groups and drops the others'; queries of admitted keys
+    are answered locally, of others by PostgreSQL."""
+    import cache
+
+    dsn = pg_cluster.create_database("derived_stream_partial")
+    bookstore.load_into(dsn)
+    draw = random.Random(7)
+    ddl = f"""CREATE CONTROL TABLE stats_pct (authorid integer);
+        CREATE CACHED VIEW author_stats AS {VIEWS['author_stats']}
+        PRESENCE ON (authorid) IN stats_pct REFRESH CONTINUOUSLY;
+        CREATE CONTROL TABLE city_pct (city text);
+        CREATE CACHED VIEW city_ratings AS {VIEWS['city_ratings']}
+        PRESENCE ON (city) IN city_pct REFRESH CONTINUOUSLY"""
+
+    def held(store: CacheStore) -> None:
+        """Each view holds exactly the backend's groups of its admitted keys."""
+        schema, catalog = store.load_schema(), store.load_catalog()
+        for name, control, column in (("author_stats", "stats_pct", "authorid"),
+                                      ("city_ratings", "city_pct", "city")):  # fmt: skip
+            keys = [r[0] for r in store.con.execute(f"SELECT {column} FROM {control}").fetchall()]
+            found = layout(schema.views[name], catalog)
+            columns = ", ".join(f'"{c.name}"' for c in found.columns)
+            cast = ", ".join(f'"{c.name}"::{c.pg_type}' for c in found.columns)
+            want = pg(dsn, f"SELECT {cast} FROM ({pull_select(schema.views[name], found)}) x "
+                      f"WHERE {column} = ANY(%s)", (keys,))  # fmt: skip
+            cached = store.con.execute(f"SELECT {columns} FROM {name}").fetchall()
+            assert typed(cached) == typed(want), (name, keys)
+
+    with cache.connect(dsn, tmp_path / "cache.duckdb", background=False, admit_on_miss=False,
+                       result_memo_bytes=0) as conn, \
+            psycopg.connect(dsn, autocommit=True) as backend:  # fmt: skip
+        conn.admin.apply_ddl(ddl)
+        store = conn.admin.store
+        with stream.Consumer(store.for_thread(), dsn) as consumer:
+            conn.admin.admit("stats_pct", [3])
+            conn.admin.admit("city_pct", ["Madison"])
+            random_writes(dsn, draw, 10)
+            consumer.catch_up()
+            held(store)
+            copies = store.con.execute('SELECT count(*) FROM "mtcache_aux.author_stats.b"')
+            assert copies.fetchone() == pg(dsn, "SELECT count(*) FROM books")[0]
+            state = "SELECT snapshot_id FROM mtcache.view_state WHERE view = 'author_stats'"
+            first = store.con.execute(state).fetchall()  # (when its copies were pulled)
+            assert len(first) == 1
+            for round_ in range(4):
+                random_writes(dsn, draw, 8)
+                conn.admin.admit("stats_pct", [5 + round_])  # (its pull, amid the stream)
+                random_writes(dsn, draw, 8)
+                consumer.catch_up()
+                held(store)
+            assert store.con.execute(state).fetchall() == first  # (pulled once)
+            conn.admin.evict("stats_pct", [3])
+            conn.admin.admit("city_pct", ["Seattle"])
+            random_writes(dsn, draw, 10)
+            consumer.catch_up()
+            held(store)
+            cur = conn.cursor()
+            for key, route in ((6, "local"), (3, "remote")):
+                sql = ("SELECT b.authorid, count(*), avg(b.price), min(b.price) FROM books b "
+                       "WHERE b.authorid = %s GROUP BY b.authorid")
+                cur.execute(sql + " CURRENCY BOUND 10 MIN", (key,))
+                assert {p["route"] for p in cur.provenance} == {route}
+                assert typed(cur.fetchall()) == typed(backend.execute(sql, (key,)).fetchall())
+        conn.admin.apply_ddl("DROP CACHED VIEW author_stats; DROP CACHED VIEW city_ratings")

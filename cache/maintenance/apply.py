@@ -18,6 +18,7 @@ from cache.maintenance.report import Report
 from cache.store.cache_file import CacheStore
 from control_tables.regions import Region, in_list, region_predicate
 from control_tables.schema import CachedView, CacheSchema
+from optimizer.derived_delta import copy_owner
 from sql_ext.quoting import ident, idents, keys_in
 
 Key = tuple[t.Any, ...]
@@ -78,12 +79,17 @@ def apply_pull(
                     "INSERT OR REPLACE INTO mtcache.view_state VALUES (?, ?, ?)", [name, *stamp]
                 )
         for name, rows in staged.items():  # a continuously maintained derived view's copies
-            if name not in schema.views:  # of its tables, pulled whole with it
-                con.execute(f"DELETE FROM {ident(name)}")
-                con.register("mtcache_staged", rows)
-                con.execute(f"INSERT INTO {ident(name)} ({idents(rows.column_names)}) "
-                            f"SELECT * FROM mtcache_staged")  # fmt: skip
-                con.unregister("mtcache_staged")
+            owner = copy_owner(name)  # of its tables, pulled whole with it
+            if owner is None:
+                continue
+            con.execute(f"DELETE FROM {ident(name)}")
+            con.register("mtcache_staged", rows)
+            con.execute(f"INSERT INTO {ident(name)} ({idents(rows.column_names)}) "
+                        f"SELECT * FROM mtcache_staged")  # fmt: skip
+            con.unregister("mtcache_staged")
+            # (its view state says when: a presence-controlled one's copies are pulled once)
+            con.execute("INSERT OR REPLACE INTO mtcache.view_state VALUES (?, ?, ?)",
+                        [owner, *stamp])  # fmt: skip
         faults.hit("before_commit", enabled_faults)
         con.execute("UPDATE mtcache.snapshots SET views = ?, delay_seconds = ? "
                     "WHERE snapshot_id = ?", [changed, age(), snapshot_id])  # fmt: skip

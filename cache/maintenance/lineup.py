@@ -65,17 +65,22 @@ def record_pull(
     omega: Iterable[Region],
     snapshot_id: int,
     snapshot: Snapshot,
+    copies: Iterable[str] = (),
 ) -> None:
-    """Inside the pull's apply transaction: what the stream must skip until it passes S."""
+    """Inside the pull's apply transaction: what the stream must skip until it passes S
+    (``copies``: the derived views' copies of tables it pulled, skipped whole)."""
     by_view: dict[str, set[Region]] = {}
     for region in omega:
         if schema.continuous(region.view):
             by_view.setdefault(region.view, set()).add(region)
-    for view, regions in sorted(by_view.items()):
+    predicates = {view: region_predicate(regions).sql("duckdb")
+                  for view, regions in by_view.items()}  # fmt: skip
+    predicates |= {name: "true" for name in copies}  # (a derived view's copies: all of them)
+    for view, predicate in sorted(predicates.items()):
         con.execute(
             "INSERT INTO mtcache.stream_pulls VALUES (?, ?, ?, ?, ?, ?)",
             [snapshot_id, snapshot.pg_snapshot, snapshot.wal_lsn, snapshot.backend_time, view,
-             region_predicate(regions).sql("duckdb")],
+             predicate],
         )  # fmt: skip
 
 

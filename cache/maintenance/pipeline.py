@@ -216,7 +216,8 @@ class Maintainer:
             report.engine = self.engine.name  # an engine chosen by size names its choice now
 
             def finish(con: duckdb.DuckDBPyConnection, snapshot_id: int) -> None:
-                record_pull(con, schema, pull.omega, snapshot_id, coordinator.snapshot)
+                record_pull(con, schema, pull.omega, snapshot_id, coordinator.snapshot,
+                            [n for n in pull.staged if n not in schema.views])  # fmt: skip
                 if then is not None:
                     then(con, snapshot_id)
 

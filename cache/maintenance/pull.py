@@ -143,6 +143,14 @@ class Pull:
         key is evaluated term by term for every row: 150,000 admitted keys never finished)."""
         by_view: dict[str, list[str]] = {}
         present: dict[tuple[str, tuple[str, ...]], list[tuple[t.Any, ...]]] = {}
+        copied = self._copied(wanted)
+        for name in copied:  # (its copies come with every key it holds, in one snapshot)
+            view = self.schema.views[name]
+            for edge in view.presence:
+                listed = {Region(name, "presence", edge.columns, k, edge.control)
+                          for k in control_values(self.con, edge.control, edge.control_columns)}
+                self.omega |= listed
+                wanted = wanted | listed
         for region in sorted(wanted):
             view = self.schema.views[region.view]
             if view.is_gray:
@@ -158,12 +166,26 @@ class Pull:
             self.query(self.schema.views[name], " OR ".join(f"({p})" for p in preds))
             for name, preds in by_view.items()
         ]
-        for name in by_view:  # a continuously maintained derived view's copies come with it
-            view = self.schema.views[name]
-            if view.is_derived and view.continuous:
-                queries += [self._copy_query(aux.copy)
-                            for aux in maintenance(view, self.catalog).auxiliaries]  # fmt: skip
+        for name in copied:
+            queries += [self._copy_query(aux.copy)
+                        for aux in maintenance(self.schema.views[name], self.catalog).auxiliaries]
         return queries
+
+    def _copied(self, wanted: set[Region]) -> list[str]:
+        """The continuously maintained derived views whose copies of their tables this pull
+        brings (`optimizer.derived_delta`): a view-level view's, with its one region; a
+        presence-controlled view's, the first time (its view state then marks them pulled),
+        with every key it holds - whatever one snapshot pulls of a view, its copies must be
+        of that snapshot too."""
+        found = []
+        for name in sorted({r.view for r in wanted}):
+            view = self.schema.views[name]
+            if not (view.is_derived and view.continuous):
+                continue
+            if view.view_level or self.con.execute(
+                    "SELECT 1 FROM mtcache.view_state WHERE view = ?", [name]).fetchone() is None:
+                found.append(name)
+        return found
 
     def _copy_query(self, copy: CachedView) -> PullQuery:
         """All rows of a derived view's copy of a table (`optimizer.derived_delta`)."""

@@ -15,7 +15,7 @@ from cache.store.refresh_times import measured_delays, refresh_times
 from control_tables.regions import Region, guarantees, region_predicate
 from control_tables.schema import CachedView, CacheSchema
 from heartbeat.clock import BackendClock
-from optimizer.derived_delta import AUX_PREFIX
+from optimizer.derived_delta import AUX_PREFIX, copy_owner
 from sql_ext.quoting import ident, idents
 
 
@@ -31,7 +31,7 @@ def status(store: CacheStore, now: dt.datetime | None = None) -> dict[str, t.Any
     for (name,) in store.con.execute(
             "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main' AND "
             "starts_with(table_name, ?) ORDER BY 1", [AUX_PREFIX]).fetchall():  # fmt: skip
-        copies.setdefault(name[len(AUX_PREFIX):].rpartition(".")[0], []).append(name)
+        copies.setdefault(copy_owner(name) or "", []).append(name)
     sizes = stored_bytes(store, [*schema.views, *(c for cs in copies.values() for c in cs)])
     views = [_view_status(store, schema, schema.views[n], now, delays.get(n), sizes.get(n, 0))
              for n in schema.topological_order()]  # fmt: skip

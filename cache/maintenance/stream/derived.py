@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from cache.maintenance.stream.position import Applied, NeedsPull
 from cache.maintenance.stream.staging import Staged
-from cache.maintenance.stream.views import apply_view, delete_where
+from cache.maintenance.stream.views import apply_view, delete_where, not_pending
 from control_tables.regions import Region
 from control_tables.schema import CachedView, CacheSchema
 from optimizer.derived_delta import CURRENT, REDO, WEIGHT, Maintenance, maintenance
@@ -40,11 +40,14 @@ def apply_derived(
     plan: Maintenance,
     staged: Mapping[str, Staged],
     truncated: set[str],
+    skip: list[str],
     applied: Applied,
 ) -> None:
-    """Carry the batch's changes (``staged`` by table; ``truncated`` tables) into the view.
-    What passes between statements is fetched as Arrow and registered, not made a table (a
-    DuckDB table costs more to make than a small batch costs to apply)."""
+    """Carry the batch's changes (``staged`` by table; ``truncated`` tables) into the view's
+    groups (rows) that are present and not held by a pending pull (``skip``: its regions'
+    predicates). What passes between statements is fetched as Arrow and registered, not made
+    a table (a DuckDB table costs more to make than a small batch costs to apply)."""
+    kept = _kept(plan, skip)
     changing = [a for a in plan.auxiliaries
                 if a.table in truncated or staged[a.table].count]  # fmt: skip
     if not changing:
@@ -52,7 +55,7 @@ def apply_derived(
     if any(a.table in truncated for a in changing):
         for aux in changing:
             _apply_copy(con, schema, aux.copy, staged[aux.table], aux.table in truncated)
-        _recompute(con, plan)
+        _recompute(con, plan, kept)
         applied.views.add(plan.view.name)
         return
     registered: list[str] = []
@@ -85,9 +88,9 @@ def apply_derived(
             registered.remove("mtcache_before")
         register("mtcache_items", pa.concat_tables(items, promote_options="default"))
         if plan.grouped:
-            _merge_groups(con, plan, register)
+            _merge_groups(con, plan, register, kept)
         else:
-            _merge_rows(con, plan, register)
+            _merge_rows(con, plan, register, kept)
     finally:
         for name in registered:
             con.unregister(name)
@@ -127,17 +130,29 @@ def _apply_copy(con: duckdb.DuckDBPyConnection, schema: CacheSchema, copy: Cache
 Register = Callable[[str, pa.Table], None]
 
 
-def _merge_groups(con: duckdb.DuckDBPyConnection, plan: Maintenance, register: Register) -> None:
-    """The items' states merged with the view's of the groups they touch; a group that lost
-    a minimum's or maximum's value computed again from the copies."""
+def _kept(plan: Maintenance, skip: list[str]) -> str:
+    """SQL over the view's columns: a group (row) the view keeps - present (its presence
+    key listed) and in no region a pending pull holds."""
+    parts = [not_pending(skip)]
+    for edge in plan.view.presence:
+        keys = ", ".join(ident(c) for c in edge.columns)
+        listed = ", ".join(ident(c) for c in edge.control_columns)
+        parts.append(f"({keys}) IN (SELECT {listed} FROM {ident(edge.control)})")
+    return " AND ".join(f"({p})" for p in parts)
+
+
+def _merge_groups(con: duckdb.DuckDBPyConnection, plan: Maintenance, register: Register,
+                  kept_groups: str) -> None:  # fmt: skip
+    """The items' states merged with the view's of the groups they touch (those it keeps);
+    a group that lost a minimum's or maximum's value computed again from the copies."""
     name = ident(plan.view.name)
     stored = idents(plan.stored_names)
     current = (f"SELECT {stored}, true AS {CURRENT} FROM {name} v SEMI JOIN mtcache_states d "
                f"ON {plan.same_group('v', 'd')}")  # fmt: skip
     both = f"{current} UNION ALL BY NAME SELECT *, false AS {CURRENT} FROM mtcache_states"
+    states = plan.states_sql(f"SELECT * FROM mtcache_items WHERE {kept_groups}")
     register("mtcache_next", con.sql(
-        f"WITH mtcache_states AS ({plan.states_sql('SELECT * FROM mtcache_items')}) "
-        f"{plan.merged_sql(both)}").to_arrow_table())  # fmt: skip
+        f"WITH mtcache_states AS ({states}) {plan.merged_sql(both)}").to_arrow_table())
     kept = f"{ROWS} > 0" if plan.group else "true"  # (one group of all rows: always there)
     arriving = f"SELECT {stored} FROM mtcache_next WHERE NOT {REDO} AND {kept}"
     redo = con.execute(f"SELECT count(*) FROM mtcache_next WHERE {REDO}").fetchone()
@@ -153,25 +168,28 @@ def _merge_groups(con: duckdb.DuckDBPyConnection, plan: Maintenance, register: R
     con.execute(f"INSERT INTO {name} ({stored}) {arriving}")
 
 
-def _merge_rows(con: duckdb.DuckDBPyConnection, plan: Maintenance, register: Register) -> None:
-    """A join view's rows of weight -1 leave by its key, those of weight +1 arrive."""
+def _merge_rows(con: duckdb.DuckDBPyConnection, plan: Maintenance, register: Register,
+                kept_rows: str) -> None:  # fmt: skip
+    """A join view's rows of weight -1 leave by its key, those of weight +1 arrive (of those
+    it keeps)."""
     name = ident(plan.view.name)
     columns = idents(plan.stored_names)
     register("mtcache_next", con.sql(
-        f"SELECT {columns}, sum({WEIGHT}) AS {WEIGHT} FROM mtcache_items GROUP BY {columns} "
-        f"HAVING sum({WEIGHT}) <> 0").to_arrow_table())  # fmt: skip
+        f"SELECT {columns}, sum({WEIGHT}) AS {WEIGHT} FROM mtcache_items WHERE {kept_rows} "
+        f"GROUP BY {columns} HAVING sum({WEIGHT}) <> 0").to_arrow_table())  # fmt: skip
     con.execute(f"DELETE FROM {name} v WHERE "
                 f"{keys_in(plan.group, 'v', f'mtcache_next WHERE {WEIGHT} < 0')}")
     con.execute(f"INSERT INTO {name} ({columns}) SELECT {columns} FROM mtcache_next "
                 f"WHERE {WEIGHT} > 0")  # fmt: skip
 
 
-def _recompute(con: duckdb.DuckDBPyConnection, plan: Maintenance) -> None:
-    """The view computed again from its copies (after a TRUNCATE of a table it reads)."""
+def _recompute(con: duckdb.DuckDBPyConnection, plan: Maintenance, kept: str) -> None:
+    """The groups (rows) the view keeps computed again from its copies (after a TRUNCATE of
+    a table it reads)."""
     name = ident(plan.view.name)
     columns = idents(plan.stored_names)
-    con.execute(f"DELETE FROM {name}")
-    items = plan.items_sql({}, None)
+    con.execute(f"DELETE FROM {name} WHERE {kept}")
+    items = f"SELECT * FROM ({plan.items_sql({}, None)}) i WHERE {kept}"
     if plan.grouped:
         kept = f" WHERE {ROWS} > 0" if plan.group else ""
         con.execute(f"INSERT INTO {name} ({columns}) SELECT {columns} FROM "

@@ -69,9 +69,11 @@ def apply_transactions(
             by_table.setdefault(relation.name, []).append((relation, change))
         _truncate_until(len(txn.changes), cuts, stream, truncated, by_table)
     views = [schema.views[name] for name in schema.continuous_views()]
-    # a derived view's changes go through its copies of the tables it reads (not while a
-    # pull of it that holds them is pending: a view-level region, all of it skips them)
-    derived = [plan_of(v, catalog) for v in views if v.is_derived and v.name not in skip]
+    # a derived view's changes go through its copies of the tables it reads: none of them
+    # while a pull of its copies is pending (every group it held was pulled with them), else
+    # to its groups but those of a pending pull (`apply_derived`)
+    derived = [plan for plan in (plan_of(v, catalog) for v in views if v.is_derived)
+               if not any(a.copy.name in skip for a in plan.auxiliaries)]  # fmt: skip
     readers: dict[str, list[CachedView]] = {}
     for cached in views:
         if not cached.is_derived:
@@ -93,7 +95,8 @@ def apply_transactions(
                 apply_view(con, schema, cached, staged[cached.table], skip.get(name, []),
                            applied)  # fmt: skip
         for plan in derived:
-            apply_derived(con, schema, plan, staged, truncated, applied)
+            apply_derived(con, schema, plan, staged, truncated, skip.get(plan.view.name, []),
+                          applied)  # fmt: skip
     finally:
         for stage in staged.values():
             stage.close(con)
