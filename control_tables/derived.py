@@ -190,10 +190,13 @@ def check_derived(statement: CreateCachedView, catalog: Catalog) -> Resolved:
     derivation = statement.derivation
     assert derivation is not None
     resolved = resolve(statement.name, derivation, catalog)
-    if statement.consistency or statement.completeness:
+    if statement.completeness is not None or (
+            statement.consistency is not None and statement.consistency.kind != "all"):
         raise NotSupportedError(
-            f"cached view {statement.name}: CONSISTENCY and COMPLETENESS are not supported on "
-            "a derived view yet (a view of one presence key's groups is one snapshot's)")
+            f"cached view {statement.name}: a derived view takes CONSISTENCY ON ALL (every "
+            "group it holds of one snapshot) and no other CONSISTENCY or COMPLETENESS clause: "
+            "each group it holds is complete by construction, and one presence key's groups "
+            "are one snapshot's")  # fmt: skip
     if len(statement.presence) > 1:
         raise NotSupportedError(
             f"cached view {statement.name}: a derived view takes one PRESENCE clause")

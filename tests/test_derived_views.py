@@ -489,6 +489,42 @@ def test_a_query_of_admitted_keys_is_answered_from_the_partial_view(
             assert [tuple(d) for d in description] == [tuple(d) for d in want.description or []]
 
 
+def test_keys_admitted_apart_are_one_snapshot_only_with_consistency_on_all(
+    conn: Connection, bookstore_dsn: str
+) -> None:
+    """Two keys admitted one after the other: a query of both reads the view only when the
+    view keeps its groups in one snapshot (CONSISTENCY ON ALL re-pulls every key it holds
+    with each admission); without it, their regions are of two snapshots, and the query's
+    one consistency class sends it to PostgreSQL."""
+    conn.admin.apply_ddl(PARTIAL + """;
+        CREATE CONTROL TABLE all_pct (authorid integer);
+        CREATE CACHED VIEW all_stats AS SELECT b.authorid, count(*) AS books,
+            avg(b.price) AS mean FROM books b GROUP BY b.authorid
+            PRESENCE ON (authorid) IN all_pct CONSISTENCY ON ALL""")
+    for control in ("stats_pct", "all_pct"):
+        conn.admin.admit(control, [3])
+        conn.admin.admit(control, [7])
+    snapshots = {control: conn.admin.store.con.execute(
+        f"SELECT DISTINCT snapshot_id FROM {control}").fetchall()
+        for control in ("stats_pct", "all_pct")}  # fmt: skip
+    assert len(snapshots["stats_pct"]) == 2 and len(snapshots["all_pct"]) == 1
+    sql = "SELECT count(*), avg(b.price) FROM books b WHERE b.authorid IN (3, 7)"
+    cur = conn.cursor()
+    conn.admin.apply_ddl("DROP CACHED VIEW all_stats")
+    cur.execute(sql + " CURRENCY BOUND 10 MIN")  # (author_stats alone: two snapshots)
+    assert {p["route"] for p in cur.provenance} == {"remote"}
+    conn.admin.apply_ddl("DROP CACHED VIEW author_stats; CREATE CACHED VIEW all_stats AS "
+                         "SELECT b.authorid, count(*) AS books, avg(b.price) AS mean FROM "
+                         "books b GROUP BY b.authorid PRESENCE ON (authorid) IN all_pct "
+                         "CONSISTENCY ON ALL")  # fmt: skip
+    conn.admin.refresh("all_stats")
+    cur.execute(sql + " CURRENCY BOUND 10 MIN")
+    assert {p["route"] for p in cur.provenance} == {"local"}
+    got = cur.fetchall()
+    with psycopg.connect(bookstore_dsn) as pg:
+        assert typed(got) == typed(pg.execute(sql).fetchall())
+
+
 @pytest.mark.parametrize(("ddl", "error", "words"), [
     ("CREATE CONTROL TABLE n_pct (books bigint); CREATE CACHED VIEW v AS SELECT b.authorid, "
      "count(*) AS books FROM books b GROUP BY b.authorid PRESENCE ON (books) IN n_pct",
@@ -499,8 +535,12 @@ def test_a_query_of_admitted_keys_is_answered_from_the_partial_view(
     ("CREATE CONTROL TABLE a_pct (authorid text); CREATE CACHED VIEW v AS SELECT "
      "b.authorid, count(*) AS n FROM books b GROUP BY b.authorid PRESENCE ON (authorid) IN "
      "a_pct", ProgrammingError, "must have the type"),
-    ("CREATE CACHED VIEW v AS SELECT b.authorid, count(*) AS n FROM books b "
-     "GROUP BY b.authorid CONSISTENCY ON ALL", NotSupportedError, "CONSISTENCY"),
+    ("CREATE CONTROL TABLE a_pct (authorid integer); CREATE CACHED VIEW v AS SELECT "
+     "b.authorid, count(*) AS n FROM books b GROUP BY b.authorid PRESENCE ON (authorid) IN "
+     "a_pct CONSISTENCY ON (authorid)", NotSupportedError, "takes CONSISTENCY ON ALL"),
+    ("CREATE CONTROL TABLE a_cct (authorid integer); CREATE CACHED VIEW v AS SELECT "
+     "b.authorid, count(*) AS n FROM books b GROUP BY b.authorid COMPLETENESS ON (authorid) "
+     "IN a_cct", NotSupportedError, "complete by construction"),
 ])  # fmt: skip
 def test_what_a_partial_derived_view_cannot_be_is_refused_and_changes_nothing(
     conn: Connection, ddl: str, error: type[Exception], words: str
