@@ -18,6 +18,7 @@ import pytest
 
 from cache.backend.embedded_pg import EmbeddedPostgres
 from cache.backend.reflect import fetch_catalog
+from cache.backend.replication import drop_slot
 from cache.maintenance import stream
 from cache.maintenance.pipeline import Maintainer
 from cache.store.cache_file import CacheStore
@@ -450,4 +451,15 @@ def test_a_partial_view_kept_by_the_stream_holds_its_admitted_keys_as_the_backen
                 cur.execute(sql + " CURRENCY BOUND 10 MIN", (key,))
                 assert {p["route"] for p in cur.provenance} == {route}
                 assert typed(cur.fetchall()) == typed(backend.execute(sql, (key,)).fetchall())
+            # the slot dropped at the backend: changes it never carries reach the copies too
+            consumer.release()
+            row = stream.load_stream(store.con)
+            assert row is not None
+            drop_slot(dsn, row.slot)
+            backend.execute("UPDATE books SET price = price + 7 WHERE authorid = 6")
+            consumer.catch_up()  # (makes the slot again and pulls the views anew)
+            assert store.con.execute(state).fetchall() != first  # (the copies with them)
+            random_writes(dsn, draw, 10)
+            consumer.catch_up()
+            held(store)
         conn.admin.apply_ddl("DROP CACHED VIEW author_stats; DROP CACHED VIEW city_ratings")

@@ -258,11 +258,14 @@ class Consumer:
         continuously maintained region again, lined up with it."""
         log.warning("replication slot %s is gone at the backend: making it again and pulling "
                     "the continuously maintained views anew", stream.slot)  # fmt: skip
+        schema = self.store.load_schema()
         with create_slot(self.dsn, stream.slot) as start, self.store.transaction() as con:
             con.execute("DELETE FROM mtcache.stream_pulls")
             con.execute("UPDATE mtcache.stream SET applied_lsn = ?, problem = NULL",
                         [start.consistent_lsn])  # fmt: skip
-        schema = self.store.load_schema()
+            for name in schema.continuous_views():  # a derived view's copies missed changes
+                if schema.views[name].is_derived:  # too: pulled again with all it holds
+                    con.execute("DELETE FROM mtcache.view_state WHERE view = ?", [name])
         maintainer = Maintainer(self.store, self.dsn)
         for name in schema.continuous_views():
             if not schema.views[name].is_gray:
