@@ -76,7 +76,7 @@ def _bars(axes: t.Any, rows: list[Read], series: tuple[tuple[str, str, str], ...
     axes.set_yscale("log")
     axes.yaxis.set_major_formatter(FormatStrFormatter("%g"))
     axes.yaxis.set_minor_formatter(NullFormatter())
-    axes.legend()
+    axes.legend(loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=len(series), fontsize="small")
 
 
 def report(rows: list[Read], plots: list[Path]) -> str:
