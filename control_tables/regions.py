@@ -50,16 +50,42 @@ def literal(value: t.Any) -> exp.Expr:
 
 
 def in_list(columns: Sequence[str], values: Iterable[tuple[t.Any, ...]]) -> exp.Expr:
-    """``(cols) IN ((v1), (v2), ...)``; FALSE for an empty list."""
+    """``(cols) IN ((v1), (v2), ...)``; FALSE for an empty list. A long list of integers and
+    strings is written as text at once, not built as a tree of literals (100,000 keys took
+    11 s to build and print): the same text in PostgreSQL and DuckDB; a list of composite
+    keys as a VALUES list."""
     rows = list(dict.fromkeys(values))
     if not rows:
         return exp.false()
+    if len(rows) >= FAST_LIST and all(_plain(v) for r in rows for v in r):
+        names = ", ".join(column(c).sql() for c in columns)
+        if len(columns) == 1:
+            items = ", ".join(_text(r[0]) for r in rows)
+            return exp.Var(this=f"{names} IN ({items})")
+        # (a VALUES list, which PostgreSQL joins: a list of row literals it expands into an
+        # OR of row comparisons, over its stack's depth at 20,000 keys)
+        items = ", ".join("(" + ", ".join(_text(v) for v in r) + ")" for r in rows)
+        return exp.Var(this=f"({names}) IN (VALUES {items})")
     if len(columns) == 1:
         return exp.In(this=column(columns[0]), expressions=[literal(r[0]) for r in rows])
     return exp.In(
         this=exp.Tuple(expressions=[column(c) for c in columns]),
         expressions=[exp.Tuple(expressions=[literal(v) for v in r]) for r in rows],
     )
+
+
+FAST_LIST = 64  # a list this long of integers and strings is written as text at once
+
+
+def _plain(value: t.Any) -> bool:
+    return (isinstance(value, int) and not isinstance(value, bool)) or isinstance(value, str)
+
+
+def _text(value: t.Any) -> str:
+    """An integer's or a string's SQL literal, as `literal` prints it."""
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    return str(value)
 
 
 def any_of(predicates: Iterable[exp.Expr]) -> exp.Expr:

@@ -117,3 +117,42 @@ def test_general_closure_follows_overlapping_regions_of_an_unsafe_view(tmp_path:
     assert Region("rv", "completeness", ("state",), ("WI",)) in chosen
     assert not any(r.kind == "presence" and r.values in {(1,), (2,), (3,)} for r in chosen)
     con.close()
+
+
+@pytest.mark.parametrize("rows", [
+    [(i,) for i in range(-5, 300)],
+    [(f"k'{i}\\%", ) for i in range(200)],
+    [(i, f"o'{i}") for i in range(100)],
+])  # fmt: skip
+def test_a_long_key_list_written_as_text_selects_what_the_literal_list_selects(
+    rows: list[tuple[object, ...]],
+) -> None:
+    """A region list of integers and strings at least FAST_LIST long is written as text at
+    once: DuckDB selects with it exactly the rows the list of literals selects (quotes and
+    backslashes included); a list of one column prints alike for PostgreSQL."""
+    from sqlglot import exp
+
+    from control_tables.regions import FAST_LIST, in_list
+
+    assert len(rows) >= FAST_LIST
+    columns = ["a", "b"][: len(rows[0])]
+    fast = in_list(columns, rows)
+    assert isinstance(fast, exp.Var)
+    slow = exp.In(this=exp.Tuple(expressions=[exp.column(c, quoted=True) for c in columns]),
+                  expressions=[exp.Tuple(expressions=[exp.convert(v) for v in r])
+                               for r in rows])  # fmt: skip
+    if len(columns) == 1:
+        slow = exp.In(this=exp.column("a", quoted=True),
+                      expressions=[exp.convert(r[0]) for r in rows])  # fmt: skip
+    if len(columns) == 1:  # (composite keys: a VALUES list, which PostgreSQL joins)
+        assert fast.sql("postgres") == slow.sql("postgres")
+    con = duckdb.connect()
+    kinds = ", ".join(f"{c} {'INTEGER' if isinstance(rows[0][i], int) else 'VARCHAR'}"
+                      for i, c in enumerate(columns))  # fmt: skip
+    con.execute(f"CREATE TABLE t ({kinds})")
+    con.executemany(f"INSERT INTO t VALUES ({', '.join('?' for _ in columns)})",
+                    [*rows, *[tuple(v * 2 if isinstance(v, int) else v + "x" for v in r)
+                              for r in rows]])  # fmt: skip
+    got = con.execute(f"SELECT * FROM t WHERE {fast.sql('duckdb')} ORDER BY ALL").fetchall()
+    want = con.execute(f"SELECT * FROM t WHERE {slow.sql('duckdb')} ORDER BY ALL").fetchall()
+    assert got == want and len(got) >= len(rows)

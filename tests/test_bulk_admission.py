@@ -1,0 +1,47 @@
+"""Admitting and evicting many keys at once (issue 30): the regions' lists are written as text
+at once, the closure and the status count rows set-based; the view holds exactly the
+backend's rows of the keys admitted, and status counts each region's rows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psycopg
+
+import cache
+from cache.backend.embedded_pg import EmbeddedPostgres
+
+KEYS = 20_000
+
+
+def test_twenty_thousand_keys_admitted_counted_and_evicted(
+    pg_cluster: EmbeddedPostgres, tmp_path: Path
+) -> None:
+    dsn = pg_cluster.create_database("bulk_admission")
+    with psycopg.connect(dsn, autocommit=True) as pg:
+        pg.execute("CREATE TABLE items (id integer PRIMARY KEY, grp integer NOT NULL, "
+                   "val text NOT NULL)")  # fmt: skip
+        pg.execute(f"INSERT INTO items SELECT g, g % 97, 'v''' || g FROM "
+                   f"generate_series(1, {KEYS + 5000}) g")  # fmt: skip
+        with cache.connect(dsn, tmp_path / "c.duckdb", background=False,
+                           admit_on_miss=False) as conn:  # fmt: skip
+            conn.admin.apply_ddl("CREATE CONTROL TABLE ctl (grp integer, id integer); "
+                                 "CREATE CACHED VIEW itemcopy AS SELECT * FROM items "
+                                 "PRESENCE ON (grp, id) IN ctl")  # fmt: skip
+            keys = [(i % 97, i) for i in range(1, KEYS + 1)]
+            conn.admin.admit("ctl", keys)
+            store = conn.admin.store
+            held = store.con.execute("SELECT * FROM itemcopy ORDER BY id").fetchall()
+            assert held == pg.execute("SELECT * FROM items WHERE id <= %s ORDER BY id",
+                                      (KEYS,)).fetchall()  # fmt: skip
+            [view] = conn.admin.status()["views"]
+            regions = view["regions"]
+            assert len(regions) == KEYS and all(r["rows"] == 1 for r in regions)
+            assert {r["snapshot_id"] for r in regions} == {regions[0]["snapshot_id"]}
+            conn.admin.refresh("itemcopy")  # (every region again, in one snapshot)
+            gone = keys[: KEYS // 2]
+            conn.admin.evict("ctl", gone)
+            left = store.con.execute("SELECT min(id), count(*) FROM itemcopy").fetchone()
+            assert left == (KEYS // 2 + 1, KEYS // 2)
+            [view] = conn.admin.status()["views"]
+            assert sum(r["rows"] for r in view["regions"]) == KEYS // 2
