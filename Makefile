@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck bench-refresh bench-query bench-tpch bench-maintenance bench-server bench-derived clean
+.PHONY: demo test lint typecheck bench-refresh bench-query bench-tpch bench-maintenance bench-server bench-derived bench-budget clean
 
 $(STAMP): pyproject.toml scripts/ensure-system-deps.sh
 	bash scripts/ensure-system-deps.sh
@@ -39,6 +39,9 @@ bench-server: $(STAMP)
 
 bench-derived: $(STAMP)
 	$(PY) -m experiments.bench_derived
+
+bench-budget: $(STAMP)
+	$(PY) -m experiments.bench_budget --keys 100000 1000000
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check cache optimizer control_tables heartbeat sql_ext experiments tests
