@@ -19,7 +19,7 @@ from collections.abc import Iterable
 
 import duckdb
 
-from control_tables.regions import STRENGTH, Region, guarantees, region_predicate
+from control_tables.regions import STRENGTH, Region, guarantees, order_key, region_predicate
 from control_tables.schema import CachedView, CacheSchema
 from sql_ext.quoting import ident, idents
 
@@ -120,7 +120,7 @@ def max_affected_closure(
         return regions.get(region, frozenset())
 
     kept: list[Region] = []
-    for region in sorted(omega, key=lambda r: (-STRENGTH[r.kind], -len(rows(r)), r)):
+    for region in sorted(omega, key=lambda r: (-STRENGTH[r.kind], -len(rows(r)), order_key(r))):
         containers = [
             k
             for k in kept

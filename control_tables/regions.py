@@ -41,6 +41,12 @@ class Region:
         return f"{self.view} {self.kind}({pairs})"
 
 
+def order_key(region: Region) -> tuple[t.Any, ...]:
+    """The regions' order as a plain tuple, compared in C (a dataclass's comparison, in
+    Python, took seconds to sort 100,000 regions)."""
+    return (region.view, region.kind, region.columns, region.values, region.control or "")
+
+
 def column(name: str) -> exp.Column:
     return exp.column(name, quoted=True)
 

@@ -42,7 +42,7 @@ def prepare(dsn: str, rows: int) -> None:
         pg.execute("DROP TABLE IF EXISTS bench_items")
         pg.execute("CREATE TABLE bench_items (id integer PRIMARY KEY, grp integer NOT NULL, "
                    "val text NOT NULL, amount numeric(12,2) NOT NULL)")  # fmt: skip
-        pg.execute("INSERT INTO bench_items SELECT g, g % 1000, md5(g::text), g / 100.0 "
+        pg.execute("INSERT INTO bench_items SELECT g, g %% 1000, md5(g::text), g / 100.0 "
                    "FROM generate_series(1, %s) g", (rows,))  # fmt: skip
         pg.execute("ANALYZE bench_items")
         pg.execute(f"COMMENT ON TABLE bench_items IS 'rows={rows}'")

@@ -24,14 +24,16 @@ def qualified(*parts: str) -> str:
     return ".".join(ident(p) for p in parts)
 
 
-def keys_in(names: Iterable[str], alias: str, relation: str) -> str:
+def keys_in(names: Iterable[str], alias: str, relation: str,
+            inner_names: Iterable[str] | None = None) -> str:
     """``(alias."a", alias."b") IN (SELECT "a", "b" FROM relation)``: the row's key is among
-    the relation's (of keys, never NULL). DuckDB runs it as a hash semi-join; the same test
-    written as a correlated EXISTS materializes the whole outer table first (30x slower over
-    a table of millions of rows)."""
+    the relation's (of keys, never NULL; named ``inner_names`` there when they differ).
+    DuckDB runs it as a hash semi-join; the same test written as a correlated EXISTS
+    materializes the whole outer table first (30x slower over a table of millions of
+    rows)."""
     names = list(names)
     left = ", ".join(f"{alias}.{ident(n)}" for n in names)
-    inner = ", ".join(ident(n) for n in names)
+    inner = ", ".join(ident(n) for n in (names if inner_names is None else inner_names))
     if len(names) > 1:
         left = f"({left})"
     return f"{left} IN (SELECT {inner} FROM {relation})"

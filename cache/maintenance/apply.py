@@ -16,7 +16,7 @@ from cache.maintenance.engines import Snapshot
 from cache.maintenance.pull import distinct_rows
 from cache.maintenance.report import Report
 from cache.store.cache_file import CacheStore
-from control_tables.regions import Region, in_list, region_predicate
+from control_tables.regions import FAST_LIST, Region, in_list, region_predicate
 from control_tables.schema import CachedView, CacheSchema
 from optimizer.derived_delta import copy_owner
 from sql_ext.quoting import ident, idents, keys_in
@@ -135,8 +135,20 @@ def _delete_rows(
     """Delete the rows of the regions and the rows whose keys the pull brings again."""
     deleted = 0
     if regions:
-        predicate = region_predicate(regions).sql("duckdb")
-        row = con.execute(f"DELETE FROM {ident(view.name)} WHERE {predicate}").fetchone()
+        columns = {r.columns for r in regions}
+        keys = _keys_table([r.values for r in regions]) if len(regions) >= FAST_LIST and \
+            len(columns) == 1 and all(r.kind == "presence" for r in regions) else None  # fmt: skip
+        if keys is not None:  # (many keys: joined, not a literal list DuckDB parses)
+            con.register("mtcache_region_keys", keys)
+            predicate = keys_in(next(iter(columns)), "v", "mtcache_region_keys",
+                                list(keys.column_names))  # fmt: skip
+        else:
+            predicate = region_predicate(regions).sql("duckdb")
+        try:
+            row = con.execute(f"DELETE FROM {ident(view.name)} v WHERE {predicate}").fetchone()
+        finally:
+            if keys is not None:
+                con.unregister("mtcache_region_keys")
         deleted += int(row[0]) if row else 0
     if rows is not None and rows.num_rows and view.key:
         con.register("mtcache_keys", rows.select(list(view.key)))
@@ -146,6 +158,17 @@ def _delete_rows(
         con.unregister("mtcache_keys")
         deleted += int(row[0]) if row else 0
     return deleted
+
+
+def _keys_table(values: list[Key]) -> pa.Table | None:
+    """Key values as an Arrow table (columns k0, k1, ...) to join, or None when Arrow cannot
+    type them exactly (they are then written as a list)."""
+    if not values:
+        return None
+    try:
+        return pa.table({f"k{i}": [v[i] for v in values] for i in range(len(values[0]))})
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        return None
 
 
 def _stamp_regions(
@@ -165,11 +188,18 @@ def _stamp_regions(
         stamped.setdefault((region.control, _control_columns(view, region)), []).append(
             region.values)
     for (control, columns), values in stamped.items():  # one statement per control key
-        con.execute(
-            f"UPDATE {ident(control)} SET refreshed_at = ?, snapshot_id = ? "
-            f"WHERE {in_list(columns, values).sql('duckdb')}",
-            stamp,
-        )
+        keys = _keys_table(values) if len(values) >= FAST_LIST else None
+        if keys is None:
+            con.execute(f"UPDATE {ident(control)} SET refreshed_at = ?, snapshot_id = ? "
+                        f"WHERE {in_list(columns, values).sql('duckdb')}", stamp)  # fmt: skip
+            continue
+        con.register("mtcache_stamped", keys)  # (many keys: joined, not a literal list)
+        try:
+            con.execute(f"UPDATE {ident(control)} c SET refreshed_at = ?, snapshot_id = ? "
+                        f"WHERE {keys_in(columns, 'c', 'mtcache_stamped', keys.column_names)}",
+                        stamp)  # fmt: skip
+        finally:
+            con.unregister("mtcache_stamped")
     if rows is None or rows.num_rows == 0:
         return
     for edge in view.presence:

@@ -21,7 +21,7 @@ from control_tables.closure import (
     control_values,
     max_affected_closure_safe,
 )
-from control_tables.regions import Region, guarantees, in_list, region_predicate
+from control_tables.regions import Region, guarantees, in_list, order_key, region_predicate
 from control_tables.schema import CachedView, CacheSchema
 from control_tables.types import transfer_type
 from optimizer.derived_delta import maintenance
@@ -151,7 +151,7 @@ class Pull:
                           for k in control_values(self.con, edge.control, edge.control_columns)}
                 self.omega |= listed
                 wanted = wanted | listed
-        for region in sorted(wanted):
+        for region in sorted(wanted, key=order_key):
             view = self.schema.views[region.view]
             if view.is_gray:
                 continue  # pulled top-down from its parent's rows
