@@ -34,7 +34,11 @@ def test_twenty_thousand_keys_admitted_counted_and_evicted(
             held = store.con.execute("SELECT * FROM itemcopy ORDER BY id").fetchall()
             assert held == pg.execute("SELECT * FROM items WHERE id <= %s ORDER BY id",
                                       (KEYS,)).fetchall()  # fmt: skip
+            # more than REGIONS_LISTED regions: summed up, listed when asked
             [view] = conn.admin.status()["views"]
+            assert view["regions"] is None and view["region_count"] == KEYS
+            assert view["regions_never_refreshed"] == 0 and view["oldest_region_seconds"] >= 0
+            [view] = conn.admin.status(["itemcopy"])["views"]
             regions = view["regions"]
             assert len(regions) == KEYS and all(r["rows"] == 1 for r in regions)
             assert {r["snapshot_id"] for r in regions} == {regions[0]["snapshot_id"]}
@@ -43,5 +47,5 @@ def test_twenty_thousand_keys_admitted_counted_and_evicted(
             conn.admin.evict("ctl", gone)
             left = store.con.execute("SELECT min(id), count(*) FROM itemcopy").fetchone()
             assert left == (KEYS // 2 + 1, KEYS // 2)
-            [view] = conn.admin.status()["views"]
+            [view] = conn.admin.status(["itemcopy"])["views"]
             assert sum(r["rows"] for r in view["regions"]) == KEYS // 2

@@ -274,7 +274,11 @@ class ServerAdmin:
         finally:
             session.close()
 
-    def status(self) -> dict[str, t.Any]:
+    def status(self, views: t.Collection[str] = ()) -> dict[str, t.Any]:
+        if views:
+            raise NotSupportedError(
+                "listing a view's regions through the server is not supported yet: run "
+                "`mtcache status --view NAME` on the cache file's machine")  # fmt: skip
         return status_document(t.cast(list[tuple[str, str]],
                                       self._session.execute("SHOW CACHE STATUS").rows))  # fmt: skip
 

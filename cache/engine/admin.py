@@ -154,11 +154,12 @@ class Admin:
     # -- status ----------------------------------------------------------------------------------
 
     @_public
-    def status(self) -> dict[str, t.Any]:
+    def status(self, views: t.Collection[str] = ()) -> dict[str, t.Any]:
         """Views, their regions with currency, and the counters('s document); the
         replication stream of continuously maintained views, if any (its lag in bytes when
-        the backend answers)."""
-        document = status(self._store)
+        the backend answers). A view's regions are listed when it has few, or is named in
+        ``views``; else summed up."""
+        document = status(self._store, detail=views)
         if self._counters is not None:
             document["counters"] = self._counters()
         document["stream"] = stream_status(self._store, self._backend)

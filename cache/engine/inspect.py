@@ -90,8 +90,7 @@ def cached_views(document: dict[str, t.Any], zone: dt.tzinfo) -> Result:
     """SHOW CACHED VIEWS: one row per cached view of a status document."""
     rows = []
     for view in document["views"]:
-        ages = [r["currency_seconds"] for r in view["regions"]
-                if r["currency_seconds"] is not None]  # fmt: skip
+
         if view["refresh_seconds"]:
             refresh = f"every {format_duration(view['refresh_seconds'])}"
         elif view.get("continuous"):
@@ -101,7 +100,7 @@ def cached_views(document: dict[str, t.Any], zone: dt.tzinfo) -> Result:
         else:
             refresh = "on demand"
         rows.append((view["name"], view["table"], view["consistency"], view["root"], refresh,
-                     view["rows"], len(view["regions"]), max(ages) if ages else None,
+                     view["rows"], view["region_count"], view["oldest_region_seconds"],
                      _moment(view["last_refresh"], zone), _moment(view["next_refresh"], zone),
                      view["refresh_delay_seconds"]))  # fmt: skip
     return rows_of(CACHED_VIEWS, rows, f"SHOW {len(rows)}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import statistics
+import typing as t
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -33,8 +34,8 @@ class RefreshTimes:
 
 def refresh_times(store: CacheStore, schema: CacheSchema, name: str) -> RefreshTimes:
     view = schema.views[name]
-    stamps = _region_stamps(store, schema, name)
-    last = max((s for s in stamps if s is not None), default=None)
+    stamps = region_stamps(store, schema, name)
+    last = stamps.newest
     if view.is_gray:
         root = schema.consistency_root(name)
         return RefreshTimes(last, refresh_times(store, schema, root).due, root)
@@ -42,34 +43,58 @@ def refresh_times(store: CacheStore, schema: CacheSchema, name: str) -> RefreshT
         # a continuously maintained view is pulled once, at once, when a region of it was
         # never populated (its creation's pull, or one the stream asked for, interrupted by a
         # crash); the stream keeps it current from then on
-        never = view.continuous and any(s is None for s in stamps)
+        never = view.continuous and stamps.never > 0
         return RefreshTimes(last, NOW if never else None)
-    if not stamps:
+    if not stamps.count:
         return RefreshTimes(last, NOW if view.is_fully_materialized else None)
-    if any(s is None for s in stamps):
+    if stamps.never:
         return RefreshTimes(last, NOW)
-    oldest = min(s for s in stamps if s is not None)
-    return RefreshTimes(last, oldest + dt.timedelta(seconds=view.refresh_seconds))
+    assert stamps.oldest is not None
+    return RefreshTimes(last, stamps.oldest + dt.timedelta(seconds=view.refresh_seconds))
 
 
-def _region_stamps(store: CacheStore, schema: CacheSchema, name: str) -> list[dt.datetime | None]:
-    """refreshed_at of each of the view's regions (None: a region never refreshed)."""
+@dataclass(frozen=True)
+class RegionStamps:
+    """A view's regions' refresh times, summed up: how many, how many never refreshed, the
+    oldest and the newest refresh."""
+
+    count: int = 0
+    never: int = 0
+    oldest: dt.datetime | None = None
+    newest: dt.datetime | None = None
+
+    def __add__(self, other: RegionStamps) -> RegionStamps:
+        def pick(a: dt.datetime | None, b: dt.datetime | None,
+                 choose: t.Callable[..., dt.datetime]) -> dt.datetime | None:  # fmt: skip
+            return choose(a, b) if a is not None and b is not None else a or b
+
+        return RegionStamps(self.count + other.count, self.never + other.never,
+                            pick(self.oldest, other.oldest, min),
+                            pick(self.newest, other.newest, max))  # fmt: skip
+
+
+def region_stamps(store: CacheStore, schema: CacheSchema, name: str) -> RegionStamps:
+    """The view's regions' refresh times, summed up in SQL (a million regions' times read
+    into Python took seconds)."""
     view = schema.views[name]
-    stamps: list[dt.datetime | None] = []
+    found = RegionStamps()
     if view.view_level:
         row = store.con.execute(
             "SELECT refreshed_at FROM mtcache.view_state WHERE view = ?", [name]
         ).fetchone()
         if row is not None or view.is_fully_materialized:
             # a presence-controlled view-level view without a state waits for its parents
-            stamps.append(row[0] if row else None)
+            at = row[0] if row else None
+            found += RegionStamps(1, int(at is None), at, at)
     controls = [p.control for p in view.presence if p.control in schema.control_tables]
     controls += [c for kind, _, c in guarantees(view) if c is not None and kind != "view"]
     for control in controls:
-        stamps += [
-            r[0] for r in store.con.execute(f"SELECT refreshed_at FROM {ident(control)}").fetchall()
-        ]
-    return stamps
+        row = store.con.execute(
+            f"SELECT count(*), count(*) - count(refreshed_at), min(refreshed_at), "
+            f"max(refreshed_at) FROM {ident(control)}").fetchone()  # fmt: skip
+        assert row is not None
+        found += RegionStamps(int(row[0]), int(row[1]), row[2], row[3])
+    return found
 
 
 def measured_delays(store: CacheStore) -> dict[str, float]:

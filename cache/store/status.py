@@ -9,17 +9,25 @@ from __future__ import annotations
 
 import datetime as dt
 import typing as t
+from collections.abc import Collection
 
 from cache.store.cache_file import CacheStore
-from cache.store.refresh_times import measured_delays, refresh_times
+from cache.store.refresh_times import measured_delays, refresh_times, region_stamps
 from control_tables.regions import guarantees
 from control_tables.schema import CachedView, CacheSchema
 from heartbeat.clock import BackendClock
 from optimizer.derived_delta import AUX_PREFIX, copy_owner
+from sql_ext.errors import ProgrammingError
 from sql_ext.quoting import ident
 
+REGIONS_LISTED = 1000  # a view with more regions lists them only when asked (``detail``)
 
-def status(store: CacheStore, now: dt.datetime | None = None) -> dict[str, t.Any]:
+
+def status(store: CacheStore, now: dt.datetime | None = None,
+           detail: Collection[str] = ()) -> dict[str, t.Any]:
+    """The status document (docs/json-outputs.md). Each view's regions are summed up; they
+    are listed for a view with at most REGIONS_LISTED of them, or one named in ``detail``
+    (a million regions' entries took seconds to make)."""
     clock = store.load_clock()
     if now is None:
         # the backend's clock as last measured by a connection; the local clock if
@@ -33,8 +41,12 @@ def status(store: CacheStore, now: dt.datetime | None = None) -> dict[str, t.Any
             "starts_with(table_name, ?) ORDER BY 1", [AUX_PREFIX]).fetchall():  # fmt: skip
         copies.setdefault(copy_owner(name) or "", []).append(name)
     sizes = stored_bytes(store, [*schema.views, *(c for cs in copies.values() for c in cs)])
-    views = [_view_status(store, schema, schema.views[n], now, delays.get(n), sizes.get(n, 0))
-             for n in schema.topological_order()]  # fmt: skip
+    unknown = sorted(set(detail) - set(schema.views))
+    if unknown:
+        raise ProgrammingError(f"no cached view {', '.join(unknown)} (cached views: "
+                               f"{', '.join(sorted(schema.views)) or 'none'})")  # fmt: skip
+    views = [_view_status(store, schema, schema.views[n], now, delays.get(n), sizes.get(n, 0),
+                          n in detail) for n in schema.topological_order()]  # fmt: skip
     for view in views:
         if view["name"] in copies:
             found = copies[view["name"]]
@@ -58,11 +70,13 @@ def status(store: CacheStore, now: dt.datetime | None = None) -> dict[str, t.Any
 
 def _view_status(
     store: CacheStore, schema: CacheSchema, view: CachedView, now: dt.datetime, delay: float | None,
-    stored: int = 0,
+    stored: int = 0, listed: bool = False,
 ) -> dict[str, t.Any]:
-    """A view's entry of the status document (``stored``: its bytes, `stored_bytes`)."""
+    """A view's entry of the status document (``stored``: its bytes, `stored_bytes`; its
+    regions listed if ``listed`` or few)."""
     con = store.con
     rows = con.execute(f"SELECT count(*) FROM {ident(view.name)}").fetchone()
+    stamps = region_stamps(store, schema, view.name)
     regions: list[dict[str, t.Any]] = []
     if view.view_level:
         state = con.execute(
@@ -89,7 +103,9 @@ def _view_status(
         for kind, columns, control in guarantees(view)
         if control is not None and kind != "view"
     ]
-    for kind, control, columns, control_columns in controls:
+    count = len(regions) + sum(_count(con, control) for _, control, _, _ in controls)
+    listed = listed or count <= REGIONS_LISTED
+    for kind, control, columns, control_columns in controls if listed else []:
         # each region's rows counted in one statement (a statement per region took a minute
         # at 100,000 regions); a key is never NULL, so a row holding NULL is in no region
         keys = ", ".join(f"c.{ident(c)}" for c in control_columns)
@@ -123,8 +139,18 @@ def _view_status(
         "refresh_delay_seconds": round(delay, 6) if delay is not None else None,
         "rows": int(rows[0]) if rows else 0,
         "bytes": stored,
-        "regions": regions,
+        # its regions summed up: how many, how many never refreshed, the oldest one's age
+        "region_count": count,
+        "regions_never_refreshed": stamps.never,
+        "oldest_region_seconds": (now - stamps.oldest).total_seconds()
+        if stamps.oldest is not None else None,
+        "regions": regions if listed else None,  # None: more than REGIONS_LISTED, not asked
     }
+
+
+def _count(con: t.Any, table: str) -> int:
+    row = con.execute(f"SELECT count(*) FROM {ident(table)}").fetchone()
+    return int(row[0]) if row else 0
 
 
 def stored_bytes(store: CacheStore, tables: list[str]) -> dict[str, int]:

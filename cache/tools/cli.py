@@ -245,7 +245,7 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
             "(or pass --cache)"
         )
     with _admin(settings) as admin:
-        document = admin.status()
+        document = admin.status(args.view or ())
     if args.json:
         _print_json(document)
         return 0
@@ -267,6 +267,13 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
             f"  {view['name']} ({view['table']}, {view['color']}, {view['consistency']}-level"
             f"{parents}{every}): {plural(view['rows'], 'row')}; {_refresh_line(view, now)}"
         )
+        if view["regions"] is None:
+            oldest = view["oldest_region_seconds"]
+            print(f"    {plural(view['region_count'], 'region')} "
+                  f"({view['regions_never_refreshed']} never refreshed"
+                  f"{f', the oldest {oldest:.1f}s old' if oldest is not None else ''}): "
+                  f"`mtcache status --view {view['name']}` lists them")  # fmt: skip
+            continue
         for region in view["regions"]:
             where = f"{region['control']}{tuple(region['key'])}" if region["control"] else "all"
             age = (
@@ -620,6 +627,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = commands.add_parser("status", help="views, regions, currency and counters")
     p.add_argument("--json", action="store_true", help=JSON_HELP)
+    p.add_argument("--view", action="append",
+                   help="list this view's regions even when it has more than 1,000 (again for "
+                   "more views; others with so many are summed up)")  # fmt: skip
     p.set_defaults(run=cmd_status)
 
     p = commands.add_parser("demo", help="start the embedded backend and walk through examples")
