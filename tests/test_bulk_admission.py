@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import psycopg
+import pytest
 
 import cache
 from cache.backend.embedded_pg import EmbeddedPostgres
@@ -49,3 +50,33 @@ def test_twenty_thousand_keys_admitted_counted_and_evicted(
             assert left == (KEYS // 2 + 1, KEYS // 2)
             [view] = conn.admin.status(["itemcopy"])["views"]
             assert sum(r["rows"] for r in view["regions"]) == KEYS // 2
+
+
+def test_the_duckdb_memory_limit_and_threads_are_options_status_shows(
+    bookstore_dsn: str, tmp_path: Path
+) -> None:
+    """``memory_limit`` and ``threads`` (connect, a URL): DuckDB takes them, status shows them
+    beside what is in use; a value DuckDB cannot take is a clear error, and nothing opened."""
+    import sqlalchemy
+
+    with cache.connect(bookstore_dsn, tmp_path / "c.duckdb", background=False,
+                       memory_limit="300MB", threads=1) as conn:  # fmt: skip
+        resources = conn.admin.status()["resources"]
+        assert resources["memory_limit"] == "286.1 MiB" and resources["threads"] == 1
+        assert resources["memory_in_use_bytes"] > 0 and resources["file_bytes"] >= 0
+        assert resources["wal"] is not None
+    for options, words in (({"memory_limit": "lots"}, "DuckDB cannot take 'lots'"),
+                           ({"threads": 0}, "threads must be a positive number")):  # fmt: skip
+        with pytest.raises(cache.ProgrammingError, match=words):
+            cache.connect(bookstore_dsn, tmp_path / "d.duckdb", background=False, **options)
+        assert not (tmp_path / "d.duckdb").exists()
+    url = sqlalchemy.engine.make_url(bookstore_dsn).set(drivername="postgresql+mtcache")
+    engine = sqlalchemy.create_engine(url.update_query_dict(
+        {"cache_path": str(tmp_path / "e.duckdb"), "background": "false",
+         "memory_limit": "200MB", "threads": "1"}))  # fmt: skip
+    try:
+        with engine.connect() as connection:
+            raw = connection.connection.dbapi_connection
+            assert raw.admin.status()["resources"]["threads"] == 1  # type: ignore[union-attr]
+    finally:
+        engine.dispose()

@@ -291,3 +291,31 @@ def test_a_statement_too_long_for_an_argument_is_read_from_stdin(mtcache_bin: st
     assert document["sql"] == f"SELECT o.id FROM orders AS o WHERE o.id IN ({keys})"
     assert document["clauses"] == [
         {"block": 0, "specs": [{"bound_seconds": 60.0, "on": ["o"], "by": []}]}]
+
+
+def test_the_duckdb_memory_limit_and_threads_of_a_command(
+    mtcache_bin: str, bookstore_dsn: str, clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    """``--memory-limit``/``--threads`` (or MTCACHE_MEMORY_LIMIT/MTCACHE_THREADS) bound the
+    cache file's DuckDB in the command's process: status shows them; a value DuckDB cannot
+    take is one line on stderr, exit 1."""
+    import json
+
+    clean_env["MTCACHE_BACKEND"] = bookstore_dsn
+    clean_env["MTCACHE_CACHE"] = str(tmp_path / "cache.duckdb")
+    assert run(mtcache_bin, "init", env=clean_env).returncode == 0
+    shown = run(mtcache_bin, "--memory-limit", "300MB", "--threads", "1", "status", "--json",
+                env=clean_env)  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    resources = json.loads(shown.stdout)["resources"]
+    assert (resources["memory_limit"], resources["threads"]) == ("286.1 MiB", 1)
+    clean_env["MTCACHE_THREADS"] = "1"
+    text = run(mtcache_bin, "status", env=clean_env)
+    assert text.returncode == 0 and "resources: DuckDB memory" in text.stdout
+    assert "1 thread;" in text.stdout
+    for args, env, words in ((("--memory-limit", "lots"), {}, "DuckDB cannot take 'lots'"),
+                             ((), {"MTCACHE_THREADS": "many"}, "MTCACHE_THREADS must be a "
+                              "number")):  # fmt: skip
+        failed = run(mtcache_bin, *args, "status", env={**clean_env, **env})
+        assert failed.returncode == 1 and len(failed.stderr.splitlines()) == 1
+        assert words in failed.stderr

@@ -72,7 +72,9 @@ class Connection:
     each; guards still decide at run time), ``refresh_delays`` (view -> a duration, as
     ``currency_bound``: the refresh delay d of §4.6 the plans assume for these views instead of
     the one measured from their refreshes; for what-if planning and for tests that must not
-    depend on a measured time). The connection is a façade over one session
+    depend on a measured time), ``memory_limit`` (``"2GB"``) and ``threads`` (what the cache
+    file's DuckDB may use in this process; default 80% of the memory, every core). The
+    connection is a façade over one session
     (`cache.engine.session.Session`, ``conn.session``) of an engine of its own
     (`cache.engine.engine.Engine`, ``conn.engine``).
 
@@ -81,7 +83,7 @@ class Connection:
     session is the server's (`cache.dbapi.remote.ServerSession`), ``backend`` only names the
     user, database and password, and the options of the process (``result_memo_bytes``,
     ``background``, ``heartbeat``, ``stream_lag_limit``, ``plan_choice``,
-    ``refresh_delays``) are the server's."""
+    ``refresh_delays``, ``memory_limit``, ``threads``) are the server's."""
 
     engine: Engine | None  # None: through a cache server
     session: Session | ServerSession
@@ -116,6 +118,8 @@ class Connection:
         refresh_delays: t.Mapping[str, str | float | dt.timedelta] | None = None,
         context: psycopg.adapt.AdaptersMap | None = None,
         server: str | ServedAt | None = None,
+        memory_limit: str | None = None,
+        threads: int | None = None,
     ) -> None:
         # every option is checked before anything is opened
         options = SessionOptions.of(
@@ -128,7 +132,8 @@ class Connection:
             own = {"result_memo_bytes": result_memo_bytes != DEFAULT_MEMO_BYTES,
                    "background": background is not True, "heartbeat": heartbeat is not None,
                    "stream_lag_limit": stream_lag_limit != DEFAULT_LAG_LIMIT,
-                   "plan_choice": plan_choice != "cost", "refresh_delays": bool(refresh_delays)}
+                   "plan_choice": plan_choice != "cost", "refresh_delays": bool(refresh_delays),
+                   "memory_limit": memory_limit is not None, "threads": threads is not None}
             given = [name for name, changed in own.items() if changed]
             if given:
                 raise _errors.ProgrammingError(
@@ -142,7 +147,8 @@ class Connection:
             return
         self.engine = Engine(backend, cache_path, result_memo_bytes=result_memo_bytes,
                              background=background, heartbeat=heartbeat,
-                             stream_lag_limit=stream_lag_limit)  # fmt: skip
+                             stream_lag_limit=stream_lag_limit, memory_limit=memory_limit,
+                             threads=threads)  # fmt: skip
         self.cache_path = self.engine.cache_path
         self.backend = self.engine.backend
         try:

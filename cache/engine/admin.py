@@ -31,7 +31,7 @@ from cache.maintenance.pipeline import Maintainer, make_engine
 from cache.maintenance.report import Report
 from cache.maintenance.stream.publication import publication_for
 from cache.maintenance.stream.status import stream_status
-from cache.store.cache_file import CacheStore, DdlResult
+from cache.store.cache_file import CacheStore, DdlResult, check_resources
 from cache.store.status import status
 from control_tables.schema import control_role
 from sql_ext import Statement, parse
@@ -70,10 +70,14 @@ class Admin:
 
     @classmethod
     @contextmanager
-    def open(cls, cache_path: str | Path, backend: str | Dsn | None = None) -> Iterator[Admin]:
+    def open(cls, cache_path: str | Path, backend: str | Dsn | None = None,
+             memory_limit: str | None = None, threads: int | None = None) -> Iterator[Admin]:
         """An administration session on a cache file (closed on exit). ``backend``: a DSN, or a
-        callable giving one when an operation first needs the backend."""
+        callable giving one when an operation first needs the backend; ``memory_limit`` and
+        ``threads``: what the file's DuckDB may use (`cache.connect`'s)."""
+        check_resources(memory_limit, threads)
         store = CacheStore(cache_path)
+        store.limit_resources(memory_limit, threads)
         if backend is None:
             resolve: Dsn = _no_backend
         elif isinstance(backend, str):

@@ -50,7 +50,7 @@ from cache.execution.memo import memo_for
 from cache.execution.planning import PlanCache
 from cache.maintenance.background import Background, attach, detach
 from cache.maintenance.stream import DEFAULT_LAG_LIMIT
-from cache.store.cache_file import COUNTERS, CacheStore, WouldWait
+from cache.store.cache_file import COUNTERS, CacheStore, WouldWait, check_resources
 from cache.store.region_state import read_region_state
 from control_tables.regions import RegionState
 from heartbeat.clock import CLOCK_MAX_AGE, BackendClock, measure
@@ -131,16 +131,28 @@ class Engine:
         heartbeat: float | None = None,
         stream_lag_limit: int = DEFAULT_LAG_LIMIT,
         privilege_seconds: float = PRIVILEGE_SECONDS,
+        memory_limit: str | None = None,
+        threads: int | None = None,
     ) -> None:
         """``privilege_seconds``: how long what a role may read is taken as known (a GRANT or
-        REVOKE takes effect on local answers within it: `cache.engine.privileges`)."""
+        REVOKE takes effect on local answers within it: `cache.engine.privileges`);
+        ``memory_limit`` (``"2GB"``) and ``threads``: what the cache file's DuckDB may use in
+        this process (default: 80% of the memory, every core)."""
         _check_options(heartbeat, stream_lag_limit, result_memo_bytes)
+        if memory_limit is not None and (not isinstance(memory_limit, str) or not memory_limit):
+            raise ProgrammingError(f"memory_limit must be a size with its unit, as '2GB', "
+                                   f"not {memory_limit!r}")  # fmt: skip
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                    or threads <= 0):  # fmt: skip
+            raise ProgrammingError(f"threads must be a positive number, not {threads!r}")
+        check_resources(memory_limit, threads)  # (nothing opened or made if not)
         self.cache_path = Path(cache_path or DEFAULT_CACHE)
         if backend is None:
             backend = EmbeddedPostgres(self.cache_path.parent / "pg").ensure_running()
         self.backend = backend
         self.store = CacheStore(self.cache_path)
         try:
+            self.store.limit_resources(memory_limit, threads)
             if not self.store.has_catalog():
                 self.store.save_catalog(_first_catalog(backend, self.cache_path))
         except BaseException:

@@ -32,10 +32,32 @@ from optimizer.derived_delta import auxiliary_prefix, maintenance
 from optimizer.derived_states import layout
 from sql_ext import CreateCachedView, CreateControlTable, Statement, parse
 from sql_ext.catalog import Catalog, Column, Index, Table, View
-from sql_ext.errors import OperationalError, first_line, translate
+from sql_ext.errors import OperationalError, ProgrammingError, first_line, translate
 from sql_ext.quoting import ident, idents
 
 T = t.TypeVar("T")
+
+
+def limit_resources(con: duckdb.DuckDBPyConnection, memory_limit: str | None = None,
+                    threads: int | None = None) -> None:  # fmt: skip
+    """Set DuckDB's memory limit and threads on ``con``'s database, or say what is wrong with
+    them (`check_resources` tries them on a DuckDB of its own first)."""
+    for name, value in (("memory_limit", memory_limit), ("threads", threads)):
+        if value is None:
+            continue
+        try:
+            con.execute(f"SET {name} = ?", [value])
+        except duckdb.Error as exc:
+            what = "a size with its unit, as '2GB' or '512MiB'" if name == "memory_limit" \
+                else "a number of threads"  # fmt: skip
+            raise ProgrammingError(f"{name}: DuckDB cannot take {value!r} ({first_line(exc)}); "
+                                   f"give {what}") from None
+
+
+def check_resources(memory_limit: str | None = None, threads: int | None = None) -> None:
+    """`limit_resources`' error, if any, before a cache file is opened (or made)."""
+    with duckdb.connect() as trial:
+        limit_resources(trial, memory_limit, threads)
 
 # 2: char(n) values are stored without their blank padding (control_tables.types.BPCHAR);
 #    the shadow catalog knows each column's own collation
@@ -408,6 +430,25 @@ class CacheStore:
     def for_thread(self) -> CacheStore:
         """A handle for another thread of this process (DuckDB connections are per thread)."""
         return CacheStore._sharing(self)
+
+    def limit_resources(self, memory_limit: str | None = None, threads: int | None = None) -> None:
+        """DuckDB's memory limit (``"2GB"``) and threads for this file in this process (every
+        handle on it shares them); None leaves DuckDB's default (80% of the memory, every
+        core)."""
+        limit_resources(self.con, memory_limit, threads)
+
+    def resources(self) -> dict[str, t.Any]:
+        """What the file's DuckDB may use and uses now (status: use against the limits)."""
+        limit, threads = (self.con.execute(f"SELECT current_setting('{n}')").fetchone()[0]  # type: ignore[index]
+                          for n in ("memory_limit", "threads"))  # fmt: skip
+        used = self.con.execute("SELECT coalesce(sum(memory_usage_bytes), 0) FROM "
+                                "duckdb_memory()").fetchone()  # fmt: skip
+        size = self.con.execute("SELECT total_blocks * block_size, wal_size FROM "
+                                "pragma_database_size()").fetchone()  # fmt: skip
+        return {"memory_limit": limit, "threads": int(threads),
+                "memory_in_use_bytes": int(used[0]) if used else 0,
+                "file_bytes": int(size[0]) if size else 0,
+                "wal": size[1] if size else None}  # fmt: skip
 
     def close(self) -> None:
         if self.con is None:

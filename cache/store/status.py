@@ -65,6 +65,8 @@ def status(store: CacheStore, now: dt.datetime | None = None,
         "control_keys": {name: list(schema.control_tables[name].column_names)
                          for name in sorted(schema.control_tables)},
         "counters": store.counters(),
+        # what the file's DuckDB may use and uses now
+        "resources": store.resources(),
     }
 
 

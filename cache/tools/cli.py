@@ -140,7 +140,8 @@ def _admin(settings: Settings) -> t.ContextManager[Admin | ServerAdmin]:
     served = served_at(settings.cache_path)
     if served is not None:
         return ServerAdmin.open(server_conninfo(served, settings.backend))
-    return Admin.open(settings.cache_path, backend=settings.backend_dsn)
+    return Admin.open(settings.cache_path, backend=settings.backend_dsn,
+                      memory_limit=settings.memory_limit, threads=settings.threads)
 
 
 def _connect(settings: Settings) -> cache.Connection:
@@ -148,7 +149,8 @@ def _connect(settings: Settings) -> cache.Connection:
     served = served_at(settings.cache_path)
     if served is not None:
         return cache.connect(settings.backend, settings.cache_path, server=served)
-    return cache.connect(settings.backend_dsn(), settings.cache_path, background=False)
+    return cache.connect(settings.backend_dsn(), settings.cache_path, background=False,
+                         memory_limit=settings.memory_limit, threads=settings.threads)
 
 
 def _not_served(settings: Settings, advice: str) -> None:
@@ -286,6 +288,11 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
         print(f"  stream: {_stream_line(document['stream'])}")
     counters = ", ".join(f"{k} {v}" for k, v in sorted(document["counters"].items()))
     print(f"  counters: {counters}")
+    used = document.get("resources")
+    if used:
+        print(f"  resources: DuckDB memory {used['memory_in_use_bytes']:,} bytes in use of "
+              f"{used['memory_limit']}, {plural(used['threads'], 'thread')}; file "
+              f"{used['file_bytes']:,} bytes checkpointed, WAL {used['wal']}")  # fmt: skip
     return 0
 
 
@@ -499,7 +506,8 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
         login = Login(rules, verifiers, binding, member=backend_membership(backend))
         logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                             format="%(asctime)s mtcache serve: %(message)s")  # fmt: skip
-        engine = Engine(backend, settings.cache_path, heartbeat=args.heartbeat)
+        engine = Engine(backend, settings.cache_path, heartbeat=args.heartbeat,
+                        memory_limit=settings.memory_limit, threads=settings.threads)
     except BaseException:
         sock.close()
         raise
@@ -574,6 +582,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--cache", help=f"the cache's DuckDB file (env MTCACHE_CACHE; default {DEFAULT_CACHE})"
     )
+    parser.add_argument("--memory-limit", metavar="SIZE",
+                        help="the memory the cache file's DuckDB may use, as 2GB (env "
+                        "MTCACHE_MEMORY_LIMIT; default: 80%% of the machine's)")  # fmt: skip
+    parser.add_argument("--threads", type=int, metavar="N",
+                        help="the threads the cache file's DuckDB may use (env "
+                        "MTCACHE_THREADS; default: every core)")  # fmt: skip
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = commands.add_parser("parse", help="parse a statement (no backend needed)")
@@ -706,6 +720,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _env_number(name: str) -> int | None:
+    text = os.environ.get(name)
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ProgrammingError(f"{name} must be a number, not {text!r}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     # the backend pool retries in the background while the backend is down and logs each
     # attempt; the CLI says what matters in its one line
@@ -714,9 +738,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         read_statement(args)
         _check_text(vars(args))
+        threads = args.threads if args.threads is not None else \
+            _env_number("MTCACHE_THREADS")  # fmt: skip
         settings = Settings(
             cache_path=Path(args.cache or os.environ.get("MTCACHE_CACHE") or DEFAULT_CACHE),
             backend=args.backend or os.environ.get("MTCACHE_BACKEND") or None,
+            memory_limit=args.memory_limit or os.environ.get("MTCACHE_MEMORY_LIMIT") or None,
+            threads=threads,
         )
         return int(args.run(settings, args))
     except Error as exc:

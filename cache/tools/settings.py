@@ -15,6 +15,8 @@ class Settings:
 
     cache_path: Path
     backend: str | None
+    memory_limit: str | None = None  # what the cache file's DuckDB may use (None: its default)
+    threads: int | None = None
 
     @property
     def embedded_root(self) -> Path:
