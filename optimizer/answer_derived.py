@@ -2,12 +2,13 @@
 (`optimizer.match_derived`) when the view answers it and that costs less than the plan chosen
 so far.
 
-The plan it makes has one consistency class over every input (the view's one region is one
-snapshot, which satisfies every class of the statement's constraint) with the tightest bound
-of them, and each access guarded by the view's view-level region, as a fully materialized
-view's access is (currency, timeline, the session's own writes and positions: §4.4's
-SwitchUnion, `optimizer.evaluate_guards`): the guards hold together or fail together, and
-when they fail the statement goes to PostgreSQL whole. Its local statement is the match's.
+The plan it makes has one consistency class over every input with the tightest bound of
+them, and each access guarded alike (currency, timeline, the session's own writes and
+positions: §4.4's SwitchUnion, `optimizer.evaluate_guards`): by the view's view-level region,
+as a fully materialized view's access is; with PRESENCE, by the regions of the keys the query
+compares the presence columns with (every one present, one snapshot among them, a miss
+admitted). The guards hold together or fail together, and when they fail the statement goes
+to PostgreSQL whole. Its local statement is the match's.
 """
 
 from __future__ import annotations

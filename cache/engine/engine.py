@@ -139,12 +139,6 @@ class Engine:
         ``memory_limit`` (``"2GB"``) and ``threads``: what the cache file's DuckDB may use in
         this process (default: 80% of the memory, every core)."""
         _check_options(heartbeat, stream_lag_limit, result_memo_bytes)
-        if memory_limit is not None and (not isinstance(memory_limit, str) or not memory_limit):
-            raise ProgrammingError(f"memory_limit must be a size with its unit, as '2GB', "
-                                   f"not {memory_limit!r}")  # fmt: skip
-        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
-                                    or threads <= 0):  # fmt: skip
-            raise ProgrammingError(f"threads must be a positive number, not {threads!r}")
         check_resources(memory_limit, threads)  # (nothing opened or made if not)
         self.cache_path = Path(cache_path or DEFAULT_CACHE)
         if backend is None:

@@ -90,7 +90,6 @@ def cached_views(document: dict[str, t.Any], zone: dt.tzinfo) -> Result:
     """SHOW CACHED VIEWS: one row per cached view of a status document."""
     rows = []
     for view in document["views"]:
-
         if view["refresh_seconds"]:
             refresh = f"every {format_duration(view['refresh_seconds'])}"
         elif view.get("continuous"):

@@ -5,8 +5,9 @@ admit new control keys and stamp every refreshed region with ``refreshed_at`` an
 
 from __future__ import annotations
 
+import contextlib
 import typing as t
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 import duckdb
 import pyarrow as pa
@@ -136,19 +137,13 @@ def _delete_rows(
     deleted = 0
     if regions:
         columns = {r.columns for r in regions}
-        keys = _keys_table([r.values for r in regions]) if len(regions) >= FAST_LIST and \
-            len(columns) == 1 and all(r.kind == "presence" for r in regions) else None  # fmt: skip
-        if keys is not None:  # (many keys: joined, not a literal list DuckDB parses)
-            con.register("mtcache_region_keys", keys)
-            predicate = keys_in(next(iter(columns)), "v", "mtcache_region_keys",
-                                list(keys.column_names))  # fmt: skip
+        listed: t.ContextManager[str]
+        if len(columns) == 1 and all(r.kind == "presence" for r in regions):
+            listed = _keys_listed(con, "v", next(iter(columns)), [r.values for r in regions])
         else:
-            predicate = region_predicate(regions).sql("duckdb")
-        try:
+            listed = contextlib.nullcontext(region_predicate(regions).sql("duckdb"))
+        with listed as predicate:
             row = con.execute(f"DELETE FROM {ident(view.name)} v WHERE {predicate}").fetchone()
-        finally:
-            if keys is not None:
-                con.unregister("mtcache_region_keys")
         deleted += int(row[0]) if row else 0
     if rows is not None and rows.num_rows and view.key:
         con.register("mtcache_keys", rows.select(list(view.key)))
@@ -160,15 +155,26 @@ def _delete_rows(
     return deleted
 
 
-def _keys_table(values: list[Key]) -> pa.Table | None:
-    """Key values as an Arrow table (columns k0, k1, ...) to join, or None when Arrow cannot
-    type them exactly (they are then written as a list)."""
-    if not values:
-        return None
+@contextlib.contextmanager
+def _keys_listed(con: duckdb.DuckDBPyConnection, alias: str, columns: tuple[str, ...],
+                 values: list[Key]) -> Iterator[str]:  # fmt: skip
+    """SQL: the row ``alias`` has one of the key values. Many keys are an Arrow table joined
+    while inside (a literal list of 100,000 keys took DuckDB a second to parse); few, or
+    ones Arrow cannot type exactly, a literal list."""
+    keys = None
+    if len(values) >= FAST_LIST:
+        try:
+            keys = pa.table({f"k{i}": [v[i] for v in values] for i in range(len(columns))})
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            keys = None
+    if keys is None:
+        yield in_list(columns, values).sql("duckdb")  # (its columns unqualified)
+        return
+    con.register("mtcache_listed_keys", keys)
     try:
-        return pa.table({f"k{i}": [v[i] for v in values] for i in range(len(values[0]))})
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
-        return None
+        yield keys_in(columns, alias, "mtcache_listed_keys", keys.column_names)
+    finally:
+        con.unregister("mtcache_listed_keys")
 
 
 def _stamp_regions(
@@ -188,18 +194,9 @@ def _stamp_regions(
         stamped.setdefault((region.control, _control_columns(view, region)), []).append(
             region.values)
     for (control, columns), values in stamped.items():  # one statement per control key
-        keys = _keys_table(values) if len(values) >= FAST_LIST else None
-        if keys is None:
-            con.execute(f"UPDATE {ident(control)} SET refreshed_at = ?, snapshot_id = ? "
-                        f"WHERE {in_list(columns, values).sql('duckdb')}", stamp)  # fmt: skip
-            continue
-        con.register("mtcache_stamped", keys)  # (many keys: joined, not a literal list)
-        try:
+        with _keys_listed(con, "c", columns, values) as listed:
             con.execute(f"UPDATE {ident(control)} c SET refreshed_at = ?, snapshot_id = ? "
-                        f"WHERE {keys_in(columns, 'c', 'mtcache_stamped', keys.column_names)}",
-                        stamp)  # fmt: skip
-        finally:
-            con.unregister("mtcache_stamped")
+                        f"WHERE {listed}", stamp)  # fmt: skip
     if rows is None or rows.num_rows == 0:
         return
     for edge in view.presence:

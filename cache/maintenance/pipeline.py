@@ -41,6 +41,7 @@ from cache.store.cache_file import CacheStore
 from control_tables.closure import affected_closure_safe, control_values
 from control_tables.regions import Region, guarantees
 from control_tables.schema import CachedView, CacheSchema, control_role, controlled_columns
+from optimizer.derived_delta import copy_owner
 from sql_ext.errors import (
     Error,
     OperationalError,
@@ -217,7 +218,7 @@ class Maintainer:
 
             def finish(con: duckdb.DuckDBPyConnection, snapshot_id: int) -> None:
                 record_pull(con, schema, pull.omega, snapshot_id, coordinator.snapshot,
-                            [n for n in pull.staged if n not in schema.views])  # fmt: skip
+                            [n for n in pull.staged if copy_owner(n)])  # fmt: skip
                 if then is not None:
                     then(con, snapshot_id)
 

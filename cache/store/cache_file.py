@@ -55,7 +55,14 @@ def limit_resources(con: duckdb.DuckDBPyConnection, memory_limit: str | None = N
 
 
 def check_resources(memory_limit: str | None = None, threads: int | None = None) -> None:
-    """`limit_resources`' error, if any, before a cache file is opened (or made)."""
+    """The options' error, if any, before a cache file is opened (or made): their types,
+    then `limit_resources`' on a DuckDB of its own."""
+    if memory_limit is not None and (not isinstance(memory_limit, str) or not memory_limit):
+        raise ProgrammingError(f"memory_limit must be a size with its unit, as '2GB', "
+                               f"not {memory_limit!r}")  # fmt: skip
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                or threads <= 0):  # fmt: skip
+        raise ProgrammingError(f"threads must be a positive number, not {threads!r}")
     with duckdb.connect() as trial:
         limit_resources(trial, memory_limit, threads)
 
@@ -439,16 +446,15 @@ class CacheStore:
 
     def resources(self) -> dict[str, t.Any]:
         """What the file's DuckDB may use and uses now (status: use against the limits)."""
-        limit, threads = (self.con.execute(f"SELECT current_setting('{n}')").fetchone()[0]  # type: ignore[index]
-                          for n in ("memory_limit", "threads"))  # fmt: skip
-        used = self.con.execute("SELECT coalesce(sum(memory_usage_bytes), 0) FROM "
-                                "duckdb_memory()").fetchone()  # fmt: skip
-        size = self.con.execute("SELECT total_blocks * block_size, wal_size FROM "
-                                "pragma_database_size()").fetchone()  # fmt: skip
-        return {"memory_limit": limit, "threads": int(threads),
-                "memory_in_use_bytes": int(used[0]) if used else 0,
-                "file_bytes": int(size[0]) if size else 0,
-                "wal": size[1] if size else None}  # fmt: skip
+        row = self.con.execute(
+            "SELECT current_setting('memory_limit'), current_setting('threads'), "
+            "(SELECT coalesce(sum(memory_usage_bytes), 0) FROM duckdb_memory()), "
+            "total_blocks * block_size, wal_size FROM pragma_database_size() "
+            "WHERE database_name = current_database()").fetchone()
+        assert row is not None
+        limit, threads, used, size, wal = row
+        return {"memory_limit": limit, "threads": int(threads), "memory_in_use_bytes": int(used),
+                "file_bytes": int(size), "wal": wal}  # fmt: skip
 
     def close(self) -> None:
         if self.con is None:

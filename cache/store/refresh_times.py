@@ -26,34 +26,6 @@ DELAY_HISTORY = 20  # operations per view the measured delay is the median of
 
 
 @dataclass(frozen=True)
-class RefreshTimes:
-    last: dt.datetime | None  # the newest region stamp (None: never refreshed)
-    due: dt.datetime | None  # the scheduler's next refresh (NOW: at once; None: not scheduled)
-    follows: str | None = None  # a gray view: the root whose refreshes it follows
-
-
-def refresh_times(store: CacheStore, schema: CacheSchema, name: str) -> RefreshTimes:
-    view = schema.views[name]
-    stamps = region_stamps(store, schema, name)
-    last = stamps.newest
-    if view.is_gray:
-        root = schema.consistency_root(name)
-        return RefreshTimes(last, refresh_times(store, schema, root).due, root)
-    if not view.refresh_seconds:
-        # a continuously maintained view is pulled once, at once, when a region of it was
-        # never populated (its creation's pull, or one the stream asked for, interrupted by a
-        # crash); the stream keeps it current from then on
-        never = view.continuous and stamps.never > 0
-        return RefreshTimes(last, NOW if never else None)
-    if not stamps.count:
-        return RefreshTimes(last, NOW if view.is_fully_materialized else None)
-    if stamps.never:
-        return RefreshTimes(last, NOW)
-    assert stamps.oldest is not None
-    return RefreshTimes(last, stamps.oldest + dt.timedelta(seconds=view.refresh_seconds))
-
-
-@dataclass(frozen=True)
 class RegionStamps:
     """A view's regions' refresh times, summed up: how many, how many never refreshed, the
     oldest and the newest refresh."""
@@ -71,6 +43,38 @@ class RegionStamps:
         return RegionStamps(self.count + other.count, self.never + other.never,
                             pick(self.oldest, other.oldest, min),
                             pick(self.newest, other.newest, max))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RefreshTimes:
+    stamps: RegionStamps  # the view's regions' (status shows them too)
+    due: dt.datetime | None  # the scheduler's next refresh (NOW: at once; None: not scheduled)
+    follows: str | None = None  # a gray view: the root whose refreshes it follows
+
+    @property
+    def last(self) -> dt.datetime | None:
+        """The newest region stamp (None: never refreshed)."""
+        return self.stamps.newest
+
+
+def refresh_times(store: CacheStore, schema: CacheSchema, name: str) -> RefreshTimes:
+    view = schema.views[name]
+    stamps = region_stamps(store, schema, name)
+    if view.is_gray:
+        root = schema.consistency_root(name)
+        return RefreshTimes(stamps, refresh_times(store, schema, root).due, root)
+    if not view.refresh_seconds:
+        # a continuously maintained view is pulled once, at once, when a region of it was
+        # never populated (its creation's pull, or one the stream asked for, interrupted by a
+        # crash); the stream keeps it current from then on
+        never = view.continuous and stamps.never > 0
+        return RefreshTimes(stamps, NOW if never else None)
+    if not stamps.count:
+        return RefreshTimes(stamps, NOW if view.is_fully_materialized else None)
+    if stamps.never:
+        return RefreshTimes(stamps, NOW)
+    assert stamps.oldest is not None
+    return RefreshTimes(stamps, stamps.oldest + dt.timedelta(seconds=view.refresh_seconds))
 
 
 def region_stamps(store: CacheStore, schema: CacheSchema, name: str) -> RegionStamps:

@@ -12,7 +12,7 @@ import typing as t
 from collections.abc import Collection
 
 from cache.store.cache_file import CacheStore
-from cache.store.refresh_times import measured_delays, refresh_times, region_stamps
+from cache.store.refresh_times import measured_delays, refresh_times
 from control_tables.regions import guarantees
 from control_tables.schema import CachedView, CacheSchema
 from heartbeat.clock import BackendClock
@@ -34,6 +34,10 @@ def status(store: CacheStore, now: dt.datetime | None = None,
         # none has connected yet
         now = (clock or BackendClock.local()).now()
     schema = store.load_schema()
+    unknown = sorted(set(detail) - set(schema.views))
+    if unknown:
+        raise ProgrammingError(f"no cached view {', '.join(unknown)} (cached views: "
+                               f"{', '.join(sorted(schema.views)) or 'none'})")  # fmt: skip
     delays = measured_delays(store)
     copies: dict[str, list[str]] = {}  # a continuously maintained derived view's copies
     for (name,) in store.con.execute(
@@ -41,10 +45,6 @@ def status(store: CacheStore, now: dt.datetime | None = None,
             "starts_with(table_name, ?) ORDER BY 1", [AUX_PREFIX]).fetchall():  # fmt: skip
         copies.setdefault(copy_owner(name) or "", []).append(name)
     sizes = stored_bytes(store, [*schema.views, *(c for cs in copies.values() for c in cs)])
-    unknown = sorted(set(detail) - set(schema.views))
-    if unknown:
-        raise ProgrammingError(f"no cached view {', '.join(unknown)} (cached views: "
-                               f"{', '.join(sorted(schema.views)) or 'none'})")  # fmt: skip
     views = [_view_status(store, schema, schema.views[n], now, delays.get(n), sizes.get(n, 0),
                           n in detail) for n in schema.topological_order()]  # fmt: skip
     for view in views:
@@ -78,7 +78,8 @@ def _view_status(
     regions listed if ``listed`` or few)."""
     con = store.con
     rows = con.execute(f"SELECT count(*) FROM {ident(view.name)}").fetchone()
-    stamps = region_stamps(store, schema, view.name)
+    times = refresh_times(store, schema, view.name)
+    stamps = times.stamps
     regions: list[dict[str, t.Any]] = []
     if view.view_level:
         state = con.execute(
@@ -121,7 +122,6 @@ def _view_status(
             values = tuple(record[: len(control_columns)])
             regions.append(_region(control, kind, list(values), record[-3], record[-2],
                                    int(record[-1]), now))  # fmt: skip
-    times = refresh_times(store, schema, view.name)
     due = times.due if times.due is None or times.due > now else now  # due at once: now
     return {
         "name": view.name,

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from cache.maintenance.stream.position import Applied, NeedsPull
 from cache.maintenance.stream.staging import Staged
@@ -20,18 +21,19 @@ from optimizer.derived_states import ROWS
 from sql_ext.catalog import Catalog
 from sql_ext.quoting import equal_columns, ident, idents, keys_in
 
-_PLANS: dict[tuple[str, int], Maintenance] = {}  # (view's DDL, catalog) -> its maintenance
+# view's DDL -> the catalog it was made with and its maintenance
+_PLANS: dict[str, tuple[Catalog, Maintenance]] = {}
 
 
 def plan_of(view: CachedView, catalog: Catalog) -> Maintenance:
-    """The view's maintenance, made once per catalog the stream applies with."""
-    key = (view.statement, id(catalog))
-    found = _PLANS.get(key)
-    if found is None:
+    """The view's maintenance, made again only when the stream applies with another catalog
+    (the consumer keeps one until DDL or a reflect saves a new one)."""
+    found = _PLANS.get(view.statement)
+    if found is None or found[0] is not catalog:
         if len(_PLANS) > 64:
             _PLANS.clear()
-        found = _PLANS[key] = maintenance(view, catalog)
-    return found
+        found = _PLANS[view.statement] = (catalog, maintenance(view, catalog))
+    return found[1]
 
 
 def apply_derived(
@@ -47,11 +49,11 @@ def apply_derived(
     groups (rows) that are present and not held by a pending pull (``skip``: its regions'
     predicates). What passes between statements is fetched as Arrow and registered, not made
     a table (a DuckDB table costs more to make than a small batch costs to apply)."""
-    kept = _kept(plan, skip)
     changing = [a for a in plan.auxiliaries
                 if a.table in truncated or staged[a.table].count]  # fmt: skip
     if not changing:
         return
+    kept = _kept(plan, skip)
     if any(a.table in truncated for a in changing):
         for aux in changing:
             _apply_copy(con, schema, aux.copy, staged[aux.table], aux.table in truncated)
@@ -151,12 +153,12 @@ def _merge_groups(con: duckdb.DuckDBPyConnection, plan: Maintenance, register: R
                f"ON {plan.same_group('v', 'd')}")  # fmt: skip
     both = f"{current} UNION ALL BY NAME SELECT *, false AS {CURRENT} FROM mtcache_states"
     states = plan.states_sql(f"SELECT * FROM mtcache_items WHERE {kept_groups}")
-    register("mtcache_next", con.sql(
-        f"WITH mtcache_states AS ({states}) {plan.merged_sql(both)}").to_arrow_table())
+    following = con.sql(f"WITH mtcache_states AS ({states}) {plan.merged_sql(both)}") \
+        .to_arrow_table()  # fmt: skip
+    register("mtcache_next", following)
     kept = f"{ROWS} > 0" if plan.group else "true"  # (one group of all rows: always there)
     arriving = f"SELECT {stored} FROM mtcache_next WHERE NOT {REDO} AND {kept}"
-    redo = con.execute(f"SELECT count(*) FROM mtcache_next WHERE {REDO}").fetchone()
-    if redo and redo[0]:
+    if pc.any(following.column(REDO)).as_py():
         items = plan.items_sql({}, None)
         if plan.group:
             items = (f"SELECT x.* FROM ({items}) x SEMI JOIN (SELECT * FROM mtcache_next "
