@@ -1,23 +1,35 @@
-"""The cache within its resources (issue 30): bulk admission against a pull of the same rows,
-and status at many regions.
+"""The cache within its resources (issue 30): the size budget's policy on a Zipf workload,
+bulk admission against a pull of the same rows, and status at many regions.
 
-    python -m experiments.bench_budget [--keys 100000] [--backend DSN]
+    python -m experiments.bench_budget [--zipf-keys 1000000] [--requests 2000000]
+        [--live-keys 10000] [--live-requests 10000] [--keys 100000 ...] [--backend DSN]
 
-A table of ``2 * --keys`` rows at the backend; a presence-controlled view of it. Side by
-side in one run:
+Side by side in one run:
+- the size budget's policy: a Zipf-distributed point workload (``--requests`` requests over
+  ``--zipf-keys`` keys, s = 1, seeded) with room for 10% of the keys: the hit ratio of the
+  cache's own policy (its code, `optimizer.eviction_policy` and `cache.store.budget`, run
+  offline on the trace, with and without the doorkeeper) against LRU and the offline optimum
+  (Belady's, computed from the trace);
+- the same policy live: ``--live-requests`` point queries of the same law over a table of
+  ``--live-keys`` rows through the cache with ``cache_size_limit`` at 10% of the data, every
+  answer compared with PostgreSQL's; its hit ratio, and the data's bytes, the file's and
+  DuckDB's memory at their highest, against the budget;
 - admitting ``--keys`` keys in one call (seconds, rows/s), and the same rows pulled by a
   refresh of a fully materialized view of them (rows/s): the ratio;
 - `mtcache status` of the whole cache with those regions (seconds);
 - evicting them all in one call (seconds).
 Each admission is checked: the view holds exactly the backend's rows of the keys.
 
-Not measured yet (issue 30 is not done): the size budget's policy against LRU and the
-offline optimum, and big transactions from the stream.
+Not measured yet (issue 30 is not done): big transactions from the stream.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import heapq
+import itertools
+import random
 import shutil
 import tempfile
 import time
@@ -29,8 +41,12 @@ from rich.console import Console
 from rich.table import Table
 
 import cache
+from cache.engine.admission import Doorkeeper
+from cache.maintenance.budget import ROOM
+from cache.store.budget import RegionHits
 from experiments import tpch
 from experiments.provenance import append_rows
+from optimizer.eviction_policy import Held, victims
 
 
 def prepare(dsn: str, rows: int) -> None:
@@ -46,6 +62,162 @@ def prepare(dsn: str, rows: int) -> None:
                    "FROM generate_series(1, %s) g", (rows,))  # fmt: skip
         pg.execute("ANALYZE bench_items")
         pg.execute(f"COMMENT ON TABLE bench_items IS 'rows={rows}'")
+
+
+
+
+# -- the size budget's policy on a Zipf workload ----------------------------------------------
+
+ZIPF_S = 1.0  # the skew of the point workload (Zipf's law)
+RATE = 1000.0  # requests per second the offline runs assume (the policy's hits decay in time)
+SHARE = 0.10  # the budget: this share of the data
+DOORKEEPER_SECONDS = 60.0
+
+
+def zipf_trace(keys: int, requests: int, seed: int, s: float = ZIPF_S) -> list[int]:
+    """``requests`` keys of 1..``keys`` drawn by Zipf's law, the ranks shuffled (the popular
+    keys are not the smallest)."""
+    rng = random.Random(seed)
+    cumulative = list(itertools.accumulate(1 / k**s for k in range(1, keys + 1)))
+    ranks = rng.choices(range(keys), cum_weights=cumulative, k=requests)
+    order = list(range(1, keys + 1))
+    rng.shuffle(order)
+    return [order[r] for r in ranks]
+
+
+def lru_hits(trace: list[int], capacity: int) -> int:
+    held: collections.OrderedDict[int, None] = collections.OrderedDict()
+    hits = 0
+    for key in trace:
+        if key in held:
+            hits += 1
+            held.move_to_end(key)
+            continue
+        held[key] = None
+        if len(held) > capacity:
+            held.popitem(last=False)
+    return hits
+
+
+def belady_hits(trace: list[int], capacity: int) -> int:
+    """The offline optimum (Belady's MIN): on a miss with the cache full, evict the key whose
+    next request is farthest (a key never asked again first)."""
+    following = [0] * len(trace)
+    seen: dict[int, int] = {}
+    for i in range(len(trace) - 1, -1, -1):
+        following[i] = seen.get(trace[i], len(trace) + i)
+        seen[trace[i]] = i
+    held: dict[int, int] = {}  # key -> its next request
+    heap: list[tuple[int, int]] = []  # (-next request, key); entries gone stale are skipped
+    hits = 0
+    for i, key in enumerate(trace):
+        if key in held:
+            hits += 1
+        elif len(held) >= capacity:
+            while True:
+                far, victim = heapq.heappop(heap)
+                if held.get(victim) == -far:
+                    del held[victim]
+                    break
+        held[key] = following[i]
+        heapq.heappush(heap, (-following[i], key))
+    return hits
+
+
+def policy_hits(trace: list[int], capacity: int, doorkeeper: float | None) -> int:
+    """The cache's own policy run offline on the trace by its own code: a miss admits the key
+    (with a doorkeeper, on its second miss within ``doorkeeper`` seconds), counted as one hit;
+    passing the capacity evicts the least worth (`victims`, down to the cache's room) by the
+    decayed hits (`RegionHits`), one request every 1 / RATE seconds. Every key is one row of
+    the same size, and a hit on any saves the same backend cost."""
+    now = 0.0
+    hits_of = RegionHits()
+    gate = Doorkeeper(doorkeeper, clock=lambda: now) if doorkeeper is not None else None
+    held: set[int] = set()
+    hits = 0
+    for i, key in enumerate(trace):
+        now = i / RATE
+        if key in held:
+            hits += 1
+            hits_of.hit("c", (key,), 1.0, now)
+            continue
+        if gate is not None and not gate.admits(key):
+            continue
+        held.add(key)
+        hits_of.hit("c", (key,), 1.0, now)
+        if len(held) > capacity:
+            candidates = [Held("c", (k,), 1, 1, *hits_of.worth("c", (k,), now))
+                          for k in held if k != key]  # fmt: skip
+            for victim in victims(candidates, len(held) - int(capacity * (1 - ROOM))):
+                held.discard(victim.key[0])
+                hits_of.forget("c", [victim.key])
+    return hits
+
+
+def policy_offline(keys: int, requests: int, seed: int) -> dict[str, t.Any]:
+    trace = zipf_trace(keys, requests, seed)
+    capacity = int(keys * SHARE)
+    found: dict[str, t.Any] = {"experiment": "bench_budget", "part": "policy offline",
+                               "keys": keys, "requests": requests, "capacity": capacity,
+                               "seed": seed}  # fmt: skip
+    for name, run in (("lru", lambda: lru_hits(trace, capacity)),
+                      ("belady", lambda: belady_hits(trace, capacity)),
+                      ("policy", lambda: policy_hits(trace, capacity, None)),
+                      ("policy_doorkeeper",
+                       lambda: policy_hits(trace, capacity, DOORKEEPER_SECONDS))):  # fmt: skip
+        started = time.perf_counter()
+        found[f"{name}_hit_ratio"] = run() / requests
+        found[f"{name}_s"] = time.perf_counter() - started
+    return found
+
+
+def policy_live(dsn: str, keys: int, requests: int, seed: int,
+                doorkeeper: float | None) -> dict[str, t.Any]:  # fmt: skip
+    """The budget live: point queries by Zipf's law through the cache, its budget 10% of the
+    data; each answer is PostgreSQL's; the highest data bytes, file bytes and memory seen."""
+    prepare(dsn, keys)
+    trace = zipf_trace(keys, requests, seed)
+    work = Path(tempfile.mkdtemp(prefix="mtcache-bench-budget-"))
+    ddl = ("CREATE CONTROL TABLE item_pct (id integer); CREATE CACHED VIEW items_some AS "
+           "SELECT * FROM bench_items PRESENCE ON (id) IN item_pct")  # fmt: skip
+    sql = "SELECT id, grp, val FROM bench_items WHERE id = %s"  # (amount: see README)
+    try:
+        sample = min(keys, 2000)
+        with cache.connect(dsn, work / "m.duckdb", background=False,
+                           admit_on_miss=False) as conn:  # fmt: skip
+            conn.admin.apply_ddl(ddl)
+            conn.admin.admit("item_pct", [(i,) for i in range(1, sample + 1)])
+            per_key = conn.admin.status()["resources"]["data_bytes"] / sample
+        limit = int(per_key * keys * SHARE)
+        peaks = {"data_bytes": 0, "file_bytes": 0, "memory_in_use_bytes": 0}
+        local = 0
+        with cache.connect(dsn, work / "c.duckdb", background=False, cache_size_limit=limit,
+                           doorkeeper_seconds=doorkeeper) as conn, \
+                psycopg.connect(dsn, autocommit=True) as pg:  # fmt: skip
+            conn.admin.apply_ddl(ddl)
+            cursor = conn.cursor()
+            started = time.perf_counter()
+            for i, key in enumerate(trace):
+                cursor.execute(sql + " CURRENCY BOUND 10 MIN", (key,))
+                if cursor.fetchall() != pg.execute(sql, (key,)).fetchall():
+                    raise AssertionError(f"key {key}: the cache's answer is not PostgreSQL's")
+                local += all(p["route"] == "local" for p in cursor.provenance)
+                if i % 500 == 499:
+                    conn.engine.admissions.wait()  # type: ignore[union-attr]
+                    used = conn.admin.status()["resources"]
+                    peaks = {name: max(value, used[name]) for name, value in peaks.items()}
+            seconds = time.perf_counter() - started
+            counters = conn.admin.status()["counters"]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return {"experiment": "bench_budget", "part": "policy live", "keys": keys,
+            "requests": requests, "seed": seed, "doorkeeper_s": doorkeeper,
+            "cache_size_limit": limit, "hit_ratio": local / requests,
+            "lru_hit_ratio": lru_hits(trace, int(keys * SHARE)) / requests,
+            "belady_hit_ratio": belady_hits(trace, int(keys * SHARE)) / requests,
+            "peak_data_bytes": peaks["data_bytes"], "peak_file_bytes": peaks["file_bytes"],
+            "peak_memory_bytes": peaks["memory_in_use_bytes"], "evictions": counters["evictions"],
+            "seconds": seconds}  # fmt: skip
 
 
 def measure(dsn: str, keys: int) -> dict[str, t.Any]:
@@ -89,28 +261,69 @@ def measure(dsn: str, keys: int) -> dict[str, t.Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--keys", type=int, nargs="+", default=[100_000],
-                        help="keys admitted in one call (default 100000; several: one run each)")
+    parser.add_argument("--keys", type=int, nargs="*", default=[100_000],
+                        help="keys admitted in one call (default 100000; several: one run each; "
+                        "none: no bulk admission)")  # fmt: skip
+    parser.add_argument("--zipf-keys", type=int, default=1_000_000,
+                        help="keys of the offline Zipf workload (default 1000000)")
+    parser.add_argument("--requests", type=int, default=2_000_000,
+                        help="requests of the offline Zipf workload (default 2000000)")
+    parser.add_argument("--live-keys", type=int, default=10_000,
+                        help="rows of the live Zipf workload's table (default 10000)")
+    parser.add_argument("--live-requests", type=int, default=10_000,
+                        help="point queries of the live Zipf workload (default 10000)")
+    parser.add_argument("--seed", type=int, default=30)
     parser.add_argument("--backend", help="PostgreSQL DSN (default: the embedded cluster)")
     args = parser.parse_args(argv)
     console = Console(width=140)
     dsn = tpch.backend(args.backend)
+    console.print(f"the policy offline: {args.requests:,} requests over {args.zipf_keys:,} keys")
+    offline = policy_offline(args.zipf_keys, args.requests, args.seed)
+    live = []
+    for doorkeeper in (None, DOORKEEPER_SECONDS):
+        console.print(f"the policy live: {args.live_requests:,} queries over "
+                      f"{args.live_keys:,} rows, doorkeeper {doorkeeper} ...")  # fmt: skip
+        live.append(policy_live(dsn, args.live_keys, args.live_requests, args.seed, doorkeeper))
+    table = Table(title="The size budget (10% of the data): hit ratio on a Zipf workload (s = 1)")
+    for column in ("run", "keys", "requests", "policy", "with doorkeeper", "LRU",
+                   "Belady (optimum)", "policy / LRU", "peak data / budget",
+                   "peak file / budget", "peak memory"):
+        table.add_column(column)
+    o = offline
+    table.add_row("offline (its code)", f"{o['keys']:,}", f"{o['requests']:,}",
+                  f"{o['policy_hit_ratio']:.3f}", f"{o['policy_doorkeeper_hit_ratio']:.3f}",
+                  f"{o['lru_hit_ratio']:.3f}", f"{o['belady_hit_ratio']:.3f}",
+                  f"{o['policy_hit_ratio'] / o['lru_hit_ratio']:.2f}x",
+                  "", "", "")  # fmt: skip
+    for r in live:
+        keeper = r["doorkeeper_s"] is not None
+        table.add_row("live (the cache)", f"{r['keys']:,}", f"{r['requests']:,}",
+                      "" if keeper else f"{r['hit_ratio']:.3f}",
+                      f"{r['hit_ratio']:.3f}" if keeper else "", f"{r['lru_hit_ratio']:.3f}",
+                      f"{r['belady_hit_ratio']:.3f}", f"{r['hit_ratio'] / r['lru_hit_ratio']:.2f}x",
+                      f"{r['peak_data_bytes'] / r['cache_size_limit']:.2f}",
+                      f"{r['peak_file_bytes'] / r['cache_size_limit']:.2f}",
+                      f"{r['peak_memory_bytes'] / 2**20:.0f} MiB")  # fmt: skip
+    console.print(table)
     rows = []
     for keys in args.keys:
         console.print(f"admitting {keys:,} keys ...")
         rows.append(measure(dsn, keys))
-    table = Table(title="Bulk admission, side by side with a pull of the same rows")
-    for column in ("keys", "admit", "rows/s", "pull", "rows/s", "admit / pull speed",
-                   "status", "regions", "evict"):
-        table.add_column(column)
-    for r in rows:
-        table.add_row(f"{r['keys']:,}", f"{r['admit_s']:.2f} s", f"{r['admit_rows_per_s']:,.0f}",
-                      f"{r['pull_s']:.2f} s", f"{r['pull_rows_per_s']:,.0f}",
-                      f"{r['admit_vs_pull']:.2f}x", f"{r['status_s']:.2f} s",
-                      f"{r['regions']:,}", f"{r['evict_s']:.2f} s")  # fmt: skip
-    console.print(table)
-    console.print("targets: 10^5 keys admitted within 10 s, status under 1 s at 10^6 regions")
-    console.print(f"results appended to {append_rows('bench_budget', rows)}")
+    if rows:
+        table = Table(title="Bulk admission, side by side with a pull of the same rows")
+        for column in ("keys", "admit", "rows/s", "pull", "rows/s", "admit / pull speed",
+                       "status", "regions", "evict"):
+            table.add_column(column)
+        for r in rows:
+            table.add_row(f"{r['keys']:,}", f"{r['admit_s']:.2f} s",
+                          f"{r['admit_rows_per_s']:,.0f}", f"{r['pull_s']:.2f} s",
+                          f"{r['pull_rows_per_s']:,.0f}", f"{r['admit_vs_pull']:.2f}x",
+                          f"{r['status_s']:.2f} s", f"{r['regions']:,}",
+                          f"{r['evict_s']:.2f} s")  # fmt: skip
+        console.print(table)
+    console.print("targets: 10^5 keys admitted within 10 s, status under 1 s at 10^6 regions; "
+                  "the data within its budget throughout")  # fmt: skip
+    console.print(f"results appended to {append_rows('bench_budget', [offline, *live, *rows])}")
     return 0
 
 

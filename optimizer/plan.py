@@ -236,6 +236,15 @@ class Plan:
         return tuple(a for c in self.classes if c.guarded for a in c.accesses)
 
     @functools.cached_property
+    def saved_per_hit(self) -> float:
+        """The backend cost an answer on the guarded plan avoids, as the cost model estimated
+        the two candidates (0 when it costed only one): what the size budget's eviction policy
+        counts a hit as worth (`optimizer.eviction_policy`)."""
+        costs = dict(self.candidates)
+        remote, guarded = costs.get("remote"), costs.get("guarded")
+        return max(remote - guarded, 0.0) if remote is not None and guarded is not None else 0.0
+
+    @functools.cached_property
     def guards_read_parameters(self) -> bool:
         """Whether its guards read parameter values (the keys a presence or completeness
         guard, or a consistency probe, looks up): if not, every execution's values get the

@@ -271,9 +271,9 @@ def test_demo_shows_the_cache_at_work(
         # SQLAlchemy's ORM through postgresql+mtcache (its connect-time queries are remote)
         orm = out[out.index("SQLAlchemy ORM"):]
         assert "1 rows: ('Author 4', 'Madison')" in orm and "authors: local from authorcopy" in orm
-        assert ("counters: completeness_misses 0, consistency_misses 0, currency_misses 0, "
-                "hits 6, memo_hits 0, memo_misses 4, presence_misses 2, remote 6, "
-                "timeline_misses 0") in out
+        assert ("counters: budget_overruns 0, completeness_misses 0, consistency_misses 0, "
+                "currency_misses 0, deferred_admissions 0, evictions 0, hits 6, memo_hits 0, "
+                "memo_misses 4, presence_misses 2, remote 6, timeline_misses 0") in out
         assert (home / "demo.duckdb").exists() and not (home / "cache.duckdb").exists()
     finally:
         shutil.rmtree(home, ignore_errors=True)
@@ -313,9 +313,14 @@ def test_the_duckdb_memory_limit_and_threads_of_a_command(
     text = run(mtcache_bin, "status", env=clean_env)
     assert text.returncode == 0 and "resources: DuckDB memory" in text.stdout
     assert "1 thread;" in text.stdout
+    assert "budget: data 0 bytes, no cache_size_limit" in text.stdout
+    limited = run(mtcache_bin, "--cache-size-limit", "5MB", "status", env=clean_env)
+    assert "budget: data 0 bytes of 5,000,000 (cache_size_limit)" in limited.stdout
     for args, env, words in ((("--memory-limit", "lots"), {}, "DuckDB cannot take 'lots'"),
                              ((), {"MTCACHE_THREADS": "many"}, "MTCACHE_THREADS must be a "
-                              "number")):  # fmt: skip
+                              "number"),
+                             ((), {"MTCACHE_CACHE_SIZE_LIMIT": "huge"},
+                              "cache_size_limit must be a size")):  # fmt: skip
         failed = run(mtcache_bin, *args, "status", env={**clean_env, **env})
         assert failed.returncode == 1 and len(failed.stderr.splitlines()) == 1
         assert words in failed.stderr

@@ -364,7 +364,8 @@ def test_status_reports_regions_with_currency(store: CacheStore, backend: str) -
     assert views["reviewcopy"]["regions"][0]["kind"] == "view"
     assert set(document["counters"]) == {"hits", "presence_misses", "currency_misses", "remote",
                                          "memo_hits", "memo_misses", "completeness_misses",
-                                         "consistency_misses", "timeline_misses"}
+                                         "consistency_misses", "timeline_misses",
+                                         "evictions", "budget_overruns", "deferred_admissions"}
     # bytes: of the data checkpointed into the file (what the WAL holds is not counted yet)
     store.con.execute("CHECKPOINT")
     sizes = {v["name"]: v["bytes"] for v in status(store)["views"]}

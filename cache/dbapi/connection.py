@@ -73,7 +73,10 @@ class Connection:
     ``currency_bound``: the refresh delay d of §4.6 the plans assume for these views instead of
     the one measured from their refreshes; for what-if planning and for tests that must not
     depend on a measured time), ``memory_limit`` (``"2GB"``) and ``threads`` (what the cache
-    file's DuckDB may use in this process; default 80% of the memory, every core). The
+    file's DuckDB may use in this process; default 80% of the memory, every core),
+    ``cache_size_limit`` (bytes, or ``"500MB"``: the budget of the cached data, kept by
+    evicting presence regions; default none) and ``doorkeeper_seconds`` (admit a missed key on
+    its second miss within that many seconds, not its first; default None). The
     connection is a façade over one session
     (`cache.engine.session.Session`, ``conn.session``) of an engine of its own
     (`cache.engine.engine.Engine`, ``conn.engine``).
@@ -83,7 +86,8 @@ class Connection:
     session is the server's (`cache.dbapi.remote.ServerSession`), ``backend`` only names the
     user, database and password, and the options of the process (``result_memo_bytes``,
     ``background``, ``heartbeat``, ``stream_lag_limit``, ``plan_choice``,
-    ``refresh_delays``, ``memory_limit``, ``threads``) are the server's."""
+    ``refresh_delays``, ``memory_limit``, ``threads``, ``cache_size_limit``,
+    ``doorkeeper_seconds``) are the server's."""
 
     engine: Engine | None  # None: through a cache server
     session: Session | ServerSession
@@ -120,6 +124,8 @@ class Connection:
         server: str | ServedAt | None = None,
         memory_limit: str | None = None,
         threads: int | None = None,
+        cache_size_limit: int | str | None = None,
+        doorkeeper_seconds: float | None = None,
     ) -> None:
         # every option is checked before anything is opened
         options = SessionOptions.of(
@@ -133,7 +139,9 @@ class Connection:
                    "background": background is not True, "heartbeat": heartbeat is not None,
                    "stream_lag_limit": stream_lag_limit != DEFAULT_LAG_LIMIT,
                    "plan_choice": plan_choice != "cost", "refresh_delays": bool(refresh_delays),
-                   "memory_limit": memory_limit is not None, "threads": threads is not None}
+                   "memory_limit": memory_limit is not None, "threads": threads is not None,
+                   "cache_size_limit": cache_size_limit is not None,
+                   "doorkeeper_seconds": doorkeeper_seconds is not None}
             given = [name for name, changed in own.items() if changed]
             if given:
                 raise _errors.ProgrammingError(
@@ -148,7 +156,8 @@ class Connection:
         self.engine = Engine(backend, cache_path, result_memo_bytes=result_memo_bytes,
                              background=background, heartbeat=heartbeat,
                              stream_lag_limit=stream_lag_limit, memory_limit=memory_limit,
-                             threads=threads)  # fmt: skip
+                             threads=threads, cache_size_limit=cache_size_limit,
+                             doorkeeper_seconds=doorkeeper_seconds)  # fmt: skip
         self.cache_path = self.engine.cache_path
         self.backend = self.engine.backend
         try:

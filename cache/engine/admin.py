@@ -71,13 +71,15 @@ class Admin:
     @classmethod
     @contextmanager
     def open(cls, cache_path: str | Path, backend: str | Dsn | None = None,
-             memory_limit: str | None = None, threads: int | None = None) -> Iterator[Admin]:
+             memory_limit: str | None = None, threads: int | None = None,
+             cache_size_limit: int | str | None = None) -> Iterator[Admin]:  # fmt: skip
         """An administration session on a cache file (closed on exit). ``backend``: a DSN, or a
-        callable giving one when an operation first needs the backend; ``memory_limit`` and
-        ``threads``: what the file's DuckDB may use (`cache.connect`'s)."""
-        check_resources(memory_limit, threads)
+        callable giving one when an operation first needs the backend; ``memory_limit``,
+        ``threads`` and ``cache_size_limit``: what the file's DuckDB may use and the cached
+        data's budget (`cache.connect`'s)."""
+        check_resources(memory_limit, threads, cache_size_limit)
         store = CacheStore(cache_path)
-        store.limit_resources(memory_limit, threads)
+        store.limit_resources(memory_limit, threads, cache_size_limit)
         if backend is None:
             resolve: Dsn = _no_backend
         elif isinstance(backend, str):

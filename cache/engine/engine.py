@@ -133,20 +133,26 @@ class Engine:
         privilege_seconds: float = PRIVILEGE_SECONDS,
         memory_limit: str | None = None,
         threads: int | None = None,
+        cache_size_limit: int | str | None = None,
+        doorkeeper_seconds: float | None = None,
     ) -> None:
         """``privilege_seconds``: how long what a role may read is taken as known (a GRANT or
         REVOKE takes effect on local answers within it: `cache.engine.privileges`);
         ``memory_limit`` (``"2GB"``) and ``threads``: what the cache file's DuckDB may use in
-        this process (default: 80% of the memory, every core)."""
-        _check_options(heartbeat, stream_lag_limit, result_memo_bytes)
-        check_resources(memory_limit, threads)  # (nothing opened or made if not)
+        this process (default: 80% of the memory, every core); ``cache_size_limit`` (bytes,
+        or ``"500MB"``): the budget of the cached data's bytes, kept by evicting presence
+        regions (`cache.maintenance.budget`; default none); ``doorkeeper_seconds``: admit a
+        missed key on its second miss within that many seconds, not its first
+        (`cache.engine.admission`; default None: on the first)."""
+        _check_options(heartbeat, stream_lag_limit, result_memo_bytes, doorkeeper_seconds)
+        check_resources(memory_limit, threads, cache_size_limit)  # (nothing opened if not)
         self.cache_path = Path(cache_path or DEFAULT_CACHE)
         if backend is None:
             backend = EmbeddedPostgres(self.cache_path.parent / "pg").ensure_running()
         self.backend = backend
         self.store = CacheStore(self.cache_path)
         try:
-            self.store.limit_resources(memory_limit, threads)
+            self.store.limit_resources(memory_limit, threads, cache_size_limit)
             if not self.store.has_catalog():
                 self.store.save_catalog(_first_catalog(backend, self.cache_path))
         except BaseException:
@@ -154,7 +160,7 @@ class Engine:
             raise
         self.statements = StatementCache()
         self.plans = PlanCache()
-        self.admissions = Admissions(self.store, lambda: self.backend)
+        self.admissions = Admissions(self.store, lambda: self.backend, doorkeeper_seconds)
         self.memo = Memo(memo_for(self.store.path, result_memo_bytes), self.store.change_token,
                          lookups_for(self.store.path), self.store.for_thread) \
             if result_memo_bytes else None  # fmt: skip
@@ -296,8 +302,12 @@ class Engine:
         self.close()
 
 
-def _check_options(heartbeat: float | None, stream_lag_limit: int,
-                   result_memo_bytes: int) -> None:  # fmt: skip
+def _check_options(heartbeat: float | None, stream_lag_limit: int, result_memo_bytes: int,
+                   doorkeeper_seconds: float | None = None) -> None:  # fmt: skip
+    if doorkeeper_seconds is not None and (isinstance(doorkeeper_seconds, bool) or not isinstance(
+            doorkeeper_seconds, int | float) or not doorkeeper_seconds > 0):  # fmt: skip
+        raise ProgrammingError(f"doorkeeper_seconds must be a positive number of seconds (or "
+                               f"None: admit on the first miss), not {doorkeeper_seconds!r}")
     if heartbeat is not None and (isinstance(heartbeat, bool) or not isinstance(
             heartbeat, int | float) or not heartbeat > 0):  # fmt: skip
         raise ProgrammingError(f"heartbeat must be a positive number of seconds (or None), "

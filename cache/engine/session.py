@@ -471,7 +471,8 @@ class Session:
             counters["consistency_misses"] += misses.consistency
             counters["timeline_misses"] += misses.timeline
             if self.admit_on_miss and misses.admittable:
-                self.engine.admissions.request(misses.admittable)
+                counters["deferred_admissions"] += self.engine.admissions.request(
+                    misses.admittable, plan.saved_per_hit)
         observer = self.engine.on_decision
         if observer is not None:
             observer(plan, decision)
@@ -505,6 +506,7 @@ class Session:
         remote = decision.local < len(bindings)
         self.last_route = "mixed" if remote else "local"
         self._counted_local(decision, ran.memo)
+        self._note_hits(prepared.plan, decision)
         if remote:
             self.counters["remote"] += 1
         provenance: Provenance | t.Callable[[], Provenance]
@@ -748,6 +750,21 @@ class Session:
         counters["hits"] += decision.local
         if memo is not None:
             counters["memo_hits" if memo else "memo_misses"] += 1
+
+    def _note_hits(self, plan: Plan, decision: Decision) -> None:
+        """The presence regions a local answer read, each hit worth its share of the backend
+        cost the plan avoided (what the size budget weighs, `cache.store.budget`)."""
+        hits = None
+        for binding in decision.bindings or ():
+            guard = binding.guard
+            if guard is None or guard.kind != "presence" or guard.control is None \
+                    or not binding.regions:  # fmt: skip
+                continue
+            if hits is None:
+                hits = self.store.budget.hits
+            share = plan.saved_per_hit / len(binding.regions)
+            for key, _ in binding.regions:
+                hits.hit(guard.control, key, share)
 
     def answered_remotely(self, query: Query) -> None:
         """The caller had the backend answer a query `read_locally` left to it."""

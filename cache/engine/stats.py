@@ -48,16 +48,29 @@ def document_samples(document: dict[str, t.Any]) -> list[Sample]:
                  result="hit"),
         _counter("mtcache_memo_lookups_total", counters.get("memo_misses", 0), MEMO,
                  result="miss"),
+        _counter("mtcache_evictions_total", counters.get("evictions", 0),
+                 "presence regions the size budget evicted"),
+        _counter("mtcache_budget_overruns_total", counters.get("budget_overruns", 0),
+                 "stream batches that landed over the size budget (nothing left to evict)"),
+        _counter("mtcache_deferred_admissions_total", counters.get("deferred_admissions", 0),
+                 "first misses of a key the doorkeeper did not admit"),
     ]
+    used = document.get("resources") or {}
+    if "data_bytes" in used:
+        found.append(_gauge("mtcache_data_bytes", used["data_bytes"],
+                            "the cached data's bytes, as the size budget counts them"))
+    if used.get("cache_size_limit") is not None:
+        found.append(_gauge("mtcache_cache_size_limit_bytes", used["cache_size_limit"],
+                            "the size budget of the cached data (cache_size_limit)"))
     for view in document.get("views", []):
         name = view["name"]
-        regions = view.get("regions", [])
+        regions = view.get("regions") or []
         ages = [r["currency_seconds"] for r in regions if r.get("currency_seconds") is not None]
         found += [
             _gauge("mtcache_view_rows", view.get("rows", 0), "rows a cached view holds",
                    view=name),
-            _gauge("mtcache_view_regions", len(regions), "regions of a cached view present",
-                   view=name),
+            _gauge("mtcache_view_regions", view.get("region_count", len(regions)),
+                   "regions of a cached view present", view=name),
             _gauge("mtcache_view_bytes", view.get("bytes", 0), "bytes a cached view's data "
                    "takes in the cache file (checkpointed)", view=name),
         ]

@@ -7,17 +7,19 @@ from __future__ import annotations
 
 import contextlib
 import typing as t
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 
 import duckdb
 import pyarrow as pa
 
 from cache.maintenance import faults
+from cache.maintenance.budget import within_budget
 from cache.maintenance.engines import Snapshot
+from cache.maintenance.key_values import keys_listed
 from cache.maintenance.pull import distinct_rows
 from cache.maintenance.report import Report
 from cache.store.cache_file import CacheStore
-from control_tables.regions import FAST_LIST, Region, in_list, region_predicate
+from control_tables.regions import Region, region_predicate
 from control_tables.schema import CachedView, CacheSchema
 from optimizer.derived_delta import copy_owner
 from sql_ext.quoting import ident, idents, keys_in
@@ -37,9 +39,12 @@ def apply_pull(
     report: Report,
     age: t.Callable[[], float] = lambda: 0.0,
     then: t.Callable[[duckdb.DuckDBPyConnection, int], None] | None = None,
+    strict_budget: bool = True,
 ) -> None:
     """``age``: how old the snapshot is now, in seconds (recorded at the commit as the
-    operation's delay d); ``then(con, snapshot_id)`` runs last inside the transaction."""
+    operation's delay d); ``then(con, snapshot_id)`` runs inside the transaction, before the
+    size budget is kept (`within_budget`; ``strict_budget``: refuse, rather than land over
+    it, when evicting cannot make room)."""
     con = store.con
     with store.transaction():
         row = con.execute(
@@ -97,6 +102,7 @@ def apply_pull(
         store.changed(changed)
         if then is not None:
             then(con, snapshot_id)
+        within_budget(store, schema, report, admitted, strict_budget)
     report.snapshot_id = snapshot_id
     report.backend_time = snapshot.backend_time
 
@@ -139,7 +145,7 @@ def _delete_rows(
         columns = {r.columns for r in regions}
         listed: t.ContextManager[str]
         if len(columns) == 1 and all(r.kind == "presence" for r in regions):
-            listed = _keys_listed(con, "v", next(iter(columns)), [r.values for r in regions])
+            listed = keys_listed(con, "v", next(iter(columns)), [r.values for r in regions])
         else:
             listed = contextlib.nullcontext(region_predicate(regions).sql("duckdb"))
         with listed as predicate:
@@ -153,28 +159,6 @@ def _delete_rows(
         con.unregister("mtcache_keys")
         deleted += int(row[0]) if row else 0
     return deleted
-
-
-@contextlib.contextmanager
-def _keys_listed(con: duckdb.DuckDBPyConnection, alias: str, columns: tuple[str, ...],
-                 values: list[Key]) -> Iterator[str]:  # fmt: skip
-    """SQL: the row ``alias`` has one of the key values. Many keys are an Arrow table joined
-    while inside (a literal list of 100,000 keys took DuckDB a second to parse); few, or
-    ones Arrow cannot type exactly, a literal list."""
-    keys = None
-    if len(values) >= FAST_LIST:
-        try:
-            keys = pa.table({f"k{i}": [v[i] for v in values] for i in range(len(columns))})
-        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
-            keys = None
-    if keys is None:
-        yield in_list(columns, values).sql("duckdb")  # (its columns unqualified)
-        return
-    con.register("mtcache_listed_keys", keys)
-    try:
-        yield keys_in(columns, alias, "mtcache_listed_keys", keys.column_names)
-    finally:
-        con.unregister("mtcache_listed_keys")
 
 
 def _stamp_regions(
@@ -194,7 +178,7 @@ def _stamp_regions(
         stamped.setdefault((region.control, _control_columns(view, region)), []).append(
             region.values)
     for (control, columns), values in stamped.items():  # one statement per control key
-        with _keys_listed(con, "c", columns, values) as listed:
+        with keys_listed(con, "c", columns, values) as listed:
             con.execute(f"UPDATE {ident(control)} c SET refreshed_at = ?, snapshot_id = ? "
                         f"WHERE {listed}", stamp)  # fmt: skip
     if rows is None or rows.num_rows == 0:

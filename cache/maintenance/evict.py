@@ -37,7 +37,7 @@ def evict(
     with store.transaction() as con:
         con.execute(f"DELETE FROM {ident(control)} WHERE {in_list(columns, values).sql('duckdb')}")
         if role == "presence":
-            _evict_presence(con, schema, view, report)
+            drop_unheld_rows(con, schema, view, report)
         faults.hit("before_commit", enabled_faults)
         store.changed()
     report.regions = [f"{control}{v}" for v in values]
@@ -73,11 +73,13 @@ def _refuse_breaking_completeness(
         )
 
 
-def _evict_presence(
+def drop_unheld_rows(
     con: duckdb.DuckDBPyConnection, schema: CacheSchema, view: CachedView, report: Report
-) -> None:
-    """Delete rows no presence region holds any more, then cascade to the children."""
+) -> list[str]:
+    """Delete rows no presence region holds any more, then cascade to the children: the
+    views rows left."""
     pending = [view.name]
+    touched: list[str] = []
     while pending:
         name = pending.pop(0)
         held = [
@@ -86,8 +88,10 @@ def _evict_presence(
             for edge in schema.views[name].presence
         ]
         predicate = " OR ".join(held) if held else "TRUE"
-        row = con.execute(f"DELETE FROM {ident(name)} WHERE NOT ({predicate})").fetchone()
-        removed = int(row[0]) if row else 0
+        [(removed,)] = con.execute(
+            f"DELETE FROM {ident(name)} WHERE NOT ({predicate})").fetchall()  # fmt: skip
         report.rows_deleted[name] = report.rows_deleted.get(name, 0) + removed
         if removed:
+            touched.append(name)
             pending += [c for c in schema.children(name) if c not in pending]
+    return touched

@@ -11,15 +11,20 @@ times, booleans and uuids reject what they cannot read.
 
 from __future__ import annotations
 
+import contextlib
 import decimal
 import re
 import typing as t
+from collections.abc import Iterator
 
 import duckdb
+import pyarrow as pa
 from sqlglot import exp
 
+from control_tables.regions import FAST_LIST, in_list
 from control_tables.schema import ControlTable
 from sql_ext.errors import DataError, first_line
+from sql_ext.quoting import keys_in
 
 Key = tuple[t.Any, ...]
 
@@ -173,3 +178,25 @@ def _scale(kind: exp.DataType) -> int:
 def _name(kind: exp.DataType) -> str:
     """The type as PostgreSQL names it in messages."""
     return _INTEGER_NAMES.get(kind.this) or kind.sql("postgres").lower()
+
+
+@contextlib.contextmanager
+def keys_listed(con: duckdb.DuckDBPyConnection, alias: str, columns: tuple[str, ...],
+                 values: list[Key]) -> Iterator[str]:  # fmt: skip
+    """SQL: the row ``alias`` has one of the key values. Many keys are an Arrow table joined
+    while inside (a literal list of 100,000 keys took DuckDB a second to parse); few, or
+    ones Arrow cannot type exactly, a literal list."""
+    keys = None
+    if len(values) >= FAST_LIST:
+        try:
+            keys = pa.table({f"k{i}": [v[i] for v in values] for i in range(len(columns))})
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            keys = None
+    if keys is None:
+        yield in_list(columns, values).sql("duckdb")  # (its columns unqualified)
+        return
+    con.register("mtcache_listed_keys", keys)
+    try:
+        yield keys_in(columns, alias, "mtcache_listed_keys", keys.column_names)
+    finally:
+        con.unregister("mtcache_listed_keys")

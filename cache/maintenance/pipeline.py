@@ -181,7 +181,8 @@ class Maintainer:
         then: t.Callable[[duckdb.DuckDBPyConnection, int], None] | None = None,
     ) -> Report:
         """``then(con, snapshot_id)``: more work inside the apply transaction (the stream
-        consumer applies the transaction that needed this pull)."""
+        consumer applies the transaction that needed this pull: it must land, over the size
+        budget if it must, as the stream's batches do)."""
         # one operation at a time (`_Shared.maintenance_lock`); the stream must not pass the
         # snapshot of a pull of continuously maintained views before the pull is applied
         continuous = any(schema.continuous(r.view) for r in seeds)
@@ -224,7 +225,7 @@ class Maintainer:
 
             apply_pull(self.store, schema, pull.omega, pull.staged, admitted,
                        coordinator.snapshot, self.engine.name, self.faults, report,
-                       coordinator.snapshot_age(), finish)  # fmt: skip
+                       coordinator.snapshot_age(), finish, then is None)  # fmt: skip
         except faults.InjectedFault:
             raise
         except Exception as exc:

@@ -18,6 +18,10 @@ class Report:
     rows_inserted: dict[str, int] = field(default_factory=dict)
     rounds: int = 0
     seconds: float = 0.0
+    # the size budget (cache.maintenance.budget): presence keys it evicted, per control table,
+    # and the data's bytes it left (None: no budget, or not passed)
+    evicted: dict[str, int] = field(default_factory=dict)
+    data_bytes: int | None = None
 
     def to_json(self) -> dict[str, t.Any]:
         return {
@@ -30,6 +34,8 @@ class Report:
             "rows_inserted": self.rows_inserted,
             "rounds": self.rounds,
             "seconds": round(self.seconds, 3),
+            "evicted": self.evicted,
+            "data_bytes": self.data_bytes,
         }
 
     @classmethod

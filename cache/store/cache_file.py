@@ -23,6 +23,7 @@ from sqlglot import exp
 
 from cache.private_files import make_private, make_private_dirs
 from cache.store import functions
+from cache.store.budget import Budget, data_bytes, data_tables, parse_size
 from cache.store.served import served_at
 from control_tables.schema import CachedView, CacheSchema, ControlTable, view_from_statement
 from control_tables.script import apply_script
@@ -54,9 +55,12 @@ def limit_resources(con: duckdb.DuckDBPyConnection, memory_limit: str | None = N
                                    f"give {what}") from None
 
 
-def check_resources(memory_limit: str | None = None, threads: int | None = None) -> None:
+def check_resources(memory_limit: str | None = None, threads: int | None = None,
+                    cache_size_limit: int | str | None = None) -> None:  # fmt: skip
     """The options' error, if any, before a cache file is opened (or made): their types,
-    then `limit_resources`' on a DuckDB of its own."""
+    then `limit_resources`' on a DuckDB of its own; ``cache_size_limit`` is `parse_size`'s."""
+    if cache_size_limit is not None:
+        parse_size(cache_size_limit)
     if memory_limit is not None and (not isinstance(memory_limit, str) or not memory_limit):
         raise ProgrammingError(f"memory_limit must be a size with its unit, as '2GB', "
                                f"not {memory_limit!r}")  # fmt: skip
@@ -113,8 +117,12 @@ _METADATA = [
 
 # memo_hits / memo_misses: local answers reused from memory (the result memo or a lookup
 # index) / kept in the result memo
+# evictions: presence keys the size budget evicted; budget_overruns: stream batches that
+# landed over it (nothing left to evict); deferred_admissions: first misses of a key the
+# doorkeeper did not admit (`cache.engine.admission`)
 COUNTERS = ("hits", "presence_misses", "currency_misses", "remote", "memo_hits", "memo_misses",
-            "completeness_misses", "consistency_misses", "timeline_misses")
+            "completeness_misses", "consistency_misses", "timeline_misses", "evictions",
+            "budget_overruns", "deferred_admissions")
 
 
 @dataclass(frozen=True)
@@ -165,6 +173,8 @@ class _Shared:
     # the connection holding the cache's DuckDB functions (`cache.store.functions`): opened
     # with the first handle, closed after the last
     functions: duckdb.DuckDBPyConnection | None = None
+    # the size budget of the file's data in this process, and what its regions are worth
+    budget: Budget = field(default_factory=Budget)
 
 
 _SHARED: dict[Path, _Shared] = {}
@@ -438,11 +448,20 @@ class CacheStore:
         """A handle for another thread of this process (DuckDB connections are per thread)."""
         return CacheStore._sharing(self)
 
-    def limit_resources(self, memory_limit: str | None = None, threads: int | None = None) -> None:
+    def limit_resources(self, memory_limit: str | None = None, threads: int | None = None,
+                        cache_size_limit: int | str | None = None) -> None:  # fmt: skip
         """DuckDB's memory limit (``"2GB"``) and threads for this file in this process (every
         handle on it shares them); None leaves DuckDB's default (80% of the memory, every
-        core)."""
+        core). ``cache_size_limit``: the budget of the cached data's bytes (`budget`; None
+        leaves it as it is, none at first)."""
         limit_resources(self.con, memory_limit, threads)
+        if cache_size_limit is not None:
+            self._shared.budget.limit = parse_size(cache_size_limit)
+
+    @property
+    def budget(self) -> Budget:
+        """The file's size budget in this process (`cache.store.budget`)."""
+        return self._shared.budget
 
     def resources(self) -> dict[str, t.Any]:
         """What the file's DuckDB may use and uses now (status: use against the limits)."""
@@ -450,11 +469,13 @@ class CacheStore:
             "SELECT current_setting('memory_limit'), current_setting('threads'), "
             "(SELECT coalesce(sum(memory_usage_bytes), 0) FROM duckdb_memory()), "
             "total_blocks * block_size, wal_size FROM pragma_database_size() "
-            "WHERE database_name = current_database()").fetchone()
-        assert row is not None
-        limit, threads, used, size, wal = row
+            "WHERE database_name = current_database()").fetchall()
+        [(limit, threads, used, size, wal)] = row
+        budget = self._shared.budget
+        data = data_bytes(self.con, data_tables(self.con, self.load_schema()), budget.widths)
         return {"memory_limit": limit, "threads": int(threads), "memory_in_use_bytes": int(used),
-                "file_bytes": int(size), "wal": wal}  # fmt: skip
+                "file_bytes": int(size), "wal": wal, "cache_size_limit": budget.limit,
+                "data_bytes": sum(data.values())}  # fmt: skip
 
     def close(self) -> None:
         if self.con is None:

@@ -141,7 +141,8 @@ def _admin(settings: Settings) -> t.ContextManager[Admin | ServerAdmin]:
     if served is not None:
         return ServerAdmin.open(server_conninfo(served, settings.backend))
     return Admin.open(settings.cache_path, backend=settings.backend_dsn,
-                      memory_limit=settings.memory_limit, threads=settings.threads)
+                      memory_limit=settings.memory_limit, threads=settings.threads,
+                      cache_size_limit=settings.cache_size_limit)
 
 
 def _connect(settings: Settings) -> cache.Connection:
@@ -150,7 +151,8 @@ def _connect(settings: Settings) -> cache.Connection:
     if served is not None:
         return cache.connect(settings.backend, settings.cache_path, server=served)
     return cache.connect(settings.backend_dsn(), settings.cache_path, background=False,
-                         memory_limit=settings.memory_limit, threads=settings.threads)
+                         memory_limit=settings.memory_limit, threads=settings.threads,
+                         cache_size_limit=settings.cache_size_limit)
 
 
 def _not_served(settings: Settings, advice: str) -> None:
@@ -293,6 +295,10 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
         print(f"  resources: DuckDB memory {used['memory_in_use_bytes']:,} bytes in use of "
               f"{used['memory_limit']}, {plural(used['threads'], 'thread')}; file "
               f"{used['file_bytes']:,} bytes checkpointed, WAL {used['wal']}")  # fmt: skip
+        limit = used.get("cache_size_limit")
+        print(f"  budget: data {used['data_bytes']:,} bytes"
+              + (f" of {limit:,} (cache_size_limit)" if limit is not None else
+                 ", no cache_size_limit"))  # fmt: skip
     return 0
 
 
@@ -507,7 +513,9 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
         logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                             format="%(asctime)s mtcache serve: %(message)s")  # fmt: skip
         engine = Engine(backend, settings.cache_path, heartbeat=args.heartbeat,
-                        memory_limit=settings.memory_limit, threads=settings.threads)
+                        memory_limit=settings.memory_limit, threads=settings.threads,
+                        cache_size_limit=settings.cache_size_limit,
+                        doorkeeper_seconds=args.doorkeeper)  # fmt: skip
     except BaseException:
         sock.close()
         raise
@@ -588,6 +596,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, metavar="N",
                         help="the threads the cache file's DuckDB may use (env "
                         "MTCACHE_THREADS; default: every core)")  # fmt: skip
+    parser.add_argument("--cache-size-limit", metavar="SIZE",
+                        help="the budget of the cached data's bytes, as 500MB: admissions, "
+                        "refreshes and the stream evict presence regions to stay within it "
+                        "(env MTCACHE_CACHE_SIZE_LIMIT; default: none)")  # fmt: skip
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = commands.add_parser("parse", help="parse a statement (no backend needed)")
@@ -669,6 +681,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "only with --hba rules that ask for a password)")
     p.add_argument("--heartbeat", type=float, metavar="SECONDS",
                    help="also beat the backend's heartbeat row this often")  # fmt: skip
+    p.add_argument("--doorkeeper", type=float, metavar="SECONDS",
+                   help="admit a missed presence key on its second miss within this many "
+                   "seconds, not its first (default: on the first)")  # fmt: skip
     p.add_argument("--currency-bound", metavar="DURATION",
                    help="every session's default currency bound, e.g. '10 min' (a session "
                    "changes it with SET CURRENCY BOUND; default: none, reads go to the "
@@ -745,6 +760,8 @@ def main(argv: list[str] | None = None) -> int:
             backend=args.backend or os.environ.get("MTCACHE_BACKEND") or None,
             memory_limit=args.memory_limit or os.environ.get("MTCACHE_MEMORY_LIMIT") or None,
             threads=threads,
+            cache_size_limit=args.cache_size_limit
+            or os.environ.get("MTCACHE_CACHE_SIZE_LIMIT") or None,
         )
         return int(args.run(settings, args))
     except Error as exc:

@@ -17,6 +17,7 @@ class Settings:
     backend: str | None
     memory_limit: str | None = None  # what the cache file's DuckDB may use (None: its default)
     threads: int | None = None
+    cache_size_limit: str | None = None  # the budget of the cached data's bytes (None: none)
 
     @property
     def embedded_root(self) -> Path:

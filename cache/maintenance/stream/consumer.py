@@ -24,8 +24,10 @@ from cache.backend.replication import (
     wal_mark,
 )
 from cache.maintenance import faults
+from cache.maintenance.budget import within_budget
 from cache.maintenance.lineup import pending_pulls
 from cache.maintenance.pipeline import Maintainer
+from cache.maintenance.report import Report
 from cache.maintenance.stream.position import (
     CHECK_SECONDS,
     CONFIRM_SECONDS,
@@ -183,6 +185,9 @@ class Consumer:
                     done = apply_transactions(con, schema, catalog, current, group, pendings,
                                               self.faults)  # fmt: skip
                     self.store.changed(done.views)
+                    # (a batch must land: over the budget if evicting cannot make room)
+                    within_budget(self.store, schema, Report("stream batch", "stream"),
+                                  strict=False)  # fmt: skip
             except NeedsPull as need:
                 if len(group) > 1:
                     limit = len(group) // 2

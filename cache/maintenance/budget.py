@@ -1,0 +1,182 @@
+"""Keeping the cache's data within its size budget (``cache_size_limit``).
+
+Inside the transaction of an admission, a refresh or a stream batch, after its rows are in:
+if the data's bytes (`cache.store.budget.data_bytes`) pass the limit, whole presence regions
+are evicted, with their cascade (`evict.drop_unheld_rows`), in the order of
+`optimizer.eviction_policy`, until the data is back under the limit with some room
+(``ROOM``: one eviction makes space for many admissions, not for one). The transaction commits
+both or neither, so no committed state of the file is over the budget, and the guards see an
+eviction with the commit that made it (the file's version moves: a statement that decided
+before it decides again, `cache.engine.session`).
+
+Never evicted: the regions the operation itself admits, a fully materialized view (it has no
+regions to leave), a presence key inside a complete region (the region would lose part of
+its rows, §3.2.3). If what is left still passes the limit, an admission or a refresh fails
+(`BudgetExceeded`) and the cache is as it was; a stream batch, which must land, lands over
+the budget and is counted (``budget_overruns``): the next operation that can evicts.
+"""
+
+from __future__ import annotations
+
+import typing as t
+from collections.abc import Collection, Iterable, Mapping
+
+import duckdb
+
+from cache.maintenance.evict import drop_unheld_rows
+from cache.maintenance.key_values import keys_listed
+from cache.maintenance.report import Report
+from cache.store.budget import data_bytes, data_tables
+from cache.store.cache_file import CacheStore
+from control_tables.schema import CachedView, CacheSchema
+from optimizer.eviction_policy import Held, refreshes_per_window, victims
+from sql_ext.errors import OperationalError
+from sql_ext.quoting import equal_columns, ident, idents, keys_in
+
+Key = tuple[t.Any, ...]
+
+ROOM = 0.05  # an eviction brings the data down to this fraction under the limit
+
+
+class BudgetExceeded(OperationalError):
+    """An admission or refresh would leave the cache's data above its budget, and nothing it
+    may evict makes room: nothing was changed."""
+
+
+def within_budget(
+    store: CacheStore,
+    schema: CacheSchema,
+    report: Report,
+    protected: Mapping[str, Collection[Key]] = {},
+    strict: bool = True,
+) -> None:
+    """Inside the operation's transaction (``store.con``'s): evict until the data is within
+    the budget (see the module). ``protected``: control table -> keys not to evict."""
+    budget = store.budget
+    limit = budget.limit
+    if limit is None:
+        return
+    con = store.con
+    tables = data_tables(con, schema)
+    sizes = data_bytes(con, tables, budget.widths)
+    total = sum(sizes.values())
+    if total <= limit:
+        return
+    target = int(limit * (1 - ROOM))
+    evicted: dict[str, list[Key]] = {}
+    touched: set[str] = set()
+    excluded: set[tuple[str, Key]] = {(c, k) for c, keys in protected.items() for k in keys}
+    while total > limit:
+        held = [h for h in _held(con, schema, sizes, budget.hits.worth, budget.hits.half_life)
+                if (h.control, h.key) not in excluded]  # fmt: skip
+        chosen = victims(held, total - target)
+        if not chosen:
+            break
+        for control, keys in _by_control(chosen).items():
+            touched |= _evict(con, schema, control, keys, report)
+            evicted.setdefault(control, []).extend(keys)
+            excluded |= {(control, k) for k in keys}
+        sizes = data_bytes(con, tables, budget.widths)
+        total = sum(sizes.values())
+    count = sum(len(keys) for keys in evicted.values())
+    amounts = {"evictions": count}
+    if total > limit:
+        if strict:
+            fixed = total - sum(h.bytes for h in _held(con, schema, sizes, _nothing, 1.0))
+            raise BudgetExceeded(
+                f"{report.operation}: the cache's data would take {total:,} bytes, above its "
+                f"cache_size_limit of {limit:,}, with every region it may evict gone "
+                f"({fixed:,} bytes are fully materialized views, copies and the regions being "
+                "admitted); nothing was changed. Raise cache_size_limit, or admit fewer keys")
+        amounts["budget_overruns"] = 1
+    _count(con, amounts)
+    if touched:
+        store.changed(sorted(touched))
+    for control, keys in evicted.items():
+        budget.hits.forget(control, keys)
+        report.evicted[control] = report.evicted.get(control, 0) + len(keys)
+    report.data_bytes = total
+
+
+def _nothing(control: str, key: Key) -> tuple[float, float]:
+    return 0.0, 0.0
+
+
+Worth = t.Callable[[str, Key], tuple[float, float]]  # (control, key) -> (hits, saved per hit)
+
+
+def _held(con: duckdb.DuckDBPyConnection, schema: CacheSchema, sizes: Mapping[str, int],
+          worth: Worth, window: float) -> list[Held]:  # fmt: skip
+    """Every presence region the budget may evict, with its rows, bytes and worth."""
+    found: list[Held] = []
+    for view in schema.views.values():
+        if view.is_fully_materialized:
+            continue
+        rows_now = _rows(con, view.name)
+        width = sizes.get(view.name, 0) / rows_now if rows_now else 0.0
+        refreshes = refreshes_per_window(view.refresh_seconds, window,
+                                         schema.continuous(view.name))  # fmt: skip
+        kept = _inside_complete_regions(con, view)
+        for edge in view.presence:
+            if edge.control not in schema.control_tables:
+                continue  # (a parent view's rows control it: they leave with their region)
+            keys = idents(edge.control_columns, "c")
+            match = equal_columns(edge.columns, "v", "c", edge.control_columns)
+            for *key, rows in con.execute(
+                    f"SELECT {keys}, count(v.{ident(edge.columns[0])}) FROM "
+                    f"{ident(edge.control)} c LEFT JOIN {ident(view.name)} v ON {match} "
+                    "GROUP BY ALL").fetchall():  # fmt: skip
+                if kept is not None and (edge.control, tuple(key)) in kept:
+                    continue
+                hits, saved = worth(edge.control, tuple(key))
+                found.append(Held(edge.control, tuple(key), int(rows), int(rows * width),
+                                  hits, saved, refreshes))  # fmt: skip
+    return found
+
+
+def _rows(con: duckdb.DuckDBPyConnection, table: str) -> int:
+    [(rows,)] = con.execute(f"SELECT count(*) FROM {ident(table)}").fetchall()
+    return int(rows)
+
+
+def _inside_complete_regions(
+    con: duckdb.DuckDBPyConnection, view: CachedView
+) -> set[tuple[str, Key]] | None:
+    """The presence keys whose rows lie in a complete region of the view (evicting one
+    would leave that region incomplete), None when the view has no completeness."""
+    spec = view.completeness
+    if spec is None:
+        return None
+    found: set[tuple[str, Key]] = set()
+    for edge in view.presence:
+        sql = f"SELECT DISTINCT {idents(edge.columns, 'v')} FROM {ident(view.name)} v"
+        if spec.control is not None:
+            sql += f" WHERE {keys_in(spec.columns, 'v', ident(spec.control))}"
+        found |= {(edge.control, tuple(r)) for r in con.execute(sql).fetchall()}
+    return found
+
+
+def _by_control(chosen: Iterable[Held]) -> dict[str, list[Key]]:
+    found: dict[str, list[Key]] = {}
+    for region in chosen:
+        found.setdefault(region.control, []).append(region.key)
+    return found
+
+
+def _evict(con: duckdb.DuckDBPyConnection, schema: CacheSchema, control: str, keys: list[Key],
+           report: Report) -> set[str]:  # fmt: skip
+    """Evict the keys of one control table: the views whose rows left."""
+    columns = schema.control_tables[control].column_names
+    with keys_listed(con, "c", columns, keys) as listed:
+        con.execute(f"DELETE FROM {ident(control)} c WHERE {listed}")
+    touched: set[str] = set()
+    for view in schema.views.values():
+        if any(edge.control == control for edge in view.presence):
+            touched.update(drop_unheld_rows(con, schema, view, report))
+    return touched
+
+
+def _count(con: duckdb.DuckDBPyConnection, amounts: Mapping[str, int]) -> None:
+    for name, amount in amounts.items():
+        con.execute("UPDATE mtcache.counters SET value = value + ? WHERE name = ?",
+                    [amount, name])  # fmt: skip
