@@ -125,11 +125,12 @@ def belady_hits(trace: list[int], capacity: int) -> int:
 
 
 def policy_hits(trace: list[int], capacity: int, doorkeeper: float | None) -> int:
-    """The cache's own policy run offline on the trace by its own code: a miss admits the key
-    (with a doorkeeper, on its second miss within ``doorkeeper`` seconds), counted as one hit;
-    passing the capacity evicts the least worth (`victims`, down to the cache's room) by the
-    decayed hits (`RegionHits`), one request every 1 / RATE seconds. Every key is one row of
-    the same size, and a hit on any saves the same backend cost."""
+    """The cache's own policy run offline on the trace by its own code: every request is a
+    read of its key (`RegionHits`, kept past an eviction); a miss admits the key (with a
+    doorkeeper, on its second miss within ``doorkeeper`` seconds); passing the capacity evicts
+    the least worth (`victims`, down to the cache's room), one request every 1 / RATE
+    seconds. Every key is one row of the same size, and a hit on any saves the same backend
+    cost."""
     now = 0.0
     hits_of = RegionHits()
     gate = Doorkeeper(doorkeeper, clock=lambda: now) if doorkeeper is not None else None
@@ -137,20 +138,19 @@ def policy_hits(trace: list[int], capacity: int, doorkeeper: float | None) -> in
     hits = 0
     for i, key in enumerate(trace):
         now = i / RATE
+        hits_of.hit("c", (key,), 1.0, now)
         if key in held:
             hits += 1
-            hits_of.hit("c", (key,), 1.0, now)
             continue
         if gate is not None and not gate.admits(key):
             continue
         held.add(key)
-        hits_of.hit("c", (key,), 1.0, now)
         if len(held) > capacity:
-            candidates = [Held("c", (k,), 1, 1, *hits_of.worth("c", (k,), now))
-                          for k in held if k != key]  # fmt: skip
+            others = [(k,) for k in held if k != key]
+            candidates = [Held("c", k, 1, 1, *w)
+                          for k, w in zip(others, hits_of.worths("c", others, now), strict=True)]
             for victim in victims(candidates, len(held) - int(capacity * (1 - ROOM))):
                 held.discard(victim.key[0])
-                hits_of.forget("c", [victim.key])
     return hits
 
 

@@ -181,17 +181,25 @@ def test_the_policy_evicts_the_least_worth_per_byte_first() -> None:
     assert victims([], 100) == []
 
 
-def test_hits_decay_by_half_each_window() -> None:
+def test_reads_halve_each_window_and_outlive_what_is_evicted() -> None:
     hits = RegionHits(half_life=10.0)
     hits.hit("c", (1,), 4.0, now=0.0)
-    hits.hit("c", (1,), 4.0, now=0.0)
-    assert hits.worth("c", (1,), now=0.0) == (2.0, 4.0)
+    hits.hit("c", (1,), 4.0, now=1.0)
+    assert hits.worth("c", (1,), now=2.0) == (2.0, 4.0)
     assert hits.worth("c", (1,), now=10.0) == (1.0, 4.0)
-    hits.hit("c", (1,), 1.0, now=20.0)  # 0.5 left, one more
-    count, saved = hits.worth("c", (1,), now=20.0)
-    assert count == 1.5 and 1.0 < saved < 4.0
-    hits.forget("c", [(1,)])
-    assert hits.worth("c", (1,), now=20.0) == (0.0, 0.0) and len(hits) == 0
+    hits.hit("c", (1,), 1.0, now=20.0)  # 0.5 left, one more; what a hit saves is the last's
+    assert hits.worth("c", (1,), now=20.0) == (1.5, 1.0)
+    count, saved = hits.worth("c", (2,), now=20.0)  # never read: the table's mean
+    assert count == 0.0 and 1.0 < saved < 4.0
+    assert hits.worth("d", (1,), now=20.0) == (0.0, 0.0)
+
+
+def test_the_sketch_never_counts_a_key_under_its_reads() -> None:
+    hits = RegionHits(width=64)  # (small: keys share counters)
+    for key in range(500):
+        for _ in range(key % 5):
+            hits.hit("c", (key,), 1.0, now=0.0)
+    assert all(hits.worth("c", (key,), now=0.0)[0] >= key % 5 for key in range(500))
 
 
 def test_the_doorkeeper_forgets_a_first_miss_after_its_window() -> None:

@@ -6,9 +6,9 @@ an engine share it (a key two of them miss is admitted once).
 With a doorkeeper (``doorkeeper_seconds``, as TinyLFU's), a key is admitted on its second
 miss within that many seconds, not its first: a key asked for once does not push out the
 regions the cache's size budget keeps (`cache.maintenance.budget`). The doorkeeper remembers
-the last ``DOORKEEPER_KEYS`` keys that missed once. An admitted region starts with the miss
-that admitted it counted as one hit, worth what the statement's guarded plan would have saved
-(`cache.store.budget.RegionHits`)."""
+the last ``DOORKEEPER_KEYS`` keys that missed once. (Every miss counts as a read of its key
+for the size budget's policy, `cache.store.budget.RegionHits`: a key admitted again comes with
+its history.)"""
 
 from __future__ import annotations
 
@@ -55,16 +55,16 @@ class Admissions:
         self._store = store
         self._dsn = dsn
         self._queue: queue.Queue[Item | None] = queue.Queue()
-        self._queued: dict[Item, float] = {}  # -> the backend cost its hit saves
+        self._queued: set[Item] = set()
         self._thread: threading.Thread | None = None
         self.errors: list[str] = []  # the failures (their queries were answered remotely)
         self._lock = threading.Lock()
         # None: admit on the first miss
         self.doorkeeper = Doorkeeper(doorkeeper_seconds) if doorkeeper_seconds else None
 
-    def request(self, items: Iterable[Item], saved: float = 0.0) -> int:
-        """Admit these keys in the background (``saved``: the backend cost a hit on each
-        would save); the number the doorkeeper deferred to their second miss."""
+    def request(self, items: Iterable[Item]) -> int:
+        """Admit these keys in the background; the number the doorkeeper deferred to their
+        second miss."""
         deferred = 0
         with self._lock:
             for item in items:
@@ -73,7 +73,7 @@ class Admissions:
                 if self.doorkeeper is not None and not self.doorkeeper.admits(item):
                     deferred += 1
                     continue
-                self._queued[item] = saved
+                self._queued.add(item)
                 if self._thread is None:
                     self._thread = threading.Thread(
                         target=self._loop, name="mtcache-admit", daemon=True
@@ -101,12 +101,11 @@ class Admissions:
                 control, key = item
                 try:
                     Maintainer(store, self._dsn()).admit(control, [key])
-                    store.budget.hits.hit(control, key, self._queued.get(item, 0.0))
                 except Exception as exc:  # the query was answered remotely; log and go on
                     self.errors.append(f"admitting {key} into {control}: {exc}")
                 finally:
                     with self._lock:
-                        self._queued.pop(item, None)
+                        self._queued.discard(item)
                     self._queue.task_done()
             self._queue.task_done()
         finally:

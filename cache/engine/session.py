@@ -470,9 +470,13 @@ class Session:
             counters["completeness_misses"] += misses.completeness
             counters["consistency_misses"] += misses.consistency
             counters["timeline_misses"] += misses.timeline
-            if self.admit_on_miss and misses.admittable:
-                counters["deferred_admissions"] += self.engine.admissions.request(
-                    misses.admittable, plan.saved_per_hit)
+            if misses.admittable:  # (a read of each key, for the size budget's policy)
+                hits = self.store.budget.hits
+                for control, key in misses.admittable:
+                    hits.hit(control, key, plan.saved_per_hit)
+                if self.admit_on_miss:
+                    counters["deferred_admissions"] += self.engine.admissions.request(
+                        misses.admittable)
         observer = self.engine.on_decision
         if observer is not None:
             observer(plan, decision)

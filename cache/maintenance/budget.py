@@ -67,7 +67,7 @@ def within_budget(
     touched: set[str] = set()
     excluded: set[tuple[str, Key]] = {(c, k) for c, keys in protected.items() for k in keys}
     while total > limit:
-        held = [h for h in _held(con, schema, sizes, budget.hits.worth, budget.hits.half_life)
+        held = [h for h in _held(con, schema, sizes, budget.hits.worths, budget.hits.half_life)
                 if (h.control, h.key) not in excluded]  # fmt: skip
         chosen = victims(held, total - target)
         if not chosen:
@@ -92,17 +92,17 @@ def within_budget(
     _count(con, amounts)
     if touched:
         store.changed(sorted(touched))
-    for control, keys in evicted.items():
-        budget.hits.forget(control, keys)
+    for control, keys in evicted.items():  # (their reads are kept: `RegionHits`)
         report.evicted[control] = report.evicted.get(control, 0) + len(keys)
     report.data_bytes = total
 
 
-def _nothing(control: str, key: Key) -> tuple[float, float]:
-    return 0.0, 0.0
+def _nothing(control: str, keys: list[Key]) -> list[tuple[float, float]]:
+    return [(0.0, 0.0)] * len(keys)
 
 
-Worth = t.Callable[[str, Key], tuple[float, float]]  # (control, key) -> (hits, saved per hit)
+# (control, keys) -> (reads, saved per hit) of each
+Worth = t.Callable[[str, list[Key]], list[tuple[float, float]]]
 
 
 def _held(con: duckdb.DuckDBPyConnection, schema: CacheSchema, sizes: Mapping[str, int],
@@ -122,15 +122,15 @@ def _held(con: duckdb.DuckDBPyConnection, schema: CacheSchema, sizes: Mapping[st
                 continue  # (a parent view's rows control it: they leave with their region)
             keys = idents(edge.control_columns, "c")
             match = equal_columns(edge.columns, "v", "c", edge.control_columns)
-            for *key, rows in con.execute(
-                    f"SELECT {keys}, count(v.{ident(edge.columns[0])}) FROM "
-                    f"{ident(edge.control)} c LEFT JOIN {ident(view.name)} v ON {match} "
-                    "GROUP BY ALL").fetchall():  # fmt: skip
-                if kept is not None and (edge.control, tuple(key)) in kept:
-                    continue
-                hits, saved = worth(edge.control, tuple(key))
-                found.append(Held(edge.control, tuple(key), int(rows), int(rows * width),
-                                  hits, saved, refreshes))  # fmt: skip
+            counted = [(tuple(key), int(rows)) for *key, rows in con.execute(
+                f"SELECT {keys}, count(v.{ident(edge.columns[0])}) FROM "
+                f"{ident(edge.control)} c LEFT JOIN {ident(view.name)} v ON {match} "
+                "GROUP BY ALL").fetchall()]  # fmt: skip
+            if kept is not None:
+                counted = [(k, r) for k, r in counted if (edge.control, k) not in kept]
+            worths = worth(edge.control, [k for k, _ in counted])
+            found += [Held(edge.control, key, rows, int(rows * width), hits, saved, refreshes)
+                      for (key, rows), (hits, saved) in zip(counted, worths, strict=True)]
     return found
 
 

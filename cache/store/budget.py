@@ -8,11 +8,13 @@ cached rows counts: the cached views, the derived views and their copies. The co
 and the metadata do not.
 
 A region's worth (`RegionHits`) is what the eviction policy (`optimizer.eviction_policy`)
-weighs against its size: the hits in a recent window (counted with exponential decay, a
-window being a half-life) and the backend cost those hits avoided, as the cost model
-estimated it for each statement answered. It lives in the process that answers (the server,
-an application's engine): a process that opens the file anew starts with none and evicts
-by size and refresh cost alone until hits come.
+weighs against its size: the reads of its key in a recent window - hits, and the misses that
+admit it again (halving every window) - and the backend cost a hit avoids, as the cost model
+estimated it for each statement. A key's count outlives its eviction (TinyLFU's lesson: a key
+asked for often comes back with its history, not as a newcomer the next eviction takes), in
+a sketch of fixed memory. It lives in the process that answers (the server, an application's
+engine): a process that opens the file anew starts with none and evicts by size and refresh
+cost alone until reads come.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import typing as t
 from collections.abc import Iterable
 
 import duckdb
+import numpy
 
 from control_tables.schema import CacheSchema
 from optimizer.derived_delta import AUX_PREFIX
@@ -35,6 +38,7 @@ Key = tuple[t.Any, ...]
 
 HITS_HALF_LIFE = 300.0  # seconds: a hit counts half after this long (the recent window)
 WIDTH_SAMPLE = 2048  # rows a table's bytes per row are measured on (one DuckDB vector)
+SKETCH_WIDTH = 1 << 18  # counters per row of the reads' sketch (4 rows: 4 MiB in all)
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
@@ -92,45 +96,78 @@ def data_bytes(con: duckdb.DuckDBPyConnection, tables: Iterable[str],
 
 
 class RegionHits:
-    """Hits per presence region (control table, key) in this process: a decayed count (each
-    hit counts 1, halving every ``half_life`` seconds) and the mean backend cost a hit saved
-    (the cost model's units)."""
+    """Reads per presence key (control table, key) in this process, held or not, in fixed
+    memory: a count-min sketch (TinyLFU's frequency sketch: ``DEPTH`` rows of ``width``
+    counters; a key's count is the least of its counters, never less than its reads) whose
+    counters all halve every ``half_life`` seconds; and the backend cost a hit on a key
+    saves, for the last ``SAVED_KEYS`` keys read (else its control table's mean)."""
 
-    def __init__(self, half_life: float = HITS_HALF_LIFE) -> None:
+    DEPTH = 4
+    SAVED_KEYS = 100_000
+
+    def __init__(self, half_life: float = HITS_HALF_LIFE, width: int = SKETCH_WIDTH) -> None:
         self.half_life = half_life
-        self._hits: dict[tuple[str, Key], list[float]] = {}  # [count, at, saved per hit]
+        self.width = width
+        self._counts = numpy.zeros((self.DEPTH, width), dtype=numpy.float32)
+        self._rows = numpy.arange(self.DEPTH)
+        self._halved_at: float | None = None  # when the counters last halved
+        self._saved: dict[tuple[str, Key], float] = {}  # oldest first
+        self._mean: dict[str, float] = {}  # per control table
         self._lock = threading.Lock()
 
     def hit(self, control: str, key: Key, saved: float, now: float | None = None) -> None:
+        """A read of the key: a hit, or a miss (what a hit would have saved)."""
         now = time.monotonic() if now is None else now
+        at = self._slots(control, key)
         with self._lock:
-            kept = self._hits.get((control, key))
-            if kept is None:
-                self._hits[control, key] = [1.0, now, saved]
-                return
-            count = kept[0] * self._decay(now - kept[1]) + 1.0
-            kept[2] += (saved - kept[2]) / min(count, 16.0)  # a moving mean of the last hits
-            kept[0], kept[1] = count, now
+            self._age(now)
+            self._counts[self._rows, at] += 1.0
+            kept = self._saved
+            kept.pop((control, key), None)
+            kept[control, key] = saved
+            if len(kept) > self.SAVED_KEYS:
+                del kept[next(iter(kept))]
+            mean = self._mean.get(control)
+            self._mean[control] = saved if mean is None else mean + (saved - mean) / 64
 
     def worth(self, control: str, key: Key, now: float | None = None) -> tuple[float, float]:
-        """(hits in the window, as decayed now; backend cost saved per hit)."""
+        """(its reads in the window, as decayed now; the backend cost a hit saves)."""
         now = time.monotonic() if now is None else now
-        kept = self._hits.get((control, key))
-        if kept is None:
-            return 0.0, 0.0
-        return kept[0] * self._decay(now - kept[1]), kept[2]
-
-    def forget(self, control: str, keys: Iterable[Key]) -> None:
-        """Evicted regions start again from nothing (a key admitted again is new)."""
+        at = self._slots(control, key)
         with self._lock:
-            for key in keys:
-                self._hits.pop((control, key), None)
+            self._age(now)
+            count = float(self._counts[self._rows, at].min())
+            saved = self._saved.get((control, key))
+            return count, saved if saved is not None else self._mean.get(control, 0.0)
 
-    def __len__(self) -> int:
-        return len(self._hits)
+    def worths(self, control: str, keys: list[Key],
+               now: float | None = None) -> list[tuple[float, float]]:  # fmt: skip
+        """`worth` of many keys of one control table at once (the budget weighs every held
+        region at an eviction)."""
+        now = time.monotonic() if now is None else now
+        if not keys:
+            return []
+        at = numpy.array([self._slots(control, key) for key in keys], dtype=numpy.int64)
+        with self._lock:
+            self._age(now)
+            counts = self._counts[self._rows, at].min(axis=1).tolist()
+            saved, mean = self._saved, self._mean.get(control, 0.0)
+            return [(c, saved.get((control, k), mean)) for c, k in zip(counts, keys, strict=True)]
 
-    def _decay(self, elapsed: float) -> float:
-        return 0.5 ** (max(elapsed, 0.0) / self.half_life)
+    def _slots(self, control: str, key: Key) -> list[int]:
+        """The key's counter in each row (double hashing of one hash)."""
+        found = hash((control, key))
+        step = (found >> 17) | 1
+        return [(found + row * step) % self.width for row in range(self.DEPTH)]
+
+    def _age(self, now: float) -> None:
+        if self._halved_at is None:
+            self._halved_at = now
+            return
+        periods = int((now - self._halved_at) // self.half_life)
+        if periods > 0:
+            self._counts *= numpy.float32(0.5**periods)
+            self._halved_at += periods * self.half_life
 
 
 class Budget:
