@@ -175,3 +175,54 @@ def _streamed(dsn: str, start: int, until: int) -> list[t.Any]:
     finally:
         session.close()
     return found
+
+
+def test_a_big_transaction_is_streamed_in_progress_and_spilled_in_pieces(
+    stream: tuple[str, str], tmp_path: t.Any
+) -> None:
+    """Protocol 2 with streaming: a transaction past the backend's logical_decoding_work_mem
+    arrives in stream blocks before its commit; its changes go to disk in pieces, read back
+    in order at the commit, a rolled-back subtransaction's changes left out; a transaction
+    rolled back whole yields nothing and leaves no file."""
+    dsn, consistent = stream
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("ALTER DATABASE pgoutput SET logical_decoding_work_mem = '64kB'")
+        with conn.transaction():
+            conn.execute("INSERT INTO items SELECT g, 'big ' || g, g, repeat('x', 200) "
+                         "FROM generate_series(100, 2099) g")  # fmt: skip
+            conn.execute("SAVEPOINT s")
+            conn.execute("UPDATE items SET label = 'undone' WHERE id BETWEEN 100 AND 1099")
+            conn.execute("ROLLBACK TO SAVEPOINT s")
+            conn.execute("UPDATE items SET label = 'kept' WHERE id BETWEEN 2000 AND 2099")
+        try:
+            with conn.transaction():
+                conn.execute("INSERT INTO items SELECT g, 'gone', g, repeat('y', 200) "
+                             "FROM generate_series(5000, 6999) g")  # fmt: skip
+                raise RuntimeError("roll it back")
+        except RuntimeError:
+            pass
+        conn.execute("INSERT INTO items VALUES (9, 'after', 9, NULL)")
+        mark = wal_mark(conn)
+    spill = tmp_path / "spill"
+    session = SlotStream(dsn, "t_slot", "t_pub", lsn_value(consistent), 0)
+    decoder, found = Transactions(spill_dir=spill, spill_changes=300), []
+    try:
+        deadline = time.monotonic() + 60
+        while session.reached <= mark and time.monotonic() < deadline:
+            found += decoder.read(session.messages(1000, wait=0.2))
+            session.ping()
+    finally:
+        session.close()
+    assert decoder.blocks > 1  # streamed while in progress
+    big, after = found
+    assert big.spill is not None and big.size > 2100
+    pieces = list(big.pieces())
+    assert len(pieces) > 2 and all(len(p.changes) <= 300 for p in pieces)
+    changes = [c for p in pieces for _, c in p.changes]
+    assert [c.new[0] for c in changes[:2000]] == [str(g) for g in range(100, 2100)]
+    labels = [c.new[1] for c in changes[2000:]]
+    assert labels == ["kept"] * 100  # the rolled-back subtransaction's updates left out
+    assert {p.commit_lsn for p in pieces} == {big.commit_lsn}
+    assert [c.new for _, c in after.changes] == [("9", "after", "9.00", None)]
+    big.discard()
+    assert not list(spill.iterdir())  # (the rolled-back transaction left nothing either)

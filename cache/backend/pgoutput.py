@@ -1,5 +1,5 @@
-"""PostgreSQL's logical replication messages (pgoutput, protocol version 1), decoded: what the
-stream consumer of continuously maintained views reads (the design in
+"""PostgreSQL's logical replication messages (pgoutput, protocol versions 1 and 2), decoded:
+what the stream consumer of continuously maintained views reads (the design in
 docs/decisions.md, "Continuous maintenance from the WAL").
 
 The messages come one by one from a streaming session (cache/backend/replication.SlotStream)
@@ -10,15 +10,31 @@ resolving each change's relation from the Relation messages seen so far (pgoutpu
 relation's description before its first change in a session, and again when it changes).
 Column values stay PostgreSQL's text form (None for NULL, `UNCHANGED` for a TOASTed value the
 update did not touch); the consumer types them as the view's columns.
+
+Big transactions. With protocol version 2 and ``streaming 'on'``, the backend sends a
+transaction larger than its ``logical_decoding_work_mem`` while it is in progress, in blocks
+(Stream Start ... Stream Stop, each change carrying its (sub)transaction's xid), and then its
+Stream Commit or Stream Abort (of the whole, or of one subtransaction). Whether streamed or
+not, a transaction's changes past ``spill_changes`` go to a file of its own in
+``spill_dir`` (pickled pieces of ``spill_changes`` changes), so memory holds one piece per
+transaction; `Transaction.pieces` reads them back in order at its commit, and an abort drops
+them. The files are the session's: the next session starts from the applied position, and
+the backend sends the transaction again.
 """
 
 from __future__ import annotations
 
+import bisect
+import contextlib
 import datetime as dt
+import itertools
+import os
+import pickle
 import struct
 import typing as t
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 PG_EPOCH = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
 
@@ -35,7 +51,10 @@ Value = str | None | Unchanged
 
 
 class DecodeError(ValueError):
-    """A message that is not pgoutput protocol version 1 as this decoder knows it."""
+    """A message that is not pgoutput protocol version 1 or 2 as this decoder knows it."""
+
+
+SPILL_CHANGES = 50_000  # changes of one transaction held in memory before a piece is spilled
 
 
 @dataclass(frozen=True)
@@ -223,7 +242,8 @@ def _expect(reader: _Reader, marker: str) -> None:
 
 @dataclass
 class Transaction:
-    """One backend transaction's changes, in order, each with its relation."""
+    """One backend transaction's changes, in order, each with its relation: those in memory
+    (``changes``), after the pieces spilled to ``spill`` (`pieces` gives them all)."""
 
     xid: int
     commit_lsn: int = 0
@@ -233,22 +253,110 @@ class Transaction:
     # relations truncated, each after how many of ``changes`` (the order matters: a TRUNCATE
     # and the rows inserted after it in one transaction)
     truncated: list[tuple[int, Relation]] = field(default_factory=list)
+    spill: Path | None = None  # its spilled pieces, in order
+    spilled: int = 0  # changes in them
+    # a streamed transaction's subtransaction of each change and each TRUNCATE in memory,
+    # and the aborted ones
+    subxids: list[int] | None = None
+    truncated_by: list[int] = field(default_factory=list)
+    aborted: set[int] = field(default_factory=set)
+
+    @property
+    def size(self) -> int:
+        """Its changes, spilled or not."""
+        return self.spilled + len(self.changes)
+
+    def spill_out(self, directory: Path) -> None:
+        """Write the changes in memory as the next piece (they leave memory)."""
+        if self.spill is None:
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self.spill = directory / f"xid-{self.xid}-{next(_SPILLS)}.pieces"
+        # plain tuples, each relation once: pickled several times faster than named tuples
+        relations: dict[int, int] = {}
+        listed: list[Relation] = []
+        rows = []
+        for relation, change in self.changes:
+            at = relations.get(id(relation))
+            if at is None:
+                at = relations[id(relation)] = len(listed)
+                listed.append(relation)
+            rows.append((at, *change))
+        piece = (listed, rows, self.truncated, self.subxids, self.truncated_by)
+        with open(self.spill, "ab") as out:
+            pickle.dump(piece, out, protocol=pickle.HIGHEST_PROTOCOL)
+        self.spilled += len(self.changes)
+        self.changes, self.truncated, self.truncated_by = [], [], []
+        self.subxids = [] if self.subxids is not None else None
+
+    def pieces(self) -> Iterator[Transaction]:
+        """Its changes as transactions of at most a piece each (the same xid and commit), in
+        order, the aborted subtransactions' changes left out."""
+        if self.spill is not None:
+            with open(self.spill, "rb") as source:
+                while True:
+                    try:
+                        listed, rows, truncated, subxids, truncated_by = pickle.load(source)
+                    except EOFError:
+                        break
+                    changes = [(listed[r[0]], Change(r[1], r[2], r[3], r[4])) for r in rows]
+                    yield self._piece(changes, truncated, subxids, truncated_by)
+        yield self._piece(self.changes, self.truncated, self.subxids, self.truncated_by)
+
+    def _piece(self, changes: list[tuple[Relation, Change]],
+               truncated: list[tuple[int, Relation]], subxids: list[int] | None,
+               truncated_by: list[int]) -> Transaction:  # fmt: skip
+        if self.aborted and subxids is not None:
+            aborted = self.aborted
+            kept = [i for i, x in enumerate(subxids) if x not in aborted]
+            # each TRUNCATE kept comes after the kept changes that came before it
+            truncated = [(bisect.bisect_left(kept, at), relation)
+                         for (at, relation), by in zip(truncated, truncated_by, strict=True)
+                         if by not in aborted]  # fmt: skip
+            changes = [changes[i] for i in kept]
+        return Transaction(self.xid, self.commit_lsn, self.end_lsn, self.commit_time,
+                           changes, truncated)  # fmt: skip
+
+    def discard(self) -> None:
+        """Remove its spilled pieces (after its apply, or at its abort)."""
+        if self.spill is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.spill)
+            self.spill = None
+
+
+_SPILLS = itertools.count()
+_STREAM_START = struct.Struct("!IB")  # xid, first segment
+_STREAM_COMMIT = struct.Struct("!IBQQq")  # xid, flags, commit LSN, end LSN, commit time
+_STREAM_ABORT = struct.Struct("!II")  # xid, subtransaction xid
+_XID_RELID = struct.Struct("!II")  # a streamed change's (sub)transaction and relation
 
 
 @dataclass
 class Transactions:
-    """Groups decoded messages into whole transactions (relations remembered across them)."""
+    """Groups decoded messages into whole transactions (relations remembered across them);
+    with ``spill_dir``, a transaction's changes past ``spill_changes`` are spilled there."""
 
     relations: dict[int, Relation] = field(default_factory=dict)
     unfinished: Transaction | None = None  # begun, its commit not read yet
+    spill_dir: Path | None = None
+    spill_changes: int = SPILL_CHANGES
+    streamed: dict[int, Transaction] = field(default_factory=dict)  # in progress, by xid
+    streaming: int | None = None  # the xid of the stream block being read
+    blocks: int = 0  # stream blocks read (the backend streamed transactions in progress)
 
     def read(self, messages: Iterable[bytes]) -> Iterator[Transaction]:
         """The transactions ``messages`` complete (a batch ending mid-transaction: the next
         read goes on with it)."""
         current, self.unfinished = self.unfinished, None
         relations = self.relations
+        limit = self.spill_changes if self.spill_dir is not None else 1 << 62
         for data in messages:
             tag = data[0] if data else 0
+            if self.streaming is not None:
+                finished = self._streamed(data)
+                if finished is not None:
+                    yield finished
+                continue
             # the hot path, one message per row changed and two per transaction: an update
             # without its old key, a Begin and a Commit, unpacked in place
             if tag == 0x55 and current is not None and len(data) > 6 and data[5] == 0x4E:
@@ -257,6 +365,8 @@ class Transactions:
                 reader = _Reader(data)
                 reader.at = 6
                 current.changes.append((relation, Change("update", relid, None, reader.tuple())))
+                if len(current.changes) >= limit:
+                    current.spill_out(t.cast(Path, self.spill_dir))
                 continue
             if tag == 0x42 and len(data) == 1 + _BEGIN.size:
                 current = Transaction(_BEGIN.unpack_from(data, 1)[2])
@@ -266,6 +376,11 @@ class Transactions:
                 current.commit_time = PG_EPOCH + dt.timedelta(microseconds=micros)
                 yield current
                 current = None
+                continue
+            if tag in (0x53, 0x63, 0x41):  # S, c, A: a streamed transaction's (between blocks)
+                finished = self._streamed(data)
+                if finished is not None:
+                    yield finished
                 continue
             message = decode(data)
             if isinstance(message, Relation):
@@ -282,18 +397,91 @@ class Transactions:
             elif isinstance(message, Change | Truncate):
                 if current is None:
                     raise DecodeError("a change outside a transaction")
-                if isinstance(message, Change):
-                    current.changes.append((self._relation(message.relid), message))
-                else:
-                    at = len(current.changes)
-                    current.truncated += [(at, self._relation(r)) for r in message.relids]
+                self._add(current, message, None, limit)
         self.unfinished = current
+
+    def _streamed(self, data: bytes) -> Transaction | None:
+        """A message of protocol 2's streaming: the transaction a Stream Commit completes."""
+        tag = chr(data[0])
+        if tag == "S":
+            xid, _ = _take(_STREAM_START, data, "stream start")
+            self.streaming = xid
+            self.blocks += 1
+            if xid not in self.streamed:
+                self.streamed[xid] = Transaction(xid, subxids=[])
+            return None
+        if tag == "E":
+            self.streaming = None
+            return None
+        if tag == "c":
+            xid, _, commit_lsn, end_lsn, micros = _take(_STREAM_COMMIT, data, "stream commit")
+            found = self.streamed.pop(xid, None)
+            txn = found if found is not None else Transaction(xid, subxids=[])
+            txn.commit_lsn, txn.end_lsn = commit_lsn, end_lsn
+            txn.commit_time = PG_EPOCH + dt.timedelta(microseconds=micros)
+            return txn
+        if tag == "A":
+            xid, subxid = _take(_STREAM_ABORT, data[: 1 + _STREAM_ABORT.size], "stream abort")
+            going = self.streamed.get(xid)
+            if going is not None:
+                if subxid == xid:
+                    self.streamed.pop(xid).discard()
+                else:
+                    going.aborted.add(subxid)
+            return None
+        if self.streaming is None or len(data) < 5:
+            raise DecodeError(f"a streamed {tag!r} message outside a stream block")
+        limit = self.spill_changes if self.spill_dir is not None else 1 << 62
+        if tag in ("U", "I") and len(data) > 10 and data[9] == 0x4E:  # (the hot path: a row
+            subxid, relid = _XID_RELID.unpack_from(data, 1)  # inserted, or updated without
+            reader = _Reader(data)  # its old key: read in place)
+            reader.at = 10
+            change = Change("update" if tag == "U" else "insert", relid, None, reader.tuple())
+            self._add(self.streamed[self.streaming], change, subxid, limit)
+            return None
+        (subxid,) = _RELID.unpack_from(data, 1)
+        message = decode(data[:1] + data[5:])  # (the same message less its xid)
+        if isinstance(message, Relation):
+            self.relations[message.relid] = message
+        elif isinstance(message, Change | Truncate):
+            self._add(self.streamed[self.streaming], message, subxid, limit)
+        return None
+
+    def _add(self, txn: Transaction, message: Change | Truncate, subxid: int | None,
+             limit: int) -> None:  # fmt: skip
+        if isinstance(message, Change):
+            txn.changes.append((self._relation(message.relid), message))
+            if txn.subxids is not None:
+                txn.subxids.append(subxid if subxid is not None else txn.xid)
+            if len(txn.changes) >= limit:
+                txn.spill_out(t.cast(Path, self.spill_dir))
+        else:
+            at = len(txn.changes)
+            txn.truncated += [(at, self._relation(r)) for r in message.relids]
+            if txn.subxids is not None:
+                txn.truncated_by += [subxid if subxid is not None else txn.xid] * len(
+                    message.relids)
+
+    def close(self) -> None:
+        """Drop what the session left unfinished (its spilled pieces with it)."""
+        for txn in self.streamed.values():
+            txn.discard()
+        self.streamed.clear()
+        if self.unfinished is not None:
+            self.unfinished.discard()
+            self.unfinished = None
 
     def _relation(self, relid: int) -> Relation:
         relation = self.relations.get(relid)
         if relation is None:
             raise DecodeError(f"a change of relation {relid} before its description")
         return relation
+
+
+def _take(layout: struct.Struct, data: bytes, what: str) -> tuple[t.Any, ...]:
+    if len(data) != 1 + layout.size:
+        raise DecodeError(f"{what}: {len(data)} bytes, not {1 + layout.size}")
+    return layout.unpack_from(data, 1)
 
 
 def lsn_text(lsn: int) -> str:

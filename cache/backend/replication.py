@@ -141,8 +141,11 @@ class SlotStream:
         self._held: list[bytes] = []  # messages read while waiting for a reply
         self._conn = connect_backend(dsn, autocommit=True, replication="database")
         self._pg = self._conn.pgconn
+        # protocol 2 streams a big transaction while it is in progress (PostgreSQL 14 on)
+        options = "proto_version '2', streaming 'on'" if self._pg.server_version >= 140000 \
+            else "proto_version '1'"  # fmt: skip
         command = sql.SQL(
-            "START_REPLICATION SLOT {} LOGICAL {} (proto_version '1', publication_names {})"
+            "START_REPLICATION SLOT {} LOGICAL {} (" + options + ", publication_names {})"
         ).format(sql.Identifier(slot), sql.SQL(lsn_text(start)), sql.Literal(publication))
         try:
             self._pg.send_query(command.as_bytes(self._conn))

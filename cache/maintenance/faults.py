@@ -21,9 +21,10 @@ from collections.abc import Iterable
 
 POINTS = ("after_snapshot", "after_pull", "before_commit", "task")
 # The stream consumer's (cache.maintenance.stream):
-STREAM_POINTS = ("stream_apply", "stream_advance")
+STREAM_POINTS = ("stream_apply", "stream_advance", "stream_piece")
 # stream_apply: the stream consumer's batch applied in DuckDB, its position not yet stored;
-# stream_advance: the batch committed with its position, the slot not yet advanced
+# stream_advance: the batch committed with its position, the slot not yet advanced;
+# stream_piece: a piece of a transaction spilled to disk applied, the next not yet
 # ``after_snapshot:disconnect`` makes the backend terminate the refresh's session (a real
 # server-side disconnect, as a backend restart or a network cut would cause).
 

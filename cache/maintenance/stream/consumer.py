@@ -4,14 +4,19 @@ applies it, batch by batch, riding out backend outages (`Consumer`)."""
 from __future__ import annotations
 
 import contextlib
+import itertools
+import os
 import select
+import shutil
 import time
 import typing as t
+from pathlib import Path
 
 import duckdb
 import psycopg
 
 from cache.backend.pgoutput import (
+    SPILL_CHANGES,
     Transaction,
     Transactions,
     lsn_text,
@@ -41,8 +46,9 @@ from cache.maintenance.stream.position import (
     load_stream,
     log,
 )
-from cache.maintenance.stream.transactions import apply_transactions, later, run_of
+from cache.maintenance.stream.transactions import apply_group, later, run_of
 from cache.maintenance.stream.views import stamp_regions
+from cache.private_files import make_private_dirs
 from cache.store.cache_file import CacheStore
 from control_tables.schema import CacheSchema
 from heartbeat.loop import Loop
@@ -64,7 +70,10 @@ class Consumer:
         batch: int = 20_000,
         poll: float = 0.05,
         lag_limit: int = DEFAULT_LAG_LIMIT,
+        spill_changes: int = SPILL_CHANGES,
     ) -> None:
+        """``spill_changes``: a transaction's changes held in memory before a piece of them
+        goes to disk (`cache.backend.pgoutput.Transactions`)."""
         self.store = store
         self.dsn = dsn
         self.batch = batch
@@ -72,7 +81,12 @@ class Consumer:
         self.lag_limit = lag_limit
         self._conn: psycopg.Connection[t.Any] | None = None
         self._source: SlotStream | None = None
-        self._decoder = Transactions()
+        # a big transaction's pieces go to files here (`Transactions`); what a killed
+        # process left is dropped: the next session sends those transactions again
+        self._spill = spill_dir(store.path)
+        self.spill_changes = spill_changes
+        self._decoder = self._new_decoder()
+        self.spilled = 0  # transactions applied from disk, in pieces
         self._loop = Loop("mtcache-stream")
         self._warned: str | None = None
         self.upqueries = 0
@@ -157,7 +171,8 @@ class Consumer:
             except psycopg.errors.UndefinedObject:  # dropped since we looked
                 self._recover(stream)
                 return None
-        self._source, self._decoder = source, Transactions()
+        self._decoder.close()
+        self._source, self._decoder = source, self._new_decoder()
         return source
 
     def _confirm(self, source: SlotStream, lsn: int, wait: float = 0.0) -> None:
@@ -179,11 +194,11 @@ class Consumer:
             current = current or load_stream(self.store.con)
             assert current is not None
             pendings = pending_pulls(self.store.con)  # only pulls (this thread) add to them
-            group = run_of(remaining, pendings)[:limit]
+            group = _alone_if_spilled(run_of(remaining, pendings)[:limit])
             try:
                 with self.store.transaction() as con:
-                    done = apply_transactions(con, schema, catalog, current, group, pendings,
-                                              self.faults)  # fmt: skip
+                    done = apply_group(con, schema, catalog, current, group, pendings,
+                                       self.faults)  # fmt: skip
                     self.store.changed(done.views)
                     # (a batch must land: over the budget if evicting cannot make room)
                     within_budget(self.store, schema, Report("stream batch", "stream"),
@@ -193,8 +208,20 @@ class Consumer:
                     limit = len(group) // 2
                     continue
                 self._upquery(schema, catalog, group[0], need)
+            for txn in group:
+                if txn.spill is not None:
+                    self.spilled += 1
+                txn.discard()  # (applied: its spilled pieces are not needed any more)
             remaining = remaining[len(group) :]
             limit, current = None, None  # moved on: read again
+
+    def _new_decoder(self) -> Transactions:
+        return Transactions(spill_dir=self._spill, spill_changes=self.spill_changes)
+
+    @property
+    def stream_blocks(self) -> int:
+        """Blocks of transactions in progress the current session has read (protocol 2)."""
+        return self._decoder.blocks
 
     def _catalog(self) -> Catalog:
         """The shadow catalog, read again only after DDL or a reflect saved it."""
@@ -234,8 +261,8 @@ class Consumer:
         def then(con: duckdb.DuckDBPyConnection, _: int) -> None:
             current = load_stream(con)
             assert current is not None
-            done = apply_transactions(con, schema, catalog, current, [txn],
-                                      pending_pulls(con), self.faults)  # fmt: skip
+            done = apply_group(con, schema, catalog, current, [txn], pending_pulls(con),
+                               self.faults)  # fmt: skip
             self.store.changed(done.views)
 
         maintainer = Maintainer(self.store, self.dsn)
@@ -361,6 +388,7 @@ class Consumer:
         `catch_up` open them again)."""
         self.release(confirm=True)
         self._close()
+        shutil.rmtree(self._spill, ignore_errors=True)
 
     def release(self, confirm: bool = False) -> None:
         """End the streaming session (the slot is free; the next step starts another from
@@ -369,6 +397,8 @@ class Consumer:
             source, self._source = self._source, None
             if source is None:
                 return
+            self._decoder.close()  # (what it read goes with the session)
+            self._decoder = self._new_decoder()
             lsn = None
             if confirm:
                 with contextlib.suppress(duckdb.Error):
@@ -398,3 +428,39 @@ class Consumer:
             with contextlib.suppress(Exception):
                 self._conn.close()
             self._conn = None
+
+
+def spill_dir(path: Path) -> Path:
+    """Where a consumer of the cache file at ``path`` spills big transactions: a private
+    directory of its own beside the file. Those of processes gone are removed (a killed
+    consumer's: the backend sends their transactions again)."""
+    parent = path.with_name(path.name + ".spill")
+    make_private_dirs(parent)
+    for left in parent.iterdir():
+        pid = left.name.split("-")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(left, ignore_errors=True)
+    found = parent / f"{os.getpid()}-{next(_CONSUMERS)}"
+    make_private_dirs(found)
+    return found
+
+
+_CONSUMERS = itertools.count()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _alone_if_spilled(group: list[Transaction]) -> list[Transaction]:
+    """A transaction spilled to disk is applied alone (`apply_group`)."""
+    for index, txn in enumerate(group):
+        if txn.spill is not None:
+            return group[:index] or [txn]
+    return group

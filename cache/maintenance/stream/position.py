@@ -41,12 +41,13 @@ class StreamRow:
 
 
 def load_stream(con: duckdb.DuckDBPyConnection) -> StreamRow | None:
-    row = con.execute(
+    rows = con.execute(
         "SELECT slot, publication, applied_lsn, stream_time, applied_at, relations, problem "
         "FROM mtcache.stream"
-    ).fetchone()
-    if row is None:
+    ).fetchall()  # (all: a result left unfinished would keep DuckDB from registering Arrow)
+    if not rows:
         return None
+    row = rows[0]
     return StreamRow(row[0], row[1], int(row[2]), row[3], row[4], json.loads(row[5] or "{}"),
                      row[6])  # fmt: skip
 

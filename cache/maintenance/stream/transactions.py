@@ -16,7 +16,7 @@ from cache.backend.pgoutput import (
 from cache.maintenance import faults
 from cache.maintenance.lineup import Pending
 from cache.maintenance.stream.derived import apply_derived, plan_of
-from cache.maintenance.stream.position import Applied, StreamProblem, StreamRow
+from cache.maintenance.stream.position import Applied, StreamProblem, StreamRow, load_stream
 from cache.maintenance.stream.staging import stage_changes
 from cache.maintenance.stream.views import apply_view, delete_where, not_pending, stamp_regions
 from control_tables.schema import CachedView, CacheSchema
@@ -104,6 +104,35 @@ def apply_transactions(
     last = txns[-1]
     stamp_regions(con, schema, stream, last.end_lsn, stream_time, [p.snapshot_id for p in pendings],
            applied)  # fmt: skip
+    return applied
+
+
+def apply_group(
+    con: duckdb.DuckDBPyConnection,
+    schema: CacheSchema,
+    catalog: Catalog,
+    stream: StreamRow,
+    txns: Sequence[Transaction],
+    pendings: list[Pending],
+    enabled_faults: frozenset[str] = frozenset(),
+) -> Applied:
+    """`apply_transactions`; a transaction spilled to disk (`Transaction.pieces`: alone in
+    its group) piece by piece, all inside the caller's one DuckDB transaction, so it lands
+    whole or not at all while memory holds one piece. Each piece is applied as a whole
+    transaction would be: a later piece's change of a row follows an earlier one's."""
+    if len(txns) != 1 or txns[0].spill is None:
+        return apply_transactions(con, schema, catalog, stream, txns, pendings, enabled_faults)
+    applied = Applied()
+    current = stream
+    for index, piece in enumerate(txns[0].pieces()):
+        if index:
+            faults.hit("stream_piece", enabled_faults)  # a piece applied, the rest not yet
+            found = load_stream(con)
+            assert found is not None
+            current = found
+        done = apply_transactions(con, schema, catalog, current, [piece], pendings,
+                                  enabled_faults)  # fmt: skip
+        applied.views |= done.views
     return applied
 
 
