@@ -44,12 +44,20 @@ def append_rows(name: str, rows: list[dict[str, Any]]) -> Path:
     stamp = provenance()
     records = [{**row, **stamp} for row in rows]
     fields: list[str] = []  # (rows of several kinds: every field any of them has)
+    kept: list[dict[str, str]] = []
+    if path.exists():
+        with path.open(newline="") as handle:
+            reader = csv.DictReader(handle)
+            fields = list(reader.fieldnames or [])
+            kept = list(reader)
+    known = list(fields)
     for record in records:
         fields += [f for f in record if f not in fields]
-    new = not path.exists()
-    with path.open("a", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=fields, restval="")
-        if new:
+    if fields != known:  # fields the file lacks: it is written again, widened
+        with path.open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=fields, restval="")
             writer.writeheader()
-        writer.writerows(records)
+            writer.writerows(kept)
+    with path.open("a", newline="") as handle:
+        csv.DictWriter(handle, fieldnames=fields, restval="").writerows(records)
     return path
