@@ -226,6 +226,12 @@ def policy_live(dsn: str, keys: int, requests: int, seed: int,
             "seconds": seconds}  # fmt: skip
 
 
+def _measure_child(dsn: str, keys: int, out: t.Any) -> None:
+    """`measure` in a process of its own: its peak memory is the admission's."""
+    found = measure(dsn, keys)
+    out.put({**found, "peak_rss": _peak_rss()})
+
+
 def measure(dsn: str, keys: int) -> dict[str, t.Any]:
     prepare(dsn, 2 * keys)
     work = Path(tempfile.mkdtemp(prefix="mtcache-bench-budget-"))
@@ -240,6 +246,7 @@ def measure(dsn: str, keys: int) -> dict[str, t.Any]:
             started = time.perf_counter()
             conn.admin.admit("item_pct", wanted)
             admit_s = time.perf_counter() - started
+            admit_peak = _peak_rss()  # (the process's peak so far: the admission's)
             started = time.perf_counter()
             conn.admin.refresh("items_first", engine="inline")
             pull_s = time.perf_counter() - started
@@ -262,7 +269,8 @@ def measure(dsn: str, keys: int) -> dict[str, t.Any]:
     return {"experiment": "bench_budget", "part": "bulk admission", "keys": keys,
             "admit_s": admit_s, "admit_rows_per_s": keys / admit_s, "pull_s": pull_s,
             "pull_rows_per_s": keys / pull_s, "admit_vs_pull": pull_s / admit_s,
-            "status_s": status_s, "regions": regions, "evict_s": evict_s}  # fmt: skip
+            "status_s": status_s, "regions": regions, "evict_s": evict_s,
+            "admit_peak_rss": admit_peak}  # fmt: skip
 
 
 # -- a big transaction on a continuously maintained view ----------------------------------------
@@ -426,20 +434,28 @@ def policy(console: Console, dsn: str, args: argparse.Namespace) -> list[dict[st
 
 def bulk(console: Console, dsn: str, keys_asked: list[int]) -> list[dict[str, t.Any]]:
     rows = []
+    context = multiprocessing.get_context("spawn")
     for keys in keys_asked:
         console.print(f"admitting {keys:,} keys ...")
-        rows.append(measure(dsn, keys))
+        prepare(dsn, 2 * keys)  # (outside the measured process)
+        out = context.Queue()
+        process = context.Process(target=_measure_child, args=(dsn, keys, out))
+        process.start()
+        rows.append(out.get(timeout=7200))
+        process.join()
     if rows:
         table = Table(title="Bulk admission, side by side with a pull of the same rows")
         for column in ("keys", "admit", "rows/s", "pull", "rows/s", "admit / pull speed",
-                       "status", "regions", "evict"):
+                       "status", "regions", "evict", "peak: admission / all"):
             table.add_column(column)
         for r in rows:
             table.add_row(f"{r['keys']:,}", f"{r['admit_s']:.2f} s",
                           f"{r['admit_rows_per_s']:,.0f}", f"{r['pull_s']:.2f} s",
                           f"{r['pull_rows_per_s']:,.0f}", f"{r['admit_vs_pull']:.2f}x",
                           f"{r['status_s']:.2f} s", f"{r['regions']:,}",
-                          f"{r['evict_s']:.2f} s")  # fmt: skip
+                          f"{r['evict_s']:.2f} s",
+                          f"{r['admit_peak_rss'] / 2**20:,.0f} / "
+                          f"{r['peak_rss'] / 2**20:,.0f} MiB")  # fmt: skip
         console.print(table)
     return rows
 

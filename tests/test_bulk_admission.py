@@ -80,3 +80,43 @@ def test_the_duckdb_memory_limit_and_threads_are_options_status_shows(
             assert raw.admin.status()["resources"]["threads"] == 1  # type: ignore[union-attr]
     finally:
         engine.dispose()
+
+
+def test_many_keys_are_admitted_in_pieces_whole_or_not_at_all(
+    pg_cluster: EmbeddedPostgres, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past ADMIT_PIECE keys an admission goes in pieces (bounded memory): one backend
+    snapshot, one DuckDB transaction. Every region carries that one snapshot, the children
+    come with their parents, and a key the backend lacks in the last piece leaves nothing
+    admitted."""
+    from cache.maintenance import pipeline
+
+    monkeypatch.setattr(pipeline, "ADMIT_PIECE", 1000)
+    dsn = pg_cluster.create_database("bulk_pieces")
+    with psycopg.connect(dsn, autocommit=True) as pg:
+        pg.execute("CREATE TABLE parts (id integer PRIMARY KEY, name text NOT NULL)")
+        pg.execute("CREATE TABLE uses (useid integer PRIMARY KEY, partid integer NOT NULL, "
+                   "qty integer NOT NULL)")  # fmt: skip
+        pg.execute("INSERT INTO parts SELECT g, 'part ' || g FROM generate_series(1, 4000) g")
+        pg.execute("INSERT INTO uses SELECT g, 1 + g % 4000, g FROM generate_series(1, 9000) g")
+        with cache.connect(dsn, tmp_path / "c.duckdb", background=False,
+                           admit_on_miss=False) as conn:  # fmt: skip
+            conn.admin.apply_ddl(
+                "CREATE CONTROL TABLE part_pct (id integer); CREATE CACHED VIEW partcopy AS "
+                "SELECT * FROM parts PRESENCE ON (id) IN part_pct; CREATE CACHED VIEW usecopy "
+                "AS SELECT * FROM uses PRESENCE ON (partid) IN partcopy (id) CONSISTENCY ROOT")
+            con = conn.admin.store.con  # type: ignore[union-attr]
+            lacking = [(k,) for k in range(1, 2501)] + [(99_999,)]
+            with pytest.raises(cache.ProgrammingError, match=r"no rows for key \(99999,\)"):
+                conn.admin.admit("part_pct", lacking)
+            assert con.execute("SELECT count(*) FROM part_pct").fetchall() == [(0,)]
+            assert con.execute("SELECT count(*) FROM usecopy").fetchall() == [(0,)]
+            report = conn.admin.admit("part_pct", [(k,) for k in range(1, 2501)])
+            assert len(report.regions) == 10  # (ten named, all counted: each part's
+            assert report.region_count is not None and report.region_count >= 2500  # region)
+            assert con.execute("SELECT count(DISTINCT snapshot_id), count(*) FROM part_pct"
+                               ).fetchall() == [(1, 2500)]  # fmt: skip
+            assert con.execute("SELECT * FROM partcopy ORDER BY id").fetchall() == pg.execute(
+                "SELECT * FROM parts WHERE id <= 2500 ORDER BY id").fetchall()
+            assert con.execute("SELECT * FROM usecopy ORDER BY useid").fetchall() == pg.execute(
+                "SELECT * FROM uses WHERE partid <= 2500 ORDER BY useid").fetchall()

@@ -1301,7 +1301,7 @@ def _copy_leaf(
 
 def _report_notice(report: t.Any) -> inspect.Notice:
     """The NOTICE of an admission, eviction or refresh: what it did, its report as JSON."""
-    return inspect.Notice.with_detail(f"{report.operation}: {len(report.regions)} regions",
+    return inspect.Notice.with_detail(f"{report.operation}: {report.regions_counted} regions",
                                       report.to_json())  # fmt: skip
 
 

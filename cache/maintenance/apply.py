@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import typing as t
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 import duckdb
 import pyarrow as pa
@@ -45,66 +45,105 @@ def apply_pull(
     operation's delay d); ``then(con, snapshot_id)`` runs inside the transaction, before the
     size budget is kept (`within_budget`; ``strict_budget``: refuse, rather than land over
     it, when evicting cannot make room)."""
-    con = store.con
-    with store.transaction():
-        row = con.execute(
-            "SELECT coalesce(max(snapshot_id), 0) + 1 FROM mtcache.snapshots"
-        ).fetchone()
-        assert row is not None
-        snapshot_id = int(row[0])
-        con.execute(
-            "INSERT INTO mtcache.snapshots (snapshot_id, backend_time, pg_snapshot, engine, "
-            "applied_at) VALUES (?, ?, ?, ?, now())",
-            [snapshot_id, snapshot.backend_time, snapshot.pg_snapshot, engine],
-        )
-        stamp = [snapshot.backend_time, snapshot_id]
-        for control, values in admitted.items():
-            _insert_control_rows(con, control, schema.control_tables[control].column_names,
-                                 values, stamp)  # fmt: skip
-        changed = []
-        for name in schema.topological_order():
-            view = schema.views[name]
-            regions = {r for r in omega if r.view == name}
-            rows = staged.get(name)
-            if not regions and rows is None:
-                continue
-            changed.append(name)
-            report.rows_deleted[name] = _delete_rows(con, view, regions, rows)
-            report.rows_inserted[name] = 0
-            if rows is not None and rows.num_rows:
-                con.register("mtcache_staged", rows)
-                columns = idents(rows.column_names)  # (a derived view's: what it stores)
-                con.execute(
-                    f"INSERT INTO {ident(name)} ({columns}) SELECT {columns} FROM mtcache_staged"
-                )
-                con.unregister("mtcache_staged")
-                report.rows_inserted[name] = rows.num_rows
-            _stamp_regions(con, schema, view, regions, rows, stamp)
-            if view.view_level and Region(name, "view") in regions:
-                con.execute(
-                    "INSERT OR REPLACE INTO mtcache.view_state VALUES (?, ?, ?)", [name, *stamp]
-                )
-        for name, rows in staged.items():  # a continuously maintained derived view's copies
-            owner = copy_owner(name)  # of its tables, pulled whole with it
-            if owner is None:
-                continue
-            con.execute(f"DELETE FROM {ident(name)}")
-            con.register("mtcache_staged", rows)
-            con.execute(f"INSERT INTO {ident(name)} ({idents(rows.column_names)}) "
-                        f"SELECT * FROM mtcache_staged")  # fmt: skip
-            con.unregister("mtcache_staged")
-            # (its view state says when: a presence-controlled one's copies are pulled once)
-            con.execute("INSERT OR REPLACE INTO mtcache.view_state VALUES (?, ?, ?)",
-                        [owner, *stamp])  # fmt: skip
-        faults.hit("before_commit", enabled_faults)
-        con.execute("UPDATE mtcache.snapshots SET views = ?, delay_seconds = ? "
-                    "WHERE snapshot_id = ?", [changed, age(), snapshot_id])  # fmt: skip
-        store.changed(changed)
-        if then is not None:
-            then(con, snapshot_id)
-        within_budget(store, schema, report, admitted, strict_budget)
+    with store.transaction() as con:
+        snapshot_id = begin_apply(con, snapshot, engine)
+        changed = apply_rows(con, schema, omega, staged, admitted,
+                             [snapshot.backend_time, snapshot_id], report)  # fmt: skip
+        end_apply(store, schema, snapshot_id, changed, enabled_faults, report, admitted, age,
+                  then, strict_budget)  # fmt: skip
     report.snapshot_id = snapshot_id
     report.backend_time = snapshot.backend_time
+
+
+def begin_apply(con: duckdb.DuckDBPyConnection, snapshot: Snapshot, engine: str) -> int:
+    """Inside the apply transaction: the operation's snapshot recorded; its id."""
+    [(snapshot_id,)] = con.execute(
+        "SELECT coalesce(max(snapshot_id), 0) + 1 FROM mtcache.snapshots").fetchall()
+    con.execute(
+        "INSERT INTO mtcache.snapshots (snapshot_id, backend_time, pg_snapshot, engine, "
+        "applied_at) VALUES (?, ?, ?, ?, now())",
+        [snapshot_id, snapshot.backend_time, snapshot.pg_snapshot, engine],
+    )
+    return int(snapshot_id)
+
+
+def apply_rows(
+    con: duckdb.DuckDBPyConnection,
+    schema: CacheSchema,
+    omega: set[Region],
+    staged: Mapping[str, pa.Table],
+    admitted: Mapping[str, list[Key]],
+    stamp: list[t.Any],
+    report: Report,
+) -> list[str]:
+    """Inside the apply transaction: the Maintenance Rule for one pull (``stamp``: its
+    backend time and snapshot id); the views whose rows it changed. Several pulls of one
+    snapshot may be applied one after the other (an admission in pieces)."""
+    for control, values in admitted.items():
+        _insert_control_rows(con, control, schema.control_tables[control].column_names,
+                             values, stamp)  # fmt: skip
+    changed = []
+    for name in schema.topological_order():
+        view = schema.views[name]
+        regions = {r for r in omega if r.view == name}
+        rows = staged.get(name)
+        if not regions and rows is None:
+            continue
+        changed.append(name)
+        deleted = _delete_rows(con, view, regions, rows)
+        report.rows_deleted[name] = report.rows_deleted.get(name, 0) + deleted
+        report.rows_inserted.setdefault(name, 0)
+        if rows is not None and rows.num_rows:
+            con.register("mtcache_staged", rows)
+            columns = idents(rows.column_names)  # (a derived view's: what it stores)
+            con.execute(
+                f"INSERT INTO {ident(name)} ({columns}) SELECT {columns} FROM mtcache_staged"
+            )
+            con.unregister("mtcache_staged")
+            report.rows_inserted[name] += rows.num_rows
+        _stamp_regions(con, schema, view, regions, rows, stamp)
+        if view.view_level and Region(name, "view") in regions:
+            con.execute(
+                "INSERT OR REPLACE INTO mtcache.view_state VALUES (?, ?, ?)", [name, *stamp]
+            )
+    for name, rows in staged.items():  # a continuously maintained derived view's copies
+        owner = copy_owner(name)  # of its tables, pulled whole with it
+        if owner is None:
+            continue
+        con.execute(f"DELETE FROM {ident(name)}")
+        con.register("mtcache_staged", rows)
+        con.execute(f"INSERT INTO {ident(name)} ({idents(rows.column_names)}) "
+                    f"SELECT * FROM mtcache_staged")  # fmt: skip
+        con.unregister("mtcache_staged")
+        # (its view state says when: a presence-controlled one's copies are pulled once)
+        con.execute("INSERT OR REPLACE INTO mtcache.view_state VALUES (?, ?, ?)",
+                    [owner, *stamp])  # fmt: skip
+    return changed
+
+
+def end_apply(
+    store: CacheStore,
+    schema: CacheSchema,
+    snapshot_id: int,
+    changed: Iterable[str],
+    enabled_faults: frozenset[str],
+    report: Report,
+    admitted: Mapping[str, Collection[Key]],
+    age: t.Callable[[], float] = lambda: 0.0,
+    then: t.Callable[[duckdb.DuckDBPyConnection, int], None] | None = None,
+    strict_budget: bool = True,
+) -> None:
+    """Inside the apply transaction, last: the snapshot's views and delay, the change
+    counted, ``then``, and the size budget kept (`apply_pull`'s)."""
+    con = store.con
+    changed = list(dict.fromkeys(changed))  # (in the order applied; pieces repeat views)
+    faults.hit("before_commit", enabled_faults)
+    con.execute("UPDATE mtcache.snapshots SET views = ?, delay_seconds = ? "
+                "WHERE snapshot_id = ?", [changed, age(), snapshot_id])  # fmt: skip
+    store.changed(changed)
+    if then is not None:
+        then(con, snapshot_id)
+    within_budget(store, schema, report, admitted, strict_budget)
 
 
 def _insert_control_rows(

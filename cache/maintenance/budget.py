@@ -65,7 +65,8 @@ def within_budget(
     target = int(limit * (1 - ROOM))
     evicted: dict[str, list[Key]] = {}
     touched: set[str] = set()
-    excluded: set[tuple[str, Key]] = {(c, k) for c, keys in protected.items() for k in keys}
+    protected_keys = {(c, k) for c, keys in protected.items() for k in keys}
+    excluded = set(protected_keys)
     while total > limit:
         held = [h for h in _held(con, schema, sizes, budget.hits.worths, budget.hits.half_life)
                 if (h.control, h.key) not in excluded]  # fmt: skip
@@ -82,12 +83,15 @@ def within_budget(
     amounts = {"evictions": count}
     if total > limit:
         if strict:
-            fixed = total - sum(h.bytes for h in _held(con, schema, sizes, _nothing, 1.0))
+            left = _held(con, schema, sizes, _nothing, 1.0)
+            admitted = sum(h.bytes for h in left if (h.control, h.key) in protected_keys)
+            fixed = total - sum(h.bytes for h in left)
             raise BudgetExceeded(
                 f"{report.operation}: the cache's data would take {total:,} bytes, above its "
                 f"cache_size_limit of {limit:,}, with every region it may evict gone "
-                f"({fixed:,} bytes are fully materialized views, copies and the regions being "
-                "admitted); nothing was changed. Raise cache_size_limit, or admit fewer keys")
+                f"({admitted:,} bytes are the regions being admitted, {fixed:,} fully "
+                "materialized views and copies); nothing was changed. Raise "
+                "cache_size_limit, or admit fewer keys")
         amounts["budget_overruns"] = 1
     _count(con, amounts)
     if touched:

@@ -30,9 +30,9 @@ import psycopg
 import pyarrow as pa
 
 from cache.maintenance import faults
-from cache.maintenance.apply import apply_pull
+from cache.maintenance.apply import apply_pull, apply_rows, begin_apply, end_apply
 from cache.maintenance.engines import Coordinator, Engine, InlineEngine, PullQuery
-from cache.maintenance.evict import evict
+from cache.maintenance.evict import NAMED_KEYS, evict
 from cache.maintenance.key_values import exact_keys
 from cache.maintenance.lineup import record_pull
 from cache.maintenance.pull import Pull, distinct_rows
@@ -40,7 +40,7 @@ from cache.maintenance.report import Report
 from cache.store.cache_file import CacheStore
 from control_tables.closure import affected_closure_safe, control_values
 from control_tables.regions import Region, guarantees
-from control_tables.schema import CachedView, CacheSchema, control_role, controlled_columns
+from control_tables.schema import CachedView, CacheSchema, Role, control_role, controlled_columns
 from optimizer.derived_delta import copy_owner
 from sql_ext.errors import (
     Error,
@@ -65,6 +65,9 @@ def make_engine(name: str, master: str | None = None) -> Engine:
         return SparkEngine(master or DEFAULT_MASTER)
     raise ProgrammingError(f"unknown refresh engine {name!r}: use spark or inline")
 
+
+# An admission of more keys than this goes in pieces of this many (`_admit_in_pieces`)
+ADMIT_PIECE = 50_000
 
 # Pulls reading tables of at least this many backend heap pages (8 KiB each: 128 MiB) go to
 # Spark when an engine is chosen by size; smaller ones are pulled inline (no JVM to start).
@@ -116,11 +119,72 @@ class Maintainer:
         schema = self.store.load_schema()
         view, role, _ = control_role(schema, control)
         values = _coerce_keys(self.store, schema, control, values)
-        seeds = {Region(view.name, role, controlled_columns(view, role, control), v, control)
-                 for v in values}  # fmt: skip
+        columns = controlled_columns(view, role, control)
+        if len(values) > ADMIT_PIECE and not schema.continuous(view.name):
+            return self._admit_in_pieces(schema, control, view, role, columns, values,
+                                         allow_empty)  # fmt: skip
+        seeds = {Region(view.name, role, columns, v, control) for v in values}
         must_hold = seeds if role == "presence" and not allow_empty else set()
         return self._run(f"admit {control}", schema, seeds, admitted={control: values},
                          must_hold=must_hold)  # fmt: skip
+
+    def _admit_in_pieces(
+        self, schema: CacheSchema, control: str, view: CachedView, role: Role,
+        columns: tuple[str, ...], values: list[tuple[t.Any, ...]], allow_empty: bool,
+    ) -> Report:  # fmt: skip
+        """Many keys, ``ADMIT_PIECE`` at a time (the regions of one piece in memory, not of
+        all): every piece pulled in the one backend snapshot and applied in the one DuckDB
+        transaction, so the admission lands whole or not at all, as one of few keys does.
+        A piece's closure sees the pieces applied before it (inside the transaction): a
+        region two pieces reach is pulled twice from the same snapshot, the same rows."""
+        label = f"admit {control}"
+        started = time.monotonic()
+        catalog = self.store.load_catalog()
+        report = Report(operation=label, engine=self.engine.name)
+        coordinator = Coordinator(self.dsn, self.faults)
+        regions = rounds = 0
+        try:
+            with self.store.maintenance_lock, self.store.transaction() as con:
+                if "after_snapshot:disconnect" in self.faults:
+                    coordinator.terminate_session()
+                faults.hit("after_snapshot", self.faults)
+                snapshot_id = None
+                changed: list[str] = []
+                for at in range(0, len(values), ADMIT_PIECE):
+                    piece = values[at : at + ADMIT_PIECE]
+                    seeds = {Region(view.name, role, columns, v, control) for v in piece}
+                    pull = Pull(con, self.engine, schema, catalog, coordinator)
+                    pull.converge(affected_closure_safe(con, schema, seeds), seeds)
+                    pull.children()
+                    _refuse_empty(pull, seeds if role == "presence" and not allow_empty
+                                  else set())  # fmt: skip
+                    faults.hit("after_pull", self.faults)
+                    if snapshot_id is None:
+                        snapshot_id = begin_apply(con, coordinator.snapshot, self.engine.name)
+                    stamp = [coordinator.snapshot.backend_time, snapshot_id]
+                    changed += apply_rows(con, schema, pull.omega, pull.staged,
+                                          {control: piece}, stamp, report)  # fmt: skip
+                    regions += len(pull.omega)
+                    rounds = max(rounds, pull.rounds)
+                assert snapshot_id is not None
+                report.engine = self.engine.name
+                end_apply(self.store, schema, snapshot_id, changed, self.faults, report,
+                          {control: values}, coordinator.snapshot_age())  # fmt: skip
+        except faults.InjectedFault:
+            raise
+        except Exception as exc:
+            raise _failed(exc, label) from exc
+        finally:
+            with contextlib.suppress(psycopg.Error):
+                coordinator.close()
+        report.snapshot_id = snapshot_id
+        report.backend_time = coordinator.snapshot.backend_time
+        report.rounds = rounds
+        # (a few regions named, all counted: a million names would be the report's bulk)
+        report.regions = [f"{control}{v}" for v in values[:NAMED_KEYS]]
+        report.region_count = regions
+        report.seconds = time.monotonic() - started
+        return report
 
     def evict(self, control: str, values: list[tuple[t.Any, ...]]) -> Report:
         """Remove control-key values; for presence, their rows and, transitively, the rows of
@@ -240,7 +304,6 @@ class Maintainer:
         return report
 
 
-NAMED_KEYS = 10  # an error names this many keys and counts the rest
 
 
 def _refuse_empty(pull: Pull, must_hold: Collection[Region]) -> None:

@@ -22,6 +22,12 @@ class Report:
     # and the data's bytes it left (None: no budget, or not passed)
     evicted: dict[str, int] = field(default_factory=dict)
     data_bytes: int | None = None
+    # how many regions, when ``regions`` names only some (an operation on very many keys)
+    region_count: int | None = None
+
+    @property
+    def regions_counted(self) -> int:
+        return self.region_count if self.region_count is not None else len(self.regions)
 
     def to_json(self) -> dict[str, t.Any]:
         return {
@@ -36,6 +42,7 @@ class Report:
             "seconds": round(self.seconds, 3),
             "evicted": self.evicted,
             "data_bytes": self.data_bytes,
+            "region_count": self.regions_counted,
         }
 
     @classmethod

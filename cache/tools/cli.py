@@ -214,7 +214,7 @@ def _print_report(report: t.Any, as_json: bool) -> None:
     snapshot = f" at snapshot {report.snapshot_id}" if report.snapshot_id else ""
     print(
         f"{report.operation}{snapshot} ({report.engine}, {report.seconds:.2f}s, "
-        f"{plural(len(report.regions), 'region')}): rows {changed or 'unchanged'}"
+        f"{plural(report.regions_counted, 'region')}): rows {changed or 'unchanged'}"
     )
 
 
