@@ -41,7 +41,7 @@ bench-derived: $(STAMP)
 	$(PY) -m experiments.bench_derived
 
 bench-budget: $(STAMP)
-	$(PY) -m experiments.bench_budget --keys 100000 1000000
+	$(PY) -m experiments.bench_budget --keys 100000 1000000 --tx-rows 1000000
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check cache optimizer control_tables heartbeat sql_ext experiments tests
