@@ -79,7 +79,8 @@ def serving(bookstore_dsn: str, mtcache_bin: str) -> Iterator[Serving]:
     for args in (("ddl", str(home / "schema.sql")), ("admit", "authorlist_pct", "1", "2")):
         done = mtcache(mtcache_bin, env, *args)
         assert done.returncode == 0, done.stderr
-    process = subprocess.Popen([mtcache_bin, "serve", "--listen", "127.0.0.1:0"], env=env,
+    process = subprocess.Popen([mtcache_bin, "serve", "--listen", "127.0.0.1:0",
+                                "--cache-size-limit", "50MB", "--doorkeeper", "30"], env=env,
                                stderr=subprocess.PIPE, text=True)  # fmt: skip
     logs = process.stderr
     assert logs is not None
@@ -120,6 +121,10 @@ def test_two_application_processes_and_status_at_once(serving: Serving, mtcache_
     document = json.loads(status.stdout)
     assert [v["name"] for v in document["views"]] == ["authorcopy", "bookcopy"]
     assert document["control_keys"] == {"authorlist_pct": ["authorid"]}
+    # the server's budget (`mtcache serve --cache-size-limit`), the data well within it
+    assert document["resources"]["cache_size_limit"] == 50_000_000
+    assert 0 < document["resources"]["data_bytes"] < 50_000_000
+    assert document["counters"]["evictions"] == 0
 
 
 def test_an_in_process_connection_is_told_where_the_server_is(serving: Serving) -> None:

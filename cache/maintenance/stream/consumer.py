@@ -115,8 +115,12 @@ class Consumer:
                 source = self._open(stream)
                 if source is None:
                     return 0
-                txns = [x for x in self._decoder.read(source.messages(self.batch, wait))
-                        if x.end_lsn > stream.applied_lsn]  # fmt: skip
+                txns = []
+                for txn in self._decoder.read(source.messages(self.batch, wait)):
+                    if txn.end_lsn > stream.applied_lsn:
+                        txns.append(txn)
+                    else:
+                        txn.discard()  # (applied before: the file holds it)
                 if not txns:
                     self.position = stream.applied_lsn
                     self._pass_idle(stream, source.reached)
