@@ -212,20 +212,3 @@ def test_the_doorkeeper_forgets_a_first_miss_after_its_window() -> None:
     now[0] = 100.0
     assert gate.admits(item)
     assert not gate.admits(item)  # (admitted: a miss after that is a first one again)
-
-
-def test_a_url_gives_the_budget_and_the_doorkeeper(budget_dsn: str, tmp_path: Path) -> None:
-    import sqlalchemy
-
-    url = sqlalchemy.engine.make_url(budget_dsn).set(drivername="postgresql+mtcache")
-    engine = sqlalchemy.create_engine(url.update_query_dict(
-        {"cache_path": str(tmp_path / "c.duckdb"), "background": "false",
-         "cache_size_limit": "5MB", "doorkeeper_seconds": "30"}))  # fmt: skip
-    try:
-        with engine.connect() as connection:
-            raw = connection.connection.dbapi_connection
-            status = raw.admin.status()  # type: ignore[union-attr]
-            assert status["resources"]["cache_size_limit"] == 5_000_000
-            assert raw.engine.admissions.doorkeeper.seconds == 30.0  # type: ignore[union-attr]
-    finally:
-        engine.dispose()

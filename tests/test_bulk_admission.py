@@ -73,11 +73,16 @@ def test_the_duckdb_memory_limit_and_threads_are_options_status_shows(
     url = sqlalchemy.engine.make_url(bookstore_dsn).set(drivername="postgresql+mtcache")
     engine = sqlalchemy.create_engine(url.update_query_dict(
         {"cache_path": str(tmp_path / "e.duckdb"), "background": "false",
-         "memory_limit": "200MB", "threads": "1"}))  # fmt: skip
+         "memory_limit": "200MB", "threads": "1", "cache_size_limit": "5MB",
+         "doorkeeper_seconds": "30"}))  # fmt: skip
     try:
         with engine.connect() as connection:
             raw = connection.connection.dbapi_connection
-            assert raw.admin.status()["resources"]["threads"] == 1  # type: ignore[union-attr]
+            status = raw.admin.status()  # type: ignore[union-attr]
+            assert status["resources"]["threads"] == 1
+            # the size budget and the doorkeeper (tests/test_budget.py) from a URL too
+            assert status["resources"]["cache_size_limit"] == 5_000_000
+            assert raw.engine.admissions.doorkeeper.seconds == 30.0  # type: ignore[union-attr]
     finally:
         engine.dispose()
 

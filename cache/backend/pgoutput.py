@@ -344,12 +344,17 @@ class Transactions:
     streaming: int | None = None  # the xid of the stream block being read
     blocks: int = 0  # stream blocks read (the backend streamed transactions in progress)
 
+    def __post_init__(self) -> None:
+        # changes a transaction holds in memory before a piece is spilled (without a
+        # directory to spill to: all of them)
+        self._limit = self.spill_changes if self.spill_dir is not None else 1 << 62
+
     def read(self, messages: Iterable[bytes]) -> Iterator[Transaction]:
         """The transactions ``messages`` complete (a batch ending mid-transaction: the next
         read goes on with it)."""
         current, self.unfinished = self.unfinished, None
         relations = self.relations
-        limit = self.spill_changes if self.spill_dir is not None else 1 << 62
+        limit = self._limit
         for data in messages:
             tag = data[0] if data else 0
             if self.streaming is not None:
@@ -397,7 +402,7 @@ class Transactions:
             elif isinstance(message, Change | Truncate):
                 if current is None:
                     raise DecodeError("a change outside a transaction")
-                self._add(current, message, None, limit)
+                self._add(current, message, None)
         self.unfinished = current
 
     def _streamed(self, data: bytes) -> Transaction | None:
@@ -431,29 +436,27 @@ class Transactions:
             return None
         if self.streaming is None or len(data) < 5:
             raise DecodeError(f"a streamed {tag!r} message outside a stream block")
-        limit = self.spill_changes if self.spill_dir is not None else 1 << 62
         if tag in ("U", "I") and len(data) > 10 and data[9] == 0x4E:  # (the hot path: a row
             subxid, relid = _XID_RELID.unpack_from(data, 1)  # inserted, or updated without
             reader = _Reader(data)  # its old key: read in place)
             reader.at = 10
             change = Change("update" if tag == "U" else "insert", relid, None, reader.tuple())
-            self._add(self.streamed[self.streaming], change, subxid, limit)
+            self._add(self.streamed[self.streaming], change, subxid)
             return None
         (subxid,) = _RELID.unpack_from(data, 1)
         message = decode(data[:1] + data[5:])  # (the same message less its xid)
         if isinstance(message, Relation):
             self.relations[message.relid] = message
         elif isinstance(message, Change | Truncate):
-            self._add(self.streamed[self.streaming], message, subxid, limit)
+            self._add(self.streamed[self.streaming], message, subxid)
         return None
 
-    def _add(self, txn: Transaction, message: Change | Truncate, subxid: int | None,
-             limit: int) -> None:  # fmt: skip
+    def _add(self, txn: Transaction, message: Change | Truncate, subxid: int | None) -> None:
         if isinstance(message, Change):
             txn.changes.append((self._relation(message.relid), message))
             if txn.subxids is not None:
                 txn.subxids.append(subxid if subxid is not None else txn.xid)
-            if len(txn.changes) >= limit:
+            if len(txn.changes) >= self._limit:
                 txn.spill_out(t.cast(Path, self.spill_dir))
         else:
             at = len(txn.changes)

@@ -304,14 +304,13 @@ class Engine:
 
 def _check_options(heartbeat: float | None, stream_lag_limit: int, result_memo_bytes: int,
                    doorkeeper_seconds: float | None = None) -> None:  # fmt: skip
-    if doorkeeper_seconds is not None and (isinstance(doorkeeper_seconds, bool) or not isinstance(
-            doorkeeper_seconds, int | float) or not doorkeeper_seconds > 0):  # fmt: skip
-        raise ProgrammingError(f"doorkeeper_seconds must be a positive number of seconds (or "
-                               f"None: admit on the first miss), not {doorkeeper_seconds!r}")
-    if heartbeat is not None and (isinstance(heartbeat, bool) or not isinstance(
-            heartbeat, int | float) or not heartbeat > 0):  # fmt: skip
-        raise ProgrammingError(f"heartbeat must be a positive number of seconds (or None), "
-                               f"not {heartbeat!r}")  # fmt: skip
+    for name, seconds, none in (("heartbeat", heartbeat, "None"),
+                                ("doorkeeper_seconds", doorkeeper_seconds,
+                                 "None: admit on the first miss")):  # fmt: skip
+        if seconds is not None and (isinstance(seconds, bool) or not isinstance(
+                seconds, int | float) or not seconds > 0):  # fmt: skip
+            raise ProgrammingError(f"{name} must be a positive number of seconds (or {none}), "
+                                   f"not {seconds!r}")  # fmt: skip
     if isinstance(stream_lag_limit, bool) or not isinstance(stream_lag_limit, int) \
             or stream_lag_limit <= 0:  # fmt: skip
         raise ProgrammingError(f"stream_lag_limit must be a positive number of bytes, "

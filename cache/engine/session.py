@@ -470,10 +470,8 @@ class Session:
             counters["completeness_misses"] += misses.completeness
             counters["consistency_misses"] += misses.consistency
             counters["timeline_misses"] += misses.timeline
-            if misses.admittable:  # (a read of each key, for the size budget's policy)
-                hits = self.store.budget.hits
-                for control, key in misses.admittable:
-                    hits.hit(control, key, plan.saved_per_hit)
+            if misses.admittable:
+                self._note_reads(plan, misses.admittable)
                 if self.admit_on_miss:
                     counters["deferred_admissions"] += self.engine.admissions.request(
                         misses.admittable)
@@ -756,19 +754,24 @@ class Session:
             counters["memo_hits" if memo else "memo_misses"] += 1
 
     def _note_hits(self, plan: Plan, decision: Decision) -> None:
-        """The presence regions a local answer read, each hit worth its share of the backend
-        cost the plan avoided (what the size budget weighs, `cache.store.budget`)."""
-        hits = None
-        for binding in decision.bindings or ():
-            guard = binding.guard
-            if guard is None or guard.kind != "presence" or guard.control is None \
-                    or not binding.regions:  # fmt: skip
-                continue
-            if hits is None:
-                hits = self.store.budget.hits
-            share = plan.saved_per_hit / len(binding.regions)
-            for key, _ in binding.regions:
-                hits.hit(guard.control, key, share)
+        """The presence regions a local answer read (`_note_reads`)."""
+        if self.store.budget.limit is None:
+            return  # (nothing on the hit path without a budget)
+        self._note_reads(plan, [(guard.control, key) for binding in decision.bindings or ()
+                                if (guard := binding.guard) is not None
+                                and guard.kind == "presence" and guard.control is not None
+                                for key, _ in binding.regions])  # fmt: skip
+
+    def _note_reads(self, plan: Plan, reads: t.Sequence[tuple[str, t.Any]]) -> None:
+        """Reads of presence keys - hits, and the misses that would admit them - each worth
+        its share of the backend cost the plan avoids: what the size budget's policy weighs
+        (`cache.store.budget.RegionHits`). None are kept without a budget."""
+        budget = self.store.budget
+        if budget.limit is None or not reads:
+            return
+        share = plan.saved_per_hit / len(reads)
+        for control, key in reads:
+            budget.hits.hit(control, key, share)
 
     def answered_remotely(self, query: Query) -> None:
         """The caller had the backend answer a query `read_locally` left to it."""

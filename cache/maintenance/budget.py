@@ -2,7 +2,7 @@
 
 Inside the transaction of an admission, a refresh or a stream batch, after its rows are in:
 if the data's bytes (`cache.store.budget.data_bytes`) pass the limit, whole presence regions
-are evicted, with their cascade (`evict.drop_unheld_rows`), in the order of
+are evicted, with their cascade (`evict.remove_keys`), in the order of
 `optimizer.eviction_policy`, until the data is back under the limit with some room
 (``ROOM``: one eviction makes space for many admissions, not for one). The transaction commits
 both or neither, so no committed state of the file is over the budget, and the guards see an
@@ -23,12 +23,11 @@ from collections.abc import Collection, Iterable, Mapping
 
 import duckdb
 
-from cache.maintenance.evict import drop_unheld_rows
-from cache.maintenance.key_values import keys_listed
+from cache.maintenance.evict import remove_keys
 from cache.maintenance.report import Report
 from cache.store.budget import data_bytes, data_tables
-from cache.store.cache_file import CacheStore
-from control_tables.schema import CachedView, CacheSchema
+from cache.store.cache_file import CacheStore, count_in
+from control_tables.schema import CachedView, CacheSchema, control_role
 from optimizer.eviction_policy import Held, refreshes_per_window, victims
 from sql_ext.errors import OperationalError
 from sql_ext.quoting import equal_columns, ident, idents, keys_in
@@ -68,13 +67,15 @@ def within_budget(
     protected_keys = {(c, k) for c, keys in protected.items() for k in keys}
     excluded = set(protected_keys)
     while total > limit:
-        held = [h for h in _held(con, schema, sizes, budget.hits.worths, budget.hits.half_life)
+        held = [h for h in _held(con, schema, budget.widths, budget.hits.worths,
+                                 budget.hits.half_life)
                 if (h.control, h.key) not in excluded]  # fmt: skip
         chosen = victims(held, total - target)
         if not chosen:
             break
         for control, keys in _by_control(chosen).items():
-            touched |= _evict(con, schema, control, keys, report)
+            view, role, columns = control_role(schema, control)
+            touched.update(remove_keys(con, schema, view, role, control, columns, keys, report))
             evicted.setdefault(control, []).extend(keys)
             excluded |= {(control, k) for k in keys}
         sizes = data_bytes(con, tables, budget.widths)
@@ -83,7 +84,7 @@ def within_budget(
     amounts = {"evictions": count}
     if total > limit:
         if strict:
-            left = _held(con, schema, sizes, _nothing, 1.0)
+            left = _held(con, schema, budget.widths, _nothing, 1.0)
             admitted = sum(h.bytes for h in left if (h.control, h.key) in protected_keys)
             fixed = total - sum(h.bytes for h in left)
             raise BudgetExceeded(
@@ -93,7 +94,7 @@ def within_budget(
                 "materialized views and copies); nothing was changed. Raise "
                 "cache_size_limit, or admit fewer keys")
         amounts["budget_overruns"] = 1
-    _count(con, amounts)
+    count_in(con, amounts)
     if touched:
         store.changed(sorted(touched))
     for control, keys in evicted.items():  # (their reads are kept: `RegionHits`)
@@ -109,15 +110,16 @@ def _nothing(control: str, keys: list[Key]) -> list[tuple[float, float]]:
 Worth = t.Callable[[str, list[Key]], list[tuple[float, float]]]
 
 
-def _held(con: duckdb.DuckDBPyConnection, schema: CacheSchema, sizes: Mapping[str, int],
-          worth: Worth, window: float) -> list[Held]:  # fmt: skip
-    """Every presence region the budget may evict, with its rows, bytes and worth."""
+def _held(con: duckdb.DuckDBPyConnection, schema: CacheSchema,
+          widths: Mapping[str, tuple[int, float]], worth: Worth,
+          window: float) -> list[Held]:  # fmt: skip
+    """Every presence region the budget may evict, with its rows, bytes (``widths``: each
+    view's bytes per row, `data_bytes`') and worth."""
     found: list[Held] = []
     for view in schema.views.values():
         if view.is_fully_materialized:
             continue
-        rows_now = _rows(con, view.name)
-        width = sizes.get(view.name, 0) / rows_now if rows_now else 0.0
+        width = widths.get(view.name, (0, 0.0))[1]
         refreshes = refreshes_per_window(view.refresh_seconds, window,
                                          schema.continuous(view.name))  # fmt: skip
         kept = _inside_complete_regions(con, view)
@@ -136,11 +138,6 @@ def _held(con: duckdb.DuckDBPyConnection, schema: CacheSchema, sizes: Mapping[st
             found += [Held(edge.control, key, rows, int(rows * width), hits, saved, refreshes)
                       for (key, rows), (hits, saved) in zip(counted, worths, strict=True)]
     return found
-
-
-def _rows(con: duckdb.DuckDBPyConnection, table: str) -> int:
-    [(rows,)] = con.execute(f"SELECT count(*) FROM {ident(table)}").fetchall()
-    return int(rows)
 
 
 def _inside_complete_regions(
@@ -165,22 +162,3 @@ def _by_control(chosen: Iterable[Held]) -> dict[str, list[Key]]:
     for region in chosen:
         found.setdefault(region.control, []).append(region.key)
     return found
-
-
-def _evict(con: duckdb.DuckDBPyConnection, schema: CacheSchema, control: str, keys: list[Key],
-           report: Report) -> set[str]:  # fmt: skip
-    """Evict the keys of one control table: the views whose rows left."""
-    columns = schema.control_tables[control].column_names
-    with keys_listed(con, "c", columns, keys) as listed:
-        con.execute(f"DELETE FROM {ident(control)} c WHERE {listed}")
-    touched: set[str] = set()
-    for view in schema.views.values():
-        if any(edge.control == control for edge in view.presence):
-            touched.update(drop_unheld_rows(con, schema, view, report))
-    return touched
-
-
-def _count(con: duckdb.DuckDBPyConnection, amounts: Mapping[str, int]) -> None:
-    for name, amount in amounts.items():
-        con.execute("UPDATE mtcache.counters SET value = value + ? WHERE name = ?",
-                    [amount, name])  # fmt: skip

@@ -11,7 +11,7 @@ import duckdb
 
 from cache.maintenance import faults
 from cache.maintenance.key_values import keys_listed
-from cache.maintenance.report import Report
+from cache.maintenance.report import NAMED_KEYS, Report
 from cache.store.cache_file import CacheStore
 from control_tables.regions import in_list
 from control_tables.schema import CachedView, CacheSchema
@@ -19,7 +19,6 @@ from sql_ext.errors import ProgrammingError
 from sql_ext.quoting import equal_columns, ident, idents
 
 Key = tuple[t.Any, ...]
-NAMED_KEYS = 10  # a report names this many keys and counts the rest
 
 
 def evict(
@@ -36,16 +35,11 @@ def evict(
     report = Report(operation=f"evict {control}", engine="none")
     if role == "presence":
         _refuse_breaking_completeness(store, view, control, values)
-    with store.transaction() as con, keys_listed(con, "c", columns, values) as listed:
-        # (many keys: an Arrow table joined; DuckDB parsing a million-value IN list took
-        # 20 s and gigabytes)
-        con.execute(f"DELETE FROM {ident(control)} c WHERE {listed}")
-        if role == "presence":
-            drop_unheld_rows(con, schema, view, report)
+    with store.transaction() as con:
+        remove_keys(con, schema, view, role, control, columns, values, report)
         faults.hit("before_commit", enabled_faults)
         store.changed()
-    report.regions = [f"{control}{v}" for v in values[:NAMED_KEYS]]  # (a few named,
-    report.region_count = len(values)  # all counted)
+    report.name_regions([f"{control}{v}" for v in values[:NAMED_KEYS]], len(values))
     report.seconds = time.monotonic() - started
     return report
 
@@ -76,6 +70,25 @@ def _refuse_breaking_completeness(
             f"cannot evict {values} from {control}: the rows lie in complete region(s) "
             f"{where} of {view.name}, which must hold all of their rows or none; {fix}"
         )
+
+
+def remove_keys(
+    con: duckdb.DuckDBPyConnection,
+    schema: CacheSchema,
+    view: CachedView,
+    role: str,
+    control: str,
+    columns: tuple[str, ...],
+    values: list[Key],
+    report: Report,
+) -> list[str]:
+    """Inside a transaction: the control keys gone and, for presence keys, the rows no region
+    holds any more with their cascade (`drop_unheld_rows`); the views rows left. (Many keys
+    are an Arrow table joined: DuckDB parsing a million-value IN list took 20 s and
+    gigabytes.)"""
+    with keys_listed(con, "c", columns, values) as listed:
+        con.execute(f"DELETE FROM {ident(control)} c WHERE {listed}")
+    return drop_unheld_rows(con, schema, view, report) if role == "presence" else []
 
 
 def drop_unheld_rows(

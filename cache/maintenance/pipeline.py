@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import time
 import typing as t
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Iterator
 
 import duckdb
 import psycopg
@@ -32,16 +32,17 @@ import pyarrow as pa
 from cache.maintenance import faults
 from cache.maintenance.apply import apply_pull, apply_rows, begin_apply, end_apply
 from cache.maintenance.engines import Coordinator, Engine, InlineEngine, PullQuery
-from cache.maintenance.evict import NAMED_KEYS, evict
+from cache.maintenance.evict import evict
 from cache.maintenance.key_values import exact_keys
 from cache.maintenance.lineup import record_pull
 from cache.maintenance.pull import Pull, distinct_rows
-from cache.maintenance.report import Report
+from cache.maintenance.report import NAMED_KEYS, Report
 from cache.store.cache_file import CacheStore
 from control_tables.closure import affected_closure_safe, control_values
 from control_tables.regions import Region, guarantees
 from control_tables.schema import CachedView, CacheSchema, Role, control_role, controlled_columns
 from optimizer.derived_delta import copy_owner
+from sql_ext.catalog import Catalog
 from sql_ext.errors import (
     Error,
     OperationalError,
@@ -141,50 +142,64 @@ class Maintainer:
         started = time.monotonic()
         catalog = self.store.load_catalog()
         report = Report(operation=label, engine=self.engine.name)
+        regions = 0
+        with self._operation(label) as coordinator, self.store.maintenance_lock, \
+                self.store.transaction() as con:  # fmt: skip
+            snapshot_id = None
+            changed: list[str] = []
+            for at in range(0, len(values), ADMIT_PIECE):
+                piece = values[at : at + ADMIT_PIECE]
+                seeds = {Region(view.name, role, columns, v, control) for v in piece}
+                pull = self._pull(schema, catalog, coordinator, seeds,
+                                  seeds if role == "presence" and not allow_empty else ())
+                if snapshot_id is None:
+                    snapshot_id = begin_apply(con, coordinator.snapshot, self.engine.name)
+                stamp = [coordinator.snapshot.backend_time, snapshot_id]
+                changed += apply_rows(con, schema, pull.omega, pull.staged, {control: piece},
+                                      stamp, report)  # fmt: skip
+                regions += len(pull.omega)
+                report.rounds = max(report.rounds, pull.rounds)
+            assert snapshot_id is not None
+            report.engine = self.engine.name
+            end_apply(self.store, schema, snapshot_id, changed, self.faults, report,
+                      {control: values}, coordinator.snapshot_age())  # fmt: skip
+        report.snapshot_id = snapshot_id
+        report.backend_time = coordinator.snapshot.backend_time
+        report.name_regions([f"{control}{v}" for v in values[:NAMED_KEYS]], regions)
+        report.seconds = time.monotonic() - started
+        return report
+
+    @contextlib.contextmanager
+    def _operation(self, label: str) -> Iterator[Coordinator]:
+        """One operation's backend snapshot (`Coordinator`), its failures in the PEP 249 tree
+        saying the cache is unchanged, the backend session closed at the end."""
         coordinator = Coordinator(self.dsn, self.faults)
-        regions = rounds = 0
         try:
-            with self.store.maintenance_lock, self.store.transaction() as con:
-                if "after_snapshot:disconnect" in self.faults:
-                    coordinator.terminate_session()
-                faults.hit("after_snapshot", self.faults)
-                snapshot_id = None
-                changed: list[str] = []
-                for at in range(0, len(values), ADMIT_PIECE):
-                    piece = values[at : at + ADMIT_PIECE]
-                    seeds = {Region(view.name, role, columns, v, control) for v in piece}
-                    pull = Pull(con, self.engine, schema, catalog, coordinator)
-                    pull.converge(affected_closure_safe(con, schema, seeds), seeds)
-                    pull.children()
-                    _refuse_empty(pull, seeds if role == "presence" and not allow_empty
-                                  else set())  # fmt: skip
-                    faults.hit("after_pull", self.faults)
-                    if snapshot_id is None:
-                        snapshot_id = begin_apply(con, coordinator.snapshot, self.engine.name)
-                    stamp = [coordinator.snapshot.backend_time, snapshot_id]
-                    changed += apply_rows(con, schema, pull.omega, pull.staged,
-                                          {control: piece}, stamp, report)  # fmt: skip
-                    regions += len(pull.omega)
-                    rounds = max(rounds, pull.rounds)
-                assert snapshot_id is not None
-                report.engine = self.engine.name
-                end_apply(self.store, schema, snapshot_id, changed, self.faults, report,
-                          {control: values}, coordinator.snapshot_age())  # fmt: skip
+            if "after_snapshot:disconnect" in self.faults:
+                coordinator.terminate_session()
+            faults.hit("after_snapshot", self.faults)
+            yield coordinator
         except faults.InjectedFault:
             raise
         except Exception as exc:
             raise _failed(exc, label) from exc
         finally:
+            # A lost connection is gone already; nothing was written through it.
             with contextlib.suppress(psycopg.Error):
                 coordinator.close()
-        report.snapshot_id = snapshot_id
-        report.backend_time = coordinator.snapshot.backend_time
-        report.rounds = rounds
-        # (a few regions named, all counted: a million names would be the report's bulk)
-        report.regions = [f"{control}{v}" for v in values[:NAMED_KEYS]]
-        report.region_count = regions
-        report.seconds = time.monotonic() - started
-        return report
+
+    def _pull(self, schema: CacheSchema, catalog: Catalog, coordinator: Coordinator,
+              seeds: set[Region], must_hold: Collection[Region]) -> Pull:  # fmt: skip
+        """Steps 2-4 of the module's: the closure of ``seeds``, pulled with the children.
+        Admitted rows exist for the closure computation only inside the apply transaction;
+        until then new control rows are seeds on their own."""
+        con = self.store.con
+        pull = Pull(con, self.engine, schema, catalog, coordinator)
+        pull.converge(affected_closure_safe(con, schema, seeds), seeds)
+        pull.children()
+        _refuse_empty(pull, must_hold)
+        faults.hit("after_pull", self.faults)
+        return pull
 
     def evict(self, control: str, values: list[tuple[t.Any, ...]]) -> Report:
         """Remove control-key values; for presence, their rows and, transitively, the rows of
@@ -266,19 +281,8 @@ class Maintainer:
         started = time.monotonic()
         catalog = self.store.load_catalog()
         report = Report(operation=label, engine=self.engine.name)
-        coordinator = Coordinator(self.dsn, self.faults)
-        try:
-            if "after_snapshot:disconnect" in self.faults:
-                coordinator.terminate_session()
-            faults.hit("after_snapshot", self.faults)
-            pull = Pull(self.store.con, self.engine, schema, catalog, coordinator)
-            # Admitted rows exist for the closure computation only inside the apply
-            # transaction; until then new control rows are seeds on their own.
-            omega = affected_closure_safe(self.store.con, schema, seeds)
-            pull.converge(omega, seeds)
-            pull.children()
-            _refuse_empty(pull, must_hold)
-            faults.hit("after_pull", self.faults)
+        with self._operation(label) as coordinator:
+            pull = self._pull(schema, catalog, coordinator, seeds, must_hold)
             report.engine = self.engine.name  # an engine chosen by size names its choice now
 
             def finish(con: duckdb.DuckDBPyConnection, snapshot_id: int) -> None:
@@ -290,20 +294,10 @@ class Maintainer:
             apply_pull(self.store, schema, pull.omega, pull.staged, admitted,
                        coordinator.snapshot, self.engine.name, self.faults, report,
                        coordinator.snapshot_age(), finish, then is None)  # fmt: skip
-        except faults.InjectedFault:
-            raise
-        except Exception as exc:
-            raise _failed(exc, label) from exc
-        finally:
-            # A lost connection is gone already; nothing was written through it.
-            with contextlib.suppress(psycopg.Error):
-                coordinator.close()
         report.rounds = pull.rounds
         report.regions = sorted(str(r) for r in pull.omega)
         report.seconds = time.monotonic() - started
         return report
-
-
 
 
 def _refuse_empty(pull: Pull, must_hold: Collection[Region]) -> None:

@@ -6,6 +6,8 @@ import datetime as dt
 import typing as t
 from dataclasses import dataclass, field
 
+NAMED_KEYS = 10  # a report or an error names this many keys and counts the rest
+
 
 @dataclass
 class Report:
@@ -28,6 +30,11 @@ class Report:
     @property
     def regions_counted(self) -> int:
         return self.region_count if self.region_count is not None else len(self.regions)
+
+    def name_regions(self, named: list[str], count: int) -> None:
+        """The regions of an operation on very many keys: a few named, all counted (a
+        million names would be the report's bulk)."""
+        self.regions, self.region_count = named, count
 
     def to_json(self) -> dict[str, t.Any]:
         return {

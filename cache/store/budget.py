@@ -66,12 +66,16 @@ def parse_size(value: t.Any, name: str = "cache_size_limit") -> int:
     return found
 
 
-def data_tables(con: duckdb.DuckDBPyConnection, schema: CacheSchema) -> list[str]:
-    """Every table holding cached rows: the cached views and the derived views' copies."""
-    copies = [name for (name,) in con.execute(
+def copy_tables(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """The copies continuously maintained derived views keep of the tables they read."""
+    return [name for (name,) in con.execute(
         "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main' AND "
         "starts_with(table_name, ?) ORDER BY 1", [AUX_PREFIX]).fetchall()]  # fmt: skip
-    return [*schema.views, *copies]
+
+
+def data_tables(con: duckdb.DuckDBPyConnection, schema: CacheSchema) -> list[str]:
+    """Every table holding cached rows: the cached views and the derived views' copies."""
+    return [*schema.views, *copy_tables(con)]
 
 
 def data_bytes(con: duckdb.DuckDBPyConnection, tables: Iterable[str],
@@ -132,13 +136,7 @@ class RegionHits:
 
     def worth(self, control: str, key: Key, now: float | None = None) -> tuple[float, float]:
         """(its reads in the window, as decayed now; the backend cost a hit saves)."""
-        now = time.monotonic() if now is None else now
-        at = self._slots(control, key)
-        with self._lock:
-            self._age(now)
-            count = float(self._counts[self._rows, at].min())
-            saved = self._saved.get((control, key))
-            return count, saved if saved is not None else self._mean.get(control, 0.0)
+        return self.worths(control, [key], now)[0]
 
     def worths(self, control: str, keys: list[Key],
                now: float | None = None) -> list[tuple[float, float]]:  # fmt: skip

@@ -70,6 +70,13 @@ def check_resources(memory_limit: str | None = None, threads: int | None = None,
     with duckdb.connect() as trial:
         limit_resources(trial, memory_limit, threads)
 
+def count_in(con: duckdb.DuckDBPyConnection, amounts: t.Mapping[str, int]) -> None:
+    """Inside a transaction: add to the counters of `mtcache status`."""
+    for name, amount in amounts.items():
+        con.execute("UPDATE mtcache.counters SET value = value + ? WHERE name = ?",
+                    [amount, name])  # fmt: skip
+
+
 # 2: char(n) values are stored without their blank padding (control_tables.types.BPCHAR);
 #    the shadow catalog knows each column's own collation
 FORMAT_VERSION = "2"
@@ -416,10 +423,7 @@ class CacheStore:
     def add_counters(self, amounts: dict[str, int]) -> None:
         """Add to the counters of `mtcache status` (hits, misses, remote executions)."""
         with self.transaction() as con:
-            for name, amount in amounts.items():
-                con.execute(
-                    "UPDATE mtcache.counters SET value = value + ? WHERE name = ?", [amount, name]
-                )
+            count_in(con, amounts)
 
     def load_clock(self) -> BackendClock | None:
         rows = self.con.execute(

@@ -11,12 +11,13 @@ import datetime as dt
 import typing as t
 from collections.abc import Collection
 
+from cache.store.budget import copy_tables
 from cache.store.cache_file import CacheStore
 from cache.store.refresh_times import measured_delays, refresh_times
 from control_tables.regions import guarantees
 from control_tables.schema import CachedView, CacheSchema
 from heartbeat.clock import BackendClock
-from optimizer.derived_delta import AUX_PREFIX, copy_owner
+from optimizer.derived_delta import copy_owner
 from sql_ext.errors import ProgrammingError
 from sql_ext.quoting import ident
 
@@ -40,9 +41,7 @@ def status(store: CacheStore, now: dt.datetime | None = None,
                                f"{', '.join(sorted(schema.views)) or 'none'})")  # fmt: skip
     delays = measured_delays(store)
     copies: dict[str, list[str]] = {}  # a continuously maintained derived view's copies
-    for (name,) in store.con.execute(
-            "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main' AND "
-            "starts_with(table_name, ?) ORDER BY 1", [AUX_PREFIX]).fetchall():  # fmt: skip
+    for name in copy_tables(store.con):
         copies.setdefault(copy_owner(name) or "", []).append(name)
     sizes = stored_bytes(store, [*schema.views, *(c for cs in copies.values() for c in cs)])
     views = [_view_status(store, schema, schema.views[n], now, delays.get(n), sizes.get(n, 0),

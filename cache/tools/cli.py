@@ -514,8 +514,7 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
                             format="%(asctime)s mtcache serve: %(message)s")  # fmt: skip
         engine = Engine(backend, settings.cache_path, heartbeat=args.heartbeat,
                         memory_limit=settings.memory_limit, threads=settings.threads,
-                        cache_size_limit=args.serve_cache_size_limit
-                        or settings.cache_size_limit,
+                        cache_size_limit=settings.cache_size_limit,
                         doorkeeper_seconds=args.doorkeeper)  # fmt: skip
     except BaseException:
         sock.close()
@@ -682,9 +681,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "only with --hba rules that ask for a password)")
     p.add_argument("--heartbeat", type=float, metavar="SECONDS",
                    help="also beat the backend's heartbeat row this often")  # fmt: skip
-    p.add_argument("--cache-size-limit", dest="serve_cache_size_limit", metavar="SIZE",
-                   help="the budget of the cached data's bytes, as 500MB (as the option before "
-                   "the command; default: none)")  # fmt: skip
+    # (the option before the command, given after it too: the same destination, untouched
+    # when absent here)
+    p.add_argument("--cache-size-limit", metavar="SIZE", default=argparse.SUPPRESS,
+                   help="as the option of that name before the command")  # fmt: skip
     p.add_argument("--doorkeeper", type=float, metavar="SECONDS",
                    help="admit a missed presence key on its second miss within this many "
                    "seconds, not its first (default: on the first)")  # fmt: skip

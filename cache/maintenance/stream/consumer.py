@@ -46,7 +46,7 @@ from cache.maintenance.stream.position import (
     load_stream,
     log,
 )
-from cache.maintenance.stream.transactions import apply_group, later, run_of
+from cache.maintenance.stream.transactions import apply_transactions, later, run_of
 from cache.maintenance.stream.views import stamp_regions
 from cache.private_files import make_private_dirs
 from cache.store.cache_file import CacheStore
@@ -85,7 +85,7 @@ class Consumer:
         # process left is dropped: the next session sends those transactions again
         self._spill = spill_dir(store.path)
         self.spill_changes = spill_changes
-        self._decoder = self._new_decoder()
+        self._decoder = Transactions(spill_dir=self._spill, spill_changes=spill_changes)
         self.spilled = 0  # transactions applied from disk, in pieces
         self._loop = Loop("mtcache-stream")
         self._warned: str | None = None
@@ -175,8 +175,8 @@ class Consumer:
             except psycopg.errors.UndefinedObject:  # dropped since we looked
                 self._recover(stream)
                 return None
-        self._decoder.close()
-        self._source, self._decoder = source, self._new_decoder()
+        self._source = source
+        self._new_decoder()
         return source
 
     def _confirm(self, source: SlotStream, lsn: int, wait: float = 0.0) -> None:
@@ -198,11 +198,11 @@ class Consumer:
             current = current or load_stream(self.store.con)
             assert current is not None
             pendings = pending_pulls(self.store.con)  # only pulls (this thread) add to them
-            group = _alone_if_spilled(run_of(remaining, pendings)[:limit])
+            group = run_of(remaining, pendings)[:limit]
             try:
                 with self.store.transaction() as con:
-                    done = apply_group(con, schema, catalog, current, group, pendings,
-                                       self.faults)  # fmt: skip
+                    done = apply_transactions(con, schema, catalog, current, group, pendings,
+                                              self.faults)  # fmt: skip
                     self.store.changed(done.views)
                     # (a batch must land: over the budget if evicting cannot make room)
                     within_budget(self.store, schema, Report("stream batch", "stream"),
@@ -219,8 +219,10 @@ class Consumer:
             remaining = remaining[len(group) :]
             limit, current = None, None  # moved on: read again
 
-    def _new_decoder(self) -> Transactions:
-        return Transactions(spill_dir=self._spill, spill_changes=self.spill_changes)
+    def _new_decoder(self) -> None:
+        """A decoder for a new session; the last one's unfinished transactions dropped."""
+        self._decoder.close()
+        self._decoder = Transactions(spill_dir=self._spill, spill_changes=self.spill_changes)
 
     @property
     def stream_blocks(self) -> int:
@@ -265,8 +267,8 @@ class Consumer:
         def then(con: duckdb.DuckDBPyConnection, _: int) -> None:
             current = load_stream(con)
             assert current is not None
-            done = apply_group(con, schema, catalog, current, [txn], pending_pulls(con),
-                               self.faults)  # fmt: skip
+            done = apply_transactions(con, schema, catalog, current, [txn],
+                                      pending_pulls(con), self.faults)  # fmt: skip
             self.store.changed(done.views)
 
         maintainer = Maintainer(self.store, self.dsn)
@@ -401,8 +403,7 @@ class Consumer:
             source, self._source = self._source, None
             if source is None:
                 return
-            self._decoder.close()  # (what it read goes with the session)
-            self._decoder = self._new_decoder()
+            self._new_decoder()  # (what it read goes with the session)
             lsn = None
             if confirm:
                 with contextlib.suppress(duckdb.Error):
@@ -460,11 +461,3 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _alone_if_spilled(group: list[Transaction]) -> list[Transaction]:
-    """A transaction spilled to disk is applied alone (`apply_group`)."""
-    for index, txn in enumerate(group):
-        if txn.spill is not None:
-            return group[:index] or [txn]
-    return group

@@ -33,6 +33,34 @@ def apply_transactions(
     pendings: list[Pending],
     enabled_faults: frozenset[str] = frozenset(),
 ) -> Applied:
+    """Apply whole transactions inside the caller's DuckDB transaction (`_apply_run`). A
+    transaction spilled to disk (`Transaction.pieces`), alone in its run, goes piece by piece,
+    so it lands whole or not at all while memory holds one piece; each piece is applied as a
+    whole transaction would be (a later piece's change of a row follows an earlier one's)."""
+    if len(txns) != 1 or txns[0].spill is None:
+        return _apply_run(con, schema, catalog, stream, txns, pendings, enabled_faults)
+    applied = Applied()
+    current = stream
+    for index, piece in enumerate(txns[0].pieces()):
+        if index:
+            faults.hit("stream_piece", enabled_faults)  # a piece applied, the rest not yet
+            found = load_stream(con)
+            assert found is not None
+            current = found
+        done = _apply_run(con, schema, catalog, current, [piece], pendings, enabled_faults)
+        applied.views |= done.views
+    return applied
+
+
+def _apply_run(
+    con: duckdb.DuckDBPyConnection,
+    schema: CacheSchema,
+    catalog: Catalog,
+    stream: StreamRow,
+    txns: Sequence[Transaction],
+    pendings: list[Pending],
+    enabled_faults: frozenset[str],
+) -> Applied:
     """Apply whole transactions inside the caller's DuckDB transaction, then stamp the
     regions and record the stream position. ``pendings`` (pulls the stream has not passed)
     is updated: a pull the first of ``txns`` passes is resolved (the caller applies a batch
@@ -107,35 +135,6 @@ def apply_transactions(
     return applied
 
 
-def apply_group(
-    con: duckdb.DuckDBPyConnection,
-    schema: CacheSchema,
-    catalog: Catalog,
-    stream: StreamRow,
-    txns: Sequence[Transaction],
-    pendings: list[Pending],
-    enabled_faults: frozenset[str] = frozenset(),
-) -> Applied:
-    """`apply_transactions`; a transaction spilled to disk (`Transaction.pieces`: alone in
-    its group) piece by piece, all inside the caller's one DuckDB transaction, so it lands
-    whole or not at all while memory holds one piece. Each piece is applied as a whole
-    transaction would be: a later piece's change of a row follows an earlier one's."""
-    if len(txns) != 1 or txns[0].spill is None:
-        return apply_transactions(con, schema, catalog, stream, txns, pendings, enabled_faults)
-    applied = Applied()
-    current = stream
-    for index, piece in enumerate(txns[0].pieces()):
-        if index:
-            faults.hit("stream_piece", enabled_faults)  # a piece applied, the rest not yet
-            found = load_stream(con)
-            assert found is not None
-            current = found
-        done = apply_transactions(con, schema, catalog, current, [piece], pendings,
-                                  enabled_faults)  # fmt: skip
-        applied.views |= done.views
-    return applied
-
-
 def _truncate_until(
     index: int,
     cuts: list[tuple[int, Relation]],
@@ -155,10 +154,13 @@ def _truncate_until(
 
 def run_of(txns: list[Transaction], pendings: list[Pending]) -> list[Transaction]:
     """The leading transactions that one `apply_transactions` call may take: the first may
-    pass pending pulls, the others none of those left."""
+    pass pending pulls, the others none of those left; a transaction spilled to disk goes
+    alone (piece by piece)."""
+    if txns[0].spill is not None:
+        return txns[:1]
     left = [p for p in pendings if not p.passed_by(txns[0].xid, txns[0].commit_lsn)]
     for index, txn in enumerate(txns[1:], start=1):
-        if any(p.passed_by(txn.xid, txn.commit_lsn) for p in left):
+        if txn.spill is not None or any(p.passed_by(txn.xid, txn.commit_lsn) for p in left):
             return txns[:index]
     return txns
 
