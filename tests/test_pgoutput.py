@@ -74,13 +74,13 @@ def test_a_stream_decodes_into_transactions_in_commit_order(stream: tuple[str, s
         conn.execute("DELETE FROM items WHERE id = 1")
         rows = peek_raw(conn, 4)
     transactions = list(Transactions().read(rows))
-    assert [[(c.kind, c.old, c.new) for _, c in tx.changes] for tx in transactions] == [
+    assert [[(c.kind, c.old, c.new) for _, c in tx.decoded()] for tx in transactions] == [
         [("insert", None, ("2", "two", "2.25", big)), ("insert", None, ("3", None, None, None))],
         [("update", None, ("2", "after", "2.25", UNCHANGED))],
         [("update", ("3", None, None, None), ("4", None, None, None))],
         [("delete", ("1", None, None, None), None)],
     ]
-    relation = transactions[0].changes[0][0]
+    relation = transactions[0].decoded()[0][0]
     assert (relation.schema, relation.name) == ("public", "items")
     assert [(c.name, c.key) for c in relation.columns] == [
         ("id", True), ("label", False), ("price", False), ("notes", False)]  # fmt: skip
@@ -98,7 +98,8 @@ def test_a_batch_ending_mid_transaction_goes_on_with_it(stream: tuple[str, str])
         rows = peek_raw(conn, 1)
     decoder = Transactions()
     assert list(decoder.read(rows[:-1])) == []  # no Commit yet: kept for the next read
-    assert [tx.changes[0][1].new for tx in decoder.read(rows[-1:])] == [("5", "five", "5.00", None)]
+    done = list(decoder.read(rows[-1:]))
+    assert [tx.decoded()[0][1].new for tx in done] == [("5", "five", "5.00", None)]
     assert decoder.unfinished is None
 
 
@@ -119,8 +120,9 @@ def test_malformed_messages_are_decode_errors(data: bytes, message: str) -> None
 def test_a_change_before_its_relation_is_a_decode_error() -> None:
     begin = b"B" + bytes(8) + bytes(8) + b"\x00\x00\x00\x07"
     insert = b"I\x00\x00\x00\x09N\x00\x01n"
+    commit = b"C" + bytes(1 + 8 + 8 + 8)
     with pytest.raises(DecodeError, match="relation 9 before its description"):
-        list(Transactions().read([begin, insert]))
+        [tx.decoded() for tx in Transactions().read([begin, insert, commit])]
 
 
 def test_streaming_from_a_position_and_confirming(stream: tuple[str, str]) -> None:
@@ -133,8 +135,8 @@ def test_streaming_from_a_position_and_confirming(stream: tuple[str, str]) -> No
             conn.execute("INSERT INTO items VALUES (%s, 'n', 1, NULL)", (10 + i,))
         mark = wal_mark(conn)  # after the three, flushed
     first = _streamed(dsn, lsn_value(consistent), mark)
-    assert [[c.new[0] for _, c in tx.changes] for tx in first] == [["10"], ["11"], ["12"]]
-    assert [c.new for _, c in first[2].changes] == [("12", "n", "1.00", None)]  # text form
+    assert [[c.new[0] for _, c in tx.decoded()] for tx in first] == [["10"], ["11"], ["12"]]
+    assert [c.new for _, c in first[2].decoded()] == [("12", "n", "1.00", None)]  # text form
 
     session = SlotStream(dsn, "t_slot", "t_pub", first[1].end_lsn, lsn_value(consistent))
     try:
@@ -217,12 +219,12 @@ def test_a_big_transaction_is_streamed_in_progress_and_spilled_in_pieces(
     big, after = found
     assert big.spill is not None and big.size > 2100
     pieces = list(big.pieces())
-    assert len(pieces) > 2 and all(len(p.changes) <= 300 for p in pieces)
-    changes = [c for p in pieces for _, c in p.changes]
+    assert len(pieces) > 2 and all(len(p.messages) <= 300 for p in pieces)
+    changes = [c for p in pieces for _, c in p.decoded()]
     assert [c.new[0] for c in changes[:2000]] == [str(g) for g in range(100, 2100)]
     labels = [c.new[1] for c in changes[2000:]]
     assert labels == ["kept"] * 100  # the rolled-back subtransaction's updates left out
     assert {p.commit_lsn for p in pieces} == {big.commit_lsn}
-    assert [c.new for _, c in after.changes] == [("9", "after", "9.00", None)]
+    assert [c.new for _, c in after.decoded()] == [("9", "after", "9.00", None)]
     big.discard()
     assert not list(spill.iterdir())  # (the rolled-back transaction left nothing either)

@@ -173,6 +173,42 @@ def test_truncate_then_insert_in_one_transaction(setup: Setup) -> None:
     mirrors_backend(store, dsn)
 
 
+def test_toasted_values_an_update_did_not_send(setup: Setup) -> None:
+    """An update that leaves a TOASTed value alone does not send it: the row's value comes
+    from the same transaction's earlier change of it, else from the cached copy, else (the
+    row moves into a present region) from a pull of it."""
+    store, dsn, consumer = setup
+    pg(dsn, "CREATE TABLE docs (id int PRIMARY KEY, grp int, body text, note text)")
+    big = "(SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 400))"
+    pg(dsn, f"INSERT INTO docs SELECT g, g %% 2, {big}, 'n' FROM generate_series(1, 4) g")
+    ddl = ("CREATE CACHED VIEW doccopy AS SELECT * FROM docs REFRESH CONTINUOUSLY; "
+           "CREATE CONTROL TABLE docgrp_pct (grp int); "
+           "CREATE CACHED VIEW docsome AS SELECT id, grp, body FROM docs "
+           "PRESENCE ON (grp) IN docgrp_pct REFRESH CONTINUOUSLY")  # fmt: skip
+    stream.apply_ddl(store, dsn, parse(ddl), fetch_catalog(dsn))
+    try:
+        maintainer = Maintainer(store, dsn)
+        maintainer.refresh("doccopy")
+        maintainer.admit("docgrp_pct", [(1,)])
+        consumer.catch_up()
+        upqueries = consumer.upqueries
+        pg(dsn, "UPDATE docs SET note = 'from the cached copy' WHERE id = 1")
+        pg(dsn, f"BEGIN; INSERT INTO docs VALUES (5, 0, {big}, 'new'); "
+           "UPDATE docs SET note = 'from the insert before' WHERE id = 5; "
+           "UPDATE docs SET grp = 1 WHERE id = 2; COMMIT")  # (2 moves into docsome)
+        consumer.catch_up()
+        assert consumer.upqueries == upqueries + 1  # docsome pulled row 2's body
+        docs = pg(dsn, "SELECT * FROM docs ORDER BY id")
+        assert local(store, "SELECT * FROM doccopy ORDER BY id") == docs
+        assert all(len(t.cast(str, r[2])) == 12_800 for r in docs)
+        assert local(store, "SELECT * FROM docsome ORDER BY id") == [
+            r[:3] for r in docs if r[1] == 1]  # fmt: skip
+    finally:
+        stream.apply_ddl(store, dsn, parse("DROP CACHED VIEW docsome; DROP CACHED VIEW "
+                                           "doccopy; DROP CONTROL TABLE docgrp_pct"),
+                         fetch_catalog(dsn))  # fmt: skip
+
+
 def test_a_pull_lines_up_with_the_stream(setup: Setup) -> None:
     """Transactions the pull's snapshot already holds are not applied to its regions again;
     the ones after it are."""

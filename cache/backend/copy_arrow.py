@@ -13,8 +13,10 @@ import io
 import re
 import typing as t
 
+import numpy as np
 import psycopg
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 _ARROW: dict[str, pa.DataType] = {
@@ -61,16 +63,17 @@ def copy_to_arrow(
     return read_csv(buffer.getvalue(), columns)
 
 
-def read_csv(data: bytes, columns: list[tuple[str, str]]) -> pa.Table:
+def read_csv(data: bytes | pa.Buffer, columns: list[tuple[str, str]]) -> pa.Table:
     names = [name for name, _ in columns]
     final = {name: arrow_type(duck_type) for name, duck_type in columns}
-    if not data:
+    if not len(data):
         return pa.table({n: pa.array([], type=t) for n, t in final.items()})
     types = {name: _WIRE.get(duck_type, final[name]) for name, duck_type in columns}
     table = pacsv.read_csv(
-        io.BytesIO(data),
+        pa.BufferReader(data),
         read_options=pacsv.ReadOptions(column_names=names, block_size=16 << 20),
-        parse_options=pacsv.ParseOptions(newlines_in_values=True),
+        # a row of one NULL is an empty line
+        parse_options=pacsv.ParseOptions(newlines_in_values=True, ignore_empty_lines=False),
         convert_options=pacsv.ConvertOptions(
             column_types=types,
             null_values=[""],  # only the unquoted empty field (pyarrow would take NA, NaN, ...)
@@ -84,3 +87,48 @@ def read_csv(data: bytes, columns: list[tuple[str, str]]) -> pa.Table:
         if duck_type in _WIRE:
             table = table.set_column(index, name, table.column(name).cast(final[name]))
     return table
+
+
+def read_texts(texts: pa.Table, columns: list[tuple[str, str]]) -> pa.Table:
+    """Columns of PostgreSQL's text values (large strings, null for NULL) in the form a pull
+    sends them, typed as `read_csv` types a pull's rows: by Arrow's casts where those read
+    PostgreSQL's text forms as the CSV reader does (integers, decimals, text, and the dates
+    and times that travel as numbers), else by the CSV reader itself (floats, booleans),
+    through CSV written by Arrow's kernels."""
+    typed: dict[str, pa.ChunkedArray] = {}
+    rest = []
+    for name, duck_type in columns:
+        values = texts.column(name)
+        if duck_type in _CAST_TEXT or _DECIMAL.fullmatch(duck_type):
+            typed[name] = values.cast(arrow_type(duck_type))
+        elif duck_type in _WIRE:
+            typed[name] = values.cast(_WIRE[duck_type]).cast(arrow_type(duck_type))
+        else:
+            rest.append((name, duck_type))
+    if rest:
+        read = read_csv(_csv_of(texts, [name for name, _ in rest]), rest)
+        typed |= {name: read.column(name) for name, _ in rest}
+    return pa.table([typed[name] for name, _ in columns], names=[name for name, _ in columns])
+
+
+_CAST_TEXT = {"SMALLINT", "INTEGER", "BIGINT", "VARCHAR", "BPCHAR", "UUID"}
+
+
+def _csv_of(texts: pa.Table, names: list[str]) -> pa.Buffer | bytes:
+    """The columns as the CSV `read_csv` reads: NULL unquoted and empty, every other value
+    quoted."""
+    if not texts.num_rows:
+        return b""
+    quote, empty = pa.scalar('"', pa.large_string()), pa.scalar("", pa.large_string())
+    fields = []
+    for name in names:
+        escaped = pc.replace_substring(texts.column(name), '"', '""')
+        fields.append(pc.fill_null(pc.binary_join_element_wise(quote, escaped, quote, empty),
+                                   empty))  # fmt: skip
+    lines = pc.binary_join_element_wise(
+        pc.binary_join_element_wise(*fields, pa.scalar(",", pa.large_string())), empty,
+        pa.scalar("\n", pa.large_string()))  # fmt: skip
+    text = pa.concat_arrays(lines.chunks) if isinstance(lines, pa.ChunkedArray) else lines
+    offsets = np.frombuffer(t.cast(pa.Buffer, text.buffers()[1]), np.int64)
+    offsets = offsets[text.offset : text.offset + len(text) + 1]
+    return t.cast(pa.Buffer, text.buffers()[2])[int(offsets[0]) : int(offsets[-1])]

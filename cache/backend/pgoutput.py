@@ -24,17 +24,21 @@ the backend sends the transaction again.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import datetime as dt
 import itertools
+import operator
 import os
 import pickle
+import re
 import struct
 import typing as t
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
 
 PG_EPOCH = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
 
@@ -240,81 +244,319 @@ def _expect(reader: _Reader, marker: str) -> None:
         raise DecodeError(f"expected {marker!r}, found {found!r}")
 
 
+# -- row changes decoded at once --------------------------------------------------------------
+
+_I, _U, _D, _N, _K, _O = b"IUDNKO"
+_NOT_ROW = re.compile(rb"[^IUD]")  # a message's tag that is not a row change's
+_FIRST_BYTE = operator.itemgetter(0)
+_TEXT, _NULL, _TOASTED = b"tnu"
+_WIDE = 512  # bytes a value takes on average past which its text is cut out value by value
+
+
+@dataclass(frozen=True)
+class RowChanges:
+    """One relation's row changes among a transaction's messages, decoded at once: ``at``
+    each change's index among them, ``kind`` its message's tag (``I``, ``U``, ``D``); ``old``
+    and ``new`` the tuples' values as Arrow text columns named as the relation's, a row for
+    every change (where ``has_old``/``has_new`` is False, no tuple was sent and the row is
+    null); ``unchanged``, per column of ``new`` that has some, the rows whose TOASTed value
+    the update did not send (null in ``new``)."""
+
+    relation: Relation
+    at: np.ndarray
+    kind: np.ndarray
+    old: pa.Table
+    has_old: np.ndarray
+    new: pa.Table
+    has_new: np.ndarray
+    unchanged: dict[str, np.ndarray]
+
+    def where(self, keep: np.ndarray) -> RowChanges:
+        """The changes ``keep`` (a mask) selects."""
+        mask = pa.array(keep)
+        return RowChanges(self.relation, self.at[keep], self.kind[keep], self.old.filter(mask),
+                          self.has_old[keep], self.new.filter(mask), self.has_new[keep],
+                          {c: m[keep] for c, m in self.unchanged.items()})  # fmt: skip
+
+    def changes(self) -> list[Change]:
+        """Each as a `Change` (plain values: for tests and the rare row-by-row path)."""
+        names = [c.name for c in self.relation.columns]
+        kinds = {_I: "insert", _U: "update", _D: "delete"}
+        olds = list(zip(*(self.old.column(n).to_pylist() for n in names), strict=True))
+        news = list(zip(*(self.new.column(n).to_pylist() for n in names), strict=True))
+        for name, mask in self.unchanged.items():
+            index = names.index(name)
+            for row in np.flatnonzero(mask).tolist():
+                news[row] = (*news[row][:index], UNCHANGED, *news[row][index + 1 :])
+        return [Change(kinds[k], self.relation.relid, o if ho else None, n if hn else None)  # type: ignore[arg-type]
+                for k, o, ho, n, hn in zip(self.kind.tolist(), olds, self.has_old.tolist(),
+                                           news, self.has_new.tolist(), strict=True)]  # fmt: skip
+
+
+def decode_rows(messages: list[bytes], relations: Mapping[int, Relation], streamed: bool,
+                aborted: set[int] = frozenset(), first: int = 0) -> list[RowChanges]:  # type: ignore[assignment]  # fmt: skip
+    """Insert, Update and Delete messages decoded at once (numpy over their bytes joined),
+    one `RowChanges` per relation in the order of its first change; ``first`` the index of
+    the first message (``at`` counts from it); ``streamed``: each carries its
+    subtransaction's xid, and those of ``aborted`` are left out."""
+    if not messages:
+        return []
+    joined = b"".join(messages)
+    buf = np.frombuffer(joined, np.uint8)
+    ends = np.cumsum(np.fromiter(map(len, messages), np.int64, len(messages)))
+    starts = ends - np.fromiter(map(len, messages), np.int64, len(messages))
+    at = np.arange(first, first + len(messages), dtype=np.int64)
+    head = 1 + 4 * streamed + 4 + 1  # tag, [xid,] relid, marker
+    if np.any(ends - starts < head):
+        raise DecodeError(f"a row change of fewer than {head} bytes")
+    kind = buf[starts]
+    if np.any((kind != _I) & (kind != _U) & (kind != _D)):
+        tag = chr(kind[(kind != _I) & (kind != _U) & (kind != _D)][0])
+        raise DecodeError(f"unknown row change {tag!r}")
+    where = starts + 1
+    if streamed:
+        if aborted:
+            keep = ~np.isin(_int32(buf, where), np.array(sorted(aborted), np.int64))
+            starts, ends, at, kind, where = starts[keep], ends[keep], at[keep], kind[keep], \
+                where[keep]  # fmt: skip
+        where = where + 4
+    relids = _int32(buf, where)
+    marker = buf[where + 4]
+    where = where + 5
+    has_old = (marker == _K) | (marker == _O)
+    if np.any((kind == _I) & (marker != _N)) or np.any((kind == _D) & ~has_old) or \
+            np.any((kind == _U) & ~has_old & (marker != _N)):  # fmt: skip
+        raise DecodeError("a row change without its tuple (expected 'N', 'K' or 'O')")
+    found = []
+    order = np.unique(relids, return_index=True)
+    for relid in order[0][np.argsort(order[1])].tolist():
+        relation = relations.get(relid)
+        if relation is None:
+            raise DecodeError(f"a change of relation {relid} before its description")
+        mine = np.flatnonzero(relids == relid)
+        found.append(_relation_rows(buf, relation, at[mine], kind[mine], where[mine],
+                                    ends[mine], has_old[mine]))  # fmt: skip
+    return found
+
+
+def _relation_rows(
+    buf: np.ndarray, relation: Relation, at: np.ndarray, kind: np.ndarray, where: np.ndarray,
+    ends: np.ndarray, has_old: np.ndarray,
+) -> RowChanges:
+    width, count = len(relation.columns), len(at)
+    old_cols = _absent(width, count)
+    new_cols = _absent(width, count)
+    if has_old.any():
+        pick = np.flatnonzero(has_old)
+        cols, after = _tuples(buf, relation, where[pick], ends[pick])
+        _scatter(old_cols, cols, pick)
+        where = where.copy()
+        where[pick] = after
+        follows = kind[pick] == _U  # an update's new tuple follows its old one
+        if np.any(buf[np.minimum(after[follows], len(buf) - 1)] != _N) or \
+                np.any(after[follows] >= ends[pick][follows]):  # fmt: skip
+            raise DecodeError("update: expected the new tuple after the old one ('N')")
+        where[pick[follows]] += 1
+    has_new = kind != _D
+    pick = np.flatnonzero(has_new)
+    if len(pick):
+        cols, after = _tuples(buf, relation, where[pick], ends[pick])
+        _scatter(new_cols, cols, pick)
+        where = where.copy()
+        where[pick] = after
+    if np.any(where != ends):
+        raise DecodeError(f"a change of {relation.name} with bytes past its tuple")
+    names = [c.name for c in relation.columns]
+    unchanged = {name: kinds == _TOASTED
+                 for name, (kinds, _, _) in zip(names, new_cols, strict=True)
+                 if np.any(kinds == _TOASTED)}  # fmt: skip
+    return RowChanges(relation, at, kind, _texts(buf, names, old_cols), has_old,
+                      _texts(buf, names, new_cols), has_new, unchanged)  # fmt: skip
+
+
+_Columns = list[tuple[np.ndarray, np.ndarray, np.ndarray]]  # per column: kinds, starts, lengths
+
+
+def _absent(width: int, count: int) -> _Columns:
+    return [(np.full(count, _NULL, np.uint8), np.zeros(count, np.int64),
+             np.zeros(count, np.int64)) for _ in range(width)]  # fmt: skip
+
+
+def _scatter(into: _Columns, cols: _Columns, rows: np.ndarray) -> None:
+    for (kinds, starts, lengths), (k, s, n) in zip(into, cols, strict=True):
+        kinds[rows], starts[rows], lengths[rows] = k, s, n
+
+
+def _int32(buf: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """The big-endian unsigned 32-bit integers at ``at`` (room checked by the caller)."""
+    return (buf[at].astype(np.int64) << 24) | (buf[at + 1].astype(np.int64) << 16) | \
+        (buf[at + 2].astype(np.int64) << 8) | buf[at + 3].astype(np.int64)  # fmt: skip
+
+
+def _tuples(buf: np.ndarray, relation: Relation, where: np.ndarray, ends: np.ndarray
+            ) -> tuple[_Columns, np.ndarray]:  # fmt: skip
+    """TupleData at ``where`` in each message (ending at ``ends``): each column's kinds,
+    starts and lengths, and where each tuple ends."""
+    width = len(relation.columns)
+    _room(where + 2, ends)
+    count = (buf[where].astype(np.int64) << 8) | buf[where + 1]
+    if np.any(count != width):
+        raise DecodeError(f"a tuple of {int(count[count != width][0])} columns, but "
+                          f"{relation.name} has {width}")  # fmt: skip
+    where = where + 2
+    cols: _Columns = []
+    for _ in range(width):
+        _room(where + 1, ends)
+        kinds = buf[where]
+        text = kinds == _TEXT
+        if not np.all(text | (kinds == _NULL) | (kinds == _TOASTED)):
+            odd = chr(kinds[~(text | (kinds == _NULL) | (kinds == _TOASTED))][0])
+            raise DecodeError(f"unknown column kind {odd!r} (binary values need proto 2)")
+        starts = where + 1
+        lengths = np.zeros(len(where), np.int64)
+        if text.any():
+            _room(starts[text] + 4, ends[text])
+            lengths[text] = _int32(buf, starts[text])
+            if np.any(lengths >= 1 << 31):
+                raise DecodeError("a value of a negative length")
+            starts = starts + 4 * text
+        where = starts + lengths
+        _room(where, ends)
+        cols.append((kinds, starts, lengths))
+    return cols, where
+
+
+def _room(needed: np.ndarray, ends: np.ndarray) -> None:
+    if np.any(needed > ends):
+        raise DecodeError("message ends early")
+
+
+def _texts(buf: np.ndarray, names: list[str], cols: _Columns) -> pa.Table:
+    """The columns' values as Arrow text (null where not a text value), checked as UTF-8."""
+    arrays = []
+    for kinds, starts, sent in cols:
+        valid = kinds == _TEXT
+        lengths = np.where(valid, sent, 0)
+        offsets = np.zeros(len(lengths) + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        total = int(offsets[-1])
+        if total and total > _WIDE * len(lengths):  # a few wide values: cut out one by one
+            cut = zip(starts[valid].tolist(), lengths[valid].tolist(), strict=True)
+            data = b"".join(buf[s : s + n].tobytes() for s, n in cut)
+        elif total:
+            data = buf[np.repeat(starts - offsets[:-1], lengths) + np.arange(total)].tobytes()
+        else:
+            data = b""
+        validity = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
+        buffers = [validity, pa.py_buffer(offsets), pa.py_buffer(data)]
+        array = pa.Array.from_buffers(pa.large_string(), len(lengths), buffers)
+        try:
+            array.validate(full=True)
+        except pa.ArrowInvalid as exc:
+            raise DecodeError(f"a value that is not UTF-8 text ({exc})") from None
+        arrays.append(array)
+    return pa.table(arrays, names=names)
+
+
 @dataclass
 class Transaction:
-    """One backend transaction's changes, in order, each with its relation: those in memory
-    (``changes``), after the pieces spilled to ``spill`` (`pieces` gives them all)."""
+    """One backend transaction's row changes, in order: the Insert, Update and Delete messages
+    as the backend sent them, decoded at once (`rows`) when the transaction is applied. Those
+    in memory (``messages``) come after the pieces spilled to ``spill`` (`pieces` gives them
+    all, each a transaction of its own)."""
 
     xid: int
     commit_lsn: int = 0
     end_lsn: int = 0
     commit_time: dt.datetime = PG_EPOCH
-    changes: list[tuple[Relation, Change]] = field(default_factory=list)
-    # relations truncated, each after how many of ``changes`` (the order matters: a TRUNCATE
+    messages: list[bytes] = field(default_factory=list)
+    # the relation descriptions in effect from each of ``messages`` on (a description sent
+    # in the middle of the transaction starts a new one)
+    described: list[tuple[int, Mapping[int, Relation]]] = field(default_factory=list)
+    # relations truncated, each after how many of ``messages`` (the order matters: a TRUNCATE
     # and the rows inserted after it in one transaction)
     truncated: list[tuple[int, Relation]] = field(default_factory=list)
     spill: Path | None = None  # its spilled pieces, in order
     spilled: int = 0  # changes in them
-    # a streamed transaction's subtransaction of each change and each TRUNCATE in memory,
-    # and the aborted ones
-    subxids: list[int] | None = None
+    # sent while in progress (protocol 2 streaming): each message carries its subtransaction's
+    # xid; the subtransaction of each TRUNCATE in memory, and the aborted ones
+    streamed: bool = False
     truncated_by: list[int] = field(default_factory=list)
     aborted: set[int] = field(default_factory=set)
 
     @property
     def size(self) -> int:
         """Its changes, spilled or not."""
-        return self.spilled + len(self.changes)
+        return self.spilled + len(self.messages)
+
+    def describe(self, relations: Mapping[int, Relation]) -> None:
+        """The descriptions in effect from its next message on."""
+        if self.described and self.described[-1][0] == len(self.messages):
+            self.described[-1] = (len(self.messages), relations)
+        else:
+            self.described.append((len(self.messages), relations))
 
     def spill_out(self, directory: Path) -> None:
         """Write the changes in memory as the next piece (they leave memory)."""
         if self.spill is None:
             directory.mkdir(mode=0o700, parents=True, exist_ok=True)
             self.spill = directory / f"xid-{self.xid}-{next(_SPILLS)}.pieces"
-        # plain tuples, each relation once: pickled several times faster than named tuples
-        relations: dict[int, int] = {}
-        listed: list[Relation] = []
-        rows = []
-        for relation, change in self.changes:
-            at = relations.get(id(relation))
-            if at is None:
-                at = relations[id(relation)] = len(listed)
-                listed.append(relation)
-            rows.append((at, *change))
-        piece = (listed, rows, self.truncated, self.subxids, self.truncated_by)
+        piece = (self.messages, self.described, self.truncated, self.truncated_by)
         with open(self.spill, "ab") as out:
             pickle.dump(piece, out, protocol=pickle.HIGHEST_PROTOCOL)
-        self.spilled += len(self.changes)
-        self.changes, self.truncated, self.truncated_by = [], [], []
-        self.subxids = [] if self.subxids is not None else None
+        self.spilled += len(self.messages)
+        self.described = [(0, self.described[-1][1])] if self.described else []
+        self.messages, self.truncated, self.truncated_by = [], [], []
 
     def pieces(self) -> Iterator[Transaction]:
         """Its changes as transactions of at most a piece each (the same xid and commit), in
-        order, the aborted subtransactions' changes left out."""
+        order."""
         if self.spill is not None:
             with open(self.spill, "rb") as source:
                 while True:
                     try:
-                        listed, rows, truncated, subxids, truncated_by = pickle.load(source)
+                        messages, described, truncated, truncated_by = pickle.load(source)
                     except EOFError:
                         break
-                    changes = [(listed[r[0]], Change(r[1], r[2], r[3], r[4])) for r in rows]
-                    yield self._piece(changes, truncated, subxids, truncated_by)
-        yield self._piece(self.changes, self.truncated, self.subxids, self.truncated_by)
+                    yield self._piece(messages, described, truncated, truncated_by)
+        yield self._piece(self.messages, self.described, self.truncated, self.truncated_by)
 
-    def _piece(self, changes: list[tuple[Relation, Change]],
-               truncated: list[tuple[int, Relation]], subxids: list[int] | None,
-               truncated_by: list[int]) -> Transaction:  # fmt: skip
-        if self.aborted and subxids is not None:
-            aborted = self.aborted
-            kept = [i for i, x in enumerate(subxids) if x not in aborted]
-            # each TRUNCATE kept comes after the kept changes that came before it
-            truncated = [(bisect.bisect_left(kept, at), relation)
-                         for (at, relation), by in zip(truncated, truncated_by, strict=True)
-                         if by not in aborted]  # fmt: skip
-            changes = [changes[i] for i in kept]
-        return Transaction(self.xid, self.commit_lsn, self.end_lsn, self.commit_time,
-                           changes, truncated)  # fmt: skip
+    def _piece(
+        self, messages: list[bytes], described: list[tuple[int, Mapping[int, Relation]]],
+        truncated: list[tuple[int, Relation]], truncated_by: list[int],
+    ) -> Transaction:
+        return Transaction(self.xid, self.commit_lsn, self.end_lsn, self.commit_time, messages,
+                           described, truncated, streamed=self.streamed,
+                           truncated_by=truncated_by, aborted=self.aborted)  # fmt: skip
+
+    def truncates(self) -> list[tuple[int, Relation]]:
+        """Its TRUNCATEs in memory, each after how many of ``messages`` (an aborted
+        subtransaction's left out)."""
+        if not self.aborted or not self.streamed:
+            return self.truncated
+        return [cut for cut, by in zip(self.truncated, self.truncated_by, strict=True)
+                if by not in self.aborted]  # fmt: skip
+
+    def rows(self) -> list[RowChanges]:
+        """Its row changes in memory, decoded at once, one `RowChanges` per relation (and per
+        description of it), an aborted subtransaction's left out."""
+        found: list[RowChanges] = []
+        bounds = [at for at, _ in self.described[1:]] + [len(self.messages)]
+        for (start, relations), end in zip(self.described, bounds, strict=True):
+            if end > start:
+                found += decode_rows(self.messages[start:end], relations, self.streamed,
+                                     self.aborted, start)  # fmt: skip
+        if not self.described and self.messages:
+            raise DecodeError("changes without the descriptions of their relations")
+        return found
+
+    def decoded(self) -> list[tuple[Relation, Change]]:
+        """Its changes in memory one by one, in order (`rows` as plain values)."""
+        found: list[tuple[int, Relation, Change]] = []
+        for rows in self.rows():
+            found += zip(rows.at.tolist(), itertools.repeat(rows.relation), rows.changes(),
+                         strict=False)  # fmt: skip
+        return [(relation, change) for _, relation, change in sorted(found, key=lambda f: f[0])]
 
     def discard(self) -> None:
         """Remove its spilled pieces (after its apply, or at its abort)."""
@@ -328,7 +570,6 @@ _SPILLS = itertools.count()
 _STREAM_START = struct.Struct("!IB")  # xid, first segment
 _STREAM_COMMIT = struct.Struct("!IBQQq")  # xid, flags, commit LSN, end LSN, commit time
 _STREAM_ABORT = struct.Struct("!II")  # xid, subtransaction xid
-_XID_RELID = struct.Struct("!II")  # a streamed change's (sub)transaction and relation
 
 
 @dataclass
@@ -336,12 +577,14 @@ class Transactions:
     """Groups decoded messages into whole transactions (relations remembered across them);
     with ``spill_dir``, a transaction's changes past ``spill_changes`` are spilled there."""
 
-    relations: dict[int, Relation] = field(default_factory=dict)
+    # the relations described so far (replaced, never changed in place: transactions hold
+    # the descriptions in effect for their changes)
+    relations: Mapping[int, Relation] = field(default_factory=dict)
     unfinished: Transaction | None = None  # begun, its commit not read yet
     spill_dir: Path | None = None
     spill_changes: int = SPILL_CHANGES
     streamed: dict[int, Transaction] = field(default_factory=dict)  # in progress, by xid
-    streaming: int | None = None  # the xid of the stream block being read
+    streaming: Transaction | None = None  # the transaction of the stream block being read
     blocks: int = 0  # stream blocks read (the backend streamed transactions in progress)
 
     def __post_init__(self) -> None:
@@ -349,32 +592,28 @@ class Transactions:
         # directory to spill to: all of them)
         self._limit = self.spill_changes if self.spill_dir is not None else 1 << 62
 
-    def read(self, messages: Iterable[bytes]) -> Iterator[Transaction]:
+    def read(self, messages: Sequence[bytes]) -> Iterator[Transaction]:
         """The transactions ``messages`` complete (a batch ending mid-transaction: the next
-        read goes on with it)."""
+        read goes on with it). Row changes are kept as sent, a run of them at a time
+        (`Transaction.rows` decodes them); the rest is decoded here."""
         current, self.unfinished = self.unfinished, None
-        relations = self.relations
-        limit = self._limit
-        for data in messages:
-            tag = data[0] if data else 0
-            if self.streaming is not None:
-                finished = self._streamed(data)
-                if finished is not None:
-                    yield finished
-                continue
-            # the hot path, one message per row changed and two per transaction: an update
-            # without its old key, a Begin and a Commit, unpacked in place
-            if tag == 0x55 and current is not None and len(data) > 6 and data[5] == 0x4E:
-                (relid,) = _RELID.unpack_from(data, 1)
-                relation = relations.get(relid) or self._relation(relid)
-                reader = _Reader(data)
-                reader.at = 6
-                current.changes.append((relation, Change("update", relid, None, reader.tuple())))
-                if len(current.changes) >= limit:
-                    current.spill_out(t.cast(Path, self.spill_dir))
-                continue
+        if not all(messages):
+            raise DecodeError("an empty message")
+        tags = bytes(map(_FIRST_BYTE, messages))
+        at = 0
+        for stop in [*(found.start() for found in _NOT_ROW.finditer(tags)), len(messages)]:
+            if stop > at:  # a run of row changes (the hot path: one message per row changed)
+                txn = self.streaming if self.streaming is not None else current
+                if txn is None:
+                    raise DecodeError("a change outside a transaction")
+                self._keep(txn, messages, at, stop)
+            if stop == len(messages):
+                break
+            data, at = messages[stop], stop + 1
+            tag = tags[stop]
             if tag == 0x42 and len(data) == 1 + _BEGIN.size:
                 current = Transaction(_BEGIN.unpack_from(data, 1)[2])
+                current.describe(self.relations)
                 continue
             if tag == 0x43 and current is not None and len(data) == 1 + _COMMIT.size:
                 _, current.commit_lsn, current.end_lsn, micros = _COMMIT.unpack_from(data, 1)
@@ -382,16 +621,18 @@ class Transactions:
                 yield current
                 current = None
                 continue
-            if tag in (0x53, 0x63, 0x41):  # S, c, A: a streamed transaction's (between blocks)
+            if self.streaming is not None or tag in (0x53, 0x63, 0x41):  # S, c, A: streamed
                 finished = self._streamed(data)
                 if finished is not None:
                     yield finished
                 continue
             message = decode(data)
             if isinstance(message, Relation):
-                self.relations[message.relid] = message
+                going = [current] if current is not None else []
+                self._described(message, going + list(self.streamed.values()))
             elif isinstance(message, Begin):
                 current = Transaction(message.xid)
+                current.describe(self.relations)
             elif isinstance(message, Commit):
                 if current is None:
                     raise DecodeError("a commit without its begin")
@@ -399,21 +640,31 @@ class Transactions:
                 current.commit_time = message.commit_time
                 yield current
                 current = None
-            elif isinstance(message, Change | Truncate):
+            elif isinstance(message, Truncate):
                 if current is None:
                     raise DecodeError("a change outside a transaction")
-                self._add(current, message, None)
+                self._truncate(current, message, None)
         self.unfinished = current
+
+    def _keep(self, txn: Transaction, messages: Sequence[bytes], start: int, stop: int) -> None:
+        """Row changes ``messages[start:stop]`` kept by ``txn``, pieces spilled as it fills."""
+        while start < stop:
+            end = min(stop, start + self._limit - len(txn.messages))
+            txn.messages += messages[start:end]
+            start = end
+            if len(txn.messages) >= self._limit:
+                txn.spill_out(t.cast(Path, self.spill_dir))
 
     def _streamed(self, data: bytes) -> Transaction | None:
         """A message of protocol 2's streaming: the transaction a Stream Commit completes."""
         tag = chr(data[0])
         if tag == "S":
             xid, _ = _take(_STREAM_START, data, "stream start")
-            self.streaming = xid
             self.blocks += 1
             if xid not in self.streamed:
-                self.streamed[xid] = Transaction(xid, subxids=[])
+                self.streamed[xid] = Transaction(xid, streamed=True)
+                self.streamed[xid].describe(self.relations)
+            self.streaming = self.streamed[xid]
             return None
         if tag == "E":
             self.streaming = None
@@ -421,7 +672,7 @@ class Transactions:
         if tag == "c":
             xid, _, commit_lsn, end_lsn, micros = _take(_STREAM_COMMIT, data, "stream commit")
             found = self.streamed.pop(xid, None)
-            txn = found if found is not None else Transaction(xid, subxids=[])
+            txn = found if found is not None else Transaction(xid, streamed=True)
             txn.commit_lsn, txn.end_lsn = commit_lsn, end_lsn
             txn.commit_time = PG_EPOCH + dt.timedelta(microseconds=micros)
             return txn
@@ -436,34 +687,31 @@ class Transactions:
             return None
         if self.streaming is None or len(data) < 5:
             raise DecodeError(f"a streamed {tag!r} message outside a stream block")
-        if tag in ("U", "I") and len(data) > 10 and data[9] == 0x4E:  # (the hot path: a row
-            subxid, relid = _XID_RELID.unpack_from(data, 1)  # inserted, or updated without
-            reader = _Reader(data)  # its old key: read in place)
-            reader.at = 10
-            change = Change("update" if tag == "U" else "insert", relid, None, reader.tuple())
-            self._add(self.streamed[self.streaming], change, subxid)
-            return None
         (subxid,) = _RELID.unpack_from(data, 1)
         message = decode(data[:1] + data[5:])  # (the same message less its xid)
         if isinstance(message, Relation):
-            self.relations[message.relid] = message
-        elif isinstance(message, Change | Truncate):
-            self._add(self.streamed[self.streaming], message, subxid)
+            self._described(message, list(self.streamed.values()))
+        elif isinstance(message, Truncate):
+            self._truncate(self.streaming, message, subxid)
         return None
 
-    def _add(self, txn: Transaction, message: Change | Truncate, subxid: int | None) -> None:
-        if isinstance(message, Change):
-            txn.changes.append((self._relation(message.relid), message))
-            if txn.subxids is not None:
-                txn.subxids.append(subxid if subxid is not None else txn.xid)
-            if len(txn.changes) >= self._limit:
-                txn.spill_out(t.cast(Path, self.spill_dir))
-        else:
-            at = len(txn.changes)
-            txn.truncated += [(at, self._relation(r)) for r in message.relids]
-            if txn.subxids is not None:
-                txn.truncated_by += [subxid if subxid is not None else txn.xid] * len(
-                    message.relids)
+    def _described(self, relation: Relation, going: list[Transaction]) -> None:
+        """A relation's description: in effect for the changes after it (of the transactions
+        ``going`` too, and any unfinished)."""
+        self.relations = {**self.relations, relation.relid: relation}
+        for txn in going:
+            txn.describe(self.relations)
+
+    def _truncate(self, txn: Transaction, message: Truncate, subxid: int | None) -> None:
+        at = len(txn.messages)
+        txn.truncated += [(at, self._relation(r)) for r in message.relids]
+        if txn.streamed:
+            txn.truncated_by += [subxid if subxid is not None else txn.xid] * len(message.relids)
+
+    @property
+    def in_progress(self) -> bool:
+        """A transaction has begun whose commit or abort has not been read."""
+        return self.unfinished is not None or bool(self.streamed)
 
     def close(self) -> None:
         """Drop what the session left unfinished (its spilled pieces with it)."""

@@ -115,12 +115,19 @@ class Consumer:
                 source = self._open(stream)
                 if source is None:
                     return 0
-                txns = []
-                for txn in self._decoder.read(source.messages(self.batch, wait)):
-                    if txn.end_lsn > stream.applied_lsn:
-                        txns.append(txn)
-                    else:
-                        txn.discard()  # (applied before: the file holds it)
+                txns: list[Transaction] = []
+                taken, started = 0, time.monotonic()
+                while True:  # (a transaction in progress: read on, up to a batch, to its end)
+                    messages = source.messages(self.batch - taken, wait)
+                    taken += len(messages)
+                    for txn in self._decoder.read(messages):
+                        if txn.end_lsn > stream.applied_lsn:
+                            txns.append(txn)
+                        else:
+                            txn.discard()  # (applied before: the file holds it)
+                    if txns or taken >= self.batch or not self._decoder.in_progress or \
+                            (not messages and time.monotonic() - started >= wait):  # fmt: skip
+                        break
                 if not txns:
                     self.position = stream.applied_lsn
                     self._pass_idle(stream, source.reached)
@@ -240,6 +247,8 @@ class Consumer:
         """Everything committed before ``reached`` is applied: every pull whose transactions
         all committed before it is passed (the stream holds all it saw), with no transaction
         to show it."""
+        if not any(p.until_lsn <= reached for p in pending_pulls(self.store.con)):
+            return  # (the common case, seen without a transaction: only this thread passes)
         with self.store.transaction() as con:
             pendings = pending_pulls(con)
             passed = [p for p in pendings if p.until_lsn <= reached]

@@ -1,22 +1,20 @@
 """A batch's changes to one table staged for DuckDB: the keys touched and the final rows, in
-the typed form a pull gives, through CSV and DuckDB's reader (`stage`)."""
+the typed form a pull gives, through the CSV reader a pull's rows go through
+(`stage_changes`)."""
 
 from __future__ import annotations
 
 import contextlib
-import io
-import operator
 import typing as t
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 
 import duckdb
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from cache.backend.copy_arrow import read_csv
-from cache.backend.pgoutput import (
-    UNCHANGED,
-    Relation,
-)
+from cache.backend.copy_arrow import read_texts
+from cache.backend.pgoutput import RowChanges
 from cache.maintenance.stream.position import StreamProblem
 from control_tables.schema import CachedView
 from control_tables.types import BPCHAR, NUMBERED, numbered, transfer_type
@@ -55,10 +53,13 @@ class Staged:
 
 def stage_changes(
     readers: Sequence[CachedView], catalog: Catalog, table_name: str,
-    changes: list[tuple[Relation, t.Any]],
+    changes: list[tuple[np.ndarray, RowChanges]],
 ) -> Staged:
-    """The changes to one table, with the columns its ``readers`` keep (continuously
-    maintained views of it, and derived views' copies of it)."""
+    """The changes to one table (each `RowChanges` with its changes' positions in the batch),
+    with the columns its ``readers`` keep (continuously maintained views of it, and derived
+    views' copies of it): every key touched, and each key's row after its last change (none
+    if that deleted it), typed as a pull types them. Set-based: one event per tuple sent, the
+    last per key kept (Arrow's ordered grouping)."""
     table = catalog.table(table_name)
     assert table is not None
     wanted: list[str] = []
@@ -67,98 +68,127 @@ def stage_changes(
     types = {c.name: c.type for c in table.columns}
     columns = [(c, t.cast(str, transfer_type(types[c]))) for c in wanted]
     stage = Staged(str(len(table_name)) + "_" + "".join(ch for ch in table_name if ch.isalnum()))
-    if not changes:
+    count = sum(len(at) for at, _ in changes)
+    if not count:
         return stage
-    final: dict[tuple[t.Any, ...], tuple[t.Any, ...] | None] = {}
-    touched: dict[tuple[t.Any, ...], None] = {}  # keys in the stream's text form
+    key = list(table.primary_key)
     transfer = dict(columns)
-    key_columns = [(k, transfer.get(k) or t.cast(str, transfer_type(types[k])))
-                   for k in table.primary_key]  # fmt: skip
-    getters: dict[int, tuple[Callable[[t.Any], tuple[t.Any, ...]], ...]] = {}
-    for relation, change in changes:
-        got = getters.get(id(relation))
-        if got is None:
-            names = [c.name for c in relation.columns]
-            missing = [c for c in [*table.primary_key, *(c for c, _ in columns)]
-                       if c not in names]  # fmt: skip
-            if missing:
-                raise StreamProblem(
-                    f"table {relation.schema}.{relation.name} has no column "
-                    f"{', '.join(missing)} any more: continuous maintenance stopped; recreate "
-                    "the cached views of that table (DROP CACHED VIEW, CREATE CACHED VIEW)"
-                )
-            got = getters[id(relation)] = (
-                _picker([names.index(k) for k in table.primary_key]),
-                _picker([names.index(c) for c, _ in columns]),
+    key_columns = [(k, transfer.get(k) or t.cast(str, transfer_type(types[k]))) for k in key]
+    carried = [*key, *(c for c in wanted if c not in key)]
+    events = []
+    for at, rows in changes:
+        names = [c.name for c in rows.relation.columns]
+        missing = [c for c in carried if c not in names]
+        if missing:
+            relation = rows.relation
+            raise StreamProblem(
+                f"table {relation.schema}.{relation.name} has no column {', '.join(missing)} "
+                "any more: continuous maintenance stopped; recreate the cached views of that "
+                "table (DROP CACHED VIEW, CREATE CACHED VIEW)"
             )
-        key_of, row_of = got
-        if change.old is not None:
-            old_key = key_of(change.old)
-            touched[old_key] = None
-            final[old_key] = None
-        new = change.new
-        if new is not None:
-            key, row = key_of(new), row_of(new)
-            previous = final.get(key)
-            if previous is not None and UNCHANGED in row:
-                row = tuple(p if v is UNCHANGED else v for v, p in zip(row, previous, strict=True))
-            touched[key] = None
-            final[key] = row
-    stage.count = len(changes)
-    stage.dels = read_csv(_csv(touched, key_columns), key_columns)
-    rows = [r for r in final.values() if r is not None]
-    if any(UNCHANGED in r for r in rows):
-        # a TOASTed value the update did not send: the row's cached copy has it, else a pull
-        flags = [[v is UNCHANGED for v in r] for r in rows]
-        rows = [tuple(None if v is UNCHANGED else v for v in r) for r in rows]
-        puts = read_csv(_csv(rows, columns), columns)
-        for index, (name, _) in enumerate(columns):
-            puts = puts.append_column(f"mtcache_unchanged_{name}",
-                                      pa.array([f[index] for f in flags]))  # fmt: skip
-        stage.puts = puts
+        if rows.has_old.any():  # the row of the old key leaves (a new tuple may bring it back)
+            old = pa.array(rows.has_old)
+            events.append(_event(rows.old.select(key).filter(old), at[rows.has_old] * 2,
+                                 alive=False, unchanged={}))  # fmt: skip
+        new = pa.array(rows.has_new)
+        unchanged = {c: m[rows.has_new] for c, m in rows.unchanged.items() if c in wanted}
+        events.append(_event(rows.new.select(carried).filter(new), at[rows.has_new] * 2 + 1,
+                             alive=True, unchanged=unchanged))  # fmt: skip
+    ordered = pa.concat_tables(events, promote_options="default").sort_by(_SEQ)
+    flagged = [c for c in wanted if _FLAG + c in ordered.column_names]
+    if flagged:
+        final = _merged(ordered, key, carried, flagged)
     else:
-        stage.puts = read_csv(_csv(rows, columns), columns)
+        final = ordered.take(_last_per_key(ordered, key))
+    stage.count = count
+    stage.dels = _typed(final, key_columns)
+    puts = final.filter(final.column(_ALIVE))
+    stage.puts = _typed(puts, columns)
+    for name in flagged:
+        stage.puts = stage.puts.append_column(_FLAG + name, puts.column(_FLAG + name))
     return stage
 
 
-def _picker(indexes: list[int]) -> Callable[[t.Any], tuple[t.Any, ...]]:
-    if len(indexes) == 1:
-        (only,) = indexes
-        return lambda row: (row[only],)
-    return operator.itemgetter(*indexes)
+_SEQ, _ALIVE, _FLAG = "mtcache_seq", "mtcache_alive", "mtcache_unchanged_"
 
 
-def _text_form(column: str, kind: str) -> Callable[[t.Any], t.Any]:
-    """A value of the stream in the form a pull sends (control_tables.types.select_list):
+def _last_per_key(ordered: pa.Table, key: list[str]) -> np.ndarray:
+    """The row of each key's last event (``ordered``: events in order): keys numbered by
+    Arrow's dictionary encoding, the last of each number found by numpy."""
+    codes: np.ndarray | None = None
+    for name in key:
+        column = ordered.column(name).combine_chunks()
+        if column.null_count:
+            raise StreamProblem(f"a change without its key's value (column {name}): continuous "
+                                "maintenance stopped; recreate the cached views of that table "
+                                "(DROP CACHED VIEW, CREATE CACHED VIEW)")  # fmt: skip
+        encoded = pc.dictionary_encode(column)
+        numbers = encoded.indices.to_numpy().astype(np.int64)
+        if codes is not None:  # (numbered again: the products stay small)
+            numbers = np.unique(codes * len(encoded.dictionary) + numbers,
+                                return_inverse=True)[1]  # fmt: skip
+        codes = numbers
+    assert codes is not None
+    _, first = np.unique(codes[::-1], return_index=True)  # the last, counted from the end
+    return len(codes) - 1 - first
+
+
+def _event(values: pa.Table, seq: np.ndarray, alive: bool,
+           unchanged: dict[str, np.ndarray]) -> pa.Table:  # fmt: skip
+    events = values.append_column(_SEQ, pa.array(seq)).append_column(
+        _ALIVE, pa.array(np.full(len(seq), alive)))
+    for name, mask in unchanged.items():
+        events = events.append_column(_FLAG + name, pa.array(mask))
+    return events
+
+
+def _merged(ordered: pa.Table, key: list[str], carried: list[str],
+            flagged: list[str]) -> pa.Table:  # fmt: skip
+    """Each key's row after its last change when some updates did not send a TOASTed value:
+    row by row, the value the key's previous change in the batch brought, else still
+    unsent (flagged: the cached copy supplies it, `apply_view`)."""
+    final: dict[tuple[t.Any, ...], dict[str, t.Any] | None] = {}
+    for event in ordered.to_pylist():
+        k = tuple(event[c] for c in key)
+        if not event[_ALIVE]:
+            final[k] = None
+            continue
+        row = {c: event[c] for c in carried}
+        row[_ALIVE] = True
+        previous = final.get(k)
+        for name in flagged:
+            sent = not event.get(_FLAG + name)
+            if not sent and previous is not None:
+                row[name], row[_FLAG + name] = previous[name], previous[_FLAG + name]
+            else:
+                row[_FLAG + name] = not sent
+        final[k] = row
+    rows = [dict(zip(key, k, strict=True)) | (r or {_ALIVE: False}) for k, r in final.items()]
+    types = {**{c: pa.large_string() for c in carried}, _ALIVE: pa.bool_(),
+             **{_FLAG + c: pa.bool_() for c in flagged}}  # fmt: skip
+    return pa.Table.from_pylist(rows, schema=pa.schema(types))
+
+
+def _typed(texts: pa.Table, columns: list[tuple[str, str]]) -> pa.Table:
+    """PostgreSQL text values typed as a pull's rows are, from the text form a pull sends
+    (`_text_form`)."""
+    forms = texts.select([name for name, _ in columns])
+    for index, (name, kind) in enumerate(columns):
+        forms = forms.set_column(index, name, _text_form(name, kind, forms.column(name)))
+    return read_texts(forms, columns)
+
+
+def _text_form(column: str, kind: str, values: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Values of the stream in the form a pull sends (control_tables.types.select_list):
     char(n) without its padding, dates and times as numbers (`control_tables.types.NUMBERED`),
     read from the text PostgreSQL wrote."""
     if kind == BPCHAR:
-        return lambda v: v.rstrip(" ") if isinstance(v, str) else v
+        return pc.utf8_rtrim(values, characters=" ")
     if kind in NUMBERED:
-
-        def number(value: t.Any) -> t.Any:
-            if not isinstance(value, str):
-                return value
-            try:
-                return str(numbered(kind, value))
-            except ValueError as exc:
-                raise StreamProblem(f"column {column}: {exc}") from None
-
-        return number
-    return lambda v: v
-
-
-def _csv(rows: Iterable[tuple[t.Any, ...]], columns: list[tuple[str, str]]) -> bytes:
-    """PostgreSQL text values as the CSV `read_csv` reads a pull's rows from (NULL unquoted
-    and empty, every other value quoted), in the text form a pull sends (`_text_form`)."""
-    forms = [(i, _text_form(c, kind)) for i, (c, kind) in enumerate(columns)
-             if kind == BPCHAR or kind in NUMBERED]  # fmt: skip
-    out = io.StringIO()
-    write = out.write
-    for row in rows:
-        values = list(row) if forms else row
-        for index, form in forms:
-            values[index] = form(values[index])  # type: ignore[index]
-        write(",".join("" if v is None else '"' + v.replace('"', '""') + '"' for v in values))
-        write("\n")
-    return out.getvalue().encode()
+        try:
+            return pa.chunked_array([pa.array(
+                [None if v is None else str(numbered(kind, v)) for v in values.to_pylist()],
+                pa.large_string())])  # fmt: skip
+        except ValueError as exc:
+            raise StreamProblem(f"column {column}: {exc}") from None
+    return values

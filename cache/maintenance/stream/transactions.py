@@ -4,13 +4,15 @@ in one DuckDB transaction with the stream position (`apply_transactions`)."""
 from __future__ import annotations
 
 import datetime as dt
-import typing as t
 from collections.abc import Sequence
 
 import duckdb
+import numpy as np
+import pyarrow as pa
 
 from cache.backend.pgoutput import (
     Relation,
+    RowChanges,
     Transaction,
 )
 from cache.maintenance import faults
@@ -79,23 +81,28 @@ def _apply_run(
     assert all(not p.passed_by(x.xid, x.commit_lsn) for p in pendings for x in txns[1:]), \
         "a run of transactions that leaves the pending pulls as they are (`run_of`)"  # fmt: skip
     applied = Applied()
-    by_table: dict[str, list[tuple[Relation, t.Any]]] = {}
-    truncated: set[str] = set()
+    by_table: dict[str, list[tuple[np.ndarray, RowChanges]]] = {}  # a run's position of each
+    truncated: dict[str, int] = {}  # the run's position of a table's last TRUNCATE
     checked: set[int] = set()  # relations (as described in this batch) checked
+    base = 0
     for txn in txns:
-        cuts = list(txn.truncated)
-        for index, (relation, change) in enumerate(txn.changes):
-            _truncate_until(index, cuts, stream, truncated, by_table)
+        for at, cut in txn.truncates():
+            if cut.name != HEARTBEAT_TABLE:
+                _check_relation(stream, cut)
+                truncated[cut.name] = base + at
+        for rows in txn.rows():
+            relation = rows.relation
             if relation.name == HEARTBEAT_TABLE:
-                if change.new is not None:
-                    beat = _heartbeat_time(relation, change.new)
-                    stream_time = later(stream_time, beat)
+                stream_time = later(stream_time, _heartbeat_time(rows))
                 continue
             if id(relation) not in checked:
                 _check_relation(stream, relation)
                 checked.add(id(relation))
-            by_table.setdefault(relation.name, []).append((relation, change))
-        _truncate_until(len(txn.changes), cuts, stream, truncated, by_table)
+            by_table.setdefault(relation.name, []).append((base + rows.at, rows))
+        base += len(txn.messages)
+    for name, since in truncated.items():  # a table's changes before its TRUNCATE are gone
+        by_table[name] = [(at[at >= since], rows.where(at >= since))
+                          for at, rows in by_table.get(name, [])]  # fmt: skip
     views = [schema.views[name] for name in schema.continuous_views()]
     # a derived view's changes go through its copies of the tables it reads: none of them
     # while a pull of its copies is pending (every group it held was pulled with them), else
@@ -123,7 +130,7 @@ def _apply_run(
                 apply_view(con, schema, cached, staged[cached.table], skip.get(name, []),
                            applied)  # fmt: skip
         for plan in derived:
-            apply_derived(con, schema, plan, staged, truncated, skip.get(plan.view.name, []),
+            apply_derived(con, schema, plan, staged, set(truncated), skip.get(plan.view.name, []),
                           applied)  # fmt: skip
     finally:
         for stage in staged.values():
@@ -133,23 +140,6 @@ def _apply_run(
     stamp_regions(con, schema, stream, last.end_lsn, stream_time, [p.snapshot_id for p in pendings],
            applied)  # fmt: skip
     return applied
-
-
-def _truncate_until(
-    index: int,
-    cuts: list[tuple[int, Relation]],
-    stream: StreamRow,
-    truncated: set[str],
-    by_table: dict[str, list[tuple[Relation, t.Any]]],
-) -> None:
-    """The TRUNCATEs of a transaction that came before its change ``index``: the table's
-    changes so far no longer matter (its views empty out), the ones after start afresh."""
-    while cuts and cuts[0][0] <= index:
-        _, cut = cuts.pop(0)
-        if cut.name != HEARTBEAT_TABLE:
-            _check_relation(stream, cut)
-            truncated.add(cut.name)
-            by_table.pop(cut.name, None)
 
 
 def run_of(txns: list[Transaction], pendings: list[Pending]) -> list[Transaction]:
@@ -171,12 +161,14 @@ def later(a: dt.datetime | None, b: dt.datetime | None) -> dt.datetime | None:
     return max(a, b)
 
 
-def _heartbeat_time(relation: Relation, row: tuple[t.Any, ...]) -> dt.datetime | None:
-    names = [c.name for c in relation.columns]
-    value = row[names.index("beat_at")] if "beat_at" in names else None
-    if not isinstance(value, str):
+def _heartbeat_time(rows: RowChanges) -> dt.datetime | None:
+    """The latest beat among a batch's changes of the heartbeat table."""
+    if "beat_at" not in rows.new.column_names:
         return None
-    return dt.datetime.fromisoformat(value).astimezone(dt.UTC)
+    beats = rows.new.column("beat_at").filter(pa.array(rows.has_new)).drop_null().to_pylist()
+    if not beats:
+        return None
+    return max(dt.datetime.fromisoformat(b).astimezone(dt.UTC) for b in beats)
 
 
 def _check_relation(stream: StreamRow, relation: Relation) -> None:
