@@ -37,6 +37,8 @@ ROLLBACK TO SAVEPOINT s;
 DELETE FROM lots WHERE id % 10 = 0;
 INSERT INTO lots SELECT g, g % 7, 'new ' || g, g / 3.0 FROM generate_series({ROWS + 1},
     {ROWS + 2000}) g;
+INSERT INTO lots VALUES (10, 3, 'deleted, back', 1.00);
+UPDATE lots SET id = id + 100000 WHERE id BETWEEN 101 AND 150;
 COMMIT;
 """
 OWNER = """

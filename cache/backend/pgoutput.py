@@ -4,12 +4,14 @@ docs/decisions.md, "Continuous maintenance from the WAL").
 
 The messages come one by one from a streaming session (cache/backend/replication.SlotStream)
 or, one per row, from ``pg_logical_slot_peek_binary_changes(slot, .., 'proto_version', '1',
-'publication_names', pub)``. `decode` turns one into a typed message;
-`Transactions` groups a stream of them into whole backend transactions in commit order,
-resolving each change's relation from the Relation messages seen so far (pgoutput sends a
-relation's description before its first change in a session, and again when it changes).
-Column values stay PostgreSQL's text form (None for NULL, `UNCHANGED` for a TOASTed value the
-update did not touch); the consumer types them as the view's columns.
+'publication_names', pub)``. `decode` turns one into a typed message; `Transactions` groups a
+stream of them into whole backend transactions in commit order. A transaction keeps its row
+changes (Insert, Update, Delete: one message per row) as they were sent, with the relation
+descriptions in effect for them (pgoutput sends a relation's description before its first
+change in a session, and again when it changes); `Transaction.rows` decodes them at once, with
+numpy over their bytes, into Arrow text columns per relation (`RowChanges`). Column values stay
+PostgreSQL's text form (NULL apart, and a TOASTed value the update did not touch flagged
+``unchanged``); the consumer types them as the view's columns.
 
 Big transactions. With protocol version 2 and ``streaming 'on'``, the backend sends a
 transaction larger than its ``logical_decoding_work_mem`` while it is in progress, in blocks
@@ -34,6 +36,7 @@ import re
 import struct
 import typing as t
 from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -279,7 +282,7 @@ class RowChanges:
                           {c: m[keep] for c, m in self.unchanged.items()})  # fmt: skip
 
     def changes(self) -> list[Change]:
-        """Each as a `Change` (plain values: for tests and the rare row-by-row path)."""
+        """Each as a `Change`, plain values as `decode` gives them (tests, diagnostics)."""
         names = [c.name for c in self.relation.columns]
         kinds = {_I: "insert", _U: "update", _D: "delete"}
         olds = list(zip(*(self.old.column(n).to_pylist() for n in names), strict=True))
@@ -293,8 +296,10 @@ class RowChanges:
                                            news, self.has_new.tolist(), strict=True)]  # fmt: skip
 
 
-def decode_rows(messages: list[bytes], relations: Mapping[int, Relation], streamed: bool,
-                aborted: set[int] = frozenset(), first: int = 0) -> list[RowChanges]:  # type: ignore[assignment]  # fmt: skip
+def decode_rows(
+    messages: list[bytes], relations: Mapping[int, Relation], streamed: bool,
+    aborted: AbstractSet[int] = frozenset(), first: int = 0,
+) -> list[RowChanges]:
     """Insert, Update and Delete messages decoded at once (numpy over their bytes joined),
     one `RowChanges` per relation in the order of its first change; ``first`` the index of
     the first message (``at`` counts from it); ``streamed``: each carries its

@@ -190,14 +190,16 @@ class SlotStream:
     def _pump(self, out: list[bytes], limit: int, wait: float, done: t.Callable[[], bool]) -> None:
         deadline = time.monotonic() + wait
         pg, taken, drained = self._pg, 0, False
+        get, keep = pg.get_copy_data, out.append
         while len(out) < limit:
-            size, data = pg.get_copy_data(1)
-            if size > 0:
-                taken, drained = taken + 1, False
-                if data[0] == 0x77:  # 'w': XLogData, the one per change (kept inline)
-                    out.append(bytes(data[XLOG_DATA:]))
+            size, data = get(1)
+            if size > 0:  # (the hot path: one message per row changed, kept inline)
+                if data[0] == 0x77:  # 'w': XLogData
+                    keep(data[XLOG_DATA:].tobytes())
                 else:
                     self._take(data, out)
+                taken += 1
+                drained = False
                 continue
             if size < 0:
                 raise self._ended(size)

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cache.maintenance.stream.position import Applied, NeedsPull
-from cache.maintenance.stream.staging import Staged
+from cache.maintenance.stream.staging import FLAG, Staged
 from cache.maintenance.stream.views import apply_view, delete_where, not_pending
 from control_tables.regions import Region
 from control_tables.schema import CachedView, CacheSchema
@@ -104,15 +104,15 @@ def _after(con: duckdb.DuckDBPyConnection, plan: Maintenance, copy: CachedView,
     """SQL: the copy's rows of the touched keys after the batch (its final rows; a TOASTed
     value an update did not send, from the row as it was)."""
     assert stage.puts is not None
-    unchanged = [c for c in copy.columns if f"mtcache_unchanged_{c}" in stage.puts.column_names]
+    unchanged = [c for c in copy.columns if FLAG + c in stage.puts.column_names]
     if not unchanged:
         return f"SELECT {idents(copy.columns)} FROM {stage.put_name}"
     merged = ", ".join(
-        f"CASE WHEN p.{ident('mtcache_unchanged_' + c)} THEN b.{ident(c)} ELSE p.{ident(c)} "
+        f"CASE WHEN p.{ident(FLAG + c)} THEN b.{ident(c)} ELSE p.{ident(c)} "
         f"END AS {ident(c)}" if c in unchanged else f"p.{ident(c)}" for c in copy.columns)
     source = (f"{stage.put_name} p LEFT JOIN mtcache_before b ON "
               f"{equal_columns(copy.key, 'p', 'b')}")  # fmt: skip
-    lacking = " OR ".join(f"p.{ident('mtcache_unchanged_' + c)}" for c in unchanged)
+    lacking = " OR ".join(f"p.{ident(FLAG + c)}" for c in unchanged)
     missing = con.execute(f"SELECT count(*) FROM {source} WHERE ({lacking}) AND "
                           f"b.{ident(copy.key[0])} IS NULL").fetchone()  # fmt: skip
     if missing and missing[0]:  # (the copy lacks the row: the view is pulled anew)

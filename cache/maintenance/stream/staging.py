@@ -95,7 +95,7 @@ def stage_changes(
         events.append(_event(rows.new.select(carried).filter(new), at[rows.has_new] * 2 + 1,
                              alive=True, unchanged=unchanged))  # fmt: skip
     ordered = pa.concat_tables(events, promote_options="default").sort_by(_SEQ)
-    flagged = [c for c in wanted if _FLAG + c in ordered.column_names]
+    flagged = [c for c in wanted if FLAG + c in ordered.column_names]
     if flagged:
         final = _merged(ordered, key, carried, flagged)
     else:
@@ -105,11 +105,12 @@ def stage_changes(
     puts = final.filter(final.column(_ALIVE))
     stage.puts = _typed(puts, columns)
     for name in flagged:
-        stage.puts = stage.puts.append_column(_FLAG + name, puts.column(_FLAG + name))
+        stage.puts = stage.puts.append_column(FLAG + name, puts.column(FLAG + name))
     return stage
 
 
-_SEQ, _ALIVE, _FLAG = "mtcache_seq", "mtcache_alive", "mtcache_unchanged_"
+_SEQ, _ALIVE = "mtcache_seq", "mtcache_alive"
+FLAG = "mtcache_unchanged_"  # a column of the final rows: the value was not sent (TOASTed)
 
 
 def _last_per_key(ordered: pa.Table, key: list[str]) -> np.ndarray:
@@ -138,7 +139,7 @@ def _event(values: pa.Table, seq: np.ndarray, alive: bool,
     events = values.append_column(_SEQ, pa.array(seq)).append_column(
         _ALIVE, pa.array(np.full(len(seq), alive)))
     for name, mask in unchanged.items():
-        events = events.append_column(_FLAG + name, pa.array(mask))
+        events = events.append_column(FLAG + name, pa.array(mask))
     return events
 
 
@@ -157,15 +158,15 @@ def _merged(ordered: pa.Table, key: list[str], carried: list[str],
         row[_ALIVE] = True
         previous = final.get(k)
         for name in flagged:
-            sent = not event.get(_FLAG + name)
+            sent = not event.get(FLAG + name)
             if not sent and previous is not None:
-                row[name], row[_FLAG + name] = previous[name], previous[_FLAG + name]
+                row[name], row[FLAG + name] = previous[name], previous[FLAG + name]
             else:
-                row[_FLAG + name] = not sent
+                row[FLAG + name] = not sent
         final[k] = row
     rows = [dict(zip(key, k, strict=True)) | (r or {_ALIVE: False}) for k, r in final.items()]
     types = {**{c: pa.large_string() for c in carried}, _ALIVE: pa.bool_(),
-             **{_FLAG + c: pa.bool_() for c in flagged}}  # fmt: skip
+             **{FLAG + c: pa.bool_() for c in flagged}}  # fmt: skip
     return pa.Table.from_pylist(rows, schema=pa.schema(types))
 
 

@@ -13,7 +13,7 @@ from cache.backend.pgoutput import (
     lsn_text,
 )
 from cache.maintenance.stream.position import KEEP_SNAPSHOTS, Applied, NeedsPull, StreamRow
-from cache.maintenance.stream.staging import Staged
+from cache.maintenance.stream.staging import FLAG, Staged
 from control_tables.regions import Region, in_list
 from control_tables.schema import CachedView, CacheSchema
 from sql_ext import Presence
@@ -36,6 +36,10 @@ def apply_view(
     keep = not_pending(skip)
     touched = keys_in(view.key, "v", stage.del_name)
     children = list(schema.edges_from(view.name))
+    unchanged = [c for c in view.columns if FLAG + c in stage.puts.column_names]
+    if not children and view.completeness is None and not skip and not unchanged:
+        _apply_in_place(con, schema, view, stage, applied)
+        return
     leaving: dict[tuple[str, ...], set[tuple[t.Any, ...]]] = {}
     before: dict[tuple[str, ...], set[tuple[t.Any, ...]]] = {}
     for _, edge in children:
@@ -46,15 +50,14 @@ def apply_view(
         before[edge.control_columns] = _distinct(
             con, f"SELECT DISTINCT {cols} FROM {name} WHERE ({cols}) IN "
                  f"(SELECT {cols} FROM {stage.put_name})")  # fmt: skip
-    unchanged = [c for c in view.columns if f"mtcache_unchanged_{c}" in stage.puts.column_names]
     source = stage.put_name
     if unchanged:
         # the cached copy of a row whose TOASTed value the update did not send supplies it
         merged = ", ".join(
-            f"CASE WHEN p.{ident('mtcache_unchanged_' + c)} THEN k.{ident(c)} "
+            f"CASE WHEN p.{ident(FLAG + c)} THEN k.{ident(c)} "
             f"ELSE p.{ident(c)} END AS {ident(c)}" if c in unchanged else f"p.{ident(c)}"
             for c in view.columns)  # fmt: skip
-        lacking = " OR ".join(f"(p.{ident('mtcache_unchanged_' + c)} AND k.{ident(view.key[0])} "
+        lacking = " OR ".join(f"(p.{ident(FLAG + c)} AND k.{ident(view.key[0])} "
                               "IS NULL)" for c in unchanged)  # fmt: skip
         con.execute(
             f"CREATE OR REPLACE TEMP TABLE mtcache_merged AS SELECT {merged}, ({lacking}) AS "
@@ -108,6 +111,31 @@ def apply_view(
     finally:
         con.execute("DROP TABLE mtcache_arrived")
     _changed(applied, view, row, deleted)
+
+
+def _apply_in_place(con: duckdb.DuckDBPyConnection, schema: CacheSchema, view: CachedView,
+                    stage: Staged, applied: Applied) -> None:  # fmt: skip
+    """`apply_view` when nothing looks at the rows that leave or arrive (no child views, no
+    completeness, no pending pull, every value sent): the final rows of a present region are
+    upserted, a row the view holds updated in place (DuckDB's key index left as it is: a
+    10^6-row update took 0.9 s, against 2.6 s as a delete and an insert), and the other
+    touched rows leave."""
+    name, columns = ident(view.name), idents(view.columns)
+    values = [c for c in view.columns if c not in view.key]
+    arriving = f"SELECT {columns} FROM {stage.put_name} p WHERE {_qualifies(schema, view, 'p')}"
+    con.execute(f"CREATE OR REPLACE TEMP TABLE mtcache_arrived AS {arriving}")
+    try:
+        sets = ", ".join(f"{ident(c)} = excluded.{ident(c)}" for c in values)
+        action = f"DO UPDATE SET {sets}" if values else "DO NOTHING"
+        row = con.execute(f"INSERT INTO {name} ({columns}) SELECT {columns} FROM mtcache_arrived "
+                          f"ON CONFLICT ({idents(view.key)}) {action}").fetchall()  # fmt: skip
+        keys = idents(view.key)
+        leaving = f"(SELECT {keys} FROM {stage.del_name} EXCEPT SELECT {keys} FROM mtcache_arrived)"
+        gone = con.execute(f"DELETE FROM {name} v WHERE {keys_in(view.key, 'v', leaving)}"
+                           ).fetchall()  # fmt: skip
+    finally:
+        con.execute("DROP TABLE mtcache_arrived")
+    _changed(applied, view, row[0] if row else None, int(gone[0][0]) if gone else 0)
 
 
 def not_pending(skip: list[str]) -> str:
