@@ -219,7 +219,7 @@ def test_a_big_transaction_is_streamed_in_progress_and_spilled_in_pieces(
     big, after = found
     assert big.spill is not None and big.size > 2100
     pieces = list(big.pieces())
-    assert len(pieces) > 2 and all(len(p.messages) <= 300 for p in pieces)
+    assert len(pieces) > 2 and all(p.count <= 300 for p in pieces)
     changes = [c for p in pieces for _, c in p.decoded()]
     assert [c.new[0] for c in changes[:2000]] == [str(g) for g in range(100, 2100)]
     labels = [c.new[1] for c in changes[2000:]]

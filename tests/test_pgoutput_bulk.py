@@ -19,6 +19,7 @@ from cache.backend.pgoutput import (
     Column,
     DecodeError,
     Relation,
+    Transaction,
     Transactions,
     decode,
     decode_rows,
@@ -88,14 +89,18 @@ def reference(data: bytes, streamed: bool) -> Change:
 def test_decoded_at_once_as_one_by_one(found: list[t.Any], streamed: bool,
                                        aborted: set[int]) -> None:  # fmt: skip
     messages = [message(change, subxid if streamed else None) for change, subxid in found]
-    rows = decode_rows(messages, RELATIONS, streamed, aborted if streamed else set())
+    decoded = decode_rows(messages, RELATIONS, streamed)
+    rows = Transaction(1, messages=messages, described=[(0, RELATIONS)], streamed=streamed,
+                       aborted=aborted if streamed else set()).rows()  # fmt: skip
+    assert [r.relation.relid for r in decoded] == list(dict.fromkeys(c[1] for c, _ in found))
     got = sorted((at, change) for r in rows
                  for at, change in zip(r.at.tolist(), r.changes(), strict=True))  # fmt: skip
     kept = [(i, reference(m, streamed)) for i, (m, (_, subxid)) in
             enumerate(zip(messages, found, strict=True))
             if not streamed or subxid not in aborted]  # fmt: skip
     assert got == kept
-    assert [r.relation.relid for r in rows] == list(dict.fromkeys(c.relid for _, c in kept))
+    assert all(len(r.at) for r in rows)
+    assert {r.relation.relid for r in rows} == {c.relid for _, c in kept}  # none empty
 
 
 @settings(max_examples=300, deadline=None)
@@ -141,7 +146,7 @@ def test_transactions_keep_row_changes_as_sent_and_spill_them_in_pieces(tmp_path
     (txn,) = decoder.read([*sent[5:], COMMIT])
     assert txn.spill is not None and txn.size == 9 and len(txn.messages) == 1
     pieces = list(txn.pieces())
-    assert [len(p.messages) for p in pieces] == [4, 4, 1]
+    assert [p.count for p in pieces] == [4, 4, 1]
     assert [c for p in pieces for _, c in p.decoded()] == [decode(m) for m in sent]
     txn.discard()
     assert not list(tmp_path.iterdir())

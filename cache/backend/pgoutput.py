@@ -27,6 +27,7 @@ the backend sends the transaction again.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import itertools
 import operator
@@ -36,7 +37,6 @@ import re
 import struct
 import typing as t
 from collections.abc import Iterator, Mapping, Sequence
-from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -273,13 +273,15 @@ class RowChanges:
     new: pa.Table
     has_new: np.ndarray
     unchanged: dict[str, np.ndarray]
+    subxid: np.ndarray | None = None  # streamed: each change's subtransaction
 
     def where(self, keep: np.ndarray) -> RowChanges:
         """The changes ``keep`` (a mask) selects."""
         mask = pa.array(keep)
         return RowChanges(self.relation, self.at[keep], self.kind[keep], self.old.filter(mask),
                           self.has_old[keep], self.new.filter(mask), self.has_new[keep],
-                          {c: m[keep] for c, m in self.unchanged.items()})  # fmt: skip
+                          {c: m[keep] for c, m in self.unchanged.items()},
+                          None if self.subxid is None else self.subxid[keep])  # fmt: skip
 
     def changes(self) -> list[Change]:
         """Each as a `Change`, plain values as `decode` gives them (tests, diagnostics)."""
@@ -297,13 +299,12 @@ class RowChanges:
 
 
 def decode_rows(
-    messages: list[bytes], relations: Mapping[int, Relation], streamed: bool,
-    aborted: AbstractSet[int] = frozenset(), first: int = 0,
+    messages: list[bytes], relations: Mapping[int, Relation], streamed: bool, first: int = 0
 ) -> list[RowChanges]:
     """Insert, Update and Delete messages decoded at once (numpy over their bytes joined),
     one `RowChanges` per relation in the order of its first change; ``first`` the index of
     the first message (``at`` counts from it); ``streamed``: each carries its
-    subtransaction's xid, and those of ``aborted`` are left out."""
+    subtransaction's xid (kept in ``subxid``)."""
     if not messages:
         return []
     joined = b"".join(messages)
@@ -319,11 +320,9 @@ def decode_rows(
         tag = chr(kind[(kind != _I) & (kind != _U) & (kind != _D)][0])
         raise DecodeError(f"unknown row change {tag!r}")
     where = starts + 1
+    subxids = None
     if streamed:
-        if aborted:
-            keep = ~np.isin(_int32(buf, where), np.array(sorted(aborted), np.int64))
-            starts, ends, at, kind, where = starts[keep], ends[keep], at[keep], kind[keep], \
-                where[keep]  # fmt: skip
+        subxids = _int32(buf, where)
         where = where + 4
     relids = _int32(buf, where)
     marker = buf[where + 4]
@@ -339,8 +338,9 @@ def decode_rows(
         if relation is None:
             raise DecodeError(f"a change of relation {relid} before its description")
         mine = np.flatnonzero(relids == relid)
-        found.append(_relation_rows(buf, relation, at[mine], kind[mine], where[mine],
-                                    ends[mine], has_old[mine]))  # fmt: skip
+        rows = _relation_rows(buf, relation, at[mine], kind[mine], where[mine], ends[mine],
+                              has_old[mine])  # fmt: skip
+        found.append(rows if subxids is None else dataclasses.replace(rows, subxid=subxids[mine]))
     return found
 
 
@@ -467,8 +467,9 @@ def _texts(buf: np.ndarray, names: list[str], cols: _Columns) -> pa.Table:
 class Transaction:
     """One backend transaction's row changes, in order: the Insert, Update and Delete messages
     as the backend sent them, decoded at once (`rows`) when the transaction is applied. Those
-    in memory (``messages``) come after the pieces spilled to ``spill`` (`pieces` gives them
-    all, each a transaction of its own)."""
+    in memory (``messages``) come after the pieces spilled to ``spill``, decoded as they were
+    spilled (`pieces` gives them all, each a transaction of its own: a piece read back has
+    its changes in ``ready``)."""
 
     xid: int
     commit_lsn: int = 0
@@ -488,11 +489,17 @@ class Transaction:
     streamed: bool = False
     truncated_by: list[int] = field(default_factory=list)
     aborted: set[int] = field(default_factory=set)
+    ready: tuple[int, list[RowChanges]] | None = None  # a piece read back: its count and rows
 
     @property
     def size(self) -> int:
         """Its changes, spilled or not."""
-        return self.spilled + len(self.messages)
+        return self.spilled + self.count
+
+    @property
+    def count(self) -> int:
+        """Its changes in memory (a piece read back: its changes)."""
+        return self.ready[0] if self.ready is not None else len(self.messages)
 
     def describe(self, relations: Mapping[int, Relation]) -> None:
         """The descriptions in effect from its next message on."""
@@ -506,7 +513,8 @@ class Transaction:
         if self.spill is None:
             directory.mkdir(mode=0o700, parents=True, exist_ok=True)
             self.spill = directory / f"xid-{self.xid}-{next(_SPILLS)}.pieces"
-        piece = (self.messages, self.described, self.truncated, self.truncated_by)
+        # decoded now: while the backend still sends the transaction, not after its commit
+        piece = (len(self.messages), self._decode(), self.truncated, self.truncated_by)
         with open(self.spill, "ab") as out:
             pickle.dump(piece, out, protocol=pickle.HIGHEST_PROTOCOL)
         self.spilled += len(self.messages)
@@ -520,19 +528,21 @@ class Transaction:
             with open(self.spill, "rb") as source:
                 while True:
                     try:
-                        messages, described, truncated, truncated_by = pickle.load(source)
+                        count, rows, truncated, truncated_by = pickle.load(source)
                     except EOFError:
                         break
-                    yield self._piece(messages, described, truncated, truncated_by)
+                    yield self._piece([], [], truncated, truncated_by, (count, rows))
         yield self._piece(self.messages, self.described, self.truncated, self.truncated_by)
 
     def _piece(
         self, messages: list[bytes], described: list[tuple[int, Mapping[int, Relation]]],
         truncated: list[tuple[int, Relation]], truncated_by: list[int],
+        ready: tuple[int, list[RowChanges]] | None = None,
     ) -> Transaction:
         return Transaction(self.xid, self.commit_lsn, self.end_lsn, self.commit_time, messages,
                            described, truncated, streamed=self.streamed,
-                           truncated_by=truncated_by, aborted=self.aborted)  # fmt: skip
+                           truncated_by=truncated_by, aborted=self.aborted,
+                           ready=ready)  # fmt: skip
 
     def truncates(self) -> list[tuple[int, Relation]]:
         """Its TRUNCATEs in memory, each after how many of ``messages`` (an aborted
@@ -545,12 +555,20 @@ class Transaction:
     def rows(self) -> list[RowChanges]:
         """Its row changes in memory, decoded at once, one `RowChanges` per relation (and per
         description of it), an aborted subtransaction's left out."""
+        found = self.ready[1] if self.ready is not None else self._decode()
+        if not self.aborted:
+            return found
+        aborted = np.array(sorted(self.aborted), np.int64)
+        kept = [r.where(~np.isin(r.subxid, aborted)) if r.subxid is not None else r
+                for r in found]  # fmt: skip
+        return [r for r in kept if len(r.at)]
+
+    def _decode(self) -> list[RowChanges]:
         found: list[RowChanges] = []
         bounds = [at for at, _ in self.described[1:]] + [len(self.messages)]
         for (start, relations), end in zip(self.described, bounds, strict=True):
             if end > start:
-                found += decode_rows(self.messages[start:end], relations, self.streamed,
-                                     self.aborted, start)  # fmt: skip
+                found += decode_rows(self.messages[start:end], relations, self.streamed, start)
         if not self.described and self.messages:
             raise DecodeError("changes without the descriptions of their relations")
         return found

@@ -123,6 +123,10 @@ def wal_mark(conn: psycopg.Connection[t.Any]) -> int:
 
 
 PG_EPOCH_UNIX = 946_684_800  # 2000-01-01, where the protocol's microseconds count from
+# the backend's memory for a transaction's changes before it streams them (kB; its default
+# is 64MB): the most that is left to send at a big transaction's commit
+STREAM_WORK_MEM_KB = 8192
+GATHER_SECONDS = 0.002  # a batch goes on while the next messages arrive within this long
 XLOG_DATA = 25  # 'w', start LSN, end LSN, send time: then the pgoutput message
 KEEPALIVE = struct.Struct("!QqB")  # after 'k': the server's WAL position, send time, reply?
 STATUS = struct.Struct("!cQQQqB")  # 'r', written, flushed, applied, client time, reply?
@@ -142,12 +146,14 @@ class SlotStream:
         self._conn = connect_backend(dsn, autocommit=True, replication="database")
         self._pg = self._conn.pgconn
         # protocol 2 streams a big transaction while it is in progress (PostgreSQL 14 on)
-        options = "proto_version '2', streaming 'on'" if self._pg.server_version >= 140000 \
-            else "proto_version '1'"  # fmt: skip
+        streams = self._pg.server_version >= 140000
+        options = "proto_version '2', streaming 'on'" if streams else "proto_version '1'"
         command = sql.SQL(
             "START_REPLICATION SLOT {} LOGICAL {} (" + options + ", publication_names {})"
         ).format(sql.Identifier(slot), sql.SQL(lsn_text(start)), sql.Literal(publication))
         try:
+            if streams:
+                self._stream_sooner()
             self._pg.send_query(command.as_bytes(self._conn))
             result = self._pg.get_result()
             if result is None or result.status != pq.ExecStatus.COPY_BOTH:
@@ -157,11 +163,25 @@ class SlotStream:
             self._conn.close()  # a session that did not start holds nothing
             raise
 
+    def _stream_sooner(self) -> None:
+        """This session's backend streams a transaction once it holds more than
+        `STREAM_WORK_MEM_KB` of its changes (lower than the default 64MB; a lower setting is
+        kept): what is left to send at the commit is no more than that."""
+        found = self._pg.exec_(b"SELECT setting FROM pg_settings "
+                               b"WHERE name = 'logical_decoding_work_mem'")  # fmt: skip
+        if found.status != pq.ExecStatus.TUPLES_OK or found.ntuples != 1:
+            raise psycopg.errors.error_from_result(found)
+        if int(found.get_value(0, 0) or 0) > STREAM_WORK_MEM_KB:
+            done = self._pg.exec_(f"SET logical_decoding_work_mem = {STREAM_WORK_MEM_KB}"
+                                  .encode())  # fmt: skip
+            if done.status != pq.ExecStatus.COMMAND_OK:
+                raise psycopg.errors.error_from_result(done)
+
     def messages(self, limit: int, wait: float = 0.0) -> list[bytes]:
         """The messages that have arrived (up to about ``limit``); if none, waiting up to
         ``wait`` seconds for the server to send something (a keepalive ends the wait too)."""
         out, self._held = self._held, []
-        self._pump(out, limit, wait, lambda: True)
+        self._pump(out, limit, wait, lambda: True, gather=GATHER_SECONDS)
         return out
 
     def confirm(self, lsn: int, wait: float = 0.0) -> None:
@@ -187,7 +207,10 @@ class SlotStream:
         finally:
             self._conn.close()
 
-    def _pump(self, out: list[bytes], limit: int, wait: float, done: t.Callable[[], bool]) -> None:
+    def _pump(self, out: list[bytes], limit: int, wait: float, done: t.Callable[[], bool],
+              gather: float = 0.0) -> None:  # fmt: skip
+        """Read messages into ``out`` until ``done`` once some came (or ``wait`` passed); with
+        ``gather``, on while more arrive within that many seconds, up to ``limit``."""
         deadline = time.monotonic() + wait
         pg, taken, drained = self._pg, 0, False
         get, keep = pg.get_copy_data, out.append
@@ -207,8 +230,15 @@ class SlotStream:
                 pg.consume_input()
                 drained = True
                 continue
+            if (taken or out) and done():
+                # a batch in hand: more of it is on its way when the server is streaming (the
+                # socket held a few messages each time: 187,000 batches of 5 for 10^6 rows)
+                if not gather or not select.select([pg.socket], [], [], gather)[0]:
+                    return
+                pg.consume_input()
+                continue
             remaining = deadline - time.monotonic()
-            if ((taken or out) and done()) or remaining <= 0:
+            if remaining <= 0:
                 return
             select.select([pg.socket], [], [], remaining)
             pg.consume_input()

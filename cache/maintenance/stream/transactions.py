@@ -99,7 +99,7 @@ def _apply_run(
                 _check_relation(stream, relation)
                 checked.add(id(relation))
             by_table.setdefault(relation.name, []).append((base + rows.at, rows))
-        base += len(txn.messages)
+        base += txn.count
     for name, since in truncated.items():  # a table's changes before its TRUNCATE are gone
         by_table[name] = [(at[at >= since], rows.where(at >= since))
                           for at, rows in by_table.get(name, [])]  # fmt: skip
