@@ -304,7 +304,8 @@ def _apply_child(dsn: str, path: str, rows: int, out: t.Any) -> None:
       backend's commit until the thread has applied it;
     - as a backlog: the consumer reads it only after its commit (a consumer that was away);
       timed from the commit too.
-    The process's CPU seconds are counted from the transaction's start."""
+    The process's CPU seconds are counted from the transaction's start. (The backlog goes
+    first: its session goes on as the thread's.)"""
     from cache.maintenance import stream
     from cache.store.cache_file import CacheStore
 
@@ -327,6 +328,15 @@ def _apply_child(dsn: str, path: str, rows: int, out: t.Any) -> None:
                     before = pg.execute("SELECT pg_current_wal_insert_lsn()::text").fetchall()
             return cpu, lsn_value(before[0][0])
 
+        # a backlog first: its session then goes on as the thread's (a session started
+        # afresh has the backend decode again from the slot's restart point)
+        cpu, _ = update("b")
+        committed = time.perf_counter()
+        consumer.catch_up(timeout=3600)
+        found["backlog_s"] = time.perf_counter() - committed
+        found["backlog_cpu_s"] = time.process_time() - cpu
+        if not holds("b"):
+            raise AssertionError("the view does not hold the transaction's change")
         consumer.start()  # as deployed
         try:
             cpu, before = update("s")
@@ -335,18 +345,11 @@ def _apply_child(dsn: str, path: str, rows: int, out: t.Any) -> None:
             # checkpoint after the commit included, as in the pull's seconds)
             while (consumer.position or 0) <= before:
                 time.sleep(0.01)
-            if not holds("s"):
-                raise AssertionError("the view does not hold the transaction's change")
             found["streamed_s"] = time.perf_counter() - committed
             found["streamed_cpu_s"] = time.process_time() - cpu
         finally:
             consumer.stop()
-        cpu, _ = update("b")  # a backlog
-        committed = time.perf_counter()
-        consumer.catch_up(timeout=3600)
-        found["backlog_s"] = time.perf_counter() - committed
-        found["backlog_cpu_s"] = time.process_time() - cpu
-        if not holds("b"):
+        if not holds("s"):
             raise AssertionError("the view does not hold the transaction's change")
         found |= {"spilled": consumer.spilled, "apply_peak_rss": _peak_rss()}
         out.put(found)
@@ -393,12 +396,33 @@ def big_transaction(dsn: str, rows: int) -> dict[str, t.Any]:
         with CacheStore(path) as store:
             stream.apply_ddl(store, dsn, parse("DROP CACHED VIEW bigcopy"), fetch_catalog(dsn))
         shutil.rmtree(work, ignore_errors=True)
+    found["decode_floor_s"] = _backend_decoding(dsn)
     for how in ("pull", "streamed", "backlog"):
         found[f"{how}_rows_per_s"] = rows / found[f"{how}_s"]
     for how in ("streamed", "backlog"):
         found[f"{how}_vs_pull"] = found["pull_s"] / found[f"{how}_s"]
         found[f"{how}_cpu_vs_pull"] = found["pull_cpu_s"] / found[f"{how}_cpu_s"]
     return found
+
+
+def _backend_decoding(dsn: str) -> float:
+    """The backend's own seconds to decode one more such transaction with pgoutput (through
+    a temporary slot's SQL interface, nothing sent anywhere): the floor under any consumer
+    that starts reading it after its commit."""
+    with psycopg.connect(dsn, autocommit=True) as pg:
+        pg.execute("DROP PUBLICATION IF EXISTS mtcache_bench_floor")
+        pg.execute("CREATE PUBLICATION mtcache_bench_floor FOR TABLE bench_big")
+        try:
+            pg.execute("SELECT pg_create_logical_replication_slot('mtcache_bench_floor', "
+                       "'pgoutput', true)")  # fmt: skip
+            pg.execute("UPDATE bench_big SET val = val || 'f', amount = amount + 1")
+            started = time.perf_counter()
+            pg.execute("SELECT count(*) FROM pg_logical_slot_peek_binary_changes("
+                       "'mtcache_bench_floor', NULL, NULL, 'proto_version', '1', "
+                       "'publication_names', 'mtcache_bench_floor')").fetchall()  # fmt: skip
+            return time.perf_counter() - started
+        finally:
+            pg.execute("DROP PUBLICATION mtcache_bench_floor")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -508,8 +532,8 @@ def transaction(console: Console, dsn: str, tx_rows: int) -> list[dict[str, t.An
                       "apply's, from the backend's commit; CPU: the same for each process's "
                       "CPU seconds)")  # fmt: skip
         for column in ("rows", "pull", "streamed (as deployed)", "speed, CPU vs pull",
-                       "as a backlog", "speed, CPU vs pull", "memory: before / peak",
-                       "pull's peak"):  # fmt: skip
+                       "as a backlog", "speed, CPU vs pull", "backend's decoding alone",
+                       "memory: before / peak", "pull's peak"):  # fmt: skip
             table.add_column(column)
         for r in big:
             table.add_row(f"{r['rows']:,}", f"{r['pull_s']:.1f} s ({r['pull_cpu_s']:.1f} CPU)",
@@ -517,6 +541,7 @@ def transaction(console: Console, dsn: str, tx_rows: int) -> list[dict[str, t.An
                           f"{r['streamed_vs_pull']:.2f}x, {r['streamed_cpu_vs_pull']:.2f}x",
                           f"{r['backlog_s']:.1f} s ({r['backlog_cpu_s']:.1f} CPU)",
                           f"{r['backlog_vs_pull']:.2f}x, {r['backlog_cpu_vs_pull']:.2f}x",
+                          f"{r['decode_floor_s']:.1f} s ({r['pull_s'] / r['decode_floor_s']:.2f}x)",
                           f"{r['settled_rss'] / 2**20:,.0f} / "
                           f"{r['apply_peak_rss'] / 2**20:,.0f} MiB",
                           f"{r['pull_peak_rss'] / 2**20:,.0f} MiB")  # fmt: skip

@@ -127,6 +127,7 @@ PG_EPOCH_UNIX = 946_684_800  # 2000-01-01, where the protocol's microseconds cou
 # is 64MB): the most that is left to send at a big transaction's commit
 STREAM_WORK_MEM_KB = 8192
 GATHER_SECONDS = 0.002  # a batch goes on while the next messages arrive within this long
+GATHER_PAUSE = 0.0005  # and those arriving are let gather this long before they are read
 XLOG_DATA = 25  # 'w', start LSN, end LSN, send time: then the pgoutput message
 KEEPALIVE = struct.Struct("!QqB")  # after 'k': the server's WAL position, send time, reply?
 STATUS = struct.Struct("!cQQQqB")  # 'r', written, flushed, applied, client time, reply?
@@ -235,6 +236,7 @@ class SlotStream:
                 # socket held a few messages each time: 187,000 batches of 5 for 10^6 rows)
                 if not gather or not select.select([pg.socket], [], [], gather)[0]:
                     return
+                time.sleep(GATHER_PAUSE)  # (more of it: read in one go, not a few at a time)
                 pg.consume_input()
                 continue
             remaining = deadline - time.monotonic()

@@ -116,26 +116,33 @@ def apply_view(
 def _apply_in_place(con: duckdb.DuckDBPyConnection, schema: CacheSchema, view: CachedView,
                     stage: Staged, applied: Applied) -> None:  # fmt: skip
     """`apply_view` when nothing looks at the rows that leave or arrive (no child views, no
-    completeness, no pending pull, every value sent): the final rows of a present region are
-    upserted, a row the view holds updated in place (DuckDB's key index left as it is: a
-    10^6-row update took 0.9 s, against 2.6 s as a delete and an insert), and the other
-    touched rows leave."""
+    completeness, no pending pull, every value sent): a final row of a present region whose
+    key the view holds is updated in place (DuckDB's key index left as it is: 10^6 rows took
+    0.5 s with the commit, against 2.6 s as a delete and an insert), the others inserted,
+    and the other touched rows leave."""
     name, columns = ident(view.name), idents(view.columns)
     values = [c for c in view.columns if c not in view.key]
     arriving = f"SELECT {columns} FROM {stage.put_name} p WHERE {_qualifies(schema, view, 'p')}"
-    con.execute(f"CREATE OR REPLACE TEMP TABLE mtcache_arrived AS {arriving}")
+    (arrived,) = con.execute(f"CREATE OR REPLACE TEMP TABLE mtcache_arrived AS {arriving}"
+                             ).fetchall()[0]  # fmt: skip
     try:
-        sets = ", ".join(f"{ident(c)} = excluded.{ident(c)}" for c in values)
-        action = f"DO UPDATE SET {sets}" if values else "DO NOTHING"
-        row = con.execute(f"INSERT INTO {name} ({columns}) SELECT {columns} FROM mtcache_arrived "
-                          f"ON CONFLICT ({idents(view.key)}) {action}").fetchall()  # fmt: skip
+        updated = 0
+        if values:
+            sets = ", ".join(f"{ident(c)} = a.{ident(c)}" for c in values)
+            same_key = equal_columns(view.key, "v", "a")
+            (updated,) = con.execute(f"UPDATE {name} v SET {sets} FROM mtcache_arrived a "
+                                     f"WHERE {same_key}").fetchall()[0]  # fmt: skip
+        if updated < arrived:  # new keys too (those updated are skipped by the key index)
+            con.execute(f"INSERT OR IGNORE INTO {name} ({columns}) SELECT {columns} "
+                        "FROM mtcache_arrived")  # fmt: skip
         keys = idents(view.key)
-        leaving = f"(SELECT {keys} FROM {stage.del_name} EXCEPT SELECT {keys} FROM mtcache_arrived)"
+        leaving = (f"(SELECT {keys} FROM {stage.del_name} EXCEPT SELECT {keys} "
+                   "FROM mtcache_arrived)")
         gone = con.execute(f"DELETE FROM {name} v WHERE {keys_in(view.key, 'v', leaving)}"
                            ).fetchall()  # fmt: skip
     finally:
         con.execute("DROP TABLE mtcache_arrived")
-    _changed(applied, view, row[0] if row else None, int(gone[0][0]) if gone else 0)
+    _changed(applied, view, (arrived,), int(gone[0][0]) if gone else 0)
 
 
 def not_pending(skip: list[str]) -> str:
