@@ -97,7 +97,7 @@ class Relation:
 class Change(t.NamedTuple):
     """An insert, update or delete of one row; ``old`` is the key (or the whole old row under
     REPLICA IDENTITY FULL) when pgoutput sends it, ``new`` the row after (None for a delete).
-    (A named tuple: one is made per row changed.)"""
+    (One message's, as `decode` reads it; a transaction's are decoded in bulk, `RowChanges`.)"""
 
     kind: t.Literal["insert", "update", "delete"]
     relid: int
@@ -151,7 +151,7 @@ class _Reader:
         return PG_EPOCH + dt.timedelta(microseconds=self.take("!q"))
 
     def tuple(self) -> tuple[Value, ...]:
-        """TupleData: the hot path of decoding (one per row changed), kept to plain indexing."""
+        """TupleData, one message's (a transaction's go through `decode_rows`)."""
         data, at = self.data, self.at
         int32 = _INT32.unpack_from
         try:
@@ -194,9 +194,6 @@ def decode(data: bytes) -> Message:
         _, lsn, end, micros = _COMMIT.unpack_from(data, 1)  # flags unused
         return Commit(lsn, end, PG_EPOCH + dt.timedelta(microseconds=micros))
     reader = _Reader(bytes(data))
-    if tag == "U" and len(data) > 6 and data[5] == 0x4E:  # an update with no old key: the
-        reader.at = 6  # common case of the hot path (one per row changed)
-        return Change("update", _RELID.unpack_from(data, 1)[0], None, reader.tuple())
     reader.take("!B")
     if tag == "B":
         return Begin(reader.take("!Q"), reader.time(), reader.take("!I"))
