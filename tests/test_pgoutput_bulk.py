@@ -158,3 +158,26 @@ def test_a_message_of_nothing_or_a_change_outside_a_transaction_is_a_decode_erro
     with pytest.raises(DecodeError, match="outside a transaction"):
         list(Transactions().read([RELATION_MESSAGE, message(("I", 8, "N", None, ("1", "", "")),
                                                             None)]))  # fmt: skip
+
+
+def relation_message(relid: int, width: int) -> bytes:
+    return (b"R" + struct.pack("!I", relid) + f"public\0t{relid}\0d".encode()
+            + struct.pack("!h", width)
+            + b"".join(bytes([i == 0]) + f"c{i}".encode() + b"\0" + struct.pack("!Ii", 25, -1)
+                       for i in range(width)))  # fmt: skip
+
+
+def test_a_relation_described_again_mid_transaction(tmp_path: t.Any) -> None:
+    """A column added in the middle of a transaction: the changes before its new description
+    decode with the old one, those after with the new, spilled or not."""
+    before = [message(("I", 8, "N", None, (str(i), "a", "b")), None) for i in range(3)]
+    after = [message(("I", 8, "N", None, (str(i), "a", "b", "c")), None) for i in range(3, 6)]
+    for spill_changes in (2, 100):
+        decoder = Transactions(spill_dir=tmp_path, spill_changes=spill_changes)
+        (txn,) = decoder.read([relation_message(8, 3), BEGIN, *before, relation_message(8, 4),
+                               *after, COMMIT])  # fmt: skip
+        decoded = [d for p in txn.pieces() for d in p.decoded()]
+        assert [len(r.columns) for r, _ in decoded] == [3, 3, 3, 4, 4, 4]
+        assert [c.new for _, c in decoded] == [*((str(i), "a", "b") for i in range(3)),
+                                               *((str(i), "a", "b", "c") for i in range(3, 6))]
+        txn.discard()
