@@ -15,8 +15,10 @@ $(STAMP): pyproject.toml scripts/ensure-system-deps.sh
 demo: $(STAMP)
 	$(VENV)/bin/mtcache demo
 
+# Two workers (this machine has two cores), a test file each at a time: its module fixtures
+# stay one worker's; each worker starts its own private PostgreSQL cluster.
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadfile
 
 # Benchmarks print ratios measured side by side in one run (results/*.csv keeps them).
 bench-refresh: $(STAMP)

@@ -4,6 +4,7 @@ in one DuckDB transaction with the stream position (`apply_transactions`)."""
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 from collections.abc import Sequence
 
 import duckdb
@@ -36,22 +37,28 @@ def apply_transactions(
     enabled_faults: frozenset[str] = frozenset(),
 ) -> Applied:
     """Apply whole transactions inside the caller's DuckDB transaction (`_apply_run`). A
-    transaction spilled to disk (`Transaction.pieces`), alone in its run, goes piece by piece,
-    so it lands whole or not at all while memory holds one piece; each piece is applied as a
-    whole transaction would be (a later piece's change of a row follows an earlier one's)."""
+    transaction spilled to disk (`Transaction.pieces`), alone in its run, goes
+    `PIECES_AT_ONCE` pieces at a time, so it lands whole or not at all while memory holds a
+    few pieces; pieces are applied as a run of whole transactions would be (a later piece's
+    change of a row follows an earlier one's)."""
     if len(txns) != 1 or txns[0].spill is None:
         return _apply_run(con, schema, catalog, stream, txns, pendings, enabled_faults)
     applied = Applied()
     current = stream
-    for index, piece in enumerate(txns[0].pieces()):
+    pieces = txns[0].pieces()
+    for index, group in enumerate(iter(lambda: list(itertools.islice(pieces, PIECES_AT_ONCE)),
+                                       [])):  # fmt: skip
         if index:
-            faults.hit("stream_piece", enabled_faults)  # a piece applied, the rest not yet
+            faults.hit("stream_piece", enabled_faults)  # pieces applied, the rest not yet
             found = load_stream(con)
             assert found is not None
             current = found
-        done = _apply_run(con, schema, catalog, current, [piece], pendings, enabled_faults)
+        done = _apply_run(con, schema, catalog, current, group, pendings, enabled_faults)
         applied.views |= done.views
     return applied
+
+
+PIECES_AT_ONCE = 4  # a spilled transaction's pieces applied in one step (fewer statements)
 
 
 def _apply_run(
