@@ -306,8 +306,9 @@ def decode_rows(
         return []
     joined = b"".join(messages)
     buf = np.frombuffer(joined, np.uint8)
-    ends = np.cumsum(np.fromiter(map(len, messages), np.int64, len(messages)))
-    starts = ends - np.fromiter(map(len, messages), np.int64, len(messages))
+    sizes = np.fromiter(map(len, messages), np.int64, len(messages))
+    ends = np.cumsum(sizes)
+    starts = ends - sizes
     at = np.arange(first, first + len(messages), dtype=np.int64)
     head = 1 + 4 * streamed + 4 + 1  # tag, [xid,] relid, marker
     if np.any(ends - starts < head):
@@ -348,11 +349,11 @@ def _relation_rows(
     width, count = len(relation.columns), len(at)
     old_cols = _absent(width, count)
     new_cols = _absent(width, count)
+    where = where.copy()  # (each tuple's end replaces its start)
     if has_old.any():
         pick = np.flatnonzero(has_old)
         cols, after = _tuples(buf, relation, where[pick], ends[pick])
         _scatter(old_cols, cols, pick)
-        where = where.copy()
         where[pick] = after
         follows = kind[pick] == _U  # an update's new tuple follows its old one
         if np.any(buf[np.minimum(after[follows], len(buf) - 1)] != _N) or \
@@ -364,7 +365,6 @@ def _relation_rows(
     if len(pick):
         cols, after = _tuples(buf, relation, where[pick], ends[pick])
         _scatter(new_cols, cols, pick)
-        where = where.copy()
         where[pick] = after
     if np.any(where != ends):
         raise DecodeError(f"a change of {relation.name} with bytes past its tuple")
