@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck bench-refresh bench-query bench-tpch bench-maintenance bench-server bench-derived bench-budget clean
+.PHONY: demo test lint format typecheck bench-refresh bench-query bench-tpch bench-maintenance bench-server bench-derived bench-budget clean
 
 $(STAMP): pyproject.toml scripts/ensure-system-deps.sh
 	bash scripts/ensure-system-deps.sh
@@ -45,8 +45,14 @@ bench-derived: $(STAMP)
 bench-budget: $(STAMP)
 	$(PY) -m experiments.bench_budget --keys 100000 1000000 --tx-rows 1000000
 
+CODE := cache optimizer control_tables heartbeat sql_ext experiments tests
+
 lint: $(STAMP)
-	$(VENV)/bin/ruff check cache optimizer control_tables heartbeat sql_ext experiments tests
+	$(VENV)/bin/ruff format --check $(CODE)
+	$(VENV)/bin/ruff check $(CODE)
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format $(CODE)
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy

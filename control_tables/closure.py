@@ -195,8 +195,9 @@ def _enclosing_and_contained(
     touched = region_predicate(seeds).sql(dialect="duckdb")
     for kind, columns, control in guarantees(view):
         if kind == "view":
-            if con.execute(f"SELECT 1 FROM {ident(view.name)} v WHERE ({touched}) "
-                           "LIMIT 1").fetchone():  # fmt: skip
+            if con.execute(
+                f"SELECT 1 FROM {ident(view.name)} v WHERE ({touched}) LIMIT 1"
+            ).fetchone():
                 found.add(Region(view.name, "view"))
             continue
         for values in _distinct(con, view.name, columns, touched, control):
@@ -204,8 +205,9 @@ def _enclosing_and_contained(
     # Everything inside the enclosing regions is affected too: it overlaps them.
     enclosing = region_predicate(found).sql(dialect="duckdb")
     for edge in view.presence:
-        for values in _distinct(con, view.name, edge.columns, enclosing, edge.control,
-                                edge.control_columns):  # fmt: skip
+        for values in _distinct(
+            con, view.name, edge.columns, enclosing, edge.control, edge.control_columns
+        ):
             found.add(Region(view.name, "presence", edge.columns, values, edge.control))
     for kind, columns, control in guarantees(view):
         if kind != "view":
@@ -226,8 +228,10 @@ def _distinct(
     only values listed there."""
     sql = f"SELECT DISTINCT {idents(columns, 'v')} FROM {ident(view)} v WHERE ({predicate})"
     if control is not None:  # (IN, not a correlated EXISTS: DuckDB hashes the one)
-        sql += (f" AND ({idents(columns, 'v')}) IN (SELECT {idents(control_columns or columns)} "
-                f"FROM {ident(control)})")  # fmt: skip
+        sql += (
+            f" AND ({idents(columns, 'v')}) IN (SELECT {idents(control_columns or columns)} "
+            f"FROM {ident(control)})"
+        )
     return [tuple(r) for r in con.execute(sql + " ORDER BY ALL").fetchall()]
 
 
@@ -266,14 +270,20 @@ def _inside(
         by_columns.setdefault(region.columns, []).append(region)
     for columns, group in by_columns.items():
         if not columns:  # view-level: one region, all rows
-            row = con.execute(f"SELECT count(*), count(*) FILTER (WHERE NOT ({theirs})) "
-                              f"FROM {ident(view)}").fetchone()  # fmt: skip
+            row = con.execute(
+                f"SELECT count(*), count(*) FILTER (WHERE NOT ({theirs})) FROM {ident(view)}"
+            ).fetchone()
             if row is not None and row[0] and not row[1]:
                 found.update(group)
             continue
-        inside = {tuple(r[:-1]) for r in con.execute(
-            f"SELECT {idents(columns)}, count(*) FILTER (WHERE NOT ({theirs})) "
-            f"FROM {ident(view)} WHERE {region_predicate(group).sql(dialect='duckdb')} "
-            "GROUP BY ALL").fetchall() if not r[-1]}  # fmt: skip
+        inside = {
+            tuple(r[:-1])
+            for r in con.execute(
+                f"SELECT {idents(columns)}, count(*) FILTER (WHERE NOT ({theirs})) "
+                f"FROM {ident(view)} WHERE {region_predicate(group).sql(dialect='duckdb')} "
+                "GROUP BY ALL"
+            ).fetchall()
+            if not r[-1]
+        }
         found.update(r for r in group if r.values in inside)
     return found

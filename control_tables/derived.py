@@ -52,11 +52,13 @@ def resolve(view_name: str, derivation: Derivation, catalog: Catalog) -> Resolve
             raise CatalogError(
                 f"cached view {view_name}: the backend has no table {source.table!r} (known: "
                 f"{known}); create it on the backend first, or run `mtcache init` if it was "
-                "just created")  # fmt: skip
+                "just created"
+            )
         if source.alias in tables:
             raise ProgrammingError(
                 f"cached view {view_name}: {source.alias!r} names two of its tables; give "
-                "each its own alias")  # fmt: skip
+                "each its own alias"
+            )
         tables[source.alias] = table
 
     def owner(column: exp.Column) -> str:
@@ -67,34 +69,36 @@ def resolve(view_name: str, derivation: Derivation, catalog: Catalog) -> Resolve
             if qualifier not in tables:
                 raise CatalogError(
                     f"cached view {view_name}: no table {qualifier!r} in its FROM (tables: "
-                    f"{', '.join(tables)})")  # fmt: skip
+                    f"{', '.join(tables)})"
+                )
             if not tables[qualifier].has_column(name):
                 raise CatalogError(
                     f"cached view {view_name}: {tables[qualifier].name} has no column "
-                    f"{name!r} (columns: {', '.join(tables[qualifier].column_names)})")
+                    f"{name!r} (columns: {', '.join(tables[qualifier].column_names)})"
+                )
             return qualifier
         found = [alias for alias, table in tables.items() if table.has_column(name)]
         if not found:
-            raise CatalogError(
-                f"cached view {view_name}: none of its tables has a column {name!r}")
+            raise CatalogError(f"cached view {view_name}: none of its tables has a column {name!r}")
         if len(found) > 1:
             raise ProgrammingError(
                 f"cached view {view_name}: column {name!r} is in {', '.join(found)}; qualify "
-                "it by its table's alias")  # fmt: skip
+                "it by its table's alias"
+            )
         return found[0]
 
     def column_type(column: exp.Column) -> str:
         table = tables[owner(column)]
         return next(c.type for c in table.columns if c.name == folded(column))
 
-    statement_columns = [c for node in _expressions(derivation)
-                         for c in node.find_all(exp.Column)]  # fmt: skip
+    statement_columns = [c for node in _expressions(derivation) for c in node.find_all(exp.Column)]
     for column in statement_columns:
         pg_type = column_type(column)
         if duckdb_type(pg_type) is None:
             raise NotSupportedError(
                 f"cached view {view_name}: column {folded(column)} has type {pg_type}, which "
-                "the cache cannot store yet")  # fmt: skip
+                "the cache cannot store yet"
+            )
 
     _check_joins(view_name, derivation, tables, owner)
 
@@ -103,29 +107,36 @@ def resolve(view_name: str, derivation: Derivation, catalog: Catalog) -> Resolve
         if names.count(name) > 1:
             raise ProgrammingError(
                 f"cached view {view_name}: two of its columns are named {name!r}; name each "
-                "with its own AS")  # fmt: skip
+                "with its own AS"
+            )
         if name in RESERVED:
             raise ProgrammingError(
                 f"cached view {view_name}: column name {name!r} is reserved for the cache's "
-                "regions; choose another with AS")  # fmt: skip
+                "regions; choose another with AS"
+            )
 
     def identity(column: exp.Column) -> tuple[str, str]:
         return owner(column), folded(column)
 
     if derivation.aggregates:
         grouped = {identity(c) for c in derivation.group}
-        outputs = {identity(t.cast(exp.Column, o.expression)): o.name
-                   for o in derivation.outputs if o.aggregate is None}  # fmt: skip
+        outputs = {
+            identity(t.cast(exp.Column, o.expression)): o.name
+            for o in derivation.outputs
+            if o.aggregate is None
+        }
         for identified, name in outputs.items():
             if identified not in grouped:
                 raise ProgrammingError(
                     f"cached view {view_name}: column {name} is neither grouped by nor "
-                    "aggregated; add it to GROUP BY or aggregate it")  # fmt: skip
+                    "aggregated; add it to GROUP BY or aggregate it"
+                )
         missing = [f"{a}.{c}" for a, c in grouped if (a, c) not in outputs]
         if missing:
             raise ProgrammingError(
                 f"cached view {view_name}: it groups by {', '.join(missing)} without "
-                "projecting it; project every grouping column (they are the view's key)")
+                "projecting it; project every grouping column (they are the view's key)"
+            )
         return Resolved(tables, tuple(outputs[identity(c)] for c in derivation.group))
     outputs = {identity(t.cast(exp.Column, o.expression)): o.name for o in derivation.outputs}
     key: list[str] = []
@@ -136,7 +147,8 @@ def resolve(view_name: str, derivation: Derivation, catalog: Catalog) -> Resolve
             wanted = ", ".join(f"{alias}.{c}" for c in keys[0]) if keys else "a key"
             raise ProgrammingError(
                 f"cached view {view_name}: a join view projects the key of each table it "
-                f"joins, to identify its rows; add {wanted}")  # fmt: skip
+                f"joins, to identify its rows; add {wanted}"
+            )
         key += [outputs[(alias, c)] for c in chosen]
     return Resolved(tables, tuple(key))
 
@@ -149,8 +161,12 @@ def _expressions(derivation: Derivation) -> list[exp.Expr]:
     return found
 
 
-def _check_joins(view_name: str, derivation: Derivation, tables: t.Mapping[str, Table],
-                 owner: t.Callable[[exp.Column], str]) -> None:  # fmt: skip
+def _check_joins(
+    view_name: str,
+    derivation: Derivation,
+    tables: t.Mapping[str, Table],
+    owner: t.Callable[[exp.Column], str],
+) -> None:
     """Every joined table is joined along a key of one side (see the module)."""
     pairs: dict[frozenset[str], list[tuple[tuple[str, str], tuple[str, str]]]] = {}
     for left, right in derivation.joins:
@@ -159,28 +175,36 @@ def _check_joins(view_name: str, derivation: Derivation, tables: t.Mapping[str, 
             raise NotSupportedError(
                 f"cached view {view_name}: {left.sql(dialect='postgres')} = "
                 f"{right.sql(dialect='postgres')} compares two columns of one table; a JOIN "
-                "... ON compares columns of the two tables it joins")  # fmt: skip
+                "... ON compares columns of the two tables it joins"
+            )
         pairs.setdefault(frozenset((a, b)), []).append(((a, folded(left)), (b, folded(right))))
     joined = {derivation.sources[0].alias}
     for source in derivation.sources[1:]:
-        links = [(pair, found) for pair, found in pairs.items() if source.alias in pair
-                 and (pair - {source.alias}) <= joined]  # fmt: skip
+        links = [
+            (pair, found)
+            for pair, found in pairs.items()
+            if source.alias in pair and (pair - {source.alias}) <= joined
+        ]
         if not links:
             raise ProgrammingError(
                 f"cached view {view_name}: {source.alias} is joined by no ON equality with "
-                "the tables before it")  # fmt: skip
+                "the tables before it"
+            )
         for pair, found in links:
             sides: dict[str, set[str]] = {alias: set() for alias in pair}
             for (a, ca), (b, cb) in found:
                 sides[a].add(ca)
                 sides[b].add(cb)
-            if not any(any(set(k) <= sides[alias] for k in tables[alias].candidate_keys())
-                       for alias in pair):  # fmt: skip
+            if not any(
+                any(set(k) <= sides[alias] for k in tables[alias].candidate_keys())
+                for alias in pair
+            ):
                 names = " and ".join(sorted(pair))
                 raise NotSupportedError(
                     f"cached view {view_name}: the join of {names} is not along a key (the "
                     "columns one side compares must be its primary key or a NOT NULL unique "
-                    "key, so each row meets at most one row of that side)")  # fmt: skip
+                    "key, so each row meets at most one row of that side)"
+                )
         joined.add(source.alias)
 
 
@@ -191,15 +215,18 @@ def check_derived(statement: CreateCachedView, catalog: Catalog) -> Resolved:
     assert derivation is not None
     resolved = resolve(statement.name, derivation, catalog)
     if statement.completeness is not None or (
-            statement.consistency is not None and statement.consistency.kind != "all"):
+        statement.consistency is not None and statement.consistency.kind != "all"
+    ):
         raise NotSupportedError(
             f"cached view {statement.name}: a derived view takes CONSISTENCY ON ALL (every "
             "group it holds of one snapshot) and no other CONSISTENCY or COMPLETENESS clause: "
             "each group it holds is complete by construction, and one presence key's groups "
-            "are one snapshot's")  # fmt: skip
+            "are one snapshot's"
+        )
     if len(statement.presence) > 1:
         raise NotSupportedError(
-            f"cached view {statement.name}: a derived view takes one PRESENCE clause")
+            f"cached view {statement.name}: a derived view takes one PRESENCE clause"
+        )
     return resolved
 
 
@@ -212,8 +239,9 @@ def plain_output(derivation: Derivation, name: str) -> exp.Column | None:
     return t.cast(exp.Column, output.expression)
 
 
-def derived_column_type(view_name: str, derivation: Derivation, name: str,
-                        catalog: Catalog) -> str | None:  # fmt: skip
+def derived_column_type(
+    view_name: str, derivation: Derivation, name: str, catalog: Catalog
+) -> str | None:
     """The PostgreSQL type of a column of a derived view that is a column of its rows."""
     column = plain_output(derivation, name)
     if column is None:
@@ -235,14 +263,26 @@ def check_presence(view: CachedView, kind_of: t.Callable[[str], str | None]) -> 
         if kind_of(edge.control) != "control table":
             raise NotSupportedError(
                 f"cached view {view.name}: PRESENCE ... IN {edge.control}: a derived view's "
-                "presence is controlled by a control table (CREATE CONTROL TABLE)")
-        aggregated = [c for c in edge.columns if c in {o.name for o in derivation.outputs}
-                      and plain_output(derivation, c) is None]  # fmt: skip
+                "presence is controlled by a control table (CREATE CONTROL TABLE)"
+            )
+        aggregated = [
+            c
+            for c in edge.columns
+            if c in {o.name for o in derivation.outputs} and plain_output(derivation, c) is None
+        ]
         if aggregated:
             raise ProgrammingError(
                 f"cached view {view.name}: PRESENCE ON ({', '.join(aggregated)}): an "
-                "aggregate is no key; control the view by its grouping columns")
+                "aggregate is no key; control the view by its grouping columns"
+            )
 
 
-__all__ = ["RESERVED", "Resolved", "check_derived", "check_presence", "derived_column_type",
-           "plain_output", "resolve"]
+__all__ = [
+    "RESERVED",
+    "Resolved",
+    "check_derived",
+    "check_presence",
+    "derived_column_type",
+    "plain_output",
+    "resolve",
+]

@@ -143,9 +143,7 @@ class RegionState:
 
     controls: Mapping[str, Mapping[Key, Stamp]] = field(default_factory=dict)
     views: Mapping[str, Stamp] = field(default_factory=dict)
-    parents: Mapping[tuple[str, tuple[str, ...]], Mapping[Key, Stamp]] = field(
-        default_factory=dict
-    )
+    parents: Mapping[tuple[str, tuple[str, ...]], Mapping[Key, Stamp]] = field(default_factory=dict)
     version: int = 0  # the cache file's change counter it was read at
 
     def listed(self, control: str, columns: tuple[str, ...]) -> Mapping[Key, Stamp]:

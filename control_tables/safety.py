@@ -40,12 +40,10 @@ class UnsafeSchemaError(ProgrammingError):
 def check_schema(schema: CacheSchema, catalog: Catalog) -> None:
     """Raise on the first problem of the whole schema (views in name order; a derived view
     is checked when it is created, `control_tables.derived`, and has no controls)."""
-    views = sorted((v for v in schema.views.values() if not v.is_derived),
-                   key=lambda v: v.name)  # fmt: skip
+    views = sorted((v for v in schema.views.values() if not v.is_derived), key=lambda v: v.name)
     for view in views:
         _check_view(schema, view, catalog)
-    for view in sorted((v for v in schema.views.values() if v.is_derived),
-                       key=lambda v: v.name):  # fmt: skip
+    for view in sorted((v for v in schema.views.values() if v.is_derived), key=lambda v: v.name):
         _check_presence(schema, view, catalog)
     _check_single_use(schema)
     _check_rule_1(schema)
@@ -111,7 +109,8 @@ def _check_presence(schema: CacheSchema, view: CachedView, catalog: Catalog) -> 
             raise NotSupportedError(
                 f"cached view {view.name}: PRESENCE ... IN {edge.control}: a derived view "
                 "controls no other view in this release; control it by a control table or a "
-                "view of one table")  # fmt: skip
+                "view of one table"
+            )
         control_columns = (
             schema.control_tables[edge.control].column_names
             if kind == "control table"
@@ -216,8 +215,10 @@ def _check_continuous(schema: CacheSchema, view: CachedView) -> None:
             f"declare REFRESH CONTINUOUSLY on {root} instead"
         )
     if view.continuous and view.refresh_seconds is not None:
-        raise ProgrammingError(f"cached view {view.name}: REFRESH EVERY and REFRESH "
-                               "CONTINUOUSLY exclude each other; keep one")  # fmt: skip
+        raise ProgrammingError(
+            f"cached view {view.name}: REFRESH EVERY and REFRESH "
+            "CONTINUOUSLY exclude each other; keep one"
+        )
     if not schema.continuous(view.name):
         for parent in schema.parents(view.name):
             if schema.continuous(parent):

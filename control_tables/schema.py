@@ -197,9 +197,7 @@ def view_from_statement(
     )
 
 
-def control_role(
-    schema: CacheSchema, control: str
-) -> tuple[CachedView, Role, tuple[str, ...]]:
+def control_role(schema: CacheSchema, control: str) -> tuple[CachedView, Role, tuple[str, ...]]:
     """The view a control table controls, in which role, and the control table's key."""
     if control in schema.views:
         raise ProgrammingError(

@@ -127,9 +127,11 @@ Placed = CreateControlTable | CreateCachedView | DropCacheObject  # statements w
 def _locate(exc: ProgrammingError | NotSupportedError, statements: Sequence[Statement]) -> None:
     """Give an error found checking the whole script the position of the statement whose
     object its message names first."""
-    found = [(named.start(), statement) for statement in statements
-             if isinstance(statement, Placed)
-             and (named := _word(statement.name).search(str(exc)))]  # fmt: skip
+    found = [
+        (named.start(), statement)
+        for statement in statements
+        if isinstance(statement, Placed) and (named := _word(statement.name).search(str(exc)))
+    ]
     if found:
         _place(exc, min(found, key=lambda f: f[0])[1])
 

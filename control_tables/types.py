@@ -78,10 +78,14 @@ def transfer_type(pg_type: str) -> str | None:
 # past year 9999, infinity and 24:00:00 arrive as PostgreSQL holds them.
 DAYS_INFINITY = 2147483647
 MICROS_INFINITY = 9223372036854775807
-_EPOCH_MICROS = ("CASE WHEN NOT isfinite({c}) THEN (CASE WHEN {c} > 'epoch' THEN {inf} ELSE "
-                 "-{inf} END) ELSE (extract(epoch FROM {c}) * 1000000)::bigint END")
-_EPOCH_DAYS = ("CASE WHEN {c} = 'infinity' THEN {inf} WHEN {c} = '-infinity' THEN -{inf} "
-               "ELSE {c} - DATE '1970-01-01' END")
+_EPOCH_MICROS = (
+    "CASE WHEN NOT isfinite({c}) THEN (CASE WHEN {c} > 'epoch' THEN {inf} ELSE "
+    "-{inf} END) ELSE (extract(epoch FROM {c}) * 1000000)::bigint END"
+)
+_EPOCH_DAYS = (
+    "CASE WHEN {c} = 'infinity' THEN {inf} WHEN {c} = '-infinity' THEN -{inf} "
+    "ELSE {c} - DATE '1970-01-01' END"
+)
 NUMBERED = {
     "DATE": lambda c: _EPOCH_DAYS.format(c=c, inf=DAYS_INFINITY),
     "TIMESTAMP": lambda c: _EPOCH_MICROS.format(c=c, inf=MICROS_INFINITY),
@@ -106,8 +110,10 @@ def select_list(columns: list[tuple[str, str]] | tuple[tuple[str, str], ...]) ->
     return ", ".join(parts)
 
 
-_STAMP = re.compile(r"(\d+)-(\d\d)-(\d\d)(?: (\d\d):(\d\d):(\d\d)(?:\.(\d{1,6}))?)?"
-                    r"(?:([+-])(\d\d)(?::(\d\d)(?::(\d\d))?)?)?( BC)?")
+_STAMP = re.compile(
+    r"(\d+)-(\d\d)-(\d\d)(?: (\d\d):(\d\d):(\d\d)(?:\.(\d{1,6}))?)?"
+    r"(?:([+-])(\d\d)(?::(\d\d)(?::(\d\d))?)?)?( BC)?"
+)
 _CLOCK = re.compile(r"(\d\d):(\d\d):(\d\d)(?:\.(\d{1,6}))?")
 
 
@@ -134,7 +140,8 @@ def numbered(kind: str, text: str) -> int:
             raise ValueError(f"not a time: {text!r}")
         hours, minutes, seconds, fraction = found.groups()
         return ((int(hours) * 60 + int(minutes)) * 60 + int(seconds)) * 1_000_000 + _micros(
-            fraction)
+            fraction
+        )
     found = _STAMP.fullmatch(text)
     if found is None:
         raise ValueError(f"not a date or timestamp: {text!r}")

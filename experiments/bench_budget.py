@@ -64,14 +64,17 @@ def prepare(dsn: str, rows: int) -> None:
         if (found.fetchone() or (None,))[0] == f"rows={rows}":
             return
         pg.execute("DROP TABLE IF EXISTS bench_items")
-        pg.execute("CREATE TABLE bench_items (id integer PRIMARY KEY, grp integer NOT NULL, "
-                   "val text NOT NULL, amount numeric(12,2) NOT NULL)")  # fmt: skip
-        pg.execute("INSERT INTO bench_items SELECT g, g %% 1000, md5(g::text), g / 100.0 "
-                   "FROM generate_series(1, %s) g", (rows,))  # fmt: skip
+        pg.execute(
+            "CREATE TABLE bench_items (id integer PRIMARY KEY, grp integer NOT NULL, "
+            "val text NOT NULL, amount numeric(12,2) NOT NULL)"
+        )
+        pg.execute(
+            "INSERT INTO bench_items SELECT g, g %% 1000, md5(g::text), g / 100.0 "
+            "FROM generate_series(1, %s) g",
+            (rows,),
+        )
         pg.execute("ANALYZE bench_items")
         pg.execute(f"COMMENT ON TABLE bench_items IS 'rows={rows}'")
-
-
 
 
 # -- the size budget's policy on a Zipf workload ----------------------------------------------
@@ -156,8 +159,10 @@ def policy_hits(trace: list[int], capacity: int, doorkeeper: float | None) -> in
         held.add(key)
         if len(held) > capacity:
             others = [(k,) for k in held if k != key]
-            candidates = [Held("c", k, 1, 1, *w)
-                          for k, w in zip(others, hits_of.worths("c", others, now), strict=True)]
+            candidates = [
+                Held("c", k, 1, 1, *w)
+                for k, w in zip(others, hits_of.worths("c", others, now), strict=True)
+            ]
             for victim in victims(candidates, len(held) - int(capacity * (1 - ROOM))):
                 held.discard(victim.key[0])
     return hits
@@ -166,43 +171,58 @@ def policy_hits(trace: list[int], capacity: int, doorkeeper: float | None) -> in
 def policy_offline(keys: int, requests: int, seed: int) -> dict[str, t.Any]:
     trace = zipf_trace(keys, requests, seed)
     capacity = int(keys * SHARE)
-    found: dict[str, t.Any] = {"experiment": "bench_budget", "part": "policy offline",
-                               "keys": keys, "requests": requests, "capacity": capacity,
-                               "seed": seed}  # fmt: skip
-    for name, run in (("lru", lambda: lru_hits(trace, capacity)),
-                      ("belady", lambda: belady_hits(trace, capacity)),
-                      ("policy", lambda: policy_hits(trace, capacity, None)),
-                      ("policy_doorkeeper",
-                       lambda: policy_hits(trace, capacity, DOORKEEPER_SECONDS))):  # fmt: skip
+    found: dict[str, t.Any] = {
+        "experiment": "bench_budget",
+        "part": "policy offline",
+        "keys": keys,
+        "requests": requests,
+        "capacity": capacity,
+        "seed": seed,
+    }
+    for name, run in (
+        ("lru", lambda: lru_hits(trace, capacity)),
+        ("belady", lambda: belady_hits(trace, capacity)),
+        ("policy", lambda: policy_hits(trace, capacity, None)),
+        ("policy_doorkeeper", lambda: policy_hits(trace, capacity, DOORKEEPER_SECONDS)),
+    ):
         started = time.perf_counter()
         found[f"{name}_hit_ratio"] = run() / requests
         found[f"{name}_s"] = time.perf_counter() - started
     return found
 
 
-def policy_live(dsn: str, keys: int, requests: int, seed: int,
-                doorkeeper: float | None) -> dict[str, t.Any]:  # fmt: skip
+def policy_live(
+    dsn: str, keys: int, requests: int, seed: int, doorkeeper: float | None
+) -> dict[str, t.Any]:
     """The budget live: point queries by Zipf's law through the cache, its budget 10% of the
     data; each answer is PostgreSQL's; the highest data bytes, file bytes and memory seen."""
     prepare(dsn, keys)
     trace = zipf_trace(keys, requests, seed)
     work = Path(tempfile.mkdtemp(prefix="mtcache-bench-budget-"))
-    ddl = ("CREATE CONTROL TABLE item_pct (id integer); CREATE CACHED VIEW items_some AS "
-           "SELECT * FROM bench_items PRESENCE ON (id) IN item_pct")  # fmt: skip
+    ddl = (
+        "CREATE CONTROL TABLE item_pct (id integer); CREATE CACHED VIEW items_some AS "
+        "SELECT * FROM bench_items PRESENCE ON (id) IN item_pct"
+    )
     sql = "SELECT id, grp, val FROM bench_items WHERE id = %s"  # (amount: see README)
     try:
         sample = min(keys, 2000)
-        with cache.connect(dsn, work / "m.duckdb", background=False,
-                           admit_on_miss=False) as conn:  # fmt: skip
+        with cache.connect(dsn, work / "m.duckdb", background=False, admit_on_miss=False) as conn:
             conn.admin.apply_ddl(ddl)
             conn.admin.admit("item_pct", [(i,) for i in range(1, sample + 1)])
             per_key = conn.admin.status()["resources"]["data_bytes"] / sample
         limit = int(per_key * keys * SHARE)
         peaks = {"data_bytes": 0, "file_bytes": 0, "memory_in_use_bytes": 0}
         local = 0
-        with cache.connect(dsn, work / "c.duckdb", background=False, cache_size_limit=limit,
-                           doorkeeper_seconds=doorkeeper) as conn, \
-                psycopg.connect(dsn, autocommit=True) as pg:  # fmt: skip
+        with (
+            cache.connect(
+                dsn,
+                work / "c.duckdb",
+                background=False,
+                cache_size_limit=limit,
+                doorkeeper_seconds=doorkeeper,
+            ) as conn,
+            psycopg.connect(dsn, autocommit=True) as pg,
+        ):
             conn.admin.apply_ddl(ddl)
             cursor = conn.cursor()
             started = time.perf_counter()
@@ -219,14 +239,23 @@ def policy_live(dsn: str, keys: int, requests: int, seed: int,
             counters = conn.admin.status()["counters"]
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return {"experiment": "bench_budget", "part": "policy live", "keys": keys,
-            "requests": requests, "seed": seed, "doorkeeper_s": doorkeeper,
-            "cache_size_limit": limit, "hit_ratio": local / requests,
-            "lru_hit_ratio": lru_hits(trace, int(keys * SHARE)) / requests,
-            "belady_hit_ratio": belady_hits(trace, int(keys * SHARE)) / requests,
-            "peak_data_bytes": peaks["data_bytes"], "peak_file_bytes": peaks["file_bytes"],
-            "peak_memory_bytes": peaks["memory_in_use_bytes"], "evictions": counters["evictions"],
-            "seconds": seconds}  # fmt: skip
+    return {
+        "experiment": "bench_budget",
+        "part": "policy live",
+        "keys": keys,
+        "requests": requests,
+        "seed": seed,
+        "doorkeeper_s": doorkeeper,
+        "cache_size_limit": limit,
+        "hit_ratio": local / requests,
+        "lru_hit_ratio": lru_hits(trace, int(keys * SHARE)) / requests,
+        "belady_hit_ratio": belady_hits(trace, int(keys * SHARE)) / requests,
+        "peak_data_bytes": peaks["data_bytes"],
+        "peak_file_bytes": peaks["file_bytes"],
+        "peak_memory_bytes": peaks["memory_in_use_bytes"],
+        "evictions": counters["evictions"],
+        "seconds": seconds,
+    }
 
 
 def _measure_child(dsn: str, keys: int, out: t.Any) -> None:
@@ -239,12 +268,12 @@ def measure(dsn: str, keys: int) -> dict[str, t.Any]:
     prepare(dsn, 2 * keys)
     work = Path(tempfile.mkdtemp(prefix="mtcache-bench-budget-"))
     try:
-        with cache.connect(dsn, work / "c.duckdb", background=False,
-                           admit_on_miss=False) as conn:  # fmt: skip
+        with cache.connect(dsn, work / "c.duckdb", background=False, admit_on_miss=False) as conn:
             conn.admin.apply_ddl(
                 "CREATE CONTROL TABLE item_pct (id integer); CREATE CACHED VIEW items_some AS "
                 "SELECT * FROM bench_items PRESENCE ON (id) IN item_pct; CREATE CACHED VIEW "
-                f"items_first AS SELECT * FROM bench_items WHERE id <= {keys}")  # fmt: skip
+                f"items_first AS SELECT * FROM bench_items WHERE id <= {keys}"
+            )
             wanted = [(i,) for i in range(1, keys + 1)]
             started = time.perf_counter()
             conn.admin.admit("item_pct", wanted)
@@ -256,8 +285,10 @@ def measure(dsn: str, keys: int) -> dict[str, t.Any]:
             admin = conn.admin
             assert isinstance(admin, cache.Admin)
             con = admin.store.con
-            same = con.execute("SELECT count(*) FROM (SELECT * FROM items_some EXCEPT ALL "
-                               "SELECT * FROM items_first)").fetchone()  # fmt: skip
+            same = con.execute(
+                "SELECT count(*) FROM (SELECT * FROM items_some EXCEPT ALL "
+                "SELECT * FROM items_first)"
+            ).fetchone()
             held = con.execute("SELECT count(*) FROM items_some").fetchone()
             assert same == (0,) and held == (keys,), "the admitted rows are not the backend's"
             started = time.perf_counter()
@@ -269,11 +300,20 @@ def measure(dsn: str, keys: int) -> dict[str, t.Any]:
             evict_s = time.perf_counter() - started
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return {"experiment": "bench_budget", "part": "bulk admission", "keys": keys,
-            "admit_s": admit_s, "admit_rows_per_s": keys / admit_s, "pull_s": pull_s,
-            "pull_rows_per_s": keys / pull_s, "admit_vs_pull": pull_s / admit_s,
-            "status_s": status_s, "regions": regions, "evict_s": evict_s,
-            "admit_peak_rss": admit_peak}  # fmt: skip
+    return {
+        "experiment": "bench_budget",
+        "part": "bulk admission",
+        "keys": keys,
+        "admit_s": admit_s,
+        "admit_rows_per_s": keys / admit_s,
+        "pull_s": pull_s,
+        "pull_rows_per_s": keys / pull_s,
+        "admit_vs_pull": pull_s / admit_s,
+        "status_s": status_s,
+        "regions": regions,
+        "evict_s": evict_s,
+        "admit_peak_rss": admit_peak,
+    }
 
 
 # -- a big transaction on a continuously maintained view ----------------------------------------
@@ -288,13 +328,21 @@ def _pull_child(dsn: str, path: str, rows: int, out: t.Any) -> None:
     from sql_ext import parse
 
     with CacheStore(path) as store:
-        stream.apply_ddl(store, dsn, parse("CREATE CACHED VIEW bigcopy AS SELECT * FROM "
-                                           "bench_big REFRESH CONTINUOUSLY"),
-                         fetch_catalog(dsn))  # fmt: skip
+        stream.apply_ddl(
+            store,
+            dsn,
+            parse("CREATE CACHED VIEW bigcopy AS SELECT * FROM bench_big REFRESH CONTINUOUSLY"),
+            fetch_catalog(dsn),
+        )
         started, cpu = time.perf_counter(), time.process_time()
         Maintainer(store, dsn).refresh("bigcopy")
-        out.put({"pull_s": time.perf_counter() - started, "pull_cpu_s": time.process_time() - cpu,
-                 "pull_peak_rss": _peak_rss()})  # fmt: skip
+        out.put(
+            {
+                "pull_s": time.perf_counter() - started,
+                "pull_cpu_s": time.process_time() - cpu,
+                "pull_peak_rss": _peak_rss(),
+            }
+        )
 
 
 def _apply_child(dsn: str, path: str, rows: int, out: t.Any) -> None:
@@ -315,16 +363,18 @@ def _apply_child(dsn: str, path: str, rows: int, out: t.Any) -> None:
         reader = store.con.cursor()
 
         def holds(suffix: str) -> bool:
-            return reader.execute("SELECT count(*) FROM bigcopy WHERE val LIKE ?",
-                                  [f"%{suffix}"]).fetchall() == [(rows,)]  # fmt: skip
+            return reader.execute(
+                "SELECT count(*) FROM bigcopy WHERE val LIKE ?", [f"%{suffix}"]
+            ).fetchall() == [(rows,)]
 
         def update(suffix: str) -> tuple[float, int]:
             """The transaction: its CPU start; the position it committed after."""
             with psycopg.connect(dsn, autocommit=True) as pg:
                 cpu = time.process_time()
                 with pg.transaction():
-                    pg.execute("UPDATE bench_big SET val = val || %s, amount = amount + 1",
-                               (suffix,))  # fmt: skip
+                    pg.execute(
+                        "UPDATE bench_big SET val = val || %s, amount = amount + 1", (suffix,)
+                    )
                     before = pg.execute("SELECT pg_current_wal_insert_lsn()::text").fetchall()
             return cpu, lsn_value(before[0][0])
 
@@ -374,15 +424,23 @@ def big_transaction(dsn: str, rows: int) -> dict[str, t.Any]:
 
     with psycopg.connect(dsn, autocommit=True) as pg:
         pg.execute("DROP TABLE IF EXISTS bench_big")
-        pg.execute("CREATE TABLE bench_big (id integer PRIMARY KEY, grp integer NOT NULL, "
-                   "val text NOT NULL, amount numeric(12,2) NOT NULL)")  # fmt: skip
-        pg.execute("INSERT INTO bench_big SELECT g, g %% 1000, md5(g::text), g / 100.0 "
-                   "FROM generate_series(1, %s) g", (rows,))  # fmt: skip
+        pg.execute(
+            "CREATE TABLE bench_big (id integer PRIMARY KEY, grp integer NOT NULL, "
+            "val text NOT NULL, amount numeric(12,2) NOT NULL)"
+        )
+        pg.execute(
+            "INSERT INTO bench_big SELECT g, g %% 1000, md5(g::text), g / 100.0 "
+            "FROM generate_series(1, %s) g",
+            (rows,),
+        )
     work = Path(tempfile.mkdtemp(prefix="mtcache-bench-bigtx-"))
     path = str(work / "c.duckdb")
     context = multiprocessing.get_context("spawn")
-    found: dict[str, t.Any] = {"experiment": "bench_budget", "part": "big transaction",
-                               "rows": rows}  # fmt: skip
+    found: dict[str, t.Any] = {
+        "experiment": "bench_budget",
+        "part": "big transaction",
+        "rows": rows,
+    }
     try:
         for child in (_pull_child, _apply_child):
             out = context.Queue()
@@ -413,13 +471,16 @@ def _backend_decoding(dsn: str) -> float:
         pg.execute("DROP PUBLICATION IF EXISTS mtcache_bench_floor")
         pg.execute("CREATE PUBLICATION mtcache_bench_floor FOR TABLE bench_big")
         try:
-            pg.execute("SELECT pg_create_logical_replication_slot('mtcache_bench_floor', "
-                       "'pgoutput', true)")  # fmt: skip
+            pg.execute(
+                "SELECT pg_create_logical_replication_slot('mtcache_bench_floor', 'pgoutput', true)"
+            )
             pg.execute("UPDATE bench_big SET val = val || 'f', amount = amount + 1")
             started = time.perf_counter()
-            pg.execute("SELECT count(*) FROM pg_logical_slot_peek_binary_changes("
-                       "'mtcache_bench_floor', NULL, NULL, 'proto_version', '1', "
-                       "'publication_names', 'mtcache_bench_floor')").fetchall()  # fmt: skip
+            pg.execute(
+                "SELECT count(*) FROM pg_logical_slot_peek_binary_changes("
+                "'mtcache_bench_floor', NULL, NULL, 'proto_version', '1', "
+                "'publication_names', 'mtcache_bench_floor')"
+            ).fetchall()
             return time.perf_counter() - started
         finally:
             pg.execute("DROP PUBLICATION mtcache_bench_floor")
@@ -427,23 +488,52 @@ def _backend_decoding(dsn: str) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--keys", type=int, nargs="*", default=[100_000],
-                        help="keys admitted in one call (default 100000; several: one run each; "
-                        "none: no bulk admission)")  # fmt: skip
-    parser.add_argument("--zipf-keys", type=int, default=1_000_000,
-                        help="keys of the offline Zipf workload (default 1000000)")
-    parser.add_argument("--requests", type=int, default=2_000_000,
-                        help="requests of the offline Zipf workload (default 2000000)")
-    parser.add_argument("--live-keys", type=int, default=10_000,
-                        help="rows of the live Zipf workload's table (default 10000)")
-    parser.add_argument("--live-requests", type=int, default=10_000,
-                        help="point queries of the live Zipf workload (default 10000)")
-    parser.add_argument("--tx-rows", type=int, default=1_000_000,
-                        help="row changes of the big backend transaction (default 1000000; "
-                        "0: none)")  # fmt: skip
+    parser.add_argument(
+        "--keys",
+        type=int,
+        nargs="*",
+        default=[100_000],
+        help="keys admitted in one call (default 100000; several: one run each; "
+        "none: no bulk admission)",
+    )
+    parser.add_argument(
+        "--zipf-keys",
+        type=int,
+        default=1_000_000,
+        help="keys of the offline Zipf workload (default 1000000)",
+    )
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=2_000_000,
+        help="requests of the offline Zipf workload (default 2000000)",
+    )
+    parser.add_argument(
+        "--live-keys",
+        type=int,
+        default=10_000,
+        help="rows of the live Zipf workload's table (default 10000)",
+    )
+    parser.add_argument(
+        "--live-requests",
+        type=int,
+        default=10_000,
+        help="point queries of the live Zipf workload (default 10000)",
+    )
+    parser.add_argument(
+        "--tx-rows",
+        type=int,
+        default=1_000_000,
+        help="row changes of the big backend transaction (default 1000000; 0: none)",
+    )
     parser.add_argument("--seed", type=int, default=30)
-    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
-                        help="what to measure (default: all)")
+    parser.add_argument(
+        "--parts",
+        nargs="+",
+        choices=PARTS,
+        default=list(PARTS),
+        help="what to measure (default: all)",
+    )
     parser.add_argument("--backend", help="PostgreSQL DSN (default: the embedded cluster)")
     args = parser.parse_args(argv)
     console = Console(width=140)
@@ -455,9 +545,11 @@ def main(argv: list[str] | None = None) -> int:
         found += bulk(console, dsn, args.keys)
     if "transaction" in args.parts and args.tx_rows:
         found += transaction(console, dsn, args.tx_rows)
-    console.print("targets: 10^5 keys admitted within 10 s, status under 1 s at 10^6 regions; "
-                  "the data within its budget throughout; a big transaction applied at least "
-                  "as fast as a pull of its rows")  # fmt: skip
+    console.print(
+        "targets: 10^5 keys admitted within 10 s, status under 1 s at 10^6 regions; "
+        "the data within its budget throughout; a big transaction applied at least "
+        "as fast as a pull of its rows"
+    )
     console.print(f"results appended to {append_rows('bench_budget', found)}")
     return 0
 
@@ -467,29 +559,55 @@ def policy(console: Console, dsn: str, args: argparse.Namespace) -> list[dict[st
     offline = policy_offline(args.zipf_keys, args.requests, args.seed)
     live = []
     for doorkeeper in (None, DOORKEEPER_SECONDS):
-        console.print(f"the policy live: {args.live_requests:,} queries over "
-                      f"{args.live_keys:,} rows, doorkeeper {doorkeeper} ...")  # fmt: skip
+        console.print(
+            f"the policy live: {args.live_requests:,} queries over "
+            f"{args.live_keys:,} rows, doorkeeper {doorkeeper} ..."
+        )
         live.append(policy_live(dsn, args.live_keys, args.live_requests, args.seed, doorkeeper))
     table = Table(title="The size budget (10% of the data): hit ratio on a Zipf workload (s = 1)")
-    for column in ("run", "keys", "requests", "policy", "with doorkeeper", "LRU",
-                   "Belady (optimum)", "policy / LRU", "peak data / budget",
-                   "peak file / budget", "peak memory"):
+    for column in (
+        "run",
+        "keys",
+        "requests",
+        "policy",
+        "with doorkeeper",
+        "LRU",
+        "Belady (optimum)",
+        "policy / LRU",
+        "peak data / budget",
+        "peak file / budget",
+        "peak memory",
+    ):
         table.add_column(column)
     o = offline
-    table.add_row("offline (its code)", f"{o['keys']:,}", f"{o['requests']:,}",
-                  f"{o['policy_hit_ratio']:.3f}", f"{o['policy_doorkeeper_hit_ratio']:.3f}",
-                  f"{o['lru_hit_ratio']:.3f}", f"{o['belady_hit_ratio']:.3f}",
-                  f"{o['policy_hit_ratio'] / o['lru_hit_ratio']:.2f}x",
-                  "", "", "")  # fmt: skip
+    table.add_row(
+        "offline (its code)",
+        f"{o['keys']:,}",
+        f"{o['requests']:,}",
+        f"{o['policy_hit_ratio']:.3f}",
+        f"{o['policy_doorkeeper_hit_ratio']:.3f}",
+        f"{o['lru_hit_ratio']:.3f}",
+        f"{o['belady_hit_ratio']:.3f}",
+        f"{o['policy_hit_ratio'] / o['lru_hit_ratio']:.2f}x",
+        "",
+        "",
+        "",
+    )
     for r in live:
         keeper = r["doorkeeper_s"] is not None
-        table.add_row("live (the cache)", f"{r['keys']:,}", f"{r['requests']:,}",
-                      "" if keeper else f"{r['hit_ratio']:.3f}",
-                      f"{r['hit_ratio']:.3f}" if keeper else "", f"{r['lru_hit_ratio']:.3f}",
-                      f"{r['belady_hit_ratio']:.3f}", f"{r['hit_ratio'] / r['lru_hit_ratio']:.2f}x",
-                      f"{r['peak_data_bytes'] / r['cache_size_limit']:.2f}",
-                      f"{r['peak_file_bytes'] / r['cache_size_limit']:.2f}",
-                      f"{r['peak_memory_bytes'] / 2**20:.0f} MiB")  # fmt: skip
+        table.add_row(
+            "live (the cache)",
+            f"{r['keys']:,}",
+            f"{r['requests']:,}",
+            "" if keeper else f"{r['hit_ratio']:.3f}",
+            f"{r['hit_ratio']:.3f}" if keeper else "",
+            f"{r['lru_hit_ratio']:.3f}",
+            f"{r['belady_hit_ratio']:.3f}",
+            f"{r['hit_ratio'] / r['lru_hit_ratio']:.2f}x",
+            f"{r['peak_data_bytes'] / r['cache_size_limit']:.2f}",
+            f"{r['peak_file_bytes'] / r['cache_size_limit']:.2f}",
+            f"{r['peak_memory_bytes'] / 2**20:.0f} MiB",
+        )
     console.print(table)
     return [offline, *live]
 
@@ -507,17 +625,32 @@ def bulk(console: Console, dsn: str, keys_asked: list[int]) -> list[dict[str, t.
         process.join()
     if rows:
         table = Table(title="Bulk admission, side by side with a pull of the same rows")
-        for column in ("keys", "admit", "rows/s", "pull", "rows/s", "admit / pull speed",
-                       "status", "regions", "evict", "peak: admission / all"):
+        for column in (
+            "keys",
+            "admit",
+            "rows/s",
+            "pull",
+            "rows/s",
+            "admit / pull speed",
+            "status",
+            "regions",
+            "evict",
+            "peak: admission / all",
+        ):
             table.add_column(column)
         for r in rows:
-            table.add_row(f"{r['keys']:,}", f"{r['admit_s']:.2f} s",
-                          f"{r['admit_rows_per_s']:,.0f}", f"{r['pull_s']:.2f} s",
-                          f"{r['pull_rows_per_s']:,.0f}", f"{r['admit_vs_pull']:.2f}x",
-                          f"{r['status_s']:.2f} s", f"{r['regions']:,}",
-                          f"{r['evict_s']:.2f} s",
-                          f"{r['admit_peak_rss'] / 2**20:,.0f} / "
-                          f"{r['peak_rss'] / 2**20:,.0f} MiB")  # fmt: skip
+            table.add_row(
+                f"{r['keys']:,}",
+                f"{r['admit_s']:.2f} s",
+                f"{r['admit_rows_per_s']:,.0f}",
+                f"{r['pull_s']:.2f} s",
+                f"{r['pull_rows_per_s']:,.0f}",
+                f"{r['admit_vs_pull']:.2f}x",
+                f"{r['status_s']:.2f} s",
+                f"{r['regions']:,}",
+                f"{r['evict_s']:.2f} s",
+                f"{r['admit_peak_rss'] / 2**20:,.0f} / {r['peak_rss'] / 2**20:,.0f} MiB",
+            )
         console.print(table)
     return rows
 
@@ -527,24 +660,36 @@ def transaction(console: Console, dsn: str, tx_rows: int) -> list[dict[str, t.An
     if tx_rows:
         console.print(f"one backend transaction of {tx_rows:,} row changes ...")
         big.append(big_transaction(dsn, tx_rows))
-        table = Table(title="A big transaction on a continuously maintained view, side by side "
-                      "with a pull of the same rows (speed: the pull's seconds over the "
-                      "apply's, from the backend's commit; CPU: the same for each process's "
-                      "CPU seconds)")  # fmt: skip
-        for column in ("rows", "pull", "streamed (as deployed)", "speed, CPU vs pull",
-                       "as a backlog", "speed, CPU vs pull", "backend's decoding alone",
-                       "memory: before / peak", "pull's peak"):  # fmt: skip
+        table = Table(
+            title="A big transaction on a continuously maintained view, side by side "
+            "with a pull of the same rows (speed: the pull's seconds over the "
+            "apply's, from the backend's commit; CPU: the same for each process's "
+            "CPU seconds)"
+        )
+        for column in (
+            "rows",
+            "pull",
+            "streamed (as deployed)",
+            "speed, CPU vs pull",
+            "as a backlog",
+            "speed, CPU vs pull",
+            "backend's decoding alone",
+            "memory: before / peak",
+            "pull's peak",
+        ):
             table.add_column(column)
         for r in big:
-            table.add_row(f"{r['rows']:,}", f"{r['pull_s']:.1f} s ({r['pull_cpu_s']:.1f} CPU)",
-                          f"{r['streamed_s']:.1f} s ({r['streamed_cpu_s']:.1f} CPU)",
-                          f"{r['streamed_vs_pull']:.2f}x, {r['streamed_cpu_vs_pull']:.2f}x",
-                          f"{r['backlog_s']:.1f} s ({r['backlog_cpu_s']:.1f} CPU)",
-                          f"{r['backlog_vs_pull']:.2f}x, {r['backlog_cpu_vs_pull']:.2f}x",
-                          f"{r['decode_floor_s']:.1f} s ({r['pull_s'] / r['decode_floor_s']:.2f}x)",
-                          f"{r['settled_rss'] / 2**20:,.0f} / "
-                          f"{r['apply_peak_rss'] / 2**20:,.0f} MiB",
-                          f"{r['pull_peak_rss'] / 2**20:,.0f} MiB")  # fmt: skip
+            table.add_row(
+                f"{r['rows']:,}",
+                f"{r['pull_s']:.1f} s ({r['pull_cpu_s']:.1f} CPU)",
+                f"{r['streamed_s']:.1f} s ({r['streamed_cpu_s']:.1f} CPU)",
+                f"{r['streamed_vs_pull']:.2f}x, {r['streamed_cpu_vs_pull']:.2f}x",
+                f"{r['backlog_s']:.1f} s ({r['backlog_cpu_s']:.1f} CPU)",
+                f"{r['backlog_vs_pull']:.2f}x, {r['backlog_cpu_vs_pull']:.2f}x",
+                f"{r['decode_floor_s']:.1f} s ({r['pull_s'] / r['decode_floor_s']:.2f}x)",
+                f"{r['settled_rss'] / 2**20:,.0f} / {r['apply_peak_rss'] / 2**20:,.0f} MiB",
+                f"{r['pull_peak_rss'] / 2**20:,.0f} MiB",
+            )
         console.print(table)
     return big
 

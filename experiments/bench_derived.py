@@ -81,8 +81,11 @@ TABLES = ("lineitem", "orders", "customer", "supplier", "nation", "region")
 def cases(scale: float) -> list[tuple[str, str, str]]:
     """(name, the view's SELECT, the query it answers)."""
     q1 = query(1, scale)
-    return [("Q1", q1[: q1.index("order by")], q1), ("Q3-like", Q3_VIEW, Q3_QUERY),
-            ("Q5-like", Q5_VIEW, Q5_QUERY)]  # fmt: skip
+    return [
+        ("Q1", q1[: q1.index("order by")], q1),
+        ("Q3-like", Q3_VIEW, Q3_QUERY),
+        ("Q5-like", Q5_VIEW, Q5_QUERY),
+    ]
 
 
 WRITER = """
@@ -130,14 +133,20 @@ class Undo:
         self.orders: collections.Counter[int] = collections.Counter()
 
     def run(self) -> None:
-        with psycopg.connect(self.dsn, autocommit=True) as conn, conn.transaction(), \
-                conn.cursor() as cur:  # fmt: skip
-            cur.executemany("UPDATE lineitem SET l_extendedprice = l_extendedprice - %s "
-                            "WHERE l_orderkey = %s AND l_linenumber = %s",
-                            [(n, *k) for k, n in self.lines.items()])  # fmt: skip
-            cur.executemany("UPDATE orders SET o_shippriority = o_shippriority - %s "
-                            "WHERE o_orderkey = %s",
-                            [(n, k) for k, n in self.orders.items()])  # fmt: skip
+        with (
+            psycopg.connect(self.dsn, autocommit=True) as conn,
+            conn.transaction(),
+            conn.cursor() as cur,
+        ):
+            cur.executemany(
+                "UPDATE lineitem SET l_extendedprice = l_extendedprice - %s "
+                "WHERE l_orderkey = %s AND l_linenumber = %s",
+                [(n, *k) for k, n in self.lines.items()],
+            )
+            cur.executemany(
+                "UPDATE orders SET o_shippriority = o_shippriority - %s WHERE o_orderkey = %s",
+                [(n, k) for k, n in self.orders.items()],
+            )
         self.lines.clear()
         self.orders.clear()
 
@@ -152,8 +161,9 @@ def store_of(conn: cache.Connection) -> CacheStore:
 def trimmed(rows: list[tuple[t.Any, ...]]) -> list[tuple[t.Any, ...]]:
     """Rows in an order of their own, char(n) values without the blanks the cache does not
     keep (its answers pad them again)."""
-    return sorted((tuple(v.rstrip(" ") if isinstance(v, str) else v for v in r) for r in rows),
-                  key=repr)  # fmt: skip
+    return sorted(
+        (tuple(v.rstrip(" ") if isinstance(v, str) else v for v in r) for r in rows), key=repr
+    )
 
 
 def fetch(on: t.Any, sql: str) -> object:
@@ -173,8 +183,15 @@ def view_name(case: str) -> str:
 Step = t.Callable[[str], None]
 
 
-def measure(dsn: str, sf: float, calls: int, updates: int, rate: float, seconds: float,
-            step: Step = lambda _: None) -> list[dict[str, t.Any]]:  # fmt: skip
+def measure(
+    dsn: str,
+    sf: float,
+    calls: int,
+    updates: int,
+    rate: float,
+    seconds: float,
+    step: Step = lambda _: None,
+) -> list[dict[str, t.Any]]:
     """The whole measurement (see the module); one row per figure, ``kind`` naming which:
     "query", "maintenance", "lag" or "size". ``step`` names each step as it begins."""
     step(f"loading TPC-H at SF {sf}")
@@ -188,22 +205,40 @@ def measure(dsn: str, sf: float, calls: int, updates: int, rate: float, seconds:
         # (and no background work: the tables' copies stay in the one snapshot they were
         # pulled in, which a query over several of them needs; the views' stream is applied
         # by this run's own consumer)
-        with cache.connect(backend=dsn, cache_path=work / "views.duckdb", admit_on_miss=False,
-                           result_memo_bytes=0, background=False) as views, \
-                cache.connect(backend=dsn, cache_path=work / "tables.duckdb",
-                              admit_on_miss=False, result_memo_bytes=0, background=False,
-                              plan_choice="guarded") as tables, \
-                psycopg.connect(dsn, autocommit=True) as pg:  # fmt: skip
+        with (
+            cache.connect(
+                backend=dsn,
+                cache_path=work / "views.duckdb",
+                admit_on_miss=False,
+                result_memo_bytes=0,
+                background=False,
+            ) as views,
+            cache.connect(
+                backend=dsn,
+                cache_path=work / "tables.duckdb",
+                admit_on_miss=False,
+                result_memo_bytes=0,
+                background=False,
+                plan_choice="guarded",
+            ) as tables,
+            psycopg.connect(dsn, autocommit=True) as pg,
+        ):
             step("pulling the derived views and the copies they are maintained from")
-            views.admin.apply_ddl(";\n".join(
-                f"CREATE CACHED VIEW {view_name(name)} AS {select} REFRESH CONTINUOUSLY"
-                for name, select, _ in found))  # fmt: skip
+            views.admin.apply_ddl(
+                ";\n".join(
+                    f"CREATE CACHED VIEW {view_name(name)} AS {select} REFRESH CONTINUOUSLY"
+                    for name, select, _ in found
+                )
+            )
             try:
                 views.admin.refresh()
                 step("pulling the tables' copies")
-                tables.admin.apply_ddl(";\n".join(
-                    f"CREATE CACHED VIEW {t}_copy AS SELECT * FROM {t} REFRESH EVERY 1 HOUR"
-                    for t in TABLES))  # fmt: skip
+                tables.admin.apply_ddl(
+                    ";\n".join(
+                        f"CREATE CACHED VIEW {t}_copy AS SELECT * FROM {t} REFRESH EVERY 1 HOUR"
+                        for t in TABLES
+                    )
+                )
                 tables.admin.refresh()
                 consumer = Recording(store_of(views).for_thread(), dsn)
                 try:
@@ -218,17 +253,23 @@ def measure(dsn: str, sf: float, calls: int, updates: int, rate: float, seconds:
                     consumer.close()
                 rows += _sizes(views, found)
             finally:  # (the last continuously maintained view takes the slot with it)
-                views.admin.apply_ddl(";\n".join(f"DROP CACHED VIEW {view_name(n)}"
-                                                  for n, _, _ in found))  # fmt: skip
+                views.admin.apply_ddl(
+                    ";\n".join(f"DROP CACHED VIEW {view_name(n)}" for n, _, _ in found)
+                )
     finally:
         undo.run()
         shutil.rmtree(work, ignore_errors=True)
     return [{"scale_factor": sf, **row} for row in rows]
 
 
-def _latencies(views: cache.Connection, tables: cache.Connection, pg: t.Any,
-               found: list[tuple[str, str, str]], calls: int,
-               step: Step) -> list[dict[str, t.Any]]:  # fmt: skip
+def _latencies(
+    views: cache.Connection,
+    tables: cache.Connection,
+    pg: t.Any,
+    found: list[tuple[str, str, str]],
+    calls: int,
+    step: Step,
+) -> list[dict[str, t.Any]]:
     rows = []
     for name, _, sql in found:
         step(f"{name}: {calls} calls from the view, recomputed and on PostgreSQL")
@@ -249,37 +290,65 @@ def _latencies(views: cache.Connection, tables: cache.Connection, pg: t.Any,
         runs: dict[str, t.Callable[[], object]] = {
             "view": functools.partial(fetch, view_cur, sql + BOUND),
             "tables": functools.partial(fetch, table_cur, sql + BOUND),
-            "pg": functools.partial(fetch, pg, sql)}  # fmt: skip
+            "pg": functools.partial(fetch, pg, sql),
+        }
         order = list(runs)
         for call in range(calls):
             for k in range(len(order)):
                 which = order[(call + k) % len(order)]
                 samples[which].append(timed(runs[which]))
         p50 = {k: statistics.median(v) for k, v in samples.items()}
-        rows.append({"kind": "query", "query": name, "calls": calls, "view_s": p50["view"],
-                     "recompute_s": p50["tables"], "postgresql_s": p50["pg"]})  # fmt: skip
+        rows.append(
+            {
+                "kind": "query",
+                "query": name,
+                "calls": calls,
+                "view_s": p50["view"],
+                "recompute_s": p50["tables"],
+                "postgresql_s": p50["pg"],
+            }
+        )
     return rows
 
 
-def _maintenance(views: cache.Connection, pg: t.Any, consumer: Recording, undo: Undo,
-                 found: list[tuple[str, str, str]], updates: int,
-                 step: Step) -> list[dict[str, t.Any]]:  # fmt: skip
+def _maintenance(
+    views: cache.Connection,
+    pg: t.Any,
+    consumer: Recording,
+    undo: Undo,
+    found: list[tuple[str, str, str]],
+    updates: int,
+    step: Step,
+) -> list[dict[str, t.Any]]:
     step(f"{updates} single-row updates at the backend")
     rng = random.Random(29)
-    lines = pg.execute("SELECT l_orderkey, l_linenumber FROM lineitem TABLESAMPLE "
-                       "SYSTEM (1) REPEATABLE (29) LIMIT %s", (updates,)).fetchall()  # fmt: skip
-    orders = [r[0] for r in pg.execute("SELECT o_orderkey FROM orders TABLESAMPLE SYSTEM (1) "
-                                       "REPEATABLE (29) LIMIT %s", (updates,)).fetchall()]
+    lines = pg.execute(
+        "SELECT l_orderkey, l_linenumber FROM lineitem TABLESAMPLE "
+        "SYSTEM (1) REPEATABLE (29) LIMIT %s",
+        (updates,),
+    ).fetchall()
+    orders = [
+        r[0]
+        for r in pg.execute(
+            "SELECT o_orderkey FROM orders TABLESAMPLE SYSTEM (1) REPEATABLE (29) LIMIT %s",
+            (updates,),
+        ).fetchall()
+    ]
     for i in range(updates):
         if i % 10 == 9:
             key = rng.choice(orders)
-            pg.execute("UPDATE orders SET o_shippriority = o_shippriority + 1 "
-                       "WHERE o_orderkey = %s", (key,))  # fmt: skip
+            pg.execute(
+                "UPDATE orders SET o_shippriority = o_shippriority + 1 WHERE o_orderkey = %s",
+                (key,),
+            )
             undo.orders[key] += 1
         else:
             line = tuple(rng.choice(lines))
-            pg.execute("UPDATE lineitem SET l_extendedprice = l_extendedprice + 1 "
-                       "WHERE l_orderkey = %s AND l_linenumber = %s", line)  # fmt: skip
+            pg.execute(
+                "UPDATE lineitem SET l_extendedprice = l_extendedprice + 1 "
+                "WHERE l_orderkey = %s AND l_linenumber = %s",
+                line,
+            )
             undo.lines[line] += 1  # type: ignore[index]
     step("applying them from the stream")
     spent: dict[str, float] = collections.defaultdict(float)
@@ -303,8 +372,9 @@ def _maintenance(views: cache.Connection, pg: t.Any, consumer: Recording, undo: 
         step(f"{name}: recomputed in DuckDB and by the backend, checked")
         plan = maintenance(view, catalog)
         recompute = plan.states_sql(plan.items_sql({}, None), True)
-        duck_s = timed(functools.partial(store.con.execute,
-                                         f"CREATE TEMP TABLE mtcache_bench AS {recompute}"))
+        duck_s = timed(
+            functools.partial(store.con.execute, f"CREATE TEMP TABLE mtcache_bench AS {recompute}")
+        )
         store.con.execute("DROP TABLE mtcache_bench")
         stored = layout(view, catalog)
         columns = ", ".join(f'"{c.name}"' for c in stored.columns)
@@ -313,26 +383,56 @@ def _maintenance(views: cache.Connection, pg: t.Any, consumer: Recording, undo: 
         want = pg.execute(f"SELECT {cast} FROM ({pull_select(view, stored)}) x").fetchall()
         backend_s = time.perf_counter() - started
         held = store.con.execute(f"SELECT {columns} FROM {view.name}").fetchall()
-        assert trimmed(held) == trimmed(want), \
-            f"{name}: the maintained view is not what the backend computes"  # fmt: skip
-        rows.append({"kind": "maintenance", "query": name, "updates": updates,
-                     "batch_s": apply_s, "view_delta_s": spent[view.name],
-                     "duckdb_recompute_s": duck_s, "backend_recompute_s": backend_s})  # fmt: skip
+        assert trimmed(held) == trimmed(want), (
+            f"{name}: the maintained view is not what the backend computes"
+        )
+        rows.append(
+            {
+                "kind": "maintenance",
+                "query": name,
+                "updates": updates,
+                "batch_s": apply_s,
+                "view_delta_s": spent[view.name],
+                "duckdb_recompute_s": duck_s,
+                "backend_recompute_s": backend_s,
+            }
+        )
     return rows
 
 
-def _lag(dsn: str, pg: t.Any, consumer: Recording, undo: Undo, rate: float, seconds: float,
-         work: Path, step: Step) -> list[dict[str, t.Any]]:  # fmt: skip
+def _lag(
+    dsn: str,
+    pg: t.Any,
+    consumer: Recording,
+    undo: Undo,
+    rate: float,
+    seconds: float,
+    work: Path,
+    step: Step,
+) -> list[dict[str, t.Any]]:
     step(f"{rate:g} transactions a second for {seconds:g} s, the stream applied as they come")
-    keys = pg.execute("SELECT l_orderkey, l_linenumber FROM lineitem TABLESAMPLE SYSTEM (1) "
-                      "REPEATABLE (7) LIMIT 2000").fetchall()  # fmt: skip
+    keys = pg.execute(
+        "SELECT l_orderkey, l_linenumber FROM lineitem TABLESAMPLE SYSTEM (1) "
+        "REPEATABLE (7) LIMIT 2000"
+    ).fetchall()
     (work / "keys.json").write_text(json.dumps([list(k) for k in keys]))
     consumer.applied.clear()
     consumer.start()
     try:
         out = work / "commits.json"
-        subprocess.run([sys.executable, "-c", WRITER, dsn, str(rate), str(seconds),
-                        str(work / "keys.json"), str(out)], check=True)  # fmt: skip
+        subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                WRITER,
+                dsn,
+                str(rate),
+                str(seconds),
+                str(work / "keys.json"),
+                str(out),
+            ],
+            check=True,
+        )
         commits = [(at, lsn_value(lsn)) for at, lsn in json.loads(out.read_text())]
         for i in range(len(commits)):
             undo.lines[tuple(keys[i % len(keys)])] += 1  # type: ignore[index]
@@ -351,9 +451,18 @@ def _lag(dsn: str, pg: t.Any, consumer: Recording, undo: Undo, rate: float, seco
         lags.append(max(0.0, at - committed))
     achieved = len(commits) / (commits[-1][0] - commits[0][0]) if len(commits) > 1 else 0.0
     quantiles = statistics.quantiles(lags, n=100)
-    return [{"kind": "lag", "rate": rate, "achieved_rate": achieved, "transactions": len(lags),
-             "batches": len(applied), "lag_p50_s": statistics.median(lags),
-             "lag_p99_s": quantiles[98], "lag_max_s": max(lags)}]  # fmt: skip
+    return [
+        {
+            "kind": "lag",
+            "rate": rate,
+            "achieved_rate": achieved,
+            "transactions": len(lags),
+            "batches": len(applied),
+            "lag_p50_s": statistics.median(lags),
+            "lag_p99_s": quantiles[98],
+            "lag_max_s": max(lags),
+        }
+    ]
 
 
 def _sizes(views: cache.Connection, found: list[tuple[str, str, str]]) -> list[dict[str, t.Any]]:
@@ -366,9 +475,17 @@ def _sizes(views: cache.Connection, found: list[tuple[str, str, str]]) -> list[d
     for name, _, _ in found:
         view = status[view_name(name)]
         copies = view.get("copies", {})
-        rows.append({"kind": "size", "query": name, "view_rows": view["rows"],
-                     "view_bytes": view["bytes"], "copies_rows": copies.get("rows"),
-                     "copies_bytes": copies.get("bytes"), "duckdb_memory_bytes": memory})
+        rows.append(
+            {
+                "kind": "size",
+                "query": name,
+                "view_rows": view["rows"],
+                "view_bytes": view["bytes"],
+                "copies_rows": copies.get("rows"),
+                "copies_bytes": copies.get("bytes"),
+                "duckdb_memory_bytes": memory,
+            }
+        )
     return rows
 
 
@@ -378,43 +495,73 @@ def print_tables(console: Console, rows: list[dict[str, t.Any]], sf: float) -> N
     for row in rows:
         by_kind[row["kind"]].append(row)
     table = Table(title=f"Derived views, TPC-H SF {sf:g}: query latency, p50, side by side")
-    for column in ("query", "from the view", "recomputed in DuckDB", "PostgreSQL",
-                   "recompute / view", "PostgreSQL / view"):
+    for column in (
+        "query",
+        "from the view",
+        "recomputed in DuckDB",
+        "PostgreSQL",
+        "recompute / view",
+        "PostgreSQL / view",
+    ):
         table.add_column(column)
     for r in by_kind["query"]:
-        table.add_row(r["query"], f"{r['view_s'] * 1e3:.3f} ms", f"{r['recompute_s'] * 1e3:.1f} ms",
-                      f"{r['postgresql_s'] * 1e3:.1f} ms", f"{r['recompute_s'] / r['view_s']:.0f}x",
-                      f"{r['postgresql_s'] / r['view_s']:.0f}x")  # fmt: skip
+        table.add_row(
+            r["query"],
+            f"{r['view_s'] * 1e3:.3f} ms",
+            f"{r['recompute_s'] * 1e3:.1f} ms",
+            f"{r['postgresql_s'] * 1e3:.1f} ms",
+            f"{r['recompute_s'] / r['view_s']:.0f}x",
+            f"{r['postgresql_s'] / r['view_s']:.0f}x",
+        )
     console.print(table)
     console.print("targets: from the view <= 1 ms, >= 100x faster than recomputing")
-    table = Table(title="Maintenance of the three views after single-row updates "
-                  "(one stream batch)")  # fmt: skip
-    for column in ("view", "updates", "the batch (all views)", "this view's delta",
-                   "recomputed in DuckDB", "computed by the backend", "batch / DuckDB",
-                   "batch / backend"):
+    table = Table(
+        title="Maintenance of the three views after single-row updates (one stream batch)"
+    )
+    for column in (
+        "view",
+        "updates",
+        "the batch (all views)",
+        "this view's delta",
+        "recomputed in DuckDB",
+        "computed by the backend",
+        "batch / DuckDB",
+        "batch / backend",
+    ):
         table.add_column(column)
     for r in by_kind["maintenance"]:
-        table.add_row(r["query"], str(r["updates"]), f"{r['batch_s'] * 1e3:.1f} ms",
-                      f"{r['view_delta_s'] * 1e3:.1f} ms",
-                      f"{r['duckdb_recompute_s'] * 1e3:.1f} ms",
-                      f"{r['backend_recompute_s'] * 1e3:.0f} ms",
-                      f"{r['batch_s'] / r['duckdb_recompute_s']:.1%}",
-                      f"{r['batch_s'] / r['backend_recompute_s']:.1%}")  # fmt: skip
+        table.add_row(
+            r["query"],
+            str(r["updates"]),
+            f"{r['batch_s'] * 1e3:.1f} ms",
+            f"{r['view_delta_s'] * 1e3:.1f} ms",
+            f"{r['duckdb_recompute_s'] * 1e3:.1f} ms",
+            f"{r['backend_recompute_s'] * 1e3:.0f} ms",
+            f"{r['batch_s'] / r['duckdb_recompute_s']:.1%}",
+            f"{r['batch_s'] / r['backend_recompute_s']:.1%}",
+        )
     console.print(table)
     console.print("target: maintenance <= 1% of recomputing")
     for r in by_kind["lag"]:
-        console.print(f"propagation lag at {r['rate']:g} tx/s asked ({r['achieved_rate']:.0f} "
-                      f"achieved, {r['transactions']} transactions in {r['batches']} batches): "
-                      f"p50 {r['lag_p50_s'] * 1e3:.1f} ms, p99 {r['lag_p99_s'] * 1e3:.1f} ms, "
-                      f"max {r['lag_max_s'] * 1e3:.1f} ms")  # fmt: skip
+        console.print(
+            f"propagation lag at {r['rate']:g} tx/s asked ({r['achieved_rate']:.0f} "
+            f"achieved, {r['transactions']} transactions in {r['batches']} batches): "
+            f"p50 {r['lag_p50_s'] * 1e3:.1f} ms, p99 {r['lag_p99_s'] * 1e3:.1f} ms, "
+            f"max {r['lag_max_s'] * 1e3:.1f} ms"
+        )
     table = Table(title="Sizes (after a checkpoint)")
     for column in ("view", "view rows", "view bytes", "copies' rows", "copies' bytes"):
         table.add_column(column)
     memory = 0
     for r in by_kind["size"]:
         memory = r["duckdb_memory_bytes"]
-        table.add_row(r["query"], f"{r['view_rows']:,}", f"{r['view_bytes']:,}",
-                      f"{r['copies_rows']:,}", f"{r['copies_bytes']:,}")  # fmt: skip
+        table.add_row(
+            r["query"],
+            f"{r['view_rows']:,}",
+            f"{r['view_bytes']:,}",
+            f"{r['copies_rows']:,}",
+            f"{r['copies_bytes']:,}",
+        )
     console.print(table)
     console.print(f"DuckDB memory in use (the views' file, all three): {memory:,} bytes")
 
@@ -423,17 +570,33 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sf", type=float, default=1.0, help="TPC-H scale factor (default 1)")
     parser.add_argument("--calls", type=int, default=30, help="timed calls of each (default 30)")
-    parser.add_argument("--updates", type=int, default=1000,
-                        help="single-row updates applied as one batch (default 1000)")
-    parser.add_argument("--rate", type=float, default=500.0,
-                        help="transactions a second while the lag is measured (default 500)")
-    parser.add_argument("--seconds", type=float, default=10.0,
-                        help="how long the lag is measured (default 10)")
+    parser.add_argument(
+        "--updates",
+        type=int,
+        default=1000,
+        help="single-row updates applied as one batch (default 1000)",
+    )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=500.0,
+        help="transactions a second while the lag is measured (default 500)",
+    )
+    parser.add_argument(
+        "--seconds", type=float, default=10.0, help="how long the lag is measured (default 10)"
+    )
     parser.add_argument("--backend", help="PostgreSQL DSN (default: the embedded cluster)")
     args = parser.parse_args(argv)
     console = Console(width=140)
-    rows = measure(tpch.backend(args.backend), args.sf, args.calls, args.updates, args.rate,
-                   args.seconds, lambda label: console.print(f"{label} ..."))  # fmt: skip
+    rows = measure(
+        tpch.backend(args.backend),
+        args.sf,
+        args.calls,
+        args.updates,
+        args.rate,
+        args.seconds,
+        lambda label: console.print(f"{label} ..."),
+    )
     print_tables(console, rows, args.sf)
     console.print(f"results appended to {append_rows('bench_derived_stream', rows)}")
     return 0

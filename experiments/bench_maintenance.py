@@ -60,14 +60,17 @@ MARK_ORDER = 1  # o_orderkey of the order the lag marks go to
 def update_singly(dsn: str, keys: list[int], tag: str) -> None:
     with connect_backend(dsn, autocommit=True) as conn:
         for number, key in enumerate(keys):
-            conn.execute("UPDATE orders SET o_clerk = %s WHERE o_orderkey = %s",
-                         (f"{tag}{number}", key))  # fmt: skip
+            conn.execute(
+                "UPDATE orders SET o_clerk = %s WHERE o_orderkey = %s", (f"{tag}{number}", key)
+            )
 
 
 def equal_to_backend(store: CacheStore, dsn: str, keys: list[int]) -> bool:
     with connect_backend(dsn) as conn:
-        backend = conn.execute("SELECT o_orderkey, o_clerk::text FROM orders WHERE o_orderkey = "
-                               "ANY(%s) ORDER BY 1", (keys,)).fetchall()  # fmt: skip
+        backend = conn.execute(
+            "SELECT o_orderkey, o_clerk::text FROM orders WHERE o_orderkey = ANY(%s) ORDER BY 1",
+            (keys,),
+        ).fetchall()
     cached = store.con.execute(
         "SELECT o_orderkey, o_clerk FROM orders_copy WHERE o_orderkey IN "
         f"({', '.join(map(str, keys))}) ORDER BY 1"
@@ -105,12 +108,16 @@ class Writers(Workers):
                 if wait > 0:
                     time.sleep(wait)
                 if number % every == 0:
-                    conn.execute("UPDATE orders SET o_clerk = %s WHERE o_orderkey = %s",
-                                 (f"M{number}", MARK_ORDER))  # fmt: skip
+                    conn.execute(
+                        "UPDATE orders SET o_clerk = %s WHERE o_orderkey = %s",
+                        (f"M{number}", MARK_ORDER),
+                    )
                     self.committed[number] = time.monotonic()
                 else:
-                    conn.execute("UPDATE orders SET o_clerk = %s WHERE o_orderkey = %s",
-                                 (f"W{number}", rng.choice(self.keys)))  # fmt: skip
+                    conn.execute(
+                        "UPDATE orders SET o_clerk = %s WHERE o_orderkey = %s",
+                        (f"W{number}", rng.choice(self.keys)),
+                    )
                 with self._lock:
                     self.count += 1
 
@@ -119,8 +126,7 @@ def propagation_lag(
     dsn: str, path: Path, rate: float, seconds: float, keys: list[int], console: Console
 ) -> dict[str, float]:
     """Writers at ``rate`` for ``seconds``; the owning process's consumer thread applies."""
-    query = ("SELECT o.o_clerk FROM orders o WHERE o.o_orderkey = 1 "
-             "CURRENCY BOUND 10 SEC ON (o)")  # fmt: skip
+    query = "SELECT o.o_clerk FROM orders o WHERE o.o_orderkey = 1 CURRENCY BOUND 10 SEC ON (o)"
     seen: list[tuple[float, int]] = []  # (when, the mark a local answer showed)
     local = remote = 0
     with cache.connect(dsn, path, autocommit=True, heartbeat=1.0) as conn:
@@ -153,8 +159,10 @@ def propagation_lag(
     lags.sort()
     if len(lags) < 10:
         raise SystemExit(f"only {len(lags)} marks seen: the consumer did not keep up")
-    console.print(f"writers: {achieved:.0f} transactions/s achieved; {len(lags)} marks seen; "
-                  f"answers local {local}, remote {remote}")  # fmt: skip
+    console.print(
+        f"writers: {achieved:.0f} transactions/s achieved; {len(lags)} marks seen; "
+        f"answers local {local}, remote {remote}"
+    )
     return {
         "achieved_rate": achieved,
         "lag_p50": statistics.quantiles(lags, n=100)[49],
@@ -216,13 +224,16 @@ def main(argv: list[str] | None = None) -> int:
                 maintainer.refresh("orders_copy")
                 full.append(time.perf_counter() - started)
                 assert equal_to_backend(pulled, dsn, chosen), "the pull left the view behind"
-                console.print(f"run {run + 1}/{args.runs}: stream {applied[-1]:.3f} s, "
-                              f"full pull {full[-1]:.3f} s")  # fmt: skip
+                console.print(
+                    f"run {run + 1}/{args.runs}: stream {applied[-1]:.3f} s, "
+                    f"full pull {full[-1]:.3f} s"
+                )
         full_median, applied_median = statistics.median(full), statistics.median(applied)
 
         with connect_backend(dsn, autocommit=True) as conn:
-            changed = conn.execute("UPDATE orders SET o_clerk = 'Bulk' || o_orderkey::text "
-                                   "WHERE o_orderkey % 15 = 0").rowcount  # fmt: skip
+            changed = conn.execute(
+                "UPDATE orders SET o_clerk = 'Bulk' || o_orderkey::text WHERE o_orderkey % 15 = 0"
+            ).rowcount
         started = time.perf_counter()
         consumer.catch_up(timeout=600)
         bulk_seconds = time.perf_counter() - started
@@ -231,32 +242,67 @@ def main(argv: list[str] | None = None) -> int:
         consumer.close()
         store.close()
 
-        table = Table(title=f"Continuous maintenance vs pull, TPC-H orders SF {args.sf} "
-                      f"({rows} rows)")  # fmt: skip
+        table = Table(
+            title=f"Continuous maintenance vs pull, TPC-H orders SF {args.sf} ({rows} rows)"
+        )
         for column in ("measure", "stream", "pull", "ratio"):
             table.add_column(column)
-        table.add_row("bring current after 1,000 single-row updates (median s)",
-                      f"{applied_median:.3f}", f"{full_median:.3f}",
-                      f"{applied_median / full_median:.2%}")  # fmt: skip
-        table.add_row("apply throughput (rows/s)", f"{changed / bulk_seconds:,.0f}",
-                      f"{rows / full_median:,.0f}",
-                      f"{(changed / bulk_seconds) / (rows / full_median):.2f}x")  # fmt: skip
-        table.add_row(f"propagation lag at {lag['achieved_rate']:.0f} tx/s, p50 / p99 (s)",
-                      f"{lag['lag_p50']:.3f} / {lag['lag_p99']:.3f}", "-", "-")  # fmt: skip
+        table.add_row(
+            "bring current after 1,000 single-row updates (median s)",
+            f"{applied_median:.3f}",
+            f"{full_median:.3f}",
+            f"{applied_median / full_median:.2%}",
+        )
+        table.add_row(
+            "apply throughput (rows/s)",
+            f"{changed / bulk_seconds:,.0f}",
+            f"{rows / full_median:,.0f}",
+            f"{(changed / bulk_seconds) / (rows / full_median):.2f}x",
+        )
+        table.add_row(
+            f"propagation lag at {lag['achieved_rate']:.0f} tx/s, p50 / p99 (s)",
+            f"{lag['lag_p50']:.3f} / {lag['lag_p99']:.3f}",
+            "-",
+            "-",
+        )
         console.print(table)
-        common = {"experiment": "bench_maintenance", "scale_factor": args.sf, "rows": rows,
-                  "runs": args.runs, "rate": round(lag["achieved_rate"], 1)}  # fmt: skip
+        common = {
+            "experiment": "bench_maintenance",
+            "scale_factor": args.sf,
+            "rows": rows,
+            "runs": args.runs,
+            "rate": round(lag["achieved_rate"], 1),
+        }
         records = [
-            {**common, "measure": "refresh_after_1000_updates_s", "stream": applied_median,
-             "pull": full_median, "ratio": applied_median / full_median},
-            {**common, "measure": "apply_rows_per_s", "stream": changed / bulk_seconds,
-             "pull": rows / full_median,
-             "ratio": (changed / bulk_seconds) / (rows / full_median)},
-            {**common, "measure": "lag_p50_s", "stream": lag["lag_p50"], "pull": None,
-             "ratio": None},
-            {**common, "measure": "lag_p99_s", "stream": lag["lag_p99"], "pull": None,
-             "ratio": None},
-        ]  # fmt: skip
+            {
+                **common,
+                "measure": "refresh_after_1000_updates_s",
+                "stream": applied_median,
+                "pull": full_median,
+                "ratio": applied_median / full_median,
+            },
+            {
+                **common,
+                "measure": "apply_rows_per_s",
+                "stream": changed / bulk_seconds,
+                "pull": rows / full_median,
+                "ratio": (changed / bulk_seconds) / (rows / full_median),
+            },
+            {
+                **common,
+                "measure": "lag_p50_s",
+                "stream": lag["lag_p50"],
+                "pull": None,
+                "ratio": None,
+            },
+            {
+                **common,
+                "measure": "lag_p99_s",
+                "stream": lag["lag_p99"],
+                "pull": None,
+                "ratio": None,
+            },
+        ]
         console.print(f"results appended to {append_rows('bench_maintenance', records)}")
     finally:
         with CacheStore(path) as again:  # the slot goes with the view

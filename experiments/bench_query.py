@@ -86,8 +86,9 @@ def paired(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sf", type=float, default=1.0)
-    parser.add_argument("--runs", type=int, default=5,
-                        help="scales the number of paired calls per figure")  # fmt: skip
+    parser.add_argument(
+        "--runs", type=int, default=5, help="scales the number of paired calls per figure"
+    )
     parser.add_argument("--backend")
     args = parser.parse_args(argv)
     console = Console()
@@ -96,11 +97,17 @@ def main(argv: list[str] | None = None) -> int:
     tpch.load(dsn, args.sf, ["customer", "orders"])
     work = Path(tempfile.mkdtemp(prefix="mtcache-bench-query-"))
     # benchmarks refresh explicitly: no scheduler refreshing in the middle of a measurement
-    conn = cache.connect(backend=dsn, cache_path=work / "cache.duckdb", admit_on_miss=False,
-                         background=False)  # fmt: skip
+    conn = cache.connect(
+        backend=dsn, cache_path=work / "cache.duckdb", admit_on_miss=False, background=False
+    )
     # the same cache file without the result memo: every local answer runs DuckDB
-    cold = cache.connect(backend=dsn, cache_path=work / "cache.duckdb", admit_on_miss=False,
-                         background=False, result_memo_bytes=0)  # fmt: skip
+    cold = cache.connect(
+        backend=dsn,
+        cache_path=work / "cache.duckdb",
+        admit_on_miss=False,
+        background=False,
+        result_memo_bytes=0,
+    )
     # Same transaction mode as the DB-API connection (PEP 249's default: not autocommit).
     raw = psycopg.connect(dsn)
     # the cache file itself, as anyone may open it: the DuckDB baselines run on it
@@ -130,8 +137,11 @@ def main(argv: list[str] | None = None) -> int:
         check(point.replace("%s", "7"), "CURRENCY BOUND 10 MIN", True)
         raw_cur = raw.cursor()
         draw = random.Random(9)
-        zipf = iter(draw.choices(hot, weights=[1 / k**1.1 for k in range(1, len(hot) + 1)],
-                                 k=4000 * args.runs))  # fmt: skip
+        zipf = iter(
+            draw.choices(
+                hot, weights=[1 / k**1.1 for k in range(1, len(hot) + 1)], k=4000 * args.runs
+            )
+        )
         for key in draw.sample(hot, 50):  # answers equal PostgreSQL's before timing
             cur.execute(point + " CURRENCY BOUND 10 MIN", [key])
             assert cur.fetchall() == raw_cur.execute(point, [key]).fetchall()
@@ -140,35 +150,62 @@ def main(argv: list[str] | None = None) -> int:
             lambda: raw_cur.execute(point, [next(zipf)]).fetchall(),
             1500 * args.runs,
         )
-        rows.append({"figure": "a", "what": "point hit (Zipf keys, memo) vs psycopg",
-                     "cache_s": hit, "baseline_s": psycopg_s, "ratio": hit / psycopg_s,
-                     "target": "<= 0.5"})  # fmt: skip
+        rows.append(
+            {
+                "figure": "a",
+                "what": "point hit (Zipf keys, memo) vs psycopg",
+                "cache_s": hit,
+                "baseline_s": psycopg_s,
+                "ratio": hit / psycopg_s,
+                "target": "<= 0.5",
+            }
+        )
         cold_cur = cold.cursor()
         keys = iter(hot * 1000)
         first, psycopg_s = paired(
-            lambda: (cold_cur.execute(point + " CURRENCY BOUND 10 MIN", [next(keys)]),
-                     cold_cur.fetchall()),
+            lambda: (
+                cold_cur.execute(point + " CURRENCY BOUND 10 MIN", [next(keys)]),
+                cold_cur.fetchall(),
+            ),
             lambda: raw_cur.execute(point, [next(keys)]).fetchall(),
             600 * args.runs,
-        )  # fmt: skip
-        rows.append({"figure": "a", "what": "point first-touch (memo off) vs psycopg",
-                     "cache_s": first, "baseline_s": psycopg_s, "ratio": first / psycopg_s,
-                     "target": "(DuckDB's own call time)"})  # fmt: skip
+        )
+        rows.append(
+            {
+                "figure": "a",
+                "what": "point first-touch (memo off) vs psycopg",
+                "cache_s": first,
+                "baseline_s": psycopg_s,
+                "ratio": first / psycopg_s,
+                "target": "(DuckDB's own call time)",
+            }
+        )
         first, direct = paired(
-            lambda: (cold_cur.execute(point + " CURRENCY BOUND 10 MIN", [next(keys)]),
-                     cold_cur.fetchall()),
+            lambda: (
+                cold_cur.execute(point + " CURRENCY BOUND 10 MIN", [next(keys)]),
+                cold_cur.fetchall(),
+            ),
             lambda: duck.execute(
                 "SELECT c.c_name, c.c_acctbal FROM cust_hot c WHERE c.c_custkey = ?", [next(keys)]
             ).fetchall(),
             600 * args.runs,
-        )  # fmt: skip
-        rows.append({"figure": "a", "what": "point first-touch (memo off) vs DuckDB direct",
-                     "cache_s": first, "baseline_s": direct, "ratio": first / direct,
-                     "target": "<= 1.25"})  # fmt: skip
+        )
+        rows.append(
+            {
+                "figure": "a",
+                "what": "point first-touch (memo off) vs DuckDB direct",
+                "cache_s": first,
+                "baseline_s": direct,
+                "ratio": first / direct,
+                "target": "<= 1.25",
+            }
+        )
 
         # (b) guarded plan vs the same plan without its guard
-        scan = ("SELECT o.o_orderstatus, count(*) FROM orders o "
-                "WHERE o.o_totalprice > %s GROUP BY 1 ORDER BY 1")  # fmt: skip
+        scan = (
+            "SELECT o.o_orderstatus, count(*) FROM orders o "
+            "WHERE o.o_totalprice > %s GROUP BY 1 ORDER BY 1"
+        )
         check(scan.replace("%s", "1000"), "CURRENCY BOUND 10 MIN", True)
         cold_cur.execute(scan + " CURRENCY BOUND 10 MIN", [1000])
         assert cold_cur.plan is not None and cold_cur.plan.local_sql is not None
@@ -177,14 +214,23 @@ def main(argv: list[str] | None = None) -> int:
         # bookkeeping.
         (compiled,) = duck.extract_statements(cold_cur.plan.local_sql)
         guarded, unguarded = paired(
-            lambda: (cold_cur.execute(scan + " CURRENCY BOUND 10 MIN", [1000]),
-                     cold_cur.fetchall()),
+            lambda: (
+                cold_cur.execute(scan + " CURRENCY BOUND 10 MIN", [1000]),
+                cold_cur.fetchall(),
+            ),
             lambda: duck.execute(compiled, {"p0": 1000}).fetchall(),
             40 * args.runs,
         )
-        rows.append({"figure": "b", "what": "guarded local plan vs the plan without its guard",
-                     "cache_s": guarded, "baseline_s": unguarded, "ratio": guarded / unguarded,
-                     "target": "<= 1.05"})  # fmt: skip
+        rows.append(
+            {
+                "figure": "b",
+                "what": "guarded local plan vs the plan without its guard",
+                "cache_s": guarded,
+                "baseline_s": unguarded,
+                "ratio": guarded / unguarded,
+                "target": "<= 1.05",
+            }
+        )
 
         # (c) remote path vs raw psycopg: one psycopg cursor, reused as the DB-API cursor
         # reuses its own, on a session of the same transaction mode
@@ -194,21 +240,37 @@ def main(argv: list[str] | None = None) -> int:
             lambda: raw_cur.execute(remote_sql, [next(keys)]).fetchall(),
             600 * args.runs,
         )
-        rows.append({"figure": "c", "what": "remote path (no clause) vs raw psycopg",
-                     "cache_s": via_cache, "baseline_s": via_psycopg,
-                     "ratio": via_cache / via_psycopg, "target": "<= 1.2"})  # fmt: skip
+        rows.append(
+            {
+                "figure": "c",
+                "what": "remote path (no clause) vs raw psycopg",
+                "cache_s": via_cache,
+                "baseline_s": via_psycopg,
+                "ratio": via_cache / via_psycopg,
+                "target": "<= 1.2",
+            }
+        )
         # ... and a statement with a clause the cache sends remote: a 2 s bound the cached
         # copies (refreshed before (a) and (b) ran) cannot meet
         check(remote_sql.replace("%s", "7"), "CURRENCY BOUND 2 SECONDS", False)
         via_cache, via_psycopg = paired(
-            lambda: (cur.execute(remote_sql + " CURRENCY BOUND 2 SECONDS", [next(keys)]),
-                     cur.fetchall()),
+            lambda: (
+                cur.execute(remote_sql + " CURRENCY BOUND 2 SECONDS", [next(keys)]),
+                cur.fetchall(),
+            ),
             lambda: raw_cur.execute(remote_sql, [next(keys)]).fetchall(),
             600 * args.runs,
-        )  # fmt: skip
-        rows.append({"figure": "c", "what": "remote path (bound not met) vs raw psycopg",
-                     "cache_s": via_cache, "baseline_s": via_psycopg,
-                     "ratio": via_cache / via_psycopg, "target": "<= 1.2"})  # fmt: skip
+        )
+        rows.append(
+            {
+                "figure": "c",
+                "what": "remote path (bound not met) vs raw psycopg",
+                "cache_s": via_cache,
+                "baseline_s": via_psycopg,
+                "ratio": via_cache / via_psycopg,
+                "target": "<= 1.2",
+            }
+        )
 
         # (d) aggregates locally vs by PostgreSQL
         for name, (sql, clause) in AGGREGATES.items():
@@ -219,24 +281,43 @@ def main(argv: list[str] | None = None) -> int:
                 args.runs,
             )
             speedup = f"speedup {backend / local:.1f}x"
-            rows.append({"figure": "d", "what": name, "cache_s": local, "baseline_s": backend,
-                         "ratio": local / backend, "target": speedup})  # fmt: skip
+            rows.append(
+                {
+                    "figure": "d",
+                    "what": name,
+                    "cache_s": local,
+                    "baseline_s": backend,
+                    "ratio": local / backend,
+                    "target": speedup,
+                }
+            )
 
         table = Table(title=f"Query paths, TPC-H SF {args.sf}: median call times, paired calls")
         for column in ("fig", "what", "cache ms", "baseline ms", "added us", "ratio", "target"):
             table.add_column(column)
         for row in rows:
-            table.add_row(str(row["figure"]), str(row["what"]),
-                          f"{float(row['cache_s']) * 1e3:.3f}",  # type: ignore[arg-type]
-                          f"{float(row['baseline_s']) * 1e3:.3f}",  # type: ignore[arg-type]
-                          f"{(float(row['cache_s']) - float(row['baseline_s'])) * 1e6:+.0f}",  # type: ignore[arg-type]
-                          f"{float(row['ratio']):.2f}x", str(row["target"]))  # type: ignore[arg-type]  # fmt: skip
+            table.add_row(
+                str(row["figure"]),
+                str(row["what"]),
+                f"{float(row['cache_s']) * 1e3:.3f}",  # type: ignore[arg-type]
+                f"{float(row['baseline_s']) * 1e3:.3f}",  # type: ignore[arg-type]
+                f"{(float(row['cache_s']) - float(row['baseline_s'])) * 1e6:+.0f}",  # type: ignore[arg-type]
+                f"{float(row['ratio']):.2f}x",
+                str(row["target"]),
+            )  # type: ignore[arg-type]
         console.print(table)
-        path = append_rows("bench_query", [
-            {"experiment": "bench_query", "scale_factor": args.sf, "runs": args.runs,
-             **{k: (round(v, 6) if isinstance(v, float) else v) for k, v in row.items()}}
-            for row in rows
-        ])  # fmt: skip
+        path = append_rows(
+            "bench_query",
+            [
+                {
+                    "experiment": "bench_query",
+                    "scale_factor": args.sf,
+                    "runs": args.runs,
+                    **{k: (round(v, 6) if isinstance(v, float) else v) for k, v in row.items()},
+                }
+                for row in rows
+            ],
+        )
         console.print(f"results appended to {path}")
     finally:
         raw.close()

@@ -116,8 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     records = []
     for name, values in samples.items():
         median = statistics.median(values)
-        table.add_row(name, f"{median:.2f}", f"{median / base:.2f}x",
-                      " ".join(f"{v:.2f}" for v in values))  # fmt: skip
+        table.add_row(
+            name, f"{median:.2f}", f"{median / base:.2f}x", " ".join(f"{v:.2f}" for v in values)
+        )
         records.append(
             {
                 "experiment": "bench_refresh",

@@ -80,8 +80,7 @@ def dsn_at(port: int, dbname: str, options: str | None = None) -> str:
 @contextlib.contextmanager
 def mtcache_server(backend: str, cache_path: Path, log: Path, *options: str) -> Iterator[int]:
     """`mtcache serve [options]` as its own process; yields its port."""
-    with log.open("ab") as sink, \
-            serving_process(backend, cache_path, *options, log=sink) as served:  # fmt: skip
+    with log.open("ab") as sink, serving_process(backend, cache_path, *options, log=sink) as served:
         yield served.port
 
 
@@ -101,6 +100,7 @@ def tls_files(work: Path) -> tuple[Path, Path]:
 
 def connect_once(dsn: str) -> Callable[[], object]:
     """A connection set up, asked one thing and closed: what a client's start costs."""
+
     def run() -> object:
         with psycopg.connect(dsn, autocommit=True) as conn:
             return conn.execute("SELECT 1").fetchone()
@@ -110,8 +110,9 @@ def connect_once(dsn: str) -> Callable[[], object]:
 
 def cached_accounts(port: int) -> None:
     with psycopg.connect(dsn_at(port, DATABASE), autocommit=True) as admin:
-        admin.execute("CREATE CACHED VIEW accounts AS SELECT * FROM pgbench_accounts "
-                      "REFRESH EVERY 10 MIN")  # fmt: skip
+        admin.execute(
+            "CREATE CACHED VIEW accounts AS SELECT * FROM pgbench_accounts REFRESH EVERY 10 MIN"
+        )
         admin.execute("REFRESH CACHED VIEW accounts")
 
 
@@ -125,11 +126,14 @@ def scraping(url: str, stop: threading.Event) -> None:
 
 
 def pgbouncer_binary() -> str:
-    found = shutil.which("pgbouncer") or ("/usr/sbin/pgbouncer"
-                                          if Path("/usr/sbin/pgbouncer").exists() else None)
+    found = shutil.which("pgbouncer") or (
+        "/usr/sbin/pgbouncer" if Path("/usr/sbin/pgbouncer").exists() else None
+    )
     if found is None:
-        raise RuntimeError("pgbouncer is not installed: `make test` installs it "
-                           "(scripts/ensure-system-deps.sh), or apt-get install pgbouncer")
+        raise RuntimeError(
+            "pgbouncer is not installed: `make test` installs it "
+            "(scripts/ensure-system-deps.sh), or apt-get install pgbouncer"
+        )
     return found
 
 
@@ -146,7 +150,8 @@ def pgbouncer(backend_port: int, work: Path) -> Iterator[tuple[int, int]]:
         "auth_type = any\npool_mode = session\nmax_client_conn = 1000\n"
         f"default_pool_size = {max(CLIENTS) + 8}\n"
         "ignore_startup_parameters = extra_float_digits,options\n"
-        "logfile =\nlog_connections = 0\nlog_disconnections = 0\n")  # fmt: skip
+        "logfile =\nlog_connections = 0\nlog_disconnections = 0\n"
+    )
     os.chmod(work, 0o755)
     os.chmod(config, 0o644)
     argv = [pgbouncer_binary(), str(config)]
@@ -312,9 +317,26 @@ def p99(samples: list[float]) -> float:
 def pgbench(port: int, clients: int, seconds: int, options: str | None = None) -> float:
     """TPS of ``pgbench -S -M prepared`` against the server at ``port``."""
     env = client_environment("127.0.0.1", port, DATABASE, options=options)
-    run = subprocess.run(["pgbench", "-S", "-M", "prepared", "-n", "-c", str(clients), "-j",
-                          str(min(clients, 2)), "-T", str(seconds)], env=env, text=True,
-                         capture_output=True, timeout=seconds * 5 + 120, check=False)  # fmt: skip
+    run = subprocess.run(
+        [
+            "pgbench",
+            "-S",
+            "-M",
+            "prepared",
+            "-n",
+            "-c",
+            str(clients),
+            "-j",
+            str(min(clients, 2)),
+            "-T",
+            str(seconds),
+        ],
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=seconds * 5 + 120,
+        check=False,
+    )
     found = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", run.stdout)
     failed = re.search(r"number of failed transactions: (\d+)", run.stdout)
     if run.returncode != 0 or found is None or (failed and failed.group(1) != "0"):
@@ -367,15 +389,20 @@ def prepare_database(cluster: EmbeddedPostgres, scale: int, console: Console) ->
     dsn = cluster.ensure_database(DATABASE)
     with psycopg.connect(dsn) as conn:
         found = conn.execute("SELECT to_regclass('pgbench_accounts') IS NOT NULL").fetchone()
-        have = found is not None and found[0] and conn.execute(
-            "SELECT count(*) FROM pgbench_accounts").fetchone() == (scale * 100_000,)
+        have = (
+            found is not None
+            and found[0]
+            and conn.execute("SELECT count(*) FROM pgbench_accounts").fetchone()
+            == (scale * 100_000,)
+        )
     if not have:
         console.print(f"pgbench -i -s {scale} ...")
         port = cluster.running_port()
         assert port is not None
         env = client_environment("127.0.0.1", port, DATABASE)
-        subprocess.run(["pgbench", "-i", "-q", "-s", str(scale)], env=env, check=True,
-                       capture_output=True)  # fmt: skip
+        subprocess.run(
+            ["pgbench", "-i", "-q", "-s", str(scale)], env=env, check=True, capture_output=True
+        )
     return dsn
 
 
@@ -407,18 +434,29 @@ def main(argv: list[str] | None = None) -> int:
         while True:
             yield from draw.choices(hot, weights=weights, k=10_000)
 
-    def row(figure: str, what: str, server: float, baseline: float, target: str,
-            unit: str = "ms") -> None:  # fmt: skip
-        rows.append({"figure": figure, "what": what, "server": server, "baseline": baseline,
-                     "ratio": server / baseline if baseline else float("nan"),
-                     "unit": unit, "target": target})  # fmt: skip
+    def row(
+        figure: str, what: str, server: float, baseline: float, target: str, unit: str = "ms"
+    ) -> None:
+        rows.append(
+            {
+                "figure": figure,
+                "what": what,
+                "server": server,
+                "baseline": baseline,
+                "ratio": server / baseline if baseline else float("nan"),
+                "unit": unit,
+                "target": target,
+            }
+        )
 
     try:
         with mtcache_server(backend, cache_path, log) as port:
             with psycopg.connect(dsn_at(port, DATABASE), autocommit=True) as admin:
                 console.print("caching pgbench_accounts ...")
-                admin.execute("CREATE CACHED VIEW accounts AS SELECT * FROM pgbench_accounts "
-                              "REFRESH EVERY 10 MIN")  # fmt: skip
+                admin.execute(
+                    "CREATE CACHED VIEW accounts AS SELECT * FROM pgbench_accounts "
+                    "REFRESH EVERY 10 MIN"
+                )
                 admin.execute("REFRESH CACHED VIEW accounts")
             served = psycopg.connect(dsn_at(port, DATABASE, BOUND), autocommit=True)
             direct = psycopg.connect(dsn_at(backend_port, DATABASE), autocommit=True)
@@ -440,13 +478,24 @@ def main(argv: list[str] | None = None) -> int:
                 with placed(placement, serving_pids):
                     for zipf in (False, True):
                         stream = keys(zipf)
-                        via, straight = paired([lookup(served, stream), lookup(direct, stream)],
-                                               args.calls)  # fmt: skip
+                        via, straight = paired(
+                            [lookup(served, stream), lookup(direct, stream)], args.calls
+                        )
                         kind = ("Zipf" if zipf else "uniform") + " keys" + _placed(placement)
-                        row("a", f"point lookup p50, {kind}", p50(via) * 1e3,
-                            p50(straight) * 1e3, "<= 1.0x")  # fmt: skip
-                        row("a", f"point lookup p99, {kind}", p99(via) * 1e3,
-                            p99(straight) * 1e3, "<= 1.0x")  # fmt: skip
+                        row(
+                            "a",
+                            f"point lookup p50, {kind}",
+                            p50(via) * 1e3,
+                            p50(straight) * 1e3,
+                            "<= 1.0x",
+                        )
+                        row(
+                            "a",
+                            f"point lookup p99, {kind}",
+                            p99(via) * 1e3,
+                            p99(straight) * 1e3,
+                            "<= 1.0x",
+                        )
 
             # backend CPU per 1,000 reads: through the server (cached) vs direct
             stream = keys(False)
@@ -455,10 +504,17 @@ def main(argv: list[str] | None = None) -> int:
                 for _ in range(5000):
                     conn.execute(POINT, [next(stream)], prepare=True).fetchall()
                 spent = (backend_cpu(cluster.data_dir) - before) / 5
-                rows.append({"figure": "cpu", "what": f"backend CPU per 1,000 reads ({name})",
-                             "server": spent * 1e3 if name == "server" else float("nan"),
-                             "baseline": spent * 1e3 if name == "direct" else float("nan"),
-                             "ratio": float("nan"), "unit": "ms", "target": ""})  # fmt: skip
+                rows.append(
+                    {
+                        "figure": "cpu",
+                        "what": f"backend CPU per 1,000 reads ({name})",
+                        "server": spent * 1e3 if name == "server" else float("nan"),
+                        "baseline": spent * 1e3 if name == "direct" else float("nan"),
+                        "ratio": float("nan"),
+                        "unit": "ms",
+                        "target": "",
+                    }
+                )
 
             # memory per idle session, and the backend connections idle sessions hold
             pid = server_pid
@@ -468,8 +524,10 @@ def main(argv: list[str] | None = None) -> int:
             idle: list[psycopg.Connection[t.Any]] = []
             rss = []
             for _ in range(2):
-                idle += [psycopg.connect(dsn_at(port, DATABASE, BOUND), autocommit=True)
-                         for _ in range(200)]  # fmt: skip
+                idle += [
+                    psycopg.connect(dsn_at(port, DATABASE, BOUND), autocommit=True)
+                    for _ in range(200)
+                ]
                 for conn in idle[-200::20]:
                     conn.execute(POINT, [1]).fetchall()
                 rss.append(resident_bytes(pid))
@@ -477,29 +535,53 @@ def main(argv: list[str] | None = None) -> int:
             held = _backends(direct) - before_backends
             for conn in idle:
                 conn.close()
-            rows.append({"figure": "6", "what": "server memory per idle session (200 -> 400)",
-                         "server": per_session / 1024, "baseline": float("nan"),
-                         "ratio": float("nan"), "unit": "KiB", "target": "cheap"})  # fmt: skip
-            rows.append({"figure": "6", "what": "backend connections held by 400 idle sessions",
-                         "server": float(held), "baseline": float("nan"),
-                         "ratio": float("nan"), "unit": "conns", "target": "0"})  # fmt: skip
+            rows.append(
+                {
+                    "figure": "6",
+                    "what": "server memory per idle session (200 -> 400)",
+                    "server": per_session / 1024,
+                    "baseline": float("nan"),
+                    "ratio": float("nan"),
+                    "unit": "KiB",
+                    "target": "cheap",
+                }
+            )
+            rows.append(
+                {
+                    "figure": "6",
+                    "what": "backend connections held by 400 idle sessions",
+                    "server": float(held),
+                    "baseline": float("nan"),
+                    "ratio": float("nan"),
+                    "unit": "conns",
+                    "target": "0",
+                }
+            )
 
             # (d) passed through: the server and pgbouncer vs direct
-            with pgbouncer(backend_port, work) as (bouncer_port, bouncer_pid), \
-                    byte_pipe(backend_port) as (pipe_port, pipe_pid):  # fmt: skip
+            with (
+                pgbouncer(backend_port, work) as (bouncer_port, bouncer_pid),
+                byte_pipe(backend_port) as (pipe_port, pipe_pid),
+            ):
                 bouncer = psycopg.connect(dsn_at(bouncer_port, DATABASE), autocommit=True)
                 piped = psycopg.connect(dsn_at(pipe_port, DATABASE), autocommit=True)
                 plain = psycopg.connect(dsn_at(port, DATABASE), autocommit=True)  # no bound
                 branches = args.scale
                 passthrough = {
-                    "uncached read": ("SELECT bbalance FROM pgbench_branches WHERE bid = %s",
-                                      lambda: draw.randint(1, branches)),
-                    "write": ("UPDATE pgbench_tellers SET tbalance = tbalance + 1 "
-                              "WHERE tid = %s", lambda: draw.randint(1, branches * 10)),
-                }  # fmt: skip
+                    "uncached read": (
+                        "SELECT bbalance FROM pgbench_branches WHERE bid = %s",
+                        lambda: draw.randint(1, branches),
+                    ),
+                    "write": (
+                        "UPDATE pgbench_tellers SET tbalance = tbalance + 1 WHERE tid = %s",
+                        lambda: draw.randint(1, branches * 10),
+                    ),
+                }
                 for what, (sql, pick) in passthrough.items():
-                    def run(conn: psycopg.Connection[t.Any], s: str = sql,
-                            k: Callable[[], int] = pick) -> object:  # fmt: skip
+
+                    def run(
+                        conn: psycopg.Connection[t.Any], s: str = sql, k: Callable[[], int] = pick
+                    ) -> object:
                         cur = conn.execute(s, [k()], prepare=True)
                         return cur.fetchall() if cur.description else None
 
@@ -509,18 +591,34 @@ def main(argv: list[str] | None = None) -> int:
                     relaying = (server_pid, bouncer_pid, pipe_pid, *_backend_pids(direct))
                     for placement in PLACEMENTS:
                         with placed(placement, relaying):
-                            via, bounced, pipe, straight = paired([
-                                lambda: run(plain), lambda: run(bouncer), lambda: run(piped),
-                                lambda: run(direct)], args.calls)  # fmt: skip
+                            via, bounced, pipe, straight = paired(
+                                [
+                                    lambda: run(plain),
+                                    lambda: run(bouncer),
+                                    lambda: run(piped),
+                                    lambda: run(direct),
+                                ],
+                                args.calls,
+                            )
                         added_server = p50(via) - p50(straight)
                         added_bouncer = p50(bounced) - p50(straight)
                         where = _placed(placement)
-                        row("d", f"{what}: latency added to PostgreSQL's (p50){where}",
-                            added_server * 1e6, added_bouncer * 1e6,
-                            "<= 2.0x (server vs pgbouncer)", "us")  # fmt: skip
-                        row("d", f"{what}: a byte pipe in Python adds, for reference{where}",
-                            (p50(pipe) - p50(straight)) * 1e6, added_bouncer * 1e6,
-                            "(floor of a Python relay)", "us")  # fmt: skip
+                        row(
+                            "d",
+                            f"{what}: latency added to PostgreSQL's (p50){where}",
+                            added_server * 1e6,
+                            added_bouncer * 1e6,
+                            "<= 2.0x (server vs pgbouncer)",
+                            "us",
+                        )
+                        row(
+                            "d",
+                            f"{what}: a byte pipe in Python adds, for reference{where}",
+                            (p50(pipe) - p50(straight)) * 1e6,
+                            added_bouncer * 1e6,
+                            "(floor of a Python relay)",
+                            "us",
+                        )
                 plain.close()
                 piped.close()
                 bouncer.close()
@@ -531,10 +629,22 @@ def main(argv: list[str] | None = None) -> int:
                     tps_direct = pgbench(backend_port, clients, args.seconds)
                     tps_bouncer = pgbench(bouncer_port, clients, args.seconds)
                     target = ">= 1.0x pgbouncer" if clients == 32 else ""
-                    row("b", f"pgbench -S -M prepared, {clients} clients: vs pgbouncer",
-                        tps_server, tps_bouncer, target, "tps")  # fmt: skip
-                    row("b", f"pgbench -S -M prepared, {clients} clients: vs direct",
-                        tps_server, tps_direct, "", "tps")  # fmt: skip
+                    row(
+                        "b",
+                        f"pgbench -S -M prepared, {clients} clients: vs pgbouncer",
+                        tps_server,
+                        tps_bouncer,
+                        target,
+                        "tps",
+                    )
+                    row(
+                        "b",
+                        f"pgbench -S -M prepared, {clients} clients: vs direct",
+                        tps_server,
+                        tps_direct,
+                        "",
+                        "tps",
+                    )
             served.close()
 
         # (c) a 1 ms round trip between the cache and the backend
@@ -552,13 +662,25 @@ def main(argv: list[str] | None = None) -> int:
                 again = _server_pid(cache_path)
                 for placement in PLACEMENTS:
                     with placed(placement, (again, remote.info.backend_pid)):
-                        via, straight = paired([lookup(served, stream), lookup(remote, stream)],
-                                               max(200, args.calls // 5))  # fmt: skip
+                        via, straight = paired(
+                            [lookup(served, stream), lookup(remote, stream)],
+                            max(200, args.calls // 5),
+                        )
                     where = _placed(placement)
-                    row("c", f"point hit vs the backend 1 ms away (p50){where}",
-                        p50(via) * 1e3, p50(straight) * 1e3, "<= 0.1x")  # fmt: skip
-                    row("c", f"point hit vs the backend 1 ms away (p99){where}",
-                        p99(via) * 1e3, p99(straight) * 1e3, "<= 0.1x")  # fmt: skip
+                    row(
+                        "c",
+                        f"point hit vs the backend 1 ms away (p50){where}",
+                        p50(via) * 1e3,
+                        p50(straight) * 1e3,
+                        "<= 0.1x",
+                    )
+                    row(
+                        "c",
+                        f"point hit vs the backend 1 ms away (p99){where}",
+                        p99(via) * 1e3,
+                        p99(straight) * 1e3,
+                        "<= 0.1x",
+                    )
                 served.close()
                 remote.close()
         finally:
@@ -570,30 +692,50 @@ def main(argv: list[str] | None = None) -> int:
         # may find different placements, which costs more than what is measured)
         cert, key = tls_files(work)
         metrics_port = free_port()
-        with mtcache_server(backend, work / "tls.duckdb", log, "--tls-cert", str(cert),
-                            "--tls-key", str(key)) as tls_port, \
-                mtcache_server(backend, work / "metrics.duckdb", log, "--metrics",
-                               f"127.0.0.1:{metrics_port}") as measured_port, \
-                mtcache_server(backend, work / "plain.duckdb", log) as plain_port, \
-                mtcache_server(backend, work / "twin.duckdb", log) as twin_port:  # fmt: skip
+        with (
+            mtcache_server(
+                backend, work / "tls.duckdb", log, "--tls-cert", str(cert), "--tls-key", str(key)
+            ) as tls_port,
+            mtcache_server(
+                backend, work / "metrics.duckdb", log, "--metrics", f"127.0.0.1:{metrics_port}"
+            ) as measured_port,
+            mtcache_server(backend, work / "plain.duckdb", log) as plain_port,
+            mtcache_server(backend, work / "twin.duckdb", log) as twin_port,
+        ):
             for port in (tls_port, measured_port, plain_port, twin_port):
                 cached_accounts(port)
-            pids = {name: _server_pid(work / f"{name}.duckdb")
-                    for name in ("tls", "metrics", "plain", "twin")}  # fmt: skip
+            pids = {
+                name: _server_pid(work / f"{name}.duckdb")
+                for name in ("tls", "metrics", "plain", "twin")
+            }
             secure = dsn_at(tls_port, DATABASE, BOUND) + " sslmode=require"
             clear = dsn_at(tls_port, DATABASE, BOUND) + " sslmode=disable"
             starts = max(100, args.calls // 20)
-            with_tls, without_tls, postgres = paired([
-                connect_once(secure), connect_once(clear),
-                connect_once(dsn_at(backend_port, DATABASE))], starts)  # fmt: skip
-            row("e", "a client's start (connect, SELECT 1, close) over TLS vs without (p50)",
-                p50(with_tls) * 1e3, p50(without_tls) * 1e3, "(cost of TLS)")  # fmt: skip
-            row("e", "a client's start without TLS: the server vs PostgreSQL's own (p50)",
-                p50(without_tls) * 1e3, p50(postgres) * 1e3, "(for reference)")  # fmt: skip
+            with_tls, without_tls, postgres = paired(
+                [
+                    connect_once(secure),
+                    connect_once(clear),
+                    connect_once(dsn_at(backend_port, DATABASE)),
+                ],
+                starts,
+            )
+            row(
+                "e",
+                "a client's start (connect, SELECT 1, close) over TLS vs without (p50)",
+                p50(with_tls) * 1e3,
+                p50(without_tls) * 1e3,
+                "(cost of TLS)",
+            )
+            row(
+                "e",
+                "a client's start without TLS: the server vs PostgreSQL's own (p50)",
+                p50(without_tls) * 1e3,
+                p50(postgres) * 1e3,
+                "(for reference)",
+            )
             over_tls = psycopg.connect(secure, autocommit=True)
             in_clear = psycopg.connect(clear, autocommit=True)
-            scraped_conn = psycopg.connect(dsn_at(measured_port, DATABASE, BOUND),
-                                           autocommit=True)  # fmt: skip
+            scraped_conn = psycopg.connect(dsn_at(measured_port, DATABASE, BOUND), autocommit=True)
             unscraped = psycopg.connect(dsn_at(plain_port, DATABASE, BOUND), autocommit=True)
             # (a second server without --metrics: two servers alike differ by this much)
             twin = psycopg.connect(dsn_at(twin_port, DATABASE, BOUND), autocommit=True)
@@ -608,29 +750,56 @@ def main(argv: list[str] | None = None) -> int:
                 for _ in range(200):
                     lookup(conn, stream)()
             with placed("one CPU", [pids["tls"]]):
-                via_tls, via_clear = paired([lookup(over_tls, stream),
-                                             lookup(in_clear, stream)], args.calls)  # fmt: skip
-            row("e", "point lookup over TLS vs without (p50)", p50(via_tls) * 1e3,
-                p50(via_clear) * 1e3, "(cost of TLS)")  # fmt: skip
+                via_tls, via_clear = paired(
+                    [lookup(over_tls, stream), lookup(in_clear, stream)], args.calls
+                )
+            row(
+                "e",
+                "point lookup over TLS vs without (p50)",
+                p50(via_tls) * 1e3,
+                p50(via_clear) * 1e3,
+                "(cost of TLS)",
+            )
             stop = threading.Event()
-            scraper = threading.Thread(target=scraping, args=(
-                f"http://127.0.0.1:{metrics_port}/metrics", stop))  # fmt: skip
+            scraper = threading.Thread(
+                target=scraping, args=(f"http://127.0.0.1:{metrics_port}/metrics", stop)
+            )
             scraper.start()
             calls = max(args.calls, 10_000)  # (seconds of lookups: the scrapes among them)
             try:
                 with placed("one CPU", [pids["metrics"], pids["plain"], pids["twin"]]):
-                    scraped, plain_hits, twin_hits = paired([
-                        lookup(scraped_conn, stream), lookup(unscraped, stream),
-                        lookup(twin, stream)], calls)  # fmt: skip
+                    scraped, plain_hits, twin_hits = paired(
+                        [
+                            lookup(scraped_conn, stream),
+                            lookup(unscraped, stream),
+                            lookup(twin, stream),
+                        ],
+                        calls,
+                    )
             finally:
                 stop.set()
                 scraper.join()
-            row("f", "point lookup p50, --metrics scraped every second vs no --metrics",
-                p50(scraped) * 1e3, p50(plain_hits) * 1e3, "<= 1.02x")  # fmt: skip
-            row("f", "point lookup p99, --metrics scraped every second vs no --metrics",
-                p99(scraped) * 1e3, p99(plain_hits) * 1e3, "")  # fmt: skip
-            row("f", "point lookup p50, two servers without --metrics (how alike)",
-                p50(twin_hits) * 1e3, p50(plain_hits) * 1e3, "(noise floor)")  # fmt: skip
+            row(
+                "f",
+                "point lookup p50, --metrics scraped every second vs no --metrics",
+                p50(scraped) * 1e3,
+                p50(plain_hits) * 1e3,
+                "<= 1.02x",
+            )
+            row(
+                "f",
+                "point lookup p99, --metrics scraped every second vs no --metrics",
+                p99(scraped) * 1e3,
+                p99(plain_hits) * 1e3,
+                "",
+            )
+            row(
+                "f",
+                "point lookup p50, two servers without --metrics (how alike)",
+                p50(twin_hits) * 1e3,
+                p50(plain_hits) * 1e3,
+                "(noise floor)",
+            )
             for conn in conns:
                 conn.close()
         direct.close()
@@ -639,15 +808,29 @@ def main(argv: list[str] | None = None) -> int:
         for column in ("fig", "what", "server", "baseline", "unit", "ratio", "target"):
             table.add_column(column)
         for r in rows:
-            table.add_row(r["figure"], r["what"], _num(r["server"]), _num(r["baseline"]),
-                          r["unit"], "" if math.isnan(r["ratio"]) else f"{r['ratio']:.2f}x",
-                          r["target"])  # fmt: skip
+            table.add_row(
+                r["figure"],
+                r["what"],
+                _num(r["server"]),
+                _num(r["baseline"]),
+                r["unit"],
+                "" if math.isnan(r["ratio"]) else f"{r['ratio']:.2f}x",
+                r["target"],
+            )
         console.print(table)
-        path = append_rows("bench_server", [
-            {"experiment": "bench_server", "scale": args.scale, "seconds": args.seconds,
-             "calls": args.calls,
-             **{k: (round(v, 6) if isinstance(v, float) else v) for k, v in r.items()}}
-            for r in rows])  # fmt: skip
+        path = append_rows(
+            "bench_server",
+            [
+                {
+                    "experiment": "bench_server",
+                    "scale": args.scale,
+                    "seconds": args.seconds,
+                    "calls": args.calls,
+                    **{k: (round(v, 6) if isinstance(v, float) else v) for k, v in r.items()},
+                }
+                for r in rows
+            ],
+        )
         console.print(f"results appended to {path}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -667,8 +850,9 @@ def _server_pid(cache_path: Path) -> int:
 
 def _backend_pids(conn: psycopg.Connection[t.Any]) -> list[int]:
     """The backends of the benchmark's database, ``conn``'s own included."""
-    found = conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s",
-                         [DATABASE]).fetchall()  # fmt: skip
+    found = conn.execute(
+        "SELECT pid FROM pg_stat_activity WHERE datname = %s", [DATABASE]
+    ).fetchall()
     return [int(pid) for (pid,) in found]
 
 

@@ -67,8 +67,13 @@ def main(argv: list[str] | None = None) -> int:
     console.print("loading TPC-H customer at SF 0.01 ...")
     tpch.load(dsn, 0.01, ["customer"])
     work = Path(tempfile.mkdtemp(prefix="mtcache-bench-size-"))
-    conn = cache.connect(backend=dsn, cache_path=work / "cache.duckdb", admit_on_miss=False,
-                         background=False, result_memo_bytes=0)  # fmt: skip
+    conn = cache.connect(
+        backend=dsn,
+        cache_path=work / "cache.duckdb",
+        admit_on_miss=False,
+        background=False,
+        result_memo_bytes=0,
+    )
     raw = psycopg.connect(dsn, autocommit=True)
     conn.autocommit = True
     sizes = []
@@ -87,16 +92,21 @@ def main(argv: list[str] | None = None) -> int:
                 sql = statement(shape, size, salt)
                 want = raw.execute(sql).fetchall()
                 timing = {}
-                for path, text in (("psycopg", sql), ("cache_no_clause", sql),
-                                   ("cache_clause", sql + CLAUSE)):  # fmt: skip
+                for path, text in (
+                    ("psycopg", sql),
+                    ("cache_no_clause", sql),
+                    ("cache_clause", sql + CLAUSE),
+                ):
                     run = raw if path == "psycopg" else conn
                     start = time.perf_counter()
                     got = run.execute(text).fetchall()
                     timing[path] = time.perf_counter() - start
                     assert got == want, f"{shape} {size}: {path}'s answer differs"
                 rows.append({"shape": shape, "bytes": len(sql), **timing})
-                console.print(f"{shape} {len(sql) // 1024} KB: "
-                              + ", ".join(f"{k} {v:.2f} s" for k, v in timing.items()))  # fmt: skip
+                console.print(
+                    f"{shape} {len(sql) // 1024} KB: "
+                    + ", ".join(f"{k} {v:.2f} s" for k, v in timing.items())
+                )
     finally:
         conn.close()
         raw.close()

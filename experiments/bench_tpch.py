@@ -61,9 +61,12 @@ def geomean(values: list[float]) -> float:
 
 
 def measure(
-    dsn: str, sf: float, runs: int, numbers: list[int],
+    dsn: str,
+    sf: float,
+    runs: int,
+    numbers: list[int],
     on_step: Callable[[str, dict[str, object] | None], None] | None = None,
-) -> tuple[list[dict[str, object]], dict[str, float]]:  # fmt: skip
+) -> tuple[list[dict[str, object]], dict[str, float]]:
     """Cache every table (a fresh cache file), check and time ``numbers``: one row per query
     (route, medians of the cache, PostgreSQL and DuckDB direct, speedup, ratio, reason) and
     the geometric means. ``on_step`` is told of each step done: "loaded", "cached", then each
@@ -73,9 +76,14 @@ def measure(
     tpch.add_indexes(dsn)
     step("loaded", None)
     work = Path(tempfile.mkdtemp(prefix="mtcache-bench-tpch-"))
-    conn = cache.connect(backend=dsn, cache_path=work / "cache.duckdb", admit_on_miss=False,
-                         background=False, currency_bound="10 min",
-                         result_memo_bytes=0)  # fmt: skip
+    conn = cache.connect(
+        backend=dsn,
+        cache_path=work / "cache.duckdb",
+        admit_on_miss=False,
+        background=False,
+        currency_bound="10 min",
+        result_memo_bytes=0,
+    )
     raw = psycopg.connect(dsn)  # the same transaction mode as the DB-API connection
     try:
         tpch.cache_every_table(conn)
@@ -106,11 +114,19 @@ def measure(
             cache_s, pg_s, duck_s = rotated([via_cache, via_pg, direct], runs)
             assert cache_s is not None and pg_s is not None
             row: dict[str, object] = {
-                "query": f"Q{number}", "route": route, "cache_s": cache_s,
-                "postgres_s": pg_s, "duckdb_s": duck_s, "speedup": pg_s / cache_s,
+                "query": f"Q{number}",
+                "route": route,
+                "cache_s": cache_s,
+                "postgres_s": pg_s,
+                "duckdb_s": duck_s,
+                "speedup": pg_s / cache_s,
                 "ratio_vs_duckdb": cache_s / duck_s if duck_s else None,
-                "reason": "" if route == "local" else (cur.plan.reason or "")
-                if cur.plan is not None else ""}  # fmt: skip
+                "reason": ""
+                if route == "local"
+                else (cur.plan.reason or "")
+                if cur.plan is not None
+                else "",
+            }
             rows.append(row)
             step(f"Q{number}", row)
     finally:
@@ -119,12 +135,18 @@ def measure(
         shutil.rmtree(work, ignore_errors=True)
     local = [r for r in rows if r["route"] == "local"]
     summary = {
-        "queries": float(len(rows)), "local": float(len(local)),
+        "queries": float(len(rows)),
+        "local": float(len(local)),
         "speedup_geomean_all": geomean([float(r["speedup"]) for r in rows]),  # type: ignore[arg-type]
         "speedup_geomean_local": geomean([float(r["speedup"]) for r in local]),  # type: ignore[arg-type]
-        "ratio_vs_duckdb_geomean": geomean([float(r["ratio_vs_duckdb"]) for r in local  # type: ignore[arg-type]
-                                            if r["ratio_vs_duckdb"]]),
-    }  # fmt: skip
+        "ratio_vs_duckdb_geomean": geomean(
+            [
+                float(r["ratio_vs_duckdb"])
+                for r in local  # type: ignore[arg-type]
+                if r["ratio_vs_duckdb"]
+            ]
+        ),
+    }
     return rows, summary
 
 
@@ -144,21 +166,36 @@ def main(argv: list[str] | None = None) -> int:
         if row is None:
             console.print(f"  {label}")
             return
-        console.print(f"  {label}: {row['route']}, {float(row['cache_s']) * 1e3:.1f} ms vs "  # type: ignore[arg-type]
-                      f"PostgreSQL {float(row['postgres_s']) * 1e3:.1f} ms")  # type: ignore[arg-type]  # fmt: skip
+        console.print(
+            f"  {label}: {row['route']}, {float(row['cache_s']) * 1e3:.1f} ms vs "  # type: ignore[arg-type]
+            f"PostgreSQL {float(row['postgres_s']) * 1e3:.1f} ms"
+        )  # type: ignore[arg-type]
 
     rows, summary = measure(dsn, args.sf, args.runs, numbers, said)
-    table = Table(title=f"TPC-H SF {args.sf}, every table cached, session bound 10 min "
-                        f"(medians of {args.runs})")  # fmt: skip
-    for column in ("query", "route", "cache ms", "PostgreSQL ms", "DuckDB ms", "speedup",
-                   "vs DuckDB"):  # fmt: skip
+    table = Table(
+        title=f"TPC-H SF {args.sf}, every table cached, session bound 10 min "
+        f"(medians of {args.runs})"
+    )
+    for column in (
+        "query",
+        "route",
+        "cache ms",
+        "PostgreSQL ms",
+        "DuckDB ms",
+        "speedup",
+        "vs DuckDB",
+    ):
         table.add_column(column)
     for r in rows:
-        table.add_row(str(r["query"]), str(r["route"]), f"{float(r['cache_s']) * 1e3:.1f}",  # type: ignore[arg-type]
-                      f"{float(r['postgres_s']) * 1e3:.1f}",  # type: ignore[arg-type]
-                      f"{float(r['duckdb_s']) * 1e3:.1f}" if r["duckdb_s"] else "-",  # type: ignore[arg-type]
-                      f"{float(r['speedup']):.1f}x",  # type: ignore[arg-type]
-                      f"{float(r['ratio_vs_duckdb']):.2f}x" if r["ratio_vs_duckdb"] else "-")  # type: ignore[arg-type]  # fmt: skip
+        table.add_row(
+            str(r["query"]),
+            str(r["route"]),
+            f"{float(r['cache_s']) * 1e3:.1f}",  # type: ignore[arg-type]
+            f"{float(r['postgres_s']) * 1e3:.1f}",  # type: ignore[arg-type]
+            f"{float(r['duckdb_s']) * 1e3:.1f}" if r["duckdb_s"] else "-",  # type: ignore[arg-type]
+            f"{float(r['speedup']):.1f}x",  # type: ignore[arg-type]
+            f"{float(r['ratio_vs_duckdb']):.2f}x" if r["ratio_vs_duckdb"] else "-",
+        )  # type: ignore[arg-type]
     console.print(table)
     console.print(
         f"{summary['local']:.0f}/{summary['queries']:.0f} answered locally; speedup over "
@@ -166,13 +203,26 @@ def main(argv: list[str] | None = None) -> int:
         f"{summary['speedup_geomean_local']:.1f}x (local); cache vs DuckDB direct: "
         f"geomean {summary['ratio_vs_duckdb_geomean']:.2f}x (target <= 1.1x)"
     )
-    path = append_rows("bench_tpch", [
-        {"experiment": "bench_tpch", "scale_factor": args.sf, "runs": args.runs,
-         **{k: (round(v, 6) if isinstance(v, float) else v) for k, v in r.items()}}
-        for r in [*rows, {"query": "geomean", "route": f"{summary['local']:.0f} local",
-                          "speedup": summary["speedup_geomean_all"],
-                          "ratio_vs_duckdb": summary["ratio_vs_duckdb_geomean"]}]
-    ])  # fmt: skip
+    path = append_rows(
+        "bench_tpch",
+        [
+            {
+                "experiment": "bench_tpch",
+                "scale_factor": args.sf,
+                "runs": args.runs,
+                **{k: (round(v, 6) if isinstance(v, float) else v) for k, v in r.items()},
+            }
+            for r in [
+                *rows,
+                {
+                    "query": "geomean",
+                    "route": f"{summary['local']:.0f} local",
+                    "speedup": summary["speedup_geomean_all"],
+                    "ratio_vs_duckdb": summary["ratio_vs_duckdb_geomean"],
+                },
+            ]
+        ],
+    )
     console.print(f"results appended to {path}")
     return 0
 

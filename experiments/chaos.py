@@ -112,8 +112,11 @@ FAIL_POINTS = [p for p in faults.POINTS if p != "task"] + ["after_snapshot:disco
 KILL_POINTS = [f"{p}:kill" for p in faults.POINTS if p != "task"]
 SPARK_FAULTS = ["task", "task:kill"]  # a task raising; a task's Python worker killed
 # in turns: Spark's before the kills, so that its JVM has had time to start since the last kill
-FAULTS = [("fail", p) for p in FAIL_POINTS] + [("spark", p) for p in SPARK_FAULTS] + \
-    [("kill", p) for p in KILL_POINTS]  # fmt: skip
+FAULTS = (
+    [("fail", p) for p in FAIL_POINTS]
+    + [("spark", p) for p in SPARK_FAULTS]
+    + [("kill", p) for p in KILL_POINTS]
+)
 
 
 def next_fault(done: collections.Counter[str], spark: bool, ready: bool) -> tuple[str, str]:
@@ -123,10 +126,11 @@ def next_fault(done: collections.Counter[str], spark: bool, ready: bool) -> tupl
     starve neither)."""
     lowest_spark = min((done[p] for k, p in FAULTS if k == "spark"), default=0)
     possible = [
-        (kind, point) for kind, point in FAULTS
+        (kind, point)
+        for kind, point in FAULTS
         if (kind != "spark" or (spark and ready))
         and (kind != "kill" or not spark or done[point] <= lowest_spark)
-    ]  # fmt: skip
+    ]
     return min(possible, key=lambda f: (done[f[1]], FAULTS.index(f)))
 
 
@@ -190,8 +194,9 @@ def logged_failures(work: Path) -> dict[str, int]:
             while end < len(lines) and (lines[end].startswith((" ", "\t")) or not lines[end]):
                 end += 1
             after = next((x for x in lines[end + 1 :] if x.strip()), "")
-            if end < len(lines) and not after.startswith(("During handling of the above",
-                                                          "The above exception was")):
+            if end < len(lines) and not after.startswith(
+                ("During handling of the above", "The above exception was")
+            ):
                 found[lines[end][:200]] += 1  # (of a chain, the last exception's line)
     return dict(found.most_common())
 
@@ -210,10 +215,14 @@ def read_journal(path: Path) -> list[dict[str, t.Any]]:
 def observation_from(record: dict[str, t.Any]) -> Observation:
     fields = {k: v for k, v in record.items() if k != "kind"}
     units = tuple(
-        Unit(rows=tuple(tuple(r) for r in u["rows"]), groups=tuple(tuple(g) for g in u["groups"]),
-             bound=u["bound"], floor_tick=u["floor_tick"])
+        Unit(
+            rows=tuple(tuple(r) for r in u["rows"]),
+            groups=tuple(tuple(g) for g in u["groups"]),
+            bound=u["bound"],
+            floor_tick=u["floor_tick"],
+        )
         for u in fields.pop("units")
-    )  # fmt: skip
+    )
     return Observation(units=units, **fields)
 
 
@@ -229,16 +238,22 @@ def write(conn: t.Any, rng: random.Random) -> Tick:
     cur = conn.cursor()
     cur.execute("UPDATE chaos_clock SET tick = tick + 1 WHERE id = 1 RETURNING tick")
     (tick,) = cur.fetchone()
-    cur.execute("UPDATE accounts SET version = version + 1 WHERE id = ANY(%s) "
-                "RETURNING id, version", (accounts,))  # fmt: skip
+    cur.execute(
+        "UPDATE accounts SET version = version + 1 WHERE id = ANY(%s) RETURNING id, version",
+        (accounts,),
+    )
     writes = {int(i): int(v) for i, v in cur.fetchall()}
     if entries:
-        cur.execute("UPDATE entries SET version = version + 1 WHERE id = ANY(%s) "
-                    "RETURNING id, version", (entries,))  # fmt: skip
+        cur.execute(
+            "UPDATE entries SET version = version + 1 WHERE id = ANY(%s) RETURNING id, version",
+            (entries,),
+        )
         writes |= {int(i): int(v) for i, v in cur.fetchall()}
-    cur.execute("INSERT INTO chaos_log VALUES (%s, %s, "
-                "extract(epoch FROM clock_timestamp())::float8) RETURNING visible_after",
-                (tick, json.dumps(writes)))  # fmt: skip
+    cur.execute(
+        "INSERT INTO chaos_log VALUES (%s, %s, "
+        "extract(epoch FROM clock_timestamp())::float8) RETURNING visible_after",
+        (tick, json.dumps(writes)),
+    )
     (visible_after,) = cur.fetchone()
     conn.commit()
     return Tick(int(tick), time.time(), writes, float(visible_after))
@@ -270,8 +285,17 @@ class Owner:
         self.journal.write("count", counter=counter, key=key)
 
 
-SHAPES = ("point", "range", "group", "join", "join_classes", "aggregate", "aggregate_by",
-          "timeordered", "own_write")  # fmt: skip
+SHAPES = (
+    "point",
+    "range",
+    "group",
+    "join",
+    "join_classes",
+    "aggregate",
+    "aggregate_by",
+    "timeordered",
+    "own_write",
+)
 WEIGHTS = (6, 2, 4, 3, 2, 2, 2, 2, 1)
 SIMPLE = SHAPES[:7]  # what a TIMEORDERED bracket is made of
 
@@ -286,8 +310,12 @@ def reader(run: Owner, number: int) -> None:
     while run.running():
         try:
             if conn is None:  # a new session: the old one's writes are not its own
-                conn = cache.connect(run.dsn, None if run.server else run.cache_path,
-                                     admit_on_miss=True, server=run.server)  # fmt: skip
+                conn = cache.connect(
+                    run.dsn,
+                    None if run.server else run.cache_path,
+                    admit_on_miss=True,
+                    server=run.server,
+                )
                 own_tick, own_entries = None, 0
             shape = rng.choices(SHAPES, WEIGHTS)[0]
             if shape == "own_write" and number == 0:
@@ -296,8 +324,16 @@ def reader(run: Owner, number: int) -> None:
                 bracket += 1
                 with conn.timeordered():
                     for _ in range(rng.randint(2, 4)):
-                        observe(run, conn, rng, session, rng.choice(SIMPLE), own_tick, bracket,
-                                own_entries=own_entries)  # fmt: skip
+                        observe(
+                            run,
+                            conn,
+                            rng,
+                            session,
+                            rng.choice(SIMPLE),
+                            own_tick,
+                            bracket,
+                            own_entries=own_entries,
+                        )
             elif shape == "own_write":
                 tick = write(conn, rng)
                 run.journal.write("tick", tick=tick.tick, committed=tick.committed)
@@ -306,8 +342,17 @@ def reader(run: Owner, number: int) -> None:
                 if any(i > ENTRY_BASE for i in tick.writes):
                     own_entries = tick.tick
                 account = rng.choice(sorted(a for a in tick.writes if a <= ACCOUNTS))
-                observe(run, conn, rng, session, rng.choice(["point", "join", "join_classes"]),
-                        own_tick, None, account=account, own_entries=own_entries)  # fmt: skip
+                observe(
+                    run,
+                    conn,
+                    rng,
+                    session,
+                    rng.choice(["point", "join", "join_classes"]),
+                    own_tick,
+                    None,
+                    account=account,
+                    own_entries=own_entries,
+                )
             else:
                 observe(run, conn, rng, session, shape, own_tick, None, own_entries=own_entries)
             conn.commit()
@@ -336,18 +381,30 @@ def _ms(bound: float) -> str:
 
 
 def observe(
-    run: Owner, conn: cache.Connection, rng: random.Random, session: int, shape: str,
-    own_tick: int | None, bracket: int | None, account: int | None = None, own_entries: int = 0,
-) -> None:  # fmt: skip
+    run: Owner,
+    conn: cache.Connection,
+    rng: random.Random,
+    session: int,
+    shape: str,
+    own_tick: int | None,
+    bracket: int | None,
+    account: int | None = None,
+    own_entries: int = 0,
+) -> None:
     bound, second = _bound(rng), _bound(rng)
     clause = f"CURRENCY BOUND {_ms(bound)} ON (a)"
-    join = "SELECT a.id, a.version, e.id, e.version FROM accounts a JOIN entries e " \
-           "ON e.account = a.id WHERE a.id = %s "  # fmt: skip
+    join = (
+        "SELECT a.id, a.version, e.id, e.version FROM accounts a JOIN entries e "
+        "ON e.account = a.id WHERE a.id = %s "
+    )
     account = account or rng.randint(1, ACCOUNTS)
     expected: int | None = None
     if shape == "point":
-        query, params, expected = f"SELECT a.id, a.version FROM accounts a WHERE a.id = %s " \
-                                  f"{clause}", [account], 1  # fmt: skip
+        query, params, expected = (
+            f"SELECT a.id, a.version FROM accounts a WHERE a.id = %s {clause}",
+            [account],
+            1,
+        )
     elif shape == "range":
         low = rng.randint(1, ACCOUNTS - 3)
         query = f"SELECT a.id, a.version FROM accounts a WHERE a.id BETWEEN %s AND %s {clause}"
@@ -362,11 +419,16 @@ def observe(
         query = join + f"CURRENCY BOUND {_ms(bound)} ON (a), {_ms(second)} ON (e)"
         params, expected = [account], ENTRIES_PER_ACCOUNT
     elif shape == "aggregate":
-        query, params = f"SELECT a.grp, sum(a.version), count(*) FROM accounts a " \
-                        f"GROUP BY a.grp {clause}", []  # fmt: skip
+        query, params = (
+            f"SELECT a.grp, sum(a.version), count(*) FROM accounts a GROUP BY a.grp {clause}",
+            [],
+        )
     else:
-        query, params = f"SELECT a.grp, sum(a.version), count(*) FROM accounts a " \
-                        f"GROUP BY a.grp {clause} BY a.grp", []  # fmt: skip
+        query, params = (
+            f"SELECT a.grp, sum(a.version), count(*) FROM accounts a "
+            f"GROUP BY a.grp {clause} BY a.grp",
+            [],
+        )
     start = time.time()
     cur = conn.cursor()
     cur.execute(query, params)
@@ -375,8 +437,12 @@ def observe(
     local = any(p["route"] == "local" for p in cur.provenance)
     if expected is not None and len(rows) != expected:
         run.note("errors", f"VIOLATION {shape} returned {len(rows)} rows, not {expected}")
-        run.journal.write("event", at=start, what=f"VIOLATION {shape} returned {rows} for "
-                          f"{query} {params} at {start:.3f}: {cur.provenance!r}")  # fmt: skip
+        run.journal.write(
+            "event",
+            at=start,
+            what=f"VIOLATION {shape} returned {rows} for "
+            f"{query} {params} at {start:.3f}: {cur.provenance!r}",
+        )
         return
     units: list[Unit]
     if shape in ("point", "range", "group"):
@@ -384,15 +450,33 @@ def observe(
     elif shape in ("join", "join_classes"):
         accounts = tuple(sorted({(int(r[0]), int(r[1])) for r in rows}))
         entries = tuple(sorted((int(r[2]), int(r[3])) for r in rows))
-        units = [Unit(rows=accounts + entries)] if shape == "join" else \
-            [Unit(rows=accounts, bound=bound),
-             Unit(rows=entries, bound=second, floor_tick=own_entries)]  # fmt: skip
+        units = (
+            [Unit(rows=accounts + entries)]
+            if shape == "join"
+            else [
+                Unit(rows=accounts, bound=bound),
+                Unit(rows=entries, bound=second, floor_tick=own_entries),
+            ]
+        )
     else:
         groups = tuple((int(g), int(s)) for g, s, _ in rows)
-        units = [Unit(groups=(g,)) for g in groups] if shape == "aggregate_by" \
-            else [Unit(groups=groups)]  # fmt: skip
-    observation = Observation(session, start, end, bound, tuple(units), shape, local, bracket,
-                              own_tick, repr(cur.provenance))  # fmt: skip
+        units = (
+            [Unit(groups=(g,)) for g in groups]
+            if shape == "aggregate_by"
+            else [Unit(groups=groups)]
+        )
+    observation = Observation(
+        session,
+        start,
+        end,
+        bound,
+        tuple(units),
+        shape,
+        local,
+        bracket,
+        own_tick,
+        repr(cur.provenance),
+    )
     run.journal.write("observation", **dataclasses.asdict(observation))
     run.note("operations", f"read {shape}" + (" (local)" if local else ""))
 
@@ -400,8 +484,17 @@ def observe(
 def maintainer(run: Owner) -> None:
     rng = random.Random(run.seed * 1000 + run.incarnation * 10 + 7)
     spark: Engine | None = None
-    actions = ["refresh_all", "refresh_hot", "admit", "evict", "admit_grp", "evict_grp",
-               "admit_complete", "evict_complete", "fault"]  # fmt: skip
+    actions = [
+        "refresh_all",
+        "refresh_hot",
+        "admit",
+        "evict",
+        "admit_grp",
+        "evict_grp",
+        "admit_complete",
+        "evict_complete",
+        "fault",
+    ]
     weights = [4, 4, 2, 2, 1, 1, 1, 1, 3]
     if run.spark:
         actions.append("spark_refresh")
@@ -421,19 +514,30 @@ def maintainer(run: Owner) -> None:
                         admin.refresh("acct_all")
                     elif action == "refresh_hot":
                         admin.refresh("acct_hot")
-                    elif action in ("admit", "evict", "admit_grp", "evict_grp", "admit_complete",
-                                    "evict_complete"):  # fmt: skip
-                        control, span = {"admit": ("acct_pct", ACCOUNTS),
-                                         "admit_grp": ("grp_csct", GROUPS),
-                                         "admit_complete": ("grp_cpct", GROUPS)}[
-                            action.replace("evict", "admit")]  # fmt: skip
+                    elif action in (
+                        "admit",
+                        "evict",
+                        "admit_grp",
+                        "evict_grp",
+                        "admit_complete",
+                        "evict_complete",
+                    ):
+                        control, span = {
+                            "admit": ("acct_pct", ACCOUNTS),
+                            "admit_grp": ("grp_csct", GROUPS),
+                            "admit_complete": ("grp_cpct", GROUPS),
+                        }[action.replace("evict", "admit")]
                         if action.startswith("admit"):
                             low = 1 if control == "acct_pct" else 0
                             admin.admit(control, rng.sample(range(low, low + span), 1))
                         else:
                             column = "id" if control == "acct_pct" else "grp"
-                            keys = [k for (k,) in store.con.execute(
-                                f"SELECT {column} FROM {control}").fetchall()]  # fmt: skip
+                            keys = [
+                                k
+                                for (k,) in store.con.execute(
+                                    f"SELECT {column} FROM {control}"
+                                ).fetchall()
+                            ]
                             if keys:
                                 admin.evict(control, [rng.choice(keys)])
                     elif action == "spark_refresh":
@@ -449,19 +553,28 @@ def maintainer(run: Owner) -> None:
                         # SIGKILLed by the fault thread while one is under way)
                         run.journal.write("armed", point=point)
                         if kind != "kill":
-                            run.note("faults", f"refresh failed at {point}" if kind == "fail"
-                                     else f"Spark task failure ({point})")  # fmt: skip
+                            run.note(
+                                "faults",
+                                f"refresh failed at {point}"
+                                if kind == "fail"
+                                else f"Spark task failure ({point})",
+                            )
                         with contextlib.suppress(Exception):  # the cache is as it was: checked
-                            Maintainer(store, run.dsn, spark if kind == "spark" else None,
-                                       faults_enabled=[point]).refresh(view)  # fmt: skip
+                            Maintainer(
+                                store,
+                                run.dsn,
+                                spark if kind == "spark" else None,
+                                faults_enabled=[point],
+                            ).refresh(view)
                         # still alive after a kill's turn: the refresh failed before its point
                         # (a terminated session, a restart): not a turn, it comes again
                         missed = kind == "kill"
                         done[point] -= missed
                         run.journal.write("disarmed", point=point, missed=missed)
                     run.note("operations", f"maintain {action}")
-                    run.journal.write("event", at=began, what=f"{action} {view} "
-                                      f"{began:.3f}-{time.time():.3f}")  # fmt: skip
+                    run.journal.write(
+                        "event", at=began, what=f"{action} {view} {began:.3f}-{time.time():.3f}"
+                    )
                     time.sleep(rng.uniform(0.05, 0.3))
         except cache.Error as exc:
             run.note("errors", f"maintainer: {type(exc).__name__}")
@@ -496,8 +609,16 @@ def owner_main(config: dict[str, t.Any]) -> int:
     """The owner process: readers, the maintainer and the refresh scheduler until the
     deadline (or until its parent is gone)."""
     journal = Journal(Path(config["journal"]))
-    run = Owner(config["dsn"], Path(config["cache_path"]), config["seed"], config["deadline"],
-                config["incarnation"], journal, config["spark"], config["faults_done"])  # fmt: skip
+    run = Owner(
+        config["dsn"],
+        Path(config["cache_path"]),
+        config["seed"],
+        config["deadline"],
+        config["incarnation"],
+        journal,
+        config["spark"],
+        config["faults_done"],
+    )
     journal.write("started", at=time.time())
     threads = [threading.Thread(target=reader, args=(run, i)) for i in range(3)]
     threads.append(threading.Thread(target=maintainer, args=(run,)))
@@ -572,14 +693,23 @@ def supervisor(run: Run) -> None:
         number += 1
         journal = run.work / f"owner-{number}.jsonl"
         faults_done = turns_taken([r for path in run.incarnations for r in read_journal(path)])
-        config = {"dsn": run.dsn, "cache_path": str(run.cache_path), "seed": run.seed,
-                  "deadline": run.deadline, "incarnation": number, "journal": str(journal),
-                  "spark": run.spark, "faults_done": faults_done}  # fmt: skip
+        config = {
+            "dsn": run.dsn,
+            "cache_path": str(run.cache_path),
+            "seed": run.seed,
+            "deadline": run.deadline,
+            "incarnation": number,
+            "journal": str(journal),
+            "spark": run.spark,
+            "faults_done": faults_done,
+        }
         with (run.work / f"owner-{number}.log").open("wb") as log, run.lock:
             run.incarnations.append(journal)
             run.owner = subprocess.Popen(
                 [sys.executable, "-m", "experiments.chaos", "--owner", json.dumps(config)],
-                stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         code = run.owner.wait()
         with run.lock:
             killed, run.killing = run.killing, False
@@ -672,11 +802,24 @@ def wire_supervisor(run: Run, wire: Wire) -> None:
     number = 0
     while run.deadline - time.time() > 3:
         number += 1
-        argv = [mtcache_executable(), "--backend", wire.backend, "--cache", str(run.cache_path),
-                "serve", "--listen", wire.address, "--pool-size", "3", "--grace", "1"]  # fmt: skip
+        argv = [
+            mtcache_executable(),
+            "--backend",
+            wire.backend,
+            "--cache",
+            str(run.cache_path),
+            "serve",
+            "--listen",
+            wire.address,
+            "--pool-size",
+            "3",
+            "--grace",
+            "1",
+        ]
         with (run.work / f"server-{number}.log").open("wb") as log, run.lock:
-            wire.server = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
-                                           stderr=subprocess.STDOUT)  # fmt: skip
+            wire.server = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+            )
             run.owner = wire.server  # (what the fault thread SIGKILLs)
         while wire.server.poll() is None and run.running():
             time.sleep(0.1)
@@ -719,15 +862,15 @@ def wire_maintainer(run: Owner, completeness: bool = True) -> None:
             if action.startswith("refresh"):
                 admin.refresh("acct_all" if action == "refresh_all" else "acct_hot")
             else:
-                control, low, span = {"admit": ("acct_pct", 1, ACCOUNTS),
-                                      "admit_grp": ("grp_csct", 0, GROUPS),
-                                      "admit_complete": ("grp_cpct", 0, GROUPS)}[
-                    action.replace("evict", "admit")]  # fmt: skip
+                control, low, span = {
+                    "admit": ("acct_pct", 1, ACCOUNTS),
+                    "admit_grp": ("grp_csct", 0, GROUPS),
+                    "admit_complete": ("grp_cpct", 0, GROUPS),
+                }[action.replace("evict", "admit")]
                 key = rng.randrange(low, low + span)
                 (admin.admit if action.startswith("admit") else admin.evict)(control, [key])
             run.note("operations", f"maintain {action}")
-            run.journal.write("event", at=began, what=f"{action} "
-                              f"{began:.3f}-{time.time():.3f}")  # fmt: skip
+            run.journal.write("event", at=began, what=f"{action} {began:.3f}-{time.time():.3f}")
         except cache.Error as exc:
             run.note("errors", f"maintainer: {type(exc).__name__}")
             if conn is not None:
@@ -749,17 +892,23 @@ def disconnector(run: Owner, run_faults: t.Callable[[str], None]) -> None:
     assert run.server is not None
     host, _, port = run.server.rpartition(":")
     info = psycopg.conninfo.conninfo_to_dict(run.dsn)
-    target = psycopg.conninfo.make_conninfo(host=host, port=port, user=str(info["user"]),
-                                            dbname=str(info["dbname"]))  # fmt: skip
+    target = psycopg.conninfo.make_conninfo(
+        host=host, port=port, user=str(info["user"]), dbname=str(info["dbname"])
+    )
     serial = run.seed * 1_000_000
     while run.running():
         time.sleep(rng.uniform(0.2, 1.0))
-        kind = rng.choice(["disconnect mid-statement", "disconnect mid-transaction", "cancel",
-                           "cancel mid-transaction"])  # fmt: skip
+        kind = rng.choice(
+            [
+                "disconnect mid-statement",
+                "disconnect mid-transaction",
+                "cancel",
+                "cancel mid-transaction",
+            ]
+        )
         serial += 1
         try:
-            conn = psycopg.connect(target, autocommit="transaction" not in kind,
-                                   connect_timeout=5)  # fmt: skip
+            conn = psycopg.connect(target, autocommit="transaction" not in kind, connect_timeout=5)
         except psycopg.Error:
             continue  # (the server is starting again)
         worker = concurrent.futures.ThreadPoolExecutor(1)
@@ -769,8 +918,10 @@ def disconnector(run: Owner, run_faults: t.Callable[[str], None]) -> None:
             running = worker.submit(conn.execute, "SELECT pg_sleep(2)")
             time.sleep(rng.uniform(0.05, 0.4))
             if kind.startswith("disconnect"):
-                with contextlib.suppress(OSError), \
-                        socket.socket(fileno=os.dup(conn.pgconn.socket)) as sock:  # fmt: skip
+                with (
+                    contextlib.suppress(OSError),
+                    socket.socket(fileno=os.dup(conn.pgconn.socket)) as sock,
+                ):
                     sock.shutdown(socket.SHUT_RDWR)
             else:
                 conn.cancel_safe()
@@ -815,12 +966,17 @@ def wire_faults(run: Run, wire: Wire) -> None:
             wire.network.delay(rng.uniform(0.02, 0.2), rng.uniform(1, 4))
             run.note(run.faults, "network delayed")
         elif fault in ("drop", "reset"):
-            if (wire.network.drop() if fault == "drop" else wire.network.reset()):
-                run.note(run.faults, f"network {'dropped' if fault == 'drop' else 'reset'} "
-                         "the server's backend connections")  # fmt: skip
+            if wire.network.drop() if fault == "drop" else wire.network.reset():
+                run.note(
+                    run.faults,
+                    f"network {'dropped' if fault == 'drop' else 'reset'} "
+                    "the server's backend connections",
+                )
         else:
-            with contextlib.suppress(psycopg.Error), \
-                    psycopg.connect(run.dsn, autocommit=True) as pg:  # fmt: skip
+            with (
+                contextlib.suppress(psycopg.Error),
+                psycopg.connect(run.dsn, autocommit=True) as pg,
+            ):
                 victims = pg.execute(
                     "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
                     "AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
@@ -842,15 +998,22 @@ def backend_timeline(run: Run, ended: float) -> Timeline:
     writer was killed or cut off before seeing it is bounded by the next tick's clock reading
     (that transaction waited on the clock row for it) or by the run's end."""
     with psycopg.connect(run.dsn) as pg:
-        log = pg.execute("SELECT tick, writes, visible_after FROM chaos_log "
-                         "ORDER BY tick").fetchall()  # fmt: skip
+        log = pg.execute(
+            "SELECT tick, writes, visible_after FROM chaos_log ORDER BY tick"
+        ).fetchall()
     ticks = []
     for index, (tick, writes, visible_after) in enumerate(log):
         committed = run.commits.get(tick)
         if committed is None:
             committed = log[index + 1][2] if index + 1 < len(log) else ended
-        ticks.append(Tick(int(tick), committed, {int(k): int(v) for k, v in writes.items()},
-                          float(visible_after)))  # fmt: skip
+        ticks.append(
+            Tick(
+                int(tick),
+                committed,
+                {int(k): int(v) for k, v in writes.items()},
+                float(visible_after),
+            )
+        )
     rows = {i: group_of(i) for i in range(1, ACCOUNTS + 1)}
     rows |= {e: -1 for a in range(1, ACCOUNTS + 1) for e in entries_of(a)}  # entries: no group
     return Timeline(rows, ticks)
@@ -867,19 +1030,23 @@ def final_regions(run: Run, timeline: Timeline) -> Verdict:
             for region in view["regions"]:
                 kind, key = region["kind"], region["key"]
                 if kind == "presence":
-                    rows = con.execute(f"SELECT id, version FROM {ident(name)} WHERE id = ?",
-                                       key).fetchall()  # fmt: skip
-                    rows += con.execute("SELECT id, version FROM entry_hot WHERE account = ?",
-                                        key).fetchall()  # fmt: skip
+                    rows = con.execute(
+                        f"SELECT id, version FROM {ident(name)} WHERE id = ?", key
+                    ).fetchall()
+                    rows += con.execute(
+                        "SELECT id, version FROM entry_hot WHERE account = ?", key
+                    ).fetchall()
                 elif kind in ("consistency", "completeness"):
-                    rows = con.execute(f"SELECT id, version FROM {ident(name)} WHERE grp = ?",
-                                       key).fetchall()  # fmt: skip
+                    rows = con.execute(
+                        f"SELECT id, version FROM {ident(name)} WHERE grp = ?", key
+                    ).fetchall()
                 else:
                     rows = con.execute(f"SELECT id, version FROM {ident(name)}").fetchall()
                 moment = _epoch(region["refreshed_at"])
                 unit = Unit(rows=tuple((int(i), int(v)) for i, v in rows))
-                observations.append(Observation(-1, moment, moment, 0.0, (unit,),
-                                                f"region {name} {kind} {key}"))  # fmt: skip
+                observations.append(
+                    Observation(-1, moment, moment, 0.0, (unit,), f"region {name} {kind} {key}")
+                )
     return check(timeline, observations)
 
 
@@ -891,8 +1058,9 @@ def _epoch(value: t.Any) -> float:
 def prepare(dsn: str) -> str:
     """The checker's own database on the backend, made afresh."""
     with psycopg.connect(dsn, autocommit=True) as pg:
-        pg.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
-                   (DATABASE,))  # fmt: skip
+        pg.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (DATABASE,)
+        )
         pg.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(DATABASE)))
         pg.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DATABASE)))
     info = psycopg.conninfo.conninfo_to_dict(dsn)
@@ -904,8 +1072,13 @@ def prepare(dsn: str) -> str:
 
 
 def run_chaos(
-    dsn: str, seconds: float, seed: int, console: Console | None = None,
-    restart: t.Callable[[], None] | None = None, spark: bool = True, wire: bool = False,
+    dsn: str,
+    seconds: float,
+    seed: int,
+    console: Console | None = None,
+    restart: t.Callable[[], None] | None = None,
+    spark: bool = True,
+    wire: bool = False,
     completeness: bool = True,
 ) -> dict[str, t.Any]:
     """A run against ``dsn`` (its server gets a database of the checker's own); ``restart``
@@ -919,8 +1092,15 @@ def run_chaos(
     work = Path(tempfile.mkdtemp(prefix="mtcache-chaos-"))
     served: Wire | None = None
     try:
-        run = Run(chaos_dsn, work / "cache.duckdb", seed, time.time() + seconds, work,
-                  spark and not wire, restart)  # fmt: skip
+        run = Run(
+            chaos_dsn,
+            work / "cache.duckdb",
+            seed,
+            time.time() + seconds,
+            work,
+            spark and not wire,
+            restart,
+        )
         with cache.connect(chaos_dsn, run.cache_path) as conn:
             conn.admin.apply_ddl(CACHE_SCHEMA)
             conn.admin.admit("acct_pct", [1, 2, 3])
@@ -930,28 +1110,41 @@ def run_chaos(
         threads = [threading.Thread(target=writer, args=(run, i)) for i in range(2)]
         if wire:
             info = psycopg.conninfo.conninfo_to_dict(chaos_dsn)
-            network = FaultyNetwork((str(info.get("host", "127.0.0.1")),
-                                     int(str(info.get("port", 5432)))))  # fmt: skip
+            network = FaultyNetwork(
+                (str(info.get("host", "127.0.0.1")), int(str(info.get("port", 5432))))
+            )
             proxied = psycopg.conninfo.make_conninfo(
-                chaos_dsn, host="127.0.0.1", port=str(network.port))  # fmt: skip
+                chaos_dsn, host="127.0.0.1", port=str(network.port)
+            )
             served = Wire(_free_port(), network, proxied)
-            clients = Owner(chaos_dsn, run.cache_path, seed, run.deadline, 1,
-                            Journal(work / "clients.jsonl"), False, {},
-                            server=served.address)  # fmt: skip
+            clients = Owner(
+                chaos_dsn,
+                run.cache_path,
+                seed,
+                run.deadline,
+                1,
+                Journal(work / "clients.jsonl"),
+                False,
+                {},
+                server=served.address,
+            )
             served.clients = clients
             run.incarnations.append(work / "clients.jsonl")
-            threads += [threading.Thread(target=wire_supervisor, args=(run, served)),
-                        threading.Thread(target=wire_faults, args=(run, served)),
-                        threading.Thread(target=wire_maintainer,
-                                         args=(clients, completeness)),
-                        threading.Thread(target=disconnector, args=(
-                            clients, functools.partial(run.note, run.faults)))]  # fmt: skip
+            threads += [
+                threading.Thread(target=wire_supervisor, args=(run, served)),
+                threading.Thread(target=wire_faults, args=(run, served)),
+                threading.Thread(target=wire_maintainer, args=(clients, completeness)),
+                threading.Thread(
+                    target=disconnector, args=(clients, functools.partial(run.note, run.faults))
+                ),
+            ]
             threads += [threading.Thread(target=reader, args=(clients, i)) for i in range(3)]
         else:
-            threads += [threading.Thread(target=supervisor, args=(run,)),
-                        threading.Thread(target=fault_injector, args=(run,))]  # fmt: skip
-        console.print(f"chaos for {seconds:g}s, seed {seed}{' over the wire' if wire else ''}"
-                      " ...")  # fmt: skip
+            threads += [
+                threading.Thread(target=supervisor, args=(run,)),
+                threading.Thread(target=fault_injector, args=(run,)),
+            ]
+        console.print(f"chaos for {seconds:g}s, seed {seed}{' over the wire' if wire else ''} ...")
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -978,21 +1171,29 @@ def run_chaos(
         violations += [k for k in run.errors if k.startswith("VIOLATION")]
         with psycopg.connect(chaos_dsn) as pg:  # what a client abandoned never committed
             kept = pg.execute("SELECT id FROM chaos_abandoned ORDER BY id").fetchall()
-        violations += [f"VIOLATION an abandoned transaction's row {i} was committed"
-                       for (i,) in kept]  # fmt: skip
+        violations += [
+            f"VIOLATION an abandoned transaction's row {i} was committed" for (i,) in kept
+        ]
         return {
-            "seed": seed, "seconds": seconds, "ticks": timeline.last,
-            "answers_checked": verdict.checked, "answers_local": verdict.local,
+            "seed": seed,
+            "seconds": seconds,
+            "ticks": timeline.last,
+            "answers_checked": verdict.checked,
+            "answers_local": verdict.local,
             "local_during_outages": sum(
-                1 for o in observations if o.local
-                and any(down <= o.start <= up for down, up in run.outages)),
+                1
+                for o in observations
+                if o.local and any(down <= o.start <= up for down, up in run.outages)
+            ),
             "regions_checked": regions.checked,
             "owner_incarnations": run.incarnations_served if wire else len(run.incarnations),
-            "faults": dict(run.faults), "operations": dict(run.operations),
+            "faults": dict(run.faults),
+            "operations": dict(run.operations),
             "errors": {k: v for k, v in run.errors.items() if not k.startswith("VIOLATION")},
             "logged_failures": logged_failures(work),
-            "violations": violations, "events": sorted(events),
-        }  # fmt: skip
+            "violations": violations,
+            "events": sorted(events),
+        }
     finally:
         if served is not None:
             served.network.close()
@@ -1003,15 +1204,27 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--seed", type=int)
-    parser.add_argument("--backend", help="a PostgreSQL DSN (default: the embedded cluster, "
-                        "which the run also restarts now and then)")  # fmt: skip
-    parser.add_argument("--embedded", default=".mtcache/pg",
-                        help="the embedded cluster's directory (default .mtcache/pg)")  # fmt: skip
-    parser.add_argument("--no-spark", action="store_true",
-                        help="refresh inline only (no JVM in the cache's process)")  # fmt: skip
-    parser.add_argument("--wire", action="store_true",
-                        help="the cache as `mtcache serve`, its clients over the protocol, a "
-                        "faulty network between it and the backend")  # fmt: skip
+    parser.add_argument(
+        "--backend",
+        help="a PostgreSQL DSN (default: the embedded cluster, "
+        "which the run also restarts now and then)",
+    )
+    parser.add_argument(
+        "--embedded",
+        default=".mtcache/pg",
+        help="the embedded cluster's directory (default .mtcache/pg)",
+    )
+    parser.add_argument(
+        "--no-spark",
+        action="store_true",
+        help="refresh inline only (no JVM in the cache's process)",
+    )
+    parser.add_argument(
+        "--wire",
+        action="store_true",
+        help="the cache as `mtcache serve`, its clients over the protocol, a "
+        "faulty network between it and the backend",
+    )
     parser.add_argument("--owner", help=argparse.SUPPRESS)  # the cache's process, started here
     args = parser.parse_args(argv)
     if args.owner:
@@ -1029,14 +1242,19 @@ def main(argv: list[str] | None = None) -> int:
             cluster.ensure_running()
 
     seed = args.seed if args.seed is not None else random.randrange(2**31)
-    result = run_chaos(dsn, args.seconds, seed, console, restart, spark=not args.no_spark,
-                       wire=args.wire)  # fmt: skip
-    console.print(f"ticks committed {result['ticks']}; answers checked "
-                  f"{result['answers_checked']} ({result['answers_local']} local); regions "
-                  f"checked {result['regions_checked']}; the cache's process ran "
-                  f"{result['owner_incarnations']} times")  # fmt: skip
-    console.print(f"faults injected: {result['faults']}; answered locally while the backend "
-                  f"was down: {result['local_during_outages']}")  # fmt: skip
+    result = run_chaos(
+        dsn, args.seconds, seed, console, restart, spark=not args.no_spark, wire=args.wire
+    )
+    console.print(
+        f"ticks committed {result['ticks']}; answers checked "
+        f"{result['answers_checked']} ({result['answers_local']} local); regions "
+        f"checked {result['regions_checked']}; the cache's process ran "
+        f"{result['owner_incarnations']} times"
+    )
+    console.print(
+        f"faults injected: {result['faults']}; answered locally while the backend "
+        f"was down: {result['local_during_outages']}"
+    )
     console.print(f"operations: {result['operations']}")
     console.print(f"errors (refused or retried, not checked): {result['errors']}")
     console.print(f"failures the cache's processes logged: {result['logged_failures']}")
@@ -1047,8 +1265,16 @@ def main(argv: list[str] | None = None) -> int:
         for began, event in result["events"]:
             if moment - 3 < began < moment + 1:
                 console.print(f"      {event}", markup=False)
-    append_rows("chaos", [{k: (json.dumps(v) if isinstance(v, dict | list) else v)
-                           for k, v in result.items() if k != "events"}])  # fmt: skip
+    append_rows(
+        "chaos",
+        [
+            {
+                k: (json.dumps(v) if isinstance(v, dict | list) else v)
+                for k, v in result.items()
+                if k != "events"
+            }
+        ],
+    )
     return 1 if result["violations"] else 0
 
 

@@ -93,19 +93,25 @@ class Timeline:
                 self._row_versions[account].append(version)
             for group in sorted({groups[a] for a in tick.writes}):
                 total = self._group_sums[group][-1] + sum(
-                    v - self._row_versions[a][-2] for a, v in tick.writes.items()
+                    v - self._row_versions[a][-2]
+                    for a, v in tick.writes.items()
                     if groups[a] == group
-                )  # fmt: skip
+                )
                 self._group_ticks[group].append(tick.tick)
                 self._group_sums[group].append(total)
 
     def row_interval(self, account: int, version: int) -> tuple[int, int] | None:
-        return _interval(self._row_ticks.get(account, []), self._row_versions.get(account, []),
-                         version, self.last)  # fmt: skip
+        return _interval(
+            self._row_ticks.get(account, []),
+            self._row_versions.get(account, []),
+            version,
+            self.last,
+        )
 
     def group_interval(self, group: int, total: int) -> tuple[int, int] | None:
-        return _interval(self._group_ticks.get(group, []), self._group_sums.get(group, []),
-                         total, self.last)  # fmt: skip
+        return _interval(
+            self._group_ticks.get(group, []), self._group_sums.get(group, []), total, self.last
+        )
 
     def unit_interval(self, unit: Unit) -> tuple[int, int] | None:
         lo, hi = 0, self.last

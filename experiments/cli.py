@@ -18,30 +18,53 @@ from sql_ext.errors import ProgrammingError
 
 def register(commands: t.Any) -> None:
     """Add ``experiment`` to the CLI's subcommands (argparse's sub-parsers action)."""
-    p = commands.add_parser("experiment", help="run an experiment: CSV, plots and a markdown "
-                            "report (chaos: the C&C checker)")  # fmt: skip
-    p.add_argument("name", choices=[*EXPERIMENTS, "all", "chaos", "differential"],
-                   help="an experiment (experiments/runs/), all of them (not chaos or "
-                   "differential), chaos: the randomized concurrent C&C checker "
-                   "(experiments/chaos.py), or differential: random queries compared with "
-                   "PostgreSQL's answers (experiments/differential/)")  # fmt: skip
-    p.add_argument("--sf", type=float, help=f"TPC-H scale factor (default 1; {QUICK_SF:g} "
-                   "with --quick)")  # fmt: skip
+    p = commands.add_parser(
+        "experiment",
+        help="run an experiment: CSV, plots and a markdown report (chaos: the C&C checker)",
+    )
+    p.add_argument(
+        "name",
+        choices=[*EXPERIMENTS, "all", "chaos", "differential"],
+        help="an experiment (experiments/runs/), all of them (not chaos or "
+        "differential), chaos: the randomized concurrent C&C checker "
+        "(experiments/chaos.py), or differential: random queries compared with "
+        "PostgreSQL's answers (experiments/differential/)",
+    )
+    p.add_argument(
+        "--sf", type=float, help=f"TPC-H scale factor (default 1; {QUICK_SF:g} with --quick)"
+    )
     p.add_argument("--quick", action="store_true", help="small data, short scales")
-    p.add_argument("--out", default="mtcache-experiments",
-                   help="directory for the CSV, plots and report.md (default "
-                   "./mtcache-experiments)")  # fmt: skip
-    p.add_argument("--from-csv", action="store_true", help="measure nothing: draw the plots "
-                   "and report.md again from the CSVs a run left in --out")  # fmt: skip
+    p.add_argument(
+        "--out",
+        default="mtcache-experiments",
+        help="directory for the CSV, plots and report.md (default ./mtcache-experiments)",
+    )
+    p.add_argument(
+        "--from-csv",
+        action="store_true",
+        help="measure nothing: draw the plots "
+        "and report.md again from the CSVs a run left in --out",
+    )
     p.add_argument("--minutes", type=float, default=1.0, help="chaos: how long (default 1)")
-    p.add_argument("--seed", type=int, help="chaos, differential: reproduce a run's choices "
-                   "(differential: its first seed, default 1)")  # fmt: skip
-    p.add_argument("--queries", type=int, default=2000,
-                   help="differential: how many random queries (default 2000)")  # fmt: skip
+    p.add_argument(
+        "--seed",
+        type=int,
+        help="chaos, differential: reproduce a run's choices "
+        "(differential: its first seed, default 1)",
+    )
+    p.add_argument(
+        "--queries",
+        type=int,
+        default=2000,
+        help="differential: how many random queries (default 2000)",
+    )
     p.add_argument("--no-spark", action="store_true", help="chaos: refresh inline only")
-    p.add_argument("--wire", action="store_true",
-                   help="chaos: the cache as `mtcache serve`, its clients over the protocol, "
-                   "a faulty network between it and the backend")  # fmt: skip
+    p.add_argument(
+        "--wire",
+        action="store_true",
+        help="chaos: the cache as `mtcache serve`, its clients over the protocol, "
+        "a faulty network between it and the backend",
+    )
     p.set_defaults(run=cmd_experiment)
 
 
@@ -54,19 +77,29 @@ def cmd_experiment(settings: Settings, args: argparse.Namespace) -> int:
             raise ProgrammingError(f"--queries must be positive, not {args.queries}")
         return differential.main(
             ["--queries", str(args.queries), "--seed", str(args.seed or 1), "--out", args.out],
-            backend=settings.backend, embedded=settings.embedded_root,
-        )  # fmt: skip
+            backend=settings.backend,
+            embedded=settings.embedded_root,
+        )
     if args.name == "chaos":
         from experiments import chaos
 
         if args.minutes <= 0:
             raise ProgrammingError(f"--minutes must be positive, not {args.minutes:g}")
-        backend = ["--backend", settings.backend] if settings.backend else \
-            ["--embedded", str(settings.embedded_root)]  # fmt: skip
-        return chaos.main(["--seconds", str(args.minutes * 60), *backend,
-                           *(["--seed", str(args.seed)] if args.seed is not None else []),
-                           *(["--no-spark"] if args.no_spark else []),
-                           *(["--wire"] if args.wire else [])])  # fmt: skip
+        backend = (
+            ["--backend", settings.backend]
+            if settings.backend
+            else ["--embedded", str(settings.embedded_root)]
+        )
+        return chaos.main(
+            [
+                "--seconds",
+                str(args.minutes * 60),
+                *backend,
+                *(["--seed", str(args.seed)] if args.seed is not None else []),
+                *(["--no-spark"] if args.no_spark else []),
+                *(["--wire"] if args.wire else []),
+            ]
+        )
     from experiments import runs
     from experiments.runs.framework import Context
 

@@ -58,7 +58,8 @@ class FaultyNetwork:
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
         self._server = self._loop.run_until_complete(
-            asyncio.start_server(self._serve, "127.0.0.1", 0))  # fmt: skip
+            asyncio.start_server(self._serve, "127.0.0.1", 0)
+        )
         self._started.set()
         loop = self._loop
         try:
@@ -95,8 +96,9 @@ class FaultyNetwork:
                 sock = writer.get_extra_info("socket")
                 if sock is not None:  # linger 0: the close sends RST
                     with contextlib.suppress(OSError):
-                        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
-                                        struct.pack("ii", 1, 0))  # fmt: skip
+                        sock.setsockopt(
+                            socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+                        )
                 writer.transport.abort()
             else:
                 writer.close()
@@ -109,8 +111,9 @@ class FaultyNetwork:
             writer.transport.abort()
             return
         self._writers |= {writer, up_writer}
-        await asyncio.gather(self._pump(reader, up_writer), self._pump(up_reader, writer),
-                             return_exceptions=True)  # fmt: skip
+        await asyncio.gather(
+            self._pump(reader, up_writer), self._pump(up_reader, writer), return_exceptions=True
+        )
         for end in (writer, up_writer):
             self._writers.discard(end)
             end.close()

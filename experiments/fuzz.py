@@ -33,8 +33,12 @@ _COUNTS = re.compile(r"- (\d+) passing, (\d+) failing, and (\d+) invalid")
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scale", type=float, default=50.0,
-                        help="examples per property, as a multiple of the short run's")  # fmt: skip
+    parser.add_argument(
+        "--scale",
+        type=float,
+        default=50.0,
+        help="examples per property, as a multiple of the short run's",
+    )
     parser.add_argument("--seed", type=int, help="hypothesis seed (default: a random one)")
     args = parser.parse_args(argv)
     console = Console()
@@ -43,10 +47,23 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "MTCACHE_FUZZ_SCALE": str(args.scale), "MTCACHE_FUZZ_RANDOM": "1"}
     started = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_fuzz.py",
-         "--hypothesis-show-statistics", f"--hypothesis-seed={seed}"],
-        cwd=ROOT, env=env, capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "tests/test_fuzz.py",
+            "--hypothesis-show-statistics",
+            f"--hypothesis-seed={seed}",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     minutes = (time.monotonic() - started) / 60
     rows: list[dict[str, object]] = []
     current = None
@@ -55,8 +72,16 @@ def main(argv: list[str] | None = None) -> int:
             current = found.group(1)
         elif current and (counts := _COUNTS.search(line)) is not None:
             passing, failing, invalid = map(int, counts.groups())
-            rows.append({"property": current, "examples": passing + failing, "failing": failing,
-                         "invalid": invalid, "seed": seed, "scale": args.scale})  # fmt: skip
+            rows.append(
+                {
+                    "property": current,
+                    "examples": passing + failing,
+                    "failing": failing,
+                    "invalid": invalid,
+                    "seed": seed,
+                    "scale": args.scale,
+                }
+            )
     table = Table(title=f"fuzzing, seed {seed}, {minutes:.1f} min")
     for column in ("property", "examples", "failing"):
         table.add_column(column, justify="left" if column == "property" else "right")
@@ -65,8 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     console.print(table)
     total = sum(int(str(row["examples"])) for row in rows)
     failures = result.returncode != 0
-    console.print(f"{total} examples in all; pytest exit {result.returncode}"
-                  + (" - FAILURES:" if failures else ", 0 failures, 0 tracebacks"))  # fmt: skip
+    console.print(
+        f"{total} examples in all; pytest exit {result.returncode}"
+        + (" - FAILURES:" if failures else ", 0 failures, 0 tracebacks")
+    )
     if failures:
         console.print(result.stdout[-6000:], markup=False)
         console.print(result.stderr[-2000:], markup=False)

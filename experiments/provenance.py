@@ -17,9 +17,12 @@ RESULTS = Path(__file__).parent / "results"
 def provenance() -> dict[str, str]:
     try:
         sha = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False,
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=False,
             cwd=Path(__file__).parent,
-        ).stdout.strip()  # fmt: skip
+        ).stdout.strip()
     except OSError:
         sha = ""
     versions = {}

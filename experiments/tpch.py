@@ -55,10 +55,14 @@ TABLES: dict[str, str] = {
 # the secondary indexes TPC-H implementations usually add (foreign keys), so that PostgreSQL
 # runs the correlated subqueries of Q2, Q17 and Q20 by index
 INDEXES = (
-    "lineitem (l_partkey, l_suppkey)", "lineitem (l_suppkey)", "orders (o_custkey)",
-    "partsupp (ps_suppkey)", "customer (c_nationkey)", "supplier (s_nationkey)",
+    "lineitem (l_partkey, l_suppkey)",
+    "lineitem (l_suppkey)",
+    "orders (o_custkey)",
+    "partsupp (ps_suppkey)",
+    "customer (c_nationkey)",
+    "supplier (s_nationkey)",
     "nation (n_regionkey)",
-)  # fmt: skip
+)
 
 
 def backend(given: str | None) -> str:
@@ -94,10 +98,17 @@ def load(dsn: str, scale: float, tables: Sequence[str]) -> dict[str, int]:
             work = Path(tempfile.mkdtemp(prefix="mtcache-tpch-"))
             try:
                 subprocess.run(
-                    [generator(), "csv", "-s", str(scale), f"--tables={','.join(missing)}",
-                     f"--output-dir={work}"],
-                    check=True, capture_output=True,
-                )  # fmt: skip
+                    [
+                        generator(),
+                        "csv",
+                        "-s",
+                        str(scale),
+                        f"--tables={','.join(missing)}",
+                        f"--output-dir={work}",
+                    ],
+                    check=True,
+                    capture_output=True,
+                )
                 for table in missing:
                     conn.execute(f"DROP TABLE IF EXISTS {table} CASCADE")
                     conn.execute(f"CREATE TABLE {table} ({TABLES[table]})")
@@ -129,7 +140,9 @@ def add_indexes(dsn: str) -> None:
 def cache_every_table(conn: cache.Connection) -> None:
     """Declare every TPC-H table as a fully materialized view (``<table>_copy``) of the
     connection's cache and refresh them all."""
-    conn.admin.apply_ddl(";\n".join(
-        f"CREATE CACHED VIEW {t}_copy AS SELECT * FROM {t} REFRESH EVERY 10 MIN"
-        for t in TABLES))  # fmt: skip
+    conn.admin.apply_ddl(
+        ";\n".join(
+            f"CREATE CACHED VIEW {t}_copy AS SELECT * FROM {t} REFRESH EVERY 10 MIN" for t in TABLES
+        )
+    )
     conn.admin.refresh()

@@ -37,11 +37,15 @@ DEFAULT_INTERVAL = 2.0
 DEFAULT_SOURCE = "default"
 WINDOW = 30  # beats whose clock samples the estimate is taken from
 
-CREATE = (f"CREATE TABLE IF NOT EXISTS {TABLE} (source text PRIMARY KEY, "
-          "beat_at timestamptz NOT NULL, beats bigint NOT NULL)")  # fmt: skip
-BEAT = (f"INSERT INTO {TABLE} AS h VALUES (%s, clock_timestamp(), 1) ON CONFLICT (source) "
-        "DO UPDATE SET beat_at = clock_timestamp(), beats = h.beats + 1 "
-        "RETURNING beat_at, beats")  # fmt: skip
+CREATE = (
+    f"CREATE TABLE IF NOT EXISTS {TABLE} (source text PRIMARY KEY, "
+    "beat_at timestamptz NOT NULL, beats bigint NOT NULL)"
+)
+BEAT = (
+    f"INSERT INTO {TABLE} AS h VALUES (%s, clock_timestamp(), 1) ON CONFLICT (source) "
+    "DO UPDATE SET beat_at = clock_timestamp(), beats = h.beats + 1 "
+    "RETURNING beat_at, beats"
+)
 
 
 @dataclass(frozen=True)
@@ -82,7 +86,8 @@ class Heartbeat:
     clock: BackendClock | None = None
     failures: int = 0  # beats that could not reach the backend
     _samples: deque[tuple[float, float, float]] = field(
-        default_factory=lambda: deque(maxlen=WINDOW))  # fmt: skip
+        default_factory=lambda: deque(maxlen=WINDOW)
+    )
     _loop: Loop = field(default_factory=lambda: Loop("mtcache-heartbeat"))
 
     def __post_init__(self) -> None:
@@ -99,8 +104,9 @@ class Heartbeat:
             return clock.offset_seconds + DRIFT * (newest - clock.measured_at.timestamp())
 
         best = min((from_samples([s]) for s in samples), key=late)
-        return BackendClock(late(best), best.uncertainty_seconds,
-                            dt.datetime.fromtimestamp(newest, dt.UTC))  # fmt: skip
+        return BackendClock(
+            late(best), best.uncertainty_seconds, dt.datetime.fromtimestamp(newest, dt.UTC)
+        )
 
     def run(self, on_failure: t.Callable[[Exception], None] | None = None) -> int:
         """Beat in this thread until `stop`; returns the beats made."""

@@ -18,8 +18,9 @@ class Loop:
     def start(self, target: t.Callable[..., object], **kwargs: t.Any) -> None:
         """Run ``target(**kwargs)`` in a daemon thread (once: a second start does nothing)."""
         if self._thread is None:
-            self._thread = threading.Thread(target=target, kwargs=kwargs, name=self.name,
-                                            daemon=True)  # fmt: skip
+            self._thread = threading.Thread(
+                target=target, kwargs=kwargs, name=self.name, daemon=True
+            )
             self._thread.start()
 
     def stop(self) -> None:

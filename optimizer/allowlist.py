@@ -69,8 +69,9 @@ class Settings:
 class Call:
     """A node to resolve, with the types of its arguments."""
 
-    def __init__(self, node: exp.Expr, typer: Callable[[exp.Expr], PgType],
-                 settings: Settings) -> None:  # fmt: skip
+    def __init__(
+        self, node: exp.Expr, typer: Callable[[exp.Expr], PgType], settings: Settings
+    ) -> None:
         self.node = node
         self.typer = typer
         self.settings = settings
@@ -168,8 +169,10 @@ def _func(name: str, *args: exp.Expr) -> exp.Expr:
 def _error_if(condition: exp.Expr, message: str, value: exp.Expr) -> exp.Expr:
     """``CASE WHEN condition THEN error(message) ELSE value END``: DuckDB raises where
     PostgreSQL raises (the cache then asks the backend, which raises its own error)."""
-    return exp.Case(ifs=[exp.If(this=condition, true=_func("error", exp.Literal.string(message)))],
-                    default=value)  # fmt: skip
+    return exp.Case(
+        ifs=[exp.If(this=condition, true=_func("error", exp.Literal.string(message)))],
+        default=value,
+    )
 
 
 _UPPER = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -177,8 +180,7 @@ _LOWER = _UPPER.lower()
 
 
 def _ascii_map(node: exp.Expr, source: str, target: str) -> exp.Expr:
-    return exp.Translate(this=node, from_=exp.Literal.string(source),
-                         to=exp.Literal.string(target))  # fmt: skip
+    return exp.Translate(this=node, from_=exp.Literal.string(source), to=exp.Literal.string(target))
 
 
 # -- the entries, by family ---------------------------------------------------------------------
@@ -189,11 +191,25 @@ ENTRIES: list[Entry] = []
 Forms = type[exp.Expr] | str | tuple[type[exp.Expr] | str, ...]
 
 
-def entry(name: str, forms: Forms, signature: Callable[[Call], Result], *,
-          rewrite: Callable[[exp.Expr], exp.Expr] | None = None, proofs: tuple[str, ...] = (),
-          raises: tuple[str, ...] = ()) -> None:  # fmt: skip
-    ENTRIES.append(Entry(name, forms if isinstance(forms, tuple) else (forms,), signature,
-                         rewrite, proofs, raises))  # fmt: skip
+def entry(
+    name: str,
+    forms: Forms,
+    signature: Callable[[Call], Result],
+    *,
+    rewrite: Callable[[exp.Expr], exp.Expr] | None = None,
+    proofs: tuple[str, ...] = (),
+    raises: tuple[str, ...] = (),
+) -> None:
+    ENTRIES.append(
+        Entry(
+            name,
+            forms if isinstance(forms, tuple) else (forms,),
+            signature,
+            rewrite,
+            proofs,
+            raises,
+        )
+    )
 
 
 # literals
@@ -215,9 +231,25 @@ def _number_literal(call: Call) -> Result:
     return PgType("numeric", scale=scale)
 
 
-entry("literal", exp.Literal, _number_literal,
-      proofs=("1", "0", "-7", "2147483648", "1.50", "0.0", "-0.001", "1e3", "2.5e-1", "1.5E+2",
-              "'abc'", "''"))  # fmt: skip
+entry(
+    "literal",
+    exp.Literal,
+    _number_literal,
+    proofs=(
+        "1",
+        "0",
+        "-7",
+        "2147483648",
+        "1.50",
+        "0.0",
+        "-0.001",
+        "1e3",
+        "2.5e-1",
+        "1.5E+2",
+        "'abc'",
+        "''",
+    ),
+)
 
 
 def _constant_list(call: Call) -> Result:
@@ -237,15 +269,21 @@ def _listed(template: str, constants: t.Iterable[object]) -> str:
     return template.format(", ".join(map(str, constants)))
 
 
-entry("long constant list", ConstantList, _constant_list,
-      proofs=(_listed("e.i4 IN ({})", range(LONG_LIST + 7)),
-              _listed("e.i2 NOT IN ({})", range(LONG_LIST + 3)),
-              _listed("e.i8 IN ({})", [*range(LONG_LIST), 9223372036854775807, 3000000000]),
-              _listed("e.i4 IN ({})", [*range(LONG_LIST), 3000000000]),
-              _listed("e.t IN ({})", [*(f"'k{i}'" for i in range(LONG_LIST)), "'Ab '",
-                                      "'x y'", "''"]),
-              _listed("e.v NOT IN ({})", [*(f"'it''s {i}'" for i in range(LONG_LIST)), "'a%_'",
-                                          "'ÄÖü€'"])))  # fmt: skip
+entry(
+    "long constant list",
+    ConstantList,
+    _constant_list,
+    proofs=(
+        _listed("e.i4 IN ({})", range(LONG_LIST + 7)),
+        _listed("e.i2 NOT IN ({})", range(LONG_LIST + 3)),
+        _listed("e.i8 IN ({})", [*range(LONG_LIST), 9223372036854775807, 3000000000]),
+        _listed("e.i4 IN ({})", [*range(LONG_LIST), 3000000000]),
+        _listed("e.t IN ({})", [*(f"'k{i}'" for i in range(LONG_LIST)), "'Ab '", "'x y'", "''"]),
+        _listed(
+            "e.v NOT IN ({})", [*(f"'it''s {i}'" for i in range(LONG_LIST)), "'a%_'", "'ÄÖü€'"]
+        ),
+    ),
+)
 entry("NULL", exp.Null, lambda call: PgType("null"), proofs=("NULL::int",))
 entry("TRUE / FALSE", exp.Boolean, lambda call: BOOL, proofs=("TRUE", "FALSE"))
 
@@ -255,21 +293,35 @@ def _interval_literal(call: Call) -> Result:
     text = (_string_literal(node.this) or "").lower()
     unit = node.text("unit").lower()
     words = f"{text} {unit}"
-    if not re.fullmatch(r"[\s\d.+-]*(\s*(day|days|hour|hours|minute|minutes|second|seconds|"
-                        r"week|weeks|month|months|mon|mons|year|years)\s*[\d.+-]*)*\s*"
-                        r"(\d+:\d+(:\d+(\.\d+)?)?)?\s*", words):
+    if not re.fullmatch(
+        r"[\s\d.+-]*(\s*(day|days|hour|hours|minute|minutes|second|seconds|"
+        r"week|weeks|month|months|mon|mons|year|years)\s*[\d.+-]*)*\s*"
+        r"(\d+:\d+(:\d+(\.\d+)?)?)?\s*",
+        words,
+    ):
         return f"it writes the interval {text!r}, which the cache does not read"
     if re.search(r"\d\.\d*\s*(month|mon|year)", words):
         return "it writes a fractional month or year interval"
     return PgType("interval", months=bool(re.search(r"(month|mon|year)", words)))
 
 
-entry("interval literal", exp.Interval, _interval_literal,
-      proofs=("interval '1 day'", "interval '36 hours'", "interval '-7 days'",
-              "interval '90 minutes'", "e.ts + interval '1 year 2 days'",
-              "e.d + interval '1 month'", "interval '1.5 days'",
-              "interval '1 year 2 months 3 days 04:05:06'", "interval '-14 months'",
-              "interval '-1 year -2 months -3 days'"))
+entry(
+    "interval literal",
+    exp.Interval,
+    _interval_literal,
+    proofs=(
+        "interval '1 day'",
+        "interval '36 hours'",
+        "interval '-7 days'",
+        "interval '90 minutes'",
+        "e.ts + interval '1 year 2 days'",
+        "e.d + interval '1 month'",
+        "interval '1.5 days'",
+        "interval '1 year 2 months 3 days 04:05:06'",
+        "interval '-14 months'",
+        "interval '-1 year -2 months -3 days'",
+    ),
+)
 
 
 # casts
@@ -346,8 +398,9 @@ def _cast_rewrite(node: exp.Expr) -> exp.Expr:
     return node
 
 
-_PARAMETER_TARGETS = frozenset({"integer", "numeric", "float", "text", "varchar", "date",
-                                "timestamp", "bool"})  # fmt: skip
+_PARAMETER_TARGETS = frozenset(
+    {"integer", "numeric", "float", "text", "varchar", "date", "timestamp", "bool"}
+)
 
 
 def reads_alike(kind: str, text: str) -> bool:
@@ -355,8 +408,7 @@ def reads_alike(kind: str, text: str) -> bool:
     return {
         "integer": _INT_TEXT.fullmatch(text) is not None and abs(int(text)) < 2**63,
         "numeric": _DECIMAL_TEXT.fullmatch(text) is not None,
-        "float": _DECIMAL_TEXT.fullmatch(text) is not None or text.strip().lower()
-        in _FLOAT_WORDS,
+        "float": _DECIMAL_TEXT.fullmatch(text) is not None or text.strip().lower() in _FLOAT_WORDS,
         "date": _DATE_TEXT.fullmatch(text.strip()) is not None,
         "timestamp": _TIMESTAMP_TEXT.fullmatch(text.strip()) is not None,
         "time": _TIME_TEXT.fullmatch(text.strip()) is not None,
@@ -387,24 +439,75 @@ def _numeric_to_float(call: Call) -> Result:
     return to
 
 
-entry("CAST numeric AS double precision / real", exp.Cast, _numeric_to_float,
-      rewrite=_cast_rewrite,
-      proofs=("e.n::float8", "e.n4::double precision", "e.n0::real", "e.n4::real",
-              "(e.n * e.n4)::float8", "0.1::float8", "123456789012345678.9::float8"))
-entry("CAST", exp.Cast, _cast,
-      proofs=("e.i4::bigint", "e.i8::int", "e.n::int", "e.n4::bigint", "(e.f8 / 4)::int",
-              "e.i4::numeric", "e.n::numeric", "e.i2::numeric(8,2)", "e.n4::numeric(20,1)",
-              "e.n::numeric(14)", "e.i4::float8", "e.i8::float8", "e.i4::real", "e.f4::float8",
-              "e.i4::text", "e.n::varchar", "e.n0::text", "e.d::text", "e.ts::text",
-              "e.c::text", "e.v::text", "e.b::text", "e.ts::date", "e.d::timestamp", "e.tz::date",
-              "e.tz::timestamp", "'12'::int",
-              "' -3 '::bigint", "'1.250'::numeric", "'1e3'::numeric", "'NaN'::float8",
-              "'-Infinity'::float8", "'1.5'::float8", "DATE '1995-01-22'",
-              "DATE '1995-01-22'::varchar",
-              "date '1994-06-27'::timestamp", "TIMESTAMP '1998-12-31 23:59:59.5'",
-              "'10:15'::time", "'true'::boolean", "e.b::boolean", "e.f4::real"),
-      raises=("(e.i8 * 0 + 3000000000)::int", "'abc'::int", "(e.n0 + 10)::numeric(3,2)",
-              "'1995-02-30'::date"))  # fmt: skip
+entry(
+    "CAST numeric AS double precision / real",
+    exp.Cast,
+    _numeric_to_float,
+    rewrite=_cast_rewrite,
+    proofs=(
+        "e.n::float8",
+        "e.n4::double precision",
+        "e.n0::real",
+        "e.n4::real",
+        "(e.n * e.n4)::float8",
+        "0.1::float8",
+        "123456789012345678.9::float8",
+    ),
+)
+entry(
+    "CAST",
+    exp.Cast,
+    _cast,
+    proofs=(
+        "e.i4::bigint",
+        "e.i8::int",
+        "e.n::int",
+        "e.n4::bigint",
+        "(e.f8 / 4)::int",
+        "e.i4::numeric",
+        "e.n::numeric",
+        "e.i2::numeric(8,2)",
+        "e.n4::numeric(20,1)",
+        "e.n::numeric(14)",
+        "e.i4::float8",
+        "e.i8::float8",
+        "e.i4::real",
+        "e.f4::float8",
+        "e.i4::text",
+        "e.n::varchar",
+        "e.n0::text",
+        "e.d::text",
+        "e.ts::text",
+        "e.c::text",
+        "e.v::text",
+        "e.b::text",
+        "e.ts::date",
+        "e.d::timestamp",
+        "e.tz::date",
+        "e.tz::timestamp",
+        "'12'::int",
+        "' -3 '::bigint",
+        "'1.250'::numeric",
+        "'1e3'::numeric",
+        "'NaN'::float8",
+        "'-Infinity'::float8",
+        "'1.5'::float8",
+        "DATE '1995-01-22'",
+        "DATE '1995-01-22'::varchar",
+        "date '1994-06-27'::timestamp",
+        "TIMESTAMP '1998-12-31 23:59:59.5'",
+        "'10:15'::time",
+        "'true'::boolean",
+        "e.b::boolean",
+        "e.f4::real",
+    ),
+    raises=(
+        "(e.i8 * 0 + 3000000000)::int",
+        "'abc'::int",
+        "(e.n0 + 10)::numeric(3,2)",
+        "'1995-02-30'::date",
+    ),
+)
 
 
 # arithmetic
@@ -463,41 +566,90 @@ def _float_checked(node: exp.Expr) -> exp.Expr:
     operands, or underflows to zero from nonzero ones (float.h's float_overflow_error,
     float_underflow_error); DuckDB gives infinity and zero."""
     a, b, result = node.this, node.expression, node.copy()
-    overflow = exp.and_(_isinf(result.copy()), exp.Not(this=_isinf(a.copy())),
-                        exp.Not(this=_isinf(b.copy())))  # fmt: skip
+    overflow = exp.and_(
+        _isinf(result.copy()), exp.Not(this=_isinf(a.copy())), exp.Not(this=_isinf(b.copy()))
+    )
     checks = [(overflow, "value out of range: overflow")]
     if isinstance(node, exp.Mul):
-        checks.append((exp.and_(exp.EQ(this=result.copy(), expression=exp.Literal.number(0)),
-                                _nonzero(a.copy()), _nonzero(b.copy())),
-                       "value out of range: underflow"))  # fmt: skip
+        checks.append(
+            (
+                exp.and_(
+                    exp.EQ(this=result.copy(), expression=exp.Literal.number(0)),
+                    _nonzero(a.copy()),
+                    _nonzero(b.copy()),
+                ),
+                "value out of range: underflow",
+            )
+        )
     if isinstance(node, exp.Div):
-        checks.append((exp.and_(exp.EQ(this=result.copy(), expression=exp.Literal.number(0)),
-                                _nonzero(a.copy()), exp.Not(this=_isinf(b.copy()))),
-                       "value out of range: underflow"))  # fmt: skip
-    ifs = [exp.If(this=condition, true=_func("error", exp.Literal.string(message)))
-           for condition, message in checks]  # fmt: skip
+        checks.append(
+            (
+                exp.and_(
+                    exp.EQ(this=result.copy(), expression=exp.Literal.number(0)),
+                    _nonzero(a.copy()),
+                    exp.Not(this=_isinf(b.copy())),
+                ),
+                "value out of range: underflow",
+            )
+        )
+    ifs = [
+        exp.If(this=condition, true=_func("error", exp.Literal.string(message)))
+        for condition, message in checks
+    ]
     return exp.Case(ifs=ifs, default=node)
 
 
-entry("+ - * / of double precision", (exp.Add, exp.Sub, exp.Mul, exp.Div),
-      _floating_only(lambda call: t.cast(PgType, _floating(call.type(),
-                                                           call.type("expression")))),
-      rewrite=_float_checked,
-      proofs=("e.f8 + 1", "e.f8 - e.n", "e.f8 * 1.5", "e.f8 * e.i4", "e.f4 * 3", "e.f4 * e.f4",
-              "e.f4 * 0.1", "e.f8 / 4", "e.i4 / 2.5::float8", "e.f8 * -1", "-0.0::float8 * 1"),
-      raises=("e.f8 * 0 + 1e308::float8 * 10", "(e.f8 * 0 + 5e-324::float8) / 4",
-              "(e.f8 * 0 + 1e-300::float8) * 1e-300::float8", "e.f8 / 0",
-              "(e.f4 * '0'::real + '3.4e38'::real) * '10'::real"))  # fmt: skip
+entry(
+    "+ - * / of double precision",
+    (exp.Add, exp.Sub, exp.Mul, exp.Div),
+    _floating_only(lambda call: t.cast(PgType, _floating(call.type(), call.type("expression")))),
+    rewrite=_float_checked,
+    proofs=(
+        "e.f8 + 1",
+        "e.f8 - e.n",
+        "e.f8 * 1.5",
+        "e.f8 * e.i4",
+        "e.f4 * 3",
+        "e.f4 * e.f4",
+        "e.f4 * 0.1",
+        "e.f8 / 4",
+        "e.i4 / 2.5::float8",
+        "e.f8 * -1",
+        "-0.0::float8 * 1",
+    ),
+    raises=(
+        "e.f8 * 0 + 1e308::float8 * 10",
+        "(e.f8 * 0 + 5e-324::float8) / 4",
+        "(e.f8 * 0 + 1e-300::float8) * 1e-300::float8",
+        "e.f8 / 0",
+        "(e.f4 * '0'::real + '3.4e38'::real) * '10'::real",
+    ),
+)
 
 
-entry("+ and -", (exp.Add, exp.Sub), _add,
-      proofs=("e.i4 + 1", "e.i2 + e.i2", "e.i4 - e.i8", "e.n + e.n4", "e.n - 1", "e.n0 + 0.5",
-              "e.d + 7", "e.d - 30", "7 + e.d", "e.d - DATE '1992-01-01'",
-              "e.d + interval '1 month'", "e.ts - interval '36 hours'",
-              "e.ts - TIMESTAMP '1992-01-01 10:00'", "e.d + time '10:15'",
-              "interval '1 day' + interval '2 hours'"),
-      raises=("e.i4 + 2147483647 + 2147483647",
-              "e.i2 + 32767::smallint + 32767::smallint"))  # fmt: skip
+entry(
+    "+ and -",
+    (exp.Add, exp.Sub),
+    _add,
+    proofs=(
+        "e.i4 + 1",
+        "e.i2 + e.i2",
+        "e.i4 - e.i8",
+        "e.n + e.n4",
+        "e.n - 1",
+        "e.n0 + 0.5",
+        "e.d + 7",
+        "e.d - 30",
+        "7 + e.d",
+        "e.d - DATE '1992-01-01'",
+        "e.d + interval '1 month'",
+        "e.ts - interval '36 hours'",
+        "e.ts - TIMESTAMP '1992-01-01 10:00'",
+        "e.d + time '10:15'",
+        "interval '1 day' + interval '2 hours'",
+    ),
+    raises=("e.i4 + 2147483647 + 2147483647", "e.i2 + 32767::smallint + 32767::smallint"),
+)
 
 
 def _mul(call: Call) -> Result:
@@ -518,12 +670,26 @@ def _mul(call: Call) -> Result:
     return f"it multiplies {a.kind} by {b.kind}"
 
 
-entry("*", exp.Mul, _mul,
-      proofs=("e.i4 * 3", "e.i2 * e.i2", "e.n * e.n4", "e.n * 2", "e.n0 * 0.25",
-              "interval '36 hours' * 2", "interval '1 day' * 1.5", "e.i4 * interval '1 hour'",
-              "interval '90 minutes' * e.f8", "interval '1 day' * 0.3",
-              "e.d + interval '1 month' * e.i2", "e.ts - 2 * interval '1 year 1 month'"),
-      raises=("(e.i4 + 2147483647) * 2", "(e.i8 + 9223372036854775807) * 2"))  # fmt: skip
+entry(
+    "*",
+    exp.Mul,
+    _mul,
+    proofs=(
+        "e.i4 * 3",
+        "e.i2 * e.i2",
+        "e.n * e.n4",
+        "e.n * 2",
+        "e.n0 * 0.25",
+        "interval '36 hours' * 2",
+        "interval '1 day' * 1.5",
+        "e.i4 * interval '1 hour'",
+        "interval '90 minutes' * e.f8",
+        "interval '1 day' * 0.3",
+        "e.d + interval '1 month' * e.i2",
+        "e.ts - 2 * interval '1 year 1 month'",
+    ),
+    raises=("(e.i4 + 2147483647) * 2", "(e.i8 + 9223372036854775807) * 2"),
+)
 
 
 def _div(call: Call) -> Result:
@@ -539,12 +705,26 @@ def _div(call: Call) -> Result:
     return f"it divides {a.kind} by {b.kind}"
 
 
-entry("/", exp.Div, _div,
-      proofs=("e.i4 / 2", "-7 / 2", "e.i8 / e.i4", "SELECT e.n / 3 FROM edge e",
-              "SELECT e.n4 / e.n FROM edge e WHERE e.n <> 0", "e.n / 3 + 1",
-              "e.n4 / 7 > 0.1", "round(e.n / 3, 2)", "(e.n / e.i4::numeric) * 2",
-              "coalesce(e.n / 7, 0)", "e.n0 / 3 = 1", "e.i4 / 7.0"),
-      raises=("e.i4 / 0", "e.i4 / (e.i4 - e.i4)", "e.n / 0"))  # fmt: skip
+entry(
+    "/",
+    exp.Div,
+    _div,
+    proofs=(
+        "e.i4 / 2",
+        "-7 / 2",
+        "e.i8 / e.i4",
+        "SELECT e.n / 3 FROM edge e",
+        "SELECT e.n4 / e.n FROM edge e WHERE e.n <> 0",
+        "e.n / 3 + 1",
+        "e.n4 / 7 > 0.1",
+        "round(e.n / 3, 2)",
+        "(e.n / e.i4::numeric) * 2",
+        "coalesce(e.n / 7, 0)",
+        "e.n0 / 3 = 1",
+        "e.i4 / 7.0",
+    ),
+    raises=("e.i4 / 0", "e.i4 / (e.i4 - e.i4)", "e.n / 0"),
+)
 
 
 def _mod(call: Call) -> Result:
@@ -556,10 +736,21 @@ def _mod(call: Call) -> Result:
     return f"it takes {a.kind} modulo {b.kind}"
 
 
-entry("% and mod()", exp.Mod, _mod,
-      proofs=("e.i4 % 3", "-7 % 3", "7 % -3", "mod(e.i8, 5)", "e.n % 2", "mod(e.n4, 0.7)",
-              "e.n0 % e.i2"),
-      raises=("e.i4 % 0", "mod(e.n, 0)"))  # fmt: skip
+entry(
+    "% and mod()",
+    exp.Mod,
+    _mod,
+    proofs=(
+        "e.i4 % 3",
+        "-7 % 3",
+        "7 % -3",
+        "mod(e.i8, 5)",
+        "e.n % 2",
+        "mod(e.n4, 0.7)",
+        "e.n0 % e.i2",
+    ),
+    raises=("e.i4 % 0", "mod(e.n, 0)"),
+)
 
 
 def _neg(call: Call) -> Result:
@@ -571,8 +762,13 @@ def _neg(call: Call) -> Result:
     return f"it negates {inner.kind}"
 
 
-entry("unary -", exp.Neg, _neg, proofs=("-e.i4", "-e.n", "-e.f8", "-e.n4"),
-      raises=("-(e.i2 * 0 - 32768)::smallint",))  # fmt: skip
+entry(
+    "unary -",
+    exp.Neg,
+    _neg,
+    proofs=("-e.i4", "-e.n", "-e.f8", "-e.n4"),
+    raises=("-(e.i2 * 0 - 32768)::smallint",),
+)
 
 
 # comparisons and predicates
@@ -605,16 +801,43 @@ def _compare(call: Call) -> Result:
     return BOOL
 
 
-entry("= <> < <= > >=", (exp.EQ, exp.NEQ, exp.LT, exp.LTE, exp.GT, exp.GTE), _compare,
-      proofs=("e.i4 = 7", "e.i2 < e.i8", "e.n >= 2.5", "e.n = e.i4", "e.f8 > e.n", "e.f8 = 0.1",
-              "e.c = 'ab'", "e.c = e.v", "e.v <> 'ab  '", "e.t < 'B'", "e.d < DATE '1995-01-31'",
-              "e.d <= e.ts", "e.d > '1995-01-01'", "e.b = TRUE", "e.tm < '12:00'",
-              "e.tz < e.ts", "e.tz >= e.d", "e.tz = '1995-01-31 10:20:30.5'",
-              "date_trunc('month', e.d) > e.ts",
-              "e.ts - e.ts > interval '1 hour'"))  # fmt: skip
-entry("IS [NOT] DISTINCT FROM", (exp.NullSafeEQ, exp.NullSafeNEQ), _compare,
-      proofs=("e.i4 IS DISTINCT FROM 7", "e.c IS NOT DISTINCT FROM 'ab'",
-              "e.n IS DISTINCT FROM NULL"))  # fmt: skip
+entry(
+    "= <> < <= > >=",
+    (exp.EQ, exp.NEQ, exp.LT, exp.LTE, exp.GT, exp.GTE),
+    _compare,
+    proofs=(
+        "e.i4 = 7",
+        "e.i2 < e.i8",
+        "e.n >= 2.5",
+        "e.n = e.i4",
+        "e.f8 > e.n",
+        "e.f8 = 0.1",
+        "e.c = 'ab'",
+        "e.c = e.v",
+        "e.v <> 'ab  '",
+        "e.t < 'B'",
+        "e.d < DATE '1995-01-31'",
+        "e.d <= e.ts",
+        "e.d > '1995-01-01'",
+        "e.b = TRUE",
+        "e.tm < '12:00'",
+        "e.tz < e.ts",
+        "e.tz >= e.d",
+        "e.tz = '1995-01-31 10:20:30.5'",
+        "date_trunc('month', e.d) > e.ts",
+        "e.ts - e.ts > interval '1 hour'",
+    ),
+)
+entry(
+    "IS [NOT] DISTINCT FROM",
+    (exp.NullSafeEQ, exp.NullSafeNEQ),
+    _compare,
+    proofs=(
+        "e.i4 IS DISTINCT FROM 7",
+        "e.c IS NOT DISTINCT FROM 'ab'",
+        "e.n IS DISTINCT FROM NULL",
+    ),
+)
 
 
 def _between(call: Call) -> Result:
@@ -627,9 +850,17 @@ def _between(call: Call) -> Result:
     return BOOL
 
 
-entry("BETWEEN", exp.Between, _between,
-      proofs=("e.i4 BETWEEN 0 AND 10", "e.c BETWEEN 'a' AND 'b'", "e.d NOT BETWEEN DATE "
-              "'1992-01-01' AND DATE '1995-12-31'", "e.n BETWEEN e.i4 AND 3.5"))  # fmt: skip
+entry(
+    "BETWEEN",
+    exp.Between,
+    _between,
+    proofs=(
+        "e.i4 BETWEEN 0 AND 10",
+        "e.c BETWEEN 'a' AND 'b'",
+        "e.d NOT BETWEEN DATE '1992-01-01' AND DATE '1995-12-31'",
+        "e.n BETWEEN e.i4 AND 3.5",
+    ),
+)
 
 
 def _in(call: Call) -> Result:
@@ -677,32 +908,62 @@ def _row_in_rewrite(node: exp.Expr) -> exp.Expr:
     columns = [f"c{i}" for i in range(len(node.this.expressions))]
 
     def matching(condition: t.Callable[[exp.Expr], exp.Expr]) -> exp.Expr:
-        equal = exp.and_(*[exp.EQ(this=value.copy(), expression=exp.column(c, table=name))
-                           for value, c in zip(node.this.expressions, columns, strict=True)])
-        source = exp.Subquery(this=select.copy(), alias=exp.TableAlias(
-            this=exp.to_identifier(name), columns=[exp.to_identifier(c) for c in columns]))
+        equal = exp.and_(
+            *[
+                exp.EQ(this=value.copy(), expression=exp.column(c, table=name))
+                for value, c in zip(node.this.expressions, columns, strict=True)
+            ]
+        )
+        source = exp.Subquery(
+            this=select.copy(),
+            alias=exp.TableAlias(
+                this=exp.to_identifier(name), columns=[exp.to_identifier(c) for c in columns]
+            ),
+        )
         return exp.Exists(this=exp.select("1").from_(source).where(condition(equal)))
 
-    return exp.Case(ifs=[
-        exp.If(this=matching(lambda e: e), true=exp.true()),
-        exp.If(this=matching(lambda e: exp.Is(this=exp.Paren(this=e), expression=exp.Null())),
-               true=exp.Null()),
-    ], default=exp.false())  # fmt: skip
+    return exp.Case(
+        ifs=[
+            exp.If(this=matching(lambda e: e), true=exp.true()),
+            exp.If(
+                this=matching(lambda e: exp.Is(this=exp.Paren(this=e), expression=exp.Null())),
+                true=exp.Null(),
+            ),
+        ],
+        default=exp.false(),
+    )
 
 
-entry("(row) IN (subquery)", exp.In, lambda call: _row_in(call) if isinstance(
-          call.node.this, exp.Tuple) else NOT_MINE, rewrite=_row_in_rewrite,
-      proofs=("(e.i4, e.i2) IN (SELECT x.i4, x.i2 FROM edge x WHERE x.id < 5)",
-              "(e.i4, e.i2) NOT IN (SELECT x.i4, nullif(x.i2, 1) FROM edge x)",
-              "(e.d, e.i8) IN (SELECT x.d, x.i8 FROM edge x WHERE x.id <> e.id)",
-              "SELECT count(*) FROM edge e WHERE (e.i4, e.n) NOT IN "
-              "(SELECT x.i4, x.n FROM edge x WHERE x.id IN (2, 3))"))  # fmt: skip
-entry("IN", exp.In, _in,
-      proofs=("e.i4 IN (1, 7, NULL)", "e.i4 NOT IN (1, NULL)", "e.c IN ('ab', 'x')",
-              "e.v IN ('ab', 'Q R')", "e.c IN (e.v)", "e.t IN ('Ab', e.t)",
-              "e.n IN (2.5, 0)", "e.d IN (DATE '2000-01-01')",
-              "e.i4 IN (SELECT x.i2 FROM edge x WHERE x.id < 4)",
-              "e.i4 NOT IN (SELECT x.i4 FROM edge x)"))  # fmt: skip
+entry(
+    "(row) IN (subquery)",
+    exp.In,
+    lambda call: _row_in(call) if isinstance(call.node.this, exp.Tuple) else NOT_MINE,
+    rewrite=_row_in_rewrite,
+    proofs=(
+        "(e.i4, e.i2) IN (SELECT x.i4, x.i2 FROM edge x WHERE x.id < 5)",
+        "(e.i4, e.i2) NOT IN (SELECT x.i4, nullif(x.i2, 1) FROM edge x)",
+        "(e.d, e.i8) IN (SELECT x.d, x.i8 FROM edge x WHERE x.id <> e.id)",
+        "SELECT count(*) FROM edge e WHERE (e.i4, e.n) NOT IN "
+        "(SELECT x.i4, x.n FROM edge x WHERE x.id IN (2, 3))",
+    ),
+)
+entry(
+    "IN",
+    exp.In,
+    _in,
+    proofs=(
+        "e.i4 IN (1, 7, NULL)",
+        "e.i4 NOT IN (1, NULL)",
+        "e.c IN ('ab', 'x')",
+        "e.v IN ('ab', 'Q R')",
+        "e.c IN (e.v)",
+        "e.t IN ('Ab', e.t)",
+        "e.n IN (2.5, 0)",
+        "e.d IN (DATE '2000-01-01')",
+        "e.i4 IN (SELECT x.i2 FROM edge x WHERE x.id < 4)",
+        "e.i4 NOT IN (SELECT x.i4 FROM edge x)",
+    ),
+)
 
 
 def _is(call: Call) -> Result:
@@ -714,9 +975,18 @@ def _is(call: Call) -> Result:
     return "it takes IS with something other than NULL, TRUE or FALSE"
 
 
-entry("IS [NOT] NULL / TRUE / FALSE", exp.Is, _is,
-      proofs=("e.i4 IS NULL", "e.c IS NOT NULL", "e.b IS TRUE", "e.b IS NOT FALSE",
-              "(e.i4 > 1) IS UNKNOWN"))  # fmt: skip
+entry(
+    "IS [NOT] NULL / TRUE / FALSE",
+    exp.Is,
+    _is,
+    proofs=(
+        "e.i4 IS NULL",
+        "e.c IS NOT NULL",
+        "e.b IS TRUE",
+        "e.b IS NOT FALSE",
+        "(e.i4 > 1) IS UNKNOWN",
+    ),
+)
 
 
 def _boolean(call: Call) -> Result:
@@ -726,10 +996,18 @@ def _boolean(call: Call) -> Result:
     return BOOL
 
 
-entry("AND OR NOT", (exp.And, exp.Or, exp.Not), _boolean,
-      proofs=("e.b AND e.i4 > 1", "e.b OR NULL", "NOT e.b", "NOT (e.i4 > 1 AND e.b)"))
-entry("EXISTS", exp.Exists, lambda call: BOOL,
-      proofs=("EXISTS (SELECT 1 FROM edge x WHERE x.i4 = e.i4 + 1)",))
+entry(
+    "AND OR NOT",
+    (exp.And, exp.Or, exp.Not),
+    _boolean,
+    proofs=("e.b AND e.i4 > 1", "e.b OR NULL", "NOT e.b", "NOT (e.i4 > 1 AND e.b)"),
+)
+entry(
+    "EXISTS",
+    exp.Exists,
+    lambda call: BOOL,
+    proofs=("EXISTS (SELECT 1 FROM edge x WHERE x.i4 = e.i4 + 1)",),
+)
 
 
 def _like(call: Call) -> Result:
@@ -746,14 +1024,23 @@ def _like(call: Call) -> Result:
     return BOOL
 
 
-def numeric_division(numerator: exp.Expr, numerator_scale: exp.Expr, denominator: exp.Expr,
-                     denominator_scale: exp.Expr, scale: bool = False) -> exp.Expr:  # fmt: skip
+def numeric_division(
+    numerator: exp.Expr,
+    numerator_scale: exp.Expr,
+    denominator: exp.Expr,
+    denominator_scale: exp.Expr,
+    scale: bool = False,
+) -> exp.Expr:
     """PostgreSQL's numeric division of two exact operands, given their display scales, in
     DuckDB: the quotient (a DECIMAL(38, DIVISION_SCALE)) or, with ``scale``, its display
     scale."""
-    call = _func(NUMERIC_DIVIDE_SCALE if scale else NUMERIC_DIVIDE,
-                 exp.cast(numerator, "VARCHAR"), numerator_scale,
-                 exp.cast(denominator, "VARCHAR"), denominator_scale)  # fmt: skip
+    call = _func(
+        NUMERIC_DIVIDE_SCALE if scale else NUMERIC_DIVIDE,
+        exp.cast(numerator, "VARCHAR"),
+        numerator_scale,
+        exp.cast(denominator, "VARCHAR"),
+        denominator_scale,
+    )
     if scale:
         return call
     return exp.cast(call, exp.DataType.build(f"DECIMAL(38, {DIVISION_SCALE})"))
@@ -761,16 +1048,35 @@ def numeric_division(numerator: exp.Expr, numerator_scale: exp.Expr, denominator
 
 def _ilike_rewrite(node: exp.Expr) -> exp.Expr:
     """ILIKE folds ASCII letters only under the C ctype: compare both sides lowered so."""
-    like = exp.Like(this=_ascii_map(node.this, _UPPER, _LOWER),
-                    expression=_ascii_map(node.expression, _UPPER, _LOWER))  # fmt: skip
+    like = exp.Like(
+        this=_ascii_map(node.this, _UPPER, _LOWER),
+        expression=_ascii_map(node.expression, _UPPER, _LOWER),
+    )
     return exp.Not(this=like) if node.args.get("negate") else like
 
 
-entry("LIKE", exp.Like, _like,
-      proofs=("e.t LIKE 'A%'", "e.c LIKE 'ab'", "e.c LIKE 'ab%'", "e.c NOT LIKE '% '",
-              "e.v LIKE '%b _'", "e.t LIKE ''", "e.v LIKE '%'", "e.t LIKE '_b%'"))  # fmt: skip
-entry("ILIKE", exp.ILike, _like, rewrite=_ilike_rewrite,
-      proofs=("e.t ILIKE 'a%'", "e.c ILIKE 'AB%'", "e.v NOT ILIKE '%Ä%'", "e.t ILIKE '%ö%'"))
+entry(
+    "LIKE",
+    exp.Like,
+    _like,
+    proofs=(
+        "e.t LIKE 'A%'",
+        "e.c LIKE 'ab'",
+        "e.c LIKE 'ab%'",
+        "e.c NOT LIKE '% '",
+        "e.v LIKE '%b _'",
+        "e.t LIKE ''",
+        "e.v LIKE '%'",
+        "e.t LIKE '_b%'",
+    ),
+)
+entry(
+    "ILIKE",
+    exp.ILike,
+    _like,
+    rewrite=_ilike_rewrite,
+    proofs=("e.t ILIKE 'a%'", "e.c ILIKE 'AB%'", "e.v NOT ILIKE '%Ä%'", "e.t ILIKE '%ö%'"),
+)
 
 
 def _similar_regex(pattern: str) -> str | None:
@@ -819,19 +1125,32 @@ def _similar_rewrite(node: exp.Expr) -> exp.Expr:
     """DuckDB reads SIMILAR TO's pattern as a regular expression: give it PostgreSQL's
     translation, matched in full."""
     regex = _similar_regex(node.expression.this) or ""
-    return exp.RegexpLike(this=node.this, expression=exp.Literal.string(regex),
-                          full_match=True)  # fmt: skip
+    return exp.RegexpLike(this=node.this, expression=exp.Literal.string(regex), full_match=True)
 
 
-entry("SIMILAR TO", exp.SimilarTo, _similar, rewrite=_similar_rewrite,
-      proofs=("e.t SIMILAR TO 'A%'", "e.c SIMILAR TO 'ab%'", "e.v SIMILAR TO '%(b|y)%'",
-              "e.t SIMILAR TO '[A-C]%'", "e.t NOT SIMILAR TO '_%'", "e.v SIMILAR TO '%'",
-              "e.t SIMILAR TO 'x.y'", "e.t SIMILAR TO '(Ab|x)%'",
-              "e.v SIMILAR TO '%1*'"))  # fmt: skip
+entry(
+    "SIMILAR TO",
+    exp.SimilarTo,
+    _similar,
+    rewrite=_similar_rewrite,
+    proofs=(
+        "e.t SIMILAR TO 'A%'",
+        "e.c SIMILAR TO 'ab%'",
+        "e.v SIMILAR TO '%(b|y)%'",
+        "e.t SIMILAR TO '[A-C]%'",
+        "e.t NOT SIMILAR TO '_%'",
+        "e.v SIMILAR TO '%'",
+        "e.t SIMILAR TO 'x.y'",
+        "e.t SIMILAR TO '(Ab|x)%'",
+        "e.v SIMILAR TO '%1*'",
+    ),
+)
 
 # what both PostgreSQL's regular expressions and RE2 read alike
-_SAFE_REGEX = re.compile(r"(?:[^\\\[\](){}|*+?.^$]|\\[.^$*+?()\[\]{}|\\]|[.^$|*+?()]"
-                         r"|\{\d+(,\d*)?\}|\[\^?\]?[^\]\[\\]*\])*")
+_SAFE_REGEX = re.compile(
+    r"(?:[^\\\[\](){}|*+?.^$]|\\[.^$*+?()\[\]{}|\\]|[.^$|*+?()]"
+    r"|\{\d+(,\d*)?\}|\[\^?\]?[^\]\[\\]*\])*"
+)
 
 
 def _regex(call: Call) -> Result:
@@ -851,15 +1170,33 @@ def _regex(call: Call) -> Result:
 def _regex_i_rewrite(node: exp.Expr) -> exp.Expr:
     """~* folds ASCII letters only under the C ctype: match the value lowered so against the
     pattern lowered (a literal of ASCII, checked)."""
-    return exp.RegexpLike(this=_ascii_map(node.this, _UPPER, _LOWER),
-                          expression=exp.Literal.string(node.expression.this.lower()))  # fmt: skip
+    return exp.RegexpLike(
+        this=_ascii_map(node.this, _UPPER, _LOWER),
+        expression=exp.Literal.string(node.expression.this.lower()),
+    )
 
 
-entry("~", exp.RegexpLike, _regex,
-      proofs=("e.t ~ '^A'", "e.c ~ ' $'", "e.v ~ 'b +'", "e.t !~ '[0-9]{2}'",
-              "e.t ~ '^(Ab|x)'", "e.v ~ '^$'", "e.t ~ 'a.c'"))  # fmt: skip
-entry("~*", exp.RegexpILike, _regex, rewrite=_regex_i_rewrite,
-      proofs=("e.t ~* '^a'", "e.v ~* 'B'", "e.t ~* 'X Y'"))
+entry(
+    "~",
+    exp.RegexpLike,
+    _regex,
+    proofs=(
+        "e.t ~ '^A'",
+        "e.c ~ ' $'",
+        "e.v ~ 'b +'",
+        "e.t !~ '[0-9]{2}'",
+        "e.t ~ '^(Ab|x)'",
+        "e.v ~ '^$'",
+        "e.t ~ 'a.c'",
+    ),
+)
+entry(
+    "~*",
+    exp.RegexpILike,
+    _regex,
+    rewrite=_regex_i_rewrite,
+    proofs=("e.t ~* '^a'", "e.v ~* 'B'", "e.t ~* 'X Y'"),
+)
 
 
 # conditionals
@@ -888,15 +1225,25 @@ def _combined(types: list[PgType]) -> Result:
     return found
 
 
-entry("CASE", exp.Case, _case,
-      proofs=("CASE WHEN e.i4 > 1 THEN e.n ELSE 0 END", "CASE e.c WHEN 'ab' THEN 1 END",
-              "CASE WHEN e.b THEN e.c ELSE 'x' END", "CASE WHEN e.i4 IS NULL THEN 'none' END",
-              "CASE WHEN e.b THEN e.v ELSE e.t END", "CASE WHEN e.b THEN e.c ELSE e.v END",
-              "CASE WHEN e.b THEN e.v ELSE e.c END", "CASE WHEN e.b THEN e.c ELSE e.c1 END",
-              "CASE WHEN e.i4 > 0 THEN 1.5 ELSE 2.25 END",
-              "(CASE WHEN e.b THEN e.v ELSE e.c END) || '|'",
-              "length(CASE WHEN e.b THEN e.t ELSE e.c END)",
-              "CASE WHEN e.b THEN e.v ELSE e.c END = 'ab'"))  # fmt: skip
+entry(
+    "CASE",
+    exp.Case,
+    _case,
+    proofs=(
+        "CASE WHEN e.i4 > 1 THEN e.n ELSE 0 END",
+        "CASE e.c WHEN 'ab' THEN 1 END",
+        "CASE WHEN e.b THEN e.c ELSE 'x' END",
+        "CASE WHEN e.i4 IS NULL THEN 'none' END",
+        "CASE WHEN e.b THEN e.v ELSE e.t END",
+        "CASE WHEN e.b THEN e.c ELSE e.v END",
+        "CASE WHEN e.b THEN e.v ELSE e.c END",
+        "CASE WHEN e.b THEN e.c ELSE e.c1 END",
+        "CASE WHEN e.i4 > 0 THEN 1.5 ELSE 2.25 END",
+        "(CASE WHEN e.b THEN e.v ELSE e.c END) || '|'",
+        "length(CASE WHEN e.b THEN e.t ELSE e.c END)",
+        "CASE WHEN e.b THEN e.v ELSE e.c END = 'ab'",
+    ),
+)
 
 
 def _coalesce(call: Call) -> Result:
@@ -904,15 +1251,29 @@ def _coalesce(call: Call) -> Result:
     return _combined([call.of(node.this), *map(call.of, node.expressions)])
 
 
-entry("coalesce", exp.Coalesce, _coalesce,
-      proofs=("coalesce(e.i4, 0)", "coalesce(e.n, 0)", "coalesce(e.c, 'none')",
-              "coalesce(e.v, e.t)", "coalesce(e.d, DATE '1999-01-01')", "coalesce(e.n, e.n4)",
-              "coalesce(e.c, e.v)", "coalesce(e.v, e.c)", "coalesce(e.c, e.t)",
-              "coalesce(e.t, e.c1)", "coalesce(e.c1, e.c)",
-              "SELECT u.x FROM (SELECT coalesce(e.n, 0) AS x FROM edge e UNION ALL "
-              "SELECT 0.5 FROM edge e) u",
-              "SELECT d.x + 1 FROM (SELECT coalesce(e.n4, e.n) AS x FROM edge e) d",
-              "coalesce(e.c, e.v) || '|'", "coalesce(e.c, 'x  ') || '|'"))
+entry(
+    "coalesce",
+    exp.Coalesce,
+    _coalesce,
+    proofs=(
+        "coalesce(e.i4, 0)",
+        "coalesce(e.n, 0)",
+        "coalesce(e.c, 'none')",
+        "coalesce(e.v, e.t)",
+        "coalesce(e.d, DATE '1999-01-01')",
+        "coalesce(e.n, e.n4)",
+        "coalesce(e.c, e.v)",
+        "coalesce(e.v, e.c)",
+        "coalesce(e.c, e.t)",
+        "coalesce(e.t, e.c1)",
+        "coalesce(e.c1, e.c)",
+        "SELECT u.x FROM (SELECT coalesce(e.n, 0) AS x FROM edge e UNION ALL "
+        "SELECT 0.5 FROM edge e) u",
+        "SELECT d.x + 1 FROM (SELECT coalesce(e.n4, e.n) AS x FROM edge e) d",
+        "coalesce(e.c, e.v) || '|'",
+        "coalesce(e.c, 'x  ') || '|'",
+    ),
+)
 
 
 def _nullif(call: Call) -> Result:
@@ -927,9 +1288,21 @@ def _nullif(call: Call) -> Result:
     return common if isinstance(common, PgType) and common.kind == "float" else a
 
 
-entry("nullif", exp.Nullif, _nullif,
-      proofs=("nullif(e.i4, 7)", "nullif(e.c, 'ab')", "nullif(e.n, 0)", "nullif(e.v, '')",
-              "nullif(1000, -0.5)", "nullif(e.i4, e.n)", "nullif(e.n, e.n4)", "nullif(e.i4, e.f8)"))
+entry(
+    "nullif",
+    exp.Nullif,
+    _nullif,
+    proofs=(
+        "nullif(e.i4, 7)",
+        "nullif(e.c, 'ab')",
+        "nullif(e.n, 0)",
+        "nullif(e.v, '')",
+        "nullif(1000, -0.5)",
+        "nullif(e.i4, e.n)",
+        "nullif(e.n, e.n4)",
+        "nullif(e.i4, e.f8)",
+    ),
+)
 
 
 def _extreme(call: Call) -> Result:
@@ -941,13 +1314,26 @@ def _extreme(call: Call) -> Result:
     return _combined(types)
 
 
-entry("greatest / least", (exp.Greatest, exp.Least), _extreme,
-      proofs=("greatest(e.i4, 0)", "least(e.n, 1.5)", "greatest(e.v, e.t)",
-              "least(e.c, 'b') = 'ab'", "least(e.c, e.c)",
-              "greatest(e.c, e.v) = 'ab'", "least(e.v, e.c)", "greatest(e.v, e.c1)",
-              "greatest(e.t, e.c)",
-              "least(e.d, DATE '1995-01-01')", "greatest(e.n, e.i4::numeric)", "least(1.5, 2.25)",
-              "greatest(e.n, NULL)"))  # fmt: skip
+entry(
+    "greatest / least",
+    (exp.Greatest, exp.Least),
+    _extreme,
+    proofs=(
+        "greatest(e.i4, 0)",
+        "least(e.n, 1.5)",
+        "greatest(e.v, e.t)",
+        "least(e.c, 'b') = 'ab'",
+        "least(e.c, e.c)",
+        "greatest(e.c, e.v) = 'ab'",
+        "least(e.v, e.c)",
+        "greatest(e.v, e.c1)",
+        "greatest(e.t, e.c)",
+        "least(e.d, DATE '1995-01-01')",
+        "greatest(e.n, e.i4::numeric)",
+        "least(1.5, 2.25)",
+        "greatest(e.n, NULL)",
+    ),
+)
 
 
 # text
@@ -960,8 +1346,11 @@ def _text_of(*keys: str, result: Callable[..., PgType] | None = None) -> Callabl
         types = [call.type(k) for k in keys if call.arg(k) is not None]
         if not _strings(*types):
             return f"it passes {'/'.join(t_.kind for t_ in types)} to {call.node.key}"
-        others = [call.type(k) for k in call.node.args if k not in keys and call.arg(k)
-                  is not None and k not in ("position", "is_left")]  # fmt: skip
+        others = [
+            call.type(k)
+            for k in call.node.args
+            if k not in keys and call.arg(k) is not None and k not in ("position", "is_left")
+        ]
         if not _integers(*others):
             return f"it passes {'/'.join(t_.kind for t_ in others)} to {call.node.key}"
         return result(*types) if result is not None else _text(*types)
@@ -982,13 +1371,27 @@ def _cased(call: Call) -> Result:
     return _text_of("this")(call)
 
 
-entry("upper", exp.Upper, _cased, rewrite=_case_map(_LOWER, _UPPER),
-      proofs=("upper(e.t)", "upper(e.c)", "upper('äb')"))
-entry("lower", exp.Lower, _cased, rewrite=_case_map(_UPPER, _LOWER),
-      proofs=("lower(e.t)", "lower(e.v)", "lower('ÄB')"))
-entry("length / char_length", exp.Length, _text_of("this", result=lambda *_: INT4),
-      rewrite=lambda node: exp.Length(this=exp.cast(node.this, "VARCHAR")),
-      proofs=("length(e.t)", "char_length(e.c)", "length('ab  ')", "length(e.v)"))
+entry(
+    "upper",
+    exp.Upper,
+    _cased,
+    rewrite=_case_map(_LOWER, _UPPER),
+    proofs=("upper(e.t)", "upper(e.c)", "upper('äb')"),
+)
+entry(
+    "lower",
+    exp.Lower,
+    _cased,
+    rewrite=_case_map(_UPPER, _LOWER),
+    proofs=("lower(e.t)", "lower(e.v)", "lower('ÄB')"),
+)
+entry(
+    "length / char_length",
+    exp.Length,
+    _text_of("this", result=lambda *_: INT4),
+    rewrite=lambda node: exp.Length(this=exp.cast(node.this, "VARCHAR")),
+    proofs=("length(e.t)", "char_length(e.c)", "length('ab  ')", "length(e.v)"),
+)
 
 
 def _octet_length(call: Call) -> Result:
@@ -1000,13 +1403,19 @@ def _octet_length(call: Call) -> Result:
     return INT4
 
 
-entry("octet_length", "octet_length", _octet_length,
-      rewrite=lambda node: _func("strlen", exp.cast(node.expressions[0], "VARCHAR")),
-      proofs=("octet_length(e.t)", "octet_length(e.c)", "octet_length('ÄÖ')",
-              "octet_length(e.v)"))  # fmt: skip
-entry("strpos / position", exp.StrPosition, _text_of("this", "substr", result=lambda *_: INT4),
-      proofs=("strpos(e.t, 'b')", "position('' in e.v)", "position(' ' in e.c)",
-              "strpos(e.v, e.c)"))  # fmt: skip
+entry(
+    "octet_length",
+    "octet_length",
+    _octet_length,
+    rewrite=lambda node: _func("strlen", exp.cast(node.expressions[0], "VARCHAR")),
+    proofs=("octet_length(e.t)", "octet_length(e.c)", "octet_length('ÄÖ')", "octet_length(e.v)"),
+)
+entry(
+    "strpos / position",
+    exp.StrPosition,
+    _text_of("this", "substr", result=lambda *_: INT4),
+    proofs=("strpos(e.t, 'b')", "position('' in e.v)", "position(' ' in e.c)", "strpos(e.v, e.c)"),
+)
 
 
 def _substring(call: Call) -> Result:
@@ -1030,8 +1439,11 @@ def _substring_rewrite(node: exp.Expr) -> exp.Expr:
     literal = _literal_int(start) if start is not None else 1
     fixed = _literal_int(length) if length is not None else None
     if length is not None and (fixed is None or fixed < 0):
-        length = _error_if(exp.LT(this=length.copy(), expression=exp.Literal.number(0)),
-                           "negative substring length not allowed", length)  # fmt: skip
+        length = _error_if(
+            exp.LT(this=length.copy(), expression=exp.Literal.number(0)),
+            "negative substring length not allowed",
+            length,
+        )
         node.set("length", length)
     if start is None or (literal is not None and literal >= 1):
         return node
@@ -1039,18 +1451,31 @@ def _substring_rewrite(node: exp.Expr) -> exp.Expr:
     first = exp.Greatest(this=start.copy(), expressions=[one.copy()])
     node.set("start", first)
     if length is not None:  # the characters from start to start + length, of those from 1
-        end = exp.Sub(this=exp.Add(this=start.copy(), expression=length),
-                      expression=first.copy())  # fmt: skip
+        end = exp.Sub(this=exp.Add(this=start.copy(), expression=length), expression=first.copy())
         node.set("length", exp.Greatest(this=end, expressions=[exp.Literal.number(0)]))
     return node
 
 
-entry("substring / substr", exp.Substring, _substring, rewrite=_substring_rewrite,
-      proofs=("substring(e.t from 2 for 3)", "substr(e.c, 1, 2)", "substring(e.v from 3)",
-              "substring(e.t, 1, e.i2 + 1)", "substr(e.v, 2, 0)", "substring(e.t from 0 for 3)",
-              "substring(e.v from -2 for 4)", "substring(e.t from -5)", "substr(e.c, e.i2, 2)",
-              "substring(e.v from e.i4 - 8)", "substr(e.t, -1, 1)"),
-      raises=("substring(e.t from 1 for -1)", "substr(e.v, 1, e.i4 - 100)"))  # fmt: skip
+entry(
+    "substring / substr",
+    exp.Substring,
+    _substring,
+    rewrite=_substring_rewrite,
+    proofs=(
+        "substring(e.t from 2 for 3)",
+        "substr(e.c, 1, 2)",
+        "substring(e.v from 3)",
+        "substring(e.t, 1, e.i2 + 1)",
+        "substr(e.v, 2, 0)",
+        "substring(e.t from 0 for 3)",
+        "substring(e.v from -2 for 4)",
+        "substring(e.t from -5)",
+        "substr(e.c, e.i2, 2)",
+        "substring(e.v from e.i4 - 8)",
+        "substr(e.t, -1, 1)",
+    ),
+    raises=("substring(e.t from 1 for -1)", "substr(e.v, 1, e.i4 - 100)"),
+)
 
 
 def _trim(call: Call) -> Result:
@@ -1060,14 +1485,32 @@ def _trim(call: Call) -> Result:
     return _text_of("this", "expression")(call)
 
 
-entry("trim / ltrim / rtrim / btrim", exp.Trim, _trim,
-      proofs=("trim(e.t)", "ltrim(e.v)", "rtrim(e.c)", "btrim(e.v, 'ab')",
-              "trim(both 'x' from e.t)", "trim(leading from e.v)", "rtrim(e.t, ' b')"))  # fmt: skip
-entry("replace", exp.Replace, _text_of("this", "expression", "replacement"),
-      proofs=("replace(e.t, 'b', 'X')", "replace(e.c, 'a', '')", "replace(e.v, '', 'x')"))
-entry("left / right", (exp.Left, exp.Right), _text_of("this"),
-      proofs=("left(e.t, 2)", "right(e.c, 1)", "left(e.v, -1)", "right(e.t, -2)",
-              "left(e.v, e.i2)"))  # fmt: skip
+entry(
+    "trim / ltrim / rtrim / btrim",
+    exp.Trim,
+    _trim,
+    proofs=(
+        "trim(e.t)",
+        "ltrim(e.v)",
+        "rtrim(e.c)",
+        "btrim(e.v, 'ab')",
+        "trim(both 'x' from e.t)",
+        "trim(leading from e.v)",
+        "rtrim(e.t, ' b')",
+    ),
+)
+entry(
+    "replace",
+    exp.Replace,
+    _text_of("this", "expression", "replacement"),
+    proofs=("replace(e.t, 'b', 'X')", "replace(e.c, 'a', '')", "replace(e.v, '', 'x')"),
+)
+entry(
+    "left / right",
+    (exp.Left, exp.Right),
+    _text_of("this"),
+    proofs=("left(e.t, 2)", "right(e.c, 1)", "left(e.v, -1)", "right(e.t, -2)", "left(e.v, e.i2)"),
+)
 
 
 def _pad(call: Call) -> Result:
@@ -1080,11 +1523,24 @@ def _pad(call: Call) -> Result:
     return found
 
 
-entry("lpad / rpad", exp.Pad, _pad,
-      proofs=("lpad(e.t, 5, '*')", "rpad(e.v, 3)", "lpad(e.c, 2, 'xy')", "rpad(e.t, -1, '*')",
-              "lpad(e.v, 0)"))  # fmt: skip
-entry("repeat", exp.Repeat, _text_of("this"),
-      proofs=("repeat(e.t, 2)", "repeat(e.c, 0)", "repeat(e.v, -1)"))
+entry(
+    "lpad / rpad",
+    exp.Pad,
+    _pad,
+    proofs=(
+        "lpad(e.t, 5, '*')",
+        "rpad(e.v, 3)",
+        "lpad(e.c, 2, 'xy')",
+        "rpad(e.t, -1, '*')",
+        "lpad(e.v, 0)",
+    ),
+)
+entry(
+    "repeat",
+    exp.Repeat,
+    _text_of("this"),
+    proofs=("repeat(e.t, 2)", "repeat(e.c, 0)", "repeat(e.v, -1)"),
+)
 entry("reverse", exp.Reverse, _text_of("this"), proofs=("reverse(e.t)", "reverse(e.c)"))
 entry("md5", exp.MD5, _text_of("this"), proofs=("md5(e.t)", "md5(e.c)", "md5('')"))
 
@@ -1101,12 +1557,24 @@ def _split_part(call: Call) -> Result:
     return found
 
 
-entry("split_part", exp.SplitPart, _split_part,
-      proofs=("split_part(e.t, ' ', 2)", "split_part(e.v, 'b', 1)", "split_part(e.t, ' ', -1)",
-              "split_part(e.c, 'b', 1)"),
-      raises=("split_part(e.t, ' ', 0)",))  # fmt: skip
-entry("translate", exp.Translate, _text_of("this", "from_", "to"),
-      proofs=("translate(e.t, 'ab', 'XY')", "translate(e.c, 'a', '')", "translate(e.v, '', 'x')"))
+entry(
+    "split_part",
+    exp.SplitPart,
+    _split_part,
+    proofs=(
+        "split_part(e.t, ' ', 2)",
+        "split_part(e.v, 'b', 1)",
+        "split_part(e.t, ' ', -1)",
+        "split_part(e.c, 'b', 1)",
+    ),
+    raises=("split_part(e.t, ' ', 0)",),
+)
+entry(
+    "translate",
+    exp.Translate,
+    _text_of("this", "from_", "to"),
+    proofs=("translate(e.t, 'ab', 'XY')", "translate(e.c, 'a', '')", "translate(e.v, '', 'x')"),
+)
 
 
 def _to_hex(width: int) -> Callable[[Call], Result]:
@@ -1127,16 +1595,26 @@ def _to_hex_int4(node: exp.Expr) -> exp.Expr:
     value = node.this
     negative = exp.LT(this=value.copy(), expression=exp.Literal.number(0))
     wrapped = exp.Add(this=exp.cast(value.copy(), "BIGINT"), expression=exp.Literal.number(2**32))
-    unsigned = exp.Case(ifs=[exp.If(this=negative, true=wrapped)],
-                        default=exp.cast(value, "BIGINT"))
+    unsigned = exp.Case(
+        ifs=[exp.If(this=negative, true=wrapped)], default=exp.cast(value, "BIGINT")
+    )
     return exp.Lower(this=exp.Hex(this=unsigned))
 
 
-entry("to_hex(integer)", exp.Hex, _to_hex(4), rewrite=_to_hex_int4,
-      proofs=("to_hex(e.i4)", "to_hex(255)", "to_hex(-1)", "to_hex(e.i4 * 0 - 2147483647 - 1)"))
-entry("to_hex(bigint)", exp.Hex, _to_hex(8),
-      rewrite=lambda node: exp.Lower(this=exp.Hex(this=node.this)),
-      proofs=("to_hex(e.i8)", "to_hex(-1::bigint)", "to_hex(e.i8 * 0)"))
+entry(
+    "to_hex(integer)",
+    exp.Hex,
+    _to_hex(4),
+    rewrite=_to_hex_int4,
+    proofs=("to_hex(e.i4)", "to_hex(255)", "to_hex(-1)", "to_hex(e.i4 * 0 - 2147483647 - 1)"),
+)
+entry(
+    "to_hex(bigint)",
+    exp.Hex,
+    _to_hex(8),
+    rewrite=lambda node: exp.Lower(this=exp.Hex(this=node.this)),
+    proofs=("to_hex(e.i8)", "to_hex(-1::bigint)", "to_hex(e.i8 * 0)"),
+)
 
 
 def _chr(call: Call) -> Result:
@@ -1149,20 +1627,36 @@ def _chr(call: Call) -> Result:
 def _chr_rewrite(node: exp.Expr) -> exp.Expr:
     """chr(0) and code points that are not characters raise in PostgreSQL."""
     value = node.expressions[0]
-    bad = exp.or_(exp.LTE(this=value.copy(), expression=exp.Literal.number(0)),
-                  exp.GT(this=value.copy(), expression=exp.Literal.number(1114111)),
-                  exp.Between(this=value.copy(), low=exp.Literal.number(55296),
-                              high=exp.Literal.number(57343)))  # fmt: skip
+    bad = exp.or_(
+        exp.LTE(this=value.copy(), expression=exp.Literal.number(0)),
+        exp.GT(this=value.copy(), expression=exp.Literal.number(1114111)),
+        exp.Between(
+            this=value.copy(), low=exp.Literal.number(55296), high=exp.Literal.number(57343)
+        ),
+    )
     return _error_if(bad, "requested character not valid", exp.Chr(expressions=[value]))
 
 
-entry("chr", exp.Chr, _chr, rewrite=_chr_rewrite,
-      proofs=("chr(65)", "chr(e.i4 + 65)", "chr(228)", "chr(8364)"),
-      raises=("chr(0)", "chr(e.i2 * 0)", "chr(-1)", "chr(55296)"))  # fmt: skip
-entry("ascii", exp.Ascii, _text_of("this", result=lambda *_: INT4),
-      proofs=("ascii(e.t)", "ascii(e.c)", "ascii('')", "ascii('Ä')"))
-entry("starts_with", exp.StartsWith, _text_of("this", "expression", result=lambda *_: BOOL),
-      proofs=("starts_with(e.t, 'A')", "starts_with(e.c, 'ab')", "starts_with(e.v, '')"))
+entry(
+    "chr",
+    exp.Chr,
+    _chr,
+    rewrite=_chr_rewrite,
+    proofs=("chr(65)", "chr(e.i4 + 65)", "chr(228)", "chr(8364)"),
+    raises=("chr(0)", "chr(e.i2 * 0)", "chr(-1)", "chr(55296)"),
+)
+entry(
+    "ascii",
+    exp.Ascii,
+    _text_of("this", result=lambda *_: INT4),
+    proofs=("ascii(e.t)", "ascii(e.c)", "ascii('')", "ascii('Ä')"),
+)
+entry(
+    "starts_with",
+    exp.StartsWith,
+    _text_of("this", "expression", result=lambda *_: BOOL),
+    proofs=("starts_with(e.t, 'A')", "starts_with(e.c, 'ab')", "starts_with(e.v, '')"),
+)
 
 
 _PRINTED = frozenset({"integer", "numeric", "date"}) | STRINGS | {"null"}
@@ -1180,9 +1674,18 @@ def _concat(call: Call) -> Result:
     return _text(*types)
 
 
-entry("concat / concat_ws", (exp.Concat, exp.ConcatWs), _concat,
-      proofs=("concat(e.t, e.i4, e.c)", "concat(e.v, NULL, 'x')", "concat_ws('-', e.c, e.v, e.n)",
-              "concat(e.d, e.n0)", "concat_ws(',', NULL, e.t)"))  # fmt: skip
+entry(
+    "concat / concat_ws",
+    (exp.Concat, exp.ConcatWs),
+    _concat,
+    proofs=(
+        "concat(e.t, e.i4, e.c)",
+        "concat(e.v, NULL, 'x')",
+        "concat_ws('-', e.c, e.v, e.n)",
+        "concat(e.d, e.n0)",
+        "concat_ws(',', NULL, e.t)",
+    ),
+)
 
 
 def _dpipe(call: Call) -> Result:
@@ -1195,9 +1698,20 @@ def _dpipe(call: Call) -> Result:
     return _text(a, b)
 
 
-entry("||", exp.DPipe, _dpipe,
-      proofs=("e.t || e.v", "e.c || '!'", "'<' || e.c || '>'", "e.t || e.i4", "e.n || 'x'",
-              "e.d || ''", "e.t || NULL"))  # fmt: skip
+entry(
+    "||",
+    exp.DPipe,
+    _dpipe,
+    proofs=(
+        "e.t || e.v",
+        "e.c || '!'",
+        "'<' || e.c || '>'",
+        "e.t || e.i4",
+        "e.n || 'x'",
+        "e.d || ''",
+        "e.t || NULL",
+    ),
+)
 
 
 # numbers
@@ -1205,14 +1719,18 @@ entry("||", exp.DPipe, _dpipe,
 
 def _abs(call: Call) -> Result:
     inner = call.type()
-    if inner.kind in ("integer", "numeric", "null") or (inner.kind == "float"
-                                                       and inner.width == 8):  # fmt: skip
+    if inner.kind in ("integer", "numeric", "null") or (inner.kind == "float" and inner.width == 8):
         return inner
     return f"it takes abs of {inner.kind}"
 
 
-entry("abs", exp.Abs, _abs, proofs=("abs(e.i4)", "abs(e.n)", "abs(e.f8)", "abs(e.n4)"),
-      raises=("abs(e.i4 * 0 - 2147483647 - 1)",))  # fmt: skip
+entry(
+    "abs",
+    exp.Abs,
+    _abs,
+    proofs=("abs(e.i4)", "abs(e.n)", "abs(e.f8)", "abs(e.n4)"),
+    raises=("abs(e.i4 * 0 - 2147483647 - 1)",),
+)
 
 
 def _round(call: Call) -> Result:
@@ -1241,10 +1759,25 @@ def _to_scale(node: exp.Expr) -> exp.Expr:
     return exp.cast(node, exp.DataType.build(f"DECIMAL(38, {digits})"))
 
 
-entry("round(numeric[, int])", exp.Round, _round, rewrite=_to_scale,
-      proofs=("round(e.n)", "round(e.n4, 2)", "round(e.n, 1)", "round(e.n0, -1)",
-              "round(e.i4, 1)", "round(e.i4 / 7, 1)", "round(2.5)", "round(-2.5)",
-              "round(1234.5, -2)", "round(e.n4, 6)", "round(e.i8)"))  # fmt: skip
+entry(
+    "round(numeric[, int])",
+    exp.Round,
+    _round,
+    rewrite=_to_scale,
+    proofs=(
+        "round(e.n)",
+        "round(e.n4, 2)",
+        "round(e.n, 1)",
+        "round(e.n0, -1)",
+        "round(e.i4, 1)",
+        "round(e.i4 / 7, 1)",
+        "round(2.5)",
+        "round(-2.5)",
+        "round(1234.5, -2)",
+        "round(e.n4, 6)",
+        "round(e.i8)",
+    ),
+)
 
 
 def _round_double(call: Call) -> Result:
@@ -1256,10 +1789,20 @@ def _round_double(call: Call) -> Result:
     return FLOAT8
 
 
-entry("round(double precision)", exp.Round, _round_double,
-      rewrite=lambda node: _func("round_even", node.this, exp.Literal.number(0)),
-      proofs=("round(e.f8)", "round(2.5::float8)", "round(-0.5::float8)", "round(3.5::float8)",
-              "round(e.f8 * 10)", "round(4503599627370497::float8)"))  # PostgreSQL: rint()
+entry(
+    "round(double precision)",
+    exp.Round,
+    _round_double,
+    rewrite=lambda node: _func("round_even", node.this, exp.Literal.number(0)),
+    proofs=(
+        "round(e.f8)",
+        "round(2.5::float8)",
+        "round(-0.5::float8)",
+        "round(3.5::float8)",
+        "round(e.f8 * 10)",
+        "round(4503599627370497::float8)",
+    ),
+)  # PostgreSQL: rint()
 
 
 def _trunc(call: Call) -> Result:
@@ -1272,9 +1815,13 @@ def _trunc(call: Call) -> Result:
     return f"it truncates {inner.kind}"
 
 
-entry("trunc(numeric[, int])", exp.Trunc, _trunc, rewrite=_to_scale,
-      proofs=("trunc(e.n)", "trunc(e.n4, 2)", "trunc(e.n, -1)", "trunc(-2.567, 1)",
-              "trunc(e.i4, 2)"))  # fmt: skip
+entry(
+    "trunc(numeric[, int])",
+    exp.Trunc,
+    _trunc,
+    rewrite=_to_scale,
+    proofs=("trunc(e.n)", "trunc(e.n4, 2)", "trunc(e.n, -1)", "trunc(-2.567, 1)", "trunc(e.i4, 2)"),
+)
 
 
 def _integral(call: Call) -> Result:
@@ -1290,65 +1837,124 @@ def _integral(call: Call) -> Result:
     return f"it takes {call.node.key} of {inner.kind}"
 
 
-entry("ceil / ceiling / floor / sign", (exp.Ceil, exp.Floor, exp.Sign), _integral,
-      proofs=("ceil(e.n)", "floor(e.n4)", "ceiling(-2.5)", "floor(e.f8)", "ceil(e.f8)",
-              "ceil(e.i4)", "sign(e.n)", "sign(e.f8)", "sign(e.n4)", "sign(0.0)",
-              "sign(e.i2)", "floor(-0.5)"))  # fmt: skip
+entry(
+    "ceil / ceiling / floor / sign",
+    (exp.Ceil, exp.Floor, exp.Sign),
+    _integral,
+    proofs=(
+        "ceil(e.n)",
+        "floor(e.n4)",
+        "ceiling(-2.5)",
+        "floor(e.f8)",
+        "ceil(e.f8)",
+        "ceil(e.i4)",
+        "sign(e.n)",
+        "sign(e.f8)",
+        "sign(e.n4)",
+        "sign(0.0)",
+        "sign(e.i2)",
+        "floor(-0.5)",
+    ),
+)
 
 
 def _float_function(call: Call) -> Result:
     for key in ("this", "expression"):
         if key in call.node.args and call.arg(key) is not None:
             found = call.type(key)
-            if not (found.kind in ("null", "integer") or (found.kind == "float"
-                                                          and found.width == 8)):
-                return f"it takes {call.node.key} of {found.kind} (PostgreSQL computes it " \
-                    "in numeric)" if found.kind in ("numeric", "integer") else \
-                    f"it takes {call.node.key} of {found.kind}"  # fmt: skip
+            if not (
+                found.kind in ("null", "integer") or (found.kind == "float" and found.width == 8)
+            ):
+                return (
+                    f"it takes {call.node.key} of {found.kind} (PostgreSQL computes it in numeric)"
+                    if found.kind in ("numeric", "integer")
+                    else f"it takes {call.node.key} of {found.kind}"
+                )
     return FLOAT8
 
 
-def _checked_float(name: str, condition: Callable[[exp.Expr], exp.Expr], message: str
-                   ) -> Callable[[exp.Expr], exp.Expr]:  # fmt: skip
+def _checked_float(
+    name: str, condition: Callable[[exp.Expr], exp.Expr], message: str
+) -> Callable[[exp.Expr], exp.Expr]:
     def rewrite(node: exp.Expr) -> exp.Expr:
         return _error_if(condition(node.this.copy()), message, node)
 
     return rewrite
 
 
-entry("sqrt(double)", exp.Sqrt, _float_function,
-      rewrite=_checked_float("sqrt", lambda v: exp.LT(this=v, expression=exp.Literal.number(0)),
-                             "cannot take square root of a negative number"),
-      proofs=("sqrt(abs(e.f8))", "sqrt(2::float8)", "sqrt(abs(e.i4))"),
-      raises=("sqrt(-1::float8)", "sqrt(e.f8 * 0 - 1)"))  # fmt: skip
-entry("ln(double)", exp.Ln, _float_function,
-      rewrite=_checked_float("ln", lambda v: exp.LTE(this=v, expression=exp.Literal.number(0)),
-                             "cannot take logarithm of zero or a negative number"),
-      proofs=("ln(2::float8)", "ln(abs(e.f8) + 1)"),
-      raises=("ln(0::float8)", "ln(e.f8 * 0)"))  # fmt: skip
+entry(
+    "sqrt(double)",
+    exp.Sqrt,
+    _float_function,
+    rewrite=_checked_float(
+        "sqrt",
+        lambda v: exp.LT(this=v, expression=exp.Literal.number(0)),
+        "cannot take square root of a negative number",
+    ),
+    proofs=("sqrt(abs(e.f8))", "sqrt(2::float8)", "sqrt(abs(e.i4))"),
+    raises=("sqrt(-1::float8)", "sqrt(e.f8 * 0 - 1)"),
+)
+entry(
+    "ln(double)",
+    exp.Ln,
+    _float_function,
+    rewrite=_checked_float(
+        "ln",
+        lambda v: exp.LTE(this=v, expression=exp.Literal.number(0)),
+        "cannot take logarithm of zero or a negative number",
+    ),
+    proofs=("ln(2::float8)", "ln(abs(e.f8) + 1)"),
+    raises=("ln(0::float8)", "ln(e.f8 * 0)"),
+)
+
+
 def _power_checked(node: exp.Expr) -> exp.Expr:
     """power() raises on overflow and underflow in PostgreSQL (DuckDB: infinity, zero)."""
     a, b, result = node.this, node.expression, node.copy()
-    overflow = exp.and_(_isinf(result.copy()), exp.Not(this=_isinf(a.copy())),
-                        exp.Not(this=_isinf(b.copy())))  # fmt: skip
-    underflow = exp.and_(exp.EQ(this=result.copy(), expression=exp.Literal.number(0)),
-                         _nonzero(a.copy()))  # fmt: skip
-    negative_fraction = exp.and_(exp.LT(this=a.copy(), expression=exp.Literal.number(0)),
-                                 exp.NEQ(this=b.copy(), expression=_func("floor", b.copy())))
-    zero_negative = exp.and_(exp.EQ(this=a.copy(), expression=exp.Literal.number(0)),
-                             exp.LT(this=b.copy(), expression=exp.Literal.number(0)))
-    ifs = [exp.If(this=c, true=_func("error", exp.Literal.string(m))) for c, m in (
-        (negative_fraction, "a negative number raised to a non-integer power"),
-        (zero_negative, "zero raised to a negative power is undefined"),
-        (overflow, "value out of range: overflow"), (underflow, "value out of range: underflow"))]
+    overflow = exp.and_(
+        _isinf(result.copy()), exp.Not(this=_isinf(a.copy())), exp.Not(this=_isinf(b.copy()))
+    )
+    underflow = exp.and_(
+        exp.EQ(this=result.copy(), expression=exp.Literal.number(0)), _nonzero(a.copy())
+    )
+    negative_fraction = exp.and_(
+        exp.LT(this=a.copy(), expression=exp.Literal.number(0)),
+        exp.NEQ(this=b.copy(), expression=_func("floor", b.copy())),
+    )
+    zero_negative = exp.and_(
+        exp.EQ(this=a.copy(), expression=exp.Literal.number(0)),
+        exp.LT(this=b.copy(), expression=exp.Literal.number(0)),
+    )
+    ifs = [
+        exp.If(this=c, true=_func("error", exp.Literal.string(m)))
+        for c, m in (
+            (negative_fraction, "a negative number raised to a non-integer power"),
+            (zero_negative, "zero raised to a negative power is undefined"),
+            (overflow, "value out of range: overflow"),
+            (underflow, "value out of range: underflow"),
+        )
+    ]
     return exp.Case(ifs=ifs, default=node)
 
 
-entry("power(double, double)", exp.Pow, _float_function, rewrite=_power_checked,
-      proofs=("power(e.f8, 2)", "power(2::float8, 10)", "power(abs(e.f8), 0.5::float8)",
-              "power(2, e.i2)", "power(e.f8, 0)"),
-      raises=("power(e.f8 * 0 + 1e300::float8, 2)", "power(e.f8 * 0 - 8, 0.5::float8)",
-              "power(e.f8 * 0, -1)"))  # fmt: skip
+entry(
+    "power(double, double)",
+    exp.Pow,
+    _float_function,
+    rewrite=_power_checked,
+    proofs=(
+        "power(e.f8, 2)",
+        "power(2::float8, 10)",
+        "power(abs(e.f8), 0.5::float8)",
+        "power(2, e.i2)",
+        "power(e.f8, 0)",
+    ),
+    raises=(
+        "power(e.f8 * 0 + 1e300::float8, 2)",
+        "power(e.f8 * 0 - 8, 0.5::float8)",
+        "power(e.f8 * 0, -1)",
+    ),
+)
 
 
 def _width_bucket(call: Call) -> Result:
@@ -1366,18 +1972,29 @@ def _width_bucket_rewrite(node: exp.Expr) -> exp.Expr:
     """The cache's own width_bucket (`optimizer.pg_numeric`): exact in numeric, as
     PostgreSQL's (DuckDB has none)."""
     values = [node.this, node.args["min_value"], node.args["max_value"]]
-    return _func(WIDTH_BUCKET, *(exp.cast(v, "VARCHAR") for v in values),
-                 node.args["num_buckets"])  # fmt: skip
+    return _func(WIDTH_BUCKET, *(exp.cast(v, "VARCHAR") for v in values), node.args["num_buckets"])
 
 
-entry("width_bucket(numeric, numeric, numeric, int)", exp.WidthBucket, _width_bucket,
-      rewrite=_width_bucket_rewrite,
-      proofs=("width_bucket(e.n, 0, 10, 4)", "width_bucket(e.i4, -10, 10, 3)",
-              "width_bucket(e.n4, 2, -2, 5)", "width_bucket(e.n, e.n0, 100.5, 7)",
-              "width_bucket(5.5, 0, 10, 4)", "width_bucket(10, 0, 10, 4)",
-              "width_bucket(e.n, 0, 1, 2147483646)"),
-      raises=("width_bucket(e.n, 1, 1, 3)", "width_bucket(e.n, 0, 10, e.i4 * 0)",
-              "width_bucket(e.n + 20, 0, 10, 2147483647)"))  # fmt: skip
+entry(
+    "width_bucket(numeric, numeric, numeric, int)",
+    exp.WidthBucket,
+    _width_bucket,
+    rewrite=_width_bucket_rewrite,
+    proofs=(
+        "width_bucket(e.n, 0, 10, 4)",
+        "width_bucket(e.i4, -10, 10, 3)",
+        "width_bucket(e.n4, 2, -2, 5)",
+        "width_bucket(e.n, e.n0, 100.5, 7)",
+        "width_bucket(5.5, 0, 10, 4)",
+        "width_bucket(10, 0, 10, 4)",
+        "width_bucket(e.n, 0, 1, 2147483646)",
+    ),
+    raises=(
+        "width_bucket(e.n, 1, 1, 3)",
+        "width_bucket(e.n, 0, 10, e.i4 * 0)",
+        "width_bucket(e.n + 20, 0, 10, 2147483647)",
+    ),
+)
 
 
 def _extract(call: Call) -> Result:
@@ -1389,13 +2006,42 @@ def _extract(call: Call) -> Result:
     return PgType("numeric", scale=0)
 
 
-_INTEGER_FIELDS = frozenset({"year", "month", "day", "dow", "doy", "quarter", "week", "isodow",
-                             "isoyear", "decade", "century", "millennium", "hour", "minute"})
-entry("extract(field from date / timestamp)", exp.Extract, _extract,
-      proofs=("extract(year from e.d)", "extract(month from e.ts)", "extract(dow from e.d)",
-              "extract(doy from e.d)", "extract(quarter from e.d)", "extract(week from e.d)",
-              "extract(isodow from e.d)", "extract(isoyear from e.d)", "extract(hour from e.ts)",
-              "extract(minute from e.ts)", "extract(century from e.d)"))  # fmt: skip
+_INTEGER_FIELDS = frozenset(
+    {
+        "year",
+        "month",
+        "day",
+        "dow",
+        "doy",
+        "quarter",
+        "week",
+        "isodow",
+        "isoyear",
+        "decade",
+        "century",
+        "millennium",
+        "hour",
+        "minute",
+    }
+)
+entry(
+    "extract(field from date / timestamp)",
+    exp.Extract,
+    _extract,
+    proofs=(
+        "extract(year from e.d)",
+        "extract(month from e.ts)",
+        "extract(dow from e.d)",
+        "extract(doy from e.d)",
+        "extract(quarter from e.d)",
+        "extract(week from e.d)",
+        "extract(isodow from e.d)",
+        "extract(isoyear from e.d)",
+        "extract(hour from e.ts)",
+        "extract(minute from e.ts)",
+        "extract(century from e.d)",
+    ),
+)
 
 
 def _date_part(call: Call) -> Result:
@@ -1408,8 +2054,12 @@ def _date_part(call: Call) -> Result:
     return FLOAT8
 
 
-entry("date_part(field, date / timestamp)", "date_part", _date_part,
-      proofs=("date_part('year', e.d)", "date_part('dow', e.ts)", "date_part('doy', e.d)"))
+entry(
+    "date_part(field, date / timestamp)",
+    "date_part",
+    _date_part,
+    proofs=("date_part('year', e.d)", "date_part('dow', e.ts)", "date_part('doy', e.d)"),
+)
 
 
 def _date_trunc(call: Call) -> Result:
@@ -1443,26 +2093,56 @@ def _date_trunc_date(call: Call) -> Result:
     return found if isinstance(found, str) or found.kind == "timestamptz" else NOT_MINE
 
 
-entry("date_trunc(field, date)", exp.TimestampTrunc, _date_trunc_date,
-      rewrite=_date_trunc_zoned,
-      proofs=("date_trunc('month', e.d)", "date_trunc('year', e.d)", "date_trunc('week', e.d)",
-              "date_trunc('day', e.d)", "date_trunc('quarter', e.d) < e.tz"))  # fmt: skip
-entry("date_trunc(field, timestamp)", exp.TimestampTrunc, _date_trunc,
-      proofs=("date_trunc('month', e.ts)", "date_trunc('year', e.d::timestamp)",
-              "date_trunc('week', e.ts)", "date_trunc('quarter', e.ts)"))  # fmt: skip
+entry(
+    "date_trunc(field, date)",
+    exp.TimestampTrunc,
+    _date_trunc_date,
+    rewrite=_date_trunc_zoned,
+    proofs=(
+        "date_trunc('month', e.d)",
+        "date_trunc('year', e.d)",
+        "date_trunc('week', e.d)",
+        "date_trunc('day', e.d)",
+        "date_trunc('quarter', e.d) < e.tz",
+    ),
+)
+entry(
+    "date_trunc(field, timestamp)",
+    exp.TimestampTrunc,
+    _date_trunc,
+    proofs=(
+        "date_trunc('month', e.ts)",
+        "date_trunc('year', e.d::timestamp)",
+        "date_trunc('week', e.ts)",
+        "date_trunc('quarter', e.ts)",
+    ),
+)
 
 
 # to_char's template patterns the cache reads: (strftime, blank-padded width, case)
 _TEMPLATE = {
-    "YYYY": ("%Y", None, None), "YY": ("%y", None, None), "MM": ("%m", None, None),
-    "DDD": ("%j", None, None), "DD": ("%d", None, None), "HH24": ("%H", None, None),
-    "MI": ("%M", None, None), "SS": ("%S", None, None),
-    "Month": ("%B", 9, None), "MONTH": ("%B", 9, "upper"), "month": ("%B", 9, "lower"),
-    "Mon": ("%b", None, None), "MON": ("%b", None, "upper"), "mon": ("%b", None, "lower"),
-    "Day": ("%A", 9, None), "DAY": ("%A", 9, "upper"), "day": ("%A", 9, "lower"),
-    "Dy": ("%a", None, None), "DY": ("%a", None, "upper"), "dy": ("%a", None, "lower"),
+    "YYYY": ("%Y", None, None),
+    "YY": ("%y", None, None),
+    "MM": ("%m", None, None),
+    "DDD": ("%j", None, None),
+    "DD": ("%d", None, None),
+    "HH24": ("%H", None, None),
+    "MI": ("%M", None, None),
+    "SS": ("%S", None, None),
+    "Month": ("%B", 9, None),
+    "MONTH": ("%B", 9, "upper"),
+    "month": ("%B", 9, "lower"),
+    "Mon": ("%b", None, None),
+    "MON": ("%b", None, "upper"),
+    "mon": ("%b", None, "lower"),
+    "Day": ("%A", 9, None),
+    "DAY": ("%A", 9, "upper"),
+    "day": ("%A", 9, "lower"),
+    "Dy": ("%a", None, None),
+    "DY": ("%a", None, "upper"),
+    "dy": ("%a", None, "lower"),
     "Q": ("quarter", None, None),
-}  # fmt: skip
+}
 _NUMERIC_PATTERNS = frozenset({"YYYY", "YY", "MM", "DDD", "DD", "HH24", "MI", "SS", "Q"})
 
 
@@ -1480,7 +2160,7 @@ def _template(text: str) -> list[tuple[str, str | None, bool]] | None:
             end = text.find('"', at + 1)
             if end < 0 or "\\" in text[at:end]:
                 return None
-            pieces.append(("literal", text[at + 1:end], False))
+            pieces.append(("literal", text[at + 1 : end], False))
             at = end + 1
             continue
         found = next((p for p in patterns if text.startswith(p, at)), None)
@@ -1534,17 +2214,32 @@ def _to_char_rewrite(node: exp.Expr) -> exp.Expr:
     for part in parts[1:]:
         result = exp.DPipe(this=result, expression=part)
     # a literal-only template still gives NULL for a NULL value
-    return exp.Case(ifs=[exp.If(this=exp.Is(this=value.copy(), expression=exp.Null()),
-                                true=exp.Null())], default=result)  # fmt: skip
+    return exp.Case(
+        ifs=[exp.If(this=exp.Is(this=value.copy(), expression=exp.Null()), true=exp.Null())],
+        default=result,
+    )
 
 
-entry("to_char(date / timestamp, literal template)", "to_char", _to_char,
-      rewrite=_to_char_rewrite,
-      proofs=("to_char(e.d, 'YYYY-MM-DD')", "to_char(e.d, 'Mon YYYY')", "to_char(e.d, 'Day')",
-              "to_char(e.ts, 'DD/MM/YY HH24:MI:SS')", "to_char(e.d, 'Month')",
-              "to_char(e.d, 'FMMonth FMDD, YYYY')", "to_char(e.d, 'Q')", "to_char(e.d, 'DDD')",
-              "to_char(e.d, 'MONTH-month-MON-mon-DY-dy')", "to_char(e.ts, '\"at\" HH24\"h\"')",
-              "to_char(e.d, 'FMDay')", "to_char(e.d, '')"))  # fmt: skip
+entry(
+    "to_char(date / timestamp, literal template)",
+    "to_char",
+    _to_char,
+    rewrite=_to_char_rewrite,
+    proofs=(
+        "to_char(e.d, 'YYYY-MM-DD')",
+        "to_char(e.d, 'Mon YYYY')",
+        "to_char(e.d, 'Day')",
+        "to_char(e.ts, 'DD/MM/YY HH24:MI:SS')",
+        "to_char(e.d, 'Month')",
+        "to_char(e.d, 'FMMonth FMDD, YYYY')",
+        "to_char(e.d, 'Q')",
+        "to_char(e.d, 'DDD')",
+        "to_char(e.d, 'MONTH-month-MON-mon-DY-dy')",
+        'to_char(e.ts, \'"at" HH24"h"\')',
+        "to_char(e.d, 'FMDay')",
+        "to_char(e.d, '')",
+    ),
+)
 
 
 def _age(call: Call) -> Result:
@@ -1557,11 +2252,19 @@ def _age(call: Call) -> Result:
     return PgType("interval", months=True)
 
 
-entry("age(timestamp, timestamp)", "age", _age,
-      rewrite=lambda node: _func("age", *(exp.cast(a, "TIMESTAMP") for a in node.expressions)),
-      proofs=("age(e.ts, TIMESTAMP '1994-01-01')", "age(TIMESTAMP '1994-01-01', e.ts)",
-              "age(e.d, DATE '1992-02-29')", "age(e.ts, e.ts)",
-              "age(TIMESTAMP '1995-03-31', TIMESTAMP '1995-02-28 23:00')"))  # fmt: skip
+entry(
+    "age(timestamp, timestamp)",
+    "age",
+    _age,
+    rewrite=lambda node: _func("age", *(exp.cast(a, "TIMESTAMP") for a in node.expressions)),
+    proofs=(
+        "age(e.ts, TIMESTAMP '1994-01-01')",
+        "age(TIMESTAMP '1994-01-01', e.ts)",
+        "age(e.d, DATE '1992-02-29')",
+        "age(e.ts, e.ts)",
+        "age(TIMESTAMP '1995-03-31', TIMESTAMP '1995-02-28 23:00')",
+    ),
+)
 
 
 def _make_date(call: Call) -> Result:
@@ -1571,9 +2274,13 @@ def _make_date(call: Call) -> Result:
     return DATE
 
 
-entry("make_date", "make_date", _make_date,
-      proofs=("make_date(1995, 2, 28)", "make_date(e.i2 + 2000, 1, 1)"),
-      raises=("make_date(1995, 13, 1)", "make_date(1995, 2, 29 + e.i2 * 0)"))  # fmt: skip
+entry(
+    "make_date",
+    "make_date",
+    _make_date,
+    proofs=("make_date(1995, 2, 28)", "make_date(e.i2 + 2000, 1, 1)"),
+    raises=("make_date(1995, 13, 1)", "make_date(1995, 2, 29 + e.i2 * 0)"),
+)
 
 
 # aggregates
@@ -1583,9 +2290,15 @@ def _count(call: Call) -> Result:
     return INT8
 
 
-entry("count", exp.Count, _count,
-      proofs=("SELECT count(*), count(e.c), count(DISTINCT e.c) FROM edge e",
-              "SELECT e.b, count(e.i4) FROM edge e GROUP BY e.b"))  # fmt: skip
+entry(
+    "count",
+    exp.Count,
+    _count,
+    proofs=(
+        "SELECT count(*), count(e.c), count(DISTINCT e.c) FROM edge e",
+        "SELECT e.b, count(e.i4) FROM edge e GROUP BY e.b",
+    ),
+)
 
 
 def _sum(call: Call) -> Result:
@@ -1595,16 +2308,23 @@ def _sum(call: Call) -> Result:
     if inner.kind == "numeric":
         return inner
     if inner.kind == "float":
-        return ("it sums floating-point values (the order of additions changes the result's "
-                "last bits)")  # fmt: skip
+        return (
+            "it sums floating-point values (the order of additions changes the result's last bits)"
+        )
     return f"it sums {inner.kind} values"
 
 
-entry("sum", exp.Sum, _sum,
-      proofs=("SELECT sum(e.i4), sum(e.i2), sum(e.n), sum(e.n4) FROM edge e",
-              "SELECT sum(e.i8) FROM edge e WHERE e.i8 > 0",
-              "SELECT e.b, sum(CASE WHEN e.i4 > 0 THEN e.n ELSE 0 END) FROM edge e GROUP BY e.b",
-              "SELECT sum(e.n) FROM edge e WHERE e.id < 0"))  # fmt: skip
+entry(
+    "sum",
+    exp.Sum,
+    _sum,
+    proofs=(
+        "SELECT sum(e.i4), sum(e.i2), sum(e.n), sum(e.n4) FROM edge e",
+        "SELECT sum(e.i8) FROM edge e WHERE e.i8 > 0",
+        "SELECT e.b, sum(CASE WHEN e.i4 > 0 THEN e.n ELSE 0 END) FROM edge e GROUP BY e.b",
+        "SELECT sum(e.n) FROM edge e WHERE e.id < 0",
+    ),
+)
 
 
 def _avg(call: Call) -> Result:
@@ -1614,19 +2334,25 @@ def _avg(call: Call) -> Result:
     return f"it averages {inner.kind} values"
 
 
-entry("avg", exp.Avg, _avg,
-      proofs=("SELECT avg(e.i4), avg(e.n), avg(e.n4), avg(e.i8) FROM edge e",
-              "SELECT e.b, avg(e.n0) FROM edge e GROUP BY e.b",
-              "SELECT avg(CASE WHEN e.i4 > 0 THEN e.n ELSE 0 END) FROM edge e",
-              "SELECT e.b, avg(e.n) + 1, avg(e.i4) * 2 FROM edge e GROUP BY e.b",
-              "SELECT e.b FROM edge e GROUP BY e.b HAVING avg(e.n4) > 0",
-              "(SELECT avg(x.n) FROM edge x WHERE x.id <> e.id)",
-              "avg(e.n) OVER (PARTITION BY e.b)", "avg(e.i2) OVER (ORDER BY e.id)",
-              "SELECT count(*) FROM (SELECT avg(e.n4) AS a FROM edge e GROUP BY e.b) d "
-              "WHERE d.a > 0",
-              "SELECT d.a FROM (SELECT avg(e.n4) AS a FROM edge e GROUP BY e.b) d",
-              "SELECT sum(d.a) FROM (SELECT e.b, avg(e.n) AS a FROM edge e GROUP BY e.b) d",
-              "SELECT w.a, w.a + 1 FROM (SELECT e.b, avg(e.i4) AS a FROM edge e GROUP BY e.b) w"))
+entry(
+    "avg",
+    exp.Avg,
+    _avg,
+    proofs=(
+        "SELECT avg(e.i4), avg(e.n), avg(e.n4), avg(e.i8) FROM edge e",
+        "SELECT e.b, avg(e.n0) FROM edge e GROUP BY e.b",
+        "SELECT avg(CASE WHEN e.i4 > 0 THEN e.n ELSE 0 END) FROM edge e",
+        "SELECT e.b, avg(e.n) + 1, avg(e.i4) * 2 FROM edge e GROUP BY e.b",
+        "SELECT e.b FROM edge e GROUP BY e.b HAVING avg(e.n4) > 0",
+        "(SELECT avg(x.n) FROM edge x WHERE x.id <> e.id)",
+        "avg(e.n) OVER (PARTITION BY e.b)",
+        "avg(e.i2) OVER (ORDER BY e.id)",
+        "SELECT count(*) FROM (SELECT avg(e.n4) AS a FROM edge e GROUP BY e.b) d WHERE d.a > 0",
+        "SELECT d.a FROM (SELECT avg(e.n4) AS a FROM edge e GROUP BY e.b) d",
+        "SELECT sum(d.a) FROM (SELECT e.b, avg(e.n) AS a FROM edge e GROUP BY e.b) d",
+        "SELECT w.a, w.a + 1 FROM (SELECT e.b, avg(e.i4) AS a FROM edge e GROUP BY e.b) w",
+    ),
+)
 
 
 def _extremum(call: Call) -> Result:
@@ -1636,10 +2362,16 @@ def _extremum(call: Call) -> Result:
     return inner
 
 
-entry("min / max", (exp.Min, exp.Max), _extremum,
-      proofs=("SELECT min(e.i4), max(e.n), min(e.c), max(e.v), min(e.d), max(e.f8), "
-              "max(e.ts), min(e.f4) FROM edge e",
-              "SELECT e.b, max(e.c1) FROM edge e GROUP BY e.b"))  # fmt: skip
+entry(
+    "min / max",
+    (exp.Min, exp.Max),
+    _extremum,
+    proofs=(
+        "SELECT min(e.i4), max(e.n), min(e.c), max(e.v), min(e.d), max(e.f8), "
+        "max(e.ts), min(e.f4) FROM edge e",
+        "SELECT e.b, max(e.c1) FROM edge e GROUP BY e.b",
+    ),
+)
 
 
 def _bool_aggregate(call: Call) -> Result:
@@ -1650,10 +2382,15 @@ def _bool_aggregate(call: Call) -> Result:
     return BOOL
 
 
-entry("bool_and / bool_or / every", (exp.LogicalAnd, exp.LogicalOr, "every"), _bool_aggregate,
-      rewrite=lambda node: exp.LogicalAnd(this=node.expressions[0])
-      if isinstance(node, exp.Anonymous) else node,
-      proofs=("SELECT bool_and(e.b), bool_or(e.i4 > 5), every(e.b) FROM edge e",))
+entry(
+    "bool_and / bool_or / every",
+    (exp.LogicalAnd, exp.LogicalOr, "every"),
+    _bool_aggregate,
+    rewrite=lambda node: (
+        exp.LogicalAnd(this=node.expressions[0]) if isinstance(node, exp.Anonymous) else node
+    ),
+    proofs=("SELECT bool_and(e.b), bool_or(e.i4 > 5), every(e.b) FROM edge e",),
+)
 
 
 def _string_agg(call: Call) -> Result:
@@ -1669,18 +2406,30 @@ def _string_agg(call: Call) -> Result:
     return _text(call.of(value.this))
 
 
-entry("string_agg(text, literal ORDER BY ...)", exp.GroupConcat, _string_agg,
-      proofs=("SELECT string_agg(e.t, ',' ORDER BY e.t) FROM edge e",
-              "SELECT string_agg(e.c, '' ORDER BY e.c DESC) FROM edge e"))  # fmt: skip
+entry(
+    "string_agg(text, literal ORDER BY ...)",
+    exp.GroupConcat,
+    _string_agg,
+    proofs=(
+        "SELECT string_agg(e.t, ',' ORDER BY e.t) FROM edge e",
+        "SELECT string_agg(e.c, '' ORDER BY e.c DESC) FROM edge e",
+    ),
+)
 
 
 # window functions
 
 
-entry("row_number / rank / dense_rank", (exp.RowNumber, exp.Rank, exp.DenseRank),
-      lambda call: INT8,
-      proofs=("row_number() OVER (ORDER BY e.id)", "rank() OVER (ORDER BY e.c)",
-              "dense_rank() OVER (PARTITION BY e.b ORDER BY e.i4)"))  # fmt: skip
+entry(
+    "row_number / rank / dense_rank",
+    (exp.RowNumber, exp.Rank, exp.DenseRank),
+    lambda call: INT8,
+    proofs=(
+        "row_number() OVER (ORDER BY e.id)",
+        "rank() OVER (ORDER BY e.c)",
+        "dense_rank() OVER (PARTITION BY e.b ORDER BY e.i4)",
+    ),
+)
 
 
 def _offset_value(call: Call) -> Result:
@@ -1694,12 +2443,26 @@ def _offset_value(call: Call) -> Result:
     return value
 
 
-entry("lag / lead", (exp.Lag, exp.Lead), _offset_value,
-      proofs=("lag(e.i4) OVER (ORDER BY e.id)", "lead(e.c, 2) OVER (ORDER BY e.id)",
-              "lead(e.t, 1, 'none') OVER (ORDER BY e.id)"))  # fmt: skip
-entry("first_value / last_value", (exp.FirstValue, exp.LastValue), lambda call: call.type(),
-      proofs=("first_value(e.n) OVER (ORDER BY e.id)", "last_value(e.c) OVER (ORDER BY e.id "
-              "ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)"))  # fmt: skip
+entry(
+    "lag / lead",
+    (exp.Lag, exp.Lead),
+    _offset_value,
+    proofs=(
+        "lag(e.i4) OVER (ORDER BY e.id)",
+        "lead(e.c, 2) OVER (ORDER BY e.id)",
+        "lead(e.t, 1, 'none') OVER (ORDER BY e.id)",
+    ),
+)
+entry(
+    "first_value / last_value",
+    (exp.FirstValue, exp.LastValue),
+    lambda call: call.type(),
+    proofs=(
+        "first_value(e.n) OVER (ORDER BY e.id)",
+        "last_value(e.c) OVER (ORDER BY e.id "
+        "ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)",
+    ),
+)
 
 
 # -- lookup -------------------------------------------------------------------------------------
@@ -1717,14 +2480,17 @@ def entries_for(node: exp.Expr) -> list[Entry]:
     return _BY_FORM.get(type(node), [])
 
 
-def resolve(node: exp.Expr, typer: Callable[[exp.Expr], PgType],
-            settings: Settings) -> tuple[Entry | None, Result]:  # fmt: skip
+def resolve(
+    node: exp.Expr, typer: Callable[[exp.Expr], PgType], settings: Settings
+) -> tuple[Entry | None, Result]:
     """The entry that computes ``node`` and the type of its result, or (None, why no entry
     does)."""
     found = entries_for(node)
     if not found:
-        return None, (f"it calls {name_of(node)}, which is not on the list of what DuckDB "
-                      "computes as PostgreSQL does")  # fmt: skip
+        return None, (
+            f"it calls {name_of(node)}, which is not on the list of what DuckDB "
+            "computes as PostgreSQL does"
+        )
     call = Call(node, typer, settings)
     reason = ""
     for candidate in found:
@@ -1748,18 +2514,61 @@ def computes(node: exp.Expr) -> bool:
     return isinstance(node, _COMPUTING) and not isinstance(node, _STRUCTURAL)
 
 
-_COMPUTING = (exp.Func, exp.Binary, exp.Unary, exp.Predicate, exp.Literal, ConstantList,
-              exp.Null, exp.Boolean, exp.Interval, exp.Cast)  # fmt: skip
+_COMPUTING = (
+    exp.Func,
+    exp.Binary,
+    exp.Unary,
+    exp.Predicate,
+    exp.Literal,
+    ConstantList,
+    exp.Null,
+    exp.Boolean,
+    exp.Interval,
+    exp.Cast,
+)
 # nodes that are typed by the inference itself or only arrange a query
-_STRUCTURAL = (exp.Paren, exp.Alias, exp.Column, exp.Subquery, exp.Window, exp.Distinct,
-               exp.Ordered, exp.Order, exp.Star, exp.Tuple, exp.Dot, exp.If)  # fmt: skip
+_STRUCTURAL = (
+    exp.Paren,
+    exp.Alias,
+    exp.Column,
+    exp.Subquery,
+    exp.Window,
+    exp.Distinct,
+    exp.Ordered,
+    exp.Order,
+    exp.Star,
+    exp.Tuple,
+    exp.Dot,
+    exp.If,
+)
 
 # the parts a query is made of, which compute nothing themselves (anything else - a lateral
 # join, a grouping set, a TABLESAMPLE, a recursive CTE's search clause - keeps the statement
 # at the backend)
 QUERY_PARTS = (
-    *_STRUCTURAL, exp.Select, exp.From, exp.Join, exp.Where, exp.Group, exp.Having,
-    exp.Limit, exp.Offset, exp.Union, exp.Intersect, exp.Except, exp.With, exp.CTE,
-    exp.TableAlias, exp.Table, exp.Identifier, exp.WindowSpec, exp.DataType, exp.DataTypeParam,
-    exp.Var, exp.Placeholder, exp.Collate, exp.Values, exp.Qualify,
-)  # fmt: skip
+    *_STRUCTURAL,
+    exp.Select,
+    exp.From,
+    exp.Join,
+    exp.Where,
+    exp.Group,
+    exp.Having,
+    exp.Limit,
+    exp.Offset,
+    exp.Union,
+    exp.Intersect,
+    exp.Except,
+    exp.With,
+    exp.CTE,
+    exp.TableAlias,
+    exp.Table,
+    exp.Identifier,
+    exp.WindowSpec,
+    exp.DataType,
+    exp.DataTypeParam,
+    exp.Var,
+    exp.Placeholder,
+    exp.Collate,
+    exp.Values,
+    exp.Qualify,
+)

@@ -32,8 +32,20 @@ from sql_ext.nodes import ConstantList
 from sql_ext.params import NODE_ID, Key, is_constant, number_nodes, placeholder_keys
 from sql_ext.quoting import qualifier
 
-COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.In, exp.Between,
-               exp.Like, exp.ILike, exp.NullSafeEQ, exp.NullSafeNEQ)  # fmt: skip
+COMPARISONS = (
+    exp.EQ,
+    exp.NEQ,
+    exp.GT,
+    exp.GTE,
+    exp.LT,
+    exp.LTE,
+    exp.In,
+    exp.Between,
+    exp.Like,
+    exp.ILike,
+    exp.NullSafeEQ,
+    exp.NullSafeNEQ,
+)
 
 
 @dataclass(frozen=True)
@@ -83,7 +95,8 @@ class Analysis:
     # ... and the display scales of each one's numerator and denominator: the same for every
     # value, or the DuckDB expression computing them row by row (optimizer.numeric_scales)
     division_scales: Mapping[int, tuple[int | exp.Expr, int | exp.Expr]] = field(
-        default_factory=dict)
+        default_factory=dict
+    )
     # divisions inside the statement, by node number: the DuckDB expression computing each one
     # with PostgreSQL's division (optimizer.allowlist.numeric_division)
     inner_divisions: Mapping[int, exp.Expr] = field(default_factory=dict)
@@ -129,8 +142,14 @@ def analyze(query: Query, catalog: Catalog, default_bound: float | None = None) 
     """The analysis of a statement; ``default_bound``: the session's currency bound for its
     blocks without a clause."""
     if not query.is_select:  # a write or a command: nothing to read from the cache
-        return Analysis(query, Constraint((), (), ()), (), (), placeholder_keys(query.tree),
-                        local_blocker="it is not a query")  # fmt: skip
+        return Analysis(
+            query,
+            Constraint((), (), ()),
+            (),
+            (),
+            placeholder_keys(query.tree),
+            local_blocker="it is not a query",
+        )
     number_nodes(query.tree)
     resolver = QueryResolver(query, catalog)
     constraint = resolver.run(default_bound)
@@ -179,7 +198,8 @@ def analyze(query: Query, catalog: Catalog, default_bound: float | None = None) 
     if varying and semantics.blocker is None:
         scale_blocker = scale_blocker or (
             f"its output column {varying[0] + 1} holds numerics whose display scales vary from "
-            "row to row (DuckDB gives one scale to a column)")  # fmt: skip
+            "row to row (DuckDB gives one scale to a column)"
+        )
     classes = block_classes(query, resolver.resolve_column)
     conjuncts: dict[Instance, list[exp.Expr]] = {inst: [] for inst in columns}
     probes: dict[Instance, dict[str, tuple[exp.Expr, ...]]] = {inst: {} for inst in columns}
@@ -251,8 +271,10 @@ def _local_blocker(
     *, outside: list[str], direct: bool, division: str | None, semantics: str | None
 ) -> str | None:
     if outside:
-        return (f"it reads {', '.join(dict.fromkeys(outside))}, which the cache cannot hold (a "
-                "system catalog, a temporary table or a table off the search path)")  # fmt: skip
+        return (
+            f"it reads {', '.join(dict.fromkeys(outside))}, which the cache cannot hold (a "
+            "system catalog, a temporary table or a table off the search path)"
+        )
     if not direct:
         # a local or mixed plan rebinds each table reference; a backend view has none to rebind
         return "it reads a backend view (only base-table references can be rebound locally)"
@@ -282,8 +304,10 @@ def _division_scales(
         ):
             scales = [0, 0]  # a division of doubles: no scale
         if any(s is None for s in scales):
-            return found, (f"its output column {index + 1} divides numerics whose display "
-                           "scales vary from row to row in a way the cache cannot follow")
+            return found, (
+                f"its output column {index + 1} divides numerics whose display "
+                "scales vary from row to row in a way the cache cannot follow"
+            )
         found[index] = (t.cast("int | exp.Expr", scales[0]), t.cast("int | exp.Expr", scales[1]))
     return found, None
 
@@ -301,13 +325,19 @@ def _inner_divisions(
             continue
         operands = division_operands(node, types.of, derived.column)
         if operands is None or operands[1] is None or operands[3] is None:
-            return {}, (f"it divides {node.sql(dialect='postgres')[:40]}, numerics whose display "
-                        "scales the cache cannot follow")  # fmt: skip
+            return {}, (
+                f"it divides {node.sql(dialect='postgres')[:40]}, numerics whose display "
+                "scales the cache cannot follow"
+            )
         numerator, a, denominator, b = operands
-        target: exp.Expr = node.parent if isinstance(node, exp.Avg) and isinstance(
-            node.parent, exp.Window) else node  # fmt: skip
+        target: exp.Expr = (
+            node.parent
+            if isinstance(node, exp.Avg) and isinstance(node.parent, exp.Window)
+            else node
+        )
         found[target.meta[NODE_ID]] = numeric_division(
-            numerator.copy(), _literal(a), denominator.copy(), _literal(b))
+            numerator.copy(), _literal(a), denominator.copy(), _literal(b)
+        )
     return found, None
 
 
@@ -325,7 +355,6 @@ def _column_type(catalog: Catalog, attr: tuple[t.Any, str]) -> str:
 
 def _is_padded(catalog: Catalog, attr: tuple[t.Any, str]) -> bool:
     return _column_type(catalog, attr).startswith("character(")
-
 
 
 def _restriction(alias: str, column: str, values: tuple[exp.Expr, ...]) -> exp.Expr:

@@ -38,8 +38,13 @@ def answer_from_derived(plan: Plan, inputs: PlanInputs) -> Plan:
     """The plan answering from a derived view, if one answers the statement and costs less
     (``plan_choice`` "remote" keeps the remote plan; "guarded" takes the view's)."""
     analysis = plan.analysis
-    if inputs.choice == "remote" or not analysis.local_allowed or analysis.outside \
-            or not plan.accesses or not analysis.query.is_select:  # fmt: skip
+    if (
+        inputs.choice == "remote"
+        or not analysis.local_allowed
+        or analysis.outside
+        or not plan.accesses
+        or not analysis.query.is_select
+    ):
         return plan
     for view in sorted(inputs.schema.views.values(), key=lambda v: v.name):
         if view.derivation is None:
@@ -68,31 +73,62 @@ def answer_from_derived(plan: Plan, inputs: PlanInputs) -> Plan:
             if probes is None:
                 continue  # (the regions the query reads are not known: it is not matched)
             edge = view.presence[0]
-            guard = Guard(view.name, "presence", bound, probe=edge.columns,
-                          control=edge.control, control_columns=edge.control_columns,
-                          admit_into=edge.control)  # fmt: skip
+            guard = Guard(
+                view.name,
+                "presence",
+                bound,
+                probe=edge.columns,
+                control=edge.control,
+                control_columns=edge.control_columns,
+                admit_into=edge.control,
+            )
         instances = frozenset(i for c in analysis.constraint.classes for i in c.instances)
-        accesses = tuple(dataclasses.replace(
-            a, guards=(guard,), probability_local=p, refresh_delay=delay,
-            access=a.access if probes is None else dataclasses.replace(a.access, probes=probes))
-            for a in plan.accesses)  # fmt: skip
+        accesses = tuple(
+            dataclasses.replace(
+                a,
+                guards=(guard,),
+                probability_local=p,
+                refresh_delay=delay,
+                access=a.access if probes is None else dataclasses.replace(a.access, probes=probes),
+            )
+            for a in plan.accesses
+        )
         # (its parameters are the query's, compared with the same columns' values: what
         # PostgreSQL reads them as is checked per execution, as for any local statement)
-        typed = tuple(sorted({(analysis.parameter_keys[n], kind) for n, kind
-                              in analysis.semantics.parameters.items()}, key=str))  # fmt: skip
-        statement = LocalStatement(match.sql, analysis.keys,
-                                   tuple(map(duckdb_name, analysis.keys)), (), match.outputs,
-                                   typed)  # fmt: skip
+        typed = tuple(
+            sorted(
+                {
+                    (analysis.parameter_keys[n], kind)
+                    for n, kind in analysis.semantics.parameters.items()
+                },
+                key=str,
+            )
+        )
+        statement = LocalStatement(
+            match.sql,
+            analysis.keys,
+            tuple(map(duckdb_name, analysis.keys)),
+            (),
+            match.outputs,
+            typed,
+        )
         semantics = dataclasses.replace(
-            analysis.semantics,
-            output_scales={**analysis.semantics.output_scales, **match.scales})  # fmt: skip
+            analysis.semantics, output_scales={**analysis.semantics.output_scales, **match.scales}
+        )
         derived = dataclasses.replace(
-            plan, analysis=dataclasses.replace(analysis, semantics=semantics),
+            plan,
+            analysis=dataclasses.replace(analysis, semantics=semantics),
             classes=(ClassPlan(ConsistencyClass(bound, instances, frozenset()), accesses),),
-            local=True, estimated_cost=cost, reason=None, first=statement,
-            derived=view.name, candidates=(*plan.candidates, ("derived", cost)))  # fmt: skip
-        problem = inputs.result_problem(derived, statement) \
-            if inputs.result_problem is not None else None  # fmt: skip
+            local=True,
+            estimated_cost=cost,
+            reason=None,
+            first=statement,
+            derived=view.name,
+            candidates=(*plan.candidates, ("derived", cost)),
+        )
+        problem = (
+            inputs.result_problem(derived, statement) if inputs.result_problem is not None else None
+        )
         if problem is None:
             return derived
     return plan
@@ -111,8 +147,11 @@ def _presence_probes(plan: Plan, view: CachedView) -> dict[str, tuple[exp.Expr, 
         if source is None:
             return None
         table = tables.get(column_qualifier(source)) if source.table else None
-        owners = [a for a in plan.accesses if (table is None or a.table == table)
-                  and folded(source) in a.access.probes]  # fmt: skip
+        owners = [
+            a
+            for a in plan.accesses
+            if (table is None or a.table == table) and folded(source) in a.access.probes
+        ]
         if len(owners) != 1:
             return None
         found[column] = owners[0].access.probes[folded(source)]

@@ -52,8 +52,16 @@ AUX_PREFIX = "mtcache_aux."
 WEIGHT = "mtcache_w"
 REDO = "mtcache_redo"  # a merged group computed again from the copies
 CURRENT = "mtcache_current"  # a group's states as the view holds them (not a delta's)
-_ARITHMETIC = (exp.Column, exp.Identifier, exp.Literal, exp.Add, exp.Sub, exp.Mul, exp.Paren,
-               exp.Neg)
+_ARITHMETIC = (
+    exp.Column,
+    exp.Identifier,
+    exp.Literal,
+    exp.Add,
+    exp.Sub,
+    exp.Mul,
+    exp.Paren,
+    exp.Neg,
+)
 _ORDERED = ("integer", "numeric", "float", "date", "timestamp", "timestamptz")
 
 
@@ -66,7 +74,7 @@ def copy_owner(name: str) -> str | None:
     """The view a DuckDB table is a copy of a table for (None: not a copy)."""
     if not name.startswith(AUX_PREFIX):
         return None
-    return name[len(AUX_PREFIX):].rpartition(".")[0] or None
+    return name[len(AUX_PREFIX) :].rpartition(".")[0] or None
 
 
 @dataclass(frozen=True)
@@ -112,18 +120,23 @@ class Maintenance:
         their copies), each with the weight of the ``weighted`` alias's rows (None: 1)."""
         sources = ", ".join(
             f"{relations.get(a.alias, ident(a.copy.name))} AS {ident(a.alias)}"
-            for a in self.auxiliaries)  # fmt: skip
+            for a in self.auxiliaries
+        )
         weight = f"{ident(weighted)}.{WEIGHT}" if weighted is not None else "1"
-        columns = ", ".join([*(f"{i.sql} AS {ident(i.name)}" for i in self.items),
-                             f"{weight} AS {WEIGHT}"])  # fmt: skip
+        columns = ", ".join(
+            [*(f"{i.sql} AS {ident(i.name)}" for i in self.items), f"{weight} AS {WEIGHT}"]
+        )
         return f"SELECT {columns} FROM {sources} WHERE {self.where}"
 
     def states_sql(self, items: str, stored_only: bool = False) -> str:
         """The stored states of weighted items (and, unless ``stored_only``, the extremes of
         the values they remove)."""
         names = set(self.stored_names)
-        columns = [f"{sql} AS {ident(name)}" for name, sql in self.states
-                   if not stored_only or name in names]  # fmt: skip
+        columns = [
+            f"{sql} AS {ident(name)}"
+            for name, sql in self.states
+            if not stored_only or name in names
+        ]
         sql = f"SELECT {', '.join(columns)} FROM ({items}) i"
         if self.group:
             sql += f" GROUP BY {', '.join(f'i.{ident(g)}' for g in self.group)}"
@@ -139,8 +152,12 @@ class Maintenance:
 
     def same_group(self, left: str, right: str) -> str:
         """SQL: the rows ``left`` and ``right`` are of one group (NULL the same as NULL)."""
-        return " AND ".join(f"{left}.{ident(g)} IS NOT DISTINCT FROM {right}.{ident(g)}"
-                            for g in self.group) or "true"  # fmt: skip
+        return (
+            " AND ".join(
+                f"{left}.{ident(g)} IS NOT DISTINCT FROM {right}.{ident(g)}" for g in self.group
+            )
+            or "true"
+        )
 
     @property
     def stored_names(self) -> list[str]:
@@ -155,15 +172,16 @@ def maintenance(view: CachedView, catalog: Catalog) -> Maintenance:
     _, select = definition(view)
     aliases = {s.alias: s.table for s in derivation.sources}
     if len(set(aliases.values())) != len(aliases):
-        raise _refused(view, "it reads one table twice (its changes would have to meet "
-                             "themselves)")  # fmt: skip
+        raise _refused(view, "it reads one table twice (its changes would have to meet themselves)")
     tables = {}
     for source in derivation.sources:
         table = catalog.table(source.table, source.schema)
         assert table is not None  # (checked at DDL time)
         if not table.primary_key:
-            raise _refused(view, f"{source.table} has no primary key (the stream identifies "
-                                 "rows by it); add one")  # fmt: skip
+            raise _refused(
+                view,
+                f"{source.table} has no primary key (the stream identifies rows by it); add one",
+            )
         tables[source.alias] = table
 
     def owner(column: exp.Column) -> str:
@@ -178,19 +196,25 @@ def maintenance(view: CachedView, catalog: Catalog) -> Maintenance:
         if name not in needed[alias]:
             needed[alias].append(name)
 
-    where = [f"{left.sql(dialect='duckdb')} = {right.sql(dialect='duckdb')}"
-             for left, right in derivation.joins]  # fmt: skip
+    where = [
+        f"{left.sql(dialect='duckdb')} = {right.sql(dialect='duckdb')}"
+        for left, right in derivation.joins
+    ]
     if select.args.get("where") is not None:
         every: dict[Ref, exp.Expr] = {
             (aliases[owner(c)], folded(c)): exp.column(folded(c), table=owner(c), quoted=True)
-            for c in select.args["where"].find_all(exp.Column)}  # fmt: skip
+            for c in select.args["where"].find_all(exp.Column)
+        }
         for conjunct in split_and(select.args["where"].this):
             made = filter_conjunct(conjunct, aliases, every, catalog, {})
             if made is None:
-                raise _refused(view, f"DuckDB would not read its condition "
-                                     f"{conjunct.sql(dialect='postgres')} as PostgreSQL does "
-                                     "(a column compared with constants of its own type is "
-                                     "maintained; = and IN only on text)")  # fmt: skip
+                raise _refused(
+                    view,
+                    f"DuckDB would not read its condition "
+                    f"{conjunct.sql(dialect='postgres')} as PostgreSQL does "
+                    "(a column compared with constants of its own type is "
+                    "maintained; = and IN only on text)",
+                )
             where.append(made.sql(dialect="duckdb"))
 
     stored = layout(view, catalog)
@@ -223,32 +247,51 @@ def maintenance(view: CachedView, catalog: Catalog) -> Maintenance:
             merges.append((output.name, f"sum(s.{ident(output.name)})::BIGINT"))
         elif output.aggregate in ("min", "max"):
             if kind not in _ORDERED or not _arithmetic(output.expression):
-                raise _refused(view, f"its {output.aggregate}({output.expression.sql()}) is "
-                                     "not of a number or a date, whose order DuckDB shares "
-                                     "with PostgreSQL")  # fmt: skip
-            states.append((output.name,
-                           f"{output.aggregate}({value}) FILTER (WHERE {weight} > 0)"))
+                raise _refused(
+                    view,
+                    f"its {output.aggregate}({output.expression.sql()}) is "
+                    "not of a number or a date, whose order DuckDB shares "
+                    "with PostgreSQL",
+                )
+            states.append((output.name, f"{output.aggregate}({value}) FILTER (WHERE {weight} > 0)"))
             merges.append((output.name, f"{output.aggregate}(s.{ident(output.name)})"))
             # the group's extreme among the values it loses: at the view's, it goes again
             lost = f"mtcache_lost{index}"
             states.append((lost, f"{output.aggregate}({value}) FILTER (WHERE {weight} < 0)"))
             sign = "<=" if output.aggregate == "min" else ">="
-            redo.append(f"{output.aggregate}(s.{lost}) {sign} {output.aggregate}("
-                        f"s.{ident(output.name)}) FILTER (WHERE s.{CURRENT})")  # fmt: skip
+            redo.append(
+                f"{output.aggregate}(s.{lost}) {sign} {output.aggregate}("
+                f"s.{ident(output.name)}) FILTER (WHERE s.{CURRENT})"
+            )
         else:  # sum, avg: signed values, beside the count of non-NULL ones
             if kind not in ("integer", "numeric") or not _arithmetic(output.expression):
-                raise _refused(view, f"its {output.aggregate}({output.expression.sql()}) is "
-                                     "not of integers or numerics computed by +, - and * "
-                                     "(a floating-point sum depends on the order it adds "
-                                     "in)")  # fmt: skip
-            total, count = (stored.outputs[output.name] if output.aggregate == "avg"
-                            else (output.name, output.name + COUNT_SUFFIX))  # fmt: skip
+                raise _refused(
+                    view,
+                    f"its {output.aggregate}({output.expression.sql()}) is "
+                    "not of integers or numerics computed by +, - and * "
+                    "(a floating-point sum depends on the order it adds "
+                    "in)",
+                )
+            total, count = (
+                stored.outputs[output.name]
+                if output.aggregate == "avg"
+                else (output.name, output.name + COUNT_SUFFIX)
+            )
             duck = next(c.duckdb_type for c in stored.columns if c.name == total)
-            states.append((total, f"CAST(sum(CASE WHEN {weight} > 0 THEN {value} ELSE "
-                                  f"-{value} END) AS {duck})"))  # fmt: skip
+            states.append(
+                (
+                    total,
+                    f"CAST(sum(CASE WHEN {weight} > 0 THEN {value} ELSE -{value} END) AS {duck})",
+                )
+            )
             states.append((count, non_null))
-            merges.append((total, f"CASE WHEN sum(s.{ident(count)}) = 0 THEN NULL ELSE "
-                                  f"CAST(sum(s.{ident(total)}) AS {duck}) END"))  # fmt: skip
+            merges.append(
+                (
+                    total,
+                    f"CASE WHEN sum(s.{ident(count)}) = 0 THEN NULL ELSE "
+                    f"CAST(sum(s.{ident(total)}) AS {duck}) END",
+                )
+            )
             merges.append((count, f"sum(s.{ident(count)})::BIGINT"))
     if derivation.aggregates:
         states.append((ROWS, counted))
@@ -261,14 +304,35 @@ def maintenance(view: CachedView, catalog: Catalog) -> Maintenance:
     merges.sort(key=lambda s: order.get(s[0], len(order)))
 
     auxiliaries = tuple(
-        Auxiliary(alias, tables[alias].name, CachedView(
-            name=f"{auxiliary_prefix(view.name)}{alias}", table=tables[alias].name,
-            columns=tuple(needed[alias]), key=tables[alias].primary_key, where=None,
-            presence=(), consistency=None, completeness=None, refresh_seconds=None,
-            statement="", continuous=True))
-        for alias in aliases)  # fmt: skip
-    return Maintenance(view, stored, auxiliaries, tuple(items), " AND ".join(where) or "true",
-                       tuple(group), tuple(states), tuple(merges))  # fmt: skip
+        Auxiliary(
+            alias,
+            tables[alias].name,
+            CachedView(
+                name=f"{auxiliary_prefix(view.name)}{alias}",
+                table=tables[alias].name,
+                columns=tuple(needed[alias]),
+                key=tables[alias].primary_key,
+                where=None,
+                presence=(),
+                consistency=None,
+                completeness=None,
+                refresh_seconds=None,
+                statement="",
+                continuous=True,
+            ),
+        )
+        for alias in aliases
+    )
+    return Maintenance(
+        view,
+        stored,
+        auxiliaries,
+        tuple(items),
+        " AND ".join(where) or "true",
+        tuple(group),
+        tuple(states),
+        tuple(merges),
+    )
 
 
 def _arithmetic(value: exp.Expr) -> bool:
@@ -285,8 +349,18 @@ def _kind(stored: Layout, name: str) -> str:
 def _refused(view: CachedView, why: str) -> NotSupportedError:
     return NotSupportedError(
         f"cached view {view.name}: REFRESH CONTINUOUSLY cannot keep it exact: {why}; or use "
-        "REFRESH EVERY, whose refresh the backend computes")
+        "REFRESH EVERY, whose refresh the backend computes"
+    )
 
 
-__all__ = ["AUX_PREFIX", "CURRENT", "REDO", "WEIGHT", "Auxiliary", "Maintenance",
-           "auxiliary_prefix", "copy_owner", "maintenance"]  # fmt: skip
+__all__ = [
+    "AUX_PREFIX",
+    "CURRENT",
+    "REDO",
+    "WEIGHT",
+    "Auxiliary",
+    "Maintenance",
+    "auxiliary_prefix",
+    "copy_owner",
+    "maintenance",
+]

@@ -69,28 +69,35 @@ def layout(view: CachedView, catalog: Catalog) -> Layout:
         elif output.count_star or output.aggregate == "count":
             columns.append(StoredColumn(name, "bigint", "BIGINT", target.copy()))
         elif output.aggregate in ("min", "max"):
-            columns.append(_stored(view, name, types.of(target.this), target.this, catalog,
-                                   target))  # fmt: skip
+            columns.append(_stored(view, name, types.of(target.this), target.this, catalog, target))
         elif output.aggregate == "sum":
-            columns.append(_sum(view, name, types.of(target.this),
-                                exp.Sum(this=target.this.copy())))  # fmt: skip
+            columns.append(
+                _sum(view, name, types.of(target.this), exp.Sum(this=target.this.copy()))
+            )
             if view.continuous:  # (how many values it adds: a sum of none is NULL)
-                columns.append(StoredColumn(name + COUNT_SUFFIX, "bigint", "BIGINT",
-                                            exp.Count(this=target.this.copy())))  # fmt: skip
+                columns.append(
+                    StoredColumn(
+                        name + COUNT_SUFFIX, "bigint", "BIGINT", exp.Count(this=target.this.copy())
+                    )
+                )
         else:  # avg: its sum and its count
             value = target.this
             kind = types.of(value)
-            total = _sum(view, name + SUM_SUFFIX, kind.as_numeric() if kind.kind == "integer"
-                         else kind, exp.Sum(this=value.copy()))  # fmt: skip
-            count = StoredColumn(name + COUNT_SUFFIX, "bigint", "BIGINT",
-                                 exp.Count(this=value.copy()))  # fmt: skip
+            total = _sum(
+                view,
+                name + SUM_SUFFIX,
+                kind.as_numeric() if kind.kind == "integer" else kind,
+                exp.Sum(this=value.copy()),
+            )
+            count = StoredColumn(
+                name + COUNT_SUFFIX, "bigint", "BIGINT", exp.Count(this=value.copy())
+            )
             columns += [total, count]
             outputs[name] = (total.name, count.name)
             continue
         outputs[name] = (name,)
     if view.continuous and derivation.aggregates:
-        columns.append(StoredColumn(ROWS, "bigint", "BIGINT",
-                                    exp.Count(this=exp.Star())))  # fmt: skip
+        columns.append(StoredColumn(ROWS, "bigint", "BIGINT", exp.Count(this=exp.Star())))
     names = [c.name for c in columns]
     clash = next((n for n in names if names.count(n) > 1), None)
     if clash is not None:
@@ -98,7 +105,8 @@ def layout(view: CachedView, catalog: Catalog) -> Layout:
             f"cached view {view.name}: the cache keeps an average as <name>{SUM_SUFFIX} and "
             f"<name>{COUNT_SUFFIX} (and, kept continuously, a sum's count as "
             f"<name>{COUNT_SUFFIX} and each group's rows as {ROWS}), and {clash!r} is also a "
-            "column of the view; rename it")
+            "column of the view; rename it"
+        )
     return Layout(tuple(columns), outputs)
 
 
@@ -106,8 +114,9 @@ def pull_select(view: CachedView, found: Layout) -> str:
     """The backend's query of the view's stored columns (PostgreSQL SQL)."""
     _, select = definition(view)
     states = select.copy()
-    states.set("expressions", [exp.alias_(c.source.copy(), c.name, quoted=True)
-                               for c in found.columns])  # fmt: skip
+    states.set(
+        "expressions", [exp.alias_(c.source.copy(), c.name, quoted=True) for c in found.columns]
+    )
     return states.sql(dialect="postgres")
 
 
@@ -120,8 +129,9 @@ def definition(view: CachedView) -> tuple[Query, exp.Select]:
     return query, query.tree
 
 
-def _stored(view: CachedView, name: str, found: PgType, value: exp.Expr, catalog: Catalog,
-            source: exp.Expr) -> StoredColumn:  # fmt: skip
+def _stored(
+    view: CachedView, name: str, found: PgType, value: exp.Expr, catalog: Catalog, source: exp.Expr
+) -> StoredColumn:
     """A column kept as its value's type: a column's declared one, else what ``found``
     says (an expression's)."""
     declared = _declared(value, view, catalog)
@@ -130,7 +140,8 @@ def _stored(view: CachedView, name: str, found: PgType, value: exp.Expr, catalog
     if pg_type is None or target is None:
         raise NotSupportedError(
             f"cached view {view.name}: the cache cannot keep {name} "
-            f"({source.sql(dialect='postgres')}) exactly yet; leave it out of the view")
+            f"({source.sql(dialect='postgres')}) exactly yet; leave it out of the view"
+        )
     return StoredColumn(name, pg_type, target, source.copy())
 
 
@@ -139,18 +150,27 @@ def _sum(view: CachedView, name: str, found: PgType, source: exp.Expr) -> Stored
     if found.kind == "integer" and found.width in (2, 4):
         return StoredColumn(name, "bigint", "BIGINT", source)
     if found.kind == "float":
-        return StoredColumn(name, "real" if found.width == 4 else "double precision",
-                            "FLOAT" if found.width == 4 else "DOUBLE", source)  # fmt: skip
+        return StoredColumn(
+            name,
+            "real" if found.width == 4 else "double precision",
+            "FLOAT" if found.width == 4 else "DOUBLE",
+            source,
+        )
     if found.kind in ("integer", "numeric"):
         # (every value's display scale, when it is one: a sum's is its values' largest)
         scale = 0 if found.kind == "integer" else found.scale
         if scale is not None and scale <= NUMERIC_DIGITS:
-            return StoredColumn(name, f"numeric({NUMERIC_DIGITS},{scale})",
-                                f"DECIMAL({NUMERIC_DIGITS},{scale})", source)  # fmt: skip
+            return StoredColumn(
+                name,
+                f"numeric({NUMERIC_DIGITS},{scale})",
+                f"DECIMAL({NUMERIC_DIGITS},{scale})",
+                source,
+            )
     raise NotSupportedError(
         f"cached view {view.name}: the cache cannot keep the sum "
         f"{source.sql(dialect='postgres')} exactly (its values' display scale varies: cast "
-        "its argument to numeric(p,s))")  # fmt: skip
+        "its argument to numeric(p,s))"
+    )
 
 
 def _declared(value: exp.Expr, view: CachedView, catalog: Catalog) -> str | None:
@@ -180,9 +200,21 @@ def _pg_name(found: PgType) -> str | None:
         return "real" if found.width == 4 else "double precision"
     if found.kind in ("text", "varchar", "string"):
         return "text"
-    return {"bool": "boolean", "date": "date", "timestamp": "timestamp without time zone",
-            "timestamptz": "timestamp with time zone"}.get(found.kind)  # fmt: skip
+    return {
+        "bool": "boolean",
+        "date": "date",
+        "timestamp": "timestamp without time zone",
+        "timestamptz": "timestamp with time zone",
+    }.get(found.kind)
 
 
-__all__ = ["COUNT_SUFFIX", "ROWS", "SUM_SUFFIX", "Layout", "StoredColumn", "definition", "layout",
-           "pull_select"]
+__all__ = [
+    "COUNT_SUFFIX",
+    "ROWS",
+    "SUM_SUFFIX",
+    "Layout",
+    "StoredColumn",
+    "definition",
+    "layout",
+    "pull_select",
+]

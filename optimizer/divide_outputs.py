@@ -22,10 +22,10 @@ def divide_outputs(plan: Plan, inputs: PlanInputs) -> Plan:
     problem = None
     if types is None:
         problem = "its averages or divisions need the result types only the backend describes"
-    elif any(index >= len(types) or types[index] not in DIVIDED_TYPES
-             for index in analysis.divisions):  # fmt: skip
+    elif any(
+        index >= len(types) or types[index] not in DIVIDED_TYPES for index in analysis.divisions
+    ):
         problem = "it divides values that are neither numeric nor floating point"
     if problem is None:
         return plan
-    return dataclasses.replace(plan, analysis=dataclasses.replace(analysis,
-                                                                  local_blocker=problem))
+    return dataclasses.replace(plan, analysis=dataclasses.replace(analysis, local_blocker=problem))

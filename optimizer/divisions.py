@@ -24,8 +24,16 @@ from sql_ext import Query
 from sql_ext.params import NODE_ID
 
 Kind = t.Literal["avg", "divide"]
-_STATISTICS = (exp.Stddev, exp.StddevPop, exp.StddevSamp, exp.Variance, exp.VariancePop,
-               exp.Corr, exp.CovarPop, exp.CovarSamp)  # fmt: skip
+_STATISTICS = (
+    exp.Stddev,
+    exp.StddevPop,
+    exp.StddevSamp,
+    exp.Variance,
+    exp.VariancePop,
+    exp.Corr,
+    exp.CovarPop,
+    exp.CovarSamp,
+)
 
 
 def analyze_divisions(
@@ -89,4 +97,3 @@ def _ordered_by(top: exp.Select, index: int, projection: exp.Expr) -> bool:
         if key == inner:
             return True
     return False
-

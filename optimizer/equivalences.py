@@ -78,8 +78,11 @@ class Classes:
                 yield attr, values
 
     def copy(self) -> Classes:
-        return Classes(dict(self.parent), {k: list(v) for k, v in self.equal.items()},
-                       {k: list(v) for k, v in self.within.items()})  # fmt: skip
+        return Classes(
+            dict(self.parent),
+            {k: list(v) for k, v in self.equal.items()},
+            {k: list(v) for k, v in self.within.items()},
+        )
 
 
 def block_classes(query: Query, resolve: Resolve) -> dict[int, Classes]:

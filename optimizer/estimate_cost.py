@@ -86,8 +86,9 @@ def estimate_cost(plan: Plan, inputs: PlanInputs) -> Plan:
     schema, estimates = inputs.schema, inputs.estimates
     guarded = {a.instance.id for a in plan.guarded_accesses}
     whole = estimates.cost(plan.sql)[0] if estimates is not None else 0.0
-    reasons = [f"({', '.join(c.cls.tables)}): {c.remote_reason}"
-               for c in plan.classes if c.remote_reason]  # fmt: skip
+    reasons = [
+        f"({', '.join(c.cls.tables)}): {c.remote_reason}" for c in plan.classes if c.remote_reason
+    ]
     if not plan.analysis.local_allowed or not plan.accesses:
         return _remote(plan, whole, reasons)
     accesses = {}
@@ -99,8 +100,9 @@ def estimate_cost(plan: Plan, inputs: PlanInputs) -> Plan:
             interval = schema.views[first.view].refresh_seconds or 0.0
             delay = inputs.delay_of(first.view)
             p = local_probability(first.bound_seconds, delay, interval)
-            accesses[access.instance.id] = dataclasses.replace(access, probability_local=p,
-                                                               refresh_delay=delay)  # fmt: skip
+            accesses[access.instance.id] = dataclasses.replace(
+                access, probability_local=p, refresh_delay=delay
+            )
     classes = tuple(
         dataclasses.replace(c, accesses=tuple(accesses.get(a.instance.id, a) for a in c.accesses))
         for c in plan.classes
@@ -156,8 +158,9 @@ def _guarded_plan_cost(plan: Plan, whole: float, inputs: PlanInputs) -> float:
 
 
 def _remote(plan: Plan, cost: float, reasons: list[str]) -> Plan:
-    return dataclasses.replace(plan, local=False, estimated_cost=cost,
-                               reason="; ".join(dict.fromkeys(reasons)) or None)  # fmt: skip
+    return dataclasses.replace(
+        plan, local=False, estimated_cost=cost, reason="; ".join(dict.fromkeys(reasons)) or None
+    )
 
 
 def local_cost(access: AccessPlan, matched: float, inputs: PlanInputs) -> float:
@@ -169,11 +172,17 @@ def local_cost(access: AccessPlan, matched: float, inputs: PlanInputs) -> float:
     view = inputs.schema.views[access.guards[0].view]
     rows = scanned_rows(access.access, view, inputs.estimates.view_rows)
     table = inputs.catalog.table(access.access.table)
-    texts = 0 if table is None else sum(
-        1 for c in table.columns
-        if c.name in access.access.columns and column_type(c, True).is_string
-        and (c.n_distinct or 0.0) >= DISTINCT_TEXT * table.row_count > 0
-    )  # fmt: skip
+    texts = (
+        0
+        if table is None
+        else sum(
+            1
+            for c in table.columns
+            if c.name in access.access.columns
+            and column_type(c, True).is_string
+            and (c.n_distinct or 0.0) >= DISTINCT_TEXT * table.row_count > 0
+        )
+    )
     decoded = min(rows, max(matched, 1.0) * DUCKDB_VECTOR)
     return rows * LOCAL_ROW_COST + decoded * texts * LOCAL_TEXT_COST
 
@@ -201,11 +210,17 @@ def requests(plan: Plan, schema: CacheSchema) -> EstimateRequests:
     """The requests of a plan before costing: every leaf is asked for when some accessed table
     has a cached view (none otherwise: the statement can only go remote)."""
     tables = {a.table for a in plan.accesses}
-    views = tuple(sorted(v.name for v in schema.views.values()
-                         if v.table in tables and not v.is_derived))  # fmt: skip
+    views = tuple(
+        sorted(v.name for v in schema.views.values() if v.table in tables and not v.is_derived)
+    )
     # (a derived view reading only these tables may answer the whole statement: its rows)
-    derived = tuple(sorted(v.name for v in schema.views.values() if v.derivation is not None
-                           and {s.table for s in v.derivation.sources} <= tables))  # fmt: skip
+    derived = tuple(
+        sorted(
+            v.name
+            for v in schema.views.values()
+            if v.derivation is not None and {s.table for s in v.derivation.sources} <= tables
+        )
+    )
     leaves = tuple(dict.fromkeys(a.leaf.sql for a in plan.accesses)) if views else ()
     views += derived
     return EstimateRequests(plan.sql, leaves, views)

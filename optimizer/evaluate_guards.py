@@ -106,16 +106,15 @@ class Decision(t.NamedTuple):
             if binding.guard is None:
                 parts.append(f"{binding.access.alias}=leaf")
                 continue
-            keys = ",".join(repr(k[0]) if len(k) == 1 else repr(k) for k, _ in binding.regions
-                            if k)  # fmt: skip
-            parts.append(f"{binding.access.alias}={binding.guard.view}"
-                         + (f"({keys})" if keys else ""))  # fmt: skip
+            keys = ",".join(repr(k[0]) if len(k) == 1 else repr(k) for k, _ in binding.regions if k)
+            parts.append(
+                f"{binding.access.alias}={binding.guard.view}" + (f"({keys})" if keys else "")
+            )
         return " ".join(parts)
 
 
 class _Tally:
-    __slots__ = ("admittable", "completeness", "consistency", "currency", "presence",
-                 "timeline")  # fmt: skip
+    __slots__ = ("admittable", "completeness", "consistency", "currency", "presence", "timeline")
 
     def __init__(self) -> None:
         self.presence = 0
@@ -126,11 +125,18 @@ class _Tally:
         self.admittable: list[tuple[str, Key]] = []
 
     def freeze(self) -> Misses:
-        if not (self.presence or self.currency or self.completeness or self.consistency
-                or self.timeline):  # fmt: skip
+        if not (
+            self.presence or self.currency or self.completeness or self.consistency or self.timeline
+        ):
             return _NO_MISSES
-        return Misses(self.presence, self.currency, tuple(self.admittable), self.completeness,
-                      self.consistency, self.timeline)  # fmt: skip
+        return Misses(
+            self.presence,
+            self.currency,
+            tuple(self.admittable),
+            self.completeness,
+            self.consistency,
+            self.timeline,
+        )
 
 
 _NO_MISSES = Misses()
@@ -151,8 +157,7 @@ def evaluate_guards(
     for cls_plan in plan.classes:
         chosen = None
         if cls_plan.guarded or (session.ignore_currency and cls_plan.has_guards):
-            chosen = _class_local(cls_plan, state, values, session, now, tally,
-                                  plan.analysis.fds)  # fmt: skip
+            chosen = _class_local(cls_plan, state, values, session, now, tally, plan.analysis.fds)
         if chosen is None:
             if session.ignore_currency:
                 return Decision(None, tally.freeze(), now)  # the backend is needed, and down
@@ -160,8 +165,9 @@ def evaluate_guards(
                 # leaves read through the session's own connection (the only one that sees
                 # its writes) are separate statements: they share no snapshot
                 return Decision(None, tally.freeze(), now)
-            bindings += [Binding(a, bound_seconds=cls_plan.bound_seconds)
-                         for a in cls_plan.accesses]  # fmt: skip
+            bindings += [
+                Binding(a, bound_seconds=cls_plan.bound_seconds) for a in cls_plan.accesses
+            ]
         else:
             local += len(chosen)
             bindings += chosen
@@ -254,12 +260,16 @@ def _consistent(
         delivered: Property = frozenset()
         for access, (kind, value) in zip(cls_plan.accesses, canonical, strict=False):
             instance = access.instance
-            leaf = (local_leaf(instance, value) if kind == "region" else group_leaf(
-                instance, [{(instance, c) for c in columns} for columns in value]))  # fmt: skip
+            leaf = (
+                local_leaf(instance, value)
+                if kind == "region"
+                else group_leaf(instance, [{(instance, c) for c in columns} for columns in value])
+            )
             delivered = join(delivered, leaf)
         required = [cls_plan.cls]
-        verdict = (satisfies(delivered, required, fds) if final
-                   else not violates(delivered, required, fds))  # fmt: skip
+        verdict = (
+            satisfies(delivered, required, fds) if final else not violates(delivered, required, fds)
+        )
         cls_plan.verdicts[key] = verdict
     return verdict
 

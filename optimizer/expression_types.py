@@ -31,15 +31,45 @@ from sql_ext.quoting import output_name
 
 # Functions whose result keeps the type of their value arguments (PostgreSQL's "anyelement"
 # family): CASE, COALESCE, NULLIF, GREATEST, LEAST, MIN, MAX, ...
-VALUE_PRESERVING = (exp.Case, exp.If, exp.Coalesce, exp.Nullif, exp.Greatest, exp.Least,
-                    exp.Min, exp.Max, exp.AnyValue, exp.First, exp.Last, exp.FirstValue,
-                    exp.LastValue, exp.Lag, exp.Lead, exp.NthValue)  # fmt: skip
+VALUE_PRESERVING = (
+    exp.Case,
+    exp.If,
+    exp.Coalesce,
+    exp.Nullif,
+    exp.Greatest,
+    exp.Least,
+    exp.Min,
+    exp.Max,
+    exp.AnyValue,
+    exp.First,
+    exp.Last,
+    exp.FirstValue,
+    exp.LastValue,
+    exp.Lag,
+    exp.Lead,
+    exp.NthValue,
+)
 # Functions returning text from text arguments: a char(n) argument is read as text (its
 # padding stripped), exactly as the cache stores it.
-TEXT_FUNCTIONS = (exp.DPipe, exp.Upper, exp.Lower, exp.Substring, exp.Trim, exp.Replace,
-                  exp.Left, exp.Right, exp.Pad, exp.Reverse, exp.MD5, exp.SplitPart,
-                  exp.GroupConcat, exp.Translate, exp.Repeat, exp.RegexpReplace,
-                  exp.Initcap)  # fmt: skip
+TEXT_FUNCTIONS = (
+    exp.DPipe,
+    exp.Upper,
+    exp.Lower,
+    exp.Substring,
+    exp.Trim,
+    exp.Replace,
+    exp.Left,
+    exp.Right,
+    exp.Pad,
+    exp.Reverse,
+    exp.MD5,
+    exp.SplitPart,
+    exp.GroupConcat,
+    exp.Translate,
+    exp.Repeat,
+    exp.RegexpReplace,
+    exp.Initcap,
+)
 INTEGER_FUNCTIONS = (exp.Length, exp.StrPosition, exp.Ascii)
 # Functions that read a char(n) value with its padding (they print it: its output function)
 PADDED_READERS = (exp.Concat, exp.ConcatWs, exp.Format)
@@ -50,8 +80,11 @@ TEXT_PREDICATES = (exp.StartsWith,)
 
 def column_type(column: Column, database_byte_order: bool) -> PgType:
     """A catalog column's type (``format_type`` text) as a `PgType`."""
-    return declared(column.type, column.byte_order if column.byte_order is not None
-                    else database_byte_order, column.deterministic)  # fmt: skip
+    return declared(
+        column.type,
+        column.byte_order if column.byte_order is not None else database_byte_order,
+        column.deterministic,
+    )
 
 
 class ExpressionTypes:
@@ -86,8 +119,9 @@ class ExpressionTypes:
             # a long AND / OR chain nests as deep as it is long: type its spine bottom up, so
             # each connective finds its left operand typed (no recursion down the chain)
             spine = [node]
-            while isinstance(spine[-1].this, exp.Connector) and id(spine[-1].this) not in \
-                    self._memo:  # fmt: skip
+            while (
+                isinstance(spine[-1].this, exp.Connector) and id(spine[-1].this) not in self._memo
+            ):
                 spine.append(spine[-1].this)
             for inner in reversed(spine[1:]):
                 self.of(inner, block)
@@ -143,8 +177,7 @@ class ExpressionTypes:
             return self.of(node.this, block)
         if isinstance(node, exp.Collate):
             inner = self.of(node.this, block)
-            collation = node.expression.name if isinstance(node.expression,
-                                                           exp.Expr) else ""  # fmt: skip
+            collation = node.expression.name if isinstance(node.expression, exp.Expr) else ""
             return replace(inner, byte_order=byte_order_name(collation), deterministic=True)
         if isinstance(node, exp.Distinct):
             return self.of(node.expressions[0], block) if node.expressions else OTHER
@@ -184,8 +217,11 @@ class ExpressionTypes:
             if table is None:
                 return UNKNOWN  # a backend view: never answered locally
             declared_column = next((c for c in table.columns if c.name == name), None)
-            return column_type(declared_column, self.catalog.text_byte_order) \
-                if declared_column else UNKNOWN  # fmt: skip
+            return (
+                column_type(declared_column, self.catalog.text_byte_order)
+                if declared_column
+                else UNKNOWN
+            )
         return self._derived(source, name)
 
     def _derived(self, source: Source, name: str) -> PgType:
@@ -202,8 +238,7 @@ class ExpressionTypes:
                 types = []
                 for branch in source.body:
                     projections = branch.select.expressions
-                    if position >= len(projections) or isinstance(projections[position],
-                                                                  exp.Star):  # fmt: skip
+                    if position >= len(projections) or isinstance(projections[position], exp.Star):
                         return UNKNOWN
                     types.append(self.of(_unaliased(projections[position]), branch))
                 return combine(types)
@@ -225,12 +260,23 @@ def arguments(node: exp.Expr) -> list[exp.Expr]:
         if key in ("over", "partition_by", "order", "spec"):
             continue
         for item in value if isinstance(value, list) else [value]:
-            if isinstance(item, exp.Expr) and not isinstance(item, exp.Identifier | exp.Var
-                                                             | exp.DataType):  # fmt: skip
+            if isinstance(item, exp.Expr) and not isinstance(
+                item, exp.Identifier | exp.Var | exp.DataType
+            ):
                 found.append(item)
     return found
 
 
-__all__ = ["INTEGER_FUNCTIONS", "PADDED_READERS", "PADDED_READER_NAMES", "TEXT_FUNCTIONS",
-           "TEXT_PREDICATES", "VALUE_PRESERVING", "ExpressionTypes", "PgType", "arguments",
-           "column_type", "combine"]  # fmt: skip
+__all__ = [
+    "INTEGER_FUNCTIONS",
+    "PADDED_READERS",
+    "PADDED_READER_NAMES",
+    "TEXT_FUNCTIONS",
+    "TEXT_PREDICATES",
+    "VALUE_PRESERVING",
+    "ExpressionTypes",
+    "PgType",
+    "arguments",
+    "column_type",
+    "combine",
+]

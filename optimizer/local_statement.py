@@ -44,8 +44,12 @@ def local_statement(plan: Plan, choice: Mapping[int, str | None]) -> LocalStatem
         else:
             target = view
         for node in by_id[access.access.node.meta[NODE_ID]]:
-            node.replace(exp.Table(this=exp.to_identifier(target),
-                                   alias=exp.TableAlias(this=exp.to_identifier(access.alias))))
+            node.replace(
+                exp.Table(
+                    this=exp.to_identifier(target),
+                    alias=exp.TableAlias(this=exp.to_identifier(access.alias)),
+                )
+            )
     _compute_as_postgres(by_id, analysis.semantics)
     for index in analysis.semantics.printed_intervals:
         for branch in _branches(copy):
@@ -58,15 +62,24 @@ def local_statement(plan: Plan, choice: Mapping[int, str | None]) -> LocalStatem
         key = analysis.parameter_keys[mark.meta[NODE_ID]]
         mark.replace(exp.Placeholder(this=exp.to_identifier(duckdb_name(key))))
     lists = _bind_lists(copy)
-    outputs = _outputs(copy, analysis, scale_columns) if analysis.divisions or scale_columns \
-        else None  # fmt: skip
+    outputs = (
+        _outputs(copy, analysis, scale_columns) if analysis.divisions or scale_columns else None
+    )
     keys = analysis.keys
     sql = copy.sql(dialect=LocalDuckDB, copy=False)  # our own copy
-    typed = tuple(sorted({(analysis.parameter_keys[n], kind) for n, kind
-                          in analysis.semantics.parameters.items()}, key=str))  # fmt: skip
+    typed = tuple(
+        sorted(
+            {
+                (analysis.parameter_keys[n], kind)
+                for n, kind in analysis.semantics.parameters.items()
+            },
+            key=str,
+        )
+    )
     zone = any(m.name == ZONE_PARAMETER for m in copy.find_all(exp.Placeholder))
-    return LocalStatement(sql, keys, tuple(map(duckdb_name, keys)), tuple(leaves), outputs,
-                          typed, zone, lists)  # fmt: skip
+    return LocalStatement(
+        sql, keys, tuple(map(duckdb_name, keys)), tuple(leaves), outputs, typed, zone, lists
+    )
 
 
 def _bind_lists(copy: exp.Expr) -> tuple[tuple[str, list[int] | list[str]], ...]:
@@ -103,8 +116,9 @@ def _divide_inside(copy: exp.Expr, divisions: Mapping[int, exp.Expr]) -> None:
     """Each division inside the statement as PostgreSQL's (optimizer.divisions), before the
     rewrites: its operands are rewritten like any other part."""
     while divisions:  # again for divisions inside the operands just put in
-        found = [n for n in copy.walk() if n.meta.get(NODE_ID) in divisions
-                 and not n.meta.get(_DIVIDED)]  # fmt: skip
+        found = [
+            n for n in copy.walk() if n.meta.get(NODE_ID) in divisions and not n.meta.get(_DIVIDED)
+        ]
         if not found:
             return
         for node in found:
@@ -140,8 +154,9 @@ def _add_scale_columns(copy: exp.Expr, analysis: t.Any) -> dict[t.Any, int]:
     return found
 
 
-def _outputs(select: exp.Expr, analysis: t.Any, scale_columns: dict[t.Any, int]
-             ) -> tuple[Output, ...]:  # fmt: skip
+def _outputs(
+    select: exp.Expr, analysis: t.Any, scale_columns: dict[t.Any, int]
+) -> tuple[Output, ...]:
     """Each output average or division becomes its numerator and denominator (sum and count
     for an average), which DuckDB computes exactly, and the cache divides; a
     numeric whose scale varies is given its scale column. Scale columns were appended last;
@@ -165,8 +180,10 @@ def _outputs(select: exp.Expr, analysis: t.Any, scale_columns: dict[t.Any, int]
         else:
             numerator, denominator = node.this.copy(), node.expression.copy()
         outputs.append((kind, len(projections), len(projections) + 1))
-        projections += [exp.alias_(numerator, f"mtcache_numerator_{index}"),
-                        exp.alias_(denominator, f"mtcache_denominator_{index}")]  # fmt: skip
+        projections += [
+            exp.alias_(numerator, f"mtcache_numerator_{index}"),
+            exp.alias_(denominator, f"mtcache_denominator_{index}"),
+        ]
     moved = len(projections) - count  # scale columns shift by the extra division columns
 
     def scale_of(key: t.Any, static: t.Any) -> ScaleOf:
@@ -176,8 +193,13 @@ def _outputs(select: exp.Expr, analysis: t.Any, scale_columns: dict[t.Any, int]
         if isinstance(output, tuple):
             kind, top, bottom = output
             static = analysis.division_scales.get(index, (0, 0))
-            outputs[index] = (kind, top, bottom, scale_of((index, 0), static[0]),
-                              scale_of((index, 1), static[1]))  # fmt: skip
+            outputs[index] = (
+                kind,
+                top,
+                bottom,
+                scale_of((index, 0), static[0]),
+                scale_of((index, 1), static[1]),
+            )
         elif index in scale_columns:
             outputs[index] = ("scaled", output, scale_columns[index] + moved)
     select.set("expressions", projections + scales)
@@ -197,12 +219,15 @@ def _compute_as_postgres(by_id: Mapping[int, list[exp.Expr]], semantics: Semanti
 
     for _, node in each(semantics.rtrim):
         # char(n) is stored without its trailing blanks: so are what it is compared with
-        _wrap(node, lambda n: exp.Anonymous(this="RTRIM", expressions=[
-            n, exp.Literal.string(" ")]))  # fmt: skip
+        _wrap(node, lambda n: exp.Anonymous(this="RTRIM", expressions=[n, exp.Literal.string(" ")]))
     for number, node in each(semantics.rpad):
         # ... but patterns and printing see them: pad the value again for those
-        _wrap(node, lambda n, w=semantics.rpad[number]: exp.Anonymous(  # type: ignore[misc]
-            this="RPAD", expressions=[n, exp.Literal.number(w), exp.Literal.string(" ")]))
+        _wrap(
+            node,
+            lambda n, w=semantics.rpad[number]: exp.Anonymous(  # type: ignore[misc]
+                this="RPAD", expressions=[n, exp.Literal.number(w), exp.Literal.string(" ")]
+            ),
+        )
     for number, node in each(semantics.decimal_scales):
         digits = semantics.decimal_digits.get(number, 38)
         scale = semantics.decimal_scales[number]
@@ -215,18 +240,30 @@ def _compute_as_postgres(by_id: Mapping[int, list[exp.Expr]], semantics: Semanti
         node.replace(exact)
     for number, node in each(semantics.text_scales):
         # a numeric printed as text shows PostgreSQL's display scale
-        _wrap(node, lambda n, s=semantics.text_scales[number]: _as_type(  # type: ignore[misc]
-            n, f"DECIMAL(38, {s})"))
+        _wrap(
+            node,
+            lambda n, s=semantics.text_scales[number]: _as_type(  # type: ignore[misc]
+                n, f"DECIMAL(38, {s})"
+            ),
+        )
     zone = exp.Placeholder(this=exp.to_identifier(ZONE_PARAMETER))
     for _, node in each(semantics.zoned):
-        _wrap(node, lambda n: exp.Anonymous(this="timezone", expressions=[
-            zone.copy(), _as_type(n, "TIMESTAMP")]))  # fmt: skip
+        _wrap(
+            node,
+            lambda n: exp.Anonymous(
+                this="timezone", expressions=[zone.copy(), _as_type(n, "TIMESTAMP")]
+            ),
+        )
     for _, node in each(semantics.localized):
         _wrap(node, lambda n: exp.Anonymous(this="timezone", expressions=[zone.copy(), n]))
     for number, node in each(semantics.widen):
         # numerics of several scales in one column: one type DuckDB combines without rounding
-        _wrap(node, lambda n, s=semantics.widen[number]: _as_type(  # type: ignore[misc]
-            n, f"DECIMAL(38, {s})"))
+        _wrap(
+            node,
+            lambda n, s=semantics.widen[number]: _as_type(  # type: ignore[misc]
+                n, f"DECIMAL(38, {s})"
+            ),
+        )
     rewritten = sorted(each(semantics.rewrites), key=lambda found: -_depth(found[1]))
     for number, node in rewritten:
         rewrite = BY_NAME[semantics.rewrites[number]].rewrite

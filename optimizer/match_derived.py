@@ -50,8 +50,17 @@ from sql_ext.quoting import folded, ident
 
 Ref = tuple[str, str]  # (table, column): a column of the query or view, by its table's name
 _RANGES = (exp.GT, exp.GTE, exp.LT, exp.LTE, exp.Between)
-_ORDERED_TYPES = ("smallint", "integer", "bigint", "numeric", "real", "double precision",
-                  "date", "timestamp", "timestamp with time zone")  # fmt: skip
+_ORDERED_TYPES = (
+    "smallint",
+    "integer",
+    "bigint",
+    "numeric",
+    "real",
+    "double precision",
+    "date",
+    "timestamp",
+    "timestamp with time zone",
+)
 
 
 @dataclass(frozen=True)
@@ -67,8 +76,12 @@ class DerivedMatch:
     scales: dict[int, int]
 
 
-def match_derived(query: Query, view: CachedView, catalog: Catalog,
-                  parameter_keys: t.Mapping[int, Key] | None = None) -> DerivedMatch | None:
+def match_derived(
+    query: Query,
+    view: CachedView,
+    catalog: Catalog,
+    parameter_keys: t.Mapping[int, Key] | None = None,
+) -> DerivedMatch | None:
     """The statement that answers ``query`` from ``view`` (see the module), or None;
     ``parameter_keys``: each placeholder's key by node number (`optimizer.analyze`), when
     the query has parameters (compared with grouping columns, they become the statement's
@@ -81,15 +94,19 @@ def match_derived(query: Query, view: CachedView, catalog: Catalog,
         return None
     # a join view (no aggregates) answers a query of its rows: no grouping, no aggregate
     rows_only = not derivation.aggregates
-    if rows_only and (tree.args.get("group") or tree.args.get("having") or any(
-            p.find(exp.AggFunc) is not None for p in tree.expressions)):  # fmt: skip
+    if rows_only and (
+        tree.args.get("group")
+        or tree.args.get("having")
+        or any(p.find(exp.AggFunc) is not None for p in tree.expressions)
+    ):
         return None
     tables = _tables(tree)
     if tables is None:
         return None
     view_tables = {s.alias: s.table for s in derivation.sources}
-    if sorted(tables.values()) != sorted(view_tables.values()) or \
-            len(set(view_tables.values())) != len(view_tables):  # fmt: skip
+    if sorted(tables.values()) != sorted(view_tables.values()) or len(
+        set(view_tables.values())
+    ) != len(view_tables):
         return None
 
     def ref(column: exp.Column, aliases: t.Mapping[str, str]) -> Ref | None:
@@ -103,9 +120,11 @@ def match_derived(query: Query, view: CachedView, catalog: Catalog,
             return None
         view_pairs.add(frozenset((a, b)))
     _, definition = view_definition(view)
-    view_filters = {_normal(c, view_tables, catalog)
-                    for c in split_and(definition.args["where"].this)} \
-        if definition.args.get("where") else set()  # fmt: skip
+    view_filters = (
+        {_normal(c, view_tables, catalog) for c in split_and(definition.args["where"].this)}
+        if definition.args.get("where")
+        else set()
+    )
     stored = layout(view, catalog)
     grouped: dict[Ref, str] = {}
     for output in derivation.outputs:
@@ -114,18 +133,28 @@ def match_derived(query: Query, view: CachedView, catalog: Catalog,
             if found is None:
                 return None
             grouped[found] = output.name
-    aggregates = {_aggregate_key(o.aggregate, o.expression, view_tables, catalog): o.name
-                  for o in derivation.outputs if o.aggregate is not None}  # fmt: skip
+    aggregates = {
+        _aggregate_key(o.aggregate, o.expression, view_tables, catalog): o.name
+        for o in derivation.outputs
+        if o.aggregate is not None
+    }
 
     # the query's conjuncts: its joins, the view's filters, and its own over grouping columns
-    conjuncts = [c for join in tree.args.get("joins") or [] if join.args.get("on") is not None
-                 for c in split_and(join.args["on"])]  # fmt: skip
+    conjuncts = [
+        c
+        for join in tree.args.get("joins") or []
+        if join.args.get("on") is not None
+        for c in split_and(join.args["on"])
+    ]
     if tree.args.get("where"):
         conjuncts += split_and(tree.args["where"].this)
     pairs, extra, seen_filters = set(), [], set()
     for conjunct in conjuncts:
-        if isinstance(conjunct, exp.EQ) and isinstance(conjunct.this, exp.Column) and \
-                isinstance(conjunct.expression, exp.Column):  # fmt: skip
+        if (
+            isinstance(conjunct, exp.EQ)
+            and isinstance(conjunct.this, exp.Column)
+            and isinstance(conjunct.expression, exp.Column)
+        ):
             a, b = ref(conjunct.this, tables), ref(conjunct.expression, tables)
             if a is None or b is None:
                 return None
@@ -168,8 +197,11 @@ def match_derived(query: Query, view: CachedView, catalog: Catalog,
         names.append(projection.alias_or_name)
         if isinstance(target, exp.Column):
             found = ref(target, tables)
-            if found is None or found not in grouped or \
-                    (not rows_only and grouped[found] not in group):  # fmt: skip
+            if (
+                found is None
+                or found not in grouped
+                or (not rows_only and grouped[found] not in group)
+            ):
                 return None
             scale = _scale(stored, grouped[found])
             if scale is not None:
@@ -240,8 +272,12 @@ def _tables(tree: exp.Select) -> dict[str, str] | None:
     for join in tree.args.get("joins") or []:
         # (inner joins, and tables listed by commas or CROSS JOIN with their equalities in
         # the WHERE: the same rows)
-        if join.args.get("side") or join.args.get("kind") not in (None, "INNER", "CROSS") or \
-                join.args.get("using") or not isinstance(join.this, exp.Table):  # fmt: skip
+        if (
+            join.args.get("side")
+            or join.args.get("kind") not in (None, "INNER", "CROSS")
+            or join.args.get("using")
+            or not isinstance(join.this, exp.Table)
+        ):
             return None
         items.append(join.this)
     for table in items:
@@ -261,10 +297,16 @@ def _ref(column: exp.Column, aliases: t.Mapping[str, str], catalog: Catalog) -> 
     if column.table:
         table = aliases.get(folded(column.args["table"]))
         found = catalog.table(table) if table is not None else None
-        return (table, name) if table is not None and found is not None and \
-            found.has_column(name) else None  # fmt: skip
-    having = [table for table in aliases.values()
-              if (known := catalog.table(table)) is not None and known.has_column(name)]
+        return (
+            (table, name)
+            if table is not None and found is not None and found.has_column(name)
+            else None
+        )
+    having = [
+        table
+        for table in aliases.values()
+        if (known := catalog.table(table)) is not None and known.has_column(name)
+    ]
     return (having[0], name) if len(having) == 1 else None
 
 
@@ -286,17 +328,27 @@ def _normal(node: exp.Expr, aliases: t.Mapping[str, str], catalog: Catalog) -> s
     return f"unresolved:{text}" if unresolved else text
 
 
-def _aggregate_key(kind: str | None, value: exp.Expr | None, aliases: t.Mapping[str, str],
-                   catalog: Catalog) -> tuple[str, str]:  # fmt: skip
+def _aggregate_key(
+    kind: str | None, value: exp.Expr | None, aliases: t.Mapping[str, str], catalog: Catalog
+) -> tuple[str, str]:
     return (t.cast(str, kind), "*" if value is None else _normal(value, aliases, catalog))
 
 
-_KINDS: dict[type[exp.Expr], str] = {exp.Count: "count", exp.Sum: "sum", exp.Avg: "avg",
-                                     exp.Min: "min", exp.Max: "max"}  # fmt: skip
+_KINDS: dict[type[exp.Expr], str] = {
+    exp.Count: "count",
+    exp.Sum: "sum",
+    exp.Avg: "avg",
+    exp.Min: "min",
+    exp.Max: "max",
+}
 
 
-def _kept(target: exp.Expr, aliases: t.Mapping[str, str], catalog: Catalog,
-          aggregates: t.Mapping[tuple[str, str], str]) -> tuple[str, str] | None:  # fmt: skip
+def _kept(
+    target: exp.Expr,
+    aliases: t.Mapping[str, str],
+    catalog: Catalog,
+    aggregates: t.Mapping[tuple[str, str], str],
+) -> tuple[str, str] | None:
     """The kind of an aggregate of the query and the view's column keeping it, or None."""
     kind = _KINDS.get(type(target))
     if kind is None:
@@ -304,14 +356,21 @@ def _kept(target: exp.Expr, aliases: t.Mapping[str, str], catalog: Catalog,
     value = target.this
     if isinstance(value, exp.Distinct) or target.find(exp.Filter) is not None:
         return None
-    name = aggregates.get(_aggregate_key(kind, None if isinstance(value, exp.Star) else value,
-                                         aliases, catalog))  # fmt: skip
+    name = aggregates.get(
+        _aggregate_key(kind, None if isinstance(value, exp.Star) else value, aliases, catalog)
+    )
     return None if name is None else (kind, name)
 
 
-def _merged(target: exp.Expr, aliases: t.Mapping[str, str], catalog: Catalog,
-            aggregates: t.Mapping[tuple[str, str], str], stored: Layout, one_group: bool,
-            merging: bool) -> tuple[list[exp.Expr], int | None] | None:  # fmt: skip
+def _merged(
+    target: exp.Expr,
+    aliases: t.Mapping[str, str],
+    catalog: Catalog,
+    aggregates: t.Mapping[tuple[str, str], str],
+    stored: Layout,
+    one_group: bool,
+    merging: bool,
+) -> tuple[list[exp.Expr], int | None] | None:
     """How an aggregate of the query is made from the view's states: the DuckDB
     expressions (an average: its sum and its count) and the sum's display scale, or None.
     ``merging``: several of the view's groups make one of the query's (a floating-point
@@ -320,17 +379,25 @@ def _merged(target: exp.Expr, aliases: t.Mapping[str, str], catalog: Catalog,
     if found is None:
         return None
     kind, name = found
-    if kind in ("sum", "avg") and merging and any(
-            c.duckdb_type in ("FLOAT", "DOUBLE") for c in stored.columns
-            if c.name in stored.outputs[name]):  # fmt: skip
+    if (
+        kind in ("sum", "avg")
+        and merging
+        and any(
+            c.duckdb_type in ("FLOAT", "DOUBLE")
+            for c in stored.columns
+            if c.name in stored.outputs[name]
+        )
+    ):
         return None
     if not merging:  # (each of the query's groups is one of the view's rows: its states)
         states = stored.outputs[name]
         return [exp.column(n, quoted=True) for n in states], _scale(stored, states[0])
     if kind == "avg":
         total, count = stored.outputs[name]
-        return [exp.Sum(this=exp.column(total, quoted=True)),
-                exp.Sum(this=exp.column(count, quoted=True))], _scale(stored, total)
+        return [
+            exp.Sum(this=exp.column(total, quoted=True)),
+            exp.Sum(this=exp.column(count, quoted=True)),
+        ], _scale(stored, total)
     column = exp.column(name, quoted=True)
     if kind == "count":
         counted: exp.Expr = exp.Sum(this=column)
@@ -345,8 +412,7 @@ def _merged(target: exp.Expr, aliases: t.Mapping[str, str], catalog: Catalog,
         if duck.startswith("DECIMAL"):  # (DuckDB widens a sum's precision; keep the scale)
             return [exp.Cast(this=summed, to=exp.DataType.build(duck))], _scale(stored, name)
         return [summed], None
-    return [exp.Min(this=column) if kind == "min" else exp.Max(this=column)], \
-        _scale(stored, name)  # fmt: skip
+    return [exp.Min(this=column) if kind == "min" else exp.Max(this=column)], _scale(stored, name)
 
 
 def _scale(stored: Layout, name: str) -> int | None:
@@ -358,9 +424,13 @@ def _scale(stored: Layout, name: str) -> int | None:
     return 0 if duck in ("SMALLINT", "INTEGER", "BIGINT") else None
 
 
-def filter_conjunct(conjunct: exp.Expr, aliases: t.Mapping[str, str],
-                    grouped: t.Mapping[Ref, str | exp.Expr], catalog: Catalog,
-                    keys: t.Mapping[int, Key]) -> exp.Expr | None:  # fmt: skip
+def filter_conjunct(
+    conjunct: exp.Expr,
+    aliases: t.Mapping[str, str],
+    grouped: t.Mapping[Ref, str | exp.Expr],
+    catalog: Catalog,
+    keys: t.Mapping[int, Key],
+) -> exp.Expr | None:
     """A conjunct comparing a column of ``grouped`` with constants, as DuckDB reads it as
     PostgreSQL does, over what ``grouped`` maps the column to (a name of the view's: a query's
     own conjunct over its grouping columns; an expression: a continuously maintained view's
@@ -390,20 +460,28 @@ def filter_conjunct(conjunct: exp.Expr, aliases: t.Mapping[str, str],
     target = grouped[found]
     copy.set("this", exp.column(target, quoted=True) if isinstance(target, str) else target.copy())
     for mark in list(copy.find_all(exp.Placeholder)):
-        mark.replace(exp.Placeholder(this=exp.to_identifier(
-            duckdb_name(keys[mark.meta[NODE_ID]]))))  # fmt: skip
+        mark.replace(exp.Placeholder(this=exp.to_identifier(duckdb_name(keys[mark.meta[NODE_ID]]))))
     if kind.kind == "char":  # (stored without its blank padding, which = ignores: so must
         for value in [v for k, v in copy.args.items() if k != "this"]:  # the values')
             for item in value if isinstance(value, list) else [value]:
                 if isinstance(item, exp.Literal | exp.Placeholder):
-                    item.replace(exp.Anonymous(this="RTRIM", expressions=[
-                        item.copy(), exp.Literal.string(" ")]))  # fmt: skip
+                    item.replace(
+                        exp.Anonymous(
+                            this="RTRIM", expressions=[item.copy(), exp.Literal.string(" ")]
+                        )
+                    )
     return copy
 
 
-def _having(conjunct: exp.Expr, aliases: t.Mapping[str, str], catalog: Catalog,
-            aggregates: t.Mapping[tuple[str, str], str], stored: Layout, one_group: bool,
-            merging: bool) -> exp.Expr | None:  # fmt: skip
+def _having(
+    conjunct: exp.Expr,
+    aliases: t.Mapping[str, str],
+    catalog: Catalog,
+    aggregates: t.Mapping[tuple[str, str], str],
+    stored: Layout,
+    one_group: bool,
+    merging: bool,
+) -> exp.Expr | None:
     """A HAVING conjunct comparing an aggregate the view keeps (not an average) with
     constants of its type, over the merged states."""
     if not isinstance(conjunct, (exp.EQ, exp.NEQ, *_RANGES)):
@@ -441,15 +519,21 @@ def _reads_alike(value: exp.Expr, kind: str, keys: t.Mapping[int, Key]) -> bool:
         interval = value.expression
         unit = interval.args.get("unit")
         amount = interval.this
-        return kind in ("date", "timestamp") and unit is not None and \
-            unit.name.upper().rstrip("S") in ("DAY", "WEEK", "MONTH", "YEAR") and \
-            isinstance(amount, exp.Literal) and amount.this.isdigit() and \
-            _reads_alike(value.this, kind, keys)  # fmt: skip
+        return (
+            kind in ("date", "timestamp")
+            and unit is not None
+            and unit.name.upper().rstrip("S") in ("DAY", "WEEK", "MONTH", "YEAR")
+            and isinstance(amount, exp.Literal)
+            and amount.this.isdigit()
+            and _reads_alike(value.this, kind, keys)
+        )
     if isinstance(value, exp.Neg):
         value = value.this
     if isinstance(value, exp.Cast) and isinstance(value.this, exp.Literal):
-        return kind in ("date", "timestamp", "timestamptz") and \
-            declared(value.to.sql(dialect="postgres")).kind == kind  # fmt: skip
+        return (
+            kind in ("date", "timestamp", "timestamptz")
+            and declared(value.to.sql(dialect="postgres")).kind == kind
+        )
     if not isinstance(value, exp.Literal):
         return False
     if value.is_string:
@@ -461,8 +545,9 @@ def _reads_alike(value: exp.Expr, kind: str, keys: t.Mapping[int, Key]) -> bool:
     return kind in ("numeric", "float")
 
 
-def _order(tree: exp.Select, names: list[str],
-           outputs: list[Output]) -> list[exp.Expr] | t.Literal[False]:  # fmt: skip
+def _order(
+    tree: exp.Select, names: list[str], outputs: list[Output]
+) -> list[exp.Expr] | t.Literal[False]:
     """The ORDER BY over the statement's columns: by an output's name or position (of a
     column DuckDB returns as it is; an average is ordered by no rule here), or False."""
     order = tree.args.get("order")

@@ -243,8 +243,9 @@ class QueryResolver:
         if id(source) in self._base:
             table = self.catalog.table(self._base[id(source)].table)
             return table is not None and table.has_column(name)
-        bodies = self._views[id(source)].blocks[:1] if id(source) in self._views \
-            else source.body[:1]  # fmt: skip
+        bodies = (
+            self._views[id(source)].blocks[:1] if id(source) in self._views else source.body[:1]
+        )
         if not bodies:
             return False
         aliases = source.column_aliases

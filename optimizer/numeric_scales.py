@@ -24,21 +24,34 @@ from sql_ext.quoting import output_name
 Scale = int | exp.Expr | None
 
 
-def division_operands(node: exp.Expr, type_of: Callable[[exp.Expr], PgType],
-                      column: ColumnScale | None = None,
-                      ) -> tuple[exp.Expr, Scale, exp.Expr, Scale] | None:  # fmt: skip
+def division_operands(
+    node: exp.Expr,
+    type_of: Callable[[exp.Expr], PgType],
+    column: ColumnScale | None = None,
+) -> tuple[exp.Expr, Scale, exp.Expr, Scale] | None:
     """An average or a numeric division as numerator, its scale, denominator, its scale
     (an average: the sum and the count of its values, over its window if it has one)."""
     if isinstance(node, exp.Div):
-        return (node.this, scale_expression(node.this, type_of, column), node.expression,
-                scale_expression(node.expression, type_of, column))
+        return (
+            node.this,
+            scale_expression(node.this, type_of, column),
+            node.expression,
+            scale_expression(node.expression, type_of, column),
+        )
     if isinstance(node, exp.Avg):
         value = node.this
         found = scale_expression(value, type_of, column)
         if isinstance(found, exp.Expr):  # the sum's: the largest of its values'
-            found = exp.Max(this=exp.Case(ifs=[exp.If(
-                this=exp.Not(this=exp.Is(this=value.copy(), expression=exp.Null())),
-                true=found)]))  # fmt: skip
+            found = exp.Max(
+                this=exp.Case(
+                    ifs=[
+                        exp.If(
+                            this=exp.Not(this=exp.Is(this=value.copy(), expression=exp.Null())),
+                            true=found,
+                        )
+                    ]
+                )
+            )
         window = node.parent if isinstance(node.parent, exp.Window) else None
         if window is not None and isinstance(found, exp.Expr):
             return None  # a windowed sum's scale: not followed
@@ -62,8 +75,9 @@ def _windowed(window: exp.Window, function: exp.Expr) -> exp.Expr:
 ColumnScale = Callable[[exp.Column], "Scale"]
 
 
-def scale_expression(node: exp.Expr, type_of: Callable[[exp.Expr], PgType],
-                     column: ColumnScale | None = None) -> Scale:  # fmt: skip
+def scale_expression(
+    node: exp.Expr, type_of: Callable[[exp.Expr], PgType], column: ColumnScale | None = None
+) -> Scale:
     """The display scale of each value of ``node`` (an integer has scale 0; ``column``: the
     scale of a derived table's column, `DerivedScales.column`)."""
     found = type_of(node)
@@ -78,8 +92,9 @@ def scale_expression(node: exp.Expr, type_of: Callable[[exp.Expr], PgType],
     return _varying(node, type_of, column)
 
 
-def _varying(node: exp.Expr, type_of: Callable[[exp.Expr], PgType],
-             column: ColumnScale | None) -> Scale:  # fmt: skip
+def _varying(
+    node: exp.Expr, type_of: Callable[[exp.Expr], PgType], column: ColumnScale | None
+) -> Scale:
     def of(child: exp.Expr) -> Scale:
         return scale_expression(child, type_of, column)
 
@@ -96,9 +111,13 @@ def _varying(node: exp.Expr, type_of: Callable[[exp.Expr], PgType],
         if operands is None or operands[1] is None or operands[3] is None:
             return None
         numerator, a, denominator, b = operands
-        return numeric_division(numerator.copy(), _sql(t.cast("int | exp.Expr", a)),
-                                denominator.copy(), _sql(t.cast("int | exp.Expr", b)),
-                                scale=True)  # fmt: skip
+        return numeric_division(
+            numerator.copy(),
+            _sql(t.cast("int | exp.Expr", a)),
+            denominator.copy(),
+            _sql(t.cast("int | exp.Expr", b)),
+            scale=True,
+        )
     if isinstance(node, exp.Cast) and not node.to.expressions:
         return of(node.this)  # ::numeric keeps each value's scale
     if isinstance(node, exp.Case):
@@ -122,9 +141,10 @@ def _varying(node: exp.Expr, type_of: Callable[[exp.Expr], PgType],
         if any(s is None for s in scales):
             return None
         known = t.cast(list["int | exp.Expr"], scales)
-        ifs = [exp.If(this=exp.Not(this=exp.Is(this=v.copy(), expression=exp.Null())),
-                      true=_sql(s))
-               for v, s in zip(values[:-1], known[:-1], strict=True)]  # fmt: skip
+        ifs = [
+            exp.If(this=exp.Not(this=exp.Is(this=v.copy(), expression=exp.Null())), true=_sql(s))
+            for v, s in zip(values[:-1], known[:-1], strict=True)
+        ]
         return exp.Case(ifs=ifs, default=_sql(known[-1]))
     if isinstance(node, exp.Nullif):
         return of(node.this)
@@ -135,19 +155,24 @@ def _varying(node: exp.Expr, type_of: Callable[[exp.Expr], PgType],
             return None
         # PostgreSQL keeps the first value unless a later one is strictly beyond it
         beyond = exp.GT if isinstance(node, exp.Greatest) else exp.LT
-        return exp.Case(ifs=[
-            exp.If(this=exp.Is(this=a.copy(), expression=exp.Null()), true=_sql(sb)),
-            exp.If(this=exp.Is(this=b.copy(), expression=exp.Null()), true=_sql(sa)),
-            exp.If(this=beyond(this=b.copy(), expression=a.copy()), true=_sql(sb)),
-        ], default=_sql(sa))  # fmt: skip
+        return exp.Case(
+            ifs=[
+                exp.If(this=exp.Is(this=a.copy(), expression=exp.Null()), true=_sql(sb)),
+                exp.If(this=exp.Is(this=b.copy(), expression=exp.Null()), true=_sql(sa)),
+                exp.If(this=beyond(this=b.copy(), expression=a.copy()), true=_sql(sb)),
+            ],
+            default=_sql(sa),
+        )
     if isinstance(node, exp.Add | exp.Sub | exp.Mod):
         return _combine(of(node.this), of(node.expression), "greatest")
     if isinstance(node, exp.Mul):
         return _combine(of(node.this), of(node.expression), "add")
     if isinstance(node, exp.Neg | exp.Abs):
         return of(node.this)
-    if isinstance(node, exp.Sum) and not isinstance(node.this, exp.Distinct) and not isinstance(
-        node.parent, exp.Window
+    if (
+        isinstance(node, exp.Sum)
+        and not isinstance(node.this, exp.Distinct)
+        and not isinstance(node.parent, exp.Window)
     ):
         inner = of(node.this)
         if inner is None:
@@ -155,15 +180,21 @@ def _varying(node: exp.Expr, type_of: Callable[[exp.Expr], PgType],
         if isinstance(inner, int):
             return inner
         # the sum's scale is the largest of the values it added (NULLs add nothing)
-        counted = exp.Case(ifs=[exp.If(this=exp.Not(this=exp.Is(this=node.this.copy(),
-                                                                 expression=exp.Null())),
-                                       true=inner)])  # fmt: skip
+        counted = exp.Case(
+            ifs=[
+                exp.If(
+                    this=exp.Not(this=exp.Is(this=node.this.copy(), expression=exp.Null())),
+                    true=inner,
+                )
+            ]
+        )
         return exp.Max(this=counted)
     return None
 
 
-def _subquery_scale(node: exp.Subquery, type_of: Callable[[exp.Expr], PgType],
-                    column: ColumnScale | None) -> Scale:  # fmt: skip
+def _subquery_scale(
+    node: exp.Subquery, type_of: Callable[[exp.Expr], PgType], column: ColumnScale | None
+) -> Scale:
     """A scalar subquery's value's scale: the same subquery, computing the scale instead."""
     select = node.this
     if len(select.expressions) != 1 or select.args.get("distinct"):
@@ -210,9 +241,18 @@ def scale_bound(node: exp.Expr, type_of: Callable[[exp.Expr], PgType]) -> int | 
     children: list[exp.Expr]
     if isinstance(node, exp.Div | exp.Avg):
         return DIVISION_SCALE
-    if isinstance(node, exp.Paren | exp.Alias | exp.Nullif | exp.Neg | exp.Abs | exp.Sum
-                  | exp.Min | exp.Max | exp.Window) or (isinstance(node, exp.Cast)
-                                                        and not node.to.expressions):  # fmt: skip
+    if isinstance(
+        node,
+        exp.Paren
+        | exp.Alias
+        | exp.Nullif
+        | exp.Neg
+        | exp.Abs
+        | exp.Sum
+        | exp.Min
+        | exp.Max
+        | exp.Window,
+    ) or (isinstance(node, exp.Cast) and not node.to.expressions):
         children = [node.this]
     elif isinstance(node, exp.Case):
         children = [i.args["true"] for i in node.args.get("ifs") or []]
@@ -240,13 +280,19 @@ class DerivedScales:
     A body under DISTINCT, a UNION that removes duplicates, or a query with a star anywhere
     (which would show the added column) cannot take one."""
 
-    def __init__(self, query_tree: exp.Expr, type_of: Callable[[exp.Expr], PgType],
-                 source_of: Callable[[exp.Column], t.Any]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        query_tree: exp.Expr,
+        type_of: Callable[[exp.Expr], PgType],
+        source_of: Callable[[exp.Column], t.Any],
+    ) -> None:
         self.type_of = type_of
         self.source_of = source_of  # column -> (Source, name) or None
         self.projections: dict[int, list[tuple[str, exp.Expr]]] = {}
-        self._starred = any(isinstance(n, exp.Star) and not isinstance(n.parent, exp.Count)
-                            for n in query_tree.walk())  # fmt: skip
+        self._starred = any(
+            isinstance(n, exp.Star) and not isinstance(n.parent, exp.Count)
+            for n in query_tree.walk()
+        )
 
     def scale(self, node: exp.Expr) -> Scale:
         """`scale_expression`, following columns into derived tables."""
@@ -288,8 +334,9 @@ def _all_kept(select: exp.Select) -> bool:
     node: exp.Expr | None = select
     while node is not None and isinstance(node.parent, exp.SetOperation | exp.Subquery):
         node = node.parent
-        if isinstance(node, exp.SetOperation) and not (isinstance(node, exp.Union)
-                                                       and not node.args.get("distinct")):
+        if isinstance(node, exp.SetOperation) and not (
+            isinstance(node, exp.Union) and not node.args.get("distinct")
+        ):
             return False
     return True
 

@@ -64,8 +64,7 @@ def division_scale(dividend: decimal.Decimal, divisor: decimal.Decimal) -> int:
     if first1 <= first2:
         qweight -= 1
     scale = NUMERIC_MIN_SIG_DIGITS - qweight * DEC_DIGITS
-    scale = max(scale, _display_scale(dividend), _display_scale(divisor),
-                NUMERIC_MIN_DISPLAY_SCALE)  # fmt: skip
+    scale = max(scale, _display_scale(dividend), _display_scale(divisor), NUMERIC_MIN_DISPLAY_SCALE)
     return min(scale, NUMERIC_MAX_DISPLAY_SCALE)
 
 
@@ -105,27 +104,28 @@ def average(total: decimal.Decimal | int | None, count: int) -> decimal.Decimal 
 # a DECIMAL(38, DIVISION_SCALE) (a quotient needing more digits raises: the backend answers).
 
 
-
 def _operand(text: str, scale: int) -> decimal.Decimal:
-    return decimal.Decimal(text).quantize(decimal.Decimal(1).scaleb(-scale),
-                                          context=decimal.Context(prec=1000))  # fmt: skip
+    return decimal.Decimal(text).quantize(
+        decimal.Decimal(1).scaleb(-scale), context=decimal.Context(prec=1000)
+    )
 
 
-def divide_texts(a: str | None, a_scale: int | None, b: str | None,
-                 b_scale: int | None) -> str | None:  # fmt: skip
+def divide_texts(
+    a: str | None, a_scale: int | None, b: str | None, b_scale: int | None
+) -> str | None:
     """a / b as PostgreSQL's numeric division, from and to text (NULL in, NULL out)."""
     if a is None or b is None or a_scale is None or b_scale is None:
         return None
     quotient = divide(_operand(a, a_scale), _operand(b, b_scale))
     scale = _display_scale(quotient)
     if scale > DIVISION_SCALE:
-        raise ArithmeticError(f"a quotient of scale {scale} exceeds the cache's "
-                              f"{DIVISION_SCALE}")  # fmt: skip
+        raise ArithmeticError(f"a quotient of scale {scale} exceeds the cache's {DIVISION_SCALE}")
     return format(quotient, "f")
 
 
-def division_text_scale(a: str | None, a_scale: int | None, b: str | None,
-                        b_scale: int | None) -> int | None:  # fmt: skip
+def division_text_scale(
+    a: str | None, a_scale: int | None, b: str | None, b_scale: int | None
+) -> int | None:
     """The display scale of a / b as PostgreSQL gives it."""
     if a is None or b is None or a_scale is None or b_scale is None:
         return None
@@ -135,8 +135,9 @@ def division_text_scale(a: str | None, a_scale: int | None, b: str | None,
     return division_scale(dividend, divisor)
 
 
-def width_bucket_texts(operand: str | None, low: str | None, high: str | None,
-                       count: int | None) -> int | None:  # fmt: skip
+def width_bucket_texts(
+    operand: str | None, low: str | None, high: str | None, count: int | None
+) -> int | None:
     """PostgreSQL's width_bucket(numeric, numeric, numeric, int) (width_bucket_numeric: exact
     in numeric, the bucket truncated), from the operands' text (NULL in, NULL out)."""
     if operand is None or low is None or high is None or count is None:

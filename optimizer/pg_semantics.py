@@ -50,8 +50,7 @@ from sql_ext.nodes import ConstantList, CurrencyClause
 from sql_ext.params import NODE_ID
 from sql_ext.quoting import folded, output_name
 
-_COMPARED = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.NullSafeEQ,
-             exp.NullSafeNEQ)  # fmt: skip
+_COMPARED = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.NullSafeEQ, exp.NullSafeNEQ)
 _RANGES = (exp.GT, exp.GTE, exp.LT, exp.LTE, exp.Between)
 _ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod)
 _PATTERNS = (exp.Like, exp.ILike, exp.SimilarTo, exp.RegexpLike, exp.RegexpILike)
@@ -101,9 +100,11 @@ class Semantics:
 
 
 def pg_semantics(
-    query: Query, types: ExpressionTypes, database_byte_order: bool,
+    query: Query,
+    types: ExpressionTypes,
+    database_byte_order: bool,
     scale_of: t.Callable[[exp.Expr], t.Any] | None = None,
-) -> Semantics:  # fmt: skip
+) -> Semantics:
     """The rewrites and blockers of a statement (``scale_of``: each value's display scale of a
     numeric, `optimizer.numeric_scales.DerivedScales.scale`; a derived table's column's
     unknown without it)."""
@@ -131,8 +132,9 @@ def pg_semantics(
         elif typed.kind == "numeric" and typed.scale is not None:
             scales[index] = typed.scale
         elif typed.kind == "numeric":
-            scale = _per_row_scale(query.tree, index, scale_of or (
-                lambda n: scale_expression(n, types.of)))  # fmt: skip
+            scale = _per_row_scale(
+                query.tree, index, scale_of or (lambda n: scale_expression(n, types.of))
+            )
             if scale is None:
                 varying.add(index)
             else:
@@ -161,15 +163,18 @@ def pg_semantics(
     )
 
 
-def _per_row_scale(top: exp.Expr, index: int,
-                   scale_of: t.Callable[[exp.Expr], t.Any]) -> exp.Expr | None:  # fmt: skip
+def _per_row_scale(
+    top: exp.Expr, index: int, scale_of: t.Callable[[exp.Expr], t.Any]
+) -> exp.Expr | None:
     """The expression computing an output's display scale row by row, where the cache can:
     an output of a plain SELECT (no DISTINCT, no star), which a column beside it cannot
     change."""
     if not isinstance(top, exp.Select) or top.args.get("distinct"):
         return None
-    if any(isinstance(p, exp.Star) or (isinstance(p, exp.Column) and isinstance(p.this, exp.Star))
-           for p in top.expressions):  # fmt: skip
+    if any(
+        isinstance(p, exp.Star) or (isinstance(p, exp.Column) and isinstance(p.this, exp.Star))
+        for p in top.expressions
+    ):
         return None
     projection = top.expressions[index]
     node = projection.this if isinstance(projection, exp.Alias) else projection
@@ -212,13 +217,16 @@ class _Finder:
                 if entry.rewrite is not None:
                     self.rewrites[node.meta[NODE_ID]] = entry.name
         elif not isinstance(node, allowlist.QUERY_PARTS):
-            self.blocker = (f"it uses {_short(node)} ({node.key}), which is not on the list of "
-                            "what DuckDB computes as PostgreSQL does")  # fmt: skip
+            self.blocker = (
+                f"it uses {_short(node)} ({node.key}), which is not on the list of "
+                "what DuckDB computes as PostgreSQL does"
+            )
             return
         if isinstance(node, exp.Column):
             if not self.type(node).deterministic:
-                self.blocker = (f"it reads {node.sql(dialect='postgres')}, whose collation is "
-                                "nondeterministic")  # fmt: skip
+                self.blocker = (
+                    f"it reads {node.sql(dialect='postgres')}, whose collation is nondeterministic"
+                )
             return
         if isinstance(node, exp.Literal):
             self._number(node)
@@ -228,9 +236,11 @@ class _Finder:
             if isinstance(node, exp.Nullif) and node.this.meta.get(NODE_ID) in self.rtrim:
                 # its value is that operand promoted to char, trailing blanks kept (printed,
                 # counted by octet_length): the comparison's rtrim would drop them
-                self.blocker = (f"it takes NULLIF of a {self.type(node.this).kind} value "
-                                "compared with a char(n) one (PostgreSQL keeps its trailing "
-                                "blanks)")  # fmt: skip
+                self.blocker = (
+                    f"it takes NULLIF of a {self.type(node.this).kind} value "
+                    "compared with a char(n) one (PostgreSQL keeps its trailing "
+                    "blanks)"
+                )
                 return
         if isinstance(node, exp.Greatest | exp.Least):
             # compared in the type of the first operand (select_common_type): as char only
@@ -248,8 +258,10 @@ class _Finder:
             if self.type(operands[0]).kind in ("char", "unknown"):
                 self._compared(node, operands)
             elif any(self.type(o).kind == "char" for o in operands[1:]):
-                self.blocker = (f"it compares {_short(operands[0])} with char(n) values in IN "
-                                "(each compared as char, the constants as text)")  # fmt: skip
+                self.blocker = (
+                    f"it compares {_short(operands[0])} with char(n) values in IN "
+                    "(each compared as char, the constants as text)"
+                )
         if isinstance(node, exp.Case) and node.args.get("this") is not None:
             whens = [i.this for i in node.args.get("ifs") or []]
             self._compared(node, [node.this, *whens])
@@ -266,8 +278,11 @@ class _Finder:
             self._widened(_operands(node))
         if isinstance(node, (*_COMPARED, exp.Between, exp.In, exp.Nullif)):
             self._zoned(_operands(node))
-        if isinstance(node, exp.Cast) and self.type(node.this).kind == "timestamptz" and \
-                self.type(node).kind in ("date", "timestamp"):  # fmt: skip
+        if (
+            isinstance(node, exp.Cast)
+            and self.type(node.this).kind == "timestamptz"
+            and self.type(node).kind in ("date", "timestamp")
+        ):
             self.localized.add(node.this.meta[NODE_ID])
         combined = _combined_values(node, self.types)
         for values in combined:
@@ -293,12 +308,17 @@ class _Finder:
         at the backend (a short list's constants are rewritten one by one where needed)."""
         listed = self.type(node.expressions[0])
         left = self.type(node.this)
-        if (listed.kind, left.kind) in (("integer", "integer"), ("string", "text"),
-                                        ("string", "varchar")):  # fmt: skip
+        if (listed.kind, left.kind) in (
+            ("integer", "integer"),
+            ("string", "text"),
+            ("string", "varchar"),
+        ):
             return
-        self.blocker = (f"it compares {_short(node.this)} ({left.kind}) with a list of "
-                        f"{len(node.expressions[0].constants)} constants in IN (long lists are "
-                        "compared with integer and text columns only)")  # fmt: skip
+        self.blocker = (
+            f"it compares {_short(node.this)} ({left.kind}) with a list of "
+            f"{len(node.expressions[0].constants)} constants in IN (long lists are "
+            "compared with integer and text columns only)"
+        )
 
     def _combined(self, values: list[exp.Expr]) -> None:
         """Values one column holds (CASE branches, COALESCE arguments, UNION branches, ...):
@@ -313,8 +333,9 @@ class _Finder:
             return  # one type of one scale: nothing to round
         bounds = [scale_bound(v, self.types.of) for v, t_ in typed if t_.kind != "null"]
         if any(b is None for b in bounds):
-            self.blocker = ("it combines numerics whose scales the cache cannot bound (DuckDB "
-                            "could round them)")  # fmt: skip
+            self.blocker = (
+                "it combines numerics whose scales the cache cannot bound (DuckDB could round them)"
+            )
             return
         largest = max(t.cast(list[int], bounds))
         for value, found in typed:
@@ -352,8 +373,9 @@ class _Finder:
         if found.kind != "numeric":
             return
         if found.scale is None:
-            self.blocker = (f"it prints {_short(value)} as text, numerics whose scales vary "
-                            "from value to value")  # fmt: skip
+            self.blocker = (
+                f"it prints {_short(value)} as text, numerics whose scales vary from value to value"
+            )
         else:
             self.text_scales[value.meta[NODE_ID]] = found.scale
 
@@ -372,18 +394,22 @@ class _Finder:
                     self.parameters[operand.meta[NODE_ID]] = other
         if "char" not in kinds:
             if "unknown" in kinds and kinds & {"string", "varchar", "char", "text"}:
-                self.blocker = (f"it compares {_short(node)}, whose operand types the cache "
-                                "cannot tell")  # fmt: skip
+                self.blocker = (
+                    f"it compares {_short(node)}, whose operand types the cache cannot tell"
+                )
             return
         for operand, found in typed:
             if found.kind == "unknown":
-                self.blocker = (f"it compares a char(n) value with {_short(operand)}, whose "
-                                "type the cache cannot tell")  # fmt: skip
+                self.blocker = (
+                    f"it compares a char(n) value with {_short(operand)}, whose "
+                    "type the cache cannot tell"
+                )
                 return
             if found.kind in ("string", "varchar"):
                 if isinstance(operand, exp.Subquery | exp.Select | exp.Union):
-                    self.blocker = (f"it compares a char(n) value with a subquery of "
-                                    f"{found.kind} values")  # fmt: skip
+                    self.blocker = (
+                        f"it compares a char(n) value with a subquery of {found.kind} values"
+                    )
                     return
                 self.rtrim.add(operand.meta[NODE_ID])
 
@@ -396,8 +422,11 @@ class _Finder:
         if not groups or isinstance(node, exp.Nullif) or self._printed_as_is(node):
             return
         for values in groups:
-            result = (combine([self.type(v) for v in values])
-                      if isinstance(node, exp.SetOperation) else self.type(node))  # fmt: skip
+            result = (
+                combine([self.type(v) for v in values])
+                if isinstance(node, exp.SetOperation)
+                else self.type(node)
+            )
             if result.kind != "char":
                 continue
             for value in values:
@@ -417,12 +446,26 @@ class _Finder:
                 return False  # the value CASE compares
             if isinstance(parent, exp.Nullif) and child is not parent.this:
                 return False
-            if not isinstance(parent, (exp.Paren, exp.Alias, exp.If, exp.Case, exp.Coalesce,
-                                       exp.Greatest, exp.Least, exp.Nullif)):  # fmt: skip
+            if not isinstance(
+                parent,
+                (
+                    exp.Paren,
+                    exp.Alias,
+                    exp.If,
+                    exp.Case,
+                    exp.Coalesce,
+                    exp.Greatest,
+                    exp.Least,
+                    exp.Nullif,
+                ),
+            ):
                 break
             child, parent = parent, parent.parent
-        return parent is self.top and isinstance(parent, exp.Select) and any(
-            child is p for p in parent.expressions)
+        return (
+            parent is self.top
+            and isinstance(parent, exp.Select)
+            and any(child is p for p in parent.expressions)
+        )
 
     def _padded(self, value: exp.Expr, what: str) -> None:
         """A value read with its padding: a char(n) value padded again to n."""
@@ -437,11 +480,15 @@ class _Finder:
         with strings: ``coalesce(code, 'none')``) prints each value as it is: the char(n)
         values it may come from are padded in the statement. Where the padded values would be
         compared (DISTINCT, GROUP BY, ordering by the output, a UNION) that cannot be done."""
-        if not isinstance(query, exp.Select) or query.args.get("distinct") or query.args.get(
-            "group"
+        if (
+            not isinstance(query, exp.Select)
+            or query.args.get("distinct")
+            or query.args.get("group")
         ):
-            self.blocker = ("it outputs char values of several lengths, compared as PostgreSQL "
-                            "compares char (trailing blanks ignored)")  # fmt: skip
+            self.blocker = (
+                "it outputs char values of several lengths, compared as PostgreSQL "
+                "compares char (trailing blanks ignored)"
+            )
             return
         output = query.expressions[index]
         output = output.this if isinstance(output, exp.Alias) else output
@@ -469,8 +516,9 @@ class _Finder:
             if found.kind == "char" and found.width is not None:
                 self.rpad[node.meta[NODE_ID]] = found.width
             elif found.kind not in ("string", "varchar", "text", "null"):  # printed as they are
-                self.blocker = (f"it outputs {_short(node)} as char values whose padding the "
-                                "cache cannot tell")  # fmt: skip
+                self.blocker = (
+                    f"it outputs {_short(node)} as char values whose padding the cache cannot tell"
+                )
 
     # -- numbers and casts ---------------------------------------------------------------------
 
@@ -491,7 +539,8 @@ class _Finder:
                 return
             digits = max(len(plain.lstrip("-").replace(".", "")), scale + 1)
             self.exact_numbers[node.meta[NODE_ID]] = (
-                f"CAST('{plain}' AS DECIMAL({digits}, {scale}))")
+                f"CAST('{plain}' AS DECIMAL({digits}, {scale}))"
+            )
 
     def _cast(self, node: exp.Cast) -> None:
         """A cast to numeric without a scale keeps the value's own scale in PostgreSQL (DuckDB
@@ -500,22 +549,28 @@ class _Finder:
         if target.this != exp.DType.DECIMAL or target.expressions:
             return
         inner = self.type(node.this)
-        scale = inner.scale if inner.kind == "numeric" else 0 if inner.kind == "integer" \
-            else None  # fmt: skip
-        digits = inner.digits if inner.kind == "numeric" else \
-            _INTEGER_DIGITS.get(inner.width or 8) if inner.kind == "integer" else None  # fmt: skip
+        scale = inner.scale if inner.kind == "numeric" else 0 if inner.kind == "integer" else None
+        digits = (
+            inner.digits
+            if inner.kind == "numeric"
+            else _INTEGER_DIGITS.get(inner.width or 8)
+            if inner.kind == "integer"
+            else None
+        )
         if scale is None and isinstance(node.this, exp.Literal) and node.this.is_string:
             scale = literal_scale(node.this.this)
             if scale is not None:  # DuckDB reads no exponent: the literal written out
                 plain = format(Decimal(node.this.this.strip()), "f")
                 digits = max(len(plain.lstrip("+-").replace(".", "")), scale + 1)
                 self.exact_numbers[node.meta[NODE_ID]] = (
-                    f"CAST('{plain}' AS DECIMAL({min(digits, _DECIMAL_DIGITS)}, {scale}))")
+                    f"CAST('{plain}' AS DECIMAL({min(digits, _DECIMAL_DIGITS)}, {scale}))"
+                )
                 self.decimal_scales[node.meta[NODE_ID]] = scale
                 return
         if scale is None:
-            self.blocker = (f"it casts {_short(node.this)} to numeric, whose scale the "
-                            "cache cannot tell")  # fmt: skip
+            self.blocker = (
+                f"it casts {_short(node.this)} to numeric, whose scale the cache cannot tell"
+            )
             return
         self.decimal_scales[node.meta[NODE_ID]] = scale
         self.decimal_digits[node.meta[NODE_ID]] = max(digits or _DECIMAL_DIGITS, scale + 1)
@@ -524,8 +579,9 @@ class _Finder:
 
     def _ordered(self, node: exp.Expr) -> None:
         """Values ordered (ORDER BY, a range, MIN/MAX): text only where it is byte order."""
-        values = [node.this] if isinstance(node, exp.Ordered | exp.Min | exp.Max) \
-            else _operands(node)  # fmt: skip
+        values = (
+            [node.this] if isinstance(node, exp.Ordered | exp.Min | exp.Max) else _operands(node)
+        )
         if isinstance(node, exp.Ordered):
             values = [_order_target(node) or node.this]
         for value in values:
@@ -533,8 +589,9 @@ class _Finder:
             if (found.is_string and not found.byte_order) or (
                 found.kind == "unknown" and not self.database_byte_order
             ):
-                self.blocker = (f"it orders {_short(value)} under a collation that is not "
-                                "byte order (DuckDB's)")  # fmt: skip
+                self.blocker = (
+                    f"it orders {_short(value)} under a collation that is not byte order (DuckDB's)"
+                )
                 return
 
 
@@ -554,8 +611,9 @@ def _combined_values(node: exp.Expr, types: ExpressionTypes) -> list[list[exp.Ex
     if isinstance(node, exp.SetOperation) and not isinstance(node.parent, exp.SetOperation):
         branches = types.query.analysis.body_blocks(node)
         columns = [b.select.expressions for b in branches]
-        if len({len(c) for c in columns}) != 1 or any(isinstance(p, exp.Star)
-                                                        for c in columns for p in c):  # fmt: skip
+        if len({len(c) for c in columns}) != 1 or any(
+            isinstance(p, exp.Star) for c in columns for p in c
+        ):
             return []
         return [[_unaliased(c[i]) for c in columns] for i in range(len(columns[0]))]
     if isinstance(node, exp.Values):

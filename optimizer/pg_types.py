@@ -15,9 +15,26 @@ import typing as t
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
-Kind = t.Literal["bool", "integer", "numeric", "float", "char", "varchar", "text", "string",
-                 "date", "timestamp", "timestamptz", "time", "interval", "bytea", "uuid",
-                 "null", "other", "unknown"]  # fmt: skip
+Kind = t.Literal[
+    "bool",
+    "integer",
+    "numeric",
+    "float",
+    "char",
+    "varchar",
+    "text",
+    "string",
+    "date",
+    "timestamp",
+    "timestamptz",
+    "time",
+    "interval",
+    "bytea",
+    "uuid",
+    "null",
+    "other",
+    "unknown",
+]
 STRINGS = frozenset({"char", "varchar", "text", "string"})
 NUMBERS = frozenset({"integer", "numeric", "float"})
 DATETIMES = frozenset({"date", "timestamp", "timestamptz"})
@@ -68,16 +85,37 @@ TIME = PgType("time")
 INTERVAL = PgType("interval")
 BYTEA = PgType("bytea")
 
-_INTEGER_NAMES = {"smallint": INT2, "int2": INT2, "integer": INT4, "int": INT4, "int4": INT4,
-                  "bigint": INT8, "int8": INT8}  # fmt: skip
-_FLOAT_NAMES = {"real": FLOAT4, "float4": FLOAT4, "double precision": FLOAT8, "float8": FLOAT8,
-                "double": FLOAT8, "float": FLOAT8}  # fmt: skip
+_INTEGER_NAMES = {
+    "smallint": INT2,
+    "int2": INT2,
+    "integer": INT4,
+    "int": INT4,
+    "int4": INT4,
+    "bigint": INT8,
+    "int8": INT8,
+}
+_FLOAT_NAMES = {
+    "real": FLOAT4,
+    "float4": FLOAT4,
+    "double precision": FLOAT8,
+    "float8": FLOAT8,
+    "double": FLOAT8,
+    "float": FLOAT8,
+}
 _OTHER_NAMES = {
-    "boolean": BOOL, "bool": BOOL, "date": DATE, "timestamp": TIMESTAMP,
-    "timestamp without time zone": TIMESTAMP, "timestamp with time zone": TIMESTAMPTZ,
-    "timestamptz": TIMESTAMPTZ, "time": TIME, "time without time zone": TIME,
-    "interval": PgType("interval", months=True), "bytea": BYTEA, "uuid": PgType("uuid"),
-}  # fmt: skip
+    "boolean": BOOL,
+    "bool": BOOL,
+    "date": DATE,
+    "timestamp": TIMESTAMP,
+    "timestamp without time zone": TIMESTAMP,
+    "timestamp with time zone": TIMESTAMPTZ,
+    "timestamptz": TIMESTAMPTZ,
+    "time": TIME,
+    "time without time zone": TIME,
+    "interval": PgType("interval", months=True),
+    "bytea": BYTEA,
+    "uuid": PgType("uuid"),
+}
 
 
 def declared(name: str, byte_order: bool = True, deterministic: bool = True) -> PgType:
@@ -98,8 +136,11 @@ def declared(name: str, byte_order: bool = True, deterministic: bool = True) -> 
     if base in ("numeric", "decimal"):
         scale = inside[1].strip() if len(inside) == 2 else ("0" if rest else "")
         digits = inside[0].strip() if rest else ""
-        return PgType("numeric", scale=int(scale) if scale.lstrip("-").isdigit() else None,
-                      digits=int(digits) if digits.isdigit() else None)
+        return PgType(
+            "numeric",
+            scale=int(scale) if scale.lstrip("-").isdigit() else None,
+            digits=int(digits) if digits.isdigit() else None,
+        )
     if base in _FLOAT_NAMES:
         return _FLOAT_NAMES[base]
     found = _OTHER_NAMES.get(base) or _OTHER_NAMES.get(text)

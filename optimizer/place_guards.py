@@ -54,12 +54,17 @@ def place_guards(plan: Plan, inputs: PlanInputs) -> Plan:
         if missing:
             reason = f"no cached view answers {', '.join(missing)}"
             accesses = [dataclasses.replace(a, guards=()) for a in accesses]
-        elif below_delay(cls.bound_seconds, delay := min(
-                (inputs.delay_of(g.view) for a in accesses for g in a.guards),
-                default=inputs.delay)):  # fmt: skip
+        elif below_delay(
+            cls.bound_seconds,
+            delay := min(
+                (inputs.delay_of(g.view) for a in accesses for g in a.guards), default=inputs.delay
+            ),
+        ):
             # the guards stay, for answering from stale data when the backend is down
-            reason = (f"bound {cls.bound_seconds:g}s is at or below the refresh delay "
-                      f"{delay:g}s (§4.4): no copy can be that fresh")  # fmt: skip
+            reason = (
+                f"bound {cls.bound_seconds:g}s is at or below the refresh delay "
+                f"{delay:g}s (§4.4): no copy can be that fresh"
+            )
         classes.append(ClassPlan(cls, tuple(accesses), reason))
     return dataclasses.replace(plan, classes=tuple(classes))
 
@@ -103,14 +108,17 @@ def _consistency(
     instance = access.instance
     if len(cls.instances) == 1:
         for columns in groups:
-            if satisfies(group_leaf(instance, [{(instance, c) for c in columns}]), [cls],
-                         analysis.fds):  # fmt: skip
+            if satisfies(
+                group_leaf(instance, [{(instance, c) for c in columns}]), [cls], analysis.fds
+            ):
                 return f"groups inside regions of ({', '.join(columns)}): no check (Fig 7.2 A/C)"
         if probe is not None and satisfies(
             group_leaf(instance, [{(instance, c) for c in probe.columns}]), [cls], analysis.fds
         ):
-            return (f"probed ({', '.join(probe.columns)}) listed in {probe.control}, else "
-                    "one snapshot (Fig 7.3 A12)")  # fmt: skip
+            return (
+                f"probed ({', '.join(probe.columns)}) listed in {probe.control}, else "
+                "one snapshot (Fig 7.3 A12)"
+            )
     return "one snapshot per consistency class"
 
 

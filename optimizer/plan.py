@@ -249,8 +249,11 @@ class Plan:
         """Whether its guards read parameter values (the keys a presence or completeness
         guard, or a consistency probe, looks up): if not, every execution's values get the
         same decision."""
-        return any(guard.kind != "full" or guard.consistency_probe is not None
-                   for access in self.accesses for guard in access.guards)  # fmt: skip
+        return any(
+            guard.kind != "full" or guard.consistency_probe is not None
+            for access in self.accesses
+            for guard in access.guards
+        )
 
     # -- EXPLAIN ---------------------------------------------------------------------------------
 
@@ -283,15 +286,24 @@ class Plan:
             return node
         if self.derived is not None:  # (its guard: of the one region every access reads)
             first = self.accesses[0]
-            union = {"op": "SwitchUnion", "guard": first.guards[0].to_json(),
-                     "probability_local": round(first.probability_local, 4),
-                     "children": [{"op": "DerivedScan", "view": self.derived},
-                                  {"op": "RemoteQuery", "sql": self.sql}]}  # fmt: skip
-            return {"op": "LocalQuery", "engine": "duckdb", "sql": self.local_sql,
-                    "fallback": "RemoteQuery of the whole statement", "children": [union]}
+            union = {
+                "op": "SwitchUnion",
+                "guard": first.guards[0].to_json(),
+                "probability_local": round(first.probability_local, 4),
+                "children": [
+                    {"op": "DerivedScan", "view": self.derived},
+                    {"op": "RemoteQuery", "sql": self.sql},
+                ],
+            }
+            return {
+                "op": "LocalQuery",
+                "engine": "duckdb",
+                "sql": self.local_sql,
+                "fallback": "RemoteQuery of the whole statement",
+                "children": [union],
+            }
         guarded = {a.instance.id for a in self.guarded_accesses}
-        leaves = [_access_tree(a) if a.instance.id in guarded else _leaf(a)
-                  for a in self.accesses]  # fmt: skip
+        leaves = [_access_tree(a) if a.instance.id in guarded else _leaf(a) for a in self.accesses]
         tree = leaves[0]
         for leaf in leaves[1:]:
             tree = {"op": "Join", "children": [tree, leaf]}

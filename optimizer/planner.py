@@ -52,8 +52,13 @@ def fit_result(plan: Plan, inputs: PlanInputs) -> Plan:
     return again
 
 
-RULES: tuple[Rule, ...] = (divide_outputs, place_guards, estimate_cost, answer_from_derived,
-                          fit_result)  # fmt: skip
+RULES: tuple[Rule, ...] = (
+    divide_outputs,
+    place_guards,
+    estimate_cost,
+    answer_from_derived,
+    fit_result,
+)
 
 
 def plan_query(
@@ -61,8 +66,11 @@ def plan_query(
 ) -> Plan:
     """The plan of a statement shape (``with_params``: executed with parameters), from its
     ``initial`` plan when it was made already (for `estimate_requests`)."""
-    plan = initial_plan(analysis, inputs.catalog, with_params) if initial is None \
-        else dataclasses.replace(initial, analysis=analysis)  # fmt: skip
+    plan = (
+        initial_plan(analysis, inputs.catalog, with_params)
+        if initial is None
+        else dataclasses.replace(initial, analysis=analysis)
+    )
     for rule in RULES:
         plan = rule(plan, inputs)
     return plan
@@ -81,8 +89,9 @@ def initial_plan(analysis: Analysis, catalog: Catalog, with_params: bool) -> Pla
         for access in accesses:
             table = catalog.table(access.table)
             assert table is not None  # an access is a reference to a catalog table
-            plans.append(AccessPlan(access, remote_leaf(access, table, analysis.parameter_keys,
-                                                        with_params)))  # fmt: skip
+            plans.append(
+                AccessPlan(access, remote_leaf(access, table, analysis.parameter_keys, with_params))
+            )
         classes.append(ClassPlan(cls, tuple(plans)))
     return Plan(
         analysis=analysis,

@@ -44,7 +44,8 @@ class Source:
         node = self.node
         schema = node.args.get("db")
         return exp.Table(this=node.this.copy(), db=schema.copy() if schema else None).sql(
-            "postgres")
+            "postgres"
+        )
 
     @property
     def column_aliases(self) -> list[str]:
@@ -173,8 +174,11 @@ def analyze(tree: exp.Expr) -> BlockAnalysis:
 
 def _make_source(item: exp.Expr, block: Block, analysis: BlockAnalysis) -> Source:
     named = item.args.get("alias")
-    alias = folded(named.args.get("this")) if isinstance(named, exp.TableAlias) and \
-        named.args.get("this") is not None else ""  # fmt: skip
+    alias = (
+        folded(named.args.get("this"))
+        if isinstance(named, exp.TableAlias) and named.args.get("this") is not None
+        else ""
+    )
     if isinstance(item, exp.Subquery):
         return Source(name=alias, node=item, body=analysis.body_blocks(item.this))
     if isinstance(item, exp.Table) and isinstance(item.this, exp.Identifier):

@@ -72,8 +72,9 @@ class MTCacheParser(PostgresParser):
 
     # date_part() stays a call: sqlglot would read it as EXTRACT, which PostgreSQL types numeric
     # where date_part gives double precision (the backend must receive what the user wrote).
-    FUNCTION_PARSERS = {k: v for k, v in PostgresParser.FUNCTION_PARSERS.items()
-                        if k != "DATE_PART"}  # fmt: skip
+    FUNCTION_PARSERS = {
+        k: v for k, v in PostgresParser.FUNCTION_PARSERS.items() if k != "DATE_PART"
+    }
     # to_char() stays a call with its template as written: sqlglot would translate the template
     # into its own time format, losing what PostgreSQL reads in it ('Month' is blank-padded)
     FUNCTIONS = {k: v for k, v in PostgresParser.FUNCTIONS.items() if k != "TO_CHAR"}
@@ -137,11 +138,17 @@ class MTCacheParser(PostgresParser):
         `ConstantList`, `sql_ext.long_lists`), the parser moved past its closing parenthesis;
         None (nothing moved) for anything else."""
         tokens, start = self._tokens, self._index
-        if start >= len(tokens) or tokens[start].token_type != TokenType.L_PAREN \
-                or tokens[start].comments:  # fmt: skip
+        if (
+            start >= len(tokens)
+            or tokens[start].token_type != TokenType.L_PAREN
+            or tokens[start].comments
+        ):
             return None
-        if start + 2 < len(tokens) and isinstance(tokens[start + 1], ListToken) \
-                and tokens[start + 2].token_type == TokenType.R_PAREN:  # fmt: skip
+        if (
+            start + 2 < len(tokens)
+            and isinstance(tokens[start + 1], ListToken)
+            and tokens[start + 2].token_type == TokenType.R_PAREN
+        ):
             self._advance(3)
             node = t.cast(ListToken, tokens[start + 1]).node
             fresh = ConstantList(constants=node.constants, is_string=node.is_string)
@@ -152,8 +159,12 @@ class MTCacheParser(PostgresParser):
         index, last = start + 1, len(tokens) - 1
         while index < last:
             token, after = tokens[index], tokens[index + 1]
-            if token.token_type not in constant or after.token_type not in ends \
-                    or token.comments or after.comments:  # fmt: skip
+            if (
+                token.token_type not in constant
+                or after.token_type not in ends
+                or token.comments
+                or after.comments
+            ):
                 return None
             found.append(token)
             index += 2
@@ -167,9 +178,12 @@ class MTCacheParser(PostgresParser):
         listed = constant_list(found)
         if listed is not None:
             return [self.expression(listed, found[0])]
-        return [self.expression(exp.Literal(this=token.text,
-                                            is_string=token.token_type == TokenType.STRING),
-                                token) for token in found]  # fmt: skip
+        return [
+            self.expression(
+                exp.Literal(this=token.text, is_string=token.token_type == TokenType.STRING), token
+            )
+            for token in found
+        ]
 
     # -- statements ------------------------------------------------------------------------------
 
@@ -194,15 +208,20 @@ class MTCacheParser(PostgresParser):
 
     _literal_bare = False  # the next column operators stop at a typed literal's string
 
-    def _parse_type(self, parse_interval: bool = True,
-                    fallback_to_identifier: bool = False) -> exp.Expr | None:  # fmt: skip
+    def _parse_type(
+        self, parse_interval: bool = True, fallback_to_identifier: bool = False
+    ) -> exp.Expr | None:
         """PostgreSQL reads ``DATE '1995-01-22'::varchar`` as ``(DATE '1995-01-22')::varchar``:
         the typed literal is made first, the cast applies to it. sqlglot casts the string
         first (a date again); here the operators after the string wait for the literal."""
         curr, nxt = self._curr, self._next
-        if (fallback_to_identifier or curr is None or nxt is None
-                or curr.token_type not in self.TYPE_TOKENS
-                or nxt.token_type != TokenType.STRING):  # fmt: skip
+        if (
+            fallback_to_identifier
+            or curr is None
+            or nxt is None
+            or curr.token_type not in self.TYPE_TOKENS
+            or nxt.token_type != TokenType.STRING
+        ):
             return super()._parse_type(parse_interval, fallback_to_identifier)
         self._literal_bare = True
         try:
@@ -241,8 +260,12 @@ class MTCacheParser(PostgresParser):
             and nxt.text.upper() == "CURRENCY"
         ):
             return self._parse_session_bound()
-        if curr and nxt and curr.text.upper() in ("RESET", "SHOW", "REFRESH") \
-                and nxt.token_type == TokenType.STRING:  # fmt: skip
+        if (
+            curr
+            and nxt
+            and curr.text.upper() in ("RESET", "SHOW", "REFRESH")
+            and nxt.token_type == TokenType.STRING
+        ):
             # PostgreSQL's tokenizer reads the rest of a RESET/SHOW/REFRESH command as one
             # string: the cache's own commands are read from its words
             ours = self._cache_command(curr, nxt)
@@ -266,8 +289,11 @@ class MTCacheParser(PostgresParser):
             return self._parse_refresh_cached(curr, nxt)
         if upper == ["CURRENCY", "BOUND"]:
             node = SessionBound(this=action)
-        elif action == "SHOW" and upper in (["CACHED", "VIEWS"], ["CACHE", "STATUS"],
-                                            ["CACHE", "STATS"]):  # fmt: skip
+        elif action == "SHOW" and upper in (
+            ["CACHED", "VIEWS"],
+            ["CACHE", "STATUS"],
+            ["CACHE", "STATS"],
+        ):
             node = Inspect(this=" ".join(words).lower())
         elif len(words) == 1 and words[0].lower().startswith(CACHE_SETTINGS):
             node = CacheSetting(this=action, name=words[0].lower())
@@ -284,16 +310,22 @@ class MTCacheParser(PostgresParser):
         scope = tokens[at].text.upper() if at < len(tokens) else ""
         if scope in ("SESSION", "LOCAL"):
             at += 1
-        if not (at + 2 < len(tokens) and tokens[at].text.lower() == CACHE_SETTINGS[:-1]
-                and tokens[at + 1].token_type == TokenType.DOT):  # fmt: skip
+        if not (
+            at + 2 < len(tokens)
+            and tokens[at].text.lower() == CACHE_SETTINGS[:-1]
+            and tokens[at + 1].token_type == TokenType.DOT
+        ):
             return None
         name = f"{CACHE_SETTINGS}{tokens[at + 2].text.lower()}"
         if scope == "LOCAL":
-            self._fail(f"SET LOCAL {name}: the cache's settings hold for the session (use SET)",
-                       start)  # fmt: skip
+            self._fail(
+                f"SET LOCAL {name}: the cache's settings hold for the session (use SET)", start
+            )
         self._advance(at + 3 - self._index)
-        if not (self._curr and (self._curr.token_type == TokenType.EQ
-                                or self._curr.text.upper() == "TO")):  # fmt: skip
+        if not (
+            self._curr
+            and (self._curr.token_type == TokenType.EQ or self._curr.text.upper() == "TO")
+        ):
             self._fail(f"expected = or TO after SET {name}")
         self._advance()
         value = self._curr
@@ -302,8 +334,11 @@ class MTCacheParser(PostgresParser):
         self._advance()
         if self._curr and self._curr.token_type != TokenType.SEMICOLON:
             self._fail(f"SET {name} takes one value (quote it: SET {name} = '10 min')")
-        text = None if value.text.upper() == "DEFAULT" and value.token_type != TokenType.STRING \
-            else value.text  # fmt: skip
+        text = (
+            None
+            if value.text.upper() == "DEFAULT" and value.token_type != TokenType.STRING
+            else value.text
+        )
         return self.expression(CacheSetting(this="SET", name=name, value=text), token=start)
 
     def _parse_refresh_cached(self, start: Token, words: Token) -> RefreshCached:
@@ -313,10 +348,15 @@ class MTCacheParser(PostgresParser):
         base = words.end - len(words.text) + 1  # a command's string token ends where it does
         self._tokens[self._index + 1 : self._index + 2] = [
             # sqlglot's tokens hold the line and column of their last character
-            Token(tok.token_type, tok.text, *offset_position(self.sql, base + tok.end),
-                  base + tok.start, base + tok.end)
+            Token(
+                tok.token_type,
+                tok.text,
+                *offset_position(self.sql, base + tok.end),
+                base + tok.start,
+                base + tok.end,
+            )
             for tok in MTCacheTokenizer().tokenize(words.text)
-        ]  # fmt: skip
+        ]
         self._tokens_size = len(self._tokens)  # sqlglot's parser keeps the count
         self._advance(2)  # REFRESH CACHED
         if self._match_text_seq("VIEWS"):
@@ -353,8 +393,11 @@ class MTCacheParser(PostgresParser):
 
     def _parse_key_value(self) -> str:
         value = self._parse_unary()
-        if isinstance(value, exp.Neg) and isinstance(value.this, exp.Literal) \
-                and value.this.is_number:  # fmt: skip
+        if (
+            isinstance(value, exp.Neg)
+            and isinstance(value.this, exp.Literal)
+            and value.this.is_number
+        ):
             return f"-{value.this.name}"
         if not isinstance(value, exp.Literal):
             self._fail("a key value is a string or a number", self._prev)
@@ -373,16 +416,22 @@ class MTCacheParser(PostgresParser):
                 self._fail("expected a duration after SET CURRENCY BOUND, e.g. 10 MIN", start)
             duration = self._parse_duration("SET CURRENCY BOUND")
         if self._curr and self._curr.token_type != TokenType.SEMICOLON:
-            self._fail(f"{action} CURRENCY BOUND takes "
-                       + ("a duration only" if action == "SET" else "nothing more"))  # fmt: skip
+            self._fail(
+                f"{action} CURRENCY BOUND takes "
+                + ("a duration only" if action == "SET" else "nothing more")
+            )
         return self.expression(SessionBound(this=action, expression=duration), token=start)
 
     def _parse_explain(self) -> ExplainStatement | Inspect:
         """EXPLAIN [ANALYZE] [VERBOSE] stmt | EXPLAIN (option, ...) stmt (PostgreSQL's forms)."""
         start = self._curr
         self._advance()
-        if self._curr and self._next and self._curr.text.upper() == "LAST" \
-                and self._next.text.upper() == "STATEMENT":  # fmt: skip
+        if (
+            self._curr
+            and self._next
+            and self._curr.text.upper() == "LAST"
+            and self._next.text.upper() == "STATEMENT"
+        ):
             self._advance(2)
             if self._curr and self._curr.token_type != TokenType.SEMICOLON:
                 self._fail("EXPLAIN LAST STATEMENT takes nothing more")
@@ -658,8 +707,10 @@ class MTCacheParser(PostgresParser):
                 if self._match_text_seq("CONTINUOUSLY"):
                     args["refresh"] = exp.var("CONTINUOUSLY")
                 elif not self._match_text_seq("EVERY"):
-                    self._fail("expected EVERY or CONTINUOUSLY after REFRESH "
-                               "(REFRESH EVERY 5 MIN, REFRESH CONTINUOUSLY)")  # fmt: skip
+                    self._fail(
+                        "expected EVERY or CONTINUOUSLY after REFRESH "
+                        "(REFRESH EVERY 5 MIN, REFRESH CONTINUOUSLY)"
+                    )
                 else:
                     args["refresh"] = self._parse_duration("REFRESH EVERY")
             else:
@@ -786,63 +837,98 @@ class MTCacheParser(PostgresParser):
         and aggregates named by AS (count(*), count, sum, avg, min, max of an expression of
         the rows). Names and keys are checked against the catalog with the schema
         (`control_tables.derived`)."""
-        for arg in ("having", "order", "limit", "offset", "distinct", "with_", "qualify",
-                    "windows"):  # fmt: skip
+        for arg in (
+            "having",
+            "order",
+            "limit",
+            "offset",
+            "distinct",
+            "with_",
+            "qualify",
+            "windows",
+        ):
             if select.args.get(arg):
-                self._fail(f"a derived cached view takes no {arg.rstrip('_').upper()}: it keeps "
-                           "joined rows or groups, which queries then order and limit",
-                           token)  # fmt: skip
+                self._fail(
+                    f"a derived cached view takes no {arg.rstrip('_').upper()}: it keeps "
+                    "joined rows or groups, which queries then order and limit",
+                    token,
+                )
         for join in select.args.get("joins") or []:
-            if join.args.get("side") or join.args.get("kind") not in (None, "INNER") \
-                    or join.args.get("method") or join.args.get("using") \
-                    or not isinstance(join.this, exp.Table):  # fmt: skip
-                self._fail("a derived cached view joins tables by inner JOIN ... ON col = col "
-                           f"only: {join.sql(dialect='postgres')!r}",
-                           _token_of(join, token))  # fmt: skip
+            if (
+                join.args.get("side")
+                or join.args.get("kind") not in (None, "INNER")
+                or join.args.get("method")
+                or join.args.get("using")
+                or not isinstance(join.this, exp.Table)
+            ):
+                self._fail(
+                    "a derived cached view joins tables by inner JOIN ... ON col = col "
+                    f"only: {join.sql(dialect='postgres')!r}",
+                    _token_of(join, token),
+                )
             on = join.args.get("on")
             pairs = list(on.flatten()) if isinstance(on, exp.And) else [on]
-            if on is None or not all(isinstance(p, exp.EQ) and isinstance(p.this, exp.Column)
-                                     and isinstance(p.expression, exp.Column)
-                                     for p in pairs):  # fmt: skip
-                self._fail("a derived cached view's JOIN ... ON is equalities of columns joined "
-                           f"by AND: {join.sql(dialect='postgres')!r}",
-                           _token_of(join, token))  # fmt: skip
+            if on is None or not all(
+                isinstance(p, exp.EQ)
+                and isinstance(p.this, exp.Column)
+                and isinstance(p.expression, exp.Column)
+                for p in pairs
+            ):
+                self._fail(
+                    "a derived cached view's JOIN ... ON is equalities of columns joined "
+                    f"by AND: {join.sql(dialect='postgres')!r}",
+                    _token_of(join, token),
+                )
         group = select.args.get("group")
         if group is not None:
             extra = [k for k in group.args if k != "expressions" and group.args.get(k)]
             if extra or not all(isinstance(c, exp.Column) for c in group.expressions):
-                self._fail("a derived cached view groups by plain columns only: "
-                           f"{group.sql(dialect='postgres')!r}",
-                           _token_of(group, token))  # fmt: skip
+                self._fail(
+                    "a derived cached view groups by plain columns only: "
+                    f"{group.sql(dialect='postgres')!r}",
+                    _token_of(group, token),
+                )
         for node in (select.args.get("where"), *select.expressions):
             if node is not None and node.find(exp.Select, exp.Window) is not None:
-                self._fail("a derived cached view takes no subqueries or window functions: "
-                           f"{node.sql(dialect='postgres')!r}",
-                           _token_of(node, token))  # fmt: skip
+                self._fail(
+                    "a derived cached view takes no subqueries or window functions: "
+                    f"{node.sql(dialect='postgres')!r}",
+                    _token_of(node, token),
+                )
         for projection in select.expressions:
             target = projection.this if isinstance(projection, exp.Alias) else projection
             if isinstance(target, exp.Star):
-                self._fail("a derived cached view lists its columns (SELECT * is for views "
-                           "of one table)", _token_of(projection, token))  # fmt: skip
+                self._fail(
+                    "a derived cached view lists its columns (SELECT * is for views of one table)",
+                    _token_of(projection, token),
+                )
             if isinstance(target, exp.Column):
                 continue
             if not isinstance(target, DERIVED_AGGREGATES):
-                self._fail("a derived cached view projects columns and the aggregates count, "
-                           f"sum, avg, min and max: {projection.sql(dialect='postgres')!r}",
-                           _token_of(projection, token))  # fmt: skip
+                self._fail(
+                    "a derived cached view projects columns and the aggregates count, "
+                    f"sum, avg, min and max: {projection.sql(dialect='postgres')!r}",
+                    _token_of(projection, token),
+                )
             if not isinstance(projection, exp.Alias):
-                self._fail("name each aggregate of a derived cached view with AS: "
-                           f"{projection.sql(dialect='postgres')!r}",
-                           _token_of(projection, token))  # fmt: skip
+                self._fail(
+                    "name each aggregate of a derived cached view with AS: "
+                    f"{projection.sql(dialect='postgres')!r}",
+                    _token_of(projection, token),
+                )
             value = target.this
             if isinstance(value, exp.Distinct) or target.find(exp.Filter) is not None:
-                self._fail("a derived cached view's aggregates take no DISTINCT or FILTER: "
-                           f"{projection.sql(dialect='postgres')!r}",
-                           _token_of(projection, token))  # fmt: skip
+                self._fail(
+                    "a derived cached view's aggregates take no DISTINCT or FILTER: "
+                    f"{projection.sql(dialect='postgres')!r}",
+                    _token_of(projection, token),
+                )
             if value is not None and value.find(*DERIVED_AGGREGATES) is not None:
-                self._fail("an aggregate of a derived cached view takes an expression of the "
-                           f"rows: {projection.sql(dialect='postgres')!r}",
-                           _token_of(projection, token))  # fmt: skip
+                self._fail(
+                    "an aggregate of a derived cached view takes an expression of the "
+                    f"rows: {projection.sql(dialect='postgres')!r}",
+                    _token_of(projection, token),
+                )
 
 
 # the aggregates a derived cached view keeps (count(*) is a Count of a Star)
@@ -852,9 +938,11 @@ DERIVED_AGGREGATES = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max)
 def is_derived(select: exp.Select) -> bool:
     """Whether a cached view's SELECT makes a derived view: it joins, groups or
     aggregates."""
-    return bool(select.args.get("joins") or select.args.get("group")
-                or any(p.find(*DERIVED_AGGREGATES) is not None
-                       for p in select.expressions))  # fmt: skip
+    return bool(
+        select.args.get("joins")
+        or select.args.get("group")
+        or any(p.find(*DERIVED_AGGREGATES) is not None for p in select.expressions)
+    )
 
 
 def _leading_selects(node: exp.Expr | None) -> list[exp.Select]:
@@ -899,8 +987,12 @@ class FastLists(Generator):
 
     def in_sql(self, expression: exp.In) -> str:
         items = expression.expressions
-        if len(items) >= self.FAST_LIST and not self.pretty and len(expression.args) == 2 \
-                and all(type(e) is exp.Literal and not e.comments for e in items):  # fmt: skip
+        if (
+            len(items) >= self.FAST_LIST
+            and not self.pretty
+            and len(expression.args) == 2
+            and all(type(e) is exp.Literal and not e.comments for e in items)
+        ):
             listed = ", ".join([self.literal_sql(e) for e in items])
             return f"{self.sql(expression, 'this')} IN ({listed})"
         return super().in_sql(expression)
@@ -996,5 +1088,7 @@ class LocalDuckDB(DuckDB):
     go)."""
 
     class Generator(FastLists, DuckDBGenerator):
-        TRANSFORMS = {**DuckDBGenerator.TRANSFORMS,
-                      ConstantList: lambda self, e: self.constantlist_sql(e)}
+        TRANSFORMS = {
+            **DuckDBGenerator.TRANSFORMS,
+            ConstantList: lambda self, e: self.constantlist_sql(e),
+        }

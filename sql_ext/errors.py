@@ -249,22 +249,35 @@ _SQLSTATES: tuple[tuple[type, str], ...] = (
 )
 
 _DIAG_FIELDS = (
-    ("severity", "severity"), ("severity_nonlocalized", "severity_nonlocalized"),
-    ("sqlstate", "sqlstate"), ("message", "message_primary"), ("detail", "message_detail"),
-    ("hint", "message_hint"), ("position", "statement_position"),
-    ("internal_position", "internal_position"), ("internal_query", "internal_query"),
-    ("context", "context"), ("schema", "schema_name"), ("table", "table_name"),
-    ("column", "column_name"), ("datatype", "datatype_name"),
-    ("constraint", "constraint_name"), ("file", "source_file"), ("line", "source_line"),
+    ("severity", "severity"),
+    ("severity_nonlocalized", "severity_nonlocalized"),
+    ("sqlstate", "sqlstate"),
+    ("message", "message_primary"),
+    ("detail", "message_detail"),
+    ("hint", "message_hint"),
+    ("position", "statement_position"),
+    ("internal_position", "internal_position"),
+    ("internal_query", "internal_query"),
+    ("context", "context"),
+    ("schema", "schema_name"),
+    ("table", "table_name"),
+    ("column", "column_name"),
+    ("datatype", "datatype_name"),
+    ("constraint", "constraint_name"),
+    ("file", "source_file"),
+    ("line", "source_line"),
     ("routine", "source_function"),
-)  # fmt: skip
+)
 
 
 def diag_fields(diag: t.Any) -> list[tuple[str, str]]:
     """The fields of a psycopg ``Diagnostic`` (an error's or a notice's), as `diagnostics`
     names them."""
-    return [(name, str(value)) for name, attribute in _DIAG_FIELDS
-            if (value := getattr(diag, attribute, None)) is not None]  # fmt: skip
+    return [
+        (name, str(value))
+        for name, attribute in _DIAG_FIELDS
+        if (value := getattr(diag, attribute, None)) is not None
+    ]
 
 
 def diagnostics(exc: BaseException, statement: str | None = None) -> list[tuple[str, str]]:
@@ -277,14 +290,19 @@ def diagnostics(exc: BaseException, statement: str | None = None) -> list[tuple[
     own = getattr(exc, "sqlstate", None)
     if isinstance(exc, Error) or _is_psycopg(exc) or isinstance(own, str):
         sqlstate = own or next(
-            (code for klass, code in _SQLSTATES if isinstance(exc, klass)), "XX000")
+            (code for klass, code in _SQLSTATES if isinstance(exc, klass)), "XX000"
+        )
         if isinstance(exc, CatalogError) and exc.relation is None:
             sqlstate = "42703"  # undefined_column
         text = exc.reason if isinstance(exc, PositionedError) else first_line(exc)
     else:
         sqlstate, text = "XX000", f"internal error in the cache: {first_line(exc)}"
-    fields = [("severity", "ERROR"), ("severity_nonlocalized", "ERROR"),
-              ("sqlstate", sqlstate), ("message", text)]  # fmt: skip
+    fields = [
+        ("severity", "ERROR"),
+        ("severity_nonlocalized", "ERROR"),
+        ("sqlstate", sqlstate),
+        ("message", text),
+    ]
     if isinstance(exc, PositionedError) and statement is not None and exc.line is not None:
         lines = statement.split("\n")
         if exc.line <= len(lines):

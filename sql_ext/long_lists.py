@@ -47,8 +47,7 @@ class ListToken(Token):
     __slots__ = ("node",)
 
     def __init__(self, node: ConstantList, line: int, col: int, start: int, end: int) -> None:
-        super().__init__(TokenType.VAR, f"<{len(node.constants)} constants>", line, col, start,
-                         end)  # fmt: skip
+        super().__init__(TokenType.VAR, f"<{len(node.constants)} constants>", line, col, start, end)
         self.node = node
 
 
@@ -59,12 +58,18 @@ def constant_list(tokens: Sequence[Token]) -> ConstantList | None:
     kinds = {token.token_type for token in tokens}
     if kinds == {TokenType.NUMBER}:
         texts = tuple(token.text for token in tokens)
-        return ConstantList(constants=texts, is_string=False) \
-            if all(text.isascii() and text.isdigit() for text in texts) else None  # fmt: skip
+        return (
+            ConstantList(constants=texts, is_string=False)
+            if all(text.isascii() and text.isdigit() for text in texts)
+            else None
+        )
     if kinds == {TokenType.STRING}:
         texts = tuple(token.text for token in tokens)
-        return ConstantList(constants=texts, is_string=True) \
-            if all(_PLAIN_STRING.fullmatch(text) for text in texts) else None  # fmt: skip
+        return (
+            ConstantList(constants=texts, is_string=True)
+            if all(_PLAIN_STRING.fullmatch(text) for text in texts)
+            else None
+        )
     return None
 
 
@@ -87,18 +92,24 @@ def tokenize(text: str, plain: Callable[[str], list[Token]]) -> list[Token]:
             head = _shifted(plain(text[done:search]), text, done)
         except TokenError:
             continue
-        if len(head) < 2 or head[-2].token_type != TokenType.IN \
-                or head[-2].start != opening.start() or head[-1].token_type != TokenType.L_PAREN \
-                or head[-1].end != text.rfind("(", 0, search):  # fmt: skip
+        if (
+            len(head) < 2
+            or head[-2].token_type != TokenType.IN
+            or head[-2].start != opening.start()
+            or head[-1].token_type != TokenType.L_PAREN
+            or head[-1].end != text.rfind("(", 0, search)
+        ):
             continue  # the words "IN (" are in a string, a comment or a quoted name
         inside = text[search:closing]
         if text[search] == "'":
-            node = ConstantList(constants=tuple(s.replace("''", "'")
-                                                for s in _STRINGS.findall(inside)),
-                                is_string=True)  # fmt: skip
+            node = ConstantList(
+                constants=tuple(s.replace("''", "'") for s in _STRINGS.findall(inside)),
+                is_string=True,
+            )
         else:
-            node = ConstantList(constants=tuple(c.strip() for c in inside.split(",")),
-                                is_string=False)  # fmt: skip
+            node = ConstantList(
+                constants=tuple(c.strip() for c in inside.split(",")), is_string=False
+            )
         first = _FIRST[node.is_string].match(text, search)
         end = t.cast(re.Match[str], first).end() - 1
         found += head
@@ -120,4 +131,3 @@ def _shifted(tokens: list[Token], text: str, offset: int) -> list[Token]:
         token.start += offset
         token.end += offset
     return tokens
-

@@ -53,8 +53,7 @@ def bind_literals(tree: exp.Expr, params: Params) -> exp.Expr:
     marks = placeholders(bound)
     if params is None:
         params = ()
-    keys = [mark.name if mark.this is not None else position
-            for position, mark in enumerate(marks)]  # fmt: skip
+    keys = [mark.name if mark.this is not None else position for position, mark in enumerate(marks)]
     for mark, value in zip(marks, values_for(keys, params), strict=True):
         mark.replace(_literal(value, mark))
     return bound
@@ -97,11 +96,21 @@ UNKNOWN: t.Final = object()  # a constant whose value cannot be known before exe
 # ``%(d)s::DATE`` with a date). A value that is not equal to any key - "2" for an integer -
 # finds none, so the guard sends the query to the backend, which casts it. SQLAlchemy's
 # psycopg dialect writes every parameter this way.
-KEY_CASTS = frozenset({
-    exp.DType.TINYINT, exp.DType.SMALLINT, exp.DType.INT, exp.DType.BIGINT,
-    exp.DType.TEXT, exp.DType.VARCHAR, exp.DType.DECIMAL, exp.DType.BOOLEAN, exp.DType.DATE,
-    exp.DType.TIMESTAMP, exp.DType.UUID,
-})  # fmt: skip
+KEY_CASTS = frozenset(
+    {
+        exp.DType.TINYINT,
+        exp.DType.SMALLINT,
+        exp.DType.INT,
+        exp.DType.BIGINT,
+        exp.DType.TEXT,
+        exp.DType.VARCHAR,
+        exp.DType.DECIMAL,
+        exp.DType.BOOLEAN,
+        exp.DType.DATE,
+        exp.DType.TIMESTAMP,
+        exp.DType.UUID,
+    }
+)
 LITERALS = (exp.Literal, exp.Placeholder, exp.Boolean)
 
 

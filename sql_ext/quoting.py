@@ -24,8 +24,9 @@ def qualified(*parts: str) -> str:
     return ".".join(ident(p) for p in parts)
 
 
-def keys_in(names: Iterable[str], alias: str, relation: str,
-            inner_names: Iterable[str] | None = None) -> str:
+def keys_in(
+    names: Iterable[str], alias: str, relation: str, inner_names: Iterable[str] | None = None
+) -> str:
     """``(alias."a", alias."b") IN (SELECT "a", "b" FROM relation)``: the row's key is among
     the relation's (of keys, never NULL; named ``inner_names`` there when they differ).
     DuckDB runs it as a hash semi-join; the same test written as a correlated EXISTS

@@ -229,8 +229,12 @@ class CacheSetting:
     kind: t.ClassVar[str] = "setting"
 
     def to_json(self) -> dict[str, t.Any]:
-        return {"kind": self.kind, "sql": None, "clauses": [],
-                "setting": {"action": self.action, "name": self.name, "value": self.value}}
+        return {
+            "kind": self.kind,
+            "sql": None,
+            "clauses": [],
+            "setting": {"action": self.action, "name": self.name, "value": self.value},
+        }
 
 
 @dataclass(frozen=True)
@@ -246,8 +250,12 @@ class RefreshCachedView:
 
     def to_json(self) -> dict[str, t.Any]:
         keys = [list(k) for k in self.keys] if self.keys is not None else None
-        return {"kind": self.kind, "sql": None, "clauses": [],
-                "refresh": {"view": self.view, "keys": keys}}
+        return {
+            "kind": self.kind,
+            "sql": None,
+            "clauses": [],
+            "refresh": {"view": self.view, "keys": keys},
+        }
 
 
 @dataclass(frozen=True)
@@ -431,8 +439,15 @@ class DropCacheObject:
 
 
 Statement = (
-    Query | Timeline | SessionBound | Inspect | CacheSetting | RefreshCachedView
-    | CreateControlTable | CreateCachedView | DropCacheObject
+    Query
+    | Timeline
+    | SessionBound
+    | Inspect
+    | CacheSetting
+    | RefreshCachedView
+    | CreateControlTable
+    | CreateCachedView
+    | DropCacheObject
 )
 
 
@@ -461,8 +476,10 @@ def parse(text: str, percent: bool = False) -> list[Statement]:
     if not trees and not is_empty(text):
         # sqlglot read tokens as nothing at all (a lone ELSE): refuse them at the first
         first = DIALECT.tokenize(text)[0]
-        raise SqlSyntaxError(f"unexpected {first.text!r}: a statement cannot start with it",
-                             *offset_position(text, first.start))  # fmt: skip
+        raise SqlSyntaxError(
+            f"unexpected {first.text!r}: a statement cannot start with it",
+            *offset_position(text, first.start),
+        )
     chunks = _statement_texts(text, tokens, len(trees))
     statements = [
         _placed(_typed(tree, chunk, start), text, start)
@@ -478,8 +495,12 @@ def _lists_in_place(tokens: list[Token], trees: list[exp.Expr | None]) -> bool:
     lists = {id(token.node.constants) for token in tokens if isinstance(token, ListToken)}
     if not lists:
         return True
-    nodes = {id(node.constants) for tree in trees if tree is not None
-             for node in tree.find_all(ConstantList)}  # fmt: skip
+    nodes = {
+        id(node.constants)
+        for tree in trees
+        if tree is not None
+        for node in tree.find_all(ConstantList)
+    }
     return lists <= nodes
 
 
@@ -489,26 +510,66 @@ def _percent_tokens(tokens: list[Token]) -> list[Token]:
     found: list[Token] = []
     for token in tokens:
         previous = found[-1] if found else None
-        if (token.token_type == TokenType.MOD and previous is not None
-                and previous.token_type == TokenType.MOD and previous.text == "%"
-                and previous.end + 1 == token.start and not previous.comments):  # fmt: skip
-            found[-1] = Token(TokenType.MOD, "%%", previous.line, previous.col, previous.start,
-                              token.end, previous.comments)  # fmt: skip
+        if (
+            token.token_type == TokenType.MOD
+            and previous is not None
+            and previous.token_type == TokenType.MOD
+            and previous.text == "%"
+            and previous.end + 1 == token.start
+            and not previous.comments
+        ):
+            found[-1] = Token(
+                TokenType.MOD,
+                "%%",
+                previous.line,
+                previous.col,
+                previous.start,
+                token.end,
+                previous.comments,
+            )
             continue
         if isinstance(token, ListToken):
-            found.append(token if not token.node.is_string else ListToken(ConstantList(
-                constants=tuple(c.replace("%%", "%") for c in token.node.constants),
-                is_string=True), token.line, token.col, token.start, token.end))  # fmt: skip
+            found.append(
+                token
+                if not token.node.is_string
+                else ListToken(
+                    ConstantList(
+                        constants=tuple(c.replace("%%", "%") for c in token.node.constants),
+                        is_string=True,
+                    ),
+                    token.line,
+                    token.col,
+                    token.start,
+                    token.end,
+                )
+            )
         elif "%%" in token.text and token.token_type in _QUOTED:
-            found.append(Token(token.token_type, token.text.replace("%%", "%"), token.line,
-                               token.col, token.start, token.end, token.comments))  # fmt: skip
+            found.append(
+                Token(
+                    token.token_type,
+                    token.text.replace("%%", "%"),
+                    token.line,
+                    token.col,
+                    token.start,
+                    token.end,
+                    token.comments,
+                )
+            )
         else:
             found.append(token)
     return found
 
 
-_QUOTED = frozenset({TokenType.STRING, TokenType.IDENTIFIER, TokenType.NATIONAL_STRING,
-                     TokenType.BIT_STRING, TokenType.HEX_STRING, TokenType.RAW_STRING})
+_QUOTED = frozenset(
+    {
+        TokenType.STRING,
+        TokenType.IDENTIFIER,
+        TokenType.NATIONAL_STRING,
+        TokenType.BIT_STRING,
+        TokenType.HEX_STRING,
+        TokenType.RAW_STRING,
+    }
+)
 
 
 def is_empty(text: str) -> bool:
@@ -591,8 +652,9 @@ def _placed(statement: Statement, script: str, start: int) -> Statement:
     return dataclasses.replace(statement, position=offset_position(script, start))
 
 
-def position_in_script(statement: CreateControlTable | CreateCachedView | DropCacheObject,
-                       offset: int) -> tuple[int, int]:  # fmt: skip
+def position_in_script(
+    statement: CreateControlTable | CreateCachedView | DropCacheObject, offset: int
+) -> tuple[int, int]:
     """(line, column) in the script of an offset into the statement's own text."""
     line, col = statement.position
     before = statement.text[:offset]
@@ -637,14 +699,62 @@ def _syntax_error(exc: ParseError, text: str) -> SqlSyntaxError:
 
 
 # the words PostgreSQL statements begin with (its SQL command reference)
-_STATEMENT_WORDS = frozenset({
-    "ABORT", "ALTER", "ANALYZE", "BEGIN", "CALL", "CHECKPOINT", "CLOSE", "CLUSTER", "COMMENT",
-    "COMMIT", "COPY", "CREATE", "DEALLOCATE", "DECLARE", "DELETE", "DISCARD", "DO", "DROP",
-    "END", "EXECUTE", "EXPLAIN", "FETCH", "GRANT", "IMPORT", "INSERT", "LISTEN", "LOAD", "LOCK",
-    "MERGE", "MOVE", "NOTIFY", "PREPARE", "REASSIGN", "REFRESH", "REINDEX", "RELEASE", "RESET",
-    "REVOKE", "ROLLBACK", "SAVEPOINT", "SECURITY", "SELECT", "SET", "SHOW", "START", "TABLE",
-    "TRUNCATE", "UNLISTEN", "UPDATE", "VACUUM", "VALUES", "WITH",
-})  # fmt: skip
+_STATEMENT_WORDS = frozenset(
+    {
+        "ABORT",
+        "ALTER",
+        "ANALYZE",
+        "BEGIN",
+        "CALL",
+        "CHECKPOINT",
+        "CLOSE",
+        "CLUSTER",
+        "COMMENT",
+        "COMMIT",
+        "COPY",
+        "CREATE",
+        "DEALLOCATE",
+        "DECLARE",
+        "DELETE",
+        "DISCARD",
+        "DO",
+        "DROP",
+        "END",
+        "EXECUTE",
+        "EXPLAIN",
+        "FETCH",
+        "GRANT",
+        "IMPORT",
+        "INSERT",
+        "LISTEN",
+        "LOAD",
+        "LOCK",
+        "MERGE",
+        "MOVE",
+        "NOTIFY",
+        "PREPARE",
+        "REASSIGN",
+        "REFRESH",
+        "REINDEX",
+        "RELEASE",
+        "RESET",
+        "REVOKE",
+        "ROLLBACK",
+        "SAVEPOINT",
+        "SECURITY",
+        "SELECT",
+        "SET",
+        "SHOW",
+        "START",
+        "TABLE",
+        "TRUNCATE",
+        "UNLISTEN",
+        "UPDATE",
+        "VACUUM",
+        "VALUES",
+        "WITH",
+    }
+)
 
 
 def _unknown_statement_start(text: str) -> SqlSyntaxError | None:
@@ -654,11 +764,17 @@ def _unknown_statement_start(text: str) -> SqlSyntaxError | None:
         tokens = DIALECT.tokenize(text)
     except TokenError:
         return None
-    starts = [b for a, b in itertools.pairwise([None, *tokens])
-              if a is None or a.token_type.name == "SEMICOLON"]  # fmt: skip
+    starts = [
+        b
+        for a, b in itertools.pairwise([None, *tokens])
+        if a is None or a.token_type.name == "SEMICOLON"
+    ]
     for token in starts:
-        if (token is not None and token.token_type.name == "VAR"
-                and token.text.upper() not in _STATEMENT_WORDS):  # fmt: skip
+        if (
+            token is not None
+            and token.token_type.name == "VAR"
+            and token.text.upper() not in _STATEMENT_WORDS
+        ):
             line, col = offset_position(text, token.start)
             return SqlSyntaxError(
                 f"{token.text!r} does not begin a statement: expected SELECT, WITH, VALUES, "
@@ -721,10 +837,19 @@ def _typed(tree: exp.Expr, text: str, offset: int = 0) -> Statement:
         tree = tree.this
     analysis = analyze(tree)
     clauses = tuple(_check_clause(block, text) for block in analysis.blocks if block.clause)
-    cuts = tuple((b - offset, e - offset) for b, e in (
-        node.meta[SPAN] for node in tree.find_all(CurrencyClause)))  # fmt: skip
-    return Query(text=text, tree=tree, clauses=clauses, analysis=analysis, explain=explain,
-                 cuts=cuts, body_start=body_start)  # fmt: skip
+    cuts = tuple(
+        (b - offset, e - offset)
+        for b, e in (node.meta[SPAN] for node in tree.find_all(CurrencyClause))
+    )
+    return Query(
+        text=text,
+        tree=tree,
+        clauses=clauses,
+        analysis=analysis,
+        explain=explain,
+        cuts=cuts,
+        body_start=body_start,
+    )
 
 
 def _names(nodes: list[exp.Expr] | None) -> tuple[str, ...]:
@@ -736,8 +861,10 @@ def _typed_cached_view(tree: CachedViewDef, text: str) -> CreateCachedView:
     table: exp.Table = select.args["from_"].this
     columns: tuple[str, ...] | None = None
     if not any(isinstance(p, exp.Star) for p in select.expressions):
-        columns = tuple(folded(p.args["alias"]) if isinstance(p, exp.Alias) else folded(p)
-                        for p in select.expressions)  # fmt: skip
+        columns = tuple(
+            folded(p.args["alias"]) if isinstance(p, exp.Alias) else folded(p)
+            for p in select.expressions
+        )
     presence = tuple(
         Presence(
             columns=_names(p.expressions),
@@ -786,16 +913,25 @@ def _typed_cached_view(tree: CachedViewDef, text: str) -> CreateCachedView:
 
 
 _AGGREGATE_NAMES: dict[type[exp.Expr], t.Literal["count", "sum", "avg", "min", "max"]] = {
-    exp.Count: "count", exp.Sum: "sum", exp.Avg: "avg", exp.Min: "min", exp.Max: "max"}
+    exp.Count: "count",
+    exp.Sum: "sum",
+    exp.Avg: "avg",
+    exp.Min: "min",
+    exp.Max: "max",
+}
 
 
 def _derivation(select: exp.Select) -> Derivation:
     """A derived view's SELECT as the dialect checked it (`MTCache._check_derived_select`)."""
     tables = [select.args["from_"].this, *(j.this for j in select.args.get("joins") or [])]
-    sources = tuple(DerivedSource(folded(table), folded(table.args["db"])
-                                  if table.args.get("db") else None,
-                                  folded(table.args["alias"].this) if table.args.get("alias")
-                                  else folded(table)) for table in tables)  # fmt: skip
+    sources = tuple(
+        DerivedSource(
+            folded(table),
+            folded(table.args["db"]) if table.args.get("db") else None,
+            folded(table.args["alias"].this) if table.args.get("alias") else folded(table),
+        )
+        for table in tables
+    )
     joins: list[tuple[exp.Column, exp.Column]] = []
     for join in select.args.get("joins") or []:
         on = join.args["on"]
@@ -805,17 +941,23 @@ def _derivation(select: exp.Select) -> Derivation:
     outputs = []
     for projection in select.expressions:
         target = projection.this if isinstance(projection, exp.Alias) else projection
-        name = folded(projection.args["alias"]) if isinstance(projection, exp.Alias) \
-            else folded(target)  # fmt: skip
+        name = (
+            folded(projection.args["alias"])
+            if isinstance(projection, exp.Alias)
+            else folded(target)
+        )
         if isinstance(target, exp.Column):
             outputs.append(DerivedOutput(name, target))
             continue
         value = target.this
-        outputs.append(DerivedOutput(name, None if isinstance(value, exp.Star) else value,
-                                     _AGGREGATE_NAMES[type(target)]))  # fmt: skip
-    return Derivation(sources, tuple(joins),
-                      tuple(group.expressions) if group is not None else (),
-                      tuple(outputs))  # fmt: skip
+        outputs.append(
+            DerivedOutput(
+                name, None if isinstance(value, exp.Star) else value, _AGGREGATE_NAMES[type(target)]
+            )
+        )
+    return Derivation(
+        sources, tuple(joins), tuple(group.expressions) if group is not None else (), tuple(outputs)
+    )
 
 
 def _column_name(column: exp.Column) -> str:

@@ -29,8 +29,11 @@ def fuzz_settings(examples: int) -> settings:
         deadline=dt.timedelta(seconds=120),
         derandomize=not RANDOM,
         database=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
-                               HealthCheck.data_too_large],
+        suppress_health_check=[
+            HealthCheck.too_slow,
+            HealthCheck.function_scoped_fixture,
+            HealthCheck.data_too_large,
+        ],
         print_blob=True,
     )
 
@@ -38,18 +41,127 @@ def fuzz_settings(examples: int) -> settings:
 # -- text that is SQL-like, or not at all ------------------------------------------------------
 
 WORDS = [
-    "SELECT", "FROM", "WHERE", "AND", "OR", "NOT", "IN", "BETWEEN", "LIKE", "IS", "NULL",
-    "GROUP", "BY", "ORDER", "HAVING", "LIMIT", "OFFSET", "JOIN", "ON", "AS", "UNION", "ALL",
-    "DISTINCT", "CASE", "WHEN", "THEN", "ELSE", "END", "EXISTS", "WITH", "CURRENCY", "BOUND",
-    "MIN", "SEC", "MS", "HOUR", "DAY", "TIMEORDERED", "BEGIN", "CREATE", "CACHED", "VIEW",
-    "CONTROL", "TABLE", "PRESENCE", "CONSISTENCY", "COMPLETENESS", "ROOT", "REFRESH", "EVERY",
-    "DROP", "INSERT", "INTO", "VALUES", "UPDATE", "SET", "DELETE", "EXPLAIN", "RESET", "SHOW",
-    "authors", "books", "reviews", "reviewers", "sales", "a", "b", "authorid", "name", "city",
-    "isbn", "price", "rating", "count", "sum", "avg", "max", "*", ",", "(", ")", ";", ".", "=",
-    "<>", "<", ">=", "+", "-", "/", "%", "%s", "%(k)s", "$1", "?", "::", "'x'", "''", "'it''s'",
-    '"quoted id"', '"a""b"', "1", "0", "-1", "2.5", "1e400", "9223372036854775808", "--", "/*",
-    "*/", "\\", "'", '"', "ünïcödé", "\t", "\n", "E'\\x'", "$$dollar$$", "NaN", "Infinity",
-]  # fmt: skip
+    "SELECT",
+    "FROM",
+    "WHERE",
+    "AND",
+    "OR",
+    "NOT",
+    "IN",
+    "BETWEEN",
+    "LIKE",
+    "IS",
+    "NULL",
+    "GROUP",
+    "BY",
+    "ORDER",
+    "HAVING",
+    "LIMIT",
+    "OFFSET",
+    "JOIN",
+    "ON",
+    "AS",
+    "UNION",
+    "ALL",
+    "DISTINCT",
+    "CASE",
+    "WHEN",
+    "THEN",
+    "ELSE",
+    "END",
+    "EXISTS",
+    "WITH",
+    "CURRENCY",
+    "BOUND",
+    "MIN",
+    "SEC",
+    "MS",
+    "HOUR",
+    "DAY",
+    "TIMEORDERED",
+    "BEGIN",
+    "CREATE",
+    "CACHED",
+    "VIEW",
+    "CONTROL",
+    "TABLE",
+    "PRESENCE",
+    "CONSISTENCY",
+    "COMPLETENESS",
+    "ROOT",
+    "REFRESH",
+    "EVERY",
+    "DROP",
+    "INSERT",
+    "INTO",
+    "VALUES",
+    "UPDATE",
+    "SET",
+    "DELETE",
+    "EXPLAIN",
+    "RESET",
+    "SHOW",
+    "authors",
+    "books",
+    "reviews",
+    "reviewers",
+    "sales",
+    "a",
+    "b",
+    "authorid",
+    "name",
+    "city",
+    "isbn",
+    "price",
+    "rating",
+    "count",
+    "sum",
+    "avg",
+    "max",
+    "*",
+    ",",
+    "(",
+    ")",
+    ";",
+    ".",
+    "=",
+    "<>",
+    "<",
+    ">=",
+    "+",
+    "-",
+    "/",
+    "%",
+    "%s",
+    "%(k)s",
+    "$1",
+    "?",
+    "::",
+    "'x'",
+    "''",
+    "'it''s'",
+    '"quoted id"',
+    '"a""b"',
+    "1",
+    "0",
+    "-1",
+    "2.5",
+    "1e400",
+    "9223372036854775808",
+    "--",
+    "/*",
+    "*/",
+    "\\",
+    "'",
+    '"',
+    "ünïcödé",
+    "\t",
+    "\n",
+    "E'\\x'",
+    "$$dollar$$",
+    "NaN",
+    "Infinity",
+]
 
 sql_soup = st.lists(st.sampled_from(WORDS), max_size=30).map(" ".join)
 any_text = st.text(max_size=200)
@@ -59,11 +171,41 @@ statement_texts = st.one_of(sql_soup, any_text, st.tuples(sql_soup, any_text).ma
 
 numbers = st.one_of(
     st.integers(min_value=0, max_value=10**6).map(str),
-    st.sampled_from(["0", "1", "0.5", "1e3", "1e400", "-5", "1.5e-3", "999999999999999999999",
-                     ".5", "5.", "nan", "inf"]),
+    st.sampled_from(
+        [
+            "0",
+            "1",
+            "0.5",
+            "1e3",
+            "1e400",
+            "-5",
+            "1.5e-3",
+            "999999999999999999999",
+            ".5",
+            "5.",
+            "nan",
+            "inf",
+        ]
+    ),
 )
-units = st.sampled_from(["MS", "SEC", "SECOND", "SECONDS", "MIN", "MINUTES", "HOUR", "HOURS",
-                         "DAY", "DAYS", "FORTNIGHT", "min", "Sec", ""])  # fmt: skip
+units = st.sampled_from(
+    [
+        "MS",
+        "SEC",
+        "SECOND",
+        "SECONDS",
+        "MIN",
+        "MINUTES",
+        "HOUR",
+        "HOURS",
+        "DAY",
+        "DAYS",
+        "FORTNIGHT",
+        "min",
+        "Sec",
+        "",
+    ]
+)
 aliases = st.sampled_from(["a", "b", "authors", "books", "x", '"a"', "A"])
 
 
@@ -86,34 +228,75 @@ Param = t.Any
 
 # (from-clause, the aliases it binds, columns usable in predicates: (expression, kind))
 FROMS = [
-    ("authors a", ["a"], [("a.authorid", "int"), ("a.name", "text"), ("a.city", "text"),
-                          ("a.gender", "char"), ("a.state", "char")]),
-    ("books b", ["b"], [("b.authorid", "int"), ("b.isbn", "text"), ("b.price", "numeric"),
-                        ("b.type", "text"), ("b.title", "text")]),
-    ("authors a JOIN books b ON a.authorid = b.authorid", ["a", "b"],
-     [("a.authorid", "int"), ("a.city", "text"), ("b.price", "numeric"), ("b.isbn", "text")]),
+    (
+        "authors a",
+        ["a"],
+        [
+            ("a.authorid", "int"),
+            ("a.name", "text"),
+            ("a.city", "text"),
+            ("a.gender", "char"),
+            ("a.state", "char"),
+        ],
+    ),
+    (
+        "books b",
+        ["b"],
+        [
+            ("b.authorid", "int"),
+            ("b.isbn", "text"),
+            ("b.price", "numeric"),
+            ("b.type", "text"),
+            ("b.title", "text"),
+        ],
+    ),
+    (
+        "authors a JOIN books b ON a.authorid = b.authorid",
+        ["a", "b"],
+        [("a.authorid", "int"), ("a.city", "text"), ("b.price", "numeric"), ("b.isbn", "text")],
+    ),
     ("reviews r", ["r"], [("r.rating", "int"), ("r.isbn", "text"), ("r.reviewerid", "int")]),
     ("reviewers v", ["v"], [("v.reviewerid", "int"), ("v.city", "text"), ("v.gender", "char")]),
     ("sales s", ["s"], [("s.qty", "int"), ("s.sold_on", "date"), ("s.isbn", "text")]),
-]  # fmt: skip
+]
 
 VALUES: dict[str, st.SearchStrategy[Param]] = {
     "int": st.one_of(st.integers(-3, 60), st.integers(-(2**70), 2**70)),
-    "text": st.one_of(st.sampled_from(["Madison", "Seattle", "Author 2", "isbn-00003",
-                                       "paperback", "", "it's", "%", "%%", "100%"]),
-                      st.text(max_size=12)),
+    "text": st.one_of(
+        st.sampled_from(
+            [
+                "Madison",
+                "Seattle",
+                "Author 2",
+                "isbn-00003",
+                "paperback",
+                "",
+                "it's",
+                "%",
+                "%%",
+                "100%",
+            ]
+        ),
+        st.text(max_size=12),
+    ),
     "char": st.sampled_from(["F", "M", "WI", "W", "F ", ""]),
-    "numeric": st.one_of(st.decimals(min_value=-100, max_value=100, places=2,
-                                     allow_nan=False),
-                         st.integers(0, 70), st.floats(0, 70, allow_nan=False)),
+    "numeric": st.one_of(
+        st.decimals(min_value=-100, max_value=100, places=2, allow_nan=False),
+        st.integers(0, 70),
+        st.floats(0, 70, allow_nan=False),
+    ),
     "date": st.dates(min_value=dt.date(2000, 1, 1), max_value=dt.date(2030, 12, 31)),
 }
 # a value of the wrong type now and then: the statement must fail as it fails in PostgreSQL
 ODD_VALUES = st.one_of(
-    st.none(), st.booleans(), st.floats(allow_nan=True, allow_infinity=True),
-    st.decimals(allow_nan=True, allow_infinity=True), st.text(max_size=8),
-    st.binary(max_size=4), st.integers(-(2**70), 2**70),
-)  # fmt: skip
+    st.none(),
+    st.booleans(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.decimals(allow_nan=True, allow_infinity=True),
+    st.text(max_size=8),
+    st.binary(max_size=4),
+    st.integers(-(2**70), 2**70),
+)
 
 
 @st.composite
@@ -152,15 +335,17 @@ def queries(draw: st.DrawFn) -> tuple[str, list[Param], str]:
         else:
             predicates.append(f"{column} {form if form != 'like' else '='} {value(kind)}")
     if draw(st.booleans()):
-        outputs = draw(st.lists(st.sampled_from([c for c, _ in columns]), min_size=1,
-                                max_size=4, unique=True))  # fmt: skip
+        outputs = draw(
+            st.lists(st.sampled_from([c for c, _ in columns]), min_size=1, max_size=4, unique=True)
+        )
         select = ", ".join(outputs)
         tail = " ORDER BY " + ", ".join(str(i + 1) for i in range(len(outputs)))
     else:
         group, _ = draw(st.sampled_from(columns))
         measure, _ = draw(st.sampled_from(columns))
-        aggregate = draw(st.sampled_from(["count(*)", f"count({measure})", f"min({measure})",
-                                          f"max({measure})"]))  # fmt: skip
+        aggregate = draw(
+            st.sampled_from(["count(*)", f"count({measure})", f"min({measure})", f"max({measure})"])
+        )
         select = f"{group}, {aggregate}"
         tail = f" GROUP BY {group} ORDER BY 1, 2"
     if draw(st.booleans()):
@@ -171,23 +356,47 @@ def queries(draw: st.DrawFn) -> tuple[str, list[Param], str]:
     if draw(st.integers(0, 3)) > 0:
         bound_to = ", ".join(bound)
         by = columns[0][0]
-        clause = draw(st.sampled_from([f"CURRENCY BOUND 10 MIN ON ({bound_to})",
-                                       f"CURRENCY BOUND 10 MIN ON ({bound_to})",
-                                       "CURRENCY BOUND 1 DAY", "CURRENCY BOUND 0 SEC",
-                                       f"CURRENCY BOUND 1 HOUR ON ({bound_to}) BY {by}"]))
+        clause = draw(
+            st.sampled_from(
+                [
+                    f"CURRENCY BOUND 10 MIN ON ({bound_to})",
+                    f"CURRENCY BOUND 10 MIN ON ({bound_to})",
+                    "CURRENCY BOUND 1 DAY",
+                    "CURRENCY BOUND 0 SEC",
+                    f"CURRENCY BOUND 1 HOUR ON ({bound_to}) BY {by}",
+                ]
+            )
+        )
     return sql, params, clause
 
 
 # -- cache DDL ------------------------------------------------------------------------------------
 
 NAMES = st.one_of(
-    st.sampled_from(["ctl", "view1", '"we""ird"', '"has space"', '"ünï"', '"select"', "select",
-                     "authorcopy", "authorlist_pct", '""', "x" * 70, "1abc", "a.b",
-                     '"Mixed"', "mixed"]),
+    st.sampled_from(
+        [
+            "ctl",
+            "view1",
+            '"we""ird"',
+            '"has space"',
+            '"ünï"',
+            '"select"',
+            "select",
+            "authorcopy",
+            "authorlist_pct",
+            '""',
+            "x" * 70,
+            "1abc",
+            "a.b",
+            '"Mixed"',
+            "mixed",
+        ]
+    ),
     st.from_regex(r"[a-z_][a-z0-9_]{0,10}", fullmatch=True),
 )
-COLUMN_TYPES = st.sampled_from(["INTEGER", "TEXT", "BIGINT", "NUMERIC(8,2)", "DATE", "BLOB",
-                                "NOSUCHTYPE", "CHAR(2)", ""])  # fmt: skip
+COLUMN_TYPES = st.sampled_from(
+    ["INTEGER", "TEXT", "BIGINT", "NUMERIC(8,2)", "DATE", "BLOB", "NOSUCHTYPE", "CHAR(2)", ""]
+)
 
 
 @st.composite
@@ -199,19 +408,30 @@ def ddl_scripts(draw: st.DrawFn) -> str:
             column = draw(st.sampled_from(["authorid", "city", "isbn", "nosuch", '"city"']))
             statements.append(f"CREATE CONTROL TABLE {draw(NAMES)} ({column} {draw(COLUMN_TYPES)})")
         elif kind == "view":
-            table, columns = draw(st.sampled_from([
-                ("authors", ["authorid", "name", "city", "*"]),
-                ("books", ["isbn", "authorid", "price", "*"]),
-                ("reviews", ["reviewid", "isbn", "rating"]), ("nosuch", ["x"]),
-            ]))  # fmt: skip
+            table, columns = draw(
+                st.sampled_from(
+                    [
+                        ("authors", ["authorid", "name", "city", "*"]),
+                        ("books", ["isbn", "authorid", "price", "*"]),
+                        ("reviews", ["reviewid", "isbn", "rating"]),
+                        ("nosuch", ["x"]),
+                    ]
+                )
+            )
             chosen = draw(st.lists(st.sampled_from(columns), min_size=1, max_size=3, unique=True))
             text = f"CREATE CACHED VIEW {draw(NAMES)} AS SELECT {', '.join(chosen)} FROM {table}"
             if draw(st.booleans()):
                 text += f" PRESENCE ON ({draw(st.sampled_from(chosen))}) IN {draw(NAMES)}"
             if draw(st.booleans()):
-                text += " " + draw(st.sampled_from([
-                    "CONSISTENCY ROOT", "CONSISTENCY ON ALL",
-                    "CONSISTENCY ON (city) IN citylist_csct"]))
+                text += " " + draw(
+                    st.sampled_from(
+                        [
+                            "CONSISTENCY ROOT",
+                            "CONSISTENCY ON ALL",
+                            "CONSISTENCY ON (city) IN citylist_csct",
+                        ]
+                    )
+                )
             if draw(st.booleans()):
                 text += f" REFRESH EVERY {draw(numbers)} {draw(units)}"
             statements.append(text)
@@ -227,12 +447,18 @@ def ddl_scripts(draw: st.DrawFn) -> str:
 # -- control-key values ----------------------------------------------------------------------------
 
 key_values = st.one_of(
-    st.integers(-5, 40), st.integers(-(2**80), 2**80), st.text(max_size=10),
+    st.integers(-5, 40),
+    st.integers(-(2**80), 2**80),
+    st.text(max_size=10),
     st.sampled_from(["2", " 3 ", "6.5", "1e3", "0x10", "Madison", "", "7.0"]),
-    st.floats(allow_nan=True, allow_infinity=True), st.decimals(allow_nan=True),
-    st.booleans(), st.none(), st.binary(max_size=3),
-    st.dates(), st.just(decimal.Decimal("4.00")),
-)  # fmt: skip
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.decimals(allow_nan=True),
+    st.booleans(),
+    st.none(),
+    st.binary(max_size=3),
+    st.dates(),
+    st.just(decimal.Decimal("4.00")),
+)
 
 
 # -- what the properties compare ---------------------------------------------------------------

@@ -132,8 +132,9 @@ class PlanCase:
 
     def decide(self, plan: Plan, params: t.Any = "the case's") -> Decision:
         """The decision with the case's parameters (or ``params``)."""
-        values = ParameterValues(plan.analysis.parameter_keys,
-                                 self.params if params == "the case's" else params)  # fmt: skip
+        values = ParameterValues(
+            plan.analysis.parameter_keys, self.params if params == "the case's" else params
+        )
         return evaluate_guards(plan, self.region_state(), values, self.session(), NOW)
 
 
@@ -145,10 +146,11 @@ def plan_summary(plan: Plan) -> str:
         return f"remote: {plan.reason}"
     guarded = {a.instance.id for a in plan.guarded_accesses}
     parts = [
-        f"{a.alias}={'|'.join(_branch(g) for g in a.guards)}" if a.instance.id in guarded
+        f"{a.alias}={'|'.join(_branch(g) for g in a.guards)}"
+        if a.instance.id in guarded
         else f"{a.alias}=leaf"
         for a in plan.accesses
-    ]  # fmt: skip
+    ]
     return "local: " + " ".join(parts)
 
 
@@ -192,8 +194,14 @@ def load_catalog(name: str) -> Catalog:
         for text in spec["columns"]:
             column, _, rest = text.partition(" ")
             not_null = rest.endswith(" not null")
-            columns.append(Column(column, rest.removesuffix(" not null"), nullable=not not_null,
-                                  n_distinct=spec.get("distinct", {}).get(column)))  # fmt: skip
+            columns.append(
+                Column(
+                    column,
+                    rest.removesuffix(" not null"),
+                    nullable=not not_null,
+                    n_distinct=spec.get("distinct", {}).get(column),
+                )
+            )
         tables[table] = Table(
             name=table,
             columns=tuple(columns),

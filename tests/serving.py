@@ -41,14 +41,14 @@ class Served(t.NamedTuple):
 
 
 @contextmanager
-def server_of(backend: str, cache_path: Path, options: ServerOptions | None = None,
-              **engine_options: t.Any) -> Iterator[Served]:  # fmt: skip
+def server_of(
+    backend: str, cache_path: Path, options: ServerOptions | None = None, **engine_options: t.Any
+) -> Iterator[Served]:
     """A server on a free loopback port over the cache file ``cache_path`` (created empty when
     missing), run in a thread of this process (``options``: its listen address and grace
     period are the tests'; ``engine_options``: the `Engine`'s)."""
     engine = Engine(backend, cache_path, **engine_options)
-    options = dataclasses.replace(options or ServerOptions(), listen="127.0.0.1:0",
-                                  grace_seconds=2)  # fmt: skip
+    options = dataclasses.replace(options or ServerOptions(), listen="127.0.0.1:0", grace_seconds=2)
     server = Server(engine, options)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -64,21 +64,29 @@ def server_of(backend: str, cache_path: Path, options: ServerOptions | None = No
 
 
 @contextmanager
-def serving(backend: str, cache_path: Path, authors: t.Sequence[int],
-            options: ServerOptions | None = None, numbers: bool = False,
-            **engine_options: t.Any) -> Iterator[Served]:  # fmt: skip
+def serving(
+    backend: str,
+    cache_path: Path,
+    authors: t.Sequence[int],
+    options: ServerOptions | None = None,
+    numbers: bool = False,
+    **engine_options: t.Any,
+) -> Iterator[Served]:
     """A server (`server_of`) over a cache of AUTHORS_AND_BOOKS, ``authors`` admitted (and
     the numbers, `cache_numbers`). With a statement timeout in ``options`` the cache is built
     in this process before the server starts: its limits are not for the tests' setup (a
     cold refresh may take longer than a test's short timeout)."""
-    statements = [AUTHORS_AND_BOOKS,
-                  f"INSERT INTO authorlist_pct VALUES {', '.join(f'({a})' for a in authors)}"]
+    statements = [
+        AUTHORS_AND_BOOKS,
+        f"INSERT INTO authorlist_pct VALUES {', '.join(f'({a})' for a in authors)}",
+    ]
     if numbers:
         statements += NUMBERCOPY
     before = options is not None and options.limits.statement_timeout is not None
     if before:
-        with cache.connect(backend=backend, cache_path=cache_path, autocommit=True,
-                           background=False) as conn:  # fmt: skip
+        with cache.connect(
+            backend=backend, cache_path=cache_path, autocommit=True, background=False
+        ) as conn:
             conn.admin.apply_ddl(statements[0])  # (a script: the cursor takes one statement)
             cur = conn.cursor()
             for statement in statements[1:]:
@@ -93,8 +101,10 @@ def serving(backend: str, cache_path: Path, authors: t.Sequence[int],
 
 # a local statement that runs for minutes unless cancelled: 2,000^3 combinations in DuckDB,
 # each hashed (a test DuckDB's statistics cannot decide in advance), over `with_numbers`
-SLOW_LOCAL = ("SELECT count(*) FROM numbers a, numbers b, numbers c "
-              "WHERE md5((a.n * b.n + c.n)::text) = 'x' CURRENCY BOUND 10 MIN")  # fmt: skip
+SLOW_LOCAL = (
+    "SELECT count(*) FROM numbers a, numbers b, numbers c "
+    "WHERE md5((a.n * b.n + c.n)::text) = 'x' CURRENCY BOUND 10 MIN"
+)
 
 
 def numbers_table(backend: str) -> None:
@@ -105,8 +115,10 @@ def numbers_table(backend: str) -> None:
         pg.execute("INSERT INTO numbers SELECT generate_series(1, 2000)")
 
 
-NUMBERCOPY = ["CREATE CACHED VIEW numbercopy AS SELECT n FROM numbers REFRESH EVERY 10 MIN",
-              "REFRESH CACHED VIEW numbercopy"]
+NUMBERCOPY = [
+    "CREATE CACHED VIEW numbercopy AS SELECT n FROM numbers REFRESH EVERY 10 MIN",
+    "REFRESH CACHED VIEW numbercopy",
+]
 
 
 def cache_numbers(served: Served) -> None:
@@ -132,8 +144,12 @@ def raw_postgres(served: Served) -> socket.socket:
 
 def _started(address: tuple[str, int], dbname: str, options: str | None) -> socket.socket:
     sock = socket.create_connection(address, timeout=60)
-    body = struct.pack("!i", protocol.PROTOCOL_3_0) + b"user\0postgres\0database\0" \
-        + dbname.encode() + b"\0"  # fmt: skip
+    body = (
+        struct.pack("!i", protocol.PROTOCOL_3_0)
+        + b"user\0postgres\0database\0"
+        + dbname.encode()
+        + b"\0"
+    )
     if options:
         body += b"options\0" + options.encode() + b"\0"
     sock.sendall(struct.pack("!i", len(body) + 5) + body + b"\0")

@@ -54,9 +54,15 @@ def backend(backend_dsn: str) -> str:
 @pytest.fixture(scope="module")
 def conn(backend: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[cache.Connection]:
     path = tmp_path_factory.mktemp("allowlist") / "cache.duckdb"
-    with cache.connect(backend=backend, cache_path=path, admit_on_miss=False, autocommit=True,
-                       background=False, plan_choice="guarded",
-                       currency_bound="10 min") as conn:  # fmt: skip
+    with cache.connect(
+        backend=backend,
+        cache_path=path,
+        admit_on_miss=False,
+        autocommit=True,
+        background=False,
+        plan_choice="guarded",
+        currency_bound="10 min",
+    ) as conn:
         conn.cursor().execute("CREATE CACHED VIEW edge_copy AS SELECT * FROM edge")
         conn.admin.refresh("edge_copy")
         yield conn
@@ -127,9 +133,17 @@ def test_every_entry_is_proven_against_postgres(
         assert check(conn, backend, sql) == "error", f"{failing} does not raise"
 
 
-ZONED = ("e.tz", "e.tz::date", "e.tz::timestamp", "e.tz < e.ts", "e.tz >= e.d",
-         "e.tz = '1995-01-31 10:20:30.5'", "date_trunc('month', e.d)",
-         "date_trunc('day', e.d) = e.tz", "(SELECT max(x.tz) FROM edge x)")  # fmt: skip
+ZONED = (
+    "e.tz",
+    "e.tz::date",
+    "e.tz::timestamp",
+    "e.tz < e.ts",
+    "e.tz >= e.d",
+    "e.tz = '1995-01-31 10:20:30.5'",
+    "date_trunc('month', e.d)",
+    "date_trunc('day', e.d) = e.tz",
+    "(SELECT max(x.tz) FROM edge x)",
+)
 
 
 @pytest.mark.parametrize("zone", ["Asia/Kathmandu", "America/Sao_Paulo"])
@@ -143,8 +157,9 @@ def test_times_with_time_zone_follow_the_sessions_zone(
     cursor.execute(f"SET TimeZone = '{zone}'")
     try:
         for expression in ZONED:
-            sql = (f"SELECT e.id, {expression} FROM edge e WHERE e.id NOT IN {EXTREMES} "
-                   "ORDER BY e.id")
+            sql = (
+                f"SELECT e.id, {expression} FROM edge e WHERE e.id NOT IN {EXTREMES} ORDER BY e.id"
+            )
             with psycopg.connect(backend, autocommit=True) as pg:
                 pg.execute(f"SET TimeZone = '{zone}'")
                 want = outcome(pg.execute, sql)

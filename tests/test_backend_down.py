@@ -31,9 +31,11 @@ def cached(pg_cluster: EmbeddedPostgres, tmp_path: Path) -> tuple[str, Path]:
 
 
 def test_a_fresh_connection_answers_locally_while_the_backend_is_down(
-    pg_cluster: EmbeddedPostgres, cached: tuple[str, Path], mtcache_bin: str,
+    pg_cluster: EmbeddedPostgres,
+    cached: tuple[str, Path],
+    mtcache_bin: str,
     clean_env: dict[str, str],
-) -> None:  # fmt: skip
+) -> None:
     dsn, path = cached
     with psycopg.connect(dsn) as pg:
         expected = pg.execute(LOCAL.split(" CURRENCY", maxsplit=1)[0])
@@ -55,8 +57,14 @@ def test_a_fresh_connection_answers_locally_while_the_backend_is_down(
         base = [mtcache_bin, "--backend", dsn, "--cache", str(path)]
 
         def cli(*args: str) -> subprocess.CompletedProcess[str]:
-            return subprocess.run([*base, *args], capture_output=True, text=True, env=clean_env,
-                                  timeout=120, check=False)  # fmt: skip
+            return subprocess.run(
+                [*base, *args],
+                capture_output=True,
+                text=True,
+                env=clean_env,
+                timeout=120,
+                check=False,
+            )
 
         shown = cli("query", LOCAL)
         assert shown.returncode == 0, shown.stderr

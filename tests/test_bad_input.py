@@ -23,8 +23,9 @@ SCHEMA = bookstore.CACHE_SCHEMA_FILE
 
 @pytest.fixture
 def conn(bookstore_dsn: str, tmp_path: Path) -> Iterator[Connection]:
-    connection = cache.connect(backend=bookstore_dsn, cache_path=tmp_path / "c.duckdb",
-                               admit_on_miss=False)  # fmt: skip
+    connection = cache.connect(
+        backend=bookstore_dsn, cache_path=tmp_path / "c.duckdb", admit_on_miss=False
+    )
     connection.admin.apply_ddl(SCHEMA.read_text())
     yield connection
     connection.close()
@@ -41,8 +42,9 @@ def snapshot(conn: Connection) -> dict[str, tuple[int, int | None]]:
     return cache_contents(conn.engine.store.con)
 
 
-@pytest.mark.parametrize("value", ["6.5", 6.5, "2.4", decimal.Decimal("2.4"), "1e3", "seven",
-                                   "", True, "9999999999999"])  # fmt: skip
+@pytest.mark.parametrize(
+    "value", ["6.5", 6.5, "2.4", decimal.Decimal("2.4"), "1e3", "seven", "", True, "9999999999999"]
+)
 def test_an_integer_key_is_never_rounded(conn: Connection, value: object) -> None:
     conn.admin.admit("authorlist_pct", [2])
     before = snapshot(conn)
@@ -82,21 +84,27 @@ def test_evicting_what_is_not_there_says_so(conn: Connection) -> None:
 def test_the_cli_refuses_bad_keys_in_one_line(
     mtcache_bin: str, bookstore_dsn: str, tmp_path: Path
 ) -> None:
-    env = {**os.environ, "MTCACHE_BACKEND": bookstore_dsn,
-           "MTCACHE_CACHE": str(tmp_path / "cli.duckdb")}  # fmt: skip
+    env = {
+        **os.environ,
+        "MTCACHE_BACKEND": bookstore_dsn,
+        "MTCACHE_CACHE": str(tmp_path / "cli.duckdb"),
+    }
 
     def mtcache(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([mtcache_bin, *args], capture_output=True, text=True, env=env,
-                              timeout=120, check=False)  # fmt: skip
+        return subprocess.run(
+            [mtcache_bin, *args], capture_output=True, text=True, env=env, timeout=120, check=False
+        )
 
     assert mtcache("ddl", str(SCHEMA)).returncode == 0
     for args, message in [
-        (("admit", "authorlist_pct", "6.5"), "DataError: authorlist_pct.authorid is integer: "
-                                             "'6.5' is not an integer"),
+        (
+            ("admit", "authorlist_pct", "6.5"),
+            "DataError: authorlist_pct.authorid is integer: '6.5' is not an integer",
+        ),
         (("evict", "authorlist_pct", "6.5"), "'6.5' is not an integer"),
         (("admit", "authorlist_pct", "99999"), "the backend has no rows for key (99999,)"),
         (("evict", "authorlist_pct", "99999"), "authorlist_pct has no key (99999,)"),
-    ]:  # fmt: skip
+    ]:
         result = mtcache(*args)
         assert result.returncode == 1, (args, result.stdout)
         assert result.stdout == ""
@@ -117,18 +125,40 @@ def test_admitting_many_keys_without_rows_names_a_few(conn: Connection) -> None:
     assert snapshot(conn) == before
 
 
-@pytest.mark.parametrize(("script", "where", "what"), [
-    ("CREATE CONTROL TABLE x_pct (authorid INTEGER);\n\nCREATE CACHED VIEW xc AS SELECT * "
-     "FROM authorz\n  PRESENCE ON (authorid) IN x_pct;", (3, 40), "no table 'authorz'"),
-    ("CREATE CONTROL TABLE x_pct (authorid INTEGER);\n\nCREATE CACHED VIEW xc AS SELECT * "
-     "FROM authors\n  PRESENCE ON (authorid) IN y_pct;", (4, 29), "'y_pct'"),
-    ("CREATE CONTROL TABLE x_pct (authorid INTEGER);\nCREATE CACHED VIEW xc AS\n SELECT * FROM "
-     "authors PRESENCE ON (nocol) IN x_pct;", (2, 20), "names nocol"),
-    ("CREATE CONTROL TABLE x_pct (authorid INTEGER);\n  DROP CACHED VIEW nope;", (2, 20),
-     "no cached view 'nope'"),
-    ("CREATE CONTROL TABLE x_pct (authorid INTEGER);\n\n\n    CREATE CONTROL TABLE x_pct (a "
-     "INTEGER)", (4, 26), "x_pct already exists"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("script", "where", "what"),
+    [
+        (
+            "CREATE CONTROL TABLE x_pct (authorid INTEGER);\n\nCREATE CACHED VIEW xc AS SELECT * "
+            "FROM authorz\n  PRESENCE ON (authorid) IN x_pct;",
+            (3, 40),
+            "no table 'authorz'",
+        ),
+        (
+            "CREATE CONTROL TABLE x_pct (authorid INTEGER);\n\nCREATE CACHED VIEW xc AS SELECT * "
+            "FROM authors\n  PRESENCE ON (authorid) IN y_pct;",
+            (4, 29),
+            "'y_pct'",
+        ),
+        (
+            "CREATE CONTROL TABLE x_pct (authorid INTEGER);\nCREATE CACHED VIEW xc AS\n "
+            "SELECT * FROM authors PRESENCE ON (nocol) IN x_pct;",
+            (2, 20),
+            "names nocol",
+        ),
+        (
+            "CREATE CONTROL TABLE x_pct (authorid INTEGER);\n  DROP CACHED VIEW nope;",
+            (2, 20),
+            "no cached view 'nope'",
+        ),
+        (
+            "CREATE CONTROL TABLE x_pct (authorid INTEGER);\n\n\n    CREATE CONTROL TABLE x_pct (a "
+            "INTEGER)",
+            (4, 26),
+            "x_pct already exists",
+        ),
+    ],
+)
 def test_cache_ddl_errors_give_line_and_column(
     conn: Connection, script: str, where: tuple[int, int], what: str
 ) -> None:
@@ -192,8 +222,10 @@ def test_deep_and_long_statements_are_answered_as_postgresql_answers(
         # nests 18,000 deep: typed without recursing down the chain
         "long or": " OR ".join(f"authorid = {i}" for i in range(18_000)),
         "plus": "authorid = " + " + ".join(["0"] * 1500) + " + 2",
-        "subqueries": "authorid IN " + "(SELECT authorid FROM authors WHERE authorid IN " * 60
-        + "(2, 3)" + ")" * 60,
+        "subqueries": "authorid IN "
+        + "(SELECT authorid FROM authors WHERE authorid IN " * 60
+        + "(2, 3)"
+        + ")" * 60,
     }[shape]
     sql = f"SELECT authorid, name FROM authors WHERE {where} ORDER BY authorid"
     with psycopg.connect(conn.backend) as pg:
@@ -214,7 +246,7 @@ def test_a_statement_nested_past_the_limit_is_refused_and_the_session_goes_on(
 
 def test_a_call_with_wrong_arguments_is_the_callers_error(
     conn: Connection, bookstore_dsn: str, tmp_path: Path
-) -> None:  # fmt: skip
+) -> None:
     """A misspelled option or a missing argument is a ProgrammingError naming it, not an
     InternalError calling it a bug in mtcache."""
     with pytest.raises(cache.ProgrammingError, match="unexpected keyword argument 'cache'"):

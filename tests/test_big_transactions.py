@@ -58,10 +58,14 @@ def lots(pg_cluster: EmbeddedPostgres, tmp_path: Path) -> Iterator[tuple[str, Pa
     with psycopg.connect(dsn, autocommit=True) as pg:
         # the backend streams a transaction once it decodes more than this (the minimum)
         pg.execute("ALTER DATABASE big_transactions SET logical_decoding_work_mem = '64kB'")
-        pg.execute("CREATE TABLE lots (id integer PRIMARY KEY, grp integer NOT NULL, "
-                   "label text NOT NULL, amount numeric(12,2) NOT NULL)")  # fmt: skip
-        pg.execute(f"INSERT INTO lots SELECT g, g % 7, 'lot ' || g, g / 3.0 FROM "
-                   f"generate_series(1, {ROWS}) g")  # fmt: skip
+        pg.execute(
+            "CREATE TABLE lots (id integer PRIMARY KEY, grp integer NOT NULL, "
+            "label text NOT NULL, amount numeric(12,2) NOT NULL)"
+        )
+        pg.execute(
+            f"INSERT INTO lots SELECT g, g % 7, 'lot ' || g, g / 3.0 FROM "
+            f"generate_series(1, {ROWS}) g"
+        )
     path = tmp_path / "cache.duckdb"
     with CacheStore(path) as store:
         stream.apply_ddl(store, dsn, parse(SCHEMA), fetch_catalog(dsn))
@@ -72,25 +76,27 @@ def lots(pg_cluster: EmbeddedPostgres, tmp_path: Path) -> Iterator[tuple[str, Pa
         yield dsn, path
     finally:
         with CacheStore(path) as store:
-            stream.apply_ddl(store, dsn, parse("DROP CACHED VIEW lotcopy; DROP CACHED VIEW "
-                                               "lotsums"), fetch_catalog(dsn))  # fmt: skip
+            stream.apply_ddl(
+                store,
+                dsn,
+                parse("DROP CACHED VIEW lotcopy; DROP CACHED VIEW lotsums"),
+                fetch_catalog(dsn),
+            )
 
 
 def _mirrors_backend(store: CacheStore, dsn: str) -> None:
     with psycopg.connect(dsn) as pg:
         rows = pg.execute("SELECT * FROM lots ORDER BY id").fetchall()
-        sums = pg.execute("SELECT grp, count(*), sum(amount) FROM lots GROUP BY grp "
-                          "ORDER BY grp").fetchall()  # fmt: skip
+        sums = pg.execute(
+            "SELECT grp, count(*), sum(amount) FROM lots GROUP BY grp ORDER BY grp"
+        ).fetchall()
     assert store.con.execute("SELECT * FROM lotcopy ORDER BY id").fetchall() == rows
     assert store.con.execute("SELECT grp, n, total FROM lotsums ORDER BY grp").fetchall() == sums
 
 
-def test_a_big_transaction_is_streamed_spilled_and_applied_whole(
-    lots: tuple[str, Path]
-) -> None:
+def test_a_big_transaction_is_streamed_spilled_and_applied_whole(lots: tuple[str, Path]) -> None:
     dsn, path = lots
-    with CacheStore(path) as store, \
-            stream.Consumer(store, dsn, spill_changes=PIECE) as consumer:  # fmt: skip
+    with CacheStore(path) as store, stream.Consumer(store, dsn, spill_changes=PIECE) as consumer:
         consumer.catch_up()
         before = store.con.execute("SELECT applied_lsn FROM mtcache.stream").fetchall()
         with psycopg.connect(dsn, autocommit=True) as pg:
@@ -119,12 +125,19 @@ def test_a_sigkill_between_pieces_loses_and_repeats_nothing(
     assert subprocess.run(run, timeout=300, check=False).returncode == 0  # caught up
     with psycopg.connect(dsn, autocommit=True) as pg:
         pg.execute(BIG)
-    killed = subprocess.run(run, env={**os.environ, "MTCACHE_FAULTS": f"{point}:kill"},
-                            timeout=300, capture_output=True, text=True, check=False)  # fmt: skip
+    killed = subprocess.run(
+        run,
+        env={**os.environ, "MTCACHE_FAULTS": f"{point}:kill"},
+        timeout=300,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert killed.returncode == -9, killed.stderr
     with CacheStore(path) as store:  # nothing of it landed
-        assert store.con.execute(f"SELECT count(*) FROM lotcopy WHERE id > {ROWS}"
-                                 ).fetchall() == [(0,)]  # fmt: skip
+        assert store.con.execute(f"SELECT count(*) FROM lotcopy WHERE id > {ROWS}").fetchall() == [
+            (0,)
+        ]
     again = subprocess.run(run, timeout=300, capture_output=True, text=True, check=False)
     assert again.returncode == 0, again.stderr
     with CacheStore(path) as store:

@@ -29,22 +29,31 @@ CREATE CACHED VIEW linecopy AS SELECT * FROM lines PRESENCE ON (itemid) IN itemc
     CONSISTENCY ROOT;
 """
 POINT = "SELECT i.id, i.grp, i.val FROM items i WHERE i.id = %s"
-JOINED = ("SELECT i.id, i.val, l.lineid, l.qty FROM items i JOIN lines l ON l.itemid = i.id "
-          "WHERE i.id = %s ORDER BY l.lineid")  # fmt: skip
+JOINED = (
+    "SELECT i.id, i.val, l.lineid, l.qty FROM items i JOIN lines l ON l.itemid = i.id "
+    "WHERE i.id = %s ORDER BY l.lineid"
+)
 
 
 @pytest.fixture(scope="module")
 def budget_dsn(pg_cluster: EmbeddedPostgres) -> Iterator[str]:
     dsn = pg_cluster.create_database("budget")
     with psycopg.connect(dsn, autocommit=True) as pg:
-        pg.execute("CREATE TABLE items (id integer PRIMARY KEY, grp integer NOT NULL, "
-                   "val text NOT NULL)")  # fmt: skip
-        pg.execute("CREATE TABLE lines (lineid integer PRIMARY KEY, itemid integer NOT NULL, "
-                   "qty numeric(8,2))")  # fmt: skip
-        pg.execute(f"INSERT INTO items SELECT g, g % 7, repeat('v', 1 + g % 40) || g FROM "
-                   f"generate_series(1, {ITEMS}) g")  # fmt: skip
-        pg.execute(f"INSERT INTO lines SELECT g, 1 + g % {ITEMS}, g / 7.0 FROM "
-                   f"generate_series(1, {3 * ITEMS}) g")  # fmt: skip
+        pg.execute(
+            "CREATE TABLE items (id integer PRIMARY KEY, grp integer NOT NULL, val text NOT NULL)"
+        )
+        pg.execute(
+            "CREATE TABLE lines (lineid integer PRIMARY KEY, itemid integer NOT NULL, "
+            "qty numeric(8,2))"
+        )
+        pg.execute(
+            f"INSERT INTO items SELECT g, g % 7, repeat('v', 1 + g % 40) || g FROM "
+            f"generate_series(1, {ITEMS}) g"
+        )
+        pg.execute(
+            f"INSERT INTO lines SELECT g, 1 + g % {ITEMS}, g / 7.0 FROM "
+            f"generate_series(1, {3 * ITEMS}) g"
+        )
     yield dsn
 
 
@@ -77,8 +86,10 @@ def test_a_random_workload_stays_within_the_budget_and_gets_postgresql_s_answers
     weights = [1 / k for k in range(1, ITEMS + 1)]
     order = list(range(1, ITEMS + 1))
     rng.shuffle(order)  # (the popular keys are not the smallest ones)
-    with cache.connect(budget_dsn, path, background=False, cache_size_limit=limit) as conn, \
-            psycopg.connect(budget_dsn, autocommit=True) as pg:  # fmt: skip
+    with (
+        cache.connect(budget_dsn, path, background=False, cache_size_limit=limit) as conn,
+        psycopg.connect(budget_dsn, autocommit=True) as pg,
+    ):
         conn.admin.apply_ddl(DDL)
         assert conn.admin.status()["resources"]["cache_size_limit"] == limit
         routes = {"local": 0, "remote": 0}
@@ -105,13 +116,17 @@ def test_a_random_workload_stays_within_the_budget_and_gets_postgresql_s_answers
         assert routes["local"] > routes["remote"] > 0, routes  # the popular keys stay
         # every row held belongs to a held region, the cascade included
         con = conn.admin.store.con
-        assert con.execute("SELECT count(*) FROM itemcopy WHERE id NOT IN "
-                           "(SELECT id FROM item_pct)").fetchone() == (0,)  # fmt: skip
-        assert con.execute("SELECT count(*) FROM linecopy WHERE itemid NOT IN "
-                           "(SELECT id FROM itemcopy)").fetchone() == (0,)  # fmt: skip
+        assert con.execute(
+            "SELECT count(*) FROM itemcopy WHERE id NOT IN (SELECT id FROM item_pct)"
+        ).fetchone() == (0,)
+        assert con.execute(
+            "SELECT count(*) FROM linecopy WHERE itemid NOT IN (SELECT id FROM itemcopy)"
+        ).fetchone() == (0,)
         kept = sorted(_held(conn))
-        assert con.execute("SELECT * FROM itemcopy ORDER BY id").fetchall() == pg.execute(
-            "SELECT * FROM items WHERE id = ANY(%s) ORDER BY id", (kept,)).fetchall()
+        assert (
+            con.execute("SELECT * FROM itemcopy ORDER BY id").fetchall()
+            == pg.execute("SELECT * FROM items WHERE id = ANY(%s) ORDER BY id", (kept,)).fetchall()
+        )
 
 
 def test_an_admission_the_budget_cannot_hold_fails_and_changes_nothing(
@@ -119,8 +134,9 @@ def test_an_admission_the_budget_cannot_hold_fails_and_changes_nothing(
 ) -> None:
     path = tmp_path / "c.duckdb"
     per_key = _per_key(budget_dsn, path)
-    with cache.connect(budget_dsn, path, background=False, admit_on_miss=False,
-                       cache_size_limit=int(per_key * 100)) as conn:  # fmt: skip
+    with cache.connect(
+        budget_dsn, path, background=False, admit_on_miss=False, cache_size_limit=int(per_key * 100)
+    ) as conn:
         before = _held(conn)
         with pytest.raises(BudgetExceeded, match="above its cache_size_limit") as caught:
             conn.admin.admit("item_pct", [(k,) for k in range(101, 301)])
@@ -128,7 +144,8 @@ def test_an_admission_the_budget_cannot_hold_fails_and_changes_nothing(
         assert "nothing was changed" in str(caught.value)
         assert _held(conn) == before
         assert conn.admin.store.con.execute(
-            "SELECT count(*) FROM itemcopy WHERE id > 100").fetchone() == (0,)
+            "SELECT count(*) FROM itemcopy WHERE id > 100"
+        ).fetchone() == (0,)
         conn.admin.admit("item_pct", [(k,) for k in range(101, 131)])  # (within: it evicts)
         assert _data_bytes(conn) <= per_key * 100
         assert set(range(101, 131)) <= _held(conn)
@@ -137,8 +154,9 @@ def test_an_admission_the_budget_cannot_hold_fails_and_changes_nothing(
 def test_the_doorkeeper_admits_on_a_second_miss(budget_dsn: str, tmp_path: Path) -> None:
     """With ``doorkeeper_seconds`` a key's first miss is counted, not admitted; its second
     miss admits it."""
-    with cache.connect(budget_dsn, tmp_path / "c.duckdb", background=False,
-                       doorkeeper_seconds=3600) as conn:  # fmt: skip
+    with cache.connect(
+        budget_dsn, tmp_path / "c.duckdb", background=False, doorkeeper_seconds=3600
+    ) as conn:
         conn.admin.apply_ddl(DDL)
         sql = POINT + " CURRENCY BOUND 10 MIN ON (i)"
         for expected_held in (False, True):

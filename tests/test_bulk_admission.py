@@ -20,21 +20,29 @@ def test_twenty_thousand_keys_admitted_counted_and_evicted(
 ) -> None:
     dsn = pg_cluster.create_database("bulk_admission")
     with psycopg.connect(dsn, autocommit=True) as pg:
-        pg.execute("CREATE TABLE items (id integer PRIMARY KEY, grp integer NOT NULL, "
-                   "val text NOT NULL)")  # fmt: skip
-        pg.execute(f"INSERT INTO items SELECT g, g % 97, 'v''' || g FROM "
-                   f"generate_series(1, {KEYS + 5000}) g")  # fmt: skip
-        with cache.connect(dsn, tmp_path / "c.duckdb", background=False,
-                           admit_on_miss=False) as conn:  # fmt: skip
-            conn.admin.apply_ddl("CREATE CONTROL TABLE ctl (grp integer, id integer); "
-                                 "CREATE CACHED VIEW itemcopy AS SELECT * FROM items "
-                                 "PRESENCE ON (grp, id) IN ctl")  # fmt: skip
+        pg.execute(
+            "CREATE TABLE items (id integer PRIMARY KEY, grp integer NOT NULL, val text NOT NULL)"
+        )
+        pg.execute(
+            f"INSERT INTO items SELECT g, g % 97, 'v''' || g FROM "
+            f"generate_series(1, {KEYS + 5000}) g"
+        )
+        with cache.connect(
+            dsn, tmp_path / "c.duckdb", background=False, admit_on_miss=False
+        ) as conn:
+            conn.admin.apply_ddl(
+                "CREATE CONTROL TABLE ctl (grp integer, id integer); "
+                "CREATE CACHED VIEW itemcopy AS SELECT * FROM items "
+                "PRESENCE ON (grp, id) IN ctl"
+            )
             keys = [(i % 97, i) for i in range(1, KEYS + 1)]
             conn.admin.admit("ctl", keys)
             store = conn.admin.store
             held = store.con.execute("SELECT * FROM itemcopy ORDER BY id").fetchall()
-            assert held == pg.execute("SELECT * FROM items WHERE id <= %s ORDER BY id",
-                                      (KEYS,)).fetchall()  # fmt: skip
+            assert (
+                held
+                == pg.execute("SELECT * FROM items WHERE id <= %s ORDER BY id", (KEYS,)).fetchall()
+            )
             # more than REGIONS_LISTED regions: summed up, listed when asked
             [view] = conn.admin.status()["views"]
             assert view["regions"] is None and view["region_count"] == KEYS
@@ -59,22 +67,33 @@ def test_the_duckdb_memory_limit_and_threads_are_options_status_shows(
     beside what is in use; a value DuckDB cannot take is a clear error, and nothing opened."""
     import sqlalchemy
 
-    with cache.connect(bookstore_dsn, tmp_path / "c.duckdb", background=False,
-                       memory_limit="300MB", threads=1) as conn:  # fmt: skip
+    with cache.connect(
+        bookstore_dsn, tmp_path / "c.duckdb", background=False, memory_limit="300MB", threads=1
+    ) as conn:
         resources = conn.admin.status()["resources"]
         assert resources["memory_limit"] == "286.1 MiB" and resources["threads"] == 1
         assert resources["memory_in_use_bytes"] > 0 and resources["file_bytes"] >= 0
         assert resources["wal"] is not None
-    for options, words in (({"memory_limit": "lots"}, "DuckDB cannot take 'lots'"),
-                           ({"threads": 0}, "threads must be a positive number")):  # fmt: skip
+    for options, words in (
+        ({"memory_limit": "lots"}, "DuckDB cannot take 'lots'"),
+        ({"threads": 0}, "threads must be a positive number"),
+    ):
         with pytest.raises(cache.ProgrammingError, match=words):
             cache.connect(bookstore_dsn, tmp_path / "d.duckdb", background=False, **options)
         assert not (tmp_path / "d.duckdb").exists()
     url = sqlalchemy.engine.make_url(bookstore_dsn).set(drivername="postgresql+mtcache")
-    engine = sqlalchemy.create_engine(url.update_query_dict(
-        {"cache_path": str(tmp_path / "e.duckdb"), "background": "false",
-         "memory_limit": "200MB", "threads": "1", "cache_size_limit": "5MB",
-         "doorkeeper_seconds": "30"}))  # fmt: skip
+    engine = sqlalchemy.create_engine(
+        url.update_query_dict(
+            {
+                "cache_path": str(tmp_path / "e.duckdb"),
+                "background": "false",
+                "memory_limit": "200MB",
+                "threads": "1",
+                "cache_size_limit": "5MB",
+                "doorkeeper_seconds": "30",
+            }
+        )
+    )
     try:
         with engine.connect() as connection:
             raw = connection.connection.dbapi_connection
@@ -100,16 +119,20 @@ def test_many_keys_are_admitted_in_pieces_whole_or_not_at_all(
     dsn = pg_cluster.create_database("bulk_pieces")
     with psycopg.connect(dsn, autocommit=True) as pg:
         pg.execute("CREATE TABLE parts (id integer PRIMARY KEY, name text NOT NULL)")
-        pg.execute("CREATE TABLE uses (useid integer PRIMARY KEY, partid integer NOT NULL, "
-                   "qty integer NOT NULL)")  # fmt: skip
+        pg.execute(
+            "CREATE TABLE uses (useid integer PRIMARY KEY, partid integer NOT NULL, "
+            "qty integer NOT NULL)"
+        )
         pg.execute("INSERT INTO parts SELECT g, 'part ' || g FROM generate_series(1, 4000) g")
         pg.execute("INSERT INTO uses SELECT g, 1 + g % 4000, g FROM generate_series(1, 9000) g")
-        with cache.connect(dsn, tmp_path / "c.duckdb", background=False,
-                           admit_on_miss=False) as conn:  # fmt: skip
+        with cache.connect(
+            dsn, tmp_path / "c.duckdb", background=False, admit_on_miss=False
+        ) as conn:
             conn.admin.apply_ddl(
                 "CREATE CONTROL TABLE part_pct (id integer); CREATE CACHED VIEW partcopy AS "
                 "SELECT * FROM parts PRESENCE ON (id) IN part_pct; CREATE CACHED VIEW usecopy "
-                "AS SELECT * FROM uses PRESENCE ON (partid) IN partcopy (id) CONSISTENCY ROOT")
+                "AS SELECT * FROM uses PRESENCE ON (partid) IN partcopy (id) CONSISTENCY ROOT"
+            )
             con = conn.admin.store.con  # type: ignore[union-attr]
             lacking = [(k,) for k in range(1, 2501)] + [(99_999,)]
             with pytest.raises(cache.ProgrammingError, match=r"no rows for key \(99999,\)"):
@@ -119,9 +142,14 @@ def test_many_keys_are_admitted_in_pieces_whole_or_not_at_all(
             report = conn.admin.admit("part_pct", [(k,) for k in range(1, 2501)])
             assert len(report.regions) == 10  # (ten named, all counted: each part's
             assert report.region_count is not None and report.region_count >= 2500  # region)
-            assert con.execute("SELECT count(DISTINCT snapshot_id), count(*) FROM part_pct"
-                               ).fetchall() == [(1, 2500)]  # fmt: skip
-            assert con.execute("SELECT * FROM partcopy ORDER BY id").fetchall() == pg.execute(
-                "SELECT * FROM parts WHERE id <= 2500 ORDER BY id").fetchall()
-            assert con.execute("SELECT * FROM usecopy ORDER BY useid").fetchall() == pg.execute(
-                "SELECT * FROM uses WHERE partid <= 2500 ORDER BY useid").fetchall()
+            assert con.execute(
+                "SELECT count(DISTINCT snapshot_id), count(*) FROM part_pct"
+            ).fetchall() == [(1, 2500)]
+            assert (
+                con.execute("SELECT * FROM partcopy ORDER BY id").fetchall()
+                == pg.execute("SELECT * FROM parts WHERE id <= 2500 ORDER BY id").fetchall()
+            )
+            assert (
+                con.execute("SELECT * FROM usecopy ORDER BY useid").fetchall()
+                == pg.execute("SELECT * FROM uses WHERE partid <= 2500 ORDER BY useid").fetchall()
+            )

@@ -9,16 +9,22 @@ from experiments.chaos_check import Observation, Tick, Timeline, Unit, check
 
 # accounts 1, 2 in group 10; account 3 in group 20. Tick 1 (t=1.0): 1->v1; tick 2 (t=2.0):
 # 1->v2, 2->v1; tick 3 (t=3.0): 3->v1.
-TIMELINE = Timeline({1: 10, 2: 10, 3: 20}, [
-    Tick(1, 1.0, {1: 1}, 0.99), Tick(2, 2.0, {1: 2, 2: 1}, 1.99), Tick(3, 3.0, {3: 1}, 2.99),
-])  # fmt: skip
+TIMELINE = Timeline(
+    {1: 10, 2: 10, 3: 20},
+    [
+        Tick(1, 1.0, {1: 1}, 0.99),
+        Tick(2, 2.0, {1: 2, 2: 1}, 1.99),
+        Tick(3, 3.0, {3: 1}, 2.99),
+    ],
+)
 
 
 def observe(
     *units: Unit, start: float = 3.5, bound: float | None = 10.0, **kw: t.Any
 ) -> Observation:
-    return Observation(session=1, start=start, end=start + 0.1, bound=bound, units=units,
-                       shape="test", **kw)  # fmt: skip
+    return Observation(
+        session=1, start=start, end=start + 0.1, bound=bound, units=units, shape="test", **kw
+    )
 
 
 def test_intervals_follow_the_versions() -> None:
@@ -139,9 +145,19 @@ def test_a_kill_that_missed_its_point_is_not_a_turn() -> None:
     ]
     done = turns_taken(records)
     assert (done["after_pull"], done["after_pull:kill"], done["before_commit:kill"]) == (1, 0, 1)
-    done.update({p: 1 for p in ("after_snapshot", "after_snapshot:disconnect", "before_commit",
-                                "task", "task:kill",
-                                "after_snapshot:kill")})  # fmt: skip
+    done.update(
+        {
+            p: 1
+            for p in (
+                "after_snapshot",
+                "after_snapshot:disconnect",
+                "before_commit",
+                "task",
+                "task:kill",
+                "after_snapshot:kill",
+            )
+        }
+    )
     assert next_fault(done, spark=False, ready=False) == ("kill", "after_pull:kill")
 
 

@@ -28,9 +28,19 @@ def test_a_short_chaos_run_over_the_wire_finds_no_violation(
     assert result["regions_checked"] > 0 and result["ticks"] > 100
     assert result["owner_incarnations"] >= 2  # the server started again after a SIGKILL
     faults = result["faults"]
-    kinds = ["pg_terminate_backend", "backend restart", "server SIGKILLed (started again)",
-             "network delayed", "client disconnect mid-statement",
-             "client disconnect mid-transaction", "client cancel", "client cancel mid-transaction"]
+    kinds = [
+        "pg_terminate_backend",
+        "backend restart",
+        "server SIGKILLed (started again)",
+        "network delayed",
+        "client disconnect mid-statement",
+        "client disconnect mid-transaction",
+        "client cancel",
+        "client cancel mid-transaction",
+    ]
     assert [k for k in kinds if not faults.get(k)] == []
-    assert faults.get("network dropped the server's backend connections", 0) + \
-        faults.get("network reset the server's backend connections", 0) > 0  # fmt: skip
+    assert (
+        faults.get("network dropped the server's backend connections", 0)
+        + faults.get("network reset the server's backend connections", 0)
+        > 0
+    )

@@ -113,9 +113,14 @@ def test_explain_with_backend_down(mtcache_bin: str, tmp_path: Path) -> None:
     """A cache file that never saw its backend cannot plan without it (one line, what to do);
     tests/test_backend_down.py explains from a catalog on file while the backend is down."""
     result = run(
-        mtcache_bin, "--backend", "postgresql://postgres@127.0.0.1:1/x",
-        "--cache", str(tmp_path / "new.duckdb"), "explain", "SELECT 1",
-    )  # fmt: skip
+        mtcache_bin,
+        "--backend",
+        "postgresql://postgres@127.0.0.1:1/x",
+        "--cache",
+        str(tmp_path / "new.duckdb"),
+        "explain",
+        "SELECT 1",
+    )
     assert result.returncode == 1
     assert result.stderr.startswith("mtcache: BackendUnavailableError: cannot reach the PostgreSQL")
     assert "127.0.0.1:1/x" in result.stderr
@@ -210,13 +215,17 @@ def test_cache_store_commands_end_to_end(
     assert "authorcopy (authors, white, group-level under authorlist_pct" in human
     assert "presence     authorlist_pct(4,): 1 row," in human
     # each view's last and next refresh (authorcopy: REFRESH EVERY 5 MIN; bookcopy is gray)
-    assert re.search(r"authorcopy .*: 1 row; refreshed [\d.]+ sec ago \(landing [\d.]+ sec old\), "
-                     r"next in [\d.]+ sec", human)
+    assert re.search(
+        r"authorcopy .*: 1 row; refreshed [\d.]+ sec ago \(landing [\d.]+ sec old\), "
+        r"next in [\d.]+ sec",
+        human,
+    )
     assert "bookcopy (books, gray" in human and "with authorcopy" in human
     assert views["authorcopy"]["last_refresh"] is not None
     next_refresh = dt.datetime.fromisoformat(views["authorcopy"]["next_refresh"])
-    oldest = min(dt.datetime.fromisoformat(r["refreshed_at"])
-                 for r in views["authorcopy"]["regions"])  # fmt: skip
+    oldest = min(
+        dt.datetime.fromisoformat(r["refreshed_at"]) for r in views["authorcopy"]["regions"]
+    )
     assert next_refresh == oldest + dt.timedelta(minutes=5)
 
     bad = run(mtcache_bin, "admit", "authorlist_pct", env=clean_env)
@@ -235,16 +244,18 @@ def test_query_prints_rows_and_provenance(mtcache_bin: str, bookstore_dsn: str) 
         "SELECT b.isbn, b.price, s.sold_on FROM books b JOIN sales s ON s.isbn = b.isbn "
         "WHERE s.saleid = 1 CURRENCY BOUND 1 MIN ON (b, s)"
     )
-    result = subprocess.run([*base, "query", "--json", sql], capture_output=True, text=True,
-                            check=False, timeout=120)  # fmt: skip
+    result = subprocess.run(
+        [*base, "query", "--json", sql], capture_output=True, text=True, check=False, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     assert document["columns"] == ["isbn", "price", "sold_on"]
     _isbn, price, sold_on = document["rows"][0]
     assert isinstance(price, str) and isinstance(sold_on, str) and len(sold_on) == 10
     assert sorted(p["table"] for p in document["provenance"]) == ["books", "sales"]
-    human = subprocess.run([*base, "query", sql], capture_output=True, text=True, check=False,
-                           timeout=120)  # fmt: skip
+    human = subprocess.run(
+        [*base, "query", sql], capture_output=True, text=True, check=False, timeout=120
+    )
     assert "1 row" in human.stdout and "provenance: books: remote" in human.stdout
     shutil.rmtree(home, ignore_errors=True)
 
@@ -269,11 +280,13 @@ def test_demo_shows_the_cache_at_work(
         assert "sales: local from salescopy" in out and "books: remote" in out
         assert out.count("SwitchUnion (guard=") == 2
         # SQLAlchemy's ORM through postgresql+mtcache (its connect-time queries are remote)
-        orm = out[out.index("SQLAlchemy ORM"):]
+        orm = out[out.index("SQLAlchemy ORM") :]
         assert "1 rows: ('Author 4', 'Madison')" in orm and "authors: local from authorcopy" in orm
-        assert ("counters: budget_overruns 0, completeness_misses 0, consistency_misses 0, "
-                "currency_misses 0, deferred_admissions 0, evictions 0, hits 6, memo_hits 0, "
-                "memo_misses 4, presence_misses 2, remote 6, timeline_misses 0") in out
+        assert (
+            "counters: budget_overruns 0, completeness_misses 0, consistency_misses 0, "
+            "currency_misses 0, deferred_admissions 0, evictions 0, hits 6, memo_hits 0, "
+            "memo_misses 4, presence_misses 2, remote 6, timeline_misses 0"
+        ) in out
         assert (home / "demo.duckdb").exists() and not (home / "cache.duckdb").exists()
     finally:
         shutil.rmtree(home, ignore_errors=True)
@@ -284,13 +297,20 @@ def test_a_statement_too_long_for_an_argument_is_read_from_stdin(mtcache_bin: st
     keys = ", ".join(str(k) for k in range(40_000))
     sql = f"SELECT o.id FROM orders o WHERE o.id IN ({keys}) CURRENCY BOUND 1 MIN ON (o)"
     assert len(sql) > 128 * 1024
-    result = subprocess.run([mtcache_bin, "parse", "--json", "-"], input=sql,
-                            capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    result = subprocess.run(
+        [mtcache_bin, "parse", "--json", "-"],
+        input=sql,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     assert document["sql"] == f"SELECT o.id FROM orders AS o WHERE o.id IN ({keys})"
     assert document["clauses"] == [
-        {"block": 0, "specs": [{"bound_seconds": 60.0, "on": ["o"], "by": []}]}]
+        {"block": 0, "specs": [{"bound_seconds": 60.0, "on": ["o"], "by": []}]}
+    ]
 
 
 def test_the_duckdb_memory_limit_and_threads_of_a_command(
@@ -304,8 +324,9 @@ def test_the_duckdb_memory_limit_and_threads_of_a_command(
     clean_env["MTCACHE_BACKEND"] = bookstore_dsn
     clean_env["MTCACHE_CACHE"] = str(tmp_path / "cache.duckdb")
     assert run(mtcache_bin, "init", env=clean_env).returncode == 0
-    shown = run(mtcache_bin, "--memory-limit", "300MB", "--threads", "1", "status", "--json",
-                env=clean_env)  # fmt: skip
+    shown = run(
+        mtcache_bin, "--memory-limit", "300MB", "--threads", "1", "status", "--json", env=clean_env
+    )
     assert shown.returncode == 0, shown.stderr
     resources = json.loads(shown.stdout)["resources"]
     assert (resources["memory_limit"], resources["threads"]) == ("286.1 MiB", 1)
@@ -316,11 +337,11 @@ def test_the_duckdb_memory_limit_and_threads_of_a_command(
     assert "budget: data 0 bytes, no cache_size_limit" in text.stdout
     limited = run(mtcache_bin, "--cache-size-limit", "5MB", "status", env=clean_env)
     assert "budget: data 0 bytes of 5,000,000 (cache_size_limit)" in limited.stdout
-    for args, env, words in ((("--memory-limit", "lots"), {}, "DuckDB cannot take 'lots'"),
-                             ((), {"MTCACHE_THREADS": "many"}, "MTCACHE_THREADS must be a "
-                              "number"),
-                             ((), {"MTCACHE_CACHE_SIZE_LIMIT": "huge"},
-                              "cache_size_limit must be a size")):  # fmt: skip
+    for args, env, words in (
+        (("--memory-limit", "lots"), {}, "DuckDB cannot take 'lots'"),
+        ((), {"MTCACHE_THREADS": "many"}, "MTCACHE_THREADS must be a number"),
+        ((), {"MTCACHE_CACHE_SIZE_LIMIT": "huge"}, "cache_size_limit must be a size"),
+    ):
         failed = run(mtcache_bin, *args, "status", env={**clean_env, **env})
         assert failed.returncode == 1 and len(failed.stderr.splitlines()) == 1
         assert words in failed.stderr

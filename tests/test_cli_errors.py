@@ -21,15 +21,19 @@ SCHEMA = bookstore.CACHE_SCHEMA_FILE
 
 @pytest.fixture
 def env(bookstore_dsn: str, tmp_path: Path) -> dict[str, str]:
-    return {**os.environ, "MTCACHE_BACKEND": bookstore_dsn,
-            "MTCACHE_CACHE": str(tmp_path / "cli.duckdb")}  # fmt: skip
+    return {
+        **os.environ,
+        "MTCACHE_BACKEND": bookstore_dsn,
+        "MTCACHE_CACHE": str(tmp_path / "cli.duckdb"),
+    }
 
 
 def run(
     mtcache_bin: str, env: dict[str, str], *args: str | bytes
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([mtcache_bin, *args], capture_output=True, text=True, env=env,
-                          timeout=120, check=False)  # fmt: skip
+    return subprocess.run(
+        [mtcache_bin, *args], capture_output=True, text=True, env=env, timeout=120, check=False
+    )
 
 
 def one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
@@ -53,10 +57,12 @@ def test_a_backend_that_is_not_a_dsn(mtcache_bin: str, env: dict[str, str]) -> N
     one_line_error(result, "InterfaceError", "--backend", "this is not a dsn")
 
 
-@pytest.mark.parametrize("path", ["/proc/nowhere/cache.duckdb", "/proc/cache.duckdb",
-                                  "/sys/cache.duckdb"])  # fmt: skip
-@pytest.mark.parametrize("command", [("init",), ("query", "SELECT 1"),
-                                     ("ddl", str(SCHEMA)), ("status",)])  # fmt: skip
+@pytest.mark.parametrize(
+    "path", ["/proc/nowhere/cache.duckdb", "/proc/cache.duckdb", "/sys/cache.duckdb"]
+)
+@pytest.mark.parametrize(
+    "command", [("init",), ("query", "SELECT 1"), ("ddl", str(SCHEMA)), ("status",)]
+)
 def test_a_cache_file_that_cannot_be_created(
     mtcache_bin: str, env: dict[str, str], path: str, command: tuple[str, ...]
 ) -> None:
@@ -87,8 +93,9 @@ def test_a_corrupt_cache_file(mtcache_bin: str, env: dict[str, str]) -> None:
 def test_output_into_a_closed_pipe(mtcache_bin: str, env: dict[str, str]) -> None:
     """`mtcache status | head -1`: the reader goes away; no traceback."""
     assert run(mtcache_bin, env, "ddl", str(SCHEMA)).returncode == 0
-    process = subprocess.Popen([mtcache_bin, "status"], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, env=env)  # fmt: skip
+    process = subprocess.Popen(
+        [mtcache_bin, "status"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
     assert process.stdout is not None and process.stderr is not None
     process.stdout.close()  # before the command has written anything
     error = process.stderr.read().decode()
@@ -99,14 +106,16 @@ def test_output_into_a_closed_pipe(mtcache_bin: str, env: dict[str, str]) -> Non
 
 @pytest.mark.parametrize("clause", ["1e400 SEC", "1e306 DAY", "1e400 MS"])
 def test_a_bound_too_large_to_hold(mtcache_bin: str, env: dict[str, str], clause: str) -> None:
-    result = run(mtcache_bin, env, "parse", "--json",
-                 f"SELECT a.name FROM authors a CURRENCY BOUND {clause}")  # fmt: skip
+    result = run(
+        mtcache_bin, env, "parse", "--json", f"SELECT a.name FROM authors a CURRENCY BOUND {clause}"
+    )
     one_line_error(result, "SqlSyntaxError", "line 1, column 45", "too large")
 
 
 def test_json_output_is_json_for_every_bound(mtcache_bin: str, env: dict[str, str]) -> None:
-    result = run(mtcache_bin, env, "parse", "--json",
-                 "SELECT a.name FROM authors a CURRENCY BOUND 1e300 SEC")  # fmt: skip
+    result = run(
+        mtcache_bin, env, "parse", "--json", "SELECT a.name FROM authors a CURRENCY BOUND 1e300 SEC"
+    )
     assert result.returncode == 0, result.stderr
     bound = json.loads(result.stdout)["clauses"][0]["specs"][0]["bound_seconds"]
     assert bound == 1e300
@@ -133,7 +142,7 @@ def test_query_json_is_faithful_for_every_type(
     with psycopg.connect(bookstore_dsn, autocommit=True) as pg:
         pg.execute("DROP TABLE IF EXISTS odd")
         pg.execute(
-            "CREATE TABLE odd AS SELECT 1 AS id, '{\"a\": 1, \"b\": [true, null]}'::json AS j, "
+            'CREATE TABLE odd AS SELECT 1 AS id, \'{"a": 1, "b": [true, null]}\'::json AS j, '
             "'[1, \"x\"]'::jsonb AS jb, interval '1 day 2 hours 3.5 seconds' AS i, "
             "interval '-1 second' AS neg, '\\x78ff'::bytea AS b, 1.50::numeric(5,2) AS n, "
             "date '2024-02-29' AS d, 'NaN'::float8 AS nan, '-Infinity'::float8 AS inf, "
@@ -144,18 +153,30 @@ def test_query_json_is_faithful_for_every_type(
     document = json.loads(result.stdout, parse_constant=lambda c: pytest.fail(f"not JSON: {c}"))
     row = dict(zip(document["columns"], document["rows"][0], strict=True))
     assert row == {
-        "id": 1, "j": {"a": 1, "b": [True, None]}, "jb": [1, "x"], "i": "P1DT2H3.5S",
-        "neg": "-PT1S", "b": "\\x78ff", "n": "1.50", "d": "2024-02-29", "nan": "NaN",
-        "inf": "-Infinity", "arr": [1, 2], "u": "00000000-0000-0000-0000-000000000001",
-    }  # fmt: skip
+        "id": 1,
+        "j": {"a": 1, "b": [True, None]},
+        "jb": [1, "x"],
+        "i": "P1DT2H3.5S",
+        "neg": "-PT1S",
+        "b": "\\x78ff",
+        "n": "1.50",
+        "d": "2024-02-29",
+        "nan": "NaN",
+        "inf": "-Infinity",
+        "arr": [1, 2],
+        "u": "00000000-0000-0000-0000-000000000001",
+    }
 
 
 def regions(mtcache_bin: str, env: dict[str, str]) -> list[tuple[object, ...]]:
     """Every cached region: view, key, rows, snapshot and refresh time (not its age)."""
     status = run(mtcache_bin, env, "status", "--json")
     assert status.returncode == 0, status.stderr
-    return [(v["name"], v["rows"], r["key"], r["rows"], r["snapshot_id"], r["refreshed_at"])
-            for v in json.loads(status.stdout)["views"] for r in v["regions"]]  # fmt: skip
+    return [
+        (v["name"], v["rows"], r["key"], r["rows"], r["snapshot_id"], r["refreshed_at"])
+        for v in json.loads(status.stdout)["views"]
+        for r in v["regions"]
+    ]
 
 
 def _descendants(pid: int) -> list[tuple[int, str]]:
@@ -179,12 +200,17 @@ def test_ctrl_c_during_a_spark_refresh(mtcache_bin: str, env: dict[str, str], wh
     stalled = {**env, "MTCACHE_FAULTS": "task:stall", "MTCACHE_FAULT_MARK": str(mark)}
     # SIGINT handled as under a terminal (a shell's background job, such as CI's, would start
     # the test run with it ignored, and an ignored signal stays ignored across exec)
-    default_sigint = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
-                      "os.execv(sys.argv[1], sys.argv[1:])")  # fmt: skip
+    default_sigint = (
+        "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+        "os.execv(sys.argv[1], sys.argv[1:])"
+    )
     proc = subprocess.Popen(
         [sys.executable, "-c", default_sigint, mtcache_bin, "refresh", "--engine", "spark"],
-        env=stalled, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
+        env=stalled,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 90
         if when == "starting the JVM":

@@ -61,20 +61,25 @@ def test_a_connection_measures_the_clock_and_status_reports_it(
         conn.autocommit = True  # the measurement left the session outside any transaction
     clean_env["MTCACHE_CACHE"] = str(path)
     result = subprocess.run(
-        [mtcache_bin, "status", "--json"], capture_output=True, text=True, check=True,
+        [mtcache_bin, "status", "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
         env=clean_env,
-    )  # fmt: skip
+    )
     document = json.loads(result.stdout)
     assert document["clock"] == "backend"
     assert set(document["backend_clock"]) == {
-        "offset_seconds", "uncertainty_seconds", "measured_at"
-    }  # fmt: skip
+        "offset_seconds",
+        "uncertainty_seconds",
+        "measured_at",
+    }
 
 
 @pytest.mark.backend
 def test_the_shared_clock_is_measured_again_only_where_waiting_is_allowed(
     backend_dsn: str, tmp_path: Path
-) -> None:  # fmt: skip
+) -> None:
     """The clock of sessions without a backend connection of their own (the server's) is
     measured on a pooled connection every CLOCK_MAX_AGE seconds: a session that may not wait
     (an event loop's answer at hand) gets `WouldWait` then, never a measurement."""
@@ -83,8 +88,9 @@ def test_the_shared_clock_is_measured_again_only_where_waiting_is_allowed(
         first = engine.shared_clock()
         assert first is not None
         assert engine.shared_clock(wait=False) is first  # (fresh: no measurement)
-        aged = dataclasses.replace(first, measured_at=first.measured_at
-                                   - dt.timedelta(seconds=CLOCK_MAX_AGE + 1))  # fmt: skip
+        aged = dataclasses.replace(
+            first, measured_at=first.measured_at - dt.timedelta(seconds=CLOCK_MAX_AGE + 1)
+        )
         engine._clock = aged  # (as it is CLOCK_MAX_AGE seconds later)
         with pytest.raises(WouldWait):
             engine.shared_clock(wait=False)

@@ -99,12 +99,17 @@ def test_general_closure_follows_overlapping_regions_of_an_unsafe_view(tmp_path:
     con.execute("CREATE TABLE pct (id INTEGER, refreshed_at TIMESTAMPTZ, snapshot_id BIGINT)")
     con.execute("INSERT INTO pct (id) VALUES (1), (2), (3), (4)")
     view = CachedView(
-        name="rv", table="reviewers", columns=("id", "gender", "state"), key=("id",), where=None,
+        name="rv",
+        table="reviewers",
+        columns=("id", "gender", "state"),
+        key=("id",),
+        where=None,
         presence=(Presence(("id",), "pct", ("id",)),),
         consistency=Consistency("on", ("gender",), None),
         completeness=Completeness(("state",), None),
-        refresh_seconds=None, statement="",
-    )  # fmt: skip
+        refresh_seconds=None,
+        statement="",
+    )
     schema = CacheSchema(control_tables={}, views={"rv": view})
     seed = Region("rv", "presence", ("id",), (2,), "pct")  # y
     closure, regions = affected_closure(con, schema, [seed])
@@ -119,11 +124,14 @@ def test_general_closure_follows_overlapping_regions_of_an_unsafe_view(tmp_path:
     con.close()
 
 
-@pytest.mark.parametrize("rows", [
-    [(i,) for i in range(-5, 300)],
-    [(f"k'{i}\\%", ) for i in range(200)],
-    [(i, f"o'{i}") for i in range(100)],
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [(i,) for i in range(-5, 300)],
+        [(f"k'{i}\\%",) for i in range(200)],
+        [(i, f"o'{i}") for i in range(100)],
+    ],
+)
 def test_a_long_key_list_written_as_text_selects_what_the_literal_list_selects(
     rows: list[tuple[object, ...]],
 ) -> None:
@@ -138,21 +146,26 @@ def test_a_long_key_list_written_as_text_selects_what_the_literal_list_selects(
     columns = ["a", "b"][: len(rows[0])]
     fast = in_list(columns, rows)
     assert isinstance(fast, exp.Var)
-    slow = exp.In(this=exp.Tuple(expressions=[exp.column(c, quoted=True) for c in columns]),
-                  expressions=[exp.Tuple(expressions=[exp.convert(v) for v in r])
-                               for r in rows])  # fmt: skip
+    slow = exp.In(
+        this=exp.Tuple(expressions=[exp.column(c, quoted=True) for c in columns]),
+        expressions=[exp.Tuple(expressions=[exp.convert(v) for v in r]) for r in rows],
+    )
     if len(columns) == 1:
-        slow = exp.In(this=exp.column("a", quoted=True),
-                      expressions=[exp.convert(r[0]) for r in rows])  # fmt: skip
+        slow = exp.In(
+            this=exp.column("a", quoted=True), expressions=[exp.convert(r[0]) for r in rows]
+        )
     if len(columns) == 1:  # (composite keys: a VALUES list, which PostgreSQL joins)
         assert fast.sql("postgres") == slow.sql("postgres")
     con = duckdb.connect()
-    kinds = ", ".join(f"{c} {'INTEGER' if isinstance(rows[0][i], int) else 'VARCHAR'}"
-                      for i, c in enumerate(columns))  # fmt: skip
+    kinds = ", ".join(
+        f"{c} {'INTEGER' if isinstance(rows[0][i], int) else 'VARCHAR'}"
+        for i, c in enumerate(columns)
+    )
     con.execute(f"CREATE TABLE t ({kinds})")
-    con.executemany(f"INSERT INTO t VALUES ({', '.join('?' for _ in columns)})",
-                    [*rows, *[tuple(v * 2 if isinstance(v, int) else v + "x" for v in r)
-                              for r in rows]])  # fmt: skip
+    con.executemany(
+        f"INSERT INTO t VALUES ({', '.join('?' for _ in columns)})",
+        [*rows, *[tuple(v * 2 if isinstance(v, int) else v + "x" for v in r) for r in rows]],
+    )
     got = con.execute(f"SELECT * FROM t WHERE {fast.sql('duckdb')} ORDER BY ALL").fetchall()
     want = con.execute(f"SELECT * FROM t WHERE {slow.sql('duckdb')} ORDER BY ALL").fetchall()
     assert got == want and len(got) >= len(rows)

@@ -34,10 +34,16 @@ def _killed_owner(dsn: str, path: Path, fault: str, work: str) -> None:
     script = textwrap.dedent(f"""
         import cache
         conn = cache.connect({dsn!r}, {str(path)!r}, background=False, admit_on_miss=False)
-    """) + textwrap.dedent(work)  # fmt: skip
+    """) + textwrap.dedent(work)
     env = {**os.environ, "MTCACHE_FAULTS": f"{fault}:kill"}
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                          text=True, timeout=300, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == -signal.SIGKILL, done.stderr
 
 
@@ -56,14 +62,22 @@ def test_a_killed_initial_population_is_pulled_again(
     dsn = pg_cluster.create_database(f"resume_{point}")
     bookstore.load_into(dsn)
     path = tmp_path / "cache.duckdb"
-    _killed_owner(dsn, path, point, f"""
+    _killed_owner(
+        dsn,
+        path,
+        point,
+        f"""
         conn.admin.apply_ddl({VIEW!r})
         conn.admin.refresh("salescopy", engine="inline")
-    """)  # fmt: skip
+    """,
+    )
     # the backend moves on while no process owns the file
     pg(dsn, "UPDATE sales SET qty = qty + 1 WHERE saleid <= 3")
-    pg(dsn, "INSERT INTO sales SELECT saleid + 1000000, isbn, sold_on, qty FROM sales "
-       "WHERE saleid <= 2")  # fmt: skip
+    pg(
+        dsn,
+        "INSERT INTO sales SELECT saleid + 1000000, isbn, sold_on, qty FROM sales "
+        "WHERE saleid <= 2",
+    )
     want = pg(dsn, "SELECT saleid, isbn, qty FROM sales ORDER BY saleid")
     with Admin.open(path, dsn) as admin:
         store = admin.store
@@ -97,13 +111,19 @@ def test_a_killed_admission_leaves_nothing_and_can_be_made_again(
     with Admin.open(path, dsn) as admin:
         admin.apply_ddl(bookstore.CACHE_SCHEMA_FILE.read_text())
         before = admin.status()
-    _killed_owner(dsn, path, "before_commit", """
+    _killed_owner(
+        dsn,
+        path,
+        "before_commit",
+        """
         conn.admin.admit("authorlist_pct", [4])
-    """)  # fmt: skip
+    """,
+    )
     with Admin.open(path, dsn) as admin:
         after = admin.status()
         assert [v["regions"] for v in after["views"]] == [v["regions"] for v in before["views"]]
         assert local(admin.store, "SELECT count(*) FROM authorcopy") == [(0,)]
         admin.admit("authorlist_pct", [4])
         assert local(admin.store, "SELECT authorid, name FROM authorcopy") == pg(
-            dsn, "SELECT authorid, name FROM authors WHERE authorid = 4")  # fmt: skip
+            dsn, "SELECT authorid, name FROM authors WHERE authorid = 4"
+        )

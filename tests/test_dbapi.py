@@ -49,8 +49,14 @@ def test_exception_hierarchy() -> None:
     assert issubclass(cache.Error, Exception)
     for name in ("InterfaceError", "DatabaseError"):
         assert issubclass(getattr(cache, name), cache.Error)
-    for name in ("DataError", "OperationalError", "IntegrityError", "InternalError",
-                 "ProgrammingError", "NotSupportedError"):  # fmt: skip
+    for name in (
+        "DataError",
+        "OperationalError",
+        "IntegrityError",
+        "InternalError",
+        "ProgrammingError",
+        "NotSupportedError",
+    ):
         assert issubclass(getattr(cache, name), cache.DatabaseError)
 
 
@@ -284,8 +290,10 @@ def test_guards_and_the_rows_they_pass_come_from_one_state(
 
     conn.admin.apply_ddl(SCHEMA_FILE.read_text())
     conn.admin.admit("authorlist_pct", [4])
-    sql = ("SELECT a.authorid, b.title FROM authors a JOIN books b ON b.authorid = a.authorid "
-           "WHERE a.authorid = 4 ORDER BY 2")  # fmt: skip
+    sql = (
+        "SELECT a.authorid, b.title FROM authors a JOIN books b ON b.authorid = a.authorid "
+        "WHERE a.authorid = 4 ORDER BY 2"
+    )
     with psycopg.connect(dsn) as pg:
         expected = pg.execute(sql).fetchall()
     assert expected
@@ -303,8 +311,10 @@ def test_guards_and_the_rows_they_pass_come_from_one_state(
     try:
         cur = conn.cursor()
         while thread.is_alive():
-            for clause in (" CURRENCY BOUND 10 MIN ON (a, b)",
-                           " CURRENCY BOUND 0 SEC ON (a), 10 MIN ON (b)"):  # fmt: skip
+            for clause in (
+                " CURRENCY BOUND 10 MIN ON (a, b)",
+                " CURRENCY BOUND 0 SEC ON (a), 10 MIN ON (b)",
+            ):
                 cur.execute(sql + clause)
                 assert cur.fetchall() == expected, (clause, cur.provenance)
                 routes.update(p["route"] for p in cur.provenance)
@@ -331,8 +341,10 @@ def test_a_query_is_answered_locally_while_changes_keep_committing(
 
     conn.admin.apply_ddl(SCHEMA_FILE.read_text())
     conn.admin.admit("authorlist_pct", [4])
-    sql = ("SELECT a.authorid, b.title FROM authors a JOIN books b ON b.authorid = a.authorid "
-           "WHERE a.authorid = 4 ORDER BY 2")  # fmt: skip
+    sql = (
+        "SELECT a.authorid, b.title FROM authors a JOIN books b ON b.authorid = a.authorid "
+        "WHERE a.authorid = 4 ORDER BY 2"
+    )
     with psycopg.connect(dsn) as pg:
         expected = pg.execute(sql).fetchall()
     stop = threading.Event()
@@ -370,7 +382,8 @@ def test_pooled_backend_connections_the_backend_dropped_are_replaced(
     with psycopg.connect(dsn, autocommit=True) as admin:
         ended = admin.execute(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND pid NOT IN (pg_backend_pid(), %s)", (own,)
+            "WHERE datname = current_database() AND pid NOT IN (pg_backend_pid(), %s)",
+            (own,),
         ).fetchone()
     assert ended is not None and ended[0] >= 1
     other = sql.replace("a.name", "a.name, a.city")  # a new shape: planned with estimates now
@@ -384,8 +397,10 @@ def test_pooled_backend_connections_the_backend_dropped_are_replaced(
     ("sql", "params"),
     [
         ("SELECT a.authorid FROM authors a WHERE a.authorid %% 2 = %s", [1]),
-        ("SELECT a.authorid, a.name LIKE 'A%%' FROM authors a WHERE a.authorid = %(id)s",
-         {"id": 4}),
+        (
+            "SELECT a.authorid, a.name LIKE 'A%%' FROM authors a WHERE a.authorid = %(id)s",
+            {"id": 4},
+        ),
         ("SELECT a.authorid, '100%%' FROM authors a WHERE a.authorid IN (%s, %s)", (4, 5)),
         ("SELECT mod(a.authorid, 3), 'x%%%%y' FROM authors a", ()),
     ],
@@ -404,5 +419,8 @@ def test_percent_marks_read_as_psycopg_reads_them(
         want = pg.execute(sql, params).fetchall()  # type: ignore[arg-type]
     assert sorted(got) == sorted(want)
     with pytest.raises(cache.ProgrammingError, match="only '%s', '%b', '%t'"):
-        cur.execute("SELECT a.authorid FROM authors a WHERE a.name LIKE 'A%' AND "
-                    "a.authorid = %s CURRENCY BOUND 10 MIN", [4])  # fmt: skip
+        cur.execute(
+            "SELECT a.authorid FROM authors a WHERE a.name LIKE 'A%' AND "
+            "a.authorid = %s CURRENCY BOUND 10 MIN",
+            [4],
+        )

@@ -63,8 +63,10 @@ def setup(pg_cluster: EmbeddedPostgres, tmp_path: Path) -> Iterator[Setup]:
     dsn = pg_cluster.create_database("derived_stream")
     bookstore.load_into(dsn)
     store = CacheStore(tmp_path / "cache.duckdb")
-    ddl = ";\n".join(f"CREATE CACHED VIEW {name} AS {select} REFRESH CONTINUOUSLY"
-                     for name, select in VIEWS.items())  # fmt: skip
+    ddl = ";\n".join(
+        f"CREATE CACHED VIEW {name} AS {select} REFRESH CONTINUOUSLY"
+        for name, select in VIEWS.items()
+    )
     stream.apply_ddl(store, dsn, parse(ddl), fetch_catalog(dsn))
     with stream.Consumer(store, dsn) as consumer:
         yield store, dsn, consumer
@@ -162,8 +164,9 @@ def test_random_writes_keep_every_derived_view_equal_to_the_backend_s(setup: Set
     assert pulled(store) == pulls and consumer.upqueries == 0  # (the stream did it all)
     store.con.execute("CHECKPOINT")
     [entry] = [v for v in status(store)["views"] if v["name"] == "city_ratings"]
-    copied = sum(pg(dsn, f"SELECT count(*) FROM {t}")[0][0] for t in ("reviews", "books",
-                                                                      "authors"))  # fmt: skip
+    copied = sum(
+        pg(dsn, f"SELECT count(*) FROM {t}")[0][0] for t in ("reviews", "books", "authors")
+    )
     assert entry["continuous"] and entry["copies"]["rows"] == copied
     assert entry["copies"]["bytes"] > 0
 
@@ -182,31 +185,45 @@ def test_a_truncate_empties_what_the_table_held(setup: Setup) -> None:
     pg(dsn, "TRUNCATE sales")
     consumer.catch_up()
     recomputed(store, dsn)
-    assert store.con.execute("SELECT sales, sold, last_day FROM all_sales").fetchall() == \
-        [(0, None, None)]  # fmt: skip
+    assert store.con.execute("SELECT sales, sold, last_day FROM all_sales").fetchall() == [
+        (0, None, None)
+    ]
     pg(dsn, "INSERT INTO sales VALUES (1, (SELECT min(isbn) FROM books), '2024-02-29', 3)")
     consumer.catch_up()
     recomputed(store, dsn)
 
 
-@pytest.mark.parametrize(("select", "words"), [
-    ("SELECT b.authorid, max(b.title) AS last FROM books b GROUP BY b.authorid",
-     "not of a number or a date"),
-    ("SELECT b.authorid, count(*) AS n FROM books b WHERE b.title LIKE 'A%' "
-     "GROUP BY b.authorid", "would not read its condition"),
-    ("SELECT b.authorid, count(*) AS n FROM books b WHERE b.title > 'M' GROUP BY b.authorid",
-     "would not read its condition"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("select", "words"),
+    [
+        (
+            "SELECT b.authorid, max(b.title) AS last FROM books b GROUP BY b.authorid",
+            "not of a number or a date",
+        ),
+        (
+            "SELECT b.authorid, count(*) AS n FROM books b WHERE b.title LIKE 'A%' "
+            "GROUP BY b.authorid",
+            "would not read its condition",
+        ),
+        (
+            "SELECT b.authorid, count(*) AS n FROM books b WHERE b.title > 'M' GROUP BY b.authorid",
+            "would not read its condition",
+        ),
+    ],
+)
 def test_what_the_stream_cannot_keep_exact_is_refused_and_changes_nothing(
     setup: Setup, select: str, words: str
 ) -> None:
     store, dsn, _ = setup
     before = store.con.execute("SELECT name FROM mtcache.objects ORDER BY name").fetchall()
     with pytest.raises(NotSupportedError, match=words):
-        stream.apply_ddl(store, dsn, parse(f"CREATE CACHED VIEW v AS {select} "
-                                           "REFRESH CONTINUOUSLY"), fetch_catalog(dsn))  # fmt: skip
-    assert store.con.execute("SELECT name FROM mtcache.objects ORDER BY name").fetchall() == \
-        before  # fmt: skip
+        stream.apply_ddl(
+            store,
+            dsn,
+            parse(f"CREATE CACHED VIEW v AS {select} REFRESH CONTINUOUSLY"),
+            fetch_catalog(dsn),
+        )
+    assert store.con.execute("SELECT name FROM mtcache.objects ORDER BY name").fetchall() == before
 
 
 def test_the_copies_keep_the_key_and_the_columns_the_view_reads() -> None:
@@ -215,8 +232,10 @@ def test_the_copies_keep_the_key_and_the_columns_the_view_reads() -> None:
     schema, _ = apply_script(CacheSchema(), parse(ddl), catalog)
     plan = maintenance(schema.views["city_ratings"], catalog)
     assert {a.alias: a.copy.columns for a in plan.auxiliaries} == {
-        "r": ("reviewid", "rating", "isbn"), "b": ("isbn", "authorid"),
-        "a": ("authorid", "city")}  # fmt: skip
+        "r": ("reviewid", "rating", "isbn"),
+        "b": ("isbn", "authorid"),
+        "a": ("authorid", "city"),
+    }
 
 
 OWNER = """
@@ -259,8 +278,14 @@ def test_sigkill_while_applying_then_reopening_leaves_each_view_as_recomputed(
     rng = random.Random(point)
     random_writes(dsn, rng, 40)
     env = {**os.environ, "MTCACHE_FAULTS": f"{point}:kill"}
-    owner = subprocess.run([sys.executable, str(script), dsn, str(path)], env=env, timeout=120,
-                           capture_output=True, text=True, check=False)  # fmt: skip
+    owner = subprocess.run(
+        [sys.executable, str(script), dsn, str(path)],
+        env=env,
+        timeout=120,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert owner.returncode == -signal.SIGKILL, owner.stderr  # killed at the fault point
     random_writes(dsn, rng, 20)
     with CacheStore(path) as reopened, stream.Consumer(reopened, dsn) as catching_up:
@@ -282,8 +307,9 @@ def test_a_view_kept_current_under_concurrent_writes_answers_as_postgresql(
     bookstore.load_into(dsn)
     path = tmp_path / "cache.duckdb"
     live = ("author_stats", "city_ratings", "reviewed")
-    ddl = ";\n".join(f"CREATE CACHED VIEW {name} AS {VIEWS[name]} REFRESH CONTINUOUSLY"
-                     for name in live)  # fmt: skip
+    ddl = ";\n".join(
+        f"CREATE CACHED VIEW {name} AS {VIEWS[name]} REFRESH CONTINUOUSLY" for name in live
+    )
     queries = [
         "SELECT b.authorid, count(*), avg(b.price), min(b.price) FROM books b "
         "GROUP BY b.authorid ORDER BY 1",
@@ -295,13 +321,19 @@ def test_a_view_kept_current_under_concurrent_writes_answers_as_postgresql(
         "WHERE r.rating >= 3 AND b.price > 20 ORDER BY r.reviewid",
     ]
     pause = threading.Lock()
-    with cache.connect(dsn, path, background=False, admit_on_miss=False,
-                       result_memo_bytes=0) as conn, psycopg.connect(dsn) as backend:  # fmt: skip
+    with (
+        cache.connect(
+            dsn, path, background=False, admit_on_miss=False, result_memo_bytes=0
+        ) as conn,
+        psycopg.connect(dsn) as backend,
+    ):
         conn.admin.apply_ddl(ddl)
         for name in live:
             conn.admin.refresh(name)
-        with stream.Consumer(conn.admin.store.for_thread(), dsn) as consumer, \
-                Writer(dsn, pause) as writer:  # fmt: skip
+        with (
+            stream.Consumer(conn.admin.store.for_thread(), dsn) as consumer,
+            Writer(dsn, pause) as writer,
+        ):
             for _ in range(4):
                 for _ in range(20):
                     consumer.step(wait=0.05)  # (applying while the writer writes)
@@ -317,8 +349,9 @@ def test_a_view_kept_current_under_concurrent_writes_answers_as_postgresql(
                         want = backend.execute(sql)
                         got = want.fetchall()
                         assert typed(rows) == typed(got), sql
-                        assert [d[0] for d in cur.description] == \
-                            [d.name for d in want.description or []]  # fmt: skip
+                        assert [d[0] for d in cur.description] == [
+                            d.name for d in want.description or []
+                        ]
                         backend.rollback()
             assert writer.count > 0
         conn.admin.apply_ddl("; ".join(f"DROP CACHED VIEW {name}" for name in live))
@@ -355,15 +388,31 @@ def test_random_queries_after_each_batch_of_random_writes_get_postgresql_s_answe
     bookstore.load_into(dsn)
     live = ("author_stats", "city_ratings", "reviewed")
     draw = random.Random(2811)
-    aggregates = {"author_stats": ["count(*)", "sum(b.price)", "avg(b.price)", "min(b.price)",
-                                   "max(b.price)"],
-                  "city_ratings": ["count(*)", "sum(r.rating)", "avg(r.rating)",
-                                   "min(r.rating)"]}  # fmt: skip
-    with cache.connect(dsn, tmp_path / "cache.duckdb", background=False, admit_on_miss=False,
-                       result_memo_bytes=0) as conn, \
-            psycopg.connect(dsn, autocommit=True) as pg:  # fmt: skip
-        conn.admin.apply_ddl(";\n".join(f"CREATE CACHED VIEW {name} AS {VIEWS[name]} "
-                                        "REFRESH CONTINUOUSLY" for name in live))  # fmt: skip
+    aggregates = {
+        "author_stats": [
+            "count(*)",
+            "sum(b.price)",
+            "avg(b.price)",
+            "min(b.price)",
+            "max(b.price)",
+        ],
+        "city_ratings": ["count(*)", "sum(r.rating)", "avg(r.rating)", "min(r.rating)"],
+    }
+    with (
+        cache.connect(
+            dsn,
+            tmp_path / "cache.duckdb",
+            background=False,
+            admit_on_miss=False,
+            result_memo_bytes=0,
+        ) as conn,
+        psycopg.connect(dsn, autocommit=True) as pg,
+    ):
+        conn.admin.apply_ddl(
+            ";\n".join(
+                f"CREATE CACHED VIEW {name} AS {VIEWS[name]} REFRESH CONTINUOUSLY" for name in live
+            )
+        )
         for name in live:
             conn.admin.refresh(name)
         cur = conn.cursor()
@@ -373,10 +422,12 @@ def test_random_queries_after_each_batch_of_random_writes_get_postgresql_s_answe
                 consumer.catch_up()
                 for _ in range(12):
                     if draw.random() < 0.25:  # the join view's rows
-                        sql = ("SELECT r.reviewid, r.rating, b.title FROM reviews r JOIN books b "
-                               f"ON r.isbn = b.isbn WHERE r.rating >= 3 AND b.price "
-                               f"{draw.choice(['<', '>='])} {draw.randint(5, 60)} "
-                               "ORDER BY r.reviewid")  # fmt: skip
+                        sql = (
+                            "SELECT r.reviewid, r.rating, b.title FROM reviews r JOIN books b "
+                            f"ON r.isbn = b.isbn WHERE r.rating >= 3 AND b.price "
+                            f"{draw.choice(['<', '>='])} {draw.randint(5, 60)} "
+                            "ORDER BY r.reviewid"
+                        )
                     else:
                         sql = random_query(draw, aggregates)
                     answered_locally_as_postgresql(cur, pg, sql)
@@ -396,29 +447,42 @@ def test_a_partial_view_kept_by_the_stream_holds_its_admitted_keys_as_the_backen
     bookstore.load_into(dsn)
     draw = random.Random(7)
     ddl = f"""CREATE CONTROL TABLE stats_pct (authorid integer);
-        CREATE CACHED VIEW author_stats AS {VIEWS['author_stats']}
+        CREATE CACHED VIEW author_stats AS {VIEWS["author_stats"]}
         PRESENCE ON (authorid) IN stats_pct REFRESH CONTINUOUSLY;
         CREATE CONTROL TABLE city_pct (city text);
-        CREATE CACHED VIEW city_ratings AS {VIEWS['city_ratings']}
+        CREATE CACHED VIEW city_ratings AS {VIEWS["city_ratings"]}
         PRESENCE ON (city) IN city_pct REFRESH CONTINUOUSLY"""
 
     def held(store: CacheStore) -> None:
         """Each view holds exactly the backend's groups of its admitted keys."""
         schema, catalog = store.load_schema(), store.load_catalog()
-        for name, control, column in (("author_stats", "stats_pct", "authorid"),
-                                      ("city_ratings", "city_pct", "city")):  # fmt: skip
+        for name, control, column in (
+            ("author_stats", "stats_pct", "authorid"),
+            ("city_ratings", "city_pct", "city"),
+        ):
             keys = [r[0] for r in store.con.execute(f"SELECT {column} FROM {control}").fetchall()]
             found = layout(schema.views[name], catalog)
             columns = ", ".join(f'"{c.name}"' for c in found.columns)
             cast = ", ".join(f'"{c.name}"::{c.pg_type}' for c in found.columns)
-            want = pg(dsn, f"SELECT {cast} FROM ({pull_select(schema.views[name], found)}) x "
-                      f"WHERE {column} = ANY(%s)", (keys,))  # fmt: skip
+            want = pg(
+                dsn,
+                f"SELECT {cast} FROM ({pull_select(schema.views[name], found)}) x "
+                f"WHERE {column} = ANY(%s)",
+                (keys,),
+            )
             cached = store.con.execute(f"SELECT {columns} FROM {name}").fetchall()
             assert typed(cached) == typed(want), (name, keys)
 
-    with cache.connect(dsn, tmp_path / "cache.duckdb", background=False, admit_on_miss=False,
-                       result_memo_bytes=0) as conn, \
-            psycopg.connect(dsn, autocommit=True) as backend:  # fmt: skip
+    with (
+        cache.connect(
+            dsn,
+            tmp_path / "cache.duckdb",
+            background=False,
+            admit_on_miss=False,
+            result_memo_bytes=0,
+        ) as conn,
+        psycopg.connect(dsn, autocommit=True) as backend,
+    ):
         conn.admin.apply_ddl(ddl)
         store = conn.admin.store
         with stream.Consumer(store.for_thread(), dsn) as consumer:
@@ -446,8 +510,10 @@ def test_a_partial_view_kept_by_the_stream_holds_its_admitted_keys_as_the_backen
             held(store)
             cur = conn.cursor()
             for key, route in ((6, "local"), (3, "remote")):
-                sql = ("SELECT b.authorid, count(*), avg(b.price), min(b.price) FROM books b "
-                       "WHERE b.authorid = %s GROUP BY b.authorid")
+                sql = (
+                    "SELECT b.authorid, count(*), avg(b.price), min(b.price) FROM books b "
+                    "WHERE b.authorid = %s GROUP BY b.authorid"
+                )
                 cur.execute(sql + " CURRENCY BOUND 10 MIN", (key,))
                 assert {p["route"] for p in cur.provenance} == {route}
                 assert typed(cur.fetchall()) == typed(backend.execute(sql, (key,)).fetchall())

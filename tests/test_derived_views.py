@@ -51,8 +51,9 @@ BY_GENDER = """CREATE CACHED VIEW by_gender AS SELECT a.gender, count(*) AS book
 
 @pytest.fixture
 def conn(bookstore_dsn: str, tmp_path: Path) -> Iterator[Connection]:
-    with cache.connect(backend=bookstore_dsn, cache_path=tmp_path / "cache.duckdb",
-                       background=False) as opened:  # fmt: skip
+    with cache.connect(
+        backend=bookstore_dsn, cache_path=tmp_path / "cache.duckdb", background=False
+    ) as opened:
         yield opened
 
 
@@ -69,10 +70,15 @@ def typed(rows: list[tuple[t.Any, ...]]) -> list[tuple[tuple[type, t.Any], ...]]
     return [tuple((type(v), v) for v in row) for row in rows]
 
 
-@pytest.mark.parametrize(("ddl", "states"), [(AUTHOR_STATS, AUTHOR_STATS_STATES),
-                                             (REVIEWED, REVIEWED_ROWS),
-                                             (CITY_RATINGS, CITY_RATINGS_STATES),
-                                             (ALL_SALES, ALL_SALES_STATES)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("ddl", "states"),
+    [
+        (AUTHOR_STATS, AUTHOR_STATS_STATES),
+        (REVIEWED, REVIEWED_ROWS),
+        (CITY_RATINGS, CITY_RATINGS_STATES),
+        (ALL_SALES, ALL_SALES_STATES),
+    ],
+)
 def test_a_refreshed_derived_view_holds_what_the_backend_computes(
     conn: Connection, bookstore_dsn: str, ddl: str, states: str
 ) -> None:
@@ -95,38 +101,79 @@ def test_a_derived_view_follows_the_backend_at_each_refresh(
         pg.execute("INSERT INTO books VALUES ('isbn-derived', 1, 'Zzz', 1, 'ebook', 12.345)")
         try:
             conn.admin.refresh("author_stats")
-            assert typed(stored(conn, "author_stats")) == \
-                typed(backend(bookstore_dsn, AUTHOR_STATS_STATES))  # fmt: skip
+            assert typed(stored(conn, "author_stats")) == typed(
+                backend(bookstore_dsn, AUTHOR_STATS_STATES)
+            )
             row = next(r for r in stored(conn, "author_stats") if r[0] == 1)
-            assert row[5] == pg.execute("SELECT min(price) FROM books WHERE authorid = 1"
-                                        ).fetchone()[0]  # fmt: skip
+            assert (
+                row[5]
+                == pg.execute("SELECT min(price) FROM books WHERE authorid = 1").fetchone()[0]
+            )
         finally:
             pg.execute("DELETE FROM books WHERE isbn = 'isbn-derived'")
     conn.admin.apply_ddl("DROP CACHED VIEW author_stats")
     assert "author_stats" not in {v["name"] for v in conn.admin.status()["views"]}
 
 
-@pytest.mark.parametrize(("ddl", "error", "words"), [
-    ("CREATE CACHED VIEW v AS SELECT b.authorid, r.rating FROM books b "
-     "JOIN reviews r ON b.authorid = r.reviewerid", NotSupportedError, "not along a key"),
-    ("CREATE CACHED VIEW v AS SELECT b.authorid, b.title, count(*) AS n FROM books b "
-     "GROUP BY b.authorid", ProgrammingError, "neither grouped by nor aggregated"),
-    ("CREATE CACHED VIEW v AS SELECT count(*) AS n FROM books b GROUP BY b.authorid",
-     ProgrammingError, "without projecting it"),
-    ("CREATE CACHED VIEW v AS SELECT r.rating, b.title FROM reviews r JOIN books b "
-     "ON r.isbn = b.isbn", ProgrammingError, "projects the key of each table"),
-    ("CREATE CACHED VIEW v AS SELECT isbn, count(*) AS n FROM reviews r JOIN books b "
-     "ON r.isbn = b.isbn GROUP BY isbn", ProgrammingError, "qualify it"),
-    ("CREATE CACHED VIEW v AS SELECT b.authorid, sum(b.price / 3) AS s FROM books b "
-     "GROUP BY b.authorid", NotSupportedError, "display scale varies"),
-    ("CREATE CACHED VIEW v AS SELECT b.authorid, max(b.title) AS t FROM books b "
-     "GROUP BY b.authorid REFRESH CONTINUOUSLY", NotSupportedError, "not of a number or a date"),
-    ("CREATE CONTROL TABLE apct (authorid integer); CREATE CACHED VIEW v AS SELECT "
-     "b.authorid, count(*) AS n FROM books b GROUP BY b.authorid PRESENCE ON (authorid) IN "
-     "apct PRESENCE ON (n) IN apct", NotSupportedError, "one PRESENCE clause"),
-    ("CREATE CACHED VIEW v AS SELECT b.authorid, count(*) AS n FROM nosuch b "
-     "GROUP BY b.authorid", CatalogError, "no table 'nosuch'"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("ddl", "error", "words"),
+    [
+        (
+            "CREATE CACHED VIEW v AS SELECT b.authorid, r.rating FROM books b "
+            "JOIN reviews r ON b.authorid = r.reviewerid",
+            NotSupportedError,
+            "not along a key",
+        ),
+        (
+            "CREATE CACHED VIEW v AS SELECT b.authorid, b.title, count(*) AS n FROM books b "
+            "GROUP BY b.authorid",
+            ProgrammingError,
+            "neither grouped by nor aggregated",
+        ),
+        (
+            "CREATE CACHED VIEW v AS SELECT count(*) AS n FROM books b GROUP BY b.authorid",
+            ProgrammingError,
+            "without projecting it",
+        ),
+        (
+            "CREATE CACHED VIEW v AS SELECT r.rating, b.title FROM reviews r JOIN books b "
+            "ON r.isbn = b.isbn",
+            ProgrammingError,
+            "projects the key of each table",
+        ),
+        (
+            "CREATE CACHED VIEW v AS SELECT isbn, count(*) AS n FROM reviews r JOIN books b "
+            "ON r.isbn = b.isbn GROUP BY isbn",
+            ProgrammingError,
+            "qualify it",
+        ),
+        (
+            "CREATE CACHED VIEW v AS SELECT b.authorid, sum(b.price / 3) AS s FROM books b "
+            "GROUP BY b.authorid",
+            NotSupportedError,
+            "display scale varies",
+        ),
+        (
+            "CREATE CACHED VIEW v AS SELECT b.authorid, max(b.title) AS t FROM books b "
+            "GROUP BY b.authorid REFRESH CONTINUOUSLY",
+            NotSupportedError,
+            "not of a number or a date",
+        ),
+        (
+            "CREATE CONTROL TABLE apct (authorid integer); CREATE CACHED VIEW v AS SELECT "
+            "b.authorid, count(*) AS n FROM books b GROUP BY b.authorid PRESENCE ON (authorid) IN "
+            "apct PRESENCE ON (n) IN apct",
+            NotSupportedError,
+            "one PRESENCE clause",
+        ),
+        (
+            "CREATE CACHED VIEW v AS SELECT b.authorid, count(*) AS n FROM nosuch b "
+            "GROUP BY b.authorid",
+            CatalogError,
+            "no table 'nosuch'",
+        ),
+    ],
+)
 def test_what_a_derived_view_cannot_be_is_refused_and_changes_nothing(
     conn: Connection, ddl: str, error: type[Exception], words: str
 ) -> None:
@@ -134,8 +181,8 @@ def test_what_a_derived_view_cannot_be_is_refused_and_changes_nothing(
 
     def objects() -> list[tuple[t.Any, ...]]:
         return conn.admin.store.con.execute(
-            "SELECT table_name, column_name, data_type FROM information_schema.columns "
-            "ORDER BY ALL").fetchall()  # fmt: skip
+            "SELECT table_name, column_name, data_type FROM information_schema.columns ORDER BY ALL"
+        ).fetchall()
 
     before = objects()
     with pytest.raises(error, match=words):
@@ -161,38 +208,68 @@ def test_a_derived_view_never_answers_a_read_of_its_tables(
 
 # queries author_stats and city_ratings answer (merging their groups), and ones they do not
 ANSWERED = [
-    ("author_stats", "SELECT b.authorid, count(*), sum(b.price), avg(b.price), min(b.price), "
-                     "max(b.title) FROM books b GROUP BY b.authorid ORDER BY 1"),
+    (
+        "author_stats",
+        "SELECT b.authorid, count(*), sum(b.price), avg(b.price), min(b.price), "
+        "max(b.title) FROM books b GROUP BY b.authorid ORDER BY 1",
+    ),
     ("author_stats", "SELECT count(*) AS n, sum(price) AS total, avg(price) AS mean FROM books"),
-    ("author_stats", "SELECT authorid, avg(price) FROM books WHERE authorid IN (1, 2, 3) "
-                     "GROUP BY authorid ORDER BY authorid"),
+    (
+        "author_stats",
+        "SELECT authorid, avg(price) FROM books WHERE authorid IN (1, 2, 3) "
+        "GROUP BY authorid ORDER BY authorid",
+    ),
     ("author_stats", "SELECT count(*), sum(x.price) FROM books x WHERE x.authorid > 30"),
     ("author_stats", "SELECT count(*), avg(price) FROM books WHERE authorid = -1"),
-    ("city_ratings", "SELECT a.city, avg(r.rating), count(*) FROM reviews r JOIN books b "
-                     "ON r.isbn = b.isbn JOIN authors a ON b.authorid = a.authorid "
-                     "GROUP BY a.city ORDER BY a.city"),
-    ("city_ratings", "SELECT avg(r.rating), sum(r.rating), count(*) FROM authors a, books b, "
-                     "reviews r WHERE b.authorid = a.authorid AND r.isbn = b.isbn "
-                     "AND a.city <> 'Seattle'"),
+    (
+        "city_ratings",
+        "SELECT a.city, avg(r.rating), count(*) FROM reviews r JOIN books b "
+        "ON r.isbn = b.isbn JOIN authors a ON b.authorid = a.authorid "
+        "GROUP BY a.city ORDER BY a.city",
+    ),
+    (
+        "city_ratings",
+        "SELECT avg(r.rating), sum(r.rating), count(*) FROM authors a, books b, "
+        "reviews r WHERE b.authorid = a.authorid AND r.isbn = b.isbn "
+        "AND a.city <> 'Seattle'",
+    ),
     ("all_sales", "SELECT max(s.sold_on), count(*), sum(s.qty * 1.5) FROM sales s"),
     # groups kept by conditions on their aggregates, grouped as the view or coarser
-    ("author_stats", "SELECT b.authorid, count(*) FROM books b GROUP BY b.authorid "
-                     "HAVING count(*) > 5 AND sum(b.price) >= 100.5 ORDER BY 1"),
-    ("city_ratings", "SELECT a.city, sum(r.rating) FROM reviews r JOIN books b "
-                     "ON r.isbn = b.isbn JOIN authors a ON b.authorid = a.authorid "
-                     "GROUP BY a.city HAVING sum(r.rating) BETWEEN 10 AND 400 ORDER BY 1"),
+    (
+        "author_stats",
+        "SELECT b.authorid, count(*) FROM books b GROUP BY b.authorid "
+        "HAVING count(*) > 5 AND sum(b.price) >= 100.5 ORDER BY 1",
+    ),
+    (
+        "city_ratings",
+        "SELECT a.city, sum(r.rating) FROM reviews r JOIN books b "
+        "ON r.isbn = b.isbn JOIN authors a ON b.authorid = a.authorid "
+        "GROUP BY a.city HAVING sum(r.rating) BETWEEN 10 AND 400 ORDER BY 1",
+    ),
     ("author_stats", "SELECT count(*), sum(b.price) FROM books b HAVING count(*) > 1"),
     # a char(n) compared as PostgreSQL compares it: its trailing blanks do not count
-    ("by_gender", "SELECT count(*) FROM books b JOIN authors a ON b.authorid = a.authorid "
-                  "WHERE a.gender = 'F '"),
-    ("by_gender", "SELECT a.gender, count(*) FROM books b JOIN authors a "
-                  "ON b.authorid = a.authorid WHERE a.gender IN ('M  ', 'X') GROUP BY a.gender"),
+    (
+        "by_gender",
+        "SELECT count(*) FROM books b JOIN authors a ON b.authorid = a.authorid "
+        "WHERE a.gender = 'F '",
+    ),
+    (
+        "by_gender",
+        "SELECT a.gender, count(*) FROM books b JOIN authors a "
+        "ON b.authorid = a.authorid WHERE a.gender IN ('M  ', 'X') GROUP BY a.gender",
+    ),
     # a join view's rows, selected by its columns, ordered and limited
-    ("reviewed", "SELECT r.reviewid, b.title, b.price FROM reviews r JOIN books b "
-                 "ON r.isbn = b.isbn WHERE r.rating >= 3 AND b.price > 20.5 "
-                 "ORDER BY r.reviewid LIMIT 7"),
-    ("reviewed", "SELECT r.reviewid, b.isbn FROM books b, reviews r WHERE b.isbn = r.isbn "
-                 "AND r.rating >= 3 AND r.rating IN (4, 5)"),
+    (
+        "reviewed",
+        "SELECT r.reviewid, b.title, b.price FROM reviews r JOIN books b "
+        "ON r.isbn = b.isbn WHERE r.rating >= 3 AND b.price > 20.5 "
+        "ORDER BY r.reviewid LIMIT 7",
+    ),
+    (
+        "reviewed",
+        "SELECT r.reviewid, b.isbn FROM books b, reviews r WHERE b.isbn = r.isbn "
+        "AND r.rating >= 3 AND r.rating IN (4, 5)",
+    ),
 ]
 NOT_ANSWERED = [
     ("author_stats", "SELECT b.type, count(*) FROM books b GROUP BY b.type"),  # not grouped
@@ -202,28 +279,44 @@ NOT_ANSWERED = [
     ("author_stats", "SELECT count(*) FROM books b JOIN reviews r ON r.isbn = b.isbn"),
     ("author_stats", "SELECT b.authorid FROM books b"),  # rows, not groups
     ("author_stats", "SELECT count(*) FROM books b WHERE b.authorid = %s"),  # (a parameter)
-    ("city_ratings", "SELECT a.city, count(*) FROM reviews r JOIN books b ON r.isbn = b.isbn "
-                     "JOIN authors a ON b.authorid = a.authorid WHERE r.rating > 2 "
-                     "GROUP BY a.city"),  # a filter on rows the groups merged
-    ("city_ratings", "SELECT a.city, count(*) FROM reviews r JOIN books b ON r.isbn = b.isbn "
-                     "JOIN authors a ON b.publisherid = a.authorid GROUP BY a.city"),
-    ("author_stats", "SELECT b.authorid FROM books b GROUP BY b.authorid "
-                     "HAVING avg(b.price) > 10"),  # (an average's condition)
+    (
+        "city_ratings",
+        "SELECT a.city, count(*) FROM reviews r JOIN books b ON r.isbn = b.isbn "
+        "JOIN authors a ON b.authorid = a.authorid WHERE r.rating > 2 "
+        "GROUP BY a.city",
+    ),  # a filter on rows the groups merged
+    (
+        "city_ratings",
+        "SELECT a.city, count(*) FROM reviews r JOIN books b ON r.isbn = b.isbn "
+        "JOIN authors a ON b.publisherid = a.authorid GROUP BY a.city",
+    ),
+    (
+        "author_stats",
+        "SELECT b.authorid FROM books b GROUP BY b.authorid HAVING avg(b.price) > 10",
+    ),  # (an average's condition)
     ("author_stats", "SELECT count(*) FROM books b HAVING max(b.title) > 'A'"),  # (text order)
     ("author_stats", "SELECT count(*) FROM books b WHERE b.authorid = 1.5"),  # (not an integer)
     ("author_stats", "SELECT count(*) FROM books b WHERE b.authorid = '3'"),  # (text)
-    ("city_ratings", "SELECT count(*) FROM reviews r JOIN books b ON r.isbn = b.isbn "
-                     "JOIN authors a ON b.authorid = a.authorid WHERE a.city > 'M'"),  # (order)
+    (
+        "city_ratings",
+        "SELECT count(*) FROM reviews r JOIN books b ON r.isbn = b.isbn "
+        "JOIN authors a ON b.authorid = a.authorid WHERE a.city > 'M'",
+    ),  # (order)
     ("reviewed", "SELECT r.reviewid FROM reviews r JOIN books b ON r.isbn = b.isbn "),  # all
-    ("reviewed", "SELECT count(*) FROM reviews r JOIN books b ON r.isbn = b.isbn "
-                 "WHERE r.rating >= 3"),  # (an aggregate of its rows)
-    ("reviewed", "SELECT b.publisherid FROM reviews r JOIN books b ON r.isbn = b.isbn "
-                 "WHERE r.rating >= 3"),  # (not one of its columns)
+    (
+        "reviewed",
+        "SELECT count(*) FROM reviews r JOIN books b ON r.isbn = b.isbn WHERE r.rating >= 3",
+    ),  # (an aggregate of its rows)
+    (
+        "reviewed",
+        "SELECT b.publisherid FROM reviews r JOIN books b ON r.isbn = b.isbn WHERE r.rating >= 3",
+    ),  # (not one of its columns)
 ]
 
 
-def answered_from_view(conn: Connection, bookstore_dsn: str, view: str, sql: str
-                       ) -> list[tuple[t.Any, ...]] | None:  # fmt: skip
+def answered_from_view(
+    conn: Connection, bookstore_dsn: str, view: str, sql: str
+) -> list[tuple[t.Any, ...]] | None:
     """The query's answer from the view as the cache would give it (the matched statement
     run in DuckDB, its columns made PostgreSQL's by the converter), or None: not matched."""
     from cache.backend.describe import describe_result
@@ -242,8 +335,9 @@ def answered_from_view(conn: Connection, bookstore_dsn: str, view: str, sql: str
     types = [str(row[1]) for row in store.con.execute(f"DESCRIBE {found.sql}").fetchall()]
     shape = describe_result(bookstore_dsn, sql, None)
     assert shape is not None
-    convert = converter(shape.types, [d[0] for d in shape.description()], types,
-                        found.outputs, scales=found.scales)  # fmt: skip
+    convert = converter(
+        shape.types, [d[0] for d in shape.description()], types, found.outputs, scales=found.scales
+    )
     assert not isinstance(convert, str), convert
     return convert(rows)
 
@@ -319,9 +413,16 @@ def test_random_queries_after_random_writes_get_postgresql_s_answers(
     and description (fixed seed)."""
     draw = random.Random(29)
     conn.admin.apply_ddl(AUTHOR_STATS + ";" + CITY_RATINGS)
-    aggregates = {"author_stats": ["count(*)", "sum(b.price)", "avg(b.price)", "min(b.price)",
-                                   "max(b.title)"],
-                  "city_ratings": ["count(*)", "sum(r.rating)", "avg(r.rating)"]}  # fmt: skip
+    aggregates = {
+        "author_stats": [
+            "count(*)",
+            "sum(b.price)",
+            "avg(b.price)",
+            "min(b.price)",
+            "max(b.title)",
+        ],
+        "city_ratings": ["count(*)", "sum(r.rating)", "avg(r.rating)"],
+    }
     cur = conn.cursor()
     with psycopg.connect(bookstore_dsn, autocommit=True) as pg:
         try:
@@ -330,20 +431,32 @@ def test_random_queries_after_random_writes_get_postgresql_s_answers(
                     what = draw.choice(["add", "price", "move", "remove"])
                     isbn = f"isbn-r{round_}-{n}"
                     if what == "add":
-                        pg.execute("INSERT INTO books VALUES (%s, %s, %s, 1, 'ebook', %s)",
-                                   [isbn, draw.randint(1, 40), f"Random {n}",
-                                    round(draw.uniform(1, 99), 2)])  # fmt: skip
+                        pg.execute(
+                            "INSERT INTO books VALUES (%s, %s, %s, 1, 'ebook', %s)",
+                            [
+                                isbn,
+                                draw.randint(1, 40),
+                                f"Random {n}",
+                                round(draw.uniform(1, 99), 2),
+                            ],
+                        )
                     elif what == "price":
-                        pg.execute("UPDATE books SET price = price + %s WHERE authorid = %s",
-                                   [draw.choice([-1, 1, 2.5]), draw.randint(1, 40)])  # fmt: skip
+                        pg.execute(
+                            "UPDATE books SET price = price + %s WHERE authorid = %s",
+                            [draw.choice([-1, 1, 2.5]), draw.randint(1, 40)],
+                        )
                     elif what == "move":
-                        pg.execute("UPDATE books SET authorid = %s WHERE isbn IN (SELECT isbn "
-                                   "FROM books ORDER BY isbn LIMIT 1 OFFSET %s)",
-                                   [draw.randint(1, 40), draw.randint(0, 150)])  # fmt: skip
+                        pg.execute(
+                            "UPDATE books SET authorid = %s WHERE isbn IN (SELECT isbn "
+                            "FROM books ORDER BY isbn LIMIT 1 OFFSET %s)",
+                            [draw.randint(1, 40), draw.randint(0, 150)],
+                        )
                     else:
-                        pg.execute("DELETE FROM books WHERE isbn LIKE 'isbn-r%%' AND isbn IN "
-                                   "(SELECT isbn FROM books WHERE isbn LIKE 'isbn-r%%' "
-                                   "ORDER BY isbn LIMIT 1)")  # fmt: skip
+                        pg.execute(
+                            "DELETE FROM books WHERE isbn LIKE 'isbn-r%%' AND isbn IN "
+                            "(SELECT isbn FROM books WHERE isbn LIKE 'isbn-r%%' "
+                            "ORDER BY isbn LIMIT 1)"
+                        )
                 conn.admin.refresh("author_stats")
                 conn.admin.refresh("city_ratings")
                 for _ in range(10):
@@ -352,9 +465,13 @@ def test_random_queries_after_random_writes_get_postgresql_s_answers(
             pg.execute("DELETE FROM books WHERE isbn LIKE 'isbn-r%'")
 
 
-SOURCES = {"author_stats": ("books b", "b.authorid"),
-           "city_ratings": ("reviews r JOIN books b ON r.isbn = b.isbn JOIN authors a "
-                            "ON b.authorid = a.authorid", "a.city")}  # fmt: skip
+SOURCES = {
+    "author_stats": ("books b", "b.authorid"),
+    "city_ratings": (
+        "reviews r JOIN books b ON r.isbn = b.isbn JOIN authors a ON b.authorid = a.authorid",
+        "a.city",
+    ),
+}
 
 
 def random_query(draw: random.Random, aggregates: t.Mapping[str, list[str]]) -> str:
@@ -370,8 +487,10 @@ def random_query(draw: random.Random, aggregates: t.Mapping[str, list[str]]) -> 
         where = f" WHERE {key} BETWEEN {low} AND {low + draw.randint(0, 8)}"
     elif view == "city_ratings" and draw.random() < 0.5:
         where = f" WHERE {key} <> 'Seattle'"
-    return (f"SELECT {key + ', ' if grouped else ''}{', '.join(chosen)} FROM "
-            f"{source}{where}{f' GROUP BY {key} ORDER BY 1' if grouped else ''}")
+    return (
+        f"SELECT {key + ', ' if grouped else ''}{', '.join(chosen)} FROM "
+        f"{source}{where}{f' GROUP BY {key} ORDER BY 1' if grouped else ''}"
+    )
 
 
 def answered_locally_as_postgresql(cur: t.Any, pg: psycopg.Connection[t.Any], sql: str) -> None:
@@ -395,14 +514,21 @@ def test_a_query_with_parameters_is_answered_from_a_derived_view(
     conn.admin.refresh("author_stats")
     conn.admin.refresh("city_ratings")
     cases = [
-        ("SELECT count(*), sum(b.price), avg(b.price) FROM books b WHERE b.authorid = %s",
-         [[1], [7], [40], [999]]),
-        ("SELECT b.authorid, max(b.title) FROM books b WHERE b.authorid BETWEEN %s AND %s "
-         "GROUP BY b.authorid ORDER BY 1", [[1, 5], [10, 12], [30, 29]]),
-        ("SELECT avg(r.rating), count(*) FROM reviews r JOIN books b ON r.isbn = b.isbn "
-         "JOIN authors a ON b.authorid = a.authorid WHERE a.city = %s",
-         [["Madison"], ["Seattle"], ["Nowhere"]]),
-    ]  # fmt: skip
+        (
+            "SELECT count(*), sum(b.price), avg(b.price) FROM books b WHERE b.authorid = %s",
+            [[1], [7], [40], [999]],
+        ),
+        (
+            "SELECT b.authorid, max(b.title) FROM books b WHERE b.authorid BETWEEN %s AND %s "
+            "GROUP BY b.authorid ORDER BY 1",
+            [[1, 5], [10, 12], [30, 29]],
+        ),
+        (
+            "SELECT avg(r.rating), count(*) FROM reviews r JOIN books b ON r.isbn = b.isbn "
+            "JOIN authors a ON b.authorid = a.authorid WHERE a.city = %s",
+            [["Madison"], ["Seattle"], ["Nowhere"]],
+        ),
+    ]
     cur = conn.cursor()
     with psycopg.connect(bookstore_dsn) as pg:
         for sql, runs in cases:
@@ -437,15 +563,21 @@ def test_a_derived_view_under_presence_holds_the_admitted_keys_groups(
     conn.admin.apply_ddl(PARTIAL)
     assert stored(conn, "author_stats") == []
     conn.admin.admit("stats_pct", [3, 7])
-    want = backend(bookstore_dsn, "SELECT b.authorid, count(*), sum(b.price), sum(b.price), "
-                   "count(b.price), min(b.price) FROM books b WHERE b.authorid IN (3, 7) "
-                   "GROUP BY b.authorid")  # fmt: skip
+    want = backend(
+        bookstore_dsn,
+        "SELECT b.authorid, count(*), sum(b.price), sum(b.price), "
+        "count(b.price), min(b.price) FROM books b WHERE b.authorid IN (3, 7) "
+        "GROUP BY b.authorid",
+    )
     assert typed(stored(conn, "author_stats")) == typed(want)
     isbn = backend(bookstore_dsn, "SELECT min(isbn) FROM reviews WHERE rating >= 3")[0][0]
     conn.admin.admit("isbn_pct", [isbn])
     assert stored(conn, "reviewed") == backend(
-        bookstore_dsn, "SELECT r.reviewid, r.rating, b.isbn, b.title, b.price FROM reviews r "
-        "JOIN books b ON r.isbn = b.isbn WHERE r.rating >= 3 AND b.isbn = %s", (isbn,))
+        bookstore_dsn,
+        "SELECT r.reviewid, r.rating, b.isbn, b.title, b.price FROM reviews r "
+        "JOIN books b ON r.isbn = b.isbn WHERE r.rating >= 3 AND b.isbn = %s",
+        (isbn,),
+    )
     conn.admin.evict("stats_pct", [7])
     assert [r[0] for r in stored(conn, "author_stats")] == [3]
     views = {v["name"]: v for v in conn.admin.status()["views"]}
@@ -466,15 +598,23 @@ def test_a_query_of_admitted_keys_is_answered_from_the_partial_view(
     conn.admin.admit("isbn_pct", [isbn])
     cur = conn.cursor()
     cases = [
-        ("SELECT b.authorid, count(*), avg(b.price), min(b.price) FROM books b "
-         "WHERE b.authorid = 3 GROUP BY b.authorid", (), "local"),
+        (
+            "SELECT b.authorid, count(*), avg(b.price), min(b.price) FROM books b "
+            "WHERE b.authorid = 3 GROUP BY b.authorid",
+            (),
+            "local",
+        ),
         ("SELECT count(*), sum(b.price) FROM books b WHERE b.authorid IN (3, 7)", (), "local"),
         ("SELECT count(*), avg(b.price) FROM books b WHERE b.authorid = %s", (7,), "local"),
         ("SELECT count(*), avg(b.price) FROM books b WHERE b.authorid = %s", (8,), "remote"),
         ("SELECT count(*) FROM books b WHERE b.authorid IN (3, 8)", (), "remote"),
         ("SELECT count(*) FROM books b", (), "remote"),  # (no key: the regions are unknown)
-        ("SELECT r.reviewid, b.title FROM reviews r JOIN books b ON r.isbn = b.isbn "
-         "WHERE r.rating >= 3 AND b.isbn = %s ORDER BY r.reviewid", (isbn,), "local"),
+        (
+            "SELECT r.reviewid, b.title FROM reviews r JOIN books b ON r.isbn = b.isbn "
+            "WHERE r.rating >= 3 AND b.isbn = %s ORDER BY r.reviewid",
+            (isbn,),
+            "local",
+        ),
     ]
     with psycopg.connect(bookstore_dsn) as pg:
         for sql, params, route in cases:
@@ -496,27 +636,35 @@ def test_keys_admitted_apart_are_one_snapshot_only_with_consistency_on_all(
     view keeps its groups in one snapshot (CONSISTENCY ON ALL re-pulls every key it holds
     with each admission); without it, their regions are of two snapshots, and the query's
     one consistency class sends it to PostgreSQL."""
-    conn.admin.apply_ddl(PARTIAL + """;
+    conn.admin.apply_ddl(
+        PARTIAL
+        + """;
         CREATE CONTROL TABLE all_pct (authorid integer);
         CREATE CACHED VIEW all_stats AS SELECT b.authorid, count(*) AS books,
             avg(b.price) AS mean FROM books b GROUP BY b.authorid
-            PRESENCE ON (authorid) IN all_pct CONSISTENCY ON ALL""")
+            PRESENCE ON (authorid) IN all_pct CONSISTENCY ON ALL"""
+    )
     for control in ("stats_pct", "all_pct"):
         conn.admin.admit(control, [3])
         conn.admin.admit(control, [7])
-    snapshots = {control: conn.admin.store.con.execute(
-        f"SELECT DISTINCT snapshot_id FROM {control}").fetchall()
-        for control in ("stats_pct", "all_pct")}  # fmt: skip
+    snapshots = {
+        control: conn.admin.store.con.execute(
+            f"SELECT DISTINCT snapshot_id FROM {control}"
+        ).fetchall()
+        for control in ("stats_pct", "all_pct")
+    }
     assert len(snapshots["stats_pct"]) == 2 and len(snapshots["all_pct"]) == 1
     sql = "SELECT count(*), avg(b.price) FROM books b WHERE b.authorid IN (3, 7)"
     cur = conn.cursor()
     conn.admin.apply_ddl("DROP CACHED VIEW all_stats")
     cur.execute(sql + " CURRENCY BOUND 10 MIN")  # (author_stats alone: two snapshots)
     assert {p["route"] for p in cur.provenance} == {"remote"}
-    conn.admin.apply_ddl("DROP CACHED VIEW author_stats; CREATE CACHED VIEW all_stats AS "
-                         "SELECT b.authorid, count(*) AS books, avg(b.price) AS mean FROM "
-                         "books b GROUP BY b.authorid PRESENCE ON (authorid) IN all_pct "
-                         "CONSISTENCY ON ALL")  # fmt: skip
+    conn.admin.apply_ddl(
+        "DROP CACHED VIEW author_stats; CREATE CACHED VIEW all_stats AS "
+        "SELECT b.authorid, count(*) AS books, avg(b.price) AS mean FROM "
+        "books b GROUP BY b.authorid PRESENCE ON (authorid) IN all_pct "
+        "CONSISTENCY ON ALL"
+    )
     conn.admin.refresh("all_stats")
     cur.execute(sql + " CURRENCY BOUND 10 MIN")
     assert {p["route"] for p in cur.provenance} == {"local"}
@@ -525,23 +673,44 @@ def test_keys_admitted_apart_are_one_snapshot_only_with_consistency_on_all(
         assert typed(got) == typed(pg.execute(sql).fetchall())
 
 
-@pytest.mark.parametrize(("ddl", "error", "words"), [
-    ("CREATE CONTROL TABLE n_pct (books bigint); CREATE CACHED VIEW v AS SELECT b.authorid, "
-     "count(*) AS books FROM books b GROUP BY b.authorid PRESENCE ON (books) IN n_pct",
-     ProgrammingError, "an aggregate is no key"),
-    ("CREATE CACHED VIEW v AS SELECT b.authorid, count(*) AS n FROM books b "
-     "GROUP BY b.authorid PRESENCE ON (authorid) IN books_copy", NotSupportedError,
-     "controlled by a control table"),
-    ("CREATE CONTROL TABLE a_pct (authorid text); CREATE CACHED VIEW v AS SELECT "
-     "b.authorid, count(*) AS n FROM books b GROUP BY b.authorid PRESENCE ON (authorid) IN "
-     "a_pct", ProgrammingError, "must have the type"),
-    ("CREATE CONTROL TABLE a_pct (authorid integer); CREATE CACHED VIEW v AS SELECT "
-     "b.authorid, count(*) AS n FROM books b GROUP BY b.authorid PRESENCE ON (authorid) IN "
-     "a_pct CONSISTENCY ON (authorid)", NotSupportedError, "takes CONSISTENCY ON ALL"),
-    ("CREATE CONTROL TABLE a_cct (authorid integer); CREATE CACHED VIEW v AS SELECT "
-     "b.authorid, count(*) AS n FROM books b GROUP BY b.authorid COMPLETENESS ON (authorid) "
-     "IN a_cct", NotSupportedError, "complete by construction"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("ddl", "error", "words"),
+    [
+        (
+            "CREATE CONTROL TABLE n_pct (books bigint); CREATE CACHED VIEW v AS SELECT b.authorid, "
+            "count(*) AS books FROM books b GROUP BY b.authorid PRESENCE ON (books) IN n_pct",
+            ProgrammingError,
+            "an aggregate is no key",
+        ),
+        (
+            "CREATE CACHED VIEW v AS SELECT b.authorid, count(*) AS n FROM books b "
+            "GROUP BY b.authorid PRESENCE ON (authorid) IN books_copy",
+            NotSupportedError,
+            "controlled by a control table",
+        ),
+        (
+            "CREATE CONTROL TABLE a_pct (authorid text); CREATE CACHED VIEW v AS SELECT "
+            "b.authorid, count(*) AS n FROM books b GROUP BY b.authorid PRESENCE ON (authorid) IN "
+            "a_pct",
+            ProgrammingError,
+            "must have the type",
+        ),
+        (
+            "CREATE CONTROL TABLE a_pct (authorid integer); CREATE CACHED VIEW v AS SELECT "
+            "b.authorid, count(*) AS n FROM books b GROUP BY b.authorid PRESENCE ON (authorid) IN "
+            "a_pct CONSISTENCY ON (authorid)",
+            NotSupportedError,
+            "takes CONSISTENCY ON ALL",
+        ),
+        (
+            "CREATE CONTROL TABLE a_cct (authorid integer); CREATE CACHED VIEW v AS SELECT "
+            "b.authorid, count(*) AS n FROM books b GROUP BY b.authorid COMPLETENESS ON (authorid) "
+            "IN a_cct",
+            NotSupportedError,
+            "complete by construction",
+        ),
+    ],
+)
 def test_what_a_partial_derived_view_cannot_be_is_refused_and_changes_nothing(
     conn: Connection, ddl: str, error: type[Exception], words: str
 ) -> None:

@@ -21,10 +21,25 @@ def test_all_quick_writes_csv_plots_and_one_report(
 ) -> None:
     dsn = pg_cluster.create_database("experiments")
     out = tmp_path / "out"
-    done = subprocess.run([mtcache_bin, "--backend", dsn, "--cache", str(tmp_path / "c.duckdb"),
-                           "experiment", "all", "--quick", "--out", str(out)],
-                          capture_output=True, text=True, env=clean_env, timeout=600,
-                          check=False)  # fmt: skip
+    done = subprocess.run(
+        [
+            mtcache_bin,
+            "--backend",
+            dsn,
+            "--cache",
+            str(tmp_path / "c.duckdb"),
+            "experiment",
+            "all",
+            "--quick",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=clean_env,
+        timeout=600,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert f"report: {out / 'report.md'}" in done.stdout
     report = (out / "report.md").read_text()
@@ -37,8 +52,9 @@ def test_all_quick_writes_csv_plots_and_one_report(
     assert [r["query"] for r in queries] == [f"Q{n}" for n in range(1, 23)]
     assert all(r["route"] in ("local", "mixed", "remote") for r in queries)
     assert all(float(r["cache_ms"]) > 0 and float(r["postgres_ms"]) > 0 for r in queries)
-    assert all(r["experiment"] == "tpch" and r["git_sha"] and r["scale_factor"] == "0.01"
-               for r in rows)  # fmt: skip
+    assert all(
+        r["experiment"] == "tpch" and r["git_sha"] and r["scale_factor"] == "0.01" for r in rows
+    )
     local = [r for r in queries if r["route"] == "local"]
     assert len(local) >= 15  # every table is cached and the bound is loose
     geomean = next(r for r in rows if r["query"] == "geomean (all)")
@@ -54,8 +70,12 @@ def test_all_quick_writes_csv_plots_and_one_report(
     with (out / "guard-overhead.csv").open(newline="") as handle:
         guards = list(csv.DictReader(handle))
     assert sorted({r["query"] for r in guards}) == ["Q1", "Q2", "Q3"]
-    assert {r["variant"] for r in guards} == {"local, no guard", "local, guard",
-                                              "remote, no guard", "remote, guard"}  # fmt: skip
+    assert {r["variant"] for r in guards} == {
+        "local, no guard",
+        "local, guard",
+        "remote, no guard",
+        "remote, guard",
+    }
     assert {r["query"]: r["rows_returned"] for r in guards}["Q1"] == "1"
     for r in guards:
         if r["phase"] == "guard":
@@ -78,7 +98,11 @@ def test_all_quick_writes_csv_plots_and_one_report(
         assert all(float(r["median_ms"]) > 0 for r in mine)
     chosen = {r["query"]: r for r in plans if r["chosen"] == "True"}
     assert {q: chosen[q]["chosen_plan"] for q in ("Q1", "Q4", "Q5", "Q7")} == {
-        "Q1": "remote", "Q4": "mixed", "Q5": "local", "Q7": "local"}
+        "Q1": "remote",
+        "Q4": "mixed",
+        "Q5": "local",
+        "Q7": "local",
+    }
     assert chosen["Q4"]["ran_as"] == "remote+local" and chosen["Q3"]["ran_as"] == "remote"
     assert "## Plan choices (dissertation §4.7.3, Table 4.3 and Fig 4.1)" in report
     assert "| Q4 | " in report and "same choice" in report
@@ -104,8 +128,10 @@ def test_all_quick_writes_csv_plots_and_one_report(
     live = [r for r in shift if r["figure"] == "continuous"]
     assert int(live[0]["writes"]) > 100 and all(int(r["queries"]) > 10 for r in live)
     assert max(float(r["p_measured"]) for r in live) >= 0.9  # a loose bound is met locally
-    assert "## Workload shift as the currency bound relaxes (dissertation §4.7.2, Fig 4.2)" \
-        in report and "points fit the model within" in report  # fmt: skip
+    assert (
+        "## Workload shift as the currency bound relaxes (dissertation §4.7.2, Fig 4.2)" in report
+        and "points fit the model within" in report
+    )
     assert (out / "workload-shift.png").read_bytes()[:8] == PNG
 
     # consistency-guards: Table 7.1 measured four ways; the guards the plans carry are the
@@ -144,23 +170,34 @@ def test_all_quick_writes_csv_plots_and_one_report(
             assert int(r["view_rows"]) > 0 and int(r["copies_rows"]) > int(r["view_rows"])
     [lag] = [r for r in derived if r["kind"] == "lag"]
     assert int(lag["transactions"]) == 300 and 0 <= float(lag["lag_p50_s"]) <= float(
-        lag["lag_p99_s"])  # fmt: skip
+        lag["lag_p99_s"]
+    )
     assert "## Derived views kept current from the change stream" in report
     assert (out / "derived-views.png").read_bytes()[:8] == PNG
 
     # --from-csv draws the same plots and report again from the CSVs, measuring nothing
     for drawn in [out / "report.md", *out.glob("*.png")]:
         drawn.unlink()
-    again = subprocess.run([mtcache_bin, "experiment", "all", "--out", str(out), "--from-csv"],
-                           capture_output=True, text=True, env=clean_env, timeout=120,
-                           check=False)  # fmt: skip
+    again = subprocess.run(
+        [mtcache_bin, "experiment", "all", "--out", str(out), "--from-csv"],
+        capture_output=True,
+        text=True,
+        env=clean_env,
+        timeout=120,
+        check=False,
+    )
     assert again.returncode == 0, again.stderr
     assert (out / "report.md").read_text() == report
     assert (out / "workload-shift.png").read_bytes()[:8] == PNG
     (out / "tpch.csv").unlink()
-    missing = subprocess.run([mtcache_bin, "experiment", "tpch", "--out", str(out),
-                              "--from-csv"], capture_output=True, text=True, env=clean_env,
-                             timeout=120, check=False)  # fmt: skip
+    missing = subprocess.run(
+        [mtcache_bin, "experiment", "tpch", "--out", str(out), "--from-csv"],
+        capture_output=True,
+        text=True,
+        env=clean_env,
+        timeout=120,
+        check=False,
+    )
     assert missing.returncode == 1 and len(missing.stderr.splitlines()) == 1
     assert "tpch.csv is missing: run `mtcache experiment tpch`" in missing.stderr
 
@@ -168,13 +205,28 @@ def test_all_quick_writes_csv_plots_and_one_report(
 def test_a_scale_factor_out_of_range_is_one_line(
     mtcache_bin: str, clean_env: dict[str, str], tmp_path: Path
 ) -> None:
-    done = subprocess.run([mtcache_bin, "--cache", str(tmp_path / "c.duckdb"), "experiment",
-                           "tpch", "--sf", "0", "--out", str(tmp_path / "out")],
-                          capture_output=True, text=True, env=clean_env, timeout=60,
-                          check=False)  # fmt: skip
+    done = subprocess.run(
+        [
+            mtcache_bin,
+            "--cache",
+            str(tmp_path / "c.duckdb"),
+            "experiment",
+            "tpch",
+            "--sf",
+            "0",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        env=clean_env,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == [
-        "mtcache: ProgrammingError: --sf must be a TPC-H scale factor in (0, 100], not 0"]
+        "mtcache: ProgrammingError: --sf must be a TPC-H scale factor in (0, 100], not 0"
+    ]
     assert not (tmp_path / "out").exists()
 
 

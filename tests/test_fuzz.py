@@ -128,8 +128,10 @@ def test_queries_answer_as_postgresql_or_fail_as_it_does(
     sql, params, clause = query
     try:
         expected = pg.execute(sql, params)
-        want = (typed(expected.fetchall()),
-                [(d.name, d.type_code) for d in expected.description or []])  # fmt: skip
+        want = (
+            typed(expected.fetchall()),
+            [(d.name, d.type_code) for d in expected.description or []],
+        )
     except psycopg.Error:
         want = None
     before = fuzzing.cache_contents(conn.engine.store.con)
@@ -171,8 +173,11 @@ def test_ddl_scripts_apply_or_leave_the_cache_as_it_was(
             assert fuzzing.cache_contents(admin.store.con) == before, script
 
 
-@given(control=st.sampled_from(["authorlist_pct", "citylist_cpct", "reviewerlist_pct"]),
-       value=fuzzing.key_values, evict=st.booleans())  # fmt: skip
+@given(
+    control=st.sampled_from(["authorlist_pct", "citylist_cpct", "reviewerlist_pct"]),
+    value=fuzzing.key_values,
+    evict=st.booleans(),
+)
 @fuzzing.fuzz_settings(60)
 def test_control_keys_are_exact_or_refused(
     conn: Connection, control: str, value: object, evict: bool
@@ -202,13 +207,24 @@ def test_control_keys_are_exact_or_refused(
     assert keys() == listed
 
 
-CLI_COMMANDS = st.sampled_from([["parse"], ["explain"], ["query"], ["query", "--json"],
-                                ["admit", "authorlist_pct"], ["evict", "citylist_cpct"],
-                                ["ddl"], ["refresh", "--view"]])  # fmt: skip
+CLI_COMMANDS = st.sampled_from(
+    [
+        ["parse"],
+        ["explain"],
+        ["query"],
+        ["query", "--json"],
+        ["admit", "authorlist_pct"],
+        ["evict", "citylist_cpct"],
+        ["ddl"],
+        ["refresh", "--view"],
+    ]
+)
 
 
-@given(command=CLI_COMMANDS, argument=st.one_of(fuzzing.statement_texts, fuzzing.clauses(),
-                                                 fuzzing.key_values.map(str)))  # fmt: skip
+@given(
+    command=CLI_COMMANDS,
+    argument=st.one_of(fuzzing.statement_texts, fuzzing.clauses(), fuzzing.key_values.map(str)),
+)
 @fuzzing.fuzz_settings(12)
 def test_the_cli_answers_or_says_why_in_one_line(
     mtcache_bin: str, bookstore_dsn: str, template: Path, command: list[str], argument: str

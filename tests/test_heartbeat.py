@@ -43,10 +43,12 @@ def test_two_heartbeat_processes_beat_and_stop_cleanly(
     came first); SIGTERM and SIGINT each end one with exit 0 and a last line."""
     clean_env["MTCACHE_BACKEND"] = dsn
     command = [mtcache_bin, "heartbeat", "--interval", "0.1", "--source", "twice"]
-    first = subprocess.Popen(command, env=clean_env, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)  # fmt: skip
-    second = subprocess.Popen(command, env=clean_env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)  # fmt: skip
+    first = subprocess.Popen(
+        command, env=clean_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    second = subprocess.Popen(
+        command, env=clean_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         for process in (first, second):
             assert process.stdout is not None
@@ -72,12 +74,22 @@ def test_two_heartbeat_processes_beat_and_stop_cleanly(
     ],
 )
 def test_heartbeat_errors_are_one_line(
-    mtcache_bin: str, dsn: str, clean_env: dict[str, str], args: list[str],
-    backend: str | None, message: str,
-) -> None:  # fmt: skip
+    mtcache_bin: str,
+    dsn: str,
+    clean_env: dict[str, str],
+    args: list[str],
+    backend: str | None,
+    message: str,
+) -> None:
     clean_env["MTCACHE_BACKEND"] = backend or dsn
-    result = subprocess.run([mtcache_bin, "heartbeat", *args], env=clean_env, text=True,
-                            capture_output=True, timeout=120, check=False)  # fmt: skip
+    result = subprocess.run(
+        [mtcache_bin, "heartbeat", *args],
+        env=clean_env,
+        text=True,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
 
@@ -102,8 +114,10 @@ def test_the_heartbeat_thread_rides_out_a_restart_and_measures_the_clock(
         measured = measure(conn)
     # both are upper bounds of (backend - local) on one host: neither below the true offset,
     # which lies within the round trip of each
-    lowest_true = max(clock.offset_seconds - clock.uncertainty_seconds,
-                      measured.offset_seconds - measured.uncertainty_seconds)  # fmt: skip
+    lowest_true = max(
+        clock.offset_seconds - clock.uncertainty_seconds,
+        measured.offset_seconds - measured.uncertainty_seconds,
+    )
     assert lowest_true <= min(clock.offset_seconds, measured.offset_seconds)
     assert 0 <= clock.uncertainty_seconds < 5
 

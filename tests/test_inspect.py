@@ -38,36 +38,48 @@ def conn(bookstore_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 
 def test_the_statements_parse() -> None:
-    assert parse_one("EXPLAIN LAST STATEMENT;") == Inspect("EXPLAIN LAST STATEMENT;",
-                                                           "last statement")  # fmt: skip
+    assert parse_one("EXPLAIN LAST STATEMENT;") == Inspect(
+        "EXPLAIN LAST STATEMENT;", "last statement"
+    )
     assert parse_one("show cached views") == Inspect("show cached views", "cached views")
     assert parse_one("SHOW CACHE STATUS") == Inspect("SHOW CACHE STATUS", "cache status")
     assert parse_one("SET SESSION mtcache.Provenance TO on") == CacheSetting(
-        "SET SESSION mtcache.Provenance TO on", "set", "mtcache.provenance", "on")
+        "SET SESSION mtcache.Provenance TO on", "set", "mtcache.provenance", "on"
+    )
     assert parse_one("SET mtcache.currency_bound = '10 min'").value == "10 min"
     assert parse_one("SET mtcache.stale_ok = DEFAULT").value is None
     assert parse_one("RESET mtcache.stale_ok").action == "reset"
     assert parse_one("SHOW mtcache.stale_ok").action == "show"
-    assert parse_one("REFRESH CACHED VIEWS") == RefreshCachedView("REFRESH CACHED VIEWS", None,
-                                                                  None)  # fmt: skip
+    assert parse_one("REFRESH CACHED VIEWS") == RefreshCachedView(
+        "REFRESH CACHED VIEWS", None, None
+    )
     assert parse_one("REFRESH CACHED VIEW v KEY (1, 'a'), (-2, 'b c')").keys == (
-        ("1", "a"), ("-2", "b c"))
+        ("1", "a"),
+        ("-2", "b c"),
+    )
     # the backend's own SET / SHOW / REFRESH are not the cache's
-    for backend in ("SHOW search_path", "SET search_path = public", "RESET ALL",
-                    "REFRESH MATERIALIZED VIEW m"):  # fmt: skip
+    for backend in (
+        "SHOW search_path",
+        "SET search_path = public",
+        "RESET ALL",
+        "REFRESH MATERIALIZED VIEW m",
+    ):
         assert not isinstance(parse_one(backend), Inspect | CacheSetting | RefreshCachedView)
 
 
-@pytest.mark.parametrize(("text", "message", "column"), [
-    ("SET LOCAL mtcache.provenance = on", "hold for the session", 1),
-    ("SET mtcache.provenance = on off", "takes one value", 29),
-    ("SET mtcache.provenance", "expected = or TO", 13),
-    ("EXPLAIN LAST STATEMENT please", "takes nothing more", 24),
-    ("REFRESH CACHED VIEW v KEY 1", "expected (value, ...)", 27),
-    ("REFRESH CACHED VIEW v KEY (1 2)", "expected , or )", 30),
-    ("REFRESH CACHED VIEWS now", "takes nothing more", 22),
-    ("REFRESH CACHED VIEW v KEY (x)", "a key value is a string or a number", 28),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("text", "message", "column"),
+    [
+        ("SET LOCAL mtcache.provenance = on", "hold for the session", 1),
+        ("SET mtcache.provenance = on off", "takes one value", 29),
+        ("SET mtcache.provenance", "expected = or TO", 13),
+        ("EXPLAIN LAST STATEMENT please", "takes nothing more", 24),
+        ("REFRESH CACHED VIEW v KEY 1", "expected (value, ...)", 27),
+        ("REFRESH CACHED VIEW v KEY (1 2)", "expected , or )", 30),
+        ("REFRESH CACHED VIEWS now", "takes nothing more", 22),
+        ("REFRESH CACHED VIEW v KEY (x)", "a key value is a string or a number", 28),
+    ],
+)
 def test_malformed_statements_say_where(text: str, message: str, column: int) -> None:
     with pytest.raises(SqlSyntaxError, match=re.escape(message)) as caught:
         parse_one(text)
@@ -83,12 +95,20 @@ def test_explain_last_statement_gives_the_provenance_as_rows(conn: t.Any) -> Non
     provenance = cur.provenance
     assert [p["route"] for p in provenance] == ["local"]
     cur.execute("EXPLAIN LAST STATEMENT")
-    assert [d[0] for d in cur.description] == ["table", "route", "view", "regions",
-                                               "currency_seconds", "snapshot_ids", "stale"]
+    assert [d[0] for d in cur.description] == [
+        "table",
+        "route",
+        "view",
+        "regions",
+        "currency_seconds",
+        "snapshot_ids",
+        "stale",
+    ]
     rows = cur.fetchall()
     assert [(r[0], r[1], r[2], json.loads(r[3]), json.loads(r[5]), r[6]) for r in rows] == [
         (p["table"], p["route"], p["view"], p["regions"], p["snapshot_ids"], p["stale"])
-        for p in provenance]  # fmt: skip
+        for p in provenance
+    ]
     assert isinstance(rows[0][4], float) and rows[0][4] >= 0
     # asking again asks about the same statement: the cache's own statements are not counted
     cur.execute("SHOW mtcache.provenance")
@@ -108,13 +128,14 @@ def test_show_cached_views_has_a_row_per_view(conn: t.Any) -> None:
     document = conn.admin.status()
     cur = conn.execute("SHOW CACHED VIEWS")
     assert cur.statusmessage == "SHOW 2"
-    views = {row[0]: dict(zip([d[0] for d in cur.description], row, strict=True))
-             for row in cur.fetchall()}  # fmt: skip
+    views = {
+        row[0]: dict(zip([d[0] for d in cur.description], row, strict=True))
+        for row in cur.fetchall()
+    }
     assert set(views) == {v["name"] for v in document["views"]}
     author = views["authorcopy"]
     assert (author["table"], author["refresh"], author["regions"]) == ("authors", "every 5 min", 2)
-    assert author["rows"] == next(v["rows"] for v in document["views"]
-                                  if v["name"] == "authorcopy")  # fmt: skip
+    assert author["rows"] == next(v["rows"] for v in document["views"] if v["name"] == "authorcopy")
     assert views["bookcopy"]["refresh"] == "with authorcopy"
     assert isinstance(author["last_refresh"], dt.datetime)
     assert author["last_refresh"].tzinfo is not None
@@ -146,10 +167,12 @@ def test_settings_set_show_reset(conn: t.Any) -> None:
     assert cur.execute("SHOW mtcache.stale_ok").fetchall() == [("on",)]
     cur.execute("SET mtcache.stale_ok = DEFAULT")
     assert conn.stale_ok is False
-    for bad, message in (("SET mtcache.stale_ok = maybe", "requires a Boolean value"),
-                         ("SET mtcache.currency_bound = 'soon'", "is not a duration"),
-                         ("SET mtcache.refresh_engine = 'magic'", "is one of"),
-                         ("SHOW mtcache.nonsense", "unrecognized configuration parameter")):
+    for bad, message in (
+        ("SET mtcache.stale_ok = maybe", "requires a Boolean value"),
+        ("SET mtcache.currency_bound = 'soon'", "is not a duration"),
+        ("SET mtcache.refresh_engine = 'magic'", "is one of"),
+        ("SHOW mtcache.nonsense", "unrecognized configuration parameter"),
+    ):
         with pytest.raises(ProgrammingError, match=message):
             cur.execute(bad)
     with pytest.raises(ProgrammingError) as caught:

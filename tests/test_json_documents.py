@@ -40,8 +40,13 @@ def validate(document: Any, name: str) -> None:
 
 def test_the_schemas_are_json_schemas() -> None:
     names = sorted(p.name for p in SCHEMAS.glob("*.schema.json"))
-    assert names == ["explain.schema.json", "parse.schema.json", "provenance.schema.json",
-                     "query.schema.json", "status.schema.json"]  # fmt: skip
+    assert names == [
+        "explain.schema.json",
+        "parse.schema.json",
+        "provenance.schema.json",
+        "query.schema.json",
+        "status.schema.json",
+    ]
     for name in names:
         jsonschema.Draft202012Validator.check_schema(json.loads((SCHEMAS / name).read_text()))
 
@@ -50,8 +55,11 @@ def test_a_schema_refuses_what_it_does_not_describe() -> None:
     """The schemas are strict: a missing key, an unknown one, a wrong type each fail."""
     good = {"kind": "query", "sql": "SELECT 1", "clauses": []}
     validate(good, "parse")
-    for bad in ({"kind": "query", "sql": "SELECT 1"}, {**good, "extra": 1},
-                {**good, "clauses": [{"block": "0", "specs": []}]}):  # fmt: skip
+    for bad in (
+        {"kind": "query", "sql": "SELECT 1"},
+        {**good, "extra": 1},
+        {**good, "clauses": [{"block": "0", "specs": []}]},
+    ):
         with pytest.raises(jsonschema.ValidationError):
             validate(bad, "parse")
 
@@ -84,8 +92,9 @@ PARSED = [
 ]
 
 
-def test_parse_documents(mtcache_bin: str, clean_env: dict[str, str],
-                         capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_parse_documents(
+    mtcache_bin: str, clean_env: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
     """The first statement through the installed command; the others through its `main` in
     this process (the same code without a process start each: 1.7 s apiece)."""
     from cache.tools.cli import main
@@ -93,8 +102,14 @@ def test_parse_documents(mtcache_bin: str, clean_env: dict[str, str],
     kinds = set()
     for n, sql in enumerate(PARSED):
         if n == 0:
-            result = subprocess.run([mtcache_bin, "parse", "--json", sql], capture_output=True,
-                                    text=True, env=clean_env, timeout=60, check=False)  # fmt: skip
+            result = subprocess.run(
+                [mtcache_bin, "parse", "--json", sql],
+                capture_output=True,
+                text=True,
+                env=clean_env,
+                timeout=60,
+                check=False,
+            )
             assert result.returncode == 0, (sql, result.stderr)
             out = result.stdout
         else:
@@ -103,11 +118,18 @@ def test_parse_documents(mtcache_bin: str, clean_env: dict[str, str],
         document = json.loads(out)
         validate(document, "parse")
         kinds.add((document["kind"], (document.get("ddl") or {}).get("statement")))
-    assert kinds == {("query", None), ("ddl", "create control table"),
-                     ("ddl", "create cached view"), ("ddl", "drop cached view"),
-                     ("ddl", "drop control table"), ("timeline", None),
-                     ("session", None), ("inspect", None), ("setting", None),
-                     ("refresh", None)}  # fmt: skip
+    assert kinds == {
+        ("query", None),
+        ("ddl", "create control table"),
+        ("ddl", "create cached view"),
+        ("ddl", "drop cached view"),
+        ("ddl", "drop control table"),
+        ("timeline", None),
+        ("session", None),
+        ("inspect", None),
+        ("setting", None),
+        ("refresh", None),
+    }
 
 
 def test_explain_query_status_and_provenance_documents(
@@ -121,20 +143,38 @@ def test_explain_query_status_and_provenance_documents(
     home = cli_home(clean_env, dsn, "mtcache-json-")
 
     def document(*args: str) -> Any:
-        result = subprocess.run([mtcache_bin, *args], capture_output=True, text=True,
-                                env=clean_env, timeout=120, check=False)  # fmt: skip
+        result = subprocess.run(
+            [mtcache_bin, *args],
+            capture_output=True,
+            text=True,
+            env=clean_env,
+            timeout=120,
+            check=False,
+        )
         assert result.returncode == 0, (args, result.stderr)
         return json.loads(result.stdout)
 
     script = home / "schema.sql"
-    script.write_text(bookstore.CACHE_SCHEMA_FILE.read_text() + "\nCREATE CACHED VIEW salescopy "
-                      "AS SELECT * FROM sales REFRESH CONTINUOUSLY;\n")  # fmt: skip
-    assert subprocess.run([mtcache_bin, "ddl", str(script)], env=clean_env, capture_output=True,
-                          timeout=120, check=False).returncode == 0  # fmt: skip
+    script.write_text(
+        bookstore.CACHE_SCHEMA_FILE.read_text() + "\nCREATE CACHED VIEW salescopy "
+        "AS SELECT * FROM sales REFRESH CONTINUOUSLY;\n"
+    )
+    assert (
+        subprocess.run(
+            [mtcache_bin, "ddl", str(script)],
+            env=clean_env,
+            capture_output=True,
+            timeout=120,
+            check=False,
+        ).returncode
+        == 0
+    )
     document("admit", "--json", "authorlist_pct", "4")
     document("refresh", "--json", "--view", "salescopy")
-    local = ("SELECT a.name, b.title FROM authors a JOIN books b ON a.authorid = b.authorid "
-             "WHERE a.authorid = 4 CURRENCY BOUND 10 MIN ON (a, b)")  # fmt: skip
+    local = (
+        "SELECT a.name, b.title FROM authors a JOIN books b ON a.authorid = b.authorid "
+        "WHERE a.authorid = 4 CURRENCY BOUND 10 MIN ON (a, b)"
+    )
     remote = "SELECT count(*) FROM reviews r CURRENCY BOUND 10 MIN"
     aggregate = "SELECT count(*), sum(qty) FROM sales s CURRENCY BOUND 10 MIN"
     routes = set()
@@ -149,10 +189,11 @@ def test_explain_query_status_and_provenance_documents(
     status = document("status", "--json")
     validate(status, "status")
     assert status["stream"] is not None and {v["name"] for v in status["views"]} >= {
-        "authorcopy", "salescopy"}  # fmt: skip
+        "authorcopy",
+        "salescopy",
+    }
     # a cursor's provenance, local and remote
-    with cache.connect(dsn, home / "cache.duckdb", background=False,
-                       admit_on_miss=False) as conn:  # fmt: skip
+    with cache.connect(dsn, home / "cache.duckdb", background=False, admit_on_miss=False) as conn:
         cur = conn.cursor()
         for sql in (local, remote):
             cur.execute(sql)

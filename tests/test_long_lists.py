@@ -27,9 +27,13 @@ CREATE CACHED VIEW bookfull AS SELECT isbn, title, price FROM books REFRESH EVER
 @pytest.fixture
 def conn(bookstore_dsn: str, tmp_path: Path) -> Iterator[Connection]:
     # guarded plans: the routes are tested here, not the cost model's choices
-    connection = cache.connect(backend=bookstore_dsn, cache_path=tmp_path / "c.duckdb",
-                               admit_on_miss=False, background=False,
-                               plan_choice="guarded")  # fmt: skip
+    connection = cache.connect(
+        backend=bookstore_dsn,
+        cache_path=tmp_path / "c.duckdb",
+        admit_on_miss=False,
+        background=False,
+        plan_choice="guarded",
+    )
     connection.admin.apply_ddl(bookstore.CACHE_SCHEMA_FILE.read_text() + VIEWS)
     for view in ("salescopy", "bookfull"):
         connection.admin.refresh(view, engine="inline")
@@ -55,13 +59,16 @@ def same(conn: Connection, dsn: str, sql: str, route: str) -> str:
 KEYS = range(1, 3 * LONG_LIST, 2)  # odd sale ids: half the sales table and many absent ones
 
 
-@pytest.mark.parametrize("shape", [
-    f"saleid IN ({listed(KEYS)})",
-    f"saleid NOT IN ({listed(KEYS)})",
-    f"saleid IN ({listed([*KEYS, 2**31 + 5, 2**62])})",  # int8 constants meet a bigint
-    f"qty IN ({listed(range(LONG_LIST))}) AND saleid < 50",  # an integer column
-    f"isbn IN ({listed(repr(f'isbn-{i}') for i in range(LONG_LIST))}) OR saleid < 5",
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "shape",
+    [
+        f"saleid IN ({listed(KEYS)})",
+        f"saleid NOT IN ({listed(KEYS)})",
+        f"saleid IN ({listed([*KEYS, 2**31 + 5, 2**62])})",  # int8 constants meet a bigint
+        f"qty IN ({listed(range(LONG_LIST))}) AND saleid < 50",  # an integer column
+        f"isbn IN ({listed(repr(f'isbn-{i}') for i in range(LONG_LIST))}) OR saleid < 5",
+    ],
+)
 def test_a_long_list_is_answered_locally_as_postgresql_answers(
     conn: Connection, bookstore_dsn: str, shape: str
 ) -> None:
@@ -78,8 +85,9 @@ def test_strings_with_quotes_and_percent_signs(conn: Connection, bookstore_dsn: 
     same(conn, bookstore_dsn, sql, "local")
     # with parameters, %% is a % in strings as psycopg reads them
     cursor = conn.cursor()
-    cursor.execute(sql.replace("%", "%%").replace(" ORDER BY", " AND price > %s ORDER BY")
-                   + CLAUSE, (0,))  # fmt: skip
+    cursor.execute(
+        sql.replace("%", "%%").replace(" ORDER BY", " AND price > %s ORDER BY") + CLAUSE, (0,)
+    )
     assert cursor.result.executed.duckdb_sql is not None
     assert len(cursor.fetchall()) == len(isbns)
 
@@ -89,8 +97,10 @@ def test_other_comparisons_go_to_the_backend_and_say_why(
 ) -> None:
     """A numeric column with integer constants (PostgreSQL compares them as numerics):
     answered by the backend, with the reason in the plan."""
-    sql = f"SELECT isbn, price FROM books WHERE price NOT IN ({listed(range(LONG_LIST))}) " \
-        "ORDER BY isbn"  # fmt: skip
+    sql = (
+        f"SELECT isbn, price FROM books WHERE price NOT IN ({listed(range(LONG_LIST))}) "
+        "ORDER BY isbn"
+    )
     answer = assert_same_answer(conn, bookstore_dsn, sql + CLAUSE, sql)
     assert answer.route == "remote"
     assert "a list of 1000 constants" in (answer.reason or "")
@@ -105,11 +115,15 @@ def test_a_presence_controlled_view_probes_every_listed_key(
     conn.commit()
     conn.admin.refresh("authorcopy", engine="inline")
     absent = range(max(authors) + 1, max(authors) + LONG_LIST)
-    present = f"SELECT authorid, name FROM authors WHERE authorid IN ({listed(authors * 2)}" \
-        f"{', ' + listed(authors[:1] * LONG_LIST)}) ORDER BY authorid"  # fmt: skip
+    present = (
+        f"SELECT authorid, name FROM authors WHERE authorid IN ({listed(authors * 2)}"
+        f"{', ' + listed(authors[:1] * LONG_LIST)}) ORDER BY authorid"
+    )
     same(conn, bookstore_dsn, present, "local")
-    missing = f"SELECT authorid, name FROM authors WHERE authorid IN ({listed(authors)}, " \
-        f"{listed(absent)}) ORDER BY authorid"  # fmt: skip
+    missing = (
+        f"SELECT authorid, name FROM authors WHERE authorid IN ({listed(authors)}, "
+        f"{listed(absent)}) ORDER BY authorid"
+    )
     same(conn, bookstore_dsn, missing, "remote")
 
 

@@ -28,32 +28,38 @@ BOUND = " CURRENCY BOUND 10 MIN"
 NAMES = ("p0", "p1")  # the DuckDB names of a statement's parameters, in order
 
 
-@pytest.mark.parametrize("sql", [
-    "SELECT a, b FROM v AS t WHERE k = $p0",
-    "SELECT * FROM v WHERE k = $p0 AND j = $p1",
-    "SELECT t.a AS x, t.* FROM v AS t WHERE $p0 = t.k",
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT a, b FROM v AS t WHERE k = $p0",
+        "SELECT * FROM v WHERE k = $p0 AND j = $p1",
+        "SELECT t.a AS x, t.* FROM v AS t WHERE $p0 = t.k",
+    ],
+)
 def test_point_lookups_are_recognized(sql: str) -> None:
     shape = lookup_shape(sql, NAMES)
     assert shape is not None
     assert shape.params == tuple(range(sql.count("$")))  # where each key's value is
 
 
-@pytest.mark.parametrize("sql", [
-    "SELECT a + 1 FROM v WHERE k = $p0",  # an expression could fail on rows never looked up
-    "SELECT a FROM v WHERE k = $p0 ORDER BY a",
-    "SELECT a FROM v WHERE k = $p0 LIMIT 1",
-    "SELECT DISTINCT a FROM v WHERE k = $p0",
-    "SELECT a FROM v JOIN w ON v.a = w.a WHERE k = $p0",
-    "SELECT a FROM v WHERE k = $p0 OR j = $p1",
-    "SELECT a FROM v WHERE k = 3",
-    "SELECT a FROM v WHERE k > $p0",
-    "SELECT a FROM v WHERE k = $p0 AND j = $p0",
-    "SELECT count(*) FROM v WHERE k = $p0",
-    "SELECT a FROM v WHERE k = $p0 GROUP BY a",
-    "SELECT a FROM (SELECT * FROM v) AS s WHERE k = $p0",
-    "SELECT a FROM v",
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT a + 1 FROM v WHERE k = $p0",  # an expression could fail on rows never looked up
+        "SELECT a FROM v WHERE k = $p0 ORDER BY a",
+        "SELECT a FROM v WHERE k = $p0 LIMIT 1",
+        "SELECT DISTINCT a FROM v WHERE k = $p0",
+        "SELECT a FROM v JOIN w ON v.a = w.a WHERE k = $p0",
+        "SELECT a FROM v WHERE k = $p0 OR j = $p1",
+        "SELECT a FROM v WHERE k = 3",
+        "SELECT a FROM v WHERE k > $p0",
+        "SELECT a FROM v WHERE k = $p0 AND j = $p0",
+        "SELECT count(*) FROM v WHERE k = $p0",
+        "SELECT a FROM v WHERE k = $p0 GROUP BY a",
+        "SELECT a FROM (SELECT * FROM v) AS s WHERE k = $p0",
+        "SELECT a FROM v",
+    ],
+)
 def test_other_statements_are_not_lookups(sql: str) -> None:
     assert lookup_shape(sql, NAMES) is None
 
@@ -62,15 +68,19 @@ def test_other_statements_are_not_lookups(sql: str) -> None:
 def backend(backend_dsn: str) -> str:
     with psycopg.connect(backend_dsn, autocommit=True) as setup:
         setup.execute("DROP TABLE IF EXISTS people, readings")
-        setup.execute("CREATE TABLE people (id integer PRIMARY KEY, name text, team text, "
-                      "score numeric(6,2), born date, big bigint, flag boolean, "
-                      "ratio double precision, seen timestamptz, at timestamp)")
-        setup.execute("INSERT INTO people SELECT g, 'p' || g, CASE WHEN g % 7 = 0 THEN NULL "
-                      "ELSE 't' || (g % 5) END, g * 1.25, date '2000-01-01' + g, g * 10000000000, "
-                      "g % 2 = 0, g / 7.0, "
-                      "timestamptz '2024-03-01 12:00+00' + g * interval '1 hour 1 second', "
-                      "timestamp '2024-03-01 12:00' + g * interval '1 minute 0.5 second' "
-                      "FROM generate_series(1, 200) g")  # fmt: skip
+        setup.execute(
+            "CREATE TABLE people (id integer PRIMARY KEY, name text, team text, "
+            "score numeric(6,2), born date, big bigint, flag boolean, "
+            "ratio double precision, seen timestamptz, at timestamp)"
+        )
+        setup.execute(
+            "INSERT INTO people SELECT g, 'p' || g, CASE WHEN g % 7 = 0 THEN NULL "
+            "ELSE 't' || (g % 5) END, g * 1.25, date '2000-01-01' + g, g * 10000000000, "
+            "g % 2 = 0, g / 7.0, "
+            "timestamptz '2024-03-01 12:00+00' + g * interval '1 hour 1 second', "
+            "timestamp '2024-03-01 12:00' + g * interval '1 minute 0.5 second' "
+            "FROM generate_series(1, 200) g"
+        )
         setup.execute("CREATE TABLE readings (id integer PRIMARY KEY, v double precision)")
         setup.execute("INSERT INTO readings SELECT g, g / 3.0 FROM generate_series(1, 60000) g")
     return backend_dsn
@@ -78,9 +88,12 @@ def backend(backend_dsn: str) -> str:
 
 @pytest.fixture
 def conn(backend: str, tmp_path: Path) -> Iterator[cache.Connection]:
-    with cached_copies(backend, tmp_path / "c.duckdb",
-                       "CREATE CACHED VIEW peoplecopy AS SELECT * FROM people;"
-                       "CREATE CACHED VIEW readingscopy AS SELECT * FROM readings") as conn:
+    with cached_copies(
+        backend,
+        tmp_path / "c.duckdb",
+        "CREATE CACHED VIEW peoplecopy AS SELECT * FROM people;"
+        "CREATE CACHED VIEW readingscopy AS SELECT * FROM readings",
+    ) as conn:
         yield conn
 
 
@@ -92,11 +105,15 @@ def lookups(conn: cache.Connection) -> LookupIndexes:
 
 QUERIES = [
     ("SELECT p.name, p.score, p.born FROM people p WHERE p.id = %s", lambda r: r.randint(-2, 205)),
-    ("SELECT id, name, team, born FROM people WHERE team = %s",
-     lambda r: r.choice(["t0", "t1", "t4", "t9", ""])),
+    (
+        "SELECT id, name, team, born FROM people WHERE team = %s",
+        lambda r: r.choice(["t0", "t1", "t4", "t9", ""]),
+    ),
     ("SELECT id, team FROM people WHERE big = %s", lambda r: r.randint(0, 210) * 10000000000),
-    ("SELECT p.flag, p.ratio, p.at, p.id FROM people p WHERE p.id = %s",
-     lambda r: r.randint(1, 200)),
+    (
+        "SELECT p.flag, p.ratio, p.at, p.id FROM people p WHERE p.id = %s",
+        lambda r: r.randint(1, 200),
+    ),
 ]
 
 
@@ -123,8 +140,10 @@ def test_lookups_answer_as_postgresql(conn: cache.Connection, backend: str) -> N
     for _ in range(2):  # NULL matches no key
         assert_same_answer(conn, backend, sql + BOUND, sql, (None,))
     # a date key, a value with a time zone: never indexed, DuckDB answers
-    for sql, value in [("SELECT id FROM people WHERE born = %s", dt.date(2000, 1, 9)),
-                       ("SELECT seen, name FROM people WHERE id = %s", 9)]:  # fmt: skip
+    for sql, value in [
+        ("SELECT id FROM people WHERE born = %s", dt.date(2000, 1, 9)),
+        ("SELECT seen, name FROM people WHERE id = %s", 9),
+    ]:
         before = index.answered
         for _ in range(6):
             assert_same_answer(conn, backend, sql + BOUND, sql, (value,))
@@ -133,7 +152,7 @@ def test_lookups_answer_as_postgresql(conn: cache.Connection, backend: str) -> N
 
 def test_a_changed_view_is_never_answered_from_its_old_index(
     conn: cache.Connection, backend: str
-) -> None:  # fmt: skip
+) -> None:
     sql = QUERIES[0][0]
     index = lookups(conn)
     for key in range(1, 10):
@@ -150,8 +169,9 @@ def test_a_changed_view_is_never_answered_from_its_old_index(
     assert index.answered > answered  # built again on the changed view, and answering
     with psycopg.connect(backend, autocommit=True) as other:
         other.execute("UPDATE people SET name = 'p3' WHERE id = 3")
-        other.execute("INSERT INTO people SELECT 4, 'p4', 't4', 5.00, date '2000-01-05', "
-                      "40000000000")  # fmt: skip
+        other.execute(
+            "INSERT INTO people SELECT 4, 'p4', 't4', 5.00, date '2000-01-05', 40000000000"
+        )
 
 
 def test_a_large_view_is_indexed_in_the_background(conn: cache.Connection, backend: str) -> None:
@@ -170,7 +190,7 @@ def test_a_large_view_is_indexed_in_the_background(conn: cache.Connection, backe
 
 def test_a_lane_answers_as_the_full_path_while_nothing_it_depends_on_changes(
     conn: cache.Connection, backend: str
-) -> None:  # fmt: skip
+) -> None:
     """`Session.read_with_lane` (the server's hit path): for a statement answered at hand, other
     keys of the same type get `read_locally`'s rows, counted and noted alike (the provenance
     EXPLAIN LAST STATEMENT shows); it answers None, with nothing counted, for a key of another
@@ -192,8 +212,10 @@ def test_a_lane_answers_as_the_full_path_while_nothing_it_depends_on_changes(
         return session.counters["hits"], session.counters["memo_hits"]
 
     def accesses() -> list[tuple[t.Any, ...]]:
-        return [(a.table, a.route, a.view, a.regions, a.snapshot_ids, a.stale)
-                for a in session.last_provenance()]  # fmt: skip
+        return [
+            (a.table, a.route, a.view, a.regions, a.snapshot_ids, a.stale)
+            for a in session.last_provenance()
+        ]
 
     for key in (3, 7, 250, -1):
         before = counted()
@@ -239,7 +261,7 @@ def test_a_lane_answers_as_the_full_path_while_nothing_it_depends_on_changes(
 
 def test_an_answer_at_hand_never_waits_and_is_counted_once(
     conn: cache.Connection, backend: str
-) -> None:  # fmt: skip
+) -> None:
     """What the server's event loop asks (`Session.read_locally` with ``wait=False``): until
     the plan is made and the index built, `WouldWait` with nothing counted; then the same
     answer as waiting gives, each counted once; after a refresh, `WouldWait` again until the

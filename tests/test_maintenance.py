@@ -109,13 +109,16 @@ def test_many_presence_keys_are_pulled_with_one_in_list(store: CacheStore, backe
 
     schema = store.load_schema()
     pull = Pull(store.con, None, schema, store.load_catalog(), None)  # type: ignore[arg-type]
-    wanted = {Region("authorcopy", "presence", ("authorid",), (k,), "authorlist_pct")
-              for k in range(1, 2001)}  # fmt: skip
+    wanted = {
+        Region("authorcopy", "presence", ("authorid",), (k,), "authorlist_pct")
+        for k in range(1, 2001)
+    }
     [query] = pull.retrieval(wanted)
     assert query.where.count(" IN ") == 1 and " OR " not in query.where, query.where[:200]
     assert all(f"{k}," in query.where or f"{k})" in query.where for k in (1, 1000, 2000))
-    Maintainer(store, backend).admit("authorlist_pct", [(k,) for k in range(1, 2001)],
-                                     allow_empty=True)  # fmt: skip
+    Maintainer(store, backend).admit(
+        "authorlist_pct", [(k,) for k in range(1, 2001)], allow_empty=True
+    )
     assert_mirrors_backend(store, backend)
 
 
@@ -156,8 +159,11 @@ def test_completeness_region_pulls_every_author_of_the_city(
     assert_mirrors_backend(store, backend)
     maintainer.admit("authorlist_pct", [(4,)])  # (inside the region: nothing changes)
     assert sorted(r[0] for r in local(store, "SELECT authorid FROM authorlist_pct")) == MADISON
-    pg(backend, "INSERT INTO authors SELECT 1000, name, gender, 'Nowhere', state FROM authors "
-                "WHERE authorid = 4")  # fmt: skip
+    pg(
+        backend,
+        "INSERT INTO authors SELECT 1000, name, gender, 'Nowhere', state FROM authors "
+        "WHERE authorid = 4",
+    )
     maintainer.refresh("authorcopy")
     assert local(store, "SELECT authorid FROM authorcopy WHERE city = 'Nowhere'") == [(1000,)]
     assert_mirrors_backend(store, backend)
@@ -337,8 +343,12 @@ def test_a_process_killed_before_commit_leaves_the_file_unchanged(
     env = {**os.environ, "MTCACHE_FAULTS": "before_commit:kill"}
     result = subprocess.run(
         [sys.executable, "-c", code, str(tmp_path / "cache.duckdb"), backend],
-        env=env, capture_output=True, text=True, check=False, timeout=120,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
     assert result.returncode == -9, result.stderr
     reopened = CacheStore(tmp_path / "cache.duckdb")
     try:
@@ -362,10 +372,20 @@ def test_status_reports_regions_with_currency(store: CacheStore, backend: str) -
     assert regions[("citylist_csct", ("Madison",))]["rows"] == 1
     assert views["bookcopy"]["root"] == "authorcopy" and views["bookcopy"]["regions"] == []
     assert views["reviewcopy"]["regions"][0]["kind"] == "view"
-    assert set(document["counters"]) == {"hits", "presence_misses", "currency_misses", "remote",
-                                         "memo_hits", "memo_misses", "completeness_misses",
-                                         "consistency_misses", "timeline_misses",
-                                         "evictions", "budget_overruns", "deferred_admissions"}
+    assert set(document["counters"]) == {
+        "hits",
+        "presence_misses",
+        "currency_misses",
+        "remote",
+        "memo_hits",
+        "memo_misses",
+        "completeness_misses",
+        "consistency_misses",
+        "timeline_misses",
+        "evictions",
+        "budget_overruns",
+        "deferred_admissions",
+    }
     # bytes: of the data checkpointed into the file (what the WAL holds is not counted yet)
     store.con.execute("CHECKPOINT")
     sizes = {v["name"]: v["bytes"] for v in status(store)["views"]}
@@ -381,8 +401,7 @@ def test_a_group_read_through_a_just_admitted_completeness_region(
     import cache
 
     read = "SELECT authorid, name FROM authors WHERE city = %s ORDER BY authorid"
-    with cache.connect(backend=backend, cache_path=tmp_path / "c.duckdb",
-                       background=False) as conn:  # fmt: skip
+    with cache.connect(backend=backend, cache_path=tmp_path / "c.duckdb", background=False) as conn:
         conn.admin.apply_ddl(SCHEMA_FILE.read_text())
         conn.admin.admit("citylist_cpct", [("Madison",)])
         conn.admin.admit("authorlist_pct", [(6,)])  # (a Seattle author held before its city)
@@ -410,7 +429,8 @@ def test_an_operation_committing_during_another_is_not_overwritten(
     real = pipeline.apply_pull
     other = store.for_thread()
     admitting = threading.Thread(
-        target=lambda: Maintainer(other, backend).admit("citylist_cpct", [("Madison",)]))
+        target=lambda: Maintainer(other, backend).admit("citylist_cpct", [("Madison",)])
+    )
     calls: list[str] = []
 
     def apply_pull(*args: object, **kwargs: object) -> None:

@@ -131,10 +131,12 @@ def test_a_long_constant_list_parses_as_the_generic_rules_parse_it(
     assert fast_json == generic.to_json()  # printed in one go and item by item
     assert fast_json["sql"] == generic.tree.sql("postgres").replace(" CURRENCY BOUND 1 MIN", "")
     assert fast.tree.sql("duckdb") == generic.tree.sql("duckdb")
-    positions = [(n.meta.get("line"), n.meta.get("col"), n.meta.get("start"))
-                 for n in fast.tree.walk()]  # fmt: skip
-    assert positions == [(n.meta.get("line"), n.meta.get("col"), n.meta.get("start"))
-                         for n in generic.tree.walk()]  # fmt: skip
+    positions = [
+        (n.meta.get("line"), n.meta.get("col"), n.meta.get("start")) for n in fast.tree.walk()
+    ]
+    assert positions == [
+        (n.meta.get("line"), n.meta.get("col"), n.meta.get("start")) for n in generic.tree.walk()
+    ]
 
 
 @pytest.mark.parametrize("case", PARSE, ids=ids(PARSE))
@@ -145,8 +147,13 @@ def test_copy_tree_copies_as_sqlglot_does(case: Case) -> None:
     from sql_ext.nodes import copy_tree
 
     statement = parse_one(case.sql)
-    tree = statement.tree if isinstance(statement, Query) else statement.select \
-        if isinstance(statement, CreateCachedView) else None  # fmt: skip
+    tree = (
+        statement.tree
+        if isinstance(statement, Query)
+        else statement.select
+        if isinstance(statement, CreateCachedView)
+        else None
+    )
     if tree is None:
         return  # no tree to copy (control tables, drops, timeline brackets, settings)
     ours, theirs = copy_tree(tree), tree.copy()
@@ -168,10 +175,16 @@ def _long(items: list[str]) -> str:
 LONG_INTS = _long([str(i) for i in range(LONG_LIST + 5)])
 LONG_STRINGS = _long([f"'k{i}'" for i in range(LONG_LIST)] + ["'it''s'", "''", "'%'", "'€'"])
 SPLICED = [  # (statement, how many lists the tokenizer reads as one token)
-    (f"SELECT a FROM t WHERE a IN ({LONG_INTS}) AND b NOT IN ({LONG_STRINGS}) "
-     "CURRENCY BOUND 1 MIN", 2),
-    (f"SELECT a\nFROM t -- a comment\nWHERE a in (\n  {LONG_INTS.replace(', 7,', ',7 ,')}\n)\n"
-     "  AND c = 'x' CURRENCY BOUND 1 MIN ON (t)", 1),
+    (
+        f"SELECT a FROM t WHERE a IN ({LONG_INTS}) AND b NOT IN ({LONG_STRINGS}) "
+        "CURRENCY BOUND 1 MIN",
+        2,
+    ),
+    (
+        f"SELECT a\nFROM t -- a comment\nWHERE a in (\n  {LONG_INTS.replace(', 7,', ',7 ,')}\n)\n"
+        "  AND c = 'x' CURRENCY BOUND 1 MIN ON (t)",
+        1,
+    ),
     # lists that are not IN lists: in a string, a comment, a quoted name, a dollar quote
     (f"SELECT 'x IN ({LONG_INTS})' AS s, a FROM t WHERE a IN ({LONG_INTS})", 1),
     (f"SELECT a FROM t /* IN ({LONG_INTS}) */ WHERE a IN (1, 2)", 0),
@@ -207,8 +220,9 @@ def test_a_long_list_reads_as_its_tokens_read(
         return (tk.token_type, tk.text, tk.line, tk.col, tk.start, tk.end, tk.comments)
 
     inside = [range(tk.start, sql.index(")", tk.start)) for tk in lists]
-    assert [key(tk) for tk in spliced if type(tk) is not ListToken] == \
-        [key(tk) for tk in plain if not any(tk.start in r for r in inside)]  # fmt: skip
+    assert [key(tk) for tk in spliced if type(tk) is not ListToken] == [
+        key(tk) for tk in plain if not any(tk.start in r for r in inside)
+    ]
     for tk in lists:
         assert (tk.start, tk.end) in where  # where its first constant stands
     fast = parse_one(sql)

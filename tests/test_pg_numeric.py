@@ -38,16 +38,21 @@ def postgres_divide(pg: psycopg.Connection, a: object, b: object) -> decimal.Dec
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(a=numerics(12), b=numerics(12).filter(lambda v: v != 0))
-def test_division_is_postgres_division(pg: psycopg.Connection, a: decimal.Decimal,  # type: ignore[type-arg]
-                                       b: decimal.Decimal) -> None:  # fmt: skip
+def test_division_is_postgres_division(
+    pg: psycopg.Connection,
+    a: decimal.Decimal,  # type: ignore[type-arg]
+    b: decimal.Decimal,
+) -> None:
     want = postgres_divide(pg, a, b)
     got = pg_numeric.divide(a, b)
     assert (got, got.as_tuple().exponent) == (want, want.as_tuple().exponent)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(total=st.one_of(numerics(6), st.integers(-(10**25), 10**25)),
-       count=st.integers(min_value=1, max_value=10**12))  # fmt: skip
+@given(
+    total=st.one_of(numerics(6), st.integers(-(10**25), 10**25)),
+    count=st.integers(min_value=1, max_value=10**12),
+)
 def test_average_is_sum_over_count(pg: psycopg.Connection, total: object, count: int) -> None:  # type: ignore[type-arg]
     want = postgres_divide(pg, total, count)
     got = pg_numeric.average(total, count)  # type: ignore[arg-type]

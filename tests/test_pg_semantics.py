@@ -41,8 +41,11 @@ LOCAL, REMOTE, ANY = "local", "remote", "any"
 
 # (statement without its clause, where the cache answers it)
 CASES: list[tuple[str, str]] = [
-    ("SELECT i.id, i.code, i.label, i.note, i.small, i.big, i.price, i.rate, i.ratio, i.r4, "
-     "i.made, i.at FROM items i", LOCAL),
+    (
+        "SELECT i.id, i.code, i.label, i.note, i.small, i.big, i.price, i.rate, i.ratio, i.r4, "
+        "i.made, i.at FROM items i",
+        LOCAL,
+    ),
     # char(n) compared: padding ignored, with literals, parameters-free varchar/text partners
     ("SELECT i.id FROM items i WHERE i.code = 'AB'", LOCAL),
     ("SELECT i.id FROM items i WHERE i.code = 'AB   '", LOCAL),
@@ -59,13 +62,15 @@ CASES: list[tuple[str, str]] = [
     ("SELECT i.id, nullif(i.code, 'AB ') FROM items i", LOCAL),
     # reals as PostgreSQL prints them (and psycopg reads them): a decimal exactly halfway to
     # the next real is not taken (found by the differential oracle, seed 21)
-    ("SELECT i.id, (i.small * 0 + 33566752)::real, (i.small * 0 + 50816768)::real, "
-     "(i.price * 1000)::real FROM items i", LOCAL),
+    (
+        "SELECT i.id, (i.small * 0 + 33566752)::real, (i.small * 0 + 50816768)::real, "
+        "(i.price * 1000)::real FROM items i",
+        LOCAL,
+    ),
     # NULLIF's value is its first operand as it is: a varchar compared with char(n) keeps the
     # blanks the comparison ignores (found by the differential oracle, seed 12)
     ("SELECT i.id, octet_length(nullif(i.label, i.flag)) FROM items i", REMOTE),
-    ("SELECT i.id, nullif(i.label, i.flag), nullif(i.label, i.flag) || '|' FROM items i",
-     REMOTE),
+    ("SELECT i.id, nullif(i.label, i.flag), nullif(i.label, i.flag) || '|' FROM items i", REMOTE),
     ("SELECT i.id, nullif(i.code, i.label) FROM items i", ANY),
     # patterns see the padding
     ("SELECT i.id FROM items i WHERE i.code LIKE 'AB'", LOCAL),
@@ -79,15 +84,19 @@ CASES: list[tuple[str, str]] = [
     ("SELECT i.id, length(i.code), upper(i.code), lower(i.flag) FROM items i", LOCAL),
     ("SELECT i.id, i.code || '!', '<' || i.flag || '>' FROM items i", LOCAL),
     ("SELECT i.id, substring(i.code from 2 for 3), replace(i.code, 'B', 'b') FROM items i", LOCAL),
-    ("SELECT i.id, concat(i.code, '|', i.flag), concat_ws('-', i.code, i.label) FROM items i",
-     LOCAL),
+    (
+        "SELECT i.id, concat(i.code, '|', i.flag), concat_ws('-', i.code, i.label) FROM items i",
+        LOCAL,
+    ),
     ("SELECT i.id, octet_length(i.code) FROM items i", LOCAL),  # UTF-8 bytes: the server's
     ("SELECT i.id, octet_length(i.label), i.note::bytea FROM items i", REMOTE),
     ("SELECT i.id, position('B' in i.code), trim(i.code) FROM items i", LOCAL),
     # outputs: plain char(n) is printed padded, as PostgreSQL does
     ("SELECT i.id, i.code, i.flag FROM items i ORDER BY i.id", LOCAL),
-    ("SELECT i.id, coalesce(i.code, 'none'), CASE WHEN i.id > 3 THEN i.code END FROM items i",
-     LOCAL),
+    (
+        "SELECT i.id, coalesce(i.code, 'none'), CASE WHEN i.id > 3 THEN i.code END FROM items i",
+        LOCAL,
+    ),
     ("SELECT min(i.code), max(i.code), count(DISTINCT i.code) FROM items i", LOCAL),
     ("SELECT i.code, count(*) FROM items i GROUP BY i.code", LOCAL),
     ("SELECT i.code FROM items i ORDER BY i.code, i.id", LOCAL),
@@ -98,8 +107,10 @@ CASES: list[tuple[str, str]] = [
     ("SELECT avg(i.price), avg(i.rate), avg(i.small), avg(i.big) FROM items i", LOCAL),
     ("SELECT i.flag, avg(i.price) FROM items i GROUP BY i.flag", LOCAL),
     ("SELECT sum(i.price) / count(*), sum(i.rate) / 3 FROM items i", LOCAL),
-    ("SELECT i.id, i.price / i.rate, i.price / 7, i.small / 2 FROM items i WHERE i.rate <> 0",
-     LOCAL),
+    (
+        "SELECT i.id, i.price / i.rate, i.price / 7, i.small / 2 FROM items i WHERE i.rate <> 0",
+        LOCAL,
+    ),
     ("SELECT i.id, i.price * i.rate, i.price - i.rate FROM items i", LOCAL),
     ("SELECT i.id, i.small::numeric, i.price::numeric, '1.50'::numeric FROM items i", LOCAL),
     ("SELECT i.id, i.price * 1e2, 2.5e-3 * i.rate FROM items i", LOCAL),
@@ -167,8 +178,12 @@ def test_division_by_zero_is_postgres_error(conn: cache.Connection) -> None:
 def test_empty_and_null_aggregates(conn: cache.Connection, backend: str) -> None:
     sql = "SELECT avg(i.price), sum(i.price) / count(*), min(i.code) FROM items i WHERE i.id > 99"
     assert_same_answer(conn, backend, f"{sql} CURRENCY BOUND 10 MIN", sql)
-    assert_same_answer(conn, backend, f"{sql.replace('count(*)', '2')} CURRENCY BOUND 10 MIN",
-                       sql.replace("count(*)", "2"))  # fmt: skip
+    assert_same_answer(
+        conn,
+        backend,
+        f"{sql.replace('count(*)', '2')} CURRENCY BOUND 10 MIN",
+        sql.replace("count(*)", "2"),
+    )
 
 
 def test_averages_at_many_scales(conn: cache.Connection, backend: str) -> None:
@@ -188,10 +203,14 @@ def _collation_db(pg_cluster: EmbeddedPostgres, name: str, clause: str) -> str:
         admin.execute(f"CREATE DATABASE {name} {clause} TEMPLATE template0")
     dsn = pg_cluster.dsn(name)
     with psycopg.connect(dsn, autocommit=True) as setup:
-        setup.execute("CREATE TABLE words (id integer PRIMARY KEY, w text, "
-                      "u text COLLATE \"en-x-icu\", c char(3))")  # fmt: skip
-        setup.execute("INSERT INTO words VALUES (1, 'b', 'b', 'b'), (2, 'B', 'B', 'B'), "
-                      "(3, 'a', 'a', 'a'), (4, 'C', 'C', 'C')")  # fmt: skip
+        setup.execute(
+            "CREATE TABLE words (id integer PRIMARY KEY, w text, "
+            'u text COLLATE "en-x-icu", c char(3))'
+        )
+        setup.execute(
+            "INSERT INTO words VALUES (1, 'b', 'b', 'b'), (2, 'B', 'B', 'B'), "
+            "(3, 'a', 'a', 'a'), (4, 'C', 'C', 'C')"
+        )
     return dsn
 
 
@@ -219,7 +238,7 @@ def test_text_ordering_under_the_backends_collations(
             ("SELECT x.w AS k FROM words x ORDER BY k DESC", text_ordering),
             ("SELECT min(x.w), max(x.c) FROM words x", text_ordering),
             ("SELECT x.id FROM words x WHERE x.w < 'b' ORDER BY x.id", text_ordering),
-            ("SELECT x.w FROM words x ORDER BY x.w COLLATE \"C\"", LOCAL),
+            ('SELECT x.w FROM words x ORDER BY x.w COLLATE "C"', LOCAL),
             ("SELECT x.u FROM words x ORDER BY x.u", REMOTE),
             ("SELECT x.id FROM words x WHERE x.u = 'B'", LOCAL),  # equality is byte equality
             ("SELECT x.id, x.w FROM words x WHERE x.id = 2", LOCAL),
@@ -244,10 +263,13 @@ def test_a_format_1_cache_file_is_migrated(backend: str, tmp_path: Path) -> None
         old.execute("ALTER TABLE mtcache.backend_columns DROP COLUMN deterministic")
         old.execute("UPDATE mtcache.meta SET value = '1' WHERE key = 'format_version'")
     with cache.connect(backend=backend, cache_path=path, admit_on_miss=False) as conn:
-        for sql in ("SELECT i.id, length(i.code), i.code || '|' FROM items i",
-                    "SELECT i.id, i.code FROM items i WHERE i.code LIKE 'AB'"):  # fmt: skip
+        for sql in (
+            "SELECT i.id, length(i.code), i.code || '|' FROM items i",
+            "SELECT i.id, i.code FROM items i WHERE i.code LIKE 'AB'",
+        ):
             answer = assert_same_answer(conn, backend, f"{sql} CURRENCY BOUND 10 MIN", sql)
             assert answer.route == LOCAL, answer.reason
     with duckdb.connect(str(path), read_only=True) as migrated:
-        assert migrated.execute("SELECT value FROM mtcache.meta WHERE key = 'format_version'"
-                                ).fetchone() == ("2",)  # fmt: skip
+        assert migrated.execute(
+            "SELECT value FROM mtcache.meta WHERE key = 'format_version'"
+        ).fetchone() == ("2",)

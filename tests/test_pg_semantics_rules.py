@@ -49,15 +49,19 @@ def nodes(tree: exp.Expr, numbers: object) -> list[str]:
 
 
 def test_what_char_is_compared_with_loses_its_trailing_blanks() -> None:
-    found, tree = semantics("SELECT id FROM t WHERE code = 'AB ' AND flag IN ('A', label) "
-                            "AND note = 'x' AND code BETWEEN 'A' AND %s")  # fmt: skip
+    found, tree = semantics(
+        "SELECT id FROM t WHERE code = 'AB ' AND flag IN ('A', label) "
+        "AND note = 'x' AND code BETWEEN 'A' AND %s"
+    )
     assert found.blocker is None
     assert nodes(tree, found.rtrim) == ["%s", "'A'", "'A'", "'AB '", "label"]
 
 
 def test_patterns_and_printing_functions_read_char_padded() -> None:
-    found, tree = semantics("SELECT concat(code, flag), concat_ws('-', code) FROM t "
-                            "WHERE code LIKE 'A%' AND label LIKE 'B%'")  # fmt: skip
+    found, tree = semantics(
+        "SELECT concat(code, flag), concat_ws('-', code) FROM t "
+        "WHERE code LIKE 'A%' AND label LIKE 'B%'"
+    )
     assert found.blocker is None
     assert sorted(found.rpad.values()) == [1, 5, 5, 5]
     assert "label" not in nodes(tree, found.rpad)
@@ -74,8 +78,10 @@ def test_numeric_casts_keep_their_scale_and_exponents_are_exact() -> None:
     assert sorted(found.decimal_scales.values()) == [0, 2, 3]
     # written out at their own precision: a DECIMAL(38, s) would make DuckDB round the values
     # it is combined with in CASE or COALESCE (it keeps 38 digits)
-    assert sorted(found.exact_numbers.values()) == ["CAST('1.250' AS DECIMAL(4, 3))",
-                                                    "CAST('1000' AS DECIMAL(4, 0))"]
+    assert sorted(found.exact_numbers.values()) == [
+        "CAST('1.250' AS DECIMAL(4, 3))",
+        "CAST('1000' AS DECIMAL(4, 0))",
+    ]
 
 
 def test_date_part_is_a_double() -> None:
@@ -111,7 +117,7 @@ def test_what_cannot_be_made_exact_stays_remote(sql: str, reason: str) -> None:
 def test_ordering_text_follows_the_database_collation() -> None:
     icu = Catalog(tables=CATALOG.tables, views={}, text_byte_order=False)
     assert semantics("SELECT note FROM t ORDER BY note", icu)[0].blocker is not None
-    assert semantics("SELECT note FROM t ORDER BY note COLLATE \"C\"", icu)[0].blocker is None
+    assert semantics('SELECT note FROM t ORDER BY note COLLATE "C"', icu)[0].blocker is None
     assert semantics("SELECT note FROM t ORDER BY note")[0].blocker is None
     assert semantics("SELECT id FROM t WHERE note = 'a' ORDER BY id", icu)[0].blocker is None
 

@@ -24,8 +24,10 @@ from cache.backend.replication import (
     wal_mark,
 )
 
-PEEK = ("SELECT data FROM pg_logical_slot_peek_binary_changes('t_slot', NULL, NULL, "
-        "'proto_version', '1', 'publication_names', 't_pub')")  # fmt: skip
+PEEK = (
+    "SELECT data FROM pg_logical_slot_peek_binary_changes('t_slot', NULL, NULL, "
+    "'proto_version', '1', 'publication_names', 't_pub')"
+)
 
 
 def peek_raw(conn: psycopg.Connection[t.Any], commits: int) -> list[bytes]:
@@ -43,8 +45,9 @@ def peek_raw(conn: psycopg.Connection[t.Any], commits: int) -> list[bytes]:
 def stream(pg_cluster: EmbeddedPostgres) -> t.Iterator[tuple[str, str]]:
     dsn = pg_cluster.create_database("pgoutput")
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("CREATE TABLE items (id int PRIMARY KEY, label text, price numeric(8,2), "
-                     "notes text)")  # fmt: skip
+        conn.execute(
+            "CREATE TABLE items (id int PRIMARY KEY, label text, price numeric(8,2), notes text)"
+        )
         conn.execute("INSERT INTO items VALUES (1, 'before', 1.50, NULL)")
     create_publication(dsn, "t_pub", [("public", "items")])
     with create_slot(dsn, "t_slot") as start:
@@ -67,8 +70,9 @@ def test_a_stream_decodes_into_transactions_in_commit_order(stream: tuple[str, s
     big = secrets.token_hex(60_000)
     with psycopg.connect(dsn, autocommit=True) as conn:
         with conn.transaction():
-            conn.execute("INSERT INTO items VALUES (2, 'two', 2.25, %s), (3, NULL, NULL, NULL)",
-                         (big,))  # fmt: skip
+            conn.execute(
+                "INSERT INTO items VALUES (2, 'two', 2.25, %s), (3, NULL, NULL, NULL)", (big,)
+            )
         conn.execute("UPDATE items SET label = 'after' WHERE id = 2")
         conn.execute("UPDATE items SET id = 4 WHERE id = 3")  # a key change sends the old key
         conn.execute("DELETE FROM items WHERE id = 1")
@@ -83,7 +87,11 @@ def test_a_stream_decodes_into_transactions_in_commit_order(stream: tuple[str, s
     relation = transactions[0].decoded()[0][0]
     assert (relation.schema, relation.name) == ("public", "items")
     assert [(c.name, c.key) for c in relation.columns] == [
-        ("id", True), ("label", False), ("price", False), ("notes", False)]  # fmt: skip
+        ("id", True),
+        ("label", False),
+        ("price", False),
+        ("notes", False),
+    ]
     lsns = [tx.commit_lsn for tx in transactions]
     assert lsns == sorted(lsns) and lsns[0] >= lsn_value(consistent)
     now = dt.datetime.now(dt.UTC)
@@ -190,16 +198,20 @@ def test_a_big_transaction_is_streamed_in_progress_and_spilled_in_pieces(
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("ALTER DATABASE pgoutput SET logical_decoding_work_mem = '64kB'")
         with conn.transaction():
-            conn.execute("INSERT INTO items SELECT g, 'big ' || g, g, repeat('x', 200) "
-                         "FROM generate_series(100, 2099) g")  # fmt: skip
+            conn.execute(
+                "INSERT INTO items SELECT g, 'big ' || g, g, repeat('x', 200) "
+                "FROM generate_series(100, 2099) g"
+            )
             conn.execute("SAVEPOINT s")
             conn.execute("UPDATE items SET label = 'undone' WHERE id BETWEEN 100 AND 1099")
             conn.execute("ROLLBACK TO SAVEPOINT s")
             conn.execute("UPDATE items SET label = 'kept' WHERE id BETWEEN 2000 AND 2099")
         try:
             with conn.transaction():
-                conn.execute("INSERT INTO items SELECT g, 'gone', g, repeat('y', 200) "
-                             "FROM generate_series(5000, 6999) g")  # fmt: skip
+                conn.execute(
+                    "INSERT INTO items SELECT g, 'gone', g, repeat('y', 200) "
+                    "FROM generate_series(5000, 6999) g"
+                )
                 raise RuntimeError("roll it back")
         except RuntimeError:
             pass

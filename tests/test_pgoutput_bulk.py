@@ -25,9 +25,12 @@ from cache.backend.pgoutput import (
     decode_rows,
 )
 
-RELATIONS = {relid: Relation(relid, "public", f"t{relid}", "d",
-                             tuple(Column(f"c{i}", 25, i == 0) for i in range(width)))
-             for relid, width in ((7, 1), (8, 3), (9, 5))}  # fmt: skip
+RELATIONS = {
+    relid: Relation(
+        relid, "public", f"t{relid}", "d", tuple(Column(f"c{i}", 25, i == 0) for i in range(width))
+    )
+    for relid, width in ((7, 1), (8, 3), (9, 5))
+}
 
 texts = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=30)
 values = st.one_of(st.none(), texts, st.sampled_from(['"', '""', "a,b", "x\ny", "", " "]))
@@ -84,20 +87,32 @@ def reference(data: bytes, streamed: bool) -> Change:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(changes(), st.sampled_from([100, 101, 102])), max_size=40),
-       st.booleans(), st.sets(st.sampled_from([101, 102])))  # fmt: skip
-def test_decoded_at_once_as_one_by_one(found: list[t.Any], streamed: bool,
-                                       aborted: set[int]) -> None:  # fmt: skip
+@given(
+    st.lists(st.tuples(changes(), st.sampled_from([100, 101, 102])), max_size=40),
+    st.booleans(),
+    st.sets(st.sampled_from([101, 102])),
+)
+def test_decoded_at_once_as_one_by_one(
+    found: list[t.Any], streamed: bool, aborted: set[int]
+) -> None:
     messages = [message(change, subxid if streamed else None) for change, subxid in found]
     decoded = decode_rows(messages, RELATIONS, streamed)
-    rows = Transaction(1, messages=messages, described=[(0, RELATIONS)], streamed=streamed,
-                       aborted=aborted if streamed else set()).rows()  # fmt: skip
+    rows = Transaction(
+        1,
+        messages=messages,
+        described=[(0, RELATIONS)],
+        streamed=streamed,
+        aborted=aborted if streamed else set(),
+    ).rows()
     assert [r.relation.relid for r in decoded] == list(dict.fromkeys(c[1] for c, _ in found))
-    got = sorted((at, change) for r in rows
-                 for at, change in zip(r.at.tolist(), r.changes(), strict=True))  # fmt: skip
-    kept = [(i, reference(m, streamed)) for i, (m, (_, subxid)) in
-            enumerate(zip(messages, found, strict=True))
-            if not streamed or subxid not in aborted]  # fmt: skip
+    got = sorted(
+        (at, change) for r in rows for at, change in zip(r.at.tolist(), r.changes(), strict=True)
+    )
+    kept = [
+        (i, reference(m, streamed))
+        for i, (m, (_, subxid)) in enumerate(zip(messages, found, strict=True))
+        if not streamed or subxid not in aborted
+    ]
     assert got == kept
     assert all(len(r.at) for r in rows)
     assert {r.relation.relid for r in rows} == {c.relid for _, c in kept}  # none empty
@@ -105,8 +120,9 @@ def test_decoded_at_once_as_one_by_one(found: list[t.Any], streamed: bool,
 
 @settings(max_examples=300, deadline=None)
 @given(changes(), st.booleans(), st.data())
-def test_a_malformed_change_is_a_decode_error(change: t.Any, streamed: bool,
-                                              data: st.DataObject) -> None:  # fmt: skip
+def test_a_malformed_change_is_a_decode_error(
+    change: t.Any, streamed: bool, data: st.DataObject
+) -> None:
     """Cut short, lengthened, or a byte changed: a DecodeError, or (the change still well
     formed) what the one-by-one decoder reads."""
     whole = message(change, 100 if streamed else None)
@@ -127,9 +143,20 @@ def test_a_malformed_change_is_a_decode_error(change: t.Any, streamed: bool,
 
 BEGIN = b"B" + bytes(8) + bytes(8) + struct.pack("!I", 100)
 COMMIT = b"C" + bytes(1 + 8 + 8 + 8)
-RELATION_MESSAGE = (b"R" + struct.pack("!I", 8) + b"public\0t8\0d" + struct.pack("!h", 3)
-                    + b"".join(b"\x01" * (i == 0) + b"\x00" * (i != 0) + f"c{i}".encode()
-                               + b"\0" + struct.pack("!Ii", 25, -1) for i in range(3)))  # fmt: skip
+RELATION_MESSAGE = (
+    b"R"
+    + struct.pack("!I", 8)
+    + b"public\0t8\0d"
+    + struct.pack("!h", 3)
+    + b"".join(
+        b"\x01" * (i == 0)
+        + b"\x00" * (i != 0)
+        + f"c{i}".encode()
+        + b"\0"
+        + struct.pack("!Ii", 25, -1)
+        for i in range(3)
+    )
+)
 
 
 def test_transactions_keep_row_changes_as_sent_and_spill_them_in_pieces(tmp_path: t.Any) -> None:
@@ -156,15 +183,24 @@ def test_a_message_of_nothing_or_a_change_outside_a_transaction_is_a_decode_erro
     with pytest.raises(DecodeError, match="an empty message"):
         list(Transactions().read([RELATION_MESSAGE, b""]))
     with pytest.raises(DecodeError, match="outside a transaction"):
-        list(Transactions().read([RELATION_MESSAGE, message(("I", 8, "N", None, ("1", "", "")),
-                                                            None)]))  # fmt: skip
+        list(
+            Transactions().read(
+                [RELATION_MESSAGE, message(("I", 8, "N", None, ("1", "", "")), None)]
+            )
+        )
 
 
 def relation_message(relid: int, width: int) -> bytes:
-    return (b"R" + struct.pack("!I", relid) + f"public\0t{relid}\0d".encode()
-            + struct.pack("!h", width)
-            + b"".join(bytes([i == 0]) + f"c{i}".encode() + b"\0" + struct.pack("!Ii", 25, -1)
-                       for i in range(width)))  # fmt: skip
+    return (
+        b"R"
+        + struct.pack("!I", relid)
+        + f"public\0t{relid}\0d".encode()
+        + struct.pack("!h", width)
+        + b"".join(
+            bytes([i == 0]) + f"c{i}".encode() + b"\0" + struct.pack("!Ii", 25, -1)
+            for i in range(width)
+        )
+    )
 
 
 def test_a_relation_described_again_mid_transaction(tmp_path: t.Any) -> None:
@@ -174,10 +210,13 @@ def test_a_relation_described_again_mid_transaction(tmp_path: t.Any) -> None:
     after = [message(("I", 8, "N", None, (str(i), "a", "b", "c")), None) for i in range(3, 6)]
     for spill_changes in (2, 100):
         decoder = Transactions(spill_dir=tmp_path, spill_changes=spill_changes)
-        (txn,) = decoder.read([relation_message(8, 3), BEGIN, *before, relation_message(8, 4),
-                               *after, COMMIT])  # fmt: skip
+        (txn,) = decoder.read(
+            [relation_message(8, 3), BEGIN, *before, relation_message(8, 4), *after, COMMIT]
+        )
         decoded = [d for p in txn.pieces() for d in p.decoded()]
         assert [len(r.columns) for r, _ in decoded] == [3, 3, 3, 4, 4, 4]
-        assert [c.new for _, c in decoded] == [*((str(i), "a", "b") for i in range(3)),
-                                               *((str(i), "a", "b", "c") for i in range(3, 6))]
+        assert [c.new for _, c in decoded] == [
+            *((str(i), "a", "b") for i in range(3)),
+            *((str(i), "a", "b", "c") for i in range(3, 6)),
+        ]
         txn.discard()

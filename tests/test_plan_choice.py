@@ -56,8 +56,9 @@ JOIN = (
     "SELECT c.c_custkey, c.c_name, o.o_orderkey, o.o_totalprice FROM customer c "
     "JOIN orders o ON c.c_custkey = o.o_custkey WHERE c.c_custkey < 200 ORDER BY 3"
 )
-RANGE = ("SELECT c.c_custkey, c.c_name FROM customer c "
-         "WHERE c.c_acctbal BETWEEN {} AND {} ORDER BY 1")  # fmt: skip
+RANGE = (
+    "SELECT c.c_custkey, c.c_name FROM customer c WHERE c.c_acctbal BETWEEN {} AND {} ORDER BY 1"
+)
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +75,9 @@ def conn(tpch: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[cache.
     path = tmp_path_factory.mktemp("plans") / "cache.duckdb"
     # the views' refresh delay d given, not measured: the plans below a bound of 50 ms depend
     # on it, and a measured one depends on how fast the refreshes ran
-    connection = cache.connect(backend=tpch, cache_path=path, admit_on_miss=False,
-                               refresh_delays=DELAYS)  # fmt: skip
+    connection = cache.connect(
+        backend=tpch, cache_path=path, admit_on_miss=False, refresh_delays=DELAYS
+    )
     cur = connection.cursor()
     for statement in CACHE.split(";"):
         cur.execute(statement)
@@ -187,11 +189,18 @@ def test_a_candidate_plan_can_be_forced(conn: cache.Connection, tpch: str) -> No
     stay PostgreSQL's, and the plan tells the estimated cost of both candidates."""
     clause = "CURRENCY BOUND 10 MIN"
     narrow, wide = RANGE.format(1000, 1003), RANGE.format(0, 4000)
-    for choice, sql, op, routes in (("remote", wide, "RemoteQuery", ["remote"]),
-                                    ("guarded", narrow, "LocalQuery", ["local"])):  # fmt: skip
-        with cache.connect(backend=tpch, cache_path=conn.cache_path, admit_on_miss=False,
-                           background=False, plan_choice=choice,
-                           refresh_delays=DELAYS) as forced:  # fmt: skip
+    for choice, sql, op, routes in (
+        ("remote", wide, "RemoteQuery", ["remote"]),
+        ("guarded", narrow, "LocalQuery", ["local"]),
+    ):
+        with cache.connect(
+            backend=tpch,
+            cache_path=conn.cache_path,
+            admit_on_miss=False,
+            background=False,
+            plan_choice=choice,
+            refresh_delays=DELAYS,
+        ) as forced:
             assert plan_of(forced, f"{sql} {clause}")["plan"]["op"] == op
             assert run(forced, tpch, sql, clause) == routes
     cur = conn.cursor()

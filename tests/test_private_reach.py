@@ -12,8 +12,7 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
-PACKAGES = ("cache", "optimizer", "control_tables", "heartbeat", "sql_ext", "experiments",
-            "tests")  # fmt: skip
+PACKAGES = ("cache", "optimizer", "control_tables", "heartbeat", "sql_ext", "experiments", "tests")
 
 
 def _private(name: str) -> bool:
@@ -57,10 +56,12 @@ def _reaches(tree: ast.Module) -> list[tuple[int, str]]:
             if isinstance(owner, ast.Name) and owner.id in {"self", "cls"}:
                 continue
             found.append((node.lineno, node.attr))
-        elif isinstance(node, ast.ImportFrom) and node.module and \
-                node.module.split(".")[0] in PACKAGES:  # fmt: skip
-            found.extend((node.lineno, alias.name) for alias in node.names
-                         if _private(alias.name))  # fmt: skip
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and node.module
+            and node.module.split(".")[0] in PACKAGES
+        ):
+            found.extend((node.lineno, alias.name) for alias in node.names if _private(alias.name))
     return found
 
 
@@ -78,8 +79,9 @@ def test_no_package_reaches_another_packages_private_members() -> None:
             if owners and package not in owners:
                 where = ", ".join(sorted(owners))
                 violations.append(f"{path.relative_to(ROOT)}:{line}: {name} (private to {where})")
-    assert not violations, "private members reached from outside their package:\n" + \
-        "\n".join(violations)  # fmt: skip
+    assert not violations, "private members reached from outside their package:\n" + "\n".join(
+        violations
+    )
 
 
 def test_the_check_sees_a_reach() -> None:

@@ -21,8 +21,9 @@ from tests.serving import Served, serving
 ROLES = ("priv_reader", "priv_none", "priv_group", "priv_member")
 POINT = "SELECT authorid, name FROM authors WHERE authorid = %s CURRENCY BOUND 10 MIN"
 PLAIN = "SELECT authorid, name FROM authors WHERE authorid = %s"
-BOOKS = ("SELECT isbn, title, price FROM books WHERE authorid = 1 ORDER BY isbn "
-         "CURRENCY BOUND 10 MIN")
+BOOKS = (
+    "SELECT isbn, title, price FROM books WHERE authorid = 1 ORDER BY isbn CURRENCY BOUND 10 MIN"
+)
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +38,12 @@ def served(bookstore_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
         conn.execute("CREATE ROLE priv_group NOLOGIN")
         conn.execute("CREATE ROLE priv_member LOGIN IN ROLE priv_group")
         conn.execute("GRANT SELECT ON authors, books TO priv_reader, priv_group")
-    with serving(bookstore_dsn, tmp_path_factory.mktemp("privileges") / "cache.duckdb", (1, 2),
-                 privilege_seconds=0.0) as found:  # fmt: skip
+    with serving(
+        bookstore_dsn,
+        tmp_path_factory.mktemp("privileges") / "cache.duckdb",
+        (1, 2),
+        privilege_seconds=0.0,
+    ) as found:
         yield found
 
 
@@ -54,8 +59,9 @@ def hits(served: Served) -> int:
     return int(served.engine.counters()["hits"])
 
 
-def refused(conn: psycopg.Connection[t.Any], sql: str,
-            params: t.Sequence[t.Any] | None = None) -> tuple[str | None, str]:  # fmt: skip
+def refused(
+    conn: psycopg.Connection[t.Any], sql: str, params: t.Sequence[t.Any] | None = None
+) -> tuple[str | None, str]:
     with pytest.raises(psycopg.Error) as raised:
         conn.execute(sql, params, prepare=True)
     return raised.value.sqlstate, str(raised.value)
@@ -64,8 +70,9 @@ def refused(conn: psycopg.Connection[t.Any], sql: str,
 def test_a_role_without_select_gets_postgresqls_error_not_the_cached_rows(served: Served) -> None:
     with as_role(served, "priv_reader") as reader, direct(served, "priv_reader") as pg:
         before = hits(served)
-        assert typed(reader.execute(POINT, [1]).fetchall()) == \
-            typed(pg.execute(PLAIN, [1]).fetchall())  # fmt: skip
+        assert typed(reader.execute(POINT, [1]).fetchall()) == typed(
+            pg.execute(PLAIN, [1]).fetchall()
+        )
         assert hits(served) > before  # (the cache can answer it: the rows are there)
     with as_role(served, "priv_none") as nobody, direct(served, "priv_none") as pg:
         before = hits(served)
@@ -79,14 +86,17 @@ def test_a_role_without_select_gets_postgresqls_error_not_the_cached_rows(served
 def test_a_group_roles_privilege_counts(served: Served) -> None:
     with as_role(served, "priv_member") as member, direct(served, "priv_member") as pg:
         before = hits(served)
-        assert typed(member.execute(POINT, [2]).fetchall()) == \
-            typed(pg.execute(PLAIN, [2]).fetchall())  # fmt: skip
+        assert typed(member.execute(POINT, [2]).fetchall()) == typed(
+            pg.execute(PLAIN, [2]).fetchall()
+        )
         assert hits(served) > before
 
 
 def test_revoke_and_grant_take_effect(served: Served, bookstore_dsn: str) -> None:
-    with as_role(served, "priv_reader") as reader, \
-            psycopg.connect(bookstore_dsn, autocommit=True) as admin:  # fmt: skip
+    with (
+        as_role(served, "priv_reader") as reader,
+        psycopg.connect(bookstore_dsn, autocommit=True) as admin,
+    ):
         for _ in range(6):  # a lane for it
             assert reader.execute(POINT, [1], prepare=True).fetchall()
         admin.execute("REVOKE SELECT ON authors FROM priv_reader")
@@ -102,8 +112,10 @@ def test_revoke_and_grant_take_effect(served: Served, bookstore_dsn: str) -> Non
 
 
 def test_row_level_security_is_never_answered_locally(served: Served, bookstore_dsn: str) -> None:
-    with psycopg.connect(bookstore_dsn, autocommit=True) as admin, \
-            direct(served, "priv_reader") as reader:  # fmt: skip
+    with (
+        psycopg.connect(bookstore_dsn, autocommit=True) as admin,
+        direct(served, "priv_reader") as reader,
+    ):
         admin.execute("ALTER TABLE authors ENABLE ROW LEVEL SECURITY")
         admin.execute("CREATE POLICY only_two ON authors TO priv_reader USING (authorid = 2)")
         try:
@@ -111,8 +123,9 @@ def test_row_level_security_is_never_answered_locally(served: Served, bookstore_
                 with as_role(served, role) as conn:
                     before = hits(served)
                     for key in (1, 2):
-                        assert typed(conn.execute(POINT, [key]).fetchall()) == \
-                            typed(pg.execute(PLAIN, [key]).fetchall())  # fmt: skip
+                        assert typed(conn.execute(POINT, [key]).fetchall()) == typed(
+                            pg.execute(PLAIN, [key]).fetchall()
+                        )
                     assert hits(served) == before
         finally:
             admin.execute("DROP POLICY only_two ON authors")
@@ -132,18 +145,26 @@ def test_set_role_changes_whose_privileges_count(served: Served) -> None:
 
 def test_cache_connect_through_the_server_is_checked_alike(served: Served) -> None:
     backend = served.backend.replace("postgres@", "priv_none@")
-    with cache.connect(backend, server=f"{served.host}:{served.port}",
-                       currency_bound="10 min") as conn:  # fmt: skip
+    with cache.connect(
+        backend, server=f"{served.host}:{served.port}", currency_bound="10 min"
+    ) as conn:
         with pytest.raises(cache.ProgrammingError) as raised:
             conn.cursor().execute(PLAIN, [1])
         assert getattr(raised.value, "sqlstate", None) == "42501"
 
 
-@pytest.mark.parametrize("sql, changes", [
-    ("SET ROLE priv_none", True), ("reset role", True), ("RESET ALL", True),
-    ("SET SESSION AUTHORIZATION priv_none", True), ("DISCARD ALL", True),
-    ("SELECT set_config('role', 'priv_none', false)", True),
-    ("SELECT 1", False), ("UPDATE books SET price = 1", False),
-])
+@pytest.mark.parametrize(
+    "sql, changes",
+    [
+        ("SET ROLE priv_none", True),
+        ("reset role", True),
+        ("RESET ALL", True),
+        ("SET SESSION AUTHORIZATION priv_none", True),
+        ("DISCARD ALL", True),
+        ("SELECT set_config('role', 'priv_none', false)", True),
+        ("SELECT 1", False),
+        ("UPDATE books SET price = 1", False),
+    ],
+)
 def test_statements_that_may_change_the_role_are_recognized(sql: str, changes: bool) -> None:
     assert may_change_role(sql) is changes

@@ -179,12 +179,18 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("name", "sql", "clause", "params", "routes"), CASES,
-                         ids=[c[0] for c in CASES])  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "sql", "clause", "params", "routes"), CASES, ids=[c[0] for c in CASES]
+)
 def test_cached_answers_equal_postgres(
-    conn: cache.Connection, backend: str, name: str, sql: str, clause: str,
-    params: object, routes: list[str],
-) -> None:  # fmt: skip
+    conn: cache.Connection,
+    backend: str,
+    name: str,
+    sql: str,
+    clause: str,
+    params: object,
+    routes: list[str],
+) -> None:
     explained = cur_plan(conn, f"{sql} {clause}", params)
     cur = conn.cursor()
     cur.execute(f"{sql} {clause}", params)  # type: ignore[arg-type]
@@ -260,9 +266,11 @@ def test_a_mixed_read_inside_timeordered_sets_the_floor_after_its_remote_rows(
     may be among their rows: the bracket's floor is the backend's clock after they were
     read, not the decision's moment (with the decision's, the chaos run read a region
     refreshed in between locally, and time went back)."""
-    mixed = ("SELECT b.type, sum(s.qty) FROM sales s JOIN books b ON s.isbn = b.isbn "
-             "WHERE b.authorid = 3 GROUP BY b.type ORDER BY 1 "
-             "CURRENCY BOUND 10 MIN ON (s), 10 MIN ON (b)")  # fmt: skip
+    mixed = (
+        "SELECT b.type, sum(s.qty) FROM sales s JOIN books b ON s.isbn = b.isbn "
+        "WHERE b.authorid = 3 GROUP BY b.type ORDER BY 1 "
+        "CURRENCY BOUND 10 MIN ON (s), 10 MIN ON (b)"
+    )
     state = conn.session.state
     marks: list[dt.datetime] = []
 
@@ -293,8 +301,10 @@ def test_counters_reach_mtcache_status(
     # Age author 8's region past the bound, editing the closed cache file as an operator
     # could: the plan uses the cache, the guard says no.
     with duckdb.connect(str(tmp_path / "cache.duckdb")) as cache_file:
-        cache_file.execute("UPDATE authorlist_pct SET refreshed_at = refreshed_at - "
-                           "INTERVAL 1 HOUR WHERE authorid = 8")  # fmt: skip
+        cache_file.execute(
+            "UPDATE authorlist_pct SET refreshed_at = refreshed_at - "
+            "INTERVAL 1 HOUR WHERE authorid = 8"
+        )
     with cache.connect(backend=backend, cache_path=tmp_path / "cache.duckdb") as again:
         cur = again.cursor()
         cur.execute("SELECT * FROM authors a WHERE a.authorid = 8 CURRENCY BOUND 10 MIN")
@@ -328,8 +338,12 @@ def test_backend_down_local_answers_go_on_and_stale_ok_returns_stale_data(
                     cur.execute(statement)
             cur.execute("INSERT INTO authorlist_pct VALUES (4)")
             setup.close()
-        conns = {flag: cache.connect(backend=dsn, cache_path=tmp_path / f"cache-{flag}.duckdb",
-                                     stale_ok=flag) for flag in (False, True)}  # fmt: skip
+        conns = {
+            flag: cache.connect(
+                backend=dsn, cache_path=tmp_path / f"cache-{flag}.duckdb", stale_ok=flag
+            )
+            for flag in (False, True)
+        }
         cluster.stop()
         strict, lenient = conns[False].cursor(), conns[True].cursor()
         fresh = "SELECT name FROM authors a WHERE a.authorid = 4 CURRENCY BOUND 10 MIN"
@@ -377,8 +391,9 @@ def test_admission_on_miss_can_be_turned_off(backend: str, tmp_path: Path) -> No
         for statement in SCHEMA_FILE.read_text().split(";"):
             if statement.strip():
                 cur.execute(statement)
-    with cache.connect(backend=backend, cache_path=tmp_path / "c.duckdb",
-                       admit_on_miss=False) as conn:  # fmt: skip
+    with cache.connect(
+        backend=backend, cache_path=tmp_path / "c.duckdb", admit_on_miss=False
+    ) as conn:
         cur = conn.cursor()
         for _ in range(2):
             cur.execute("SELECT name FROM authors a WHERE a.authorid = 5 CURRENCY BOUND 10 MIN")
@@ -415,8 +430,12 @@ def test_a_bound_below_the_refresh_delay_is_planned_remote(
 ) -> None:
     """§4.4: a bound the cache can never meet is rejected when the plan is made (the views'
     delay given: a measured one would make the test depend on how fast a refresh ran)."""
-    with cache.connect(backend=backend, cache_path=conn.cache_path, background=False,
-                       refresh_delays={"authorcopy": 0.5}) as given:  # fmt: skip
+    with cache.connect(
+        backend=backend,
+        cache_path=conn.cache_path,
+        background=False,
+        refresh_delays={"authorcopy": 0.5},
+    ) as given:
         cur = given.cursor()
         cur.execute("EXPLAIN SELECT * FROM authors a WHERE a.authorid = 4 CURRENCY BOUND 100 MS")
         assert cur.plan is not None
@@ -430,17 +449,26 @@ def test_a_refresh_delay_that_is_no_duration_is_refused(
     conn: cache.Connection, backend: str, given: t.Any
 ) -> None:
     with pytest.raises(cache.ProgrammingError, match=r"refresh_delays\['authorcopy'\]"):
-        cache.connect(backend=backend, cache_path=conn.cache_path, background=False,
-                      refresh_delays={"authorcopy": given})  # fmt: skip
+        cache.connect(
+            backend=backend,
+            cache_path=conn.cache_path,
+            background=False,
+            refresh_delays={"authorcopy": given},
+        )
 
 
 def test_a_refresh_delay_is_given_as_a_duration(conn: cache.Connection, backend: str) -> None:
     """As a currency bound is: "500 ms" plans as 0.5 does (a bound of 100 ms goes remote)."""
     for delay in ("500 ms", dt.timedelta(milliseconds=500)):
-        with cache.connect(backend=backend, cache_path=conn.cache_path, background=False,
-                           refresh_delays={"authorcopy": delay}) as given:  # fmt: skip
-            plan = given.explain("SELECT * FROM authors a WHERE a.authorid = 4 "
-                                 "CURRENCY BOUND 100 MS").to_json()  # fmt: skip
+        with cache.connect(
+            backend=backend,
+            cache_path=conn.cache_path,
+            background=False,
+            refresh_delays={"authorcopy": delay},
+        ) as given:
+            plan = given.explain(
+                "SELECT * FROM authors a WHERE a.authorid = 4 CURRENCY BOUND 100 MS"
+            ).to_json()
         assert plan["plan"]["op"] == "RemoteQuery", delay
 
 
@@ -455,8 +483,9 @@ def test_a_statement_shape_is_planned_once(conn: cache.Connection, backend: str)
         plans.append(cur.plan)
     entry = plans[0]
     assert entry is not None and entry.local
-    assert answers == [pg(backend, "SELECT name FROM authors WHERE authorid = %s", [k])
-                       for k in (4, 8, 5, 4)]  # fmt: skip
+    assert answers == [
+        pg(backend, "SELECT name FROM authors WHERE authorid = %s", [k]) for k in (4, 8, 5, 4)
+    ]
     cur.execute(query, [8])
     assert cur.plan is entry and all(p is entry for p in plans)  # reused, not re-planned
     cur.execute("CREATE CONTROL TABLE extra_pct (x INTEGER)")  # DDL invalidates plans
@@ -468,14 +497,17 @@ def test_wrong_parameters_on_the_local_path_are_programming_errors(
     conn: cache.Connection,
 ) -> None:
     cur = conn.cursor()
-    query = ("SELECT a.name FROM authors a WHERE a.authorid = %s AND a.name <> %s "
-             "CURRENCY BOUND 10 MIN")  # fmt: skip
+    query = (
+        "SELECT a.name FROM authors a WHERE a.authorid = %s AND a.name <> %s CURRENCY BOUND 10 MIN"
+    )
     cur.execute(query, [4, "x"])
     assert cur.fetchall() == [("Author 4",)] and cur.provenance[0]["route"] == "local"
     with pytest.raises(cache.ProgrammingError, match="2 placeholder"):
         cur.execute(query, [4])  # the probe is there, the second value is not
-    named = ("SELECT a.name FROM authors a WHERE a.authorid = %(k)s AND a.name <> %(n)s "
-             "CURRENCY BOUND 10 MIN")  # fmt: skip
+    named = (
+        "SELECT a.name FROM authors a WHERE a.authorid = %(k)s AND a.name <> %(n)s "
+        "CURRENCY BOUND 10 MIN"
+    )
     cur.execute(named, {"k": 4, "n": "x"})
     with pytest.raises(cache.ProgrammingError, match=r"%\(n\)s"):
         cur.execute(named, {"k": 4})
@@ -682,8 +714,10 @@ def test_a_mixed_plan_is_made_once_and_reused_with_new_parameters(
     assert cur_plan(conn, query + clause, [3]).local
     (leaf,) = [a.leaf for a in cur_plan(conn, query + clause, [3]).accesses if a.table == "books"]
     assert "%%" in leaf.sql  # escaped for psycopg
-    plain = ("SELECT count(*), 'x%%y' FROM sales s JOIN books b ON s.isbn = b.isbn "
-             "WHERE b.authorid = 3 AND length(b.title || '%%') = length(b.title) + 1")  # fmt: skip
+    plain = (
+        "SELECT count(*), 'x%%y' FROM sales s JOIN books b ON s.isbn = b.isbn "
+        "WHERE b.authorid = 3 AND length(b.title || '%%') = length(b.title) + 1"
+    )
     rows, routes = through_cache(conn, plain + clause)  # no parameters: %% stays %%
     assert routes == ["local", "remote"] and rows == pg(backend, plain)
     rows, routes = through_cache(conn, plain + clause, [])  # parameters, none used: %% is %
@@ -710,15 +744,18 @@ def test_a_session_currency_bound_lets_queries_without_a_clause_use_the_cache(
     """connect(currency_bound=...) reads every block without a clause as if it ended
     with CURRENCY BOUND d; explicit clauses rule their own blocks."""
     plain = "SELECT a.name FROM authors a WHERE a.authorid = 4"
-    with cache.connect(backend=backend, cache_path=conn.cache_path,
-                       currency_bound="10 min") as bounded:  # fmt: skip
+    with cache.connect(
+        backend=backend, cache_path=conn.cache_path, currency_bound="10 min"
+    ) as bounded:
         rows, routes = through_cache(bounded, plain)
         assert rows == pg(backend, plain) and routes == ["local"]
         rows, routes = through_cache(bounded, f"{plain} CURRENCY BOUND 1 MS")
         assert rows == pg(backend, plain) and routes == ["remote"]
         # a subquery block without a clause of its own takes the session's bound too
-        nested = ("SELECT a.name FROM authors a WHERE a.authorid = 4 AND EXISTS "
-                  "(SELECT 1 FROM books b WHERE b.authorid = 4 AND b.price > 0)")  # fmt: skip
+        nested = (
+            "SELECT a.name FROM authors a WHERE a.authorid = 4 AND EXISTS "
+            "(SELECT 1 FROM books b WHERE b.authorid = 4 AND b.price > 0)"
+        )
         rows, routes = through_cache(bounded, nested)
         assert rows == pg(backend, nested) and routes == ["local", "local"]
     rows, routes = through_cache(conn, plain)  # unset: the strict default, bound 0
@@ -757,8 +794,10 @@ def test_relations_the_cache_cannot_hold_are_read_from_the_backend(
     backend's system catalogs, a temporary table and a table of another schema (even one named
     like a cached table) are answered by PostgreSQL; an unknown name is still an error."""
     with psycopg.connect(backend, autocommit=True) as other:
-        other.execute("CREATE SCHEMA elsewhere; CREATE TABLE elsewhere.authors AS "
-                      "SELECT authorid, 'Other ' || name AS name FROM authors")  # fmt: skip
+        other.execute(
+            "CREATE SCHEMA elsewhere; CREATE TABLE elsewhere.authors AS "
+            "SELECT authorid, 'Other ' || name AS name FROM authors"
+        )
     # without a bound: PostgreSQL as written; its provenance is readable after the session's
     # transaction failed (naming the relation does not ask the backend)
     first = conn.cursor()
@@ -807,8 +846,10 @@ def test_a_subquerys_predicate_on_an_outer_table_does_not_restrict_its_leaf(
     """Inside NOT EXISTS, `b.authorid = 3` says nothing about which books reach the result:
     the remote leaf of books must not be cut down to author 3's."""
     conn.admit_on_miss = False
-    query = ("SELECT count(*) FROM sales s JOIN books b ON s.isbn = b.isbn WHERE NOT EXISTS "
-             "(SELECT 1 FROM reviewers r WHERE b.authorid = 3)")  # fmt: skip
+    query = (
+        "SELECT count(*) FROM sales s JOIN books b ON s.isbn = b.isbn WHERE NOT EXISTS "
+        "(SELECT 1 FROM reviewers r WHERE b.authorid = 3)"
+    )
     rows, routes = through_cache(conn, f"{query} CURRENCY BOUND 10 MIN ON (s), 10 MIN ON (b)")
     assert rows == pg(backend, query) and rows[0][0] > 0
     assert routes == ["local", "remote", "remote"]
@@ -820,8 +861,10 @@ def test_the_gray_child_is_probed_through_the_join_on_its_controlling_key(
     """Equivalence classes: a.authorid = 4 and a.authorid = b.authorid make books probed with
     authorid 4 - bookcopy answers without `AND b.authorid = 4` written by hand; and a mixed
     plan's remote leaf of books is cut down to author 4's."""
-    query = ("SELECT a.name, b.title FROM authors a JOIN books b ON a.authorid = b.authorid "
-             "WHERE a.authorid = 4 ORDER BY b.title")  # fmt: skip
+    query = (
+        "SELECT a.name, b.title FROM authors a JOIN books b ON a.authorid = b.authorid "
+        "WHERE a.authorid = 4 ORDER BY b.title"
+    )
     rows, routes = through_cache(conn, f"{query} CURRENCY BOUND 10 MIN ON (a, b)")
     assert rows == pg(backend, query) and routes == ["local", "local"]
     cur = conn.cursor()
@@ -851,9 +894,11 @@ def test_a_class_of_two_remote_leaves_joins_locally(backend: str, conn: cache.Co
     """Sales local; authors and books must come from one snapshot no older than 1 s: both
     are read as remote leaves, in one backend snapshot, and joined in DuckDB."""
     conn.admit_on_miss = False
-    query = ("SELECT a.name, sum(s.qty) FROM sales s JOIN books b ON s.isbn = b.isbn "
-             "JOIN authors a ON a.authorid = b.authorid WHERE a.authorid = 3 "
-             "GROUP BY a.name")  # fmt: skip
+    query = (
+        "SELECT a.name, sum(s.qty) FROM sales s JOIN books b ON s.isbn = b.isbn "
+        "JOIN authors a ON a.authorid = b.authorid WHERE a.authorid = 3 "
+        "GROUP BY a.name"
+    )
     clause = "CURRENCY BOUND 10 MIN ON (s), 1 SECONDS ON (a, b)"
     explained = cur_plan(conn, f"{query} {clause}")
     assert explained.local  # the leaves of author 3 and her books are few: cheaper than all

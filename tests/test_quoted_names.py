@@ -85,13 +85,17 @@ def test_quoted_names_end_to_end(quoted: tuple[str, Path], mtcache_bin: str) -> 
             pg.execute('UPDATE "Order Items" SET "Qty" = 99 WHERE "Item Id" = 4')
         with conn.engine.store.for_thread() as handle, stream.Consumer(handle, dsn) as consumer:
             consumer.catch_up()
-        cur.execute('SELECT o."Qty" FROM "Order Items" o WHERE o."Item Id" = 4 '
-                    "CURRENCY BOUND 10 MIN")  # fmt: skip
+        cur.execute(
+            'SELECT o."Qty" FROM "Order Items" o WHERE o."Item Id" = 4 CURRENCY BOUND 10 MIN'
+        )
         assert cur.fetchall() == [(99,)]
         assert {p["route"] for p in cur.provenance} == {"local"}
         status = conn.admin.status()
         assert {v["name"]: v["table"] for v in status["views"]} == {
-            "Item Copy": "Order Items", "Cust Copy": "CustList", "lower_copy": "lower_case"}
+            "Item Copy": "Order Items",
+            "Cust Copy": "CustList",
+            "lower_copy": "lower_case",
+        }
         assert "Hot Keys" in status["control_tables"]
         # names the backend does not have are refused, as PostgreSQL would read them
         with pytest.raises(ProgrammingError, match="Order items"):
@@ -99,14 +103,20 @@ def test_quoted_names_end_to_end(quoted: tuple[str, Path], mtcache_bin: str) -> 
     env = {**os.environ, "MTCACHE_BACKEND": dsn, "MTCACHE_CACHE": str(path)}
 
     def cli(*args: str) -> str:
-        done = subprocess.run([mtcache_bin, *args], capture_output=True, text=True, env=env,
-                              timeout=120, check=False)  # fmt: skip
+        done = subprocess.run(
+            [mtcache_bin, *args], capture_output=True, text=True, env=env, timeout=120, check=False
+        )
         assert done.returncode == 0, (args, done.stderr)
         return done.stdout
 
     cli("admit", "Hot Keys", "3")
-    document = json.loads(cli("query", "--json", 'SELECT c."Name" FROM "CustList" c '
-                              'WHERE c."Key" = 3 CURRENCY BOUND 10 MIN'))  # fmt: skip
+    document = json.loads(
+        cli(
+            "query",
+            "--json",
+            'SELECT c."Name" FROM "CustList" c WHERE c."Key" = 3 CURRENCY BOUND 10 MIN',
+        )
+    )
     assert document["rows"] == [["n3"]] and document["provenance"][0]["route"] == "local"
     views = {v["name"]: v for v in json.loads(cli("status", "--json"))["views"]}
     assert sorted(r["key"] for r in views["Cust Copy"]["regions"]) == [[2], [3]]
@@ -122,5 +132,5 @@ def test_names_duckdb_would_confuse_are_refused(quoted: tuple[str, Path]) -> Non
     with cache.connect(dsn, path, background=False) as conn:
         conn.admin.apply_ddl('CREATE CACHED VIEW "Copy" AS SELECT id, v FROM lower_case')
         with pytest.raises(ProgrammingError, match="differ only in case"):
-            conn.admin.apply_ddl('CREATE CACHED VIEW copy AS SELECT id, v FROM lower_case')
+            conn.admin.apply_ddl("CREATE CACHED VIEW copy AS SELECT id, v FROM lower_case")
         assert [v["name"] for v in conn.admin.status()["views"]] == ["Copy"]

@@ -34,8 +34,10 @@ KINDS: dict[str, st.SearchStrategy[str]] = {
     "TIMESTAMP": st.integers(-(2**62), 2**62).map(str),  # microseconds
     "TIMESTAMPTZ": st.integers(-(2**62), 2**62).map(str),
     "TIME": st.integers(0, 86_400_000_000).map(str),
-    "DOUBLE": st.one_of(st.floats(allow_nan=False).map(repr),
-                        st.sampled_from(["Infinity", "-Infinity", "NaN", "1e+30", "-0"])),
+    "DOUBLE": st.one_of(
+        st.floats(allow_nan=False).map(repr),
+        st.sampled_from(["Infinity", "-Infinity", "NaN", "1e+30", "-0"]),
+    ),
     "FLOAT": st.floats(width=32, allow_nan=False).map(repr),
     "BOOLEAN": st.sampled_from(["t", "f"]),
 }
@@ -43,13 +45,16 @@ KINDS: dict[str, st.SearchStrategy[str]] = {
 
 def csv_of(rows: list[tuple[str | None, ...]]) -> bytes:
     """The CSV a pull reads: NULL unquoted and empty, every other value quoted."""
-    return "".join(",".join("" if v is None else '"' + v.replace('"', '""') + '"' for v in row)
-                   + "\n" for row in rows).encode()  # fmt: skip
+    return "".join(
+        ",".join("" if v is None else '"' + v.replace('"', '""') + '"' for v in row) + "\n"
+        for row in rows
+    ).encode()
 
 
 def texts(rows: list[tuple[str | None, ...]], names: list[str]) -> pa.Table:
-    return pa.table({n: pa.array([r[i] for r in rows], pa.large_string())
-                     for i, n in enumerate(names)})  # fmt: skip
+    return pa.table(
+        {n: pa.array([r[i] for r in rows], pa.large_string()) for i, n in enumerate(names)}
+    )
 
 
 @settings(max_examples=200, deadline=None)
@@ -57,8 +62,11 @@ def texts(rows: list[tuple[str | None, ...]], names: list[str]) -> pa.Table:
 def test_typed_as_the_pull_s_reader_types_them(data: st.DataObject) -> None:
     kinds = data.draw(st.lists(st.sampled_from(sorted(KINDS)), min_size=1, max_size=4))
     columns = [(f"c{i}", kind) for i, kind in enumerate(kinds)]
-    rows = data.draw(st.lists(st.tuples(*[st.one_of(st.none(), KINDS[k]) for k in kinds]),
-                              min_size=1, max_size=8))  # fmt: skip
+    rows = data.draw(
+        st.lists(
+            st.tuples(*[st.one_of(st.none(), KINDS[k]) for k in kinds]), min_size=1, max_size=8
+        )
+    )
     expected = read_csv(csv_of(rows), columns)
     got = read_texts(texts(rows, [n for n, _ in columns]), columns)
     assert got.schema == expected.schema
@@ -75,10 +83,18 @@ def exact(column: pa.ChunkedArray) -> list[t.Any]:
     return array.to_pylist()
 
 
-@pytest.mark.parametrize(("kind", "value"), [
-    ("INTEGER", "2147483648"), ("SMALLINT", "40000"), ("INTEGER", "1.5"), ("BIGINT", "x"),
-    ("DECIMAL(12,2)", "0.001"), ("DECIMAL(4,2)", "123.45"), ("DATE", "2026-11-28"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("kind", "value"),
+    [
+        ("INTEGER", "2147483648"),
+        ("SMALLINT", "40000"),
+        ("INTEGER", "1.5"),
+        ("BIGINT", "x"),
+        ("DECIMAL(12,2)", "0.001"),
+        ("DECIMAL(4,2)", "123.45"),
+        ("DATE", "2026-11-28"),
+    ],
+)
 def test_refused_as_the_pull_s_reader_refuses(kind: str, value: str) -> None:
     columns = [("c", kind)]
     with pytest.raises(pa.ArrowInvalid):
@@ -89,8 +105,10 @@ def test_refused_as_the_pull_s_reader_refuses(kind: str, value: str) -> None:
 
 def test_the_exact_values() -> None:
     columns = [("i", "INTEGER"), ("d", "DECIMAL(12,2)"), ("u", "UUID"), ("s", "VARCHAR")]
-    rows: list[tuple[t.Any, ...]] = [("-5", "1.5", str(uuid.UUID(int=7)), 'say "hi"'),
-                                     (None, "-0.00", None, "")]  # fmt: skip
+    rows: list[tuple[t.Any, ...]] = [
+        ("-5", "1.5", str(uuid.UUID(int=7)), 'say "hi"'),
+        (None, "-0.00", None, ""),
+    ]
     got = read_texts(texts(rows, [n for n, _ in columns]), columns).to_pylist()
     assert got == [
         {"i": -5, "d": decimal.Decimal("1.50"), "u": str(uuid.UUID(int=7)), "s": 'say "hi"'},

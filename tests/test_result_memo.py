@@ -31,9 +31,12 @@ def backend(backend_dsn: str) -> str:
 
 @pytest.fixture
 def conn(backend: str, tmp_path: Path) -> Iterator[cache.Connection]:
-    with cached_copies(backend, tmp_path / "c.duckdb",
-                       "CREATE CACHED VIEW itemscopy AS SELECT * FROM items;"
-                       "CREATE CACHED VIEW otherscopy AS SELECT * FROM others") as conn:
+    with cached_copies(
+        backend,
+        tmp_path / "c.duckdb",
+        "CREATE CACHED VIEW itemscopy AS SELECT * FROM items;"
+        "CREATE CACHED VIEW otherscopy AS SELECT * FROM others",
+    ) as conn:
         yield conn
 
 
@@ -64,8 +67,10 @@ def test_an_answer_is_reused_until_its_view_changes(conn: cache.Connection, back
 
 
 def test_statements_reading_the_clock_are_never_reused(conn: cache.Connection) -> None:
-    for sql in ("SELECT i.id, now() FROM items i WHERE i.id = 1",
-                "SELECT i.id FROM items i WHERE i.id = 1 AND random() < 2"):  # fmt: skip
+    for sql in (
+        "SELECT i.id, now() FROM items i WHERE i.id = 1",
+        "SELECT i.id FROM items i WHERE i.id = 1 AND random() < 2",
+    ):
         for _ in range(2):
             conn.execute(sql + BOUND).fetchall()
     assert memo_counts(conn) == (0, 0)
@@ -75,14 +80,17 @@ def test_parameters_of_different_types_are_different_keys(
     conn: cache.Connection, backend: str
 ) -> None:
     sql = "SELECT i.id, i.price FROM items i WHERE i.id = %s"
-    routes = [assert_same_answer(conn, backend, sql + BOUND, sql, (factor,)).route
-              for factor in (2, 2.0, 2, 2.0)]  # fmt: skip
+    routes = [
+        assert_same_answer(conn, backend, sql + BOUND, sql, (factor,)).route
+        for factor in (2, 2.0, 2, 2.0)
+    ]
     assert routes == ["local"] * 4 and memo_counts(conn) == (2, 2)
 
 
 def test_the_memo_can_be_turned_off(backend: str, tmp_path: Path) -> None:
-    with cache.connect(backend=backend, cache_path=tmp_path / "off.duckdb",
-                       result_memo_bytes=0) as conn:  # fmt: skip
+    with cache.connect(
+        backend=backend, cache_path=tmp_path / "off.duckdb", result_memo_bytes=0
+    ) as conn:
         conn.admin.apply_ddl("CREATE CACHED VIEW itemscopy AS SELECT * FROM items")
         conn.admin.refresh()
         for _ in range(3):
@@ -90,8 +98,9 @@ def test_the_memo_can_be_turned_off(backend: str, tmp_path: Path) -> None:
         assert memo_counts(conn) == (0, 0)
     for wrong in (-1, 1.5, "64MB", True):
         with pytest.raises(cache.ProgrammingError, match="result_memo_bytes"):
-            cache.connect(backend=backend, cache_path=tmp_path / "x.duckdb",
-                          result_memo_bytes=wrong)  # type: ignore[arg-type]  # fmt: skip
+            cache.connect(
+                backend=backend, cache_path=tmp_path / "x.duckdb", result_memo_bytes=wrong
+            )  # type: ignore[arg-type]
 
 
 def test_the_memo_keeps_within_its_bound_least_recently_used_first() -> None:

@@ -58,9 +58,17 @@ ROWS = [
 IDS = range(1, len(ROWS) + 1)
 # what DuckDB's Python gives for infinity too: the backend answers these (PostgreSQL's
 # 9999-12-31 or its error for infinity, which the cache cannot tell apart in Python)
-EXTREMES = frozenset(repr(v) for v in (dt.date.max, dt.date.min, dt.datetime.max,
-                                       dt.datetime.min, dt.datetime.max.replace(tzinfo=dt.UTC),
-                                       dt.datetime.min.replace(tzinfo=dt.UTC)))
+EXTREMES = frozenset(
+    repr(v)
+    for v in (
+        dt.date.max,
+        dt.date.min,
+        dt.datetime.max,
+        dt.datetime.min,
+        dt.datetime.max.replace(tzinfo=dt.UTC),
+        dt.datetime.min.replace(tzinfo=dt.UTC),
+    )
+)
 
 
 @pytest.fixture(scope="module")
@@ -79,8 +87,10 @@ def cached(backend: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[P
     backend after the view was made: applied from the replication stream)."""
     path = tmp_path_factory.mktemp("round_trip") / "cache.duckdb"
     store = CacheStore(path)
-    ddl = ("CREATE CACHED VIEW pulled_copy AS SELECT * FROM pulled REFRESH EVERY 10 MIN;"
-           "CREATE CACHED VIEW streamed_copy AS SELECT * FROM streamed REFRESH CONTINUOUSLY")
+    ddl = (
+        "CREATE CACHED VIEW pulled_copy AS SELECT * FROM pulled REFRESH EVERY 10 MIN;"
+        "CREATE CACHED VIEW streamed_copy AS SELECT * FROM streamed REFRESH CONTINUOUSLY"
+    )
     stream.apply_ddl(store, backend, parse(ddl), fetch_catalog(backend))
     with stream.Consumer(store, backend) as consumer:
         Maintainer(store, backend, InlineEngine()).refresh("streamed_copy")  # empty: its start
@@ -93,8 +103,9 @@ def cached(backend: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[P
         conn.admin.refresh("pulled_copy")
     yield path
     with CacheStore(path) as again:  # the slot goes with the last continuous view
-        stream.apply_ddl(again, backend, parse("DROP CACHED VIEW streamed_copy"),
-                         fetch_catalog(backend))  # fmt: skip
+        stream.apply_ddl(
+            again, backend, parse("DROP CACHED VIEW streamed_copy"), fetch_catalog(backend)
+        )
 
 
 def outcome(run: t.Callable[[str], t.Any], sql: str) -> tuple[str, object]:
@@ -118,10 +129,17 @@ def canonical(text: str | None) -> str | None:
 def test_every_value_survives_and_answers_as_postgres(
     backend: str, cached: Path, table: str
 ) -> None:
-    with cache.connect(backend=backend, cache_path=cached, background=False,
-                       currency_bound="10 min", plan_choice="guarded",
-                       autocommit=True) as conn, \
-            psycopg.connect(backend, autocommit=True) as pg:  # fmt: skip
+    with (
+        cache.connect(
+            backend=backend,
+            cache_path=cached,
+            background=False,
+            currency_bound="10 min",
+            plan_choice="guarded",
+            autocommit=True,
+        ) as conn,
+        psycopg.connect(backend, autocommit=True) as pg,
+    ):
         pg.execute("SET TimeZone = 'UTC'")
         cursor = conn.cursor()
         for row in IDS:
@@ -144,11 +162,14 @@ def test_what_python_cannot_hold_is_stored_as_postgres_holds_it(
     with psycopg.connect(backend, autocommit=True) as pg:
         pg.execute("SET TimeZone = 'UTC'")
         pg.execute("SET DateStyle = 'ISO, YMD'")
-        want = pg.execute(f"SELECT id, {', '.join(c + '::text' for c in temporal)} FROM "
-                          f"{table} ORDER BY id").fetchall()  # fmt: skip
+        want = pg.execute(
+            f"SELECT id, {', '.join(c + '::text' for c in temporal)} FROM {table} ORDER BY id"
+        ).fetchall()
     with CacheStore(cached) as store:
         got = store.con.execute(
             f"SELECT id, {', '.join(f'CAST({c} AS VARCHAR)' for c in temporal)} FROM "
-            f"{table}_copy ORDER BY id").fetchall()  # fmt: skip
-    assert [tuple(map(canonical, r[1:])) for r in got] == \
-        [tuple(map(canonical, r[1:])) for r in want]  # fmt: skip
+            f"{table}_copy ORDER BY id"
+        ).fetchall()
+    assert [tuple(map(canonical, r[1:])) for r in got] == [
+        tuple(map(canonical, r[1:])) for r in want
+    ]

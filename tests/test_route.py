@@ -50,8 +50,10 @@ def test_writes_name_their_tables() -> None:
 
 def test_control_table_edits_admit_and_evict() -> None:
     admit = routed("INSERT INTO authorlist_pct VALUES (4)")
-    assert isinstance(admit, ControlEdit) and (admit.control, admit.kind) == ("authorlist_pct",
-                                                                              "insert")  # fmt: skip
+    assert isinstance(admit, ControlEdit) and (admit.control, admit.kind) == (
+        "authorlist_pct",
+        "insert",
+    )
     assert isinstance(routed("DELETE FROM authorlist_pct WHERE authorid = 4"), ControlEdit)
     with pytest.raises(NotSupportedError, match="UPDATE on control table"):
         routed("UPDATE authorlist_pct SET authorid = 5")
@@ -85,8 +87,10 @@ def test_a_read_the_parser_cannot_read_is_no_write() -> None:
 def test_a_data_modifying_cte_is_a_write(clause: str) -> None:
     """WITH d AS (DELETE ... RETURNING *) SELECT ... writes: the backend runs it (never the
     cache), and the session's later reads see it."""
-    write = routed(f"WITH d AS (DELETE FROM books b WHERE b.authorid = 3 RETURNING *) "
-                   f"SELECT count(*) FROM d{clause}")  # fmt: skip
+    write = routed(
+        f"WITH d AS (DELETE FROM books b WHERE b.authorid = 3 RETURNING *) "
+        f"SELECT count(*) FROM d{clause}"
+    )
     assert isinstance(write, Write) and write.tables == {"books"}
 
 

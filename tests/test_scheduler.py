@@ -167,8 +167,9 @@ def test_the_refresh_delay_is_measured_per_view_and_planned_with(
         delay = views["salescopy"]["refresh_delay_seconds"]
         assert delay is not None and 0 < delay < 60
         assert views["reviewercopy"]["refresh_delay_seconds"] is None  # never refreshed
-        plan = conn.explain("SELECT s.qty FROM sales s WHERE s.saleid = 1 "
-                            "CURRENCY BOUND 10 MIN ON (s)").to_json()  # fmt: skip
+        plan = conn.explain(
+            "SELECT s.qty FROM sales s WHERE s.saleid = 1 CURRENCY BOUND 10 MIN ON (s)"
+        ).to_json()
 
     def unions(node: dict[str, t.Any]) -> list[dict[str, t.Any]]:
         found = [node] if node["op"] == "SwitchUnion" else []
@@ -192,7 +193,8 @@ def test_an_emulated_transport_delay_is_measured_as_the_views_delay(
     Maintainer(store, dsn).refresh("salescopy")
     quick = measured_delays(store)["salescopy"]
     Maintainer(store, dsn, faults_enabled=["after_pull:sleep=0.6"]).refresh("salescopy")
-    [(slow,)] = local(store, "SELECT delay_seconds FROM mtcache.snapshots "
-                      "ORDER BY snapshot_id DESC LIMIT 1")  # fmt: skip
+    [(slow,)] = local(
+        store, "SELECT delay_seconds FROM mtcache.snapshots ORDER BY snapshot_id DESC LIMIT 1"
+    )
     assert 0.6 <= slow < 0.6 + quick + 0.5, (quick, slow)
     assert measured_delays(store)["salescopy"] == (quick + slow) / 2  # the median of the two

@@ -39,10 +39,14 @@ def odd_dsn(backend_dsn: str) -> str:
     """A backend table whose name and columns need quoting: quotes, spaces, unicode, a keyword
     and a mixed-case name."""
     with psycopg.connect(backend_dsn, autocommit=True) as pg:
-        pg.execute(f'CREATE TABLE {ODD_TABLE} ("select" int PRIMARY KEY, "a b" text NOT NULL, '
-                   '"ç""q" numeric(6,2), "Grp" text)')  # fmt: skip
-        pg.execute(f"INSERT INTO {ODD_TABLE} SELECT g, 'v' || g, g * 1.5, CASE WHEN g % 2 = 0 "
-                   "THEN 'é x' ELSE 'b\"q' END FROM generate_series(1, 20) g")  # fmt: skip
+        pg.execute(
+            f'CREATE TABLE {ODD_TABLE} ("select" int PRIMARY KEY, "a b" text NOT NULL, '
+            '"ç""q" numeric(6,2), "Grp" text)'
+        )
+        pg.execute(
+            f"INSERT INTO {ODD_TABLE} SELECT g, 'v' || g, g * 1.5, CASE WHEN g % 2 = 0 "
+            "THEN 'é x' ELSE 'b\"q' END FROM generate_series(1, 20) g"
+        )
     return backend_dsn
 
 
@@ -58,8 +62,9 @@ def test_odd_names_work_end_to_end(
     ]
     with psycopg.connect(odd_dsn) as pg:
         expected = [typed(pg.execute(q).fetchall()) for q in queries]
-    with cache.connect(odd_dsn, tmp_path / "odd.duckdb", admit_on_miss=False,
-                       autocommit=True) as conn:  # fmt: skip
+    with cache.connect(
+        odd_dsn, tmp_path / "odd.duckdb", admit_on_miss=False, autocommit=True
+    ) as conn:
         conn.admin.apply_ddl(ODD_DDL)
         conn.admin.admit('key list "pct"', [2, 3])
         conn.admin.admit("grp ü", ["é x"])
@@ -87,8 +92,7 @@ def secret_dsn(backend_dsn: str) -> str:
     with psycopg.connect(backend_dsn, autocommit=True) as pg:
         pg.execute(f"CREATE ROLE secret_user LOGIN SUPERUSER PASSWORD '{SECRET}'")
     info = psycopg.conninfo.conninfo_to_dict(backend_dsn)
-    return (f"postgresql://secret_user:{SECRET}@{info['host']}:{info['port']}/"
-            f"{info['dbname']}")  # fmt: skip
+    return f"postgresql://secret_user:{SECRET}@{info['host']}:{info['port']}/{info['dbname']}"
 
 
 def test_passwords_never_show(
@@ -110,7 +114,7 @@ def test_passwords_never_show(
     attempt(lambda: cache.connect(secret_dsn + "?sslmode=bogus", path))
     conn = cache.connect(secret_dsn, path, admit_on_miss=True)
     try:
-        conn.admin.apply_ddl("CREATE CACHED VIEW oddall AS SELECT * FROM \"odd \"\"table\"\" ü\"")
+        conn.admin.apply_ddl('CREATE CACHED VIEW oddall AS SELECT * FROM "odd ""table"" ü"')
         conn.admin.refresh("oddall")
         cur = conn.execute('SELECT * FROM "odd ""table"" ü" t CURRENCY BOUND 10 MIN ON (t)')
         seen += [repr(cur.fetchall()), repr(cur.provenance), repr(cur.plan)]
@@ -120,17 +124,26 @@ def test_passwords_never_show(
         attempt(lambda: conn.execute("SELECT * FROM no_such_table"))
         conn.rollback()
         with psycopg.connect(secret_dsn, autocommit=True) as pg:  # the session's backend dies
-            pg.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                       "WHERE usename = 'secret_user' AND pid <> pg_backend_pid()")  # fmt: skip
+            pg.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE usename = 'secret_user' AND pid <> pg_backend_pid()"
+            )
         attempt(lambda: conn.execute("SELECT 1").fetchall())
     finally:
         attempt(conn.close)
     env = {**os.environ, "MTCACHE_BACKEND": secret_dsn, "MTCACHE_CACHE": str(path)}
-    for argv in (["status"], ["status", "--json"], ["query", "SELECT 1"], ["query", "SELEC 1"],
-                 ["--backend", wrong_db, "query", "SELECT 1"], ["explain", "SELECT 1"],
-                 ["refresh", "--view", "oddall"]):  # fmt: skip
-        result = subprocess.run([mtcache_bin, *argv], env=env, capture_output=True, text=True,
-                                timeout=120, check=False)  # fmt: skip
+    for argv in (
+        ["status"],
+        ["status", "--json"],
+        ["query", "SELECT 1"],
+        ["query", "SELEC 1"],
+        ["--backend", wrong_db, "query", "SELECT 1"],
+        ["explain", "SELECT 1"],
+        ["refresh", "--view", "oddall"],
+    ):
+        result = subprocess.run(
+            [mtcache_bin, *argv], env=env, capture_output=True, text=True, timeout=120, check=False
+        )
         seen += [result.stdout, result.stderr]
     seen += [record.getMessage() for record in caplog.records]
     seen.append(path.read_bytes().decode("latin-1"))  # nothing in the cache file either

@@ -30,31 +30,38 @@ BOOKS = "SELECT isbn, title, price, authorid FROM books WHERE authorid = %s ORDE
 
 @pytest.fixture(scope="module")
 def served(bookstore_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    with serving(bookstore_dsn, tmp_path_factory.mktemp("server") / "cache.duckdb",
-                 (1, 2, 3)) as found:  # fmt: skip
+    with serving(
+        bookstore_dsn, tmp_path_factory.mktemp("server") / "cache.duckdb", (1, 2, 3)
+    ) as found:
         yield found
 
 
 def _same(got: psycopg.Cursor[t.Any], want: psycopg.Cursor[t.Any]) -> list[t.Any]:
     rows, expected = got.fetchall(), want.fetchall()
     assert typed(rows) == typed(expected)
-    described = [(d.name, d.type_code, d.internal_size, d.precision, d.scale)
-                 for d in got.description or []]  # fmt: skip
-    assert described == [(d.name, d.type_code, d.internal_size, d.precision, d.scale)
-                         for d in want.description or []]  # fmt: skip
+    described = [
+        (d.name, d.type_code, d.internal_size, d.precision, d.scale) for d in got.description or []
+    ]
+    assert described == [
+        (d.name, d.type_code, d.internal_size, d.precision, d.scale) for d in want.description or []
+    ]
     return rows
 
 
 @pytest.mark.parametrize("binary", [False, True], ids=["text", "binary"])
 @pytest.mark.parametrize("prepare", [False, True], ids=["unprepared", "prepared"])
-def test_cached_reads_answer_as_postgres_in_both_formats(served: Served, binary: bool,
-                                                          prepare: bool) -> None:  # fmt: skip
+def test_cached_reads_answer_as_postgres_in_both_formats(
+    served: Served, binary: bool, prepare: bool
+) -> None:
     hits = served.engine.counters()["hits"]
-    with psycopg.connect(served.dsn, autocommit=True) as conn, \
-            psycopg.connect(served.backend, autocommit=True) as pg:  # fmt: skip
+    with (
+        psycopg.connect(served.dsn, autocommit=True) as conn,
+        psycopg.connect(served.backend, autocommit=True) as pg,
+    ):
         for author in (1, 2, 3, 2):
             got = conn.cursor(binary=binary).execute(
-                BOOKS + " CURRENCY BOUND 10 MIN", (author,), prepare=prepare)  # fmt: skip
+                BOOKS + " CURRENCY BOUND 10 MIN", (author,), prepare=prepare
+            )
             want = pg.cursor(binary=binary).execute(BOOKS, (author,))
             assert _same(got, want)
     assert served.engine.counters()["hits"] >= hits + 4  # answered by the cache
@@ -63,14 +70,18 @@ def test_cached_reads_answer_as_postgres_in_both_formats(served: Served, binary:
 @pytest.mark.parametrize("binary", [False, True], ids=["text", "binary"])
 def test_values_of_every_cached_type_are_postgres_bytes(served: Served, binary: bool) -> None:
     """Each type the cache answers, edge values included, through a cached view."""
-    sql = ("SELECT a.authorid, a.name, b.price, b.price * 1.5 AS scaled, "
-           "b.price::float8 / 7 AS f8, b.price::float4 AS f4, b.authorid::int2 AS i2, "
-           "b.authorid::int8 * 1000000000000 AS i8, b.isbn, b.price > 30 AS dear, "
-           "b.price::numeric(20,6) - 100 AS negative "
-           "FROM authors a JOIN books b ON b.authorid = a.authorid WHERE a.authorid = %s "
-           "ORDER BY b.isbn")  # fmt: skip
-    with psycopg.connect(served.dsn, autocommit=True) as conn, \
-            psycopg.connect(served.backend, autocommit=True) as pg:  # fmt: skip
+    sql = (
+        "SELECT a.authorid, a.name, b.price, b.price * 1.5 AS scaled, "
+        "b.price::float8 / 7 AS f8, b.price::float4 AS f4, b.authorid::int2 AS i2, "
+        "b.authorid::int8 * 1000000000000 AS i8, b.isbn, b.price > 30 AS dear, "
+        "b.price::numeric(20,6) - 100 AS negative "
+        "FROM authors a JOIN books b ON b.authorid = a.authorid WHERE a.authorid = %s "
+        "ORDER BY b.isbn"
+    )
+    with (
+        psycopg.connect(served.dsn, autocommit=True) as conn,
+        psycopg.connect(served.backend, autocommit=True) as pg,
+    ):
         got = conn.cursor(binary=binary).execute(sql + " CURRENCY BOUND 10 MIN", (1,))
         want = pg.cursor(binary=binary).execute(sql, (1,))
         assert _same(got, want)
@@ -79,13 +90,20 @@ def test_values_of_every_cached_type_are_postgres_bytes(served: Served, binary: 
 def test_local_floats_follow_the_sessions_extra_float_digits(served: Served) -> None:
     """extra_float_digits is not reported to clients: the server reads it after a statement
     that may set it, and again when a SET LOCAL's transaction ends."""
-    sql = ("SELECT isbn, price::float8 / 7 AS f8, price::float4 / 3 AS f4 FROM books "
-           "WHERE authorid = %s ORDER BY isbn")  # fmt: skip
-    with psycopg.connect(served.dsn, autocommit=True) as conn, \
-            psycopg.connect(served.backend, autocommit=True) as pg:  # fmt: skip
-        for setting in ("SET extra_float_digits = 0", "SET extra_float_digits = -3",
-                        "BEGIN; SET LOCAL extra_float_digits = 1; COMMIT",
-                        "RESET extra_float_digits"):  # fmt: skip
+    sql = (
+        "SELECT isbn, price::float8 / 7 AS f8, price::float4 / 3 AS f4 FROM books "
+        "WHERE authorid = %s ORDER BY isbn"
+    )
+    with (
+        psycopg.connect(served.dsn, autocommit=True) as conn,
+        psycopg.connect(served.backend, autocommit=True) as pg,
+    ):
+        for setting in (
+            "SET extra_float_digits = 0",
+            "SET extra_float_digits = -3",
+            "BEGIN; SET LOCAL extra_float_digits = 1; COMMIT",
+            "RESET extra_float_digits",
+        ):
             conn.execute(setting)
             pg.execute(setting)
             hits = served.engine.counters()["hits"]
@@ -95,20 +113,25 @@ def test_local_floats_follow_the_sessions_extra_float_digits(served: Served) -> 
             # the text itself, as psql would print it
             text = conn.pgconn.exec_(
                 b"SELECT price::float8 / 7 FROM books WHERE authorid = 1 ORDER BY isbn "
-                b"CURRENCY BOUND 10 MIN")  # fmt: skip
-            want = pg.pgconn.exec_(b"SELECT price::float8 / 7 FROM books WHERE authorid = 1 "
-                                   b"ORDER BY isbn")  # fmt: skip
-            assert [text.get_value(i, 0) for i in range(text.ntuples)] == \
-                [want.get_value(i, 0) for i in range(want.ntuples)], setting  # fmt: skip
+                b"CURRENCY BOUND 10 MIN"
+            )
+            want = pg.pgconn.exec_(
+                b"SELECT price::float8 / 7 FROM books WHERE authorid = 1 ORDER BY isbn"
+            )
+            assert [text.get_value(i, 0) for i in range(text.ntuples)] == [
+                want.get_value(i, 0) for i in range(want.ntuples)
+            ], setting
             assert served.engine.counters()["hits"] > hits  # answered by the cache
 
 
 def test_simple_query_protocol_several_statements(served: Served) -> None:
     with psycopg.connect(served.dsn, autocommit=True) as conn:
         cur = conn.cursor()
-        cur.execute("CREATE TEMP TABLE notes (n int, t text); INSERT INTO notes VALUES (1, 'a'),"
-                    " (2, 'b'); SELECT authorid FROM authors WHERE authorid = 2 CURRENCY BOUND "
-                    "10 MIN; SELECT count(*) FROM notes")  # fmt: skip
+        cur.execute(
+            "CREATE TEMP TABLE notes (n int, t text); INSERT INTO notes VALUES (1, 'a'),"
+            " (2, 'b'); SELECT authorid FROM authors WHERE authorid = 2 CURRENCY BOUND "
+            "10 MIN; SELECT count(*) FROM notes"
+        )
         statuses, rows = [], []
         while True:
             statuses.append(cur.statusmessage)
@@ -140,8 +163,12 @@ def test_a_clients_deallocate_all_leaves_the_engines_own_questions_alone(
     """DEALLOCATE ALL and DISCARD ALL pass through to the session's backend connection, on
     which the engine asks its own catalog questions: those are never prepared statements the
     client's command could take away (psycopg prepares a query it runs five times)."""
-    with psycopg.connect(served.dsn, autocommit=True, options="-c mtcache.currency_bound=600") \
-            as conn, psycopg.connect(served.backend, autocommit=True) as pg:  # fmt: skip
+    with (
+        psycopg.connect(
+            served.dsn, autocommit=True, options="-c mtcache.currency_bound=600"
+        ) as conn,
+        psycopg.connect(served.backend, autocommit=True) as pg,
+    ):
         for round_ in range(8):
             conn.execute(f"CREATE TEMP TABLE scratch_{round_} (n int)")  # the catalog moves
             _same(conn.execute(BOOKS, (1,)), pg.execute(BOOKS, (1,)))
@@ -150,17 +177,29 @@ def test_a_clients_deallocate_all_leaves_the_engines_own_questions_alone(
 
 
 def test_errors_carry_every_field_postgres_sent(served: Served) -> None:
-    statement = "INSERT INTO books (isbn, authorid, title, publisherid, type, price) " \
-                "VALUES ('isbn-00001', 1, 't', 1, 'x', 1)"  # fmt: skip
+    statement = (
+        "INSERT INTO books (isbn, authorid, title, publisherid, type, price) "
+        "VALUES ('isbn-00001', 1, 't', 1, 'x', 1)"
+    )
     errors = []
     for dsn in (served.dsn, served.backend):
-        with psycopg.connect(dsn, autocommit=True) as conn, \
-                pytest.raises(psycopg.errors.UniqueViolation) as caught:  # fmt: skip
+        with (
+            psycopg.connect(dsn, autocommit=True) as conn,
+            pytest.raises(psycopg.errors.UniqueViolation) as caught,
+        ):
             conn.execute(statement)
         diag = caught.value.diag
-        errors.append((diag.sqlstate, diag.message_primary, diag.message_detail,
-                       diag.constraint_name, diag.table_name, diag.schema_name,
-                       diag.source_function))  # fmt: skip
+        errors.append(
+            (
+                diag.sqlstate,
+                diag.message_primary,
+                diag.message_detail,
+                diag.constraint_name,
+                diag.table_name,
+                diag.schema_name,
+                diag.source_function,
+            )
+        )
     assert errors[0] == errors[1]
 
 
@@ -185,8 +224,7 @@ def test_a_cache_error_in_a_transaction_block_fails_the_transaction(served: Serv
 
 
 @pytest.mark.parametrize("user", ["server", "engine"])
-def test_the_clients_unnamed_statement_outlives_the_servers_own(served: Served,
-                                                                user: str) -> None:  # fmt: skip
+def test_the_clients_unnamed_statement_outlives_the_servers_own(served: Served, user: str) -> None:
     """The server and the engine run statements of their own on a session's connection,
     which take the backend's unnamed statement: failing the backend's transaction when the
     cache failed a statement of the block ("server"), asking the backend which relations it
@@ -199,22 +237,28 @@ def test_the_clients_unnamed_statement_outlives_the_servers_own(served: Served,
         return protocol.message(kind, body)
 
     def run(statement: bytes) -> bytes:  # (no parameters)
-        return message(b"B", b"\0" + statement + b"\0\0\0\0\0\0\0") \
-            + message(b"E", b"\0\0\0\0\0") + message(b"S")  # fmt: skip
+        return (
+            message(b"B", b"\0" + statement + b"\0\0\0\0\0\0\0")
+            + message(b"E", b"\0\0\0\0\0")
+            + message(b"S")
+        )
 
-    own = {"server": [message(b"P", b"b\0BEGIN\0\0\0") + run(b"b"),
-                      message(b"P", b"x\0SELECT * FROM books CURRENCY BOUND -1 MIN\0\0\0")
-                      + message(b"S"),
-                      message(b"P", b"r\0ROLLBACK\0\0\0") + run(b"r")],
-           "engine": [message(b"P", b"x\0EXPLAIN (CACHE) SELECT k FROM scratch_u\0\0\0")
-                      + run(b"x")]}[user]  # fmt: skip
+    own = {
+        "server": [
+            message(b"P", b"b\0BEGIN\0\0\0") + run(b"b"),
+            message(b"P", b"x\0SELECT * FROM books CURRENCY BOUND -1 MIN\0\0\0") + message(b"S"),
+            message(b"P", b"r\0ROLLBACK\0\0\0") + run(b"r"),
+        ],
+        "engine": [message(b"P", b"x\0EXPLAIN (CACHE) SELECT k FROM scratch_u\0\0\0") + run(b"x")],
+    }[user]
     steps = [
         message(b"P", b"t\0CREATE TEMP TABLE scratch_u (k int)\0\0\0") + run(b"t"),
         message(b"P", b"\0SELECT $1::int + 1\0\0\0") + message(b"S"),
         *own,
-        message(b"B", b"\0\0\0\0\0\x01\0\0\0\x0241\0\0") + message(b"E", b"\0\0\0\0\0")
+        message(b"B", b"\0\0\0\0\0\x01\0\0\0\x0241\0\0")
+        + message(b"E", b"\0\0\0\0\0")
         + message(b"S"),
-    ]  # fmt: skip
+    ]
     answers = []
     for to in (sock, direct):
         got = []
@@ -236,8 +280,7 @@ def test_the_cache_statements_over_the_wire(served: Served) -> None:
     """EXPLAIN LAST STATEMENT, SHOW CACHED VIEWS / CACHE STATUS and the provenance NOTICE,
     in both protocols; the setting also comes as a startup option."""
     notices: list[tuple[str | None, str | None]] = []  # message, detail (read in the handler)
-    with psycopg.connect(served.dsn, autocommit=True,
-                         options="-c mtcache.provenance=on") as conn:  # fmt: skip
+    with psycopg.connect(served.dsn, autocommit=True, options="-c mtcache.provenance=on") as conn:
         conn.add_notice_handler(lambda d: notices.append((d.message_primary, d.message_detail)))
         assert conn.execute("SHOW mtcache.provenance").fetchone() == ("on",)
         for prepare in (False, True):
@@ -248,13 +291,22 @@ def test_the_cache_statements_over_the_wire(served: Served) -> None:
             provenance = json.loads(detail or "")
             rows = conn.execute("EXPLAIN LAST STATEMENT").fetchall()
             assert [(r[0], r[1], r[2], json.loads(r[3])) for r in rows] == [
-                (p["table"], p["route"], p["view"], p["regions"]) for p in provenance]
+                (p["table"], p["route"], p["view"], p["regions"]) for p in provenance
+            ]
             # a read the backend answers, in either protocol: remote
             notices.clear()
             conn.execute(BOOKS, (1,), prepare=prepare)
-            assert json.loads(notices[-1][1] or "") == [{
-                "table": "books", "route": "remote", "view": None, "regions": [],
-                "currency_seconds": 0.0, "snapshot_ids": [], "stale": False}]
+            assert json.loads(notices[-1][1] or "") == [
+                {
+                    "table": "books",
+                    "route": "remote",
+                    "view": None,
+                    "regions": [],
+                    "currency_seconds": 0.0,
+                    "snapshot_ids": [],
+                    "stale": False,
+                }
+            ]
         conn.execute("SET mtcache.provenance = off")
         notices.clear()
         conn.execute(BOOKS + " CURRENCY BOUND 10 MIN", (1,))
@@ -271,18 +323,22 @@ def test_the_cache_statements_over_the_wire(served: Served) -> None:
         assert [v["name"] for v in document["views"]] == ["authorcopy", "bookcopy"]
     host, port = served.server.address
     with pytest.raises(psycopg.OperationalError, match="requires a Boolean value"):
-        psycopg.connect(f"host={host} port={port} user=postgres dbname="
-                        f"{psycopg.conninfo.conninfo_to_dict(served.dsn)['dbname']}",
-                        options="-c mtcache.provenance=perhaps")  # fmt: skip
+        psycopg.connect(
+            f"host={host} port={port} user=postgres dbname="
+            f"{psycopg.conninfo.conninfo_to_dict(served.dsn)['dbname']}",
+            options="-c mtcache.provenance=perhaps",
+        )
 
 
 def test_cache_status_counts_the_hits_of_running_sessions(served: Served) -> None:
     """SHOW CACHE STATUS gives the engine's counters as they are now, not those the file
     saved when sessions last ended."""
     with psycopg.connect(served.dsn, autocommit=True) as conn:
+
         def hits() -> int:
-            return int(status_document(conn.execute("SHOW CACHE STATUS").fetchall())
-                       ["counters"]["hits"])  # fmt: skip
+            return int(
+                status_document(conn.execute("SHOW CACHE STATUS").fetchall())["counters"]["hits"]
+            )
 
         before = hits()
         for _ in range(3):
@@ -291,8 +347,10 @@ def test_cache_status_counts_the_hits_of_running_sessions(served: Served) -> Non
 
 
 def test_pipeline_mode(served: Served) -> None:
-    with psycopg.connect(served.dsn, autocommit=True) as conn, \
-            psycopg.connect(served.backend, autocommit=True) as pg:  # fmt: skip
+    with (
+        psycopg.connect(served.dsn, autocommit=True) as conn,
+        psycopg.connect(served.backend, autocommit=True) as pg,
+    ):
         conn.execute("CREATE TEMP TABLE piped (n int)")
         with conn.pipeline():
             first = conn.execute("INSERT INTO piped VALUES (1), (2)")
@@ -314,8 +372,10 @@ def test_copy_passes_through(served: Served) -> None:
 
 
 def test_listen_notify_pass_through(served: Served) -> None:
-    with psycopg.connect(served.dsn, autocommit=True) as listener, \
-            psycopg.connect(served.dsn, autocommit=True) as sender:  # fmt: skip
+    with (
+        psycopg.connect(served.dsn, autocommit=True) as listener,
+        psycopg.connect(served.dsn, autocommit=True) as sender,
+    ):
         listener.execute("LISTEN chan")
         sender.execute("NOTIFY chan, 'hello'")
         found = next(listener.notifies(timeout=10, stop_after=1))
@@ -326,25 +386,56 @@ def test_psql_through_the_server(served: Served, tmp_path: Path) -> None:
     host, port = served.server.address
     dbname = psycopg.conninfo.conninfo_to_dict(served.backend)["dbname"]
     (tmp_path / "in.csv").write_text("isbn-copy-1,1.50\nisbn-copy-2,2.25\n")
-    script = ("\\d books\n"
-              "SELECT isbn, price FROM books WHERE authorid = 1 ORDER BY isbn LIMIT 2 "
-              "CURRENCY BOUND 10 MIN;\n"
-              "CREATE TEMP TABLE copied (isbn text, price numeric(8, 2));\n"
-              f"\\copy copied FROM '{tmp_path / 'in.csv'}' WITH (FORMAT csv)\n"
-              "SELECT isbn, price FROM copied ORDER BY isbn;\n"
-              "\\copy (SELECT isbn, price FROM books WHERE authorid = 1 ORDER BY isbn) TO "
-              f"'{tmp_path / 'served.csv'}' WITH (FORMAT csv)\n")  # fmt: skip
-    run = subprocess.run(["psql", "-X", "-h", host, "-p", str(port), "-U", "postgres", "-d",
-                          dbname, "-v", "ON_ERROR_STOP=1"], input=script, text=True,
-                         capture_output=True, timeout=60, check=False)  # fmt: skip
+    script = (
+        "\\d books\n"
+        "SELECT isbn, price FROM books WHERE authorid = 1 ORDER BY isbn LIMIT 2 "
+        "CURRENCY BOUND 10 MIN;\n"
+        "CREATE TEMP TABLE copied (isbn text, price numeric(8, 2));\n"
+        f"\\copy copied FROM '{tmp_path / 'in.csv'}' WITH (FORMAT csv)\n"
+        "SELECT isbn, price FROM copied ORDER BY isbn;\n"
+        "\\copy (SELECT isbn, price FROM books WHERE authorid = 1 ORDER BY isbn) TO "
+        f"'{tmp_path / 'served.csv'}' WITH (FORMAT csv)\n"
+    )
+    run = subprocess.run(
+        [
+            "psql",
+            "-X",
+            "-h",
+            host,
+            "-p",
+            str(port),
+            "-U",
+            "postgres",
+            "-d",
+            dbname,
+            "-v",
+            "ON_ERROR_STOP=1",
+        ],
+        input=script,
+        text=True,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
     assert run.returncode == 0, run.stderr
     assert 'Table "public.books"' in run.stdout
     assert "COPY 2" in run.stdout and " isbn-copy-2 |  2.25" in run.stdout, run.stdout
-    direct = subprocess.run(["psql", "-X", served.backend, "-c", "SELECT isbn, price FROM books "
-                             "WHERE authorid = 1 ORDER BY isbn LIMIT 2", "-c",
-                             "\\copy (SELECT isbn, price FROM books WHERE authorid = 1 ORDER BY "
-                             f"isbn) TO '{tmp_path / 'direct.csv'}' WITH (FORMAT csv)"],
-                            text=True, capture_output=True, timeout=60, check=True)  # fmt: skip
+    direct = subprocess.run(
+        [
+            "psql",
+            "-X",
+            served.backend,
+            "-c",
+            "SELECT isbn, price FROM books WHERE authorid = 1 ORDER BY isbn LIMIT 2",
+            "-c",
+            "\\copy (SELECT isbn, price FROM books WHERE authorid = 1 ORDER BY "
+            f"isbn) TO '{tmp_path / 'direct.csv'}' WITH (FORMAT csv)",
+        ],
+        text=True,
+        capture_output=True,
+        timeout=60,
+        check=True,
+    )
     assert direct.stdout.split("COPY")[0] in run.stdout
     copied = (tmp_path / "served.csv").read_text()
     assert copied and copied == (tmp_path / "direct.csv").read_text()
@@ -356,11 +447,13 @@ def test_psql_through_the_server(served: Served, tmp_path: Path) -> None:
 def test_row_limited_execute_suspends_the_portal(served: Served) -> None:
     sock = raw_session(served)
     sql = b"SELECT isbn FROM books WHERE authorid = 1 ORDER BY isbn CURRENCY BOUND 10 MIN"
-    sock.sendall(protocol.message(b"P", b"\0" + sql + b"\0\0\0")
-                 + protocol.message(b"B", b"\0\0\0\0\0\0\0\0")
-                 + protocol.message(b"E", b"\0" + struct.pack("!i", 2))
-                 + protocol.message(b"E", b"\0" + struct.pack("!i", 0))
-                 + protocol.message(b"S"))  # fmt: skip
+    sock.sendall(
+        protocol.message(b"P", b"\0" + sql + b"\0\0\0")
+        + protocol.message(b"B", b"\0\0\0\0\0\0\0\0")
+        + protocol.message(b"E", b"\0" + struct.pack("!i", 2))
+        + protocol.message(b"E", b"\0" + struct.pack("!i", 0))
+        + protocol.message(b"S")
+    )
     kinds = [kind for kind, _ in until(sock, b"Z")]
     assert kinds[:5] == [b"1", b"2", b"D", b"D", b"s"]
     assert kinds[-2:] == [b"C", b"Z"] and kinds.count(b"D") > 2
@@ -375,25 +468,40 @@ def test_a_prepared_run_sent_at_once_gets_the_bytes_of_its_messages(served: Serv
     usual way (to the backend)."""
     sock = raw_session(served, "-c mtcache.admit_on_miss=off")  # (the cache stays as it is)
     sql = BOOKS.replace("%s", "$1").encode() + b" CURRENCY BOUND 10 MIN"
-    sock.sendall(protocol.message(b"P", b"s\0" + sql + b"\0\0\0")
-                 + protocol.message(b"D", b"Ss\0") + protocol.message(b"S"))  # fmt: skip
+    sock.sendall(
+        protocol.message(b"P", b"s\0" + sql + b"\0\0\0")
+        + protocol.message(b"D", b"Ss\0")
+        + protocol.message(b"S")
+    )
     assert [kind for kind, _ in until(sock, b"Z")] == [b"1", b"t", b"T", b"Z"]
 
     def run(author: int, binary: bool, describe: bool, portal: bytes) -> bytes:
         value = str(author).encode()
-        bind = portal + b"\0s\0" + struct.pack("!hhhi", 1, 0, 1, len(value)) + value \
-            + struct.pack("!hh", 1, int(binary))  # fmt: skip
-        return protocol.message(b"B", bind) \
-            + (protocol.message(b"D", b"P" + portal + b"\0") if describe else b"") \
-            + protocol.message(b"E", portal + b"\0\0\0\0\0") + protocol.message(b"S")  # fmt: skip
+        bind = (
+            portal
+            + b"\0s\0"
+            + struct.pack("!hhhi", 1, 0, 1, len(value))
+            + value
+            + struct.pack("!hh", 1, int(binary))
+        )
+        return (
+            protocol.message(b"B", bind)
+            + (protocol.message(b"D", b"P" + portal + b"\0") if describe else b"")
+            + protocol.message(b"E", portal + b"\0\0\0\0\0")
+            + protocol.message(b"S")
+        )
 
     def answer(data: bytes) -> list[tuple[bytes, bytes]]:
         sock.sendall(data)
         return until(sock, b"Z")
 
-    runs = [(author, binary, describe, portal) for author in (1, 2, 3, 99)
-            for binary in (False, True) for describe in (False, True)
-            for portal in (b"", b"p")]  # fmt: skip
+    runs = [
+        (author, binary, describe, portal)
+        for author in (1, 2, 3, 99)
+        for binary in (False, True)
+        for describe in (False, True)
+        for portal in (b"", b"p")
+    ]
     flush = protocol.message(b"H")  # (a run that does not start with its Bind: one by one)
     before = served.server.runs_at_once
     one_by_one = [answer(flush + run(*each)) for each in runs]
@@ -414,8 +522,7 @@ def test_a_prepared_run_sent_at_once_gets_the_bytes_of_its_messages(served: Serv
     sock.close()
 
 
-def test_a_passed_through_run_sent_at_once_gets_the_bytes_of_its_messages(
-        served: Served) -> None:  # fmt: skip
+def test_a_passed_through_run_sent_at_once_gets_the_bytes_of_its_messages(served: Served) -> None:
     """Runs of passed-through prepared statements arriving whole are sent to the backend
     by the event loop, which relays the answer as it comes (no hand-off to a worker): outside
     a transaction block byte for byte, the backend's answer being PostgreSQL's own bytes (the
@@ -443,23 +550,45 @@ def test_a_passed_through_run_sent_at_once_gets_the_bytes_of_its_messages(
             b"INSERT INTO relayed SELECT g, 'v' || g, g / 7.0 FROM generate_series(1, 50) g;"
             b"UPDATE relayed SET v = upper(v) WHERE k IN (3, 48);"  # (as the write leaves them)
             b"CREATE FUNCTION pg_temp.said(int) RETURNS int LANGUAGE plpgsql AS "
-            b"$$BEGIN RAISE NOTICE 'said %', $1; RETURN $1; END$$", to)  # fmt: skip
+            b"$$BEGIN RAISE NOTICE 'said %', $1; RETURN $1; END$$",
+            to,
+        )
         for name, sql in statements.items():
-            kinds = [kind for kind, _ in answer(
-                protocol.message(b"P", name + b"\0" + sql + b"\0\0\0")
-                + protocol.message(b"D", b"S" + name + b"\0") + protocol.message(b"S"), to)]
+            kinds = [
+                kind
+                for kind, _ in answer(
+                    protocol.message(b"P", name + b"\0" + sql + b"\0\0\0")
+                    + protocol.message(b"D", b"S" + name + b"\0")
+                    + protocol.message(b"S"),
+                    to,
+                )
+            ]
             assert kinds[0] == b"1" and kinds[-1] == b"Z" and b"E" not in kinds, (name, kinds)
 
     def run(name: bytes, key: int, binary: bool, describe: bool) -> bytes:
         value = str(key).encode()
-        bind = b"\0" + name + b"\0" + struct.pack("!hhhi", 1, 0, 1, len(value)) + value \
-            + struct.pack("!hh", 1, int(binary))  # fmt: skip
-        return protocol.message(b"B", bind) \
-            + (protocol.message(b"D", b"P\0") if describe else b"") \
-            + protocol.message(b"E", b"\0\0\0\0\0") + protocol.message(b"S")  # fmt: skip
+        bind = (
+            b"\0"
+            + name
+            + b"\0"
+            + struct.pack("!hhhi", 1, 0, 1, len(value))
+            + value
+            + struct.pack("!hh", 1, int(binary))
+        )
+        return (
+            protocol.message(b"B", bind)
+            + (protocol.message(b"D", b"P\0") if describe else b"")
+            + protocol.message(b"E", b"\0\0\0\0\0")
+            + protocol.message(b"S")
+        )
 
-    runs = [(name, key, binary, describe) for name in statements for key in (3, 48)
-            for binary in (False, True) for describe in (False, True)]  # fmt: skip
+    runs = [
+        (name, key, binary, describe)
+        for name in statements
+        for key in (3, 48)
+        for binary in (False, True)
+        for describe in (False, True)
+    ]
     flush = protocol.message(b"H")  # (a run that does not start with its Bind: one by one)
     for block in (False, True):
         if block:
@@ -480,15 +609,15 @@ def test_a_passed_through_run_sent_at_once_gets_the_bytes_of_its_messages(
         if block:
             assert at_once[-1][-1] == (b"Z", b"T")
             # an error fails the block, as in PostgreSQL
-            failed = [answer(flush + run(b"e", 1, False, True)),
-                      answer(run(b"e", 1, False, True))]  # fmt: skip
+            failed = [answer(flush + run(b"e", 1, False, True)), answer(run(b"e", 1, False, True))]
             assert failed[0][:2] == [(b"2", b""), failed[1][1]] and failed[0][2][0] == b"E"
             assert failed[1][2][0] == b"E" and failed[1][-1] == (b"Z", b"E")
             assert query(b"ROLLBACK") == [b"C", b"Z"]
         else:
             # PostgreSQL's own bytes, its error at Bind included (its plan folds 1 / 0)
             assert [_oids_blank(a) for a in at_once] == [
-                _oids_blank(answer(run(*each), direct)) for each in runs if each[0] != b"e"]
+                _oids_blank(answer(run(*each), direct)) for each in runs if each[0] != b"e"
+            ]
             failed = [answer(run(b"e", 1, False, True), to) for to in (sock, direct)]
             assert failed[0] == failed[1] and [k for k, _ in failed[0]] == [b"E", b"Z"]
     kinds = [kind for kind, _ in at_once[-1]]
@@ -512,8 +641,10 @@ def test_a_function_that_sets_a_reported_setting_in_a_raw_run(served: Served) ->
     with psycopg.connect(served.dsn, autocommit=True) as conn:
         before = conn.info.parameter_status("TimeZone")
         other = "Asia/Kolkata" if before != "Asia/Kolkata" else "America/Lima"
-        conn.execute("CREATE FUNCTION pg_temp.zoned(text) RETURNS text LANGUAGE sql AS "
-                     "$$SELECT set_config('TimeZone', $1, false)$$")  # fmt: skip
+        conn.execute(
+            "CREATE FUNCTION pg_temp.zoned(text) RETURNS text LANGUAGE sql AS "
+            "$$SELECT set_config('TimeZone', $1, false)$$"
+        )
         for zone in (before, before):  # (prepared, then run whole)
             conn.execute("SELECT pg_temp.zoned(%s)", [zone], prepare=True)
         quiet(served)  # (no worker holds the session: the loop relays the next run)
@@ -530,7 +661,8 @@ def test_a_function_that_sets_a_reported_setting_in_a_raw_run(served: Served) ->
 
 
 def test_a_raw_write_when_the_clock_is_due_is_settled_off_the_loop(
-        served: Served, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A write passed through byte for byte when the session's backend clock is due to be
     measured: its commit time needs that measurement, which the event loop may not wait for;
     a worker makes it before the session's next statement, and the write counts for the
@@ -545,10 +677,13 @@ def test_a_raw_write_when_the_clock_is_due_is_settled_off_the_loop(
     monkeypatch.setattr(state_module, "measure", measure)
     update = "UPDATE books SET price = price + 1 WHERE isbn = %s"
     plain = "SELECT price FROM books WHERE isbn = %s"
-    with psycopg.connect(served.dsn, autocommit=True) as conn, \
-            psycopg.connect(served.backend, autocommit=True) as direct:  # fmt: skip
-        found = direct.execute("SELECT isbn FROM books WHERE authorid = 2 ORDER BY isbn "
-                               "LIMIT 1").fetchone()  # fmt: skip
+    with (
+        psycopg.connect(served.dsn, autocommit=True) as conn,
+        psycopg.connect(served.backend, autocommit=True) as direct,
+    ):
+        found = direct.execute(
+            "SELECT isbn FROM books WHERE authorid = 2 ORDER BY isbn LIMIT 1"
+        ).fetchone()
         assert found is not None
         (isbn,) = found
         conn.execute(update, [isbn], prepare=True)
@@ -563,8 +698,7 @@ def test_a_raw_write_when_the_clock_is_due_is_settled_off_the_loop(
         quiet(served)
         assert measured_on and served.server.loop_thread not in measured_on
         assert not state.writing and state.written_at["books"] > first
-        _same(conn.execute(plain + " CURRENCY BOUND 10 MIN", [isbn]),
-              direct.execute(plain, [isbn]))  # fmt: skip
+        _same(conn.execute(plain + " CURRENCY BOUND 10 MIN", [isbn]), direct.execute(plain, [isbn]))
 
 
 def _oids_blank(answer: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
@@ -599,16 +733,25 @@ def test_a_wrong_database_is_refused(served: Served) -> None:
         psycopg.connect(f"host={host} port={port} user=postgres dbname=elsewhere")
 
 
-def test_busy_port_and_bad_listen_are_one_line_errors(served: Served, mtcache_bin: str,
-                                                      clean_env: dict[str, str],
-                                                      tmp_path: Path) -> None:  # fmt: skip
+def test_busy_port_and_bad_listen_are_one_line_errors(
+    served: Served, mtcache_bin: str, clean_env: dict[str, str], tmp_path: Path
+) -> None:
     host, port = served.server.address
-    env = dict(clean_env, MTCACHE_BACKEND=served.backend,
-               MTCACHE_CACHE=str(tmp_path / "other.duckdb"))  # fmt: skip
-    for listen, says in ((f"{host}:{port}", "cannot listen"), ("nonsense", "HOST:PORT"),
-                         ("0.0.0.0:7777", "authentication")):  # fmt: skip
-        run = subprocess.run([mtcache_bin, "serve", "--listen", listen], env=env, text=True,
-                             capture_output=True, timeout=120, check=False)  # fmt: skip
+    env = dict(
+        clean_env, MTCACHE_BACKEND=served.backend, MTCACHE_CACHE=str(tmp_path / "other.duckdb")
+    )
+    for listen, says in (
+        (f"{host}:{port}", "cannot listen"),
+        ("nonsense", "HOST:PORT"),
+        ("0.0.0.0:7777", "authentication"),
+    ):
+        run = subprocess.run(
+            [mtcache_bin, "serve", "--listen", listen],
+            env=env,
+            text=True,
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
         assert run.returncode == 1, run.stderr
         assert says in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
-

@@ -28,8 +28,9 @@ BOUND = "-c mtcache.currency_bound=600"  # a session bound from the connection s
 
 @pytest.fixture(scope="module")
 def served(bookstore_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    with serving(bookstore_dsn, tmp_path_factory.mktemp("clients") / "cache.duckdb",
-                 (1, 2)) as found:  # fmt: skip
+    with serving(
+        bookstore_dsn, tmp_path_factory.mktemp("clients") / "cache.duckdb", (1, 2)
+    ) as found:
         yield found
 
 
@@ -37,21 +38,38 @@ def served(bookstore_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 
 def test_pgbench_initializes_through_the_server_and_runs_select_only(served: Served) -> None:
-    env = dict(os.environ, PGHOST=served.host, PGPORT=str(served.port), PGUSER="postgres",
-               PGDATABASE=served.dbname)  # fmt: skip
-    init = subprocess.run(["pgbench", "-i", "-s", "1", "-q"], env=env, text=True,
-                          capture_output=True, timeout=300, check=False)  # fmt: skip
+    env = dict(
+        os.environ,
+        PGHOST=served.host,
+        PGPORT=str(served.port),
+        PGUSER="postgres",
+        PGDATABASE=served.dbname,
+    )
+    init = subprocess.run(
+        ["pgbench", "-i", "-s", "1", "-q"],
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=300,
+        check=False,
+    )
     assert init.returncode == 0, init.stderr
     with psycopg.connect(served.dsn, autocommit=True) as conn:
-        conn.execute("CREATE CACHED VIEW accountcopy AS SELECT * FROM pgbench_accounts "
-                     "REFRESH EVERY 10 MIN")  # fmt: skip
+        conn.execute(
+            "CREATE CACHED VIEW accountcopy AS SELECT * FROM pgbench_accounts REFRESH EVERY 10 MIN"
+        )
         conn.execute("REFRESH CACHED VIEW accountcopy")
     bound = dict(env, PGOPTIONS=BOUND)
     for mode in ("simple", "extended", "prepared"):
         hits = served.engine.counters()["hits"]
-        run = subprocess.run(["pgbench", "-S", "-M", mode, "-c", "4", "-j", "2", "-t", "100",
-                              "-n"], env=bound, text=True, capture_output=True, timeout=300,
-                             check=False)  # fmt: skip
+        run = subprocess.run(
+            ["pgbench", "-S", "-M", mode, "-c", "4", "-j", "2", "-t", "100", "-n"],
+            env=bound,
+            text=True,
+            capture_output=True,
+            timeout=300,
+            check=False,
+        )
         assert run.returncode == 0, run.stderr
         assert "number of transactions actually processed: 400/400" in run.stdout, run.stdout
         assert "number of failed transactions: 0" in run.stdout, run.stdout
@@ -59,8 +77,7 @@ def test_pgbench_initializes_through_the_server_and_runs_select_only(served: Ser
     # what the runs read is PostgreSQL's answer
     sql = "SELECT aid, bid, abalance, filler FROM pgbench_accounts WHERE aid = ANY(%s) ORDER BY aid"
     aids = [1, 500, 99_999, 100_000]
-    with psycopg.connect(served.dsn, options=BOUND) as conn, \
-            psycopg.connect(served.backend) as pg:  # fmt: skip
+    with psycopg.connect(served.dsn, options=BOUND) as conn, psycopg.connect(served.backend) as pg:
         got = conn.execute(sql, [aids]).fetchall()
         assert typed(got) == typed(pg.execute(sql, [aids]).fetchall())
 
@@ -74,9 +91,13 @@ def test_asyncpg(served: Served) -> None:
 
 async def _asyncpg(served: Served) -> None:
     sql = "SELECT isbn, title, price, authorid FROM books WHERE authorid = $1 ORDER BY isbn"
-    conn = await asyncpg.connect(host=served.host, port=served.port, user="postgres",
-                                 database=served.dbname,
-                                 server_settings={"mtcache.currency_bound": "600"})  # fmt: skip
+    conn = await asyncpg.connect(
+        host=served.host,
+        port=served.port,
+        user="postgres",
+        database=served.dbname,
+        server_settings={"mtcache.currency_bound": "600"},
+    )
     pg = await asyncpg.connect(served.backend)
     try:
         hits = served.engine.counters()["hits"]
@@ -87,14 +108,21 @@ async def _asyncpg(served: Served) -> None:
         route = await conn.fetch("EXPLAIN LAST STATEMENT")
         assert [(r["table"], r["route"]) for r in route] == [("books", "local")]
         statement = await conn.prepare(sql)  # a named prepared statement
-        assert [tuple(r) for r in await statement.fetch(2)] == \
-            [tuple(r) for r in await pg.fetch(sql, 2)]  # fmt: skip
-        assert [a.name for a in statement.get_attributes()] == ["isbn", "title", "price",
-                                                                 "authorid"]  # fmt: skip
+        assert [tuple(r) for r in await statement.fetch(2)] == [
+            tuple(r) for r in await pg.fetch(sql, 2)
+        ]
+        assert [a.name for a in statement.get_attributes()] == [
+            "isbn",
+            "title",
+            "price",
+            "authorid",
+        ]
         # types asyncpg introspects (an enum, an array, json) through the backend
         await conn.execute("CREATE TEMP TABLE ap (n int, tags text[], doc jsonb)")
-        await conn.executemany("INSERT INTO ap VALUES ($1, $2, $3)",
-                               [(i, [f"t{i}"], f'{{"i": {i}}}') for i in range(20)])  # fmt: skip
+        await conn.executemany(
+            "INSERT INTO ap VALUES ($1, $2, $3)",
+            [(i, [f"t{i}"], f'{{"i": {i}}}') for i in range(20)],
+        )
         assert await conn.fetchval("SELECT sum(n) FROM ap") == sum(range(20))
         copied = await conn.copy_records_to_table("ap", records=[(99, ["x"], "{}")])
         assert copied == "COPY 1"
@@ -102,18 +130,21 @@ async def _asyncpg(served: Served) -> None:
         try:
             async with conn.transaction():
                 await conn.execute("UPDATE books SET price = price + 1 WHERE isbn = 'isbn-00003'")
-                got_price = await conn.fetchval("SELECT price FROM books WHERE isbn = $1",
-                                                "isbn-00003")  # fmt: skip
-                want = await pg.fetchval("SELECT price + 1 FROM books WHERE isbn = $1",
-                                         "isbn-00003")  # fmt: skip
+                got_price = await conn.fetchval(
+                    "SELECT price FROM books WHERE isbn = $1", "isbn-00003"
+                )
+                want = await pg.fetchval(
+                    "SELECT price + 1 FROM books WHERE isbn = $1", "isbn-00003"
+                )
                 assert got_price == want
                 raise _Rollback
         except _Rollback:
             pass
         with pytest.raises(asyncpg.UndefinedColumnError):
             await conn.fetch("SELECT no_such_column FROM books")
-        assert await conn.fetchval("SELECT count(*) FROM books") == \
-            await pg.fetchval("SELECT count(*) FROM books")  # fmt: skip
+        assert await conn.fetchval("SELECT count(*) FROM books") == await pg.fetchval(
+            "SELECT count(*) FROM books"
+        )
     finally:
         await conn.close()
         await pg.close()
@@ -128,24 +159,35 @@ class _Rollback(Exception):
 
 def test_jdbc(served: Served, tmp_path: Path) -> None:
     assert JDBC_JAR.exists(), f"{JDBC_JAR} is missing: make test installs libpostgresql-jdbc-java"
-    subprocess.run(["javac", "-d", str(tmp_path), str(CLIENTS / "JdbcClient.java")], check=True,
-                   timeout=300, capture_output=True)  # fmt: skip
+    subprocess.run(
+        ["javac", "-d", str(tmp_path), str(CLIENTS / "JdbcClient.java")],
+        check=True,
+        timeout=300,
+        capture_output=True,
+    )
     classpath = f"{tmp_path}:{JDBC_JAR}"
     backend = psycopg.conninfo.conninfo_to_dict(served.backend)
 
     def run(url: str, *extra: str) -> list[str]:
-        done = subprocess.run(["java", "-cp", classpath, "JdbcClient", url, "postgres", *extra],
-                              text=True, capture_output=True, timeout=300, check=False)  # fmt: skip
+        done = subprocess.run(
+            ["java", "-cp", classpath, "JdbcClient", url, "postgres", *extra],
+            text=True,
+            capture_output=True,
+            timeout=300,
+            check=False,
+        )
         assert done.returncode == 0, done.stderr
         return done.stdout.splitlines()
 
     options = re.sub(r"\s", "%20", BOUND)
     hits = served.engine.counters()["hits"]
-    through = run(f"jdbc:postgresql://{served.host}:{served.port}/{served.dbname}?options="
-                  f"{options}", "cache")  # fmt: skip
+    through = run(
+        f"jdbc:postgresql://{served.host}:{served.port}/{served.dbname}?options={options}", "cache"
+    )
     assert served.engine.counters()["hits"] >= hits + 8  # the prepared reads were the cache's
     direct = run(f"jdbc:postgresql://{backend['host']}:{backend['port']}/{backend['dbname']}")
-    assert [line for line in through if line.startswith("cache: ")] == \
-        ["cache: books local bookcopy"]  # fmt: skip
+    assert [line for line in through if line.startswith("cache: ")] == [
+        "cache: books local bookcopy"
+    ]
     assert [line for line in through if not line.startswith("cache: ")] == direct
     assert "batch: 50" in direct and "error: 42703" in direct

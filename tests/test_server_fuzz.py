@@ -78,8 +78,7 @@ def _drain(reader: FrontendReader) -> list[protocol.Message]:
 
 @fuzz_settings(300)
 @given(frontend_bytes, st.integers(1, 16))
-def test_the_codec_reads_a_message_or_says_the_protocol_is_broken(data: bytes,
-                                                                 chunk: int) -> None:
+def test_the_codec_reads_a_message_or_says_the_protocol_is_broken(data: bytes, chunk: int) -> None:
     reader = FrontendReader()
     try:
         for at in range(0, len(data), chunk):  # (arriving in pieces)
@@ -91,8 +90,12 @@ def test_the_codec_reads_a_message_or_says_the_protocol_is_broken(data: bytes,
 
 
 @fuzz_settings(200)
-@given(st.one_of(st.binary(max_size=64), st.binary(min_size=8, max_size=64).map(
-    lambda b: struct.pack("!i", len(b) + 4) + b)))  # fmt: skip
+@given(
+    st.one_of(
+        st.binary(max_size=64),
+        st.binary(min_size=8, max_size=64).map(lambda b: struct.pack("!i", len(b) + 4) + b),
+    )
+)
 def test_the_codec_reads_a_startup_packet_or_says_the_protocol_is_broken(data: bytes) -> None:
     reader = FrontendReader()
     reader.feed(data)
@@ -109,8 +112,7 @@ def test_the_codec_reads_a_startup_packet_or_says_the_protocol_is_broken(data: b
 
 @pytest.fixture(scope="module")
 def served(bookstore_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    with serving(bookstore_dsn, tmp_path_factory.mktemp("fuzz") / "cache.duckdb",
-                 (1,)) as found:  # fmt: skip
+    with serving(bookstore_dsn, tmp_path_factory.mktemp("fuzz") / "cache.duckdb", (1,)) as found:
         yield found
 
 
@@ -123,7 +125,8 @@ def bystander(served: Served) -> Iterator[psycopg.Connection[t.Any]]:
 @fuzz_settings(40)
 @given(data=frontend_bytes)
 def test_a_live_session_answers_or_closes_and_others_go_on(
-        served: Served, bystander: psycopg.Connection[t.Any], data: bytes) -> None:  # fmt: skip
+    served: Served, bystander: psycopg.Connection[t.Any], data: bytes
+) -> None:
     sock = raw_session(served)
     try:
         sock.sendall(data + _message(b"S", b""))  # (a Sync: whatever was whole is answered)

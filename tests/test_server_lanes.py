@@ -28,14 +28,19 @@ BOUND = "-c mtcache.currency_bound=600"
 def served(backend_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     with psycopg.connect(backend_dsn, autocommit=True) as setup:
         setup.execute("DROP TABLE IF EXISTS accounts")
-        setup.execute("CREATE TABLE accounts (aid integer PRIMARY KEY, abalance integer, "
-                      "note text, amount numeric(12,2))")  # fmt: skip
-        setup.execute("INSERT INTO accounts SELECT g, g * 3, CASE WHEN g % 5 = 0 THEN NULL "
-                      "ELSE 'n' || g END, g * 1.5 FROM generate_series(1, 500) g")  # fmt: skip
+        setup.execute(
+            "CREATE TABLE accounts (aid integer PRIMARY KEY, abalance integer, "
+            "note text, amount numeric(12,2))"
+        )
+        setup.execute(
+            "INSERT INTO accounts SELECT g, g * 3, CASE WHEN g % 5 = 0 THEN NULL "
+            "ELSE 'n' || g END, g * 1.5 FROM generate_series(1, 500) g"
+        )
     with server_of(backend_dsn, tmp_path_factory.mktemp("lanes") / "cache.duckdb") as found:
         with psycopg.connect(found.dsn, autocommit=True) as conn:
-            conn.execute("CREATE CACHED VIEW accountcopy AS SELECT * FROM accounts "
-                         "REFRESH EVERY 10 MIN")  # fmt: skip
+            conn.execute(
+                "CREATE CACHED VIEW accountcopy AS SELECT * FROM accounts REFRESH EVERY 10 MIN"
+            )
             conn.execute("REFRESH CACHED VIEW accountcopy")
         yield found
 
@@ -51,22 +56,33 @@ def _warm(served: Served, read: t.Callable[[int], object]) -> None:
 
 
 @pytest.mark.parametrize(("binary", "describe"), list(itertools.product((False, True), repeat=2)))
-def test_a_lane_gives_the_bytes_the_full_path_gives(served: Served, binary: bool,
-                                                     describe: bool) -> None:  # fmt: skip
+def test_a_lane_gives_the_bytes_the_full_path_gives(
+    served: Served, binary: bool, describe: bool
+) -> None:
     sock = raw_session(served, BOUND)
     sql = POINT.replace("%s", "$1").encode()
-    sock.sendall(protocol.message(b"P", b"s\0" + sql + b"\0\0\0")
-                 + protocol.message(b"D", b"Ss\0") + protocol.message(b"S"))  # fmt: skip
+    sock.sendall(
+        protocol.message(b"P", b"s\0" + sql + b"\0\0\0")
+        + protocol.message(b"D", b"Ss\0")
+        + protocol.message(b"S")
+    )
     assert [kind for kind, _ in until(sock, b"Z")] == [b"1", b"t", b"T", b"Z"]
 
     def run(key: int | None) -> bytes:
         value = b"" if key is None else str(key).encode()
         length = -1 if key is None else len(value)
-        bind = b"\0s\0" + struct.pack("!hhhi", 1, 0, 1, length) + value \
-            + struct.pack("!hh", 1, int(binary))  # fmt: skip
-        return protocol.message(b"B", bind) \
-            + (protocol.message(b"D", b"P\0") if describe else b"") \
-            + protocol.message(b"E", b"\0\0\0\0\0") + protocol.message(b"S")  # fmt: skip
+        bind = (
+            b"\0s\0"
+            + struct.pack("!hhhi", 1, 0, 1, length)
+            + value
+            + struct.pack("!hh", 1, int(binary))
+        )
+        return (
+            protocol.message(b"B", bind)
+            + (protocol.message(b"D", b"P\0") if describe else b"")
+            + protocol.message(b"E", b"\0\0\0\0\0")
+            + protocol.message(b"S")
+        )
 
     def answer(data: bytes) -> list[tuple[bytes, bytes]]:
         sock.sendall(data)
@@ -90,15 +106,18 @@ def test_a_lane_gives_the_bytes_the_full_path_gives(served: Served, binary: bool
 def _same(got: psycopg.Cursor[t.Any], want: psycopg.Cursor[t.Any]) -> list[t.Any]:
     rows, expected = got.fetchall(), want.fetchall()
     assert typed(rows) == typed(expected)
-    assert [(d.name, d.type_code) for d in got.description or []] == \
-        [(d.name, d.type_code) for d in want.description or []]  # fmt: skip
+    assert [(d.name, d.type_code) for d in got.description or []] == [
+        (d.name, d.type_code) for d in want.description or []
+    ]
     return rows
 
 
 def test_a_lane_never_answers_what_the_full_path_would_not(served: Served) -> None:
-    with psycopg.connect(served.dsn, autocommit=True, options=BOUND) as conn, \
-            psycopg.connect(served.dsn, autocommit=True) as admin, \
-            psycopg.connect(served.backend, autocommit=True) as pg:  # fmt: skip
+    with (
+        psycopg.connect(served.dsn, autocommit=True, options=BOUND) as conn,
+        psycopg.connect(served.dsn, autocommit=True) as admin,
+        psycopg.connect(served.backend, autocommit=True) as pg,
+    ):
 
         def read(key: int) -> list[t.Any]:
             return conn.execute(POINT, (key,), prepare=True).fetchall()
@@ -141,8 +160,10 @@ def test_a_lane_never_answers_what_the_full_path_would_not(served: Served) -> No
             assert check(11)[0][1] == "fresh"
             conn.execute("SET CURRENCY BOUND 10 MIN")
         finally:
-            pg.execute("UPDATE accounts SET abalance = aid * 3, note = CASE WHEN aid % 5 = 0 "
-                       "THEN NULL ELSE 'n' || aid END WHERE aid IN (7, 9, 11)")  # fmt: skip
+            pg.execute(
+                "UPDATE accounts SET abalance = aid * 3, note = CASE WHEN aid % 5 = 0 "
+                "THEN NULL ELSE 'n' || aid END WHERE aid IN (7, 9, 11)"
+            )
             admin.execute("REFRESH CACHED VIEW accountcopy")
 
 
@@ -150,8 +171,10 @@ def test_a_lane_of_two_keys_answers_as_postgresql(served: Served) -> None:
     """A lookup on two keys takes the lane's general reading of a run (the usual one-key
     lookup has its own: the tests above)."""
     two_keys = "SELECT abalance, note, amount FROM accounts WHERE aid = %s AND note = %s"
-    with psycopg.connect(served.dsn, autocommit=True, options=BOUND) as conn, \
-            psycopg.connect(served.backend, autocommit=True) as pg:  # fmt: skip
+    with (
+        psycopg.connect(served.dsn, autocommit=True, options=BOUND) as conn,
+        psycopg.connect(served.backend, autocommit=True) as pg,
+    ):
 
         def read(key: int) -> list[t.Any]:
             return conn.execute(two_keys, (key, f"n{key}"), prepare=True).fetchall()
@@ -160,13 +183,14 @@ def test_a_lane_of_two_keys_answers_as_postgresql(served: Served) -> None:
         quiet(served)
         before = served.server.lane_hits
         pairs = [(k, f"n{k}") for k in range(12, 40)] + [(41, "n42"), (45, "n45"), (0, "n0")]
-        found = [_same(conn.execute(two_keys, pair, prepare=True), pg.execute(two_keys, pair))
-                 for pair in pairs]  # fmt: skip
+        found = [
+            _same(conn.execute(two_keys, pair, prepare=True), pg.execute(two_keys, pair))
+            for pair in pairs
+        ]
         quiet(served)
         assert served.server.lane_hits - before >= len(pairs) - 3  # (see the tests above)
         # (a note is NULL where the key is a multiple of 5: no row)
-        assert [len(rows) for rows in found] == [int(k % 5 != 0) for k in range(12, 40)] \
-            + [0, 0, 0]  # fmt: skip
+        assert [len(rows) for rows in found] == [int(k % 5 != 0) for k in range(12, 40)] + [0, 0, 0]
 
 
 def test_a_lane_that_stopped_holding_is_made_again(served: Served, tmp_path: Path) -> None:
@@ -177,11 +201,14 @@ def test_a_lane_that_stopped_holding_is_made_again(served: Served, tmp_path: Pat
     good, a second after it started)."""
     # (what a role may read known for 0.2 s: the lanes end; then for a minute, ample for
     # what follows)
-    with server_of(served.backend, tmp_path / "cache.duckdb", privilege_seconds=0.2) as own, \
-            psycopg.connect(own.dsn, autocommit=True, options=BOUND) as first, \
-            psycopg.connect(own.dsn, autocommit=True, options=BOUND) as second:  # fmt: skip
-        first.execute("CREATE CACHED VIEW accountcopy AS SELECT * FROM accounts "
-                      "REFRESH EVERY 10 MIN")  # fmt: skip
+    with (
+        server_of(served.backend, tmp_path / "cache.duckdb", privilege_seconds=0.2) as own,
+        psycopg.connect(own.dsn, autocommit=True, options=BOUND) as first,
+        psycopg.connect(own.dsn, autocommit=True, options=BOUND) as second,
+    ):
+        first.execute(
+            "CREATE CACHED VIEW accountcopy AS SELECT * FROM accounts REFRESH EVERY 10 MIN"
+        )
         first.execute("REFRESH CACHED VIEW accountcopy")
 
         def reader(conn: psycopg.Connection[t.Any]) -> t.Callable[[int], object]:

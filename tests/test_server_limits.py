@@ -26,8 +26,9 @@ from tests.serving import (
 )
 
 RESULT_BYTES = 4000  # what a local answer may take as sent: ~300 rows of one integer
-LIMITS = Limits(max_sessions=4, max_sessions_per_role=3, statement_timeout=0.5,
-                idle_in_transaction_timeout=0.5)  # fmt: skip
+LIMITS = Limits(
+    max_sessions=4, max_sessions_per_role=3, statement_timeout=0.5, idle_in_transaction_timeout=0.5
+)
 
 
 @pytest.fixture(scope="module")
@@ -39,9 +40,13 @@ def served(bookstore_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
         if not pg.execute("SELECT 1 FROM pg_roles WHERE rolname = 'limits_other'").fetchone():
             pg.execute("CREATE ROLE limits_other LOGIN")
         pg.execute("GRANT SELECT, INSERT ON ALL TABLES IN SCHEMA public TO limits_other")
-    with serving(bookstore_dsn, tmp_path_factory.mktemp("limits") / "cache.duckdb", (1, 2),
-                 ServerOptions(limits=LIMITS, max_result_bytes=RESULT_BYTES),
-                 numbers=True) as found:  # fmt: skip
+    with serving(
+        bookstore_dsn,
+        tmp_path_factory.mktemp("limits") / "cache.duckdb",
+        (1, 2),
+        ServerOptions(limits=LIMITS, max_result_bytes=RESULT_BYTES),
+        numbers=True,
+    ) as found:
         yield found
 
 
@@ -52,13 +57,15 @@ def connect(served: Served, role: str = "postgres") -> psycopg.Connection[t.Any]
 def test_sessions_past_the_limits_are_refused(served: Served) -> None:
     held = [connect(served) for _ in range(3)]
     try:
-        with pytest.raises(psycopg.OperationalError,
-                           match='FATAL:  too many connections for role "postgres"'):  # fmt: skip
+        with pytest.raises(
+            psycopg.OperationalError, match='FATAL:  too many connections for role "postgres"'
+        ):
             connect(served)
         other = connect(served, "limits_other")  # the fourth session, another role
         try:
-            with pytest.raises(psycopg.OperationalError,
-                               match="FATAL:  sorry, too many clients already"):  # fmt: skip
+            with pytest.raises(
+                psycopg.OperationalError, match="FATAL:  sorry, too many clients already"
+            ):
                 connect(served, "limits_other")
             assert other.execute("SELECT 1").fetchone() == (1,)
         finally:
@@ -74,14 +81,16 @@ def test_sessions_past_the_limits_are_refused(served: Served) -> None:
 @pytest.mark.parametrize("sql", [SLOW_LOCAL, "SELECT pg_sleep(600)"], ids=["local", "remote"])
 def test_a_statement_past_its_time_is_cancelled(served: Served, sql: str) -> None:
     with connect(served) as conn:
-        with pytest.raises(psycopg.errors.QueryCanceled,
-                           match="canceling statement due to statement timeout"):  # fmt: skip
+        with pytest.raises(
+            psycopg.errors.QueryCanceled, match="canceling statement due to statement timeout"
+        ):
             conn.execute(sql)
         assert conn.execute("SELECT 1").fetchone() == (1,)  # the session goes on
 
 
 def test_a_session_idle_in_a_transaction_is_ended_and_its_transaction_rolled_back(
-        served: Served) -> None:  # fmt: skip
+    served: Served,
+) -> None:
     sock = raw_session(served)
     try:
         for sql in (b"BEGIN", b"INSERT INTO kept VALUES (1)"):
@@ -103,20 +112,32 @@ def test_a_session_idle_in_a_transaction_is_ended_and_its_transaction_rolled_bac
         assert pg.execute("SELECT count(*) FROM kept").fetchone() == (0,)
 
 
-@pytest.mark.parametrize("args, why", [
-    (["--max-sessions", "0"], "--max-sessions must be at least 1, not 0"),
-    (["--max-sessions-per-role", "-2"], "--max-sessions-per-role must be at least 1"),
-    (["--statement-timeout", "soon"], "--statement-timeout: 'soon' is not a duration"),
-    (["--idle-in-transaction-timeout", "5 parsecs"], "--idle-in-transaction-timeout: '5 "
-                                                     "parsecs' is not a duration"),
-    (["--metrics", "nowhere"], "--metrics 'nowhere': write HOST:PORT"),
-])
-def test_mtcache_serve_refuses_options_it_cannot_read(bookstore_dsn: str, mtcache_bin: str,
-                                                     args: list[str], why: str) -> None:
+@pytest.mark.parametrize(
+    "args, why",
+    [
+        (["--max-sessions", "0"], "--max-sessions must be at least 1, not 0"),
+        (["--max-sessions-per-role", "-2"], "--max-sessions-per-role must be at least 1"),
+        (["--statement-timeout", "soon"], "--statement-timeout: 'soon' is not a duration"),
+        (
+            ["--idle-in-transaction-timeout", "5 parsecs"],
+            "--idle-in-transaction-timeout: '5 parsecs' is not a duration",
+        ),
+        (["--metrics", "nowhere"], "--metrics 'nowhere': write HOST:PORT"),
+    ],
+)
+def test_mtcache_serve_refuses_options_it_cannot_read(
+    bookstore_dsn: str, mtcache_bin: str, args: list[str], why: str
+) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MTCACHE_")}
     cli_home(env, bookstore_dsn, "mtcache-limits-")
-    done = subprocess.run([mtcache_bin, "serve", *args], env=env, text=True,
-                          capture_output=True, timeout=120, check=False)  # fmt: skip
+    done = subprocess.run(
+        [mtcache_bin, "serve", *args],
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 1 and len(lines) == 1, done.stderr
     assert lines[0].startswith("mtcache: ") and why in lines[0], lines
@@ -131,12 +152,13 @@ def test_a_local_answer_past_the_result_limit_is_refused(served: Served) -> None
         conn.execute("SET mtcache.currency_bound = 600")
         at_once = served.server.runs_at_once
         for prepare in (False, True, True, True):  # (the last runs answered at hand)
-            with pytest.raises(psycopg.errors.ProgramLimitExceeded,
-                               match="--max-result-bytes"):  # fmt: skip
+            with pytest.raises(psycopg.errors.ProgramLimitExceeded, match="--max-result-bytes"):
                 conn.execute(everything + " LIMIT %s", [2000], prepare=prepare)
             few = "SELECT n FROM numbers WHERE n <= %s ORDER BY n"
-            assert conn.execute(few, [10], prepare=prepare).fetchall() == \
-                pg.execute(few, [10]).fetchall()  # fmt: skip
+            assert (
+                conn.execute(few, [10], prepare=prepare).fetchall()
+                == pg.execute(few, [10]).fetchall()
+            )
         assert served.server.runs_at_once > at_once  # (the refusal at hand too)
         with pytest.raises(psycopg.errors.ProgramLimitExceeded):
             conn.execute(everything)

@@ -23,8 +23,13 @@ NUMBER = "SELECT n FROM numbers WHERE n = %s CURRENCY BOUND 10 MIN"  # (numberco
 @pytest.fixture(scope="module")
 def served(bookstore_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     numbers_table(bookstore_dsn)
-    with serving(bookstore_dsn, tmp_path_factory.mktemp("metrics") / "cache.duckdb", (1, 2),
-                 ServerOptions(metrics="127.0.0.1:0"), numbers=True) as found:  # fmt: skip
+    with serving(
+        bookstore_dsn,
+        tmp_path_factory.mktemp("metrics") / "cache.duckdb",
+        (1, 2),
+        ServerOptions(metrics="127.0.0.1:0"),
+        numbers=True,
+    ) as found:
         yield found
 
 
@@ -37,8 +42,11 @@ def url(served: Served, path: str) -> str:
 def scrape(served: Served) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     with urllib.request.urlopen(url(served, "/metrics"), timeout=60) as answer:
         text = answer.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def test_metrics_scraped_while_a_load_runs(served: Served) -> None:
@@ -70,8 +78,11 @@ def test_metrics_scraped_while_a_load_runs(served: Served) -> None:
             client.join(60)
     assert not errors, errors
     assert during[("mtcache_sessions", ())] >= 2
-    assert during[("mtcache_server_statements_total", (("path", "lane"),))] + \
-        during[("mtcache_server_statements_total", (("path", "at_hand"),))] > 0  # fmt: skip
+    assert (
+        during[("mtcache_server_statements_total", (("path", "lane"),))]
+        + during[("mtcache_server_statements_total", (("path", "at_hand"),))]
+        > 0
+    )
     with psycopg.connect(served.backend) as pg:
         books = pg.execute("SELECT count(*) FROM books WHERE authorid IN (1, 2)").fetchone()
     assert books is not None
@@ -100,8 +111,6 @@ def test_show_cache_stats_gives_the_same_figures(served: Served) -> None:
     assert all(isinstance(value, float) for _, _, value, _ in rows)
 
 
-
-
 def test_statements_by_route_outcome_and_latency(served: Served) -> None:
     """Each statement counted once by its route (a cached read local, a failed guard's
     fallback, a statement passed through, the cache's own) and outcome, and timed in its
@@ -126,8 +135,7 @@ def test_statements_by_route_outcome_and_latency(served: Served) -> None:
     for route in ("local", "fallback", "remote"):
         count = ("mtcache_statement_seconds_count", (("route", route),))
         under = ("mtcache_statement_seconds_bucket", (("le", "+Inf"), ("route", route)))
-        assert after[count] - before.get(count, 0.0) == \
-            moved(route) + moved(route, "error")  # fmt: skip
+        assert after[count] - before.get(count, 0.0) == moved(route) + moved(route, "error")
         assert after[under] == after[count]
 
 
@@ -157,6 +165,7 @@ def test_hit_path_statements_are_counted_and_timed_each_once(served: Served) -> 
     assert moved("mtcache_statement_seconds_count", route) == lookups
     assert moved("mtcache_statement_seconds_bucket", route, ("le", "+Inf")) == lookups
     assert moved("mtcache_server_statements_total", ("path", "lane")) >= lookups - 5
-    paths = [value for (name, _), value in after.items()
-             if name == "mtcache_server_statements_total"]  # fmt: skip
+    paths = [
+        value for (name, _), value in after.items() if name == "mtcache_server_statements_total"
+    ]
     assert len(paths) == 4 and min(paths) >= 0

@@ -34,16 +34,21 @@ def served(bookstore_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
     with psycopg.connect(bookstore_dsn, autocommit=True) as pg:
         pg.execute("DROP TABLE IF EXISTS tally")
         pg.execute("CREATE TABLE tally (session integer, n integer)")
-    with serving(bookstore_dsn, tmp_path_factory.mktemp("pool") / "cache.duckdb", (1, 2),
-                 ServerOptions(pool_size=POOL, pool_timeout=60)) as found:  # fmt: skip
+    with serving(
+        bookstore_dsn,
+        tmp_path_factory.mktemp("pool") / "cache.duckdb",
+        (1, 2),
+        ServerOptions(pool_size=POOL, pool_timeout=60),
+    ) as found:
         yield found
 
 
 @pytest.fixture
 def small(bookstore_dsn: str, tmp_path: t.Any) -> Iterator[Served]:
     """A server whose pool holds one connection per role, and waits half a second."""
-    with serving(bookstore_dsn, tmp_path / "cache.duckdb", (1,),
-                 ServerOptions(pool_size=1, pool_timeout=0.5)) as found:  # fmt: skip
+    with serving(
+        bookstore_dsn, tmp_path / "cache.duckdb", (1,), ServerOptions(pool_size=1, pool_timeout=0.5)
+    ) as found:
         yield found
 
 
@@ -57,15 +62,20 @@ def _pid(conn: psycopg.Connection[t.Any]) -> int:
     return int(row[0])
 
 
-def _same(conn: psycopg.Connection[t.Any], pg: psycopg.Connection[t.Any], sql: str,
-          params: t.Sequence[t.Any] | None = None) -> list[tuple[t.Any, ...]]:  # fmt: skip
+def _same(
+    conn: psycopg.Connection[t.Any],
+    pg: psycopg.Connection[t.Any],
+    sql: str,
+    params: t.Sequence[t.Any] | None = None,
+) -> list[tuple[t.Any, ...]]:
     """The server's answer, checked against PostgreSQL's (values, types, description)."""
     cur, ref = conn.execute(sql, params), pg.execute(sql, params)
     got, want = cur.fetchall(), ref.fetchall()
     assert got == want
     assert [[type(v) for v in r] for r in got] == [[type(v) for v in r] for r in want]
-    assert [(d.name, d.type_code) for d in cur.description or ()] == \
-        [(d.name, d.type_code) for d in ref.description or ()]  # fmt: skip
+    assert [(d.name, d.type_code) for d in cur.description or ()] == [
+        (d.name, d.type_code) for d in ref.description or ()
+    ]
     return got
 
 
@@ -82,18 +92,19 @@ def test_a_thousand_sessions_over_a_pool_of_twenty(served: Served) -> None:
         want_authors = pg.execute("SELECT * FROM authors WHERE authorid = 1").fetchone()
 
     async def one(k: int, ready: asyncio.Event, opened: list[int]) -> tuple[t.Any, ...]:
-        conn = await psycopg.AsyncConnection.connect(served.dsn, options=BOUND,
-                                                     autocommit=True)  # fmt: skip
+        conn = await psycopg.AsyncConnection.connect(served.dsn, options=BOUND, autocommit=True)
         try:
             opened.append(k)
             await ready.wait()  # (every session open before any works)
             books = await (await conn.execute("SELECT count(*) FROM books")).fetchone()
             async with conn.transaction():
                 await conn.execute("INSERT INTO tally VALUES (%s, 1), (%s, 2)", (k, k))
-                mine = await (await conn.execute(
-                    "SELECT sum(n) FROM tally WHERE session = %s", (k,))).fetchone()  # fmt: skip
-            cached = await (await conn.execute(
-                "SELECT * FROM authors WHERE authorid = 1")).fetchone()  # fmt: skip
+                mine = await (
+                    await conn.execute("SELECT sum(n) FROM tally WHERE session = %s", (k,))
+                ).fetchone()
+            cached = await (
+                await conn.execute("SELECT * FROM authors WHERE authorid = 1")
+            ).fetchone()
             return books, mine, cached
         finally:
             await conn.close()
@@ -118,27 +129,36 @@ def test_a_thousand_sessions_over_a_pool_of_twenty(served: Served) -> None:
     assert stats.acquired >= 2000  # (the read and the transaction of each, at least)
     assert stats.opened <= POOL
     with connect(served) as conn:  # the pool's figures, over SQL as at /metrics
-        figures = {(name, tuple(sorted(json.loads(labels).values()))): value
-                   for name, labels, value, _ in conn.execute("SHOW CACHE STATS")}  # fmt: skip
+        figures = {
+            (name, tuple(sorted(json.loads(labels).values()))): value
+            for name, labels, value, _ in conn.execute("SHOW CACHE STATS")
+        }
     assert figures[("mtcache_session_pool_acquired_total", ())] >= 2000
-    assert figures[("mtcache_session_pool_connections", ("busy", "postgres"))] + \
-        figures[("mtcache_session_pool_connections", ("idle", "postgres"))] <= POOL  # fmt: skip
+    assert (
+        figures[("mtcache_session_pool_connections", ("busy", "postgres"))]
+        + figures[("mtcache_session_pool_connections", ("idle", "postgres"))]
+        <= POOL
+    )
     with psycopg.connect(served.backend, autocommit=True) as pg:
         found = pg.execute("SELECT count(*), count(DISTINCT session) FROM tally").fetchone()
         assert found == (2000, 1000)
-        held = pg.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = '' "
-                          "AND backend_type = 'client backend' AND usename = 'postgres' "
-                          "AND pid <> pg_backend_pid() AND client_port IS NOT NULL "
-                          "AND state = 'idle' AND datname = current_database()"
-                          ).fetchone()  # fmt: skip
+        held = pg.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = '' "
+            "AND backend_type = 'client backend' AND usename = 'postgres' "
+            "AND pid <> pg_backend_pid() AND client_port IS NOT NULL "
+            "AND state = 'idle' AND datname = current_database()"
+        ).fetchone()
         assert held is not None and held[0] <= POOL + 10  # (the pool, the server's own few)
 
 
 def test_settings_follow_the_session(small: Served) -> None:
     """Two sessions over one backend connection, each with its own SET: each sees its own,
     as PostgreSQL would show it."""
-    with connect(small) as a, connect(small) as b, \
-            psycopg.connect(small.backend, autocommit=True) as pg:  # fmt: skip
+    with (
+        connect(small) as a,
+        connect(small) as b,
+        psycopg.connect(small.backend, autocommit=True) as pg,
+    ):
         a.execute("SET search_path = pg_catalog, public")
         a.execute("SET statement_timeout = '41s'")
         b.execute("SET DateStyle = 'German, DMY'")
@@ -162,9 +182,14 @@ def test_prepared_statements_follow_the_session(served: Served) -> None:
     conns = [connect(served, prepare_threshold=0) for _ in range(30)]
     try:
         with psycopg.connect(served.backend, autocommit=True) as pg:
+
             def run(conn: psycopg.Connection[t.Any], round_: int) -> None:
-                _same(conn, pg, "SELECT isbn, title FROM books WHERE authorid = %s "
-                      "ORDER BY isbn", [1 + round_ % 2])  # fmt: skip
+                _same(
+                    conn,
+                    pg,
+                    "SELECT isbn, title FROM books WHERE authorid = %s ORDER BY isbn",
+                    [1 + round_ % 2],
+                )
                 _same(conn, pg, "SELECT %s::int + 1 AS n", [round_])
 
             with cf.ThreadPoolExecutor(10) as workers:
@@ -198,8 +223,9 @@ def test_what_cannot_follow_pins_the_session(small: Served) -> None:
             a.execute("NOTIFY pinned, 'hello'")
             assert [n.payload for n in a.notifies(timeout=5, stop_after=1)] == ["hello"]
             a.close()  # its connection is closed with what it held
-            assert b.execute("SELECT count(*) FROM pg_class WHERE relname = 'mine' "
-                             "AND relpersistence = 't'").fetchone() == (0,)  # fmt: skip
+            assert b.execute(
+                "SELECT count(*) FROM pg_class WHERE relname = 'mine' AND relpersistence = 't'"
+            ).fetchone() == (0,)
             assert b.execute("SELECT pg_try_advisory_lock(42)").fetchone() == (True,)
             b.execute("SELECT pg_advisory_unlock(42)")
     assert pool.stats().open.get("postgres", 0) <= 1
@@ -208,8 +234,11 @@ def test_what_cannot_follow_pins_the_session(small: Served) -> None:
 def test_a_full_pool_fails_the_statement_not_the_session(small: Served) -> None:
     """A statement that finds the pool busy past --pool-timeout gets 53300; its session
     goes on once a connection is free; a transaction keeps its connection to its end."""
-    with connect(small) as a, connect(small) as b, \
-            psycopg.connect(small.backend, autocommit=True) as pg:  # fmt: skip
+    with (
+        connect(small) as a,
+        connect(small) as b,
+        psycopg.connect(small.backend, autocommit=True) as pg,
+    ):
         a.execute("BEGIN")
         pid = _pid(a)
         with pytest.raises(psycopg.errors.TooManyConnections, match=r"became free within 0\.5s"):
@@ -237,8 +266,10 @@ def test_errors_cancels_and_lost_connections(small: Served) -> None:
         with cf.ThreadPoolExecutor(1) as workers:
             running = workers.submit(a.execute, "SELECT pg_sleep(60)")
             for _ in range(600):
-                if pg.execute("SELECT count(*) FROM pg_stat_activity WHERE query = "
-                              "'SELECT pg_sleep(60)' AND state = 'active'").fetchone() == (1,):
+                if pg.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE query = "
+                    "'SELECT pg_sleep(60)' AND state = 'active'"
+                ).fetchone() == (1,):
                     break
                 pg.execute("SELECT pg_sleep(0.05)")
             a.cancel_safe()
@@ -254,18 +285,39 @@ def test_errors_cancels_and_lost_connections(small: Served) -> None:
         _same(a, pg, "SELECT count(*) AS n FROM books")
 
 
-def test_pgbench_writes_through_mtcache_serve_with_a_pool(bookstore_dsn: str,
-                                                          tmp_path: Path) -> None:  # fmt: skip
+def test_pgbench_writes_through_mtcache_serve_with_a_pool(
+    bookstore_dsn: str, tmp_path: Path
+) -> None:
     """pgbench's own transactions (TPC-B: updates, an insert, reads in a block) from 40
     clients through `mtcache serve --pool-size 4`: every transaction commits, pgbench's
     balances agree, and the backend saw at most 4 connections of the server's sessions."""
-    with serving_process(bookstore_dsn, tmp_path / "cache.duckdb", "--pool-size", "4",
-                         "--pool-timeout", "120 sec") as where, \
-            psycopg.connect(bookstore_dsn, autocommit=True) as pg:  # fmt: skip
-        env = dict(os.environ, PGHOST=where.host, PGPORT=str(where.port), PGUSER="postgres",
-                   PGDATABASE=where.database, PGAPPNAME="pooled-bench")  # fmt: skip
-        init = subprocess.run(["pgbench", "-i", "-s", "1", "-q"], env=env, text=True,
-                              capture_output=True, timeout=300, check=False)  # fmt: skip
+    with (
+        serving_process(
+            bookstore_dsn,
+            tmp_path / "cache.duckdb",
+            "--pool-size",
+            "4",
+            "--pool-timeout",
+            "120 sec",
+        ) as where,
+        psycopg.connect(bookstore_dsn, autocommit=True) as pg,
+    ):
+        env = dict(
+            os.environ,
+            PGHOST=where.host,
+            PGPORT=str(where.port),
+            PGUSER="postgres",
+            PGDATABASE=where.database,
+            PGAPPNAME="pooled-bench",
+        )
+        init = subprocess.run(
+            ["pgbench", "-i", "-s", "1", "-q"],
+            env=env,
+            text=True,
+            capture_output=True,
+            timeout=300,
+            check=False,
+        )
         assert init.returncode == 0, init.stderr
         most = [0]
 
@@ -274,7 +326,8 @@ def test_pgbench_writes_through_mtcache_serve_with_a_pool(bookstore_dsn: str,
                 while not done.is_set():
                     row = watcher.execute(
                         "SELECT count(*) FROM pg_stat_activity WHERE application_name = "
-                        "'pooled-bench'").fetchone()  # fmt: skip
+                        "'pooled-bench'"
+                    ).fetchone()
                     most[0] = max(most[0], row[0] if row else 0)
                     done.wait(0.02)
 
@@ -283,18 +336,25 @@ def test_pgbench_writes_through_mtcache_serve_with_a_pool(bookstore_dsn: str,
         watcher.start()
         try:
             for mode in ("simple", "prepared"):
-                run = subprocess.run(["pgbench", "-M", mode, "-c", "40", "-j", "2", "-t", "25",
-                                      "-n"], env=env, text=True, capture_output=True,
-                                     timeout=600, check=False)  # fmt: skip
+                run = subprocess.run(
+                    ["pgbench", "-M", mode, "-c", "40", "-j", "2", "-t", "25", "-n"],
+                    env=env,
+                    text=True,
+                    capture_output=True,
+                    timeout=600,
+                    check=False,
+                )
                 assert run.returncode == 0, run.stderr
                 assert "actually processed: 1000/1000" in run.stdout, run.stdout
         finally:
             done.set()
             watcher.join()
         assert most[0] <= 4  # (sampled: never more than the pool)
-        sums = pg.execute("SELECT (SELECT sum(abalance) FROM pgbench_accounts), "
-                          "(SELECT sum(tbalance) FROM pgbench_tellers), "
-                          "(SELECT sum(bbalance) FROM pgbench_branches), "
-                          "(SELECT sum(delta) FROM pgbench_history), "
-                          "(SELECT count(*) FROM pgbench_history)").fetchone()  # fmt: skip
+        sums = pg.execute(
+            "SELECT (SELECT sum(abalance) FROM pgbench_accounts), "
+            "(SELECT sum(tbalance) FROM pgbench_tellers), "
+            "(SELECT sum(bbalance) FROM pgbench_branches), "
+            "(SELECT sum(delta) FROM pgbench_history), "
+            "(SELECT count(*) FROM pgbench_history)"
+        ).fetchone()
         assert sums is not None and len(set(sums[:4])) == 1 and sums[4] == 2000

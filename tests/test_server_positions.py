@@ -22,19 +22,25 @@ KEYS = range(1, 6)
 
 
 @pytest.fixture(scope="module")
-def servers(bookstore_dsn: str, tmp_path_factory: pytest.TempPathFactory,
-            ) -> Iterator[tuple[Served, Served]]:  # fmt: skip
+def servers(
+    bookstore_dsn: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[Served, Served]]:
     with psycopg.connect(bookstore_dsn, autocommit=True) as pg:
         pg.execute("DROP TABLE IF EXISTS counter")
         pg.execute("CREATE TABLE counter (k integer PRIMARY KEY, v integer NOT NULL)")
         pg.execute("INSERT INTO counter SELECT k, 0 FROM generate_series(1, 5) AS k")
     where = tmp_path_factory.mktemp("positions")
-    with server_of(bookstore_dsn, where / "a.duckdb") as a, \
-            server_of(bookstore_dsn, where / "b.duckdb") as b:  # fmt: skip
+    with (
+        server_of(bookstore_dsn, where / "a.duckdb") as a,
+        server_of(bookstore_dsn, where / "b.duckdb") as b,
+    ):
         for served in (a, b):
             with psycopg.connect(served.dsn, autocommit=True) as conn:
-                conn.execute("CREATE CACHED VIEW countercopy AS SELECT k, v FROM counter "
-                             "REFRESH EVERY 10 MIN")  # fmt: skip
+                conn.execute(
+                    "CREATE CACHED VIEW countercopy AS SELECT k, v FROM counter "
+                    "REFRESH EVERY 10 MIN"
+                )
                 conn.execute("REFRESH CACHED VIEW countercopy")
         yield a, b
 
@@ -66,8 +72,9 @@ def _timeline_failures(conn: psycopg.Connection[t.Any]) -> float:
 def _refresh_after(served: Served, pg: psycopg.Connection[t.Any], position: str) -> None:
     """Refresh the server's view once the backend's clock has passed ``position`` (so the
     refresh's snapshot is newer than it)."""
-    while pg.execute("SELECT clock_timestamp() <= %s::timestamptz", [position]).fetchone() \
-            == (True,):  # fmt: skip
+    while pg.execute("SELECT clock_timestamp() <= %s::timestamptz", [position]).fetchone() == (
+        True,
+    ):
         time.sleep(0.01)
     with psycopg.connect(served.dsn, autocommit=True) as conn:
         conn.execute("REFRESH CACHED VIEW countercopy")
@@ -75,8 +82,7 @@ def _refresh_after(served: Served, pg: psycopg.Connection[t.Any], position: str)
 
 def test_a_write_on_one_server_is_read_on_the_other(servers: tuple[Served, Served]) -> None:
     a, b = servers
-    with connect(a) as on_a, connect(b) as on_b, \
-            psycopg.connect(a.backend, autocommit=True) as pg:  # fmt: skip
+    with connect(a) as on_a, connect(b) as on_b, psycopg.connect(a.backend, autocommit=True) as pg:
         _refresh_after(b, pg, "-infinity")
         before = on_b.execute("SELECT v FROM counter WHERE k = 1").fetchone()
         assert _route(on_b) == "local"
@@ -107,23 +113,22 @@ def test_the_position_is_reported_after_each_statement(servers: tuple[Served, Se
         conn.execute("UPDATE counter SET v = v + 1 WHERE k = 2")
         second = conn.info.parameter_status("mtcache.position")
         assert second is not None and second > first
-        with pytest.raises(psycopg.errors.CantChangeRuntimeParam,
-                           match="min_position"):  # fmt: skip
+        with pytest.raises(psycopg.errors.CantChangeRuntimeParam, match="min_position"):
             conn.execute("SET mtcache.position = 'none'")
         with pytest.raises(psycopg.ProgrammingError, match="time zone"):
             conn.execute("SET mtcache.min_position = '2024-01-01 00:00:00'")
 
 
 def test_a_session_moving_between_servers_never_reads_older_data(
-        servers: tuple[Served, Served]) -> None:  # fmt: skip
+    servers: tuple[Served, Served],
+) -> None:
     """A session hops between the servers at random while another client writes at random
     and the servers refresh at random: each read is at least as new as everything the
     session saw before (read-your-writes, monotonic reads), and PostgreSQL's own rows when
     the session's writes are the newest."""
     rng = random.Random(2811)
     a, b = servers
-    with connect(a) as on_a, connect(b) as on_b, \
-            psycopg.connect(a.backend, autocommit=True) as pg:  # fmt: skip
+    with connect(a) as on_a, connect(b) as on_b, psycopg.connect(a.backend, autocommit=True) as pg:
         conns = {"a": on_a, "b": on_b}
         seen = {k: 0 for k in KEYS}  # the newest value of each key the session has seen
         here = "a"
@@ -136,14 +141,18 @@ def test_a_session_moving_between_servers_never_reads_older_data(
                     admin.execute("REFRESH CACHED VIEW countercopy")
             elif action < 0.5:  # the session writes
                 k = rng.choice(KEYS)
-                row = conns[here].execute("UPDATE counter SET v = v + 1 WHERE k = %s "
-                                          "RETURNING v", [k]).fetchone()  # fmt: skip
+                row = (
+                    conns[here]
+                    .execute("UPDATE counter SET v = v + 1 WHERE k = %s RETURNING v", [k])
+                    .fetchone()
+                )
                 assert row is not None
                 seen[k] = max(seen[k], row[0])
             elif action < 0.7:  # the session moves, its position with it
                 there = "b" if here == "a" else "a"
-                conns[there].execute(sql.SQL("SET mtcache.min_position = {}").format(
-                    _position(conns[here])))  # fmt: skip
+                conns[there].execute(
+                    sql.SQL("SET mtcache.min_position = {}").format(_position(conns[here]))
+                )
                 here = there
             else:  # the session reads
                 rows = conns[here].execute("SELECT k, v FROM counter ORDER BY k").fetchall()

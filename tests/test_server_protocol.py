@@ -12,15 +12,24 @@ from cache.server.protocol import FrontendReader, ProtocolViolation
 
 
 def _startup(**parameters: str) -> bytes:
-    body = struct.pack("!i", protocol.PROTOCOL_3_0) + b"".join(
-        k.encode() + b"\0" + v.encode() + b"\0" for k, v in parameters.items()) + b"\0"
+    body = (
+        struct.pack("!i", protocol.PROTOCOL_3_0)
+        + b"".join(k.encode() + b"\0" + v.encode() + b"\0" for k, v in parameters.items())
+        + b"\0"
+    )
     return struct.pack("!i", len(body) + 4) + body
 
 
 def _bind() -> bytes:
-    body = (b"portal\0stmt\0" + struct.pack("!hh", 1, 1) + struct.pack("!h", 2)
-            + struct.pack("!i", 4) + b"\0\0\0\x07" + struct.pack("!i", -1)
-            + struct.pack("!hh", 1, 0))  # fmt: skip
+    body = (
+        b"portal\0stmt\0"
+        + struct.pack("!hh", 1, 1)
+        + struct.pack("!h", 2)
+        + struct.pack("!i", 4)
+        + b"\0\0\0\x07"
+        + struct.pack("!i", -1)
+        + struct.pack("!hh", 1, 0)
+    )
     return protocol.message(b"B", body)
 
 
@@ -66,8 +75,9 @@ def test_startup_then_every_message_type() -> None:
     reader = FrontendReader()
     reader.feed(_startup(user="alice", database="shop", options="-c mtcache.x=1") + MESSAGES)
     startup = reader.next_startup()
-    assert startup == protocol.Startup(protocol.PROTOCOL_3_0, {
-        "user": "alice", "database": "shop", "options": "-c mtcache.x=1"})  # fmt: skip
+    assert startup == protocol.Startup(
+        protocol.PROTOCOL_3_0, {"user": "alice", "database": "shop", "options": "-c mtcache.x=1"}
+    )
     assert _read_all(reader) == EXPECTED
     assert reader.pending == 0
 
@@ -93,9 +103,9 @@ def test_a_run_of_a_prepared_statement_is_recognized_whole() -> None:
     assert protocol.execution(bind + execute + sync) == (parsed, False)
     assert protocol.execution(bind + describe + execute + sync) == (parsed, True)
     unnamed = protocol.message(b"B", b"\0stmt\0\0\0\0\0\0\0")
-    assert protocol.execution(unnamed + protocol.message(b"D", b"P\0")
-                              + protocol.message(b"E", b"\0\0\0\0\0") + sync) == (
-        protocol.Bind(b"", b"stmt", (), (), ()), True)  # fmt: skip
+    assert protocol.execution(
+        unnamed + protocol.message(b"D", b"P\0") + protocol.message(b"E", b"\0\0\0\0\0") + sync
+    ) == (protocol.Bind(b"", b"stmt", (), (), ()), True)
     for other in (
         bind + protocol.message(b"E", b"other\0" + struct.pack("!i", 0)) + sync,
         bind + protocol.message(b"E", b"portal\0" + struct.pack("!i", 10)) + sync,
@@ -114,30 +124,60 @@ def test_a_run_of_a_prepared_statement_is_recognized_whole() -> None:
 
 def test_ssl_gssenc_and_cancel_requests() -> None:
     reader = FrontendReader()
-    reader.feed(struct.pack("!ii", 8, protocol.SSL_REQUEST)
-                + struct.pack("!ii", 8, protocol.GSSENC_REQUEST)
-                + struct.pack("!iii", 16, protocol.CANCEL_REQUEST, 42) + b"KEY!")  # fmt: skip
+    reader.feed(
+        struct.pack("!ii", 8, protocol.SSL_REQUEST)
+        + struct.pack("!ii", 8, protocol.GSSENC_REQUEST)
+        + struct.pack("!iii", 16, protocol.CANCEL_REQUEST, 42)
+        + b"KEY!"
+    )
     assert reader.next_startup() == protocol.SSLRequest()
     assert reader.next_startup() == protocol.GSSENCRequest()
     assert reader.next_startup() == protocol.CancelRequest(42, b"KEY!")
 
 
-@pytest.mark.parametrize(("data", "says"), [
-    (protocol.message(b"Y"), "invalid frontend message type"),
-    (b"Q" + struct.pack("!i", 2), "invalid message length"),
-    (b"Q" + struct.pack("!i", -5), "invalid message length"),
-    (protocol.message(b"Q", b"no terminator"), "no terminator"),
-    (protocol.message(b"E", b"portal\0\0"), "insufficient data"),
-    (protocol.message(b"S", b"extra"), "left over"),
-    (protocol.message(b"D", b"Xname\0"), "subtype"),
-    (protocol.message(b"B", b"\0\0" + struct.pack("!hh", 1, 7) + b"\0\0\0\0"),
-     "unsupported format code"),
-    (protocol.message(b"B", b"\0\0\0\0" + struct.pack("!hi", 1, -2) + b"\0\0"),
-     "invalid parameter length"),
-    (protocol.message(b"B", b"\0\0" + struct.pack("!hhh", 2, 0, 0) + struct.pack("!h", 1)
-                      + struct.pack("!i", -1) + b"\0\0"), "parameter formats"),
-], ids=["unknown", "short-length", "negative-length", "unterminated", "truncated",
-        "left-over", "describe-kind", "format-code", "param-length", "format-count"])  # fmt: skip
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [
+        (protocol.message(b"Y"), "invalid frontend message type"),
+        (b"Q" + struct.pack("!i", 2), "invalid message length"),
+        (b"Q" + struct.pack("!i", -5), "invalid message length"),
+        (protocol.message(b"Q", b"no terminator"), "no terminator"),
+        (protocol.message(b"E", b"portal\0\0"), "insufficient data"),
+        (protocol.message(b"S", b"extra"), "left over"),
+        (protocol.message(b"D", b"Xname\0"), "subtype"),
+        (
+            protocol.message(b"B", b"\0\0" + struct.pack("!hh", 1, 7) + b"\0\0\0\0"),
+            "unsupported format code",
+        ),
+        (
+            protocol.message(b"B", b"\0\0\0\0" + struct.pack("!hi", 1, -2) + b"\0\0"),
+            "invalid parameter length",
+        ),
+        (
+            protocol.message(
+                b"B",
+                b"\0\0"
+                + struct.pack("!hhh", 2, 0, 0)
+                + struct.pack("!h", 1)
+                + struct.pack("!i", -1)
+                + b"\0\0",
+            ),
+            "parameter formats",
+        ),
+    ],
+    ids=[
+        "unknown",
+        "short-length",
+        "negative-length",
+        "unterminated",
+        "truncated",
+        "left-over",
+        "describe-kind",
+        "format-code",
+        "param-length",
+        "format-count",
+    ],
+)
 def test_malformed_messages_are_protocol_violations(data: bytes, says: str) -> None:
     reader = FrontendReader()
     reader.feed(data)
@@ -145,12 +185,16 @@ def test_malformed_messages_are_protocol_violations(data: bytes, says: str) -> N
         reader.next_message()
 
 
-@pytest.mark.parametrize("packet", [
-    struct.pack("!i", 4),  # too short
-    struct.pack("!i", 20_000) + b"\0" * 16,  # too long
-    struct.pack("!ii", 8, 2 << 16),  # protocol 2
-    struct.pack("!iii", 12, protocol.PROTOCOL_3_0, 0x41414141),  # an unterminated name
-], ids=["short", "long", "version-2", "unterminated"])  # fmt: skip
+@pytest.mark.parametrize(
+    "packet",
+    [
+        struct.pack("!i", 4),  # too short
+        struct.pack("!i", 20_000) + b"\0" * 16,  # too long
+        struct.pack("!ii", 8, 2 << 16),  # protocol 2
+        struct.pack("!iii", 12, protocol.PROTOCOL_3_0, 0x41414141),  # an unterminated name
+    ],
+    ids=["short", "long", "version-2", "unterminated"],
+)
 def test_malformed_startup_packets(packet: bytes) -> None:
     reader = FrontendReader()
     reader.feed(packet)
@@ -161,23 +205,37 @@ def test_malformed_startup_packets(packet: bytes) -> None:
 def test_backend_messages_encode_as_postgres_frames_them() -> None:
     assert protocol.ready_for_query(b"I") == b"Z\0\0\0\x05I"
     assert protocol.command_complete("SELECT 1") == b"C\0\0\0\x0dSELECT 1\0"
-    assert protocol.data_row([b"7", None]) == (b"D\0\0\0\x0f\0\x02" + b"\0\0\0\x017"
-                                               + b"\xff\xff\xff\xff")  # fmt: skip
+    assert protocol.data_row([b"7", None]) == (
+        b"D\0\0\0\x0f\0\x02" + b"\0\0\0\x017" + b"\xff\xff\xff\xff"
+    )
     row = protocol.row_description([protocol.Field(b"a", 16384, 1, 23, 4, -1, 0)])
     assert row == b"T" + struct.pack("!ih", 4 + 2 + 2 + 18, 1) + b"a\0" + struct.pack(
-        "!IhIhih", 16384, 1, 23, 4, -1, 0)  # fmt: skip
+        "!IhIhih", 16384, 1, 23, 4, -1, 0
+    )
     body = b"SERROR\0VERROR\0C42601\0Mbad\0P3\0\0"
-    assert protocol.error_response("42601", "bad", position=3) == b"E" + struct.pack(
-        "!i", len(body) + 4) + body  # fmt: skip
+    assert (
+        protocol.error_response("42601", "bad", position=3)
+        == b"E" + struct.pack("!i", len(body) + 4) + body
+    )
 
 
 def _run(value: bytes | None, statement: bytes = b"s") -> bytes:
     """A run of a one-parameter prepared statement, as psycopg sends it."""
     length = -1 if value is None else len(value)
-    bind = b"\0" + statement + b"\0" + struct.pack("!hhhi", 1, 0, 1, length) + (value or b"") \
-        + struct.pack("!hh", 1, 1)  # fmt: skip
-    return protocol.message(b"B", bind) + protocol.message(b"D", b"P\0") \
-        + protocol.message(b"E", b"\0\0\0\0\0") + protocol.message(b"S")  # fmt: skip
+    bind = (
+        b"\0"
+        + statement
+        + b"\0"
+        + struct.pack("!hhhi", 1, 0, 1, length)
+        + (value or b"")
+        + struct.pack("!hh", 1, 1)
+    )
+    return (
+        protocol.message(b"B", bind)
+        + protocol.message(b"D", b"P\0")
+        + protocol.message(b"E", b"\0\0\0\0\0")
+        + protocol.message(b"S")
+    )
 
 
 @pytest.mark.parametrize("value", [b"42", b"", b"a longer value \0 with a zero", None])

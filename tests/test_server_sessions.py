@@ -37,11 +37,14 @@ from tests.serving import (
 
 BOUND = "-c mtcache.currency_bound=600"
 BOOKS = "SELECT isbn, title, price, authorid FROM books WHERE authorid = %s ORDER BY isbn"
+
+
 @pytest.fixture(scope="module")
 def served(bookstore_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     numbers_table(bookstore_dsn)
-    with serving(bookstore_dsn, tmp_path_factory.mktemp("sessions") / "cache.duckdb",
-                 (1, 2)) as found:  # fmt: skip
+    with serving(
+        bookstore_dsn, tmp_path_factory.mktemp("sessions") / "cache.duckdb", (1, 2)
+    ) as found:
         cache_numbers(found)
         yield found
 
@@ -56,14 +59,16 @@ def _wait_for(condition: Callable[[], bool], what: str) -> None:
 
 
 def _sleeping_at_backend(pg: psycopg.Connection[t.Any]) -> bool:
-    found = pg.execute("SELECT count(*) FROM pg_stat_activity WHERE state = 'active' "
-                       "AND query LIKE '%pg_sleep(600)%' AND pid <> pg_backend_pid()"
-                       ).fetchone()  # fmt: skip
+    found = pg.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' "
+        "AND query LIKE '%pg_sleep(600)%' AND pid <> pg_backend_pid()"
+    ).fetchone()
     return bool(found and found[0])
 
 
-def _hits_right(served: Served, conn: psycopg.Connection[t.Any],
-                pg: psycopg.Connection[t.Any], author: int) -> None:  # fmt: skip
+def _hits_right(
+    served: Served, conn: psycopg.Connection[t.Any], pg: psycopg.Connection[t.Any], author: int
+) -> None:
     """A cached read on ``conn``: PostgreSQL's answer, and from the cache."""
     got = conn.execute(BOOKS, [author]).fetchall()
     assert typed(got) == typed(pg.execute(BOOKS, [author]).fetchall())
@@ -72,10 +77,12 @@ def _hits_right(served: Served, conn: psycopg.Connection[t.Any],
 
 
 def test_a_slow_remote_statement_never_blocks_another_sessions_hit(served: Served) -> None:
-    with psycopg.connect(served.dsn, autocommit=True) as slow, \
-            psycopg.connect(served.dsn, options=BOUND, autocommit=True) as fast, \
-            psycopg.connect(served.backend, autocommit=True) as pg, \
-            cf.ThreadPoolExecutor(1) as pool:  # fmt: skip
+    with (
+        psycopg.connect(served.dsn, autocommit=True) as slow,
+        psycopg.connect(served.dsn, options=BOUND, autocommit=True) as fast,
+        psycopg.connect(served.backend, autocommit=True) as pg,
+        cf.ThreadPoolExecutor(1) as pool,
+    ):
         running = pool.submit(slow.execute, "SELECT pg_sleep(600)")
         _wait_for(lambda: _sleeping_at_backend(pg), "the slow statement running")
         hits = served.engine.counters()["hits"]
@@ -90,10 +97,12 @@ def test_a_slow_remote_statement_never_blocks_another_sessions_hit(served: Serve
 
 
 def test_cancel_request_stops_a_local_statement(served: Served) -> None:
-    with psycopg.connect(served.dsn, autocommit=True) as conn, \
-            psycopg.connect(served.dsn, options=BOUND, autocommit=True) as other, \
-            psycopg.connect(served.backend, autocommit=True) as pg, \
-            cf.ThreadPoolExecutor(1) as pool:  # fmt: skip
+    with (
+        psycopg.connect(served.dsn, autocommit=True) as conn,
+        psycopg.connect(served.dsn, options=BOUND, autocommit=True) as other,
+        psycopg.connect(served.backend, autocommit=True) as pg,
+        cf.ThreadPoolExecutor(1) as pool,
+    ):
         plan = "\n".join(r[0] for r in conn.execute(f"EXPLAIN {SLOW_LOCAL}").fetchall())
         assert "LocalQuery (engine=duckdb, sql=SELECT COUNT(*) FROM numbercopy" in plan, plan
         running = pool.submit(conn.execute, SLOW_LOCAL)
@@ -103,16 +112,19 @@ def test_cancel_request_stops_a_local_statement(served: Served) -> None:
             running.result(timeout=120)
         assert caught.value.diag.sqlstate == "57014"
         # the session goes on, and so does everyone else, with the same answers
-        assert conn.execute("SELECT count(*) FROM numbers CURRENCY BOUND 10 MIN"
-                            ).fetchone() == (2000,)  # fmt: skip
+        assert conn.execute("SELECT count(*) FROM numbers CURRENCY BOUND 10 MIN").fetchone() == (
+            2000,
+        )
         _hits_right(served, other, pg, 1)
 
 
 @pytest.mark.parametrize("prepared", [False, True], ids=["unprepared", "prepared"])
 def test_cancel_request_stops_a_remote_statement(served: Served, prepared: bool) -> None:
-    with psycopg.connect(served.dsn, autocommit=True) as conn, \
-            psycopg.connect(served.backend, autocommit=True) as pg, \
-            cf.ThreadPoolExecutor(1) as pool:  # fmt: skip
+    with (
+        psycopg.connect(served.dsn, autocommit=True) as conn,
+        psycopg.connect(served.backend, autocommit=True) as pg,
+        cf.ThreadPoolExecutor(1) as pool,
+    ):
         if prepared:  # (a prepared statement's second run: the event loop relays it)
             sql = "SELECT pg_sleep(600) WHERE %s"
             assert conn.execute(sql, [False], prepare=True).fetchall() == []
@@ -135,10 +147,12 @@ def test_a_session_whose_backend_connection_is_lost_ends(served: Served, when: s
     client's next statements in another backend session without its prepared statements,
     settings and transaction. Other sessions go on."""
     sql = "SELECT pg_sleep(600) WHERE %s"
-    with psycopg.connect(served.dsn, autocommit=True) as conn, \
-            psycopg.connect(served.dsn, autocommit=True, options=BOUND) as other, \
-            psycopg.connect(served.backend, autocommit=True) as pg, \
-            cf.ThreadPoolExecutor(1) as pool:  # fmt: skip
+    with (
+        psycopg.connect(served.dsn, autocommit=True) as conn,
+        psycopg.connect(served.dsn, autocommit=True, options=BOUND) as other,
+        psycopg.connect(served.backend, autocommit=True) as pg,
+        cf.ThreadPoolExecutor(1) as pool,
+    ):
         assert conn.execute(sql, [False], prepare=True).fetchall() == []
         quiet(served)  # (the worker that parsed it has let go of the session)
         session = served.server.session_of(conn.info.backend_pid)
@@ -148,8 +162,9 @@ def test_a_session_whose_backend_connection_is_lost_ends(served: Served, when: s
         raw = served.server.relayed_raw
         if when == "idle":
             pg.execute("SELECT pg_terminate_backend(%s)", [pid])
-            _wait_for(lambda: served.server.session_of(conn.info.backend_pid) is None,
-                      "the session ended")  # fmt: skip
+            _wait_for(
+                lambda: served.server.session_of(conn.info.backend_pid) is None, "the session ended"
+            )
             with pytest.raises(psycopg.OperationalError):
                 conn.execute("SELECT 1")
         else:
@@ -177,7 +192,7 @@ def _views(conn: psycopg.Connection[t.Any]) -> list[tuple[t.Any, ...]]:
     """SHOW CACHED VIEWS without the ages (which grow as the test runs)."""
     cur = conn.execute("SHOW CACHED VIEWS")
     age = [d.name for d in cur.description or []].index("currency_seconds")
-    return [row[:age] + row[age + 1:] for row in cur.fetchall()]
+    return [row[:age] + row[age + 1 :] for row in cur.fetchall()]
 
 
 def test_a_statement_whose_client_is_gone_before_it_starts_is_cancelled(served: Served) -> None:
@@ -200,8 +215,10 @@ def test_a_client_killed_mid_statement_takes_nobody_else_down(served: Served, wh
     """The client sends a statement and vanishes (its socket reset): the server ends that
     session (its backend statement cancelled, its transaction rolled back), the others go on
     and the cache is as it was."""
-    with psycopg.connect(served.backend, autocommit=True) as pg, \
-            psycopg.connect(served.dsn, options=BOUND, autocommit=True) as other:  # fmt: skip
+    with (
+        psycopg.connect(served.backend, autocommit=True) as pg,
+        psycopg.connect(served.dsn, options=BOUND, autocommit=True) as other,
+    ):
         before = pg.execute("SELECT count(*) FROM books").fetchone()
         views = _views(other)
         sessions = served.server.sessions()
@@ -213,18 +230,24 @@ def test_a_client_killed_mid_statement_takes_nobody_else_down(served: Served, wh
         elif when in ("remote", "relayed"):
             sql = "SELECT pg_sleep(600)"
         else:
-            sql = ("BEGIN; INSERT INTO books (isbn, authorid, title, publisherid, type, price) "
-                   "VALUES ('killed-1', 1, 'k', 1, 'x', 1); SELECT pg_sleep(600)")  # fmt: skip
+            sql = (
+                "BEGIN; INSERT INTO books (isbn, authorid, title, publisherid, type, price) "
+                "VALUES ('killed-1', 1, 'k', 1, 'x', 1); SELECT pg_sleep(600)"
+            )
         if when == "relayed":  # a prepared run the event loop passes through
-            sock.sendall(protocol.message(b"P", b"s\0" + sql.encode() + b"\0\0\0")
-                         + protocol.message(b"S"))  # fmt: skip
+            sock.sendall(
+                protocol.message(b"P", b"s\0" + sql.encode() + b"\0\0\0") + protocol.message(b"S")
+            )
             seen = b""
             while not seen.endswith(protocol.ready_for_query(b"I")):
                 seen += sock.recv(65536)
             quiet(served)  # (the worker that parsed it has let go of the session)
             relayed = served.server.relayed_at_once
-            sock.sendall(protocol.message(b"B", b"\0s\0\0\0\0\0\0\0")
-                         + protocol.message(b"E", b"\0\0\0\0\0") + protocol.message(b"S"))
+            sock.sendall(
+                protocol.message(b"B", b"\0s\0\0\0\0\0\0\0")
+                + protocol.message(b"E", b"\0\0\0\0\0")
+                + protocol.message(b"S")
+            )
         else:
             sock.sendall(protocol.message(b"Q", sql.encode() + b"\0"))
         if when == "local":
@@ -242,16 +265,22 @@ def test_a_client_killed_mid_statement_takes_nobody_else_down(served: Served, wh
         _hits_right(served, other, pg, 2)
 
 
-@pytest.mark.parametrize("garbage", [
-    b"Y\0\0\0\x04",  # an unknown message type
-    b"P\0\0\0\x05x",  # a truncated Parse (no terminators)
-    b"Q\xff\xff\xff\xff",  # a negative length
-    b"B\0\0\0\x0a\0\0\0\x05\0\0",  # a Bind with more parameter formats than it carries
-    b"Q\0\0\0\x09SEL",  # a message cut short: the client then goes away
-], ids=["unknown-type", "truncated", "bad-length", "bad-bind", "cut-short"])  # fmt: skip
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"Y\0\0\0\x04",  # an unknown message type
+        b"P\0\0\0\x05x",  # a truncated Parse (no terminators)
+        b"Q\xff\xff\xff\xff",  # a negative length
+        b"B\0\0\0\x0a\0\0\0\x05\0\0",  # a Bind with more parameter formats than it carries
+        b"Q\0\0\0\x09SEL",  # a message cut short: the client then goes away
+    ],
+    ids=["unknown-type", "truncated", "bad-length", "bad-bind", "cut-short"],
+)
 def test_a_broken_message_closes_only_its_session(served: Served, garbage: bytes) -> None:
-    with psycopg.connect(served.backend, autocommit=True) as pg, \
-            psycopg.connect(served.dsn, options=BOUND, autocommit=True) as other:  # fmt: skip
+    with (
+        psycopg.connect(served.backend, autocommit=True) as pg,
+        psycopg.connect(served.dsn, options=BOUND, autocommit=True) as other,
+    ):
         views = _views(other)
         sessions = served.server.sessions()
         sock = raw_session(served, BOUND)
@@ -278,7 +307,7 @@ def _messages(data: bytes) -> list[tuple[bytes, bytes]]:
     found, pos = [], 0
     while pos < len(data):
         length = struct.unpack_from("!i", data, pos + 1)[0]
-        found.append((data[pos:pos + 1], data[pos + 5:pos + 1 + length]))
+        found.append((data[pos : pos + 1], data[pos + 5 : pos + 1 + length]))
         pos += 1 + length
     return found
 
@@ -288,8 +317,10 @@ def test_a_client_that_does_not_read_holds_only_itself_up(served: Served) -> Non
     cached lookup and the 20 MB again, reading nothing: its statement waits for it to read
     (running, the server holding no more than it must), another session's hits are answered
     meanwhile; then it gets every answer, complete and in order."""
-    with psycopg.connect(served.backend, autocommit=True) as pg, \
-            psycopg.connect(served.dsn, options=BOUND, autocommit=True) as other:  # fmt: skip
+    with (
+        psycopg.connect(served.backend, autocommit=True) as pg,
+        psycopg.connect(served.dsn, options=BOUND, autocommit=True) as other,
+    ):
         rows = {a: len(pg.execute(BOOKS, [a]).fetchall()) for a in (1, 2)}
         big = _message(b"Q", b"SELECT repeat('x', 1000) FROM generate_series(1, 20000)\0")
         sql = BOOKS.replace("%s", "$1").encode()
@@ -297,10 +328,12 @@ def test_a_client_that_does_not_read_holds_only_itself_up(served: Served) -> Non
         pipeline = [big, _message(b"P", b"s\0" + sql + b"\0\0\0"), _message(b"S", b"")]
         for i in range(runs):
             key = str(1 + i % 2).encode()
-            pipeline += [_message(b"B", b"\0s\0\0\0\0\1" + struct.pack("!i", len(key)) + key
-                                  + b"\0\0"),
-                         _message(b"D", b"P\0"), _message(b"E", b"\0\0\0\0\0"),
-                         _message(b"S", b"")]  # fmt: skip
+            pipeline += [
+                _message(b"B", b"\0s\0\0\0\0\1" + struct.pack("!i", len(key)) + key + b"\0\0"),
+                _message(b"D", b"P\0"),
+                _message(b"E", b"\0\0\0\0\0"),
+                _message(b"S", b""),
+            ]
         pipeline.append(big)
         running = served.server.running()
         sock = raw_session(served, BOUND)
@@ -316,7 +349,7 @@ def test_a_client_that_does_not_read_holds_only_itself_up(served: Served) -> Non
                 data = sock.recv(1 << 20)
                 assert data, "the server closed the connection"
                 readies += (tail + data).count(ready)  # (one may straddle two chunks)
-                tail = data[-(len(ready) - 1):]
+                tail = data[-(len(ready) - 1) :]
                 chunks.append(data)
             sent.result()
         sock.close()
@@ -326,17 +359,19 @@ def test_a_client_that_does_not_read_holds_only_itself_up(served: Served) -> Non
             """Where the answer to ``big`` starting at ``at`` ends (checked whole)."""
             end = at + 1 + 20000 + 2
             assert answers[at][0] == b"T"
-            assert all(kind == b"D" and len(body) == 2 + 4 + 1000
-                       for kind, body in answers[at + 1:end - 2])  # fmt: skip
-            assert answers[end - 2:end] == [(b"C", b"SELECT 20000\0"), (b"Z", b"I")]
+            assert all(
+                kind == b"D" and len(body) == 2 + 4 + 1000
+                for kind, body in answers[at + 1 : end - 2]
+            )
+            assert answers[end - 2 : end] == [(b"C", b"SELECT 20000\0"), (b"Z", b"I")]
             return end
 
         pos = whole_big_result(0)
-        assert [kind for kind, _ in answers[pos:pos + 2]] == [b"1", b"Z"]
+        assert [kind for kind, _ in answers[pos : pos + 2]] == [b"1", b"Z"]
         pos += 2
         for i in range(runs):
             expect = [b"2", b"T"] + [b"D"] * rows[1 + i % 2] + [b"C", b"Z"]
-            kinds = [kind for kind, _ in answers[pos:pos + len(expect)]]
+            kinds = [kind for kind, _ in answers[pos : pos + len(expect)]]
             assert kinds == expect, (i, kinds)
             pos += len(expect)
         assert whole_big_result(pos) == len(answers)
@@ -348,8 +383,7 @@ def test_hundreds_of_sessions_at_once(served: Served) -> None:
     with psycopg.connect(served.backend, autocommit=True) as pg:
         want = {a: typed(pg.execute(BOOKS, [a]).fetchall()) for a in (1, 2)}
         held = _server_backends(pg)
-        conns = [psycopg.connect(served.dsn, options=BOUND, autocommit=True)
-                 for _ in range(300)]  # fmt: skip
+        conns = [psycopg.connect(served.dsn, options=BOUND, autocommit=True) for _ in range(300)]
         try:
             assert served.server.sessions() >= 300
 
@@ -381,12 +415,16 @@ def test_sessions_past_descriptor_1024(served: Served) -> None:
         while (fd := os.open(os.devnull, os.O_RDONLY)) < 1100:
             spare.append(fd)
         spare.append(fd)
-        with psycopg.connect(served.dsn, autocommit=True) as conn, \
-                psycopg.connect(served.dsn, options=BOUND, autocommit=True) as bound, \
-                psycopg.connect(served.backend, autocommit=True) as pg:  # fmt: skip
+        with (
+            psycopg.connect(served.dsn, autocommit=True) as conn,
+            psycopg.connect(served.dsn, options=BOUND, autocommit=True) as bound,
+            psycopg.connect(served.backend, autocommit=True) as pg,
+        ):
             _hits_right(served, bound, pg, 1)
-            assert conn.execute("SELECT count(*) FROM books").fetchone() == \
-                pg.execute("SELECT count(*) FROM books").fetchone()  # fmt: skip
+            assert (
+                conn.execute("SELECT count(*) FROM books").fetchone()
+                == pg.execute("SELECT count(*) FROM books").fetchone()
+            )
     finally:
         for fd in spare:
             os.close(fd)
@@ -394,28 +432,34 @@ def test_sessions_past_descriptor_1024(served: Served) -> None:
 
 def _server_backends(pg: psycopg.Connection[t.Any]) -> int:
     """Backend connections open for sessions of a cache server (not the test's own)."""
-    found = pg.execute("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client "
-                       "backend' AND pid <> pg_backend_pid() AND client_port IS NOT NULL "
-                       "AND application_name = ''").fetchone()  # fmt: skip
+    found = pg.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client "
+        "backend' AND pid <> pg_backend_pid() AND client_port IS NOT NULL "
+        "AND application_name = ''"
+    ).fetchone()
     return int(found[0]) if found else 0
 
 
-def test_sigterm_cancels_what_outlives_the_grace(bookstore_dsn: str, mtcache_bin: str,
-                                                 tmp_path: Path) -> None:  # fmt: skip
+def test_sigterm_cancels_what_outlives_the_grace(
+    bookstore_dsn: str, mtcache_bin: str, tmp_path: Path
+) -> None:
     """SIGTERM: no new sessions; a statement that runs longer than the grace period is
     cancelled (57014 or the connection's end), then the server closes the file and exits 0."""
     cache_path = tmp_path / "cache.duckdb"
-    with open(tmp_path / "server.log", "ab") as log, \
-            serving_process(bookstore_dsn, cache_path, "--grace", "1", log=log) as where, \
-            psycopg.connect(bookstore_dsn, autocommit=True) as pg, \
-            cf.ThreadPoolExecutor(1) as pool:  # fmt: skip
+    with (
+        open(tmp_path / "server.log", "ab") as log,
+        serving_process(bookstore_dsn, cache_path, "--grace", "1", log=log) as where,
+        psycopg.connect(bookstore_dsn, autocommit=True) as pg,
+        cf.ThreadPoolExecutor(1) as pool,
+    ):
         dsn = f"host={where.host} port={where.port} user=postgres dbname={where.database}"
         conn = psycopg.connect(dsn, autocommit=True)
         running = pool.submit(conn.execute, "SELECT pg_sleep(600)")
         _wait_for(lambda: _sleeping_at_backend(pg), "the statement running")
         os.kill(where.pid, signal.SIGTERM)
-        with pytest.raises((psycopg.errors.QueryCanceled, psycopg.errors.AdminShutdown,
-                            psycopg.OperationalError)):  # fmt: skip
+        with pytest.raises(
+            (psycopg.errors.QueryCanceled, psycopg.errors.AdminShutdown, psycopg.OperationalError)
+        ):
             running.result(timeout=120)
         conn.close()
         _wait_for(lambda: not _process_alive(where.pid), "the server exited")
@@ -425,9 +469,13 @@ def test_sigterm_cancels_what_outlives_the_grace(bookstore_dsn: str, mtcache_bin
     said = (tmp_path / "server.log").read_text()
     assert "cancelling a statement still running at shutdown" in said, said
     # the file is whole and free: another process opens it
-    run = subprocess.run([mtcache_bin, "--backend", bookstore_dsn, "--cache", str(cache_path),
-                          "status", "--json"], text=True, capture_output=True, timeout=120,
-                         check=False)  # fmt: skip
+    run = subprocess.run(
+        [mtcache_bin, "--backend", bookstore_dsn, "--cache", str(cache_path), "status", "--json"],
+        text=True,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
     assert run.returncode == 0, run.stderr
 
 
@@ -438,4 +486,3 @@ def _process_alive(pid: int) -> bool:
         return False
     with open(f"/proc/{pid}/stat") as stat:
         return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-

@@ -64,10 +64,12 @@ class Serving(t.NamedTuple):
     backend: str
 
 
-def mtcache(bin: str, env: dict[str, str], *args: str,
-            stdin: str | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
-    return subprocess.run([bin, *args], env=env, text=True, capture_output=True, timeout=300,
-                          input=stdin, check=False)  # fmt: skip
+def mtcache(
+    bin: str, env: dict[str, str], *args: str, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [bin, *args], env=env, text=True, capture_output=True, timeout=300, input=stdin, check=False
+    )
 
 
 @pytest.fixture(scope="module")
@@ -79,9 +81,21 @@ def serving(bookstore_dsn: str, mtcache_bin: str) -> Iterator[Serving]:
     for args in (("ddl", str(home / "schema.sql")), ("admit", "authorlist_pct", "1", "2")):
         done = mtcache(mtcache_bin, env, *args)
         assert done.returncode == 0, done.stderr
-    process = subprocess.Popen([mtcache_bin, "serve", "--listen", "127.0.0.1:0",
-                                "--cache-size-limit", "50MB", "--doorkeeper", "30"], env=env,
-                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+    process = subprocess.Popen(
+        [
+            mtcache_bin,
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--cache-size-limit",
+            "50MB",
+            "--doorkeeper",
+            "30",
+        ],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     logs = process.stderr
     assert logs is not None
     for line in iter(logs.readline, ""):  # the server says where it listens once it does
@@ -107,11 +121,22 @@ def test_two_application_processes_and_status_at_once(serving: Serving, mtcache_
     root = Path(__file__).resolve().parent.parent
     env = dict(serving.env, PYTHONPATH=str(root))
     apps = [
-        subprocess.Popen([sys.executable, "-c", textwrap.dedent(APP), serving.address,
-                          serving.backend, str(worker)], env=env, text=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                textwrap.dedent(APP),
+                serving.address,
+                serving.backend,
+                str(worker),
+            ],
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         for worker in (0, 1)
-    ]  # fmt: skip
+    ]
     status = mtcache(mtcache_bin, serving.env, "status", "--json")
     outputs = [app.communicate(timeout=300) for app in apps]
     for worker, (app, (out, err)) in enumerate(zip(apps, outputs, strict=True)):
@@ -132,12 +157,17 @@ def test_an_in_process_connection_is_told_where_the_server_is(serving: Serving) 
         cache.connect(serving.backend, serving.cache_path)
 
 
-def test_every_command_goes_through_the_server(serving: Serving, mtcache_bin: str,
-                                               tmp_path: Path) -> None:  # fmt: skip
+def test_every_command_goes_through_the_server(
+    serving: Serving, mtcache_bin: str, tmp_path: Path
+) -> None:
     env = serving.env
-    query = mtcache(mtcache_bin, env, "query", "--json",
-                    "SELECT isbn, price FROM books WHERE authorid = 1 ORDER BY isbn "
-                    "CURRENCY BOUND 10 MIN")  # fmt: skip
+    query = mtcache(
+        mtcache_bin,
+        env,
+        "query",
+        "--json",
+        "SELECT isbn, price FROM books WHERE authorid = 1 ORDER BY isbn CURRENCY BOUND 10 MIN",
+    )
     assert query.returncode == 0, query.stderr
     answer = json.loads(query.stdout)
     with psycopg.connect(serving.backend) as pg:
@@ -145,8 +175,12 @@ def test_every_command_goes_through_the_server(serving: Serving, mtcache_bin: st
         assert answer["rows"] == [[isbn, str(price)] for isbn, price in want.fetchall()]
     assert [p["route"] for p in answer["provenance"]] == ["local"]
 
-    explain = mtcache(mtcache_bin, env, "explain", "SELECT title FROM books WHERE authorid = 2 "
-                      "CURRENCY BOUND 10 MIN")  # fmt: skip
+    explain = mtcache(
+        mtcache_bin,
+        env,
+        "explain",
+        "SELECT title FROM books WHERE authorid = 2 CURRENCY BOUND 10 MIN",
+    )
     assert explain.returncode == 0, explain.stderr
     assert "normalized C&C constraint:" in explain.stdout and "SwitchUnion" in explain.stdout
     plain = mtcache(mtcache_bin, env, "explain", "--json", "SELECT title FROM books")
@@ -156,8 +190,9 @@ def test_every_command_goes_through_the_server(serving: Serving, mtcache_bin: st
     admit = mtcache(mtcache_bin, env, "admit", "--json", "authorlist_pct", "3")
     assert admit.returncode == 0, admit.stderr
     assert json.loads(admit.stdout)["operation"].startswith("admit")
-    refresh = mtcache(mtcache_bin, env, "refresh", "--engine", "inline", "--view", "authorcopy",
-                      "--key", "3")  # fmt: skip
+    refresh = mtcache(
+        mtcache_bin, env, "refresh", "--engine", "inline", "--view", "authorcopy", "--key", "3"
+    )
     assert refresh.returncode == 0, refresh.stderr
     assert refresh.stdout.startswith("refresh authorcopy")
     evict = mtcache(mtcache_bin, env, "evict", "authorlist_pct", "3")
@@ -167,22 +202,27 @@ def test_every_command_goes_through_the_server(serving: Serving, mtcache_bin: st
 
     # a DDL script applies all or nothing through the server too
     script = tmp_path / "more.sql"
-    script.write_text("CREATE CONTROL TABLE pubs_pct (publisherid INTEGER);\n"
-                      "CREATE CACHED VIEW ghostcopy AS SELECT * FROM no_such_table;\n")
+    script.write_text(
+        "CREATE CONTROL TABLE pubs_pct (publisherid INTEGER);\n"
+        "CREATE CACHED VIEW ghostcopy AS SELECT * FROM no_such_table;\n"
+    )
     failed = mtcache(mtcache_bin, env, "ddl", str(script))
     assert failed.returncode == 1 and failed.stderr.count("\n") == 1, failed.stderr
     assert "no_such_table" in failed.stderr
     status = json.loads(mtcache(mtcache_bin, env, "status", "--json").stdout)
     assert status["control_tables"] == ["authorlist_pct"]  # nothing of the script applied
-    script.write_text("CREATE CONTROL TABLE pubs_pct (publisherid INTEGER);\n"
-                      "DROP CONTROL TABLE pubs_pct;\n")
+    script.write_text(
+        "CREATE CONTROL TABLE pubs_pct (publisherid INTEGER);\nDROP CONTROL TABLE pubs_pct;\n"
+    )
     done = mtcache(mtcache_bin, env, "ddl", str(script))
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["dropped pubs_pct", "created pubs_pct"]
 
-    for args, says in ((("init",), "served by `mtcache serve`"),
-                       (("serve", "--listen", "127.0.0.1:0"), "served by `mtcache serve`"),
-                       (("admit", "nonsense", "1"), "not a control table")):  # fmt: skip
+    for args, says in (
+        (("init",), "served by `mtcache serve`"),
+        (("serve", "--listen", "127.0.0.1:0"), "served by `mtcache serve`"),
+        (("admit", "nonsense", "1"), "not a control table"),
+    ):
         refused = mtcache(mtcache_bin, env, *args)
         assert refused.returncode == 1 and says in refused.stderr, refused.stderr
         assert refused.stderr.count("\n") == 1
@@ -191,8 +231,9 @@ def test_every_command_goes_through_the_server(serving: Serving, mtcache_bin: st
 def test_sqlalchemy_through_the_server(serving: Serving) -> None:
     """A URL parameter moves an application onto the server: provenance and bounds (a clause,
     the currency_bound execution option) behave as in-process."""
-    url = sa.make_url(serving.backend).set(drivername="postgresql+mtcache",
-                                           query={"server": serving.address})  # fmt: skip
+    url = sa.make_url(serving.backend).set(
+        drivername="postgresql+mtcache", query={"server": serving.address}
+    )
     books = sa.table("books", sa.column("title"), sa.column("authorid"), sa.column("isbn"))
     query = sa.select(books.c.title).where(books.c.authorid == 2).order_by(books.c.isbn)
     engine = sa.create_engine(url)
@@ -200,8 +241,13 @@ def test_sqlalchemy_through_the_server(serving: Serving) -> None:
         with engine.connect() as conn, psycopg.connect(serving.backend) as pg:
             want = pg.execute("SELECT title FROM books WHERE authorid = 2 ORDER BY isbn")
             expected = want.fetchall()
-            result = conn.execute(sa.text("SELECT title FROM books WHERE authorid = :a ORDER BY "
-                                          "isbn CURRENCY BOUND 10 MIN"), {"a": 2})  # fmt: skip
+            result = conn.execute(
+                sa.text(
+                    "SELECT title FROM books WHERE authorid = :a ORDER BY "
+                    "isbn CURRENCY BOUND 10 MIN"
+                ),
+                {"a": 2},
+            )
             assert [tuple(r) for r in result] == expected
             assert [p["route"] for p in cache.sqla.provenance(result)] == ["local"]
             bounded = conn.execute(query, execution_options={"currency_bound": "10 min"})
@@ -214,8 +260,9 @@ def test_sqlalchemy_through_the_server(serving: Serving) -> None:
         engine.dispose()
 
 
-def test_sigterm_stops_the_server_and_withdraws_its_note(serving: Serving,
-                                                         mtcache_bin: str) -> None:  # fmt: skip
+def test_sigterm_stops_the_server_and_withdraws_its_note(
+    serving: Serving, mtcache_bin: str
+) -> None:
     """Last in the module: the server stops cleanly, and the file is the commands' again."""
     process = serving.process
     process.send_signal(signal.SIGTERM)

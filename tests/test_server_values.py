@@ -20,16 +20,63 @@ EDGES = {
     "int2": ["-32768", "0", "32767"],
     "int4": ["-2147483648", "7", "2147483647"],
     "int8": ["-9223372036854775808", "9223372036854775807"],
-    "numeric": ["0", "-0.00", "1.50", "123456789012345678901234567890.123", "0.000001",
-                "-1e-20", "1e20", "NaN", "Infinity", "-Infinity", "100", "9999.9999"],
-    "float8": ["0", "-0", "1", "1.5", "1e15", "1e14", "123456789012345.6", "1e-5", "0.0001",
-               "1e300", "-2.2250738585072014e-308", "5e-324", "3.141592653589793", "NaN",
-               "Infinity", "-Infinity", "0.1", "100", "12345678.9",
-               # halfway between two doubles: PostgreSQL takes one digit more than repr
-               "-6.5670570644285216e+16", "-5.5261576824590643e+17"],
-    "float4": ["0", "-0", "1", "3.14", "1e6", "999999", "123456", "1.2345679e+07", "1e-5",
-               "3.4028235e+38", "1e-45", "NaN", "Infinity", "0.1",
-               "33566752", "5.0816768e+07", "-2.7479839e+09"],  # halfway, as for doubles
+    "numeric": [
+        "0",
+        "-0.00",
+        "1.50",
+        "123456789012345678901234567890.123",
+        "0.000001",
+        "-1e-20",
+        "1e20",
+        "NaN",
+        "Infinity",
+        "-Infinity",
+        "100",
+        "9999.9999",
+    ],
+    "float8": [
+        "0",
+        "-0",
+        "1",
+        "1.5",
+        "1e15",
+        "1e14",
+        "123456789012345.6",
+        "1e-5",
+        "0.0001",
+        "1e300",
+        "-2.2250738585072014e-308",
+        "5e-324",
+        "3.141592653589793",
+        "NaN",
+        "Infinity",
+        "-Infinity",
+        "0.1",
+        "100",
+        "12345678.9",
+        # halfway between two doubles: PostgreSQL takes one digit more than repr
+        "-6.5670570644285216e+16",
+        "-5.5261576824590643e+17",
+    ],
+    "float4": [
+        "0",
+        "-0",
+        "1",
+        "3.14",
+        "1e6",
+        "999999",
+        "123456",
+        "1.2345679e+07",
+        "1e-5",
+        "3.4028235e+38",
+        "1e-45",
+        "NaN",
+        "Infinity",
+        "0.1",
+        "33566752",
+        "5.0816768e+07",
+        "-2.7479839e+09",
+    ],  # halfway, as for doubles
     "text": ["", "plain", "ünïcødé ✓", "tab\there", "new\nline", "back\\slash"],
     "varchar(5)": ["abc", ""],
     "char(4)": ["ab", "abcd"],
@@ -37,10 +84,19 @@ EDGES = {
     '"char"': ["x"],
     "date": ["2024-02-29", "0001-01-01", "9999-12-31", "1999-01-08"],
     "time": ["00:00:00", "12:34:56.789", "23:59:59.999999", "01:02:03.100"],
-    "timestamp": ["2024-01-02 03:04:05", "2024-01-02 03:04:05.5", "0001-01-01 00:00:00",
-                  "9999-12-31 23:59:59.999999", "2000-01-01 00:00:00.000001"],
-    "timestamptz": ["2024-01-02 03:04:05+00", "2024-06-30 23:59:59.25+02",
-                    "1850-01-02 03:04:05+00", "2000-01-01 00:00:00.000001+00"],
+    "timestamp": [
+        "2024-01-02 03:04:05",
+        "2024-01-02 03:04:05.5",
+        "0001-01-01 00:00:00",
+        "9999-12-31 23:59:59.999999",
+        "2000-01-01 00:00:00.000001",
+    ],
+    "timestamptz": [
+        "2024-01-02 03:04:05+00",
+        "2024-06-30 23:59:59.25+02",
+        "1850-01-02 03:04:05+00",
+        "2000-01-01 00:00:00.000001+00",
+    ],
     "bytea": ["\\x", "\\x00ff10"],
     "uuid": ["a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"],
     "oid": ["0", "4294967295"],
@@ -71,24 +127,24 @@ def test_every_encoder_writes_postgres_bytes(backend_dsn: str, binary: bool) -> 
                     sql = f"SELECT {psycopg.sql.quote(literal)}::{type_name}"
                     oid, sent, loaded = _postgres(conn, sql, binary)
                     assert values.encodable([oid]), type_name
-                    (encode,) = values.encoders((oid,), (1 if binary else 0,),
-                                                values.OutputSettings())  # fmt: skip
+                    (encode,) = values.encoders(
+                        (oid,), (1 if binary else 0,), values.OutputSettings()
+                    )
                     assert encode(loaded) == sent, (zone, sql, loaded)
 
 
 def test_random_floats_print_as_postgres_prints_them(backend_dsn: str) -> None:
     """Every bit pattern is as likely: a fixed-seed sweep of doubles and reals."""
     chance = random.Random(27)
-    doubles = [struct.unpack("d", struct.pack("Q", chance.getrandbits(64)))[0]
-               for _ in range(3000)]  # fmt: skip
-    reals = [struct.unpack("f", struct.pack("I", chance.getrandbits(32)))[0]
-             for _ in range(3000)]  # fmt: skip
+    doubles = [struct.unpack("d", struct.pack("Q", chance.getrandbits(64)))[0] for _ in range(3000)]
+    reals = [struct.unpack("f", struct.pack("I", chance.getrandbits(32)))[0] for _ in range(3000)]
     with psycopg.connect(backend_dsn, autocommit=True) as conn:
         for type_name, found in (("float8", doubles), ("float4", reals)):
             finite = [v for v in found if math.isfinite(v)]
             array = "{" + ",".join(repr(v) for v in finite) + "}"
-            sent = conn.pgconn.exec_params(f"SELECT unnest($1::{type_name}[])".encode(),
-                                           [array.encode()])  # fmt: skip
+            sent = conn.pgconn.exec_params(
+                f"SELECT unnest($1::{type_name}[])".encode(), [array.encode()]
+            )
             oid = sent.ftype(0)
             (encode,) = values.encoders((oid,), (0,), values.OutputSettings())
             for row, value in enumerate(finite):

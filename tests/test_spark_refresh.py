@@ -109,12 +109,20 @@ def test_a_derived_view_is_refreshed_on_spark(
 ) -> None:
     """The backend's computation of a derived view, pulled by a Spark task in the
     operation's snapshot, is what PostgreSQL computes (values and Python types)."""
-    store.apply_ddl(parse("CREATE CACHED VIEW daily AS SELECT s.sold_on, count(*) AS sales, "
-                          "sum(s.qty) AS sold, avg(s.qty) AS mean FROM sales s "
-                          "GROUP BY s.sold_on"), store.load_catalog())  # fmt: skip
+    store.apply_ddl(
+        parse(
+            "CREATE CACHED VIEW daily AS SELECT s.sold_on, count(*) AS sales, "
+            "sum(s.qty) AS sold, avg(s.qty) AS mean FROM sales s "
+            "GROUP BY s.sold_on"
+        ),
+        store.load_catalog(),
+    )
     Maintainer(store, backend, spark_engine).refresh("daily")
-    want = pg(backend, "SELECT sold_on, count(*), sum(qty), sum(qty)::numeric, count(qty) "
-                       "FROM sales GROUP BY sold_on")  # fmt: skip
+    want = pg(
+        backend,
+        "SELECT sold_on, count(*), sum(qty), sum(qty)::numeric, count(qty) "
+        "FROM sales GROUP BY sold_on",
+    )
     got = local(store, "SELECT * FROM daily")
     assert want and sorted(got) == sorted(want)
     assert {tuple(map(type, row)) for row in got} == {tuple(map(type, row)) for row in want}

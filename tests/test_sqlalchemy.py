@@ -46,8 +46,9 @@ class Author(Base):
     gender: Mapped[str]
     city: Mapped[str]
     state: Mapped[str]
-    books: Mapped[list[Book]] = relationship(back_populates="author", order_by="Book.isbn",
-                                             cascade="all, delete-orphan")  # fmt: skip
+    books: Mapped[list[Book]] = relationship(
+        back_populates="author", order_by="Book.isbn", cascade="all, delete-orphan"
+    )
 
 
 class Book(Base):
@@ -59,10 +60,12 @@ class Book(Base):
     type: Mapped[str]
     price: Mapped[Decimal]
     author: Mapped[Author] = relationship(back_populates="books")
-    reviews: Mapped[list[Review]] = relationship(back_populates="book", order_by="Review.reviewid",
-                                                 cascade="all, delete-orphan")  # fmt: skip
-    sales: Mapped[list[Sale]] = relationship(back_populates="book", order_by="Sale.saleid",
-                                             cascade="all, delete-orphan")  # fmt: skip
+    reviews: Mapped[list[Review]] = relationship(
+        back_populates="book", order_by="Review.reviewid", cascade="all, delete-orphan"
+    )
+    sales: Mapped[list[Sale]] = relationship(
+        back_populates="book", order_by="Sale.saleid", cascade="all, delete-orphan"
+    )
 
 
 class Reviewer(Base):
@@ -71,8 +74,9 @@ class Reviewer(Base):
     name: Mapped[str]
     gender: Mapped[str]
     city: Mapped[str]
-    reviews: Mapped[list[Review]] = relationship(back_populates="reviewer",
-                                                 order_by="Review.reviewid")  # fmt: skip
+    reviews: Mapped[list[Review]] = relationship(
+        back_populates="reviewer", order_by="Review.reviewid"
+    )
 
 
 class Review(Base):
@@ -131,15 +135,21 @@ def writer(engines: tuple[Engine, Engine]) -> Iterator[Engine]:
 
 def test_a_url_names_the_backend_and_the_connection_options() -> None:
     dialect = MTCacheDialect(dbapi=MTCacheDialect.import_dbapi())
-    url = make_url("postgresql+mtcache://app:s3cret@db.example:6543/shop?cache_path=/var/c.duckdb"
-                   "&currency_bound=10+min&stale_ok=true&result_memo_bytes=0")  # fmt: skip
+    url = make_url(
+        "postgresql+mtcache://app:s3cret@db.example:6543/shop?cache_path=/var/c.duckdb"
+        "&currency_bound=10+min&stale_ok=true&result_memo_bytes=0"
+    )
     args, options = dialect.create_connect_args(url)
     assert args == []
     # the engine's psycopg adapters (JSON serializers, ...) for the backend sessions
     assert options.pop("context") is dialect._psycopg_adapters_map
-    assert options == {"backend": "postgresql://app:s3cret@db.example:6543/shop",
-                       "cache_path": "/var/c.duckdb", "currency_bound": "10 min",
-                       "stale_ok": True, "result_memo_bytes": 0}  # fmt: skip
+    assert options == {
+        "backend": "postgresql://app:s3cret@db.example:6543/shop",
+        "cache_path": "/var/c.duckdb",
+        "currency_bound": "10 min",
+        "stale_ok": True,
+        "result_memo_bytes": 0,
+    }
     # no host: the embedded backend beside the cache file, as the CLI
     embedded = dialect.create_connect_args(make_url("postgresql+mtcache://"))[1]
     assert embedded["backend"] is None and set(embedded) == {"backend", "context"}
@@ -191,8 +201,16 @@ def test_orm_writes_go_to_the_backend_in_transactions(
     with Session(cached) as session, session.begin():
         author = session.get(Author, 1)
         assert author is not None
-        session.add(Book(isbn="sqla-1", authorid=1, title="Mapped", publisherid=1,
-                         type="fiction", price=Decimal("9.50")))  # fmt: skip
+        session.add(
+            Book(
+                isbn="sqla-1",
+                authorid=1,
+                title="Mapped",
+                publisherid=1,
+                type="fiction",
+                price=Decimal("9.50"),
+            )
+        )
     with Session(cached) as session:
         session.begin()
         book = session.get(Book, "sqla-1")
@@ -219,8 +237,10 @@ def test_reflection_is_postgresqls(engines: tuple[Engine, Engine]) -> None:
 
 
 def _columns(engine: Engine, table: str) -> list[tuple[str, str, bool, t.Any]]:
-    return [(c["name"], str(c["type"]), c["nullable"], c["default"])
-            for c in inspect(engine).get_columns(table)]  # fmt: skip
+    return [
+        (c["name"], str(c["type"]), c["nullable"], c["default"])
+        for c in inspect(engine).get_columns(table)
+    ]
 
 
 def test_with_currency_writes_the_clause_with_the_blocks_own_names(
@@ -230,12 +250,16 @@ def test_with_currency_writes_the_clause_with_the_blocks_own_names(
     other = aliased(Author)
     inner = with_currency(select(other.authorid).where(other.city == "Madison"), 60, on=[other])
     query = select(Author.authorid, Author.name).where(Author.authorid.in_([1, 2]))
-    bounded = with_currency(query.order_by(Author.authorid), "10 min", on=[Author],
-                            by=[Author.city])  # fmt: skip
+    bounded = with_currency(
+        query.order_by(Author.authorid), "10 min", on=[Author], by=[Author.city]
+    )
     text_of = str(bounded.compile(dialect=MTCacheDialect()))
     assert text_of.rstrip().endswith("CURRENCY BOUND 10 min ON (authors) BY authors.city")
-    nested = str(select(Book.isbn).where(Book.authorid.in_(inner.scalar_subquery()))
-                 .compile(dialect=MTCacheDialect()))  # fmt: skip
+    nested = str(
+        select(Book.isbn)
+        .where(Book.authorid.in_(inner.scalar_subquery()))
+        .compile(dialect=MTCacheDialect())
+    )
     assert "CURRENCY BOUND 1 min ON (authors_1) )" in nested
     with pytest.raises(cache.ProgrammingError, match="on= takes mapped classes"):
         with_currency(query, "10 min", on=["authors"])
@@ -271,9 +295,14 @@ def test_with_currency_statements_are_compiled_once(engines: tuple[Engine, Engin
     other = aliased(Author)
 
     def bounded(bound: str, on: t.Any, by: t.Any = Author.city) -> t.Any:
-        return with_currency(select(other.name, Author.name)
-                             .where(other.authorid == Author.authorid, Author.authorid == 1),
-                             bound, on=on, by=[by])  # fmt: skip
+        return with_currency(
+            select(other.name, Author.name).where(
+                other.authorid == Author.authorid, Author.authorid == 1
+            ),
+            bound,
+            on=on,
+            by=[by],
+        )
 
     with cached.connect() as conn:
         for statement, clause in [
@@ -286,8 +315,9 @@ def test_with_currency_statements_are_compiled_once(engines: tuple[Engine, Engin
             result = conn.execute(statement)
             assert result.context.statement.rstrip().endswith(f"CURRENCY BOUND {clause}")
             result.all()
-        hits = [conn.execute(bounded("1 min", [other], other.city)).context.cache_hit
-                for _ in range(2)]  # fmt: skip
+        hits = [
+            conn.execute(bounded("1 min", [other], other.city)).context.cache_hit for _ in range(2)
+        ]
     assert [str(h) for h in hits] == ["CacheStats.CACHE_HIT"] * 2
 
 
@@ -316,8 +346,10 @@ CACHED_BOOK = (Book.isbn, Book.authorid, Book.title, Book.type, Book.price)
 
 
 def _author_rows(author: Author) -> list[tuple[t.Any, ...]]:
-    return [(author.authorid, author.name, author.city, b.isbn, b.title, b.type, b.price)
-            for b in author.books]  # fmt: skip
+    return [
+        (author.authorid, author.name, author.city, b.isbn, b.title, b.type, b.price)
+        for b in author.books
+    ]
 
 
 def test_joinedload_reads_the_cache_in_one_statement(engines: tuple[Engine, Engine]) -> None:
@@ -325,11 +357,14 @@ def test_joinedload_reads_the_cache_in_one_statement(engines: tuple[Engine, Engi
     it is answered from the cache, also under LIMIT (a derived table) and many-to-one."""
     plain, cached = engines
     loads = [
-        select(Author).where(Author.authorid == 2)
+        select(Author)
+        .where(Author.authorid == 2)
         .options(joinedload(Author.books).load_only(*CACHED_BOOK)),
-        select(Author).where(Author.authorid == 1)  # .limit() puts authors in a derived table
-        .options(joinedload(Author.books).load_only(*CACHED_BOOK)).limit(1),
-    ]  # fmt: skip
+        select(Author)
+        .where(Author.authorid == 1)  # .limit() puts authors in a derived table
+        .options(joinedload(Author.books).load_only(*CACHED_BOOK))
+        .limit(1),
+    ]
     for query in loads:
         with Session(plain) as pg_session:
             want = [row for a in pg_session.scalars(query).unique() for row in _author_rows(a)]
@@ -338,8 +373,12 @@ def test_joinedload_reads_the_cache_in_one_statement(engines: tuple[Engine, Engi
             assert typed([row for a in found for row in _author_rows(a)]) == typed(want)
         assert seen == [{("authors", "local"), ("books", "local")}]
     # many-to-one: each book with its author, in the statement that loads the books
-    books = (select(Book).where(Book.authorid == 2).order_by(Book.isbn)
-             .options(load_only(*CACHED_BOOK), joinedload(Book.author)))  # fmt: skip
+    books = (
+        select(Book)
+        .where(Book.authorid == 2)
+        .order_by(Book.isbn)
+        .options(load_only(*CACHED_BOOK), joinedload(Book.author))
+    )
     with Session(plain) as pg_session:
         want = [(b.isbn, b.author.name) for b in pg_session.scalars(books)]
     bounded = cached.execution_options(currency_bound="10 min")
@@ -348,12 +387,19 @@ def test_joinedload_reads_the_cache_in_one_statement(engines: tuple[Engine, Engi
     assert seen == [{("authors", "local"), ("books", "local")}]
     # three levels: one statement each with selectinload, each answered by the cache (as one
     # joined statement it goes remote: README, "Not supported yet")
-    chain = select(Author).where(Author.authorid == 2).options(
-        selectinload(Author.books).load_only(*CACHED_BOOK).selectinload(Book.reviews))
+    chain = (
+        select(Author)
+        .where(Author.authorid == 2)
+        .options(selectinload(Author.books).load_only(*CACHED_BOOK).selectinload(Book.reviews))
+    )
 
     def reviews(session: Session) -> list[tuple[t.Any, ...]]:
-        return [(b.isbn, r.reviewid, r.rating) for a in session.scalars(chain)
-                for b in a.books for r in b.reviews]  # fmt: skip
+        return [
+            (b.isbn, r.reviewid, r.rating)
+            for a in session.scalars(chain)
+            for b in a.books
+            for r in b.reviews
+        ]
 
     with Session(plain) as pg_session:
         want = reviews(pg_session)
@@ -369,15 +415,22 @@ def test_relationships_both_ways_read_the_cache(engines: tuple[Engine, Engine]) 
 
     def graph(session: Session) -> list[tuple[t.Any, ...]]:
         rows: list[tuple[t.Any, ...]] = []
-        query = (select(Reviewer).where(Reviewer.reviewerid.in_([2, 3]))
-                 .order_by(Reviewer.reviewerid)
-                 .options(selectinload(Reviewer.reviews)))  # fmt: skip
+        query = (
+            select(Reviewer)
+            .where(Reviewer.reviewerid.in_([2, 3]))
+            .order_by(Reviewer.reviewerid)
+            .options(selectinload(Reviewer.reviews))
+        )
         for reviewer in session.scalars(query):
             for review in reviewer.reviews:
                 assert review.reviewer is reviewer  # back_populates: no statement
                 rows.append((reviewer.name, review.reviewid, review.rating, review.isbn))
-        joined = (select(Review).where(Review.reviewerid == 2).order_by(Review.reviewid)
-                  .options(joinedload(Review.reviewer, innerjoin=True)))  # fmt: skip
+        joined = (
+            select(Review)
+            .where(Review.reviewerid == 2)
+            .order_by(Review.reviewid)
+            .options(joinedload(Review.reviewer, innerjoin=True))
+        )
         for review in session.scalars(joined):
             rows.append((review.reviewer.city, review.reviewid))
         lazy = session.scalars(select(Review).where(Review.reviewerid == 1)).first()
@@ -394,8 +447,13 @@ def test_relationships_both_ways_read_the_cache(engines: tuple[Engine, Engine]) 
     local = {("reviewers", "local"), ("reviews", "local")}
     # every statement reads reviews and reviewers from the cache; only the lazy load of a
     # whole Book (publisherid is not cached) reads the backend
-    assert seen[:-1] == [{("reviewers", "local")}, {("reviews", "local")}, local,
-                         {("reviews", "local")}, {("reviewers", "local")}]  # fmt: skip
+    assert seen[:-1] == [
+        {("reviewers", "local")},
+        {("reviews", "local")},
+        local,
+        {("reviews", "local")},
+        {("reviewers", "local")},
+    ]
     assert seen[-1] == {("books", "remote")}
 
 
@@ -433,8 +491,9 @@ def test_orm_crud_over_the_whole_bookstore(engines: tuple[Engine, Engine], write
     with Session(writer) as session, session.begin():
         critic = session.get(Reviewer, 1)
         author = Author(authorid=9001, name="New Author", gender="F", city="Madison", state="WI")
-        book = Book(isbn="sqla-crud", title="Fresh", publisherid=2, type="ebook",
-                    price=Decimal("12.00"))  # fmt: skip
+        book = Book(
+            isbn="sqla-crud", title="Fresh", publisherid=2, type="ebook", price=Decimal("12.00")
+        )
         author.books.append(book)
         book.reviews.append(Review(reviewid=9001, reviewer=critic, rating=4))
         book.sales.append(Sale(saleid=9001, sold_on=dt.date(2026, 1, 2), qty=3))
@@ -461,9 +520,12 @@ def test_orm_crud_over_the_whole_bookstore(engines: tuple[Engine, Engine], write
         session.delete(session.get(Author, 9001))  # its books, their reviews and sales too
     assert same_graph() == []
     with plain.connect() as conn:
-        counts = conn.execute(text(
-            "SELECT (SELECT count(*) FROM reviews WHERE reviewid = 9001),"
-            " (SELECT count(*) FROM sales WHERE saleid > 9000)")).one()  # fmt: skip
+        counts = conn.execute(
+            text(
+                "SELECT (SELECT count(*) FROM reviews WHERE reviewid = 9001),"
+                " (SELECT count(*) FROM sales WHERE saleid > 9000)"
+            )
+        ).one()
         assert tuple(counts) == (0, 0)
 
 
@@ -486,12 +548,16 @@ def test_a_bounded_session_reads_its_own_writes(
     with Session(writer.execution_options(currency_bound="10 min")) as session:
         result = session.execute(query)
         assert (result.scalar_one(), {e.route for e in provenance(result).accesses}) == (
-            before, {"local"})  # fmt: skip
+            before,
+            {"local"},
+        )
         session.get(Author, 2).name = "Written"  # type: ignore[union-attr]
         session.flush()
         result = session.execute(query)
         assert (result.scalar_one(), {e.route for e in provenance(result).accesses}) == (
-            "Written", {"remote"})  # fmt: skip
+            "Written",
+            {"remote"},
+        )
         session.rollback()
     assert read(writer) == (before, {"local"})
     try:

@@ -32,8 +32,9 @@ def test_the_compliance_suite_passes(
 ) -> None:
     """With a session bound every read is planned first (SQLAlchemy's reflection queries of
     pg_catalog, temporary tables, names with %, ...) and must come out as PostgreSQL's."""
-    dsn = _suite_database(pg_cluster, "sqla_suite" if currency_bound is None
-                          else "sqla_suite_bound")  # fmt: skip
+    dsn = _suite_database(
+        pg_cluster, "sqla_suite" if currency_bound is None else "sqla_suite_bound"
+    )
     work = reachable_tempdir("mtcache-sqla-suite-")
     try:
         _run_suite(dsn, work, currency_bound)
@@ -41,8 +42,7 @@ def test_the_compliance_suite_passes(
         shutil.rmtree(work, ignore_errors=True)
 
 
-@pytest.mark.parametrize("options", ["-c mtcache.currency_bound=600"],
-                         ids=["session-bound"])  # fmt: skip
+@pytest.mark.parametrize("options", ["-c mtcache.currency_bound=600"], ids=["session-bound"])
 def test_the_compliance_suite_passes_over_the_server(
     pg_cluster: EmbeddedPostgres, options: str | None
 ) -> None:
@@ -55,8 +55,14 @@ def test_the_compliance_suite_passes_over_the_server(
     try:
         with server_of(dsn, work / "cache.duckdb") as served:
             query = {} if options is None else {"options": options}
-            url = URL.create("postgresql+psycopg", username="postgres", host=served.host,
-                             port=served.port, database=name, query=query)  # fmt: skip
+            url = URL.create(
+                "postgresql+psycopg",
+                username="postgres",
+                host=served.host,
+                port=served.port,
+                database=name,
+                query=query,
+            )
             _run_pytest(url, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -78,15 +84,31 @@ def _run_suite(dsn: str, work: Path, currency_bound: str | None) -> None:
 def _run_pytest(url: URL, work: Path) -> None:
     report = work / "junit.xml"
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-c", str(SUITE / "setup.cfg"), "--rootdir", str(SUITE),
-         str(SUITE / "suite_compliance.py"), "--dburi", url.render_as_string(hide_password=False),
-         "-q", f"--junitxml={report}"],
-        cwd=SUITE, capture_output=True, text=True, timeout=900, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-c",
+            str(SUITE / "setup.cfg"),
+            "--rootdir",
+            str(SUITE),
+            str(SUITE / "suite_compliance.py"),
+            "--dburi",
+            url.render_as_string(hide_password=False),
+            "-q",
+            f"--junitxml={report}",
+        ],
+        cwd=SUITE,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     suite = ET.parse(report).getroot().find("testsuite")
     assert suite is not None, done.stdout[-3000:]
     counts = {k: int(suite.get(k, "0")) for k in ("tests", "failures", "errors", "skipped")}
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr
-    assert done.returncode == 0 and counts["failures"] == counts["errors"] == 0, \
-        f"{summary}\n{done.stdout[-6000:]}"  # fmt: skip
+    assert done.returncode == 0 and counts["failures"] == counts["errors"] == 0, (
+        f"{summary}\n{done.stdout[-6000:]}"
+    )
     assert counts["tests"] - counts["skipped"] > 1000, summary  # the suite did run

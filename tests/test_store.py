@@ -300,8 +300,10 @@ def test_a_second_process_gets_a_clear_error(store: CacheStore, tmp_path: Path) 
     )
     result = subprocess.run(
         [sys.executable, "-c", code, str(tmp_path / "cache.duckdb")],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert result.returncode == 3
     assert result.stdout.startswith("OperationalError the cache file")
     assert "in use by another process" in result.stdout

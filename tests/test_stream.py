@@ -60,12 +60,18 @@ def mirrors_backend(store: CacheStore, dsn: str) -> None:
     psycopg returns them."""
     listed = [r[0] for r in local(store, "SELECT authorid FROM authorlist_pct")]
     cities = [r[0] for r in local(store, "SELECT city FROM citylist_cpct")]
-    authors = pg(dsn, "SELECT * FROM authors WHERE authorid = ANY(%s) OR city = ANY(%s) "
-                 "ORDER BY authorid", (listed, cities))  # fmt: skip
+    authors = pg(
+        dsn,
+        "SELECT * FROM authors WHERE authorid = ANY(%s) OR city = ANY(%s) ORDER BY authorid",
+        (listed, cities),
+    )
     assert local(store, "SELECT * FROM authorcopy ORDER BY authorid") == authors
     ids = [a[0] for a in authors]
-    books = pg(dsn, "SELECT isbn, authorid, title, price FROM books WHERE authorid = ANY(%s) "
-               "ORDER BY isbn", (ids,))  # fmt: skip
+    books = pg(
+        dsn,
+        "SELECT isbn, authorid, title, price FROM books WHERE authorid = ANY(%s) ORDER BY isbn",
+        (ids,),
+    )
     cached = local(store, "SELECT * FROM bookcopy ORDER BY isbn")
     assert cached == books
     assert [tuple(map(type, r)) for r in cached] == [tuple(map(type, r)) for r in books]
@@ -79,15 +85,23 @@ def test_ddl_makes_and_drops_the_slot(setup: Setup) -> None:
     row = stream.load_stream(store.con)
     assert row is not None and row.slot.startswith("mtcache_")
     assert set(row.relations) == {"public.authors", "public.books", "public.sales"}
-    assert pg(dsn, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s",
-              (row.slot,)) == [(1,)]  # fmt: skip
+    assert pg(
+        dsn, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (row.slot,)
+    ) == [(1,)]
     stream.apply_ddl(store, dsn, parse("DROP CACHED VIEW salescopy"), fetch_catalog(dsn))
     # still continuous views left: the slot stays, the publication loses sales
-    tables = pg(dsn, "SELECT tablename FROM pg_publication_tables WHERE pubname = %s "
-                "ORDER BY 1", (row.publication,))  # fmt: skip
+    tables = pg(
+        dsn,
+        "SELECT tablename FROM pg_publication_tables WHERE pubname = %s ORDER BY 1",
+        (row.publication,),
+    )
     assert tables == [("authors",), ("books",), ("mtcache_heartbeat",)]
-    stream.apply_ddl(store, dsn, parse("CREATE CACHED VIEW salescopy AS SELECT * FROM sales "
-                                       "REFRESH CONTINUOUSLY"), fetch_catalog(dsn))  # fmt: skip
+    stream.apply_ddl(
+        store,
+        dsn,
+        parse("CREATE CACHED VIEW salescopy AS SELECT * FROM sales REFRESH CONTINUOUSLY"),
+        fetch_catalog(dsn),
+    )
 
 
 def test_a_table_without_a_primary_key_is_refused(setup: Setup) -> None:
@@ -95,12 +109,17 @@ def test_a_table_without_a_primary_key_is_refused(setup: Setup) -> None:
     pg(dsn, "CREATE TABLE IF NOT EXISTS tags (tag text NOT NULL UNIQUE, note text)")
     before = local(store, "SELECT name FROM mtcache.objects ORDER BY name")
     with pytest.raises(NotSupportedError, match="needs a primary key on tags"):
-        stream.apply_ddl(store, dsn, parse("CREATE CACHED VIEW tagcopy AS SELECT * FROM tags "
-                                           "REFRESH CONTINUOUSLY"), fetch_catalog(dsn))  # fmt: skip
+        stream.apply_ddl(
+            store,
+            dsn,
+            parse("CREATE CACHED VIEW tagcopy AS SELECT * FROM tags REFRESH CONTINUOUSLY"),
+            fetch_catalog(dsn),
+        )
     assert local(store, "SELECT name FROM mtcache.objects ORDER BY name") == before
     # the same view refreshed by pulls is fine
-    stream.apply_ddl(store, dsn, parse("CREATE CACHED VIEW tagcopy AS SELECT * FROM tags"),
-                     fetch_catalog(dsn))  # fmt: skip
+    stream.apply_ddl(
+        store, dsn, parse("CREATE CACHED VIEW tagcopy AS SELECT * FROM tags"), fetch_catalog(dsn)
+    )
     stream.apply_ddl(store, dsn, parse("DROP CACHED VIEW tagcopy"), fetch_catalog(dsn))
 
 
@@ -115,9 +134,13 @@ def test_changes_reach_the_views_through_the_stream(setup: Setup) -> None:
     mirrors_backend(store, dsn)
 
     two = pg(dsn, "SELECT isbn FROM books WHERE authorid = 2 ORDER BY isbn")
-    elsewhere = pg(dsn, "SELECT isbn FROM books WHERE authorid NOT IN (1, 2) "
-                   "AND authorid NOT IN (SELECT authorid FROM authors WHERE city = %s) "
-                   "ORDER BY isbn LIMIT 1", (city,))[0][0]  # fmt: skip
+    elsewhere = pg(
+        dsn,
+        "SELECT isbn FROM books WHERE authorid NOT IN (1, 2) "
+        "AND authorid NOT IN (SELECT authorid FROM authors WHERE city = %s) "
+        "ORDER BY isbn LIMIT 1",
+        (city,),
+    )[0][0]
     writes = [
         "UPDATE authors SET name = name || ' Jr.' WHERE authorid = 1",
         "UPDATE books SET title = 'Retitled', price = 12.34 WHERE authorid = 1",
@@ -148,12 +171,16 @@ def test_changes_reach_the_views_through_the_stream(setup: Setup) -> None:
 
     # every continuously maintained region shares the batch's snapshot, which names the
     # stream position
-    ids = local(store, "SELECT DISTINCT snapshot_id FROM authorlist_pct UNION "
-                "SELECT DISTINCT snapshot_id FROM citylist_cpct UNION "
-                "SELECT snapshot_id FROM mtcache.view_state WHERE view = 'salescopy'")  # fmt: skip
+    ids = local(
+        store,
+        "SELECT DISTINCT snapshot_id FROM authorlist_pct UNION "
+        "SELECT DISTINCT snapshot_id FROM citylist_cpct UNION "
+        "SELECT snapshot_id FROM mtcache.view_state WHERE view = 'salescopy'",
+    )
     assert len(ids) == 1
-    engine, named = local(store, "SELECT engine, pg_snapshot FROM mtcache.snapshots "
-                          f"WHERE snapshot_id = {ids[0][0]}")[0]  # fmt: skip
+    engine, named = local(
+        store, f"SELECT engine, pg_snapshot FROM mtcache.snapshots WHERE snapshot_id = {ids[0][0]}"
+    )[0]
     row = stream.load_stream(store.con)
     assert row is not None
     assert engine == "stream" and named == f"lsn {lsn_text(row.applied_lsn)}"
@@ -166,8 +193,11 @@ def test_truncate_then_insert_in_one_transaction(setup: Setup) -> None:
     store, dsn, consumer = setup
     Maintainer(store, dsn).refresh("salescopy")
     consumer.catch_up()
-    pg(dsn, "BEGIN; CREATE TEMP TABLE keep AS SELECT * FROM sales WHERE saleid <= 3; "
-       "TRUNCATE sales; INSERT INTO sales SELECT * FROM keep; COMMIT")  # fmt: skip
+    pg(
+        dsn,
+        "BEGIN; CREATE TEMP TABLE keep AS SELECT * FROM sales WHERE saleid <= 3; "
+        "TRUNCATE sales; INSERT INTO sales SELECT * FROM keep; COMMIT",
+    )
     consumer.catch_up()
     assert local(store, "SELECT count(*) FROM salescopy") == [(3,)]
     mirrors_backend(store, dsn)
@@ -181,10 +211,12 @@ def test_toasted_values_an_update_did_not_send(setup: Setup) -> None:
     pg(dsn, "CREATE TABLE docs (id int PRIMARY KEY, grp int, body text, note text)")
     big = "(SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 400))"
     pg(dsn, f"INSERT INTO docs SELECT g, g %% 2, {big}, 'n' FROM generate_series(1, 4) g")
-    ddl = ("CREATE CACHED VIEW doccopy AS SELECT * FROM docs REFRESH CONTINUOUSLY; "
-           "CREATE CONTROL TABLE docgrp_pct (grp int); "
-           "CREATE CACHED VIEW docsome AS SELECT id, grp, body FROM docs "
-           "PRESENCE ON (grp) IN docgrp_pct REFRESH CONTINUOUSLY")  # fmt: skip
+    ddl = (
+        "CREATE CACHED VIEW doccopy AS SELECT * FROM docs REFRESH CONTINUOUSLY; "
+        "CREATE CONTROL TABLE docgrp_pct (grp int); "
+        "CREATE CACHED VIEW docsome AS SELECT id, grp, body FROM docs "
+        "PRESENCE ON (grp) IN docgrp_pct REFRESH CONTINUOUSLY"
+    )
     stream.apply_ddl(store, dsn, parse(ddl), fetch_catalog(dsn))
     try:
         maintainer = Maintainer(store, dsn)
@@ -193,20 +225,29 @@ def test_toasted_values_an_update_did_not_send(setup: Setup) -> None:
         consumer.catch_up()
         upqueries = consumer.upqueries
         pg(dsn, "UPDATE docs SET note = 'from the cached copy' WHERE id = 1")
-        pg(dsn, f"BEGIN; INSERT INTO docs VALUES (5, 0, {big}, 'new'); "
-           "UPDATE docs SET note = 'from the insert before' WHERE id = 5; "
-           "UPDATE docs SET grp = 1 WHERE id = 2; COMMIT")  # (2 moves into docsome)
+        pg(
+            dsn,
+            f"BEGIN; INSERT INTO docs VALUES (5, 0, {big}, 'new'); "
+            "UPDATE docs SET note = 'from the insert before' WHERE id = 5; "
+            "UPDATE docs SET grp = 1 WHERE id = 2; COMMIT",
+        )  # (2 moves into docsome)
         consumer.catch_up()
         assert consumer.upqueries == upqueries + 1  # docsome pulled row 2's body
         docs = pg(dsn, "SELECT * FROM docs ORDER BY id")
         assert local(store, "SELECT * FROM doccopy ORDER BY id") == docs
         assert all(len(t.cast(str, r[2])) == 12_800 for r in docs)
         assert local(store, "SELECT * FROM docsome ORDER BY id") == [
-            r[:3] for r in docs if r[1] == 1]  # fmt: skip
+            r[:3] for r in docs if r[1] == 1
+        ]
     finally:
-        stream.apply_ddl(store, dsn, parse("DROP CACHED VIEW docsome; DROP CACHED VIEW "
-                                           "doccopy; DROP CONTROL TABLE docgrp_pct"),
-                         fetch_catalog(dsn))  # fmt: skip
+        stream.apply_ddl(
+            store,
+            dsn,
+            parse(
+                "DROP CACHED VIEW docsome; DROP CACHED VIEW doccopy; DROP CONTROL TABLE docgrp_pct"
+            ),
+            fetch_catalog(dsn),
+        )
 
 
 def test_a_pull_lines_up_with_the_stream(setup: Setup) -> None:
@@ -246,9 +287,15 @@ def test_ddl_on_a_cached_table_stops_the_stream_with_a_reason(
     assert consumer.step() == 0  # stopped: nothing applied, nothing lost
     assert local(store, "SELECT * FROM salescopy ORDER BY saleid") == before
     # recreated (with the column), the view is maintained again
-    stream.apply_ddl(store, dsn, parse("DROP CACHED VIEW salescopy; CREATE CACHED VIEW "
-                                       "salescopy AS SELECT * FROM sales REFRESH CONTINUOUSLY"),
-                     fetch_catalog(dsn))  # fmt: skip
+    stream.apply_ddl(
+        store,
+        dsn,
+        parse(
+            "DROP CACHED VIEW salescopy; CREATE CACHED VIEW "
+            "salescopy AS SELECT * FROM sales REFRESH CONTINUOUSLY"
+        ),
+        fetch_catalog(dsn),
+    )
     row = stream.load_stream(store.con)
     assert row is not None and row.problem is None
     Maintainer(store, dsn).refresh("salescopy")
@@ -310,20 +357,28 @@ def test_bounded_queries_are_answered_locally_under_writes(
     Maintainer(store, dsn).refresh("salescopy")
     path = store.path
     store.close()
-    query = ("SELECT s.saleid, s.qty FROM sales s WHERE s.saleid <= 5 ORDER BY s.saleid "
-             "CURRENCY BOUND 5 SEC ON (s)")  # fmt: skip
+    query = (
+        "SELECT s.saleid, s.qty FROM sales s WHERE s.saleid <= 5 ORDER BY s.saleid "
+        "CURRENCY BOUND 5 SEC ON (s)"
+    )
     local_answers = 0
     answers = 0
     beater = None
     if beating != "thread":
-        beater = subprocess.Popen([mtcache_bin, "--backend", dsn, "heartbeat", "--interval",
-                                   "0.5"], env=clean_env, stdout=subprocess.DEVNULL)  # fmt: skip
+        beater = subprocess.Popen(
+            [mtcache_bin, "--backend", dsn, "heartbeat", "--interval", "0.5"],
+            env=clean_env,
+            stdout=subprocess.DEVNULL,
+        )
     with contextlib.ExitStack() as running:
         if beater is not None:
             running.callback(beater.wait, 30)
             running.callback(beater.terminate)
-        conn = running.enter_context(cache.connect(
-            dsn, path, heartbeat=0.5 if beating == "thread" else None, autocommit=True))
+        conn = running.enter_context(
+            cache.connect(
+                dsn, path, heartbeat=0.5 if beating == "thread" else None, autocommit=True
+            )
+        )
         writer = running.enter_context(Writer(dsn))
         time.sleep(1.0)
         deadline = time.monotonic() + 8
@@ -338,8 +393,10 @@ def test_bounded_queries_are_answered_locally_under_writes(
             assert access["currency_seconds"] <= 5
             [snapshot] = access["snapshot_ids"]
             # the snapshot the provenance names, as the cache file records it
-            [(named,)] = local(conn.engine.store, "SELECT pg_snapshot FROM mtcache.snapshots "
-                               f"WHERE snapshot_id = {snapshot}")  # fmt: skip
+            [(named,)] = local(
+                conn.engine.store,
+                f"SELECT pg_snapshot FROM mtcache.snapshots WHERE snapshot_id = {snapshot}",
+            )
             assert named.startswith("lsn ")
             position = lsn_value(named[4:])
             assert dict(rows) in writer.states_at(position), (snapshot, named)
@@ -377,17 +434,24 @@ class Churn(Workers):
                 author = rng.randint(1, 6)
                 isbn = f"churn-{seed}-{n}"
                 with conn.transaction():
-                    conn.execute("INSERT INTO books VALUES (%s, %s, 'Churned', 1, 'x', %s)",
-                                 (isbn, author, rng.randint(1, 9999) / 100))  # fmt: skip
-                    conn.execute("UPDATE books SET price = price + 0.01, authorid = %s "
-                                 "WHERE isbn = (SELECT isbn FROM books WHERE isbn LIKE "
-                                 "'churn-%%' ORDER BY random() LIMIT 1)",
-                                 (rng.randint(1, 6),))  # fmt: skip
-                    conn.execute("UPDATE sales SET qty = qty + 1 WHERE saleid = %s",
-                                 (rng.randint(1, 20),))  # fmt: skip
+                    conn.execute(
+                        "INSERT INTO books VALUES (%s, %s, 'Churned', 1, 'x', %s)",
+                        (isbn, author, rng.randint(1, 9999) / 100),
+                    )
+                    conn.execute(
+                        "UPDATE books SET price = price + 0.01, authorid = %s "
+                        "WHERE isbn = (SELECT isbn FROM books WHERE isbn LIKE "
+                        "'churn-%%' ORDER BY random() LIMIT 1)",
+                        (rng.randint(1, 6),),
+                    )
+                    conn.execute(
+                        "UPDATE sales SET qty = qty + 1 WHERE saleid = %s", (rng.randint(1, 20),)
+                    )
                 if n % 3 == 0:
-                    conn.execute("DELETE FROM books WHERE isbn = (SELECT isbn FROM books WHERE "
-                                 "isbn LIKE 'churn-%%' ORDER BY random() LIMIT 1)")  # fmt: skip
+                    conn.execute(
+                        "DELETE FROM books WHERE isbn = (SELECT isbn FROM books WHERE "
+                        "isbn LIKE 'churn-%%' ORDER BY random() LIMIT 1)"
+                    )
                 self.count += 1
                 time.sleep(0.002)
 
@@ -414,13 +478,15 @@ def test_sigkill_while_applying_loses_nothing(setup: Setup, point: str, tmp_path
     with Churn(dsn) as churn:
         time.sleep(0.5)
         run = [sys.executable, str(script), dsn, str(path)]
-        owner = subprocess.run([*run, "30"], env=env, timeout=120, capture_output=True,
-                               text=True, check=False)  # fmt: skip
+        owner = subprocess.run(
+            [*run, "30"], env=env, timeout=120, capture_output=True, text=True, check=False
+        )
         assert owner.returncode == -9, owner.stderr  # killed at the fault point
         time.sleep(0.5)
         # reopened (without the fault) while the writers go on
-        owner = subprocess.run([*run, "2"], timeout=120, capture_output=True, text=True,
-                               check=False)  # fmt: skip
+        owner = subprocess.run(
+            [*run, "2"], timeout=120, capture_output=True, text=True, check=False
+        )
         assert owner.returncode == 0, owner.stderr
     assert churn.count > 50
     with CacheStore(path) as reopened, stream.Consumer(reopened, dsn) as catching_up:
@@ -464,8 +530,9 @@ def test_the_consumer_rides_out_an_outage_and_a_dropped_slot(
     finally:
         runner.stop()
         runner.store.close()
-    assert pg(dsn, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s",
-              (row.slot,)) == [(1,)]  # fmt: skip
+    assert pg(
+        dsn, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (row.slot,)
+    ) == [(1,)]
 
 
 def test_ddl_while_the_owning_process_streams(
@@ -485,20 +552,33 @@ def test_ddl_while_the_owning_process_streams(
     try:
         pg(dsn, "UPDATE sales SET qty = 51 WHERE saleid = 1")
         _wait_for(lambda: local(store, qty) == [(51,)])  # streaming
-        stream.apply_ddl(store, dsn, parse("DROP CACHED VIEW salescopy; CREATE CACHED VIEW "
-                                           "salescopy AS SELECT * FROM sales REFRESH "
-                                           "CONTINUOUSLY"), fetch_catalog(dsn))  # fmt: skip
+        stream.apply_ddl(
+            store,
+            dsn,
+            parse(
+                "DROP CACHED VIEW salescopy; CREATE CACHED VIEW "
+                "salescopy AS SELECT * FROM sales REFRESH "
+                "CONTINUOUSLY"
+            ),
+            fetch_catalog(dsn),
+        )
         Maintainer(store, dsn).refresh("salescopy")
         pg(dsn, "UPDATE sales SET qty = 52 WHERE saleid = 1")
         _wait_for(lambda: local(store, qty) == [(52,)])
         row = stream.load_stream(store.con)
         assert row is not None
         # the last continuous views dropped while the thread streams: the slot goes too
-        stream.apply_ddl(store, dsn, parse("DROP CACHED VIEW bookcopy; DROP CACHED VIEW "
-                                           "authorcopy; DROP CACHED VIEW salescopy"),
-                         fetch_catalog(dsn))  # fmt: skip
-        assert pg(dsn, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s",
-                  (row.slot,)) == [(0,)]  # fmt: skip
+        stream.apply_ddl(
+            store,
+            dsn,
+            parse(
+                "DROP CACHED VIEW bookcopy; DROP CACHED VIEW authorcopy; DROP CACHED VIEW salescopy"
+            ),
+            fetch_catalog(dsn),
+        )
+        assert pg(
+            dsn, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (row.slot,)
+        ) == [(0,)]
         time.sleep(0.5)  # the thread, idle: no stream to apply
     finally:
         runner.stop()
@@ -528,9 +608,14 @@ def test_status_shows_the_stream_and_its_lag(
     path = store.path
     consumer.close()
     store.close()
-    shown = subprocess.run([mtcache_bin, "--backend", dsn, "--cache", str(path), "status"],
-                           capture_output=True, text=True, env=clean_env, timeout=120,
-                           check=False)  # fmt: skip
+    shown = subprocess.run(
+        [mtcache_bin, "--backend", dsn, "--cache", str(path), "status"],
+        capture_output=True,
+        text=True,
+        env=clean_env,
+        timeout=120,
+        check=False,
+    )
     assert shown.returncode == 0, shown.stderr
     assert "salescopy (sales, white, view-level, refreshed continuously)" in shown.stdout
     assert "continuously from the WAL" in shown.stdout

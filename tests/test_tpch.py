@@ -28,9 +28,12 @@ def backend(backend_dsn: str) -> str:
 def conn(backend: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[cache.Connection]:
     path = tmp_path_factory.mktemp("tpch") / "cache.duckdb"
     with cache.connect(backend=backend, cache_path=path, admit_on_miss=False) as conn:
-        conn.admin.apply_ddl(";\n".join(
-            f"CREATE CACHED VIEW {t}_copy AS SELECT * FROM {t} REFRESH EVERY 10 MIN"
-            for t in tpch.TABLES))  # fmt: skip
+        conn.admin.apply_ddl(
+            ";\n".join(
+                f"CREATE CACHED VIEW {t}_copy AS SELECT * FROM {t} REFRESH EVERY 10 MIN"
+                for t in tpch.TABLES
+            )
+        )
         conn.admin.refresh()
         yield conn
 
@@ -76,15 +79,16 @@ def test_q1_is_answered_from_a_derived_view_of_its_groups(
     conn.admin.apply_ddl(f"CREATE CACHED VIEW q1_groups AS {definition} REFRESH EVERY 10 MIN")
     try:
         conn.admin.refresh("q1_groups")
-        answer = assert_same_answer(conn, backend, with_clause(sql, "CURRENCY BOUND 10 MIN"),
-                                    sql)  # fmt: skip
+        answer = assert_same_answer(conn, backend, with_clause(sql, "CURRENCY BOUND 10 MIN"), sql)
         assert answer.route == "local", answer.reason
         cur = conn.cursor()
         cur.execute("EXPLAIN " + with_clause(sql, "CURRENCY BOUND 10 MIN"))
         assert any("DerivedScan" in row[0] and "q1_groups" in row[0] for row in cur.fetchall())
-        coarser = ("select l_returnflag, sum(l_quantity) as sum_qty, avg(l_discount) as avg_disc, "
-                   "count(*) as count_order from lineitem where l_shipdate <= date '1998-12-01' "
-                   "- interval '90 days' group by l_returnflag order by l_returnflag")  # fmt: skip
+        coarser = (
+            "select l_returnflag, sum(l_quantity) as sum_qty, avg(l_discount) as avg_disc, "
+            "count(*) as count_order from lineitem where l_shipdate <= date '1998-12-01' "
+            "- interval '90 days' group by l_returnflag order by l_returnflag"
+        )
         bounded = with_clause(coarser, "CURRENCY BOUND 10 MIN")
         answer = assert_same_answer(conn, backend, bounded, coarser)
         assert answer.route == "local", answer.reason

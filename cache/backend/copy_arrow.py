@@ -35,8 +35,7 @@ _ARROW: dict[str, pa.DataType] = {
     "TIME": pa.time64("us"),
 }
 # how the numbered types travel (`control_tables.types.NUMBERED`): days or microseconds
-_WIRE = {"DATE": pa.int32(), "TIMESTAMP": pa.int64(), "TIMESTAMPTZ": pa.int64(),
-         "TIME": pa.int64()}  # fmt: skip
+_WIRE = {"DATE": pa.int32(), "TIMESTAMP": pa.int64(), "TIMESTAMPTZ": pa.int64(), "TIME": pa.int64()}
 _DECIMAL = re.compile(r"DECIMAL\((\d+),(\d+)\)")
 
 
@@ -123,11 +122,14 @@ def _csv_of(texts: pa.Table, names: list[str]) -> pa.Buffer | bytes:
     fields = []
     for name in names:
         escaped = pc.replace_substring(texts.column(name), '"', '""')
-        fields.append(pc.fill_null(pc.binary_join_element_wise(quote, escaped, quote, empty),
-                                   empty))  # fmt: skip
+        fields.append(
+            pc.fill_null(pc.binary_join_element_wise(quote, escaped, quote, empty), empty)
+        )
     lines = pc.binary_join_element_wise(
-        pc.binary_join_element_wise(*fields, pa.scalar(",", pa.large_string())), empty,
-        pa.scalar("\n", pa.large_string()))  # fmt: skip
+        pc.binary_join_element_wise(*fields, pa.scalar(",", pa.large_string())),
+        empty,
+        pa.scalar("\n", pa.large_string()),
+    )
     text = pa.concat_arrays(lines.chunks) if isinstance(lines, pa.ChunkedArray) else lines
     offsets = np.frombuffer(t.cast(pa.Buffer, text.buffers()[1]), np.int64)
     offsets = offsets[text.offset : text.offset + len(text) + 1]

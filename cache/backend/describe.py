@@ -34,8 +34,10 @@ class ResultShape:
     def description(self) -> list[tuple[t.Any, ...]]:
         """Seven items per column (PEP 249), as psycopg's cursor.description gives them."""
         columns = (psycopg.Column(t.cast(t.Any, self), i) for i in range(self.pgresult.nfields))
-        return [(c.name, c.type_code, c.display_size, c.internal_size, c.precision, c.scale,
-                 c.null_ok) for c in columns]  # fmt: skip
+        return [
+            (c.name, c.type_code, c.display_size, c.internal_size, c.precision, c.scale, c.null_ok)
+            for c in columns
+        ]
 
     @property
     def types(self) -> tuple[tuple[int, int], ...]:
@@ -58,8 +60,9 @@ def describe_result(dsn: str, sql: str, params: Params) -> ResultShape | None:
         return ResultShape(described, cursor)
 
 
-def describe_statement(conn: psycopg.Connection[t.Any], sql: bytes,
-                       param_types: t.Sequence[int] = ()) -> pq.abc.PGresult:  # fmt: skip
+def describe_statement(
+    conn: psycopg.Connection[t.Any], sql: bytes, param_types: t.Sequence[int] = ()
+) -> pq.abc.PGresult:
     """The backend's Describe of a statement (``$n`` parameters of these types, 0: to
     infer) as the unnamed prepared statement: its parameter types and result columns, or
     the error result that refused it."""

@@ -194,8 +194,10 @@ class EmbeddedPostgres:
         if port is None:
             raise EmbeddedBackendError(f"the embedded PostgreSQL under {self.root} is not running")
         with psycopg.connect(self.dsn("postgres", port), autocommit=True) as conn:
-            if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s",
-                            (name,)).fetchone() is None:  # fmt: skip
+            if (
+                conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+                is None
+            ):
                 with contextlib.suppress(psycopg.errors.DuplicateDatabase):  # made meanwhile
                     conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
         return self.dsn(name, port)

@@ -172,8 +172,9 @@ class _Reader:
                 elif kind == 0x75:  # u: unchanged TOASTed value
                     append(UNCHANGED)
                 else:
-                    raise DecodeError(f"unknown column kind {chr(kind)!r} (binary values need "
-                                      "proto 2)")  # fmt: skip
+                    raise DecodeError(
+                        f"unknown column kind {chr(kind)!r} (binary values need proto 2)"
+                    )
         except (IndexError, struct.error):
             raise DecodeError(f"message ends early at byte {at} ({len(data)} bytes)") from None
         if at > len(data):
@@ -275,10 +276,17 @@ class RowChanges:
     def where(self, keep: np.ndarray) -> RowChanges:
         """The changes ``keep`` (a mask) selects."""
         mask = pa.array(keep)
-        return RowChanges(self.relation, self.at[keep], self.kind[keep], self.old.filter(mask),
-                          self.has_old[keep], self.new.filter(mask), self.has_new[keep],
-                          {c: m[keep] for c, m in self.unchanged.items()},
-                          None if self.subxid is None else self.subxid[keep])  # fmt: skip
+        return RowChanges(
+            self.relation,
+            self.at[keep],
+            self.kind[keep],
+            self.old.filter(mask),
+            self.has_old[keep],
+            self.new.filter(mask),
+            self.has_new[keep],
+            {c: m[keep] for c, m in self.unchanged.items()},
+            None if self.subxid is None else self.subxid[keep],
+        )
 
     def changes(self) -> list[Change]:
         """Each as a `Change`, plain values as `decode` gives them (tests, diagnostics)."""
@@ -290,9 +298,17 @@ class RowChanges:
             index = names.index(name)
             for row in np.flatnonzero(mask).tolist():
                 news[row] = (*news[row][:index], UNCHANGED, *news[row][index + 1 :])
-        return [Change(kinds[k], self.relation.relid, o if ho else None, n if hn else None)  # type: ignore[arg-type]
-                for k, o, ho, n, hn in zip(self.kind.tolist(), olds, self.has_old.tolist(),
-                                           news, self.has_new.tolist(), strict=True)]  # fmt: skip
+        return [
+            Change(kinds[k], self.relation.relid, o if ho else None, n if hn else None)  # type: ignore[arg-type]
+            for k, o, ho, n, hn in zip(
+                self.kind.tolist(),
+                olds,
+                self.has_old.tolist(),
+                news,
+                self.has_new.tolist(),
+                strict=True,
+            )
+        ]
 
 
 def decode_rows(
@@ -326,8 +342,11 @@ def decode_rows(
     marker = buf[where + 4]
     where = where + 5
     has_old = (marker == _K) | (marker == _O)
-    if np.any((kind == _I) & (marker != _N)) or np.any((kind == _D) & ~has_old) or \
-            np.any((kind == _U) & ~has_old & (marker != _N)):  # fmt: skip
+    if (
+        np.any((kind == _I) & (marker != _N))
+        or np.any((kind == _D) & ~has_old)
+        or np.any((kind == _U) & ~has_old & (marker != _N))
+    ):
         raise DecodeError("a row change without its tuple (expected 'N', 'K' or 'O')")
     found = []
     order = np.unique(relids, return_index=True)
@@ -336,15 +355,21 @@ def decode_rows(
         if relation is None:
             raise DecodeError(f"a change of relation {relid} before its description")
         mine = np.flatnonzero(relids == relid)
-        rows = _relation_rows(buf, relation, at[mine], kind[mine], where[mine], ends[mine],
-                              has_old[mine])  # fmt: skip
+        rows = _relation_rows(
+            buf, relation, at[mine], kind[mine], where[mine], ends[mine], has_old[mine]
+        )
         found.append(rows if subxids is None else dataclasses.replace(rows, subxid=subxids[mine]))
     return found
 
 
 def _relation_rows(
-    buf: np.ndarray, relation: Relation, at: np.ndarray, kind: np.ndarray, where: np.ndarray,
-    ends: np.ndarray, has_old: np.ndarray,
+    buf: np.ndarray,
+    relation: Relation,
+    at: np.ndarray,
+    kind: np.ndarray,
+    where: np.ndarray,
+    ends: np.ndarray,
+    has_old: np.ndarray,
 ) -> RowChanges:
     width, count = len(relation.columns), len(at)
     old_cols = _absent(width, count)
@@ -356,8 +381,9 @@ def _relation_rows(
         _scatter(old_cols, cols, pick)
         where[pick] = after
         follows = kind[pick] == _U  # an update's new tuple follows its old one
-        if np.any(buf[np.minimum(after[follows], len(buf) - 1)] != _N) or \
-                np.any(after[follows] >= ends[pick][follows]):  # fmt: skip
+        if np.any(buf[np.minimum(after[follows], len(buf) - 1)] != _N) or np.any(
+            after[follows] >= ends[pick][follows]
+        ):
             raise DecodeError("update: expected the new tuple after the old one ('N')")
         where[pick[follows]] += 1
     has_new = kind != _D
@@ -369,19 +395,31 @@ def _relation_rows(
     if np.any(where != ends):
         raise DecodeError(f"a change of {relation.name} with bytes past its tuple")
     names = [c.name for c in relation.columns]
-    unchanged = {name: kinds == _TOASTED
-                 for name, (kinds, _, _) in zip(names, new_cols, strict=True)
-                 if np.any(kinds == _TOASTED)}  # fmt: skip
-    return RowChanges(relation, at, kind, _texts(buf, names, old_cols), has_old,
-                      _texts(buf, names, new_cols), has_new, unchanged)  # fmt: skip
+    unchanged = {
+        name: kinds == _TOASTED
+        for name, (kinds, _, _) in zip(names, new_cols, strict=True)
+        if np.any(kinds == _TOASTED)
+    }
+    return RowChanges(
+        relation,
+        at,
+        kind,
+        _texts(buf, names, old_cols),
+        has_old,
+        _texts(buf, names, new_cols),
+        has_new,
+        unchanged,
+    )
 
 
 _Columns = list[tuple[np.ndarray, np.ndarray, np.ndarray]]  # per column: kinds, starts, lengths
 
 
 def _absent(width: int, count: int) -> _Columns:
-    return [(np.full(count, _NULL, np.uint8), np.zeros(count, np.int64),
-             np.zeros(count, np.int64)) for _ in range(width)]  # fmt: skip
+    return [
+        (np.full(count, _NULL, np.uint8), np.zeros(count, np.int64), np.zeros(count, np.int64))
+        for _ in range(width)
+    ]
 
 
 def _scatter(into: _Columns, cols: _Columns, rows: np.ndarray) -> None:
@@ -391,20 +429,26 @@ def _scatter(into: _Columns, cols: _Columns, rows: np.ndarray) -> None:
 
 def _int32(buf: np.ndarray, at: np.ndarray) -> np.ndarray:
     """The big-endian unsigned 32-bit integers at ``at`` (room checked by the caller)."""
-    return (buf[at].astype(np.int64) << 24) | (buf[at + 1].astype(np.int64) << 16) | \
-        (buf[at + 2].astype(np.int64) << 8) | buf[at + 3].astype(np.int64)  # fmt: skip
+    return (
+        (buf[at].astype(np.int64) << 24)
+        | (buf[at + 1].astype(np.int64) << 16)
+        | (buf[at + 2].astype(np.int64) << 8)
+        | buf[at + 3].astype(np.int64)
+    )
 
 
-def _tuples(buf: np.ndarray, relation: Relation, where: np.ndarray, ends: np.ndarray
-            ) -> tuple[_Columns, np.ndarray]:  # fmt: skip
+def _tuples(
+    buf: np.ndarray, relation: Relation, where: np.ndarray, ends: np.ndarray
+) -> tuple[_Columns, np.ndarray]:
     """TupleData at ``where`` in each message (ending at ``ends``): each column's kinds,
     starts and lengths, and where each tuple ends."""
     width = len(relation.columns)
     _room(where + 2, ends)
     count = (buf[where].astype(np.int64) << 8) | buf[where + 1]
     if np.any(count != width):
-        raise DecodeError(f"a tuple of {int(count[count != width][0])} columns, but "
-                          f"{relation.name} has {width}")  # fmt: skip
+        raise DecodeError(
+            f"a tuple of {int(count[count != width][0])} columns, but {relation.name} has {width}"
+        )
     where = where + 2
     cols: _Columns = []
     for _ in range(width):
@@ -532,22 +576,37 @@ class Transaction:
         yield self._piece(self.messages, self.described, self.truncated, self.truncated_by)
 
     def _piece(
-        self, messages: list[bytes], described: list[tuple[int, Mapping[int, Relation]]],
-        truncated: list[tuple[int, Relation]], truncated_by: list[int],
+        self,
+        messages: list[bytes],
+        described: list[tuple[int, Mapping[int, Relation]]],
+        truncated: list[tuple[int, Relation]],
+        truncated_by: list[int],
         ready: tuple[int, list[RowChanges]] | None = None,
     ) -> Transaction:
-        return Transaction(self.xid, self.commit_lsn, self.end_lsn, self.commit_time, messages,
-                           described, truncated, streamed=self.streamed,
-                           truncated_by=truncated_by, aborted=self.aborted,
-                           ready=ready)  # fmt: skip
+        return Transaction(
+            self.xid,
+            self.commit_lsn,
+            self.end_lsn,
+            self.commit_time,
+            messages,
+            described,
+            truncated,
+            streamed=self.streamed,
+            truncated_by=truncated_by,
+            aborted=self.aborted,
+            ready=ready,
+        )
 
     def truncates(self) -> list[tuple[int, Relation]]:
         """Its TRUNCATEs in memory, each after how many of ``messages`` (an aborted
         subtransaction's left out)."""
         if not self.aborted or not self.streamed:
             return self.truncated
-        return [cut for cut, by in zip(self.truncated, self.truncated_by, strict=True)
-                if by not in self.aborted]  # fmt: skip
+        return [
+            cut
+            for cut, by in zip(self.truncated, self.truncated_by, strict=True)
+            if by not in self.aborted
+        ]
 
     def rows(self) -> list[RowChanges]:
         """Its row changes in memory, decoded at once, one `RowChanges` per relation (and per
@@ -556,8 +615,7 @@ class Transaction:
         if not self.aborted:
             return found
         aborted = np.array(sorted(self.aborted), np.int64)
-        kept = [r.where(~np.isin(r.subxid, aborted)) if r.subxid is not None else r
-                for r in found]  # fmt: skip
+        kept = [r.where(~np.isin(r.subxid, aborted)) if r.subxid is not None else r for r in found]
         return [r for r in kept if len(r.at)]
 
     def _decode(self) -> list[RowChanges]:
@@ -574,8 +632,9 @@ class Transaction:
         """Its changes in memory one by one, in order (`rows` as plain values)."""
         found: list[tuple[int, Relation, Change]] = []
         for rows in self.rows():
-            found += zip(rows.at.tolist(), itertools.repeat(rows.relation), rows.changes(),
-                         strict=False)  # fmt: skip
+            found += zip(
+                rows.at.tolist(), itertools.repeat(rows.relation), rows.changes(), strict=False
+            )
         return [(relation, change) for _, relation, change in sorted(found, key=lambda f: f[0])]
 
     def discard(self) -> None:

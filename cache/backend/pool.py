@@ -42,10 +42,15 @@ def backend_pool(dsn: str) -> ConnectionPool[t.Any]:
             # check: a connection the backend ended while it waited in the pool (a restart, an
             # administrator) is replaced when taken, not handed out to fail (one round trip)
             pool = ConnectionPool(
-                dsn, min_size=1, max_size=POOL_SIZE, kwargs={"autocommit": True},
-                name="mtcache-backend", timeout=WAIT_SECONDS, open=True,
+                dsn,
+                min_size=1,
+                max_size=POOL_SIZE,
+                kwargs={"autocommit": True},
+                name="mtcache-backend",
+                timeout=WAIT_SECONDS,
+                open=True,
                 check=ConnectionPool.check_connection,
-            )  # fmt: skip
+            )
             _pools[dsn] = pool
         return pool
 

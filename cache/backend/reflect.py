@@ -75,10 +75,15 @@ def reflect_catalog(conn: psycopg.Connection) -> Catalog:  # type: ignore[type-a
             _COLUMNS, (oids,)
         ).fetchall():
             columns.setdefault(oid, []).append(
-                Column(name, type_, nullable=not notnull, n_distinct=distinct,
-                       byte_order=None if collation is None else _byte_order(collation, "coll"),
-                       deterministic=(collation or {}).get("collisdeterministic", True))
-            )  # fmt: skip
+                Column(
+                    name,
+                    type_,
+                    nullable=not notnull,
+                    n_distinct=distinct,
+                    byte_order=None if collation is None else _byte_order(collation, "coll"),
+                    deterministic=(collation or {}).get("collisdeterministic", True),
+                )
+            )
         indexes: dict[int, list[Index]] = {}
         for oid, name, is_unique, cols in conn.execute(_INDEXES, (oids,)).fetchall():
             indexes.setdefault(oid, []).append(Index(name, tuple(cols), unique=is_unique))
@@ -112,9 +117,13 @@ def reflect_catalog(conn: psycopg.Connection) -> Catalog:  # type: ignore[type-a
             )
     database = _database(conn)
     row = conn.execute("SELECT current_setting('server_encoding')").fetchone()
-    return Catalog(tables=tables, views=views, text_byte_order=_byte_order(database, "dat"),
-                   ascii_case=_ascii_case(database),
-                   utf8=row is not None and row[0] == "UTF8")  # fmt: skip
+    return Catalog(
+        tables=tables,
+        views=views,
+        text_byte_order=_byte_order(database, "dat"),
+        ascii_case=_ascii_case(database),
+        utf8=row is not None and row[0] == "UTF8",
+    )
 
 
 def _database(conn: psycopg.Connection) -> dict[str, t.Any]:  # type: ignore[type-arg]
@@ -194,28 +203,36 @@ def existing_relations(conn: psycopg.Connection, names: t.Sequence[str]) -> dict
     """Which relation names (as SQL writes them) a backend session resolves, as a statement of
     it would (its search path with pg_catalog, its temporary tables, schema-qualified names),
     each with whether it is a system relation (made by initdb, never changed by DDL)."""
-    rows = _session_rows(conn, "SELECT n, to_regclass(n)::oid < 16384 FROM unnest(%s::text[]) "
-                         "AS n WHERE to_regclass(n) IS NOT NULL", [list(names)])  # fmt: skip
+    rows = _session_rows(
+        conn,
+        "SELECT n, to_regclass(n)::oid < 16384 FROM unnest(%s::text[]) "
+        "AS n WHERE to_regclass(n) IS NOT NULL",
+        [list(names)],
+    )
     return {name: system for name, system in rows}
 
 
 def temporary_relations(conn: psycopg.Connection) -> set[str]:  # type: ignore[type-arg]
     """The names of a backend session's temporary tables (they come first on its search
     path, before any table of that name)."""
-    rows = _session_rows(conn, "SELECT relname FROM pg_class "
-                         "WHERE relnamespace = pg_my_temp_schema()")  # fmt: skip
+    rows = _session_rows(
+        conn, "SELECT relname FROM pg_class WHERE relnamespace = pg_my_temp_schema()"
+    )
     return {row[0] for row in rows}
 
 
 def _session_rows(
-    conn: psycopg.Connection, sql: str, params: t.Any = None  # type: ignore[type-arg]
+    conn: psycopg.Connection,
+    sql: str,
+    params: t.Any = None,  # type: ignore[type-arg]
 ) -> list[tuple[t.Any, ...]]:
     """A catalog question on a statement's own backend session, its errors the DB-API's."""
     try:
         return conn.execute(sql, params).fetchall()
     except psycopg.Error as exc:
-        raise translate(exc, unreachable="the statement needs it: reconnect when it is "
-                        "back") from exc  # fmt: skip
+        raise translate(
+            exc, unreachable="the statement needs it: reconnect when it is back"
+        ) from exc
 
 
 def fetch_catalog(dsn: str) -> Catalog:

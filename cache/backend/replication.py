@@ -49,11 +49,15 @@ def create_publication(dsn: str, publication: str, tables: list[tuple[str, str]]
     names = sql.SQL(", ").join(sql.Identifier(s, n) for s, n in tables)
     with connect_backend(dsn, autocommit=True) as conn:
         try:
-            exists = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s",
-                                  (publication,)).fetchone()  # fmt: skip
+            exists = conn.execute(
+                "SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)
+            ).fetchone()
             # ALTER: the slot decodes on with the new table list from this commit on
-            verb = "ALTER PUBLICATION {} SET TABLE {}" if exists else \
-                "CREATE PUBLICATION {} FOR TABLE {}"  # fmt: skip
+            verb = (
+                "ALTER PUBLICATION {} SET TABLE {}"
+                if exists
+                else "CREATE PUBLICATION {} FOR TABLE {}"
+            )
             conn.execute(sql.SQL(verb).format(sql.Identifier(publication), names))
         except psycopg.Error as exc:
             raise translate(exc, "creating the publication for continuous maintenance") from exc
@@ -70,12 +74,15 @@ def create_slot(dsn: str, slot: str) -> Iterator[SlotStart]:
     (``SET TRANSACTION SNAPSHOT``) by other sessions."""
     with connect_backend(dsn, autocommit=True, replication="database") as rep:
         try:
-            row = rep.execute(sql.SQL("CREATE_REPLICATION_SLOT {} LOGICAL pgoutput "
-                                      "(SNAPSHOT 'export')").format(sql.Identifier(slot))
-                              ).fetchone()  # fmt: skip
+            row = rep.execute(
+                sql.SQL("CREATE_REPLICATION_SLOT {} LOGICAL pgoutput (SNAPSHOT 'export')").format(
+                    sql.Identifier(slot)
+                )
+            ).fetchone()
         except psycopg.Error as exc:
-            raise translate(exc, "creating the replication slot for continuous maintenance") \
-                from exc  # fmt: skip
+            raise translate(
+                exc, "creating the replication slot for continuous maintenance"
+            ) from exc
         assert row is not None
         yield SlotStart(lsn_value(row[1]), row[2])
 
@@ -86,12 +93,16 @@ def drop_slot(dsn: str, slot: str, wait: float = 10.0) -> bool:
     deadline = time.monotonic() + wait
     with connect_backend(dsn, autocommit=True) as conn:
         while True:
-            conn.execute("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
-                         "WHERE slot_name = %s AND active_pid IS NOT NULL", (slot,))  # fmt: skip
+            conn.execute(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+                "WHERE slot_name = %s AND active_pid IS NOT NULL",
+                (slot,),
+            )
             try:
                 row = conn.execute(
                     "SELECT count(pg_drop_replication_slot(slot_name)) FROM "
-                    "pg_replication_slots WHERE slot_name = %s", (slot,)
+                    "pg_replication_slots WHERE slot_name = %s",
+                    (slot,),
                 ).fetchone()
             except psycopg.errors.ObjectInUse:  # its session is still ending
                 if time.monotonic() > deadline:
@@ -104,7 +115,8 @@ def drop_slot(dsn: str, slot: str, wait: float = 10.0) -> bool:
 def slot_state(conn: psycopg.Connection[t.Any], slot: str) -> SlotState:
     row = conn.execute(
         "SELECT confirmed_flush_lsn::text, pg_wal_lsn_diff(pg_current_wal_lsn(), "
-        "confirmed_flush_lsn)::bigint FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+        "confirmed_flush_lsn)::bigint FROM pg_replication_slots WHERE slot_name = %s",
+        (slot,),
     ).fetchone()
     if row is None:
         return SlotState(False, None, None)
@@ -158,8 +170,11 @@ class SlotStream:
             self._pg.send_query(command.as_bytes(self._conn))
             result = self._pg.get_result()
             if result is None or result.status != pq.ExecStatus.COPY_BOTH:
-                raise (psycopg.errors.error_from_result(result) if result is not None
-                       else psycopg.OperationalError(self._error()))  # fmt: skip
+                raise (
+                    psycopg.errors.error_from_result(result)
+                    if result is not None
+                    else psycopg.OperationalError(self._error())
+                )
         except BaseException:
             self._conn.close()  # a session that did not start holds nothing
             raise
@@ -168,13 +183,13 @@ class SlotStream:
         """This session's backend streams a transaction once it holds more than
         `STREAM_WORK_MEM_KB` of its changes (lower than the default 64MB; a lower setting is
         kept): what is left to send at the commit is no more than that."""
-        found = self._pg.exec_(b"SELECT setting FROM pg_settings "
-                               b"WHERE name = 'logical_decoding_work_mem'")  # fmt: skip
+        found = self._pg.exec_(
+            b"SELECT setting FROM pg_settings WHERE name = 'logical_decoding_work_mem'"
+        )
         if found.status != pq.ExecStatus.TUPLES_OK or found.ntuples != 1:
             raise psycopg.errors.error_from_result(found)
         if int(found.get_value(0, 0) or 0) > STREAM_WORK_MEM_KB:
-            done = self._pg.exec_(f"SET logical_decoding_work_mem = {STREAM_WORK_MEM_KB}"
-                                  .encode())  # fmt: skip
+            done = self._pg.exec_(f"SET logical_decoding_work_mem = {STREAM_WORK_MEM_KB}".encode())
             if done.status != pq.ExecStatus.COMMAND_OK:
                 raise psycopg.errors.error_from_result(done)
 
@@ -208,8 +223,14 @@ class SlotStream:
         finally:
             self._conn.close()
 
-    def _pump(self, out: list[bytes], limit: int, wait: float, done: t.Callable[[], bool],
-              gather: float = 0.0) -> None:  # fmt: skip
+    def _pump(
+        self,
+        out: list[bytes],
+        limit: int,
+        wait: float,
+        done: t.Callable[[], bool],
+        gather: float = 0.0,
+    ) -> None:
         """Read messages into ``out`` until ``done`` once some came (or ``wait`` passed); with
         ``gather``, on while more arrive within that many seconds, up to ``limit``."""
         deadline = time.monotonic() + wait
@@ -258,8 +279,10 @@ class SlotStream:
 
     def _send(self, lsn: int, reply: bool) -> None:
         now = int((time.time() - PG_EPOCH_UNIX) * 1_000_000)
-        if self._pg.put_copy_data(STATUS.pack(b"r", lsn, lsn, lsn, now, reply)) != 1 or \
-                self._pg.flush() != 0:  # fmt: skip
+        if (
+            self._pg.put_copy_data(STATUS.pack(b"r", lsn, lsn, lsn, now, reply)) != 1
+            or self._pg.flush() != 0
+        ):
             raise psycopg.OperationalError(self._error())
         self.confirmed = max(self.confirmed, lsn)
 

@@ -134,7 +134,8 @@ class SessionPool:
                             f'no backend connection of role "{key.role}" became free within '
                             f"{self.timeout:g}s (all {self.size} of its pool are in "
                             "transactions or pinned): retry, keep transactions short, or "
-                            "start the server with a larger --pool-size")  # fmt: skip
+                            "start the server with a larger --pool-size"
+                        )
                     self._waiting += 1
                     try:
                         self._cond.wait(remaining)
@@ -159,8 +160,11 @@ class SessionPool:
         """A connection idle again, for the next session of its key (closed if it cannot be
         reused: cancelled, broken, inside a transaction, or the pool closed)."""
         conn = pooled.conn
-        if pooled.cancelled or conn.closed or \
-                conn.pgconn.transaction_status != pq.TransactionStatus.IDLE:  # fmt: skip
+        if (
+            pooled.cancelled
+            or conn.closed
+            or conn.pgconn.transaction_status != pq.TransactionStatus.IDLE
+        ):
             self.discard(pooled)
             return
         with self._cond:
@@ -182,9 +186,17 @@ class SessionPool:
             for key, found in self._idle.items():
                 if found:
                     idle[key.role] = idle.get(key.role, 0) + len(found)
-            return PoolStats(dict(self._open), idle, self._waiting, self._waits,
-                             self._wait_seconds, self._timeouts, self._acquired,
-                             self._opened, dict(self._peak))  # fmt: skip
+            return PoolStats(
+                dict(self._open),
+                idle,
+                self._waiting,
+                self._waits,
+                self._wait_seconds,
+                self._timeouts,
+                self._acquired,
+                self._opened,
+                dict(self._peak),
+            )
 
     def close(self) -> None:
         """Close the idle connections; those in use are closed when returned."""

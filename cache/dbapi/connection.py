@@ -129,35 +129,52 @@ class Connection:
     ) -> None:
         # every option is checked before anything is opened
         options = SessionOptions.of(
-            autocommit=autocommit, stale_ok=stale_ok, admit_on_miss=admit_on_miss,
-            currency_bound=currency_bound, plan_choice=plan_choice,
-            refresh_delays=refresh_delays, context=context,
-        )  # fmt: skip
+            autocommit=autocommit,
+            stale_ok=stale_ok,
+            admit_on_miss=admit_on_miss,
+            currency_bound=currency_bound,
+            plan_choice=plan_choice,
+            refresh_delays=refresh_delays,
+            context=context,
+        )
         self.closed = True
         if server is not None:
-            own = {"result_memo_bytes": result_memo_bytes != DEFAULT_MEMO_BYTES,
-                   "background": background is not True, "heartbeat": heartbeat is not None,
-                   "stream_lag_limit": stream_lag_limit != DEFAULT_LAG_LIMIT,
-                   "plan_choice": plan_choice != "cost", "refresh_delays": bool(refresh_delays),
-                   "memory_limit": memory_limit is not None, "threads": threads is not None,
-                   "cache_size_limit": cache_size_limit is not None,
-                   "doorkeeper_seconds": doorkeeper_seconds is not None}
+            own = {
+                "result_memo_bytes": result_memo_bytes != DEFAULT_MEMO_BYTES,
+                "background": background is not True,
+                "heartbeat": heartbeat is not None,
+                "stream_lag_limit": stream_lag_limit != DEFAULT_LAG_LIMIT,
+                "plan_choice": plan_choice != "cost",
+                "refresh_delays": bool(refresh_delays),
+                "memory_limit": memory_limit is not None,
+                "threads": threads is not None,
+                "cache_size_limit": cache_size_limit is not None,
+                "doorkeeper_seconds": doorkeeper_seconds is not None,
+            }
             given = [name for name, changed in own.items() if changed]
             if given:
                 raise _errors.ProgrammingError(
                     f"{given[0]} belongs to the cache server's process: give it to `mtcache "
-                    "serve`, not to a connection through the server")  # fmt: skip
+                    "serve`, not to a connection through the server"
+                )
             self.engine = None
             self.cache_path = Path(cache_path if cache_path is not None else DEFAULT_CACHE)
             self.backend = backend
             self.session = ServerSession(server_conninfo(server, backend), options)
             self.closed = False
             return
-        self.engine = Engine(backend, cache_path, result_memo_bytes=result_memo_bytes,
-                             background=background, heartbeat=heartbeat,
-                             stream_lag_limit=stream_lag_limit, memory_limit=memory_limit,
-                             threads=threads, cache_size_limit=cache_size_limit,
-                             doorkeeper_seconds=doorkeeper_seconds)  # fmt: skip
+        self.engine = Engine(
+            backend,
+            cache_path,
+            result_memo_bytes=result_memo_bytes,
+            background=background,
+            heartbeat=heartbeat,
+            stream_lag_limit=stream_lag_limit,
+            memory_limit=memory_limit,
+            threads=threads,
+            cache_size_limit=cache_size_limit,
+            doorkeeper_seconds=doorkeeper_seconds,
+        )
         self.cache_path = self.engine.cache_path
         self.backend = self.engine.backend
         try:
@@ -331,8 +348,9 @@ class Connection:
 
     def _in_process(self, what: str) -> Engine:
         if self.engine is None:
-            raise _errors.NotSupportedError(f"{what} are the cache server's (this connection "
-                                            "goes through it)")  # fmt: skip
+            raise _errors.NotSupportedError(
+                f"{what} are the cache server's (this connection goes through it)"
+            )
         return self.engine
 
     def _check_open(self) -> None:

@@ -59,8 +59,10 @@ def server_conninfo(server: str | ServedAt, backend: str | None) -> str:
     else:
         host, _, port = server.rpartition(":")
         if not host or not port.isdigit():
-            raise ProgrammingError(f"server={server!r}: give HOST:PORT, or a PostgreSQL "
-                                   "conninfo or URL of the cache server")  # fmt: skip
+            raise ProgrammingError(
+                f"server={server!r}: give HOST:PORT, or a PostgreSQL "
+                "conninfo or URL of the cache server"
+            )
         given = {"host": host, "port": port}
     identity = conninfo_to_dict(backend) if backend else {}
     for name in ("user", "dbname", "password"):
@@ -92,8 +94,11 @@ class ServerSession:
         self.lock = threading.RLock()  # one call at a time, as an engine session
         self.closed = True
         given = conninfo_to_dict(conninfo)
-        startup = {"provenance": show_flag(True), "stale_ok": show_flag(options.stale_ok),
-                   "admit_on_miss": show_flag(options.admit_on_miss)}  # fmt: skip
+        startup = {
+            "provenance": show_flag(True),
+            "stale_ok": show_flag(options.stale_ok),
+            "admit_on_miss": show_flag(options.admit_on_miss),
+        }
         if options.currency_bound is not None:
             startup["currency_bound"] = repr(options.currency_bound)
         ours = " ".join(f"-c mtcache.{name}={value}" for name, value in startup.items())
@@ -157,8 +162,9 @@ class ServerSession:
         (psycopg gives some losses other classes, by the call that saw it), else the error
         the server sent."""
         if self._conn.closed:
-            lost = OperationalError(f"the connection to the cache server was lost "
-                                    f"({first_line(exc)}): connect again")  # fmt: skip
+            lost = OperationalError(
+                f"the connection to the cache server was lost ({first_line(exc)}): connect again"
+            )
             lost.sqlstate = "08006"
             return lost
         return translate(exc, unreachable="the cache server went away")
@@ -237,13 +243,16 @@ class ServerSession:
     # -- what stays on the server -----------------------------------------------------------------
 
     def explain(self, sql: str, params: Params = None) -> t.NoReturn:
-        raise NotSupportedError("a plan stays on the cache server: run EXPLAIN (or EXPLAIN "
-                                "(CACHE, FORMAT JSON)) as a statement")  # fmt: skip
+        raise NotSupportedError(
+            "a plan stays on the cache server: run EXPLAIN (or EXPLAIN "
+            "(CACHE, FORMAT JSON)) as a statement"
+        )
 
     @property
     def clock(self) -> t.NoReturn:
-        raise NotSupportedError("the backend clock is the cache server's: SHOW CACHE STATUS "
-                                "gives its estimate")  # fmt: skip
+        raise NotSupportedError(
+            "the backend clock is the cache server's: SHOW CACHE STATUS gives its estimate"
+        )
 
     @property
     def timeline_floor(self) -> t.NoReturn:
@@ -278,23 +287,27 @@ class ServerAdmin:
         if views:
             raise NotSupportedError(
                 "listing a view's regions through the server is not supported yet: run "
-                "`mtcache status --view NAME` on the cache file's machine")  # fmt: skip
-        return status_document(t.cast(list[tuple[str, str]],
-                                      self._session.execute("SHOW CACHE STATUS").rows))  # fmt: skip
+                "`mtcache status --view NAME` on the cache file's machine"
+            )
+        return status_document(
+            t.cast(list[tuple[str, str]], self._session.execute("SHOW CACHE STATUS").rows)
+        )
 
     def control_key(self, control: str) -> tuple[str, ...]:
         keys = self.status()["control_keys"]
         if control not in keys:
-            raise ProgrammingError(f"{control} is not a control table (there are: "
-                                   f"{', '.join(keys) or 'none'})")  # fmt: skip
+            raise ProgrammingError(
+                f"{control} is not a control table (there are: {', '.join(keys) or 'none'})"
+            )
         return tuple(keys[control])
 
     def apply_ddl(self, script: str | Iterable[t.Any]) -> DdlResult:
         """Cache DDL, all or nothing: sent as one script (the server applies it together)."""
         statements = parse(script) if isinstance(script, str) else list(script)
         self._session.execute(";\n".join(s.text for s in statements))
-        created = [s.name for s in statements
-                   if isinstance(s, CreateControlTable | CreateCachedView)]  # fmt: skip
+        created = [
+            s.name for s in statements if isinstance(s, CreateControlTable | CreateCachedView)
+        ]
         dropped = [s.name for s in statements if isinstance(s, DropCacheObject)]
         return DdlResult(created, dropped)
 
@@ -307,23 +320,29 @@ class ServerAdmin:
 
     def evict(self, control: str, keys: Iterable[t.Any]) -> Report:
         columns = ", ".join(ident(c) for c in self.control_key(control))
-        return self._report(f"DELETE FROM {ident(control)} WHERE ({columns}) IN "
-                            f"({_tuples(keys)})")  # fmt: skip
+        return self._report(f"DELETE FROM {ident(control)} WHERE ({columns}) IN ({_tuples(keys)})")
 
-    def refresh(self, view: str | None = None, keys: Iterable[t.Any] | None = None, *,
-                engine: str = "inline", spark_master: str | None = None) -> Report:  # fmt: skip
+    def refresh(
+        self,
+        view: str | None = None,
+        keys: Iterable[t.Any] | None = None,
+        *,
+        engine: str = "inline",
+        spark_master: str | None = None,
+    ) -> Report:
         session = self._session
         session.execute(f"SET mtcache.refresh_engine = {_literal(engine)}")
         session.execute(f"SET mtcache.spark_master = {_literal(spark_master or '')}")
-        statement = "REFRESH CACHED VIEWS" if view is None else \
-            f"REFRESH CACHED VIEW {ident(view)}"  # fmt: skip
+        statement = "REFRESH CACHED VIEWS" if view is None else f"REFRESH CACHED VIEW {ident(view)}"
         if keys is not None:
             statement += f" KEY {_tuples(keys)}"
         return self._report(statement)
 
     def wait_for_admissions(self) -> t.NoReturn:
-        raise NotSupportedError("background admissions are the cache server's: its status "
-                                "shows the regions once they are admitted")  # fmt: skip
+        raise NotSupportedError(
+            "background admissions are the cache server's: its status "
+            "shows the regions once they are admitted"
+        )
 
     def _report(self, statement: str) -> Report:
         result = self._session.execute(statement)

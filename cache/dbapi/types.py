@@ -30,6 +30,7 @@ STRING = DBAPITypeObject(
 )
 BINARY = DBAPITypeObject("BINARY", "bytea")
 NUMBER = DBAPITypeObject("NUMBER", "int2", "int4", "int8", "float4", "float8", "numeric", "oid")
-DATETIME = DBAPITypeObject("DATETIME", "date", "time", "timetz", "timestamp", "timestamptz",
-                           "interval")  # fmt: skip
+DATETIME = DBAPITypeObject(
+    "DATETIME", "date", "time", "timetz", "timestamp", "timestamptz", "interval"
+)
 ROWID = DBAPITypeObject("ROWID", "oid", "tid")

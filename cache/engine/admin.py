@@ -70,9 +70,14 @@ class Admin:
 
     @classmethod
     @contextmanager
-    def open(cls, cache_path: str | Path, backend: str | Dsn | None = None,
-             memory_limit: str | None = None, threads: int | None = None,
-             cache_size_limit: int | str | None = None) -> Iterator[Admin]:  # fmt: skip
+    def open(
+        cls,
+        cache_path: str | Path,
+        backend: str | Dsn | None = None,
+        memory_limit: str | None = None,
+        threads: int | None = None,
+        cache_size_limit: int | str | None = None,
+    ) -> Iterator[Admin]:
         """An administration session on a cache file (closed on exit). ``backend``: a DSN, or a
         callable giving one when an operation first needs the backend; ``memory_limit``,
         ``threads`` and ``cache_size_limit``: what the file's DuckDB may use and the cached

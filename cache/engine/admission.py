@@ -50,8 +50,9 @@ class Doorkeeper:
 
 
 class Admissions:
-    def __init__(self, store: CacheStore, dsn: Callable[[], str],
-                 doorkeeper_seconds: float | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, store: CacheStore, dsn: Callable[[], str], doorkeeper_seconds: float | None = None
+    ) -> None:
         self._store = store
         self._dsn = dsn
         self._queue: queue.Queue[Item | None] = queue.Queue()

@@ -59,8 +59,9 @@ def public(
     return decorate
 
 
-def _misfit(method: t.Callable[..., t.Any], self: t.Any, args: tuple[t.Any, ...],
-            kwargs: dict[str, t.Any]) -> ProgrammingError | None:  # fmt: skip
+def _misfit(
+    method: t.Callable[..., t.Any], self: t.Any, args: tuple[t.Any, ...], kwargs: dict[str, t.Any]
+) -> ProgrammingError | None:
     """The caller's error when the call itself does not fit the method's parameters (a
     misspelled option, a missing argument), else None: the TypeError came from below."""
     try:

@@ -107,10 +107,18 @@ class SessionOptions:
                 raise ProgrammingError(f"refresh_delays[{view!r}] must be a duration, not None")
             delays[view] = seconds
         if plan_choice not in PLAN_CHOICES:
-            raise ProgrammingError(f"plan_choice must be one of {', '.join(PLAN_CHOICES)}, "
-                                   f"not {plan_choice!r}")  # fmt: skip
-        return cls(bool(autocommit), bool(stale_ok), bool(admit_on_miss), bound, plan_choice,
-                   delays, context)  # fmt: skip
+            raise ProgrammingError(
+                f"plan_choice must be one of {', '.join(PLAN_CHOICES)}, not {plan_choice!r}"
+            )
+        return cls(
+            bool(autocommit),
+            bool(stale_ok),
+            bool(admit_on_miss),
+            bound,
+            plan_choice,
+            delays,
+            context,
+        )
 
 
 class Engine:
@@ -161,9 +169,16 @@ class Engine:
         self.statements = StatementCache()
         self.plans = PlanCache()
         self.admissions = Admissions(self.store, lambda: self.backend, doorkeeper_seconds)
-        self.memo = Memo(memo_for(self.store.path, result_memo_bytes), self.store.change_token,
-                         lookups_for(self.store.path), self.store.for_thread) \
-            if result_memo_bytes else None  # fmt: skip
+        self.memo = (
+            Memo(
+                memo_for(self.store.path, result_memo_bytes),
+                self.store.change_token,
+                lookups_for(self.store.path),
+                self.store.for_thread,
+            )
+            if result_memo_bytes
+            else None
+        )
         self.on_decision: Callable[[Plan, Decision], None] | None = None
         self.privileges = ReadPrivileges(backend, privilege_seconds)
         # more figures for `stats` from what serves the engine (the server's sessions ...)
@@ -302,24 +317,39 @@ class Engine:
         self.close()
 
 
-def _check_options(heartbeat: float | None, stream_lag_limit: int, result_memo_bytes: int,
-                   doorkeeper_seconds: float | None = None) -> None:  # fmt: skip
-    for name, seconds, none in (("heartbeat", heartbeat, "None"),
-                                ("doorkeeper_seconds", doorkeeper_seconds,
-                                 "None: admit on the first miss")):  # fmt: skip
-        if seconds is not None and (isinstance(seconds, bool) or not isinstance(
-                seconds, int | float) or not seconds > 0):  # fmt: skip
-            raise ProgrammingError(f"{name} must be a positive number of seconds (or {none}), "
-                                   f"not {seconds!r}")  # fmt: skip
-    if isinstance(stream_lag_limit, bool) or not isinstance(stream_lag_limit, int) \
-            or stream_lag_limit <= 0:  # fmt: skip
-        raise ProgrammingError(f"stream_lag_limit must be a positive number of bytes, "
-                               f"not {stream_lag_limit!r}")  # fmt: skip
-    if isinstance(result_memo_bytes, bool) or not isinstance(result_memo_bytes, int) \
-            or result_memo_bytes < 0:  # fmt: skip
+def _check_options(
+    heartbeat: float | None,
+    stream_lag_limit: int,
+    result_memo_bytes: int,
+    doorkeeper_seconds: float | None = None,
+) -> None:
+    for name, seconds, none in (
+        ("heartbeat", heartbeat, "None"),
+        ("doorkeeper_seconds", doorkeeper_seconds, "None: admit on the first miss"),
+    ):
+        if seconds is not None and (
+            isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0
+        ):
+            raise ProgrammingError(
+                f"{name} must be a positive number of seconds (or {none}), not {seconds!r}"
+            )
+    if (
+        isinstance(stream_lag_limit, bool)
+        or not isinstance(stream_lag_limit, int)
+        or stream_lag_limit <= 0
+    ):
+        raise ProgrammingError(
+            f"stream_lag_limit must be a positive number of bytes, not {stream_lag_limit!r}"
+        )
+    if (
+        isinstance(result_memo_bytes, bool)
+        or not isinstance(result_memo_bytes, int)
+        or result_memo_bytes < 0
+    ):
         raise ProgrammingError(
             f"result_memo_bytes must be a number of bytes >= 0 (0 turns the memo off), "
-            f"not {result_memo_bytes!r}")  # fmt: skip
+            f"not {result_memo_bytes!r}"
+        )
 
 
 def _first_catalog(backend: str, path: Path) -> t.Any:
@@ -346,8 +376,9 @@ def bound_seconds(
         try:
             return parse_duration(value)
         except SqlSyntaxError:
-            raise ProgrammingError(f"{what}: {value!r} is not a duration (write one like "
-                                   "'10 min')") from None  # fmt: skip
+            raise ProgrammingError(
+                f"{what}: {value!r} is not a duration (write one like '10 min')"
+            ) from None
     if isinstance(value, dt.timedelta):
         seconds = value.total_seconds()
     elif isinstance(value, int | float) and not isinstance(value, bool):

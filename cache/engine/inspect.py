@@ -23,20 +23,36 @@ from sql_ext.nodes import format_duration
 Columns = tuple[tuple[str, int], ...]
 
 LAST_STATEMENT: Columns = (
-    ("table", OID.text), ("route", OID.text), ("view", OID.text), ("regions", OID.text),
-    ("currency_seconds", OID.float8), ("snapshot_ids", OID.text), ("stale", OID.bool),
-)  # fmt: skip
+    ("table", OID.text),
+    ("route", OID.text),
+    ("view", OID.text),
+    ("regions", OID.text),
+    ("currency_seconds", OID.float8),
+    ("snapshot_ids", OID.text),
+    ("stale", OID.bool),
+)
 
 CACHED_VIEWS: Columns = (
-    ("name", OID.text), ("table", OID.text), ("consistency", OID.text), ("root", OID.text),
-    ("refresh", OID.text), ("rows", OID.int8), ("regions", OID.int8),
-    ("currency_seconds", OID.float8), ("last_refresh", OID.timestamptz),
-    ("next_refresh", OID.timestamptz), ("refresh_delay_seconds", OID.float8),
-)  # fmt: skip
+    ("name", OID.text),
+    ("table", OID.text),
+    ("consistency", OID.text),
+    ("root", OID.text),
+    ("refresh", OID.text),
+    ("rows", OID.int8),
+    ("regions", OID.int8),
+    ("currency_seconds", OID.float8),
+    ("last_refresh", OID.timestamptz),
+    ("next_refresh", OID.timestamptz),
+    ("refresh_delay_seconds", OID.float8),
+)
 
 CACHE_STATUS: Columns = (("name", OID.text), ("value", OID.text))
-CACHE_STATS: Columns = (("name", OID.text), ("labels", OID.text), ("value", OID.float8),
-                        ("kind", OID.text))  # fmt: skip
+CACHE_STATS: Columns = (
+    ("name", OID.text),
+    ("labels", OID.text),
+    ("value", OID.float8),
+    ("kind", OID.text),
+)
 
 
 EXPLAIN: Columns = (("QUERY PLAN", OID.text),)
@@ -47,8 +63,12 @@ def result_columns(route: Route) -> Columns | None:
     of it answers, and what the statement's result is made with): None when it returns no
     rows. Not for cached reads (their columns are the backend's description of the query)."""
     if isinstance(route, Inspection):
-        return {"last statement": LAST_STATEMENT, "cached views": CACHED_VIEWS,
-                "cache status": CACHE_STATUS, "cache stats": CACHE_STATS}[route.what]  # fmt: skip
+        return {
+            "last statement": LAST_STATEMENT,
+            "cached views": CACHED_VIEWS,
+            "cache status": CACHE_STATUS,
+            "cache stats": CACHE_STATS,
+        }[route.what]
     if isinstance(route, Explain):
         return EXPLAIN
     if isinstance(route, SessionSetting) and route.action == "show":
@@ -72,17 +92,27 @@ class Notice(str):
         return cls(message, json.dumps(detail, separators=(",", ":")))
 
 
-def rows_of(columns: Columns, rows: list[tuple[t.Any, ...]], status: str, *,
-            plan: Plan | None = None) -> Result:  # fmt: skip
+def rows_of(
+    columns: Columns, rows: list[tuple[t.Any, ...]], status: str, *, plan: Plan | None = None
+) -> Result:
     description = [(name, oid, None, None, None, None, None) for name, oid in columns]
     return Result(rows, description, status=status, plan=plan)
 
 
 def last_statement(provenance: Provenance) -> Result:
     """EXPLAIN LAST STATEMENT: one row per table access of the session's last statement."""
-    rows = [(a.table, a.route, a.view, _json([list(k) for k in a.regions]),
-             a.currency_seconds, _json(list(a.snapshot_ids)), a.stale)
-            for a in provenance]  # fmt: skip
+    rows = [
+        (
+            a.table,
+            a.route,
+            a.view,
+            _json([list(k) for k in a.regions]),
+            a.currency_seconds,
+            _json(list(a.snapshot_ids)),
+            a.stale,
+        )
+        for a in provenance
+    ]
     return rows_of(LAST_STATEMENT, rows, "EXPLAIN")
 
 
@@ -98,10 +128,21 @@ def cached_views(document: dict[str, t.Any], zone: dt.tzinfo) -> Result:
             refresh = f"with {view['refresh_follows']}"
         else:
             refresh = "on demand"
-        rows.append((view["name"], view["table"], view["consistency"], view["root"], refresh,
-                     view["rows"], view["region_count"], view["oldest_region_seconds"],
-                     _moment(view["last_refresh"], zone), _moment(view["next_refresh"], zone),
-                     view["refresh_delay_seconds"]))  # fmt: skip
+        rows.append(
+            (
+                view["name"],
+                view["table"],
+                view["consistency"],
+                view["root"],
+                refresh,
+                view["rows"],
+                view["region_count"],
+                view["oldest_region_seconds"],
+                _moment(view["last_refresh"], zone),
+                _moment(view["next_refresh"], zone),
+                view["refresh_delay_seconds"],
+            )
+        )
     return rows_of(CACHED_VIEWS, rows, f"SHOW {len(rows)}")
 
 
@@ -131,14 +172,17 @@ def provenance_notice(provenance: Provenance) -> Notice:
     """The NOTICE of ``mtcache.provenance``: a line per access, the provenance as JSON in its
     detail (docs/json-outputs.md's shape)."""
     said = "; ".join(
-        f"{a.table}: {a.route}" + (f" via {a.view}" if a.view else "")
-        + (f", {a.currency_seconds:.1f}s old" if a.route == "local"
-           and a.currency_seconds is not None else "")
+        f"{a.table}: {a.route}"
+        + (f" via {a.view}" if a.view else "")
+        + (
+            f", {a.currency_seconds:.1f}s old"
+            if a.route == "local" and a.currency_seconds is not None
+            else ""
+        )
         + (" (stale)" if a.stale else "")
         for a in provenance
-    )  # fmt: skip
-    return Notice.with_detail(f"{PROVENANCE_NOTICE}{said or 'no table read'}",
-                              provenance.to_json())  # fmt: skip
+    )
+    return Notice.with_detail(f"{PROVENANCE_NOTICE}{said or 'no table read'}", provenance.to_json())
 
 
 def _json(value: t.Any) -> str:

@@ -49,8 +49,7 @@ class Owner(t.Protocol):
     store: CacheStore
     state: SessionState
 
-    def answered_from_lane(self, decision: Decision,
-                           lineage: Callable[[], Provenance]) -> None: ...  # fmt: skip
+    def answered_from_lane(self, decision: Decision, lineage: Callable[[], Provenance]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -91,8 +90,11 @@ class Lane:
         """`rows` of the lookup's key: its one key's value, or the tuple of its keys' values,
         each of the lane's `types` (which the caller checked)."""
         session = self.session
-        if session.closed or session.engine.on_decision is not None or \
-                not session.store.unchanged_since(self.version):  # fmt: skip
+        if (
+            session.closed
+            or session.engine.on_decision is not None
+            or not session.store.unchanged_since(self.version)
+        ):
             return None
         try:
             now = session.state.now(wait=False)
@@ -105,6 +107,5 @@ class Lane:
         if found is None:
             return None
         decision = self.decision
-        session.answered_from_lane(decision,
-                                   lambda: Provenance.of(decision._replace(now=now)))  # fmt: skip
+        session.answered_from_lane(decision, lambda: Provenance.of(decision._replace(now=now)))
         return self.convert(found)

@@ -32,7 +32,8 @@ PRIVILEGE_SECONDS = 1.0  # how long what a role may read is taken as known
 _READABLE = (
     "SELECT n, coalesce((SELECT has_table_privilege(%s, c.oid, 'SELECT') "
     "AND NOT c.relrowsecurity FROM pg_catalog.pg_class c WHERE c.oid = to_regclass(n)), false) "
-    "FROM unnest(%s::text[]) AS n")  # fmt: skip
+    "FROM unnest(%s::text[]) AS n"
+)
 
 
 def login_role(dsn: str) -> str:
@@ -59,8 +60,9 @@ class ReadPrivileges:
         """Whether the backend was asked what ``role`` may read (by this process)."""
         return role in self._known
 
-    def holds_until(self, role: str, relations: Iterable[str], wait: bool = True,
-                    last_known: bool = False) -> float | None:  # fmt: skip
+    def holds_until(
+        self, role: str, relations: Iterable[str], wait: bool = True, last_known: bool = False
+    ) -> float | None:
         """Until when (`time.monotonic`) ``role`` may read all ``relations`` locally; None:
         it may not (the backend answers). ``wait=False``: `WouldWait` when the backend must be
         asked; ``last_known``: the last answer, however old (the backend is unreachable)."""
@@ -87,8 +89,9 @@ class ReadPrivileges:
             self._known[role] = (until, readable)
         return until if all(readable.get(n, False) for n in names) else None
 
-    def _answer(self, role: str, names: frozenset[str],
-                last_known: bool = False) -> float | t.Literal[False] | None:  # fmt: skip
+    def _answer(
+        self, role: str, names: frozenset[str], last_known: bool = False
+    ) -> float | t.Literal[False] | None:
         """`holds_until` from what is known (as old as it may be with ``last_known``);
         False: the backend must be asked."""
         known = self._known.get(role)

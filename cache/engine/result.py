@@ -43,8 +43,19 @@ class Result:
     """One statement's outcome. ``rows`` is None when the statement returns no rows (an
     INSERT, a SET); ``rowcount`` is -1 when nothing tells it."""
 
-    __slots__ = ("_columns", "_description", "_provenance", "_shape", "_status", "_types_of",
-                 "executed", "notices", "plan", "rowcount", "rows")  # fmt: skip
+    __slots__ = (
+        "_columns",
+        "_description",
+        "_provenance",
+        "_shape",
+        "_status",
+        "_types_of",
+        "executed",
+        "notices",
+        "plan",
+        "rowcount",
+        "rows",
+    )
 
     def __init__(
         self,
@@ -59,7 +70,7 @@ class Result:
         executed: Executed | None = None,
         provenance: Provenance | Callable[[], Provenance] = NO_PROVENANCE,
         notices: list[str] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.rows = rows
         self._description = description
         self._shape = shape  # the backend's result, described when first read
@@ -104,8 +115,10 @@ class Result:
             typed = self._shape or self._types_of
             if typed is not None and self.description is not None:
                 names = [d[0] for d in self.description]
-                self._columns = tuple(Column(name, oid, mod) for name, (oid, mod)
-                                      in zip(names, typed.types, strict=True))  # fmt: skip
+                self._columns = tuple(
+                    Column(name, oid, mod)
+                    for name, (oid, mod) in zip(names, typed.types, strict=True)
+                )
             elif self.description is not None:
                 self._columns = tuple(Column(d[0], d[1]) for d in self.description)
         return self._columns
@@ -137,12 +150,17 @@ class Result:
 
 
 # psycopg's test for "the statement returned rows" (Cursor.description), on a result
-_ROW_STATUSES = frozenset((pq.ExecStatus.TUPLES_OK, pq.ExecStatus.SINGLE_TUPLE,
-                           pq.ExecStatus.TUPLES_CHUNK))  # fmt: skip
+_ROW_STATUSES = frozenset(
+    (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.SINGLE_TUPLE, pq.ExecStatus.TUPLES_CHUNK)
+)
 
 
-def of_cursor(cur: psycopg.Cursor[t.Any], *, executed: Executed | None = None,
-              notices: list[str] | None = None) -> Result:  # fmt: skip
+def of_cursor(
+    cur: psycopg.Cursor[t.Any],
+    *,
+    executed: Executed | None = None,
+    notices: list[str] | None = None,
+) -> Result:
     """The result of the statement a psycopg cursor just ran (its rows fetched)."""
     found = cur.pgresult
     if found is not None and (found.nfields or found.status in _ROW_STATUSES):
@@ -151,8 +169,11 @@ def of_cursor(cur: psycopg.Cursor[t.Any], *, executed: Executed | None = None,
     return no_rows(cur.statusmessage, cur.rowcount, notices, executed)
 
 
-def no_rows(status: str | None = None, rowcount: int = -1, notices: list[str] | None = None,
-            executed: Executed | None = None) -> Result:  # fmt: skip
+def no_rows(
+    status: str | None = None,
+    rowcount: int = -1,
+    notices: list[str] | None = None,
+    executed: Executed | None = None,
+) -> Result:
     """The result of a statement that returns no rows."""
-    return Result(None, None, rowcount=rowcount, status=status, notices=notices,
-                  executed=executed)  # fmt: skip
+    return Result(None, None, rowcount=rowcount, status=status, notices=notices, executed=executed)

@@ -51,11 +51,32 @@ _EXTENSION_WORDS = {"CURRENCY", "TIMEORDERED", "CACHED", "CONTROL", "EXPLAIN"}
 # First words of statements that change no table: any other statement the parser cannot read
 # counts as a write to every table (read your writes must hold; stricter is safe). EXPLAIN is
 # not among them (EXPLAIN ANALYZE runs its statement), nor EXECUTE (a prepared write).
-_READ_ONLY_WORDS = frozenset({
-    "SELECT", "VALUES", "TABLE", "SHOW", "SET", "RESET", "BEGIN", "START", "COMMIT", "END",
-    "ROLLBACK", "ABORT", "SAVEPOINT", "RELEASE", "FETCH", "MOVE", "CLOSE", "LISTEN",
-    "UNLISTEN", "NOTIFY", "DISCARD", "DEALLOCATE",
-})  # fmt: skip
+_READ_ONLY_WORDS = frozenset(
+    {
+        "SELECT",
+        "VALUES",
+        "TABLE",
+        "SHOW",
+        "SET",
+        "RESET",
+        "BEGIN",
+        "START",
+        "COMMIT",
+        "END",
+        "ROLLBACK",
+        "ABORT",
+        "SAVEPOINT",
+        "RELEASE",
+        "FETCH",
+        "MOVE",
+        "CLOSE",
+        "LISTEN",
+        "UNLISTEN",
+        "NOTIFY",
+        "DISCARD",
+        "DEALLOCATE",
+    }
+)
 _WRITES = (exp.Insert, exp.Update, exp.Delete, exp.Merge)
 # words of a statement that may change the role the backend checks reads as (SET ROLE, SET
 # SESSION AUTHORIZATION, RESET ALL, DISCARD ALL, set_config('role', ...)), over-approximately
@@ -70,19 +91,24 @@ def may_change_role(sql: str) -> bool:
 
 # what a statement may leave in the backend session that a pooled connection cannot carry to
 # another (`cache.backend.session_pool`): the session is pinned to its connection
-_PINS = [(re.compile(pattern, re.IGNORECASE), why) for pattern, why in (
-    (r"\b(TEMP|TEMPORARY)\s+(TABLE|SEQUENCE|VIEW|RECURSIVE\s+VIEW)\b", "a temporary relation"),
-    (r"\bINTO\s+(TEMP|TEMPORARY|UNLOGGED\s+TEMP)\b", "a temporary relation"),
-    (r"\bpg_temp\b", "a temporary object"),
-    (r"^\s*LISTEN\b", "LISTEN"),
-    (r"\bpg_(try_)?advisory_lock", "a session advisory lock"),
-    (r"\bWITH\s+HOLD\b", "a WITH HOLD cursor"),
-    (r"^\s*PREPARE\b", "a prepared statement (PREPARE)"),
-    (r"^\s*LOAD\b", "a loaded library"),
-    (r"^\s*(SET|RESET)\s+(SESSION\s+|LOCAL\s+)?(ROLE|SESSION\s+AUTHORIZATION)\b",
-     "a role change"),
-    (r"set_config\s*\(\s*'(role|session_authorization)'", "a role change"),
-)]  # fmt: skip
+_PINS = [
+    (re.compile(pattern, re.IGNORECASE), why)
+    for pattern, why in (
+        (r"\b(TEMP|TEMPORARY)\s+(TABLE|SEQUENCE|VIEW|RECURSIVE\s+VIEW)\b", "a temporary relation"),
+        (r"\bINTO\s+(TEMP|TEMPORARY|UNLOGGED\s+TEMP)\b", "a temporary relation"),
+        (r"\bpg_temp\b", "a temporary object"),
+        (r"^\s*LISTEN\b", "LISTEN"),
+        (r"\bpg_(try_)?advisory_lock", "a session advisory lock"),
+        (r"\bWITH\s+HOLD\b", "a WITH HOLD cursor"),
+        (r"^\s*PREPARE\b", "a prepared statement (PREPARE)"),
+        (r"^\s*LOAD\b", "a loaded library"),
+        (
+            r"^\s*(SET|RESET)\s+(SESSION\s+|LOCAL\s+)?(ROLE|SESSION\s+AUTHORIZATION)\b",
+            "a role change",
+        ),
+        (r"set_config\s*\(\s*'(role|session_authorization)'", "a role change"),
+    )
+]
 # statements that may change a session-level setting a pooled connection must carry over
 _SETTING = re.compile(r"^\s*(SET|RESET|DISCARD)\b|set_config", re.IGNORECASE)
 # statements after which the backend session holds none of the server's prepared statements
@@ -142,13 +168,11 @@ class Passthrough(_ToBackend):
     changes_catalog: bool = False  # backend DDL: the shadow catalog must be read again
 
 
-
 @dataclass(frozen=True)
 class Write(_ToBackend):
     sql: str
     tables: frozenset[str] | None  # None: the parser could not name them (counts as all)
     changes_catalog: bool = False
-
 
 
 @dataclass(frozen=True)
@@ -219,8 +243,9 @@ def route(
     if isinstance(statement, Timeline):
         return TimelineBracket(statement.begin)
     if isinstance(statement, SessionBound):
-        return SessionSetting(statement.action, "mtcache.currency_bound",
-                              statement.bound_seconds, "currency_bound")  # fmt: skip
+        return SessionSetting(
+            statement.action, "mtcache.currency_bound", statement.bound_seconds, "currency_bound"
+        )
     if isinstance(statement, CacheSetting):
         return SessionSetting(statement.action, statement.name, statement.value, statement.name)
     if isinstance(statement, Inspect):
@@ -233,8 +258,7 @@ def route(
     extended = statement.has_currency_clause or statement.explain is not None
     if statement.is_select and statement.explain is None:  # reads: the hot path first
         if tree.find(*_WRITES) is not None:  # WITH d AS (DELETE ... RETURNING ...) SELECT
-            return Write(statement.backend_sql if extended else operation,
-                         _written_tables(tree))  # fmt: skip
+            return Write(statement.backend_sql if extended else operation, _written_tables(tree))
         if statement.has_currency_clause or session_bound:
             return CachedRead(statement)
         return Passthrough(operation, reads=statement)
@@ -272,11 +296,14 @@ def explain_options(text: str) -> ExplainOptions:
     if cache:
         others = [w for w in words if w != "CACHE" and w.split()[:1] != ["FORMAT"]]
         if others:
-            raise NotSupportedError(f"EXPLAIN (CACHE) shows the cache's plan, which has no "
-                                    f"{others[0].split()[0]}: drop it, or drop CACHE to ask "
-                                    "the backend")  # fmt: skip
-        if any(w.split()[:1] == ["FORMAT"] and w.split()[1:] not in (["TEXT"], ["JSON"])
-               for w in words):  # fmt: skip
+            raise NotSupportedError(
+                f"EXPLAIN (CACHE) shows the cache's plan, which has no "
+                f"{others[0].split()[0]}: drop it, or drop CACHE to ask "
+                "the backend"
+            )
+        if any(
+            w.split()[:1] == ["FORMAT"] and w.split()[1:] not in (["TEXT"], ["JSON"]) for w in words
+        ):
             raise NotSupportedError("EXPLAIN (CACHE) gives FORMAT TEXT or FORMAT JSON")
     return ExplainOptions(cache, json)
 
@@ -388,8 +415,9 @@ class StatementCache:
                 self._entries[key] = (statement, routed, (schema_version, session_bound))
         return routed
 
-    def _entry(self, operation: str,
-               with_params: bool) -> tuple[Statement | None, Route | None, t.Any]:  # fmt: skip
+    def _entry(
+        self, operation: str, with_params: bool
+    ) -> tuple[Statement | None, Route | None, t.Any]:
         entries = self._entries
         key = (operation, with_params)
         with self._lock:

@@ -113,11 +113,17 @@ class Session:
     presence key in the background."""
 
     @_public
-    def __init__(self, engine: Engine, options: SessionOptions | None = None, *,
-                 backend_parameters: t.Mapping[str, str] | None = None,
-                 backend_credentials: t.Mapping[str, str] | None = None,
-                 connect: bool = True, time_zone: str | None = None,
-                 pool: SessionPool | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        engine: Engine,
+        options: SessionOptions | None = None,
+        *,
+        backend_parameters: t.Mapping[str, str] | None = None,
+        backend_credentials: t.Mapping[str, str] | None = None,
+        connect: bool = True,
+        time_zone: str | None = None,
+        pool: SessionPool | None = None,
+    ) -> None:
         """``backend_parameters``: the backend session's startup parameters (user,
         application_name, options, settings such as DateStyle); ``backend_credentials``: what
         logs it in as that user (libpq's password or SCRAM keys: secret, never shown);
@@ -174,8 +180,10 @@ class Session:
         self.backend_statements = 0
         self._last_zone = zone_named(time_zone) if time_zone else UTC  # `_zone`
         self._parameters = dict(backend_parameters or {})
-        self._pool_key = PoolKey(self._parameters.get("user") or engine.owner_role,
-                                 tuple(sorted(self._parameters.items())))  # fmt: skip
+        self._pool_key = PoolKey(
+            self._parameters.get("user") or engine.owner_role,
+            tuple(sorted(self._parameters.items())),
+        )
         self._credentials = dict(backend_credentials or {})
         # the role the backend checks the session's reads as (None: asked at the next local
         # read, after a statement that may have changed it: `_reader`)
@@ -196,23 +204,32 @@ class Session:
             clock = engine.heartbeat_clock if connect else self._process_clock
             self.state = SessionState(lambda: self._pg, self.store, clock, self._ran_own)
             self.planner = Planner(
-                self.store, engine.backend, choice=options.plan_choice,
-                given_delays=options.refresh_delays, plans=engine.plans,
+                self.store,
+                engine.backend,
+                choice=options.plan_choice,
+                given_delays=options.refresh_delays,
+                plans=engine.plans,
                 existing=lambda names: existing_relations(self._backend_session(), names),
                 temporary=lambda: temporary_relations(self._backend_session()),
-            )  # fmt: skip
+            )
         except BaseException:
             self._close_backend()
             self.store.close()
             engine.leave(self)
             raise
         # what RESET returns each setting to: its value when the session began
-        self._setting_defaults = {s.attribute: getattr(self, s.attribute)
-                                  for s in SETTINGS.values() if s.writable}  # fmt: skip
+        self._setting_defaults = {
+            s.attribute: getattr(self, s.attribute) for s in SETTINGS.values() if s.writable
+        }
         self._decisions = DecisionMemo()  # guard decisions while the regions and session stand
-        self.admin = Admin(self.store, lambda: engine.backend, admissions=engine.admissions,
-                           on_catalog=self.planner.use_catalog, lock=self.lock,
-                           counters=lambda: engine.counters(self.store))  # fmt: skip
+        self.admin = Admin(
+            self.store,
+            lambda: engine.backend,
+            admissions=engine.admissions,
+            on_catalog=self.planner.use_catalog,
+            lock=self.lock,
+            counters=lambda: engine.counters(self.store),
+        )
         self.closed = False
 
     # -- one statement -------------------------------------------------------------------------
@@ -225,10 +242,13 @@ class Session:
         if phases is not None:
             phases.start()
         store = self.store
-        route = self.engine.statements.route(sql, store.schema_version,
-                                             store.control_table_names,
-                                             self.currency_bound is not None,
-                                             params is not None)  # fmt: skip
+        route = self.engine.statements.route(
+            sql,
+            store.schema_version,
+            store.control_table_names,
+            self.currency_bound is not None,
+            params is not None,
+        )
         if isinstance(route, CachedRead):
             result = self._read(route.query, params)
             return self._noted(result, result.lineage)
@@ -242,8 +262,9 @@ class Session:
         if isinstance(route, Explain):
             plan = self.planner.prepare(route.query, params, self.currency_bound).plan
             lines = [json.dumps(plan.to_json())] if route.json else plan.render()
-            return inspect.rows_of(inspect.EXPLAIN, [(line,) for line in lines], "EXPLAIN",
-                                   plan=plan)  # fmt: skip
+            return inspect.rows_of(
+                inspect.EXPLAIN, [(line,) for line in lines], "EXPLAIN", plan=plan
+            )
         if isinstance(route, ControlEdit):
             self._last = NO_PROVENANCE  # the cache's own statements read no table
             return self._edit_control_table(route, params)
@@ -255,8 +276,9 @@ class Session:
             return self._setting_statement(route)
         self._last = NO_PROVENANCE
         if isinstance(route, Refresh):
-            report = self.admin.refresh(route.view, route.keys, engine=self.refresh_engine,
-                                        spark_master=self.spark_master)  # fmt: skip
+            report = self.admin.refresh(
+                route.view, route.keys, engine=self.refresh_engine, spark_master=self.spark_master
+            )
             return no_rows("REFRESH CACHED VIEW", notices=[_report_notice(report)])
         if isinstance(route, TimelineBracket):
             if route.begin:
@@ -313,8 +335,9 @@ class Session:
         self.last_route = "remote"
         return prepared, None
 
-    def _answer_at_hand(self, query: Query, params: Params,
-                        lane: bool = False) -> tuple[Result, Lane | None]:  # fmt: skip
+    def _answer_at_hand(
+        self, query: Query, params: Params, lane: bool = False
+    ) -> tuple[Result, Lane | None]:
         """The answer of a plan made before, whose guards keep it all local, from the result
         memo or a lookup index: no DuckDB statement, no backend, no lock another thread holds
         (an event loop may ask). Anything else: `WouldWait`, with nothing counted or kept, so
@@ -338,17 +361,24 @@ class Session:
         made = self._lane(prepared, decision, seen, params, readable) if lane else None
         return self._noted(result, result.lineage), made
 
-    def _lane(self, prepared: Prepared, decision: Decision, version: int, params: Params,
-              readable: float) -> Lane | None:  # fmt: skip
+    def _lane(
+        self, prepared: Prepared, decision: Decision, version: int, params: Params, readable: float
+    ) -> Lane | None:
         """The lane of a plan and decision that just answered at hand on the cache file at
         ``version`` (see `cache.engine.lane`), or None; ``readable``: until when
         (`time.monotonic`) the session's role may read it locally."""
         engine = self.engine
         memo = engine.memo
         lookups = memo.lookups if memo is not None else None
-        if memo is None or lookups is None or self.provenance_notices or \
-                self.state.timeline_active or engine.on_decision is not None or \
-                decision.misses != Misses() or prepared.plan.guards_read_parameters:  # fmt: skip
+        if (
+            memo is None
+            or lookups is None
+            or self.provenance_notices
+            or self.state.timeline_active
+            or engine.on_decision is not None
+            or decision.misses != Misses()
+            or prepared.plan.guards_read_parameters
+        ):
             return None
         compiled = compiled_for(prepared, decision)
         statement, shape = compiled.statement, compiled.lookup
@@ -369,16 +399,28 @@ class Session:
         if readable != math.inf:  # (what the role may read is asked again then)
             try:
                 until = self.state.now(wait=False) + dt.timedelta(
-                    seconds=readable - time.monotonic())  # fmt: skip
+                    seconds=readable - time.monotonic()
+                )
             except WouldWait:
                 return None
             expires = until if expires is None else min(expires, until)
-        return Lane(self, version, decision, expires, keys,
-                    all(isinstance(k, int) for k in keys), types, shape, lookups, token,
-                    result_shape[1])  # fmt: skip
+        return Lane(
+            self,
+            version,
+            decision,
+            expires,
+            keys,
+            all(isinstance(k, int) for k in keys),
+            types,
+            shape,
+            lookups,
+            token,
+            result_shape[1],
+        )
 
-    def _decide_and_run(self, prepared: Prepared, params: Params,
-                        stale: bool = False) -> tuple[Decision, Result | None]:  # fmt: skip
+    def _decide_and_run(
+        self, prepared: Prepared, params: Params, stale: bool = False
+    ) -> tuple[Decision, Result | None]:
         """Evaluate the guards and run what they keep local (whole or in part): the decision,
         and the result (None when they send it all to the backend). The guards and the rows
         they pass must come from one state of the cache file: a change committed in between
@@ -426,9 +468,12 @@ class Session:
         return self.planner.prepare(query, params, self.currency_bound)
 
     def decide(
-        self, prepared: Prepared, params: Params = None, ignore_currency: bool = False,
+        self,
+        prepared: Prepared,
+        params: Params = None,
+        ignore_currency: bool = False,
         regions: RegionState | None = None,
-    ) -> Decision:  # fmt: skip
+    ) -> Decision:
         """Evaluate the plan's guards (on ``regions``, else the file's current region
         state); a decision about current data counts its misses and requests the admissions
         that would fill them."""
@@ -437,9 +482,13 @@ class Session:
         return decision
 
     def _guard(
-        self, prepared: Prepared, params: Params, ignore_currency: bool = False,
-        regions: RegionState | None = None, wait: bool = True,
-    ) -> Decision:  # fmt: skip
+        self,
+        prepared: Prepared,
+        params: Params,
+        ignore_currency: bool = False,
+        regions: RegionState | None = None,
+        wait: bool = True,
+    ) -> Decision:
         """The guards' decision (`decide`'s, not counted; ``wait=False``: `WouldWait` when
         the regions' state or the clock must be read again)."""
         plan = prepared.plan
@@ -457,8 +506,9 @@ class Session:
                 memo.put(plan, params, regions, session, decision)
         return decision
 
-    def _counted(self, prepared: Prepared, decision: Decision,
-                 ignore_currency: bool = False) -> None:  # fmt: skip
+    def _counted(
+        self, prepared: Prepared, decision: Decision, ignore_currency: bool = False
+    ) -> None:
         """A decision about current data counts its misses and requests the admissions that
         would fill them; the engine's observer sees every decision."""
         plan = prepared.plan
@@ -474,7 +524,8 @@ class Session:
                 self._note_reads(plan, misses.admittable)
                 if self.admit_on_miss:
                     counters["deferred_admissions"] += self.engine.admissions.request(
-                        misses.admittable)
+                        misses.admittable
+                    )
         observer = self.engine.on_decision
         if observer is not None:
             observer(plan, decision)
@@ -485,9 +536,14 @@ class Session:
         return self._run(prepared, decision, params, self.store.committed_version())
 
     def _run(
-        self, prepared: Prepared, decision: Decision, params: Params, seen: int | None,
-        stale: bool = False, wait: bool = True,
-    ) -> Result | None:  # fmt: skip
+        self,
+        prepared: Prepared,
+        decision: Decision,
+        params: Params,
+        seen: int | None,
+        stale: bool = False,
+        wait: bool = True,
+    ) -> Result | None:
         """Run a local or mixed decision; None if the cache file changed since version
         ``seen``, on which the guards decided (None: they decided inside the transaction this
         runs in; the result memo, which holds the newest answers, is not used then).
@@ -495,8 +551,9 @@ class Session:
         store = self.store
         memo = self.engine.memo if seen is not None else None
         try:
-            ran = run_local(prepared, decision, params, store.con, self._leaf_fetcher, memo,
-                            self._zone(), wait)  # fmt: skip
+            ran = run_local(
+                prepared, decision, params, store.con, self._leaf_fetcher, memo, self._zone(), wait
+            )
         except psycopg.Error as exc:
             raise translate(exc, unreachable="a remote part of the query needs it") from exc
         except duckdb.Error as exc:
@@ -526,8 +583,14 @@ class Session:
             moment = read if moment is None else max(moment, read)
         if moment is not None and state.timeline_active:
             state.read_at(moment)
-        return Result(ran.rows, ran.description, types_of=described, plan=prepared.plan,
-                      executed=ran.executed, provenance=provenance)  # fmt: skip
+        return Result(
+            ran.rows,
+            ran.description,
+            types_of=described,
+            plan=prepared.plan,
+            executed=ran.executed,
+            provenance=provenance,
+        )
 
     def _answer_without_backend(
         self, query: Query, params: Params, down: BackendUnavailableError
@@ -537,8 +600,11 @@ class Session:
         bound = self.currency_bound
         prepared = self.planner.cached(query, params, bound)
         if prepared is None:
-            prepared = Prepared(self.planner.uncosted(query, params, bound), -1,
-                                relations=self.planner.relations(query))  # fmt: skip
+            prepared = Prepared(
+                self.planner.uncosted(query, params, bound),
+                -1,
+                relations=self.planner.relations(query),
+            )
         if self._readable_until(prepared, last_known=True) is None:
             raise down  # (its role was never seen allowed to read it: the backend decides)
         result: Result | None = None
@@ -547,22 +613,27 @@ class Session:
                 decision, result = self._decide_and_run(prepared, params, stale=True)
             except LocalUnfit as unfit:
                 raise BackendUnavailableError(
-                    f"{unfit}, and the backend is unreachable: {down}") from down  # fmt: skip
+                    f"{unfit}, and the backend is unreachable: {down}"
+                ) from down
         else:
             decision = self.decide(prepared, params, ignore_currency=True)
         if result is not None:
             for entry in result.provenance:
                 if entry.stale:
-                    bound = next(b.bound_seconds for b in decision.bindings or ()
-                                 if b.access.table == entry.table)  # fmt: skip
+                    bound = next(
+                        b.bound_seconds
+                        for b in decision.bindings or ()
+                        if b.access.table == entry.table
+                    )
                     result.notices.append(
                         f"{entry.table}: answered from {entry.view} "
                         f"{entry.currency_seconds:.1f}s old, beyond its bound of "
                         f"{bound:g}s: the backend is unreachable (stale_ok)"
-                    )  # fmt: skip
+                    )
             return result
-        raise BackendUnavailableError(f"{_needs_backend(prepared.plan, decision)}; {down}") \
-            from down  # fmt: skip
+        raise BackendUnavailableError(
+            f"{_needs_backend(prepared.plan, decision)}; {down}"
+        ) from down
 
     # -- other statements ----------------------------------------------------------------------
 
@@ -579,8 +650,9 @@ class Session:
             cur.execute(executed.backend_sql, params)  # type: ignore[arg-type]
             result = of_cursor(cur, executed=executed, notices=notices)
         except psycopg.Error as exc:
-            raise translate(exc, unreachable="the statement needs it: reconnect when it is "
-                            "back") from exc  # fmt: skip
+            raise translate(
+                exc, unreachable="the statement needs it: reconnect when it is back"
+            ) from exc
         finally:
             while self._notices:
                 notices.append(self._notices.pop(0))
@@ -597,8 +669,11 @@ class Session:
         columns = store.load_schema().control_tables[control].column_names
         tree = bind_literals(edit.query.tree, params)
         if edit.kind == "insert":
-            named = [folded(c) for c in tree.this.expressions] if isinstance(
-                tree.this, exp.Schema) else list(columns)  # fmt: skip
+            named = (
+                [folded(c) for c in tree.this.expressions]
+                if isinstance(tree.this, exp.Schema)
+                else list(columns)
+            )
             if sorted(named) != sorted(columns):
                 raise ProgrammingError(
                     f"INSERT INTO {control} must give exactly its control key "
@@ -637,8 +712,9 @@ class Session:
     def statement_notice(self) -> inspect.Notice | None:
         """The provenance NOTICE of the last statement, when the session asks for one
         (``mtcache.provenance``)."""
-        return inspect.provenance_notice(self.last_provenance()) \
-            if self.provenance_notices else None  # fmt: skip
+        return (
+            inspect.provenance_notice(self.last_provenance()) if self.provenance_notices else None
+        )
 
     def _noted(
         self, result: Result, lineage: Provenance | t.Callable[[], Provenance] | None = None
@@ -673,8 +749,10 @@ class Session:
         ``default``: also make it the value RESET returns to (a startup option)."""
         found = setting(name)
         if not found.writable:
-            raise CantChange(f'parameter "{name}" cannot be changed: it is the session\'s own '
-                             "(SET mtcache.min_position gives another cache's position)")
+            raise CantChange(
+                f'parameter "{name}" cannot be changed: it is the session\'s own '
+                "(SET mtcache.min_position gives another cache's position)"
+            )
         if value is None:
             chosen = self._setting_defaults[found.attribute]
         elif isinstance(value, str):
@@ -691,12 +769,12 @@ class Session:
         """What ``execute`` would do with the statement (`cache.engine.route`)."""
         store = self.store
         bound = self.currency_bound is not None
-        return self.engine.statements.route(sql, store.schema_version,
-                                            store.control_table_names, bound, with_params)
+        return self.engine.statements.route(
+            sql, store.schema_version, store.control_table_names, bound, with_params
+        )
 
     @_public
-    def read_locally(self, query: Query, params: Params = None,
-                     wait: bool = True) -> Result | None:  # fmt: skip
+    def read_locally(self, query: Query, params: Params = None, wait: bool = True) -> Result | None:
         """A query with currency clauses as far as the cache answers it: the result of a
         local or mixed plan (remote leaves fetched as ``execute`` fetches them), or None when
         the backend answers the whole statement: the caller sends ``query.backend_sql`` (the
@@ -757,10 +835,17 @@ class Session:
         """The presence regions a local answer read (`_note_reads`)."""
         if self.store.budget.limit is None:
             return  # (nothing on the hit path without a budget)
-        self._note_reads(plan, [(guard.control, key) for binding in decision.bindings or ()
-                                if (guard := binding.guard) is not None
-                                and guard.kind == "presence" and guard.control is not None
-                                for key, _ in binding.regions])  # fmt: skip
+        self._note_reads(
+            plan,
+            [
+                (guard.control, key)
+                for binding in decision.bindings or ()
+                if (guard := binding.guard) is not None
+                and guard.kind == "presence"
+                and guard.control is not None
+                for key, _ in binding.regions
+            ],
+        )
 
     def _note_reads(self, plan: Plan, reads: t.Sequence[tuple[str, t.Any]]) -> None:
         """Reads of presence keys - hits, and the misses that would admit them - each worth
@@ -784,8 +869,9 @@ class Session:
 
     # -- who reads (cache.engine.privileges) ------------------------------------------------
 
-    def _readable_until(self, prepared: Prepared, wait: bool = True,
-                        last_known: bool = False) -> float | None:  # fmt: skip
+    def _readable_until(
+        self, prepared: Prepared, wait: bool = True, last_known: bool = False
+    ) -> float | None:
         """Until when (`time.monotonic`) the session's role may read the statement's relations
         locally; None: the backend answers it (``wait=False``: `WouldWait` when that must be
         asked of the backend; ``last_known``: as last asked, the backend being down). While
@@ -1278,20 +1364,24 @@ class Session:
 def _session_settings(pg: psycopg.Connection[t.Any]) -> tuple[tuple[str, str], ...]:
     """The settings the backend session changed by SET (or set_config), as it holds them."""
     with pg.cursor() as cur:
-        cur.execute("SELECT name, setting FROM pg_settings WHERE source = 'session' "
-                    "ORDER BY name")  # fmt: skip
+        cur.execute("SELECT name, setting FROM pg_settings WHERE source = 'session' ORDER BY name")
         return tuple((str(n), str(v)) for n, v in cur.fetchall())
 
 
-def _replay_settings(pg: psycopg.Connection[t.Any], held: tuple[tuple[str, str], ...],
-                     wanted: tuple[tuple[str, str], ...]) -> None:  # fmt: skip
+def _replay_settings(
+    pg: psycopg.Connection[t.Any],
+    held: tuple[tuple[str, str], ...],
+    wanted: tuple[tuple[str, str], ...],
+) -> None:
     """A pooled connection's settings (``held``) made the session's (``wanted``)."""
     with pg.cursor() as cur:
         if held:
             cur.execute("RESET ALL")
         if wanted:
-            cur.execute("SELECT " + ", ".join(["set_config(%s, %s, false)"] * len(wanted)),
-                        [v for pair in wanted for v in pair])  # fmt: skip
+            cur.execute(
+                "SELECT " + ", ".join(["set_config(%s, %s, false)"] * len(wanted)),
+                [v for pair in wanted for v in pair],
+            )
 
 
 def _copy_leaf(
@@ -1304,15 +1394,19 @@ def _copy_leaf(
 
 def _report_notice(report: t.Any) -> inspect.Notice:
     """The NOTICE of an admission, eviction or refresh: what it did, its report as JSON."""
-    return inspect.Notice.with_detail(f"{report.operation}: {report.regions_counted} regions",
-                                      report.to_json())  # fmt: skip
+    return inspect.Notice.with_detail(
+        f"{report.operation}: {report.regions_counted} regions", report.to_json()
+    )
 
 
 def _route_words(route: Route) -> str:
     """What a statement of the cache's own is, for its errors."""
     if isinstance(route, Inspection):
-        return "EXPLAIN LAST STATEMENT" if route.what == "last statement" \
-            else f"SHOW {route.what.upper()}"  # fmt: skip
+        return (
+            "EXPLAIN LAST STATEMENT"
+            if route.what == "last statement"
+            else f"SHOW {route.what.upper()}"
+        )
     if isinstance(route, SessionSetting):
         return f"{route.action.upper()} {route.name}"
     if isinstance(route, Refresh):

@@ -40,8 +40,7 @@ def _flag(text: str, name: str) -> bool:
         return True
     if word in _FALSE:
         return False
-    raise ProgrammingError(f'parameter "{name}" requires a Boolean value (on or off), '
-                           f"not {text!r}")  # fmt: skip
+    raise ProgrammingError(f'parameter "{name}" requires a Boolean value (on or off), not {text!r}')
 
 
 def _bound(text: str, name: str) -> float | None:
@@ -60,8 +59,7 @@ def _bound(text: str, name: str) -> float | None:
 
 def _engine(text: str, name: str) -> str:
     if text not in ENGINES:
-        raise ProgrammingError(f'parameter "{name}" is one of {", ".join(ENGINES)}, '
-                               f"not {text!r}")  # fmt: skip
+        raise ProgrammingError(f'parameter "{name}" is one of {", ".join(ENGINES)}, not {text!r}')
     return text
 
 
@@ -79,8 +77,10 @@ def _moment(text: str, name: str) -> dt.datetime | None:
     except ValueError:
         moment = None
     if moment is None or moment.tzinfo is None:
-        raise ProgrammingError(f'parameter "{name}" takes a position as SHOW mtcache.position '
-                               f"gives it (a timestamp with its time zone), not {text!r}")
+        raise ProgrammingError(
+            f'parameter "{name}" takes a position as SHOW mtcache.position '
+            f"gives it (a timestamp with its time zone), not {text!r}"
+        )
     return moment.astimezone(dt.UTC)
 
 
@@ -96,33 +96,87 @@ def _show_bound(value: float | None) -> str:
     return format_duration(value) if value is not None else "none"
 
 
-SETTINGS: dict[str, Setting] = {s.name: s for s in (
-    Setting("currency_bound", "currency_bound", _bound, _show_bound,
+SETTINGS: dict[str, Setting] = {
+    s.name: s
+    for s in (
+        Setting(
+            "currency_bound",
+            "currency_bound",
+            _bound,
+            _show_bound,
             "the bound of every SELECT block without a clause of its own (none: such "
-            "reads go to the backend); also SET CURRENCY BOUND"),
-    Setting("provenance", "provenance_notices", _flag, show_flag,
+            "reads go to the backend); also SET CURRENCY BOUND",
+        ),
+        Setting(
+            "provenance",
+            "provenance_notices",
+            _flag,
+            show_flag,
             "a NOTICE after each statement saying where its rows came from (its detail: "
-            "the provenance as JSON)"),
-    Setting("stale_ok", "stale_ok", _flag, show_flag,
-            "answer from stale local data while the backend is down, with a notice"),
-    Setting("admit_on_miss", "admit_on_miss", _flag, show_flag,
-            "admit a missed presence key in the background"),
-    Setting("admit_empty", "admit_empty", _flag, show_flag,
+            "the provenance as JSON)",
+        ),
+        Setting(
+            "stale_ok",
+            "stale_ok",
+            _flag,
+            show_flag,
+            "answer from stale local data while the backend is down, with a notice",
+        ),
+        Setting(
+            "admit_on_miss",
+            "admit_on_miss",
+            _flag,
+            show_flag,
+            "admit a missed presence key in the background",
+        ),
+        Setting(
+            "admit_empty",
+            "admit_empty",
+            _flag,
+            show_flag,
             "INSERT into a presence control table admits keys the backend has no rows for "
-            "(as empty regions) instead of refusing them"),
-    Setting("refresh_engine", "refresh_engine", _engine, str,
-            f"what REFRESH CACHED VIEW pulls with ({', '.join(ENGINES)})"),
-    Setting("spark_master", "spark_master", _text_or_none, lambda v: v or "",
-            "the Spark master REFRESH CACHED VIEW uses (empty: local[*])"),
-    Setting("position", "position", _moment, _show_moment,
+            "(as empty regions) instead of refusing them",
+        ),
+        Setting(
+            "refresh_engine",
+            "refresh_engine",
+            _engine,
+            str,
+            f"what REFRESH CACHED VIEW pulls with ({', '.join(ENGINES)})",
+        ),
+        Setting(
+            "spark_master",
+            "spark_master",
+            _text_or_none,
+            lambda v: v or "",
+            "the Spark master REFRESH CACHED VIEW uses (empty: local[*])",
+        ),
+        Setting(
+            "position",
+            "position",
+            _moment,
+            _show_moment,
             "the newest backend moment the session has seen (its reads' data, its committed "
-            "writes): give it to another cache server as mtcache.min_position", writable=False),
-    Setting("min_position", "min_position", _moment, _show_moment,
+            "writes): give it to another cache server as mtcache.min_position",
+            writable=False,
+        ),
+        Setting(
+            "min_position",
+            "min_position",
+            _moment,
+            _show_moment,
             "no read answers from data older than this position (from mtcache.position of "
-            "another cache server in front of the same backend)"),
-    Setting("report_position", "report_position", _flag, show_flag,
-            "a ParameterStatus mtcache.position after each statement that moved it"),
-)}  # fmt: skip
+            "another cache server in front of the same backend)",
+        ),
+        Setting(
+            "report_position",
+            "report_position",
+            _flag,
+            show_flag,
+            "a ParameterStatus mtcache.position after each statement that moved it",
+        ),
+    )
+}
 
 
 def setting(name: str) -> Setting:
@@ -131,8 +185,9 @@ def setting(name: str) -> Setting:
     found = SETTINGS.get(short) if name.lower().startswith(PREFIX) else None
     if found is None:
         known = ", ".join(PREFIX + n for n in SETTINGS)
-        raise UnknownSetting(f'unrecognized configuration parameter "{name}": the cache\'s '
-                             f"settings are {known}")  # fmt: skip
+        raise UnknownSetting(
+            f'unrecognized configuration parameter "{name}": the cache\'s settings are {known}'
+        )
     return found
 
 

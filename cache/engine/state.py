@@ -25,10 +25,12 @@ OFFLINE_RETRY = 60.0  # seconds between measurement attempts while the backend i
 
 class SessionState:
     def __init__(
-        self, pg: t.Callable[[], psycopg.Connection[t.Any] | None], store: CacheStore,
+        self,
+        pg: t.Callable[[], psycopg.Connection[t.Any] | None],
+        store: CacheStore,
         heartbeat_clock: t.Callable[[bool], BackendClock | None] = lambda wait: None,
         ran: t.Callable[[], None] = lambda: None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self._pg = pg  # the session's backend connection now (None: the backend is down)
         self._ran = ran  # told of each statement this state runs on that connection
         self._store = store
@@ -87,16 +89,20 @@ class SessionState:
         if last is None:
             raise BackendUnavailableError(
                 "the backend is unreachable and this cache file has never measured its clock: "
-                "connect once while the backend is up")  # fmt: skip
+                "connect once while the backend is up"
+            )
         local = dt.datetime.now(dt.UTC)
         aged = max(0.0, (local - last.measured_at).total_seconds())
         pushed = dataclasses.replace(
-            last, offset_seconds=last.offset_seconds + DRIFT * max(aged, OFFLINE_RETRY),
-            measured_at=local)  # fmt: skip
+            last,
+            offset_seconds=last.offset_seconds + DRIFT * max(aged, OFFLINE_RETRY),
+            measured_at=local,
+        )
         return pushed, OFFLINE_RETRY
 
-    def _use_clock(self, clock: BackendClock, retry: float = CLOCK_MAX_AGE,
-                   save: bool = True) -> None:  # fmt: skip
+    def _use_clock(
+        self, clock: BackendClock, retry: float = CLOCK_MAX_AGE, save: bool = True
+    ) -> None:
         self.clock = clock
         self._offset = dt.timedelta(seconds=clock.offset_seconds)
         self._remeasure_at = clock.measured_at + dt.timedelta(seconds=retry)
@@ -188,8 +194,11 @@ class SessionState:
         """The newest backend moment the session has seen: of the data it read, of its
         committed writes, and any position it presented (None: nothing yet). Another cache
         given it (`require`) never answers the session from older data."""
-        moments = [m for m in (self.seen_at, self.unknown_written_at, self.min_position,
-                               self.timeline_floor) if m is not None]  # fmt: skip
+        moments = [
+            m
+            for m in (self.seen_at, self.unknown_written_at, self.min_position, self.timeline_floor)
+            if m is not None
+        ]
         moments += self.written_at.values()
         if self._remote_at is not None:
             moments.append(self._remote_at + self._offset)

@@ -34,8 +34,20 @@ from sql_ext.errors import DataError
 Row = tuple[t.Any, ...]
 Convert = Callable[[t.Any], t.Any]
 
-_INTEGERS = frozenset({"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT",
-                       "USMALLINT", "UINTEGER", "UBIGINT", "UHUGEINT"})  # fmt: skip
+_INTEGERS = frozenset(
+    {
+        "TINYINT",
+        "SMALLINT",
+        "INTEGER",
+        "BIGINT",
+        "HUGEINT",
+        "UTINYINT",
+        "USMALLINT",
+        "UINTEGER",
+        "UBIGINT",
+        "UHUGEINT",
+    }
+)
 _FLOATS = frozenset({"FLOAT", "DOUBLE"})
 
 
@@ -56,10 +68,16 @@ _SAME = {  # PostgreSQL type -> DuckDB types whose Python values psycopg's equal
 
 _DATETIMES = frozenset((OID.date, OID.timestamp, OID.timestamptz, OID.time))
 # what DuckDB's Python gives for infinity and -infinity: the same as for the extreme dates
-_EDGES = frozenset({
-    dt.date.max, dt.date.min, dt.datetime.max, dt.datetime.min,
-    dt.datetime.max.replace(tzinfo=dt.UTC), dt.datetime.min.replace(tzinfo=dt.UTC),
-})  # fmt: skip
+_EDGES = frozenset(
+    {
+        dt.date.max,
+        dt.date.min,
+        dt.datetime.max,
+        dt.datetime.min,
+        dt.datetime.max.replace(tzinfo=dt.UTC),
+        dt.datetime.min.replace(tzinfo=dt.UTC),
+    }
+)
 
 
 def _in_python_range(value: t.Any) -> t.Any:
@@ -167,7 +185,11 @@ def _padder(width: int) -> Convert:
 
 
 def column_converter(
-    oid: int, modifier: int, duck_type: str, width: int | None = None, scale: int | None = None,
+    oid: int,
+    modifier: int,
+    duck_type: str,
+    width: int | None = None,
+    scale: int | None = None,
     zone: dt.tzinfo = dt.UTC,
 ) -> Convert | None:
     """How a DuckDB value of ``duck_type`` becomes the value psycopg gives for PostgreSQL's
@@ -238,36 +260,49 @@ def converter(
     if outputs is None:
         outputs = tuple(range(len(duck_types)))
     if len(pg_types) != len(outputs):
-        return (f"DuckDB's result has {len(outputs)} columns, PostgreSQL's "
-                f"{len(pg_types)}")  # fmt: skip
+        return f"DuckDB's result has {len(outputs)} columns, PostgreSQL's {len(pg_types)}"
     makers: list[Callable[[Row], t.Any]] = []
     plain = True
     for index, ((oid, modifier), name, output) in enumerate(
         zip(pg_types, names, outputs, strict=True)
     ):
         if isinstance(output, int):
-            convert = column_converter(oid, modifier, duck_types[output],
-                                       (char_widths or {}).get(index),
-                                       (scales or {}).get(index), zone)  # fmt: skip
+            convert = column_converter(
+                oid,
+                modifier,
+                duck_types[output],
+                (char_widths or {}).get(index),
+                (scales or {}).get(index),
+                zone,
+            )
             if convert is None:
                 info = psycopg.postgres.types.get(oid)
-                return (f"DuckDB computes {name} as {duck_types[output]}, which cannot be "
-                        f"made exactly PostgreSQL's {info.name if info else oid}")  # fmt: skip
+                return (
+                    f"DuckDB computes {name} as {duck_types[output]}, which cannot be "
+                    f"made exactly PostgreSQL's {info.name if info else oid}"
+                )
             plain = plain and convert is _identity and output == len(makers)
             makers.append(_column(output, convert))
         elif output[0] == "scaled":
             _, value, scale = t.cast(tuple[str, int, int], output)
-            if oid != OID.numeric or duck_types[value].split("(")[0].upper() not in \
-                    _INTEGERS | {"DECIMAL"}:  # fmt: skip
+            if oid != OID.numeric or duck_types[value].split("(")[0].upper() not in _INTEGERS | {
+                "DECIMAL"
+            }:
                 return f"DuckDB computes {name} as {duck_types[value]}, not a numeric"
             plain = False
             makers.append(_scaled_by_row(value, scale))
         else:
             kind, numerator, denominator, top_scale, bottom_scale = t.cast(
-                tuple[str, int, int, t.Any, t.Any], output)
-            made = _division(oid, kind, numerator, denominator,
-                             (duck_types[numerator], duck_types[denominator]),
-                             (top_scale, bottom_scale))  # fmt: skip
+                tuple[str, int, int, t.Any, t.Any], output
+            )
+            made = _division(
+                oid,
+                kind,
+                numerator,
+                denominator,
+                (duck_types[numerator], duck_types[denominator]),
+                (top_scale, bottom_scale),
+            )
             if made is None:
                 return f"the cache cannot divide {name} as PostgreSQL does"
             plain = False
@@ -327,7 +362,11 @@ def _operand(duck_type: str, scale: t.Any) -> Callable[[t.Any, Row], t.Any] | No
 
 
 def _division(
-    oid: int, kind: str, numerator: int, denominator: int, duck_types: tuple[str, str],
+    oid: int,
+    kind: str,
+    numerator: int,
+    denominator: int,
+    duck_types: tuple[str, str],
     scales: tuple[t.Any, t.Any] = (0, 0),
 ) -> Callable[[Row], t.Any] | None:
     """An output the cache divides: numeric division as PostgreSQL's (`pg_numeric`), or a

@@ -38,9 +38,13 @@ class DecisionMemo:
         self._on: tuple[RegionState | None, Session | None] = (None, None)
 
     def get(
-        self, plan: Plan, parameters: t.Any, state: RegionState, session: Session,
+        self,
+        plan: Plan,
+        parameters: t.Any,
+        state: RegionState,
+        session: Session,
         clock: Callable[[], dt.datetime],
-    ) -> Decision | None:  # fmt: skip
+    ) -> Decision | None:
         """The decision kept for ``plan`` and ``parameters``, valid now (``clock``: the
         backend's clock); or None. A remote decision is returned as it was made, without
         reading the clock: it holds until the state or the session changes, and nothing reads
@@ -66,9 +70,13 @@ class DecisionMemo:
         return decision._replace(now=now)
 
     def put(
-        self, plan: Plan, parameters: t.Any, state: RegionState, session: Session,
+        self,
+        plan: Plan,
+        parameters: t.Any,
+        state: RegionState,
+        session: Session,
         decision: Decision,
-    ) -> None:  # fmt: skip
+    ) -> None:
         if self._on[0] is not state or self._on[1] is not session:
             return  # decided on another state: not kept
         key = _key(plan, parameters)

@@ -35,12 +35,23 @@ from sql_ext.params import Params, values_for
 
 # DuckDB result types and the PostgreSQL type codes a DB-API description reports for them.
 _PG_NAMES = {
-    "BOOLEAN": "bool", "SMALLINT": "int2", "INTEGER": "int4", "BIGINT": "int8",
-    "HUGEINT": "numeric", "FLOAT": "float4", "DOUBLE": "float8", "DECIMAL": "numeric",
-    "VARCHAR": "text", "DATE": "date", "TIME": "time", "TIMESTAMP": "timestamp",
-    "TIMESTAMP WITH TIME ZONE": "timestamptz", "UUID": "uuid", "BLOB": "bytea",
+    "BOOLEAN": "bool",
+    "SMALLINT": "int2",
+    "INTEGER": "int4",
+    "BIGINT": "int8",
+    "HUGEINT": "numeric",
+    "FLOAT": "float4",
+    "DOUBLE": "float8",
+    "DECIMAL": "numeric",
+    "VARCHAR": "text",
+    "DATE": "date",
+    "TIME": "time",
+    "TIMESTAMP": "timestamp",
+    "TIMESTAMP WITH TIME ZONE": "timestamptz",
+    "UUID": "uuid",
+    "BLOB": "bytea",
     "INTERVAL": "interval",
-}  # fmt: skip
+}
 
 # the leaves to fetch, each (SQL, its (column, DuckDB type)s, the parameters its placeholders
 # name) -> their Arrow tables, in order
@@ -121,20 +132,28 @@ def compiled_for(prepared: Prepared, decision: Decision) -> Compiled:
         leaves = tuple(leaf.sql for _, leaf in statement.leaves)
         views = tuple(sorted({v for v in choice.values() if v is not None}))
         analysis = prepared.plan.analysis
-        memo_key = (analysis.query.shape, statement.sql) if analysis.repeatable and not \
-            statement.leaves else None  # fmt: skip
-        lookup = lookup_shape(statement.sql, statement.names) if memo_key is not None \
-            and not statement.lists and not statement.zone else None  # fmt: skip
-        compiled = Compiled(statement, Executed(duckdb_sql=statement.sql, leaves=leaves), views,
-                            memo_key, lookup)  # fmt: skip
+        memo_key = (
+            (analysis.query.shape, statement.sql)
+            if analysis.repeatable and not statement.leaves
+            else None
+        )
+        lookup = (
+            lookup_shape(statement.sql, statement.names)
+            if memo_key is not None and not statement.lists and not statement.zone
+            else None
+        )
+        compiled = Compiled(
+            statement, Executed(duckdb_sql=statement.sql, leaves=leaves), views, memo_key, lookup
+        )
         prepared.compiled[signature] = compiled
     return compiled
 
 
 def _same_choice(a: Mapping[int, str | None], b: Mapping[int, str | None]) -> bool:
     """Whether two choices read the same (an access missing from one reads its leaf)."""
-    return {k: v for k, v in a.items() if v is not None} == \
-        {k: v for k, v in b.items() if v is not None}  # fmt: skip
+    return {k: v for k, v in a.items() if v is not None} == {
+        k: v for k, v in b.items() if v is not None
+    }
 
 
 def run_local(
@@ -194,9 +213,13 @@ def run_local(
 
 
 def _looked_up(
-    compiled: Compiled, shape: LookupShape, lookups: LookupIndexes, token: tuple[int, ...],
-    values: list[t.Any], zone: Zone,
-) -> Result | None:  # fmt: skip
+    compiled: Compiled,
+    shape: LookupShape,
+    lookups: LookupIndexes,
+    token: tuple[int, ...],
+    values: list[t.Any],
+    zone: Zone,
+) -> Result | None:
     """The answer of a lookup index, when it has one and DuckDB's answer to these parameter
     types was converted before (the conversion is made from DuckDB's result columns)."""
     result_shape = compiled.results.get((zone, *map(type, values)))
@@ -213,8 +236,10 @@ def checks_values(statement: LocalStatement, types: Sequence[type]) -> bool:
     """Whether `_check_parameters` may refuse some values of these types (in the order of
     ``statement.keys``): a string read as a typed value, any timestamp with time zone."""
     typed = dict(zip(statement.keys, types, strict=True))
-    return any(kind == "timestamptz" or issubclass(typed.get(key, type(None)), str)
-               for key, kind in statement.typed_parameters)  # fmt: skip
+    return any(
+        kind == "timestamptz" or issubclass(typed.get(key, type(None)), str)
+        for key, kind in statement.typed_parameters
+    )
 
 
 def _check_parameters(statement: LocalStatement, values: list[t.Any]) -> None:
@@ -222,13 +247,15 @@ def _check_parameters(statement: LocalStatement, values: list[t.Any]) -> None:
     by_key = dict(zip(statement.keys, values, strict=True))
     for key, kind in statement.typed_parameters:
         value = by_key.get(key)
-        if kind == "timestamptz" and not (isinstance(value, dt.datetime)
-                                          and value.tzinfo is not None):  # fmt: skip
+        if kind == "timestamptz" and not (
+            isinstance(value, dt.datetime) and value.tzinfo is not None
+        ):
             # PostgreSQL places anything else in the session's zone, DuckDB in its own
             raise LocalUnfit("a parameter meets a timestamp with time zone without one")
         if isinstance(value, str) and not reads_alike(kind, value):
-            raise LocalUnfit(f"the parameter {value[:30]!r} is read as {kind} differently by "
-                             "DuckDB")  # fmt: skip
+            raise LocalUnfit(
+                f"the parameter {value[:30]!r} is read as {kind} differently by DuckDB"
+            )
 
 
 def _run(
@@ -252,8 +279,9 @@ def _run(
         assert fetcher is not None
         fetch = fetcher()
         leaf_params = named or None  # a statement without placeholders: its leaves have none
-        tables = fetch([(leaf.sql, list(leaf.columns), leaf_params)
-                        for _, leaf in statement.leaves])  # fmt: skip
+        tables = fetch(
+            [(leaf.sql, list(leaf.columns), leaf_params) for _, leaf in statement.leaves]
+        )
         duck.complete()  # a result some fetchone() left open would block register() (DuckDB 2)
     registered: list[str] = []
     try:
@@ -261,20 +289,24 @@ def _run(
             duck.register(name, table)
             registered.append(name)
         try:
-            cursor = duck.execute(compiled.prepared, named) if named else duck.execute(
-                compiled.prepared)  # fmt: skip
+            cursor = (
+                duck.execute(compiled.prepared, named) if named else duck.execute(compiled.prepared)
+            )
             rows = cursor.fetchall()
-        except (duckdb.OutOfRangeException, duckdb.ConversionException,
-                duckdb.InvalidInputException) as exc:
+        except (
+            duckdb.OutOfRangeException,
+            duckdb.ConversionException,
+            duckdb.InvalidInputException,
+        ) as exc:
             # PostgreSQL raises its own error (or, for an overflow DuckDB's types have and
             # PostgreSQL's numerics do not, answers): the backend answers, as it would
             raise LocalUnfit(f"DuckDB: {first_line(exc)}") from exc
         types = (zone, *map(type, values))
         shape = compiled.results.get(types)
         if shape is None:
-            shape = compiled.results[types] = _result_shape(prepared, compiled,
-                                                            cursor.description or [],
-                                                            zone.info)  # fmt: skip
+            shape = compiled.results[types] = _result_shape(
+                prepared, compiled, cursor.description or [], zone.info
+            )
     finally:
         for name in registered:
             duck.unregister(name)
@@ -283,7 +315,9 @@ def _run(
 
 
 def _result_shape(
-    prepared: Prepared, compiled: Compiled, duck_columns: Sequence[tuple[t.Any, ...]],
+    prepared: Prepared,
+    compiled: Compiled,
+    duck_columns: Sequence[tuple[t.Any, ...]],
     zone: dt.tzinfo = dt.UTC,
 ) -> ResultShape:
     """The description and row conversion of a local answer: PostgreSQL's, as the backend
@@ -294,9 +328,15 @@ def _result_shape(
         return describe(named), _unchanged
     names = [d[0] for d in prepared.description]
     analysis = prepared.plan.analysis
-    convert = converter(prepared.result.types, names, duck_types, compiled.statement.outputs,
-                        analysis.semantics.output_widths,
-                        analysis.semantics.output_scales, zone)  # fmt: skip
+    convert = converter(
+        prepared.result.types,
+        names,
+        duck_types,
+        compiled.statement.outputs,
+        analysis.semantics.output_widths,
+        analysis.semantics.output_scales,
+        zone,
+    )
     if isinstance(convert, str):
         raise LocalUnfit(convert)
     return prepared.description, convert

@@ -53,9 +53,17 @@ _VALUE_BYTES = 40  # a boxed value of an integer or a short text
 
 # the DuckDB types of key columns and the one Python type a parameter must have to be looked up
 _KEY_TYPES: dict[str, type] = {
-    "TINYINT": int, "SMALLINT": int, "INTEGER": int, "BIGINT": int, "HUGEINT": int,
-    "UTINYINT": int, "USMALLINT": int, "UINTEGER": int, "UBIGINT": int, "VARCHAR": str,
-}  # fmt: skip
+    "TINYINT": int,
+    "SMALLINT": int,
+    "INTEGER": int,
+    "BIGINT": int,
+    "HUGEINT": int,
+    "UTINYINT": int,
+    "USMALLINT": int,
+    "UINTEGER": int,
+    "UBIGINT": int,
+    "VARCHAR": str,
+}
 
 Row = tuple[t.Any, ...]
 
@@ -86,18 +94,40 @@ def lookup_shape(sql: str, names: Sequence[str]) -> LookupShape | None:
         return None
     if not isinstance(tree, exp.Select) or not isinstance(tree.args.get("from_"), exp.From):
         return None
-    if any(tree.args.get(k) for k in ("with_", "joins", "group", "having", "order", "limit",
-                                      "offset", "distinct", "qualify", "windows", "laterals",
-                                      "kind", "hint", "exclude", "operation_modifiers")):
-        return None  # fmt: skip
+    if any(
+        tree.args.get(k)
+        for k in (
+            "with_",
+            "joins",
+            "group",
+            "having",
+            "order",
+            "limit",
+            "offset",
+            "distinct",
+            "qualify",
+            "windows",
+            "laterals",
+            "kind",
+            "hint",
+            "exclude",
+            "operation_modifiers",
+        )
+    ):
+        return None
     source = tree.args["from_"].this
-    if not isinstance(source, exp.Table) or source.args.get("joins") or \
-            not isinstance(source.this, exp.Identifier):  # fmt: skip
+    if (
+        not isinstance(source, exp.Table)
+        or source.args.get("joins")
+        or not isinstance(source.this, exp.Identifier)
+    ):
         return None
     for column in tree.expressions:
         inner = column.this if isinstance(column, exp.Alias) else column
-        if not (isinstance(inner, exp.Star) or (isinstance(inner, exp.Column)
-                and isinstance(inner.this, exp.Identifier | exp.Star))):  # fmt: skip
+        if not (
+            isinstance(inner, exp.Star)
+            or (isinstance(inner, exp.Column) and isinstance(inner.this, exp.Identifier | exp.Star))
+        ):
             return None
     where = tree.args.get("where")
     if where is None:
@@ -110,16 +140,18 @@ def lookup_shape(sql: str, names: Sequence[str]) -> LookupShape | None:
         left, right = term.this, term.expression
         if isinstance(left, exp.Placeholder):
             left, right = right, left
-        if not isinstance(left, exp.Column) or not isinstance(right, exp.Placeholder) or \
-                not isinstance(left.this, exp.Identifier) or \
-                str(right.this) not in names:  # fmt: skip
+        if (
+            not isinstance(left, exp.Column)
+            or not isinstance(right, exp.Placeholder)
+            or not isinstance(left.this, exp.Identifier)
+            or str(right.this) not in names
+        ):
             return None
         keys.append(left)
         params.append(names.index(str(right.this)))
     if len(set(params)) != len(params) or len({k.sql("duckdb") for k in keys}) != len(keys):
         return None
-    present = exp.and_(*(exp.Not(this=exp.Is(this=k.copy(), expression=exp.Null()))
-                         for k in keys))  # fmt: skip
+    present = exp.and_(*(exp.Not(this=exp.Is(this=k.copy(), expression=exp.Null())) for k in keys))
     build = tree.copy()
     build.set("expressions", [k.copy() for k in keys] + [c.copy() for c in tree.expressions])
     build.set("where", exp.Where(this=present))
@@ -156,14 +188,14 @@ class LookupIndexes:
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._closed = False
 
-    def rows(self, shape: LookupShape, token: tuple[int, ...],
-             values: Sequence[t.Any]) -> list[Row] | None:  # fmt: skip
+    def rows(
+        self, shape: LookupShape, token: tuple[int, ...], values: Sequence[t.Any]
+    ) -> list[Row] | None:
         """The rows the statement would return for these parameter values, if its index is
         built at ``token`` and the values have the keys' types; else None."""
         return self.key_rows(shape, token, shape.key(values))
 
-    def key_rows(self, shape: LookupShape, token: tuple[int, ...],
-                 key: t.Any) -> list[Row] | None:  # fmt: skip
+    def key_rows(self, shape: LookupShape, token: tuple[int, ...], key: t.Any) -> list[Row] | None:
         """`rows` of the value of the shape's one key, or the tuple of its keys' values."""
         index = self._indexes.get(shape)
         if index is None or index.token != token:
@@ -191,16 +223,26 @@ class LookupIndexes:
         index = self._indexes.get(shape)
         return index is not None and index.token == token
 
-    def ran(self, shape: LookupShape, token: tuple[int, ...], duck: duckdb.DuckDBPyConnection,
-            values: Sequence[t.Any], handle: Callable[[], CacheStore]) -> None:  # fmt: skip
+    def ran(
+        self,
+        shape: LookupShape,
+        token: tuple[int, ...],
+        duck: duckdb.DuckDBPyConnection,
+        values: Sequence[t.Any],
+        handle: Callable[[], CacheStore],
+    ) -> None:
         """DuckDB ran the shape on ``duck`` with these parameter values: build its index,
         missing or stale, once it has run often enough, here or on a handle of its own
         (``handle()``, closed after)."""
         with self._lock:
             index = self._indexes.get(shape)
-            if self._closed or shape in self._building or self._refused.get(shape) == token \
-                    or (index is not None and index.token == token) \
-                    or time.monotonic() < self._not_before.get(shape, 0.0):  # fmt: skip
+            if (
+                self._closed
+                or shape in self._building
+                or self._refused.get(shape) == token
+                or (index is not None and index.token == token)
+                or time.monotonic() < self._not_before.get(shape, 0.0)
+            ):
                 return  # (a current index did not take these values' types)
             uses = self._uses[shape] = self._uses.get(shape, 0) + 1
             if uses < USES_BEFORE_BUILD:
@@ -216,7 +258,8 @@ class LookupIndexes:
                 with self._lock:
                     if self._pool is None:
                         self._pool = concurrent.futures.ThreadPoolExecutor(
-                            1, thread_name_prefix="mtcache-lookup")  # fmt: skip
+                            1, thread_name_prefix="mtcache-lookup"
+                        )
                     self._pool.submit(self._build_apart, shape, token, count, handle())
                 apart = True
             else:
@@ -229,8 +272,9 @@ class LookupIndexes:
                 with self._lock:
                     self._building.discard(shape)
 
-    def _build_apart(self, shape: LookupShape, token: tuple[int, ...], count: int,
-                     store: CacheStore) -> None:  # fmt: skip
+    def _build_apart(
+        self, shape: LookupShape, token: tuple[int, ...], count: int, store: CacheStore
+    ) -> None:
         try:
             with contextlib.closing(store):
                 self._build(shape, token, count, store.con, apart=True)
@@ -246,22 +290,30 @@ class LookupIndexes:
         with self._lock:
             self._refused[shape] = token
 
-    def _build(self, shape: LookupShape, token: tuple[int, ...], count: int,
-               duck: duckdb.DuckDBPyConnection, apart: bool = False) -> None:  # fmt: skip
+    def _build(
+        self,
+        shape: LookupShape,
+        token: tuple[int, ...],
+        count: int,
+        duck: duckdb.DuckDBPyConnection,
+        apart: bool = False,
+    ) -> None:
         started = time.monotonic()
         relation = duck.sql(shape.build_sql)
         width = len(shape.params)
         kinds = [str(k) for k in relation.types]
         types = tuple(_KEY_TYPES.get(k) for k in kinds[:width])
         size = count * (_ENTRY_BYTES + _VALUE_BYTES * (len(kinds) - width))
-        if any(k is None for k in types) or any("TIME ZONE" in k for k in kinds) \
-                or size > self.max_bytes // 2:  # fmt: skip
+        if (
+            any(k is None for k in types)
+            or any("TIME ZONE" in k for k in kinds)
+            or size > self.max_bytes // 2
+        ):
             self._refuse(shape, token)
             return
         # DuckDB's own Python values, as its answer to the statement has them
         read = relation.fetchall()
-        keys: Sequence[Hashable] = [r[0] for r in read] if width == 1 else \
-            [r[:width] for r in read]  # fmt: skip
+        keys: Sequence[Hashable] = [r[0] for r in read] if width == 1 else [r[:width] for r in read]
         rows = [r[width:] for r in read]
         del read
         index: dict[Hashable, t.Any] = dict(zip(keys, rows, strict=True))
@@ -281,7 +333,8 @@ class LookupIndexes:
                 return
             if apart:  # a large view that keeps changing is not indexed again and again
                 self._not_before[shape] = time.monotonic() + REBUILD_SPACING * (
-                    time.monotonic() - started)  # fmt: skip
+                    time.monotonic() - started
+                )
             old = self._indexes.pop(shape, None)
             if old is not None:
                 self.used -= old.size

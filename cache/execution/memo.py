@@ -36,8 +36,9 @@ class ResultMemo:
         )
         self._lock = threading.Lock()
 
-    def get(self, key: Hashable, token: tuple[int, ...],
-            count_miss: bool = True) -> tuple[t.Any, list[t.Any]] | None:  # fmt: skip
+    def get(
+        self, key: Hashable, token: tuple[int, ...], count_miss: bool = True
+    ) -> tuple[t.Any, list[t.Any]] | None:
         """The description and rows kept under ``key`` at ``token``, or None (counted as a
         miss unless the caller asks again where it may wait)."""
         with self._lock:
@@ -49,8 +50,9 @@ class ResultMemo:
             self.hits += 1
             return entry[1], entry[2]
 
-    def put(self, key: Hashable, token: tuple[int, ...], description: t.Any,
-            rows: list[t.Any]) -> None:  # fmt: skip
+    def put(
+        self, key: Hashable, token: tuple[int, ...], description: t.Any, rows: list[t.Any]
+    ) -> None:
         size = _estimate(rows)
         if size > self.max_bytes // 8:  # one answer never takes most of the memo
             return

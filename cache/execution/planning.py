@@ -116,12 +116,16 @@ class PlanCache:
 
 class Planner:
     def __init__(
-        self, store: CacheStore, dsn: str, delay: float = DEFAULT_DELAY, choice: str = "cost",
+        self,
+        store: CacheStore,
+        dsn: str,
+        delay: float = DEFAULT_DELAY,
+        choice: str = "cost",
         existing: t.Callable[[list[str]], dict[str, bool]] | None = None,
         temporary: t.Callable[[], set[str]] | None = None,
         given_delays: t.Mapping[str, float] | None = None,
         plans: PlanCache | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.store = store
         self.dsn = dsn
         # which relation names the session's backend connection resolves (temporary tables
@@ -168,8 +172,10 @@ class Planner:
         describe (by written name, with its SQL name): a system catalog, a temporary table, a
         table off the search path, a name with ``%%`` run with parameters. Those it resolves,
         the catalog names outside, read from the backend as they are."""
-        names = {written: sql.replace("%%", "%") if with_params else sql
-                 for written, sql in unknown.items()}  # fmt: skip
+        names = {
+            written: sql.replace("%%", "%") if with_params else sql
+            for written, sql in unknown.items()
+        }
         if self.existing is None or len(self.catalog.outside) >= MAX_OUTSIDE:
             return False
         found = self.existing(list(names.values()))
@@ -186,12 +192,16 @@ class Planner:
         """The statement's table references the catalog lacks: written name -> SQL name (a
         backend view's body is not searched: its first unknown name comes as an error)."""
         catalog = self.catalog
-        return {source.written: source.sql_name for block in query.analysis.blocks
-                for source in block.sources
-                if source.is_table and source.table is not None
-                and source.written not in catalog.outside
-                and catalog.table(source.table, source.schema) is None
-                and catalog.view(source.table, source.schema) is None}  # fmt: skip
+        return {
+            source.written: source.sql_name
+            for block in query.analysis.blocks
+            for source in block.sources
+            if source.is_table
+            and source.table is not None
+            and source.written not in catalog.outside
+            and catalog.table(source.table, source.schema) is None
+            and catalog.view(source.table, source.schema) is None
+        }
 
     def delays(self, wait: bool = True) -> tuple[tuple[str, float], ...]:
         """The views' measured refresh delays d (§4.6), rounded up to a hundredth of a second
@@ -203,8 +213,9 @@ class Planner:
             if not wait:
                 raise WouldWait("the views' delays are read again")
             measured = {**measured_delays(self.store), **self.given_delays}.items()
-            rounded = tuple(sorted((view, math.ceil(delay * 100) / 100)
-                                   for view, delay in measured))  # fmt: skip
+            rounded = tuple(
+                sorted((view, math.ceil(delay * 100) / 100) for view, delay in measured)
+            )
             self._delays = (version, rounded)
         return self._delays[1]
 
@@ -217,8 +228,9 @@ class Planner:
         self._tables_of.clear()
         self._plans.clear()
 
-    def prepare(self, query: Query, params: Params, default_bound: float | None = None,
-                wait: bool = True) -> Prepared:  # fmt: skip
+    def prepare(
+        self, query: Query, params: Params, default_bound: float | None = None, wait: bool = True
+    ) -> Prepared:
         """The plan of a statement shape, from the plan cache while the schema is unchanged;
         ``default_bound``: the session's currency bound for blocks without a clause;
         ``wait=False``: `WouldWait` unless the plan is cached."""
@@ -226,16 +238,18 @@ class Planner:
         version = self.store.schema_version
         delays = self.delays(wait)
         prepared = self._plans.get(key)
-        if prepared is not None and prepared.schema_version == version \
-                and prepared.delays == delays:  # fmt: skip
+        if (
+            prepared is not None
+            and prepared.schema_version == version
+            and prepared.delays == delays
+        ):
             return prepared
         if not wait:
             raise WouldWait("the statement is planned")
         with_params = params is not None
         analysis = self._analyze(query, with_params, default_bound)
         plan, result, costed = self._plan(analysis, params)
-        prepared = Prepared(plan, version, result, delays=delays,
-                            relations=self.relations(query))  # fmt: skip
+        prepared = Prepared(plan, version, result, delays=delays, relations=self.relations(query))
         if costed:  # a plan made without the backend is not kept
             # (the key again: naming relations outside the catalog changed it)
             self._plans.put(self._key(query, params, default_bound), prepared)
@@ -261,11 +275,21 @@ class Planner:
         """Its result types are DuckDB's, so it reads no char(n) column (whose padding only
         the backend's description gives back)."""
         if analysis.reads_blank_padded and analysis.local_allowed:
-            analysis = dataclasses.replace(analysis, local_blocker=(
-                "it reads a char(n) column and the backend, which describes the result, is "
-                "unreachable"))  # fmt: skip
-        inputs = PlanInputs(self.store.load_schema(), self.catalog, None, self.delay,
-                            delays=self.delays(), choice=self.choice)  # fmt: skip
+            analysis = dataclasses.replace(
+                analysis,
+                local_blocker=(
+                    "it reads a char(n) column and the backend, which describes the result, is "
+                    "unreachable"
+                ),
+            )
+        inputs = PlanInputs(
+            self.store.load_schema(),
+            self.catalog,
+            None,
+            self.delay,
+            delays=self.delays(),
+            choice=self.choice,
+        )
         return plan_query(analysis, inputs, with_params=with_params)
 
     def _analyze(self, query: Query, with_params: bool, default_bound: float | None) -> Analysis:
@@ -313,8 +337,9 @@ class Planner:
         schema = self.store.load_schema()
         with_params = params is not None
         if analysis.outside:  # nothing to cost: PostgreSQL answers it on the session's connection
-            inputs = PlanInputs(schema, self.catalog, None, self.delay, delays=self.delays(),
-                                choice=self.choice)  # fmt: skip
+            inputs = PlanInputs(
+                schema, self.catalog, None, self.delay, delays=self.delays(), choice=self.choice
+            )
             return plan_query(analysis, inputs, with_params=with_params), None, True
         values = values_for(analysis.keys, params)  # psycopg's errors for wrong parameters
         named = dict(zip(map(duckdb_name, analysis.keys), values, strict=True))
@@ -325,8 +350,9 @@ class Planner:
                 self.dsn,
                 [(wanted.statement, params), *((sql, named or None) for sql in wanted.leaves)],
             )
-            result = describe_result(self.dsn, wanted.statement, params) if query.is_select \
-                else None  # fmt: skip
+            result = (
+                describe_result(self.dsn, wanted.statement, params) if query.is_select else None
+            )
         except BackendUnavailableError:
             return self._uncosted(analysis, with_params), None, False
         inputs = PlanInputs(
@@ -342,21 +368,35 @@ class Planner:
         return plan_query(analysis, inputs, with_params=with_params, initial=initial), result, True
 
     def _result_problem(
-        self, plan: Plan, statement: LocalStatement, *, result: ResultShape | None,
+        self,
+        plan: Plan,
+        statement: LocalStatement,
+        *,
+        result: ResultShape | None,
         named: dict[str, t.Any],
-    ) -> str | None:  # fmt: skip
+    ) -> str | None:
         """Why DuckDB's answer to the plan's statement could not be PostgreSQL's, or None."""
         if result is None:
             return "the backend does not describe its result"
         try:
             types = duckdb_result_types(self.store.con, statement, named)
-        except (duckdb.BinderException, duckdb.CatalogException, duckdb.ParserException,
-                duckdb.NotImplementedException) as exc:  # a function DuckDB lacks, ...
+        except (
+            duckdb.BinderException,
+            duckdb.CatalogException,
+            duckdb.ParserException,
+            duckdb.NotImplementedException,
+        ) as exc:  # a function DuckDB lacks, ...
             return f"DuckDB cannot run it: {first_line(exc)}"
         names = [d[0] for d in result.description()]
         semantics = plan.analysis.semantics
-        found = converter(result.types, names, types, statement.outputs, semantics.output_widths,
-                          semantics.output_scales)  # fmt: skip
+        found = converter(
+            result.types,
+            names,
+            types,
+            statement.outputs,
+            semantics.output_widths,
+            semantics.output_scales,
+        )
         return found if isinstance(found, str) else None
 
     # -- the tables a statement reads ----------------------------------------------------------
@@ -364,13 +404,18 @@ class Planner:
     def relations(self, query: Query) -> frozenset[str]:
         """The relations a statement names (tables, views) and the base tables it reads, as
         SQL names the backend resolves (schema-qualified where the catalog knows them)."""
-        named = {source.table for block in query.analysis.blocks for source in block.sources
-                 if source.is_table and source.table is not None}  # fmt: skip
+        named = {
+            source.table
+            for block in query.analysis.blocks
+            for source in block.sources
+            if source.is_table and source.table is not None
+        }
         catalog, found = self.catalog, set()
         for name in named.union(self.base_tables(query)):
             known = catalog.table(name) or catalog.view(name)
-            found.add(qualified(known.schema, name) if known is not None and known.schema
-                      else ident(name))  # fmt: skip
+            found.add(
+                qualified(known.schema, name) if known is not None and known.schema else ident(name)
+            )
         return frozenset(found)
 
     def base_tables(self, query: Query) -> list[str]:
@@ -385,8 +430,12 @@ class Planner:
         try:
             tables = [i.table for i in normalize_constraint(query, self.catalog).instances]
         except CatalogError:
-            return [source.table for block in query.analysis.blocks for source in block.sources
-                    if source.is_table and source.table is not None]  # fmt: skip
+            return [
+                source.table
+                for block in query.analysis.blocks
+                for source in block.sources
+                if source.is_table and source.table is not None
+            ]
         self._remember_tables(query, tables)
         return tables
 

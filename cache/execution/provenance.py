@@ -85,11 +85,20 @@ class Provenance(Sequence[AccessProvenance]):
     @classmethod
     def from_json(cls, document: list[dict[str, t.Any]]) -> Provenance:
         """The provenance `to_json` gave (a cache server's NOTICE carries it)."""
-        return cls(tuple(AccessProvenance(
-            table=e["table"], route=e["route"], view=e["view"],
-            regions=tuple(tuple(k) for k in e["regions"]),
-            currency_seconds=e["currency_seconds"], snapshot_ids=tuple(e["snapshot_ids"]),
-            stale=e["stale"]) for e in document))  # fmt: skip
+        return cls(
+            tuple(
+                AccessProvenance(
+                    table=e["table"],
+                    route=e["route"],
+                    view=e["view"],
+                    regions=tuple(tuple(k) for k in e["regions"]),
+                    currency_seconds=e["currency_seconds"],
+                    snapshot_ids=tuple(e["snapshot_ids"]),
+                    stale=e["stale"],
+                )
+                for e in document
+            )
+        )
 
     def __getitem__(self, index: int) -> AccessProvenance:  # type: ignore[override]
         return self.accesses[index]

@@ -47,10 +47,21 @@ def apply_pull(
     it, when evicting cannot make room)."""
     with store.transaction() as con:
         snapshot_id = begin_apply(con, snapshot, engine)
-        changed = apply_rows(con, schema, omega, staged, admitted,
-                             [snapshot.backend_time, snapshot_id], report)  # fmt: skip
-        end_apply(store, schema, snapshot_id, changed, enabled_faults, report, admitted, age,
-                  then, strict_budget)  # fmt: skip
+        changed = apply_rows(
+            con, schema, omega, staged, admitted, [snapshot.backend_time, snapshot_id], report
+        )
+        end_apply(
+            store,
+            schema,
+            snapshot_id,
+            changed,
+            enabled_faults,
+            report,
+            admitted,
+            age,
+            then,
+            strict_budget,
+        )
     report.snapshot_id = snapshot_id
     report.backend_time = snapshot.backend_time
 
@@ -58,7 +69,8 @@ def apply_pull(
 def begin_apply(con: duckdb.DuckDBPyConnection, snapshot: Snapshot, engine: str) -> int:
     """Inside the apply transaction: the operation's snapshot recorded; its id."""
     [(snapshot_id,)] = con.execute(
-        "SELECT coalesce(max(snapshot_id), 0) + 1 FROM mtcache.snapshots").fetchall()
+        "SELECT coalesce(max(snapshot_id), 0) + 1 FROM mtcache.snapshots"
+    ).fetchall()
     con.execute(
         "INSERT INTO mtcache.snapshots (snapshot_id, backend_time, pg_snapshot, engine, "
         "applied_at) VALUES (?, ?, ?, ?, now())",
@@ -80,8 +92,9 @@ def apply_rows(
     backend time and snapshot id); the views whose rows it changed. Several pulls of one
     snapshot may be applied one after the other (an admission in pieces)."""
     for control, values in admitted.items():
-        _insert_control_rows(con, control, schema.control_tables[control].column_names,
-                             values, stamp)  # fmt: skip
+        _insert_control_rows(
+            con, control, schema.control_tables[control].column_names, values, stamp
+        )
     changed = []
     for name in schema.topological_order():
         view = schema.views[name]
@@ -112,12 +125,12 @@ def apply_rows(
             continue
         con.execute(f"DELETE FROM {ident(name)}")
         con.register("mtcache_staged", rows)
-        con.execute(f"INSERT INTO {ident(name)} ({idents(rows.column_names)}) "
-                    f"SELECT * FROM mtcache_staged")  # fmt: skip
+        con.execute(
+            f"INSERT INTO {ident(name)} ({idents(rows.column_names)}) SELECT * FROM mtcache_staged"
+        )
         con.unregister("mtcache_staged")
         # (its view state says when: a presence-controlled one's copies are pulled once)
-        con.execute("INSERT OR REPLACE INTO mtcache.view_state VALUES (?, ?, ?)",
-                    [owner, *stamp])  # fmt: skip
+        con.execute("INSERT OR REPLACE INTO mtcache.view_state VALUES (?, ?, ?)", [owner, *stamp])
     return changed
 
 
@@ -138,8 +151,10 @@ def end_apply(
     con = store.con
     changed = list(dict.fromkeys(changed))  # (in the order applied; pieces repeat views)
     faults.hit("before_commit", enabled_faults)
-    con.execute("UPDATE mtcache.snapshots SET views = ?, delay_seconds = ? "
-                "WHERE snapshot_id = ?", [changed, age(), snapshot_id])  # fmt: skip
+    con.execute(
+        "UPDATE mtcache.snapshots SET views = ?, delay_seconds = ? WHERE snapshot_id = ?",
+        [changed, age(), snapshot_id],
+    )
     store.changed(changed)
     if then is not None:
         then(con, snapshot_id)
@@ -163,14 +178,16 @@ def _insert_control_rows(
         staged = pa.table({f"k{i}": [r[i] for r in rows] for i in range(len(columns))})
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
         marks = ", ".join("?" for _ in columns)
-        con.executemany(f"{target} VALUES ({marks}, ?, ?) ON CONFLICT DO NOTHING",
-                        [[*r, *stamp] for r in rows])  # fmt: skip
+        con.executemany(
+            f"{target} VALUES ({marks}, ?, ?) ON CONFLICT DO NOTHING", [[*r, *stamp] for r in rows]
+        )
         return
     con.register("mtcache_admitted", staged)
     try:
         names = ", ".join(f"k{i}" for i in range(len(columns)))
-        con.execute(f"{target} SELECT {names}, ?, ? FROM mtcache_admitted "
-                    "ON CONFLICT DO NOTHING", stamp)  # fmt: skip
+        con.execute(
+            f"{target} SELECT {names}, ?, ? FROM mtcache_admitted ON CONFLICT DO NOTHING", stamp
+        )
     finally:
         con.unregister("mtcache_admitted")
 
@@ -215,17 +232,21 @@ def _stamp_regions(
         if region.control is None or region.control not in schema.control_tables:
             continue
         stamped.setdefault((region.control, _control_columns(view, region)), []).append(
-            region.values)
+            region.values
+        )
     for (control, columns), values in stamped.items():  # one statement per control key
         with keys_listed(con, "c", columns, values) as listed:
-            con.execute(f"UPDATE {ident(control)} c SET refreshed_at = ?, snapshot_id = ? "
-                        f"WHERE {listed}", stamp)  # fmt: skip
+            con.execute(
+                f"UPDATE {ident(control)} c SET refreshed_at = ?, snapshot_id = ? WHERE {listed}",
+                stamp,
+            )
     if rows is None or rows.num_rows == 0:
         return
     for edge in view.presence:
         if edge.control in schema.control_tables:
-            _insert_control_rows(con, edge.control, edge.control_columns,
-                                 distinct_rows(rows, edge.columns), stamp)  # fmt: skip
+            _insert_control_rows(
+                con, edge.control, edge.control_columns, distinct_rows(rows, edge.columns), stamp
+            )
 
 
 def _control_columns(view: CachedView, region: Region) -> tuple[str, ...]:

@@ -67,9 +67,11 @@ def within_budget(
     protected_keys = {(c, k) for c, keys in protected.items() for k in keys}
     excluded = set(protected_keys)
     while total > limit:
-        held = [h for h in _held(con, schema, budget.widths, budget.hits.worths,
-                                 budget.hits.half_life)
-                if (h.control, h.key) not in excluded]  # fmt: skip
+        held = [
+            h
+            for h in _held(con, schema, budget.widths, budget.hits.worths, budget.hits.half_life)
+            if (h.control, h.key) not in excluded
+        ]
         chosen = victims(held, total - target)
         if not chosen:
             break
@@ -92,7 +94,8 @@ def within_budget(
                 f"cache_size_limit of {limit:,}, with every region it may evict gone "
                 f"({admitted:,} bytes are the regions being admitted, {fixed:,} fully "
                 "materialized views and copies); nothing was changed. Raise "
-                "cache_size_limit, or admit fewer keys")
+                "cache_size_limit, or admit fewer keys"
+            )
         amounts["budget_overruns"] = 1
     count_in(con, amounts)
     if touched:
@@ -110,9 +113,13 @@ def _nothing(control: str, keys: list[Key]) -> list[tuple[float, float]]:
 Worth = t.Callable[[str, list[Key]], list[tuple[float, float]]]
 
 
-def _held(con: duckdb.DuckDBPyConnection, schema: CacheSchema,
-          widths: Mapping[str, tuple[int, float]], worth: Worth,
-          window: float) -> list[Held]:  # fmt: skip
+def _held(
+    con: duckdb.DuckDBPyConnection,
+    schema: CacheSchema,
+    widths: Mapping[str, tuple[int, float]],
+    worth: Worth,
+    window: float,
+) -> list[Held]:
     """Every presence region the budget may evict, with its rows, bytes (``widths``: each
     view's bytes per row, `data_bytes`') and worth."""
     found: list[Held] = []
@@ -120,23 +127,28 @@ def _held(con: duckdb.DuckDBPyConnection, schema: CacheSchema,
         if view.is_fully_materialized:
             continue
         width = widths.get(view.name, (0, 0.0))[1]
-        refreshes = refreshes_per_window(view.refresh_seconds, window,
-                                         schema.continuous(view.name))  # fmt: skip
+        refreshes = refreshes_per_window(view.refresh_seconds, window, schema.continuous(view.name))
         kept = _inside_complete_regions(con, view)
         for edge in view.presence:
             if edge.control not in schema.control_tables:
                 continue  # (a parent view's rows control it: they leave with their region)
             keys = idents(edge.control_columns, "c")
             match = equal_columns(edge.columns, "v", "c", edge.control_columns)
-            counted = [(tuple(key), int(rows)) for *key, rows in con.execute(
-                f"SELECT {keys}, count(v.{ident(edge.columns[0])}) FROM "
-                f"{ident(edge.control)} c LEFT JOIN {ident(view.name)} v ON {match} "
-                "GROUP BY ALL").fetchall()]  # fmt: skip
+            counted = [
+                (tuple(key), int(rows))
+                for *key, rows in con.execute(
+                    f"SELECT {keys}, count(v.{ident(edge.columns[0])}) FROM "
+                    f"{ident(edge.control)} c LEFT JOIN {ident(view.name)} v ON {match} "
+                    "GROUP BY ALL"
+                ).fetchall()
+            ]
             if kept is not None:
                 counted = [(k, r) for k, r in counted if (edge.control, k) not in kept]
             worths = worth(edge.control, [k for k, _ in counted])
-            found += [Held(edge.control, key, rows, int(rows * width), hits, saved, refreshes)
-                      for (key, rows), (hits, saved) in zip(counted, worths, strict=True)]
+            found += [
+                Held(edge.control, key, rows, int(rows * width), hits, saved, refreshes)
+                for (key, rows), (hits, saved) in zip(counted, worths, strict=True)
+            ]
     return found
 
 

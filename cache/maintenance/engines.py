@@ -105,4 +105,3 @@ class InlineEngine:
         return [
             copy_to_arrow(coordinator.conn, query.sql(), list(query.columns)) for query in queries
         ]
-

@@ -106,8 +106,7 @@ def drop_unheld_rows(
             for edge in schema.views[name].presence
         ]
         predicate = " OR ".join(held) if held else "TRUE"
-        [(removed,)] = con.execute(
-            f"DELETE FROM {ident(name)} WHERE NOT ({predicate})").fetchall()  # fmt: skip
+        [(removed,)] = con.execute(f"DELETE FROM {ident(name)} WHERE NOT ({predicate})").fetchall()
         report.rows_deleted[name] = report.rows_deleted.get(name, 0) + removed
         if removed:
             touched.append(name)

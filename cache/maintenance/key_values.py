@@ -28,15 +28,21 @@ from sql_ext.quoting import keys_in
 
 Key = tuple[t.Any, ...]
 
-_INTEGER_NAMES = {exp.DataType.Type.SMALLINT: "smallint", exp.DataType.Type.INT: "integer",
-                  exp.DataType.Type.BIGINT: "bigint"}  # fmt: skip
+_INTEGER_NAMES = {
+    exp.DataType.Type.SMALLINT: "smallint",
+    exp.DataType.Type.INT: "integer",
+    exp.DataType.Type.BIGINT: "bigint",
+}
 _INTEGER_TEXT = re.compile(r"\s*[+-]?\d+\s*")
 _DUCKDB_DECIMAL = (18, 3)  # what DuckDB makes of a numeric declared without precision
 _WIDE = decimal.Context(prec=1000)
 
 
-_RANGES = {exp.DataType.Type.SMALLINT: 2**15, exp.DataType.Type.INT: 2**31,
-           exp.DataType.Type.BIGINT: 2**63}  # fmt: skip
+_RANGES = {
+    exp.DataType.Type.SMALLINT: 2**15,
+    exp.DataType.Type.INT: 2**31,
+    exp.DataType.Type.BIGINT: 2**63,
+}
 
 
 def exact_keys(
@@ -48,33 +54,45 @@ def exact_keys(
     DuckDB for minutes; asking sqlglot a key's type for each value took 12 s for 100,000);
     other types are cast by DuckDB."""
     types = [exp.DataType.build(kind, dialect="postgres") for _, kind in control.columns]
-    readers = [_reader(kind, f"{control.name}.{name}")
-               for (name, _), kind in zip(control.columns, types, strict=True)]  # fmt: skip
+    readers = [
+        _reader(kind, f"{control.name}.{name}")
+        for (name, _), kind in zip(control.columns, types, strict=True)
+    ]
     if all(kind.this in _RANGES or kind.is_type(*exp.DataType.TEXT_TYPES) for kind in types):
-        limits = [(_RANGES.get(kind.this), name, kind)
-                  for (name, _), kind in zip(control.columns, types, strict=True)]  # fmt: skip
+        limits = [
+            (_RANGES.get(kind.this), name, kind)
+            for (name, _), kind in zip(control.columns, types, strict=True)
+        ]
         checked = []
         for value in values:
             typed = tuple(read(v) for read, v in zip(readers, value, strict=True))
             for item, (limit, name, kind) in zip(typed, limits, strict=True):
                 if limit is not None and not -limit <= item < limit:
-                    raise DataError(f"{control.name}: cannot read {value!r} as its control "
-                                    f"key: {item} is out of range for {name} "
-                                    f"{_name(kind)}")  # fmt: skip
+                    raise DataError(
+                        f"{control.name}: cannot read {value!r} as its control "
+                        f"key: {item} is out of range for {name} "
+                        f"{_name(kind)}"
+                    )
             checked.append(typed)
         return checked
     return [_cast(con, control, types, readers, value) for value in values]
 
 
-def _cast(con: duckdb.DuckDBPyConnection, control: ControlTable, types: list[exp.DataType],
-          readers: list[t.Callable[[t.Any], t.Any]], value: Key) -> Key:  # fmt: skip
+def _cast(
+    con: duckdb.DuckDBPyConnection,
+    control: ControlTable,
+    types: list[exp.DataType],
+    readers: list[t.Callable[[t.Any], t.Any]],
+    value: Key,
+) -> Key:
     typed = [read(v) for read, v in zip(readers, value, strict=True)]
     casts = ", ".join(f"CAST(? AS {kind.sql('duckdb')})" for kind in types)
     try:
         row = con.execute(f"SELECT {casts}", typed).fetchone()
     except duckdb.Error as exc:
-        declared = ", ".join(f"{name} {_name(kind)}" for (name, _), kind in
-                             zip(control.columns, types, strict=True))  # fmt: skip
+        declared = ", ".join(
+            f"{name} {_name(kind)}" for (name, _), kind in zip(control.columns, types, strict=True)
+        )
         raise DataError(
             f"{control.name}: cannot read {value!r} as its control key ({declared}): "
             f"{first_line(exc)}"
@@ -103,8 +121,7 @@ def _reader(kind: exp.DataType, where: str) -> t.Callable[[t.Any], t.Any]:
                     "text (pass the key as a str)"
                 )
             if "\0" in value:
-                raise DataError(f"{where} is {_name(kind)}: PostgreSQL text cannot hold NUL "
-                                "(\\0)")  # fmt: skip
+                raise DataError(f"{where} is {_name(kind)}: PostgreSQL text cannot hold NUL (\\0)")
             return value
 
         return text
@@ -181,8 +198,9 @@ def _name(kind: exp.DataType) -> str:
 
 
 @contextlib.contextmanager
-def keys_listed(con: duckdb.DuckDBPyConnection, alias: str, columns: tuple[str, ...],
-                 values: list[Key]) -> Iterator[str]:  # fmt: skip
+def keys_listed(
+    con: duckdb.DuckDBPyConnection, alias: str, columns: tuple[str, ...], values: list[Key]
+) -> Iterator[str]:
     """SQL: the row ``alias`` has one of the key values. Many keys are an Arrow table joined
     while inside (a literal list of 100,000 keys took DuckDB a second to parse); few, or
     ones Arrow cannot type exactly, a literal list."""

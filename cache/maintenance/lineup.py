@@ -73,15 +73,22 @@ def record_pull(
     for region in omega:
         if schema.continuous(region.view):
             by_view.setdefault(region.view, set()).add(region)
-    predicates = {view: region_predicate(regions).sql("duckdb")
-                  for view, regions in by_view.items()}  # fmt: skip
+    predicates = {
+        view: region_predicate(regions).sql("duckdb") for view, regions in by_view.items()
+    }
     predicates |= {name: "true" for name in copies}  # (a derived view's copies: all of them)
     for view, predicate in sorted(predicates.items()):
         con.execute(
             "INSERT INTO mtcache.stream_pulls VALUES (?, ?, ?, ?, ?, ?)",
-            [snapshot_id, snapshot.pg_snapshot, snapshot.wal_lsn, snapshot.backend_time, view,
-             predicate],
-        )  # fmt: skip
+            [
+                snapshot_id,
+                snapshot.pg_snapshot,
+                snapshot.wal_lsn,
+                snapshot.backend_time,
+                view,
+                predicate,
+            ],
+        )
 
 
 def pending_pulls(con: duckdb.DuckDBPyConnection) -> list[Pending]:

@@ -122,17 +122,23 @@ class Maintainer:
         values = _coerce_keys(self.store, schema, control, values)
         columns = controlled_columns(view, role, control)
         if len(values) > ADMIT_PIECE and not schema.continuous(view.name):
-            return self._admit_in_pieces(schema, control, view, role, columns, values,
-                                         allow_empty)  # fmt: skip
+            return self._admit_in_pieces(schema, control, view, role, columns, values, allow_empty)
         seeds = {Region(view.name, role, columns, v, control) for v in values}
         must_hold = seeds if role == "presence" and not allow_empty else set()
-        return self._run(f"admit {control}", schema, seeds, admitted={control: values},
-                         must_hold=must_hold)  # fmt: skip
+        return self._run(
+            f"admit {control}", schema, seeds, admitted={control: values}, must_hold=must_hold
+        )
 
     def _admit_in_pieces(
-        self, schema: CacheSchema, control: str, view: CachedView, role: Role,
-        columns: tuple[str, ...], values: list[tuple[t.Any, ...]], allow_empty: bool,
-    ) -> Report:  # fmt: skip
+        self,
+        schema: CacheSchema,
+        control: str,
+        view: CachedView,
+        role: Role,
+        columns: tuple[str, ...],
+        values: list[tuple[t.Any, ...]],
+        allow_empty: bool,
+    ) -> Report:
         """Many keys, ``ADMIT_PIECE`` at a time (the regions of one piece in memory, not of
         all): every piece pulled in the one backend snapshot and applied in the one DuckDB
         transaction, so the admission lands whole or not at all, as one of few keys does.
@@ -143,26 +149,43 @@ class Maintainer:
         catalog = self.store.load_catalog()
         report = Report(operation=label, engine=self.engine.name)
         regions = 0
-        with self._operation(label) as coordinator, self.store.maintenance_lock, \
-                self.store.transaction() as con:  # fmt: skip
+        with (
+            self._operation(label) as coordinator,
+            self.store.maintenance_lock,
+            self.store.transaction() as con,
+        ):
             snapshot_id = None
             changed: list[str] = []
             for at in range(0, len(values), ADMIT_PIECE):
                 piece = values[at : at + ADMIT_PIECE]
                 seeds = {Region(view.name, role, columns, v, control) for v in piece}
-                pull = self._pull(schema, catalog, coordinator, seeds,
-                                  seeds if role == "presence" and not allow_empty else ())
+                pull = self._pull(
+                    schema,
+                    catalog,
+                    coordinator,
+                    seeds,
+                    seeds if role == "presence" and not allow_empty else (),
+                )
                 if snapshot_id is None:
                     snapshot_id = begin_apply(con, coordinator.snapshot, self.engine.name)
                 stamp = [coordinator.snapshot.backend_time, snapshot_id]
-                changed += apply_rows(con, schema, pull.omega, pull.staged, {control: piece},
-                                      stamp, report)  # fmt: skip
+                changed += apply_rows(
+                    con, schema, pull.omega, pull.staged, {control: piece}, stamp, report
+                )
                 regions += len(pull.omega)
                 report.rounds = max(report.rounds, pull.rounds)
             assert snapshot_id is not None
             report.engine = self.engine.name
-            end_apply(self.store, schema, snapshot_id, changed, self.faults, report,
-                      {control: values}, coordinator.snapshot_age())  # fmt: skip
+            end_apply(
+                self.store,
+                schema,
+                snapshot_id,
+                changed,
+                self.faults,
+                report,
+                {control: values},
+                coordinator.snapshot_age(),
+            )
         report.snapshot_id = snapshot_id
         report.backend_time = coordinator.snapshot.backend_time
         report.name_regions([f"{control}{v}" for v in values[:NAMED_KEYS]], regions)
@@ -188,8 +211,14 @@ class Maintainer:
             with contextlib.suppress(psycopg.Error):
                 coordinator.close()
 
-    def _pull(self, schema: CacheSchema, catalog: Catalog, coordinator: Coordinator,
-              seeds: set[Region], must_hold: Collection[Region]) -> Pull:  # fmt: skip
+    def _pull(
+        self,
+        schema: CacheSchema,
+        catalog: Catalog,
+        coordinator: Coordinator,
+        seeds: set[Region],
+        must_hold: Collection[Region],
+    ) -> Pull:
         """Steps 2-4 of the module's: the closure of ``seeds``, pulled with the children.
         Admitted rows exist for the closure computation only inside the apply transaction;
         until then new control rows are seeds on their own."""
@@ -216,8 +245,7 @@ class Maintainer:
             )
         try:
             with self.store.maintenance_lock:
-                return evict(self.store, schema, view, role, control, columns, values,
-                             self.faults)  # fmt: skip
+                return evict(self.store, schema, view, role, control, columns, values, self.faults)
         except faults.InjectedFault:
             raise
         except Exception as exc:
@@ -265,8 +293,10 @@ class Maintainer:
         # one operation at a time (`_Shared.maintenance_lock`); the stream must not pass the
         # snapshot of a pull of continuously maintained views before the pull is applied
         continuous = any(schema.continuous(r.view) for r in seeds)
-        with self.store.stream_lock if continuous else contextlib.nullcontext(), \
-                self.store.maintenance_lock:  # fmt: skip
+        with (
+            self.store.stream_lock if continuous else contextlib.nullcontext(),
+            self.store.maintenance_lock,
+        ):
             return self._pull_and_apply(label, schema, seeds, admitted, must_hold, then)
 
     def _pull_and_apply(
@@ -286,14 +316,31 @@ class Maintainer:
             report.engine = self.engine.name  # an engine chosen by size names its choice now
 
             def finish(con: duckdb.DuckDBPyConnection, snapshot_id: int) -> None:
-                record_pull(con, schema, pull.omega, snapshot_id, coordinator.snapshot,
-                            [n for n in pull.staged if copy_owner(n)])  # fmt: skip
+                record_pull(
+                    con,
+                    schema,
+                    pull.omega,
+                    snapshot_id,
+                    coordinator.snapshot,
+                    [n for n in pull.staged if copy_owner(n)],
+                )
                 if then is not None:
                     then(con, snapshot_id)
 
-            apply_pull(self.store, schema, pull.omega, pull.staged, admitted,
-                       coordinator.snapshot, self.engine.name, self.faults, report,
-                       coordinator.snapshot_age(), finish, then is None)  # fmt: skip
+            apply_pull(
+                self.store,
+                schema,
+                pull.omega,
+                pull.staged,
+                admitted,
+                coordinator.snapshot,
+                self.engine.name,
+                self.faults,
+                report,
+                coordinator.snapshot_age(),
+                finish,
+                then is None,
+            )
         report.rounds = pull.rounds
         report.regions = sorted(str(r) for r in pull.omega)
         report.seconds = time.monotonic() - started
@@ -361,8 +408,12 @@ def _failed(exc: BaseException, what: str) -> Error:
     if interrupted(exc):  # (a cancel or a timeout: the statement's, not the cache's)
         return translate(exc)
     if connection_lost(exc):
-        return translate(exc, what, unreachable="lost the backend during the pull; the cache "
-                         "is unchanged, try again when the backend is back")  # fmt: skip
+        return translate(
+            exc,
+            what,
+            unreachable="lost the backend during the pull; the cache "
+            "is unchanged, try again when the backend is back",
+        )
     if isinstance(exc, psycopg.Error):
         return translate(exc, f"{what}: the backend refused a pull (the cache is unchanged)")
     return OperationalError(f"{what} failed, the cache is unchanged: {first_line(exc)}")

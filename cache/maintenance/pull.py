@@ -57,8 +57,9 @@ class Pull:
             return PullQuery(
                 view=view.name,
                 table=f"({pull_select(view, stored)}) AS mtcache_derived",
-                columns=tuple((c.name, t.cast(str, transfer_type(c.pg_type)))
-                              for c in stored.columns),
+                columns=tuple(
+                    (c.name, t.cast(str, transfer_type(c.pg_type))) for c in stored.columns
+                ),
                 where=predicate,
             )
         table = self.catalog.table(view.table)
@@ -78,8 +79,7 @@ class Pull:
     def fetch(self, queries: list[PullQuery]) -> None:
         if not queries:
             return
-        for query, rows in zip(queries, self.engine.pull(self.coordinator, queries),
-                               strict=True):  # fmt: skip
+        for query, rows in zip(queries, self.engine.pull(self.coordinator, queries), strict=True):
             previous = self.staged.get(query.view)
             self.staged[query.view] = (
                 rows
@@ -147,8 +147,10 @@ class Pull:
         for name in copied:  # (its copies come with every key it holds, in one snapshot)
             view = self.schema.views[name]
             for edge in view.presence:
-                listed = {Region(name, "presence", edge.columns, k, edge.control)
-                          for k in control_values(self.con, edge.control, edge.control_columns)}
+                listed = {
+                    Region(name, "presence", edge.columns, k, edge.control)
+                    for k in control_values(self.con, edge.control, edge.control_columns)
+                }
                 self.omega |= listed
                 wanted = wanted | listed
         for region in sorted(wanted, key=order_key):
@@ -167,8 +169,10 @@ class Pull:
             for name, preds in by_view.items()
         ]
         for name in copied:
-            queries += [self._copy_query(aux.copy)
-                        for aux in maintenance(self.schema.views[name], self.catalog).auxiliaries]
+            queries += [
+                self._copy_query(aux.copy)
+                for aux in maintenance(self.schema.views[name], self.catalog).auxiliaries
+            ]
         return queries
 
     def _copied(self, wanted: set[Region]) -> list[str]:
@@ -182,8 +186,13 @@ class Pull:
             view = self.schema.views[name]
             if not (view.is_derived and view.continuous):
                 continue
-            if view.view_level or self.con.execute(
-                    "SELECT 1 FROM mtcache.view_state WHERE view = ?", [name]).fetchone() is None:
+            if (
+                view.view_level
+                or self.con.execute(
+                    "SELECT 1 FROM mtcache.view_state WHERE view = ?", [name]
+                ).fetchone()
+                is None
+            ):
                 found.append(name)
         return found
 
@@ -192,10 +201,13 @@ class Pull:
         table = self.catalog.table(copy.table)
         assert table is not None
         types = {c.name: c.type for c in table.columns}
-        return PullQuery(view=copy.name, table=qualified(table.schema, table.name),
-                         columns=tuple((c, t.cast(str, transfer_type(types[c])))
-                                       for c in copy.columns),
-                         where="TRUE", pages=table.pages)  # fmt: skip
+        return PullQuery(
+            view=copy.name,
+            table=qualified(table.schema, table.name),
+            columns=tuple((c, t.cast(str, transfer_type(types[c]))) for c in copy.columns),
+            where="TRUE",
+            pages=table.pages,
+        )
 
     def _region_query(self, view: CachedView, region: Region) -> str:
         if region.kind == "presence":
@@ -231,18 +243,25 @@ class Pull:
         """The parent's control-column values once this operation is applied."""
         regions = {r for r in self.omega if r.view == parent}
         kept = region_predicate(regions).sql("duckdb")
-        keys = {tuple(r) for r in self.con.execute(
-            f"SELECT DISTINCT {idents(columns)} FROM {ident(parent)} WHERE NOT ({kept})"
-        ).fetchall()}  # fmt: skip
+        keys = {
+            tuple(r)
+            for r in self.con.execute(
+                f"SELECT DISTINCT {idents(columns)} FROM {ident(parent)} WHERE NOT ({kept})"
+            ).fetchall()
+        }
         keys |= set(distinct_rows(self.staged.get(parent), columns))
         return sorted(keys, key=repr)
 
     def _distinct_cached(
         self, view: str, columns: tuple[str, ...], predicate: str
     ) -> list[tuple[t.Any, ...]]:
-        return [tuple(r) for r in self.con.execute(
-            f"SELECT DISTINCT {idents(columns)} FROM {ident(view)} WHERE {predicate} ORDER BY ALL"
-        ).fetchall()]  # fmt: skip
+        return [
+            tuple(r)
+            for r in self.con.execute(
+                f"SELECT DISTINCT {idents(columns)} FROM {ident(view)} "
+                f"WHERE {predicate} ORDER BY ALL"
+            ).fetchall()
+        ]
 
     def _regions_of_staged(self) -> set[Region]:
         """Regions (listed in control tables, or full guarantees) holding a pulled row."""

@@ -56,5 +56,6 @@ class Report:
     def from_json(cls, document: dict[str, t.Any]) -> Report:
         """The report `to_json` gave (a cache server's NOTICE carries it)."""
         moment = document["backend_time"]
-        return cls(**{**document,
-                      "backend_time": dt.datetime.fromisoformat(moment) if moment else None})
+        return cls(
+            **{**document, "backend_time": dt.datetime.fromisoformat(moment) if moment else None}
+        )

@@ -145,8 +145,9 @@ class SparkEngine:
             specs: list[TaskSpec] = []
             owners: list[int] = []
             for index, query in enumerate(queries):
-                parts = max(1, min(context.defaultParallelism * 2,
-                                   query.pages // self.min_pages_per_task))  # fmt: skip
+                parts = max(
+                    1, min(context.defaultParallelism * 2, query.pages // self.min_pages_per_task)
+                )
                 for number, block in enumerate(block_ranges(query.pages, parts)):
                     specs.append(
                         TaskSpec(
@@ -193,8 +194,9 @@ def _interruptible(action: Callable[[], T], cancel: Callable[[], object]) -> T:
     try:
         return outcome.result()
     except KeyboardInterrupt:
-        canceller = threading.Thread(target=_quietly(cancel), name="mtcache-spark-cancel",
-                                     daemon=True)  # fmt: skip
+        canceller = threading.Thread(
+            target=_quietly(cancel), name="mtcache-spark-cancel", daemon=True
+        )
         canceller.start()
         canceller.join(CANCEL_SECONDS)
         raise

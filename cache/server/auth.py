@@ -41,7 +41,8 @@ METHODS = ("trust", "reject", "scram-sha-256", "password")
 AUTH_SECONDS = 60.0  # to finish authenticating (PostgreSQL's authentication_timeout)
 DEFAULT_AUTH_QUERY = (
     "SELECT rolpassword FROM pg_catalog.pg_authid WHERE rolname = %s AND rolcanlogin "
-    "AND (rolvaliduntil IS NULL OR rolvaliduntil > now())")  # fmt: skip
+    "AND (rolvaliduntil IS NULL OR rolvaliduntil > now())"
+)
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -71,15 +72,22 @@ class Rule:
     network: Network | None
     method: str
 
-    def admits(self, tls: bool, database: str, role: str, address: Address | None,
-               member: Callable[[str, str], bool]) -> bool:  # fmt: skip
+    def admits(
+        self,
+        tls: bool,
+        database: str,
+        role: str,
+        address: Address | None,
+        member: Callable[[str, str], bool],
+    ) -> bool:
         if (self.kind == "hostssl" and not tls) or (self.kind == "hostnossl" and tls):
             return False
         if self.databases is not None and database not in self.databases:
             return False
         network = self.network
-        if network is not None and (address is None or address.version != network.version
-                                    or address not in network):  # fmt: skip
+        if network is not None and (
+            address is None or address.version != network.version or address not in network
+        ):
             return False
         if self.roles is None or role in self.roles:
             return True
@@ -101,12 +109,16 @@ class Rules:
 
     @classmethod
     def parse(cls, text: str, source: str) -> Rules:
-        rules = [_rule(number, line, source)
-                 for number, line in enumerate(text.splitlines(), 1)
-                 if line.split("#", 1)[0].strip()]  # fmt: skip
+        rules = [
+            _rule(number, line, source)
+            for number, line in enumerate(text.splitlines(), 1)
+            if line.split("#", 1)[0].strip()
+        ]
         if not rules:
-            raise ProgrammingError(f"{source}: no rules (write lines such as 'hostssl all all "
-                                   "0.0.0.0/0 scram-sha-256')")  # fmt: skip
+            raise ProgrammingError(
+                f"{source}: no rules (write lines such as 'hostssl all all "
+                "0.0.0.0/0 scram-sha-256')"
+            )
         return cls(tuple(rules), source)
 
     @property
@@ -118,35 +130,52 @@ class Rules:
         """Whether some rule asks for a secret (then the server needs verifiers)."""
         return any(rule.method in ("scram-sha-256", "password") for rule in self.rules)
 
-    def rule_for(self, tls: bool, database: str, role: str, address: Address | None,
-                 member: Callable[[str, str], bool]) -> Rule:  # fmt: skip
+    def rule_for(
+        self,
+        tls: bool,
+        database: str,
+        role: str,
+        address: Address | None,
+        member: Callable[[str, str], bool],
+    ) -> Rule:
         for rule in self.rules:
             if rule.admits(tls, database, role, address, member):
                 return rule
         where = "no encryption" if not tls else "TLS"
-        raise LoginRefused("28000", f'no rule of the cache server for host "{address}", user '
-                           f'"{role}", database "{database}", {where}')  # fmt: skip
+        raise LoginRefused(
+            "28000",
+            f'no rule of the cache server for host "{address}", user '
+            f'"{role}", database "{database}", {where}',
+        )
 
 
 # loopback clients trusted: the embedded default (the server then listens on loopback only)
-LOOPBACK_TRUST = Rules(tuple(Rule(0, "host", None, None, frozenset(), network, "trust")
-                             for network in _LOOPBACK), "the default: loopback clients trusted")
+LOOPBACK_TRUST = Rules(
+    tuple(Rule(0, "host", None, None, frozenset(), network, "trust") for network in _LOOPBACK),
+    "the default: loopback clients trusted",
+)
 
 
 def _rule(number: int, line: str, source: str) -> Rule:
     words = line.split("#", 1)[0].split()
     where = f"{source} line {number}"
     if words[0] not in KINDS:
-        raise ProgrammingError(f"{where}: type {words[0]!r} is not one of {', '.join(KINDS)} "
-                               "(the server listens on TCP only)")  # fmt: skip
+        raise ProgrammingError(
+            f"{where}: type {words[0]!r} is not one of {', '.join(KINDS)} "
+            "(the server listens on TCP only)"
+        )
     if len(words) != 5:
-        raise ProgrammingError(f"{where}: write TYPE DATABASE USER ADDRESS METHOD, e.g. "
-                               f"'hostssl all all 0.0.0.0/0 scram-sha-256', not "
-                               f"{line.strip()!r}")  # fmt: skip
+        raise ProgrammingError(
+            f"{where}: write TYPE DATABASE USER ADDRESS METHOD, e.g. "
+            f"'hostssl all all 0.0.0.0/0 scram-sha-256', not "
+            f"{line.strip()!r}"
+        )
     kind, databases, users, address, method = words
     if method == "md5":
-        raise ProgrammingError(f"{where}: md5 is not offered: use scram-sha-256 (the server "
-                               "checks SCRAM verifiers, as PostgreSQL stores passwords)")
+        raise ProgrammingError(
+            f"{where}: md5 is not offered: use scram-sha-256 (the server "
+            "checks SCRAM verifiers, as PostgreSQL stores passwords)"
+        )
     if method not in METHODS:
         raise ProgrammingError(f"{where}: method {method!r} is not one of {', '.join(METHODS)}")
     network: Network | None = None
@@ -154,15 +183,20 @@ def _rule(number: int, line: str, source: str) -> Rule:
         try:
             network = ipaddress.ip_network(address, strict=False)
         except ValueError:
-            raise ProgrammingError(f"{where}: address {address!r} is not 'all' or an address "
-                                   "with its mask, e.g. 10.0.0.0/8") from None  # fmt: skip
+            raise ProgrammingError(
+                f"{where}: address {address!r} is not 'all' or an address "
+                "with its mask, e.g. 10.0.0.0/8"
+            ) from None
     if method == "password" and kind != "hostssl":
-        raise ProgrammingError(f"{where}: password sends it in clear: only on a hostssl line "
-                               "(or use scram-sha-256)")  # fmt: skip
+        raise ProgrammingError(
+            f"{where}: password sends it in clear: only on a hostssl line (or use scram-sha-256)"
+        )
     if method == "trust" and not _loopback_only(network):
-        raise ProgrammingError(f"{where}: trust beyond loopback lets anyone who reaches the "
-                               "port in as any role: give a loopback address, or use "
-                               "scram-sha-256")  # fmt: skip
+        raise ProgrammingError(
+            f"{where}: trust beyond loopback lets anyone who reaches the "
+            "port in as any role: give a loopback address, or use "
+            "scram-sha-256"
+        )
     roles: set[str] | None = set()
     groups = set()
     for name in users.split(","):
@@ -173,15 +207,22 @@ def _rule(number: int, line: str, source: str) -> Rule:
         elif name and roles is not None:
             roles.add(name)
     names = databases.split(",")
-    return Rule(number, kind, None if "all" in names else frozenset(names),
-                None if roles is None else frozenset(roles), frozenset(groups), network,
-                method)  # fmt: skip
+    return Rule(
+        number,
+        kind,
+        None if "all" in names else frozenset(names),
+        None if roles is None else frozenset(roles),
+        frozenset(groups),
+        network,
+        method,
+    )
 
 
 def _loopback_only(network: Network | None) -> bool:
     return network is not None and any(
         network.version == loop.version and network.subnet_of(loop)  # type: ignore[arg-type]
-        for loop in _LOOPBACK)  # fmt: skip
+        for loop in _LOOPBACK
+    )
 
 
 # -- secrets --------------------------------------------------------------------------------------
@@ -218,8 +259,9 @@ class AuthFile:
                 return
             text = self.path.read_text()
         except OSError as exc:
-            raise ProgrammingError(f"--auth-file {self.path}: cannot read it "
-                                   f"({exc.strerror})") from None  # fmt: skip
+            raise ProgrammingError(
+                f"--auth-file {self.path}: cannot read it ({exc.strerror})"
+            ) from None
         verifiers = {}
         for number, line in enumerate(text.splitlines(), 1):
             if not line.strip() or line.lstrip().startswith(";") or line.lstrip().startswith("#"):
@@ -227,15 +269,18 @@ class AuthFile:
             found = re.fullmatch(r'\s*"((?:[^"]|"")*)"\s+"((?:[^"]|"")*)"\s*', line)
             where = f"--auth-file {self.path} line {number}"
             if found is None:
-                raise ProgrammingError(f'{where}: write "role" "SCRAM-SHA-256$..." (as '
-                                       "pg_authid.rolpassword holds it)")  # fmt: skip
+                raise ProgrammingError(
+                    f'{where}: write "role" "SCRAM-SHA-256$..." (as pg_authid.rolpassword holds it)'
+                )
             role, secret = (g.replace('""', '"') for g in found.groups())
             verifier = Verifier.parse(secret)
             if verifier is None:
-                raise ProgrammingError(f"{where}: role {role!r} has no SCRAM-SHA-256 verifier "
-                                       "(plain and MD5 passwords are not accepted: copy "
-                                       "pg_authid.rolpassword after setting the password with "
-                                       "password_encryption = scram-sha-256)")  # fmt: skip
+                raise ProgrammingError(
+                    f"{where}: role {role!r} has no SCRAM-SHA-256 verifier "
+                    "(plain and MD5 passwords are not accepted: copy "
+                    "pg_authid.rolpassword after setting the password with "
+                    "password_encryption = scram-sha-256)"
+                )
             verifiers[role] = verifier
         self._verifiers, self._stamp = verifiers, stamp
 
@@ -253,24 +298,35 @@ class AuthQuery:
         try:
             self._secret("mtcache")
         except psycopg.Error as exc:
-            raise ProgrammingError(f"--auth-query fails on the backend: {first_line(exc)} "
-                                   "(the default reads pg_authid, which needs a superuser; "
-                                   "give a query calling a SECURITY DEFINER function, or "
-                                   "--auth-file)") from None  # fmt: skip
+            raise ProgrammingError(
+                f"--auth-query fails on the backend: {first_line(exc)} "
+                "(the default reads pg_authid, which needs a superuser; "
+                "give a query calling a SECURITY DEFINER function, or "
+                "--auth-file)"
+            ) from None
 
     def verifier(self, role: str) -> Verifier | None:
         try:
             secret = self._secret(role)
         except psycopg.Error as exc:
             log.warning("the auth query failed for a login: %s", first_line(exc))
-            raise LoginRefused("08006", "the cache server could not look up the role's "
-                               "credentials on the backend (see its log)") from None  # fmt: skip
+            raise LoginRefused(
+                "08006",
+                "the cache server could not look up the role's "
+                "credentials on the backend (see its log)",
+            ) from None
         except BackendUnavailableError as exc:
-            raise LoginRefused("08006", f"the cache server cannot check credentials while the "
-                               f"backend is unreachable: {exc}") from None  # fmt: skip
+            raise LoginRefused(
+                "08006",
+                f"the cache server cannot check credentials while the "
+                f"backend is unreachable: {exc}",
+            ) from None
         if secret is not None and Verifier.parse(secret) is None:
-            log.warning("role %r has no SCRAM-SHA-256 verifier on the backend (an MD5 or no "
-                        "password): it cannot log in through the cache server", role)  # fmt: skip
+            log.warning(
+                "role %r has no SCRAM-SHA-256 verifier on the backend (an MD5 or no "
+                "password): it cannot log in through the cache server",
+                role,
+            )
         return Verifier.parse(secret)
 
     def _secret(self, role: str) -> str | None:
@@ -285,12 +341,17 @@ def backend_membership(backend: str) -> Callable[[str, str], bool]:
     def member(role: str, group: str) -> bool:
         try:
             with pooled(backend) as conn:
-                row = conn.execute("SELECT pg_has_role(r.oid, g.oid, 'MEMBER') FROM pg_roles r, "
-                                   "pg_roles g WHERE r.rolname = %s AND g.rolname = %s",
-                                   [role, group]).fetchone()  # fmt: skip
+                row = conn.execute(
+                    "SELECT pg_has_role(r.oid, g.oid, 'MEMBER') FROM pg_roles r, "
+                    "pg_roles g WHERE r.rolname = %s AND g.rolname = %s",
+                    [role, group],
+                ).fetchone()
         except (psycopg.Error, BackendUnavailableError) as exc:
-            raise LoginRefused("08006", f"the cache server could not check role membership "
-                               f"on the backend: {first_line(exc)}") from None  # fmt: skip
+            raise LoginRefused(
+                "08006",
+                f"the cache server could not check role membership "
+                f"on the backend: {first_line(exc)}",
+            ) from None
         return bool(row and row[0])
 
     return member
@@ -309,17 +370,26 @@ class Login:
     member: Callable[[str, str], bool] = lambda role, group: False
     _secret: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False)
 
-    def check(self, tls: bool, database: str, role: str, address: Address | None,
-              send: Callable[[bytes], None],
-              receive: Callable[[], protocol.Message]) -> dict[str, str]:  # fmt: skip
+    def check(
+        self,
+        tls: bool,
+        database: str,
+        role: str,
+        address: Address | None,
+        send: Callable[[bytes], None],
+        receive: Callable[[], protocol.Message],
+    ) -> dict[str, str]:
         """Authenticate a client (``send`` a message to it, ``receive`` its next one): the
         backend login's credentials (libpq keywords, secret), or `LoginRefused`."""
         rule = self.rules.rule_for(tls, database, role, address, self.member)
         if rule.method == "trust":
             return {}
         if rule.method == "reject":
-            raise LoginRefused("28000", f'the cache server\'s rules reject connection for host '
-                               f'"{address}", user "{role}", database "{database}"')  # fmt: skip
+            raise LoginRefused(
+                "28000",
+                f"the cache server's rules reject connection for host "
+                f'"{address}", user "{role}", database "{database}"',
+            )
         failed = LoginRefused("28P01", f'password authentication failed for user "{role}"')
         verifier = self.verifiers.verifier(role) if self.verifiers is not None else None
         if rule.method == "password":
@@ -328,10 +398,14 @@ class Login:
             if verifier is None or not verifier.checks(password):
                 raise failed
             return {"password": password}
-        exchange = Exchange(verifier or Verifier.mock(self._secret, role),
-                            self.binding if tls else None)  # fmt: skip
-        send(protocol.authentication(10, b"".join(protocol.cstring(m)
-                                                  for m in exchange.mechanisms) + b"\0"))
+        exchange = Exchange(
+            verifier or Verifier.mock(self._secret, role), self.binding if tls else None
+        )
+        send(
+            protocol.authentication(
+                10, b"".join(protocol.cstring(m) for m in exchange.mechanisms) + b"\0"
+            )
+        )
         try:
             mechanism, first = protocol.sasl_initial_response(_password(receive()))
             send(protocol.authentication(11, exchange.first(mechanism, _text(first)).encode()))
@@ -348,8 +422,9 @@ class Login:
 
 def _password(message: protocol.Message) -> bytes:
     if not isinstance(message, protocol.Password):
-        raise LoginRefused("08P01", f"expected a password or SASL response, got "
-                           f"{type(message).__name__}")  # fmt: skip
+        raise LoginRefused(
+            "08P01", f"expected a password or SASL response, got {type(message).__name__}"
+        )
     return message.data
 
 
@@ -374,11 +449,14 @@ def tls_context(cert: Path, key: Path) -> tuple[t.Any, bytes]:
         pem = cert.read_text()
     except (OSError, ssl.SSLError) as exc:
         reason = getattr(exc, "strerror", None) or getattr(exc, "reason", None) or exc
-        raise ProgrammingError(f"--tls-cert {cert} / --tls-key {key}: cannot load them "
-                               f"({reason})") from None  # fmt: skip
+        raise ProgrammingError(
+            f"--tls-cert {cert} / --tls-key {key}: cannot load them ({reason})"
+        ) from None
     if os.name == "posix" and key.stat().st_mode & 0o037:
-        raise ProgrammingError(f"--tls-key {key}: others may read it; chmod 600 it (as "
-                               "PostgreSQL requires of its ssl_key_file)")  # fmt: skip
+        raise ProgrammingError(
+            f"--tls-key {key}: others may read it; chmod 600 it (as "
+            "PostgreSQL requires of its ssl_key_file)"
+        )
     context.set_alpn_protocols(["postgresql"])
     first = re.search(r"-----BEGIN CERTIFICATE-----.*?-----END CERTIFICATE-----", pem, re.S)
     assert first is not None  # (load_cert_chain read one)
@@ -386,5 +464,14 @@ def tls_context(cert: Path, key: Path) -> tuple[t.Any, bytes]:
     return context, certificate_hash(der)
 
 
-__all__ = ["AUTH_SECONDS", "LOOPBACK_TRUST", "AuthFile", "AuthQuery", "Login", "LoginRefused",
-           "Rules", "backend_membership", "tls_context"]
+__all__ = [
+    "AUTH_SECONDS",
+    "LOOPBACK_TRUST",
+    "AuthFile",
+    "AuthQuery",
+    "Login",
+    "LoginRefused",
+    "Rules",
+    "backend_membership",
+    "tls_context",
+]

@@ -96,9 +96,9 @@ class Statement:
         read or write of rows, which leaves the backend session as its answer shows (no
         transaction control, DDL, SET, LISTEN or output setting, no set_config by name)."""
         routed = self.route
-        plain = (isinstance(routed, Passthrough) and routed.reads is not None) or \
-            (isinstance(routed, Write) and routed.tables is not None
-             and not routed.changes_catalog)  # fmt: skip
+        plain = (isinstance(routed, Passthrough) and routed.reads is not None) or (
+            isinstance(routed, Write) and routed.tables is not None and not routed.changes_catalog
+        )
         return plain and self.relayed_as_is and "SET_CONFIG" not in self.text.upper()
 
     @functools.cached_property
@@ -120,8 +120,7 @@ class Statement:
         if not isinstance(routed, CachedRead):
             return self.text
         order = self.converted.order
-        return to_backend(routed.query.backend_sql, order) if order else \
-            routed.query.backend_sql  # fmt: skip
+        return to_backend(routed.query.backend_sql, order) if order else routed.query.backend_sql
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -204,10 +203,15 @@ class RawRun:
 class Conversation:
     """The protocol state of one client connection (see the module)."""
 
-    def __init__(self, session: Session, out: Out, settings: values.OutputSettings,
-                 describe: Callable[..., Description],
-                 next_message: Callable[[], protocol.Message],
-                 reported: dict[str, str]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        session: Session,
+        out: Out,
+        settings: values.OutputSettings,
+        describe: Callable[..., Description],
+        next_message: Callable[[], protocol.Message],
+        reported: dict[str, str],
+    ) -> None:
         self.session = session
         self.out = out
         self.settings = settings
@@ -281,8 +285,11 @@ class Conversation:
             elif isinstance(message, protocol.Flush):
                 self._drain()
             elif isinstance(message, protocol.FunctionCall):
-                raise _Refusal("0A000", "the fastpath function call interface is not supported "
-                               "by the cache server: call the function in a SELECT")
+                raise _Refusal(
+                    "0A000",
+                    "the fastpath function call interface is not supported "
+                    "by the cache server: call the function in a SELECT",
+                )
             elif isinstance(message, protocol.CopyData | protocol.CopyDone | protocol.CopyFail):
                 pass  # outside COPY: PostgreSQL ignores them too
             else:
@@ -310,8 +317,11 @@ class Conversation:
         statements so). False: nothing was done; `handle` it where waiting is allowed."""
         if not self._idle():
             return False
-        if isinstance(message, protocol.Sync) and self.session.pooled and \
-                self.session.backend_connection_if_open() is not None:  # fmt: skip
+        if (
+            isinstance(message, protocol.Sync)
+            and self.session.pooled
+            and self.session.backend_connection_if_open() is not None
+        ):
             return False  # (a worker gives the connection back: that may ask the backend)
         if isinstance(message, protocol.Sync | protocol.Flush | protocol.Bind):
             return self.handle(message)
@@ -331,8 +341,9 @@ class Conversation:
         if isinstance(message, protocol.Close):
             if message.kind == b"S" and statement.backend_name:
                 return False
-        elif statement.described is None and (statement.passthrough or
-                                              isinstance(statement.route, CachedRead)):  # fmt: skip
+        elif statement.described is None and (
+            statement.passthrough or isinstance(statement.route, CachedRead)
+        ):
             return False  # the backend describes it
         return self.handle(message)
 
@@ -369,8 +380,13 @@ class Conversation:
         stale = lane is None or lane.epoch != self.epoch or lane.run != run
         # a lane is made at the second such run of an epoch (a session that writes between
         # its reads does not pay for lanes it would not use), for the unnamed portal
-        found = self._answer_at_hand(portal, lane=stale and statement.answered_at == self.epoch
-                                     and not bind.portal and not self.listening)  # fmt: skip
+        found = self._answer_at_hand(
+            portal,
+            lane=stale
+            and statement.answered_at == self.epoch
+            and not bind.portal
+            and not self.listening,
+        )
         if found is None:
             return False
         result, made = found
@@ -407,8 +423,15 @@ class Conversation:
         # (the backend's transaction status is not asked: it changes only by a statement,
         # which ends the lanes; a named portal is not a lane's)
         lane = statement.lane
-        if lane is None or lane.epoch != self.epoch or self.portals or self._queue \
-                or self.ignoring or self._piped or self._output_changed:  # fmt: skip
+        if (
+            lane is None
+            or lane.epoch != self.epoch
+            or self.portals
+            or self._queue
+            or self.ignoring
+            or self._piped
+            or self._output_changed
+        ):
             return None
         stats = self.statement_stats
         started = time.perf_counter() if stats is not None else 0.0
@@ -422,8 +445,9 @@ class Conversation:
                 stats.fold_hits()
         return answer
 
-    def _lane(self, portal: Portal, run: protocol.RunShape, head: bytes, result: Result,
-              made: Lane) -> _Lane | None:  # fmt: skip
+    def _lane(
+        self, portal: Portal, run: protocol.RunShape, head: bytes, result: Result, made: Lane
+    ) -> _Lane | None:
         """The server's side of the lane the engine made for a run `execution_at_hand` just
         answered (``head``: its BindComplete and RowDescription), if it can have one."""
         rows = result.rows
@@ -434,30 +458,51 @@ class Conversation:
         if None in decoders:
             return None
         formats = relay.result_formats(bind.result_formats, len(result.columns or ()))
-        return _Lane(self.epoch, run, _lane_answer(
-            run, t.cast(list[values.Decoder], decoders), portal.statement.converted, made,
-            self._encoders(result, formats), head))  # fmt: skip
+        return _Lane(
+            self.epoch,
+            run,
+            _lane_answer(
+                run,
+                t.cast(list[values.Decoder], decoders),
+                portal.statement.converted,
+                made,
+                self._encoders(result, formats),
+                head,
+            ),
+        )
 
     def _bound(self, portal: Portal, describe: bool) -> bytes:
         """BindComplete, then the portal's description if asked (a run taken whole)."""
         if not describe:
             return protocol.BIND_COMPLETE
         assert portal.statement.described is not None
-        return protocol.BIND_COMPLETE + (protocol.NO_DATA if portal.statement.described[1]
-                                         is None else self._row_description(portal))
+        return protocol.BIND_COMPLETE + (
+            protocol.NO_DATA
+            if portal.statement.described[1] is None
+            else self._row_description(portal)
+        )
 
     def run_at_backend(self, bind: protocol.Bind, describe: bool) -> Passing | None:
         """Send a whole run of a passed-through prepared statement (`protocol.execution`) to
         the backend without waiting for its answer, which `relay_ready` relays as it comes:
         the server's event loop passes statements through so, with no hand-off to a worker.
         None: nothing was done (the run is answered message by message)."""
-        if (bind.portal and bind.portal in self.portals) or self._queue or self.ignoring \
-                or self._piped or self._output_changed \
-                or self.session.report_position:  # fmt: skip
+        if (
+            (bind.portal and bind.portal in self.portals)
+            or self._queue
+            or self.ignoring
+            or self._piped
+            or self._output_changed
+            or self.session.report_position
+        ):
             return None
         statement = self.statements.get(bind.statement)
-        if statement is None or not statement.passthrough or not statement.relayed_as_is \
-                or (describe and statement.described is None):  # fmt: skip
+        if (
+            statement is None
+            or not statement.passthrough
+            or not statement.relayed_as_is
+            or (describe and statement.described is None)
+        ):
             return None
         conn = self.session.backend_connection_if_open()
         if conn is None or not self._at_backend(statement):
@@ -472,8 +517,9 @@ class Conversation:
         portal = Portal(statement, bind)
         bound = self._bound(portal, describe)
         pgconn = conn.pgconn
-        pgconn.send_query_prepared(statement.backend_name or b"", list(bind.params),
-                                   param_formats, result_format)  # fmt: skip
+        pgconn.send_query_prepared(
+            statement.backend_name or b"", list(bind.params), param_formats, result_format
+        )
         pgconn.set_chunked_rows_mode(relay.CHUNK_ROWS)
         self.out(bound)
         return Passing(portal, _Relaying(conn, self.out, False, None), pgconn.socket)
@@ -511,13 +557,20 @@ class Conversation:
         statement = self.statements.get(bind.statement)
         if statement is None or not statement.raw:
             return None
-        if (self.session.pooled and self.session.pinned is None) or \
-                self.session.report_position:  # fmt: skip
+        if (self.session.pooled and self.session.pinned is None) or self.session.report_position:
             return None  # (its connection may be another session's by its next run)
         conn = self.session.backend_connection_if_open()
-        if conn is None or not self._at_backend(statement) or self.portals or self._queue \
-                or self.ignoring or self.listening or self.needs_resync \
-                or self.session.provenance_notices or not self._idle():  # fmt: skip
+        if (
+            conn is None
+            or not self._at_backend(statement)
+            or self.portals
+            or self._queue
+            or self.ignoring
+            or self.listening
+            or self.needs_resync
+            or self.session.provenance_notices
+            or not self._idle()
+        ):
             return None
         pgconn = conn.pgconn
         if pgconn.ssl_in_use or pgconn.used_gssapi:
@@ -529,8 +582,12 @@ class Conversation:
             statement.raw_handled = self.handled
             self._raw_fd = pgconn.socket
         self.epoch += 1  # (as in `handle`)
-        return RawRun(statement, shape.rebound(data, head), pgconn.socket,
-                      started=time.perf_counter() if self.statement_stats else 0.0)
+        return RawRun(
+            statement,
+            shape.rebound(data, head),
+            pgconn.socket,
+            started=time.perf_counter() if self.statement_stats else 0.0,
+        )
 
     def raw_lane(self, statement: Statement, data: bytes) -> RawRun | None:
         """`raw_run` of a run that differs from the last of ``statement`` passed through
@@ -539,12 +596,15 @@ class Conversation:
         (``handled``): nothing the conversation would have checked can have changed. None:
         nothing was done."""
         shape = statement.raw_shape
-        if statement.raw_handled != self.handled or shape is None \
-                or not shape.fits(data):  # fmt: skip
+        if statement.raw_handled != self.handled or shape is None or not shape.fits(data):
             return None
         self.epoch += 1  # (as in `handle`)
-        return RawRun(statement, shape.rebound(data, statement.raw_head), self._raw_fd,
-                      started=time.perf_counter() if self.statement_stats else 0.0)
+        return RawRun(
+            statement,
+            shape.rebound(data, statement.raw_head),
+            self._raw_fd,
+            started=time.perf_counter() if self.statement_stats else 0.0,
+        )
 
     def raw_received(self, run: RawRun, data: bytes) -> bytes | None:
         """The whole messages of what the backend sent of a raw run, for the caller to
@@ -562,14 +622,14 @@ class Conversation:
         one); `resync` is then due if ``needs_resync``."""
         scan = run.scan
         if self.statement_stats is not None:
-            self.statement_stats.record("remote", not scan.failed and not run.lost,
-                                        time.perf_counter() - run.started)  # fmt: skip
+            self.statement_stats.record(
+                "remote", not scan.failed and not run.lost, time.perf_counter() - run.started
+            )
         if run.lost:
             return
         if not scan.failed:  # (`_forwarded`, its effects known to be none: `Statement.raw`)
             try:
-                self.session.forwarded(t.cast(Passthrough | Write, run.statement.route),
-                                       wait=False)  # fmt: skip
+                self.session.forwarded(t.cast(Passthrough | Write, run.statement.route), wait=False)
             except WouldWait:
                 self._clock_unsynced = True  # (`resync` settles it)
         if scan.reported or scan.status != b"I" or self._clock_unsynced:
@@ -616,24 +676,32 @@ class Conversation:
             self.session.caught_up()
         if pgconn is None:
             return True
-        names = [n for n in unsynced if n not in _READ_ONLY_REPORTED
-                 and pgconn.parameter_status(n.encode()) is not None]  # fmt: skip
+        names = [
+            n
+            for n in unsynced
+            if n not in _READ_ONLY_REPORTED and pgconn.parameter_status(n.encode()) is not None
+        ]
         if not names or pgconn.transaction_status != _IDLE:
             return True
-        sets = b"SELECT " + b", ".join(b"set_config($%d, $%d, false)" % (2 * i + 1, 2 * i + 2)
-                                       for i in range(len(names)))  # fmt: skip
+        sets = b"SELECT " + b", ".join(
+            b"set_config($%d, $%d, false)" % (2 * i + 1, 2 * i + 2) for i in range(len(names))
+        )
         before = [pgconn.parameter_status(n.encode()) for n in names]
         for values_ in (before, [unsynced[n].encode(self.settings.codec) for n in names]):
             params = [p for n, v in zip(names, values_, strict=True) for p in (n.encode(), v)]
             result = self._own_statement(pgconn, sets, params)
             if result is None or result.status != ExecStatus.TUPLES_OK:
-                log.warning("the server could not bring libpq's copy of %s up to date: %s",
-                            ", ".join(names), result and result.error_message)  # fmt: skip
+                log.warning(
+                    "the server could not bring libpq's copy of %s up to date: %s",
+                    ", ".join(names),
+                    result and result.error_message,
+                )
                 break
         return True
 
-    def _own_statement(self, pgconn: pq.abc.PGconn, sql: bytes,
-                       params: list[bytes | None] | None = None) -> pq.abc.PGresult | None:
+    def _own_statement(
+        self, pgconn: pq.abc.PGconn, sql: bytes, params: list[bytes | None] | None = None
+    ) -> pq.abc.PGresult | None:
         """A statement of the server's own on the session's connection (outside a pipeline):
         its first result, the rest read and dropped. It takes the backend's unnamed
         statement, which a client's unnamed statement then no longer is."""
@@ -662,27 +730,38 @@ class Conversation:
         """Nothing of the session's waits at the backend, and no transaction block is open
         there (outside one, a statement that fails touches nothing): answers at hand may be
         given."""
-        return not (self._piped or self._output_changed) and \
-            self.session.backend_transaction_status() == pq.TransactionStatus.IDLE  # fmt: skip
+        return (
+            not (self._piped or self._output_changed)
+            and self.session.backend_transaction_status() == pq.TransactionStatus.IDLE
+        )
 
-    def _answer_at_hand(self, portal: Portal,
-                        lane: bool = False) -> tuple[Result, Lane | None] | None:  # fmt: skip
+    def _answer_at_hand(
+        self, portal: Portal, lane: bool = False
+    ) -> tuple[Result, Lane | None] | None:
         """The answer of a bound cached read of a described statement from what the cache
         holds in memory (`Session.read_locally` without waiting), and with ``lane`` the lane
         it leaves (`Session.read_with_lane`); None: nothing was done."""
         statement = portal.statement
         routed, described = statement.route, statement.described
         # (columns the server cannot encode: known before the engine counts an answer)
-        if not isinstance(routed, CachedRead) or described is None or described[1] is None \
-                or not statement.encodable or not self.settings.supported:  # fmt: skip
+        if (
+            not isinstance(routed, CachedRead)
+            or described is None
+            or described[1] is None
+            or not statement.encodable
+            or not self.settings.supported
+        ):
             return None
         if len(portal.bind.result_formats) not in (0, 1, len(described[1])):
             return None  # (refused where errors are made)
         try:
             params = self._engine_params(portal)
             session = self.session
-            result, made = session.read_with_lane(routed.query, params) if lane else \
-                (session.read_locally(routed.query, params, wait=False), None)  # fmt: skip
+            result, made = (
+                session.read_with_lane(routed.query, params)
+                if lane
+                else (session.read_locally(routed.query, params, wait=False), None)
+            )
         except (WouldWait, _Refusal, Error):
             return None  # (nothing was done: an error is made where it is handled)
         return (result, made) if result is not None and _encodes(result) else None
@@ -748,8 +827,14 @@ class Conversation:
         self._notifications()
         return ok
 
-    def _relay_results(self, conn: psycopg.Connection[t.Any], out: Out, *, simple: bool,
-                       mixed: list[int] | None = None) -> bool:  # fmt: skip
+    def _relay_results(
+        self,
+        conn: psycopg.Connection[t.Any],
+        out: Out,
+        *,
+        simple: bool,
+        mixed: list[int] | None = None,
+    ) -> bool:
         """A backend command's results as the client's messages (``simple``: a Query
         message's, each row set with its RowDescription, COPY relayed; ``mixed``: the
         client's per-column formats where libpq sent text): False if it failed."""
@@ -784,9 +869,14 @@ class Conversation:
         elif status == ExecStatus.COPY_IN and simple:
             self._copy_in(relaying.conn, result)
         elif status in (ExecStatus.COPY_IN, ExecStatus.COPY_OUT):
-            self.out(protocol.error_response("0A000", "COPY through the extended query "
-                     "protocol is not supported by the cache server: send it as a "
-                     "simple query"))  # fmt: skip
+            self.out(
+                protocol.error_response(
+                    "0A000",
+                    "COPY through the extended query "
+                    "protocol is not supported by the cache server: send it as a "
+                    "simple query",
+                )
+            )
             relaying.ok = False
         else:
             self._backend_error(relay.diagnostic_message(result))
@@ -825,8 +915,9 @@ class Conversation:
         statement = Statement(message.sql, text, message.param_types, converted, routed)
         name = message.name
         if name and name in self.statements:
-            raise _Refusal("42P05", f'prepared statement "{name.decode(errors="replace")}" '
-                           "already exists")  # fmt: skip
+            raise _Refusal(
+                "42P05", f'prepared statement "{name.decode(errors="replace")}" already exists'
+            )
         previous = self.statements.get(name) if not name else None
         if previous is not None and previous.backend_name:
             self._close_at_backend(previous)
@@ -837,8 +928,9 @@ class Conversation:
         backend_name = b""  # the backend's names are the server's (the engine names too)
         if name and self.session.pooled:  # named by its text: pooled sessions share it
             backend_name = _pooled_name(statement)
-            if self.session.backend_connection_if_open() is None \
-                    or self._at_backend(statement, backend_name):  # fmt: skip
+            if self.session.backend_connection_if_open() is None or self._at_backend(
+                statement, backend_name
+            ):
                 # parsed at the backend when first used (`_ensure_at_backend`): a client that
                 # prepares synchronously for many sessions (pgbench's threads) waits for no
                 # pooled connection here while its other sessions hold them
@@ -850,8 +942,9 @@ class Conversation:
             backend_name = f"mtcache_{self._names}".encode()
         self._prepare_at_backend(statement, backend_name, protocol.PARSE_COMPLETE)
 
-    def _prepare_at_backend(self, statement: Statement, backend_name: bytes,
-                            answer: bytes = b"") -> None:  # fmt: skip
+    def _prepare_at_backend(
+        self, statement: Statement, backend_name: bytes, answer: bytes = b""
+    ) -> None:
         """Parse the statement at the backend under this name; ``answer`` for the client
         when it succeeds."""
         pgconn = self._piped_backend()
@@ -878,8 +971,9 @@ class Conversation:
     def _bind(self, message: protocol.Bind) -> None:
         statement = self.statements.get(message.statement)
         if statement is None:
-            raise _Refusal("26000", f'prepared statement "{_name(message.statement)}" does not '
-                           "exist")  # fmt: skip
+            raise _Refusal(
+                "26000", f'prepared statement "{_name(message.statement)}" does not exist'
+            )
         if message.portal and message.portal in self.portals:
             raise _Refusal("42P03", f'cursor "{_name(message.portal)}" already exists')
         self.portals[message.portal] = Portal(statement, message)
@@ -889,12 +983,16 @@ class Conversation:
         if message.kind == b"S":
             statement = self.statements.get(message.name)
             if statement is None:
-                raise _Refusal("26000", f'prepared statement "{_name(message.name)}" does '
-                               "not exist")  # fmt: skip
-            self._with_description(statement, lambda params, fields: self.out(
-                protocol.parameter_description(params) + (
-                    protocol.row_description(fields) if fields is not None
-                    else protocol.NO_DATA)))  # fmt: skip
+                raise _Refusal(
+                    "26000", f'prepared statement "{_name(message.name)}" does not exist'
+                )
+            self._with_description(
+                statement,
+                lambda params, fields: self.out(
+                    protocol.parameter_description(params)
+                    + (protocol.row_description(fields) if fields is not None else protocol.NO_DATA)
+                ),
+            )
             return
         portal = self.portals.get(message.name)
         if portal is None:
@@ -918,7 +1016,8 @@ class Conversation:
             fields = statement.described[1]
             formats = relay.result_formats(codes, len(fields))
             found = protocol.row_description(
-                [f._replace(format=c) for f, c in zip(fields, formats, strict=True)])
+                [f._replace(format=c) for f, c in zip(fields, formats, strict=True)]
+            )
             statement.row_descriptions[codes] = found
         return found
 
@@ -930,9 +1029,14 @@ class Conversation:
             raise _Refusal("34000", f'portal "{_name(name)}" does not exist')
         pgconn = self._piped_backend()
         pgconn.send_describe_portal(name)
-        self._expect_command(pgconn, lambda result: self.out(
-            protocol.row_description(relay.fields_of(result)) if result.nfields
-            else protocol.NO_DATA))  # fmt: skip
+        self._expect_command(
+            pgconn,
+            lambda result: self.out(
+                protocol.row_description(relay.fields_of(result))
+                if result.nfields
+                else protocol.NO_DATA
+            ),
+        )
 
     def _with_description(self, statement: Statement, then: _Described) -> None:
         """Call ``then`` with the statement's parameter types and columns, in its turn."""
@@ -943,8 +1047,10 @@ class Conversation:
         if not statement.passthrough and not isinstance(statement.route, CachedRead):
             # the cache's own statements: their columns are known without running them
             columns = inspect.result_columns(statement.route)
-            found = (tuple(statement.param_types), None if columns is None else
-                     [_field(name, oid, -1, 0) for name, oid in columns])  # fmt: skip
+            found = (
+                tuple(statement.param_types),
+                None if columns is None else [_field(name, oid, -1, 0) for name, oid in columns],
+            )
             statement.described = found
             self._queue.append(_Expect(lambda: _then(then, found)))
             return
@@ -1002,11 +1108,9 @@ class Conversation:
     def _send_local(self, portal: Portal, result: Result, max_rows: int) -> None:
         """The engine's answer to an Execute: in the portal's result formats, at most
         ``max_rows`` rows now (the rest kept in the portal)."""
-        formats = relay.result_formats(portal.bind.result_formats,
-                                       len(result.columns or ()))  # fmt: skip
+        formats = relay.result_formats(portal.bind.result_formats, len(result.columns or ()))
         if max_rows > 0 and result.rows is not None:
-            self._send_result(result, describe=False, formats=formats,
-                              into=self._holder(portal))  # fmt: skip
+            self._send_result(result, describe=False, formats=formats, into=self._holder(portal))
             self.out(self._portal_rows(portal, max_rows))
             return
         self._send_result(result, describe=False, formats=formats)
@@ -1017,8 +1121,9 @@ class Conversation:
         self._ensure_at_backend(statement)
         bind = portal.bind
         param_formats, result_format, mixed = _bind_formats(bind)
-        pgconn.send_query_prepared(statement.backend_name or b"", list(bind.params),
-                                   param_formats, result_format)  # fmt: skip
+        pgconn.send_query_prepared(
+            statement.backend_name or b"", list(bind.params), param_formats, result_format
+        )
         self._expect_rows(portal, max_rows, mixed, statement.route)
 
     def _execute_text_at_backend(self, portal: Portal, routed: CachedRead, max_rows: int) -> None:
@@ -1028,15 +1133,20 @@ class Conversation:
         statement = portal.statement
         types = statement.described[0] if statement.described else statement.param_types
         param_formats, result_format, mixed = _bind_formats(bind)
-        pgconn.send_query_params(statement.backend_text.encode(self.settings.codec),
-                                 list(bind.params), list(types) or None, param_formats,
-                                 result_format)  # fmt: skip
+        pgconn.send_query_params(
+            statement.backend_text.encode(self.settings.codec),
+            list(bind.params),
+            list(types) or None,
+            param_formats,
+            result_format,
+        )
         self._unnamed_owner = None
         self._expect_rows(portal, max_rows, mixed, None)
         self.session.answered_remotely(routed.query)
 
-    def _expect_rows(self, portal: Portal, max_rows: int, mixed: list[int] | None,
-                     routed: Route | None) -> None:  # fmt: skip
+    def _expect_rows(
+        self, portal: Portal, max_rows: int, mixed: list[int] | None, routed: Route | None
+    ) -> None:
         conn = self._backend()
 
         def read() -> bool:
@@ -1101,8 +1211,11 @@ class Conversation:
             statement = self.statements.pop(message.name, None)
             if statement is not None and statement.backend_name:
                 self._close_at_backend(statement)
-        elif self.portals.pop(message.name, None) is None and message.name \
-                and self.session.backend_connection_if_open() is not None:
+        elif (
+            self.portals.pop(message.name, None) is None
+            and message.name
+            and self.session.backend_connection_if_open() is not None
+        ):
             pgconn = self._piped_backend()  # a cursor declared at the backend
             pgconn.send_close_portal(message.name)
             self._discard_result(pgconn)
@@ -1130,8 +1243,10 @@ class Conversation:
         if name is None:
             return False
         if name == b"":
-            return self._unnamed_owner is statement and \
-                self._unnamed_at == self.session.backend_statements  # (the engine's took it)
+            return (
+                self._unnamed_owner is statement
+                and self._unnamed_at == self.session.backend_statements
+            )  # (the engine's took it)
         prepared = self.session.backend_prepared
         if prepared is None:
             return not self.session.pooled  # (a session's own connection holds its own)
@@ -1162,8 +1277,12 @@ class Conversation:
             self._piped = True
         return pgconn
 
-    def _expect_command(self, pgconn: pq.abc.PGconn, done: Callable[[pq.abc.PGresult], None],
-                        failed: Callable[[], None] | None = None) -> None:  # fmt: skip
+    def _expect_command(
+        self,
+        pgconn: pq.abc.PGconn,
+        done: Callable[[pq.abc.PGresult], None],
+        failed: Callable[[], None] | None = None,
+    ) -> None:
         """A piped command (Parse, Describe) answered in its turn: ``done`` with its result,
         or, when the backend refused it, its ErrorResponse for the client (and ``failed``)."""
 
@@ -1186,8 +1305,10 @@ class Conversation:
     def _check_not_failed(self) -> None:
         """The cache answers nothing in a failed transaction block, as PostgreSQL."""
         if self.session.backend_transaction_status() == pq.TransactionStatus.INERROR:
-            raise _Refusal("25P02", "current transaction is aborted, commands ignored until "
-                           "end of transaction block")  # fmt: skip
+            raise _Refusal(
+                "25P02",
+                "current transaction is aborted, commands ignored until end of transaction block",
+            )
 
     def _command_result(self, pgconn: pq.abc.PGconn) -> pq.abc.PGresult:
         """A command's one result, then libpq's end of its results."""
@@ -1268,17 +1389,20 @@ class Conversation:
         bind = portal.bind
         types = self._param_types(portal)
         if len(bind.params) != len(types):
-            raise _Refusal("08P01", f"bind message supplies {len(bind.params)} parameters, "
-                           f"but prepared statement requires {len(types)}")  # fmt: skip
+            raise _Refusal(
+                "08P01",
+                f"bind message supplies {len(bind.params)} parameters, "
+                f"but prepared statement requires {len(types)}",
+            )
         decoded: list[t.Any] = []
-        for i, (value, decode) in enumerate(zip(bind.params, _decoders(bind, types),
-                                                strict=True)):  # fmt: skip
+        for i, (value, decode) in enumerate(zip(bind.params, _decoders(bind, types), strict=True)):
             if value is None:
                 decoded.append(None)
                 continue
             if decode is None:
-                raise _Unreadable("0A000", f"parameter ${i + 1} has a type (OID {types[i]}) "
-                                  "the cache cannot read")  # fmt: skip
+                raise _Unreadable(
+                    "0A000", f"parameter ${i + 1} has a type (OID {types[i]}) the cache cannot read"
+                )
             decoded.append(decode(value))
         return converted.params(decoded)
 
@@ -1293,8 +1417,9 @@ class Conversation:
             types = statement.described[0]
         return types
 
-    def _send_result(self, result: Result, *, describe: bool, formats: list[int] | None,
-                     into: Out | None = None) -> None:  # fmt: skip
+    def _send_result(
+        self, result: Result, *, describe: bool, formats: list[int] | None, into: Out | None = None
+    ) -> None:
         out = into or self.out
         for notice in result.notices:
             if notice in self._noticed:  # the backend's, sent as it came
@@ -1320,9 +1445,12 @@ class Conversation:
                 data = protocol.data_row(row, encoders)
                 total += len(data)
                 if total > limit:
-                    raise _Refusal("54000", f"the result is larger than the cache server's "
-                                   f"limit of {limit} bytes (--max-result-bytes): ask for "
-                                   "fewer rows (LIMIT), or read it in parts through a cursor")
+                    raise _Refusal(
+                        "54000",
+                        f"the result is larger than the cache server's "
+                        f"limit of {limit} bytes (--max-result-bytes): ask for "
+                        "fewer rows (LIMIT), or read it in parts through a cursor",
+                    )
                 rows.append(data)
             for data in rows:
                 out(data)
@@ -1335,8 +1463,15 @@ class Conversation:
 
     def _cache_notice(self, notice: str) -> None:
         """A NOTICE of the cache's own (with its JSON detail, if it has one)."""
-        self.out(protocol.error_response("00000", notice, severity="NOTICE", notice=True,
-                                         detail=getattr(notice, "detail", None)))  # fmt: skip
+        self.out(
+            protocol.error_response(
+                "00000",
+                notice,
+                severity="NOTICE",
+                notice=True,
+                detail=getattr(notice, "detail", None),
+            )
+        )
 
     def _provenance_notice(self) -> None:
         """After a statement the backend answered: its provenance NOTICE, if the session asks
@@ -1358,9 +1493,13 @@ class Conversation:
         if isinstance(exc, psycopg.Error) and self.session.lost_backend:
             # (libpq's loss of the connection, which psycopg may class by the call that saw
             # it: the session ends with it, as PostgreSQL's would)
-            self._backend_error(protocol.error_response(
-                "08006", f"the backend connection was lost: {str(exc).strip()}",
-                severity="FATAL"))  # fmt: skip
+            self._backend_error(
+                protocol.error_response(
+                    "08006",
+                    f"the backend connection was lost: {str(exc).strip()}",
+                    severity="FATAL",
+                )
+            )
             return
         self._backend_error(protocol.diagnostic(diagnostics(exc, text), codec))
         self.ignoring = True
@@ -1397,8 +1536,9 @@ class Conversation:
         started = self._started
         if started is not None and self.statement_stats is not None:
             self._started = None
-            self.statement_stats.record(self.session.last_route, not self._failed,
-                                        time.perf_counter() - started)  # fmt: skip
+            self.statement_stats.record(
+                self.session.last_route, not self._failed, time.perf_counter() - started
+            )
         if self.session.report_position:
             self._report_position()
         self.out(protocol.ready_for_query(_STATUS.get(status, b"I")))
@@ -1446,13 +1586,15 @@ class Conversation:
         conn = self.session.backend_connection_if_open()
         if conn is None or status == pq.TransactionStatus.INERROR:
             return
-        found = self._own_statement(conn.pgconn, b"SELECT current_setting('extra_float_digits'), "
-                                    b"current_setting('bytea_output')")  # fmt: skip
+        found = self._own_statement(
+            conn.pgconn,
+            b"SELECT current_setting('extra_float_digits'), current_setting('bytea_output')",
+        )
         if found is not None and found.status == ExecStatus.TUPLES_OK:
             digits, output = (found.get_value(0, i) or b"" for i in range(2))
-            self.settings = dataclasses.replace(self.settings,
-                                                extra_float_digits=int(digits),
-                                                bytea_output=output.decode())  # fmt: skip
+            self.settings = dataclasses.replace(
+                self.settings, extra_float_digits=int(digits), bytea_output=output.decode()
+            )
         self._output_changed = status == pq.TransactionStatus.INTRANS
 
     def notify(self) -> None:
@@ -1514,15 +1656,21 @@ class Conversation:
 
 _IDLE = pq.TransactionStatus.IDLE
 # reported settings no statement sets (`Conversation.resync`)
-_READ_ONLY_REPORTED = frozenset(("server_version", "server_encoding", "integer_datetimes",
-                                 "in_hot_standby", "is_superuser"))  # fmt: skip
+_READ_ONLY_REPORTED = frozenset(
+    ("server_version", "server_encoding", "integer_datetimes", "in_hot_standby", "is_superuser")
+)
 
-_STATUS = {pq.TransactionStatus.IDLE: b"I", pq.TransactionStatus.INTRANS: b"T",
-           pq.TransactionStatus.INERROR: b"E"}  # fmt: skip
+_STATUS = {
+    pq.TransactionStatus.IDLE: b"I",
+    pq.TransactionStatus.INTRANS: b"T",
+    pq.TransactionStatus.INERROR: b"E",
+}
 
 # what makes the backend's transaction block fail when the cache failed one of its statements
-_FAIL_TRANSACTION = (b"DO $$BEGIN RAISE EXCEPTION 'mtcache: the cache server failed a "
-                     b"statement of this transaction block'; END$$")  # fmt: skip
+_FAIL_TRANSACTION = (
+    b"DO $$BEGIN RAISE EXCEPTION 'mtcache: the cache server failed a "
+    b"statement of this transaction block'; END$$"
+)
 
 
 class _Refusal(Exception):
@@ -1566,17 +1714,21 @@ def _decoders(bind: protocol.Bind, types: t.Sequence[int]) -> list[values.Decode
     return [values.decoder(oid, bind.param_format(i) == 1) for i, oid in enumerate(types)]
 
 
-def _lane_answer(run: protocol.RunShape, decoders: t.Sequence[values.Decoder],
-                 converted: Converted, made: Lane, encoders: t.Sequence[values.Encoder],
-                 head: bytes) -> Callable[[bytes], bytes | None]:  # fmt: skip
+def _lane_answer(
+    run: protocol.RunShape,
+    decoders: t.Sequence[values.Decoder],
+    converted: Converted,
+    made: Lane,
+    encoders: t.Sequence[values.Encoder],
+    head: bytes,
+) -> Callable[[bytes], bytes | None]:
     """How a lane answers a run of its shape (``data``: its bytes): the parameter values read
     (``decoders``, as `_engine_params` reads them), the engine's lane asked for the rows, and
     the bytes of the answer after ``head``; None when the lane does not hold or a value is
     not one it takes (the full path answers, or says why not). The usual point lookup, one
     parameter that is the lookup's key, is read with nothing in between (`Lane.key_rows`)."""
     if run.params == 1 and converted.order == (0,) and made.one_key:
-        value_of, decode, key_type, key_rows = run.value, decoders[0], made.types[0], \
-            made.key_rows  # fmt: skip
+        value_of, decode, key_type, key_rows = run.value, decoders[0], made.types[0], made.key_rows
 
         def one_key(data: bytes) -> bytes | None:
             value = value_of(data)
@@ -1598,8 +1750,7 @@ def _lane_answer(run: protocol.RunShape, decoders: t.Sequence[values.Decoder],
         if found is None:
             return None
         try:
-            decoded = [None if v is None else d(v)
-                       for d, v in zip(decoders, found, strict=True)]  # fmt: skip
+            decoded = [None if v is None else d(v) for d, v in zip(decoders, found, strict=True)]
         except Exception:  # a value it cannot read: the full path says why
             return None
         rows = made.rows(converted.params(decoded))
@@ -1608,13 +1759,20 @@ def _lane_answer(run: protocol.RunShape, decoders: t.Sequence[values.Decoder],
     return any_run
 
 
-def _rows_answer(head: bytes, encoders: t.Sequence[values.Encoder],
-                 rows: t.Sequence[t.Sequence[t.Any]]) -> bytes:  # fmt: skip
+def _rows_answer(
+    head: bytes, encoders: t.Sequence[values.Encoder], rows: t.Sequence[t.Sequence[t.Any]]
+) -> bytes:
     """A lane's answer: ``head``, the rows, SELECT n and ReadyForQuery (idle)."""
     if len(rows) == 1:  # (the usual point lookup's)
         return b"".join((head, protocol.data_row(rows[0], encoders), _ONE_SELECTED))
-    return b"".join((head, *(protocol.data_row(row, encoders) for row in rows),
-                     protocol.select_complete(len(rows)), _READY_IDLE))  # fmt: skip
+    return b"".join(
+        (
+            head,
+            *(protocol.data_row(row, encoders) for row in rows),
+            protocol.select_complete(len(rows)),
+            _READY_IDLE,
+        )
+    )
 
 
 def _bind_formats(bind: protocol.Bind) -> tuple[list[int] | None, int, list[int] | None]:
@@ -1654,8 +1812,10 @@ def result_fields(result: Result, formats: list[int]) -> list[Field]:
     if described is not None:
         return relay.fields_of(described, formats)
     columns = result.columns or ()
-    return [_field(c.name, c.type_oid or OID.text, c.type_modifier, f)
-            for c, f in zip(columns, formats, strict=True)]  # fmt: skip
+    return [
+        _field(c.name, c.type_oid or OID.text, c.type_modifier, f)
+        for c, f in zip(columns, formats, strict=True)
+    ]
 
 
 def _field(name: str, oid: int, type_modifier: int, format: int) -> Field:

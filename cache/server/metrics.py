@@ -58,27 +58,62 @@ class Server(t.Protocol):
 
 def server_samples(server: Server) -> list[Sample]:
     """The server's own figures."""
-    paths = (("lane", server.lane_hits), ("at_hand", server.runs_at_once),
-             ("relayed_raw", server.relayed_raw),
-             ("relayed", server.relayed_at_once - server.relayed_raw))  # fmt: skip
+    paths = (
+        ("lane", server.lane_hits),
+        ("at_hand", server.runs_at_once),
+        ("relayed_raw", server.relayed_raw),
+        ("relayed", server.relayed_at_once - server.relayed_raw),
+    )
     found = [
-        Sample("mtcache_sessions", (), float(server.sessions()), "gauge",
-               "client sessions open"),
-        Sample("mtcache_sessions_running", (), float(server.running()), "gauge",
-               "client sessions answering a statement now"),
-        *(Sample("mtcache_server_statements_total", (("path", path),), float(count), "counter",
-                 STATEMENTS) for path, count in paths),
+        Sample("mtcache_sessions", (), float(server.sessions()), "gauge", "client sessions open"),
+        Sample(
+            "mtcache_sessions_running",
+            (),
+            float(server.running()),
+            "gauge",
+            "client sessions answering a statement now",
+        ),
+        *(
+            Sample(
+                "mtcache_server_statements_total",
+                (("path", path),),
+                float(count),
+                "counter",
+                STATEMENTS,
+            )
+            for path, count in paths
+        ),
     ]
     pool = backend_pool(server.engine.backend).get_stats()
     found += [
-        Sample("mtcache_backend_pool_connections", (), float(pool.get("pool_size", 0)),
-               "gauge", "connections of the shared backend pool"),
-        Sample("mtcache_backend_pool_available", (), float(pool.get("pool_available", 0)),
-               "gauge", "idle connections of the shared backend pool"),
-        Sample("mtcache_backend_pool_waiting", (), float(pool.get("requests_waiting", 0)),
-               "gauge", "requests waiting for a connection of the shared backend pool"),
-        Sample("mtcache_backend_pool_waits_total", (), float(pool.get("requests_queued", 0)),
-               "counter", "requests that had to wait for a pooled backend connection"),
+        Sample(
+            "mtcache_backend_pool_connections",
+            (),
+            float(pool.get("pool_size", 0)),
+            "gauge",
+            "connections of the shared backend pool",
+        ),
+        Sample(
+            "mtcache_backend_pool_available",
+            (),
+            float(pool.get("pool_available", 0)),
+            "gauge",
+            "idle connections of the shared backend pool",
+        ),
+        Sample(
+            "mtcache_backend_pool_waiting",
+            (),
+            float(pool.get("requests_waiting", 0)),
+            "gauge",
+            "requests waiting for a connection of the shared backend pool",
+        ),
+        Sample(
+            "mtcache_backend_pool_waits_total",
+            (),
+            float(pool.get("requests_queued", 0)),
+            "counter",
+            "requests that had to wait for a pooled backend connection",
+        ),
     ]
     if server.statement_stats is not None:
         found += server.statement_stats.samples()
@@ -86,21 +121,52 @@ def server_samples(server: Server) -> list[Sample]:
     if sessions is not None:
         for role, count in sessions.open.items():
             idle = sessions.idle.get(role, 0)
-            found += [Sample("mtcache_session_pool_connections",
-                             (("role", role), ("state", state)), float(n), "gauge",
-                             "backend connections of the session pool")
-                      for state, n in (("busy", count - idle), ("idle", idle))]  # fmt: skip
+            found += [
+                Sample(
+                    "mtcache_session_pool_connections",
+                    (("role", role), ("state", state)),
+                    float(n),
+                    "gauge",
+                    "backend connections of the session pool",
+                )
+                for state, n in (("busy", count - idle), ("idle", idle))
+            ]
         found += [
-            Sample("mtcache_session_pool_waiting", (), float(sessions.waiting), "gauge",
-                   "statements waiting for a connection of the session pool now"),
-            Sample("mtcache_session_pool_waits_total", (), float(sessions.waits), "counter",
-                   "statements that waited for a connection of the session pool"),
-            Sample("mtcache_session_pool_wait_seconds_total", (), sessions.wait_seconds,
-                   "counter", "time statements waited for a connection of the session pool"),
-            Sample("mtcache_session_pool_timeouts_total", (), float(sessions.timeouts),
-                   "counter", "statements that gave up waiting (53300)"),
-            Sample("mtcache_session_pool_acquired_total", (), float(sessions.acquired),
-                   "counter", "connections handed to sessions by the session pool"),
+            Sample(
+                "mtcache_session_pool_waiting",
+                (),
+                float(sessions.waiting),
+                "gauge",
+                "statements waiting for a connection of the session pool now",
+            ),
+            Sample(
+                "mtcache_session_pool_waits_total",
+                (),
+                float(sessions.waits),
+                "counter",
+                "statements that waited for a connection of the session pool",
+            ),
+            Sample(
+                "mtcache_session_pool_wait_seconds_total",
+                (),
+                sessions.wait_seconds,
+                "counter",
+                "time statements waited for a connection of the session pool",
+            ),
+            Sample(
+                "mtcache_session_pool_timeouts_total",
+                (),
+                float(sessions.timeouts),
+                "counter",
+                "statements that gave up waiting (53300)",
+            ),
+            Sample(
+                "mtcache_session_pool_acquired_total",
+                (),
+                float(sessions.acquired),
+                "counter",
+                "connections handed to sessions by the session pool",
+            ),
         ]
     return found
 
@@ -120,7 +186,8 @@ class _Collector:
                 base, _, part = sample.name.rpartition("_")
                 labels = tuple(kv for kv in sample.labels if kv[0] != "le")
                 series = histograms.setdefault(base, {}).setdefault(
-                    labels, {"buckets": [], "sum": 0.0})  # fmt: skip
+                    labels, {"buckets": [], "sum": 0.0}
+                )
                 if part == "bucket":
                     series["buckets"].append((dict(sample.labels)["le"], sample.value))
                 elif part == "sum":
@@ -130,10 +197,12 @@ class _Collector:
             family = families.get(sample.name)
             if family is None:
                 kind = CounterMetricFamily if sample.kind == "counter" else GaugeMetricFamily
-                name = sample.name.removesuffix("_total") if sample.kind == "counter" \
-                    else sample.name  # fmt: skip
+                name = (
+                    sample.name.removesuffix("_total") if sample.kind == "counter" else sample.name
+                )
                 family = families[sample.name] = kind(
-                    name, sample.help, labels=[k for k, _ in sample.labels])
+                    name, sample.help, labels=[k for k, _ in sample.labels]
+                )
             family.add_metric([v for _, v in sample.labels], sample.value)  # type: ignore[attr-defined]
         yield from families.values()
         for base, by_labels in histograms.items():
@@ -159,16 +228,16 @@ class MetricsEndpoint:
         self._metrics = make_wsgi_app(registry)
         self._httpd = make_server(host, port, self._app, ThreadingWSGIServer, _Quiet)
         self.address = self._httpd.server_address[:2]
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True,
-                                        name="mtcache-metrics")  # fmt: skip
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, daemon=True, name="mtcache-metrics"
+        )
         self._thread.start()
 
     def close(self) -> None:
         self._httpd.shutdown()
         self._httpd.server_close()
 
-    def _app(self, environ: dict[str, t.Any],
-             respond: Callable[..., t.Any]) -> Iterable[bytes]:  # fmt: skip
+    def _app(self, environ: dict[str, t.Any], respond: Callable[..., t.Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
         if path == "/livez":
             return _plain(respond, self._server.responsive(LIVE_SECONDS), "live")
@@ -178,8 +247,10 @@ class MetricsEndpoint:
 
 
 def _plain(respond: Callable[..., t.Any], ok: bool, what: str) -> list[bytes]:
-    respond("200 OK" if ok else "503 Service Unavailable",
-            [("Content-Type", "text/plain; charset=utf-8")])  # fmt: skip
+    respond(
+        "200 OK" if ok else "503 Service Unavailable",
+        [("Content-Type", "text/plain; charset=utf-8")],
+    )
     return [f"{what}\n".encode() if ok else f"not {what}\n".encode()]
 
 

@@ -42,8 +42,11 @@ def to_engine(sql: str) -> Converted:
         if token.token_type != TokenType.PARAMETER or token.text != "$":
             continue
         number = tokens[i + 1]
-        if number.token_type != TokenType.NUMBER or number.start != token.end + 1 \
-                or not number.text.isdigit():  # fmt: skip
+        if (
+            number.token_type != TokenType.NUMBER
+            or number.start != token.end + 1
+            or not number.text.isdigit()
+        ):
             continue
         pieces.append(sql[last : token.start].replace("%", "%%"))
         pieces.append("%s")

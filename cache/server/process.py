@@ -25,8 +25,9 @@ def mtcache_executable() -> str:
     return str(Path(sys.executable).parent / "mtcache")
 
 
-def client_environment(host: str, port: int, database: str, user: str = "postgres",
-                       options: str | None = None) -> dict[str, str]:  # fmt: skip
+def client_environment(
+    host: str, port: int, database: str, user: str = "postgres", options: str | None = None
+) -> dict[str, str]:
     """The environment of a libpq client program (psql, pgbench) pointed at a server: this
     process's, with PGOPTIONS set to ``options`` (none of the caller's own)."""
     env = dict(os.environ, PGHOST=host, PGPORT=str(port), PGUSER=user, PGDATABASE=database)
@@ -37,20 +38,32 @@ def client_environment(host: str, port: int, database: str, user: str = "postgre
 
 
 @contextlib.contextmanager
-def serving_process(backend: str, cache_path: Path, *options: str,
-                    log: t.IO[bytes] | None = None) -> Iterator[ServedAt]:  # fmt: skip
+def serving_process(
+    backend: str, cache_path: Path, *options: str, log: t.IO[bytes] | None = None
+) -> Iterator[ServedAt]:
     """Run ``mtcache serve --listen 127.0.0.1:0 [options]`` over ``cache_path`` (its log to
     ``log``, else discarded) while the block runs; yields where it listens."""
-    argv = [mtcache_executable(), "--backend", backend, "--cache", str(cache_path), "serve",
-            "--listen", "127.0.0.1:0", *options]  # fmt: skip
+    argv = [
+        mtcache_executable(),
+        "--backend",
+        backend,
+        "--cache",
+        str(cache_path),
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        *options,
+    ]
     sink = log if log is not None else subprocess.DEVNULL
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=sink, stderr=sink)
     try:
         deadline = time.monotonic() + START_SECONDS
         while (served := served_at(cache_path)) is None or served.pid != proc.pid:
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise OperationalError(f"mtcache serve over {cache_path} did not start (exit "
-                                       f"{proc.poll()}): run it by hand to see why")  # fmt: skip
+                raise OperationalError(
+                    f"mtcache serve over {cache_path} did not start (exit "
+                    f"{proc.poll()}): run it by hand to see why"
+                )
             time.sleep(0.05)
         yield served
     finally:

@@ -162,8 +162,22 @@ class Password:
 
 
 StartupPacket = Startup | SSLRequest | GSSENCRequest | CancelRequest
-Message = (Query | Parse | Bind | Describe | Execute | Close | Sync | Flush | Terminate
-           | CopyData | CopyDone | CopyFail | FunctionCall | Password)  # fmt: skip
+Message = (
+    Query
+    | Parse
+    | Bind
+    | Describe
+    | Execute
+    | Close
+    | Sync
+    | Flush
+    | Terminate
+    | CopyData
+    | CopyDone
+    | CopyFail
+    | FunctionCall
+    | Password
+)
 
 
 class _Body:
@@ -221,8 +235,10 @@ class _Body:
 
     def end(self) -> None:
         if self.pos != len(self.data):
-            raise ProtocolViolation(f"invalid message format: {len(self.data) - self.pos} "
-                                    f"bytes left over in message {self.what}")  # fmt: skip
+            raise ProtocolViolation(
+                f"invalid message format: {len(self.data) - self.pos} "
+                f"bytes left over in message {self.what}"
+            )
 
     def _short(self) -> ProtocolViolation:
         return ProtocolViolation(f"insufficient data left in message {self.what}")
@@ -254,14 +270,18 @@ def _parse_message(kind: bytes, data: bytes) -> Message:
                 raise ProtocolViolation(f"invalid parameter length {length} in message 'B'")
             params.append(None if length == -1 else body.take(length))
         if len(param_formats) > 1 and len(param_formats) != len(params):
-            raise ProtocolViolation(f"bind message has {len(param_formats)} parameter formats "
-                                    f"but {len(params)} parameters")  # fmt: skip
+            raise ProtocolViolation(
+                f"bind message has {len(param_formats)} parameter formats "
+                f"but {len(params)} parameters"
+            )
         message = Bind(portal, statement, param_formats, tuple(params), _formats(body))
     elif kind in (b"D", b"C"):
         which = body.take(1)
         if which not in (b"S", b"P"):
-            raise ProtocolViolation(f"invalid {'DESCRIBE' if kind == b'D' else 'CLOSE'} "
-                                    f"message subtype {which[0] if which else 0}")  # fmt: skip
+            raise ProtocolViolation(
+                f"invalid {'DESCRIBE' if kind == b'D' else 'CLOSE'} "
+                f"message subtype {which[0] if which else 0}"
+            )
         name = body.cstring()
         message = Describe(which, name) if kind == b"D" else Close(which, name)
     elif kind == b"E":
@@ -331,7 +351,8 @@ class FrontendReader:
         if code >> 16 != 3:
             raise ProtocolViolation(
                 f"unsupported frontend protocol {code >> 16}.{code & 0xFFFF}: server supports "
-                "3.0 to 3.0")  # fmt: skip
+                "3.0 to 3.0"
+            )
         parameters: dict[str, str] = {}
         while True:
             name = body.cstring()
@@ -347,8 +368,7 @@ class FrontendReader:
             return None
         kind, length = _HEADER.unpack_from(buffer, 0)
         if length < 4 or length > MAX_MESSAGE:
-            raise ProtocolViolation(f"invalid message length {length} for message type "
-                                    f"{kind[0]}")  # fmt: skip
+            raise ProtocolViolation(f"invalid message length {length} for message type {kind[0]}")
         if len(buffer) < length + 1:
             return None
         data = bytes(buffer[5 : length + 1])
@@ -394,7 +414,7 @@ class RunShape(t.NamedTuple):
     def renaming(self, statement: bytes) -> bytes:
         """The head of this shape's Bind naming ``statement`` instead (`rebound`)."""
         portal = self.head[: self.head.index(b"\0") + 1]
-        return portal + statement + self.head[self.head.index(b"\0", len(portal)):]
+        return portal + statement + self.head[self.head.index(b"\0", len(portal)) :]
 
     def rebound(self, data: bytes, head: bytes) -> bytes:
         """A run of this shape (``data``) with another head for its Bind (`renaming`: the
@@ -436,8 +456,12 @@ class RunShape(t.NamedTuple):
             pos += length
         formats = self.result_formats
         end = pos + len(formats)
-        return pos <= size and unpack(data, 1)[0] + 1 == end and data.startswith(formats, pos) \
-            and data[end:] == self.tail  # fmt: skip
+        return (
+            pos <= size
+            and unpack(data, 1)[0] + 1 == end
+            and data.startswith(formats, pos)
+            and data[end:] == self.tail
+        )
 
     def value(self, data: bytes) -> bytes | None:
         """The one parameter value of a run of this shape (of one parameter), as `values`
@@ -451,8 +475,13 @@ class RunShape(t.NamedTuple):
         end = pos + _INT32.unpack_from(data, pos - 4)[0]
         formats = self.result_formats
         rest = end + len(formats)
-        if end < pos or end > len(data) or _INT32.unpack_from(data, 1)[0] + 1 != rest \
-                or not data.startswith(formats, end) or data[rest:] != self.tail:  # fmt: skip
+        if (
+            end < pos
+            or end > len(data)
+            or _INT32.unpack_from(data, 1)[0] + 1 != rest
+            or not data.startswith(formats, end)
+            or data[rest:] != self.tail
+        ):
             return None
         return data[pos:end]
 
@@ -460,11 +489,16 @@ class RunShape(t.NamedTuple):
 def run_shape(bind: Bind, describe: bool) -> RunShape:
     """The shape of a run `execution` recognized (its Bind and whether it described the
     portal)."""
-    head = (cstring(bind.portal) + cstring(bind.statement) + _INT16.pack(len(bind.param_formats))
-            + b"".join(_INT16.pack(f) for f in bind.param_formats)
-            + _INT16.pack(len(bind.params)))  # fmt: skip
-    formats = _INT16.pack(len(bind.result_formats)) + \
-        b"".join(_INT16.pack(f) for f in bind.result_formats)  # fmt: skip
+    head = (
+        cstring(bind.portal)
+        + cstring(bind.statement)
+        + _INT16.pack(len(bind.param_formats))
+        + b"".join(_INT16.pack(f) for f in bind.param_formats)
+        + _INT16.pack(len(bind.params))
+    )
+    formats = _INT16.pack(len(bind.result_formats)) + b"".join(
+        _INT16.pack(f) for f in bind.result_formats
+    )
     portal = bind.portal
     tail = (_describe_of(portal) if describe else b"") + _run_of(portal)
     return RunShape(head, len(bind.params), formats, tail)
@@ -483,8 +517,9 @@ def _text(value: bytes) -> str:
     try:
         return value.decode()
     except UnicodeDecodeError:
-        raise ProtocolViolation("invalid byte sequence in startup packet (expected "
-                                "UTF-8)") from None  # fmt: skip
+        raise ProtocolViolation(
+            "invalid byte sequence in startup packet (expected UTF-8)"
+        ) from None
 
 
 # -- what the backend sends, passed on as it came ----------------------------------------------
@@ -574,6 +609,8 @@ def sasl_initial_response(data: bytes) -> tuple[str, bytes]:
     first = body.take(size) if size >= 0 else b""
     body.end()
     return mechanism.decode("utf-8", "replace"), first
+
+
 PARSE_COMPLETE = message(b"1")
 BIND_COMPLETE = message(b"2")
 CLOSE_COMPLETE = message(b"3")
@@ -618,8 +655,18 @@ def row_description(fields: Iterable[Field]) -> bytes:
     count = 0
     pack = _FIELD.pack
     for f in fields:
-        parts.append(f.name + b"\0" + pack(f.table_oid & 0xFFFFFFFF, f.column, f.type_oid,
-                                           f.type_size, f.type_modifier, f.format))  # fmt: skip
+        parts.append(
+            f.name
+            + b"\0"
+            + pack(
+                f.table_oid & 0xFFFFFFFF,
+                f.column,
+                f.type_oid,
+                f.type_size,
+                f.type_modifier,
+                f.format,
+            )
+        )
         count += 1
     return message(b"T", _INT16.pack(count) + b"".join(parts))
 
@@ -627,8 +674,9 @@ def row_description(fields: Iterable[Field]) -> bytes:
 _FIELD = struct.Struct("!IhIhih")
 
 
-def data_row(values: Sequence[t.Any],
-             encoders: Sequence[Callable[[t.Any], bytes]] | None = None) -> bytes:  # fmt: skip
+def data_row(
+    values: Sequence[t.Any], encoders: Sequence[Callable[[t.Any], bytes]] | None = None
+) -> bytes:
     """A DataRow of encoded values, or of values each encoded by its column's encoder."""
     if encoders is not None and len(encoders) != len(values):
         raise ValueError(f"a row of {len(values)} values for {len(encoders)} columns")
@@ -656,8 +704,11 @@ def select_complete(rows: int) -> bytes:
 
 
 def parameter_description(type_oids: Sequence[int]) -> bytes:
-    return message(b"t", _INT16.pack(len(type_oids))
-                   + b"".join(struct.pack("!I", o & 0xFFFFFFFF) for o in type_oids))  # fmt: skip
+    return message(
+        b"t",
+        _INT16.pack(len(type_oids))
+        + b"".join(struct.pack("!I", o & 0xFFFFFFFF) for o in type_oids),
+    )
 
 
 def copy_response(kind: bytes, binary: bool, column_formats: Sequence[int]) -> bytes:
@@ -676,11 +727,25 @@ def notification(pid: int, channel: bytes, payload: bytes) -> bytes:
 
 # The fields of an ErrorResponse or NoticeResponse, by their one-byte codes.
 FIELD_CODES = {
-    "severity": b"S", "severity_nonlocalized": b"V", "sqlstate": b"C", "message": b"M",
-    "detail": b"D", "hint": b"H", "position": b"P", "internal_position": b"p",
-    "internal_query": b"q", "context": b"W", "schema": b"s", "table": b"t", "column": b"c",
-    "datatype": b"d", "constraint": b"n", "file": b"F", "line": b"L", "routine": b"R",
-}  # fmt: skip
+    "severity": b"S",
+    "severity_nonlocalized": b"V",
+    "sqlstate": b"C",
+    "message": b"M",
+    "detail": b"D",
+    "hint": b"H",
+    "position": b"P",
+    "internal_position": b"p",
+    "internal_query": b"q",
+    "context": b"W",
+    "schema": b"s",
+    "table": b"t",
+    "column": b"c",
+    "datatype": b"d",
+    "constraint": b"n",
+    "file": b"F",
+    "line": b"L",
+    "routine": b"R",
+}
 
 
 def error_fields(fields: Iterable[tuple[bytes, bytes]], notice: bool = False) -> bytes:
@@ -689,21 +754,45 @@ def error_fields(fields: Iterable[tuple[bytes, bytes]], notice: bool = False) ->
     return message(b"N" if notice else b"E", body + b"\0")
 
 
-def diagnostic(fields: Iterable[tuple[str, str]], codec: str = "utf-8", *,
-               notice: bool = False, fatal: bool = False) -> bytes:
+def diagnostic(
+    fields: Iterable[tuple[str, str]],
+    codec: str = "utf-8",
+    *,
+    notice: bool = False,
+    fatal: bool = False,
+) -> bytes:
     """An ErrorResponse (NoticeResponse) of named fields (`sql_ext.errors.diagnostics`),
     in the client's encoding; ``fatal``: the severity of an error that ends the session."""
     severity = ("severity", "severity_nonlocalized") if fatal else ()
-    return error_fields([(FIELD_CODES[name], ("FATAL" if name in severity else value).encode(
-        codec, errors="replace")) for name, value in fields], notice)  # fmt: skip
+    return error_fields(
+        [
+            (
+                FIELD_CODES[name],
+                ("FATAL" if name in severity else value).encode(codec, errors="replace"),
+            )
+            for name, value in fields
+        ],
+        notice,
+    )
 
 
-def error_response(sqlstate: str, text: str, *, severity: str = "ERROR",
-                   detail: str | None = None, hint: str | None = None,
-                   position: int | None = None, notice: bool = False) -> bytes:  # fmt: skip
+def error_response(
+    sqlstate: str,
+    text: str,
+    *,
+    severity: str = "ERROR",
+    detail: str | None = None,
+    hint: str | None = None,
+    position: int | None = None,
+    notice: bool = False,
+) -> bytes:
     """An ErrorResponse the server itself raises."""
-    fields = [(b"S", severity.encode()), (b"V", severity.encode()), (b"C", sqlstate.encode()),
-              (b"M", text.encode())]  # fmt: skip
+    fields = [
+        (b"S", severity.encode()),
+        (b"V", severity.encode()),
+        (b"C", sqlstate.encode()),
+        (b"M", text.encode()),
+    ]
     if detail:
         fields.append((b"D", detail.encode()))
     if hint:

@@ -48,10 +48,18 @@ def diagnostic_message(result: pq.abc.PGresult, notice: bool = False) -> bytes:
 def fields_of(result: pq.abc.PGresult, formats: t.Sequence[int] | None = None) -> list[Field]:
     """A result's columns as RowDescription gives them (``formats``: the client's, per
     column, instead of the result's own)."""
-    return [Field(result.fname(i) or b"", result.ftable(i), result.ftablecol(i),
-                  result.ftype(i), result.fsize(i), result.fmod(i),
-                  formats[i] if formats is not None else result.fformat(i))
-            for i in range(result.nfields)]  # fmt: skip
+    return [
+        Field(
+            result.fname(i) or b"",
+            result.ftable(i),
+            result.ftablecol(i),
+            result.ftype(i),
+            result.fsize(i),
+            result.fmod(i),
+            formats[i] if formats is not None else result.fformat(i),
+        )
+        for i in range(result.nfields)
+    ]
 
 
 def result_formats(codes: t.Sequence[int], count: int) -> list[int]:
@@ -62,7 +70,8 @@ def result_formats(codes: t.Sequence[int], count: int) -> list[int]:
         return [codes[0]] * count
     if len(codes) != count:
         raise psycopg.ProgrammingError(
-            f"bind message has {len(codes)} result formats but query has {count} columns")
+            f"bind message has {len(codes)} result formats but query has {count} columns"
+        )
     return list(codes)
 
 
@@ -71,8 +80,9 @@ class Transcoder:
     (libpq asks for one format for all): each such value is read with psycopg's loader and
     written with its binary dumper, which write PostgreSQL's binary format."""
 
-    def __init__(self, conn: psycopg.Connection[t.Any], result: pq.abc.PGresult,
-                 formats: t.Sequence[int]) -> None:  # fmt: skip
+    def __init__(
+        self, conn: psycopg.Connection[t.Any], result: pq.abc.PGresult, formats: t.Sequence[int]
+    ) -> None:
         self.binary: list[tuple[int, Callable[[bytes], t.Any], Callable[[t.Any], t.Any]]] = []
         adapters = conn.adapters
         for i, code in enumerate(formats):
@@ -87,7 +97,8 @@ class Transcoder:
             if loader is None or dumper is None:
                 raise psycopg.NotSupportedError(
                     f"column {i + 1} (type OID {oid}) was asked for in binary among text "
-                    "columns; ask for one format for every column")  # fmt: skip
+                    "columns; ask for one format for every column"
+                )
             self.binary.append((i, loader(oid, conn).load, dumper(object, conn).dump))
 
     def row(self, values: list[bytes | None]) -> list[bytes | None]:

@@ -85,8 +85,9 @@ class Verifier:
         """The verifier a password makes with this salt and iteration count."""
         salted = hashlib.pbkdf2_hmac("sha256", _saslprep(password).encode(), salt, iterations)
         client_key = _hmac(salted, b"Client Key")
-        return cls(iterations, salt, hashlib.sha256(client_key).digest(),
-                   _hmac(salted, b"Server Key"))  # fmt: skip
+        return cls(
+            iterations, salt, hashlib.sha256(client_key).digest(), _hmac(salted, b"Server Key")
+        )
 
     def checks(self, password: str) -> bool:
         """Whether a cleartext password is the one this verifier was made from."""
@@ -110,8 +111,10 @@ class BackendKeys:
     server_key: bytes
 
     def conninfo(self) -> dict[str, str]:
-        return {"scram_client_key": _b64(self.client_key),
-                "scram_server_key": _b64(self.server_key)}  # fmt: skip
+        return {
+            "scram_client_key": _b64(self.client_key),
+            "scram_server_key": _b64(self.server_key),
+        }
 
     def __repr__(self) -> str:
         return "BackendKeys(***)"
@@ -123,8 +126,9 @@ class Exchange:
     the connection is TLS (the ``-PLUS`` mechanism is then offered and a client that supports
     channel binding must use it)."""
 
-    def __init__(self, verifier: Verifier, binding: bytes | None = None,
-                 server_nonce: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, verifier: Verifier, binding: bytes | None = None, server_nonce: str | None = None
+    ) -> None:
         self.verifier = verifier
         self.binding = binding
         self._server_nonce = server_nonce or _b64(secrets.token_bytes(_NONCE_BYTES))
@@ -141,8 +145,10 @@ class Exchange:
     def first(self, mechanism: str, message: str) -> str:
         """The server-first-message answering a client-first-message."""
         if mechanism not in self.mechanisms:
-            raise ScramError(f"client selected an invalid SASL authentication mechanism "
-                             f"{mechanism!r}", malformed=True)  # fmt: skip
+            raise ScramError(
+                f"client selected an invalid SASL authentication mechanism {mechanism!r}",
+                malformed=True,
+            )
         self._mechanism = mechanism
         parts = message.split(",", 2)
         if len(parts) != 3:
@@ -150,22 +156,30 @@ class Exchange:
         flag, authzid, bare = parts
         if flag.startswith("p="):
             if mechanism != MECHANISM_PLUS:
-                raise ScramError("malformed SCRAM message (channel binding asked without "
-                                 "the -PLUS mechanism)", malformed=True)  # fmt: skip
+                raise ScramError(
+                    "malformed SCRAM message (channel binding asked without the -PLUS mechanism)",
+                    malformed=True,
+                )
             if flag[2:] != BINDING:
-                raise ScramError(f"unsupported SCRAM channel-binding type {flag[2:]!r}",
-                                 malformed=True)  # fmt: skip
+                raise ScramError(
+                    f"unsupported SCRAM channel-binding type {flag[2:]!r}", malformed=True
+                )
         elif flag == "y":
             if self.binding is not None:
-                raise ScramError("SCRAM channel binding negotiation error: the client "
-                                 "supports channel binding but thinks the server does not; "
-                                 "this server does", malformed=True)  # fmt: skip
+                raise ScramError(
+                    "SCRAM channel binding negotiation error: the client "
+                    "supports channel binding but thinks the server does not; "
+                    "this server does",
+                    malformed=True,
+                )
         elif flag != "n" or mechanism == MECHANISM_PLUS:
-            raise ScramError("malformed SCRAM message (unexpected channel-binding flag)",
-                             malformed=True)  # fmt: skip
+            raise ScramError(
+                "malformed SCRAM message (unexpected channel-binding flag)", malformed=True
+            )
         if authzid:
-            raise ScramError("client uses authorization identity, but it is not supported",
-                             malformed=True)  # fmt: skip
+            raise ScramError(
+                "client uses authorization identity, but it is not supported", malformed=True
+            )
         attributes = _attributes(bare)
         if [name for name, _ in attributes[:2]] != ["n", "r"] or len(attributes) != 2:
             raise ScramError("malformed SCRAM message (expected n= and r=)", malformed=True)
@@ -186,8 +200,7 @@ class Exchange:
             raise ScramError("malformed SCRAM message (no first message)", malformed=True)
         attributes = _attributes(message)
         if [name for name, _ in attributes[:2]] != ["c", "r"] or attributes[-1][0] != "p":
-            raise ScramError("malformed SCRAM message (expected c=, r= ... p=)",
-                             malformed=True)  # fmt: skip
+            raise ScramError("malformed SCRAM message (expected c=, r= ... p=)", malformed=True)
         binding = self._header.encode()
         if self._header.startswith("p="):
             assert self.binding is not None
@@ -197,7 +210,7 @@ class Exchange:
         if not hmac.compare_digest(attributes[1][1].encode(), self._nonce.encode()):
             raise ScramError("malformed SCRAM message (nonce mismatch)", malformed=True)
         proof = _unb64(attributes[-1][1])
-        without_proof = message[:message.rindex(",p=")]
+        without_proof = message[: message.rindex(",p=")]
         auth = f"{self._first_bare},{self._server_first},{without_proof}".encode()
         verifier = self.verifier
         signature = _hmac(verifier.stored_key, auth)
@@ -216,18 +229,30 @@ def _saslprep(password: str) -> str:
     prohibits is used as it is, as PostgreSQL does."""
     if password.isascii():
         return password
-    mapped = "".join(" " if stringprep.in_table_c12(c) else "" if stringprep.in_table_b1(c)
-                     else c for c in password)  # fmt: skip
+    mapped = "".join(
+        " " if stringprep.in_table_c12(c) else "" if stringprep.in_table_b1(c) else c
+        for c in password
+    )
     prepared = unicodedata.normalize("NFKC", mapped)
-    prohibited = (stringprep.in_table_c12, stringprep.in_table_c21_c22, stringprep.in_table_c3,
-                  stringprep.in_table_c4, stringprep.in_table_c5, stringprep.in_table_c6,
-                  stringprep.in_table_c7, stringprep.in_table_c8, stringprep.in_table_c9,
-                  stringprep.in_table_a1)  # fmt: skip
+    prohibited = (
+        stringprep.in_table_c12,
+        stringprep.in_table_c21_c22,
+        stringprep.in_table_c3,
+        stringprep.in_table_c4,
+        stringprep.in_table_c5,
+        stringprep.in_table_c6,
+        stringprep.in_table_c7,
+        stringprep.in_table_c8,
+        stringprep.in_table_c9,
+        stringprep.in_table_a1,
+    )
     if any(check(c) for c in prepared for check in prohibited):
         return password
     if any(stringprep.in_table_d1(c) for c in prepared) and (
-            any(stringprep.in_table_d2(c) for c in prepared)
-            or not stringprep.in_table_d1(prepared[0]) or not stringprep.in_table_d1(prepared[-1])):
+        any(stringprep.in_table_d2(c) for c in prepared)
+        or not stringprep.in_table_d1(prepared[0])
+        or not stringprep.in_table_d1(prepared[-1])
+    ):
         return password  # (bidirectional rules)
     return prepared
 

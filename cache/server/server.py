@@ -78,9 +78,12 @@ _SEND_BUFFER = 64 * 1024  # output collected before it is handed to the socket
 _TLS_BUFFER = 256 * 1024  # output a TLS connection's transport holds before writers wait
 _RAW_READ = 256 * 1024  # bytes of a raw answer read from the backend at a time
 _INBOX_LIMIT = 4096  # messages read ahead of a session's work before reading pauses
-_LOST_BACKEND = ("08006", "the backend connection of this session was lost, and with it the "
-                 "session's prepared statements, settings, temporary tables and open "
-                 "transaction: connect again")  # fmt: skip
+_LOST_BACKEND = (
+    "08006",
+    "the backend connection of this session was lost, and with it the "
+    "session's prepared statements, settings, temporary tables and open "
+    "transaction: connect again",
+)
 CANCEL_SECONDS = 30.0  # how long a cancel keeps interrupting its statement's DuckDB work
 CANCEL_REPEAT = 0.01
 BACKEND_CANCEL_REPEAT = 0.2  # a gone client's statement: how often its backend part is cancelled
@@ -88,11 +91,23 @@ WORKERS = 1024  # threads answering sessions' work at once, at most (made when n
 WORKER_STACK = 512 * 1024  # a worker thread's stack
 
 # the parameters PostgreSQL reports at startup (GUC_REPORT), in its order
-_REPORTED = ("in_hot_standby", "integer_datetimes", "TimeZone", "IntervalStyle",
-             "is_superuser", "application_name", "default_transaction_read_only",
-             "scram_iterations", "DateStyle", "standard_conforming_strings",
-             "session_authorization", "client_encoding", "server_version",
-             "server_encoding", "search_path")  # fmt: skip
+_REPORTED = (
+    "in_hot_standby",
+    "integer_datetimes",
+    "TimeZone",
+    "IntervalStyle",
+    "is_superuser",
+    "application_name",
+    "default_transaction_read_only",
+    "scram_iterations",
+    "DateStyle",
+    "standard_conforming_strings",
+    "session_authorization",
+    "client_encoding",
+    "server_version",
+    "server_encoding",
+    "search_path",
+)
 
 
 def parse_listen(text: str, option: str = "--listen") -> tuple[str, int]:
@@ -136,7 +151,8 @@ def listen_socket(listen: str, rules: Rules = LOOPBACK_TRUST) -> socket.socket:
         raise ProgrammingError(
             f"--listen {listen}: listening beyond loopback needs client authentication: give "
             "--hba FILE with scram-sha-256 (or hostssl password) rules, or listen on "
-            "127.0.0.1 (or ::1)")  # fmt: skip
+            "127.0.0.1 (or ::1)"
+        )
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -144,9 +160,10 @@ def listen_socket(listen: str, rules: Rules = LOOPBACK_TRUST) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise ProgrammingError(f"cannot listen on {host}:{port}: {exc.strerror} (is another "
-                               "server using that port? choose another with --listen)") \
-            from None  # fmt: skip
+        raise ProgrammingError(
+            f"cannot listen on {host}:{port}: {exc.strerror} (is another "
+            "server using that port? choose another with --listen)"
+        ) from None
     sock.listen(512)
     return sock
 
@@ -154,8 +171,12 @@ def listen_socket(listen: str, rules: Rules = LOOPBACK_TRUST) -> socket.socket:
 class Server:
     """Listens and serves until `shutdown` (see the module)."""
 
-    def __init__(self, engine: Engine, options: ServerOptions | None = None,
-                 sock: socket.socket | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        engine: Engine,
+        options: ServerOptions | None = None,
+        sock: socket.socket | None = None,
+    ) -> None:
         self.engine = engine
         self.options = options or ServerOptions()
         self._socket = sock if sock is not None else listen_socket(self.options.listen)
@@ -171,8 +192,11 @@ class Server:
         self._stopping: asyncio.Event | None = None
         self.workers = ThreadPoolExecutor(WORKERS, thread_name_prefix="mtcache-session")
         self.admission = Admission(self.options.limits)
-        self.pool = SessionPool(self.options.pool_size, self.options.pool_timeout) \
-            if self.options.pool_size else None  # fmt: skip
+        self.pool = (
+            SessionPool(self.options.pool_size, self.options.pool_timeout)
+            if self.options.pool_size
+            else None
+        )
         # statements by route and outcome, and their latency: kept while metrics are served
         self.statement_stats = StatementStats() if self.options.metrics is not None else None
         self._own_stats = functools.partial(server_samples, self)
@@ -203,10 +227,16 @@ class Server:
         if self._signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.shutdown)
-        listening = await loop.create_server(lambda: ClientConnection(self), sock=self._socket,
-                                             backlog=512)  # fmt: skip
-        log.info("mtcache serving %s on %s:%d (backend %s)", self.engine.cache_path,
-                 self.address[0], self.address[1], redact(self.engine.backend))  # fmt: skip
+        listening = await loop.create_server(
+            lambda: ClientConnection(self), sock=self._socket, backlog=512
+        )
+        log.info(
+            "mtcache serving %s on %s:%d (backend %s)",
+            self.engine.cache_path,
+            self.address[0],
+            self.address[1],
+            redact(self.engine.backend),
+        )
         limits = self.options.limits
         if limits.statement_timeout is not None or limits.idle_in_transaction_timeout is not None:
             loop.call_later(TICK_SECONDS, self._tick)
@@ -247,7 +277,8 @@ class Server:
                 log.info("cancelling a statement still running at shutdown")
                 client.cancel()
         farewell = protocol.error_response(
-            "57P01", "terminating connection due to administrator command", severity="FATAL")
+            "57P01", "terminating connection due to administrator command", severity="FATAL"
+        )
         for client in connections:
             client.close(farewell)
         end = loop.time() + 15
@@ -278,8 +309,9 @@ class Server:
         engine = self.engine
         store = engine.store.for_thread()
         try:
-            document = Admin(store, lambda: engine.backend,
-                             counters=lambda: engine.counters(store)).status()  # fmt: skip
+            document = Admin(
+                store, lambda: engine.backend, counters=lambda: engine.counters(store)
+            ).status()
         finally:
             store.close()
         return engine.stats(document)
@@ -355,8 +387,9 @@ class Server:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
-    def describe(self, sql: str, types: tuple[int, ...],
-                 conn: psycopg.Connection[t.Any] | None = None) -> Description:  # fmt: skip
+    def describe(
+        self, sql: str, types: tuple[int, ...], conn: psycopg.Connection[t.Any] | None = None
+    ) -> Description:
         """The backend's description of a statement: parameter types and result columns
         (None: it returns no rows), kept while the cache schema stands; on ``conn`` (a
         session's own connection, which sees its temporary tables) when given, not kept."""
@@ -370,16 +403,16 @@ class Server:
                 result = describe_statement(conn, sql.encode(), types)
             if result.status != pq.ExecStatus.COMMAND_OK:
                 raise BackendRefused(diagnostic_message(result))
-            found = (tuple(result.param_type(i) for i in range(result.nparams)),
-                     fields_of(result) if result.nfields else None)  # fmt: skip
+            found = (
+                tuple(result.param_type(i) for i in range(result.nparams)),
+                fields_of(result) if result.nfields else None,
+            )
             if conn is not None:
                 return found
             if len(self._describes) > 4096:
                 self._describes.clear()
             self._describes[key] = found
         return found
-
-
 
 
 def _backend_defaults(dsn: str) -> dict[str, str]:
@@ -391,8 +424,7 @@ def _backend_defaults(dsn: str) -> dict[str, str]:
 
 def _reported_by(info: psycopg.ConnectionInfo) -> dict[str, str]:
     """What a backend session reports in ParameterStatus, by name."""
-    return {name: value for name in _REPORTED
-            if (value := info.parameter_status(name)) is not None}  # fmt: skip
+    return {name: value for name in _REPORTED if (value := info.parameter_status(name)) is not None}
 
 
 class _Violation(t.NamedTuple):
@@ -454,8 +486,11 @@ class ClientConnection(asyncio.Protocol):
         self.transport.set_write_buffer_limits(high=0)
         self.server.opened(self)
         if self.server.stopping:
-            self._write(protocol.error_response("57P03", "the cache server is shutting down",
-                                                severity="FATAL"))  # fmt: skip
+            self._write(
+                protocol.error_response(
+                    "57P03", "the cache server is shutting down", severity="FATAL"
+                )
+            )
             self._flush()
             self.transport.close()
 
@@ -497,8 +532,13 @@ class ClientConnection(asyncio.Protocol):
         `Conversation.execution_at_hand`): a cached point lookup costs the loop one parse
         and one answer, not the turns of four messages. False: nothing was done."""
         conversation = self.conversation
-        if conversation is None or self.working or self._inbox or self._paused \
-                or self._reader.pending:  # fmt: skip
+        if (
+            conversation is None
+            or self.working
+            or self._inbox
+            or self._paused
+            or self._reader.pending
+        ):
             return False
         try:
             hot = self._hot  # (the statement of the last raw run: most often the next one's)
@@ -510,8 +550,7 @@ class ClientConnection(asyncio.Protocol):
                 self._hot = raw.statement
                 self._relay(raw)
                 return True
-            answer = conversation.lane_at_hand(statement, data) if statement is not None \
-                else None  # fmt: skip
+            answer = conversation.lane_at_hand(statement, data) if statement is not None else None
             if answer is not None:
                 self._flush()  # (nothing waits before it, as a rule)
                 self._send(answer)
@@ -530,15 +569,17 @@ class ClientConnection(asyncio.Protocol):
         self.server.runs_at_once += 1
         return True
 
-    def _pass_through(self, conversation: Conversation, data: bytes, bind: protocol.Bind,
-                      describe: bool) -> bool:  # fmt: skip
+    def _pass_through(
+        self, conversation: Conversation, data: bytes, bind: protocol.Bind, describe: bool
+    ) -> bool:
         """A run of a passed-through statement sent to the backend by the loop, which relays
         the answer as it comes (`_relayed`): byte for byte when the conversation allows it
         (`Conversation.raw_run`), else through libpq (`Conversation.run_at_backend`). The
         conversation is taken meanwhile, as by a worker (``working``); False: nothing was
         done."""
-        passing = conversation.raw_run(data, bind, describe) or \
-            conversation.run_at_backend(bind, describe)  # fmt: skip
+        passing = conversation.raw_run(data, bind, describe) or conversation.run_at_backend(
+            bind, describe
+        )
         if passing is None:
             return False
         self._relay(passing)
@@ -566,7 +607,7 @@ class ClientConnection(asyncio.Protocol):
         assert loop is not None and passing is not None
         if isinstance(passing, RawRun):
             try:
-                passing.send = passing.send[os.write(passing.fd, passing.send):]
+                passing.send = passing.send[os.write(passing.fd, passing.send) :]
             except BlockingIOError:
                 pass
             except OSError:
@@ -720,8 +761,12 @@ class ClientConnection(asyncio.Protocol):
                 if reader.pending:  # bytes sent before the answer: a man in the middle
                     raise ProtocolViolation("received unencrypted data after SSL request")
                 context, loop = self.server.options.tls, self.loop
-                if isinstance(packet, protocol.SSLRequest) and context is not None \
-                        and loop is not None and not self.tls:  # fmt: skip
+                if (
+                    isinstance(packet, protocol.SSLRequest)
+                    and context is not None
+                    and loop is not None
+                    and not self.tls
+                ):
                     transport.write(b"S")
                     transport.pause_reading()  # (until TLS is up: `_start_tls`)
                     self._handshake = loop.create_task(self._start_tls(context))
@@ -745,8 +790,9 @@ class ClientConnection(asyncio.Protocol):
         transport = self.transport
         assert transport is not None and self.loop is not None
         try:
-            secured = await self.loop.start_tls(transport, self, context, server_side=True,
-                                                ssl_handshake_timeout=AUTH_SECONDS)  # fmt: skip
+            secured = await self.loop.start_tls(
+                transport, self, context, server_side=True, ssl_handshake_timeout=AUTH_SECONDS
+            )
         except (TimeoutError, OSError) as exc:  # (ssl.SSLError and ConnectionError are OSErrors)
             log.info("a client's TLS handshake failed: %s", exc)
             self._ending = True
@@ -770,8 +816,12 @@ class ClientConnection(asyncio.Protocol):
         """Answer what is at hand, in order; hand the rest to a worker."""
         if self._ended or self.working:
             return
-        if not self._reading and len(self._inbox) < _INBOX_LIMIT // 2 and not self._eof \
-                and self.transport is not None:  # fmt: skip
+        if (
+            not self._reading
+            and len(self._inbox) < _INBOX_LIMIT // 2
+            and not self._eof
+            and self.transport is not None
+        ):
             self.transport.resume_reading()
             self._reading = True
         conversation = self.conversation
@@ -811,8 +861,12 @@ class ClientConnection(asyncio.Protocol):
         self.working = True
         self._unwatch_backend()
         transport = self.transport
-        if transport is not None and self._fd is None and not self.tls \
-                and not transport.is_closing():  # fmt: skip
+        if (
+            transport is not None
+            and self._fd is None
+            and not self.tls
+            and not transport.is_closing()
+        ):
             self._fd = os.dup(transport.get_extra_info("socket").fileno())
         self._deferred = (first,)
         if not self._paused or self._lost or self._abandoned:
@@ -841,8 +895,11 @@ class ClientConnection(asyncio.Protocol):
         of the backend session (the client's session then ends, as PostgreSQL ends it:
         `_lost_backend`)."""
         session, conversation = self.session, self.conversation
-        conn = session.backend_connection_if_open() \
-            if session is not None and conversation is not None else None  # fmt: skip
+        conn = (
+            session.backend_connection_if_open()
+            if session is not None and conversation is not None
+            else None
+        )
         fd = conn.pgconn.socket if conn is not None else None
         if fd == self._watched:
             return
@@ -992,13 +1049,21 @@ class ClientConnection(asyncio.Protocol):
         database = parameters.get("database") or user
         backend_db = _dsn_database(server.engine.backend)
         if backend_db is not None and database != backend_db:
-            self._fatal("3D000", f'database "{database}" is not served here: this cache '
-                        f'server fronts database "{backend_db}"')  # fmt: skip
+            self._fatal(
+                "3D000",
+                f'database "{database}" is not served here: this cache '
+                f'server fronts database "{backend_db}"',
+            )
             return False
         try:
             credentials = server.options.login.check(
-                self.tls, database, user, self._address(), self._send_now,
-                functools.partial(self._next_message, time.monotonic() + AUTH_SECONDS))
+                self.tls,
+                database,
+                user,
+                self._address(),
+                self._send_now,
+                functools.partial(self._next_message, time.monotonic() + AUTH_SECONDS),
+            )
             server.admission.admit(user)
             self._admitted = user
         except LoginRefused as exc:
@@ -1007,15 +1072,22 @@ class ClientConnection(asyncio.Protocol):
             return False
         session = None
         try:
-            options = SessionOptions.of(autocommit=True,
-                                        currency_bound=server.options.currency_bound)
+            options = SessionOptions.of(
+                autocommit=True, currency_bound=server.options.currency_bound
+            )
             defaults = server.defaults
             connect = _needs_backend_at_start(backend_parameters, defaults)
             for name, value in server.options.limits.backend_settings().items():
                 backend_parameters.setdefault(name, value)  # (the client's own come first)
-            session = Session(server.engine, options, backend_parameters=backend_parameters,
-                              backend_credentials=credentials, connect=connect,
-                              time_zone=defaults.get("TimeZone"), pool=server.pool)  # fmt: skip
+            session = Session(
+                server.engine,
+                options,
+                backend_parameters=backend_parameters,
+                backend_credentials=credentials,
+                connect=connect,
+                time_zone=defaults.get("TimeZone"),
+                pool=server.pool,
+            )
             # the client's DEALLOCATE ALL / DISCARD ALL reach this connection past psycopg,
             # which must then hold no prepared statements of its own (it prepares what the
             # engine asks five times)
@@ -1030,22 +1102,28 @@ class ClientConnection(asyncio.Protocol):
             return False
         self.session = session
         reported = _reported(session, defaults, backend_parameters)
-        codec = values.codec_of(reported.get("client_encoding", "UTF8"),
-                                reported.get("server_encoding", "UTF8"))  # fmt: skip
+        codec = values.codec_of(
+            reported.get("client_encoding", "UTF8"), reported.get("server_encoding", "UTF8")
+        )
         settings = values.OutputSettings(
-            codec=codec, extra_float_digits=_int(backend_parameters.get(
-                "extra_float_digits"), 1),
-            date_style=reported.get("DateStyle", "ISO, MDY"))  # fmt: skip
-        self.conversation = Conversation(session, self._write, settings, server.describe,
-                                         self._next_message, reported)  # fmt: skip
+            codec=codec,
+            extra_float_digits=_int(backend_parameters.get("extra_float_digits"), 1),
+            date_style=reported.get("DateStyle", "ISO, MDY"),
+        )
+        self.conversation = Conversation(
+            session, self._write, settings, server.describe, self._next_message, reported
+        )
         self.conversation.max_result_bytes = server.options.max_result_bytes
         self.conversation.statement_stats = server.statement_stats
         self._key = server.register(self)
         session.release_backend()  # (pooled: until a statement needs it)
         out = [protocol.AUTHENTICATION_OK]
         if startup.version & 0xFFFF:
-            out.append(protocol.negotiate_protocol_version(0, [
-                n for n in parameters if n.startswith("_pq_.")]))  # fmt: skip
+            out.append(
+                protocol.negotiate_protocol_version(
+                    0, [n for n in parameters if n.startswith("_pq_.")]
+                )
+            )
         out += [protocol.parameter_status(n, v) for n, v in reported.items()]
         out.append(protocol.backend_key_data(*self._key))
         out.append(protocol.ready_for_query(b"I"))
@@ -1081,8 +1159,10 @@ class ClientConnection(asyncio.Protocol):
                     self._on_loop(self._resume_reading)
                 if deadline is None:
                     self._arrived.wait()
-                elif not self._arrived.wait(max(0.0, deadline - time.monotonic())) \
-                        and time.monotonic() >= deadline:  # fmt: skip
+                elif (
+                    not self._arrived.wait(max(0.0, deadline - time.monotonic()))
+                    and time.monotonic() >= deadline
+                ):
                     raise LoginRefused("08006", "canceling authentication due to timeout")
             message = self._inbox.popleft()
         if isinstance(message, _Violation):
@@ -1142,7 +1222,7 @@ class ClientConnection(asyncio.Protocol):
         view = memoryview(data)
         while view:
             try:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             except BlockingIOError:
                 relay.wait_ready(fd, select.POLLOUT, timeout=1.0)
                 if self._lost or self._abandoned:
@@ -1176,28 +1256,45 @@ class ClientConnection(asyncio.Protocol):
             if session is None or not self.busy or self._cancelled == self._serial:
                 return  # nothing runs, or its cancel is under way
             serial = self._cancelled = self._serial
-        threading.Thread(target=self._keep_interrupting, args=(session, serial),
-                         daemon=True).start()  # fmt: skip
+        threading.Thread(
+            target=self._keep_interrupting, args=(session, serial), daemon=True
+        ).start()
 
     def check_time(self, now: float, limits: Limits) -> None:
         """A statement past the statement timeout is interrupted; a session idle inside a
         transaction past the idle timeout is ended (from the event loop's tick)."""
         timeout = limits.statement_timeout
-        if timeout is not None and self.busy and now - self._busy_since > timeout \
-                and self._timed_out != self._serial:  # fmt: skip
+        if (
+            timeout is not None
+            and self.busy
+            and now - self._busy_since > timeout
+            and self._timed_out != self._serial
+        ):
             self._timed_out = self._serial
             self._time_out()
         idle = limits.idle_in_transaction_timeout
         session = self.session
-        if idle is None or session is None or self.working or self.busy or self._ending \
-                or now - self._idle_since <= idle:  # fmt: skip
+        if (
+            idle is None
+            or session is None
+            or self.working
+            or self.busy
+            or self._ending
+            or now - self._idle_since <= idle
+        ):
             return
-        if session.backend_transaction_status() in (pq.TransactionStatus.INTRANS,
-                                                    pq.TransactionStatus.INERROR):  # fmt: skip
+        if session.backend_transaction_status() in (
+            pq.TransactionStatus.INTRANS,
+            pq.TransactionStatus.INERROR,
+        ):
             log.info("ending a session idle in a transaction for over %gs", idle)
-            self.close(protocol.error_response(
-                "25P03", "terminating connection due to idle-in-transaction timeout",
-                severity="FATAL"))  # fmt: skip
+            self.close(
+                protocol.error_response(
+                    "25P03",
+                    "terminating connection due to idle-in-transaction timeout",
+                    severity="FATAL",
+                )
+            )
 
     def _time_out(self) -> None:
         """Interrupt the cache's own work of the statement running now, which then fails as
@@ -1208,8 +1305,9 @@ class ClientConnection(asyncio.Protocol):
                 return
             serial = self._serial
         conversation.cancel_reason = "statement timeout"
-        threading.Thread(target=self._keep_interrupting, args=(session, serial, False),
-                         daemon=True).start()  # fmt: skip
+        threading.Thread(
+            target=self._keep_interrupting, args=(session, serial, False), daemon=True
+        ).start()
 
     def _keep_interrupting(self, session: Session, serial: int, backend: bool = True) -> None:
         """Cancel the session's statement (its backend part by a cancel request), and repeat
@@ -1263,11 +1361,14 @@ def metrics_address(address: str) -> tuple[str, int]:
     anything starts)."""
     host, port = parse_listen(address, "--metrics")
     try:
-        socket.create_server((host, port), family=socket.AF_INET6 if ":" in host
-                             else socket.AF_INET).close()  # fmt: skip
+        socket.create_server(
+            (host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET
+        ).close()
     except OSError as exc:
-        raise ProgrammingError(f"--metrics {address}: cannot listen there: {exc.strerror} (is "
-                               "another server using that port?)") from None  # fmt: skip
+        raise ProgrammingError(
+            f"--metrics {address}: cannot listen there: {exc.strerror} (is "
+            "another server using that port?)"
+        ) from None
     return host, port
 
 
@@ -1315,8 +1416,9 @@ def _split_parameters(parameters: dict[str, str]) -> tuple[dict[str, str], dict[
     return ours, backend
 
 
-def _reported(session: Session, defaults: dict[str, str],
-              parameters: dict[str, str]) -> dict[str, str]:  # fmt: skip
+def _reported(
+    session: Session, defaults: dict[str, str], parameters: dict[str, str]
+) -> dict[str, str]:
     """The ParameterStatus values of a new session: its backend connection's, or (none open
     yet) the backend's defaults with the client's application name."""
     conn = session.backend_connection_if_open()

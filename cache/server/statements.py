@@ -21,8 +21,25 @@ from cache.engine.stats import Sample
 
 ROUTES = ("local", "mixed", "fallback", "remote", "cache")
 # bucket bounds in seconds (Prometheus's ``le``): 50 us to 10 s
-BOUNDS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-          0.25, 0.5, 1.0, 2.5, 5.0, 10.0)  # fmt: skip
+BOUNDS = (
+    0.00005,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
 FOLD = 1024  # lane answers kept unfolded at most (8 bytes and a float each)
 _HELP = "statements answered by the server, by route and outcome"
 _SECONDS = "seconds from a statement's first message to its ReadyForQuery, by route"
@@ -73,28 +90,53 @@ class StatementStats:
             for route, kept in self._routes.items():
                 failed, answered = kept.buckets
                 if route == "local":
-                    answered = [a + b for a, b in zip(answered, pending.buckets[True],
-                                                      strict=True)]  # fmt: skip
+                    answered = [a + b for a, b in zip(answered, pending.buckets[True], strict=True)]
                 outcomes[(route, True)] = sum(answered)
                 outcomes[(route, False)] = sum(failed)
                 buckets[route] = [a + b for a, b in zip(answered, failed, strict=True)]
                 sums[route] = kept.seconds + (pending.seconds if route == "local" else 0.0)
-        found = [Sample("mtcache_statements_total", (("route", route),
-                                                     ("outcome", "ok" if ok else "error")),
-                        float(count), "counter", _HELP)
-                 for (route, ok), count in outcomes.items()]  # fmt: skip
+        found = [
+            Sample(
+                "mtcache_statements_total",
+                (("route", route), ("outcome", "ok" if ok else "error")),
+                float(count),
+                "counter",
+                _HELP,
+            )
+            for (route, ok), count in outcomes.items()
+        ]
         for route, counts in buckets.items():
             total = 0
             for bound, count in zip((*BOUNDS, float("inf")), counts, strict=True):
                 total += count
                 le = "+Inf" if bound == float("inf") else f"{bound:g}"
-                found.append(Sample("mtcache_statement_seconds_bucket",
-                                    (("route", route), ("le", le)), float(total), "histogram",
-                                    _SECONDS))  # fmt: skip
-            found.append(Sample("mtcache_statement_seconds_sum", (("route", route),),
-                                sums[route], "histogram", _SECONDS))  # fmt: skip
-            found.append(Sample("mtcache_statement_seconds_count", (("route", route),),
-                                float(total), "histogram", _SECONDS))  # fmt: skip
+                found.append(
+                    Sample(
+                        "mtcache_statement_seconds_bucket",
+                        (("route", route), ("le", le)),
+                        float(total),
+                        "histogram",
+                        _SECONDS,
+                    )
+                )
+            found.append(
+                Sample(
+                    "mtcache_statement_seconds_sum",
+                    (("route", route),),
+                    sums[route],
+                    "histogram",
+                    _SECONDS,
+                )
+            )
+            found.append(
+                Sample(
+                    "mtcache_statement_seconds_count",
+                    (("route", route),),
+                    float(total),
+                    "histogram",
+                    _SECONDS,
+                )
+            )
         return found
 
 

@@ -31,6 +31,7 @@ from optimizer.pg_float import shortest_digits
 
 Encoder = Callable[[t.Any], bytes]
 
+
 @dataclass(frozen=True)
 class OutputSettings:
     """The session settings PostgreSQL's text output depends on. Other DateStyles,
@@ -44,8 +45,10 @@ class OutputSettings:
 
     @functools.cached_property
     def supported(self) -> bool:
-        return self.date_style.replace(" ", "").upper().startswith("ISO,") \
-            and self.bytea_output == "hex"  # fmt: skip
+        return (
+            self.date_style.replace(" ", "").upper().startswith("ISO,")
+            and self.bytea_output == "hex"
+        )
 
 
 def codec_of(client_encoding: str, server_encoding: str) -> str:
@@ -64,12 +67,15 @@ def encodable(type_oids: t.Iterable[int]) -> bool:
 
 
 @functools.lru_cache(maxsize=1024)
-def encoders(type_oids: tuple[int, ...], formats: tuple[int, ...],
-             settings: OutputSettings) -> tuple[Encoder, ...]:  # fmt: skip
+def encoders(
+    type_oids: tuple[int, ...], formats: tuple[int, ...], settings: OutputSettings
+) -> tuple[Encoder, ...]:
     """One encoder per column, in the format the client asked for it (0 text, 1 binary);
     made once per result shape (encoders keep no state: sessions share them)."""
-    return tuple(_binary(oid) if code == 1 else _TEXT[oid](settings)
-                 for oid, code in zip(type_oids, formats, strict=True))  # fmt: skip
+    return tuple(
+        _binary(oid) if code == 1 else _TEXT[oid](settings)
+        for oid, code in zip(type_oids, formats, strict=True)
+    )
 
 
 # -- text: PostgreSQL's output functions ----------------------------------------------------------
@@ -124,8 +130,7 @@ def _float(width: int) -> Callable[[OutputSettings], Encoder]:
                 return b"-0" if math.copysign(1.0, value) < 0 else b"0"
             if width == 4:  # psycopg gives a real as the double of its printed digits
                 value = _F4.unpack(_F4.pack(value))[0]
-            sign, digits, exponent = Decimal(shortest_digits(value, width)).normalize() \
-                .as_tuple()  # fmt: skip
+            sign, digits, exponent = Decimal(shortest_digits(value, width)).normalize().as_tuple()
             text = "".join(map(str, digits))
             point = len(text) + int(exponent)  # digits before the decimal point
             e10 = point - 1
@@ -158,15 +163,17 @@ def _fraction(microseconds: int) -> str:
 
 
 def _time(_: OutputSettings) -> Encoder:
-    return lambda v: f"{v.hour:02d}:{v.minute:02d}:{v.second:02d}{_fraction(v.microsecond)}" \
-        .encode()  # fmt: skip
+    return lambda v: (
+        f"{v.hour:02d}:{v.minute:02d}:{v.second:02d}{_fraction(v.microsecond)}".encode()
+    )
 
 
 def _timestamp(_: OutputSettings) -> Encoder:
     def encode(value: dt.datetime) -> bytes:
-        return (f"{value.year:04d}-{value.month:02d}-{value.day:02d} {value.hour:02d}:"
-                f"{value.minute:02d}:{value.second:02d}{_fraction(value.microsecond)}"
-                ).encode()  # fmt: skip
+        return (
+            f"{value.year:04d}-{value.month:02d}-{value.day:02d} {value.hour:02d}:"
+            f"{value.minute:02d}:{value.second:02d}{_fraction(value.microsecond)}"
+        ).encode()
 
     return encode
 
@@ -199,12 +206,26 @@ def _uuid(_: OutputSettings) -> Encoder:
 
 
 _TEXT: dict[int, Callable[[OutputSettings], Encoder]] = {
-    OID.bool: _bool, OID.int2: _integer, OID.int4: _integer, OID.int8: _integer,
-    OID.oid: _integer, OID.float4: _float(4), OID.float8: _float(8), OID.numeric: _numeric,
-    OID.text: _strings, OID.varchar: _strings, OID.bpchar: _strings, OID.name: _strings,
-    OID.char: _strings, OID.date: _date, OID.time: _time, OID.timestamp: _timestamp,
-    OID.timestamptz: _timestamptz, OID.bytea: _bytea, OID.uuid: _uuid,
-}  # fmt: skip
+    OID.bool: _bool,
+    OID.int2: _integer,
+    OID.int4: _integer,
+    OID.int8: _integer,
+    OID.oid: _integer,
+    OID.float4: _float(4),
+    OID.float8: _float(8),
+    OID.numeric: _numeric,
+    OID.text: _strings,
+    OID.varchar: _strings,
+    OID.bpchar: _strings,
+    OID.name: _strings,
+    OID.char: _strings,
+    OID.date: _date,
+    OID.time: _time,
+    OID.timestamp: _timestamp,
+    OID.timestamptz: _timestamptz,
+    OID.bytea: _bytea,
+    OID.uuid: _uuid,
+}
 
 
 # -- binary: PostgreSQL's send functions, as psycopg's dumpers write them ------------------------
@@ -224,8 +245,7 @@ def _binary(oid: int) -> Encoder:
         def numeric(value: Decimal | int) -> bytes:
             if isinstance(value, int):  # (as the text encoder: an int has no scale)
                 value = Decimal(value)
-            return _NUMERIC_INFINITIES[value.is_signed()] if value.is_infinite() \
-                else plain(value)  # fmt: skip
+            return _NUMERIC_INFINITIES[value.is_signed()] if value.is_infinite() else plain(value)
 
         return numeric
     return _dumped(oid)
@@ -247,8 +267,9 @@ def decoder(type_oid: int, binary: bool) -> Decoder | None:
     """How a parameter of this type, in this format, becomes the Python value psycopg would
     give for it (None: no such loader; the backend takes the statement)."""
     try:
-        loader_class = psycopg.adapters.get_loader(type_oid, Format.BINARY if binary
-                                                   else Format.TEXT)  # fmt: skip
+        loader_class = psycopg.adapters.get_loader(
+            type_oid, Format.BINARY if binary else Format.TEXT
+        )
     except KeyError:
         return None
     if loader_class is None:

@@ -42,9 +42,15 @@ def engine_url(backend: str | None, cache_path: str | Path, **options: t.Any) ->
         return URL.create("postgresql+mtcache", query=query)
     info: dict[str, t.Any] = psycopg.conninfo.conninfo_to_dict(backend)
     port = info.get("port")
-    return URL.create("postgresql+mtcache", info.get("user"), info.get("password"),
-                      info.get("host"), int(port) if port else None, info.get("dbname"),
-                      query=query)  # fmt: skip
+    return URL.create(
+        "postgresql+mtcache",
+        info.get("user"),
+        info.get("password"),
+        info.get("host"),
+        int(port) if port else None,
+        info.get("dbname"),
+        query=query,
+    )
 
 
 def provenance(result: t.Any) -> Provenance:
@@ -60,8 +66,9 @@ def provenance(result: t.Any) -> Provenance:
     cursor = getattr(getattr(cursor_result, "context", None), "cursor", None)
     found = getattr(cursor, "provenance", None)
     if found is None:
-        raise InterfaceError("not a result of a postgresql+mtcache engine: its cursor has no "
-                             "provenance")  # fmt: skip
+        raise InterfaceError(
+            "not a result of a postgresql+mtcache engine: its cursor has no provenance"
+        )
     return t.cast(Provenance, found)
 
 
@@ -73,6 +80,8 @@ def admin(engine: t.Any) -> Iterator[Admin | ServerAdmin]:
     with engine.connect() as conn:
         dbapi = conn.connection.driver_connection
         if not isinstance(dbapi, CacheConnection):
-            raise InterfaceError("not a postgresql+mtcache engine: its connections are "
-                                 f"{type(dbapi).__module__}.{type(dbapi).__name__}")  # fmt: skip
+            raise InterfaceError(
+                "not a postgresql+mtcache engine: its connections are "
+                f"{type(dbapi).__module__}.{type(dbapi).__name__}"
+            )
         yield dbapi.admin

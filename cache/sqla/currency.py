@@ -41,8 +41,12 @@ class CurrencyClause(DQLDMLClauseElement):
         ("columns", InternalTraversal.dp_clauseelement_tuples),
     ]
 
-    def __init__(self, bounds: t.Sequence[str], inputs: t.Sequence[tuple[t.Any, ...]],
-                 columns: t.Sequence[tuple[t.Any, ...]]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        bounds: t.Sequence[str],
+        inputs: t.Sequence[tuple[t.Any, ...]],
+        columns: t.Sequence[tuple[t.Any, ...]],
+    ) -> None:
         self.bounds, self.inputs, self.columns = list(bounds), list(inputs), list(columns)
 
 
@@ -60,8 +64,9 @@ def with_currency(
     kept = [(s, d) for s, d in statement._suffixes if not isinstance(s, CurrencyClause)]
     found = [s for s, _ in statement._suffixes if isinstance(s, CurrencyClause)]
     before = found[0] if found else CurrencyClause([], [], [])
-    clause = CurrencyClause([*before.bounds, duration(bound)], [*before.inputs, inputs],
-                            [*before.columns, columns])  # fmt: skip
+    clause = CurrencyClause(
+        [*before.bounds, duration(bound)], [*before.inputs, inputs], [*before.columns, columns]
+    )
     copy = statement._generate()
     copy._suffixes = (*kept, (clause, "postgresql"))
     return t.cast(SelectT, copy)
@@ -70,8 +75,9 @@ def with_currency(
 def _selectable(entity: t.Any) -> t.Any:
     found = inspect(entity, raiseerr=False)
     if found is None or not hasattr(found, "selectable"):
-        raise ProgrammingError(f"with_currency's on= takes mapped classes, aliases or tables, "
-                               f"not {entity!r}")  # fmt: skip
+        raise ProgrammingError(
+            f"with_currency's on= takes mapped classes, aliases or tables, not {entity!r}"
+        )
     return found.selectable
 
 
@@ -93,8 +99,7 @@ def _render(element: CurrencyClause, compiler: SQLCompiler, **kw: t.Any) -> str:
     if compiler.dialect.driver != "mtcache":  # another dialect: PostgreSQL's own semantics
         return ""
     specs = []
-    for bound, inputs, columns in zip(element.bounds, element.inputs, element.columns,
-                                      strict=True):  # fmt: skip
+    for bound, inputs, columns in zip(element.bounds, element.inputs, element.columns, strict=True):
         text = bound
         if inputs:
             text += f" ON ({', '.join(_input_name(compiler, i) for i in inputs)})"

@@ -59,12 +59,14 @@ class MTCacheDialect(PGDialect_psycopg):
             options[name] = _option(name, text)
         backend = None
         if url.host is not None:
-            backend = URL.create("postgresql", url.username, url.password, url.host, url.port,
-                                 url.database).render_as_string(hide_password=False)  # fmt: skip
+            backend = URL.create(
+                "postgresql", url.username, url.password, url.host, url.port, url.database
+            ).render_as_string(hide_password=False)
         elif url.database or url.username:
             raise ProgrammingError(
                 "a postgresql+mtcache URL without a host uses the embedded backend, which "
-                "names its own database and user: give a host, or leave them out")
+                "names its own database and user: give a host, or leave them out"
+            )
         options["backend"] = backend
         if self._psycopg_adapters_map is not None:  # the engine's JSON (de)serializers, ...
             options["context"] = self._psycopg_adapters_map
@@ -86,8 +88,11 @@ def _bounded_read(statement: t.Any) -> bool:
     (`cache.sqla.with_currency`)."""
     if isinstance(statement, CompoundSelect):
         return all(_bounded_read(s) for s in statement.selects)
-    return isinstance(statement, Select) and statement._for_update_arg is None \
-        and not has_currency_clause(statement)  # fmt: skip
+    return (
+        isinstance(statement, Select)
+        and statement._for_update_arg is None
+        and not has_currency_clause(statement)
+    )
 
 
 def _option_kinds() -> dict[str, type]:

@@ -40,8 +40,18 @@ HITS_HALF_LIFE = 300.0  # seconds: a hit counts half after this long (the recent
 WIDTH_SAMPLE = 2048  # rows a table's bytes per row are measured on (one DuckDB vector)
 SKETCH_WIDTH = 1 << 18  # counters per row of the reads' sketch (4 rows: 4 MiB in all)
 
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*")
 
 
@@ -49,8 +59,9 @@ def parse_size(value: t.Any, name: str = "cache_size_limit") -> int:
     """Bytes from a size: a whole number of bytes, or a number with its unit as DuckDB's
     memory_limit takes them ('500MB', '2GiB'; KB = 1000 bytes, KiB = 1024)."""
     if isinstance(value, bool):
-        raise ProgrammingError(f"{name} must be a size in bytes, or with a unit as '2GB', "
-                               f"not {value!r}")  # fmt: skip
+        raise ProgrammingError(
+            f"{name} must be a size in bytes, or with a unit as '2GB', not {value!r}"
+        )
     if isinstance(value, int):
         found = value
     else:
@@ -59,7 +70,8 @@ def parse_size(value: t.Any, name: str = "cache_size_limit") -> int:
         if match is None or unit is None:
             raise ProgrammingError(
                 f"{name} must be a size in bytes, or with a unit as '2GB' or '512MiB' (B, KB, "
-                f"MB, GB, TB, KiB, MiB, GiB, TiB), not {value!r}")  # fmt: skip
+                f"MB, GB, TB, KiB, MiB, GiB, TiB), not {value!r}"
+            )
         found = int(float(match.group(1)) * unit)
     if found <= 0:
         raise ProgrammingError(f"{name} must be more than 0 bytes, not {value!r}")
@@ -68,9 +80,14 @@ def parse_size(value: t.Any, name: str = "cache_size_limit") -> int:
 
 def copy_tables(con: duckdb.DuckDBPyConnection) -> list[str]:
     """The copies continuously maintained derived views keep of the tables they read."""
-    return [name for (name,) in con.execute(
-        "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main' AND "
-        "starts_with(table_name, ?) ORDER BY 1", [AUX_PREFIX]).fetchall()]  # fmt: skip
+    return [
+        name
+        for (name,) in con.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main' AND "
+            "starts_with(table_name, ?) ORDER BY 1",
+            [AUX_PREFIX],
+        ).fetchall()
+    ]
 
 
 def data_tables(con: duckdb.DuckDBPyConnection, schema: CacheSchema) -> list[str]:
@@ -78,8 +95,9 @@ def data_tables(con: duckdb.DuckDBPyConnection, schema: CacheSchema) -> list[str
     return [*schema.views, *copy_tables(con)]
 
 
-def data_bytes(con: duckdb.DuckDBPyConnection, tables: Iterable[str],
-               widths: dict[str, tuple[int, float]]) -> dict[str, int]:  # fmt: skip
+def data_bytes(
+    con: duckdb.DuckDBPyConnection, tables: Iterable[str], widths: dict[str, tuple[int, float]]
+) -> dict[str, int]:
     """Each table's rows times its bytes per row. ``widths`` keeps each table's bytes per
     row and the row count it was measured at: measured again once the count has doubled or
     halved since (a per-row width changes slowly; sampling it each time would cost more
@@ -138,8 +156,9 @@ class RegionHits:
         """(its reads in the window, as decayed now; the backend cost a hit saves)."""
         return self.worths(control, [key], now)[0]
 
-    def worths(self, control: str, keys: list[Key],
-               now: float | None = None) -> list[tuple[float, float]]:  # fmt: skip
+    def worths(
+        self, control: str, keys: list[Key], now: float | None = None
+    ) -> list[tuple[float, float]]:
         """`worth` of many keys of one control table at once (the budget weighs every held
         region at an eviction)."""
         now = time.monotonic() if now is None else now

@@ -39,8 +39,9 @@ from sql_ext.quoting import ident, idents
 T = t.TypeVar("T")
 
 
-def limit_resources(con: duckdb.DuckDBPyConnection, memory_limit: str | None = None,
-                    threads: int | None = None) -> None:  # fmt: skip
+def limit_resources(
+    con: duckdb.DuckDBPyConnection, memory_limit: str | None = None, threads: int | None = None
+) -> None:
     """Set DuckDB's memory limit and threads on ``con``'s database, or say what is wrong with
     them (`check_resources` tries them on a DuckDB of its own first)."""
     for name, value in (("memory_limit", memory_limit), ("threads", threads)):
@@ -49,32 +50,41 @@ def limit_resources(con: duckdb.DuckDBPyConnection, memory_limit: str | None = N
         try:
             con.execute(f"SET {name} = ?", [value])
         except duckdb.Error as exc:
-            what = "a size with its unit, as '2GB' or '512MiB'" if name == "memory_limit" \
-                else "a number of threads"  # fmt: skip
-            raise ProgrammingError(f"{name}: DuckDB cannot take {value!r} ({first_line(exc)}); "
-                                   f"give {what}") from None
+            what = (
+                "a size with its unit, as '2GB' or '512MiB'"
+                if name == "memory_limit"
+                else "a number of threads"
+            )
+            raise ProgrammingError(
+                f"{name}: DuckDB cannot take {value!r} ({first_line(exc)}); give {what}"
+            ) from None
 
 
-def check_resources(memory_limit: str | None = None, threads: int | None = None,
-                    cache_size_limit: int | str | None = None) -> None:  # fmt: skip
+def check_resources(
+    memory_limit: str | None = None,
+    threads: int | None = None,
+    cache_size_limit: int | str | None = None,
+) -> None:
     """The options' error, if any, before a cache file is opened (or made): their types,
     then `limit_resources`' on a DuckDB of its own; ``cache_size_limit`` is `parse_size`'s."""
     if cache_size_limit is not None:
         parse_size(cache_size_limit)
     if memory_limit is not None and (not isinstance(memory_limit, str) or not memory_limit):
-        raise ProgrammingError(f"memory_limit must be a size with its unit, as '2GB', "
-                               f"not {memory_limit!r}")  # fmt: skip
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
-                                or threads <= 0):  # fmt: skip
+        raise ProgrammingError(
+            f"memory_limit must be a size with its unit, as '2GB', not {memory_limit!r}"
+        )
+    if threads is not None and (
+        isinstance(threads, bool) or not isinstance(threads, int) or threads <= 0
+    ):
         raise ProgrammingError(f"threads must be a positive number, not {threads!r}")
     with duckdb.connect() as trial:
         limit_resources(trial, memory_limit, threads)
 
+
 def count_in(con: duckdb.DuckDBPyConnection, amounts: t.Mapping[str, int]) -> None:
     """Inside a transaction: add to the counters of `mtcache status`."""
     for name, amount in amounts.items():
-        con.execute("UPDATE mtcache.counters SET value = value + ? WHERE name = ?",
-                    [amount, name])  # fmt: skip
+        con.execute("UPDATE mtcache.counters SET value = value + ? WHERE name = ?", [amount, name])
 
 
 # 2: char(n) values are stored without their blank padding (control_tables.types.BPCHAR);
@@ -127,9 +137,20 @@ _METADATA = [
 # evictions: presence keys the size budget evicted; budget_overruns: stream batches that
 # landed over it (nothing left to evict); deferred_admissions: first misses of a key the
 # doorkeeper did not admit (`cache.engine.admission`)
-COUNTERS = ("hits", "presence_misses", "currency_misses", "remote", "memo_hits", "memo_misses",
-            "completeness_misses", "consistency_misses", "timeline_misses", "evictions",
-            "budget_overruns", "deferred_admissions")
+COUNTERS = (
+    "hits",
+    "presence_misses",
+    "currency_misses",
+    "remote",
+    "memo_hits",
+    "memo_misses",
+    "completeness_misses",
+    "consistency_misses",
+    "timeline_misses",
+    "evictions",
+    "budget_overruns",
+    "deferred_admissions",
+)
 
 
 @dataclass(frozen=True)
@@ -239,7 +260,8 @@ class CacheStore:
                         f"the cache file {self.path} is served by `mtcache serve` (pid "
                         f"{served.pid}) at {served.address}: connect through it "
                         f"(cache.connect(..., server={served.address!r}); the mtcache "
-                        "commands do so by themselves)") from exc  # fmt: skip
+                        "commands do so by themselves)"
+                    ) from exc
                 raise OperationalError(
                     f"the cache file {self.path} is in use by another process (DuckDB allows "
                     f"one): stop that process or use another --cache file ({first_line(exc)})"
@@ -282,8 +304,9 @@ class CacheStore:
         shadow catalog had no collations: it is dropped, and the next connection reflects the
         backend's again."""
         for column in ("byte_order BOOLEAN", "deterministic BOOLEAN DEFAULT true"):
-            self.con.execute(f"ALTER TABLE mtcache.backend_columns ADD COLUMN IF NOT EXISTS "
-                             f"{column}")  # fmt: skip
+            self.con.execute(
+                f"ALTER TABLE mtcache.backend_columns ADD COLUMN IF NOT EXISTS {column}"
+            )
         catalog = self.load_catalog()
         for view in self._parse_schema().views.values():
             table = catalog.table(view.table)
@@ -293,9 +316,7 @@ class CacheStore:
             for column in view.columns:
                 if transfer_type(types.get(column, "")) == BPCHAR:
                     name = ident(column)
-                    self.con.execute(
-                        f"UPDATE {ident(view.name)} SET {name} = rtrim({name}, ' ')"
-                    )
+                    self.con.execute(f"UPDATE {ident(view.name)} SET {name} = rtrim({name}, ' ')")
         self.con.execute("DELETE FROM mtcache.backend_tables")
         self.con.execute(
             "UPDATE mtcache.meta SET value = ? WHERE key = 'format_version'", [FORMAT_VERSION]
@@ -452,8 +473,12 @@ class CacheStore:
         """A handle for another thread of this process (DuckDB connections are per thread)."""
         return CacheStore._sharing(self)
 
-    def limit_resources(self, memory_limit: str | None = None, threads: int | None = None,
-                        cache_size_limit: int | str | None = None) -> None:  # fmt: skip
+    def limit_resources(
+        self,
+        memory_limit: str | None = None,
+        threads: int | None = None,
+        cache_size_limit: int | str | None = None,
+    ) -> None:
         """DuckDB's memory limit (``"2GB"``) and threads for this file in this process (every
         handle on it shares them); None leaves DuckDB's default (80% of the memory, every
         core). ``cache_size_limit``: the budget of the cached data's bytes (`budget`; None
@@ -473,13 +498,20 @@ class CacheStore:
             "SELECT current_setting('memory_limit'), current_setting('threads'), "
             "(SELECT coalesce(sum(memory_usage_bytes), 0) FROM duckdb_memory()), "
             "total_blocks * block_size, wal_size FROM pragma_database_size() "
-            "WHERE database_name = current_database()").fetchall()
+            "WHERE database_name = current_database()"
+        ).fetchall()
         [(limit, threads, used, size, wal)] = row
         budget = self._shared.budget
         data = data_bytes(self.con, data_tables(self.con, self.load_schema()), budget.widths)
-        return {"memory_limit": limit, "threads": int(threads), "memory_in_use_bytes": int(used),
-                "file_bytes": int(size), "wal": wal, "cache_size_limit": budget.limit,
-                "data_bytes": sum(data.values())}  # fmt: skip
+        return {
+            "memory_limit": limit,
+            "threads": int(threads),
+            "memory_in_use_bytes": int(used),
+            "file_bytes": int(size),
+            "wal": wal,
+            "cache_size_limit": budget.limit,
+            "data_bytes": sum(data.values()),
+        }
 
     def close(self) -> None:
         if self.con is None:
@@ -549,20 +581,42 @@ class CacheStore:
     def save_catalog(self, catalog: Catalog) -> None:
         now = dt.datetime.now(dt.UTC)
         with self.transaction() as con:
-            for internal in ("backend_tables", "backend_columns", "backend_unique_keys",
-                             "backend_indexes", "backend_views"):  # fmt: skip
+            for internal in (
+                "backend_tables",
+                "backend_columns",
+                "backend_unique_keys",
+                "backend_indexes",
+                "backend_views",
+            ):
                 con.execute(f"DELETE FROM mtcache.{internal}")
             for table in catalog.tables.values():
                 con.execute(
                     "INSERT INTO mtcache.backend_tables VALUES (?, ?, ?, ?, ?, ?)",
-                    [table.name, table.schema, table.row_count, table.pages,
-                     list(table.primary_key), now],
-                )  # fmt: skip
+                    [
+                        table.name,
+                        table.schema,
+                        table.row_count,
+                        table.pages,
+                        list(table.primary_key),
+                        now,
+                    ],
+                )
                 con.executemany(
                     "INSERT INTO mtcache.backend_columns VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    [[table.name, i, c.name, c.type, c.nullable, c.n_distinct, c.byte_order,
-                      c.deterministic] for i, c in enumerate(table.columns)],
-                )  # fmt: skip
+                    [
+                        [
+                            table.name,
+                            i,
+                            c.name,
+                            c.type,
+                            c.nullable,
+                            c.n_distinct,
+                            c.byte_order,
+                            c.deterministic,
+                        ]
+                        for i, c in enumerate(table.columns)
+                    ],
+                )
                 for key in table.unique_keys:
                     con.execute(
                         "INSERT INTO mtcache.backend_unique_keys VALUES (?, ?)",
@@ -578,10 +632,14 @@ class CacheStore:
                     "INSERT INTO mtcache.backend_views VALUES (?, ?, ?)",
                     [view.name, view.schema, view.definition],
                 )
-            for setting, on in (("text_byte_order", catalog.text_byte_order),
-                                ("ascii_case", catalog.ascii_case), ("utf8", catalog.utf8)):
-                con.execute("INSERT OR REPLACE INTO mtcache.meta VALUES (?, ?)",
-                            [setting, str(on).lower()])  # fmt: skip
+            for setting, on in (
+                ("text_byte_order", catalog.text_byte_order),
+                ("ascii_case", catalog.ascii_case),
+                ("utf8", catalog.utf8),
+            ):
+                con.execute(
+                    "INSERT OR REPLACE INTO mtcache.meta VALUES (?, ?)", [setting, str(on).lower()]
+                )
         with self._shared.lock:
             self._shared.catalog_version += 1
 
@@ -629,15 +687,20 @@ class CacheStore:
                 "SELECT name, schema, definition FROM mtcache.backend_views"
             ).fetchall()
         }
-        meta = dict(self.con.execute(
-            "SELECT key, value FROM mtcache.meta "
-            "WHERE key IN ('text_byte_order', 'ascii_case', 'utf8')"
-        ).fetchall())  # fmt: skip
+        meta = dict(
+            self.con.execute(
+                "SELECT key, value FROM mtcache.meta "
+                "WHERE key IN ('text_byte_order', 'ascii_case', 'utf8')"
+            ).fetchall()
+        )
         # a catalog saved before the ctype was read: case mapping stays at the backend
-        return Catalog(tables=tables, views=views,
-                       text_byte_order=meta.get("text_byte_order", "true") == "true",
-                       ascii_case=meta.get("ascii_case") == "true",
-                       utf8=meta.get("utf8") == "true")  # fmt: skip
+        return Catalog(
+            tables=tables,
+            views=views,
+            text_byte_order=meta.get("text_byte_order", "true") == "true",
+            ascii_case=meta.get("ascii_case") == "true",
+            utf8=meta.get("utf8") == "true",
+        )
 
     # -- the cache schema ----------------------------------------------------------------------
 
@@ -708,9 +771,10 @@ class CacheStore:
                     if action == "drop":
                         con.execute(f"DROP TABLE IF EXISTS {ident(name)}")
                         for (copy,) in con.execute(  # a derived view's copies of its tables
-                                "SELECT table_name FROM duckdb_tables() WHERE schema_name = "
-                                "'main' AND starts_with(table_name, ?)",
-                                [auxiliary_prefix(name)]).fetchall():  # fmt: skip
+                            "SELECT table_name FROM duckdb_tables() WHERE schema_name = "
+                            "'main' AND starts_with(table_name, ?)",
+                            [auxiliary_prefix(name)],
+                        ).fetchall():
                             con.execute(f"DROP TABLE {ident(copy)}")
                         con.execute("DELETE FROM mtcache.objects WHERE name = ?", [name])
                         con.execute("DELETE FROM mtcache.view_state WHERE view = ?", [name])
@@ -757,7 +821,8 @@ class CacheStore:
                     columns = [f"{ident(c)} {duckdb_type(types[c])}" for c in copy.columns]
                     self.con.execute(
                         f"CREATE TABLE {ident(copy.name)} ({', '.join(columns)}, "
-                        f"PRIMARY KEY ({idents(copy.key)}))")  # fmt: skip
+                        f"PRIMARY KEY ({idents(copy.key)}))"
+                    )
         else:
             table = catalog.table(view.table)
             assert table is not None
@@ -769,9 +834,17 @@ class CacheStore:
             )
         self.con.execute(
             "INSERT INTO mtcache.objects VALUES (?, ?, 'cached view', ?, ?, ?, ?, ?, ?, now())",
-            [seq, view.name, view.statement, list(view.columns), list(view.key), view.color,
-             "view" if view.view_level else "group", [p.control for p in view.presence]],
-        )  # fmt: skip
+            [
+                seq,
+                view.name,
+                view.statement,
+                list(view.columns),
+                list(view.key),
+                view.color,
+                "view" if view.view_level else "group",
+                [p.control for p in view.presence],
+            ],
+        )
 
     def matching_keys(
         self, control: str, columns: Sequence[str], where: exp.Expr | None

@@ -26,11 +26,28 @@ def holder(path: Path) -> duckdb.DuckDBPyConnection:
     shares them with every other connection of the process)."""
     con = duckdb.connect(str(path))
     register: t.Any = con.create_function  # its stubs list no Python callables of 4 arguments
-    register(NUMERIC_DIVIDE, pg_numeric.divide_texts, _ARGUMENTS, "VARCHAR",
-             null_handling="special", side_effects=False)
-    register(NUMERIC_DIVIDE_SCALE, pg_numeric.division_text_scale, _ARGUMENTS, "INTEGER",
-             null_handling="special", side_effects=False)
-    register(WIDTH_BUCKET, pg_numeric.width_bucket_texts,
-             ["VARCHAR", "VARCHAR", "VARCHAR", "INTEGER"], "INTEGER", null_handling="special",
-             side_effects=False)  # fmt: skip
+    register(
+        NUMERIC_DIVIDE,
+        pg_numeric.divide_texts,
+        _ARGUMENTS,
+        "VARCHAR",
+        null_handling="special",
+        side_effects=False,
+    )
+    register(
+        NUMERIC_DIVIDE_SCALE,
+        pg_numeric.division_text_scale,
+        _ARGUMENTS,
+        "INTEGER",
+        null_handling="special",
+        side_effects=False,
+    )
+    register(
+        WIDTH_BUCKET,
+        pg_numeric.width_bucket_texts,
+        ["VARCHAR", "VARCHAR", "VARCHAR", "INTEGER"],
+        "INTEGER",
+        null_handling="special",
+        side_effects=False,
+    )
     return con

@@ -36,13 +36,17 @@ class RegionStamps:
     newest: dt.datetime | None = None
 
     def __add__(self, other: RegionStamps) -> RegionStamps:
-        def pick(a: dt.datetime | None, b: dt.datetime | None,
-                 choose: t.Callable[..., dt.datetime]) -> dt.datetime | None:  # fmt: skip
+        def pick(
+            a: dt.datetime | None, b: dt.datetime | None, choose: t.Callable[..., dt.datetime]
+        ) -> dt.datetime | None:
             return choose(a, b) if a is not None and b is not None else a or b
 
-        return RegionStamps(self.count + other.count, self.never + other.never,
-                            pick(self.oldest, other.oldest, min),
-                            pick(self.newest, other.newest, max))  # fmt: skip
+        return RegionStamps(
+            self.count + other.count,
+            self.never + other.never,
+            pick(self.oldest, other.oldest, min),
+            pick(self.newest, other.newest, max),
+        )
 
 
 @dataclass(frozen=True)
@@ -95,7 +99,8 @@ def region_stamps(store: CacheStore, schema: CacheSchema, name: str) -> RegionSt
     for control in controls:
         row = store.con.execute(
             f"SELECT count(*), count(*) - count(refreshed_at), min(refreshed_at), "
-            f"max(refreshed_at) FROM {ident(control)}").fetchone()  # fmt: skip
+            f"max(refreshed_at) FROM {ident(control)}"
+        ).fetchone()
         assert row is not None
         found += RegionStamps(int(row[0]), int(row[1]), row[2], row[3])
     return found

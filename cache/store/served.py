@@ -34,8 +34,9 @@ def note_path(cache_path: Path) -> Path:
 
 
 @contextlib.contextmanager
-def published(cache_path: Path, host: str, port: int, user: str | None,
-              database: str | None) -> Iterator[ServedAt]:  # fmt: skip
+def published(
+    cache_path: Path, host: str, port: int, user: str | None, database: str | None
+) -> Iterator[ServedAt]:
     """Say that this process serves ``cache_path`` at host:port (in front of ``database`` as
     ``user``) while the block runs."""
     note = note_path(cache_path)

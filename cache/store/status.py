@@ -24,8 +24,9 @@ from sql_ext.quoting import ident
 REGIONS_LISTED = 1000  # a view with more regions lists them only when asked (``detail``)
 
 
-def status(store: CacheStore, now: dt.datetime | None = None,
-           detail: Collection[str] = ()) -> dict[str, t.Any]:
+def status(
+    store: CacheStore, now: dt.datetime | None = None, detail: Collection[str] = ()
+) -> dict[str, t.Any]:
     """The status document (docs/json-outputs.md). Each view's regions are summed up; they
     are listed for a view with at most REGIONS_LISTED of them, or one named in ``detail``
     (a million regions' entries took seconds to make)."""
@@ -37,22 +38,31 @@ def status(store: CacheStore, now: dt.datetime | None = None,
     schema = store.load_schema()
     unknown = sorted(set(detail) - set(schema.views))
     if unknown:
-        raise ProgrammingError(f"no cached view {', '.join(unknown)} (cached views: "
-                               f"{', '.join(sorted(schema.views)) or 'none'})")  # fmt: skip
+        raise ProgrammingError(
+            f"no cached view {', '.join(unknown)} (cached views: "
+            f"{', '.join(sorted(schema.views)) or 'none'})"
+        )
     delays = measured_delays(store)
     copies: dict[str, list[str]] = {}  # a continuously maintained derived view's copies
     for name in copy_tables(store.con):
         copies.setdefault(copy_owner(name) or "", []).append(name)
     sizes = stored_bytes(store, [*schema.views, *(c for cs in copies.values() for c in cs)])
-    views = [_view_status(store, schema, schema.views[n], now, delays.get(n), sizes.get(n, 0),
-                          n in detail) for n in schema.topological_order()]  # fmt: skip
+    views = [
+        _view_status(
+            store, schema, schema.views[n], now, delays.get(n), sizes.get(n, 0), n in detail
+        )
+        for n in schema.topological_order()
+    ]
     for view in views:
         if view["name"] in copies:
             found = copies[view["name"]]
-            counted = [store.con.execute(f"SELECT count(*) FROM {ident(c)}").fetchone()
-                       for c in found]  # fmt: skip
-            view["copies"] = {"rows": sum(int(c[0]) for c in counted if c),
-                              "bytes": sum(sizes.get(c, 0) for c in found)}  # fmt: skip
+            counted = [
+                store.con.execute(f"SELECT count(*) FROM {ident(c)}").fetchone() for c in found
+            ]
+            view["copies"] = {
+                "rows": sum(int(c[0]) for c in counted if c),
+                "bytes": sum(sizes.get(c, 0) for c in found),
+            }
     return {
         "cache": str(store.path),
         "clock": "backend" if clock is not None else "local",
@@ -61,8 +71,10 @@ def status(store: CacheStore, now: dt.datetime | None = None,
         "views": views,
         "control_tables": sorted(schema.control_tables),
         # each control table's key columns, in order (what admit and evict give values for)
-        "control_keys": {name: list(schema.control_tables[name].column_names)
-                         for name in sorted(schema.control_tables)},
+        "control_keys": {
+            name: list(schema.control_tables[name].column_names)
+            for name in sorted(schema.control_tables)
+        },
         "counters": store.counters(),
         # what the file's DuckDB may use and uses now
         "resources": store.resources(),
@@ -70,8 +82,13 @@ def status(store: CacheStore, now: dt.datetime | None = None,
 
 
 def _view_status(
-    store: CacheStore, schema: CacheSchema, view: CachedView, now: dt.datetime, delay: float | None,
-    stored: int = 0, listed: bool = False,
+    store: CacheStore,
+    schema: CacheSchema,
+    view: CachedView,
+    now: dt.datetime,
+    delay: float | None,
+    stored: int = 0,
+    listed: bool = False,
 ) -> dict[str, t.Any]:
     """A view's entry of the status document (``stored``: its bytes, `stored_bytes`; its
     regions listed if ``listed`` or few)."""
@@ -111,16 +128,18 @@ def _view_status(
         # each region's rows counted in one statement (a statement per region took a minute
         # at 100,000 regions); a key is never NULL, so a row holding NULL is in no region
         keys = ", ".join(f"c.{ident(c)}" for c in control_columns)
-        match = " AND ".join(f"v.{ident(v)} = c.{ident(c)}"
-                             for v, c in zip(columns, control_columns, strict=True))  # fmt: skip
+        match = " AND ".join(
+            f"v.{ident(v)} = c.{ident(c)}" for v, c in zip(columns, control_columns, strict=True)
+        )
         for record in con.execute(
             f"SELECT {keys}, c.refreshed_at, c.snapshot_id, count(v.{ident(columns[0])}) "
             f"FROM {ident(control)} c LEFT JOIN {ident(view.name)} v ON {match} "
             f"GROUP BY ALL ORDER BY {keys}"
         ).fetchall():
             values = tuple(record[: len(control_columns)])
-            regions.append(_region(control, kind, list(values), record[-3], record[-2],
-                                   int(record[-1]), now))  # fmt: skip
+            regions.append(
+                _region(control, kind, list(values), record[-3], record[-2], int(record[-1]), now)
+            )
     due = times.due if times.due is None or times.due > now else now  # due at once: now
     return {
         "name": view.name,
@@ -144,7 +163,8 @@ def _view_status(
         "region_count": count,
         "regions_never_refreshed": stamps.never,
         "oldest_region_seconds": (now - stamps.oldest).total_seconds()
-        if stamps.oldest is not None else None,
+        if stamps.oldest is not None
+        else None,
         "regions": regions if listed else None,  # None: more than REGIONS_LISTED, not asked
     }
 
@@ -170,14 +190,17 @@ def _table_bytes(store: CacheStore) -> dict[str, int]:
     size = con.execute("SELECT block_size FROM pragma_database_size()").fetchone()
     block = int(size[0]) if size else 262144
     segments: list[tuple[int, int, str, int]] = []  # (block, offset, table, extra blocks)
-    every = con.execute("SELECT schema_name, table_name FROM duckdb_tables() "
-                        "WHERE database_name = current_database()").fetchall()  # fmt: skip
+    every = con.execute(
+        "SELECT schema_name, table_name FROM duckdb_tables() "
+        "WHERE database_name = current_database()"
+    ).fetchall()
     for schema, name in every:  # (every table's segments: where one ends, the next begins)
         table = name if schema == "main" else f"{schema}.{name}"
         for block_id, offset, extra in con.execute(
-                "SELECT block_id, block_offset, additional_block_ids FROM "
-                "pragma_storage_info(?) WHERE block_id >= 0",
-                [f"{ident(schema)}.{ident(name)}"]).fetchall():  # fmt: skip
+            "SELECT block_id, block_offset, additional_block_ids FROM "
+            "pragma_storage_info(?) WHERE block_id >= 0",
+            [f"{ident(schema)}.{ident(name)}"],
+        ).fetchall():
             segments.append((int(block_id), int(offset), table, len(extra or ())))
     segments.sort()
     found: dict[str, int] = {}

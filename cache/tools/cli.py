@@ -66,8 +66,7 @@ def read_statement(args: argparse.Namespace) -> None:
         try:
             args.sql = sys.stdin.read()
         except UnicodeDecodeError as exc:
-            raise DataError(f"the statement on standard input is not valid UTF-8 ({exc})") \
-                from None  # fmt: skip
+            raise DataError(f"the statement on standard input is not valid UTF-8 ({exc})") from None
 
 
 def cmd_parse(settings: Settings, args: argparse.Namespace) -> int:
@@ -84,8 +83,10 @@ def cmd_parse(settings: Settings, args: argparse.Namespace) -> int:
     if "session" in document:
         session = document["session"]
         bound = session["bound_seconds"]
-        print(f"session currency bound: {session['currency_bound']}"
-              + (f" {format_duration(bound)}" if bound is not None else ""))  # fmt: skip
+        print(
+            f"session currency bound: {session['currency_bound']}"
+            + (f" {format_duration(bound)}" if bound is not None else "")
+        )
     if "inspect" in document:
         print(f"asks the cache: {document['inspect']}")
     if "setting" in document:
@@ -140,9 +141,13 @@ def _admin(settings: Settings) -> t.ContextManager[Admin | ServerAdmin]:
     served = served_at(settings.cache_path)
     if served is not None:
         return ServerAdmin.open(server_conninfo(served, settings.backend))
-    return Admin.open(settings.cache_path, backend=settings.backend_dsn,
-                      memory_limit=settings.memory_limit, threads=settings.threads,
-                      cache_size_limit=settings.cache_size_limit)
+    return Admin.open(
+        settings.cache_path,
+        backend=settings.backend_dsn,
+        memory_limit=settings.memory_limit,
+        threads=settings.threads,
+        cache_size_limit=settings.cache_size_limit,
+    )
 
 
 def _connect(settings: Settings) -> cache.Connection:
@@ -150,9 +155,14 @@ def _connect(settings: Settings) -> cache.Connection:
     served = served_at(settings.cache_path)
     if served is not None:
         return cache.connect(settings.backend, settings.cache_path, server=served)
-    return cache.connect(settings.backend_dsn(), settings.cache_path, background=False,
-                         memory_limit=settings.memory_limit, threads=settings.threads,
-                         cache_size_limit=settings.cache_size_limit)
+    return cache.connect(
+        settings.backend_dsn(),
+        settings.cache_path,
+        background=False,
+        memory_limit=settings.memory_limit,
+        threads=settings.threads,
+        cache_size_limit=settings.cache_size_limit,
+    )
 
 
 def _not_served(settings: Settings, advice: str) -> None:
@@ -161,12 +171,14 @@ def _not_served(settings: Settings, advice: str) -> None:
     if served is not None:
         raise OperationalError(
             f"the cache file {settings.cache_path} is served by `mtcache serve` (pid "
-            f"{served.pid}) at {served.address}: {advice}")
+            f"{served.pid}) at {served.address}: {advice}"
+        )
 
 
 def cmd_init(settings: Settings, args: argparse.Namespace) -> int:
-    _not_served(settings, "its server keeps the catalog; stop the server to initialize "
-                "the file again")
+    _not_served(
+        settings, "its server keeps the catalog; stop the server to initialize the file again"
+    )
     with Admin.open(settings.cache_path, backend=settings.backend_dsn) as admin:
         catalog = admin.reflect()
     print(
@@ -255,9 +267,8 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
         return 0
     clock = document.get("backend_clock")
     measured = (
-        f", offset {clock['offset_seconds']:+.6f}s measured {clock['measured_at']}"
-        if clock else ""
-    )  # fmt: skip
+        f", offset {clock['offset_seconds']:+.6f}s measured {clock['measured_at']}" if clock else ""
+    )
     print(f"cache {document['cache']} (currency by the {document['clock']} clock{measured})")
     now = dt.datetime.fromisoformat(document["now"])
     for view in document["views"]:
@@ -265,7 +276,9 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
         every = (
             f", refresh every {format_duration(view['refresh_seconds'])}"
             if view["refresh_seconds"]
-            else ", refreshed continuously" if view.get("continuous") else ""
+            else ", refreshed continuously"
+            if view.get("continuous")
+            else ""
         )
         print(
             f"  {view['name']} ({view['table']}, {view['color']}, {view['consistency']}-level"
@@ -273,10 +286,12 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
         )
         if view["regions"] is None:
             oldest = view["oldest_region_seconds"]
-            print(f"    {plural(view['region_count'], 'region')} "
-                  f"({view['regions_never_refreshed']} never refreshed"
-                  f"{f', the oldest {oldest:.1f}s old' if oldest is not None else ''}): "
-                  f"`mtcache status --view {view['name']}` lists them")  # fmt: skip
+            print(
+                f"    {plural(view['region_count'], 'region')} "
+                f"({view['regions_never_refreshed']} never refreshed"
+                f"{f', the oldest {oldest:.1f}s old' if oldest is not None else ''}): "
+                f"`mtcache status --view {view['name']}` lists them"
+            )
             continue
         for region in view["regions"]:
             where = f"{region['control']}{tuple(region['key'])}" if region["control"] else "all"
@@ -292,18 +307,26 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
     print(f"  counters: {counters}")
     used = document.get("resources")
     if used:
-        print(f"  resources: DuckDB memory {used['memory_in_use_bytes']:,} bytes in use of "
-              f"{used['memory_limit']}, {plural(used['threads'], 'thread')}; file "
-              f"{used['file_bytes']:,} bytes checkpointed, WAL {used['wal']}")  # fmt: skip
+        print(
+            f"  resources: DuckDB memory {used['memory_in_use_bytes']:,} bytes in use of "
+            f"{used['memory_limit']}, {plural(used['threads'], 'thread')}; file "
+            f"{used['file_bytes']:,} bytes checkpointed, WAL {used['wal']}"
+        )
         limit = used.get("cache_size_limit")
-        print(f"  budget: data {used['data_bytes']:,} bytes"
-              + (f" of {limit:,} (cache_size_limit)" if limit is not None else
-                 ", no cache_size_limit"))  # fmt: skip
+        print(
+            f"  budget: data {used['data_bytes']:,} bytes"
+            + (
+                f" of {limit:,} (cache_size_limit)"
+                if limit is not None
+                else ", no cache_size_limit"
+            )
+        )
     return 0
 
 
 def _refresh_line(view: dict[str, t.Any], now: dt.datetime) -> str:
     """When the view was refreshed last and will be next, as `status` prints it."""
+
     def seconds(moment: str) -> float:  # from now on; negative: ago
         return round((dt.datetime.fromisoformat(moment) - now).total_seconds(), 1)
 
@@ -317,8 +340,11 @@ def _refresh_line(view: dict[str, t.Any], now: dt.datetime) -> str:
         return f"{said}, continuously from the WAL"
     upcoming = view["next_refresh"]
     if upcoming is None:
-        return f"{said}, next on demand" if not view["refresh_seconds"] else \
-            f"{said}, next once regions are admitted"  # fmt: skip
+        return (
+            f"{said}, next on demand"
+            if not view["refresh_seconds"]
+            else f"{said}, next once regions are admitted"
+        )
     wait = seconds(upcoming)
     return f"{said}, next {'now' if wait <= 0 else 'in ' + format_duration(wait)}"
 
@@ -377,8 +403,11 @@ def _iso_duration(value: dt.timedelta) -> str:
     sign, value = ("-", -value) if value < dt.timedelta(0) else ("", value)
     hours, rest = divmod(value.seconds, 3600)
     minutes, seconds = divmod(rest, 60)
-    second = f"{seconds}.{value.microseconds:06d}".rstrip("0").rstrip(".") if value.microseconds \
-        else str(seconds)  # fmt: skip
+    second = (
+        f"{seconds}.{value.microseconds:06d}".rstrip("0").rstrip(".")
+        if value.microseconds
+        else str(seconds)
+    )
     time = "".join(f"{n}{u}" for n, u in ((hours, "H"), (minutes, "M")) if n)
     time += f"{second}S" if seconds or value.microseconds else ""
     days = f"{value.days}D" if value.days else ""
@@ -397,11 +426,13 @@ def cmd_query(settings: Settings, args: argparse.Namespace) -> int:
         rows = cur.fetchall() if cur.description else []
         provenance = cur.provenance
     if args.json:
-        _print_json({
-            "columns": columns,
-            "rows": [[_json_value(v) for v in row] for row in rows],
-            "provenance": provenance.to_json(),
-        })  # fmt: skip
+        _print_json(
+            {
+                "columns": columns,
+                "rows": [[_json_value(v) for v in row] for row in rows],
+                "provenance": provenance.to_json(),
+            }
+        )
         return 0
     console = Console(highlight=False, soft_wrap=True)
     if columns:
@@ -433,8 +464,9 @@ def cmd_heartbeat(settings: Settings, args: argparse.Namespace) -> int:
     """Beat in the foreground until Ctrl-C or SIGTERM (exit 0); riding out backend
     outages (one line on stderr each)."""
     if not args.interval > 0:
-        raise ProgrammingError(f"--interval must be a positive number of seconds, not "
-                               f"{args.interval:g}")  # fmt: skip
+        raise ProgrammingError(
+            f"--interval must be a positive number of seconds, not {args.interval:g}"
+        )
     dsn = settings.backend_dsn()
     heart = Heartbeat(dsn, args.interval, args.source)
     # the first beat here: an unreachable backend or a refused table is an error at once
@@ -446,11 +478,19 @@ def cmd_heartbeat(settings: Settings, args: argparse.Namespace) -> int:
             raise translate(exc, "the heartbeat could not write its row") from exc
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: heart.stop())
-    print(f"heartbeat: source {args.source!r} in {HEARTBEAT_TABLE} every {args.interval:g}s "
-          f"at {redact(dsn)}; stop with Ctrl-C or SIGTERM", flush=True)  # fmt: skip
-    beats = heart.run(on_failure=lambda exc: print(
-        f"mtcache: heartbeat: the backend is unreachable ({first_line(exc)}); retrying every "
-        f"{args.interval:g}s", file=sys.stderr, flush=True))  # fmt: skip
+    print(
+        f"heartbeat: source {args.source!r} in {HEARTBEAT_TABLE} every {args.interval:g}s "
+        f"at {redact(dsn)}; stop with Ctrl-C or SIGTERM",
+        flush=True,
+    )
+    beats = heart.run(
+        on_failure=lambda exc: print(
+            f"mtcache: heartbeat: the backend is unreachable ({first_line(exc)}); retrying every "
+            f"{args.interval:g}s",
+            file=sys.stderr,
+            flush=True,
+        )
+    )
     print(f"heartbeat stopped after {plural(beats + 1, 'beat')}", flush=True)
     return 0
 
@@ -477,18 +517,21 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     )
 
     if args.heartbeat is not None and not args.heartbeat > 0:
-        raise ProgrammingError(f"--heartbeat must be a positive number of seconds, not "
-                               f"{args.heartbeat:g}")  # fmt: skip
+        raise ProgrammingError(
+            f"--heartbeat must be a positive number of seconds, not {args.heartbeat:g}"
+        )
     if not args.grace >= 0:
         raise ProgrammingError(f"--grace must be 0 or more seconds, not {args.grace:g}")
     rules = Rules.load(Path(args.hba)) if args.hba else LOOPBACK_TRUST
     if (args.tls_cert is None) != (args.tls_key is None):
         raise ProgrammingError("give both --tls-cert and --tls-key, or neither")
-    tls, binding = tls_context(Path(args.tls_cert), Path(args.tls_key)) \
-        if args.tls_cert is not None else (None, None)  # fmt: skip
+    tls, binding = (
+        tls_context(Path(args.tls_cert), Path(args.tls_key))
+        if args.tls_cert is not None
+        else (None, None)
+    )
     if rules.needs_tls and tls is None:
-        raise ProgrammingError(f"{rules.source} has hostssl rules: give --tls-cert and "
-                               "--tls-key")  # fmt: skip
+        raise ProgrammingError(f"{rules.source} has hostssl rules: give --tls-cert and --tls-key")
     currency_bound = bound_seconds(args.currency_bound, "--currency-bound")
     if args.metrics is not None:
         metrics_address(args.metrics)  # (a bad or busy address fails now, in one line)
@@ -496,12 +539,15 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
         max_sessions=_positive(args.max_sessions, "--max-sessions"),
         max_sessions_per_role=_positive(args.max_sessions_per_role, "--max-sessions-per-role"),
         statement_timeout=_duration(args.statement_timeout, "--statement-timeout"),
-        idle_in_transaction_timeout=_duration(args.idle_in_transaction_timeout,
-                                              "--idle-in-transaction-timeout"))  # fmt: skip
+        idle_in_transaction_timeout=_duration(
+            args.idle_in_transaction_timeout, "--idle-in-transaction-timeout"
+        ),
+    )
     pool_size = _positive(args.pool_size, "--pool-size") or 0
     pool_timeout = _duration(args.pool_timeout, "--pool-timeout") or POOL_TIMEOUT
-    verifiers: AuthFile | AuthQuery | None = AuthFile(Path(args.auth_file)) \
-        if args.auth_file else None  # fmt: skip
+    verifiers: AuthFile | AuthQuery | None = (
+        AuthFile(Path(args.auth_file)) if args.auth_file else None
+    )
     _not_served(settings, "connect to it, or stop it first")
     sock = listen_socket(args.listen, rules)  # a busy port fails before anything starts
     try:
@@ -510,22 +556,34 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
             verifiers = AuthQuery(backend, args.auth_query)
             verifiers.check()  # (a query the backend refuses fails now, in one line)
         login = Login(rules, verifiers, binding, member=backend_membership(backend))
-        logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                            format="%(asctime)s mtcache serve: %(message)s")  # fmt: skip
-        engine = Engine(backend, settings.cache_path, heartbeat=args.heartbeat,
-                        memory_limit=settings.memory_limit, threads=settings.threads,
-                        cache_size_limit=settings.cache_size_limit,
-                        doorkeeper_seconds=args.doorkeeper)  # fmt: skip
+        logging.basicConfig(
+            level=logging.INFO, stream=sys.stderr, format="%(asctime)s mtcache serve: %(message)s"
+        )
+        engine = Engine(
+            backend,
+            settings.cache_path,
+            heartbeat=args.heartbeat,
+            memory_limit=settings.memory_limit,
+            threads=settings.threads,
+            cache_size_limit=settings.cache_size_limit,
+            doorkeeper_seconds=args.doorkeeper,
+        )
     except BaseException:
         sock.close()
         raise
     try:
-        options = ServerOptions(listen=args.listen, grace_seconds=args.grace,
-                                currency_bound=currency_bound, login=login, limits=limits,
-                                tls=tls, metrics=args.metrics, pool_size=pool_size,
-                                pool_timeout=pool_timeout,
-                                max_result_bytes=_positive(args.max_result_bytes,
-                                                           "--max-result-bytes"))  # fmt: skip
+        options = ServerOptions(
+            listen=args.listen,
+            grace_seconds=args.grace,
+            currency_bound=currency_bound,
+            login=login,
+            limits=limits,
+            tls=tls,
+            metrics=args.metrics,
+            pool_size=pool_size,
+            pool_timeout=pool_timeout,
+            max_result_bytes=_positive(args.max_result_bytes, "--max-result-bytes"),
+        )
         server = Server(engine, options, sock)
         server.install_signals()
         dsn = psycopg.conninfo.conninfo_to_dict(engine.backend)
@@ -533,8 +591,12 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
         user, dbname = (str(dsn[k]) if k in dsn else None for k in ("user", "dbname"))
         # the commands and connections that find the file served go through the server
         with published(settings.cache_path, host, port, user, dbname):
-            print(f"mtcache serve: listening on {host}:{port} (cache {settings.cache_path}); "
-                  "stop with Ctrl-C or SIGTERM", file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"mtcache serve: listening on {host}:{port} (cache {settings.cache_path}); "
+                "stop with Ctrl-C or SIGTERM",
+                file=sys.stderr,
+                flush=True,
+            )
             server.serve_forever()
     finally:
         engine.close()
@@ -590,16 +652,26 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--cache", help=f"the cache's DuckDB file (env MTCACHE_CACHE; default {DEFAULT_CACHE})"
     )
-    parser.add_argument("--memory-limit", metavar="SIZE",
-                        help="the memory the cache file's DuckDB may use, as 2GB (env "
-                        "MTCACHE_MEMORY_LIMIT; default: 80%% of the machine's)")  # fmt: skip
-    parser.add_argument("--threads", type=int, metavar="N",
-                        help="the threads the cache file's DuckDB may use (env "
-                        "MTCACHE_THREADS; default: every core)")  # fmt: skip
-    parser.add_argument("--cache-size-limit", metavar="SIZE",
-                        help="the budget of the cached data's bytes, as 500MB: admissions, "
-                        "refreshes and the stream evict presence regions to stay within it "
-                        "(env MTCACHE_CACHE_SIZE_LIMIT; default: none)")  # fmt: skip
+    parser.add_argument(
+        "--memory-limit",
+        metavar="SIZE",
+        help="the memory the cache file's DuckDB may use, as 2GB (env "
+        "MTCACHE_MEMORY_LIMIT; default: 80%% of the machine's)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="the threads the cache file's DuckDB may use (env "
+        "MTCACHE_THREADS; default: every core)",
+    )
+    parser.add_argument(
+        "--cache-size-limit",
+        metavar="SIZE",
+        help="the budget of the cached data's bytes, as 500MB: admissions, "
+        "refreshes and the stream evict presence regions to stay within it "
+        "(env MTCACHE_CACHE_SIZE_LIMIT; default: none)",
+    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = commands.add_parser("parse", help="parse a statement (no backend needed)")
@@ -633,9 +705,12 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("values", nargs="+", metavar="VALUE", help="control-key values")
         p.add_argument("--json", action="store_true", help="print the report as JSON")
         if name == "admit":
-            p.add_argument("--allow-empty", action="store_true",
-                           help="admit presence keys the backend has no rows for (as empty "
-                           "regions) instead of refusing them")  # fmt: skip
+            p.add_argument(
+                "--allow-empty",
+                action="store_true",
+                help="admit presence keys the backend has no rows for (as empty "
+                "regions) instead of refusing them",
+            )
         p.set_defaults(run=run)
 
     p = commands.add_parser("refresh", help="refresh regions by their affected closure")
@@ -653,9 +728,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = commands.add_parser("status", help="views, regions, currency and counters")
     p.add_argument("--json", action="store_true", help=JSON_HELP)
-    p.add_argument("--view", action="append",
-                   help="list this view's regions even when it has more than 1,000 (again for "
-                   "more views; others with so many are summed up)")  # fmt: skip
+    p.add_argument(
+        "--view",
+        action="append",
+        help="list this view's regions even when it has more than 1,000 (again for "
+        "more views; others with so many are summed up)",
+    )
     p.set_defaults(run=cmd_status)
 
     p = commands.add_parser("demo", help="start the embedded backend and walk through examples")
@@ -666,72 +744,142 @@ def build_parser() -> argparse.ArgumentParser:
         # cache itself does not import
         command.load()(commands)
 
-    p = commands.add_parser("heartbeat", help="update the backend's heartbeat row every few "
-                            "seconds, in the foreground")  # fmt: skip
-    p.add_argument("--interval", type=float, default=DEFAULT_INTERVAL,
-                   help=f"seconds between beats (default {DEFAULT_INTERVAL:g})")  # fmt: skip
-    p.add_argument("--source", default=DEFAULT_SOURCE,
-                   help=f"the row's name (default {DEFAULT_SOURCE!r})")  # fmt: skip
+    p = commands.add_parser(
+        "heartbeat", help="update the backend's heartbeat row every few seconds, in the foreground"
+    )
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=DEFAULT_INTERVAL,
+        help=f"seconds between beats (default {DEFAULT_INTERVAL:g})",
+    )
+    p.add_argument(
+        "--source", default=DEFAULT_SOURCE, help=f"the row's name (default {DEFAULT_SOURCE!r})"
+    )
     p.set_defaults(run=cmd_heartbeat)
 
-    p = commands.add_parser("serve", help="serve the cache to PostgreSQL clients (psql, "
-                            "JDBC, psycopg, ...) in the foreground")  # fmt: skip
-    p.add_argument("--listen", default="127.0.0.1:6432",
-                   help="HOST:PORT to listen on (default 127.0.0.1:6432; beyond loopback "
-                   "only with --hba rules that ask for a password)")
-    p.add_argument("--heartbeat", type=float, metavar="SECONDS",
-                   help="also beat the backend's heartbeat row this often")  # fmt: skip
+    p = commands.add_parser(
+        "serve",
+        help="serve the cache to PostgreSQL clients (psql, JDBC, psycopg, ...) in the foreground",
+    )
+    p.add_argument(
+        "--listen",
+        default="127.0.0.1:6432",
+        help="HOST:PORT to listen on (default 127.0.0.1:6432; beyond loopback "
+        "only with --hba rules that ask for a password)",
+    )
+    p.add_argument(
+        "--heartbeat",
+        type=float,
+        metavar="SECONDS",
+        help="also beat the backend's heartbeat row this often",
+    )
     # (the option before the command, given after it too: the same destination, untouched
     # when absent here)
-    p.add_argument("--cache-size-limit", metavar="SIZE", default=argparse.SUPPRESS,
-                   help="as the option of that name before the command")  # fmt: skip
-    p.add_argument("--doorkeeper", type=float, metavar="SECONDS",
-                   help="admit a missed presence key on its second miss within this many "
-                   "seconds, not its first (default: on the first)")  # fmt: skip
-    p.add_argument("--currency-bound", metavar="DURATION",
-                   help="every session's default currency bound, e.g. '10 min' (a session "
-                   "changes it with SET CURRENCY BOUND; default: none, reads go to the "
-                   "backend unless they carry a clause)")  # fmt: skip
-    p.add_argument("--grace", type=float, default=10.0, metavar="SECONDS",
-                   help="at shutdown, how long running statements may finish before they "
-                   "are cancelled (default 10)")  # fmt: skip
-    p.add_argument("--hba", metavar="FILE",
-                   help="who may connect and how, a rule a line as in pg_hba.conf: TYPE "
-                   "(host, hostssl, hostnossl) DATABASE USER ADDRESS METHOD (trust for "
-                   "loopback only, reject, scram-sha-256, password over TLS); default: "
-                   "loopback clients trusted")  # fmt: skip
-    p.add_argument("--auth-file", metavar="FILE",
-                   help='the roles\' SCRAM verifiers, a line each: "role" '
-                   '"SCRAM-SHA-256$..." (pgbouncer\'s auth_file; default: --auth-query)')
-    p.add_argument("--auth-query", metavar="SQL",
-                   help="the query (one parameter, the role) that reads a role's verifier "
-                   "on the backend (default: from pg_authid, which needs a superuser)")
-    p.add_argument("--tls-cert", metavar="FILE",
-                   help="the server's certificate (PEM, with its chain): clients may use TLS")
+    p.add_argument(
+        "--cache-size-limit",
+        metavar="SIZE",
+        default=argparse.SUPPRESS,
+        help="as the option of that name before the command",
+    )
+    p.add_argument(
+        "--doorkeeper",
+        type=float,
+        metavar="SECONDS",
+        help="admit a missed presence key on its second miss within this many "
+        "seconds, not its first (default: on the first)",
+    )
+    p.add_argument(
+        "--currency-bound",
+        metavar="DURATION",
+        help="every session's default currency bound, e.g. '10 min' (a session "
+        "changes it with SET CURRENCY BOUND; default: none, reads go to the "
+        "backend unless they carry a clause)",
+    )
+    p.add_argument(
+        "--grace",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="at shutdown, how long running statements may finish before they "
+        "are cancelled (default 10)",
+    )
+    p.add_argument(
+        "--hba",
+        metavar="FILE",
+        help="who may connect and how, a rule a line as in pg_hba.conf: TYPE "
+        "(host, hostssl, hostnossl) DATABASE USER ADDRESS METHOD (trust for "
+        "loopback only, reject, scram-sha-256, password over TLS); default: "
+        "loopback clients trusted",
+    )
+    p.add_argument(
+        "--auth-file",
+        metavar="FILE",
+        help='the roles\' SCRAM verifiers, a line each: "role" '
+        '"SCRAM-SHA-256$..." (pgbouncer\'s auth_file; default: --auth-query)',
+    )
+    p.add_argument(
+        "--auth-query",
+        metavar="SQL",
+        help="the query (one parameter, the role) that reads a role's verifier "
+        "on the backend (default: from pg_authid, which needs a superuser)",
+    )
+    p.add_argument(
+        "--tls-cert",
+        metavar="FILE",
+        help="the server's certificate (PEM, with its chain): clients may use TLS",
+    )
     p.add_argument("--tls-key", metavar="FILE", help="the certificate's private key (PEM)")
-    p.add_argument("--metrics", metavar="HOST:PORT",
-                   help="serve Prometheus metrics at http://HOST:PORT/metrics, with /livez "
-                   "and /readyz (default: none)")  # fmt: skip
-    p.add_argument("--max-sessions", type=int, metavar="N",
-                   help="client sessions at once (more are refused with 53300; default: none)")
-    p.add_argument("--max-sessions-per-role", type=int, metavar="N",
-                   help="client sessions at once per role (default: none)")
-    p.add_argument("--statement-timeout", metavar="DURATION",
-                   help="a statement running longer is cancelled (57014), e.g. '30 sec'; the "
-                   "backend's statement_timeout for the sessions' remote statements too")
-    p.add_argument("--idle-in-transaction-timeout", metavar="DURATION",
-                   help="a session idle inside a transaction block longer is ended (25P03), "
-                   "e.g. '10 min'")  # fmt: skip
-    p.add_argument("--max-result-bytes", type=int, metavar="N",
-                   help="a result the cache answers whose rows take more than N bytes is "
-                   "refused with 54000 instead of held in the server (default: no limit)")
-    p.add_argument("--pool-size", type=int, metavar="N",
-                   help="transaction pooling: the sessions of a role share N backend "
-                   "connections, each held for a transaction or a statement outside one "
-                   "(default: each session has its own)")  # fmt: skip
-    p.add_argument("--pool-timeout", metavar="DURATION",
-                   help="with --pool-size, how long a statement waits for a free backend "
-                   "connection before it fails with 53300 (default '60 sec')")  # fmt: skip
+    p.add_argument(
+        "--metrics",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics, with /livez "
+        "and /readyz (default: none)",
+    )
+    p.add_argument(
+        "--max-sessions",
+        type=int,
+        metavar="N",
+        help="client sessions at once (more are refused with 53300; default: none)",
+    )
+    p.add_argument(
+        "--max-sessions-per-role",
+        type=int,
+        metavar="N",
+        help="client sessions at once per role (default: none)",
+    )
+    p.add_argument(
+        "--statement-timeout",
+        metavar="DURATION",
+        help="a statement running longer is cancelled (57014), e.g. '30 sec'; the "
+        "backend's statement_timeout for the sessions' remote statements too",
+    )
+    p.add_argument(
+        "--idle-in-transaction-timeout",
+        metavar="DURATION",
+        help="a session idle inside a transaction block longer is ended (25P03), e.g. '10 min'",
+    )
+    p.add_argument(
+        "--max-result-bytes",
+        type=int,
+        metavar="N",
+        help="a result the cache answers whose rows take more than N bytes is "
+        "refused with 54000 instead of held in the server (default: no limit)",
+    )
+    p.add_argument(
+        "--pool-size",
+        type=int,
+        metavar="N",
+        help="transaction pooling: the sessions of a role share N backend "
+        "connections, each held for a transaction or a statement outside one "
+        "(default: each session has its own)",
+    )
+    p.add_argument(
+        "--pool-timeout",
+        metavar="DURATION",
+        help="with --pool-size, how long a statement waits for a free backend "
+        "connection before it fails with 53300 (default '60 sec')",
+    )
     p.set_defaults(run=cmd_serve)
 
     p = commands.add_parser("stop", help="stop the embedded PostgreSQL")
@@ -757,15 +905,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         read_statement(args)
         _check_text(vars(args))
-        threads = args.threads if args.threads is not None else \
-            _env_number("MTCACHE_THREADS")  # fmt: skip
+        threads = args.threads if args.threads is not None else _env_number("MTCACHE_THREADS")
         settings = Settings(
             cache_path=Path(args.cache or os.environ.get("MTCACHE_CACHE") or DEFAULT_CACHE),
             backend=args.backend or os.environ.get("MTCACHE_BACKEND") or None,
             memory_limit=args.memory_limit or os.environ.get("MTCACHE_MEMORY_LIMIT") or None,
             threads=threads,
             cache_size_limit=args.cache_size_limit
-            or os.environ.get("MTCACHE_CACHE_SIZE_LIMIT") or None,
+            or os.environ.get("MTCACHE_CACHE_SIZE_LIMIT")
+            or None,
         )
         return int(args.run(settings, args))
     except Error as exc:

@@ -35,7 +35,6 @@ SCHEMA = bookstore.CACHE_SCHEMA_FILE
 SALES_VIEW = "CREATE CACHED VIEW salescopy AS SELECT saleid, isbn, sold_on, qty FROM sales"
 
 
-
 @dataclass(frozen=True)
 class Example:
     name: str
@@ -167,8 +166,10 @@ def cache_at_work(console: Console, dsn: str, path: Path) -> None:
         for statement in [*SCHEMA.read_text().split(";"), SALES_VIEW]:
             if statement.strip():
                 cur.execute(statement)
-        for admission in ("INSERT INTO citylist_csct VALUES ('Madison')",
-                          "INSERT INTO authorlist_pct VALUES (4), (8)"):  # fmt: skip
+        for admission in (
+            "INSERT INTO citylist_csct VALUES ('Madison')",
+            "INSERT INTO authorlist_pct VALUES (4), (8)",
+        ):
             cur.execute(admission)
             console.print(f"  [dim]{admission}[/dim]: {escape(cur.messages[-1][1])}")
         conn.admin.refresh("salescopy")
@@ -182,38 +183,56 @@ def cache_at_work(console: Console, dsn: str, path: Path) -> None:
             console.print(f"  [dim]{escape(sql)}[/dim]" + (f"  {params}" if params else ""))
             console.print(f"  {len(rows)} rows: {escape(shown)}")
             for p in cur.provenance:
-                where = (f"local from {p['view']}, {p['currency_seconds']:.1f}s old, "
-                         f"snapshot {p['snapshot_ids']}" if p["route"] == "local"
-                         else "remote (PostgreSQL, current)")  # fmt: skip
+                where = (
+                    f"local from {p['view']}, {p['currency_seconds']:.1f}s old, "
+                    f"snapshot {p['snapshot_ids']}"
+                    if p["route"] == "local"
+                    else "remote (PostgreSQL, current)"
+                )
                 console.print(f"  [green]{p['table']}[/green]: {escape(where)}")
             console.print()
 
         bound = "CURRENCY BOUND 10 MIN"
         run(f"{AUTHOR} {bound}", (4,), "an admitted author: the guard passes")
-        run(f"{AUTHOR} {bound}", (5,), "author 5 is not admitted: a presence miss goes to the "
-            "backend, and admits the author in the background")  # fmt: skip
+        run(
+            f"{AUTHOR} {bound}",
+            (5,),
+            "author 5 is not admitted: a presence miss goes to the "
+            "backend, and admits the author in the background",
+        )
         conn.admin.wait_for_admissions()
         run(f"{AUTHOR} {bound}", (5,), "... so the same query now hits")
-        run(f"{AUTHOR} CURRENCY BOUND 50 MS", (4,), "a bound below the refresh delay: no "
-            "copy can ever be that fresh, the backend answers")  # fmt: skip
+        run(
+            f"{AUTHOR} CURRENCY BOUND 50 MS",
+            (4,),
+            "a bound below the refresh delay: no copy can ever be that fresh, the backend answers",
+        )
         run(AUTHOR, (4,), "no clause: traditional semantics, the backend answers")
-        run(f"{AUTHOR_BOOKS} {bound} ON (a, b)", None,
+        run(
+            f"{AUTHOR_BOOKS} {bound} ON (a, b)",
+            None,
             "an author with her books, one snapshot: both from the cache (the books found "
-            "through the join on authorid)")  # fmt: skip
-        run(f"{SALES_BY_TYPE} {bound} ON (s), 10 MIN ON (b)", None, "mixed: sales from the "
-            "cache, the books of author 3 (not admitted) from the backend")  # fmt: skip
+            "through the join on authorid)",
+        )
+        run(
+            f"{SALES_BY_TYPE} {bound} ON (s), 10 MIN ON (b)",
+            None,
+            "mixed: sales from the cache, the books of author 3 (not admitted) from the backend",
+        )
         conn.admin.wait_for_admissions()
         cur.execute(f"EXPLAIN {AUTHOR_BOOKS} {bound} ON (a, b)")
-        console.print("[bold cyan]EXPLAIN: a SwitchUnion per cached access, with its "
-                      "guard[/bold cyan]")  # fmt: skip
+        console.print(
+            "[bold cyan]EXPLAIN: a SwitchUnion per cached access, with its guard[/bold cyan]"
+        )
         for (line,) in cur.fetchall():
             console.print(f"  {escape(line)}")
         console.print()
     orm_at_work(console, dsn, path)
     with Admin.open(path) as admin:
         counters = admin.status()["counters"]
-    console.print("counters: " + ", ".join(f"{k} {v}" for k, v in sorted(counters.items())),
-                  soft_wrap=True)  # (one line, however narrow the terminal)
+    console.print(
+        "counters: " + ", ".join(f"{k} {v}" for k, v in sorted(counters.items())), soft_wrap=True
+    )  # (one line, however narrow the terminal)
     console.print()
     server_at_work(console, dsn, path)
 
@@ -239,14 +258,21 @@ def orm_at_work(console: Console, dsn: str, path: Path) -> None:
             query = select(Author.name, Author.city).where(Author.authorid == 4)
             result = session.execute(query.execution_options(currency_bound="10 min"))
             rows = result.all()
-            console.print("[bold cyan]SQLAlchemy ORM: the same read through "
-                          "create_engine(\"postgresql+mtcache://...\")[/bold cyan]")  # fmt: skip
-            console.print('  [dim]select(Author.name, Author.city).where(Author.authorid == 4)'
-                          '.execution_options(currency_bound="10 min")[/dim]')  # fmt: skip
+            console.print(
+                "[bold cyan]SQLAlchemy ORM: the same read through "
+                'create_engine("postgresql+mtcache://...")[/bold cyan]'
+            )
+            console.print(
+                "  [dim]select(Author.name, Author.city).where(Author.authorid == 4)"
+                '.execution_options(currency_bound="10 min")[/dim]'
+            )
             console.print(f"  {len(rows)} rows: {escape(', '.join(str(tuple(r)) for r in rows))}")
             for entry in provenance(result):
-                where = f"local from {entry['view']}" if entry["route"] == "local" \
-                    else "remote (PostgreSQL, current)"  # fmt: skip
+                where = (
+                    f"local from {entry['view']}"
+                    if entry["route"] == "local"
+                    else "remote (PostgreSQL, current)"
+                )
                 console.print(f"  [green]{entry['table']}[/green]: {escape(where)}")
             console.print()
     finally:
@@ -270,32 +296,42 @@ def server_at_work(console: Console, dsn: str, path: Path) -> None:
         host, port = served.host, served.port
         database = str(psycopg.conninfo.conninfo_to_dict(dsn).get("dbname", "postgres"))
         env = client_environment(host, port, database)
-        console.print(f"[bold cyan]mtcache serve --listen {host}:{port}[/bold cyan] owns "
-                      f"{escape(str(path))}; every PostgreSQL client connects to it\n")  # fmt: skip
+        console.print(
+            f"[bold cyan]mtcache serve --listen {host}:{port}[/bold cyan] owns "
+            f"{escape(str(path))}; every PostgreSQL client connects to it\n"
+        )
         console.print(f"[bold cyan]psql -h {host} -p {port} -d {database}[/bold cyan]")
         said = _client(["psql", "-X", "-v", "ON_ERROR_STOP=1"], env, PSQL_SCRIPT)
         console.print(escape(said.rstrip()), highlight=False)
         console.print()
-        console.print("[bold cyan]pgbench through the server[/bold cyan]: init (writes pass "
-                      "through), a cached view of pgbench_accounts, then a select-only run "
-                      "with a session bound given in PGOPTIONS")  # fmt: skip
+        console.print(
+            "[bold cyan]pgbench through the server[/bold cyan]: init (writes pass "
+            "through), a cached view of pgbench_accounts, then a select-only run "
+            "with a session bound given in PGOPTIONS"
+        )
         _client(["pgbench", "-i", "-q", "-s", "1"], env)
-        with psycopg.connect(host=host, port=port, user="postgres", dbname=database,
-                             autocommit=True) as conn:  # fmt: skip
-            conn.execute("CREATE CACHED VIEW demo_accounts AS SELECT * FROM pgbench_accounts "
-                         "REFRESH EVERY 10 MIN")  # fmt: skip
+        with psycopg.connect(
+            host=host, port=port, user="postgres", dbname=database, autocommit=True
+        ) as conn:
+            conn.execute(
+                "CREATE CACHED VIEW demo_accounts AS SELECT * FROM pgbench_accounts "
+                "REFRESH EVERY 10 MIN"
+            )
             conn.execute("REFRESH CACHED VIEW demo_accounts")
             hits = _hits(conn)
-            bound = client_environment(host, port, database,
-                                       options="-c mtcache.currency_bound=600")
-            said = _client(["pgbench", "-S", "-M", "prepared", "-n", "-c", "4", "-j", "2", "-t",
-                            "500"], bound)  # fmt: skip
+            bound = client_environment(
+                host, port, database, options="-c mtcache.currency_bound=600"
+            )
+            said = _client(
+                ["pgbench", "-S", "-M", "prepared", "-n", "-c", "4", "-j", "2", "-t", "500"], bound
+            )
             for line in said.splitlines():
-                if line.startswith(("number of transactions actually", "latency average",
-                                    "tps =")):  # fmt: skip
+                if line.startswith(("number of transactions actually", "latency average", "tps =")):
                     console.print(f"  {escape(line)}")
-            console.print(f"  the cache answered {_hits(conn) - hits} of them (SHOW CACHE "
-                          "STATUS, counters.hits)")  # fmt: skip
+            console.print(
+                f"  the cache answered {_hits(conn) - hits} of them (SHOW CACHE "
+                "STATUS, counters.hits)"
+            )
             conn.execute("DROP CACHED VIEW demo_accounts")
         console.print()
     console.print("the server stopped on SIGTERM (see README, Server)")
@@ -305,10 +341,19 @@ def server_at_work(console: Console, dsn: str, path: Path) -> None:
 def _client(argv: list[str], env: dict[str, str], script: str | None = None) -> str:
     """A PostgreSQL client program's output (its notices in their place)."""
     if shutil.which(argv[0]) is None:
-        raise ProgrammingError(f"{argv[0]} is not installed: `make demo` installs it "
-                               "(scripts/ensure-system-deps.sh)")  # fmt: skip
-    run = subprocess.run(argv, env=env, input=script, text=True, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, timeout=600, check=False)  # fmt: skip
+        raise ProgrammingError(
+            f"{argv[0]} is not installed: `make demo` installs it (scripts/ensure-system-deps.sh)"
+        )
+    run = subprocess.run(
+        argv,
+        env=env,
+        input=script,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=600,
+        check=False,
+    )
     if run.returncode != 0:
         raise ProgrammingError(f"{argv[0]} failed through the server: {run.stdout.strip()}")
     return run.stdout

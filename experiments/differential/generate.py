@@ -26,8 +26,16 @@ from dataclasses import dataclass, field
 from experiments.tpch import TABLES
 
 Family = t.Literal["int", "numeric", "float", "text", "date", "timestamp", "interval", "bool"]
-FAMILIES: tuple[Family, ...] = ("int", "numeric", "float", "text", "date", "timestamp",
-                                "interval", "bool")  # fmt: skip
+FAMILIES: tuple[Family, ...] = (
+    "int",
+    "numeric",
+    "float",
+    "text",
+    "date",
+    "timestamp",
+    "interval",
+    "bool",
+)
 
 
 @dataclass(frozen=True)
@@ -46,21 +54,29 @@ def _columns(ddl: str) -> list[Column]:
         declared = " ".join(words[1:]).replace("NOT NULL", "").replace("PRIMARY KEY", "").strip()
         lowered = declared.lower()
         family: Family = (
-            "int" if lowered.startswith("integer") else
-            "numeric" if lowered.startswith("numeric") else
-            "date" if lowered.startswith("date") else "text"
-        )  # fmt: skip
+            "int"
+            if lowered.startswith("integer")
+            else "numeric"
+            if lowered.startswith("numeric")
+            else "date"
+            if lowered.startswith("date")
+            else "text"
+        )
         found.append(Column(words[0], family, declared))
     return found
 
 
 SCHEMA: dict[str, list[Column]] = {name: _columns(ddl) for name, ddl in TABLES.items()}
 KEYS: dict[str, tuple[str, ...]] = {
-    "region": ("r_regionkey",), "nation": ("n_nationkey",), "supplier": ("s_suppkey",),
-    "customer": ("c_custkey",), "part": ("p_partkey",),
-    "partsupp": ("ps_partkey", "ps_suppkey"), "orders": ("o_orderkey",),
+    "region": ("r_regionkey",),
+    "nation": ("n_nationkey",),
+    "supplier": ("s_suppkey",),
+    "customer": ("c_custkey",),
+    "part": ("p_partkey",),
+    "partsupp": ("ps_partkey", "ps_suppkey"),
+    "orders": ("o_orderkey",),
     "lineitem": ("l_orderkey", "l_linenumber"),
-}  # fmt: skip
+}
 # (child table, child columns, parent table, parent columns): the joins along keys
 FOREIGN_KEYS: list[tuple[str, tuple[str, ...], str, tuple[str, ...]]] = [
     ("nation", ("n_regionkey",), "region", ("r_regionkey",)),
@@ -75,29 +91,103 @@ FOREIGN_KEYS: list[tuple[str, tuple[str, ...], str, tuple[str, ...]]] = [
     ("lineitem", ("l_suppkey",), "supplier", ("s_suppkey",)),
 ]
 # rows at scale factor 0.01 (tables past a few thousand rows get a key range or a LIMIT)
-SIZES = {"region": 5, "nation": 25, "supplier": 100, "customer": 1500, "part": 2000,
-         "partsupp": 8000, "orders": 15000, "lineitem": 60175}  # fmt: skip
+SIZES = {
+    "region": 5,
+    "nation": 25,
+    "supplier": 100,
+    "customer": 1500,
+    "part": 2000,
+    "partsupp": 8000,
+    "orders": 15000,
+    "lineitem": 60175,
+}
 # a key range that keeps a big table's rows few: column, upper bound
-NARROW = {"customer": ("c_custkey", 120), "part": ("p_partkey", 150),
-          "partsupp": ("ps_partkey", 40), "orders": ("o_orderkey", 500),
-          "lineitem": ("l_orderkey", 130)}  # fmt: skip
+NARROW = {
+    "customer": ("c_custkey", 120),
+    "part": ("p_partkey", 150),
+    "partsupp": ("ps_partkey", 40),
+    "orders": ("o_orderkey", 500),
+    "lineitem": ("l_orderkey", 130),
+}
 
-TEXT_LITERALS = ("'A'", "'BRAZIL'", "'abc'", "''", "' '", "'a b '", "'ASIA'", "'1-URGENT'",
-                 "'Customer#000000001'", "'furiously'", "'O'", "'F'", "'MAIL'", "'x%y'",
-                 "'ÄÖü'", "'R'")  # fmt: skip
-PATTERNS = ("'A%'", "'%ly%'", "'_A%'", "'%'", "''", "'%e'", "'B_AZ%'", "'%#%'", "'MED%'",
-            "'% '", "'%1%'", "'Customer#00000001_'")  # fmt: skip
+TEXT_LITERALS = (
+    "'A'",
+    "'BRAZIL'",
+    "'abc'",
+    "''",
+    "' '",
+    "'a b '",
+    "'ASIA'",
+    "'1-URGENT'",
+    "'Customer#000000001'",
+    "'furiously'",
+    "'O'",
+    "'F'",
+    "'MAIL'",
+    "'x%y'",
+    "'ÄÖü'",
+    "'R'",
+)
+PATTERNS = (
+    "'A%'",
+    "'%ly%'",
+    "'_A%'",
+    "'%'",
+    "''",
+    "'%e'",
+    "'B_AZ%'",
+    "'%#%'",
+    "'MED%'",
+    "'% '",
+    "'%1%'",
+    "'Customer#00000001_'",
+)
 SIMILAR = ("'A%'", "'%(ly|ing)%'", "'[A-C]%'", "'%[0-9]'", "'(MED|SM)%'", "'_%'", "'%'")
 REGEXES = ("'^A'", "'ly$'", "'[0-9]{3}'", "'^(AIR|MAIL)'", "' $'", "'a.c'", "'^$'")
-DATES = ("DATE '1995-03-15'", "DATE '1994-01-01'", "DATE '1998-12-01'", "DATE '1992-02-29'",
-         "'1996-07-04'::date", "date '1993-10-01'")  # fmt: skip
-NUMERICS = ("1.5", "0.25", "100.00", "-3.125", "0.0", "2", "0.05", "1000", "1e3", "2.5e-1",
-            "0.10", "-0.5")  # fmt: skip
+DATES = (
+    "DATE '1995-03-15'",
+    "DATE '1994-01-01'",
+    "DATE '1998-12-01'",
+    "DATE '1992-02-29'",
+    "'1996-07-04'::date",
+    "date '1993-10-01'",
+)
+NUMERICS = (
+    "1.5",
+    "0.25",
+    "100.00",
+    "-3.125",
+    "0.0",
+    "2",
+    "0.05",
+    "1000",
+    "1e3",
+    "2.5e-1",
+    "0.10",
+    "-0.5",
+)
+TEXT_FUNCTIONS = ("upper", "lower", "initcap", "trim", "ltrim", "rtrim", "btrim", "reverse", "md5")
 INTEGERS = ("0", "1", "2", "3", "7", "-3", "10", "25", "100", "-1")
-INTERVALS = ("interval '1 day'", "interval '3 months'", "interval '1 year 2 days'",
-             "interval '36 hours'", "interval '-7 days'", "interval '90 minutes'")  # fmt: skip
-TO_CHAR_DATE = ("'YYYY-MM-DD'", "'Mon YYYY'", "'Day'", "'DD/MM/YY'", "'Month'", "'YYYY'",
-                "'Q'", "'DDD'", "'HH24:MI:SS'", "'FMMonth DD'")  # fmt: skip
+INTERVALS = (
+    "interval '1 day'",
+    "interval '3 months'",
+    "interval '1 year 2 days'",
+    "interval '36 hours'",
+    "interval '-7 days'",
+    "interval '90 minutes'",
+)
+TO_CHAR_DATE = (
+    "'YYYY-MM-DD'",
+    "'Mon YYYY'",
+    "'Day'",
+    "'DD/MM/YY'",
+    "'Month'",
+    "'YYYY'",
+    "'Q'",
+    "'DDD'",
+    "'HH24:MI:SS'",
+    "'FMMonth DD'",
+)
 TO_CHAR_NUMBER = ("'999990.99'", "'FM9999.00'", "'0000'", "'9G999D9'")
 
 
@@ -162,9 +252,9 @@ class Select:
                 order = [f"{i}" for i in range(1, 2)] if self.order else []
                 yield dataclasses.replace(self, items=kept, order=order)
         for index in range(len(self.where)):
-            yield dataclasses.replace(self, where=self.where[:index] + self.where[index + 1:])
+            yield dataclasses.replace(self, where=self.where[:index] + self.where[index + 1 :])
         for index in range(len(self.having)):
-            yield dataclasses.replace(self, having=self.having[:index] + self.having[index + 1:])
+            yield dataclasses.replace(self, having=self.having[:index] + self.having[index + 1 :])
         if self.distinct:
             yield dataclasses.replace(self, distinct=False)
 
@@ -319,8 +409,10 @@ class Generator:
             lambda: f"-({self._numeric(scope, d)})",
             lambda: f"{self._int(scope, d)}::numeric",
             lambda: f"{self._numeric(scope, d)}::numeric(12,{self.pick('0124')})",
-            lambda: f"extract({self.pick(('year', 'month', 'day', 'dow', 'quarter'))} "
-                    f"from {self._date(scope, d)})",
+            lambda: (
+                f"extract({self.pick(('year', 'month', 'day', 'dow', 'quarter'))} "
+                f"from {self._date(scope, d)})"
+            ),
             lambda: f"mod({self._numeric(scope, d)}, {self.pick(('3', '0.7', '10'))})",
             lambda: f"sign({self._numeric(scope, d)})",
         ]
@@ -336,8 +428,9 @@ class Generator:
             lambda: f"{self._numeric(scope, d)}::float8",
             lambda: f"{self._int(scope, d)}::double precision",
             lambda: f"{self._numeric(scope, d)}::real",
-            lambda: f"date_part({self.pick(('year', 'month', 'dow', 'doy'))!r}, "
-                    f"{self._date(scope, d)})",
+            lambda: (
+                f"date_part({self.pick(('year', 'month', 'dow', 'doy'))!r}, {self._date(scope, d)})"
+            ),
             lambda: f"{self.pick(('1.5', '-0.0', 'NaN', 'Infinity', '1e-3', '3.25'))!r}::float8",
             lambda: f"({self._float(scope, 0)} * {self.pick(('2', '1.5', '0.1'))})",
             lambda: f"({self._float(scope, 0)} + {self._float(scope, 0)})",
@@ -360,21 +453,32 @@ class Generator:
             lambda: self._leaf("text", scope, TEXT_LITERALS),
             lambda: f"({self._text(scope, d)} || {self._text(scope, d)})",
             lambda: f"({self._text(scope, d)} || {self._int(scope, d)})",
-            lambda: f"{self.pick(('upper', 'lower', 'initcap', 'trim', 'ltrim', 'rtrim', 'btrim', 'reverse', 'md5'))}({self._text(scope, d)})",  # noqa: E501
-            lambda: f"substr({self._text(scope, d)}, {self.pick(('1', '2', '5'))}, "
-                    f"{self.pick(('1', '3', '10'))})",
-            lambda: f"substring({self._text(scope, d)} from {self.pick(('1', '3', '0'))} for "
-                    f"{self.pick(('2', '4'))})",
+            lambda: f"{self.pick(TEXT_FUNCTIONS)}({self._text(scope, d)})",
+            lambda: (
+                f"substr({self._text(scope, d)}, {self.pick(('1', '2', '5'))}, "
+                f"{self.pick(('1', '3', '10'))})"
+            ),
+            lambda: (
+                f"substring({self._text(scope, d)} from {self.pick(('1', '3', '0'))} for "
+                f"{self.pick(('2', '4'))})"
+            ),
             lambda: f"substring({self._text(scope, d)} from {self.pick(('2', '4'))})",
-            lambda: f"{self.pick(('left', 'right'))}({self._text(scope, d)}, "
-                    f"{self.pick(('1', '3', '-2'))})",
-            lambda: f"replace({self._text(scope, d)}, {self.pick(('a', ' ', 'e'))!r}, "
-                    f"{self.pick(('', 'X', '--'))!r})",
-            lambda: f"{self.pick(('lpad', 'rpad'))}({self._text(scope, d)}, "
-                    f"{self.pick(('5', '12', '0'))}, {self.pick(('*', ' ', 'ab'))!r})",
+            lambda: (
+                f"{self.pick(('left', 'right'))}({self._text(scope, d)}, "
+                f"{self.pick(('1', '3', '-2'))})"
+            ),
+            lambda: (
+                f"replace({self._text(scope, d)}, {self.pick(('a', ' ', 'e'))!r}, "
+                f"{self.pick(('', 'X', '--'))!r})"
+            ),
+            lambda: (
+                f"{self.pick(('lpad', 'rpad'))}({self._text(scope, d)}, "
+                f"{self.pick(('5', '12', '0'))}, {self.pick(('*', ' ', 'ab'))!r})"
+            ),
             lambda: f"repeat({self._text(scope, d)}, {self.pick(('2', '0'))})",
-            lambda: f"concat({self._text(scope, d)}, {self._int(scope, d)}, "
-                    f"{self._text(scope, d)})",
+            lambda: (
+                f"concat({self._text(scope, d)}, {self._int(scope, d)}, {self._text(scope, d)})"
+            ),
             lambda: f"concat_ws('-', {self._text(scope, d)}, {self._text(scope, d)})",
             lambda: f"split_part({self._text(scope, d)}, ' ', {self.pick(('1', '2'))})",
             lambda: f"translate({self._text(scope, d)}, 'aeiou', 'AEIOU')",
@@ -401,8 +505,10 @@ class Generator:
             lambda: self._leaf("date", scope, DATES),
             lambda: self._leaf("date", scope, DATES),
             lambda: f"({self._date(scope, d)} {self.pick('+-')} {self.pick(INTEGERS[:8])})",
-            lambda: f"make_date({self.pick(('1995', '2000', '1992'))}, "
-                    f"{self.pick(('1', '2', '12'))}, {self.pick(('1', '28', '15'))})",
+            lambda: (
+                f"make_date({self.pick(('1995', '2000', '1992'))}, "
+                f"{self.pick(('1', '2', '12'))}, {self.pick(('1', '28', '15'))})"
+            ),
             lambda: f"{self._timestamp(scope, d)}::date",
             lambda: f"({self._date(scope, d)} + {self.pick(INTERVALS)})::date",
         ]
@@ -416,8 +522,10 @@ class Generator:
             lambda: f"timestamp {self.pick(('1995-01-01 10:30:00', '1998-12-31 23:59:59.5'))!r}",
             lambda: f"({self._date(scope, d)} + {self.pick(INTERVALS)})",
             lambda: f"({self._date(scope, d)} + time '10:15')",
-            lambda: f"date_trunc({self.pick(('month', 'year', 'week'))!r}, "
-                    f"{self._date(scope, d)}::timestamp)",
+            lambda: (
+                f"date_trunc({self.pick(('month', 'year', 'week'))!r}, "
+                f"{self._date(scope, d)}::timestamp)"
+            ),
             lambda: f"date_trunc('month', {self._date(scope, d)})",
         ]
         return self.pick(options)()
@@ -438,8 +546,9 @@ class Generator:
         if depth > 0 and self.chance(0.2):
             a, b = self._bool(scope, d), self._bool(scope, d)
             return self.pick((f"({a} AND {b})", f"({a} OR {b})", f"NOT ({a})"))
-        family = self.pick(("int", "int", "numeric", "numeric", "text", "text", "date",
-                            "float", "timestamp"))  # fmt: skip
+        family = self.pick(
+            ("int", "int", "numeric", "numeric", "text", "text", "date", "float", "timestamp")
+        )
         a = self.expr(family, scope, d)
         roll = self.r.random()
         if roll < 0.35:
@@ -477,8 +586,13 @@ class Generator:
 
     def _exists(self, scope: list[Source]) -> str:
         """EXISTS / NOT EXISTS correlated along a key."""
-        links = [(fk, outer) for outer in scope if outer.table
-                 for fk in FOREIGN_KEYS if outer.table in (fk[0], fk[2])]  # fmt: skip
+        links = [
+            (fk, outer)
+            for outer in scope
+            if outer.table
+            for fk in FOREIGN_KEYS
+            if outer.table in (fk[0], fk[2])
+        ]
         if not links:
             return "TRUE"
         (child, ccols, parent, pcols), outer = self.pick(links)
@@ -486,8 +600,10 @@ class Generator:
             (child, ccols, pcols) if outer.table == parent else (parent, pcols, ccols)
         )
         inner = self.source(inner_table)
-        on = " AND ".join(f"{inner.alias}.{i} = {outer.alias}.{o}"
-                          for i, o in zip(inner_cols, outer_cols, strict=True))  # fmt: skip
+        on = " AND ".join(
+            f"{inner.alias}.{i} = {outer.alias}.{o}"
+            for i, o in zip(inner_cols, outer_cols, strict=True)
+        )
         extra = f" AND {self._bool([inner], 1)}" if self.chance(0.6) else ""
         word = self.pick(("EXISTS", "NOT EXISTS"))
         return f"{word} (SELECT 1 FROM {inner_table} {inner.alias} WHERE {on}{extra})"
@@ -501,21 +617,30 @@ class Generator:
         where = f" WHERE {self._bool([inner], 1)}" if self.chance(0.7) else ""
         if self.chance(0.2):  # a row-valued IN with a column that may be NULL
             second = self.column(scope, "int") or "2"
-            return (f"({column}, {second}) {negated}IN (SELECT {inner.alias}.{key}, "
-                    f"nullif({inner.alias}.{key} % 3, 0) FROM {table} {inner.alias}{where})")
-        return (f"{column} {negated}IN (SELECT {inner.alias}.{key} FROM {table} "
-                f"{inner.alias}{where})")
+            return (
+                f"({column}, {second}) {negated}IN (SELECT {inner.alias}.{key}, "
+                f"nullif({inner.alias}.{key} % 3, 0) FROM {table} {inner.alias}{where})"
+            )
+        return (
+            f"{column} {negated}IN (SELECT {inner.alias}.{key} FROM {table} {inner.alias}{where})"
+        )
 
     def _scalar_subquery(self, scope: list[Source]) -> str:
         """A correlated aggregate (one row per outer row)."""
-        links = [(fk, outer) for outer in scope if outer.table
-                 for fk in FOREIGN_KEYS if outer.table == fk[2]]  # fmt: skip
+        links = [
+            (fk, outer)
+            for outer in scope
+            if outer.table
+            for fk in FOREIGN_KEYS
+            if outer.table == fk[2]
+        ]
         if not links:
             return "(SELECT count(*) FROM region)"
         (child, ccols, _, pcols), outer = self.pick(links)
         inner = self.source(child)
-        on = " AND ".join(f"{inner.alias}.{i} = {outer.alias}.{o}"
-                          for i, o in zip(ccols, pcols, strict=True))  # fmt: skip
+        on = " AND ".join(
+            f"{inner.alias}.{i} = {outer.alias}.{o}" for i, o in zip(ccols, pcols, strict=True)
+        )
         aggregate = self._aggregate([inner], self.pick(("int", "numeric", "date")))
         return f"(SELECT {aggregate} FROM {child} {inner.alias} WHERE {on})"
 
@@ -523,26 +648,45 @@ class Generator:
 
     def _aggregate(self, scope: list[Source], family: Family) -> str:
         if family == "int":
-            return self.pick((
-                "count(*)", f"count({self.expr('text', scope, 1)})",
-                f"count(DISTINCT {self._int(scope, 1)})", f"sum({self._int(scope, 1)})",
-                f"max({self._int(scope, 1)})", f"min({self._int(scope, 1)})",
-            ))  # fmt: skip
+            return self.pick(
+                (
+                    "count(*)",
+                    f"count({self.expr('text', scope, 1)})",
+                    f"count(DISTINCT {self._int(scope, 1)})",
+                    f"sum({self._int(scope, 1)})",
+                    f"max({self._int(scope, 1)})",
+                    f"min({self._int(scope, 1)})",
+                )
+            )
         if family == "numeric":
             value = self._numeric(scope, 1)
-            return self.pick((f"sum({value})", f"avg({value})", f"min({value})",
-                              f"max({value})", f"avg({self._int(scope, 1)})",
-                              f"sum(CASE WHEN {self._bool(scope, 1)} THEN {value} ELSE 0 END)",
-                              f"sum({self._int(scope, 1)}::bigint)"))  # fmt: skip
+            return self.pick(
+                (
+                    f"sum({value})",
+                    f"avg({value})",
+                    f"min({value})",
+                    f"max({value})",
+                    f"avg({self._int(scope, 1)})",
+                    f"sum(CASE WHEN {self._bool(scope, 1)} THEN {value} ELSE 0 END)",
+                    f"sum({self._int(scope, 1)}::bigint)",
+                )
+            )
         if family == "float":
             value = self._float(scope, 1)
-            return self.pick((f"sum({value})", f"avg({value})", f"max({value})",
-                              f"stddev({self._numeric(scope, 1)})",
-                              f"variance({self._numeric(scope, 1)})"))  # fmt: skip
+            return self.pick(
+                (
+                    f"sum({value})",
+                    f"avg({value})",
+                    f"max({value})",
+                    f"stddev({self._numeric(scope, 1)})",
+                    f"variance({self._numeric(scope, 1)})",
+                )
+            )
         if family == "text":
             value = self._text(scope, 1)
-            return self.pick((f"min({value})", f"max({value})",
-                              f"string_agg({value}, ',' ORDER BY {value})"))  # fmt: skip
+            return self.pick(
+                (f"min({value})", f"max({value})", f"string_agg({value}, ',' ORDER BY {value})")
+            )
         if family == "bool":
             value = self._bool(scope, 1)
             return self.pick((f"bool_and({value})", f"bool_or({value})", f"every({value})"))
@@ -558,44 +702,65 @@ class Generator:
             return "row_number() OVER ()"
         key = ", ".join(f"{s.alias}.{k}" for s in keyed for k in KEYS[s.table or ""])
         partition = self.column(scope, self.pick(("int", "text")))
-        over = f"PARTITION BY {partition} ORDER BY {key}" if partition and self.chance(0.7) \
-            else f"ORDER BY {key}"  # fmt: skip
-        return self.pick((
-            f"row_number() OVER ({over})", f"rank() OVER ({over})",
-            f"dense_rank() OVER ({over})", f"sum({self._numeric(scope, 1)}) OVER ({over})",
-            f"lag({self._int(scope, 1)}) OVER ({over})",
-            f"lead({self._text(scope, 1)}, 1, 'none') OVER ({over})",
-            f"count(*) OVER (PARTITION BY {partition or '1'})",
-            f"avg({self._numeric(scope, 1)}) OVER (PARTITION BY {partition or '1'})",
-        ))  # fmt: skip
+        over = (
+            f"PARTITION BY {partition} ORDER BY {key}"
+            if partition and self.chance(0.7)
+            else f"ORDER BY {key}"
+        )
+        return self.pick(
+            (
+                f"row_number() OVER ({over})",
+                f"rank() OVER ({over})",
+                f"dense_rank() OVER ({over})",
+                f"sum({self._numeric(scope, 1)}) OVER ({over})",
+                f"lag({self._int(scope, 1)}) OVER ({over})",
+                f"lead({self._text(scope, 1)}, 1, 'none') OVER ({over})",
+                f"count(*) OVER (PARTITION BY {partition or '1'})",
+                f"avg({self._numeric(scope, 1)}) OVER (PARTITION BY {partition or '1'})",
+            )
+        )
 
     # -- FROM ----------------------------------------------------------------------------------
 
     def from_clause(self, joins: int) -> tuple[str, list[Source], list[str]]:
         """A FROM clause joining up to ``joins`` more tables along keys; its sources; the
         conjuncts that keep big tables small."""
-        weights = {"region": 3, "nation": 5, "supplier": 4, "customer": 4, "part": 4,
-                   "partsupp": 3, "orders": 4, "lineitem": 3}  # fmt: skip
+        weights = {
+            "region": 3,
+            "nation": 5,
+            "supplier": 4,
+            "customer": 4,
+            "part": 4,
+            "partsupp": 3,
+            "orders": 4,
+            "lineitem": 3,
+        }
         first = self.r.choices(list(weights), list(weights.values()))[0]
         root = self.source(first)
         scope = [root]
         text = f"{first} {root.alias}"
         for _ in range(joins):
-            links = [(fk, s) for s in scope if s.table
-                     for fk in FOREIGN_KEYS if s.table in (fk[0], fk[2])]  # fmt: skip
+            links = [
+                (fk, s)
+                for s in scope
+                if s.table
+                for fk in FOREIGN_KEYS
+                if s.table in (fk[0], fk[2])
+            ]
             if not links:
                 break
             (child, ccols, parent, pcols), there = self.pick(links)
             new_table, new_cols, old_cols = (
                 (parent, pcols, ccols) if there.table == child else (child, ccols, pcols)
             )
-            kind = self.r.choices(["JOIN", "LEFT JOIN", "RIGHT JOIN", "FULL JOIN"],
-                                  [6, 3, 1, 1])[0]  # fmt: skip
+            kind = self.r.choices(["JOIN", "LEFT JOIN", "RIGHT JOIN", "FULL JOIN"], [6, 3, 1, 1])[0]
             new = self.source(new_table, nullable=kind in ("LEFT JOIN", "FULL JOIN"))
             if kind in ("RIGHT JOIN", "FULL JOIN"):
                 scope = [dataclasses.replace(s, nullable=True) for s in scope]
-            on = " AND ".join(f"{new.alias}.{n} = {there.alias}.{o}"
-                              for n, o in zip(new_cols, old_cols, strict=True))  # fmt: skip
+            on = " AND ".join(
+                f"{new.alias}.{n} = {there.alias}.{o}"
+                for n, o in zip(new_cols, old_cols, strict=True)
+            )
             if kind != "JOIN" and self.chance(0.5):
                 on += f" AND {self._bool([new], 1)}"  # an outer join's ON filters one side
             text += f" {kind} {new_table} {new.alias} ON {on}"
@@ -612,16 +777,39 @@ class Generator:
 
     def query(self) -> Query:
         shape = self.r.choices(
-            ["plain", "join", "aggregate", "distinct", "subquery", "derived", "cte",
-             "set operation", "window", "limit", "raise"],
-            [14, 14, 16, 5, 10, 7, 5, 7, 8, 10, 4])[0]  # fmt: skip
+            [
+                "plain",
+                "join",
+                "aggregate",
+                "distinct",
+                "subquery",
+                "derived",
+                "cte",
+                "set operation",
+                "window",
+                "limit",
+                "raise",
+            ],
+            [14, 14, 16, 5, 10, 7, 5, 7, 8, 10, 4],
+        )[0]
         made = getattr(self, "shape_" + shape.replace(" ", "_"))()
         made.kind = shape
         return t.cast(Query, made)
 
     def _items(self, scope: list[Source], count: int) -> list[str]:
-        families = ["int", "numeric", "text", "date", "int", "numeric", "text", "float",
-                    "timestamp", "interval", "bool"]  # fmt: skip
+        families = [
+            "int",
+            "numeric",
+            "text",
+            "date",
+            "int",
+            "numeric",
+            "text",
+            "float",
+            "timestamp",
+            "interval",
+            "bool",
+        ]
         items = []
         for _ in range(count):
             family = self.pick(families)
@@ -633,15 +821,17 @@ class Generator:
         """ORDER BY terms that make a LIMIT's rows one set: values PostgreSQL orders as equal
         may print differently (1.5 and 1.50, an interval of 1 year and one of 12 months 5
         days), and their texts tell them apart."""
-        return [f"({item})::text" for item in items
-                if self.families.get(item, "numeric") == "numeric"]
+        return [
+            f"({item})::text" for item in items if self.families.get(item, "numeric") == "numeric"
+        ]
 
     def _exactly_ordered(self, items: list[str]) -> bool:
         """Whether ORDER BY over ``items`` (and their texts for numerics) orders rows one way:
         intervals and doubles have equal values printed differently (an interval of 1 year and
         one of 11 months 35 days; 0 and -0), whose texts the cache would not print."""
-        return all(self.families.get(item, "numeric") not in ("interval", "float")
-                   for item in items)  # fmt: skip
+        return all(
+            self.families.get(item, "numeric") not in ("interval", "float") for item in items
+        )
 
     def _where(self, scope: list[Source], narrow: list[str]) -> list[str]:
         where = list(narrow)
@@ -657,8 +847,10 @@ class Generator:
         return self.shape_plain(self.r.randint(1, 3))
 
     def _aggregate_select(self, scope: list[Source], text: str, narrow: list[str]) -> Select:
-        keys = [self.expr(self.pick(("int", "text", "date")), scope, self.r.randint(0, 1))
-                for _ in range(self.r.randint(0, 2))]  # fmt: skip
+        keys = [
+            self.expr(self.pick(("int", "text", "date")), scope, self.r.randint(0, 1))
+            for _ in range(self.r.randint(0, 2))
+        ]
         aggregates = []
         for _ in range(self.r.randint(1, 3)):
             family = self.pick(("int", "numeric", "numeric", "text", "date", "float", "bool"))
@@ -696,11 +888,11 @@ class Generator:
         return Select(items, text, where)
 
     def shape_derived(self) -> Select:
-        inner = self.shape_plain(self.r.randint(0, 1)) if self.chance(0.5) \
-            else self.shape_aggregate()  # fmt: skip
+        inner = (
+            self.shape_plain(self.r.randint(0, 1)) if self.chance(0.5) else self.shape_aggregate()
+        )
         columns = [f"c{i}" for i in range(len(inner.items))]
-        inner.items = [f"{item} AS {name}" for item, name in zip(inner.items, columns,
-                                                                  strict=True)]  # fmt: skip
+        inner.items = [f"{item} AS {name}" for item, name in zip(inner.items, columns, strict=True)]
         alias = self.alias("derived")
         derived = Source(alias, tuple(Column(c, "int", "") for c in columns))
         outer = [f"{alias}.{c}" for c in columns]
@@ -721,8 +913,13 @@ class Generator:
         sides = []
         for _ in range(2):
             text, scope, narrow = self.from_clause(0)
-            sides.append(Select([self.expr(family, scope, self.r.randint(0, 2))], text,
-                                self._where(scope, narrow)))  # fmt: skip
+            sides.append(
+                Select(
+                    [self.expr(family, scope, self.r.randint(0, 2))],
+                    text,
+                    self._where(scope, narrow),
+                )
+            )
         op = self.pick(("UNION", "UNION ALL", "INTERSECT", "EXCEPT", "EXCEPT ALL"))
         compound = Compound(sides[0], op, sides[1])
         if self.chance(0.4):
@@ -757,14 +954,24 @@ class Generator:
         key = KEYS[table][0]
         number = f"{source.alias}.{key}"
         name = self.column([source], "text") or "'x'"
-        failing = self.pick((
-            f"1 / ({number} - {number})", f"{number} % 0", f"1.5 / ({number} - {number})",
-            f"substring({name} from 1 for -1)", "chr(0)", "'abc'::int",
-            f"sqrt(-1 - {number})", f"ln(0 * {number})", f"2147483647 + {number} + 1",
-            f"({number} + 1000)::numeric(3,2)", f"make_date(1995, 13, {number} + 1)",
-            "'1995-02-30'::date", f"repeat({name}, -1) || chr({number} - {number})",
-            f"power(10::numeric, 400 + {number}) * 0 + 1 / ({number} - {number})",
-        ))  # fmt: skip
+        failing = self.pick(
+            (
+                f"1 / ({number} - {number})",
+                f"{number} % 0",
+                f"1.5 / ({number} - {number})",
+                f"substring({name} from 1 for -1)",
+                "chr(0)",
+                "'abc'::int",
+                f"sqrt(-1 - {number})",
+                f"ln(0 * {number})",
+                f"2147483647 + {number} + 1",
+                f"({number} + 1000)::numeric(3,2)",
+                f"make_date(1995, 13, {number} + 1)",
+                "'1995-02-30'::date",
+                f"repeat({name}, -1) || chr({number} - {number})",
+                f"power(10::numeric, 400 + {number}) * 0 + 1 / ({number} - {number})",
+            )
+        )
         return Select([failing], f"{table} {source.alias}", [f"{number} = 1"])
 
 

@@ -91,18 +91,26 @@ def compare(expected: Outcome, got: Outcome, ordered: bool) -> Difference | None
     """How the cache's outcome differs from PostgreSQL's (None: it does not)."""
     if expected.failed or got.failed:
         if not got.failed:
-            return Difference("answered", f"PostgreSQL raised {expected.sqlstate} "
-                              f"({expected.error}); the cache answered")  # fmt: skip
+            return Difference(
+                "answered",
+                f"PostgreSQL raised {expected.sqlstate} ({expected.error}); the cache answered",
+            )
         if not expected.failed:
-            return Difference("raised", f"the cache raised {got.sqlstate} ({got.error}); "
-                              "PostgreSQL answered")  # fmt: skip
+            return Difference(
+                "raised", f"the cache raised {got.sqlstate} ({got.error}); PostgreSQL answered"
+            )
         if expected.sqlstate != got.sqlstate:
-            return Difference("sqlstate", f"PostgreSQL {expected.sqlstate} ({expected.error}), "
-                              f"the cache {got.sqlstate} ({got.error})")  # fmt: skip
+            return Difference(
+                "sqlstate",
+                f"PostgreSQL {expected.sqlstate} ({expected.error}), "
+                f"the cache {got.sqlstate} ({got.error})",
+            )
         return None
     if got.description != expected.description:
-        return Difference("description", f"PostgreSQL {list(expected.description)}, the cache "
-                          f"{list(got.description)}")  # fmt: skip
+        return Difference(
+            "description",
+            f"PostgreSQL {list(expected.description)}, the cache {list(got.description)}",
+        )
     want, have = typed(expected.rows), typed(got.rows)
     if ordered and want == have:
         return None
@@ -120,16 +128,20 @@ def compare(expected: Outcome, got: Outcome, ordered: bool) -> Difference | None
 
 def _values(row: Row) -> tuple[str, ...]:
     """A row's values compared as numbers and strings, not by type or scale."""
-    return tuple(str(float(v)) if isinstance(v, int | float) or type(v).__name__ == "Decimal"
-                 else repr(v) for v in row)  # fmt: skip
+    return tuple(
+        str(float(v)) if isinstance(v, int | float) or type(v).__name__ == "Decimal" else repr(v)
+        for v in row
+    )
 
 
 def _first_difference(expected: t.Sequence[Row], got: t.Sequence[Row]) -> str:
     want, have = Counter(typed(expected)), Counter(typed(got))
     missing = list((want - have).elements())[:2]
     extra = list((have - want).elements())[:2]
-    return (f"{len(expected)} rows from PostgreSQL, {len(got)} from the cache; only "
-            f"PostgreSQL's: {missing}; only the cache's: {extra}")  # fmt: skip
+    return (
+        f"{len(expected)} rows from PostgreSQL, {len(got)} from the cache; only "
+        f"PostgreSQL's: {missing}; only the cache's: {extra}"
+    )
 
 
 def partitions(base: Select, predicate: str) -> list[str]:
@@ -141,14 +153,17 @@ def partitions(base: Select, predicate: str) -> list[str]:
 
 
 def check_partitions(
-    conn: cache.Connection, base: Select, predicate: str,
+    conn: cache.Connection,
+    base: Select,
+    predicate: str,
     pg: psycopg.Connection[t.Any] | None = None,
 ) -> Difference | None:
     """The base query's rows through the cache equal its three partitions' rows together
     (``pg``: first checked to be valid queries on PostgreSQL; an invalid predicate is no
     partition)."""
-    if pg is not None and any(on_postgres(pg, sql).failed for sql in
-                              [base.sql(), *partitions(base, predicate)]):  # fmt: skip
+    if pg is not None and any(
+        on_postgres(pg, sql).failed for sql in [base.sql(), *partitions(base, predicate)]
+    ):
         return None
     whole = on_cache(conn, base.sql())
     parts = [on_cache(conn, sql) for sql in partitions(base, predicate)]
@@ -185,5 +200,16 @@ def ordered(query: Query) -> bool:
     return query.ordered
 
 
-__all__ = ["Compound", "Difference", "Outcome", "check_partitions", "compare", "minimal",
-           "on_cache", "on_postgres", "ordered", "partitions", "typed"]  # fmt: skip
+__all__ = [
+    "Compound",
+    "Difference",
+    "Outcome",
+    "check_partitions",
+    "compare",
+    "minimal",
+    "on_cache",
+    "on_postgres",
+    "ordered",
+    "partitions",
+    "typed",
+]

@@ -71,8 +71,7 @@ class Report:
     slow: int = 0  # not compared: PostgreSQL ran past the statement timeout
     errors: int = 0  # queries PostgreSQL raised an error for (compared by SQLSTATE)
     partitions: int = 0
-    routes: dict[str, Counter[str]] = field(
-        default_factory=lambda: {p: Counter() for p in PASSES})
+    routes: dict[str, Counter[str]] = field(default_factory=lambda: {p: Counter() for p in PASSES})
     shapes: Counter[str] = field(default_factory=Counter)
     remote_reasons: Counter[str] = field(default_factory=Counter)
     failures: list[Failure] = field(default_factory=list)
@@ -86,22 +85,31 @@ class Report:
 
 
 @contextlib.contextmanager
-def connections(dsn: str, cache_path: Path) -> Iterator[tuple[psycopg.Connection[t.Any],
-                                                              dict[str, cache.Connection]]]:
+def connections(
+    dsn: str, cache_path: Path
+) -> Iterator[tuple[psycopg.Connection[t.Any], dict[str, cache.Connection]]]:
     """PostgreSQL itself, and one cache connection per pass, on one cache file holding every
     TPC-H table (refreshed now)."""
     # no parallel plans: PostgreSQL's own sums of doubles would change with the workers' order
-    options = (f"-c statement_timeout={STATEMENT_TIMEOUT_MS} "
-               "-c max_parallel_workers_per_gather=0").replace(" ", "%20").replace("=", "%3D")
+    options = (
+        (f"-c statement_timeout={STATEMENT_TIMEOUT_MS} -c max_parallel_workers_per_gather=0")
+        .replace(" ", "%20")
+        .replace("=", "%3D")
+    )
     limited = f"{dsn}{'&' if '?' in dsn else '?'}options={options}"
     pg = psycopg.connect(limited, autocommit=True)
     opened: dict[str, cache.Connection] = {}
     try:
         for plan in PASSES:
             opened[plan] = cache.connect(
-                backend=limited, cache_path=cache_path, currency_bound="10 min",
-                admit_on_miss=False, background=False, autocommit=True, plan_choice=plan,
-            )  # fmt: skip
+                backend=limited,
+                cache_path=cache_path,
+                currency_bound="10 min",
+                admit_on_miss=False,
+                background=False,
+                autocommit=True,
+                plan_choice=plan,
+            )
         tpch.cache_every_table(opened["cost"])
         yield pg, opened
     finally:
@@ -120,9 +128,12 @@ def check(
 
 
 def run(
-    dsn: str, cache_path: Path, count: int, seed: int,
+    dsn: str,
+    cache_path: Path,
+    count: int,
+    seed: int,
     step: Callable[[str], None] | None = None,
-) -> Report:  # fmt: skip
+) -> Report:
     """Run ``count`` queries from seeds ``seed``, ``seed + 1``, ... (`PER_SEED` each)."""
     tpch.load(dsn, SCALE, list(tpch.TABLES))
     with connections(dsn, cache_path) as (pg, conns):
@@ -130,9 +141,12 @@ def run(
 
 
 def run_queries(
-    pg: psycopg.Connection[t.Any], conns: dict[str, cache.Connection], count: int, seed: int,
+    pg: psycopg.Connection[t.Any],
+    conns: dict[str, cache.Connection],
+    count: int,
+    seed: int,
     step: Callable[[str], None] | None = None,
-) -> Report:  # fmt: skip
+) -> Report:
     """``count`` queries from seeds ``seed``, ``seed + 1``, ... through ``conns`` (one cache
     connection per pass) and on ``pg``."""
     report = Report()
@@ -153,9 +167,13 @@ def run_queries(
 
 
 def _run_seed(
-    report: Report, pg: psycopg.Connection[t.Any], conns: dict[str, cache.Connection],
-    seed: int, count: int, step: Callable[[str], None] | None,
-) -> None:  # fmt: skip
+    report: Report,
+    pg: psycopg.Connection[t.Any],
+    conns: dict[str, cache.Connection],
+    seed: int,
+    count: int,
+    step: Callable[[str], None] | None,
+) -> None:
     cases = partition_cases(seed, count // PARTITION_EVERY + 1)
     for number, query in enumerate(queries(seed, count)):
         report.queries += 1
@@ -170,35 +188,54 @@ def _run_seed(
             if not expected.failed and not got.failed:
                 report.routes[plan][got.route] += 1
                 if plan == "guarded" and got.route != "local":
-                    report.remote_reasons[_reason_kind(got.reason) if got.reason
-                                          else GUARD_CHOSE_REMOTE] += 1
+                    report.remote_reasons[
+                        _reason_kind(got.reason) if got.reason else GUARD_CHOSE_REMOTE
+                    ] += 1
             if difference is not None:
-                report.failures.append(_failure(seed, number, plan, query, difference,
-                                                pg, conns[plan]))  # fmt: skip
+                report.failures.append(
+                    _failure(seed, number, plan, query, difference, pg, conns[plan])
+                )
         if number % PARTITION_EVERY == 0:
             base, predicate = next(cases)
             report.partitions += 1
             difference = check_partitions(conns["cost"], base, predicate, pg)
             if difference is not None:
-                report.failures.append(Failure(seed, number, "partition", difference.kind,
-                                               difference.detail, base.sql(),
-                                               f"{base.sql()} -- p: {predicate}"))  # fmt: skip
+                report.failures.append(
+                    Failure(
+                        seed,
+                        number,
+                        "partition",
+                        difference.kind,
+                        difference.detail,
+                        base.sql(),
+                        f"{base.sql()} -- p: {predicate}",
+                    )
+                )
         if step is not None:
             step(f"seed {seed}, query {number + 1}")
 
 
 def _failure(
-    seed: int, number: int, plan: str, query: Query, difference: Difference,
-    pg: psycopg.Connection[t.Any], conn: cache.Connection,
-) -> Failure:  # fmt: skip
+    seed: int,
+    number: int,
+    plan: str,
+    query: Query,
+    difference: Difference,
+    pg: psycopg.Connection[t.Any],
+    conn: cache.Connection,
+) -> Failure:
     def fails(candidate: Query) -> bool:
         expected, _, found = check(candidate, pg, conn)
-        return (found is not None and found.kind == difference.kind
-                and (expected.failed or difference.kind != "answered"))  # fmt: skip
+        return (
+            found is not None
+            and found.kind == difference.kind
+            and (expected.failed or difference.kind != "answered")
+        )
 
     smaller = minimal(query, fails)
-    return Failure(seed, number, plan, difference.kind, difference.detail, query.sql(),
-                   smaller.sql())  # fmt: skip
+    return Failure(
+        seed, number, plan, difference.kind, difference.detail, query.sql(), smaller.sql()
+    )
 
 
 def _reason_kind(reason: str) -> str:
@@ -221,11 +258,11 @@ def write(report: Report, out: Path, seed: int) -> Path:
     stamp = provenance()
     with (out / "differential.csv").open("w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["seed", "number", "plan", "kind", "detail", "sql", "reproduction",
-                         *stamp])  # fmt: skip
+        writer.writerow(["seed", "number", "plan", "kind", "detail", "sql", "reproduction", *stamp])
         for f in report.failures:
-            writer.writerow([f.seed, f.number, f.plan, f.kind, f.detail, f.sql,
-                             f.reproduction, *stamp.values()])  # fmt: skip
+            writer.writerow(
+                [f.seed, f.number, f.plan, f.kind, f.detail, f.sql, f.reproduction, *stamp.values()]
+            )
     lines = [
         "# Differential oracle",
         "",
@@ -240,15 +277,25 @@ def write(report: Report, out: Path, seed: int) -> Path:
     ]
     for plan in PASSES:
         routes = report.routes[plan]
-        lines.append(f"- {plan} plan: local {routes['local']}, mixed {routes['mixed']}, remote "
-                     f"{routes['remote']} - local share {report.local_share(plan):.1%}")
+        lines.append(
+            f"- {plan} plan: local {routes['local']}, mixed {routes['mixed']}, remote "
+            f"{routes['remote']} - local share {report.local_share(plan):.1%}"
+        )
     lines += ["", f"## Failures: {len(report.failures)}", ""]
     for kind, number in sorted(report.by_kind().items()):
         lines.append(f"- {kind}: {number}")
     for f in report.failures[:200]:
-        lines += ["", f"### seed {f.seed} #{f.number} ({f.plan}: {f.kind})", "", f.detail, "",
-                  "```sql", f"-- case: seed{f.seed}_{f.number}_{f.plan}", f.reproduction,
-                  "```"]  # fmt: skip
+        lines += [
+            "",
+            f"### seed {f.seed} #{f.number} ({f.plan}: {f.kind})",
+            "",
+            f.detail,
+            "",
+            "```sql",
+            f"-- case: seed{f.seed}_{f.number}_{f.plan}",
+            f.reproduction,
+            "```",
+        ]
     lines += ["", "## Why the guarded plan went remote", ""]
     for reason, number in report.remote_reasons.most_common(30):
         lines.append(f"- {number}: {reason} ...")
@@ -260,8 +307,9 @@ def write(report: Report, out: Path, seed: int) -> Path:
     return path
 
 
-def main(argv: list[str] | None = None, backend: str | None = None,
-         embedded: Path | None = None) -> int:  # fmt: skip
+def main(
+    argv: list[str] | None = None, backend: str | None = None, embedded: Path | None = None
+) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--queries", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=1)
@@ -277,10 +325,17 @@ def main(argv: list[str] | None = None, backend: str | None = None,
 
     with Progress(console=console) as bar:
         task = bar.add_task("differential", total=args.queries)
-        report = run(backend, work / "cache.duckdb", args.queries, args.seed,
-                     lambda _: bar.update(task, advance=1))  # fmt: skip
+        report = run(
+            backend,
+            work / "cache.duckdb",
+            args.queries,
+            args.seed,
+            lambda _: bar.update(task, advance=1),
+        )
     path = write(report, Path(args.out), args.seed)
-    console.print(f"{report.queries} queries, {len(report.failures)} failures; local share "
-                  f"cost {report.local_share('cost'):.1%}, guarded "
-                  f"{report.local_share('guarded'):.1%}; report: {path}")  # fmt: skip
+    console.print(
+        f"{report.queries} queries, {len(report.failures)} failures; local share "
+        f"cost {report.local_share('cost'):.1%}, guarded "
+        f"{report.local_share('guarded'):.1%}; report: {path}"
+    )
     return 0 if not report.failures else 1

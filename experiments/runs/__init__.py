@@ -12,8 +12,14 @@ if t.TYPE_CHECKING:  # the CLI reads the names below on every call: nothing heav
     from experiments.runs.framework import Context, Experiment
 
 # in the order `all` runs them (the dissertation's)
-EXPERIMENTS = ["workload-shift", "plan-choices", "guard-overhead", "consistency-guards", "tpch",
-               "derived-views"]
+EXPERIMENTS = [
+    "workload-shift",
+    "plan-choices",
+    "guard-overhead",
+    "consistency-guards",
+    "tpch",
+    "derived-views",
+]
 QUICK_SF = 0.01  # --quick without --sf: small data
 
 

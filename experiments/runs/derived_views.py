@@ -43,21 +43,32 @@ def _of(rows: list[Read], kind: str) -> list[Read]:
 
 def plot(rows: list[Read], out: Path) -> list[Path]:
     drawn, (left, right) = figure(12, 4, columns=2)
-    _bars(left, _of(rows, "query"), (
-        ("view_s", "from the view", "tab:green"),
-        ("recompute_s", "recomputed in DuckDB", "tab:orange"),
-        ("postgresql_s", "PostgreSQL", "tab:gray")))  # fmt: skip
+    _bars(
+        left,
+        _of(rows, "query"),
+        (
+            ("view_s", "from the view", "tab:green"),
+            ("recompute_s", "recomputed in DuckDB", "tab:orange"),
+            ("postgresql_s", "PostgreSQL", "tab:gray"),
+        ),
+    )
     left.axhline(1.0, color="black", linewidth=0.8, linestyle=":")
     left.set_ylabel("ms per query, p50 (log)")
     left.set_title(f"Answering, SF {scale_of(rows)} (dotted: 1 ms)")
     maintained = _of(rows, "maintenance")
-    _bars(right, maintained, (
-        ("view_delta_s", "the view's delta", "tab:green"),
-        ("duckdb_recompute_s", "recomputed in DuckDB", "tab:orange"),
-        ("backend_recompute_s", "computed by PostgreSQL", "tab:gray")))  # fmt: skip
+    _bars(
+        right,
+        maintained,
+        (
+            ("view_delta_s", "the view's delta", "tab:green"),
+            ("duckdb_recompute_s", "recomputed in DuckDB", "tab:orange"),
+            ("backend_recompute_s", "computed by PostgreSQL", "tab:gray"),
+        ),
+    )
     right.set_ylabel("ms (log)")
-    right.set_title(f"Upkeep after {maintained[0]['updates'] if maintained else '?'} "
-                    "single-row updates")  # fmt: skip
+    right.set_title(
+        f"Upkeep after {maintained[0]['updates'] if maintained else '?'} single-row updates"
+    )
     return [save(drawn, out / "derived-views.png")]
 
 
@@ -69,9 +80,13 @@ def _bars(axes: t.Any, rows: list[Read], series: tuple[tuple[str, str, str], ...
     width = 0.8 / len(series)
     middle = (len(series) - 1) / 2
     for offset, (column, label, color) in enumerate(series):
-        axes.bar([i + (offset - middle) * width for i in range(len(names))],
-                 [(number(r[column]) or 0.0) * 1e3 for r in rows], width, label=label,
-                 color=color)  # fmt: skip
+        axes.bar(
+            [i + (offset - middle) * width for i in range(len(names))],
+            [(number(r[column]) or 0.0) * 1e3 for r in rows],
+            width,
+            label=label,
+            color=color,
+        )
     axes.set_xticks(range(len(names)), names)
     axes.set_yscale("log")
     axes.yaxis.set_major_formatter(FormatStrFormatter("%g"))
@@ -83,46 +98,101 @@ def report(rows: list[Read], plots: list[Path]) -> str:
     lines = [
         "Each view is declared `REFRESH CONTINUOUSLY`: pulled once with copies of the columns "
         "of its tables it needs, then kept by the replication stream, each batch carried into "
-        "its stored states as deltas (docs/decisions.md, \"Derived cached views\"). Every "
+        'its stored states as deltas (docs/decisions.md, "Derived cached views"). Every '
         "answer was checked against PostgreSQL's before it was timed, and every view against "
         "the backend's computation after the updates.",
         "",
     ]
     table = []
     for r in _of(rows, "query"):
-        view, recompute, pg = (number(r[c]) or float("nan")
-                               for c in ("view_s", "recompute_s", "postgresql_s"))  # fmt: skip
-        verdict = ("meets" if view <= 1e-3 and recompute / view >= 100 else "misses") + \
-            " the targets (<= 1 ms, >= 100x recomputing)"  # fmt: skip
-        table.append([r["query"], f"{view * 1e3:.2f}", f"{recompute * 1e3:.1f}",
-                      f"{pg * 1e3:.1f}", f"{recompute / view:.0f}x", f"{pg / view:.0f}x",
-                      verdict])  # fmt: skip
-    lines += [markdown_table(["query", "view ms", "recomputed ms", "PostgreSQL ms",
-                              "recompute / view", "PostgreSQL / view", "verdict"], table), ""]
+        view, recompute, pg = (
+            number(r[c]) or float("nan") for c in ("view_s", "recompute_s", "postgresql_s")
+        )
+        verdict = (
+            "meets" if view <= 1e-3 and recompute / view >= 100 else "misses"
+        ) + " the targets (<= 1 ms, >= 100x recomputing)"
+        table.append(
+            [
+                r["query"],
+                f"{view * 1e3:.2f}",
+                f"{recompute * 1e3:.1f}",
+                f"{pg * 1e3:.1f}",
+                f"{recompute / view:.0f}x",
+                f"{pg / view:.0f}x",
+                verdict,
+            ]
+        )
+    lines += [
+        markdown_table(
+            [
+                "query",
+                "view ms",
+                "recomputed ms",
+                "PostgreSQL ms",
+                "recompute / view",
+                "PostgreSQL / view",
+                "verdict",
+            ],
+            table,
+        ),
+        "",
+    ]
     table = []
     for r in _of(rows, "maintenance"):
-        batch, delta, duck, backend = (number(r[c]) or float("nan") for c in (
-            "batch_s", "view_delta_s", "duckdb_recompute_s", "backend_recompute_s"))
-        table.append([r["query"], r["updates"], f"{batch * 1e3:.1f}", f"{delta * 1e3:.1f}",
-                      f"{duck * 1e3:.1f}", f"{backend * 1e3:.0f}", f"{delta / duck:.1%}",
-                      f"{delta / backend:.1%}"])  # fmt: skip
-    lines += ["Upkeep: the stream's batch (all three views, decoding included) and each "
-              "view's delta within it, against recomputing the view (target: at most 1%):", "",
-              markdown_table(["view", "updates", "batch ms", "view's delta ms",
-                              "DuckDB recompute ms", "PostgreSQL ms", "delta / DuckDB",
-                              "delta / PostgreSQL"], table), ""]  # fmt: skip
+        batch, delta, duck, backend = (
+            number(r[c]) or float("nan")
+            for c in ("batch_s", "view_delta_s", "duckdb_recompute_s", "backend_recompute_s")
+        )
+        table.append(
+            [
+                r["query"],
+                r["updates"],
+                f"{batch * 1e3:.1f}",
+                f"{delta * 1e3:.1f}",
+                f"{duck * 1e3:.1f}",
+                f"{backend * 1e3:.0f}",
+                f"{delta / duck:.1%}",
+                f"{delta / backend:.1%}",
+            ]
+        )
+    lines += [
+        "Upkeep: the stream's batch (all three views, decoding included) and each "
+        "view's delta within it, against recomputing the view (target: at most 1%):",
+        "",
+        markdown_table(
+            [
+                "view",
+                "updates",
+                "batch ms",
+                "view's delta ms",
+                "DuckDB recompute ms",
+                "PostgreSQL ms",
+                "delta / DuckDB",
+                "delta / PostgreSQL",
+            ],
+            table,
+        ),
+        "",
+    ]
     for r in _of(rows, "lag"):
         lines.append(
             f"Propagation lag at {number(r['rate']) or 0:g} transactions/s asked "
             f"({number(r['achieved_rate']) or 0:.0f} achieved; {r['transactions']} "
             f"transactions in {r['batches']} batches): p50 "
             f"**{(number(r['lag_p50_s']) or 0) * 1e3:.0f} ms**, p99 "
-            f"**{(number(r['lag_p99_s']) or 0) * 1e3:.0f} ms**.")
+            f"**{(number(r['lag_p99_s']) or 0) * 1e3:.0f} ms**."
+        )
         lines.append("")
-    table = [[r["query"], r["view_rows"], r["view_bytes"], r["copies_rows"], r["copies_bytes"]]
-             for r in _of(rows, "size")]  # fmt: skip
+    table = [
+        [r["query"], r["view_rows"], r["view_bytes"], r["copies_rows"], r["copies_bytes"]]
+        for r in _of(rows, "size")
+    ]
     memory = next((r["duckdb_memory_bytes"] for r in _of(rows, "size")), "?")
-    lines += [markdown_table(["view", "rows", "bytes", "copies' rows", "copies' bytes"], table),
-              "", f"DuckDB memory in use with the three views: {memory} bytes.", ""]
+    lines += [
+        markdown_table(["view", "rows", "bytes", "copies' rows", "copies' bytes"], table),
+        "",
+        f"DuckDB memory in use with the three views: {memory} bytes.",
+        "",
+    ]
     lines += [f"![{p.stem}]({p.name})" for p in plots]
     return "\n".join(lines)

@@ -160,8 +160,9 @@ def write_report(experiments: list[Experiment], out: Path) -> Path:
     for experiment in experiments:
         path = out / f"{experiment.NAME}.csv"
         if not path.exists():
-            raise FileNotFoundError(f"{path} is missing: run `mtcache experiment "
-                                    f"{experiment.NAME}` into {out} first")  # fmt: skip
+            raise FileNotFoundError(
+                f"{path} is missing: run `mtcache experiment {experiment.NAME}` into {out} first"
+            )
         read = read_rows(path)
         plots = experiment.plot(read, out)
         body = experiment.report(read, plots)

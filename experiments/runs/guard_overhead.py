@@ -63,20 +63,33 @@ PHASES = ("lookup", "guard", "run", "fetch")  # shown; the total counts every ph
 def queries(dsn: str) -> list[tuple[str, str, str]]:
     """(name, statement, the tables' clause)."""
     with psycopg.connect(dsn) as conn:
-        row = conn.execute("SELECT o_custkey FROM orders GROUP BY 1 HAVING count(*) = 6 "
-                           "ORDER BY 1 LIMIT 1").fetchone()  # fmt: skip
+        row = conn.execute(
+            "SELECT o_custkey FROM orders GROUP BY 1 HAVING count(*) = 6 ORDER BY 1 LIMIT 1"
+        ).fetchone()
         six = row[0] if row else 1
-        row = conn.execute("SELECT c_custkey FROM customer ORDER BY c_custkey OFFSET "
-                           "(SELECT count(*) / 3 FROM customer) LIMIT 1").fetchone()
+        row = conn.execute(
+            "SELECT c_custkey FROM customer ORDER BY c_custkey OFFSET "
+            "(SELECT count(*) / 3 FROM customer) LIMIT 1"
+        ).fetchone()
         key = row[0] if row else 1
     return [
-        ("Q1", f"SELECT c.c_custkey, c.c_name, c.c_acctbal FROM customer c "
-               f"WHERE c.c_custkey = {key}", "ON (c)"),
-        ("Q2", "SELECT c.c_name, o.o_orderkey, o.o_totalprice FROM customer c JOIN orders o "
-               f"ON o.o_custkey = c.c_custkey WHERE c.c_custkey = {six}", "ON (c), {b} ON (o)"),
-        ("Q3", "SELECT c.c_custkey, c.c_name, c.c_acctbal FROM customer c "
-               "WHERE c.c_nationkey = 1", "ON (c)"),
-    ]  # fmt: skip
+        (
+            "Q1",
+            f"SELECT c.c_custkey, c.c_name, c.c_acctbal FROM customer c WHERE c.c_custkey = {key}",
+            "ON (c)",
+        ),
+        (
+            "Q2",
+            "SELECT c.c_name, o.o_orderkey, o.o_totalprice FROM customer c JOIN orders o "
+            f"ON o.o_custkey = c.c_custkey WHERE c.c_custkey = {six}",
+            "ON (c), {b} ON (o)",
+        ),
+        (
+            "Q3",
+            "SELECT c.c_custkey, c.c_name, c.c_acctbal FROM customer c WHERE c.c_nationkey = 1",
+            "ON (c)",
+        ),
+    ]
 
 
 def clause(bound: str, tables: str) -> str:
@@ -91,9 +104,15 @@ def run(ctx: Context) -> list[Row]:
         done("caching cust_prj and orders_prj")
         path = ctx.out / "guard-overhead.duckdb"
         path.unlink(missing_ok=True)
-        conn = cache.connect(backend=ctx.dsn, cache_path=path, admit_on_miss=False,
-                             background=False, result_memo_bytes=0, plan_choice="guarded",
-                             autocommit=True)  # fmt: skip
+        conn = cache.connect(
+            backend=ctx.dsn,
+            cache_path=path,
+            admit_on_miss=False,
+            background=False,
+            result_memo_bytes=0,
+            plan_choice="guarded",
+            autocommit=True,
+        )
         try:
             section47.create_views(conn)
             refreshed = time.monotonic()
@@ -113,8 +132,9 @@ def run(ctx: Context) -> list[Row]:
 
 def queries_plan(ctx: Context) -> list[tuple[str, str, str, int]]:
     """The queries with their rounds (how many times each variant runs)."""
-    rounds = {"Q1": 2000, "Q2": 400, "Q3": 300} if not ctx.quick else \
-        {"Q1": 200, "Q2": 60, "Q3": 40}  # fmt: skip
+    rounds = (
+        {"Q1": 2000, "Q2": 400, "Q3": 300} if not ctx.quick else {"Q1": 200, "Q2": 60, "Q3": 40}
+    )
     return [(n, s, c, rounds[n]) for n, s, c in queries(ctx.dsn)]
 
 
@@ -175,9 +195,12 @@ def measure(
 
         return once
 
-    actions = {"local, no guard": local(False), "local, guard": local(True),
-               "remote, no guard": through_cursor(remote_sql),
-               "remote, guard": through_cursor(failing_sql)}  # fmt: skip
+    actions = {
+        "local, no guard": local(False),
+        "local, guard": local(True),
+        "remote, no guard": through_cursor(remote_sql),
+        "remote, guard": through_cursor(failing_sql),
+    }
     samples: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
     # in turns, each round in a shuffled order: a variant that always ran right after a
     # local one would share the cores with DuckDB's threads winding down
@@ -195,11 +218,19 @@ def measure(
         runs = samples[variant]
         total = statistics.median(sum(s.values()) for s in runs)
         for phase in (*PHASES, "total"):
-            value = total if phase == "total" else statistics.median(s.get(phase, 0.0)
-                                                                     for s in runs)  # fmt: skip
-            rows.append({"query": name, "variant": variant, "phase": phase,
-                         "median_us": value * 1e6, "runs": len(runs),
-                         "rows_returned": len(want)})  # fmt: skip
+            value = (
+                total if phase == "total" else statistics.median(s.get(phase, 0.0) for s in runs)
+            )
+            rows.append(
+                {
+                    "query": name,
+                    "variant": variant,
+                    "phase": phase,
+                    "median_us": value * 1e6,
+                    "runs": len(runs),
+                    "rows_returned": len(want),
+                }
+            )
     return rows
 
 
@@ -214,15 +245,36 @@ def plot(rows: list[Read], out: Path) -> list[Path]:
     width = 0.35
     for offset, (side, color) in enumerate((("local", "tab:green"), ("remote", "tab:gray"))):
         values = [relative(found, n, side) for n in names]
-        axes.bar([i + (offset - 0.5) * width for i in range(len(names))], values, width,
-                 color=color, label=f"{side}: ours")  # fmt: skip
-    axes.scatter([i - width / 2 for i in range(len(names))],
-                 [DISSERTATION_LOCAL[n] for n in names], color="black", marker="_", s=400,
-                 label="local: dissertation", zorder=3)  # fmt: skip
-    axes.axhline(TARGET_LOCAL, color="tab:green", linestyle="--", linewidth=0.8,
-                 label=f"target local {TARGET_LOCAL:g}%")  # fmt: skip
-    axes.axhline(TARGET_REMOTE, color="tab:gray", linestyle="--", linewidth=0.8,
-                 label=f"target remote {TARGET_REMOTE:g}%")  # fmt: skip
+        axes.bar(
+            [i + (offset - 0.5) * width for i in range(len(names))],
+            values,
+            width,
+            color=color,
+            label=f"{side}: ours",
+        )
+    axes.scatter(
+        [i - width / 2 for i in range(len(names))],
+        [DISSERTATION_LOCAL[n] for n in names],
+        color="black",
+        marker="_",
+        s=400,
+        label="local: dissertation",
+        zorder=3,
+    )
+    axes.axhline(
+        TARGET_LOCAL,
+        color="tab:green",
+        linestyle="--",
+        linewidth=0.8,
+        label=f"target local {TARGET_LOCAL:g}%",
+    )
+    axes.axhline(
+        TARGET_REMOTE,
+        color="tab:gray",
+        linestyle="--",
+        linewidth=0.8,
+        label=f"target remote {TARGET_REMOTE:g}%",
+    )
     axes.set_xticks(range(len(names)), names)
     axes.set_ylabel("guard overhead, % of the time without it")
     axes.set_title(f"Currency guard overhead, TPC-H SF {scale_of(rows)}")
@@ -248,10 +300,13 @@ def report(rows: list[Read], plots: list[Path]) -> str:
             without = found[(name, f"{side}, no guard", "total")]
             guarded = found[(name, f"{side}, guard", "total")]
             overhead = relative(found, name, side)
-            cells += [f"{without:.0f}", f"{guarded:.0f}", f"{guarded - without:+.0f}",
-                      f"{overhead:+.1f}%"]  # fmt: skip
-            verdicts.append(f"{side} {'meets' if overhead <= target else 'misses'} "
-                            f"{target:g}%")  # fmt: skip
+            cells += [
+                f"{without:.0f}",
+                f"{guarded:.0f}",
+                f"{guarded - without:+.0f}",
+                f"{overhead:+.1f}%",
+            ]
+            verdicts.append(f"{side} {'meets' if overhead <= target else 'misses'} {target:g}%")
         cells.insert(6, f"{DISSERTATION_LOCAL[name]:g}%")
         cells.append(f"< {DISSERTATION_REMOTE:g}%")
         cells.append("; ".join(verdicts))
@@ -265,25 +320,41 @@ def report(rows: list[Read], plots: list[Path]) -> str:
                 guarded = found[(name, f"{side}, guard", phase)]
                 cells.append(f"{without:.0f} / {guarded:.0f}")
             phases.append(cells)
-    return "\n".join([
-        "Reconstructed from the prose (Table 4.4's queries were lost in the text form): Q1 a "
-        "point lookup on c_custkey, Q2 one customer joined with its 6 orders, Q3 the "
-        "customers of one nation (~6,000 rows at SF 1). Times in microseconds, medians of "
-        "the runs, the four ways run in turns (each round in a shuffled order). Our "
-        "orders_prj is keyed by o_orderkey (the table's key), so the local Q2 scans it "
-        "where the dissertation's clustered index on (o_custkey, o_orderkey) made it an "
-        "indexed nested loop.",
-        "",
-        "**Table 4.4: with and without the currency guard** (overhead = with - without)",
-        "",
-        markdown_table(["query", "rows", "local without", "local with", "local +us",
-                        "local %", "dissertation local %", "remote without", "remote with",
-                        "remote +us", "remote %", "dissertation remote %", "verdict"],
-                       overall),
-        "",
-        "**Table 4.5: where the time goes** (each phase without / with the guard, us)",
-        "",
-        markdown_table(["query", "branch", *PHASES], phases),
-        "",
-        *(f"![{p.stem}]({p.name})" for p in plots),
-    ])
+    return "\n".join(
+        [
+            "Reconstructed from the prose (Table 4.4's queries were lost in the text form): Q1 a "
+            "point lookup on c_custkey, Q2 one customer joined with its 6 orders, Q3 the "
+            "customers of one nation (~6,000 rows at SF 1). Times in microseconds, medians of "
+            "the runs, the four ways run in turns (each round in a shuffled order). Our "
+            "orders_prj is keyed by o_orderkey (the table's key), so the local Q2 scans it "
+            "where the dissertation's clustered index on (o_custkey, o_orderkey) made it an "
+            "indexed nested loop.",
+            "",
+            "**Table 4.4: with and without the currency guard** (overhead = with - without)",
+            "",
+            markdown_table(
+                [
+                    "query",
+                    "rows",
+                    "local without",
+                    "local with",
+                    "local +us",
+                    "local %",
+                    "dissertation local %",
+                    "remote without",
+                    "remote with",
+                    "remote +us",
+                    "remote %",
+                    "dissertation remote %",
+                    "verdict",
+                ],
+                overall,
+            ),
+            "",
+            "**Table 4.5: where the time goes** (each phase without / with the guard, us)",
+            "",
+            markdown_table(["query", "branch", *PHASES], phases),
+            "",
+            *(f"![{p.stem}]({p.name})" for p in plots),
+        ]
+    )

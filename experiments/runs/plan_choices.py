@@ -40,27 +40,33 @@ from experiments.runs.framework import (
 NAME = "plan-choices"
 TITLE = "Plan choices (dissertation §4.7.3, Table 4.3 and Fig 4.1)"
 
-S1 = ("SELECT c.c_custkey, c.c_name, o.o_orderkey, o.o_totalprice FROM customer c "
-      "JOIN orders o ON c.c_custkey = o.o_custkey WHERE c.c_custkey < {k}")  # fmt: skip
+S1 = (
+    "SELECT c.c_custkey, c.c_name, o.o_orderkey, o.o_totalprice FROM customer c "
+    "JOIN orders o ON c.c_custkey = o.o_custkey WHERE c.c_custkey < {k}"
+)
 S2 = "SELECT c.c_custkey, c.c_name FROM customer c WHERE c.c_acctbal BETWEEN {a} AND {b}"
 
 # the dissertation's choice per query (Table 4.3's rightmost column, Fig 4.1's plans)
 DISSERTATION = {
-    "Q1": "remote", "Q2": "local join of remote leaves", "Q3": "remote", "Q4": "mixed",
-    "Q5": "local", "Q6": "remote", "Q7": "local",
-}  # fmt: skip
+    "Q1": "remote",
+    "Q2": "local join of remote leaves",
+    "Q3": "remote",
+    "Q4": "mixed",
+    "Q5": "local",
+    "Q6": "remote",
+    "Q7": "local",
+}
 WHY = {
     "Q1": "no currency clause (bound 0, all consistent) and a selective predicate: the whole "
-          "query is sent",
+    "query is sent",
     "Q2": "no currency clause; the join result is larger than its inputs: fetch both tables "
-          "and join locally",
-    "Q3": "both views fresh enough, but in different regions while the class needs one "
-          "snapshot",
+    "and join locally",
+    "Q3": "both views fresh enough, but in different regions while the class needs one snapshot",
     "Q4": "customer's bound below its view's delay, orders relaxed, separate classes",
     "Q5": "both bounds relaxed, separate classes",
     "Q6": "a narrow c_acctbal range: the backend's index beats scanning the view",
     "Q7": "a wide range: scanning the view beats the backend",
-}  # fmt: skip
+}
 
 
 def queries(sf: float) -> list[tuple[str, str, str]]:
@@ -100,10 +106,17 @@ def run(ctx: Context) -> list[Row]:
         done("caching cust_prj and orders_prj")
         path = ctx.out / "plan-choices.duckdb"
         path.unlink(missing_ok=True)
-        sessions = {choice: cache.connect(backend=ctx.dsn, cache_path=path, admit_on_miss=False,
-                                          background=False, result_memo_bytes=0,
-                                          plan_choice=choice)
-                    for choice in ("cost", "remote", "guarded")}  # fmt: skip
+        sessions = {
+            choice: cache.connect(
+                backend=ctx.dsn,
+                cache_path=path,
+                admit_on_miss=False,
+                background=False,
+                result_memo_bytes=0,
+                plan_choice=choice,
+            )
+            for choice in ("cost", "remote", "guarded")
+        }
         raw = psycopg.connect(ctx.dsn, autocommit=True)
         try:
             section47.create_views(sessions["cost"])
@@ -120,22 +133,28 @@ def run(ctx: Context) -> list[Row]:
 
 
 def _measure(
-    name: str, statement: str, clause: str, sessions: dict[str, cache.Connection],
-    raw: psycopg.Connection[t.Any], runs: int,
-) -> list[Row]:  # fmt: skip
+    name: str,
+    statement: str,
+    clause: str,
+    sessions: dict[str, cache.Connection],
+    raw: psycopg.Connection[t.Any],
+    runs: int,
+) -> list[Row]:
     sql = f"{statement} {clause}".strip()
     want = raw.execute(statement).fetchall()
     explained = sessions["cost"].cursor()
     explained.execute(f"EXPLAIN {sql}")
     plan = explained.plan
-    document = plan.to_json() if plan is not None else {
-        "plan": {"op": "RemoteQuery"}, "accesses": []}  # fmt: skip
+    document = (
+        plan.to_json() if plan is not None else {"plan": {"op": "RemoteQuery"}, "accesses": []}
+    )
     costs = dict(plan.candidates) if plan is not None else {}
     ours = category(document) if clause else "remote"
     # without a clause the statement is sent as written: one candidate
     candidates = ("remote", "guarded") if clause else ("as written",)
-    chosen = ("guarded" if plan is not None and plan.local else "remote") if clause \
-        else "as written"  # fmt: skip
+    chosen = (
+        ("guarded" if plan is not None and plan.local else "remote") if clause else "as written"
+    )
     cursors, routes = {}, {}
     for choice in candidates:
         cur = sessions["cost" if choice == "as written" else choice].cursor()
@@ -149,13 +168,22 @@ def _measure(
         return lambda: cur.execute(sql).fetchall()
 
     medians = rotated([timed(cursors[c]) for c in candidates], runs)  # in turns: fair
-    return [{
-        "query": name, "candidate": choice, "chosen": choice == chosen, "sql": sql,
-        "rows_returned": len(want), "chosen_plan": ours,
-        "dissertation_plan": DISSERTATION[name.split(maxsplit=1)[0]],
-        "estimated_cost": costs.get(choice), "ran_as": routes[choice],
-        "median_ms": (median or 0.0) * 1e3, "runs": runs,
-    } for choice, median in zip(candidates, medians, strict=True)]  # fmt: skip
+    return [
+        {
+            "query": name,
+            "candidate": choice,
+            "chosen": choice == chosen,
+            "sql": sql,
+            "rows_returned": len(want),
+            "chosen_plan": ours,
+            "dissertation_plan": DISSERTATION[name.split(maxsplit=1)[0]],
+            "estimated_cost": costs.get(choice),
+            "ran_as": routes[choice],
+            "median_ms": (median or 0.0) * 1e3,
+            "runs": runs,
+        }
+        for choice, median in zip(candidates, medians, strict=True)
+    ]
 
 
 def plot(rows: list[Read], out: Path) -> list[Path]:
@@ -167,14 +195,21 @@ def plot(rows: list[Read], out: Path) -> list[Path]:
         mine = [r for r in rows if r["query"] == name]
         for offset, r in enumerate(mine):
             x = index + (offset - (len(mine) - 1) / 2) * width
-            axes.bar(x, number(r["median_ms"]) or 0.0, width, color=colors[r["candidate"]],
-                     edgecolor="black" if r["chosen"] == "True" else "none",
-                     linewidth=2)  # fmt: skip
+            axes.bar(
+                x,
+                number(r["median_ms"]) or 0.0,
+                width,
+                color=colors[r["candidate"]],
+                edgecolor="black" if r["chosen"] == "True" else "none",
+                linewidth=2,
+            )
     axes.set_xticks(range(len(names)), names)
     axes.set_yscale("log")
     axes.set_ylabel("median ms (log)")
-    axes.set_title(f"Plan choices, TPC-H customer/orders SF {scale_of(rows)}: gray remote, "
-                   "green guarded; outlined: the cost-based choice")  # fmt: skip
+    axes.set_title(
+        f"Plan choices, TPC-H customer/orders SF {scale_of(rows)}: gray remote, "
+        "green guarded; outlined: the cost-based choice"
+    )
     return [save(drawn, out / "plan-choices.png")]
 
 
@@ -201,9 +236,18 @@ def report(rows: list[Read], plots: list[Path]) -> str:
             verdict = "differs: a statement without a clause is sent as written (see next row)"
         else:
             verdict = f"differs: ours {ours}"
-        table.append([name, chosen["rows_returned"], expected, ours, chosen["ran_as"],
-                      " / ".join(f"{c} {v:.1f}" for c, v in times.items()), speed,
-                      verdict])  # fmt: skip
+        table.append(
+            [
+                name,
+                chosen["rows_returned"],
+                expected,
+                ours,
+                chosen["ran_as"],
+                " / ".join(f"{c} {v:.1f}" for c, v in times.items()),
+                speed,
+                verdict,
+            ]
+        )
     lines = [
         "Setup reconstructed from the prose (the tables were lost in the text form): TPC-H "
         "customer and orders, an index on c_acctbal at the backend, the cached projections "
@@ -213,8 +257,19 @@ def report(rows: list[Read], plots: list[Path]) -> str:
         "candidate is timed (medians, in turns); every answer was checked against "
         "PostgreSQL's first.",
         "",
-        markdown_table(["query", "rows", "dissertation", "ours (EXPLAIN)", "ran as",
-                        "median ms per candidate", "fastest?", "verdict"], table),
+        markdown_table(
+            [
+                "query",
+                "rows",
+                "dissertation",
+                "ours (EXPLAIN)",
+                "ran as",
+                "median ms per candidate",
+                "fastest?",
+                "verdict",
+            ],
+            table,
+        ),
         "",
         *(f"- {q}: {why}" for q, why in WHY.items()),
         "",

@@ -57,12 +57,18 @@ from optimizer.estimate_cost import local_probability
 NAME = "workload-shift"
 TITLE = "Workload shift as the currency bound relaxes (dissertation §4.7.2, Fig 4.2)"
 
-VIEW = ("CREATE CACHED VIEW cust_shift AS SELECT c_custkey, c_name, c_nationkey, c_acctbal "
-        "FROM customer WHERE c_nationkey = 1 REFRESH EVERY {f_ms} MS")  # fmt: skip
-LIVE = ("CREATE CACHED VIEW cust_live AS SELECT c_custkey, c_name, c_nationkey, c_acctbal "
-        "FROM customer REFRESH CONTINUOUSLY")  # fmt: skip
-QUERY = ("SELECT c.c_custkey, c.c_name, c.c_acctbal FROM customer c WHERE c.c_nationkey = 1 "
-         "AND c.c_acctbal BETWEEN 0 AND 400 CURRENCY BOUND {b_ms} MS ON (c)")  # fmt: skip
+VIEW = (
+    "CREATE CACHED VIEW cust_shift AS SELECT c_custkey, c_name, c_nationkey, c_acctbal "
+    "FROM customer WHERE c_nationkey = 1 REFRESH EVERY {f_ms} MS"
+)
+LIVE = (
+    "CREATE CACHED VIEW cust_live AS SELECT c_custkey, c_name, c_nationkey, c_acctbal "
+    "FROM customer REFRESH CONTINUOUSLY"
+)
+QUERY = (
+    "SELECT c.c_custkey, c.c_name, c.c_acctbal FROM customer c WHERE c.c_nationkey = 1 "
+    "AND c.c_acctbal BETWEEN 0 AND 400 CURRENCY BOUND {b_ms} MS ON (c)"
+)
 TOLERANCE = 3.0  # percentage points: a measured point fits the model within this
 ARRIVAL = 0.02  # seconds between query arrivals
 
@@ -76,10 +82,14 @@ class Sweep(t.NamedTuple):
 
 def sweeps(quick: bool) -> list[Sweep]:
     if quick:
-        return [Sweep("4.2a", [100], [1, 5, 10], [0, 10, 30, 60, 90, 110, 120]),
-                Sweep("4.2b", [10], [1, 5, 8], [10])]  # fmt: skip
-    return [Sweep("4.2a", [100], [1, 5, 10], [0, 5, 10, 20, 40, 60, 80, 100, 105, 110, 120]),
-            Sweep("4.2b", [10, 15, 20, 30, 50, 75, 100], [1, 5, 8], [10])]  # fmt: skip
+        return [
+            Sweep("4.2a", [100], [1, 5, 10], [0, 10, 30, 60, 90, 110, 120]),
+            Sweep("4.2b", [10], [1, 5, 8], [10]),
+        ]
+    return [
+        Sweep("4.2a", [100], [1, 5, 10], [0, 5, 10, 20, 40, 60, 80, 100, 105, 110, 120]),
+        Sweep("4.2b", [10, 15, 20, 30, 50, 75, 100], [1, 5, 8], [10]),
+    ]
 
 
 def unit(quick: bool) -> float:
@@ -99,8 +109,7 @@ LIVE_BOUNDS = [0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0]
 
 def run(ctx: Context) -> list[Row]:
     scale = unit(ctx.quick)
-    points = [(s, f, d) for s in sweeps(ctx.quick) for d in s.d for f in s.f
-              if f >= 1.25 * d]  # fmt: skip
+    points = [(s, f, d) for s in sweeps(ctx.quick) for d in s.d for f in s.f if f >= 1.25 * d]
     rows: list[Row] = []
     with ctx.progress("workload shift", total=2 + len(points)) as done:
         tpch.load(ctx.dsn, ctx.sf, ["customer"])
@@ -118,8 +127,14 @@ def _connect(ctx: Context, path: Path, **options: t.Any) -> cache.Connection:
     path.unlink(missing_ok=True)
     # the guarded plan is kept (the model is about guards: at small p the cost model would
     # send these queries to the backend whole), and every local answer computed
-    return cache.connect(backend=ctx.dsn, cache_path=path, plan_choice="guarded",
-                         result_memo_bytes=0, autocommit=True, **options)  # fmt: skip
+    return cache.connect(
+        backend=ctx.dsn,
+        cache_path=path,
+        plan_choice="guarded",
+        result_memo_bytes=0,
+        autocommit=True,
+        **options,
+    )
 
 
 def _natural_delay(ctx: Context) -> float:
@@ -136,9 +151,14 @@ def _natural_delay(ctx: Context) -> float:
 
 def _delays(conn: cache.Connection, after: int) -> list[float]:
     """The delays of the refreshes after snapshot ``after``, as the cache measured them."""
-    return [r[0] for r in conn.engine.store.con.execute(
-        "SELECT delay_seconds FROM mtcache.snapshots WHERE snapshot_id > ? "
-        "AND delay_seconds IS NOT NULL", [after]).fetchall()]  # fmt: skip
+    return [
+        r[0]
+        for r in conn.engine.store.con.execute(
+            "SELECT delay_seconds FROM mtcache.snapshots WHERE snapshot_id > ? "
+            "AND delay_seconds IS NOT NULL",
+            [after],
+        ).fetchall()
+    ]
 
 
 @contextlib.contextmanager
@@ -156,8 +176,9 @@ def _transport_delay(seconds: float) -> Iterator[None]:
             os.environ["MTCACHE_FAULTS"] = before
 
 
-def _periodic(ctx: Context, sweep: Sweep, f: float, d: float, scale: float,
-              natural: float) -> list[Row]:  # fmt: skip
+def _periodic(
+    ctx: Context, sweep: Sweep, f: float, d: float, scale: float, natural: float
+) -> list[Row]:
     path = ctx.out / "workload-shift.duckdb"
     injected = max(0.0, d * scale - natural)
     with _transport_delay(injected), contextlib.closing(_connect(ctx, path)) as conn:
@@ -171,13 +192,26 @@ def _periodic(ctx: Context, sweep: Sweep, f: float, d: float, scale: float,
     path.unlink(missing_ok=True)
     rows = []
     for b, (local, total, superseded) in counts.items():
-        rows.append({"figure": sweep.figure, "unit_s": scale, "f_units": f, "d_units": d,
-                     "b_units": b, "f_s": f * scale, "b_s": b * scale,
-                     "d_natural_s": natural, "d_injected_s": injected,
-                     "d_measured_s": measured, "queries": total, "local": local,
-                     "superseded": superseded, "p_measured": local / total,
-                     "p_model": local_probability(b * scale, measured, f * scale),
-                     "p_dissertation": local_probability(b, d, f)})  # fmt: skip
+        rows.append(
+            {
+                "figure": sweep.figure,
+                "unit_s": scale,
+                "f_units": f,
+                "d_units": d,
+                "b_units": b,
+                "f_s": f * scale,
+                "b_s": b * scale,
+                "d_natural_s": natural,
+                "d_injected_s": injected,
+                "d_measured_s": measured,
+                "queries": total,
+                "local": local,
+                "superseded": superseded,
+                "p_measured": local / total,
+                "p_model": local_probability(b * scale, measured, f * scale),
+                "p_dissertation": local_probability(b, d, f),
+            }
+        )
     return rows
 
 
@@ -206,8 +240,9 @@ class Counts(t.NamedTuple):
     # runs inside one DuckDB transaction; counted so a regression would show)
 
 
-def _sample(conn: cache.Connection, bounds: dict[float, str],
-            seconds: float) -> dict[float, Counts]:  # fmt: skip
+def _sample(
+    conn: cache.Connection, bounds: dict[float, str], seconds: float
+) -> dict[float, Counts]:
     """Run the query at each arrival on a fixed grid for ``seconds``, the bounds in turns (a
     shuffled order each round); what the guards decided, per bound."""
     cur = conn.cursor()
@@ -235,8 +270,11 @@ def _sample(conn: cache.Connection, bounds: dict[float, str],
         guarded = cur.plan is not None and all(c.guarded for c in cur.plan.classes)
         counts[b][0] += local
         counts[b][1] += 1
-        counts[b][2] += not local and guarded and \
-            misses == counters["currency_misses"] + counters["presence_misses"]  # fmt: skip
+        counts[b][2] += (
+            not local
+            and guarded
+            and misses == counters["currency_misses"] + counters["presence_misses"]
+        )
         slot += 1
     return {b: Counts(*c) for b, c in counts.items()}
 
@@ -254,8 +292,10 @@ class _Updates(Workers):
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             (customers,) = conn.execute("SELECT count(*) FROM customer").fetchone() or (0,)
             while not self.stopping.wait(1 / self.rate):
-                conn.execute("UPDATE customer SET c_acctbal = c_acctbal WHERE c_custkey = %s",
-                             (rng.randint(1, customers),))  # fmt: skip
+                conn.execute(
+                    "UPDATE customer SET c_acctbal = c_acctbal WHERE c_custkey = %s",
+                    (rng.randint(1, customers),),
+                )
                 self.count += 1
 
 
@@ -285,12 +325,24 @@ def _continuous(ctx: Context) -> list[Row]:
             raw.execute("VACUUM ANALYZE customer")
     rows = []
     for b, (local, total, superseded) in counts.items():
-        rows.append({"figure": "continuous", "f_units": 0, "f_s": 0.0, "b_s": b,
-                     "heartbeat_s": HEARTBEAT, "d_measured_s": measured, "d_p90_s": p90,
-                     "queries": total, "local": local, "superseded": superseded,
-                     "p_measured": local / total, "writes": writes.count,
-                     "p_model": local_probability(b, measured, HEARTBEAT),
-                     "p_dissertation": 1.0 if b > measured else 0.0})  # fmt: skip
+        rows.append(
+            {
+                "figure": "continuous",
+                "f_units": 0,
+                "f_s": 0.0,
+                "b_s": b,
+                "heartbeat_s": HEARTBEAT,
+                "d_measured_s": measured,
+                "d_p90_s": p90,
+                "queries": total,
+                "local": local,
+                "superseded": superseded,
+                "p_measured": local / total,
+                "writes": writes.count,
+                "p_model": local_probability(b, measured, HEARTBEAT),
+                "p_dissertation": 1.0 if b > measured else 0.0,
+            }
+        )
     return rows
 
 
@@ -302,15 +354,16 @@ def _points(rows: list[Read], fig: str) -> list[Read]:
 
 
 def _fits(row: Read) -> bool:
-    return abs((number(row["p_measured"]) or 0) - (number(row["p_model"]) or 0)) * 100 \
-        <= TOLERANCE  # fmt: skip
+    return abs((number(row["p_measured"]) or 0) - (number(row["p_model"]) or 0)) * 100 <= TOLERANCE
 
 
 def plot(rows: list[Read], out: Path) -> list[Path]:
     drawn, (left, right, live) = figure(15, 4.2, columns=3)
     colors = ["tab:blue", "tab:orange", "tab:green"]
-    for axes, fig, x, by in ((left, "4.2a", "b_units", "d_units"),
-                             (right, "4.2b", "f_units", "d_units")):  # fmt: skip
+    for axes, fig, x, by in (
+        (left, "4.2a", "b_units", "d_units"),
+        (right, "4.2b", "f_units", "d_units"),
+    ):
         points = _points(rows, fig)
         for color, nominal in zip(colors, dict.fromkeys(r[by] for r in points), strict=False):
             mine = sorted((r for r in points if r[by] == nominal), key=lambda r: float(r[x]))
@@ -318,10 +371,17 @@ def plot(rows: list[Read], out: Path) -> list[Path]:
             measured = float(mine[0]["d_measured_s"]) / float(mine[0]["unit_s"])
             grid = _grid(min(xs), max(xs))
             model = [_model(fig, g, mine[0], measured) for g in grid]
-            axes.plot(grid, model, color=color, linewidth=1,
-                      label=f"model, d = {measured:.1f} (measured)")  # fmt: skip
-            axes.scatter(xs, [100 * float(r["p_measured"]) for r in mine], color=color,
-                         s=18, zorder=3, label=f"measured, d = {float(nominal):g}")  # fmt: skip
+            axes.plot(
+                grid, model, color=color, linewidth=1, label=f"model, d = {measured:.1f} (measured)"
+            )
+            axes.scatter(
+                xs,
+                [100 * float(r["p_measured"]) for r in mine],
+                color=color,
+                s=18,
+                zorder=3,
+                label=f"measured, d = {float(nominal):g}",
+            )
         axes.set_ylim(-5, 105)
         axes.set_ylabel("% answered locally")
         axes.legend(fontsize=7)
@@ -334,20 +394,40 @@ def plot(rows: list[Read], out: Path) -> list[Path]:
         d, h = float(points[0]["d_measured_s"]), float(points[0]["heartbeat_s"])
         xs = [float(r["b_s"]) for r in points]
         grid = _grid(0, max(xs))
-        live.plot(grid, [100 * local_probability(g, d, h) for g in grid], color="tab:purple",
-                  linewidth=1, label=f"p = (B - d) / h, h = {h:g} s")  # fmt: skip
-        live.step([0, d, max(xs)], [0, 100, 100], where="post", color="gray", linestyle="--",
-                  linewidth=1, label=f"f = 0: step at d = {d * 1000:.0f} ms")  # fmt: skip
-        live.scatter(xs, [100 * float(r["p_measured"]) for r in points], color="tab:purple",
-                     s=18, zorder=3, label="measured")  # fmt: skip
+        live.plot(
+            grid,
+            [100 * local_probability(g, d, h) for g in grid],
+            color="tab:purple",
+            linewidth=1,
+            label=f"p = (B - d) / h, h = {h:g} s",
+        )
+        live.step(
+            [0, d, max(xs)],
+            [0, 100, 100],
+            where="post",
+            color="gray",
+            linestyle="--",
+            linewidth=1,
+            label=f"f = 0: step at d = {d * 1000:.0f} ms",
+        )
+        live.scatter(
+            xs,
+            [100 * float(r["p_measured"]) for r in points],
+            color="tab:purple",
+            s=18,
+            zorder=3,
+            label="measured",
+        )
         live.set_xscale("symlog", linthresh=0.1)
         live.set_xlabel("currency bound B, seconds")
         live.set_title("(c) REFRESH CONTINUOUSLY")
         live.set_ylim(-5, 105)
         live.legend(fontsize=7)
     unit_s = rows[0].get("unit_s", "") if rows else ""
-    drawn.suptitle(f"Fig 4.2, measured: fraction answered locally (1 unit = {unit_s} s, "
-                   f"TPC-H SF {scale_of(rows)})")  # fmt: skip
+    drawn.suptitle(
+        f"Fig 4.2, measured: fraction answered locally (1 unit = {unit_s} s, "
+        f"TPC-H SF {scale_of(rows)})"
+    )
     return [save(drawn, out / "workload-shift.png")]
 
 
@@ -368,17 +448,31 @@ def report(rows: list[Read], plots: list[Path]) -> str:
     table = []
     for r in periodic:
         fits = _fits(r)
-        table.append([r["figure"], f"{float(r['f_units']):g}", f"{float(r['d_units']):g}",
-                      f"{float(r['b_units']):g}",
-                      f"{float(r['d_measured_s']) * 1000:.0f}",
-                      f"{100 * float(r['p_dissertation']):.1f}",
-                      f"{100 * float(r['p_model']):.1f}",
-                      f"{100 * float(r['p_measured']):.1f}", r["queries"],
-                      "fits" if fits else _why(r)])  # fmt: skip
-    live_table = [[f"{float(r['b_s']) * 1000:.0f}",
-                   f"{100 * float(r['p_dissertation']):.0f}",
-                   f"{100 * float(r['p_model']):.1f}", f"{100 * float(r['p_measured']):.1f}",
-                   r["queries"], "fits" if _fits(r) else _why(r)] for r in live]  # fmt: skip
+        table.append(
+            [
+                r["figure"],
+                f"{float(r['f_units']):g}",
+                f"{float(r['d_units']):g}",
+                f"{float(r['b_units']):g}",
+                f"{float(r['d_measured_s']) * 1000:.0f}",
+                f"{100 * float(r['p_dissertation']):.1f}",
+                f"{100 * float(r['p_model']):.1f}",
+                f"{100 * float(r['p_measured']):.1f}",
+                r["queries"],
+                "fits" if fits else _why(r),
+            ]
+        )
+    live_table = [
+        [
+            f"{float(r['b_s']) * 1000:.0f}",
+            f"{100 * float(r['p_dissertation']):.0f}",
+            f"{100 * float(r['p_model']):.1f}",
+            f"{100 * float(r['p_measured']):.1f}",
+            r["queries"],
+            "fits" if _fits(r) else _why(r),
+        ]
+        for r in live
+    ]
     fitting = sum(_fits(r) for r in periodic)
     unit_s = periodic[0]["unit_s"] if periodic else "?"
     lines = [
@@ -389,9 +483,21 @@ def report(rows: list[Read], plots: list[Path]) -> str:
         f"**{fitting} of {len(periodic)} points fit the model within ±{TOLERANCE:g} "
         "percentage points.**",
         "",
-        markdown_table(["Fig", "f", "d", "B", "d measured (ms)", "dissertation % local",
-                        "model % local", "measured % local", "queries", "verdict"],
-                       table),
+        markdown_table(
+            [
+                "Fig",
+                "f",
+                "d",
+                "B",
+                "d measured (ms)",
+                "dissertation % local",
+                "model % local",
+                "measured % local",
+                "queries",
+                "verdict",
+            ],
+            table,
+        ),
     ]
     if live:
         d, h = float(live[0]["d_measured_s"]), float(live[0]["heartbeat_s"])
@@ -404,9 +510,18 @@ def report(rows: list[Read], plots: list[Path]) -> str:
             f"{h:g} s), so p = (B - d) / h between d and d + h; the dissertation's step "
             "(p = 1 for B > d) is its limit as h shrinks.",
             "",
-            markdown_table(["B (ms)", "dissertation % local", "model % local (h)",
-                            "measured % local", "queries", "verdict"], live_table),
-        ]  # fmt: skip
+            markdown_table(
+                [
+                    "B (ms)",
+                    "dissertation % local",
+                    "model % local (h)",
+                    "measured % local",
+                    "queries",
+                    "verdict",
+                ],
+                live_table,
+            ),
+        ]
     lines += ["", *(f"![{p.stem}]({p.name})" for p in plots)]
     return "\n".join(lines)
 
@@ -416,17 +531,23 @@ def _why(row: Read) -> str:
     b = number(row.get("b_s", "")) or 0
     d = number(row["d_measured_s"]) or 0
     if b <= math.ceil(d * 100) / 100 and off < 0:
-        return (f"off by {off:+.1f} pp: the planner rounds d up to a hundredth of a second, "
-                f"so this bound is planned remote (§4.4's rule)")  # fmt: skip
+        return (
+            f"off by {off:+.1f} pp: the planner rounds d up to a hundredth of a second, "
+            f"so this bound is planned remote (§4.4's rule)"
+        )
     measured = number(row["p_measured"]) or 0
     f = number(row.get("f_s", "")) or 0
     if f and 0 < measured < 1:  # periodic
-        return (f"off by {off:+.1f} pp: B - d is {(b - d) * 1000:.0f} ms of a {f:g} s cycle, "
-                "so each refresh's delay varying by tens of ms (d is their median), and "
-                "the lag from the due time to the pull's snapshot, move the share by "
-                "points")  # fmt: skip
+        return (
+            f"off by {off:+.1f} pp: B - d is {(b - d) * 1000:.0f} ms of a {f:g} s cycle, "
+            "so each refresh's delay varying by tens of ms (d is their median), and "
+            "the lag from the due time to the pull's snapshot, move the share by "
+            "points"
+        )
     p90 = number(row.get("d_p90_s", "")) or 0
     if p90 > 1.5 * d:
-        return (f"off by {off:+.1f} pp: the delivery delay varies (median {d * 1000:.0f} ms, "
-                f"p90 {p90 * 1000:.0f} ms); the model takes the median")  # fmt: skip
+        return (
+            f"off by {off:+.1f} pp: the delivery delay varies (median {d * 1000:.0f} ms, "
+            f"p90 {p90 * 1000:.0f} ms); the model takes the median"
+        )
     return f"off by {off:+.1f} pp"

@@ -30,13 +30,21 @@ the owning process), `status`.
 
 from cache.maintenance.stream.consumer import Consumer
 from cache.maintenance.stream.position import (
-           DEFAULT_LAG_LIMIT,
-           StreamProblem,
-           StreamRow,
-           load_stream,
+    DEFAULT_LAG_LIMIT,
+    StreamProblem,
+    StreamRow,
+    load_stream,
 )
 from cache.maintenance.stream.publication import apply_ddl, publication_for
 from cache.maintenance.stream.status import stream_status
 
-__all__ = ["DEFAULT_LAG_LIMIT", "Consumer", "StreamProblem", "StreamRow", "apply_ddl",
-           "load_stream", "publication_for", "stream_status"]  # fmt: skip
+__all__ = [
+    "DEFAULT_LAG_LIMIT",
+    "Consumer",
+    "StreamProblem",
+    "StreamRow",
+    "apply_ddl",
+    "load_stream",
+    "publication_for",
+    "stream_status",
+]

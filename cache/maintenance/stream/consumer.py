@@ -125,8 +125,12 @@ class Consumer:
                             txns.append(txn)
                         else:
                             txn.discard()  # (applied before: the file holds it)
-                    if txns or taken >= self.batch or not self._decoder.in_progress or \
-                            (not messages and time.monotonic() - started >= wait):  # fmt: skip
+                    if (
+                        txns
+                        or taken >= self.batch
+                        or not self._decoder.in_progress
+                        or (not messages and time.monotonic() - started >= wait)
+                    ):
                         break
                 if not txns:
                     self.position = stream.applied_lsn
@@ -168,8 +172,13 @@ class Consumer:
         deadline = time.monotonic() + IN_USE_SECONDS
         while True:
             try:
-                source = SlotStream(self.dsn, stream.slot, stream.publication,
-                                    stream.applied_lsn, state.confirmed_lsn or 0)  # fmt: skip
+                source = SlotStream(
+                    self.dsn,
+                    stream.slot,
+                    stream.publication,
+                    stream.applied_lsn,
+                    state.confirmed_lsn or 0,
+                )
                 break
             except psycopg.errors.ObjectInUse as exc:  # a session that is ending holds it
                 if time.monotonic() > deadline:
@@ -208,12 +217,14 @@ class Consumer:
             group = run_of(remaining, pendings)[:limit]
             try:
                 with self.store.transaction() as con:
-                    done = apply_transactions(con, schema, catalog, current, group, pendings,
-                                              self.faults)  # fmt: skip
+                    done = apply_transactions(
+                        con, schema, catalog, current, group, pendings, self.faults
+                    )
                     self.store.changed(done.views)
                     # (a batch must land: over the budget if evicting cannot make room)
-                    within_budget(self.store, schema, Report("stream batch", "stream"),
-                                  strict=False)  # fmt: skip
+                    within_budget(
+                        self.store, schema, Report("stream batch", "stream"), strict=False
+                    )
             except NeedsPull as need:
                 if len(group) > 1:
                     limit = len(group) // 2
@@ -257,8 +268,9 @@ class Consumer:
             schema = self.store.load_schema()
             stream_time = stream.stream_time
             for pending in passed:
-                con.execute("DELETE FROM mtcache.stream_pulls WHERE snapshot_id = ?",
-                            [pending.snapshot_id])  # fmt: skip
+                con.execute(
+                    "DELETE FROM mtcache.stream_pulls WHERE snapshot_id = ?", [pending.snapshot_id]
+                )
                 stream_time = later(stream_time, pending.backend_time)
             applied = Applied()
             held = [p.snapshot_id for p in pendings if p not in passed]
@@ -276,8 +288,9 @@ class Consumer:
         def then(con: duckdb.DuckDBPyConnection, _: int) -> None:
             current = load_stream(con)
             assert current is not None
-            done = apply_transactions(con, schema, catalog, current, [txn],
-                                      pending_pulls(con), self.faults)  # fmt: skip
+            done = apply_transactions(
+                con, schema, catalog, current, [txn], pending_pulls(con), self.faults
+            )
             self.store.changed(done.views)
 
         maintainer = Maintainer(self.store, self.dsn)
@@ -292,8 +305,10 @@ class Consumer:
 
     def _check_lag(self, lag: int | None) -> None:
         if lag is not None and lag > self.lag_limit:
-            text = (f"the replication slot holds {lag} bytes of WAL, over the limit of "
-                    f"{self.lag_limit}: the consumer is behind")  # fmt: skip
+            text = (
+                f"the replication slot holds {lag} bytes of WAL, over the limit of "
+                f"{self.lag_limit}: the consumer is behind"
+            )
             if self._warned != "lag":
                 log.warning("%s", text)
                 self._warned = "lag"
@@ -303,13 +318,17 @@ class Consumer:
     def _recover(self, stream: StreamRow) -> None:
         """The slot is gone (dropped at the backend): make a new one and pull every
         continuously maintained region again, lined up with it."""
-        log.warning("replication slot %s is gone at the backend: making it again and pulling "
-                    "the continuously maintained views anew", stream.slot)  # fmt: skip
+        log.warning(
+            "replication slot %s is gone at the backend: making it again and pulling "
+            "the continuously maintained views anew",
+            stream.slot,
+        )
         schema = self.store.load_schema()
         with create_slot(self.dsn, stream.slot) as start, self.store.transaction() as con:
             con.execute("DELETE FROM mtcache.stream_pulls")
-            con.execute("UPDATE mtcache.stream SET applied_lsn = ?, problem = NULL",
-                        [start.consistent_lsn])  # fmt: skip
+            con.execute(
+                "UPDATE mtcache.stream SET applied_lsn = ?, problem = NULL", [start.consistent_lsn]
+            )
             for name in schema.continuous_views():  # a derived view's copies missed changes
                 if schema.views[name].is_derived:  # too: pulled again with all it holds
                     con.execute("DELETE FROM mtcache.view_state WHERE view = ?", [name])
@@ -350,8 +369,9 @@ class Consumer:
                     continue
                 return total
             if time.monotonic() > deadline:
-                raise OperationalError(f"the stream did not reach {lsn_text(target)} in "
-                                       f"{timeout:g} s")  # fmt: skip
+                raise OperationalError(
+                    f"the stream did not reach {lsn_text(target)} in {timeout:g} s"
+                )
             if not applied and source is not None:
                 source.ping()  # where is the server? (its reply moves `reached`)
 
@@ -359,8 +379,10 @@ class Consumer:
         if load_stream(self.store.con) is not None:
             with contextlib.suppress(duckdb.Error), self.store.transaction() as con:
                 # what `mtcache status` compares the slot's lag with
-                con.execute("INSERT OR REPLACE INTO mtcache.meta VALUES "
-                            "('stream_lag_limit', ?)", [str(self.lag_limit)])  # fmt: skip
+                con.execute(
+                    "INSERT OR REPLACE INTO mtcache.meta VALUES ('stream_lag_limit', ?)",
+                    [str(self.lag_limit)],
+                )
         self._loop.start(self._run)
 
     def stop(self) -> None:

@@ -49,8 +49,7 @@ def apply_derived(
     groups (rows) that are present and not held by a pending pull (``skip``: its regions'
     predicates). What passes between statements is fetched as Arrow and registered, not made
     a table (a DuckDB table costs more to make than a small batch costs to apply)."""
-    changing = [a for a in plan.auxiliaries
-                if a.table in truncated or staged[a.table].count]  # fmt: skip
+    changing = [a for a in plan.auxiliaries if a.table in truncated or staged[a.table].count]
     if not changing:
         return
     kept = _kept(plan, skip)
@@ -74,18 +73,25 @@ def apply_derived(
             copy = aux.copy
             columns = idents(copy.columns)
             # the copy's rows of the keys the batch touches leave (as they were: weight -1)
-            register("mtcache_before", con.sql(
-                f"DELETE FROM {ident(copy.name)} c WHERE {keys_in(copy.key, 'c', stage.del_name)} "
-                f"RETURNING {columns}").to_arrow_table())  # fmt: skip
+            register(
+                "mtcache_before",
+                con.sql(
+                    f"DELETE FROM {ident(copy.name)} c "
+                    f"WHERE {keys_in(copy.key, 'c', stage.del_name)} RETURNING {columns}"
+                ).to_arrow_table(),
+            )
             after = _after(con, plan, copy, stage)
             con.execute(f"INSERT INTO {ident(copy.name)} ({columns}) {after}")
             # (a row the batch left as the view sees it cancels out)
-            delta = (f"SELECT {columns}, sum({WEIGHT})::INTEGER AS {WEIGHT} FROM (SELECT "
-                     f"{columns}, -1 AS {WEIGHT} FROM mtcache_before UNION ALL SELECT "
-                     f"{columns}, 1 FROM ({after}) a) z GROUP BY {columns} HAVING "
-                     f"sum({WEIGHT}) <> 0")  # fmt: skip
-            items.append(con.sql(plan.items_sql({aux.alias: f"({delta})"}, aux.alias))
-                         .to_arrow_table())  # fmt: skip
+            delta = (
+                f"SELECT {columns}, sum({WEIGHT})::INTEGER AS {WEIGHT} FROM (SELECT "
+                f"{columns}, -1 AS {WEIGHT} FROM mtcache_before UNION ALL SELECT "
+                f"{columns}, 1 FROM ({after}) a) z GROUP BY {columns} HAVING "
+                f"sum({WEIGHT}) <> 0"
+            )
+            items.append(
+                con.sql(plan.items_sql({aux.alias: f"({delta})"}, aux.alias)).to_arrow_table()
+            )
             con.unregister("mtcache_before")
             registered.remove("mtcache_before")
         register("mtcache_items", pa.concat_tables(items, promote_options="default"))
@@ -99,8 +105,9 @@ def apply_derived(
     applied.views.add(plan.view.name)
 
 
-def _after(con: duckdb.DuckDBPyConnection, plan: Maintenance, copy: CachedView,
-           stage: Staged) -> str:  # fmt: skip
+def _after(
+    con: duckdb.DuckDBPyConnection, plan: Maintenance, copy: CachedView, stage: Staged
+) -> str:
     """SQL: the copy's rows of the touched keys after the batch (its final rows; a TOASTed
     value an update did not send, from the row as it was)."""
     assert stage.puts is not None
@@ -108,20 +115,28 @@ def _after(con: duckdb.DuckDBPyConnection, plan: Maintenance, copy: CachedView,
     if not unchanged:
         return f"SELECT {idents(copy.columns)} FROM {stage.put_name}"
     merged = ", ".join(
-        f"CASE WHEN p.{ident(FLAG + c)} THEN b.{ident(c)} ELSE p.{ident(c)} "
-        f"END AS {ident(c)}" if c in unchanged else f"p.{ident(c)}" for c in copy.columns)
-    source = (f"{stage.put_name} p LEFT JOIN mtcache_before b ON "
-              f"{equal_columns(copy.key, 'p', 'b')}")  # fmt: skip
+        f"CASE WHEN p.{ident(FLAG + c)} THEN b.{ident(c)} ELSE p.{ident(c)} END AS {ident(c)}"
+        if c in unchanged
+        else f"p.{ident(c)}"
+        for c in copy.columns
+    )
+    source = f"{stage.put_name} p LEFT JOIN mtcache_before b ON {equal_columns(copy.key, 'p', 'b')}"
     lacking = " OR ".join(f"p.{ident(FLAG + c)}" for c in unchanged)
-    missing = con.execute(f"SELECT count(*) FROM {source} WHERE ({lacking}) AND "
-                          f"b.{ident(copy.key[0])} IS NULL").fetchone()  # fmt: skip
+    missing = con.execute(
+        f"SELECT count(*) FROM {source} WHERE ({lacking}) AND b.{ident(copy.key[0])} IS NULL"
+    ).fetchone()
     if missing and missing[0]:  # (the copy lacks the row: the view is pulled anew)
         raise NeedsPull({Region(plan.view.name, "view")})
     return f"SELECT {merged} FROM {source}"
 
 
-def _apply_copy(con: duckdb.DuckDBPyConnection, schema: CacheSchema, copy: CachedView,
-                stage: Staged, truncated: bool) -> None:  # fmt: skip
+def _apply_copy(
+    con: duckdb.DuckDBPyConnection,
+    schema: CacheSchema,
+    copy: CachedView,
+    stage: Staged,
+    truncated: bool,
+) -> None:
     """The batch's changes to one auxiliary copy (as to a base view of its table)."""
     if truncated:
         delete_where(con, schema, copy, "true", Applied())
@@ -143,46 +158,60 @@ def _kept(plan: Maintenance, skip: list[str]) -> str:
     return " AND ".join(f"({p})" for p in parts)
 
 
-def _merge_groups(con: duckdb.DuckDBPyConnection, plan: Maintenance, register: Register,
-                  kept_groups: str) -> None:  # fmt: skip
+def _merge_groups(
+    con: duckdb.DuckDBPyConnection, plan: Maintenance, register: Register, kept_groups: str
+) -> None:
     """The items' states merged with the view's of the groups they touch (those it keeps);
     a group that lost a minimum's or maximum's value computed again from the copies."""
     name = ident(plan.view.name)
     stored = idents(plan.stored_names)
-    current = (f"SELECT {stored}, true AS {CURRENT} FROM {name} v SEMI JOIN mtcache_states d "
-               f"ON {plan.same_group('v', 'd')}")  # fmt: skip
+    current = (
+        f"SELECT {stored}, true AS {CURRENT} FROM {name} v SEMI JOIN mtcache_states d "
+        f"ON {plan.same_group('v', 'd')}"
+    )
     both = f"{current} UNION ALL BY NAME SELECT *, false AS {CURRENT} FROM mtcache_states"
     states = plan.states_sql(f"SELECT * FROM mtcache_items WHERE {kept_groups}")
-    following = con.sql(f"WITH mtcache_states AS ({states}) {plan.merged_sql(both)}") \
-        .to_arrow_table()  # fmt: skip
+    following = con.sql(
+        f"WITH mtcache_states AS ({states}) {plan.merged_sql(both)}"
+    ).to_arrow_table()
     register("mtcache_next", following)
     kept = f"{ROWS} > 0" if plan.group else "true"  # (one group of all rows: always there)
     arriving = f"SELECT {stored} FROM mtcache_next WHERE NOT {REDO} AND {kept}"
     if pc.any(following.column(REDO)).as_py():
         items = plan.items_sql({}, None)
         if plan.group:
-            items = (f"SELECT x.* FROM ({items}) x SEMI JOIN (SELECT * FROM mtcache_next "
-                     f"WHERE {REDO}) r ON {plan.same_group('x', 'r')}")  # fmt: skip
-        arriving += (f" UNION ALL SELECT {stored} FROM ({plan.states_sql(items, True)}) s "
-                     f"WHERE {kept}")  # fmt: skip
+            items = (
+                f"SELECT x.* FROM ({items}) x SEMI JOIN (SELECT * FROM mtcache_next "
+                f"WHERE {REDO}) r ON {plan.same_group('x', 'r')}"
+            )
+        arriving += (
+            f" UNION ALL SELECT {stored} FROM ({plan.states_sql(items, True)}) s WHERE {kept}"
+        )
     # every group the items touch leaves (one computed again may have no rows left)
     con.execute(f"DELETE FROM {name} v USING mtcache_next d WHERE {plan.same_group('v', 'd')}")
     con.execute(f"INSERT INTO {name} ({stored}) {arriving}")
 
 
-def _merge_rows(con: duckdb.DuckDBPyConnection, plan: Maintenance, register: Register,
-                kept_rows: str) -> None:  # fmt: skip
+def _merge_rows(
+    con: duckdb.DuckDBPyConnection, plan: Maintenance, register: Register, kept_rows: str
+) -> None:
     """A join view's rows of weight -1 leave by its key, those of weight +1 arrive (of those
     it keeps)."""
     name = ident(plan.view.name)
     columns = idents(plan.stored_names)
-    register("mtcache_next", con.sql(
-        f"SELECT {columns}, sum({WEIGHT}) AS {WEIGHT} FROM mtcache_items WHERE {kept_rows} "
-        f"GROUP BY {columns} HAVING sum({WEIGHT}) <> 0").to_arrow_table())  # fmt: skip
-    con.execute(f"DELETE FROM {name} v WHERE "
-                f"{keys_in(plan.group, 'v', f'mtcache_next WHERE {WEIGHT} < 0')}")
-    con.execute(f"INSERT INTO {name} ({columns}) SELECT {columns} FROM mtcache_next "
-                f"WHERE {WEIGHT} > 0")  # fmt: skip
+    register(
+        "mtcache_next",
+        con.sql(
+            f"SELECT {columns}, sum({WEIGHT}) AS {WEIGHT} FROM mtcache_items WHERE {kept_rows} "
+            f"GROUP BY {columns} HAVING sum({WEIGHT}) <> 0"
+        ).to_arrow_table(),
+    )
+    con.execute(
+        f"DELETE FROM {name} v WHERE {keys_in(plan.group, 'v', f'mtcache_next WHERE {WEIGHT} < 0')}"
+    )
+    con.execute(
+        f"INSERT INTO {name} ({columns}) SELECT {columns} FROM mtcache_next WHERE {WEIGHT} > 0"
+    )
 
 
 def _recompute(con: duckdb.DuckDBPyConnection, plan: Maintenance, kept: str) -> None:
@@ -194,8 +223,10 @@ def _recompute(con: duckdb.DuckDBPyConnection, plan: Maintenance, kept: str) -> 
     items = f"SELECT * FROM ({plan.items_sql({}, None)}) i WHERE {kept}"
     if plan.grouped:
         kept = f" WHERE {ROWS} > 0" if plan.group else ""
-        con.execute(f"INSERT INTO {name} ({columns}) SELECT {columns} FROM "
-                    f"({plan.states_sql(items, True)}) s{kept}")  # fmt: skip
+        con.execute(
+            f"INSERT INTO {name} ({columns}) SELECT {columns} FROM "
+            f"({plan.states_sql(items, True)}) s{kept}"
+        )
     else:
         con.execute(f"INSERT INTO {name} ({columns}) SELECT {columns} FROM ({items}) i")
 

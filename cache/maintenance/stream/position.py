@@ -48,10 +48,9 @@ def load_stream(con: duckdb.DuckDBPyConnection) -> StreamRow | None:
     if not rows:
         return None
     row = rows[0]
-    return StreamRow(row[0], row[1], int(row[2]), row[3], row[4], json.loads(row[5] or "{}"),
-                     row[6])  # fmt: skip
-
-
+    return StreamRow(
+        row[0], row[1], int(row[2]), row[3], row[4], json.loads(row[5] or "{}"), row[6]
+    )
 
 
 @dataclass

@@ -59,10 +59,16 @@ def publication_for(
                     drop_slot(dsn, current.slot)
                     drop_publication(dsn, current.publication)
             return
-        created = [st.name for st in statements
-                   if isinstance(st, CreateCachedView) and after.continuous(st.name)]  # fmt: skip
-        if current is not None and tables == _stream_tables(store.load_schema(), catalog) \
-                and not (current.problem and created):  # fmt: skip
+        created = [
+            st.name
+            for st in statements
+            if isinstance(st, CreateCachedView) and after.continuous(st.name)
+        ]
+        if (
+            current is not None
+            and tables == _stream_tables(store.load_schema(), catalog)
+            and not (current.problem and created)
+        ):
             yield None  # the same tables: the stream goes on as it is
             return
         # (a stopped stream resumes once continuous views are created again: they are checked
@@ -103,8 +109,9 @@ def _signatures(
         ensure_table(conn)
         row = conn.execute(
             "SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-            "WHERE c.oid = to_regclass(%s)", (HEARTBEAT_TABLE,)
-        ).fetchone()  # fmt: skip
+            "WHERE c.oid = to_regclass(%s)",
+            (HEARTBEAT_TABLE,),
+        ).fetchone()
         assert row is not None
         return _relation_signatures(conn, tables), (row[0], HEARTBEAT_TABLE)
 
@@ -124,16 +131,18 @@ def _forget_stream(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def _set_relations(con: duckdb.DuckDBPyConnection, relations: dict[str, t.Any]) -> None:
-    con.execute("UPDATE mtcache.stream SET relations = ?, problem = NULL",
-                [json.dumps(relations)])  # fmt: skip
+    con.execute("UPDATE mtcache.stream SET relations = ?, problem = NULL", [json.dumps(relations)])
 
 
 def _stream_tables(schema: CacheSchema, catalog: Catalog) -> list[tuple[str, str]]:
     found = set()
     for name in schema.continuous_views():
         view = schema.views[name]
-        sources = ([(s.table, s.schema) for s in view.derivation.sources]
-                   if view.derivation is not None else [(view.table, None)])  # fmt: skip
+        sources = (
+            [(s.table, s.schema) for s in view.derivation.sources]
+            if view.derivation is not None
+            else [(view.table, None)]
+        )
         for source, in_schema in sources:
             table = catalog.table(source, in_schema)
             assert table is not None
@@ -172,7 +181,8 @@ def _relation_signatures(
         rows = conn.execute(
             "SELECT attname, atttypid::int FROM pg_attribute WHERE attrelid = "
             "(quote_ident(%s) || '.' || quote_ident(%s))::regclass AND attnum > 0 "
-            "AND NOT attisdropped ORDER BY attnum", (schema, name)
-        ).fetchall()  # fmt: skip
+            "AND NOT attisdropped ORDER BY attnum",
+            (schema, name),
+        ).fetchall()
         found[f"{schema}.{name}"] = [list(r) for r in rows]
     return found

@@ -52,7 +52,9 @@ class Staged:
 
 
 def stage_changes(
-    readers: Sequence[CachedView], catalog: Catalog, table_name: str,
+    readers: Sequence[CachedView],
+    catalog: Catalog,
+    table_name: str,
     changes: list[tuple[np.ndarray, RowChanges]],
 ) -> Staged:
     """The changes to one table (each `RowChanges` with its changes' positions in the batch),
@@ -88,12 +90,24 @@ def stage_changes(
             )
         if rows.has_old.any():  # the row of the old key leaves (a new tuple may bring it back)
             old = pa.array(rows.has_old)
-            events.append(_event(rows.old.select(key).filter(old), at[rows.has_old] * 2,
-                                 alive=False, unchanged={}))  # fmt: skip
+            events.append(
+                _event(
+                    rows.old.select(key).filter(old),
+                    at[rows.has_old] * 2,
+                    alive=False,
+                    unchanged={},
+                )
+            )
         new = pa.array(rows.has_new)
         unchanged = {c: m[rows.has_new] for c, m in rows.unchanged.items() if c in wanted}
-        events.append(_event(rows.new.select(carried).filter(new), at[rows.has_new] * 2 + 1,
-                             alive=True, unchanged=unchanged))  # fmt: skip
+        events.append(
+            _event(
+                rows.new.select(carried).filter(new),
+                at[rows.has_new] * 2 + 1,
+                alive=True,
+                unchanged=unchanged,
+            )
+        )
     ordered = pa.concat_tables(events, promote_options="default").sort_by(_SEQ)
     flagged = [c for c in wanted if FLAG + c in ordered.column_names]
     if flagged:
@@ -120,31 +134,33 @@ def _last_per_key(ordered: pa.Table, key: list[str]) -> np.ndarray:
     for name in key:
         column = ordered.column(name).combine_chunks()
         if column.null_count:
-            raise StreamProblem(f"a change without its key's value (column {name}): continuous "
-                                "maintenance stopped; recreate the cached views of that table "
-                                "(DROP CACHED VIEW, CREATE CACHED VIEW)")  # fmt: skip
+            raise StreamProblem(
+                f"a change without its key's value (column {name}): continuous "
+                "maintenance stopped; recreate the cached views of that table "
+                "(DROP CACHED VIEW, CREATE CACHED VIEW)"
+            )
         encoded = pc.dictionary_encode(column)
         numbers = encoded.indices.to_numpy().astype(np.int64)
         if codes is not None:  # (numbered again: the products stay small)
-            numbers = np.unique(codes * len(encoded.dictionary) + numbers,
-                                return_inverse=True)[1]  # fmt: skip
+            numbers = np.unique(codes * len(encoded.dictionary) + numbers, return_inverse=True)[1]
         codes = numbers
     assert codes is not None
     _, first = np.unique(codes[::-1], return_index=True)  # the last, counted from the end
     return len(codes) - 1 - first
 
 
-def _event(values: pa.Table, seq: np.ndarray, alive: bool,
-           unchanged: dict[str, np.ndarray]) -> pa.Table:  # fmt: skip
+def _event(
+    values: pa.Table, seq: np.ndarray, alive: bool, unchanged: dict[str, np.ndarray]
+) -> pa.Table:
     events = values.append_column(_SEQ, pa.array(seq)).append_column(
-        _ALIVE, pa.array(np.full(len(seq), alive)))
+        _ALIVE, pa.array(np.full(len(seq), alive))
+    )
     for name, mask in unchanged.items():
         events = events.append_column(FLAG + name, pa.array(mask))
     return events
 
 
-def _merged(ordered: pa.Table, key: list[str], carried: list[str],
-            flagged: list[str]) -> pa.Table:  # fmt: skip
+def _merged(ordered: pa.Table, key: list[str], carried: list[str], flagged: list[str]) -> pa.Table:
     """Each key's row after its last change when some updates did not send a TOASTed value:
     row by row, the value the key's previous change in the batch brought, else still
     unsent (flagged: the cached copy supplies it, `apply_view`)."""
@@ -165,8 +181,11 @@ def _merged(ordered: pa.Table, key: list[str], carried: list[str],
                 row[FLAG + name] = not sent
         final[k] = row
     rows = [dict(zip(key, k, strict=True)) | (r or {_ALIVE: False}) for k, r in final.items()]
-    types = {**{c: pa.large_string() for c in carried}, _ALIVE: pa.bool_(),
-             **{FLAG + c: pa.bool_() for c in flagged}}  # fmt: skip
+    types = {
+        **{c: pa.large_string() for c in carried},
+        _ALIVE: pa.bool_(),
+        **{FLAG + c: pa.bool_() for c in flagged},
+    }
     return pa.Table.from_pylist(rows, schema=pa.schema(types))
 
 
@@ -187,9 +206,14 @@ def _text_form(column: str, kind: str, values: pa.ChunkedArray) -> pa.ChunkedArr
         return pc.utf8_rtrim(values, characters=" ")
     if kind in NUMBERED:
         try:
-            return pa.chunked_array([pa.array(
-                [None if v is None else str(numbered(kind, v)) for v in values.to_pylist()],
-                pa.large_string())])  # fmt: skip
+            return pa.chunked_array(
+                [
+                    pa.array(
+                        [None if v is None else str(numbered(kind, v)) for v in values.to_pylist()],
+                        pa.large_string(),
+                    )
+                ]
+            )
         except ValueError as exc:
             raise StreamProblem(f"column {column}: {exc}") from None
     return values

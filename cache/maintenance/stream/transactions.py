@@ -46,8 +46,7 @@ def apply_transactions(
     applied = Applied()
     current = stream
     pieces = txns[0].pieces()
-    for index, group in enumerate(iter(lambda: list(itertools.islice(pieces, PIECES_AT_ONCE)),
-                                       [])):  # fmt: skip
+    for index, group in enumerate(iter(lambda: list(itertools.islice(pieces, PIECES_AT_ONCE)), [])):
         if index:
             faults.hit("stream_piece", enabled_faults)  # pieces applied, the rest not yet
             found = load_stream(con)
@@ -78,15 +77,17 @@ def _apply_run(
     skip: dict[str, list[str]] = {}
     for pending in list(pendings):
         if pending.passed_by(txns[0].xid, txns[0].commit_lsn):
-            con.execute("DELETE FROM mtcache.stream_pulls WHERE snapshot_id = ?",
-                        [pending.snapshot_id])  # fmt: skip
+            con.execute(
+                "DELETE FROM mtcache.stream_pulls WHERE snapshot_id = ?", [pending.snapshot_id]
+            )
             stream_time = later(stream_time, pending.backend_time)
             pendings.remove(pending)
         else:
             for view, predicate in pending.predicates.items():
                 skip.setdefault(view, []).append(predicate)
-    assert all(not p.passed_by(x.xid, x.commit_lsn) for p in pendings for x in txns[1:]), \
-        "a run of transactions that leaves the pending pulls as they are (`run_of`)"  # fmt: skip
+    assert all(not p.passed_by(x.xid, x.commit_lsn) for p in pendings for x in txns[1:]), (
+        "a run of transactions that leaves the pending pulls as they are (`run_of`)"
+    )
     applied = Applied()
     by_table: dict[str, list[tuple[np.ndarray, RowChanges]]] = {}  # a run's position of each
     truncated: dict[str, int] = {}  # the run's position of a table's last TRUNCATE
@@ -108,14 +109,18 @@ def _apply_run(
             by_table.setdefault(relation.name, []).append((base + rows.at, rows))
         base += txn.count
     for name, since in truncated.items():  # a table's changes before its TRUNCATE are gone
-        by_table[name] = [(at[at >= since], rows.where(at >= since))
-                          for at, rows in by_table.get(name, [])]  # fmt: skip
+        by_table[name] = [
+            (at[at >= since], rows.where(at >= since)) for at, rows in by_table.get(name, [])
+        ]
     views = [schema.views[name] for name in schema.continuous_views()]
     # a derived view's changes go through its copies of the tables it reads: none of them
     # while a pull of its copies is pending (every group it held was pulled with them), else
     # to its groups but those of a pending pull (`apply_derived`)
-    derived = [plan for plan in (plan_of(v, catalog) for v in views if v.is_derived)
-               if not any(a.copy.name in skip for a in plan.auxiliaries)]  # fmt: skip
+    derived = [
+        plan
+        for plan in (plan_of(v, catalog) for v in views if v.is_derived)
+        if not any(a.copy.name in skip for a in plan.auxiliaries)
+    ]
     readers: dict[str, list[CachedView]] = {}
     for cached in views:
         if not cached.is_derived:
@@ -123,8 +128,10 @@ def _apply_run(
     for plan in derived:
         for aux in plan.auxiliaries:
             readers.setdefault(aux.table, []).append(aux.copy)
-    staged = {table: stage_changes(found, catalog, table, by_table.get(table, []))
-              for table, found in readers.items()}  # fmt: skip
+    staged = {
+        table: stage_changes(found, catalog, table, by_table.get(table, []))
+        for table, found in readers.items()
+    }
     try:
         for cached in views:
             if cached.is_derived:
@@ -134,18 +141,19 @@ def _apply_run(
                 # TRUNCATE: the rows leave (their regions stay present, empty)
                 delete_where(con, schema, cached, not_pending(skip.get(name, [])), applied)
             if staged[cached.table].count:
-                apply_view(con, schema, cached, staged[cached.table], skip.get(name, []),
-                           applied)  # fmt: skip
+                apply_view(con, schema, cached, staged[cached.table], skip.get(name, []), applied)
         for plan in derived:
-            apply_derived(con, schema, plan, staged, set(truncated), skip.get(plan.view.name, []),
-                          applied)  # fmt: skip
+            apply_derived(
+                con, schema, plan, staged, set(truncated), skip.get(plan.view.name, []), applied
+            )
     finally:
         for stage in staged.values():
             stage.close(con)
     faults.hit("stream_apply", enabled_faults)  # the changes made, the position not yet
     last = txns[-1]
-    stamp_regions(con, schema, stream, last.end_lsn, stream_time, [p.snapshot_id for p in pendings],
-           applied)  # fmt: skip
+    stamp_regions(
+        con, schema, stream, last.end_lsn, stream_time, [p.snapshot_id for p in pendings], applied
+    )
     return applied
 
 

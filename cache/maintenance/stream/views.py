@@ -48,17 +48,22 @@ def apply_view(
             con, f"SELECT DISTINCT {cols} FROM {name} v WHERE ({keep}) AND {touched}"
         )
         before[edge.control_columns] = _distinct(
-            con, f"SELECT DISTINCT {cols} FROM {name} WHERE ({cols}) IN "
-                 f"(SELECT {cols} FROM {stage.put_name})")  # fmt: skip
+            con,
+            f"SELECT DISTINCT {cols} FROM {name} WHERE ({cols}) IN "
+            f"(SELECT {cols} FROM {stage.put_name})",
+        )
     source = stage.put_name
     if unchanged:
         # the cached copy of a row whose TOASTed value the update did not send supplies it
         merged = ", ".join(
-            f"CASE WHEN p.{ident(FLAG + c)} THEN k.{ident(c)} "
-            f"ELSE p.{ident(c)} END AS {ident(c)}" if c in unchanged else f"p.{ident(c)}"
-            for c in view.columns)  # fmt: skip
-        lacking = " OR ".join(f"(p.{ident(FLAG + c)} AND k.{ident(view.key[0])} "
-                              "IS NULL)" for c in unchanged)  # fmt: skip
+            f"CASE WHEN p.{ident(FLAG + c)} THEN k.{ident(c)} ELSE p.{ident(c)} END AS {ident(c)}"
+            if c in unchanged
+            else f"p.{ident(c)}"
+            for c in view.columns
+        )
+        lacking = " OR ".join(
+            f"(p.{ident(FLAG + c)} AND k.{ident(view.key[0])} IS NULL)" for c in unchanged
+        )
         con.execute(
             f"CREATE OR REPLACE TEMP TABLE mtcache_merged AS SELECT {merged}, ({lacking}) AS "
             f"mtcache_lacking FROM {stage.put_name} p LEFT JOIN (SELECT * FROM {name} v WHERE "
@@ -67,8 +72,9 @@ def apply_view(
         source = "mtcache_merged"
         qualifies = _qualifies(schema, view, "p")
         lacking_rows = "(SELECT * FROM mtcache_merged WHERE mtcache_lacking) p"
-        if con.execute(f"SELECT count(*) FROM {lacking_rows} WHERE ({qualifies}) "
-                       f"AND ({keep})").fetchone() != (0,):  # fmt: skip
+        if con.execute(
+            f"SELECT count(*) FROM {lacking_rows} WHERE ({qualifies}) AND ({keep})"
+        ).fetchone() != (0,):
             raise NeedsPull(_regions_of(con, view, lacking_rows))
     row = con.execute(f"DELETE FROM {name} v WHERE ({keep}) AND {touched}").fetchone()
     deleted = int(row[0]) if row else 0
@@ -77,8 +83,9 @@ def apply_view(
         f"AND ({keep})"
     )
     if skip:  # a row a pending pull holds was kept above: it stays as pulled
-        arriving += f" AND NOT EXISTS (SELECT 1 FROM {name} v WHERE " \
-                    f"{equal_columns(view.key, 'v', 'p')})"  # fmt: skip
+        arriving += (
+            f" AND NOT EXISTS (SELECT 1 FROM {name} v WHERE {equal_columns(view.key, 'v', 'p')})"
+        )
     if not children and view.completeness is None:  # nothing looks at the rows that arrived
         row = con.execute(f"INSERT INTO {name} ({idents(view.columns)}) {arriving}").fetchone()
         if unchanged:
@@ -113,8 +120,13 @@ def apply_view(
     _changed(applied, view, row, deleted)
 
 
-def _apply_in_place(con: duckdb.DuckDBPyConnection, schema: CacheSchema, view: CachedView,
-                    stage: Staged, applied: Applied) -> None:  # fmt: skip
+def _apply_in_place(
+    con: duckdb.DuckDBPyConnection,
+    schema: CacheSchema,
+    view: CachedView,
+    stage: Staged,
+    applied: Applied,
+) -> None:
     """`apply_view` when nothing looks at the rows that leave or arrive (no child views, no
     completeness, no pending pull, every value sent): a final row of a present region whose
     key the view holds is updated in place (DuckDB's key index left as it is: 10^6 rows took
@@ -123,23 +135,26 @@ def _apply_in_place(con: duckdb.DuckDBPyConnection, schema: CacheSchema, view: C
     name, columns = ident(view.name), idents(view.columns)
     values = [c for c in view.columns if c not in view.key]
     arriving = f"SELECT {columns} FROM {stage.put_name} p WHERE {_qualifies(schema, view, 'p')}"
-    (arrived,) = con.execute(f"CREATE OR REPLACE TEMP TABLE mtcache_arrived AS {arriving}"
-                             ).fetchall()[0]  # fmt: skip
+    (arrived,) = con.execute(
+        f"CREATE OR REPLACE TEMP TABLE mtcache_arrived AS {arriving}"
+    ).fetchall()[0]
     try:
         updated = 0
         if values:
             sets = ", ".join(f"{ident(c)} = a.{ident(c)}" for c in values)
             same_key = equal_columns(view.key, "v", "a")
-            (updated,) = con.execute(f"UPDATE {name} v SET {sets} FROM mtcache_arrived a "
-                                     f"WHERE {same_key}").fetchall()[0]  # fmt: skip
+            (updated,) = con.execute(
+                f"UPDATE {name} v SET {sets} FROM mtcache_arrived a WHERE {same_key}"
+            ).fetchall()[0]
         if updated < arrived:  # new keys too (those updated are skipped by the key index)
-            con.execute(f"INSERT OR IGNORE INTO {name} ({columns}) SELECT {columns} "
-                        "FROM mtcache_arrived")  # fmt: skip
+            con.execute(
+                f"INSERT OR IGNORE INTO {name} ({columns}) SELECT {columns} FROM mtcache_arrived"
+            )
         keys = idents(view.key)
-        leaving = (f"(SELECT {keys} FROM {stage.del_name} EXCEPT SELECT {keys} "
-                   "FROM mtcache_arrived)")
-        gone = con.execute(f"DELETE FROM {name} v WHERE {keys_in(view.key, 'v', leaving)}"
-                           ).fetchall()  # fmt: skip
+        leaving = f"(SELECT {keys} FROM {stage.del_name} EXCEPT SELECT {keys} FROM mtcache_arrived)"
+        gone = con.execute(
+            f"DELETE FROM {name} v WHERE {keys_in(view.key, 'v', leaving)}"
+        ).fetchall()
     finally:
         con.execute("DROP TABLE mtcache_arrived")
     _changed(applied, view, (arrived,), int(gone[0][0]) if gone else 0)
@@ -150,8 +165,9 @@ def not_pending(skip: list[str]) -> str:
     return " AND ".join(f"NOT ({p})" for p in skip) or "true"
 
 
-def _changed(applied: Applied, view: CachedView, inserted: tuple[t.Any, ...] | None,
-             deleted: int) -> None:  # fmt: skip
+def _changed(
+    applied: Applied, view: CachedView, inserted: tuple[t.Any, ...] | None, deleted: int
+) -> None:
     if deleted or (inserted and inserted[0]):
         applied.views.add(view.name)
 
@@ -177,8 +193,9 @@ def _qualifies(schema: CacheSchema, view: CachedView, alias: str) -> str:
     if view.completeness is not None:
         if view.completeness.control is None:
             return "true"
-        match = " AND ".join(f"c.{ident(c)} = {alias}.{ident(c)}"
-                             for c in view.completeness.columns)  # fmt: skip
+        match = " AND ".join(
+            f"c.{ident(c)} = {alias}.{ident(c)}" for c in view.completeness.columns
+        )
         parts.append(f"EXISTS (SELECT 1 FROM {ident(view.completeness.control)} c WHERE {match})")
     return " OR ".join(parts) or "false"
 
@@ -210,8 +227,9 @@ def _admit_completeness_keys(
         marks = ", ".join("?" for _ in edge.control_columns)
         con.executemany(
             f"INSERT INTO {ident(edge.control)} ({idents(edge.control_columns)}) "
-            f"VALUES ({marks}) ON CONFLICT DO NOTHING", [list(k) for k in keys]
-        )  # fmt: skip
+            f"VALUES ({marks}) ON CONFLICT DO NOTHING",
+            [list(k) for k in keys],
+        )
 
 
 def _regions_of(con: duckdb.DuckDBPyConnection, view: CachedView, rows: str) -> set[Region]:
@@ -222,19 +240,27 @@ def _regions_of(con: duckdb.DuckDBPyConnection, view: CachedView, rows: str) -> 
     found: set[Region] = set()
     for edge in view.presence:
         match = _edge_match(edge, "p")
-        found |= {Region(view.name, "presence", edge.columns, values, edge.control)
-                  for values in _distinct(
-                      con, f"SELECT DISTINCT {', '.join('p.' + ident(c) for c in edge.columns)} "
-                           f"FROM {rows} WHERE EXISTS (SELECT 1 FROM {ident(edge.control)} c "
-                           f"WHERE {match})")}  # fmt: skip
+        found |= {
+            Region(view.name, "presence", edge.columns, values, edge.control)
+            for values in _distinct(
+                con,
+                f"SELECT DISTINCT {', '.join('p.' + ident(c) for c in edge.columns)} "
+                f"FROM {rows} WHERE EXISTS (SELECT 1 FROM {ident(edge.control)} c "
+                f"WHERE {match})",
+            )
+        }
     spec = view.completeness
     if spec is not None and spec.control is not None:
         match = " AND ".join(f"c.{ident(c)} = p.{ident(c)}" for c in spec.columns)
-        found |= {Region(view.name, "completeness", spec.columns, values, spec.control)
-                  for values in _distinct(
-                      con, f"SELECT DISTINCT {', '.join('p.' + ident(c) for c in spec.columns)} "
-                           f"FROM {rows} WHERE EXISTS (SELECT 1 FROM {ident(spec.control)} c "
-                           f"WHERE {match})")}  # fmt: skip
+        found |= {
+            Region(view.name, "completeness", spec.columns, values, spec.control)
+            for values in _distinct(
+                con,
+                f"SELECT DISTINCT {', '.join('p.' + ident(c) for c in spec.columns)} "
+                f"FROM {rows} WHERE EXISTS (SELECT 1 FROM {ident(spec.control)} c "
+                f"WHERE {match})",
+            )
+        }
     return found
 
 
@@ -249,15 +275,19 @@ def delete_where(
     no longer in the view takes the child rows under it along, and so on down."""
     name = ident(view.name)
     children = list(schema.edges_from(view.name))
-    leaving = {edge.control_columns: _distinct(
-        con, f"SELECT DISTINCT {idents(edge.control_columns)} FROM {name} v WHERE {where}")
-        for _, edge in children}  # fmt: skip
+    leaving = {
+        edge.control_columns: _distinct(
+            con, f"SELECT DISTINCT {idents(edge.control_columns)} FROM {name} v WHERE {where}"
+        )
+        for _, edge in children
+    }
     row = con.execute(f"DELETE FROM {name} v WHERE {where}").fetchone()
     if row and row[0]:
         applied.views.add(view.name)
     for child, edge in children:
         gone = leaving[edge.control_columns] - _distinct(
-            con, f"SELECT DISTINCT {idents(edge.control_columns)} FROM {name}")  # fmt: skip
+            con, f"SELECT DISTINCT {idents(edge.control_columns)} FROM {name}"
+        )
         if gone:
             _delete_under(con, schema, child, edge, gone, applied)
 
@@ -273,8 +303,7 @@ def _delete_under(
     """Parent keys no longer in the parent: the child rows under them leave, unless another
     parent still lists them."""
     where = in_list(edge.columns, gone).sql("duckdb")
-    delete_where(con, schema, child, f"{where} AND NOT ({_qualifies(schema, child, 'v')})",
-                  applied)  # fmt: skip
+    delete_where(con, schema, child, f"{where} AND NOT ({_qualifies(schema, child, 'v')})", applied)
 
 
 def stamp_regions(
@@ -302,10 +331,15 @@ def stamp_regions(
         [snapshot_id, stream_time, f"lsn {lsn_text(end_lsn)}", views, age],
     )
     if snapshot_id % 20 == 0:  # now and then: a statement costs as much as the batch's rows
-        con.execute("DELETE FROM mtcache.snapshots WHERE engine = 'stream' AND snapshot_id < ?",
-                    [snapshot_id - KEEP_SNAPSHOTS])  # fmt: skip
-    reached = (f"(snapshot_id IS NULL OR snapshot_id NOT IN ({', '.join(map(str, pending_ids))}))"
-               if pending_ids else "true")  # fmt: skip
+        con.execute(
+            "DELETE FROM mtcache.snapshots WHERE engine = 'stream' AND snapshot_id < ?",
+            [snapshot_id - KEEP_SNAPSHOTS],
+        )
+    reached = (
+        f"(snapshot_id IS NULL OR snapshot_id NOT IN ({', '.join(map(str, pending_ids))}))"
+        if pending_ids
+        else "true"
+    )
     controls: set[str] = set()
     for name in views:
         view = schema.views[name]
