@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 import cache
-from cache.engine.route import may_change_role
+from cache.engine.effects import effects_of
 from tests.answers import typed
 from tests.serving import Served, serving
 
@@ -167,4 +167,4 @@ def test_cache_connect_through_the_server_is_checked_alike(served: Served) -> No
     ],
 )
 def test_statements_that_may_change_the_role_are_recognized(sql: str, changes: bool) -> None:
-    assert may_change_role(sql) is changes
+    assert effects_of(sql).may_change_role is changes

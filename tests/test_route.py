@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from cache.engine.effects import effects_of
 from cache.engine.route import (
     CacheDdl,
     CachedRead,
@@ -100,3 +101,30 @@ def test_commands_that_change_no_table_are_not_writes() -> None:
     for sql in ("RESET TimeZone", "SHOW TimeZone", "SET TimeZone = 'UTC'", "LISTEN x"):
         assert isinstance(routed(sql), Passthrough), sql
     assert isinstance(routed("VACUUM authors"), Write)
+
+
+@pytest.mark.parametrize(
+    ("sql", "names", "pinned"),
+    [
+        ("SET bars.tag = 'x'", {"bars.tag"}, False),
+        ('SET LOCAL "Bars" . Tag TO 1', {"bars.tag"}, False),
+        ("reset session bars.tag", {"bars.tag"}, False),
+        ("SET search_path = public", set(), False),
+        (
+            "SELECT set_config('App.Tenant', '7', false), set_config('a.b', 'c', true)",
+            {"app.tenant", "a.b"},
+            False,
+        ),
+        ("SELECT set_config('work_mem', '64MB', false)", set(), False),
+        ("SELECT set_config(name, 'x', false) FROM names", set(), True),
+        ("SELECT 1", set(), False),
+    ],
+)
+def test_custom_settings_a_statement_may_define_are_named(
+    sql: str, names: set[str], pinned: bool
+) -> None:
+    """A custom setting (a placeholder: pg_settings does not list it) is carried by the name
+    a statement gives it; one set_config computes pins its pooled session instead."""
+    effects = effects_of(sql)
+    assert effects.custom_settings == names
+    assert (effects.pins is not None) is pinned

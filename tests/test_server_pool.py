@@ -176,6 +176,65 @@ def test_settings_follow_the_session(small: Served) -> None:
         _same(b, pg, "SELECT DATE '2024-03-01' AS d, now() > DATE '2000-01-01' AS later")
 
 
+# what a session does to its settings, each step a statement with its parameters (a
+# parameter makes psycopg use the extended protocol, none the simple one)
+SETTING_SCRIPTS: dict[str, list[tuple[str, list[str] | None]]] = {
+    "SET, simple protocol": [("SET bars.tag = 'q-session'", None)],
+    "SET, extended protocol": [("SET bars.tag = 'q-session'", [])],
+    "set_config in a SELECT": [("SELECT set_config('bars.tag', %s, false)", ["q-session"])],
+    "set_config in a SELECT, simple": [("SELECT set_config('Bars.Tag', 'q', false)", None)],
+    "SET LOCAL": [("BEGIN", None), ("SET LOCAL bars.tag = 'in-block'", None), ("COMMIT", None)],
+    "set_config, local": [
+        ("BEGIN", None),
+        ("SELECT set_config('bars.tag', 'in-block', true)", None),
+        ("COMMIT", None),
+    ],
+    "RESET": [("SET bars.tag = 'x'", None), ("RESET bars.tag", None)],
+    "RESET ALL": [
+        ("SET bars.tag = 'x'", None),
+        ("SET statement_timeout = '7s'", None),
+        ("RESET ALL", None),
+    ],
+    "DISCARD ALL": [("SET bars.tag = 'x'", None), ("DISCARD ALL", None)],
+    "two, then one changed": [
+        ("SET bars.tag = 'one'", None),
+        ("SET other.tag TO 'two'", None),
+        ("SET bars.tag = 'three'", None),
+    ],
+}
+READ_SETTINGS = (
+    "SELECT current_setting('bars.tag', true) AS tag, current_setting('other.tag', true) "
+    "AS other, current_setting('statement_timeout') AS timeout"
+)
+
+
+@pytest.mark.parametrize("bound", [None, BOUND], ids=["no bound", "session bound"])
+@pytest.mark.parametrize("script", list(SETTING_SCRIPTS))
+def test_a_setting_follows_its_session_and_reaches_no_other(
+    small: Served, script: str, bound: str | None
+) -> None:
+    """Whatever a session sets (a custom placeholder too, by SET, SET LOCAL, set_config in a
+    SELECT, either protocol) it sees as PostgreSQL would show it, on whichever connection it
+    gets; sessions that come after it on that connection see what a new PostgreSQL session
+    sees (a placeholder never defined is NULL, not empty), never its values."""
+    with (
+        connect(small, options=bound) as a,
+        psycopg.connect(small.backend, autocommit=True) as pg_a,
+    ):
+        for sql, params in SETTING_SCRIPTS[script]:
+            a.execute(sql, params)
+            pg_a.execute(sql, params)
+        for _ in range(3):
+            for read in (READ_SETTINGS, (READ_SETTINGS, [])):
+                sql, params = read if isinstance(read, tuple) else (read, None)
+                with (
+                    connect(small, options=bound) as b,
+                    psycopg.connect(small.backend, autocommit=True) as pg_b,
+                ):
+                    assert b.execute(sql, params).fetchall() == pg_b.execute(sql).fetchall()
+                assert a.execute(sql, params).fetchall() == pg_a.execute(sql).fetchall()
+
+
 def test_prepared_statements_follow_the_session(served: Served) -> None:
     """Sessions prepare statements (psycopg prepares each at once here) and run them again
     on whichever connection they get: each is parsed there first."""
@@ -229,6 +288,20 @@ def test_what_cannot_follow_pins_the_session(small: Served) -> None:
             assert b.execute("SELECT pg_try_advisory_lock(42)").fetchone() == (True,)
             b.execute("SELECT pg_advisory_unlock(42)")
     assert pool.stats().open.get("postgres", 0) <= 1
+
+
+def test_a_read_the_backend_answers_under_a_bound_pins_too(small: Served) -> None:
+    """Under a session bound a SELECT takes the cache's path; one the backend answers
+    (a session advisory lock) leaves its mark all the same: the session keeps its
+    connection, which no other session gets."""
+    with connect(small, options=BOUND) as a:
+        assert a.execute("SELECT pg_advisory_lock(43)").fetchone() == ("",)
+        with psycopg.connect(small.dsn, autocommit=True, connect_timeout=5) as b:
+            with pytest.raises(psycopg.errors.TooManyConnections, match="--pool-size"):
+                b.execute("SELECT 1")
+            a.close()
+            assert b.execute("SELECT pg_try_advisory_lock(43)").fetchone() == (True,)
+            b.execute("SELECT pg_advisory_unlock(43)")
 
 
 def test_a_full_pool_fails_the_statement_not_the_session(small: Served) -> None:

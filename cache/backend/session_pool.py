@@ -57,6 +57,10 @@ class Pooled:
     conn: psycopg.Connection[t.Any]
     key: PoolKey
     settings: tuple[tuple[str, str], ...] = ()  # session-level settings (SET) it holds
+    # the custom settings (placeholders: ``bars.tag``) its backend session has defined: once
+    # defined, one stays so (RESET makes it empty, not unknown), so the connection serves
+    # only sessions that define them too
+    defined: frozenset[str] = frozenset()
     # the server's statement names parsed on it, least recently used first
     prepared: OrderedDict[bytes, None] = field(default_factory=OrderedDict)
     cancelled: bool = False  # a cancel was sent on it: it is closed, never reused
@@ -101,16 +105,23 @@ class SessionPool:
         self._peak: dict[str, int] = {}
         self._closed = False
 
-    def acquire(self, key: PoolKey, connect: Callable[[], psycopg.Connection[t.Any]]) -> Pooled:
-        """A connection for ``key``: an idle one, a new one (``connect``) while the role has
-        fewer than ``size``, one in place of an idle connection of the role's other startup
-        parameters, or the next one returned (`PoolExhausted` after ``timeout``)."""
+    def acquire(
+        self,
+        key: PoolKey,
+        connect: Callable[[], psycopg.Connection[t.Any]],
+        defines: frozenset[str] = frozenset(),
+    ) -> Pooled:
+        """A connection for ``key`` whose backend session defined no custom setting but
+        ``defines`` (the session's own): an idle one, a new one (``connect``) while the role
+        has fewer than ``size``, one in place of an idle connection of the role it cannot
+        take (other startup parameters, other custom settings), or the next one returned
+        (`PoolExhausted` after ``timeout``)."""
         started: float | None = None
         retired: list[Pooled] = []
         try:
             with self._cond:
                 while True:
-                    pooled = self._take_idle(key, retired)
+                    pooled = self._take_idle(key, defines, retired)
                     if pooled is not None:
                         self._acquired += 1
                         return pooled
@@ -119,7 +130,7 @@ class SessionPool:
                         self._open[key.role] = held + 1
                         self._peak[key.role] = max(self._peak.get(key.role, 0), held + 1)
                         break
-                    other = self._idle_of_role(key)
+                    other = self._idle_of_role(key, defines)
                     if other is not None:  # its slot is ours (the count stays)
                         retired.append(other)
                         break
@@ -212,20 +223,32 @@ class SessionPool:
 
     # -- under the lock ----------------------------------------------------------------------------
 
-    def _take_idle(self, key: PoolKey, retired: list[Pooled]) -> Pooled | None:
+    def _take_idle(
+        self, key: PoolKey, defines: frozenset[str], retired: list[Pooled]
+    ) -> Pooled | None:
         found = self._idle.get(key)
-        while found:
-            pooled = found.pop()
+        if not found:
+            return None
+        for i in range(len(found) - 1, -1, -1):  # (the last returned first: warm)
+            pooled = found[i]
+            if not pooled.defined <= defines:
+                continue
+            del found[i]
             if _usable(pooled.conn):
                 return pooled
             retired.append(pooled)  # (closed by the caller, outside the lock)
             self._give_back_slot(key.role)
         return None
 
-    def _idle_of_role(self, key: PoolKey) -> Pooled | None:
+    def _idle_of_role(self, key: PoolKey, defines: frozenset[str]) -> Pooled | None:
+        """An idle connection of the role the session cannot take, the longest idle: its
+        slot is the session's."""
         for other, found in self._idle.items():
-            if other.role == key.role and other != key and found:
-                return found.pop(0)  # (the longest idle)
+            if other.role != key.role:
+                continue
+            for i, pooled in enumerate(found):
+                if other != key or not pooled.defined <= defines:
+                    return found.pop(i)
         return None
 
     def _give_back_slot(self, role: str) -> None:

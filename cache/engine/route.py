@@ -21,7 +21,6 @@ the cache's path too.
 from __future__ import annotations
 
 import functools
-import re
 import threading
 import typing as t
 from collections import OrderedDict
@@ -32,6 +31,7 @@ import psycopg
 from psycopg._queries import _split_query  # psycopg's reading of % marks (no public one)
 from sqlglot import exp
 
+from cache.engine.effects import BackendEffects, effects_of
 from cache.execution.provenance import Executed
 from sql_ext import (
     CacheSetting,
@@ -78,50 +78,6 @@ _READ_ONLY_WORDS = frozenset(
     }
 )
 _WRITES = (exp.Insert, exp.Update, exp.Delete, exp.Merge)
-# words of a statement that may change the role the backend checks reads as (SET ROLE, SET
-# SESSION AUTHORIZATION, RESET ALL, DISCARD ALL, set_config('role', ...)), over-approximately
-_MAY_CHANGE_ROLE = re.compile(r"role|authorization|set_config|reset|discard", re.IGNORECASE)
-
-
-def may_change_role(sql: str) -> bool:
-    """Whether a statement passed to the backend may change the session's role
-    (`cache.engine.privileges`: its current_user is then asked again)."""
-    return _MAY_CHANGE_ROLE.search(sql) is not None
-
-
-# what a statement may leave in the backend session that a pooled connection cannot carry to
-# another (`cache.backend.session_pool`): the session is pinned to its connection
-_PINS = [
-    (re.compile(pattern, re.IGNORECASE), why)
-    for pattern, why in (
-        (r"\b(TEMP|TEMPORARY)\s+(TABLE|SEQUENCE|VIEW|RECURSIVE\s+VIEW)\b", "a temporary relation"),
-        (r"\bINTO\s+(TEMP|TEMPORARY|UNLOGGED\s+TEMP)\b", "a temporary relation"),
-        (r"\bpg_temp\b", "a temporary object"),
-        (r"^\s*LISTEN\b", "LISTEN"),
-        (r"\bpg_(try_)?advisory_lock", "a session advisory lock"),
-        (r"\bWITH\s+HOLD\b", "a WITH HOLD cursor"),
-        (r"^\s*PREPARE\b", "a prepared statement (PREPARE)"),
-        (r"^\s*LOAD\b", "a loaded library"),
-        (
-            r"^\s*(SET|RESET)\s+(SESSION\s+|LOCAL\s+)?(ROLE|SESSION\s+AUTHORIZATION)\b",
-            "a role change",
-        ),
-        (r"set_config\s*\(\s*'(role|session_authorization)'", "a role change"),
-    )
-]
-# statements that may change a session-level setting a pooled connection must carry over
-_SETTING = re.compile(r"^\s*(SET|RESET|DISCARD)\b|set_config", re.IGNORECASE)
-# statements after which the backend session holds none of the server's prepared statements
-_UNPREPARES = re.compile(r"^\s*(DEALLOCATE|DISCARD)\b", re.IGNORECASE)
-
-
-def pins(sql: str) -> str | None:
-    """What a statement leaves in the backend session that pins a pooled session to its
-    connection (None: nothing)."""
-    for pattern, why in _PINS:
-        if pattern.search(sql) is not None:
-            return why
-    return None
 
 
 @dataclass(frozen=True)
@@ -144,21 +100,9 @@ class _ToBackend:
     def executed(self) -> Executed:
         return Executed(self.sql)
 
-    @functools.cached_property
-    def may_change_role(self) -> bool:
-        return may_change_role(self.sql)
-
-    @functools.cached_property
-    def pins(self) -> str | None:
-        return pins(self.sql)
-
-    @functools.cached_property
-    def may_change_settings(self) -> bool:
-        return _SETTING.search(self.sql) is not None
-
-    @functools.cached_property
-    def unprepares(self) -> bool:
-        return _UNPREPARES.search(self.sql) is not None
+    @property
+    def effects(self) -> BackendEffects:
+        return effects_of(self.sql)
 
 
 @dataclass(frozen=True)

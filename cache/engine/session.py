@@ -50,6 +50,7 @@ from cache.backend.session_pool import Pooled, PoolKey, SessionPool
 from cache.engine import inspect
 from cache.engine.admin import Admin
 from cache.engine.boundary import public
+from cache.engine.effects import BackendEffects, effects_of
 from cache.engine.engine import Engine, SessionOptions, bound_seconds
 from cache.engine.lane import Lane
 from cache.engine.result import NO_PROVENANCE, Result, no_rows, of_cursor
@@ -173,6 +174,10 @@ class Session:
         self.pinned: str | None = None
         self._settings: tuple[tuple[str, str], ...] = ()
         self._settings_unknown = False
+        # the custom settings (placeholders) the session's statements may have defined: read
+        # by name with its settings (pg_settings does not list them), and a pooled connection
+        # that defined others is never the session's (`cache.backend.session_pool`)
+        self._custom_settings: frozenset[str] = frozenset()
         self._pg_lock = threading.Lock()  # `_pooled` against a cancel from another thread
         self._notice_sink = lambda d: self._notices.append(d.message_primary or "")
         # statements the session ran on that connection itself (not its caller's, through
@@ -306,6 +311,7 @@ class Session:
                 return result
             # the whole statement on the backend
             result = self._run_backend(prepared.remote, params)
+            self._left(effects_of(prepared.remote.backend_sql))
             self._mark("run")
             result.plan = prepared.plan
             result.set_provenance(lambda: Provenance.remote(self.planner.base_tables(query)))
@@ -860,6 +866,7 @@ class Session:
 
     def answered_remotely(self, query: Query) -> None:
         """The caller had the backend answer a query `read_locally` left to it."""
+        self._left(effects_of(query.backend_sql))
         self._last = lambda: Provenance.remote(self.planner.base_tables(query))
         self.counters["remote"] += 1
         state = self.state
@@ -941,16 +948,7 @@ class Session:
             self._last = NO_PROVENANCE
         if route.changes_catalog:
             self.planner.catalog_changed()
-        if route.may_change_role:
-            self._role = None  # (`_reader` asks the backend)
-        pooled = self._pooled
-        if pooled is not None:
-            if self.pinned is None and route.pins is not None:
-                self.pinned = route.pins
-            if route.may_change_settings:
-                self._settings_unknown = True
-            if route.unprepares:
-                pooled.prepared.clear()
+        self._left(route.effects)
         state = self.state
         if isinstance(route, Write):
             state.wrote(route.tables, wait)
@@ -958,6 +956,27 @@ class Session:
             state.settle(wait=wait)  # e.g. a COMMIT sent as SQL
         if state.timeline_active:
             state.read_at(state.now(wait))
+
+    def _left(self, effects: BackendEffects) -> None:
+        """What a statement that reached the backend may have left in its backend session
+        (`cache.engine.effects`), whichever route sent it: the role is asked again; a pooled
+        session is pinned to its connection by what cannot follow it, and its settings (the
+        custom ones by name) are read before the connection is given back."""
+        if effects.may_change_role:
+            self._role = None  # (`_reader` asks the backend)
+        pooled = self._pooled
+        if pooled is None:
+            return
+        if self.pinned is None and effects.pins is not None:
+            self.pinned = effects.pins
+        if effects.may_change_settings:
+            self._settings_unknown = True
+        if effects.unprepares:
+            pooled.prepared.clear()
+        custom = effects.custom_settings
+        if custom:
+            self._custom_settings |= custom
+            pooled.defined |= custom
 
     def caught_up(self) -> None:
         """What `forwarded` left undone when it could not wait: the writes' commit time and
@@ -1010,7 +1029,7 @@ class Session:
             return
         if self._settings_unknown:
             try:
-                self._settings = pooled.settings = _session_settings(pg)
+                self._settings = pooled.settings = _session_settings(pg, self._custom_settings)
                 self._ran_own()
             except psycopg.Error:
                 self.pinned = "its settings could not be read"
@@ -1239,12 +1258,13 @@ class Session:
             self._adopt(pg)
             self._pg = pg
             return pg
-        pooled = pool.acquire(self._pool_key, self._open_backend)
+        pooled = pool.acquire(self._pool_key, self._open_backend, self._custom_settings)
         pg = pooled.conn
         try:
             if pooled.settings != self._settings:
                 _replay_settings(pg, pooled.settings, self._settings)
                 pooled.settings = self._settings
+                pooled.defined |= self._custom_settings
             self._adopt(pg)
         except psycopg.Error as exc:
             pool.discard(pooled)
@@ -1361,10 +1381,21 @@ class Session:
             phases.mark(phase)
 
 
-def _session_settings(pg: psycopg.Connection[t.Any]) -> tuple[tuple[str, str], ...]:
-    """The settings the backend session changed by SET (or set_config), as it holds them."""
+def _session_settings(
+    pg: psycopg.Connection[t.Any], custom: frozenset[str]
+) -> tuple[tuple[str, str], ...]:
+    """The settings the backend session changed by SET (or set_config), as it holds them,
+    and the custom ones named (placeholders, which pg_settings does not list: each as
+    current_setting gives it, empty after a RESET; one it never defined is left out)."""
     with pg.cursor() as cur:
-        cur.execute("SELECT name, setting FROM pg_settings WHERE source = 'session' ORDER BY name")
+        cur.execute(
+            "SELECT name, setting FROM pg_settings WHERE source = 'session' "
+            "AND NOT lower(name) = ANY(%(custom)s::text[]) "
+            "UNION ALL SELECT name, current_setting(name, true) "
+            "FROM unnest(%(custom)s::text[]) name "
+            "WHERE current_setting(name, true) IS NOT NULL ORDER BY 1",
+            {"custom": sorted(custom)},
+        )
         return tuple((str(n), str(v)) for n, v in cur.fetchall())
 
 
