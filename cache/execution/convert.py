@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 import duckdb
 import psycopg
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from cache.backend.copy_arrow import arrow_type
 from cache.backend.oids import OID
@@ -68,6 +69,7 @@ _SAME = {  # PostgreSQL type -> DuckDB types whose Python values psycopg's equal
 
 _DATETIMES = frozenset((OID.date, OID.timestamp, OID.timestamptz, OID.time))
 # what DuckDB's Python gives for infinity and -infinity: the same as for the extreme dates
+# and times, which are real values (`infinite_among` tells them apart)
 _EDGES = frozenset(
     {
         dt.date.max,
@@ -81,13 +83,42 @@ _EDGES = frozenset(
 
 
 def _in_python_range(value: t.Any) -> t.Any:
-    """A date or time as psycopg loads it. One Python's types cannot hold (BC, past year 9999,
-    infinity, 24:00:00), which DuckDB gives as a string or as the extreme value of Python's
-    type, psycopg refuses to load (a DataError): the backend answers, so that the application
-    gets that error as psycopg raises it (or the extreme date, if that is what it holds)."""
-    if isinstance(value, str) or value in _EDGES:
-        raise LocalUnfit(f"a date or time at or out of Python's range: {value!r}")
+    """A date or time as psycopg loads it. One Python's types cannot hold (BC, past year
+    9999, 24:00:00), which DuckDB gives as a string, psycopg refuses to load (a DataError):
+    the backend answers, so that the application gets that error as psycopg raises it.
+    Infinity, which DuckDB gives as the extreme value of Python's type, is caught before
+    (`infinite_among`)."""
+    if isinstance(value, str):
+        raise LocalUnfit(f"a date or time out of Python's range: {value!r}")
     return value
+
+
+# DuckDB's types whose infinities its Python values cannot tell from their extreme values
+_INFINITE_KINDS = frozenset(("DATE", "TIMESTAMP", "TIMESTAMP WITH TIME ZONE"))
+
+
+def infinite_kinds(duck_types: Sequence[str]) -> tuple[int, ...]:
+    """The columns (by index) of DuckDB types that may hold infinity."""
+    return tuple(i for i, kind in enumerate(duck_types) if kind.upper() in _INFINITE_KINDS)
+
+
+def at_edges(rows: Sequence[Row], columns: Sequence[int]) -> bool:
+    """Whether a value of these columns is the extreme date or time of Python's types: real
+    (0001-01-01, 9999-12-31 23:59:59.999999) or infinity, which look alike."""
+    return any(row[i] in _EDGES for row in rows for i in columns)
+
+
+def infinite_among(table: pa.Table, columns: Sequence[int]) -> bool:
+    """Whether these columns of DuckDB's Arrow answer hold infinity: the raw value (days,
+    microseconds) DuckDB gives it is its type's extreme, which no real value has."""
+    for i in columns:
+        column = table.column(i)
+        raw = pa.int32() if pa.types.is_date32(column.type) else pa.int64()
+        extreme = 2 ** (raw.bit_width - 1) - 1
+        infinities = pa.array([extreme, -extreme], raw)
+        if pc.any(pc.is_in(column.cast(raw), value_set=infinities)).as_py():
+            return True
+    return False
 
 
 _INTERVAL_TEXT = re.compile(

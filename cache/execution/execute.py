@@ -20,7 +20,14 @@ import duckdb
 import psycopg
 import pyarrow as pa
 
-from cache.execution.convert import LocalUnfit, Row, converter
+from cache.execution.convert import (
+    LocalUnfit,
+    Row,
+    at_edges,
+    converter,
+    infinite_among,
+    infinite_kinds,
+)
 from cache.execution.lookup import LookupIndexes, LookupShape, lookup_shape
 from cache.execution.memo import ResultMemo
 from cache.execution.planning import Prepared
@@ -293,6 +300,14 @@ def _run(
                 duck.execute(compiled.prepared, named) if named else duck.execute(compiled.prepared)
             )
             rows = cursor.fetchall()
+            duck_types = [str(d[1]) for d in cursor.description or ()]
+            dated = infinite_kinds(duck_types)
+            if dated and at_edges(rows, dated):
+                # 0001-01-01 or infinity? DuckDB's Arrow answer (of the same state of the
+                # file: a commit meanwhile makes the caller decide again) tells them apart
+                again = duck.sql(compiled.prepared, params=named or None).to_arrow_table()
+                if infinite_among(again, dated):
+                    raise LocalUnfit("an infinite date or time, which psycopg does not load")
         except (
             duckdb.OutOfRangeException,
             duckdb.ConversionException,

@@ -40,6 +40,7 @@ import duckdb
 import sqlglot
 from sqlglot import exp
 
+from cache.execution.convert import at_edges, infinite_among, infinite_kinds
 from cache.store.cache_file import CacheStore
 
 log = logging.getLogger(__name__)
@@ -313,6 +314,10 @@ class LookupIndexes:
             return
         # DuckDB's own Python values, as its answer to the statement has them
         read = relation.fetchall()
+        dated = infinite_kinds(kinds)
+        if dated and at_edges(read, dated) and infinite_among(relation.to_arrow_table(), dated):
+            self._refuse(shape, token)  # (infinity looks like 0001-01-01: DuckDB answers)
+            return
         keys: Sequence[Hashable] = [r[0] for r in read] if width == 1 else [r[:width] for r in read]
         rows = [r[width:] for r in read]
         del read
