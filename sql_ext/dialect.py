@@ -713,10 +713,22 @@ class MTCacheParser(PostgresParser):
                     )
                 else:
                     args["refresh"] = self._parse_duration("REFRESH EVERY")
+            elif option.token_type == TokenType.WITH:
+                if args.get("data") is not None:
+                    self._fail("a cached view has at most one WITH [NO] DATA clause", option)
+                self._advance()
+                empty = self._match_text_seq("NO")
+                if not self._match_text_seq("DATA"):
+                    self._fail(
+                        "expected DATA or NO DATA after WITH (WITH NO DATA: created empty, "
+                        "filled by its first refresh)"
+                    )
+                args["data"] = exp.false() if empty else exp.true()
             else:
                 self._fail(
                     f"unknown cached view option {option.text!r}: expected PRESENCE ON, "
-                    "CONSISTENCY, COMPLETENESS ON, REFRESH EVERY or REFRESH CONTINUOUSLY",
+                    "CONSISTENCY, COMPLETENESS ON, REFRESH EVERY, REFRESH CONTINUOUSLY or "
+                    "WITH [NO] DATA",
                     option,
                 )
 

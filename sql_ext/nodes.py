@@ -135,6 +135,7 @@ class CachedViewDef(exp.Expression):
         "consistency": False,
         "completeness": False,
         "refresh": False,
+        "data": False,  # WITH [NO] DATA (absent: WITH DATA)
     }
 
 

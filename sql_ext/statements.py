@@ -365,6 +365,9 @@ class CreateCachedView:
     position: tuple[int, int] = field(default=(1, 1), compare=False)
     continuous: bool = False  # REFRESH CONTINUOUSLY: kept current from the backend's WAL
     derivation: Derivation | None = None  # a derived view's joins, groups and aggregates
+    # WITH DATA (the default, as PostgreSQL's CREATE MATERIALIZED VIEW): a fully materialized
+    # view is filled by the statement that creates it; WITH NO DATA: by its first refresh
+    with_data: bool = True
 
     kind: t.ClassVar[str] = "ddl"
 
@@ -909,6 +912,7 @@ def _typed_cached_view(tree: CachedViewDef, text: str) -> CreateCachedView:
         refresh_seconds=refresh.seconds if isinstance(refresh, Duration) else None,
         continuous=continuous,
         derivation=derivation,
+        with_data=tree.args.get("data") is None or tree.args["data"].this is True,
     )
 
 

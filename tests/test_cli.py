@@ -13,6 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from cache.backend.embedded_pg import EmbeddedPostgres
+from cache.store.cache_file import CacheStore
+from cache.tools import bookstore
+from sql_ext import parse
 from tests.conftest import cli_home, reachable_tempdir
 
 # a cache file of this module's own, never the checkout's default one
@@ -235,6 +239,61 @@ def test_cache_store_commands_end_to_end(
     bad = run(mtcache_bin, "ddl", str(home / "missing.sql"), env=clean_env)
     assert bad.returncode == 1 and "cannot read the DDL script" in bad.stderr
     shutil.rmtree(home, ignore_errors=True)
+
+
+def test_the_owner_fills_what_it_creates_and_says_what_nothing_fills(
+    mtcache_bin: str, pg_cluster: EmbeddedPostgres, clean_env: dict[str, str]
+) -> None:
+    """`mtcache ddl` fills the fully materialized views it creates (continuous and derived
+    ones too), so their reads are local at once; a view never filled (its creator died before
+    filling it) is named by EXPLAIN and status, with what fills it."""
+    dsn = pg_cluster.create_database("cli_fill")
+    bookstore.load_into(dsn)
+    home = cli_home(clean_env, dsn, "mtcache-cli-fill-")
+
+    def ok(*args: str) -> str:
+        result = run(mtcache_bin, *args, env=clean_env)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    script = home / "views.sql"
+    script.write_text(
+        "CREATE CACHED VIEW author_books AS SELECT b.authorid, count(*) AS books "
+        "FROM books b GROUP BY b.authorid REFRESH CONTINUOUSLY;\n"
+        "CREATE CACHED VIEW salecopy AS SELECT * FROM sales;\n"
+    )
+    printed = ok("ddl", str(script))
+    assert re.search(r"filled author_books: [\d,]+ rows in", printed), printed
+    assert re.search(r"filled salecopy: [\d,]+ rows in", printed), printed
+    query = "SELECT b.authorid, count(*) FROM books b GROUP BY b.authorid CURRENCY BOUND 10 MIN"
+    document = json.loads(ok("query", "--json", query))
+    assert {p["route"] for p in document["provenance"]} == {"local"}
+    assert "note:" not in ok("explain", query)
+
+    # a view its creator never filled: made in the file without the DDL's fill
+    with CacheStore(home / "cache.duckdb") as store:
+        store.apply_ddl(
+            parse("CREATE CACHED VIEW reviewcopy AS SELECT * FROM reviews"), store.load_catalog()
+        )
+    unfilled = "SELECT * FROM reviews r WHERE r.rating > 3 CURRENCY BOUND 10 MIN"
+    explained = json.loads(ok("explain", "--json", unfilled))
+    assert explained["notes"] == [
+        "reviewcopy was never filled: its guard fails and the backend answers; nothing fills "
+        "it until REFRESH CACHED VIEW reviewcopy (mtcache refresh --view reviewcopy) or a "
+        "refresh scheduler does"
+    ]
+    assert f"note: {explained['notes'][0]}" in ok("explain", unfilled)
+    assert "read at the backend until `mtcache refresh --view reviewcopy` fills it" in ok("status")
+    ok("refresh", "--view", "reviewcopy")
+    assert "notes" not in json.loads(ok("explain", "--json", unfilled))
+    ok("ddl", str(_script(home, "DROP CACHED VIEW author_books;")))  # (its replication slot)
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def _script(home: Path, text: str) -> Path:
+    path = home / "script.sql"
+    path.write_text(text)
+    return path
 
 
 def test_query_prints_rows_and_provenance(mtcache_bin: str, bookstore_dsn: str) -> None:

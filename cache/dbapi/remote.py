@@ -304,12 +304,17 @@ class ServerAdmin:
     def apply_ddl(self, script: str | Iterable[t.Any]) -> DdlResult:
         """Cache DDL, all or nothing: sent as one script (the server applies it together)."""
         statements = parse(script) if isinstance(script, str) else list(script)
-        self._session.execute(";\n".join(s.text for s in statements))
+        result = self._session.execute(";\n".join(s.text for s in statements))
         created = [
             s.name for s in statements if isinstance(s, CreateControlTable | CreateCachedView)
         ]
         dropped = [s.name for s in statements if isinstance(s, DropCacheObject)]
-        return DdlResult(created, dropped)
+        filled = [  # (the server filled the views it created: their reports' notices)
+            Report.from_json(json.loads(detail))
+            for notice in result.notices
+            if (detail := getattr(notice, "detail", None))
+        ]
+        return DdlResult(created, dropped, filled)
 
     def admit(self, control: str, keys: Iterable[t.Any], *, allow_empty: bool = False) -> Report:
         self._session.execute(f"SET mtcache.admit_empty = {show_flag(allow_empty)}")

@@ -17,6 +17,7 @@ backend snapshot and one DuckDB transaction (`cache.maintenance`).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import typing as t
 from collections.abc import Callable, Iterable, Iterator
@@ -34,9 +35,9 @@ from cache.maintenance.stream.status import stream_status
 from cache.store.cache_file import CacheStore, DdlResult, check_resources
 from cache.store.status import status
 from control_tables.schema import control_role
-from sql_ext import Statement, parse
+from sql_ext import CreateCachedView, Statement, parse
 from sql_ext.catalog import Catalog
-from sql_ext.errors import InterfaceError
+from sql_ext.errors import Error, InterfaceError
 
 Dsn = Callable[[], str]  # the backend, resolved when first needed (the embedded one starts)
 
@@ -109,7 +110,8 @@ class Admin:
     @_public
     def apply_ddl(self, script: str | Iterable[Statement]) -> DdlResult:
         """Apply cache DDL (a script's text or parsed statements) all or nothing, checked
-        against the backend's current catalog and Rules 1-5."""
+        against the backend's current catalog and Rules 1-5; then fill the fully
+        materialized views it created (`fill`)."""
         statements = parse(script) if isinstance(script, str) else list(script)
         dsn = self._backend()
         catalog = fetch_catalog(dsn)
@@ -117,7 +119,26 @@ class Admin:
         with publication_for(self._store, dsn, statements, catalog) as record:
             result = self._store.apply_ddl(statements, catalog, then=record)
         self._adopt(catalog)
-        return result
+        empty = {s.name for s in statements if isinstance(s, CreateCachedView) and not s.with_data}
+        return self.fill(result, set(result.created) - empty)
+
+    def fill(self, applied: DdlResult, created: set[str]) -> DdlResult:
+        """The owner of the file fills what it creates: each fully materialized view of
+        ``created`` (whatever its refresh mode: one refreshed only on demand would otherwise
+        wait for a person) is pulled now, as `refresh` pulls it. A view that cannot be
+        filled stays created and empty (its guard sends its reads to the backend; EXPLAIN and
+        status say so), with why."""
+        schema = self._store.load_schema()
+        filled, unfilled = [], []
+        for name in schema.topological_order():
+            view = schema.views[name] if name in created else None
+            if view is None or not view.is_fully_materialized or view.is_gray:
+                continue
+            try:
+                filled.append(self.refresh(name))
+            except Error as exc:
+                unfilled.append((name, str(exc)))
+        return dataclasses.replace(applied, filled=filled, unfilled=unfilled)
 
     @_public
     def control_key(self, control: str) -> tuple[str, ...]:

@@ -197,6 +197,12 @@ class Engine:
             self._background = attach(self.store, backend, heartbeat, stream_lag_limit)
         self.closed = False
 
+    @property
+    def fills_views(self) -> bool:
+        """Whether this process runs the file's refresh scheduler, which fills a view due at
+        once (`cache.store.refresh_times`)."""
+        return self._background is not None
+
     def join(self, session: Member) -> None:
         """A new session (`Session(engine, options)` calls this): closed with the engine."""
         if self.closed:

@@ -17,10 +17,37 @@ from cache.engine.result import Result
 from cache.engine.route import Explain, Inspection, Route, SessionSetting
 from cache.engine.stats import Sample
 from cache.execution.provenance import Provenance
+from cache.store.cache_file import CacheStore
+from cache.store.refresh_times import NOW, refresh_times
 from optimizer.plan import Plan
 from sql_ext.nodes import format_duration
 
 Columns = tuple[tuple[str, int], ...]
+
+
+def unfilled_notes(plan: Plan, store: CacheStore, scheduled: bool) -> list[str]:
+    """EXPLAIN's notes on the fully materialized views a plan's guards try first that were
+    never filled: their guards fail, so the backend answers until a refresh fills them, and
+    whether anything will (``scheduled``: this process runs the refresh scheduler, which
+    fills a view due at once)."""
+    schema = store.load_schema()
+    notes = []
+    for name in sorted({a.guards[0].view for a in plan.guarded_accesses}):
+        view = schema.views.get(name)
+        if view is None or not view.is_fully_materialized:
+            continue
+        times = refresh_times(store, schema, name)
+        if not times.stamps.never:
+            continue
+        filler = (
+            "the refresh scheduler fills it at once"
+            if scheduled and times.due == NOW
+            else f"nothing fills it until REFRESH CACHED VIEW {name} (mtcache refresh --view "
+            f"{name}) or a refresh scheduler does"
+        )
+        notes.append(f"{name} was never filled: its guard fails and the backend answers; {filler}")
+    return notes
+
 
 LAST_STATEMENT: Columns = (
     ("table", OID.text),

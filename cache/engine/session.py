@@ -266,7 +266,8 @@ class Session:
             return self._noted(result)
         if isinstance(route, Explain):
             plan = self.planner.prepare(route.query, params, self.currency_bound).plan
-            lines = [json.dumps(plan.to_json())] if route.json else plan.render()
+            document, lines = self.explained(plan)
+            lines = [json.dumps(document)] if route.json else lines
             return inspect.rows_of(
                 inspect.EXPLAIN, [(line,) for line in lines], "EXPLAIN", plan=plan
             )
@@ -299,8 +300,16 @@ class Session:
         or nothing: a result per statement."""
         self._check_open()
         self._last = NO_PROVENANCE
-        self.admin.apply_ddl(statements)
-        return [no_rows(_ddl_status(statement)) for statement in statements]
+        applied = self.admin.apply_ddl(statements)
+        results = [no_rows(_ddl_status(statement)) for statement in statements]
+        notices = results[-1].notices if results else []
+        notices += [_report_notice(report) for report in applied.filled]
+        notices += [
+            f"{view} was created but not filled: {why} (its reads go to the backend until "
+            f"`REFRESH CACHED VIEW {view}` fills it)"
+            for view, why in applied.unfilled
+        ]
+        return results
 
     # -- a query with currency clauses, top to bottom --------------------------------------------
 
@@ -1094,6 +1103,16 @@ class Session:
         plan of its shape."""
         self._check_open()
         return self.prepare(sql, params).plan
+
+    def explained(self, plan: Plan) -> tuple[dict[str, t.Any], list[str]]:
+        """What EXPLAIN shows of a plan: its document and its text lines, with notes on what
+        the cache holds that makes its guards fail whatever the bound (a view never filled:
+        `inspect.unfilled_notes`)."""
+        notes = inspect.unfilled_notes(plan, self.store, self.engine.fills_views)
+        document = plan.to_json()
+        if notes:
+            document["notes"] = notes
+        return document, [*plan.render(), *(f"note: {note}" for note in notes)]
 
     def _query(self, sql: str) -> Query:
         statement = self.engine.statements.parse(sql)

@@ -157,6 +157,10 @@ COUNTERS = (
 class DdlResult:
     created: list[str]
     dropped: list[str]
+    # the fully materialized views it created, filled at once (`Admin.apply_ddl`): each one's
+    # report (`cache.maintenance.report.Report`), and those that could not be, with why
+    filled: list[t.Any] = field(default_factory=list)
+    unfilled: list[tuple[str, str]] = field(default_factory=list)
 
 
 class StreamHolder(t.Protocol):

@@ -30,6 +30,7 @@ from cache.backend.reflect import connect_backend, redact
 from cache.dbapi.remote import ServerAdmin, server_conninfo
 from cache.engine.admin import Admin
 from cache.engine.engine import DEFAULT_CACHE
+from cache.engine.session import Session
 from cache.maintenance.pipeline import ENGINES
 from cache.store.served import published, served_at
 from cache.tools.formatting import describe_class, plural
@@ -119,8 +120,9 @@ def cmd_explain(settings: Settings, args: argparse.Namespace) -> int:
             # from the catalog on file without estimates (its guards decide)
             with contextlib.suppress(BackendUnavailableError):
                 t.cast(Admin, conn.admin).reflect()
-            plan = conn.explain(args.sql)
-            document, lines = plan.to_json(), plan.render()
+            session = conn.session
+            assert isinstance(session, Session)  # (in process: not a server's)
+            document, lines = session.explained(conn.explain(args.sql))
     if args.json:
         _print_json(document)
         return 0
@@ -130,8 +132,11 @@ def cmd_explain(settings: Settings, args: argparse.Namespace) -> int:
     if not document["constraint"]:
         print("  (none: the statement reads nothing; it goes to the backend as it is)")
     print("plan:")
-    for line in lines[: -len(document["constraint"]) or None]:
-        print(f"  {line}")
+    for line in lines:
+        if not line.startswith(("constraint: ", "note: ")):
+            print(f"  {line}")
+    for note in document.get("notes", ()):
+        print(f"note: {note}")
     return 0
 
 
@@ -200,7 +205,16 @@ def cmd_ddl(settings: Settings, args: argparse.Namespace) -> int:
         print(f"dropped {name}")
     for name in result.created:
         print(f"created {name}")
+    for report in result.filled:
+        print(f"filled {', '.join(report.rows_inserted)}: {_rows(report)} in {report.seconds:.1f}s")
+    for name, why in result.unfilled:
+        print(f"not filled {name}: {why} (`mtcache refresh --view {name}` fills it)")
     return 0
+
+
+def _rows(report: t.Any) -> str:
+    count = sum(report.rows_inserted.values())
+    return f"{count:,} row{'s' if count != 1 else ''}"
 
 
 def _keys(admin: Admin | ServerAdmin, control: str, values: list[str]) -> list[tuple[str, ...]]:
@@ -332,6 +346,8 @@ def _refresh_line(view: dict[str, t.Any], now: dt.datetime) -> str:
 
     last = view["last_refresh"]
     said = f"refreshed {format_duration(-seconds(last))} ago" if last else "never refreshed"
+    if not last and (view["regions"] or view.get("region_count")):
+        said += f" (read at the backend until `mtcache refresh --view {view['name']}` fills it)"
     if view["refresh_delay_seconds"] is not None:  # d of §4.6, measured
         said += f" (landing {format_duration(round(view['refresh_delay_seconds'], 3))} old)"
     if view["refresh_follows"]:
