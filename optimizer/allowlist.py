@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 import typing as t
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sqlglot import exp
 
@@ -2359,6 +2359,8 @@ def _extremum(call: Call) -> Result:
     inner = call.type()
     if inner.kind in ("unknown", "other"):
         return f"it takes min/max of {inner.kind}"
+    if inner.kind == "varchar":  # (PostgreSQL has no min(varchar): min(text) gives text)
+        return replace(inner, kind="text")
     return inner
 
 

@@ -23,6 +23,12 @@ class Column:
     # only when byte-equal)?
     byte_order: bool | None = None
     deterministic: bool = True
+    # what PostgreSQL's RowDescription gives a column read as it is: its type's OID and its
+    # type modifier (atttypmod: char(n), varchar(n), numeric(p,s), ...), its number in its
+    # table (attnum); 0 when not known (a catalog reflected before these were kept)
+    type_oid: int = 0
+    type_modifier: int = -1
+    number: int = 0
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,7 @@ class Table:
     row_count: float = 0.0  # the backend's estimate (pg_class.reltuples), 0 when unknown
     pages: int = 0  # heap pages (pg_class.relpages): partitions a full pull by block range
     indexes: tuple[Index, ...] = ()
+    oid: int = 0  # pg_class.oid (0: not known)
 
     @property
     def column_names(self) -> tuple[str, ...]:

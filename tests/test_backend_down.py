@@ -5,6 +5,7 @@ connects again by itself when the backend is back; so does the CLI."""
 from __future__ import annotations
 
 import subprocess
+import typing as t
 from pathlib import Path
 
 import psycopg
@@ -95,3 +96,48 @@ def test_without_a_catalog_on_file_the_connection_says_what_to_do(
             cache.connect(dsn, tmp_path / "new.duckdb", background=False)
     finally:
         pg_cluster.ensure_running()
+
+
+# local answers whose description PostgreSQL gives its own way: an aggregate's name and type
+# (count: bigint, sum of integers: bigint, of numerics: numeric), a char(n) column, casts
+DESCRIBED = [
+    "SELECT count(*), sum(s.qty), max(s.sold_on), avg(s.qty) FROM sales s CURRENCY BOUND 10 MIN",
+    "SELECT b.authorid, count(*), sum(b.price) FROM books b GROUP BY b.authorid "
+    "ORDER BY 1 CURRENCY BOUND 10 MIN",
+    "SELECT a.authorid, a.gender, a.state, upper(a.name) FROM authors a WHERE a.authorid = 4 "
+    "CURRENCY BOUND 10 MIN",
+    "SELECT b.price, b.price::numeric(10, 1), b.price * 2 AS twice, b.authorid::bigint "
+    "FROM books b WHERE b.isbn = '0-0000-0001-x' CURRENCY BOUND 10 MIN",
+]
+
+
+def test_a_local_answer_is_described_as_postgresql_describes_it_without_the_backend(
+    pg_cluster: EmbeddedPostgres, cached: tuple[str, Path]
+) -> None:
+    """A connection opened while the backend is down gives local answers PostgreSQL's
+    description (names, types, sizes, precision and scale), worked out without it."""
+    dsn, path = cached
+    with cache.connect(dsn, path, background=False) as conn:
+        conn.admin.apply_ddl(
+            "CREATE CACHED VIEW salecopy AS SELECT * FROM sales;"
+            "CREATE CACHED VIEW bookall AS SELECT * FROM books"
+        )
+    with psycopg.connect(dsn) as pg:
+        expected = []
+        for sql in DESCRIBED:
+            cur = pg.execute(sql.split(" CURRENCY", maxsplit=1)[0])
+            expected.append((typed(cur.fetchall()), _described(cur.description)))
+    pg_cluster.stop()
+    try:
+        with cache.connect(dsn, path, background=False) as conn:
+            for sql, (rows, description) in zip(DESCRIBED, expected, strict=True):
+                cur = conn.execute(sql)
+                assert typed(cur.fetchall()) == rows, sql
+                assert _described(cur.description) == description, sql
+                assert {p["route"] for p in cur.provenance} == {"local"}, sql
+    finally:
+        pg_cluster.ensure_running()
+
+
+def _described(description: t.Any) -> list[tuple[t.Any, ...]]:
+    return [tuple(d)[:6] for d in description or []]

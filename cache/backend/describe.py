@@ -15,8 +15,10 @@ import typing as t
 
 import psycopg
 from psycopg import pq
+from psycopg._queries import _split_query  # psycopg's reading of % marks (no public one)
 
 from cache.backend.pool import pooled
+from optimizer.describe_result import ResultColumn
 from sql_ext.params import Params
 
 
@@ -25,6 +27,8 @@ class ResultShape:
     frozen here at one result (a psycopg cursor is reused by the next statement)."""
 
     __slots__ = ("_encoding", "adapters", "pgresult")
+
+    pgresult: pq.abc.PGresult | DescribedColumns  # (the backend's, or one described here)
 
     def __init__(self, result: pq.abc.PGresult, cursor: psycopg.Cursor[t.Any]) -> None:
         self.pgresult = result
@@ -44,6 +48,66 @@ class ResultShape:
         """(type OID, type modifier) per column."""
         result = self.pgresult
         return tuple((result.ftype(i), result.fmod(i)) for i in range(result.nfields))
+
+
+class DescribedColumns:
+    """A result's columns as a ``PGresult`` gives them (what psycopg's ``Column`` and a
+    RowDescription read), from a description worked out without the backend
+    (`optimizer.describe_result`)."""
+
+    __slots__ = ("_columns",)
+
+    def __init__(self, columns: t.Sequence[ResultColumn]) -> None:
+        self._columns = tuple(columns)
+
+    @property
+    def nfields(self) -> int:
+        return len(self._columns)
+
+    def fname(self, index: int) -> bytes:
+        return self._columns[index].name.encode()
+
+    def ftype(self, index: int) -> int:
+        return self._columns[index].type_oid
+
+    def fmod(self, index: int) -> int:
+        return self._columns[index].type_modifier
+
+    def fsize(self, index: int) -> int:
+        return self._columns[index].size
+
+    def ftable(self, index: int) -> int:
+        return self._columns[index].table_oid
+
+    def ftablecol(self, index: int) -> int:
+        return self._columns[index].column_number
+
+    def fformat(self, index: int) -> int:
+        return 0
+
+    command_status = None  # (a description, not a statement's outcome)
+
+
+def described_here(columns: t.Sequence[ResultColumn]) -> ResultShape:
+    """A result shape from a description the cache worked out itself."""
+    shape = ResultShape.__new__(ResultShape)
+    shape.pgresult = DescribedColumns(columns)
+    shape._encoding = "utf-8"
+    shape.adapters = psycopg.adapters
+    return shape
+
+
+def dollar_text(sql: str) -> str:
+    """The text of a statement executed with parameters, its placeholders (``%s``,
+    ``%(name)s``) written as PostgreSQL's ``$n``, as psycopg sends it (``%%``: one ``%``)."""
+    *marked, tail = _split_query(sql.encode(), "utf-8")  # (each part ends at a mark)
+    numbers: dict[int | str, int] = {}
+    out = []
+    for part in marked:
+        out.append(part.pre.decode())
+        out.append(f"${numbers.setdefault(part.item, len(numbers) + 1)}")
+    out.append(tail.pre.decode())
+    return "".join(out)
 
 
 def describe_result(dsn: str, sql: str, params: Params) -> ResultShape | None:

@@ -29,7 +29,8 @@ _COLUMNS = """
 SELECT a.attrelid, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull,
        CASE WHEN s.n_distinct < 0 THEN -s.n_distinct * greatest(c.reltuples, 0)
             ELSE s.n_distinct END,
-       CASE WHEN a.attcollation NOT IN (0, 100) THEN to_jsonb(co) END
+       CASE WHEN a.attcollation NOT IN (0, 100) THEN to_jsonb(co) END,
+       a.atttypid::int8, a.atttypmod, a.attnum
 FROM pg_attribute a
 JOIN pg_class c ON c.oid = a.attrelid
 JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -71,9 +72,17 @@ def reflect_catalog(conn: psycopg.Connection) -> Catalog:  # type: ignore[type-a
         relations = conn.execute(_RELATIONS).fetchall()
         oids = [r[0] for r in relations]
         columns: dict[int, list[Column]] = {}
-        for oid, name, type_, notnull, distinct, collation in conn.execute(
-            _COLUMNS, (oids,)
-        ).fetchall():
+        for (
+            oid,
+            name,
+            type_,
+            notnull,
+            distinct,
+            collation,
+            type_oid,
+            modifier,
+            number,
+        ) in conn.execute(_COLUMNS, (oids,)).fetchall():
             columns.setdefault(oid, []).append(
                 Column(
                     name,
@@ -82,6 +91,9 @@ def reflect_catalog(conn: psycopg.Connection) -> Catalog:  # type: ignore[type-a
                     n_distinct=distinct,
                     byte_order=None if collation is None else _byte_order(collation, "coll"),
                     deterministic=(collation or {}).get("collisdeterministic", True),
+                    type_oid=type_oid,
+                    type_modifier=modifier,
+                    number=number,
                 )
             )
         indexes: dict[int, list[Index]] = {}
@@ -114,6 +126,7 @@ def reflect_catalog(conn: psycopg.Connection) -> Catalog:  # type: ignore[type-a
                 row_count=float(row_count),
                 pages=int(pages),
                 indexes=tuple(indexes.get(oid, [])),
+                oid=int(oid),
             )
     database = _database(conn)
     row = conn.execute("SELECT current_setting('server_encoding')").fetchone()

@@ -25,6 +25,7 @@ Hooks for experiments and tools, documented here and nowhere else:
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import threading
 import typing as t
@@ -163,6 +164,10 @@ class Engine:
             self.store.limit_resources(memory_limit, threads, cache_size_limit)
             if not self.store.has_catalog():
                 self.store.save_catalog(_first_catalog(backend, self.cache_path))
+            elif not self.store.catalog_is_current():
+                # (a file whose catalog predates what it keeps now: read again when it can be)
+                with contextlib.suppress(BackendUnavailableError):
+                    self.store.save_catalog(fetch_catalog(backend))
         except BaseException:
             self.store.close()
             raise

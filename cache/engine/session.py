@@ -615,11 +615,7 @@ class Session:
         bound = self.currency_bound
         prepared = self.planner.cached(query, params, bound)
         if prepared is None:
-            prepared = Prepared(
-                self.planner.uncosted(query, params, bound),
-                -1,
-                relations=self.planner.relations(query),
-            )
+            prepared = self.planner.uncosted(query, params, bound)
         if self._readable_until(prepared, last_known=True) is None:
             raise down  # (its role was never seen allowed to read it: the backend decides)
         result: Result | None = None

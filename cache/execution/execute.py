@@ -17,7 +17,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import duckdb
-import psycopg
 import pyarrow as pa
 
 from cache.execution.convert import (
@@ -39,26 +38,6 @@ from optimizer.local_statement import local_statement
 from optimizer.plan import LocalStatement
 from sql_ext.errors import first_line
 from sql_ext.params import Params, values_for
-
-# DuckDB result types and the PostgreSQL type codes a DB-API description reports for them.
-_PG_NAMES = {
-    "BOOLEAN": "bool",
-    "SMALLINT": "int2",
-    "INTEGER": "int4",
-    "BIGINT": "int8",
-    "HUGEINT": "numeric",
-    "FLOAT": "float4",
-    "DOUBLE": "float8",
-    "DECIMAL": "numeric",
-    "VARCHAR": "text",
-    "DATE": "date",
-    "TIME": "time",
-    "TIMESTAMP": "timestamp",
-    "TIMESTAMP WITH TIME ZONE": "timestamptz",
-    "UUID": "uuid",
-    "BLOB": "bytea",
-    "INTERVAL": "interval",
-}
 
 # the leaves to fetch, each (SQL, its (column, DuckDB type)s, the parameters its placeholders
 # name) -> their Arrow tables, in order
@@ -335,12 +314,12 @@ def _result_shape(
     duck_columns: Sequence[tuple[t.Any, ...]],
     zone: dt.tzinfo = dt.UTC,
 ) -> ResultShape:
-    """The description and row conversion of a local answer: PostgreSQL's, as the backend
-    described the statement; DuckDB's types as PostgreSQL names them when it could not."""
+    """The description and row conversion of a local answer: PostgreSQL's description of
+    the statement (the backend's, or worked out here while it is down), DuckDB's values
+    converted to it."""
     duck_types = [str(d[1]) for d in duck_columns]
     if prepared.result is None or prepared.description is None:
-        named = tuple((d[0], kind) for d, kind in zip(duck_columns, duck_types, strict=True))
-        return describe(named), _unchanged
+        raise LocalUnfit("PostgreSQL's description of its result is not known")
     names = [d[0] for d in prepared.description]
     analysis = prepared.plan.analysis
     convert = converter(
@@ -355,19 +334,3 @@ def _result_shape(
     if isinstance(convert, str):
         raise LocalUnfit(convert)
     return prepared.description, convert
-
-
-def _unchanged(rows: list[Row]) -> list[Row]:
-    return rows
-
-
-@functools.lru_cache(maxsize=1024)
-def describe(columns: tuple[tuple[str, str], ...]) -> list[tuple[t.Any, ...]]:
-    """A DB-API description of DuckDB result columns, with PostgreSQL's type codes."""
-    return [(name, _type_code(kind), None, None, None, None, None) for name, kind in columns]
-
-
-def _type_code(duck_type: str) -> int | None:
-    name = _PG_NAMES.get(duck_type.split("(", maxsplit=1)[0].upper())
-    info = psycopg.postgres.types.get(name) if name else None
-    return info.oid if info is not None else None

@@ -21,13 +21,14 @@ from dataclasses import dataclass, field
 
 import duckdb
 
-from cache.backend.describe import ResultShape, describe_result
+from cache.backend.describe import ResultShape, describe_result, described_here, dollar_text
 from cache.backend.estimates import backend_estimates
 from cache.backend.reflect import fetch_catalog
 from cache.execution.convert import converter, duckdb_result_types
 from cache.execution.provenance import Executed
 from cache.store.cache_file import CacheStore, WouldWait
 from cache.store.refresh_times import measured_delays
+from optimizer import describe_result as described
 from optimizer.analyze import Analysis, analyze
 from optimizer.estimate_cost import DEFAULT_DELAY
 from optimizer.normalize_constraint import normalize_constraint
@@ -267,30 +268,43 @@ class Planner:
             return prepared
         return None
 
-    def uncosted(self, query: Query, params: Params, default_bound: float | None = None) -> Plan:
+    def uncosted(
+        self, query: Query, params: Params, default_bound: float | None = None
+    ) -> Prepared:
         """A plan made without asking the backend (it is down): its guards decide."""
-        return self._uncosted(analyze(query, self.catalog, default_bound), params is not None)
+        analysis = analyze(query, self.catalog, default_bound)
+        plan, result = self._uncosted(analysis, params is not None)
+        return Prepared(plan, -1, result, relations=self.relations(query))
 
-    def _uncosted(self, analysis: Analysis, with_params: bool) -> Plan:
-        """Its result types are DuckDB's, so it reads no char(n) column (whose padding only
-        the backend's description gives back)."""
-        if analysis.reads_blank_padded and analysis.local_allowed:
-            analysis = dataclasses.replace(
-                analysis,
-                local_blocker=(
-                    "it reads a char(n) column and the backend, which describes the result, is "
-                    "unreachable"
-                ),
-            )
+    def _uncosted(self, analysis: Analysis, with_params: bool) -> tuple[Plan, ResultShape | None]:
+        """The plan, and the description PostgreSQL would give its result, worked out here
+        (`optimizer.describe_result`); a statement whose description is not known for sure
+        is not answered locally (its answer would be described otherwise)."""
+        result = None
+        if analysis.local_allowed and analysis.query.is_select:
+            query = analysis.query
+            text = dollar_text(query.backend_sql) if with_params else query.backend_sql
+            found = described.describe_result(query, self.catalog, text)
+            if isinstance(found, str):
+                analysis = dataclasses.replace(
+                    analysis,
+                    local_blocker=(
+                        "the backend, which describes its result, is unreachable, and the cache "
+                        f"cannot tell PostgreSQL's description ({found})"
+                    ),
+                )
+            else:
+                result = described_here(found)
         inputs = PlanInputs(
             self.store.load_schema(),
             self.catalog,
             None,
             self.delay,
+            tuple(oid for oid, _ in result.types) if result is not None else None,
             delays=self.delays(),
             choice=self.choice,
         )
-        return plan_query(analysis, inputs, with_params=with_params)
+        return plan_query(analysis, inputs, with_params=with_params), result
 
     def _analyze(self, query: Query, with_params: bool, default_bound: float | None) -> Analysis:
         """The statement's analysis (names resolved, its constraint normalized: once per
@@ -354,7 +368,7 @@ class Planner:
                 describe_result(self.dsn, wanted.statement, params) if query.is_select else None
             )
         except BackendUnavailableError:
-            return self._uncosted(analysis, with_params), None, False
+            return *self._uncosted(analysis, with_params), False
         inputs = PlanInputs(
             schema,
             self.catalog,

@@ -120,6 +120,11 @@ _METADATA = [
     # its rows became visible (files made before these were kept have them NULL)
     "ALTER TABLE mtcache.snapshots ADD COLUMN IF NOT EXISTS views VARCHAR[]",
     "ALTER TABLE mtcache.snapshots ADD COLUMN IF NOT EXISTS delay_seconds DOUBLE",
+    # what a RowDescription gives a column read as it is (files made before: reflected again)
+    "ALTER TABLE mtcache.backend_tables ADD COLUMN IF NOT EXISTS oid BIGINT",
+    "ALTER TABLE mtcache.backend_columns ADD COLUMN IF NOT EXISTS type_oid BIGINT",
+    "ALTER TABLE mtcache.backend_columns ADD COLUMN IF NOT EXISTS type_modifier INTEGER",
+    "ALTER TABLE mtcache.backend_columns ADD COLUMN IF NOT EXISTS number INTEGER",
     "CREATE TABLE IF NOT EXISTS mtcache.counters (name VARCHAR PRIMARY KEY, value BIGINT)",
     # continuous maintenance (cache.maintenance.stream): the slot and how far it is applied
     # (an LSN and the backend time every change before which is applied), and the pulls whose
@@ -595,7 +600,8 @@ class CacheStore:
                 con.execute(f"DELETE FROM mtcache.{internal}")
             for table in catalog.tables.values():
                 con.execute(
-                    "INSERT INTO mtcache.backend_tables VALUES (?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO mtcache.backend_tables (name, schema, row_count, pages, "
+                    "primary_key, reflected_at, oid) VALUES (?, ?, ?, ?, ?, ?, ?)",
                     [
                         table.name,
                         table.schema,
@@ -603,10 +609,13 @@ class CacheStore:
                         table.pages,
                         list(table.primary_key),
                         now,
+                        table.oid,
                     ],
                 )
                 con.executemany(
-                    "INSERT INTO mtcache.backend_columns VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO mtcache.backend_columns (table_name, position, name, type, "
+                    "nullable, n_distinct, byte_order, deterministic, type_oid, type_modifier, "
+                    "number) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [
                         [
                             table.name,
@@ -617,6 +626,9 @@ class CacheStore:
                             c.n_distinct,
                             c.byte_order,
                             c.deterministic,
+                            c.type_oid,
+                            c.type_modifier,
+                            c.number,
                         ]
                         for i, c in enumerate(table.columns)
                     ],
@@ -651,14 +663,44 @@ class CacheStore:
         row = self.con.execute("SELECT count(*) FROM mtcache.backend_tables").fetchone()
         return bool(row and row[0])
 
+    def catalog_is_current(self) -> bool:
+        """Whether the shadow catalog holds all it keeps now (one saved by an older version
+        lacks the columns' type OIDs and numbers)."""
+        row = self.con.execute(
+            "SELECT count(*) FROM mtcache.backend_columns WHERE type_oid IS NULL"
+        ).fetchone()
+        return not (row and row[0])
+
     def load_catalog(self) -> Catalog:
         columns: dict[str, list[Column]] = {}
-        for table, name, type_, nullable, distinct, byte_order, deterministic in self.con.execute(
-            "SELECT table_name, name, type, nullable, n_distinct, byte_order, deterministic "
-            "FROM mtcache.backend_columns ORDER BY table_name, position"
+        for (
+            table,
+            name,
+            type_,
+            nullable,
+            distinct,
+            byte_order,
+            deterministic,
+            type_oid,
+            modifier,
+            number,
+        ) in self.con.execute(
+            "SELECT table_name, name, type, nullable, n_distinct, byte_order, deterministic, "
+            "type_oid, type_modifier, number FROM mtcache.backend_columns "
+            "ORDER BY table_name, position"
         ).fetchall():
             columns.setdefault(table, []).append(
-                Column(name, type_, nullable, distinct, byte_order, deterministic is not False)
+                Column(
+                    name,
+                    type_,
+                    nullable,
+                    distinct,
+                    byte_order,
+                    deterministic is not False,
+                    type_oid or 0,
+                    -1 if modifier is None else modifier,
+                    number or 0,
+                )
             )
         unique: dict[str, list[tuple[str, ...]]] = {}
         for table, cols in self.con.execute(
@@ -680,9 +722,11 @@ class CacheStore:
                 row_count=row_count or 0.0,
                 pages=int(pages or 0),
                 indexes=tuple(indexes.get(name, [])),
+                oid=oid or 0,
             )
-            for name, schema, row_count, pages, pk in self.con.execute(
-                "SELECT name, schema, row_count, pages, primary_key FROM mtcache.backend_tables"
+            for name, schema, row_count, pages, pk, oid in self.con.execute(
+                "SELECT name, schema, row_count, pages, primary_key, oid "
+                "FROM mtcache.backend_tables"
             ).fetchall()
         }
         views = {
