@@ -16,8 +16,8 @@ import psycopg
 
 import cache
 from cache.engine.engine import Engine
-from cache.server import protocol
 from cache.server.server import Server, ServerOptions
+from cache.wire import protocol
 from tests.schemas import AUTHORS_AND_BOOKS
 
 

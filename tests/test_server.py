@@ -21,7 +21,7 @@ import pytest
 from cache.engine import state as state_module
 from cache.engine.inspect import status_document
 from cache.engine.session import Session
-from cache.server import protocol
+from cache.wire import protocol
 from tests.answers import typed
 from tests.serving import Served, quiet, raw_postgres, raw_session, serving, until
 

@@ -26,7 +26,6 @@ import pytest
 import trustme
 
 from cache.backend.embedded_pg import EmbeddedPostgres
-from cache.server import protocol
 from cache.server.auth import (
     AuthFile,
     AuthQuery,
@@ -38,6 +37,7 @@ from cache.server.auth import (
 )
 from cache.server.scram import Exchange, ScramError, Verifier
 from cache.server.server import ServerOptions
+from cache.wire import protocol
 from sql_ext.errors import ProgrammingError
 from tests.answers import typed
 from tests.conftest import cli_home

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cache.server import protocol
-from cache.server.protocol import FrontendReader, ProtocolViolation
+from cache.wire import protocol
+from cache.wire.protocol import FrontendReader, ProtocolViolation
 from tests.fuzzing import fuzz_settings
 from tests.serving import Served, messages, raw_session, serving
 

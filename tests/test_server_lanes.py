@@ -16,7 +16,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from cache.server import protocol
+from cache.wire import protocol
 from tests.answers import typed
 from tests.serving import Served, quiet, raw_session, server_of, until
 

@@ -7,8 +7,8 @@ import struct
 
 import pytest
 
-from cache.server import protocol
-from cache.server.protocol import FrontendReader, ProtocolViolation
+from cache.wire import protocol
+from cache.wire.protocol import FrontendReader, ProtocolViolation
 
 
 def _startup(**parameters: str) -> bytes:

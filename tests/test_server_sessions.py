@@ -22,8 +22,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from cache.server import protocol
 from cache.server.process import serving_process
+from cache.wire import protocol
 from tests.answers import typed
 from tests.serving import (
     SLOW_LOCAL,

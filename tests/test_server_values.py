@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from psycopg import pq
 
-from cache.server import values
+from cache.wire import values
 from tests.answers import typed
 
 EDGES = {

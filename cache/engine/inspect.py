@@ -12,13 +12,13 @@ import datetime as dt
 import json
 import typing as t
 
-from cache.backend.oids import OID
 from cache.engine.result import Result
 from cache.engine.route import Explain, Inspection, Route, SessionSetting
 from cache.engine.stats import Sample
 from cache.execution.provenance import Provenance
 from cache.store.cache_file import CacheStore
 from cache.store.refresh_times import NOW, refresh_times
+from cache.wire.oids import OID
 from optimizer.plan import Plan
 from sql_ext.nodes import format_duration
 

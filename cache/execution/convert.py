@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cache.backend.copy_arrow import arrow_type
-from cache.backend.oids import OID
+from cache.wire.oids import OID
 from optimizer import pg_numeric
 from optimizer.allowlist import ZONE_PARAMETER
 from optimizer.pg_float import shortest_digits

@@ -30,8 +30,8 @@ from pathlib import Path
 import psycopg
 
 from cache.backend.pool import pooled
-from cache.server import protocol
 from cache.server.scram import Exchange, ScramError, Verifier
+from cache.wire import protocol
 from sql_ext.errors import BackendUnavailableError, ProgrammingError, first_line
 
 log = logging.getLogger("mtcache.server")

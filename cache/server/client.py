@@ -29,18 +29,19 @@ import psycopg
 from psycopg import pq
 from psycopg.pq import ExecStatus
 
-from cache.backend.oids import OID
 from cache.backend.session_pool import PREPARED_LIMIT
 from cache.engine import inspect
 from cache.engine.lane import Lane
 from cache.engine.result import Result
 from cache.engine.route import CacheDdl, CachedRead, Passthrough, Route, Write
 from cache.engine.session import Session
-from cache.server import protocol, relay, values
+from cache.server import relay
 from cache.server.placeholders import Converted, to_backend, to_engine
-from cache.server.protocol import Field, ProtocolViolation
 from cache.server.statements import FOLD, StatementStats
 from cache.store.cache_file import WouldWait
+from cache.wire import protocol, values
+from cache.wire.oids import OID
+from cache.wire.protocol import Field, ProtocolViolation
 from sql_ext.errors import Error, QueryCanceledError, diag_fields, diagnostics
 from sql_ext.statements import split_statements
 

@@ -19,8 +19,8 @@ import psycopg
 from psycopg import pq
 from psycopg.pq import ExecStatus, Format
 
-from cache.server import protocol
-from cache.server.protocol import Field
+from cache.wire import protocol
+from cache.wire.protocol import Field
 
 Out = Callable[[bytes], None]  # where the client's bytes go (buffered by the caller)
 

@@ -60,14 +60,15 @@ from cache.engine.admin import Admin
 from cache.engine.engine import Engine, SessionOptions
 from cache.engine.session import Session
 from cache.engine.stats import Sample
-from cache.server import protocol, relay, values
+from cache.server import relay
 from cache.server.auth import AUTH_SECONDS, LOOPBACK_TRUST, Login, LoginRefused, Rules
 from cache.server.client import Conversation, Description, Passing, RawRun, Statement
 from cache.server.limits import TICK_SECONDS, Admission, Limits
 from cache.server.metrics import MetricsEndpoint, server_samples
-from cache.server.protocol import ProtocolViolation
 from cache.server.relay import BackendRefused, diagnostic_message, fields_of
 from cache.server.statements import StatementStats
+from cache.wire import protocol, values
+from cache.wire.protocol import ProtocolViolation
 from sql_ext.errors import Error, ProgrammingError, diagnostics
 
 log = logging.getLogger("mtcache.server")

@@ -26,7 +26,7 @@ import psycopg
 from psycopg import _encodings as psycopg_encodings  # PostgreSQL's encoding names (no public map)
 from psycopg.pq import Format
 
-from cache.backend.oids import OID
+from cache.wire.oids import OID
 from optimizer.pg_float import shortest_digits
 
 Encoder = Callable[[t.Any], bytes]
