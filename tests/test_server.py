@@ -653,7 +653,7 @@ def test_a_function_that_sets_a_reported_setting_in_a_raw_run(served: Served) ->
         assert served.server.relayed_raw == raw + 1
         assert conn.info.parameter_status("TimeZone") == other
         quiet(served)
-        pg = _session_of(served, conn).backend_connection_if_open()
+        pg = _session_of(served, conn).link.if_open()
         assert pg is not None and pg.info.parameter_status("TimeZone") == other
         conn.execute(f"SET TimeZone TO '{before}'")  # (through libpq: back to its old value)
         assert conn.info.parameter_status("TimeZone") == before

@@ -156,7 +156,7 @@ def test_a_session_whose_backend_connection_is_lost_ends(served: Served, when: s
         assert conn.execute(sql, [False], prepare=True).fetchall() == []
         quiet(served)  # (the worker that parsed it has let go of the session)
         session = served.server.session_of(conn.info.backend_pid)
-        backend = session.backend_connection_if_open() if session is not None else None
+        backend = session.link.if_open() if session is not None else None
         assert backend is not None
         pid = backend.info.backend_pid
         raw = served.server.relayed_raw

@@ -1,7 +1,7 @@
 """What a statement sent to the backend may leave in the backend session, read off its text
 (over-approximately: a statement that might do something counts as doing it).
 
-The session keeps its books by these (`Session.forwarded`): a statement that may change the
+The session's link keeps its books by these (`BackendLink.left`): a statement that may change the
 role has the role asked again (`cache.engine.privileges`); on a pooled connection
 (`cache.backend.session_pool`), one that may change a setting has the session's settings
 read before the connection is given back, one that leaves what a connection cannot carry to

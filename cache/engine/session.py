@@ -28,7 +28,6 @@ import math
 import threading
 import time
 import typing as t
-from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -41,19 +40,18 @@ from sqlglot import exp
 from cache.backend.copy_arrow import copy_to_arrow
 from cache.backend.pool import in_one_snapshot
 from cache.backend.reflect import (
-    connect_backend,
-    connection_parameters,
     existing_relations,
     temporary_relations,
 )
-from cache.backend.session_pool import Pooled, PoolKey, SessionPool
+from cache.backend.session_pool import SessionPool
 from cache.engine import inspect
 from cache.engine.admin import Admin
 from cache.engine.boundary import public
-from cache.engine.effects import BackendEffects, effects_of
+from cache.engine.effects import effects_of
 from cache.engine.engine import Engine, SessionOptions, bound_seconds
 from cache.engine.lane import Lane
-from cache.engine.result import NO_PROVENANCE, Result, no_rows, of_cursor
+from cache.engine.link import BackendLink
+from cache.engine.result import NO_PROVENANCE, Result, no_rows
 from cache.engine.route import (
     CachedRead,
     ControlEdit,
@@ -153,72 +151,44 @@ class Session:
         # where the last statement's rows came from (EXPLAIN LAST STATEMENT): the provenance
         # or how to make it, never the rows
         self._last: Provenance | t.Callable[[], Provenance] = NO_PROVENANCE
-        self._autocommit = options.autocommit
-        self._context = options.context  # psycopg's type adapters for the backend sessions
-        self._notices: list[str] = []  # backend NOTICEs, handed to the statement's result
-        # psycopg's session settings and notice handlers the application gave (kept for the
-        # next backend connection, if this one is lost)
-        self._notice_handlers: list[t.Callable[[t.Any], None]] = []
-        self._pg_settings: dict[str, t.Any] = {}
-        # the backend connection; None while the backend is unreachable (the cache still
-        # answers what its guards allow; the next statement that needs the backend connects)
-        self._pg: psycopg.Connection[t.Any] | None = None
-        self._pg_cursor: psycopg.Cursor[t.Any] | None = None  # reused for backend statements
-        self._pg_lost: psycopg.Connection[t.Any] | None = None  # `lose_backend`
-        # transaction pooling: the pool, the connection taken from it now, why the session
-        # keeps it until it ends (None: it gives it back between transactions), the
-        # session-level settings its backend session holds (replayed on the next connection),
-        # and whether a statement may have changed them since they were read
-        self._pool = pool
-        self._pooled: Pooled | None = None
-        self.pinned: str | None = None
-        self._settings: tuple[tuple[str, str], ...] = ()
-        self._settings_unknown = False
-        # the custom settings (placeholders) the session's statements may have defined: read
-        # by name with its settings (pg_settings does not list them), and a pooled connection
-        # that defined others is never the session's (`cache.backend.session_pool`)
-        self._custom_settings: frozenset[str] = frozenset()
-        self._pg_lock = threading.Lock()  # `_pooled` against a cancel from another thread
-        self._notice_sink = lambda d: self._notices.append(d.message_primary or "")
-        # statements the session ran on that connection itself (not its caller's, through
-        # `backend_connection`): each may have taken the backend's unnamed statement
-        self.backend_statements = 0
         self._last_zone = zone_named(time_zone) if time_zone else UTC  # `_zone`
-        self._parameters = dict(backend_parameters or {})
-        self._pool_key = PoolKey(
-            self._parameters.get("user") or engine.owner_role,
-            tuple(sorted(self._parameters.items())),
+        # the backend connection and its books; while the backend is down the cache answers
+        # what its guards allow, and the next statement that needs the backend connects
+        self.link = BackendLink(
+            engine.backend,
+            engine.owner_role,
+            autocommit=options.autocommit,
+            context=options.context,
+            parameters=backend_parameters,
+            credentials=backend_credentials,
+            pool=pool,
+            on_lost=self._lost_transaction_ended,
         )
-        self._credentials = dict(backend_credentials or {})
-        # the role the backend checks the session's reads as (None: asked at the next local
-        # read, after a statement that may have changed it: `_reader`)
-        self._login = self._parameters.get("user") or engine.owner_role  # (its backend user)
-        self._role: str | None = self._login
         self.counters = dict.fromkeys(COUNTERS, 0)  # this session's, until it closes
         self.phases: Phases | None = None  # set to time each statement's phases
         self.closed = True  # until everything below is open
         engine.join(self)
         # while the backend is down the cache answers what its guards allow; the next
-        # statement that needs the backend connects (`_backend_session`)
+        # statement that needs the backend connects (`BackendLink.connection`)
         if connect:
             with contextlib.suppress(BackendUnavailableError):
-                self._connect_backend()
+                self.link.connect()
         self.store = engine.store.for_thread()  # a DuckDB handle of the session's own
         try:
             # a session without a backend connection judges currency on the process's clock
             clock = engine.heartbeat_clock if connect else self._process_clock
-            self.state = SessionState(lambda: self._pg, self.store, clock, self._ran_own)
+            self.state = SessionState(lambda: self.link.pg, self.store, clock, self.link.ran_own)
             self.planner = Planner(
                 self.store,
                 engine.backend,
                 choice=options.plan_choice,
                 given_delays=options.refresh_delays,
                 plans=engine.plans,
-                existing=lambda names: existing_relations(self._backend_session(), names),
-                temporary=lambda: temporary_relations(self._backend_session()),
+                existing=lambda names: existing_relations(self.link.for_own_statement(), names),
+                temporary=lambda: temporary_relations(self.link.for_own_statement()),
             )
         except BaseException:
-            self._close_backend()
+            self.link.close()
             self.store.close()
             engine.leave(self)
             raise
@@ -320,7 +290,7 @@ class Session:
                 return result
             # the whole statement on the backend
             result = self._run_backend(prepared.remote, params)
-            self._left(effects_of(prepared.remote.backend_sql))
+            self.link.left(effects_of(prepared.remote.backend_sql))
             self._mark("run")
             result.plan = prepared.plan
             result.set_provenance(lambda: Provenance.remote(self.planner.base_tables(query)))
@@ -652,21 +622,9 @@ class Session:
         """Send a statement to PostgreSQL on the session's connection (``executed``: its SQL,
         as the result reports it)."""
         state = self.state
-        notices: list[str] = []
         try:
-            pg = self._backend_session()
-            cur = self._pg_cursor
-            if cur is None or cur.closed or cur.connection is not pg:
-                cur = self._pg_cursor = pg.cursor()
-            cur.execute(executed.backend_sql, params)  # type: ignore[arg-type]
-            result = of_cursor(cur, executed=executed, notices=notices)
-        except psycopg.Error as exc:
-            raise translate(
-                exc, unreachable="the statement needs it: reconnect when it is back"
-            ) from exc
+            result = self.link.run(executed, params)
         finally:
-            while self._notices:
-                notices.append(self._notices.pop(0))
             if state.uncommitted or state.uncommitted_unknown:
                 state.settle()  # e.g. a COMMIT sent as SQL
         if state.timeline_active:
@@ -871,7 +829,7 @@ class Session:
 
     def answered_remotely(self, query: Query) -> None:
         """The caller had the backend answer a query `read_locally` left to it."""
-        self._left(effects_of(query.backend_sql))
+        self.link.left(effects_of(query.backend_sql))
         self._last = lambda: Provenance.remote(self.planner.base_tables(query))
         self.counters["remote"] += 1
         state = self.state
@@ -899,7 +857,7 @@ class Session:
                 return privileges.holds_until(reader, relations, wait) if reader else None
             except BackendUnavailableError:
                 pass  # (as last known)
-        role = self._role or self._login
+        role = self.link.role or self.link.login
         if role == owner and not privileges.knows(role):
             return math.inf  # (the cache's own role, never asked in this process: as before)
         return privileges.holds_until(role, relations, last_known=True)
@@ -909,23 +867,24 @@ class Session:
         statement that may have changed it (SET ROLE, SET SESSION AUTHORIZATION, RESET, a
         set_config call ...), the backend's current_user, kept once outside a transaction
         (None: the backend would not say, in a failed transaction: it answers itself)."""
-        role = self._role
+        link = self.link
+        role = link.role
         if role is not None:
             return role
-        pg = self._pg
-        if pg is None or self.lost_backend:
-            return self._login
+        pg = link.pg
+        if pg is None or link.lost:
+            return link.login
         if not wait:
             raise WouldWait("the session's role is asked of the backend")
         try:
-            row = self._backend_session().execute("SELECT current_user").fetchone()
+            row = link.for_own_statement().execute("SELECT current_user").fetchone()
         except psycopg.OperationalError as exc:
             raise BackendUnavailableError(f"the backend connection failed: {exc}") from exc
         except psycopg.Error:
             return None
         role = str(row[0]) if row else ""
         if pg.pgconn.transaction_status == pq.TransactionStatus.IDLE:
-            self._role = role  # (inside a transaction, a ROLLBACK could change it back)
+            link.role = role  # (inside a transaction, a ROLLBACK could change it back)
         return role
 
     def _process_clock(self, wait: bool = True) -> BackendClock | None:
@@ -935,7 +894,7 @@ class Session:
         session that connected at once: asking the shared one then costs each statement
         that needs the time, a write passed through among them, and gains nothing)."""
         engine = self.engine
-        return engine.heartbeat_clock() if self._pg is not None else engine.shared_clock(wait)
+        return engine.heartbeat_clock() if self.link.pg is not None else engine.shared_clock(wait)
 
     def forwarded(self, route: Passthrough | Write, wait: bool = True) -> None:
         """A statement of this route reached the backend on this session's connection (sent
@@ -953,7 +912,7 @@ class Session:
             self._last = NO_PROVENANCE
         if route.changes_catalog:
             self.planner.catalog_changed()
-        self._left(route.effects)
+        self.link.left(route.effects)
         state = self.state
         if isinstance(route, Write):
             state.wrote(route.tables, wait)
@@ -962,26 +921,11 @@ class Session:
         if state.timeline_active:
             state.read_at(state.now(wait))
 
-    def _left(self, effects: BackendEffects) -> None:
-        """What a statement that reached the backend may have left in its backend session
-        (`cache.engine.effects`), whichever route sent it: the role is asked again; a pooled
-        session is pinned to its connection by what cannot follow it, and its settings (the
-        custom ones by name) are read before the connection is given back."""
-        if effects.may_change_role:
-            self._role = None  # (`_reader` asks the backend)
-        pooled = self._pooled
-        if pooled is None:
-            return
-        if self.pinned is None and effects.pins is not None:
-            self.pinned = effects.pins
-        if effects.may_change_settings:
-            self._settings_unknown = True
-        if effects.unprepares:
-            pooled.prepared.clear()
-        custom = effects.custom_settings
-        if custom:
-            self._custom_settings |= custom
-            pooled.defined |= custom
+    def _lost_transaction_ended(self) -> None:
+        """The backend connection was lost and is replaced: a transaction open on it ended
+        with it (its writes count as committed for the session's own reads, the stricter
+        choice)."""
+        self.state.settle()
 
     def caught_up(self) -> None:
         """What `forwarded` left undone when it could not wait: the writes' commit time and
@@ -1000,87 +944,11 @@ class Session:
         if self.state.writing:
             self.state.settle(wait=wait)
 
-    def backend_connection(self) -> psycopg.Connection[t.Any]:
-        """The session's backend connection (opened now if it is not open): the caller may
-        use it between statements of this session, and leaves it idle."""
-        self._check_open()
-        return self._connected()
-
-    def backend_connection_if_open(self) -> psycopg.Connection[t.Any] | None:
-        return self._pg if not self.lost_backend else None
-
-    @property
-    def pooled(self) -> bool:
-        """Whether the session takes its backend connection from a pool (`release_backend`)."""
-        return self._pool is not None
-
-    @property
-    def backend_prepared(self) -> OrderedDict[bytes, None] | None:
-        """The server's prepared statement names parsed on the pooled connection the session
-        holds, least recently used first (None: not pooled, or none held)."""
-        pooled = self._pooled
-        return pooled.prepared if pooled is not None else None
-
-    def release_backend(self) -> None:
-        """Give the pooled backend connection back when its session is idle (no transaction,
-        nothing running) and the session is not pinned to it: the client was sent
-        ReadyForQuery. The session-level settings a statement may have changed are read
-        first, for the next connection. Nothing happens to a session that is not pooled."""
-        pooled = self._pooled
-        if pooled is None or self.pinned is not None or self.lost_backend:
-            return
-        pg = pooled.conn
-        if pg.pgconn.transaction_status != pq.TransactionStatus.IDLE:
-            return
-        if self._settings_unknown:
-            try:
-                self._settings = pooled.settings = _session_settings(pg, self._custom_settings)
-                self._ran_own()
-            except psycopg.Error:
-                self.pinned = "its settings could not be read"
-                return
-            self._settings_unknown = False
-        assert self._pool is not None
-        self._pool.release(self._detach(pooled))
-
-    @property
-    def lost_backend(self) -> bool:
-        """Whether the session had a backend connection and lost it (until its next statement
-        that needs the backend connects again)."""
-        pg = self._pg
-        return pg is not None and (pg.closed or pg is self._pg_lost)
-
-    def lose_backend(self) -> None:
-        """The caller found the backend connection unusable (it read the connection's socket
-        itself): lost from now on, as if libpq had seen it end. The connection is closed
-        when the session is, or when the next statement that needs the backend replaces it
-        (the caller may still be watching its socket)."""
-        self._pg_lost = self._pg
-
-    def backend_transaction_status(self) -> pq.TransactionStatus:
-        """The backend session's transaction status (IDLE while it has no connection)."""
-        pg = self.backend_connection_if_open()
-        if pg is None:
-            return pq.TransactionStatus.IDLE
-        return pq.TransactionStatus(pg.pgconn.transaction_status)
-
     def cancel(self) -> None:
         """Cancel the statement running in this session (from another thread): its DuckDB
         work and its backend statement. Nothing happens to a session that runs nothing."""
         self.interrupt_local()
-        self.cancel_backend()
-
-    def cancel_backend(self) -> None:
-        """Cancel the session's backend statement, if one runs (the backend ignores a cancel
-        that comes before its statement: `cancel`)."""
-        with self._pg_lock:  # (a pooled connection is not given back meanwhile)
-            pg = self.backend_connection_if_open()
-            if pg is None:
-                return
-            if self._pooled is not None:
-                self._pooled.cancelled = True  # (the cancel could reach another session's)
-            with contextlib.suppress(psycopg.Error):
-                pg.pgconn.get_cancel().cancel()
+        self.link.cancel()
 
     def interrupt_local(self) -> None:
         """Interrupt the session's DuckDB statement, if one runs (DuckDB forgets an interrupt
@@ -1128,15 +996,13 @@ class Session:
     @_public
     def commit(self) -> None:
         self._check_open()
-        if self._pg is not None:  # with no backend session there is nothing to commit
-            translating(self._pg.commit)
+        self.link.commit()
         self.state.committed()
 
     @_public
     def rollback(self) -> None:
         self._check_open()
-        if self._pg is not None:
-            translating(self._pg.rollback)
+        self.link.rollback()
         self.state.rolled_back()
 
     @contextmanager
@@ -1146,7 +1012,7 @@ class Session:
         uncommitted until the block's own COMMIT."""
         self._check_open()
         try:
-            with self._backend_session().transaction():
+            with self.link.transaction():
                 yield self
         except psycopg.Error as exc:
             self.state.settle(rolled_back=True)
@@ -1158,15 +1024,12 @@ class Session:
 
     @property
     def autocommit(self) -> bool:
-        return self._autocommit
+        return self.link.autocommit
 
     @autocommit.setter
     def autocommit(self, value: bool) -> None:
         self._check_open()
-        pg = self._pg
-        if pg is not None and not pg.closed:
-            translating(lambda: setattr(pg, "autocommit", value))
-        self._autocommit = bool(value)
+        self.link.autocommit = value
 
     # -- settings --------------------------------------------------------------------------------
 
@@ -1177,42 +1040,33 @@ class Session:
 
     def backend_setting(self, name: str) -> t.Any:
         """A psycopg session setting (``isolation_level``, ``read_only``, ``deferrable``)."""
-        pg = self._pg
-        if pg is not None and not pg.closed:
-            return getattr(pg, name)
-        return self._pg_settings.get(name)
+        return self.link.setting(name)
 
     def set_backend_setting(self, name: str, value: t.Any) -> None:
         """Set it on the backend session, and keep it for the next one if this is lost."""
         self._check_open()
-        pg = self._pg
-        if pg is not None and not pg.closed:
-            translating(lambda: setattr(pg, name, value))
-        self._pg_settings[name] = value
+        self.link.set_setting(name, value)
 
     @property
     def info(self) -> psycopg.ConnectionInfo:
         """The backend session's connection information (psycopg's), connecting if needed."""
         self._check_open()
-        info = translating(lambda: self._backend_session().info)
+        info = translating(lambda: self.link.for_own_statement().info)
         return t.cast(psycopg.ConnectionInfo, info)
 
     @property
     def broken(self) -> bool:
         """Whether the backend session was lost (the next statement connects again)."""
-        return self._pg is not None and self._pg.broken
+        return self.link.broken
 
     @property
     def backend_pid(self) -> int | None:
         """The process id of the session's backend connection (None: none is open)."""
-        pg = self._pg
-        return pg.info.backend_pid if pg is not None and not pg.closed else None
+        return self.link.pid
 
     def add_notice_handler(self, handler: t.Callable[[t.Any], None]) -> None:
         """Call ``handler`` with each notice the backend sends (a psycopg ``Diagnostic``)."""
-        self._notice_handlers.append(handler)
-        if self._pg is not None and not self._pg.closed:
-            self._pg.add_notice_handler(handler)
+        self.link.add_notice_handler(handler)
 
     # -- the session timeline (§2.3) -----------------------------------------------------------
 
@@ -1255,7 +1109,7 @@ class Session:
             return
         self.closed = True
         try:
-            self._close_backend()
+            self.link.close()
         finally:
             self.store.close()
             self.engine.leave(self)
@@ -1264,112 +1118,10 @@ class Session:
         if self.closed:
             raise InterfaceError("the connection is closed")
 
-    # -- the backend connection ------------------------------------------------------------------
-
-    def _connect_backend(self) -> psycopg.Connection[t.Any]:
-        pool = self._pool
-        if pool is None:
-            pg = self._open_backend()
-            self._adopt(pg)
-            self._pg = pg
-            return pg
-        pooled = pool.acquire(self._pool_key, self._open_backend, self._custom_settings)
-        pg = pooled.conn
-        try:
-            if pooled.settings != self._settings:
-                _replay_settings(pg, pooled.settings, self._settings)
-                pooled.settings = self._settings
-                pooled.defined |= self._custom_settings
-            self._adopt(pg)
-        except psycopg.Error as exc:
-            pool.discard(pooled)
-            raise BackendUnavailableError(f"the backend connection failed: {exc}") from exc
-        self._ran_own()  # (its unnamed statement is not the one the session left elsewhere)
-        with self._pg_lock:
-            self._pooled = pooled
-            self._pg = pg
-        return pg
-
-    def _open_backend(self) -> psycopg.Connection[t.Any]:
-        options: dict[str, object] = {"autocommit": self._autocommit}
-        if self._context is not None:
-            options["context"] = self._context
-        options.update(connection_parameters(self._parameters))
-        options.update(self._credentials)
-        return connect_backend(self.engine.backend, **options)
-
-    def _adopt(self, pg: psycopg.Connection[t.Any]) -> None:
-        """The session's handlers and psycopg settings on the connection it now uses."""
-        self._role = pg.info.user  # (a new backend session, or a pooled one: its login role)
-        pg.add_notice_handler(self._notice_sink)
-        for handler in self._notice_handlers:
-            pg.add_notice_handler(handler)
-        if pg.autocommit != self._autocommit:
-            pg.autocommit = self._autocommit
-        for name, value in self._pg_settings.items():
-            setattr(pg, name, value)
-
-    def _detach(self, pooled: Pooled) -> Pooled:
-        """The pooled connection the session holds is no longer its own (a cancel from
-        another thread then finds none), its handlers taken off."""
-        with self._pg_lock:
-            self._pooled = None
-            self._pg = None
-        pg = pooled.conn
-        for handler in (self._notice_sink, *self._notice_handlers):
-            with contextlib.suppress(ValueError):
-                pg.remove_notice_handler(handler)
-        cursor, self._pg_cursor = self._pg_cursor, None
-        if cursor is not None:
-            cursor.close()
-        return pooled
-
-    def _backend_session(self) -> psycopg.Connection[t.Any]:
-        """The session's backend connection for a statement of the session's own
-        (``backend_statements``)."""
-        self._ran_own()
-        return self._connected()
-
-    def _ran_own(self) -> None:
-        self.backend_statements += 1
-
-    def _connected(self) -> psycopg.Connection[t.Any]:
-        """The session's backend connection, connected again if the backend had gone (a
-        transaction open on the lost connection ended with it: its writes count as
-        committed for the session's own reads, the stricter choice); a
-        `BackendUnavailableError` while it is still unreachable."""
-        pg = self._pg
-        if pg is not None and not self.lost_backend:
-            return pg
-        if pg is not None:
-            self.state.settle()
-            pooled = self._pooled
-            if pooled is not None:
-                assert self._pool is not None
-                self._pool.discard(self._detach(pooled))
-            elif not pg.closed:  # (`lose_backend`)
-                pg.close()
-        return self._connect_backend()
-
-    def _close_backend(self) -> None:
-        pooled = self._pooled
-        if pooled is not None:  # given back if it can be, else closed (a pinned session's)
-            assert self._pool is not None
-            self._detach(pooled)
-            if self.pinned is not None or self._settings_unknown:
-                self._pool.discard(pooled)
-            else:
-                self._pool.release(pooled)
-            return
-        if self._pg_cursor is not None:
-            self._pg_cursor.close()
-        if self._pg is not None:
-            self._pg.close()
-
     def _zone(self) -> Zone:
         """The session's time zone, by name and as psycopg gives timestamps with time zone in
         it (the last one known while the backend is unreachable)."""
-        pg = self._pg
+        pg = self.link.pg
         if pg is not None and not pg.closed:
             info = pg.info
             name = info.parameter_status("TimeZone") or "UTC"
@@ -1383,7 +1135,7 @@ class Session:
         uncommitted writes (only it can see them; the guards then allow one leaf per class,
         a statement's snapshot)."""
         if self.state.writing:
-            pg = self._backend_session()
+            pg = self.link.for_own_statement()
             return lambda leaves: [copy_to_arrow(pg, *leaf) for leaf in leaves]
         backend = self.engine.backend
         return lambda leaves: in_one_snapshot(
@@ -1394,40 +1146,6 @@ class Session:
         phases = self.phases
         if phases is not None:
             phases.mark(phase)
-
-
-def _session_settings(
-    pg: psycopg.Connection[t.Any], custom: frozenset[str]
-) -> tuple[tuple[str, str], ...]:
-    """The settings the backend session changed by SET (or set_config), as it holds them,
-    and the custom ones named (placeholders, which pg_settings does not list: each as
-    current_setting gives it, empty after a RESET; one it never defined is left out)."""
-    with pg.cursor() as cur:
-        cur.execute(
-            "SELECT name, setting FROM pg_settings WHERE source = 'session' "
-            "AND NOT lower(name) = ANY(%(custom)s::text[]) "
-            "UNION ALL SELECT name, current_setting(name, true) "
-            "FROM unnest(%(custom)s::text[]) name "
-            "WHERE current_setting(name, true) IS NOT NULL ORDER BY 1",
-            {"custom": sorted(custom)},
-        )
-        return tuple((str(n), str(v)) for n, v in cur.fetchall())
-
-
-def _replay_settings(
-    pg: psycopg.Connection[t.Any],
-    held: tuple[tuple[str, str], ...],
-    wanted: tuple[tuple[str, str], ...],
-) -> None:
-    """A pooled connection's settings (``held``) made the session's (``wanted``)."""
-    with pg.cursor() as cur:
-        if held:
-            cur.execute("RESET ALL")
-        if wanted:
-            cur.execute(
-                "SELECT " + ", ".join(["set_config(%s, %s, false)"] * len(wanted)),
-                [v for pair in wanted for v in pair],
-            )
 
 
 def _copy_leaf(

@@ -227,7 +227,7 @@ class Conversation:
         self._queue: deque[_Expect | _Ready] = deque()
         self._piped = False  # the backend connection is in pipeline mode
         self._unnamed_owner: Statement | None = None  # whose text the backend's "" holds
-        self._unnamed_at = 0  # the session's `backend_statements` when it was parsed
+        self._unnamed_at = 0  # the link's `statements` when it was parsed
         self._names = 0
         self.ignoring = False  # after an error, until Sync
         self.cancel_reason: str | None = None  # why the running statement is cancelled
@@ -320,8 +320,8 @@ class Conversation:
             return False
         if (
             isinstance(message, protocol.Sync)
-            and self.session.pooled
-            and self.session.backend_connection_if_open() is not None
+            and self.session.link.pooled
+            and self.session.link.if_open() is not None
         ):
             return False  # (a worker gives the connection back: that may ask the backend)
         if isinstance(message, protocol.Sync | protocol.Flush | protocol.Bind):
@@ -505,7 +505,7 @@ class Conversation:
             or (describe and statement.described is None)
         ):
             return None
-        conn = self.session.backend_connection_if_open()
+        conn = self.session.link.if_open()
         if conn is None or not self._at_backend(statement):
             return None  # (the connection is opened, or the statement parsed, by a worker)
         param_formats, result_format, mixed = _bind_formats(bind)
@@ -558,9 +558,11 @@ class Conversation:
         statement = self.statements.get(bind.statement)
         if statement is None or not statement.raw:
             return None
-        if (self.session.pooled and self.session.pinned is None) or self.session.report_position:
+        if (
+            self.session.link.pooled and self.session.link.pinned is None
+        ) or self.session.report_position:
             return None  # (its connection may be another session's by its next run)
-        conn = self.session.backend_connection_if_open()
+        conn = self.session.link.if_open()
         if (
             conn is None
             or not self._at_backend(statement)
@@ -645,11 +647,11 @@ class Conversation:
 
     def raw_lost(self, run: RawRun, why: str) -> None:
         """The backend connection ended (or sent what is not the protocol) under a raw run:
-        the connection is given up (`Session.lose_backend`: the server then ends the
+        the connection is given up (`BackendLink.lose`: the server then ends the
         session, as PostgreSQL ends it); the client has what came whole before."""
         run.lost = True
         self.handled += 1
-        self.session.lose_backend()
+        self.session.link.lose()
         log.warning("a session's backend connection was lost under a statement: %s", why)
 
     @property
@@ -668,7 +670,7 @@ class Conversation:
         commit time here (`Session.caught_up`)."""
         unsynced, self._unsynced = self._unsynced, {}
         status_moved, self._status_unsynced = self._status_unsynced, False
-        conn = self.session.backend_connection_if_open()
+        conn = self.session.link.if_open()
         pgconn = conn.pgconn if conn is not None else None
         if status_moved and pgconn is not None:
             self._own_statement(pgconn, b"")
@@ -733,7 +735,7 @@ class Conversation:
         given."""
         return (
             not (self._piped or self._output_changed)
-            and self.session.backend_transaction_status() == pq.TransactionStatus.IDLE
+            and self.session.link.transaction_status() == pq.TransactionStatus.IDLE
         )
 
     def _answer_at_hand(
@@ -927,11 +929,9 @@ class Conversation:
             self._queue.append(_Ready(protocol.PARSE_COMPLETE))
             return
         backend_name = b""  # the backend's names are the server's (the engine names too)
-        if name and self.session.pooled:  # named by its text: pooled sessions share it
+        if name and self.session.link.pooled:  # named by its text: pooled sessions share it
             backend_name = _pooled_name(statement)
-            if self.session.backend_connection_if_open() is None or self._at_backend(
-                statement, backend_name
-            ):
+            if self.session.link.if_open() is None or self._at_backend(statement, backend_name):
                 # parsed at the backend when first used (`_ensure_at_backend`): a client that
                 # prepares synchronously for many sessions (pgbench's threads) waits for no
                 # pooled connection here while its other sessions hold them
@@ -951,9 +951,9 @@ class Conversation:
         pgconn = self._piped_backend()
         if not backend_name:
             self._unnamed_owner = statement
-            self._unnamed_at = self.session.backend_statements
+            self._unnamed_at = self.session.link.statements
         statement.backend_name = backend_name
-        prepared = self.session.backend_prepared
+        prepared = self.session.link.prepared
         if prepared is not None and backend_name:  # (a pooled connection's: oldest closed)
             prepared[backend_name] = None
             while len(prepared) > PREPARED_LIMIT:
@@ -1026,7 +1026,7 @@ class Conversation:
         """A portal the client did not bind here: a cursor it declared at the backend
         (``DECLARE c CURSOR FOR ...``, as psycopg's server-side cursors do), described there
         (where, if it does not exist either, the backend says so)."""
-        if not name or self.session.backend_connection_if_open() is None:
+        if not name or self.session.link.if_open() is None:
             raise _Refusal("34000", f'portal "{_name(name)}" does not exist')
         pgconn = self._piped_backend()
         pgconn.send_describe_portal(name)
@@ -1215,7 +1215,7 @@ class Conversation:
         elif (
             self.portals.pop(message.name, None) is None
             and message.name
-            and self.session.backend_connection_if_open() is not None
+            and self.session.link.if_open() is not None
         ):
             pgconn = self._piped_backend()  # a cursor declared at the backend
             pgconn.send_close_portal(message.name)
@@ -1225,7 +1225,7 @@ class Conversation:
     def _close_at_backend(self, statement: Statement) -> None:
         name = statement.backend_name
         statement.backend_name = None
-        if not name or self.session.pooled:
+        if not name or self.session.link.pooled:
             return  # (a pooled connection's are shared: the oldest are closed, `_prepare_...`)
         pgconn = self._piped_backend()
         pgconn.send_close_prepared(name)
@@ -1246,11 +1246,11 @@ class Conversation:
         if name == b"":
             return (
                 self._unnamed_owner is statement
-                and self._unnamed_at == self.session.backend_statements
+                and self._unnamed_at == self.session.link.statements
             )  # (the engine's took it)
-        prepared = self.session.backend_prepared
+        prepared = self.session.link.prepared
         if prepared is None:
-            return not self.session.pooled  # (a session's own connection holds its own)
+            return not self.session.link.pooled  # (a session's own connection holds its own)
         if name not in prepared:
             return False
         prepared.move_to_end(name)
@@ -1261,14 +1261,14 @@ class Conversation:
             self._backend().pgconn.pipeline_sync()
         self._drain(leave_pipeline=True)
         self.ignoring = False
-        if self.session.backend_transaction_status() == pq.TransactionStatus.IDLE:
+        if self.session.link.transaction_status() == pq.TransactionStatus.IDLE:
             self.portals.clear()  # portals end with their transaction, as PostgreSQL's
         self._ready()
 
     # -- backend pipeline ------------------------------------------------------------------------
 
     def _backend(self) -> psycopg.Connection[t.Any]:
-        return self.session.backend_connection()
+        return self.session.link.connection()
 
     def _piped_backend(self) -> pq.abc.PGconn:
         conn = self._backend()
@@ -1305,7 +1305,7 @@ class Conversation:
 
     def _check_not_failed(self) -> None:
         """The cache answers nothing in a failed transaction block, as PostgreSQL."""
-        if self.session.backend_transaction_status() == pq.TransactionStatus.INERROR:
+        if self.session.link.transaction_status() == pq.TransactionStatus.INERROR:
             raise _Refusal(
                 "25P02",
                 "current transaction is aborted, commands ignored until end of transaction block",
@@ -1491,7 +1491,7 @@ class Conversation:
             self._fail_transaction()
         if isinstance(exc, QueryCanceledError) and self.cancel_reason is not None:
             exc = QueryCanceledError(f"canceling statement due to {self.cancel_reason}")
-        if isinstance(exc, psycopg.Error) and self.session.lost_backend:
+        if isinstance(exc, psycopg.Error) and self.session.link.lost:
             # (libpq's loss of the connection, which psycopg may class by the call that saw
             # it: the session ends with it, as PostgreSQL's would)
             self._backend_error(
@@ -1510,14 +1510,14 @@ class Conversation:
         session ends after it with no second one (`told_lost`)."""
         self.out(message)
         self._failed = True
-        if self.session.lost_backend:
+        if self.session.link.lost:
             self.told_lost = True
 
     def _fail_transaction(self) -> None:
         """The cache failed a statement inside a transaction block: as PostgreSQL, the block
         is failed until ROLLBACK. The backend's transaction is made to fail, so it (and the
         client, through ReadyForQuery) sees exactly PostgreSQL's states from here on."""
-        if self.session.backend_transaction_status() != pq.TransactionStatus.INTRANS:
+        if self.session.link.transaction_status() != pq.TransactionStatus.INTRANS:
             return
         pgconn = self._backend().pgconn
         if not self._piped:
@@ -1528,7 +1528,7 @@ class Conversation:
         self._discard_result(pgconn)
 
     def _ready(self) -> None:
-        status = self.session.backend_transaction_status()
+        status = self.session.link.transaction_status()
         self._notifications()
         self._parameter_changes()
         if self._output_changed:
@@ -1544,7 +1544,7 @@ class Conversation:
             self._report_position()
         self.out(protocol.ready_for_query(_STATUS.get(status, b"I")))
         if status == pq.TransactionStatus.IDLE and not self._piped and not self._queue:
-            self.session.release_backend()  # (transaction pooling: between transactions)
+            self.session.link.release()  # (transaction pooling: between transactions)
 
     def _report_position(self) -> None:
         """ParameterStatus mtcache.position when the session's position moved (asked for
@@ -1558,7 +1558,7 @@ class Conversation:
     def _parameter_changes(self) -> None:
         """ParameterStatus for every reported setting the backend session changed (SET
         TimeZone, ...)."""
-        conn = self.session.backend_connection_if_open()
+        conn = self.session.link.if_open()
         if conn is None:
             return
         pgconn = conn.pgconn
@@ -1584,7 +1584,7 @@ class Conversation:
         """After a statement that may have set extra_float_digits or bytea_output (which
         ParameterStatus does not report): read them. A SET LOCAL ends with its transaction,
         so they are read again at its end."""
-        conn = self.session.backend_connection_if_open()
+        conn = self.session.link.if_open()
         if conn is None or status == pq.TransactionStatus.INERROR:
             return
         found = self._own_statement(
@@ -1608,7 +1608,7 @@ class Conversation:
         self.out(protocol.diagnostic(diag_fields(diag), self.settings.codec, notice=True))
 
     def _notifications(self) -> None:
-        conn = self.session.backend_connection_if_open()
+        conn = self.session.link.if_open()
         if conn is None:
             return
         pgconn = conn.pgconn

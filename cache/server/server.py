@@ -684,7 +684,7 @@ class ClientConnection(asyncio.Protocol):
         if passing.waiting and self.loop is not None:
             self.loop.remove_writer(passing.fd)
         self._passing = None
-        if self.session is not None and self.session.pooled:
+        if self.session is not None and self.session.link.pooled:
             # its answer may have given the connection back to the pool (a COMMIT): the loop
             # stops watching it now, before another session's run can watch the same socket
             self._watch_backend()
@@ -896,11 +896,7 @@ class ClientConnection(asyncio.Protocol):
         of the backend session (the client's session then ends, as PostgreSQL ends it:
         `_lost_backend`)."""
         session, conversation = self.session, self.conversation
-        conn = (
-            session.backend_connection_if_open()
-            if session is not None and conversation is not None
-            else None
-        )
+        conn = session.link.if_open() if session is not None and conversation is not None else None
         fd = conn.pgconn.socket if conn is not None else None
         if fd == self._watched:
             return
@@ -1019,7 +1015,7 @@ class ClientConnection(asyncio.Protocol):
         tables and transaction went with it: connecting again silently would run the
         client's next statements in another session)."""
         session = self.session
-        return session is not None and session.lost_backend
+        return session is not None and session.link.lost
 
     def _on_loop(self, call: Callable[..., None], *args: t.Any) -> None:
         loop = self.loop
@@ -1029,7 +1025,7 @@ class ClientConnection(asyncio.Protocol):
     def _notify(self) -> bool:
         """What the backend sent while the session was idle (LISTEN), to the client."""
         session, conversation = self.session, self.conversation
-        conn = session.backend_connection_if_open() if session is not None else None
+        conn = session.link.if_open() if session is not None else None
         if conn is None or conversation is None:
             return True
         conn.pgconn.consume_input()
@@ -1117,7 +1113,7 @@ class ClientConnection(asyncio.Protocol):
         self.conversation.max_result_bytes = server.options.max_result_bytes
         self.conversation.statement_stats = server.statement_stats
         self._key = server.register(self)
-        session.release_backend()  # (pooled: until a statement needs it)
+        session.link.release()  # (pooled: until a statement needs it)
         out = [protocol.AUTHENTICATION_OK]
         if startup.version & 0xFFFF:
             out.append(
@@ -1284,7 +1280,7 @@ class ClientConnection(asyncio.Protocol):
             or now - self._idle_since <= idle
         ):
             return
-        if session.backend_transaction_status() in (
+        if session.link.transaction_status() in (
             pq.TransactionStatus.INTRANS,
             pq.TransactionStatus.INERROR,
         ):
@@ -1331,7 +1327,7 @@ class ClientConnection(asyncio.Protocol):
                 session.interrupt_local()
                 gone = self._eof
             if backend and gone and time.monotonic() >= again:
-                session.cancel_backend()
+                session.link.cancel()
                 again = time.monotonic() + BACKEND_CANCEL_REPEAT
 
     def _end(self) -> None:
@@ -1422,7 +1418,7 @@ def _reported(
 ) -> dict[str, str]:
     """The ParameterStatus values of a new session: its backend connection's, or (none open
     yet) the backend's defaults with the client's application name."""
-    conn = session.backend_connection_if_open()
+    conn = session.link.if_open()
     if conn is not None:
         return _reported_by(conn.info)
     reported = dict(defaults)
