@@ -13,7 +13,6 @@ import pytest
 
 import cache
 from cache.engine.engine import Engine
-from cache.store.cache_file import WouldWait
 from heartbeat.clock import CLOCK_MAX_AGE, BackendClock, from_samples, measure
 
 
@@ -82,18 +81,18 @@ def test_the_shared_clock_is_measured_again_only_where_waiting_is_allowed(
 ) -> None:
     """The clock of sessions without a backend connection of their own (the server's) is
     measured on a pooled connection every CLOCK_MAX_AGE seconds: a session that may not wait
-    (an event loop's answer at hand) gets `WouldWait` then, never a measurement."""
+    (an event loop's answer at hand) finds it due then (`shared_clock_due`), never a
+    measurement."""
     engine = Engine(backend_dsn, tmp_path / "cache.duckdb", background=False)
     try:
         first = engine.shared_clock()
         assert first is not None
-        assert engine.shared_clock(wait=False) is first  # (fresh: no measurement)
+        assert not engine.shared_clock_due() and engine.shared_clock() is first  # (fresh)
         aged = dataclasses.replace(
             first, measured_at=first.measured_at - dt.timedelta(seconds=CLOCK_MAX_AGE + 1)
         )
         engine._clock = aged  # (as it is CLOCK_MAX_AGE seconds later)
-        with pytest.raises(WouldWait):
-            engine.shared_clock(wait=False)
+        assert engine.shared_clock_due()
         assert engine._clock is aged
         again = engine.shared_clock()
         assert again is not None and again.measured_at > first.measured_at

@@ -17,11 +17,12 @@ import psycopg
 import pytest
 
 import cache
+from cache.engine.lane import Lane
+from cache.engine.read import Suspended, at_hand
 from cache.engine.result import Result
 from cache.engine.route import CachedRead
 from cache.engine.session import Session
 from cache.execution.lookup import LookupIndexes, lookup_shape
-from cache.store.cache_file import WouldWait
 from tests.answers import assert_same_answer, cached_copies, typed
 
 BOUND = " CURRENCY BOUND 10 MIN"
@@ -191,7 +192,8 @@ def test_a_large_view_is_indexed_in_the_background(conn: cache.Connection, backe
 def test_a_lane_answers_as_the_full_path_while_nothing_it_depends_on_changes(
     conn: cache.Connection, backend: str
 ) -> None:
-    """`Session.read_with_lane` (the server's hit path): for a statement answered at hand, other
+    """A read's lane (`Session.read` with ``lane``, the server's hit path): for a statement
+    answered at hand, other
     keys of the same type get `read_locally`'s rows, counted and noted alike (the provenance
     EXPLAIN LAST STATEMENT shows); it answers None, with nothing counted, for a key of another
     type, once its decision has expired, while decisions are observed and after the cache
@@ -205,7 +207,7 @@ def test_a_lane_answers_as_the_full_path_while_nothing_it_depends_on_changes(
     for key in range(1, 6):  # DuckDB answers, then the index is built
         assert_same_answer(conn, backend, sql + BOUND, sql, (key,))
     lookups(conn).wait()
-    _, lane = session.read_with_lane(query, [3])
+    _, lane = read_with_lane(session, query, [3])
     assert lane is not None
 
     def counted() -> tuple[int, int]:
@@ -251,7 +253,7 @@ def test_a_lane_answers_as_the_full_path_while_nothing_it_depends_on_changes(
         for key in range(1, 6):  # (the refresh made the index stale: built again)
             assert_same_answer(conn, backend, sql + BOUND, sql, (key,))
         lookups(conn).wait()
-        answer, lane = session.read_with_lane(query, [3])
+        answer, lane = read_with_lane(session, query, [3])
         assert lane is None
         waited = session.read_locally(query, [3])
         assert waited is not None and typed(answer.rows) == typed(waited.rows)
@@ -259,13 +261,22 @@ def test_a_lane_answers_as_the_full_path_while_nothing_it_depends_on_changes(
         conn.execute("END TIMEORDERED")
 
 
+def read_with_lane(
+    session: Session, query: t.Any, params: list[t.Any]
+) -> tuple[Result, Lane | None]:
+    """A read answered at hand, and the lane it leaves (as the server's event loop asks)."""
+    reading = at_hand(session.read(query, params, lane=True))
+    assert not isinstance(reading, Suspended) and reading.result is not None
+    return reading.result, reading.lane
+
+
 def test_an_answer_at_hand_never_waits_and_is_counted_once(
     conn: cache.Connection, backend: str
 ) -> None:
-    """What the server's event loop asks (`Session.read_locally` with ``wait=False``): until
-    the plan is made and the index built, `WouldWait` with nothing counted; then the same
-    answer as waiting gives, each counted once; after a refresh, `WouldWait` again until the
-    index is built again."""
+    """What the server's event loop asks (`Session.read` as far as it goes at hand): until
+    the plan is made and the index built, the read stops where it would wait with nothing
+    counted; then the same answer as waiting gives, each counted once; after a refresh, it
+    stops again until the index is built again."""
     session = conn.session
     assert isinstance(session, Session)
     sql = QUERIES[0][0]
@@ -274,8 +285,9 @@ def test_an_answer_at_hand_never_waits_and_is_counted_once(
     # a fully materialized view: one guard decision serves every key
     assert not session.prepare(routed.query, [1]).plan.guards_read_parameters
 
-    def at_hand(key: int) -> Result:
-        return session.read_locally(routed.query, [key], wait=False)
+    def answered_at_hand(key: int) -> Result | Suspended:
+        found = at_hand(session.read(routed.query, [key]))
+        return found if isinstance(found, Suspended) or found.result is None else found.result
 
     def counted() -> tuple[int, int, int]:
         memo = conn.engine.memo
@@ -284,14 +296,14 @@ def test_an_answer_at_hand_never_waits_and_is_counted_once(
 
     for _ in range(2):
         before = counted()
-        with pytest.raises(WouldWait):
-            at_hand(5)
+        assert isinstance(answered_at_hand(5), Suspended)
         assert counted() == before
         for key in range(1, 6):  # DuckDB answers, then the index is built
             assert_same_answer(conn, backend, sql + BOUND, sql, (key,))
         before = counted()
         for key in (3, 7, 250):
-            found = at_hand(key)
+            found = answered_at_hand(key)
+            assert isinstance(found, Result)
             waited = session.read_locally(routed.query, [key])
             assert waited is not None and found.rows == waited.rows
             assert found.description == waited.description

@@ -2,9 +2,10 @@
 connection, as with psycopg: their calls are serialized by the connection's lock). Whatever
 goes wrong below it leaves as an error of the PEP 249 tree (`sql_ext.errors`). Errors of the
 tree pass unchanged; text that is not valid UTF-8 is a `DataError`; DuckDB's and psycopg's
-errors are translated (a damaged cache file says so and what to do); `WouldWait` reaches the
-caller that asked not to wait; anything else is a bug, raised as an `InternalError` that names
-it (its traceback stays on ``__cause__``)."""
+errors are translated (a damaged cache file says so and what to do); anything else is a bug,
+raised as an `InternalError` that names it (its traceback stays on ``__cause__``). A read
+(`cache.engine.read`), which its driver runs one step at a time, has its errors translated the
+same way (`public_read`)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from pathlib import Path
 import duckdb
 import psycopg
 
-from cache.store.cache_file import WouldWait, damaged
+from cache.store.cache_file import damaged
 from sql_ext.errors import (
     DataError,
     Error,
@@ -30,6 +31,7 @@ from sql_ext.errors import (
 )
 
 F = t.TypeVar("F", bound=t.Callable[..., t.Any])
+T = t.TypeVar("T")
 
 
 def public(
@@ -46,7 +48,7 @@ def public(
             try:
                 with held if held is not None else contextlib.nullcontext():
                     return method(self, *args, **kwargs)
-            except (Error, WouldWait):  # (a call without waiting is asked again: no error)
+            except Error:
                 raise
             except TypeError as exc:
                 misfit = _misfit(method, self, args, kwargs)
@@ -57,6 +59,16 @@ def public(
         return t.cast(F, wrapper)
 
     return decorate
+
+
+def public_read(read: t.Generator[None, None, T], path: Path) -> t.Generator[None, None, T]:
+    """A read (`cache.engine.read`) whose errors leave as a public method's."""
+    try:
+        return (yield from read)
+    except Error:
+        raise
+    except Exception as exc:
+        raise api_error(exc, path) from exc
 
 
 def _misfit(

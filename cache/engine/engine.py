@@ -51,7 +51,7 @@ from cache.execution.memo import memo_for
 from cache.execution.planning import PlanCache
 from cache.maintenance.background import Background, attach, detach
 from cache.maintenance.stream import DEFAULT_LAG_LIMIT
-from cache.store.cache_file import COUNTERS, CacheStore, WouldWait, check_resources
+from cache.store.cache_file import COUNTERS, CacheStore, check_resources
 from cache.store.region_state import read_region_state
 from control_tables.regions import RegionState
 from heartbeat.clock import CLOCK_MAX_AGE, BackendClock, measure
@@ -178,6 +178,7 @@ class Engine:
             Memo(
                 memo_for(self.store.path, result_memo_bytes),
                 self.store.change_token,
+                self.store.change_token_at_hand,
                 lookups_for(self.store.path),
                 self.store.for_thread,
             )
@@ -221,40 +222,36 @@ class Engine:
 
     # -- shared state the sessions read ----------------------------------------------------
 
-    def region_state(self, wait: bool = True) -> RegionState:
-        """The regions' state as of the file's current version (read again after a change;
-        ``wait=False``: `WouldWait` instead)."""
+    def region_state(self) -> RegionState:
+        """The regions' state as of the file's current version (read again after a change)."""
         state = self._regions
         if state is None or state.version != self.store.version:
-            if not wait:
-                raise WouldWait("the regions' state is read again")
             with self._regions_lock:  # sessions of several threads may find it changed at once
                 state = self._regions
                 if state is None or state.version != self.store.version:
                     state = self._regions = read_region_state(self.store)
         return state
 
-    def heartbeat_clock(self, wait: bool = True) -> BackendClock | None:
-        """The backend clock as this process's heartbeat estimates it (None: no heartbeat;
-        ``wait``: as `shared_clock`'s, never needed here)."""
+    def region_state_at_hand(self) -> RegionState | None:
+        """`region_state` if it is current (None: it must be read again)."""
+        state = self._regions
+        return state if state is not None and state.version == self.store.version else None
+
+    def heartbeat_clock(self) -> BackendClock | None:
+        """The backend clock as this process's heartbeat estimates it (None: no heartbeat)."""
         running = self._background
         return running.heartbeat.clock if running is not None and running.heartbeat else None
 
-    def shared_clock(self, wait: bool = True) -> BackendClock | None:
+    def shared_clock(self) -> BackendClock | None:
         """The backend clock for sessions without a backend connection of their own: the
         heartbeat's estimate, else one measurement on a pooled connection shared by all and
-        made again every CLOCK_MAX_AGE seconds (None while the backend is unreachable;
-        ``wait=False``: `WouldWait` when it is time to measure, which an event loop may not
-        wait for)."""
+        made again every CLOCK_MAX_AGE seconds (None while the backend is unreachable)."""
         beat = self.heartbeat_clock()
         if beat is not None:
             return beat
-        clock = self._clock
+        if not self.shared_clock_due():
+            return self._clock
         now = dt.datetime.now(dt.UTC)
-        if clock is not None and (now - clock.measured_at).total_seconds() <= CLOCK_MAX_AGE:
-            return clock
-        if not wait:
-            raise WouldWait("the backend's clock is measured again")
         with self._clock_lock:
             clock = self._clock
             if clock is None or (now - clock.measured_at).total_seconds() > CLOCK_MAX_AGE:
@@ -264,6 +261,15 @@ class Engine:
                 except (psycopg.Error, BackendUnavailableError):
                     return clock
             return clock
+
+    def shared_clock_due(self) -> bool:
+        """Whether `shared_clock` would measure the backend's clock (an event loop may not
+        wait for that)."""
+        if self.heartbeat_clock() is not None:
+            return False
+        clock = self._clock
+        now = dt.datetime.now(dt.UTC)
+        return clock is None or (now - clock.measured_at).total_seconds() > CLOCK_MAX_AGE
 
     # -- counters --------------------------------------------------------------------------------
 

@@ -36,7 +36,7 @@ from cache.engine.state import SessionState
 from cache.execution.convert import Row
 from cache.execution.lookup import LookupIndexes, LookupShape
 from cache.execution.provenance import Provenance
-from cache.store.cache_file import CacheStore, WouldWait
+from cache.store.cache_file import CacheStore
 from optimizer.evaluate_guards import Decision
 from sql_ext.params import Key, values_for
 
@@ -96,9 +96,8 @@ class Lane:
             or not session.store.unchanged_since(self.version)
         ):
             return None
-        try:
-            now = session.state.now(wait=False)
-        except WouldWait:
+        now = session.state.now_at_hand()
+        if now is None:
             return None
         expires = self.expires
         if expires is not None and now > expires:

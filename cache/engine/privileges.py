@@ -25,7 +25,6 @@ from collections.abc import Iterable
 import psycopg
 
 from cache.backend.pool import pooled
-from cache.store.cache_file import WouldWait
 
 PRIVILEGE_SECONDS = 1.0  # how long what a role may read is taken as known
 
@@ -61,17 +60,15 @@ class ReadPrivileges:
         return role in self._known
 
     def holds_until(
-        self, role: str, relations: Iterable[str], wait: bool = True, last_known: bool = False
+        self, role: str, relations: Iterable[str], last_known: bool = False
     ) -> float | None:
         """Until when (`time.monotonic`) ``role`` may read all ``relations`` locally; None:
-        it may not (the backend answers). ``wait=False``: `WouldWait` when the backend must be
-        asked; ``last_known``: the last answer, however old (the backend is unreachable)."""
+        it may not (the backend answers). ``last_known``: the last answer, however old (the
+        backend is unreachable)."""
         names = relations if isinstance(relations, frozenset) else frozenset(relations)
         found = self._answer(role, names, last_known)
         if found is not False or last_known:
             return found or None
-        if not wait:
-            raise WouldWait("what the role may read is asked of the backend")
         with self._lock:
             found = self._answer(role, names)  # (another session may have asked meanwhile)
             if found is not False:
@@ -88,6 +85,13 @@ class ReadPrivileges:
             readable = {str(n): bool(r) for n, r in rows}
             self._known[role] = (until, readable)
         return until if all(readable.get(n, False) for n in names) else None
+
+    def holds_until_at_hand(
+        self, role: str, relations: Iterable[str]
+    ) -> float | t.Literal[False] | None:
+        """`holds_until` from what is known; False: the backend must be asked."""
+        names = relations if isinstance(relations, frozenset) else frozenset(relations)
+        return self._answer(role, names)
 
     def _answer(
         self, role: str, names: frozenset[str], last_known: bool = False

@@ -46,11 +46,12 @@ from cache.backend.reflect import (
 from cache.backend.session_pool import SessionPool
 from cache.engine import inspect
 from cache.engine.admin import Admin
-from cache.engine.boundary import public
+from cache.engine.boundary import public, public_read
 from cache.engine.effects import effects_of
 from cache.engine.engine import Engine, SessionOptions, bound_seconds
 from cache.engine.lane import Lane
 from cache.engine.link import BackendLink
+from cache.engine.read import Read, Reading, drive, either
 from cache.engine.result import NO_PROVENANCE, Result, no_rows
 from cache.engine.route import (
     CachedRead,
@@ -71,16 +72,19 @@ from cache.execution.execute import (
     UTC,
     Fetch,
     LocalUnfit,
+    Memo,
     Zone,
+    answer_at_hand,
     checks_values,
     compiled_for,
     run_local,
     zone_named,
 )
+from cache.execution.execute import Result as LocalRun
 from cache.execution.phases import Phases
 from cache.execution.planning import Planner, Prepared
 from cache.execution.provenance import Executed, Provenance
-from cache.store.cache_file import COUNTERS, WouldWait
+from cache.store.cache_file import COUNTERS
 from cache.store.region_state import read_region_state
 from control_tables.regions import RegionState
 from heartbeat.clock import BackendClock
@@ -176,8 +180,13 @@ class Session:
         self.store = engine.store.for_thread()  # a DuckDB handle of the session's own
         try:
             # a session without a backend connection judges currency on the process's clock
-            clock = engine.heartbeat_clock if connect else self._process_clock
-            self.state = SessionState(lambda: self.link.pg, self.store, clock, self.link.ran_own)
+            self.state = SessionState(
+                lambda: self.link.pg,
+                self.store,
+                engine.heartbeat_clock if connect else self._process_clock,
+                (lambda: False) if connect else self._process_clock_due,
+                self.link.ran_own,
+            )
             self.planner = Planner(
                 self.store,
                 engine.backend,
@@ -285,9 +294,11 @@ class Session:
 
     def _read(self, query: Query, params: Params) -> Result:
         try:
-            prepared, result = self._local_answer(query, params)
-            if result is not None:
-                return result
+            reading = drive(self.reading(query, params))
+            if reading.result is not None:
+                return reading.result
+            prepared = reading.prepared
+            assert prepared is not None
             # the whole statement on the backend
             result = self._run_backend(prepared.remote, params)
             self.link.left(effects_of(prepared.remote.backend_sql))
@@ -300,51 +311,113 @@ class Session:
         except BackendUnavailableError as exc:
             return self._answer_without_backend(query, params, exc)
 
-    def _local_answer(self, query: Query, params: Params) -> tuple[Prepared, Result | None]:
-        """The prepared plan, and the answer of what its guards keep local (None: the
-        backend answers the whole statement)."""
-        # the plan of the statement's shape: made once, kept until the schema changes
-        prepared = self.planner.prepare(query, params, self.currency_bound)
-        self._mark("lookup")
-        # guard and run locally what the guards allow (a plan that chose the whole
-        # statement remote has no guard to evaluate)
-        if prepared.plan.local and self._readable_until(prepared) is not None:
-            try:
-                found = self._decide_and_run(prepared, params)[1]
-            except LocalUnfit:
-                found = None  # DuckDB cannot give PostgreSQL's answer: the backend does
-            if found is not None:
-                return prepared, found
-            self.last_route = "fallback"
-            return prepared, None
-        self.last_route = "remote"
-        return prepared, None
-
-    def _answer_at_hand(
-        self, query: Query, params: Params, lane: bool = False
-    ) -> tuple[Result, Lane | None]:
-        """The answer of a plan made before, whose guards keep it all local, from the result
-        memo or a lookup index: no DuckDB statement, no backend, no lock another thread holds
-        (an event loop may ask). Anything else: `WouldWait`, with nothing counted or kept, so
-        that the caller asks again where it may wait. With ``lane``, also the lane of this
-        plan and decision for the next executions, when it has one (`cache.engine.lane`)."""
-        prepared = self.planner.prepare(query, params, self.currency_bound, wait=False)
-        readable = self._readable_until(prepared, wait=False)
-        if readable is None:
-            raise WouldWait("the backend answers it: the session's role may not read it here")
-        seen = self.store.committed_version(wait=False)
-        decision = self._guard(prepared, params, wait=False)
-        if decision.remote or decision.local < len(decision.bindings or ()):
-            raise WouldWait("the backend answers (some of) it")
+    def reading(self, query: Query, params: Params, lane: bool = False) -> Read[Reading]:
+        """A query with currency clauses as far as the cache answers it (`cache.engine.read`):
+        its plan (made once per shape, kept until the schema changes), then, when the plan
+        keeps something local and the session's role may read it here, its guards and the
+        local run of what they keep local. ``lane``: also the lane an answer made at hand
+        leaves for the statement's next runs. While the backend is down, what its guards
+        allow is answered (`_answer_without_backend`)."""
         try:
-            result = self._run(prepared, decision, params, seen, wait=False)
-        except LocalUnfit as exc:
-            raise WouldWait("the backend answers it") from exc
-        if result is None:
-            raise WouldWait("the cache changed meanwhile")
-        self._counted(prepared, decision)
-        made = self._lane(prepared, decision, seen, params, readable) if lane else None
-        return self._noted(result, result.lineage), made
+            bound = self.currency_bound
+            prepared = yield from either(
+                lambda: self.planner.prepared_at_hand(query, params, bound),
+                lambda: self.planner.prepare(query, params, bound),
+            )
+            self._mark("lookup")
+            # (a plan that chose the whole statement remote has no guard to evaluate)
+            if not prepared.plan.local:
+                self.last_route = "remote"
+                return Reading(prepared)
+            readable = self._readable_at_hand(prepared)
+            if readable is False:
+                yield
+                readable = self._readable_until(prepared)
+            if readable is None:
+                self.last_route = "remote"
+                return Reading(prepared)
+            try:
+                found = yield from self._deciding(prepared, params, readable if lane else None)
+            except LocalUnfit:
+                found = Reading(prepared)  # DuckDB cannot give PostgreSQL's answer: the backend
+        except BackendUnavailableError as down:
+            yield
+            return Reading(None, self._answer_without_backend(query, params, down))
+        if found.result is None:
+            self.last_route = "fallback"
+        return found
+
+    def _deciding(
+        self,
+        prepared: Prepared,
+        params: Params,
+        lane_readable: float | None = None,
+        stale: bool = False,
+    ) -> Read[Reading]:
+        """Evaluate the guards and run what they keep local (whole or in part); the answer is
+        None when they send it all to the backend. The guards and the rows they pass must
+        come from one state of the cache file: a change committed in between (an eviction
+        while a remote leaf was fetched, a refresh) makes it decide again, a few times, then
+        once more inside one DuckDB transaction. ``lane_readable``: until when the session's
+        role may read it (`time.monotonic`), when a lane is asked for; ``stale``: data of
+        any age answers (the backend is down, `stale_ok`)."""
+        store = self.store
+        for _ in range(GUARD_ATTEMPTS):
+            seen = yield from either(store.committed_version_at_hand, store.committed_version)
+            decision = yield from either(
+                lambda: None if stale else self._guard_at_hand(prepared, params),
+                lambda: self._guard(prepared, params, ignore_currency=stale),
+            )
+            self._mark("guard")
+            if decision.remote:
+                yield  # (the backend answers: where waiting is allowed)
+                self._counted(prepared, decision, stale)
+                return Reading(prepared, None, decision)
+            ran = yield from self._running(prepared, decision, params, seen)
+            self._mark("run")
+            if ran is None:
+                continue  # (the cache file changed meanwhile)
+            self._counted(prepared, decision, stale)
+            result, at_hand = ran
+            made = None
+            if lane_readable is not None and at_hand:
+                made = self._lane(prepared, decision, seen, params, lane_readable)
+            answer = self._local_result(prepared, decision, result, stale)
+            return Reading(prepared, answer, decision, made)
+        yield
+        decision, last = self._decide_and_run_in_one_transaction(prepared, params, stale)
+        return Reading(prepared, last, decision)
+
+    def _running(
+        self, prepared: Prepared, decision: Decision, params: Params, seen: int
+    ) -> Read[tuple[LocalRun, bool] | None]:
+        """Run a local or mixed decision: its answer, and whether the memo or a lookup index
+        gave it at hand; None if the cache file changed since version ``seen``, on which the
+        guards decided."""
+        memo = self.engine.memo
+        ran = None
+        if decision.local == len(decision.bindings or ()):  # all local
+            ran = answer_at_hand(prepared, decision, params, memo, self._zone())
+        at_hand = ran is not None
+        if ran is None:
+            yield
+            ran = self._run_local(prepared, decision, params, memo)
+        store = self.store
+        version = yield from either(store.committed_version_at_hand, store.committed_version)
+        return (ran, at_hand) if version == seen else None
+
+    def _run_local(
+        self, prepared: Prepared, decision: Decision, params: Params, memo: Memo | None
+    ) -> LocalRun:
+        """`run_local` on the session's DuckDB handle, its errors in the PEP 249 tree."""
+        try:
+            return run_local(
+                prepared, decision, params, self.store.con, self._leaf_fetcher, memo, self._zone()
+            )
+        except psycopg.Error as exc:
+            raise translate(exc, unreachable="a remote part of the query needs it") from exc
+        except duckdb.Error as exc:
+            raise translate(exc, "the local plan failed in DuckDB") from exc
 
     def _lane(
         self, prepared: Prepared, decision: Decision, version: int, params: Params, readable: float
@@ -374,20 +447,17 @@ class Session:
         result_shape = compiled.results.get((self._zone(), *types))
         if result_shape is None or checks_values(statement, types):
             return None  # (values that must be checked one by one: `run_local`)
-        try:
-            token = memo.change_token(compiled.views, False)
-        except WouldWait:
+        token = memo.change_token_at_hand(compiled.views)
+        if token is None or not lookups.holds(shape, token):
             return None
-        if not lookups.holds(shape, token) or not self.store.unchanged_since(version):
+        if not self.store.unchanged_since(version):
             return None
         expires = expiry(decision)
         if readable != math.inf:  # (what the role may read is asked again then)
-            try:
-                until = self.state.now(wait=False) + dt.timedelta(
-                    seconds=readable - time.monotonic()
-                )
-            except WouldWait:
+            now = self.state.now_at_hand()
+            if now is None:
                 return None
+            until = now + dt.timedelta(seconds=readable - time.monotonic())
             expires = until if expires is None else min(expires, until)
         return Lane(
             self,
@@ -403,35 +473,13 @@ class Session:
             result_shape[1],
         )
 
-    def _decide_and_run(
-        self, prepared: Prepared, params: Params, stale: bool = False
-    ) -> tuple[Decision, Result | None]:
-        """Evaluate the guards and run what they keep local (whole or in part): the decision,
-        and the result (None when they send it all to the backend). The guards and the rows
-        they pass must come from one state of the cache file: a change committed in between
-        (an eviction while a remote leaf was fetched, a refresh) makes it decide again, a few
-        times, then once more inside one DuckDB transaction."""
-        store, phases = self.store, self.phases
-        for _ in range(GUARD_ATTEMPTS):
-            seen = store.committed_version()
-            decision = self.decide(prepared, params, ignore_currency=stale)
-            if phases is not None:
-                phases.mark("guard")
-            if decision.remote:
-                return decision, None
-            result = self._run(prepared, decision, params, seen, stale)
-            if phases is not None:
-                phases.mark("run")
-            if result is not None:
-                return decision, result
-        return self._decide_and_run_in_one_transaction(prepared, params, stale)
-
     def _decide_and_run_in_one_transaction(
         self, prepared: Prepared, params: Params, stale: bool
     ) -> tuple[Decision, Result | None]:
         """Changes keep landing while the local plan runs (a stream applying writes): read the
         regions, decide and run inside one DuckDB transaction, a state of the file no commit
-        moves. Not the first way: a transaction costs two statements more on the hit path."""
+        moves (the result memo, which holds the newest answers, is not used then). Not the
+        first way: a transaction costs two statements more on the hit path."""
         store = self.store
         store.con.execute("BEGIN TRANSACTION")
         try:
@@ -439,7 +487,8 @@ class Session:
             decision = self.decide(prepared, params, stale, regions)
             if decision.remote:
                 return decision, None
-            return decision, self._run(prepared, decision, params, None, stale)
+            ran = self._run_local(prepared, decision, params, None)
+            return decision, self._local_result(prepared, decision, ran, stale)
         finally:
             store.con.execute("ROLLBACK")  # it only read
 
@@ -472,23 +521,41 @@ class Session:
         params: Params,
         ignore_currency: bool = False,
         regions: RegionState | None = None,
-        wait: bool = True,
     ) -> Decision:
-        """The guards' decision (`decide`'s, not counted; ``wait=False``: `WouldWait` when
-        the regions' state or the clock must be read again)."""
-        plan = prepared.plan
-        state = self.state
-        session = state.guard_session(self.planner.catalog.tables, ignore_currency)
-        memo = self._decisions if regions is None and not ignore_currency else None
+        """The guards' decision (`decide`'s, not counted), on ``regions`` (else the file's
+        current state, and decisions kept while it and the session stand)."""
+        memo = regions is None and not ignore_currency
+        found = regions if regions is not None else self.engine.region_state()
+        return self._decided(prepared, params, ignore_currency, found, self.state.now(), memo)
+
+    def _guard_at_hand(self, prepared: Prepared, params: Params) -> Decision | None:
+        """`_guard` when the regions' state and the clock are at hand (None: one is not)."""
+        regions = self.engine.region_state_at_hand()
         if regions is None:
-            regions = self.engine.region_state(wait)
-        now = state.now if wait else state.now_at_hand
-        decision = memo.get(plan, params, regions, session, now) if memo else None
+            return None
+        now = self.state.now_at_hand()
+        if now is None:
+            return None
+        return self._decided(prepared, params, False, regions, now, True)
+
+    def _decided(
+        self,
+        prepared: Prepared,
+        params: Params,
+        ignore_currency: bool,
+        regions: RegionState,
+        now: dt.datetime,
+        memo: bool,
+    ) -> Decision:
+        plan = prepared.plan
+        session = self.state.guard_session(self.planner.catalog.tables, ignore_currency)
+        decisions = self._decisions if memo else None
+        decision = decisions.get(plan, params, regions, session, lambda: now) if decisions else None
         if decision is None:
             values = ParameterValues(plan.analysis.parameter_keys, params)
-            decision = evaluate_guards(plan, regions, values, session, now())
-            if memo is not None:
-                memo.put(plan, params, regions, session, decision)
+            decision = evaluate_guards(plan, regions, values, session, now)
+            if decisions is not None:
+                decisions.put(plan, params, regions, session, decision)
         return decision
 
     def _counted(
@@ -518,33 +585,15 @@ class Session:
     def run(self, prepared: Prepared, decision: Decision, params: Params = None) -> Result | None:
         """Run a local or mixed decision in DuckDB (None, and no result, if the cache file
         changed while it ran)."""
-        return self._run(prepared, decision, params, self.store.committed_version())
+        seen = self.store.committed_version()
+        ran = drive(self._running(prepared, decision, params, seen))
+        return self._local_result(prepared, decision, ran[0]) if ran is not None else None
 
-    def _run(
-        self,
-        prepared: Prepared,
-        decision: Decision,
-        params: Params,
-        seen: int | None,
-        stale: bool = False,
-        wait: bool = True,
-    ) -> Result | None:
-        """Run a local or mixed decision; None if the cache file changed since version
-        ``seen``, on which the guards decided (None: they decided inside the transaction this
-        runs in; the result memo, which holds the newest answers, is not used then).
-        ``wait=False``: an answer of the memo or a lookup index, else `WouldWait`."""
-        store = self.store
-        memo = self.engine.memo if seen is not None else None
-        try:
-            ran = run_local(
-                prepared, decision, params, store.con, self._leaf_fetcher, memo, self._zone(), wait
-            )
-        except psycopg.Error as exc:
-            raise translate(exc, unreachable="a remote part of the query needs it") from exc
-        except duckdb.Error as exc:
-            raise translate(exc, "the local plan failed in DuckDB") from exc
-        if seen is not None and store.committed_version(wait) != seen:
-            return None
+    def _local_result(
+        self, prepared: Prepared, decision: Decision, ran: LocalRun, stale: bool = False
+    ) -> Result:
+        """A local or mixed run's answer, counted and noted: hits, the presence regions it
+        read, the moment of the data it read (the session's position and timeline)."""
         described = prepared.result if ran.description is prepared.description else None
         bindings = decision.bindings or ()
         remote = decision.local < len(bindings)
@@ -563,7 +612,7 @@ class Session:
         if remote:  # (its remote leaves were read after the decision, so before now: a commit
             # made since the decision may be among their rows, which the decision's moment
             # would miss, letting a later read of TIMEORDERED or of another cache go back)
-            read = state.now(wait)
+            read = state.now()
             state.saw(read)
             moment = read if moment is None else max(moment, read)
         if moment is not None and state.timeline_active:
@@ -591,11 +640,13 @@ class Session:
         result: Result | None = None
         if self.stale_ok:
             try:
-                decision, result = self._decide_and_run(prepared, params, stale=True)
+                reading = drive(self._deciding(prepared, params, stale=True))
             except LocalUnfit as unfit:
                 raise BackendUnavailableError(
                     f"{unfit}, and the backend is unreachable: {down}"
                 ) from down
+            result, decision = reading.result, reading.decision
+            assert decision is not None
         else:
             decision = self.decide(prepared, params, ignore_currency=True)
         if result is not None:
@@ -742,28 +793,24 @@ class Session:
             sql, store.schema_version, store.control_table_names, bound, with_params
         )
 
-    @_public
-    def read_locally(self, query: Query, params: Params = None, wait: bool = True) -> Result | None:
-        """A query with currency clauses as far as the cache answers it: the result of a
-        local or mixed plan (remote leaves fetched as ``execute`` fetches them), or None when
-        the backend answers the whole statement: the caller sends ``query.backend_sql`` (the
-        clauses cut out) on this session's backend connection, then calls
-        `answered_remotely`. ``wait=False``: only an answer at hand (see `_answer_at_hand`),
-        else `WouldWait`."""
+    def read(self, query: Query, params: Params = None, lane: bool = False) -> Read[Reading]:
+        """A query with currency clauses as far as the cache answers it, as a read to drive
+        (`cache.engine.read`): its answer is the result of a local or mixed plan (remote
+        leaves fetched as ``execute`` fetches them), or None when the backend answers the
+        whole statement: the caller sends ``query.backend_sql`` (the clauses cut out) on this
+        session's backend connection, then calls `answered_remotely`. ``lane``: with the lane
+        an answer made at hand leaves for the next runs with values of the same types. Until
+        it yields, it has done nothing that counts: a driver that cannot wait may drop it
+        (and read again where it can). Its errors are the PEP 249 tree's."""
         self._check_open()
-        if not wait:
-            return self._answer_at_hand(query, params)[0]
-        try:
-            result = self._local_answer(query, params)[1]
-        except BackendUnavailableError as exc:
-            result = self._answer_without_backend(query, params, exc)
-        return self._noted(result, result.lineage) if result is not None else None
+        reading = yield from public_read(self.reading(query, params, lane), self.engine.cache_path)
+        if reading.result is not None:
+            self._noted(reading.result, reading.result.lineage)
+        return reading
 
-    def read_with_lane(self, query: Query, params: Params) -> tuple[Result, Lane | None]:
-        """`read_locally` without waiting, and the lane its answer leaves for the next
-        executions with values of the same types, when it has one (`cache.engine.lane`)."""
-        self._check_open()
-        return self._answer_at_hand(query, params, lane=True)
+    def read_locally(self, query: Query, params: Params = None) -> Result | None:
+        """`read`, driven to its end."""
+        return drive(self.read(query, params)).result
 
     def answered_from_lane(self, decision: Decision, lineage: t.Callable[[], Provenance]) -> None:
         """A lane answered a query all local by this decision (from a lookup index): counted
@@ -839,22 +886,19 @@ class Session:
 
     # -- who reads (cache.engine.privileges) ------------------------------------------------
 
-    def _readable_until(
-        self, prepared: Prepared, wait: bool = True, last_known: bool = False
-    ) -> float | None:
+    def _readable_until(self, prepared: Prepared, last_known: bool = False) -> float | None:
         """Until when (`time.monotonic`) the session's role may read the statement's relations
-        locally; None: the backend answers it (``wait=False``: `WouldWait` when that must be
-        asked of the backend; ``last_known``: as last asked, the backend being down). While
-        the backend is down, a role never asked in this process reads locally only if it is
-        the cache's own (the role of its backend DSN, which fills it)."""
+        locally; None: the backend answers it (``last_known``: as last asked, the backend
+        being down). While the backend is down, a role never asked in this process reads
+        locally only if it is the cache's own (the role of its backend DSN, which fills it)."""
         relations = prepared.relations
         if not relations:
             return math.inf
         privileges, owner = self.engine.privileges, self.engine.owner_role
         if not last_known:
             try:
-                reader = self._reader(wait)
-                return privileges.holds_until(reader, relations, wait) if reader else None
+                reader = self._reader()
+                return privileges.holds_until(reader, relations) if reader else None
             except BackendUnavailableError:
                 pass  # (as last known)
         role = self.link.role or self.link.login
@@ -862,7 +906,21 @@ class Session:
             return math.inf  # (the cache's own role, never asked in this process: as before)
         return privileges.holds_until(role, relations, last_known=True)
 
-    def _reader(self, wait: bool = True) -> str | None:
+    def _readable_at_hand(self, prepared: Prepared) -> float | t.Literal[False] | None:
+        """`_readable_until` from what is known; False: the backend must be asked (what the
+        role may read, or which role the session reads as)."""
+        relations = prepared.relations
+        if not relations:
+            return math.inf
+        link = self.link
+        role = link.role
+        if role is None:
+            if link.pg is not None and not link.lost:
+                return False
+            role = link.login
+        return self.engine.privileges.holds_until_at_hand(role, relations)
+
+    def _reader(self) -> str | None:
         """The role the backend checks this session's reads as: its login role, or, after a
         statement that may have changed it (SET ROLE, SET SESSION AUTHORIZATION, RESET, a
         set_config call ...), the backend's current_user, kept once outside a transaction
@@ -874,8 +932,6 @@ class Session:
         pg = link.pg
         if pg is None or link.lost:
             return link.login
-        if not wait:
-            raise WouldWait("the session's role is asked of the backend")
         try:
             row = link.for_own_statement().execute("SELECT current_user").fetchone()
         except psycopg.OperationalError as exc:
@@ -887,21 +943,30 @@ class Session:
             link.role = role  # (inside a transaction, a ROLLBACK could change it back)
         return role
 
-    def _process_clock(self, wait: bool = True) -> BackendClock | None:
+    def _process_clock(self) -> BackendClock | None:
         """The clock of this process (`SessionState`) for a session that connects only when
         it first needs the backend: the shared one until then (`Engine.shared_clock`), the
         heartbeat's alone once the session measures on a connection of its own (as a
         session that connected at once: asking the shared one then costs each statement
         that needs the time, a write passed through among them, and gains nothing)."""
         engine = self.engine
-        return engine.heartbeat_clock() if self.link.pg is not None else engine.shared_clock(wait)
+        return engine.heartbeat_clock() if self.link.pg is not None else engine.shared_clock()
 
-    def forwarded(self, route: Passthrough | Write, wait: bool = True) -> None:
+    def _process_clock_due(self) -> bool:
+        """Whether `_process_clock` would measure the backend's clock now."""
+        return self.link.pg is None and self.engine.shared_clock_due()
+
+    def forwarded(self, route: Passthrough | Write) -> None:
         """A statement of this route reached the backend on this session's connection (sent
         by ``execute`` or by the caller itself): count it, and let the session's later reads
-        see its writes and catalog changes. ``wait=False``: `WouldWait` when what is left
-        needs a measurement of the backend's clock (a write's commit time, the timeline's
-        floor): its writes are then noted as uncommitted, and `caught_up` does the rest."""
+        see its writes and catalog changes."""
+        if not self.forwarded_at_hand(route):
+            self.caught_up()
+
+    def forwarded_at_hand(self, route: Passthrough | Write) -> bool:
+        """`forwarded`, but for what needs a measurement of the backend's clock (a write's
+        commit time, the timeline's floor): False when that is left, the writes noted as
+        uncommitted (stricter reads) until `caught_up` does the rest."""
         self.last_route = "remote"
         if isinstance(route, Passthrough) and route.reads is not None:
             query = route.reads
@@ -915,11 +980,15 @@ class Session:
         self.link.left(route.effects)
         state = self.state
         if isinstance(route, Write):
-            state.wrote(route.tables, wait)
-        elif state.writing:
-            state.settle(wait=wait)  # e.g. a COMMIT sent as SQL
+            state.wrote(route.tables)
+        if not state.settle_at_hand():  # (a write's, or a COMMIT sent as SQL)
+            return False
         if state.timeline_active:
-            state.read_at(state.now(wait))
+            now = state.now_at_hand()
+            if now is None:
+                return False
+            state.read_at(now)
+        return True
 
     def _lost_transaction_ended(self) -> None:
         """The backend connection was lost and is replaced: a transaction open on it ended
@@ -936,13 +1005,15 @@ class Session:
         if state.timeline_active:
             state.read_at(state.now())
 
-    def settle(self, wait: bool = True) -> None:
+    def settle(self) -> None:
         """The backend session may have ended a transaction (a pipeline the caller ran):
-        writes of a finished one are committed (or rolled back) for the session's reads
-        (``wait=False``: `WouldWait`, nothing changed, when that needs the backend's clock
-        measured)."""
-        if self.state.writing:
-            self.state.settle(wait=wait)
+        writes of a finished one are committed (or rolled back) for the session's reads."""
+        self.state.settle()
+
+    def settle_at_hand(self) -> bool:
+        """`settle` if that needs no measurement of the backend's clock; False: nothing
+        changed (`caught_up` does it)."""
+        return self.state.settle_at_hand()
 
     def cancel(self) -> None:
         """Cancel the statement running in this session (from another thread): its DuckDB

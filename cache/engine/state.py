@@ -13,7 +13,7 @@ from collections.abc import Iterable
 import psycopg
 from psycopg import pq
 
-from cache.store.cache_file import CacheStore, WouldWait
+from cache.store.cache_file import CacheStore
 from heartbeat.clock import CLOCK_MAX_AGE, DRIFT, BackendClock, measure
 from optimizer.evaluate_guards import Session
 from sql_ext.errors import BackendUnavailableError, ProgrammingError
@@ -28,13 +28,18 @@ class SessionState:
         self,
         pg: t.Callable[[], psycopg.Connection[t.Any] | None],
         store: CacheStore,
-        heartbeat_clock: t.Callable[[bool], BackendClock | None] = lambda wait: None,
+        process_clock: t.Callable[[], BackendClock | None] = lambda: None,
+        process_clock_due: t.Callable[[], bool] = lambda: False,
         ran: t.Callable[[], None] = lambda: None,
     ) -> None:
+        """``process_clock``: the clock this process keeps (its heartbeat's, a measurement
+        shared by sessions without a connection), which may be measured when asked;
+        ``process_clock_due``: whether asking it now would measure it."""
         self._pg = pg  # the session's backend connection now (None: the backend is down)
         self._ran = ran  # told of each statement this state runs on that connection
         self._store = store
-        self._heartbeat_clock = heartbeat_clock  # a heartbeat of this process measures too
+        self._process_clock = process_clock  # a heartbeat of this process measures too
+        self._process_clock_due = process_clock_due
         self._use_clock(*self._measure_or_last())  # currency is judged on the backend's clock
         self.uncommitted: set[str] = set()  # tables written in the open backend transaction
         self.uncommitted_unknown = False  # a write whose tables the parser could not name
@@ -52,23 +57,28 @@ class SessionState:
 
     # -- the backend clock ---------------------------------------------------------------------
 
-    def now(self, wait: bool = True) -> dt.datetime:
-        """The backend's clock (erring late): the heartbeat's estimate when this process runs
-        one and it is newer, else re-measured every CLOCK_MAX_AGE seconds (``wait=False``:
-        `WouldWait` when it is time to measure)."""
-        local = dt.datetime.now(dt.UTC)
-        beat = self._heartbeat_clock(wait)
-        if beat is not None and beat.measured_at > self.clock.measured_at:
-            self._use_clock(beat, save=False)
+    def now(self) -> dt.datetime:
+        """The backend's clock (erring late): the process's estimate when it keeps one and it
+        is newer, else re-measured every CLOCK_MAX_AGE seconds."""
+        local = self._adopt_process_clock()
         if local > self._remeasure_at:
-            if not wait:
-                raise WouldWait("the backend's clock is measured again")
             self._use_clock(*self._measure_or_last(self.clock))
         return local + self._offset
 
-    def now_at_hand(self) -> dt.datetime:
-        """`now` without waiting."""
-        return self.now(wait=False)
+    def now_at_hand(self) -> dt.datetime | None:
+        """`now`, or None when it is time to measure (an event loop may not wait for it)."""
+        if self._process_clock_due():
+            return None
+        local = self._adopt_process_clock()
+        return None if local > self._remeasure_at else local + self._offset
+
+    def _adopt_process_clock(self) -> dt.datetime:
+        """The process's clock taken when it is newer than the session's; the local time."""
+        local = dt.datetime.now(dt.UTC)
+        beat = self._process_clock()
+        if beat is not None and beat.measured_at > self.clock.measured_at:
+            self._use_clock(beat, save=False)
+        return local
 
     def _measure_or_last(self, last: BackendClock | None = None) -> tuple[BackendClock, float]:
         """A measurement on the backend session; while the backend is unreachable, the last
@@ -82,7 +92,7 @@ class SessionState:
             except psycopg.Error:
                 pass
         else:  # no connection of its own: the process's clock, if it has one
-            shared = self._heartbeat_clock(True)
+            shared = self._process_clock()
             if shared is not None:
                 return shared, CLOCK_MAX_AGE
         last = last or self._store.load_clock()
@@ -115,35 +125,46 @@ class SessionState:
     def writing(self) -> bool:
         return bool(self.uncommitted or self.uncommitted_unknown)
 
-    def wrote(self, tables: Iterable[str] | None, wait: bool = True) -> None:
-        """A write reached the backend (tables None: the parser could not name them;
-        ``wait=False``: `WouldWait`, the write noted as uncommitted, when its commit time
-        needs a measurement of the clock)."""
+    def wrote(self, tables: Iterable[str] | None) -> None:
+        """A write reached the backend (tables None: the parser could not name them): noted
+        as uncommitted until `settle` finds its transaction over."""
         if tables is None:
             self.uncommitted_unknown = True
         else:
             self.uncommitted.update(tables)
         self._guarded = None
-        self.settle(wait=wait)
 
-    def settle(self, rolled_back: bool = False, wait: bool = True) -> None:
+    def settle(self, rolled_back: bool = False) -> None:
         """Once the backend session is outside any transaction, its writes are over: committed
         (autocommit, a COMMIT sent as SQL, the end of a transaction block) or rolled back. A
-        rollback the session cannot tell from a commit counts as a commit: stricter reads.
-        (``wait=False``: `WouldWait`, nothing changed, when a commit time needs a measurement
-        of the clock.)"""
-        if not self.writing:
-            return
-        pg = self._pg()
-        if pg is not None and pg.pgconn.transaction_status not in _OUTSIDE:
-            return
-        if rolled_back:
-            self.rolled_back()
-        else:
-            self.committed(wait)
+        rollback the session cannot tell from a commit counts as a commit: stricter reads."""
+        if self._over():
+            if rolled_back:
+                self.rolled_back()
+            else:
+                self.committed()
 
-    def committed(self, wait: bool = True) -> None:
-        now = self.now(wait)
+    def settle_at_hand(self) -> bool:
+        """`settle` if its commit time needs no measurement of the clock; False: nothing
+        changed (the writes stay uncommitted, stricter, until `settle`)."""
+        if self._over():
+            now = self.now_at_hand()
+            if now is None:
+                return False
+            self._committed_at(now)
+        return True
+
+    def _over(self) -> bool:
+        """Whether the session wrote and its backend session is outside any transaction."""
+        if not self.writing:
+            return False
+        pg = self._pg()
+        return pg is None or pg.pgconn.transaction_status in _OUTSIDE
+
+    def committed(self) -> None:
+        self._committed_at(self.now())
+
+    def _committed_at(self, now: dt.datetime) -> None:
         for table in self.uncommitted:
             self.written_at[table] = now
         if self.uncommitted_unknown:

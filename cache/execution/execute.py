@@ -31,7 +31,7 @@ from cache.execution.lookup import LookupIndexes, LookupShape, lookup_shape
 from cache.execution.memo import ResultMemo
 from cache.execution.planning import Prepared
 from cache.execution.provenance import Executed
-from cache.store.cache_file import CacheStore, WouldWait
+from cache.store.cache_file import CacheStore
 from optimizer.allowlist import ZONE_PARAMETER, reads_alike
 from optimizer.evaluate_guards import Decision
 from optimizer.local_statement import local_statement
@@ -101,7 +101,8 @@ class Memo(t.NamedTuple):
     how to tell whether the views an answer read changed since (`CacheStore.change_token`)."""
 
     results: ResultMemo
-    change_token: Callable[..., tuple[int, ...]]  # (views, wait)
+    change_token: Callable[[t.Sequence[str]], tuple[int, ...]]
+    change_token_at_hand: Callable[[t.Sequence[str]], tuple[int, ...] | None]
     lookups: LookupIndexes | None = None
     handle: Callable[[], CacheStore] | None = None  # a DuckDB handle for building an index
 
@@ -142,6 +143,22 @@ def _same_choice(a: Mapping[int, str | None], b: Mapping[int, str | None]) -> bo
     }
 
 
+def answer_at_hand(
+    prepared: Prepared, decision: Decision, params: Params, memo: Memo | None, zone: Zone = UTC
+) -> Result | None:
+    """The answer of an all-local decision that the memo or a lookup index holds, with no
+    DuckDB statement and no lock another thread holds (None: `run_local` makes it; nothing
+    was run, kept or counted)."""
+    compiled = compiled_for(prepared, decision)
+    if memo is None or compiled.memo_key is None:
+        return None
+    token = memo.change_token_at_hand(compiled.views)
+    if token is None:
+        return None
+    values = _values(compiled, params)
+    return _kept(compiled, values, memo, token, zone, count_miss=False)[0]
+
+
 def run_local(
     prepared: Prepared,
     decision: Decision,
@@ -150,43 +167,25 @@ def run_local(
     fetcher: Callable[[], Fetch] | None = None,
     memo: Memo | None = None,
     zone: Zone = UTC,
-    wait: bool = True,
 ) -> Result:
     """Run a local or mixed decision: fetch its leaves (all at once, so they may come in
     parallel, through the fetch ``fetcher`` gives), register them, run the statement. An
     all-local answer is taken from ``memo`` when the views it read are unchanged, and kept
     there otherwise, or from a lookup index of the memo's when the statement is a point
     lookup (`cache.execution.lookup`). ``zone``: the session's time zone as psycopg gives it
-    (timestamps with time zone are given in it). ``wait=False``: only an answer the memo or
-    an index has, else `WouldWait` (before anything is run or kept)."""
+    (timestamps with time zone are given in it)."""
     compiled = compiled_for(prepared, decision)
-    statement = compiled.statement
-    values = values_for(statement.keys, params) if statement.keys else []
-    if statement.typed_parameters:
-        _check_parameters(statement, values)
+    values = _values(compiled, params)
     key: t.Hashable = None
     shape: LookupShape | None = None
     lookups: LookupIndexes | None = None
     if memo is not None and compiled.memo_key is not None:
         # taken before DuckDB reads: a change committed meanwhile makes the answers stale
-        token = memo.change_token(compiled.views, wait)
+        token = memo.change_token(compiled.views)
         shape, lookups = compiled.lookup, memo.lookups
-        if shape is not None and lookups is not None:
-            looked_up = _looked_up(compiled, shape, lookups, token, values, zone)
-            if looked_up is not None:
-                return looked_up
-        # typed: 1, 1.0 and True are equal keys in Python, not equal parameters in DuckDB
-        key = (*compiled.memo_key, zone, *((type(v), v) for v in values))
-        try:
-            hash(key)
-        except TypeError:  # a list or dict parameter: not kept
-            key = None
-        else:
-            found = memo.results.get(key, token, count_miss=wait)
-            if found is not None:
-                return Result(found[0], found[1], compiled.executed, memo=True)
-    if not wait:
-        raise WouldWait("the answer is made by DuckDB")
+        found, key = _kept(compiled, values, memo, token, zone, count_miss=True)
+        if found is not None:
+            return found
     result = _run(prepared, compiled, values, duck, fetcher, zone)
     if memo is None:
         return result
@@ -196,6 +195,42 @@ def run_local(
         memo.results.put(key, token, result.description, result.rows)
         return result._replace(memo=False)
     return result
+
+
+def _values(compiled: Compiled, params: Params) -> list[t.Any]:
+    """The statement's parameter values, checked as PostgreSQL would read them."""
+    statement = compiled.statement
+    values = values_for(statement.keys, params) if statement.keys else []
+    if statement.typed_parameters:
+        _check_parameters(statement, values)
+    return values
+
+
+def _kept(
+    compiled: Compiled,
+    values: list[t.Any],
+    memo: Memo,
+    token: tuple[int, ...],
+    zone: Zone,
+    count_miss: bool,
+) -> tuple[Result | None, t.Hashable]:
+    """The answer a lookup index or the result memo holds for these values at ``token``,
+    and the memo's key for them (None: values the memo does not keep)."""
+    shape, lookups = compiled.lookup, memo.lookups
+    if shape is not None and lookups is not None:
+        looked_up = _looked_up(compiled, shape, lookups, token, values, zone)
+        if looked_up is not None:
+            return looked_up, None
+    # typed: 1, 1.0 and True are equal keys in Python, not equal parameters in DuckDB
+    key: t.Hashable = (*(compiled.memo_key or ()), zone, *((type(v), v) for v in values))
+    try:
+        hash(key)
+    except TypeError:  # a list or dict parameter: not kept
+        return None, None
+    found = memo.results.get(key, token, count_miss=count_miss)
+    if found is not None:
+        return Result(found[0], found[1], compiled.executed, memo=True), key
+    return None, key
 
 
 def _looked_up(

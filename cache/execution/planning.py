@@ -26,7 +26,7 @@ from cache.backend.estimates import backend_estimates
 from cache.backend.reflect import fetch_catalog
 from cache.execution.convert import converter, duckdb_result_types
 from cache.execution.provenance import Executed
-from cache.store.cache_file import CacheStore, WouldWait
+from cache.store.cache_file import CacheStore
 from cache.store.refresh_times import measured_delays
 from optimizer import describe_result as described
 from optimizer.analyze import Analysis, analyze
@@ -204,15 +204,13 @@ class Planner:
             and catalog.view(source.table, source.schema) is None
         }
 
-    def delays(self, wait: bool = True) -> tuple[tuple[str, float], ...]:
+    def delays(self) -> tuple[tuple[str, float], ...]:
         """The views' measured refresh delays d (§4.6), rounded up to a hundredth of a second
         so that a plan is made again only when one moves by that much (and a bound at most
         that much above d is planned remote by §4.4's rule); read again after every change of
-        the cache file (``wait=False``: `WouldWait` instead)."""
+        the cache file."""
         version = self.store.version
         if self._delays[0] != version:
-            if not wait:
-                raise WouldWait("the views' delays are read again")
             measured = {**measured_delays(self.store), **self.given_delays}.items()
             rounded = tuple(
                 sorted((view, math.ceil(delay * 100) / 100) for view, delay in measured)
@@ -229,24 +227,15 @@ class Planner:
         self._tables_of.clear()
         self._plans.clear()
 
-    def prepare(
-        self, query: Query, params: Params, default_bound: float | None = None, wait: bool = True
-    ) -> Prepared:
-        """The plan of a statement shape, from the plan cache while the schema is unchanged;
-        ``default_bound``: the session's currency bound for blocks without a clause;
-        ``wait=False``: `WouldWait` unless the plan is cached."""
-        key = self._key(query, params, default_bound)
+    def prepare(self, query: Query, params: Params, default_bound: float | None = None) -> Prepared:
+        """The plan of a statement shape, from the plan cache while the schema is unchanged
+        (`prepared_at_hand`), else made now; ``default_bound``: the session's currency bound
+        for blocks without a clause."""
+        delays = self.delays()  # (read again first: the plan cache then decides)
+        found = self.prepared_at_hand(query, params, default_bound)
+        if found is not None:
+            return found
         version = self.store.schema_version
-        delays = self.delays(wait)
-        prepared = self._plans.get(key)
-        if (
-            prepared is not None
-            and prepared.schema_version == version
-            and prepared.delays == delays
-        ):
-            return prepared
-        if not wait:
-            raise WouldWait("the statement is planned")
         with_params = params is not None
         analysis = self._analyze(query, with_params, default_bound)
         plan, result, costed = self._plan(analysis, params)
@@ -255,6 +244,22 @@ class Planner:
             # (the key again: naming relations outside the catalog changed it)
             self._plans.put(self._key(query, params, default_bound), prepared)
         return prepared
+
+    def prepared_at_hand(
+        self, query: Query, params: Params, default_bound: float | None = None
+    ) -> Prepared | None:
+        """The plan of a statement shape from the plan cache, made for the cache file as it
+        is (schema and measured delays); None: it is to be made."""
+        if self._delays[0] != self.store.version:
+            return None  # (the delays are read again: a plan may be made again)
+        prepared = self._plans.get(self._key(query, params, default_bound))
+        if (
+            prepared is not None
+            and prepared.schema_version == self.store.schema_version
+            and prepared.delays == self._delays[1]
+        ):
+            return prepared
+        return None
 
     def _key(self, query: Query, params: Params, default_bound: float | None) -> PlanKey:
         return (query.shape, params is not None, default_bound, self._token)

@@ -32,13 +32,13 @@ from psycopg.pq import ExecStatus
 from cache.backend.session_pool import PREPARED_LIMIT
 from cache.engine import inspect
 from cache.engine.lane import Lane
+from cache.engine.read import Suspended, at_hand
 from cache.engine.result import Result
 from cache.engine.route import CacheDdl, CachedRead, Passthrough, Route, Write
 from cache.engine.session import Session
 from cache.server import relay
 from cache.server.placeholders import Converted, to_backend, to_engine
 from cache.server.statements import FOLD, StatementStats
-from cache.store.cache_file import WouldWait
 from cache.wire import protocol, values
 from cache.wire.oids import OID
 from cache.wire.protocol import Field, ProtocolViolation
@@ -631,9 +631,8 @@ class Conversation:
         if run.lost:
             return
         if not scan.failed:  # (`_forwarded`, its effects known to be none: `Statement.raw`)
-            try:
-                self.session.forwarded(t.cast(Passthrough | Write, run.statement.route), wait=False)
-            except WouldWait:
+            route = t.cast(Passthrough | Write, run.statement.route)
+            if not self.session.forwarded_at_hand(route):
                 self._clock_unsynced = True  # (`resync` settles it)
         if scan.reported or scan.status != b"I" or self._clock_unsynced:
             self.handled += 1  # (a worker must settle what the loop could not: `resync`)
@@ -720,11 +719,9 @@ class Conversation:
         """A run relayed whole: what its Execute and Sync do after the backend's answer
         (on the event loop: what needs the backend's clock measured is left to `resync`)."""
         portal = passing.portal
-        if passing.relaying.ok:
-            self._passed(portal.statement, portal.statement.route, wait=False)
-        try:
-            self.session.settle(wait=False)  # (as when a pipeline ends)
-        except WouldWait:
+        if passing.relaying.ok and not self._passed(portal.statement, portal.statement.route):
+            self._clock_unsynced = True
+        if not self.session.settle_at_hand():  # (as when a pipeline ends)
             self._clock_unsynced = True
         self.portals[portal.bind.portal] = portal  # (the Sync ends it with its transaction)
         self._sync()
@@ -742,8 +739,8 @@ class Conversation:
         self, portal: Portal, lane: bool = False
     ) -> tuple[Result, Lane | None] | None:
         """The answer of a bound cached read of a described statement from what the cache
-        holds in memory (`Session.read_locally` without waiting), and with ``lane`` the lane
-        it leaves (`Session.read_with_lane`); None: nothing was done."""
+        holds in memory (`Session.read` as far as it goes without waiting), and with ``lane``
+        the lane it leaves; None: nothing was done."""
         statement = portal.statement
         routed, described = statement.route, statement.described
         # (columns the server cannot encode: known before the engine counts an answer)
@@ -759,15 +756,13 @@ class Conversation:
             return None  # (refused where errors are made)
         try:
             params = self._engine_params(portal)
-            session = self.session
-            result, made = (
-                session.read_with_lane(routed.query, params)
-                if lane
-                else (session.read_locally(routed.query, params, wait=False), None)
-            )
-        except (WouldWait, _Refusal, Error):
+            reading = at_hand(self.session.read(routed.query, params, lane=lane))
+        except (_Refusal, Error):
             return None  # (nothing was done: an error is made where it is handled)
-        return (result, made) if result is not None and _encodes(result) else None
+        if isinstance(reading, Suspended) or reading.result is None:
+            return None  # (nothing that counts was done: the full path reads it again)
+        result = reading.result
+        return (result, reading.lane) if _encodes(result) else None
 
     # -- the simple query protocol -------------------------------------------------------------
 
@@ -816,7 +811,8 @@ class Conversation:
             sql = ";".join(part for part, _ in run).encode(self.settings.codec)
         ok = self._relay_query(sql)
         for part, routed in run:
-            self._forwarded(part, t.cast(Passthrough | Write, routed))
+            if not self._forwarded(part, t.cast(Passthrough | Write, routed)):
+                self.session.caught_up()
         self._provenance_notice()
         return ok
 
@@ -885,13 +881,14 @@ class Conversation:
             self._backend_error(relay.diagnostic_message(result))
             relaying.ok = False
 
-    def _forwarded(self, sql: str, routed: Passthrough | Write, wait: bool = True) -> None:
+    def _forwarded(self, sql: str, routed: Passthrough | Write) -> bool:
         """A statement reached the backend: a note when it may have changed a setting local
-        answers are encoded by, and the session's bookkeeping (`Session.forwarded`)."""
+        answers are encoded by, and the session's bookkeeping (`Session.forwarded_at_hand`:
+        False when what needs the backend's clock is left to `Session.caught_up`)."""
         output, listens = _effects(sql)
         self._output_changed |= output
         self.listening |= listens
-        self.session.forwarded(routed, wait)
+        return self.session.forwarded_at_hand(routed)
 
     def _engine_simple(self, text: str, routed: Route) -> bool:
         """A statement the cache answers (or judges) in a Query message."""
@@ -1158,24 +1155,23 @@ class Conversation:
                     conn.pgconn.set_chunked_rows_mode(relay.CHUNK_ROWS)
             out = self._holder(portal) if held else self.out
             ok = self._relay_results(conn, out, simple=False, mixed=mixed)
-            if ok:
-                self._passed(portal.statement, routed)
+            if ok and not self._passed(portal.statement, routed):
+                self.session.caught_up()
             if held and ok:
                 self.out(self._portal_rows(portal, max_rows))
             return ok
 
         self._queue.append(_Expect(read))
 
-    def _passed(self, statement: Statement, routed: Route | None, wait: bool = True) -> None:
+    def _passed(self, statement: Statement, routed: Route | None) -> bool:
         """A statement the backend answered: the bookkeeping of one passed through (None: a
-        cached read it answered, counted apart), and the provenance NOTICE (``wait=False``:
-        on the event loop, what needs the backend's clock measured left to `resync`)."""
-        if routed is not None:
-            try:
-                self._forwarded(statement.text, t.cast(Passthrough | Write, routed), wait)
-            except WouldWait:
-                self._clock_unsynced = True
+        cached read it answered, counted apart), and the provenance NOTICE; False when what
+        needs the backend's clock is left to `Session.caught_up`."""
+        kept = routed is None or self._forwarded(
+            statement.text, t.cast(Passthrough | Write, routed)
+        )
         self._provenance_notice()
+        return kept
 
     def _holder(self, portal: Portal) -> Out:
         """Where a row-limited Execute's messages wait: the rows in the portal, the

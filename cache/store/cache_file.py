@@ -172,11 +172,6 @@ class StreamHolder(t.Protocol):
     def release(self) -> None: ...
 
 
-class WouldWait(Exception):
-    """What was asked for without waiting needs to wait: for DuckDB, the backend, or a lock
-    another thread holds (the caller asks again where it may wait; nothing was changed)."""
-
-
 @dataclass
 class _Shared:
     """State of one cache file shared by every handle of this process."""
@@ -354,11 +349,18 @@ class CacheStore:
     def version(self) -> int:
         return self._shared.version
 
-    def committed_version(self, wait: bool = True) -> int:
+    def committed_version(self) -> int:
         """The version counting every change committed so far: equal at two moments only if
         no change (of rows or regions) committed in between (`transaction` commits and counts
-        atomically). ``wait=False``: `WouldWait` while a change is being committed."""
-        lock = self._commit_lock(wait)
+        atomically)."""
+        with self._shared.commit_lock:
+            return self._shared.version
+
+    def committed_version_at_hand(self) -> int | None:
+        """`committed_version`, or None while a change is being committed."""
+        lock = self._shared.commit_lock
+        if not lock.acquire(False):
+            return None
         try:
             return self._shared.version
         finally:
@@ -374,15 +376,6 @@ class CacheStore:
             return self._shared.version == version
         finally:
             lock.release()
-
-    def _commit_lock(self, wait: bool) -> threading.Lock:
-        """The commit lock, acquired (the caller releases it); ``wait=False``: `WouldWait`
-        while a change is being committed. (Not a context manager: the hit path takes it
-        twice per statement.)"""
-        lock = self._shared.commit_lock
-        if not lock.acquire(wait):
-            raise WouldWait("a change is being committed")
-        return lock
 
     def at_version(self, name: str, read: Callable[[], T]) -> T:
         """``read()``, or what it gave at the file's present version (no change committed
@@ -431,16 +424,25 @@ class CacheStore:
                 for view in views:
                     shared.view_versions[view] = shared.view_versions.get(view, 0) + 1
 
-    def change_token(self, views: Iterable[str], wait: bool = True) -> tuple[int, ...]:
-        """Equal at two moments only if no row of ``views`` changed in between (``wait``: as
-        `committed_version`'s)."""
-        shared = self._shared
-        lock = self._commit_lock(wait)
+    def change_token(self, views: Iterable[str]) -> tuple[int, ...]:
+        """Equal at two moments only if no row of ``views`` changed in between."""
+        with self._shared.commit_lock:
+            return self._token(views)
+
+    def change_token_at_hand(self, views: Iterable[str]) -> tuple[int, ...] | None:
+        """`change_token`, or None while a change is being committed."""
+        lock = self._shared.commit_lock
+        if not lock.acquire(False):
+            return None
         try:
-            versions = shared.view_versions
-            return (shared.epoch, *(versions.get(v, 0) for v in views))
+            return self._token(views)
         finally:
             lock.release()
+
+    def _token(self, views: Iterable[str]) -> tuple[int, ...]:
+        shared = self._shared
+        versions = shared.view_versions
+        return (shared.epoch, *(versions.get(v, 0) for v in views))
 
     def save_clock(self, clock: BackendClock) -> None:
         """The last backend-clock measurement, for tools without a backend connection."""
