@@ -76,11 +76,13 @@ def measure(conn: psycopg.Connection[t.Any], samples: int = SAMPLES) -> BackendC
         with conn.cursor() as cur:
             for _ in range(samples):
                 t0 = time.time()
-                cur.execute("SELECT clock_timestamp()")
+                # (seconds since the epoch: whatever the session's DateStyle and TimeZone,
+                # which a client may have set on it)
+                cur.execute("SELECT extract(epoch FROM clock_timestamp())::float8")
                 row = cur.fetchone()
                 t1 = time.time()
                 assert row is not None
-                taken.append((t0, row[0].timestamp(), t1))
+                taken.append((t0, float(row[0]), t1))
     finally:
         if idle and not conn.autocommit and not conn.closed:
             conn.rollback()  # the SELECTs opened a transaction the application did not ask for

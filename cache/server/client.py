@@ -19,6 +19,7 @@ import functools
 import hashlib
 import itertools
 import logging
+import re
 import time
 import typing as t
 from collections import deque
@@ -84,6 +85,26 @@ class Statement:
     @property
     def passthrough(self) -> bool:
         return isinstance(self.route, Passthrough | Write)
+
+    @functools.cached_property
+    def copies(self) -> bool:
+        """Whether it is a COPY (its data passes outside libpq's pipeline mode)."""
+        return _COPY.match(self.text) is not None
+
+    @property
+    def returns_rows(self) -> bool:
+        """Whether it is a query: its rows are described even when it has no column
+        (``SELECT``: a RowDescription of no field, where other statements have NoData)."""
+        routed = self.route
+        return isinstance(routed, CachedRead) or (
+            isinstance(routed, Passthrough) and routed.reads is not None
+        )
+
+    def rows_described(self, found: Description) -> Description:
+        """A description from libpq, which gives no field alike for NoData and for rows of
+        no column: the latter for a query."""
+        params, fields = found
+        return (params, []) if fields is None and self.returns_rows else found
 
     @functools.cached_property
     def relayed_as_is(self) -> bool:
@@ -234,6 +255,10 @@ class Conversation:
         self._output_changed = False  # a statement may have changed `_OUTPUT_SETTINGS`
         self.listening = False  # a LISTEN reached the backend: notifications may come
         self.max_result_bytes: int | None = None  # a local answer's encoded rows, at most
+        self.told_pid = 0  # the process id the client was told (BackendKeyData)
+        # the error the backend ended the session with while it was idle: the session's last
+        # message (`_notice`)
+        self.farewell: bytes | None = None
         # statements by route, outcome and latency (`cache.server.statements`; None: not
         # kept): when the running one started (None: none runs), whether it failed
         self.statement_stats: StatementStats | None = None
@@ -502,6 +527,7 @@ class Conversation:
             statement is None
             or not statement.passthrough
             or not statement.relayed_as_is
+            or statement.copies
             or (describe and statement.described is None)
         ):
             return None
@@ -628,6 +654,8 @@ class Conversation:
             self.statement_stats.record(
                 "remote", not scan.failed and not run.lost, time.perf_counter() - run.started
             )
+        if scan.fatal:  # (the backend ended the session: the client has its error)
+            self.told_lost = True
         if run.lost:
             return
         if not scan.failed:  # (`_forwarded`, its effects known to be none: `Statement.raw`)
@@ -785,6 +813,9 @@ class Conversation:
             self.out(protocol.EMPTY_QUERY)
             return
         routes = [(part, self._route(part, with_params=False)) for part in parts]
+        for part, routed in routes:
+            if isinstance(routed, Passthrough):
+                self._check_encoding(part)
         if all(isinstance(r, Passthrough | Write) for _, r in routes):
             self._backend_simple(sql, routes)  # as the client wrote it (error positions)
             return
@@ -863,20 +894,10 @@ class Conversation:
             out(protocol.EMPTY_QUERY)
         elif status == ExecStatus.PIPELINE_ABORTED:
             relaying.ok = False
-        elif status == ExecStatus.COPY_OUT and simple:
+        elif status == ExecStatus.COPY_OUT:  # (never piped: `_execute_copy`)
             self._copy_out(relaying.conn, result)
-        elif status == ExecStatus.COPY_IN and simple:
+        elif status == ExecStatus.COPY_IN:
             self._copy_in(relaying.conn, result)
-        elif status in (ExecStatus.COPY_IN, ExecStatus.COPY_OUT):
-            self.out(
-                protocol.error_response(
-                    "0A000",
-                    "COPY through the extended query "
-                    "protocol is not supported by the cache server: send it as a "
-                    "simple query",
-                )
-            )
-            relaying.ok = False
         else:
             self._backend_error(relay.diagnostic_message(result))
             relaying.ok = False
@@ -912,6 +933,8 @@ class Conversation:
         converted = to_engine(text)
         engine_sql = converted.sql if converted.order else text
         routed = self._route(engine_sql, with_params=bool(converted.order))
+        if isinstance(routed, Passthrough):
+            self._check_encoding(text)
         statement = Statement(message.sql, text, message.param_types, converted, routed)
         name = message.name
         if name and name in self.statements:
@@ -1053,7 +1076,9 @@ class Conversation:
             self._queue.append(_Expect(lambda: _then(then, found)))
             return
         if not statement.passthrough:
-            found = self._description(statement.backend_text, statement.param_types)
+            found = statement.rows_described(
+                self._description(statement.backend_text, statement.param_types)
+            )
             statement.described = found
             self._queue.append(_Expect(lambda: _then(then, found)))
             return
@@ -1063,9 +1088,11 @@ class Conversation:
 
         def described(result: pq.abc.PGresult) -> None:
             params = tuple(result.param_type(i) for i in range(result.nparams))
-            fields = relay.fields_of(result) if result.nfields else None
-            statement.described = (params, fields)
-            then(params, fields)
+            found = statement.rows_described(
+                (params, relay.fields_of(result) if result.nfields else None)
+            )
+            statement.described = found
+            then(*found)
 
         self._expect_command(pgconn, described)
 
@@ -1077,6 +1104,9 @@ class Conversation:
             self._queue.append(_Ready(self._portal_rows(portal, message.max_rows)))
             return
         statement = portal.statement
+        if statement.copies:
+            self._execute_copy(portal)
+            return
         if statement.passthrough:
             self._execute_at_backend(portal, message.max_rows)
             return
@@ -1123,6 +1153,30 @@ class Conversation:
             statement.backend_name or b"", list(bind.params), param_formats, result_format
         )
         self._expect_rows(portal, max_rows, mixed, statement.route)
+
+    def _execute_copy(self, portal: Portal) -> None:
+        """COPY sent by Parse, Bind and Execute. libpq runs no COPY in pipeline mode: what is
+        queued is answered first and the pipeline left (with no Sync: the backend's implicit
+        transaction goes on), then the COPY's data passes as in a Query message."""
+        statement = portal.statement
+        self._ensure_at_backend(statement)
+        self._drain()
+        if self.ignoring:
+            return
+        conn = self._backend()
+        pgconn = conn.pgconn
+        if self._piped:
+            pgconn.exit_pipeline_mode()  # (every result read: nothing is pending)
+            self._piped = False
+        param_formats, result_format, mixed = _bind_formats(portal.bind)
+        pgconn.send_query_prepared(
+            statement.backend_name or b"", list(portal.bind.params), param_formats, result_format
+        )
+        relay.flush(pgconn)
+        if not self._relay_results(conn, self.out, simple=False, mixed=mixed):
+            self.ignoring = True
+        elif not self._passed(statement, statement.route):
+            self.session.caught_up()
 
     def _execute_text_at_backend(self, portal: Portal, routed: CachedRead, max_rows: int) -> None:
         """A cached read the backend answers: its text (clauses cut), the client's values."""
@@ -1334,12 +1388,7 @@ class Conversation:
                     self.out(item.data)
                 continue
             if self.ignoring:
-                out = self.out
-                self.out = lambda _: None
-                try:
-                    item.read()
-                finally:
-                    self.out = out
+                self._read_past(item)
             elif not item.read():
                 self.ignoring = True
         if self._piped and leave_pipeline and pgconn is not None:
@@ -1410,7 +1459,9 @@ class Conversation:
         types = statement.param_types
         if len(types) < len(portal.bind.params) or 0 in types:
             if statement.described is None:
-                statement.described = self._description(statement.backend_text, types)
+                statement.described = statement.rows_described(
+                    self._description(statement.backend_text, types)
+                )
             types = statement.described[0]
         return types
 
@@ -1480,6 +1531,8 @@ class Conversation:
     # -- errors ----------------------------------------------------------------------------------
 
     def _error(self, exc: BaseException, sql: bytes | None = None) -> None:
+        if self.told_lost:
+            return  # (the session ends with the error the backend ended it with)
         self._drain()
         codec = self.settings.codec
         text = sql.decode(codec, errors="replace") if sql is not None else None
@@ -1489,9 +1542,11 @@ class Conversation:
             exc = QueryCanceledError(f"canceling statement due to {self.cancel_reason}")
         if isinstance(exc, psycopg.Error) and self.session.link.lost:
             # (libpq's loss of the connection, which psycopg may class by the call that saw
-            # it: the session ends with it, as PostgreSQL's would)
+            # it: the session ends with it, as PostgreSQL's would; with the error the backend
+            # ended it by, when it sent one while the session was idle)
             self._backend_error(
-                protocol.error_response(
+                self.farewell
+                or protocol.error_response(
                     "08006",
                     f"the backend connection was lost: {str(exc).strip()}",
                     severity="FATAL",
@@ -1502,10 +1557,13 @@ class Conversation:
         self.ignoring = True
 
     def _backend_error(self, message: bytes) -> None:
-        """An ErrorResponse for the client; when the backend connection is gone with it, the
-        session ends after it with no second one (`told_lost`)."""
+        """An ErrorResponse for the client; when the backend connection is gone with it (or
+        the backend ends the session by it: FATAL), the session ends after it with no
+        second one and no ReadyForQuery (`told_lost`), as PostgreSQL's would."""
         self.out(message)
         self._failed = True
+        if protocol.ends_session(message):
+            self.session.link.lose()
         if self.session.link.lost:
             self.told_lost = True
 
@@ -1524,6 +1582,8 @@ class Conversation:
         self._discard_result(pgconn)
 
     def _ready(self) -> None:
+        if self.told_lost:
+            return  # (the session ends with the error it was sent)
         status = self.session.link.transaction_status()
         self._notifications()
         self._parameter_changes()
@@ -1565,14 +1625,37 @@ class Conversation:
             if found is None or found == seen.get(key):
                 continue
             seen[key] = found
+            now = found.decode("ascii", "replace") if name == "client_encoding" else None
+            if now is not None and values.codec_of(now, self._server_encoding) is None:
+                # set by other means than SET (a function's set_config): set back
+                back = b"SELECT set_config('client_encoding', $1, false)"
+                self._own_statement(pgconn, back, [value.encode()])
+                self._cache_notice(values.unconvertible(now))
+                continue
             now = conn.info.parameter_status(name)
             if now is not None and now != value:
                 self._client_has(name, now)
                 self.out(protocol.parameter_status(name, now))
 
+    @property
+    def _server_encoding(self) -> str:
+        return self.reported.get("server_encoding", "UTF8")
+
+    def _check_encoding(self, text: str) -> None:
+        """A SET of a client encoding the server cannot convert is refused before it reaches
+        the backend (the session goes on in its encoding)."""
+        found = _SETS_ENCODING.match(text)
+        named = found.group(1) if found is not None else "DEFAULT"
+        if named.upper() != "DEFAULT" and values.codec_of(named, self._server_encoding) is None:
+            raise _Refusal("0A000", values.unconvertible(named))
+
     def _client_has(self, name: str, value: str) -> None:
         """The client was told this value of a reported setting."""
         self.reported[name] = value
+        if name == "client_encoding":
+            codec = values.codec_of(value, self._server_encoding)
+            if codec is not None:
+                self.settings = dataclasses.replace(self.settings, codec=codec)
         if name == "DateStyle":
             self.settings = dataclasses.replace(self.settings, date_style=value)
 
@@ -1595,11 +1678,56 @@ class Conversation:
         self._output_changed = status == pq.TransactionStatus.INTRANS
 
     def notify(self) -> None:
-        """Forward what the backend sent while the session was idle (LISTEN)."""
+        """Forward what the backend sent while the session was idle: notifications (LISTEN),
+        and the answers of a pipeline the client has not synced yet that the backend sent
+        because one of its statements failed (PostgreSQL sends an error at once)."""
         self._notifications()
+        self._answer_ready()
+
+    def pipeline_sent(self) -> None:
+        """The client sent nothing more for now: what its pipeline queued for the backend
+        goes there, so that the backend runs it as PostgreSQL would (its answers wait for
+        the client's Sync or Flush, but for an error: `notify`)."""
+        if self._piped and any(isinstance(item, _Expect) for item in self._queue):
+            relay.flush(self._backend().pgconn)
+
+    def _answer_ready(self) -> None:
+        """The queued answers whose backend results are all here, in order, until one that
+        is not (nothing waits)."""
+        if not self._piped:
+            return
+        pgconn = self._backend().pgconn
+        queue = self._queue
+        while queue:
+            item = queue[0]
+            if isinstance(item, _Expect) and pgconn.is_busy():
+                return
+            queue.popleft()
+            if isinstance(item, _Ready):
+                if not self.ignoring:
+                    self.out(item.data)
+            elif self.ignoring:
+                self._read_past(item)
+            elif not item.read():
+                self.ignoring = True
+
+    def _read_past(self, item: _Expect) -> None:
+        """A queued command's results read and dropped (an earlier one failed: the client
+        gets nothing more until its Sync)."""
+        out = self.out
+        self.out = lambda _: None
+        try:
+            item.read()
+        finally:
+            self.out = out
 
     def _notice(self, diag: psycopg.errors.Diagnostic) -> None:
-        """A NoticeResponse for a notice the backend sent, with all of its fields."""
+        """A NoticeResponse for a notice the backend sent, with all of its fields. An error
+        it sent outside any statement (libpq passes it as a notice) ends the backend session
+        (pg_terminate_backend of an idle one): it is the client's farewell (`farewell`)."""
+        if diag.severity_nonlocalized in ("FATAL", "PANIC"):
+            self.farewell = protocol.diagnostic(diag_fields(diag), self.settings.codec)
+            return
         self._noticed.append(diag.message_primary or "")
         self.out(protocol.diagnostic(diag_fields(diag), self.settings.codec, notice=True))
 
@@ -1608,8 +1736,11 @@ class Conversation:
         if conn is None:
             return
         pgconn = conn.pgconn
+        own = self.session.link.pid
         while (found := pgconn.notifies()) is not None:
-            self.out(protocol.notification(found.be_pid, found.relname, found.extra))
+            # (one its own backend sent carries the pid the client was told, as PostgreSQL's)
+            pid = self.told_pid if found.be_pid == own else found.be_pid
+            self.out(protocol.notification(pid, found.relname, found.extra))
 
     # -- COPY ------------------------------------------------------------------------------------
 
@@ -1652,6 +1783,12 @@ class Conversation:
 
 
 _IDLE = pq.TransactionStatus.IDLE
+_COPY = re.compile(r"\s*COPY\b", re.IGNORECASE)
+# SET client_encoding / SET NAMES, and the encoding it names
+_SETS_ENCODING = re.compile(
+    r"\s*SET\s+(?:SESSION\s+|LOCAL\s+)?(?:client_encoding\s*(?:TO|=)|NAMES)\s*['\"]?([\w-]+)",
+    re.IGNORECASE,
+)
 # reported settings no statement sets (`Conversation.resync`)
 _READ_ONLY_REPORTED = frozenset(
     ("server_version", "server_encoding", "integer_datetimes", "in_hot_standby", "is_superuser")

@@ -74,6 +74,10 @@ from sql_ext.errors import Error, ProgrammingError, diagnostics
 log = logging.getLogger("mtcache.server")
 
 DEFAULT_LISTEN = "127.0.0.1:6432"
+# Linux's PID_MAX_LIMIT: no process has a pid past it; a session told none of its own gets one
+# from here (to the protocol's last) as its pid
+PID_MAX_LIMIT = 1 << 22
+_LAST_PID = (1 << 31) - 1
 GRACE_SECONDS = 10.0
 _SEND_BUFFER = 64 * 1024  # output collected before it is handed to the socket
 _TLS_BUFFER = 256 * 1024  # output a TLS connection's transport holds before writers wait
@@ -186,7 +190,7 @@ class Server:
         self._lock = threading.Lock()
         self._clients: dict[tuple[int, bytes], ClientConnection] = {}
         self._connections: set[ClientConnection] = set()  # the event loop's own
-        self._next_pid = 1
+        self._next_pid = PID_MAX_LIMIT  # (`register`)
         self._signals = False
         self.loop: asyncio.AbstractEventLoop | None = None
         self.loop_thread: int | None = None
@@ -345,10 +349,14 @@ class Server:
     def closed(self, client: ClientConnection) -> None:
         self._connections.discard(client)
 
-    def register(self, client: ClientConnection) -> tuple[int, bytes]:
+    def register(self, client: ClientConnection, pid: int | None = None) -> tuple[int, bytes]:
+        """The key a client's CancelRequest presents (BackendKeyData): ``pid``, the process of
+        the session's own backend connection, as PostgreSQL tells it; None (a session without
+        one yet, or a pooled one) a pid no process can have, never another's."""
         with self._lock:
-            pid = self._next_pid
-            self._next_pid += 1
+            if pid is None:
+                pid = self._next_pid
+                self._next_pid = pid + 1 if pid < _LAST_PID else PID_MAX_LIMIT
             key = secrets.token_bytes(4)
             self._clients[(pid, key)] = client
         return pid, key
@@ -991,6 +999,8 @@ class ClientConnection(asyncio.Protocol):
                         self.busy = False
             if self._ending:
                 self._flush()
+            elif self.conversation is not None:
+                self.conversation.pipeline_sent()
             # (else the loop sends the last of it once it has the conversation back,
             # `_work_done`: a client answered at once finds its next run taken at hand)
         except (ConnectionError, OSError):
@@ -1097,11 +1107,14 @@ class ClientConnection(asyncio.Protocol):
             self._write(protocol.diagnostic(diagnostics(exc), fatal=True))
             self._flush()
             return False
-        self.session = session
         reported = _reported(session, defaults, backend_parameters)
-        codec = values.codec_of(
-            reported.get("client_encoding", "UTF8"), reported.get("server_encoding", "UTF8")
-        )
+        encoding = reported.get("client_encoding", "UTF8")
+        codec = values.codec_of(encoding, reported.get("server_encoding", "UTF8"))
+        if codec is None:
+            session.close()
+            self._fatal("0A000", values.unconvertible(encoding))
+            return False
+        self.session = session
         settings = values.OutputSettings(
             codec=codec,
             extra_float_digits=_int(backend_parameters.get("extra_float_digits"), 1),
@@ -1112,7 +1125,8 @@ class ClientConnection(asyncio.Protocol):
         )
         self.conversation.max_result_bytes = server.options.max_result_bytes
         self.conversation.statement_stats = server.statement_stats
-        self._key = server.register(self)
+        self._key = server.register(self, None if session.link.pooled else session.link.pid)
+        self.conversation.told_pid = self._key[0]
         session.link.release()  # (pooled: until a statement needs it)
         out = [protocol.AUTHENTICATION_OK]
         if startup.version & 0xFFFF:
@@ -1232,6 +1246,14 @@ class ClientConnection(asyncio.Protocol):
         if conversation is not None and conversation.told_lost:
             self._ending = True
             with contextlib.suppress(OSError):
+                self._flush()
+            return
+        farewell = conversation.farewell if conversation is not None else None
+        if farewell is not None:  # (the backend's own, as PostgreSQL ends an idle session)
+            self._ending = True
+            with contextlib.suppress(OSError):
+                self._flush()
+                self._write(farewell)
                 self._flush()
             return
         self._fatal(*_LOST_BACKEND)

@@ -529,6 +529,14 @@ class BackendViolation(Exception):
     """The backend's bytes are not messages of the protocol: its connection is unusable."""
 
 
+def ends_session(message: bytes) -> bool:
+    """Whether an ErrorResponse is FATAL or PANIC: the backend session ends with it."""
+    for field in message[5:].split(b"\0"):
+        if field[:1] == b"V":  # (the severity, never localized)
+            return field[1:] in (b"FATAL", b"PANIC")
+    return False
+
+
 class AnswerScan:
     """The backend's answer to a run passed through byte for byte (a statement's Bind to
     Sync): fed what the backend sent, it hands back the whole messages among them, to be
@@ -537,11 +545,12 @@ class AnswerScan:
     (ParameterStatus) and the transaction status of its ReadyForQuery, which ends the
     answer. Only message headers are read: a row's bytes are never looked at."""
 
-    __slots__ = ("_rest", "failed", "reported", "status")
+    __slots__ = ("_rest", "failed", "fatal", "reported", "status")
 
     def __init__(self) -> None:
         self._rest = b""  # the start of a message not whole yet
         self.failed = False
+        self.fatal = False  # an ErrorResponse ended the backend session (FATAL, PANIC)
         self.reported: list[tuple[bytes, bytes]] = []  # ParameterStatus (name, value)
         self.status: bytes | None = None  # ReadyForQuery's, once it came
 
@@ -569,6 +578,7 @@ class AnswerScan:
                 self.status = data[pos + 5 : end]
             elif kind == 0x45:  # "E" ErrorResponse
                 self.failed = True
+                self.fatal = self.fatal or ends_session(data[pos:end])
             elif kind == 0x53:  # "S" ParameterStatus
                 name, value = data[pos + 5 : end].split(b"\0")[:2]
                 self.reported.append((name, value))

@@ -51,14 +51,23 @@ class OutputSettings:
         )
 
 
-def codec_of(client_encoding: str, server_encoding: str) -> str:
+def codec_of(client_encoding: str, server_encoding: str) -> str | None:
     """Python's codec for text in the client encoding (SQL_ASCII: the server's bytes as they
-    are, which for a UTF8 database are UTF-8)."""
+    are, which for a UTF8 database are UTF-8); None: Python has none (EUC_TW, MULE_INTERNAL),
+    so the server cannot read or write text in it."""
     name = client_encoding if client_encoding.upper() != "SQL_ASCII" else server_encoding
     try:
-        return psycopg_encodings.pg2pyenc(name.encode())
+        return psycopg_encodings.pg2pyenc(name.strip().strip("'\"").encode())
     except psycopg.NotSupportedError:
-        return "utf-8"
+        return None
+
+
+def unconvertible(encoding: str) -> str:
+    """Why a client encoding Python has no codec for is refused, and what to do."""
+    return (
+        f"the cache server cannot convert text to or from {encoding}: choose another "
+        "client_encoding (UTF8 serves every text)"
+    )
 
 
 def encodable(type_oids: t.Iterable[int]) -> bool:
