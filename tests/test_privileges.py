@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 import cache
-from cache.engine.effects import effects_of
+from cache.engine.link.effects import effects_of
 from tests.answers import typed
 from tests.serving import Served, serving
 

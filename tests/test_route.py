@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from cache.engine.effects import effects_of
+from cache.engine.link.effects import effects_of
 from cache.engine.route import (
     CacheDdl,
     CachedRead,

@@ -253,6 +253,14 @@ def fetch_catalog(dsn: str) -> Catalog:
         return reflect_catalog(conn)
 
 
+def database_of(dsn: str) -> str | None:
+    """The database a DSN names (None: none, or not a DSN libpq reads)."""
+    try:
+        return psycopg.conninfo.conninfo_to_dict(dsn).get("dbname")  # type: ignore[return-value]
+    except psycopg.ProgrammingError:
+        return None
+
+
 def redact(dsn: str) -> str:
     """A DSN fit for messages: no password (host:port/db; a string libpq cannot read, quoted
     with anything that looks like a password masked)."""

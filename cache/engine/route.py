@@ -31,7 +31,7 @@ import psycopg
 from psycopg._queries import _split_query  # psycopg's reading of % marks (no public one)
 from sqlglot import exp
 
-from cache.engine.effects import BackendEffects, effects_of
+from cache.engine.link.effects import BackendEffects, effects_of
 from cache.execution.provenance import Executed
 from sql_ext import (
     CacheSetting,

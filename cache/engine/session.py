@@ -47,10 +47,10 @@ from cache.backend.session_pool import SessionPool
 from cache.engine import inspect
 from cache.engine.admin import Admin
 from cache.engine.boundary import public, public_read
-from cache.engine.effects import effects_of
 from cache.engine.engine import Engine, SessionOptions, bound_seconds
 from cache.engine.lane import Lane
 from cache.engine.link import BackendLink
+from cache.engine.link.effects import effects_of
 from cache.engine.read import Read, Reading, drive, either
 from cache.engine.result import NO_PROVENANCE, Result, no_rows
 from cache.engine.route import (
@@ -147,8 +147,8 @@ class Session:
         self.refresh_engine = "inline"
         self.spark_master: str | None = None
         self.report_position = False  # a ParameterStatus mtcache.position after statements
-        # how the last statement was answered (`cache.server.statements`): local, mixed,
-        # fallback (guards failed), remote; the caller sets "cache" before the cache's own
+        # how the last statement was answered (`cache.engine.conversation.statistics`): local,
+        # mixed, fallback (guards failed), remote; the caller sets "cache" before the cache's
         self.last_route = "cache"
         self._seen_decision: Decision | None = None  # (`_saw`)
         self._seen_moment: dt.datetime | None = None
@@ -1019,6 +1019,10 @@ class Session:
         """Cancel the statement running in this session (from another thread): its DuckDB
         work and its backend statement. Nothing happens to a session that runs nothing."""
         self.interrupt_local()
+        self.link.cancel()
+
+    def cancel_backend(self) -> None:
+        """Cancel the session's backend statement, if one runs (from another thread)."""
         self.link.cancel()
 
     def interrupt_local(self) -> None:

@@ -27,12 +27,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psycopg
-
-from cache.backend.pool import pooled
+from cache.backend.roles import is_member, role_secret
 from cache.server.scram import Exchange, ScramError, Verifier
 from cache.wire import protocol
-from sql_ext.errors import BackendUnavailableError, ProgrammingError, first_line
+from sql_ext.errors import BackendUnavailableError, Error, ProgrammingError, first_line
 
 log = logging.getLogger("mtcache.server")
 
@@ -297,7 +295,7 @@ class AuthQuery:
         """Run the query once (at start: a query the backend refuses fails there)."""
         try:
             self._secret("mtcache")
-        except psycopg.Error as exc:
+        except Error as exc:
             raise ProgrammingError(
                 f"--auth-query fails on the backend: {first_line(exc)} "
                 "(the default reads pg_authid, which needs a superuser; "
@@ -308,18 +306,18 @@ class AuthQuery:
     def verifier(self, role: str) -> Verifier | None:
         try:
             secret = self._secret(role)
-        except psycopg.Error as exc:
-            log.warning("the auth query failed for a login: %s", first_line(exc))
-            raise LoginRefused(
-                "08006",
-                "the cache server could not look up the role's "
-                "credentials on the backend (see its log)",
-            ) from None
         except BackendUnavailableError as exc:
             raise LoginRefused(
                 "08006",
                 f"the cache server cannot check credentials while the "
                 f"backend is unreachable: {exc}",
+            ) from None
+        except Error as exc:
+            log.warning("the auth query failed for a login: %s", first_line(exc))
+            raise LoginRefused(
+                "08006",
+                "the cache server could not look up the role's "
+                "credentials on the backend (see its log)",
             ) from None
         if secret is not None and Verifier.parse(secret) is None:
             log.warning(
@@ -330,9 +328,7 @@ class AuthQuery:
         return Verifier.parse(secret)
 
     def _secret(self, role: str) -> str | None:
-        with pooled(self.backend) as conn:
-            row = conn.execute(self.query, [role]).fetchone()  # type: ignore[arg-type]
-        return None if row is None or row[0] is None else str(row[0])
+        return role_secret(self.backend, self.query, role)
 
 
 def backend_membership(backend: str) -> Callable[[str, str], bool]:
@@ -340,19 +336,13 @@ def backend_membership(backend: str) -> Callable[[str, str], bool]:
 
     def member(role: str, group: str) -> bool:
         try:
-            with pooled(backend) as conn:
-                row = conn.execute(
-                    "SELECT pg_has_role(r.oid, g.oid, 'MEMBER') FROM pg_roles r, "
-                    "pg_roles g WHERE r.rolname = %s AND g.rolname = %s",
-                    [role, group],
-                ).fetchone()
-        except (psycopg.Error, BackendUnavailableError) as exc:
+            return is_member(backend, role, group)
+        except Error as exc:
             raise LoginRefused(
                 "08006",
                 f"the cache server could not check role membership "
                 f"on the backend: {first_line(exc)}",
             ) from None
-        return bool(row and row[0])
 
     return member
 

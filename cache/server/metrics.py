@@ -28,9 +28,9 @@ from prometheus_client.exposition import ThreadingWSGIServer, WSGIRequestHandler
 
 from cache.backend.pool import backend_pool
 from cache.backend.session_pool import SessionPool
+from cache.engine.conversation.statistics import StatementStats
 from cache.engine.engine import Engine
 from cache.engine.stats import Sample
-from cache.server.statements import StatementStats
 
 LIVE_SECONDS = 2.0
 STATEMENTS = "statements the server answered, by the path that answered them"

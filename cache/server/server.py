@@ -47,26 +47,21 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-import psycopg
 import uvloop
-from psycopg import pq
 
-from cache.backend.describe import describe_statement
-from cache.backend.pool import pooled
-from cache.backend.reflect import redact
+from cache.backend.reflect import database_of, redact
 from cache.backend.session_pool import DEFAULT_TIMEOUT as POOL_TIMEOUT
 from cache.backend.session_pool import SessionPool
 from cache.engine.admin import Admin
+from cache.engine.conversation import Conversation, Passing, RawRun, Statement
+from cache.engine.conversation.reported import Describer, backend_defaults, reported_to
+from cache.engine.conversation.statistics import StatementStats
 from cache.engine.engine import Engine, SessionOptions
 from cache.engine.session import Session
 from cache.engine.stats import Sample
-from cache.server import relay
 from cache.server.auth import AUTH_SECONDS, LOOPBACK_TRUST, Login, LoginRefused, Rules
-from cache.server.client import Conversation, Description, Passing, RawRun, Statement
 from cache.server.limits import TICK_SECONDS, Admission, Limits
 from cache.server.metrics import MetricsEndpoint, server_samples
-from cache.server.relay import BackendRefused, diagnostic_message, fields_of
-from cache.server.statements import StatementStats
 from cache.wire import protocol, values
 from cache.wire.protocol import ProtocolViolation
 from sql_ext.errors import Error, ProgrammingError, diagnostics
@@ -94,25 +89,6 @@ CANCEL_REPEAT = 0.01
 BACKEND_CANCEL_REPEAT = 0.2  # a gone client's statement: how often its backend part is cancelled
 WORKERS = 1024  # threads answering sessions' work at once, at most (made when needed)
 WORKER_STACK = 512 * 1024  # a worker thread's stack
-
-# the parameters PostgreSQL reports at startup (GUC_REPORT), in its order
-_REPORTED = (
-    "in_hot_standby",
-    "integer_datetimes",
-    "TimeZone",
-    "IntervalStyle",
-    "is_superuser",
-    "application_name",
-    "default_transaction_read_only",
-    "scram_iterations",
-    "DateStyle",
-    "standard_conforming_strings",
-    "session_authorization",
-    "client_encoding",
-    "server_version",
-    "server_encoding",
-    "search_path",
-)
 
 
 def parse_listen(text: str, option: str = "--listen") -> tuple[str, int]:
@@ -209,8 +185,8 @@ class Server:
         self.metrics: MetricsEndpoint | None = None
         if self.options.metrics is not None:
             self.metrics = _metrics_endpoint(self, self.options.metrics)
-        self.defaults = _backend_defaults(engine.backend)
-        self._describes: dict[tuple[str, tuple[int, ...], int], Description] = {}
+        self.defaults = backend_defaults(engine.backend)
+        self.describe = Describer(engine.backend, engine.store)
         # prepared runs answered in one step (`ClientConnection._at_hand`): by a statement's
         # lane (`Conversation.lane_at_hand`), and by `Conversation.execution_at_hand`
         self.lane_hits = 0
@@ -395,45 +371,6 @@ class Server:
     @property
     def stopping(self) -> bool:
         return self._stop.is_set()
-
-    def describe(
-        self, sql: str, types: tuple[int, ...], conn: psycopg.Connection[t.Any] | None = None
-    ) -> Description:
-        """The backend's description of a statement: parameter types and result columns
-        (None: it returns no rows), kept while the cache schema stands; on ``conn`` (a
-        session's own connection, which sees its temporary tables) when given, not kept."""
-        key = (sql, types, self.engine.store.schema_version)
-        found = self._describes.get(key) if conn is None else None
-        if found is None:
-            if conn is None:
-                with pooled(self.engine.backend) as shared:
-                    result = describe_statement(shared, sql.encode(), types)
-            else:
-                result = describe_statement(conn, sql.encode(), types)
-            if result.status != pq.ExecStatus.COMMAND_OK:
-                raise BackendRefused(diagnostic_message(result))
-            found = (
-                tuple(result.param_type(i) for i in range(result.nparams)),
-                fields_of(result) if result.nfields else None,
-            )
-            if conn is not None:
-                return found
-            if len(self._describes) > 4096:
-                self._describes.clear()
-            self._describes[key] = found
-        return found
-
-
-def _backend_defaults(dsn: str) -> dict[str, str]:
-    """The parameters the backend reports to a new session (for sessions that have not
-    needed a backend connection yet)."""
-    with pooled(dsn) as conn:
-        return _reported_by(conn.info)
-
-
-def _reported_by(info: psycopg.ConnectionInfo) -> dict[str, str]:
-    """What a backend session reports in ParameterStatus, by name."""
-    return {name: value for name in _REPORTED if (value := info.parameter_status(name)) is not None}
 
 
 class _Violation(t.NamedTuple):
@@ -628,11 +565,7 @@ class ClientConnection(asyncio.Protocol):
                 passing.waiting = False
                 loop.remove_writer(passing.fd)
             return
-        try:
-            pending = passing.pgconn.flush()
-        except psycopg.Error:
-            pending = 0  # (the failure is read with the answer)
-        if pending:
+        if passing.send_on():
             loop.add_writer(passing.fd, self._backend_writable)
         else:
             loop.remove_writer(passing.fd)  # (none: nothing happens)
@@ -644,9 +577,6 @@ class ClientConnection(asyncio.Protocol):
         assert conversation is not None
         try:
             over = conversation.relay_ready(passing)
-        except psycopg.Error as exc:
-            conversation.relay_failed(exc)
-            over = True
         except Exception:
             self._failed()
             over = True
@@ -692,7 +622,7 @@ class ClientConnection(asyncio.Protocol):
         if passing.waiting and self.loop is not None:
             self.loop.remove_writer(passing.fd)
         self._passing = None
-        if self.session is not None and self.session.link.pooled:
+        if self.conversation is not None and self.conversation.pooled:
             # its answer may have given the connection back to the pool (a COMMIT): the loop
             # stops watching it now, before another session's run can watch the same socket
             self._watch_backend()
@@ -903,9 +833,8 @@ class ClientConnection(asyncio.Protocol):
         session is idle, notifications after a LISTEN (forwarded as they come) and the end
         of the backend session (the client's session then ends, as PostgreSQL ends it:
         `_lost_backend`)."""
-        session, conversation = self.session, self.conversation
-        conn = session.link.if_open() if session is not None and conversation is not None else None
-        fd = conn.pgconn.socket if conn is not None else None
+        conversation = self.conversation
+        fd = conversation.backend_socket() if conversation is not None else None
         if fd == self._watched:
             return
         self._unwatch_backend()
@@ -1024,8 +953,8 @@ class ClientConnection(asyncio.Protocol):
         a session whose backend is gone (its prepared statements, settings, temporary
         tables and transaction went with it: connecting again silently would run the
         client's next statements in another session)."""
-        session = self.session
-        return session is not None and session.link.lost
+        conversation = self.conversation
+        return conversation is not None and conversation.lost
 
     def _on_loop(self, call: Callable[..., None], *args: t.Any) -> None:
         loop = self.loop
@@ -1034,12 +963,8 @@ class ClientConnection(asyncio.Protocol):
 
     def _notify(self) -> bool:
         """What the backend sent while the session was idle (LISTEN), to the client."""
-        session, conversation = self.session, self.conversation
-        conn = session.link.if_open() if session is not None else None
-        if conn is None or conversation is None:
-            return True
-        conn.pgconn.consume_input()
-        conversation.notify()
+        if self.conversation is not None:
+            self.conversation.notify()
         return True
 
     def _open_session(self, startup: protocol.Startup) -> bool:
@@ -1054,7 +979,7 @@ class ClientConnection(asyncio.Protocol):
             self._fatal("28000", "no PostgreSQL user name specified in startup packet")
             return False
         database = parameters.get("database") or user
-        backend_db = _dsn_database(server.engine.backend)
+        backend_db = database_of(server.engine.backend)
         if backend_db is not None and database != backend_db:
             self._fatal(
                 "3D000",
@@ -1107,7 +1032,7 @@ class ClientConnection(asyncio.Protocol):
             self._write(protocol.diagnostic(diagnostics(exc), fatal=True))
             self._flush()
             return False
-        reported = _reported(session, defaults, backend_parameters)
+        reported = reported_to(session, defaults, backend_parameters)
         encoding = reported.get("client_encoding", "UTF8")
         codec = values.codec_of(encoding, reported.get("server_encoding", "UTF8"))
         if codec is None:
@@ -1125,9 +1050,9 @@ class ClientConnection(asyncio.Protocol):
         )
         self.conversation.max_result_bytes = server.options.max_result_bytes
         self.conversation.statement_stats = server.statement_stats
-        self._key = server.register(self, None if session.link.pooled else session.link.pid)
+        self._key = server.register(self, self.conversation.own_pid())
         self.conversation.told_pid = self._key[0]
-        session.link.release()  # (pooled: until a statement needs it)
+        self.conversation.release_backend()  # (pooled: until a statement needs it)
         out = [protocol.AUTHENTICATION_OK]
         if startup.version & 0xFFFF:
             out.append(
@@ -1235,7 +1160,7 @@ class ClientConnection(asyncio.Protocol):
             try:
                 view = view[os.write(fd, view) :]
             except BlockingIOError:
-                relay.wait_ready(fd, select.POLLOUT, timeout=1.0)
+                _wait_writable(fd, 1.0)
                 if self._lost or self._abandoned:
                     raise ConnectionError("the client went away") from None
 
@@ -1302,10 +1227,7 @@ class ClientConnection(asyncio.Protocol):
             or now - self._idle_since <= idle
         ):
             return
-        if session.link.transaction_status() in (
-            pq.TransactionStatus.INTRANS,
-            pq.TransactionStatus.INERROR,
-        ):
+        if self.conversation is not None and self.conversation.in_transaction():
             log.info("ending a session idle in a transaction for over %gs", idle)
             self.close(
                 protocol.error_response(
@@ -1349,7 +1271,7 @@ class ClientConnection(asyncio.Protocol):
                 session.interrupt_local()
                 gone = self._eof
             if backend and gone and time.monotonic() >= again:
-                session.link.cancel()
+                session.cancel_backend()
                 again = time.monotonic() + BACKEND_CANCEL_REPEAT
 
     def _end(self) -> None:
@@ -1373,6 +1295,14 @@ class ClientConnection(asyncio.Protocol):
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
+
+
+def _wait_writable(fd: int, timeout: float) -> None:
+    """Until the socket ``fd`` takes more output (or ``timeout`` seconds pass); poll, not
+    select: a server with hundreds of sessions has descriptors past select's 1024."""
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT | select.POLLERR | select.POLLHUP)
+    poller.poll(timeout * 1000)
 
 
 def metrics_address(address: str) -> tuple[str, int]:
@@ -1435,19 +1365,6 @@ def _split_parameters(parameters: dict[str, str]) -> tuple[dict[str, str], dict[
     return ours, backend
 
 
-def _reported(
-    session: Session, defaults: dict[str, str], parameters: dict[str, str]
-) -> dict[str, str]:
-    """The ParameterStatus values of a new session: its backend connection's, or (none open
-    yet) the backend's defaults with the client's application name."""
-    conn = session.link.if_open()
-    if conn is not None:
-        return _reported_by(conn.info)
-    reported = dict(defaults)
-    reported["application_name"] = parameters.get("application_name", "")
-    return reported
-
-
 def _needs_backend_at_start(parameters: dict[str, str], defaults: dict[str, str]) -> bool:
     """Whether the session must open its backend connection now: its parameters change what
     the backend reports (anything but the application name and a client encoding the
@@ -1460,13 +1377,6 @@ def _needs_backend_at_start(parameters: dict[str, str], defaults: dict[str, str]
             continue
         return True
     return parameters.get("user") != defaults.get("session_authorization")
-
-
-def _dsn_database(dsn: str) -> str | None:
-    try:
-        return psycopg.conninfo.conninfo_to_dict(dsn).get("dbname")  # type: ignore[return-value]
-    except psycopg.ProgrammingError:
-        return None
 
 
 def _int(text: str | None, default: int) -> int:

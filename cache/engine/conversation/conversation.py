@@ -1,7 +1,7 @@
 """One client's conversation with the server, after startup: the messages of the simple and
 extended query protocols, each answered by the session engine (cached reads and the cache's
 own statements) or passed through to the backend on the session's own connection
-(`cache.server.relay`).
+(`cache.engine.link.relay`).
 
 `Conversation.handle(message)` takes one message and writes the answer to ``out``; it does
 no socket I/O with the client (`cache.server.server` moves the bytes). The extended protocol
@@ -32,14 +32,15 @@ from psycopg.pq import ExecStatus
 
 from cache.backend.session_pool import PREPARED_LIMIT
 from cache.engine import inspect
+from cache.engine.conversation.placeholders import Converted, to_backend, to_engine
+from cache.engine.conversation.reported import Description
+from cache.engine.conversation.statistics import FOLD, StatementStats
 from cache.engine.lane import Lane
+from cache.engine.link import relay
 from cache.engine.read import Suspended, at_hand
 from cache.engine.result import Result
 from cache.engine.route import CacheDdl, CachedRead, Passthrough, Route, Write
 from cache.engine.session import Session
-from cache.server import relay
-from cache.server.placeholders import Converted, to_backend, to_engine
-from cache.server.statements import FOLD, StatementStats
 from cache.wire import protocol, values
 from cache.wire.oids import OID
 from cache.wire.protocol import Field, ProtocolViolation
@@ -49,8 +50,6 @@ from sql_ext.statements import split_statements
 log = logging.getLogger("mtcache.server")
 
 Out = Callable[[bytes], None]
-# a statement's parameter types and result columns (None: it returns no rows)
-Description = tuple[tuple[int, ...], list[Field] | None]
 
 # pg_type.typlen of the types the cache's own results have (-1: variable length)
 _SIZES = {OID.bool: 1, OID.int8: 8, OID.float8: 8, OID.timestamptz: 8}
@@ -205,6 +204,14 @@ class Passing:
     def pgconn(self) -> pq.abc.PGconn:
         return self.relaying.conn.pgconn
 
+    def send_on(self) -> bool:
+        """Send more of what libpq holds of the run; True while some is left (the caller
+        waits for the backend's socket to take it)."""
+        try:
+            return bool(self.pgconn.flush())
+        except psycopg.Error:
+            return False  # (the failure is read with the answer)
+
     waiting = True  # (libpq may have left bytes to send: the loop's writer is dropped at the end)
 
 
@@ -259,8 +266,8 @@ class Conversation:
         # the error the backend ended the session with while it was idle: the session's last
         # message (`_notice`)
         self.farewell: bytes | None = None
-        # statements by route, outcome and latency (`cache.server.statements`; None: not
-        # kept): when the running one started (None: none runs), whether it failed
+        # statements by route, outcome and latency (`statistics`; None: not kept): when the
+        # running one started (None: none runs), whether it failed
         self.statement_stats: StatementStats | None = None
         self._started: float | None = None
         self._failed = False
@@ -553,15 +560,20 @@ class Conversation:
 
     def relay_ready(self, passing: Passing) -> bool:
         """Relay what the backend has sent of a run `run_at_backend` sent (its socket is
-        readable); True when the run is over and answered, ReadyForQuery included."""
+        readable); True when the run is over and answered, ReadyForQuery included (or the
+        connection failed under it: its error, then the Sync's answer)."""
         pgconn = passing.pgconn
-        pgconn.consume_input()
-        while not pgconn.is_busy():
-            result = pgconn.get_result()
-            if result is None:
-                self._relay_over(passing)
-                return True
-            self._relay_result(passing.relaying, result)
+        try:
+            pgconn.consume_input()
+            while not pgconn.is_busy():
+                result = pgconn.get_result()
+                if result is None:
+                    self._relay_over(passing)
+                    return True
+                self._relay_result(passing.relaying, result)
+        except psycopg.Error as exc:
+            self.relay_failed(exc)
+            return True
         return False
 
     def relay_failed(self, exc: psycopg.Error) -> None:
@@ -1678,11 +1690,51 @@ class Conversation:
         self._output_changed = status == pq.TransactionStatus.INTRANS
 
     def notify(self) -> None:
-        """Forward what the backend sent while the session was idle: notifications (LISTEN),
-        and the answers of a pipeline the client has not synced yet that the backend sent
-        because one of its statements failed (PostgreSQL sends an error at once)."""
+        """Forward what the backend sent while the session was idle (its socket was readable):
+        notifications (LISTEN), and the answers of a pipeline the client has not synced yet
+        that the backend sent because one of its statements failed (PostgreSQL sends an error
+        at once)."""
+        conn = self.session.link.if_open()
+        if conn is None:
+            return
+        conn.pgconn.consume_input()
         self._notifications()
         self._answer_ready()
+
+    # -- what the server's connection asks of the session's backend link ---------------------
+
+    def backend_socket(self) -> int | None:
+        """The socket of the session's backend connection, for the server to watch while it
+        holds the session (None: none is open)."""
+        conn = self.session.link.if_open()
+        return conn.pgconn.socket if conn is not None else None
+
+    @property
+    def pooled(self) -> bool:
+        return self.session.link.pooled
+
+    @property
+    def lost(self) -> bool:
+        """Whether the session's backend connection was lost (the session then ends, as
+        PostgreSQL's would)."""
+        return self.session.link.lost
+
+    def own_pid(self) -> int | None:
+        """The process of a backend connection the session holds for itself (None: none
+        yet, or a pooled one's, which changes)."""
+        link = self.session.link
+        return None if link.pooled else link.pid
+
+    def release_backend(self) -> None:
+        """A pooled connection back to the pool while the session is idle."""
+        self.session.link.release()
+
+    def in_transaction(self) -> bool:
+        """Whether the backend session is inside a transaction block (failed or not)."""
+        return self.session.link.transaction_status() in (
+            pq.TransactionStatus.INTRANS,
+            pq.TransactionStatus.INERROR,
+        )
 
     def pipeline_sent(self) -> None:
         """The client sent nothing more for now: what its pipeline queued for the backend

@@ -5,7 +5,7 @@ Both front ends reach PostgreSQL only through a link: the DB-API's statements (`
 engine's own questions on the session's connection (`for_own_statement`: which relations the
 backend resolves, the clock, a remote leaf while the session writes), and the server's
 passed-through messages. Whatever reaches the backend is read for what it may leave in the
-backend session (`left`, `cache.engine.effects`): the role asked again, a pooled session
+backend session (`left`, `cache.engine.link.effects`): the role asked again, a pooled session
 pinned to its connection or its settings (custom ones by name) read before the connection is
 given back and replayed on the next (`cache.backend.session_pool`).
 
@@ -27,7 +27,7 @@ from psycopg import pq
 
 from cache.backend.reflect import connect_backend, connection_parameters
 from cache.backend.session_pool import Pooled, PoolKey, SessionPool
-from cache.engine.effects import BackendEffects
+from cache.engine.link.effects import BackendEffects
 from cache.engine.result import Result, of_cursor
 from cache.execution.provenance import Executed
 from sql_ext.errors import BackendUnavailableError, translate, translating
@@ -246,7 +246,7 @@ class BackendLink:
 
     def left(self, effects: BackendEffects) -> None:
         """What a statement that reached the backend may have left in its backend session
-        (`cache.engine.effects`), whichever route sent it: the role is asked again; a pooled
+        (`cache.engine.link.effects`), whichever route sent it: the role is asked again; a pooled
         session is pinned to its connection by what cannot follow it, and its settings (the
         custom ones by name) are read before the connection is given back."""
         if effects.may_change_role:
