@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import struct
+import threading
 import time
 import typing as t
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from cache.engine.session import Session
 from cache.wire import protocol
 from tests.answers import typed
 from tests.serving import Served, quiet, raw_session, server_of, until
@@ -231,3 +233,37 @@ def test_a_lane_that_stopped_holding_is_made_again(served: Served, tmp_path: Pat
         # the first run finds its lane ended and is answered at hand; the next ones by the
         # lane made again (one more may find the clock measured again meanwhile)
         assert lane_hits(one, range(1, 21)) >= 18
+
+
+RANGE = "SELECT count(*), sum(abalance) FROM accounts WHERE aid BETWEEN %s AND %s"
+
+
+def test_a_read_the_loop_began_is_driven_on_by_a_worker_not_begun_again(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run the event loop took whole whose read would wait (a DuckDB statement: each run
+    has other values) is handed to a worker at its first wait, and the worker drives that
+    same read on (`Conversation.suspended`): one read per run, not a second begun by the
+    worker, and the answer PostgreSQL's."""
+    begun: list[tuple[object, bool]] = []  # each read's values, and whether the loop began it
+    read = Session.read
+
+    def counted(self: Session, query: t.Any, params: t.Any = None, lane: bool = False) -> t.Any:
+        begun.append((params, threading.get_ident() == served.server.loop_thread))
+        return read(self, query, params, lane)
+
+    with (
+        psycopg.connect(served.dsn, autocommit=True, options=BOUND) as conn,
+        psycopg.connect(served.backend, autocommit=True) as pg,
+    ):
+        for low in range(1, 4):  # (planned and described)
+            conn.execute(RANGE, [low, low + 50], prepare=True).fetchall()
+        quiet(served)
+        monkeypatch.setattr(Session, "read", counted)
+        runs = [(low, low + 7 * low) for low in range(10, 40)]
+        for low, high in runs:
+            cur = conn.execute(RANGE, [low, high], prepare=True)
+            assert typed(cur.fetchall()) == typed(pg.execute(RANGE, [low, high]).fetchall())
+            quiet(served)
+        monkeypatch.undo()
+    assert begun == [([low, high], True) for low, high in runs]

@@ -143,7 +143,11 @@ def test_hit_path_statements_are_counted_and_timed_each_once(served: Served) -> 
     """Prepared lookups answered by their lane (the hit path, whose seconds the event loop
     appends and folds every `FOLD`: `StatementStats.fold_hits`) are counted once each as
     local, folded or not, and every path's count is a count (never below zero)."""
-    lookups = FOLD + 50  # (at least one fold, and some hits left unfolded)
+    # (at least one fold, and some hits left unfolded: a run the loop could not take whole
+    # - split by the network, or arriving while a worker held the session - is answered by
+    # the full path, and its statement's next run makes the lane again, so how many take
+    # the lane depends on timing; at least one fold's worth do whatever the machine's load)
+    lookups = 2 * FOLD + 50
     with psycopg.connect(served.dsn, autocommit=True) as conn:
         for n in range(5):  # (the plan, the decision and the lookup index made)
             conn.execute(NUMBER, [n], prepare=True).fetchall()
@@ -164,7 +168,7 @@ def test_hit_path_statements_are_counted_and_timed_each_once(served: Served) -> 
     assert moved("mtcache_statements_total", route, ("outcome", "ok")) == lookups
     assert moved("mtcache_statement_seconds_count", route) == lookups
     assert moved("mtcache_statement_seconds_bucket", route, ("le", "+Inf")) == lookups
-    assert moved("mtcache_server_statements_total", ("path", "lane")) >= lookups - 5
+    assert moved("mtcache_server_statements_total", ("path", "lane")) >= FOLD
     paths = [
         value for (name, _), value in after.items() if name == "mtcache_server_statements_total"
     ]

@@ -22,6 +22,10 @@ Then the index gives the rows, converted as the local run converts them, and the
 counts and notes the answer as the full path does (hits, memo hits, the provenance EXPLAIN
 LAST STATEMENT shows, with the moment of this read). Anything else - a key of another type,
 an index rebuilt, a commit in progress - is None: the full path answers.
+
+A client of the server runs a prepared statement by a Bind, Execute and Sync whose bytes
+differ from the last run's only in the parameter values: its `WireLane` reads the values off
+those bytes, asks the lane for the rows and gives the whole answer's bytes (`wire_answer`).
 """
 
 from __future__ import annotations
@@ -37,8 +41,10 @@ from cache.execution.convert import Row
 from cache.execution.lookup import LookupIndexes, LookupShape
 from cache.execution.provenance import Provenance
 from cache.store.cache_file import CacheStore
+from cache.wire import protocol, values
 from optimizer.evaluate_guards import Decision
 from sql_ext.params import Key, values_for
+from sql_ext.placeholders import Converted
 
 
 class Owner(t.Protocol):
@@ -108,3 +114,80 @@ class Lane:
         decision = self.decision
         session.answered_from_lane(decision, lambda: Provenance.of(decision._replace(now=now)))
         return self.convert(found)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class WireLane:
+    """A lane as a client's runs of a prepared statement take it, in one shape (the server's
+    hit path, `cache.engine.conversation.at_once.AtOnce.lane`): a run's bytes in, its whole
+    answer's bytes out."""
+
+    epoch: int  # the conversation's, when it was made
+    run: protocol.RunShape
+    # a run's whole answer (`wire_answer`), or None: the full path answers it
+    answer: Callable[[bytes], bytes | None]
+
+
+def wire_answer(
+    run: protocol.RunShape,
+    decoders: Sequence[values.Decoder],
+    converted: Converted,
+    made: Lane,
+    encoders: Sequence[values.Encoder],
+    head: bytes,
+) -> Callable[[bytes], bytes | None]:
+    """How a lane answers a run of its shape (``data``: its bytes): the parameter values read
+    (``decoders``, as the conversation reads a Bind's), the engine's lane asked for the rows,
+    and the bytes of the answer after ``head``; None when the lane does not hold or a value
+    is not one it takes (the full path answers, or says why not). The usual point lookup, one
+    parameter that is the lookup's key, is read with nothing in between (`Lane.key_rows`)."""
+    if run.params == 1 and converted.order == (0,) and made.one_key:
+        value_of, decode, key_type, key_rows = run.value, decoders[0], made.types[0], made.key_rows
+
+        def one_key(data: bytes) -> bytes | None:
+            value = value_of(data)
+            if value is None:
+                return None
+            try:
+                key = decode(value)
+            except Exception:  # a value it cannot read: the full path says why
+                return None
+            if type(key) is not key_type:
+                return None
+            rows = key_rows(key)
+            return None if rows is None else _rows_answer(head, encoders, rows)
+
+        return one_key
+
+    def any_run(data: bytes) -> bytes | None:
+        found = run.values(data)
+        if found is None:
+            return None
+        try:
+            decoded = [None if v is None else d(v) for d, v in zip(decoders, found, strict=True)]
+        except Exception:  # a value it cannot read: the full path says why
+            return None
+        rows = made.rows(converted.params(decoded))
+        return None if rows is None else _rows_answer(head, encoders, rows)
+
+    return any_run
+
+
+_READY_IDLE = protocol.ready_for_query(b"I")
+_ONE_SELECTED = protocol.select_complete(1) + _READY_IDLE
+
+
+def _rows_answer(
+    head: bytes, encoders: Sequence[values.Encoder], rows: Sequence[Sequence[t.Any]]
+) -> bytes:
+    """A lane's answer: ``head``, the rows, SELECT n and ReadyForQuery (idle)."""
+    if len(rows) == 1:  # (the usual point lookup's)
+        return b"".join((head, protocol.data_row(rows[0], encoders), _ONE_SELECTED))
+    return b"".join(
+        (
+            head,
+            *(protocol.data_row(row, encoders) for row in rows),
+            protocol.select_complete(len(rows)),
+            _READY_IDLE,
+        )
+    )

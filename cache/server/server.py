@@ -53,7 +53,7 @@ from cache.backend.reflect import database_of, redact
 from cache.backend.session_pool import DEFAULT_TIMEOUT as POOL_TIMEOUT
 from cache.backend.session_pool import SessionPool
 from cache.engine.admin import Admin
-from cache.engine.conversation import Conversation, Passing, RawRun, Statement
+from cache.engine.conversation import Answered, AtOnce, Conversation, Relay
 from cache.engine.conversation.reported import Describer, backend_defaults, reported_to
 from cache.engine.conversation.statistics import StatementStats
 from cache.engine.engine import Engine, SessionOptions
@@ -76,7 +76,6 @@ _LAST_PID = (1 << 31) - 1
 GRACE_SECONDS = 10.0
 _SEND_BUFFER = 64 * 1024  # output collected before it is handed to the socket
 _TLS_BUFFER = 256 * 1024  # output a TLS connection's transport holds before writers wait
-_RAW_READ = 256 * 1024  # bytes of a raw answer read from the backend at a time
 _INBOX_LIMIT = 4096  # messages read ahead of a session's work before reading pauses
 _LOST_BACKEND = (
     "08006",
@@ -191,8 +190,8 @@ class Server:
         # lane (`Conversation.lane_at_hand`), and by `Conversation.execution_at_hand`
         self.lane_hits = 0
         self.runs_at_once = 0
-        self.relayed_at_once = 0  # passed through by the loop (`ClientConnection._pass_through`)
-        self.relayed_raw = 0  # of them, byte for byte (`Conversation.raw_run`)
+        self.relayed_at_once = 0  # passed through by the loop (`ClientConnection._relay`)
+        self.relayed_raw = 0  # of them, byte for byte (`cache.engine.conversation.raw`)
 
     # -- serving -----------------------------------------------------------------------------------
 
@@ -413,8 +412,8 @@ class ClientConnection(asyncio.Protocol):
         self._farewell = b""  # the last message of a session the server ends
         self._fd: int | None = None  # the client socket's descriptor the workers write to
         self._abandoned = False  # the server ends the session: a full socket is not waited on
-        self._passing: Passing | RawRun | None = None  # a passed-through run the loop relays
-        self._hot: Statement | None = None  # the statement of the last raw lane's run
+        self.at_once: AtOnce | None = None  # the conversation's whole runs (`_at_hand`)
+        self._passing: Relay | None = None  # a passed-through run the loop relays
         self.tls = False  # the connection is encrypted (then workers write through the loop)
         self._busy_since = 0.0  # when the statement running now began (`time.monotonic`)
         self._idle_since = time.monotonic()  # when the client last sent or got something
@@ -473,66 +472,34 @@ class ClientConnection(asyncio.Protocol):
             self._pump()
 
     def _at_hand(self, data: bytes) -> bool:
-        """A client's run of a prepared statement (the usual way to send one) answered at
-        hand in one step, when it came alone into a quiet session (`protocol.execution`,
-        `Conversation.execution_at_hand`): a cached point lookup costs the loop one parse
-        and one answer, not the turns of four messages. False: nothing was done."""
-        conversation = self.conversation
-        if (
-            conversation is None
-            or self.working
-            or self._inbox
-            or self._paused
-            or self._reader.pending
-        ):
+        """A client's run of a prepared statement (the usual way to send one) taken whole
+        when it came alone into a quiet session (`AtOnce.take`): answered, or sent to the
+        backend with its answer relayed as it comes (`_relay`). False: nothing was done."""
+        at_once = self.at_once
+        if at_once is None or self.working or self._inbox or self._paused or self._reader.pending:
             return False
         try:
-            hot = self._hot  # (the statement of the last raw run: most often the next one's)
-            raw = conversation.raw_lane(hot, data) if hot is not None else None
-            statement = conversation.bound_statement(data) if raw is None else None
-            if statement is not None and statement.raw_shape is not None:
-                raw = conversation.raw_lane(statement, data)
-            if raw is not None:
-                self._hot = raw.statement
-                self._relay(raw)
-                return True
-            answer = conversation.lane_at_hand(statement, data) if statement is not None else None
-            if answer is not None:
-                self._flush()  # (nothing waits before it, as a rule)
-                self._send(answer)
-                self.server.lane_hits += 1
-                return True
-            run = protocol.execution(data)
-            if run is None:
-                return False
-            if not conversation.execution_at_hand(*run):
-                return self._pass_through(conversation, data, *run)
+            taken = at_once.take(data)
         except Exception:
             self._failed()
             self._start_work(None)
             return True
-        self._flush()
-        self.server.runs_at_once += 1
-        return True
-
-    def _pass_through(
-        self, conversation: Conversation, data: bytes, bind: protocol.Bind, describe: bool
-    ) -> bool:
-        """A run of a passed-through statement sent to the backend by the loop, which relays
-        the answer as it comes (`_relayed`): byte for byte when the conversation allows it
-        (`Conversation.raw_run`), else through libpq (`Conversation.run_at_backend`). The
-        conversation is taken meanwhile, as by a worker (``working``); False: nothing was
-        done."""
-        passing = conversation.raw_run(data, bind, describe) or conversation.run_at_backend(
-            bind, describe
-        )
-        if passing is None:
+        if taken is None:
             return False
-        self._relay(passing)
+        if isinstance(taken, Answered):
+            self._flush()
+            if taken is Answered.LANE:
+                self.server.lane_hits += 1
+            else:
+                self.server.runs_at_once += 1
+            return True
+        self._relay(taken)
         return True
 
-    def _relay(self, passing: Passing | RawRun) -> None:
-        """Send a passed-through run and relay its answer (`_pass_through`)."""
+    def _relay(self, passing: Relay) -> None:
+        """A passed-through run sent, its answer relayed as the backend's socket is readable
+        (`_backend_readable`). The conversation is taken meanwhile, as by a worker
+        (``working``)."""
         self.working = True
         self._passing = passing
         self._backend_writable()
@@ -543,7 +510,7 @@ class ClientConnection(asyncio.Protocol):
         if self._watched != passing.fd:
             self._watch_backend()
         self.server.relayed_at_once += 1
-        if isinstance(passing, RawRun):
+        if passing.raw:
             self.server.relayed_raw += 1
 
     def _backend_writable(self) -> None:
@@ -551,70 +518,20 @@ class ClientConnection(asyncio.Protocol):
         socket when it is full)."""
         loop, passing = self.loop, self._passing
         assert loop is not None and passing is not None
-        if isinstance(passing, RawRun):
-            try:
-                passing.send = passing.send[os.write(passing.fd, passing.send) :]
-            except BlockingIOError:
-                pass
-            except OSError:
-                passing.send = b""  # (the failure is read with the answer)
-            if passing.send:
-                passing.waiting = True
-                loop.add_writer(passing.fd, self._backend_writable)
-            elif passing.waiting:
-                passing.waiting = False
-                loop.remove_writer(passing.fd)
-            return
         if passing.send_on():
+            passing.waiting = True
             loop.add_writer(passing.fd, self._backend_writable)
-        else:
-            loop.remove_writer(passing.fd)  # (none: nothing happens)
+        elif passing.waiting:
+            passing.waiting = False
+            loop.remove_writer(passing.fd)
 
-    def _relayed(self, passing: Passing) -> None:
-        """The backend's socket is readable under a run passed through libpq: relay what
-        came."""
-        conversation = self.conversation
-        assert conversation is not None
+    def _relayed(self, passing: Relay) -> None:
+        """The backend's socket is readable under a passed-through run: what came, relayed."""
         try:
-            over = conversation.relay_ready(passing)
+            over = passing.readable()
         except Exception:
             self._failed()
             over = True
-        self._relayed_yet(passing, over)
-
-    def _raw_relayed(self, run: RawRun) -> None:
-        """The backend's socket is readable under a raw run: what it holds, to the
-        conversation."""
-        conversation = self.conversation
-        assert conversation is not None
-        try:
-            try:
-                data = os.read(run.fd, _RAW_READ)
-            except BlockingIOError:
-                return
-            except OSError as exc:
-                conversation.raw_lost(run, exc.strerror or str(exc))
-                over = True
-            else:
-                if not data:
-                    conversation.raw_lost(run, "it closed")
-                    over = True
-                else:
-                    whole = conversation.raw_received(run, data)
-                    over = whole is None or run.scan.done
-                    if over and whole and not self._out:
-                        self._send(whole)  # (the usual answer: all of it in one read)
-                    elif whole:
-                        self._write(whole)
-        except Exception:
-            self._failed()
-            over = True
-        self._relayed_yet(run, over)
-
-    def _relayed_yet(self, passing: Passing | RawRun, over: bool) -> None:
-        """After a passed-through run's answer came in part (``over``: all of it): at its
-        end the conversation is free again (or a worker's, to bring libpq up to date after a
-        raw answer that changed what it keeps: `Conversation.resync`)."""
         if not over:  # (its output goes out as it fills a buffer: `_write`)
             if self._paused:  # the client does not read: the backend waits
                 self._unwatch_backend()
@@ -622,7 +539,8 @@ class ClientConnection(asyncio.Protocol):
         if passing.waiting and self.loop is not None:
             self.loop.remove_writer(passing.fd)
         self._passing = None
-        if self.conversation is not None and self.conversation.pooled:
+        conversation = self.conversation
+        if conversation is not None and conversation.pooled:
             # its answer may have given the connection back to the pool (a COMMIT): the loop
             # stops watching it now, before another session's run can watch the same socket
             self._watch_backend()
@@ -630,18 +548,17 @@ class ClientConnection(asyncio.Protocol):
         self._flush()
         with self._state:
             self.busy = False
-        conversation = self.conversation
-        if isinstance(passing, RawRun) and conversation is not None:
-            try:  # (once the client has its answer: `Conversation.raw_over`)
-                conversation.raw_over(passing)
-            except Exception:
-                self._failed()
+        try:  # (once the client has its answer)
+            passing.finish()
+        except Exception:
+            self._failed()
         if self._lost_backend():
             self._end_lost()
             self._start_work(None)  # (which ends the session)
             return
-        if conversation is not None and conversation.needs_resync:
-            self._start_work(conversation.resync)
+        at_once = self.at_once
+        if at_once is not None and at_once.needs_resync:
+            self._start_work(at_once.resync)
             return
         self.working = False
         if self._inbox or self._eof or self._ending or self._paused or not self._reading:
@@ -763,13 +680,13 @@ class ClientConnection(asyncio.Protocol):
         ):
             self.transport.resume_reading()
             self._reading = True
-        conversation = self.conversation
+        at_once = self.at_once
         inbox = self._inbox
-        if conversation is not None and not self._ending:
+        if at_once is not None and not self._ending:
             try:
                 while inbox and not self._paused:  # (a slow client: backpressure)
                     message = inbox[0]
-                    if isinstance(message, _Violation) or not conversation.at_hand(message):
+                    if isinstance(message, _Violation) or not at_once.message(message):
                         break
                     inbox.popleft()
             except Exception:
@@ -780,7 +697,7 @@ class ClientConnection(asyncio.Protocol):
         elif self._eof and self.transport is not None:  # it never started a session
             self.transport.close()
             self.server.closed(self)
-        elif conversation is not None:
+        elif at_once is not None:
             self._watch_backend()
 
     def _failed(self) -> None:
@@ -849,9 +766,7 @@ class ClientConnection(asyncio.Protocol):
 
     def _backend_readable(self) -> None:
         passing = self._passing
-        if isinstance(passing, RawRun):
-            self._raw_relayed(passing)
-        elif passing is not None:
+        if passing is not None:
             self._relayed(passing)
         elif not self.working:  # (a notification, or the backend going away)
             self._start_work(self._notify)
@@ -1046,10 +961,16 @@ class ClientConnection(asyncio.Protocol):
             date_style=reported.get("DateStyle", "ISO, MDY"),
         )
         self.conversation = Conversation(
-            session, self._write, settings, server.describe, self._next_message, reported
+            session,
+            self._write,
+            settings,
+            server.describe,
+            self._next_message,
+            reported,
+            max_result_bytes=server.options.max_result_bytes,
+            statement_stats=server.statement_stats,
         )
-        self.conversation.max_result_bytes = server.options.max_result_bytes
-        self.conversation.statement_stats = server.statement_stats
+        self.at_once = AtOnce(self.conversation)
         self._key = server.register(self, self.conversation.own_pid())
         self.conversation.told_pid = self._key[0]
         self.conversation.release_backend()  # (pooled: until a statement needs it)
