@@ -37,7 +37,7 @@ from cache.execution.convert import Row
 from cache.execution.lookup import LookupIndexes, LookupShape
 from cache.execution.provenance import Provenance
 from cache.store.cache_file import CacheStore
-from optimizer.evaluate_guards import Decision
+from optimizer.rules.evaluate_guards import Decision
 from sql_ext.params import Key, values_for
 
 

@@ -10,8 +10,9 @@ scales, extremes, out-of-range arguments) whose answers the test compares with P
 values and types, and expressions PostgreSQL raises an error for, which the cache must raise
 with the same SQLSTATE. An entry without a proof fails that test.
 
-Entries speak in `optimizer.pg_types` types; the type inference (`optimizer.expression_types`)
-asks `resolve` for the type of every node that computes a value.
+Entries speak in `optimizer.postgres.types` types; the type inference
+(`optimizer.postgres.expression_types`) asks `resolve` for the type of every node that computes
+a value.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import dataclass, replace
 
 from sqlglot import exp
 
-from optimizer.pg_types import (
+from optimizer.postgres.types import (
     BOOL,
     DATE,
     DATETIMES,
@@ -154,7 +155,7 @@ def _scale(*types: PgType, rule: Callable[[list[int]], int]) -> int | None:
 def _floating(a: PgType, b: PgType) -> PgType | None:
     """The type of arithmetic on two numbers one of which is floating point: real only when
     both are real (PostgreSQL widens a real to double precision for anything else, and the
-    local statement does too: `optimizer.pg_semantics`); None when neither is floating."""
+    local statement does too: `optimizer.postgres.semantics`); None when neither is floating."""
     kinds = {a.kind, b.kind} - {"null"}
     if "float" not in kinds or not kinds <= NUMBERS:
         return None
@@ -700,7 +701,8 @@ def _div(call: Call) -> Result:
     if floating is not None:
         return floating
     if _exact(a, b):
-        # the cache divides numerics itself (optimizer.divisions): PostgreSQL's scale per value
+        # the cache divides numerics itself (optimizer.postgres.divisions): PostgreSQL's scale
+        # per value
         return PgType("numeric")
     return f"it divides {a.kind} by {b.kind}"
 
@@ -1969,7 +1971,7 @@ def _width_bucket(call: Call) -> Result:
 
 
 def _width_bucket_rewrite(node: exp.Expr) -> exp.Expr:
-    """The cache's own width_bucket (`optimizer.pg_numeric`): exact in numeric, as
+    """The cache's own width_bucket (`optimizer.postgres.numeric`): exact in numeric, as
     PostgreSQL's (DuckDB has none)."""
     values = [node.this, node.args["min_value"], node.args["max_value"]]
     return _func(WIDTH_BUCKET, *(exp.cast(v, "VARCHAR") for v in values), node.args["num_buckets"])
@@ -2330,7 +2332,7 @@ entry(
 def _avg(call: Call) -> Result:
     inner = call.type()
     if inner.kind in ("integer", "numeric"):
-        return PgType("numeric")  # divided by the cache (optimizer.divisions)
+        return PgType("numeric")  # divided by the cache (optimizer.postgres.divisions)
     return f"it averages {inner.kind} values"
 
 
