@@ -8,7 +8,7 @@ bulk admission against a pull of the same rows, and status at many regions.
 Side by side in one run:
 - the size budget's policy: a Zipf-distributed point workload (``--requests`` requests over
   ``--zipf-keys`` keys, s = 1, seeded) with room for 10% of the keys: the hit ratio of the
-  cache's own policy (its code, `optimizer.eviction_policy` and `cache.store.budget`, run
+  cache's own policy (its code, `optimizer.rules.eviction_policy` and `cache.store.budget`, run
   offline on the trace, with and without the doorkeeper) against LRU and the offline optimum
   (Belady's, computed from the trace);
 - the same policy live: ``--live-requests`` point queries of the same law over a table of
@@ -54,7 +54,7 @@ from cache.maintenance.budget import ROOM
 from cache.store.budget import RegionHits
 from experiments import tpch
 from experiments.provenance import append_rows
-from optimizer.eviction_policy import Held, victims
+from optimizer.rules.eviction_policy import Held, victims
 
 
 def prepare(dsn: str, rows: int) -> None:

@@ -56,8 +56,8 @@ from cache.store.cache_file import CacheStore
 from experiments import tpch
 from experiments.provenance import append_rows
 from experiments.tpch_queries import query
-from optimizer.derived_delta import maintenance
-from optimizer.derived_states import layout, pull_select
+from optimizer.derived.delta import maintenance
+from optimizer.derived.states import layout, pull_select
 
 BOUND = " CURRENCY BOUND 1 HOUR"
 Q3_VIEW = """SELECT l_orderkey, o_orderdate, o_shippriority,

@@ -1,4 +1,4 @@
-"""The measurements behind the optimizer's cost constants (optimizer/estimate_cost.py).
+"""The measurements behind the optimizer's cost constants (optimizer/rules/estimate_cost.py).
 
     python -m experiments.calibrate_costs [--sf 1] [--backend DSN] [--no-tpch]
 
@@ -38,10 +38,10 @@ from cache.backend.estimates import backend_estimates
 from experiments import tpch
 from experiments.provenance import append_rows
 from experiments.tpch_queries import QUERIES, query
-from optimizer.analyze import analyze
-from optimizer.estimate_cost import LOCAL_ROW_COST, LOCAL_TEXT_COST, scanned_rows
+from optimizer.analysis.analyze import analyze
 from optimizer.plan import PlanInputs
 from optimizer.planner import plan_query
+from optimizer.rules.estimate_cost import LOCAL_ROW_COST, LOCAL_TEXT_COST, scanned_rows
 
 CUSTOMER = [
     ("c_custkey", "INTEGER"),

@@ -8,8 +8,8 @@ the statement (it is down).
   libpg_query, PostgreSQL's parser). sqlglot's tree cannot serve: it reads ``char_length``
   and ``length`` as one function, ``now()`` as ``CURRENT_TIMESTAMP``, and PostgreSQL names
   a column after the function as written.
-- **Types** are the inference's (`optimizer.expression_types`), the one every local answer is
-  made exact by.
+- **Types** are the inference's (`optimizer.postgres.expression_types`), the one every local
+  answer is made exact by.
 - **Type modifiers and source columns** follow what carries them in PostgreSQL (exprTypmod,
   markTargetListOrigin): a column reference (through derived tables and CTEs), a cast that
   names one, CASE / COALESCE / NULLIF / GREATEST / LEAST whose arms agree, a scalar
@@ -29,9 +29,9 @@ from pglast import ast, parse_sql
 from pglast.parser import ParseError
 from sqlglot import exp
 
-from optimizer.expression_types import ExpressionTypes
-from optimizer.normalize_constraint import QueryResolver
-from optimizer.pg_types import PgType
+from optimizer.analysis.normalize_constraint import QueryResolver
+from optimizer.postgres.expression_types import ExpressionTypes
+from optimizer.postgres.types import PgType
 from sql_ext import Query
 from sql_ext.blocks import Block, Source
 from sql_ext.catalog import Catalog

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from sqlglot import exp
 
 from control_tables.schema import CacheSchema
-from optimizer.analyze import Access, Analysis
-from optimizer.leaves import RemoteLeaf
-from optimizer.normalize_constraint import ConsistencyClass, Instance
+from optimizer.analysis.analyze import Access, Analysis
+from optimizer.analysis.leaves import RemoteLeaf
+from optimizer.analysis.normalize_constraint import ConsistencyClass, Instance
 from sql_ext.catalog import Catalog
 from sql_ext.params import Key
 
@@ -34,9 +34,9 @@ from sql_ext.params import Key
 ScaleOf = int | tuple[str, int]
 # How an output column of the statement is made from DuckDB's result columns: the column
 # itself (its index); ("scaled", value index, scale index) for a numeric whose values' display
-# scales vary (optimizer.numeric_scales); ("avg" | "divide", numerator index, denominator index,
-# numerator scale, denominator scale) for an average or division the cache does as PostgreSQL
-# (optimizer.divisions).
+# scales vary (optimizer.postgres.numeric_scales); ("avg" | "divide", numerator index,
+# denominator index, numerator scale, denominator scale) for an average or division the cache
+# does as PostgreSQL (optimizer.postgres.divisions).
 Output = int | tuple[str, int, int] | tuple[str, int, int, ScaleOf, ScaleOf]
 
 
@@ -48,9 +48,11 @@ class LocalStatement:
     leaves: tuple[tuple[str, RemoteLeaf], ...]  # (registered name, leaf), statement order
     outputs: tuple[Output, ...] | None = None  # None: DuckDB's columns as they are
     # parameters PostgreSQL reads as another type than text: (key, kind), checked per
-    # execution (a string must read alike in both engines: `optimizer.allowlist.reads_alike`)
+    # execution (a string must read alike in both engines:
+    # `optimizer.postgres.allowlist.reads_alike`)
     typed_parameters: tuple[tuple[Key, str], ...] = ()
-    zone: bool = False  # it reads the session's time zone (`optimizer.allowlist.ZONE_PARAMETER`)
+    # it reads the session's time zone (`optimizer.postgres.allowlist.ZONE_PARAMETER`)
+    zone: bool = False
     # each long constant list's values, bound to the DuckDB parameter of that name (DuckDB
     # reads a list of 100,000 keys as one value, not as 1 MB of SQL text)
     lists: tuple[tuple[str, list[int] | list[str]], ...] = ()
@@ -176,7 +178,8 @@ class ClassPlan:
     cls: ConsistencyClass
     accesses: tuple[AccessPlan, ...]
     remote_reason: str | None = None  # why the class always runs remote (None: guarded)
-    # the run-time guards' memo of §5.2 verdicts per region pattern (optimizer.evaluate_guards)
+    # the run-time guards' memo of §5.2 verdicts per region pattern
+    # (optimizer.rules.evaluate_guards)
     verdicts: dict[t.Any, bool] = field(default_factory=dict, compare=False, repr=False)
 
     @functools.cached_property
@@ -213,7 +216,7 @@ class Plan:
     candidates: tuple[tuple[str, float], ...] = ()
     # the DuckDB statement of the first branches (every guard passes), for a local plan
     first: LocalStatement | None = field(default=None, repr=False, compare=False)
-    # the derived cached view answering the whole statement (`optimizer.answer_derived`):
+    # the derived cached view answering the whole statement (`optimizer.derived.answer`):
     # every access is guarded by its one region, and ``first`` reads it
     derived: str | None = None
 
@@ -239,7 +242,7 @@ class Plan:
     def saved_per_hit(self) -> float:
         """The backend cost an answer on the guarded plan avoids, as the cost model estimated
         the two candidates (0 when it costed only one): what the size budget's eviction policy
-        counts a hit as worth (`optimizer.eviction_policy`)."""
+        counts a hit as worth (`optimizer.rules.eviction_policy`)."""
         costs = dict(self.candidates)
         remote, guarded = costs.get("remote"), costs.get("guarded")
         return max(remote - guarded, 0.0) if remote is not None and guarded is not None else 0.0

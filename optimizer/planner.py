@@ -19,14 +19,14 @@ import dataclasses
 import typing as t
 
 from control_tables.schema import CacheSchema
-from optimizer.analyze import Analysis
-from optimizer.answer_derived import answer_from_derived
-from optimizer.divide_outputs import divide_outputs
-from optimizer.estimate_cost import EstimateRequests, estimate_cost, requests
-from optimizer.leaves import remote_leaf
-from optimizer.local_statement import local_statement
-from optimizer.place_guards import place_guards
+from optimizer.analysis.analyze import Analysis
+from optimizer.analysis.leaves import remote_leaf
+from optimizer.derived.answer import answer_from_derived
 from optimizer.plan import AccessPlan, ClassPlan, Plan, PlanInputs
+from optimizer.rules.divide_outputs import divide_outputs
+from optimizer.rules.estimate_cost import EstimateRequests, estimate_cost, requests
+from optimizer.rules.local_statement import local_statement
+from optimizer.rules.place_guards import place_guards
 from sql_ext.catalog import Catalog
 
 Rule = t.Callable[[Plan, PlanInputs], Plan]

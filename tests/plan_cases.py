@@ -36,11 +36,11 @@ from pathlib import Path
 from control_tables.regions import Key, RegionState, Stamp
 from control_tables.schema import CacheSchema
 from control_tables.script import apply_script
-from optimizer.analyze import analyze
-from optimizer.estimate_cost import DEFAULT_DELAY
-from optimizer.evaluate_guards import Decision, Session, evaluate_guards
+from optimizer.analysis.analyze import analyze
 from optimizer.plan import Estimates, Guard, Plan, PlanInputs
 from optimizer.planner import initial_plan, plan_query
+from optimizer.rules.estimate_cost import DEFAULT_DELAY
+from optimizer.rules.evaluate_guards import Decision, Session, evaluate_guards
 from sql_ext import Query, parse, parse_one
 from sql_ext.catalog import Catalog, Column, Index, Table, View
 from sql_ext.params import ParameterValues

@@ -1,5 +1,5 @@
-"""Every entry of the allowlist (optimizer/allowlist.py) proven against PostgreSQL: each of its
-proofs, an expression over a table of edge values (NULLs, empty strings, trailing blanks in
+"""Every entry of the allowlist (optimizer/postgres/allowlist/) proven against PostgreSQL: each
+of its proofs, an expression over a table of edge values (NULLs, empty strings, trailing blanks in
 char(n), zero and negative scales, extremes of every type), is answered by the cache locally
 with PostgreSQL's values, Python types and description; where the extremes make PostgreSQL
 raise, the cache raises the same SQLSTATE, and the rows without them are answered locally.
@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 import cache
-from optimizer.allowlist import ENTRIES, Entry
+from optimizer.postgres.allowlist import ENTRIES, Entry
 from tests.answers import typed
 
 EDGE = """CREATE TABLE edge (

@@ -18,7 +18,7 @@ from cache.backend.embedded_pg import EmbeddedPostgres
 from cache.engine.admission import Doorkeeper
 from cache.maintenance.budget import BudgetExceeded
 from cache.store.budget import RegionHits, parse_size
-from optimizer.eviction_policy import Held, victims
+from optimizer.rules.eviction_policy import Held, victims
 from tests.answers import assert_same_answer
 
 ITEMS = 400

@@ -10,7 +10,7 @@ import typing as t
 from types import SimpleNamespace
 
 from cache.execution.decisions import DecisionMemo, expiry
-from optimizer.evaluate_guards import Binding, Decision, Misses
+from optimizer.rules.evaluate_guards import Binding, Decision, Misses
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 

@@ -27,8 +27,8 @@ from cache.tools import bookstore
 from control_tables.schema import CacheSchema
 from control_tables.script import apply_script
 from experiments.workers import Workers
-from optimizer.derived_delta import maintenance
-from optimizer.derived_states import layout, pull_select
+from optimizer.derived.delta import maintenance
+from optimizer.derived.states import layout, pull_select
 from sql_ext import parse
 from sql_ext.errors import NotSupportedError
 from tests.plan_cases import load_catalog

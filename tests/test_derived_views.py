@@ -321,7 +321,7 @@ def answered_from_view(
     run in DuckDB, its columns made PostgreSQL's by the converter), or None: not matched."""
     from cache.backend.describe import describe_result
     from cache.execution.convert import converter
-    from optimizer.match_derived import match_derived
+    from optimizer.derived.match import match_derived
     from sql_ext import Query, parse_one
 
     store = conn.admin.store

@@ -6,7 +6,7 @@ import psycopg
 import pytest
 
 from cache.backend.reflect import fetch_catalog
-from optimizer.normalize_constraint import normalize_constraint
+from optimizer.analysis.normalize_constraint import normalize_constraint
 from sql_ext import Query, parse_one
 from sql_ext.catalog import Catalog
 from sql_ext.errors import ProgrammingError

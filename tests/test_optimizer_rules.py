@@ -7,7 +7,8 @@ import itertools
 
 import pytest
 
-from optimizer.derive_consistency import (
+from optimizer.analysis.normalize_constraint import ConsistencyClass, Instance
+from optimizer.rules.derive_consistency import (
     Delivered,
     conflicting,
     group_leaf,
@@ -18,8 +19,7 @@ from optimizer.derive_consistency import (
     switch_union,
     violates,
 )
-from optimizer.estimate_cost import guarded_cost, local_probability
-from optimizer.normalize_constraint import ConsistencyClass, Instance
+from optimizer.rules.estimate_cost import guarded_cost, local_probability
 from sql_ext.fds import FD
 
 # -- §4.6 cost --------------------------------------------------------------------------------

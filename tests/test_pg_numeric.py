@@ -1,4 +1,4 @@
-"""The cache's numeric division (`optimizer.pg_numeric`), used for averages and divisions
+"""The cache's numeric division (`optimizer.postgres.numeric`), used for averages and divisions
 of numerics answered locally, against PostgreSQL's own: the same value at the same scale, for
 operands of many magnitudes and scales (property-based, hypothesis)."""
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from optimizer import pg_numeric
+from optimizer.postgres import numeric as pg_numeric
 
 
 def numerics(max_scale: int) -> st.SearchStrategy[decimal.Decimal]:

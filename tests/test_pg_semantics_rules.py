@@ -1,4 +1,4 @@
-"""The rewrite rules of `optimizer.pg_semantics` and the type inference under them, without a
+"""The rewrite rules of `optimizer.postgres.semantics` and the type inference under them, without a
 database: which nodes are compared without trailing blanks, padded again, typed, and which
 statements cannot be made exactly PostgreSQL's (their answers are checked against PostgreSQL
 in tests/test_pg_semantics.py)."""
@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 from sqlglot import exp
 
-from optimizer.analyze import analyze
-from optimizer.expression_types import PgType, combine
-from optimizer.pg_semantics import Semantics
+from optimizer.analysis.analyze import analyze
+from optimizer.postgres.expression_types import PgType, combine
+from optimizer.postgres.semantics import Semantics
 from sql_ext import parse_one
 from sql_ext.catalog import Catalog, Column, Table
 from sql_ext.params import NODE_ID
@@ -141,7 +141,7 @@ def test_the_document_lists_every_entry() -> None:
     """docs/postgres-semantics.md lists the allowlist as it is: every entry's name."""
     from pathlib import Path
 
-    from optimizer.allowlist import ENTRIES
+    from optimizer.postgres.allowlist import ENTRIES
 
     text = (Path(__file__).parents[1] / "docs" / "postgres-semantics.md").read_text()
     missing = [e.name for e in ENTRIES if e.name.replace("|", "\\|") not in text]

@@ -55,8 +55,8 @@ from cache.store.cache_file import COUNTERS, CacheStore, check_resources
 from cache.store.region_state import read_region_state
 from control_tables.regions import RegionState
 from heartbeat.clock import CLOCK_MAX_AGE, BackendClock, measure
-from optimizer.evaluate_guards import Decision
 from optimizer.plan import PLAN_CHOICES, Plan
+from optimizer.rules.evaluate_guards import Decision
 from sql_ext import parse_duration
 from sql_ext.errors import BackendUnavailableError, ProgrammingError, SqlSyntaxError, translate
 

@@ -42,7 +42,7 @@ from cache.execution.lookup import LookupIndexes, LookupShape
 from cache.execution.provenance import Provenance
 from cache.store.cache_file import CacheStore
 from cache.wire import protocol, values
-from optimizer.evaluate_guards import Decision
+from optimizer.rules.evaluate_guards import Decision
 from sql_ext.params import Key, values_for
 from sql_ext.placeholders import Converted
 

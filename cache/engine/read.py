@@ -27,7 +27,7 @@ from collections.abc import Generator
 from cache.engine.lane import Lane
 from cache.engine.result import Result
 from cache.execution.planning import Prepared
-from optimizer.evaluate_guards import Decision
+from optimizer.rules.evaluate_guards import Decision
 
 T = t.TypeVar("T")
 

@@ -7,7 +7,7 @@ reads top to bottom in `Session._read`:
 
     parse and route (cached per text) -> plan (`Planner.prepare`, cached per shape: names
     resolved, the constraint normalized, the backend's estimates and description gathered,
-    then `optimizer.planner.plan_query`) -> guard (`decide`: `optimizer.evaluate_guards`)
+    then `optimizer.planner.plan_query`) -> guard (`decide`: `optimizer.rules.evaluate_guards`)
     -> run what the guards keep local in DuckDB, its remote leaves from PostgreSQL
     (`run`: `cache.execution.execute`), or the whole statement on the backend -> provenance
     (`cache.execution.provenance`, made when first read)
@@ -88,8 +88,8 @@ from cache.store.cache_file import COUNTERS
 from cache.store.region_state import read_region_state
 from control_tables.regions import RegionState
 from heartbeat.clock import BackendClock
-from optimizer.evaluate_guards import Decision, Misses, evaluate_guards
 from optimizer.plan import Plan
+from optimizer.rules.evaluate_guards import Decision, Misses, evaluate_guards
 from sql_ext import CreateCachedView, CreateControlTable, DropCacheObject, Query
 from sql_ext.errors import (
     BackendUnavailableError,

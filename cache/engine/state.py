@@ -15,7 +15,7 @@ from psycopg import pq
 
 from cache.store.cache_file import CacheStore
 from heartbeat.clock import CLOCK_MAX_AGE, DRIFT, BackendClock, measure
-from optimizer.evaluate_guards import Session
+from optimizer.rules.evaluate_guards import Session
 from sql_ext.errors import BackendUnavailableError, ProgrammingError
 
 # libpq's transaction statuses of a session outside any transaction (or with no session)

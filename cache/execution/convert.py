@@ -26,10 +26,10 @@ import pyarrow.compute as pc
 
 from cache.backend.copy_arrow import arrow_type
 from cache.wire.oids import OID
-from optimizer import pg_numeric
-from optimizer.allowlist import ZONE_PARAMETER
-from optimizer.pg_float import shortest_digits
 from optimizer.plan import LocalStatement, Output
+from optimizer.postgres import numeric as pg_numeric
+from optimizer.postgres.allowlist import ZONE_PARAMETER
+from optimizer.postgres.float_text import shortest_digits
 from sql_ext.errors import DataError
 
 Row = tuple[t.Any, ...]
@@ -63,7 +63,7 @@ _SAME = {  # PostgreSQL type -> DuckDB types whose Python values psycopg's equal
     OID.timestamptz: {"TIMESTAMP WITH TIME ZONE"},
     OID.uuid: {"UUID"},
     OID.bytea: {"BLOB"},
-    OID.interval: {"INTERVAL"},  # without months (optimizer.pg_semantics keeps those remote)
+    OID.interval: {"INTERVAL"},  # without months (optimizer.postgres.semantics keeps those remote)
 }
 
 
@@ -182,7 +182,7 @@ def _to_float(value: t.Any) -> t.Any:
 
 def _float4(value: t.Any) -> t.Any:
     """A real as psycopg gives it: the double of the digits PostgreSQL prints for it
-    (`optimizer.pg_float`), not the double DuckDB widens it to."""
+    (`optimizer.postgres.float_text`), not the double DuckDB widens it to."""
     if value is None or math.isnan(value) or math.isinf(value) or value == 0:
         return value
     return float(shortest_digits(value, 4))
@@ -284,7 +284,7 @@ def converter(
     zone: dt.tzinfo = dt.UTC,
 ) -> Callable[[list[Row]], list[Row]] | str:
     """The row converter for a result, or why there is none. ``outputs``: how each of
-    PostgreSQL's columns is made from DuckDB's (`optimizer.local_statement.Output`);
+    PostgreSQL's columns is made from DuckDB's (`optimizer.rules.local_statement.Output`);
     ``char_widths``: n for the char columns whose values are all char(n) values (0: the
     statement pads them itself); ``scales``: the display scale of a numeric column's values,
     where every value has the same; ``zone``: the session's time zone, as psycopg gives it."""
@@ -400,9 +400,10 @@ def _division(
     duck_types: tuple[str, str],
     scales: tuple[t.Any, t.Any] = (0, 0),
 ) -> Callable[[Row], t.Any] | None:
-    """An output the cache divides: numeric division as PostgreSQL's (`pg_numeric`), or a
-    floating-point one; None when DuckDB's operands are not exact for it. ``scales``: the
-    display scales of PostgreSQL's operands (its quotient's scale depends on them)."""
+    """An output the cache divides: numeric division as PostgreSQL's
+    (`optimizer.postgres.numeric`), or a floating-point one; None when DuckDB's operands are
+    not exact for it. ``scales``: the display scales of PostgreSQL's operands (its quotient's
+    scale depends on them)."""
     bases = {d.split("(", maxsplit=1)[0].upper() for d in duck_types}
     if oid == OID.numeric:
         if not bases <= _INTEGERS | {"DECIMAL"}:

@@ -1,6 +1,6 @@
 """Guard decisions reused while nothing they read has changed (the hit path's guard phase).
 
-`optimizer.evaluate_guards` is pure: its decision depends on the plan, the parameter values,
+`optimizer.rules.evaluate_guards` is pure: its decision depends on the plan, the parameter values,
 the region state, the session and the time. The region state and the session are values the
 connection keeps until the cache file or the session changes (then they are new objects), so
 for one (plan, parameters) on the same state and session only time moves (and parameters
@@ -21,8 +21,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
 
 from control_tables.regions import RegionState
-from optimizer.evaluate_guards import Decision, Session
 from optimizer.plan import Plan
+from optimizer.rules.evaluate_guards import Decision, Session
 
 SIZE = 256  # decisions kept per connection (least recently used go first)
 

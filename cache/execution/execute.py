@@ -1,5 +1,5 @@
 """Run a guarded plan as its guards decided: the decision's DuckDB statement
-(`optimizer.local_statement`, compiled once per decision and kept with the plan), after the
+(`optimizer.rules.local_statement`, compiled once per decision and kept with the plan), after the
 remote leaves it reads are fetched from PostgreSQL through Arrow and registered under their
 names. An all-local decision is the hit path: one prepared DuckDB statement, no SQL work.
 
@@ -32,10 +32,10 @@ from cache.execution.memo import ResultMemo
 from cache.execution.planning import Prepared
 from cache.execution.provenance import Executed
 from cache.store.cache_file import CacheStore
-from optimizer.allowlist import ZONE_PARAMETER, reads_alike
-from optimizer.evaluate_guards import Decision
-from optimizer.local_statement import local_statement
 from optimizer.plan import LocalStatement
+from optimizer.postgres.allowlist import ZONE_PARAMETER, reads_alike
+from optimizer.rules.evaluate_guards import Decision
+from optimizer.rules.local_statement import local_statement
 from sql_ext.errors import first_line
 from sql_ext.params import Params, values_for
 

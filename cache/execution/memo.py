@@ -6,7 +6,7 @@ where DuckDB would return exactly these rows again.
 
 Bounded by an estimate of the memory its rows take (least recently used entries go first);
 statements whose answer depends on more than their data (``now()``, ``random()``,
-`optimizer.volatility`) are never kept.
+`optimizer.postgres.volatility`) are never kept.
 """
 
 from __future__ import annotations

@@ -29,11 +29,11 @@ from cache.execution.provenance import Executed
 from cache.store.cache_file import CacheStore
 from cache.store.refresh_times import measured_delays
 from optimizer import describe_result as described
-from optimizer.analyze import Analysis, analyze
-from optimizer.estimate_cost import DEFAULT_DELAY
-from optimizer.normalize_constraint import normalize_constraint
+from optimizer.analysis.analyze import Analysis, analyze
+from optimizer.analysis.normalize_constraint import normalize_constraint
 from optimizer.plan import Estimates, LocalStatement, Plan, PlanInputs
 from optimizer.planner import estimate_requests, initial_plan, plan_query
+from optimizer.rules.estimate_cost import DEFAULT_DELAY
 from sql_ext import Query
 from sql_ext.catalog import Catalog
 from sql_ext.errors import BackendUnavailableError, CatalogError, first_line

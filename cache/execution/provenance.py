@@ -12,7 +12,7 @@ import typing as t
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from optimizer.evaluate_guards import Binding, Decision
+from optimizer.rules.evaluate_guards import Binding, Decision
 
 
 class Executed(t.NamedTuple):

@@ -21,7 +21,7 @@ from cache.maintenance.report import Report
 from cache.store.cache_file import CacheStore
 from control_tables.regions import Region, region_predicate
 from control_tables.schema import CachedView, CacheSchema
-from optimizer.derived_delta import copy_owner
+from optimizer.derived.delta import copy_owner
 from sql_ext.quoting import ident, idents, keys_in
 
 Key = tuple[t.Any, ...]

@@ -3,7 +3,7 @@
 Inside the transaction of an admission, a refresh or a stream batch, after its rows are in:
 if the data's bytes (`cache.store.budget.data_bytes`) pass the limit, whole presence regions
 are evicted, with their cascade (`evict.remove_keys`), in the order of
-`optimizer.eviction_policy`, until the data is back under the limit with some room
+`optimizer.rules.eviction_policy`, until the data is back under the limit with some room
 (``ROOM``: one eviction makes space for many admissions, not for one). The transaction commits
 both or neither, so no committed state of the file is over the budget, and the guards see an
 eviction with the commit that made it (the file's version moves: a statement that decided
@@ -28,7 +28,7 @@ from cache.maintenance.report import Report
 from cache.store.budget import data_bytes, data_tables
 from cache.store.cache_file import CacheStore, count_in
 from control_tables.schema import CachedView, CacheSchema, control_role
-from optimizer.eviction_policy import Held, refreshes_per_window, victims
+from optimizer.rules.eviction_policy import Held, refreshes_per_window, victims
 from sql_ext.errors import OperationalError
 from sql_ext.quoting import equal_columns, ident, idents, keys_in
 

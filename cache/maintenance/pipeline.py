@@ -41,7 +41,7 @@ from cache.store.cache_file import CacheStore
 from control_tables.closure import affected_closure_safe, control_values
 from control_tables.regions import Region, guarantees
 from control_tables.schema import CachedView, CacheSchema, Role, control_role, controlled_columns
-from optimizer.derived_delta import copy_owner
+from optimizer.derived.delta import copy_owner
 from sql_ext.catalog import Catalog
 from sql_ext.errors import (
     Error,

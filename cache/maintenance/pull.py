@@ -24,8 +24,8 @@ from control_tables.closure import (
 from control_tables.regions import Region, guarantees, in_list, order_key, region_predicate
 from control_tables.schema import CachedView, CacheSchema
 from control_tables.types import transfer_type
-from optimizer.derived_delta import maintenance
-from optimizer.derived_states import layout, pull_select
+from optimizer.derived.delta import maintenance
+from optimizer.derived.states import layout, pull_select
 from sql_ext.catalog import Catalog
 from sql_ext.quoting import ident, idents, qualified
 
@@ -177,7 +177,7 @@ class Pull:
 
     def _copied(self, wanted: set[Region]) -> list[str]:
         """The continuously maintained derived views whose copies of their tables this pull
-        brings (`optimizer.derived_delta`): a view-level view's, with its one region; a
+        brings (`optimizer.derived.delta`): a view-level view's, with its one region; a
         presence-controlled view's, the first time (its view state then marks them pulled),
         with every key it holds - whatever one snapshot pulls of a view, its copies must be
         of that snapshot too."""
@@ -197,7 +197,7 @@ class Pull:
         return found
 
     def _copy_query(self, copy: CachedView) -> PullQuery:
-        """All rows of a derived view's copy of a table (`optimizer.derived_delta`)."""
+        """All rows of a derived view's copy of a table (`optimizer.derived.delta`)."""
         table = self.catalog.table(copy.table)
         assert table is not None
         types = {c.name: c.type for c in table.columns}

@@ -7,7 +7,7 @@ compressed, but keeps the blocks a delete frees for the next rows). Every table 
 cached rows counts: the cached views, the derived views and their copies. The control tables
 and the metadata do not.
 
-A region's worth (`RegionHits`) is what the eviction policy (`optimizer.eviction_policy`)
+A region's worth (`RegionHits`) is what the eviction policy (`optimizer.rules.eviction_policy`)
 weighs against its size: the reads of its key in a recent window - hits, and the misses that
 admit it again (halving every window) - and the backend cost a hit avoids, as the cost model
 estimated it for each statement. A key's count outlives its eviction (TinyLFU's lesson: a key
@@ -30,7 +30,7 @@ import duckdb
 import numpy
 
 from control_tables.schema import CacheSchema
-from optimizer.derived_delta import AUX_PREFIX
+from optimizer.derived.delta import AUX_PREFIX
 from sql_ext.errors import ProgrammingError
 from sql_ext.quoting import ident
 

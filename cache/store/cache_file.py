@@ -29,8 +29,8 @@ from control_tables.schema import CachedView, CacheSchema, ControlTable, view_fr
 from control_tables.script import apply_script
 from control_tables.types import BPCHAR, duckdb_type, transfer_type
 from heartbeat.clock import BackendClock
-from optimizer.derived_delta import auxiliary_prefix, maintenance
-from optimizer.derived_states import layout
+from optimizer.derived.delta import auxiliary_prefix, maintenance
+from optimizer.derived.states import layout
 from sql_ext import CreateCachedView, CreateControlTable, Statement, parse
 from sql_ext.catalog import Catalog, Column, Index, Table, View
 from sql_ext.errors import OperationalError, ProgrammingError, first_line, translate
@@ -862,7 +862,7 @@ class CacheStore:
             stored = layout(view, catalog).columns
             columns = [f"{ident(c.name)} {c.duckdb_type}" for c in stored]
             self.con.execute(f"CREATE TABLE {ident(view.name)} ({', '.join(columns)})")
-            if view.continuous:  # its copies of the tables it reads (`optimizer.derived_delta`)
+            if view.continuous:  # its copies of the tables it reads (`optimizer.derived.delta`)
                 for aux in maintenance(view, catalog).auxiliaries:
                     table = catalog.table(aux.table)
                     assert table is not None

@@ -1,5 +1,5 @@
 """Functions of the cache's own that local statements call in DuckDB: PostgreSQL's numeric
-division and width_bucket (`optimizer.pg_numeric`).
+division and width_bucket (`optimizer.postgres.numeric`).
 
 DuckDB keeps a Python function per database, pointing into the connection that registered it:
 that connection must outlive every other of the process on the file (a function left behind by
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import duckdb
 
-from optimizer import pg_numeric
-from optimizer.allowlist import NUMERIC_DIVIDE, NUMERIC_DIVIDE_SCALE, WIDTH_BUCKET
+from optimizer.postgres import numeric as pg_numeric
+from optimizer.postgres.allowlist import NUMERIC_DIVIDE, NUMERIC_DIVIDE_SCALE, WIDTH_BUCKET
 
 _ARGUMENTS = ["VARCHAR", "INTEGER", "VARCHAR", "INTEGER"]
 

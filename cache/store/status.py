@@ -17,7 +17,7 @@ from cache.store.refresh_times import measured_delays, refresh_times
 from control_tables.regions import guarantees
 from control_tables.schema import CachedView, CacheSchema
 from heartbeat.clock import BackendClock
-from optimizer.derived_delta import copy_owner
+from optimizer.derived.delta import copy_owner
 from sql_ext.errors import ProgrammingError
 from sql_ext.quoting import ident
 

@@ -26,7 +26,7 @@ from cache.sqla import engine_url, provenance
 from cache.tools import bookstore
 from cache.tools.formatting import describe_class
 from cache.tools.settings import Settings
-from optimizer.normalize_constraint import normalize_constraint
+from optimizer.analysis.normalize_constraint import normalize_constraint
 from sql_ext import Query, parse_one
 from sql_ext.errors import ProgrammingError
 from sql_ext.nodes import format_duration

@@ -27,7 +27,7 @@ from psycopg import _encodings as psycopg_encodings  # PostgreSQL's encoding nam
 from psycopg.pq import Format
 
 from cache.wire.oids import OID
-from optimizer.pg_float import shortest_digits
+from optimizer.postgres.float_text import shortest_digits
 
 Encoder = Callable[[t.Any], bytes]
 

@@ -1,6 +1,6 @@
 """`workload-shift`: the dissertation's §4.7.2 (Fig 4.2): how much of a repeated query the cache
 answers as the currency bound B, the refresh interval f and the refresh delay d vary, against
-the model p = (B - d) / f (clipped to [0, 1]; §4.6, `optimizer.estimate_cost`).
+the model p = (B - d) / f (clipped to [0, 1]; §4.6, `optimizer.rules.estimate_cost`).
 
 Measured, not computed: a Q7-style query (a c_acctbal range of the customers of one nation)
 runs over and over through the cache while the real refresh scheduler refreshes the view
@@ -52,7 +52,7 @@ from experiments.runs.framework import (
     scale_of,
 )
 from experiments.workers import Workers
-from optimizer.estimate_cost import local_probability
+from optimizer.rules.estimate_cost import local_probability
 
 NAME = "workload-shift"
 TITLE = "Workload shift as the currency bound relaxes (dissertation §4.7.2, Fig 4.2)"

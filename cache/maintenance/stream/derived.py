@@ -1,6 +1,6 @@
 """A continuously maintained derived view's part of a batch (`apply_derived`): its tables'
 changes applied to its auxiliary copies, and the view's delta, computed from them as
-`optimizer.derived_delta` says, merged into its stored states - all inside the batch's DuckDB
+`optimizer.derived.delta` says, merged into its stored states - all inside the batch's DuckDB
 transaction, with the stream position."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from cache.maintenance.stream.staging import FLAG, Staged
 from cache.maintenance.stream.views import apply_view, delete_where, not_pending
 from control_tables.regions import Region
 from control_tables.schema import CachedView, CacheSchema
-from optimizer.derived_delta import CURRENT, REDO, WEIGHT, Maintenance, maintenance
-from optimizer.derived_states import ROWS
+from optimizer.derived.delta import CURRENT, REDO, WEIGHT, Maintenance, maintenance
+from optimizer.derived.states import ROWS
 from sql_ext.catalog import Catalog
 from sql_ext.quoting import equal_columns, ident, idents, keys_in
 

@@ -27,7 +27,7 @@ from control_tables.schema import CacheSchema
 from control_tables.script import apply_script
 from heartbeat.beat import TABLE as HEARTBEAT_TABLE
 from heartbeat.beat import ensure_table
-from optimizer.derived_delta import maintenance
+from optimizer.derived.delta import maintenance
 from sql_ext import CreateCachedView, Statement
 from sql_ext.catalog import Catalog
 from sql_ext.errors import NotSupportedError, OperationalError

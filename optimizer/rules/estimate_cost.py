@@ -24,9 +24,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from control_tables.schema import CachedView, CacheSchema
-from optimizer.analyze import Access
-from optimizer.expression_types import column_type
+from optimizer.analysis.analyze import Access
 from optimizer.plan import AccessPlan, Plan, PlanInputs
+from optimizer.postgres.expression_types import column_type
 
 DEFAULT_DELAY = 1.0  # seconds a refresh takes to land (d of §4.6), until measured
 
@@ -124,7 +124,7 @@ def estimate_cost(plan: Plan, inputs: PlanInputs) -> Plan:
 
 
 def _guarded_plan_cost(plan: Plan, whole: float, inputs: PlanInputs) -> float:
-    """Expected cost of the guarded plan as it runs (`optimizer.evaluate_guards`): a class
+    """Expected cost of the guarded plan as it runs (`optimizer.rules.evaluate_guards`): a class
     whose guards hold (probability p, the least of its accesses': they decide together) reads
     its views, one whose guards fail fetches its accesses as remote leaves, which a class
     without guards always does. When every guarded class fails, the statement goes to

@@ -13,7 +13,7 @@ Which consistency check a branch needs follows Fig 7.2, decided here once:
   B/C. every required group lies inside one consistency region: none for a full guarantee,
      else probe the consistency control table with the probed values (Fig 7.3 A12);
   D. otherwise the regions read must all come from one snapshot (ad-hoc checking, S11).
-The run-time guard (`optimizer.evaluate_guards`) evaluates exactly these through the §5.2
+The run-time guard (`optimizer.rules.evaluate_guards`) evaluates exactly these through the §5.2
 satisfaction rule (`derive_consistency`); the text here is what EXPLAIN shows of it.
 """
 
@@ -22,12 +22,12 @@ from __future__ import annotations
 import dataclasses
 
 from control_tables.schema import CacheSchema
-from optimizer.analyze import Access, Analysis
-from optimizer.derive_consistency import group_leaf, satisfies
-from optimizer.estimate_cost import below_delay
-from optimizer.match_views import Match, match_access
-from optimizer.normalize_constraint import ConsistencyClass
+from optimizer.analysis.analyze import Access, Analysis
+from optimizer.analysis.normalize_constraint import ConsistencyClass
 from optimizer.plan import ClassPlan, ConsistencyProbe, Guard, Plan, PlanInputs
+from optimizer.rules.derive_consistency import group_leaf, satisfies
+from optimizer.rules.estimate_cost import below_delay
+from optimizer.rules.match_views import Match, match_access
 
 
 def place_guards(plan: Plan, inputs: PlanInputs) -> Plan:

@@ -1,5 +1,5 @@
 """Divisions DuckDB cannot do as PostgreSQL does. PostgreSQL divides numerics with
-a result scale of its own (`optimizer.pg_numeric`), and `avg` of integers or numerics is
+a result scale of its own (`optimizer.postgres.numeric`), and `avg` of integers or numerics is
 such a division; DuckDB answers them as doubles. Integer division is alike in both (DuckDB is
 set to truncate). So:
 
@@ -9,7 +9,7 @@ set to truncate). So:
   divides as PostgreSQL does (`rewritable`);
 * any other (in WHERE, HAVING, a subquery, inside a larger expression, under ORDER BY or
   DISTINCT, over a window) DuckDB computes with the cache's own function, PostgreSQL's
-  division given the operands' display scales (`optimizer.allowlist.numeric_division`);
+  division given the operands' display scales (`optimizer.postgres.allowlist.numeric_division`);
 * variance, standard deviation and correlation keep the statement remote.
 """
 
@@ -19,7 +19,7 @@ import typing as t
 
 from sqlglot import exp
 
-from optimizer.expression_types import ExpressionTypes
+from optimizer.postgres.expression_types import ExpressionTypes
 from sql_ext import Query
 from sql_ext.params import NODE_ID
 
@@ -41,7 +41,7 @@ def analyze_divisions(
 ) -> tuple[dict[int, Kind], dict[int, Kind], str | None]:
     """(output column index -> "avg" | "divide" for the divisions the cache does itself, node
     number -> "avg" | "divide" for those DuckDB does with the cache's function
-    (`optimizer.allowlist.numeric_division`), why the statement cannot run locally or
+    (`optimizer.postgres.allowlist.numeric_division`), why the statement cannot run locally or
     None)."""
     outputs: dict[int, Kind] = {}
     inner: dict[int, Kind] = {}

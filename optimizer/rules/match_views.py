@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from control_tables.schema import CachedView, CacheSchema
-from optimizer.analyze import Access
+from optimizer.analysis.analyze import Access
 from sql_ext.blocks import split_and
 
 

@@ -27,7 +27,7 @@ the *items*: the view's grouping columns and its aggregates' arguments.
 
 What DuckDB evaluates must read as PostgreSQL does, so a continuously maintained view is
 refused at DDL time (`maintenance` says why) unless its WHERE compares columns with constants as the
-matcher's filters do (`optimizer.match_derived`), its sums and averages are of integers and
+matcher's filters do (`optimizer.derived.match`), its sums and averages are of integers and
 numerics computed by +, - and * (exact in both), its minimums and maximums of numbers and
 dates, and every table it reads has a primary key and is read once.
 """
@@ -40,9 +40,9 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from control_tables.schema import CachedView
-from optimizer.derived_states import COUNT_SUFFIX, ROWS, Layout, definition, layout
-from optimizer.match_derived import Ref, filter_conjunct
-from optimizer.pg_types import declared
+from optimizer.derived.match import Ref, filter_conjunct
+from optimizer.derived.states import COUNT_SUFFIX, ROWS, Layout, definition, layout
+from optimizer.postgres.types import declared
 from sql_ext.blocks import split_and
 from sql_ext.catalog import Catalog
 from sql_ext.errors import NotSupportedError

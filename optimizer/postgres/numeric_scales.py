@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 from sqlglot import exp
 
-from optimizer.allowlist import DIVISION_SCALE, numeric_division
-from optimizer.pg_types import PgType
+from optimizer.postgres.allowlist import DIVISION_SCALE, numeric_division
+from optimizer.postgres.types import PgType
 from sql_ext.params import NODE_ID
 from sql_ext.quoting import output_name
 

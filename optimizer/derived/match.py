@@ -1,5 +1,5 @@
 """View matching of a whole query against a derived cached view (`control_tables.derived`,
-`optimizer.derived_states`): when the view answers the query, the DuckDB statement that
+`optimizer.derived.states`): when the view answers the query, the DuckDB statement that
 answers it from the view's stored states or rows.
 
 A grouped view answers a query block that
@@ -37,11 +37,11 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from control_tables.schema import CachedView
-from optimizer.allowlist import reads_alike
-from optimizer.derived_states import Layout, layout
-from optimizer.derived_states import definition as view_definition
-from optimizer.pg_types import declared
+from optimizer.derived.states import Layout, layout
+from optimizer.derived.states import definition as view_definition
 from optimizer.plan import Output
+from optimizer.postgres.allowlist import reads_alike
+from optimizer.postgres.types import declared
 from sql_ext import Query
 from sql_ext.blocks import split_and
 from sql_ext.catalog import Catalog
@@ -83,7 +83,7 @@ def match_derived(
     parameter_keys: t.Mapping[int, Key] | None = None,
 ) -> DerivedMatch | None:
     """The statement that answers ``query`` from ``view`` (see the module), or None;
-    ``parameter_keys``: each placeholder's key by node number (`optimizer.analyze`), when
+    ``parameter_keys``: each placeholder's key by node number (`optimizer.analysis.analyze`), when
     the query has parameters (compared with grouping columns, they become the statement's
     DuckDB parameters)."""
     derivation = view.derivation
@@ -434,7 +434,7 @@ def filter_conjunct(
     """A conjunct comparing a column of ``grouped`` with constants, as DuckDB reads it as
     PostgreSQL does, over what ``grouped`` maps the column to (a name of the view's: a query's
     own conjunct over its grouping columns; an expression: a continuously maintained view's
-    WHERE, `optimizer.derived_delta`), a parameter as the DuckDB parameter of its key; else
+    WHERE, `optimizer.derived.delta`), a parameter as the DuckDB parameter of its key; else
     None."""
     if not isinstance(conjunct, (exp.EQ, exp.NEQ, exp.In, *_RANGES)):
         return None

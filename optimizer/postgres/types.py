@@ -1,6 +1,6 @@
 """PostgreSQL's types as far as the cache's local answers depend on them: values
-the type inference (`optimizer.expression_types`) and the allowlist of what DuckDB may compute
-(`optimizer.allowlist`) speak in.
+the type inference (`optimizer.postgres.expression_types`) and the allowlist of what DuckDB may
+compute (`optimizer.postgres.allowlist`) speak in.
 
 A type is a *kind* with what else matters for computing it exactly: the n of ``char(n)``, the
 bytes of an integer or floating-point type, a numeric's *display scale* (PostgreSQL keeps one per

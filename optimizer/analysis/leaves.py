@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from control_tables.types import select_list, transfer_type
-from optimizer.analyze import Access
+from optimizer.analysis.analyze import Access
 from sql_ext.catalog import Table
 from sql_ext.dialect import MTCachePlain
 from sql_ext.params import NODE_ID, Key, duckdb_name

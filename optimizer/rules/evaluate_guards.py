@@ -27,8 +27,9 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from control_tables.regions import Key, RegionState, Stamp
-from optimizer.analyze import Access
-from optimizer.derive_consistency import (
+from optimizer.analysis.analyze import Access
+from optimizer.plan import AccessPlan, ClassPlan, Guard, Plan
+from optimizer.rules.derive_consistency import (
     Property,
     group_leaf,
     join,
@@ -36,7 +37,6 @@ from optimizer.derive_consistency import (
     satisfies,
     violates,
 )
-from optimizer.plan import AccessPlan, ClassPlan, Guard, Plan
 from sql_ext.fds import FD
 from sql_ext.params import UNKNOWN, ParameterValues
 

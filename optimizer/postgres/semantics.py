@@ -2,7 +2,7 @@
 rewritten to compute what PostgreSQL computes - or, where it cannot be made
 exactly equal, why the statement stays remote.
 
-* only what the allowlist lists runs in DuckDB (`optimizer.allowlist`): every node that
+* only what the allowlist lists runs in DuckDB (`optimizer.postgres.allowlist`): every node that
   computes a value must be one of its entries for the types of its arguments (its rewrite, if
   it has one, is recorded here), every other node one of the parts a query is made of;
 
@@ -20,7 +20,7 @@ exactly equal, why the statement stays remote.
 * numerics carry a display scale per value: an output's scale, when every value has the same
   (``output_scales``), is given to the values DuckDB computes; a numeric printed as text is
   printed at its scale (``text_scales``); outputs whose values' scales differ row by row
-  (``varying_scales``) stay remote unless the cache divides them (`optimizer.divisions`);
+  (``varying_scales``) stay remote unless the cache divides them (`optimizer.postgres.divisions`);
 * what cannot be matched exactly keeps the statement remote (``blocker``): text ordered under
   a collation that is not byte order, columns with nondeterministic collations, char values of
   several lengths compared.
@@ -35,16 +35,16 @@ from decimal import Decimal
 
 from sqlglot import exp
 
-from optimizer import allowlist
-from optimizer.expression_types import (
+from optimizer.postgres import allowlist
+from optimizer.postgres.expression_types import (
     PADDED_READER_NAMES,
     PADDED_READERS,
     ExpressionTypes,
     PgType,
     arguments,
 )
-from optimizer.numeric_scales import scale_bound, scale_expression
-from optimizer.pg_types import STRINGS, combine, literal_scale
+from optimizer.postgres.numeric_scales import scale_bound, scale_expression
+from optimizer.postgres.types import STRINGS, combine, literal_scale
 from sql_ext import Query
 from sql_ext.nodes import ConstantList, CurrencyClause
 from sql_ext.params import NODE_ID
@@ -71,20 +71,20 @@ class Semantics:
     doubles: frozenset[int] = frozenset()  # date_part(): double precision in PostgreSQL
     # char output -> the n the cache pads its values to (0: they are padded in the statement)
     output_widths: Mapping[int, int] = field(default_factory=dict)
-    # allowlist entries whose rewrite the node needs (`optimizer.allowlist.BY_NAME`)
+    # allowlist entries whose rewrite the node needs (`optimizer.postgres.allowlist.BY_NAME`)
     rewrites: Mapping[int, str] = field(default_factory=dict)
     # numeric outputs: the display scale every value has; outputs whose values' scales vary
     output_scales: Mapping[int, int] = field(default_factory=dict)
     varying_scales: frozenset[int] = frozenset()
     # numeric outputs whose values' scales vary: the DuckDB expression computing each one's
-    # (optimizer.numeric_scales), computed beside it
+    # (optimizer.postgres.numeric_scales), computed beside it
     scale_columns: Mapping[int, exp.Expr] = field(default_factory=dict)
     # interval outputs that may hold months: DuckDB prints them, the converter reads them as
     # psycopg reads PostgreSQL's (a month is 30 days, a year 365; DuckDB's Python gives 360)
     printed_intervals: frozenset[int] = frozenset()
     text_scales: Mapping[int, int] = field(default_factory=dict)  # numeric printed as text
     # parameters PostgreSQL reads as a type of this kind: a string value must read alike in
-    # DuckDB (`optimizer.allowlist.reads_alike`), else the backend answers
+    # DuckDB (`optimizer.postgres.allowlist.reads_alike`), else the backend answers
     parameters: Mapping[int, str] = field(default_factory=dict)
     # numerics of different scales combined (CASE, COALESCE, GREATEST, UNION, ...): DuckDB
     # keeps at most 38 digits and would round the larger scales away; each is cast to
@@ -106,7 +106,7 @@ def pg_semantics(
     scale_of: t.Callable[[exp.Expr], t.Any] | None = None,
 ) -> Semantics:
     """The rewrites and blockers of a statement (``scale_of``: each value's display scale of a
-    numeric, `optimizer.numeric_scales.DerivedScales.scale`; a derived table's column's
+    numeric, `optimizer.postgres.numeric_scales.DerivedScales.scale`; a derived table's column's
     unknown without it)."""
     found = _Finder(types, database_byte_order, query.tree)
     for node in query.tree.walk(prune=lambda n: isinstance(n, CurrencyClause)):

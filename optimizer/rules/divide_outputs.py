@@ -1,7 +1,8 @@
 """The cache's own divisions need the backend's result types (a rule of `optimizer.planner`,
-before guards are placed): an output column the cache divides (`optimizer.divisions`) is done
-as PostgreSQL's numeric division or as a floating-point one, whichever the backend describes
-for it; without that description, or with another type, the statement stays remote."""
+before guards are placed): an output column the cache divides (`optimizer.postgres.divisions`)
+is done as PostgreSQL's numeric division or as a floating-point one, whichever the backend
+describes for it; without that description, or with another type, the statement stays
+remote."""
 
 from __future__ import annotations
 

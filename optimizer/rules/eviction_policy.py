@@ -24,7 +24,7 @@ import typing as t
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from optimizer.estimate_cost import TRANSFER_ROW_COST
+from optimizer.rules.estimate_cost import TRANSFER_ROW_COST
 
 Key = tuple[t.Any, ...]
 

@@ -1,10 +1,10 @@
 """What PostgreSQL would type each expression of a statement as: an inference over
-the statement's tree, without the backend, in the types of `optimizer.pg_types`.
+the statement's tree, without the backend, in the types of `optimizer.postgres.types`.
 
 Columns are typed from the catalog (through derived tables, CTEs and UNION branches),
 placeholders as untyped strings (typed by their context), and every node that computes a value
-by its entry in the allowlist (`optimizer.allowlist`): a node no entry takes is ``unknown``,
-with the reason kept (`problem`), and the statement stays at the backend.
+by its entry in the allowlist (`optimizer.postgres.allowlist`): a node no entry takes is
+``unknown``, with the reason kept (`problem`), and the statement stays at the backend.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from dataclasses import replace
 
 from sqlglot import exp
 
-from optimizer import allowlist
-from optimizer.allowlist import Entry, Settings
-from optimizer.pg_types import (
+from optimizer.postgres import allowlist
+from optimizer.postgres.allowlist import Entry, Settings
+from optimizer.postgres.types import (
     NULL,
     OTHER,
     UNKNOWN,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import typing as t
 from collections.abc import Iterable, Sequence
 
-from optimizer.normalize_constraint import ConsistencyClass, Instance
+from optimizer.analysis.normalize_constraint import ConsistencyClass, Instance
 from sql_ext.fds import FD, Attr, closure
 
 REMOTE = 0

@@ -1,10 +1,10 @@
 """The planning rule that answers a whole statement from a derived cached view
-(`optimizer.match_derived`) when the view answers it and that costs less than the plan chosen
+(`optimizer.derived.match`) when the view answers it and that costs less than the plan chosen
 so far.
 
 The plan it makes has one consistency class over every input with the tightest bound of
 them, and each access guarded alike (currency, timeline, the session's own writes and
-positions: §4.4's SwitchUnion, `optimizer.evaluate_guards`): by the view's view-level region,
+positions: §4.4's SwitchUnion, `optimizer.rules.evaluate_guards`): by the view's view-level region,
 as a fully materialized view's access is; with PRESENCE, by the regions of the keys the query
 compares the presence columns with (every one present, one snapshot among them, a miss
 admitted). The guards hold together or fail together, and when they fail the statement goes
@@ -19,16 +19,16 @@ from sqlglot import exp
 
 from control_tables.derived import plain_output
 from control_tables.schema import CachedView
-from optimizer.estimate_cost import (
+from optimizer.analysis.normalize_constraint import ConsistencyClass
+from optimizer.derived.match import match_derived
+from optimizer.plan import ClassPlan, Guard, LocalStatement, Plan, PlanInputs
+from optimizer.rules.estimate_cost import (
     GUARD_COST,
     LOCAL_ROW_COST,
     below_delay,
     guarded_cost,
     local_probability,
 )
-from optimizer.match_derived import match_derived
-from optimizer.normalize_constraint import ConsistencyClass
-from optimizer.plan import ClassPlan, Guard, LocalStatement, Plan, PlanInputs
 from sql_ext.params import duckdb_name
 from sql_ext.quoting import folded
 from sql_ext.quoting import qualifier as column_qualifier

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import decimal
 
-from optimizer.allowlist import DIVISION_SCALE
+from optimizer.postgres.allowlist import DIVISION_SCALE
 
 NUMERIC_MIN_SIG_DIGITS = 16
 DEC_DIGITS = 4  # decimal digits per base-10000 group

@@ -9,7 +9,7 @@ computed again from when groups are merged (DBSP's and DBToaster's re-aggregable
   argument's scale the cache cannot tell is refused at DDL time);
 - ``avg``: two stored columns, ``<name>__sum`` and ``<name>__count`` (the sum of the values and
   how many there were), its value their quotient as PostgreSQL divides them;
-- kept ``REFRESH CONTINUOUSLY`` (`optimizer.derived_delta`), besides: a sum's count of values
+- kept ``REFRESH CONTINUOUSLY`` (`optimizer.derived.delta`), besides: a sum's count of values
   as ``<name>__count`` (a sum of none is NULL), and each group's rows as ``mtcache_rows``
   (a group of none leaves the view).
 
@@ -25,8 +25,8 @@ from sqlglot import exp
 
 from control_tables.schema import CachedView
 from control_tables.types import duckdb_type
-from optimizer.analyze import statement_types
-from optimizer.pg_types import PgType
+from optimizer.analysis.analyze import statement_types
+from optimizer.postgres.types import PgType
 from sql_ext import CreateCachedView, Query, parse_one
 from sql_ext.catalog import Catalog
 from sql_ext.errors import NotSupportedError

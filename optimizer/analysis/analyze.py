@@ -5,7 +5,7 @@ constants it is probed with (``col = v``, ``col IN (v, ...)``, parameters includ
 would make DuckDB answer differently from PostgreSQL.
 
     parse (sql_ext) -> analyse (here) -> plan (optimizer.plan) -> guard
-    (optimizer.evaluate_guards) -> execute (cache.execution)
+    (optimizer.rules.evaluate_guards) -> execute (cache.execution)
 """
 
 from __future__ import annotations
@@ -17,14 +17,19 @@ from dataclasses import dataclass, field
 
 from sqlglot import exp
 
-from optimizer.allowlist import numeric_division
-from optimizer.divisions import analyze_divisions
-from optimizer.equivalences import block_classes, joined
-from optimizer.expression_types import ExpressionTypes
-from optimizer.normalize_constraint import ConsistencyClass, Constraint, Instance, QueryResolver
-from optimizer.numeric_scales import DerivedScales, Scale, division_operands
-from optimizer.pg_semantics import Semantics, pg_semantics
-from optimizer.volatility import repeatable
+from optimizer.analysis.equivalences import block_classes, joined
+from optimizer.analysis.normalize_constraint import (
+    ConsistencyClass,
+    Constraint,
+    Instance,
+    QueryResolver,
+)
+from optimizer.postgres.allowlist import numeric_division
+from optimizer.postgres.divisions import analyze_divisions
+from optimizer.postgres.expression_types import ExpressionTypes
+from optimizer.postgres.numeric_scales import DerivedScales, Scale, division_operands
+from optimizer.postgres.semantics import Semantics, pg_semantics
+from optimizer.postgres.volatility import repeatable
 from sql_ext import Block, Query, Source
 from sql_ext.catalog import Catalog
 from sql_ext.fds import FD
@@ -55,7 +60,7 @@ class Access:
     block: Block = field(repr=False, compare=False)
     columns: frozenset[str]
     # pushable selections: its own block's conjuncts on it alone, and what the block's
-    # equivalence classes imply (optimizer.equivalences)
+    # equivalence classes imply (optimizer.analysis.equivalences)
     conjuncts: tuple[exp.Expr, ...] = field(compare=False)
     probes: Mapping[str, tuple[exp.Expr, ...]] = field(compare=False)  # column -> constants
 
@@ -88,22 +93,23 @@ class Analysis:
     # Why DuckDB could not answer the statement as PostgreSQL would (None: it can).
     local_blocker: str | None = None
     reads_blank_padded: bool = False  # it reads a char(n) column
-    # How the local statement computes what PostgreSQL computes (optimizer.pg_semantics)
+    # How the local statement computes what PostgreSQL computes (optimizer.postgres.semantics)
     semantics: Semantics = field(default_factory=Semantics)
-    # Output columns the cache divides as PostgreSQL does (optimizer.divisions): index -> kind
+    # Output columns the cache divides as PostgreSQL does (optimizer.postgres.divisions):
+    # index -> kind
     divisions: Mapping[int, t.Literal["avg", "divide"]] = field(default_factory=dict)
     # ... and the display scales of each one's numerator and denominator: the same for every
-    # value, or the DuckDB expression computing them row by row (optimizer.numeric_scales)
+    # value, or the DuckDB expression computing them row by row (optimizer.postgres.numeric_scales)
     division_scales: Mapping[int, tuple[int | exp.Expr, int | exp.Expr]] = field(
         default_factory=dict
     )
     # divisions inside the statement, by node number: the DuckDB expression computing each one
-    # with PostgreSQL's division (optimizer.allowlist.numeric_division)
+    # with PostgreSQL's division (optimizer.postgres.allowlist.numeric_division)
     inner_divisions: Mapping[int, exp.Expr] = field(default_factory=dict)
     # columns the local statement adds to derived tables' bodies: the scale of a column of
-    # theirs whose values' scales vary (optimizer.numeric_scales.DerivedScales)
+    # theirs whose values' scales vary (optimizer.postgres.numeric_scales.DerivedScales)
     derived_scales: Mapping[int, tuple[tuple[str, exp.Expr], ...]] = field(default_factory=dict)
-    # The answer depends only on the data and parameters (optimizer.volatility): a local
+    # The answer depends only on the data and parameters (optimizer.postgres.volatility): a local
     # answer may be reused while the views it read are unchanged
     repeatable: bool = False
     # relations it reads that the cache cannot hold (`Catalog.outside`): PostgreSQL answers

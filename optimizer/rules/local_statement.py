@@ -12,9 +12,9 @@ from collections.abc import Mapping
 import sqlglot
 from sqlglot import exp
 
-from optimizer.allowlist import BY_NAME, ZONE_PARAMETER
-from optimizer.pg_semantics import Semantics
 from optimizer.plan import LocalStatement, Output, Plan, ScaleOf
+from optimizer.postgres.allowlist import BY_NAME, ZONE_PARAMETER
+from optimizer.postgres.semantics import Semantics
 from sql_ext.dialect import LocalDuckDB
 from sql_ext.nodes import ConstantList, strip_extensions
 from sql_ext.params import NODE_ID, duckdb_name
@@ -85,8 +85,8 @@ def local_statement(plan: Plan, choice: Mapping[int, str | None]) -> LocalStatem
 def _bind_lists(copy: exp.Expr) -> tuple[tuple[str, list[int] | list[str]], ...]:
     """Each long constant list as a DuckDB parameter, read by ``x IN (SELECT unnest($list))``:
     the same answer as the list written out (its constants are never NULL), without DuckDB
-    parsing megabytes of SQL. Its values are those PostgreSQL reads (`pg_semantics` lets only
-    integers meet integers and strings meet text)."""
+    parsing megabytes of SQL. Its values are those PostgreSQL reads
+    (`optimizer.postgres.semantics` lets only integers meet integers and strings meet text)."""
     lists: list[tuple[str, list[int] | list[str]]] = []
     for node in list(copy.find_all(ConstantList)):
         in_list = node.parent
@@ -103,8 +103,9 @@ def _bind_lists(copy: exp.Expr) -> tuple[tuple[str, list[int] | list[str]], ...]
 def _add_derived_scales(
     copy: exp.Expr, wanted: Mapping[int, tuple[tuple[str, exp.Expr], ...]]
 ) -> None:
-    """The scale columns derived tables' bodies get (optimizer.numeric_scales.DerivedScales),
-    before the rewrites: their expressions are rewritten like the values'."""
+    """The scale columns derived tables' bodies get
+    (optimizer.postgres.numeric_scales.DerivedScales), before the rewrites: their expressions
+    are rewritten like the values'."""
     if not wanted:
         return
     for select in [n for n in copy.walk() if isinstance(n, exp.Select)]:
@@ -113,7 +114,7 @@ def _add_derived_scales(
 
 
 def _divide_inside(copy: exp.Expr, divisions: Mapping[int, exp.Expr]) -> None:
-    """Each division inside the statement as PostgreSQL's (optimizer.divisions), before the
+    """Each division inside the statement as PostgreSQL's (optimizer.postgres.divisions), before the
     rewrites: its operands are rewritten like any other part."""
     while divisions:  # again for divisions inside the operands just put in
         found = [
@@ -207,10 +208,11 @@ def _outputs(
 
 
 def _compute_as_postgres(by_id: Mapping[int, list[exp.Expr]], semantics: Semantics) -> None:
-    """The rewrites that make DuckDB compute what PostgreSQL computes (optimizer.pg_semantics).
-    First the wrappers around single nodes, each keeping the node itself (not a copy), so the
-    rewrites of nodes inside it still apply; then the allowlist's rewrites, innermost first,
-    each over its rewritten arguments (a copy it makes holds them all)."""
+    """The rewrites that make DuckDB compute what PostgreSQL computes
+    (optimizer.postgres.semantics). First the wrappers around single nodes, each keeping the
+    node itself (not a copy), so the rewrites of nodes inside it still apply; then the
+    allowlist's rewrites, innermost first, each over its rewritten arguments (a copy it makes
+    holds them all)."""
 
     def each(numbers: t.Iterable[int]) -> t.Iterator[tuple[int, exp.Expr]]:
         for number in numbers:

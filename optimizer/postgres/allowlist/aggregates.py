@@ -1,0 +1,147 @@
+"""Aggregate functions: count, sum, avg, min / max, bool_and / bool_or / every and an ordered
+string_agg."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from sqlglot import exp
+
+from optimizer.postgres.allowlist.base import Call, Family, Result, _string_literal, _strings, _text
+from optimizer.postgres.types import BOOL, INT8, PgType
+
+FAMILY = Family()
+entry = FAMILY.entry
+
+
+def _count(call: Call) -> Result:
+    return INT8
+
+
+entry(
+    "count",
+    exp.Count,
+    _count,
+    proofs=(
+        "SELECT count(*), count(e.c), count(DISTINCT e.c) FROM edge e",
+        "SELECT e.b, count(e.i4) FROM edge e GROUP BY e.b",
+    ),
+)
+
+
+def _sum(call: Call) -> Result:
+    inner = call.type()
+    if inner.kind == "integer":
+        return INT8 if (inner.width or 8) < 8 else PgType("numeric", scale=0)
+    if inner.kind == "numeric":
+        return inner
+    if inner.kind == "float":
+        return (
+            "it sums floating-point values (the order of additions changes the result's last bits)"
+        )
+    return f"it sums {inner.kind} values"
+
+
+entry(
+    "sum",
+    exp.Sum,
+    _sum,
+    proofs=(
+        "SELECT sum(e.i4), sum(e.i2), sum(e.n), sum(e.n4) FROM edge e",
+        "SELECT sum(e.i8) FROM edge e WHERE e.i8 > 0",
+        "SELECT e.b, sum(CASE WHEN e.i4 > 0 THEN e.n ELSE 0 END) FROM edge e GROUP BY e.b",
+        "SELECT sum(e.n) FROM edge e WHERE e.id < 0",
+    ),
+)
+
+
+def _avg(call: Call) -> Result:
+    inner = call.type()
+    if inner.kind in ("integer", "numeric"):
+        return PgType("numeric")  # divided by the cache (optimizer.postgres.divisions)
+    return f"it averages {inner.kind} values"
+
+
+entry(
+    "avg",
+    exp.Avg,
+    _avg,
+    proofs=(
+        "SELECT avg(e.i4), avg(e.n), avg(e.n4), avg(e.i8) FROM edge e",
+        "SELECT e.b, avg(e.n0) FROM edge e GROUP BY e.b",
+        "SELECT avg(CASE WHEN e.i4 > 0 THEN e.n ELSE 0 END) FROM edge e",
+        "SELECT e.b, avg(e.n) + 1, avg(e.i4) * 2 FROM edge e GROUP BY e.b",
+        "SELECT e.b FROM edge e GROUP BY e.b HAVING avg(e.n4) > 0",
+        "(SELECT avg(x.n) FROM edge x WHERE x.id <> e.id)",
+        "avg(e.n) OVER (PARTITION BY e.b)",
+        "avg(e.i2) OVER (ORDER BY e.id)",
+        "SELECT count(*) FROM (SELECT avg(e.n4) AS a FROM edge e GROUP BY e.b) d WHERE d.a > 0",
+        "SELECT d.a FROM (SELECT avg(e.n4) AS a FROM edge e GROUP BY e.b) d",
+        "SELECT sum(d.a) FROM (SELECT e.b, avg(e.n) AS a FROM edge e GROUP BY e.b) d",
+        "SELECT w.a, w.a + 1 FROM (SELECT e.b, avg(e.i4) AS a FROM edge e GROUP BY e.b) w",
+    ),
+)
+
+
+def _extremum(call: Call) -> Result:
+    inner = call.type()
+    if inner.kind in ("unknown", "other"):
+        return f"it takes min/max of {inner.kind}"
+    if inner.kind == "varchar":  # (PostgreSQL has no min(varchar): min(text) gives text)
+        return replace(inner, kind="text")
+    return inner
+
+
+entry(
+    "min / max",
+    (exp.Min, exp.Max),
+    _extremum,
+    proofs=(
+        "SELECT min(e.i4), max(e.n), min(e.c), max(e.v), min(e.d), max(e.f8), "
+        "max(e.ts), min(e.f4) FROM edge e",
+        "SELECT e.b, max(e.c1) FROM edge e GROUP BY e.b",
+    ),
+)
+
+
+def _bool_aggregate(call: Call) -> Result:
+    node = call.node
+    args = node.expressions if isinstance(node, exp.Anonymous) else [node.this]
+    if len(args) != 1 or call.of(args[0]).kind not in ("bool", "null"):
+        return "it aggregates something other than a boolean"
+    return BOOL
+
+
+entry(
+    "bool_and / bool_or / every",
+    (exp.LogicalAnd, exp.LogicalOr, "every"),
+    _bool_aggregate,
+    rewrite=lambda node: (
+        exp.LogicalAnd(this=node.expressions[0]) if isinstance(node, exp.Anonymous) else node
+    ),
+    proofs=("SELECT bool_and(e.b), bool_or(e.i4 > 5), every(e.b) FROM edge e",),
+)
+
+
+def _string_agg(call: Call) -> Result:
+    node = call.node
+    value = node.this
+    if not isinstance(value, exp.Order):
+        return "it aggregates strings without ORDER BY (the order is the engine's)"
+    separator = node.args.get("separator")
+    if _string_literal(separator) is None:
+        return "its string_agg separator is not a literal"
+    if not _strings(call.of(value.this)):
+        return "it aggregates something other than strings with string_agg"
+    return _text(call.of(value.this))
+
+
+entry(
+    "string_agg(text, literal ORDER BY ...)",
+    exp.GroupConcat,
+    _string_agg,
+    proofs=(
+        "SELECT string_agg(e.t, ',' ORDER BY e.t) FROM edge e",
+        "SELECT string_agg(e.c, '' ORDER BY e.c DESC) FROM edge e",
+    ),
+)

@@ -1,0 +1,315 @@
+"""Arithmetic operators (+ - * / % and unary -) on integers, numerics, floating-point numbers,
+dates, timestamps and intervals, and PostgreSQL's numeric division inside a local statement
+(`numeric_division`, by the cache's own DuckDB functions)."""
+
+from __future__ import annotations
+
+import typing as t
+from collections.abc import Callable
+
+from sqlglot import exp
+
+from optimizer.postgres.allowlist.base import (
+    NOT_MINE,
+    Call,
+    Family,
+    Result,
+    _exact,
+    _floating,
+    _func,
+    _integers,
+    _scale,
+    _wider_integer,
+)
+from optimizer.postgres.types import DATE, INT4, NUMBERS, TIMESTAMP, PgType
+
+FAMILY = Family()
+entry = FAMILY.entry
+
+
+# PostgreSQL's numeric division inside a local statement: the cache's own DuckDB functions
+# (`cache.store.functions`), giving the quotient at PostgreSQL's scale (at most
+# DIVISION_SCALE digits: DuckDB holds it as a DECIMAL(38, DIVISION_SCALE)) and that scale
+NUMERIC_DIVIDE, NUMERIC_DIVIDE_SCALE = "mtcache_numeric_div", "mtcache_numeric_div_scale"
+DIVISION_SCALE = 24
+
+
+def _add(call: Call) -> Result:
+    a, b = call.type(), call.type("expression")
+    sub = isinstance(call.node, exp.Sub)
+    if _integers(a, b):
+        return _wider_integer(a, b)
+    if _exact(a, b):
+        return PgType("numeric", scale=_scale(a, b, rule=max))
+    floating = _floating(a, b)
+    if floating is not None:
+        return floating
+    if a.kind == "date" and b.kind in ("integer", "null"):
+        return DATE
+    if not sub and b.kind == "date" and a.kind == "integer":
+        return DATE
+    if sub and a.kind == "date" and b.kind == "date":
+        return INT4
+    if a.kind in ("date", "timestamp") and b.kind == "interval":
+        return TIMESTAMP
+    if not sub and b.kind in ("date", "timestamp") and a.kind == "interval":
+        return TIMESTAMP
+    if not sub and {a.kind, b.kind} == {"date", "time"}:
+        return TIMESTAMP
+    if sub and a.kind == "timestamp" and b.kind == "timestamp":
+        return PgType("interval")
+    if a.kind == "interval" and b.kind == "interval" and not (a.months or b.months):
+        return PgType("interval")
+    return f"it computes {a.kind} {'-' if sub else '+'} {b.kind}"
+
+
+def _floating_only(signature: Callable[[Call], Result]) -> Callable[[Call], Result]:
+    """The entry of an operator for floating-point operands only."""
+
+    def only(call: Call) -> Result:
+        if _floating(call.type(), call.type("expression")) is None:
+            return NOT_MINE
+        return signature(call)
+
+    return only
+
+
+def _isinf(node: exp.Expr) -> exp.Expr:
+    return _func("isinf", node)
+
+
+def _nonzero(node: exp.Expr) -> exp.Expr:
+    return exp.NEQ(this=node, expression=exp.Literal.number(0))
+
+
+def _float_checked(node: exp.Expr) -> exp.Expr:
+    """PostgreSQL raises where floating-point arithmetic overflows to infinity from finite
+    operands, or underflows to zero from nonzero ones (float.h's float_overflow_error,
+    float_underflow_error); DuckDB gives infinity and zero."""
+    a, b, result = node.this, node.expression, node.copy()
+    overflow = exp.and_(
+        _isinf(result.copy()), exp.Not(this=_isinf(a.copy())), exp.Not(this=_isinf(b.copy()))
+    )
+    checks = [(overflow, "value out of range: overflow")]
+    if isinstance(node, exp.Mul):
+        checks.append(
+            (
+                exp.and_(
+                    exp.EQ(this=result.copy(), expression=exp.Literal.number(0)),
+                    _nonzero(a.copy()),
+                    _nonzero(b.copy()),
+                ),
+                "value out of range: underflow",
+            )
+        )
+    if isinstance(node, exp.Div):
+        checks.append(
+            (
+                exp.and_(
+                    exp.EQ(this=result.copy(), expression=exp.Literal.number(0)),
+                    _nonzero(a.copy()),
+                    exp.Not(this=_isinf(b.copy())),
+                ),
+                "value out of range: underflow",
+            )
+        )
+    ifs = [
+        exp.If(this=condition, true=_func("error", exp.Literal.string(message)))
+        for condition, message in checks
+    ]
+    return exp.Case(ifs=ifs, default=node)
+
+
+entry(
+    "+ - * / of double precision",
+    (exp.Add, exp.Sub, exp.Mul, exp.Div),
+    _floating_only(lambda call: t.cast(PgType, _floating(call.type(), call.type("expression")))),
+    rewrite=_float_checked,
+    proofs=(
+        "e.f8 + 1",
+        "e.f8 - e.n",
+        "e.f8 * 1.5",
+        "e.f8 * e.i4",
+        "e.f4 * 3",
+        "e.f4 * e.f4",
+        "e.f4 * 0.1",
+        "e.f8 / 4",
+        "e.i4 / 2.5::float8",
+        "e.f8 * -1",
+        "-0.0::float8 * 1",
+    ),
+    raises=(
+        "e.f8 * 0 + 1e308::float8 * 10",
+        "(e.f8 * 0 + 5e-324::float8) / 4",
+        "(e.f8 * 0 + 1e-300::float8) * 1e-300::float8",
+        "e.f8 / 0",
+        "(e.f4 * '0'::real + '3.4e38'::real) * '10'::real",
+    ),
+)
+
+
+entry(
+    "+ and -",
+    (exp.Add, exp.Sub),
+    _add,
+    proofs=(
+        "e.i4 + 1",
+        "e.i2 + e.i2",
+        "e.i4 - e.i8",
+        "e.n + e.n4",
+        "e.n - 1",
+        "e.n0 + 0.5",
+        "e.d + 7",
+        "e.d - 30",
+        "7 + e.d",
+        "e.d - DATE '1992-01-01'",
+        "e.d + interval '1 month'",
+        "e.ts - interval '36 hours'",
+        "e.ts - TIMESTAMP '1992-01-01 10:00'",
+        "e.d + time '10:15'",
+        "interval '1 day' + interval '2 hours'",
+    ),
+    raises=("e.i4 + 2147483647 + 2147483647", "e.i2 + 32767::smallint + 32767::smallint"),
+)
+
+
+def _mul(call: Call) -> Result:
+    a, b = call.type(), call.type("expression")
+    if _integers(a, b):
+        return _wider_integer(a, b)
+    if _exact(a, b):
+        return PgType("numeric", scale=_scale(a, b, rule=sum))
+    kinds = {a.kind, b.kind} - {"null"}
+    floating = _floating(a, b)
+    if floating is not None:
+        return floating
+    if "interval" in kinds and len(kinds) == 2 and kinds - {"interval"} <= NUMBERS:
+        if not (a.months or b.months):
+            return PgType("interval")
+        if kinds - {"interval"} == {"integer"}:
+            return PgType("interval", months=True)  # months times an integer: whole months
+    return f"it multiplies {a.kind} by {b.kind}"
+
+
+entry(
+    "*",
+    exp.Mul,
+    _mul,
+    proofs=(
+        "e.i4 * 3",
+        "e.i2 * e.i2",
+        "e.n * e.n4",
+        "e.n * 2",
+        "e.n0 * 0.25",
+        "interval '36 hours' * 2",
+        "interval '1 day' * 1.5",
+        "e.i4 * interval '1 hour'",
+        "interval '90 minutes' * e.f8",
+        "interval '1 day' * 0.3",
+        "e.d + interval '1 month' * e.i2",
+        "e.ts - 2 * interval '1 year 1 month'",
+    ),
+    raises=("(e.i4 + 2147483647) * 2", "(e.i8 + 9223372036854775807) * 2"),
+)
+
+
+def _div(call: Call) -> Result:
+    a, b = call.type(), call.type("expression")
+    if _integers(a, b):
+        return _wider_integer(a, b)
+    floating = _floating(a, b)
+    if floating is not None:
+        return floating
+    if _exact(a, b):
+        # the cache divides numerics itself (optimizer.postgres.divisions): PostgreSQL's scale
+        # per value
+        return PgType("numeric")
+    return f"it divides {a.kind} by {b.kind}"
+
+
+entry(
+    "/",
+    exp.Div,
+    _div,
+    proofs=(
+        "e.i4 / 2",
+        "-7 / 2",
+        "e.i8 / e.i4",
+        "SELECT e.n / 3 FROM edge e",
+        "SELECT e.n4 / e.n FROM edge e WHERE e.n <> 0",
+        "e.n / 3 + 1",
+        "e.n4 / 7 > 0.1",
+        "round(e.n / 3, 2)",
+        "(e.n / e.i4::numeric) * 2",
+        "coalesce(e.n / 7, 0)",
+        "e.n0 / 3 = 1",
+        "e.i4 / 7.0",
+    ),
+    raises=("e.i4 / 0", "e.i4 / (e.i4 - e.i4)", "e.n / 0"),
+)
+
+
+def _mod(call: Call) -> Result:
+    a, b = call.type(), call.type("expression")
+    if _integers(a, b):
+        return _wider_integer(a, b)
+    if _exact(a, b):
+        return PgType("numeric", scale=_scale(a, b, rule=max))
+    return f"it takes {a.kind} modulo {b.kind}"
+
+
+entry(
+    "% and mod()",
+    exp.Mod,
+    _mod,
+    proofs=(
+        "e.i4 % 3",
+        "-7 % 3",
+        "7 % -3",
+        "mod(e.i8, 5)",
+        "e.n % 2",
+        "mod(e.n4, 0.7)",
+        "e.n0 % e.i2",
+    ),
+    raises=("e.i4 % 0", "mod(e.n, 0)"),
+)
+
+
+def _neg(call: Call) -> Result:
+    inner = call.type()
+    if inner.kind in ("integer", "numeric", "float", "null") or (
+        inner.kind == "interval" and not inner.months
+    ):
+        return inner
+    return f"it negates {inner.kind}"
+
+
+entry(
+    "unary -",
+    exp.Neg,
+    _neg,
+    proofs=("-e.i4", "-e.n", "-e.f8", "-e.n4"),
+    raises=("-(e.i2 * 0 - 32768)::smallint",),
+)
+
+
+def numeric_division(
+    numerator: exp.Expr,
+    numerator_scale: exp.Expr,
+    denominator: exp.Expr,
+    denominator_scale: exp.Expr,
+    scale: bool = False,
+) -> exp.Expr:
+    """PostgreSQL's numeric division of two exact operands, given their display scales, in
+    DuckDB: the quotient (a DECIMAL(38, DIVISION_SCALE)) or, with ``scale``, its display
+    scale."""
+    call = _func(
+        NUMERIC_DIVIDE_SCALE if scale else NUMERIC_DIVIDE,
+        exp.cast(numerator, "VARCHAR"),
+        numerator_scale,
+        exp.cast(denominator, "VARCHAR"),
+        denominator_scale,
+    )
+    if scale:
+        return call
+    return exp.cast(call, exp.DataType.build(f"DECIMAL(38, {DIVISION_SCALE})"))
