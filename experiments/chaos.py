@@ -1085,8 +1085,8 @@ def run_chaos(
     stops and starts that server (faults of that kind are injected only when given);
     ``wire``: the cache as `mtcache serve`, driven over the protocol (see the module);
     ``completeness=False``: no completeness region is ever admitted (group reads then come
-    from the consistency-controlled view or the backend; see docs/decisions.md, the open
-    violation of completeness regions over presence regions)."""
+    from the consistency-controlled view or the backend; what a completeness region holds:
+    docs/decisions/regions-and-their-stamps.md)."""
     console = console or Console()
     chaos_dsn = prepare(dsn)
     work = Path(tempfile.mkdtemp(prefix="mtcache-chaos-"))

@@ -25,7 +25,7 @@ SUITE = Path(__file__).parent / "sqla_suite"
 
 # (with a session bound only: every read is planned, and what is not answered locally goes
 # to PostgreSQL as written, which is all a run without a bound does; the two runs without one
-# took 90 s of make test, docs/decisions.md)
+# took 90 s of make test, docs/decisions/sqlalchemy.md)
 @pytest.mark.parametrize("currency_bound", ["10 min"], ids=["session-bound"])
 def test_the_compliance_suite_passes(
     pg_cluster: EmbeddedPostgres, currency_bound: str | None

@@ -1,6 +1,6 @@
 """PostgreSQL's logical replication messages (pgoutput, protocol versions 1 and 2), decoded:
 what the stream consumer of continuously maintained views reads (the design in
-docs/decisions.md, "Continuous maintenance from the WAL").
+docs/decisions/continuous-maintenance-from-the-wal.md).
 
 The messages come one by one from a streaming session (cache/backend/replication.SlotStream)
 or, one per row, from ``pg_logical_slot_peek_binary_changes(slot, .., 'proto_version', '1',

@@ -1,5 +1,5 @@
-"""Lining pulls up with the WAL stream (continuous maintenance, docs/decisions.md "Continuous
-maintenance from the WAL").
+"""Lining pulls up with the WAL stream (continuous maintenance,
+docs/decisions/lining-pulls-up-with-the-stream.md).
 
 A pull of continuously maintained regions reads one backend snapshot S; the stream consumer
 is somewhere behind it (the pull holds the file's stream lock, so the stream cannot pass S

@@ -7,7 +7,7 @@ no authorization identity, channel binding ``tls-server-end-point`` (RFC 5929) f
 checks a client's proof against it and yields the ClientKey the proof carries, with which the
 server logs in to the backend as that role (libpq's ``scram_client_key``): the backend checks
 the same verifier. scramp, the maintained Python SCRAM library, refuses the empty user name
-every libpq client sends, so the exchange is ours (docs/decisions.md).
+every libpq client sends, so the exchange is ours (docs/decisions/authentication-and-tls.md).
 """
 
 from __future__ import annotations

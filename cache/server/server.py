@@ -8,7 +8,8 @@ index (`Conversation.at_hand`). Everything else a session asks (planning, DuckDB
 the backend) is answered by a worker thread of a pool, one message after another, the
 session's messages kept in order; a session holds a thread only while it has work, so idle
 sessions are cheap, a slow remote statement never holds up another session, and statements of
-different sessions run in parallel wherever DuckDB and the backend allow (docs/decisions.md).
+different sessions run in parallel wherever DuckDB and the backend allow
+(docs/decisions/the-server-loop-and-workers.md).
 A worker writes to the client's socket itself, once what the loop wrote has gone out, and
 waits while the client does not read; the loop answers nothing more while its own output
 waits (backpressure on both paths).

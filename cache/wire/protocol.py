@@ -9,8 +9,8 @@ encode what the server sends (RowDescription, DataRow, ErrorResponse, ...).
 
 No Python library speaks the server side of the protocol well enough to build on (psycopg and
 asyncpg are clients; the server-side projects are unmaintained or tied to one engine): see
-docs/decisions.md. The codec is small and tested by feeding it bytes, malformed ones too
-(tests/test_server_protocol.py).
+docs/decisions/the-protocol-codec-and-local-encoding.md. The codec is small and tested by
+feeding it bytes, malformed ones too (tests/test_server_protocol.py).
 """
 
 from __future__ import annotations

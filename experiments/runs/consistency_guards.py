@@ -2,15 +2,15 @@
 guards cost, which one a plan carries for each grouping ($key) of a query, and what the
 costlier guards the design leaves out would cost.
 
-The setup (Fig 7.1, reconstructed from the prose; docs/decisions.md): TPC-H customer and
-orders; in the cache CustCopy, presence-controlled by customer key (C_PCT), consistent per
-nation listed in C_CsCT and complete per nation listed in C_CpCT, and OrderCopy,
+The setup (Fig 7.1, reconstructed from the prose; docs/decisions/tpcd-experiment-setups.md):
+TPC-H customer and orders; in the cache CustCopy, presence-controlled by customer key (C_PCT),
+consistent per nation listed in C_CsCT and complete per nation listed in C_CpCT, and OrderCopy,
 presence-controlled by customer key (O_PCT). The customers of nation 1 and the orders of Qa's
-customer are admitted (all the queries read; the dissertation cached whole tables), nation 1
-is listed, and one refresh of everything puts all regions in one snapshot. The queries: Qa one
+customer are admitted (all the queries read; the dissertation cached whole tables), nation 1 is
+listed, and one refresh of everything puts all regions in one snapshot. The queries: Qa one
 customer ($custSet, a customer of nation 1), Qb that customer joined with its orders, Qc the
-customers of nation 1 ($nationSet). Qa and Qb carry the ad-hoc guard S11 (every row read from one
-snapshot), Qc the assured guard A12 (probe C_CsCT for the nation).
+customers of nation 1 ($nationSet). Qa and Qb carry the ad-hoc guard S11 (every row read from
+one snapshot), Qc the assured guard A12 (probe C_CsCT for the nation).
 
 Table 7.1 is measured as guard-overhead measures Tables 4.4/4.5 (the same code): each query
 local and remote, with and without its guard, in turns. The remote case fails the guard by

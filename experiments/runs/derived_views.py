@@ -98,7 +98,7 @@ def report(rows: list[Read], plots: list[Path]) -> str:
     lines = [
         "Each view is declared `REFRESH CONTINUOUSLY`: pulled once with copies of the columns "
         "of its tables it needs, then kept by the replication stream, each batch carried into "
-        'its stored states as deltas (docs/decisions.md, "Derived cached views"). Every '
+        "its stored states as deltas (docs/decisions/derived-views-kept-by-deltas.md). Every "
         "answer was checked against PostgreSQL's before it was timed, and every view against "
         "the backend's computation after the updates.",
         "",

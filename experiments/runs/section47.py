@@ -1,5 +1,5 @@
 """The dissertation's §4.7.1 setup, shared by plan-choices and guard-overhead (reconstructed
-from the prose; docs/decisions.md, "TPC-D experiment runs"): TPC-H customer and orders on the
+from the prose; docs/decisions/tpcd-experiment-setups.md): TPC-H customer and orders on the
 backend with an index on ``c_acctbal`` (and on ``o_custkey``: the dissertation's orders were
 clustered on (o_custkey, o_orderkey)); in the cache the projections ``cust_prj`` and
 ``orders_prj`` without secondary indexes, refreshed every 10 min, pulled in two snapshots

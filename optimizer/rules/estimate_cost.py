@@ -30,7 +30,7 @@ from optimizer.postgres.expression_types import column_type
 
 DEFAULT_DELAY = 1.0  # seconds a refresh takes to land (d of §4.6), until measured
 
-# Calibrated on this project's reference machine (docs/decisions.md, "Cost constants",
+# Calibrated on this project's reference machine (docs/decisions/the-cost-model.md,
 # `python -m experiments.calibrate_costs`): over the TPC-H queries a cached row the local
 # statement scans is worth a median 0.0013 of PostgreSQL's cost units (its own time per unit
 # measured on the same query); Arrow moves a backend row into DuckDB in about 1 us (~0.25 units

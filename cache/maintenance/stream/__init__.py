@@ -1,6 +1,6 @@
-"""Continuous maintenance from the WAL (issue 11; the design in docs/decisions.md,
-"Continuous maintenance from the WAL"): views declared ``REFRESH CONTINUOUSLY`` are kept
-current from PostgreSQL's logical replication stream.
+"""Continuous maintenance from the WAL (the design in
+docs/decisions/continuous-maintenance-from-the-wal.md): views declared ``REFRESH
+CONTINUOUSLY`` are kept current from PostgreSQL's logical replication stream.
 
 `publication_for` (around the cache DDL) keeps one publication and one slot per cache file
 over the continuously maintained views' tables and the heartbeat table. `Consumer` streams the slot
