@@ -21,8 +21,10 @@ from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import Token, TokenType
 
 from sql_ext.blocks import Block, BlockAnalysis, analyze
-from sql_ext.dialect import BODY_START, SPAN, MTCache, MTCachePlain, is_derived, plain_tokens
+from sql_ext.dialect import MTCache, MTCachePlain, plain_tokens
 from sql_ext.errors import SqlSyntaxError, offset_position, too_deep
+from sql_ext.grammar.base import BODY_START, SPAN
+from sql_ext.grammar.cache_ddl import is_derived
 from sql_ext.long_lists import ListToken
 from sql_ext.nodes import (
     CachedViewDef,
@@ -335,7 +337,7 @@ class DerivedOutput:
 
 @dataclass(frozen=True)
 class Derivation:
-    """What a derived cached view's SELECT says (`sql_ext.dialect.is_derived`): tables
+    """What a derived cached view's SELECT says (`sql_ext.grammar.cache_ddl.is_derived`): tables
     joined by column equalities, grouped by columns, its columns and aggregates; names are
     resolved against the catalog with the schema (`control_tables.derived`)."""
 
@@ -926,7 +928,8 @@ _AGGREGATE_NAMES: dict[type[exp.Expr], t.Literal["count", "sum", "avg", "min", "
 
 
 def _derivation(select: exp.Select) -> Derivation:
-    """A derived view's SELECT as the dialect checked it (`MTCache._check_derived_select`)."""
+    """A derived view's SELECT as the dialect checked it
+    (`CacheDDLParser._check_derived_select`)."""
     tables = [select.args["from_"].this, *(j.this for j in select.args.get("joins") or [])]
     sources = tuple(
         DerivedSource(
