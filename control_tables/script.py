@@ -14,8 +14,8 @@ from control_tables.safety import backend_table, check_schema, view_key
 from control_tables.schema import CacheSchema, view_from_statement
 from sql_ext import CreateCachedView, CreateControlTable, DropCacheObject, Statement
 from sql_ext.catalog import Catalog
+from sql_ext.ddl import position_in_script
 from sql_ext.errors import NotSupportedError, PositionedError, ProgrammingError
-from sql_ext.statements import position_in_script
 
 Action = tuple[str, str]  # ("create" | "drop", object name), in script order
 

@@ -48,7 +48,7 @@ from rich.console import Console
 from rich.table import Table
 
 import cache
-from cache.backend.pgoutput import lsn_value
+from cache.backend.pgoutput.messages import lsn_value
 from cache.engine.admission import Doorkeeper
 from cache.maintenance.budget import ROOM
 from cache.store.budget import RegionHits

@@ -50,7 +50,7 @@ from rich.console import Console
 from rich.table import Table
 
 import cache
-from cache.backend.pgoutput import lsn_value
+from cache.backend.pgoutput.messages import lsn_value
 from cache.maintenance.stream import Consumer, transactions
 from cache.store.cache_file import CacheStore
 from experiments import tpch

@@ -9,11 +9,7 @@
 """
 
 from sql_ext.blocks import Block, BlockAnalysis, Source, analyze
-from sql_ext.dialect import MTCache
-from sql_ext.errors import allow_deep_statements
-from sql_ext.statements import (
-    BlockClause,
-    CacheSetting,
+from sql_ext.ddl import (
     Completeness,
     Consistency,
     ControlColumn,
@@ -23,8 +19,15 @@ from sql_ext.statements import (
     DerivedOutput,
     DerivedSource,
     DropCacheObject,
-    Inspect,
     Presence,
+)
+from sql_ext.dialect import MTCache
+from sql_ext.errors import allow_deep_statements
+from sql_ext.parsing import parse, parse_duration, parse_one
+from sql_ext.statements import (
+    BlockClause,
+    CacheSetting,
+    Inspect,
     Query,
     RefreshCachedView,
     SessionBound,
@@ -32,9 +35,6 @@ from sql_ext.statements import (
     Statement,
     Timeline,
     is_empty,
-    parse,
-    parse_duration,
-    parse_one,
 )
 
 allow_deep_statements()

@@ -1,4 +1,4 @@
-"""pgoutput decoding (cache/backend/pgoutput.py) on a real stream: a slot made with an exported
+"""pgoutput decoding (cache/backend/pgoutput/) on a real stream: a slot made with an exported
 snapshot over a replication connection, changes peeked through the SQL interface (and streamed:
 cache/backend/replication.SlotStream), grouped into transactions in commit order with
 PostgreSQL's text values."""
@@ -14,7 +14,8 @@ import psycopg
 import pytest
 
 from cache.backend.embedded_pg import EmbeddedPostgres
-from cache.backend.pgoutput import UNCHANGED, DecodeError, Transactions, decode, lsn_text, lsn_value
+from cache.backend.pgoutput.messages import UNCHANGED, DecodeError, decode, lsn_text, lsn_value
+from cache.backend.pgoutput.transactions import Transactions
 from cache.backend.replication import (
     SlotStream,
     create_publication,

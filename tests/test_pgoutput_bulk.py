@@ -1,4 +1,4 @@
-"""Row changes decoded at once (cache/backend/pgoutput.decode_rows, Transaction.rows) against
+"""Row changes decoded at once (cache/backend/pgoutput/rows.decode_rows, Transaction.rows) against
 the message-by-message decoder (`decode`), on pgoutput messages built here: inserts, updates
 with and without their old key or row, deletes, NULLs, TOASTed values not sent, quotes,
 newlines and any text; streamed ones with their subtransactions, aborted ones left out; and
@@ -13,17 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cache.backend.pgoutput import (
-    UNCHANGED,
-    Change,
-    Column,
-    DecodeError,
-    Relation,
-    Transaction,
-    Transactions,
-    decode,
-    decode_rows,
-)
+from cache.backend.pgoutput.messages import UNCHANGED, Change, Column, DecodeError, Relation, decode
+from cache.backend.pgoutput.rows import decode_rows
+from cache.backend.pgoutput.transactions import Transaction, Transactions
 
 RELATIONS = {
     relid: Relation(

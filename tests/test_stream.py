@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from cache.backend.embedded_pg import EmbeddedPostgres
-from cache.backend.pgoutput import lsn_text, lsn_value
+from cache.backend.pgoutput.messages import lsn_text, lsn_value
 from cache.backend.reflect import fetch_catalog
 from cache.backend.replication import drop_slot, slot_state
 from cache.maintenance import stream

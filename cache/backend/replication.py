@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import pq, sql
 
-from cache.backend.pgoutput import lsn_text, lsn_value
+from cache.backend.pgoutput.messages import lsn_text, lsn_value
 from cache.backend.reflect import connect_backend
 from sql_ext.errors import translate
 

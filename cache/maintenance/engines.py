@@ -18,7 +18,7 @@ import psycopg
 import pyarrow as pa
 
 from cache.backend.copy_arrow import copy_to_arrow
-from cache.backend.pgoutput import lsn_value
+from cache.backend.pgoutput.messages import lsn_value
 from cache.backend.reflect import connect_backend
 from control_tables.types import select_list
 from sql_ext.errors import translate

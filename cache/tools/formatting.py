@@ -1,7 +1,8 @@
-"""How the tools print durations, counts and consistency classes."""
+"""How the tools print durations, counts, consistency classes and JSON documents."""
 
 from __future__ import annotations
 
+import json
 import typing as t
 
 from sql_ext.nodes import format_duration
@@ -21,3 +22,8 @@ def describe_class(cls: dict[str, t.Any]) -> str:
         f"one snapshot per group of ({', '.join(cls['by'])})" if cls["by"] else "one snapshot"
     )
     return f"({tables}): {freshness}, {grouping}"
+
+
+def print_json(document: t.Any) -> None:
+    """Valid JSON only (no NaN or Infinity tokens): a value that cannot be JSON is an error."""
+    print(json.dumps(document, allow_nan=False))

@@ -15,12 +15,8 @@ from pathlib import Path
 import duckdb
 import psycopg
 
-from cache.backend.pgoutput import (
-    SPILL_CHANGES,
-    Transaction,
-    Transactions,
-    lsn_text,
-)
+from cache.backend.pgoutput.messages import lsn_text
+from cache.backend.pgoutput.transactions import SPILL_CHANGES, Transaction, Transactions
 from cache.backend.reflect import connect_backend
 from cache.backend.replication import (
     SlotStream,
@@ -73,7 +69,7 @@ class Consumer:
         spill_changes: int = SPILL_CHANGES,
     ) -> None:
         """``spill_changes``: a transaction's changes held in memory before a piece of them
-        goes to disk (`cache.backend.pgoutput.Transactions`)."""
+        goes to disk (`cache.backend.pgoutput.transactions.Transactions`)."""
         self.store = store
         self.dsn = dsn
         self.batch = batch

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cache.backend.copy_arrow import read_texts
-from cache.backend.pgoutput import RowChanges
+from cache.backend.pgoutput.rows import RowChanges
 from cache.maintenance.stream.position import StreamProblem
 from control_tables.schema import CachedView
 from control_tables.types import BPCHAR, NUMBERED, numbered, transfer_type

@@ -7,9 +7,7 @@ import datetime as dt
 import typing as t
 from collections.abc import Callable
 
-from cache.backend.pgoutput import (
-    lsn_text,
-)
+from cache.backend.pgoutput.messages import lsn_text
 from cache.backend.reflect import connect_backend
 from cache.backend.replication import (
     slot_state,

@@ -11,11 +11,9 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from cache.backend.pgoutput import (
-    Relation,
-    RowChanges,
-    Transaction,
-)
+from cache.backend.pgoutput.messages import Relation
+from cache.backend.pgoutput.rows import RowChanges
+from cache.backend.pgoutput.transactions import Transaction
 from cache.maintenance import faults
 from cache.maintenance.lineup import Pending
 from cache.maintenance.stream.derived import apply_derived, plan_of

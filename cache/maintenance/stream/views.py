@@ -9,9 +9,7 @@ import typing as t
 
 import duckdb
 
-from cache.backend.pgoutput import (
-    lsn_text,
-)
+from cache.backend.pgoutput.messages import lsn_text
 from cache.maintenance.stream.position import KEEP_SNAPSHOTS, Applied, NeedsPull, StreamRow
 from cache.maintenance.stream.staging import FLAG, Staged
 from control_tables.regions import Region, in_list

@@ -1,0 +1,145 @@
+"""The cache schema in the cache file (`SchemaStore`): the control tables and cached views, kept
+as their DDL texts in ``mtcache.objects`` and parsed once per schema version, and the DuckDB
+tables a DDL script's actions create and drop."""
+
+from __future__ import annotations
+
+import typing as t
+
+import duckdb
+from sqlglot import exp
+
+from cache.store.handle import FileHandle
+from control_tables.schema import CachedView, CacheSchema, ControlTable, view_from_statement
+from control_tables.types import duckdb_type
+from optimizer.derived.delta import auxiliary_prefix, maintenance
+from optimizer.derived.states import layout
+from sql_ext import CreateCachedView, CreateControlTable, parse
+from sql_ext.catalog import Catalog
+from sql_ext.errors import translate
+from sql_ext.quoting import ident, idents
+
+
+class SchemaStore(FileHandle):
+    """A handle's cache schema: loaded, and its tables made and dropped."""
+
+    def load_schema(self) -> CacheSchema:
+        """The cache schema, parsed from the DDL texts once per schema version."""
+        shared = self._shared
+        with shared.lock:
+            version = shared.schema_version
+            if shared.schema is not None and shared.schema[0] == version:
+                return shared.schema[1]
+        schema = self._parse_schema()
+        with shared.lock:
+            if shared.schema_version == version:
+                shared.schema = (version, schema)
+        return schema
+
+    def control_table_names(self) -> t.AbstractSet[str]:
+        return self.load_schema().control_tables.keys()
+
+    def _parse_schema(self) -> CacheSchema:
+        schema = CacheSchema()
+        for kind, text, columns, key in self.con.execute(
+            "SELECT kind, statement, columns, key FROM mtcache.objects ORDER BY seq"
+        ).fetchall():
+            statement = parse(text)[0]
+            if kind == "control table":
+                assert isinstance(statement, CreateControlTable)
+                schema = schema.with_control_table(statement)
+            else:
+                assert isinstance(statement, CreateCachedView)
+                view = view_from_statement(statement, tuple(columns), tuple(key))
+                schema = schema.with_view(view)
+        return schema
+
+    def _execute_actions(
+        self,
+        actions: list[tuple[str, str]],
+        schema: CacheSchema,
+        catalog: Catalog,
+        then: t.Callable[[duckdb.DuckDBPyConnection], None] | None,
+    ) -> None:
+        try:
+            with self.transaction() as con:
+                row = con.execute("SELECT coalesce(max(seq), 0) FROM mtcache.objects").fetchone()
+                seq = int(row[0]) if row else 0
+                for action, name in actions:
+                    if action == "drop":
+                        con.execute(f"DROP TABLE IF EXISTS {ident(name)}")
+                        for (copy,) in con.execute(  # a derived view's copies of its tables
+                            "SELECT table_name FROM duckdb_tables() WHERE schema_name = "
+                            "'main' AND starts_with(table_name, ?)",
+                            [auxiliary_prefix(name)],
+                        ).fetchall():
+                            con.execute(f"DROP TABLE {ident(copy)}")
+                        con.execute("DELETE FROM mtcache.objects WHERE name = ?", [name])
+                        con.execute("DELETE FROM mtcache.view_state WHERE view = ?", [name])
+                        continue
+                    seq += 1
+                    if name in schema.control_tables:
+                        self._create_control_table(schema.control_tables[name], seq)
+                    else:
+                        self._create_view(schema, schema.views[name], catalog, seq)
+                if then is not None:
+                    then(con)
+        except duckdb.Error as exc:
+            raise translate(exc, "applying the cache schema (nothing was changed)") from exc
+
+    def _create_control_table(self, control: ControlTable, seq: int) -> None:
+        columns = [
+            f"{ident(name)} {exp.DataType.build(type_, dialect='postgres').sql(dialect='duckdb')}"
+            for name, type_ in control.columns
+        ]
+        self.con.execute(
+            f"CREATE TABLE {ident(control.name)} ({', '.join(columns)}, "
+            f"refreshed_at TIMESTAMPTZ, snapshot_id BIGINT, "
+            f"PRIMARY KEY ({idents(control.column_names)}))"
+        )
+        self.con.execute(
+            "INSERT INTO mtcache.objects VALUES (?, ?, 'control table', ?, ?, NULL, NULL, NULL, "
+            "NULL, now())",
+            [seq, control.name, control.statement, list(control.column_names)],
+        )
+
+    def _create_view(
+        self, schema: CacheSchema, view: CachedView, catalog: Catalog, seq: int
+    ) -> None:
+        if view.is_derived:  # (its stored columns, and no primary key: a group may be NULL)
+            stored = layout(view, catalog).columns
+            columns = [f"{ident(c.name)} {c.duckdb_type}" for c in stored]
+            self.con.execute(f"CREATE TABLE {ident(view.name)} ({', '.join(columns)})")
+            if view.continuous:  # its copies of the tables it reads (`optimizer.derived.delta`)
+                for aux in maintenance(view, catalog).auxiliaries:
+                    table = catalog.table(aux.table)
+                    assert table is not None
+                    types = {c.name: c.type for c in table.columns}
+                    copy = aux.copy
+                    columns = [f"{ident(c)} {duckdb_type(types[c])}" for c in copy.columns]
+                    self.con.execute(
+                        f"CREATE TABLE {ident(copy.name)} ({', '.join(columns)}, "
+                        f"PRIMARY KEY ({idents(copy.key)}))"
+                    )
+        else:
+            table = catalog.table(view.table)
+            assert table is not None
+            types = {c.name: c.type for c in table.columns}
+            columns = [f"{ident(c)} {duckdb_type(types[c])}" for c in view.columns]
+            self.con.execute(
+                f"CREATE TABLE {ident(view.name)} ({', '.join(columns)}, "
+                f"PRIMARY KEY ({idents(view.key)}))"
+            )
+        self.con.execute(
+            "INSERT INTO mtcache.objects VALUES (?, ?, 'cached view', ?, ?, ?, ?, ?, ?, now())",
+            [
+                seq,
+                view.name,
+                view.statement,
+                list(view.columns),
+                list(view.key),
+                view.color,
+                "view" if view.view_level else "group",
+                [p.control for p in view.presence],
+            ],
+        )

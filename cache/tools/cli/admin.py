@@ -1,0 +1,104 @@
+"""`mtcache init`, `ddl`, `admit`, `evict` and `refresh`: the cache file's catalog, its schema
+and its regions, and the report each change prints."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import typing as t
+from pathlib import Path
+
+from cache.dbapi.remote import ServerAdmin
+from cache.engine.admin import Admin
+from cache.tools.cli.access import not_served, open_admin
+from cache.tools.formatting import plural, print_json
+from cache.tools.settings import Settings
+from sql_ext.errors import ProgrammingError
+
+
+def cmd_init(settings: Settings, args: argparse.Namespace) -> int:
+    not_served(
+        settings, "its server keeps the catalog; stop the server to initialize the file again"
+    )
+    with Admin.open(settings.cache_path, backend=settings.backend_dsn) as admin:
+        catalog = admin.reflect()
+    print(
+        f"cache {settings.cache_path}: shadow catalog of {len(catalog.tables)} backend tables "
+        f"and {len(catalog.views)} views"
+    )
+    return 0
+
+
+def cmd_ddl(settings: Settings, args: argparse.Namespace) -> int:
+    path = Path(args.file)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ProgrammingError(f"cannot read the DDL script {path}: {exc.strerror}") from None
+    with open_admin(settings) as admin:
+        result = admin.apply_ddl(text)
+    for name in result.dropped:
+        print(f"dropped {name}")
+    for name in result.created:
+        print(f"created {name}")
+    for report in result.filled:
+        print(f"filled {', '.join(report.rows_inserted)}: {_rows(report)} in {report.seconds:.1f}s")
+    for name, why in result.unfilled:
+        print(f"not filled {name}: {why} (`mtcache refresh --view {name}` fills it)")
+    return 0
+
+
+def _rows(report: t.Any) -> str:
+    count = sum(report.rows_inserted.values())
+    return f"{count:,} row{'s' if count != 1 else ''}"
+
+
+def _keys(admin: Admin | ServerAdmin, control: str, values: list[str]) -> list[tuple[str, ...]]:
+    """VALUE... grouped by the control table's key width (one value per key column)."""
+    columns = admin.control_key(control)
+    width = len(columns)
+    if not values or len(values) % width:
+        raise ProgrammingError(
+            f"{control} has {width} control-key column(s) ({', '.join(columns)}): give values "
+            f"in groups of {width}"
+        )
+    return [tuple(values[i : i + width]) for i in range(0, len(values), width)]
+
+
+def _print_report(report: t.Any, as_json: bool) -> None:
+    if as_json:
+        print_json(report.to_json())
+        return
+    changed = ", ".join(
+        f"{v} -{report.rows_deleted.get(v, 0)}/+{report.rows_inserted.get(v, 0)}"
+        for v in sorted(set(report.rows_deleted) | set(report.rows_inserted))
+    )
+    snapshot = f" at snapshot {report.snapshot_id}" if report.snapshot_id else ""
+    print(
+        f"{report.operation}{snapshot} ({report.engine}, {report.seconds:.2f}s, "
+        f"{plural(report.regions_counted, 'region')}): rows {changed or 'unchanged'}"
+    )
+
+
+def cmd_admit(settings: Settings, args: argparse.Namespace) -> int:
+    with open_admin(settings) as admin:
+        keys = _keys(admin, args.name, args.values)
+        _print_report(admin.admit(args.name, keys, allow_empty=args.allow_empty), args.json)
+    return 0
+
+
+def cmd_evict(settings: Settings, args: argparse.Namespace) -> int:
+    with open_admin(settings) as admin:
+        _print_report(admin.evict(args.name, _keys(admin, args.name, args.values)), args.json)
+    return 0
+
+
+def cmd_refresh(settings: Settings, args: argparse.Namespace) -> int:
+    keys = [tuple(k.split(",")) for k in args.key] if args.key else None
+    if keys and not args.view:
+        raise ProgrammingError("--key needs --view: keys are presence keys of one view")
+    master = args.spark_master or os.environ.get("MTCACHE_SPARK_MASTER")
+    with open_admin(settings) as admin:
+        report = admin.refresh(args.view, keys, engine=args.engine, spark_master=master)
+        _print_report(report, args.json)
+    return 0

@@ -1,0 +1,138 @@
+"""`mtcache serve`: the cache served to PostgreSQL clients in the foreground, its options
+checked before anything starts."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+import psycopg
+
+from cache.store.served import published
+from cache.tools.cli.access import not_served
+from cache.tools.settings import Settings
+from sql_ext.errors import ProgrammingError
+
+
+def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
+    """Serve the cache to PostgreSQL clients in the foreground until SIGTERM or Ctrl-C."""
+    from cache.engine.engine import Engine, bound_seconds
+    from cache.server.auth import (
+        LOOPBACK_TRUST,
+        AuthFile,
+        AuthQuery,
+        Login,
+        Rules,
+        backend_membership,
+        tls_context,
+    )
+    from cache.server.limits import Limits
+    from cache.server.server import (
+        POOL_TIMEOUT,
+        Server,
+        ServerOptions,
+        listen_socket,
+        metrics_address,
+    )
+
+    if args.heartbeat is not None and not args.heartbeat > 0:
+        raise ProgrammingError(
+            f"--heartbeat must be a positive number of seconds, not {args.heartbeat:g}"
+        )
+    if not args.grace >= 0:
+        raise ProgrammingError(f"--grace must be 0 or more seconds, not {args.grace:g}")
+    rules = Rules.load(Path(args.hba)) if args.hba else LOOPBACK_TRUST
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise ProgrammingError("give both --tls-cert and --tls-key, or neither")
+    tls, binding = (
+        tls_context(Path(args.tls_cert), Path(args.tls_key))
+        if args.tls_cert is not None
+        else (None, None)
+    )
+    if rules.needs_tls and tls is None:
+        raise ProgrammingError(f"{rules.source} has hostssl rules: give --tls-cert and --tls-key")
+    currency_bound = bound_seconds(args.currency_bound, "--currency-bound")
+    if args.metrics is not None:
+        metrics_address(args.metrics)  # (a bad or busy address fails now, in one line)
+    limits = Limits(
+        max_sessions=_positive(args.max_sessions, "--max-sessions"),
+        max_sessions_per_role=_positive(args.max_sessions_per_role, "--max-sessions-per-role"),
+        statement_timeout=_duration(args.statement_timeout, "--statement-timeout"),
+        idle_in_transaction_timeout=_duration(
+            args.idle_in_transaction_timeout, "--idle-in-transaction-timeout"
+        ),
+    )
+    pool_size = _positive(args.pool_size, "--pool-size") or 0
+    pool_timeout = _duration(args.pool_timeout, "--pool-timeout") or POOL_TIMEOUT
+    verifiers: AuthFile | AuthQuery | None = (
+        AuthFile(Path(args.auth_file)) if args.auth_file else None
+    )
+    not_served(settings, "connect to it, or stop it first")
+    sock = listen_socket(args.listen, rules)  # a busy port fails before anything starts
+    try:
+        backend = settings.backend_dsn()
+        if verifiers is None and rules.challenges:
+            verifiers = AuthQuery(backend, args.auth_query)
+            verifiers.check()  # (a query the backend refuses fails now, in one line)
+        login = Login(rules, verifiers, binding, member=backend_membership(backend))
+        logging.basicConfig(
+            level=logging.INFO, stream=sys.stderr, format="%(asctime)s mtcache serve: %(message)s"
+        )
+        engine = Engine(
+            backend,
+            settings.cache_path,
+            heartbeat=args.heartbeat,
+            memory_limit=settings.memory_limit,
+            threads=settings.threads,
+            cache_size_limit=settings.cache_size_limit,
+            doorkeeper_seconds=args.doorkeeper,
+        )
+    except BaseException:
+        sock.close()
+        raise
+    try:
+        options = ServerOptions(
+            listen=args.listen,
+            grace_seconds=args.grace,
+            currency_bound=currency_bound,
+            login=login,
+            limits=limits,
+            tls=tls,
+            metrics=args.metrics,
+            pool_size=pool_size,
+            pool_timeout=pool_timeout,
+            max_result_bytes=_positive(args.max_result_bytes, "--max-result-bytes"),
+        )
+        server = Server(engine, options, sock)
+        server.install_signals()
+        dsn = psycopg.conninfo.conninfo_to_dict(engine.backend)
+        host, port = server.address
+        user, dbname = (str(dsn[k]) if k in dsn else None for k in ("user", "dbname"))
+        # the commands and connections that find the file served go through the server
+        with published(settings.cache_path, host, port, user, dbname):
+            print(
+                f"mtcache serve: listening on {host}:{port} (cache {settings.cache_path}); "
+                "stop with Ctrl-C or SIGTERM",
+                file=sys.stderr,
+                flush=True,
+            )
+            server.serve_forever()
+    finally:
+        engine.close()
+    return 0
+
+
+def _positive(value: int | None, option: str) -> int | None:
+    if value is not None and value < 1:
+        raise ProgrammingError(f"{option} must be at least 1, not {value}")
+    return value
+
+
+def _duration(text: str | None, option: str) -> float | None:
+    """A duration option ('30 sec', '500 ms'; 0 or none: no limit)."""
+    from cache.engine.engine import bound_seconds
+
+    seconds = bound_seconds(text, option)
+    return seconds if seconds else None

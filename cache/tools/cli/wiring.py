@@ -1,0 +1,364 @@
+"""The `mtcache` command line's wiring: its arguments (`build_parser`: the options before the
+command, each command's own, and the commands other packages add through the
+``mtcache.commands`` entry point group), the settings read from them and the environment, and
+`main`, which runs a command and turns any error into one line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import typing as t
+from importlib.metadata import entry_points
+from pathlib import Path
+
+from cache.engine.engine import DEFAULT_CACHE
+from cache.maintenance.pipeline import ENGINES
+from cache.tools.cli.admin import cmd_admit, cmd_ddl, cmd_evict, cmd_init, cmd_refresh
+from cache.tools.cli.backend import cmd_demo, cmd_heartbeat, cmd_stop
+from cache.tools.cli.query import cmd_explain, cmd_parse, cmd_query
+from cache.tools.cli.serve import cmd_serve
+from cache.tools.cli.status import cmd_status
+from cache.tools.settings import Settings
+from heartbeat.beat import DEFAULT_INTERVAL, DEFAULT_SOURCE
+from sql_ext.errors import DataError, Error, ProgrammingError
+
+DEFAULT_ENGINE = "spark"
+# the entry point group of commands other packages add: each a function given the sub-parsers
+COMMANDS = "mtcache.commands"
+
+
+JSON_HELP = "print the JSON document (its shape: docs/json-outputs.md)"
+SQL_HELP = "the statement; - reads it from standard input (a statement too long for an argument)"
+
+
+def read_statement(args: argparse.Namespace) -> None:
+    """``-`` for the statement: read it from standard input."""
+    if getattr(args, "sql", None) == "-":
+        try:
+            args.sql = sys.stdin.read()
+        except UnicodeDecodeError as exc:
+            raise DataError(f"the statement on standard input is not valid UTF-8 ({exc})") from None
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line too (exit 2, as argparse's), pointing at --help."""
+
+    def error(self, message: str) -> t.NoReturn:
+        _fail(f"{message} (see {self.prog} --help)", 2)
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="mtcache",
+        description="A currency-and-consistency-aware mid-tier cache in front of PostgreSQL.",
+    )
+    parser.add_argument(
+        "--backend",
+        help="PostgreSQL DSN or URL (env MTCACHE_BACKEND; default: the embedded cluster)",
+    )
+    parser.add_argument(
+        "--cache", help=f"the cache's DuckDB file (env MTCACHE_CACHE; default {DEFAULT_CACHE})"
+    )
+    parser.add_argument(
+        "--memory-limit",
+        metavar="SIZE",
+        help="the memory the cache file's DuckDB may use, as 2GB (env "
+        "MTCACHE_MEMORY_LIMIT; default: 80%% of the machine's)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="the threads the cache file's DuckDB may use (env "
+        "MTCACHE_THREADS; default: every core)",
+    )
+    parser.add_argument(
+        "--cache-size-limit",
+        metavar="SIZE",
+        help="the budget of the cached data's bytes, as 500MB: admissions, "
+        "refreshes and the stream evict presence regions to stay within it "
+        "(env MTCACHE_CACHE_SIZE_LIMIT; default: none)",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = commands.add_parser("parse", help="parse a statement (no backend needed)")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
+    p.add_argument("sql", help=SQL_HELP)
+    p.set_defaults(run=cmd_parse)
+
+    p = commands.add_parser("explain", help="explain a query: its normalized C&C constraint")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
+    p.add_argument("sql", help=SQL_HELP)
+    p.set_defaults(run=cmd_explain)
+
+    p = commands.add_parser("query", help="run a statement through the cache")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
+    p.add_argument("sql", help=SQL_HELP)
+    p.set_defaults(run=cmd_query)
+
+    p = commands.add_parser("init", help="create the cache file and reflect the backend catalog")
+    p.set_defaults(run=cmd_init)
+
+    p = commands.add_parser("ddl", help="apply a cache schema script, all or nothing")
+    p.add_argument("file", help="a .sql file of CREATE CONTROL TABLE / CREATE CACHED VIEW / DROP")
+    p.set_defaults(run=cmd_ddl)
+
+    for name, run, what in (
+        ("admit", cmd_admit, "add control-key values and pull their regions"),
+        ("evict", cmd_evict, "remove control-key values and their rows (cascading)"),
+    ):
+        p = commands.add_parser(name, help=what)
+        p.add_argument("name", help="a control table")
+        p.add_argument("values", nargs="+", metavar="VALUE", help="control-key values")
+        p.add_argument("--json", action="store_true", help="print the report as JSON")
+        if name == "admit":
+            p.add_argument(
+                "--allow-empty",
+                action="store_true",
+                help="admit presence keys the backend has no rows for (as empty "
+                "regions) instead of refusing them",
+            )
+        p.set_defaults(run=run)
+
+    p = commands.add_parser("refresh", help="refresh regions by their affected closure")
+    p.add_argument("--view", help="a white cached view (default: every white view)")
+    p.add_argument(
+        "--key", action="append", help="a presence key of --view (comma-separated columns)"
+    )
+    p.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE)
+    p.add_argument(
+        "--spark-master",
+        help="Spark master URL (env MTCACHE_SPARK_MASTER; default local[*])",
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(run=cmd_refresh)
+
+    p = commands.add_parser("status", help="views, regions, currency and counters")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
+    p.add_argument(
+        "--view",
+        action="append",
+        help="list this view's regions even when it has more than 1,000 (again for "
+        "more views; others with so many are summed up)",
+    )
+    p.set_defaults(run=cmd_status)
+
+    p = commands.add_parser("demo", help="start the embedded backend and walk through examples")
+    p.set_defaults(run=cmd_demo)
+
+    for command in entry_points(group=COMMANDS):
+        # commands other packages provide (experiments: `mtcache experiment`), which the
+        # cache itself does not import
+        command.load()(commands)
+
+    p = commands.add_parser(
+        "heartbeat", help="update the backend's heartbeat row every few seconds, in the foreground"
+    )
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=DEFAULT_INTERVAL,
+        help=f"seconds between beats (default {DEFAULT_INTERVAL:g})",
+    )
+    p.add_argument(
+        "--source", default=DEFAULT_SOURCE, help=f"the row's name (default {DEFAULT_SOURCE!r})"
+    )
+    p.set_defaults(run=cmd_heartbeat)
+
+    p = commands.add_parser(
+        "serve",
+        help="serve the cache to PostgreSQL clients (psql, JDBC, psycopg, ...) in the foreground",
+    )
+    p.add_argument(
+        "--listen",
+        default="127.0.0.1:6432",
+        help="HOST:PORT to listen on (default 127.0.0.1:6432; beyond loopback "
+        "only with --hba rules that ask for a password)",
+    )
+    p.add_argument(
+        "--heartbeat",
+        type=float,
+        metavar="SECONDS",
+        help="also beat the backend's heartbeat row this often",
+    )
+    # (the option before the command, given after it too: the same destination, untouched
+    # when absent here)
+    p.add_argument(
+        "--cache-size-limit",
+        metavar="SIZE",
+        default=argparse.SUPPRESS,
+        help="as the option of that name before the command",
+    )
+    p.add_argument(
+        "--doorkeeper",
+        type=float,
+        metavar="SECONDS",
+        help="admit a missed presence key on its second miss within this many "
+        "seconds, not its first (default: on the first)",
+    )
+    p.add_argument(
+        "--currency-bound",
+        metavar="DURATION",
+        help="every session's default currency bound, e.g. '10 min' (a session "
+        "changes it with SET CURRENCY BOUND; default: none, reads go to the "
+        "backend unless they carry a clause)",
+    )
+    p.add_argument(
+        "--grace",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="at shutdown, how long running statements may finish before they "
+        "are cancelled (default 10)",
+    )
+    p.add_argument(
+        "--hba",
+        metavar="FILE",
+        help="who may connect and how, a rule a line as in pg_hba.conf: TYPE "
+        "(host, hostssl, hostnossl) DATABASE USER ADDRESS METHOD (trust for "
+        "loopback only, reject, scram-sha-256, password over TLS); default: "
+        "loopback clients trusted",
+    )
+    p.add_argument(
+        "--auth-file",
+        metavar="FILE",
+        help='the roles\' SCRAM verifiers, a line each: "role" '
+        '"SCRAM-SHA-256$..." (pgbouncer\'s auth_file; default: --auth-query)',
+    )
+    p.add_argument(
+        "--auth-query",
+        metavar="SQL",
+        help="the query (one parameter, the role) that reads a role's verifier "
+        "on the backend (default: from pg_authid, which needs a superuser)",
+    )
+    p.add_argument(
+        "--tls-cert",
+        metavar="FILE",
+        help="the server's certificate (PEM, with its chain): clients may use TLS",
+    )
+    p.add_argument("--tls-key", metavar="FILE", help="the certificate's private key (PEM)")
+    p.add_argument(
+        "--metrics",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics, with /livez "
+        "and /readyz (default: none)",
+    )
+    p.add_argument(
+        "--max-sessions",
+        type=int,
+        metavar="N",
+        help="client sessions at once (more are refused with 53300; default: none)",
+    )
+    p.add_argument(
+        "--max-sessions-per-role",
+        type=int,
+        metavar="N",
+        help="client sessions at once per role (default: none)",
+    )
+    p.add_argument(
+        "--statement-timeout",
+        metavar="DURATION",
+        help="a statement running longer is cancelled (57014), e.g. '30 sec'; the "
+        "backend's statement_timeout for the sessions' remote statements too",
+    )
+    p.add_argument(
+        "--idle-in-transaction-timeout",
+        metavar="DURATION",
+        help="a session idle inside a transaction block longer is ended (25P03), e.g. '10 min'",
+    )
+    p.add_argument(
+        "--max-result-bytes",
+        type=int,
+        metavar="N",
+        help="a result the cache answers whose rows take more than N bytes is "
+        "refused with 54000 instead of held in the server (default: no limit)",
+    )
+    p.add_argument(
+        "--pool-size",
+        type=int,
+        metavar="N",
+        help="transaction pooling: the sessions of a role share N backend "
+        "connections, each held for a transaction or a statement outside one "
+        "(default: each session has its own)",
+    )
+    p.add_argument(
+        "--pool-timeout",
+        metavar="DURATION",
+        help="with --pool-size, how long a statement waits for a free backend "
+        "connection before it fails with 53300 (default '60 sec')",
+    )
+    p.set_defaults(run=cmd_serve)
+
+    p = commands.add_parser("stop", help="stop the embedded PostgreSQL")
+    p.set_defaults(run=cmd_stop)
+    return parser
+
+
+def _env_number(name: str) -> int | None:
+    text = os.environ.get(name)
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ProgrammingError(f"{name} must be a number, not {text!r}") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    # the backend pool retries in the background while the backend is down and logs each
+    # attempt; the CLI says what matters in its one line
+    logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
+    args = build_parser().parse_args(argv)
+    try:
+        read_statement(args)
+        _check_text(vars(args))
+        threads = args.threads if args.threads is not None else _env_number("MTCACHE_THREADS")
+        settings = Settings(
+            cache_path=Path(args.cache or os.environ.get("MTCACHE_CACHE") or DEFAULT_CACHE),
+            backend=args.backend or os.environ.get("MTCACHE_BACKEND") or None,
+            memory_limit=args.memory_limit or os.environ.get("MTCACHE_MEMORY_LIMIT") or None,
+            threads=threads,
+            cache_size_limit=args.cache_size_limit
+            or os.environ.get("MTCACHE_CACHE_SIZE_LIMIT")
+            or None,
+        )
+        return int(args.run(settings, args))
+    except Error as exc:
+        return _fail(f"{type(exc).__name__}: {exc}")
+    except KeyboardInterrupt:
+        return _fail("interrupted", 130)
+    except BrokenPipeError:
+        # the reader went away (`mtcache status | head`): nothing more to say, to anyone
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except Exception as exc:  # a bug: still one line, never a traceback
+        return _fail(
+            f"InternalError: internal error ({type(exc).__name__}: {exc}): this is a bug in "
+            "mtcache; please report it with the command that caused it"
+        )
+
+
+def _fail(message: str, code: int = 1) -> int:
+    text = " ".join(message.split())  # one line, whatever the driver said
+    print(f"mtcache: {text.encode('utf-8', 'backslashreplace').decode()}", file=sys.stderr)
+    return code
+
+
+def _check_text(arguments: dict[str, t.Any]) -> None:
+    """Arguments are text: bytes the OS gave that are not UTF-8 (kept by Python as lone
+    surrogates) are refused here, before they reach a parser or a driver."""
+    for name, value in arguments.items():
+        if not isinstance(value, str):
+            continue
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raw = value.encode("utf-8", "surrogateescape")
+            offset = len(value[: exc.start].encode("utf-8", "surrogateescape"))
+            raise ProgrammingError(
+                f"the {name} argument is not valid UTF-8 text (byte 0x{raw[offset]:02x} at "
+                f"offset {offset}): pass SQL and names as UTF-8"
+            ) from None

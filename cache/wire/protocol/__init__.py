@@ -1,0 +1,157 @@
+"""PostgreSQL's frontend/backend protocol, version 3, as the server side speaks it: a codec
+without I/O (bytes in, messages out; messages in, bytes out), in the manner of h11.
+
+`FrontendReader` is fed the bytes a client sent and hands back whole messages: first the
+startup packet (`Startup`, `SSLRequest`, `GSSENCRequest`, `CancelRequest`), then typed
+messages (`Query`, `Parse`, `Bind`, ...). A malformed message raises `ProtocolViolation`,
+after which the connection is closed, as PostgreSQL closes it. Functions encode what the
+server sends (RowDescription, DataRow, ErrorResponse, ...).
+
+No Python library speaks the server side of the protocol well enough to build on (psycopg and
+asyncpg are clients; the server-side projects are unmaintained or tied to one engine): see
+docs/decisions/the-protocol-codec-and-local-encoding.md. The codec is small and tested by
+feeding it bytes, malformed ones too (tests/test_server_protocol.py).
+
+The codec's modules, whose names this package gives as one surface (``protocol.Bind``):
+`client_messages` (what a client sends, and `FrontendReader`), `runs` (a prepared statement's
+run recognized and read again by its bytes), `answer_scan` (the backend's answer passed
+through) and `server_messages` (what the server sends).
+"""
+
+from cache.wire.protocol.answer_scan import (
+    AnswerScan,
+    BackendViolation,
+    ends_session,
+)
+from cache.wire.protocol.client_messages import (
+    CANCEL_REQUEST,
+    GSSENC_REQUEST,
+    MAX_MESSAGE,
+    MAX_STARTUP,
+    PROTOCOL_3_0,
+    SSL_REQUEST,
+    Bind,
+    CancelRequest,
+    Close,
+    CopyData,
+    CopyDone,
+    CopyFail,
+    Describe,
+    Execute,
+    Flush,
+    FrontendReader,
+    FunctionCall,
+    GSSENCRequest,
+    Message,
+    Parse,
+    Password,
+    ProtocolViolation,
+    Query,
+    SSLRequest,
+    Startup,
+    StartupPacket,
+    Sync,
+    Terminate,
+    sasl_initial_response,
+)
+from cache.wire.protocol.runs import (
+    RunShape,
+    execution,
+    run_shape,
+)
+from cache.wire.protocol.server_messages import (
+    AUTHENTICATION_OK,
+    BIND_COMPLETE,
+    CLOSE_COMPLETE,
+    COPY_DONE,
+    EMPTY_QUERY,
+    FIELD_CODES,
+    NO_DATA,
+    PARSE_COMPLETE,
+    PORTAL_SUSPENDED,
+    Field,
+    authentication,
+    backend_key_data,
+    command_complete,
+    copy_data,
+    copy_response,
+    cstring,
+    data_row,
+    diagnostic,
+    error_fields,
+    error_response,
+    message,
+    negotiate_protocol_version,
+    notification,
+    parameter_description,
+    parameter_status,
+    ready_for_query,
+    row_description,
+    select_complete,
+)
+
+__all__ = [
+    "AUTHENTICATION_OK",
+    "BIND_COMPLETE",
+    "CANCEL_REQUEST",
+    "CLOSE_COMPLETE",
+    "COPY_DONE",
+    "EMPTY_QUERY",
+    "FIELD_CODES",
+    "GSSENC_REQUEST",
+    "MAX_MESSAGE",
+    "MAX_STARTUP",
+    "NO_DATA",
+    "PARSE_COMPLETE",
+    "PORTAL_SUSPENDED",
+    "PROTOCOL_3_0",
+    "SSL_REQUEST",
+    "AnswerScan",
+    "BackendViolation",
+    "Bind",
+    "CancelRequest",
+    "Close",
+    "CopyData",
+    "CopyDone",
+    "CopyFail",
+    "Describe",
+    "Execute",
+    "Field",
+    "Flush",
+    "FrontendReader",
+    "FunctionCall",
+    "GSSENCRequest",
+    "Message",
+    "Parse",
+    "Password",
+    "ProtocolViolation",
+    "Query",
+    "RunShape",
+    "SSLRequest",
+    "Startup",
+    "StartupPacket",
+    "Sync",
+    "Terminate",
+    "authentication",
+    "backend_key_data",
+    "command_complete",
+    "copy_data",
+    "copy_response",
+    "cstring",
+    "data_row",
+    "diagnostic",
+    "ends_session",
+    "error_fields",
+    "error_response",
+    "execution",
+    "message",
+    "negotiate_protocol_version",
+    "notification",
+    "parameter_description",
+    "parameter_status",
+    "ready_for_query",
+    "row_description",
+    "run_shape",
+    "sasl_initial_response",
+    "select_complete",
+]
