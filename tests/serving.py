@@ -16,7 +16,8 @@ import psycopg
 
 import cache
 from cache.engine.engine import Engine
-from cache.server.server import Server, ServerOptions
+from cache.server.options import ServerOptions
+from cache.server.server import Server
 from cache.wire import protocol
 from tests.schemas import AUTHORS_AND_BOOKS
 

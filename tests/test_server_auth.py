@@ -36,7 +36,7 @@ from cache.server.auth import (
     tls_context,
 )
 from cache.server.scram import Exchange, ScramError, Verifier
-from cache.server.server import ServerOptions
+from cache.server.options import ServerOptions
 from cache.wire import protocol
 from sql_ext.errors import ProgrammingError
 from tests.answers import typed

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from cache.server.limits import Limits
-from cache.server.server import ServerOptions
+from cache.server.options import ServerOptions
 from tests.conftest import cli_home
 from tests.serving import (
     SLOW_LOCAL,

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cache.engine.conversation.statistics import FOLD
-from cache.server.server import ServerOptions
+from cache.server.options import ServerOptions
 from tests.serving import Served, numbers_table, quiet, serving
 
 BOOKS = "SELECT isbn, title FROM books WHERE authorid = %s CURRENCY BOUND 10 MIN"

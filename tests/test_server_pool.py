@@ -22,7 +22,7 @@ import psycopg
 import pytest
 
 from cache.server.process import serving_process
-from cache.server.server import ServerOptions
+from cache.server.options import ServerOptions
 from tests.serving import Served, serving
 
 POOL = 20

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from cache.server.server import ServerOptions
+from cache.server.options import ServerOptions
 from cache.wire import protocol
 from tests.serving import Served, messages, quiet, raw_postgres, raw_session, serving, until
 

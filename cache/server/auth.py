@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cache.backend.reflect import database_of
 from cache.backend.roles import is_member, role_secret
 from cache.server.scram import Exchange, ScramError, Verifier
 from cache.wire import protocol
@@ -408,6 +409,35 @@ class Login:
             raise failed
         send(protocol.authentication(12, final.encode()))
         return keys.conninfo()
+
+
+def login_of(parameters: dict[str, str], backend: str) -> tuple[str, str]:
+    """The role and database a startup packet asks for, or `LoginRefused`: a role is named,
+    and the database is the one the backend (``backend``, its DSN) serves."""
+    user = parameters.get("user")
+    if not user:
+        raise LoginRefused("28000", "no PostgreSQL user name specified in startup packet")
+    database = parameters.get("database") or user
+    served = database_of(backend)
+    if served is not None and database != served:
+        raise LoginRefused(
+            "3D000",
+            f'database "{database}" is not served here: this cache '
+            f'server fronts database "{served}"',
+        )
+    return user, database
+
+
+def peer_address(peer: t.Any) -> Address | None:
+    """A client's address from its socket's peer name (an IPv4 client of an IPv6 socket as
+    IPv4; None: not an IP client)."""
+    try:
+        address = ipaddress.ip_address(peer[0]) if peer else None
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
 
 
 def _password(message: protocol.Message) -> bytes:

@@ -29,13 +29,13 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
         tls_context,
     )
     from cache.server.limits import Limits
-    from cache.server.server import (
+    from cache.server.options import (
         POOL_TIMEOUT,
-        Server,
         ServerOptions,
         listen_socket,
         metrics_address,
     )
+    from cache.server.server import Server
 
     if args.heartbeat is not None and not args.heartbeat > 0:
         raise ProgrammingError(

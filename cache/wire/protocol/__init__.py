@@ -88,6 +88,7 @@ from cache.wire.protocol.server_messages import (
     ready_for_query,
     row_description,
     select_complete,
+    session_started,
 )
 
 __all__ = [
@@ -154,4 +155,5 @@ __all__ = [
     "run_shape",
     "sasl_initial_response",
     "select_complete",
+    "session_started",
 ]

@@ -58,6 +58,25 @@ def negotiate_protocol_version(newest_minor: int, unknown_options: Sequence[str]
     return message(b"v", body + b"".join(cstring(o) for o in unknown_options))
 
 
+def session_started(
+    version: int,
+    parameters: Sequence[str],
+    reported: Iterable[tuple[str, str]],
+    key: tuple[int, bytes],
+) -> bytes:
+    """What a client is sent once its session is open: AuthenticationOk, the protocol
+    version the server speaks when the client asked for a newer minor one (with the
+    ``_pq_.`` options of ``parameters`` it does not know), ParameterStatus of each reported
+    setting, BackendKeyData and ReadyForQuery."""
+    out = [AUTHENTICATION_OK]
+    if version & 0xFFFF:
+        out.append(negotiate_protocol_version(0, [n for n in parameters if n.startswith("_pq_.")]))
+    out += [parameter_status(n, v) for n, v in reported]
+    out.append(backend_key_data(*key))
+    out.append(ready_for_query(b"I"))
+    return b"".join(out)
+
+
 class Field(t.NamedTuple):
     """One column of a RowDescription."""
 
