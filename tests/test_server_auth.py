@@ -35,8 +35,8 @@ from cache.server.auth import (
     backend_membership,
     tls_context,
 )
-from cache.server.scram import Exchange, ScramError, Verifier
 from cache.server.options import ServerOptions
+from cache.server.scram import Exchange, ScramError, Verifier
 from cache.wire import protocol
 from sql_ext.errors import ProgrammingError
 from tests.answers import typed

@@ -21,8 +21,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from cache.server.process import serving_process
 from cache.server.options import ServerOptions
+from cache.server.process import serving_process
 from tests.serving import Served, serving
 
 POOL = 20
