@@ -19,7 +19,7 @@ TOP = (
     "experiments",
     "docs",
 )
-PATH = re.compile(r"`((?:%s)/[A-Za-z0-9_/.-]*[A-Za-z0-9_/])`" % "|".join(TOP))
+PATH = re.compile(r"`((?:" + "|".join(TOP) + r")/[A-Za-z0-9_/.-]*[A-Za-z0-9_/])`")
 _MADE = "experiments/results/"  # (what the benchmarks write when run: not in the repository)
 LINK = re.compile(r"\]\(([^)#:\s]+\.md)(?:#[^)]*)?\)")
 
