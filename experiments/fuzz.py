@@ -1,8 +1,9 @@
-"""A long fuzzing run: tests/test_fuzz.py's properties with many more examples (issue 10).
+"""A long fuzzing run: tests/experiments/test_fuzz.py's properties with many more examples
+(issue 10).
 
     python -m experiments.fuzz [--scale 50] [--seed N]
 
-Runs the properties of tests/test_fuzz.py (parser, clauses, DDL scripts, queries with
+Runs the properties of tests/experiments/test_fuzz.py (parser, clauses, DDL scripts, queries with
 parameters against PostgreSQL, control keys, the CLI) through pytest with ``--scale`` times the
 examples of the short run in ``make test``, drawing new inputs from ``--seed`` (random when not
 given; printed, so a failing run can be repeated). Prints the examples run per property and
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             "-q",
             "-p",
             "no:cacheprovider",
-            "tests/test_fuzz.py",
+            "tests/experiments/test_fuzz.py",
             "--hypothesis-show-statistics",
             f"--hypothesis-seed={seed}",
         ],

@@ -16,7 +16,7 @@ the statement (it is down).
   subquery's column; anything else has none.
 
 Whatever is not known for sure refuses the description, with why: the caller then does not
-answer locally rather than describe it otherwise. tests/test_describe_result.py holds the
+answer locally rather than describe it otherwise. tests/optimizer/test_describe_result.py holds the
 rule to the backend's own descriptions.
 """
 

@@ -1,5 +1,5 @@
-"""Inputs for the property-based fuzzing of tests/test_fuzz.py (hypothesis strategies), and
-what the properties compare: a cache file's contents, PostgreSQL's answer.
+"""Inputs for the property-based fuzzing of tests/experiments/test_fuzz.py (hypothesis
+strategies), and what the properties compare: a cache file's contents, PostgreSQL's answer.
 
 The run's size scales with ``MTCACHE_FUZZ_SCALE`` (default 1: the short run of ``make test``;
 ``python -m experiments.fuzz`` runs the same properties many times longer).

@@ -8,7 +8,7 @@ input that PostgreSQL reads: ``1.0`` for the float 1, PostgreSQL prints ``1``), 
 encoded here per type, under the settings that shape it: DateStyle ISO, IntervalStyle
 postgres, bytea_output hex and extra_float_digits (see `OutputSettings`). A type with no
 encoder here (`encodable`) is not answered locally: the backend answers the statement.
-tests/test_server_values.py checks every encoder against PostgreSQL's own bytes.
+tests/wire/test_server_values.py checks every encoder against PostgreSQL's own bytes.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 // A JDBC application (pgjdbc, Debian's libpostgresql-jdbc-java) run against the cache server
-// and against PostgreSQL directly by tests/test_server_clients.py, which compares what it
+// and against PostgreSQL directly by tests/server/test_server_clients.py, which compares what it
 // prints: prepared statements (past pgjdbc's prepare threshold, so named and binary), a batch,
 // metadata, a transaction that reads its own write, an error's SQLSTATE. With a third argument
 // "cache" it also asks the server where the last rows came from (EXPLAIN LAST STATEMENT).

@@ -1,5 +1,5 @@
 // A JDBC login (pgjdbc, Debian's libpostgresql-jdbc-java) to the cache server over TLS with
-// SCRAM, run by tests/test_server_auth.py: prints the session's role and a read's rows, or the
+// SCRAM, run by tests/server/test_server_auth.py: prints the session's role and a read's rows, or the
 // SQLSTATE of a refused login.
 import java.sql.*;
 

@@ -10,7 +10,7 @@ server sends (RowDescription, DataRow, ErrorResponse, ...).
 No Python library speaks the server side of the protocol well enough to build on (psycopg and
 asyncpg are clients; the server-side projects are unmaintained or tied to one engine): see
 docs/decisions/the-protocol-codec-and-local-encoding.md. The codec is small and tested by
-feeding it bytes, malformed ones too (tests/test_server_protocol.py).
+feeding it bytes, malformed ones too (tests/wire/test_server_protocol.py).
 
 The codec's modules, whose names this package gives as one surface (``protocol.Bind``):
 `client_messages` (what a client sends, and `FrontendReader`), `runs` (a prepared statement's

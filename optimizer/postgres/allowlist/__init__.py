@@ -5,10 +5,10 @@ PostgreSQL computes (or none). Anything not listed keeps the statement at the ba
 EXPLAIN's ``reason`` names it.
 
 Each entry carries its proofs: expressions over the edge-value table of
-tests/test_allowlist.py (NULLs, empty strings, trailing blanks in char(n), negative and zero
-scales, extremes, out-of-range arguments) whose answers the test compares with PostgreSQL's,
-values and types, and expressions PostgreSQL raises an error for, which the cache must raise
-with the same SQLSTATE. An entry without a proof fails that test.
+tests/optimizer/test_allowlist.py (NULLs, empty strings, trailing blanks in char(n), negative
+and zero scales, extremes, out-of-range arguments) whose answers the test compares with
+PostgreSQL's, values and types, and expressions PostgreSQL raises an error for, which the
+cache must raise with the same SQLSTATE. An entry without a proof fails that test.
 
 Entries speak in `optimizer.postgres.types` types; the type inference
 (`optimizer.postgres.expression_types`) asks `resolve` for the type of every node that computes

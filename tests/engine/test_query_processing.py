@@ -23,7 +23,7 @@ from cache.backend.pool import close_all
 from cache.tools import bookstore
 from tests.answers import typed
 from tests.explained import assert_ran_as_explained
-from tests.test_store import SCHEMA_FILE
+from tests.store.test_store import SCHEMA_FILE
 
 SALES = "CREATE CACHED VIEW salescopy AS SELECT saleid, isbn, sold_on, qty FROM sales"
 

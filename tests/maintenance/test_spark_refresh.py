@@ -17,8 +17,8 @@ from cache.store.cache_file import CacheStore
 from cache.tools import bookstore
 from sql_ext import parse
 from sql_ext.errors import OperationalError
-from tests.test_maintenance import assert_mirrors_backend, local, pg
-from tests.test_store import SCHEMA_FILE, dump
+from tests.maintenance.test_maintenance import assert_mirrors_backend, local, pg
+from tests.store.test_store import SCHEMA_FILE, dump
 
 SALES = "CREATE CACHED VIEW salescopy AS SELECT * FROM sales REFRESH EVERY 1 MIN;"
 

@@ -18,7 +18,7 @@ from cache.maintenance.scheduler import MIN_WAIT, RefreshScheduler, due_views, n
 from cache.store.cache_file import CacheStore
 from cache.tools import bookstore
 from sql_ext import parse
-from tests.test_maintenance import local, pg
+from tests.maintenance.test_maintenance import local, pg
 
 SCHEMA = """
 CREATE CONTROL TABLE authorlist_pct (authorid INTEGER);

@@ -99,7 +99,7 @@ def test_the_duckdb_memory_limit_and_threads_are_options_status_shows(
             raw = connection.connection.dbapi_connection
             status = raw.admin.status()  # type: ignore[union-attr]
             assert status["resources"]["threads"] == 1
-            # the size budget and the doorkeeper (tests/test_budget.py) from a URL too
+            # the size budget and the doorkeeper (tests/store/test_budget.py) from a URL too
             assert status["resources"]["cache_size_limit"] == 5_000_000
             assert raw.engine.admissions.doorkeeper.seconds == 30.0  # type: ignore[union-attr]
     finally:

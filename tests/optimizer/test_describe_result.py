@@ -3,7 +3,7 @@
 modifier, size and source column, for each query it describes - hand-picked naming cases, the
 differential oracle's regressions and a fixed-seed run of its random queries over TPC-H. What
 it cannot tell for sure it refuses (with why); the rest must be exact. And a local answer
-given while the backend is down is described so (tests/test_backend_down.py checks that
+given while the backend is down is described so (tests/engine/test_backend_down.py checks that
 from the outside)."""
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from cache.store.status import status
 from cache.tools import bookstore
 from sql_ext import parse
 from sql_ext.errors import BackendUnavailableError, DataError, ProgrammingError
-from tests.test_store import SCHEMA_FILE, dump
+from tests.store.test_store import SCHEMA_FILE, dump
 
 # Authors' cities in the bookstore: authorid % 4 = 0 Madison, 1 Milwaukee, 2 Seattle, 3 Chicago.
 MADISON = [4, 8, 12, 16, 20, 24, 28, 32, 36, 40]

@@ -23,6 +23,7 @@ import sqlalchemy as sa
 import cache
 from cache.store.served import note_path, served_at
 from tests.conftest import cli_home
+from tests.paths import ROOT
 from tests.schemas import AUTHORS_AND_BOOKS
 
 SCHEMA = AUTHORS_AND_BOOKS
@@ -118,7 +119,7 @@ def serving(bookstore_dsn: str, mtcache_bin: str) -> Iterator[Serving]:
 
 
 def test_two_application_processes_and_status_at_once(serving: Serving, mtcache_bin: str) -> None:
-    root = Path(__file__).resolve().parent.parent
+    root = ROOT
     env = dict(serving.env, PYTHONPATH=str(root))
     apps = [
         subprocess.Popen(

@@ -18,9 +18,10 @@ from sqlalchemy.engine import URL
 from cache.backend.embedded_pg import EmbeddedPostgres
 from cache.sqla import engine_url
 from tests.conftest import reachable_tempdir
+from tests.paths import TESTS
 from tests.serving import server_of
 
-SUITE = Path(__file__).parent / "sqla_suite"
+SUITE = TESTS / "sqla_suite"
 
 
 # (with a session bound only: every read is planned, and what is not answered locally goes

@@ -22,7 +22,7 @@ from cache.maintenance import stream
 from cache.maintenance.pipeline import make_engine
 from cache.maintenance.scheduler import RefreshScheduler
 from cache.tools import bookstore
-from tests.test_maintenance import local, pg
+from tests.maintenance.test_maintenance import local, pg
 
 VIEW = "CREATE CACHED VIEW salescopy AS SELECT * FROM sales REFRESH CONTINUOUSLY"
 QUERY = "SELECT saleid, isbn, qty FROM sales s ORDER BY saleid CURRENCY BOUND 10 MIN"

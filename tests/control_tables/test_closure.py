@@ -23,7 +23,7 @@ from control_tables.closure import (
 from control_tables.regions import Region
 from control_tables.schema import CachedView, CacheSchema
 from sql_ext import Completeness, Consistency, Presence, parse
-from tests.test_store import SCHEMA_FILE
+from tests.store.test_store import SCHEMA_FILE
 
 
 @pytest.fixture(scope="module")

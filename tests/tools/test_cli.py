@@ -115,7 +115,7 @@ def test_explain_unknown_table(mtcache_bin: str, bookstore_dsn: str) -> None:
 
 def test_explain_with_backend_down(mtcache_bin: str, tmp_path: Path) -> None:
     """A cache file that never saw its backend cannot plan without it (one line, what to do);
-    tests/test_backend_down.py explains from a catalog on file while the backend is down."""
+    tests/engine/test_backend_down.py explains from a catalog on file while the backend is down."""
     result = run(
         mtcache_bin,
         "--backend",

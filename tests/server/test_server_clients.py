@@ -3,7 +3,7 @@ transactions, errors, prepared statements and the cache's statements, their answ
 with the same client's answers from PostgreSQL directly: pgbench (its tables initialized
 through the server, select-only runs in each query mode), asyncpg (binary protocol, its
 introspection queries) and pgjdbc (tests/clients/JdbcClient.java). psql and psycopg:
-tests/test_server.py."""
+tests/server/test_server.py."""
 
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ import psycopg
 import pytest
 
 from tests.answers import typed
+from tests.paths import CLIENTS
 from tests.serving import Served, serving
 
 JDBC_JAR = Path("/usr/share/java/postgresql.jar")  # Debian's libpostgresql-jdbc-java
-CLIENTS = Path(__file__).parent / "clients"
 BOUND = "-c mtcache.currency_bound=600"  # a session bound from the connection string
 
 

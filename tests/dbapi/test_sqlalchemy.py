@@ -31,8 +31,9 @@ import cache
 from cache.sqla import admin, engine_url, provenance, with_currency
 from cache.sqla.dialect import MTCacheDialect
 from tests.answers import typed
+from tests.paths import ROOT
 
-SCHEMA = Path(__file__).parent.parent / "cache" / "schemas" / "bookstore.sql"
+SCHEMA = ROOT / "cache" / "schemas" / "bookstore.sql"
 
 
 class Base(DeclarativeBase):

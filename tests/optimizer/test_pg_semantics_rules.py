@@ -1,7 +1,7 @@
 """The rewrite rules of `optimizer.postgres.semantics` and the type inference under them, without a
 database: which nodes are compared without trailing blanks, padded again, typed, and which
 statements cannot be made exactly PostgreSQL's (their answers are checked against PostgreSQL
-in tests/test_pg_semantics.py)."""
+in tests/optimizer/test_pg_semantics.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from optimizer.postgres.semantics import Semantics
 from sql_ext import parse_one
 from sql_ext.catalog import Catalog, Column, Table
 from sql_ext.params import NODE_ID
+from tests.paths import ROOT
 
 CATALOG = Catalog(
     tables={
@@ -139,10 +140,9 @@ def test_combined_types_follow_postgres_resolution() -> None:
 
 def test_the_document_lists_every_entry() -> None:
     """docs/postgres-semantics.md lists the allowlist as it is: every entry's name."""
-    from pathlib import Path
 
     from optimizer.postgres.allowlist import ENTRIES
 
-    text = (Path(__file__).parents[1] / "docs" / "postgres-semantics.md").read_text()
+    text = (ROOT / "docs" / "postgres-semantics.md").read_text()
     missing = [e.name for e in ENTRIES if e.name.replace("|", "\\|") not in text]
     assert not missing, missing

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -17,8 +16,9 @@ from referencing import Registry, Resource
 import cache
 from cache.tools import bookstore
 from tests.conftest import cli_home
+from tests.paths import ROOT
 
-SCHEMAS = Path(__file__).parents[1] / "docs" / "schemas"
+SCHEMAS = ROOT / "docs" / "schemas"
 
 
 def _registry() -> Registry[Any]:

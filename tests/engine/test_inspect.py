@@ -1,7 +1,7 @@
 """What a session asks the cache about itself, through the DB-API (the server's sessions are
-the same engine: tests/test_server.py drives them over the wire): EXPLAIN LAST STATEMENT, SHOW
-CACHED VIEWS, SHOW CACHE STATUS, the cache's session settings (``mtcache.*``) with the
-provenance NOTICE, and REFRESH CACHED VIEW."""
+the same engine: tests/server/test_server.py drives them over the wire): EXPLAIN LAST
+STATEMENT, SHOW CACHED VIEWS, SHOW CACHE STATUS, the cache's session settings
+(``mtcache.*``) with the provenance NOTICE, and REFRESH CACHED VIEW."""
 
 from __future__ import annotations
 

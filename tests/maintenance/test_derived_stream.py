@@ -31,8 +31,8 @@ from optimizer.derived.delta import maintenance
 from optimizer.derived.states import layout, pull_select
 from sql_ext import parse
 from sql_ext.errors import NotSupportedError
+from tests.engine.test_derived_views import answered_locally_as_postgresql, random_query
 from tests.plan_cases import load_catalog
-from tests.test_derived_views import answered_locally_as_postgresql, random_query
 
 Setup = tuple[CacheStore, str, stream.Consumer]
 

@@ -41,10 +41,10 @@ from cache.wire import protocol
 from sql_ext.errors import ProgrammingError
 from tests.answers import typed
 from tests.conftest import cli_home
+from tests.paths import CLIENTS
 from tests.serving import Served, serving
 
 JDBC_JAR = Path("/usr/share/java/postgresql.jar")
-CLIENTS = Path(__file__).parent / "clients"
 ROLES = {"auth_alice": "alice secret", "auth_carol": "carol's secret", "auth_dave": "dave-secret"}
 RULES = """\
 # the tests' rules: the first that matches decides

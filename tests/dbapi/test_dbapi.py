@@ -18,7 +18,7 @@ import pytest
 import cache
 from cache.backend.embedded_pg import EmbeddedPostgres
 from cache.tools import bookstore
-from tests.test_store import SCHEMA_FILE
+from tests.store.test_store import SCHEMA_FILE
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from cache.tools import bookstore
 from experiments.workers import Workers
 from sql_ext import parse
 from sql_ext.errors import NotSupportedError, OperationalError
-from tests.test_maintenance import local, pg
+from tests.maintenance.test_maintenance import local, pg
 
 Setup = tuple[CacheStore, str, stream.Consumer]
 

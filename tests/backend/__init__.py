@@ -1,0 +1,1 @@
+"""Tests of cache.backend: the embedded PostgreSQL, pgoutput, values read from PostgreSQL."""

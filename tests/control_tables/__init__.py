@@ -1,0 +1,1 @@
+"""Tests of control_tables: regions and affected closure."""

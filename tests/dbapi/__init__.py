@@ -1,0 +1,1 @@
+"""Tests of cache.dbapi and cache.sqla: the DB-API and SQLAlchemy."""

@@ -1,0 +1,1 @@
+"""Tests of cache.engine and cache.execution: routing, the cached read, memos, inspection."""

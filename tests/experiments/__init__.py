@@ -1,0 +1,1 @@
+"""Tests of experiments: the runs, the differential oracle, TPC-H, chaos and fuzzing."""

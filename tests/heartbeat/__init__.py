@@ -1,0 +1,1 @@
+"""Tests of heartbeat: the backend clock and the heartbeat."""

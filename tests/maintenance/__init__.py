@@ -1,0 +1,1 @@
+"""Tests of cache.maintenance: pulls, refreshes, the scheduler and the stream."""

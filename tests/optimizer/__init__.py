@@ -1,0 +1,1 @@
+"""Tests of optimizer: PostgreSQL's semantics, analysis, the rules and plans."""

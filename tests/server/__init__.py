@@ -1,0 +1,1 @@
+"""Tests of cache.server: the server over the wire, with real clients."""

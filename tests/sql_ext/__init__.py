@@ -1,0 +1,1 @@
+"""Tests of sql_ext: the dialect, parsing and what a statement means."""

@@ -1,0 +1,1 @@
+"""Tests of cache.tools: the command line and its JSON documents."""

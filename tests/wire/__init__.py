@@ -1,0 +1,1 @@
+"""Tests of cache.wire: the protocol codec, its state and values."""
