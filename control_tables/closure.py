@@ -19,7 +19,8 @@ from collections.abc import Iterable
 
 import duckdb
 
-from control_tables.regions import STRENGTH, Region, guarantees, order_key, region_predicate
+from control_tables.kinds import RegionKind
+from control_tables.regions import Region, guarantees, order_key, region_predicate
 from control_tables.schema import CachedView, CacheSchema
 from sql_ext.quoting import ident, idents
 
@@ -39,11 +40,11 @@ def enumerate_regions(
         rows = _rows(con, view)
         for edge in view.presence:
             for values in control_values(con, edge.control, edge.control_columns):
-                region = Region(name, "presence", edge.columns, values, edge.control)
+                region = Region(name, RegionKind.PRESENCE, edge.columns, values, edge.control)
                 found[region] = _matching(name, rows, view, edge.columns, values)
         for kind, columns, control in guarantees(view):
-            if kind == "view":
-                found[Region(name, "view")] = frozenset((name, key) for key, _ in rows)
+            if kind == RegionKind.VIEW:
+                found[Region(name, RegionKind.VIEW)] = frozenset((name, key) for key, _ in rows)
                 continue
             listed = (
                 control_values(con, control, columns)
@@ -72,7 +73,7 @@ def correlated(
             value = tuple(row[c] for c in edge.control_columns)
             by_value.setdefault(value, set()).add((parent.name, key))
         for region, _ in regions.items():
-            if region.view != child.name or region.kind != "presence":
+            if region.view != child.name or region.kind != RegionKind.PRESENCE:
                 continue
             parent_rows = by_value.get(region.values, set())
             for other, rows in regions.items():
@@ -120,11 +121,12 @@ def max_affected_closure(
         return regions.get(region, frozenset())
 
     kept: list[Region] = []
-    for region in sorted(omega, key=lambda r: (-STRENGTH[r.kind], -len(rows(r)), order_key(r))):
+    for region in sorted(omega, key=lambda r: (-r.kind.strength, -len(rows(r)), order_key(r))):
         containers = [
             k
             for k in kept
-            if k.view == region.view and (region.kind != "completeness" or k.kind == "completeness")
+            if k.view == region.view
+            and (region.kind != RegionKind.COMPLETENESS or k.kind == RegionKind.COMPLETENESS)
         ]
         if rows(region) and any(rows(region) <= rows(k) for k in containers):
             continue
@@ -184,7 +186,7 @@ def affected_closure_safe(
                 continue  # white children are not correlated (the pipeline cascades to them)
             predicate = region_predicate(mine).sql(dialect="duckdb")
             keys = _distinct(con, name, edge.control_columns, predicate)
-            result |= {Region(child.name, "presence", edge.columns, k, name) for k in keys}
+            result |= {Region(child.name, RegionKind.PRESENCE, edge.columns, k, name) for k in keys}
     return result
 
 
@@ -194,11 +196,11 @@ def _enclosing_and_contained(
     found = set(seeds)
     touched = region_predicate(seeds).sql(dialect="duckdb")
     for kind, columns, control in guarantees(view):
-        if kind == "view":
+        if kind == RegionKind.VIEW:
             if con.execute(
                 f"SELECT 1 FROM {ident(view.name)} v WHERE ({touched}) LIMIT 1"
             ).fetchone():
-                found.add(Region(view.name, "view"))
+                found.add(Region(view.name, RegionKind.VIEW))
             continue
         for values in _distinct(con, view.name, columns, touched, control):
             found.add(Region(view.name, kind, columns, values, control))
@@ -208,9 +210,9 @@ def _enclosing_and_contained(
         for values in _distinct(
             con, view.name, edge.columns, enclosing, edge.control, edge.control_columns
         ):
-            found.add(Region(view.name, "presence", edge.columns, values, edge.control))
+            found.add(Region(view.name, RegionKind.PRESENCE, edge.columns, values, edge.control))
     for kind, columns, control in guarantees(view):
-        if kind != "view":
+        if kind != RegionKind.VIEW:
             for values in _distinct(con, view.name, columns, enclosing, control):
                 found.add(Region(view.name, kind, columns, values, control))
     return found
@@ -248,8 +250,9 @@ def max_affected_closure_safe(
         if schema.views[name].is_gray:
             result |= mine
             continue
-        kept = {r for r in mine if r.kind == "completeness"}
-        for kind in ("view", "consistency", "presence"):
+        strongest, *weaker = RegionKind.strongest_first()  # completeness, then the rest
+        kept = {r for r in mine if r.kind == strongest}
+        for kind in weaker:
             candidates = {r for r in mine if r.kind == kind}
             kept |= candidates - _inside(con, name, candidates, kept)
         result |= kept

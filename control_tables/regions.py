@@ -15,27 +15,23 @@ from dataclasses import dataclass, field
 
 from sqlglot import exp
 
+from control_tables.kinds import RegionKind
 from control_tables.schema import CachedView
 
-Kind = t.Literal["presence", "consistency", "completeness", "view"]
 Key = tuple[t.Any, ...]  # a control-key value
 Stamp = tuple[dt.datetime | None, int | None]  # a region's (refreshed_at, snapshot_id)
-
-# Order of MaxAC's cleaning (§3.4.1): completeness is the strongest guarantee over its rows
-# (Lemma 2.3), then view-level and group consistency, then presence.
-STRENGTH: dict[str, int] = {"presence": 0, "consistency": 1, "view": 2, "completeness": 3}
 
 
 @dataclass(frozen=True, order=True)
 class Region:
     view: str
-    kind: Kind
+    kind: RegionKind
     columns: tuple[str, ...] = ()  # view columns the region is defined on; () = view-level
     values: tuple[t.Any, ...] = ()
     control: str | None = None  # the control table (or parent view) listing it; None = full
 
     def __str__(self) -> str:
-        if self.kind == "view":
+        if self.kind == RegionKind.VIEW:
             return f"{self.view}(all rows)"
         pairs = ", ".join(f"{c}={v!r}" for c, v in zip(self.columns, self.values, strict=True))
         return f"{self.view} {self.kind}({pairs})"
@@ -108,7 +104,7 @@ def region_predicate(regions: Iterable[Region]) -> exp.Expr:
     by_columns: dict[tuple[str, ...], list[tuple[t.Any, ...]]] = {}
     whole = False
     for region in regions:
-        if region.kind == "view":
+        if region.kind == RegionKind.VIEW:
             whole = True
         else:
             by_columns.setdefault(region.columns, []).append(region.values)
@@ -117,16 +113,18 @@ def region_predicate(regions: Iterable[Region]) -> exp.Expr:
     return any_of(in_list(cols, values) for cols, values in sorted(by_columns.items()))
 
 
-def guarantees(view: CachedView) -> list[tuple[Kind, tuple[str, ...], str | None]]:
+def guarantees(view: CachedView) -> list[tuple[RegionKind, tuple[str, ...], str | None]]:
     """(kind, columns, control) of the consistency and completeness guarantees of a view
-    beyond its presence regions ("view" for a view-level one)."""
-    found: list[tuple[Kind, tuple[str, ...], str | None]] = []
+    beyond its presence regions (VIEW for a view-level one)."""
+    found: list[tuple[RegionKind, tuple[str, ...], str | None]] = []
     if view.view_level:
-        found.append(("view", (), None))
+        found.append((RegionKind.VIEW, (), None))
     if view.consistency is not None and view.consistency.kind == "on":
-        found.append(("consistency", view.consistency.columns, view.consistency.control))
+        found.append((RegionKind.CONSISTENCY, view.consistency.columns, view.consistency.control))
     if view.completeness is not None:
-        found.append(("completeness", view.completeness.columns, view.completeness.control))
+        found.append(
+            (RegionKind.COMPLETENESS, view.completeness.columns, view.completeness.control)
+        )
     return found
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from sqlglot import exp
 
+from control_tables.kinds import RegionKind, Role
 from sql_ext import (
     Completeness,
     Consistency,
@@ -21,8 +22,6 @@ from sql_ext import (
     Presence,
 )
 from sql_ext.errors import ProgrammingError
-
-Role = t.Literal["presence", "consistency", "completeness"]  # what a control table controls
 
 
 @dataclass(frozen=True)
@@ -119,11 +118,13 @@ class CacheSchema:
         presence, consistency or completeness."""
         found: list[tuple[str, Role]] = []
         for view in self.views.values():
-            found += [(view.name, "presence") for p in view.presence if p.control == control]
+            found += [
+                (view.name, RegionKind.PRESENCE) for p in view.presence if p.control == control
+            ]
             if view.consistency is not None and view.consistency.control == control:
-                found.append((view.name, "consistency"))
+                found.append((view.name, RegionKind.CONSISTENCY))
             if view.completeness is not None and view.completeness.control == control:
-                found.append((view.name, "completeness"))
+                found.append((view.name, RegionKind.COMPLETENESS))
         return found
 
     def consistency_root(self, view: str) -> str:
@@ -216,11 +217,11 @@ def control_role(schema: CacheSchema, control: str) -> tuple[CachedView, Role, t
     return schema.views[view_name], role, schema.control_tables[control].column_names
 
 
-def controlled_columns(view: CachedView, role: str, control: str) -> tuple[str, ...]:
+def controlled_columns(view: CachedView, role: Role, control: str) -> tuple[str, ...]:
     """The view columns a control table's key maps to (presence: K', else the same names)."""
-    if role == "presence":
+    if role == RegionKind.PRESENCE:
         edge = next(p for p in view.presence if p.control == control)
         return edge.columns
-    spec = view.consistency if role == "consistency" else view.completeness
+    spec = view.consistency if role == RegionKind.CONSISTENCY else view.completeness
     assert spec is not None
     return spec.columns

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from sqlglot import exp
 
+from control_tables.kinds import GuardKind
 from control_tables.schema import CacheSchema
 from optimizer.analysis.analyze import Access, Analysis
 from optimizer.analysis.leaves import RemoteLeaf
@@ -60,9 +61,6 @@ class LocalStatement:
     def bound(self, named: Mapping[str, t.Any]) -> dict[str, t.Any]:
         """The statement's DuckDB parameters: ``named`` (its placeholders) and its lists."""
         return {**named, **dict(self.lists)} if self.lists else dict(named)
-
-
-GuardKind = t.Literal["full", "presence", "completeness"]
 
 
 @dataclass(frozen=True)
@@ -136,8 +134,8 @@ class Guard:
 
     def to_json(self) -> dict[str, t.Any]:
         found: dict[str, t.Any] = {"currency_bound_seconds": self.bound_seconds, "view": self.view}
-        if self.kind in ("presence", "completeness"):
-            found[self.kind] = {"columns": list(self.probe), "in": self.control}
+        if self.kind.probes:  # (the document holds plain text: EXPLAIN prints it as a dict)
+            found[self.kind.value] = {"columns": list(self.probe), "in": self.control}
         found["consistency"] = self.consistency
         return found
 
@@ -253,7 +251,7 @@ class Plan:
         guard, or a consistency probe, looks up): if not, every execution's values get the
         same decision."""
         return any(
-            guard.kind != "full" or guard.consistency_probe is not None
+            guard.kind.probes or guard.consistency_probe is not None
             for access in self.accesses
             for guard in access.guards
         )

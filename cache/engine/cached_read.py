@@ -45,6 +45,7 @@ from cache.execution.planning import Planner, Prepared
 from cache.execution.provenance import Executed, Provenance
 from cache.store.cache_file import CacheStore
 from cache.store.region_state import read_region_state
+from control_tables.kinds import GuardKind
 from control_tables.regions import RegionState
 from optimizer.plan import Plan
 from optimizer.rules.evaluate_guards import Decision, Misses, evaluate_guards
@@ -536,7 +537,7 @@ class CachedReads:
                 (guard.control, key)
                 for binding in decision.bindings or ()
                 if (guard := binding.guard) is not None
-                and guard.kind == "presence"
+                and guard.kind == GuardKind.PRESENCE
                 and guard.control is not None
                 for key, _ in binding.regions
             ],

@@ -19,6 +19,7 @@ from cache.maintenance.key_values import keys_listed
 from cache.maintenance.pull import distinct_rows
 from cache.maintenance.report import Report
 from cache.store.cache_file import CacheStore
+from control_tables.kinds import RegionKind
 from control_tables.regions import Region, region_predicate
 from control_tables.schema import CachedView, CacheSchema
 from optimizer.derived.delta import copy_owner
@@ -115,7 +116,7 @@ def apply_rows(
             con.unregister("mtcache_staged")
             report.rows_inserted[name] += rows.num_rows
         _stamp_regions(con, schema, view, regions, rows, stamp)
-        if view.view_level and Region(name, "view") in regions:
+        if view.view_level and Region(name, RegionKind.VIEW) in regions:
             con.execute(
                 "INSERT OR REPLACE INTO mtcache.view_state VALUES (?, ?, ?)", [name, *stamp]
             )
@@ -200,7 +201,7 @@ def _delete_rows(
     if regions:
         columns = {r.columns for r in regions}
         listed: t.ContextManager[str]
-        if len(columns) == 1 and all(r.kind == "presence" for r in regions):
+        if len(columns) == 1 and all(r.kind == RegionKind.PRESENCE for r in regions):
             listed = keys_listed(con, "v", next(iter(columns)), [r.values for r in regions])
         else:
             listed = contextlib.nullcontext(region_predicate(regions).sql("duckdb"))
@@ -250,7 +251,7 @@ def _stamp_regions(
 
 
 def _control_columns(view: CachedView, region: Region) -> tuple[str, ...]:
-    if region.kind == "presence":
+    if region.kind == RegionKind.PRESENCE:
         edge = next(
             p for p in view.presence if p.control == region.control and p.columns == region.columns
         )

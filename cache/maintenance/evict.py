@@ -13,6 +13,7 @@ from cache.maintenance import faults
 from cache.maintenance.key_values import keys_listed
 from cache.maintenance.report import NAMED_KEYS, Report
 from cache.store.cache_file import CacheStore
+from control_tables.kinds import RegionKind, Role
 from control_tables.regions import in_list
 from control_tables.schema import CachedView, CacheSchema
 from sql_ext.errors import ProgrammingError
@@ -25,7 +26,7 @@ def evict(
     store: CacheStore,
     schema: CacheSchema,
     view: CachedView,
-    role: str,
+    role: Role,
     control: str,
     columns: tuple[str, ...],
     values: list[Key],
@@ -33,7 +34,7 @@ def evict(
 ) -> Report:
     started = time.monotonic()
     report = Report(operation=f"evict {control}", engine="none")
-    if role == "presence":
+    if role == RegionKind.PRESENCE:
         _refuse_breaking_completeness(store, view, control, values)
     with store.transaction() as con:
         remove_keys(con, schema, view, role, control, columns, values, report)
@@ -76,7 +77,7 @@ def remove_keys(
     con: duckdb.DuckDBPyConnection,
     schema: CacheSchema,
     view: CachedView,
-    role: str,
+    role: Role,
     control: str,
     columns: tuple[str, ...],
     values: list[Key],
@@ -88,7 +89,7 @@ def remove_keys(
     gigabytes.)"""
     with keys_listed(con, "c", columns, values) as listed:
         con.execute(f"DELETE FROM {ident(control)} c WHERE {listed}")
-    return drop_unheld_rows(con, schema, view, report) if role == "presence" else []
+    return drop_unheld_rows(con, schema, view, report) if role == RegionKind.PRESENCE else []
 
 
 def drop_unheld_rows(

@@ -39,8 +39,9 @@ from cache.maintenance.pull import Pull, distinct_rows
 from cache.maintenance.report import NAMED_KEYS, Report
 from cache.store.cache_file import CacheStore
 from control_tables.closure import affected_closure_safe, control_values
+from control_tables.kinds import RegionKind, Role
 from control_tables.regions import Region, guarantees
-from control_tables.schema import CachedView, CacheSchema, Role, control_role, controlled_columns
+from control_tables.schema import CachedView, CacheSchema, control_role, controlled_columns
 from optimizer.derived.delta import copy_owner
 from sql_ext.catalog import Catalog
 from sql_ext.errors import (
@@ -124,7 +125,7 @@ class Maintainer:
         if len(values) > ADMIT_PIECE and not schema.continuous(view.name):
             return self._admit_in_pieces(schema, control, view, role, columns, values, allow_empty)
         seeds = {Region(view.name, role, columns, v, control) for v in values}
-        must_hold = seeds if role == "presence" and not allow_empty else set()
+        must_hold = seeds if role == RegionKind.PRESENCE and not allow_empty else set()
         return self._run(
             f"admit {control}", schema, seeds, admitted={control: values}, must_hold=must_hold
         )
@@ -164,7 +165,7 @@ class Maintainer:
                     catalog,
                     coordinator,
                     seeds,
-                    seeds if role == "presence" and not allow_empty else (),
+                    seeds if role == RegionKind.PRESENCE and not allow_empty else (),
                 )
                 if snapshot_id is None:
                     snapshot_id = begin_apply(con, coordinator.snapshot, self.engine.name)
@@ -383,17 +384,19 @@ def _all_regions(
     store: CacheStore, view: CachedView, keys: list[tuple[t.Any, ...]] | None
 ) -> set[Region]:
     if view.view_level:
-        return {Region(view.name, "view")}
+        return {Region(view.name, RegionKind.VIEW)}
     regions: set[Region] = set()
     for edge in view.presence:
         listed = control_values(store.con, edge.control, edge.control_columns)
         if keys is not None:
             wanted = {tuple(str(v) for v in k) for k in keys}
             listed = [v for v in listed if tuple(str(x) for x in v) in wanted]
-        regions |= {Region(view.name, "presence", edge.columns, v, edge.control) for v in listed}
+        regions |= {
+            Region(view.name, RegionKind.PRESENCE, edge.columns, v, edge.control) for v in listed
+        }
     if keys is None:
         for kind, columns, control in guarantees(view):
-            if control is not None and kind != "view":
+            if control is not None and kind != RegionKind.VIEW:
                 regions |= {
                     Region(view.name, kind, columns, v, control)
                     for v in control_values(store.con, control, columns)

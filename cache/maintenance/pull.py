@@ -21,6 +21,7 @@ from control_tables.closure import (
     control_values,
     max_affected_closure_safe,
 )
+from control_tables.kinds import RegionKind
 from control_tables.regions import Region, guarantees, in_list, order_key, region_predicate
 from control_tables.schema import CachedView, CacheSchema
 from control_tables.types import transfer_type
@@ -115,12 +116,12 @@ class Pull:
                 keys = set(distinct_rows(self.staged.get(edge.control), edge.control_columns))
                 keys |= {r.values for r in self.omega if r.view == name}
                 self.omega |= {
-                    Region(name, "presence", edge.columns, k, edge.control) for k in keys
+                    Region(name, RegionKind.PRESENCE, edge.columns, k, edge.control) for k in keys
                 }
                 predicate = in_list(edge.columns, sorted(keys, key=repr)).sql("postgres")
                 self.fetch([self.query(view, predicate)])
             else:
-                self.omega.add(Region(name, "view"))
+                self.omega.add(Region(name, RegionKind.VIEW))
                 self.fetch([self.query(view, self._view_level_predicate(view))])
 
     def _changes(self, view: str) -> bool:
@@ -148,7 +149,7 @@ class Pull:
             view = self.schema.views[name]
             for edge in view.presence:
                 listed = {
-                    Region(name, "presence", edge.columns, k, edge.control)
+                    Region(name, RegionKind.PRESENCE, edge.columns, k, edge.control)
                     for k in control_values(self.con, edge.control, edge.control_columns)
                 }
                 self.omega |= listed
@@ -158,7 +159,7 @@ class Pull:
             if view.is_gray:
                 continue  # pulled top-down from its parent's rows
             predicates = by_view.setdefault(region.view, [])
-            if region.kind == "presence":
+            if region.kind == RegionKind.PRESENCE:
                 present.setdefault((region.view, region.columns), []).append(region.values)
             else:
                 predicates.append(self._region_query(view, region))
@@ -210,9 +211,9 @@ class Pull:
         )
 
     def _region_query(self, view: CachedView, region: Region) -> str:
-        if region.kind == "presence":
+        if region.kind == RegionKind.PRESENCE:
             return in_list(region.columns, [region.values]).sql("postgres")
-        if region.kind == "view":
+        if region.kind == RegionKind.VIEW:
             return self._view_level_predicate(view)
         # Consistency queries: the presence keys the cache holds inside the region.
         inside = region_predicate([region]).sql("duckdb")
@@ -220,7 +221,7 @@ class Pull:
         for edge in view.presence:
             keys = self._distinct_cached(view.name, edge.columns, inside)
             parts.append(in_list(edge.columns, keys).sql("postgres"))
-        if region.kind == "completeness":
+        if region.kind == RegionKind.COMPLETENESS:
             # A listed completeness region holds all of its rows, always: the guard answers a
             # read of its key from it (an empty region would answer "none" for a group the
             # backend has rows in), and the stream adds the rows that join it.
@@ -271,8 +272,8 @@ class Pull:
             if view is None or view.is_gray or rows.num_rows == 0:  # (None: a derived's copy)
                 continue
             for kind, columns, control in guarantees(view):
-                if kind == "view":
-                    found.add(Region(name, "view"))
+                if kind == RegionKind.VIEW:
+                    found.add(Region(name, RegionKind.VIEW))
                     continue
                 values = set(distinct_rows(rows, columns))
                 if control is not None:
@@ -283,7 +284,8 @@ class Pull:
                     listed = set(control_values(self.con, edge.control, edge.control_columns))
                     values = set(distinct_rows(rows, edge.columns)) & listed
                     found |= {
-                        Region(name, "presence", edge.columns, v, edge.control) for v in values
+                        Region(name, RegionKind.PRESENCE, edge.columns, v, edge.control)
+                        for v in values
                     }
         return found
 

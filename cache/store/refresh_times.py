@@ -17,6 +17,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from cache.store.cache_file import CacheStore
+from control_tables.kinds import RegionKind
 from control_tables.regions import guarantees
 from control_tables.schema import CacheSchema
 from sql_ext.quoting import ident
@@ -95,7 +96,7 @@ def region_stamps(store: CacheStore, schema: CacheSchema, name: str) -> RegionSt
             at = row[0] if row else None
             found += RegionStamps(1, int(at is None), at, at)
     controls = [p.control for p in view.presence if p.control in schema.control_tables]
-    controls += [c for kind, _, c in guarantees(view) if c is not None and kind != "view"]
+    controls += [c for kind, _, c in guarantees(view) if c is not None and kind != RegionKind.VIEW]
     for control in controls:
         row = store.con.execute(
             f"SELECT count(*), count(*) - count(refreshed_at), min(refreshed_at), "

@@ -14,6 +14,7 @@ from collections.abc import Collection
 from cache.store.budget import copy_tables
 from cache.store.cache_file import CacheStore
 from cache.store.refresh_times import measured_delays, refresh_times
+from control_tables.kinds import RegionKind
 from control_tables.regions import guarantees
 from control_tables.schema import CachedView, CacheSchema
 from heartbeat.clock import BackendClock
@@ -104,7 +105,7 @@ def _view_status(
         regions.append(
             _region(
                 None,
-                "view",
+                RegionKind.VIEW,
                 [],
                 state[0] if state else None,
                 state[1] if state else None,
@@ -112,15 +113,15 @@ def _view_status(
                 now,
             )
         )
-    controls: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]] = [
-        ("presence", p.control, p.columns, p.control_columns)
+    controls: list[tuple[RegionKind, str, tuple[str, ...], tuple[str, ...]]] = [
+        (RegionKind.PRESENCE, p.control, p.columns, p.control_columns)
         for p in view.presence
         if p.control in schema.control_tables
     ]
     controls += [
         (kind, control, columns, columns)
         for kind, columns, control in guarantees(view)
-        if control is not None and kind != "view"
+        if control is not None and kind != RegionKind.VIEW
     ]
     count = len(regions) + sum(_count(con, control) for _, control, _, _ in controls)
     listed = listed or count <= REGIONS_LISTED
@@ -213,7 +214,7 @@ def _table_bytes(store: CacheStore) -> dict[str, int]:
 
 def _region(
     control: str | None,
-    kind: str,
+    kind: RegionKind,
     key: list[t.Any],
     refreshed_at: dt.datetime | None,
     snapshot_id: int | None,
@@ -222,7 +223,7 @@ def _region(
 ) -> dict[str, t.Any]:
     return {
         "control": control,
-        "kind": kind,
+        "kind": kind.value,  # (the document holds plain text)
         "key": key,
         "refreshed_at": refreshed_at.isoformat() if refreshed_at else None,
         "currency_seconds": (now - refreshed_at).total_seconds() if refreshed_at else None,

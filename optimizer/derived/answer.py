@@ -18,6 +18,7 @@ import dataclasses
 from sqlglot import exp
 
 from control_tables.derived import plain_output
+from control_tables.kinds import GuardKind
 from control_tables.schema import CachedView
 from optimizer.analysis.normalize_constraint import ConsistencyClass
 from optimizer.derived.match import match_derived
@@ -66,7 +67,7 @@ def answer_from_derived(plan: Plan, inputs: PlanInputs) -> Plan:
             chosen = plan.estimated_cost
             if inputs.choice != "guarded" and cost >= chosen:
                 continue
-        guard = Guard(view.name, "full", bound)
+        guard = Guard(view.name, GuardKind.FULL, bound)
         probes: dict[str, tuple[exp.Expr, ...]] | None = None
         if view.presence:
             probes = _presence_probes(plan, view)
@@ -75,7 +76,7 @@ def answer_from_derived(plan: Plan, inputs: PlanInputs) -> Plan:
             edge = view.presence[0]
             guard = Guard(
                 view.name,
-                "presence",
+                GuardKind.PRESENCE,
                 bound,
                 probe=edge.columns,
                 control=edge.control,

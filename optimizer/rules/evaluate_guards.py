@@ -26,6 +26,7 @@ import typing as t
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from control_tables.kinds import GuardKind
 from control_tables.regions import Key, RegionState, Stamp
 from optimizer.analysis.analyze import Access
 from optimizer.plan import AccessPlan, ClassPlan, Guard, Plan
@@ -288,7 +289,7 @@ def _check(
     if access.table in session.uncommitted:
         return None  # the session's uncommitted writes are only on the backend
     regions: tuple[tuple[Key, Stamp], ...]
-    if guard.kind == "full":
+    if guard.kind == GuardKind.FULL:
         stamp = state.views.get(guard.view)
         if stamp is None:
             return None
@@ -302,7 +303,7 @@ def _check(
         for key in keys:
             stamp = listed.get(key)
             if stamp is None:
-                if guard.kind == "completeness":
+                if guard.kind == GuardKind.COMPLETENESS:
                     tally.completeness += 1
                 else:
                     tally.presence += 1

@@ -12,11 +12,11 @@ Then:
 
 from __future__ import annotations
 
-import typing as t
 from dataclasses import dataclass
 
 from sqlglot import exp
 
+from control_tables.kinds import GuardKind
 from control_tables.schema import CachedView, CacheSchema
 from optimizer.analysis.analyze import Access
 from sql_ext.blocks import split_and
@@ -25,7 +25,7 @@ from sql_ext.blocks import split_and
 @dataclass(frozen=True)
 class Match:
     view: CachedView
-    kind: t.Literal["full", "presence", "completeness"]
+    kind: GuardKind
     columns: tuple[str, ...] = ()  # the probed key (presence or completeness columns)
     control: str | None = None  # where the guard looks the probed values up (None: full)
     control_columns: tuple[str, ...] = ()
@@ -42,16 +42,20 @@ def match_access(access: Access, schema: CacheSchema) -> list[Match]:
         if not _where_implied(view, access):
             continue
         if view.is_fully_materialized:
-            found.append(Match(view, "full"))
+            found.append(Match(view, GuardKind.FULL))
             continue
         for edge in view.presence:
             if all(c in access.probes for c in edge.columns):
                 found.append(
-                    Match(view, "presence", edge.columns, edge.control, edge.control_columns)
+                    Match(
+                        view, GuardKind.PRESENCE, edge.columns, edge.control, edge.control_columns
+                    )
                 )
         spec = view.completeness
         if spec is not None and all(c in access.probes for c in spec.columns):
-            found.append(Match(view, "completeness", spec.columns, spec.control, spec.columns))
+            found.append(
+                Match(view, GuardKind.COMPLETENESS, spec.columns, spec.control, spec.columns)
+            )
     return found
 
 

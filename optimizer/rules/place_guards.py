@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from control_tables.kinds import GuardKind
 from control_tables.schema import CacheSchema
 from optimizer.analysis.analyze import Access, Analysis
 from optimizer.analysis.normalize_constraint import ConsistencyClass
@@ -45,7 +46,7 @@ def place_guards(plan: Plan, inputs: PlanInputs) -> Plan:
             guards = tuple(
                 _guard(match, access_plan.access, cls, analysis, schema)
                 for match in match_access(access_plan.access, schema)
-                if match.kind != "completeness" or match.control is not None
+                if match.kind != GuardKind.COMPLETENESS or match.control is not None
             )
             if not guards:
                 missing.append(f"{access_plan.table} ({access_plan.alias})")
@@ -74,7 +75,7 @@ def _guard(
 ) -> Guard:
     view = match.view
     groups: list[tuple[str, ...]] = []
-    if match.kind == "presence":
+    if match.kind == GuardKind.PRESENCE:
         groups.append(match.columns)  # Presence Assumption
     probe = None
     spec = view.consistency
@@ -93,7 +94,7 @@ def _guard(
         groups=tuple(groups),
         consistency_probe=probe,
         consistency=_consistency(cls, access, groups, probe, analysis),
-        admit_into=_admission_target(schema, match) if match.kind == "presence" else None,
+        admit_into=_admission_target(schema, match) if match.kind == GuardKind.PRESENCE else None,
     )
 
 

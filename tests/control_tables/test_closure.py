@@ -20,6 +20,7 @@ from control_tables.closure import (
     max_affected_closure,
     max_affected_closure_safe,
 )
+from control_tables.kinds import RegionKind
 from control_tables.regions import Region
 from control_tables.schema import CachedView, CacheSchema
 from sql_ext import Completeness, Consistency, Presence, parse
@@ -45,13 +46,13 @@ def populated(
 
 
 SEEDS = [
-    Region("authorcopy", "presence", ("authorid",), (4,), "authorlist_pct"),
-    Region("authorcopy", "presence", ("authorid",), (5,), "authorlist_pct"),
-    Region("authorcopy", "presence", ("authorid",), (3,), "authorlist_pct"),
-    Region("authorcopy", "consistency", ("city",), ("Seattle",), "citylist_csct"),
-    Region("authorcopy", "completeness", ("city",), ("Chicago",), "citylist_cpct"),
-    Region("reviewercopy", "presence", ("reviewerid",), (2,), "reviewerlist_pct"),
-    Region("reviewcopy", "view"),
+    Region("authorcopy", RegionKind.PRESENCE, ("authorid",), (4,), "authorlist_pct"),
+    Region("authorcopy", RegionKind.PRESENCE, ("authorid",), (5,), "authorlist_pct"),
+    Region("authorcopy", RegionKind.PRESENCE, ("authorid",), (3,), "authorlist_pct"),
+    Region("authorcopy", RegionKind.CONSISTENCY, ("city",), ("Seattle",), "citylist_csct"),
+    Region("authorcopy", RegionKind.COMPLETENESS, ("city",), ("Chicago",), "citylist_cpct"),
+    Region("reviewercopy", RegionKind.PRESENCE, ("reviewerid",), (2,), "reviewerlist_pct"),
+    Region("reviewcopy", RegionKind.VIEW),
 ]
 
 
@@ -70,7 +71,7 @@ def test_one_pass_closure_equals_the_general_one_on_a_safe_schema(
 
 def test_closure_of_a_madison_author(populated: CacheStore) -> None:
     schema = populated.load_schema()
-    seed = Region("authorcopy", "presence", ("authorid",), (4,), "authorlist_pct")
+    seed = Region("authorcopy", RegionKind.PRESENCE, ("authorid",), (4,), "authorlist_pct")
     closure = affected_closure_safe(populated.con, schema, [seed])
     assert {str(r) for r in closure} == {
         "authorcopy presence(authorid=4)",
@@ -111,7 +112,7 @@ def test_general_closure_follows_overlapping_regions_of_an_unsafe_view(tmp_path:
         statement="",
     )
     schema = CacheSchema(control_tables={}, views={"rv": view})
-    seed = Region("rv", "presence", ("id",), (2,), "pct")  # y
+    seed = Region("rv", RegionKind.PRESENCE, ("id",), (2,), "pct")  # y
     closure, regions = affected_closure(con, schema, [seed])
     assert Region("rv", "completeness", ("state",), ("WI",)) in closure
     assert Region("rv", "consistency", ("gender",), ("M",)) in closure  # via x

@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 from cache.maintenance.stream.position import Applied, NeedsPull
 from cache.maintenance.stream.staging import FLAG, Staged
 from cache.maintenance.stream.views import apply_view, delete_where, not_pending
+from control_tables.kinds import RegionKind
 from control_tables.regions import Region
 from control_tables.schema import CachedView, CacheSchema
 from optimizer.derived.delta import CURRENT, REDO, WEIGHT, Maintenance, maintenance
@@ -126,7 +127,7 @@ def _after(
         f"SELECT count(*) FROM {source} WHERE ({lacking}) AND b.{ident(copy.key[0])} IS NULL"
     ).fetchone()
     if missing and missing[0]:  # (the copy lacks the row: the view is pulled anew)
-        raise NeedsPull({Region(plan.view.name, "view")})
+        raise NeedsPull({Region(plan.view.name, RegionKind.VIEW)})
     return f"SELECT {merged} FROM {source}"
 
 

@@ -12,6 +12,7 @@ import duckdb
 from cache.backend.pgoutput.messages import lsn_text
 from cache.maintenance.stream.position import KEEP_SNAPSHOTS, Applied, NeedsPull, StreamRow
 from cache.maintenance.stream.staging import FLAG, Staged
+from control_tables.kinds import RegionKind
 from control_tables.regions import Region, in_list
 from control_tables.schema import CachedView, CacheSchema
 from sql_ext import Presence
@@ -219,7 +220,10 @@ def _admit_completeness_keys(
         if not set(view.key) <= set(edge.columns):
             values = [tuple(k) for k in keys]
             raise NeedsPull(
-                {Region(view.name, "presence", edge.columns, v, edge.control) for v in values},
+                {
+                    Region(view.name, RegionKind.PRESENCE, edge.columns, v, edge.control)
+                    for v in values
+                },
                 {edge.control: values},
             )
         marks = ", ".join("?" for _ in edge.control_columns)
@@ -234,12 +238,12 @@ def _regions_of(con: duckdb.DuckDBPyConnection, view: CachedView, rows: str) -> 
     """The regions of ``view`` holding ``rows`` (SQL for a relation aliased p): pulling them
     brings the rows' children along (`Pull.children`), in one snapshot with them."""
     if view.view_level:
-        return {Region(view.name, "view")}
+        return {Region(view.name, RegionKind.VIEW)}
     found: set[Region] = set()
     for edge in view.presence:
         match = _edge_match(edge, "p")
         found |= {
-            Region(view.name, "presence", edge.columns, values, edge.control)
+            Region(view.name, RegionKind.PRESENCE, edge.columns, values, edge.control)
             for values in _distinct(
                 con,
                 f"SELECT DISTINCT {', '.join('p.' + ident(c) for c in edge.columns)} "
@@ -251,7 +255,7 @@ def _regions_of(con: duckdb.DuckDBPyConnection, view: CachedView, rows: str) -> 
     if spec is not None and spec.control is not None:
         match = " AND ".join(f"c.{ident(c)} = p.{ident(c)}" for c in spec.columns)
         found |= {
-            Region(view.name, "completeness", spec.columns, values, spec.control)
+            Region(view.name, RegionKind.COMPLETENESS, spec.columns, values, spec.control)
             for values in _distinct(
                 con,
                 f"SELECT DISTINCT {', '.join('p.' + ident(c) for c in spec.columns)} "
