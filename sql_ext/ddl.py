@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 from sqlglot import exp
 
+from sql_ext.aggregates import AGGREGATES, AggregateName
+
 
 @dataclass(frozen=True)
 class ControlColumn:
@@ -78,11 +80,16 @@ class DerivedOutput:
 
     name: str
     expression: exp.Expr | None = field(compare=False)  # the column, the aggregate's argument
-    aggregate: t.Literal["count", "sum", "avg", "min", "max"] | None = None  # None: a column
+    aggregate: AggregateName | None = None  # None: a column (`sql_ext.aggregates`)
 
     @property
     def count_star(self) -> bool:
-        return self.aggregate == "count" and self.expression is None
+        """count(*): the group's rows counted (an aggregate that takes * and has no argument)."""
+        return (
+            self.aggregate is not None
+            and AGGREGATES[self.aggregate].star
+            and self.expression is None
+        )
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ import typing as t
 
 from sqlglot import exp
 
+from sql_ext.aggregates import aggregate_of
 from sql_ext.blocks import Block, analyze
 from sql_ext.ddl import (
     Completeness,
@@ -183,15 +184,6 @@ def _typed_cached_view(tree: CachedViewDef, text: str) -> CreateCachedView:
     )
 
 
-_AGGREGATE_NAMES: dict[type[exp.Expr], t.Literal["count", "sum", "avg", "min", "max"]] = {
-    exp.Count: "count",
-    exp.Sum: "sum",
-    exp.Avg: "avg",
-    exp.Min: "min",
-    exp.Max: "max",
-}
-
-
 def _derivation(select: exp.Select) -> Derivation:
     """A derived view's SELECT as the dialect checked it
     (`CacheDDLParser._check_derived_select`)."""
@@ -222,10 +214,10 @@ def _derivation(select: exp.Select) -> Derivation:
             outputs.append(DerivedOutput(name, target))
             continue
         value = target.this
+        aggregate = aggregate_of(target)
+        assert aggregate is not None  # (the dialect took no other)
         outputs.append(
-            DerivedOutput(
-                name, None if isinstance(value, exp.Star) else value, _AGGREGATE_NAMES[type(target)]
-            )
+            DerivedOutput(name, None if isinstance(value, exp.Star) else value, aggregate.name)
         )
     return Derivation(
         sources, tuple(joins), tuple(group.expressions) if group is not None else (), tuple(outputs)

@@ -16,11 +16,12 @@ the batch, those after it as before (the sequential form of ΔA ⋈ B' + A ⋈ �
 each change meets at most one row of the keyed side). Its rows, each with its weight, are
 the *items*: the view's grouping columns and its aggregates' arguments.
 
-- A grouped view's states change by weighted sums: a count by the weights, a sum by the
-  values signed by them, each sum with the count of its non-NULL values kept beside it (a
-  sum of none is NULL) and every group with its row count (``mtcache_rows``: a group of no
-  rows leaves). Minimum and maximum take the new values; a group that loses a value is
-  computed again from the copies (DBToaster's recompute of the affected groups).
+- A grouped view's states change by weighted sums, as each state's delta rule says
+  (`sql_ext.aggregates.Delta`): a count by the weights, a sum by the values signed by them,
+  each sum with the count of its non-NULL values kept beside it (a sum of none is NULL) and
+  every group with its row count (``mtcache_rows``: a group of no rows leaves). Minimum and
+  maximum take the new values; a group that loses a value is computed again from the copies
+  (DBToaster's recompute of the affected groups).
 - A join view without aggregates deletes its rows of weight -1 by the view's key and inserts
   those of weight +1.
 - A TRUNCATE of a table it reads computes the view again from the copies.
@@ -41,8 +42,10 @@ from sqlglot import exp
 
 from control_tables.schema import CachedView
 from optimizer.derived.match import Ref, filter_conjunct
-from optimizer.derived.states import COUNT_SUFFIX, ROWS, Layout, definition, layout
+from optimizer.derived.states import ROWS, Layout, definition, layout
 from optimizer.postgres.types import declared
+from sql_ext import DerivedOutput
+from sql_ext.aggregates import AGGREGATES, Delta
 from sql_ext.blocks import split_and
 from sql_ext.catalog import Catalog
 from sql_ext.errors import NotSupportedError
@@ -63,6 +66,17 @@ _ARITHMETIC = (
     exp.Neg,
 )
 _ORDERED = ("integer", "numeric", "float", "date", "timestamp", "timestamptz")
+# the value kinds whose states each delta rule (`sql_ext.aggregates.Delta`) keeps in DuckDB as
+# PostgreSQL computes them, of expressions of columns by +, - and *, and else why not (a count
+# counts any values)
+_EXACT: dict[Delta, tuple[tuple[str, ...], str]] = {
+    "extreme": (_ORDERED, "not of a number or a date, whose order DuckDB shares with PostgreSQL"),
+    "sum": (
+        ("integer", "numeric"),
+        "not of integers or numerics computed by +, - and * (a floating-point sum depends on "
+        "the order it adds in)",
+    ),
+}
 
 
 def auxiliary_prefix(view: str) -> str:
@@ -224,7 +238,7 @@ def maintenance(view: CachedView, catalog: Catalog) -> Maintenance:
     group: list[str] = []
     redo: list[str] = []
     weight = f"i.{WEIGHT}"
-    counted = f"coalesce(sum({weight}), 0)"
+    rows = f"coalesce(sum({weight}), 0)"
     for index, output in enumerate(derivation.outputs):
         if output.aggregate is None:
             assert output.expression is not None
@@ -233,68 +247,48 @@ def maintenance(view: CachedView, catalog: Catalog) -> Maintenance:
             merges.append((output.name, f"s.{ident(output.name)}"))
             group.append(output.name)
             continue
-        if output.expression is None:  # count(*)
-            states.append((output.name, counted))
-            merges.append((output.name, f"sum(s.{ident(output.name)})::BIGINT"))
-            continue
-        argument = f"mtcache_a{index}"
-        value = f"i.{ident(argument)}"
-        items.append(Item(argument, output.expression.sql(dialect="duckdb")))
-        kind = _kind(stored, output.name)
-        non_null = f"coalesce(sum(CASE WHEN {value} IS NULL THEN 0 ELSE {weight} END), 0)"
-        if output.aggregate == "count":
-            states.append((output.name, non_null))
-            merges.append((output.name, f"sum(s.{ident(output.name)})::BIGINT"))
-        elif output.aggregate in ("min", "max"):
-            if kind not in _ORDERED or not _arithmetic(output.expression):
-                raise _refused(
-                    view,
-                    f"its {output.aggregate}({output.expression.sql()}) is "
-                    "not of a number or a date, whose order DuckDB shares "
-                    "with PostgreSQL",
+        aggregate = AGGREGATES[output.aggregate]
+        value = None  # (count(*): the rows, no argument)
+        if output.expression is not None:
+            argument = f"mtcache_a{index}"
+            value = f"i.{ident(argument)}"
+            items.append(Item(argument, output.expression.sql(dialect="duckdb")))
+            _check_exact(view, output, stored)
+        for state in aggregate.states:
+            name, merge = output.name + state.suffix, state.merge.key
+            if state.delta == "count":  # (the weights of the rows, or of the non-NULL values)
+                counted = (
+                    rows
+                    if value is None
+                    else f"coalesce(sum(CASE WHEN {value} IS NULL THEN 0 ELSE {weight} END), 0)"
                 )
-            states.append((output.name, f"{output.aggregate}({value}) FILTER (WHERE {weight} > 0)"))
-            merges.append((output.name, f"{output.aggregate}(s.{ident(output.name)})"))
-            # the group's extreme among the values it loses: at the view's, it goes again
-            lost = f"mtcache_lost{index}"
-            states.append((lost, f"{output.aggregate}({value}) FILTER (WHERE {weight} < 0)"))
-            sign = "<=" if output.aggregate == "min" else ">="
-            redo.append(
-                f"{output.aggregate}(s.{lost}) {sign} {output.aggregate}("
-                f"s.{ident(output.name)}) FILTER (WHERE s.{CURRENT})"
-            )
-        else:  # sum, avg: signed values, beside the count of non-NULL ones
-            if kind not in ("integer", "numeric") or not _arithmetic(output.expression):
-                raise _refused(
-                    view,
-                    f"its {output.aggregate}({output.expression.sql()}) is "
-                    "not of integers or numerics computed by +, - and * "
-                    "(a floating-point sum depends on the order it adds "
-                    "in)",
+                states.append((name, counted))
+                merges.append((name, f"{merge}(s.{ident(name)})::BIGINT"))
+            elif state.delta == "sum":  # (signed values; none left: NULL, as a sum of none)
+                count = output.name + next(s.suffix for s in aggregate.states if s.delta == "count")
+                duck = next(c.duckdb_type for c in stored.columns if c.name == name)
+                signed = f"CASE WHEN {weight} > 0 THEN {value} ELSE -{value} END"
+                states.append((name, f"CAST(sum({signed}) AS {duck})"))
+                merges.append(
+                    (
+                        name,
+                        f"CASE WHEN {merge}(s.{ident(count)}) = 0 THEN NULL ELSE "
+                        f"CAST({merge}(s.{ident(name)}) AS {duck}) END",
+                    )
                 )
-            total, count = (
-                stored.outputs[output.name]
-                if output.aggregate == "avg"
-                else (output.name, output.name + COUNT_SUFFIX)
-            )
-            duck = next(c.duckdb_type for c in stored.columns if c.name == total)
-            states.append(
-                (
-                    total,
-                    f"CAST(sum(CASE WHEN {weight} > 0 THEN {value} ELSE -{value} END) AS {duck})",
+            else:  # an extreme: the added values' (hierarchical: see `recompute`)
+                function = state.function.key
+                states.append((name, f"{function}({value}) FILTER (WHERE {weight} > 0)"))
+                merges.append((name, f"{merge}(s.{ident(name)})"))
+                # the group's extreme among the values it loses: at the view's, it goes again
+                lost = f"mtcache_lost{index}"
+                states.append((lost, f"{function}({value}) FILTER (WHERE {weight} < 0)"))
+                redo.append(
+                    f"{merge}(s.{lost}) {aggregate.recompute} {merge}("
+                    f"s.{ident(name)}) FILTER (WHERE s.{CURRENT})"
                 )
-            )
-            states.append((count, non_null))
-            merges.append(
-                (
-                    total,
-                    f"CASE WHEN sum(s.{ident(count)}) = 0 THEN NULL ELSE "
-                    f"CAST(sum(s.{ident(total)}) AS {duck}) END",
-                )
-            )
-            merges.append((count, f"sum(s.{ident(count)})::BIGINT"))
     if derivation.aggregates:
-        states.append((ROWS, counted))
+        states.append((ROWS, rows))
         merges.append((ROWS, f"sum(s.{ident(ROWS)})::BIGINT"))
         merges.append((REDO, f"coalesce({' OR '.join(redo)}, false)" if redo else "false"))
     else:
@@ -333,6 +327,18 @@ def maintenance(view: CachedView, catalog: Catalog) -> Maintenance:
         tuple(states),
         tuple(merges),
     )
+
+
+def _check_exact(view: CachedView, output: DerivedOutput, stored: Layout) -> None:
+    """`NotSupportedError` unless DuckDB keeps each state of the aggregate ``output`` as
+    PostgreSQL computes it (`_EXACT`)."""
+    assert output.aggregate is not None and output.expression is not None
+    kind = _kind(stored, output.name)
+    for state in AGGREGATES[output.aggregate].states:
+        if state.delta in _EXACT:
+            kinds, why = _EXACT[state.delta]
+            if kind not in kinds or not _arithmetic(output.expression):
+                raise _refused(view, f"its {output.aggregate}({output.expression.sql()}) is {why}")
 
 
 def _arithmetic(value: exp.Expr) -> bool:

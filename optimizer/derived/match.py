@@ -15,9 +15,10 @@ A grouped view answers a query block that
   comparisons of such aggregates (not averages) with constants (HAVING), and orders by its
   output columns, with a constant LIMIT or OFFSET.
 
-The statement merges the view's groups: counts and sums are summed (a count of no rows is 0),
-minimums and maximums taken again, an average the quotient of its summed sum and count,
-divided as PostgreSQL divides (`Output` "avg": `cache.execution.convert`). A query that
+The statement merges the view's groups, each state as `sql_ext.aggregates` says: counts and
+sums are summed (a count of no rows is 0), minimums and maximums taken again, an average the
+quotient of its summed sum and count, divided as PostgreSQL divides (`Output` "avg":
+`cache.execution.convert`). A query that
 groups as the view does reads the view's rows as they are (no GROUP BY).
 
 A join view (no aggregates) answers a query block that joins the same tables by the same
@@ -43,6 +44,7 @@ from optimizer.plan import Output
 from optimizer.postgres.allowlist import reads_alike
 from optimizer.postgres.types import declared
 from sql_ext import Query
+from sql_ext.aggregates import Aggregate, aggregate_of
 from sql_ext.blocks import split_and
 from sql_ext.catalog import Catalog
 from sql_ext.params import NODE_ID, Key, duckdb_name
@@ -212,13 +214,13 @@ def match_derived(
         made = _merged(target, tables, catalog, aggregates, stored, not group, merging)
         if made is None:
             return None
-        columns, scale = made
-        if len(columns) == 2:  # an average: its sum over its count, as PostgreSQL divides
-            outputs.append(("avg", len(projections), len(projections) + 1, scale or 0, 0))
-        else:
+        aggregate, columns, scale = made
+        if aggregate.final == "state":
             if scale is not None:
                 scales[len(outputs)] = scale
             outputs.append(len(projections))
+        else:  # (an average: its sum over its count, as PostgreSQL's avg divides them)
+            outputs.append((aggregate.final, len(projections), len(projections) + 1, scale or 0, 0))
         projections += columns
     having = []
     if tree.args.get("having"):
@@ -334,32 +336,25 @@ def _aggregate_key(
     return (t.cast(str, kind), "*" if value is None else _normal(value, aliases, catalog))
 
 
-_KINDS: dict[type[exp.Expr], str] = {
-    exp.Count: "count",
-    exp.Sum: "sum",
-    exp.Avg: "avg",
-    exp.Min: "min",
-    exp.Max: "max",
-}
-
-
 def _kept(
     target: exp.Expr,
     aliases: t.Mapping[str, str],
     catalog: Catalog,
     aggregates: t.Mapping[tuple[str, str], str],
-) -> tuple[str, str] | None:
-    """The kind of an aggregate of the query and the view's column keeping it, or None."""
-    kind = _KINDS.get(type(target))
-    if kind is None:
+) -> tuple[Aggregate, str] | None:
+    """An aggregate of the query and the view's column keeping it, or None."""
+    aggregate = aggregate_of(target)
+    if aggregate is None:
         return None
     value = target.this
     if isinstance(value, exp.Distinct) or target.find(exp.Filter) is not None:
         return None
     name = aggregates.get(
-        _aggregate_key(kind, None if isinstance(value, exp.Star) else value, aliases, catalog)
+        _aggregate_key(
+            aggregate.name, None if isinstance(value, exp.Star) else value, aliases, catalog
+        )
     )
-    return None if name is None else (kind, name)
+    return None if name is None else (aggregate, name)
 
 
 def _merged(
@@ -370,55 +365,56 @@ def _merged(
     stored: Layout,
     one_group: bool,
     merging: bool,
-) -> tuple[list[exp.Expr], int | None] | None:
-    """How an aggregate of the query is made from the view's states: the DuckDB
-    expressions (an average: its sum and its count) and the sum's display scale, or None.
-    ``merging``: several of the view's groups make one of the query's (a floating-point
-    sum added up in another order may differ in its last digits: not matched then)."""
+) -> tuple[Aggregate, list[exp.Expr], int | None] | None:
+    """How an aggregate of the query is made from the view's states: its entry, the DuckDB
+    expressions (one per state its value is read from: an average's sum and count) and the
+    display scale of its first. ``merging``: several of the view's groups make one of the
+    query's (a floating-point sum added up in another order may differ in its last digits:
+    not matched then)."""
     found = _kept(target, aliases, catalog, aggregates)
     if found is None:
         return None
-    kind, name = found
-    if (
-        kind in ("sum", "avg")
-        and merging
-        and any(
-            c.duckdb_type in ("FLOAT", "DOUBLE")
-            for c in stored.columns
-            if c.name in stored.outputs[name]
-        )
+    aggregate, name = found
+    states = stored.outputs[name]
+    if merging and any(
+        state.merge is exp.Sum and _duckdb_type(stored, column) in ("FLOAT", "DOUBLE")
+        for state, column in zip(aggregate.stored, states, strict=True)
     ):
         return None
+    scale = _scale(stored, states[0])
     if not merging:  # (each of the query's groups is one of the view's rows: its states)
-        states = stored.outputs[name]
-        return [exp.column(n, quoted=True) for n in states], _scale(stored, states[0])
-    if kind == "avg":
-        total, count = stored.outputs[name]
-        return [
-            exp.Sum(this=exp.column(total, quoted=True)),
-            exp.Sum(this=exp.column(count, quoted=True)),
-        ], _scale(stored, total)
-    column = exp.column(name, quoted=True)
-    if kind == "count":
-        counted: exp.Expr = exp.Sum(this=column)
-        if one_group:  # (a count of no rows is 0)
-            counted = exp.Coalesce(this=counted, expressions=[exp.Literal.number(0)])
-        return [exp.Cast(this=counted, to=exp.DataType.build("BIGINT"))], None
-    if kind == "sum":
-        duck = next(c.duckdb_type for c in stored.columns if c.name == name)
-        summed = exp.Sum(this=column)
-        if duck == "BIGINT":  # (DuckDB sums bigints into a hugeint; PostgreSQL's is bigint)
-            return [exp.Cast(this=summed, to=exp.DataType.build("BIGINT"))], None
-        if duck.startswith("DECIMAL"):  # (DuckDB widens a sum's precision; keep the scale)
-            return [exp.Cast(this=summed, to=exp.DataType.build(duck))], _scale(stored, name)
-        return [summed], None
-    return [exp.Min(this=column) if kind == "min" else exp.Max(this=column)], _scale(stored, name)
+        return aggregate, [exp.column(n, quoted=True) for n in states], scale
+    if aggregate.final != "state":  # (its states merged as they are: the converter divides)
+        return (
+            aggregate,
+            [
+                s.merge(this=exp.column(n, quoted=True))
+                for s, n in zip(aggregate.stored, states, strict=True)
+            ],
+            scale,
+        )
+    (state,) = aggregate.stored
+    merged: exp.Expr = state.merge(this=exp.column(name, quoted=True))
+    if state.merge is not exp.Sum:  # (an extreme of extremes: the stored type and scale)
+        return aggregate, [merged], scale
+    if aggregate.zero_when_empty and one_group:  # (a count of no rows is 0)
+        merged = exp.Coalesce(this=merged, expressions=[exp.Literal.number(0)])
+    duck = _duckdb_type(stored, name)
+    if duck == "BIGINT":  # (DuckDB sums bigints into a hugeint; PostgreSQL's is bigint)
+        return aggregate, [exp.Cast(this=merged, to=exp.DataType.build("BIGINT"))], None
+    if duck.startswith("DECIMAL"):  # (DuckDB widens a sum's precision; keep the scale)
+        return aggregate, [exp.Cast(this=merged, to=exp.DataType.build(duck))], scale
+    return aggregate, [merged], None
+
+
+def _duckdb_type(stored: Layout, name: str) -> str:
+    return next(c.duckdb_type for c in stored.columns if c.name == name)
 
 
 def _scale(stored: Layout, name: str) -> int | None:
     """The display scale of every value of a stored numeric column (None: not a numeric;
     an integer's is 0)."""
-    duck = next(c.duckdb_type for c in stored.columns if c.name == name)
+    duck = _duckdb_type(stored, name)
     if duck.startswith("DECIMAL"):
         return int(duck.rstrip(")").split(",")[1])
     return 0 if duck in ("SMALLINT", "INTEGER", "BIGINT") else None
@@ -488,20 +484,20 @@ def _having(
         return None
     target: exp.Expr = conjunct.this
     found = _kept(target, aliases, catalog, aggregates)
-    if found is None or found[0] == "avg":
+    if found is None or found[0].final != "state":  # (an average: a quotient of states)
         return None
     made = _merged(target, aliases, catalog, aggregates, stored, one_group, merging)
     if made is None:
         return None
     pg_type = next(c.pg_type for c in stored.columns if c.name == found[1])
-    kind = "integer" if found[0] == "count" else declared(pg_type).kind
+    kind = declared(pg_type).kind  # (a count's: bigint's, integer)
     if kind not in ("integer", "numeric", "float", "date"):
         return None  # (text ordered by a collation DuckDB does not share, ...)
     values = [v for k, v in conjunct.args.items() if k != "this" and v is not None]
     if not all(_reads_alike(v, kind, {}) for v in values):
         return None
     copy = conjunct.copy()
-    copy.set("this", made[0][0])
+    copy.set("this", made[1][0])
     return copy
 
 

@@ -1,6 +1,7 @@
 """What the cache stores of a derived cached view (`control_tables.derived`), and how the
 backend computes it: the view's columns, with each aggregate kept as the states it is
-computed again from when groups are merged (DBSP's and DBToaster's re-aggregable form).
+computed again from when groups are merged (DBSP's and DBToaster's re-aggregable form; the
+table of aggregates, `sql_ext.aggregates`, lists each one's states):
 
 - a column of the rows, ``count`` and ``count(*)``, ``min`` and ``max``: one stored column;
 - ``sum``: one stored column, in the type PostgreSQL's sum returns (bigint for smallint and
@@ -26,12 +27,13 @@ from sqlglot import exp
 from control_tables.schema import CachedView
 from control_tables.types import duckdb_type
 from optimizer.analysis.analyze import statement_types
+from optimizer.postgres.expression_types import ExpressionTypes
 from optimizer.postgres.types import PgType
 from sql_ext import CreateCachedView, Query, parse_one
+from sql_ext.aggregates import AGGREGATES, COUNT_SUFFIX, SUM_SUFFIX, State
 from sql_ext.catalog import Catalog
 from sql_ext.errors import NotSupportedError
 
-SUM_SUFFIX, COUNT_SUFFIX = "__sum", "__count"
 ROWS = "mtcache_rows"  # a continuously maintained group's row count (it leaves at none)
 NUMERIC_DIGITS = 38  # DuckDB's widest decimal
 
@@ -66,36 +68,15 @@ def layout(view: CachedView, catalog: Catalog) -> Layout:
         name = output.name
         if output.aggregate is None:
             columns.append(_stored(view, name, types.of(target), target, catalog, target))
-        elif output.count_star or output.aggregate == "count":
-            columns.append(StoredColumn(name, "bigint", "BIGINT", target.copy()))
-        elif output.aggregate in ("min", "max"):
-            columns.append(_stored(view, name, types.of(target.this), target.this, catalog, target))
-        elif output.aggregate == "sum":
-            columns.append(
-                _sum(view, name, types.of(target.this), exp.Sum(this=target.this.copy()))
-            )
-            if view.continuous:  # (how many values it adds: a sum of none is NULL)
-                columns.append(
-                    StoredColumn(
-                        name + COUNT_SUFFIX, "bigint", "BIGINT", exp.Count(this=target.this.copy())
-                    )
-                )
-        else:  # avg: its sum and its count
-            value = target.this
-            kind = types.of(value)
-            total = _sum(
-                view,
-                name + SUM_SUFFIX,
-                kind.as_numeric() if kind.kind == "integer" else kind,
-                exp.Sum(this=value.copy()),
-            )
-            count = StoredColumn(
-                name + COUNT_SUFFIX, "bigint", "BIGINT", exp.Count(this=value.copy())
-            )
-            columns += [total, count]
-            outputs[name] = (total.name, count.name)
+            outputs[name] = (name,)
             continue
-        outputs[name] = (name,)
+        aggregate = AGGREGATES[output.aggregate]
+        value = target.this  # (count(*): a Star)
+        for state in aggregate.states:
+            if state.continuous_only and not view.continuous:
+                continue
+            columns.append(_state(view, name + state.suffix, state, value, types, catalog))
+        outputs[name] = tuple(name + s.suffix for s in aggregate.stored)
     if view.continuous and derivation.aggregates:
         columns.append(StoredColumn(ROWS, "bigint", "BIGINT", exp.Count(this=exp.Star())))
     names = [c.name for c in columns]
@@ -127,6 +108,27 @@ def definition(view: CachedView) -> tuple[Query, exp.Select]:
     query = parse_one(statement.select.sql(dialect="postgres"))
     assert isinstance(query, Query) and isinstance(query.tree, exp.Select)
     return query, query.tree
+
+
+def _state(
+    view: CachedView,
+    name: str,
+    state: State,
+    value: exp.Expr,
+    types: ExpressionTypes,
+    catalog: Catalog,
+) -> StoredColumn:
+    """A state's stored column, of the type `sql_ext.aggregates.State.stored_as` says,
+    computed by its function of the aggregate's argument ``value``."""
+    source = state.function(this=value.copy())
+    if state.stored_as == "bigint":
+        return StoredColumn(name, "bigint", "BIGINT", source)
+    found = types.of(value)
+    if state.stored_as == "value":
+        return _stored(view, name, found, value, catalog, source)
+    if state.stored_as == "numeric sum" and found.kind == "integer":
+        found = found.as_numeric()
+    return _sum(view, name, found, source)
 
 
 def _stored(

@@ -11,6 +11,8 @@ import typing as t
 from sqlglot import exp
 from sqlglot.tokens import Token, TokenType
 
+from sql_ext.aggregates import NODES as AGGREGATE_NODES
+from sql_ext.aggregates import listed
 from sql_ext.grammar.base import token_of
 from sql_ext.grammar.currency import CurrencyParser
 from sql_ext.nodes import (
@@ -345,10 +347,10 @@ class CacheDDLParser(CurrencyParser):
                 )
             if isinstance(target, exp.Column):
                 continue
-            if not isinstance(target, DERIVED_AGGREGATES):
+            if not isinstance(target, AGGREGATE_NODES):
                 self._fail(
-                    "a derived cached view projects columns and the aggregates count, "
-                    f"sum, avg, min and max: {projection.sql(dialect='postgres')!r}",
+                    f"a derived cached view projects columns and the aggregates {listed()}: "
+                    f"{projection.sql(dialect='postgres')!r}",
                     token_of(projection, token),
                 )
             if not isinstance(projection, exp.Alias):
@@ -364,16 +366,12 @@ class CacheDDLParser(CurrencyParser):
                     f"{projection.sql(dialect='postgres')!r}",
                     token_of(projection, token),
                 )
-            if value is not None and value.find(*DERIVED_AGGREGATES) is not None:
+            if value is not None and value.find(*AGGREGATE_NODES) is not None:
                 self._fail(
                     "an aggregate of a derived cached view takes an expression of the "
                     f"rows: {projection.sql(dialect='postgres')!r}",
                     token_of(projection, token),
                 )
-
-
-# the aggregates a derived cached view keeps (count(*) is a Count of a Star)
-DERIVED_AGGREGATES = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max)
 
 
 def is_derived(select: exp.Select) -> bool:
@@ -382,5 +380,5 @@ def is_derived(select: exp.Select) -> bool:
     return bool(
         select.args.get("joins")
         or select.args.get("group")
-        or any(p.find(*DERIVED_AGGREGATES) is not None for p in select.expressions)
+        or any(p.find(*AGGREGATE_NODES) is not None for p in select.expressions)
     )
