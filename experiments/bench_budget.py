@@ -52,6 +52,7 @@ from cache.backend.pgoutput.messages import lsn_value
 from cache.engine.admission import Doorkeeper
 from cache.maintenance.budget import ROOM
 from cache.store.budget import RegionHits
+from cache.store.counters import Counter
 from experiments import tpch
 from experiments.provenance import append_rows
 from optimizer.rules.eviction_policy import Held, victims
@@ -253,7 +254,7 @@ def policy_live(
         "peak_data_bytes": peaks["data_bytes"],
         "peak_file_bytes": peaks["file_bytes"],
         "peak_memory_bytes": peaks["memory_in_use_bytes"],
-        "evictions": counters["evictions"],
+        "evictions": counters[Counter.EVICTIONS],
         "seconds": seconds,
     }
 

@@ -16,6 +16,7 @@ import psycopg
 
 import cache
 from cache.engine.engine import Engine
+from cache.server.counters import ServerCounter
 from cache.server.options import ServerOptions
 from cache.server.server import Server
 from cache.wire import protocol
@@ -98,6 +99,12 @@ def serving(
                 for statement in statements:
                     conn.execute(statement)
         yield served
+
+
+def relayed_runs(served: Served) -> int:
+    """The prepared runs the server's loop passed through, byte for byte or not."""
+    counters = served.server.counters
+    return counters[ServerCounter.RELAYED] + counters[ServerCounter.RELAYED_RAW]
 
 
 # a local statement that runs for minutes unless cancelled: 2,000^3 combinations in DuckDB,

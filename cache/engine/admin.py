@@ -33,6 +33,7 @@ from cache.maintenance.report import Report
 from cache.maintenance.stream.publication import publication_for
 from cache.maintenance.stream.status import stream_status
 from cache.store.cache_file import CacheStore, DdlResult, check_resources
+from cache.store.counters import Counts, as_document
 from cache.store.status import status
 from control_tables.schema import control_role
 from sql_ext import CreateCachedView, Statement, parse
@@ -55,7 +56,7 @@ class Admin:
         admissions: Admissions | None = None,
         on_catalog: Callable[[Catalog], None] | None = None,
         lock: threading.RLock | None = None,
-        counters: Callable[[], dict[str, int]] | None = None,
+        counters: Callable[[], Counts] | None = None,
     ) -> None:
         self._lock = lock or threading.RLock()  # the connection's, when reached through one
         self._store = store
@@ -193,7 +194,7 @@ class Admin:
         ``views``; else summed up."""
         document = status(self._store, detail=views)
         if self._counters is not None:
-            document["counters"] = self._counters()
+            document["counters"] = as_document(self._counters())
         document["stream"] = stream_status(self._store, self._backend)
         return document
 

@@ -44,6 +44,7 @@ from cache.execution.phases import Phases
 from cache.execution.planning import Planner, Prepared
 from cache.execution.provenance import Executed, Provenance
 from cache.store.cache_file import CacheStore
+from cache.store.counters import Counter, Counts
 from cache.store.region_state import read_region_state
 from control_tables.kinds import GuardKind
 from control_tables.regions import RegionState
@@ -71,7 +72,7 @@ class CachedReads:
     state: SessionState
     planner: Planner
     link: BackendLink
-    counters: dict[str, int]
+    counters: Counts
     phases: Phases | None
     currency_bound: float | None
     stale_ok: bool
@@ -111,7 +112,7 @@ class CachedReads:
             self._mark("run")
             result.plan = prepared.plan
             result.set_provenance(lambda: Provenance.remote(self.planner.base_tables(query)))
-            self.counters["remote"] += 1
+            self.counters[Counter.REMOTE] += 1
             self.state.saw_backend()
             return result
         except BackendUnavailableError as exc:
@@ -373,15 +374,15 @@ class CachedReads:
         if not ignore_currency:
             misses = decision.misses
             counters = self.counters
-            counters["presence_misses"] += misses.presence
-            counters["currency_misses"] += misses.currency
-            counters["completeness_misses"] += misses.completeness
-            counters["consistency_misses"] += misses.consistency
-            counters["timeline_misses"] += misses.timeline
+            counters[Counter.PRESENCE_MISSES] += misses.presence
+            counters[Counter.CURRENCY_MISSES] += misses.currency
+            counters[Counter.COMPLETENESS_MISSES] += misses.completeness
+            counters[Counter.CONSISTENCY_MISSES] += misses.consistency
+            counters[Counter.TIMELINE_MISSES] += misses.timeline
             if misses.admittable:
                 self._note_reads(plan, misses.admittable)
                 if self.admit_on_miss:
-                    counters["deferred_admissions"] += self.engine.admissions.request(
+                    counters[Counter.DEFERRED_ADMISSIONS] += self.engine.admissions.request(
                         misses.admittable
                     )
         observer = self.engine.on_decision
@@ -407,7 +408,7 @@ class CachedReads:
         self._counted_local(decision, ran.memo)
         self._note_hits(prepared.plan, decision)
         if remote:
-            self.counters["remote"] += 1
+            self.counters[Counter.REMOTE] += 1
         provenance: Provenance | t.Callable[[], Provenance]
         if stale:
             provenance = Provenance.of(decision, mark_stale=True)
@@ -497,8 +498,8 @@ class CachedReads:
         and noted as `read_locally` counts and notes its answers (`_counted_local`, in
         line: the server's hit path)."""
         counters = self.counters
-        counters["hits"] += decision.local
-        counters["memo_hits"] += 1
+        counters[Counter.HITS] += decision.local
+        counters[Counter.MEMO_HITS] += 1
         self._last = lineage
         self.last_route = "local"
         self._saw(decision)
@@ -523,9 +524,9 @@ class CachedReads:
         """The accesses a decision kept local, and whether the memo (or an index) answered
         (None: it was not asked)."""
         counters = self.counters
-        counters["hits"] += decision.local
+        counters[Counter.HITS] += decision.local
         if memo is not None:
-            counters["memo_hits" if memo else "memo_misses"] += 1
+            counters[Counter.MEMO_HITS if memo else Counter.MEMO_MISSES] += 1
 
     def _note_hits(self, plan: Plan, decision: Decision) -> None:
         """The presence regions a local answer read (`_note_reads`)."""
@@ -558,7 +559,7 @@ class CachedReads:
         """The caller had the backend answer a query `read_locally` left to it."""
         self.link.left(effects_of(query.backend_sql))
         self._last = lambda: Provenance.remote(self.planner.base_tables(query))
-        self.counters["remote"] += 1
+        self.counters[Counter.REMOTE] += 1
         state = self.state
         state.saw_backend()
         if state.timeline_active:

@@ -51,7 +51,8 @@ from cache.execution.memo import memo_for
 from cache.execution.planning import PlanCache
 from cache.maintenance.background import Background, attach, detach
 from cache.maintenance.stream import DEFAULT_LAG_LIMIT
-from cache.store.cache_file import COUNTERS, CacheStore, check_resources
+from cache.store.cache_file import CacheStore, check_resources
+from cache.store.counters import Counter, Counts
 from cache.store.region_state import read_region_state
 from control_tables.regions import RegionState
 from heartbeat.clock import CLOCK_MAX_AGE, BackendClock, measure
@@ -64,7 +65,7 @@ from sql_ext.errors import BackendUnavailableError, ProgrammingError, SqlSyntaxE
 class Member(t.Protocol):
     """What an engine needs of its sessions (`cache.engine.session.Session`)."""
 
-    counters: dict[str, int]
+    counters: Counts
 
     def close(self) -> None: ...
 
@@ -193,7 +194,7 @@ class Engine:
         self._regions: RegionState | None = None
         # the engine's DuckDB handle reads the regions for every session: one thread at a time
         self._regions_lock = threading.Lock()
-        self._counters = dict.fromkeys(COUNTERS, 0)  # flushed by closed sessions, not saved yet
+        self._counters = Counter.zeros()  # flushed by closed sessions, not saved yet
         self._counters_lock = threading.Lock()
         self._clock: BackendClock | None = None  # `shared_clock`
         self._clock_lock = threading.Lock()
@@ -273,11 +274,11 @@ class Engine:
 
     # -- counters --------------------------------------------------------------------------------
 
-    def add_counters(self, amounts: t.Mapping[str, int]) -> None:
+    def add_counters(self, amounts: t.Mapping[Counter, int]) -> None:
         """A closing session's counts, saved in the file when the engine closes."""
         with self._counters_lock:
-            for name, value in amounts.items():
-                self._counters[name] += value
+            for counter, value in amounts.items():
+                self._counters[counter] += value
 
     def stats(self, document: dict[str, t.Any]) -> list[Sample]:
         """The cache's figures (`cache.engine.stats`): a status document's, and what serves
@@ -287,23 +288,23 @@ class Engine:
             found += source()
         return found
 
-    def counters(self, store: CacheStore | None = None) -> dict[str, int]:
+    def counters(self, store: CacheStore | None = None) -> Counts:
         """Hits, misses, remote answers and memo use: the file's totals so far (read through
         ``store``, a session's own handle, when given), with what this engine's sessions
         counted and have not saved yet."""
         totals = (store or self.store).counters()
         with self._counters_lock:
-            for name, value in self._counters.items():
-                totals[name] = totals.get(name, 0) + value
+            for counter, value in self._counters.items():
+                totals[counter] = totals.get(counter, 0) + value
         for session in list(self._sessions):
-            for name, value in session.counters.items():
-                totals[name] = totals.get(name, 0) + value
+            for counter, value in session.counters.items():
+                totals[counter] = totals.get(counter, 0) + value
         return totals
 
     def _flush_counters(self) -> None:
         with self._counters_lock:
             pending = {k: v for k, v in self._counters.items() if v}
-            self._counters = dict.fromkeys(COUNTERS, 0)
+            self._counters = Counter.zeros()
         if pending:
             self.store.add_counters(pending)
 

@@ -66,7 +66,7 @@ from cache.execution.execute import (
 from cache.execution.phases import Phases
 from cache.execution.planning import Planner
 from cache.execution.provenance import Executed, Provenance
-from cache.store.cache_file import COUNTERS
+from cache.store.counters import Counter
 from heartbeat.clock import BackendClock
 from optimizer.plan import Plan
 from optimizer.rules.evaluate_guards import Decision
@@ -143,7 +143,7 @@ class Session(CachedReads):
             pool=pool,
             on_lost=self._lost_transaction_ended,
         )
-        self.counters = dict.fromkeys(COUNTERS, 0)  # this session's, until it closes
+        self.counters = Counter.zeros()  # this session's, until it closes
         self.phases: Phases | None = None  # set to time each statement's phases
         self.closed = True  # until everything below is open
         engine.join(self)
@@ -419,7 +419,7 @@ class Session(CachedReads):
         if isinstance(route, Passthrough) and route.reads is not None:
             query = route.reads
             self._last = lambda: Provenance.remote(self.planner.base_tables(query))
-            self.counters["remote"] += 1
+            self.counters[Counter.REMOTE] += 1
             self.state.saw_backend()
         else:
             self._last = NO_PROVENANCE

@@ -8,6 +8,9 @@ path beyond the counters the cache keeps anyway.
 from __future__ import annotations
 
 import typing as t
+from collections.abc import Iterable, Mapping
+
+from cache.store.counters import Counter, CounterEnum, by_family
 
 
 class Sample(t.NamedTuple):
@@ -18,61 +21,25 @@ class Sample(t.NamedTuple):
     help: str
 
 
-def _counter(name: str, value: float, help: str, **labels: str) -> Sample:
-    return Sample(name, tuple(labels.items()), float(value), "counter", help)
-
-
 def _gauge(name: str, value: float, help: str, **labels: str) -> Sample:
     return Sample(name, tuple(labels.items()), float(value), "gauge", help)
 
 
-ACCESSES = "table accesses of cached reads, by where they were answered"
-GUARDS = "guard failures sending an access to the backend, by kind"
-MEMO = "local answers looked up in the result memo or a lookup index"
+E = t.TypeVar("E", bound=CounterEnum)
+
+
+def counter_samples(members: Iterable[E], counts: Mapping[E, float]) -> list[Sample]:
+    """A registry's counters (`cache.store.counters`) as samples, each as its ``series``
+    says, a family's together (`by_family`); a counter missing from ``counts`` is 0."""
+    return [
+        Sample(c.series.name, c.series.labels, float(counts.get(c, 0)), "counter", c.series.help)
+        for c in by_family(members)
+    ]
 
 
 def document_samples(document: dict[str, t.Any]) -> list[Sample]:
     """The samples of a status document (`Admin.status`)."""
-    counters = document.get("counters", {})
-    found = [
-        _counter("mtcache_accesses_total", counters.get("hits", 0), ACCESSES, outcome="local"),
-        _counter("mtcache_accesses_total", counters.get("remote", 0), ACCESSES, outcome="remote"),
-        _counter(
-            "mtcache_guard_failures_total",
-            counters.get("presence_misses", 0),
-            GUARDS,
-            kind="presence",
-        ),
-        _counter(
-            "mtcache_guard_failures_total",
-            counters.get("currency_misses", 0),
-            GUARDS,
-            kind="currency",
-        ),
-        *(
-            _counter(
-                "mtcache_guard_failures_total", counters.get(f"{kind}_misses", 0), GUARDS, kind=kind
-            )
-            for kind in ("completeness", "consistency", "timeline")
-        ),
-        _counter("mtcache_memo_lookups_total", counters.get("memo_hits", 0), MEMO, result="hit"),
-        _counter("mtcache_memo_lookups_total", counters.get("memo_misses", 0), MEMO, result="miss"),
-        _counter(
-            "mtcache_evictions_total",
-            counters.get("evictions", 0),
-            "presence regions the size budget evicted",
-        ),
-        _counter(
-            "mtcache_budget_overruns_total",
-            counters.get("budget_overruns", 0),
-            "stream batches that landed over the size budget (nothing left to evict)",
-        ),
-        _counter(
-            "mtcache_deferred_admissions_total",
-            counters.get("deferred_admissions", 0),
-            "first misses of a key the doorkeeper did not admit",
-        ),
-    ]
+    found = counter_samples(Counter, document.get("counters", {}))
     used = document.get("resources") or {}
     if "data_bytes" in used:
         found.append(
@@ -149,4 +116,4 @@ def document_samples(document: dict[str, t.Any]) -> list[Sample]:
     return found
 
 
-__all__ = ["Sample", "document_samples"]
+__all__ = ["Sample", "counter_samples", "document_samples"]

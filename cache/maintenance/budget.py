@@ -27,6 +27,7 @@ from cache.maintenance.evict import remove_keys
 from cache.maintenance.report import Report
 from cache.store.budget import data_bytes, data_tables
 from cache.store.cache_file import CacheStore, count_in
+from cache.store.counters import Counter
 from control_tables.schema import CachedView, CacheSchema, control_role
 from optimizer.rules.eviction_policy import Held, refreshes_per_window, victims
 from sql_ext.errors import OperationalError
@@ -83,7 +84,7 @@ def within_budget(
         sizes = data_bytes(con, tables, budget.widths)
         total = sum(sizes.values())
     count = sum(len(keys) for keys in evicted.values())
-    amounts = {"evictions": count}
+    amounts = {Counter.EVICTIONS: count}
     if total > limit:
         if strict:
             left = _held(con, schema, budget.widths, _nothing, 1.0)
@@ -96,7 +97,7 @@ def within_budget(
                 "materialized views and copies); nothing was changed. Raise "
                 "cache_size_limit, or admit fewer keys"
             )
-        amounts["budget_overruns"] = 1
+        amounts[Counter.BUDGET_OVERRUNS] = 1
     count_in(con, amounts)
     if touched:
         store.changed(sorted(touched))

@@ -25,6 +25,7 @@ from cache.engine.conversation.opening import Conversations
 from cache.engine.engine import Engine
 from cache.engine.session import Session
 from cache.server.auth import AUTH_SECONDS, LoginRefused, login_of, peer_address
+from cache.server.counters import ServerCounter
 from cache.server.limits import Admission, Limits
 from cache.server.options import ServerOptions
 from cache.server.output import write_all
@@ -55,12 +56,8 @@ class Host(t.Protocol):
     conversations: Conversations
     loop: asyncio.AbstractEventLoop | None
     loop_thread: int | None
-    # prepared runs taken whole (`ClientConnection._at_hand`): answered by a lane, at hand,
-    # and passed through by the loop (of them, byte for byte)
-    lane_hits: int
-    runs_at_once: int
-    relayed_at_once: int
-    relayed_raw: int
+    # prepared runs taken whole (`ClientConnection._at_hand`), by the path that answered them
+    counters: dict[ServerCounter, int]
 
     @property
     def stopping(self) -> bool: ...
@@ -189,10 +186,8 @@ class ClientConnection(asyncio.Protocol):
             return False
         if isinstance(taken, Answered):
             self._flush()
-            if taken is Answered.LANE:
-                self.server.lane_hits += 1
-            else:
-                self.server.runs_at_once += 1
+            path = ServerCounter.LANE if taken is Answered.LANE else ServerCounter.AT_HAND
+            self.server.counters[path] += 1
             return True
         self._relay(taken)
         return True
@@ -207,9 +202,9 @@ class ClientConnection(asyncio.Protocol):
         self.running.start()  # (a cancel before this finds nothing running, as before the send)
         if self._watched != passing.fd:
             self._watch_backend()
-        self.server.relayed_at_once += 1
-        if passing.raw:
-            self.server.relayed_raw += 1
+        self.server.counters[
+            ServerCounter.RELAYED_RAW if passing.raw else ServerCounter.RELAYED
+        ] += 1
 
     def _backend_writable(self) -> None:
         """What is not sent yet of a passed-through run, sent (waiting for the backend's

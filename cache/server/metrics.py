@@ -30,20 +30,17 @@ from cache.backend.pool import backend_pool
 from cache.backend.session_pool import SessionPool
 from cache.engine.conversation.statistics import StatementStats
 from cache.engine.engine import Engine
-from cache.engine.stats import Sample
+from cache.engine.stats import Sample, counter_samples
+from cache.server.counters import ServerCounter
 
 LIVE_SECONDS = 2.0
-STATEMENTS = "statements the server answered, by the path that answered them"
 
 
 class Server(t.Protocol):
     """What the endpoint reads of the server (`cache.server.server.Server`)."""
 
     engine: Engine
-    lane_hits: int
-    runs_at_once: int
-    relayed_at_once: int
-    relayed_raw: int
+    counters: dict[ServerCounter, int]
     pool: SessionPool | None
     statement_stats: StatementStats | None
 
@@ -58,12 +55,6 @@ class Server(t.Protocol):
 
 def server_samples(server: Server) -> list[Sample]:
     """The server's own figures."""
-    paths = (
-        ("lane", server.lane_hits),
-        ("at_hand", server.runs_at_once),
-        ("relayed_raw", server.relayed_raw),
-        ("relayed", server.relayed_at_once - server.relayed_raw),
-    )
     found = [
         Sample("mtcache_sessions", (), float(server.sessions()), "gauge", "client sessions open"),
         Sample(
@@ -73,16 +64,7 @@ def server_samples(server: Server) -> list[Sample]:
             "gauge",
             "client sessions answering a statement now",
         ),
-        *(
-            Sample(
-                "mtcache_server_statements_total",
-                (("path", path),),
-                float(count),
-                "counter",
-                STATEMENTS,
-            )
-            for path, count in paths
-        ),
+        *counter_samples(ServerCounter, server.counters),
     ]
     pool = backend_pool(server.engine.backend).get_stats()
     found += [

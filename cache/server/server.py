@@ -55,6 +55,7 @@ from cache.engine.engine import Engine
 from cache.engine.session import Session
 from cache.engine.stats import Sample
 from cache.server.connection import ClientConnection
+from cache.server.counters import ServerCounter
 from cache.server.limits import TICK_SECONDS, Admission
 from cache.server.metrics import MetricsEndpoint, server_samples
 from cache.server.options import ServerOptions, listen_socket, metrics_address
@@ -114,12 +115,10 @@ class Server:
             max_result_bytes=self.options.max_result_bytes,
             statement_stats=self.statement_stats,
         )
-        # prepared runs taken whole (`ClientConnection._at_hand`, `AtOnce.take`): answered by
-        # a statement's lane, or at hand
-        self.lane_hits = 0
-        self.runs_at_once = 0
-        self.relayed_at_once = 0  # passed through by the loop (`ClientConnection._relay`)
-        self.relayed_raw = 0  # of them, byte for byte (`cache.engine.conversation.raw`)
+        # prepared runs taken whole (`ClientConnection._at_hand`, `AtOnce.take`), by the path
+        # that answered them: a statement's lane, at hand, passed through by the loop
+        # (`ClientConnection._relay`) byte for byte or not (`cache.server.counters`)
+        self.counters = ServerCounter.zeros()
 
     # -- serving -----------------------------------------------------------------------------------
 

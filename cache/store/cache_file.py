@@ -8,7 +8,8 @@ view-level region state, snapshots and counters. Everything survives restarts.
 `CacheStore` is one open file: it opens (and migrates) it, and is a `FileHandle`
 (`cache.store.handle`: versions, transactions, locks) with the shadow catalog
 (`cache.store.shadow_catalog`) and the cache schema (`cache.store.schema_store`); here too are
-the file's format, its counters, DuckDB's resources and a DDL script applied whole.
+the file's format, its counters (`cache.store.counters`), DuckDB's resources and a DDL
+script applied whole.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from sqlglot import exp
 from cache.private_files import make_private, make_private_dirs
 from cache.store import functions
 from cache.store.budget import data_bytes, data_tables, parse_size
+from cache.store.counters import Counter, Counts, named
 from cache.store.handle import shared_state
 from cache.store.schema_store import SchemaStore
 from cache.store.served import served_at
@@ -81,10 +83,12 @@ def check_resources(
         limit_resources(trial, memory_limit, threads)
 
 
-def count_in(con: duckdb.DuckDBPyConnection, amounts: t.Mapping[str, int]) -> None:
-    """Inside a transaction: add to the counters of `mtcache status`."""
-    for name, amount in amounts.items():
-        con.execute("UPDATE mtcache.counters SET value = value + ? WHERE name = ?", [amount, name])
+def count_in(con: duckdb.DuckDBPyConnection, amounts: t.Mapping[Counter, int]) -> None:
+    """Inside a transaction: add to the counters of `mtcache status` (`cache.store.counters`)."""
+    for counter, amount in amounts.items():
+        con.execute(
+            "UPDATE mtcache.counters SET value = value + ? WHERE name = ?", [amount, counter.value]
+        )
 
 
 # 2: char(n) values are stored without their blank padding (control_tables.types.BPCHAR);
@@ -136,26 +140,6 @@ _METADATA = [
         snapshot_id BIGINT, pg_snapshot VARCHAR, until_lsn BIGINT, backend_time TIMESTAMPTZ,
         view VARCHAR, predicate VARCHAR)""",
 ]
-
-# memo_hits / memo_misses: local answers reused from memory (the result memo or a lookup
-# index) / kept in the result memo
-# evictions: presence keys the size budget evicted; budget_overruns: stream batches that
-# landed over it (nothing left to evict); deferred_admissions: first misses of a key the
-# doorkeeper did not admit (`cache.engine.admission`)
-COUNTERS = (
-    "hits",
-    "presence_misses",
-    "currency_misses",
-    "remote",
-    "memo_hits",
-    "memo_misses",
-    "completeness_misses",
-    "consistency_misses",
-    "timeline_misses",
-    "evictions",
-    "budget_overruns",
-    "deferred_admissions",
-)
 
 
 @dataclass(frozen=True)
@@ -242,9 +226,10 @@ class CacheStore(SchemaStore, CatalogStore):
                 "INSERT INTO mtcache.meta VALUES ('format_version', ?) ON CONFLICT DO NOTHING",
                 [FORMAT_VERSION],
             )
-            for name in COUNTERS:
+            for counter in Counter:
                 self.con.execute(
-                    "INSERT INTO mtcache.counters VALUES (?, 0) ON CONFLICT DO NOTHING", [name]
+                    "INSERT INTO mtcache.counters VALUES (?, 0) ON CONFLICT DO NOTHING",
+                    [counter.value],
                 )
             row = self.con.execute(
                 "SELECT value FROM mtcache.meta WHERE key = 'format_version'"
@@ -302,7 +287,7 @@ class CacheStore(SchemaStore, CatalogStore):
                 [json.dumps(clock.to_json())],
             )
 
-    def add_counters(self, amounts: dict[str, int]) -> None:
+    def add_counters(self, amounts: t.Mapping[Counter, int]) -> None:
         """Add to the counters of `mtcache status` (hits, misses, remote executions)."""
         with self.transaction() as con:
             count_in(con, amounts)
@@ -416,10 +401,12 @@ class CacheStore(SchemaStore, CatalogStore):
 
     # -- counters ------------------------------------------------------------------------------
 
-    def counters(self) -> dict[str, int]:
-        return {
-            name: int(value)
-            for name, value in self.con.execute(
-                "SELECT name, value FROM mtcache.counters"
-            ).fetchall()
-        }
+    def counters(self) -> Counts:
+        """The counters saved in the file, in its order (a name this version does not know,
+        a newer one's, is left out)."""
+        found: Counts = {}
+        for name, value in self.con.execute("SELECT name, value FROM mtcache.counters").fetchall():
+            counter = named(name)
+            if counter is not None:
+                found[counter] = int(value)
+        return found

@@ -13,6 +13,7 @@ from collections.abc import Collection
 
 from cache.store.budget import copy_tables
 from cache.store.cache_file import CacheStore
+from cache.store.counters import as_document
 from cache.store.refresh_times import measured_delays, refresh_times
 from control_tables.kinds import RegionKind
 from control_tables.regions import guarantees
@@ -76,7 +77,7 @@ def status(
             name: list(schema.control_tables[name].column_names)
             for name in sorted(schema.control_tables)
         },
-        "counters": store.counters(),
+        "counters": as_document(store.counters()),
         # what the file's DuckDB may use and uses now
         "resources": store.resources(),
     }

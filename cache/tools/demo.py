@@ -23,6 +23,7 @@ from cache.backend.reflect import fetch_catalog
 from cache.engine.admin import Admin
 from cache.server.process import client_environment, serving_process
 from cache.sqla import engine_url, provenance
+from cache.store.counters import Counter
 from cache.tools import bookstore
 from cache.tools.formatting import describe_class
 from cache.tools.settings import Settings
@@ -361,4 +362,4 @@ def _client(argv: list[str], env: dict[str, str], script: str | None = None) -> 
 
 def _hits(conn: psycopg.Connection[t.Any]) -> int:
     rows = dict(conn.execute("SHOW CACHE STATUS").fetchall())
-    return int(json.loads(rows["counters"])["hits"])
+    return int(json.loads(rows["counters"])[Counter.HITS])

@@ -40,6 +40,7 @@ from pathlib import Path
 import psycopg
 
 import cache
+from cache.store.counters import Counter
 from experiments import tpch
 from experiments.runs.framework import (
     Context,
@@ -263,7 +264,7 @@ def _sample(
             order = list(bounds)
             shuffle(order)
         b = order.pop()
-        misses = counters["currency_misses"] + counters["presence_misses"]
+        misses = counters[Counter.CURRENCY_MISSES] + counters[Counter.PRESENCE_MISSES]
         cur.execute(bounds[b])
         cur.fetchall()
         local = cur.provenance[0]["route"] == "local"
@@ -273,7 +274,7 @@ def _sample(
         counts[b][2] += (
             not local
             and guarded
-            and misses == counters["currency_misses"] + counters["presence_misses"]
+            and misses == counters[Counter.CURRENCY_MISSES] + counters[Counter.PRESENCE_MISSES]
         )
         slot += 1
     return {b: Counts(*c) for b, c in counts.items()}

@@ -23,6 +23,7 @@ from cache.engine.result import Result
 from cache.engine.route import CachedRead
 from cache.engine.session import Session
 from cache.execution.lookup import LookupIndexes, lookup_shape
+from cache.store.counters import Counter
 from tests.answers import assert_same_answer, cached_copies, typed
 
 BOUND = " CURRENCY BOUND 10 MIN"
@@ -211,7 +212,7 @@ def test_a_lane_answers_as_the_full_path_while_nothing_it_depends_on_changes(
     assert lane is not None
 
     def counted() -> tuple[int, int]:
-        return session.counters["hits"], session.counters["memo_hits"]
+        return session.counters[Counter.HITS], session.counters[Counter.MEMO_HITS]
 
     def accesses() -> list[tuple[t.Any, ...]]:
         return [
@@ -292,7 +293,11 @@ def test_an_answer_at_hand_never_waits_and_is_counted_once(
     def counted() -> tuple[int, int, int]:
         memo = conn.engine.memo
         assert memo is not None
-        return session.counters["hits"], session.counters["memo_hits"], memo.results.misses
+        return (
+            session.counters[Counter.HITS],
+            session.counters[Counter.MEMO_HITS],
+            memo.results.misses,
+        )
 
     for _ in range(2):
         before = counted()

@@ -15,6 +15,7 @@ import pytest
 
 import cache
 from cache.engine.link.effects import effects_of
+from cache.store.counters import Counter
 from tests.answers import typed
 from tests.serving import Served, serving
 
@@ -56,7 +57,7 @@ def direct(served: Served, role: str) -> psycopg.Connection[t.Any]:
 
 
 def hits(served: Served) -> int:
-    return int(served.engine.counters()["hits"])
+    return int(served.engine.counters()[Counter.HITS])
 
 
 def refused(

@@ -20,6 +20,7 @@ import pytest
 import cache
 from cache.backend.embedded_pg import EmbeddedPostgres
 from cache.backend.pool import close_all
+from cache.store.counters import Counter
 from cache.tools import bookstore
 from tests.answers import typed
 from tests.explained import assert_ran_as_explained
@@ -311,10 +312,10 @@ def test_counters_reach_mtcache_status(
         assert cur.provenance[0]["route"] == "remote"
     with cache.Admin.open(tmp_path / "cache.duckdb") as admin:
         counters = admin.status()["counters"]
-    assert counters["hits"] == 1
-    assert counters["presence_misses"] == 1
-    assert counters["currency_misses"] == 1
-    assert counters["remote"] == 2  # the presence miss and the currency miss
+    assert counters[Counter.HITS] == 1
+    assert counters[Counter.PRESENCE_MISSES] == 1
+    assert counters[Counter.CURRENCY_MISSES] == 1
+    assert counters[Counter.REMOTE] == 2  # the presence miss and the currency miss
 
 
 @pytest.mark.backend

@@ -12,6 +12,7 @@ import pytest
 
 import cache
 from cache.execution.memo import ResultMemo
+from cache.store.counters import Counter
 from tests.answers import assert_same_answer, cached_copies
 
 POINT = "SELECT i.id, i.price FROM items i WHERE i.id = %s"
@@ -42,7 +43,7 @@ def conn(backend: str, tmp_path: Path) -> Iterator[cache.Connection]:
 
 def memo_counts(conn: cache.Connection) -> tuple[int, int]:
     counters = conn.session.counters  # this connection's, not yet flushed to the file
-    return counters["memo_hits"], counters["memo_misses"]
+    return counters[Counter.MEMO_HITS], counters[Counter.MEMO_MISSES]
 
 
 def test_an_answer_is_reused_until_its_view_changes(conn: cache.Connection, backend: str) -> None:
@@ -63,7 +64,9 @@ def test_an_answer_is_reused_until_its_view_changes(conn: cache.Connection, back
     conn.close()
     with cache.Admin.open(conn.cache_path) as admin:
         status = admin.status()
-    assert status["counters"]["memo_hits"] == 2 and status["counters"]["memo_misses"] == 3
+    assert (
+        status["counters"][Counter.MEMO_HITS] == 2 and status["counters"][Counter.MEMO_MISSES] == 3
+    )
 
 
 def test_statements_reading_the_clock_are_never_reused(conn: cache.Connection) -> None:

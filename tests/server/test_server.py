@@ -21,9 +21,11 @@ import pytest
 from cache.engine import state as state_module
 from cache.engine.inspect import status_document
 from cache.engine.session import Session
+from cache.server.counters import ServerCounter
+from cache.store.counters import Counter
 from cache.wire import protocol
 from tests.answers import typed
-from tests.serving import Served, quiet, raw_postgres, raw_session, serving, until
+from tests.serving import Served, quiet, raw_postgres, raw_session, relayed_runs, serving, until
 
 BOOKS = "SELECT isbn, title, price, authorid FROM books WHERE authorid = %s ORDER BY isbn"
 
@@ -53,7 +55,7 @@ def _same(got: psycopg.Cursor[t.Any], want: psycopg.Cursor[t.Any]) -> list[t.Any
 def test_cached_reads_answer_as_postgres_in_both_formats(
     served: Served, binary: bool, prepare: bool
 ) -> None:
-    hits = served.engine.counters()["hits"]
+    hits = served.engine.counters()[Counter.HITS]
     with (
         psycopg.connect(served.dsn, autocommit=True) as conn,
         psycopg.connect(served.backend, autocommit=True) as pg,
@@ -64,7 +66,7 @@ def test_cached_reads_answer_as_postgres_in_both_formats(
             )
             want = pg.cursor(binary=binary).execute(BOOKS, (author,))
             assert _same(got, want)
-    assert served.engine.counters()["hits"] >= hits + 4  # answered by the cache
+    assert served.engine.counters()[Counter.HITS] >= hits + 4  # answered by the cache
 
 
 @pytest.mark.parametrize("binary", [False, True], ids=["text", "binary"])
@@ -106,7 +108,7 @@ def test_local_floats_follow_the_sessions_extra_float_digits(served: Served) -> 
         ):
             conn.execute(setting)
             pg.execute(setting)
-            hits = served.engine.counters()["hits"]
+            hits = served.engine.counters()[Counter.HITS]
             for binary in (False, True):
                 got = conn.cursor(binary=binary).execute(sql + " CURRENCY BOUND 10 MIN", (1,))
                 assert _same(got, pg.cursor(binary=binary).execute(sql, (1,))), setting
@@ -121,7 +123,7 @@ def test_local_floats_follow_the_sessions_extra_float_digits(served: Served) -> 
             assert [text.get_value(i, 0) for i in range(text.ntuples)] == [
                 want.get_value(i, 0) for i in range(want.ntuples)
             ], setting
-            assert served.engine.counters()["hits"] > hits  # answered by the cache
+            assert served.engine.counters()[Counter.HITS] > hits  # answered by the cache
 
 
 def test_simple_query_protocol_several_statements(served: Served) -> None:
@@ -337,13 +339,15 @@ def test_cache_status_counts_the_hits_of_running_sessions(served: Served) -> Non
 
         def hits() -> int:
             return int(
-                status_document(conn.execute("SHOW CACHE STATUS").fetchall())["counters"]["hits"]
+                status_document(conn.execute("SHOW CACHE STATUS").fetchall())["counters"][
+                    Counter.HITS
+                ]
             )
 
         before = hits()
         for _ in range(3):
             conn.execute(BOOKS + " CURRENCY BOUND 10 MIN", (2,)).fetchall()
-        assert hits() == before + 3 == served.engine.counters()["hits"]
+        assert hits() == before + 3 == served.engine.counters()[Counter.HITS]
 
 
 def test_pipeline_mode(served: Served) -> None:
@@ -503,11 +507,11 @@ def test_a_prepared_run_sent_at_once_gets_the_bytes_of_its_messages(served: Serv
         for portal in (b"", b"p")
     ]
     flush = protocol.message(b"H")  # (a run that does not start with its Bind: one by one)
-    before = served.server.runs_at_once
+    before = served.server.counters[ServerCounter.AT_HAND]
     one_by_one = [answer(flush + run(*each)) for each in runs]
     served.engine.memo.lookups.wait()
     quiet(served)
-    assert served.server.runs_at_once == before
+    assert served.server.counters[ServerCounter.AT_HAND] == before
     version = served.engine.store.version
     at_once = [answer(run(*each)) for each in runs]
     assert at_once == one_by_one
@@ -515,7 +519,7 @@ def test_a_prepared_run_sent_at_once_gets_the_bytes_of_its_messages(served: Serv
     # background work committed meanwhile (the regions are read again) and one clock reading
     cached = sum(1 for author, *_ in runs if author != 99)
     changes = served.engine.store.version - version
-    assert cached - changes - 1 <= served.server.runs_at_once - before <= cached
+    assert cached - changes - 1 <= served.server.counters[ServerCounter.AT_HAND] - before <= cached
     kinds = [kind for kind, _ in at_once[0]]
     assert kinds[0] == b"2" and kinds[-2:] == [b"C", b"Z"] and b"D" in kinds
     assert [kind for kind, _ in at_once[-1]][:2] == [b"2", b"T"]
@@ -593,19 +597,21 @@ def test_a_passed_through_run_sent_at_once_gets_the_bytes_of_its_messages(served
     for block in (False, True):
         if block:
             assert query(b"BEGIN") == [b"C", b"Z"]
-        before, raw = served.server.relayed_at_once, served.server.relayed_raw
-        remote = served.engine.counters().get("remote", 0)
+        before, raw = relayed_runs(served), served.server.counters[ServerCounter.RELAYED_RAW]
+        remote = served.engine.counters().get(Counter.REMOTE, 0)
         one_by_one = [answer(flush + run(*each)) for each in runs if each[0] != b"e"]
         quiet(served)
-        assert served.server.relayed_at_once == before
-        counted = served.engine.counters().get("remote", 0) - remote
+        assert relayed_runs(served) == before
+        counted = served.engine.counters().get(Counter.REMOTE, 0) - remote
         at_once = [answer(run(*each)) for each in runs if each[0] != b"e"]
         assert at_once == one_by_one
-        assert served.server.relayed_at_once - before == len(at_once)
+        assert relayed_runs(served) - before == len(at_once)
         # byte for byte outside a block, through libpq in one
-        assert served.server.relayed_raw - raw == (0 if block else len(at_once))
+        assert served.server.counters[ServerCounter.RELAYED_RAW] - raw == (
+            0 if block else len(at_once)
+        )
         # the session's bookkeeping as for any statement passed through (reads counted)
-        assert served.engine.counters().get("remote", 0) - remote == 2 * counted > 0
+        assert served.engine.counters().get(Counter.REMOTE, 0) - remote == 2 * counted > 0
         if block:
             assert at_once[-1][-1] == (b"Z", b"T")
             # an error fails the block, as in PostgreSQL
@@ -648,9 +654,9 @@ def test_a_function_that_sets_a_reported_setting_in_a_raw_run(served: Served) ->
         for zone in (before, before):  # (prepared, then run whole)
             conn.execute("SELECT pg_temp.zoned(%s)", [zone], prepare=True)
         quiet(served)  # (no worker holds the session: the loop relays the next run)
-        raw = served.server.relayed_raw
+        raw = served.server.counters[ServerCounter.RELAYED_RAW]
         conn.execute("SELECT pg_temp.zoned(%s)", [other], prepare=True)
-        assert served.server.relayed_raw == raw + 1
+        assert served.server.counters[ServerCounter.RELAYED_RAW] == raw + 1
         assert conn.info.parameter_status("TimeZone") == other
         quiet(served)
         pg = _session_of(served, conn).link.if_open()
@@ -689,12 +695,12 @@ def test_a_raw_write_when_the_clock_is_due_is_settled_off_the_loop(
         conn.execute(update, [isbn], prepare=True)
         state = _session_of(served, conn).state
         first = state.written_at["books"]
-        raw = served.server.relayed_raw
+        raw = served.server.counters[ServerCounter.RELAYED_RAW]
         state._remeasure_at = dt.datetime.now(dt.UTC)  # (as CLOCK_MAX_AGE seconds later)
         measured_on.clear()
         quiet(served)  # (no worker holds the session: the loop relays the next run)
         conn.execute(update, [isbn], prepare=True)
-        assert served.server.relayed_raw == raw + 1
+        assert served.server.counters[ServerCounter.RELAYED_RAW] == raw + 1
         quiet(served)
         assert measured_on and served.server.loop_thread not in measured_on
         assert not state.writing and state.written_at["books"] > first

@@ -37,6 +37,7 @@ from cache.server.auth import (
 )
 from cache.server.options import ServerOptions
 from cache.server.scram import Exchange, ScramError, Verifier
+from cache.store.counters import Counter
 from cache.wire import protocol
 from sql_ext.errors import ProgrammingError
 from tests.answers import typed
@@ -189,10 +190,10 @@ def test_psycopg_reads_and_writes_as_its_role(
         psycopg.connect(secured.backend, autocommit=True) as pg,
     ):
         assert conn.pgconn.ssl_in_use
-        hits = secured.engine.counters()["hits"]
+        hits = secured.engine.counters()[Counter.HITS]
         got = conn.execute(READ).fetchall()
         assert typed(got) == typed(pg.execute(PLAIN_READ).fetchall())
-        assert secured.engine.counters()["hits"] > hits  # the cache's answer
+        assert secured.engine.counters()[Counter.HITS] > hits  # the cache's answer
         # the backend work is the role's: the backend refuses what the role may not do
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("INSERT INTO authors VALUES (99, 'x', 'f', 'y', 'zz')")

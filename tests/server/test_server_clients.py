@@ -18,6 +18,7 @@ import asyncpg
 import psycopg
 import pytest
 
+from cache.store.counters import Counter
 from tests.answers import typed
 from tests.paths import CLIENTS
 from tests.serving import Served, serving
@@ -61,7 +62,7 @@ def test_pgbench_initializes_through_the_server_and_runs_select_only(served: Ser
         conn.execute("REFRESH CACHED VIEW accountcopy")
     bound = dict(env, PGOPTIONS=BOUND)
     for mode in ("simple", "extended", "prepared"):
-        hits = served.engine.counters()["hits"]
+        hits = served.engine.counters()[Counter.HITS]
         run = subprocess.run(
             ["pgbench", "-S", "-M", mode, "-c", "4", "-j", "2", "-t", "100", "-n"],
             env=bound,
@@ -73,7 +74,7 @@ def test_pgbench_initializes_through_the_server_and_runs_select_only(served: Ser
         assert run.returncode == 0, run.stderr
         assert "number of transactions actually processed: 400/400" in run.stdout, run.stdout
         assert "number of failed transactions: 0" in run.stdout, run.stdout
-        assert served.engine.counters()["hits"] >= hits + 400, mode  # the cache answered
+        assert served.engine.counters()[Counter.HITS] >= hits + 400, mode  # the cache answered
     # what the runs read is PostgreSQL's answer
     sql = "SELECT aid, bid, abalance, filler FROM pgbench_accounts WHERE aid = ANY(%s) ORDER BY aid"
     aids = [1, 500, 99_999, 100_000]
@@ -100,11 +101,11 @@ async def _asyncpg(served: Served) -> None:
     )
     pg = await asyncpg.connect(served.backend)
     try:
-        hits = served.engine.counters()["hits"]
+        hits = served.engine.counters()[Counter.HITS]
         for author in (1, 2, 1):  # cached: binary results through asyncpg's own codecs
             got = [tuple(r) for r in await conn.fetch(sql, author)]
             assert typed(got) == typed([tuple(r) for r in await pg.fetch(sql, author)])
-        assert served.engine.counters()["hits"] >= hits + 3
+        assert served.engine.counters()[Counter.HITS] >= hits + 3
         route = await conn.fetch("EXPLAIN LAST STATEMENT")
         assert [(r["table"], r["route"]) for r in route] == [("books", "local")]
         statement = await conn.prepare(sql)  # a named prepared statement
@@ -180,11 +181,11 @@ def test_jdbc(served: Served, tmp_path: Path) -> None:
         return done.stdout.splitlines()
 
     options = re.sub(r"\s", "%20", BOUND)
-    hits = served.engine.counters()["hits"]
+    hits = served.engine.counters()[Counter.HITS]
     through = run(
         f"jdbc:postgresql://{served.host}:{served.port}/{served.dbname}?options={options}", "cache"
     )
-    assert served.engine.counters()["hits"] >= hits + 8  # the prepared reads were the cache's
+    assert served.engine.counters()[Counter.HITS] >= hits + 8  # the prepared reads were the cache's
     direct = run(f"jdbc:postgresql://{backend['host']}:{backend['port']}/{backend['dbname']}")
     assert [line for line in through if line.startswith("cache: ")] == [
         "cache: books local bookcopy"

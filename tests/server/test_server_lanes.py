@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 from cache.engine.session import Session
+from cache.server.counters import ServerCounter
 from cache.wire import protocol
 from tests.answers import typed
 from tests.serving import Served, quiet, raw_session, server_of, until
@@ -45,6 +46,11 @@ def served(backend_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             )
             conn.execute("REFRESH CACHED VIEW accountcopy")
         yield found
+
+
+def _lanes(served: Served) -> int:
+    """The prepared runs the server's lanes answered so far."""
+    return served.server.counters[ServerCounter.LANE]
 
 
 def _warm(served: Served, read: t.Callable[[int], object]) -> None:
@@ -94,12 +100,12 @@ def test_a_lane_gives_the_bytes_the_full_path_gives(
     _warm(served, lambda key: answer(run(key)))
     keys = [1, 2, 5, 499, 0, 501, None, 10, 7]  # (5, 10: a NULL note; 0, 501: no row)
     one_by_one = [answer(flush + run(key)) for key in keys]
-    before = served.server.lane_hits
+    before = _lanes(served)
     at_once = [answer(run(key)) for key in keys]
     assert at_once == one_by_one
     # the second run makes the lane again (the runs one by one ended it), a NULL goes the
     # full path; one more may, if the backend's clock was measured again meanwhile
-    assert len(keys) - 4 <= served.server.lane_hits - before <= len(keys) - 3
+    assert len(keys) - 4 <= _lanes(served) - before <= len(keys) - 3
     kinds = [kind for kind, _ in at_once[0]]
     assert kinds == ([b"2", b"T"] if describe else [b"2"]) + [b"D", b"C", b"Z"]
     sock.close()
@@ -129,7 +135,7 @@ def test_a_lane_never_answers_what_the_full_path_would_not(served: Served) -> No
 
         def lane_hits() -> int:
             quiet(served)
-            return served.server.lane_hits
+            return _lanes(served)
 
         _warm(served, read)
         before = lane_hits()
@@ -183,14 +189,14 @@ def test_a_lane_of_two_keys_answers_as_postgresql(served: Served) -> None:
 
         _warm(served, read)
         quiet(served)
-        before = served.server.lane_hits
+        before = _lanes(served)
         pairs = [(k, f"n{k}") for k in range(12, 40)] + [(41, "n42"), (45, "n45"), (0, "n0")]
         found = [
             _same(conn.execute(two_keys, pair, prepare=True), pg.execute(two_keys, pair))
             for pair in pairs
         ]
         quiet(served)
-        assert served.server.lane_hits - before >= len(pairs) - 3  # (see the tests above)
+        assert _lanes(served) - before >= len(pairs) - 3  # (see the tests above)
         # (a note is NULL where the key is a multiple of 5: no row)
         assert [len(rows) for rows in found] == [int(k % 5 != 0) for k in range(12, 40)] + [0, 0, 0]
 
@@ -218,11 +224,11 @@ def test_a_lane_that_stopped_holding_is_made_again(served: Served, tmp_path: Pat
 
         def lane_hits(read: t.Callable[[int], object], keys: range) -> int:
             quiet(own)
-            before = own.server.lane_hits
+            before = _lanes(own)
             for key in keys:
                 read(key)
                 quiet(own)
-            return own.server.lane_hits - before
+            return _lanes(own) - before
 
         one, two = reader(first), reader(second)
         _warm(own, one)

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
+from cache.server.counters import ServerCounter
 from cache.server.limits import Limits
 from cache.server.options import ServerOptions
 from tests.conftest import cli_home
@@ -150,7 +151,7 @@ def test_a_local_answer_past_the_result_limit_is_refused(served: Served) -> None
     everything = "SELECT n FROM numbers ORDER BY n"
     with connect(served) as conn, psycopg.connect(served.backend, autocommit=True) as pg:
         conn.execute("SET mtcache.currency_bound = 600")
-        at_once = served.server.runs_at_once
+        at_once = served.server.counters[ServerCounter.AT_HAND]
         for prepare in (False, True, True, True):  # (the last runs answered at hand)
             with pytest.raises(psycopg.errors.ProgramLimitExceeded, match="--max-result-bytes"):
                 conn.execute(everything + " LIMIT %s", [2000], prepare=prepare)
@@ -159,7 +160,7 @@ def test_a_local_answer_past_the_result_limit_is_refused(served: Served) -> None
                 conn.execute(few, [10], prepare=prepare).fetchall()
                 == pg.execute(few, [10]).fetchall()
             )
-        assert served.server.runs_at_once > at_once  # (the refusal at hand too)
+        assert served.server.counters[ServerCounter.AT_HAND] > at_once  # (the refusal at hand too)
         with pytest.raises(psycopg.errors.ProgramLimitExceeded):
             conn.execute(everything)
         conn.execute("RESET mtcache.currency_bound")

@@ -22,7 +22,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from cache.server.counters import ServerCounter
 from cache.server.process import serving_process
+from cache.store.counters import Counter
 from cache.wire import protocol
 from tests.answers import typed
 from tests.serving import (
@@ -32,6 +34,7 @@ from tests.serving import (
     numbers_table,
     quiet,
     raw_session,
+    relayed_runs,
     serving,
 )
 
@@ -85,10 +88,10 @@ def test_a_slow_remote_statement_never_blocks_another_sessions_hit(served: Serve
     ):
         running = pool.submit(slow.execute, "SELECT pg_sleep(600)")
         _wait_for(lambda: _sleeping_at_backend(pg), "the slow statement running")
-        hits = served.engine.counters()["hits"]
+        hits = served.engine.counters()[Counter.HITS]
         for round_ in range(20):
             _hits_right(served, fast, pg, 1 + round_ % 2)
-        assert served.engine.counters()["hits"] >= hits + 20
+        assert served.engine.counters()[Counter.HITS] >= hits + 20
         assert not running.done()  # all the hits came while it still ran
         slow.cancel_safe()
         with pytest.raises(psycopg.errors.QueryCanceled):
@@ -159,7 +162,7 @@ def test_a_session_whose_backend_connection_is_lost_ends(served: Served, when: s
         backend = session.link.if_open() if session is not None else None
         assert backend is not None
         pid = backend.info.backend_pid
-        raw = served.server.relayed_raw
+        raw = served.server.counters[ServerCounter.RELAYED_RAW]
         if when == "idle":
             pg.execute("SELECT pg_terminate_backend(%s)", [pid])
             _wait_for(
@@ -177,7 +180,9 @@ def test_a_session_whose_backend_connection_is_lost_ends(served: Served, when: s
             pg.execute("SELECT pg_terminate_backend(%s)", [pid])
             with pytest.raises(psycopg.OperationalError, match="terminating connection"):
                 running.result(timeout=120)
-            assert served.server.relayed_raw - raw == (1 if when == "relayed raw" else 0)
+            assert served.server.counters[ServerCounter.RELAYED_RAW] - raw == (
+                1 if when == "relayed raw" else 0
+            )
             with pytest.raises(psycopg.OperationalError):
                 conn.execute(sql, [False], prepare=True)
         assert conn.closed
@@ -242,7 +247,7 @@ def test_a_client_killed_mid_statement_takes_nobody_else_down(served: Served, wh
             while not seen.endswith(protocol.ready_for_query(b"I")):
                 seen += sock.recv(65536)
             quiet(served)  # (the worker that parsed it has let go of the session)
-            relayed = served.server.relayed_at_once
+            relayed = relayed_runs(served)
             sock.sendall(
                 protocol.message(b"B", b"\0s\0\0\0\0\0\0\0")
                 + protocol.message(b"E", b"\0\0\0\0\0")
@@ -255,7 +260,7 @@ def test_a_client_killed_mid_statement_takes_nobody_else_down(served: Served, wh
         else:
             _wait_for(lambda: _sleeping_at_backend(pg), "the statement running at the backend")
         if when == "relayed":
-            assert served.server.relayed_at_once == relayed + 1
+            assert relayed_runs(served) == relayed + 1
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         sock.close()  # a reset, as from a client killed with SIGKILL
         _wait_for(lambda: served.server.sessions() == sessions, "the session ended")

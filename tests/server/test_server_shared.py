@@ -21,6 +21,7 @@ import pytest
 import sqlalchemy as sa
 
 import cache
+from cache.store.counters import Counter
 from cache.store.served import note_path, served_at
 from tests.conftest import cli_home
 from tests.paths import ROOT
@@ -150,7 +151,7 @@ def test_two_application_processes_and_status_at_once(serving: Serving, mtcache_
     # the server's budget (`mtcache serve --cache-size-limit`), the data well within it
     assert document["resources"]["cache_size_limit"] == 50_000_000
     assert 0 < document["resources"]["data_bytes"] < 50_000_000
-    assert document["counters"]["evictions"] == 0
+    assert document["counters"][Counter.EVICTIONS] == 0
 
 
 def test_an_in_process_connection_is_told_where_the_server_is(serving: Serving) -> None:

@@ -18,6 +18,7 @@ from cache.backend.embedded_pg import EmbeddedPostgres
 from cache.engine.admission import Doorkeeper
 from cache.maintenance.budget import BudgetExceeded
 from cache.store.budget import RegionHits, parse_size
+from cache.store.counters import Counter
 from optimizer.rules.eviction_policy import Held, victims
 from tests.answers import assert_same_answer
 
@@ -112,7 +113,7 @@ def test_a_random_workload_stays_within_the_budget_and_gets_postgresql_s_answers
                 conn.engine.admissions.wait()  # type: ignore[union-attr]
             assert _data_bytes(conn) <= limit, step
         counters = conn.admin.status()["counters"]
-        assert counters["evictions"] > 50 and counters["budget_overruns"] == 0
+        assert counters[Counter.EVICTIONS] > 50 and counters[Counter.BUDGET_OVERRUNS] == 0
         assert routes["local"] > routes["remote"] > 0, routes  # the popular keys stay
         # every row held belongs to a held region, the cascade included
         con = conn.admin.store.con
@@ -165,7 +166,7 @@ def test_the_doorkeeper_admits_on_a_second_miss(budget_dsn: str, tmp_path: Path)
             assert (7 in _held(conn)) is expected_held
         answer = assert_same_answer(conn, budget_dsn, sql, POINT, (7,))
         assert answer.route == "local"
-        assert conn.session.counters["deferred_admissions"] == 1  # type: ignore[union-attr]
+        assert conn.session.counters[Counter.DEFERRED_ADMISSIONS] == 1  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("given", [0, -5, "lots", "12 parsecs", True, 2.5])
