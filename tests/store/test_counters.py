@@ -14,8 +14,9 @@ from cache.engine.stats import Sample, counter_samples, document_samples
 from cache.server.counters import ServerCounter
 from cache.store.cache_file import CacheStore
 from cache.store.counters import Counter, CounterEnum, as_document, by_family
+from tests.paths import ROOT
 
-SCHEMAS = Path(__file__).parents[1] / "docs" / "schemas"
+SCHEMAS = ROOT / "docs" / "schemas"
 REGISTRIES: list[type[CounterEnum]] = [Counter, ServerCounter]
 
 # the names the cache file keeps and `mtcache status` shows, in the file's order
