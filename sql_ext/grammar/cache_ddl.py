@@ -12,7 +12,7 @@ from sqlglot import exp
 from sqlglot.tokens import Token, TokenType
 
 from sql_ext.aggregates import NODES as AGGREGATE_NODES
-from sql_ext.aggregates import listed
+from sql_ext.aggregates import aggregate_of, listed
 from sql_ext.grammar.base import token_of
 from sql_ext.grammar.currency import CurrencyParser
 from sql_ext.nodes import (
@@ -360,6 +360,14 @@ class CacheDDLParser(CurrencyParser):
                     token_of(projection, token),
                 )
             value = target.this
+            kept = aggregate_of(target)
+            if isinstance(value, exp.Star) and kept is not None and not kept.star:
+                self._fail(
+                    f"only count takes *: {kept.name}(*) has no rows' values to aggregate; "
+                    f"give it a column or an expression of the rows: "
+                    f"{projection.sql(dialect='postgres')!r}",
+                    token_of(projection, token),
+                )
             if isinstance(value, exp.Distinct) or target.find(exp.Filter) is not None:
                 self._fail(
                     "a derived cached view's aggregates take no DISTINCT or FILTER: "
