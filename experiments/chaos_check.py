@@ -1,4 +1,4 @@
-"""The history check of the C&C checker (experiments/chaos.py), in the spirit of Elle: from the
+"""The history check of the C&C checker (experiments/chaos/), in the spirit of Elle: from the
 writers' log alone, which backend snapshots could have produced an answer, and whether one of
 them satisfies what the query asked.
 

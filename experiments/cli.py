@@ -27,7 +27,7 @@ def register(commands: t.Any) -> None:
         choices=[*EXPERIMENTS, "all", "chaos", "differential"],
         help="an experiment (experiments/runs/), all of them (not chaos or "
         "differential), chaos: the randomized concurrent C&C checker "
-        "(experiments/chaos.py), or differential: random queries compared with "
+        "(experiments/chaos/), or differential: random queries compared with "
         "PostgreSQL's answers (experiments/differential/)",
     )
     p.add_argument(

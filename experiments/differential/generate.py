@@ -18,276 +18,29 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import re
 import typing as t
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
-from experiments.tpch import TABLES
-
-Family = t.Literal["int", "numeric", "float", "text", "date", "timestamp", "interval", "bool"]
-FAMILIES: tuple[Family, ...] = (
-    "int",
-    "numeric",
-    "float",
-    "text",
-    "date",
-    "timestamp",
-    "interval",
-    "bool",
+from experiments.differential.shapes import Compound, Query, Select, Source
+from experiments.differential.vocabulary import (
+    DATES,
+    FOREIGN_KEYS,
+    INTEGERS,
+    INTERVALS,
+    KEYS,
+    NARROW,
+    NUMERICS,
+    PATTERNS,
+    REGEXES,
+    SCHEMA,
+    SIMILAR,
+    TEXT_FUNCTIONS,
+    TEXT_LITERALS,
+    TO_CHAR_DATE,
+    TO_CHAR_NUMBER,
+    Column,
+    Family,
 )
-
-
-@dataclass(frozen=True)
-class Column:
-    name: str
-    family: Family
-    sql_type: str  # as declared
-
-
-def _columns(ddl: str) -> list[Column]:
-    found = []
-    for part in re.split(r",\s*(?![^()]*\))", ddl):
-        words = part.split()
-        if not words or words[0].upper() == "PRIMARY":
-            continue
-        declared = " ".join(words[1:]).replace("NOT NULL", "").replace("PRIMARY KEY", "").strip()
-        lowered = declared.lower()
-        family: Family = (
-            "int"
-            if lowered.startswith("integer")
-            else "numeric"
-            if lowered.startswith("numeric")
-            else "date"
-            if lowered.startswith("date")
-            else "text"
-        )
-        found.append(Column(words[0], family, declared))
-    return found
-
-
-SCHEMA: dict[str, list[Column]] = {name: _columns(ddl) for name, ddl in TABLES.items()}
-KEYS: dict[str, tuple[str, ...]] = {
-    "region": ("r_regionkey",),
-    "nation": ("n_nationkey",),
-    "supplier": ("s_suppkey",),
-    "customer": ("c_custkey",),
-    "part": ("p_partkey",),
-    "partsupp": ("ps_partkey", "ps_suppkey"),
-    "orders": ("o_orderkey",),
-    "lineitem": ("l_orderkey", "l_linenumber"),
-}
-# (child table, child columns, parent table, parent columns): the joins along keys
-FOREIGN_KEYS: list[tuple[str, tuple[str, ...], str, tuple[str, ...]]] = [
-    ("nation", ("n_regionkey",), "region", ("r_regionkey",)),
-    ("supplier", ("s_nationkey",), "nation", ("n_nationkey",)),
-    ("customer", ("c_nationkey",), "nation", ("n_nationkey",)),
-    ("partsupp", ("ps_partkey",), "part", ("p_partkey",)),
-    ("partsupp", ("ps_suppkey",), "supplier", ("s_suppkey",)),
-    ("orders", ("o_custkey",), "customer", ("c_custkey",)),
-    ("lineitem", ("l_orderkey",), "orders", ("o_orderkey",)),
-    ("lineitem", ("l_partkey", "l_suppkey"), "partsupp", ("ps_partkey", "ps_suppkey")),
-    ("lineitem", ("l_partkey",), "part", ("p_partkey",)),
-    ("lineitem", ("l_suppkey",), "supplier", ("s_suppkey",)),
-]
-# rows at scale factor 0.01 (tables past a few thousand rows get a key range or a LIMIT)
-SIZES = {
-    "region": 5,
-    "nation": 25,
-    "supplier": 100,
-    "customer": 1500,
-    "part": 2000,
-    "partsupp": 8000,
-    "orders": 15000,
-    "lineitem": 60175,
-}
-# a key range that keeps a big table's rows few: column, upper bound
-NARROW = {
-    "customer": ("c_custkey", 120),
-    "part": ("p_partkey", 150),
-    "partsupp": ("ps_partkey", 40),
-    "orders": ("o_orderkey", 500),
-    "lineitem": ("l_orderkey", 130),
-}
-
-TEXT_LITERALS = (
-    "'A'",
-    "'BRAZIL'",
-    "'abc'",
-    "''",
-    "' '",
-    "'a b '",
-    "'ASIA'",
-    "'1-URGENT'",
-    "'Customer#000000001'",
-    "'furiously'",
-    "'O'",
-    "'F'",
-    "'MAIL'",
-    "'x%y'",
-    "'ÄÖü'",
-    "'R'",
-)
-PATTERNS = (
-    "'A%'",
-    "'%ly%'",
-    "'_A%'",
-    "'%'",
-    "''",
-    "'%e'",
-    "'B_AZ%'",
-    "'%#%'",
-    "'MED%'",
-    "'% '",
-    "'%1%'",
-    "'Customer#00000001_'",
-)
-SIMILAR = ("'A%'", "'%(ly|ing)%'", "'[A-C]%'", "'%[0-9]'", "'(MED|SM)%'", "'_%'", "'%'")
-REGEXES = ("'^A'", "'ly$'", "'[0-9]{3}'", "'^(AIR|MAIL)'", "' $'", "'a.c'", "'^$'")
-DATES = (
-    "DATE '1995-03-15'",
-    "DATE '1994-01-01'",
-    "DATE '1998-12-01'",
-    "DATE '1992-02-29'",
-    "'1996-07-04'::date",
-    "date '1993-10-01'",
-)
-NUMERICS = (
-    "1.5",
-    "0.25",
-    "100.00",
-    "-3.125",
-    "0.0",
-    "2",
-    "0.05",
-    "1000",
-    "1e3",
-    "2.5e-1",
-    "0.10",
-    "-0.5",
-)
-TEXT_FUNCTIONS = ("upper", "lower", "initcap", "trim", "ltrim", "rtrim", "btrim", "reverse", "md5")
-INTEGERS = ("0", "1", "2", "3", "7", "-3", "10", "25", "100", "-1")
-INTERVALS = (
-    "interval '1 day'",
-    "interval '3 months'",
-    "interval '1 year 2 days'",
-    "interval '36 hours'",
-    "interval '-7 days'",
-    "interval '90 minutes'",
-)
-TO_CHAR_DATE = (
-    "'YYYY-MM-DD'",
-    "'Mon YYYY'",
-    "'Day'",
-    "'DD/MM/YY'",
-    "'Month'",
-    "'YYYY'",
-    "'Q'",
-    "'DDD'",
-    "'HH24:MI:SS'",
-    "'FMMonth DD'",
-)
-TO_CHAR_NUMBER = ("'999990.99'", "'FM9999.00'", "'0000'", "'9G999D9'")
-
-
-@dataclass(frozen=True)
-class Source:
-    """A table (or derived table) in scope: its alias, its columns, whether an outer join may
-    give it NULL rows."""
-
-    alias: str
-    columns: tuple[Column, ...]
-    table: str | None = None  # None: a derived table
-    nullable: bool = False
-
-
-@dataclass
-class Select:
-    items: list[str]
-    from_: str
-    where: list[str] = field(default_factory=list)
-    group: list[str] = field(default_factory=list)
-    having: list[str] = field(default_factory=list)
-    order: list[str] = field(default_factory=list)
-    limit: int | None = None
-    offset: int | None = None
-    distinct: bool = False
-    with_: str | None = None
-    kind: str = "select"  # what shape it was made as (reports count by it)
-
-    def sql(self) -> str:
-        parts = []
-        if self.with_:
-            parts.append(f"WITH {self.with_}")
-        parts.append("SELECT " + ("DISTINCT " if self.distinct else "") + ", ".join(self.items))
-        parts.append(f"FROM {self.from_}")
-        if self.where:
-            parts.append("WHERE " + " AND ".join(self.where))
-        if self.group:
-            parts.append("GROUP BY " + ", ".join(self.group))
-        if self.having:
-            parts.append("HAVING " + " AND ".join(self.having))
-        if self.order:
-            parts.append("ORDER BY " + ", ".join(self.order))
-        if self.limit is not None:
-            parts.append(f"LIMIT {self.limit}")
-        if self.offset is not None:
-            parts.append(f"OFFSET {self.offset}")
-        return " ".join(parts)
-
-    @property
-    def ordered(self) -> bool:
-        return bool(self.order)
-
-    def smaller(self) -> Iterator[Select]:
-        """Variants one step smaller (for minimal reproductions); some may be invalid SQL."""
-        if self.with_ is not None and self.with_ not in self.from_:
-            yield dataclasses.replace(self, with_=None)
-        if self.limit is not None or self.offset is not None or self.order:
-            yield dataclasses.replace(self, order=[], limit=None, offset=None)
-        if len(self.items) > 1:
-            for index in range(len(self.items)):
-                kept = [self.items[index]]
-                order = [f"{i}" for i in range(1, 2)] if self.order else []
-                yield dataclasses.replace(self, items=kept, order=order)
-        for index in range(len(self.where)):
-            yield dataclasses.replace(self, where=self.where[:index] + self.where[index + 1 :])
-        for index in range(len(self.having)):
-            yield dataclasses.replace(self, having=self.having[:index] + self.having[index + 1 :])
-        if self.distinct:
-            yield dataclasses.replace(self, distinct=False)
-
-
-@dataclass
-class Compound:
-    left: Select
-    op: str
-    right: Select
-    order: list[str] = field(default_factory=list)
-    limit: int | None = None
-    kind: str = "set operation"
-
-    def sql(self) -> str:
-        text = f"{self.left.sql()} {self.op} {self.right.sql()}"
-        if self.order:
-            text += " ORDER BY " + ", ".join(self.order)
-        if self.limit is not None:
-            text += f" LIMIT {self.limit}"
-        return text
-
-    @property
-    def ordered(self) -> bool:
-        return bool(self.order)
-
-    def smaller(self) -> Iterator[Select | Compound]:
-        yield self.left
-        yield self.right
-        if self.order or self.limit is not None:
-            yield dataclasses.replace(self, order=[], limit=None)
-
-
-Query = Select | Compound
 
 
 class Generator:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import psycopg
 
 import cache
-from experiments.differential.generate import Compound, Query, Select
+from experiments.differential.shapes import Compound, Query, Select
 
 Row = tuple[t.Any, ...]
 Typed = tuple[tuple[str, str], ...]

@@ -32,7 +32,7 @@ from rich.console import Console
 import cache
 from cache.backend.embedded_pg import EmbeddedPostgres
 from experiments import tpch
-from experiments.differential.generate import Query, partition_cases, queries
+from experiments.differential.generate import partition_cases, queries
 from experiments.differential.oracle import (
     STATEMENT_TIMEOUT_MS,
     TIMEOUT,
@@ -44,6 +44,7 @@ from experiments.differential.oracle import (
     on_cache,
     on_postgres,
 )
+from experiments.differential.shapes import Query
 from experiments.provenance import provenance
 
 SCALE = 0.01

@@ -234,7 +234,7 @@ def test_the_byte_pipe_relays_a_postgresql_session_as_it_is(backend_dsn: str) ->
     """bench_server's reference relay (`experiments.byte_pipe`) passes a session through
     unchanged: what a client gets through it is what PostgreSQL answers directly, prepared
     or not."""
-    from experiments.bench_server import byte_pipe
+    from experiments.server_rig import byte_pipe
 
     port = psycopg.conninfo.conninfo_to_dict(backend_dsn)["port"]
     query = "SELECT n, n::numeric / 3 AS third, repeat('x', n %% 100) FROM generate_series(1, %s) n"
