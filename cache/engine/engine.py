@@ -250,9 +250,10 @@ class Engine:
         beat = self.heartbeat_clock()
         if beat is not None:
             return beat
-        if not self.shared_clock_due():
-            return self._clock
         now = dt.datetime.now(dt.UTC)
+        due, clock = self.shared_clock_at_hand(now)
+        if not due:
+            return clock
         with self._clock_lock:
             clock = self._clock
             if clock is None or (now - clock.measured_at).total_seconds() > CLOCK_MAX_AGE:
@@ -266,11 +267,16 @@ class Engine:
     def shared_clock_due(self) -> bool:
         """Whether `shared_clock` would measure the backend's clock (an event loop may not
         wait for that)."""
-        if self.heartbeat_clock() is not None:
-            return False
+        return self.shared_clock_at_hand(dt.datetime.now(dt.UTC))[0]
+
+    def shared_clock_at_hand(self, now: dt.datetime) -> tuple[bool, BackendClock | None]:
+        """`shared_clock` as it is at ``now`` without measuring: whether it would measure
+        (`shared_clock_due`), and the clock it has (one look, for a statement's hot path)."""
+        beat = self.heartbeat_clock()
+        if beat is not None:
+            return False, beat
         clock = self._clock
-        now = dt.datetime.now(dt.UTC)
-        return clock is None or (now - clock.measured_at).total_seconds() > CLOCK_MAX_AGE
+        return clock is None or (now - clock.measured_at).total_seconds() > CLOCK_MAX_AGE, clock
 
     # -- counters --------------------------------------------------------------------------------
 

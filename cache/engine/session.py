@@ -159,7 +159,9 @@ class Session(CachedReads):
                 lambda: self.link.pg,
                 self.store,
                 engine.heartbeat_clock if connect else self._process_clock,
-                (lambda: False) if connect else self._process_clock_due,
+                (lambda now: (False, engine.heartbeat_clock()))
+                if connect
+                else self._process_clock_at_hand,
                 self.link.ran_own,
             )
             self.planner = Planner(
@@ -400,9 +402,13 @@ class Session(CachedReads):
         engine = self.engine
         return engine.heartbeat_clock() if self.link.pg is not None else engine.shared_clock()
 
-    def _process_clock_due(self) -> bool:
-        """Whether `_process_clock` would measure the backend's clock now."""
-        return self.link.pg is None and self.engine.shared_clock_due()
+    def _process_clock_at_hand(self, now: dt.datetime) -> tuple[bool, BackendClock | None]:
+        """`_process_clock` at ``now`` without measuring: whether it would measure the
+        backend's clock, and the clock it has."""
+        engine = self.engine
+        if self.link.pg is not None:
+            return False, engine.heartbeat_clock()
+        return engine.shared_clock_at_hand(now)
 
     def forwarded(self, route: Passthrough | Write) -> None:
         """A statement of this route reached the backend on this session's connection (sent

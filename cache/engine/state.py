@@ -29,17 +29,20 @@ class SessionState:
         pg: t.Callable[[], psycopg.Connection[t.Any] | None],
         store: CacheStore,
         process_clock: t.Callable[[], BackendClock | None] = lambda: None,
-        process_clock_due: t.Callable[[], bool] = lambda: False,
+        process_clock_at_hand: t.Callable[
+            [dt.datetime], tuple[bool, BackendClock | None]
+        ] = lambda now: (False, None),
         ran: t.Callable[[], None] = lambda: None,
     ) -> None:
         """``process_clock``: the clock this process keeps (its heartbeat's, a measurement
         shared by sessions without a connection), which may be measured when asked;
-        ``process_clock_due``: whether asking it now would measure it."""
+        ``process_clock_at_hand``: at a moment, whether asking it would measure it, and the
+        clock it has (asking nothing of the backend)."""
         self._pg = pg  # the session's backend connection now (None: the backend is down)
         self._ran = ran  # told of each statement this state runs on that connection
         self._store = store
         self._process_clock = process_clock  # a heartbeat of this process measures too
-        self._process_clock_due = process_clock_due
+        self._process_clock_at_hand = process_clock_at_hand
         self._use_clock(*self._measure_or_last())  # currency is judged on the backend's clock
         self.uncommitted: set[str] = set()  # tables written in the open backend transaction
         self.uncommitted_unknown = False  # a write whose tables the parser could not name
@@ -67,9 +70,12 @@ class SessionState:
 
     def now_at_hand(self) -> dt.datetime | None:
         """`now`, or None when it is time to measure (an event loop may not wait for it)."""
-        if self._process_clock_due():
+        local = dt.datetime.now(dt.UTC)
+        due, beat = self._process_clock_at_hand(local)
+        if due:
             return None
-        local = self._adopt_process_clock()
+        if beat is not None and beat.measured_at > self.clock.measured_at:
+            self._use_clock(beat, save=False)
         return None if local > self._remeasure_at else local + self._offset
 
     def _adopt_process_clock(self) -> dt.datetime:
