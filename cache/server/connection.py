@@ -657,8 +657,9 @@ class ClientConnection(asyncio.Protocol):
     def _flush(self) -> None:
         if not self._out:
             return
-        data = b"".join(self._out)
-        self._out.clear()
+        out = self._out
+        data = out[0] if len(out) == 1 else b"".join(out)  # (a hit's answer: one piece)
+        out.clear()
         self._out_size = 0
         if threading.get_ident() == self.server.loop_thread:
             self._send(data)
