@@ -184,10 +184,14 @@ class ClientConnection(asyncio.Protocol):
             return True
         if taken is None:
             return False
+        if isinstance(taken, bytes):  # (a lane's answer: the hit path)
+            self._flush()
+            self._send(taken)
+            self.server.counters[ServerCounter.LANE] += 1
+            return True
         if isinstance(taken, Answered):
             self._flush()
-            path = ServerCounter.LANE if taken is Answered.LANE else ServerCounter.AT_HAND
-            self.server.counters[path] += 1
+            self.server.counters[ServerCounter.AT_HAND] += 1
             return True
         self._relay(taken)
         return True

@@ -1,7 +1,8 @@
 """A client's run of a prepared statement (Bind, Execute, Sync: the usual way to send one),
 taken whole by the event loop when it came alone into a quiet session: `AtOnce.take` answers
-it, or sends it to the backend and hands the loop the relay of its answer, or leaves it
-(None) to be answered message by message. The ways, cheapest first:
+it (a lane's answer handed back as bytes for the loop to send as they are: the hit path has
+no writer in between), or sends it to the backend and hands the loop the relay of its
+answer, or leaves it (None) to be answered message by message. The ways, cheapest first:
 
 1. a raw lane: a run of a plain passed-through statement that differs from its last only in
    its values goes to the backend as bytes (`raw.RawRuns.lane`);
@@ -48,9 +49,8 @@ from sql_ext.errors import Error
 
 
 class Answered(enum.Enum):
-    """A run `AtOnce.take` answered: its answer was written."""
+    """A run `AtOnce.take` answered otherwise than by a lane: its answer was written."""
 
-    LANE = "lane"  # by a lane
     AT_HAND = "at hand"  # by a cached read answered at hand
 
 
@@ -90,7 +90,8 @@ class Passing:
 
 
 Relay = RawRun | Passing
-Taken = Answered | Relay | None
+# bytes: a lane's whole answer, for the caller to send after what it has written
+Taken = bytes | Answered | Relay | None
 
 
 class AtOnce:
@@ -104,7 +105,7 @@ class AtOnce:
     def take(self, data: bytes) -> Taken:
         """Answer or send a run (``data``: all the client sent, whatever it is); None:
         nothing was done."""
-        conversation, raw_runs = self.conversation, self.raw
+        raw_runs = self.raw
         hot = self._hot  # (the statement of the last raw run: most often the next one's)
         raw = raw_runs.lane(hot, data) if hot is not None else None
         statement = self._bound_statement(data) if raw is None else None
@@ -115,8 +116,7 @@ class AtOnce:
             return raw
         answer = self.lane(statement, data) if statement is not None else None
         if answer is not None:
-            conversation.out(answer)
-            return Answered.LANE
+            return answer
         run = protocol.execution(data)
         if run is None:
             return None
