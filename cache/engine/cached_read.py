@@ -202,24 +202,37 @@ class CachedReads:
         gave it at hand; None if the cache file changed since version ``seen``, on which the
         guards decided."""
         memo = self.engine.memo
+        zone = self._zone()
         ran = None
         if decision.local == len(decision.bindings or ()):  # all local
-            ran = answer_at_hand(prepared, decision, params, memo, self._zone())
+            ran = answer_at_hand(prepared, decision, params, memo, zone)
         at_hand = ran is not None
         if ran is None:
             yield
-            ran = self._run_local(prepared, decision, params, memo)
+            ran = self._run_local(prepared, decision, params, memo, zone)
         store = self.store
         version = yield from either(store.committed_version_at_hand, store.committed_version)
         return (ran, at_hand) if version == seen else None
 
     def _run_local(
-        self, prepared: Prepared, decision: Decision, params: Params, memo: Memo | None
+        self,
+        prepared: Prepared,
+        decision: Decision,
+        params: Params,
+        memo: Memo | None,
+        zone: Zone | None = None,
     ) -> LocalRun:
-        """`run_local` on the session's DuckDB handle, its errors in the PEP 249 tree."""
+        """`run_local` on the session's DuckDB handle, its errors in the PEP 249 tree
+        (``zone``: the session's time zone, when the caller has it)."""
         try:
             return run_local(
-                prepared, decision, params, self.store.con, self._leaf_fetcher, memo, self._zone()
+                prepared,
+                decision,
+                params,
+                self.store.con,
+                self._leaf_fetcher,
+                memo,
+                zone or self._zone(),
             )
         except psycopg.Error as exc:
             raise translate(exc, unreachable="a remote part of the query needs it") from exc
