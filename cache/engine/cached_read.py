@@ -25,7 +25,7 @@ from cache.engine.engine import Engine
 from cache.engine.lane import Lane
 from cache.engine.link import BackendLink
 from cache.engine.link.effects import effects_of
-from cache.engine.read import Read, Reading, drive, either
+from cache.engine.read import Read, Reading, drive
 from cache.engine.result import Result
 from cache.engine.state import SessionState
 from cache.execution.decisions import DecisionMemo, expiry
@@ -127,10 +127,11 @@ class CachedReads:
         allow is answered (`_answer_without_backend`)."""
         try:
             bound = self.currency_bound
-            prepared = yield from either(
-                lambda: self.planner.prepared_at_hand(query, params, bound),
-                lambda: self.planner.prepare(query, params, bound),
-            )
+            # (each step tried at hand first, else waited for after a yield: `cache.engine.read`)
+            prepared = self.planner.prepared_at_hand(query, params, bound)
+            if prepared is None:
+                yield
+                prepared = self.planner.prepare(query, params, bound)
             self._mark("lookup")
             # (a plan that chose the whole statement remote has no guard to evaluate)
             if not prepared.plan.local:
@@ -170,11 +171,14 @@ class CachedReads:
         any age answers (the backend is down, `stale_ok`)."""
         store = self.store
         for _ in range(GUARD_ATTEMPTS):
-            seen = yield from either(store.committed_version_at_hand, store.committed_version)
-            decision = yield from either(
-                lambda: None if stale else self._guard_at_hand(prepared, params),
-                lambda: self._guard(prepared, params, ignore_currency=stale),
-            )
+            seen = store.committed_version_at_hand()
+            if seen is None:
+                yield
+                seen = store.committed_version()
+            decision = None if stale else self._guard_at_hand(prepared, params)
+            if decision is None:
+                yield
+                decision = self._guard(prepared, params, ignore_currency=stale)
             self._mark("guard")
             if decision.remote:
                 yield  # (the backend answers: where waiting is allowed)
@@ -211,7 +215,10 @@ class CachedReads:
             yield
             ran = self._run_local(prepared, decision, params, memo, zone)
         store = self.store
-        version = yield from either(store.committed_version_at_hand, store.committed_version)
+        version = store.committed_version_at_hand()
+        if version is None:
+            yield
+            version = store.committed_version()
         return (ran, at_hand) if version == seen else None
 
     def _run_local(
@@ -290,7 +297,7 @@ class CachedReads:
             shape,
             lookups,
             token,
-            result_shape[1],
+            result_shape.convert,
         )
 
     def _decide_and_run_in_one_transaction(

@@ -6,7 +6,9 @@ waiting to whoever drives it. Each step is tried at hand first - the plan cache,
 privileges known, the file's committed version without its lock, the regions' state read
 and the clock estimated already, the result memo or a lookup index - and when a step would
 wait (planning, a DuckDB statement, the backend, a lock another thread holds, a measurement
-of the clock) the generator yields once before taking it the waiting way. Two drivers:
+of the clock) the generator yields once before taking it the waiting way (spelled out at
+each step: ``found = at_hand_way(); if found is None: yield; found = waiting_way()``, no
+helper generator on the hit path). Two drivers:
 
 - `drive` runs it to the end, waiting where it must: the DB-API's statements, a server's
   worker;
@@ -71,14 +73,4 @@ def at_hand(read: Read[T]) -> T | Suspended:
     return Suspended(read)
 
 
-def either(now: t.Callable[[], T | None], waiting: t.Callable[[], T]) -> Read[T]:
-    """A step taken at hand (``now``: None when it would wait), else the waiting way, after
-    a yield."""
-    found = now()
-    if found is None:
-        yield
-        found = waiting()
-    return found
-
-
-__all__ = ["Read", "Reading", "Suspended", "at_hand", "drive", "either"]
+__all__ = ["Read", "Reading", "Suspended", "at_hand", "drive"]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
-import functools
 import math
 import re
 import typing as t
@@ -100,12 +99,6 @@ _INFINITE_KINDS = frozenset(("DATE", "TIMESTAMP", "TIMESTAMP WITH TIME ZONE"))
 
 def infinite_kinds(duck_types: Sequence[str]) -> tuple[int, ...]:
     """The columns (by index) of DuckDB types that may hold infinity."""
-    return _infinite_kinds(tuple(duck_types))
-
-
-@functools.lru_cache(maxsize=1024)
-def _infinite_kinds(duck_types: tuple[str, ...]) -> tuple[int, ...]:
-    # (asked of every local answer's types: a statement's are the same each run)
     return tuple(i for i, kind in enumerate(duck_types) if kind.upper() in _INFINITE_KINDS)
 
 

@@ -45,7 +45,15 @@ Fetch = Callable[[list[tuple[str, list[tuple[str, str]], dict[str, t.Any] | None
 
 
 Description = list[tuple[t.Any, ...]]
-ResultShape = tuple[Description, Callable[[list[Row]], list[Row]]]  # description, conversion
+
+
+class AnswerShape(t.NamedTuple):
+    """What a compiled statement's answers share for one time zone and parameter-type
+    signature (DuckDB's result types are fixed by it)."""
+
+    description: Description
+    convert: Callable[[list[Row]], list[Row]]  # DuckDB's rows into PostgreSQL's values
+    dated: tuple[int, ...]  # the columns whose DuckDB type may hold infinity
 
 
 @dataclass
@@ -59,9 +67,8 @@ class Compiled:
     memo_key: tuple[str, str] | None = None
     lookup: LookupShape | None = None  # a point lookup a lookup index may answer
     prepared: t.Any = None  # DuckDB's parse of statement.sql: executions skip the parser
-    # per time zone and parameter-type signature (DuckDB's result types are fixed by it):
-    # the description and the conversion of rows into PostgreSQL's types
-    results: dict[tuple[object, ...], ResultShape] = field(default_factory=dict)
+    # per time zone and parameter-type signature: what its answers share
+    results: dict[tuple[object, ...], AnswerShape] = field(default_factory=dict)
 
 
 class Zone(t.NamedTuple):
@@ -249,8 +256,9 @@ def _looked_up(
     rows = lookups.rows(shape, token, values)
     if rows is None:
         return None
-    description, convert = result_shape
-    return Result(description, convert(rows), compiled.executed, memo=True)
+    return Result(
+        result_shape.description, result_shape.convert(rows), compiled.executed, memo=True
+    )
 
 
 def checks_values(statement: LocalStatement, types: Sequence[type]) -> bool:
@@ -314,8 +322,13 @@ def _run(
                 duck.execute(compiled.prepared, named) if named else duck.execute(compiled.prepared)
             )
             rows = cursor.fetchall()
-            duck_types = [str(d[1]) for d in cursor.description or ()]
-            dated = infinite_kinds(duck_types)
+            types = (zone, *map(type, values))
+            shape = compiled.results.get(types)
+            if shape is None:
+                shape = compiled.results[types] = _result_shape(
+                    prepared, compiled, cursor.description or [], zone.info
+                )
+            dated = shape.dated
             if dated and at_edges(rows, dated):
                 # 0001-01-01 or infinity? DuckDB's Arrow answer (of the same state of the
                 # file: a commit meanwhile makes the caller decide again) tells them apart
@@ -330,17 +343,10 @@ def _run(
             # PostgreSQL raises its own error (or, for an overflow DuckDB's types have and
             # PostgreSQL's numerics do not, answers): the backend answers, as it would
             raise LocalUnfit(f"DuckDB: {first_line(exc)}") from exc
-        types = (zone, *map(type, values))
-        shape = compiled.results.get(types)
-        if shape is None:
-            shape = compiled.results[types] = _result_shape(
-                prepared, compiled, cursor.description or [], zone.info
-            )
     finally:
         for name in registered:
             duck.unregister(name)
-    description, convert = shape
-    return Result(description, convert(rows), compiled.executed)
+    return Result(shape.description, shape.convert(rows), compiled.executed)
 
 
 def _result_shape(
@@ -348,7 +354,7 @@ def _result_shape(
     compiled: Compiled,
     duck_columns: Sequence[tuple[t.Any, ...]],
     zone: dt.tzinfo = dt.UTC,
-) -> ResultShape:
+) -> AnswerShape:
     """The description and row conversion of a local answer: PostgreSQL's description of
     the statement (the backend's, or worked out here while it is down), DuckDB's values
     converted to it."""
@@ -368,4 +374,4 @@ def _result_shape(
     )
     if isinstance(convert, str):
         raise LocalUnfit(convert)
-    return prepared.description, convert
+    return AnswerShape(prepared.description, convert, infinite_kinds(duck_types))
