@@ -11,9 +11,12 @@ import typing as t
 
 from sqlglot import exp
 
-# §2: the unit names a duration may use, in seconds.
+# the unit names a duration may use, in seconds: the clause's words, and PostgreSQL's units of
+# its time settings (``500ms``, ``2s``, ``10min``, ``1h``, ``1d``; ``us`` too)
 UNIT_SECONDS: dict[str, float] = {
+    "US": 0.000001,
     "MS": 0.001,
+    "S": 1.0,
     "SEC": 1.0,
     "SECOND": 1.0,
     "SECONDS": 1.0,
@@ -22,8 +25,10 @@ UNIT_SECONDS: dict[str, float] = {
     "MINUTES": 60.0,
     "HOUR": 3600.0,
     "HOURS": 3600.0,
+    "H": 3600.0,
     "DAY": 86400.0,
     "DAYS": 86400.0,
+    "D": 86400.0,
 }
 
 

@@ -305,8 +305,20 @@ def _unknown_statement_start(text: str) -> SqlSyntaxError | None:
     return None
 
 
-def parse_duration(text: str) -> float:
-    """Seconds of a duration written as in a currency clause (``10 min``, ``1.5 SECONDS``)."""
+def parse_duration(text: str, bare: float | None = None) -> float:
+    """Seconds of a duration written as in a currency clause (``10 min``, ``1.5 SECONDS``) or
+    as PostgreSQL writes its time settings (``500ms``, ``2s``, ``10min``); ``bare``: the unit
+    (in seconds) of a number written alone, for a setting named after one of PostgreSQL's,
+    which reads it so (``statement_timeout``: ms); None: a number alone is refused."""
+    if bare is not None:
+        try:
+            number = float(text.strip())
+        except ValueError:
+            pass
+        else:
+            if not number >= 0 or number == float("inf"):
+                raise SqlSyntaxError(f"{text!r} is not a duration: give 0 or more")
+            return number * bare
     try:
         statement = parse_one(f"SET CURRENCY BOUND {text}")
     except SqlSyntaxError as exc:

@@ -390,18 +390,21 @@ def _first_catalog(backend: str, path: Path) -> t.Any:
 
 
 def bound_seconds(
-    value: str | float | dt.timedelta | None, what: str = "currency_bound"
+    value: str | float | dt.timedelta | None,
+    what: str = "currency_bound",
+    bare: float | None = None,
 ) -> float | None:
     """A duration in seconds (a session currency bound, ``what`` it is for the errors): as in a
-    clause, seconds, a timedelta."""
+    clause or as PostgreSQL writes its time settings, seconds, a timedelta; ``bare``: the unit
+    of a number written alone in a string (`parse_duration`)."""
     if value is None:
         return None
     if isinstance(value, str):
         try:
-            return parse_duration(value)
+            return parse_duration(value, bare)
         except SqlSyntaxError:
             raise ProgrammingError(
-                f"{what}: {value!r} is not a duration (write one like '10 min')"
+                f"{what}: {value!r} is not a duration (write one like '10 min' or '2s')"
             ) from None
     if isinstance(value, dt.timedelta):
         seconds = value.total_seconds()

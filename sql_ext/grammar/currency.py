@@ -15,7 +15,10 @@ from sql_ext.grammar.base import SPAN, BaseParser, token_of
 from sql_ext.nodes import UNIT_SECONDS, CurrencyClause, CurrencySpec, Duration
 from sql_ext.quoting import folded
 
-UNIT_HELP = "use MS, SEC, MIN, HOUR or DAY (singular or plural)"
+UNIT_HELP = (
+    "use MS, SEC, MIN, HOUR or DAY (singular or plural), or PostgreSQL's units "
+    "(500ms, 2s, 10min, 1h, 1d)"
+)
 
 
 class CurrencyParser(BaseParser):

@@ -15,6 +15,8 @@ from cache.tools.cli.access import not_served
 from cache.tools.settings import Settings
 from sql_ext.errors import ProgrammingError
 
+MS = 0.001  # a millisecond, the unit of PostgreSQL's time settings
+
 
 def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     """Serve the cache to PostgreSQL clients in the foreground until SIGTERM or Ctrl-C."""
@@ -59,13 +61,14 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     limits = Limits(
         max_sessions=_positive(args.max_sessions, "--max-sessions"),
         max_sessions_per_role=_positive(args.max_sessions_per_role, "--max-sessions-per-role"),
-        statement_timeout=_duration(args.statement_timeout, "--statement-timeout"),
-        idle_in_transaction_timeout=_duration(
-            args.idle_in_transaction_timeout, "--idle-in-transaction-timeout"
+        # (named after PostgreSQL's settings: a number alone is in their unit, ms)
+        statement_timeout=duration_option(args.statement_timeout, "--statement-timeout", MS),
+        idle_in_transaction_timeout=duration_option(
+            args.idle_in_transaction_timeout, "--idle-in-transaction-timeout", MS
         ),
     )
     pool_size = _positive(args.pool_size, "--pool-size") or 0
-    pool_timeout = _duration(args.pool_timeout, "--pool-timeout") or POOL_TIMEOUT
+    pool_timeout = duration_option(args.pool_timeout, "--pool-timeout") or POOL_TIMEOUT
     verifiers: AuthFile | AuthQuery | None = (
         AuthFile(Path(args.auth_file)) if args.auth_file else None
     )
@@ -130,9 +133,10 @@ def _positive(value: int | None, option: str) -> int | None:
     return value
 
 
-def _duration(text: str | None, option: str) -> float | None:
-    """A duration option ('30 sec', '500 ms'; 0 or none: no limit)."""
+def duration_option(text: str | None, option: str, bare: float | None = None) -> float | None:
+    """A duration option ('30 sec', '500ms'; 0 or none: no limit); ``bare``: the unit of a
+    number alone (an option named after a PostgreSQL setting reads it as that setting)."""
     from cache.engine.engine import bound_seconds
 
-    seconds = bound_seconds(text, option)
+    seconds = bound_seconds(text, option, bare)
     return seconds if seconds else None

@@ -261,13 +261,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--statement-timeout",
         metavar="DURATION",
-        help="a statement running longer is cancelled (57014), e.g. '30 sec'; the "
-        "backend's statement_timeout for the sessions' remote statements too",
+        help="a statement running longer is cancelled (57014), e.g. '30s' or '30 sec' (a "
+        "number alone is ms, as PostgreSQL's statement_timeout); the backend's "
+        "statement_timeout for the sessions' remote statements too",
     )
     p.add_argument(
         "--idle-in-transaction-timeout",
         metavar="DURATION",
-        help="a session idle inside a transaction block longer is ended (25P03), e.g. '10 min'",
+        help="a session idle inside a transaction block longer is ended (25P03), e.g. "
+        "'10min' (a number alone is ms, as PostgreSQL's setting)",
     )
     p.add_argument(
         "--max-result-bytes",
