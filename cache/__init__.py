@@ -13,17 +13,11 @@ from __future__ import annotations
 
 import datetime as _dt
 import time as _time
+import typing as _t
 from pathlib import Path
 from typing import Any
 
-import psycopg as _psycopg
-
-from cache.dbapi.connection import Connection
-from cache.dbapi.cursor import Cursor
 from cache.dbapi.types import BINARY, DATETIME, NUMBER, ROWID, STRING
-from cache.engine.admin import Admin
-from cache.execution.provenance import AccessProvenance, Provenance
-from optimizer.plan import Plan
 from sql_ext.errors import (
     BackendUnavailableError,
     CatalogError,
@@ -40,10 +34,45 @@ from sql_ext.errors import (
     Warning,
 )
 
-# psycopg's module attributes the PostgreSQL dialects of SQLAlchemy read (cache.sqla): the
-# type adapters the backend sessions use, and the isolation levels
-adapters = _psycopg.adapters
-IsolationLevel = _psycopg.IsolationLevel
+if _t.TYPE_CHECKING:
+    from psycopg import IsolationLevel
+    from psycopg.adapt import AdaptersMap
+
+    from cache.dbapi.connection import Connection
+    from cache.dbapi.cursor import Cursor
+    from cache.engine.admin import Admin
+    from cache.execution.provenance import AccessProvenance, Provenance
+    from optimizer.plan import Plan
+
+    adapters: AdaptersMap
+
+# The names that bring in the engine (and psycopg, DuckDB, ...) are imported when first used:
+# a program that imports `cache` for its errors, or the command line's --help, does not pay
+# for them (PEP 562).
+_LAZY = {
+    "Connection": ("cache.dbapi.connection", "Connection"),
+    "Cursor": ("cache.dbapi.cursor", "Cursor"),
+    "Admin": ("cache.engine.admin", "Admin"),
+    "AccessProvenance": ("cache.execution.provenance", "AccessProvenance"),
+    "Provenance": ("cache.execution.provenance", "Provenance"),
+    "Plan": ("optimizer.plan", "Plan"),
+    # psycopg's module attributes the PostgreSQL dialects of SQLAlchemy read (cache.sqla): the
+    # type adapters the backend sessions use, and the isolation levels
+    "adapters": ("psycopg", "adapters"),
+    "IsolationLevel": ("psycopg", "IsolationLevel"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    found = _LAZY.get(name)
+    if found is None:
+        raise AttributeError(f"module 'cache' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(found[0]), found[1])
+    globals()[name] = value  # (asked once)
+    return value
+
 
 apilevel = "2.0"
 threadsafety = 2  # threads may share connections (their calls are serialized), as psycopg
@@ -57,6 +86,8 @@ def connect(
     the cache file), ``cache_path`` the DuckDB file (default ``.mtcache/cache.duckdb``).
     Options: ``autocommit`` (default False), ``stale_ok`` (default False), and the others of
     `Connection` (``background=False``: no refresh scheduler in this process)."""
+    from cache.dbapi.connection import Connection
+
     return Connection(backend, cache_path, **options)
 
 
@@ -102,6 +133,7 @@ __all__ = [
     "IntegrityError",
     "InterfaceError",
     "InternalError",
+    "IsolationLevel",
     "NotSupportedError",
     "OperationalError",
     "Plan",
@@ -113,6 +145,7 @@ __all__ = [
     "Timestamp",
     "TimestampFromTicks",
     "Warning",
+    "adapters",
     "apilevel",
     "connect",
     "paramstyle",

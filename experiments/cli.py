@@ -8,9 +8,6 @@ import argparse
 import typing as t
 from pathlib import Path
 
-from rich.console import Console
-
-from cache.backend.embedded_pg import EmbeddedPostgres
 from cache.tools.settings import Settings
 from experiments.runs import EXPERIMENTS, QUICK_SF
 from sql_ext.errors import ProgrammingError
@@ -69,7 +66,12 @@ def register(commands: t.Any) -> None:
 
 
 def cmd_experiment(settings: Settings, args: argparse.Namespace) -> int:
-    # the experiments ship with the package; loaded when asked
+    # the experiments ship with the package; loaded when asked (registering the command, for
+    # every `mtcache --help`, imports no driver)
+    from rich.console import Console
+
+    from cache.backend.embedded_pg import EmbeddedPostgres
+
     if args.name == "differential":
         from experiments.differential import run as differential
 

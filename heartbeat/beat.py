@@ -28,13 +28,12 @@ import psycopg
 from psycopg import errors as pg_errors
 
 from heartbeat.clock import DRIFT, BackendClock, from_samples
+from heartbeat.defaults import DEFAULT_INTERVAL, DEFAULT_SOURCE
 from heartbeat.loop import Loop
 
 log = logging.getLogger("mtcache.heartbeat")
 
 TABLE = "mtcache_heartbeat"
-DEFAULT_INTERVAL = 2.0
-DEFAULT_SOURCE = "default"
 WINDOW = 30  # beats whose clock samples the estimate is taken from
 
 CREATE = (

@@ -15,6 +15,7 @@ from sqlglot.generators.duckdb import DuckDBGenerator
 from sqlglot.generators.postgres import PostgresGenerator
 from sqlglot.tokens import Token
 
+from sql_ext.errors import allow_deep_statements
 from sql_ext.grammar.cache_ddl import CacheDDLParser
 from sql_ext.grammar.commands import CommandParser
 from sql_ext.grammar.tokenizer import MTCacheTokenizer
@@ -27,6 +28,9 @@ from sql_ext.nodes import (
     SessionBound,
     Timeline,
 )
+
+# statements nested ~1,000 levels deep parse (sqlglot recurses per level): set where parsing is
+allow_deep_statements()
 
 
 class MTCacheParser(CommandParser, CacheDDLParser):

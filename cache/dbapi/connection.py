@@ -16,9 +16,10 @@ import psycopg
 
 from cache.dbapi.cursor import Cursor
 from cache.dbapi.remote import ServerAdmin, ServerSession, server_conninfo
+from cache.defaults import DEFAULT_CACHE
 from cache.engine.admin import Admin
 from cache.engine.boundary import public
-from cache.engine.engine import DEFAULT_CACHE, Engine, SessionOptions
+from cache.engine.engine import Engine, SessionOptions
 from cache.engine.session import Session
 from cache.execution.memo import DEFAULT_BYTES as DEFAULT_MEMO_BYTES
 from cache.maintenance.stream import DEFAULT_LAG_LIMIT

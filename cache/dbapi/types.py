@@ -3,17 +3,26 @@ cursor's ``description`` reports them (psycopg's OIDs, for local and remote answ
 
 from __future__ import annotations
 
-import psycopg
-
 
 class DBAPITypeObject:
     """Compares equal to every type code of its group (PEP 249 type objects)."""
 
     def __init__(self, name: str, *pg_types: str) -> None:
         self.name = name
-        self.values = frozenset(
-            info.oid for n in pg_types if (info := psycopg.postgres.types.get(n)) is not None
-        )
+        self._types = pg_types
+        self._values: frozenset[int] | None = None
+
+    @property
+    def values(self) -> frozenset[int]:
+        """The group's OIDs (found when first compared: importing `cache` loads no driver)."""
+        if self._values is None:
+            import psycopg
+
+            types = psycopg.postgres.types
+            self._values = frozenset(
+                info.oid for n in self._types if (info := types.get(n)) is not None
+            )
+        return self._values
 
     def __eq__(self, other: object) -> bool:
         return other in self.values if isinstance(other, int) else other is self

@@ -39,6 +39,7 @@ import psycopg
 from cache.backend.embedded_pg import EmbeddedPostgres
 from cache.backend.pool import pooled
 from cache.backend.reflect import fetch_catalog, redact
+from cache.defaults import DEFAULT_CACHE
 from cache.engine.admission import Admissions
 from cache.engine.privileges import PRIVILEGE_SECONDS, ReadPrivileges, login_role
 from cache.engine.route import StatementCache
@@ -68,9 +69,6 @@ class Member(t.Protocol):
     counters: Counts
 
     def close(self) -> None: ...
-
-
-DEFAULT_CACHE = ".mtcache/cache.duckdb"
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ import typing as t
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from cache.defaults import ENGINES
 from cache.engine.engine import bound_seconds
-from cache.maintenance.pipeline import ENGINES
 from sql_ext.errors import ProgrammingError
 from sql_ext.nodes import format_duration
 

@@ -54,8 +54,6 @@ from sql_ext.errors import (
     translate,
 )
 
-ENGINES = ("spark", "inline")
-
 
 def make_engine(name: str, master: str | None = None) -> Engine:
     """A refresh engine by name; Spark (and its JVM) is loaded only when asked for."""

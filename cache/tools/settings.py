@@ -6,8 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from cache.backend.embedded_pg import EmbeddedPostgres
-
 
 @dataclass(frozen=True)
 class Settings:
@@ -27,4 +25,6 @@ class Settings:
     def backend_dsn(self) -> str:
         if self.backend:
             return self.backend
+        from cache.backend.embedded_pg import EmbeddedPostgres  # (not for --help)
+
         return EmbeddedPostgres(self.embedded_root).ensure_running()

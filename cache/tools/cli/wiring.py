@@ -6,22 +6,17 @@ command, each command's own, and the commands other packages add through the
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
 import typing as t
-from importlib.metadata import entry_points
+from importlib.metadata import entry_points, version
 from pathlib import Path
 
-from cache.engine.engine import DEFAULT_CACHE
-from cache.maintenance.pipeline import ENGINES
-from cache.tools.cli.admin import cmd_admit, cmd_ddl, cmd_evict, cmd_init, cmd_refresh
-from cache.tools.cli.backend import cmd_demo, cmd_heartbeat, cmd_stop
-from cache.tools.cli.query import cmd_explain, cmd_parse, cmd_query
-from cache.tools.cli.serve import cmd_serve
-from cache.tools.cli.status import cmd_status
+from cache.defaults import DEFAULT_CACHE, ENGINES
 from cache.tools.settings import Settings
-from heartbeat.beat import DEFAULT_INTERVAL, DEFAULT_SOURCE
+from heartbeat.defaults import DEFAULT_INTERVAL, DEFAULT_SOURCE
 from sql_ext.errors import DataError, Error, ProgrammingError
 
 DEFAULT_ENGINE = "spark"
@@ -31,6 +26,20 @@ COMMANDS = "mtcache.commands"
 
 JSON_HELP = "print the JSON document (its shape: docs/json-outputs.md)"
 SQL_HELP = "the statement; - reads it from standard input (a statement too long for an argument)"
+
+
+Command = t.Callable[[Settings, argparse.Namespace], int]
+
+
+def _command(module: str, name: str) -> Command:
+    """A command's function, imported when it runs: building the parser (``--help``,
+    ``--version``) imports no engine, driver or SQL parser."""
+
+    def run(settings: Settings, args: argparse.Namespace) -> int:
+        found: Command = getattr(importlib.import_module(f"cache.tools.cli.{module}"), name)
+        return found(settings, args)
+
+    return run
 
 
 def read_statement(args: argparse.Namespace) -> None:
@@ -55,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mtcache",
         description="A currency-and-consistency-aware mid-tier cache in front of PostgreSQL.",
     )
+    parser.add_argument("--version", action="version", version=f"mtcache {version('mtcache')}")
     parser.add_argument(
         "--backend",
         help="PostgreSQL DSN or URL (env MTCACHE_BACKEND; default: the embedded cluster)",
@@ -87,28 +97,32 @@ def build_parser() -> argparse.ArgumentParser:
     p = commands.add_parser("parse", help="parse a statement (no backend needed)")
     p.add_argument("--json", action="store_true", help=JSON_HELP)
     p.add_argument("sql", help=SQL_HELP)
-    p.set_defaults(run=cmd_parse)
+    p.set_defaults(run=_command("query", "cmd_parse"))
 
     p = commands.add_parser("explain", help="explain a query: its normalized C&C constraint")
     p.add_argument("--json", action="store_true", help=JSON_HELP)
     p.add_argument("sql", help=SQL_HELP)
-    p.set_defaults(run=cmd_explain)
+    p.set_defaults(run=_command("query", "cmd_explain"))
 
     p = commands.add_parser("query", help="run a statement through the cache")
     p.add_argument("--json", action="store_true", help=JSON_HELP)
     p.add_argument("sql", help=SQL_HELP)
-    p.set_defaults(run=cmd_query)
+    p.set_defaults(run=_command("query", "cmd_query"))
 
     p = commands.add_parser("init", help="create the cache file and reflect the backend catalog")
-    p.set_defaults(run=cmd_init)
+    p.set_defaults(run=_command("admin", "cmd_init"))
 
     p = commands.add_parser("ddl", help="apply a cache schema script, all or nothing")
     p.add_argument("file", help="a .sql file of CREATE CONTROL TABLE / CREATE CACHED VIEW / DROP")
-    p.set_defaults(run=cmd_ddl)
+    p.set_defaults(run=_command("admin", "cmd_ddl"))
 
     for name, run, what in (
-        ("admit", cmd_admit, "add control-key values and pull their regions"),
-        ("evict", cmd_evict, "remove control-key values and their rows (cascading)"),
+        ("admit", _command("admin", "cmd_admit"), "add control-key values and pull their regions"),
+        (
+            "evict",
+            _command("admin", "cmd_evict"),
+            "remove control-key values and their rows (cascading)",
+        ),
     ):
         p = commands.add_parser(name, help=what)
         p.add_argument("name", help="a control table")
@@ -134,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="Spark master URL (env MTCACHE_SPARK_MASTER; default local[*])",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.set_defaults(run=cmd_refresh)
+    p.set_defaults(run=_command("admin", "cmd_refresh"))
 
     p = commands.add_parser("status", help="views, regions, currency and counters")
     p.add_argument("--json", action="store_true", help=JSON_HELP)
@@ -144,10 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="list this view's regions even when it has more than 1,000 (again for "
         "more views; others with so many are summed up)",
     )
-    p.set_defaults(run=cmd_status)
+    p.set_defaults(run=_command("status", "cmd_status"))
 
     p = commands.add_parser("demo", help="start the embedded backend and walk through examples")
-    p.set_defaults(run=cmd_demo)
+    p.set_defaults(run=_command("backend", "cmd_demo"))
 
     for command in entry_points(group=COMMANDS):
         # commands other packages provide (experiments: `mtcache experiment`), which the
@@ -166,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--source", default=DEFAULT_SOURCE, help=f"the row's name (default {DEFAULT_SOURCE!r})"
     )
-    p.set_defaults(run=cmd_heartbeat)
+    p.set_defaults(run=_command("backend", "cmd_heartbeat"))
 
     p = commands.add_parser(
         "serve",
@@ -292,10 +306,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --pool-size, how long a statement waits for a free backend "
         "connection before it fails with 53300 (default '60 sec')",
     )
-    p.set_defaults(run=cmd_serve)
+    p.set_defaults(run=_command("serve", "cmd_serve"))
 
     p = commands.add_parser("stop", help="stop the embedded PostgreSQL")
-    p.set_defaults(run=cmd_stop)
+    p.set_defaults(run=_command("backend", "cmd_stop"))
     return parser
 
 
