@@ -27,6 +27,12 @@ def parse(text: str, percent: bool = False) -> list[Statement]:
     """Parse a script of one or more statements separated by semicolons. ``percent``: the
     text comes with parameters, so ``%%`` is a ``%`` (psycopg's rule: the backend is sent the
     text as written and psycopg reads it so)."""
+    if "\0" in text:  # (libpq would send the text up to it: another statement, or half of one)
+        raise SqlSyntaxError(
+            "the statement holds a NUL byte, which no PostgreSQL statement can: remove it "
+            "(a value with one is no text either: bytea takes any byte)",
+            *offset_position(text, text.index("\0")),
+        )
     try:
         tokens = _percent_tokens(DIALECT.tokenize(text)) if percent else DIALECT.tokenize(text)
         parsed = DIALECT.parser().parse(tokens, text)
@@ -50,6 +56,13 @@ def parse(text: str, percent: bool = False) -> list[Statement]:
             *offset_position(text, first.start),
         )
     chunks = _statement_texts(text, tokens, len(trees))
+    for tree, (chunk, start) in zip(trees, chunks, strict=True):
+        if isinstance(tree, exp.Condition | exp.Alias | exp.Identifier) and not isinstance(
+            tree, exp.Query
+        ):
+            refused = _not_a_statement(chunk, start, text)
+            if refused is not None:
+                raise refused
     statements = [
         _placed(typed_statement(tree, chunk, start), text, start)
         for tree, (chunk, start) in zip(trees, chunks, strict=True)
@@ -275,6 +288,24 @@ _STATEMENT_WORDS = frozenset(
         "WITH",
     }
 )
+
+
+def _not_a_statement(chunk: str, start: int, text: str) -> SqlSyntaxError | None:
+    """A statement that is a bare expression (``hello``, ``hello world``, ``1``), which sqlglot
+    reads and PostgreSQL refuses, refused at its first word; None: it begins with a statement's
+    word (``LISTEN x`` reads as an expression too)."""
+    first = DIALECT.tokenize(chunk)[0]
+    if first.text.upper() in _STATEMENT_WORDS:
+        return None
+    line, col = offset_position(text, start + first.start)
+    if first.token_type.name == "VAR":
+        return SqlSyntaxError(
+            f"{first.text!r} does not begin a statement: expected SELECT, WITH, VALUES, "
+            "INSERT, UPDATE, DELETE, CREATE, ... (a misspelled keyword?)",
+            line,
+            col,
+        )
+    return SqlSyntaxError(f"unexpected {first.text!r}: a statement cannot start with it", line, col)
 
 
 def _unknown_statement_start(text: str) -> SqlSyntaxError | None:

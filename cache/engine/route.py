@@ -309,8 +309,8 @@ def parse_statement(operation: str, with_params: bool = False) -> Statement | No
             raise ProgrammingError(f"{exc} (write %% for a literal %)") from None
         return None  # psycopg reports it, as it would without the cache
     except SqlSyntaxError:
-        if _uses_extension(operation):
-            raise
+        if _uses_extension(operation) or "\0" in operation:
+            raise  # (a NUL byte: libpq would send the backend half of the statement)
         return None
 
 

@@ -247,3 +247,12 @@ def test_a_long_list_of_strings_with_parameters_reads_percent_signs_as_psycopg()
     sql = sql.replace("%%s", "'%%s'").replace("x%%y", "'x%%y'")
     node = next(parse(sql, percent=True)[0].tree.find_all(ConstantList))
     assert node.constants[:2] == ("%s", "x%y")
+
+
+def test_a_nul_byte_is_refused_where_it_stands() -> None:
+    """libpq sends a statement's text up to its first NUL byte: PostgreSQL would run half of it
+    (``column "name" does not exist``, or another statement); the cache refuses it, at it."""
+    for sql, where in (("SELECT 'a\0b' AS name", (1, 10)), ("SELECT 1;\n SELECT 2\0", (2, 10))):
+        with pytest.raises(SqlSyntaxError, match="holds a NUL byte") as raised:
+            parse(sql)
+        assert (raised.value.line, raised.value.col) == where

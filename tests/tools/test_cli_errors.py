@@ -126,6 +126,28 @@ def test_an_empty_statement(mtcache_bin: str, env: dict[str, str], sql: str) -> 
     one_line_error(run(mtcache_bin, env, "query", sql), "empty statement")
 
 
+@pytest.mark.parametrize("command", ["query", "parse", "explain"])
+def test_a_nul_byte_on_standard_input_is_refused_at_it(
+    mtcache_bin: str, env: dict[str, str], command: str
+) -> None:
+    """libpq would send the backend the text up to it (``column "name" does not exist``)."""
+    done = subprocess.run(
+        [mtcache_bin, command, "-"],
+        input="SELECT 'a\0b' AS name",
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    one_line_error(done, "line 1, column 10", "holds a NUL byte")
+
+
+@pytest.mark.parametrize("sql", ["hello", "hello world"])
+def test_a_word_alone_is_no_statement(mtcache_bin: str, env: dict[str, str], sql: str) -> None:
+    one_line_error(run(mtcache_bin, env, "parse", sql), "'hello' does not begin a statement")
+
+
 def test_a_misspelled_keyword_is_pointed_at(mtcache_bin: str, env: dict[str, str]) -> None:
     result = run(mtcache_bin, env, "query", "SELCT name FROM authors CURRENCY BOUND 10 MIN")
     one_line_error(result, "line 1, column 1: 'SELCT' does not begin a statement")
