@@ -51,6 +51,11 @@ def literal(value: t.Any) -> exp.Expr:
     return exp.convert(value)
 
 
+def key_text(values: Sequence[t.Any]) -> str:
+    """A region's key as messages write it, as SQL would: ``(4)``, ``(1, 'x')``."""
+    return "(" + ", ".join(literal(v).sql("postgres") for v in values) + ")"
+
+
 def in_list(columns: Sequence[str], values: Iterable[tuple[t.Any, ...]]) -> exp.Expr:
     """``(cols) IN ((v1), (v2), ...)``; FALSE for an empty list. A long list of integers and
     strings is written as text at once, not built as a tree of literals (100,000 keys took

@@ -57,6 +57,11 @@ class CurrencyClause(exp.Expression):
     arg_types = {"expressions": True}
 
 
+def plural(count: int, noun: str) -> str:
+    """``1 region``, ``2 regions``: a count and its noun, for messages."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def format_duration(seconds: float) -> str:
     """A duration the way people write it: the largest unit that divides it (``10 min``)."""
     for unit, size in (("day", 86400.0), ("hour", 3600.0), ("min", 60.0), ("sec", 1.0)):

@@ -78,6 +78,7 @@ from sql_ext.errors import (
     translate,
     translating,
 )
+from sql_ext.nodes import plural
 from sql_ext.params import Params, bind_literals
 from sql_ext.quoting import folded
 
@@ -651,7 +652,7 @@ class Session(CachedReads):
 def _report_notice(report: t.Any) -> inspect.Notice:
     """The NOTICE of an admission, eviction or refresh: what it did, its report as JSON."""
     return inspect.Notice.with_detail(
-        f"{report.operation}: {report.regions_counted} regions", report.to_json()
+        f"{report.operation}: {plural(report.regions_counted, 'region')}", report.to_json()
     )
 
 

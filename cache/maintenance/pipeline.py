@@ -40,7 +40,7 @@ from cache.maintenance.report import NAMED_KEYS, Report
 from cache.store.cache_file import CacheStore
 from control_tables.closure import affected_closure_safe, control_values
 from control_tables.kinds import RegionKind, Role
-from control_tables.regions import Region, guarantees
+from control_tables.regions import Region, guarantees, key_text
 from control_tables.schema import CachedView, CacheSchema, control_role, controlled_columns
 from optimizer.derived.delta import copy_owner
 from sql_ext.catalog import Catalog
@@ -274,7 +274,10 @@ class Maintainer:
         seeds: set[Region] = set()
         for name in names:
             seeds |= _all_regions(self.store, schema.views[name], keys if view_name else None)
-        label = f"refresh {view_name or 'all'}" + (f" keys {keys}" if keys else "")
+        label = f"refresh {view_name or 'all'}"
+        if keys:  # (as the control table types them: the command line gives text)
+            found = sorted({r.values for r in seeds if r.kind == RegionKind.PRESENCE}, key=repr)
+            label += " keys " + ", ".join(key_text(key) for key in found)
         return self._run(label, schema, seeds, admitted={})
 
     def _run(

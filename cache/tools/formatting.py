@@ -8,10 +8,6 @@ import typing as t
 from sql_ext.nodes import format_duration
 
 
-def plural(count: int, noun: str) -> str:
-    return f"{count} {noun}{'' if count == 1 else 's'}"
-
-
 def describe_class(cls: dict[str, t.Any]) -> str:
     tables = ", ".join(cls["tables"])
     if cls["bound_seconds"] == 0:

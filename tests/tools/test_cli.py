@@ -205,19 +205,23 @@ def test_cache_store_commands_end_to_end(
         assert result.returncode == 0, result.stderr
         return result.stdout
 
-    assert "shadow catalog of 5 backend tables and 1 views" in ok("init")
+    assert "shadow catalog of 5 backend tables and 1 view" in ok("init")
     assert "created reviewcopy" in ok("ddl", str(schema_file))
     assert "admit citylist_csct at snapshot 1" in ok("admit", "citylist_csct", "Madison")
     report = json.loads(ok("admit", "--json", "authorlist_pct", "4", "8"))
     assert report["rows_inserted"]["authorcopy"] == 2 and report["snapshot_id"] == 2
     assert "authorcopy -1/+0" in ok("evict", "authorlist_pct", "8")
     assert json.loads(ok("refresh", "--view", "authorcopy", "--key", "4", "--json"))["rounds"] == 1
+    # an integer key as SQL writes it (it came as text), not as Python's [('4',)]
+    assert ok("refresh", "--view", "authorcopy", "--key", "4").startswith(
+        "refresh authorcopy keys (4) "
+    )
     document = json.loads(ok("status", "--json"))
     views = {v["name"]: v for v in document["views"]}
     assert views["authorcopy"]["rows"] == 1 and views["bookcopy"]["rows"] == 5
     human = ok("status")
     assert "authorcopy (authors, white, group-level under authorlist_pct" in human
-    assert "presence     authorlist_pct(4,): 1 row," in human
+    assert "presence     authorlist_pct(4): 1 row," in human
     # each view's last and next refresh (authorcopy: REFRESH EVERY 5 MIN; bookcopy is gray)
     assert re.search(
         r"authorcopy .*: 1 row; refreshed [\d.]+ sec ago \(landing [\d.]+ sec old\), "

@@ -11,9 +11,10 @@ from pathlib import Path
 from cache.dbapi.remote import ServerAdmin
 from cache.engine.admin import Admin
 from cache.tools.cli.access import not_served, open_admin
-from cache.tools.formatting import plural, print_json
+from cache.tools.formatting import print_json
 from cache.tools.settings import Settings
 from sql_ext.errors import ProgrammingError
+from sql_ext.nodes import plural
 
 
 def cmd_init(settings: Settings, args: argparse.Namespace) -> int:
@@ -23,8 +24,8 @@ def cmd_init(settings: Settings, args: argparse.Namespace) -> int:
     with Admin.open(settings.cache_path, backend=settings.backend_dsn) as admin:
         catalog = admin.reflect()
     print(
-        f"cache {settings.cache_path}: shadow catalog of {len(catalog.tables)} backend tables "
-        f"and {len(catalog.views)} views"
+        f"cache {settings.cache_path}: shadow catalog of "
+        f"{plural(len(catalog.tables), 'backend table')} and {plural(len(catalog.views), 'view')}"
     )
     return 0
 

@@ -11,11 +11,11 @@ import psycopg
 
 from cache.backend.embedded_pg import EmbeddedPostgres
 from cache.backend.reflect import connect_backend, redact
-from cache.tools.formatting import plural
 from cache.tools.settings import Settings
 from heartbeat.beat import TABLE as HEARTBEAT_TABLE
 from heartbeat.beat import Heartbeat, beat, ensure_table
 from sql_ext.errors import ProgrammingError, first_line, translate
+from sql_ext.nodes import plural
 
 
 def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:

@@ -16,11 +16,11 @@ from rich.table import Table
 from cache.engine.admin import Admin
 from cache.engine.session import Session
 from cache.tools.cli.access import open_connection
-from cache.tools.formatting import describe_class, plural, print_json
+from cache.tools.formatting import describe_class, print_json
 from cache.tools.settings import Settings
 from sql_ext import is_empty, parse_one
 from sql_ext.errors import BackendUnavailableError, ProgrammingError
-from sql_ext.nodes import format_duration
+from sql_ext.nodes import format_duration, plural
 
 
 def cmd_parse(settings: Settings, args: argparse.Namespace) -> int:

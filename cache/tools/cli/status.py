@@ -8,10 +8,11 @@ import datetime as dt
 import typing as t
 
 from cache.tools.cli.access import open_admin
-from cache.tools.formatting import plural, print_json
+from cache.tools.formatting import print_json
 from cache.tools.settings import Settings
+from control_tables.regions import key_text
 from sql_ext.errors import ProgrammingError
-from sql_ext.nodes import format_duration
+from sql_ext.nodes import format_duration, plural
 
 
 def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
@@ -54,7 +55,7 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
             )
             continue
         for region in view["regions"]:
-            where = f"{region['control']}{tuple(region['key'])}" if region["control"] else "all"
+            where = f"{region['control']}{key_text(region['key'])}" if region["control"] else "all"
             age = (
                 f"{region['currency_seconds']:.1f}s old, snapshot {region['snapshot_id']}"
                 if region["currency_seconds"] is not None

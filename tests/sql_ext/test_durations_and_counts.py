@@ -1,6 +1,6 @@
 """Durations as the cache reads them wherever one is taken (no database): the clause's words
 and PostgreSQL's forms of its time settings, and a number alone in the unit of the PostgreSQL
-setting an option is named after."""
+setting an option is named after; and counts as messages write them."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from cache.engine.engine import bound_seconds
 from cache.tools.cli.serve import MS, duration_option
 from sql_ext import parse_duration
 from sql_ext.errors import ProgrammingError, SqlSyntaxError
+from sql_ext.nodes import plural
 
 FORMS = [
     ("10 MIN", 600.0),
@@ -59,3 +60,8 @@ def test_numbers_and_timedeltas_are_seconds() -> None:
     assert bound_seconds(2) == 2.0
     assert bound_seconds(dt.timedelta(minutes=1)) == 60.0
     assert bound_seconds(None) is None
+
+
+def test_a_count_and_its_noun() -> None:
+    """Messages count as English does ("1 region", not "1 regions")."""
+    assert [plural(n, "region") for n in (0, 1, 2)] == ["0 regions", "1 region", "2 regions"]
