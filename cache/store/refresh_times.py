@@ -67,7 +67,10 @@ def refresh_times(store: CacheStore, schema: CacheSchema, name: str) -> RefreshT
     stamps = region_stamps(store, schema, name)
     if view.is_gray:
         root = schema.consistency_root(name)
-        return RefreshTimes(stamps, refresh_times(store, schema, root).due, root)
+        followed = refresh_times(store, schema, root)
+        # its regions are its parent's: refreshed with its root, when the root was (a view
+        # refreshed a moment ago read "never refreshed")
+        return RefreshTimes(stamps if stamps.count else followed.stamps, followed.due, root)
     if not view.refresh_seconds:
         # a continuously maintained view is pulled once, at once, when a region of it was
         # never populated (its creation's pull, or one the stream asked for, interrupted by a

@@ -230,6 +230,9 @@ def test_cache_store_commands_end_to_end(
     )
     assert "bookcopy (books, gray" in human and "with authorcopy" in human
     assert views["authorcopy"]["last_refresh"] is not None
+    # a gray view is refreshed with its root, and says so (not "never refreshed")
+    assert views["bookcopy"]["last_refresh"] == views["authorcopy"]["last_refresh"]
+    assert re.search(r"bookcopy .*: 5 rows; refreshed [\d.]+ sec ago .*with authorcopy", human)
     next_refresh = dt.datetime.fromisoformat(views["authorcopy"]["next_refresh"])
     oldest = min(
         dt.datetime.fromisoformat(r["refreshed_at"]) for r in views["authorcopy"]["regions"]
