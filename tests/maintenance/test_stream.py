@@ -15,7 +15,7 @@ import pytest
 from cache.backend.embedded_pg import EmbeddedPostgres
 from cache.backend.pgoutput.messages import lsn_text, lsn_value
 from cache.backend.reflect import fetch_catalog
-from cache.backend.replication import drop_slot, slot_state
+from cache.backend.replication import drop_slot, slot_state, stream_unmet
 from cache.maintenance import stream
 from cache.maintenance.pipeline import Maintainer
 from cache.store.cache_file import CacheStore
@@ -121,6 +121,45 @@ def test_a_table_without_a_primary_key_is_refused(setup: Setup) -> None:
         store, dsn, parse("CREATE CACHED VIEW tagcopy AS SELECT * FROM tags"), fetch_catalog(dsn)
     )
     stream.apply_ddl(store, dsn, parse("DROP CACHED VIEW tagcopy"), fetch_catalog(dsn))
+
+
+def test_a_backend_that_cannot_stream_is_refused_before_anything_is_made(
+    pg_cluster: EmbeddedPostgres, tmp_path: Path
+) -> None:
+    """A role that may not replicate (as a backend at wal_level=replica, `stream_unmet`): the
+    DDL is refused with what to change, and the backend keeps no heartbeat table, publication
+    or slot of it, the cache file no view."""
+    owner = pg_cluster.create_database("stream_refused")
+    bookstore.load_into(owner)
+    pg(
+        owner,
+        "DO $$ BEGIN CREATE ROLE no_replication LOGIN NOREPLICATION; "
+        "EXCEPTION WHEN duplicate_object THEN NULL; END $$",
+    )
+    pg(owner, "GRANT SELECT ON ALL TABLES IN SCHEMA public TO no_replication")
+    pg(owner, "GRANT CREATE ON SCHEMA public TO no_replication")
+    dsn = psycopg.conninfo.make_conninfo(owner, user="no_replication")
+    store = CacheStore(tmp_path / "cache.duckdb")
+    try:
+        with pytest.raises(OperationalError, match=r"nothing was changed: the role may not"):
+            stream.apply_ddl(
+                store,
+                dsn,
+                parse("CREATE CACHED VIEW salescopy AS SELECT * FROM sales REFRESH CONTINUOUSLY"),
+                fetch_catalog(dsn),
+            )
+        assert pg(owner, "SELECT to_regclass('mtcache_heartbeat')") == [(None,)]
+        assert pg(owner, "SELECT count(*) FROM pg_publication") == [(0,)]
+        assert local(store, "SELECT name FROM mtcache.objects") == []
+    finally:
+        store.close()
+
+
+def test_what_a_backend_lacks_for_the_stream_is_named_with_its_change() -> None:
+    assert stream_unmet("logical", True, 3) == []
+    wal, role, slots = stream_unmet("replica", False, 0)
+    assert "wal_level is replica" in wal and "wal_level = logical" in wal
+    assert "ALTER ROLE ... REPLICATION" in role and "max_replication_slots" in slots
 
 
 def test_changes_reach_the_views_through_the_stream(setup: Setup) -> None:

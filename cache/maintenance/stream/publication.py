@@ -16,6 +16,7 @@ import psycopg
 
 from cache.backend.reflect import connect_backend
 from cache.backend.replication import (
+    check_stream,
     create_publication,
     create_slot,
     drop_publication,
@@ -74,6 +75,8 @@ def publication_for(
         # (a stopped stream resumes once continuous views are created again: they are checked
         # against the backend's catalog of now, whose columns the stream is signed with anew)
         _check_replica_identity(after, catalog)
+        if current is None:
+            check_stream(dsn)  # (before the heartbeat table, the publication and the slot)
         relations, heartbeat = _signatures(dsn, tables)
         name = current.slot if current is not None else SLOT_PREFIX + secrets.token_hex(8)
         create_publication(dsn, name, [*tables, heartbeat])
