@@ -82,8 +82,9 @@ paramstyle = "pyformat"
 def connect(
     backend: str | None = None, cache_path: str | Path | None = None, **options: Any
 ) -> Connection:
-    """Open a session: ``backend`` is a libpq DSN or URL (default: the embedded cluster beside
-    the cache file), ``cache_path`` the DuckDB file (default ``.mtcache/cache.duckdb``).
+    """Open a session: ``backend`` is a libpq DSN or URL (default: ``MTCACHE_BACKEND``, else
+    the embedded cluster beside the cache file), ``cache_path`` the DuckDB file (default:
+    ``MTCACHE_CACHE``, else ``.mtcache/cache.duckdb``), as the command line reads them.
     Options: ``autocommit`` (default False), ``stale_ok`` (default False), and the others of
     `Connection` (``background=False``: no refresh scheduler in this process)."""
     from cache.dbapi.connection import Connection

@@ -196,8 +196,8 @@ class CacheStore(SchemaStore, CatalogStore):
                     raise OperationalError(
                         f"the cache file {self.path} is served by `mtcache serve` (pid "
                         f"{served.pid}) at {served.address}: connect through it "
-                        f"(cache.connect(..., server={served.address!r}); the mtcache "
-                        "commands do so by themselves)"
+                        f"(cache.connect(server={served.url!r}), or psql {served.url}; "
+                        "the mtcache commands do so by themselves)"
                     ) from exc
                 raise OperationalError(
                     f"the cache file {self.path} is in use by another process (DuckDB allows "

@@ -28,6 +28,17 @@ class ServedAt(t.NamedTuple):
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
+    @property
+    def url(self) -> str:
+        """Where a client connects, whole: its role and database too (a ``HOST:PORT`` alone
+        would ask for the database named after the operating system's user)."""
+        from urllib.parse import quote
+
+        who = f"{quote(self.user, safe='')}@" if self.user else ""
+        database = f"/{quote(self.database, safe='')}" if self.database else ""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"postgresql://{who}{host}:{self.port}{database}"
+
 
 def note_path(cache_path: Path) -> Path:
     return cache_path.with_name(cache_path.name + ".server")

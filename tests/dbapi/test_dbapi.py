@@ -44,6 +44,23 @@ def test_module_globals() -> None:
     assert cache.paramstyle == "pyformat"
 
 
+def test_connect_reads_the_environment_the_command_line_reads(
+    dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``MTCACHE_BACKEND`` and ``MTCACHE_CACHE``, as `mtcache` honours them; an argument
+    first."""
+    monkeypatch.setenv("MTCACHE_BACKEND", dsn)
+    monkeypatch.setenv("MTCACHE_CACHE", str(tmp_path / "from-env.duckdb"))
+    with cache.connect() as conn:
+        assert conn.cache_path == tmp_path / "from-env.duckdb"
+        cur = conn.cursor()
+        cur.execute("SELECT count(*) FROM authors")
+        with psycopg.connect(dsn) as pg:
+            assert cur.fetchall() == pg.execute("SELECT count(*) FROM authors").fetchall()
+    with cache.connect(cache_path=tmp_path / "given.duckdb") as conn:
+        assert conn.cache_path == tmp_path / "given.duckdb"
+
+
 def test_exception_hierarchy() -> None:
     assert issubclass(cache.Warning, Exception)
     assert issubclass(cache.Error, Exception)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -154,9 +155,24 @@ def test_two_application_processes_and_status_at_once(serving: Serving, mtcache_
     assert document["counters"][Counter.EVICTIONS] == 0
 
 
-def test_an_in_process_connection_is_told_where_the_server_is(serving: Serving) -> None:
-    with pytest.raises(cache.OperationalError, match=f"server='{serving.address}'"):
+def test_an_in_process_connection_is_told_where_the_server_is(
+    serving: Serving, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("MTCACHE_BACKEND", raising=False)
+    monkeypatch.delenv("MTCACHE_CACHE", raising=False)
+    with pytest.raises(cache.OperationalError, match="server='postgresql://") as told:
         cache.connect(serving.backend, serving.cache_path)
+    assert f"@{serving.address}/" in str(told.value)
+    # the call it gives works as pasted: nothing else named (no backend, no environment)
+    call = re.search(r"cache\.connect\((server='[^']+')\)", str(told.value))
+    assert call is not None, told.value
+    url = call.group(1).removeprefix("server=").strip("'")
+    with cache.connect(server=url) as conn:
+        cur = conn.cursor()
+        cur.execute("SELECT title FROM books WHERE authorid = %s ORDER BY isbn", [1])
+        with psycopg.connect(serving.backend) as pg:
+            want = pg.execute("SELECT title FROM books WHERE authorid = 1 ORDER BY isbn")
+            assert cur.fetchall() == want.fetchall()
 
 
 def test_every_command_goes_through_the_server(

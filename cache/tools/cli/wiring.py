@@ -14,7 +14,7 @@ import typing as t
 from importlib.metadata import entry_points, version
 from pathlib import Path
 
-from cache.defaults import DEFAULT_CACHE, ENGINES
+from cache.defaults import BACKEND_VARIABLE, CACHE_VARIABLE, DEFAULT_CACHE, ENGINES
 from cache.tools.settings import Settings
 from heartbeat.defaults import DEFAULT_INTERVAL, DEFAULT_SOURCE
 from sql_ext.errors import DataError, Error, ProgrammingError
@@ -333,8 +333,8 @@ def main(argv: list[str] | None = None) -> int:
         _check_text(vars(args))
         threads = args.threads if args.threads is not None else _env_number("MTCACHE_THREADS")
         settings = Settings(
-            cache_path=Path(args.cache or os.environ.get("MTCACHE_CACHE") or DEFAULT_CACHE),
-            backend=args.backend or os.environ.get("MTCACHE_BACKEND") or None,
+            cache_path=Path(args.cache or os.environ.get(CACHE_VARIABLE) or DEFAULT_CACHE),
+            backend=args.backend or os.environ.get(BACKEND_VARIABLE) or None,
             memory_limit=args.memory_limit or os.environ.get("MTCACHE_MEMORY_LIMIT") or None,
             threads=threads,
             cache_size_limit=args.cache_size_limit
