@@ -8,4 +8,6 @@ DEFAULT_CACHE = ".mtcache/cache.duckdb"  # the cache's DuckDB file, relative to 
 # the environment the command line and `cache.connect` read alike (a flag or argument first)
 BACKEND_VARIABLE = "MTCACHE_BACKEND"  # the backend's DSN or URL
 CACHE_VARIABLE = "MTCACHE_CACHE"  # the cache file
-ENGINES = ("spark", "inline")  # the refresh engines (`cache.maintenance.pipeline`)
+# the refresh engines (`cache.maintenance.pipeline.make_engine`): auto chooses by size
+ENGINES = ("auto", "inline", "spark")
+DEFAULT_ENGINE = "auto"

@@ -23,6 +23,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from sqlglot import exp
 
+from cache.defaults import DEFAULT_ENGINE
 from cache.engine.engine import SessionOptions, bound_seconds
 from cache.engine.inspect import PROVENANCE_NOTICE, Notice, status_document
 from cache.engine.result import NO_PROVENANCE, Result, of_cursor
@@ -332,7 +333,7 @@ class ServerAdmin:
         view: str | None = None,
         keys: Iterable[t.Any] | None = None,
         *,
-        engine: str = "inline",
+        engine: str = DEFAULT_ENGINE,
         spark_master: str | None = None,
     ) -> Report:
         session = self._session

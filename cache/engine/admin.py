@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from cache.backend.reflect import fetch_catalog
+from cache.defaults import DEFAULT_ENGINE
 from cache.engine.admission import Admissions
 from cache.engine.boundary import public
 from cache.maintenance.engines import Engine
@@ -167,11 +168,12 @@ class Admin:
         view: str | None = None,
         keys: Iterable[t.Any] | None = None,
         *,
-        engine: str | Engine = "inline",
+        engine: str | Engine = DEFAULT_ENGINE,
         spark_master: str | None = None,
     ) -> Report:
         """Refresh a view's regions (all, or those of the given presence keys), or every
-        white view; on the ``inline`` or ``spark`` engine."""
+        white view; on the ``auto`` engine (inline unless a pull is large enough for Spark to
+        pay and Spark is installed), ``inline`` or ``spark``."""
         chosen = make_engine(engine, spark_master) if isinstance(engine, str) else engine
         return self._maintainer(chosen).refresh(view, _keys(keys) if keys is not None else None)
 

@@ -37,6 +37,7 @@ from cache.backend.reflect import (
     temporary_relations,
 )
 from cache.backend.session_pool import SessionPool
+from cache.defaults import DEFAULT_ENGINE
 from cache.engine import inspect
 from cache.engine.admin import Admin
 from cache.engine.boundary import public
@@ -120,7 +121,7 @@ class Session(CachedReads):
         # the other settings of `cache.engine.settings` (SET mtcache.name = ...)
         self.provenance_notices = False
         self.admit_empty = False
-        self.refresh_engine = "inline"
+        self.refresh_engine = DEFAULT_ENGINE  # (auto: inline unless a pull is large)
         self.spark_master: str | None = None
         self.report_position = False  # a ParameterStatus mtcache.position after statements
         # how the last statement was answered (`cache.engine.conversation.statistics`): local,

@@ -91,6 +91,7 @@ class Engine(t.Protocol):
     """Runs pulls inside the coordinator's snapshot and returns one Arrow table per query."""
 
     name: str
+    reason: str  # why it pulled (a report shows it): "asked for", or an engine chosen by size's
 
     def pull(self, coordinator: Coordinator, queries: list[PullQuery]) -> list[pa.Table]: ...
 
@@ -100,6 +101,7 @@ class InlineEngine:
     for small on-demand pulls such as a presence miss's admission."""
 
     name = "inline"
+    reason = "asked for"
 
     def pull(self, coordinator: Coordinator, queries: list[PullQuery]) -> list[pa.Table]:
         return [

@@ -21,6 +21,7 @@ Any failure before the DuckDB commit leaves the cache file exactly as it was.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import time
 import typing as t
 from collections.abc import Collection, Iterable, Iterator
@@ -29,6 +30,7 @@ import duckdb
 import psycopg
 import pyarrow as pa
 
+from cache.defaults import ENGINES
 from cache.maintenance import faults
 from cache.maintenance.apply import apply_pull, apply_rows, begin_apply, end_apply
 from cache.maintenance.engines import Coordinator, Engine, InlineEngine, PullQuery
@@ -53,17 +55,31 @@ from sql_ext.errors import (
     interrupted,
     translate,
 )
+from sql_ext.nodes import plural
 
 
 def make_engine(name: str, master: str | None = None) -> Engine:
-    """A refresh engine by name; Spark (and its JVM) is loaded only when asked for."""
+    """A refresh engine by name (`ENGINES`): ``auto`` chooses by each operation's size
+    (`SizedEngine`); Spark (and its JVM) is loaded only when it pulls."""
+    if name == "auto":
+        return SizedEngine(master)
     if name == "inline":
         return InlineEngine()
     if name == "spark":
+        if not spark_installed():
+            raise ProgrammingError(SPARK_MISSING)
         from cache.maintenance.spark import DEFAULT_MASTER, SparkEngine
 
         return SparkEngine(master or DEFAULT_MASTER)
-    raise ProgrammingError(f"unknown refresh engine {name!r}: use spark or inline")
+    raise ProgrammingError(f"unknown refresh engine {name!r}: use {', '.join(ENGINES)}")
+
+
+SPARK_MISSING = "Spark is not installed: pip install 'mtcache[spark]'"
+
+
+def spark_installed() -> bool:
+    """Whether pyspark can be imported (the ``spark`` extra), without importing it."""
+    return importlib.util.find_spec("pyspark") is not None
 
 
 # An admission of more keys than this goes in pieces of this many (`_admit_in_pieces`)
@@ -83,15 +99,24 @@ class SizedEngine:
         self.spark_master = spark_master
         self.spark_pages = spark_pages
         self.name = "inline"
+        self.reason = "nothing pulled yet"
         self._spark: Engine | None = None
 
     def pull(self, coordinator: Coordinator, queries: list[PullQuery]) -> list[pa.Table]:
-        if max((q.pages for q in queries), default=0) < self.spark_pages:
+        largest = max((q.pages for q in queries), default=0)
+        pages = f"its largest pull reads {plural(largest, 'page')} of the backend"
+        if largest < self.spark_pages:
             self.name = "inline"
+            self.reason = f"{pages}; Spark pays from {self.spark_pages:,}"
+            return InlineEngine().pull(coordinator, queries)
+        if not spark_installed():
+            self.name = "inline"
+            self.reason = f"{pages}, but {SPARK_MISSING}"
             return InlineEngine().pull(coordinator, queries)
         if self._spark is None:
             self._spark = make_engine("spark", self.spark_master)
         self.name = "spark"
+        self.reason = f"{pages}; Spark pays from {self.spark_pages:,}"
         return self._spark.pull(coordinator, queries)
 
 
@@ -174,7 +199,7 @@ class Maintainer:
                 regions += len(pull.omega)
                 report.rounds = max(report.rounds, pull.rounds)
             assert snapshot_id is not None
-            report.engine = self.engine.name
+            report.engine, report.engine_reason = self.engine.name, self.engine.reason
             end_apply(
                 self.store,
                 schema,
@@ -315,7 +340,8 @@ class Maintainer:
         report = Report(operation=label, engine=self.engine.name)
         with self._operation(label) as coordinator:
             pull = self._pull(schema, catalog, coordinator, seeds, must_hold)
-            report.engine = self.engine.name  # an engine chosen by size names its choice now
+            # (an engine chosen by size names its choice now)
+            report.engine, report.engine_reason = self.engine.name, self.engine.reason
 
             def finish(con: duckdb.DuckDBPyConnection, snapshot_id: int) -> None:
                 record_pull(

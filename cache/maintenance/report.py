@@ -13,6 +13,7 @@ NAMED_KEYS = 10  # a report or an error names this many keys and counts the rest
 class Report:
     operation: str
     engine: str
+    engine_reason: str | None = None  # why that engine (an engine chosen by size says)
     snapshot_id: int | None = None
     backend_time: dt.datetime | None = None
     regions: list[str] = field(default_factory=list)
@@ -40,6 +41,7 @@ class Report:
         return {
             "operation": self.operation,
             "engine": self.engine,
+            "engine_reason": self.engine_reason,
             "snapshot_id": self.snapshot_id,
             "backend_time": self.backend_time.isoformat() if self.backend_time else None,
             "regions": self.regions,

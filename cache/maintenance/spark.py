@@ -126,6 +126,7 @@ def block_ranges(pages: int, parts: int) -> list[str | None]:
 
 class SparkEngine:
     name = "spark"
+    reason = "asked for"
 
     def __init__(
         self,

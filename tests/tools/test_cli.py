@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -51,6 +52,30 @@ def test_parse_json_needs_no_backend(mtcache_bin: str, clean_env: dict[str, str]
             {"block": 0, "specs": [{"bound_seconds": 90.0, "on": ["o", "l"], "by": ["o.id"]}]}
         ],
     }
+
+
+def test_a_refresh_with_the_default_engine_starts_no_jvm(
+    bookstore_dsn: str, tmp_path: Path
+) -> None:
+    """One key's refresh on the default engine (auto) is pulled inline: Spark, and its JVM, is
+    not even imported (a JVM took 12-17 s for it)."""
+    probe = f"""
+import sys
+import cache
+with cache.connect({bookstore_dsn!r}, {str(tmp_path / "c.duckdb")!r}, background=False) as conn:
+    cur = conn.cursor()
+    cur.execute("CREATE CONTROL TABLE authorlist_pct (authorid INTEGER)")
+    cur.execute("CREATE CACHED VIEW authorcopy AS SELECT * FROM authors "
+                "PRESENCE ON (authorid) IN authorlist_pct")
+    cur.execute("INSERT INTO authorlist_pct VALUES (4)")
+    report = conn.admin.refresh("authorcopy", [4])
+print(report.engine, "pyspark" in sys.modules)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["inline", "False"]
 
 
 def test_parse_human_output(mtcache_bin: str) -> None:
@@ -212,10 +237,11 @@ def test_cache_store_commands_end_to_end(
     assert report["rows_inserted"]["authorcopy"] == 2 and report["snapshot_id"] == 2
     assert "authorcopy -1/+0" in ok("evict", "authorlist_pct", "8")
     assert json.loads(ok("refresh", "--view", "authorcopy", "--key", "4", "--json"))["rounds"] == 1
-    # an integer key as SQL writes it (it came as text), not as Python's [('4',)]
-    assert ok("refresh", "--view", "authorcopy", "--key", "4").startswith(
-        "refresh authorcopy keys (4) "
-    )
+    # an integer key as SQL writes it (it came as text), not as Python's [('4',)]; the
+    # default engine pulls one key inline, and says why
+    refreshed = ok("refresh", "--view", "authorcopy", "--key", "4")
+    assert refreshed.startswith("refresh authorcopy keys (4) ") and "(inline, " in refreshed
+    assert "engine inline: its largest pull reads " in refreshed and "Spark pays from" in refreshed
     document = json.loads(ok("status", "--json"))
     views = {v["name"]: v for v in document["views"]}
     assert views["authorcopy"]["rows"] == 1 and views["bookcopy"]["rows"] == 5

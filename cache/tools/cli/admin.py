@@ -79,6 +79,8 @@ def _print_report(report: t.Any, as_json: bool) -> None:
         f"{report.operation}{snapshot} ({report.engine}, {report.seconds:.2f}s, "
         f"{plural(report.regions_counted, 'region')}): rows {changed or 'unchanged'}"
     )
+    if report.engine_reason not in (None, "asked for"):
+        print(f"  engine {report.engine}: {report.engine_reason}")
 
 
 def cmd_admit(settings: Settings, args: argparse.Namespace) -> int:

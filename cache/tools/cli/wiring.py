@@ -14,12 +14,17 @@ import typing as t
 from importlib.metadata import entry_points, version
 from pathlib import Path
 
-from cache.defaults import BACKEND_VARIABLE, CACHE_VARIABLE, DEFAULT_CACHE, ENGINES
+from cache.defaults import (
+    BACKEND_VARIABLE,
+    CACHE_VARIABLE,
+    DEFAULT_CACHE,
+    DEFAULT_ENGINE,
+    ENGINES,
+)
 from cache.tools.settings import Settings
 from heartbeat.defaults import DEFAULT_INTERVAL, DEFAULT_SOURCE
 from sql_ext.errors import DataError, Error, ProgrammingError
 
-DEFAULT_ENGINE = "spark"
 # the entry point group of commands other packages add: each a function given the sub-parsers
 COMMANDS = "mtcache.commands"
 
@@ -142,7 +147,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--key", action="append", help="a presence key of --view (comma-separated columns)"
     )
-    p.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE)
+    p.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default=DEFAULT_ENGINE,
+        help="auto (the default): inline unless a pull is large enough for Spark to pay and "
+        "Spark is installed; or always inline, or always spark",
+    )
     p.add_argument(
         "--spark-master",
         help="Spark master URL (env MTCACHE_SPARK_MASTER; default local[*])",
