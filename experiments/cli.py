@@ -5,6 +5,7 @@ experiments; they import the cache)."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import typing as t
 from pathlib import Path
 
@@ -72,6 +73,13 @@ def cmd_experiment(settings: Settings, args: argparse.Namespace) -> int:
 
     from cache.backend.embedded_pg import EmbeddedPostgres
 
+    if (
+        args.name not in ("chaos", "differential")
+        and importlib.util.find_spec("matplotlib") is None
+    ):
+        raise ProgrammingError(
+            "the experiments draw with matplotlib: pip install 'mtcache[experiments]'"
+        )
     if args.name == "differential":
         from experiments.differential import run as differential
 

@@ -14,6 +14,7 @@ import psycopg
 
 import cache
 from cache.backend.embedded_pg import EmbeddedPostgres
+from sql_ext.errors import ProgrammingError
 
 TABLES: dict[str, str] = {
     "region": """r_regionkey integer PRIMARY KEY, r_name char(25) NOT NULL,
@@ -75,9 +76,9 @@ def generator() -> str:
     beside = Path(sys.executable).parent / "tpchgen-cli"
     found = str(beside) if beside.exists() else shutil.which("tpchgen-cli")
     if not found:
-        raise RuntimeError(
-            "tpchgen-cli is not installed: `pip install tpchgen-cli` (a dependency of mtcache: "
-            "installing the project installs it)"
+        raise ProgrammingError(
+            "tpchgen-cli is not installed: pip install 'mtcache[experiments]' (the experiments' "
+            "libraries, which the product installs without)"
         )
     return found
 
