@@ -63,6 +63,13 @@ def folded(node: exp.Expr | None) -> str:
     return node.name.lower()
 
 
+def folded_text(name: str) -> str:
+    """A name written in SQL, as SQL folds it: "Quoted" as written, else in lower case."""
+    if len(name) > 1 and name.startswith('"') and name.endswith('"'):
+        return name[1:-1].replace('""', '"')
+    return name.lower()
+
+
 def qualifier(column: exp.Column) -> str:
     """The input name a column reference is qualified with, folded ("" when none)."""
     table = column.args.get("table")

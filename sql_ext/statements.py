@@ -191,6 +191,7 @@ class Inspect:
 
     text: str
     what: t.Literal["last statement", "cached views", "cache status", "cache stats"]
+    views: tuple[str, ...] = ()  # SHOW CACHE STATUS FOR VIEW: whose regions are listed
 
     kind: t.ClassVar[str] = "inspect"
 

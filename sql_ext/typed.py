@@ -66,7 +66,7 @@ def typed_statement(tree: exp.Expr, text: str, offset: int = 0) -> Statement:
         action = t.cast(t.Literal["set", "reset", "show"], tree.name.lower())
         return SessionBound(text, action, duration.seconds if duration is not None else None)
     if isinstance(tree, InspectNode):
-        return Inspect(text, t.cast(t.Any, tree.name))
+        return Inspect(text, t.cast(t.Any, tree.name), tuple(tree.args.get("views") or ()))
     if isinstance(tree, CacheSettingNode):
         action = t.cast(t.Literal["set", "reset", "show"], tree.name.lower())
         return CacheSetting(text, action, tree.text("name"), tree.args.get("value"))

@@ -285,14 +285,10 @@ class ServerAdmin:
             session.close()
 
     def status(self, views: t.Collection[str] = ()) -> dict[str, t.Any]:
-        if views:
-            raise NotSupportedError(
-                "listing a view's regions through the server is not supported yet: run "
-                "`mtcache status --view NAME` on the cache file's machine"
-            )
-        return status_document(
-            t.cast(list[tuple[str, str]], self._session.execute("SHOW CACHE STATUS").rows)
-        )
+        statement = "SHOW CACHE STATUS"
+        if views:  # (these views' regions listed, however many)
+            statement += " FOR VIEW " + ", ".join(ident(v) for v in views)
+        return status_document(t.cast(list[tuple[str, str]], self._session.execute(statement).rows))
 
     def control_key(self, control: str) -> tuple[str, ...]:
         keys = self.status()["control_keys"]

@@ -149,6 +149,7 @@ class SessionSetting:
 @dataclass(frozen=True)
 class Inspection:
     what: t.Literal["last statement", "cached views", "cache status", "cache stats"]
+    views: tuple[str, ...] = ()  # the status lists these views' regions, however many
 
 
 @dataclass(frozen=True)
@@ -193,7 +194,7 @@ def route(
     if isinstance(statement, CacheSetting):
         return SessionSetting(statement.action, statement.name, statement.value, statement.name)
     if isinstance(statement, Inspect):
-        return Inspection(statement.what)
+        return Inspection(statement.what, statement.views)
     if isinstance(statement, RefreshCachedView):
         return Refresh(statement.view, statement.keys)
     if not isinstance(statement, Query):

@@ -316,7 +316,7 @@ class Session(CachedReads):
     def _inspect(self, route: Inspection) -> Result:
         if route.what == "last statement":
             return inspect.last_statement(self.last_provenance())
-        document = self.admin.status()
+        document = self.admin.status(route.views)
         if route.what == "cached views":
             return inspect.cached_views(document, self._zone().info)
         if route.what == "cache stats":

@@ -21,7 +21,7 @@ from sql_ext.nodes import (
     SessionBound,
     Timeline,
 )
-from sql_ext.quoting import folded
+from sql_ext.quoting import folded, folded_text
 
 # the prefix of the cache's own session settings (SET mtcache.provenance = on)
 CACHE_SETTINGS = "mtcache."
@@ -84,6 +84,13 @@ class CommandParser(CurrencyParser):
             ["CACHE", "STATS"],
         ):
             node = Inspect(this=" ".join(words).lower())
+        elif action == "SHOW" and upper[:4] == ["CACHE", "STATUS", "FOR", "VIEW"]:
+            # SHOW CACHE STATUS FOR VIEW a, b: those views' regions listed, however many
+            listed = nxt.text.split(None, 4)[4] if len(words) > 4 else ""
+            names = [name.strip() for name in listed.split(",")]
+            if not all(names):
+                self._fail("expected view names after SHOW CACHE STATUS FOR VIEW", curr)
+            node = Inspect(this="cache status", views=[folded_text(n) for n in names])
         elif len(words) == 1 and words[0].lower().startswith(CACHE_SETTINGS):
             node = CacheSetting(this=action, name=words[0].lower())
         else:

@@ -217,6 +217,11 @@ def test_every_command_goes_through_the_server(
     assert evict.returncode == 0, evict.stderr
     status = json.loads(mtcache(mtcache_bin, env, "status", "--json").stdout)
     assert [r["key"] for r in status["views"][0]["regions"]] == [[1], [2]]
+    # a view's regions listed however many, through the server too (SHOW CACHE STATUS FOR VIEW)
+    viewed = mtcache(mtcache_bin, env, "status", "--json", "--view", "authorcopy")
+    assert viewed.returncode == 0, viewed.stderr
+    listed = {v["name"]: v["regions"] for v in json.loads(viewed.stdout)["views"]}
+    assert [r["key"] for r in listed["authorcopy"]] == [[1], [2]]
 
     # a DDL script applies all or nothing through the server too
     script = tmp_path / "more.sql"

@@ -256,3 +256,10 @@ def test_a_nul_byte_is_refused_where_it_stands() -> None:
         with pytest.raises(SqlSyntaxError, match="holds a NUL byte") as raised:
             parse(sql)
         assert (raised.value.line, raised.value.col) == where
+
+
+def test_show_cache_status_for_views_names_them_as_sql_folds_names() -> None:
+    statement = parse_one('SHOW CACHE STATUS FOR VIEW AuthorCopy, "Book Copy"')
+    assert statement.kind == "inspect"
+    assert (statement.what, statement.views) == ("cache status", ("authorcopy", "Book Copy"))
+    assert parse_one("SHOW CACHE STATUS").views == ()
