@@ -5,9 +5,6 @@ engine.)"""
 from __future__ import annotations
 
 DEFAULT_CACHE = ".mtcache/cache.duckdb"  # the cache's DuckDB file, relative to the directory
-# the environment the command line and `cache.connect` read alike (a flag or argument first)
-BACKEND_VARIABLE = "MTCACHE_BACKEND"  # the backend's DSN or URL
-CACHE_VARIABLE = "MTCACHE_CACHE"  # the cache file
 # the refresh engines (`cache.maintenance.pipeline.make_engine`): auto chooses by size
 ENGINES = ("auto", "inline", "spark")
 DEFAULT_ENGINE = "auto"

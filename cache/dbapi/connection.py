@@ -7,7 +7,6 @@ cursors (`cache.dbapi.cursor`); ``conn.admin`` administers the cache (`cache.eng
 from __future__ import annotations
 
 import datetime as dt
-import os
 import typing as t
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,9 +14,10 @@ from pathlib import Path
 
 import psycopg
 
+from cache.config import connection_setting
 from cache.dbapi.cursor import Cursor
 from cache.dbapi.remote import ServerAdmin, ServerSession, server_conninfo
-from cache.defaults import BACKEND_VARIABLE, CACHE_VARIABLE, DEFAULT_CACHE
+from cache.defaults import DEFAULT_CACHE
 from cache.engine.admin import Admin
 from cache.engine.boundary import public
 from cache.engine.engine import Engine, SessionOptions
@@ -129,10 +129,10 @@ class Connection:
         cache_size_limit: int | str | None = None,
         doorkeeper_seconds: float | None = None,
     ) -> None:
-        # the backend and the cache file not given: the environment's, as the command line's
-        backend = backend or os.environ.get(BACKEND_VARIABLE) or None
-        if cache_path is None and os.environ.get(CACHE_VARIABLE):
-            cache_path = os.environ[CACHE_VARIABLE]
+        # the backend and the cache file not given: the environment's, else the configuration
+        # file's (MTCACHE_CONFIG), as the command line reads them (`cache.config`)
+        backend = connection_setting("backend", backend or None)
+        cache_path = connection_setting("cache", cache_path)
         # every option is checked before anything is opened
         options = SessionOptions.of(
             autocommit=autocommit,

@@ -14,9 +14,8 @@ import typing as t
 from importlib.metadata import entry_points, version
 from pathlib import Path
 
+from cache.config import configured_file, variable
 from cache.defaults import (
-    BACKEND_VARIABLE,
-    CACHE_VARIABLE,
     DEFAULT_CACHE,
     DEFAULT_ENGINE,
     ENGINES,
@@ -70,6 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="A currency-and-consistency-aware mid-tier cache in front of PostgreSQL.",
     )
     parser.add_argument("--version", action="version", version=f"mtcache {version('mtcache')}")
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="a TOML file of options (env MTCACHE_CONFIG): the long options as keys, a "
+        "command's in a table of its name ([serve]); a flag, then MTCACHE_<KEY>, then the "
+        "file, then the default",
+    )
     parser.add_argument(
         "--backend",
         help="PostgreSQL DSN or URL (env MTCACHE_BACKEND; default: the embedded cluster)",
@@ -324,33 +330,123 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _env_number(name: str) -> int | None:
-    text = os.environ.get(name)
-    if not text:
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise ProgrammingError(f"{name} must be a number, not {text!r}") from None
+_NOT_OPTIONS = ("help", "version", "config", "command", "run")
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def _options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    """A parser's long options that take a setting, by key (their dest)."""
+    return {
+        action.dest: action
+        for action in parser._actions
+        if action.option_strings and action.dest not in _NOT_OPTIONS
+    }
+
+
+def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def _setting(action: argparse.Action, raw: t.Any, where: str) -> t.Any:
+    """An option's value from the environment (text) or the file (TOML's types), as the
+    option takes it; ``where`` it was given, for the message."""
+    if isinstance(action, argparse._StoreTrueAction):
+        if isinstance(raw, bool):
+            return raw
+        if isinstance(raw, str) and raw.lower() in _TRUE + _FALSE:
+            return raw.lower() in _TRUE
+        raise ProgrammingError(f"{where} must be true or false, not {raw!r}")
+    value: t.Any
+    if action.type in (int, float):
+        number = t.cast(t.Callable[[t.Any], t.Any], action.type)
+        try:
+            if isinstance(raw, bool) or not isinstance(raw, str | int | float):
+                raise ValueError
+            value = number(raw)
+        except ValueError:
+            raise ProgrammingError(f"{where} must be a number, not {raw!r}") from None
+    elif isinstance(raw, str | int | float) and not isinstance(raw, bool):
+        value = str(raw)  # (a duration or a size written as a number)
+    else:
+        raise ProgrammingError(f"{where} must be text or a number, not {raw!r}")
+    if action.choices is not None and value not in action.choices:
+        raise ProgrammingError(f"{where} must be one of {', '.join(map(str, action.choices))}")
+    return value
+
+
+def _given_config(argv: list[str]) -> str | None:
+    for at, word in enumerate(argv):
+        if word == "--config" and at + 1 < len(argv):
+            return argv[at + 1]
+        if word.startswith("--config="):
+            return word.partition("=")[2]
+    return None
+
+
+def configure(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """The options' defaults from the environment (``MTCACHE_<KEY>``) and the configuration
+    file (`cache.config`), for a flag to override; a key the file cannot hold refused with
+    its line."""
+    config = configured_file(_given_config(argv))
+    commands = _commands(parser)
+    scopes: list[tuple[str | None, argparse.ArgumentParser]] = [(None, parser)]
+    scopes += list(commands.items())
+    if config is not None:
+        known = _options(parser)
+        for key in config.values:
+            if key not in known:
+                raise ProgrammingError(
+                    f"{config.where(key)}: no such option (the keys are the long options, "
+                    f"{', '.join(sorted(known))}; a command's in a table of its name)"
+                )
+        for table, keys in config.tables.items():
+            if table not in commands:
+                raise ProgrammingError(
+                    f"{config.path} line {config.line_of(table)}: [{table}] is no command "
+                    f"(the tables are the commands' names: {', '.join(sorted(commands))})"
+                )
+            own = _options(commands[table])
+            for key in keys:
+                if key not in own:
+                    raise ProgrammingError(
+                        f"{config.where(key, table)}: mtcache {table} has no such option "
+                        f"({', '.join(sorted(own))})"
+                    )
+    for command, scope in scopes:
+        defaults: dict[str, t.Any] = {}
+        for key, action in _options(scope).items():
+            env = os.environ.get(variable(key))
+            if env:
+                defaults[key] = _setting(action, env, variable(key))
+            elif config is not None:
+                values = config.values if command is None else config.tables.get(command, {})
+                if key in values:
+                    defaults[key] = _setting(action, values[key], config.where(key, command))
+        scope.set_defaults(**defaults)
 
 
 def main(argv: list[str] | None = None) -> int:
     # the backend pool retries in the background while the backend is down and logs each
     # attempt; the CLI says what matters in its one line
     logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    try:
+        configure(parser, list(sys.argv[1:] if argv is None else argv))
+    except Error as exc:
+        return _fail(f"{type(exc).__name__}: {exc}")
+    args = parser.parse_args(argv)
     try:
         read_statement(args)
         _check_text(vars(args))
-        threads = args.threads if args.threads is not None else _env_number("MTCACHE_THREADS")
         settings = Settings(
-            cache_path=Path(args.cache or os.environ.get(CACHE_VARIABLE) or DEFAULT_CACHE),
-            backend=args.backend or os.environ.get(BACKEND_VARIABLE) or None,
-            memory_limit=args.memory_limit or os.environ.get("MTCACHE_MEMORY_LIMIT") or None,
-            threads=threads,
-            cache_size_limit=args.cache_size_limit
-            or os.environ.get("MTCACHE_CACHE_SIZE_LIMIT")
-            or None,
+            cache_path=Path(args.cache or DEFAULT_CACHE),
+            backend=args.backend or None,
+            memory_limit=args.memory_limit or None,
+            threads=args.threads,
+            cache_size_limit=args.cache_size_limit or None,
         )
         return int(args.run(settings, args))
     except Error as exc:
