@@ -20,6 +20,7 @@ from __future__ import annotations
 import typing as t
 from types import ModuleType
 
+from psycopg.conninfo import make_conninfo
 from sqlalchemy import util
 from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 from sqlalchemy.engine import URL
@@ -62,6 +63,11 @@ class MTCacheDialect(PGDialect_psycopg):
             backend = URL.create(
                 "postgresql", url.username, url.password, url.host, url.port, url.database
             ).render_as_string(hide_password=False)
+        elif "server" in options:
+            # through a cache server (``postgresql+mtcache://app@/shop?server=HOST:PORT``):
+            # the URL's role and database are those asked of the server, no host needed
+            identity = {"user": url.username, "password": url.password, "dbname": url.database}
+            backend = make_conninfo("", **{k: v for k, v in identity.items() if v}) or None
         elif url.database or url.username:
             raise ProgrammingError(
                 "a postgresql+mtcache URL without a host uses the embedded backend, which "

@@ -281,6 +281,19 @@ def test_sqlalchemy_through_the_server(serving: Serving) -> None:
             assert [p["route"] for p in cache.sqla.provenance(plain)] == ["remote"]
     finally:
         engine.dispose()
+    # no host needed: the URL's role and database are asked of the server
+    backend = sa.make_url(serving.backend)
+    bare = sa.make_url(
+        f"postgresql+mtcache://{backend.username}@/{backend.database}?server={serving.address}"
+    )
+    engine = sa.create_engine(bare)
+    try:
+        with engine.connect() as conn:
+            found = conn.execute(query, execution_options={"currency_bound": "10 min"})
+            assert [tuple(r) for r in found] == expected
+            assert [p["route"] for p in cache.sqla.provenance(found)] == ["local"]
+    finally:
+        engine.dispose()
 
 
 def test_sigterm_stops_the_server_and_withdraws_its_note(
