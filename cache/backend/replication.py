@@ -28,6 +28,7 @@ from psycopg import pq, sql
 
 from cache.backend.pgoutput.messages import lsn_text, lsn_value
 from cache.backend.reflect import connect_backend
+from cache.backend.requirements import STREAM, backend_requirements
 from sql_ext.errors import OperationalError, translate
 
 
@@ -44,40 +45,12 @@ class SlotState:
     lag_bytes: int | None  # WAL written since then
 
 
-def stream_unmet(wal_level: str, replication: bool, free_slots: int) -> list[str]:
-    """What a backend lacks for continuous maintenance, each with the change to make (none:
-    it may stream): ``wal_level``, whether the role may replicate (REPLICATION or superuser),
-    and the replication slots still free."""
-    unmet = []
-    if wal_level != "logical":
-        unmet.append(
-            f"wal_level is {wal_level}, and logical decoding needs logical: set wal_level = "
-            "logical in postgresql.conf and restart the backend"
-        )
-    if not replication:
-        unmet.append(
-            "the role may not replicate: ALTER ROLE ... REPLICATION (or connect as one that may)"
-        )
-    if free_slots <= 0:
-        unmet.append(
-            "no replication slot is free: raise max_replication_slots (a restart) or drop an "
-            "unused slot (pg_drop_replication_slot)"
-        )
-    return unmet
-
-
 def check_stream(dsn: str) -> None:
     """Refuse, before anything is made at the backend (a publication, a slot, the heartbeat
-    table), a backend that cannot stream to the cache (`stream_unmet`)."""
+    table), a backend that cannot stream to the cache (`stream_requirements`)."""
     with connect_backend(dsn, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT current_setting('wal_level'), "
-            "(SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user), "
-            "current_setting('max_replication_slots')::int "
-            "- (SELECT count(*) FROM pg_replication_slots)"
-        ).fetchone()
-    assert row is not None
-    unmet = stream_unmet(str(row[0]), bool(row[1]), int(row[2]))
+        needs = backend_requirements(conn)
+    unmet = [r.change for r in needs if r.needed_for == STREAM and not r.met]
     if unmet:
         raise OperationalError(
             "REFRESH CONTINUOUSLY needs the backend's logical replication, and nothing was "

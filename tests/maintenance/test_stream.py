@@ -15,7 +15,8 @@ import pytest
 from cache.backend.embedded_pg import EmbeddedPostgres
 from cache.backend.pgoutput.messages import lsn_text, lsn_value
 from cache.backend.reflect import fetch_catalog
-from cache.backend.replication import drop_slot, slot_state, stream_unmet
+from cache.backend.replication import drop_slot, slot_state
+from cache.backend.requirements import stream_requirements
 from cache.maintenance import stream
 from cache.maintenance.pipeline import Maintainer
 from cache.store.cache_file import CacheStore
@@ -156,8 +157,8 @@ def test_a_backend_that_cannot_stream_is_refused_before_anything_is_made(
 
 
 def test_what_a_backend_lacks_for_the_stream_is_named_with_its_change() -> None:
-    assert stream_unmet("logical", True, 3) == []
-    wal, role, slots = stream_unmet("replica", False, 0)
+    assert all(r.met for r in stream_requirements("logical", True, 3))
+    wal, role, slots = (r.change for r in stream_requirements("replica", False, 0) if not r.met)
     assert "wal_level is replica" in wal and "wal_level = logical" in wal
     assert "ALTER ROLE ... REPLICATION" in role and "max_replication_slots" in slots
 

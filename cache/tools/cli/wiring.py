@@ -325,6 +325,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(run=_command("serve", "cmd_serve"))
 
+    p = commands.add_parser(
+        "doctor",
+        help="check the backend against what the cache needs (wal_level, replication, "
+        "slots, the heartbeat table, pg_authid) and name each change to make",
+    )
+    p.add_argument("--json", action="store_true", help="print the requirements as JSON")
+    p.set_defaults(run=_command("doctor", "cmd_doctor"))
+
     p = commands.add_parser("stop", help="stop the embedded PostgreSQL")
     p.set_defaults(run=_command("backend", "cmd_stop"))
     return parser
