@@ -290,6 +290,16 @@ _STATEMENT_WORDS = frozenset(
 )
 
 
+def _no_statement_word(word: str, line: int, col: int) -> SqlSyntaxError:
+    """A statement begun by a word that begins none (a typo, or a bare expression)."""
+    return SqlSyntaxError(
+        f"{word!r} does not begin a statement: expected SELECT, WITH, VALUES, INSERT, UPDATE, "
+        "DELETE, CREATE, ... (a misspelled keyword?)",
+        line,
+        col,
+    )
+
+
 def _not_a_statement(chunk: str, start: int, text: str) -> SqlSyntaxError | None:
     """A statement that is a bare expression (``hello``, ``hello world``, ``1``), which sqlglot
     reads and PostgreSQL refuses, refused at its first word; None: it begins with a statement's
@@ -299,12 +309,7 @@ def _not_a_statement(chunk: str, start: int, text: str) -> SqlSyntaxError | None
         return None
     line, col = offset_position(text, start + first.start)
     if first.token_type.name == "VAR":
-        return SqlSyntaxError(
-            f"{first.text!r} does not begin a statement: expected SELECT, WITH, VALUES, "
-            "INSERT, UPDATE, DELETE, CREATE, ... (a misspelled keyword?)",
-            line,
-            col,
-        )
+        return _no_statement_word(first.text, line, col)
     return SqlSyntaxError(f"unexpected {first.text!r}: a statement cannot start with it", line, col)
 
 
@@ -326,13 +331,7 @@ def _unknown_statement_start(text: str) -> SqlSyntaxError | None:
             and token.token_type.name == "VAR"
             and token.text.upper() not in _STATEMENT_WORDS
         ):
-            line, col = offset_position(text, token.start)
-            return SqlSyntaxError(
-                f"{token.text!r} does not begin a statement: expected SELECT, WITH, VALUES, "
-                "INSERT, UPDATE, DELETE, CREATE, ... (a misspelled keyword?)",
-                line,
-                col,
-            )
+            return _no_statement_word(token.text, *offset_position(text, token.start))
     return None
 
 
