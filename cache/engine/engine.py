@@ -39,6 +39,7 @@ import psycopg
 from cache.backend.embedded_pg import EmbeddedPostgres
 from cache.backend.pool import pooled
 from cache.backend.reflect import fetch_catalog, redact
+from cache.backend.reported import asked_defaults
 from cache.defaults import DEFAULT_CACHE
 from cache.engine.admission import Admissions
 from cache.engine.privileges import PRIVILEGE_SECONDS, ReadPrivileges, login_role
@@ -167,6 +168,11 @@ class Engine:
                 # (a file whose catalog predates what it keeps now: read again when it can be)
                 with contextlib.suppress(BackendUnavailableError):
                     self.store.save_catalog(fetch_catalog(backend))
+            if self.store.load_reported() is None:
+                # what the backend reports to a new session, for a server started while it is
+                # down (`cache.engine.conversation.reported`); kept once, then by the servers
+                with contextlib.suppress(BackendUnavailableError):
+                    self.store.save_reported(asked_defaults(backend))
         except BaseException:
             self.store.close()
             raise

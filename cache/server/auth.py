@@ -293,9 +293,12 @@ class AuthQuery:
         self.query = query or DEFAULT_AUTH_QUERY
 
     def check(self) -> None:
-        """Run the query once (at start: a query the backend refuses fails there)."""
+        """Run the query once (at start: a query the backend refuses fails there; while the
+        backend is unreachable, the first login runs it)."""
         try:
             self._secret("mtcache")
+        except BackendUnavailableError:
+            return
         except Error as exc:
             raise ProgrammingError(
                 f"--auth-query fails on the backend: {first_line(exc)} "

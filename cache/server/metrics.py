@@ -6,8 +6,9 @@
   statements by the path that answered them, the shared backend pool's use and waits), all
   read when scraped, nothing counted for them on the hit path;
 - ``/livez``: 200 while the event loop answers within two seconds;
-- ``/readyz``: 200 while the server accepts sessions (a backend that is down does not make
-  it unready: the cache still answers what its guards allow).
+- ``/readyz``: 200 while the server accepts sessions, once it has reached the backend since it
+  started (`cache.server.watch`; an outage after that does not make it unready: the cache
+  still answers what its guards allow).
 """
 
 from __future__ import annotations
@@ -44,6 +45,12 @@ class Server(t.Protocol):
     pool: SessionPool | None
     statement_stats: StatementStats | None
 
+    @property
+    def ready(self) -> bool: ...
+
+    @property
+    def backend_up(self) -> bool: ...
+
     def sessions(self) -> int: ...
     def running(self) -> int: ...
     def stats(self) -> list[Sample]: ...
@@ -57,6 +64,13 @@ def server_samples(server: Server) -> list[Sample]:
     """The server's own figures."""
     found = [
         Sample("mtcache_sessions", (), float(server.sessions()), "gauge", "client sessions open"),
+        Sample(
+            "mtcache_backend_up",
+            (),
+            float(server.backend_up),
+            "gauge",
+            "1 while the backend answered the server's last probe, else 0",
+        ),
         Sample(
             "mtcache_sessions_running",
             (),
@@ -224,7 +238,7 @@ class MetricsEndpoint:
         if path == "/livez":
             return _plain(respond, self._server.responsive(LIVE_SECONDS), "live")
         if path == "/readyz":
-            return _plain(respond, not self._server.stopping, "ready")
+            return _plain(respond, self._server.ready, "ready")
         return t.cast(Iterable[bytes], self._metrics(environ, respond))
 
 

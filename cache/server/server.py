@@ -59,6 +59,7 @@ from cache.server.counters import ServerCounter
 from cache.server.limits import TICK_SECONDS, Admission
 from cache.server.metrics import MetricsEndpoint, server_samples
 from cache.server.options import ServerOptions, listen_socket, metrics_address
+from cache.server.watch import BackendWatch
 from cache.wire import protocol
 
 log = logging.getLogger("mtcache.server")
@@ -104,9 +105,10 @@ class Server:
         self.statement_stats = StatementStats() if self.options.metrics is not None else None
         self._own_stats = functools.partial(server_samples, self)
         engine.stats_sources.append(self._own_stats)  # (SHOW CACHE STATS over the wire too)
-        self.metrics: MetricsEndpoint | None = None
-        if self.options.metrics is not None:
-            self.metrics = _metrics_endpoint(self, self.options.metrics)
+        # prepared runs taken whole (`ClientConnection._at_hand`, `AtOnce.take`), by the path
+        # that answered them: a statement's lane, at hand, passed through by the loop
+        # (`ClientConnection._relay`) byte for byte or not (`cache.server.counters`)
+        self.counters = ServerCounter.zeros()
         self.conversations = Conversations(
             engine,
             pool=self.pool,
@@ -115,10 +117,10 @@ class Server:
             max_result_bytes=self.options.max_result_bytes,
             statement_stats=self.statement_stats,
         )
-        # prepared runs taken whole (`ClientConnection._at_hand`, `AtOnce.take`), by the path
-        # that answered them: a statement's lane, at hand, passed through by the loop
-        # (`ClientConnection._relay`) byte for byte or not (`cache.server.counters`)
-        self.counters = ServerCounter.zeros()
+        self.watch = BackendWatch(self.conversations.reported.probe)
+        self.metrics: MetricsEndpoint | None = None
+        if self.options.metrics is not None:
+            self.metrics = _metrics_endpoint(self, self.options.metrics)
 
     # -- serving -----------------------------------------------------------------------------------
 
@@ -144,6 +146,7 @@ class Server:
             self.address[1],
             redact(self.engine.backend),
         )
+        self.watch.start()
         limits = self.options.limits
         if limits.statement_timeout is not None or limits.idle_in_transaction_timeout is not None:
             loop.call_later(TICK_SECONDS, self._tick)
@@ -196,6 +199,8 @@ class Server:
             self.pool.close()
         if self.metrics is not None:
             self.metrics.close()
+        self.watch.stop()
+        self.conversations.close()
         with contextlib.suppress(ValueError):
             self.engine.stats_sources.remove(self._own_stats)
         log.info("mtcache server stopped")
@@ -297,6 +302,15 @@ class Server:
     @property
     def stopping(self) -> bool:
         return self._stop.is_set()
+
+    @property
+    def backend_up(self) -> bool:
+        return self.watch.up
+
+    @property
+    def ready(self) -> bool:
+        """Accepting sessions, and the backend reached since the start (`BackendWatch`)."""
+        return not self.stopping and self.watch.reached
 
 
 def _metrics_endpoint(server: Server, address: str) -> MetricsEndpoint:

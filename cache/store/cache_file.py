@@ -287,6 +287,21 @@ class CacheStore(SchemaStore, CatalogStore):
                 [json.dumps(clock.to_json())],
             )
 
+    def save_reported(self, reported: t.Mapping[str, str]) -> None:
+        """What the backend reports to a new session (ParameterStatus), for a server that
+        starts while the backend is down."""
+        with self.transaction() as con:
+            con.execute(
+                "INSERT OR REPLACE INTO mtcache.meta VALUES ('backend_reported', ?)",
+                [json.dumps(dict(reported))],
+            )
+
+    def load_reported(self) -> dict[str, str] | None:
+        rows = self.con.execute(
+            "SELECT value FROM mtcache.meta WHERE key = 'backend_reported'"
+        ).fetchall()
+        return {str(k): str(v) for k, v in json.loads(rows[0][0]).items()} if rows else None
+
     def add_counters(self, amounts: t.Mapping[Counter, int]) -> None:
         """Add to the counters of `mtcache status` (hits, misses, remote executions)."""
         with self.transaction() as con:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from cache.backend.session_pool import SessionPool
 from cache.engine.conversation.conversation import Conversation
-from cache.engine.conversation.reported import Describer, backend_defaults, reported_to
+from cache.engine.conversation.reported import BackendDefaults, Describer, reported_to
 from cache.engine.conversation.statements import Out
 from cache.engine.conversation.statistics import StatementStats
 from cache.engine.engine import Engine, SessionOptions
@@ -49,7 +49,8 @@ class Conversations:
         self.backend_settings = backend_settings or {}  # the server's limits, as settings
         self.max_result_bytes = max_result_bytes
         self.statement_stats = statement_stats
-        self.defaults = backend_defaults(engine.backend)  # what the backend reports
+        # what the backend reports (its copy in the cache file while it is down)
+        self.reported = BackendDefaults(engine.backend, engine.store.for_thread())
         self.describe = Describer(engine.backend, engine.store)
 
     def open(
@@ -63,7 +64,7 @@ class Conversations:
         how its backend connection logs in). Its errors are the PEP 249 tree's, and nothing
         is left open by one."""
         ours, backend_parameters = split_parameters(parameters)
-        defaults = self.defaults
+        defaults = self.reported.current()
         connect = _needs_backend_at_start(backend_parameters, defaults)
         for name, value in self.backend_settings.items():
             backend_parameters.setdefault(name, value)  # (the client's own come first)
@@ -107,6 +108,9 @@ class Conversations:
             statement_stats=self.statement_stats,
         )
         return Opened(conversation, reported)
+
+    def close(self) -> None:
+        self.reported.close()
 
 
 def split_parameters(parameters: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:

@@ -3,6 +3,7 @@ statement, kept for a server's sessions."""
 
 from __future__ import annotations
 
+import threading
 import typing as t
 from collections.abc import Mapping
 
@@ -11,44 +12,56 @@ from psycopg import pq
 
 from cache.backend.describe import describe_statement
 from cache.backend.pool import pooled
+from cache.backend.reported import asked_defaults, reported_by
 from cache.engine.link.relay import BackendRefused, diagnostic_message, fields_of
 from cache.engine.session import Session
 from cache.store.cache_file import CacheStore
 from cache.wire.protocol import Field
+from sql_ext.errors import BackendUnavailableError
 
 # a statement's parameter types and result columns (None: it returns no rows)
 Description = tuple[tuple[int, ...], list[Field] | None]
 
-# the parameters PostgreSQL reports at startup (GUC_REPORT), in its order
-REPORTED = (
-    "in_hot_standby",
-    "integer_datetimes",
-    "TimeZone",
-    "IntervalStyle",
-    "is_superuser",
-    "application_name",
-    "default_transaction_read_only",
-    "scram_iterations",
-    "DateStyle",
-    "standard_conforming_strings",
-    "session_authorization",
-    "client_encoding",
-    "server_version",
-    "server_encoding",
-    "search_path",
-)
 
-
-def reported_by(info: psycopg.ConnectionInfo) -> dict[str, str]:
-    """What a backend session reports in ParameterStatus, by name."""
-    return {name: value for name in REPORTED if (value := info.parameter_status(name)) is not None}
-
-
-def backend_defaults(dsn: str) -> dict[str, str]:
+class BackendDefaults:
     """The parameters the backend reports to a new session (for sessions that have not
-    needed a backend connection yet)."""
-    with pooled(dsn) as conn:
-        return reported_by(conn.info)
+    needed a backend connection yet): asked of the backend (`probe`, which also tells
+    whether it is reachable) and kept in the cache file, whose copy serves while the backend
+    is unreachable, so that a server starts and answers locally during an outage."""
+
+    def __init__(self, dsn: str, store: CacheStore) -> None:
+        self.dsn = dsn
+        self._store = store  # a handle of its own, used under the lock
+        self._lock = threading.Lock()
+        self._asked: dict[str, str] | None = None  # as the backend last reported them
+
+    def probe(self) -> None:
+        """Ask the backend (one round trip on a pooled connection); `BackendUnavailableError`
+        when it cannot be reached."""
+        asked = asked_defaults(self.dsn)
+        with self._lock:
+            if asked != self._asked and self._store.con is not None:
+                self._store.save_reported(asked)
+            self._asked = asked
+
+    def current(self) -> dict[str, str]:
+        """The backend's defaults: as asked, else (never reached yet) asked now, else those
+        the cache file kept (none: `BackendUnavailableError`)."""
+        if self._asked is None:
+            try:
+                self.probe()
+            except BackendUnavailableError:
+                with self._lock:
+                    kept = self._store.load_reported() if self._store.con is not None else None
+                if kept is None:
+                    raise
+                return kept
+        assert self._asked is not None
+        return self._asked
+
+    def close(self) -> None:
+        with self._lock:
+            self._store.close()
 
 
 def reported_to(
@@ -100,4 +113,4 @@ class Describer:
         return found
 
 
-__all__ = ["REPORTED", "Describer", "backend_defaults", "reported_by", "reported_to"]
+__all__ = ["BackendDefaults", "Describer", "reported_by", "reported_to"]

@@ -115,9 +115,13 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
         user, dbname = (str(dsn[k]) if k in dsn else None for k in ("user", "dbname"))
         # the commands and connections that find the file served go through the server
         with published(settings.cache_path, host, port, user, dbname):
+            metrics = ""
+            if server.metrics is not None:
+                mhost, mport = server.metrics.address
+                metrics = f"; metrics on http://{mhost!s}:{mport}/metrics"
             print(
-                f"mtcache serve: listening on {host}:{port} (cache {settings.cache_path}); "
-                "stop with Ctrl-C or SIGTERM",
+                f"mtcache serve: listening on {host}:{port} (cache {settings.cache_path}"
+                f"{metrics}); stop with Ctrl-C or SIGTERM",
                 file=sys.stderr,
                 flush=True,
             )
