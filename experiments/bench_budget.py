@@ -204,7 +204,7 @@ def policy_live(
         "CREATE CONTROL TABLE item_pct (id integer); CREATE CACHED VIEW items_some AS "
         "SELECT * FROM bench_items PRESENCE ON (id) IN item_pct"
     )
-    sql = "SELECT id, grp, val FROM bench_items WHERE id = %s"  # (amount: see README)
+    sql = "SELECT id, grp, val FROM bench_items WHERE id = %s"  # (amount: see docs/limits.md)
     try:
         sample = min(keys, 2000)
         with cache.connect(dsn, work / "m.duckdb", background=False, admit_on_miss=False) as conn:

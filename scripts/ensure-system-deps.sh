@@ -2,7 +2,7 @@
 # Installs what pip cannot: the PostgreSQL server binaries (the embedded backend and the tests'
 # private cluster), a Java runtime (Spark's refresh pipeline), and the clients the server's
 # tests and benchmark drive: psql and pgbench, pgbouncer, a JDK and pgjdbc (Debian's
-# libpostgresql-jdbc-java). Does nothing when present.
+# libpostgresql-jdbc-java), and systemd-analyze for the service unit. Does nothing when present.
 set -euo pipefail
 
 have_postgres() {
@@ -19,6 +19,8 @@ command -v javac >/dev/null 2>&1 || missing+=(default-jdk-headless)
 command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || missing+=(pgbouncer)
 [ -f /usr/share/java/postgresql.jar ] || missing+=(libpostgresql-jdbc-java)
 command -v runuser >/dev/null 2>&1 || missing+=(util-linux)
+# deploy/systemd/mtcache.service is checked with systemd-analyze verify (tests/tools/test_deploy.py)
+command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
 
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0

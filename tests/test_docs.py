@@ -18,10 +18,11 @@ TOP = (
     "tests",
     "experiments",
     "docs",
+    "deploy",
 )
 PATH = re.compile(r"`((?:" + "|".join(TOP) + r")/[A-Za-z0-9_/.-]*[A-Za-z0-9_/])`")
 _MADE = "experiments/results/"  # (what the benchmarks write when run: not in the repository)
-LINK = re.compile(r"\]\(([^)#:\s]+\.md)(?:#[^)]*)?\)")
+LINK = re.compile(r"\]\(([^)#:\s]+)(?:#[^)]*)?\)")  # (relative: a URL has a colon)
 
 
 def _pages() -> list[Path]:

@@ -335,7 +335,7 @@ def server_at_work(console: Console, dsn: str, path: Path) -> None:
             )
             conn.execute("DROP CACHED VIEW demo_accounts")
         console.print()
-    console.print("the server stopped on SIGTERM (see README, Server)")
+    console.print("the server stopped on SIGTERM (see docs/server.md)")
     console.print()
 
 

@@ -387,7 +387,7 @@ def test_joinedload_reads_the_cache_in_one_statement(engines: tuple[Engine, Engi
         assert typed([(b.isbn, b.author.name) for b in session.scalars(books)]) == typed(want)
     assert seen == [{("authors", "local"), ("books", "local")}]
     # three levels: one statement each with selectinload, each answered by the cache (as one
-    # joined statement it goes remote: README, "Not supported yet")
+    # joined statement it goes remote: docs/limits.md)
     chain = (
         select(Author)
         .where(Author.authorid == 2)

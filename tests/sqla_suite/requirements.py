@@ -108,7 +108,7 @@ POSTGRESQL = (
 class Requirements(SuiteRequirements):
     """Closed by the suite's defaults and left closed:
 
-    - async_dialect: the cache offers no asyncio DB-API (README, "Not supported yet");
+    - async_dialect: the cache offers no asyncio DB-API (docs/limits.md);
     - two_phase_transactions: the DB-API has no tpc_* methods;
     - dbapi_lastrowid, emulated_lastrowid_even_with_sequences: PostgreSQL has no lastrowid
       (RETURNING gives keys);

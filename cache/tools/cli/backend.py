@@ -1,9 +1,12 @@
-"""`mtcache demo`, `heartbeat` and `stop`: the commands about the backend itself (the embedded
-PostgreSQL a demo starts and `stop` stops, the heartbeat row beaten in the foreground)."""
+"""`mtcache demo`, `heartbeat`, `psql` and `stop`: the commands about the backend itself (the
+embedded PostgreSQL a demo starts, `psql` opens and `stop` stops, the heartbeat row beaten in
+the foreground)."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import signal
 import sys
 
@@ -11,6 +14,7 @@ import psycopg
 
 from cache.backend.embedded_pg import EmbeddedPostgres
 from cache.backend.reflect import connect_backend, redact
+from cache.store.served import served_at
 from cache.tools.settings import Settings
 from heartbeat.beat import TABLE as HEARTBEAT_TABLE
 from heartbeat.beat import Heartbeat, beat, ensure_table
@@ -57,6 +61,33 @@ def cmd_heartbeat(settings: Settings, args: argparse.Namespace) -> int:
     )
     print(f"heartbeat stopped after {plural(beats + 1, 'beat')}", flush=True)
     return 0
+
+
+def cmd_psql(settings: Settings, args: argparse.Namespace) -> int:
+    """psql on the backend, or through the cache file's server (``--server``); ``--dsn``:
+    the URL printed instead."""
+    if args.server:
+        served = served_at(settings.cache_path)
+        if served is None:
+            raise ProgrammingError(
+                f"no server serves {settings.cache_path}: start one with `mtcache serve` "
+                "(or leave out --server to reach the backend)"
+            )
+        dsn = served.url
+    else:
+        dsn = settings.backend_dsn()
+    if args.dsn:
+        print(dsn)
+        return 0
+    psql = shutil.which("psql")
+    if psql is None:
+        raise ProgrammingError(
+            "psql is not installed (Debian: apt-get install postgresql-client); connect "
+            "with another client to the URL `mtcache psql --dsn` prints"
+        )
+    sys.stdout.flush()
+    commands = [word for sql in args.command for word in ("-c", sql)]
+    os.execv(psql, [psql, *commands, *args.psql_args, dsn])
 
 
 def cmd_stop(settings: Settings, args: argparse.Namespace) -> int:

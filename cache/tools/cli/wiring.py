@@ -333,6 +333,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the requirements as JSON")
     p.set_defaults(run=_command("doctor", "cmd_doctor"))
 
+    p = commands.add_parser(
+        "psql",
+        help="run psql on the backend (the embedded one by default), or through the "
+        "cache's running server with --server",
+        description="Run psql on the backend (the embedded PostgreSQL unless --backend "
+        "names another), or with --server through the server that serves the cache file "
+        "(mtcache serve): mtcache psql -c 'SELECT 1'. Anything after -- goes to psql as it "
+        "is: mtcache psql -- -At -f script.sql.",
+    )
+    p.add_argument(
+        "-c",
+        "--command",
+        action="append",
+        default=[],
+        metavar="SQL",
+        help="run this statement and exit, as psql -c (repeatable)",
+    )
+    p.add_argument(
+        "--server",
+        action="store_true",
+        help="connect through the cache file's running server instead of the backend",
+    )
+    p.add_argument(
+        "--dsn", action="store_true", help="print the connection URL instead of running psql"
+    )
+    p.add_argument("psql_args", nargs="*", metavar="PSQL_ARG", help="after --: psql's own")
+    p.set_defaults(run=_command("backend", "cmd_psql"))
+
     p = commands.add_parser("stop", help="stop the embedded PostgreSQL")
     p.set_defaults(run=_command("backend", "cmd_stop"))
     return parser
