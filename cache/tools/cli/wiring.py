@@ -386,6 +386,13 @@ def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentPar
     return {}
 
 
+def settable(command: str | None = None) -> list[str]:
+    """The keys a configuration file may hold: the global options (top level), or those of
+    ``command`` (its table)."""
+    parser = build_parser()
+    return sorted(_options(parser if command is None else _commands(parser)[command]))
+
+
 def _setting(action: argparse.Action, raw: t.Any, where: str) -> t.Any:
     """An option's value from the environment (text) or the file (TOML's types), as the
     option takes it; ``where`` it was given, for the message."""
