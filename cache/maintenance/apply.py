@@ -153,8 +153,9 @@ def end_apply(
     changed = list(dict.fromkeys(changed))  # (in the order applied; pieces repeat views)
     faults.hit("before_commit", enabled_faults)
     con.execute(
-        "UPDATE mtcache.snapshots SET views = ?, delay_seconds = ? WHERE snapshot_id = ?",
-        [changed, age(), snapshot_id],
+        "UPDATE mtcache.snapshots SET views = ?, delay_seconds = ?, engine_reason = ? "
+        "WHERE snapshot_id = ?",
+        [changed, age(), report.engine_reason, snapshot_id],
     )
     store.changed(changed)
     if then is not None:

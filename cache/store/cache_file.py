@@ -124,6 +124,8 @@ _METADATA = [
     # its rows became visible (files made before these were kept have them NULL)
     "ALTER TABLE mtcache.snapshots ADD COLUMN IF NOT EXISTS views VARCHAR[]",
     "ALTER TABLE mtcache.snapshots ADD COLUMN IF NOT EXISTS delay_seconds DOUBLE",
+    # why a refresh ran on its engine (`auto` chooses by size; files made before: NULL)
+    "ALTER TABLE mtcache.snapshots ADD COLUMN IF NOT EXISTS engine_reason VARCHAR",
     # what a RowDescription gives a column read as it is (files made before: reflected again)
     "ALTER TABLE mtcache.backend_tables ADD COLUMN IF NOT EXISTS oid BIGINT",
     "ALTER TABLE mtcache.backend_columns ADD COLUMN IF NOT EXISTS type_oid BIGINT",

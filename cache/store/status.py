@@ -159,6 +159,8 @@ def _view_status(
         "refresh_follows": times.follows,
         # d of §4.6, measured over its recent operations (None: none measured yet)
         "refresh_delay_seconds": round(delay, 6) if delay is not None else None,
+        # the engine of its last refresh, and why (`auto` chooses by size)
+        **_last_engine(con, view.name),
         "rows": int(rows[0]) if rows else 0,
         "bytes": stored,
         # its regions summed up: how many, how many never refreshed, the oldest one's age
@@ -169,6 +171,15 @@ def _view_status(
         else None,
         "regions": regions if listed else None,  # None: more than REGIONS_LISTED, not asked
     }
+
+
+def _last_engine(con: t.Any, name: str) -> dict[str, str | None]:
+    row = con.execute(
+        "SELECT engine, engine_reason FROM mtcache.snapshots WHERE list_contains(views, ?) "
+        "ORDER BY snapshot_id DESC LIMIT 1",
+        [name],
+    ).fetchone()
+    return {"last_engine": row[0] if row else None, "last_engine_reason": row[1] if row else None}
 
 
 def _count(con: t.Any, table: str) -> int:

@@ -251,9 +251,13 @@ def test_cache_store_commands_end_to_end(
     # each view's last and next refresh (authorcopy: REFRESH EVERY 5 MIN; bookcopy is gray)
     assert re.search(
         r"authorcopy .*: 1 row; refreshed [\d.]+ sec ago \(landing [\d.]+ sec old\), "
-        r"next in [\d.]+ sec",
+        r"engine inline \(its largest pull reads \d+ pages? of the backend; Spark pays from "
+        r"16,384\), next in [\d.]+ sec",
         human,
     )
+    # the engine of the last refresh and why, in the document too
+    assert views["authorcopy"]["last_engine"] == "inline"
+    assert "Spark pays from" in views["authorcopy"]["last_engine_reason"]
     assert "bookcopy (books, gray" in human and "with authorcopy" in human
     assert views["authorcopy"]["last_refresh"] is not None
     # a gray view is refreshed with its root, and says so (not "never refreshed")

@@ -97,6 +97,9 @@ def _refresh_line(view: dict[str, t.Any], now: dt.datetime) -> str:
         said += f" (read at the backend until `mtcache refresh --view {view['name']}` fills it)"
     if view["refresh_delay_seconds"] is not None:  # d of §4.6, measured
         said += f" (landing {format_duration(round(view['refresh_delay_seconds'], 3))} old)"
+    if last and view.get("last_engine"):
+        why = view.get("last_engine_reason")
+        said += f", engine {view['last_engine']}" + (f" ({why})" if why else "")
     if view["refresh_follows"]:
         return f"{said}, with {view['refresh_follows']}"
     if view.get("continuous"):

@@ -339,8 +339,8 @@ def build_parser() -> argparse.ArgumentParser:
         "cache's running server with --server",
         description="Run psql on the backend (the embedded PostgreSQL unless --backend "
         "names another), or with --server through the server that serves the cache file "
-        "(mtcache serve): mtcache psql -c 'SELECT 1'. Anything after -- goes to psql as it "
-        "is: mtcache psql -- -At -f script.sql.",
+        "(mtcache serve): mtcache psql -c 'SELECT 1'. Other options go to psql as they are "
+        "(mtcache psql -At -f script.sql), and so does anything after --.",
     )
     p.add_argument(
         "-c",
@@ -480,7 +480,11 @@ def main(argv: list[str] | None = None) -> int:
         configure(parser, list(sys.argv[1:] if argv is None else argv))
     except Error as exc:
         return _fail(f"{type(exc).__name__}: {exc}")
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and getattr(args, "psql_args", None) is not None:
+        args.psql_args = [*extra, *args.psql_args]  # (`mtcache psql -q ...`: psql's own)
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         read_statement(args)
         _check_text(vars(args))
