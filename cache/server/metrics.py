@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 import typing as t
 from collections.abc import Callable, Iterable, Iterator
+from importlib.metadata import version
 from wsgiref.simple_server import make_server
 
 from prometheus_client import CollectorRegistry
@@ -35,6 +36,7 @@ from cache.engine.stats import Sample, counter_samples
 from cache.server.counters import ServerCounter
 
 LIVE_SECONDS = 2.0
+VERSION = version("mtcache")
 
 
 class Server(t.Protocol):
@@ -63,6 +65,13 @@ class Server(t.Protocol):
 def server_samples(server: Server) -> list[Sample]:
     """The server's own figures."""
     found = [
+        Sample(
+            "mtcache_build_info",
+            (("version", VERSION),),
+            1.0,
+            "gauge",
+            "the mtcache version serving, as a label (Prometheus's _info convention)",
+        ),
         Sample("mtcache_sessions", (), float(server.sessions()), "gauge", "client sessions open"),
         Sample(
             "mtcache_backend_up",

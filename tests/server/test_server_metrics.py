@@ -78,6 +78,10 @@ def test_metrics_scraped_while_a_load_runs(served: Served) -> None:
             client.join(60)
     assert not errors, errors
     assert during[("mtcache_sessions", ())] >= 2
+    assert during[("mtcache_backend_up", ())] == 1
+    from importlib.metadata import version
+
+    assert during[("mtcache_build_info", (("version", version("mtcache")),))] == 1
     assert (
         during[("mtcache_server_statements_total", (("path", "lane"),))]
         + during[("mtcache_server_statements_total", (("path", "at_hand"),))]

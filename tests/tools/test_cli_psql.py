@@ -32,6 +32,8 @@ def test_psql_reaches_the_backend_and_says_when_no_server_serves(
     assert done.returncode == 0 and " 42\n" in done.stdout, done.stderr
     raw = run("--", "-At", "-c", "SELECT current_database()")
     assert raw.stdout.strip() == backend_dsn.rsplit("/", 1)[1], raw.stderr
+    passed = run("-At", "-c", "SELECT 6 * 7")  # (psql's own options, without --)
+    assert passed.stdout == "42\n", passed.stderr
     refused = run("--server", "-c", "SELECT 1")
     assert refused.returncode == 1
     assert refused.stderr.startswith("mtcache: ProgrammingError: no server serves ")
