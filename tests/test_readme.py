@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from cache.store.served import served_at
-from cache.tools.cli.wiring import build_parser
+from cache.tools.cli.wiring import build_parser, parse_arguments
 from tests.conftest import reachable_tempdir
 from tests.server.test_server_backend_down import Log
 
@@ -178,6 +178,6 @@ def test_every_command_the_docs_show_parses(page: str, command: str) -> None:
     parser = build_parser()
     parser.exit_on_error = False
     try:
-        parser.parse_args(words)
+        parse_arguments(parser, words)
     except SystemExit as exc:
         raise AssertionError(f"{page}: {command!r} is refused by the CLI's parser") from exc

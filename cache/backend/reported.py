@@ -1,11 +1,12 @@
 """What the backend reports to a new session (ParameterStatus): read from a connection, or
-asked of the backend on a pooled connection."""
+asked of the backend on a connection of its own."""
 
 from __future__ import annotations
 
 import psycopg
 
-from cache.backend.pool import pooled
+from cache.backend.pool import PROBE_SECONDS
+from sql_ext.errors import BackendUnavailableError, first_line
 
 # the parameters PostgreSQL reports at startup (GUC_REPORT), in its order
 REPORTED = (
@@ -33,10 +34,14 @@ def reported_by(info: psycopg.ConnectionInfo) -> dict[str, str]:
 
 
 def asked_defaults(dsn: str) -> dict[str, str]:
-    """What the backend reports to a new session of ``dsn`` (one round trip on a pooled
-    connection; `BackendUnavailableError` when it cannot be reached)."""
-    with pooled(dsn) as conn:
-        return reported_by(conn.info)
+    """What the backend reports to a new session of ``dsn``: a connection of its own, made
+    within PROBE_SECONDS and closed (a busy pool is no outage, and a backend that accepts but
+    never answers is one); `BackendUnavailableError` when it cannot be reached."""
+    try:
+        with psycopg.connect(dsn, connect_timeout=PROBE_SECONDS, autocommit=True) as conn:
+            return reported_by(conn.info)
+    except psycopg.OperationalError as exc:
+        raise BackendUnavailableError(f"the backend is unreachable ({first_line(exc)})") from exc
 
 
 __all__ = ["REPORTED", "asked_defaults", "reported_by"]

@@ -101,7 +101,9 @@ class InlineEngine:
     for small on-demand pulls such as a presence miss's admission."""
 
     name = "inline"
-    reason = "asked for"
+
+    def __init__(self, reason: str = "asked for") -> None:
+        self.reason = reason  # why it pulls (a report and status show it)
 
     def pull(self, coordinator: Coordinator, queries: list[PullQuery]) -> list[pa.Table]:
         return [

@@ -132,7 +132,7 @@ class Maintainer:
     ) -> None:
         self.store = store
         self.dsn = dsn
-        self.engine: Engine = engine or InlineEngine()
+        self.engine: Engine = engine or InlineEngine("admissions and the stream's pulls run inline")
         self.faults = faults.active(faults_enabled)
 
     def admit(

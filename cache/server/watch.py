@@ -1,6 +1,7 @@
 """Whether the backend is reachable, watched for a server: probed at start and then every
-PROBE_UP seconds (PROBE_DOWN while it is unreachable), each probe one round trip on a pooled
-connection that also refreshes what the backend reports to new sessions. The server is ready
+PROBE_UP seconds (PROBE_DOWN while it is unreachable), each probe a connection of its own,
+made within two seconds, that also refreshes what the backend reports to new sessions (a busy
+pool is no outage). The server is ready
 (``/readyz``) once the backend has been reached since it started; an outage after that keeps
 it ready, since it still answers what its guards allow. Each outage and each recovery is
 logged once, and the state is the ``mtcache_backend_up`` metric."""
@@ -38,20 +39,21 @@ class BackendWatch:
         try:
             self._probe()
         except BackendUnavailableError as exc:
-            self._unreachable(str(exc).split("; a remote part", 1)[0])
+            self._unreachable(str(exc))
             return False
-        except Exception as exc:  # (a bug: the watch goes on, and says so)
-            log.exception("probing the backend failed: %s", first_line(exc))
+        except Exception as exc:  # (a bug: the watch goes on, and says so once per outage)
+            if self._down_since is None:
+                log.exception("probing the backend failed: %s", first_line(exc))
             self._unreachable(first_line(exc))
             return False
-        if not self.up:
-            if self._down_since is not None:
-                log.info(
-                    "the backend is reachable again after %.1f s: remote parts are answered again",
-                    time.monotonic() - self._down_since,
-                )
-            self._down_since = None
-        self.up = self.reached = True
+        was_up, down_since = self.up, self._down_since
+        self.up = self.reached = True  # (before the log line: a reader may act on it)
+        self._down_since = None
+        if not was_up and down_since is not None:
+            log.info(
+                "the backend is reachable again after %.1f s: remote parts are answered again",
+                time.monotonic() - down_since,
+            )
         return True
 
     def _unreachable(self, why: str) -> None:

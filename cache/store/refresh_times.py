@@ -110,6 +110,20 @@ def region_stamps(store: CacheStore, schema: CacheSchema, name: str) -> RegionSt
     return found
 
 
+def last_engines(store: CacheStore) -> dict[str, tuple[str, str | None]]:
+    """The engine of each view's last operation, and why it ran there (one statement over
+    the recent operations, as `measured_delays`)."""
+    rows = store.con.execute(
+        "SELECT views, engine, engine_reason FROM mtcache.snapshots WHERE views IS NOT NULL "
+        "ORDER BY snapshot_id DESC LIMIT 2000"
+    ).fetchall()
+    found: dict[str, tuple[str, str | None]] = {}
+    for views, engine, reason in rows:
+        for view in views or ():
+            found.setdefault(view, (engine, reason))
+    return found
+
+
 def measured_delays(store: CacheStore) -> dict[str, float]:
     """Each view's refresh delay d (§4.6), measured: the median, over its last operations
     (refreshes, admissions), of how old their snapshot was when their rows became visible.

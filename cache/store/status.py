@@ -14,7 +14,7 @@ from collections.abc import Collection
 from cache.store.budget import copy_tables
 from cache.store.cache_file import CacheStore
 from cache.store.counters import as_document
-from cache.store.refresh_times import measured_delays, refresh_times
+from cache.store.refresh_times import last_engines, measured_delays, refresh_times
 from control_tables.kinds import RegionKind
 from control_tables.regions import guarantees
 from control_tables.schema import CachedView, CacheSchema
@@ -45,13 +45,21 @@ def status(
             f"{', '.join(sorted(schema.views)) or 'none'})"
         )
     delays = measured_delays(store)
+    engines = last_engines(store)
     copies: dict[str, list[str]] = {}  # a continuously maintained derived view's copies
     for name in copy_tables(store.con):
         copies.setdefault(copy_owner(name) or "", []).append(name)
     sizes = stored_bytes(store, [*schema.views, *(c for cs in copies.values() for c in cs)])
     views = [
         _view_status(
-            store, schema, schema.views[n], now, delays.get(n), sizes.get(n, 0), n in detail
+            store,
+            schema,
+            schema.views[n],
+            now,
+            delays.get(n),
+            sizes.get(n, 0),
+            n in detail,
+            engines.get(n, (None, None)),
         )
         for n in schema.topological_order()
     ]
@@ -91,6 +99,7 @@ def _view_status(
     delay: float | None,
     stored: int = 0,
     listed: bool = False,
+    engine: tuple[str | None, str | None] = (None, None),
 ) -> dict[str, t.Any]:
     """A view's entry of the status document (``stored``: its bytes, `stored_bytes`; its
     regions listed if ``listed`` or few)."""
@@ -160,7 +169,8 @@ def _view_status(
         # d of §4.6, measured over its recent operations (None: none measured yet)
         "refresh_delay_seconds": round(delay, 6) if delay is not None else None,
         # the engine of its last refresh, and why (`auto` chooses by size)
-        **_last_engine(con, view.name),
+        "last_engine": engine[0],
+        "last_engine_reason": engine[1],
         "rows": int(rows[0]) if rows else 0,
         "bytes": stored,
         # its regions summed up: how many, how many never refreshed, the oldest one's age
@@ -171,15 +181,6 @@ def _view_status(
         else None,
         "regions": regions if listed else None,  # None: more than REGIONS_LISTED, not asked
     }
-
-
-def _last_engine(con: t.Any, name: str) -> dict[str, str | None]:
-    row = con.execute(
-        "SELECT engine, engine_reason FROM mtcache.snapshots WHERE list_contains(views, ?) "
-        "ORDER BY snapshot_id DESC LIMIT 1",
-        [name],
-    ).fetchone()
-    return {"last_engine": row[0] if row else None, "last_engine_reason": row[1] if row else None}
 
 
 def _count(con: t.Any, table: str) -> int:

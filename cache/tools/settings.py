@@ -16,6 +16,7 @@ class Settings:
     memory_limit: str | None = None  # what the cache file's DuckDB may use (None: its default)
     threads: int | None = None
     cache_size_limit: str | None = None  # the budget of the cached data's bytes (None: none)
+    server: str | None = None  # a cache server to go through instead of the file (--server)
 
     @property
     def embedded_root(self) -> Path:
@@ -25,6 +26,13 @@ class Settings:
     def backend_dsn(self) -> str:
         if self.backend:
             return self.backend
+        if self.server:  # (the embedded cluster is the server's machine's, not this one's)
+            from sql_ext.errors import ProgrammingError
+
+            raise ProgrammingError(
+                f"this command needs the backend itself, and --server {self.server} names "
+                "only the cache server: give --backend too"
+            )
         from cache.backend.embedded_pg import EmbeddedPostgres  # (not for --help)
 
         return EmbeddedPostgres(self.embedded_root).ensure_running()

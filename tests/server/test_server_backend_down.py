@@ -129,6 +129,17 @@ def test_serve_starts_with_the_backend_down_and_becomes_ready_when_it_starts(
         remote_rows = typed(pg.execute(AUTHOR.format(5)).fetchall())
     pg_cluster.stop()
     try:
+        # a new cache file cannot start without the backend (its catalog): one line, exit 1
+        fresh = subprocess.run(
+            [mtcache_bin, "--backend", dsn, "--cache", str(tmp_path / "new.duckdb"), "serve"],
+            env=clean_env,
+            text=True,
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
+        assert fresh.returncode == 1 and fresh.stderr.count("\n") == 1, fresh.stderr
+        assert "connect once while the backend is up" in fresh.stderr
         with serve(mtcache_bin, dsn, path, clean_env) as (log, url):
             assert served_at(path) is not None  # (published: the CLI finds it)
             assert "the backend is unreachable" in log.wait_for("at start: answering locally")
@@ -144,6 +155,13 @@ def test_serve_starts_with_the_backend_down_and_becomes_ready_when_it_starts(
                     through.execute(AUTHOR.format(5) + BOUND)  # needs the backend
                 assert refused.value.sqlstate == "08006"
                 assert "cannot reach the PostgreSQL backend" in str(refused.value)
+            # a session whose startup parameters need the backend at once: refused, never
+            # told the defaults kept for the server's own settings
+            with pytest.raises(psycopg.OperationalError) as refused:
+                psycopg.connect(client, options="-c DateStyle=German").close()
+            # (psycopg keeps no SQLSTATE of a refused login; the server sends 08006)
+            assert "FATAL:  the backend is unreachable" in str(refused.value)
+            assert "need its backend connection at once" in str(refused.value)
             pg_cluster.ensure_running()
             assert "after" in log.wait_for("the backend is reachable again")
             assert ready(url) == 200 and metric(url, "mtcache_backend_up") == 1
@@ -152,7 +170,8 @@ def test_serve_starts_with_the_backend_down_and_becomes_ready_when_it_starts(
                 assert typed(cur.fetchall()) == remote_rows
             # an outage after that: logged, the server stays ready (it answers locally)
             pg_cluster.stop()
-            assert "08006" in log.wait_for(r"unreachable \(.*\): answering locally")
+            line = log.wait_for(r"unreachable \(.*\): answering locally")
+            assert "Connection refused" in line or "connection failed" in line, line
             assert ready(url) == 200
             with psycopg.connect(client, autocommit=True) as through:
                 cur = through.execute(AUTHOR.format(4) + BOUND)

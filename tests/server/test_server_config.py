@@ -69,8 +69,9 @@ def test_serve_starts_with_a_file_of_every_option(
         "pool_size": "5",
         "pool_timeout": '"30s"',
     }
-    # every option: one the server gains later must be added here
-    assert sorted(top) == settable() and sorted(serve) == settable("serve")
+    # every option: one the server gains later must be added here (but `server`, which names
+    # a server for the clients' commands: the server itself ignores it)
+    assert sorted([*top, "server"]) == settable() and sorted(serve) == settable("serve")
     config = tmp_path / "mtcache.toml"
     config.write_text(
         "".join(f"{k} = {v}\n" for k, v in top.items())
@@ -78,6 +79,7 @@ def test_serve_starts_with_a_file_of_every_option(
         + "".join(f"{k} = {v}\n" for k, v in serve.items())
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("MTCACHE_")}
+    env["MTCACHE_SERVER"] = "postgresql://app@cache.example:6432/shop"  # (for clients: ignored)
     process = subprocess.Popen(
         [mtcache_bin, "--config", str(config), "serve"], env=env, stderr=subprocess.PIPE, text=True
     )

@@ -251,6 +251,57 @@ def test_every_command_goes_through_the_server(
         assert refused.stderr.count("\n") == 1
 
 
+def test_every_command_from_another_machine_with_server(
+    serving: Serving, mtcache_bin: str, tmp_path: Path
+) -> None:
+    """No cache file and no note here, as on another machine: `--server URL` (or
+    MTCACHE_SERVER) sends each command to the server; the backend DSN is not needed."""
+    served = served_at(serving.cache_path)
+    assert served is not None
+    env = {k: v for k, v in serving.env.items() if not k.startswith("MTCACHE_")}
+    env["MTCACHE_CACHE"] = str(tmp_path / "elsewhere" / "cache.duckdb")  # (none there)
+    flag = ["--server", served.url]
+    status = mtcache(mtcache_bin, env, *flag, "status", "--json")
+    assert status.returncode == 0, status.stderr
+    assert [v["name"] for v in json.loads(status.stdout)["views"]] == ["authorcopy", "bookcopy"]
+    query = mtcache(
+        mtcache_bin,
+        env,
+        *flag,
+        "query",
+        "--json",
+        "SELECT name FROM authors a WHERE a.authorid = 2 CURRENCY BOUND 10 MIN",
+    )
+    assert query.returncode == 0, query.stderr
+    with psycopg.connect(serving.backend) as pg:
+        want = pg.execute("SELECT name FROM authors a WHERE a.authorid = 2").fetchall()
+    answer = json.loads(query.stdout)
+    assert answer["rows"] == [list(row) for row in want]
+    assert [p["route"] for p in answer["provenance"]] == ["local"]
+    # the environment's MTCACHE_SERVER, and HOST:PORT alone (the role and database: the
+    # server's own)
+    refresh = mtcache(
+        mtcache_bin,
+        dict(env, MTCACHE_SERVER=served.url),
+        "refresh",
+        "--engine",
+        "inline",
+        "--view",
+        "authorcopy",
+        "--key",
+        "2",
+    )
+    assert refresh.returncode == 0 and refresh.stdout.startswith("refresh authorcopy"), refresh
+    psql = mtcache(
+        mtcache_bin, env, *flag, "psql", "--server", "-At", "-c", "SHOW mtcache.currency_bound"
+    )
+    assert psql.returncode == 0, psql.stderr
+    refused = mtcache(mtcache_bin, env, *flag, "init")
+    assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "needs the cache file itself; run it on the server's machine" in refused.stderr
+    assert not (tmp_path / "elsewhere").exists()  # nothing made here
+
+
 def test_sqlalchemy_through_the_server(serving: Serving) -> None:
     """A URL parameter moves an application onto the server: provenance and bounds (a clause,
     the currency_bound execution option) behave as in-process."""

@@ -68,6 +68,11 @@ def test_the_compose_stack_holds_together() -> None:
     build = services["mtcache"]["build"]
     assert (DEPLOY / build["context"] / build["dockerfile"]).is_file()
     assert "wal_level=logical" in services["postgres"]["command"]  # REFRESH CONTINUOUSLY
+    # a new cache file's first start needs the backend: it waits for PostgreSQL's health
+    # check (over TCP), and is started again if it stops
+    assert services["mtcache"]["depends_on"] == {"postgres": {"condition": "service_healthy"}}
+    assert services["mtcache"]["restart"] == "unless-stopped"
+    assert "127.0.0.1" in services["postgres"]["healthcheck"]["test"]
     # mtcache's configuration names the compose's backend, and publishes its own ports
     backend = CONFIG["backend"]
     assert "@postgres:5432/" + services["postgres"]["environment"]["POSTGRES_DB"] in backend
@@ -92,6 +97,10 @@ def test_the_dockerfile_builds_the_product_from_what_the_repository_holds() -> N
     copied = re.findall(r"^COPY (.+) \S+$", text, re.M)
     sources = [word for line in copied for word in line.split()]
     assert [s for s in sources if not (ROOT / s).exists()] == []
+    # its context holds what it copies and nothing else (deploy/Dockerfile.dockerignore)
+    ignore = (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
+    allowed = {line[1:] for line in ignore if line.startswith("!")}
+    assert set(sources) == allowed and ignore[ignore.index("*") - 1].startswith("#")
     packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     wanted = {name.rstrip("*") for name in packages["packages"]["find"]["include"]}
     assert wanted - set(sources) == set(), "the image must copy every package of the product"
@@ -144,6 +153,15 @@ def test_the_dashboard_reads_metrics_a_server_exports(bookstore_dsn: str, tmp_pa
 def test_the_images_configuration_serves(
     bookstore_dsn: str, tmp_path: Path, mtcache_bin: str
 ) -> None:
+    # the clients of the stack come from outside the container's loopback: the rule they meet
+    # is the file's password line (its loopback trust line left out here)
+    rules = [line for line in (DEPLOY / "hba.conf").read_text().splitlines() if "trust" not in line]
+    assert any("scram-sha-256" in line for line in rules)
+    (tmp_path / "hba.conf").write_text("\n".join(rules) + "\n")
+    with psycopg.connect(bookstore_dsn, autocommit=True) as pg:
+        pg.execute("DROP ROLE IF EXISTS deploy_app")
+        pg.execute("CREATE ROLE deploy_app LOGIN PASSWORD 'deploy secret'")
+        pg.execute("GRANT SELECT ON authors TO deploy_app")
     env = {k: v for k, v in os.environ.items() if not k.startswith("MTCACHE_")}
     env |= {
         "MTCACHE_CONFIG": str(DEPLOY / "mtcache.toml"),  # (the image's ENV)
@@ -151,7 +169,7 @@ def test_the_images_configuration_serves(
         # address, the file's volume, the mounted rules; free loopback ports here
         "MTCACHE_BACKEND": bookstore_dsn,
         "MTCACHE_CACHE": str(tmp_path / "cache.duckdb"),
-        "MTCACHE_HBA": str(DEPLOY / "hba.conf"),
+        "MTCACHE_HBA": str(tmp_path / "hba.conf"),
         "MTCACHE_LISTEN": "127.0.0.1:0",
         "MTCACHE_METRICS": "127.0.0.1:0",
     }
@@ -167,15 +185,20 @@ def test_the_images_configuration_serves(
         with urllib.request.urlopen(f"{url}/readyz", timeout=10) as answer:
             assert answer.status == 200
         dbname = psycopg.conninfo.conninfo_to_dict(bookstore_dsn)["dbname"]
-        client = f"host=127.0.0.1 port={port} user=postgres dbname={dbname}"
+        client = (
+            f"host=127.0.0.1 port={port} user=deploy_app password='deploy secret' dbname={dbname}"
+        )
         with (
             psycopg.connect(client, autocommit=True) as through,
             psycopg.connect(bookstore_dsn) as direct,
         ):
             sql = "SELECT authorid, name FROM authors ORDER BY authorid LIMIT 3"
             assert through.execute(sql).fetchall() == direct.execute(sql).fetchall()
-            # the file's settings hold: the pool, the limits, the heartbeat
+            assert through.execute("SELECT current_user").fetchone() == ("deploy_app",)
+            # the file's settings hold (its statement timeout)
             assert through.execute("SHOW statement_timeout").fetchone() == ("30s",)
+        with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+            psycopg.connect(client.replace("deploy secret", "wrong")).close()
     finally:
         process.terminate()
         code = process.wait(60)

@@ -19,7 +19,7 @@ from cache.engine.conversation.statistics import StatementStats
 from cache.engine.engine import Engine, SessionOptions
 from cache.engine.session import Session
 from cache.wire import protocol, values
-from sql_ext.errors import NotSupportedError
+from sql_ext.errors import BackendUnavailableError, NotSupportedError
 
 
 @dataclass
@@ -78,6 +78,14 @@ class Conversations:
             pool=self.pool,
         )
         try:
+            if connect and session.link.if_open() is None:
+                # its parameters change what the backend reports (another role, a setting):
+                # told nothing but the backend's own answer, never the defaults kept
+                raise BackendUnavailableError(
+                    "the backend is unreachable, and this session's startup parameters (its "
+                    "role or settings) need its backend connection at once: connect again "
+                    "when the backend is back, or as the cache server's own role"
+                )
             # the client's DEALLOCATE ALL / DISCARD ALL reach this connection past psycopg,
             # which must then hold no prepared statements of its own (it prepares what the
             # engine asks five times)

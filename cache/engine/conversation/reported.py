@@ -3,10 +3,12 @@ statement, kept for a server's sessions."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import typing as t
 from collections.abc import Mapping
 
+import duckdb
 import psycopg
 from psycopg import pq
 
@@ -18,6 +20,8 @@ from cache.engine.session import Session
 from cache.store.cache_file import CacheStore
 from cache.wire.protocol import Field
 from sql_ext.errors import BackendUnavailableError
+
+log = logging.getLogger("mtcache.server")
 
 # a statement's parameter types and result columns (None: it returns no rows)
 Description = tuple[tuple[int, ...], list[Field] | None]
@@ -34,14 +38,21 @@ class BackendDefaults:
         self._store = store  # a handle of its own, used under the lock
         self._lock = threading.Lock()
         self._asked: dict[str, str] | None = None  # as the backend last reported them
+        self._unsaved = False  # the file refused them (said once)
 
     def probe(self) -> None:
-        """Ask the backend (one round trip on a pooled connection); `BackendUnavailableError`
-        when it cannot be reached."""
+        """Ask the backend (`asked_defaults`); `BackendUnavailableError` when it cannot be
+        reached. Keeping the answer in the cache file is best effort: a file that cannot take
+        it is said once in the log, and is no backend outage."""
         asked = asked_defaults(self.dsn)
         with self._lock:
             if asked != self._asked and self._store.con is not None:
-                self._store.save_reported(asked)
+                try:
+                    self._store.save_reported(asked)
+                except duckdb.Error as exc:
+                    if not self._unsaved:
+                        log.warning("cannot keep the backend's session defaults: %s", exc)
+                    self._unsaved = True
             self._asked = asked
 
     def current(self) -> dict[str, str]:

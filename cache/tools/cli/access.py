@@ -9,15 +9,36 @@ import typing as t
 import cache
 from cache.dbapi.remote import ServerAdmin, server_conninfo
 from cache.engine.admin import Admin
-from cache.store.served import served_at
+from cache.store.served import ServedAt, served_at
 from cache.tools.settings import Settings
-from sql_ext.errors import OperationalError
+from sql_ext.errors import OperationalError, ProgrammingError
+
+
+def server_of(settings: Settings) -> str | ServedAt | None:
+    """The cache server a command goes through: the one ``--server`` names (from any machine
+    that reaches it), else the one serving the cache file here, else none."""
+    return server_target(settings) if settings.server else served_at(settings.cache_path)
+
+
+def server_target(settings: Settings) -> str:
+    """The conninfo of the ``--server`` given: its role and database from it, else from
+    ``--backend``; a HOST:PORT alone with no backend is refused (the server would be asked
+    for the operating system user's database)."""
+    server = settings.server or ""
+    if "=" not in server and "://" not in server and not settings.backend:
+        raise ProgrammingError(
+            f"--server {server}: name the role and database too, as "
+            "postgresql://ROLE@HOST:PORT/DATABASE (on the server's machine, `mtcache psql "
+            "--server --dsn` prints it), or give --backend"
+        )
+    return server_conninfo(server, settings.backend)
 
 
 def open_admin(settings: Settings) -> t.ContextManager[Admin | ServerAdmin]:
     """The cache file's administration; the backend is started or reached only if needed.
-    While `mtcache serve` owns the file, the server's (through its protocol)."""
-    served = served_at(settings.cache_path)
+    While `mtcache serve` owns the file (or with ``--server``), the server's (through its
+    protocol)."""
+    served = server_of(settings)
     if served is not None:
         return ServerAdmin.open(server_conninfo(served, settings.backend))
     return Admin.open(
@@ -30,8 +51,8 @@ def open_admin(settings: Settings) -> t.ContextManager[Admin | ServerAdmin]:
 
 
 def open_connection(settings: Settings) -> cache.Connection:
-    """A session on the cache: through its server while one owns the file."""
-    served = served_at(settings.cache_path)
+    """A session on the cache: through its server while one owns the file (or ``--server``)."""
+    served = server_of(settings)
     if served is not None:
         return cache.connect(settings.backend, settings.cache_path, server=served)
     return cache.connect(
@@ -46,6 +67,11 @@ def open_connection(settings: Settings) -> cache.Connection:
 
 def not_served(settings: Settings, advice: str) -> None:
     """Refuse a command that needs the file itself while a server owns it."""
+    if settings.server:
+        raise OperationalError(
+            f"--server {settings.server}: this command needs the cache file itself; run it on "
+            "the server's machine, without --server"
+        )
     served = served_at(settings.cache_path)
     if served is not None:
         raise OperationalError(

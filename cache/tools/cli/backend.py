@@ -15,6 +15,7 @@ import psycopg
 from cache.backend.embedded_pg import EmbeddedPostgres
 from cache.backend.reflect import connect_backend, redact
 from cache.store.served import served_at
+from cache.tools.cli.access import server_target
 from cache.tools.settings import Settings
 from heartbeat.beat import TABLE as HEARTBEAT_TABLE
 from heartbeat.beat import Heartbeat, beat, ensure_table
@@ -64,19 +65,22 @@ def cmd_heartbeat(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_psql(settings: Settings, args: argparse.Namespace) -> int:
-    """psql on the backend, or through the cache file's server (``--server``); ``--dsn``:
-    the URL printed instead."""
-    if args.server:
-        served = served_at(settings.cache_path)
-        if served is None:
-            raise ProgrammingError(
-                f"no server serves {settings.cache_path}: start one with `mtcache serve` "
-                "(or leave out --server to reach the backend)"
-            )
-        dsn = served.url
+    """psql on the backend, or through the cache server (``--server``, or the global one);
+    ``--dsn``: the connection string printed instead."""
+    if args.through_server or settings.server:
+        if settings.server:
+            dsn = server_target(settings)
+        else:
+            served = served_at(settings.cache_path)
+            if served is None:
+                raise ProgrammingError(
+                    f"no server serves {settings.cache_path}: start one with `mtcache serve` "
+                    "(or leave out --server to reach the backend)"
+                )
+            dsn = served.url
     else:
         dsn = settings.backend_dsn()
-    if args.dsn:
+    if args.print_dsn:
         print(dsn)
         return 0
     psql = shutil.which("psql")
@@ -86,8 +90,9 @@ def cmd_psql(settings: Settings, args: argparse.Namespace) -> int:
             "with another client to the URL `mtcache psql --dsn` prints"
         )
     sys.stdout.flush()
-    commands = [word for sql in args.command for word in ("-c", sql)]
-    os.execv(psql, [psql, *commands, *args.psql_args, dsn])
+    # (the connection string first: psql reads its first word that is no option's as the
+    # database, and a later -d or conninfo overrides it)
+    os.execv(psql, [psql, "--dbname", dsn, *args.psql_args])
 
 
 def cmd_stop(settings: Settings, args: argparse.Namespace) -> int:

@@ -4,6 +4,7 @@ checked before anything starts."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 from pathlib import Path
@@ -39,6 +40,9 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     )
     from cache.server.server import Server
 
+    # (a `server` setting, from MTCACHE_SERVER or a file shared with the clients' commands,
+    # names this server for those commands: the server itself opens the file)
+    settings = dataclasses.replace(settings, server=None)
     if args.heartbeat is not None and not args.heartbeat > 0:
         raise ProgrammingError(
             f"--heartbeat must be a positive number of seconds, not {args.heartbeat:g}"

@@ -16,7 +16,7 @@ from sql_ext.nodes import format_duration, plural
 
 
 def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
-    if not settings.cache_path.exists():
+    if not settings.server and not settings.cache_path.exists():
         raise ProgrammingError(
             f"no cache file at {settings.cache_path}: create one with `mtcache init` "
             "(or pass --cache)"

@@ -84,6 +84,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--cache", help=f"the cache's DuckDB file (env MTCACHE_CACHE; default {DEFAULT_CACHE})"
     )
     parser.add_argument(
+        "--server",
+        metavar="URL",
+        help="go through this cache server (mtcache serve; a URL, conninfo or HOST:PORT) "
+        "instead of opening the cache file: the commands from any machine that reaches it "
+        "(env MTCACHE_SERVER; default: the server serving the cache file here, if any)",
+    )
+    parser.add_argument(
         "--memory-limit",
         metavar="SIZE",
         help="the memory the cache file's DuckDB may use, as 2GB (env "
@@ -339,34 +346,33 @@ def build_parser() -> argparse.ArgumentParser:
         "cache's running server with --server",
         description="Run psql on the backend (the embedded PostgreSQL unless --backend "
         "names another), or with --server through the server that serves the cache file "
-        "(mtcache serve): mtcache psql -c 'SELECT 1'. Other options go to psql as they are "
-        "(mtcache psql -At -f script.sql), and so does anything after --.",
-    )
-    p.add_argument(
-        "-c",
-        "--command",
-        action="append",
-        default=[],
-        metavar="SQL",
-        help="run this statement and exit, as psql -c (repeatable)",
+        "(mtcache serve). Every other argument goes to psql as it is, in its order "
+        "(mtcache psql -v ON_ERROR_STOP=1 -f setup.sql -c 'SELECT 1'), and so does anything "
+        "after --.",
     )
     p.add_argument(
         "--server",
+        dest="through_server",
         action="store_true",
-        help="connect through the cache file's running server instead of the backend",
+        help="connect through the cache server (the one serving the cache file, or the global "
+        "--server) instead of the backend",
     )
     p.add_argument(
-        "--dsn", action="store_true", help="print the connection URL instead of running psql"
+        "--dsn",
+        dest="print_dsn",
+        action="store_true",
+        help="print the connection URL instead of running psql",
     )
-    p.add_argument("psql_args", nargs="*", metavar="PSQL_ARG", help="after --: psql's own")
-    p.set_defaults(run=_command("backend", "cmd_psql"))
+    p.set_defaults(run=_command("backend", "cmd_psql"), psql_args=[])
 
     p = commands.add_parser("stop", help="stop the embedded PostgreSQL")
     p.set_defaults(run=_command("backend", "cmd_stop"))
     return parser
 
 
-_NOT_OPTIONS = ("help", "version", "config", "command", "run")
+# (flags of one run, not settings: no MTCACHE_<KEY>, no key in the file)
+_NOT_OPTIONS = ("help", "version", "config", "command", "run", "through_server", "print_dsn")
+_PSQL_OWN = ("--server", "--dsn", "--help")  # `mtcache psql`'s own; the rest is psql's
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
@@ -480,11 +486,7 @@ def main(argv: list[str] | None = None) -> int:
         configure(parser, list(sys.argv[1:] if argv is None else argv))
     except Error as exc:
         return _fail(f"{type(exc).__name__}: {exc}")
-    args, extra = parser.parse_known_args(argv)
-    if extra and getattr(args, "psql_args", None) is not None:
-        args.psql_args = [*extra, *args.psql_args]  # (`mtcache psql -q ...`: psql's own)
-    elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args = parse_arguments(parser, list(sys.argv[1:] if argv is None else argv))
     try:
         read_statement(args)
         _check_text(vars(args))
@@ -494,6 +496,7 @@ def main(argv: list[str] | None = None) -> int:
             memory_limit=args.memory_limit or None,
             threads=args.threads,
             cache_size_limit=args.cache_size_limit or None,
+            server=args.server or None,
         )
         return int(args.run(settings, args))
     except Error as exc:
@@ -509,6 +512,42 @@ def main(argv: list[str] | None = None) -> int:
             f"InternalError: internal error ({type(exc).__name__}: {exc}): this is a bug in "
             "mtcache; please report it with the command that caused it"
         )
+
+
+def parse_arguments(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """The command line's arguments (`mtcache psql`'s own split from psql's first)."""
+    words, psql_args = _psql_split(parser, argv)
+    args = parser.parse_args(words)
+    if psql_args is not None:
+        args.psql_args = psql_args
+    return args
+
+
+def _psql_split(
+    parser: argparse.ArgumentParser, argv: list[str]
+) -> tuple[list[str], list[str] | None]:
+    """(the arguments for mtcache, psql's own): after the command `psql`, every argument but
+    `--server`, `--dsn` and `--help` is psql's, in its order (a `--` ends ours); None: another
+    command."""
+    valued = {
+        flag for action in parser._actions if action.nargs != 0 for flag in action.option_strings
+    }
+    at = 0
+    while at < len(argv):
+        word = argv[at]
+        if word in valued:
+            at += 2
+        elif word.startswith("-"):
+            at += 1
+        elif word != "psql":
+            return argv, None
+        else:
+            rest = argv[at + 1 :]
+            end = rest.index("--") if "--" in rest else len(rest)
+            ours = [w for w in rest[:end] if w in _PSQL_OWN]
+            theirs = [w for w in rest[:end] if w not in _PSQL_OWN] + rest[end + 1 :]
+            return [*argv[: at + 1], *ours], theirs
+    return argv, None
 
 
 def _fail(message: str, code: int = 1) -> int:
