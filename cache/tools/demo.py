@@ -140,8 +140,10 @@ def run_demo(settings: Settings) -> int:
         console.print()
     cache_at_work(console, dsn, settings.cache_path.parent / "demo.duckdb")
     console.print(
-        'Try it yourself: [bold]mtcache explain "SELECT ... CURRENCY BOUND 5 MIN ..."[/bold]; '
-        "stop the embedded backend with [bold]mtcache stop[/bold]."
+        "Next: cache a table of your own (README.md, Quickstart): "
+        "[bold]. .venv/bin/activate[/bold], then [bold]mtcache psql[/bold] opens psql on this "
+        "PostgreSQL. The manual is "
+        "docs/index.md; stop the embedded backend with [bold]mtcache stop[/bold]."
     )
     return 0
 

@@ -122,7 +122,8 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
             metrics = ""
             if server.metrics is not None:
                 mhost, mport = server.metrics.address
-                metrics = f"; metrics on http://{mhost!s}:{mport}/metrics"
+                shown = f"[{mhost!s}]" if ":" in str(mhost) else str(mhost)
+                metrics = f"; metrics on http://{shown}:{mport}/metrics"
             print(
                 f"mtcache serve: listening on {host}:{port} (cache {settings.cache_path}"
                 f"{metrics}); stop with Ctrl-C or SIGTERM",
