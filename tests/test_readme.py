@@ -5,12 +5,14 @@ is stopped with Ctrl-C's SIGINT at the end), the ``python`` block runs with the 
 Python, and each ``text`` block's lines must appear in the output of the block before it
 (durations masked: "0.1s old" stands for any age). The server listens where
 ``MTCACHE_LISTEN`` says (a free port: the suite may run beside a server on 6432); the Python
-block's URL is pointed there. The manual's commands are checked against the CLI's parser
-(`test_every_command_the_docs_show_parses`): their data sets (TPC-H at SF 1, a remote
-backend) are not the suite's to build."""
+block's URL is pointed there. The manual's bookstore commands (the cache DDL and clause
+pages) run too, on the suite's bookstore; every other command a page shows is checked against
+the CLI's parser (`test_every_command_the_docs_show_parses`): a server listening beyond
+loopback with TLS, a remote backend."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -181,3 +183,77 @@ def test_every_command_the_docs_show_parses(page: str, command: str) -> None:
         parse_arguments(parser, words)
     except SystemExit as exc:
         raise AssertionError(f"{page}: {command!r} is refused by the CLI's parser") from exc
+
+
+# -- the manual's bookstore commands, run -----------------------------------------------------
+
+MANUAL = ("docs/cache-ddl.md", "docs/clause.md")  # in this order: the clause page explains a
+# query over the views the DDL page caches
+NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def manual_sessions() -> list[tuple[str, str, list[str]]]:
+    """(page, command, the output the page shows) for each `$ mtcache ...` of the pages."""
+    found = []
+    for name in MANUAL:
+        lines = (ROOT / name).read_text().splitlines()
+        at = 0
+        while at < len(lines):
+            line = lines[at]
+            if not line.startswith("    $ mtcache "):
+                at += 1
+                continue
+            command = line[len("    $ ") :]
+            at += 1
+            while True:  # (a quoted argument may go on over the next lines)
+                try:
+                    shlex.split(command)
+                    break
+                except ValueError:
+                    command += "\n" + lines[at].strip()
+                    at += 1
+            shown = []
+            while at < len(lines) and lines[at].startswith("    ") and "$ " not in lines[at][:6]:
+                shown.append(lines[at][4:])
+                at += 1
+            found.append((name, command, shown))
+    return found
+
+
+@pytest.mark.backend
+def test_the_manuals_bookstore_commands_run_as_shown(
+    bookstore_dsn: str, mtcache_bin: str, clean_env: dict[str, str]
+) -> None:
+    """The cache DDL and clause pages' commands, run in order on the bookstore: each exits as
+    the page shows (an error line shown: exit 1 and that line), and the first line of what it
+    prints is the page's (numbers masked: ages, costs and times vary). The JSON document the
+    page shows pretty-printed is compared as JSON."""
+    home = reachable_tempdir("mtcache-manual-")
+    env = dict(clean_env, MTCACHE_BACKEND=bookstore_dsn, MTCACHE_CACHE=str(home / "cache.duckdb"))
+    sessions = manual_sessions()
+    assert len(sessions) >= 8
+    for page, command, shown in sessions:
+        done = subprocess.run(
+            [mtcache_bin, *shlex.split(command)[1:]],
+            cwd=ROOT,
+            env=env,
+            text=True,
+            capture_output=True,
+            timeout=300,
+            check=False,
+        )
+        said = (done.stdout or done.stderr).replace(
+            str(home / "cache.duckdb"), ".mtcache/cache.duckdb"
+        )
+        if shown and shown[0].startswith("mtcache: "):
+            assert done.returncode == 1, f"{page}: {command!r} did not fail: {said}"
+            assert done.stderr.strip() == shown[0], f"{page}: {command!r}"
+            continue
+        assert done.returncode == 0, f"{page}: {command!r}: {done.stderr}"
+        if not shown:
+            continue
+        if shown[0].startswith("{"):
+            assert json.loads(said) == json.loads("".join(shown)), f"{page}: {command!r}"
+            continue
+        first = said.splitlines()[0]
+        assert NUMBER.sub("N", first) == NUMBER.sub("N", shown[0]), f"{page}: {command!r}"
