@@ -174,8 +174,15 @@ def _byte_order(info: dict[str, t.Any], prefix: str) -> bool:
     return False
 
 
+CONNECT_SECONDS = 10  # a backend connection's time to be made, unless the DSN says otherwise
+
+
 def connect_backend(dsn: str, **kwargs: object) -> psycopg.Connection:  # type: ignore[type-arg]
-    """Open a psycopg connection, turning a refusal into a clear `BackendUnavailableError`."""
+    """Open a psycopg connection, turning a refusal into a clear `BackendUnavailableError`;
+    within CONNECT_SECONDS unless the DSN or ``kwargs`` give a `connect_timeout` (a backend
+    host that drops packets does not hold a session for minutes)."""
+    if "connect_timeout" not in kwargs and "connect_timeout" not in dsn:
+        kwargs["connect_timeout"] = CONNECT_SECONDS
     try:
         return psycopg.connect(dsn, **kwargs)  # type: ignore[arg-type]
     except psycopg.ProgrammingError as exc:  # libpq cannot read the connection string
