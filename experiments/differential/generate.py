@@ -400,6 +400,12 @@ class Generator:
     # -- aggregates and windows ----------------------------------------------------------------
 
     def _aggregate(self, scope: list[Source], family: Family) -> str:
+        found = self._plain_aggregate(scope, family)
+        if self.chance(0.15):  # only the rows a condition keeps (FILTER (WHERE ...))
+            return f"{found} FILTER (WHERE {self._bool(scope, 1)})"
+        return found
+
+    def _plain_aggregate(self, scope: list[Source], family: Family) -> str:
         if family == "int":
             return self.pick(
                 (

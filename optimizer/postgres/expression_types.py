@@ -173,7 +173,9 @@ class ExpressionTypes:
             return self.output(node.this, 0)
         if isinstance(node, exp.Any | exp.All):
             return self.of(node.this, block)
-        if isinstance(node, exp.Paren | exp.Alias | exp.Window | exp.Ordered | exp.Order):
+        if isinstance(
+            node, exp.Paren | exp.Alias | exp.Window | exp.Ordered | exp.Order | exp.Filter
+        ):
             return self.of(node.this, block)
         if isinstance(node, exp.Collate):
             inner = self.of(node.this, block)

@@ -66,6 +66,8 @@ def local_statement(plan: Plan, choice: Mapping[int, str | None]) -> LocalStatem
         _outputs(copy, analysis, scale_columns) if analysis.divisions or scale_columns else None
     )
     keys = analysis.keys
+    # (before the SQL is made: making it rearranges some nodes, string_agg's ORDER BY value)
+    zone = any(m.name == ZONE_PARAMETER for m in copy.find_all(exp.Placeholder))
     sql = copy.sql(dialect=LocalDuckDB, copy=False)  # our own copy
     typed = tuple(
         sorted(
@@ -76,7 +78,6 @@ def local_statement(plan: Plan, choice: Mapping[int, str | None]) -> LocalStatem
             key=str,
         )
     )
-    zone = any(m.name == ZONE_PARAMETER for m in copy.find_all(exp.Placeholder))
     return LocalStatement(
         sql, keys, tuple(map(duckdb_name, keys)), tuple(leaves), outputs, typed, zone, lists
     )

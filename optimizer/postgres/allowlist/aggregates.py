@@ -25,6 +25,11 @@ entry(
     proofs=(
         "SELECT count(*), count(e.c), count(DISTINCT e.c) FROM edge e",
         "SELECT e.b, count(e.i4) FROM edge e GROUP BY e.b",
+        # FILTER (WHERE ...): folded into the aggregate (optimizer.postgres.filters)
+        "SELECT count(*) FILTER (WHERE e.i4 > 0), count(e.c) FILTER (WHERE e.b), "
+        "count(DISTINCT e.c1) FILTER (WHERE e.i4 IS NOT NULL) FROM edge e WHERE e.id > 0",
+        "SELECT e.b, count(*) FILTER (WHERE e.n < 0) FROM edge e WHERE e.id > 0 GROUP BY e.b "
+        "HAVING count(*) FILTER (WHERE e.i4 IS NULL) = 0",
     ),
 )
 
@@ -51,6 +56,9 @@ entry(
         "SELECT sum(e.i8) FROM edge e WHERE e.i8 > 0",
         "SELECT e.b, sum(CASE WHEN e.i4 > 0 THEN e.n ELSE 0 END) FROM edge e GROUP BY e.b",
         "SELECT sum(e.n) FROM edge e WHERE e.id < 0",
+        "SELECT e.b, sum(e.n) FILTER (WHERE e.i4 > 0), sum(e.i4) FILTER (WHERE e.n IS NULL), "
+        "sum(e.n4) FILTER (WHERE false) FROM edge e WHERE e.id > 0 GROUP BY e.b",
+        "sum(e.n) FILTER (WHERE e.i4 <> 0) OVER (PARTITION BY e.b)",
     ),
 )
 
@@ -79,6 +87,9 @@ entry(
         "SELECT d.a FROM (SELECT avg(e.n4) AS a FROM edge e GROUP BY e.b) d",
         "SELECT sum(d.a) FROM (SELECT e.b, avg(e.n) AS a FROM edge e GROUP BY e.b) d",
         "SELECT w.a, w.a + 1 FROM (SELECT e.b, avg(e.i4) AS a FROM edge e GROUP BY e.b) w",
+        "SELECT avg(e.n4) FILTER (WHERE e.i4 < 0), avg(e.i8) FILTER (WHERE e.b), "
+        "avg(e.n) FILTER (WHERE e.c IS NULL) FROM edge e WHERE e.id > 0",
+        "SELECT e.b, avg(e.n) FILTER (WHERE e.i4 > 0) FROM edge e WHERE e.id > 0 GROUP BY e.b",
     ),
 )
 
@@ -100,6 +111,8 @@ entry(
         "SELECT min(e.i4), max(e.n), min(e.c), max(e.v), min(e.d), max(e.f8), "
         "max(e.ts), min(e.f4) FROM edge e",
         "SELECT e.b, max(e.c1) FROM edge e GROUP BY e.b",
+        "SELECT min(e.c) FILTER (WHERE e.i4 > 0), max(e.n) FILTER (WHERE e.b IS NULL), "
+        "max(e.t) FILTER (WHERE e.i4 < 0) FROM edge e WHERE e.id > 0",
     ),
 )
 
@@ -119,7 +132,11 @@ entry(
     rewrite=lambda node: (
         exp.LogicalAnd(this=node.expressions[0]) if isinstance(node, exp.Anonymous) else node
     ),
-    proofs=("SELECT bool_and(e.b), bool_or(e.i4 > 5), every(e.b) FROM edge e",),
+    proofs=(
+        "SELECT bool_and(e.b), bool_or(e.i4 > 5), every(e.b) FROM edge e",
+        "SELECT bool_and(e.b) FILTER (WHERE e.i4 > 0), bool_or(e.b) FILTER (WHERE e.i4 < 0), "
+        "every(e.i4 > 0) FILTER (WHERE e.b) FROM edge e WHERE e.id > 0",
+    ),
 )
 
 
@@ -143,5 +160,7 @@ entry(
     proofs=(
         "SELECT string_agg(e.t, ',' ORDER BY e.t) FROM edge e",
         "SELECT string_agg(e.c, '' ORDER BY e.c DESC) FROM edge e",
+        "SELECT string_agg(e.t, '|' ORDER BY e.id) FILTER (WHERE e.i4 > 0) FROM edge e "
+        "WHERE e.id > 0",
     ),
 )
