@@ -311,7 +311,8 @@ class Generator:
             return f"{a} IS {self.pick(('', 'NOT '))}NULL"
         if roll < 0.52:
             low, high = self.expr(family, scope, 0), self.expr(family, scope, 0)
-            return f"{a} {self.pick(('', 'NOT '))}BETWEEN {low} AND {high}"
+            symmetric = self.pick(("", "", "SYMMETRIC "))
+            return f"{a} {self.pick(('', 'NOT '))}BETWEEN {symmetric}{low} AND {high}"
         if roll < 0.60:
             values = ", ".join(self.expr(family, scope, 0) for _ in range(self.r.randint(1, 4)))
             if self.chance(0.25):

@@ -27,7 +27,7 @@ from optimizer.analysis.normalize_constraint import (
 from optimizer.postgres.allowlist import numeric_division
 from optimizer.postgres.divisions import analyze_divisions
 from optimizer.postgres.expression_types import ExpressionTypes
-from optimizer.postgres.filters import fold_filters
+from optimizer.postgres.folds import fold
 from optimizer.postgres.numeric_scales import DerivedScales, Scale, division_operands
 from optimizer.postgres.semantics import Semantics, pg_semantics
 from optimizer.postgres.volatility import repeatable
@@ -141,7 +141,7 @@ class Analysis:
 def statement_types(query: Query, catalog: Catalog) -> ExpressionTypes:
     """The types PostgreSQL gives a statement's expressions, its columns resolved against
     the catalog (what `analyze` types its statements with)."""
-    fold_filters(query.tree)
+    fold(query.tree)
     number_nodes(query.tree)
     return ExpressionTypes(query, catalog, QueryResolver(query, catalog).column_source)
 
@@ -158,7 +158,7 @@ def analyze(query: Query, catalog: Catalog, default_bound: float | None = None) 
             placeholder_keys(query.tree),
             local_blocker="it is not a query",
         )
-    fold_filters(query.tree)  # (an aggregate's FILTER as a CASE inside it: the same answer)
+    fold(query.tree)  # (forms PostgreSQL answers as others DuckDB has: optimizer.postgres.folds)
     number_nodes(query.tree)
     resolver = QueryResolver(query, catalog)
     constraint = resolver.run(default_bound)

@@ -25,7 +25,7 @@ entry(
     proofs=(
         "SELECT count(*), count(e.c), count(DISTINCT e.c) FROM edge e",
         "SELECT e.b, count(e.i4) FROM edge e GROUP BY e.b",
-        # FILTER (WHERE ...): folded into the aggregate (optimizer.postgres.filters)
+        # FILTER (WHERE ...): folded into the aggregate (optimizer.postgres.folds)
         "SELECT count(*) FILTER (WHERE e.i4 > 0), count(e.c) FILTER (WHERE e.b), "
         "count(DISTINCT e.c1) FILTER (WHERE e.i4 IS NOT NULL) FROM edge e WHERE e.id > 0",
         "SELECT e.b, count(*) FILTER (WHERE e.n < 0) FROM edge e WHERE e.id > 0 GROUP BY e.b "

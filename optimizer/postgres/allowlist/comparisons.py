@@ -99,6 +99,12 @@ entry(
         "e.c BETWEEN 'a' AND 'b'",
         "e.d NOT BETWEEN DATE '1992-01-01' AND DATE '1995-12-31'",
         "e.n BETWEEN e.i4 AND 3.5",
+        # SYMMETRIC: folded into the OR of both ranges (optimizer.postgres.folds)
+        "e.i4 BETWEEN SYMMETRIC 10 AND 0",
+        "e.n NOT BETWEEN SYMMETRIC e.n4 AND 0",
+        "e.c BETWEEN SYMMETRIC 'b' AND 'a'",
+        "e.d BETWEEN SYMMETRIC DATE '1995-12-31' AND e.d",
+        "e.i8 BETWEEN SYMMETRIC e.i4 AND e.i2",
     ),
 )
 

@@ -1,0 +1,92 @@
+"""Forms PostgreSQL answers as another form DuckDB has, folded into it before a statement is
+typed (`fold`), so the allowlist, the types and the scales see only that form. The statement
+PostgreSQL runs is the text as written; these change only what DuckDB is given.
+
+An aggregate's ``FILTER (WHERE c)`` becomes the aggregate of ``CASE WHEN c THEN value END``
+(`fold_filters`). For an aggregate that skips NULL inputs the two are the same in PostgreSQL:
+a row whose condition is false or NULL gives the aggregate a NULL, which it skips, as FILTER
+skips the row (``count(*)`` counts ``CASE WHEN c THEN 1 END``). Every aggregate of the
+allowlist skips NULLs (count, sum, avg, min, max, bool_and, bool_or, every, string_agg), so
+the aggregate's types, numeric scales and the cache's divisions (an average is its sum over
+its count) apply unchanged, and DuckDB never sees a FILTER. An aggregate that keeps NULLs
+(array_agg, json_agg), or a condition holding a subquery, keeps its FILTER and goes to
+PostgreSQL with the allowlist's reason.
+
+``x BETWEEN SYMMETRIC a AND b`` becomes ``(x BETWEEN a AND b OR x BETWEEN b AND a)``
+(`fold_between_symmetric`): PostgreSQL's parser makes the very same OR of the two ranges
+(transformAExprBetween), evaluating the operands twice, NULLs and all; ``NOT`` of it is the
+negation of that OR. Operands holding a parameter stay as written (a repeated ``%s`` would ask
+for another value): the statement then goes to PostgreSQL.
+"""
+
+from __future__ import annotations
+
+from sqlglot import exp
+
+# the aggregates that skip NULL inputs
+SKIPS_NULLS = (
+    exp.Count,
+    exp.Sum,
+    exp.Avg,
+    exp.Min,
+    exp.Max,
+    exp.LogicalAnd,
+    exp.LogicalOr,
+    exp.GroupConcat,
+)
+
+
+def fold(tree: exp.Expr) -> None:
+    """Every fold of the module, in place (again: nothing)."""
+    fold_filters(tree)
+    fold_between_symmetric(tree)
+
+
+def fold_between_symmetric(tree: exp.Expr) -> None:
+    """``x BETWEEN SYMMETRIC a AND b`` as PostgreSQL reads it (see the module)."""
+    for node in list(tree.find_all(exp.Between)):
+        if not node.args.get("symmetric"):
+            continue
+        value, low, high = node.this, node.args["low"], node.args["high"]
+        if any(p.find(exp.Placeholder, exp.Parameter) for p in (value, low, high)):
+            continue
+        ranges = exp.Or(
+            this=exp.Between(this=value.copy(), low=low.copy(), high=high.copy()),
+            expression=exp.Between(this=value.copy(), low=high.copy(), high=low.copy()),
+        )
+        node.replace(exp.Paren(this=ranges))
+
+
+def fold_filters(tree: exp.Expr) -> None:
+    """Fold every foldable FILTER of ``tree`` into its aggregate, in place (again: nothing)."""
+    for node in list(tree.find_all(exp.Filter)):
+        aggregate, where = node.this, node.expression
+        every = isinstance(aggregate, exp.Anonymous) and aggregate.name.lower() == "every"
+        if not (isinstance(aggregate, SKIPS_NULLS) or every) or not isinstance(where, exp.Where):
+            continue
+        condition = where.this
+        if condition.find(exp.Query) is not None:
+            continue
+        value = aggregate.this
+        if every:  # (every(v): a call of its name, its value its first argument)
+            if len(aggregate.expressions) != 1:
+                continue
+            aggregate.set("expressions", [_when(condition, aggregate.expressions[0])])
+        elif isinstance(value, exp.Distinct):
+            if len(value.expressions) != 1:
+                continue
+            value.set("expressions", [_when(condition, value.expressions[0])])
+        elif isinstance(value, exp.Order):  # string_agg(v, ',' ORDER BY ...)
+            value.set("this", _when(condition, value.this))
+        elif isinstance(value, exp.Star) or value is None:  # count(*)
+            aggregate.set("this", _when(condition, exp.Literal.number(1)))
+        else:
+            aggregate.set("this", _when(condition, value))
+        node.replace(aggregate)
+
+
+def _when(condition: exp.Expr, value: exp.Expr) -> exp.Expr:
+    return exp.Case(ifs=[exp.If(this=condition, true=value)])
+
+
+__all__ = ["SKIPS_NULLS", "fold", "fold_between_symmetric", "fold_filters"]
