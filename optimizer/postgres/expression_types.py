@@ -227,7 +227,10 @@ class ExpressionTypes:
         return self._derived(source, name)
 
     def _derived(self, source: Source, name: str) -> PgType:
-        """A column of a derived table or CTE: its body's projection (every UNION branch)."""
+        """A column of a derived table or CTE: its body's projection (every UNION branch); of
+        a VALUES list, its rows' values."""
+        if isinstance(source.node, exp.Values):
+            return self._values_column(source, name)
         if not source.body:
             return UNKNOWN
         first = source.body[0]
@@ -245,6 +248,28 @@ class ExpressionTypes:
                     types.append(self.of(_unaliased(projections[position]), branch))
                 return combine(types)
         return UNKNOWN
+
+    def _values_column(self, source: Source, name: str) -> PgType:
+        """A column of ``(VALUES ...) AS v(a, b)``, as PostgreSQL types it: the common type of
+        its rows' values (select_common_type, as a UNION's; untyped strings and NULLs alone
+        are text)."""
+        aliases = source.column_aliases
+        if name not in aliases:
+            return UNKNOWN
+        position = aliases.index(name)
+        rows = source.node.expressions
+        values = [
+            row.expressions[position]
+            for row in rows
+            if isinstance(row, exp.Tuple) and position < len(row.expressions)
+        ]
+        if len(values) != len(rows):
+            return UNKNOWN
+        block = self.block_of(source.node)
+        found = combine([self.of(value, block) for value in values])
+        if found.kind in ("null", "string"):
+            return PgType("text", byte_order=self.catalog.text_byte_order)
+        return found
 
     def _star(self, body: Block, name: str) -> PgType:
         """A column a derived table's ``SELECT *`` passes through."""
