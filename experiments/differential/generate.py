@@ -168,6 +168,7 @@ class Generator:
             ),
             lambda: f"mod({self._numeric(scope, d)}, {self.pick(('3', '0.7', '10'))})",
             lambda: f"sign({self._numeric(scope, d)})",
+            lambda: f"div({self._int(scope, d)}, {self.pick(('2', '-3', '7'))})",
         ]
         return self.pick(options)()
 

@@ -15,8 +15,9 @@ PostgreSQL with the allowlist's reason.
 ``x BETWEEN SYMMETRIC a AND b`` becomes ``(x BETWEEN a AND b OR x BETWEEN b AND a)``
 (`fold_between_symmetric`): PostgreSQL's parser makes the very same OR of the two ranges
 (transformAExprBetween), evaluating the operands twice, NULLs and all; ``NOT`` of it is the
-negation of that OR. Operands holding a parameter stay as written (a repeated ``%s`` would ask
-for another value): the statement then goes to PostgreSQL.
+negation of that OR. Operands holding a parameter (a repeated ``%s`` would ask for another
+value) or a subquery (whose blocks the statement's analysis holds) stay as written: the
+statement then goes to PostgreSQL.
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ def fold_between_symmetric(tree: exp.Expr) -> None:
         if not node.args.get("symmetric"):
             continue
         value, low, high = node.this, node.args["low"], node.args["high"]
-        if any(p.find(exp.Placeholder, exp.Parameter) for p in (value, low, high)):
-            continue
+        if any(p.find(exp.Placeholder, exp.Parameter, exp.Query) for p in (value, low, high)):
+            continue  # (a subquery's blocks are the statement's analysis: never copied)
         ranges = exp.Or(
             this=exp.Between(this=value.copy(), low=low.copy(), high=high.copy()),
             expression=exp.Between(this=value.copy(), low=high.copy(), high=low.copy()),

@@ -249,6 +249,46 @@ entry(
 )
 
 
+def _integer_div(call: Call) -> Result:
+    a, b = call.type(), call.type("expression")
+    if _integers(a, b):
+        return PgType("numeric", scale=0)
+    return (
+        f"it takes div() of {a.kind} and {b.kind} (only integers are divided locally: "
+        "PostgreSQL's numeric quotient is truncated at its full precision)"
+    )
+
+
+def _integer_div_rewrite(node: exp.Expr) -> exp.Expr:
+    """div(a, b) of integers: PostgreSQL casts them to numeric and truncates the quotient
+    toward zero (the minimum's quotient by -1 does not overflow); DuckDB's integer division
+    of 128-bit integers does the same, and raises for a zero divisor as for any."""
+    wide = exp.DataType.build("HUGEINT")
+    quotient = exp.Div(
+        this=exp.Cast(this=node.this, to=wide.copy()),
+        expression=exp.Cast(this=node.args["expression"], to=wide.copy()),
+    )
+    return exp.Cast(this=quotient, to=exp.DataType.build("DECIMAL(38, 0)"))
+
+
+entry(
+    "div(integer, integer)",
+    exp.IntDiv,
+    _integer_div,
+    rewrite=_integer_div_rewrite,
+    proofs=(
+        "div(e.i4, 3)",
+        "div(-7, 2)",
+        "div(7, -2)",
+        "div(e.i8, e.i4)",
+        "div(e.i2, -1)",
+        "div(e.i8, -1)",
+        "div(e.i4, 7) > 1",
+    ),
+    raises=("div(e.i4, 0)", "div(e.i8, e.i4 - e.i4)"),
+)
+
+
 def _mod(call: Call) -> Result:
     a, b = call.type(), call.type("expression")
     if _integers(a, b):
