@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import re
 import typing as t
 from collections.abc import Iterator
 
@@ -622,7 +623,23 @@ class Generator:
             having.append(f"count(*) > {self.pick(('1', '2', '0'))}")
         where = narrow if self.chance(0.5) else []
         where += [self._bool(scope, 1)] if self.chance(0.5) else []
-        select = Select(keys + aggregates, text, where, group=list(keys), having=having)
+        group = list(keys)
+        if keys and self.chance(0.2):  # grouping sets: ROLLUP, CUBE, GROUPING SETS
+            listed = ", ".join(keys)
+            group = [
+                self.pick(
+                    (
+                        f"ROLLUP ({listed})",
+                        f"CUBE ({listed})",
+                        f"GROUPING SETS (({listed}), ({keys[0]}), ())",
+                    )
+                )
+            ]
+            columns = [k for k in keys if re.fullmatch(r"\w+\.\w+", k)]
+            if columns:
+                aggregates.append(f"grouping({', '.join(columns)})")
+                self.families[aggregates[-1]] = "int"
+        select = Select(keys + aggregates, text, where, group=group, having=having)
         if self.chance(0.4) and self._exactly_ordered(select.items):
             select.order = [str(i) for i in range(1, len(select.items) + 1)]
             if self.chance(0.5):

@@ -163,6 +163,21 @@ def pg_semantics(
     )
 
 
+def _grouping_items(node: exp.Expr) -> list[exp.Expr]:
+    """The expressions a ROLLUP, CUBE or GROUPING SETS groups by (inside their parentheses)."""
+    found: list[exp.Expr] = []
+    for item in node.expressions:
+        if isinstance(item, exp.Tuple | exp.Paren):
+            inner = item.expressions if isinstance(item, exp.Tuple) else [item.this]
+            for part in inner:
+                found.extend(_grouping_items(part) if isinstance(part, exp.Tuple) else [part])
+        elif isinstance(item, exp.Rollup | exp.Cube):
+            found.extend(_grouping_items(item))
+        else:
+            found.append(item)
+    return found
+
+
 def _per_row_scale(
     top: exp.Expr, index: int, scale_of: t.Callable[[exp.Expr], t.Any]
 ) -> exp.Expr | None:
@@ -222,6 +237,16 @@ class _Finder:
                 "what DuckDB computes as PostgreSQL does"
             )
             return
+        if isinstance(node, exp.Rollup | exp.Cube | exp.GroupingSets):
+            constant = next((e for e in _grouping_items(node) if e.find(exp.Column) is None), None)
+            if constant is not None:
+                # (a grouping set's constant is NULL in the sets without it, and DuckDB orders
+                # by it as by a constant: the rows come in another order)
+                self.blocker = (
+                    f"it groups by {_short(constant)}, a constant, in a grouping set "
+                    "(DuckDB orders its rows as a constant's)"
+                )
+                return
         if isinstance(node, exp.Column):
             if not self.type(node).deterministic:
                 self.blocker = (

@@ -8,7 +8,7 @@ from dataclasses import replace
 from sqlglot import exp
 
 from optimizer.postgres.allowlist.base import Call, Family, Result, _string_literal, _strings, _text
-from optimizer.postgres.types import BOOL, INT8, PgType
+from optimizer.postgres.types import BOOL, INT4, INT8, PgType
 
 FAMILY = Family()
 entry = FAMILY.entry
@@ -136,6 +136,32 @@ entry(
         "SELECT bool_and(e.b), bool_or(e.i4 > 5), every(e.b) FROM edge e",
         "SELECT bool_and(e.b) FILTER (WHERE e.i4 > 0), bool_or(e.b) FILTER (WHERE e.i4 < 0), "
         "every(e.i4 > 0) FILTER (WHERE e.b) FROM edge e WHERE e.id > 0",
+    ),
+)
+
+
+def _grouping(call: Call) -> Result:
+    node = call.node
+    if not node.expressions or len(node.expressions) > 31:
+        return "it calls grouping() with no argument or more than 31"
+    return INT4
+
+
+entry(
+    "grouping(...)",
+    exp.Grouping,
+    _grouping,
+    # PostgreSQL's is an integer; DuckDB's a bigint (the same bits)
+    rewrite=lambda node: exp.Cast(this=node, to=exp.DataType.build("INTEGER")),
+    proofs=(
+        "SELECT e.b, e.c1, count(*), sum(e.n), grouping(e.b), grouping(e.b, e.c1) "
+        "FROM edge e GROUP BY ROLLUP (e.b, e.c1)",
+        "SELECT e.b, e.c1, avg(e.n4), min(e.t), grouping(e.c1, e.b) "
+        "FROM edge e GROUP BY CUBE (e.b, e.c1)",
+        "SELECT e.b, e.c1, count(*), grouping(e.c1) FROM edge e "
+        "GROUP BY GROUPING SETS ((e.b), (e.c1), (), (e.b))",
+        "SELECT e.b, e.c1, count(e.i4), grouping(e.c1) FROM edge e GROUP BY e.b, ROLLUP (e.c1) "
+        "HAVING count(*) > 0",
     ),
 )
 

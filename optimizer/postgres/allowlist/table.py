@@ -118,8 +118,7 @@ _STRUCTURAL = (
 )
 
 # the parts a query is made of, which compute nothing themselves (anything else - a lateral
-# join, a grouping set, a TABLESAMPLE, a recursive CTE's search clause - keeps the statement
-# at the backend)
+# join, a TABLESAMPLE, a recursive CTE's search clause - keeps the statement at the backend)
 QUERY_PARTS = (
     *_STRUCTURAL,
     exp.Select,
@@ -146,4 +145,9 @@ QUERY_PARTS = (
     exp.Collate,
     exp.Values,
     exp.Qualify,
+    # ROLLUP, CUBE and GROUPING SETS: DuckDB groups by them as PostgreSQL does (each set's
+    # rows, the columns outside it NULL, duplicate sets kept); grouping() is on the list
+    exp.Rollup,
+    exp.Cube,
+    exp.GroupingSets,
 )
