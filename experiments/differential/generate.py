@@ -319,6 +319,13 @@ class Generator:
             values = ", ".join(self.expr(family, scope, 0) for _ in range(self.r.randint(1, 4)))
             if self.chance(0.25):
                 values += ", NULL"
+            if self.chance(0.2):  # a row of two values IN a list of rows (NULLs among them)
+                other = self.expr("int", scope, 0)
+                rows = ", ".join(
+                    f"({self.expr(family, scope, 0)}, {self.pick(('1', '7', 'NULL', '-2'))})"
+                    for _ in range(self.r.randint(1, 3))
+                )
+                return f"({a}, {other}) {self.pick(('', 'NOT '))}IN ({rows})"
             return f"{a} {self.pick(('', 'NOT '))}IN ({values})"
         if roll < 0.64:
             return f"{a} IS {self.pick(('', 'NOT '))}DISTINCT FROM {self.expr(family, scope, d)}"

@@ -18,6 +18,12 @@ PostgreSQL with the allowlist's reason.
 negation of that OR. Operands holding a parameter (a repeated ``%s`` would ask for another
 value) or a subquery (whose blocks the statement's analysis holds) stay as written: the
 statement then goes to PostgreSQL.
+
+``(a, b) IN ((1, 2), (3, 4))`` becomes ``((a = 1 AND b = 2) OR (a = 3 AND b = 4))``
+(`fold_row_in`): PostgreSQL compares the row with each listed row (false if a pair differs, else
+NULL if a pair is NULL, else true: the AND of the pairs' equalities) and ORs the outcomes, so
+the two agree on NULLs as well (DuckDB's own row IN does not). ``NOT IN`` is its negation. Up
+to ROW_IN_ROWS listed rows, and not over a parameter or a subquery (both copied per row).
 """
 
 from __future__ import annotations
@@ -37,10 +43,42 @@ SKIPS_NULLS = (
 )
 
 
+ROW_IN_ROWS = 100  # listed rows a row IN is folded for (beyond: as written, to PostgreSQL)
+
+
 def fold(tree: exp.Expr) -> None:
     """Every fold of the module, in place (again: nothing)."""
     fold_filters(tree)
     fold_between_symmetric(tree)
+    fold_row_in(tree)
+
+
+def fold_row_in(tree: exp.Expr) -> None:
+    """``(a, b) IN ((1, 2), ...)`` as PostgreSQL decides it (see the module)."""
+    for node in list(tree.find_all(exp.In)):
+        row, listed = node.this, node.expressions
+        if not isinstance(row, exp.Tuple) or node.args.get("query") or not listed:
+            continue
+        width = len(row.expressions)
+        if len(listed) > ROW_IN_ROWS or any(
+            not isinstance(r, exp.Tuple) or len(r.expressions) != width for r in listed
+        ):
+            continue
+        if any(p.find(exp.Placeholder, exp.Parameter, exp.Query) for p in (row, *listed)):
+            continue
+        matches = [
+            exp.Paren(
+                this=exp.and_(
+                    *(
+                        exp.EQ(this=a.copy(), expression=b.copy())
+                        for a, b in zip(row.expressions, other.expressions, strict=True)
+                    ),
+                    copy=False,
+                )
+            )
+            for other in listed
+        ]
+        node.replace(exp.Paren(this=exp.or_(*matches, copy=False)))
 
 
 def fold_between_symmetric(tree: exp.Expr) -> None:
@@ -90,4 +128,11 @@ def _when(condition: exp.Expr, value: exp.Expr) -> exp.Expr:
     return exp.Case(ifs=[exp.If(this=condition, true=value)])
 
 
-__all__ = ["SKIPS_NULLS", "fold", "fold_between_symmetric", "fold_filters"]
+__all__ = [
+    "ROW_IN_ROWS",
+    "SKIPS_NULLS",
+    "fold",
+    "fold_between_symmetric",
+    "fold_filters",
+    "fold_row_in",
+]

@@ -46,6 +46,10 @@ entry(
     (exp.EQ, exp.NEQ, exp.LT, exp.LTE, exp.GT, exp.GTE),
     _compare,
     proofs=(
+        # (a, b) IN ((...), ...): folded into ORs of ANDs of = (optimizer.postgres.folds)
+        "(e.i4, e.c1) IN ((7, 'A'), (0, ''), (NULL, 'z'))",
+        "(e.i4, e.b) NOT IN ((7, true), (-7, NULL))",
+        "(e.n, e.t) IN ((2.50, 'Ab '), (1.00, NULL))",
         "e.i4 = 7",
         "e.i2 < e.i8",
         "e.n >= 2.5",
