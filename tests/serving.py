@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import re
+import signal
 import socket
 import struct
+import subprocess
 import threading
 import time
 import typing as t
@@ -40,6 +43,71 @@ class Served(t.NamedTuple):
     @property
     def dbname(self) -> str:
         return str(psycopg.conninfo.conninfo_to_dict(self.backend)["dbname"])
+
+
+LOG_WAIT = 60.0  # seconds a line of a server's log may take to come, at most
+
+
+class Log:
+    """A server's stderr, read in a thread; `wait_for` a line matching a pattern."""
+
+    def __init__(self, stream: t.IO[str]) -> None:
+        self.lines: list[str] = []
+        self._changed = threading.Condition()
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream: t.IO[str]) -> None:
+        for line in iter(stream.readline, ""):
+            with self._changed:
+                self.lines.append(line)
+                self._changed.notify_all()
+        with self._changed:
+            self.lines.append("")  # (the end)
+            self._changed.notify_all()
+
+    def close(self) -> None:
+        self._thread.join(60)
+
+    def wait_for(self, pattern: str) -> str:
+        deadline = time.monotonic() + LOG_WAIT
+        with self._changed:
+            while True:
+                found = [line for line in self.lines if re.search(pattern, line)]
+                if found:
+                    return found[0]
+                assert "" not in self.lines, f"the server stopped: {''.join(self.lines)}"
+                left = deadline - time.monotonic()
+                assert left > 0, f"no line matching {pattern!r} in {''.join(self.lines)}"
+                self._changed.wait(left)
+
+
+class Serving(t.NamedTuple):
+    """A `mtcache serve` process started by `serve_process`."""
+
+    log: Log
+    port: int  # where it listens
+    metrics: str  # its metrics endpoint's base URL ("" without --metrics)
+
+
+@contextmanager
+def serve_process(argv: list[str], env: dict[str, str]) -> Iterator[Serving]:
+    """`mtcache serve` as a process (``argv``), once it listens; stopped with SIGTERM after
+    the block, which must end it with exit 0."""
+    process = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
+    assert process.stderr is not None
+    log = Log(process.stderr)
+    try:
+        line = log.wait_for("listening on")
+        port = int(re.search(r"listening on \S+:(\d+) ", line).group(1))  # type: ignore[union-attr]
+        metrics = re.search(r"metrics on (http://\S+)/metrics", line)
+        yield Serving(log, port, metrics.group(1) if metrics else "")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(60)
+        log.close()
+        process.stderr.close()
+    assert code == 0, "".join(log.lines)
 
 
 @contextmanager

@@ -27,7 +27,7 @@ import pytest
 from cache.store.served import served_at
 from cache.tools.cli.wiring import build_parser, parse_arguments
 from tests.conftest import reachable_tempdir
-from tests.server.test_server_backend_down import Log
+from tests.serving import Log
 
 ROOT = Path(__file__).parents[1]
 FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```$", re.M | re.S)
@@ -72,25 +72,15 @@ def test_the_quickstart_runs_as_written() -> None:
         if info == "python":
             address = served_at(home / ".mtcache" / "cache.duckdb")
             assert address is not None, "the python block needs the server"
-            body = body.replace(README_SERVER, address.address)
-            return subprocess.run(
-                [str(home / ".venv" / "bin" / "python"), "-c", body],
-                cwd=home,
-                env=env,
-                text=True,
-                capture_output=True,
-                timeout=300,
-                check=False,
-            )
-        script = f"set -euo pipefail\n. .venv/bin/activate\n{body}"
+            argv = [
+                str(home / ".venv" / "bin" / "python"),
+                "-c",
+                body.replace(README_SERVER, address.address),
+            ]
+        else:
+            argv = ["bash", "-c", f"set -euo pipefail\n. .venv/bin/activate\n{body}"]
         return subprocess.run(
-            ["bash", "-c", script],
-            cwd=home,
-            env=env,
-            text=True,
-            capture_output=True,
-            timeout=300,
-            check=False,
+            argv, cwd=home, env=env, text=True, capture_output=True, timeout=300, check=False
         )
 
     try:

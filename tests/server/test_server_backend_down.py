@@ -6,15 +6,10 @@ outage after that and the recovery."""
 from __future__ import annotations
 
 import re
-import signal
 import subprocess
-import threading
-import time
 import typing as t
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -25,44 +20,11 @@ from cache.backend.embedded_pg import EmbeddedPostgres
 from cache.store.served import served_at
 from cache.tools import bookstore
 from tests.answers import typed
+from tests.serving import Serving, serve_process
 
 AUTHOR = "SELECT a.authorid, a.name FROM authors a WHERE a.authorid = {}"
 BOUND = " CURRENCY BOUND 10 MIN"
 WAIT = 60.0  # seconds a state change may take to show, at most (the probe runs every second)
-
-
-class Log:
-    """A server's stderr, read in a thread; `wait_for` a line matching a pattern."""
-
-    def __init__(self, stream: t.IO[str]) -> None:
-        self.lines: list[str] = []
-        self._changed = threading.Condition()
-        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
-        self._thread.start()
-
-    def _read(self, stream: t.IO[str]) -> None:
-        for line in iter(stream.readline, ""):
-            with self._changed:
-                self.lines.append(line)
-                self._changed.notify_all()
-        with self._changed:
-            self.lines.append("")  # (the end)
-            self._changed.notify_all()
-
-    def close(self) -> None:
-        self._thread.join(60)
-
-    def wait_for(self, pattern: str) -> str:
-        deadline = time.monotonic() + WAIT
-        with self._changed:
-            while True:
-                found = [line for line in self.lines if re.search(pattern, line)]
-                if found:
-                    return found[0]
-                assert "" not in self.lines, f"the server stopped: {''.join(self.lines)}"
-                left = deadline - time.monotonic()
-                assert left > 0, f"no line matching {pattern!r} in {''.join(self.lines)}"
-                self._changed.wait(left)
 
 
 def ready(url: str) -> int:
@@ -79,38 +41,10 @@ def metric(url: str, name: str) -> float:
     return float(re.search(rf"^{name} (\S+)$", text, re.M).group(1))  # type: ignore[union-attr]
 
 
-@contextmanager
-def serve(mtcache_bin: str, dsn: str, path: Path, env: dict[str, str]) -> Iterator[tuple[Log, str]]:
-    """`mtcache serve` on free loopback ports: its log, and its metrics URL."""
-    process = subprocess.Popen(
-        [
-            mtcache_bin,
-            "--backend",
-            dsn,
-            "--cache",
-            str(path),
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics",
-            "127.0.0.1:0",
-        ],
-        env=env,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert process.stderr is not None
-    log = Log(process.stderr)
-    try:
-        line = log.wait_for("listening on")
-        url = re.search(r"metrics on (http://\S+)/metrics", line).group(1)  # type: ignore[union-attr]
-        yield log, url
-    finally:
-        process.send_signal(signal.SIGTERM)
-        code = process.wait(60)
-        log.close()
-        process.stderr.close()
-        assert code == 0, "".join(log.lines)
+def serve(mtcache_bin: str, dsn: str, path: Path, env: dict[str, str]) -> t.ContextManager[Serving]:
+    """`mtcache serve` on free loopback ports."""
+    argv = [mtcache_bin, "--backend", dsn, "--cache", str(path), "serve"]
+    return serve_process([*argv, "--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0"], env)
 
 
 def test_serve_starts_with_the_backend_down_and_becomes_ready_when_it_starts(
@@ -140,7 +74,8 @@ def test_serve_starts_with_the_backend_down_and_becomes_ready_when_it_starts(
         )
         assert fresh.returncode == 1 and fresh.stderr.count("\n") == 1, fresh.stderr
         assert "connect once while the backend is up" in fresh.stderr
-        with serve(mtcache_bin, dsn, path, clean_env) as (log, url):
+        with serve(mtcache_bin, dsn, path, clean_env) as started:
+            log, url = started.log, started.metrics
             assert served_at(path) is not None  # (published: the CLI finds it)
             assert "the backend is unreachable" in log.wait_for("at start: answering locally")
             assert ready(url) == 503

@@ -5,9 +5,6 @@ over TLS, the role's verifier from the file's auth file), and the file's setting
 from __future__ import annotations
 
 import os
-import re
-import signal
-import subprocess
 import urllib.request
 from pathlib import Path
 
@@ -16,7 +13,7 @@ import pytest
 import trustme
 
 from cache.tools.cli.wiring import settable
-from tests.server.test_server_backend_down import Log
+from tests.serving import serve_process
 
 ROLE, PASSWORD = "cfg_app", "cfg secret"
 
@@ -80,15 +77,8 @@ def test_serve_starts_with_a_file_of_every_option(
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("MTCACHE_")}
     env["MTCACHE_SERVER"] = "postgresql://app@cache.example:6432/shop"  # (for clients: ignored)
-    process = subprocess.Popen(
-        [mtcache_bin, "--config", str(config), "serve"], env=env, stderr=subprocess.PIPE, text=True
-    )
-    assert process.stderr is not None
-    log = Log(process.stderr)
-    try:
-        line = log.wait_for("listening on")
-        port = int(re.search(r"listening on 127\.0\.0\.1:(\d+)", line).group(1))  # type: ignore[union-attr]
-        url = re.search(r"metrics on (http://\S+)/metrics", line).group(1)  # type: ignore[union-attr]
+    with serve_process([mtcache_bin, "--config", str(config), "serve"], env) as started:
+        port, url = started.port, started.metrics
         with urllib.request.urlopen(f"{url}/readyz", timeout=10) as answer:
             assert answer.status == 200
         dbname = psycopg.conninfo.conninfo_to_dict(bookstore_dsn)["dbname"]
@@ -110,9 +100,3 @@ def test_serve_starts_with_a_file_of_every_option(
             assert [r[0] for r in names.fetchall()] == ["Author 1", "Author 2"]
         with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
             psycopg.connect(client.replace(PASSWORD, "wrong")).close()
-    finally:
-        process.send_signal(signal.SIGTERM)
-        code = process.wait(60)
-        log.close()
-        process.stderr.close()
-    assert code == 0, "".join(log.lines)

@@ -24,8 +24,7 @@ import yaml
 
 from cache.server.options import ServerOptions
 from tests.paths import ROOT
-from tests.server.test_server_backend_down import Log
-from tests.serving import server_of
+from tests.serving import serve_process, server_of
 
 DEPLOY = ROOT / "deploy"
 CONFIG = tomllib.loads((DEPLOY / "mtcache.toml").read_text())
@@ -173,15 +172,9 @@ def test_the_images_configuration_serves(
         "MTCACHE_LISTEN": "127.0.0.1:0",
         "MTCACHE_METRICS": "127.0.0.1:0",
     }
-    process = subprocess.Popen(
-        [mtcache_bin, "serve"], env=env, stderr=subprocess.PIPE, text=True
-    )  # (the image's ENTRYPOINT and CMD)
-    assert process.stderr is not None
-    log = Log(process.stderr)
-    try:
-        line = log.wait_for("listening on")
-        port = int(re.search(r"listening on 127\.0\.0\.1:(\d+)", line).group(1))  # type: ignore[union-attr]
-        url = re.search(r"metrics on (http://\S+)/metrics", line).group(1)  # type: ignore[union-attr]
+    # (the image's ENTRYPOINT and CMD)
+    with serve_process([mtcache_bin, "serve"], env) as started:
+        port, url = started.port, started.metrics
         with urllib.request.urlopen(f"{url}/readyz", timeout=10) as answer:
             assert answer.status == 200
         dbname = psycopg.conninfo.conninfo_to_dict(bookstore_dsn)["dbname"]
@@ -199,9 +192,3 @@ def test_the_images_configuration_serves(
             assert through.execute("SHOW statement_timeout").fetchone() == ("30s",)
         with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
             psycopg.connect(client.replace("deploy secret", "wrong")).close()
-    finally:
-        process.terminate()
-        code = process.wait(60)
-        log.close()
-        process.stderr.close()
-    assert code == 0, "".join(log.lines)

@@ -56,19 +56,19 @@ class BackendDefaults:
             self._asked = asked
 
     def current(self) -> dict[str, str]:
-        """The backend's defaults: as asked, else (never reached yet) asked now, else those
-        the cache file kept (none: `BackendUnavailableError`)."""
-        if self._asked is None:
-            try:
-                self.probe()
-            except BackendUnavailableError:
-                with self._lock:
-                    kept = self._store.load_reported() if self._store.con is not None else None
-                if kept is None:
-                    raise
-                return kept
-        assert self._asked is not None
-        return self._asked
+        """The backend's defaults: as the last probe asked them (the server's watch probes at
+        start and on), else (not reached since) those the cache file kept; none:
+        `BackendUnavailableError`. A login never waits for a probe of its own."""
+        if self._asked is not None:
+            return self._asked
+        with self._lock:
+            kept = self._store.load_reported() if self._store.con is not None else None
+        if kept is None:
+            raise BackendUnavailableError(
+                "the backend is unreachable, and this cache file keeps no record of what it "
+                "reports to a session: connect again once the cache server has reached it"
+            )
+        return kept
 
     def close(self) -> None:
         with self._lock:

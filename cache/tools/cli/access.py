@@ -17,12 +17,17 @@ from sql_ext.errors import OperationalError, ProgrammingError
 def server_of(settings: Settings) -> str | ServedAt | None:
     """The cache server a command goes through: the one ``--server`` names (from any machine
     that reaches it), else the one serving the cache file here, else none."""
-    return server_target(settings) if settings.server else served_at(settings.cache_path)
+    return _named_server(settings) if settings.server else served_at(settings.cache_path)
 
 
 def server_target(settings: Settings) -> str:
-    """The conninfo of the ``--server`` given: its role and database from it, else from
-    ``--backend``; a HOST:PORT alone with no backend is refused (the server would be asked
+    """The conninfo of the ``--server`` given (its role and database from it, else from
+    ``--backend``)."""
+    return server_conninfo(_named_server(settings), settings.backend)
+
+
+def _named_server(settings: Settings) -> str:
+    """``--server``, refused as a HOST:PORT alone with no backend (the server would be asked
     for the operating system user's database)."""
     server = settings.server or ""
     if "=" not in server and "://" not in server and not settings.backend:
@@ -31,7 +36,7 @@ def server_target(settings: Settings) -> str:
             "postgresql://ROLE@HOST:PORT/DATABASE (on the server's machine, `mtcache psql "
             "--server --dsn` prints it), or give --backend"
         )
-    return server_conninfo(server, settings.backend)
+    return server
 
 
 def open_admin(settings: Settings) -> t.ContextManager[Admin | ServerAdmin]:
