@@ -28,6 +28,7 @@ class Source:
     schema: str | None = None  # the schema it was qualified with, if any
     body: list[Block] = field(default_factory=list)  # blocks of a derived table or CTE body
     cte: str | None = None  # the CTE it references, if any
+    cte_columns: list[str] = field(default_factory=list)  # WITH c(x, y) AS ...: x, y
 
     @property
     def is_table(self) -> bool:
@@ -48,11 +49,26 @@ class Source:
         )
 
     @property
+    def series(self) -> exp.GenerateSeries | None:
+        """The set-returning function a FROM item calls (``generate_series(1, 3) AS g(y)``),
+        or None."""
+        inner = self.node.this if isinstance(self.node, exp.Table) else None
+        return inner if isinstance(inner, exp.GenerateSeries) else None
+
+    @property
+    def function_columns(self) -> list[str]:
+        """The columns of a set-returning function's FROM item, named as PostgreSQL names
+        them: its column alias, else its table alias, else the function's name."""
+        if self.series is None:
+            return []
+        return self.column_aliases[:1] or [self.name or "generate_series"]
+
+    @property
     def column_aliases(self) -> list[str]:
         alias = self.node.args.get("alias")
-        if isinstance(alias, exp.TableAlias):
+        if isinstance(alias, exp.TableAlias) and alias.columns:
             return [folded(c) for c in alias.columns]
-        return []
+        return self.cte_columns
 
 
 @dataclass(eq=False)
@@ -181,6 +197,10 @@ def _make_source(item: exp.Expr, block: Block, analysis: BlockAnalysis) -> Sourc
     )
     if isinstance(item, exp.Subquery):
         return Source(name=alias, node=item, body=analysis.body_blocks(item.this))
+    if isinstance(item, exp.Lateral) and isinstance(item.this, exp.Subquery):
+        # a LATERAL derived table: its body reads the FROM items before it, as a correlated
+        # subquery reads its enclosing block's
+        return Source(name=alias, node=item, body=analysis.body_blocks(item.this.this))
     if isinstance(item, exp.Table) and isinstance(item.this, exp.Identifier):
         table = folded(item.this)
         schema = folded(item.args["db"]) if item.args.get("db") else None
@@ -193,6 +213,7 @@ def _make_source(item: exp.Expr, block: Block, analysis: BlockAnalysis) -> Sourc
                     table=table,
                     body=analysis.body_blocks(cte.this),
                     cte=table,
+                    cte_columns=[folded(c) for c in cte.args["alias"].columns],
                 )
         return Source(name=alias or table, node=item, table=table, schema=schema)
     # Table functions, VALUES, UNNEST ...: no base-table input.

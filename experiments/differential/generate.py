@@ -29,11 +29,14 @@ from experiments.differential.vocabulary import (
     INTEGERS,
     INTERVALS,
     KEYS,
+    MATCH_REGEXES,
     NARROW,
     NUMERICS,
     PATTERNS,
     REGEXES,
+    REPLACEMENTS,
     SCHEMA,
+    SERIES_JOINS,
     SIMILAR,
     TEXT_FUNCTIONS,
     TEXT_LITERALS,
@@ -42,6 +45,8 @@ from experiments.differential.vocabulary import (
     Column,
     Family,
 )
+
+GLOBAL = ", 'g'"  # regexp_replace's flag for every match
 
 
 class Generator:
@@ -246,6 +251,11 @@ class Generator:
             lambda: f"to_char({self._date(scope, d)}, {self.pick(TO_CHAR_DATE)})",
             lambda: f"to_char({self._numeric(scope, d)}, {self.pick(TO_CHAR_NUMBER)})",
             lambda: f"{self.pick(DATES)}::varchar",
+            lambda: (
+                f"regexp_replace({self._text(scope, d)}, {self.pick(MATCH_REGEXES)}, "
+                f"{self.pick(REPLACEMENTS)}{self.pick(('', GLOBAL))})"
+            ),
+            lambda: f"substring({self._text(scope, d)} from {self.pick(MATCH_REGEXES)})",
         ]
         return self.pick(options)()
 
@@ -558,8 +568,12 @@ class Generator:
                 "window",
                 "limit",
                 "raise",
+                "lateral",
+                "series",
+                "recursive",
+                "values",
             ],
-            [14, 14, 16, 5, 10, 7, 5, 7, 8, 10, 4],
+            [14, 14, 16, 5, 10, 7, 5, 7, 8, 10, 4, 5, 4, 3, 4],
         )[0]
         made = getattr(self, "shape_" + shape.replace(" ", "_"))()
         made.kind = shape
@@ -758,6 +772,157 @@ class Generator:
             )
         )
         return Select([failing], f"{table} {source.alias}", [f"{number} = 1"])
+
+    def shape_lateral(self) -> Select:
+        """A LATERAL derived table per row of a parent: the child rows of its key (an
+        aggregate of them, or the first few by the child's key)."""
+        child, ccols, parent, pcols = self.pick(
+            [fk for fk in FOREIGN_KEYS if "lineitem" not in (fk[0], fk[2])]
+        )
+        outer = self.source(parent)
+        inner = self.source(child)
+        on = " AND ".join(
+            f"{inner.alias}.{c} = {outer.alias}.{p}" for c, p in zip(ccols, pcols, strict=True)
+        )
+        where = [on] + ([self._bool([inner], 1)] if self.chance(0.3) else [])
+        if self.chance(0.5):
+            family = self.pick(("int", "numeric", "text", "date"))
+            aggregate = self._aggregate([inner], family)
+            body = Select(["count(*) AS c0", f"{aggregate} AS c1"], f"{child} {inner.alias}", where)
+            columns = (Column("c0", "int", ""), Column("c1", family, ""))
+        else:
+            items = self._items([inner], self.r.randint(1, 2))
+            keys = ", ".join(f"{inner.alias}.{k}" for k in KEYS[child])
+            body = Select(
+                [f"{item} AS c{i}" for i, item in enumerate(items)],
+                f"{child} {inner.alias}",
+                where,
+                order=[keys],
+                limit=self.r.randint(1, 3),
+            )
+            columns = tuple(
+                Column(f"c{i}", self.families.get(item, "int"), "") for i, item in enumerate(items)
+            )
+        lateral = Source(self.alias("lateral"), columns, nullable=True)
+        join = self.pick((", LATERAL", " CROSS JOIN LATERAL", " LEFT JOIN LATERAL"))
+        on_true = " ON true" if "LEFT" in join else ""
+        text = f"{parent} {outer.alias}{join} ({body.sql()}) AS {lateral.alias}{on_true}"
+        scope = [outer, lateral]
+        items = [f"{outer.alias}.{KEYS[parent][0]}"] + [
+            f"{lateral.alias}.{c.name}" for c in columns
+        ]
+        items += self._items(scope, self.r.randint(0, 1))
+        bound = NARROW.get(parent)
+        narrow = [f"{outer.alias}.{bound[0]} < {bound[1]}"] if bound else []
+        return Select(items, text, narrow)
+
+    def shape_series(self) -> Select:
+        """generate_series in FROM: a number series joined to a table's integer column (the
+        counts of each number), or one series per row of a table (LATERAL, as PostgreSQL
+        joins a function reading an earlier FROM item)."""
+        table, column = self.pick(SERIES_JOINS)
+        other = self.source(table)
+        low = self.r.randint(-2, 3)
+        high = low + self.r.randint(0, 12)
+        step = self.pick(("", "", ", 2", ", 3"))
+        series = Source(self.alias("series"), (Column("y", "int", ""),), nullable=True)
+        bound = NARROW.get(table)
+        narrow = f" AND {other.alias}.{bound[0]} < {bound[1]}" if bound else ""
+        if self.chance(0.6):
+            family = self.pick(("int", "numeric", "text"))
+            aggregate = self._aggregate([other], family)
+            self.families[aggregate] = family
+            return Select(
+                [f"{series.alias}.y", f"count({other.alias}.{column})", aggregate],
+                f"generate_series({low}, {high}{step}) AS {series.alias}(y) LEFT JOIN {table} "
+                f"{other.alias} ON {other.alias}.{column} = {series.alias}.y{narrow}",
+                group=[f"{series.alias}.y"],
+            )
+        items = [f"{other.alias}.{KEYS[table][0]}", f"{series.alias}.y"]
+        items += self._items([other, series], self.r.randint(0, 1))
+        where = [f"{other.alias}.{bound[0]} < {bound[1]}"] if bound else []
+        return Select(
+            items,
+            f"{table} {other.alias}, generate_series({low}, {other.alias}.{column} % 5"
+            f"{step}) AS {series.alias}(y)",
+            where,
+        )
+
+    def shape_recursive(self) -> Select:
+        """WITH RECURSIVE: a counter joined to a table, or a walk down the nations of the
+        regions reached, with its depth and path."""
+        name = self.alias("walk")
+        if self.chance(0.5):
+            table, column = self.pick(SERIES_JOINS)
+            other = self.source(table)
+            start, stop = self.r.randint(-1, 2), self.r.randint(3, 9)
+            union = self.pick(("UNION ALL", "UNION"))
+            grow = self.pick(("'y'", "'é'", "''"))
+            with_ = (
+                f"RECURSIVE {name}(n, s) AS (SELECT {start}, 'x' {union} SELECT n + 1, s || "
+                f"{grow} FROM {name} WHERE n < {stop})"
+            )
+            family = self.pick(("int", "numeric", "text"))
+            aggregate = self._aggregate([other], family)
+            self.families[aggregate] = family
+            bound = NARROW.get(table)
+            narrow = f" AND {other.alias}.{bound[0]} < {bound[1]}" if bound else ""
+            return Select(
+                [f"{name}.n", f"max({name}.s)", f"count({other.alias}.{column})", aggregate],
+                f"{name} LEFT JOIN {table} {other.alias} ON {other.alias}.{column} = "
+                f"{name}.n{narrow}",
+                group=[f"{name}.n"],
+                with_=with_,
+            )
+        union = self.pick(("UNION ALL", "UNION"))
+        first = self.r.randint(0, 24)
+        with_ = (
+            f"RECURSIVE {name}(k, depth, path) AS (SELECT n_nationkey, 0, n_name::text FROM "
+            f"nation WHERE n_nationkey <= {first} {union} SELECT n.n_nationkey, w.depth + 1, "
+            f"w.path || '>' || n.n_name FROM {name} w JOIN nation n ON n.n_regionkey = "
+            f"w.k WHERE w.depth < {self.r.randint(1, 3)})"
+        )
+        items = self.pick(
+            (
+                ["k", "depth", "count(*)", "max(length(path))"],
+                ["depth", "count(DISTINCT k)", "min(path)"],
+            )
+        )
+        group = [i for i in items if "(" not in i]
+        return Select(items, name, group=group, with_=with_)
+
+    def shape_values(self) -> Select:
+        """A VALUES list of untyped literals (integers, numerics, strings, NULLs) joined to a
+        table, typed as PostgreSQL types them."""
+        rows = self.r.randint(1, 5)
+        numbers = self.pick((INTEGERS, ("1", "2.5", "-0.5", "10", "3.25")))
+        keys = [self.pick((*numbers, "NULL")) for _ in range(rows)]
+        keys[0] = self.pick(numbers)  # (a column of NULLs alone is text)
+        texts = [self.pick((*TEXT_LITERALS[:8], "NULL")) for _ in range(rows)]
+        values = ", ".join(f"({k}, {s})" for k, s in zip(keys, texts, strict=True))
+        family: Family = "int" if numbers is INTEGERS else "numeric"
+        listed = Source(
+            self.alias("values"), (Column("k", family, ""), Column("s", "text", "")), nullable=True
+        )
+        table, column = self.pick(SERIES_JOINS)
+        other = self.source(table, nullable=True)
+        bound = NARROW.get(table)
+        narrow = f" AND {other.alias}.{bound[0]} < {bound[1]}" if bound else ""
+        join = self.pick(("JOIN", "LEFT JOIN"))
+        text = (
+            f"(VALUES {values}) AS {listed.alias}(k, s) {join} {table} {other.alias} ON "
+            f"{other.alias}.{column} = {listed.alias}.k{narrow}"
+        )
+        scope = [listed, other]
+        if self.chance(0.4):
+            select = self._aggregate_select(scope, text, [])
+            return select
+        items = [
+            f"{listed.alias}.k",
+            f"{listed.alias}.s",
+            *self._items(scope, self.r.randint(0, 2)),
+        ]
+        return Select(items, text, [self._bool(scope, 1)] if self.chance(0.4) else [])
 
 
 def queries(seed: int, count: int) -> Iterator[Query]:

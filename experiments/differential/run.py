@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import re
 import tempfile
 import time
 import typing as t
@@ -53,6 +54,53 @@ PASSES = ("cost", "guarded")
 GUARD_CHOSE_REMOTE = "a guard chose PostgreSQL when the query ran (a cached view not fresh)"
 PARTITION_EVERY = 5  # one ternary-logic partitioning check per this many queries
 
+# the constructs a query's text shows, each counted apart in the report's local shares (a
+# query counts under every construct it uses): the next gap shows as a construct answered
+# remotely, before a user finds it
+CONSTRUCTS: dict[str, re.Pattern[str]] = {
+    name: re.compile(pattern, re.IGNORECASE)
+    for name, pattern in {
+        "join": r"\bJOIN\b",
+        "outer join": r"\b(LEFT|RIGHT|FULL) JOIN\b",
+        "LATERAL": r"\bLATERAL\b",
+        "derived table": r"\bFROM \(SELECT\b|JOIN \(SELECT\b",
+        "CTE": r"^WITH\b",
+        "WITH RECURSIVE": r"\bWITH RECURSIVE\b",
+        "VALUES list": r"\(VALUES\b",
+        "generate_series": r"\bgenerate_series\(",
+        "GROUP BY": r"\bGROUP BY\b",
+        "grouping sets": r"\b(ROLLUP|CUBE|GROUPING SETS)\b",
+        "FILTER": r"\bFILTER \(WHERE\b",
+        "HAVING": r"\bHAVING\b",
+        "DISTINCT": r"\bDISTINCT\b",
+        "window": r"\bOVER \(",
+        "ORDER BY with LIMIT": r"\bORDER BY\b.*\bLIMIT\b",
+        "set operation": r"\b(UNION|INTERSECT|EXCEPT)\b",
+        "subquery": r"\((SELECT|EXISTS)\b|\bIN \(SELECT\b",
+        "IN list": r"\bIN \((?!SELECT)",
+        "row IN list": r"\)\s+(NOT\s+)?IN\s+\(\(",
+        "BETWEEN SYMMETRIC": r"\bBETWEEN SYMMETRIC\b",
+        "CASE": r"\bCASE\b",
+        "string function": r"\b(substring|substr|replace|trim|btrim|ltrim|rtrim|lpad|rpad|left|"
+        r"right|split_part|translate|repeat|reverse|concat|concat_ws|length|position|strpos|md5|"
+        r"initcap)\(|\|\|",
+        "case mapping": r"\b(upper|lower)\(|\bILIKE\b",
+        "pattern": r"\bLIKE\b|\bSIMILAR TO\b|~",
+        "regular expression": r"\bregexp_\w+\(|~|\bsubstring\([^()]* FROM '",
+        "to_char": r"\bto_char\(",
+        "date/time arithmetic": r"\binterval\b|\bage\(|\bdate_trunc\(|\bextract\(",
+        "string_agg": r"\bstring_agg\(",
+        "array_agg": r"\barray_agg\(",
+        "div": r"\bdiv\(",
+        "statistics": r"\b(stddev|variance|stddev_pop|var_pop|stddev_samp|var_samp)\(",
+    }.items()
+}
+
+
+def constructs(sql: str) -> list[str]:
+    """The constructs (`CONSTRUCTS`) a query's text uses."""
+    return [name for name, pattern in CONSTRUCTS.items() if pattern.search(sql)]
+
 
 @dataclass(frozen=True)
 class Failure:
@@ -74,12 +122,21 @@ class Report:
     partitions: int = 0
     routes: dict[str, Counter[str]] = field(default_factory=lambda: {p: Counter() for p in PASSES})
     shapes: Counter[str] = field(default_factory=Counter)
+    # per shape (the report's families) and per construct: pass -> route -> count
+    by_shape: dict[str, dict[str, Counter[str]]] = field(default_factory=dict)
+    by_construct: dict[str, dict[str, Counter[str]]] = field(default_factory=dict)
     remote_reasons: Counter[str] = field(default_factory=Counter)
     failures: list[Failure] = field(default_factory=list)
 
     def local_share(self, plan: str) -> float:
         counted = sum(self.routes[plan].values())
         return self.routes[plan]["local"] / counted if counted else 0.0
+
+    def count_route(self, query: Query, plan: str, route: str) -> None:
+        for table, key in [(self.by_shape, query.kind)] + [
+            (self.by_construct, name) for name in constructs(query.sql())
+        ]:
+            table.setdefault(key, {p: Counter() for p in PASSES})[plan][route] += 1
 
     def by_kind(self) -> Counter[str]:
         return Counter(f"{f.plan}: {f.kind}" for f in self.failures)
@@ -188,6 +245,7 @@ def _run_seed(
                 report.errors += 1
             if not expected.failed and not got.failed:
                 report.routes[plan][got.route] += 1
+                report.count_route(query, plan, got.route)
                 if plan == "guarded" and got.route != "local":
                     report.remote_reasons[
                         _reason_kind(got.reason) if got.reason else GUARD_CHOSE_REMOTE
@@ -240,15 +298,12 @@ def _failure(
 
 
 def _reason_kind(reason: str) -> str:
-    """A remote plan's reason without the statement's own text (for counting): what follows
-    its tables, up to the first quoted or parenthesized detail."""
-    text = reason.split("PostgreSQL: ", 1)[-1]
-    words = []
-    for word in text.split():
-        if word[:1] in "('\"" or any(c in word for c in "()"):
-            break
-        words.append(word)
-    return " ".join(words[:8])
+    """A remote plan's reason without the statement's own text (for counting): its first
+    clause after the tables, quoted text and literals masked, up to 16 words."""
+    text = reason.split("PostgreSQL: ", 1)[-1].split("; (", 1)[0]
+    text = re.sub(r"'(?:[^']|'')*'", "'…'", text)
+    text = re.sub(r"\b\d+(\.\d+)?\b", "N", text)
+    return " ".join(text.split()[:16])
 
 
 # -- the report ---------------------------------------------------------------------------------
@@ -299,13 +354,34 @@ def write(report: Report, out: Path, seed: int) -> Path:
         ]
     lines += ["", "## Why the guarded plan went remote", ""]
     for reason, number in report.remote_reasons.most_common(30):
-        lines.append(f"- {number}: {reason} ...")
-    lines += ["", "## Shapes", ""]
-    for shape, number in report.shapes.most_common():
-        lines.append(f"- {shape}: {number}")
+        lines.append(f"- {number}: {reason}")
+    lines += _share_table(
+        "## Local share by family (the shape a query was made as)", report.by_shape
+    )
+    lines += _share_table(
+        "## Local share by construct (a query counts under each it uses)", report.by_construct
+    )
     path = out / "differential.md"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def _share_table(title: str, table: dict[str, dict[str, Counter[str]]]) -> list[str]:
+    lines = [
+        "",
+        title,
+        "",
+        "| | queries | guarded local | guarded share | cost local | cost share |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, passes in sorted(table.items(), key=lambda kv: -sum(kv[1]["guarded"].values())):
+        cells = []
+        for plan in ("guarded", "cost"):
+            routes = passes[plan]
+            counted = sum(routes.values())
+            cells += [str(routes["local"]), f"{routes['local'] / counted:.1%}" if counted else "-"]
+        lines.append(f"| {name} | {sum(passes['guarded'].values())} | {' | '.join(cells)} |")
+    return lines
 
 
 def main(

@@ -110,6 +110,10 @@ class Analysis:
     # columns the local statement adds to derived tables' bodies: the scale of a column of
     # theirs whose values' scales vary (optimizer.postgres.numeric_scales.DerivedScales)
     derived_scales: Mapping[int, tuple[tuple[str, exp.Expr], ...]] = field(default_factory=dict)
+    # ... and to VALUES lists: node number -> (the column's name, each row's scale)
+    values_scales: Mapping[int, tuple[tuple[str, tuple[int, ...]], ...]] = field(
+        default_factory=dict
+    )
     # The answer depends only on the data and parameters (optimizer.postgres.volatility): a local
     # answer may be reused while the views it read are unchanged
     repeatable: bool = False
@@ -262,6 +266,7 @@ def analyze(query: Query, catalog: Catalog, default_bound: float | None = None) 
         division_scales=division_scales,
         inner_divisions=inner_divisions,
         derived_scales={k: tuple(v) for k, v in derived.projections.items()},
+        values_scales={k: tuple(v) for k, v in derived.values.items()},
         repeatable=repeatable(query.tree),
         reads_blank_padded=any(
             _is_padded(catalog, (i, c)) for i, used in columns.items() for c in used

@@ -243,6 +243,8 @@ class QueryResolver:
         if id(source) in self._base:
             table = self.catalog.table(self._base[id(source)].table)
             return table is not None and table.has_column(name)
+        if source.series is not None:
+            return name in source.function_columns
         bodies = (
             self._views[id(source)].blocks[:1] if id(source) in self._views else source.body[:1]
         )

@@ -68,6 +68,7 @@ TEXT_FUNCTIONS = (
     exp.Translate,
     exp.Repeat,
     exp.RegexpReplace,
+    exp.RegexpSubstr,
     exp.Initcap,
 )
 INTEGER_FUNCTIONS = (exp.Length, exp.StrPosition, exp.Ascii)
@@ -231,17 +232,23 @@ class ExpressionTypes:
         a VALUES list, its rows' values."""
         if isinstance(source.node, exp.Values):
             return self._values_column(source, name)
+        if source.series is not None:
+            # generate_series(...) AS g(y): its one column, of the function's type
+            return self.of(source.series) if name in source.function_columns else UNKNOWN
         if not source.body:
             return UNKNOWN
         first = source.body[0]
         aliases = source.column_aliases
+        # a recursive CTE's columns are typed by its non-recursive term (PostgreSQL raises
+        # where the recursive term's types differ: optimizer.postgres.semantics refuses those)
+        branches = [b for b in source.body if not _reads_itself(b, source)] or source.body
         for position, projection in enumerate(first.select.expressions):
             if isinstance(projection, exp.Star):
                 return UNKNOWN if len(source.body) > 1 else self._star(first, name)
             label = aliases[position] if position < len(aliases) else output_name(projection)
             if label == name:
                 types = []
-                for branch in source.body:
+                for branch in branches:
                     projections = branch.select.expressions
                     if position >= len(projections) or isinstance(projections[position], exp.Star):
                         return UNKNOWN
@@ -274,6 +281,13 @@ class ExpressionTypes:
     def _star(self, body: Block, name: str) -> PgType:
         """A column a derived table's ``SELECT *`` passes through."""
         return self._column(exp.column(name), body)
+
+
+def _reads_itself(branch: Block, source: Source) -> bool:
+    """Whether a branch of a CTE's body is its recursive term (it reads the CTE itself)."""
+    return source.cte is not None and any(
+        inner.cte == source.cte and inner.body[:1] == source.body[:1] for inner in branch.sources
+    )
 
 
 def _unaliased(node: exp.Expr) -> exp.Expr:

@@ -12,6 +12,10 @@ its count) apply unchanged, and DuckDB never sees a FILTER. An aggregate that ke
 (array_agg, json_agg), or a condition holding a subquery, keeps its FILTER and goes to
 PostgreSQL with the allowlist's reason.
 
+A set-returning function in FROM names its column by its alias (``generate_series(1, 3) AS g``
+has a column ``g``; without an alias, ``generate_series``), which DuckDB does not: the name is
+written out as a column alias (`name_series_columns`).
+
 ``x BETWEEN SYMMETRIC a AND b`` becomes ``(x BETWEEN a AND b OR x BETWEEN b AND a)``
 (`fold_between_symmetric`): PostgreSQL's parser makes the very same OR of the two ranges
 (transformAExprBetween), evaluating the operands twice, NULLs and all; ``NOT`` of it is the
@@ -51,6 +55,23 @@ def fold(tree: exp.Expr) -> None:
     fold_filters(tree)
     fold_between_symmetric(tree)
     fold_row_in(tree)
+    name_series_columns(tree)
+
+
+def name_series_columns(tree: exp.Expr) -> None:
+    """``generate_series(...) AS g`` as ``AS g(g)``, and without an alias as
+    ``AS generate_series(generate_series)``: the column's name as PostgreSQL gives it, written
+    out for DuckDB (which would name it otherwise)."""
+    for node in list(tree.find_all(exp.GenerateSeries)):
+        table = node.parent
+        if not isinstance(table, exp.Table) or table.this is not node:
+            continue
+        alias = table.args.get("alias")
+        if isinstance(alias, exp.TableAlias) and alias.columns:
+            continue
+        name = alias.this if isinstance(alias, exp.TableAlias) and alias.this else None
+        name = name or exp.to_identifier("generate_series")
+        table.set("alias", exp.TableAlias(this=name.copy(), columns=[name.copy()]))
 
 
 def fold_row_in(tree: exp.Expr) -> None:

@@ -289,6 +289,8 @@ class DerivedScales:
         self.type_of = type_of
         self.source_of = source_of  # column -> (Source, name) or None
         self.projections: dict[int, list[tuple[str, exp.Expr]]] = {}
+        # VALUES lists' added columns: VALUES node number -> (name, each row's scale)
+        self.values: dict[int, list[tuple[str, tuple[int, ...]]]] = {}
         self._starred = any(
             isinstance(n, exp.Star) and not isinstance(n.parent, exp.Count)
             for n in query_tree.walk()
@@ -303,6 +305,8 @@ class DerivedScales:
         if found is None or self._starred:
             return None
         source, name = found
+        if isinstance(source.node, exp.Values):
+            return self._values_column(source, name)
         if not source.body or source.is_table:
             return None
         scales: list[tuple[exp.Select, Scale]] = []
@@ -325,6 +329,30 @@ class DerivedScales:
             wanted = self.projections.setdefault(number, [])
             if all(n != added for n, _ in wanted):
                 wanted.append((added, _sql(t.cast("int | exp.Expr", scale))))
+        return exp.column(added, table=source.name)
+
+    def _values_column(self, source: t.Any, name: str) -> Scale:
+        """A VALUES list's column: each row's value has its own scale, given by a column the
+        local statement adds to the list (a literal per row) where they differ."""
+        aliases = source.column_aliases
+        if name not in aliases:
+            return None
+        position = aliases.index(name)
+        scales = []
+        for row in source.node.expressions:
+            if not isinstance(row, exp.Tuple) or position >= len(row.expressions):
+                return None
+            value = row.expressions[position]
+            found = 0 if isinstance(value, exp.Null) else self.scale(value)
+            if not isinstance(found, int):
+                return None  # a scale varying within a row's expression: not followed
+            scales.append(found)
+        if len(set(scales)) == 1:
+            return scales[0]
+        added = f"{SCALE_PREFIX}{name}"
+        wanted = self.values.setdefault(source.node.meta[NODE_ID], [])
+        if all(n != added for n, _ in wanted):
+            wanted.append((added, tuple(scales)))
         return exp.column(added, table=source.name)
 
 

@@ -237,6 +237,16 @@ class _Finder:
                 "what DuckDB computes as PostgreSQL does"
             )
             return
+        if isinstance(node, exp.Lateral) and (
+            not isinstance(node.this, exp.Subquery) or node.args.get("view")
+        ):
+            self.blocker = f"it uses {_short(node)}, a LATERAL item that is not a subquery"
+            return
+        if isinstance(node, exp.CTE):
+            problem = _recursive_problem(node, self.types)
+            if problem is not None:
+                self.blocker = problem
+                return
         if isinstance(node, exp.Rollup | exp.Cube | exp.GroupingSets):
             constant = next((e for e in _grouping_items(node) if e.find(exp.Column) is None), None)
             if constant is not None:
@@ -680,6 +690,79 @@ def _order_target(ordered: exp.Ordered) -> exp.Expr | None:
             if isinstance(output, exp.Alias) and output_name(output) == folded(key):
                 return output.this
     return None
+
+
+# the column types a recursive CTE may carry locally: those whose type modifier PostgreSQL
+# cannot lose between its terms (a numeric(12,2) or varchar(10) term meeting an unmodified one
+# makes PostgreSQL raise, a difference the inferred types do not follow)
+_RECURSIVE_KINDS = frozenset({"integer", "float", "text", "bool", "date", "timestamp"})
+
+
+def _recursive_problem(cte: exp.CTE, types: ExpressionTypes) -> str | None:
+    """Why a recursive CTE is not answered locally, or None (not recursive, or of the shape
+    PostgreSQL accepts and DuckDB evaluates alike: ``non-recursive SELECT UNION [ALL]
+    recursive SELECT``, the recursive term reading the CTE once, in its FROM or an inner
+    join, without aggregates, windows, grouping, DISTINCT, ORDER BY or LIMIT - which PostgreSQL
+    refuses and DuckDB might not - and its columns typed as the non-recursive term's)."""
+    with_ = cte.parent
+    name = folded(cte.args["alias"].this)
+    if not isinstance(with_, exp.With) or not with_.args.get("recursive"):
+        return None
+    reads = [
+        t_
+        for t_ in cte.this.find_all(exp.Table)
+        if isinstance(t_.this, exp.Identifier) and not t_.args.get("db") and folded(t_.this) == name
+    ]
+    if not reads:
+        return None
+    body = cte.this
+    shape = f"its recursive CTE {name}"
+    if not (
+        isinstance(body, exp.Union)
+        and isinstance(body.this, exp.Select)
+        and isinstance(body.expression, exp.Select)
+        and not any(body.args.get(k) for k in ("order", "limit", "offset"))
+    ):
+        return f"{shape} is not one SELECT UNION [ALL] one SELECT"
+    anchor, term = body.this, body.expression
+    if any(r.find_ancestor(exp.Union) is not body or r.parent_select is not term for r in reads):
+        return f"{shape} reads itself outside its recursive term's FROM"
+    if len(reads) > 1:
+        return f"{shape} reads itself more than once (PostgreSQL raises)"
+    if any(
+        term.args.get(k) for k in ("group", "having", "order", "limit", "offset", "distinct")
+    ) or (term.find(exp.AggFunc, exp.Window) is not None):
+        return (
+            f"{shape} aggregates, groups, orders or limits its recursive term (PostgreSQL raises)"
+        )
+    for join in term.args.get("joins") or []:
+        if (join.side or "").upper() in ("RIGHT", "FULL") or (
+            (join.side or "").upper() == "LEFT" and join.this is reads[0]
+        ):
+            return f"{shape} reads itself on the NULL side of an outer join (PostgreSQL raises)"
+    if len(anchor.expressions) != len(term.expressions):
+        return f"{shape} has terms of different widths"
+    for position, (a, b) in enumerate(zip(anchor.expressions, term.expressions, strict=True)):
+        # (an untyped literal is text in a recursive CTE's column, as in a UNION's)
+        first, second = (
+            PgType("text") if found.kind == "string" else found
+            for found in (types.of(_unaliased(a)), types.of(_unaliased(b)))
+        )
+        if first.kind not in _RECURSIVE_KINDS or (first.kind, first.width) != (
+            second.kind,
+            second.width,
+        ):
+            return (
+                f"{shape}'s column {position + 1} is {_typed(first)} in its non-recursive term "
+                f"and {_typed(second)} in its recursive term (integer, float, text, boolean, "
+                "date and timestamp columns of one type are answered locally)"
+            )
+    return None
+
+
+def _typed(found: PgType) -> str:
+    """A type as a reason names it: its kind, with its width in bytes where it has one."""
+    return f"{found.kind}({found.width})" if found.width else found.kind
 
 
 def _name(node: exp.Expr) -> str:

@@ -29,6 +29,7 @@ def local_statement(plan: Plan, choice: Mapping[int, str | None]) -> LocalStatem
     analysis = plan.analysis
     copy = strip_extensions(analysis.query.tree)  # (with parameters, %% was read as %)
     _add_derived_scales(copy, analysis.derived_scales)
+    _add_values_scales(copy, analysis.values_scales)
     scale_columns = _add_scale_columns(copy, analysis)
     _divide_inside(copy, analysis.inner_divisions)
     by_id: dict[int, list[exp.Expr]] = {}
@@ -112,6 +113,21 @@ def _add_derived_scales(
     for select in [n for n in copy.walk() if isinstance(n, exp.Select)]:
         for name, scale in wanted.get(select.meta.get(NODE_ID, -1), ()):
             select.set("expressions", [*select.expressions, exp.alias_(scale.copy(), name)])
+
+
+def _add_values_scales(
+    copy: exp.Expr, wanted: Mapping[int, tuple[tuple[str, tuple[int, ...]], ...]]
+) -> None:
+    """The scale columns VALUES lists get (DerivedScales.values): a literal per row, and the
+    column's name in the list's alias."""
+    if not wanted:
+        return
+    for values in [n for n in copy.walk() if isinstance(n, exp.Values)]:
+        for name, scales in wanted.get(values.meta.get(NODE_ID, -1), ()):
+            for row, scale in zip(values.expressions, scales, strict=True):
+                row.set("expressions", [*row.expressions, exp.Literal.number(scale)])
+            alias = values.args["alias"]
+            alias.set("columns", [*alias.columns, exp.to_identifier(name)])
 
 
 def _divide_inside(copy: exp.Expr, divisions: Mapping[int, exp.Expr]) -> None:

@@ -1,6 +1,7 @@
 """Every entry of the allowlist (optimizer/postgres/allowlist/) proven against PostgreSQL: each
 of its proofs, an expression over a table of edge values (NULLs, empty strings, trailing blanks in
-char(n), zero and negative scales, extremes of every type), is answered by the cache locally
+char(n), zero and negative scales, negative zero, newlines, long and non-ASCII strings,
+extremes of every type), is answered by the cache locally
 with PostgreSQL's values, Python types and description; where the extremes make PostgreSQL
 raise, the cache raises the same SQLSTATE, and the rows without them are answered locally.
 Each expression the entry lists as raising raises the same SQLSTATE through the cache."""
@@ -38,7 +39,10 @@ ROWS = """INSERT INTO edge VALUES
      -99999999999999.9999, -3.4e38, 5e-324, 'a%_\\', 'Ä', 'a%_', 'Customer#000000001',
      '1970-01-01', '1970-01-01 00:00:00', '1970-01-01 00:00:00+00', '00:00:01', false),
     (7, 5, 2, 2, 1.00, 10, 0.5000, 1.5, 1e-10, 'Q R', 'B', 'Q R ', 'furiously quick',
-     '2024-06-01', '2024-06-01 06:06:06.000001', '2024-06-01 06:06:06+00', '06:06', NULL)"""
+     '2024-06-01', '2024-06-01 06:06:06.000001', '2024-06-01 06:06:06+00', '06:06', NULL),
+    (8, 2, 3, -1, -0.01, 1, -0.0001, '-0', '-0', 'é a', 'é', E'a\nc',
+     repeat('xé', 300) || E'\nCustomer#0042 a1c yy', '2000-02-29', '2000-02-29 12:00:00',
+     '2000-02-29 12:00:00+00', '12:30', true)"""
 EXTREMES = (5, 6)
 
 

@@ -1,4 +1,7 @@
-"""Pattern matching: LIKE, ILIKE, SIMILAR TO and the regular expressions ~ and ~*."""
+"""Pattern matching: LIKE, ILIKE, SIMILAR TO and the regular expressions ~ and ~*; the
+regular expression functions that return what matched (regexp_replace, substring(s FROM
+pattern), regexp_substr) for the patterns whose match both engines find alike
+(`optimizer.postgres.regex`)."""
 
 from __future__ import annotations
 
@@ -6,15 +9,19 @@ import re
 
 from sqlglot import exp
 
+from optimizer.postgres import regex
 from optimizer.postgres.allowlist.base import (
     _LOWER,
     _UPPER,
+    NOT_MINE,
     Call,
     Family,
     Result,
     _ascii_map,
+    _func,
     _string_literal,
     _strings,
+    _text,
 )
 from optimizer.postgres.types import BOOL
 
@@ -113,9 +120,11 @@ def _similar(call: Call) -> Result:
 
 def _similar_rewrite(node: exp.Expr) -> exp.Expr:
     """DuckDB reads SIMILAR TO's pattern as a regular expression: give it PostgreSQL's
-    translation, matched in full."""
-    regex = _similar_regex(node.expression.this) or ""
-    return exp.RegexpLike(this=node.this, expression=exp.Literal.string(regex), full_match=True)
+    translation, matched in full (its ``_`` and ``%`` match a newline too)."""
+    translated = regex.for_duckdb(_similar_regex(node.expression.this) or "")
+    return exp.RegexpLike(
+        this=node.this, expression=exp.Literal.string(translated), full_match=True
+    )
 
 
 entry(
@@ -133,6 +142,7 @@ entry(
         "e.t SIMILAR TO 'x.y'",
         "e.t SIMILAR TO '(Ab|x)%'",
         "e.v SIMILAR TO '%1*'",
+        "e.v SIMILAR TO 'a_c'",
     ),
 )
 
@@ -157,12 +167,19 @@ def _regex(call: Call) -> Result:
     return BOOL
 
 
+def _regex_rewrite(node: exp.Expr) -> exp.Expr:
+    """PostgreSQL's ``.`` matches a newline: so does DuckDB's, given ``(?s)``."""
+    return exp.RegexpLike(
+        this=node.this, expression=exp.Literal.string(regex.for_duckdb(node.expression.this))
+    )
+
+
 def _regex_i_rewrite(node: exp.Expr) -> exp.Expr:
     """~* folds ASCII letters only under the C ctype: match the value lowered so against the
     pattern lowered (a literal of ASCII, checked)."""
     return exp.RegexpLike(
         this=_ascii_map(node.this, _UPPER, _LOWER),
-        expression=exp.Literal.string(node.expression.this.lower()),
+        expression=exp.Literal.string(regex.for_duckdb(node.expression.this.lower())),
     )
 
 
@@ -170,7 +187,11 @@ entry(
     "~",
     exp.RegexpLike,
     _regex,
+    rewrite=_regex_rewrite,
     proofs=(
+        "e.v ~ 'a.c'",
+        "e.v ~ '^a[^x]c$'",
+        "regexp_like(e.t, 'b.*y')",
         "e.t ~ '^A'",
         "e.c ~ ' $'",
         "e.v ~ 'b +'",
@@ -186,4 +207,160 @@ entry(
     _regex,
     rewrite=_regex_i_rewrite,
     proofs=("e.t ~* '^a'", "e.v ~* 'B'", "e.t ~* 'X Y'"),
+)
+
+
+# -- what a regular expression matched ----------------------------------------------------------
+
+
+def _matched(call: Call, pattern_key: str) -> regex.Pattern | str:
+    """The pattern of a function returning what it matched, if both engines find that alike;
+    else why not."""
+    a = call.type()
+    if not _strings(a, call.type(pattern_key)):
+        return NOT_MINE
+    text = _string_literal(call.arg(pattern_key))
+    if text is None:
+        return f"it calls {call.node.key} with a pattern that is not a literal"
+    found = regex.parse(text)
+    if found is None:
+        return (
+            f"it calls {call.node.key} with the regular expression '{text}', outside what the "
+            "cache reads as PostgreSQL does (alternation, escapes such as \\d, classes, "
+            "repeated groups)"
+        )
+    if not found.deterministic:
+        return (
+            f"it calls {call.node.key} with the regular expression '{text}', whose match "
+            "PostgreSQL ends at the longest and DuckDB at the first its preferences find"
+        )
+    return found
+
+
+def _regexp_replace(call: Call) -> Result:
+    found = _matched(call, "expression")
+    if isinstance(found, str):
+        return found
+    replacement = _string_literal(call.arg("replacement"))
+    if replacement is None or regex.replacement(replacement, found.groups) is None:
+        return "its regexp_replace replacement is not a literal of \\1-\\9, \\& and text"
+    flags = call.arg("modifiers")
+    if flags is not None and _string_literal(flags) not in ("", "g"):
+        return "it passes flags other than 'g' to regexp_replace"
+    if flags is not None and _string_literal(flags) == "g" and found.may_be_empty:
+        return (
+            "it replaces every match of a pattern that matches the empty string (PostgreSQL "
+            "also replaces the empty match right after a match, DuckDB does not)"
+        )
+    if any(call.arg(k) is not None for k in ("position", "occurrence")):
+        return "it passes a start or an occurrence to regexp_replace"
+    return _text(call.type())
+
+
+def _regexp_replace_rewrite(node: exp.Expr) -> exp.Expr:
+    pattern = regex.parse(node.expression.this)
+    assert pattern is not None
+    flags = node.args.get("modifiers")
+    arguments = [
+        node.this,
+        exp.Literal.string(regex.for_duckdb(node.expression.this)),
+        exp.Literal.string(regex.replacement(node.args["replacement"].this, pattern.groups) or ""),
+    ]
+    if flags is not None and flags.this == "g":
+        arguments.append(exp.Literal.string("g"))
+    return _func("regexp_replace", *arguments)
+
+
+entry(
+    "regexp_replace",
+    exp.RegexpReplace,
+    _regexp_replace,
+    rewrite=_regexp_replace_rewrite,
+    proofs=(
+        "regexp_replace(e.t, '[0-9]+', '#')",
+        "regexp_replace(e.t, '[a-z]', '<\\&>', 'g')",
+        "regexp_replace(e.v, '^ *', '')",
+        "regexp_replace(e.c, '([A-Z]) ([A-Z])', '\\2-\\1')",
+        "regexp_replace(e.t, 'a.c', 'X', 'g')",
+        "regexp_replace(e.t, '[^ ]+$', '_')",
+        "regexp_replace(e.v, 'Ä', 'A', 'g')",
+        "regexp_replace(e.t, 'x*', '-')",
+        "regexp_replace(e.t, ' +$', '.', 'g')",
+        "regexp_replace(e.t, '', '>')",
+        "regexp_replace(e.t, 'q{2,3}', '\\\\')",
+    ),
+)
+
+
+def _substring_pattern(call: Call) -> Result:
+    if call.arg("length") is not None:
+        return "it calls substring(s FROM pattern FOR escape), a SQL regular expression"
+    found = _matched(call, "start")
+    if isinstance(found, str):
+        return found
+    return _text(call.type())
+
+
+def _substring_pattern_rewrite(node: exp.Expr) -> exp.Expr:
+    """The first parenthesized part's match, else the whole match; NULL without a match
+    (DuckDB's regexp_extract would give '')."""
+    text = node.args["start"].this
+    pattern = regex.parse(text)
+    assert pattern is not None
+    duckdb_pattern = exp.Literal.string(regex.for_duckdb(text))
+    group = exp.Literal.number(1 if pattern.groups else 0)
+    return exp.Case(
+        ifs=[
+            exp.If(
+                this=_func("regexp_matches", node.this.copy(), duckdb_pattern.copy()),
+                true=_func("regexp_extract", node.this, duckdb_pattern, group),
+            )
+        ]
+    )
+
+
+entry(
+    "substring(text FROM pattern)",
+    exp.Substring,
+    _substring_pattern,
+    rewrite=_substring_pattern_rewrite,
+    proofs=(
+        "substring(e.t FROM '[0-9]+')",
+        "substring(e.t FROM '^[A-Za-z]+')",
+        "substring(e.v, 'a(.)c')",
+        "substring(e.t FROM '([a-z]+)#([0-9]+)')",
+        "substring(e.c FROM ' [A-Z]$')",
+        "substring(e.v FROM '[^a-z]+')",
+        "substring(e.t FROM 'y*')",
+    ),
+)
+
+
+def _regexp_substr(call: Call) -> Result:
+    if any(call.arg(k) is not None for k in ("position", "occurrence", "parameters", "group")):
+        return "it passes more than a string and a pattern to regexp_substr"
+    found = _matched(call, "expression")
+    if isinstance(found, str):
+        return found
+    return _text(call.type())
+
+
+def _regexp_substr_rewrite(node: exp.Expr) -> exp.Expr:
+    duckdb_pattern = exp.Literal.string(regex.for_duckdb(node.expression.this))
+    return exp.Case(
+        ifs=[
+            exp.If(
+                this=_func("regexp_matches", node.this.copy(), duckdb_pattern.copy()),
+                true=_func("regexp_extract", node.this, duckdb_pattern, exp.Literal.number(0)),
+            )
+        ]
+    )
+
+
+entry(
+    "regexp_substr",
+    exp.RegexpSubstr,
+    _regexp_substr,
+    rewrite=_regexp_substr_rewrite,
+    proofs=("regexp_substr(e.t, '[a-z]+')", "regexp_substr(e.v, 'b *$')"),
 )

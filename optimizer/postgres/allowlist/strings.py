@@ -113,6 +113,8 @@ def _substring(call: Call) -> Result:
     if isinstance(found, str):
         return found
     start = call.arg("start")
+    if start is not None and call.of(start).is_string:
+        return NOT_MINE  # substring(s FROM pattern): a regular expression (patterns)
     if start is not None and not _integers(call.of(start)):
         return "its substring start is not an integer"
     length = call.arg("length")

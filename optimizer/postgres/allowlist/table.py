@@ -19,6 +19,7 @@ from optimizer.postgres.allowlist import (
     literals,
     math_functions,
     patterns,
+    series,
     strings,
     window,
 )
@@ -40,6 +41,7 @@ ENTRIES: list[Entry] = [
     *date_time.FAMILY.entries,
     *aggregates.FAMILY.entries,
     *window.FAMILY.entries,
+    *series.FAMILY.entries,
 ]
 
 _BY_FORM: dict[type[exp.Expr] | str, list[Entry]] = {}
@@ -117,8 +119,8 @@ _STRUCTURAL = (
     exp.If,
 )
 
-# the parts a query is made of, which compute nothing themselves (anything else - a lateral
-# join, a TABLESAMPLE, a recursive CTE's search clause - keeps the statement at the backend)
+# the parts a query is made of, which compute nothing themselves (anything else - a
+# TABLESAMPLE, a recursive CTE's search clause - keeps the statement at the backend)
 QUERY_PARTS = (
     *_STRUCTURAL,
     exp.Select,
@@ -150,4 +152,7 @@ QUERY_PARTS = (
     exp.Rollup,
     exp.Cube,
     exp.GroupingSets,
+    # a LATERAL derived table: DuckDB joins it row by row as PostgreSQL does (a LATERAL
+    # function call, or Hive's LATERAL VIEW, is refused in optimizer.postgres.semantics)
+    exp.Lateral,
 )
