@@ -422,6 +422,8 @@ def _division(
                 return pg_numeric.average(top, bottom)
             if top is None or bottom is None:
                 return None
+            if kind != "divide":  # a variance or standard deviation
+                return pg_numeric.spread(top, bottom, root=kind.startswith("stddev"))
             return _checked(pg_numeric.divide, top, bottom)
 
         return numeric

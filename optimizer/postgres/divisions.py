@@ -10,7 +10,11 @@ set to truncate). So:
 * any other (in WHERE, HAVING, a subquery, inside a larger expression, under ORDER BY or
   DISTINCT, over a window) DuckDB computes with the cache's own function, PostgreSQL's
   division given the operands' display scales (`optimizer.postgres.allowlist.numeric_division`);
-* variance, standard deviation and correlation keep the statement remote.
+* variance and standard deviation of integers and numerics of one scale, as a whole output
+  column, are computed by the cache too: DuckDB returns the exact ``N * sum(x*x) - sum(x)^2``
+  and ``N * (N - 1)`` (``N * N`` for the population's), the cache divides them as PostgreSQL
+  does and takes the square root of the rounded variance (`optimizer.postgres.numeric.spread`);
+  anywhere else, over doubles, and correlation keep the statement remote.
 """
 
 from __future__ import annotations
@@ -23,7 +27,15 @@ from optimizer.postgres.expression_types import ExpressionTypes
 from sql_ext import Query
 from sql_ext.params import NODE_ID
 
-Kind = t.Literal["avg", "divide"]
+Kind = t.Literal["avg", "divide", "var_samp", "var_pop", "stddev_samp", "stddev_pop"]
+# the statistics the cache computes from exact sums, by their kind
+SPREADS: dict[type[exp.Expr], Kind] = {
+    exp.Stddev: "stddev_samp",
+    exp.StddevSamp: "stddev_samp",
+    exp.StddevPop: "stddev_pop",
+    exp.Variance: "var_samp",
+    exp.VariancePop: "var_pop",
+}
 _STATISTICS = (
     exp.Stddev,
     exp.StddevPop,
@@ -48,7 +60,17 @@ def analyze_divisions(
     rewritable = _rewritable_outputs(query)
     for node in query.tree.find_all(exp.Div, exp.Avg, *_STATISTICS):
         if isinstance(node, _STATISTICS):
-            return outputs, inner, f"it computes {node.key} (DuckDB would answer a double)"
+            spread = SPREADS.get(type(node))
+            index = rewritable.get(id(node))
+            if spread is None or index is None:
+                return (
+                    outputs,
+                    inner,
+                    f"it computes {node.key} other than as a whole output column (the cache "
+                    "computes variance and standard deviation there only)",
+                )
+            outputs[index] = spread
+            continue
         if types.block_of(node) is None:
             continue
         if isinstance(node, exp.Div):
@@ -78,9 +100,31 @@ def _rewritable_outputs(query: Query) -> dict[int, int]:
     found = {}
     for index, projection in enumerate(top.expressions):
         node = projection.this if isinstance(projection, exp.Alias) else projection
-        if isinstance(node, exp.Avg | exp.Div) and not _ordered_by(top, index, projection):
+        if isinstance(node, (exp.Avg, exp.Div, *SPREADS)) and not _ordered_by(
+            top, index, projection
+        ):
             found[id(node)] = index
     return found
+
+
+def spread_operands(node: exp.Expr, scale: int, kind: str) -> tuple[exp.Expr, exp.Expr]:
+    """The exact numerator and denominator of a variance (`SPREADS`) over values of display
+    scale ``scale``: ``N * sum(x*x) - sum(x) * sum(x)`` and ``N * (N - 1)``, or ``N * N`` for
+    the population's, as PostgreSQL's numeric_stddev_internal has them."""
+    value = exp.Cast(this=node.this.copy(), to=exp.DataType.build(f"DECIMAL(38, {scale})"))
+    count = exp.Count(this=node.this.copy())
+    square = exp.Sum(this=exp.Mul(this=value.copy(), expression=value.copy()))
+    total = exp.Sum(this=value)
+    numerator = exp.Sub(
+        this=exp.Mul(this=count.copy(), expression=square),
+        expression=exp.Mul(this=total.copy(), expression=total),
+    )
+    other = (
+        exp.Paren(this=exp.Sub(this=count.copy(), expression=exp.Literal.number(1)))
+        if kind.endswith("_samp")
+        else count.copy()
+    )
+    return numerator, exp.Mul(this=count, expression=other)
 
 
 def _ordered_by(top: exp.Select, index: int, projection: exp.Expr) -> bool:

@@ -6,7 +6,8 @@ An aggregate's ``FILTER (WHERE c)`` becomes the aggregate of ``CASE WHEN c THEN 
 (`fold_filters`). For an aggregate that skips NULL inputs the two are the same in PostgreSQL:
 a row whose condition is false or NULL gives the aggregate a NULL, which it skips, as FILTER
 skips the row (``count(*)`` counts ``CASE WHEN c THEN 1 END``). Every aggregate of the
-allowlist skips NULLs (count, sum, avg, min, max, bool_and, bool_or, every, string_agg), so
+allowlist skips NULLs (count, sum, avg, min, max, bool_and, bool_or, every, string_agg,
+stddev, variance), so
 the aggregate's types, numeric scales and the cache's divisions (an average is its sum over
 its count) apply unchanged, and DuckDB never sees a FILTER. An aggregate that keeps NULLs
 (array_agg, json_agg), or a condition holding a subquery, keeps its FILTER and goes to
@@ -44,6 +45,11 @@ SKIPS_NULLS = (
     exp.LogicalAnd,
     exp.LogicalOr,
     exp.GroupConcat,
+    exp.Stddev,
+    exp.StddevSamp,
+    exp.StddevPop,
+    exp.Variance,
+    exp.VariancePop,
 )
 
 

@@ -11,6 +11,7 @@ PostgreSQL keeps them.
 from __future__ import annotations
 
 import decimal
+import math
 
 from optimizer.postgres.allowlist import DIVISION_SCALE
 
@@ -86,6 +87,28 @@ def divide(dividend: decimal.Decimal | int, divisor: decimal.Decimal | int) -> d
         quotient += 1
     digits = tuple(int(d) for d in str(quotient))
     return decimal.Decimal((1 if negative and quotient else 0, digits, -scale))
+
+
+def spread(
+    numerator: decimal.Decimal | int, denominator: int, root: bool
+) -> decimal.Decimal | None:
+    """A variance (or, ``root``, a standard deviation) from its exact numerator
+    ``N * sum(x*x) - sum(x)^2`` and denominator ``N * (N - 1)`` (``N * N``), as PostgreSQL's
+    numeric_stddev_internal computes it: NULL for no denominator (no rows; one, for a sample),
+    0 where the numerator is not positive, else the numeric quotient, and its square root at
+    the quotient's scale (rounded half away from zero, from the integer square root)."""
+    if denominator == 0:
+        return None
+    if numerator <= 0:
+        return decimal.Decimal(0)
+    variance = divide(numerator, denominator)
+    if not root:
+        return variance
+    big, scale = _exact(variance)
+    # sqrt(big / 10**scale) * 10**(scale + 1), truncated: one digit past the scale
+    truncated = math.isqrt(big * 10 ** (scale + 2))
+    rounded = truncated // 10 + (1 if truncated % 10 >= 5 else 0)
+    return decimal.Decimal((0, tuple(int(d) for d in str(rounded)), -scale))
 
 
 def average(total: decimal.Decimal | int | None, count: int) -> decimal.Decimal | None:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from sqlglot import exp
 
 from optimizer.postgres.allowlist import DIVISION_SCALE, numeric_division
+from optimizer.postgres.divisions import SPREADS, spread_operands
 from optimizer.postgres.types import PgType
 from sql_ext.params import NODE_ID
 from sql_ext.quoting import output_name
@@ -38,6 +39,12 @@ def division_operands(
             node.expression,
             scale_expression(node.expression, type_of, column),
         )
+    if isinstance(node, (*SPREADS,)):
+        found = scale_expression(node.this, type_of, column)
+        if not isinstance(found, int):
+            return None  # values of several scales: PostgreSQL's sums keep the largest
+        numerator, denominator = spread_operands(node, found, SPREADS[type(node)])
+        return numerator, 2 * found, denominator, 0
     if isinstance(node, exp.Avg):
         value = node.this
         found = scale_expression(value, type_of, column)

@@ -183,7 +183,25 @@ def _per_row_scale(
 ) -> exp.Expr | None:
     """The expression computing an output's display scale row by row, where the cache can:
     an output of a plain SELECT (no DISTINCT, no star), which a column beside it cannot
-    change."""
+    change; of a UNION ALL, a tuple of each branch's (each branch gets its column: a UNION
+    that removes duplicates, an INTERSECT or an EXCEPT would compare it too)."""
+    if isinstance(top, exp.Union) and not top.args.get("distinct"):
+        branches = _union_all_branches(top)
+        if branches is None:
+            return None
+        scales: list[exp.Expr] = []
+        for branch in branches:
+            found = (
+                _per_row_scale(branch, index, scale_of) if not branch.args.get("distinct") else None
+            )
+            if found is None:
+                projection = branch.expressions[index] if index < len(branch.expressions) else None
+                fixed = scale_of(_unaliased(projection)) if projection is not None else None
+                if not isinstance(fixed, int):
+                    return None
+                found = exp.Literal.number(fixed)
+            scales.append(found)
+        return exp.Tuple(expressions=scales)
     if not isinstance(top, exp.Select) or top.args.get("distinct"):
         return None
     if any(
@@ -757,6 +775,19 @@ def _recursive_problem(cte: exp.CTE, types: ExpressionTypes) -> str | None:
                 f"and {_typed(second)} in its recursive term (integer, float, text, boolean, "
                 "date and timestamp columns of one type are answered locally)"
             )
+    return None
+
+
+def _union_all_branches(top: exp.Expr) -> list[exp.Select] | None:
+    """The SELECTs a tree of UNION ALLs is made of, or None where another set operation (or a
+    parenthesized query with its own ORDER BY or LIMIT) is among them."""
+    if isinstance(top, exp.Select):
+        return [top]
+    if isinstance(top, exp.Union) and not top.args.get("distinct"):
+        if any(top.args.get(k) for k in ("order", "limit", "offset")) and top.parent is not None:
+            return None
+        left, right = _union_all_branches(top.this), _union_all_branches(top.expression)
+        return left + right if left is not None and right is not None else None
     return None
 
 

@@ -14,6 +14,7 @@ from sqlglot import exp
 
 from optimizer.plan import LocalStatement, Output, Plan, ScaleOf
 from optimizer.postgres.allowlist import BY_NAME, ZONE_PARAMETER
+from optimizer.postgres.divisions import SPREADS, spread_operands
 from optimizer.postgres.semantics import Semantics
 from sql_ext.dialect import LocalDuckDB
 from sql_ext.nodes import ConstantList, strip_extensions
@@ -162,7 +163,18 @@ def _add_scale_columns(copy: exp.Expr, analysis: t.Any) -> dict[t.Any, int]:
                 wanted[(index, side)] = scale
     if not wanted:
         return {}
-    assert isinstance(copy, exp.Select)
+    if not isinstance(copy, exp.Select):
+        # a UNION ALL: each branch gets its own scale column (optimizer.postgres.semantics
+        # gives a tuple of them, in the branches' order)
+        branches = _branches(copy)
+        found = {}
+        for key, scale in wanted.items():
+            assert isinstance(scale, exp.Tuple) and len(scale.expressions) == len(branches)
+            for branch, part in zip(branches, scale.expressions, strict=True):
+                name = f"mtcache_scale_{len(found) + 1}"
+                branch.set("expressions", [*branch.expressions, exp.alias_(part.copy(), name)])
+            found[key] = len(branches[0].expressions) - 1
+        return found
     found = {}
     projections = list(copy.expressions)
     for key, scale in wanted.items():
@@ -179,9 +191,13 @@ def _outputs(
     for an average), which DuckDB computes exactly, and the cache divides; a
     numeric whose scale varies is given its scale column. Scale columns were appended last;
     they move after the numerators and denominators."""
-    assert isinstance(select, exp.Select)
+    count = len(analysis.query.tree.selects)
+    if not isinstance(select, exp.Select):  # a UNION ALL whose outputs' scales vary
+        return tuple(
+            ("scaled", index, scale_columns[index]) if index in scale_columns else index
+            for index in range(count)
+        )
     divisions = analysis.divisions
-    count = len(analysis.query.tree.expressions)
     originals, scales = select.expressions[:count], select.expressions[count:]
     projections: list[exp.Expr] = []
     outputs: list[t.Any] = []
@@ -195,6 +211,9 @@ def _outputs(
         if kind == "avg":
             numerator: exp.Expr = exp.Sum(this=node.this.copy())
             denominator: exp.Expr = exp.Count(this=node.this.copy())
+        elif kind in SPREADS.values():
+            scale = analysis.division_scales[index][0] // 2  # (the numerator's: twice x's)
+            numerator, denominator = spread_operands(node, scale, kind)
         else:
             numerator, denominator = node.this.copy(), node.expression.copy()
         outputs.append((kind, len(projections), len(projections) + 1))

@@ -94,6 +94,37 @@ entry(
 )
 
 
+def _spread(call: Call) -> Result:
+    inner = call.type()
+    if isinstance(call.node.this, exp.Distinct):
+        return f"it computes {call.node.key} of DISTINCT values"
+    if inner.kind == "integer" or (inner.kind == "numeric" and inner.scale is not None):
+        # computed by the cache from exact sums (optimizer.postgres.divisions)
+        return PgType("numeric")
+    if inner.kind == "float":
+        return (
+            f"it computes {call.node.key} of double precision values (PostgreSQL's running "
+            "sums of doubles depend on the order of the rows)"
+        )
+    return f"it computes {call.node.key} of {inner.kind} values"
+
+
+entry(
+    "stddev / stddev_samp / stddev_pop / variance / var_samp / var_pop",
+    (exp.Stddev, exp.StddevSamp, exp.StddevPop, exp.Variance, exp.VariancePop),
+    _spread,
+    proofs=(
+        "SELECT stddev(e.n), variance(e.i4), var_pop(e.n4), stddev_pop(e.i2), "
+        "var_samp(e.n0), stddev_samp(e.i8) FROM edge e",
+        "SELECT e.b, stddev(e.n4), variance(e.i2), var_pop(e.n) FROM edge e GROUP BY e.b",
+        "SELECT stddev(e.n), var_pop(e.n), variance(e.i4) FROM edge e WHERE e.id = 3",
+        "SELECT stddev(e.n), variance(e.n4) FROM edge e WHERE e.id < 0",
+        "SELECT stddev(e.n0 * 1000), variance(e.n * 3), stddev_pop(e.i4 - 1) FROM edge e",
+        "SELECT e.b, stddev(e.i2) FILTER (WHERE e.i4 > 0) FROM edge e WHERE e.id > 0 GROUP BY e.b",
+    ),
+)
+
+
 def _extremum(call: Call) -> Result:
     inner = call.type()
     if inner.kind in ("unknown", "other"):
