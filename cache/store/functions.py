@@ -1,5 +1,5 @@
 """Functions of the cache's own that local statements call in DuckDB: PostgreSQL's numeric
-division and width_bucket (`optimizer.postgres.numeric`).
+division, width_bucket and to_char of numbers (`optimizer.postgres.numeric`).
 
 DuckDB keeps a Python function per database, pointing into the connection that registered it:
 that connection must outlive every other of the process on the file (a function left behind by
@@ -16,7 +16,12 @@ from pathlib import Path
 import duckdb
 
 from optimizer.postgres import numeric as pg_numeric
-from optimizer.postgres.allowlist import NUMERIC_DIVIDE, NUMERIC_DIVIDE_SCALE, WIDTH_BUCKET
+from optimizer.postgres.allowlist import (
+    NUMERIC_DIVIDE,
+    NUMERIC_DIVIDE_SCALE,
+    NUMERIC_TO_CHAR,
+    WIDTH_BUCKET,
+)
 
 _ARGUMENTS = ["VARCHAR", "INTEGER", "VARCHAR", "INTEGER"]
 
@@ -47,6 +52,14 @@ def holder(path: Path) -> duckdb.DuckDBPyConnection:
         pg_numeric.width_bucket_texts,
         ["VARCHAR", "VARCHAR", "VARCHAR", "INTEGER"],
         "INTEGER",
+        null_handling="special",
+        side_effects=False,
+    )
+    register(
+        NUMERIC_TO_CHAR,
+        pg_numeric.to_char_text,
+        ["VARCHAR", "VARCHAR"],
+        "VARCHAR",
         null_handling="special",
         side_effects=False,
     )

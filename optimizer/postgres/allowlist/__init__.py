@@ -32,7 +32,7 @@ from optimizer.postgres.allowlist.arithmetic import (
 from optimizer.postgres.allowlist.base import Call, Entry, Result, Settings
 from optimizer.postgres.allowlist.casts import reads_alike
 from optimizer.postgres.allowlist.date_time import ZONE_PARAMETER
-from optimizer.postgres.allowlist.math_functions import WIDTH_BUCKET
+from optimizer.postgres.allowlist.math_functions import NUMERIC_TO_CHAR, WIDTH_BUCKET
 from optimizer.postgres.allowlist.table import (
     BY_NAME,
     ENTRIES,
@@ -49,6 +49,7 @@ __all__ = [
     "ENTRIES",
     "NUMERIC_DIVIDE",
     "NUMERIC_DIVIDE_SCALE",
+    "NUMERIC_TO_CHAR",
     "QUERY_PARTS",
     "WIDTH_BUCKET",
     "ZONE_PARAMETER",

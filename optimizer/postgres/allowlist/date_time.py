@@ -200,8 +200,10 @@ def _template(text: str) -> list[tuple[str, str | None, bool]] | None:
 
 def _to_char(call: Call) -> Result:
     args = call.node.expressions
+    if len(args) == 2 and call.of(args[0]).kind in ("integer", "numeric"):
+        return NOT_MINE  # (a number's: math_functions)
     if len(args) != 2 or call.of(args[0]).kind not in ("date", "timestamp", "null"):
-        return "it takes to_char of something other than a date or timestamp"
+        return "it takes to_char of something other than a date, timestamp or number"
     template = _string_literal(args[1])
     if template is None or _template(template) is None:
         return "its to_char template holds patterns the cache does not translate"

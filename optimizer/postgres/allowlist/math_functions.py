@@ -1,5 +1,6 @@
-"""Mathematical functions: abs, round, trunc, ceil / floor / sign, sqrt, ln, power and
-width_bucket (by the cache's own DuckDB function, `WIDTH_BUCKET`)."""
+"""Mathematical functions: abs, round, trunc, ceil / floor / sign, sqrt, ln, power,
+width_bucket and to_char of numbers (by the cache's own DuckDB functions, `WIDTH_BUCKET`,
+`NUMERIC_TO_CHAR`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Callable
 
 from sqlglot import exp
 
+from optimizer.postgres import numeric as pg_numeric
 from optimizer.postgres.allowlist.arithmetic import _isinf, _nonzero
 from optimizer.postgres.allowlist.base import (
     NOT_MINE,
@@ -18,6 +20,7 @@ from optimizer.postgres.allowlist.base import (
     _func,
     _integers,
     _literal_int,
+    _string_literal,
 )
 from optimizer.postgres.types import FLOAT8, INT4, PgType
 
@@ -26,6 +29,7 @@ entry = FAMILY.entry
 
 
 WIDTH_BUCKET = "mtcache_width_bucket"  # PostgreSQL's width_bucket over numerics
+NUMERIC_TO_CHAR = "mtcache_to_char_numeric"  # PostgreSQL's to_char(numeric, template)
 
 
 def _abs(call: Call) -> Result:
@@ -304,5 +308,43 @@ entry(
         "width_bucket(e.n, 1, 1, 3)",
         "width_bucket(e.n, 0, 10, e.i4 * 0)",
         "width_bucket(e.n + 20, 0, 10, 2147483647)",
+    ),
+)
+
+
+def _number_to_char(call: Call) -> Result:
+    args = call.node.expressions
+    if len(args) != 2 or call.of(args[0]).kind not in ("integer", "numeric", "null"):
+        return NOT_MINE  # (a date's or timestamp's: date_time)
+    template = _string_literal(args[1])
+    if template is None or not pg_numeric.number_template(template):
+        return (
+            "its to_char template of a number is not digits 9 and 0 with commas and a point "
+            "(FM, G, D and sign patterns: remote)"
+        )
+    return PgType("text")
+
+
+def _number_to_char_rewrite(node: exp.Expr) -> exp.Expr:
+    value, template = node.expressions
+    return _func(NUMERIC_TO_CHAR, exp.cast(value, "VARCHAR"), template)
+
+
+entry(
+    "to_char(numeric / integer, literal template)",
+    "to_char",
+    _number_to_char,
+    rewrite=_number_to_char_rewrite,
+    proofs=(
+        "to_char(e.n, '999999990.99')",
+        "to_char(e.n4, '9,999.9')",
+        "to_char(e.n0, '0000')",
+        "to_char(e.i4, '9990')",
+        "to_char(e.n, '99.9')",
+        "to_char(e.n4, '999')",
+        "to_char(e.i8, '999,999,999,999,999,999,999')",
+        "to_char(e.n * 0.001, '0.999')",
+        "to_char(e.n4 - 0.00004, '90.9999')",
+        "to_char(e.i2, '9')",
     ),
 )

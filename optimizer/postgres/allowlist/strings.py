@@ -313,11 +313,14 @@ def _chr(call: Call) -> Result:
     args = call.node.expressions
     if len(args) != 1 or not _integers(call.of(args[0])) or call.node.args.get("charset"):
         return "it takes chr of something other than one integer"
+    if call.of(args[0]).width == 8:
+        return "it takes chr of a bigint (PostgreSQL has no chr(bigint))"
     return PgType("text")
 
 
 def _chr_rewrite(node: exp.Expr) -> exp.Expr:
-    """chr(0) and code points that are not characters raise in PostgreSQL."""
+    """chr(0) and code points that are not characters raise in PostgreSQL; DuckDB's chr
+    takes an INTEGER (its octet_length or date - date is a BIGINT, PostgreSQL's an int4)."""
     value = node.expressions[0]
     bad = exp.or_(
         exp.LTE(this=value.copy(), expression=exp.Literal.number(0)),
@@ -326,7 +329,8 @@ def _chr_rewrite(node: exp.Expr) -> exp.Expr:
             this=value.copy(), low=exp.Literal.number(55296), high=exp.Literal.number(57343)
         ),
     )
-    return _error_if(bad, "requested character not valid", exp.Chr(expressions=[value]))
+    whole = exp.Cast(this=value, to=exp.DataType.build("INTEGER"))
+    return _error_if(bad, "requested character not valid", exp.Chr(expressions=[whole]))
 
 
 entry(
@@ -334,7 +338,14 @@ entry(
     exp.Chr,
     _chr,
     rewrite=_chr_rewrite,
-    proofs=("chr(65)", "chr(e.i4 + 65)", "chr(228)", "chr(8364)"),
+    proofs=(
+        "chr(65)",
+        "chr(e.i4 + 65)",
+        "chr(228)",
+        "chr(8364)",
+        "chr(65 + octet_length(e.t) % 26)",
+        "chr(65 + (e.d - DATE '1990-01-01') % 26)",
+    ),
     raises=("chr(0)", "chr(e.i2 * 0)", "chr(-1)", "chr(55296)"),
 )
 entry(
