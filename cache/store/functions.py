@@ -15,6 +15,7 @@ from pathlib import Path
 
 import duckdb
 
+from optimizer.postgres import number_text
 from optimizer.postgres import numeric as pg_numeric
 from optimizer.postgres.allowlist import (
     NUMERIC_DIVIDE,
@@ -57,7 +58,7 @@ def holder(path: Path) -> duckdb.DuckDBPyConnection:
     )
     register(
         NUMERIC_TO_CHAR,
-        pg_numeric.to_char_text,
+        number_text.to_char_text,
         ["VARCHAR", "VARCHAR"],
         "VARCHAR",
         null_handling="special",

@@ -25,7 +25,7 @@ from optimizer.analysis.normalize_constraint import (
     QueryResolver,
 )
 from optimizer.postgres.allowlist import numeric_division
-from optimizer.postgres.divisions import analyze_divisions
+from optimizer.postgres.divisions import Kind, analyze_divisions
 from optimizer.postgres.expression_types import ExpressionTypes
 from optimizer.postgres.folds import fold
 from optimizer.postgres.numeric_scales import DerivedScales, Scale, division_operands
@@ -98,7 +98,7 @@ class Analysis:
     semantics: Semantics = field(default_factory=Semantics)
     # Output columns the cache divides as PostgreSQL does (optimizer.postgres.divisions):
     # index -> kind
-    divisions: Mapping[int, t.Literal["avg", "divide"]] = field(default_factory=dict)
+    divisions: Mapping[int, Kind] = field(default_factory=dict)
     # ... and the display scales of each one's numerator and denominator: the same for every
     # value, or the DuckDB expression computing them row by row (optimizer.postgres.numeric_scales)
     division_scales: Mapping[int, tuple[int | exp.Expr, int | exp.Expr]] = field(

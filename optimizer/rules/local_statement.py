@@ -167,7 +167,7 @@ def _add_scale_columns(copy: exp.Expr, analysis: t.Any) -> dict[t.Any, int]:
         # a UNION ALL: each branch gets its own scale column (optimizer.postgres.semantics
         # gives a tuple of them, in the branches' order)
         branches = _branches(copy)
-        found = {}
+        found: dict[t.Any, int] = {}
         for key, scale in wanted.items():
             assert isinstance(scale, exp.Tuple) and len(scale.expressions) == len(branches)
             for branch, part in zip(branches, scale.expressions, strict=True):

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from sqlglot import exp
 
-from optimizer.postgres import numeric as pg_numeric
+from optimizer.postgres import number_text
 from optimizer.postgres.allowlist.arithmetic import _isinf, _nonzero
 from optimizer.postgres.allowlist.base import (
     NOT_MINE,
@@ -317,7 +317,7 @@ def _number_to_char(call: Call) -> Result:
     if len(args) != 2 or call.of(args[0]).kind not in ("integer", "numeric", "null"):
         return NOT_MINE  # (a date's or timestamp's: date_time)
     template = _string_literal(args[1])
-    if template is None or not pg_numeric.number_template(template):
+    if template is None or not number_text.number_template(template):
         return (
             "its to_char template of a number is not digits 9 and 0 with commas and a point "
             "(FM, G, D and sign patterns: remote)"
