@@ -90,6 +90,10 @@ class Catalog:
     # mapping runs locally only then, where the cache knows what PostgreSQL does.
     ascii_case: bool = True
     utf8: bool = True  # the server's encoding is UTF8, as DuckDB's strings are
+    # Under another ctype, how DuckDB's upper and lower stand to the database's, proven over
+    # every character when the catalog is read (cache.backend.reflect): "equal", "sharp_s"
+    # (equal but for PostgreSQL's upper keeping ß), or "" (case mapping stays at the backend)
+    unicode_case: str = ""
     # Relations the backend has that the catalog does not describe (its system catalogs,
     # the session's temporary tables, tables of schemas off the search path), by the name a
     # statement gives them (`Source.written`): read from the backend as they are, never

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import typing as t
 
+import duckdb
 import psycopg
 
 from sql_ext.catalog import Catalog, Column, Index, Table, View
@@ -130,12 +131,15 @@ def reflect_catalog(conn: psycopg.Connection) -> Catalog:  # type: ignore[type-a
             )
     database = _database(conn)
     row = conn.execute("SELECT current_setting('server_encoding')").fetchone()
+    utf8 = row is not None and row[0] == "UTF8"
+    ascii_case = _ascii_case(database)
     return Catalog(
         tables=tables,
         views=views,
         text_byte_order=_byte_order(database, "dat"),
-        ascii_case=_ascii_case(database),
-        utf8=row is not None and row[0] == "UTF8",
+        ascii_case=ascii_case,
+        utf8=utf8,
+        unicode_case="" if ascii_case or not utf8 else unicode_case(conn),
     )
 
 
@@ -145,6 +149,40 @@ def _database(conn: psycopg.Connection) -> dict[str, t.Any]:  # type: ignore[typ
         "SELECT to_jsonb(d) FROM pg_database d WHERE datname = current_database()"
     ).fetchone()
     return t.cast(dict[str, t.Any], row[0] if row else {})
+
+
+# every character, once, with PostgreSQL's upper and lower of them under the database's ctype
+_EVERY_CHARACTER = """
+SELECT s, upper(s), lower(s)
+FROM (SELECT string_agg(chr(c), '' ORDER BY c) AS s
+      FROM generate_series(1, 1114111) AS c
+      WHERE c NOT BETWEEN 55296 AND 57343) AS every_character"""
+
+
+def unicode_case(conn: psycopg.Connection) -> str:  # type: ignore[type-arg]
+    """How DuckDB's upper and lower stand to the database's under its (not C) ctype, proven
+    over every character: "equal", "sharp_s" (equal but for PostgreSQL's upper keeping ß,
+    which DuckDB's makes ẞ), or "" (case mapping stays at the backend). Both map one character
+    at a time (libc's towupper / towlower, DuckDB's Unicode tables), so agreeing on each
+    character is agreeing on every string."""
+    try:
+        row = conn.execute(_EVERY_CHARACTER).fetchone()
+    except psycopg.Error:
+        return ""  # (a server that cannot say: the backend keeps answering)
+    if row is None:
+        return ""
+    every, upper, lower = row
+    duck = duckdb.connect()
+    try:
+        found = duck.execute("SELECT upper($1), lower($1)", [every]).fetchone()
+    finally:
+        duck.close()
+    if found is None or found[1] != lower or len(found[0]) != len(upper):
+        return ""
+    if found[0] == upper:
+        return "equal"
+    differs = {c for c, ours, theirs in zip(every, found[0], upper, strict=True) if ours != theirs}
+    return "sharp_s" if differs == {"ß"} and upper[every.index("ß")] == "ß" else ""
 
 
 def _ascii_case(database: dict[str, t.Any]) -> bool:

@@ -82,6 +82,10 @@ class CatalogStore(FileHandle):
                 con.execute(
                     "INSERT OR REPLACE INTO mtcache.meta VALUES (?, ?)", [setting, str(on).lower()]
                 )
+            con.execute(
+                "INSERT OR REPLACE INTO mtcache.meta VALUES ('unicode_case', ?)",
+                [catalog.unicode_case],
+            )
         with self._shared.lock:
             self._shared.catalog_version += 1
 
@@ -164,7 +168,7 @@ class CatalogStore(FileHandle):
         meta = dict(
             self.con.execute(
                 "SELECT key, value FROM mtcache.meta "
-                "WHERE key IN ('text_byte_order', 'ascii_case', 'utf8')"
+                "WHERE key IN ('text_byte_order', 'ascii_case', 'utf8', 'unicode_case')"
             ).fetchall()
         )
         # a catalog saved before the ctype was read: case mapping stays at the backend
@@ -174,4 +178,5 @@ class CatalogStore(FileHandle):
             text_byte_order=meta.get("text_byte_order", "true") == "true",
             ascii_case=meta.get("ascii_case") == "true",
             utf8=meta.get("utf8") == "true",
+            unicode_case=meta.get("unicode_case", ""),
         )

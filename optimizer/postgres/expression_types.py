@@ -101,7 +101,9 @@ class ExpressionTypes:
         self.query = query
         self.catalog = catalog
         self._resolve = resolve
-        self.settings = settings or Settings(ascii_case=catalog.ascii_case, utf8=catalog.utf8)
+        self.settings = settings or Settings(
+            ascii_case=catalog.ascii_case, utf8=catalog.utf8, unicode_case=catalog.unicode_case
+        )
         self._memo: dict[int, PgType] = {}
         self._entries: dict[int, Entry] = {}
         self._problems: dict[int, str] = {}

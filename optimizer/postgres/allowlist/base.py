@@ -26,6 +26,9 @@ class Settings:
     # the database's LC_CTYPE is C: upper, lower, ILIKE and ~* change ASCII letters only
     ascii_case: bool = True
     utf8: bool = True  # the server's encoding is UTF8 (octet_length counts UTF-8 bytes)
+    # under another ctype: DuckDB's upper and lower proven PostgreSQL's ("equal"), or all
+    # but upper('ß') ("sharp_s"), or not ("") (sql_ext.catalog.Catalog.unicode_case)
+    unicode_case: str = ""
 
 
 class Call:
@@ -60,6 +63,7 @@ class Entry:
     rewrite: Callable[[exp.Expr], exp.Expr] | None = None  # the DuckDB form (None: as it is)
     proofs: tuple[str, ...] = ()  # expressions over the edge table, answered as PostgreSQL does
     raises: tuple[str, ...] = ()  # expressions PostgreSQL raises for: the cache raises the same
+    ctype: str = "C"  # the database ctype its proofs run under (its signature needs it)
 
 
 # -- helpers for signatures ---------------------------------------------------------------------
@@ -165,6 +169,7 @@ class Family:
         rewrite: Callable[[exp.Expr], exp.Expr] | None = None,
         proofs: tuple[str, ...] = (),
         raises: tuple[str, ...] = (),
+        ctype: str = "C",
     ) -> None:
         self.entries.append(
             Entry(
@@ -174,5 +179,6 @@ class Family:
                 rewrite,
                 proofs,
                 raises,
+                ctype,
             )
         )

@@ -57,8 +57,33 @@ def _case_map(source: str, target: str) -> Callable[[exp.Expr], exp.Expr]:
 
 def _cased(call: Call) -> Result:
     if not call.settings.ascii_case:
-        return f"it takes {call.node.key}, whose case mapping follows the database's ctype"
+        if call.settings.unicode_case:
+            return NOT_MINE  # (the entries under a Unicode ctype, below)
+        return (
+            f"it takes {call.node.key}, whose case mapping follows the database's ctype (one "
+            "whose mapping the cache did not prove equal to DuckDB's)"
+        )
     return _text_of("this")(call)
+
+
+def _unicode_cased(*modes: str) -> Callable[[Call], Result]:
+    """upper or lower where DuckDB's mapping was proven the database's (``modes``)."""
+
+    def signature(call: Call) -> Result:
+        if call.settings.ascii_case or call.settings.unicode_case not in modes:
+            return NOT_MINE
+        return _text_of("this")(call)
+
+    return signature
+
+
+def _upper_keeping_sharp_s(node: exp.Expr) -> exp.Expr:
+    """upper of each part between two ß, joined by ß: PostgreSQL's upper keeps ß (and no
+    character's upper is ß), DuckDB's alone would give ẞ."""
+    parts = _func("string_split", node.this, exp.Literal.string("ß"))
+    variable = exp.to_identifier("mtcache_part")
+    upper = exp.Lambda(this=exp.Upper(this=exp.column(variable)), expressions=[variable])
+    return _func("array_to_string", _func("list_transform", parts, upper), exp.Literal.string("ß"))
 
 
 entry(
@@ -74,6 +99,22 @@ entry(
     _cased,
     rewrite=_case_map(_UPPER, _LOWER),
     proofs=("lower(e.t)", "lower(e.v)", "lower('ÄB')"),
+)
+_UNICODE_PROOFS = ("e.t", "e.c", "e.v", "'äöüßẞǆǅǄİıΣσς'", "''")
+entry(
+    "upper (Unicode ctype keeping ß)",
+    exp.Upper,
+    _unicode_cased("sharp_s"),
+    rewrite=_upper_keeping_sharp_s,
+    proofs=tuple(f"upper({p})" for p in _UNICODE_PROOFS),
+    ctype="sharp_s",
+)
+entry(
+    "lower (Unicode ctype)",
+    exp.Lower,
+    _unicode_cased("equal", "sharp_s"),
+    proofs=tuple(f"lower({p})" for p in _UNICODE_PROOFS),
+    ctype="equal sharp_s",
 )
 entry(
     "length / char_length",

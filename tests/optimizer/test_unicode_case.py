@@ -1,0 +1,93 @@
+"""Case mapping under a ctype that is not C, proven rather than assumed: on a database whose
+LC_CTYPE is glibc's C.utf8, the cache compares PostgreSQL's upper and lower of every character
+with DuckDB's when it reads the catalog (cache/backend/reflect.py), and the allowlist's
+entries for that ctype answer upper, lower and ILIKE locally, with PostgreSQL's values, over
+the edge table of tests/optimizer/test_allowlist.py and non-ASCII text of every kind."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from psycopg import sql
+
+import cache
+from cache.backend.embedded_pg import EmbeddedPostgres
+from cache.backend.reflect import unicode_case
+from optimizer.postgres.allowlist import ENTRIES, Entry
+from tests.optimizer.test_allowlist import EDGE, EXTREMES, ROWS, check, entry_uses, statement
+
+DATABASE = "t_unicode_case"
+UNICODE_ENTRIES = [e for e in ENTRIES if e.ctype != "C"]
+
+
+@pytest.fixture(scope="module")
+def backend(pg_cluster: EmbeddedPostgres) -> str:
+    admin = pg_cluster.ensure_database("postgres")
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(DATABASE)))
+        conn.execute(
+            sql.SQL(
+                "CREATE DATABASE {} TEMPLATE template0 ENCODING 'UTF8' LC_COLLATE 'C' "
+                "LC_CTYPE 'C.utf8'"
+            ).format(sql.Identifier(DATABASE))
+        )
+    dsn = pg_cluster.ensure_database(DATABASE)
+    with psycopg.connect(dsn, autocommit=True) as setup:
+        setup.execute(EDGE)
+        setup.execute(ROWS)
+        setup.execute(
+            "INSERT INTO edge (id, c, v, t) VALUES "
+            "(9, 'ßẞǆ', 'İıΣσς', 'Straße ǅemal ΣΊΣΥΦΟΣ ꞵ'), (10, 'äÖ', 'ÉéÈ', 'SS ß ẞ ss')"
+        )
+    return dsn
+
+
+@pytest.fixture(scope="module")
+def conn(backend: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[cache.Connection]:
+    path = tmp_path_factory.mktemp("unicode-case") / "cache.duckdb"
+    with cache.connect(
+        backend=backend,
+        cache_path=path,
+        admit_on_miss=False,
+        autocommit=True,
+        background=False,
+        plan_choice="guarded",
+        currency_bound="10 min",
+    ) as conn:
+        conn.cursor().execute("CREATE CACHED VIEW edge_copy AS SELECT * FROM edge")
+        conn.admin.refresh("edge_copy")
+        yield conn
+
+
+def test_the_mapping_is_proven_over_every_character(backend: str) -> None:
+    """This machine's C.utf8 (glibc) maps each character as DuckDB does but for upper('ß'),
+    which PostgreSQL keeps; the proof says so rather than the cache assuming it."""
+    with psycopg.connect(backend, autocommit=True) as pg:
+        assert pg.execute(
+            "SELECT datctype FROM pg_database WHERE datname = %s", (DATABASE,)
+        ).fetchone() == ("C.utf8",)
+        assert pg.execute("SELECT upper('ß'), lower('ẞ')").fetchone() == ("ß", "ß")
+        assert unicode_case(pg) == "sharp_s"
+
+
+@pytest.mark.parametrize("entry", UNICODE_ENTRIES, ids=[e.name for e in UNICODE_ENTRIES])
+def test_every_unicode_entry_is_proven_against_postgres(
+    conn: cache.Connection, backend: str, entry: Entry
+) -> None:
+    assert entry.proofs, f"{entry.name} has no proof"
+    assert "sharp_s" in entry.ctype.split(), entry.ctype  # (this machine's mapping)
+    for proof in entry.proofs:
+        sql_text = statement(proof)
+        assert entry.name in entry_uses(conn, sql_text), f"{proof} does not use {entry.name}"
+        check(conn, backend, sql_text, local=False)
+        check(conn, backend, statement(proof, f"e.id NOT IN {EXTREMES}"))
+
+
+def test_what_the_proof_does_not_cover_stays_at_the_backend(
+    conn: cache.Connection, backend: str
+) -> None:
+    """~* and initcap fold case by rules of their own: PostgreSQL answers them."""
+    for expression in ("e.t ~* 'straSSe'", "initcap(e.t)"):
+        assert check(conn, backend, statement(expression), local=False) == "remote", expression
