@@ -144,6 +144,8 @@ def _varying(
         return exp.Case(ifs=ifs, default=_sql(fallback))
     if isinstance(node, exp.Coalesce):
         values = [node.this, *node.expressions]
+        if isinstance(node.this, exp.Literal):
+            return of(node.this)  # never NULL: always the first value
         scales = [of(v) for v in values]
         if any(s is None for s in scales):
             return None
@@ -176,6 +178,10 @@ def _varying(
         return _combine(of(node.this), of(node.expression), "add")
     if isinstance(node, exp.Neg | exp.Abs):
         return of(node.this)
+    if isinstance(node, exp.Min | exp.Max) and not isinstance(node.parent, exp.Window):
+        inner = of(node.this)
+        # values all of one scale: so is their minimum (of several, whichever it met first)
+        return inner if isinstance(inner, int) else None
     if (
         isinstance(node, exp.Sum)
         and not isinstance(node.this, exp.Distinct)

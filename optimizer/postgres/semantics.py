@@ -131,12 +131,21 @@ def pg_semantics(
             widths[index] = 0
         elif typed.kind == "numeric" and typed.scale is not None:
             scales[index] = typed.scale
+        elif typed.kind == "numeric" and isinstance(
+            fixed := _except_scale(
+                query.tree, index, scale_of or (lambda n: scale_expression(n, types.of))
+            ),
+            int,
+        ):
+            scales[index] = fixed
         elif typed.kind == "numeric":
             scale = _per_row_scale(
                 query.tree, index, scale_of or (lambda n: scale_expression(n, types.of))
             )
             if scale is None:
                 varying.add(index)
+            elif isinstance(scale, int):
+                scales[index] = scale  # (one scale after all: min(coalesce(0.0, x)), say)
             else:
                 columns[index] = scale
         elif typed.kind == "interval" and typed.months:
@@ -180,8 +189,9 @@ def _grouping_items(node: exp.Expr) -> list[exp.Expr]:
 
 def _per_row_scale(
     top: exp.Expr, index: int, scale_of: t.Callable[[exp.Expr], t.Any]
-) -> exp.Expr | None:
-    """The expression computing an output's display scale row by row, where the cache can:
+) -> exp.Expr | int | None:
+    """The expression computing an output's display scale row by row (a number where it turns
+    out one for every row), where the cache can:
     an output of a plain SELECT (no DISTINCT, no star), which a column beside it cannot
     change; of a UNION ALL, a tuple of each branch's (each branch gets its column: a UNION
     that removes duplicates, an INTERSECT or an EXCEPT would compare it too)."""
@@ -191,9 +201,11 @@ def _per_row_scale(
             return None
         scales: list[exp.Expr] = []
         for branch in branches:
-            found = (
+            found: t.Any = (
                 _per_row_scale(branch, index, scale_of) if not branch.args.get("distinct") else None
             )
+            if isinstance(found, int):
+                found = exp.Literal.number(found)
             if found is None:
                 projection = branch.expressions[index] if index < len(branch.expressions) else None
                 fixed = scale_of(_unaliased(projection)) if projection is not None else None
@@ -212,7 +224,7 @@ def _per_row_scale(
     projection = top.expressions[index]
     node = projection.this if isinstance(projection, exp.Alias) else projection
     found = scale_of(node)
-    return found if isinstance(found, exp.Expr) else None
+    return found if isinstance(found, exp.Expr | int) else None
 
 
 class _Finder:
@@ -776,6 +788,24 @@ def _recursive_problem(cte: exp.CTE, types: ExpressionTypes) -> str | None:
                 "date and timestamp columns of one type are answered locally)"
             )
     return None
+
+
+def _except_scale(top: exp.Expr, index: int, scale_of: t.Callable[[exp.Expr], t.Any]) -> t.Any:
+    """An EXCEPT's output's scale: its rows are its left side's, so where every value of the
+    left side has one scale, so does the output (None otherwise)."""
+    if not isinstance(top, exp.Except):
+        return None
+    left = top.this
+    while isinstance(left, exp.Subquery):
+        left = left.this
+    if isinstance(left, exp.Except):
+        return _except_scale(left, index, scale_of)
+    if not isinstance(left, exp.Select) or index >= len(left.expressions):
+        return None
+    projection = left.expressions[index]
+    if isinstance(projection, exp.Star):
+        return None
+    return scale_of(_unaliased(projection))
 
 
 def _union_all_branches(top: exp.Expr) -> list[exp.Select] | None:
