@@ -341,8 +341,10 @@ class _Finder:
                 self._padded(argument, f"it prints {_short(argument)} with {_name(node)}")
         if isinstance(node, (*_ARITHMETIC, *_COMPARED, exp.Between, exp.In)):
             self._widened(_operands(node))
-        if isinstance(node, (*_COMPARED, exp.Between, exp.In, exp.Nullif)):
+        if isinstance(node, (*_COMPARED, exp.Between, exp.In, exp.Nullif, exp.Sub)):
             self._zoned(_operands(node))
+        if isinstance(node, exp.Anonymous) and node.name.lower() == "age":
+            self._zoned(list(node.expressions))
         if (
             isinstance(node, exp.Cast)
             and self.type(node.this).kind == "timestamptz"

@@ -173,6 +173,50 @@ entry(
 )
 
 
+def _instant_difference(call: Call) -> Result:
+    a, b = call.type(), call.type("expression")
+    kinds = {a.kind, b.kind}
+    if "timestamptz" not in kinds or not kinds <= {"timestamptz", "timestamp", "date"}:
+        return NOT_MINE
+    # (a date or timestamp is read in the session's time zone: optimizer.postgres.semantics)
+    return PgType("interval")
+
+
+_DAY_US = 86_400_000_000
+
+
+def _instant_difference_rewrite(node: exp.Expr) -> exp.Expr:
+    """PostgreSQL's timestamptz_mi: the microseconds between the two instants, as whole days
+    and the rest (interval_justify_hours, both truncated toward zero)."""
+    micros = exp.Paren(
+        this=exp.Sub(
+            this=_func("epoch_us", node.this), expression=_func("epoch_us", node.expression)
+        )
+    )
+    whole = exp.IntDiv(this=micros.copy(), expression=exp.Literal.number(_DAY_US))
+    days = _func("to_days", exp.Cast(this=whole, to=exp.DataType.build("INTEGER")))
+    rest = _func("to_microseconds", exp.Mod(this=micros, expression=exp.Literal.number(_DAY_US)))
+    return exp.Add(this=days, expression=rest)
+
+
+entry(
+    "timestamptz - timestamptz",
+    exp.Sub,
+    _instant_difference,
+    rewrite=_instant_difference_rewrite,
+    proofs=(
+        "e.tz - TIMESTAMP '1995-01-31 10:00:00'",
+        "DATE '1992-02-29' - e.tz",
+        "e.tz - e.ts",
+        "e.ts - e.tz",
+        "e.tz - e.d",
+        "e.tz - e.tz",
+        "date_trunc('month', e.d) - e.ts",
+        "(e.tz - e.ts) < interval '3 days'",
+    ),
+)
+
+
 def _mul(call: Call) -> Result:
     a, b = call.type(), call.type("expression")
     if _integers(a, b):
