@@ -29,6 +29,11 @@ statement then goes to PostgreSQL.
 NULL if a pair is NULL, else true: the AND of the pairs' equalities) and ORs the outcomes, so
 the two agree on NULLs as well (DuckDB's own row IN does not). ``NOT IN`` is its negation. Up
 to ROW_IN_ROWS listed rows, and not over a parameter or a subquery (both copied per row).
+
+``x IN (a.col, 'c')`` becomes ``(x = a.col OR x IN ('c'))`` (`fold_in_with_columns`), which is
+how PostgreSQL's parser reads an IN list whose values read columns: each such value with its
+own ``=`` (a varchar compared with a char(n) column compares as char, trailing blanks ignored),
+the constants together in the left operand's type.
 """
 
 from __future__ import annotations
@@ -61,7 +66,30 @@ def fold(tree: exp.Expr) -> None:
     fold_filters(tree)
     fold_between_symmetric(tree)
     fold_row_in(tree)
+    fold_in_with_columns(tree)
     name_series_columns(tree)
+
+
+def fold_in_with_columns(tree: exp.Expr) -> None:
+    """``x IN (a.col, b.col, 'c', 'd')`` as PostgreSQL's parser makes it (transformAExprIn):
+    each listed value that reads a column compared with its own ``=`` (whose operand types
+    PostgreSQL resolves pair by pair: a varchar meeting a char(n) column compares as char), the
+    rest in one ``IN`` of the left operand's type; ORed (NOT IN: its negation, the AND of
+    ``<>``). Not over a parameter or a subquery (copied per value)."""
+    for node in list(tree.find_all(exp.In)):
+        left, listed = node.this, node.expressions
+        if node.args.get("query") or not listed or isinstance(left, exp.Tuple):
+            continue
+        reading = [v for v in listed if v.find(exp.Column) is not None]
+        if not reading or len(listed) > ROW_IN_ROWS:
+            continue
+        if any(p.find(exp.Placeholder, exp.Parameter, exp.Query) for p in (left, *listed)):
+            continue
+        constants = [v for v in listed if v.find(exp.Column) is None]
+        terms: list[exp.Expr] = [exp.EQ(this=left.copy(), expression=v.copy()) for v in reading]
+        if constants:
+            terms.append(exp.In(this=left.copy(), expressions=[c.copy() for c in constants]))
+        node.replace(exp.Paren(this=exp.or_(*terms, copy=False)))
 
 
 def name_series_columns(tree: exp.Expr) -> None:

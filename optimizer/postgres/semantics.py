@@ -278,10 +278,15 @@ class _Finder:
                 self.blocker = problem
                 return
         if isinstance(node, exp.Rollup | exp.Cube | exp.GroupingSets):
+            select = node.find_ancestor(exp.Select)
+            ordered = select is not None and (
+                select.args.get("order") is not None or select.find(exp.Window) is not None
+            )
             constant = next((e for e in _grouping_items(node) if e.find(exp.Column) is None), None)
-            if constant is not None:
+            if constant is not None and ordered:
                 # (a grouping set's constant is NULL in the sets without it, and DuckDB orders
-                # by it as by a constant: the rows come in another order)
+                # by it as by a constant: the rows come in another order; unordered, the rows
+                # are PostgreSQL's)
                 self.blocker = (
                     f"it groups by {_short(constant)}, a constant, in a grouping set "
                     "(DuckDB orders its rows as a constant's)"
