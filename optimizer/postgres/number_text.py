@@ -9,9 +9,10 @@ import decimal
 
 def number_template(template: str) -> bool:
     """Whether to_char's template is one the cache formats as PostgreSQL does (`to_char_text`):
-    digit positions ``9`` and ``0`` with literal commas, at least one before an optional ``.``
-    and any after it, nothing else (no FM, no locale's G and D, no sign patterns)."""
-    whole, _, fraction = template.partition(".")
+    an optional ``FM``, then digit positions ``9`` and ``0`` with literal commas, at least one
+    before an optional ``.`` and any after it, nothing else (no locale's G and D, no sign
+    patterns)."""
+    whole, _, fraction = template.removeprefix("FM").partition(".")
     return (
         bool(whole.strip(","))
         and set(whole) <= set("90,")
@@ -28,9 +29,13 @@ def to_char_text(value: str | None, template: str | None) -> str | None:
     blank until the first ``0`` position or the first significant digit (without a point, the
     last position always prints), commas printed only
     after a digit, and ``#`` in every digit position when the integer part does not fit. A
-    value rounded to zero prints no sign."""
+    value rounded to zero prints no sign. FM (fill mode) drops the leading blanks and the
+    fraction's trailing zeros at ``9`` positions, and prints a zero left with nothing but its
+    point as ``0.``."""
     if value is None or template is None:
         return None
+    if template.startswith("FM"):
+        return _fill_mode(value, template[2:])
     number = decimal.Decimal(value)
     if not number.is_finite():
         raise ArithmeticError("to_char of a number that is not finite: asked of PostgreSQL")
@@ -70,3 +75,18 @@ def to_char_text(value: str | None, template: str | None) -> str | None:
     if point:
         text += "." + decimals
     return text
+
+
+def _fill_mode(value: str, template: str) -> str | None:
+    text = to_char_text(value, template)
+    if text is None or "#" in text:
+        return text.lstrip(" ") if text is not None else None
+    text = text.lstrip(" ")
+    _, point, fraction = template.partition(".")
+    if point:
+        head, _, digits = text.rpartition(".")
+        kept = len(digits)
+        while kept and fraction[kept - 1] == "9" and digits[kept - 1] == "0":
+            kept -= 1
+        text = f"{head}.{digits[:kept]}"
+    return "0." if text == "." else text

@@ -319,8 +319,8 @@ def _number_to_char(call: Call) -> Result:
     template = _string_literal(args[1])
     if template is None or not number_text.number_template(template):
         return (
-            "its to_char template of a number is not digits 9 and 0 with commas and a point "
-            "(FM, G, D and sign patterns: remote)"
+            "its to_char template of a number is not digits 9 and 0 with commas and a point, "
+            "FM allowed (G and D follow lc_numeric; sign patterns: remote)"
         )
     return PgType("text")
 
@@ -346,5 +346,15 @@ entry(
         "to_char(e.n * 0.001, '0.999')",
         "to_char(e.n4 - 0.00004, '90.9999')",
         "to_char(e.i2, '9')",
+        "to_char(e.n, 'FM9999999999.00')",
+        "to_char(e.n4, 'FM999,999.99')",
+        "to_char(e.n4, 'FM9.99')",
+        "to_char(e.n * 0.01, 'FM9990.9')",
+        "to_char(e.n4, 'FM0.999')",
+        "to_char(e.i4, 'FM9999')",
+        "to_char(e.n0, 'FM0000')",
+        "to_char(e.n4, 'FM90.90')",
+        "to_char(e.n4, 'FM9.09')",
+        "to_char(e.n - 0.004, 'FM09.9')",
     ),
 )
