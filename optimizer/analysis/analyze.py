@@ -349,10 +349,21 @@ def _inner_divisions(
             if isinstance(node, exp.Avg) and isinstance(node.parent, exp.Window)
             else node
         )
-        found[target.meta[NODE_ID]] = numeric_division(
-            numerator.copy(), _literal(a), denominator.copy(), _literal(b)
-        )
+        division = numeric_division(numerator.copy(), _literal(a), denominator.copy(), _literal(b))
+        if _printed(target) and isinstance(division, exp.Cast):
+            division = division.this  # PostgreSQL's text of the quotient, at its display scale
+        found[target.meta[NODE_ID]] = division
     return found, None
+
+
+def _printed(node: exp.Expr) -> bool:
+    """Whether a value is printed as text where it stands (cast to text, concatenated)."""
+    parent = node.parent
+    while isinstance(parent, exp.Paren):
+        parent = parent.parent
+    if isinstance(parent, exp.Cast):
+        return parent.to.this in (exp.DType.TEXT, exp.DType.VARCHAR)
+    return isinstance(parent, exp.DPipe | exp.Concat | exp.ConcatWs)
 
 
 def _literal(scale: int | exp.Expr | None) -> exp.Expr:

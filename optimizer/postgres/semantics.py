@@ -444,6 +444,11 @@ class _Finder:
         found = self.type(value)
         if found.kind != "numeric":
             return
+        inner = value
+        while isinstance(inner, exp.Paren):
+            inner = inner.this
+        if found.scale is None and isinstance(inner, exp.Div | exp.Avg):
+            return  # the cache's division gives PostgreSQL's text (optimizer.analysis.analyze)
         if found.scale is None:
             self.blocker = (
                 f"it prints {_short(value)} as text, numerics whose scales vary from value to value"

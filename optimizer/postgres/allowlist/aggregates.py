@@ -90,6 +90,8 @@ entry(
         "SELECT avg(e.n4) FILTER (WHERE e.i4 < 0), avg(e.i8) FILTER (WHERE e.b), "
         "avg(e.n) FILTER (WHERE e.c IS NULL) FROM edge e WHERE e.id > 0",
         "SELECT e.b, avg(e.n) FILTER (WHERE e.i4 > 0) FROM edge e WHERE e.id > 0 GROUP BY e.b",
+        "SELECT e.b, avg(e.n)::text, concat(avg(e.i4), '!'), (sum(e.n4) / 7)::varchar "
+        "FROM edge e GROUP BY e.b",
     ),
 )
 
