@@ -10,7 +10,7 @@ allowlist skips NULLs (count, sum, avg, min, max, bool_and, bool_or, every, stri
 stddev, variance), so
 the aggregate's types, numeric scales and the cache's divisions (an average is its sum over
 its count) apply unchanged, and DuckDB never sees a FILTER. An aggregate that keeps NULLs
-(array_agg, json_agg), or a condition holding a subquery, keeps its FILTER and goes to
+(array_agg, json_agg) keeps its FILTER and goes to
 PostgreSQL with the allowlist's reason.
 
 A set-returning function in FROM names its column by its alias (``generate_series(1, 3) AS g``
@@ -158,9 +158,7 @@ def fold_filters(tree: exp.Expr) -> None:
         every = isinstance(aggregate, exp.Anonymous) and aggregate.name.lower() == "every"
         if not (isinstance(aggregate, SKIPS_NULLS) or every) or not isinstance(where, exp.Where):
             continue
-        condition = where.this
-        if condition.find(exp.Query) is not None:
-            continue
+        condition = where.this  # (moved, not copied: a subquery in it keeps its block)
         value = aggregate.this
         if every:  # (every(v): a call of its name, its value its first argument)
             if len(aggregate.expressions) != 1:

@@ -59,6 +59,8 @@ entry(
         "SELECT e.b, sum(e.n) FILTER (WHERE e.i4 > 0), sum(e.i4) FILTER (WHERE e.n IS NULL), "
         "sum(e.n4) FILTER (WHERE false) FROM edge e WHERE e.id > 0 GROUP BY e.b",
         "sum(e.n) FILTER (WHERE e.i4 <> 0) OVER (PARTITION BY e.b)",
+        "SELECT e.b, sum(e.n) FILTER (WHERE EXISTS (SELECT 1 FROM edge x WHERE x.i2 > e.i2)), "
+        "sum(e.i4) FILTER (WHERE e.i4 IN (SELECT x.i2 FROM edge x)) FROM edge e GROUP BY e.b",
     ),
 )
 
