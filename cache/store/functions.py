@@ -20,6 +20,8 @@ from optimizer.postgres import numeric as pg_numeric
 from optimizer.postgres.allowlist import (
     NUMERIC_DIVIDE,
     NUMERIC_DIVIDE_SCALE,
+    NUMERIC_SPREAD,
+    NUMERIC_SPREAD_SCALE,
     NUMERIC_TO_CHAR,
     WIDTH_BUCKET,
 )
@@ -52,6 +54,23 @@ def holder(path: Path) -> duckdb.DuckDBPyConnection:
         WIDTH_BUCKET,
         pg_numeric.width_bucket_texts,
         ["VARCHAR", "VARCHAR", "VARCHAR", "INTEGER"],
+        "INTEGER",
+        null_handling="special",
+        side_effects=False,
+    )
+    spread_arguments = ["VARCHAR", "INTEGER", "VARCHAR", "INTEGER"]
+    register(
+        NUMERIC_SPREAD,
+        pg_numeric.spread_texts,
+        spread_arguments,
+        "VARCHAR",
+        null_handling="special",
+        side_effects=False,
+    )
+    register(
+        NUMERIC_SPREAD_SCALE,
+        pg_numeric.spread_text_scale,
+        spread_arguments,
         "INTEGER",
         null_handling="special",
         side_effects=False,

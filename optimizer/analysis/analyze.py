@@ -24,8 +24,8 @@ from optimizer.analysis.normalize_constraint import (
     Instance,
     QueryResolver,
 )
-from optimizer.postgres.allowlist import numeric_division
-from optimizer.postgres.divisions import Kind, analyze_divisions
+from optimizer.postgres.allowlist import numeric_division, numeric_spread
+from optimizer.postgres.divisions import SPREADS, Kind, analyze_divisions
 from optimizer.postgres.expression_types import ExpressionTypes
 from optimizer.postgres.folds import fold
 from optimizer.postgres.numeric_scales import DerivedScales, Scale, division_operands
@@ -333,11 +333,22 @@ def _inner_divisions(
     found: dict[int, exp.Expr] = {}
     if not inner:
         return found, None
-    for node in query.tree.find_all(exp.Div, exp.Avg):
+    for node in query.tree.find_all(exp.Div, exp.Avg, *SPREADS):
         number = node.meta.get(NODE_ID)
         if number not in inner:
             continue
         operands = division_operands(node, types.of, derived.column)
+        if isinstance(node, tuple(SPREADS)) and operands is not None:
+            numerator, a, denominator, _ = operands
+            spread = numeric_spread(
+                numerator,
+                t.cast(int, a),
+                denominator,
+                SPREADS[type(node)].startswith("stddev"),
+                False,
+            )
+            found[t.cast(int, number)] = spread.this if _printed(node) else spread
+            continue
         if operands is None or operands[1] is None or operands[3] is None:
             return {}, (
                 f"it divides {node.sql(dialect='postgres')[:40]}, numerics whose display "

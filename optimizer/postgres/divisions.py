@@ -14,7 +14,8 @@ set to truncate). So:
   column, are computed by the cache too: DuckDB returns the exact ``N * sum(x*x) - sum(x)^2``
   and ``N * (N - 1)`` (``N * N`` for the population's), the cache divides them as PostgreSQL
   does and takes the square root of the rounded variance (`optimizer.postgres.numeric.spread`);
-  anywhere else, over doubles, and correlation keep the statement remote.
+  anywhere else DuckDB computes it with the cache's own function of the same two; over
+  doubles, over a window, and correlation keep the statement remote.
 """
 
 from __future__ import annotations
@@ -61,15 +62,13 @@ def analyze_divisions(
     for node in query.tree.find_all(exp.Div, exp.Avg, *_STATISTICS):
         if isinstance(node, _STATISTICS):
             spread = SPREADS.get(type(node))
+            if spread is None or isinstance(node.parent, exp.Window):
+                return outputs, inner, f"it computes {node.key} (over a window: not followed)"
             index = rewritable.get(id(node))
-            if spread is None or index is None:
-                return (
-                    outputs,
-                    inner,
-                    f"it computes {node.key} other than as a whole output column (the cache "
-                    "computes variance and standard deviation there only)",
-                )
-            outputs[index] = spread
+            if index is None:
+                inner[node.meta[NODE_ID]] = spread  # by the cache's own function
+            else:
+                outputs[index] = spread
             continue
         if types.block_of(node) is None:
             continue

@@ -146,6 +146,29 @@ def divide_texts(
     return format(quotient, "f")
 
 
+def spread_texts(
+    numerator: str | None, numerator_scale: int | None, denominator: str | None, root: int | None
+) -> str | None:
+    """A variance (``root``: a standard deviation) from its exact numerator and denominator
+    (`spread`), from and to text."""
+    if numerator is None or denominator is None or numerator_scale is None or root is None:
+        return None
+    value = spread(_operand(numerator, numerator_scale), int(denominator), bool(root))
+    if value is None:
+        return None
+    if _display_scale(value) > DIVISION_SCALE:
+        raise ArithmeticError(f"a variance of scale {_display_scale(value)} exceeds the cache's")
+    return format(value, "f")
+
+
+def spread_text_scale(
+    numerator: str | None, numerator_scale: int | None, denominator: str | None, root: int | None
+) -> int | None:
+    """The display scale of `spread_texts`'s value."""
+    found = spread_texts(numerator, numerator_scale, denominator, root)
+    return _display_scale(decimal.Decimal(found)) if found is not None else None
+
+
 def division_text_scale(
     a: str | None, a_scale: int | None, b: str | None, b_scale: int | None
 ) -> int | None:

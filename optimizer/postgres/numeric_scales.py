@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from sqlglot import exp
 
-from optimizer.postgres.allowlist import DIVISION_SCALE, numeric_division
+from optimizer.postgres.allowlist import DIVISION_SCALE, numeric_division, numeric_spread
 from optimizer.postgres.divisions import SPREADS, spread_operands
 from optimizer.postgres.types import PgType
 from sql_ext.params import NODE_ID
@@ -113,6 +113,13 @@ def _varying(
         return of(node.this)  # the average's own (its operands are windowed)
     if isinstance(node, exp.Subquery) and isinstance(node.this, exp.Select):
         return _subquery_scale(node, type_of, column)
+    if isinstance(node, (*SPREADS,)) and not isinstance(node.parent, exp.Window):
+        operands = division_operands(node, type_of, column)
+        if operands is None:
+            return None
+        numerator, a, denominator, _ = operands
+        root = SPREADS[type(node)].startswith("stddev")
+        return numeric_spread(numerator, t.cast(int, a), denominator, root, scale=True)
     if isinstance(node, exp.Div | exp.Avg):
         operands = division_operands(node, type_of, column)
         if operands is None or operands[1] is None or operands[3] is None:

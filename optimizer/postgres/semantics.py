@@ -36,6 +36,7 @@ from decimal import Decimal
 from sqlglot import exp
 
 from optimizer.postgres import allowlist
+from optimizer.postgres.divisions import SPREADS
 from optimizer.postgres.expression_types import (
     PADDED_READER_NAMES,
     PADDED_READERS,
@@ -447,7 +448,7 @@ class _Finder:
         inner = value
         while isinstance(inner, exp.Paren):
             inner = inner.this
-        if found.scale is None and isinstance(inner, exp.Div | exp.Avg):
+        if found.scale is None and isinstance(inner, (exp.Div, exp.Avg, *SPREADS)):
             return  # the cache's division gives PostgreSQL's text (optimizer.analysis.analyze)
         if found.scale is None:
             self.blocker = (

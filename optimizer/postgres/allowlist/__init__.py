@@ -27,7 +27,10 @@ from optimizer.postgres.allowlist.arithmetic import (
     DIVISION_SCALE,
     NUMERIC_DIVIDE,
     NUMERIC_DIVIDE_SCALE,
+    NUMERIC_SPREAD,
+    NUMERIC_SPREAD_SCALE,
     numeric_division,
+    numeric_spread,
 )
 from optimizer.postgres.allowlist.base import Call, Entry, Result, Settings
 from optimizer.postgres.allowlist.casts import reads_alike
@@ -49,6 +52,8 @@ __all__ = [
     "ENTRIES",
     "NUMERIC_DIVIDE",
     "NUMERIC_DIVIDE_SCALE",
+    "NUMERIC_SPREAD",
+    "NUMERIC_SPREAD_SCALE",
     "NUMERIC_TO_CHAR",
     "QUERY_PARTS",
     "WIDTH_BUCKET",
@@ -61,6 +66,7 @@ __all__ = [
     "entries_for",
     "name_of",
     "numeric_division",
+    "numeric_spread",
     "reads_alike",
     "resolve",
 ]

@@ -125,6 +125,10 @@ entry(
         "SELECT stddev(e.n), variance(e.n4) FROM edge e WHERE e.id < 0",
         "SELECT stddev(e.n0 * 1000), variance(e.n * 3), stddev_pop(e.i4 - 1) FROM edge e",
         "SELECT e.b, stddev(e.i2) FILTER (WHERE e.i4 > 0) FROM edge e WHERE e.id > 0 GROUP BY e.b",
+        "SELECT e.b, round(stddev(e.n), 2), variance(e.i4) + 1, stddev_pop(e.n4)::text "
+        "FROM edge e GROUP BY e.b ORDER BY var_pop(e.i2), e.b",
+        "SELECT d.b, d.s, d.s * 2 FROM (SELECT e.b, stddev(e.n4) AS s FROM edge e GROUP BY e.b) d",
+        "SELECT e.b FROM edge e GROUP BY e.b HAVING variance(e.n) > 1",
     ),
 )
 

@@ -31,6 +31,8 @@ entry = FAMILY.entry
 # (`cache.store.functions`), giving the quotient at PostgreSQL's scale (at most
 # DIVISION_SCALE digits: DuckDB holds it as a DECIMAL(38, DIVISION_SCALE)) and that scale
 NUMERIC_DIVIDE, NUMERIC_DIVIDE_SCALE = "mtcache_numeric_div", "mtcache_numeric_div_scale"
+# ... and a variance or standard deviation from its exact numerator and denominator
+NUMERIC_SPREAD, NUMERIC_SPREAD_SCALE = "mtcache_numeric_spread", "mtcache_numeric_spread_scale"
 DIVISION_SCALE = 24
 
 
@@ -375,6 +377,24 @@ entry(
     proofs=("-e.i4", "-e.n", "-e.f8", "-e.n4"),
     raises=("-(e.i2 * 0 - 32768)::smallint",),
 )
+
+
+def numeric_spread(
+    numerator: exp.Expr, numerator_scale: int, denominator: exp.Expr, root: bool, scale: bool
+) -> exp.Expr:
+    """PostgreSQL's variance (``root``: standard deviation) of its exact numerator and
+    denominator (optimizer.postgres.divisions.spread_operands), in DuckDB: the value (a
+    DECIMAL(38, DIVISION_SCALE)) or, with ``scale``, its display scale."""
+    call = _func(
+        NUMERIC_SPREAD_SCALE if scale else NUMERIC_SPREAD,
+        exp.cast(numerator, "VARCHAR"),
+        exp.Literal.number(numerator_scale),
+        exp.cast(denominator, "VARCHAR"),
+        exp.Literal.number(1 if root else 0),
+    )
+    if scale:
+        return call
+    return exp.cast(call, exp.DataType.build(f"DECIMAL(38, {DIVISION_SCALE})"))
 
 
 def numeric_division(
