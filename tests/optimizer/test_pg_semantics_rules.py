@@ -146,3 +146,21 @@ def test_the_document_lists_every_entry() -> None:
     text = (ROOT / "docs" / "postgres-semantics.md").read_text()
     missing = [e.name for e in ENTRIES if e.name.replace("|", "\\|") not in text]
     assert not missing, missing
+
+
+def test_a_chain_of_double_arithmetic_grows_its_local_form_linearly() -> None:
+    """Each double-precision operation's overflow checks read its operands once (found by the
+    oracle: checks copying them made a chain of 12 operations 7^12 nodes, and planning never
+    ended)."""
+    from optimizer.postgres.allowlist import BY_NAME
+
+    rewrite = BY_NAME["+ - * / of double precision"].rewrite
+    assert rewrite is not None
+    sizes = []
+    for depth in (6, 12, 24):
+        node: exp.Expr = exp.column("ratio")
+        for level in range(depth):
+            operation = (exp.Mul, exp.Add, exp.Div)[level % 3]
+            node = rewrite(operation(this=node, expression=exp.Literal.number(1.5)))
+        sizes.append(len(list(node.walk())))
+    assert sizes[2] - sizes[1] == 2 * (sizes[1] - sizes[0]), sizes

@@ -87,19 +87,34 @@ def _nonzero(node: exp.Expr) -> exp.Expr:
 def _float_checked(node: exp.Expr) -> exp.Expr:
     """PostgreSQL raises where floating-point arithmetic overflows to infinity from finite
     operands, or underflows to zero from nonzero ones (float.h's float_overflow_error,
-    float_underflow_error); DuckDB gives infinity and zero."""
-    a, b, result = node.this, node.expression, node.copy()
-    overflow = exp.and_(
-        _isinf(result.copy()), exp.Not(this=_isinf(a.copy())), exp.Not(this=_isinf(b.copy()))
+    float_underflow_error); DuckDB gives infinity and zero. The operands are computed once,
+    into a pair the checks read (a lambda over a one-element list): checks that copied them
+    would grow a chain of n operations as 7^n."""
+    pair = exp.Struct(
+        expressions=[
+            exp.PropertyEQ(this=exp.to_identifier("a"), expression=node.this),
+            exp.PropertyEQ(this=exp.to_identifier("b"), expression=node.expression),
+        ]
     )
+
+    def a() -> exp.Expr:
+        return exp.column("a", table=_PAIR)
+
+    def b() -> exp.Expr:
+        return exp.column("b", table=_PAIR)
+
+    def result() -> exp.Expr:
+        return type(node)(this=a(), expression=b())
+
+    overflow = exp.and_(_isinf(result()), exp.Not(this=_isinf(a())), exp.Not(this=_isinf(b())))
     checks = [(overflow, "value out of range: overflow")]
     if isinstance(node, exp.Mul):
         checks.append(
             (
                 exp.and_(
-                    exp.EQ(this=result.copy(), expression=exp.Literal.number(0)),
-                    _nonzero(a.copy()),
-                    _nonzero(b.copy()),
+                    exp.EQ(this=result(), expression=exp.Literal.number(0)),
+                    _nonzero(a()),
+                    _nonzero(b()),
                 ),
                 "value out of range: underflow",
             )
@@ -108,9 +123,9 @@ def _float_checked(node: exp.Expr) -> exp.Expr:
         checks.append(
             (
                 exp.and_(
-                    exp.EQ(this=result.copy(), expression=exp.Literal.number(0)),
-                    _nonzero(a.copy()),
-                    exp.Not(this=_isinf(b.copy())),
+                    exp.EQ(this=result(), expression=exp.Literal.number(0)),
+                    _nonzero(a()),
+                    exp.Not(this=_isinf(b())),
                 ),
                 "value out of range: underflow",
             )
@@ -119,7 +134,14 @@ def _float_checked(node: exp.Expr) -> exp.Expr:
         exp.If(this=condition, true=_func("error", exp.Literal.string(message)))
         for condition, message in checks
     ]
-    return exp.Case(ifs=ifs, default=node)
+    checked = exp.Lambda(
+        this=exp.Case(ifs=ifs, default=result()), expressions=[exp.to_identifier(_PAIR)]
+    )
+    applied = _func("list_transform", exp.Array(expressions=[pair]), checked)
+    return _func("list_extract", applied, exp.Literal.number(1))
+
+
+_PAIR = "mtcache_pair"  # the lambda's parameter: the two operands
 
 
 entry(
