@@ -789,7 +789,7 @@ class Generator:
             family = self.pick(("int", "numeric", "text", "date"))
             aggregate = self._aggregate([inner], family)
             body = Select(["count(*) AS c0", f"{aggregate} AS c1"], f"{child} {inner.alias}", where)
-            columns = (Column("c0", "int", ""), Column("c1", family, ""))
+            columns: tuple[Column, ...] = (Column("c0", "int", ""), Column("c1", family, ""))
         else:
             items = self._items([inner], self.r.randint(1, 2))
             keys = ", ".join(f"{inner.alias}.{k}" for k in KEYS[child])

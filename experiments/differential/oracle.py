@@ -10,6 +10,8 @@ fails the same way, for a reproduction a person can read.
 
 from __future__ import annotations
 
+import signal
+import threading
 import typing as t
 from collections import Counter
 from collections.abc import Callable
@@ -26,6 +28,7 @@ Typed = tuple[tuple[str, str], ...]
 # a statement PostgreSQL runs longer than this is not compared (the cache's backend session
 # has the same limit, so both sides would fail alike; locally it would answer)
 STATEMENT_TIMEOUT_MS = 20_000
+STALLED_SECONDS = 60  # the cache's own limit per statement (PostgreSQL's: the timeout above)
 TIMEOUT = "57014"
 
 
@@ -73,8 +76,22 @@ def on_postgres(conn: psycopg.Connection[t.Any], sql: str) -> Outcome:
         return Outcome(sqlstate=exc.sqlstate or "?", error=str(exc).splitlines()[0])
 
 
+class Stalled(Exception):
+    """The cache took longer than STALLED_SECONDS over one statement."""
+
+
+def _stalled(signum: int, frame: object) -> None:
+    raise Stalled
+
+
 def on_cache(conn: cache.Connection, sql: str) -> Outcome:
+    """The cache's outcome; one that has not come after STALLED_SECONDS (planning that never
+    ends, say) is an error of its own, "(stalled)", and the run goes on."""
     cursor = conn.cursor()
+    watched = threading.current_thread() is threading.main_thread()
+    if watched:
+        previous = signal.signal(signal.SIGALRM, _stalled)
+        signal.setitimer(signal.ITIMER_REAL, STALLED_SECONDS)
     try:
         cursor.execute(sql)
         rows = tuple(cursor.fetchall())
@@ -82,6 +99,12 @@ def on_cache(conn: cache.Connection, sql: str) -> Outcome:
     except cache.Error as exc:
         state = getattr(exc, "sqlstate", None) or f"({type(exc).__name__})"
         return Outcome(sqlstate=state, error=str(exc).splitlines()[0])
+    except Stalled:
+        return Outcome(sqlstate="(stalled)", error=f"no outcome after {STALLED_SECONDS} s")
+    finally:
+        if watched:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
     routes = tuple(p["route"] for p in cursor.provenance)
     reason = cursor.plan.reason if cursor.plan is not None else None
     return Outcome(rows, described, routes=routes, reason=reason)
