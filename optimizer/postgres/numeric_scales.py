@@ -151,7 +151,10 @@ def _varying(
         return exp.Case(ifs=ifs, default=_sql(fallback))
     if isinstance(node, exp.Coalesce):
         values = [node.this, *node.expressions]
-        if isinstance(node.this, exp.Literal):
+        first = node.this
+        while isinstance(first, exp.Paren | exp.Neg):
+            first = first.this
+        if isinstance(first, exp.Literal):
             return of(node.this)  # never NULL: always the first value
         scales = [of(v) for v in values]
         if any(s is None for s in scales):
