@@ -263,9 +263,10 @@ class _Finder:
                 if entry.rewrite is not None:
                     self.rewrites[node.meta[NODE_ID]] = entry.name
         elif not isinstance(node, allowlist.QUERY_PARTS):
+            why = allowlist.WHY_NOT_LISTED.get(node.key)
             self.blocker = (
                 f"it uses {_short(node)} ({node.key}), which is not on the list of "
-                "what DuckDB computes as PostgreSQL does"
+                "what DuckDB computes as PostgreSQL does" + (f" ({why})" if why else "")
             )
             return
         if isinstance(node, exp.Lateral) and (

@@ -164,3 +164,21 @@ def test_a_chain_of_double_arithmetic_grows_its_local_form_linearly() -> None:
             node = rewrite(operation(this=node, expression=exp.Literal.number(1.5)))
         sizes.append(len(list(node.walk())))
     assert sizes[2] - sizes[1] == 2 * (sizes[1] - sizes[0]), sizes
+
+
+@pytest.mark.parametrize(
+    ("sql", "why"),
+    [
+        ("SELECT array_agg(id) FROM t", "does not hold arrays"),
+        ("SELECT json_agg(id) FROM t", "does not build json"),
+        ("SELECT initcap(note) FROM t", "follow the database's ctype"),
+        ("SELECT corr(ratio, ratio) FROM t", "order of additions"),
+        ("SELECT sum(ratio) FROM t", "order of additions"),
+        ("SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY ratio) FROM t", "ordered-set"),
+        ("SELECT regexp_replace(note, 'a|ab', '') FROM t", "alternation"),
+        ("SELECT regexp_replace(note, 'a*a', '') FROM t", "ends at the longest"),
+    ],
+)
+def test_a_remote_reason_names_the_construct_and_why(sql: str, why: str) -> None:
+    blocker = semantics(sql)[0].blocker
+    assert blocker is not None and why in blocker, blocker
