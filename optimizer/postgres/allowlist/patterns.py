@@ -318,6 +318,7 @@ entry(
         "regexp_replace(e.t, ' +$', '.', 'g')",
         "regexp_replace(e.t, '', '>')",
         "regexp_replace(e.t, 'q{2,3}', '\\\\')",
+        "regexp_replace(e.t || '.x', '\\.x$', '!')",
     ),
 )
 
@@ -362,6 +363,7 @@ entry(
         "substring(e.c FROM ' [A-Z]$')",
         "substring(e.v FROM '[^a-z]+')",
         "substring(e.t FROM 'y*')",
+        "substring(e.v || '[1]' FROM '\\[([0-9])\\]')",
     ),
 )
 
