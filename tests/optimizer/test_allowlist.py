@@ -182,3 +182,36 @@ def test_times_with_time_zone_follow_the_sessions_zone(
             assert {p["route"] for p in cursor.provenance} == {"local"}, sql
     finally:
         cursor.execute("RESET TimeZone")
+
+
+# the constructs that are parts of a query rather than entries of the list, over the same
+# edge values: NULLs, empty inputs, ties, negative zero, long and non-ASCII strings
+STRUCTURES = (
+    # LATERAL: an aggregate per row, the first rows per row, an empty body
+    "SELECT e.id, x.c, x.m FROM edge e, LATERAL (SELECT count(*) AS c, max(y.t) AS m "
+    "FROM edge y WHERE y.i2 > e.i2) AS x",
+    "SELECT e.id, x.t FROM edge e LEFT JOIN LATERAL (SELECT y.t FROM edge y "
+    "WHERE y.c = e.c AND y.id <> e.id ORDER BY y.id LIMIT 1) AS x ON true",
+    "SELECT e.id, x.s FROM edge e CROSS JOIN LATERAL (SELECT sum(y.n) AS s FROM edge y "
+    "WHERE false) AS x",
+    "SELECT e.id, x.v FROM edge e LEFT JOIN LATERAL (SELECT y.v FROM edge y "
+    "WHERE y.f8 = e.f8 AND y.id > e.id) AS x ON true",
+    # WITH RECURSIVE: a counter from each row, a walk that ties, text growing non-ASCII
+    "WITH RECURSIVE r(id, n, s) AS (SELECT e.id, e.i4, e.t FROM edge e WHERE e.id NOT IN (5, 6) "
+    "UNION ALL SELECT r.id, r.n + 1, r.s || 'é' FROM r WHERE r.n < 3) SELECT id, n, s FROM r",
+    "WITH RECURSIVE r(b) AS (SELECT e.b FROM edge e UNION SELECT NOT r.b FROM r) SELECT b FROM r",
+    "WITH RECURSIVE r(d) AS (SELECT min(e.d) FROM edge e WHERE e.id NOT IN (5, 6) UNION ALL "
+    "SELECT r.d + 400 FROM r WHERE r.d < DATE '1990-01-01') SELECT count(*), max(d) FROM r",
+    # VALUES: untyped numbers of several scales, NULLs, negative zero, non-ASCII and long text
+    "SELECT v.a, v.b, e.id FROM (VALUES (-0.0, 'ÄÖü'), (NULL, ''), (1.50, repeat('é', 300)), "
+    "(2, NULL)) AS v(a, b) LEFT JOIN edge e ON e.n = v.a",
+    "SELECT v.k, count(e.id) FROM (VALUES (0), (7), (NULL)) AS v(k) LEFT JOIN edge e "
+    "ON e.i4 = v.k GROUP BY v.k",
+)
+
+
+@pytest.mark.parametrize("sql", STRUCTURES)
+def test_query_structures_answer_as_postgres_over_edge_values(
+    conn: cache.Connection, backend: str, sql: str
+) -> None:
+    check(conn, backend, sql)
