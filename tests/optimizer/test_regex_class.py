@@ -9,7 +9,6 @@ import pytest
 from optimizer.postgres import regex
 
 
-
 @pytest.mark.parametrize(
     "pattern",
     [
