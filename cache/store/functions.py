@@ -15,9 +15,10 @@ from pathlib import Path
 
 import duckdb
 
-from optimizer.postgres import number_text
+from optimizer.postgres import intervals, number_text
 from optimizer.postgres import numeric as pg_numeric
 from optimizer.postgres.allowlist import (
+    INTERVAL_MULTIPLY,
     NUMERIC_DIVIDE,
     NUMERIC_DIVIDE_SCALE,
     NUMERIC_SPREAD,
@@ -72,6 +73,14 @@ def holder(path: Path) -> duckdb.DuckDBPyConnection:
         pg_numeric.spread_text_scale,
         spread_arguments,
         "INTEGER",
+        null_handling="special",
+        side_effects=False,
+    )
+    register(
+        INTERVAL_MULTIPLY,
+        intervals.multiply,
+        ["INTEGER", "INTEGER", "BIGINT", "DOUBLE"],
+        "STRUCT(months INTEGER, days INTEGER, micros BIGINT)",
         null_handling="special",
         side_effects=False,
     )

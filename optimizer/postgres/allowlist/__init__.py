@@ -25,6 +25,7 @@ rest of the optimizer and the cache use.
 
 from optimizer.postgres.allowlist.arithmetic import (
     DIVISION_SCALE,
+    INTERVAL_MULTIPLY,
     NUMERIC_DIVIDE,
     NUMERIC_DIVIDE_SCALE,
     NUMERIC_SPREAD,
@@ -51,6 +52,7 @@ __all__ = [
     "BY_NAME",
     "DIVISION_SCALE",
     "ENTRIES",
+    "INTERVAL_MULTIPLY",
     "NUMERIC_DIVIDE",
     "NUMERIC_DIVIDE_SCALE",
     "NUMERIC_SPREAD",

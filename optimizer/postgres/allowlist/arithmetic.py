@@ -31,6 +31,8 @@ entry = FAMILY.entry
 # (`cache.store.functions`), giving the quotient at PostgreSQL's scale (at most
 # DIVISION_SCALE digits: DuckDB holds it as a DECIMAL(38, DIVISION_SCALE)) and that scale
 NUMERIC_DIVIDE, NUMERIC_DIVIDE_SCALE = "mtcache_numeric_div", "mtcache_numeric_div_scale"
+# ... an interval holding months times a fraction (optimizer.postgres.intervals)
+INTERVAL_MULTIPLY = "mtcache_interval_mul"
 # ... and a variance or standard deviation from its exact numerator and denominator
 NUMERIC_SPREAD, NUMERIC_SPREAD_SCALE = "mtcache_numeric_spread", "mtcache_numeric_spread_scale"
 DIVISION_SCALE = 24
@@ -257,6 +259,86 @@ def _mul(call: Call) -> Result:
         if kinds - {"interval"} == {"integer"}:
             return PgType("interval", months=True)  # months times an integer: whole months
     return f"it multiplies {a.kind} by {b.kind}"
+
+
+_INTERVAL_SIDE = "mtcache_interval_side"  # meta: which operand is the interval
+
+
+def _months_by_fraction(call: Call) -> Result:
+    a, b = call.type(), call.type("expression")
+    interval, factor = (a, b) if a.kind == "interval" else (b, a)
+    if interval.kind != "interval" or not interval.months:
+        return NOT_MINE
+    if factor.kind not in ("numeric", "float"):
+        return NOT_MINE
+    # (the rewrite sees no types: it reads the side here, kept with the node's copies)
+    call.node.meta[_INTERVAL_SIDE] = "this" if a.kind == "interval" else "expression"
+    return PgType("interval", months=True)
+
+
+def _months_by_fraction_rewrite(node: exp.Expr) -> exp.Expr:
+    """PostgreSQL's interval_mul by the cache's own function, over the interval's months,
+    days and microseconds (read from DuckDB's interval) and the factor as a double (a numeric
+    through its text, as PostgreSQL's float8(numeric)); its three units made an interval
+    again, the function called once (a lambda over its result)."""
+    a, b = node.this, node.expression
+    interval, factor = (a, b) if node.meta.get(_INTERVAL_SIDE) == "this" else (b, a)
+
+    def part(name: str) -> exp.Expr:
+        return _func("datepart", exp.Literal.string(name), interval.copy())
+
+    months = exp.Add(
+        this=exp.Mul(this=exp.Literal.number(12), expression=part("year")),
+        expression=part("month"),
+    )
+    micros = exp.Add(
+        this=exp.Add(
+            this=exp.Mul(this=exp.Literal.number(3_600_000_000), expression=part("hour")),
+            expression=exp.Mul(this=exp.Literal.number(60_000_000), expression=part("minute")),
+        ),
+        expression=part("microseconds"),
+    )
+    double = exp.cast(exp.cast(factor, "VARCHAR"), "DOUBLE")
+    call = _func(
+        INTERVAL_MULTIPLY,
+        exp.cast(months, "INTEGER"),
+        exp.cast(part("day"), "INTEGER"),
+        exp.cast(micros, "BIGINT"),
+        double,
+    )
+    unit = "mtcache_units"
+    whole = exp.Add(
+        this=exp.Add(
+            this=_func("to_months", exp.column("months", table=unit)),
+            expression=_func("to_days", exp.column("days", table=unit)),
+        ),
+        expression=_func("to_microseconds", exp.column("micros", table=unit)),
+    )
+    applied = _func(
+        "list_transform",
+        exp.Array(expressions=[call]),
+        exp.Lambda(this=whole, expressions=[exp.to_identifier(unit)]),
+    )
+    return _func("list_extract", applied, exp.Literal.number(1))
+
+
+entry(
+    "interval * fraction",
+    exp.Mul,
+    _months_by_fraction,
+    rewrite=_months_by_fraction_rewrite,
+    proofs=(
+        "interval '3 months' * 0.5",
+        "interval '1 year 2 days' * 0.5",
+        "0.5 * interval '1 month 36 hours'",
+        "interval '1 mon 1 day 01:02:03.000005' * 1.7",
+        "interval '1 year' * (-0.3)",
+        "interval '7 months' * e.n4",
+        "(e.d + interval '3 months' * 0.5)::date",
+        "interval '2 months' * 0.1::float8",
+        "interval '11 months 29 days' * 1.0001",
+    ),
+)
 
 
 entry(
