@@ -15,9 +15,10 @@ from pathlib import Path
 
 import duckdb
 
-from optimizer.postgres import intervals, number_text
+from optimizer.postgres import intervals, number_text, text_case
 from optimizer.postgres import numeric as pg_numeric
 from optimizer.postgres.allowlist import (
+    INITCAP_C,
     INTERVAL_MULTIPLY,
     NUMERIC_DIVIDE,
     NUMERIC_DIVIDE_SCALE,
@@ -73,6 +74,14 @@ def holder(path: Path) -> duckdb.DuckDBPyConnection:
         pg_numeric.spread_text_scale,
         spread_arguments,
         "INTEGER",
+        null_handling="special",
+        side_effects=False,
+    )
+    register(
+        INITCAP_C,
+        text_case.initcap_c,
+        ["VARCHAR"],
+        "VARCHAR",
         null_handling="special",
         side_effects=False,
     )

@@ -171,7 +171,6 @@ def test_a_chain_of_double_arithmetic_grows_its_local_form_linearly() -> None:
     [
         ("SELECT array_agg(id) FROM t", "does not hold arrays"),
         ("SELECT json_agg(id) FROM t", "does not build json"),
-        ("SELECT initcap(note) FROM t", "follow the database's ctype"),
         ("SELECT corr(ratio, ratio) FROM t", "order of additions"),
         ("SELECT sum(ratio) FROM t", "order of additions"),
         ("SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY ratio) FROM t", "ordered-set"),

@@ -37,6 +37,7 @@ from optimizer.postgres.allowlist.base import Call, Entry, Result, Settings
 from optimizer.postgres.allowlist.casts import reads_alike
 from optimizer.postgres.allowlist.date_time import ZONE_PARAMETER
 from optimizer.postgres.allowlist.math_functions import NUMERIC_TO_CHAR, WIDTH_BUCKET
+from optimizer.postgres.allowlist.strings import INITCAP_C
 from optimizer.postgres.allowlist.table import (
     BY_NAME,
     ENTRIES,
@@ -52,6 +53,7 @@ __all__ = [
     "BY_NAME",
     "DIVISION_SCALE",
     "ENTRIES",
+    "INITCAP_C",
     "INTERVAL_MULTIPLY",
     "NUMERIC_DIVIDE",
     "NUMERIC_DIVIDE_SCALE",

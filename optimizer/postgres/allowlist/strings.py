@@ -100,6 +100,33 @@ entry(
     rewrite=_case_map(_UPPER, _LOWER),
     proofs=("lower(e.t)", "lower(e.v)", "lower('ÄB')"),
 )
+INITCAP_C = "mtcache_initcap_c"  # PostgreSQL's initcap under the C ctype
+
+
+def _initcap(call: Call) -> Result:
+    if not call.settings.ascii_case:
+        return (
+            "it takes initcap, whose word boundaries and case mapping follow the database's "
+            "ctype (C's only are the cache's)"
+        )
+    if not _strings(call.type()):
+        return f"it takes initcap of {call.type().kind}"
+    return _text(call.type())  # (sqlglot adds its own delimiters: not PostgreSQL's argument)
+
+
+entry(
+    "initcap",
+    exp.Initcap,
+    _initcap,
+    rewrite=lambda node: _func(INITCAP_C, node.this),
+    proofs=(
+        "initcap(e.t)",
+        "initcap(e.c)",
+        "initcap(e.v)",
+        "initcap('hello wORLD-foo_bar 2nd äbc Éx')",
+        "initcap('')",
+    ),
+)
 _UNICODE_PROOFS = ("e.t", "e.c", "e.v", "'äöüßẞǆǅǄİıΣσς'", "''")
 entry(
     "upper (Unicode ctype keeping ß)",

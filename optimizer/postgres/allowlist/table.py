@@ -87,7 +87,6 @@ WHY_NOT_LISTED = {
     "explode": _ARRAYS,
     "json_agg": "the cache does not build json, whose text form is PostgreSQL's own",
     "jsonb_agg": "the cache does not build jsonb, whose text form is PostgreSQL's own",
-    "initcap": "its word boundaries and case mapping follow the database's ctype",
     "corr": "a statistic of doubles, whose last bits PostgreSQL's order of additions decides",
     "covarsamp": "a statistic of doubles, whose last bits PostgreSQL's order of additions decides",
     "covarpop": "a statistic of doubles, whose last bits PostgreSQL's order of additions decides",
