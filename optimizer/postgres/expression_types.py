@@ -81,11 +81,13 @@ TEXT_PREDICATES = (exp.StartsWith,)
 
 def column_type(column: Column, database_byte_order: bool) -> PgType:
     """A catalog column's type (``format_type`` text) as a `PgType`."""
-    return declared(
+    found = declared(
         column.type,
         column.byte_order if column.byte_order is not None else database_byte_order,
         column.deterministic,
     )
+    # a collation of its own (the database's default reads as None)
+    return replace(found, collated=True) if column.byte_order is not None else found
 
 
 class ExpressionTypes:
@@ -183,7 +185,9 @@ class ExpressionTypes:
         if isinstance(node, exp.Collate):
             inner = self.of(node.this, block)
             collation = node.expression.name if isinstance(node.expression, exp.Expr) else ""
-            return replace(inner, byte_order=byte_order_name(collation), deterministic=True)
+            return replace(
+                inner, byte_order=byte_order_name(collation), deterministic=True, collated=True
+            )
         if isinstance(node, exp.Distinct):
             return self.of(node.expressions[0], block) if node.expressions else OTHER
         if allowlist.computes(node):

@@ -31,9 +31,11 @@ the two agree on NULLs as well (DuckDB's own row IN does not). ``NOT IN`` is its
 to ROW_IN_ROWS listed rows, and not over a parameter or a subquery (both copied per row).
 
 ``x IN (a.col, 'c')`` becomes ``(x = a.col OR x IN ('c'))`` (`fold_in_with_columns`), which is
-how PostgreSQL's parser reads an IN list whose values read columns: each such value with its
-own ``=`` (a varchar compared with a char(n) column compares as char, trailing blanks ignored),
-the constants together in the left operand's type.
+how PostgreSQL's parser reads an IN list whose values read columns of its own query level: each
+such value with its own ``=`` (a varchar compared with a char(n) column compares as char,
+trailing blanks ignored), the constants together in the left operand's type. A value reading an
+outer query's column is a constant to PostgreSQL: such a list is not folded (each column must
+be qualified by a FROM item of the IN's own SELECT).
 """
 
 from __future__ import annotations
@@ -83,6 +85,11 @@ def fold_in_with_columns(tree: exp.Expr) -> None:
         reading = [v for v in listed if v.find(exp.Column) is not None]
         if not reading or len(listed) > ROW_IN_ROWS:
             continue
+        own = _from_names(node.find_ancestor(exp.Select))
+        if not all(
+            c.table and c.table.lower() in own for v in reading for c in v.find_all(exp.Column)
+        ):
+            continue  # (an outer reference is a constant to PostgreSQL: compared in the list)
         if any(p.find(exp.Placeholder, exp.Parameter, exp.Query) for p in (left, *listed)):
             continue
         constants = [v for v in listed if v.find(exp.Column) is None]
@@ -90,6 +97,25 @@ def fold_in_with_columns(tree: exp.Expr) -> None:
         if constants:
             terms.append(exp.In(this=left.copy(), expressions=[c.copy() for c in constants]))
         node.replace(exp.Paren(this=exp.or_(*terms, copy=False)))
+
+
+def _from_names(select: exp.Select | None) -> set[str]:
+    """The names a SELECT's own FROM items are known by (their aliases, else their table
+    names), lower case."""
+    if select is None:
+        return set()
+    items = []
+    if select.args.get("from_") is not None:
+        items.append(select.args["from_"].this)
+    items += [j.this for j in select.args.get("joins") or []]
+    names = set()
+    for item in items:
+        alias = item.args.get("alias")
+        if isinstance(alias, exp.TableAlias) and alias.this is not None:
+            names.add(alias.name.lower())
+        elif isinstance(item, exp.Table):
+            names.add(item.name.lower())
+    return names
 
 
 def name_series_columns(tree: exp.Expr) -> None:

@@ -12,7 +12,9 @@ def number_template(template: str) -> bool:
     an optional ``FM``, then digit positions ``9`` and ``0`` with literal commas, at least one
     before an optional ``.`` and any after it, nothing else (no locale's G and D, no sign
     patterns)."""
-    whole, _, fraction = template.removeprefix("FM").partition(".")
+    whole, point, fraction = template.removeprefix("FM").partition(".")
+    if point and not fraction:
+        return False  # a point with no digits after it: PostgreSQL prints none
     return (
         bool(whole.strip(","))
         and set(whole) <= set("90,")

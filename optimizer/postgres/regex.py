@@ -158,6 +158,11 @@ def _bracket(pattern: str, start: int) -> tuple[CharSet, int] | None:
                 return None
             chars |= {chr(c) for c in range(ord(char), ord(end) + 1)}
             position += 3
+            if (
+                pattern[position : position + 1] == "-"
+                and pattern[position + 1 : position + 2] != "]"
+            ):
+                return None  # a range right after a range: PostgreSQL raises (2201B)
             continue
         chars.add(char)
         position += 1
@@ -181,17 +186,17 @@ def _quantifier(pattern: str, position: int) -> tuple[int, int, int] | None:
         if end < 0:
             return None
         bounds = pattern[position + 1 : end].split(",")
-        if len(bounds) > 2 or not bounds[0].isdigit() or len(bounds[0]) > 3:
-            return None
+        if len(bounds) > 2 or not all(_count(b) for b in bounds if b) or not bounds[0]:
+            return None  # (a leading zero: PostgreSQL reads {01} as {1}, RE2 as text)
         least = int(bounds[0])
         if len(bounds) == 1:
             most = least
         elif bounds[1] == "":
             most = _MAX_REPEAT + 1
-        elif bounds[1].isdigit() and len(bounds[1]) <= 3:
-            most = int(bounds[1])
         else:
-            return None
+            most = int(bounds[1])
+            if most > _MAX_REPEAT:
+                return None  # PostgreSQL raises (2201B)
         if least > _MAX_REPEAT or (most <= _MAX_REPEAT and most < least) or most == 0:
             return None
         position = end + 1
@@ -200,6 +205,40 @@ def _quantifier(pattern: str, position: int) -> tuple[int, int, int] | None:
     if pattern[position : position + 1] in ("?", "*", "+", "{"):
         return None  # lazy, or repeated twice
     return least, most, position
+
+
+def _count(text: str) -> bool:
+    """A repetition count both engines read alike: digits without a leading zero."""
+    return text.isdigit() and (text == "0" or not text.startswith("0")) and len(text) <= 3
+
+
+def readable(pattern: str) -> bool:
+    """Whether the bracket expressions and repetition counts of a pattern (whatever else it
+    holds) are read alike by both engines: no range right after a range, counts without a
+    leading zero and at most 255 (for `~`, which only asks whether a pattern matches)."""
+    position = 0
+    while position < len(pattern):
+        char = pattern[position]
+        if char == "\\":
+            position += 2
+            continue
+        if char == "[":
+            found = _bracket(pattern, position)
+            if found is None:
+                return False
+            position = found[1]
+            continue
+        if char == "{":
+            end = pattern.find("}", position)
+            bounds = pattern[position + 1 : end].split(",") if end > 0 else []
+            if not bounds or not bounds[0] or not all(_count(b) for b in bounds if b):
+                return False
+            if any(b and int(b) > _MAX_REPEAT for b in bounds):
+                return False
+            position = end + 1
+            continue
+        position += 1
+    return True
 
 
 def for_duckdb(pattern: str) -> str:

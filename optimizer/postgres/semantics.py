@@ -359,8 +359,6 @@ class _Finder:
             self._widened(_operands(node))
         if isinstance(node, (*_COMPARED, exp.Between, exp.In, exp.Nullif, exp.Sub)):
             self._zoned(_operands(node))
-        if isinstance(node, exp.Anonymous) and node.name.lower() == "age":
-            self._zoned(list(node.expressions))
         if (
             isinstance(node, exp.Cast)
             and self.type(node.this).kind == "timestamptz"
@@ -786,7 +784,9 @@ def _recursive_problem(cte: exp.CTE, types: ExpressionTypes) -> str | None:
         term.args.get(k) for k in ("group", "having", "order", "limit", "offset", "distinct")
     ) or (term.find(exp.AggFunc, exp.Window) is not None):
         return (
-            f"{shape} aggregates, groups, orders or limits its recursive term (PostgreSQL raises)"
+            f"{shape} aggregates, groups, orders, limits, windows or removes duplicates in its "
+            "recursive term (PostgreSQL raises for aggregates, ORDER BY and LIMIT; the rest is "
+            "not proven alike yet)"
         )
     for join in term.args.get("joins") or []:
         if (join.side or "").upper() in ("RIGHT", "FULL") or (

@@ -52,6 +52,9 @@ class PgType:
     deterministic: bool = True  # strings: equal only when byte-equal
     months: bool = False  # interval: may hold months or years
     digits: int | None = None  # numeric: the declared precision of a column's values
+    # strings: under a collation of its own (a column's, a COLLATE clause's), whose ctype maps
+    # case instead of the database's
+    collated: bool = False
 
     @property
     def is_string(self) -> bool:
@@ -163,18 +166,25 @@ def combine(types: list[PgType]) -> PgType:
     kinds = {t_.kind for t_ in known}
     byte_order = all(t_.byte_order for t_ in known)
     deterministic = all(t_.deterministic for t_ in known)
+    collated = any(t_.collated for t_ in known)
     if "unknown" in kinds:
         return UNKNOWN
     if kinds <= STRINGS:
         typed = [t_ for t_ in known if t_.kind != "string"]
         if not typed:  # PostgreSQL resolves untyped strings alone to text
-            return PgType("text", byte_order=byte_order)
+            return PgType("text", byte_order=byte_order, collated=collated)
         kind = typed[0].kind
         width = None
         if kind == "char" and kinds == {"char"}:
             widths = {t_.width for t_ in known}
             width = widths.pop() if len(widths) == 1 else None
-        return PgType(kind, width=width, byte_order=byte_order, deterministic=deterministic)
+        return PgType(
+            kind,
+            width=width,
+            byte_order=byte_order,
+            deterministic=deterministic,
+            collated=collated,
+        )
     if kinds <= NUMBERS | {"string"} and kinds & NUMBERS:
         if "float" in kinds:
             return FLOAT4 if all(t_.width == 4 for t_ in known) else FLOAT8

@@ -91,3 +91,27 @@ def test_what_the_proof_does_not_cover_stays_at_the_backend(
     """~* and initcap fold case by rules of their own: PostgreSQL answers them."""
     for expression in ("e.t ~* 'straSSe'", "initcap(e.t)"):
         assert check(conn, backend, statement(expression), local=False) == "remote", expression
+
+
+def test_a_collation_of_its_own_maps_case_at_the_backend(
+    conn: cache.Connection, backend: str
+) -> None:
+    """A value under a collation of its own (a column's, a COLLATE clause's) has its case
+    mapped by that collation's ctype, not the database's: PostgreSQL answers (found by an
+    independent review: under C.utf8, a COLLATE "C" column's upper is ASCII's)."""
+    with psycopg.connect(backend, autocommit=True) as setup:
+        setup.execute("DROP TABLE IF EXISTS coll")
+        setup.execute('CREATE TABLE coll (id integer PRIMARY KEY, tc text COLLATE "C", t text)')
+        setup.execute("INSERT INTO coll VALUES (1, 'éxß ΟΔΟΣ', 'éxß ΟΔΟΣ'), (2, NULL, 'abc')")
+    conn.cursor().execute("CREATE CACHED VIEW coll_copy AS SELECT * FROM coll")
+    conn.admin.refresh("coll_copy")
+    for statement_text in (
+        "SELECT c.id, upper(c.tc) FROM coll c",
+        "SELECT c.id, lower(c.tc) FROM coll c",
+        "SELECT c.id, c.tc ILIKE 'É%' FROM coll c",
+        'SELECT c.id, upper(c.t COLLATE "C") FROM coll c',
+        "SELECT c.id, upper(coalesce(c.tc, c.t)) FROM coll c",
+    ):
+        remote = check(conn, backend, statement_text, local=False)
+        assert remote == "remote", statement_text
+    assert check(conn, backend, "SELECT c.id, upper(c.t), c.t ILIKE 'É%' FROM coll c") == "local"

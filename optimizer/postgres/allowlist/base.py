@@ -88,7 +88,22 @@ def _string_literal(node: exp.Expr | None) -> str | None:
 
 
 def _text(*types: PgType) -> PgType:
-    return PgType("text", byte_order=all(t_.byte_order for t_ in types if t_.is_string))
+    return PgType(
+        "text",
+        byte_order=all(t_.byte_order for t_ in types if t_.is_string),
+        collated=any(t_.collated for t_ in types if t_.is_string),
+    )
+
+
+def _own_collation(call: Call, *keys: str) -> str | None:
+    """Why case mapping is not the cache's where an argument carries a collation of its own
+    (whose ctype, not the database's, maps case in PostgreSQL), or None."""
+    if any(call.type(k).collated for k in keys if call.arg(k) is not None):
+        return (
+            f"it takes {call.node.key} of a value under a collation of its own (whose ctype, "
+            "not the database's, maps its case)"
+        )
+    return None
 
 
 def _strings(*types: PgType) -> bool:

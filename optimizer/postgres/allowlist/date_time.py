@@ -292,40 +292,6 @@ entry(
 )
 
 
-def _zoned_age(call: Call) -> Result:
-    args = call.node.expressions
-    kinds = {call.of(a).kind for a in args} - {"null"}
-    if len(args) != 2 or "timestamptz" not in kinds:
-        return NOT_MINE
-    if not kinds <= {"timestamptz", "timestamp", "date"}:
-        return f"it takes age of {'/'.join(sorted(kinds))}"
-    # (a date or timestamp is read in the session's time zone: optimizer.postgres.semantics)
-    return PgType("interval", months=True)
-
-
-def _zoned_age_rewrite(node: exp.Expr) -> exp.Expr:
-    """PostgreSQL's timestamptz_age: the field differences of the two times as the session's
-    time zone shows them (any difference of their offsets deliberately ignored), i.e. the age
-    of their wall times there."""
-    zone = exp.Placeholder(this=exp.to_identifier(ZONE_PARAMETER))
-    return _func("age", *(_func("timezone", zone.copy(), a) for a in node.expressions))
-
-
-entry(
-    "age(timestamptz, timestamptz)",
-    "age",
-    _zoned_age,
-    rewrite=_zoned_age_rewrite,
-    proofs=(
-        "age(e.tz, e.ts)",
-        "age(e.ts, e.tz)",
-        "age(e.tz, DATE '1992-02-29')",
-        "age(date_trunc('month', e.d), e.ts)",
-        "age(e.tz, e.tz)",
-    ),
-)
-
-
 def _make_date(call: Call) -> Result:
     args = call.node.expressions
     if len(args) != 3 or not _integers(*map(call.of, args)):

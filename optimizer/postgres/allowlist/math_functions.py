@@ -357,4 +357,5 @@ entry(
         "to_char(e.n4, 'FM9.09')",
         "to_char(e.n - 0.004, 'FM09.9')",
     ),
+    raises=(),
 )

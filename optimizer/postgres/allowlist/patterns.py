@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import typing as t
 
 from sqlglot import exp
 
@@ -20,6 +21,7 @@ from optimizer.postgres.allowlist.base import (
     Result,
     _ascii_map,
     _func,
+    _own_collation,
     _string_literal,
     _strings,
     _text,
@@ -34,6 +36,8 @@ def _like(call: Call) -> Result:
     a, pattern = call.type(), call.type("expression")
     if not _strings(a, pattern):
         return f"it matches {a.kind} with LIKE"
+    if isinstance(call.node, exp.ILike) and _own_collation(call, "this", "expression"):
+        return t.cast(str, _own_collation(call, "this", "expression"))
     if isinstance(call.node, exp.ILike) and not call.settings.ascii_case:
         if call.settings.unicode_case:
             return NOT_MINE  # (the entry under a Unicode ctype)
@@ -189,10 +193,17 @@ def _regex(call: Call) -> Result:
         return f"it matches {a.kind} with a regular expression"
     if call.node.args.get("flag") is not None:
         return "it passes flags to a regular expression"
+    if isinstance(call.node, exp.RegexpILike) and _own_collation(call, "this", "expression"):
+        return t.cast(str, _own_collation(call, "this", "expression"))
     if isinstance(call.node, exp.RegexpILike) and not call.settings.ascii_case:
         return "it takes ~*, whose case folding follows the database's ctype"
     text = _string_literal(call.arg("expression"))
-    if text is None or not _SAFE_REGEX.fullmatch(text) or not text.isascii():
+    if (
+        text is None
+        or not _SAFE_REGEX.fullmatch(text)
+        or not text.isascii()
+        or not regex.readable(text)
+    ):
         return "its regular expression is not a literal both engines read alike"
     return BOOL
 
@@ -218,6 +229,7 @@ entry(
     exp.RegexpLike,
     _regex,
     rewrite=_regex_rewrite,
+    raises=("e.t ~ '[a-c-e]'", "e.t ~ 'x{1,300}'"),
     proofs=(
         "e.v ~ 'a.c'",
         "e.v ~ '^a[^x]c$'",
@@ -319,6 +331,7 @@ entry(
         "regexp_replace(e.t, '', '>')",
         "regexp_replace(e.t, 'q{2,3}', '\\\\')",
         "regexp_replace(e.t || '.x', '\\.x$', '!')",
+        "regexp_replace(e.t, 'x{1}', 'Z', 'g')",
     ),
 )
 

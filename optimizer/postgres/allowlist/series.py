@@ -4,12 +4,15 @@ PostgreSQL's ``generate_series(start, stop [, step])`` over int4 (and smaller) a
 returns int4, over an int8 one int8: the values from start to stop by step (1 without one),
 none when the range is empty or an argument is NULL, an error (22023) for a step of zero. Its
 arguments may read the FROM items before it (PostgreSQL joins it to them as a LATERAL item,
-and so does DuckDB). DuckDB's own series are always BIGINT: an int4 series is its list cast to
-INTEGER[] and unnested, so arithmetic on its values overflows where PostgreSQL's does. The
+and so does DuckDB). DuckDB's own series are always BIGINT: an int4 series is read through a
+subquery casting its values to INTEGER (streamed, as PostgreSQL's), so arithmetic on them
+overflows where PostgreSQL's does. The
 column is named as PostgreSQL names it (`optimizer.postgres.folds.name_series_columns`).
 """
 
 from __future__ import annotations
+
+import typing as t
 
 from sqlglot import exp
 
@@ -65,21 +68,23 @@ def _arguments(node: exp.Expr) -> list[exp.Expr]:
     return found
 
 
-def _int4_rewrite(node: exp.Expr) -> exp.Expr:
-    """DuckDB's series as INTEGER values: its list cast, unnested."""
-    listed = _func("generate_series", *_arguments(node))
-    return _func("unnest", exp.Cast(this=listed, to=exp.DataType.build("INTEGER[]")))
+def _series_of(name: str) -> t.Callable[[exp.Expr], exp.Expr]:
+    """DuckDB's series (BIGINT values) read through a subquery casting them to ``name``:
+    streamed, as PostgreSQL's (a list of them would be built whole first)."""
 
+    def rewrite(node: exp.Expr) -> exp.Expr:
+        values = exp.Cast(this=exp.column("generate_series"), to=exp.DataType.build(name))
+        source = exp.Table(this=_func("generate_series", *_arguments(node)))
+        return exp.Subquery(this=exp.select(values).from_(source))
 
-def _int8_rewrite(node: exp.Expr) -> exp.Expr:
-    return _func("generate_series", *_arguments(node))
+    return rewrite
 
 
 entry(
     "generate_series(integer, integer, integer)",
     (exp.ExplodingGenerateSeries,),
     _series(4),  # type: ignore[arg-type]
-    rewrite=_int4_rewrite,
+    rewrite=_series_of("INTEGER"),
     proofs=(
         "SELECT e.id, g.y FROM edge e, generate_series(1, 3) AS g(y)",
         "SELECT e.id, g.y FROM edge e, generate_series(e.i2, 3) AS g(y)",
@@ -101,7 +106,7 @@ entry(
     "generate_series(bigint, bigint, bigint)",
     (exp.ExplodingGenerateSeries,),
     _series(8),  # type: ignore[arg-type]
-    rewrite=_int8_rewrite,
+    rewrite=_series_of("BIGINT"),
     proofs=(
         "SELECT e.id, g.y FROM edge e, generate_series(e.i8, e.i8 + 2) AS g(y)",
         "SELECT e.id, g.y FROM edge e, generate_series(1, 10, e.i8) AS g(y) WHERE e.i8 <> 0",

@@ -19,6 +19,7 @@ from optimizer.postgres.allowlist.base import (
     _func,
     _integers,
     _literal_int,
+    _own_collation,
     _string_literal,
     _strings,
     _text,
@@ -56,6 +57,9 @@ def _case_map(source: str, target: str) -> Callable[[exp.Expr], exp.Expr]:
 
 
 def _cased(call: Call) -> Result:
+    collated = _own_collation(call, "this")
+    if collated is not None:
+        return collated
     if not call.settings.ascii_case:
         if call.settings.unicode_case:
             return NOT_MINE  # (the entries under a Unicode ctype, below)
@@ -72,6 +76,8 @@ def _unicode_cased(*modes: str) -> Callable[[Call], Result]:
     def signature(call: Call) -> Result:
         if call.settings.ascii_case or call.settings.unicode_case not in modes:
             return NOT_MINE
+        if _own_collation(call, "this") is not None:
+            return NOT_MINE  # (the reason is the C entry's)
         return _text_of("this")(call)
 
     return signature
@@ -104,6 +110,9 @@ INITCAP_C = "mtcache_initcap_c"  # PostgreSQL's initcap under the C ctype
 
 
 def _initcap(call: Call) -> Result:
+    collated = _own_collation(call, "this")
+    if collated is not None:
+        return collated
     if not call.settings.ascii_case:
         return (
             "it takes initcap, whose word boundaries and case mapping follow the database's "
