@@ -144,7 +144,10 @@ def _interval(value: t.Any) -> t.Any:
         micros = round(float(seconds) * 1_000_000)
         if sign == "-":
             whole, micros = -whole, -micros
-    return dt.timedelta(days=total, seconds=whole, microseconds=micros)
+    try:
+        return dt.timedelta(days=total, seconds=whole, microseconds=micros)
+    except OverflowError:  # (beyond a timedelta: psycopg's own reading of PostgreSQL's decides)
+        raise LocalUnfit(f"an interval beyond Python's timedelta: {value!r}") from None
 
 
 def _in_zone(zone: dt.tzinfo) -> Convert:
