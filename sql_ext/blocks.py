@@ -184,7 +184,7 @@ def analyze(tree: exp.Expr) -> BlockAnalysis:
 
     analysis = BlockAnalysis(tree=tree, blocks=blocks, by_select=by_select)
     for block in blocks:
-        block.sources = [_make_source(item, block, analysis) for item in _from_items(block.select)]
+        block.sources = [_make_source(item, block, analysis) for item in from_items(block.select)]
     return analysis
 
 
@@ -232,7 +232,8 @@ def _find_cte(block: Block, name: str) -> exp.CTE | None:
     return None
 
 
-def _from_items(select: exp.Select) -> list[exp.Expr]:
+def from_items(select: exp.Select) -> list[exp.Expr]:
+    """A SELECT's own FROM items, in order (its FROM's and its joins')."""
     items: list[exp.Expr] = []
     from_ = select.args.get("from_")
     if from_ is not None:

@@ -205,7 +205,9 @@ def analyze(query: Query, catalog: Catalog, default_bound: float | None = None) 
     semantics = pg_semantics(query, types, catalog.text_byte_order, derived.scale)
     divisions, inner, division_blocker = analyze_divisions(query, types)
     division_scales, scale_blocker = _division_scales(query, types, divisions, derived)
-    inner_divisions, inner_blocker = _inner_divisions(query, types, inner, derived)
+    inner_divisions, inner_blocker = _inner_divisions(
+        query, types, inner, derived, semantics.printed_divisions
+    )
     scale_blocker = scale_blocker or inner_blocker
     varying = sorted(semantics.varying_scales - set(divisions))
     if varying and semantics.blocker is None:
@@ -327,9 +329,14 @@ def _division_scales(
 
 
 def _inner_divisions(
-    query: Query, types: ExpressionTypes, inner: Mapping[int, str], derived: DerivedScales
+    query: Query,
+    types: ExpressionTypes,
+    inner: Mapping[int, str],
+    derived: DerivedScales,
+    printed_divisions: frozenset[int] = frozenset(),
 ) -> tuple[dict[int, exp.Expr], str | None]:
-    """The DuckDB expression of each division inside the statement, or why one cannot be."""
+    """The DuckDB expression of each division inside the statement, or why one cannot be
+    (``printed_divisions``: those printed as text, given as the cache's text of the value)."""
     found: dict[int, exp.Expr] = {}
     if not inner:
         return found, None
@@ -347,7 +354,8 @@ def _inner_divisions(
                 SPREADS[type(node)].startswith("stddev"),
                 False,
             )
-            found[t.cast(int, number)] = spread.this if _printed(node) else spread
+            printed = number in printed_divisions
+            found[t.cast(int, number)] = spread.this if printed else spread
             continue
         if operands is None or operands[1] is None or operands[3] is None:
             return {}, (
@@ -361,20 +369,10 @@ def _inner_divisions(
             else node
         )
         division = numeric_division(numerator.copy(), _literal(a), denominator.copy(), _literal(b))
-        if _printed(target) and isinstance(division, exp.Cast):
+        if number in printed_divisions and isinstance(division, exp.Cast):
             division = division.this  # PostgreSQL's text of the quotient, at its display scale
         found[target.meta[NODE_ID]] = division
     return found, None
-
-
-def _printed(node: exp.Expr) -> bool:
-    """Whether a value is printed as text where it stands (cast to text, concatenated)."""
-    parent = node.parent
-    while isinstance(parent, exp.Paren):
-        parent = parent.parent
-    if isinstance(parent, exp.Cast):
-        return parent.to.this in (exp.DType.TEXT, exp.DType.VARCHAR)
-    return isinstance(parent, exp.DPipe | exp.Concat | exp.ConcatWs)
 
 
 def _literal(scale: int | exp.Expr | None) -> exp.Expr:

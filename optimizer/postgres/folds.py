@@ -42,6 +42,8 @@ from __future__ import annotations
 
 from sqlglot import exp
 
+from sql_ext.blocks import from_items
+
 # the aggregates that skip NULL inputs
 SKIPS_NULLS = (
     exp.Count,
@@ -104,12 +106,8 @@ def _from_names(select: exp.Select | None) -> set[str]:
     names), lower case."""
     if select is None:
         return set()
-    items = []
-    if select.args.get("from_") is not None:
-        items.append(select.args["from_"].this)
-    items += [j.this for j in select.args.get("joins") or []]
     names = set()
-    for item in items:
+    for item in from_items(select):
         alias = item.args.get("alias")
         if isinstance(alias, exp.TableAlias) and alias.this is not None:
             names.add(alias.name.lower())

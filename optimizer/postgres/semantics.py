@@ -84,6 +84,9 @@ class Semantics:
     # psycopg reads PostgreSQL's (a month is 30 days, a year 365; DuckDB's Python gives 360)
     printed_intervals: frozenset[int] = frozenset()
     text_scales: Mapping[int, int] = field(default_factory=dict)  # numeric printed as text
+    # divisions, averages and variances printed as text: given as the cache's own function's
+    # text of PostgreSQL's value (optimizer.analysis.analyze), not cast to a decimal
+    printed_divisions: frozenset[int] = frozenset()
     # parameters PostgreSQL reads as a type of this kind: a string value must read alike in
     # DuckDB (`optimizer.postgres.allowlist.reads_alike`), else the backend answers
     parameters: Mapping[int, str] = field(default_factory=dict)
@@ -165,6 +168,7 @@ def pg_semantics(
         scale_columns=columns,
         printed_intervals=frozenset(intervals),
         text_scales=found.text_scales,
+        printed_divisions=frozenset(found.printed_divisions),
         parameters=found.parameters,
         widen=found.widen,
         zoned=frozenset(found.zoned),
@@ -241,6 +245,7 @@ class _Finder:
         self.doubles: set[int] = set()
         self.rewrites: dict[int, str] = {}
         self.text_scales: dict[int, int] = {}
+        self.printed_divisions: set[int] = set()
         self.parameters: dict[int, str] = {}
         self.entries: set[str] = set()
         self.widen: dict[int, int] = {}
@@ -457,7 +462,9 @@ class _Finder:
         while isinstance(inner, exp.Paren):
             inner = inner.this
         if found.scale is None and isinstance(inner, (exp.Div, exp.Avg, *SPREADS)):
-            return  # the cache's division gives PostgreSQL's text (optimizer.analysis.analyze)
+            # the cache's division gives PostgreSQL's text (optimizer.analysis.analyze)
+            self.printed_divisions.add(inner.meta[NODE_ID])
+            return
         if found.scale is None:
             self.blocker = (
                 f"it prints {_short(value)} as text, numerics whose scales vary from value to value"

@@ -8,7 +8,9 @@ Each expression the entry lists as raising raises the same SQLSTATE through the 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -55,9 +57,9 @@ def backend(backend_dsn: str) -> str:
     return backend_dsn
 
 
-@pytest.fixture(scope="module")
-def conn(backend: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[cache.Connection]:
-    path = tmp_path_factory.mktemp("allowlist") / "cache.duckdb"
+@contextlib.contextmanager
+def edge_connection(backend: str, path: Path) -> Iterator[cache.Connection]:
+    """A cache connection on ``path`` holding the edge table, planning the guarded plan."""
     with cache.connect(
         backend=backend,
         cache_path=path,
@@ -69,6 +71,12 @@ def conn(backend: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[cac
     ) as conn:
         conn.cursor().execute("CREATE CACHED VIEW edge_copy AS SELECT * FROM edge")
         conn.admin.refresh("edge_copy")
+        yield conn
+
+
+@pytest.fixture(scope="module")
+def conn(backend: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[cache.Connection]:
+    with edge_connection(backend, tmp_path_factory.mktemp("allowlist") / "cache.duckdb") as conn:
         yield conn
 
 

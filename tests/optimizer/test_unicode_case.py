@@ -16,7 +16,15 @@ import cache
 from cache.backend.embedded_pg import EmbeddedPostgres
 from cache.backend.reflect import unicode_case
 from optimizer.postgres.allowlist import ENTRIES, Entry
-from tests.optimizer.test_allowlist import EDGE, EXTREMES, ROWS, check, entry_uses, statement
+from tests.optimizer.test_allowlist import (
+    EDGE,
+    EXTREMES,
+    ROWS,
+    check,
+    edge_connection,
+    entry_uses,
+    statement,
+)
 
 DATABASE = "t_unicode_case"
 UNICODE_ENTRIES = [e for e in ENTRIES if e.ctype != "C"]
@@ -47,17 +55,7 @@ def backend(pg_cluster: EmbeddedPostgres) -> str:
 @pytest.fixture(scope="module")
 def conn(backend: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[cache.Connection]:
     path = tmp_path_factory.mktemp("unicode-case") / "cache.duckdb"
-    with cache.connect(
-        backend=backend,
-        cache_path=path,
-        admit_on_miss=False,
-        autocommit=True,
-        background=False,
-        plan_choice="guarded",
-        currency_bound="10 min",
-    ) as conn:
-        conn.cursor().execute("CREATE CACHED VIEW edge_copy AS SELECT * FROM edge")
-        conn.admin.refresh("edge_copy")
+    with edge_connection(backend, path) as conn:
         yield conn
 
 

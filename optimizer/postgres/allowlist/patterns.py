@@ -345,22 +345,26 @@ def _substring_pattern(call: Call) -> Result:
     return _text(call.type())
 
 
-def _substring_pattern_rewrite(node: exp.Expr) -> exp.Expr:
-    """The first parenthesized part's match, else the whole match; NULL without a match
-    (DuckDB's regexp_extract would give '')."""
-    text = node.args["start"].this
-    pattern = regex.parse(text)
-    assert pattern is not None
-    duckdb_pattern = exp.Literal.string(regex.for_duckdb(text))
-    group = exp.Literal.number(1 if pattern.groups else 0)
+def _matched_part(value: exp.Expr, pattern: str, group: int) -> exp.Expr:
+    """What ``pattern`` matched in ``value`` (its ``group``-th parenthesized part, 0: the whole
+    match), NULL without a match (DuckDB's regexp_extract alone would give '')."""
+    duckdb_pattern = exp.Literal.string(regex.for_duckdb(pattern))
     return exp.Case(
         ifs=[
             exp.If(
-                this=_func("regexp_matches", node.this.copy(), duckdb_pattern.copy()),
-                true=_func("regexp_extract", node.this, duckdb_pattern, group),
+                this=_func("regexp_matches", value.copy(), duckdb_pattern.copy()),
+                true=_func("regexp_extract", value, duckdb_pattern, exp.Literal.number(group)),
             )
         ]
     )
+
+
+def _substring_pattern_rewrite(node: exp.Expr) -> exp.Expr:
+    """The first parenthesized part's match, else the whole match."""
+    text = node.args["start"].this
+    pattern = regex.parse(text)
+    assert pattern is not None
+    return _matched_part(node.this, text, 1 if pattern.groups else 0)
 
 
 entry(
@@ -391,15 +395,7 @@ def _regexp_substr(call: Call) -> Result:
 
 
 def _regexp_substr_rewrite(node: exp.Expr) -> exp.Expr:
-    duckdb_pattern = exp.Literal.string(regex.for_duckdb(node.expression.this))
-    return exp.Case(
-        ifs=[
-            exp.If(
-                this=_func("regexp_matches", node.this.copy(), duckdb_pattern.copy()),
-                true=_func("regexp_extract", node.this, duckdb_pattern, exp.Literal.number(0)),
-            )
-        ]
-    )
+    return _matched_part(node.this, node.expression.this, 0)
 
 
 entry(

@@ -33,7 +33,10 @@ entry = FAMILY.entry
 _ARGUMENTS = ("start", "end", "step")
 
 
-def _series(width: int) -> object:
+def _series(width: int) -> t.Callable[[Call], Result]:
+    """The signature of the series of integers of ``width`` bytes (int4 unless an argument is
+    an int8, as PostgreSQL picks)."""
+
     def signature(call: Call) -> Result:
         table = call.node.parent
         if not isinstance(table, exp.Table) or table.this is not call.node:
@@ -42,14 +45,10 @@ def _series(width: int) -> object:
             return "it calls generate_series WITH ORDINALITY"
         types = [call.type(k) for k in _ARGUMENTS if call.arg(k) is not None]
         if not _integers(*types):
-            kinds = ", ".join(t.kind for t in types)
+            kinds = ", ".join(found.kind for found in types)
             return f"it calls generate_series over {kinds} (integer series only)"
-        wide = 8 if any(t.width == 8 for t in types) else 4
-        return (
-            PgType("integer", 8)
-            if wide == width == 8
-            else (PgType("integer", 4) if wide == width == 4 else NOT_MINE)
-        )
+        wide = 8 if any(found.width == 8 for found in types) else 4
+        return PgType("integer", width) if wide == width else NOT_MINE
 
     return signature
 
@@ -83,7 +82,7 @@ def _series_of(name: str) -> t.Callable[[exp.Expr], exp.Expr]:
 entry(
     "generate_series(integer, integer, integer)",
     (exp.ExplodingGenerateSeries,),
-    _series(4),  # type: ignore[arg-type]
+    _series(4),
     rewrite=_series_of("INTEGER"),
     proofs=(
         "SELECT e.id, g.y FROM edge e, generate_series(1, 3) AS g(y)",
@@ -105,7 +104,7 @@ entry(
 entry(
     "generate_series(bigint, bigint, bigint)",
     (exp.ExplodingGenerateSeries,),
-    _series(8),  # type: ignore[arg-type]
+    _series(8),
     rewrite=_series_of("BIGINT"),
     proofs=(
         "SELECT e.id, g.y FROM edge e, generate_series(e.i8, e.i8 + 2) AS g(y)",
