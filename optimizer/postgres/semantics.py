@@ -153,6 +153,13 @@ def pg_semantics(
             else:
                 columns[index] = scale
         elif typed.kind == "interval" and typed.months:
+            if _deduplicated(query.tree):
+                # (PostgreSQL's equal intervals - 1 mon 5 days and 35 days - are one row;
+                # DuckDB's DISTINCT keeps both: found by the oracle)
+                return Semantics(
+                    blocker=f"it removes duplicates of intervals holding months (output "
+                    f"column {index + 1}), which PostgreSQL compares by their length"
+                )
             intervals.add(index)
     return Semantics(
         rtrim=frozenset(found.rtrim),
@@ -836,6 +843,16 @@ def _except_scale(top: exp.Expr, index: int, scale_of: t.Callable[[exp.Expr], t.
     if isinstance(projection, exp.Star):
         return None
     return scale_of(_unaliased(projection))
+
+
+def _deduplicated(top: exp.Expr) -> bool:
+    """Whether a statement's rows are made distinct (DISTINCT, or a set operation that is
+    not UNION ALL)."""
+    if isinstance(top, exp.Select):
+        return bool(top.args.get("distinct"))
+    return not (isinstance(top, exp.Union) and not top.args.get("distinct")) or any(
+        _deduplicated(side) for side in (top.this, top.expression)
+    )
 
 
 def _union_all_branches(top: exp.Expr) -> list[exp.Select] | None:
