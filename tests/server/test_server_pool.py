@@ -13,6 +13,7 @@ import os
 import resource
 import subprocess
 import threading
+import time
 import typing as t
 from collections.abc import Iterator
 from decimal import Decimal
@@ -300,8 +301,26 @@ def test_a_read_the_backend_answers_under_a_bound_pins_too(small: Served) -> Non
             with pytest.raises(psycopg.errors.TooManyConnections, match="--pool-size"):
                 b.execute("SELECT 1")
             a.close()
+            # the server closes the pinned connection; PostgreSQL frees the lock once that
+            # backend has ended, which it does after the close returns: wait for it
+            _until_unlocked(small.backend, 43)
             assert b.execute("SELECT pg_try_advisory_lock(43)").fetchone() == (True,)
             b.execute("SELECT pg_advisory_unlock(43)")
+
+
+def _until_unlocked(backend: str, key: int) -> None:
+    """Return once no backend holds the session advisory lock ``key`` (a bounded wait for
+    an event, not a measured delay)."""
+    with psycopg.connect(backend, autocommit=True) as pg:
+        for _ in range(600):
+            held = pg.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = %s",
+                (key,),
+            ).fetchone()
+            if held == (0,):
+                return
+            time.sleep(0.1)
+    raise AssertionError(f"advisory lock {key} still held a minute after its session ended")
 
 
 def test_a_full_pool_fails_the_statement_not_the_session(small: Served) -> None:
