@@ -25,6 +25,7 @@ from __future__ import annotations
 import typing as t
 from dataclasses import dataclass
 
+import psycopg
 from pglast import ast, parse_sql
 from pglast.parser import ParseError
 from sqlglot import exp
@@ -217,6 +218,11 @@ _MODIFIED = frozenset({1042, 1043, 1700, 1083, 1114, 1184, 1186})
 
 
 def _oid_of(kind: PgType) -> tuple[int, int]:
+    if kind.kind == "array" and kind.element is not None:  # its element type's array type
+        info = psycopg.postgres.types.get(_oid_of(kind.element)[0])
+        if info is None or not info.array_oid:
+            raise Unknown(f"the array type of {kind.element.kind} values")
+        return info.array_oid, -1
     width = kind.width if kind.kind in ("integer", "float") else None
     found = _TYPES.get((kind.kind, width))
     if found is None:

@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cache.backend.copy_arrow import arrow_type
-from cache.wire.oids import OID
+from cache.wire.oids import OID, element_oid
 from optimizer.plan import LocalStatement, Output
 from optimizer.postgres import numeric as pg_numeric
 from optimizer.postgres.allowlist import ZONE_PARAMETER
@@ -98,14 +98,22 @@ _INFINITE_KINDS = frozenset(("DATE", "TIMESTAMP", "TIMESTAMP WITH TIME ZONE"))
 
 
 def infinite_kinds(duck_types: Sequence[str]) -> tuple[int, ...]:
-    """The columns (by index) of DuckDB types that may hold infinity."""
-    return tuple(i for i, kind in enumerate(duck_types) if kind.upper() in _INFINITE_KINDS)
+    """The columns (by index) of DuckDB types that may hold infinity (or arrays of them)."""
+    return tuple(
+        i for i, kind in enumerate(duck_types) if kind.upper().removesuffix("[]") in _INFINITE_KINDS
+    )
+
+
+def _at_edge(value: t.Any) -> bool:
+    if isinstance(value, list):  # an array's elements
+        return any(_at_edge(v) for v in value)
+    return value in _EDGES
 
 
 def at_edges(rows: Sequence[Row], columns: Sequence[int]) -> bool:
     """Whether a value of these columns is the extreme date or time of Python's types: real
     (0001-01-01, 9999-12-31 23:59:59.999999) or infinity, which look alike."""
-    return any(row[i] in _EDGES for row in rows for i in columns)
+    return any(_at_edge(row[i]) for row in rows for i in columns)
 
 
 def infinite_among(table: pa.Table, columns: Sequence[int]) -> bool:
@@ -113,6 +121,8 @@ def infinite_among(table: pa.Table, columns: Sequence[int]) -> bool:
     microseconds) DuckDB gives it is its type's extreme, which no real value has."""
     for i in columns:
         column = table.column(i)
+        if pa.types.is_list(column.type):  # an array's elements
+            column = pc.list_flatten(column)
         raw = pa.int32() if pa.types.is_date32(column.type) else pa.int64()
         extreme = 2 ** (raw.bit_width - 1) - 1
         infinities = pa.array([extreme, -extreme], raw)
@@ -229,7 +239,18 @@ def column_converter(
     """How a DuckDB value of ``duck_type`` becomes the value psycopg gives for PostgreSQL's
     (``oid``, ``modifier``); None when that cannot be done exactly. ``width``: the n of the
     char(n) values of a char column PostgreSQL types without n, if they have one; ``scale``:
-    the display scale of a numeric column's values (None: DuckDB's values have it)."""
+    the display scale of a numeric column's values (None: DuckDB's values have it); for an
+    array, ``width`` and ``scale`` are its elements'."""
+    element = element_oid(oid)
+    if element is not None or duck_type.endswith("]"):  # an array: element by element
+        inner = (
+            column_converter(element, -1, duck_type[:-2], width, scale, zone)
+            if element is not None and duck_type.endswith("[]")
+            else None
+        )
+        if inner is None or inner is _identity:
+            return inner
+        return _elements(inner)
     base = duck_type.split("(", maxsplit=1)[0].upper().strip('"')
     if base == "NULL":  # DuckDB folded the column to NULL: every value is None
         return _identity
@@ -275,6 +296,11 @@ def column_converter(
     if oid in _TEXT_OIDS:
         return _identity if base == "VARCHAR" else None
     return _identity if base in _SAME.get(oid, ()) else None
+
+
+def _elements(convert: Convert) -> Convert:
+    """An array (a list, as psycopg gives it) converted element by element."""
+    return lambda value: value if value is None else [convert(v) for v in value]
 
 
 def converter(

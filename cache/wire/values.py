@@ -26,7 +26,7 @@ import psycopg
 from psycopg import _encodings as psycopg_encodings  # PostgreSQL's encoding names (no public map)
 from psycopg.pq import Format
 
-from cache.wire.oids import OID
+from cache.wire.oids import OID, element_oid
 from optimizer.postgres.float_text import shortest_digits
 
 Encoder = Callable[[t.Any], bytes]
@@ -71,8 +71,9 @@ def unconvertible(encoding: str) -> str:
 
 
 def encodable(type_oids: t.Iterable[int]) -> bool:
-    """Whether values of every one of these types can be encoded here."""
-    return all(oid in _TEXT for oid in type_oids)
+    """Whether values of every one of these types can be encoded here (an array: its
+    elements')."""
+    return all(element_oid(oid) in _TEXT or oid in _TEXT for oid in type_oids)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -82,9 +83,14 @@ def encoders(
     """One encoder per column, in the format the client asked for it (0 text, 1 binary);
     made once per result shape (encoders keep no state: sessions share them)."""
     return tuple(
-        _binary(oid) if code == 1 else _TEXT[oid](settings)
+        _binary(oid) if code == 1 else _text(oid, settings)
         for oid, code in zip(type_oids, formats, strict=True)
     )
+
+
+def _text(oid: int, settings: OutputSettings) -> Encoder:
+    element = element_oid(oid)
+    return _TEXT[oid](settings) if element is None else _array_text(_TEXT[element](settings))
 
 
 # -- text: PostgreSQL's output functions ----------------------------------------------------------
@@ -237,6 +243,25 @@ _TEXT: dict[int, Callable[[OutputSettings], Encoder]] = {
 }
 
 
+# array_out quotes an element that is empty, reads NULL, or holds a delimiter, a brace, a quote,
+# a backslash or white space (array_isspace); inside quotes a quote and a backslash are escaped
+_QUOTED = frozenset(b'{},"\\ \t\n\r\v\f')
+
+
+def _array_text(element: Encoder) -> Encoder:
+    """array_out of a one-dimensional array: ``{1,NULL,"a b"}``."""
+
+    def item(value: t.Any) -> bytes:
+        if value is None:
+            return b"NULL"
+        text = element(value)
+        if text and text.upper() != b"NULL" and not _QUOTED.intersection(text):
+            return text
+        return b'"' + text.replace(b"\\", b"\\\\").replace(b'"', b'\\"') + b'"'
+
+    return lambda values: b"{" + b",".join(map(item, values)) + b"}"
+
+
 # -- binary: PostgreSQL's send functions, as psycopg's dumpers write them ------------------------
 
 
@@ -246,6 +271,9 @@ _NUMERIC_INFINITIES = {False: b"\0\0\0\0\xd0\0\0\x20", True: b"\0\0\0\0\xf0\0\0\
 
 
 def _binary(oid: int) -> Encoder:
+    element = element_oid(oid)
+    if element is not None:
+        return _array_binary(element, _binary(element))
     if oid in (OID.bpchar, OID.char):  # bpcharsend / charsend: the bytes themselves
         return lambda value: value.encode()
     if oid == OID.numeric:
@@ -258,6 +286,25 @@ def _binary(oid: int) -> Encoder:
 
         return numeric
     return _dumped(oid)
+
+
+def _array_binary(element_type: int, element: Encoder) -> Encoder:
+    """array_send of a one-dimensional array: dimensions, a has-NULLs flag, the element type,
+    then each element's length (-1: NULL) and bytes."""
+
+    def encode(values: list[t.Any]) -> bytes:
+        if not values:
+            return struct.pack("!iii", 0, 0, element_type)
+        parts = [struct.pack("!iiiii", 1, None in values, element_type, len(values), 1)]
+        for value in values:
+            if value is None:
+                parts.append(b"\xff\xff\xff\xff")
+            else:
+                data = element(value)
+                parts.append(struct.pack("!i", len(data)) + data)
+        return b"".join(parts)
+
+    return encode
 
 
 def _dumped(oid: int) -> Encoder:

@@ -7,8 +7,9 @@ expressions that must raise.
 
 Every query is deterministic on PostgreSQL - whatever plan either side picks, its answer is one
 set of rows (one sequence when ordered): LIMIT / OFFSET come with an ORDER BY of every output
-column, a window orders its rows by a key, an ordered aggregate (``string_agg``) says its
-order, a scalar subquery returns at most one row, and nothing volatile is called.
+column, a window orders its rows by a key, an ordered aggregate (``string_agg``, ``array_agg``)
+says its order (``array_agg`` to the key of every table it reads), a scalar subquery returns at
+most one row, and nothing volatile is called.
 
 `Generator(seed).query()` gives a `Select` or `Compound`: SQL text with its parts kept apart, so
 that a failing query can be made smaller (`shrink`) while it still fails.
@@ -668,9 +669,25 @@ class Generator:
                 select.limit = self.r.randint(1, 10)
         return select
 
-    def shape_aggregate(self) -> Select:
+    def shape_aggregate(self, arrays: bool = True) -> Select:
+        """A grouped SELECT; with ``arrays``, sometimes with an array_agg output (an array is
+        answered locally only as an output column of the statement)."""
         text, scope, narrow = self.from_clause(self.r.randint(0, 2))
-        return self._aggregate_select(scope, text, narrow)
+        select = self._aggregate_select(scope, text, narrow)
+        if arrays and not select.order and self.chance(0.25):
+            array = self._array_agg(scope)
+            if array is not None:
+                select.items.append(array)
+        return select
+
+    def _array_agg(self, scope: list[Source]) -> str | None:
+        """array_agg of a value in the order of the value, then of every table's key (None
+        when a source in scope has none)."""
+        if not all(s.table for s in scope):
+            return None
+        value = self.expr(self.pick(("int", "numeric", "text", "date")), scope, 1)
+        keys = ", ".join(f"{s.alias}.{k}" for s in scope for k in KEYS[s.table or ""])
+        return f"array_agg({value} ORDER BY {value}, {keys})"
 
     def shape_distinct(self) -> Select:
         select = self.shape_plain(self.r.randint(0, 1))
@@ -688,7 +705,9 @@ class Generator:
 
     def shape_derived(self) -> Select:
         inner = (
-            self.shape_plain(self.r.randint(0, 1)) if self.chance(0.5) else self.shape_aggregate()
+            self.shape_plain(self.r.randint(0, 1))
+            if self.chance(0.5)
+            else self.shape_aggregate(arrays=False)
         )
         columns = [f"c{i}" for i in range(len(inner.items))]
         inner.items = [f"{item} AS {name}" for item, name in zip(inner.items, columns, strict=True)]
@@ -699,7 +718,7 @@ class Generator:
         return Select(outer, f"({inner.sql()}) AS {derived.alias}", where)
 
     def shape_cte(self) -> Select:
-        inner = self.shape_aggregate() if self.chance(0.5) else self.shape_plain()
+        inner = self.shape_aggregate(arrays=False) if self.chance(0.5) else self.shape_plain()
         columns = [f"c{i}" for i in range(len(inner.items))]
         name = self.alias("cte")
         body = ", ".join(f"{item} AS {c}" for item, c in zip(inner.items, columns, strict=True))

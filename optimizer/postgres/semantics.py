@@ -126,6 +126,14 @@ def pg_semantics(
     intervals: set[int] = set()
     for index in range(len(query.tree.selects) if isinstance(query.tree, exp.Query) else 0):
         typed = types.output(query.tree, index)
+        if typed.kind == "array" and typed.element is not None:
+            # (the converter gives its elements the n or the display scale of the element type)
+            typed = typed.element
+            if typed.kind == "char" and typed.width is not None:
+                widths[index] = typed.width
+            elif typed.kind == "numeric" and typed.scale is not None:
+                scales[index] = typed.scale
+            continue
         if typed.kind == "char" and typed.width is not None:
             widths[index] = typed.width
         elif typed.kind == "char":
@@ -270,6 +278,12 @@ class _Finder:
                 self.blocker = problem
                 return
             entry = self.types.entry(node)
+            if self.type(node).kind == "array" and not self._output_itself(node):
+                self.blocker = (
+                    f"it uses the array {_short(node)} other than as an output column of the "
+                    "statement (the cache compares, orders and combines no arrays)"
+                )
+                return
             if entry is not None:
                 self.entries.add(entry.name)
                 if entry.rewrite is not None:
@@ -394,6 +408,17 @@ class _Finder:
         ):
             for argument in arguments(node):
                 self._printed(argument)
+
+    def _output_itself(self, node: exp.Expr) -> bool:
+        """Whether a node is an output column of the statement (a SELECT without DISTINCT),
+        as it is or aliased."""
+        parent = node.parent.parent if isinstance(node.parent, exp.Alias) else node.parent
+        return (
+            isinstance(self.top, exp.Select)
+            and parent is self.top
+            and not self.top.args.get("distinct")
+            and any(_unaliased(p) is node for p in self.top.expressions)
+        )
 
     def _long_list(self, node: exp.In) -> None:
         """``x IN (long list)``: DuckDB compares integers with integers and strings with text
@@ -686,6 +711,9 @@ class _Finder:
             values = [_order_target(node) or node.this]
         for value in values:
             found = self.type(value)
+            if found.kind == "array":
+                self.blocker = f"it orders by the array {_short(value)}"
+                return
             if (found.is_string and not found.byte_order) or (
                 found.kind == "unknown" and not self.database_byte_order
             ):

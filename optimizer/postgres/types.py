@@ -6,7 +6,8 @@ A type is a *kind* with what else matters for computing it exactly: the n of ``c
 bytes of an integer or floating-point type, a numeric's *display scale* (PostgreSQL keeps one per
 value: ``1.50`` and ``1.5`` are equal numerics printed differently), whether text is collated
 by bytes as DuckDB orders it, and whether an interval may hold months (which psycopg and DuckDB
-turn into days differently).
+turn into days differently). An array (array_agg's output, which the cache gives only as a
+statement's output column) is typed by its elements.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ Kind = t.Literal[
     "interval",
     "bytea",
     "uuid",
+    "array",
     "null",
     "other",
     "unknown",
@@ -55,6 +57,7 @@ class PgType:
     # strings: under a collation of its own (a column's, a COLLATE clause's), whose ctype maps
     # case instead of the database's
     collated: bool = False
+    element: PgType | None = None  # array: its elements' type (array_agg's output only)
 
     @property
     def is_string(self) -> bool:
@@ -197,6 +200,8 @@ def combine(types: list[PgType]) -> PgType:
     if kinds <= {"date", "timestamp"}:
         return TIMESTAMP if "timestamp" in kinds else DATE
     if len(kinds) == 1 and kinds <= {"bool", "timestamptz", "time", "bytea", "uuid"}:
+        return known[0]
+    if kinds == {"array"} and len(set(known)) == 1:
         return known[0]
     if kinds == {"interval"}:
         return PgType("interval", months=any(t_.months for t_ in known))

@@ -148,6 +148,36 @@ def test_every_value_survives_and_answers_as_postgres(
 
 
 @pytest.mark.parametrize("table", ["pulled", "streamed"])
+def test_arrays_of_every_value_answer_as_postgres(backend: str, cached: Path, table: str) -> None:
+    """array_agg of each column, over each row and over all of them: each element as it is
+    answered alone (infinity, BC and 24:00:00 among them: psycopg's error, as PostgreSQL's)."""
+    with (
+        cache.connect(
+            backend=backend,
+            cache_path=cached,
+            background=False,
+            currency_bound="10 min",
+            plan_choice="guarded",
+            autocommit=True,
+        ) as conn,
+        psycopg.connect(backend, autocommit=True) as pg,
+    ):
+        pg.execute("SET TimeZone = 'UTC'")
+        cursor = conn.cursor()
+        local = 0
+        for where in ["", *(f" WHERE x.id = {row}" for row in IDS)]:
+            for column in NAMES:
+                sql = f"SELECT array_agg(x.{column} ORDER BY x.id) FROM {table} x{where}"
+                want = outcome(pg.execute, sql)
+                got = outcome(lambda q: cursor.execute(q) or cursor, sql)
+                assert got == want, f"{sql}: {got} != {want}"
+                if want[0] == "rows" and column != "u":  # (no uuid arrays)
+                    assert [p["route"] for p in cursor.provenance] == ["local"], sql
+                    local += 1
+        assert local > len(IDS) * (len(NAMES) - 1) // 2
+
+
+@pytest.mark.parametrize("table", ["pulled", "streamed"])
 def test_what_python_cannot_hold_is_stored_as_postgres_holds_it(
     backend: str, cached: Path, table: str
 ) -> None:

@@ -26,6 +26,13 @@ from tests.cases import load_cases
 # PostgreSQL's names for what each kind of target is (FigureColname), and types and modifiers
 # that only a column, a cast or agreeing arms carry
 NAMED = [
+    "SELECT n.n_regionkey, array_agg(n.n_name ORDER BY n.n_name), array_agg(n.n_nationkey "
+    "ORDER BY 1, n.n_nationkey DESC) AS keys, array_agg(n.n_comment ORDER BY n.n_nationkey) "
+    "FROM nation n "
+    "GROUP BY n.n_regionkey",
+    "SELECT array_agg(o.o_totalprice ORDER BY o.o_orderkey), array_agg(o.o_orderdate "
+    "ORDER BY o.o_orderkey), array_agg(o.o_orderkey::bigint * 1.5 ORDER BY o.o_orderkey) "
+    "FROM orders o WHERE o.o_orderkey < 10",
     "SELECT count(*), count(n.n_name), sum(n.n_nationkey), avg(n.n_nationkey) FROM nation n",
     'SELECT n.n_name, n.n_name AS "Named", n.n_regionkey AS r FROM nation n',
     "SELECT char_length(n.n_name), length(n.n_name), upper(n.n_name), substr(n.n_name, 1, 2), "

@@ -169,7 +169,17 @@ def test_a_chain_of_double_arithmetic_grows_its_local_form_linearly() -> None:
 @pytest.mark.parametrize(
     ("sql", "why"),
     [
-        ("SELECT array_agg(id) FROM t", "does not hold arrays"),
+        ("SELECT array_agg(id) FROM t", "array without ORDER BY"),
+        (
+            "SELECT x FROM (SELECT array_agg(id ORDER BY id) AS x FROM t) s",
+            "other than as an output",
+        ),
+        ("SELECT array_agg(id ORDER BY id) AS a FROM t ORDER BY a", "orders by the array"),
+        (
+            "SELECT DISTINCT array_agg(id ORDER BY id) FROM t GROUP BY code",
+            "other than as an output",
+        ),
+        ("SELECT array_agg(DISTINCT id) FROM t", "DISTINCT values"),
         ("SELECT json_agg(id) FROM t", "does not build json"),
         ("SELECT corr(ratio, ratio) FROM t", "order of additions"),
         ("SELECT sum(ratio) FROM t", "order of additions"),

@@ -89,6 +89,33 @@ def test_values_of_every_cached_type_are_postgres_bytes(served: Served, binary: 
         assert _same(got, want)
 
 
+@pytest.mark.parametrize("binary", [False, True], ids=["text", "binary"])
+def test_arrays_are_answered_locally_in_postgres_bytes(served: Served, binary: bool) -> None:
+    """array_agg's arrays (text quoted by array_out's rules, numerics, NULL elements), as
+    psycopg loads PostgreSQL's and byte for byte."""
+    sql = (
+        "SELECT b.authorid, array_agg(b.title || ' ' ORDER BY b.isbn) AS titles, "
+        "array_agg(b.price ORDER BY b.isbn DESC), array_agg(CASE WHEN b.price > 30 THEN "
+        "b.isbn END ORDER BY b.isbn) AS dear FROM books b WHERE b.authorid = 1 "
+        "GROUP BY b.authorid"
+    )
+    hits = served.engine.counters()[Counter.HITS]
+    with (
+        psycopg.connect(served.dsn, autocommit=True) as conn,
+        psycopg.connect(served.backend, autocommit=True) as pg,
+    ):
+        got = conn.cursor(binary=binary).execute(sql + " CURRENCY BOUND 10 MIN")
+        want = pg.cursor(binary=binary).execute(sql)
+        assert _same(got, want)
+        sent = [
+            c.pgconn.exec_params(text.encode(), [], result_format=int(binary))
+            for c, text in ((conn, sql + " CURRENCY BOUND 10 MIN"), (pg, sql))
+        ]
+        ours, postgres = ([r.get_value(0, i) for i in range(4)] for r in sent)
+        assert ours == postgres
+    assert served.engine.counters()[Counter.HITS] >= hits + 2  # answered by the cache
+
+
 def test_local_floats_follow_the_sessions_extra_float_digits(served: Served) -> None:
     """extra_float_digits is not reported to clients: the server reads it after a statement
     that may set it, and again when a SET LOCAL's transaction ends."""

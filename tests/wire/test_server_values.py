@@ -133,6 +133,33 @@ def test_every_encoder_writes_postgres_bytes(backend_dsn: str, binary: bool) -> 
                     assert encode(loaded) == sent, (zone, sql, loaded)
 
 
+# array_out quotes these text elements (empty, NULL read as text, delimiters, braces, quotes,
+# backslashes, white space) and not the others
+QUOTING = ["", "NULL", "null", "NULLs", "a,b", 'a"b', "{x}", " lead", "x y", "é\\", "v\x0bt"]
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["text", "binary"])
+def test_arrays_of_every_type_as_postgres_sends_them(backend_dsn: str, binary: bool) -> None:
+    """An array of each type's edge values and a NULL (array_agg's output), and of text that
+    array_out must quote."""
+    with psycopg.connect(backend_dsn, autocommit=True) as conn:
+        for zone in ZONES[:2]:
+            conn.execute(f"SET TimeZone = '{zone}'")
+            for type_name, literals in [*EDGES.items(), ("text", QUOTING)]:
+                items = [f"{psycopg.sql.quote(v)}::{type_name}" for v in literals]
+                for sql in (
+                    f"SELECT ARRAY[{', '.join([*items, 'NULL'])}]",
+                    f"SELECT ARRAY[{items[0]}]",
+                    f"SELECT ARRAY[]::{type_name}[]",
+                ):
+                    oid, sent, loaded = _postgres(conn, sql, binary)
+                    assert values.encodable([oid]), type_name
+                    (encode,) = values.encoders(
+                        (oid,), (1 if binary else 0,), values.OutputSettings()
+                    )
+                    assert encode(loaded) == sent, (zone, sql, loaded)
+
+
 def test_random_floats_print_as_postgres_prints_them(backend_dsn: str) -> None:
     """Every bit pattern is as likely: a fixed-seed sweep of doubles and reals."""
     chance = random.Random(27)

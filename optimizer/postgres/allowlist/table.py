@@ -82,7 +82,7 @@ def resolve(
 # why the commonest forms the list leaves out are left out, for EXPLAIN's reason
 _ARRAYS = "the cache does not hold arrays, whose values and text form are PostgreSQL's own"
 WHY_NOT_LISTED = {
-    "array_agg": _ARRAYS,
+    "filter": "FILTER is answered only on an aggregate that skips NULLs, which array_agg does not",
     "arraysize": _ARRAYS,
     "explode": _ARRAYS,
     "json_agg": "the cache does not build json, whose text form is PostgreSQL's own",
