@@ -192,6 +192,30 @@ def pg_semantics(
     )
 
 
+def _grouping_set_problem(node: exp.Expr) -> str | None:
+    """Why a ROLLUP, CUBE or GROUPING SETS with a constant among its expressions is not
+    answered locally, or None. Such a constant is NULL in the sets without it. PostgreSQL's
+    planner still takes it for a constant in ORDER BY and does not sort by it (its rows come
+    in its plan's order; found by the oracle), and it reads an integer there as an output
+    column's position, where DuckDB groups by the number."""
+    for item in _grouping_items(node):
+        if item.find(exp.Column) is not None:
+            continue
+        bare = item.unnest() if isinstance(item, exp.Paren) else item
+        if isinstance(bare, exp.Literal) and bare.is_int:
+            return (
+                f"it groups by {_short(item)} in a grouping set, which PostgreSQL reads as "
+                "an output column's position and DuckDB as a number"
+            )
+        select = node.find_ancestor(exp.Select)
+        if select is not None and select.args.get("order"):
+            return (
+                f"it groups by {_short(item)}, a constant, in a grouping set and orders the "
+                "rows (PostgreSQL does not sort by what it takes for a constant)"
+            )
+    return None
+
+
 def _grouping_items(node: exp.Expr) -> list[exp.Expr]:
     """The expressions a ROLLUP, CUBE or GROUPING SETS groups by (inside their parentheses)."""
     found: list[exp.Expr] = []
@@ -319,15 +343,9 @@ class _Finder:
                 self.blocker = problem
                 return
         if isinstance(node, exp.Rollup | exp.Cube | exp.GroupingSets):
-            constant = next((e for e in _grouping_items(node) if e.find(exp.Column) is None), None)
-            if constant is not None:
-                # (a grouping set's constant is NULL in the sets without it; DuckDB treats it as
-                # a constant: it orders by it so, and merges grouping sets that differ by it -
-                # the oracle found both)
-                self.blocker = (
-                    f"it groups by {_short(constant)}, a constant, in a grouping set "
-                    "(DuckDB orders its rows as a constant's)"
-                )
+            problem = _grouping_set_problem(node)
+            if problem is not None:
+                self.blocker = problem
                 return
         if isinstance(node, exp.Column):
             if not self.type(node).deterministic:
@@ -570,6 +588,13 @@ class _Finder:
             if isinstance(parent, exp.Case) and child is parent.args.get("this"):
                 return False  # the value CASE compares
             if isinstance(parent, exp.Nullif) and child is not parent.this:
+                return False
+            if (
+                isinstance(parent, exp.Case | exp.Coalesce | exp.Greatest | exp.Least)
+                and self.type(parent).kind != "char"
+            ):
+                # resolved to text (GREATEST(text, char)): the char value is converted to
+                # it, without its trailing blanks (found by the oracle)
                 return False
             if not isinstance(
                 parent,

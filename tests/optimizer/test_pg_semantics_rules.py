@@ -180,6 +180,11 @@ def test_a_chain_of_double_arithmetic_grows_its_local_form_linearly() -> None:
             "other than as an output",
         ),
         ("SELECT array_agg(DISTINCT id) FROM t", "DISTINCT values"),
+        ("SELECT code, 2, count(*) FROM t GROUP BY CUBE (code, 2)", "output column's position"),
+        (
+            "SELECT code, 'x'::text FROM t GROUP BY ROLLUP (code, 'x'::text) ORDER BY 2",
+            "PostgreSQL does not sort by what it takes for a constant",
+        ),
         ("SELECT json_agg(id) FROM t", "does not build json"),
         ("SELECT corr(ratio, ratio) FROM t", "order of additions"),
         ("SELECT sum(ratio) FROM t", "order of additions"),

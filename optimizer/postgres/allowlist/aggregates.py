@@ -201,6 +201,10 @@ entry(
         "GROUP BY GROUPING SETS ((e.b), (e.c1), (), (e.b))",
         "SELECT e.b, e.c1, count(e.i4), grouping(e.c1) FROM edge e GROUP BY e.b, ROLLUP (e.c1) "
         "HAVING count(*) > 0",
+        # a constant in a grouping set: NULL in the sets without it (not ordered: PostgreSQL
+        # does not sort by it)
+        "SELECT e.b, DATE '2000-01-01', 'x'::text, count(*), grouping(e.b) FROM edge e "
+        "GROUP BY GROUPING SETS ((e.b, DATE '2000-01-01'), ('x'::text), (), ('x'::text, e.b))",
     ),
 )
 
