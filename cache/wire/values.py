@@ -13,6 +13,7 @@ tests/wire/test_server_values.py checks every encoder against PostgreSQL's own b
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import functools
 import math
@@ -90,7 +91,15 @@ def encoders(
 
 def _text(oid: int, settings: OutputSettings) -> Encoder:
     element = element_oid(oid)
-    return _TEXT[oid](settings) if element is None else _array_text(_TEXT[element](settings))
+    if element is None:
+        return _TEXT[oid](settings)
+    # array_out writes the server's UTF-8 (where no character's bytes hold a quote, brace or
+    # backslash, as SJIS's or BIG5's may), converted to the client encoding afterwards
+    text = _array_text(_TEXT[element](dataclasses.replace(settings, codec="utf-8")))
+    if settings.codec == "utf-8":
+        return text
+    codec = settings.codec
+    return lambda values: text(values).decode("utf-8").encode(codec)
 
 
 # -- text: PostgreSQL's output functions ----------------------------------------------------------

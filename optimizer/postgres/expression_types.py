@@ -196,7 +196,7 @@ class ExpressionTypes:
                     # an argument the list does not take: the first cause is the reason
                     self._problems[id(node)] = self._problems[id(argument)]
                     return UNKNOWN
-            found, result = allowlist.resolve(node, self.of, self.settings)
+            found, result = allowlist.resolve(node, self.of, self.settings, self.identifies_rows)
             if found is None or not isinstance(result, PgType):
                 self._problems[id(node)] = self._first_problem(node) or str(result)
                 return UNKNOWN
@@ -205,6 +205,30 @@ class ExpressionTypes:
         if isinstance(node, exp.Null):
             return NULL
         return OTHER
+
+    def identifies_rows(self, node: exp.Expr, keys: list[exp.Expr]) -> bool:
+        """Whether rows equal in ``keys`` are one row of the input of the aggregate ``node``:
+        its block reads tables only (no derived table, function or LATERAL item), and for
+        each, the keys hold the columns of one of its candidate keys (the primary key, or a
+        unique key over NOT NULL columns). A join's rows then differ in some table's key
+        (an outer join's NULL-extended rows too: in the key of the table they do match)."""
+        block = self.query.analysis.enclosing(node)
+        if block is None or not block.sources:
+            return False
+        held: dict[int, set[str]] = {}
+        for key in keys:
+            if isinstance(key, exp.Column):
+                found = self._resolve(block, key)
+                if found is not None:
+                    held.setdefault(id(found[0]), set()).add(found[1])
+        for source in block.sources:
+            table = self.catalog.table(source.table or "") if source.is_table else None
+            if table is None or source.body or not isinstance(source.node, exp.Table):
+                return False
+            names = held.get(id(source), set())
+            if not any(set(k) <= names for k in table.candidate_keys()):
+                return False
+        return True
 
     def _first_problem(self, node: exp.Expr) -> str | None:
         """The problem of a value inside ``node`` (under a CASE's branch, say), if one of them

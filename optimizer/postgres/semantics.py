@@ -193,25 +193,27 @@ def pg_semantics(
 
 
 def _grouping_set_problem(node: exp.Expr) -> str | None:
-    """Why a ROLLUP, CUBE or GROUPING SETS with a constant among its expressions is not
-    answered locally, or None. Such a constant is NULL in the sets without it. PostgreSQL's
-    planner still takes it for a constant in ORDER BY and does not sort by it (its rows come
-    in its plan's order; found by the oracle), and it reads an integer there as an output
-    column's position, where DuckDB groups by the number."""
-    for item in _grouping_items(node):
-        if item.find(exp.Column) is not None:
-            continue
-        bare = item.unnest() if isinstance(item, exp.Paren) else item
-        if isinstance(bare, exp.Literal) and bare.is_int:
+    """Why a ROLLUP, CUBE or GROUPING SETS is not answered locally, or None. A constant among
+    its expressions (or an output alias of one) stays at the backend: it is NULL in the sets
+    without it, yet PostgreSQL's planner takes what is built on it (``'x' || 'a'``, ``IS
+    NULL``, a window's or the statement's ORDER BY) for a constant and computes it once, where
+    DuckDB computes it per set; and it reads an integer there as an output column's position
+    (found by the oracle and a review)."""
+    select = node.find_ancestor(exp.Select)
+    aliased = {
+        output_name(p): p.this
+        for p in (select.expressions if select is not None else [])
+        if isinstance(p, exp.Alias)
+    }
+    for written in _grouping_items(node):
+        item = written
+        if isinstance(item, exp.Column) and not item.table and folded(item) in aliased:
+            item = aliased[folded(item)]  # (an output alias: what it names)
+        if item.find(exp.Column) is None:
             return (
-                f"it groups by {_short(item)} in a grouping set, which PostgreSQL reads as "
-                "an output column's position and DuckDB as a number"
-            )
-        select = node.find_ancestor(exp.Select)
-        if select is not None and select.args.get("order"):
-            return (
-                f"it groups by {_short(item)}, a constant, in a grouping set and orders the "
-                "rows (PostgreSQL does not sort by what it takes for a constant)"
+                f"it groups by {_short(item)}, a constant, in a grouping set (PostgreSQL "
+                "computes what is built on it once, as a constant's, and reads an integer "
+                "there as an output column's position)"
             )
     return None
 

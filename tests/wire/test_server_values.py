@@ -160,6 +160,40 @@ def test_arrays_of_every_type_as_postgres_sends_them(backend_dsn: str, binary: b
                     assert encode(loaded) == sent, (zone, sql, loaded)
 
 
+def _trail_bytes(codec: str) -> list[str]:
+    """The first characters whose bytes in ``codec`` hold a backslash or a brace."""
+    found = []
+    for character in map(chr, range(0x4E00, 0x9FA6)):
+        try:
+            data = character.encode(codec)
+        except UnicodeEncodeError:
+            continue
+        if any(b in data for b in b"\\{}"):
+            found.append(character)
+    return found[:3]
+
+
+def test_arrays_are_quoted_before_conversion_to_the_client_encoding(backend_dsn: str) -> None:
+    """array_out decides quoting on the server's UTF-8: a character whose SJIS or BIG5 bytes
+    hold a backslash or a brace is not quoted (PostgreSQL's bytes, which psycopg itself then
+    cannot read back)."""
+    with psycopg.connect(backend_dsn, autocommit=True) as conn:
+        for encoding in ("SJIS", "BIG5"):
+            codec = values.codec_of(encoding, "UTF8")
+            assert codec is not None
+            shown = [*_trail_bytes(codec), "a b"]
+            assert len(shown) == 4
+            conn.execute(f"SET client_encoding = '{encoding}'")
+            listed = ", ".join(f"'{e}'" for e in shown)  # (no quote in them)
+            sql = f"SELECT ARRAY[{listed}]"
+            result = conn.pgconn.exec_params(sql.encode(codec), [], result_format=0)
+            assert result.status == pq.ExecStatus.TUPLES_OK, result.error_message
+            (encode,) = values.encoders(
+                (result.ftype(0),), (0,), values.OutputSettings(codec=codec)
+            )
+            assert encode(shown) == result.get_value(0, 0), encoding
+
+
 def test_random_floats_print_as_postgres_prints_them(backend_dsn: str) -> None:
     """Every bit pattern is as likely: a fixed-seed sweep of doubles and reals."""
     chance = random.Random(27)

@@ -31,15 +31,26 @@ class Settings:
     unicode_case: str = ""
 
 
+def _no_keys(_node: exp.Expr, _keys: list[exp.Expr]) -> bool:
+    return False
+
+
 class Call:
-    """A node to resolve, with the types of its arguments."""
+    """A node to resolve, with the types of its arguments; ``identifies_rows``: whether
+    these columns, equal, single out one input row of an aggregate (a key of each of its
+    FROM items: `optimizer.postgres.expression_types.ExpressionTypes.identifies_rows`)."""
 
     def __init__(
-        self, node: exp.Expr, typer: Callable[[exp.Expr], PgType], settings: Settings
+        self,
+        node: exp.Expr,
+        typer: Callable[[exp.Expr], PgType],
+        settings: Settings,
+        identifies_rows: Callable[[exp.Expr, list[exp.Expr]], bool] = _no_keys,
     ) -> None:
         self.node = node
         self.typer = typer
         self.settings = settings
+        self.identifies_rows = identifies_rows
 
     def type(self, key: str = "this") -> PgType:
         value = self.node.args.get(key)

@@ -90,7 +90,14 @@ def _unicode_like(call: Call) -> Result:
     if call.settings.ascii_case or not call.settings.unicode_case:
         return NOT_MINE
     # the checks ILIKE shares with LIKE (its case folding is this entry's)
-    return _like(Call(call.node, call.typer, dataclasses.replace(call.settings, ascii_case=True)))
+    return _like(
+        Call(
+            call.node,
+            call.typer,
+            dataclasses.replace(call.settings, ascii_case=True),
+            call.identifies_rows,
+        )
+    )
 
 
 def _unicode_ilike_rewrite(node: exp.Expr) -> exp.Expr:

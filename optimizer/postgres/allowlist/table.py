@@ -58,7 +58,10 @@ def entries_for(node: exp.Expr) -> list[Entry]:
 
 
 def resolve(
-    node: exp.Expr, typer: Callable[[exp.Expr], PgType], settings: Settings
+    node: exp.Expr,
+    typer: Callable[[exp.Expr], PgType],
+    settings: Settings,
+    identifies_rows: Callable[[exp.Expr, list[exp.Expr]], bool] | None = None,
 ) -> tuple[Entry | None, Result]:
     """The entry that computes ``node`` and the type of its result, or (None, why no entry
     does)."""
@@ -69,7 +72,7 @@ def resolve(
             f"it calls {name_of(node)}, which is not on the list of what DuckDB "
             "computes as PostgreSQL does" + (f" ({why})" if why else "")
         )
-    call = Call(node, typer, settings)
+    call = Call(node, typer, settings, *(() if identifies_rows is None else (identifies_rows,)))
     reason = ""
     for candidate in found:
         result = candidate.signature(call)
