@@ -404,6 +404,7 @@ class Planner:
             duckdb.CatalogException,
             duckdb.ParserException,
             duckdb.NotImplementedException,
+            duckdb.OutOfRangeException,  # (a DECIMAL scale beyond 38, found when it binds)
         ) as exc:  # a function DuckDB lacks, ...
             return f"DuckDB cannot run it: {first_line(exc)}"
         names = [d[0] for d in result.description()]

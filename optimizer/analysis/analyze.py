@@ -28,7 +28,12 @@ from optimizer.postgres.allowlist import numeric_division, numeric_spread
 from optimizer.postgres.divisions import SPREADS, Kind, analyze_divisions
 from optimizer.postgres.expression_types import ExpressionTypes
 from optimizer.postgres.folds import fold
-from optimizer.postgres.numeric_scales import DerivedScales, Scale, division_operands
+from optimizer.postgres.numeric_scales import (
+    DerivedScales,
+    Scale,
+    division_operands,
+    scale_bound,
+)
 from optimizer.postgres.semantics import Semantics, pg_semantics
 from optimizer.postgres.volatility import repeatable
 from sql_ext import Block, Query, Source
@@ -104,6 +109,9 @@ class Analysis:
     division_scales: Mapping[int, tuple[int | exp.Expr, int | exp.Expr]] = field(
         default_factory=dict
     )
+    # ... of a variance or standard deviation: the scale its values are read at, the largest
+    # any of them may have (its numerator's is twice theirs)
+    spread_scales: Mapping[int, int] = field(default_factory=dict)
     # divisions inside the statement, by node number: the DuckDB expression computing each one
     # with PostgreSQL's division (optimizer.postgres.allowlist.numeric_division)
     inner_divisions: Mapping[int, exp.Expr] = field(default_factory=dict)
@@ -205,6 +213,7 @@ def analyze(query: Query, catalog: Catalog, default_bound: float | None = None) 
     semantics = pg_semantics(query, types, catalog.text_byte_order, derived.scale)
     divisions, inner, division_blocker = analyze_divisions(query, types)
     division_scales, scale_blocker = _division_scales(query, types, divisions, derived)
+    spread_scales = _spread_scales(query, types, divisions, division_scales)
     inner_divisions, inner_blocker = _inner_divisions(
         query, types, inner, derived, semantics.printed_divisions
     )
@@ -266,6 +275,7 @@ def analyze(query: Query, catalog: Catalog, default_bound: float | None = None) 
         semantics=semantics,
         divisions=divisions,
         division_scales=division_scales,
+        spread_scales=spread_scales,
         inner_divisions=inner_divisions,
         derived_scales={k: tuple(v) for k, v in derived.projections.items()},
         values_scales={k: tuple(v) for k, v in derived.values.items()},
@@ -322,10 +332,35 @@ def _division_scales(
         if any(s is None for s in scales):
             return found, (
                 f"its output column {index + 1} divides numerics whose display "
-                "scales vary from row to row in a way the cache cannot follow"
+                "scales the cache cannot follow (varying from row to row, or squared beyond "
+                "DuckDB's 38 decimal places)"
             )
         found[index] = (t.cast("int | exp.Expr", scales[0]), t.cast("int | exp.Expr", scales[1]))
     return found, None
+
+
+def _spread_scales(
+    query: Query,
+    types: ExpressionTypes,
+    divisions: Mapping[int, str],
+    scales: Mapping[int, tuple[int | exp.Expr, int | exp.Expr]],
+) -> dict[int, int]:
+    """The scale each variance output's values are read at: theirs where it is one, else the
+    largest any of them may have (`optimizer.postgres.numeric_scales.scale_bound`)."""
+    found: dict[int, int] = {}
+    for index, kind in divisions.items():
+        if kind not in SPREADS.values() or index not in scales:
+            continue
+        numerator_scale = scales[index][0]
+        if isinstance(numerator_scale, int):
+            found[index] = numerator_scale // 2
+            continue
+        projection = t.cast(exp.Select, query.tree).expressions[index]
+        node = projection.this if isinstance(projection, exp.Alias) else projection
+        bound = scale_bound(node.this, types.of)
+        if bound is not None:
+            found[index] = bound
+    return found
 
 
 def _inner_divisions(
@@ -349,7 +384,7 @@ def _inner_divisions(
             numerator, a, denominator, _ = operands
             spread = numeric_spread(
                 numerator,
-                t.cast(int, a),
+                t.cast("int | exp.Expr", a),
                 denominator,
                 SPREADS[type(node)].startswith("stddev"),
                 False,

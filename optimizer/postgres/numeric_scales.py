@@ -23,6 +23,7 @@ from sql_ext.params import NODE_ID
 from sql_ext.quoting import output_name
 
 Scale = int | exp.Expr | None
+_DUCKDB_SCALE = 38  # the largest scale of DuckDB's DECIMAL
 
 
 def division_operands(
@@ -41,24 +42,24 @@ def division_operands(
         )
     if isinstance(node, (*SPREADS,)):
         found = scale_expression(node.this, type_of, column)
-        if not isinstance(found, int):
-            return None  # values of several scales: PostgreSQL's sums keep the largest
-        numerator, denominator = spread_operands(node, found, SPREADS[type(node)])
-        return numerator, 2 * found, denominator, 0
+        if isinstance(found, int) and 2 * found <= _DUCKDB_SCALE:
+            numerator, denominator = spread_operands(node, found, SPREADS[type(node)])
+            return numerator, 2 * found, denominator, 0
+        bound = scale_bound(node.this, type_of)
+        if not isinstance(found, exp.Expr) or bound is None or 2 * bound > _DUCKDB_SCALE:
+            return None  # (the squares' scale: beyond DuckDB's DECIMAL)
+        # values of several scales: PostgreSQL's sums keep the largest (NumericAggState's
+        # maxScale), of which the exact numerator has twice; each value is read at the
+        # largest scale it may have, which changes no value
+        numerator, denominator = spread_operands(node, bound, SPREADS[type(node)])
+        largest = exp.Max(this=_where_not_null(node.this, found))
+        twice = exp.cast(exp.Mul(this=exp.Literal.number(2), expression=largest), "INTEGER")
+        return numerator, twice, denominator, 0
     if isinstance(node, exp.Avg):
         value = node.this
         found = scale_expression(value, type_of, column)
         if isinstance(found, exp.Expr):  # the sum's: the largest of its values'
-            found = exp.Max(
-                this=exp.Case(
-                    ifs=[
-                        exp.If(
-                            this=exp.Not(this=exp.Is(this=value.copy(), expression=exp.Null())),
-                            true=found,
-                        )
-                    ]
-                )
-            )
+            found = exp.Max(this=_where_not_null(value, found))
         window = node.parent if isinstance(node.parent, exp.Window) else None
         if window is not None and isinstance(found, exp.Expr):
             return None  # a windowed sum's scale: not followed
@@ -69,6 +70,15 @@ def division_operands(
             count = _windowed(window, count)
         return total, found, count, 0
     return None
+
+
+def _where_not_null(value: exp.Expr, scale: exp.Expr) -> exp.Expr:
+    """``scale`` where ``value`` is not NULL (what an aggregate of it counts), else NULL."""
+    return exp.Case(
+        ifs=[
+            exp.If(this=exp.Not(this=exp.Is(this=value.copy(), expression=exp.Null())), true=scale)
+        ]
+    )
 
 
 def _windowed(window: exp.Window, function: exp.Expr) -> exp.Expr:
@@ -119,7 +129,7 @@ def _varying(
             return None
         numerator, a, denominator, _ = operands
         root = SPREADS[type(node)].startswith("stddev")
-        return numeric_spread(numerator, t.cast(int, a), denominator, root, scale=True)
+        return numeric_spread(numerator, t.cast("int | exp.Expr", a), denominator, root, scale=True)
     if isinstance(node, exp.Div | exp.Avg):
         operands = division_operands(node, type_of, column)
         if operands is None or operands[1] is None or operands[3] is None:
@@ -203,15 +213,7 @@ def _varying(
         if isinstance(inner, int):
             return inner
         # the sum's scale is the largest of the values it added (NULLs add nothing)
-        counted = exp.Case(
-            ifs=[
-                exp.If(
-                    this=exp.Not(this=exp.Is(this=node.this.copy(), expression=exp.Null())),
-                    true=inner,
-                )
-            ]
-        )
-        return exp.Max(this=counted)
+        return exp.Max(this=_where_not_null(node.this, inner))
     return None
 
 

@@ -212,8 +212,7 @@ def _outputs(
             numerator: exp.Expr = exp.Sum(this=node.this.copy())
             denominator: exp.Expr = exp.Count(this=node.this.copy())
         elif kind in SPREADS.values():
-            scale = analysis.division_scales[index][0] // 2  # (the numerator's: twice x's)
-            numerator, denominator = spread_operands(node, scale, kind)
+            numerator, denominator = spread_operands(node, analysis.spread_scales[index], kind)
         else:
             numerator, denominator = node.this.copy(), node.expression.copy()
         outputs.append((kind, len(projections), len(projections) + 1))

@@ -215,6 +215,11 @@ def test_a_remote_reason_names_the_construct_and_why(sql: str, why: str) -> None
         ("SELECT x.a FROM (SELECT 1) s, LATERAL (SELECT array_agg(note ORDER BY id) AS a) x", True),
         ("SELECT string_agg(note, ',' ORDER BY note) FILTER (WHERE id > 1) FROM t", False),
         ("SELECT string_agg(note, ',' ORDER BY label) FROM t", True),
+        (
+            "SELECT string_agg(CASE WHEN id > 1 THEN note END, ',' "
+            "ORDER BY CASE WHEN id > 1 THEN note END) FROM t",
+            False,
+        ),
         ("SELECT array_agg(x.note ORDER BY x.id) FROM (SELECT id, note FROM t) x", True),
     ],
 )

@@ -102,8 +102,10 @@ def _spread(call: Call) -> Result:
     inner = call.type()
     if isinstance(call.node.this, exp.Distinct):
         return f"it computes {call.node.key} of DISTINCT values"
-    if inner.kind == "integer" or (inner.kind == "numeric" and inner.scale is not None):
-        # computed by the cache from exact sums (optimizer.postgres.divisions)
+    if inner.kind in ("integer", "numeric"):
+        # computed by the cache from exact sums (optimizer.postgres.divisions), at the
+        # largest scale of the values where it varies (or at the backend, where the cache
+        # cannot follow it)
         return PgType("numeric")
     if inner.kind == "float":
         return (
@@ -129,6 +131,12 @@ entry(
         "FROM edge e GROUP BY e.b ORDER BY var_pop(e.i2), e.b",
         "SELECT d.b, d.s, d.s * 2 FROM (SELECT e.b, stddev(e.n4) AS s FROM edge e GROUP BY e.b) d",
         "SELECT e.b FROM edge e GROUP BY e.b HAVING variance(e.n) > 1",
+        # values of several scales: PostgreSQL's sums keep the largest
+        "SELECT e.b, stddev(CASE WHEN e.i4 > 0 THEN e.n ELSE e.n4 END), "
+        "var_pop(coalesce(e.n0, e.n)), variance(CASE WHEN e.id < 4 THEN e.n END) "
+        "FROM edge e WHERE e.id NOT IN (5, 6) GROUP BY e.b",
+        "SELECT round(stddev(CASE WHEN e.id = 3 THEN 1.5 ELSE e.i2 END), 3) FROM edge e "
+        "WHERE e.id NOT IN (5, 6) HAVING variance(CASE WHEN e.b THEN e.n4 ELSE e.n END) > 0",
     ),
 )
 
@@ -233,22 +241,24 @@ def _tied(call: Call, order: exp.Order, name: str) -> str | None:
     (not a double, whose 0 and -0 are equal, nor a numeric whose scale may differ from value
     to value). Rows tied on every key then hold the same value. string_agg skips NULLs, so
     a FILTER folded into its value (``CASE WHEN c THEN v END``) leaves ``v`` to compare."""
-    value = order.this
     keys = [o.this for o in order.expressions]
-    if name == "string_agg" and isinstance(value, exp.Case):
-        ifs = value.args.get("ifs") or []
-        if len(ifs) == 1 and value.args.get("default") is None and not value.args.get("this"):
-            value = ifs[0].args["true"]
-    if _constant(value):
+    values = [order.this]
+    if name == "string_agg" and isinstance(order.this, exp.Case):
+        ifs = order.this.args.get("ifs") or []
+        if len(ifs) == 1 and not order.this.args.get("default") and not order.this.args.get("this"):
+            values.append(ifs[0].args["true"])
+    if any(_constant(v) for v in values):
         return None
     if all(_constant(k) for k in keys):
         return f"it orders {name} by constants only (the order is the engine's)"
     if call.identifies_rows(call.node, keys):
         return None  # (no two rows tie on every key)
-    if value.find(exp.Query, exp.Placeholder) is None:
+    columns = [k for k in keys if isinstance(k, exp.Column) and _prints_alike(call.of(k))]
+    for value in values:
+        if value.find(exp.Query, exp.Placeholder) is not None:
+            continue
         if any(k == value for k in keys) and _prints_alike(call.of(value)):
             return None
-        columns = [k for k in keys if isinstance(k, exp.Column) and _prints_alike(call.of(k))]
         if all(any(c == k for k in columns) for c in value.find_all(exp.Column)):
             return None
     return (

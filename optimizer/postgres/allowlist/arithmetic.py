@@ -488,7 +488,11 @@ entry(
 
 
 def numeric_spread(
-    numerator: exp.Expr, numerator_scale: int, denominator: exp.Expr, root: bool, scale: bool
+    numerator: exp.Expr,
+    numerator_scale: int | exp.Expr,
+    denominator: exp.Expr,
+    root: bool,
+    scale: bool,
 ) -> exp.Expr:
     """PostgreSQL's variance (``root``: standard deviation) of its exact numerator and
     denominator (optimizer.postgres.divisions.spread_operands), in DuckDB: the value (a
@@ -496,7 +500,9 @@ def numeric_spread(
     call = _func(
         NUMERIC_SPREAD_SCALE if scale else NUMERIC_SPREAD,
         exp.cast(numerator, "VARCHAR"),
-        exp.Literal.number(numerator_scale),
+        numerator_scale
+        if isinstance(numerator_scale, exp.Expr)
+        else exp.Literal.number(numerator_scale),
         exp.cast(denominator, "VARCHAR"),
         exp.Literal.number(1 if root else 0),
     )
