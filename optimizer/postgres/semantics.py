@@ -84,6 +84,9 @@ class Semantics:
     # psycopg reads PostgreSQL's (a month is 30 days, a year 365; DuckDB's Python gives 360)
     printed_intervals: frozenset[int] = frozenset()
     text_scales: Mapping[int, int] = field(default_factory=dict)  # numeric printed as text
+    # ... whose values' scales vary: the DuckDB expression of each value's, and the largest
+    # it may be (the value is printed at that one, then cut to its own)
+    printed_scales: Mapping[int, tuple[exp.Expr, int]] = field(default_factory=dict)
     # divisions, averages and variances printed as text: given as the cache's own function's
     # text of PostgreSQL's value (optimizer.analysis.analyze), not cast to a decimal
     printed_divisions: frozenset[int] = frozenset()
@@ -112,7 +115,12 @@ def pg_semantics(
     """The rewrites and blockers of a statement (``scale_of``: each value's display scale of a
     numeric, `optimizer.postgres.numeric_scales.DerivedScales.scale`; a derived table's column's
     unknown without it)."""
-    found = _Finder(types, database_byte_order, query.tree)
+    found = _Finder(
+        types,
+        database_byte_order,
+        query.tree,
+        scale_of or (lambda n: scale_expression(n, types.of)),
+    )
     for node in query.tree.walk(prune=lambda n: isinstance(n, CurrencyClause)):
         if isinstance(node, CurrencyClause):
             continue  # the cache's own clause: not sent anywhere
@@ -183,6 +191,7 @@ def pg_semantics(
         scale_columns=columns,
         printed_intervals=frozenset(intervals),
         text_scales=found.text_scales,
+        printed_scales=found.printed_scales,
         printed_divisions=frozenset(found.printed_divisions),
         parameters=found.parameters,
         widen=found.widen,
@@ -274,8 +283,15 @@ def _per_row_scale(
 
 
 class _Finder:
-    def __init__(self, types: ExpressionTypes, database_byte_order: bool, top: exp.Expr) -> None:
+    def __init__(
+        self,
+        types: ExpressionTypes,
+        database_byte_order: bool,
+        top: exp.Expr,
+        scale_of: t.Callable[[exp.Expr], t.Any],
+    ) -> None:
         self.types = types
+        self.scale_of = scale_of
         self.top = top  # the statement: its outputs are printed
         self.database_byte_order = database_byte_order
         self.rtrim: set[int] = set()
@@ -286,6 +302,7 @@ class _Finder:
         self.doubles: set[int] = set()
         self.rewrites: dict[int, str] = {}
         self.text_scales: dict[int, int] = {}
+        self.printed_scales: dict[int, tuple[exp.Expr, int]] = {}
         self.printed_divisions: set[int] = set()
         self.parameters: dict[int, str] = {}
         self.entries: set[str] = set()
@@ -517,12 +534,21 @@ class _Finder:
             # the cache's division gives PostgreSQL's text (optimizer.analysis.analyze)
             self.printed_divisions.add(inner.meta[NODE_ID])
             return
-        if found.scale is None:
-            self.blocker = (
-                f"it prints {_short(value)} as text, numerics whose scales vary from value to value"
-            )
-        else:
+        if found.scale is not None:
             self.text_scales[value.meta[NODE_ID]] = found.scale
+            return
+        scale = self.scale_of(inner)
+        bound = scale_bound(inner, self.types.of)
+        if isinstance(scale, int):
+            self.text_scales[value.meta[NODE_ID]] = scale
+        elif isinstance(scale, exp.Expr) and bound is not None and bound <= _DECIMAL_DIGITS:
+            # each value printed at the largest scale, then cut to its own
+            self.printed_scales[value.meta[NODE_ID]] = (scale, bound)
+        else:
+            self.blocker = (
+                f"it prints {_short(value)} as text, numerics whose scales vary from value to "
+                "value in a way the cache cannot follow"
+            )
 
     # -- char(n) -------------------------------------------------------------------------------
 

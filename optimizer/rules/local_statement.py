@@ -33,6 +33,7 @@ def local_statement(plan: Plan, choice: Mapping[int, str | None]) -> LocalStatem
     _add_values_scales(copy, analysis.values_scales)
     scale_columns = _add_scale_columns(copy, analysis)
     _divide_inside(copy, analysis.inner_divisions)
+    _print_at_scales(copy, analysis.semantics.printed_scales)
     by_id: dict[int, list[exp.Expr]] = {}
     for node in copy.walk():
         if NODE_ID in node.meta:
@@ -129,6 +130,37 @@ def _add_values_scales(
                 row.set("expressions", [*row.expressions, exp.Literal.number(scale)])
             alias = values.args["alias"]
             alias.set("columns", [*alias.columns, exp.to_identifier(name)])
+
+
+def _print_at_scales(copy: exp.Expr, printed: Mapping[int, tuple[exp.Expr, int]]) -> None:
+    """Each numeric printed as text whose values' display scales vary, as PostgreSQL prints
+    it: DuckDB's text of it at the largest scale any value may have, cut to the value's own
+    (its digits beyond are zeros; at scale 0 the point goes too). Before the rewrites: the
+    value and its scale's expression are rewritten like any other part."""
+    if not printed:
+        return
+    for node in [n for n in copy.walk() if n.meta.get(NODE_ID) in printed]:
+        scale, bound = printed[node.meta[NODE_ID]]
+        text = exp.cast(exp.cast(node.copy(), f"DECIMAL(38, {bound})"), "VARCHAR")
+        point = exp.Case(
+            ifs=[
+                exp.If(
+                    this=exp.EQ(this=scale.copy(), expression=exp.Literal.number(0)),
+                    true=exp.Literal.number(1 if bound else 0),
+                )
+            ],
+            default=exp.Literal.number(0),
+        )
+        cut = exp.Add(
+            this=exp.Sub(this=exp.Literal.number(bound), expression=scale.copy()),
+            expression=point,
+        )
+        end = exp.Sub(this=exp.Neg(this=exp.Paren(this=cut)), expression=exp.Literal.number(1))
+        node.replace(
+            exp.Bracket(
+                this=text, expressions=[exp.Slice(this=exp.Literal.number(1), expression=end)]
+            )
+        )
 
 
 def _divide_inside(copy: exp.Expr, divisions: Mapping[int, exp.Expr]) -> None:

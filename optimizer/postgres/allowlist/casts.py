@@ -164,6 +164,9 @@ entry(
         "e.i4::text",
         "e.n::varchar",
         "e.n0::text",
+        # values of several scales: each printed at its own
+        "(CASE WHEN e.i4 > 0 THEN e.n ELSE e.n4 END)::text",
+        "(coalesce(e.n0, e.n * 1.5))::varchar || '|'",
         "e.d::text",
         "e.ts::text",
         "e.c::text",
