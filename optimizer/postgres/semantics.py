@@ -87,6 +87,9 @@ class Semantics:
     # ... whose values' scales vary: the DuckDB expression of each value's, and the largest
     # it may be (the value is printed at that one, then cut to its own)
     printed_scales: Mapping[int, tuple[exp.Expr, int]] = field(default_factory=dict)
+    # reads of a constant a grouping set groups by, other than as the output column that is
+    # it: a scalar subquery of it for DuckDB, which would read the grouped value
+    constant_reads: frozenset[int] = frozenset()
     # divisions, averages and variances printed as text: given as the cache's own function's
     # text of PostgreSQL's value (optimizer.analysis.analyze), not cast to a decimal
     printed_divisions: frozenset[int] = frozenset()
@@ -192,6 +195,7 @@ def pg_semantics(
         printed_intervals=frozenset(intervals),
         text_scales=found.text_scales,
         printed_scales=found.printed_scales,
+        constant_reads=frozenset(found.constant_reads),
         printed_divisions=frozenset(found.printed_divisions),
         parameters=found.parameters,
         widen=found.widen,
@@ -201,30 +205,74 @@ def pg_semantics(
     )
 
 
-def _grouping_set_problem(node: exp.Expr) -> str | None:
-    """Why a ROLLUP, CUBE or GROUPING SETS is not answered locally, or None. A constant among
-    its expressions (or an output alias of one) stays at the backend: it is NULL in the sets
-    without it, yet PostgreSQL's planner takes what is built on it (``'x' || 'a'``, ``IS
-    NULL``, a window's or the statement's ORDER BY) for a constant and computes it once, where
-    DuckDB computes it per set; and it reads an integer there as an output column's position
-    (found by the oracle and a review)."""
+def _grouping_set_constants(node: exp.Expr) -> tuple[list[int], str | None]:
+    """A constant among the expressions of a ROLLUP, CUBE or GROUPING SETS (or an output alias
+    of one) is NULL in the sets without it - but only where an output column is that very
+    expression: PostgreSQL takes what is merely built on it (``'x' || 'a'``, ``IS NULL`` in
+    HAVING) for a constant, computed once, where DuckDB reads the grouped value there too. So
+    those reads are given to DuckDB as a scalar subquery of the constant, which it does not
+    take for the grouped expression (the node numbers returned). Stays remote: an integer
+    (PostgreSQL reads it as an output column's position), a constant output column that is
+    not the grouped expression as written (PostgreSQL may still take it for it: ``5`` for
+    ``5::int``), ordering by or removing duplicates of it, a window, a subquery reading it
+    (PostgreSQL's planner takes it for a constant there, and sorts and deduplicates nothing
+    by it) (found by the oracle and a review)."""
     select = node.find_ancestor(exp.Select)
-    aliased = {
-        output_name(p): p.this
-        for p in (select.expressions if select is not None else [])
-        if isinstance(p, exp.Alias)
-    }
+    if select is None:
+        return [], "it groups by a grouping set outside a SELECT"
+    aliased = {output_name(p): p.this for p in select.expressions if isinstance(p, exp.Alias)}
+    constants = []
     for written in _grouping_items(node):
         item = written
         if isinstance(item, exp.Column) and not item.table and folded(item) in aliased:
             item = aliased[folded(item)]  # (an output alias: what it names)
-        if item.find(exp.Column) is None:
-            return (
-                f"it groups by {_short(item)}, a constant, in a grouping set (PostgreSQL "
-                "computes what is built on it once, as a constant's, and reads an integer "
-                "there as an output column's position)"
+        if item.find(exp.Column) is not None:
+            continue
+        bare = item.unnest() if isinstance(item, exp.Paren) else item
+        if isinstance(bare, exp.Literal) and bare.is_int:
+            return [], (
+                f"it groups by {_short(item)} in a grouping set, which PostgreSQL reads as an "
+                "output column's position"
             )
-    return None
+        constants.append(item)
+    if not constants:
+        return [], None
+    why = (
+        f"it groups by {_short(constants[0])}, a constant, in a grouping set and "
+        "{} (PostgreSQL's planner takes it for a constant there)"
+    )
+    if select.args.get("distinct") or select.find(exp.Window):
+        return [], why.format("removes duplicates or uses a window")
+    outputs = [_unaliased(p) for p in select.expressions]
+    literals = {_literal_of(c) for c in constants} - {None}
+    for output in outputs:
+        if not any(output == c for c in constants) and _literal_of(output) in literals:
+            # (``5`` for ``5::int``, ``'x'`` for ``'x'::text``: one to PostgreSQL)
+            return [], why.format(f"outputs {_short(output)}, which it may take for it")
+    order = select.args.get("order")
+    for ordered in order.expressions if order is not None else []:
+        key = _order_target(ordered) or ordered.this
+        if any(key == c or any(n == c for n in key.walk()) for c in constants):
+            return [], why.format("orders by it")
+    reads: list[int] = []
+    places = [*outputs, select.args.get("having")]
+    for place in [p for p in places if p is not None]:
+        if any(place == c for c in constants):
+            continue  # the grouped expression itself
+        for found in place.walk(prune=lambda n: isinstance(n, exp.AggFunc | exp.Query)):
+            if any(found == c for c in constants) and found is not place:
+                reads.append(found.meta[NODE_ID])
+        for query in place.find_all(exp.Query):
+            if any(any(n == c for n in query.walk()) for c in constants):
+                return [], why.format("reads it in a subquery")
+    return reads, None
+
+
+def _literal_of(node: exp.Expr) -> tuple[bool, str] | None:
+    """The literal a constant is, cast or parenthesized (None: it is something else)."""
+    while isinstance(node, exp.Paren | exp.Cast):
+        node = node.this
+    return (node.is_string, node.name) if isinstance(node, exp.Literal) else None
 
 
 def _grouping_items(node: exp.Expr) -> list[exp.Expr]:
@@ -303,6 +351,7 @@ class _Finder:
         self.rewrites: dict[int, str] = {}
         self.text_scales: dict[int, int] = {}
         self.printed_scales: dict[int, tuple[exp.Expr, int]] = {}
+        self.constant_reads: set[int] = set()
         self.printed_divisions: set[int] = set()
         self.parameters: dict[int, str] = {}
         self.entries: set[str] = set()
@@ -362,10 +411,11 @@ class _Finder:
                 self.blocker = problem
                 return
         if isinstance(node, exp.Rollup | exp.Cube | exp.GroupingSets):
-            problem = _grouping_set_problem(node)
+            reads, problem = _grouping_set_constants(node)
             if problem is not None:
                 self.blocker = problem
                 return
+            self.constant_reads.update(reads)
         if isinstance(node, exp.Column):
             if not self.type(node).deterministic:
                 self.blocker = (

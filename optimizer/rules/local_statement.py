@@ -286,6 +286,8 @@ def _compute_as_postgres(by_id: Mapping[int, list[exp.Expr]], semantics: Semanti
             for node in by_id.get(number, ()):
                 yield number, node
 
+    for _, node in each(semantics.constant_reads):
+        _wrap(node, lambda n: exp.Subquery(this=exp.Select(expressions=[n])))
     for _, node in each(semantics.rtrim):
         # char(n) is stored without its trailing blanks: so are what it is compared with
         _wrap(node, lambda n: exp.Anonymous(this="RTRIM", expressions=[n, exp.Literal.string(" ")]))

@@ -180,9 +180,10 @@ def test_a_chain_of_double_arithmetic_grows_its_local_form_linearly() -> None:
             "other than as an output",
         ),
         ("SELECT array_agg(DISTINCT id) FROM t", "DISTINCT values"),
-        ("SELECT code, 2, count(*) FROM t GROUP BY CUBE (code, 2)", "a constant, in a grouping"),
-        ("SELECT code, 'x'::text || 'a' FROM t GROUP BY ROLLUP (code, 'x'::text)", "a constant"),
-        ("SELECT code, 'x'::text AS c FROM t GROUP BY ROLLUP (code, c) ORDER BY c", "a constant"),
+        ("SELECT code, 2, count(*) FROM t GROUP BY CUBE (code, 2)", "output column's position"),
+        ("SELECT code, 'x'::text AS c FROM t GROUP BY ROLLUP (code, c) ORDER BY c", "orders by it"),
+        ("SELECT code, 5 FROM t GROUP BY ROLLUP (code, 5::int)", "may take for it"),
+        ("SELECT DISTINCT code, 'x'::text FROM t GROUP BY ROLLUP (code, 'x'::text)", "duplicates"),
         ("SELECT json_agg(id) FROM t", "does not build json"),
         ("SELECT corr(ratio, ratio) FROM t", "order of additions"),
         ("SELECT sum(ratio) FROM t", "order of additions"),
@@ -194,6 +195,18 @@ def test_a_chain_of_double_arithmetic_grows_its_local_form_linearly() -> None:
 def test_a_remote_reason_names_the_construct_and_why(sql: str, why: str) -> None:
     blocker = semantics(sql)[0].blocker
     assert blocker is not None and why in blocker, blocker
+
+
+def test_what_is_built_on_a_grouping_set_constant_reads_the_constant() -> None:
+    """PostgreSQL computes ``'x' || 'a'`` once, as a constant's, though ``'x'`` is grouped by
+    in a ROLLUP (NULL in the sets without it): DuckDB is given a scalar subquery there."""
+    found, tree = semantics(
+        "SELECT code, 'x'::text, 'x'::text || 'a', count('x'::text) FROM t "
+        "GROUP BY ROLLUP (code, 'x'::text) HAVING 'x'::text IS NOT NULL"
+    )
+    assert found.blocker is None
+    reads = nodes(tree, found.constant_reads)
+    assert reads == ["CAST('x' AS TEXT)", "CAST('x' AS TEXT)"]  # (the || and the HAVING)
 
 
 @pytest.mark.parametrize(
