@@ -228,8 +228,8 @@ def _grouping_set_constants(node: exp.Expr) -> tuple[list[int], str | None]:
             item = aliased[folded(item)]  # (an output alias: what it names)
         if item.find(exp.Column) is not None:
             continue
-        bare = item.unnest() if isinstance(item, exp.Paren) else item
-        if isinstance(bare, exp.Literal) and bare.is_int:
+        item = _bare(item)
+        if isinstance(item, exp.Literal) and item.is_int:
             return [], (
                 f"it groups by {_short(item)} in a grouping set, which PostgreSQL reads as an "
                 "output column's position"
@@ -243,7 +243,7 @@ def _grouping_set_constants(node: exp.Expr) -> tuple[list[int], str | None]:
     )
     if select.args.get("distinct") or select.find(exp.Window):
         return [], why.format("removes duplicates or uses a window")
-    outputs = [_unaliased(p) for p in select.expressions]
+    outputs = [_bare(_unaliased(p)) for p in select.expressions]
     literals = {_literal_of(c) for c in constants} - {None}
     for output in outputs:
         if not any(output == c for c in constants) and _literal_of(output) in literals:
@@ -252,20 +252,26 @@ def _grouping_set_constants(node: exp.Expr) -> tuple[list[int], str | None]:
     order = select.args.get("order")
     for ordered in order.expressions if order is not None else []:
         key = _order_target(ordered) or ordered.this
-        if any(key == c or any(n == c for n in key.walk()) for c in constants):
+        if any(_bare(n) == c for n in key.walk() for c in constants):
             return [], why.format("orders by it")
     reads: list[int] = []
-    places = [*outputs, select.args.get("having")]
-    for place in [p for p in places if p is not None]:
-        if any(place == c for c in constants):
-            continue  # the grouped expression itself
+    having = select.args.get("having")
+    places = [o for o in outputs if not any(o == c for c in constants)]  # (not the column)
+    for place in [*places, *([having] if having is not None else [])]:
         for found in place.walk(prune=lambda n: isinstance(n, exp.AggFunc | exp.Query)):
-            if any(found == c for c in constants) and found is not place:
+            if not isinstance(found, exp.Paren) and any(found == c for c in constants):
                 reads.append(found.meta[NODE_ID])
         for query in place.find_all(exp.Query):
             if any(any(n == c for n in query.walk()) for c in constants):
                 return [], why.format("reads it in a subquery")
     return reads, None
+
+
+def _bare(node: exp.Expr) -> exp.Expr:
+    """An expression without the parentheses around it (PostgreSQL's parse tree has none)."""
+    while isinstance(node, exp.Paren):
+        node = node.this
+    return node
 
 
 def _literal_of(node: exp.Expr) -> tuple[bool, str] | None:
