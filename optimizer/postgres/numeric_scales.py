@@ -115,6 +115,8 @@ def _varying(
     def of(child: exp.Expr) -> Scale:
         return scale_expression(child, type_of, column)
 
+    if _grouped_by_sets(node):
+        return None
     if isinstance(node, exp.Column):
         return column(node) if column is not None else None
     if isinstance(node, exp.Paren | exp.Alias):
@@ -215,6 +217,20 @@ def _varying(
         # the sum's scale is the largest of the values it added (NULLs add nothing)
         return exp.Max(this=_where_not_null(node.this, inner))
     return None
+
+
+def _grouped_by_sets(node: exp.Expr) -> bool:
+    """Whether a value is computed per output row of a SELECT grouped by ROLLUP, CUBE or
+    GROUPING SETS (not inside an aggregate): its columns may be NULL in a set that groups by
+    the value itself, so an expression of them would not give the value's scale (found by a
+    review)."""
+    if isinstance(node, exp.AggFunc):
+        return False  # (its scale is an aggregate of its values', per group of each set)
+    found = node.find_ancestor(exp.AggFunc, exp.Select)
+    if not isinstance(found, exp.Select):
+        return False
+    group = found.args.get("group")
+    return group is not None and group.find(exp.Rollup, exp.Cube, exp.GroupingSets) is not None
 
 
 def _subquery_scale(

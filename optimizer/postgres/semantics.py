@@ -222,11 +222,13 @@ def _grouping_set_constants(node: exp.Expr) -> tuple[list[int], str | None]:
         return [], "it groups by a grouping set outside a SELECT"
     aliased = {output_name(p): p.this for p in select.expressions if isinstance(p, exp.Alias)}
     constants = []
+    others = []
     for written in _grouping_items(node):
         item = written
         if isinstance(item, exp.Column) and not item.table and folded(item) in aliased:
             item = aliased[folded(item)]  # (an output alias: what it names)
         if item.find(exp.Column) is not None:
+            others.append(item)
             continue
         item = _bare(item)
         if isinstance(item, exp.Literal) and item.is_int:
@@ -234,6 +236,8 @@ def _grouping_set_constants(node: exp.Expr) -> tuple[list[int], str | None]:
                 f"it groups by {_short(item)} in a grouping set, which PostgreSQL reads as an "
                 "output column's position"
             )
+        if isinstance(item, exp.Literal | exp.Boolean | exp.Null):
+            return [], f"it groups by {_short(item)}, which PostgreSQL refuses (42601)"
         constants.append(item)
     if not constants:
         return [], None
@@ -243,12 +247,32 @@ def _grouping_set_constants(node: exp.Expr) -> tuple[list[int], str | None]:
     )
     if select.args.get("distinct") or select.find(exp.Window):
         return [], why.format("removes duplicates or uses a window")
+    group = select.args.get("group")
+    if group is not None:  # (the plain GROUP BY items, and those of other grouping sets)
+        others += [
+            e
+            for e in group.expressions
+            if not isinstance(e, exp.Rollup | exp.Cube | exp.GroupingSets)
+            and e.find(exp.Column) is not None
+        ]
+        for sets in group.find_all(exp.Rollup, exp.Cube, exp.GroupingSets):
+            if sets is not node:
+                others += [e for e in _grouping_items(sets) if e.find(exp.Column) is not None]
+    if any(_bare(n) == c for other in others for n in other.walk() for c in constants):
+        # (DuckDB would no longer match the item holding it with its reads)
+        return [], why.format("groups by an expression holding it")
     outputs = [_bare(_unaliased(p)) for p in select.expressions]
-    literals = {_literal_of(c) for c in constants} - {None}
+    copies: set[int] = set()
     for output in outputs:
-        if not any(output == c for c in constants) and _literal_of(output) in literals:
-            # (``5`` for ``5::int``, ``'x'`` for ``'x'::text``: one to PostgreSQL)
-            return [], why.format(f"outputs {_short(output)}, which it may take for it")
+        if output.find(exp.Column, exp.AggFunc, exp.Query) is not None:
+            continue
+        # a constant output: the grouped one's first copy, or PostgreSQL may take it for it
+        # (``5`` for ``5::int``, ``'x'::text || 'y'::text`` for ``'x' || 'y'::text``: its
+        # parser folds literals' casts before it compares), or keep a later copy constant
+        copy = next((i for i, c in enumerate(constants) if output == c), None)
+        if copy is None or copy in copies:
+            return [], why.format(f"outputs the constant {_short(output)} besides it")
+        copies.add(copy)
     order = select.args.get("order")
     for ordered in order.expressions if order is not None else []:
         key = _order_target(ordered) or ordered.this
@@ -272,13 +296,6 @@ def _bare(node: exp.Expr) -> exp.Expr:
     while isinstance(node, exp.Paren):
         node = node.this
     return node
-
-
-def _literal_of(node: exp.Expr) -> tuple[bool, str] | None:
-    """The literal a constant is, cast or parenthesized (None: it is something else)."""
-    while isinstance(node, exp.Paren | exp.Cast):
-        node = node.this
-    return (node.is_string, node.name) if isinstance(node, exp.Literal) else None
 
 
 def _grouping_items(node: exp.Expr) -> list[exp.Expr]:

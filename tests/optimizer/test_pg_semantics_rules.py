@@ -182,7 +182,12 @@ def test_a_chain_of_double_arithmetic_grows_its_local_form_linearly() -> None:
         ("SELECT array_agg(DISTINCT id) FROM t", "DISTINCT values"),
         ("SELECT code, 2, count(*) FROM t GROUP BY CUBE (code, 2)", "output column's position"),
         ("SELECT code, 'x'::text AS c FROM t GROUP BY ROLLUP (code, c) ORDER BY c", "orders by it"),
-        ("SELECT code, 5 FROM t GROUP BY ROLLUP (code, 5::int)", "may take for it"),
+        ("SELECT code, 5 FROM t GROUP BY ROLLUP (code, 5::int)", "besides it"),
+        ("SELECT code, 'x'::text, 'x'::text FROM t GROUP BY ROLLUP (code, 'x'::text)", "besides"),
+        (
+            "SELECT code || 'x'::text FROM t GROUP BY ROLLUP (code, 'x'::text), code || 'x'::text",
+            "holding it",
+        ),
         ("SELECT DISTINCT code, 'x'::text FROM t GROUP BY ROLLUP (code, 'x'::text)", "duplicates"),
         ("SELECT json_agg(id) FROM t", "does not build json"),
         ("SELECT corr(ratio, ratio) FROM t", "order of additions"),
@@ -201,7 +206,7 @@ def test_what_is_built_on_a_grouping_set_constant_reads_the_constant() -> None:
     """PostgreSQL computes ``'x' || 'a'`` once, as a constant's, though ``'x'`` is grouped by
     in a ROLLUP (NULL in the sets without it): DuckDB is given a scalar subquery there."""
     found, tree = semantics(
-        "SELECT code, 'x'::text, 'x'::text || 'a', count('x'::text) FROM t "
+        "SELECT code, 'x'::text, 'x'::text || code, count('x'::text) FROM t "
         "GROUP BY ROLLUP (code, 'x'::text) HAVING 'x'::text IS NOT NULL"
     )
     assert found.blocker is None

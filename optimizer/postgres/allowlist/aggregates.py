@@ -210,7 +210,7 @@ entry(
         "SELECT e.b, e.c1, count(e.i4), grouping(e.c1) FROM edge e GROUP BY e.b, ROLLUP (e.c1) "
         "HAVING count(*) > 0",
         # a constant grouped by: NULL as the output column it is, a constant anywhere else
-        "SELECT e.b, DATE '2000-01-01', DATE '2000-01-01' + 1, 'x'::text || e.c1, "
+        "SELECT e.b, DATE '2000-01-01', CASE WHEN e.b THEN DATE '2000-01-01' + 1 END, 'x' || e.c1, "
         "grouping(e.b), count(*) FROM edge e GROUP BY GROUPING SETS ((e.b, DATE '2000-01-01'), "
         "(DATE '2000-01-01'), (), (e.b, e.c1)) HAVING DATE '2000-01-01' IS NOT NULL",
     ),
