@@ -86,9 +86,35 @@ def test_every_unicode_entry_is_proven_against_postgres(
 def test_what_the_proof_does_not_cover_stays_at_the_backend(
     conn: cache.Connection, backend: str
 ) -> None:
-    """~* and initcap fold case by rules of their own: PostgreSQL answers them."""
-    for expression in ("e.t ~* 'straSSe'", "initcap(e.t)"):
+    """initcap folds case by rules of its own, and ~* a non-ASCII pattern's characters by
+    towlower and towupper: PostgreSQL answers them."""
+    for expression in ("e.t ~* 'straße'", "initcap(e.t)"):
         assert check(conn, backend, statement(expression), local=False) == "remote", expression
+
+
+def test_an_ascii_pattern_matches_case_insensitively_as_postgres(
+    conn: cache.Connection, backend: str
+) -> None:
+    """~* of an ASCII pattern adds the other ASCII case to each letter and folds no character
+    of the value: the Kelvin sign, the long s and the dotted capital I match no k, s or i."""
+    with psycopg.connect(backend, autocommit=True) as setup:
+        setup.execute("DROP TABLE IF EXISTS folds")
+        setup.execute("CREATE TABLE folds (id integer PRIMARY KEY, t text)")
+        setup.execute(
+            "INSERT INTO folds VALUES (1, E'\\u212A'), (2, E'\\u017F'), (3, E'\\u0130'), "
+            "(4, 'kSi'), (5, '_'), "
+            "(6, NULL), (7, 'ǅ ß Straße')"
+        )
+    conn.cursor().execute("CREATE CACHED VIEW folds_copy AS SELECT * FROM folds")
+    conn.admin.refresh("folds_copy")
+    sql = (
+        "SELECT f.id, f.t ~* 'k', f.t ~* '^S', f.t ~* 'I$', f.t !~* '[a-k]', f.t ~* 'STRA' "
+        "FROM folds f ORDER BY f.id"
+    )
+    assert check(conn, backend, sql) == "local"
+    assert check(conn, backend, "SELECT f.id, f.t ~* '[A-z]' FROM folds f", local=False) == (
+        "remote"
+    )
 
 
 def test_a_collation_of_its_own_maps_case_at_the_backend(
