@@ -195,6 +195,11 @@ def test_a_chain_of_double_arithmetic_grows_its_local_form_linearly() -> None:
         ("SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY ratio) FROM t", "ordered-set"),
         ("SELECT regexp_replace(note, 'a|ab', '') FROM t", "alternation"),
         ("SELECT regexp_replace(note, 'a*a', '') FROM t", "ends at the longest"),
+        ("SELECT note ~ '(?m)a.b' FROM t", "embedded options"),
+        ("SELECT note ~* '(?i)k' FROM t", "embedded options"),
+        ("SELECT note ~ '***=k' FROM t", "embedded options"),
+        ("SELECT note ~ '^*a' FROM t", "nothing to repeat"),
+        ("SELECT note SIMILAR TO '(?i)k%' FROM t", "not a literal the cache translates"),
     ],
 )
 def test_a_remote_reason_names_the_construct_and_why(sql: str, why: str) -> None:

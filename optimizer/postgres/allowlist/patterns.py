@@ -147,7 +147,10 @@ def _similar_regex(pattern: str) -> str | None:
             out.append(char)
     if in_class:
         return None
-    return "^(?:" + "".join(out) + ")$"
+    translated = "".join(out)
+    if re.search(r"\(\?|(?:^|[(|])[*+?]|[*+?][*+]|[*+?]\?[*+?]", translated):
+        return None  # (a quantifier with nothing to repeat, or options: see _ARE_ONLY)
+    return "^(?:" + translated + ")$"
 
 
 def _similar(call: Call) -> Result:
@@ -218,12 +221,23 @@ def _regex(call: Call) -> Result:
         or not regex.readable(text)
     ):
         return "its regular expression is not a literal both engines read alike"
+    if _ARE_ONLY.search(text):
+        return (
+            "its regular expression has embedded options or a quantifier with nothing to "
+            "repeat (PostgreSQL's ARE reads them its own way: (?m), (?i), ***, ^*)"
+        )
     if isinstance(call.node, exp.RegexpILike) and _case_crossing_range(text):
         return (
             "its ~* pattern has a range crossing letters of both cases or other characters "
             "(PostgreSQL adds each letter's other case to the range as it is)"
         )
     return BOOL
+
+
+# what PostgreSQL's ARE reads otherwise than RE2, or refuses where RE2 answers: embedded
+# options ("(?m)" is newline-sensitive to PostgreSQL, "(?i)" folds by RE2's Unicode rules),
+# "***" directors, a quantifier with nothing before it or after another quantifier
+_ARE_ONLY = re.compile(r"\(\?(?!:)|(?:^|[|^])[*+?{]|\((?!\?:)[*+?{]|[*+?}][*+{]|[*+?}]\?[*+?{]")
 
 
 def _case_crossing_range(pattern: str) -> bool:
