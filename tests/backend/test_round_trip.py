@@ -11,6 +11,7 @@ Python's types cannot hold)."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import typing as t
 from collections.abc import Iterator
@@ -112,10 +113,11 @@ def canonical(text: str | None) -> str | None:
     return plain + (" BC" if bc else "")
 
 
-@pytest.mark.parametrize("table", ["pulled", "streamed"])
-def test_every_value_survives_and_answers_as_postgres(
-    backend: str, cached: Path, table: str
-) -> None:
+@contextlib.contextmanager
+def _connected(
+    backend: str, cached: Path
+) -> Iterator[tuple[cache.Connection, psycopg.Connection[t.Any]]]:
+    """The cache (its guarded plan, a bound of 10 minutes) and PostgreSQL, in UTC."""
     with (
         cache.connect(
             backend=backend,
@@ -128,6 +130,14 @@ def test_every_value_survives_and_answers_as_postgres(
         psycopg.connect(backend, autocommit=True) as pg,
     ):
         pg.execute("SET TimeZone = 'UTC'")
+        yield conn, pg
+
+
+@pytest.mark.parametrize("table", ["pulled", "streamed"])
+def test_every_value_survives_and_answers_as_postgres(
+    backend: str, cached: Path, table: str
+) -> None:
+    with _connected(backend, cached) as (conn, pg):
         cursor = conn.cursor()
         for row in IDS:
             for column in NAMES:
@@ -151,18 +161,7 @@ def test_every_value_survives_and_answers_as_postgres(
 def test_arrays_of_every_value_answer_as_postgres(backend: str, cached: Path, table: str) -> None:
     """array_agg of each column, over each row and over all of them: each element as it is
     answered alone (infinity, BC and 24:00:00 among them: psycopg's error, as PostgreSQL's)."""
-    with (
-        cache.connect(
-            backend=backend,
-            cache_path=cached,
-            background=False,
-            currency_bound="10 min",
-            plan_choice="guarded",
-            autocommit=True,
-        ) as conn,
-        psycopg.connect(backend, autocommit=True) as pg,
-    ):
-        pg.execute("SET TimeZone = 'UTC'")
+    with _connected(backend, cached) as (conn, pg):
         cursor = conn.cursor()
         local = 0
         for where in ["", *(f" WHERE x.id = {row}" for row in IDS)]:

@@ -87,18 +87,17 @@ entry(
 )
 
 
-def _unicode_like(call: Call) -> Result:
-    if call.settings.ascii_case or not call.settings.unicode_case:
-        return NOT_MINE
-    # the checks ILIKE shares with LIKE (its case folding is this entry's)
-    return _like(
-        Call(
-            call.node,
-            call.typer,
-            dataclasses.replace(call.settings, ascii_case=True),
-            call.identifies_rows,
-        )
-    )
+def _as_under_c(check: t.Callable[[Call], Result]) -> t.Callable[[Call], Result]:
+    """The signature of an entry for a ctype whose case mapping the cache proved DuckDB's
+    (``C.UTF-8``): ``check``'s checks, made as under C (the case folding is the entry's)."""
+
+    def signature(call: Call) -> Result:
+        if call.settings.ascii_case or not call.settings.unicode_case:
+            return NOT_MINE
+        settings = dataclasses.replace(call.settings, ascii_case=True)
+        return check(Call(call.node, call.typer, settings, call.identifies_rows))
+
+    return signature
 
 
 def _unicode_ilike_rewrite(node: exp.Expr) -> exp.Expr:
@@ -111,7 +110,7 @@ def _unicode_ilike_rewrite(node: exp.Expr) -> exp.Expr:
 entry(
     "ILIKE (Unicode ctype)",
     exp.ILike,
-    _unicode_like,
+    _as_under_c(_like),  # (ILIKE lowers both sides: see the rewrite)
     rewrite=_unicode_ilike_rewrite,
     proofs=("e.t ILIKE '%Ä%'", "e.c ILIKE 'é%'", "e.v NOT ILIKE '%ǅ%'", "e.t ILIKE '%SS%'"),
     ctype="equal sharp_s",
@@ -301,27 +300,14 @@ entry(
 )
 
 
-def _unicode_regex_i(call: Call) -> Result:
-    if call.settings.ascii_case or not call.settings.unicode_case:
-        return NOT_MINE
+entry(
+    "~* (Unicode ctype)",
+    exp.RegexpILike,
     # PostgreSQL's ~* adds to each character of the pattern its towlower and towupper: for the
     # ASCII letters of an ASCII pattern, under a ctype whose case mapping the cache proved
     # DuckDB's, the other ASCII case only - as under C (a subject's character is not folded:
     # the Kelvin sign does not match k)
-    return _regex(
-        Call(
-            call.node,
-            call.typer,
-            dataclasses.replace(call.settings, ascii_case=True),
-            call.identifies_rows,
-        )
-    )
-
-
-entry(
-    "~* (Unicode ctype)",
-    exp.RegexpILike,
-    _unicode_regex_i,
+    _as_under_c(_regex),
     rewrite=_regex_i_rewrite,
     proofs=("e.t ~* '^a'", "e.v ~* 'B'", "e.t ~* 'X Y'", "e.v ~* '[A-C]'", "e.t !~* 'Q R'"),
     ctype="equal sharp_s",
