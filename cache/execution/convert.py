@@ -104,16 +104,15 @@ def infinite_kinds(duck_types: Sequence[str]) -> tuple[int, ...]:
     )
 
 
-def _at_edge(value: t.Any) -> bool:
-    if isinstance(value, list):  # an array's elements
-        return any(_at_edge(v) for v in value)
-    return value in _EDGES
-
-
 def at_edges(rows: Sequence[Row], columns: Sequence[int]) -> bool:
-    """Whether a value of these columns is the extreme date or time of Python's types: real
-    (0001-01-01, 9999-12-31 23:59:59.999999) or infinity, which look alike."""
-    return any(_at_edge(row[i]) for row in rows for i in columns)
+    """Whether a value of these columns (or an element of an array among them) is the extreme
+    date or time of Python's types: real (0001-01-01, 9999-12-31 23:59:59.999999) or
+    infinity, which look alike."""
+    return any(
+        value in _EDGES if (value := row[i]).__class__ is not list else not _EDGES.isdisjoint(value)
+        for row in rows
+        for i in columns
+    )
 
 
 def infinite_among(table: pa.Table, columns: Sequence[int]) -> bool:

@@ -14,17 +14,11 @@ def oid_of(name: str) -> int:
 
 
 _ELEMENTS = {info.array_oid: info.oid for info in psycopg.postgres.types if info.array_oid}
-_ARRAYS = {element: array for array, element in _ELEMENTS.items()}
 
 
 def element_oid(oid: int) -> int | None:
     """The element type of a built-in array type (``_int4``: int4), None for any other."""
     return _ELEMENTS.get(oid)
-
-
-def array_oid(oid: int) -> int | None:
-    """The array type of a built-in type (int4: ``_int4``), None if it has none."""
-    return _ARRAYS.get(oid)
 
 
 class OID:

@@ -145,7 +145,6 @@ class Report:
     by_shape: dict[str, dict[str, Counter[str]]] = field(default_factory=dict)
     by_construct: dict[str, dict[str, Counter[str]]] = field(default_factory=dict)
     remote_reasons: Counter[str] = field(default_factory=Counter)
-    order_dependent: int = 0  # guarded remote answers for `ORDER_DEPENDENT` reasons
     failures: list[Failure] = field(default_factory=list)
 
     def local_share(self, plan: str) -> float:
@@ -163,6 +162,12 @@ class Report:
             passes = table.setdefault(key, {p: Counter() for p in (*PASSES, DOUBLES)})
             passes[plan][route] += 1
             passes[DOUBLES][route] += order_dependent
+
+    @property
+    def order_dependent(self) -> int:
+        """The guarded remote answers for `ORDER_DEPENDENT` reasons (each query has one
+        family)."""
+        return sum(sum(passes[DOUBLES].values()) for passes in self.by_shape.values())
 
     def by_kind(self) -> Counter[str]:
         return Counter(f"{f.plan}: {f.kind}" for f in self.failures)
@@ -271,10 +276,9 @@ def _run_seed(
                 report.errors += 1
             if not expected.failed and not got.failed:
                 report.routes[plan][got.route] += 1
-                doubles = plan == "guarded" and got.route != "local" and order_dependent(got.reason)
-                report.count_route(query, plan, got.route, doubles)
-                if plan == "guarded" and got.route != "local":
-                    report.order_dependent += doubles
+                remote = plan == "guarded" and got.route != "local"
+                report.count_route(query, plan, got.route, remote and order_dependent(got.reason))
+                if remote:
                     report.remote_reasons[
                         _reason_kind(got.reason) if got.reason else GUARD_CHOSE_REMOTE
                     ] += 1

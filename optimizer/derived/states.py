@@ -28,14 +28,13 @@ from control_tables.schema import CachedView
 from control_tables.types import duckdb_type
 from optimizer.analysis.analyze import statement_types
 from optimizer.postgres.expression_types import ExpressionTypes
-from optimizer.postgres.types import PgType
+from optimizer.postgres.types import DECIMAL_DIGITS, PgType
 from sql_ext import CreateCachedView, Query, parse_one
 from sql_ext.aggregates import AGGREGATES, COUNT_SUFFIX, SUM_SUFFIX, State
 from sql_ext.catalog import Catalog
 from sql_ext.errors import NotSupportedError
 
 ROWS = "mtcache_rows"  # a continuously maintained group's row count (it leaves at none)
-NUMERIC_DIGITS = 38  # DuckDB's widest decimal
 
 
 @dataclass(frozen=True)
@@ -161,11 +160,11 @@ def _sum(view: CachedView, name: str, found: PgType, source: exp.Expr) -> Stored
     if found.kind in ("integer", "numeric"):
         # (every value's display scale, when it is one: a sum's is its values' largest)
         scale = 0 if found.kind == "integer" else found.scale
-        if scale is not None and scale <= NUMERIC_DIGITS:
+        if scale is not None and scale <= DECIMAL_DIGITS:
             return StoredColumn(
                 name,
-                f"numeric({NUMERIC_DIGITS},{scale})",
-                f"DECIMAL({NUMERIC_DIGITS},{scale})",
+                f"numeric({DECIMAL_DIGITS},{scale})",
+                f"DECIMAL({DECIMAL_DIGITS},{scale})",
                 source,
             )
     raise NotSupportedError(
@@ -197,7 +196,7 @@ def _pg_name(found: PgType) -> str | None:
     if found.kind == "integer":
         return {2: "smallint", 4: "integer", 8: "bigint"}.get(found.width or 0)
     if found.kind == "numeric" and found.scale is not None:
-        return f"numeric({NUMERIC_DIGITS},{found.scale})"
+        return f"numeric({DECIMAL_DIGITS},{found.scale})"
     if found.kind == "float":
         return "real" if found.width == 4 else "double precision"
     if found.kind in ("text", "varchar", "string"):

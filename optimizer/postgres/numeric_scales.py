@@ -18,12 +18,11 @@ from sqlglot import exp
 
 from optimizer.postgres.allowlist import DIVISION_SCALE, numeric_division, numeric_spread
 from optimizer.postgres.divisions import SPREADS, spread_operands
-from optimizer.postgres.types import PgType
+from optimizer.postgres.types import DECIMAL_DIGITS, PgType
 from sql_ext.params import NODE_ID
 from sql_ext.quoting import output_name
 
 Scale = int | exp.Expr | None
-_DUCKDB_SCALE = 38  # the largest scale of DuckDB's DECIMAL
 
 
 def division_operands(
@@ -42,11 +41,11 @@ def division_operands(
         )
     if isinstance(node, (*SPREADS,)):
         found = scale_expression(node.this, type_of, column)
-        if isinstance(found, int) and 2 * found <= _DUCKDB_SCALE:
+        if isinstance(found, int) and 2 * found <= DECIMAL_DIGITS:
             numerator, denominator = spread_operands(node, found, SPREADS[type(node)])
             return numerator, 2 * found, denominator, 0
         bound = scale_bound(node.this, type_of)
-        if not isinstance(found, exp.Expr) or bound is None or 2 * bound > _DUCKDB_SCALE:
+        if not isinstance(found, exp.Expr) or bound is None or 2 * bound > DECIMAL_DIGITS:
             return None  # (the squares' scale: beyond DuckDB's DECIMAL)
         # values of several scales: PostgreSQL's sums keep the largest (NumericAggState's
         # maxScale), of which the exact numerator has twice; each value is read at the

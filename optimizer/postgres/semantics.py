@@ -45,7 +45,7 @@ from optimizer.postgres.expression_types import (
     arguments,
 )
 from optimizer.postgres.numeric_scales import scale_bound, scale_expression
-from optimizer.postgres.types import STRINGS, combine, literal_scale
+from optimizer.postgres.types import DECIMAL_DIGITS, STRINGS, combine, literal_scale
 from sql_ext import Query
 from sql_ext.nodes import ConstantList, CurrencyClause
 from sql_ext.params import NODE_ID
@@ -56,7 +56,6 @@ _RANGES = (exp.GT, exp.GTE, exp.LT, exp.LTE, exp.Between)
 _ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod)
 _PATTERNS = (exp.Like, exp.ILike, exp.SimilarTo, exp.RegexpLike, exp.RegexpILike)
 _TEXT_TYPES = frozenset({exp.DType.TEXT, exp.DType.VARCHAR})
-_DECIMAL_DIGITS = 38  # DuckDB's widest DECIMAL
 _INTEGER_DIGITS = {2: 5, 4: 10, 8: 19}  # the decimal digits of each integer type's values
 
 
@@ -230,7 +229,7 @@ def _grouping_set_constants(node: exp.Expr) -> tuple[list[int], str | None]:
         if item.find(exp.Column) is not None:
             others.append(item)
             continue
-        item = _bare(item)
+        item = item.unnest()
         if isinstance(item, exp.Literal) and item.is_int:
             return [], (
                 f"it groups by {_short(item)} in a grouping set, which PostgreSQL reads as an "
@@ -258,10 +257,10 @@ def _grouping_set_constants(node: exp.Expr) -> tuple[list[int], str | None]:
         for sets in group.find_all(exp.Rollup, exp.Cube, exp.GroupingSets):
             if sets is not node:
                 others += [e for e in _grouping_items(sets) if e.find(exp.Column) is not None]
-    if any(_bare(n) == c for other in others for n in other.walk() for c in constants):
+    if any(n.unnest() == c for other in others for n in other.walk() for c in constants):
         # (DuckDB would no longer match the item holding it with its reads)
         return [], why.format("groups by an expression holding it")
-    outputs = [_bare(_unaliased(p)) for p in select.expressions]
+    outputs = [_unaliased(p).unnest() for p in select.expressions]
     copies: set[int] = set()
     for output in outputs:
         if output.find(exp.Column, exp.AggFunc, exp.Query) is not None:
@@ -276,7 +275,7 @@ def _grouping_set_constants(node: exp.Expr) -> tuple[list[int], str | None]:
     order = select.args.get("order")
     for ordered in order.expressions if order is not None else []:
         key = _order_target(ordered) or ordered.this
-        if any(_bare(n) == c for n in key.walk() for c in constants):
+        if any(n.unnest() == c for n in key.walk() for c in constants):
             return [], why.format("orders by it")
     reads: list[int] = []
     having = select.args.get("having")
@@ -289,13 +288,6 @@ def _grouping_set_constants(node: exp.Expr) -> tuple[list[int], str | None]:
             if any(any(n == c for n in query.walk()) for c in constants):
                 return [], why.format("reads it in a subquery")
     return reads, None
-
-
-def _bare(node: exp.Expr) -> exp.Expr:
-    """An expression without the parentheses around it (PostgreSQL's parse tree has none)."""
-    while isinstance(node, exp.Paren):
-        node = node.this
-    return node
 
 
 def _grouping_items(node: exp.Expr) -> list[exp.Expr]:
@@ -596,13 +588,12 @@ class _Finder:
 
     def _printed(self, value: exp.Expr) -> None:
         """A numeric printed as text shows its display scale: DuckDB prints it at the scale
-        PostgreSQL's values have (one for all of them, or the statement stays remote)."""
+        PostgreSQL's values have (one for all of them, or each value's, followed row by row),
+        or the statement stays remote."""
         found = self.type(value)
         if found.kind != "numeric":
             return
-        inner = value
-        while isinstance(inner, exp.Paren):
-            inner = inner.this
+        inner = value.unnest()
         if found.scale is None and isinstance(inner, (exp.Div, exp.Avg, *SPREADS)):
             # the cache's division gives PostgreSQL's text (optimizer.analysis.analyze)
             self.printed_divisions.add(inner.meta[NODE_ID])
@@ -614,7 +605,7 @@ class _Finder:
         bound = scale_bound(inner, self.types.of)
         if isinstance(scale, int):
             self.text_scales[value.meta[NODE_ID]] = scale
-        elif isinstance(scale, exp.Expr) and bound is not None and bound <= _DECIMAL_DIGITS:
+        elif isinstance(scale, exp.Expr) and bound is not None and bound <= DECIMAL_DIGITS:
             # each value printed at the largest scale, then cut to its own
             self.printed_scales[value.meta[NODE_ID]] = (scale, bound)
         else:
@@ -778,14 +769,14 @@ class _Finder:
             return
         text = node.this
         digits = len(text.lower().partition("e")[0].replace(".", "").lstrip("-+0"))
-        if digits > _DECIMAL_DIGITS:
+        if digits > DECIMAL_DIGITS:
             self.blocker = f"its number {text[:20]}... has more digits than DuckDB's decimals"
         elif "e" in text.lower():
             scale = literal_scale(text)
             if scale is None:
                 return
             plain = format(Decimal(text), "f")
-            if len(plain.replace(".", "").lstrip("-0")) > _DECIMAL_DIGITS:
+            if len(plain.replace(".", "").lstrip("-0")) > DECIMAL_DIGITS:
                 self.blocker = f"its number {text} has more digits than DuckDB's decimals"
                 return
             digits = max(len(plain.lstrip("-").replace(".", "")), scale + 1)
@@ -814,7 +805,7 @@ class _Finder:
                 plain = format(Decimal(node.this.this.strip()), "f")
                 digits = max(len(plain.lstrip("+-").replace(".", "")), scale + 1)
                 self.exact_numbers[node.meta[NODE_ID]] = (
-                    f"CAST('{plain}' AS DECIMAL({min(digits, _DECIMAL_DIGITS)}, {scale}))"
+                    f"CAST('{plain}' AS DECIMAL({min(digits, DECIMAL_DIGITS)}, {scale}))"
                 )
                 self.decimal_scales[node.meta[NODE_ID]] = scale
                 return
@@ -824,7 +815,7 @@ class _Finder:
             )
             return
         self.decimal_scales[node.meta[NODE_ID]] = scale
-        self.decimal_digits[node.meta[NODE_ID]] = max(digits or _DECIMAL_DIGITS, scale + 1)
+        self.decimal_digits[node.meta[NODE_ID]] = max(digits or DECIMAL_DIGITS, scale + 1)
 
     # -- collation -----------------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ Kind = t.Literal[
     "other",
     "unknown",
 ]
+DECIMAL_DIGITS = 38  # DuckDB's widest DECIMAL (its largest scale too)
 STRINGS = frozenset({"char", "varchar", "text", "string"})
 NUMBERS = frozenset({"integer", "numeric", "float"})
 DATETIMES = frozenset({"date", "timestamp", "timestamptz"})

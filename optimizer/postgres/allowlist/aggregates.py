@@ -227,7 +227,7 @@ def _string_agg(call: Call) -> Result:
         return "its string_agg separator is not a literal"
     if not _strings(call.of(value.this)):
         return "it aggregates something other than strings with string_agg"
-    problem = _tied(call, value, "string_agg")
+    problem = _tied(call, value, "string_agg", skips_nulls=True)
     if problem is not None:
         return problem
     return _text(call.of(value.this))
@@ -237,17 +237,18 @@ def _constant(node: exp.Expr) -> bool:
     return node.find(exp.Column, exp.Query, exp.Placeholder) is None
 
 
-def _tied(call: Call, order: exp.Order, name: str) -> str | None:
+def _tied(call: Call, order: exp.Order, name: str, skips_nulls: bool = False) -> str | None:
     """Why an ordered aggregate's order may leave values that print differently tied on
     every key (their order among themselves is each engine's own), or None: its keys hold a
     key of each table it reads, or its value is a constant, or one of its keys, or reads
     only columns that are keys themselves - each of a type whose equal values print alike
     (not a double, whose 0 and -0 are equal, nor a numeric whose scale may differ from value
-    to value). Rows tied on every key then hold the same value. string_agg skips NULLs, so
-    a FILTER folded into its value (``CASE WHEN c THEN v END``) leaves ``v`` to compare."""
+    to value). Rows tied on every key then hold the same value. An aggregate that
+    ``skips_nulls`` (string_agg) compares ``v`` of a FILTER folded into its value (``CASE WHEN
+    c THEN v END``, `optimizer.postgres.folds`): the rows it filters out add nothing."""
     keys = [o.this for o in order.expressions]
     values = [order.this]
-    if name == "string_agg" and isinstance(order.this, exp.Case):
+    if skips_nulls and isinstance(order.this, exp.Case):
         ifs = order.this.args.get("ifs") or []
         if len(ifs) == 1 and not order.this.args.get("default") and not order.this.args.get("this"):
             values.append(ifs[0].args["true"])

@@ -31,7 +31,8 @@ class Settings:
     unicode_case: str = ""
 
 
-def _no_keys(_node: exp.Expr, _keys: list[exp.Expr]) -> bool:
+def no_keys(_node: exp.Expr, _keys: list[exp.Expr]) -> bool:
+    """What a caller that knows no FROM items says of an aggregate's keys: nothing."""
     return False
 
 
@@ -45,7 +46,7 @@ class Call:
         node: exp.Expr,
         typer: Callable[[exp.Expr], PgType],
         settings: Settings,
-        identifies_rows: Callable[[exp.Expr, list[exp.Expr]], bool] = _no_keys,
+        identifies_rows: Callable[[exp.Expr, list[exp.Expr]], bool] = no_keys,
     ) -> None:
         self.node = node
         self.typer = typer

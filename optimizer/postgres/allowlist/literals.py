@@ -9,15 +9,12 @@ import typing as t
 from sqlglot import exp
 
 from optimizer.postgres.allowlist.base import Call, Family, Result, _string_literal
-from optimizer.postgres.types import BOOL, INT4, INT8, PgType, literal_scale
+from optimizer.postgres.types import BOOL, DECIMAL_DIGITS, INT4, INT8, PgType, literal_scale
 from sql_ext.long_lists import LONG_LIST
 from sql_ext.nodes import ConstantList
 
 FAMILY = Family()
 entry = FAMILY.entry
-
-
-_DIGITS = 38  # DuckDB's widest decimal
 
 
 def _number_literal(call: Call) -> Result:
@@ -26,7 +23,7 @@ def _number_literal(call: Call) -> Result:
         return PgType("string")
     text = node.this
     digits = len(text.lower().partition("e")[0].replace(".", "").lstrip("-+0"))
-    if digits > _DIGITS:
+    if digits > DECIMAL_DIGITS:
         return f"its number {text[:20]}... has more digits than DuckDB's decimals"
     if node.is_int and abs(int(text)) < 2**63:
         return INT4 if abs(int(text)) < 2**31 else INT8

@@ -147,8 +147,8 @@ def _similar_regex(pattern: str) -> str | None:
     if in_class:
         return None
     translated = "".join(out)
-    if re.search(r"\(\?|(?:^|[(|])[*+?]|[*+?][*+]|[*+?]\?[*+?]", translated):
-        return None  # (a quantifier with nothing to repeat, or options: see _ARE_ONLY)
+    if _are_only(translated):
+        return None  # (a quantifier with nothing to repeat: what ARE and RE2 read otherwise)
     return "^(?:" + translated + ")$"
 
 
@@ -190,10 +190,11 @@ entry(
     ),
 )
 
+_BRACKET = r"\[\^?\]?[^\]\[\\]*\]"  # a bracket expression without classes or escapes
 # what both PostgreSQL's regular expressions and RE2 read alike
 _SAFE_REGEX = re.compile(
     r"(?:[^\\\[\](){}|*+?.^$]|\\[.^$*+?()\[\]{}|\\]|[.^$|*+?()]"
-    r"|\{\d+(,\d*)?\}|\[\^?\]?[^\]\[\\]*\])*"
+    r"|\{\d+(,\d*)?\}|" + _BRACKET + ")*"
 )
 
 
@@ -220,7 +221,7 @@ def _regex(call: Call) -> Result:
         or not regex.readable(text)
     ):
         return "its regular expression is not a literal both engines read alike"
-    if _ARE_ONLY.search(text):
+    if _are_only(text):
         return (
             "its regular expression has embedded options or a quantifier with nothing to "
             "repeat (PostgreSQL's ARE reads them its own way: (?m), (?i), ***, ^*)"
@@ -239,10 +240,16 @@ def _regex(call: Call) -> Result:
 _ARE_ONLY = re.compile(r"\(\?(?!:)|(?:^|[|^])[*+?{]|\((?!\?:)[*+?{]|[*+?}][*+{]|[*+?}]\?[*+?{]")
 
 
+def _are_only(pattern: str) -> bool:
+    """Whether a pattern holds what `_ARE_ONLY` names, outside its bracket expressions (each
+    read as one character: ``[^*]`` is no quantifier)."""
+    return _ARE_ONLY.search(re.sub(_BRACKET, "x", pattern)) is not None
+
+
 def _case_crossing_range(pattern: str) -> bool:
     """Whether a bracket expression's range holds letters yet is not within a..z or A..Z
     (``[A-z]`` holds ``_``, which lowering the pattern to ``[a-z]`` would lose)."""
-    for found in re.finditer(r"\[\^?\]?[^\]\[\\]*\]", pattern):
+    for found in re.finditer(_BRACKET, pattern):
         body = found.group(0)[1:-1].lstrip("^")
         for i in range(1, len(body) - 1):
             if body[i] != "-" or i == 0:

@@ -23,7 +23,7 @@ from optimizer.postgres.allowlist import (
     strings,
     window,
 )
-from optimizer.postgres.allowlist.base import Call, Entry, Result, Settings
+from optimizer.postgres.allowlist.base import Call, Entry, Result, Settings, no_keys
 from optimizer.postgres.types import PgType
 from sql_ext.nodes import ConstantList
 
@@ -61,7 +61,7 @@ def resolve(
     node: exp.Expr,
     typer: Callable[[exp.Expr], PgType],
     settings: Settings,
-    identifies_rows: Callable[[exp.Expr, list[exp.Expr]], bool] | None = None,
+    identifies_rows: Callable[[exp.Expr, list[exp.Expr]], bool] = no_keys,
 ) -> tuple[Entry | None, Result]:
     """The entry that computes ``node`` and the type of its result, or (None, why no entry
     does)."""
@@ -72,7 +72,7 @@ def resolve(
             f"it calls {name_of(node)}, which is not on the list of what DuckDB "
             "computes as PostgreSQL does" + (f" ({why})" if why else "")
         )
-    call = Call(node, typer, settings, *(() if identifies_rows is None else (identifies_rows,)))
+    call = Call(node, typer, settings, identifies_rows)
     reason = ""
     for candidate in found:
         result = candidate.signature(call)
