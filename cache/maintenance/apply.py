@@ -22,7 +22,7 @@ from cache.store.cache_file import CacheStore
 from control_tables.kinds import RegionKind
 from control_tables.regions import Region, region_predicate
 from control_tables.schema import CachedView, CacheSchema
-from optimizer.derived.delta import copy_owner
+from optimizer.derived.delta import copy_table
 from sql_ext.quoting import ident, idents, keys_in
 
 Key = tuple[t.Any, ...]
@@ -120,9 +120,8 @@ def apply_rows(
             con.execute(
                 "INSERT OR REPLACE INTO mtcache.view_state VALUES (?, ?, ?)", [name, *stamp]
             )
-    for name, rows in staged.items():  # a continuously maintained derived view's copies
-        owner = copy_owner(name)  # of its tables, pulled whole with it
-        if owner is None:
+    for name, rows in staged.items():  # the copies of tables continuously maintained
+        if copy_table(name) is None:  # derived views read, pulled whole
             continue
         con.execute(f"DELETE FROM {ident(name)}")
         con.register("mtcache_staged", rows)
@@ -130,8 +129,8 @@ def apply_rows(
             f"INSERT INTO {ident(name)} ({idents(rows.column_names)}) SELECT * FROM mtcache_staged"
         )
         con.unregister("mtcache_staged")
-        # (its view state says when: a presence-controlled one's copies are pulled once)
-        con.execute("INSERT OR REPLACE INTO mtcache.view_state VALUES (?, ?, ?)", [owner, *stamp])
+        # (its view state says when: the stream keeps it from then on)
+        con.execute("INSERT OR REPLACE INTO mtcache.view_state VALUES (?, ?, ?)", [name, *stamp])
     return changed
 
 

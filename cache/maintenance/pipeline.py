@@ -44,7 +44,7 @@ from control_tables.closure import affected_closure_safe, control_values
 from control_tables.kinds import RegionKind, Role
 from control_tables.regions import Region, guarantees, key_text
 from control_tables.schema import CachedView, CacheSchema, control_role, controlled_columns
-from optimizer.derived.delta import copy_owner
+from optimizer.derived.delta import copy_table
 from sql_ext.catalog import Catalog
 from sql_ext.errors import (
     Error,
@@ -350,7 +350,7 @@ class Maintainer:
                     pull.omega,
                     snapshot_id,
                     coordinator.snapshot,
-                    [n for n in pull.staged if copy_owner(n)],
+                    [n for n in pull.staged if copy_table(n)],
                 )
                 if then is not None:
                     then(con, snapshot_id)

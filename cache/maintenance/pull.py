@@ -25,7 +25,7 @@ from control_tables.kinds import RegionKind
 from control_tables.regions import Region, guarantees, in_list, order_key, region_predicate
 from control_tables.schema import CachedView, CacheSchema
 from control_tables.types import transfer_type
-from optimizer.derived.delta import maintenance
+from optimizer.derived.delta import AUX_PREFIX, copies, tables_read
 from optimizer.derived.states import layout, pull_select
 from sql_ext.catalog import Catalog
 from sql_ext.quoting import ident, idents, qualified
@@ -144,9 +144,12 @@ class Pull:
         key is evaluated term by term for every row: 150,000 admitted keys never finished)."""
         by_view: dict[str, list[str]] = {}
         present: dict[tuple[str, tuple[str, ...]], list[tuple[t.Any, ...]]] = {}
-        copied = self._copied(wanted)
-        for name in copied:  # (its copies come with every key it holds, in one snapshot)
+        brought, copied = self._copied(wanted)
+        for name in copied:  # (a copy comes with every key its readers hold, in one snapshot)
             view = self.schema.views[name]
+            if view.view_level:
+                self.omega.add(Region(name, RegionKind.VIEW))
+                wanted = wanted | {Region(name, RegionKind.VIEW)}
             for edge in view.presence:
                 listed = {
                     Region(name, RegionKind.PRESENCE, edge.columns, k, edge.control)
@@ -169,36 +172,37 @@ class Pull:
             self.query(self.schema.views[name], " OR ".join(f"({p})" for p in preds))
             for name, preds in by_view.items()
         ]
-        for name in copied:
-            queries += [
-                self._copy_query(aux.copy)
-                for aux in maintenance(self.schema.views[name], self.catalog).auxiliaries
-            ]
-        return queries
+        return queries + [self._copy_query(copy) for copy in brought]
 
-    def _copied(self, wanted: set[Region]) -> list[str]:
-        """The continuously maintained derived views whose copies of their tables this pull
-        brings (`optimizer.derived.delta`): a view-level view's, with its one region; a
-        presence-controlled view's, the first time (its view state then marks them pulled),
-        with every key it holds - whatever one snapshot pulls of a view, its copies must be
-        of that snapshot too."""
-        found = []
-        for name in sorted({r.view for r in wanted}):
-            view = self.schema.views[name]
-            if not (view.is_derived and view.continuous):
+    def _copied(self, wanted: set[Region]) -> tuple[list[CachedView], list[str]]:
+        """The copies of tables this pull brings (`optimizer.derived.delta.copies`), and the
+        continuously maintained derived views that read them, which come whole with them
+        (whatever one snapshot pulls of a copy, every view kept from it must be of that
+        snapshot too; a view pulled alone is kept from copies the stream keeps, lined up
+        with it). A copy comes when a view the pull brings reads it and it was never pulled
+        (new, or made again), or when every view reading it comes whole anyway."""
+        readers = [v for v in self.schema.views.values() if v.is_derived and v.continuous]
+        names = {r.view for r in wanted}
+        whole = {r.view for r in wanted if r.kind == RegionKind.VIEW}
+        filled = {
+            name
+            for (name,) in self.con.execute(
+                "SELECT view FROM mtcache.view_state WHERE starts_with(view, ?)", [AUX_PREFIX]
+            ).fetchall()
+        }
+        brought: list[CachedView] = []
+        copied: set[str] = set()
+        for table, copy in copies(readers, self.catalog).items():
+            reading = [v for v in readers if table in tables_read(v)]
+            if copy.name in self.staged or not names & {v.name for v in reading}:
                 continue
-            if (
-                view.view_level
-                or self.con.execute(
-                    "SELECT 1 FROM mtcache.view_state WHERE view = ?", [name]
-                ).fetchone()
-                is None
-            ):
-                found.append(name)
-        return found
+            if copy.name not in filled or all(v.view_level and v.name in whole for v in reading):
+                brought.append(copy)
+                copied |= {v.name for v in reading}
+        return brought, sorted(copied)
 
     def _copy_query(self, copy: CachedView) -> PullQuery:
-        """All rows of a derived view's copy of a table (`optimizer.derived.delta`)."""
+        """All rows of the copy of a table (`optimizer.derived.delta`)."""
         table = self.catalog.table(copy.table)
         assert table is not None
         types = {c.name: c.type for c in table.columns}

@@ -388,7 +388,9 @@ class CacheStore(SchemaStore, CatalogStore):
         Rules 1-5) against ``catalog``, the backend's just now; then keep that catalog and
         create and drop the DuckDB tables in one transaction. A script refused leaves the
         file as it was, its catalog included. ``then(con)`` runs last inside the transaction."""
-        schema, actions = apply_script(self.load_schema(), statements, catalog)
+        before = self.load_schema()
+        schema, actions = apply_script(before, statements, catalog)
+        actions = self.recreated_readers(before, schema, catalog, actions)
         self._execute_actions(actions, schema, catalog, then)
         self.save_catalog(catalog)
         with self._shared.lock:

@@ -9,15 +9,18 @@ import typing as t
 import duckdb
 from sqlglot import exp
 
+from cache.store.budget import copy_tables
 from cache.store.handle import FileHandle
 from control_tables.schema import CachedView, CacheSchema, ControlTable, view_from_statement
 from control_tables.types import duckdb_type
-from optimizer.derived.delta import auxiliary_prefix, maintenance
+from optimizer.derived.delta import copies, copy_table, tables_read
 from optimizer.derived.states import layout
 from sql_ext import CreateCachedView, CreateControlTable, parse
 from sql_ext.catalog import Catalog
 from sql_ext.errors import translate
 from sql_ext.quoting import ident, idents
+
+Action = tuple[str, str]  # ("create" | "drop", name)
 
 
 class SchemaStore(FileHandle):
@@ -56,7 +59,7 @@ class SchemaStore(FileHandle):
 
     def _execute_actions(
         self,
-        actions: list[tuple[str, str]],
+        actions: list[Action],
         schema: CacheSchema,
         catalog: Catalog,
         then: t.Callable[[duckdb.DuckDBPyConnection], None] | None,
@@ -68,12 +71,6 @@ class SchemaStore(FileHandle):
                 for action, name in actions:
                     if action == "drop":
                         con.execute(f"DROP TABLE IF EXISTS {ident(name)}")
-                        for (copy,) in con.execute(  # a derived view's copies of its tables
-                            "SELECT table_name FROM duckdb_tables() WHERE schema_name = "
-                            "'main' AND starts_with(table_name, ?)",
-                            [auxiliary_prefix(name)],
-                        ).fetchall():
-                            con.execute(f"DROP TABLE {ident(copy)}")
                         con.execute("DELETE FROM mtcache.objects WHERE name = ?", [name])
                         con.execute("DELETE FROM mtcache.view_state WHERE view = ?", [name])
                         continue
@@ -82,10 +79,87 @@ class SchemaStore(FileHandle):
                         self._create_control_table(schema.control_tables[name], seq)
                     else:
                         self._create_view(schema, schema.views[name], catalog, seq)
+                self._keep_copies(schema, catalog)
                 if then is not None:
                     then(con)
         except duckdb.Error as exc:
             raise translate(exc, "applying the cache schema (nothing was changed)") from exc
+
+    def recreated_readers(
+        self, before: CacheSchema, after: CacheSchema, catalog: Catalog, actions: list[Action]
+    ) -> list[Action]:
+        """``actions`` with, first, the readers of a copy that must be made again made again
+        with it: a continuously maintained derived view kept as it was, reading a table whose
+        copy must now hold columns it lacks (pulled anew in one snapshot with all its readers,
+        each is then as a view just created; `_keep_copies`)."""
+        touched = {name for _, name in actions}
+        held = {
+            copy_table(name): {
+                c
+                for (c,) in self.con.execute(
+                    "SELECT column_name FROM duckdb_columns() WHERE schema_name = 'main' AND "
+                    "table_name = ?",
+                    [name],
+                ).fetchall()
+            }
+            for name in copy_tables(self.con)
+        }
+        wider = {
+            table
+            for table, copy in copies(after.views.values(), catalog).items()
+            if table in held and not set(copy.columns) <= held[table]
+        }
+        again = [
+            name
+            for name in before.topological_order()
+            if name in after.views
+            and name not in touched
+            and after.views[name].is_derived
+            and after.views[name].continuous
+            and wider & tables_read(after.views[name])
+        ]
+        return [("drop", n) for n in again] + [("create", n) for n in again] + actions
+
+    def _keep_copies(self, schema: CacheSchema, catalog: Catalog) -> None:
+        """The copies of tables the continuously maintained derived views read
+        (`optimizer.derived.delta.copies`) made to hold what those of ``schema`` read: one
+        no view reads any more dropped, a new one made (it is pulled with its readers, see
+        `cache.maintenance.pull`), one whose readers read fewer columns narrowed, one they
+        read more of made again (`recreated_readers` made them again with it)."""
+        wanted = copies(schema.views.values(), catalog)
+        held = {
+            name: [
+                c
+                for (c,) in self.con.execute(
+                    "SELECT column_name FROM duckdb_columns() WHERE schema_name = 'main' AND "
+                    "table_name = ? ORDER BY column_index",
+                    [name],
+                ).fetchall()
+            ]
+            for name in copy_tables(self.con)
+        }
+        for name, columns in held.items():
+            table = copy_table(name)
+            copy = wanted.get(table or "")
+            if copy is not None and set(copy.columns) <= set(columns):
+                for column in columns:
+                    if column not in copy.columns:
+                        self.con.execute(f"ALTER TABLE {ident(name)} DROP COLUMN {ident(column)}")
+                continue
+            self.con.execute(f"DROP TABLE {ident(name)}")
+            self.con.execute("DELETE FROM mtcache.view_state WHERE view = ?", [name])
+            held[name] = []
+        for copy in wanted.values():
+            if held.get(copy.name):
+                continue
+            source = catalog.table(copy.table)
+            assert source is not None
+            types = {c.name: c.type for c in source.columns}
+            columns = [f"{ident(c)} {duckdb_type(types[c])}" for c in copy.columns]
+            self.con.execute(
+                f"CREATE TABLE {ident(copy.name)} ({', '.join(columns)}, "
+                f"PRIMARY KEY ({idents(copy.key)}))"
+            )
 
     def _create_control_table(self, control: ControlTable, seq: int) -> None:
         columns = [
@@ -110,17 +184,6 @@ class SchemaStore(FileHandle):
             stored = layout(view, catalog).columns
             columns = [f"{ident(c.name)} {c.duckdb_type}" for c in stored]
             self.con.execute(f"CREATE TABLE {ident(view.name)} ({', '.join(columns)})")
-            if view.continuous:  # its copies of the tables it reads (`optimizer.derived.delta`)
-                for aux in maintenance(view, catalog).auxiliaries:
-                    table = catalog.table(aux.table)
-                    assert table is not None
-                    types = {c.name: c.type for c in table.columns}
-                    copy = aux.copy
-                    columns = [f"{ident(c)} {duckdb_type(types[c])}" for c in copy.columns]
-                    self.con.execute(
-                        f"CREATE TABLE {ident(copy.name)} ({', '.join(columns)}, "
-                        f"PRIMARY KEY ({idents(copy.key)}))"
-                    )
         else:
             table = catalog.table(view.table)
             assert table is not None

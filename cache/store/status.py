@@ -19,7 +19,7 @@ from control_tables.kinds import RegionKind
 from control_tables.regions import guarantees
 from control_tables.schema import CachedView, CacheSchema
 from heartbeat.clock import BackendClock
-from optimizer.derived.delta import copy_owner
+from optimizer.derived.delta import copy_name, tables_read
 from sql_ext.errors import ProgrammingError
 from sql_ext.quoting import ident
 
@@ -46,10 +46,12 @@ def status(
         )
     delays = measured_delays(store)
     engines = last_engines(store)
-    copies: dict[str, list[str]] = {}  # a continuously maintained derived view's copies
-    for name in copy_tables(store.con):
-        copies.setdefault(copy_owner(name) or "", []).append(name)
-    sizes = stored_bytes(store, [*schema.views, *(c for cs in copies.values() for c in cs)])
+    held = set(copy_tables(store.con))
+    copies: dict[str, list[str]] = {}  # the copies a continuously maintained derived view reads
+    for name, cached in schema.views.items():
+        if cached.is_derived and cached.continuous:
+            copies[name] = sorted({copy_name(t) for t in tables_read(cached)} & held)
+    sizes = stored_bytes(store, [*schema.views, *held])
     views = [
         _view_status(
             store,

@@ -30,11 +30,11 @@ TITLE = "Derived views kept current from the change stream (TPC-H Q1, Q3-like, Q
 
 
 def run(ctx: Context) -> list[Row]:
-    calls, updates = (5, 200) if ctx.quick else (20, 1000)
+    calls, batches = (5, [1, 100]) if ctx.quick else (20, [1, 100, 1000, 10000])
     rate, seconds = (100.0, 3.0) if ctx.quick else (500.0, 10.0)
     steps = 12
     with ctx.progress(f"derived views, TPC-H SF {ctx.sf:g}", total=steps) as done:
-        return bench_derived.measure(ctx.dsn, ctx.sf, calls, updates, rate, seconds, done)
+        return bench_derived.measure(ctx.dsn, ctx.sf, calls, batches, rate, seconds, done)
 
 
 def _of(rows: list[Read], kind: str) -> list[Read]:
@@ -56,6 +56,8 @@ def plot(rows: list[Read], out: Path) -> list[Path]:
     left.set_ylabel("ms per query, p50 (log)")
     left.set_title(f"Answering, SF {scale_of(rows)} (dotted: 1 ms)")
     maintained = _of(rows, "maintenance")
+    largest = max((r["updates"] for r in maintained), key=lambda n: number(n) or 0, default="?")
+    maintained = [r for r in maintained if r["updates"] == largest]
     _bars(
         right,
         maintained,
@@ -66,9 +68,7 @@ def plot(rows: list[Read], out: Path) -> list[Path]:
         ),
     )
     right.set_ylabel("ms (log)")
-    right.set_title(
-        f"Upkeep after {maintained[0]['updates'] if maintained else '?'} single-row updates"
-    )
+    right.set_title(f"Upkeep of a batch of {largest} changed rows")
     return [save(drawn, out / "derived-views.png")]
 
 
@@ -105,16 +105,18 @@ def report(rows: list[Read], plots: list[Path]) -> str:
     ]
     table = []
     for r in _of(rows, "query"):
-        view, recompute, pg = (
-            number(r[c]) or float("nan") for c in ("view_s", "recompute_s", "postgresql_s")
+        view, point, recompute, pg = (
+            number(r.get(c)) or float("nan")
+            for c in ("view_s", "point_hit_s", "recompute_s", "postgresql_s")
         )
         verdict = (
-            "meets" if view <= 1e-3 and recompute / view >= 100 else "misses"
-        ) + " the targets (<= 1 ms, >= 100x recomputing)"
+            "meets" if view <= 2 * point and recompute / view >= 100 else "misses"
+        ) + " the targets (<= 2x a point hit, >= 100x recomputing)"
         table.append(
             [
                 r["query"],
                 f"{view * 1e3:.2f}",
+                f"{point * 1e3:.2f}",
                 f"{recompute * 1e3:.1f}",
                 f"{pg * 1e3:.1f}",
                 f"{recompute / view:.0f}x",
@@ -127,6 +129,7 @@ def report(rows: list[Read], plots: list[Path]) -> str:
             [
                 "query",
                 "view ms",
+                "point hit ms",
                 "recomputed ms",
                 "PostgreSQL ms",
                 "recompute / view",
@@ -139,15 +142,22 @@ def report(rows: list[Read], plots: list[Path]) -> str:
     ]
     table = []
     for r in _of(rows, "maintenance"):
-        batch, delta, duck, backend = (
-            number(r[c]) or float("nan")
-            for c in ("batch_s", "view_delta_s", "duckdb_recompute_s", "backend_recompute_s")
+        batch, copies, delta, duck, backend = (
+            number(r.get(c)) or float("nan")
+            for c in (
+                "batch_s",
+                "copies_s",
+                "view_delta_s",
+                "duckdb_recompute_s",
+                "backend_recompute_s",
+            )
         )
         table.append(
             [
                 r["query"],
                 r["updates"],
                 f"{batch * 1e3:.1f}",
+                f"{copies * 1e3:.1f}",
                 f"{delta * 1e3:.1f}",
                 f"{duck * 1e3:.1f}",
                 f"{backend * 1e3:.0f}",
@@ -156,14 +166,17 @@ def report(rows: list[Read], plots: list[Path]) -> str:
             ]
         )
     lines += [
-        "Upkeep: the stream's batch (all three views, decoding included) and each "
-        "view's delta within it, against recomputing the view (target: at most 1%):",
+        "Upkeep: the stream's batch of changed rows (all three views, decoding included), "
+        "the copies' share (one per table, shared) and each view's delta within it, against "
+        "recomputing the view (targets at 1,000 rows: Q1 at most 4 ms, the others at most "
+        "30 ms, each at most 10% of recomputing in DuckDB):",
         "",
         markdown_table(
             [
                 "view",
-                "updates",
+                "rows",
                 "batch ms",
+                "copies ms",
                 "view's delta ms",
                 "DuckDB recompute ms",
                 "PostgreSQL ms",
@@ -187,9 +200,15 @@ def report(rows: list[Read], plots: list[Path]) -> str:
         [r["query"], r["view_rows"], r["view_bytes"], r["copies_rows"], r["copies_bytes"]]
         for r in _of(rows, "size")
     ]
+    table += [
+        [f"copy of {r['query']}", r["copies_rows"], r["copies_bytes"], "", ""]
+        for r in _of(rows, "copy")
+    ]
     memory = next((r["duckdb_memory_bytes"] for r in _of(rows, "size")), "?")
     lines += [
-        markdown_table(["view", "rows", "bytes", "copies' rows", "copies' bytes"], table),
+        markdown_table(
+            ["view or copy", "rows", "bytes", "its copies' rows", "its copies' bytes"], table
+        ),
         "",
         f"DuckDB memory in use with the three views: {memory} bytes.",
         "",

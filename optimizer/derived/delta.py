@@ -3,18 +3,19 @@ DuckDB statements that carry a batch of the stream's changes into the view's sto
 with work that follows the change (DBSP's and DBToaster's delta rules).
 
 The stream sends an update's new row and only the old row's key, and the delta of a sum or
-of a join needs the old values. So the view keeps, per table it reads, an *auxiliary copy*
-(`Auxiliary`, DBToaster's auxiliary views): the columns the view needs, keyed by the table's
-primary key, in the cache file, kept exact by the stream as a base view is, and pulled with
-the view in one snapshot.
+of a join needs the old values. So the cache keeps, per table such views read, one *copy*
+(`copies`, DBToaster's auxiliary views): the table's key and the union of the columns its
+readers need, in the cache file, kept exact by the stream as a base view is, and shared by
+every view that reads the table (`Auxiliary`: a view's use of it).
 
 A batch's changes to a table are a Z-set: the copy's rows of the keys it touches as they
 were (weight -1) and as they are after it (+1), consolidated, so a row the batch leaves as
-it was cancels out. The view's delta is the sum over its tables, in the order it reads them,
-of the table's Z-set joined with the other tables' copies: those before it as they are after
-the batch, those after it as before (the sequential form of ΔA ⋈ B' + A ⋈ ΔB; along keys,
-each change meets at most one row of the keyed side). Its rows, each with its weight, are
-the *items*: the view's grouping columns and its aggregates' arguments.
+it was cancels out. The batch goes through the tables in the order of their names, and a
+view's delta is the sum over the tables it reads, in that order, of the table's Z-set joined
+with the other tables' copies: those before it as they are after the batch, those after it
+as before (the sequential form of ΔA ⋈ B' + A ⋈ ΔB, true in any order of the tables; along
+keys, each change meets at most one row of the keyed side). Its rows, each with its weight,
+are the *items*: the view's grouping columns and its aggregates' arguments.
 
 - A grouped view's states change by weighted sums, as each state's delta rule says
   (`sql_ext.aggregates.Delta`): a count by the weights, a sum by the values signed by them,
@@ -79,22 +80,29 @@ _EXACT: dict[Delta, tuple[tuple[str, ...], str]] = {
 }
 
 
-def auxiliary_prefix(view: str) -> str:
-    """What the DuckDB names of a view's auxiliary copies begin with."""
-    return f"{AUX_PREFIX}{view}."
+def copy_name(table: str) -> str:
+    """The DuckDB name of the copy of a backend table."""
+    return AUX_PREFIX + table
 
 
-def copy_owner(name: str) -> str | None:
-    """The view a DuckDB table is a copy of a table for (None: not a copy)."""
+def tables_read(view: CachedView) -> set[str]:
+    """The backend tables a derived view reads."""
+    derivation = view.derivation
+    assert derivation is not None
+    return {s.table for s in derivation.sources}
+
+
+def copy_table(name: str) -> str | None:
+    """The backend table a DuckDB table is the copy of (None: not a copy)."""
     if not name.startswith(AUX_PREFIX):
         return None
-    return name[len(AUX_PREFIX) :].rpartition(".")[0] or None
+    return name[len(AUX_PREFIX) :] or None
 
 
 @dataclass(frozen=True)
 class Auxiliary:
-    """A view's copy of one table it reads (``copy``: a fully materialized base view of the
-    table, keyed by its primary key, that the stream keeps as it keeps any)."""
+    """A view's use of the copy of one table it reads (``copy``: the columns it reads of it,
+    keyed by the table's primary key, under the shared copy's name)."""
 
     alias: str
     table: str  # the backend table's name
@@ -301,19 +309,7 @@ def maintenance(view: CachedView, catalog: Catalog) -> Maintenance:
         Auxiliary(
             alias,
             tables[alias].name,
-            CachedView(
-                name=f"{auxiliary_prefix(view.name)}{alias}",
-                table=tables[alias].name,
-                columns=tuple(needed[alias]),
-                key=tables[alias].primary_key,
-                where=None,
-                presence=(),
-                consistency=None,
-                completeness=None,
-                refresh_seconds=None,
-                statement="",
-                continuous=True,
-            ),
+            _copy(tables[alias].name, tuple(needed[alias]), tables[alias].primary_key),
         )
         for alias in aliases
     )
@@ -326,6 +322,42 @@ def maintenance(view: CachedView, catalog: Catalog) -> Maintenance:
         tuple(group),
         tuple(states),
         tuple(merges),
+    )
+
+
+def copies(views: t.Iterable[CachedView], catalog: Catalog) -> dict[str, CachedView]:
+    """The copy of each table the continuously maintained derived ``views`` read, by table:
+    its key and the union of the columns they read of it (in the order the views, by name,
+    first read them), in the order of the tables' names."""
+    columns: dict[str, list[str]] = {}
+    keys: dict[str, tuple[str, ...]] = {}
+    for view in sorted(views, key=lambda v: v.name):
+        if not (view.is_derived and view.continuous):
+            continue
+        for aux in maintenance(view, catalog).auxiliaries:
+            found = columns.setdefault(aux.table, [])
+            found += [c for c in aux.copy.columns if c not in found]
+            keys[aux.table] = aux.copy.key
+    return {
+        table: _copy(table, tuple(found), keys[table]) for table, found in sorted(columns.items())
+    }
+
+
+def _copy(table: str, columns: tuple[str, ...], key: tuple[str, ...]) -> CachedView:
+    """The copy of ``table`` as a fully materialized base view of it (the stream keeps it as
+    it keeps any)."""
+    return CachedView(
+        name=copy_name(table),
+        table=table,
+        columns=columns,
+        key=key,
+        where=None,
+        presence=(),
+        consistency=None,
+        completeness=None,
+        refresh_seconds=None,
+        statement="",
+        continuous=True,
     )
 
 
@@ -366,7 +398,9 @@ __all__ = [
     "WEIGHT",
     "Auxiliary",
     "Maintenance",
-    "auxiliary_prefix",
-    "copy_owner",
+    "copies",
+    "copy_name",
+    "copy_table",
     "maintenance",
+    "tables_read",
 ]

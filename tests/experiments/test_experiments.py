@@ -158,16 +158,27 @@ def test_all_quick_writes_csv_plots_and_one_report(
     with (out / "derived-views.csv").open(newline="") as handle:
         derived = list(csv.DictReader(handle))
     kinds = {r["kind"] for r in derived}
-    assert kinds == {"query", "maintenance", "lag", "size"}
-    for kind in ("query", "maintenance", "size"):
+    assert kinds == {"query", "maintenance", "lag", "size", "copy"}
+    for kind in ("query", "size"):
         assert [r["query"] for r in derived if r["kind"] == kind] == ["Q1", "Q3-like", "Q5-like"]
+    assert [(r["updates"], r["query"]) for r in derived if r["kind"] == "maintenance"] == [
+        (n, q) for n in ("1", "100") for q in ("Q1", "Q3-like", "Q5-like")
+    ]
+    # one copy per table, whatever the number of views reading it (lineitem: all three)
+    assert sorted(r["query"] for r in derived if r["kind"] == "copy") == sorted(
+        ["customer", "lineitem", "nation", "orders", "region", "supplier"]
+    )
     for r in derived:
         if r["kind"] == "query":
             assert float(r["view_s"]) > 0 and float(r["postgresql_s"]) > 0
+            assert float(r["point_hit_s"]) > 0
         if r["kind"] == "maintenance":
-            assert r["updates"] == "200" and 0 < float(r["view_delta_s"]) <= float(r["batch_s"])
+            assert 0 < float(r["view_delta_s"]) <= float(r["batch_s"])
+            assert 0 < float(r["copies_s"]) <= float(r["batch_s"])
         if r["kind"] == "size":
             assert int(r["view_rows"]) > 0 and int(r["copies_rows"]) > int(r["view_rows"])
+        if r["kind"] == "copy":
+            assert int(r["copies_rows"]) > 0 and int(r["copies_bytes"]) > 0
     [lag] = [r for r in derived if r["kind"] == "lag"]
     assert int(lag["transactions"]) == 300 and 0 <= float(lag["lag_p50_s"]) <= float(
         lag["lag_p99_s"]

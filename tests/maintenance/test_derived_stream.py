@@ -171,6 +171,59 @@ def test_random_writes_keep_every_derived_view_equal_to_the_backend_s(setup: Set
     assert entry["copies"]["bytes"] > 0
 
 
+def copy_columns(store: CacheStore) -> dict[str, set[str]]:
+    """The columns of each copy of a table in the cache file, by DuckDB table."""
+    found: dict[str, set[str]] = {}
+    for table, column in store.con.execute(
+        "SELECT table_name, column_name FROM duckdb_columns() "
+        "WHERE starts_with(table_name, 'mtcache_aux.')"
+    ).fetchall():
+        found.setdefault(table, set()).add(column)
+    return found
+
+
+def test_views_reading_a_table_share_one_copy_of_the_columns_they_read(setup: Setup) -> None:
+    """One copy per table (its key and the union of what its readers read), kept once per
+    batch for every view; a view that reads more of a table makes its copy again, pulled in
+    one snapshot with every view reading it; one dropped narrows it, pulling nothing."""
+    store, dsn, consumer = setup
+    populate(store, dsn, consumer)
+    assert copy_columns(store) == {
+        "mtcache_aux.authors": {"authorid", "city", "state", "gender"},
+        "mtcache_aux.books": {"isbn", "authorid", "price", "title"},
+        "mtcache_aux.reviews": {"reviewid", "rating", "isbn"},
+        "mtcache_aux.sales": {"saleid", "qty", "sold_on"},
+    }
+    rng = random.Random(55)
+    random_writes(dsn, rng, 10)
+    consumer.catch_up()
+    recomputed(store, dsn)
+    by_type = "CREATE CACHED VIEW by_type AS SELECT b.type, count(*) AS n, sum(b.price) AS total "
+    by_type += "FROM books b GROUP BY b.type REFRESH CONTINUOUSLY"
+    catalog = fetch_catalog(dsn)
+    done = stream.apply_ddl(store, dsn, parse(by_type), catalog)
+    # (books' readers made again with its wider copy: each as a view just created)
+    assert set(done.created) == {"by_type", "author_stats", "city_ratings", "reviewed", "by_gender"}
+    assert copy_columns(store)["mtcache_aux.books"] == {"isbn", "authorid", "price", "title", "type"}
+    before = pulled(store)
+    Maintainer(store, dsn).refresh("by_type")  # (the copy comes with all its readers)
+    assert pulled(store) == before + 1
+    random_writes(dsn, rng, 10)
+    consumer.catch_up()
+    recomputed(store, dsn)
+    assert store.con.execute("SELECT count(*) FROM by_type").fetchone() == pg(
+        dsn, "SELECT count(DISTINCT type) FROM books"
+    )[0]
+    want = pg(dsn, "SELECT type, count(*), sum(price) FROM books GROUP BY type")
+    assert typed(store.con.execute("SELECT type, n, total FROM by_type").fetchall()) == typed(want)
+    stream.apply_ddl(store, dsn, parse("DROP CACHED VIEW by_type"), catalog)
+    assert copy_columns(store)["mtcache_aux.books"] == {"isbn", "authorid", "price", "title"}
+    random_writes(dsn, rng, 10)
+    consumer.catch_up()
+    recomputed(store, dsn)
+    assert pulled(store) == before + 1  # (narrowed, not pulled again)
+
+
 def pulled(store: CacheStore) -> int:
     """How many pulls the file has applied (the stream's batches are not pulls)."""
     row = store.con.execute("SELECT count(*) FROM mtcache.snapshots WHERE engine <> 'stream'")
@@ -491,9 +544,9 @@ def test_a_partial_view_kept_by_the_stream_holds_its_admitted_keys_as_the_backen
             random_writes(dsn, draw, 10)
             consumer.catch_up()
             held(store)
-            copies = store.con.execute('SELECT count(*) FROM "mtcache_aux.author_stats.b"')
+            copies = store.con.execute('SELECT count(*) FROM "mtcache_aux.books"')
             assert copies.fetchone() == pg(dsn, "SELECT count(*) FROM books")[0]
-            state = "SELECT snapshot_id FROM mtcache.view_state WHERE view = 'author_stats'"
+            state = "SELECT snapshot_id FROM mtcache.view_state WHERE view = 'mtcache_aux.books'"
             first = store.con.execute(state).fetchall()  # (when its copies were pulled)
             assert len(first) == 1
             for round_ in range(4):

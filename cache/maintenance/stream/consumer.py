@@ -48,6 +48,7 @@ from cache.private_files import make_private_dirs
 from cache.store.cache_file import CacheStore
 from control_tables.schema import CacheSchema
 from heartbeat.loop import Loop
+from optimizer.derived.delta import AUX_PREFIX
 from sql_ext.catalog import Catalog
 from sql_ext.errors import OperationalError, first_line
 
@@ -325,9 +326,10 @@ class Consumer:
             con.execute(
                 "UPDATE mtcache.stream SET applied_lsn = ?, problem = NULL", [start.consistent_lsn]
             )
-            for name in schema.continuous_views():  # a derived view's copies missed changes
-                if schema.views[name].is_derived:  # too: pulled again with all it holds
+            for name in schema.continuous_views():  # the copies missed changes too: pulled
+                if schema.views[name].is_derived:  # again with every view reading them
                     con.execute("DELETE FROM mtcache.view_state WHERE view = ?", [name])
+            con.execute("DELETE FROM mtcache.view_state WHERE starts_with(view, ?)", [AUX_PREFIX])
         maintainer = Maintainer(self.store, self.dsn)
         for name in schema.continuous_views():
             if not schema.views[name].is_gray:

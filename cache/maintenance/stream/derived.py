@@ -5,7 +5,8 @@ transaction, with the stream position."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Mapping, Sequence
 
 import duckdb
 import pyarrow as pa
@@ -17,7 +18,15 @@ from cache.maintenance.stream.views import apply_view, delete_where, not_pending
 from control_tables.kinds import RegionKind
 from control_tables.regions import Region
 from control_tables.schema import CachedView, CacheSchema
-from optimizer.derived.delta import CURRENT, REDO, WEIGHT, Maintenance, maintenance
+from optimizer.derived.delta import (
+    CURRENT,
+    REDO,
+    WEIGHT,
+    Maintenance,
+    copies,
+    maintenance,
+    tables_read,
+)
 from optimizer.derived.states import ROWS
 from sql_ext.catalog import Catalog
 from sql_ext.quoting import equal_columns, ident, idents, keys_in
@@ -37,29 +46,116 @@ def plan_of(view: CachedView, catalog: Catalog) -> Maintenance:
     return found[1]
 
 
+_COPIES: dict[tuple[str, ...], tuple[Catalog, dict[str, CachedView]]] = {}
+
+
+def copies_of(views: Sequence[CachedView], catalog: Catalog) -> dict[str, CachedView]:
+    """The copies of the tables the continuously maintained derived ``views`` read
+    (`optimizer.derived.delta.copies`), made again only for other views or another catalog."""
+    statements = tuple(sorted(v.statement for v in views if v.is_derived))
+    found = _COPIES.get(statements)
+    if found is None or found[0] is not catalog:
+        if len(_COPIES) > 16:
+            _COPIES.clear()
+        found = _COPIES[statements] = (catalog, copies(views, catalog))
+    return found[1]
+
+
 def apply_derived(
     con: duckdb.DuckDBPyConnection,
     schema: CacheSchema,
-    plan: Maintenance,
+    plans: Sequence[Maintenance],
+    copies: Mapping[str, CachedView],
     staged: Mapping[str, Staged],
     truncated: set[str],
-    skip: list[str],
+    skip: Mapping[str, list[str]],
     applied: Applied,
 ) -> None:
-    """Carry the batch's changes (``staged`` by table; ``truncated`` tables) into the view's
-    groups (rows) that are present and not held by a pending pull (``skip``: its regions'
-    predicates). What passes between statements is fetched as Arrow and registered, not made
-    a table (a DuckDB table costs more to make than a small batch costs to apply)."""
-    changing = [a for a in plan.auxiliaries if a.table in truncated or staged[a.table].count]
-    if not changing:
-        return
-    kept = _kept(plan, skip)
-    if any(a.table in truncated for a in changing):
-        for aux in changing:
-            _apply_copy(con, schema, aux.copy, staged[aux.table], aux.table in truncated)
-        _recompute(con, plan, kept)
-        applied.views.add(plan.view.name)
-        return
+    """Carry the batch's changes (``staged`` by table; ``truncated`` tables) into the
+    tables' ``copies`` (those the stream keeps now) and into the groups (rows) of each view
+    ``plans`` keep that are present and not held by a pending pull (``skip``: its regions'
+    predicates, by view). The tables go in the order of their names: each one's copy changes,
+    then each view reading it takes its Z-set joined with the other copies as they are then
+    (see `optimizer.derived.delta`); the views' items are merged last. What passes between
+    statements is fetched as Arrow and registered, not made a table (a DuckDB table costs
+    more to make than a small batch costs to apply)."""
+    readers = {
+        table: [p for p in plans if any(a.table == table for a in p.auxiliaries)]
+        for table in copies
+    }
+    # (a view reading a truncated table is computed again from the copies, at the end)
+    redo = {p.view.name for table in truncated & copies.keys() for p in readers[table]}
+    items: dict[str, list[pa.Table]] = {p.view.name: [] for p in plans}
+    for table, copy in copies.items():
+        stage = staged[table]
+        started = time.perf_counter()
+        if table in truncated:
+            delete_where(con, schema, copy, "true", Applied())
+        if not stage.count:
+            continue
+        if table in truncated:
+            apply_view(con, schema, copy, stage, [], Applied())
+            continue
+        stage.register(con)
+        columns = idents(copy.columns)
+        # the copy's rows of the keys the batch touches leave (as they were: weight -1)
+        before = con.sql(
+            f"DELETE FROM {ident(copy.name)} c "
+            f"WHERE {keys_in(copy.key, 'c', stage.del_name)} RETURNING {columns}"
+        ).to_arrow_table()
+        con.register("mtcache_before", before)
+        try:
+            after = _after(con, schema, copy, stage)
+            con.execute(f"INSERT INTO {ident(copy.name)} ({columns}) {after}")
+            # (a row the batch left as it was cancels out)
+            con.register(
+                "mtcache_delta",
+                con.sql(
+                    f"SELECT {columns}, sum({WEIGHT})::INTEGER AS {WEIGHT} FROM (SELECT "
+                    f"{columns}, -1 AS {WEIGHT} FROM mtcache_before UNION ALL SELECT "
+                    f"{columns}, 1 FROM ({after}) a) z GROUP BY ALL HAVING sum({WEIGHT}) <> 0"
+                ).to_arrow_table(),
+            )
+        finally:
+            con.unregister("mtcache_before")
+        _spent(applied, copy.name, started)
+        try:
+            for plan in readers[table]:
+                if plan.view.name in redo:
+                    continue
+                started = time.perf_counter()
+                aux = next(a for a in plan.auxiliaries if a.table == table)
+                read = idents(aux.copy.columns)  # (the view's columns: what it leaves cancels)
+                delta = (
+                    f"SELECT {read}, sum({WEIGHT})::INTEGER AS {WEIGHT} FROM mtcache_delta "
+                    f"GROUP BY ALL HAVING sum({WEIGHT}) <> 0"
+                )
+                items[plan.view.name].append(
+                    con.sql(plan.items_sql({aux.alias: f"({delta})"}, aux.alias)).to_arrow_table()
+                )
+                _spent(applied, plan.view.name, started)
+        finally:
+            con.unregister("mtcache_delta")
+    for plan in plans:
+        name = plan.view.name
+        started = time.perf_counter()
+        kept = _kept(plan, skip.get(name, []))
+        if name in redo:
+            _recompute(con, plan, kept)
+        elif items[name]:
+            _merge(con, plan, pa.concat_tables(items[name], promote_options="default"), kept)
+        else:
+            continue
+        applied.views.add(name)
+        _spent(applied, name, started)
+
+
+def _spent(applied: Applied, name: str, started: float) -> None:
+    applied.spent[name] = applied.spent.get(name, 0.0) + time.perf_counter() - started
+
+
+def _merge(con: duckdb.DuckDBPyConnection, plan: Maintenance, items: pa.Table, kept: str) -> None:
+    """A view's items merged into what it stores (of what it keeps)."""
     registered: list[str] = []
 
     def register(name: str, rows: pa.Table) -> None:
@@ -67,35 +163,7 @@ def apply_derived(
         registered.append(name)
 
     try:
-        items = []
-        for aux in changing:
-            stage = staged[aux.table]
-            stage.register(con)
-            copy = aux.copy
-            columns = idents(copy.columns)
-            # the copy's rows of the keys the batch touches leave (as they were: weight -1)
-            register(
-                "mtcache_before",
-                con.sql(
-                    f"DELETE FROM {ident(copy.name)} c "
-                    f"WHERE {keys_in(copy.key, 'c', stage.del_name)} RETURNING {columns}"
-                ).to_arrow_table(),
-            )
-            after = _after(con, plan, copy, stage)
-            con.execute(f"INSERT INTO {ident(copy.name)} ({columns}) {after}")
-            # (a row the batch left as the view sees it cancels out)
-            delta = (
-                f"SELECT {columns}, sum({WEIGHT})::INTEGER AS {WEIGHT} FROM (SELECT "
-                f"{columns}, -1 AS {WEIGHT} FROM mtcache_before UNION ALL SELECT "
-                f"{columns}, 1 FROM ({after}) a) z GROUP BY {columns} HAVING "
-                f"sum({WEIGHT}) <> 0"
-            )
-            items.append(
-                con.sql(plan.items_sql({aux.alias: f"({delta})"}, aux.alias)).to_arrow_table()
-            )
-            con.unregister("mtcache_before")
-            registered.remove("mtcache_before")
-        register("mtcache_items", pa.concat_tables(items, promote_options="default"))
+        register("mtcache_items", items)
         if plan.grouped:
             _merge_groups(con, plan, register, kept)
         else:
@@ -103,11 +171,10 @@ def apply_derived(
     finally:
         for name in registered:
             con.unregister(name)
-    applied.views.add(plan.view.name)
 
 
 def _after(
-    con: duckdb.DuckDBPyConnection, plan: Maintenance, copy: CachedView, stage: Staged
+    con: duckdb.DuckDBPyConnection, schema: CacheSchema, copy: CachedView, stage: Staged
 ) -> str:
     """SQL: the copy's rows of the touched keys after the batch (its final rows; a TOASTed
     value an update did not send, from the row as it was)."""
@@ -126,23 +193,17 @@ def _after(
     missing = con.execute(
         f"SELECT count(*) FROM {source} WHERE ({lacking}) AND b.{ident(copy.key[0])} IS NULL"
     ).fetchone()
-    if missing and missing[0]:  # (the copy lacks the row: the view is pulled anew)
-        raise NeedsPull({Region(plan.view.name, RegionKind.VIEW)})
+    if missing and missing[0]:  # (the copy lacks the row: it is pulled anew, its views too)
+        raise NeedsPull(
+            {
+                Region(name, RegionKind.VIEW)
+                for name in schema.continuous_views()
+                if schema.views[name].is_derived
+                and schema.views[name].view_level
+                and copy.table in tables_read(schema.views[name])
+            }
+        )
     return f"SELECT {merged} FROM {source}"
-
-
-def _apply_copy(
-    con: duckdb.DuckDBPyConnection,
-    schema: CacheSchema,
-    copy: CachedView,
-    stage: Staged,
-    truncated: bool,
-) -> None:
-    """The batch's changes to one auxiliary copy (as to a base view of its table)."""
-    if truncated:
-        delete_where(con, schema, copy, "true", Applied())
-    if stage.count:
-        apply_view(con, schema, copy, stage, [], Applied())
 
 
 Register = Callable[[str, pa.Table], None]
@@ -232,4 +293,4 @@ def _recompute(con: duckdb.DuckDBPyConnection, plan: Maintenance, kept: str) -> 
         con.execute(f"INSERT INTO {name} ({columns}) SELECT {columns} FROM ({items}) i")
 
 
-__all__ = ["apply_derived", "plan_of"]
+__all__ = ["apply_derived", "copies_of", "plan_of"]

@@ -64,3 +64,5 @@ class NeedsPull(Exception):
 @dataclass
 class Applied:
     views: set[str] = field(default_factory=set)  # whose rows the batch changed
+    # seconds spent on each copy of a table and on each derived view's delta (`apply_derived`)
+    spent: dict[str, float] = field(default_factory=dict)

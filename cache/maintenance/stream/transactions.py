@@ -16,12 +16,13 @@ from cache.backend.pgoutput.rows import RowChanges
 from cache.backend.pgoutput.transactions import Transaction
 from cache.maintenance import faults
 from cache.maintenance.lineup import Pending
-from cache.maintenance.stream.derived import apply_derived, plan_of
+from cache.maintenance.stream.derived import apply_derived, copies_of, plan_of
 from cache.maintenance.stream.position import Applied, StreamProblem, StreamRow, load_stream
 from cache.maintenance.stream.staging import stage_changes
 from cache.maintenance.stream.views import apply_view, delete_where, not_pending, stamp_regions
 from control_tables.schema import CachedView, CacheSchema
 from heartbeat.beat import TABLE as HEARTBEAT_TABLE
+from optimizer.derived.delta import AUX_PREFIX
 from sql_ext.catalog import Catalog
 
 
@@ -111,21 +112,32 @@ def _apply_run(
             (at[at >= since], rows.where(at >= since)) for at, rows in by_table.get(name, [])
         ]
     views = [schema.views[name] for name in schema.continuous_views()]
-    # a derived view's changes go through its copies of the tables it reads: none of them
-    # while a pull of its copies is pending (every group it held was pulled with them), else
-    # to its groups but those of a pending pull (`apply_derived`)
+    # a derived view's changes go through the copies of the tables it reads: the copies the
+    # stream keeps (pulled, and not pending: a pending copy was pulled with every view
+    # reading it, whose groups are then all of that pull's snapshot), then to the view's
+    # groups but those of a pending pull (`apply_derived`)
+    filled = {
+        name
+        for (name,) in con.execute(
+            "SELECT view FROM mtcache.view_state WHERE starts_with(view, ?)", [AUX_PREFIX]
+        ).fetchall()
+    }
+    kept_copies = {
+        table: copy
+        for table, copy in copies_of(views, catalog).items()
+        if copy.name in filled and copy.name not in skip
+    }
     derived = [
         plan
         for plan in (plan_of(v, catalog) for v in views if v.is_derived)
-        if not any(a.copy.name in skip for a in plan.auxiliaries)
+        if all(a.table in kept_copies for a in plan.auxiliaries)
     ]
     readers: dict[str, list[CachedView]] = {}
     for cached in views:
         if not cached.is_derived:
             readers.setdefault(cached.table, []).append(cached)
-    for plan in derived:
-        for aux in plan.auxiliaries:
-            readers.setdefault(aux.table, []).append(aux.copy)
+    for table, copy in kept_copies.items():
+        readers.setdefault(table, []).append(copy)
     staged = {
         table: stage_changes(found, catalog, table, by_table.get(table, []))
         for table, found in readers.items()
@@ -140,10 +152,7 @@ def _apply_run(
                 delete_where(con, schema, cached, not_pending(skip.get(name, [])), applied)
             if staged[cached.table].count:
                 apply_view(con, schema, cached, staged[cached.table], skip.get(name, []), applied)
-        for plan in derived:
-            apply_derived(
-                con, schema, plan, staged, set(truncated), skip.get(plan.view.name, []), applied
-            )
+        apply_derived(con, schema, derived, kept_copies, staged, set(truncated), skip, applied)
     finally:
         for stage in staged.values():
             stage.close(con)
