@@ -204,16 +204,23 @@ def test_views_reading_a_table_share_one_copy_of_the_columns_they_read(setup: Se
     done = stream.apply_ddl(store, dsn, parse(by_type), catalog)
     # (books' readers made again with its wider copy: each as a view just created)
     assert set(done.created) == {"by_type", "author_stats", "city_ratings", "reviewed", "by_gender"}
-    assert copy_columns(store)["mtcache_aux.books"] == {"isbn", "authorid", "price", "title", "type"}
+    assert copy_columns(store)["mtcache_aux.books"] == {
+        "isbn",
+        "authorid",
+        "price",
+        "title",
+        "type",
+    }
     before = pulled(store)
     Maintainer(store, dsn).refresh("by_type")  # (the copy comes with all its readers)
     assert pulled(store) == before + 1
     random_writes(dsn, rng, 10)
     consumer.catch_up()
     recomputed(store, dsn)
-    assert store.con.execute("SELECT count(*) FROM by_type").fetchone() == pg(
-        dsn, "SELECT count(DISTINCT type) FROM books"
-    )[0]
+    assert (
+        store.con.execute("SELECT count(*) FROM by_type").fetchone()
+        == pg(dsn, "SELECT count(DISTINCT type) FROM books")[0]
+    )
     want = pg(dsn, "SELECT type, count(*), sum(price) FROM books GROUP BY type")
     assert typed(store.con.execute("SELECT type, n, total FROM by_type").fetchall()) == typed(want)
     stream.apply_ddl(store, dsn, parse("DROP CACHED VIEW by_type"), catalog)
