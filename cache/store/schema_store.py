@@ -93,21 +93,11 @@ class SchemaStore(FileHandle):
         copy must now hold columns it lacks (pulled anew in one snapshot with all its readers,
         each is then as a view just created; `_keep_copies`)."""
         touched = {name for _, name in actions}
-        held = {
-            copy_table(name): {
-                c
-                for (c,) in self.con.execute(
-                    "SELECT column_name FROM duckdb_columns() WHERE schema_name = 'main' AND "
-                    "table_name = ?",
-                    [name],
-                ).fetchall()
-            }
-            for name in copy_tables(self.con)
-        }
+        held = self._held_copies()
         wider = {
             table
             for table, copy in copies(after.views.values(), catalog).items()
-            if table in held and not set(copy.columns) <= held[table]
+            if copy.name in held and not set(copy.columns) <= set(held[copy.name])
         }
         again = [
             name
@@ -127,17 +117,7 @@ class SchemaStore(FileHandle):
         `cache.maintenance.pull`), one whose readers read fewer columns narrowed, one they
         read more of made again (`recreated_readers` made them again with it)."""
         wanted = copies(schema.views.values(), catalog)
-        held = {
-            name: [
-                c
-                for (c,) in self.con.execute(
-                    "SELECT column_name FROM duckdb_columns() WHERE schema_name = 'main' AND "
-                    "table_name = ? ORDER BY column_index",
-                    [name],
-                ).fetchall()
-            ]
-            for name in copy_tables(self.con)
-        }
+        held = self._held_copies()
         for name, columns in held.items():
             table = copy_table(name)
             copy = wanted.get(table or "")
@@ -150,16 +130,30 @@ class SchemaStore(FileHandle):
             self.con.execute("DELETE FROM mtcache.view_state WHERE view = ?", [name])
             held[name] = []
         for copy in wanted.values():
-            if held.get(copy.name):
-                continue
-            source = catalog.table(copy.table)
-            assert source is not None
-            types = {c.name: c.type for c in source.columns}
-            columns = [f"{ident(c)} {duckdb_type(types[c])}" for c in copy.columns]
-            self.con.execute(
-                f"CREATE TABLE {ident(copy.name)} ({', '.join(columns)}, "
-                f"PRIMARY KEY ({idents(copy.key)}))"
-            )
+            if not held.get(copy.name):
+                self._create_keyed(copy, catalog)
+
+    def _create_keyed(self, view: CachedView, catalog: Catalog) -> None:
+        """The DuckDB table of a view of a table's rows (a base view, a copy), keyed."""
+        table = catalog.table(view.table)
+        assert table is not None
+        types = {c.name: c.type for c in table.columns}
+        columns = [f"{ident(c)} {duckdb_type(types[c])}" for c in view.columns]
+        self.con.execute(
+            f"CREATE TABLE {ident(view.name)} ({', '.join(columns)}, "
+            f"PRIMARY KEY ({idents(view.key)}))"
+        )
+
+    def _held_copies(self) -> dict[str, list[str]]:
+        """The copies of tables in the file, each with its columns."""
+        held: dict[str, list[str]] = {name: [] for name in copy_tables(self.con)}
+        for name, column in self.con.execute(
+            "SELECT table_name, column_name FROM duckdb_columns() WHERE schema_name = 'main' "
+            "ORDER BY table_name, column_index"
+        ).fetchall():
+            if name in held:
+                held[name].append(column)
+        return held
 
     def _create_control_table(self, control: ControlTable, seq: int) -> None:
         columns = [
@@ -185,14 +179,7 @@ class SchemaStore(FileHandle):
             columns = [f"{ident(c.name)} {c.duckdb_type}" for c in stored]
             self.con.execute(f"CREATE TABLE {ident(view.name)} ({', '.join(columns)})")
         else:
-            table = catalog.table(view.table)
-            assert table is not None
-            types = {c.name: c.type for c in table.columns}
-            columns = [f"{ident(c)} {duckdb_type(types[c])}" for c in view.columns]
-            self.con.execute(
-                f"CREATE TABLE {ident(view.name)} ({', '.join(columns)}, "
-                f"PRIMARY KEY ({idents(view.key)}))"
-            )
+            self._create_keyed(view, catalog)
         self.con.execute(
             "INSERT INTO mtcache.objects VALUES (?, ?, 'cached view', ?, ?, ?, ?, ?, ?, now())",
             [

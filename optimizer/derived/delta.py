@@ -119,6 +119,17 @@ class Item:
 
 
 @dataclass(frozen=True)
+class Added:
+    """A stored state that adds up, as a sum over a group's weighted items: the weights of
+    its ``rows``, of its non-NULL ``values`` of the item ``argument``, or the ``sum`` of
+    that item's values signed by the weights."""
+
+    name: str
+    rule: t.Literal["rows", "values", "sum"]
+    argument: str | None = None
+
+
+@dataclass(frozen=True)
 class Maintenance:
     """How the stream's changes reach one continuously maintained derived view."""
 
@@ -130,6 +141,11 @@ class Maintenance:
     group: tuple[str, ...]  # the grouping columns (a join view: its key)
     states: tuple[tuple[str, str], ...]  # (stored column, its state over weighted items)
     merges: tuple[tuple[str, str], ...]  # (stored column, merging states of one group)
+    # a grouped view whose states all add up (no minimum or maximum), else none: each state
+    # as a sum of weighted items (`Added`), and its value from the view's row ``t`` and a
+    # delta's ``d`` of one group
+    added: tuple[Added, ...] = ()
+    adds: tuple[tuple[str, str], ...] = ()
 
     @property
     def grouped(self) -> bool:
@@ -171,6 +187,18 @@ class Maintenance:
         if self.group:
             sql += f" GROUP BY {', '.join(f's.{ident(g)}' for g in self.group)}"
         return sql
+
+    def add_sql(self, delta: str) -> str:
+        """One statement adding the states of the registered ``delta`` (a group's states of
+        weighted items, `added`) to the view's groups it touches, returning each group it
+        changed with its rows left (a view whose states all add up: `adds`)."""
+        assert self.adds
+        update = ", ".join(f"{ident(column)} = {sql}" for column, sql in self.adds)
+        returned = ", ".join([*(f"t.{ident(g)}" for g in self.group), f"t.{ROWS}"])
+        return (
+            f"UPDATE {ident(self.view.name)} t SET {update} FROM {delta} d "
+            f"WHERE {self.same_group('t', 'd')} RETURNING {returned}"
+        )
 
     def same_group(self, left: str, right: str) -> str:
         """SQL: the rows ``left`` and ``right`` are of one group (NULL the same as NULL)."""
@@ -243,6 +271,8 @@ def maintenance(view: CachedView, catalog: Catalog) -> Maintenance:
     items: list[Item] = []
     states: list[tuple[str, str]] = []
     merges: list[tuple[str, str]] = []
+    adds: list[tuple[str, str]] = []
+    added: list[Added] = []
     group: list[str] = []
     redo: list[str] = []
     weight = f"i.{WEIGHT}"
@@ -272,11 +302,26 @@ def maintenance(view: CachedView, catalog: Catalog) -> Maintenance:
                 )
                 states.append((name, counted))
                 merges.append((name, f"{merge}(s.{ident(name)})::BIGINT"))
+                adds.append((name, f"t.{ident(name)} + d.{ident(name)}"))
+                added.append(
+                    Added(name, "rows")
+                    if value is None
+                    else Added(name, "values", f"mtcache_a{index}")
+                )
             elif state.delta == "sum":  # (signed values; none left: NULL, as a sum of none)
                 count = output.name + next(s.suffix for s in aggregate.states if s.delta == "count")
                 duck = next(c.duckdb_type for c in stored.columns if c.name == name)
                 signed = f"CASE WHEN {weight} > 0 THEN {value} ELSE -{value} END"
                 states.append((name, f"CAST(sum({signed}) AS {duck})"))
+                added.append(Added(name, "sum", f"mtcache_a{index}"))
+                adds.append(
+                    (
+                        name,
+                        f"CASE WHEN t.{ident(count)} + d.{ident(count)} = 0 THEN NULL ELSE "
+                        f"CAST(coalesce(t.{ident(name)}, 0) + coalesce(d.{ident(name)}, 0) "
+                        f"AS {duck}) END",
+                    )
+                )
                 merges.append(
                     (
                         name,
@@ -298,6 +343,8 @@ def maintenance(view: CachedView, catalog: Catalog) -> Maintenance:
     if derivation.aggregates:
         states.append((ROWS, rows))
         merges.append((ROWS, f"sum(s.{ident(ROWS)})::BIGINT"))
+        adds.append((ROWS, f"t.{ident(ROWS)} + d.{ident(ROWS)}"))
+        added.append(Added(ROWS, "rows"))
         merges.append((REDO, f"coalesce({' OR '.join(redo)}, false)" if redo else "false"))
     else:
         group = list(view.key)
@@ -322,6 +369,8 @@ def maintenance(view: CachedView, catalog: Catalog) -> Maintenance:
         tuple(group),
         tuple(states),
         tuple(merges),
+        tuple(added) if derivation.aggregates and not redo else (),
+        tuple(adds) if derivation.aggregates and not redo else (),
     )
 
 
@@ -396,6 +445,7 @@ __all__ = [
     "CURRENT",
     "REDO",
     "WEIGHT",
+    "Added",
     "Auxiliary",
     "Maintenance",
     "copies",

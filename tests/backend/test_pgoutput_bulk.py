@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from cache.backend.pgoutput.messages import UNCHANGED, Change, Column, DecodeError, Relation, decode
 from cache.backend.pgoutput.rows import decode_rows
-from cache.backend.pgoutput.transactions import Transaction, Transactions
+from cache.backend.pgoutput.transactions import Transaction, Transactions, rows_of_run
 
 RELATIONS = {
     relid: Relation(
@@ -108,6 +108,57 @@ def test_decoded_at_once_as_one_by_one(
     assert got == kept
     assert all(len(r.at) for r in rows)
     assert {r.relation.relid for r in rows} == {c.relid for _, c in kept}  # none empty
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.lists(changes(), max_size=6),
+            st.sampled_from(["first", "again", "mid"]),
+            st.booleans(),
+        ),
+        max_size=8,
+    )
+)
+def test_a_run_of_transactions_decodes_as_each_one_does(
+    drawn: list[tuple[list[t.Any], str, bool]],
+) -> None:
+    """A run decoded at once (its transactions in memory under one description joined) has
+    each transaction's changes at their place in the run: under the first description, one
+    described again (a new mapping), one described mid-transaction, aborted subtransactions
+    left out of streamed ones."""
+    again = dict(RELATIONS)
+    txns = []
+    for found, described, streamed in drawn:
+        messages = [message(change, 101 if streamed else None) for change in found]
+        where = [(0, RELATIONS)] if described == "first" else [(0, again)]
+        if described == "mid" and len(messages) > 1:
+            where.append((1, RELATIONS))
+        txns.append(
+            Transaction(
+                1,
+                messages=messages,
+                described=where,
+                streamed=streamed,
+                aborted={101} if streamed and len(messages) % 2 else set(),
+            )
+        )
+    want = []
+    base = 0
+    for txn in txns:
+        want += [
+            (base + at, r.relation.relid, change)
+            for r in txn.rows()
+            for at, change in zip(r.at.tolist(), r.changes(), strict=True)
+        ]
+        base += txn.count
+    got = [
+        (at, r.relation.relid, change)
+        for r in rows_of_run(txns)
+        for at, change in zip(r.at.tolist(), r.changes(), strict=True)
+    ]
+    assert sorted(got, key=lambda g: g[0]) == sorted(want, key=lambda g: g[0])
 
 
 @settings(max_examples=300, deadline=None)

@@ -107,51 +107,112 @@ def apply_derived(
         try:
             after = _after(con, schema, copy, stage)
             con.execute(f"INSERT INTO {ident(copy.name)} ({columns}) {after}")
-            # (a row the batch left as it was cancels out)
-            con.register(
-                "mtcache_delta",
-                con.sql(
-                    f"SELECT {columns}, sum({WEIGHT})::INTEGER AS {WEIGHT} FROM (SELECT "
-                    f"{columns}, -1 AS {WEIGHT} FROM mtcache_before UNION ALL SELECT "
-                    f"{columns}, 1 FROM ({after}) a) z GROUP BY ALL HAVING sum({WEIGHT}) <> 0"
-                ).to_arrow_table(),
+            _spent(applied, copy.name, started)
+            changes = (
+                f"SELECT {columns}, -1 AS {WEIGHT} FROM mtcache_before UNION ALL "
+                f"SELECT {columns}, 1 FROM ({after}) a"
             )
-        finally:
-            con.unregister("mtcache_before")
-        _spent(applied, copy.name, started)
-        try:
             for plan in readers[table]:
                 if plan.view.name in redo:
                     continue
                 started = time.perf_counter()
                 aux = next(a for a in plan.auxiliaries if a.table == table)
-                read = idents(aux.copy.columns)  # (the view's columns: what it leaves cancels)
-                delta = (
-                    f"SELECT {read}, sum({WEIGHT})::INTEGER AS {WEIGHT} FROM mtcache_delta "
-                    f"GROUP BY ALL HAVING sum({WEIGHT}) <> 0"
-                )
-                items[plan.view.name].append(
-                    con.sql(plan.items_sql({aux.alias: f"({delta})"}, aux.alias)).to_arrow_table()
-                )
+                if plan.adds:  # (states that add up: whatever cancels, cancels in the sums)
+                    sql = plan.items_sql({aux.alias: f"({changes})"}, aux.alias)
+                    kept = _kept(plan, skip.get(plan.view.name, []))
+                    items[plan.view.name].append(
+                        con.sql(f"SELECT * FROM ({sql}) i WHERE {kept}").to_arrow_table()
+                    )
+                else:  # (consolidated on what the view reads: a row it sees as it was cancels)
+                    read = idents(aux.copy.columns)
+                    delta = (
+                        f"SELECT {read}, sum({WEIGHT})::INTEGER AS {WEIGHT} FROM ({changes}) z "
+                        f"GROUP BY ALL HAVING sum({WEIGHT}) <> 0"
+                    )
+                    sql = plan.items_sql({aux.alias: f"({delta})"}, aux.alias)
+                    items[plan.view.name].append(con.sql(sql).to_arrow_table())
                 _spent(applied, plan.view.name, started)
         finally:
-            con.unregister("mtcache_delta")
+            con.unregister("mtcache_before")
     for plan in plans:
         name = plan.view.name
         started = time.perf_counter()
         kept = _kept(plan, skip.get(name, []))
         if name in redo:
             _recompute(con, plan, kept)
-        elif items[name]:
-            _merge(con, plan, pa.concat_tables(items[name], promote_options="default"), kept)
-        else:
+        elif not items[name]:
             continue
+        elif plan.adds:
+            _add(con, plan, pa.concat_tables(items[name], promote_options="default"))
+        else:
+            _merge(con, plan, pa.concat_tables(items[name], promote_options="default"), kept)
         applied.views.add(name)
         _spent(applied, name, started)
 
 
 def _spent(applied: Applied, name: str, started: float) -> None:
     applied.spent[name] = applied.spent.get(name, 0.0) + time.perf_counter() - started
+
+
+def _add(con: duckdb.DuckDBPyConnection, plan: Maintenance, items: pa.Table) -> None:
+    """Weighted items (of groups the view keeps) added to a view whose states all add up:
+    their states summed by Arrow (no statement to plan), added to the groups the view holds
+    by one UPDATE; a group it lacks inserted, one left with no rows deleted (both rare)."""
+    delta = _added_states(plan, items)
+    if not delta.num_rows:
+        return
+    con.register("mtcache_delta", delta)
+    try:
+        changed = con.execute(plan.add_sql("mtcache_delta")).fetchall()
+        width = len(plan.group)
+        held = {tuple(row[:width]) for row in changed}
+        groups = zip(*(delta.column(g).to_pylist() for g in plan.group), strict=True)
+        new = [tuple(g) not in held for g in groups] if plan.group else [not changed]
+        if any(new):
+            columns = idents(plan.stored_names)
+            con.register("mtcache_new", delta.filter(pa.array(new)))
+            try:
+                kept = f"{ROWS} > 0" if plan.group else "true"
+                con.execute(
+                    f"INSERT INTO {ident(plan.view.name)} ({columns}) SELECT {columns} "
+                    f"FROM mtcache_new WHERE {kept}"
+                )
+            finally:
+                con.unregister("mtcache_new")
+        if plan.group and any(row[width] == 0 for row in changed):
+            con.execute(f"DELETE FROM {ident(plan.view.name)} WHERE {ROWS} = 0")
+    finally:
+        con.unregister("mtcache_delta")
+
+
+def _added_states(plan: Maintenance, items: pa.Table) -> pa.Table:
+    """The states each group's weighted items add (`optimizer.derived.delta.Added`), summed
+    by Arrow as SQL sums (NULL over no values; NULL groups one group)."""
+    weight = items.column(WEIGHT)
+    summed: dict[str, pa.ChunkedArray] = {g: items.column(g) for g in plan.group}
+    for state in plan.added:
+        if state.rule == "rows":
+            summed[state.name] = pc.cast(weight, pa.int64())
+            continue
+        assert state.argument is not None
+        value = items.column(state.argument)
+        if state.rule == "values":
+            summed[state.name] = pc.cast(pc.if_else(pc.is_valid(value), weight, 0), pa.int64())
+        else:
+            positive = pc.greater(weight, 0)
+            summed[state.name] = pc.if_else(positive, value, pc.negate_checked(value))
+    table = pa.table(summed)
+    names = [s.name for s in plan.added]
+    if plan.group:
+        table = table.group_by(list(plan.group), use_threads=False).aggregate(
+            [(n, "sum") for n in names]
+        )
+        table = table.rename_columns(
+            [c.removesuffix("_sum") if c.endswith("_sum") else c for c in table.column_names]
+        )
+    else:
+        table = pa.table({n: [pc.sum(table.column(n)).as_py()] for n in names})
+    return table.select(plan.stored_names)
 
 
 def _merge(con: duckdb.DuckDBPyConnection, plan: Maintenance, items: pa.Table, kept: str) -> None:

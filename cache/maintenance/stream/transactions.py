@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from cache.backend.pgoutput.messages import Relation
 from cache.backend.pgoutput.rows import RowChanges
-from cache.backend.pgoutput.transactions import Transaction
+from cache.backend.pgoutput.transactions import Transaction, rows_of_run
 from cache.maintenance import faults
 from cache.maintenance.lineup import Pending
 from cache.maintenance.stream.derived import apply_derived, copies_of, plan_of
@@ -97,16 +97,16 @@ def _apply_run(
             if cut.name != HEARTBEAT_TABLE:
                 _check_relation(stream, cut)
                 truncated[cut.name] = base + at
-        for rows in txn.rows():
-            relation = rows.relation
-            if relation.name == HEARTBEAT_TABLE:
-                stream_time = later(stream_time, _heartbeat_time(rows))
-                continue
-            if id(relation) not in checked:
-                _check_relation(stream, relation)
-                checked.add(id(relation))
-            by_table.setdefault(relation.name, []).append((base + rows.at, rows))
         base += txn.count
+    for rows in rows_of_run(txns):
+        relation = rows.relation
+        if relation.name == HEARTBEAT_TABLE:
+            stream_time = later(stream_time, _heartbeat_time(rows))
+            continue
+        if id(relation) not in checked:
+            _check_relation(stream, relation)
+            checked.add(id(relation))
+        by_table.setdefault(relation.name, []).append((rows.at, rows))
     for name, since in truncated.items():  # a table's changes before its TRUNCATE are gone
         by_table[name] = [
             (at[at >= since], rows.where(at >= since)) for at, rows in by_table.get(name, [])
