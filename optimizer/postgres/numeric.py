@@ -29,7 +29,7 @@ def _exact(value: decimal.Decimal) -> tuple[int, int]:
     """(N, s) with value = N / 10**s exactly, s >= 0 (no rounding by a decimal context)."""
     sign, digits, exponent = value.as_tuple()
     assert isinstance(exponent, int), "not a finite number"
-    integer = int("".join(map(str, digits)) or "0")
+    integer = int(decimal.Decimal((0, digits, 0)))  # (exact: int() rounds by no context)
     if exponent >= 0:
         integer *= 10**exponent
         scale = 0
@@ -38,10 +38,10 @@ def _exact(value: decimal.Decimal) -> tuple[int, int]:
     return (-integer if sign else integer), scale
 
 
-def _weight_and_first_group(value: decimal.Decimal) -> tuple[int, int]:
-    """The base-10000 weight of the first non-zero group and that group's value (0, 0 for
-    zero)."""
-    integer, scale = _exact(value)
+def _weight_and_first_group(exact: tuple[int, int]) -> tuple[int, int]:
+    """The base-10000 weight of the first non-zero group of a value (its `_exact` form) and
+    that group's value (0, 0 for zero)."""
+    integer, scale = exact
     integer = abs(integer)
     if integer == 0:
         return 0, 0
@@ -58,6 +58,11 @@ def _display_scale(value: decimal.Decimal) -> int:
 
 def division_scale(dividend: decimal.Decimal, divisor: decimal.Decimal) -> int:
     """`select_div_scale`: the result scale of dividend / divisor."""
+    return _division_scale(_exact(dividend), _exact(divisor))
+
+
+def _division_scale(dividend: tuple[int, int], divisor: tuple[int, int]) -> int:
+    """`division_scale` of operands in their `_exact` form."""
     weight1, first1 = _weight_and_first_group(dividend)
     weight2, first2 = _weight_and_first_group(divisor)
     # estimate the quotient's weight; with equal first groups assume dividend < divisor
@@ -65,7 +70,7 @@ def division_scale(dividend: decimal.Decimal, divisor: decimal.Decimal) -> int:
     if first1 <= first2:
         qweight -= 1
     scale = NUMERIC_MIN_SIG_DIGITS - qweight * DEC_DIGITS
-    scale = max(scale, _display_scale(dividend), _display_scale(divisor), NUMERIC_MIN_DISPLAY_SCALE)
+    scale = max(scale, dividend[1], divisor[1], NUMERIC_MIN_DISPLAY_SCALE)
     return min(scale, NUMERIC_MAX_DISPLAY_SCALE)
 
 
@@ -75,17 +80,17 @@ def divide(dividend: decimal.Decimal | int, divisor: decimal.Decimal | int) -> d
     a, b = decimal.Decimal(dividend), decimal.Decimal(divisor)
     if b == 0:
         raise DivisionByZero("division by zero")
-    scale = division_scale(a, b)
     # exact integer arithmetic: a = A / 10**sa, b = B / 10**sb
-    big_a, sa = _exact(a)
-    big_b, sb = _exact(b)
+    big_a, sa = exact_a = _exact(a)
+    big_b, sb = exact_b = _exact(b)
+    scale = _division_scale(exact_a, exact_b)
     numerator = big_a * 10 ** (sb + scale)
     denominator = big_b * 10**sa
     negative = (numerator < 0) != (denominator < 0)
     quotient, remainder = divmod(abs(numerator), abs(denominator))
     if 2 * remainder >= abs(denominator):
         quotient += 1
-    digits = tuple(int(d) for d in str(quotient))
+    digits = tuple(map(int, str(quotient)))
     return decimal.Decimal((1 if negative and quotient else 0, digits, -scale))
 
 
