@@ -11,9 +11,12 @@ A grouped view answers a query block that
 - groups by some of the view's grouping columns (or by none: one group), a coarser grouping
   than the view's;
 - projects grouping columns and aggregates the view keeps (the same function of the same
-  argument; an average also from the sum and count the view keeps for it), keeps groups by
-  comparisons of such aggregates (not averages) with constants (HAVING), and orders by its
-  output columns, with a constant LIMIT or OFFSET.
+  argument; an average also from the sum and count the view keeps for it), one operation
+  (+, -, *, /) of kept numeric aggregates and numbers (`_arithmetic`: PostgreSQL's numeric
+  result, a quotient divided as it divides), count(DISTINCT) of a grouping column, keeps
+  groups by comparisons of such aggregates with constants (HAVING; an average divided as
+  PostgreSQL divides it), and orders by its output columns, with a constant LIMIT or OFFSET;
+- or selects DISTINCT grouping columns (a grouping by them, with no aggregate).
 
 The statement merges the view's groups, each state as `sql_ext.aggregates` says: counts and
 sums are summed (a count of no rows is 0), minimums and maximums taken again, an average the
@@ -23,8 +26,8 @@ groups as the view does reads the view's rows as they are (no GROUP BY).
 
 A join view (no aggregates) answers a query block that joins the same tables by the same
 equalities, filters by the view's WHERE and by comparisons of the view's columns with
-constants or parameters (as above), projects view columns, and neither groups nor
-aggregates: the view's rows are the join's, one for each combination (the view keeps every
+constants or parameters (as above), projects view columns (or DISTINCT ones), and neither
+groups nor aggregates: the view's rows are the join's, one for each combination (the view keeps every
 table's key), so the statement selects them with its filters, order and limit.
 
 Anything else is not matched (None): the statement is planned as before.
@@ -41,7 +44,7 @@ from control_tables.schema import CachedView
 from optimizer.derived.states import Layout, layout
 from optimizer.derived.states import definition as view_definition
 from optimizer.plan import Output
-from optimizer.postgres.allowlist import reads_alike
+from optimizer.postgres.allowlist import DIVISION_SCALE, NUMERIC_DIVIDE, reads_alike
 from optimizer.postgres.types import declared
 from sql_ext import Query
 from sql_ext.aggregates import Aggregate, aggregate_of
@@ -180,13 +183,28 @@ def match_derived(
     if placed != sum(1 for _ in tree.find_all(exp.Placeholder)):
         return None  # (a parameter anywhere but compared with a grouping column)
 
-    # its grouping and its columns
+    # its grouping and its columns (DISTINCT over grouping columns: a grouping by them; over a
+    # join view's columns: its rows' distinct values)
     group: list[str] = []
-    for column in tree.args["group"].expressions if tree.args.get("group") else []:
+    distinct = tree.args.get("distinct") is not None
+    if distinct and any(p.find(exp.AggFunc) is not None for p in tree.expressions):
+        return None
+    keys = tree.args["group"].expressions if tree.args.get("group") else []
+    if distinct and not rows_only:
+        keys = [p.this if isinstance(p, exp.Alias) else p for p in tree.expressions]
+    for column in keys:
         found = ref(column, tables) if isinstance(column, exp.Column) else None
         if found is None or found not in grouped:
             return None
+        if distinct and not _distinct_alike(found, catalog):
+            return None
         group.append(grouped[found])
+    if distinct and rows_only:
+        for projection in tree.expressions:
+            target = projection.this if isinstance(projection, exp.Alias) else projection
+            found = ref(target, tables) if isinstance(target, exp.Column) else None
+            if found is None or not _distinct_alike(found, catalog):
+                return None
     # the query's groups are the view's rows when it groups as the view does (or neither
     # groups): the stored states are read as they are, with no GROUP BY
     merging = not rows_only and set(group) != set(grouped.values())
@@ -211,6 +229,28 @@ def match_derived(
             outputs.append(len(projections))
             projections.append(exp.column(grouped[found], quoted=True))
             continue
+        if isinstance(target, exp.Paren):
+            target = target.unnest()
+        if isinstance(target, _ARITHMETIC):  # (kept aggregates and numbers, one operation)
+            arithmetic = _arithmetic(
+                target, tables, catalog, aggregates, stored, not group, merging
+            )
+            if arithmetic is None:
+                return None
+            made_columns, quotient, scale = arithmetic
+            if isinstance(quotient, int):
+                if scale is not None:
+                    scales[len(outputs)] = scale
+                outputs.append(len(projections))
+            else:
+                outputs.append(quotient(len(projections)))
+            projections += made_columns
+            continue
+        counted = _counted_distinct(target, tables, grouped, catalog, merging)
+        if counted is not None:
+            outputs.append(len(projections))
+            projections.append(counted)
+            continue
         made = _merged(target, tables, catalog, aggregates, stored, not group, merging)
         if made is None:
             return None
@@ -230,6 +270,8 @@ def match_derived(
                 return None
             having.append(kept)
     statement = exp.select(*projections).from_(exp.to_table(ident(view.name)))
+    if distinct and rows_only:
+        statement = statement.distinct()
     if not merging:  # (the groups are the view's rows: a condition on them is a WHERE)
         where += having
     if where:
@@ -254,7 +296,10 @@ def match_derived(
 
 
 def _unsupported(tree: exp.Select) -> bool:
-    for arg in ("with_", "distinct", "qualify", "windows", "into", "locks"):
+    distinct = tree.args.get("distinct")
+    if distinct is not None and (distinct.args.get("on") or tree.args.get("group")):
+        return True  # (DISTINCT ON, or DISTINCT after a grouping)
+    for arg in ("with_", "qualify", "windows", "into", "locks"):
         if tree.args.get(arg):
             return True
     if any(isinstance(n, exp.Select) for n in tree.walk() if n is not tree):
@@ -407,6 +452,104 @@ def _merged(
     return aggregate, [merged], None
 
 
+_ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.Div)
+
+
+def _arithmetic(
+    target: exp.Expr,
+    aliases: t.Mapping[str, str],
+    catalog: Catalog,
+    aggregates: t.Mapping[tuple[str, str], str],
+    stored: Layout,
+    one_group: bool,
+    merging: bool,
+) -> tuple[list[exp.Expr], int | t.Callable[[int], Output], int | None] | None:
+    """An operation over kept numeric aggregates (a sum, minimum or maximum of numerics) and
+    numeric or integer literals, at least one an aggregate: +, - and * computed by DuckDB,
+    exact as PostgreSQL's numeric arithmetic, at its display scale (the larger operand scale;
+    a product's, their sum); / as PostgreSQL divides numerics (`Output` "divide", an operand
+    a count or an integer sum too). The DuckDB columns, the output (a column, or how a
+    quotient is made from the index of its first column) and the display scale."""
+    operands: list[tuple[exp.Expr, int, bool]] = []  # (DuckDB expression, scale, numeric)
+    for written in (target.this, target.expression):
+        side = written.unnest()
+        if isinstance(side, exp.Literal) and not side.is_string:
+            text = side.this
+            if not text.replace(".", "", 1).isdigit() or "e" in text.lower():
+                return None
+            scale = len(text.split(".")[1]) if "." in text else 0
+            operands.append((exp.Literal.number(text), scale, "." in text))
+            continue
+        found = _kept(side, aliases, catalog, aggregates)
+        if found is None or found[0].final != "state":
+            return None
+        made = _merged(side, aliases, catalog, aggregates, stored, one_group, merging)
+        if made is None:
+            return None
+        pg_type = next(c.pg_type for c in stored.columns if c.name == found[1])
+        kind = declared(pg_type)
+        if kind.kind not in ("numeric", "integer") or (kind.kind == "integer" and kind.width == 2):
+            return None
+        operands.append((made[1][0], made[2] or 0, kind.kind == "numeric"))
+    (left, left_scale, left_numeric), (right, right_scale, right_numeric) = operands
+    if not any(isinstance(s.unnest(), exp.AggFunc) for s in (target.this, target.expression)):
+        return None
+    if not (left_numeric or right_numeric):
+        return None  # (integers: PostgreSQL's bigint arithmetic overflows where DuckDB's may not)
+    if isinstance(target, exp.Div):
+        return (
+            [left, right],
+            lambda at: ("divide", at, at + 1, left_scale, right_scale),
+            None,
+        )
+    scale = (
+        left_scale + right_scale if isinstance(target, exp.Mul) else max(left_scale, right_scale)
+    )
+    if scale > 38:
+        return None
+    computed = type(target)(this=left.copy(), expression=right.copy())
+    return [exp.Cast(this=computed, to=exp.DataType.build(f"DECIMAL(38, {scale})"))], 0, scale
+
+
+def _counted_distinct(
+    target: exp.Expr,
+    aliases: t.Mapping[str, str],
+    grouped: t.Mapping[Ref, str],
+    catalog: Catalog,
+    merging: bool,
+) -> exp.Expr | None:
+    """count(DISTINCT g) of a grouping column of the view, over the view's groups a query
+    group merges (each holds a row), as DuckDB counts it (a group alone: 1, 0 for a NULL g);
+    None otherwise."""
+    if not (isinstance(target, exp.Count) and isinstance(target.this, exp.Distinct)):
+        return None
+    values = target.this.expressions
+    if len(values) != 1 or not isinstance(values[0], exp.Column):
+        return None
+    found = _ref(values[0], aliases, catalog)
+    if found is None or found not in grouped or not _distinct_alike(found, catalog):
+        return None
+    column = exp.column(grouped[found], quoted=True)
+    if not merging:
+        return exp.Cast(
+            this=exp.If(
+                this=column.is_(exp.null()), true=exp.Literal.number(0), false=exp.Literal.number(1)
+            ),
+            to=exp.DataType.build("BIGINT"),
+        )
+    return exp.Count(this=exp.Distinct(expressions=[column]))
+
+
+def _distinct_alike(found: Ref, catalog: Catalog) -> bool:
+    """Whether DuckDB tells a column's values apart as PostgreSQL does (not floats, whose 0
+    and -0 are one value printed either way; not text under a nondeterministic collation)."""
+    table = catalog.table(found[0])
+    assert table is not None
+    column = next(c for c in table.columns if c.name == found[1])
+    kind = declared(column.type)
+    return kind.kind != "float" and (not kind.is_string or column.deterministic)
+
+
 def _duckdb_type(stored: Layout, name: str) -> str:
     return next(c.duckdb_type for c in stored.columns if c.name == name)
 
@@ -478,26 +621,53 @@ def _having(
     one_group: bool,
     merging: bool,
 ) -> exp.Expr | None:
-    """A HAVING conjunct comparing an aggregate the view keeps (not an average) with
-    constants of its type, over the merged states."""
+    """A HAVING conjunct comparing an aggregate the view keeps with constants of its type,
+    over the merged states (an average as PostgreSQL divides its sum by its count, by the
+    cache's function DuckDB calls)."""
     if not isinstance(conjunct, (exp.EQ, exp.NEQ, *_RANGES)):
         return None
     target: exp.Expr = conjunct.this
     found = _kept(target, aliases, catalog, aggregates)
-    if found is None or found[0].final != "state":  # (an average: a quotient of states)
+    if found is None:
         return None
     made = _merged(target, aliases, catalog, aggregates, stored, one_group, merging)
     if made is None:
         return None
-    pg_type = next(c.pg_type for c in stored.columns if c.name == found[1])
+    pg_type = next(c.pg_type for c in stored.columns if c.name == stored.outputs[found[1]][0])
     kind = declared(pg_type).kind  # (a count's: bigint's, integer)
+    value = made[1][0]
+    if found[0].final == "avg":
+        if kind not in ("integer", "numeric"):
+            return None
+        kind = "numeric"
+        total, count = made[1]
+        value = exp.Case(
+            ifs=[
+                exp.If(
+                    this=exp.EQ(this=count.copy(), expression=exp.Literal.number(0)),
+                    true=exp.null(),
+                )
+            ],
+            default=exp.Cast(
+                this=exp.Anonymous(
+                    this=NUMERIC_DIVIDE,
+                    expressions=[
+                        exp.Cast(this=total.copy(), to=exp.DataType.build("VARCHAR")),
+                        exp.Literal.number(made[2] or 0),
+                        exp.Cast(this=count.copy(), to=exp.DataType.build("VARCHAR")),
+                        exp.Literal.number(0),
+                    ],
+                ),
+                to=exp.DataType.build(f"DECIMAL(38, {DIVISION_SCALE})"),
+            ),
+        )
     if kind not in ("integer", "numeric", "float", "date"):
         return None  # (text ordered by a collation DuckDB does not share, ...)
     values = [v for k, v in conjunct.args.items() if k != "this" and v is not None]
     if not all(_reads_alike(v, kind, {}) for v in values):
         return None
     copy = conjunct.copy()
-    copy.set("this", made[1][0])
+    copy.set("this", value)
     return copy
 
 
