@@ -27,8 +27,8 @@ groups as the view does reads the view's rows as they are (no GROUP BY).
 A join view (no aggregates) answers a query block that joins the same tables by the same
 equalities, filters by the view's WHERE and by comparisons of the view's columns with
 constants or parameters (as above), projects view columns (or DISTINCT ones), and neither
-groups nor aggregates: the view's rows are the join's, one for each combination (the view keeps every
-table's key), so the statement selects them with its filters, order and limit.
+groups nor aggregates: the view's rows are the join's, one for each combination (the view
+keeps every table's key), so the statement selects them with its filters, order and limit.
 
 Anything else is not matched (None): the statement is planned as before.
 """
@@ -208,6 +208,7 @@ def match_derived(
     # the query's groups are the view's rows when it groups as the view does (or neither
     # groups): the stored states are read as they are, with no GROUP BY
     merging = not rows_only and set(group) != set(grouped.values())
+    source = _States(tables, catalog, aggregates, stored, not group, merging)
     projections: list[exp.Expr] = []
     outputs: list[Output] = []
     scales: dict[int, int] = {}
@@ -232,9 +233,7 @@ def match_derived(
         if isinstance(target, exp.Paren):
             target = target.unnest()
         if isinstance(target, _ARITHMETIC):  # (kept aggregates and numbers, one operation)
-            arithmetic = _arithmetic(
-                target, tables, catalog, aggregates, stored, not group, merging
-            )
+            arithmetic = _arithmetic(target, source)
             if arithmetic is None:
                 return None
             made_columns, quotient, scale = arithmetic
@@ -251,7 +250,7 @@ def match_derived(
             outputs.append(len(projections))
             projections.append(counted)
             continue
-        made = _merged(target, tables, catalog, aggregates, stored, not group, merging)
+        made = _merged(target, source)
         if made is None:
             return None
         aggregate, columns, scale = made
@@ -265,7 +264,7 @@ def match_derived(
     having = []
     if tree.args.get("having"):
         for conjunct in split_and(tree.args["having"].this):
-            kept = _having(conjunct, tables, catalog, aggregates, stored, not group, merging)
+            kept = _having(conjunct, source)
             if kept is None:
                 return None
             having.append(kept)
@@ -402,32 +401,40 @@ def _kept(
     return None if name is None else (aggregate, name)
 
 
+@dataclass(frozen=True)
+class _States:
+    """What a query's aggregates are made from: its tables (by alias), the view's kept
+    aggregates (by function and argument) and stored states; whether the query has one group
+    (none of its own), and whether its groups merge several of the view's."""
+
+    aliases: t.Mapping[str, str]
+    catalog: Catalog
+    aggregates: t.Mapping[tuple[str, str], str]
+    stored: Layout
+    one_group: bool
+    merging: bool
+
+
 def _merged(
-    target: exp.Expr,
-    aliases: t.Mapping[str, str],
-    catalog: Catalog,
-    aggregates: t.Mapping[tuple[str, str], str],
-    stored: Layout,
-    one_group: bool,
-    merging: bool,
+    target: exp.Expr, source: _States
 ) -> tuple[Aggregate, list[exp.Expr], int | None] | None:
     """How an aggregate of the query is made from the view's states: its entry, the DuckDB
     expressions (one per state its value is read from: an average's sum and count) and the
-    display scale of its first. ``merging``: several of the view's groups make one of the
+    display scale of its first. ``source.merging``: several of the view's groups make one of the
     query's (a floating-point sum added up in another order may differ in its last digits:
     not matched then)."""
-    found = _kept(target, aliases, catalog, aggregates)
+    found = _kept(target, source.aliases, source.catalog, source.aggregates)
     if found is None:
         return None
     aggregate, name = found
-    states = stored.outputs[name]
-    if merging and any(
-        state.merge is exp.Sum and _duckdb_type(stored, column) in ("FLOAT", "DOUBLE")
+    states = source.stored.outputs[name]
+    if source.merging and any(
+        state.merge is exp.Sum and _duckdb_type(source.stored, column) in ("FLOAT", "DOUBLE")
         for state, column in zip(aggregate.stored, states, strict=True)
     ):
         return None
-    scale = _scale(stored, states[0])
-    if not merging:  # (each of the query's groups is one of the view's rows: its states)
+    scale = _scale(source.stored, states[0])
+    if not source.merging:  # (each of the query's groups is one of the view's rows: its states)
         return aggregate, [exp.column(n, quoted=True) for n in states], scale
     if aggregate.final != "state":  # (its states merged as they are: the converter divides)
         return (
@@ -442,9 +449,9 @@ def _merged(
     merged: exp.Expr = state.merge(this=exp.column(name, quoted=True))
     if state.merge is not exp.Sum:  # (an extreme of extremes: the stored type and scale)
         return aggregate, [merged], scale
-    if aggregate.zero_when_empty and one_group:  # (a count of no rows is 0)
+    if aggregate.zero_when_empty and source.one_group:  # (a count of no rows is 0)
         merged = exp.Coalesce(this=merged, expressions=[exp.Literal.number(0)])
-    duck = _duckdb_type(stored, name)
+    duck = _duckdb_type(source.stored, name)
     if duck == "BIGINT":  # (DuckDB sums bigints into a hugeint; PostgreSQL's is bigint)
         return aggregate, [exp.Cast(this=merged, to=exp.DataType.build("BIGINT"))], None
     if duck.startswith("DECIMAL"):  # (DuckDB widens a sum's precision; keep the scale)
@@ -456,13 +463,7 @@ _ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.Div)
 
 
 def _arithmetic(
-    target: exp.Expr,
-    aliases: t.Mapping[str, str],
-    catalog: Catalog,
-    aggregates: t.Mapping[tuple[str, str], str],
-    stored: Layout,
-    one_group: bool,
-    merging: bool,
+    target: exp.Expr, source: _States
 ) -> tuple[list[exp.Expr], int | t.Callable[[int], Output], int | None] | None:
     """An operation over kept numeric aggregates (a sum, minimum or maximum of numerics) and
     numeric or integer literals, at least one an aggregate: +, - and * computed by DuckDB,
@@ -480,13 +481,13 @@ def _arithmetic(
             scale = len(text.split(".")[1]) if "." in text else 0
             operands.append((exp.Literal.number(text), scale, "." in text))
             continue
-        found = _kept(side, aliases, catalog, aggregates)
+        found = _kept(side, source.aliases, source.catalog, source.aggregates)
         if found is None or found[0].final != "state":
             return None
-        made = _merged(side, aliases, catalog, aggregates, stored, one_group, merging)
+        made = _merged(side, source)
         if made is None:
             return None
-        pg_type = next(c.pg_type for c in stored.columns if c.name == found[1])
+        pg_type = next(c.pg_type for c in source.stored.columns if c.name == found[1])
         kind = declared(pg_type)
         if kind.kind not in ("numeric", "integer") or (kind.kind == "integer" and kind.width == 2):
             return None
@@ -612,28 +613,22 @@ def filter_conjunct(
     return copy
 
 
-def _having(
-    conjunct: exp.Expr,
-    aliases: t.Mapping[str, str],
-    catalog: Catalog,
-    aggregates: t.Mapping[tuple[str, str], str],
-    stored: Layout,
-    one_group: bool,
-    merging: bool,
-) -> exp.Expr | None:
+def _having(conjunct: exp.Expr, source: _States) -> exp.Expr | None:
     """A HAVING conjunct comparing an aggregate the view keeps with constants of its type,
     over the merged states (an average as PostgreSQL divides its sum by its count, by the
     cache's function DuckDB calls)."""
     if not isinstance(conjunct, (exp.EQ, exp.NEQ, *_RANGES)):
         return None
     target: exp.Expr = conjunct.this
-    found = _kept(target, aliases, catalog, aggregates)
+    found = _kept(target, source.aliases, source.catalog, source.aggregates)
     if found is None:
         return None
-    made = _merged(target, aliases, catalog, aggregates, stored, one_group, merging)
+    made = _merged(target, source)
     if made is None:
         return None
-    pg_type = next(c.pg_type for c in stored.columns if c.name == stored.outputs[found[1]][0])
+    pg_type = next(
+        c.pg_type for c in source.stored.columns if c.name == source.stored.outputs[found[1]][0]
+    )
     kind = declared(pg_type).kind  # (a count's: bigint's, integer)
     value = made[1][0]
     if found[0].final == "avg":
