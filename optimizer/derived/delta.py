@@ -287,6 +287,15 @@ def maintenance(view: CachedView, catalog: Catalog) -> Maintenance:
             continue
         aggregate = AGGREGATES[output.aggregate]
         value = None  # (count(*): the rows, no argument)
+        # (of NOT NULL columns by +, - and *, in a view whose groups leave with their last
+        # row: one group of all rows stays, with a sum of none)
+        never_null = any(o.aggregate is None for o in derivation.outputs) and (
+            output.expression is None
+            or all(
+                not next(c for c in tables[owner(x)].columns if c.name == folded(x)).nullable
+                for x in output.expression.find_all(exp.Column)
+            )
+        )
         if output.expression is not None:
             argument = f"mtcache_a{index}"
             value = f"i.{ident(argument)}"
@@ -314,8 +323,12 @@ def maintenance(view: CachedView, catalog: Catalog) -> Maintenance:
                 signed = f"CASE WHEN {weight} > 0 THEN {value} ELSE -{value} END"
                 states.append((name, f"CAST(sum({signed}) AS {duck})"))
                 added.append(Added(name, "sum", f"mtcache_a{index}"))
+                # (a group left with rows has values of a NOT NULL argument, and so has the
+                # delta touching it: neither sum is NULL)
                 adds.append(
-                    (
+                    (name, f"t.{ident(name)} + d.{ident(name)}")
+                    if never_null
+                    else (
                         name,
                         f"CASE WHEN t.{ident(count)} + d.{ident(count)} = 0 THEN NULL ELSE "
                         f"CAST(coalesce(t.{ident(name)}, 0) + coalesce(d.{ident(name)}, 0) "
