@@ -589,3 +589,47 @@ def test_a_partial_view_kept_by_the_stream_holds_its_admitted_keys_as_the_backen
             consumer.catch_up()
             held(store)
         conn.admin.apply_ddl("DROP CACHED VIEW author_stats; DROP CACHED VIEW city_ratings")
+
+
+def test_a_toasted_value_an_update_did_not_send_comes_from_the_shared_copy(setup: Setup) -> None:
+    """An update that leaves a TOASTed value alone does not send it: the table's copy (one,
+    shared by the views reading the table) supplies it, to the copy and to each view."""
+    store, dsn, consumer = setup
+    pg(dsn, "CREATE TABLE grps (grp int PRIMARY KEY, name text NOT NULL)")
+    pg(dsn, "INSERT INTO grps VALUES (0, 'even'), (1, 'odd')")
+    pg(dsn, "CREATE TABLE docs (id int PRIMARY KEY, grp int NOT NULL, body text, note text)")
+    big = "(SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 400))"
+    pg(dsn, f"INSERT INTO docs SELECT g, g %% 2, {big}, 'n' FROM generate_series(1, 4) g")
+    ddl = (
+        "CREATE CACHED VIEW doc_bodies AS SELECT d.id, d.body, g.grp, g.name FROM docs d "
+        "JOIN grps g ON d.grp = g.grp REFRESH CONTINUOUSLY; CREATE CACHED VIEW doc_groups AS "
+        "SELECT d.grp, count(*) AS n FROM docs d GROUP BY d.grp REFRESH CONTINUOUSLY"
+    )
+    stream.apply_ddl(store, dsn, parse(ddl), fetch_catalog(dsn))
+    try:
+        Maintainer(store, dsn).refresh("doc_bodies")
+        consumer.catch_up()
+        assert copy_columns(store)["mtcache_aux.docs"] == {"id", "grp", "body"}
+        pg(dsn, "UPDATE docs SET grp = 1 - grp WHERE id IN (1, 2)")  # (body not sent)
+        pg(dsn, "UPDATE docs SET note = 'not read' WHERE id = 3")
+        consumer.catch_up()
+        docs = pg(dsn, "SELECT id, grp, body FROM docs ORDER BY id")
+        assert all(len(t.cast(str, r[2])) == 12_800 for r in docs)
+        held = 'SELECT id, grp, body FROM "mtcache_aux.docs" ORDER BY id'
+        assert store.con.execute(held).fetchall() == docs
+        bodies = "SELECT id, body, grp, name FROM doc_bodies ORDER BY id"
+        assert store.con.execute(bodies).fetchall() == pg(
+            dsn, "SELECT d.id, d.body, g.grp, g.name FROM docs d JOIN grps g USING (grp) ORDER BY 1"
+        )
+        groups = "SELECT grp, n FROM doc_groups ORDER BY grp"
+        assert store.con.execute(groups).fetchall() == pg(
+            dsn, "SELECT grp, count(*) FROM docs GROUP BY grp ORDER BY grp"
+        )
+    finally:
+        stream.apply_ddl(
+            store,
+            dsn,
+            parse("DROP CACHED VIEW doc_bodies; DROP CACHED VIEW doc_groups"),
+            fetch_catalog(dsn),
+        )
+        pg(dsn, "DROP TABLE docs; DROP TABLE grps")
