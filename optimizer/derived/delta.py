@@ -37,7 +37,7 @@ dates, and every table it reads has a primary key and is read once.
 from __future__ import annotations
 
 import typing as t
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlglot import exp
 
@@ -116,6 +116,7 @@ class Item:
 
     name: str
     sql: str
+    node: exp.Expr | None = field(default=None, compare=False)  # (the view's expression)
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,7 @@ class Maintenance:
     # delta's ``d`` of one group
     added: tuple[Added, ...] = ()
     adds: tuple[tuple[str, str], ...] = ()
+    conditions: tuple[exp.Expr, ...] = ()  # the view's WHERE: its conjuncts (`where` has them)
 
     @property
     def grouped(self) -> bool:
@@ -250,6 +252,7 @@ def maintenance(view: CachedView, catalog: Catalog) -> Maintenance:
         f"{left.sql(dialect='duckdb')} = {right.sql(dialect='duckdb')}"
         for left, right in derivation.joins
     ]
+    conditions: list[exp.Expr] = []  # (the view's WHERE, each conjunct of a column)
     if select.args.get("where") is not None:
         every: dict[Ref, exp.Expr] = {
             (aliases[owner(c)], folded(c)): exp.column(folded(c), table=owner(c), quoted=True)
@@ -266,6 +269,7 @@ def maintenance(view: CachedView, catalog: Catalog) -> Maintenance:
                     "maintained; = and IN only on text)",
                 )
             where.append(made.sql(dialect="duckdb"))
+            conditions.append(made)
 
     stored = layout(view, catalog)
     items: list[Item] = []
@@ -280,7 +284,9 @@ def maintenance(view: CachedView, catalog: Catalog) -> Maintenance:
     for index, output in enumerate(derivation.outputs):
         if output.aggregate is None:
             assert output.expression is not None
-            items.append(Item(output.name, output.expression.sql(dialect="duckdb")))
+            items.append(
+                Item(output.name, output.expression.sql(dialect="duckdb"), output.expression)
+            )
             states.append((output.name, f"i.{ident(output.name)}"))
             merges.append((output.name, f"s.{ident(output.name)}"))
             group.append(output.name)
@@ -299,7 +305,7 @@ def maintenance(view: CachedView, catalog: Catalog) -> Maintenance:
         if output.expression is not None:
             argument = f"mtcache_a{index}"
             value = f"i.{ident(argument)}"
-            items.append(Item(argument, output.expression.sql(dialect="duckdb")))
+            items.append(Item(argument, output.expression.sql(dialect="duckdb"), output.expression))
             _check_exact(view, output, stored)
         for state in aggregate.states:
             name, merge = output.name + state.suffix, state.merge.key
@@ -384,6 +390,7 @@ def maintenance(view: CachedView, catalog: Catalog) -> Maintenance:
         tuple(merges),
         tuple(added) if derivation.aggregates and not redo else (),
         tuple(adds) if derivation.aggregates and not redo else (),
+        tuple(conditions),
     )
 
 

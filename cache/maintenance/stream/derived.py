@@ -5,12 +5,15 @@ transaction, with the stream position."""
 
 from __future__ import annotations
 
+import decimal
 import time
+import typing as t
 from collections.abc import Callable, Mapping, Sequence
 
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
+from sqlglot import exp
 
 from cache.maintenance.stream.position import Applied, NeedsPull
 from cache.maintenance.stream.staging import FLAG, Staged
@@ -29,7 +32,7 @@ from optimizer.derived.delta import (
 )
 from optimizer.derived.states import ROWS
 from sql_ext.catalog import Catalog
-from sql_ext.quoting import equal_columns, ident, idents, keys_in
+from sql_ext.quoting import equal_columns, folded, ident, idents, keys_in
 
 # view's DDL -> the catalog it was made with and its maintenance
 _PLANS: dict[str, tuple[Catalog, Maintenance]] = {}
@@ -112,17 +115,23 @@ def apply_derived(
                 f"SELECT {columns}, -1 AS {WEIGHT} FROM mtcache_before UNION ALL "
                 f"SELECT {columns}, 1 FROM ({after}) a"
             )
+            arrow_changes = _arrow_changes(before, stage, copy)
             for plan in readers[table]:
                 if plan.view.name in redo:
                     continue
                 started = time.perf_counter()
                 aux = next(a for a in plan.auxiliaries if a.table == table)
                 if plan.adds:  # (states that add up: whatever cancels, cancels in the sums)
-                    sql = plan.items_sql({aux.alias: f"({changes})"}, aux.alias)
-                    kept = _kept(plan, skip.get(plan.view.name, []))
-                    items[plan.view.name].append(
-                        con.sql(f"SELECT * FROM ({sql}) i WHERE {kept}").to_arrow_table()
-                    )
+                    found = None
+                    if arrow_changes is not None and not skip.get(plan.view.name):
+                        found = (
+                            None if plan.view.presence else _arrow_items(con, plan, arrow_changes)
+                        )
+                    if found is None:
+                        sql = plan.items_sql({aux.alias: f"({changes})"}, aux.alias)
+                        kept = _kept(plan, skip.get(plan.view.name, []))
+                        found = con.sql(f"SELECT * FROM ({sql}) i WHERE {kept}").to_arrow_table()
+                    items[plan.view.name].append(found)
                 else:  # (consolidated on what the view reads: a row it sees as it was cancels)
                     read = idents(aux.copy.columns)
                     delta = (
@@ -148,6 +157,125 @@ def apply_derived(
             _merge(con, plan, pa.concat_tables(items[name], promote_options="default"), kept)
         applied.views.add(name)
         _spent(applied, name, started)
+
+
+_ARROW_OPS: dict[type[exp.Expr], str] = {
+    exp.Add: "add_checked",
+    exp.Sub: "subtract_checked",
+    exp.Mul: "multiply_checked",
+}
+_COMPARISONS: dict[type[exp.Expr], t.Callable[..., t.Any]] = {
+    exp.EQ: pc.equal,
+    exp.NEQ: pc.not_equal,
+    exp.GT: pc.greater,
+    exp.GTE: pc.greater_equal,
+    exp.LT: pc.less,
+    exp.LTE: pc.less_equal,
+}
+_CONSTANTS: dict[str, tuple[t.Any, ...]] = {}  # constants' DuckDB SQL -> their values
+
+
+def _arrow_items(
+    con: duckdb.DuckDBPyConnection, plan: Maintenance, changes: pa.Table
+) -> pa.Table | None:
+    """The items of a view of one table computed by Arrow from the table's Z-set (its rows
+    with their weights), as DuckDB computes them: the view's WHERE (a column compared with
+    constants, which DuckDB evaluates once) and its items (columns and numbers by +, - and *,
+    exact in both); None where Arrow cannot (the caller asks DuckDB)."""
+    if len(plan.auxiliaries) != 1 or any(i.node is None for i in plan.items):
+        return None
+    try:
+        keep = None
+        for condition in plan.conditions:
+            found = _arrow_condition(con, condition, changes)
+            if found is None:
+                return None
+            keep = found if keep is None else pc.and_kleene(keep, found)
+        rows = changes if keep is None else changes.filter(keep)
+        columns = {}
+        for item in plan.items:
+            value = _arrow_value(t.cast(exp.Expr, item.node), rows)
+            if value is None:
+                return None
+            if isinstance(value, pa.Scalar):
+                value = pa.array([value.as_py()] * rows.num_rows, value.type)
+            if pa.types.is_decimal256(value.type):  # (DuckDB's widest: 38 digits)
+                value = value.cast(pa.decimal128(38, value.type.scale))
+            columns[item.name] = value
+        columns[WEIGHT] = rows.column(WEIGHT)
+        return pa.table(columns)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, KeyError):
+        return None
+
+
+def _arrow_value(node: exp.Expr, rows: pa.Table) -> t.Any:
+    """An item's values (a column, or numbers and columns by +, - and *), or None."""
+    if isinstance(node, exp.Paren):
+        return _arrow_value(node.this, rows)
+    if isinstance(node, exp.Column):
+        return rows.column(folded(node))
+    if isinstance(node, exp.Literal) and not node.is_string:
+        text = node.this
+        if text.isdigit():
+            return pa.scalar(int(text), pa.int32() if int(text) < 2**31 else pa.int64())
+        number = decimal.Decimal(text)
+        exponent = number.as_tuple().exponent
+        scale = -exponent if isinstance(exponent, int) and exponent < 0 else 0
+        return pa.scalar(number, pa.decimal128(max(len(text.replace(".", "")), scale + 1), scale))
+    if isinstance(node, exp.Neg):
+        inner = _arrow_value(node.this, rows)
+        return None if inner is None else pc.negate_checked(inner)
+    operation = _ARROW_OPS.get(type(node))
+    if operation is None:
+        return None
+    left, right = _arrow_value(node.this, rows), _arrow_value(node.expression, rows)
+    if left is None or right is None:
+        return None
+    operands = []
+    for side in (left, right):
+        kind = side.type
+        if not (pa.types.is_integer(kind) or pa.types.is_decimal(kind)):
+            return None  # (floating point: refused at DDL time; anything else: DuckDB's rules)
+        # (room for a product's digits, cut to DuckDB's 38 at the end)
+        wide = pa.types.is_decimal128(kind)
+        operands.append(side.cast(pa.decimal256(kind.precision, kind.scale)) if wide else side)
+    return getattr(pc, operation)(*operands)
+
+
+def _arrow_condition(con: duckdb.DuckDBPyConnection, condition: exp.Expr, rows: pa.Table) -> t.Any:
+    """Which rows a conjunct of the view's WHERE keeps (a column compared with constants that
+    DuckDB evaluates, once), or None."""
+    column = condition.this
+    if not isinstance(column, exp.Column):
+        return None
+    values = rows.column(folded(column))
+    others = [v for k, v in condition.args.items() if k != "this" and v is not None]
+    flat = [x for v in others for x in (v if isinstance(v, list) else [v])]
+    key = "SELECT " + ", ".join(f.sql(dialect="duckdb") for f in flat)
+    found = _CONSTANTS.get(key)
+    if found is None:
+        if len(_CONSTANTS) > 256:
+            _CONSTANTS.clear()
+        [row] = con.execute(key).fetchall()  # (all: DuckDB leaves no result open then)
+        found = _CONSTANTS[key] = tuple(row)
+    constants = [pa.scalar(v) for v in found]
+    if any(c.type != values.type for c in constants if c.is_valid):
+        target = next(c.type for c in constants if c.is_valid)
+        if pa.types.is_date(values.type) and pa.types.is_timestamp(target):
+            values = values.cast(target)  # (a date moved by an interval is a timestamp)
+        else:
+            constants = [c.cast(values.type) for c in constants]
+    if isinstance(condition, exp.In):
+        if any(not c.is_valid for c in constants):
+            return None  # (IN with a NULL: three-valued, DuckDB's)
+        return pc.is_in(values, value_set=pa.array([c.as_py() for c in constants], values.type))
+    if isinstance(condition, exp.Between):
+        low, high = constants
+        return pc.and_kleene(pc.greater_equal(values, low), pc.less_equal(values, high))
+    compare = _COMPARISONS.get(type(condition))
+    if compare is None or len(constants) != 1:
+        return None
+    return compare(values, constants[0])
 
 
 def _spent(applied: Applied, name: str, started: float) -> None:
@@ -234,6 +362,25 @@ def _merge(con: duckdb.DuckDBPyConnection, plan: Maintenance, items: pa.Table, k
             con.unregister(name)
 
 
+def _arrow_changes(before: pa.Table, stage: Staged, copy: CachedView) -> pa.Table | None:
+    """A table's Z-set as Arrow: the copy's rows the batch replaces (-1) and its final rows
+    (+1), when every value was sent (else DuckDB merges them with the copy's, `_after`) and
+    the final rows read as the copy's types (None otherwise)."""
+    assert stage.puts is not None
+    if any(FLAG + c in stage.puts.column_names for c in copy.columns):
+        return None
+    try:
+        after = stage.puts.select(list(copy.columns)).cast(before.schema)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, ValueError):
+        return None
+    return pa.concat_tables(
+        [
+            before.append_column(WEIGHT, pa.array([-1] * before.num_rows, pa.int32())),
+            after.append_column(WEIGHT, pa.array([1] * after.num_rows, pa.int32())),
+        ]
+    )
+
+
 def _after(
     con: duckdb.DuckDBPyConnection, schema: CacheSchema, copy: CachedView, stage: Staged
 ) -> str:
@@ -251,10 +398,10 @@ def _after(
     )
     source = f"{stage.put_name} p LEFT JOIN mtcache_before b ON {equal_columns(copy.key, 'p', 'b')}"
     lacking = " OR ".join(f"p.{ident(FLAG + c)}" for c in unchanged)
-    missing = con.execute(
+    [missing] = con.execute(
         f"SELECT count(*) FROM {source} WHERE ({lacking}) AND b.{ident(copy.key[0])} IS NULL"
-    ).fetchone()
-    if missing and missing[0]:  # (the copy lacks the row: it is pulled anew, its views too)
+    ).fetchall()
+    if missing[0]:  # (the copy lacks the row: it is pulled anew, its views too)
         raise NeedsPull(
             {
                 Region(name, RegionKind.VIEW)
