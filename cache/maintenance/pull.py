@@ -192,13 +192,25 @@ class Pull:
         }
         brought: list[CachedView] = []
         copied: set[str] = set()
-        for table, copy in copies(readers, self.catalog).items():
-            reading = [v for v in readers if table in tables_read(v)]
-            if copy.name in self.staged or not names & {v.name for v in reading}:
-                continue
-            if copy.name not in filled or all(v.view_level and v.name in whole for v in reading):
-                brought.append(copy)
-                copied |= {v.name for v in reading}
+        shared = copies(readers, self.catalog)
+        while True:  # (a view a copy brings whole may read another copy never pulled)
+            more = False
+            for table, copy in shared.items():
+                if copy.name in self.staged or copy in brought:
+                    continue
+                reading = [v for v in readers if table in tables_read(v)]
+                if not names & {v.name for v in reading}:
+                    continue
+                if copy.name not in filled or all(
+                    v.view_level and v.name in whole for v in reading
+                ):
+                    brought.append(copy)
+                    copied |= {v.name for v in reading}
+                    names |= {v.name for v in reading}
+                    whole |= {v.name for v in reading if v.view_level}
+                    more = True
+            if not more:
+                break
         return brought, sorted(copied)
 
     def _copy_query(self, copy: CachedView) -> PullQuery:

@@ -35,6 +35,7 @@ Anything else is not matched (None): the statement is planned as before.
 
 from __future__ import annotations
 
+import decimal
 import typing as t
 from dataclasses import dataclass
 
@@ -493,10 +494,21 @@ def _arithmetic(
             return None
         operands.append((made[1][0], made[2] or 0, kind.kind == "numeric"))
     (left, left_scale, left_numeric), (right, right_scale, right_numeric) = operands
-    if not any(isinstance(s.unnest(), exp.AggFunc) for s in (target.this, target.expression)):
+    aggregated = [isinstance(s.unnest(), exp.AggFunc) for s in (target.this, target.expression)]
+    if not any(aggregated):
         return None
     if not (left_numeric or right_numeric):
         return None  # (integers: PostgreSQL's bigint arithmetic overflows where DuckDB's may not)
+    if isinstance(target, exp.Mul) and all(aggregated):
+        return None  # (a product of two sums may pass DuckDB's 38 digits, not PostgreSQL's)
+    divisor = target.expression.unnest()
+    if isinstance(target, exp.Div) and not (
+        (isinstance(divisor, exp.Count) and isinstance(divisor.this, exp.Star))
+        or (isinstance(divisor, exp.Literal) and decimal.Decimal(divisor.this) != 0)
+    ):
+        # (PostgreSQL divides every group before a LIMIT keeps some: a divisor that may be 0
+        # raises there, and the cache divides only the rows DuckDB returns)
+        return None
     if isinstance(target, exp.Div):
         return (
             [left, right],

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from sqlglot import exp
 
-from cache.maintenance.stream.position import Applied, NeedsPull
+from cache.maintenance.stream.position import Applied, NeedsPull, StreamProblem
 from cache.maintenance.stream.staging import FLAG, Staged
 from cache.maintenance.stream.views import apply_view, delete_where, not_pending
 from control_tables.kinds import RegionKind
@@ -204,7 +204,13 @@ def _arrow_items(
             columns[item.name] = value
         columns[WEIGHT] = rows.column(WEIGHT)
         return pa.table(columns)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, KeyError):
+    except (
+        pa.ArrowInvalid,
+        pa.ArrowNotImplementedError,
+        pa.ArrowTypeError,
+        KeyError,
+        OverflowError,
+    ):
         return None
 
 
@@ -217,6 +223,8 @@ def _arrow_value(node: exp.Expr, rows: pa.Table) -> t.Any:
     if isinstance(node, exp.Literal) and not node.is_string:
         text = node.this
         if text.isdigit():
+            if int(text) >= 2**63:
+                return None  # (DuckDB's HUGEINT)
             return pa.scalar(int(text), pa.int32() if int(text) < 2**31 else pa.int64())
         number = decimal.Decimal(text)
         exponent = number.as_tuple().exponent
@@ -285,30 +293,23 @@ def _spent(applied: Applied, name: str, started: float) -> None:
 def _add(con: duckdb.DuckDBPyConnection, plan: Maintenance, items: pa.Table) -> None:
     """Weighted items (of groups the view keeps) added to a view whose states all add up:
     their states summed by Arrow (no statement to plan), added to the groups the view holds
-    by one UPDATE; a group it lacks inserted, one left with no rows deleted (both rare)."""
-    delta = _added_states(plan, items)
-    if not delta.num_rows:
+    by one UPDATE; a group it lacks inserted, one left with no rows deleted (both rare, and
+    found by DuckDB: its matching of groups, not Python's equality of their values)."""
+    if not items.num_rows:  # (no item: nothing changes, even the one group of all rows)
         return
+    delta = _added_states(plan, items)
+    name = ident(plan.view.name)
     con.register("mtcache_delta", delta)
     try:
         changed = con.execute(plan.add_sql("mtcache_delta")).fetchall()
-        width = len(plan.group)
-        held = {tuple(row[:width]) for row in changed}
-        groups = zip(*(delta.column(g).to_pylist() for g in plan.group), strict=True)
-        new = [tuple(g) not in held for g in groups] if plan.group else [not changed]
-        if any(new):
+        if len(changed) < delta.num_rows:  # (groups the view did not hold)
             columns = idents(plan.stored_names)
-            con.register("mtcache_new", delta.filter(pa.array(new)))
-            try:
-                kept = f"{ROWS} > 0" if plan.group else "true"
-                con.execute(
-                    f"INSERT INTO {ident(plan.view.name)} ({columns}) SELECT {columns} "
-                    f"FROM mtcache_new WHERE {kept}"
-                )
-            finally:
-                con.unregister("mtcache_new")
-        if plan.group and any(row[width] == 0 for row in changed):
-            con.execute(f"DELETE FROM {ident(plan.view.name)} WHERE {ROWS} = 0")
+            con.execute(
+                f"INSERT INTO {name} ({columns}) SELECT {columns} FROM mtcache_delta d "
+                f"ANTI JOIN {name} t ON {plan.same_group('t', 'd')} WHERE d.{ROWS} > 0"
+            )
+        if plan.group and any(row[0] == 0 for row in changed):
+            con.execute(f"DELETE FROM {name} WHERE {ROWS} = 0")
     finally:
         con.unregister("mtcache_delta")
 
@@ -324,6 +325,8 @@ def _added_states(plan: Maintenance, items: pa.Table) -> pa.Table:
             continue
         assert state.argument is not None
         value = items.column(state.argument)
+        if pa.types.is_integer(value.type) and value.type.bit_width == 64:
+            value = value.cast(pa.decimal128(38, 0))  # (Arrow's int64 sum wraps around)
         if state.rule == "values":
             summed[state.name] = pc.cast(pc.if_else(pc.is_valid(value), weight, 0), pa.int64())
         else:
@@ -401,15 +404,18 @@ def _after(
     [missing] = con.execute(
         f"SELECT count(*) FROM {source} WHERE ({lacking}) AND b.{ident(copy.key[0])} IS NULL"
     ).fetchall()
-    if missing[0]:  # (the copy lacks the row: it is pulled anew, its views too)
-        raise NeedsPull(
-            {
-                Region(name, RegionKind.VIEW)
-                for name in schema.continuous_views()
-                if schema.views[name].is_derived
-                and schema.views[name].view_level
-                and copy.table in tables_read(schema.views[name])
-            }
+    if missing[0]:  # (the copy lacks the row: it is pulled anew with every view reading it)
+        readers = [
+            schema.views[name]
+            for name in schema.continuous_views()
+            if schema.views[name].is_derived and copy.table in tables_read(schema.views[name])
+        ]
+        if all(v.view_level for v in readers):  # (all pulled whole: the copy comes with them)
+            raise NeedsPull({Region(v.name, RegionKind.VIEW) for v in readers})
+        raise StreamProblem(
+            f"the copy of table {copy.table} lacks a row an update changed: continuous "
+            "maintenance stopped; recreate the cached views reading it (DROP CACHED VIEW, "
+            "CREATE CACHED VIEW)"
         )
     return f"SELECT {merged} FROM {source}"
 

@@ -15,6 +15,7 @@ from cache.maintenance.stream.staging import FLAG, Staged
 from control_tables.kinds import RegionKind
 from control_tables.regions import Region, in_list
 from control_tables.schema import CachedView, CacheSchema
+from optimizer.derived.delta import AUX_PREFIX, copy_name, tables_read
 from sql_ext import Presence
 from sql_ext.quoting import equal_columns, ident, idents, keys_in
 
@@ -308,6 +309,18 @@ def _delete_under(
     delete_where(con, schema, child, f"{where} AND NOT ({_qualifies(schema, child, 'v')})", applied)
 
 
+def _controls(schema: CacheSchema, views: list[str]) -> set[str]:
+    """The control tables whose rows stamp regions of ``views``."""
+    controls: set[str] = set()
+    for name in views:
+        view = schema.views[name]
+        controls |= {p.control for p in view.presence if p.control in schema.control_tables}
+        for spec in (view.consistency, view.completeness):
+            if spec is not None and spec.control is not None:
+                controls.add(spec.control)
+    return controls
+
+
 def stamp_regions(
     con: duckdb.DuckDBPyConnection,
     schema: CacheSchema,
@@ -319,11 +332,26 @@ def stamp_regions(
 ) -> None:
     """The batch's snapshot (naming the stream position) on every continuously maintained
     region the stream has reached (a pull's regions keep theirs until the stream passes it),
-    with ``refreshed_at`` the stream time; the position with it."""
+    with ``refreshed_at`` the stream time; the position with it. A derived view reading a
+    copy never pulled is not kept by the stream, so neither are its regions stamped, nor its
+    control tables (they stay as old as its last pull)."""
     row = con.execute("SELECT coalesce(max(snapshot_id), 0) + 1 FROM mtcache.snapshots").fetchone()
     assert row is not None
     snapshot_id = int(row[0])
     views = schema.continuous_views()
+    filled = {
+        name
+        for (name,) in con.execute(
+            "SELECT view FROM mtcache.view_state WHERE starts_with(view, ?)", [AUX_PREFIX]
+        ).fetchall()
+    }
+    unkept = [
+        n
+        for n in views
+        if schema.views[n].is_derived
+        and any(copy_name(t) not in filled for t in tables_read(schema.views[n]))
+    ]
+    views = [n for n in views if n not in unkept]
     age = None  # d (§4.6): how old the stream time is as it lands; batches that do not
     if stream_time is not None and stream_time != stream.stream_time:  # move it measure none
         age = max(0.0, (dt.datetime.now(dt.UTC) - stream_time).total_seconds())
@@ -342,13 +370,7 @@ def stamp_regions(
         if pending_ids
         else "true"
     )
-    controls: set[str] = set()
-    for name in views:
-        view = schema.views[name]
-        controls |= {p.control for p in view.presence if p.control in schema.control_tables}
-        for spec in (view.consistency, view.completeness):
-            if spec is not None and spec.control is not None:
-                controls.add(spec.control)
+    controls = _controls(schema, views) - _controls(schema, unkept)
     for control in sorted(controls):
         con.execute(
             f"UPDATE {ident(control)} SET refreshed_at = coalesce(?, refreshed_at), "
