@@ -714,3 +714,30 @@ def test_a_copy_pulled_anew_brings_every_view_reading_it_and_their_other_copies(
         assert sorted(got) == sorted(want)
     finally:
         stream.apply_ddl(store, dsn, parse("DROP CACHED VIEW by_reviewer_city"), fetch_catalog(dsn))
+
+
+def test_a_copy_a_presence_controlled_view_reads_is_not_widened_under_it(setup: Setup) -> None:
+    """A view reading a column of books no view reads would pull books' copy anew with every
+    view reading it, which a view under PRESENCE (its admitted keys listed present) cannot
+    follow: the DDL is refused, saying what to do, and changes nothing."""
+    store, dsn, _ = setup
+    ddl = (
+        "CREATE CONTROL TABLE type_pct (type text); CREATE CACHED VIEW by_book_type AS "
+        "SELECT b.type, count(*) AS n FROM books b GROUP BY b.type "
+        "PRESENCE ON (type) IN type_pct REFRESH CONTINUOUSLY"
+    )
+    stream.apply_ddl(store, dsn, parse(ddl), fetch_catalog(dsn))
+    try:
+        before = store.con.execute("SELECT name, seq FROM mtcache.objects ORDER BY 1").fetchall()
+        wider = (
+            "CREATE CACHED VIEW by_publisher AS SELECT b.publisherid, count(*) AS n "
+            "FROM books b GROUP BY b.publisherid REFRESH CONTINUOUSLY"
+        )
+        with pytest.raises(NotSupportedError, match="by_book_type keeps groups under PRESENCE"):
+            stream.apply_ddl(store, dsn, parse(wider), fetch_catalog(dsn))
+        after = store.con.execute("SELECT name, seq FROM mtcache.objects ORDER BY 1").fetchall()
+        assert after == before
+        assert "publisherid" not in copy_columns(store)["mtcache_aux.books"]
+    finally:
+        drops = "DROP CACHED VIEW by_book_type; DROP CONTROL TABLE type_pct"
+        stream.apply_ddl(store, dsn, parse(drops), fetch_catalog(dsn))
