@@ -44,7 +44,7 @@ from sqlglot import exp
 from control_tables.schema import CachedView
 from optimizer.derived.match import Ref, filter_conjunct
 from optimizer.derived.states import ROWS, Layout, definition, layout
-from optimizer.postgres.types import declared
+from optimizer.postgres.types import DECIMAL_DIGITS, declared
 from sql_ext import DerivedOutput
 from sql_ext.aggregates import AGGREGATES, Delta
 from sql_ext.blocks import split_and
@@ -449,7 +449,19 @@ def _check_exact(view: CachedView, output: DerivedOutput, stored: Layout) -> Non
 
 
 def _arithmetic(value: exp.Expr) -> bool:
-    return all(isinstance(node, _ARITHMETIC) for node in value.walk())
+    """Columns and numbers by +, - and *, each number as exact in DuckDB as in PostgreSQL (not
+    1e-3 or more than 38 digits: DuckDB reads those as a DOUBLE)."""
+    return all(
+        isinstance(node, _ARITHMETIC)
+        and (
+            not isinstance(node, exp.Literal)
+            or (
+                (digits := node.this.replace(".", "", 1)).isdigit()
+                and len(digits) <= DECIMAL_DIGITS
+            )
+        )
+        for node in value.walk()
+    )
 
 
 def _kind(stored: Layout, name: str) -> str:

@@ -602,7 +602,8 @@ def filter_conjunct(
     assert table is not None  # (`_ref` found the column in it)
     column_info = next(c for c in table.columns if c.name == found[1])
     kind = declared(column_info.type)
-    if not flat or not all(_reads_alike(v, kind.kind, keys) for v in flat):
+    real = column_info.type == "real"
+    if not flat or not all(_reads_alike(v, kind.kind, keys, real) for v in flat):
         return None
     if isinstance(conjunct, _RANGES) and not column_info.type.startswith(_ORDERED_TYPES):
         return None
@@ -671,14 +672,14 @@ def _having(conjunct: exp.Expr, source: _States) -> exp.Expr | None:
     if kind not in ("integer", "numeric", "float", "date"):
         return None  # (text ordered by a collation DuckDB does not share, ...)
     values = [v for k, v in conjunct.args.items() if k != "this" and v is not None]
-    if not all(_reads_alike(v, kind, {}) for v in values):
+    if not all(_reads_alike(v, kind, {}, pg_type == "real") for v in values):
         return None
     copy = conjunct.copy()
     copy.set("this", value)
     return copy
 
 
-def _reads_alike(value: exp.Expr, kind: str, keys: t.Mapping[int, Key]) -> bool:
+def _reads_alike(value: exp.Expr, kind: str, keys: t.Mapping[int, Key], real: bool = False) -> bool:
     """Whether DuckDB compares a grouping column of this kind with ``value`` as PostgreSQL
     does: a literal of the column's own kind (a date's or timestamp's text as DuckDB reads
     it too), NULL, or a parameter (its reading is checked per execution)."""
@@ -698,7 +699,7 @@ def _reads_alike(value: exp.Expr, kind: str, keys: t.Mapping[int, Key]) -> bool:
             and unit.name.upper().rstrip("S") in ("DAY", "WEEK", "MONTH", "YEAR")
             and isinstance(amount, exp.Literal)
             and amount.this.isdigit()
-            and _reads_alike(value.this, kind, keys)
+            and _reads_alike(value.this, kind, keys, real)
         )
     if isinstance(value, exp.Neg):
         value = value.this
@@ -715,6 +716,11 @@ def _reads_alike(value: exp.Expr, kind: str, keys: t.Mapping[int, Key]) -> bool:
         return kind in ("date", "timestamp") and reads_alike(kind, value.this)
     if kind == "integer":
         return value.this.isdigit()
+    digits = value.this.replace(".", "", 1)
+    if not digits.isdigit() or len(digits) > 38:
+        return False  # (DuckDB reads 1e-3, and more than 38 digits, as a DOUBLE)
+    if real:  # (PostgreSQL compares a real with a numeric as doubles, DuckDB as reals)
+        return value.this.isdigit() and len(digits) <= 7
     return kind in ("numeric", "float")
 
 

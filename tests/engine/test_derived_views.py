@@ -327,6 +327,7 @@ NOT_ANSWERED = [
     ("author_stats", "SELECT sum(b.price) / count(*) * 2 FROM books b"),  # (two operations)
     ("author_stats", "SELECT sum(b.price) / sum(b.price) FROM books b"),  # (may divide by 0)
     ("author_stats", "SELECT sum(b.price) * sum(b.price) FROM books b"),  # (past 38 digits)
+    ("author_stats", "SELECT count(*) FROM books b HAVING sum(b.price) > 1e3"),  # (a DOUBLE)
     ("author_stats", "SELECT DISTINCT b.type FROM books b"),  # (not a grouping column)
     ("author_stats", "SELECT count(DISTINCT b.type) FROM books b"),
     ("author_stats", "SELECT count(*) FROM books b WHERE b.authorid = %s"),  # (a parameter)

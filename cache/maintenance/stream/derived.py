@@ -204,14 +204,8 @@ def _arrow_items(
             columns[item.name] = value
         columns[WEIGHT] = rows.column(WEIGHT)
         return pa.table(columns)
-    except (
-        pa.ArrowInvalid,
-        pa.ArrowNotImplementedError,
-        pa.ArrowTypeError,
-        KeyError,
-        OverflowError,
-    ):
-        return None
+    except (ValueError, pa.ArrowNotImplementedError, TypeError, KeyError, OverflowError):
+        return None  # (ArrowInvalid is a ValueError, ArrowTypeError a TypeError)
 
 
 def _arrow_value(node: exp.Expr, rows: pa.Table) -> t.Any:
@@ -222,6 +216,8 @@ def _arrow_value(node: exp.Expr, rows: pa.Table) -> t.Any:
         return rows.column(folded(node))
     if isinstance(node, exp.Literal) and not node.is_string:
         text = node.this
+        if not text.replace(".", "", 1).isdigit():
+            return None  # (1e-3: DuckDB's DOUBLE)
         if text.isdigit():
             if int(text) >= 2**63:
                 return None  # (DuckDB's HUGEINT)
@@ -257,6 +253,8 @@ def _arrow_condition(con: duckdb.DuckDBPyConnection, condition: exp.Expr, rows: 
     if not isinstance(column, exp.Column):
         return None
     values = rows.column(folded(column))
+    if pa.types.is_floating(values.type):
+        return None  # (NaN is above every number to DuckDB and PostgreSQL, to Arrow no number)
     others = [v for k, v in condition.args.items() if k != "this" and v is not None]
     flat = [x for v in others for x in (v if isinstance(v, list) else [v])]
     key = "SELECT " + ", ".join(f.sql(dialect="duckdb") for f in flat)
@@ -266,6 +264,8 @@ def _arrow_condition(con: duckdb.DuckDBPyConnection, condition: exp.Expr, rows: 
             _CONSTANTS.clear()
         [row] = con.execute(key).fetchall()  # (all: DuckDB leaves no result open then)
         found = _CONSTANTS[key] = tuple(row)
+    if any(isinstance(v, float) for v in found):
+        return None  # (a DOUBLE constant: DuckDB's comparison, not an exact one)
     constants = [pa.scalar(v) for v in found]
     if any(c.type != values.type for c in constants if c.is_valid):
         target = next(c.type for c in constants if c.is_valid)
@@ -325,24 +325,34 @@ def _added_states(plan: Maintenance, items: pa.Table) -> pa.Table:
             continue
         assert state.argument is not None
         value = items.column(state.argument)
-        if pa.types.is_integer(value.type) and value.type.bit_width == 64:
-            value = value.cast(pa.decimal128(38, 0))  # (Arrow's int64 sum wraps around)
+        if pa.types.is_integer(value.type):  # (Arrow's int64 sum wraps around, and negating
+            wide = value.type.bit_width == 64  # an integer's minimum overflows its type)
+            value = value.cast(pa.decimal128(38, 0) if wide else pa.int64())
         if state.rule == "values":
             summed[state.name] = pc.cast(pc.if_else(pc.is_valid(value), weight, 0), pa.int64())
         else:
             positive = pc.greater(weight, 0)
             summed[state.name] = pc.if_else(positive, value, pc.negate_checked(value))
-    table = pa.table(summed)
     names = [s.name for s in plan.added]
+    # (the sums under names of their own: Arrow names each <column>_sum beside the groups)
+    inputs = [f"mtcache_s{i}" for i in range(len(names))]
+    table = pa.table(
+        {
+            **{g: summed[g] for g in plan.group},
+            **dict(zip(inputs, (summed[n] for n in names), strict=True)),
+        }
+    )
     if plan.group:
         table = table.group_by(list(plan.group), use_threads=False).aggregate(
-            [(n, "sum") for n in names]
+            [(n, "sum") for n in inputs]
         )
         table = table.rename_columns(
-            [c.removesuffix("_sum") if c.endswith("_sum") else c for c in table.column_names]
+            [names[inputs.index(c[:-4])] if c[:-4] in inputs else c for c in table.column_names]
         )
     else:
-        table = pa.table({n: [pc.sum(table.column(n)).as_py()] for n in names})
+        table = pa.table(
+            {n: [pc.sum(table.column(i)).as_py()] for n, i in zip(names, inputs, strict=True)}
+        )
     return table.select(plan.stored_names)
 
 
