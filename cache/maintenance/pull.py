@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cache.maintenance.engines import Coordinator, Engine, PullQuery
+from cache.store.budget import pulled_copies
 from control_tables.closure import (
     affected_closure_safe,
     control_values,
@@ -25,7 +26,7 @@ from control_tables.kinds import RegionKind
 from control_tables.regions import Region, guarantees, in_list, order_key, region_predicate
 from control_tables.schema import CachedView, CacheSchema
 from control_tables.types import transfer_type
-from optimizer.derived.delta import AUX_PREFIX, copies, tables_read
+from optimizer.derived.delta import copies, tables_read
 from optimizer.derived.states import layout, pull_select
 from sql_ext.catalog import Catalog
 from sql_ext.quoting import ident, idents, qualified
@@ -184,12 +185,7 @@ class Pull:
         readers = [v for v in self.schema.views.values() if v.is_derived and v.continuous]
         names = {r.view for r in wanted}
         whole = {r.view for r in wanted if r.kind == RegionKind.VIEW}
-        filled = {
-            name
-            for (name,) in self.con.execute(
-                "SELECT view FROM mtcache.view_state WHERE starts_with(view, ?)", [AUX_PREFIX]
-            ).fetchall()
-        }
+        filled = pulled_copies(self.con)
         brought: list[CachedView] = []
         copied: set[str] = set()
         shared = copies(readers, self.catalog)

@@ -90,6 +90,16 @@ def copy_tables(con: duckdb.DuckDBPyConnection) -> list[str]:
     ]
 
 
+def pulled_copies(con: duckdb.DuckDBPyConnection) -> set[str]:
+    """The copies of tables pulled (their view state says when): the stream keeps those."""
+    return {
+        name
+        for (name,) in con.execute(
+            "SELECT view FROM mtcache.view_state WHERE starts_with(view, ?)", [AUX_PREFIX]
+        ).fetchall()
+    }
+
+
 def data_tables(con: duckdb.DuckDBPyConnection, schema: CacheSchema) -> list[str]:
     """Every table holding cached rows: the cached views and the derived views' copies."""
     return [*schema.views, *copy_tables(con)]

@@ -604,19 +604,28 @@ def test_a_partial_view_kept_by_the_stream_holds_its_admitted_keys_as_the_backen
 
 
 @contextlib.contextmanager
+def applied(store: CacheStore, dsn: str, ddl: str, drops: str) -> Iterator[None]:
+    """The cache DDL ``ddl`` applied for the block, ``drops`` after it."""
+    stream.apply_ddl(store, dsn, parse(ddl), fetch_catalog(dsn))
+    try:
+        yield
+    finally:
+        stream.apply_ddl(store, dsn, parse(drops), fetch_catalog(dsn))
+
+
+@contextlib.contextmanager
 def views_of(setup: Setup, views: dict[str, str], tables: str) -> Iterator[None]:
     """``views`` (name -> SELECT) kept continuously, the first pulled (the copies with every
     view reading them) and the stream caught up; dropped after, with ``tables``."""
     store, dsn, consumer = setup
     ddl = "; ".join(f"CREATE CACHED VIEW {n} AS {q} REFRESH CONTINUOUSLY" for n, q in views.items())
-    stream.apply_ddl(store, dsn, parse(ddl), fetch_catalog(dsn))
+    drops = "; ".join(f"DROP CACHED VIEW {n}" for n in views)
     try:
-        Maintainer(store, dsn).refresh(next(iter(views)))
-        consumer.catch_up()
-        yield
+        with applied(store, dsn, ddl, drops):
+            Maintainer(store, dsn).refresh(next(iter(views)))
+            consumer.catch_up()
+            yield
     finally:
-        drops = "; ".join(f"DROP CACHED VIEW {n}" for n in views)
-        stream.apply_ddl(store, dsn, parse(drops), fetch_catalog(dsn))
         pg(dsn, f"DROP TABLE {tables}")
 
 
@@ -721,8 +730,7 @@ def test_a_copy_pulled_anew_brings_every_view_reading_it_and_their_other_copies(
         "sum(r.rating) AS stars FROM reviews r JOIN reviewers rv ON r.reviewerid = "
         "rv.reviewerid GROUP BY rv.city REFRESH CONTINUOUSLY"
     )
-    stream.apply_ddl(store, dsn, parse(ddl), fetch_catalog(dsn))
-    try:
+    with applied(store, dsn, ddl, "DROP CACHED VIEW by_reviewer_city"):
         state = "SELECT view FROM mtcache.view_state WHERE view = ?"
         assert store.con.execute(state, ["mtcache_aux.reviewers"]).fetchall() == []
         random_writes(dsn, random.Random(7), 5)
@@ -740,8 +748,6 @@ def test_a_copy_pulled_anew_brings_every_view_reading_it_and_their_other_copies(
             "ON r.reviewerid = rv.reviewerid GROUP BY rv.city",
         )
         assert sorted(got) == sorted(want)
-    finally:
-        stream.apply_ddl(store, dsn, parse("DROP CACHED VIEW by_reviewer_city"), fetch_catalog(dsn))
 
 
 def test_a_copy_a_presence_controlled_view_reads_is_not_widened_under_it(setup: Setup) -> None:
@@ -754,8 +760,7 @@ def test_a_copy_a_presence_controlled_view_reads_is_not_widened_under_it(setup: 
         "SELECT b.type, count(*) AS n FROM books b GROUP BY b.type "
         "PRESENCE ON (type) IN type_pct REFRESH CONTINUOUSLY"
     )
-    stream.apply_ddl(store, dsn, parse(ddl), fetch_catalog(dsn))
-    try:
+    with applied(store, dsn, ddl, "DROP CACHED VIEW by_book_type; DROP CONTROL TABLE type_pct"):
         before = store.con.execute("SELECT name, seq FROM mtcache.objects ORDER BY 1").fetchall()
         wider = (
             "CREATE CACHED VIEW by_publisher AS SELECT b.publisherid, count(*) AS n "
@@ -766,6 +771,3 @@ def test_a_copy_a_presence_controlled_view_reads_is_not_widened_under_it(setup: 
         after = store.con.execute("SELECT name, seq FROM mtcache.objects ORDER BY 1").fetchall()
         assert after == before
         assert "publisherid" not in copy_columns(store)["mtcache_aux.books"]
-    finally:
-        drops = "DROP CACHED VIEW by_book_type; DROP CONTROL TABLE type_pct"
-        stream.apply_ddl(store, dsn, parse(drops), fetch_catalog(dsn))

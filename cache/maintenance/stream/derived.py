@@ -204,8 +204,10 @@ def _arrow_items(
             columns[item.name] = value
         columns[WEIGHT] = rows.column(WEIGHT)
         return pa.table(columns)
-    except (ValueError, pa.ArrowNotImplementedError, TypeError, KeyError, OverflowError):
-        return None  # (ArrowInvalid is a ValueError, ArrowTypeError a TypeError)
+    except (pa.ArrowException, ValueError, OverflowError):
+        # (what Arrow cannot compute exactly: an overflow, a precision past 38 digits, a cast
+        # it refuses; DuckDB computes those items as before)
+        return None
 
 
 def _arrow_value(node: exp.Expr, rows: pa.Table) -> t.Any:
@@ -384,7 +386,7 @@ def _arrow_changes(before: pa.Table, stage: Staged, copy: CachedView) -> pa.Tabl
         return None
     try:
         after = stage.puts.select(list(copy.columns)).cast(before.schema)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, ValueError):
+    except (pa.ArrowException, ValueError):  # (final rows not of the copy's types: DuckDB's)
         return None
     return pa.concat_tables(
         [

@@ -20,9 +20,9 @@ from cache.maintenance.stream.derived import apply_derived, copies_of, plan_of
 from cache.maintenance.stream.position import Applied, StreamProblem, StreamRow, load_stream
 from cache.maintenance.stream.staging import stage_changes
 from cache.maintenance.stream.views import apply_view, delete_where, not_pending, stamp_regions
+from cache.store.budget import pulled_copies
 from control_tables.schema import CachedView, CacheSchema
 from heartbeat.beat import TABLE as HEARTBEAT_TABLE
-from optimizer.derived.delta import AUX_PREFIX
 from sql_ext.catalog import Catalog
 
 
@@ -116,12 +116,7 @@ def _apply_run(
     # stream keeps (pulled, and not pending: a pending copy was pulled with every view
     # reading it, whose groups are then all of that pull's snapshot), then to the view's
     # groups but those of a pending pull (`apply_derived`)
-    filled = {
-        name
-        for (name,) in con.execute(
-            "SELECT view FROM mtcache.view_state WHERE starts_with(view, ?)", [AUX_PREFIX]
-        ).fetchall()
-    }
+    filled = pulled_copies(con)
     kept_copies = {
         table: copy
         for table, copy in copies_of(views, catalog).items()

@@ -12,10 +12,11 @@ import duckdb
 from cache.backend.pgoutput.messages import lsn_text
 from cache.maintenance.stream.position import KEEP_SNAPSHOTS, Applied, NeedsPull, StreamRow
 from cache.maintenance.stream.staging import FLAG, Staged
+from cache.store.budget import pulled_copies
 from control_tables.kinds import RegionKind
 from control_tables.regions import Region, in_list
 from control_tables.schema import CachedView, CacheSchema
-from optimizer.derived.delta import AUX_PREFIX, copy_name, tables_read
+from optimizer.derived.delta import copy_name, tables_read
 from sql_ext import Presence
 from sql_ext.quoting import equal_columns, ident, idents, keys_in
 
@@ -339,12 +340,7 @@ def stamp_regions(
     assert row is not None
     snapshot_id = int(row[0])
     views = schema.continuous_views()
-    filled = {
-        name
-        for (name,) in con.execute(
-            "SELECT view FROM mtcache.view_state WHERE starts_with(view, ?)", [AUX_PREFIX]
-        ).fetchall()
-    }
+    filled = pulled_copies(con)
     unkept = [
         n
         for n in views
