@@ -90,12 +90,15 @@ def copy_tables(con: duckdb.DuckDBPyConnection) -> list[str]:
     ]
 
 
-def pulled_copies(con: duckdb.DuckDBPyConnection) -> set[str]:
-    """The copies of tables pulled (their view state says when): the stream keeps those."""
+def pulled_copies(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[int, t.Any]]:
+    """The copies of tables pulled (their view state says when), each with its pull's
+    snapshot and time (a pull changes them; the stream does not): the stream keeps those."""
     return {
-        name
-        for (name,) in con.execute(
-            "SELECT view FROM mtcache.view_state WHERE starts_with(view, ?)", [AUX_PREFIX]
+        name: (snapshot_id, refreshed_at)
+        for name, snapshot_id, refreshed_at in con.execute(
+            "SELECT view, snapshot_id, refreshed_at FROM mtcache.view_state "
+            "WHERE starts_with(view, ?)",
+            [AUX_PREFIX],
         ).fetchall()
     }
 

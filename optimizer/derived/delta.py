@@ -148,6 +148,8 @@ class Maintenance:
     added: tuple[Added, ...] = ()
     adds: tuple[tuple[str, str], ...] = ()
     conditions: tuple[exp.Expr, ...] = ()  # the view's WHERE: its conjuncts (`where` has them)
+    # the joins' column equalities: (alias, column, alias, column)
+    links: tuple[tuple[str, str, str, str], ...] = ()
 
     @property
     def grouped(self) -> bool:
@@ -241,6 +243,16 @@ def maintenance(view: CachedView, catalog: Catalog) -> Maintenance:
         name = folded(column)
         return next(a for a, table in tables.items() if table.has_column(name))
 
+    def qualified(node: exp.Expr) -> exp.Expr:
+        """The expression with each column named by its table's alias (`Item.node`)."""
+        return node.transform(
+            lambda n: (
+                exp.column(folded(n), table=owner(n), quoted=True)
+                if isinstance(n, exp.Column)
+                else n
+            )
+        )
+
     needed: dict[str, list[str]] = {a: list(tables[a].primary_key) for a in tables}
     for column in select.find_all(exp.Column):
         alias, name = owner(column), folded(column)
@@ -284,7 +296,11 @@ def maintenance(view: CachedView, catalog: Catalog) -> Maintenance:
         if output.aggregate is None:
             assert output.expression is not None
             items.append(
-                Item(output.name, output.expression.sql(dialect="duckdb"), output.expression)
+                Item(
+                    output.name,
+                    output.expression.sql(dialect="duckdb"),
+                    qualified(output.expression),
+                )
             )
             states.append((output.name, f"i.{ident(output.name)}"))
             merges.append((output.name, f"s.{ident(output.name)}"))
@@ -304,7 +320,11 @@ def maintenance(view: CachedView, catalog: Catalog) -> Maintenance:
         if output.expression is not None:
             argument = f"mtcache_a{index}"
             value = f"i.{ident(argument)}"
-            items.append(Item(argument, output.expression.sql(dialect="duckdb"), output.expression))
+            items.append(
+                Item(
+                    argument, output.expression.sql(dialect="duckdb"), qualified(output.expression)
+                )
+            )
             _check_exact(view, output, stored)
         for state in aggregate.states:
             name, merge = output.name + state.suffix, state.merge.key
@@ -397,6 +417,7 @@ def maintenance(view: CachedView, catalog: Catalog) -> Maintenance:
         tuple(added) if adding else (),
         tuple(adds) if adding else (),
         tuple(conditions),
+        tuple((owner(a), folded(a), owner(b), folded(b)) for a, b in derivation.joins),
     )
 
 

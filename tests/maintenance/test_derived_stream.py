@@ -20,8 +20,9 @@ import pytest
 from cache.backend.embedded_pg import EmbeddedPostgres
 from cache.backend.reflect import fetch_catalog
 from cache.backend.replication import drop_slot
-from cache.maintenance import stream
+from cache.maintenance import faults, stream
 from cache.maintenance.pipeline import Maintainer
+from cache.store.budget import pulled_copies
 from cache.store.cache_file import CacheStore
 from cache.store.status import status
 from cache.tools import bookstore
@@ -232,6 +233,55 @@ def test_views_reading_a_table_share_one_copy_of_the_columns_they_read(setup: Se
     consumer.catch_up()
     recomputed(store, dsn)
     assert pulled(store) == before + 1  # (narrowed, not pulled again)
+
+
+def test_join_deltas_probe_arrangements_that_hold_what_the_copies_hold(setup: Setup) -> None:
+    """A view whose states add up (by_gender: books joined with authors) joins a table's
+    changes with the other table's arrangement in memory: after every batch each arrangement
+    holds its copy's rows; a pull of the copies makes them again; a batch that fails leaves
+    none behind, and the next batch lands as the backend computes it."""
+    store, dsn, consumer = setup
+    populate(store, dsn, consumer)
+    rng = random.Random(5501)
+
+    def arranged_as_copied() -> None:
+        arranged = consumer.arrangements.tables
+        assert set(arranged) == {"books", "authors"}
+        stamps = pulled_copies(store.con)
+        for table, arrangement in arranged.items():
+            assert arrangement.spec[0] == stamps[f"mtcache_aux.{table}"]
+            held = [tuple(row.values()) for row in arrangement.rows().to_pylist()]
+            columns = ", ".join(f'"{c}"' for c in arrangement.schema.names)
+            copied = store.con.execute(f'SELECT {columns} FROM "mtcache_aux.{table}"')
+            assert typed(held) == typed(copied.fetchall())
+
+    def write_both() -> None:  # (a book and an author change: each probes the other table)
+        random_writes(dsn, rng, 6)
+        seed = rng.randint(0, 10**6)
+        pg(dsn, WRITES[0], {"seed": seed, "tag": str(seed)})
+        pg(dsn, WRITES[1], {"seed": seed, "tag": str(seed)})
+
+    for _ in range(3):
+        write_both()
+        consumer.catch_up()
+        recomputed(store, dsn)
+        arranged_as_copied()
+    before = pulled_copies(store.con)
+    Maintainer(store, dsn).refresh()  # (every view: their copies pulled anew with them)
+    assert pulled_copies(store.con)["mtcache_aux.books"] != before["mtcache_aux.books"]
+    write_both()
+    consumer.catch_up()
+    recomputed(store, dsn)
+    arranged_as_copied()
+    consumer.faults = frozenset({"stream_apply"})
+    write_both()
+    with pytest.raises(faults.InjectedFault):
+        consumer.catch_up()
+    assert consumer.arrangements.tables == {}
+    consumer.faults = frozenset()
+    consumer.catch_up()
+    recomputed(store, dsn)
+    arranged_as_copied()
 
 
 def pulled(store: CacheStore) -> int:

@@ -29,6 +29,7 @@ from cache.maintenance.budget import within_budget
 from cache.maintenance.lineup import pending_pulls
 from cache.maintenance.pipeline import Maintainer
 from cache.maintenance.report import Report
+from cache.maintenance.stream.arrangements import Arrangements
 from cache.maintenance.stream.position import (
     CHECK_SECONDS,
     CONFIRM_SECONDS,
@@ -88,6 +89,8 @@ class Consumer:
         self._warned: str | None = None
         self.upqueries = 0
         self.faults = faults.active()
+        # the copies' arrangements in memory (`arrangements`): forgotten when a batch fails
+        self.arrangements = Arrangements()
         self._catalog_at: tuple[int, Catalog] | None = None
         self._confirmed_at = 0.0  # monotonic time the slot was last confirmed
         self._checked_at = 0.0  # monotonic time the slot's lag was last looked at
@@ -213,9 +216,16 @@ class Consumer:
             pendings = pending_pulls(self.store.con)  # only pulls (this thread) add to them
             group = run_of(remaining, pendings)[:limit]
             try:
-                with self.store.transaction() as con:
+                with self.store.transaction() as con, self._arranging():
                     done = apply_transactions(
-                        con, schema, catalog, current, group, pendings, self.faults
+                        con,
+                        schema,
+                        catalog,
+                        current,
+                        group,
+                        pendings,
+                        self.faults,
+                        self.arrangements,
                     )
                     self.store.changed(done.views)
                     # (a batch must land: over the budget if evicting cannot make room)
@@ -233,6 +243,15 @@ class Consumer:
                 txn.discard()  # (applied: its spilled pieces are not needed any more)
             remaining = remaining[len(group) :]
             limit, current = None, None  # moved on: read again
+
+    @contextlib.contextmanager
+    def _arranging(self) -> t.Iterator[None]:
+        """The arrangements are forgotten when what the batch did to them is rolled back."""
+        try:
+            yield
+        except BaseException:
+            self.arrangements.clear()
+            raise
 
     def _new_decoder(self) -> None:
         """A decoder for a new session; the last one's unfinished transactions dropped."""
@@ -286,12 +305,20 @@ class Consumer:
             current = load_stream(con)
             assert current is not None
             done = apply_transactions(
-                con, schema, catalog, current, [txn], pending_pulls(con), self.faults
+                con,
+                schema,
+                catalog,
+                current,
+                [txn],
+                pending_pulls(con),
+                self.faults,
+                self.arrangements,
             )
             self.store.changed(done.views)
 
         maintainer = Maintainer(self.store, self.dsn)
-        maintainer._run("stream upquery", schema, need.seeds, need.admitted, then=then)
+        with self._arranging():  # (the pull and the transaction land together, or neither)
+            maintainer._run("stream upquery", schema, need.seeds, need.admitted, then=then)
 
     # -- trouble -------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from sqlglot import exp
 
+from cache.maintenance.stream.arrangements import Arrangement, Arrangements, indexable
 from cache.maintenance.stream.position import Applied, NeedsPull, StreamProblem
 from cache.maintenance.stream.staging import FLAG, Staged
 from cache.maintenance.stream.views import apply_view, delete_where, not_pending
@@ -73,6 +74,8 @@ def apply_derived(
     truncated: set[str],
     skip: Mapping[str, list[str]],
     applied: Applied,
+    arrangements: Arrangements | None = None,
+    stamps: Mapping[str, t.Any] | None = None,
 ) -> None:
     """Carry the batch's changes (``staged`` by table; ``truncated`` tables) into the
     tables' ``copies`` (those the stream keeps now) and into the groups (rows) of each view
@@ -81,11 +84,14 @@ def apply_derived(
     then each view reading it takes its Z-set joined with the other copies as they are then
     (see `optimizer.derived.delta`); the views' items are merged last. What passes between
     statements is fetched as Arrow and registered, not made a table (a DuckDB table costs
-    more to make than a small batch costs to apply)."""
+    more to make than a small batch costs to apply). With ``arrangements`` (and the copies'
+    ``stamps``: which pull each is of), a view whose states add up joins a table's changes
+    with the other tables' arrangements, in Arrow (`_arrow_items`)."""
     readers = {
         table: [p for p in plans if any(a.table == table for a in p.auxiliaries)]
         for table in copies
     }
+    arranging = _Arranging(con, arrangements, plans, copies, stamps or {})
     # (a view reading a truncated table is computed again from the copies, at the end)
     redo = {p.view.name for table in truncated & copies.keys() for p in readers[table]}
     items: dict[str, list[pa.Table]] = {p.view.name: [] for p in plans}
@@ -98,6 +104,7 @@ def apply_derived(
             continue
         if table in truncated:
             apply_view(con, schema, copy, stage, [], Applied())
+            arranging.forget(table)
             continue
         stage.register(con)
         columns = idents(copy.columns)
@@ -110,12 +117,13 @@ def apply_derived(
         try:
             after = _after(con, schema, copy, stage)
             con.execute(f"INSERT INTO {ident(copy.name)} ({columns}) {after}")
-            _spent(applied, copy.name, started)
             changes = (
                 f"SELECT {columns}, -1 AS {WEIGHT} FROM mtcache_before UNION ALL "
                 f"SELECT {columns}, 1 FROM ({after}) a"
             )
             arrow_changes = _arrow_changes(before, stage, copy)
+            arranging.change(table, before, arrow_changes, after)
+            _spent(applied, copy.name, started)
             for plan in readers[table]:
                 if plan.view.name in redo:
                     continue
@@ -125,7 +133,9 @@ def apply_derived(
                     found = None
                     if arrow_changes is not None and not skip.get(plan.view.name):
                         found = (
-                            None if plan.view.presence else _arrow_items(con, plan, arrow_changes)
+                            None
+                            if plan.view.presence
+                            else _arrow_items(con, plan, aux.alias, arrow_changes, arranging.get)
                         )
                     if found is None:
                         sql = plan.items_sql({aux.alias: f"({changes})"}, aux.alias)
@@ -176,22 +186,53 @@ _CONSTANTS: dict[str, tuple[t.Any, ...]] = {}  # constants' DuckDB SQL -> their 
 
 
 def _arrow_items(
-    con: duckdb.DuckDBPyConnection, plan: Maintenance, changes: pa.Table
+    con: duckdb.DuckDBPyConnection,
+    plan: Maintenance,
+    alias: str,
+    changes: pa.Table,
+    arranged: Callable[[str], Arrangement | None],
 ) -> pa.Table | None:
-    """The items of a view of one table computed by Arrow from the table's Z-set (its rows
-    with their weights), as DuckDB computes them: the view's WHERE (a column compared with
-    constants, which DuckDB evaluates once) and its items (columns and numbers by +, - and *,
-    exact in both); None where Arrow cannot (the caller asks DuckDB)."""
-    if len(plan.auxiliaries) != 1 or any(i.node is None for i in plan.items):
+    """The items of a view from one table's Z-set (``alias``'s rows with their weights),
+    computed by Arrow as DuckDB computes them: joined along the view's joins with the other
+    tables' arrangements (``arranged``, by table), under the view's WHERE (a column compared
+    with constants, which DuckDB evaluates once), its items columns and numbers by +, - and *
+    (exact in both); None where Arrow cannot (the caller asks DuckDB)."""
+    if any(i.node is None for i in plan.items):
         return None
     try:
-        keep = None
-        for condition in plan.conditions:
-            found = _arrow_condition(con, condition, changes)
-            if found is None:
+        rows = changes.rename_columns(
+            [c if c == WEIGHT else f"{alias}.{c}" for c in changes.column_names]
+        )
+        rows = _filtered(con, plan, alias, rows)
+        joined = {alias}
+        tables = {a.alias: a.table for a in plan.auxiliaries}
+        while rows is not None and len(joined) < len(tables):
+            # (the next table along a join: its rows of each row's key, from its arrangement)
+            pairs = [
+                (f"{a}.{x}", b, y) if a in joined else (f"{b}.{y}", a, x)
+                for a, x, b, y in plan.links
+                if (a in joined) != (b in joined)
+            ]
+            if not pairs:
+                return None  # (not joined along its joins)
+            other = pairs[0][1]
+            arrangement = arranged(tables[other])
+            values = rows.column(pairs[0][0])
+            if arrangement is None or not indexable(values.type):
                 return None
-            keep = found if keep is None else pc.and_kleene(keep, found)
-        rows = changes if keep is None else changes.filter(keep)
+            which, found = arrangement.probe(pairs[0][2], values)
+            rows = rows.take(which)
+            for name in found.column_names:
+                rows = rows.append_column(f"{other}.{name}", found.column(name))
+            for mine, alias_, theirs in pairs[1:]:
+                if alias_ == other:  # (a second equality with the same table)
+                    rows = rows.filter(
+                        pc.equal(rows.column(mine), rows.column(f"{other}.{theirs}"))
+                    )
+            joined.add(other)
+            rows = _filtered(con, plan, other, rows)
+        if rows is None:
+            return None
         columns = {}
         for item in plan.items:
             value = _arrow_value(t.cast(exp.Expr, item.node), rows)
@@ -210,12 +251,30 @@ def _arrow_items(
         return None
 
 
+def _filtered(
+    con: duckdb.DuckDBPyConnection, plan: Maintenance, alias: str, rows: pa.Table
+) -> pa.Table | None:
+    """The rows that the conjuncts of the view's WHERE on ``alias``'s columns keep (None: one
+    Arrow cannot evaluate as DuckDB does)."""
+    keep = None
+    for condition in plan.conditions:
+        if not isinstance(condition.this, exp.Column):
+            return None
+        if condition.this.table != alias:
+            continue
+        found = _arrow_condition(con, condition, rows)
+        if found is None:
+            return None
+        keep = found if keep is None else pc.and_kleene(keep, found)
+    return rows if keep is None else rows.filter(keep)
+
+
 def _arrow_value(node: exp.Expr, rows: pa.Table) -> t.Any:
     """An item's values (a column, or numbers and columns by +, - and *), or None."""
     if isinstance(node, exp.Paren):
         return _arrow_value(node.this, rows)
     if isinstance(node, exp.Column):
-        return rows.column(folded(node))
+        return rows.column(f"{node.table}.{folded(node)}")
     if isinstance(node, exp.Literal) and not node.is_string:
         text = node.this
         if not text.replace(".", "", 1).isdigit():
@@ -254,7 +313,7 @@ def _arrow_condition(con: duckdb.DuckDBPyConnection, condition: exp.Expr, rows: 
     column = condition.this
     if not isinstance(column, exp.Column):
         return None
-    values = rows.column(folded(column))
+    values = rows.column(f"{column.table}.{folded(column)}")
     if pa.types.is_floating(values.type):
         return None  # (NaN is above every number to DuckDB and PostgreSQL, to Arrow no number)
     others = [v for k, v in condition.args.items() if k != "this" and v is not None]
@@ -286,6 +345,73 @@ def _arrow_condition(con: duckdb.DuckDBPyConnection, condition: exp.Expr, rows: 
     if compare is None or len(constants) != 1:
         return None
     return compare(values, constants[0])
+
+
+class _Arranging:
+    """The arrangements a batch probes and keeps (`cache.maintenance.stream.arrangements`):
+    of each table a view whose states add up joins with others, the columns those views
+    read of it, indexed by its key's first column and by the columns they join it on."""
+
+    def __init__(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        arrangements: Arrangements | None,
+        plans: Sequence[Maintenance],
+        copies: Mapping[str, CachedView],
+        stamps: Mapping[str, t.Any],
+    ) -> None:
+        self.con = con
+        self.arrangements = arrangements
+        wanted: dict[str, tuple[list[str], list[str]]] = {}
+        for plan in plans if arrangements is not None else ():
+            if len(plan.auxiliaries) < 2 or not plan.adds:
+                continue
+            for aux in plan.auxiliaries:
+                if aux.table not in copies:
+                    continue
+                columns, indexed = wanted.setdefault(aux.table, ([], [aux.copy.key[0]]))
+                columns += [c for c in aux.copy.columns if c not in columns]
+                for a, x, b, y in plan.links:
+                    for alias, column in ((a, x), (b, y)):
+                        if alias == aux.alias and column not in indexed:
+                            indexed.append(column)
+        self.specs = {
+            table: (stamps.get(copies[table].name), tuple(columns), tuple(indexed))
+            for table, (columns, indexed) in wanted.items()
+        }
+        self.copies = copies
+
+    def get(self, table: str) -> Arrangement | None:
+        """The table's arrangement (made from its copy as it is now), or None."""
+        spec = self.specs.get(table)
+        if spec is None or self.arrangements is None:
+            return None
+        copy = self.copies[table]
+        return self.arrangements.arranged(
+            self.con, table, copy.name, copy.key, spec, spec[1], spec[2]
+        )
+
+    def change(self, table: str, before: pa.Table, changes: pa.Table | None, after: str) -> None:
+        """The table's arrangement, if it has one, changed as its copy was: the ``before``
+        rows leave, the rows ``after`` (SQL; in ``changes``, weighted +1) arrive."""
+        spec = self.specs.get(table)
+        if spec is None or self.arrangements is None:
+            return
+        found = self.arrangements.kept(table, spec)
+        if found is None:
+            return
+        if changes is not None:
+            arriving = changes.filter(pc.greater(changes.column(WEIGHT), 0)).drop_columns(WEIGHT)
+        else:
+            arriving = self.con.sql(after).to_arrow_table()
+        if not found.remove(before.select(list(found.key))):
+            self.arrangements.forget(table)  # (not the copy: made again when next probed)
+            return
+        found.add(arriving)
+
+    def forget(self, table: str) -> None:
+        if self.arrangements is not None:
+            self.arrangements.forget(table)
 
 
 def _spent(applied: Applied, name: str, started: float) -> None:

@@ -16,6 +16,7 @@ from cache.backend.pgoutput.rows import RowChanges
 from cache.backend.pgoutput.transactions import Transaction, rows_of_run
 from cache.maintenance import faults
 from cache.maintenance.lineup import Pending
+from cache.maintenance.stream.arrangements import Arrangements
 from cache.maintenance.stream.derived import apply_derived, copies_of, plan_of
 from cache.maintenance.stream.position import Applied, StreamProblem, StreamRow, load_stream
 from cache.maintenance.stream.staging import stage_changes
@@ -34,14 +35,18 @@ def apply_transactions(
     txns: Sequence[Transaction],
     pendings: list[Pending],
     enabled_faults: frozenset[str] = frozenset(),
+    arrangements: Arrangements | None = None,
 ) -> Applied:
-    """Apply whole transactions inside the caller's DuckDB transaction (`_apply_run`). A
+    """Apply whole transactions inside the caller's DuckDB transaction (`_apply_run`), with
+    the consumer's ``arrangements`` of the copies (the caller forgets them if it fails). A
     transaction spilled to disk (`Transaction.pieces`), alone in its run, goes
     `PIECES_AT_ONCE` pieces at a time, so it lands whole or not at all while memory holds a
     few pieces; pieces are applied as a run of whole transactions would be (a later piece's
     change of a row follows an earlier one's)."""
     if len(txns) != 1 or txns[0].spill is None:
-        return _apply_run(con, schema, catalog, stream, txns, pendings, enabled_faults)
+        return _apply_run(
+            con, schema, catalog, stream, txns, pendings, enabled_faults, arrangements
+        )
     applied = Applied()
     current = stream
     pieces = txns[0].pieces()
@@ -51,7 +56,9 @@ def apply_transactions(
             found = load_stream(con)
             assert found is not None
             current = found
-        done = _apply_run(con, schema, catalog, current, group, pendings, enabled_faults)
+        done = _apply_run(
+            con, schema, catalog, current, group, pendings, enabled_faults, arrangements
+        )
         applied.views |= done.views
     return applied
 
@@ -67,6 +74,7 @@ def _apply_run(
     txns: Sequence[Transaction],
     pendings: list[Pending],
     enabled_faults: frozenset[str],
+    arrangements: Arrangements | None,
 ) -> Applied:
     """Apply whole transactions inside the caller's DuckDB transaction, then stamp the
     regions and record the stream position. ``pendings`` (pulls the stream has not passed)
@@ -147,7 +155,18 @@ def _apply_run(
                 delete_where(con, schema, cached, not_pending(skip.get(name, [])), applied)
             if staged[cached.table].count:
                 apply_view(con, schema, cached, staged[cached.table], skip.get(name, []), applied)
-        apply_derived(con, schema, derived, kept_copies, staged, set(truncated), skip, applied)
+        apply_derived(
+            con,
+            schema,
+            derived,
+            kept_copies,
+            staged,
+            set(truncated),
+            skip,
+            applied,
+            arrangements,
+            filled,
+        )
     finally:
         for stage in staged.values():
             stage.close(con)
