@@ -25,7 +25,8 @@ they are maintained from, then kept by the replication stream). Side by side:
   updates from a writer process): from each commit to the moment the stream consumer's
   thread had applied it, p50 and p99.
 - *sizes*: each view's rows and file bytes, and each copy's (one per table, whatever the
-  number of views reading it), after a checkpoint; DuckDB's memory in use.
+  number of views reading it), after a checkpoint; DuckDB's memory in use; the memory of
+  each table's arrangement (the rows join deltas probe: `cache.maintenance.stream.arrangements`).
 
 The rows are appended to experiments/results/bench_derived_stream.csv; `mtcache experiment
 derived-views` runs the same measurement into its CSV, plots and report. Every update is
@@ -37,6 +38,7 @@ from __future__ import annotations
 import argparse
 import collections
 import functools
+import inspect
 import json
 import random
 import shutil
@@ -255,6 +257,10 @@ def measure(
                     rows += _latencies(views, tables, pg, found, calls, step)
                     rows += _maintenance(views, pg, consumer, undo, found, batches, step)
                     rows += _lag(dsn, pg, consumer, undo, rate, seconds, work, step)
+                    rows += [
+                        {"kind": "arrangement", "query": table, "arranged_bytes": found.nbytes}
+                        for table, found in sorted(consumer.arrangements.tables.items())
+                    ]
                 finally:
                     consumer.close()
                 rows += _sizes(views, found, refresh_s)
@@ -371,9 +377,10 @@ def _maintenance(
             undo.lines[tuple(line)] += 1  # type: ignore[index]
         spent: dict[str, float] = collections.defaultdict(float)
 
-        def apply_timed(*args: t.Any, into: dict[str, float] = spent) -> None:
-            original(*args)
-            for name, seconds in args[-1].spent.items():  # (the batch's `Applied`)
+        def apply_timed(*args: t.Any, into: dict[str, float] = spent, **kwargs: t.Any) -> None:
+            original(*args, **kwargs)
+            applied = inspect.signature(original).bind(*args, **kwargs).arguments["applied"]
+            for name, seconds in applied.spent.items():
                 into[name] += seconds
 
         transactions.apply_derived = apply_timed  # type: ignore[assignment]
@@ -605,6 +612,10 @@ def print_tables(console: Console, rows: list[dict[str, t.Any]], sf: float) -> N
     for r in by_kind["copy"]:
         table.add_row(
             f"copy of {r['query']}", f"{r['copies_rows']:,}", f"{r['copies_bytes']:,}", "", ""
+        )
+    for r in by_kind["arrangement"]:
+        table.add_row(
+            f"arrangement of {r['query']} (memory)", "", f"{r['arranged_bytes']:,}", "", ""
         )
     console.print(table)
     console.print(

@@ -206,6 +206,10 @@ def report(rows: list[Read], plots: list[Path]) -> str:
         [f"copy of {r['query']}", r["copies_rows"], r["copies_bytes"], "", ""]
         for r in _of(rows, "copy")
     ]
+    table += [
+        [f"arrangement of {r['query']} (memory)", "", r["arranged_bytes"], "", ""]
+        for r in _of(rows, "arrangement")
+    ]
     memory = next((r["duckdb_memory_bytes"] for r in _of(rows, "size")), "?")
     lines += [
         markdown_table(

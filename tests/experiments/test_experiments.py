@@ -158,7 +158,7 @@ def test_all_quick_writes_csv_plots_and_one_report(
     with (out / "derived-views.csv").open(newline="") as handle:
         derived = list(csv.DictReader(handle))
     kinds = {r["kind"] for r in derived}
-    assert kinds == {"query", "maintenance", "lag", "size", "copy"}
+    assert kinds == {"query", "maintenance", "lag", "size", "copy", "arrangement"}
     for kind in ("query", "size"):
         assert [r["query"] for r in derived if r["kind"] == kind] == ["Q1", "Q3-like", "Q5-like"]
     assert [(r["updates"], r["query"]) for r in derived if r["kind"] == "maintenance"] == [
@@ -168,6 +168,10 @@ def test_all_quick_writes_csv_plots_and_one_report(
     assert sorted(r["query"] for r in derived if r["kind"] == "copy") == sorted(
         ["customer", "lineitem", "nation", "orders", "region", "supplier"]
     )
+    # (the changes of lineitem and orders probe every other table the join views read)
+    arranged = {r["query"]: int(r["arranged_bytes"]) for r in derived if r["kind"] == "arrangement"}
+    assert sorted(arranged) == ["customer", "lineitem", "nation", "orders", "region", "supplier"]
+    assert all(n > 0 for n in arranged.values())
     for r in derived:
         if r["kind"] == "query":
             assert float(r["view_s"]) > 0 and float(r["postgresql_s"]) > 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -107,6 +108,14 @@ def test_a_probe_finds_the_live_rows_a_scan_finds(
     )
 
 
+def test_values_of_another_kind_are_refused_not_compared() -> None:
+    arranged = Arrangement(("spec",), ("k1", "k2"), ("k1", "day"), table([(1, 1, None, 0, "a")]))
+    with pytest.raises(ValueError, match="probing"):
+        arranged.probe("day", pa.array([10957], pa.int32()))  # (2000-01-01 as a number)
+    with pytest.raises(ValueError, match="probing"):
+        arranged.probe("k1", pa.array(["1"]))
+
+
 def test_removing_a_row_the_arrangement_lacks_says_so() -> None:
     arranged = Arrangement(("spec",), ("k1", "k2"), ("k1",), table([(1, 1, None, 0, "a")]))
     assert not arranged.remove(table([(1, 2, None, 0, "a")]).select(["k1", "k2"]))
@@ -125,6 +134,9 @@ def test_an_arrangement_over_the_limit_is_not_made_and_not_tried_again() -> None
 
     con = duckdb.connect()
     con.execute("CREATE TABLE c AS SELECT range AS k, range * 2 AS j FROM range(1000)")
+    con.execute("CREATE TABLE f AS SELECT range AS k, range / 2 AS j FROM range(10)")
+    floats = Arrangements()  # (a column it cannot index: not made)
+    assert floats.arranged(con, "f", "f", ("k",), ("s",), ("k", "j"), ("k", "j")) is None
     small = Arrangements(limit=100)
     assert small.arranged(con, "t", "c", ("k",), ("s",), ("k", "j"), ("k", "j")) is None
     con.execute("DROP TABLE c")  # (not read again for the same spec)

@@ -236,9 +236,10 @@ def test_views_reading_a_table_share_one_copy_of_the_columns_they_read(setup: Se
 
 
 def test_join_deltas_probe_arrangements_that_hold_what_the_copies_hold(setup: Setup) -> None:
-    """A view whose states add up (by_gender: books joined with authors) joins a table's
-    changes with the other table's arrangement in memory: after every batch each arrangement
-    holds its copy's rows; a pull of the copies makes them again; a batch that fails leaves
+    """A join view (by_gender: books joined with authors) joins a table's changes with the
+    other tables' arrangements in memory, and a view's groups that lose a minimum are found
+    again from them (author_stats, city_ratings): after every batch each arrangement holds
+    its copy's rows; a pull of the copies makes them again; a batch that fails leaves
     none behind, and the next batch lands as the backend computes it."""
     store, dsn, consumer = setup
     populate(store, dsn, consumer)
@@ -246,7 +247,7 @@ def test_join_deltas_probe_arrangements_that_hold_what_the_copies_hold(setup: Se
 
     def arranged_as_copied() -> None:
         arranged = consumer.arrangements.tables
-        assert set(arranged) == {"books", "authors"}
+        assert set(arranged) == {"books", "authors", "reviews"}  # (not sales: no join, no group)
         stamps = pulled_copies(store.con)
         for table, arrangement in arranged.items():
             assert arrangement.spec[0] == stamps[f"mtcache_aux.{table}"]

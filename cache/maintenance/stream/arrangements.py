@@ -33,12 +33,18 @@ ARRANGED_BYTES = 2 << 30
 def indexable(kind: pa.DataType) -> bool:
     """Values an arrangement indexes exactly: integers and dates (as int64), texts (as their
     UTF-8 bytes: DuckDB compares texts byte by byte)."""
-    return (
-        (pa.types.is_integer(kind) and kind != pa.uint64())
-        or pa.types.is_date32(kind)
-        or pa.types.is_string(kind)
-        or pa.types.is_large_string(kind)
-    )
+    return _family(kind) is not None
+
+
+def _family(kind: pa.DataType) -> str | None:
+    """Which values compare with which in an index (an integer with an integer, ...)."""
+    if pa.types.is_integer(kind) and kind != pa.uint64():
+        return "integer"
+    if pa.types.is_date32(kind):
+        return "date"
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return "text"
+    return None
 
 
 def _numbers(values: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
@@ -111,7 +117,10 @@ class Arrangement:
 
     def probe(self, column: str, values: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, pa.Table]:
         """The live rows whose ``column`` equals each of ``values`` (an indexable array): for
-        each, the position of its value, and the rows."""
+        each, the position of its value, and the rows. `ValueError` for values the column
+        does not compare with (a date with an integer)."""
+        if _family(values.type) != _family(self.schema.field(column).type):
+            raise ValueError(f"{values.type} values probing {column}")
         numbers, valid = _numbers(values)
         which: list[np.ndarray] = []
         parts: list[pa.Table] = []
@@ -213,7 +222,10 @@ class Arrangements:
             return None
         rows = con.sql(f"SELECT {idents(columns)} FROM {ident(copy_name)}").to_arrow_table()
         others = sum(a.nbytes for a in self._by_table.values())
-        if others + rows.nbytes * 2 > self.limit:  # (rows and their indexes)
+        if (
+            others + rows.nbytes * 2 > self.limit  # (rows and their indexes)
+            or not all(indexable(rows.schema.field(c).type) for c in indexed)
+        ):
             self._refused[table] = spec
             return None
         made = self._by_table[table] = Arrangement(spec, key, indexed, rows)

@@ -6,6 +6,7 @@ transaction, with the stream position."""
 from __future__ import annotations
 
 import decimal
+import functools
 import time
 import typing as t
 from collections.abc import Callable, Mapping, Sequence
@@ -143,13 +144,20 @@ def apply_derived(
                         found = con.sql(f"SELECT * FROM ({sql}) i WHERE {kept}").to_arrow_table()
                     items[plan.view.name].append(found)
                 else:  # (consolidated on what the view reads: a row it sees as it was cancels)
-                    read = idents(aux.copy.columns)
-                    delta = (
-                        f"SELECT {read}, sum({WEIGHT})::INTEGER AS {WEIGHT} FROM ({changes}) z "
-                        f"GROUP BY ALL HAVING sum({WEIGHT}) <> 0"
-                    )
-                    sql = plan.items_sql({aux.alias: f"({delta})"}, aux.alias)
-                    items[plan.view.name].append(con.sql(sql).to_arrow_table())
+                    found = None
+                    if arrow_changes is not None:
+                        consolidated = _consolidated(arrow_changes, aux.copy.columns)
+                        if consolidated is not None:
+                            found = _arrow_items(con, plan, aux.alias, consolidated, arranging.get)
+                    if found is None:
+                        read = idents(aux.copy.columns)
+                        delta = (
+                            f"SELECT {read}, sum({WEIGHT})::INTEGER AS {WEIGHT} "
+                            f"FROM ({changes}) z GROUP BY ALL HAVING sum({WEIGHT}) <> 0"
+                        )
+                        sql = plan.items_sql({aux.alias: f"({delta})"}, aux.alias)
+                        found = con.sql(sql).to_arrow_table()
+                    items[plan.view.name].append(found)
                 _spent(applied, plan.view.name, started)
         finally:
             con.unregister("mtcache_before")
@@ -164,7 +172,8 @@ def apply_derived(
         elif plan.adds:
             _add(con, plan, pa.concat_tables(items[name], promote_options="default"))
         else:
-            _merge(con, plan, pa.concat_tables(items[name], promote_options="default"), kept)
+            found = pa.concat_tables(items[name], promote_options="default")
+            _merge(con, plan, found, kept, functools.partial(arranging.recomputed, plan))
         applied.views.add(name)
         _spent(applied, name, started)
 
@@ -364,17 +373,22 @@ class _Arranging:
         self.arrangements = arrangements
         wanted: dict[str, tuple[list[str], list[str]]] = {}
         for plan in plans if arrangements is not None else ():
-            if len(plan.auxiliaries) < 2 or not plan.adds:
+            seed = _seed(plan)
+            if len(plan.auxiliaries) < 2 and seed is None:
                 continue
             for aux in plan.auxiliaries:
                 if aux.table not in copies:
                     continue
                 columns, indexed = wanted.setdefault(aux.table, ([], [aux.copy.key[0]]))
                 columns += [c for c in aux.copy.columns if c not in columns]
-                for a, x, b, y in plan.links:
-                    for alias, column in ((a, x), (b, y)):
-                        if alias == aux.alias and column not in indexed:
-                            indexed.append(column)
+                links = [(a, x) for a, x, _, _ in plan.links] + [
+                    (b, y) for _, _, b, y in plan.links
+                ]
+                if seed is not None:
+                    links.append(seed[:2])
+                for alias, column in links:
+                    if alias == aux.alias and column not in indexed:
+                        indexed.append(column)
         self.specs = {
             table: (stamps.get(copies[table].name), tuple(columns), tuple(indexed))
             for table, (columns, indexed) in wanted.items()
@@ -412,6 +426,62 @@ class _Arranging:
     def forget(self, table: str) -> None:
         if self.arrangements is not None:
             self.arrangements.forget(table)
+
+    def recomputed(self, plan: Maintenance, groups: pa.Table) -> pa.Table | None:
+        """The items of the view's ``groups`` (that lost a minimum's or a maximum's value), as
+        the copies hold them now: the rows of the group's first plain column probed in its
+        table's arrangement, joined along the view's joins (`_arrow_items`), those of other
+        groups left out; None where the arrangements cannot (DuckDB computes them)."""
+        seed = _seed(plan)
+        if seed is None:
+            return None
+        alias, column, item = seed
+        table = next(a.table for a in plan.auxiliaries if a.alias == alias)
+        arrangement = self.get(table)
+        values = groups.column(item)
+        if (
+            arrangement is None
+            or not indexable(values.type)
+            or any(groups.column(g).null_count for g in plan.group)  # (NULL: one group)
+        ):
+            return None
+        try:
+            _, rows = arrangement.probe(column, pc.unique(values))
+        except ValueError:
+            return None
+        rows = rows.append_column(WEIGHT, pa.array([1] * rows.num_rows, pa.int32()))
+        found = _arrow_items(self.con, plan, alias, rows, self.get)
+        if found is None:
+            return None
+        try:
+            wanted = groups.select(list(plan.group)).cast(found.select(list(plan.group)).schema)
+            return found.join(wanted, list(plan.group), join_type="left semi")
+        except (pa.ArrowException, ValueError):
+            return None
+
+
+def _seed(plan: Maintenance) -> tuple[str, str, str] | None:
+    """Of a view with a minimum or a maximum (whose groups that lose one are computed again):
+    its first grouping column that is a table's column (alias, column, the view's name for
+    it), by which the groups are probed; else None."""
+    if dict(plan.merges).get(REDO, "false") == "false":
+        return None
+    for item in plan.items:
+        if item.name in plan.group and isinstance(item.node, exp.Column):
+            return item.node.table, folded(item.node), item.name
+    return None
+
+
+def _consolidated(changes: pa.Table, columns: Sequence[str]) -> pa.Table | None:
+    """A Z-set consolidated on the ``columns`` a view reads (a row it sees as it was cancels),
+    by Arrow; None where Arrow cannot group them."""
+    try:
+        summed = changes.group_by(list(columns), use_threads=False).aggregate([(WEIGHT, "sum")])
+    except (pa.ArrowException, ValueError):
+        return None
+    weight = summed.column(f"{WEIGHT}_sum")
+    summed = summed.drop_columns(f"{WEIGHT}_sum").append_column(WEIGHT, weight.cast(pa.int32()))
+    return summed.filter(pc.not_equal(summed.column(WEIGHT), 0))
 
 
 def _spent(applied: Applied, name: str, started: float) -> None:
@@ -484,8 +554,19 @@ def _added_states(plan: Maintenance, items: pa.Table) -> pa.Table:
     return table.select(plan.stored_names)
 
 
-def _merge(con: duckdb.DuckDBPyConnection, plan: Maintenance, items: pa.Table, kept: str) -> None:
-    """A view's items merged into what it stores (of what it keeps)."""
+Recompute = Callable[[pa.Table], pa.Table | None]
+
+
+def _merge(
+    con: duckdb.DuckDBPyConnection,
+    plan: Maintenance,
+    items: pa.Table,
+    kept: str,
+    recompute: Recompute,
+) -> None:
+    """A view's items merged into what it stores (of what it keeps); ``recompute`` gives the
+    items of groups that lost an extreme, from the arrangements (None: DuckDB computes them
+    from the copies)."""
     registered: list[str] = []
 
     def register(name: str, rows: pa.Table) -> None:
@@ -495,7 +576,7 @@ def _merge(con: duckdb.DuckDBPyConnection, plan: Maintenance, items: pa.Table, k
     try:
         register("mtcache_items", items)
         if plan.grouped:
-            _merge_groups(con, plan, register, kept)
+            _merge_groups(con, plan, register, kept, recompute)
         else:
             _merge_rows(con, plan, register, kept)
     finally:
@@ -573,10 +654,15 @@ def _kept(plan: Maintenance, skip: list[str]) -> str:
 
 
 def _merge_groups(
-    con: duckdb.DuckDBPyConnection, plan: Maintenance, register: Register, kept_groups: str
+    con: duckdb.DuckDBPyConnection,
+    plan: Maintenance,
+    register: Register,
+    kept_groups: str,
+    recompute: Recompute,
 ) -> None:
     """The items' states merged with the view's of the groups they touch (those it keeps);
-    a group that lost a minimum's or maximum's value computed again from the copies."""
+    a group that lost a minimum's or maximum's value computed again: from the arrangements
+    (probed by the group), or else from the copies."""
     name = ident(plan.view.name)
     stored = idents(plan.stored_names)
     current = (
@@ -593,7 +679,11 @@ def _merge_groups(
     arriving = f"SELECT {stored} FROM mtcache_next WHERE NOT {REDO} AND {kept}"
     if pc.any(following.column(REDO)).as_py():
         items = plan.items_sql({}, None)
-        if plan.group:
+        found = recompute(following.filter(following.column(REDO)))
+        if found is not None:
+            register("mtcache_redo_items", found)
+            items = "SELECT * FROM mtcache_redo_items"
+        elif plan.group:
             items = (
                 f"SELECT x.* FROM ({items}) x SEMI JOIN (SELECT * FROM mtcache_next "
                 f"WHERE {REDO}) r ON {plan.same_group('x', 'r')}"
