@@ -189,6 +189,12 @@ def report(rows: list[Read], plots: list[Path]) -> str:
         ),
         "",
     ]
+    for r in _of(rows, "first batch"):
+        lines.append(
+            "The first batch (one row of lineitem and one of orders), which makes the "
+            f"arrangements the joins probe: {(number(r['batch_s']) or 0) * 1e3:,.0f} ms."
+        )
+        lines.append("")
     for r in _of(rows, "lag"):
         lines.append(
             f"Propagation lag at {number(r['rate']) or 0:g} transactions/s asked "

@@ -158,7 +158,7 @@ def test_all_quick_writes_csv_plots_and_one_report(
     with (out / "derived-views.csv").open(newline="") as handle:
         derived = list(csv.DictReader(handle))
     kinds = {r["kind"] for r in derived}
-    assert kinds == {"query", "maintenance", "lag", "size", "copy", "arrangement"}
+    assert kinds == {"query", "maintenance", "lag", "size", "copy", "arrangement", "first batch"}
     for kind in ("query", "size"):
         assert [r["query"] for r in derived if r["kind"] == kind] == ["Q1", "Q3-like", "Q5-like"]
     assert [(r["updates"], r["query"]) for r in derived if r["kind"] == "maintenance"] == [

@@ -148,3 +148,35 @@ def test_an_arrangement_over_the_limit_is_not_made_and_not_tried_again() -> None
     _, found = made.probe("j", pa.array([4, 5, 1998]))
     assert found.column("k").to_pylist() == [2, 999]
     assert roomy.kept("t", ("other",)) is None and roomy.kept("t", ("s",)) is None
+
+
+def test_texts_too_long_to_index_are_refused() -> None:
+    import duckdb
+
+    con = duckdb.connect()
+    con.execute("CREATE TABLE c AS SELECT range::VARCHAR AS k, range AS j FROM range(100)")
+    roomy = Arrangements()
+    made = roomy.arranged(con, "t", "c", ("k",), ("s",), ("k", "j"), ("k", "j"))
+    assert made is not None
+    long = pa.table({"k": ["x" * 65], "j": pa.array([1], pa.int64())})
+    assert made.takes(long.cast(made.schema)) is False
+    assert made.takes(pa.table({"k": ["x" * 64], "j": [1]}).cast(made.schema))
+    roomy.forget("t", refuse=True)  # (as a batch bringing such a text does)
+    assert roomy.arranged(con, "t", "c", ("k",), ("s",), ("k", "j"), ("k", "j")) is None
+    con.execute("CREATE TABLE d AS SELECT repeat('y', 100) || range AS k, range AS j FROM range(9)")
+    assert roomy.arranged(con, "d", "d", ("k",), ("s",), ("k", "j"), ("k", "j")) is None
+
+
+def test_a_table_no_view_of_the_batch_arranges_is_forgotten() -> None:
+    """An arrangement the batch would not keep (its views left, or wait for a pull) is not
+    left to come back stale when they return."""
+    import duckdb
+
+    from cache.maintenance.stream.derived import _Arranging
+
+    con = duckdb.connect()
+    con.execute("CREATE TABLE c AS SELECT range AS k, range * 10 AS j FROM range(5)")
+    kept = Arrangements()
+    assert kept.arranged(con, "t", "c", ("k",), ("s",), ("k", "j"), ("k", "j")) is not None
+    _Arranging(con, kept, [], {}, {})
+    assert kept.tables == {}

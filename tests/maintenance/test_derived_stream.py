@@ -22,6 +22,7 @@ from cache.backend.reflect import fetch_catalog
 from cache.backend.replication import drop_slot
 from cache.maintenance import faults, stream
 from cache.maintenance.pipeline import Maintainer
+from cache.maintenance.stream.arrangements import Arrangements
 from cache.store.budget import pulled_copies
 from cache.store.cache_file import CacheStore
 from cache.store.status import status
@@ -283,6 +284,90 @@ def test_join_deltas_probe_arrangements_that_hold_what_the_copies_hold(setup: Se
     consumer.catch_up()
     recomputed(store, dsn)
     arranged_as_copied()
+
+
+def test_items_by_arrow_and_by_duckdb_in_one_batch_merge(setup: Setup) -> None:
+    """A join view whose product of numerics Arrow computes as a 38-digit decimal and DuckDB
+    as a narrower one: with books' arrangement refused (over the memory limit) and authors'
+    kept, a batch changing both tables takes one table's items from each, and lands as the
+    backend computes it."""
+    store, dsn, consumer = setup
+    ddl = (
+        "CREATE CACHED VIEW priced AS SELECT a.city, count(*) AS n, sum(b.price * 2) AS "
+        "doubled FROM books b JOIN authors a ON b.authorid = a.authorid GROUP BY a.city "
+        "REFRESH CONTINUOUSLY"
+    )
+    stream.apply_ddl(store, dsn, parse(ddl), fetch_catalog(dsn))
+    try:
+        populate(store, dsn, consumer)
+        Maintainer(store, dsn).refresh("priced")
+        rng = random.Random(77)
+        for write in (WRITES[0], WRITES[1]):  # (each table's change probes the other)
+            seed = rng.randint(0, 10**6)
+            pg(dsn, write, {"seed": seed, "tag": str(seed)})
+        consumer.catch_up()
+        arranged = consumer.arrangements.tables
+        assert arranged["books"].nbytes > 2 * arranged["authors"].nbytes
+        # (room for authors' rows and indexes, not for books')
+        consumer.arrangements = Arrangements(limit=arranged["authors"].nbytes * 3 // 2)
+        for _ in range(3):
+            with psycopg.connect(dsn, autocommit=True) as conn, conn.transaction():
+                for write in (WRITES[0], WRITES[1], WRITES[0]):
+                    seed = rng.randint(0, 10**6)
+                    conn.execute(write, {"seed": seed, "tag": str(seed)})
+            consumer.catch_up()
+            assert "authors" in consumer.arrangements.tables
+            assert "books" not in consumer.arrangements.tables
+            want = pg(
+                dsn,
+                "SELECT a.city, count(*), sum(b.price * 2) FROM books b JOIN authors a "
+                "ON b.authorid = a.authorid GROUP BY a.city",
+            )
+            got = store.con.execute("SELECT city, n, doubled FROM priced").fetchall()
+            assert typed(got) == typed(want)
+            recomputed(store, dsn)
+    finally:
+        stream.apply_ddl(store, dsn, parse("DROP CACHED VIEW priced"), fetch_catalog(dsn))
+
+
+def test_an_arranged_table_truncated_alone_is_not_probed_as_it_was(setup: Setup) -> None:
+    """reviews, arranged (a book's change probes its reviews), truncated in a batch of its
+    own: a later batch's join finds none of its old rows."""
+    store, dsn, consumer = setup
+    populate(store, dsn, consumer)
+    seed = 4242
+    pg(dsn, WRITES[0], {"seed": seed, "tag": str(seed)})
+    consumer.catch_up()
+    assert "reviews" in consumer.arrangements.tables
+    pg(dsn, "TRUNCATE reviews")
+    consumer.catch_up()
+    recomputed(store, dsn)
+    for seed in (1, 2, 3):
+        pg(dsn, WRITES[0], {"seed": seed, "tag": str(seed)})
+        pg(dsn, WRITES[4], {"seed": seed, "tag": str(seed)})  # (a review arrives)
+        consumer.catch_up()
+        recomputed(store, dsn)
+
+
+def test_a_consumer_that_another_followed_makes_its_arrangements_again(setup: Setup) -> None:
+    """Two consumers of one file in one process take turns: the one that resumes finds the
+    stream past its arrangements, forgets them, and answers as the backend computes."""
+    store, dsn, consumer = setup
+    populate(store, dsn, consumer)
+    rng = random.Random(9)
+    random_writes(dsn, rng, 6)
+    pg(dsn, WRITES[1], {"seed": 5, "tag": "5"})
+    consumer.catch_up()
+    assert consumer.arrangements.tables
+    with stream.Consumer(store, dsn) as other:
+        for _ in range(2):
+            random_writes(dsn, rng, 6)
+            pg(dsn, WRITES[1], {"seed": 6, "tag": "6"})
+            other.catch_up()
+    random_writes(dsn, rng, 6)
+    pg(dsn, WRITES[0], {"seed": 7, "tag": "7"})
+    consumer.catch_up()
+    recomputed(store, dsn)
 
 
 def pulled(store: CacheStore) -> int:

@@ -62,6 +62,20 @@ def _numbers(values: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray
     return np.asarray(filled.cast(pa.int64())), valid
 
 
+TEXT_BYTES = 64  # the longest text an index holds (its values are this wide, fixed)
+
+
+def _index_width(values: pa.ChunkedArray) -> int | None:
+    """Bytes per row of an index of ``values`` (its value, its position), None when they
+    are not indexed: not of an indexable type, or texts longer than `TEXT_BYTES`."""
+    if not indexable(values.type):
+        return None
+    if _family(values.type) != "text":
+        return 16
+    longest = pc.max(pc.binary_length(values)).as_py() or 0
+    return None if longest > TEXT_BYTES else 8 + max(longest, 1)
+
+
 class _Run:
     """Rows with a sorted index of each indexed column (NULLs left out) and which live."""
 
@@ -151,6 +165,10 @@ class Arrangement:
             removed += int(same.sum())
         return removed == keys.num_rows
 
+    def takes(self, rows: pa.Table) -> bool:
+        """Whether its indexes hold the values of ``rows`` (not a text past `TEXT_BYTES`)."""
+        return all(_index_width(rows.column(c)) is not None for c in self.indexed)
+
     def add(self, rows: pa.Table) -> None:
         """The rows arrive (as a run; runs of like size merge)."""
         if not rows.num_rows:
@@ -186,14 +204,21 @@ class Arrangements:
         self.limit = limit
         self._by_table: dict[str, Arrangement] = {}
         self._refused: dict[str, tuple[t.Any, ...]] = {}  # (too big: not tried again)
+        # the stream position the arrangements are of (None: none kept): the consumer forgets
+        # them when the file's is another (another consumer of the file applied batches)
+        self.position: int | None = None
 
     def clear(self) -> None:
         """Forget every arrangement (a batch failed: the copies are as before it)."""
         self._by_table.clear()
         self._refused.clear()
+        self.position = None
 
-    def forget(self, table: str) -> None:
-        self._by_table.pop(table, None)
+    def forget(self, table: str, refuse: bool = False) -> None:
+        """Forget the table's arrangement (``refuse``: and make none of the same spec again)."""
+        found = self._by_table.pop(table, None)
+        if refuse and found is not None:
+            self._refused[table] = found.spec
 
     def kept(self, table: str, spec: tuple[t.Any, ...]) -> Arrangement | None:
         """The table's arrangement if it is of ``spec`` (else it is forgotten)."""
@@ -222,9 +247,11 @@ class Arrangements:
             return None
         rows = con.sql(f"SELECT {idents(columns)} FROM {ident(copy_name)}").to_arrow_table()
         others = sum(a.nbytes for a in self._by_table.values())
+        indexes = [_index_width(rows.column(c)) for c in indexed]
         if (
-            others + rows.nbytes * 2 > self.limit  # (rows and their indexes)
-            or not all(indexable(rows.schema.field(c).type) for c in indexed)
+            None in indexes
+            or others + rows.nbytes + rows.num_rows * (1 + sum(t.cast(int, w) for w in indexes))
+            > self.limit
         ):
             self._refused[table] = spec
             return None

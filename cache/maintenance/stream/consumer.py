@@ -216,7 +216,9 @@ class Consumer:
             pendings = pending_pulls(self.store.con)  # only pulls (this thread) add to them
             group = run_of(remaining, pendings)[:limit]
             try:
-                with self.store.transaction() as con, self._arranging():
+                with self._arranging(), self.store.transaction() as con:
+                    if self.arrangements.position != current.applied_lsn:
+                        self.arrangements.clear()  # (another consumer applied batches since)
                     done = apply_transactions(
                         con,
                         schema,
@@ -232,6 +234,7 @@ class Consumer:
                     within_budget(
                         self.store, schema, Report("stream batch", "stream"), strict=False
                     )
+                self.arrangements.position = group[-1].end_lsn  # (committed)
             except NeedsPull as need:
                 if len(group) > 1:
                     limit = len(group) // 2
@@ -246,7 +249,8 @@ class Consumer:
 
     @contextlib.contextmanager
     def _arranging(self) -> t.Iterator[None]:
-        """The arrangements are forgotten when what the batch did to them is rolled back."""
+        """The arrangements are forgotten when what the batch did to them is rolled back
+        (enter it before the DuckDB transaction: a COMMIT that fails rolls back too)."""
         try:
             yield
         except BaseException:
@@ -304,6 +308,8 @@ class Consumer:
         def then(con: duckdb.DuckDBPyConnection, _: int) -> None:
             current = load_stream(con)
             assert current is not None
+            if self.arrangements.position != current.applied_lsn:
+                self.arrangements.clear()
             done = apply_transactions(
                 con,
                 schema,
@@ -319,6 +325,7 @@ class Consumer:
         maintainer = Maintainer(self.store, self.dsn)
         with self._arranging():  # (the pull and the transaction land together, or neither)
             maintainer._run("stream upquery", schema, need.seeds, need.admitted, then=then)
+        self.arrangements.position = txn.end_lsn
 
     # -- trouble -------------------------------------------------------------------------------
 

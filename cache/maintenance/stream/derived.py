@@ -101,11 +101,11 @@ def apply_derived(
         started = time.perf_counter()
         if table in truncated:
             delete_where(con, schema, copy, "true", Applied())
+            arranging.forget(table)
         if not stage.count:
             continue
         if table in truncated:
             apply_view(con, schema, copy, stage, [], Applied())
-            arranging.forget(table)
             continue
         stage.register(con)
         columns = idents(copy.columns)
@@ -170,9 +170,9 @@ def apply_derived(
         elif not items[name]:
             continue
         elif plan.adds:
-            _add(con, plan, pa.concat_tables(items[name], promote_options="default"))
+            _add(con, plan, _together(items[name]))
         else:
-            found = pa.concat_tables(items[name], promote_options="default")
+            found = _together(items[name])
             _merge(con, plan, found, kept, functools.partial(arranging.recomputed, plan))
         applied.views.add(name)
         _spent(applied, name, started)
@@ -235,6 +235,8 @@ def _arrow_items(
                 rows = rows.append_column(f"{other}.{name}", found.column(name))
             for mine, alias_, theirs in pairs[1:]:
                 if alias_ == other:  # (a second equality with the same table)
+                    if not indexable(rows.column(mine).type):
+                        return None  # (NaN equals NaN to DuckDB, to Arrow nothing)
                     rows = rows.filter(
                         pc.equal(rows.column(mine), rows.column(f"{other}.{theirs}"))
                     )
@@ -394,6 +396,9 @@ class _Arranging:
             for table, (columns, indexed) in wanted.items()
         }
         self.copies = copies
+        for table in list(arrangements.tables if arrangements is not None else ()):
+            if table not in self.specs:  # (this batch would not keep it)
+                self.forget(table)
 
     def get(self, table: str) -> Arrangement | None:
         """The table's arrangement (made from its copy as it is now), or None."""
@@ -408,8 +413,11 @@ class _Arranging:
     def change(self, table: str, before: pa.Table, changes: pa.Table | None, after: str) -> None:
         """The table's arrangement, if it has one, changed as its copy was: the ``before``
         rows leave, the rows ``after`` (SQL; in ``changes``, weighted +1) arrive."""
+        if self.arrangements is None:
+            return
         spec = self.specs.get(table)
-        if spec is None or self.arrangements is None:
+        if spec is None:  # (no view of this batch probes it: not kept, so forgotten)
+            self.arrangements.forget(table)
             return
         found = self.arrangements.kept(table, spec)
         if found is None:
@@ -420,6 +428,9 @@ class _Arranging:
             arriving = self.con.sql(after).to_arrow_table()
         if not found.remove(before.select(list(found.key))):
             self.arrangements.forget(table)  # (not the copy: made again when next probed)
+            return
+        if not found.takes(arriving):  # (a text too long to index: joined by DuckDB)
+            self.arrangements.forget(table, refuse=True)
             return
         found.add(arriving)
 
@@ -443,6 +454,8 @@ class _Arranging:
             arrangement is None
             or not indexable(values.type)
             or any(groups.column(g).null_count for g in plan.group)  # (NULL: one group)
+            # (DuckDB's groups hold 0 and -0 as one, Arrow's join not)
+            or any(pa.types.is_floating(groups.column(g).type) for g in plan.group)
         ):
             return None
         try:
@@ -470,6 +483,13 @@ def _seed(plan: Maintenance) -> tuple[str, str, str] | None:
         if item.name in plan.group and isinstance(item.node, exp.Column):
             return item.node.table, folded(item.node), item.name
     return None
+
+
+def _together(items: list[pa.Table]) -> pa.Table:
+    """A view's items from each table, some computed by Arrow and some by DuckDB: the types
+    each gives made one (Arrow's products are 38-digit decimals, DuckDB's as narrow as the
+    factors allow)."""
+    return pa.concat_tables(items, promote_options="permissive")
 
 
 def _consolidated(changes: pa.Table, columns: Sequence[str]) -> pa.Table | None:
