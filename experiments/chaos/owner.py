@@ -25,6 +25,7 @@ from experiments.chaos.world import (
     GROUPS,
     Journal,
     next_fault,
+    spark_pending,
     write,
 )
 from experiments.chaos_check import Observation, Unit
@@ -278,6 +279,8 @@ def maintainer(run: Owner) -> None:
                     action = rng.choices(actions, weights)[0]
                     if action.startswith("spark") and not run.spark_ready.is_set():
                         action = "refresh_hot"  # Spark is still starting (in the background)
+                    if run.spark_ready.is_set() and spark_pending(done, run.spark):
+                        action = "fault"  # (its first turns now: the next kill restarts it)
                     view = rng.choice(["acct_all", "acct_hot"])
                     began = time.time()
                     if action == "refresh_all":

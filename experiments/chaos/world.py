@@ -63,10 +63,15 @@ FAULTS = (
 
 
 def next_fault(done: collections.Counter[str], spark: bool, ready: bool) -> tuple[str, str]:
-    """The kind whose turns are fewest (in FAULTS order on a tie). Spark's wait for the JVM;
+    """The kind whose turns are fewest (in FAULTS order on a tie), but a Spark kind that has
+    had no turn goes first once the JVM is up. Spark's wait for the JVM;
     meanwhile the others go, except a kill that is ahead of them: a kill restarts the
     owner and its JVM, so kills wait for Spark's turns (a slow start on a busy machine must
     starve neither)."""
+    if spark and ready:  # (Spark's first turns as soon as its JVM is up: a kill may come)
+        first = [(k, p) for k, p in FAULTS if k == "spark" and not done[p]]
+        if first:
+            return first[0]
     lowest_spark = min((done[p] for k, p in FAULTS if k == "spark"), default=0)
     possible = [
         (kind, point)

@@ -126,6 +126,12 @@ def test_fault_turns_starve_no_kind() -> None:
     assert order.count("kill") == len([f for f in FAULTS if f[0] == "kill"])  # once each
     kind, _ = next_fault(done, spark=True, ready=True)  # the JVM is up: Spark's turn
     assert kind == "spark"
+    # (up before any other turn: Spark's two kinds first, whatever the others' turns)
+    ready: collections.Counter[str] = collections.Counter()
+    for point in ("task", "task:kill"):
+        assert next_fault(ready, spark=True, ready=True) == ("spark", point)
+        ready[point] += 1
+    assert next_fault(ready, spark=True, ready=True)[0] == "fail"
     assert next_fault(collections.Counter(), spark=False, ready=False)[0] == "fail"
     no_spark = collections.Counter({p: 1 for k, p in FAULTS if k == "fail"})
     assert next_fault(no_spark, spark=False, ready=False)[0] == "kill"  # kills need no JVM

@@ -220,6 +220,12 @@ class Arrangements:
         if refuse and found is not None:
             self._refused[table] = found.spec
 
+    def keep_only(self, tables: t.Collection[str]) -> None:
+        """Forget the arrangements of tables other than ``tables`` (those a batch keeps: one
+        it would not keep could come back stale)."""
+        for table in [name for name in self._by_table if name not in tables]:
+            del self._by_table[table]
+
     def kept(self, table: str, spec: tuple[t.Any, ...]) -> Arrangement | None:
         """The table's arrangement if it is of ``spec`` (else it is forgotten)."""
         found = self._by_table.get(table)

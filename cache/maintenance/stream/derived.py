@@ -396,9 +396,8 @@ class _Arranging:
             for table, (columns, indexed) in wanted.items()
         }
         self.copies = copies
-        for table in list(arrangements.tables if arrangements is not None else ()):
-            if table not in self.specs:  # (this batch would not keep it)
-                self.forget(table)
+        if arrangements is not None:
+            arrangements.keep_only(self.specs)
 
     def get(self, table: str) -> Arrangement | None:
         """The table's arrangement (made from its copy as it is now), or None."""
