@@ -150,6 +150,13 @@ def test_an_arrangement_over_the_limit_is_not_made_and_not_tried_again() -> None
     assert roomy.kept("t", ("other",)) is None and roomy.kept("t", ("s",)) is None
 
 
+def test_a_probe_by_a_text_longer_than_any_indexed_finds_none() -> None:
+    arranged = Arrangement(("spec",), ("k1", "k2"), ("label",), table([(1, 1, None, 0, "a")]))
+    which, found = arranged.probe("label", pa.array(["x" * 100_000, "a", None] * 1000))
+    assert found.num_rows == 1000 and set(found.column("label").to_pylist()) == {"a"}
+    assert {int(w) % 3 for w in which} == {1}  # (each "a", none of the long texts)
+
+
 def test_texts_too_long_to_index_are_refused() -> None:
     import duckdb
 

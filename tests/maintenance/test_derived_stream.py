@@ -370,6 +370,43 @@ def test_a_consumer_that_another_followed_makes_its_arrangements_again(setup: Se
     recomputed(store, dsn)
 
 
+def test_a_batch_that_needs_a_pull_of_a_base_view_keeps_the_arrangements(setup: Setup) -> None:
+    """A new author, whose books a presence-controlled base view must pull (the batch fails
+    with NeedsPull before any derived view is touched, and goes again with its upquery), leaves
+    the derived views' arrangements as they were: they are not made again (2 s for lineitem)."""
+    store, dsn, consumer = setup
+    ddl = (
+        "CREATE CACHED VIEW authors_all AS SELECT authorid, city FROM authors "
+        "REFRESH CONTINUOUSLY;\n"
+        "CREATE CACHED VIEW author_books AS SELECT isbn, authorid, price FROM books "
+        "PRESENCE ON (authorid) IN authors_all (authorid) CONSISTENCY ROOT"
+    )
+    stream.apply_ddl(store, dsn, parse(ddl), fetch_catalog(dsn))
+    try:
+        populate(store, dsn, consumer)
+        Maintainer(store, dsn).refresh("authors_all")
+        for write in (WRITES[0], WRITES[1]):
+            pg(dsn, write, {"seed": 3, "tag": "3"})
+        consumer.catch_up()
+        arranged = consumer.arrangements.tables
+        assert {"books", "authors"} <= set(arranged)
+        upqueries = consumer.upqueries
+        with psycopg.connect(dsn, autocommit=True) as conn, conn.transaction():
+            conn.execute(
+                "INSERT INTO authors (authorid, name, city, state, gender) "
+                "SELECT max(authorid) + 1, 'New', 'Madison', 'WI', 'F' FROM authors"
+            )
+            conn.execute(WRITES[0], {"seed": 4, "tag": "4"})
+        consumer.catch_up()
+        assert consumer.upqueries == upqueries + 1  # (the batch needed its pull)
+        for table in ("books", "authors"):
+            assert consumer.arrangements.tables[table] is arranged[table]
+        recomputed(store, dsn)
+    finally:
+        drops = "DROP CACHED VIEW author_books; DROP CACHED VIEW authors_all"
+        stream.apply_ddl(store, dsn, parse(drops), fetch_catalog(dsn))
+
+
 def pulled(store: CacheStore) -> int:
     """How many pulls the file has applied (the stream's batches are not pulls)."""
     row = store.con.execute("SELECT count(*) FROM mtcache.snapshots WHERE engine <> 'stream'")

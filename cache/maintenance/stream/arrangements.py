@@ -135,6 +135,10 @@ class Arrangement:
         does not compare with (a date with an integer)."""
         if _family(values.type) != _family(self.schema.field(column).type):
             raise ValueError(f"{values.type} values probing {column}")
+        if _family(values.type) == "text":  # (a text longer than any indexed finds none)
+            long = pc.fill_null(pc.greater(pc.binary_length(values), TEXT_BYTES), False)
+            if pc.any(long).as_py():
+                values = pc.if_else(long, pa.scalar(None, values.type), values)
         numbers, valid = _numbers(values)
         which: list[np.ndarray] = []
         parts: list[pa.Table] = []
@@ -207,11 +211,13 @@ class Arrangements:
         # the stream position the arrangements are of (None: none kept): the consumer forgets
         # them when the file's is another (another consumer of the file applied batches)
         self.position: int | None = None
+        # whether the batch under way made or changed one (if it fails, they are forgotten)
+        self.touched = False
 
     def clear(self) -> None:
-        """Forget every arrangement (a batch failed: the copies are as before it)."""
+        """Forget every arrangement (a batch that changed them failed: the copies are as
+        before it). What was refused stays refused (its spec names the copy's pull)."""
         self._by_table.clear()
-        self._refused.clear()
         self.position = None
 
     def forget(self, table: str, refuse: bool = False) -> None:
@@ -261,6 +267,7 @@ class Arrangements:
         ):
             self._refused[table] = spec
             return None
+        self.touched = True
         made = self._by_table[table] = Arrangement(spec, key, indexed, rows)
         return made
 

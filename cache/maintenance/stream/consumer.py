@@ -250,11 +250,15 @@ class Consumer:
     @contextlib.contextmanager
     def _arranging(self) -> t.Iterator[None]:
         """The arrangements are forgotten when what the batch did to them is rolled back
-        (enter it before the DuckDB transaction: a COMMIT that fails rolls back too)."""
+        (enter it before the DuckDB transaction: a COMMIT that fails rolls back too); a
+        batch that failed before making or changing one (a NeedsPull of a base view) leaves
+        them."""
+        self.arrangements.touched = False
         try:
             yield
         except BaseException:
-            self.arrangements.clear()
+            if self.arrangements.touched:
+                self.arrangements.clear()
             raise
 
     def _new_decoder(self) -> None:

@@ -77,6 +77,7 @@ def apply_derived(
     applied: Applied,
     arrangements: Arrangements | None = None,
     stamps: Mapping[str, t.Any] | None = None,
+    arranged_plans: Sequence[Maintenance] | None = None,
 ) -> None:
     """Carry the batch's changes (``staged`` by table; ``truncated`` tables) into the
     tables' ``copies`` (those the stream keeps now) and into the groups (rows) of each view
@@ -86,13 +87,16 @@ def apply_derived(
     (see `optimizer.derived.delta`); the views' items are merged last. What passes between
     statements is fetched as Arrow and registered, not made a table (a DuckDB table costs
     more to make than a small batch costs to apply). With ``arrangements`` (and the copies'
-    ``stamps``: which pull each is of), a view whose states add up joins a table's changes
-    with the other tables' arrangements, in Arrow (`_arrow_items`)."""
+    ``stamps``: which pull each is of), a view joins a table's changes with the other tables'
+    arrangements, in Arrow (`_arrow_items`); those of the tables ``arranged_plans`` (default
+    ``plans``: also the views waiting for a pull, whose other copies the batch keeps) read."""
     readers = {
         table: [p for p in plans if any(a.table == table for a in p.auxiliaries)]
         for table in copies
     }
-    arranging = _Arranging(con, arrangements, plans, copies, stamps or {})
+    arranging = _Arranging(
+        con, arrangements, plans if arranged_plans is None else arranged_plans, copies, stamps or {}
+    )
     # (a view reading a truncated table is computed again from the copies, at the end)
     redo = {p.view.name for table in truncated & copies.keys() for p in readers[table]}
     items: dict[str, list[pa.Table]] = {p.view.name: [] for p in plans}
@@ -425,6 +429,7 @@ class _Arranging:
             arriving = changes.filter(pc.greater(changes.column(WEIGHT), 0)).drop_columns(WEIGHT)
         else:
             arriving = self.con.sql(after).to_arrow_table()
+        self.arrangements.touched = True
         if not found.remove(before.select(list(found.key))):
             self.arrangements.forget(table)  # (not the copy: made again when next probed)
             return

@@ -24,6 +24,7 @@ from cache.maintenance.stream.views import apply_view, delete_where, not_pending
 from cache.store.budget import pulled_copies
 from control_tables.schema import CachedView, CacheSchema
 from heartbeat.beat import TABLE as HEARTBEAT_TABLE
+from optimizer.derived.delta import copy_name
 from sql_ext.catalog import Catalog
 
 
@@ -130,11 +131,12 @@ def _apply_run(
         for table, copy in copies_of(views, catalog).items()
         if copy.name in filled and copy.name not in skip
     }
-    derived = [
+    filled_plans = [
         plan
         for plan in (plan_of(v, catalog) for v in views if v.is_derived)
-        if all(a.table in kept_copies for a in plan.auxiliaries)
+        if all(copy_name(a.table) in filled for a in plan.auxiliaries)
     ]
+    derived = [p for p in filled_plans if all(a.table in kept_copies for a in p.auxiliaries)]
     readers: dict[str, list[CachedView]] = {}
     for cached in views:
         if not cached.is_derived:
@@ -166,6 +168,7 @@ def _apply_run(
             applied,
             arrangements,
             filled,
+            filled_plans,  # (a view waiting for a pull: the arrangements it reads stay)
         )
     finally:
         for stage in staged.values():
