@@ -87,7 +87,7 @@ class Connection:
     (`mtcache serve`) instead of opening the cache file, so many processes share it; the
     session is the server's (`cache.dbapi.remote.ServerSession`), ``backend`` only names the
     user, database and password, and the options of the process (``result_memo_bytes``,
-    ``background``, ``heartbeat``, ``stream_lag_limit``, ``plan_choice``,
+    ``background``, ``heartbeat``, ``stream_lag_limit``, ``stream_memory_limit``, ``plan_choice``,
     ``refresh_delays``, ``memory_limit``, ``threads``, ``cache_size_limit``,
     ``doorkeeper_seconds``) are the server's."""
 
@@ -120,6 +120,7 @@ class Connection:
         background: bool = True,
         heartbeat: float | None = None,
         stream_lag_limit: int = DEFAULT_LAG_LIMIT,
+        stream_memory_limit: int | str | None = None,
         plan_choice: str = "cost",
         refresh_delays: t.Mapping[str, str | float | dt.timedelta] | None = None,
         context: psycopg.adapt.AdaptersMap | None = None,
@@ -150,6 +151,7 @@ class Connection:
                 "background": background is not True,
                 "heartbeat": heartbeat is not None,
                 "stream_lag_limit": stream_lag_limit != DEFAULT_LAG_LIMIT,
+                "stream_memory_limit": stream_memory_limit is not None,
                 "plan_choice": plan_choice != "cost",
                 "refresh_delays": bool(refresh_delays),
                 "memory_limit": memory_limit is not None,
@@ -176,6 +178,7 @@ class Connection:
             background=background,
             heartbeat=heartbeat,
             stream_lag_limit=stream_lag_limit,
+            stream_memory_limit=stream_memory_limit,
             memory_limit=memory_limit,
             threads=threads,
             cache_size_limit=cache_size_limit,

@@ -53,6 +53,8 @@ from cache.execution.memo import memo_for
 from cache.execution.planning import PlanCache
 from cache.maintenance.background import Background, attach, detach
 from cache.maintenance.stream import DEFAULT_LAG_LIMIT
+from cache.maintenance.stream.arrangements import ARRANGED_BYTES
+from cache.store.budget import parse_size
 from cache.store.cache_file import CacheStore, check_resources
 from cache.store.counters import Counter, Counts
 from cache.store.region_state import read_region_state
@@ -128,7 +130,9 @@ class Engine:
     process and file; 0: off), ``background`` (run the file's refresh scheduler and stream
     consumer in this process while the engine is open), ``heartbeat`` (seconds: also beat the
     backend's heartbeat row that often, and judge currency on its clock estimate),
-    ``stream_lag_limit`` (bytes of WAL the slot may hold before the consumer warns)."""
+    ``stream_lag_limit`` (bytes of WAL the slot may hold before the consumer warns),
+    ``stream_memory_limit`` (bytes, or ``"1GB"``: the memory the stream consumer's arrangements
+    of the derived views' copies may take; default 2 GiB)."""
 
     def __init__(
         self,
@@ -139,6 +143,7 @@ class Engine:
         background: bool = True,
         heartbeat: float | None = None,
         stream_lag_limit: int = DEFAULT_LAG_LIMIT,
+        stream_memory_limit: int | str | None = None,
         privilege_seconds: float = PRIVILEGE_SECONDS,
         memory_limit: str | None = None,
         threads: int | None = None,
@@ -154,6 +159,11 @@ class Engine:
         missed key on its second miss within that many seconds, not its first
         (`cache.engine.admission`; default None: on the first)."""
         _check_options(heartbeat, stream_lag_limit, result_memo_bytes, doorkeeper_seconds)
+        arranged = (
+            ARRANGED_BYTES
+            if stream_memory_limit is None
+            else parse_size(stream_memory_limit, "stream_memory_limit")
+        )
         check_resources(memory_limit, threads, cache_size_limit)  # (nothing opened if not)
         self.cache_path = Path(cache_path or DEFAULT_CACHE)
         if backend is None:
@@ -205,7 +215,7 @@ class Engine:
         self._sessions: weakref.WeakSet[Member] = weakref.WeakSet()
         self._background: Background | None = None
         if background or heartbeat is not None:
-            self._background = attach(self.store, backend, heartbeat, stream_lag_limit)
+            self._background = attach(self.store, backend, heartbeat, stream_lag_limit, arranged)
         self.closed = False
 
     @property

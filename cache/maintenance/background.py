@@ -22,6 +22,7 @@ from pathlib import Path
 from cache.maintenance.pipeline import SizedEngine
 from cache.maintenance.scheduler import RefreshScheduler
 from cache.maintenance.stream import DEFAULT_LAG_LIMIT, Consumer
+from cache.maintenance.stream.arrangements import ARRANGED_BYTES
 from cache.store.cache_file import CacheStore
 from heartbeat.beat import Heartbeat
 
@@ -48,16 +49,20 @@ def attach(
     backend: str,
     heartbeat: float | None = None,
     lag_limit: int = DEFAULT_LAG_LIMIT,
+    arranged_bytes: int = ARRANGED_BYTES,
 ) -> Background:
     """The file's background work, started if this is its first user in the process; with a
     heartbeat every ``heartbeat`` seconds if asked (and none runs yet); the stream consumer
-    warns when its slot holds more than ``lag_limit`` bytes of WAL."""
+    warns when its slot holds more than ``lag_limit`` bytes of WAL, and its arrangements take
+    at most ``arranged_bytes`` (`cache.maintenance.stream.arrangements`)."""
     path = store.path.resolve()
     with _LOCK:
         background = _RUNNING.get(path)
         if background is None:
             scheduler = RefreshScheduler(store, backend, SizedEngine(), tick=TICK_SECONDS)
-            consumer = Consumer(store.for_thread(), backend, lag_limit=lag_limit)
+            consumer = Consumer(
+                store.for_thread(), backend, lag_limit=lag_limit, arranged_bytes=arranged_bytes
+            )
             background = _RUNNING[path] = Background(path, scheduler, consumer)
             scheduler.start()
             consumer.start()

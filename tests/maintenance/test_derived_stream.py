@@ -17,13 +17,15 @@ from pathlib import Path
 import psycopg
 import pytest
 
+import cache
 from cache.backend.embedded_pg import EmbeddedPostgres
 from cache.backend.reflect import fetch_catalog
 from cache.backend.replication import drop_slot
 from cache.maintenance import faults, stream
+from cache.maintenance.background import attach, detach
 from cache.maintenance.pipeline import Maintainer
 from cache.maintenance.stream.arrangements import Arrangements
-from cache.store.budget import pulled_copies
+from cache.store.budget import parse_size, pulled_copies
 from cache.store.cache_file import CacheStore
 from cache.store.status import status
 from cache.tools import bookstore
@@ -405,6 +407,28 @@ def test_a_batch_that_needs_a_pull_of_a_base_view_keeps_the_arrangements(setup: 
     finally:
         drops = "DROP CACHED VIEW author_books; DROP CACHED VIEW authors_all"
         stream.apply_ddl(store, dsn, parse(drops), fetch_catalog(dsn))
+
+
+@pytest.mark.parametrize("given", [0, "lots", True])
+def test_a_bad_stream_memory_limit_is_refused_before_anything_is_opened(
+    pg_cluster: EmbeddedPostgres, tmp_path: Path, given: object
+) -> None:
+    dsn = pg_cluster.create_database("derived_stream_memory")
+    with pytest.raises(cache.ProgrammingError, match="stream_memory_limit must"):
+        cache.connect(dsn, tmp_path / "c.duckdb", stream_memory_limit=given)  # type: ignore[arg-type]
+    assert not (tmp_path / "c.duckdb").exists()
+
+
+def test_the_background_consumer_keeps_its_arrangements_within_the_limit_given(
+    pg_cluster: EmbeddedPostgres, tmp_path: Path
+) -> None:
+    dsn = pg_cluster.create_database("derived_stream_limit")
+    with CacheStore(tmp_path / "c.duckdb") as store:
+        running = attach(store, dsn, arranged_bytes=parse_size("3MB"))
+        try:
+            assert running.consumer.arrangements.limit == 3_000_000
+        finally:
+            detach(running)
 
 
 def pulled(store: CacheStore) -> int:

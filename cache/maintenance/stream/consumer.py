@@ -29,7 +29,7 @@ from cache.maintenance.budget import within_budget
 from cache.maintenance.lineup import pending_pulls
 from cache.maintenance.pipeline import Maintainer
 from cache.maintenance.report import Report
-from cache.maintenance.stream.arrangements import Arrangements
+from cache.maintenance.stream.arrangements import ARRANGED_BYTES, Arrangements
 from cache.maintenance.stream.position import (
     CHECK_SECONDS,
     CONFIRM_SECONDS,
@@ -69,9 +69,11 @@ class Consumer:
         poll: float = 0.05,
         lag_limit: int = DEFAULT_LAG_LIMIT,
         spill_changes: int = SPILL_CHANGES,
+        arranged_bytes: int = ARRANGED_BYTES,
     ) -> None:
         """``spill_changes``: a transaction's changes held in memory before a piece of them
-        goes to disk (`cache.backend.pgoutput.transactions.Transactions`)."""
+        goes to disk (`cache.backend.pgoutput.transactions.Transactions`); ``arranged_bytes``:
+        the memory the copies' arrangements may take (`arrangements`)."""
         self.store = store
         self.dsn = dsn
         self.batch = batch
@@ -90,7 +92,7 @@ class Consumer:
         self.upqueries = 0
         self.faults = faults.active()
         # the copies' arrangements in memory (`arrangements`): forgotten when a batch fails
-        self.arrangements = Arrangements()
+        self.arrangements = Arrangements(arranged_bytes)
         self._catalog_at: tuple[int, Catalog] | None = None
         self._confirmed_at = 0.0  # monotonic time the slot was last confirmed
         self._checked_at = 0.0  # monotonic time the slot's lag was last looked at
