@@ -299,8 +299,7 @@ def test_items_by_arrow_and_by_duckdb_in_one_batch_merge(setup: Setup) -> None:
         "doubled FROM books b JOIN authors a ON b.authorid = a.authorid GROUP BY a.city "
         "REFRESH CONTINUOUSLY"
     )
-    stream.apply_ddl(store, dsn, parse(ddl), fetch_catalog(dsn))
-    try:
+    with applied(store, dsn, ddl, "DROP CACHED VIEW priced"):
         populate(store, dsn, consumer)
         Maintainer(store, dsn).refresh("priced")
         rng = random.Random(77)
@@ -328,8 +327,6 @@ def test_items_by_arrow_and_by_duckdb_in_one_batch_merge(setup: Setup) -> None:
             got = store.con.execute("SELECT city, n, doubled FROM priced").fetchall()
             assert typed(got) == typed(want)
             recomputed(store, dsn)
-    finally:
-        stream.apply_ddl(store, dsn, parse("DROP CACHED VIEW priced"), fetch_catalog(dsn))
 
 
 def test_an_arranged_table_truncated_alone_is_not_probed_as_it_was(setup: Setup) -> None:
@@ -383,8 +380,7 @@ def test_a_batch_that_needs_a_pull_of_a_base_view_keeps_the_arrangements(setup: 
         "CREATE CACHED VIEW author_books AS SELECT isbn, authorid, price FROM books "
         "PRESENCE ON (authorid) IN authors_all (authorid) CONSISTENCY ROOT"
     )
-    stream.apply_ddl(store, dsn, parse(ddl), fetch_catalog(dsn))
-    try:
+    with applied(store, dsn, ddl, "DROP CACHED VIEW author_books; DROP CACHED VIEW authors_all"):
         populate(store, dsn, consumer)
         Maintainer(store, dsn).refresh("authors_all")
         for write in (WRITES[0], WRITES[1]):
@@ -404,9 +400,6 @@ def test_a_batch_that_needs_a_pull_of_a_base_view_keeps_the_arrangements(setup: 
         for table in ("books", "authors"):
             assert consumer.arrangements.tables[table] is arranged[table]
         recomputed(store, dsn)
-    finally:
-        drops = "DROP CACHED VIEW author_books; DROP CACHED VIEW authors_all"
-        stream.apply_ddl(store, dsn, parse(drops), fetch_catalog(dsn))
 
 
 @pytest.mark.parametrize("given", [0, "lots", True])
