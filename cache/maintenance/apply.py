@@ -41,15 +41,23 @@ def apply_pull(
     age: t.Callable[[], float] = lambda: 0.0,
     then: t.Callable[[duckdb.DuckDBPyConnection, int], None] | None = None,
     strict_budget: bool = True,
+    copies: Mapping[str, str] = {},
 ) -> None:
     """``age``: how old the snapshot is now, in seconds (recorded at the commit as the
     operation's delay d); ``then(con, snapshot_id)`` runs inside the transaction, before the
     size budget is kept (`within_budget`; ``strict_budget``: refuse, rather than land over
-    it, when evicting cannot make room)."""
+    it, when evicting cannot make room); ``copies``: see `apply_rows`."""
     with store.transaction() as con:
         snapshot_id = begin_apply(con, snapshot, engine)
         changed = apply_rows(
-            con, schema, omega, staged, admitted, [snapshot.backend_time, snapshot_id], report
+            con,
+            schema,
+            omega,
+            staged,
+            admitted,
+            [snapshot.backend_time, snapshot_id],
+            report,
+            copies,
         )
         end_apply(
             store,
@@ -88,10 +96,14 @@ def apply_rows(
     admitted: Mapping[str, list[Key]],
     stamp: list[t.Any],
     report: Report,
+    copies: Mapping[str, str] = {},
 ) -> list[str]:
     """Inside the apply transaction: the Maintenance Rule for one pull (``stamp``: its
     backend time and snapshot id); the views whose rows it changed. Several pulls of one
-    snapshot may be applied one after the other (an admission in pieces)."""
+    snapshot may be applied one after the other (an admission in pieces). ``copies``: the
+    copies of tables the pull brings (`Pull.copies`), each stamped in its view state (the
+    stream keeps it from then on), those held by a base view too (the view's rows are the
+    copy's)."""
     for control, values in admitted.items():
         _insert_control_rows(
             con, control, schema.control_tables[control].column_names, values, stamp
@@ -131,6 +143,11 @@ def apply_rows(
         con.unregister("mtcache_staged")
         # (its view state says when: the stream keeps it from then on)
         con.execute("INSERT OR REPLACE INTO mtcache.view_state VALUES (?, ?, ?)", [name, *stamp])
+    for name, held in copies.items():
+        if held != name:  # (a base view holds it: pulled whole above, with its readers)
+            con.execute(
+                "INSERT OR REPLACE INTO mtcache.view_state VALUES (?, ?, ?)", [name, *stamp]
+            )
     return changed
 
 

@@ -194,7 +194,14 @@ class Maintainer:
                     snapshot_id = begin_apply(con, coordinator.snapshot, self.engine.name)
                 stamp = [coordinator.snapshot.backend_time, snapshot_id]
                 changed += apply_rows(
-                    con, schema, pull.omega, pull.staged, {control: piece}, stamp, report
+                    con,
+                    schema,
+                    pull.omega,
+                    pull.staged,
+                    {control: piece},
+                    stamp,
+                    report,
+                    pull.copies,
                 )
                 regions += len(pull.omega)
                 report.rounds = max(report.rounds, pull.rounds)
@@ -368,6 +375,7 @@ class Maintainer:
                 coordinator.snapshot_age(),
                 finish,
                 then is None,
+                pull.copies,
             )
         report.rounds = pull.rounds
         report.regions = sorted(str(r) for r in pull.omega)

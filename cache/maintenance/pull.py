@@ -26,7 +26,7 @@ from control_tables.kinds import RegionKind
 from control_tables.regions import Region, guarantees, in_list, order_key, region_predicate
 from control_tables.schema import CachedView, CacheSchema
 from control_tables.types import transfer_type
-from optimizer.derived.delta import copies, tables_read
+from optimizer.derived.delta import copies, copy_name, tables_read
 from optimizer.derived.states import layout, pull_select
 from sql_ext.catalog import Catalog
 from sql_ext.quoting import ident, idents, qualified
@@ -51,6 +51,9 @@ class Pull:
         self.omega: set[Region] = set()
         self.fetched: set[Region] = set()  # pulled already in this snapshot: not again
         self.staged: dict[str, pa.Table] = {}
+        # the copies of tables pulled (their view states' names), each with the DuckDB table
+        # holding it (its own, or the base view that is the copy, `optimizer.derived.delta`)
+        self.copies: dict[str, str] = {}
         self.rounds = 0
 
     def query(self, view: CachedView, predicate: str) -> PullQuery:
@@ -173,7 +176,10 @@ class Pull:
             self.query(self.schema.views[name], " OR ".join(f"({p})" for p in preds))
             for name, preds in by_view.items()
         ]
-        return queries + [self._copy_query(copy) for copy in brought]
+        self.copies |= {copy_name(copy.table): copy.name for copy in brought}
+        return queries + [
+            self._copy_query(copy) for copy in brought if copy.name not in self.schema.views
+        ]
 
     def _copied(self, wanted: set[Region]) -> tuple[list[CachedView], list[str]]:
         """The copies of tables this pull brings (`optimizer.derived.delta.copies`), and the
@@ -188,22 +194,26 @@ class Pull:
         filled = pulled_copies(self.con)
         brought: list[CachedView] = []
         copied: set[str] = set()
-        shared = copies(readers, self.catalog)
+        shared = copies(self.schema.views.values(), self.catalog)
         while True:  # (a view a copy brings whole may read another copy never pulled)
             more = False
             for table, copy in shared.items():
-                if copy.name in self.staged or copy in brought:
+                if copy_name(table) in self.copies or copy in brought:
                     continue
                 reading = [v for v in readers if table in tables_read(v)]
-                if not names & {v.name for v in reading}:
+                # (a base view that is the copy: its pull is the copy's, and brings them)
+                held = [copy] if copy.name in self.schema.views else []
+                if not names & {v.name for v in [*reading, *held]}:
                     continue
-                if copy.name not in filled or all(
-                    v.view_level and v.name in whole for v in reading
+                if (
+                    copy_name(table) not in filled
+                    or copy.name in names
+                    or all(v.view_level and v.name in whole for v in reading)
                 ):
                     brought.append(copy)
-                    copied |= {v.name for v in reading}
-                    names |= {v.name for v in reading}
-                    whole |= {v.name for v in reading if v.view_level}
+                    copied |= {v.name for v in [*reading, *held]}
+                    names |= {v.name for v in [*reading, *held]}
+                    whole |= {v.name for v in [*reading, *held] if v.view_level}
                     more = True
             if not more:
                 break

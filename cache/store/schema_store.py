@@ -9,18 +9,18 @@ import typing as t
 import duckdb
 from sqlglot import exp
 
-from cache.store.budget import copy_tables
+from cache.store.budget import copy_tables, pulled_copies
 from cache.store.handle import FileHandle
 from control_tables.schema import CachedView, CacheSchema, ControlTable, view_from_statement
 from control_tables.types import duckdb_type
-from optimizer.derived.delta import copies, copy_table, tables_read
+from optimizer.derived.delta import copies, copy_name, copy_table, tables_read
 from optimizer.derived.states import layout
 from sql_ext import CreateCachedView, CreateControlTable, parse
 from sql_ext.catalog import Catalog
 from sql_ext.errors import NotSupportedError, translate
 from sql_ext.quoting import ident, idents
 
-Action = tuple[str, str]  # ("create" | "drop", name)
+Action = tuple[str, str]  # ("create" | "drop" | "forget", name); forget: a copy's pull
 
 
 class SchemaStore(FileHandle):
@@ -69,6 +69,9 @@ class SchemaStore(FileHandle):
                 row = con.execute("SELECT coalesce(max(seq), 0) FROM mtcache.objects").fetchone()
                 seq = int(row[0]) if row else 0
                 for action, name in actions:
+                    if action == "forget":  # (pulled anew with its readers)
+                        con.execute("DELETE FROM mtcache.view_state WHERE view = ?", [name])
+                        continue
                     if action == "drop":
                         con.execute(f"DROP TABLE IF EXISTS {ident(name)}")
                         con.execute("DELETE FROM mtcache.objects WHERE name = ?", [name])
@@ -90,15 +93,34 @@ class SchemaStore(FileHandle):
     ) -> list[Action]:
         """``actions`` with, first, the readers of a copy that must be made again made again
         with it: a continuously maintained derived view kept as it was, reading a table whose
-        copy must now hold columns it lacks (pulled anew in one snapshot with all its readers,
-        each is then as a view just created; `_keep_copies`)."""
+        copy must now hold columns it lacks, or is now held by another DuckDB table (its own,
+        or a base view that holds all of the table: made, dropped, or made again); the copy
+        is then pulled anew in one snapshot with all its readers, each as a view just created
+        (`_keep_copies`; a copy held by another table has its last pull forgotten)."""
         touched = {name for _, name in actions}
+        created = {name for action, name in actions if action == "create"}
         held = self._held_copies()
+        wanted = copies(after.views.values(), catalog)
         wider = {
             table
-            for table, copy in copies(after.views.values(), catalog).items()
+            for table, copy in wanted.items()
             if copy.name in held and not set(copy.columns) <= set(held[copy.name])
         }
+        try:
+            previous = {t: c.name for t, c in copies(before.views.values(), catalog).items()}
+        except NotSupportedError:  # (a view dropped that the backend's tables no longer fit)
+            previous = {}
+        moved = {
+            table
+            for table, copy in wanted.items()
+            if (
+                copy.name in after.views
+                and (previous.get(table) != copy.name or copy.name in created)
+            )
+            or (copy.name not in after.views and copy.name not in held)
+        }
+        forgotten: list[Action] = [("forget", copy_name(t)) for t in sorted(moved)]
+        wider |= moved
         again = [
             name
             for name in before.topological_order()
@@ -116,7 +138,7 @@ class SchemaStore(FileHandle):
                 "copy must now hold more columns, which pulls it anew with every view reading "
                 f"it; drop {partial[0]} and create it again in the same script"
             )
-        return [("drop", n) for n in again] + [("create", n) for n in again] + actions
+        return forgotten + [("drop", n) for n in again] + [("create", n) for n in again] + actions
 
     def _keep_copies(self, schema: CacheSchema, catalog: Catalog) -> None:
         """The copies of tables the continuously maintained derived views read
@@ -129,7 +151,7 @@ class SchemaStore(FileHandle):
         for name, columns in held.items():
             table = copy_table(name)
             copy = wanted.get(table or "")
-            if copy is not None and set(copy.columns) <= set(columns):
+            if copy is not None and copy.name == name and set(copy.columns) <= set(columns):
                 for column in columns:
                     if column not in copy.columns:
                         self.con.execute(f"ALTER TABLE {ident(name)} DROP COLUMN {ident(column)}")
@@ -137,9 +159,12 @@ class SchemaStore(FileHandle):
             self.con.execute(f"DROP TABLE {ident(name)}")
             self.con.execute("DELETE FROM mtcache.view_state WHERE view = ?", [name])
             held[name] = []
-        for copy in wanted.values():
-            if not held.get(copy.name):
+        for copy in wanted.values():  # (a base view holding its table's copy: made above)
+            if copy.name not in schema.views and not held.get(copy.name):
                 self._create_keyed(copy, catalog)
+        # (the pulls of copies no view reads any more, held by base views, forgotten too)
+        for name in pulled_copies(self.con).keys() - {copy_name(table) for table in wanted}:
+            self.con.execute("DELETE FROM mtcache.view_state WHERE view = ?", [name])
 
     def _create_keyed(self, view: CachedView, catalog: Catalog) -> None:
         """The DuckDB table of a view of a table's rows (a base view, a copy), keyed."""

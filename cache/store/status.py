@@ -19,7 +19,8 @@ from control_tables.kinds import RegionKind
 from control_tables.regions import guarantees
 from control_tables.schema import CachedView, CacheSchema
 from heartbeat.clock import BackendClock
-from optimizer.derived.delta import copy_name, tables_read
+from optimizer.derived.delta import copies as delta_copies
+from optimizer.derived.delta import tables_read
 from sql_ext.errors import ProgrammingError
 from sql_ext.quoting import ident
 
@@ -47,10 +48,20 @@ def status(
     delays = measured_delays(store)
     engines = last_engines(store)
     held = set(copy_tables(store.con))
-    copies: dict[str, list[str]] = {}  # the copies a continuously maintained derived view reads
+    # the DuckDB tables holding the copies a continuously maintained derived view reads (its
+    # own, or a base view holding all of the table, `optimizer.derived.delta.copies`)
+    readers = any(v.is_derived and v.continuous for v in schema.views.values())
+    stored = {
+        table: copy.name
+        for table, copy in (
+            delta_copies(schema.views.values(), store.load_catalog()) if readers else {}
+        ).items()
+        if copy.name in held or copy.name in schema.views
+    }
+    copies: dict[str, list[str]] = {}
     for name, cached in schema.views.items():
         if cached.is_derived and cached.continuous:
-            copies[name] = sorted({copy_name(t) for t in tables_read(cached)} & held)
+            copies[name] = sorted({stored[t] for t in tables_read(cached) if t in stored})
     sizes = stored_bytes(store, [*schema.views, *held])
     views = [
         _view_status(
@@ -74,6 +85,8 @@ def status(
             view["copies"] = {
                 "rows": sum(int(c[0]) for c in counted if c),
                 "bytes": sum(sizes.get(c, 0) for c in found),
+                # (a base view's rows are the copy: counted here and as the view's)
+                "views": [c for c in found if c in schema.views],
             }
     return {
         "cache": str(store.path),

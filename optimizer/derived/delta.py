@@ -424,19 +424,52 @@ def maintenance(view: CachedView, catalog: Catalog) -> Maintenance:
 def copies(views: t.Iterable[CachedView], catalog: Catalog) -> dict[str, CachedView]:
     """The copy of each table the continuously maintained derived ``views`` read, by table:
     its key and the union of the columns they read of it (in the order the views, by name,
-    first read them), in the order of the tables' names."""
+    first read them), in the order of the tables' names. A table's cached base view among
+    ``views`` that holds all of it (`_shares_copy`) is its copy, when every derived view
+    reading it keeps all its groups (its name is then the copy's; `copy_name` still names
+    the copy's pull in the view states)."""
+    views = sorted(views, key=lambda v: v.name)
     columns: dict[str, list[str]] = {}
     keys: dict[str, tuple[str, ...]] = {}
-    for view in sorted(views, key=lambda v: v.name):
+    whole: dict[str, bool] = {}
+    for view in views:
         if not (view.is_derived and view.continuous):
             continue
         for aux in maintenance(view, catalog).auxiliaries:
             found = columns.setdefault(aux.table, [])
             found += [c for c in aux.copy.columns if c not in found]
             keys[aux.table] = aux.copy.key
-    return {
-        table: _copy(table, tuple(found), keys[table]) for table, found in sorted(columns.items())
-    }
+            whole[aux.table] = whole.get(aux.table, True) and view.view_level
+    controls = {edge.control for view in views for edge in view.presence}
+    found_copies = {}
+    for table, read in sorted(columns.items()):
+        shared = [
+            v
+            for v in views
+            if whole[table]
+            and v.table == table
+            and v.name not in controls
+            and _shares_copy(v, tuple(read), keys[table])
+        ]
+        found_copies[table] = shared[0] if shared else _copy(table, tuple(read), keys[table])
+    return found_copies
+
+
+def _shares_copy(view: CachedView, columns: tuple[str, ...], key: tuple[str, ...]) -> bool:
+    """Can ``view`` be the copy of its table holding ``columns`` under ``key``: a base view
+    the stream keeps, holding every row of the table (no WHERE, PRESENCE, CONSISTENCY or
+    COMPLETENESS clause: never evicted, pulled whole) and those columns under that key?
+    (Its children, views whose presence it controls, are checked by `copies`.)"""
+    return (
+        not view.is_derived
+        and view.continuous
+        and view.where is None
+        and not view.presence
+        and view.consistency is None
+        and view.completeness is None
+        and tuple(view.key) == tuple(key)
+        and set(columns) <= set(view.columns)
+    )
 
 
 def _copy(table: str, columns: tuple[str, ...], key: tuple[str, ...]) -> CachedView:

@@ -961,3 +961,130 @@ def test_a_copy_a_presence_controlled_view_reads_is_not_widened_under_it(setup: 
         after = store.con.execute("SELECT name, seq FROM mtcache.objects ORDER BY 1").fetchall()
         assert after == before
         assert "publisherid" not in copy_columns(store)["mtcache_aux.books"]
+
+
+BOOKS_READERS = ["author_stats", "by_gender", "cheap_books", "city_ratings", "reviewed"]
+
+
+def stamped(store: CacheStore, views: t.Iterable[str]) -> dict[str, int]:
+    """Each view's (or copy's) last pull's snapshot, as its view state holds it."""
+    names = list(views)
+    rows = store.con.execute(
+        "SELECT view, snapshot_id FROM mtcache.view_state WHERE list_contains(?, view)", [names]
+    ).fetchall()
+    return dict(rows)
+
+
+def test_a_base_view_holding_all_of_a_table_is_its_copy(setup: Setup) -> None:
+    """A base view kept continuously that holds every row of books and every column the
+    derived views read of it is books' copy: the file holds books once. Creating it makes
+    books' readers again (pulled with it, in its snapshot); a pull of it alone brings them
+    all whole; random writes keep it, them and their arrangements as the backend computes
+    them; dropping it makes the copy of books again, its readers with it."""
+    store, dsn, consumer = setup
+    populate(store, dsn, consumer)
+    assert "mtcache_aux.books" in copy_columns(store)
+    ddl = "CREATE CACHED VIEW all_books AS SELECT * FROM books REFRESH CONTINUOUSLY"
+    result = stream.apply_ddl(store, dsn, parse(ddl), fetch_catalog(dsn))
+    assert sorted(result.created) == sorted([*BOOKS_READERS, "all_books"])
+    assert "mtcache_aux.books" not in copy_columns(store)  # (one table holds books now)
+    assert "mtcache_aux.books" not in pulled_copies(store.con)
+    maintainer = Maintainer(store, dsn)
+    maintainer.refresh("all_books")  # (brings every reader of books, whole, with it)
+    pulls = pulled(store)
+    snapshots = stamped(store, [*BOOKS_READERS, "all_books", "mtcache_aux.books"])
+    assert len(snapshots) == len(BOOKS_READERS) + 2 and len(set(snapshots.values())) == 1
+    books = "SELECT isbn, authorid, title, price, type FROM {} ORDER BY isbn"
+    arranged = 0
+    rng = random.Random(3011)
+    for round_ in range(3):
+        random_writes(dsn, rng, 8)
+        consumer.catch_up()
+        recomputed(store, dsn)
+        assert store.con.execute(books.format("all_books")).fetchall() == pg(
+            dsn, books.format("books")
+        )
+        found = consumer.arrangements.tables.get("books")
+        if found is not None:  # (city_ratings and reviewed probe books as all_books holds it)
+            arranged += 1
+            assert found.spec[0] == pulled_copies(store.con)["mtcache_aux.books"]
+            held = [tuple(row.values()) for row in found.rows().to_pylist()]
+            columns = ", ".join(f'"{c}"' for c in found.schema.names)
+            copied = store.con.execute(f"SELECT {columns} FROM all_books").fetchall()
+            assert typed(held) == typed(copied)
+        if round_ == 1:  # a pull of all_books alone: its readers come whole with it
+            maintainer.refresh("all_books")
+            again = stamped(store, [*BOOKS_READERS, "all_books", "mtcache_aux.books"])
+            assert len(set(again.values())) == 1 and again != snapshots
+            pulls += 1
+    assert arranged and pulled(store) == pulls and consumer.upqueries == 0
+    [entry] = [v for v in status(store)["views"] if v["name"] == "city_ratings"]
+    assert entry["copies"]["views"] == ["all_books"]
+    result = stream.apply_ddl(store, dsn, parse("DROP CACHED VIEW all_books"), fetch_catalog(dsn))
+    assert sorted(result.created) == BOOKS_READERS
+    assert copy_columns(store)["mtcache_aux.books"] == {
+        "isbn",
+        "authorid",
+        "price",
+        "title",
+        "type",
+    }
+    assert "mtcache_aux.books" not in pulled_copies(store.con)
+    maintainer.refresh("city_ratings")  # (the copy, and every view reading it, in one pull)
+    random_writes(dsn, rng, 8)
+    consumer.catch_up()
+    recomputed(store, dsn)
+
+
+def test_only_a_base_view_holding_all_of_a_table_under_whole_readers_is_its_copy(
+    setup: Setup,
+) -> None:
+    """A base view under PRESENCE, or lacking a column a reader reads, is not books' copy; nor
+    is one that holds all of books while a reader of books keeps groups under PRESENCE (its
+    pull could not bring that reader whole). Dropping and creating the base view in one script
+    forgets the copy's pull: the new view and every reader come in the next pull together."""
+    store, dsn, consumer = setup
+    populate(store, dsn, consumer)
+    catalog = fetch_catalog(dsn)
+    for ddl, drops in (
+        (
+            "CREATE CONTROL TABLE author_pct (authorid int); CREATE CACHED VIEW some_books AS "
+            "SELECT * FROM books PRESENCE ON (authorid) IN author_pct REFRESH CONTINUOUSLY",
+            "DROP CACHED VIEW some_books; DROP CONTROL TABLE author_pct",
+        ),
+        (
+            "CREATE CACHED VIEW book_titles AS SELECT isbn, title FROM books REFRESH CONTINUOUSLY",
+            "DROP CACHED VIEW book_titles",
+        ),
+    ):
+        with applied(store, dsn, ddl, drops):
+            assert "mtcache_aux.books" in copy_columns(store)
+            assert "mtcache_aux.books" in pulled_copies(store.con)  # (not pulled anew)
+    presence = (
+        "CREATE CONTROL TABLE type_pct (type text); CREATE CACHED VIEW by_book_type AS "
+        "SELECT b.type, count(*) AS n FROM books b GROUP BY b.type "
+        "PRESENCE ON (type) IN type_pct REFRESH CONTINUOUSLY; "
+        "CREATE CACHED VIEW all_books AS SELECT * FROM books REFRESH CONTINUOUSLY"
+    )
+    drops = "DROP CACHED VIEW all_books; DROP CACHED VIEW by_book_type; DROP CONTROL TABLE type_pct"
+    with applied(store, dsn, presence, drops):
+        assert "mtcache_aux.books" in copy_columns(store)
+    ddl = "CREATE CACHED VIEW all_books AS SELECT * FROM books REFRESH CONTINUOUSLY"
+    with applied(store, dsn, ddl, "DROP CACHED VIEW all_books"):
+        Maintainer(store, dsn).refresh("all_books")
+        assert "mtcache_aux.books" in pulled_copies(store.con)
+        again = "DROP CACHED VIEW all_books; " + ddl
+        result = stream.apply_ddl(store, dsn, parse(again), catalog)
+        assert sorted(result.created) == sorted([*BOOKS_READERS, "all_books"])
+        assert "mtcache_aux.books" not in pulled_copies(store.con)  # (all_books is empty)
+        random_writes(dsn, random.Random(12), 6)
+        consumer.catch_up()  # (nothing reading books is kept until the pull)
+        assert stamped(store, [*BOOKS_READERS, "all_books"]) == {}
+        Maintainer(store, dsn).refresh("city_ratings")
+        random_writes(dsn, random.Random(13), 6)
+        consumer.catch_up()
+        recomputed(store, dsn)
+        books = "SELECT * FROM {} ORDER BY isbn"
+        assert store.con.execute(books.format("all_books")).fetchall() == pg(
+            dsn, books.format("books")
+        )

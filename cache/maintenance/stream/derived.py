@@ -29,6 +29,7 @@ from optimizer.derived.delta import (
     WEIGHT,
     Maintenance,
     copies,
+    copy_name,
     maintenance,
     tables_read,
 )
@@ -56,8 +57,9 @@ _COPIES: dict[tuple[str, ...], tuple[Catalog, dict[str, CachedView]]] = {}
 
 def copies_of(views: Sequence[CachedView], catalog: Catalog) -> dict[str, CachedView]:
     """The copies of the tables the continuously maintained derived ``views`` read
-    (`optimizer.derived.delta.copies`), made again only for other views or another catalog."""
-    statements = tuple(sorted(v.statement for v in views if v.is_derived))
+    (`optimizer.derived.delta.copies`; a base view among ``views`` may hold one), made again
+    only for other views or another catalog."""
+    statements = tuple(sorted(v.statement for v in views))
     found = _COPIES.get(statements)
     if found is None or found[0] is not catalog:
         if len(_COPIES) > 16:
@@ -103,13 +105,15 @@ def apply_derived(
     for table, copy in copies.items():
         stage = staged[table]
         started = time.perf_counter()
+        # (a base view that is the copy counts its changes as the view's; a copy's count not)
+        counted = applied if copy.name in schema.views else Applied()
         if table in truncated:
-            delete_where(con, schema, copy, "true", Applied())
+            delete_where(con, schema, copy, "true", counted)
             arranging.forget(table)
         if not stage.count:
             continue
         if table in truncated:
-            apply_view(con, schema, copy, stage, [], Applied())
+            apply_view(con, schema, copy, stage, [], counted)
             continue
         stage.register(con)
         columns = idents(copy.columns)
@@ -121,7 +125,11 @@ def apply_derived(
         con.register("mtcache_before", before)
         try:
             after = _after(con, schema, copy, stage)
-            con.execute(f"INSERT INTO {ident(copy.name)} ({columns}) {after}")
+            [inserted] = con.execute(
+                f"INSERT INTO {ident(copy.name)} ({columns}) {after}"
+            ).fetchall()
+            if before.num_rows or inserted[0]:
+                counted.views.add(copy.name)
             changes = (
                 f"SELECT {columns}, -1 AS {WEIGHT} FROM mtcache_before UNION ALL "
                 f"SELECT {columns}, 1 FROM ({after}) a"
@@ -396,7 +404,7 @@ class _Arranging:
                     if alias == aux.alias and column not in indexed:
                         indexed.append(column)
         self.specs = {
-            table: (stamps.get(copies[table].name), tuple(columns), tuple(indexed))
+            table: (stamps.get(copy_name(table)), tuple(columns), tuple(indexed))
             for table, (columns, indexed) in wanted.items()
         }
         self.copies = copies
@@ -653,8 +661,9 @@ def _after(
             for name in schema.continuous_views()
             if schema.views[name].is_derived and copy.table in tables_read(schema.views[name])
         ]
-        if all(v.view_level for v in readers):  # (all pulled whole: the copy comes with them)
-            raise NeedsPull({Region(v.name, RegionKind.VIEW) for v in readers})
+        if all(v.view_level for v in readers):  # (all pulled whole: the copy comes with them;
+            held = [copy] if copy.name in schema.views else []  # a base view holding it too)
+            raise NeedsPull({Region(v.name, RegionKind.VIEW) for v in [*readers, *held]})
         raise StreamProblem(
             f"the copy of table {copy.table} lacks a row an update changed: continuous "
             "maintenance stopped; recreate the cached views reading it (DROP CACHED VIEW, "

@@ -129,8 +129,11 @@ def _apply_run(
     kept_copies = {
         table: copy
         for table, copy in copies_of(views, catalog).items()
-        if copy.name in filled and copy.name not in skip
+        if copy_name(table) in filled and copy.name not in skip
     }
+    # (a base view that is its table's copy changes at the table's turn, `apply_derived`)
+    shared = {copy.name for copy in kept_copies.values()} & schema.views.keys()
+    held_copies = {copy.name for copy in copies_of(views, catalog).values()} - shared
     filled_plans = [
         plan
         for plan in (plan_of(v, catalog) for v in views if v.is_derived)
@@ -142,14 +145,15 @@ def _apply_run(
         if not cached.is_derived:
             readers.setdefault(cached.table, []).append(cached)
     for table, copy in kept_copies.items():
-        readers.setdefault(table, []).append(copy)
+        if copy.name not in schema.views:  # (a base view that is the copy reads it already)
+            readers.setdefault(table, []).append(copy)
     staged = {
         table: stage_changes(found, catalog, table, by_table.get(table, []))
         for table, found in readers.items()
     }
     try:
         for cached in views:
-            if cached.is_derived:
+            if cached.is_derived or cached.name in shared:
                 continue
             name = cached.name
             if cached.table in truncated:
@@ -157,6 +161,8 @@ def _apply_run(
                 delete_where(con, schema, cached, not_pending(skip.get(name, [])), applied)
             if staged[cached.table].count:
                 apply_view(con, schema, cached, staged[cached.table], skip.get(name, []), applied)
+                if arrangements is not None and name in held_copies:  # (a copy pulled, not yet
+                    arrangements.forget(cached.table)  # passed by the stream: not probed now)
         apply_derived(
             con,
             schema,
