@@ -522,15 +522,21 @@ def random_writes(dsn: str, rng: random.Random, transactions: int) -> None:
                     conn.execute(rng.choice(WRITES), {"seed": seed, "tag": str(seed)})
 
 
-@pytest.mark.parametrize("point", ["stream_apply", "stream_advance"])
+@pytest.mark.parametrize(
+    ("point", "shared"),
+    [("stream_apply", False), ("stream_advance", False), ("stream_apply", True)],
+)
 def test_sigkill_while_applying_then_reopening_leaves_each_view_as_recomputed(
-    setup: Setup, point: str, tmp_path: Path
+    setup: Setup, point: str, shared: bool, tmp_path: Path
 ) -> None:
     """The owning process killed (SIGKILL) in the middle of applying a batch to the derived
     views and their copies, or after its commit before the slot is confirmed: reopened, the
     stream goes on from the position the file holds, and each view equals what the backend
-    computes."""
+    computes (``shared``: with books' copy held by a base view of all of books, too)."""
     store, dsn, consumer = setup
+    whole = "CREATE CACHED VIEW all_books AS SELECT * FROM books REFRESH CONTINUOUSLY"
+    if shared:
+        stream.apply_ddl(store, dsn, parse(whole), fetch_catalog(dsn))
     populate(store, dsn, consumer)
     consumer.close()
     path = store.path
@@ -553,6 +559,14 @@ def test_sigkill_while_applying_then_reopening_leaves_each_view_as_recomputed(
     with CacheStore(path) as reopened, stream.Consumer(reopened, dsn) as catching_up:
         catching_up.catch_up()
         recomputed(reopened, dsn)
+        if shared:
+            assert "mtcache_aux.books" not in copy_columns(reopened)
+            books = "SELECT * FROM {} ORDER BY isbn"
+            assert reopened.con.execute(books.format("all_books")).fetchall() == pg(
+                dsn, books.format("books")
+            )
+            drop = parse("DROP CACHED VIEW all_books")
+            stream.apply_ddl(reopened, dsn, drop, fetch_catalog(dsn))
 
 
 def test_a_view_kept_current_under_concurrent_writes_answers_as_postgresql(
