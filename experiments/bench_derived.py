@@ -27,6 +27,11 @@ they are maintained from, then kept by the replication stream). Side by side:
 - *sizes*: each view's rows and file bytes, and each copy's (one per table, whatever the
   number of views reading it), after a checkpoint; DuckDB's memory in use; the memory of
   each table's arrangement (the rows join deltas probe: `cache.maintenance.stream.arrangements`).
+- *one copy or two*: the views again in two more cache files that also cache lineitem and
+  orders whole, kept continuously: in one those base views are the tables' copies, in the
+  other they lack a column the views read, so the copies are kept beside them; side by side,
+  their bytes and the stream batch of 1,000 changed rows (at most the largest of
+  ``--batches``), both files' consumers applying the same transactions.
 
 The rows are appended to experiments/results/bench_derived_stream.csv; `mtcache experiment
 derived-views` runs the same measurement into its CSV, plots and report. Every update is
@@ -37,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import functools
 import inspect
 import json
@@ -264,6 +270,8 @@ def measure(
                 finally:
                     consumer.close()
                 rows += _sizes(views, found, refresh_s)
+                sharing = min(SHARING_BATCH, max(batches))
+                rows += _sharing(dsn, pg, undo, found, work, sharing, step)
             finally:  # (the last continuously maintained view takes the slot with it)
                 views.admin.apply_ddl(
                     ";\n".join(f"DROP CACHED VIEW {view_name(n)}" for n, _, _ in found)
@@ -341,53 +349,15 @@ def _maintenance(
     """Per batch size: that many rows changed at the backend in one transaction (nine in ten
     a lineitem row's price, one in ten an order's priority), then the stream applied."""
     rng = random.Random(29)
-    most = max(batches)
-    lines = pg.execute(
-        "SELECT l_orderkey, l_linenumber FROM lineitem TABLESAMPLE "
-        "SYSTEM (2) REPEATABLE (29) LIMIT %s",
-        (most,),
-    ).fetchall()
-    orders = [
-        r[0]
-        for r in pg.execute(
-            "SELECT o_orderkey FROM orders TABLESAMPLE SYSTEM (2) REPEATABLE (29) LIMIT %s",
-            (most,),
-        ).fetchall()
-    ]
+    keys = Keys(pg, max(batches))
     store = store_of(views)
     original = transactions.apply_derived
     step("a first change of lineitem and orders, making the arrangements the joins probe")
-    with pg.transaction():
-        pg.execute(
-            "UPDATE orders SET o_shippriority = o_shippriority + 1 WHERE o_orderkey = %s",
-            (orders[0],),
-        )
-        pg.execute(
-            "UPDATE lineitem SET l_extendedprice = l_extendedprice + 1 "
-            "WHERE l_orderkey = %s AND l_linenumber = %s",
-            lines[0],
-        )
-    undo.orders[orders[0]] += 1
-    undo.lines[tuple(lines[0])] += 1  # type: ignore[index]
+    keys.first(pg, undo)
     rows: list[dict[str, t.Any]] = [{"kind": "first batch", "batch_s": timed(consumer.catch_up)}]
     for size in batches:
         step(f"{size} changed rows at the backend, then applied from the stream")
-        chosen_orders = rng.sample(orders, size // 10)
-        chosen_lines = rng.sample(lines, size - len(chosen_orders))
-        with pg.transaction(), pg.cursor() as cur:
-            cur.executemany(
-                "UPDATE orders SET o_shippriority = o_shippriority + 1 WHERE o_orderkey = %s",
-                [(k,) for k in chosen_orders],
-            )
-            cur.executemany(
-                "UPDATE lineitem SET l_extendedprice = l_extendedprice + 1 "
-                "WHERE l_orderkey = %s AND l_linenumber = %s",
-                chosen_lines,
-            )
-        for key in chosen_orders:
-            undo.orders[key] += 1
-        for line in chosen_lines:
-            undo.lines[tuple(line)] += 1  # type: ignore[index]
+        keys.change(pg, undo, rng, size)
         spent: dict[str, float] = collections.defaultdict(float)
 
         def apply_timed(*args: t.Any, into: dict[str, float] = spent, **kwargs: t.Any) -> None:
@@ -414,16 +384,7 @@ def _maintenance(
                 )
             )
             store.con.execute("DROP TABLE mtcache_bench")
-            stored = layout(view, catalog)
-            columns = ", ".join(f'"{c.name}"' for c in stored.columns)
-            cast = ", ".join(f'"{c.name}"::{c.pg_type}' for c in stored.columns)
-            started = time.perf_counter()
-            want = pg.execute(f"SELECT {cast} FROM ({pull_select(view, stored)}) x").fetchall()
-            backend_s = time.perf_counter() - started
-            held = store.con.execute(f"SELECT {columns} FROM {view.name}").fetchall()
-            assert trimmed(held) == trimmed(want), (
-                f"{name}: the maintained view is not what the backend computes"
-            )
+            backend_s = checked(store, pg, name)
             rows.append(
                 {
                     "kind": "maintenance",
@@ -434,6 +395,166 @@ def _maintenance(
                     "copies_s": sum(copies_s.values()),
                     "duckdb_recompute_s": duck_s,
                     "backend_recompute_s": backend_s,
+                }
+            )
+    return rows
+
+
+class Keys:
+    """The rows the benchmark's batches change: a sample of lineitem's and of orders' keys."""
+
+    def __init__(self, pg: t.Any, most: int) -> None:
+        self.lines = pg.execute(
+            "SELECT l_orderkey, l_linenumber FROM lineitem TABLESAMPLE "
+            "SYSTEM (2) REPEATABLE (29) LIMIT %s",
+            (most,),
+        ).fetchall()
+        self.orders = [
+            r[0]
+            for r in pg.execute(
+                "SELECT o_orderkey FROM orders TABLESAMPLE SYSTEM (2) REPEATABLE (29) LIMIT %s",
+                (most,),
+            ).fetchall()
+        ]
+
+    def first(self, pg: t.Any, undo: Undo) -> None:
+        """One row of each changed (the batch that makes the arrangements the joins probe)."""
+        self._write(pg, undo, self.orders[:1], self.lines[:1])
+
+    def change(self, pg: t.Any, undo: Undo, rng: random.Random, size: int) -> None:
+        """``size`` rows changed in one transaction: nine in ten a lineitem row's price, one
+        in ten an order's priority."""
+        chosen_orders = rng.sample(self.orders, size // 10)
+        self._write(pg, undo, chosen_orders, rng.sample(self.lines, size - len(chosen_orders)))
+
+    @staticmethod
+    def _write(pg: t.Any, undo: Undo, orders: list[t.Any], lines: list[t.Any]) -> None:
+        with pg.transaction(), pg.cursor() as cur:
+            cur.executemany(
+                "UPDATE orders SET o_shippriority = o_shippriority + 1 WHERE o_orderkey = %s",
+                [(k,) for k in orders],
+            )
+            cur.executemany(
+                "UPDATE lineitem SET l_extendedprice = l_extendedprice + 1 "
+                "WHERE l_orderkey = %s AND l_linenumber = %s",
+                lines,
+            )
+        for key in orders:
+            undo.orders[key] += 1
+        for line in lines:
+            undo.lines[tuple(line)] += 1
+
+
+def checked(store: CacheStore, pg: t.Any, name: str) -> float:
+    """The case's view as the cache file holds it, asserted equal to what the backend
+    computes; the seconds the backend took."""
+    schema, catalog = store.load_schema(), store.load_catalog()
+    view = schema.views[view_name(name)]
+    stored = layout(view, catalog)
+    columns = ", ".join(f'"{c.name}"' for c in stored.columns)
+    cast = ", ".join(f'"{c.name}"::{c.pg_type}' for c in stored.columns)
+    started = time.perf_counter()
+    want = pg.execute(f"SELECT {cast} FROM ({pull_select(view, stored)}) x").fetchall()
+    backend_s = time.perf_counter() - started
+    held = store.con.execute(f"SELECT {columns} FROM {view.name}").fetchall()
+    assert trimmed(held) == trimmed(want), (
+        f"{name}: the maintained view is not what the backend computes"
+    )
+    return backend_s
+
+
+SHARING_BATCH = 1000  # (rows changed in each batch `_sharing` times, at most the largest)
+# the columns of lineitem and orders that the views read, left out of their base views for
+# the copies to be kept apart from them (`_sharing`)
+APART = {"lineitem": "l_tax", "orders": "o_shippriority"}
+
+
+def _sharing(
+    dsn: str,
+    pg: t.Any,
+    undo: Undo,
+    found: list[tuple[str, str, str]],
+    work: Path,
+    size: int,
+    step: Step,
+) -> list[dict[str, t.Any]]:
+    """The three views again in two more cache files, each also caching lineitem and orders
+    whole, kept continuously: in "shared" those base views hold every column, so each is its
+    table's copy; in "apart" each lacks a column the views read (`APART`), so the copies are
+    kept beside them. Side by side: the file bytes of the base views and of those tables'
+    copies (the other tables' are alike in both), and
+    three stream batches of ``size`` changed rows, the two files' consumers applying the same
+    transactions, taking turns going first; each view then checked against the backend."""
+    layouts: dict[str, list[tuple[str, list[str]]]] = {}
+    for table, lacking in APART.items():
+        columns = [
+            r[0]
+            for r in pg.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = %s "
+                "ORDER BY ordinal_position",
+                (table,),
+            ).fetchall()
+        ]
+        layouts.setdefault("shared", []).append((table, columns))
+        layouts.setdefault("apart", []).append((table, [c for c in columns if c != lacking]))
+    rows: list[dict[str, t.Any]] = []
+    with contextlib.ExitStack() as stack:
+        conns, consumers = {}, {}
+        for name, bases in layouts.items():
+            step(f"{name}: lineitem and orders cached whole beside the views, pulled")
+            conn = stack.enter_context(
+                cache.connect(
+                    backend=dsn,
+                    cache_path=work / f"{name}.duckdb",
+                    admit_on_miss=False,
+                    result_memo_bytes=0,
+                    background=False,
+                )
+            )
+            ddl = [
+                f"CREATE CACHED VIEW {table}_all AS SELECT {', '.join(columns)} FROM {table} "
+                "REFRESH CONTINUOUSLY"
+                for table, columns in bases
+            ] + [
+                f"CREATE CACHED VIEW {view_name(case)} AS {select} REFRESH CONTINUOUSLY"
+                for case, select, _ in found
+            ]
+            conn.admin.apply_ddl(";\n".join(ddl))
+            drops = [f"{table}_all" for table, _ in bases] + [view_name(c) for c, _, _ in found]
+            stack.callback(  # (the last continuously kept view takes the slot with it)
+                conn.admin.apply_ddl, ";\n".join(f"DROP CACHED VIEW {n}" for n in drops)
+            )
+            conn.admin.refresh()
+            conns[name] = conn
+            consumers[name] = Consumer(store_of(conn).for_thread(), dsn)
+            stack.callback(consumers[name].close)
+        keys = Keys(pg, size)
+        keys.first(pg, undo)
+        for consumer in consumers.values():
+            consumer.catch_up()
+        rng = random.Random(31)
+        spent: dict[str, list[float]] = {name: [] for name in layouts}
+        for turn in range(3):
+            step(f"{size} changed rows, applied by each file's consumer in turn")
+            keys.change(pg, undo, rng, size)
+            order = list(layouts)[:: 1 if turn % 2 == 0 else -1]
+            for name in order:
+                spent[name].append(timed(consumers[name].catch_up))
+        for name, conn in conns.items():
+            store = store_of(conn)
+            for case, _, _ in found:
+                checked(store, pg, case)
+            store.con.execute("CHECKPOINT")
+            holders = [f"{table}_all" for table, _ in layouts[name]]
+            held = stored_bytes(store, [*holders, *copy_tables(store.con)])
+            rows.append(
+                {
+                    "kind": "sharing",
+                    "query": name,
+                    "updates": size,
+                    "batch_s": statistics.median(spent[name]),
+                    "base_views_bytes": sum(held[b] for b in holders),
+                    "copies_bytes": sum(v for n, v in held.items() if copy_table(n) in APART),
                 }
             )
     return rows
@@ -640,6 +761,27 @@ def print_tables(console: Console, rows: list[dict[str, t.Any]], sf: float) -> N
         f"DuckDB memory in use (the views' file, all three): {memory:,} bytes; the full "
         f"refresh of the three views and the copies: {refresh * 1e3:,.0f} ms"
     )
+    table = Table(title="lineitem and orders cached whole beside the views: one copy or two")
+    for column in ("layout", "base views' bytes", "their copies' bytes", "together", "batch"):
+        table.add_column(column)
+    held = {"shared": "the base views are the copies", "apart": "copies beside the base views"}
+    for r in by_kind["sharing"]:
+        table.add_row(
+            f"{r['query']} ({held[r['query']]})",
+            f"{r['base_views_bytes']:,}",
+            f"{r['copies_bytes']:,}",
+            f"{r['base_views_bytes'] + r['copies_bytes']:,}",
+            f"{r['batch_s'] * 1e3:.1f} ms at {r['updates']:,} rows",
+        )
+    console.print(table)
+    layouts = {r["query"]: r for r in by_kind["sharing"]}
+    if {"shared", "apart"} <= layouts.keys():
+        shared, apart = layouts["shared"], layouts["apart"]
+        together = {name: r["base_views_bytes"] + r["copies_bytes"] for name, r in layouts.items()}
+        console.print(
+            f"shared / apart: bytes {together['shared'] / together['apart']:.2f}x, "
+            f"batch {shared['batch_s'] / apart['batch_s']:.2f}x"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -158,7 +158,16 @@ def test_all_quick_writes_csv_plots_and_one_report(
     with (out / "derived-views.csv").open(newline="") as handle:
         derived = list(csv.DictReader(handle))
     kinds = {r["kind"] for r in derived}
-    assert kinds == {"query", "maintenance", "lag", "size", "copy", "arrangement", "first batch"}
+    assert kinds == {
+        "query",
+        "maintenance",
+        "lag",
+        "size",
+        "copy",
+        "arrangement",
+        "first batch",
+        "sharing",
+    }
     for kind in ("query", "size"):
         assert [r["query"] for r in derived if r["kind"] == kind] == ["Q1", "Q3-like", "Q5-like"]
     assert [(r["updates"], r["query"]) for r in derived if r["kind"] == "maintenance"] == [
@@ -183,6 +192,11 @@ def test_all_quick_writes_csv_plots_and_one_report(
             assert int(r["view_rows"]) > 0 and int(r["copies_rows"]) > int(r["view_rows"])
         if r["kind"] == "copy":
             assert int(r["copies_rows"]) > 0 and int(r["copies_bytes"]) > 0
+    # lineitem and orders cached whole: their base views are their copies, or kept beside them
+    sharing = {r["query"]: r for r in derived if r["kind"] == "sharing"}
+    assert sorted(sharing) == ["apart", "shared"]
+    assert int(sharing["shared"]["copies_bytes"]) == 0 < int(sharing["apart"]["copies_bytes"])
+    assert all(int(r["base_views_bytes"]) > 0 and float(r["batch_s"]) > 0 for r in sharing.values())
     [lag] = [r for r in derived if r["kind"] == "lag"]
     assert int(lag["transactions"]) == 300 and 0 <= float(lag["lag_p50_s"]) <= float(
         lag["lag_p99_s"]
