@@ -1102,3 +1102,23 @@ def test_only_a_base_view_holding_all_of_a_table_under_whole_readers_is_its_copy
         assert store.con.execute(books.format("all_books")).fetchall() == pg(
             dsn, books.format("books")
         )
+
+
+def test_what_duckdb_joins_reads_the_base_view_holding_a_copy(setup: Setup) -> None:
+    """With no memory for arrangements, every join and every group that loses its minimum is
+    computed by DuckDB from the copies: books' from the base view holding it; so is a view
+    computed again after a TRUNCATE of another table it reads."""
+    store, dsn, consumer = setup
+    ddl = "CREATE CACHED VIEW all_books AS SELECT * FROM books REFRESH CONTINUOUSLY"
+    with applied(store, dsn, ddl, "DROP CACHED VIEW all_books"):
+        populate(store, dsn, consumer)
+        assert "mtcache_aux.books" not in copy_columns(store)
+        with stream.Consumer(store, dsn, arranged_bytes=0) as joining:
+            random_writes(dsn, random.Random(21), 12)
+            joining.catch_up()
+            recomputed(store, dsn)
+            assert joining.arrangements.tables == {}
+            pg(dsn, "TRUNCATE reviews")
+            joining.catch_up()
+            recomputed(store, dsn)
+            assert joining.upqueries == 0
