@@ -93,7 +93,8 @@ def count_in(con: duckdb.DuckDBPyConnection, amounts: t.Mapping[Counter, int]) -
 
 # 2: char(n) values are stored without their blank padding (control_tables.types.BPCHAR);
 #    the shadow catalog knows each column's own collation
-FORMAT_VERSION = "2"
+# 3: a base view kept continuously that holds all of a table is the derived views' copy of it
+FORMAT_VERSION = "3"
 
 _METADATA = [
     "CREATE SCHEMA IF NOT EXISTS mtcache",
@@ -236,8 +237,16 @@ class CacheStore(SchemaStore, CatalogStore):
             row = self.con.execute(
                 "SELECT value FROM mtcache.meta WHERE key = 'format_version'"
             ).fetchone()
-            if row is not None and row[0] == "1":
+            version = row[0] if row is not None else FORMAT_VERSION
+            if version == "1":
                 self._migrate_from_1()
+                version = "2"
+            if version == "2":
+                self._copies_held_by_base_views(self.load_catalog())
+                self.con.execute(
+                    "UPDATE mtcache.meta SET value = ? WHERE key = 'format_version'",
+                    [FORMAT_VERSION],
+                )
 
     def _migrate_from_1(self) -> None:
         """Format 1 kept char(n) values padded: strip the padding (see transfer_type). Its
@@ -258,9 +267,6 @@ class CacheStore(SchemaStore, CatalogStore):
                     name = ident(column)
                     self.con.execute(f"UPDATE {ident(view.name)} SET {name} = rtrim({name}, ' ')")
         self.con.execute("DELETE FROM mtcache.backend_tables")
-        self.con.execute(
-            "UPDATE mtcache.meta SET value = ? WHERE key = 'format_version'", [FORMAT_VERSION]
-        )
 
     def _configure(self) -> None:
         # Local answers follow PostgreSQL: integer / integer truncates.

@@ -166,6 +166,38 @@ class SchemaStore(FileHandle):
         for name in pulled_copies(self.con).keys() - {copy_name(table) for table in wanted}:
             self.con.execute("DELETE FROM mtcache.view_state WHERE view = ?", [name])
 
+    def _copies_held_by_base_views(self, catalog: Catalog) -> None:
+        """Format 3 (a file of format 2 opened): a base view that holds all of a table is
+        the table's copy (`optimizer.derived.delta.copies`), so the copy kept beside it is
+        dropped. Its pull stays when the view is at the stream's position as the copy is
+        (both pulled, neither pending); else it is forgotten with its readers' pulls, and
+        they wait, answered by the backend, for a pull that brings them all (`mtcache
+        refresh` of any of them)."""
+        schema = self._parse_schema()
+        held = set(copy_tables(self.con))
+        try:
+            wanted = copies(schema.views.values(), catalog)
+        except NotSupportedError:  # (the backend changed under a view: DDL will say so)
+            return
+        pulled = {v for (v,) in self.con.execute("SELECT view FROM mtcache.view_state").fetchall()}
+        pending = {
+            v for (v,) in self.con.execute("SELECT view FROM mtcache.stream_pulls").fetchall()
+        }
+        for table, copy in wanted.items():
+            name = copy_name(table)
+            if copy.name not in schema.views or name not in held:
+                continue
+            self.con.execute(f"DROP TABLE {ident(name)}")
+            if {copy.name, name} <= pulled and not {copy.name, name} & pending:
+                continue
+            readers = [
+                v.name
+                for v in schema.views.values()
+                if v.is_derived and v.continuous and table in tables_read(v)
+            ]
+            for view in [name, *readers]:
+                self.con.execute("DELETE FROM mtcache.view_state WHERE view = ?", [view])
+
     def _create_keyed(self, view: CachedView, catalog: Catalog) -> None:
         """The DuckDB table of a view of a table's rows (a base view, a copy), keyed."""
         table = catalog.table(view.table)

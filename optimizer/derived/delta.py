@@ -439,7 +439,7 @@ def copies(views: t.Iterable[CachedView], catalog: Catalog) -> dict[str, CachedV
             found = columns.setdefault(aux.table, [])
             found += [c for c in aux.copy.columns if c not in found]
             keys[aux.table] = aux.copy.key
-            whole[aux.table] = whole.get(aux.table, True) and view.view_level
+            whole[aux.table] = whole.get(aux.table, True) and not view.presence
     controls = {edge.control for view in views for edge in view.presence}
     found_copies = {}
     for table, read in sorted(columns.items()):

@@ -1122,3 +1122,74 @@ def test_what_duckdb_joins_reads_the_base_view_holding_a_copy(setup: Setup) -> N
             joining.catch_up()
             recomputed(store, dsn)
             assert joining.upqueries == 0
+
+
+def test_a_toasted_value_the_views_do_not_read_stays_in_the_base_view_holding_the_copy(
+    setup: Setup,
+) -> None:
+    """A base view holding docs whole is its copy; an update that leaves a TOASTed value the
+    derived views do not read unsent keeps it in the base view (from its row as it was), and
+    the views take the update."""
+    store, dsn, consumer = setup
+    pg(dsn, "CREATE TABLE grps (grp int PRIMARY KEY, name text NOT NULL)")
+    pg(dsn, "INSERT INTO grps VALUES (0, 'even'), (1, 'odd')")
+    pg(dsn, "CREATE TABLE docs (id int PRIMARY KEY, grp int NOT NULL, size int, body text)")
+    big = "(SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 400))"
+    pg(dsn, f"INSERT INTO docs SELECT g, g %% 2, g, {big} FROM generate_series(1, 4) g")
+    views = {
+        "doc_groups": "SELECT g.name, count(*) AS n, sum(d.size) AS total "
+        "FROM docs d JOIN grps g ON d.grp = g.grp GROUP BY g.name",
+        "all_docs": "SELECT * FROM docs",
+    }
+    with views_of(setup, views, "docs, grps"):
+        assert "mtcache_aux.docs" not in copy_columns(store)
+        pg(dsn, "UPDATE docs SET grp = 1 - grp, size = size * 10 WHERE id IN (1, 2)")
+        pg(dsn, "DELETE FROM docs WHERE id = 4")
+        consumer.catch_up()
+        docs = "SELECT id, grp, size, body FROM {} ORDER BY id"
+        assert store.con.execute(docs.format("all_docs")).fetchall() == pg(dsn, docs.format("docs"))
+        groups = "SELECT name, n, total FROM doc_groups ORDER BY name"
+        assert store.con.execute(groups).fetchall() == pg(
+            dsn,
+            "SELECT g.name, count(*), sum(d.size) FROM docs d JOIN grps g USING (grp) "
+            "GROUP BY g.name ORDER BY g.name",
+        )
+
+
+@pytest.mark.parametrize("pulled_whole", [True, False])
+def test_a_format_2_file_drops_the_copy_a_base_view_now_holds(
+    setup: Setup, pulled_whole: bool
+) -> None:
+    """A file of format 2 kept books' copy beside a base view of all of books: opened, the
+    copy is dropped and the base view holds it. Its pull is kept when the base view was
+    pulled as the copy was; else it is forgotten with its readers', which the next pull
+    brings together. Either way the views go on as the backend computes them."""
+    store, dsn, consumer = setup
+    ddl = "CREATE CACHED VIEW all_books AS SELECT * FROM books REFRESH CONTINUOUSLY"
+    stream.apply_ddl(store, dsn, parse(ddl), fetch_catalog(dsn))
+    populate(store, dsn, consumer)
+    consumer.close()
+    # (as format 2 left it: the copy in a table of its own, beside the base view)
+    store.con.execute(
+        'CREATE TABLE "mtcache_aux.books" AS SELECT isbn, authorid, price, title, type '
+        "FROM all_books"
+    )
+    store.con.execute("UPDATE mtcache.meta SET value = '2' WHERE key = 'format_version'")
+    if not pulled_whole:
+        store.con.execute("DELETE FROM mtcache.view_state WHERE view = 'all_books'")
+    path = store.path
+    store.close()
+    random_writes(dsn, random.Random(41), 10)
+    with CacheStore(path) as reopened, stream.Consumer(reopened, dsn) as catching_up:
+        assert "mtcache_aux.books" not in copy_columns(reopened)
+        kept = stamped(reopened, [*BOOKS_READERS, "mtcache_aux.books"])
+        assert len(kept) == (len(BOOKS_READERS) + 1 if pulled_whole else 0)
+        if not pulled_whole:
+            Maintainer(reopened, dsn).refresh("all_books")
+        catching_up.catch_up()
+        recomputed(reopened, dsn)
+        books = "SELECT * FROM {} ORDER BY isbn"
+        assert reopened.con.execute(books.format("all_books")).fetchall() == pg(
+            dsn, books.format("books")
+        )
+        stream.apply_ddl(reopened, dsn, parse("DROP CACHED VIEW all_books"), fetch_catalog(dsn))

@@ -272,4 +272,4 @@ def test_a_format_1_cache_file_is_migrated(backend: str, tmp_path: Path) -> None
     with duckdb.connect(str(path), read_only=True) as migrated:
         assert migrated.execute(
             "SELECT value FROM mtcache.meta WHERE key = 'format_version'"
-        ).fetchone() == ("2",)
+        ).fetchone() == ("3",)

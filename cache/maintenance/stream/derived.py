@@ -106,6 +106,14 @@ def apply_derived(
     held = {
         p.view.name: {a.alias: ident(copies[a.table].name) for a in p.auxiliaries} for p in plans
     }
+    # (the columns views read of a table a base view holds: its Arrow Z-set's; an unread
+    # TOASTed value the batch did not send leaves that Z-set to Arrow)
+    reads: dict[str, list[str]] = {}
+    for plan in [*plans, *(arranged_plans or ())]:
+        for aux in plan.auxiliaries:
+            if aux.table in copies and copies[aux.table].name in schema.views:
+                wanted = reads.setdefault(aux.table, list(copies[aux.table].key))
+                wanted += [c for c in aux.copy.columns if c not in wanted]
     for table, copy in copies.items():
         stage = staged[table]
         started = time.perf_counter()
@@ -138,7 +146,7 @@ def apply_derived(
                 f"SELECT {columns}, -1 AS {WEIGHT} FROM mtcache_before UNION ALL "
                 f"SELECT {columns}, 1 FROM ({after}) a"
             )
-            arrow_changes = _arrow_changes(before, stage, copy)
+            arrow_changes = _arrow_changes(before, stage, reads.get(table, copy.columns))
             arranging.change(table, before, arrow_changes, after)
             _spent(applied, copy.name, started)
             for plan in readers[table]:
@@ -626,15 +634,17 @@ def _merge(
             con.unregister(name)
 
 
-def _arrow_changes(before: pa.Table, stage: Staged, copy: CachedView) -> pa.Table | None:
-    """A table's Z-set as Arrow: the copy's rows the batch replaces (-1) and its final rows
-    (+1), when every value was sent (else DuckDB merges them with the copy's, `_after`) and
-    the final rows read as the copy's types (None otherwise)."""
+def _arrow_changes(before: pa.Table, stage: Staged, columns: Sequence[str]) -> pa.Table | None:
+    """A table's Z-set as Arrow, of the copy's ``columns`` the views read: the copy's rows
+    the batch replaces (-1) and its final rows (+1), when every value of those was sent
+    (else DuckDB merges them with the copy's, `_after`) and the final rows read as the
+    copy's types (None otherwise)."""
     assert stage.puts is not None
-    if any(FLAG + c in stage.puts.column_names for c in copy.columns):
+    if any(FLAG + c in stage.puts.column_names for c in columns):
         return None
+    before = before.select(list(columns))
     try:
-        after = stage.puts.select(list(copy.columns)).cast(before.schema)
+        after = stage.puts.select(list(columns)).cast(before.schema)
     except (pa.ArrowException, ValueError):  # (final rows not of the copy's types: DuckDB's)
         return None
     return pa.concat_tables(
