@@ -20,8 +20,8 @@ from control_tables.regions import guarantees
 from control_tables.schema import CachedView, CacheSchema
 from heartbeat.clock import BackendClock
 from optimizer.derived.delta import copies as delta_copies
-from optimizer.derived.delta import tables_read
-from sql_ext.errors import ProgrammingError
+from optimizer.derived.delta import copy_table, tables_read
+from sql_ext.errors import NotSupportedError, ProgrammingError
 from sql_ext.quoting import ident
 
 REGIONS_LISTED = 1000  # a view with more regions lists them only when asked (``detail``)
@@ -50,14 +50,14 @@ def status(
     held = set(copy_tables(store.con))
     # the DuckDB tables holding the copies a continuously maintained derived view reads (its
     # own, or a base view holding all of the table, `optimizer.derived.delta.copies`)
-    readers = any(v.is_derived and v.continuous for v in schema.views.values())
-    stored = {
-        table: copy.name
-        for table, copy in (
-            delta_copies(schema.views.values(), store.load_catalog()) if readers else {}
-        ).items()
-        if copy.name in held or copy.name in schema.views
-    }
+    stored: dict[str, str] = {}
+    if any(v.is_derived and v.continuous for v in schema.views.values()):
+        try:
+            holders = delta_copies(schema.views.values(), store.load_catalog())
+        except NotSupportedError:  # (the backend changed under a view: its copies as held)
+            holders = {}
+        stored = {name_of: name for name in held if (name_of := copy_table(name))}
+        stored |= {table: copy.name for table, copy in holders.items() if copy.name in schema.views}
     copies: dict[str, list[str]] = {}
     for name, cached in schema.views.items():
         if cached.is_derived and cached.continuous:
