@@ -833,15 +833,23 @@ def views_of(setup: Setup, views: dict[str, str], tables: str) -> Iterator[None]
         pg(dsn, f"DROP TABLE {tables}")
 
 
+TOASTED = "(SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 400))"
+
+
+def docs_in_groups(dsn: str, columns: str, values: str) -> None:
+    """Tables grps (groups 0 and 1) and docs (ids 1 to 4 in group id % 2; ``columns`` after
+    those, of ``values``: SQL of g, the id; `TOASTED` a text stored out of line)."""
+    pg(dsn, "CREATE TABLE grps (grp int PRIMARY KEY, name text NOT NULL)")
+    pg(dsn, "INSERT INTO grps VALUES (0, 'even'), (1, 'odd')")
+    pg(dsn, f"CREATE TABLE docs (id int PRIMARY KEY, grp int NOT NULL, {columns})")
+    pg(dsn, f"INSERT INTO docs SELECT g, g %% 2, {values} FROM generate_series(1, 4) g")
+
+
 def test_a_toasted_value_an_update_did_not_send_comes_from_the_shared_copy(setup: Setup) -> None:
     """An update that leaves a TOASTed value alone does not send it: the table's copy (one,
     shared by the views reading the table) supplies it, to the copy and to each view."""
     store, dsn, consumer = setup
-    pg(dsn, "CREATE TABLE grps (grp int PRIMARY KEY, name text NOT NULL)")
-    pg(dsn, "INSERT INTO grps VALUES (0, 'even'), (1, 'odd')")
-    pg(dsn, "CREATE TABLE docs (id int PRIMARY KEY, grp int NOT NULL, body text, note text)")
-    big = "(SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 400))"
-    pg(dsn, f"INSERT INTO docs SELECT g, g %% 2, {big}, 'n' FROM generate_series(1, 4) g")
+    docs_in_groups(dsn, "body text, note text", f"{TOASTED}, 'n'")
     views = {
         "doc_bodies": "SELECT d.id, d.body, g.grp, g.name FROM docs d JOIN grps g ON d.grp = g.grp",
         "doc_groups": "SELECT d.grp, count(*) AS n FROM docs d GROUP BY d.grp",
@@ -1131,11 +1139,7 @@ def test_a_toasted_value_the_views_do_not_read_stays_in_the_base_view_holding_th
     derived views do not read unsent keeps it in the base view (from its row as it was), and
     the views take the update."""
     store, dsn, consumer = setup
-    pg(dsn, "CREATE TABLE grps (grp int PRIMARY KEY, name text NOT NULL)")
-    pg(dsn, "INSERT INTO grps VALUES (0, 'even'), (1, 'odd')")
-    pg(dsn, "CREATE TABLE docs (id int PRIMARY KEY, grp int NOT NULL, size int, body text)")
-    big = "(SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 400))"
-    pg(dsn, f"INSERT INTO docs SELECT g, g %% 2, g, {big} FROM generate_series(1, 4) g")
+    docs_in_groups(dsn, "size int, body text", f"g, {TOASTED}")
     views = {
         "doc_groups": "SELECT g.name, count(*) AS n, sum(d.size) AS total "
         "FROM docs d JOIN grps g ON d.grp = g.grp GROUP BY g.name",
