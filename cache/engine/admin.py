@@ -132,14 +132,18 @@ class Admin:
         status say so), with why."""
         schema = self._store.load_schema()
         filled, unfilled = [], []
+        done: set[str] = set()  # (a pull brings other views whole too: a copy's readers)
         for name in schema.topological_order():
             view = schema.views[name] if name in created else None
-            if view is None or not view.is_fully_materialized or view.is_gray:
+            if view is None or not view.is_fully_materialized or view.is_gray or name in done:
                 continue
             try:
-                filled.append(self.refresh(name))
+                report = self.refresh(name)
             except Error as exc:
                 unfilled.append((name, str(exc)))
+                continue
+            filled.append(report)
+            done |= report.rows_inserted.keys()
         return dataclasses.replace(applied, filled=filled, unfilled=unfilled)
 
     @_public

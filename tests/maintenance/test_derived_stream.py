@@ -1197,3 +1197,31 @@ def test_a_format_2_file_drops_the_copy_a_base_view_now_holds(
             dsn, books.format("books")
         )
         stream.apply_ddl(reopened, dsn, parse("DROP CACHED VIEW all_books"), fetch_catalog(dsn))
+
+
+def test_a_script_s_views_are_filled_by_as_few_pulls_as_bring_them(
+    pg_cluster: EmbeddedPostgres, tmp_path: Path
+) -> None:
+    """The owner fills what a script creates: a pull of a base view holding books' copy
+    brings every view reading books whole with it, so they are not pulled again one by one;
+    a view the first pull did not bring (reading only sales) is pulled on its own."""
+    dsn = pg_cluster.create_database("derived_fill")
+    bookstore.load_into(dsn)
+    names = ["author_stats", "cheap_books", "recent_sales"]
+    ddl = ";\n".join(
+        ["CREATE CACHED VIEW all_books AS SELECT * FROM books REFRESH CONTINUOUSLY"]
+        + [f"CREATE CACHED VIEW {n} AS {VIEWS[n]} REFRESH CONTINUOUSLY" for n in names]
+    )
+    with cache.connect(dsn, tmp_path / "c.duckdb", admit_on_miss=False, background=False) as conn:
+        result = conn.admin.apply_ddl(ddl)
+        try:
+            assert [sorted(r.rows_inserted) for r in result.filled] == [
+                ["all_books", "author_stats", "cheap_books"],
+                ["recent_sales"],
+            ]
+            assert result.unfilled == []
+            admin = conn.admin
+            assert isinstance(admin, cache.Admin)
+            assert pulled(admin.store) == 2
+        finally:
+            conn.admin.apply_ddl("; ".join(f"DROP CACHED VIEW {n}" for n in ["all_books", *names]))
