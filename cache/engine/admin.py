@@ -127,9 +127,10 @@ class Admin:
     def fill(self, applied: DdlResult, created: set[str]) -> DdlResult:
         """The owner of the file fills what it creates: each fully materialized view of
         ``created`` (whatever its refresh mode: one refreshed only on demand would otherwise
-        wait for a person) is pulled now, as `refresh` pulls it. A view that cannot be
-        filled stays created and empty (its guard sends its reads to the backend; EXPLAIN and
-        status say so), with why."""
+        wait for a person) is pulled now, as `refresh` pulls it, unless an earlier pull of
+        the fill brought it whole (a copy's readers come with it: its report names them). A
+        view that cannot be filled stays created and empty (its guard sends its reads to the
+        backend; EXPLAIN and status say so), with why."""
         schema = self._store.load_schema()
         filled, unfilled = [], []
         done: set[str] = set()  # (a pull brings other views whole too: a copy's readers)

@@ -177,7 +177,13 @@ class SchemaStore(FileHandle):
         held = set(copy_tables(self.con))
         try:
             wanted = copies(schema.views.values(), catalog)
-        except NotSupportedError:  # (the backend changed under a view: DDL will say so)
+        except NotSupportedError:  # (the backend changed under a view: which table holds
+            # which copy cannot be told, so every copy's pull is forgotten with its readers')
+            for name in pulled_copies(self.con):
+                self.con.execute("DELETE FROM mtcache.view_state WHERE view = ?", [name])
+            for reader in schema.views.values():
+                if reader.is_derived and reader.continuous:
+                    self.con.execute("DELETE FROM mtcache.view_state WHERE view = ?", [reader.name])
             return
         pulled = {v for (v,) in self.con.execute("SELECT view FROM mtcache.view_state").fetchall()}
         pending = {

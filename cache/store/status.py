@@ -54,7 +54,8 @@ def status(
     if any(v.is_derived and v.continuous for v in schema.views.values()):
         try:
             holders = delta_copies(schema.views.values(), store.load_catalog())
-        except NotSupportedError:  # (the backend changed under a view: its copies as held)
+        except NotSupportedError:  # (the backend changed under a view: the copies in tables
+            # of their own)
             holders = {}
         stored = {name_of: name for name in held if (name_of := copy_table(name))}
         stored |= {table: copy.name for table, copy in holders.items() if copy.name in schema.views}

@@ -229,7 +229,8 @@ def maintenance(view: CachedView, catalog: Catalog) -> Maintenance:
     tables = {}
     for source in derivation.sources:
         table = catalog.table(source.table, source.schema)
-        assert table is not None  # (checked at DDL time)
+        if table is None:  # (checked at DDL time: dropped at the backend since)
+            raise _refused(view, f"{source.table} is no longer at the backend; drop the view")
         if not table.primary_key:
             raise _refused(
                 view,

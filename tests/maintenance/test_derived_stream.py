@@ -1225,3 +1225,35 @@ def test_a_script_s_views_are_filled_by_as_few_pulls_as_bring_them(
             assert pulled(admin.store) == 2
         finally:
             conn.admin.apply_ddl("; ".join(f"DROP CACHED VIEW {n}" for n in ["all_books", *names]))
+
+
+def test_a_format_2_file_whose_view_lost_its_table_opens_and_forgets_its_copies(
+    setup: Setup,
+) -> None:
+    """A file of format 2 whose continuous derived view reads a table dropped at the
+    backend since: which table holds which copy cannot be told, so the file opens with every
+    copy's pull forgotten with its readers' (they wait for a pull), status answers, and the
+    view can be dropped; the others are then pulled and kept as the backend computes them."""
+    store, dsn, consumer = setup
+    pg(dsn, "CREATE TABLE extra (id int PRIMARY KEY, v int)")
+    pg(dsn, "INSERT INTO extra SELECT g, g FROM generate_series(1, 5) g")
+    ddl = "CREATE CACHED VIEW extra_sum AS SELECT count(*) AS n, sum(e.v) AS total FROM extra e"
+    stream.apply_ddl(store, dsn, parse(ddl + " REFRESH CONTINUOUSLY"), fetch_catalog(dsn))
+    populate(store, dsn, consumer)
+    consumer.close()
+    pg(dsn, "DROP TABLE extra")
+    store.save_catalog(fetch_catalog(dsn))
+    store.con.execute("UPDATE mtcache.meta SET value = '2' WHERE key = 'format_version'")
+    path = store.path
+    store.close()
+    with CacheStore(path) as reopened:
+        assert pulled_copies(reopened.con) == {}
+        assert stamped(reopened, [*VIEWS, "extra_sum"]) == {}
+        assert {v["name"] for v in status(reopened)["views"]} == {*VIEWS, "extra_sum"}
+        drop = parse("DROP CACHED VIEW extra_sum")
+        stream.apply_ddl(reopened, dsn, drop, fetch_catalog(dsn))
+        with stream.Consumer(reopened, dsn) as catching_up:
+            populate(reopened, dsn, catching_up)
+            random_writes(dsn, random.Random(43), 6)
+            catching_up.catch_up()
+            recomputed(reopened, dsn)

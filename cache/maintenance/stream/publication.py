@@ -148,8 +148,8 @@ def _stream_tables(schema: CacheSchema, catalog: Catalog) -> list[tuple[str, str
         )
         for source, in_schema in sources:
             table = catalog.table(source, in_schema)
-            assert table is not None
-            found.add((table.schema, table.name))
+            if table is not None:  # (else dropped at the backend: its view is being dropped)
+                found.add((table.schema, table.name))
     return sorted(found)
 
 
