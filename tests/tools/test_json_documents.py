@@ -158,6 +158,9 @@ def test_explain_query_status_and_provenance_documents(
     script.write_text(
         bookstore.CACHE_SCHEMA_FILE.read_text() + "\nCREATE CACHED VIEW salescopy "
         "AS SELECT * FROM sales REFRESH CONTINUOUSLY;\n"
+        # (a derived view kept from the stream: salescopy holds its copy of sales)
+        "CREATE CACHED VIEW sales_by_isbn AS SELECT s.isbn, count(*) AS n FROM sales s "
+        "GROUP BY s.isbn REFRESH CONTINUOUSLY;\n"
     )
     assert (
         subprocess.run(
@@ -192,6 +195,8 @@ def test_explain_query_status_and_provenance_documents(
         "authorcopy",
         "salescopy",
     }
+    [derived] = [v for v in status["views"] if v["name"] == "sales_by_isbn"]
+    assert derived["copies"]["views"] == ["salescopy"] and derived["copies"]["rows"] > 0
     # a cursor's provenance, local and remote
     with cache.connect(dsn, home / "cache.duckdb", background=False, admit_on_miss=False) as conn:
         cur = conn.cursor()
