@@ -208,7 +208,12 @@ def raw_session(served: Served, options: str | None = None) -> socket.socket:
     """A socket that has gone through startup with the server (user postgres, its database,
     ``options``) and read up to its first ReadyForQuery: for tests that speak the protocol
     byte by byte."""
-    return _started(served.server.address, served.dbname, options)
+    return raw_session_keyed(served, options)[0]
+
+
+def raw_session_keyed(served: Served, options: str | None = None) -> tuple[socket.socket, int]:
+    """`raw_session`, with the process id its BackendKeyData gave (`Server.session_of`)."""
+    return _started_keyed(served.server.address, served.dbname, options)
 
 
 def raw_postgres(served: Served) -> socket.socket:
@@ -219,6 +224,12 @@ def raw_postgres(served: Served) -> socket.socket:
 
 
 def _started(address: tuple[str, int], dbname: str, options: str | None) -> socket.socket:
+    return _started_keyed(address, dbname, options)[0]
+
+
+def _started_keyed(
+    address: tuple[str, int], dbname: str, options: str | None
+) -> tuple[socket.socket, int]:
     sock = socket.create_connection(address, timeout=60)
     body = (
         struct.pack("!i", protocol.PROTOCOL_3_0)
@@ -234,7 +245,13 @@ def _started(address: tuple[str, int], dbname: str, options: str | None) -> sock
         data = sock.recv(65536)
         assert data, "the server closed the connection at startup"
         seen += data
-    return sock
+    at, pid = 0, 0
+    while at < len(seen):  # (the messages up to ReadyForQuery: BackendKeyData among them)
+        length = int.from_bytes(seen[at + 1 : at + 5], "big")
+        if seen[at : at + 1] == b"K":
+            pid = int.from_bytes(seen[at + 5 : at + 9], "big")
+        at += 1 + length
+    return sock, pid
 
 
 def messages(sock: socket.socket) -> Iterator[tuple[bytes, bytes]]:

@@ -8,6 +8,7 @@ count of running statements)."""
 from __future__ import annotations
 
 import concurrent.futures as cf
+import functools
 import os
 import resource
 import signal
@@ -34,6 +35,7 @@ from tests.serving import (
     numbers_table,
     quiet,
     raw_session,
+    raw_session_keyed,
     relayed_runs,
     serving,
 )
@@ -50,6 +52,19 @@ def served(bookstore_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
     ) as found:
         cache_numbers(found)
         yield found
+
+
+@pytest.fixture(autouse=True)
+def _earlier_sessions_ended(served: Served) -> None:
+    """Each test starts once the sessions of the tests before it have ended (a client that
+    closed its connection has its session ended by the server a moment later): the tests
+    that count sessions count their own."""
+    _wait_for(lambda: served.server.sessions() == 0, "the earlier tests' sessions ended")
+
+
+def _ended(served: Served, pid: int) -> bool:
+    """Whether the session of the client whose BackendKeyData gave ``pid`` has ended."""
+    return served.server.session_of(pid) is None
 
 
 def _wait_for(condition: Callable[[], bool], what: str) -> None:
@@ -205,13 +220,12 @@ def test_a_statement_whose_client_is_gone_before_it_starts_is_cancelled(served: 
     before the backend has it): the statement is cancelled all the same, as one running when
     its client went away, and the session ends."""
     with psycopg.connect(served.backend, autocommit=True) as pg:
-        sessions = served.server.sessions()
         for _ in range(3):
-            sock = raw_session(served, BOUND)
+            sock, pid = raw_session_keyed(served, BOUND)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             sock.sendall(protocol.message(b"Q", b"SELECT pg_sleep(600)\0"))
             sock.close()
-            _wait_for(lambda: served.server.sessions() == sessions, "the session ended")
+            _wait_for(functools.partial(_ended, served, pid), "the session ended")
             _wait_for(lambda: not _sleeping_at_backend(pg), "its backend statement ended")
 
 
