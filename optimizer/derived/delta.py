@@ -37,7 +37,7 @@ dates, and every table it reads has a primary key and is read once.
 from __future__ import annotations
 
 import typing as t
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sqlglot import exp
 
@@ -150,6 +150,9 @@ class Maintenance:
     conditions: tuple[exp.Expr, ...] = ()  # the view's WHERE: its conjuncts (`where` has them)
     # the joins' column equalities: (alias, column, alias, column)
     links: tuple[tuple[str, str, str, str], ...] = ()
+    # (alias, the DuckDB table holding its copy) where that is not the copy's own table: a
+    # base view holding all of the table (`copies`; `held_in` says so)
+    held: tuple[tuple[str, str], ...] = ()
 
     @property
     def grouped(self) -> bool:
@@ -160,8 +163,9 @@ class Maintenance:
     def items_sql(self, relations: t.Mapping[str, str], weighted: str | None) -> str:
         """The view's items over ``relations`` (alias -> DuckDB relation; the others read
         their copies), each with the weight of the ``weighted`` alias's rows (None: 1)."""
+        held = dict(self.held)
         sources = ", ".join(
-            f"{relations.get(a.alias, ident(a.copy.name))} AS {ident(a.alias)}"
+            f"{relations.get(a.alias, ident(held.get(a.alias, a.copy.name)))} AS {ident(a.alias)}"
             for a in self.auxiliaries
         )
         weight = f"{ident(weighted)}.{WEIGHT}" if weighted is not None else "1"
@@ -169,6 +173,16 @@ class Maintenance:
             [*(f"{i.sql} AS {ident(i.name)}" for i in self.items), f"{weight} AS {WEIGHT}"]
         )
         return f"SELECT {columns} FROM {sources} WHERE {self.where}"
+
+    def held_in(self, copies: t.Mapping[str, CachedView]) -> Maintenance:
+        """This maintenance reading each table's copy where ``copies`` (by table, `copies`)
+        holds it."""
+        held = tuple(
+            (a.alias, copies[a.table].name)
+            for a in self.auxiliaries
+            if a.table in copies and copies[a.table].name != a.copy.name
+        )
+        return self if held == self.held else replace(self, held=held)
 
     def states_sql(self, items: str, stored_only: bool = False) -> str:
         """The stored states of weighted items (and, unless ``stored_only``, the extremes of

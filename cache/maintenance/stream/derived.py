@@ -92,6 +92,7 @@ def apply_derived(
     ``stamps``: which pull each is of), a view joins a table's changes with the other tables'
     arrangements, in Arrow (`_arrow_items`); those of the tables ``arranged_plans`` (default
     ``plans``: also the views waiting for a pull, whose other copies the batch keeps) read."""
+    plans = [p.held_in(copies) for p in plans]  # (a base view may hold a table's copy)
     readers = {
         table: [p for p in plans if any(a.table == table for a in p.auxiliaries)]
         for table in copies
@@ -102,10 +103,6 @@ def apply_derived(
     # (a view reading a truncated table is computed again from the copies, at the end)
     redo = {p.view.name for table in truncated & copies.keys() for p in readers[table]}
     items: dict[str, list[pa.Table]] = {p.view.name: [] for p in plans}
-    # (what each view's SQL reads for a table: the DuckDB table holding its copy)
-    held = {
-        p.view.name: {a.alias: ident(copies[a.table].name) for a in p.auxiliaries} for p in plans
-    }
     # (the columns views read of a table a base view holds: its Arrow Z-set's; an unread
     # TOASTed value the batch did not send leaves that Z-set to Arrow)
     reads: dict[str, list[str]] = {}
@@ -163,9 +160,7 @@ def apply_derived(
                             else _arrow_items(con, plan, aux.alias, arrow_changes, arranging.get)
                         )
                     if found is None:
-                        sql = plan.items_sql(
-                            {**held[plan.view.name], aux.alias: f"({changes})"}, aux.alias
-                        )
+                        sql = plan.items_sql({aux.alias: f"({changes})"}, aux.alias)
                         kept = _kept(plan, skip.get(plan.view.name, []))
                         found = con.sql(f"SELECT * FROM ({sql}) i WHERE {kept}").to_arrow_table()
                     items[plan.view.name].append(found)
@@ -181,9 +176,7 @@ def apply_derived(
                             f"SELECT {read}, sum({WEIGHT})::INTEGER AS {WEIGHT} "
                             f"FROM ({changes}) z GROUP BY ALL HAVING sum({WEIGHT}) <> 0"
                         )
-                        sql = plan.items_sql(
-                            {**held[plan.view.name], aux.alias: f"({delta})"}, aux.alias
-                        )
+                        sql = plan.items_sql({aux.alias: f"({delta})"}, aux.alias)
                         found = con.sql(sql).to_arrow_table()
                     items[plan.view.name].append(found)
                 _spent(applied, plan.view.name, started)
@@ -194,15 +187,14 @@ def apply_derived(
         started = time.perf_counter()
         kept = _kept(plan, skip.get(name, []))
         if name in redo:
-            _recompute(con, plan, kept, held[name])
+            _recompute(con, plan, kept)
         elif not items[name]:
             continue
         elif plan.adds:
             _add(con, plan, _together(items[name]))
         else:
             found = _together(items[name])
-            recompute = functools.partial(arranging.recomputed, plan)
-            _merge(con, plan, found, kept, recompute, held[name])
+            _merge(con, plan, found, kept, functools.partial(arranging.recomputed, plan))
         applied.views.add(name)
         _spent(applied, name, started)
 
@@ -612,11 +604,10 @@ def _merge(
     items: pa.Table,
     kept: str,
     recompute: Recompute,
-    held: Mapping[str, str],
 ) -> None:
     """A view's items merged into what it stores (of what it keeps); ``recompute`` gives the
     items of groups that lost an extreme, from the arrangements (None: DuckDB computes them
-    from the copies, ``held`` by the DuckDB table of each alias)."""
+    from the copies)."""
     registered: list[str] = []
 
     def register(name: str, rows: pa.Table) -> None:
@@ -626,7 +617,7 @@ def _merge(
     try:
         register("mtcache_items", items)
         if plan.grouped:
-            _merge_groups(con, plan, register, kept, recompute, held)
+            _merge_groups(con, plan, register, kept, recompute)
         else:
             _merge_rows(con, plan, register, kept)
     finally:
@@ -712,7 +703,6 @@ def _merge_groups(
     register: Register,
     kept_groups: str,
     recompute: Recompute,
-    held: Mapping[str, str],
 ) -> None:
     """The items' states merged with the view's of the groups they touch (those it keeps);
     a group that lost a minimum's or maximum's value computed again: from the arrangements
@@ -732,7 +722,7 @@ def _merge_groups(
     kept = f"{ROWS} > 0" if plan.group else "true"  # (one group of all rows: always there)
     arriving = f"SELECT {stored} FROM mtcache_next WHERE NOT {REDO} AND {kept}"
     if pc.any(following.column(REDO)).as_py():
-        items = plan.items_sql(held, None)
+        items = plan.items_sql({}, None)
         found = recompute(following.filter(following.column(REDO)))
         if found is not None:
             register("mtcache_redo_items", found)
@@ -772,15 +762,13 @@ def _merge_rows(
     )
 
 
-def _recompute(
-    con: duckdb.DuckDBPyConnection, plan: Maintenance, kept: str, held: Mapping[str, str]
-) -> None:
+def _recompute(con: duckdb.DuckDBPyConnection, plan: Maintenance, kept: str) -> None:
     """The groups (rows) the view keeps computed again from its copies (after a TRUNCATE of
-    a table it reads; ``held``: the DuckDB table of each alias)."""
+    a table it reads)."""
     name = ident(plan.view.name)
     columns = idents(plan.stored_names)
     con.execute(f"DELETE FROM {name} WHERE {kept}")
-    items = f"SELECT * FROM ({plan.items_sql(held, None)}) i WHERE {kept}"
+    items = f"SELECT * FROM ({plan.items_sql({}, None)}) i WHERE {kept}"
     if plan.grouped:
         kept = f" WHERE {ROWS} > 0" if plan.group else ""
         con.execute(
