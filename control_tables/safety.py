@@ -207,7 +207,19 @@ def _check_supported(schema: CacheSchema, view: CachedView) -> None:
 
 
 def _check_continuous(schema: CacheSchema, view: CachedView) -> None:
-    """REFRESH CONTINUOUSLY (issue 11): what the WAL consumer can keep exact."""
+    """REFRESH CONTINUOUSLY (issue 11): what the WAL consumer can keep exact; and REFRESH
+    AUTO, which a gray view cannot choose either (it follows its root)."""
+    if view.auto and view.is_gray:
+        root = schema.consistency_root(view.name)
+        raise ProgrammingError(
+            f"cached view {view.name}: a gray view is refreshed with its consistency root; "
+            f"declare REFRESH AUTO on {root} instead"
+        )
+    if view.within_seconds is not None and view.within_seconds <= 0:
+        raise ProgrammingError(
+            f"cached view {view.name}: REFRESH AUTO WITHIN needs an age above 0 (no copy is "
+            "ever 0 seconds old); give the most its data may lag, e.g. WITHIN 30 SEC"
+        )
     if view.continuous and view.is_gray:
         root = schema.consistency_root(view.name)
         raise ProgrammingError(

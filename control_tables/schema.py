@@ -51,6 +51,8 @@ class CachedView:
     refresh_seconds: float | None
     statement: str  # the DDL as written
     continuous: bool = False  # REFRESH CONTINUOUSLY (a gray view follows its root: `continuous`)
+    auto: bool = False  # REFRESH AUTO: the scheduler chooses f (`optimizer.rules.refresh_interval`)
+    within_seconds: float | None = None  # REFRESH AUTO WITHIN: the age it must never pass
     # a derived view's joins, groups and aggregates (`control_tables.derived`): then ``table``
     # is the first table it reads, and only what handles derivations reads it
     derivation: Derivation | None = field(default=None, compare=False)
@@ -194,6 +196,8 @@ def view_from_statement(
         refresh_seconds=statement.refresh_seconds,
         statement=statement.text.strip(),
         continuous=statement.continuous,
+        auto=statement.auto,
+        within_seconds=statement.within_seconds,
         derivation=statement.derivation,
     )
 

@@ -123,6 +123,10 @@ class CreateCachedView:
     refresh_seconds: float | None
     position: tuple[int, int] = field(default=(1, 1), compare=False)
     continuous: bool = False  # REFRESH CONTINUOUSLY: kept current from the backend's WAL
+    # REFRESH AUTO: refreshed at the interval the bounds its queries ask pay for; WITHIN: the
+    # age its data must never pass (seconds)
+    auto: bool = False
+    within_seconds: float | None = None
     derivation: Derivation | None = None  # a derived view's joins, groups and aggregates
     # WITH DATA (the default, as PostgreSQL's CREATE MATERIALIZED VIEW): a fully materialized
     # view is filled by the statement that creates it; WITH NO DATA: by its first refresh
@@ -174,6 +178,8 @@ class CreateCachedView:
                 "completeness": completeness,
                 "refresh_seconds": self.refresh_seconds,
                 "continuous": self.continuous,
+                "auto": self.auto,
+                "within_seconds": self.within_seconds,
             },
         }
 

@@ -145,7 +145,8 @@ class CachedViewDef(exp.Expression):
         "presence": False,
         "consistency": False,
         "completeness": False,
-        "refresh": False,
+        "refresh": False,  # a Duration (EVERY), or a Var: CONTINUOUSLY or AUTO
+        "within": False,  # REFRESH AUTO WITHIN: the objective, a Duration
         "data": False,  # WITH [NO] DATA (absent: WITH DATA)
     }
 

@@ -163,7 +163,8 @@ def _typed_cached_view(tree: CachedViewDef, text: str) -> CreateCachedView:
             control=folded(control) if control is not None else None,
         )
     refresh: Duration | exp.Var | None = tree.args.get("refresh")
-    continuous = isinstance(refresh, exp.Var)
+    mode = refresh.name if isinstance(refresh, exp.Var) else None
+    within: Duration | None = tree.args.get("within")
     derivation = _derivation(select) if is_derived(select) else None
     if derivation is not None:
         columns = tuple(o.name for o in derivation.outputs)
@@ -178,7 +179,9 @@ def _typed_cached_view(tree: CachedViewDef, text: str) -> CreateCachedView:
         consistency=consistency,
         completeness=completeness,
         refresh_seconds=refresh.seconds if isinstance(refresh, Duration) else None,
-        continuous=continuous,
+        continuous=mode == "CONTINUOUSLY",
+        auto=mode == "AUTO",
+        within_seconds=within.seconds if within is not None else None,
         derivation=derivation,
         with_data=tree.args.get("data") is None or tree.args["data"].this is True,
     )

@@ -29,7 +29,7 @@ _CLAUSE_STARTS: dict[str, tuple[str, ...]] = {
     "PRESENCE": ("ON",),
     "CONSISTENCY": ("ON", "ROOT"),
     "COMPLETENESS": ("ON",),
-    "REFRESH": ("EVERY", "CONTINUOUSLY"),
+    "REFRESH": ("EVERY", "CONTINUOUSLY", "AUTO"),
 }
 
 

@@ -137,10 +137,14 @@ class CacheDDLParser(CurrencyParser):
                 self._advance()
                 if self._match_text_seq("CONTINUOUSLY"):
                     args["refresh"] = exp.var("CONTINUOUSLY")
+                elif self._match_text_seq("AUTO"):
+                    args["refresh"] = exp.var("AUTO")
+                    if self._match_text_seq("WITHIN"):
+                        args["within"] = self._parse_duration("REFRESH AUTO WITHIN")
                 elif not self._match_text_seq("EVERY"):
                     self._fail(
-                        "expected EVERY or CONTINUOUSLY after REFRESH "
-                        "(REFRESH EVERY 5 MIN, REFRESH CONTINUOUSLY)"
+                        "expected EVERY, CONTINUOUSLY or AUTO after REFRESH "
+                        "(REFRESH EVERY 5 MIN, REFRESH CONTINUOUSLY, REFRESH AUTO [WITHIN 30 SEC])"
                     )
                 else:
                     args["refresh"] = self._parse_duration("REFRESH EVERY")
@@ -158,8 +162,8 @@ class CacheDDLParser(CurrencyParser):
             else:
                 self._fail(
                     f"unknown cached view option {option.text!r}: expected PRESENCE ON, "
-                    "CONSISTENCY, COMPLETENESS ON, REFRESH EVERY, REFRESH CONTINUOUSLY or "
-                    "WITH [NO] DATA",
+                    "CONSISTENCY, COMPLETENESS ON, REFRESH EVERY, REFRESH CONTINUOUSLY, REFRESH "
+                    "AUTO or WITH [NO] DATA",
                     option,
                 )
 

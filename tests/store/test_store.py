@@ -249,6 +249,17 @@ def test_a_script_is_all_or_nothing(store: CacheStore) -> None:
             "declare REFRESH CONTINUOUSLY on authorcopy instead",
         ),
         (
+            "CREATE CACHED VIEW t AS SELECT isbn, authorid FROM books PRESENCE ON (authorid) IN "
+            "authorcopy CONSISTENCY ROOT REFRESH AUTO",
+            ProgrammingError,
+            "declare REFRESH AUTO on authorcopy instead",
+        ),
+        (
+            "CREATE CACHED VIEW t AS SELECT * FROM books REFRESH AUTO WITHIN 0 SEC",
+            ProgrammingError,
+            "REFRESH AUTO WITHIN needs an age above 0",
+        ),
+        (
             "CREATE CACHED VIEW t AS SELECT * FROM books PRESENCE ON (authorid) IN authorcopy "
             "CONSISTENCY ON ALL REFRESH CONTINUOUSLY",
             ProgrammingError,

@@ -1,0 +1,119 @@
+"""The refresh interval of a `REFRESH AUTO` view, chosen from the bounds its queries ask.
+
+Each query that reads a view under a currency bound B asks for the view's data to be at most B
+old; answered locally, it saves the backend the work the cost model estimates for it (the
+statement's backend cost less the local plan's, in PostgreSQL's cost units). With the view
+refreshed every f and each refresh landing d after its snapshot (§4.6), a query finds the data
+fresh enough with probability p(B, d, f) (`optimizer.rules.estimate_cost.local_probability`).
+Over a second, the asks save
+
+    S(f) = sum over the bounds asked of  rate(B) * p(B, d, f)
+
+(rate(B): the backend cost per second of the queries asking B), and the pulls cost C / f
+(C: one refresh's backend cost). The interval chosen maximizes S(f) - C / f; no interval at
+all (the view is not refreshed) when that is not above what no refresh saves: the queries
+that accept data of any age, which any copy answers.
+
+S(f) - C/f is monotone between the breakpoints f = B - d (below one, a bound is always met;
+above, its share falls as 1/f, as the pulls' cost does), so its maximum over f >= the
+shortest interval is at one of them or at the shortest: the choice is exact, not searched.
+
+A view with an objective (`REFRESH AUTO WITHIN W`) is kept however little its reads save: its
+data must be at most W old, so f <= W - d.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from optimizer.rules.estimate_cost import local_probability
+
+SHORTEST_INTERVAL = 1.0  # seconds: no view is refreshed more often (the scheduler's tick)
+
+
+@dataclass(frozen=True)
+class IntervalChoice:
+    """A view's chosen interval (None: not refreshed), the bounds it serves (those its
+    interval meets every time), and why, in a sentence."""
+
+    interval: float | None
+    served: tuple[float, ...]
+    reason: str
+    saves: float = 0.0  # the net backend cost saved per hour at that interval (cost units)
+
+
+def net_per_second(
+    rates: Mapping[float, float], delay: float, pull_cost: float, interval: float | None
+) -> float:
+    """S(f) - C/f: what the asks' local answers save per second, less the pulls (with no
+    refresh: what the queries accepting any age save)."""
+    saved = sum(rate * local_probability(b, delay, interval) for b, rate in rates.items())
+    return saved if interval is None else saved - pull_cost / interval
+
+
+def choose_interval(
+    rates: Mapping[float, float],
+    delay: float,
+    pull_cost: float,
+    within: float | None = None,
+    shortest: float = SHORTEST_INTERVAL,
+) -> IntervalChoice:
+    """The interval that saves the backend most (see the module): ``rates`` maps each bound
+    asked (seconds; inf: any age) to the backend cost per second of the queries asking it,
+    ``delay`` is d, ``pull_cost`` one refresh's backend cost, ``within`` the objective."""
+    shortest = max(shortest, delay, 1e-9)
+    longest = math.inf if within is None else within - delay
+    if within is not None and longest < shortest:
+        return IntervalChoice(
+            shortest,
+            _served(rates, delay, shortest),
+            f"objective {_seconds(within)} cannot be met: a refresh takes {_seconds(delay)} "
+            f"to land and runs at most every {_seconds(shortest)}; refreshed as often as it can",
+        )
+    asked = {b: r for b, r in rates.items() if r > 0}
+    unrefreshed = asked.get(math.inf, 0.0)  # what no refresh saves: any copy serves any age
+    candidates = {shortest} | {b - delay for b in asked if b != math.inf}
+    if longest != math.inf:
+        candidates.add(longest)
+    candidates = {f for f in candidates if shortest <= f <= longest}
+    best = max(candidates, key=lambda f: (net_per_second(asked, delay, pull_cost, f), f))
+    net = net_per_second(asked, delay, pull_cost, best) - unrefreshed
+    if within is not None:
+        served = _served(asked, delay, best)
+        why = f"objective {_seconds(within)}: kept at most {_seconds(best + delay)} old"
+        if net > 0:
+            why += f"; saves the backend {net * 3600:.4g} cost units an hour"
+        return IntervalChoice(best, served, why, net * 3600)
+    if not asked:
+        return IntervalChoice(None, (), "no query asked for it lately: not refreshed")
+    if unrefreshed and len(asked) == 1:
+        return IntervalChoice(
+            None, (math.inf,), "its queries accept data of any age: not refreshed"
+        )
+    if net <= 0:
+        saved = sum(asked.values()) * 3600
+        return IntervalChoice(
+            None,
+            (),
+            f"a refresh costs the backend more than the local answers would save (at most "
+            f"{saved:.4g} cost units an hour; a refresh costs {pull_cost:.4g}): not refreshed, "
+            "its queries go to the backend",
+        )
+    served = _served(asked, delay, best)
+    return IntervalChoice(
+        best,
+        served,
+        f"every {_seconds(best)} serves bounds of {', '.join(map(_seconds, served))} and saves "
+        f"the backend {net * 3600:.4g} cost units an hour",
+        net * 3600,
+    )
+
+
+def _served(rates: Mapping[float, float], delay: float, interval: float) -> tuple[float, ...]:
+    return tuple(sorted(b for b in rates if local_probability(b, delay, interval) >= 1.0))
+
+
+def _seconds(value: float) -> str:
+    return "any age" if value == math.inf else f"{value:g} s"
