@@ -246,6 +246,23 @@ class Plan:
         return max(remote - guarded, 0.0) if remote is not None and guarded is not None else 0.0
 
     @functools.cached_property
+    def asks(self) -> tuple[tuple[str, float, float], ...]:
+        """What each run of the plan asks of the views it guards, whether the plan is chosen
+        or not: (view, the bound its class asks, the backend cost a local answer saves, an
+        equal share of `saved_per_hit` per view), each view once (its tightest bound). What
+        `REFRESH AUTO` chooses intervals from (`cache.store.bound_asks`)."""
+        bounds: dict[str, float] = {}
+        for cls in self.classes:
+            for access in cls.accesses:
+                if access.guards:
+                    view, bound = access.guards[0].view, access.guards[0].bound_seconds
+                    bounds[view] = min(bound, bounds.get(view, bound))
+        if not bounds:
+            return ()
+        share = self.saved_per_hit / len(bounds)
+        return tuple((view, bound, share) for view, bound in bounds.items())
+
+    @functools.cached_property
     def guards_read_parameters(self) -> bool:
         """Whether its guards read parameter values (the keys a presence or completeness
         guard, or a consistency probe, looks up): if not, every execution's values get the

@@ -133,6 +133,9 @@ class CachedReads:
                 yield
                 prepared = self.planner.prepare(query, params, bound)
             self._mark("lookup")
+            asks = prepared.plan.asks
+            if asks:  # (the bounds it asks of its views: what REFRESH AUTO follows)
+                self.store.asks.asked(asks)
             # (a plan that chose the whole statement remote has no guard to evaluate)
             if not prepared.plan.local:
                 self.last_route = "remote"
@@ -298,6 +301,7 @@ class CachedReads:
             lookups,
             token,
             result_shape.convert,
+            prepared.plan.asks,
         )
 
     def _decide_and_run_in_one_transaction(

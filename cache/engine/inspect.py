@@ -71,6 +71,7 @@ CACHED_VIEWS: Columns = (
     ("last_refresh", OID.timestamptz),
     ("next_refresh", OID.timestamptz),
     ("refresh_delay_seconds", OID.float8),
+    ("refresh_reason", OID.text),  # REFRESH AUTO: why its interval (else NULL)
 )
 
 CACHE_STATUS: Columns = (("name", OID.text), ("value", OID.text))
@@ -147,7 +148,13 @@ def cached_views(document: dict[str, t.Any], zone: dt.tzinfo) -> Result:
     """SHOW CACHED VIEWS: one row per cached view of a status document."""
     rows = []
     for view in document["views"]:
-        if view["refresh_seconds"]:
+        auto = view.get("refresh_auto")
+        if auto is not None:
+            interval = auto["interval_seconds"]
+            refresh = f"auto, every {format_duration(interval)}" if interval else "auto, not now"
+            if auto["within_seconds"]:
+                refresh += f", within {format_duration(auto['within_seconds'])}"
+        elif view["refresh_seconds"]:
             refresh = f"every {format_duration(view['refresh_seconds'])}"
         elif view.get("continuous"):
             refresh = "continuously"
@@ -168,6 +175,7 @@ def cached_views(document: dict[str, t.Any], zone: dt.tzinfo) -> Result:
                 _moment(view["last_refresh"], zone),
                 _moment(view["next_refresh"], zone),
                 view["refresh_delay_seconds"],
+                auto["reason"] if auto is not None else None,
             )
         )
     return rows_of(CACHED_VIEWS, rows, f"SHOW {len(rows)}")

@@ -40,6 +40,7 @@ from cache.engine.state import SessionState
 from cache.execution.convert import Row
 from cache.execution.lookup import LookupIndexes, LookupShape
 from cache.execution.provenance import Provenance
+from cache.store.bound_asks import Asks
 from cache.store.cache_file import CacheStore
 from cache.wire import protocol, values
 from optimizer.rules.evaluate_guards import Decision
@@ -73,6 +74,7 @@ class Lane:
     lookups: LookupIndexes
     token: tuple[int, ...]  # the views' change token (unchanged with the version)
     convert: Callable[[list[Row]], list[Row]]  # DuckDB's values as PostgreSQL's types
+    asks: Asks  # the plan's bounds asked of its views, counted at each answer (`Plan.asks`)
 
     def rows(self, params: Sequence[t.Any]) -> list[Row] | None:
         """The statement's rows for these parameter values, counted and noted as the session's
@@ -112,6 +114,8 @@ class Lane:
         if found is None:
             return None
         decision = self.decision
+        if self.asks:
+            session.store.asks.asked(self.asks)
         session.answered_from_lane(decision, lambda: Provenance.of(decision._replace(now=now)))
         return self.convert(found)
 

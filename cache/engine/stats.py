@@ -85,6 +85,38 @@ def document_samples(document: dict[str, t.Any]) -> list[Sample]:
                     view=name,
                 )
             )
+        auto = view.get("refresh_auto")
+        interval = auto["interval_seconds"] if auto is not None else view.get("refresh_seconds")
+        if interval:
+            found.append(
+                _gauge(
+                    "mtcache_view_refresh_interval_seconds",
+                    interval,
+                    "a cached view's refresh interval (REFRESH EVERY, or chosen for REFRESH AUTO)",
+                    view=name,
+                )
+            )
+        if auto is not None:
+            found.append(
+                _gauge(
+                    "mtcache_view_auto_refresh_saves_per_hour",
+                    auto["saves_per_hour"],
+                    "backend cost a REFRESH AUTO view's local answers save an hour, net of its "
+                    "pulls (0: not refreshed, see SHOW CACHED VIEWS for why)",
+                    view=name,
+                )
+            )
+        for asked in view.get("bounds_asked", []):
+            bound = asked["bound_seconds"]
+            found.append(
+                _gauge(
+                    "mtcache_view_bound_queries_per_hour",
+                    asked["queries_per_hour"],
+                    "queries asking a cached view for a currency bound, per hour (decayed)",
+                    view=name,
+                    bound="any" if bound is None else f"{bound:g}",
+                )
+            )
         delay = view.get("refresh_delay_seconds")
         if delay is not None:
             found.append(

@@ -2,9 +2,11 @@
 
 Each white view with ``REFRESH EVERY f`` is refreshed (all its regions, by affected closure)
 once its oldest region is f old; a fully materialized view never refreshed is populated at
-once. Gray views follow their roots; presence-controlled views without regions wait for
-admissions. Failures are logged and retried at the next tick: the cache is unchanged by a
-failed refresh, and its guards keep stale data from being used.
+once. A ``REFRESH AUTO`` view is refreshed at the interval chosen, each tick, from the bounds
+its queries asked (`cache.maintenance.auto_refresh`). Gray views follow their roots;
+presence-controlled views without regions wait for admissions. Failures are logged and retried
+at the next tick: the cache is unchanged by a failed refresh, and its guards keep stale data
+from being used.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 
+from cache.maintenance.auto_refresh import AutoIntervals
 from cache.maintenance.engines import Engine
 from cache.maintenance.pipeline import Maintainer
 from cache.maintenance.report import Report
@@ -58,10 +61,17 @@ class RefreshScheduler:
         self.tick = tick
         self.reports: list[Report] = []
         self.errors: list[str] = []
+        self.intervals = AutoIntervals(self.store, dsn)
         self._loop = Loop("mtcache-refresh")
 
     def run_once(self, now: dt.datetime | None = None) -> list[Report]:
         now = now or dt.datetime.now(dt.UTC)
+        try:
+            self.intervals.choose(now.timestamp())
+        except Exception as exc:  # logged and tried again at the next tick
+            message = f"choosing the REFRESH AUTO intervals failed: {exc}"
+            log.warning(message)
+            self.errors.append(message)
         done = []
         for name in due_views(self.store, now):
             try:
@@ -80,6 +90,10 @@ class RefreshScheduler:
 
     def stop(self) -> None:
         self._loop.stop()
+        try:
+            self.store.save_asks(dt.datetime.now(dt.UTC).timestamp(), force=True)
+        except Exception as exc:  # (the file closing under it: the last minute's asks are lost)
+            log.warning("keeping the bounds asked failed: %s", exc)
         self.store.close()
 
     def _run(self) -> None:

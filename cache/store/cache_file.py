@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
+import time
 import typing as t
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +28,7 @@ from sqlglot import exp
 
 from cache.private_files import make_private, make_private_dirs
 from cache.store import functions
+from cache.store.bound_asks import BoundAsks
 from cache.store.budget import data_bytes, data_tables, parse_size
 from cache.store.counters import Counter, Counts, named
 from cache.store.handle import shared_state
@@ -91,6 +94,8 @@ def count_in(con: duckdb.DuckDBPyConnection, amounts: t.Mapping[Counter, int]) -
         )
 
 
+log = logging.getLogger("mtcache.store")
+
 # 2: char(n) values are stored without their blank padding (control_tables.types.BPCHAR);
 #    the shadow catalog knows each column's own collation
 # 3: a base view kept continuously that holds all of a table is the derived views' copy of it
@@ -139,6 +144,14 @@ _METADATA = [
     """CREATE TABLE IF NOT EXISTS mtcache.stream (
         slot VARCHAR PRIMARY KEY, publication VARCHAR, applied_lsn BIGINT,
         stream_time TIMESTAMPTZ, applied_at TIMESTAMPTZ, relations VARCHAR, problem VARCHAR)""",
+    # the bounds queries asked of each view, decayed sums (`cache.store.bound_asks`), and the
+    # interval the scheduler chose for each REFRESH AUTO view from them, with why
+    """CREATE TABLE IF NOT EXISTS mtcache.bound_asks (
+        view VARCHAR, bound DOUBLE, queries DOUBLE, saved DOUBLE, since TIMESTAMPTZ,
+        as_of TIMESTAMPTZ, PRIMARY KEY (view, bound))""",
+    """CREATE TABLE IF NOT EXISTS mtcache.auto_refresh (
+        view VARCHAR PRIMARY KEY, interval_seconds DOUBLE, served DOUBLE[], reason VARCHAR,
+        saves DOUBLE, chosen_at TIMESTAMPTZ)""",
     """CREATE TABLE IF NOT EXISTS mtcache.stream_pulls (
         snapshot_id BIGINT, pg_snapshot VARCHAR, until_lsn BIGINT, backend_time TIMESTAMPTZ,
         view VARCHAR, predicate VARCHAR)""",
@@ -287,6 +300,37 @@ class CacheStore(SchemaStore, CatalogStore):
             twin._shared.handles += 1
         return twin
 
+    def load_asks(self) -> BoundAsks:
+        """The bounds asked of the file's views, with the sums the file kept when this
+        process first asks."""
+        asks = self.asks
+        if not asks.loaded:
+            asks.load(
+                self.con.execute(
+                    "SELECT view, bound, queries, saved, epoch(since), epoch(as_of) "
+                    "FROM mtcache.bound_asks"
+                ).fetchall()
+            )
+        return asks
+
+    def _keep_asks(self) -> None:
+        try:
+            self.asks.fold(time.time())
+            self.save_asks(time.time(), force=True)
+        except duckdb.Error as exc:  # (a file that cannot take them: the process's are lost)
+            log.warning("keeping the bounds asked in %s failed: %s", self.path, first_line(exc))
+
+    def save_asks(self, now: float, force: bool = False) -> None:
+        """Keep the bounds asked in the file (at most every minute unless ``force``; no
+        cached data changes, so no reader is told of it)."""
+        rows = self.load_asks().to_save(now, force)
+        if rows is None:
+            return
+        with self.transaction() as con:
+            con.execute("DELETE FROM mtcache.bound_asks")
+            if rows:
+                con.executemany("INSERT INTO mtcache.bound_asks VALUES (?, ?, ?, ?, ?, ?)", rows)
+
     def save_clock(self, clock: BackendClock) -> None:
         """The last backend-clock measurement, for tools without a backend connection."""
         with self.transaction() as con:
@@ -371,6 +415,8 @@ class CacheStore(SchemaStore, CatalogStore):
         if self.con is None:
             return
         with self._shared.lock:
+            if self._shared.handles == 1:  # the last one: the bounds asked stay in the file
+                self._keep_asks()
             self._shared.handles -= 1
             self.con.close()
             self.con = None  # type: ignore[assignment]

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import duckdb
 
+from cache.store.bound_asks import BoundAsks
 from cache.store.budget import Budget
 from control_tables.schema import CacheSchema
 
@@ -61,6 +62,8 @@ class _Shared:
     functions: duckdb.DuckDBPyConnection | None = None
     # the size budget of the file's data in this process, and what its regions are worth
     budget: Budget = field(default_factory=Budget)
+    # the bounds queries asked of its views in this process (`cache.store.bound_asks`)
+    asks: BoundAsks = field(default_factory=BoundAsks)
 
 
 _SHARED: dict[Path, _Shared] = {}
@@ -194,6 +197,11 @@ class FileHandle:
     def budget(self) -> Budget:
         """The file's size budget in this process (`cache.store.budget`)."""
         return self._shared.budget
+
+    @property
+    def asks(self) -> BoundAsks:
+        """The bounds asked of the file's views in this process (`cache.store.bound_asks`)."""
+        return self._shared.asks
 
     @contextmanager
     def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:

@@ -4,8 +4,10 @@
 A white view with ``REFRESH EVERY f`` is due once its oldest region is f old, at once when one
 of its regions was never refreshed or when it is fully materialized and was never populated; a
 presence-controlled view without regions waits for admissions. A ``REFRESH CONTINUOUSLY`` view
-is due only while a region of it was never populated (then at once). Gray views follow their roots;
-views without an interval are refreshed on demand only.
+is due only while a region of it was never populated (then at once). A ``REFRESH AUTO`` view
+is due as a ``REFRESH EVERY`` one at the interval last chosen for it (`AutoRefresh`), never
+while none is. Gray views follow their roots; views without an interval are refreshed on
+demand only.
 """
 
 from __future__ import annotations
@@ -62,6 +64,29 @@ class RefreshTimes:
         return self.stamps.newest
 
 
+@dataclass(frozen=True)
+class AutoRefresh:
+    """A REFRESH AUTO view's choice as the file keeps it."""
+
+    view: str
+    interval: float | None
+    served: tuple[float, ...]
+    reason: str
+    saves: float  # backend cost units saved an hour, net of the pulls
+    chosen_at: dt.datetime
+
+
+def auto_refreshes(store: CacheStore) -> dict[str, AutoRefresh]:
+    """The choices the file keeps, per view."""
+    return {
+        row[0]: AutoRefresh(row[0], row[1], tuple(row[2] or ()), row[3], row[4], row[5])
+        for row in store.con.execute(
+            "SELECT view, interval_seconds, served, reason, saves, chosen_at "
+            "FROM mtcache.auto_refresh"
+        ).fetchall()
+    }
+
+
 def refresh_times(store: CacheStore, schema: CacheSchema, name: str) -> RefreshTimes:
     view = schema.views[name]
     stamps = region_stamps(store, schema, name)
@@ -71,7 +96,11 @@ def refresh_times(store: CacheStore, schema: CacheSchema, name: str) -> RefreshT
         # its regions are its parent's: refreshed with its root, when the root was (a view
         # refreshed a moment ago read "never refreshed")
         return RefreshTimes(stamps if stamps.count else followed.stamps, followed.due, root)
-    if not view.refresh_seconds:
+    interval = view.refresh_seconds
+    if view.auto:  # (the interval the bounds asked chose: `cache.maintenance.auto_refresh`)
+        kept = auto_refreshes(store).get(name)
+        interval = kept.interval if kept is not None else None
+    if not interval:
         # a continuously maintained view is pulled once, at once, when a region of it was
         # never populated (its creation's pull, or one the stream asked for, interrupted by a
         # crash); the stream keeps it current from then on
@@ -82,7 +111,7 @@ def refresh_times(store: CacheStore, schema: CacheSchema, name: str) -> RefreshT
     if stamps.never:
         return RefreshTimes(stamps, NOW)
     assert stamps.oldest is not None
-    return RefreshTimes(stamps, stamps.oldest + dt.timedelta(seconds=view.refresh_seconds))
+    return RefreshTimes(stamps, stamps.oldest + dt.timedelta(seconds=interval))
 
 
 def region_stamps(store: CacheStore, schema: CacheSchema, name: str) -> RegionStamps:

@@ -8,13 +8,22 @@ connection has measured one yet.
 from __future__ import annotations
 
 import datetime as dt
+import math
+import time
 import typing as t
 from collections.abc import Collection
 
+from cache.store.bound_asks import BoundAsks
 from cache.store.budget import copy_tables
 from cache.store.cache_file import CacheStore
 from cache.store.counters import as_document
-from cache.store.refresh_times import last_engines, measured_delays, refresh_times
+from cache.store.refresh_times import (
+    AutoRefresh,
+    auto_refreshes,
+    last_engines,
+    measured_delays,
+    refresh_times,
+)
 from control_tables.kinds import RegionKind
 from control_tables.regions import guarantees
 from control_tables.schema import CachedView, CacheSchema
@@ -47,6 +56,9 @@ def status(
         )
     delays = measured_delays(store)
     engines = last_engines(store)
+    asks = store.load_asks()
+    asks.fold(time.time())
+    autos = auto_refreshes(store)
     held = set(copy_tables(store.con))
     # the DuckDB tables holding the copies a continuously maintained derived view reads (its
     # own, or a base view holding all of the table, `optimizer.derived.delta.copies`)
@@ -74,6 +86,8 @@ def status(
             sizes.get(n, 0),
             n in detail,
             engines.get(n, (None, None)),
+            asks,
+            autos.get(n),
         )
         for n in schema.topological_order()
     ]
@@ -116,6 +130,8 @@ def _view_status(
     stored: int = 0,
     listed: bool = False,
     engine: tuple[str | None, str | None] = (None, None),
+    asks: BoundAsks | None = None,
+    auto: AutoRefresh | None = None,
 ) -> dict[str, t.Any]:
     """A view's entry of the status document (``stored``: its bytes, `stored_bytes`; its
     regions listed if ``listed`` or few)."""
@@ -196,7 +212,39 @@ def _view_status(
         if stamps.oldest is not None
         else None,
         "regions": regions if listed else None,  # None: more than REGIONS_LISTED, not asked
+        # REFRESH AUTO: the interval chosen from the bounds asked, the bounds it serves, why
+        "refresh_auto": _auto(view, auto) if view.auto else None,
+        # the bounds queries asked of it lately (`cache.store.bound_asks`), per hour
+        "bounds_asked": _asked(asks, view.name) if asks is not None else [],
     }
+
+
+def _bound(seconds: float) -> float | None:
+    """A bound in a JSON document: None for any age."""
+    return None if seconds == math.inf else seconds
+
+
+def _auto(view: CachedView, auto: AutoRefresh | None) -> dict[str, t.Any]:
+    return {
+        "interval_seconds": auto.interval if auto else None,
+        "within_seconds": view.within_seconds,
+        "bounds_served": [_bound(b) for b in auto.served] if auto else [],
+        "reason": auto.reason if auto else "not chosen yet: the scheduler chooses at its next tick",
+        "saves_per_hour": auto.saves if auto else 0.0,
+        "chosen_at": auto.chosen_at.isoformat() if auto else None,
+    }
+
+
+def _asked(asks: BoundAsks, view: str) -> list[dict[str, t.Any]]:
+    queries, saved = asks.rates(view, time.time())
+    return [
+        {
+            "bound_seconds": _bound(bound),
+            "queries_per_hour": round(queries[bound] * 3600, 3),
+            "saves_per_hour": round(saved.get(bound, 0.0) * 3600, 3),
+        }
+        for bound in sorted(queries)
+    ]
 
 
 def _count(con: t.Any, table: str) -> int:

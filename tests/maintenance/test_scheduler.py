@@ -31,15 +31,22 @@ CREATE CACHED VIEW reviewercopy AS SELECT * FROM reviewers;
 """
 
 
-@pytest.fixture
-def setup(pg_cluster: EmbeddedPostgres, tmp_path: Path) -> Iterator[tuple[CacheStore, str]]:
-    dsn = pg_cluster.create_database("scheduler")
+def bookstore_cache(
+    pg_cluster: EmbeddedPostgres, directory: Path, database: str, schema: str
+) -> Iterator[tuple[CacheStore, str]]:
+    """A new bookstore database and a cache file in ``directory`` with ``schema`` applied."""
+    dsn = pg_cluster.create_database(database)
     bookstore.load_into(dsn)
-    store = CacheStore(tmp_path / "cache.duckdb")
+    store = CacheStore(directory / "cache.duckdb")
     store.save_catalog(fetch_catalog(dsn))
-    store.apply_ddl(parse(SCHEMA), store.load_catalog())
+    store.apply_ddl(parse(schema), store.load_catalog())
     yield store, dsn
     store.close()
+
+
+@pytest.fixture
+def setup(pg_cluster: EmbeddedPostgres, tmp_path: Path) -> Iterator[tuple[CacheStore, str]]:
+    yield from bookstore_cache(pg_cluster, tmp_path, "scheduler", SCHEMA)
 
 
 def test_due_views_follow_the_intervals(setup: tuple[CacheStore, str]) -> None:

@@ -161,6 +161,9 @@ def test_explain_query_status_and_provenance_documents(
         # (a derived view kept from the stream: salescopy holds its copy of sales)
         "CREATE CACHED VIEW sales_by_isbn AS SELECT s.isbn, count(*) AS n FROM sales s "
         "GROUP BY s.isbn REFRESH CONTINUOUSLY;\n"
+        # (a view refreshed as the bounds asked of it pay, with an objective)
+        "CREATE CACHED VIEW reviewers_auto AS SELECT * FROM reviewers REFRESH AUTO WITHIN 10 MIN "
+        "WITH NO DATA;\n"
     )
     assert (
         subprocess.run(
@@ -197,6 +200,11 @@ def test_explain_query_status_and_provenance_documents(
     }
     [derived] = [v for v in status["views"] if v["name"] == "sales_by_isbn"]
     assert derived["copies"]["views"] == ["salescopy"] and derived["copies"]["rows"] > 0
+    [auto] = [v for v in status["views"] if v["name"] == "reviewers_auto"]
+    assert auto["refresh_auto"]["within_seconds"] == 600.0
+    # the bounds the queries above asked (the one-shot commands' process kept them in the file)
+    [sales] = [v for v in status["views"] if v["name"] == "salescopy"]
+    assert [a["bound_seconds"] for a in sales["bounds_asked"]] == [600.0]
     # a cursor's provenance, local and remote
     with cache.connect(dsn, home / "cache.duckdb", background=False, admit_on_miss=False) as conn:
         cur = conn.cursor()

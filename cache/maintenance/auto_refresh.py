@@ -1,0 +1,161 @@
+"""The intervals of `REFRESH AUTO` views, chosen each scheduler tick from the bounds their
+queries asked (`cache.store.bound_asks`) by `optimizer.rules.refresh_interval`, and kept in
+the cache file (``mtcache.auto_refresh``), where `refresh_times` reads them as it reads a
+`REFRESH EVERY` (so status, SHOW CACHED VIEWS and the scheduler agree).
+
+A view's refresh pulls its gray followers too, in the same snapshot: the bounds asked of
+them count as asked of it, and their pulls add to its cost. One refresh's backend cost C is
+the backend's estimate for the view's defining query (``EXPLAIN``, asked once per schema
+and view), in the share of the rows the view holds (a presence-controlled view pulls only its
+regions), plus moving those rows (`TRANSFER_ROW_COST` each): the cost units the asks' savings
+are in.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import math
+import time
+
+from cache.backend.estimates import backend_estimates
+from cache.store.cache_file import CacheStore
+from cache.store.refresh_times import auto_refreshes, measured_delays
+from control_tables.schema import CachedView, CacheSchema
+from optimizer.derived.states import layout, pull_select
+from optimizer.rules.estimate_cost import DEFAULT_DELAY, TRANSFER_ROW_COST
+from optimizer.rules.refresh_interval import IntervalChoice, choose_interval
+from sql_ext.catalog import Catalog
+from sql_ext.errors import Error
+from sql_ext.quoting import ident, idents, qualified
+
+log = logging.getLogger("mtcache.scheduler")
+
+REWRITE_EVERY = 60.0  # seconds: an unchanged choice is written again this often (its figures)
+
+
+def defining_query(view: CachedView, catalog: Catalog) -> str | None:
+    """The backend query of all the view's rows (None: its table is gone)."""
+    if view.is_derived:
+        return pull_select(view, layout(view, catalog))
+    table = catalog.table(view.table)
+    if table is None:
+        return None
+    where = f" WHERE {view.where_sql('postgres')}" if view.where is not None else ""
+    return f"SELECT {idents(view.columns)} FROM {qualified(table.schema, table.name)}{where}"
+
+
+class AutoIntervals:
+    """The scheduler's chooser of REFRESH AUTO intervals (one per scheduler)."""
+
+    COSTS_FOR = 600.0  # seconds a view's defining query's estimate is kept
+
+    def __init__(self, store: CacheStore, dsn: str) -> None:
+        self.store = store
+        self.dsn = dsn
+        self._estimates: dict[str, tuple[int, float, float, float]] = {}  # view -> (schema
+        # version, when, cost, rows)
+
+    def choose(self, now: float | None = None) -> dict[str, IntervalChoice]:
+        """Fold the reads' asks, choose each REFRESH AUTO view's interval at ``now`` (seconds
+        since the epoch) and keep the choices (and the asks) in the file."""
+        now = time.time() if now is None else now
+        store = self.store
+        schema = store.load_schema()
+        asks = store.load_asks()
+        asks.fold(now)
+        asks.forget(schema.views)
+        chosen: dict[str, IntervalChoice] = {}
+        autos = [v for v in schema.topological_order() if _chooses(schema.views[v])]
+        if autos:
+            delays = measured_delays(store)
+            for name in autos:
+                group = [name, *self._followers(schema, name)]
+                saved: dict[float, float] = {}
+                for member in group:
+                    for bound, rate in asks.rates(member, now)[1].items():
+                        saved[bound] = saved.get(bound, 0.0) + rate
+                cost = sum(self.pull_cost(schema, schema.views[m]) for m in group)
+                chosen[name] = choose_interval(
+                    saved, delays.get(name, DEFAULT_DELAY), cost, schema.views[name].within_seconds
+                )
+        self._keep(chosen, now)
+        store.save_asks(now)
+        return chosen
+
+    @staticmethod
+    def _followers(schema: CacheSchema, root: str) -> list[str]:
+        return [
+            v
+            for v in schema.topological_order()
+            if v != root and schema.views[v].is_gray and schema.consistency_root(v) == root
+        ]
+
+    def pull_cost(self, schema: CacheSchema, view: CachedView) -> float:
+        """One refresh's backend cost for ``view`` (see the module); 0 when the backend cannot
+        estimate it (then the asks alone decide)."""
+        store = self.store
+        kept = self._estimates.get(view.name)
+        if (
+            kept is None
+            or kept[0] != store.schema_version
+            or time.monotonic() - kept[1] > self.COSTS_FOR
+        ):
+            cost, rows = self._estimate(view)
+            kept = (store.schema_version, time.monotonic(), cost, rows)
+            self._estimates[view.name] = kept
+        cost, rows = kept[2], kept[3]
+        if not math.isfinite(cost):
+            return 0.0
+        if view.is_fully_materialized:
+            return cost + rows * TRANSFER_ROW_COST
+        [(held,)] = store.con.execute(f"SELECT count(*) FROM {ident(view.name)}").fetchall()
+        return cost * min(1.0, held / max(rows, 1.0)) + held * TRANSFER_ROW_COST
+
+    def _estimate(self, view: CachedView) -> tuple[float, float]:
+        try:
+            query = defining_query(view, self.store.load_catalog())
+            if query is None:
+                return math.inf, 0.0
+            return backend_estimates(self.dsn, [(query, None)])[query]
+        except Error as exc:  # (the backend down: no estimate now, asked again later)
+            log.warning("estimating a refresh of %s failed: %s", view.name, exc)
+            return math.inf, 0.0
+
+    def _keep(self, chosen: dict[str, IntervalChoice], now: float) -> None:
+        """Write the choices that changed (interval or bounds served), and the others once a
+        minute (their figures), in one transaction; drop those of views no longer AUTO."""
+        store = self.store
+        kept = auto_refreshes(store)
+        at = dt.datetime.fromtimestamp(now, dt.UTC)
+        rows = []
+        for view, choice in chosen.items():
+            old = kept.get(view)
+            if (
+                old is None
+                or _rounded(old.interval) != _rounded(choice.interval)
+                or old.served != choice.served
+                or (at - old.chosen_at).total_seconds() >= REWRITE_EVERY
+            ):
+                rows.append(
+                    (view, choice.interval, list(choice.served), choice.reason, choice.saves, at)
+                )
+        gone = [v for v in kept if v not in chosen]
+        if not rows and not gone:
+            return
+        with store.transaction() as con:
+            for view in gone:
+                con.execute("DELETE FROM mtcache.auto_refresh WHERE view = ?", [view])
+            for row in rows:
+                con.execute(
+                    "INSERT OR REPLACE INTO mtcache.auto_refresh VALUES (?, ?, ?, ?, ?, ?)",
+                    list(row),
+                )
+
+
+def _chooses(view: CachedView) -> bool:
+    return view.auto and not view.is_gray
+
+
+def _rounded(interval: float | None) -> float | None:
+    return None if interval is None else round(interval, 2)

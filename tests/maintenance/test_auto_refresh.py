@@ -1,0 +1,167 @@
+"""REFRESH AUTO: a view's interval follows the bounds its queries ask (the reads' asks, folded
+by the scheduler, choose it; the scheduler refreshes at it). The moments the choices are made
+at are given, not measured: a test must not depend on how fast a machine is."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import cache
+from cache.backend.embedded_pg import EmbeddedPostgres
+from cache.engine.stats import document_samples
+from cache.maintenance.auto_refresh import AutoIntervals
+from cache.maintenance.engines import InlineEngine
+from cache.maintenance.scheduler import RefreshScheduler, due_views
+from cache.store.bound_asks import ASKS_HALF_LIFE, BoundAsks
+from cache.store.cache_file import CacheStore
+from cache.store.refresh_times import auto_refreshes, measured_delays
+from tests.answers import assert_same_answer
+from tests.maintenance.test_scheduler import bookstore_cache
+
+SCHEMA = """
+CREATE CACHED VIEW salescopy AS SELECT * FROM sales REFRESH AUTO;
+CREATE CACHED VIEW reviewercopy AS SELECT * FROM reviewers REFRESH AUTO WITH NO DATA;
+"""
+POINT = "SELECT s.qty FROM sales s WHERE s.saleid = %s CURRENCY BOUND {bound} ON (s)"
+
+
+@pytest.fixture
+def setup(pg_cluster: EmbeddedPostgres, tmp_path: Path) -> Iterator[tuple[CacheStore, str]]:
+    yield from bookstore_cache(pg_cluster, tmp_path, "auto_refresh", SCHEMA)
+
+
+def read(conn: cache.Connection, bound: str, times: int) -> None:
+    """``times`` point reads of sales under ``bound``, each answered as PostgreSQL answers."""
+    cur = conn.cursor()
+    for i in range(times):
+        cur.execute(POINT.format(bound=bound), (1 + i % 5,))
+        cur.fetchall()
+
+
+def test_the_interval_follows_the_bounds_asked(setup: tuple[CacheStore, str]) -> None:
+    store, dsn = setup
+    chooser = AutoIntervals(store, dsn)
+    with cache.connect(dsn, store.path, background=False) as conn:
+        conn.admin.refresh("salescopy")  # (a measured delay d)
+        start = time.time()
+        # nobody asked yet: not refreshed, and said why
+        choice = chooser.choose(start)["salescopy"]
+        assert choice.interval is None and "no query asked" in choice.reason
+        assert due_views(store, dt.datetime.now(dt.UTC) + dt.timedelta(days=1)) == []
+
+        read(conn, "10 MIN", 300)
+        loose = chooser.choose(start + 30)["salescopy"]
+        delay = measured_delays(store)["salescopy"]
+        assert loose.interval == pytest.approx(600 - delay), loose
+        assert loose.served == (600.0,)
+        # the file keeps the choice: the scheduler and status read it
+        kept = auto_refreshes(store)["salescopy"]
+        assert kept.interval == loose.interval and kept.reason == loose.reason
+        stamp = store.con.execute(
+            "SELECT refreshed_at FROM mtcache.view_state WHERE view = 'salescopy'"
+        ).fetchone()
+        assert stamp is not None
+        after = stamp[0] + dt.timedelta(seconds=600 - delay)
+        assert due_views(store, after - dt.timedelta(seconds=1)) == []
+        assert due_views(store, after + dt.timedelta(seconds=1)) == ["salescopy"]
+        # status, SHOW CACHED VIEWS and the metrics show the interval, the bounds and why
+        [sales] = [v for v in conn.admin.status()["views"] if v["name"] == "salescopy"]
+        assert sales["refresh_auto"]["interval_seconds"] == loose.interval
+        assert sales["refresh_auto"]["bounds_served"] == [600.0]
+        assert sales["refresh_auto"]["reason"] == loose.reason
+        assert [a["bound_seconds"] for a in sales["bounds_asked"]] == [600.0]
+        assert sales["bounds_asked"][0]["queries_per_hour"] > 0
+        cur = conn.execute("SHOW CACHED VIEWS")
+        rows = {r[0]: dict(zip([d[0] for d in cur.description], r, strict=True)) for r in cur}
+        assert rows["salescopy"]["refresh"].startswith("auto, every ")
+        assert rows["salescopy"]["refresh_reason"] == loose.reason
+        assert rows["reviewercopy"]["refresh"] == "auto, not now"
+        samples = {(s.name, s.labels): s.value for s in document_samples(conn.admin.status())}
+        interval = ("mtcache_view_refresh_interval_seconds", (("view", "salescopy"),))
+        assert samples[interval] == loose.interval
+        asked = ("mtcache_view_bound_queries_per_hour", (("view", "salescopy"), ("bound", "600")))
+        assert samples[asked] > 0
+
+        # tighter bounds, asked often enough to pay for refreshing every few seconds (a pull
+        # of sales costs ~100 times what a point read saves): the interval shrinks
+        read(conn, "5 SEC", 3000)
+        tight = chooser.choose(start + 60)["salescopy"]
+        assert tight.interval == pytest.approx(5 - delay), tight
+        assert tight.served == (5.0, 600.0)
+
+        # nobody reads any more: after long enough, the refreshes stop
+        idle = chooser.choose(start + 30 * ASKS_HALF_LIFE)["salescopy"]
+        assert idle.interval is None and "more than the local answers would save" in idle.reason
+        assert auto_refreshes(store)["salescopy"].interval is None
+        assert due_views(store, dt.datetime.now(dt.UTC) + dt.timedelta(days=1)) == []
+
+        # and every answer was PostgreSQL's
+        answer = assert_same_answer(
+            conn,
+            dsn,
+            POINT.format(bound="10 MIN"),
+            "SELECT s.qty FROM sales s WHERE s.saleid = %s",
+            (3,),
+        )
+        assert answer.route == "local"
+
+
+def test_the_asks_are_counted_on_every_path_and_kept_in_the_file(
+    setup: tuple[CacheStore, str],
+) -> None:
+    """Each read counts its bounds once, whether a plan, the memo or a lane answered it, or the
+    backend (the view not fresh enough); the counts outlive the process in the file."""
+    store, dsn = setup
+    with cache.connect(dsn, store.path, background=False) as conn:
+        conn.admin.refresh("salescopy")
+        read(conn, "10 MIN", 40)  # local: plans, the memo, a lane
+        read(conn, "1 MS", 7)  # below the refresh delay: the backend answers
+        cur = conn.cursor()
+        cur.execute("SELECT count(*) FROM reviewers r CURRENCY BOUND 2 MIN ON (r)")
+        assert cur.provenance[0]["route"] != "local"  # never filled: the backend
+    now = time.time()
+    asks = store.load_asks()
+    asks.fold(now)
+    assert asks.counts("salescopy", now) == {600.0: 40.0, 0.001: 7.0}
+    assert asks.counts("reviewercopy", now) == {120.0: 1.0}
+    store.save_asks(now, force=True)
+    again = BoundAsks()
+    again.load(
+        store.con.execute(
+            "SELECT view, bound, queries, saved, epoch(since), epoch(as_of) FROM mtcache.bound_asks"
+        ).fetchall()
+    )
+    assert again.counts("salescopy", now) == pytest.approx({600.0: 40.0, 0.001: 7.0})
+    # (the moments kept to the microsecond)
+    later = now + 60
+    for kept, counted in zip(
+        again.rates("salescopy", later), asks.rates("salescopy", later), strict=True
+    ):
+        assert kept == pytest.approx(counted)
+
+
+def test_the_scheduler_refreshes_what_the_bounds_ask(setup: tuple[CacheStore, str]) -> None:
+    """The scheduler chooses at each tick and refreshes at the interval chosen; a view never
+    filled and never read (reviewercopy, WITH NO DATA) is not pulled."""
+    store, dsn = setup
+    with cache.connect(dsn, store.path, background=False) as conn:
+        conn.admin.refresh("salescopy")
+        read(conn, "30 SEC", 300)
+    scheduler = RefreshScheduler(store, dsn, InlineEngine(), tick=5.0)
+    try:
+        soon = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=10)
+        assert scheduler.run_once(soon) == []  # chosen: 30 s - d; not due yet
+        interval = auto_refreshes(store)["salescopy"].interval
+        assert interval is not None and 25 < interval < 30
+        later = soon + dt.timedelta(seconds=60)
+        reports = scheduler.run_once(later)
+        assert [r.operation for r in reports] == ["refresh salescopy"]
+        assert scheduler.errors == []
+        assert auto_refreshes(store)["reviewercopy"].interval is None
+    finally:
+        scheduler.stop()
