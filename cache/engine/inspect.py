@@ -150,10 +150,7 @@ def cached_views(document: dict[str, t.Any], zone: dt.tzinfo) -> Result:
     for view in document["views"]:
         auto = view.get("refresh_auto")
         if auto is not None:
-            interval = auto["interval_seconds"]
-            refresh = f"auto, every {format_duration(interval)}" if interval else "auto, not now"
-            if auto["within_seconds"]:
-                refresh += f", within {format_duration(auto['within_seconds'])}"
+            refresh = auto_refresh_text(auto)
         elif view["refresh_seconds"]:
             refresh = f"every {format_duration(view['refresh_seconds'])}"
         elif view.get("continuous"):
@@ -179,6 +176,25 @@ def cached_views(document: dict[str, t.Any], zone: dt.tzinfo) -> Result:
             )
         )
     return rows_of(CACHED_VIEWS, rows, f"SHOW {len(rows)}")
+
+
+def auto_refresh_text(auto: dict[str, t.Any]) -> str:
+    """A REFRESH AUTO view's refresh as status documents give it: ``auto, every 29.5 sec,
+    within 1 min`` (``not now``: no interval pays)."""
+    interval = auto["interval_seconds"]
+    said = f"auto, every {format_duration(round(interval, 3))}" if interval else "auto, not now"
+    if auto["within_seconds"]:
+        said += f", within {format_duration(auto['within_seconds'])}"
+    return said
+
+
+def bounds_asked_text(asked: list[dict[str, t.Any]]) -> str:
+    """The bounds asked of a view, as `mtcache status` prints them: ``10 min 1,200/h``."""
+    return ", ".join(
+        f"{'any age' if a['bound_seconds'] is None else format_duration(a['bound_seconds'])} "
+        f"{a['queries_per_hour']:,.0f}/h"
+        for a in asked
+    )
 
 
 def cache_status(document: dict[str, t.Any]) -> Result:

@@ -205,6 +205,20 @@ def test_explain_query_status_and_provenance_documents(
     # the bounds the queries above asked (the one-shot commands' process kept them in the file)
     [sales] = [v for v in status["views"] if v["name"] == "salescopy"]
     assert [a["bound_seconds"] for a in sales["bounds_asked"]] == [600.0]
+    text = subprocess.run(
+        [mtcache_bin, "status"],
+        capture_output=True,
+        text=True,
+        env=clean_env,
+        timeout=120,
+        check=True,
+    ).stdout
+    assert (
+        "reviewers_auto (reviewers, white, view-level, refresh auto, not now, within 10 min)"
+        in text
+    )
+    assert f"    refresh auto: {auto['refresh_auto']['reason']}\n" in text
+    assert "    bounds asked: 10 min " in text
     # a cursor's provenance, local and remote
     with cache.connect(dsn, home / "cache.duckdb", background=False, admit_on_miss=False) as conn:
         cur = conn.cursor()

@@ -7,6 +7,7 @@ import argparse
 import datetime as dt
 import typing as t
 
+from cache.engine.inspect import auto_refresh_text, bounds_asked_text
 from cache.tools.cli.access import open_admin
 from cache.tools.formatting import print_json
 from cache.tools.settings import Settings
@@ -34,8 +35,11 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
     now = dt.datetime.fromisoformat(document["now"])
     for view in document["views"]:
         parents = f" under {', '.join(view['parents'])}" if view["parents"] else ""
+        auto = view.get("refresh_auto")
         every = (
-            f", refresh every {format_duration(view['refresh_seconds'])}"
+            f", refresh {auto_refresh_text(auto)}"
+            if auto is not None
+            else f", refresh every {format_duration(view['refresh_seconds'])}"
             if view["refresh_seconds"]
             else ", refreshed continuously"
             if view.get("continuous")
@@ -45,6 +49,10 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
             f"  {view['name']} ({view['table']}, {view['color']}, {view['consistency']}-level"
             f"{parents}{every}): {plural(view['rows'], 'row')}; {_refresh_line(view, now)}"
         )
+        if auto is not None:
+            print(f"    refresh auto: {auto['reason']}")
+        if view.get("bounds_asked"):
+            print(f"    bounds asked: {bounds_asked_text(view['bounds_asked'])}")
         if view["regions"] is None:
             oldest = view["oldest_region_seconds"]
             print(
@@ -106,6 +114,8 @@ def _refresh_line(view: dict[str, t.Any], now: dt.datetime) -> str:
         return f"{said}, continuously from the WAL"
     upcoming = view["next_refresh"]
     if upcoming is None:
+        if view.get("refresh_auto") is not None:
+            return f"{said}, next when its reads pay for it"
         return (
             f"{said}, next on demand"
             if not view["refresh_seconds"]
