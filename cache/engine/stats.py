@@ -106,6 +106,39 @@ def document_samples(document: dict[str, t.Any]) -> list[Sample]:
                     view=name,
                 )
             )
+        goal = auto.get("objective") if auto is not None else None
+        if goal is not None:
+            found += [
+                _gauge(
+                    "mtcache_view_objective_seconds",
+                    auto["within_seconds"],
+                    "the age a REFRESH AUTO WITHIN view's data must never pass",
+                    view=name,
+                ),
+                _gauge(
+                    "mtcache_view_objective_at_risk",
+                    goal["state"] != "met",
+                    "1 when a REFRESH AUTO WITHIN view's next refresh is predicted to land past "
+                    "its objective, or has (see mtcache_view_objective_missed)",
+                    view=name,
+                ),
+                _gauge(
+                    "mtcache_view_objective_missed",
+                    goal["state"] == "missed",
+                    "1 while a REFRESH AUTO WITHIN view's data is older than its objective",
+                    view=name,
+                ),
+            ]
+            if goal["predicted_age_seconds"] is not None:
+                found.append(
+                    _gauge(
+                        "mtcache_view_objective_predicted_age_seconds",
+                        goal["predicted_age_seconds"],
+                        "the age a REFRESH AUTO WITHIN view's data will have when its next "
+                        "refresh lands",
+                        view=name,
+                    )
+                )
         for asked in view.get("bounds_asked", []):
             bound = asked["bound_seconds"]
             found.append(

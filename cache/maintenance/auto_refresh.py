@@ -20,7 +20,7 @@ import time
 
 from cache.backend.estimates import backend_estimates
 from cache.store.cache_file import CacheStore
-from cache.store.refresh_times import auto_refreshes, measured_delays
+from cache.store.refresh_times import auto_refreshes, longest_delays, measured_delays
 from control_tables.schema import CachedView, CacheSchema
 from optimizer.derived.states import layout, pull_select
 from optimizer.rules.estimate_cost import DEFAULT_DELAY, TRANSFER_ROW_COST
@@ -68,7 +68,7 @@ class AutoIntervals:
         chosen: dict[str, IntervalChoice] = {}
         autos = [v for v in schema.topological_order() if _chooses(schema.views[v])]
         if autos:
-            delays = measured_delays(store)
+            delays, landings = measured_delays(store), longest_delays(store)
             for name in autos:
                 group = [name, *self._followers(schema, name)]
                 saved: dict[float, float] = {}
@@ -77,7 +77,11 @@ class AutoIntervals:
                         saved[bound] = saved.get(bound, 0.0) + rate
                 cost = sum(self.pull_cost(schema, schema.views[m]) for m in group)
                 chosen[name] = choose_interval(
-                    saved, delays.get(name, DEFAULT_DELAY), cost, schema.views[name].within_seconds
+                    saved,
+                    delays.get(name, DEFAULT_DELAY),
+                    cost,
+                    schema.views[name].within_seconds,
+                    landings.get(name),
                 )
         self._keep(chosen, now)
         store.save_asks(now)

@@ -19,8 +19,9 @@ from cache.maintenance.engines import Engine
 from cache.maintenance.pipeline import Maintainer
 from cache.maintenance.report import Report
 from cache.store.cache_file import CacheStore
-from cache.store.refresh_times import refresh_times
+from cache.store.refresh_times import objectives, refresh_times
 from heartbeat.loop import Loop
+from sql_ext.nodes import format_duration
 
 log = logging.getLogger("mtcache.scheduler")
 
@@ -62,6 +63,8 @@ class RefreshScheduler:
         self.reports: list[Report] = []
         self.errors: list[str] = []
         self.intervals = AutoIntervals(self.store, dsn)
+        self.warnings: list[str] = []  # the objectives' warnings (`watch_objectives`)
+        self._states: dict[str, str] = {}  # each objective's state at the last tick
         self._loop = Loop("mtcache-refresh")
 
     def run_once(self, now: dt.datetime | None = None) -> list[Report]:
@@ -83,7 +86,42 @@ class RefreshScheduler:
                 continue
             done.append(report)
         self.reports += done
+        try:
+            self.watch_objectives(now)
+        except Exception as exc:  # (status's reads failing: tried again at the next tick)
+            log.warning("checking the objectives failed: %s", exc)
         return done
+
+    def watch_objectives(self, now: dt.datetime) -> list[str]:
+        """Warn (a log line, kept in `warnings`) when a REFRESH AUTO WITHIN view's next refresh
+        is predicted to land past its objective, when its data is older than the objective,
+        and when it meets it again: once per change of its state."""
+        store = self.store
+        said = []
+        for name, goal in objectives(store, store.load_schema(), now).items():
+            if self._states.get(name, "met") == goal.state:
+                continue
+            self._states[name] = goal.state
+            within = format_duration(goal.within)
+            if goal.state == "missed":
+                message = f"{name} missed its objective of {within}: " + (
+                    f"its data is {goal.age:.1f} s old"
+                    if goal.age is not None
+                    else "it was never refreshed"
+                )
+            elif goal.state == "at risk":
+                message = f"{name} will miss its objective of {within}: " + (
+                    f"its data will be {goal.predicted:.1f} s old when the next refresh "
+                    f"lands (refreshes took up to {goal.landing:.3g} s to land lately)"
+                    if goal.predicted is not None
+                    else "no refresh is due"
+                )
+            else:
+                message = f"{name} meets its objective of {within} again"
+            (log.info if goal.state == "met" else log.warning)(message)
+            said.append(message)
+        self.warnings += said
+        return said
 
     def start(self) -> None:
         self._loop.start(self._run)

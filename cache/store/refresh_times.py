@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from cache.store.cache_file import CacheStore
 from control_tables.kinds import RegionKind
 from control_tables.regions import guarantees
-from control_tables.schema import CacheSchema
+from control_tables.schema import CachedView, CacheSchema
+from optimizer.rules.estimate_cost import DEFAULT_DELAY
 from sql_ext.quoting import ident
 
 NOW = dt.datetime.min.replace(tzinfo=dt.UTC)  # due at once
@@ -85,6 +86,64 @@ def auto_refreshes(store: CacheStore) -> dict[str, AutoRefresh]:
             "FROM mtcache.auto_refresh"
         ).fetchall()
     }
+
+
+@dataclass(frozen=True)
+class Objective:
+    """A REFRESH AUTO WITHIN view's objective at a moment: its oldest data's age, the age it
+    will have reached when its next refresh lands (None: never refreshed, or no refresh is
+    due), and its state: met, at risk (that age is past the objective) or missed (the data is
+    older than the objective now, or there is none yet)."""
+
+    within: float
+    age: float | None
+    predicted: float | None
+    state: t.Literal["met", "at risk", "missed"]
+    landing: float  # the longest a refresh took to land lately: what the prediction allows
+
+    def to_json(self) -> dict[str, t.Any]:
+        return {
+            "age_seconds": self.age,
+            "predicted_age_seconds": self.predicted,
+            "state": self.state,
+        }
+
+
+def objective(
+    view: CachedView, times: RefreshTimes, now: dt.datetime, landing: float
+) -> Objective | None:
+    """The view's objective at ``now`` (None: it states none), its next refresh taking up to
+    ``landing`` seconds to land (`longest_delays`)."""
+    within = view.within_seconds
+    if within is None:
+        return None
+    oldest = times.stamps.oldest
+    if oldest is None or times.stamps.never:
+        return Objective(within, None, None, "missed", landing)
+    age = (now - oldest).total_seconds()
+    predicted = None
+    if times.due is not None:
+        predicted = (max(times.due, now) - oldest).total_seconds() + landing
+    if age > within:
+        return Objective(within, age, predicted, "missed", landing)
+    late = predicted is None or predicted > within
+    return Objective(within, age, predicted, "at risk" if late else "met", landing)
+
+
+def objectives(store: CacheStore, schema: CacheSchema, now: dt.datetime) -> dict[str, Objective]:
+    """The objective of each view that states one, at ``now``: a refresh taking as long to
+    land as the longest of its recent ones (the default delay before any was measured)."""
+    views = [v for v in schema.views.values() if v.within_seconds is not None]
+    if not views:
+        return {}
+    landings = longest_delays(store)
+    found = {}
+    for view in views:
+        times = refresh_times(store, schema, view.name)
+        goal = objective(view, times, now, landings.get(view.name, DEFAULT_DELAY))
+        if goal is not None:
+            found[view.name] = goal
+    return found
 
 
 def refresh_times(store: CacheStore, schema: CacheSchema, name: str) -> RefreshTimes:
@@ -157,6 +216,17 @@ def measured_delays(store: CacheStore) -> dict[str, float]:
     """Each view's refresh delay d (§4.6), measured: the median, over its last operations
     (refreshes, admissions), of how old their snapshot was when their rows became visible.
     Views with no such operation are absent (the cost model's default stands)."""
+    return {view: statistics.median(delays) for view, delays in recent_delays(store).items()}
+
+
+def longest_delays(store: CacheStore) -> dict[str, float]:
+    """The longest delay of each view's last operations: how long a refresh may take to
+    land, as an objective (REFRESH AUTO WITHIN) must allow."""
+    return {view: max(delays) for view, delays in recent_delays(store).items()}
+
+
+def recent_delays(store: CacheStore) -> dict[str, list[float]]:
+    """The delays of each view's last DELAY_HISTORY operations, newest first."""
     rows = store.con.execute(
         "SELECT views, delay_seconds FROM mtcache.snapshots WHERE delay_seconds IS NOT NULL "
         "ORDER BY snapshot_id DESC LIMIT 2000"
@@ -166,4 +236,4 @@ def measured_delays(store: CacheStore) -> dict[str, float]:
         for view in views or ():
             if len(recent[view]) < DELAY_HISTORY:
                 recent[view].append(float(delay))
-    return {view: statistics.median(delays) for view, delays in recent.items()}
+    return dict(recent)

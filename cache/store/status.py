@@ -19,9 +19,11 @@ from cache.store.cache_file import CacheStore
 from cache.store.counters import as_document
 from cache.store.refresh_times import (
     AutoRefresh,
+    Objective,
     auto_refreshes,
     last_engines,
     measured_delays,
+    objectives,
     refresh_times,
 )
 from control_tables.kinds import RegionKind
@@ -59,6 +61,7 @@ def status(
     asks = store.load_asks()
     asks.fold(time.time())
     autos = auto_refreshes(store)
+    goals = objectives(store, schema, now)
     held = set(copy_tables(store.con))
     # the DuckDB tables holding the copies a continuously maintained derived view reads (its
     # own, or a base view holding all of the table, `optimizer.derived.delta.copies`)
@@ -88,6 +91,7 @@ def status(
             engines.get(n, (None, None)),
             asks,
             autos.get(n),
+            goals.get(n),
         )
         for n in schema.topological_order()
     ]
@@ -132,6 +136,7 @@ def _view_status(
     engine: tuple[str | None, str | None] = (None, None),
     asks: BoundAsks | None = None,
     auto: AutoRefresh | None = None,
+    goal: Objective | None = None,
 ) -> dict[str, t.Any]:
     """A view's entry of the status document (``stored``: its bytes, `stored_bytes`; its
     regions listed if ``listed`` or few)."""
@@ -213,7 +218,7 @@ def _view_status(
         else None,
         "regions": regions if listed else None,  # None: more than REGIONS_LISTED, not asked
         # REFRESH AUTO: the interval chosen from the bounds asked, the bounds it serves, why
-        "refresh_auto": _auto(view, auto) if view.auto else None,
+        "refresh_auto": (_auto(view, auto, goal) if view.auto else None),
         # the bounds queries asked of it lately (`cache.store.bound_asks`), per hour
         "bounds_asked": _asked(asks, view.name) if asks is not None else [],
     }
@@ -224,7 +229,7 @@ def _bound(seconds: float) -> float | None:
     return None if seconds == math.inf else seconds
 
 
-def _auto(view: CachedView, auto: AutoRefresh | None) -> dict[str, t.Any]:
+def _auto(view: CachedView, auto: AutoRefresh | None, goal: Objective | None) -> dict[str, t.Any]:
     return {
         "interval_seconds": auto.interval if auto else None,
         "within_seconds": view.within_seconds,
@@ -232,6 +237,8 @@ def _auto(view: CachedView, auto: AutoRefresh | None) -> dict[str, t.Any]:
         "reason": auto.reason if auto else "not chosen yet: the scheduler chooses at its next tick",
         "saves_per_hour": auto.saves if auto else 0.0,
         "chosen_at": auto.chosen_at.isoformat() if auto else None,
+        # REFRESH AUTO WITHIN: the data's age, the age when the next refresh lands, the state
+        "objective": goal.to_json() if goal is not None else None,
     }
 
 

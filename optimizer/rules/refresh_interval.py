@@ -19,7 +19,9 @@ above, its share falls as 1/f, as the pulls' cost does), so its maximum over f >
 shortest interval is at one of them or at the shortest: the choice is exact, not searched.
 
 A view with an objective (`REFRESH AUTO WITHIN W`) is kept however little its reads save: its
-data must be at most W old, so f <= W - d.
+data must be at most W old, so f + L <= W, L the longest a refresh took to land lately (not
+the median d: an objective is about every cycle), with a tenth of W - L kept as a margin for
+the scheduler waking late and a pull slower than any seen.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 from optimizer.rules.estimate_cost import local_probability
 
 SHORTEST_INTERVAL = 1.0  # seconds: no view is refreshed more often (the scheduler's tick)
+OBJECTIVE_MARGIN = 0.1  # the share of W - L an objective's interval leaves unused
 
 
 @dataclass(frozen=True)
@@ -58,20 +61,26 @@ def choose_interval(
     delay: float,
     pull_cost: float,
     within: float | None = None,
+    landing: float | None = None,
     shortest: float = SHORTEST_INTERVAL,
 ) -> IntervalChoice:
     """The interval that saves the backend most (see the module): ``rates`` maps each bound
     asked (seconds; inf: any age) to the backend cost per second of the queries asking it,
-    ``delay`` is d, ``pull_cost`` one refresh's backend cost, ``within`` the objective."""
+    ``delay`` is d, ``pull_cost`` one refresh's backend cost, ``within`` the objective and
+    ``landing`` the longest a refresh took to land lately (default: d)."""
     shortest = max(shortest, delay, 1e-9)
-    longest = math.inf if within is None else within - delay
-    if within is not None and longest < shortest:
-        return IntervalChoice(
-            shortest,
-            _served(rates, delay, shortest),
-            f"objective {_seconds(within)} cannot be met: a refresh takes {_seconds(delay)} "
-            f"to land and runs at most every {_seconds(shortest)}; refreshed as often as it can",
-        )
+    landing = max(delay, landing or 0.0)
+    longest = math.inf
+    if within is not None:
+        longest = (within - landing) * (1.0 - OBJECTIVE_MARGIN)
+        if longest < shortest:
+            return IntervalChoice(
+                shortest,
+                _served(rates, delay, shortest),
+                f"objective {_seconds(within)} cannot be met: a refresh takes up to "
+                f"{_seconds(landing)} to land and runs at most every {_seconds(shortest)}; "
+                "refreshed as often as it can",
+            )
     asked = {b: r for b, r in rates.items() if r > 0}
     unrefreshed = asked.get(math.inf, 0.0)  # what no refresh saves: any copy serves any age
     candidates = {shortest} | {b - delay for b in asked if b != math.inf}
@@ -82,7 +91,7 @@ def choose_interval(
     net = net_per_second(asked, delay, pull_cost, best) - unrefreshed
     if within is not None:
         served = _served(asked, delay, best)
-        why = f"objective {_seconds(within)}: kept at most {_seconds(best + delay)} old"
+        why = f"objective {_seconds(within)}: kept at most {_seconds(best + landing)} old"
         if net > 0:
             why += f"; saves the backend {net * 3600:.4g} cost units an hour"
         return IntervalChoice(best, served, why, net * 3600)
@@ -116,4 +125,4 @@ def _served(rates: Mapping[float, float], delay: float, interval: float) -> tupl
 
 
 def _seconds(value: float) -> str:
-    return "any age" if value == math.inf else f"{value:g} s"
+    return "any age" if value == math.inf else f"{round(value, 3):g} s"

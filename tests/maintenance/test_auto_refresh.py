@@ -16,10 +16,12 @@ from cache.backend.embedded_pg import EmbeddedPostgres
 from cache.engine.stats import document_samples
 from cache.maintenance.auto_refresh import AutoIntervals
 from cache.maintenance.engines import InlineEngine
+from cache.maintenance.pipeline import Maintainer
 from cache.maintenance.scheduler import RefreshScheduler, due_views
 from cache.store.bound_asks import ASKS_HALF_LIFE, BoundAsks
 from cache.store.cache_file import CacheStore
 from cache.store.refresh_times import auto_refreshes, measured_delays
+from sql_ext import parse
 from tests.answers import assert_same_answer
 from tests.maintenance.test_scheduler import bookstore_cache
 
@@ -165,3 +167,50 @@ def test_the_scheduler_refreshes_what_the_bounds_ask(setup: tuple[CacheStore, st
         assert auto_refreshes(store)["reviewercopy"].interval is None
     finally:
         scheduler.stop()
+
+
+def test_an_objective_warns_before_it_is_missed_and_when_it_is(
+    setup: tuple[CacheStore, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """REFRESH AUTO WITHIN keeps a view nobody reads; when refreshes take so long to land that
+    the next one will be late, the scheduler says so before, and again once the data is older
+    than the objective (a log line each, the state in status and the metrics). The slow
+    landing is given (a fault point's sleep), the moments too."""
+    store, dsn = setup
+    store.apply_ddl(
+        parse("CREATE CACHED VIEW authorcopy AS SELECT * FROM authors REFRESH AUTO WITHIN 3 SEC"),
+        store.load_catalog(),
+    )
+    scheduler = RefreshScheduler(store, dsn, InlineEngine(), tick=5.0)
+    try:
+        # nobody reads it, yet the objective keeps it: filled at once, then every few seconds
+        reports = scheduler.run_once(dt.datetime.now(dt.UTC))
+        assert "refresh authorcopy" in [r.operation for r in reports]
+        interval = auto_refreshes(store)["authorcopy"].interval
+        assert interval is not None and interval < 3
+        assert scheduler.warnings == []  # met
+
+        # a refresh that takes 2.5 s to land: the next one cannot land within 3 s
+        Maintainer(store, dsn, faults_enabled=["after_pull:sleep=2.5"]).refresh("authorcopy")
+        scheduler.intervals.choose()
+        assert "cannot be met" in auto_refreshes(store)["authorcopy"].reason
+        [(stamp,)] = store.con.execute(
+            "SELECT refreshed_at FROM mtcache.view_state WHERE view = 'authorcopy'"
+        ).fetchall()
+        with caplog.at_level("WARNING", logger="mtcache.scheduler"):
+            [before] = scheduler.watch_objectives(stamp + dt.timedelta(seconds=0.5))
+            assert before.startswith("authorcopy will miss its objective of 3 sec: its data will")
+            [missed] = scheduler.watch_objectives(stamp + dt.timedelta(seconds=10))
+            assert missed == "authorcopy missed its objective of 3 sec: its data is 10.0 s old"
+            assert scheduler.watch_objectives(stamp + dt.timedelta(seconds=11)) == []  # said
+        assert [r.getMessage() for r in caplog.records] == [before, missed]
+    finally:
+        scheduler.stop()
+    with cache.connect(dsn, store.path, background=False) as conn:
+        document = conn.admin.status()
+    [view] = [v for v in document["views"] if v["name"] == "authorcopy"]
+    goal = view["refresh_auto"]["objective"]
+    assert goal["state"] in ("at risk", "missed") and goal["predicted_age_seconds"] > 3
+    samples = {(s.name, s.labels): s.value for s in document_samples(document)}
+    assert samples["mtcache_view_objective_at_risk", (("view", "authorcopy"),)] == 1.0
+    assert samples["mtcache_view_objective_seconds", (("view", "authorcopy"),)] == 3.0
