@@ -20,11 +20,16 @@ import time
 
 from cache.backend.estimates import backend_estimates
 from cache.store.cache_file import CacheStore
-from cache.store.refresh_times import auto_refreshes, longest_delays, measured_delays
+from cache.store.refresh_times import (
+    auto_refreshes,
+    longest_delays,
+    measured_delays,
+    refresh_times,
+)
 from control_tables.schema import CachedView, CacheSchema
 from optimizer.derived.states import layout, pull_select
 from optimizer.rules.estimate_cost import DEFAULT_DELAY, TRANSFER_ROW_COST
-from optimizer.rules.refresh_interval import IntervalChoice, choose_interval
+from optimizer.rules.refresh_interval import IntervalChoice, choose_interval, upquery_gain
 from sql_ext.catalog import Catalog
 from sql_ext.errors import Error
 from sql_ext.quoting import ident, idents, qualified
@@ -55,37 +60,72 @@ class AutoIntervals:
         self.dsn = dsn
         self._estimates: dict[str, tuple[int, float, float, float]] = {}  # view -> (schema
         # version, when, cost, rows)
+        self.early: list[str] = []  # views to refresh at once (`choose`)
 
     def choose(self, now: float | None = None) -> dict[str, IntervalChoice]:
         """Fold the reads' asks, choose each REFRESH AUTO view's interval at ``now`` (seconds
-        since the epoch) and keep the choices (and the asks) in the file."""
+        since the epoch) and keep the choices (and the asks) in the file; `early` names the
+        views a burst of reads that missed pays to refresh now, ahead of their schedule."""
         now = time.time() if now is None else now
+        self.early = []
         store = self.store
         schema = store.load_schema()
         asks = store.load_asks()
         asks.fold(now)
         asks.forget(schema.views)
         chosen: dict[str, IntervalChoice] = {}
+        bursts: dict[str, tuple[dict[float, float], float, float]] = {}  # recent, d, C
         autos = [v for v in schema.topological_order() if _chooses(schema.views[v])]
         if autos:
             delays, landings = measured_delays(store), longest_delays(store)
             for name in autos:
                 group = [name, *self._followers(schema, name)]
                 saved: dict[float, float] = {}
+                recent: dict[float, float] = {}
                 for member in group:
                     for bound, rate in asks.rates(member, now)[1].items():
                         saved[bound] = saved.get(bound, 0.0) + rate
+                    for bound, rate in asks.recent(member).items():
+                        recent[bound] = recent.get(bound, 0.0) + rate
                 cost = sum(self.pull_cost(schema, schema.views[m]) for m in group)
+                delay = delays.get(name, DEFAULT_DELAY)
                 chosen[name] = choose_interval(
-                    saved,
-                    delays.get(name, DEFAULT_DELAY),
-                    cost,
-                    schema.views[name].within_seconds,
-                    landings.get(name),
+                    saved, delay, cost, schema.views[name].within_seconds, landings.get(name)
                 )
+                if recent:
+                    bursts[name] = (recent, delay, cost)
         self._keep(chosen, now)
+        self.early = self._early(schema, bursts, now)
         store.save_asks(now)
         return chosen
+
+    def _early(
+        self,
+        schema: CacheSchema,
+        bursts: dict[str, tuple[dict[float, float], float, float]],
+        now: float,
+    ) -> list[str]:
+        """The views whose reads just now missed enough to pay for a refresh at once
+        (`upquery_gain`), those already due aside."""
+        found = []
+        at = dt.datetime.fromtimestamp(now, dt.UTC)
+        for name, (recent, delay, cost) in bursts.items():
+            times = refresh_times(self.store, schema, name)
+            oldest, due = times.stamps.oldest, times.due
+            if due is not None and due <= at:
+                continue  # (refreshed now anyway)
+            age = math.inf if oldest is None else (at - oldest).total_seconds()
+            until = math.inf if due is None else (due - at).total_seconds()
+            gain = upquery_gain(recent, age, delay, cost, until)
+            if gain > 0:
+                log.info(
+                    "refreshing %s ahead of its schedule: reads just missed it, and a refresh now "
+                    "saves the backend %.4g cost units more than it costs",
+                    name,
+                    gain,
+                )
+                found.append(name)
+        return found
 
     @staticmethod
     def _followers(schema: CacheSchema, root: str) -> list[str]:

@@ -76,7 +76,8 @@ class RefreshScheduler:
             log.warning(message)
             self.errors.append(message)
         done = []
-        for name in due_views(self.store, now):
+        due = due_views(self.store, now)
+        for name in [*due, *(v for v in self.intervals.early if v not in due)]:
             try:
                 report = Maintainer(self.store, self.dsn, self.engine).refresh(name)
             except Exception as exc:  # logged and retried: the cache is unchanged

@@ -66,6 +66,11 @@ class BoundAsks:
         self._loaded = False
         self._saved_at: float | None = None
         self._dirty = False  # sums not written since they changed
+        # what the last fold added per view and bound (the backend cost saved), and over how
+        # long it was gathered: the reads' rate just now (`recent`)
+        self._recent: dict[str, dict[float, float]] = {}
+        self._span = 0.0
+        self._folded_at: float | None = None
 
     def asked(self, asks: Asks) -> None:
         """A read of a plan with these asks (the plan's own tuple: counted by identity)."""
@@ -91,6 +96,12 @@ class BoundAsks:
                     sums[2] = min(sums[2], first)
             views = self._views
             self._dirty = self._dirty or bool(added)
+            firsts = [first for _, _, first in pending.values()]
+            start = self._folded_at if self._folded_at is not None else min(firsts, default=now)
+            self._span, self._folded_at = max(now - start, 0.0), now
+            self._recent = {}
+            for (view, bound), (_, saved, _) in added.items():
+                self._recent.setdefault(view, {})[bound] = saved
             for (view, bound), (count, saved, first) in added.items():
                 found = views.get(view)
                 if found is None:  # (gathered since its first read)
@@ -114,6 +125,16 @@ class BoundAsks:
                 {b: c / window for b, c in found.counts.items()},
                 {b: s / window for b, s in found.saved.items()},
             )
+
+    def recent(self, view: str) -> dict[float, float]:
+        """Per bound asked of ``view`` between the last two folds: the backend cost their local
+        answers would save per second (a burst reads here as it is, where `rates` smooths it
+        over the hour)."""
+        with self._lock:
+            span = self._span
+            if span <= 0.0:
+                return {}
+            return {b: s / span for b, s in self._recent.get(view, {}).items()}
 
     def counts(self, view: str, now: float) -> dict[float, float]:
         """Per bound asked of ``view``: the queries that asked it, decayed to ``now``."""

@@ -120,6 +120,25 @@ def choose_interval(
     )
 
 
+def upquery_gain(
+    recent: Mapping[float, float], age: float, delay: float, pull_cost: float, until_due: float
+) -> float:
+    """What refreshing now, ahead of the schedule, saves the backend net of its pull (an
+    upquery in Noria's sense: reads that just missed pull the data in): ``recent`` maps each
+    bound asked just now to the backend cost per second of those reads, ``age`` is the data's
+    age, ``until_due`` the wait for the scheduled refresh (inf: none). Each bound the data
+    fails now (B < age) but a refresh meets (B > d) is served from when the refresh lands for
+    B - d seconds, or until the scheduled refresh would have landed anyway; the steady choice
+    (`choose_interval`) reads the same bounds at their hourly rate, so this pays only for a
+    burst above it."""
+    gain = sum(
+        rate * min(bound - delay, until_due)
+        for bound, rate in recent.items()
+        if delay < bound < age and bound != math.inf
+    )
+    return gain - pull_cost
+
+
 def _served(rates: Mapping[float, float], delay: float, interval: float) -> tuple[float, ...]:
     return tuple(sorted(b for b in rates if local_probability(b, delay, interval) >= 1.0))
 

@@ -214,3 +214,36 @@ def test_an_objective_warns_before_it_is_missed_and_when_it_is(
     samples = {(s.name, s.labels): s.value for s in document_samples(document)}
     assert samples["mtcache_view_objective_at_risk", (("view", "authorcopy"),)] == 1.0
     assert samples["mtcache_view_objective_seconds", (("view", "authorcopy"),)] == 3.0
+
+
+def test_a_burst_of_reads_that_miss_refreshes_ahead_of_the_schedule(
+    setup: tuple[CacheStore, str],
+) -> None:
+    """Reads asking for fresher data than the view holds, in a burst worth more than a pull,
+    make the scheduler refresh it at once (an upquery), though at their hourly rate no
+    interval pays; a few such reads do not. The folds' moments are given: the burst is read
+    as 10 s long."""
+    store, dsn = setup
+    scheduler = RefreshScheduler(store, dsn, InlineEngine(), tick=5.0)
+    try:
+        with cache.connect(dsn, store.path, background=False) as conn:
+            conn.admin.refresh("salescopy")
+            read(conn, "5 SEC", 1)  # asked first three hours ago: an hourly rate of little
+            scheduler.intervals.choose(time.time() - 3 * 3600)
+            for count, refreshed in ((3, False), (3000, True)):
+                start = dt.datetime.now(dt.UTC)
+                assert scheduler.run_once(start) == []  # (the fold before the burst)
+                read(conn, "5 SEC", count)
+                reports = scheduler.run_once(start + dt.timedelta(seconds=10))
+                assert auto_refreshes(store)["salescopy"].interval is None
+                assert scheduler.errors == []
+                assert [r.operation for r in reports] == (
+                    ["refresh salescopy"] if refreshed else []
+                )
+            # the refresh read the backend after the burst began
+            [(stamp,)] = store.con.execute(
+                "SELECT refreshed_at FROM mtcache.view_state WHERE view = 'salescopy'"
+            ).fetchall()
+            assert stamp >= start - dt.timedelta(seconds=1)  # (the backend's clock, not ours)
+    finally:
+        scheduler.stop()

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from optimizer.rules.refresh_interval import choose_interval, net_per_second
+from optimizer.rules.refresh_interval import choose_interval, net_per_second, upquery_gain
 
 
 def test_tighter_bounds_shrink_the_interval() -> None:
@@ -105,3 +105,17 @@ def test_an_objective_is_met(within: float) -> None:
         {5.0: 1.0, 600.0: 1.0}, delay=2.0, pull_cost=10.0, within=within, landing=3.0
     )
     assert choice.interval is not None and choice.interval + 3.0 <= within
+
+
+def test_a_burst_of_missed_reads_pays_for_a_refresh_now() -> None:
+    # 100 cost units a second asking 5 s of data 60 s old: a refresh (cost 50) serves them for
+    # the next 4 s
+    assert (
+        upquery_gain({5.0: 100.0}, age=60.0, delay=1.0, pull_cost=50.0, until_due=math.inf) == 350.0
+    )
+    # the scheduled refresh lands in 2 s anyway: only those 2 s count
+    assert upquery_gain({5.0: 100.0}, age=60.0, delay=1.0, pull_cost=50.0, until_due=2.0) == 150.0
+    # a trickle does not pay
+    assert upquery_gain({5.0: 1.0}, age=60.0, delay=1.0, pull_cost=50.0, until_due=math.inf) < 0
+    # bounds the data meets now, or no refresh could meet, gain nothing
+    assert upquery_gain({600.0: 100.0, 0.5: 100.0}, 60.0, 1.0, 50.0, math.inf) == -50.0
