@@ -149,8 +149,10 @@ class FileHandle:
 
     def bump(self, views: Iterable[str] | None = None) -> None:
         """After a change committed outside `transaction` (DDL, once its schema version is
-        counted): of the rows of ``views`` (None: of any view)."""
-        with self._shared.commit_lock:
+        counted): of the rows of ``views`` (None: of any view). The file's write lock first,
+        then the commit lock, as `transaction` takes them (the other order deadlocks against
+        a write committing meanwhile)."""
+        with self._shared.lock, self._shared.commit_lock:
             self._bump(views)
 
     def _bump(self, views: Iterable[str] | None) -> None:

@@ -335,6 +335,36 @@ def test_rule_2_is_checked_on_the_schema_too(store: CacheStore) -> None:
     assert info.value.rule == 2 and info.value.views == ["bookcopy"]
 
 
+def test_a_bump_and_a_write_transaction_take_the_locks_in_one_order(tmp_path: Path) -> None:
+    """A change counted outside a transaction (`bump`, after DDL) while another thread commits
+    one: each takes the file's write lock, then the commit lock. A bump that took them the
+    other way round deadlocked against the scheduler keeping the bounds asked (a hung run of
+    the suite); with one order, the two threads always finish."""
+    import threading
+
+    path = tmp_path / "locks.duckdb"
+    writer, other = CacheStore(path), CacheStore(path)
+    writer.con.execute("CREATE TABLE t (x INTEGER)")
+    stop = threading.Event()
+
+    def write() -> None:
+        while not stop.is_set():
+            with writer.transaction() as con:
+                con.execute("INSERT INTO t VALUES (1)")
+
+    thread = threading.Thread(target=write, daemon=True)
+    thread.start()
+    try:
+        for _ in range(5000):
+            other.bump()
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+    assert not thread.is_alive()
+    writer.close()
+    other.close()
+
+
 def test_a_change_token_is_never_older_than_the_rows_a_reader_saw(tmp_path: Path) -> None:
     """A reader that saw a commit's rows gets a change token counting that commit (the result
     memo keeps answers under tokens: one from before the commit would let older rows pass for
