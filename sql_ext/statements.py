@@ -23,7 +23,7 @@ from sqlglot.tokens import Token
 from sql_ext.blocks import BlockAnalysis
 from sql_ext.ddl import CreateCachedView, CreateControlTable, DropCacheObject
 from sql_ext.dialect import MTCache, MTCachePlain
-from sql_ext.nodes import CurrencySpec, strip_extensions
+from sql_ext.nodes import CurrencySpec, Duration, strip_extensions
 
 DIALECT = MTCache()
 
@@ -103,6 +103,17 @@ class Query:
         alike may differ to PostgreSQL (``mod(a, b)`` names its column, ``a % b`` does not),
         so the text itself is the key."""
         return self.text[self.body_start :].strip().rstrip(";")
+
+    @functools.cached_property
+    def normalized(self) -> str:
+        """The statement with each constant a placeholder (its currency clauses' durations
+        kept), in mtcache's dialect: the shape its calls are counted under when the backend
+        answers them (`cache.store.remote_reads`), as pg_stat_statements counts a query's."""
+        tree = self.tree.copy()
+        for literal in list(tree.find_all(exp.Literal)):
+            if literal.find_ancestor(Duration) is None:
+                literal.replace(exp.Placeholder())
+        return tree.sql(dialect=DIALECT)
 
     @functools.cached_property
     def backend_sql(self) -> str:
@@ -190,7 +201,7 @@ class Inspect:
     cache about itself."""
 
     text: str
-    what: t.Literal["last statement", "cached views", "cache status", "cache stats"]
+    what: t.Literal["last statement", "cached views", "cache status", "cache stats", "cache advice"]
     views: tuple[str, ...] = ()  # SHOW CACHE STATUS FOR VIEW: whose regions are listed
 
     kind: t.ClassVar[str] = "inspect"

@@ -24,6 +24,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from sqlglot import exp
 
 from cache.defaults import DEFAULT_ENGINE
+from cache.engine.advice import Advice
 from cache.engine.engine import SessionOptions, bound_seconds
 from cache.engine.inspect import PROVENANCE_NOTICE, Notice, status_document
 from cache.engine.result import NO_PROVENANCE, Result, of_cursor
@@ -289,6 +290,10 @@ class ServerAdmin:
         if views:  # (these views' regions listed, however many)
             statement += " FOR VIEW " + ", ".join(ident(v) for v in views)
         return status_document(t.cast(list[tuple[str, str]], self._session.execute(statement).rows))
+
+    def advice(self) -> list[Advice]:
+        """What to cache (`cache.engine.advice`), as the server gives it (SHOW CACHE ADVICE)."""
+        return [Advice(*row) for row in self._session.execute("SHOW CACHE ADVICE").rows or ()]
 
     def control_key(self, control: str) -> tuple[str, ...]:
         keys = self.status()["control_keys"]

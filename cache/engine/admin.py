@@ -27,6 +27,7 @@ from pathlib import Path
 from cache.backend.reflect import fetch_catalog
 from cache.defaults import DEFAULT_ENGINE
 from cache.engine.admission import Admissions
+from cache.engine.advice import Advice, advice
 from cache.engine.boundary import public
 from cache.maintenance.engines import Engine
 from cache.maintenance.pipeline import Maintainer, make_engine
@@ -204,6 +205,12 @@ class Admin:
             document["counters"] = as_document(self._counters())
         document["stream"] = stream_status(self._store, self._backend)
         return document
+
+    @_public
+    def advice(self) -> list[Advice]:
+        """What to cache: the statement shapes the backend answered, why, and the cache DDL
+        that would answer them (`cache.engine.advice`)."""
+        return advice(self._store, self._store.load_catalog())
 
     def _adopt(self, catalog: Catalog) -> Catalog:
         """Plan against a catalog just read and kept (the connection's planner, if any)."""

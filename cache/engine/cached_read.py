@@ -20,6 +20,7 @@ from psycopg import pq
 
 from cache.backend.copy_arrow import copy_to_arrow
 from cache.backend.pool import in_one_snapshot
+from cache.engine.advice import PRIVILEGES, why_guards_failed, why_planned_remote
 from cache.engine.boundary import public_read
 from cache.engine.engine import Engine
 from cache.engine.lane import Lane
@@ -84,6 +85,10 @@ class CachedReads:
     _last_zone: Zone
     _seen_decision: Decision | None
     _seen_moment: dt.datetime | None
+    # why the last read went to the backend (`cache.engine.advice`), and the statement sent
+    # there by `answered_remotely` with when, until its answer is whole (`remote_finished`)
+    _remote_why: tuple[str, str] | None
+    _remote_sent: tuple[Query, float] | None
 
     if t.TYPE_CHECKING:  # (the session's own, which it uses)
 
@@ -107,7 +112,9 @@ class CachedReads:
             prepared = reading.prepared
             assert prepared is not None
             # the whole statement on the backend
+            started = time.perf_counter()
             result = self._run_backend(prepared.remote, params)
+            self._note_remote(query, time.perf_counter() - started)
             self.link.left(effects_of(prepared.remote.backend_sql))
             self._mark("run")
             result.plan = prepared.plan
@@ -139,6 +146,7 @@ class CachedReads:
             # (a plan that chose the whole statement remote has no guard to evaluate)
             if not prepared.plan.local:
                 self.last_route = "remote"
+                self._remote_why = why_planned_remote(prepared.plan)
                 return Reading(prepared)
             readable = self._readable_at_hand(prepared)
             if readable is False:
@@ -146,16 +154,21 @@ class CachedReads:
                 readable = self._readable_until(prepared)
             if readable is None:
                 self.last_route = "remote"
+                self._remote_why = ("privileges", PRIVILEGES)
                 return Reading(prepared)
             try:
                 found = yield from self._deciding(prepared, params, readable if lane else None)
-            except LocalUnfit:
-                found = Reading(prepared)  # DuckDB cannot give PostgreSQL's answer: the backend
+            except LocalUnfit as unfit:
+                # DuckDB cannot give PostgreSQL's answer: the backend
+                found = Reading(prepared)
+                self._remote_why = ("allowlist", f"DuckDB cannot answer it as PostgreSQL: {unfit}")
         except BackendUnavailableError as down:
             yield
             return Reading(None, self._answer_without_backend(query, params, down))
         if found.result is None:
             self.last_route = "fallback"
+            if found.decision is not None:
+                self._remote_why = why_guards_failed(prepared.plan, found.decision)
         return found
 
     def _deciding(
@@ -579,8 +592,23 @@ class CachedReads:
         for control, key in reads:
             budget.hits.hit(control, key, share)
 
+    def _note_remote(self, query: Query, seconds: float) -> None:
+        """The backend answered ``query`` in ``seconds``, for the reason its read gave: the
+        advice counts it (`cache.store.remote_reads`)."""
+        why, self._remote_why = self._remote_why, None
+        if why is not None:
+            self.store.remote_reads.answered(query.normalized, why[0], why[1], seconds * 1000.0)
+
+    def remote_finished(self) -> None:
+        """The statement `answered_remotely` sent has its whole answer now (the server's
+        cycle ended): counted with the time since it was sent."""
+        sent, self._remote_sent = self._remote_sent, None
+        if sent is not None:
+            self._note_remote(sent[0], time.perf_counter() - sent[1])
+
     def answered_remotely(self, query: Query) -> None:
         """The caller had the backend answer a query `read_locally` left to it."""
+        self._remote_sent = (query, time.perf_counter())
         self.link.left(effects_of(query.backend_sql))
         self._last = lambda: Provenance.remote(self.planner.base_tables(query))
         self.counters[Counter.REMOTE] += 1

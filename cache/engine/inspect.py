@@ -75,6 +75,16 @@ CACHED_VIEWS: Columns = (
 )
 
 CACHE_STATUS: Columns = (("name", OID.text), ("value", OID.text))
+# SHOW CACHE ADVICE (`cache.engine.advice.Advice`)
+CACHE_ADVICE: Columns = (
+    ("statement", OID.text),
+    ("calls", OID.int8),
+    ("backend_ms", OID.float8),
+    ("reason", OID.text),
+    ("suggestion", OID.text),
+    ("saves_ms", OID.float8),
+    ("bytes", OID.int8),
+)
 CACHE_STATS: Columns = (
     ("name", OID.text),
     ("labels", OID.text),
@@ -96,6 +106,7 @@ def result_columns(route: Route) -> Columns | None:
             "cached views": CACHED_VIEWS,
             "cache status": CACHE_STATUS,
             "cache stats": CACHE_STATS,
+            "cache advice": CACHE_ADVICE,
         }[route.what]
     if isinstance(route, Explain):
         return EXPLAIN
@@ -195,6 +206,16 @@ def bounds_asked_text(asked: list[dict[str, t.Any]]) -> str:
         f"{a['queries_per_hour']:,.0f}/h"
         for a in asked
     )
+
+
+def cache_advice(rows: t.Iterable[t.Any]) -> Result:
+    """SHOW CACHE ADVICE: a row per statement shape the backend answered
+    (`cache.engine.advice`)."""
+    found = [
+        (a.statement, a.calls, a.backend_ms, a.reason, a.suggestion, a.saves_ms, a.bytes)
+        for a in rows
+    ]
+    return rows_of(CACHE_ADVICE, found, f"SHOW {len(found)}")
 
 
 def cache_status(document: dict[str, t.Any]) -> Result:

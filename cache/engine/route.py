@@ -148,7 +148,7 @@ class SessionSetting:
 
 @dataclass(frozen=True)
 class Inspection:
-    what: t.Literal["last statement", "cached views", "cache status", "cache stats"]
+    what: t.Literal["last statement", "cached views", "cache status", "cache stats", "cache advice"]
     views: tuple[str, ...] = ()  # the status lists these views' regions, however many
 
 

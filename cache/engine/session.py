@@ -129,6 +129,8 @@ class Session(CachedReads):
         self.last_route = "cache"
         self._seen_decision: Decision | None = None  # (`_saw`)
         self._seen_moment: dt.datetime | None = None
+        self._remote_why: tuple[str, str] | None = None
+        self._remote_sent: tuple[Query, float] | None = None
         # where the last statement's rows came from (EXPLAIN LAST STATEMENT): the provenance
         # or how to make it, never the rows
         self._last: Provenance | t.Callable[[], Provenance] = NO_PROVENANCE
@@ -316,6 +318,8 @@ class Session(CachedReads):
     def _inspect(self, route: Inspection) -> Result:
         if route.what == "last statement":
             return inspect.last_statement(self.last_provenance())
+        if route.what == "cache advice":
+            return inspect.cache_advice(self.admin.advice())
         document = self.admin.status(route.views)
         if route.what == "cached views":
             return inspect.cached_views(document, self._zone().info)

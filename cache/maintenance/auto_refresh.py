@@ -96,7 +96,7 @@ class AutoIntervals:
                     bursts[name] = (recent, delay, cost)
         self._keep(chosen, now)
         self.early = self._early(schema, bursts, now)
-        store.save_asks(now)
+        store.save_gathered(now)
         return chosen
 
     def _early(

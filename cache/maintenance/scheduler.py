@@ -130,7 +130,7 @@ class RefreshScheduler:
     def stop(self) -> None:
         self._loop.stop()
         try:
-            self.store.save_asks(dt.datetime.now(dt.UTC).timestamp(), force=True)
+            self.store.save_gathered(dt.datetime.now(dt.UTC).timestamp(), force=True)
         except Exception as exc:  # (the file closing under it: the last minute's asks are lost)
             log.warning("keeping the bounds asked failed: %s", exc)
         self.store.close()

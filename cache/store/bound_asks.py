@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-import threading
 import time
 import typing as t
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from cache.store.gathered import Gathered
+
 ASKS_HALF_LIFE = 3600.0  # seconds: an ask counts half after this long
-SAVE_EVERY = 60.0  # seconds between the sums' writes to the cache file
 
 # (view, bound in seconds (inf: any age), the backend cost a local answer saves), per view
 Asks = tuple[tuple[str, float, float], ...]
@@ -55,17 +55,14 @@ class Asked:
         return half_life / math.log(2) * (1.0 - 0.5 ** (max(now - self.since, 0.0) / half_life))
 
 
-class BoundAsks:
+class BoundAsks(Gathered):
     """The bounds asked of a cache file's views in this process (every handle shares it)."""
 
     def __init__(self, half_life: float = ASKS_HALF_LIFE) -> None:
+        super().__init__()
         self.half_life = half_life
         self._pending: dict[int, list[t.Any]] = {}  # id(asks) -> [asks, count, first read]
-        self._lock = threading.Lock()
         self._views: dict[str, Asked] = {}
-        self._loaded = False
-        self._saved_at: float | None = None
-        self._dirty = False  # sums not written since they changed
         # what the last fold added per view and bound (the backend cost saved), and over how
         # long it was gathered: the reads' rate just now (`recent`)
         self._recent: dict[str, dict[float, float]] = {}
@@ -152,32 +149,24 @@ class BoundAsks:
                 del self._views[view]
                 self._dirty = True
 
-    # -- in the cache file (`cache.store.cache_file.CacheStore.save_asks`) --------------------
+    # -- in the cache file (`cache.store.cache_file.CacheStore.save_gathered`) --------------------
 
     def load(self, rows: t.Iterable[tuple[str, float, float, float, float, float]]) -> None:
         """The sums the file keeps (view, bound, queries, saved, since, at; the moments in
         seconds since the epoch), once per process: later, this process's are newer."""
         with self._lock:
-            if self._loaded:
+            if not self._first_load():
                 return
-            self._loaded = True
             for view, bound, count, saved, since, at in rows:
                 found = self._views.setdefault(view, Asked(since=since, at=at))
                 found.counts[bound], found.saved[bound] = count, saved
-
-    @property
-    def loaded(self) -> bool:
-        return self._loaded
 
     def to_save(self, now: float, force: bool = False) -> list[tuple[t.Any, ...]] | None:
         """The rows of ``mtcache.bound_asks`` to write at ``now``; None: nothing changed, or
         not yet (at most every SAVE_EVERY seconds unless ``force``)."""
         with self._lock:
-            if not self._dirty or (
-                not force and self._saved_at is not None and now - self._saved_at < SAVE_EVERY
-            ):
+            if not self._due(now, force):
                 return None
-            self._saved_at, self._dirty = now, False
             return [
                 (
                     view,

@@ -32,6 +32,7 @@ from cache.store.bound_asks import BoundAsks
 from cache.store.budget import data_bytes, data_tables, parse_size
 from cache.store.counters import Counter, Counts, named
 from cache.store.handle import shared_state
+from cache.store.remote_reads import RemoteReads
 from cache.store.schema_store import SchemaStore
 from cache.store.served import served_at
 from cache.store.shadow_catalog import CatalogStore
@@ -149,6 +150,10 @@ _METADATA = [
     """CREATE TABLE IF NOT EXISTS mtcache.bound_asks (
         view VARCHAR, bound DOUBLE, queries DOUBLE, saved DOUBLE, since TIMESTAMPTZ,
         as_of TIMESTAMPTZ, PRIMARY KEY (view, bound))""",
+    # the cached reads the backend answered, per statement shape (`cache.store.remote_reads`)
+    """CREATE TABLE IF NOT EXISTS mtcache.remote_reads (
+        statement VARCHAR PRIMARY KEY, calls BIGINT, backend_ms DOUBLE, kind VARCHAR,
+        reason VARCHAR, first_seen TIMESTAMPTZ, last_seen TIMESTAMPTZ)""",
     """CREATE TABLE IF NOT EXISTS mtcache.auto_refresh (
         view VARCHAR PRIMARY KEY, interval_seconds DOUBLE, served DOUBLE[], reason VARCHAR,
         saves DOUBLE, chosen_at TIMESTAMPTZ)""",
@@ -313,23 +318,46 @@ class CacheStore(SchemaStore, CatalogStore):
             )
         return asks
 
-    def _keep_asks(self) -> None:
+    def load_remote_reads(self) -> RemoteReads:
+        """The cached reads the backend answered, with those the file kept when this process
+        first asks."""
+        found = self.remote_reads
+        if not found.loaded:
+            found.load(
+                self.con.execute(
+                    "SELECT statement, calls, backend_ms, kind, reason, epoch(first_seen), "
+                    "epoch(last_seen) FROM mtcache.remote_reads"
+                ).fetchall()
+            )
+        return found
+
+    def _keep_gathered(self) -> None:
         try:
             self.asks.fold(time.time())
-            self.save_asks(time.time(), force=True)
+            self.save_gathered(time.time(), force=True)
         except duckdb.Error as exc:  # (a file that cannot take them: the process's are lost)
-            log.warning("keeping the bounds asked in %s failed: %s", self.path, first_line(exc))
+            log.warning(
+                "keeping the bounds asked and the reads the backend answered in %s failed: %s",
+                self.path,
+                first_line(exc),
+            )
 
-    def save_asks(self, now: float, force: bool = False) -> None:
-        """Keep the bounds asked in the file (at most every minute unless ``force``; no
-        cached data changes, so no reader is told of it)."""
-        rows = self.load_asks().to_save(now, force)
-        if rows is None:
+    def save_gathered(self, now: float, force: bool = False) -> None:
+        """Keep what the reads taught in the file: the bounds they asked, and the reads the
+        backend answered (each at most every minute unless ``force``; no cached data changes,
+        so no reader is told of it)."""
+        asks = self.load_asks().to_save(now, force)
+        remote = self.load_remote_reads().to_save(now, force)
+        if asks is None and remote is None:
             return
         with self.transaction() as con:
-            con.execute("DELETE FROM mtcache.bound_asks")
-            if rows:
-                con.executemany("INSERT INTO mtcache.bound_asks VALUES (?, ?, ?, ?, ?, ?)", rows)
+            for table, rows in (("bound_asks", asks), ("remote_reads", remote)):
+                if rows is None:
+                    continue
+                con.execute(f"DELETE FROM mtcache.{table}")
+                if rows:
+                    marks = ", ".join("?" * len(rows[0]))
+                    con.executemany(f"INSERT INTO mtcache.{table} VALUES ({marks})", rows)
 
     def save_clock(self, clock: BackendClock) -> None:
         """The last backend-clock measurement, for tools without a backend connection."""
@@ -416,7 +444,7 @@ class CacheStore(SchemaStore, CatalogStore):
             return
         with self._shared.lock:
             if self._shared.handles == 1:  # the last one: the bounds asked stay in the file
-                self._keep_asks()
+                self._keep_gathered()
             self._shared.handles -= 1
             self.con.close()
             self.con = None  # type: ignore[assignment]

@@ -18,6 +18,7 @@ import duckdb
 
 from cache.store.bound_asks import BoundAsks
 from cache.store.budget import Budget
+from cache.store.remote_reads import RemoteReads
 from control_tables.schema import CacheSchema
 
 T = t.TypeVar("T")
@@ -64,6 +65,8 @@ class _Shared:
     budget: Budget = field(default_factory=Budget)
     # the bounds queries asked of its views in this process (`cache.store.bound_asks`)
     asks: BoundAsks = field(default_factory=BoundAsks)
+    # the cached reads the backend answered in this process (`cache.store.remote_reads`)
+    remote_reads: RemoteReads = field(default_factory=RemoteReads)
 
 
 _SHARED: dict[Path, _Shared] = {}
@@ -204,6 +207,11 @@ class FileHandle:
     def asks(self) -> BoundAsks:
         """The bounds asked of the file's views in this process (`cache.store.bound_asks`)."""
         return self._shared.asks
+
+    @property
+    def remote_reads(self) -> RemoteReads:
+        """The cached reads the backend answered in this process (`cache.store.remote_reads`)."""
+        return self._shared.remote_reads
 
     @contextmanager
     def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:

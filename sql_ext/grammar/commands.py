@@ -67,8 +67,8 @@ class CommandParser(CurrencyParser):
         return super()._parse_statement()
 
     def _cache_command(self, curr: Token, nxt: Token) -> exp.Expr | None:
-        """SHOW/RESET CURRENCY BOUND, SHOW CACHED VIEWS, SHOW CACHE STATUS / STATS, SHOW/RESET
-        mtcache.name, REFRESH CACHED VIEW(S) ...; None for the backend's commands."""
+        """SHOW/RESET CURRENCY BOUND, SHOW CACHED VIEWS, SHOW CACHE STATUS / STATS / ADVICE,
+        SHOW/RESET mtcache.name, REFRESH CACHED VIEW(S) ...; None for the backend's commands."""
         action, words = curr.text.upper(), nxt.text.split()
         upper = [w.upper() for w in words]
         node: exp.Expr
@@ -82,6 +82,7 @@ class CommandParser(CurrencyParser):
             ["CACHED", "VIEWS"],
             ["CACHE", "STATUS"],
             ["CACHE", "STATS"],
+            ["CACHE", "ADVICE"],
         ):
             node = Inspect(this=" ".join(words).lower())
         elif action == "SHOW" and upper[:4] == ["CACHE", "STATUS", "FOR", "VIEW"]:

@@ -131,7 +131,7 @@ def test_the_asks_are_counted_on_every_path_and_kept_in_the_file(
     asks.fold(now)
     assert asks.counts("salescopy", now) == {600.0: 40.0, 0.001: 7.0}
     assert asks.counts("reviewercopy", now) == {120.0: 1.0}
-    store.save_asks(now, force=True)
+    store.save_gathered(now, force=True)
     again = BoundAsks()
     again.load(
         store.con.execute(

@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from cache.engine import state as state_module
-from cache.engine.inspect import status_document
+from cache.engine.inspect import CACHE_ADVICE, status_document
 from cache.engine.session import Session
 from cache.server.counters import ServerCounter
 from cache.store.counters import Counter
@@ -303,6 +303,26 @@ def test_the_clients_unnamed_statement_outlives_the_servers_own(served: Served, 
     assert (b"D", b"\0\x01\0\0\0\x0242") in answers[0][-1]
     sock.close()
     direct.close()
+
+
+def test_show_cache_advice_counts_what_the_backend_answered(served: Served) -> None:
+    """A cached read the backend answers, in either protocol, is counted under its shape with
+    the backend's time and why; SHOW CACHE ADVICE lists it with the DDL that would answer it."""
+    remote = "SELECT r.rating FROM reviews r WHERE r.isbn = %s CURRENCY BOUND 10 MIN"
+    with psycopg.connect(served.dsn, autocommit=True) as conn:
+        before = {r[0]: r for r in conn.execute("SHOW CACHE ADVICE").fetchall()}
+        for prepare in (False, True):
+            conn.execute(remote, ("1",), prepare=prepare)
+        cur = conn.execute("SHOW CACHE ADVICE")
+        assert [d.name for d in cur.description or []] == [c for c, _ in CACHE_ADVICE]
+        rows = {r[0]: r for r in cur.fetchall()}
+    shape = "SELECT r.rating FROM reviews AS r WHERE r.isbn = %s CURRENCY BOUND 10 MIN"
+    _, calls, backend_ms, reason, suggestion, saves_ms, size = rows[shape]
+    earlier = before.get(shape, (shape, 0, 0.0))
+    assert calls == earlier[1] + 2 and backend_ms > earlier[2]
+    assert reason == "no view: no cached view answers reviews (r)"
+    assert suggestion is not None and suggestion.startswith('CREATE CACHED VIEW "reviews_cache"')
+    assert saves_ms > 0 and size > 0
 
 
 def test_the_cache_statements_over_the_wire(served: Served) -> None:

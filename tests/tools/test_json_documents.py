@@ -41,6 +41,7 @@ def validate(document: Any, name: str) -> None:
 def test_the_schemas_are_json_schemas() -> None:
     names = sorted(p.name for p in SCHEMAS.glob("*.schema.json"))
     assert names == [
+        "advise.schema.json",
         "explain.schema.json",
         "parse.schema.json",
         "provenance.schema.json",
@@ -226,4 +227,19 @@ def test_explain_query_status_and_provenance_documents(
             cur.execute(sql)
             validate(cur.provenance.to_json(), "provenance")
         assert {p["route"] for p in cur.provenance} == {"remote"}
+    # what to cache: the count(*) of reviews went to the backend (no view holds all of them)
+    advised = document("advise", "--json")
+    validate(advised, "advise")
+    [counted] = [a for a in advised["advice"] if "FROM reviews" in a["statement"]]
+    assert counted["statement"] == "SELECT COUNT(*) FROM reviews AS r CURRENCY BOUND 10 MIN"
+    assert counted["reason"].startswith("no view: ")
+    # (a count reads no column: the view holds the key alone)
+    assert counted["suggestion"] == (
+        'CREATE CACHED VIEW "reviews_cache" AS SELECT "reviewid" FROM "reviews" REFRESH AUTO;'
+    )
+    applied = document("advise", "--json", "--apply")
+    validate(applied, "advise")
+    assert applied["applied"]["views"] == ["reviews_cache"]
+    answered = document("query", "--json", remote)
+    assert {p["route"] for p in answered["provenance"]} == {"local"}
     shutil.rmtree(home, ignore_errors=True)

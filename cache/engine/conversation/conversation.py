@@ -669,6 +669,7 @@ class Conversation:
         if client.output_changed:
             client.read_output(status)
         self.answers.noticed.clear()
+        self.session.remote_finished()  # (a cached read the backend answered: its time)
         started = self._started
         if started is not None and self.statement_stats is not None:
             self._started = None

@@ -1,15 +1,17 @@
-"""`mtcache init`, `ddl`, `admit`, `evict` and `refresh`: the cache file's catalog, its schema
-and its regions, and the report each change prints."""
+"""`mtcache init`, `ddl`, `admit`, `evict`, `refresh` and `advise`: the cache file's catalog,
+its schema and its regions, the report each change prints, and what to cache."""
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import typing as t
 from pathlib import Path
 
 from cache.dbapi.remote import ServerAdmin
 from cache.engine.admin import Admin
+from cache.engine.advice import apply_script
 from cache.tools.cli.access import not_served, open_admin
 from cache.tools.formatting import print_json
 from cache.tools.settings import Settings
@@ -46,6 +48,47 @@ def cmd_ddl(settings: Settings, args: argparse.Namespace) -> int:
         print(f"filled {', '.join(report.rows_inserted)}: {_rows(report)} in {report.seconds:.1f}s")
     for name, why in result.unfilled:
         print(f"not filled {name}: {why} (`mtcache refresh --view {name}` fills it)")
+    return 0
+
+
+def cmd_advise(settings: Settings, args: argparse.Namespace) -> int:
+    with open_admin(settings) as admin:
+        rows = admin.advice()
+        applied = None
+        if args.apply:
+            used = admin.status()["resources"]
+            limit = used.get("cache_size_limit")
+            room = math.inf if limit is None else max(limit - used["data_bytes"], 0)
+            applied = apply_script(rows, room)
+            result = admin.apply_ddl(applied.script) if applied.script else None
+    if args.json:
+        document: dict[str, t.Any] = {"advice": [row.to_json() for row in rows]}
+        if applied is not None:
+            document["applied"] = {
+                "script": applied.script,
+                "views": list(applied.views),
+                "left_out": [{"view": v, "bytes": b} for v, b in applied.left_out],
+            }
+        print_json(document)
+        return 0
+    if not rows:
+        print("no statement was answered by the backend yet: nothing to advise")
+    for row in rows:
+        print(
+            f"{row.statement}\n  {plural(row.calls, 'call')}, {row.backend_ms:,.1f} ms at the "
+            f"backend; {row.reason}"
+        )
+        if row.suggestion is not None:
+            size = f"{row.bytes:,} bytes" if row.bytes is not None else "size unknown"
+            print(f"  would save {row.saves_ms:,.1f} ms an hour ({size}) with:")
+            print("    " + row.suggestion.replace("\n", "\n    "))
+    if applied is not None:
+        if result is None:
+            print("nothing to apply" + (": over the size budget" if applied.left_out else ""))
+        else:
+            print(f"applied: created {', '.join(result.created)}")
+        for view, weight in applied.left_out:
+            print(f"left out {view}: {weight:,} bytes would pass the size budget")
     return 0
 
 

@@ -184,6 +184,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(run=_command("status", "cmd_status"))
 
+    p = commands.add_parser(
+        "advise",
+        help="what to cache: the statements the backend answered, why, and the cache DDL that "
+        "would answer them",
+    )
+    p.add_argument("--json", action="store_true", help='print {"advice": [...]} as JSON')
+    p.add_argument(
+        "--apply",
+        action="store_true",
+        help="apply the suggestions that fit the size budget, as one all-or-nothing script",
+    )
+    p.set_defaults(run=_command("admin", "cmd_advise"))
+
     p = commands.add_parser("demo", help="start the embedded backend and walk through examples")
     p.set_defaults(run=_command("backend", "cmd_demo"))
 

@@ -1,0 +1,307 @@
+"""Advice on what to cache (`SHOW CACHE ADVICE`, `mtcache advise`): the statement shapes the
+backend answered (`cache.store.remote_reads`), each with its calls, backend time and why the
+cache did not answer it, and the cache DDL that would, with what it would save and take.
+
+Why a read went to the backend is told where it happened (`why_planned_remote`,
+`why_guards_failed`), in one of the kinds of `REASONS`. The suggestion is worked out when the
+advice is asked for, from the shape's text against the schema as it is then: each table the
+statement reads that no cached view holds gets a view of the columns it reads, kept
+`REFRESH AUTO` (its bounds then set its interval); a shape whose views' data was too old under
+a fixed interval gets its views kept `REFRESH AUTO` instead. A kind no DDL fixes (a function
+DuckDB cannot compute as PostgreSQL, privileges, a presence miss that an admission fills)
+has none. ``saves_ms`` is the backend time the shape took per hour it has been seen (at least
+a minute), which a local answer saves; ``bytes`` what the suggested views would hold, from
+the backend's statistics.
+
+`apply_script` turns the suggestions into one script within the size budget: one view per
+table (the union of the columns its suggestions read), the most saved per byte first.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+import typing as t
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from cache.store.cache_file import CacheStore
+from cache.store.remote_reads import REASONS
+from control_tables.schema import CacheSchema
+from optimizer.analysis.analyze import analyze
+from optimizer.plan import Plan
+from optimizer.rules.evaluate_guards import Decision
+from optimizer.rules.match_views import match_access
+from sql_ext import CreateCachedView, DropCacheObject, Query, parse
+from sql_ext.catalog import Catalog
+from sql_ext.errors import Error
+from sql_ext.nodes import format_duration
+from sql_ext.quoting import ident, idents
+
+SUFFIX = "_cache"  # the name of a suggested view: its table's, and this
+PRIVILEGES = (
+    "privileges: the session's role may not read the cached tables it reads (the backend "
+    "decides what it may read; GRANT SELECT to let the cache answer it)"
+)
+
+# -- why the backend answered ---------------------------------------------------------------------
+
+
+def why_planned_remote(plan: Plan) -> tuple[str, str]:
+    """Why a plan chose the backend for the whole statement: (kind, message)."""
+    analysis = plan.analysis
+    message = plan.reason or REASONS["other"]
+    if analysis.local_blocker is not None:
+        return "allowlist", message
+    if analysis.outside:
+        return "outside", message
+    classes = "; ".join(c.remote_reason for c in plan.classes if c.remote_reason)
+    if any(not a.guards for c in plan.classes for a in c.accesses):
+        return "no view", classes or message
+    if classes:
+        return "bound below delay", classes  # (the one reason a class keeps its guards for)
+    if plan.candidates:
+        return "cheaper remote", message
+    return "other", message
+
+
+def why_guards_failed(plan: Plan, decision: Decision) -> tuple[str, str]:
+    """Why a plan's guards sent the statement to the backend: (kind, message)."""
+    misses = decision.misses
+    if misses.presence:
+        return "presence miss", (
+            "presence miss: the keys it reads are not cached (admitted on a miss when "
+            "admit_on_miss is on, or by mtcache admit)"
+        )
+    if misses.completeness:
+        return "completeness miss", "completeness miss: a group it reads is not complete"
+    if misses.consistency:
+        return "consistency", "the regions it reads are not from one backend snapshot"
+    if misses.timeline:
+        return "timeline", "its session needs data newer than the cache holds"
+    if misses.currency:
+        older = ", ".join(
+            f"{view} older than {format_duration(bound)}" for view, bound, _ in plan.asks
+        )
+        return "bound not met", f"bound not met: {older}"
+    return "other", REASONS["other"]
+
+
+# -- the advice -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Advice:
+    """One row of `SHOW CACHE ADVICE` (`ADVICE_COLUMNS`)."""
+
+    statement: str
+    calls: int
+    backend_ms: float
+    reason: str
+    suggestion: str | None
+    saves_ms: float  # backend time saved per hour
+    bytes: int | None
+
+    def to_json(self) -> dict[str, t.Any]:
+        return {
+            "statement": self.statement,
+            "calls": self.calls,
+            "backend_ms": self.backend_ms,
+            "reason": self.reason,
+            "suggestion": self.suggestion,
+            "saves_ms": self.saves_ms,
+            "bytes": self.bytes,
+        }
+
+
+def advice(store: CacheStore, catalog: Catalog, now: float | None = None) -> list[Advice]:
+    """The advice for the shapes the backend answered, the costliest first."""
+    now = time.time() if now is None else now
+    schema = store.load_schema()
+    found = []
+    for shape in store.load_remote_reads().shapes():
+        kind, message = shape.reason
+        suggested = suggest(shape.statement, kind, schema, catalog)
+        hours = max(now - shape.first_seen, 60.0) / 3600.0
+        found.append(
+            Advice(
+                shape.statement,
+                shape.calls,
+                round(shape.backend_ms, 3),
+                message if message.startswith(kind) else f"{kind}: {message}",
+                suggested[0] if suggested else None,
+                round(shape.backend_ms / hours, 3) if suggested else 0.0,
+                suggested[1] if suggested else None,
+            )
+        )
+    return sorted(found, key=lambda a: (-a.backend_ms, a.statement))
+
+
+def suggest(
+    statement: str, kind: str, schema: CacheSchema, catalog: Catalog
+) -> tuple[str, int] | None:
+    """The cache DDL that would answer ``statement`` locally and the bytes it would take
+    (None: no DDL does, for that kind of reason, or the statement no longer plans)."""
+    if kind not in ("no view", "bound not met", "cheaper remote"):
+        return None
+    try:
+        [query] = parse(statement, percent=True)
+        if not isinstance(query, Query) or not query.is_select:
+            return None
+        analysis = analyze(query, catalog)
+    except Error:
+        return None
+    if analysis.local_blocker is not None or analysis.outside:
+        return None
+    ddl: list[str] = []
+    size = 0
+    missing: dict[str, set[str]] = {}
+    for access in analysis.accesses:
+        if not match_access(access, schema):
+            missing.setdefault(access.table, set()).update(access.columns)
+    for table, columns in sorted(missing.items()):
+        made = _view_for(table, columns, schema, catalog)
+        if made is None:
+            return None
+        ddl.append(made[0])
+        size += made[1]
+    if not missing and kind == "bound not met":
+        for access in analysis.accesses:
+            for match in match_access(access, schema)[:1]:
+                view = match.view
+                if view.auto or view.continuous or view.is_gray:
+                    continue  # (its bounds set its interval already; a gray one follows)
+                again = _refreshed_auto(view.statement)
+                if again is not None and again not in ddl:
+                    ddl += [f"DROP CACHED VIEW {ident(view.name)}", again]
+                    size += _bytes(catalog, view.table, view.columns)
+    if not ddl:
+        return None
+    return ";\n".join(ddl) + ";", size
+
+
+def _view_for(
+    table: str, columns: set[str], schema: CacheSchema, catalog: Catalog
+) -> tuple[str, int] | None:
+    """A fully materialized view of ``table`` holding ``columns`` and its key, kept REFRESH
+    AUTO, and its estimated bytes (None: the table has no key to cache it by)."""
+    found = catalog.table(table)
+    if found is None or not found.primary_key:
+        return None
+    order = [c.name for c in found.columns]
+    held = sorted(set(columns) | set(found.primary_key), key=order.index)
+    name = f"{table}{SUFFIX}"
+    taken = set(schema.views) | set(schema.control_tables)
+    number = 2
+    while name in taken:
+        name, number = f"{table}{SUFFIX}{number}", number + 1
+    listed = "*" if len(held) == len(order) else idents(held)
+    where = ident(table) if found.schema == "public" else f"{ident(found.schema)}.{ident(table)}"
+    ddl = f"CREATE CACHED VIEW {ident(name)} AS SELECT {listed} FROM {where} REFRESH AUTO"
+    return ddl, _bytes(catalog, table, held)
+
+
+def _bytes(catalog: Catalog, table: str, columns: Iterable[str]) -> int:
+    """The bytes ``columns`` of ``table`` take at the backend, by its statistics: its pages,
+    in the share of its columns held."""
+    found = catalog.table(table)
+    if found is None:
+        return 0
+    share = len(list(columns)) / max(len(found.columns), 1)
+    return math.ceil(found.pages * 8192 * share)
+
+
+_REFRESH = re.compile(
+    r"\s+REFRESH\s+(EVERY\s+\S+\s+\S+|CONTINUOUSLY|AUTO(\s+WITHIN\s+\S+\s+\S+)?)", re.I
+)
+
+
+def _refreshed_auto(statement: str) -> str | None:
+    """A view's DDL kept REFRESH AUTO instead of its refresh clause (None: the text does not
+    parse back to the same view with it)."""
+    text = statement.strip().rstrip(";")
+    bare = _REFRESH.sub("", text)
+    again = f"{bare} REFRESH AUTO"
+    try:
+        [before], [after] = parse(text), parse(again)
+    except Error:
+        return None
+    if not isinstance(before, CreateCachedView) or not isinstance(after, CreateCachedView):
+        return None
+    if (before.name, before.table, before.columns, before.presence) != (
+        after.name,
+        after.table,
+        after.columns,
+        after.presence,
+    ) or not after.auto:
+        return None
+    return again
+
+
+# -- applying it ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What `apply_script` chose: the script, and the suggestions left out for the budget."""
+
+    script: str
+    views: tuple[str, ...]
+    left_out: tuple[tuple[str, int], ...]  # (view, bytes) over the budget
+
+
+def apply_script(rows: Iterable[Advice], room: float = math.inf) -> Applied:
+    """One script of the suggestions: a view per table (the union of the columns they read),
+    re-created views as suggested, the most saved per byte first while they fit in ``room``
+    bytes."""
+    per_table: dict[str, tuple[CreateCachedView, set[str], float, int]] = {}
+    again: dict[str, tuple[list[str], float, int]] = {}
+    for row in rows:
+        if row.suggestion is None:
+            continue
+        statements = parse(row.suggestion)
+        dropped = {s.name for s in statements if isinstance(s, DropCacheObject)}
+        for statement in statements:
+            if not isinstance(statement, CreateCachedView):
+                continue
+            if statement.name in dropped:
+                text = f"DROP CACHED VIEW {ident(statement.name)};\n{statement.text.strip()};"
+                kept = again.get(statement.name)
+                again[statement.name] = (
+                    [text],
+                    (kept[1] if kept else 0.0) + row.saves_ms,
+                    row.bytes or 0,
+                )
+                continue
+            kept_view = per_table.get(statement.table)
+            columns = set(statement.columns or ())
+            if kept_view is None:
+                per_table[statement.table] = (statement, columns, row.saves_ms, row.bytes or 0)
+            else:
+                first, held, saves, size = kept_view
+                per_table[statement.table] = (
+                    first,
+                    held | columns,
+                    saves + row.saves_ms,
+                    max(size, row.bytes or 0),
+                )
+    candidates: list[tuple[float, str, str, int]] = []  # (saved per byte, name, ddl, bytes)
+    for first, columns, saves, size in per_table.values():
+        ddl = first.text.strip().rstrip(";")
+        if first.columns is not None and columns != set(first.columns):
+            listed = idents(sorted(columns))
+            ddl = re.sub(
+                r"AS\s+SELECT\s+.*?\s+FROM\s", f"AS SELECT {listed} FROM ", ddl, count=1, flags=re.S
+            )
+        candidates.append((saves / max(size, 1), first.name, ddl + ";", size))
+    for name, (texts, saves, size) in again.items():
+        candidates.append((saves / max(size, 1), name, "\n".join(texts), 0))
+    chosen, left, used = [], [], 0
+    for _, name, ddl, size in sorted(candidates, key=lambda c: (-c[0], c[1])):
+        if used + size > room:
+            left.append((name, size))
+            continue
+        used += size
+        chosen.append((name, ddl))
+    return Applied("\n".join(ddl for _, ddl in chosen), tuple(n for n, _ in chosen), tuple(left))

@@ -1,0 +1,129 @@
+"""Advice on what to cache: each kind of remote answer counted with its reason, the cache DDL
+suggested for those a view would answer, and that DDL, applied, answering them locally as
+PostgreSQL answers them."""
+
+from __future__ import annotations
+
+import typing as t
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import cache
+from cache.engine.advice import apply_script
+from cache.engine.inspect import CACHE_ADVICE
+from sql_ext import parse_one
+from tests.answers import assert_same_answer
+
+SCHEMA = """
+CREATE CONTROL TABLE authorlist_pct (authorid INTEGER);
+CREATE CACHED VIEW authorcopy AS SELECT * FROM authors PRESENCE ON (authorid) IN authorlist_pct
+    REFRESH EVERY 5 MIN;
+CREATE CACHED VIEW salescopy AS SELECT * FROM sales REFRESH EVERY 1 HOUR;
+"""
+NO_VIEW = "SELECT r.rating, r.isbn FROM reviews r WHERE r.reviewerid = %s CURRENCY BOUND 10 MIN"
+STALE = "SELECT s.qty FROM sales s WHERE s.saleid = %s CURRENCY BOUND 10 MIN"
+MISSED = "SELECT a.name FROM authors a WHERE a.authorid = %s CURRENCY BOUND 10 MIN"
+BELOW = "SELECT s.qty FROM sales s WHERE s.saleid = 1 CURRENCY BOUND 1 MS"
+
+
+@pytest.fixture
+def conn(bookstore_dsn: str, tmp_path: Path) -> Iterator[t.Any]:
+    path = tmp_path / "cache.duckdb"
+    with cache.connect(
+        bookstore_dsn, path, autocommit=True, background=False, admit_on_miss=False
+    ) as connection:
+        connection.admin.apply_ddl(SCHEMA)
+        yield connection
+
+
+def advice_of(conn: t.Any) -> dict[str, t.Any]:
+    return {a.statement: a for a in conn.admin.advice()}
+
+
+def test_each_remote_answer_is_counted_with_its_reason(conn: t.Any) -> None:
+    cur = conn.cursor()
+    for key in (1, 2, 3):
+        cur.execute(NO_VIEW, (key,))
+        cur.execute(MISSED, (key,))
+    cur.execute(BELOW)
+    cur.execute(BELOW.replace("saleid = 1", "saleid = 2"))  # (one shape: its constants aside)
+    # salescopy's data an hour older than it is (given, not waited for): a 10 min bound fails
+    store = conn.admin.store
+    with store.transaction() as con:
+        con.execute(
+            "UPDATE mtcache.view_state SET refreshed_at = refreshed_at - INTERVAL 1 HOUR "
+            "WHERE view = 'salescopy'"
+        )
+        store.changed(["salescopy"])
+    cur.execute(STALE, (1,))
+    assert cur.provenance[0]["route"] != "local"
+
+    found = advice_of(conn)
+    # (each shape under its text with every constant a placeholder, as sqlglot prints it)
+    no_view = found[parse_one(NO_VIEW).normalized]
+    assert no_view.statement == (
+        "SELECT r.rating, r.isbn FROM reviews AS r WHERE r.reviewerid = %s CURRENCY BOUND 10 MIN"
+    )
+    assert no_view.calls == 3 and no_view.backend_ms > 0
+    assert no_view.reason == "no view: no cached view answers reviews (r)"
+    # (reviews has these three columns: all of them)
+    assert (
+        no_view.suggestion
+        == 'CREATE CACHED VIEW "reviews_cache" AS SELECT * FROM "reviews" REFRESH AUTO;'
+    )
+
+    assert no_view.bytes is not None and no_view.bytes > 0 and no_view.saves_ms > 0
+
+    missed = found[parse_one(MISSED).normalized]
+    assert missed.calls == 3 and missed.reason.startswith("presence miss: ")
+    assert missed.suggestion is None and missed.saves_ms == 0
+
+    below = found["SELECT s.qty FROM sales AS s WHERE s.saleid = %s CURRENCY BOUND 1 MS"]
+    assert below.calls == 2 and below.reason.startswith("bound below delay: ")
+    assert below.suggestion is None
+
+    stale = found[parse_one(STALE).normalized]
+    assert stale.calls == 1
+    assert stale.reason == "bound not met: salescopy older than 10 min"
+    assert stale.suggestion is not None
+    assert stale.suggestion.startswith('DROP CACHED VIEW "salescopy";\n')
+    assert stale.suggestion.endswith(
+        "CREATE CACHED VIEW salescopy AS SELECT * FROM sales REFRESH AUTO;"
+    )
+
+    # SHOW CACHE ADVICE gives the same rows
+    rows = conn.cursor().execute("SHOW CACHE ADVICE")
+    shown = {r[0]: r for r in rows.fetchall()}
+    assert [d[0] for d in rows.description] == [c for c, _ in CACHE_ADVICE]
+    assert shown[missed.statement][1:4] == (3, missed.backend_ms, missed.reason)
+
+
+def test_the_suggestions_applied_answer_the_statements_locally(
+    conn: t.Any, bookstore_dsn: str
+) -> None:
+    cur = conn.cursor()
+    other = "SELECT r.isbn FROM reviews r WHERE r.rating > %s CURRENCY BOUND 10 MIN"
+    for key in (1, 2):
+        cur.execute(NO_VIEW, (key,))
+        cur.execute(other, (key,))
+    applied = apply_script(conn.admin.advice())
+    # one view of reviews, with the columns both statements read
+    assert applied.views == ("reviews_cache",)
+    conn.admin.apply_ddl(applied.script)
+    for sql, pg in (
+        (NO_VIEW, "SELECT r.rating, r.isbn FROM reviews r WHERE r.reviewerid = %s"),
+        (other, "SELECT r.isbn FROM reviews r WHERE r.rating > %s"),
+    ):
+        answer = assert_same_answer(conn, bookstore_dsn, sql, pg, (2,))
+        assert answer.route == "local", answer.reason
+    # nothing left to advise for them: their next calls were local
+    assert apply_script(advice_of(conn).values()).views == ()
+
+
+def test_a_budget_leaves_out_what_does_not_fit(conn: t.Any) -> None:
+    cur = conn.cursor()
+    cur.execute(NO_VIEW, (1,))
+    applied = apply_script(conn.admin.advice(), room=1)
+    assert applied.script == "" and applied.left_out[0][0] == "reviews_cache"
