@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint format typecheck bench-refresh bench-query bench-tpch bench-maintenance bench-server bench-derived bench-budget clean
+.PHONY: demo test lint format typecheck bench-refresh bench-query bench-tpch bench-maintenance bench-server bench-derived bench-budget bench-bounds clean
 
 $(STAMP): pyproject.toml scripts/ensure-system-deps.sh
 	bash scripts/ensure-system-deps.sh
@@ -44,6 +44,9 @@ bench-derived: $(STAMP)
 
 bench-budget: $(STAMP)
 	$(PY) -m experiments.bench_budget --keys 100000 1000000 --tx-rows 1000000
+
+bench-bounds: $(STAMP)
+	$(PY) -m experiments.bench_bounds
 
 CODE := cache optimizer control_tables heartbeat sql_ext experiments tests
 

@@ -110,6 +110,8 @@ class Query:
         kept), in mtcache's dialect: the shape its calls are counted under when the backend
         answers them (`cache.store.remote_reads`), as pg_stat_statements counts a query's."""
         tree = self.tree.copy()
+        for parameter in list(tree.find_all(exp.Parameter)):  # ($1: as pg_stat_statements has it)
+            parameter.replace(exp.Placeholder())
         for literal in list(tree.find_all(exp.Literal)):
             if literal.find_ancestor(Duration) is None:
                 literal.replace(exp.Placeholder())

@@ -86,8 +86,12 @@ class ServerSettings:
 
     durable: bool = True
     max_connections: int = 100
+    # pg_stat_statements loaded when the installation has it: `mtcache advise` then also lists
+    # what reaches the backend without the cache planning it (its view needs CREATE EXTENSION
+    # pg_stat_statements in the database)
+    statements: bool = True
 
-    def lines(self) -> list[str]:
+    def lines(self, libdir: Path | None = None) -> list[str]:
         lines = [
             "listen_addresses = '127.0.0.1'",
             "unix_socket_directories = ''",
@@ -100,6 +104,8 @@ class ServerSettings:
         ]
         if not self.durable:
             lines += ["fsync = off", "synchronous_commit = off", "full_page_writes = off"]
+        if self.statements and libdir is not None and (libdir / "pg_stat_statements.so").exists():
+            lines.append("shared_preload_libraries = 'pg_stat_statements'")
         return lines
 
 
@@ -300,7 +306,7 @@ class EmbeddedPostgres:
         )
         with open(self.data_dir / "postgresql.conf", "a") as conf:
             conf.write("\n# mtcache embedded backend\n")
-            conf.write("\n".join(self.settings.lines()) + "\n")
+            conf.write("\n".join(self.settings.lines(self.bin_dir.parent / "lib")) + "\n")
 
     def _start(self) -> int:
         preferred = None

@@ -27,7 +27,7 @@ from pathlib import Path
 from cache.backend.reflect import fetch_catalog
 from cache.defaults import DEFAULT_ENGINE
 from cache.engine.admission import Admissions
-from cache.engine.advice import Advice, advice
+from cache.engine.advice import Advice, advice, backend_statements
 from cache.engine.boundary import public
 from cache.maintenance.engines import Engine
 from cache.maintenance.pipeline import Maintainer, make_engine
@@ -209,8 +209,15 @@ class Admin:
     @_public
     def advice(self) -> list[Advice]:
         """What to cache: the statement shapes the backend answered, why, and the cache DDL
-        that would answer them (`cache.engine.advice`)."""
-        return advice(self._store, self._store.load_catalog())
+        that would answer them (`cache.engine.advice`); with pg_stat_statements on the
+        backend, also what reached it without the cache planning it."""
+        catalog = self._store.load_catalog()
+        found = advice(self._store, catalog)
+        try:
+            dsn = self._backend()
+        except Error:  # (no backend to ask: what the cache counted)
+            return found
+        return found + backend_statements(dsn, catalog, found)
 
     def _adopt(self, catalog: Catalog) -> Catalog:
         """Plan against a catalog just read and kept (the connection's planner, if any)."""

@@ -26,6 +26,9 @@ import typing as t
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import psycopg
+
+from cache.backend.pool import pooled
 from cache.store.cache_file import CacheStore
 from cache.store.remote_reads import REASONS
 from control_tables.schema import CacheSchema
@@ -136,6 +139,71 @@ def advice(store: CacheStore, catalog: Catalog, now: float | None = None) -> lis
             )
         )
     return sorted(found, key=lambda a: (-a.backend_ms, a.statement))
+
+
+# the statements the backend ran most, from pg_stat_statements (in this database, SELECTs)
+BACKEND_STATEMENTS = """
+SELECT s.query, s.calls, s.total_exec_time FROM pg_stat_statements s
+JOIN pg_database d ON d.oid = s.dbid
+WHERE d.datname = current_database() AND s.query ~* '^\\s*(select|with)\\s'
+ORDER BY s.total_exec_time DESC LIMIT 200
+"""
+NO_BOUND = (
+    "no bound: the backend ran it {calls} times without the cache planning it (pg_stat_statements: "
+    "no currency bound, so only the backend's current data answers it); give it a CURRENCY "
+    "BOUND, or its session a bound, to let a cached view answer it"
+)
+
+
+def backend_statements(dsn: str, catalog: Catalog, seen: Iterable[Advice]) -> list[Advice]:
+    """What pg_stat_statements counted on the backend that the cache did not: reads of cached-
+    able tables with no currency bound, which reached the backend as written. None when the
+    extension is not there (not loaded, not created in the database, not readable)."""
+    try:
+        with pooled(dsn) as conn:
+            rows = conn.execute(BACKEND_STATEMENTS).fetchall()
+    except psycopg.Error:
+        return []
+    ours = {_plain(a.statement, True) for a in seen}
+    found = []
+    for text, calls, ms in rows:
+        plain = _plain(text, False)
+        if plain is None or plain in ours:
+            continue
+        [query] = parse(text)
+        assert isinstance(query, Query)
+        try:
+            analysis = analyze(query, catalog)
+        except Error:
+            continue
+        if not analysis.accesses or analysis.outside:
+            continue  # (the catalogs, the cache's own reads of them)
+        found.append(
+            Advice(
+                query.normalized,
+                int(calls),
+                round(float(ms), 3),
+                NO_BOUND.format(calls=int(calls)),
+                None,
+                0.0,
+                None,
+            )
+        )
+    return found
+
+
+def _plain(statement: str, percent: bool) -> str | None:
+    """A statement's shape without its currency clauses (None: not a SELECT the cache
+    parses), to match the cache's shapes with the backend's."""
+    try:
+        [query] = parse(statement, percent=percent)
+        if not isinstance(query, Query) or not query.is_select:
+            return None
+        [shape] = parse(query.normalized, percent=True)
+    except Error:
+        return None
+    assert isinstance(shape, Query)
+    return shape.to_sql()
 
 
 def suggest(

@@ -88,9 +88,11 @@ class AutoIntervals:
                     for bound, rate in asks.recent(member).items():
                         recent[bound] = recent.get(bound, 0.0) + rate
                 cost = sum(self.pull_cost(schema, schema.views[m]) for m in group)
-                delay = delays.get(name, DEFAULT_DELAY)
+                # a bound is met every time only if the refresh lands within it every time: the
+                # longest recent landing, not the median d, is the delay the choice allows for
+                delay = landings.get(name, delays.get(name, DEFAULT_DELAY))
                 chosen[name] = choose_interval(
-                    saved, delay, cost, schema.views[name].within_seconds, landings.get(name)
+                    saved, delay, cost, schema.views[name].within_seconds
                 )
                 if recent:
                     bursts[name] = (recent, delay, cost)

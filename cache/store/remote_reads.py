@@ -35,6 +35,7 @@ REASONS = {
     "outside": "it reads relations the cache cannot hold",
     "privileges": "its role may not read the cached tables",
     "cheaper remote": "the backend was estimated cheaper",
+    "no bound": "it has no currency bound (from pg_stat_statements: the cache did not plan it)",
     "other": "the cache could not answer it",
 }
 

@@ -8,11 +8,13 @@ import typing as t
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
 import cache
 from cache.engine.advice import apply_script
 from cache.engine.inspect import CACHE_ADVICE
+from cache.tools import bookstore
 from sql_ext import parse_one
 from tests.answers import assert_same_answer
 
@@ -127,3 +129,72 @@ def test_a_budget_leaves_out_what_does_not_fit(conn: t.Any) -> None:
     cur.execute(NO_VIEW, (1,))
     applied = apply_script(conn.admin.advice(), room=1)
     assert applied.script == "" and applied.left_out[0][0] == "reviews_cache"
+
+
+def test_what_reaches_the_backend_past_the_cache_is_listed_from_pg_stat_statements(
+    pg_cluster: t.Any, tmp_path: Path
+) -> None:
+    """With pg_stat_statements on the backend (the embedded cluster loads it), the advice also
+    lists the reads the cache never planned - no currency bound, or another client - with no
+    suggestion (a view alone cannot answer a read of current data) and what to do; a read the
+    cache counted itself is listed once."""
+    dsn = pg_cluster.create_database("advice_statements")
+    bookstore.load_into(dsn)
+    with psycopg.connect(dsn, autocommit=True) as pg:
+        pg.execute("CREATE EXTENSION pg_stat_statements")
+        for key in (1, 2, 3):
+            pg.execute("SELECT qty FROM sales WHERE saleid = %s", (key,))
+    with cache.connect(dsn, tmp_path / "cache.duckdb", autocommit=True, background=False) as conn:
+        for key in (1, 2):
+            conn.execute(NO_VIEW, (key,))
+        found = advice_of(conn)
+    [plain] = [a for a in found.values() if "FROM sales" in a.statement]
+    assert plain.statement == "SELECT qty FROM sales WHERE saleid = %s"
+    assert plain.calls == 3 and plain.backend_ms >= 0
+    assert plain.reason.startswith("no bound: the backend ran it 3 times without the cache")
+    assert plain.suggestion is None
+    # the cached read the backend answered: once, as the cache counted it
+    assert [a.calls for a in found.values() if "FROM reviews" in a.statement] == [2]
+
+
+def test_the_reasons_no_ddl_fixes_are_told_and_suggest_nothing(
+    pg_cluster: t.Any, tmp_path: Path
+) -> None:
+    """A role that may read some columns only (the backend answers it), a function DuckDB
+    cannot compute as PostgreSQL, a session reading after its own write: each counted with
+    its reason, and no DDL suggested."""
+    dsn = pg_cluster.create_database("advice_kinds")
+    bookstore.load_into(dsn)
+    with psycopg.connect(dsn, autocommit=True) as pg:
+        pg.execute(
+            "DO $$ BEGIN CREATE ROLE advice_reader LOGIN; "
+            "EXCEPTION WHEN duplicate_object THEN NULL; END $$"
+        )
+        pg.execute("GRANT SELECT (saleid, qty) ON sales TO advice_reader")
+    reader_dsn = psycopg.conninfo.make_conninfo(dsn, user="advice_reader")
+    path = tmp_path / "cache.duckdb"
+    point = "SELECT s.qty FROM sales s WHERE s.saleid = %s CURRENCY BOUND 10 MIN"
+    function = (
+        "SELECT s.qty, pg_backend_pid() > 0 FROM sales s WHERE s.saleid = %s CURRENCY BOUND 10 MIN"
+    )
+    written = "SELECT s.isbn FROM sales s WHERE s.saleid = %s CURRENCY BOUND 10 MIN"
+    with cache.connect(dsn, path, autocommit=True, background=False) as owner:
+        owner.admin.apply_ddl("CREATE CACHED VIEW salescopy AS SELECT * FROM sales")
+        with cache.connect(reader_dsn, path, autocommit=True, background=False) as reader:
+            reader.execute(point, (1,))
+            assert reader.cursor().execute(point, (1,)).provenance[0]["route"] == "remote"
+        owner.execute(function, (1,))
+        owner.execute("UPDATE sales SET qty = qty WHERE saleid = 2")
+        owner.execute(written, (2,))
+        found = {a.statement: a for a in owner.admin.advice()}
+    for sql, start in (
+        (point, "privileges: the session's role may not read"),
+        (
+            function,
+            "allowlist: (sales): DuckDB cannot answer it as PostgreSQL: it calls pg_backend_pid",
+        ),
+        (written, "timeline: "),
+    ):
+        row = found[parse_one(sql).normalized]
+        assert row.reason.startswith(start), row.reason
+        assert row.suggestion is None

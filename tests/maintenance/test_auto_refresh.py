@@ -20,7 +20,7 @@ from cache.maintenance.pipeline import Maintainer
 from cache.maintenance.scheduler import RefreshScheduler, due_views
 from cache.store.bound_asks import ASKS_HALF_LIFE, BoundAsks
 from cache.store.cache_file import CacheStore
-from cache.store.refresh_times import auto_refreshes, measured_delays
+from cache.store.refresh_times import auto_refreshes, longest_delays
 from sql_ext import parse
 from tests.answers import assert_same_answer
 from tests.maintenance.test_scheduler import bookstore_cache
@@ -58,7 +58,7 @@ def test_the_interval_follows_the_bounds_asked(setup: tuple[CacheStore, str]) ->
 
         read(conn, "10 MIN", 300)
         loose = chooser.choose(start + 30)["salescopy"]
-        delay = measured_delays(store)["salescopy"]
+        delay = longest_delays(store)["salescopy"]
         assert loose.interval == pytest.approx(600 - delay), loose
         assert loose.served == (600.0,)
         # the file keeps the choice: the scheduler and status read it
