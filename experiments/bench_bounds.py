@@ -165,15 +165,23 @@ def open_cache(dsn: str, directory: Path, name: str, refresh: str | None) -> Cac
     return Cache(name, conn, scheduler, store)
 
 
-def run(
-    caches: list[Cache],
-    shapes: list[Shape],
-    seconds: float,
-    rng: random.Random,
-    keys: dict[t.Any, list[t.Any]],
-    costs: dict[str, float],
-) -> None:
+@dataclass(frozen=True)
+class Bench:
+    """What both parts share: the backend, a directory for the cache files, the workload's
+    shapes with their bounds, their keys and estimated costs, and the options."""
+
+    console: Console
+    dsn: str
+    work: Path
+    shapes: list[Shape]
+    keys: dict[t.Any, list[t.Any]]
+    costs: dict[str, float]
+    args: argparse.Namespace
+
+
+def run(caches: list[Cache], bench: Bench, seconds: float, rng: random.Random) -> None:
     """The workload for ``seconds``: a shape at random, a Zipf key, sent to every cache."""
+    shapes, keys, costs = bench.shapes, bench.keys, bench.costs
     pickers = {s.sql: zipf_picker(keys[s.table, s.key], rng) for s in shapes}
     cursors = [c.conn.cursor() for c in caches]
     deadline = time.monotonic() + seconds
@@ -244,28 +252,24 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="mtcache-bounds-"))
     results: list[dict[str, t.Any]] = []
     try:
-        results += compare(console, dsn, work, shapes, keys, costs, args)
-        results += advise(console, dsn, work, shapes, keys, costs, args)
+        bench = Bench(console, dsn, work, shapes, keys, costs, args)
+        results += compare(bench)
+        results += advise(bench)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     append_rows("bench_bounds", results)
     return 0
 
 
-def compare(
-    console: Console,
-    dsn: str,
-    work: Path,
-    shapes: list[Shape],
-    keys: dict[t.Any, list[t.Any]],
-    costs: dict[str, float],
-    args: argparse.Namespace,
-) -> list[dict[str, t.Any]]:
-    caches = [open_cache(dsn, work, f"every_{f:g}s", f"REFRESH EVERY {f:g} SEC") for f in SWEEP]
-    caches.append(open_cache(dsn, work, "auto", "REFRESH AUTO"))
+def compare(bench: Bench) -> list[dict[str, t.Any]]:
+    console, dsn, shapes, args = bench.console, bench.dsn, bench.shapes, bench.args
+    caches = [
+        open_cache(dsn, bench.work, f"every_{f:g}s", f"REFRESH EVERY {f:g} SEC") for f in SWEEP
+    ]
+    caches.append(open_cache(dsn, bench.work, "auto", "REFRESH AUTO"))
     stop = threading.Event()
     writing = threading.Thread(
-        target=writer, args=(dsn, stop, random.Random(args.seed + 1), keys), daemon=True
+        target=writer, args=(dsn, stop, random.Random(args.seed + 1), bench.keys), daemon=True
     )
     console.print(
         f"part 1: {args.seconds:g} s of the workload on {len(caches)} caches at once; shapes' "
@@ -273,7 +277,7 @@ def compare(
     )
     writing.start()
     try:
-        run(caches, shapes, args.seconds, random.Random(args.seed + 2), keys, costs)
+        run(caches, bench, args.seconds, random.Random(args.seed + 2))
     finally:
         stop.set()
         writing.join()
@@ -337,20 +341,13 @@ def compare(
     return rows
 
 
-def advise(
-    console: Console,
-    dsn: str,
-    work: Path,
-    shapes: list[Shape],
-    keys: dict[t.Any, list[t.Any]],
-    costs: dict[str, float],
-    args: argparse.Namespace,
-) -> list[dict[str, t.Any]]:
+def advise(bench: Bench) -> list[dict[str, t.Any]]:
+    console, dsn, work, args = bench.console, bench.dsn, bench.work, bench.args
     bare = open_cache(dsn, work, "advised", None)
     console.print(
         f"part 2: {args.advice_seconds:g} s of the workload on a cache with no schema ..."
     )
-    run([bare], shapes, args.advice_seconds, random.Random(args.seed + 3), keys, costs)
+    run([bare], bench, args.advice_seconds, random.Random(args.seed + 3))
     # each shape's backend time per call, with no cache schema (every call remote)
     mean = {s: bare.backend_ms.get(s, 0.0) / n for s, n in bare.calls.items()}
     advice = bare.conn.admin.advice()
@@ -363,7 +360,7 @@ def advise(
     scheduler.start()
     again = Cache("advised again", bare.conn, scheduler, store)
     try:
-        run([again], shapes, args.advice_seconds, random.Random(args.seed + 3), keys, costs)
+        run([again], bench, args.advice_seconds, random.Random(args.seed + 3))
     finally:
         scheduler.stop()
     bare.conn.close()

@@ -17,6 +17,7 @@ from cache.engine.inspect import CACHE_ADVICE
 from cache.tools import bookstore
 from sql_ext import parse_one
 from tests.answers import assert_same_answer
+from tests.roles import login_role
 
 SCHEMA = """
 CREATE CONTROL TABLE authorlist_pct (authorid INTEGER);
@@ -165,13 +166,9 @@ def test_the_reasons_no_ddl_fixes_are_told_and_suggest_nothing(
     its reason, and no DDL suggested."""
     dsn = pg_cluster.create_database("advice_kinds")
     bookstore.load_into(dsn)
+    reader_dsn = login_role(dsn, "advice_reader")
     with psycopg.connect(dsn, autocommit=True) as pg:
-        pg.execute(
-            "DO $$ BEGIN CREATE ROLE advice_reader LOGIN; "
-            "EXCEPTION WHEN duplicate_object THEN NULL; END $$"
-        )
         pg.execute("GRANT SELECT (saleid, qty) ON sales TO advice_reader")
-    reader_dsn = psycopg.conninfo.make_conninfo(dsn, user="advice_reader")
     path = tmp_path / "cache.duckdb"
     point = "SELECT s.qty FROM sales s WHERE s.saleid = %s CURRENCY BOUND 10 MIN"
     function = (

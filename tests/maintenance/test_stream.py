@@ -25,6 +25,7 @@ from experiments.workers import Workers
 from sql_ext import parse
 from sql_ext.errors import NotSupportedError, OperationalError
 from tests.maintenance.test_maintenance import local, pg
+from tests.roles import login_role
 
 Setup = tuple[CacheStore, str, stream.Consumer]
 
@@ -132,14 +133,9 @@ def test_a_backend_that_cannot_stream_is_refused_before_anything_is_made(
     or slot of it, the cache file no view."""
     owner = pg_cluster.create_database("stream_refused")
     bookstore.load_into(owner)
-    pg(
-        owner,
-        "DO $$ BEGIN CREATE ROLE no_replication LOGIN NOREPLICATION; "
-        "EXCEPTION WHEN duplicate_object THEN NULL; END $$",
-    )
+    dsn = login_role(owner, "no_replication", "NOREPLICATION")
     pg(owner, "GRANT SELECT ON ALL TABLES IN SCHEMA public TO no_replication")
     pg(owner, "GRANT CREATE ON SCHEMA public TO no_replication")
-    dsn = psycopg.conninfo.make_conninfo(owner, user="no_replication")
     store = CacheStore(tmp_path / "cache.duckdb")
     try:
         with pytest.raises(OperationalError, match=r"nothing was changed: the role may not"):

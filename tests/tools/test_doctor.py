@@ -9,6 +9,7 @@ import subprocess
 import psycopg
 
 from cache.backend.embedded_pg import EmbeddedPostgres
+from tests.roles import login_role
 
 
 def _doctor(mtcache_bin: str, env: dict[str, str], dsn: str, *args: str) -> tuple[int, str]:
@@ -30,13 +31,9 @@ def test_doctor_names_what_a_backend_lacks(
     owner = pg_cluster.create_database("doctor")
     code, said = _doctor(mtcache_bin, clean_env, owner)
     assert code == 0 and said.rstrip().endswith("the backend has what the cache needs"), said
+    plain = login_role(owner, "doctor_plain", "NOREPLICATION")
     with psycopg.connect(owner, autocommit=True) as pg:
-        pg.execute(
-            "DO $$ BEGIN CREATE ROLE doctor_plain LOGIN NOREPLICATION; "
-            "EXCEPTION WHEN duplicate_object THEN NULL; END $$"
-        )
         pg.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
-    plain = psycopg.conninfo.make_conninfo(owner, user="doctor_plain")
     code, said = _doctor(mtcache_bin, clean_env, plain)
     assert code == 1, said
     assert "NEED replication privilege" in said and "ALTER ROLE ... REPLICATION" in said
