@@ -7,11 +7,13 @@ Why a read went to the backend is told where it happened (`why_planned_remote`,
 advice is asked for, from the shape's text against the schema as it is then: each table the
 statement reads that no cached view holds gets a view of the columns it reads, kept
 `REFRESH AUTO` (its bounds then set its interval); a shape whose views' data was too old under
-a fixed interval gets its views kept `REFRESH AUTO` instead. A kind no DDL fixes (a function
-DuckDB cannot compute as PostgreSQL, privileges, a presence miss that an admission fills)
-has none. ``saves_ms`` is the backend time the shape took per hour it has been seen (at least
-a minute), which a local answer saves; ``bytes`` what the suggested views would hold, from
-the backend's statistics.
+a fixed interval gets its views kept `REFRESH AUTO` instead, and one whose bound no refresh
+meets (too old under `REFRESH AUTO`, whose pulls did not pay, or a bound below the refresh
+delay) `REFRESH CONTINUOUSLY`, where the schema's rules allow it: the change stream keeps
+the view current. A kind no DDL fixes (a function DuckDB cannot compute as PostgreSQL,
+privileges, a presence miss that an admission fills) has none. ``saves_ms`` is the backend
+time the shape took per hour it has been seen (at least a minute), which a local answer
+saves; ``bytes`` what the suggested views would hold, from the backend's statistics.
 
 `apply_script` turns the suggestions into one script within the size budget: one view per
 table (the union of the columns its suggestions read), the most saved per byte first.
@@ -32,6 +34,7 @@ from cache.backend.pool import pooled
 from cache.store.cache_file import CacheStore
 from cache.store.remote_reads import REASONS
 from control_tables.schema import CacheSchema
+from control_tables.script import apply_script as check_script
 from optimizer.analysis.analyze import analyze
 from optimizer.plan import Plan
 from optimizer.rules.evaluate_guards import Decision
@@ -43,6 +46,9 @@ from sql_ext.nodes import format_duration
 from sql_ext.quoting import ident, idents
 
 SUFFIX = "_cache"  # the name of a suggested view: its table's, and this
+# the least bound REFRESH CONTINUOUSLY is suggested for: the change stream's lag is usually
+# well under it, a refresh's delay often not
+STREAM_BOUND = 1.0
 PRIVILEGES = (
     "privileges: the session's role may not read the cached tables it reads (the backend "
     "decides what it may read; GRANT SELECT to let the cache answer it)"
@@ -211,7 +217,7 @@ def suggest(
 ) -> tuple[str, int] | None:
     """The cache DDL that would answer ``statement`` locally and the bytes it would take
     (None: no DDL does, for that kind of reason, or the statement no longer plans)."""
-    if kind not in ("no view", "bound not met", "cheaper remote"):
+    if kind not in ("no view", "bound not met", "bound below delay", "cheaper remote"):
         return None
     try:
         [query] = parse(statement, percent=True)
@@ -234,17 +240,27 @@ def suggest(
             return None
         ddl.append(made[0])
         size += made[1]
-    if not missing and kind == "bound not met":
+    bound = min((c.bound_seconds for c in analysis.constraint.classes), default=0.0)
+    if kind == "bound below delay" and bound < STREAM_BOUND:
+        return None  # (nothing keeps a copy that fresh)
+    if not missing and kind in ("bound not met", "bound below delay"):
         for access in analysis.accesses:
             for match in match_access(access, schema)[:1]:
                 view = match.view
-                if view.auto or view.continuous or view.is_gray:
-                    continue  # (its bounds set its interval already; a gray one follows)
-                again = _refreshed_auto(view.statement)
+                if view.continuous or view.is_gray:
+                    continue  # (kept as fresh as it can be; a gray one follows its root)
+                # under a fixed interval: its bounds choose one; chosen by its bounds already,
+                # or below any refresh's delay: the change stream keeps it current
+                mode = "AUTO" if kind == "bound not met" and not view.auto else "CONTINUOUSLY"
+                again = _refreshed(view.statement, mode)
                 if again is not None and again not in ddl:
                     ddl += [f"DROP CACHED VIEW {ident(view.name)}", again]
                     size += _bytes(catalog, view.table, view.columns)
     if not ddl:
+        return None
+    try:  # (a suggestion the schema's rules refuse is none: REFRESH CONTINUOUSLY takes no WHERE)
+        check_script(schema, parse(";\n".join(ddl)), catalog)
+    except Error:
         return None
     return ";\n".join(ddl) + ";", size
 
@@ -285,12 +301,12 @@ _REFRESH = re.compile(
 )
 
 
-def _refreshed_auto(statement: str) -> str | None:
-    """A view's DDL kept REFRESH AUTO instead of its refresh clause (None: the text does not
-    parse back to the same view with it)."""
+def _refreshed(statement: str, mode: str) -> str | None:
+    """A view's DDL with ``REFRESH <mode>`` instead of its refresh clause (None: the text does
+    not parse back to the same view with it)."""
     text = statement.strip().rstrip(";")
     bare = _REFRESH.sub("", text)
-    again = f"{bare} REFRESH AUTO"
+    again = f"{bare} REFRESH {mode}"
     try:
         [before], [after] = parse(text), parse(again)
     except Error:
@@ -302,7 +318,7 @@ def _refreshed_auto(statement: str) -> str | None:
         after.table,
         after.columns,
         after.presence,
-    ) or not after.auto:
+    ) or (after.auto, after.continuous) != (mode == "AUTO", mode == "CONTINUOUSLY"):
         return None
     return again
 

@@ -14,6 +14,7 @@ import pytest
 import cache
 from cache.engine.advice import apply_script
 from cache.engine.inspect import CACHE_ADVICE
+from cache.maintenance.pipeline import Maintainer
 from cache.tools import bookstore
 from sql_ext import parse_one
 from tests.answers import assert_same_answer
@@ -195,3 +196,28 @@ def test_the_reasons_no_ddl_fixes_are_told_and_suggest_nothing(
         row = found[parse_one(sql).normalized]
         assert row.reason.startswith(start), row.reason
         assert row.suggestion is None
+
+
+def test_a_bound_below_the_refresh_delay_suggests_the_change_stream(
+    conn: t.Any, bookstore_dsn: str
+) -> None:
+    """Refreshes of salescopy that take 2.5 s to land (a fault point's sleep: given, not
+    measured) put a 2 s bound below its delay: the advice is to keep it REFRESH CONTINUOUSLY.
+    A bound under a second suggests nothing: no copy is kept that fresh."""
+    store = conn.admin.store
+    for _ in range(2):
+        Maintainer(store, bookstore_dsn, faults_enabled=["after_pull:sleep=2.5"]).refresh(
+            "salescopy"
+        )
+    slow = "SELECT s.qty FROM sales s WHERE s.saleid = %s CURRENCY BOUND 2 SEC"
+    cur = conn.cursor()
+    cur.execute(slow, (1,))
+    cur.execute(BELOW)
+    found = advice_of(conn)
+    row = found[parse_one(slow).normalized]
+    assert row.reason.startswith("bound below delay: ")
+    assert row.suggestion == (
+        'DROP CACHED VIEW "salescopy";\n'
+        "CREATE CACHED VIEW salescopy AS SELECT * FROM sales REFRESH CONTINUOUSLY;"
+    )
+    assert found[parse_one(BELOW).normalized].suggestion is None
