@@ -207,12 +207,15 @@ class Admin:
         return document
 
     @_public
-    def advice(self) -> list[Advice]:
+    def advice(self, backend: bool = True) -> list[Advice]:
         """What to cache: the statement shapes the backend answered, why, and the cache DDL
         that would answer them (`cache.engine.advice`); with pg_stat_statements on the
-        backend, also what reached it without the cache planning it."""
+        backend (``backend``: asked, as the cache's own role), also what reached it without
+        the cache planning it."""
         catalog = self._store.load_catalog()
         found = advice(self._store, catalog)
+        if not backend:
+            return found
         try:
             dsn = self._backend()
         except Error:  # (no backend to ask: what the cache counted)

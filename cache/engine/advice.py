@@ -339,7 +339,7 @@ def apply_script(rows: Iterable[Advice], room: float = math.inf) -> Applied:
     """One script of the suggestions: a view per table (the union of the columns they read),
     re-created views as suggested, the most saved per byte first while they fit in ``room``
     bytes."""
-    per_table: dict[str, tuple[CreateCachedView, set[str], float, int]] = {}
+    per_table: dict[str, tuple[CreateCachedView, set[str] | None, float, int]] = {}
     again: dict[str, tuple[list[str], float, int]] = {}
     for row in rows:
         if row.suggestion is None:
@@ -359,25 +359,27 @@ def apply_script(rows: Iterable[Advice], room: float = math.inf) -> Applied:
                 )
                 continue
             kept_view = per_table.get(statement.table)
-            columns = set(statement.columns or ())
+            # (None: every column, SELECT *)
+            columns = set(statement.columns) if statement.columns is not None else None
             if kept_view is None:
                 per_table[statement.table] = (statement, columns, row.saves_ms, row.bytes or 0)
             else:
                 first, held, saves, size = kept_view
                 per_table[statement.table] = (
                     first,
-                    held | columns,
+                    None if held is None or columns is None else held | columns,
                     saves + row.saves_ms,
                     max(size, row.bytes or 0),
                 )
     candidates: list[tuple[float, str, str, int]] = []  # (saved per byte, name, ddl, bytes)
     for first, columns, saves, size in per_table.values():
         ddl = first.text.strip().rstrip(";")
-        if first.columns is not None and columns != set(first.columns):
-            listed = idents(sorted(columns))
-            ddl = re.sub(
-                r"AS\s+SELECT\s+.*?\s+FROM\s", f"AS SELECT {listed} FROM ", ddl, count=1, flags=re.S
-            )
+        if first.columns is not None and (columns is None or columns != set(first.columns)):
+            listed = "*" if columns is None else idents(sorted(columns))
+            # (the list spliced in as it is: a replacement string would read its backslashes)
+            found = re.search(r"AS\s+SELECT\s+.*?\s+FROM\s", ddl, flags=re.S)
+            if found is not None:
+                ddl = f"{ddl[: found.start()]}AS SELECT {listed} FROM {ddl[found.end() :]}"
         candidates.append((saves / max(size, 1), first.name, ddl + ";", size))
     for name, (texts, saves, size) in again.items():
         candidates.append((saves / max(size, 1), name, "\n".join(texts), 0))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import logging
 import math
 import time
 import typing as t
@@ -63,6 +64,9 @@ from sql_ext.params import ParameterValues, Params, values_for
 GUARD_ATTEMPTS = 3
 
 
+log = logging.getLogger("mtcache.engine")
+
+
 class CachedReads:
     """The cached read's steps over a session's parts (see the module)."""
 
@@ -87,8 +91,8 @@ class CachedReads:
     _seen_moment: dt.datetime | None
     # why the last read went to the backend (`cache.engine.advice`), and the statement sent
     # there by `answered_remotely` with when, until its answer is whole (`remote_finished`)
-    _remote_why: tuple[str, str] | None
-    _remote_sent: tuple[Query, float] | None
+    _remote_why: tuple[str, str, Plan] | None
+    _remote_sent: list[tuple[Query, tuple[str, str, Plan] | None, float]]
 
     if t.TYPE_CHECKING:  # (the session's own, which it uses)
 
@@ -112,9 +116,10 @@ class CachedReads:
             prepared = reading.prepared
             assert prepared is not None
             # the whole statement on the backend
+            why, self._remote_why = self._remote_why, None
             started = time.perf_counter()
             result = self._run_backend(prepared.remote, params)
-            self._note_remote(query, time.perf_counter() - started)
+            self._note_remote(query, why, time.perf_counter() - started)
             self.link.left(effects_of(prepared.remote.backend_sql))
             self._mark("run")
             result.plan = prepared.plan
@@ -140,13 +145,12 @@ class CachedReads:
                 yield
                 prepared = self.planner.prepare(query, params, bound)
             self._mark("lookup")
-            asks = prepared.plan.asks
-            if asks:  # (the bounds it asks of its views: what REFRESH AUTO follows)
-                self.store.asks.asked(asks)
+            plan = prepared.plan
+            self._remote_why = None  # (told below when the backend is to answer it)
             # (a plan that chose the whole statement remote has no guard to evaluate)
             if not prepared.plan.local:
                 self.last_route = "remote"
-                self._remote_why = why_planned_remote(prepared.plan)
+                self._remote_why = (*why_planned_remote(plan), plan)
                 return Reading(prepared)
             readable = self._readable_at_hand(prepared)
             if readable is False:
@@ -154,21 +158,28 @@ class CachedReads:
                 readable = self._readable_until(prepared)
             if readable is None:
                 self.last_route = "remote"
-                self._remote_why = ("privileges", PRIVILEGES)
+                self._remote_why = ("privileges", PRIVILEGES, plan)
                 return Reading(prepared)
             try:
                 found = yield from self._deciding(prepared, params, readable if lane else None)
             except LocalUnfit as unfit:
                 # DuckDB cannot give PostgreSQL's answer: the backend
                 found = Reading(prepared)
-                self._remote_why = ("allowlist", f"DuckDB cannot answer it as PostgreSQL: {unfit}")
+                self._remote_why = (
+                    "allowlist",
+                    f"DuckDB cannot answer it as PostgreSQL: {unfit}",
+                    plan,
+                )
         except BackendUnavailableError as down:
             yield
             return Reading(None, self._answer_without_backend(query, params, down))
         if found.result is None:
             self.last_route = "fallback"
             if found.decision is not None:
-                self._remote_why = why_guards_failed(prepared.plan, found.decision)
+                self._remote_why = (
+                    *why_guards_failed(prepared.plan, found.decision),
+                    prepared.plan,
+                )
         return found
 
     def _deciding(
@@ -444,6 +455,9 @@ class CachedReads:
         self.last_route = "mixed" if remote else "local"
         self._counted_local(decision, ran.memo)
         self._note_hits(prepared.plan, decision)
+        asks = prepared.plan.asks
+        if asks and not stale:  # (the bounds it asked of its views: what REFRESH AUTO follows)
+            self.store.asks.asked(asks)
         if remote:
             self.counters[Counter.REMOTE] += 1
         provenance: Provenance | t.Callable[[], Provenance]
@@ -592,23 +606,39 @@ class CachedReads:
         for control, key in reads:
             budget.hits.hit(control, key, share)
 
-    def _note_remote(self, query: Query, seconds: float) -> None:
+    def _note_remote(self, query: Query, why: tuple[str, str, Plan] | None, seconds: float) -> None:
         """The backend answered ``query`` in ``seconds``, for the reason its read gave: the
-        advice counts it (`cache.store.remote_reads`)."""
+        advice counts it (`cache.store.remote_reads`), and the bounds its plan asked count as
+        asked (an answer, local or not, counts them once: `_local_result`, a lane's)."""
+        if why is None:
+            return
+        kind, message, plan = why
+        if plan.asks:
+            self.store.asks.asked(plan.asks)
+        self.store.remote_reads.answered(query.normalized, kind, message, seconds * 1000.0)
+
+    def sending_remotely(self, query: Query) -> None:
+        """The caller is about to have the backend answer a query `read_locally` left to it:
+        its time runs from now until `remote_finished` (the server's protocol cycle ends)."""
         why, self._remote_why = self._remote_why, None
-        if why is not None:
-            self.store.remote_reads.answered(query.normalized, why[0], why[1], seconds * 1000.0)
+        self._remote_sent.append((query, why, time.perf_counter()))
 
     def remote_finished(self) -> None:
-        """The statement `answered_remotely` sent has its whole answer now (the server's
-        cycle ended): counted with the time since it was sent."""
-        sent, self._remote_sent = self._remote_sent, None
-        if sent is not None:
-            self._note_remote(sent[0], time.perf_counter() - sent[1])
+        """The statements sent to the backend have their whole answers now (the server's
+        cycle ended): each counted with its reason and the time since it was sent. Never
+        fails the cycle: what cannot be counted is logged."""
+        sent, self._remote_sent = self._remote_sent, []
+        done = time.perf_counter()
+        for query, why, started in sent:
+            try:
+                self._note_remote(query, why, done - started)
+            except Exception as exc:  # (bookkeeping: the client's answer stands)
+                log.warning("counting a read the backend answered failed: %s", exc)
 
     def answered_remotely(self, query: Query) -> None:
         """The caller had the backend answer a query `read_locally` left to it."""
-        self._remote_sent = (query, time.perf_counter())
+        if not any(q is query for q, _, _ in self._remote_sent):
+            self.sending_remotely(query)  # (sent just now: timed from here)
         self.link.left(effects_of(query.backend_sql))
         self._last = lambda: Provenance.remote(self.planner.base_tables(query))
         self.counters[Counter.REMOTE] += 1

@@ -129,8 +129,8 @@ class Session(CachedReads):
         self.last_route = "cache"
         self._seen_decision: Decision | None = None  # (`_saw`)
         self._seen_moment: dt.datetime | None = None
-        self._remote_why: tuple[str, str] | None = None
-        self._remote_sent: tuple[Query, float] | None = None
+        self._remote_why: tuple[str, str, t.Any] | None = None
+        self._remote_sent: list[tuple[Query, tuple[str, str, t.Any] | None, float]] = []
         # where the last statement's rows came from (EXPLAIN LAST STATEMENT): the provenance
         # or how to make it, never the rows
         self._last: Provenance | t.Callable[[], Provenance] = NO_PROVENANCE
@@ -319,7 +319,10 @@ class Session(CachedReads):
         if route.what == "last statement":
             return inspect.last_statement(self.last_provenance())
         if route.what == "cache advice":
-            return inspect.cache_advice(self.admin.advice())
+            # pg_stat_statements is read as the cache's own role: only its sessions see what
+            # it lists (another role is shown what the cache counted)
+            owner = self._reader() == self.engine.owner_role
+            return inspect.cache_advice(self.admin.advice(backend=owner))
         document = self.admin.status(route.views)
         if route.what == "cached views":
             return inspect.cached_views(document, self._zone().info)

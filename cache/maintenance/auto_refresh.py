@@ -73,6 +73,7 @@ class AutoIntervals:
         asks = store.load_asks()
         asks.fold(now)
         asks.forget(schema.views)
+        burst = asks.burst(now)  # (the reads of the last few seconds, when enough have passed)
         chosen: dict[str, IntervalChoice] = {}
         bursts: dict[str, tuple[dict[float, float], float, float]] = {}  # recent, d, C
         autos = [v for v in schema.topological_order() if _chooses(schema.views[v])]
@@ -85,7 +86,7 @@ class AutoIntervals:
                 for member in group:
                     for bound, rate in asks.rates(member, now)[1].items():
                         saved[bound] = saved.get(bound, 0.0) + rate
-                    for bound, rate in asks.recent(member).items():
+                    for bound, rate in (burst or {}).get(member, {}).items():
                         recent[bound] = recent.get(bound, 0.0) + rate
                 cost = sum(self.pull_cost(schema, schema.views[m]) for m in group)
                 # a bound is met every time only if the refresh lands within it every time: the

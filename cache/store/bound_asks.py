@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from cache.store.gathered import Gathered
 
 ASKS_HALF_LIFE = 3600.0  # seconds: an ask counts half after this long
+BURST_WINDOW = 5.0  # seconds: the shortest window a burst's rate is read over
+BURST_READS = 10  # reads of one bound in a window: fewer are no burst
 
 # (view, bound in seconds (inf: any age), the backend cost a local answer saves), per view
 Asks = tuple[tuple[str, float, float], ...]
@@ -63,11 +65,10 @@ class BoundAsks(Gathered):
         self.half_life = half_life
         self._pending: dict[int, list[t.Any]] = {}  # id(asks) -> [asks, count, first read]
         self._views: dict[str, Asked] = {}
-        # what the last fold added per view and bound (the backend cost saved), and over how
-        # long it was gathered: the reads' rate just now (`recent`)
-        self._recent: dict[str, dict[float, float]] = {}
-        self._span = 0.0
-        self._folded_at: float | None = None
+        # the reads since the burst window began (`burst`): per (view, bound), [queries, the
+        # backend cost their local answers would save], and when the window began
+        self._window: defaultdict[tuple[str, float], list[float]] = defaultdict(lambda: [0.0, 0.0])
+        self._window_start: float | None = None
 
     def asked(self, asks: Asks) -> None:
         """A read of a plan with these asks (the plan's own tuple: counted by identity)."""
@@ -93,13 +94,12 @@ class BoundAsks(Gathered):
                     sums[2] = min(sums[2], first)
             views = self._views
             self._dirty = self._dirty or bool(added)
-            firsts = [first for _, _, first in pending.values()]
-            start = self._folded_at if self._folded_at is not None else min(firsts, default=now)
-            self._span, self._folded_at = max(now - start, 0.0), now
-            self._recent = {}
-            for (view, bound), (_, saved, _) in added.items():
-                self._recent.setdefault(view, {})[bound] = saved
+            if self._window_start is None:
+                self._window_start = min((f for _, _, f in pending.values()), default=now)
             for (view, bound), (count, saved, first) in added.items():
+                window = self._window[view, bound]
+                window[0] += count
+                window[1] += saved
                 found = views.get(view)
                 if found is None:  # (gathered since its first read)
                     found = views[view] = Asked(since=min(first, now), at=now)
@@ -123,15 +123,24 @@ class BoundAsks(Gathered):
                 {b: s / window for b, s in found.saved.items()},
             )
 
-    def recent(self, view: str) -> dict[float, float]:
-        """Per bound asked of ``view`` between the last two folds: the backend cost their local
-        answers would save per second (a burst reads here as it is, where `rates` smooths it
-        over the hour)."""
+    def burst(self, now: float) -> dict[str, dict[float, float]] | None:
+        """The reads of the window that ends at ``now`` (after `fold`), which then begins
+        again: per view and bound asked, the backend cost their local answers would save per
+        second - a burst reads here as it is, where `rates` smooths it over the hour. None
+        while the window is shorter than BURST_WINDOW (a rate over milliseconds is noise);
+        a bound asked fewer than BURST_READS times in it is left out (one read is no burst)."""
         with self._lock:
-            span = self._span
-            if span <= 0.0:
-                return {}
-            return {b: s / span for b, s in self._recent.get(view, {}).items()}
+            start = self._window_start
+            if start is None or now - start < BURST_WINDOW:
+                return None
+            span = now - start
+            found: dict[str, dict[float, float]] = {}
+            for (view, bound), (count, saved) in self._window.items():
+                if count >= BURST_READS:
+                    found.setdefault(view, {})[bound] = saved / span
+            self._window.clear()
+            self._window_start = now
+            return found
 
     def counts(self, view: str, now: float) -> dict[float, float]:
         """Per bound asked of ``view``: the queries that asked it, decayed to ``now``."""
@@ -153,13 +162,20 @@ class BoundAsks(Gathered):
 
     def load(self, rows: t.Iterable[tuple[str, float, float, float, float, float]]) -> None:
         """The sums the file keeps (view, bound, queries, saved, since, at; the moments in
-        seconds since the epoch), once per process: later, this process's are newer."""
+        seconds since the epoch), once per process, added to those this process counted
+        before (later, this process's include them)."""
         with self._lock:
             if not self._first_load():
                 return
             for view, bound, count, saved, since, at in rows:
-                found = self._views.setdefault(view, Asked(since=since, at=at))
-                found.counts[bound], found.saved[bound] = count, saved
+                # (added to what this process counted before it read them, decayed to it)
+                found = self._views.get(view)
+                if found is None:
+                    found = self._views[view] = Asked(since=since, at=at)
+                factor = 0.5 ** (max(found.at - at, 0.0) / self.half_life)
+                found.counts[bound] = found.counts.get(bound, 0.0) + count * factor
+                found.saved[bound] = found.saved.get(bound, 0.0) + saved * factor
+                found.since = min(found.since, since)
 
     def to_save(self, now: float, force: bool = False) -> list[tuple[t.Any, ...]] | None:
         """The rows of ``mtcache.bound_asks`` to write at ``now``; None: nothing changed, or

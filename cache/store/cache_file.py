@@ -335,7 +335,8 @@ class CacheStore(SchemaStore, CatalogStore):
         try:
             self.asks.fold(time.time())
             self.save_gathered(time.time(), force=True)
-        except duckdb.Error as exc:  # (a file that cannot take them: the process's are lost)
+        except Exception as exc:  # (a file that cannot take them: the process's are lost; the
+            # file closes all the same)
             log.warning(
                 "keeping the bounds asked and the reads the backend answered in %s failed: %s",
                 self.path,
@@ -350,14 +351,19 @@ class CacheStore(SchemaStore, CatalogStore):
         remote = self.load_remote_reads().to_save(now, force)
         if asks is None and remote is None:
             return
-        with self.transaction() as con:
-            for table, rows in (("bound_asks", asks), ("remote_reads", remote)):
-                if rows is None:
-                    continue
-                con.execute(f"DELETE FROM mtcache.{table}")
-                if rows:
-                    marks = ", ".join("?" * len(rows[0]))
-                    con.executemany(f"INSERT INTO mtcache.{table} VALUES ({marks})", rows)
+        try:
+            with self.transaction() as con:
+                for table, rows in (("bound_asks", asks), ("remote_reads", remote)):
+                    if rows is None:
+                        continue
+                    con.execute(f"DELETE FROM mtcache.{table}")
+                    if rows:
+                        marks = ", ".join("?" * len(rows[0]))
+                        con.executemany(f"INSERT INTO mtcache.{table} VALUES ({marks})", rows)
+        except BaseException:
+            self.asks.unsaved()  # (written at the next chance)
+            self.remote_reads.unsaved()
+            raise
 
     def save_clock(self, clock: BackendClock) -> None:
         """The last backend-clock measurement, for tools without a backend connection."""

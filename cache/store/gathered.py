@@ -29,6 +29,11 @@ class Gathered:
         self._loaded = True
         return True
 
+    def unsaved(self) -> None:
+        """The write `_due` allowed failed: to be written again."""
+        with self._lock:
+            self._dirty = True
+
     def _due(self, now: float, force: bool) -> bool:
         """Under the lock: whether to write now (then counted as written)."""
         if not self._dirty or (

@@ -31,7 +31,7 @@ REASONS = {
     "completeness miss": "a group it reads was not complete in the cache",
     "consistency": "the regions it reads were not from one snapshot",
     "timeline": "its session needed data newer than the cache's",
-    "function": "it uses what DuckDB cannot compute as PostgreSQL does",
+    "allowlist": "it uses what DuckDB cannot compute as PostgreSQL does",
     "outside": "it reads relations the cache cannot hold",
     "privileges": "its role may not read the cached tables",
     "cheaper remote": "the backend was estimated cheaper",
@@ -104,15 +104,22 @@ class RemoteReads(Gathered):
 
     def load(self, rows: t.Iterable[tuple[t.Any, ...]]) -> None:
         """The shapes the file keeps (statement, calls, backend_ms, kind, reason, first and
-        last seen in seconds since the epoch), once per process."""
+        last seen in seconds since the epoch), once per process, added to those this process
+        counted before."""
         with self._lock:
             if not self._first_load():
                 return
             for statement, calls, ms, kind, reason, first, last in rows:
-                if statement not in self._shapes:
-                    self._shapes[statement] = RemoteShape(
-                        statement, int(calls), float(ms), first, last, {kind: [int(calls), reason]}
-                    )
+                # (added to what this process counted before it read them)
+                shape = self._shapes.get(statement)
+                if shape is None:
+                    shape = self._shapes[statement] = RemoteShape(statement, 0, 0.0, first, last)
+                shape.calls += int(calls)
+                shape.backend_ms += float(ms)
+                shape.first_seen = min(shape.first_seen, first)
+                shape.last_seen = max(shape.last_seen, last)
+                counted = shape.reasons.setdefault(kind, [0, reason])
+                counted[0] += int(calls)
 
     def to_save(self, now: float, force: bool = False) -> list[tuple[t.Any, ...]] | None:
         """The rows of ``mtcache.remote_reads`` to write at ``now``; None: nothing changed, or

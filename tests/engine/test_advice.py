@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 import cache
-from cache.engine.advice import apply_script
+from cache.engine.advice import Advice, apply_script
 from cache.engine.inspect import CACHE_ADVICE
 from cache.maintenance.pipeline import Maintainer
 from cache.tools import bookstore
@@ -221,3 +221,27 @@ def test_a_bound_below_the_refresh_delay_suggests_the_change_stream(
         "CREATE CACHED VIEW salescopy AS SELECT * FROM sales REFRESH CONTINUOUSLY;"
     )
     assert found[parse_one(BELOW).normalized].suggestion is None
+
+
+def test_a_view_of_every_column_wins_the_merge_of_a_tables_suggestions() -> None:
+    """One view per table: the union of the columns its suggestions read, every column when
+    one reads them all (SELECT *), whatever order they come in. No database needed."""
+    subset = 'CREATE CACHED VIEW "reviews_cache" AS SELECT "reviewid" FROM "reviews" REFRESH AUTO;'
+    whole = 'CREATE CACHED VIEW "reviews_cache" AS SELECT * FROM "reviews" REFRESH AUTO;'
+    other = (
+        'CREATE CACHED VIEW "reviews_cache" AS SELECT "reviewid", "rating" FROM "reviews" '
+        "REFRESH AUTO;"
+    )
+
+    def row(suggestion: str, saves: float) -> Advice:
+        return Advice("SELECT %s", 1, 1.0, "no view: ...", suggestion, saves, 100)
+
+    for rows in ([row(subset, 2.0), row(whole, 1.0)], [row(whole, 1.0), row(subset, 2.0)]):
+        assert apply_script(rows).script == (
+            'CREATE CACHED VIEW "reviews_cache" AS SELECT * FROM "reviews" REFRESH AUTO;'
+        )
+    merged = apply_script([row(subset, 1.0), row(other, 1.0)]).script
+    assert merged == (
+        'CREATE CACHED VIEW "reviews_cache" AS SELECT "rating", "reviewid" FROM "reviews" '
+        "REFRESH AUTO;"
+    )

@@ -221,17 +221,18 @@ def test_a_burst_of_reads_that_miss_refreshes_ahead_of_the_schedule(
 ) -> None:
     """Reads asking for fresher data than the view holds, in a burst worth more than a pull,
     make the scheduler refresh it at once (an upquery), though at their hourly rate no
-    interval pays; a few such reads do not. The folds' moments are given: the burst is read
-    as 10 s long."""
+    interval pays; a few such reads do not. The folds' moments are given: each window of
+    reads is read as 10 s long."""
     store, dsn = setup
     scheduler = RefreshScheduler(store, dsn, InlineEngine(), tick=5.0)
     try:
         with cache.connect(dsn, store.path, background=False) as conn:
             conn.admin.refresh("salescopy")
+            base = time.time()
             read(conn, "5 SEC", 1)  # asked first three hours ago: an hourly rate of little
-            scheduler.intervals.choose(time.time() - 3 * 3600)
-            for count, refreshed in ((3, False), (3000, True)):
-                start = dt.datetime.now(dt.UTC)
+            scheduler.intervals.choose(base - 3 * 3600)
+            for number, (count, refreshed) in enumerate(((3, False), (3000, True))):
+                start = dt.datetime.fromtimestamp(base + 10 * number, dt.UTC)
                 assert scheduler.run_once(start) == []  # (the fold before the burst)
                 read(conn, "5 SEC", count)
                 reports = scheduler.run_once(start + dt.timedelta(seconds=10))
@@ -244,6 +245,7 @@ def test_a_burst_of_reads_that_miss_refreshes_ahead_of_the_schedule(
             [(stamp,)] = store.con.execute(
                 "SELECT refreshed_at FROM mtcache.view_state WHERE view = 'salescopy'"
             ).fetchall()
-            assert stamp >= start - dt.timedelta(seconds=1)  # (the backend's clock, not ours)
+            began = dt.datetime.fromtimestamp(base, dt.UTC)
+            assert stamp >= began - dt.timedelta(seconds=1)  # (the backend's clock, not ours)
     finally:
         scheduler.stop()

@@ -11,6 +11,7 @@ import socket
 import struct
 import subprocess
 import threading
+import time
 import typing as t
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +25,7 @@ from cache.engine.session import Session
 from cache.server.counters import ServerCounter
 from cache.store.counters import Counter
 from cache.wire import protocol
+from sql_ext import parse_one
 from tests.answers import typed
 from tests.serving import Served, quiet, raw_postgres, raw_session, relayed_runs, serving, until
 
@@ -323,6 +325,32 @@ def test_show_cache_advice_counts_what_the_backend_answered(served: Served) -> N
     assert reason == "no view: no cached view answers reviews (r)"
     assert suggestion is not None and suggestion.startswith('CREATE CACHED VIEW "reviews_cache"')
     assert saves_ms > 0 and size > 0
+
+
+def test_a_read_the_backend_answers_is_timed_and_its_bounds_counted_once(served: Served) -> None:
+    """The backend's time for a cached read it answers, in the simple protocol too (a
+    pg_sleep of 50 ms in it: the time counted is at least that); and a read's bounds are
+    counted once per statement however the server's paths try it (at hand, then waiting)."""
+    slow = (
+        "SELECT b.title, pg_sleep(0.05) IS NULL FROM books b WHERE b.authorid = 1 "
+        "CURRENCY BOUND 10 MIN"
+    )
+    asks = served.engine.store.asks
+    asks.fold(time.time())
+    before = asks.counts("bookcopy", time.time()).get(600.0, 0.0)
+    with psycopg.connect(served.dsn, autocommit=True) as conn:
+        psycopg.ClientCursor(conn).execute(slow)  # (a Query message: the simple protocol)
+        for prepare in (False, True, True):
+            conn.execute(BOOKS + " CURRENCY BOUND 10 MIN", (1,), prepare=prepare)
+        rows = {r[0]: r for r in conn.execute("SHOW CACHE ADVICE").fetchall()}
+    _, calls, backend_ms, reason, *_ = rows[parse_one(slow).normalized]
+    assert calls >= 1 and backend_ms >= 50.0, backend_ms
+    assert reason.startswith("allowlist: ")
+    now = time.time()
+    asks.fold(now)
+    # the three local reads, each once (the slow one asks nothing: no view can answer what
+    # DuckDB cannot compute; the counts halve in an hour: over these seconds, by millionths)
+    assert asks.counts("bookcopy", now)[600.0] - before == pytest.approx(3.0, abs=0.01)
 
 
 def test_the_cache_statements_over_the_wire(served: Served) -> None:

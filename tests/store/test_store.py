@@ -352,15 +352,17 @@ def test_a_bump_and_a_write_transaction_take_the_locks_in_one_order(tmp_path: Pa
             with writer.transaction() as con:
                 con.execute("INSERT INTO t VALUES (1)")
 
-    thread = threading.Thread(target=write, daemon=True)
-    thread.start()
-    try:
+    def bump() -> None:
         for _ in range(5000):
             other.bump()
-    finally:
         stop.set()
-        thread.join(timeout=60)
-    assert not thread.is_alive()
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (write, bump)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:  # (a deadlock fails here, rather than hanging the suite)
+        thread.join(timeout=120)
+    assert not any(thread.is_alive() for thread in threads)
     writer.close()
     other.close()
 

@@ -285,6 +285,7 @@ class Conversation:
         if isinstance(routed, CachedRead):
             result = self._read_locally(routed, None)
             if result is None:  # the backend answers it, its clauses cut out
+                self.session.sending_remotely(routed.query)  # (its time: from now)
                 ok = self._relay_query(routed.query.backend_sql.encode(self.client.codec))
                 self.session.answered_remotely(routed.query)
                 self.answers.provenance()
