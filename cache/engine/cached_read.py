@@ -635,10 +635,12 @@ class CachedReads:
             except Exception as exc:  # (bookkeeping: the client's answer stands)
                 log.warning("counting a read the backend answered failed: %s", exc)
 
-    def answered_remotely(self, query: Query) -> None:
-        """The caller had the backend answer a query `read_locally` left to it."""
-        if not any(q is query for q, _, _ in self._remote_sent):
-            self.sending_remotely(query)  # (sent just now: timed from here)
+    def answered_remotely(self, query: Query, timed: bool = False) -> None:
+        """The caller had the backend answer a query `read_locally` left to it (``timed``:
+        `sending_remotely` was told before it was sent; else it was sent just now, and is
+        timed from here: each statement of a pipeline counts)."""
+        if not timed:
+            self.sending_remotely(query)
         self.link.left(effects_of(query.backend_sql))
         self._last = lambda: Provenance.remote(self.planner.base_tables(query))
         self.counters[Counter.REMOTE] += 1

@@ -308,20 +308,24 @@ def test_the_clients_unnamed_statement_outlives_the_servers_own(served: Served, 
 
 
 def test_show_cache_advice_counts_what_the_backend_answered(served: Served) -> None:
-    """A cached read the backend answers, in either protocol, is counted under its shape with
-    the backend's time and why; SHOW CACHE ADVICE lists it with the DDL that would answer it."""
+    """A cached read the backend answers, in either protocol and in a pipeline, is counted
+    under its shape with the backend's time and why; SHOW CACHE ADVICE lists it with the DDL
+    that would answer it."""
     remote = "SELECT r.rating FROM reviews r WHERE r.isbn = %s CURRENCY BOUND 10 MIN"
     with psycopg.connect(served.dsn, autocommit=True) as conn:
         before = {r[0]: r for r in conn.execute("SHOW CACHE ADVICE").fetchall()}
         for prepare in (False, True):
             conn.execute(remote, ("1",), prepare=prepare)
+        with conn.pipeline():  # (three Executes before one Sync: each counted)
+            for _ in range(3):
+                conn.execute(remote, ("1",))
         cur = conn.execute("SHOW CACHE ADVICE")
         assert [d.name for d in cur.description or []] == [c for c, _ in CACHE_ADVICE]
         rows = {r[0]: r for r in cur.fetchall()}
     shape = "SELECT r.rating FROM reviews AS r WHERE r.isbn = %s CURRENCY BOUND 10 MIN"
     _, calls, backend_ms, reason, suggestion, saves_ms, size = rows[shape]
     earlier = before.get(shape, (shape, 0, 0.0))
-    assert calls == earlier[1] + 2 and backend_ms > earlier[2]
+    assert calls == earlier[1] + 5 and backend_ms > earlier[2]
     assert reason == "no view: no cached view answers reviews (r)"
     assert suggestion is not None and suggestion.startswith('CREATE CACHED VIEW "reviews_cache"')
     assert saves_ms > 0 and size > 0

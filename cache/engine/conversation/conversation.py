@@ -287,7 +287,7 @@ class Conversation:
             if result is None:  # the backend answers it, its clauses cut out
                 self.session.sending_remotely(routed.query)  # (its time: from now)
                 ok = self._relay_query(routed.query.backend_sql.encode(self.client.codec))
-                self.session.answered_remotely(routed.query)
+                self.session.answered_remotely(routed.query, timed=True)
                 self.answers.provenance()
                 return ok
         else:
