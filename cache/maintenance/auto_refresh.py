@@ -19,6 +19,7 @@ import math
 import time
 
 from cache.backend.estimates import backend_estimates
+from cache.maintenance.pull import pull_query
 from cache.store.cache_file import CacheStore
 from cache.store.refresh_times import (
     auto_refreshes,
@@ -27,12 +28,11 @@ from cache.store.refresh_times import (
     refresh_times,
 )
 from control_tables.schema import CachedView, CacheSchema
-from optimizer.derived.states import layout, pull_select
 from optimizer.rules.estimate_cost import DEFAULT_DELAY, TRANSFER_ROW_COST
 from optimizer.rules.refresh_interval import IntervalChoice, choose_interval, upquery_gain
 from sql_ext.catalog import Catalog
 from sql_ext.errors import Error
-from sql_ext.quoting import ident, idents, qualified
+from sql_ext.quoting import ident
 
 log = logging.getLogger("mtcache.scheduler")
 
@@ -41,13 +41,9 @@ REWRITE_EVERY = 60.0  # seconds: an unchanged choice is written again this often
 
 def defining_query(view: CachedView, catalog: Catalog) -> str | None:
     """The backend query of all the view's rows (None: its table is gone)."""
-    if view.is_derived:
-        return pull_select(view, layout(view, catalog))
-    table = catalog.table(view.table)
-    if table is None:
+    if not view.is_derived and catalog.table(view.table) is None:
         return None
-    where = f" WHERE {view.where_sql('postgres')}" if view.where is not None else ""
-    return f"SELECT {idents(view.columns)} FROM {qualified(table.schema, table.name)}{where}"
+    return pull_query(view, "TRUE", catalog).sql()
 
 
 class AutoIntervals:

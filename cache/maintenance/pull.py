@@ -57,29 +57,7 @@ class Pull:
         self.rounds = 0
 
     def query(self, view: CachedView, predicate: str) -> PullQuery:
-        if view.is_derived:  # (fully materialized: its one region's predicate is TRUE)
-            stored = layout(view, self.catalog)
-            return PullQuery(
-                view=view.name,
-                table=f"({pull_select(view, stored)}) AS mtcache_derived",
-                columns=tuple(
-                    (c.name, t.cast(str, transfer_type(c.pg_type))) for c in stored.columns
-                ),
-                where=predicate,
-            )
-        table = self.catalog.table(view.table)
-        assert table is not None
-        types = {c.name: c.type for c in table.columns}
-        where = predicate
-        if view.where is not None:
-            where = f"({view.where_sql('postgres')}) AND ({predicate})"
-        return PullQuery(
-            view=view.name,
-            table=qualified(table.schema, table.name),
-            columns=tuple((c, t.cast(str, transfer_type(types[c]))) for c in view.columns),
-            where=where,
-            pages=table.pages,
-        )
+        return pull_query(view, predicate, self.catalog)
 
     def fetch(self, queries: list[PullQuery]) -> None:
         if not queries:
@@ -313,6 +291,31 @@ class Pull:
 
 
 # -- helpers -------------------------------------------------------------------------------------
+
+
+def pull_query(view: CachedView, predicate: str, catalog: Catalog) -> PullQuery:
+    """The backend query of the view's rows that ``predicate`` (PostgreSQL) selects."""
+    if view.is_derived:  # (fully materialized: its one region's predicate is TRUE)
+        stored = layout(view, catalog)
+        return PullQuery(
+            view=view.name,
+            table=f"({pull_select(view, stored)}) AS mtcache_derived",
+            columns=tuple((c.name, t.cast(str, transfer_type(c.pg_type))) for c in stored.columns),
+            where=predicate,
+        )
+    table = catalog.table(view.table)
+    assert table is not None
+    types = {c.name: c.type for c in table.columns}
+    where = predicate
+    if view.where is not None:
+        where = f"({view.where_sql('postgres')}) AND ({predicate})"
+    return PullQuery(
+        view=view.name,
+        table=qualified(table.schema, table.name),
+        columns=tuple((c, t.cast(str, transfer_type(types[c]))) for c in view.columns),
+        where=where,
+        pages=table.pages,
+    )
 
 
 def distinct_rows(rows: pa.Table | None, columns: tuple[str, ...]) -> list[tuple[t.Any, ...]]:
