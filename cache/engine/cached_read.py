@@ -62,6 +62,8 @@ from sql_ext.params import ParameterValues, Params, values_for
 # how many times a query decides again when the cache file changed under its guards before
 # the backend answers it
 GUARD_ATTEMPTS = 3
+# the guards whose reads are of keyed regions (`_note_hits`)
+_KEYED = (GuardKind.PRESENCE, GuardKind.COMPLETENESS)
 
 
 log = logging.getLogger("mtcache.engine")
@@ -427,6 +429,8 @@ class CachedReads:
             counters[Counter.COMPLETENESS_MISSES] += misses.completeness
             counters[Counter.CONSISTENCY_MISSES] += misses.consistency
             counters[Counter.TIMELINE_MISSES] += misses.timeline
+            if misses.stale and self.store.region_reads.watched:
+                self.store.region_reads.read(misses.stale, decision.now)
             if misses.admittable:
                 self._note_reads(plan, misses.admittable)
                 if self.admit_on_miss:
@@ -580,20 +584,24 @@ class CachedReads:
             counters[Counter.MEMO_HITS if memo else Counter.MEMO_MISSES] += 1
 
     def _note_hits(self, plan: Plan, decision: Decision) -> None:
-        """The presence regions a local answer read (`_note_reads`)."""
-        if self.store.budget.limit is None:
-            return  # (nothing on the hit path without a budget)
-        self._note_reads(
-            plan,
-            [
-                (guard.control, key)
-                for binding in decision.bindings or ()
-                if (guard := binding.guard) is not None
-                and guard.kind == GuardKind.PRESENCE
-                and guard.control is not None
-                for key, _ in binding.regions
-            ],
-        )
+        """The presence regions a local answer read: for the size budget (`_note_reads`), and
+        for the refreshes of REFRESH AUTO views (`cache.store.region_reads`)."""
+        store = self.store
+        budget, watched = store.budget.limit is not None, store.region_reads.watched
+        if not budget and not watched:
+            return  # (nothing on the hit path without a budget or a REFRESH AUTO view)
+        read = [
+            (guard.control, key, guard.kind)
+            for binding in decision.bindings or ()
+            if (guard := binding.guard) is not None
+            and guard.kind in _KEYED
+            and guard.control is not None
+            for key, _ in binding.regions
+        ]
+        if budget:
+            self._note_reads(plan, [(c, k) for c, k, kind in read if kind == GuardKind.PRESENCE])
+        if watched and read:
+            store.region_reads.read([(c, k) for c, k, _ in read], decision.now)
 
     def _note_reads(self, plan: Plan, reads: t.Sequence[tuple[str, t.Any]]) -> None:
         """Reads of presence keys - hits, and the misses that would admit them - each worth

@@ -9,6 +9,12 @@ the backend's estimate for the view's defining query (``EXPLAIN``, asked once pe
 and view), in the share of the rows the view holds (a presence-controlled view pulls only its
 regions), plus moving those rows (`TRANSFER_ROW_COST` each): the cost units the asks' savings
 are in.
+
+A presence-controlled view's refresh pulls only the regions read since their last refresh
+(`cache.store.region_reads`, `read_regions`): a region nobody reads is not refreshed, and when
+none was read the scheduler looks again an interval later; one refresh's cost is then in the
+share of regions its last refresh pulled. A view with an objective (``WITHIN``) is refreshed
+whole: the objective is on all its data, read or not.
 """
 
 from __future__ import annotations
@@ -17,8 +23,10 @@ import datetime as dt
 import logging
 import math
 import time
+import typing as t
 
 from cache.backend.estimates import backend_estimates
+from cache.maintenance.pipeline import view_regions
 from cache.maintenance.pull import pull_query
 from cache.store.cache_file import CacheStore
 from cache.store.refresh_times import (
@@ -27,6 +35,9 @@ from cache.store.refresh_times import (
     measured_delays,
     refresh_times,
 )
+from cache.store.region_state import read_region_state
+from control_tables.kinds import RegionKind
+from control_tables.regions import Region, guarantees
 from control_tables.schema import CachedView, CacheSchema
 from optimizer.rules.estimate_cost import DEFAULT_DELAY, TRANSFER_ROW_COST
 from optimizer.rules.refresh_interval import IntervalChoice, choose_interval, upquery_gain
@@ -37,6 +48,8 @@ from sql_ext.quoting import ident
 log = logging.getLogger("mtcache.scheduler")
 
 REWRITE_EVERY = 60.0  # seconds: an unchanged choice is written again this often (its figures)
+# the regions whose reads a refresh follows: those a guard looks up by key
+KEYED = (RegionKind.PRESENCE, RegionKind.COMPLETENESS)
 
 
 def defining_query(view: CachedView, catalog: Catalog) -> str | None:
@@ -57,6 +70,8 @@ class AutoIntervals:
         self._estimates: dict[str, tuple[int, float, float, float]] = {}  # view -> (schema
         # version, when, cost, rows)
         self.early: list[str] = []  # views to refresh at once (`choose`)
+        # the share of its keyed regions each view's last refresh pulled (`read_regions`)
+        self._read_share: dict[str, float] = {}
 
     def choose(self, now: float | None = None) -> dict[str, IntervalChoice]:
         """Fold the reads' asks, choose each REFRESH AUTO view's interval at ``now`` (seconds
@@ -66,6 +81,7 @@ class AutoIntervals:
         self.early = []
         store = self.store
         schema = store.load_schema()
+        store.region_reads.watch(_watched(schema), dt.datetime.now(dt.UTC))
         asks = store.load_asks()
         asks.fold(now)
         asks.forget(schema.views)
@@ -85,6 +101,7 @@ class AutoIntervals:
                     for bound, rate in (burst or {}).get(member, {}).items():
                         recent[bound] = recent.get(bound, 0.0) + rate
                 cost = sum(self.pull_cost(schema, schema.views[m]) for m in group)
+                cost *= self._read_share.get(name, 1.0)
                 # a bound is met every time only if the refresh lands within it every time: the
                 # longest recent landing, not the median d, is the delay the choice allows for
                 delay = landings.get(name, delays.get(name, DEFAULT_DELAY))
@@ -125,6 +142,34 @@ class AutoIntervals:
                 )
                 found.append(name)
         return found
+
+    def read_regions(self, name: str) -> set[Region] | None:
+        """What a refresh of REFRESH AUTO view ``name`` pulls: its keyed regions read since
+        their last refresh (`cache.store.region_reads`; the regions they enclose come with
+        them, by closure); None: all its regions (it has an objective, or no keyed
+        regions)."""
+        store = self.store
+        schema = store.load_schema()
+        view = schema.views[name]
+        if not by_region(view, schema):
+            return None
+        state = read_region_state(store)
+        read: dict[str, set[tuple[t.Any, ...]] | None] = {}
+        chosen: set[Region] = set()
+        keyed = 0
+        for region in view_regions(store, view):
+            control = region.control
+            if region.kind not in KEYED or control is None or control not in schema.control_tables:
+                continue  # (pulled with the keys it encloses)
+            if control not in read:
+                found = store.region_reads.read_since(control, state.listed(control, ()))
+                read[control] = None if found is None else set(found)
+            keyed += 1
+            keys = read[control]
+            if keys is None or region.values in keys:
+                chosen.add(region)
+        self._read_share[name] = len(chosen) / keyed if keyed else 1.0
+        return chosen
 
     @staticmethod
     def _followers(schema: CacheSchema, root: str) -> list[str]:
@@ -198,6 +243,29 @@ class AutoIntervals:
 
 def _chooses(view: CachedView) -> bool:
     return view.auto and not view.is_gray
+
+
+def by_region(view: CachedView, schema: CacheSchema) -> bool:
+    """Whether a refresh of ``view`` pulls only its regions read since their last refresh: a
+    REFRESH AUTO view without an objective, of keyed regions."""
+    return _chooses(view) and view.within_seconds is None and bool(_keyed_controls(view, schema))
+
+
+def _keyed_controls(view: CachedView, schema: CacheSchema) -> set[str]:
+    if view.view_level:
+        return set()
+    found = {p.control for p in view.presence}
+    found |= {c for kind, _, c in guarantees(view) if kind == RegionKind.COMPLETENESS and c}
+    return {c for c in found if c in schema.control_tables}
+
+
+def _watched(schema: CacheSchema) -> set[str]:
+    """The control tables whose reads the refreshes of REFRESH AUTO views follow."""
+    found: set[str] = set()
+    for view in schema.views.values():
+        if by_region(view, schema):
+            found |= _keyed_controls(view, schema)
+    return found
 
 
 def _rounded(interval: float | None) -> float | None:

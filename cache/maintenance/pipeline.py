@@ -305,12 +305,19 @@ class Maintainer:
             names = [view_name]
         seeds: set[Region] = set()
         for name in names:
-            seeds |= _all_regions(self.store, schema.views[name], keys if view_name else None)
+            seeds |= view_regions(self.store, schema.views[name], keys if view_name else None)
         label = f"refresh {view_name or 'all'}"
         if keys:  # (as the control table types them: the command line gives text)
             found = sorted({r.values for r in seeds if r.kind == RegionKind.PRESENCE}, key=repr)
             label += " keys " + ", ".join(key_text(key) for key in found)
         return self._run(label, schema, seeds, admitted={})
+
+    def refresh_regions(self, view_name: str, regions: Collection[Region]) -> Report:
+        """Refresh some regions of one white view (a REFRESH AUTO view's: those read since
+        their last refresh) and what their closure requires, in one snapshot."""
+        schema = self.store.load_schema()
+        label = f"refresh {view_name} ({plural(len(regions), 'region')} read since refreshed)"
+        return self._run(label, schema, set(regions), admitted={})
 
     def _run(
         self,
@@ -415,9 +422,10 @@ def _coerce_keys(
     return exact_keys(store.con, schema.control_tables[control], values)
 
 
-def _all_regions(
-    store: CacheStore, view: CachedView, keys: list[tuple[t.Any, ...]] | None
+def view_regions(
+    store: CacheStore, view: CachedView, keys: list[tuple[t.Any, ...]] | None = None
 ) -> set[Region]:
+    """The view's regions: all of them, or those of the given presence keys."""
     if view.view_level:
         return {Region(view.name, RegionKind.VIEW)}
     regions: set[Region] = set()

@@ -79,19 +79,35 @@ class RefreshScheduler:
         due = due_views(self.store, now)
         for name in [*due, *(v for v in self.intervals.early if v not in due)]:
             try:
-                report = Maintainer(self.store, self.dsn, self.engine).refresh(name)
+                report = self._refresh(name, now)
             except Exception as exc:  # logged and retried: the cache is unchanged
                 message = f"refreshing {name} failed: {exc}"
                 log.warning(message)
                 self.errors.append(message)
                 continue
-            done.append(report)
+            if report is not None:
+                done.append(report)
         self.reports += done
         try:
             self.watch_objectives(now)
         except Exception as exc:  # (status's reads failing: tried again at the next tick)
             log.warning("checking the objectives failed: %s", exc)
         return done
+
+    def _refresh(self, name: str, now: dt.datetime) -> Report | None:
+        """Refresh a view: all its regions, or a REFRESH AUTO view's read since their last
+        refresh (None: none was, so none is refreshed; looked at again an interval later)."""
+        maintainer = Maintainer(self.store, self.dsn, self.engine)
+        regions = self.intervals.read_regions(name)
+        if regions is None:
+            return maintainer.refresh(name)
+        report = None
+        if regions:
+            report = maintainer.refresh_regions(name, regions)
+        else:
+            log.info("%s: no region of it was read since its last refresh; none refreshed", name)
+        self.store.region_reads.looked[name] = now
+        return report
 
     def watch_objectives(self, now: dt.datetime) -> list[str]:
         """Warn (a log line, kept in `warnings`) when a REFRESH AUTO WITHIN view's next refresh

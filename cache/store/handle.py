@@ -18,6 +18,7 @@ import duckdb
 
 from cache.store.bound_asks import BoundAsks
 from cache.store.budget import Budget
+from cache.store.region_reads import RegionReads
 from cache.store.remote_reads import RemoteReads
 from control_tables.schema import CacheSchema
 
@@ -67,6 +68,8 @@ class _Shared:
     asks: BoundAsks = field(default_factory=BoundAsks)
     # the cached reads the backend answered in this process (`cache.store.remote_reads`)
     remote_reads: RemoteReads = field(default_factory=RemoteReads)
+    # the presence regions read since their last refresh (`cache.store.region_reads`)
+    region_reads: RegionReads = field(default_factory=RegionReads)
 
 
 _SHARED: dict[Path, _Shared] = {}
@@ -212,6 +215,12 @@ class FileHandle:
     def remote_reads(self) -> RemoteReads:
         """The cached reads the backend answered in this process (`cache.store.remote_reads`)."""
         return self._shared.remote_reads
+
+    @property
+    def region_reads(self) -> RegionReads:
+        """The presence regions read since their last refresh, in this process
+        (`cache.store.region_reads`)."""
+        return self._shared.region_reads
 
     @contextmanager
     def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:

@@ -6,8 +6,9 @@ of its regions was never refreshed or when it is fully materialized and was neve
 presence-controlled view without regions waits for admissions. A ``REFRESH CONTINUOUSLY`` view
 is due only while a region of it was never populated (then at once). A ``REFRESH AUTO`` view
 is due as a ``REFRESH EVERY`` one at the interval last chosen for it (`AutoRefresh`), never
-while none is. Gray views follow their roots; views without an interval are refreshed on
-demand only.
+while none is, and, when its refreshes pull only the regions read (`cache.store.region_reads`),
+not before an interval after the scheduler last looked them over. Gray views follow their
+roots; views without an interval are refreshed on demand only.
 """
 
 from __future__ import annotations
@@ -170,7 +171,11 @@ def refresh_times(store: CacheStore, schema: CacheSchema, name: str) -> RefreshT
     if stamps.never:
         return RefreshTimes(stamps, NOW)
     assert stamps.oldest is not None
-    return RefreshTimes(stamps, stamps.oldest + dt.timedelta(seconds=interval))
+    due = stamps.oldest + dt.timedelta(seconds=interval)
+    looked = store.region_reads.looked.get(name) if view.auto else None
+    if looked is not None:  # (regions nobody read are left old: looked over an interval on)
+        due = max(due, looked + dt.timedelta(seconds=interval))
+    return RefreshTimes(stamps, due)
 
 
 def region_stamps(store: CacheStore, schema: CacheSchema, name: str) -> RegionStamps:

@@ -77,6 +77,9 @@ class Misses(t.NamedTuple):
     completeness: int = 0  # a completeness region missing
     consistency: int = 0  # regions present and fresh that share no snapshot the class needs
     timeline: int = 0  # data older than the session's timeline floor or its own writes
+    # (control table, key) of regions held but too old for the read (a currency miss): read,
+    # though not locally (`cache.store.region_reads`)
+    stale: tuple[tuple[str, Key], ...] = ()
 
 
 class Decision(t.NamedTuple):
@@ -115,7 +118,15 @@ class Decision(t.NamedTuple):
 
 
 class _Tally:
-    __slots__ = ("admittable", "completeness", "consistency", "currency", "presence", "timeline")
+    __slots__ = (
+        "admittable",
+        "completeness",
+        "consistency",
+        "currency",
+        "presence",
+        "stale",
+        "timeline",
+    )
 
     def __init__(self) -> None:
         self.presence = 0
@@ -124,6 +135,7 @@ class _Tally:
         self.consistency = 0
         self.timeline = 0
         self.admittable: list[tuple[str, Key]] = []
+        self.stale: list[tuple[str, Key]] = []
 
     def freeze(self) -> Misses:
         if not (
@@ -137,6 +149,7 @@ class _Tally:
             self.completeness,
             self.consistency,
             self.timeline,
+            tuple(self.stale),
         )
 
 
@@ -319,6 +332,8 @@ def _check(
             return None
         if oldest is not None and refreshed_at < oldest:
             tally.currency += 1
+            if guard.control is not None and guard.kind != GuardKind.FULL:
+                tally.stale += [(guard.control, key) for key, _ in regions]
             return None  # a currency miss
         if floor is not None and refreshed_at < floor:
             tally.timeline += 1

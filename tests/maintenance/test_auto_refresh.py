@@ -249,3 +249,93 @@ def test_a_burst_of_reads_that_miss_refreshes_ahead_of_the_schedule(
             assert stamp >= began - dt.timedelta(seconds=1)  # (the backend's clock, not ours)
     finally:
         scheduler.stop()
+
+
+REGIONS = """
+CREATE CONTROL TABLE reviewerlist (reviewerid INTEGER);
+CREATE CACHED VIEW reviewerpart AS SELECT * FROM reviewers
+    PRESENCE ON (reviewerid) IN reviewerlist REFRESH AUTO;
+"""
+REVIEWER = "SELECT r.name FROM reviewers r WHERE r.reviewerid = %s CURRENCY BOUND 10 MIN ON (r)"
+
+
+@pytest.fixture
+def regions(pg_cluster: EmbeddedPostgres, tmp_path: Path) -> Iterator[tuple[CacheStore, str]]:
+    yield from bookstore_cache(pg_cluster, tmp_path, "auto_regions", REGIONS)
+
+
+def region_stamps(store: CacheStore) -> dict[int, dt.datetime]:
+    return dict(store.con.execute("SELECT reviewerid, refreshed_at FROM reviewerlist").fetchall())
+
+
+def read_reviewers(conn: cache.Connection, keys: list[int], times: int) -> list[str]:
+    """Reads of the reviewers under a 10 min bound, each answered as PostgreSQL answers; the
+    route of each key's last."""
+    cur = conn.cursor()
+    routes = []
+    for key in keys:
+        for _ in range(times):
+            cur.execute(REVIEWER, (key,))
+            assert len(cur.fetchall()) == 1
+        routes.append(cur.provenance[0]["route"])
+    return routes
+
+
+def test_a_region_nobody_reads_is_not_refreshed(regions: tuple[CacheStore, str]) -> None:
+    """A presence-controlled REFRESH AUTO view's refresh pulls only the regions read since
+    their last refresh - locally, or by a read their data was too old for - and none when
+    none was (the scheduler looks again an interval later). The moments are given."""
+    store, dsn = regions
+    scheduler = RefreshScheduler(store, dsn, InlineEngine(), tick=5.0)
+    try:
+        with cache.connect(dsn, store.path, background=False) as conn:
+            conn.admin.admit("reviewerlist", [1, 2, 3])
+            now = dt.datetime.now(dt.UTC)
+            assert scheduler.run_once(now) == []  # its reads watched from now on; none asked
+            assert read_reviewers(conn, [1, 2], 150) == ["local", "local"]
+
+            # the first refresh pulls every region: those refreshed before this process began
+            # watching their reads count as read (it cannot know)
+            first = now + dt.timedelta(seconds=1000)
+            [report] = scheduler.run_once(first)
+            assert report.operation == "refresh reviewerpart (3 regions read since refreshed)"
+            refreshed = region_stamps(store)
+
+            # reviewer 1 read locally; reviewer 3's data an hour older than it is (given, not
+            # waited for): the backend answers it, and that read counts
+            with store.transaction() as con:
+                con.execute(
+                    "UPDATE reviewerlist SET refreshed_at = refreshed_at - INTERVAL 1 HOUR "
+                    "WHERE reviewerid = 3"
+                )
+                store.changed(["reviewerpart"])
+            assert read_reviewers(conn, [1, 3], 1) == ["local", "remote"]
+            second = first + dt.timedelta(seconds=1000)
+            [report] = scheduler.run_once(second)
+            assert report.operation == "refresh reviewerpart (2 regions read since refreshed)"
+            after = region_stamps(store)
+            assert after[1] > refreshed[1] and after[3] > refreshed[3]
+            assert after[2] == refreshed[2]  # nobody read reviewer 2 since: not refreshed
+
+            # nobody reads: none is refreshed, and the scheduler looks again an interval later
+            third = second + dt.timedelta(seconds=1000)
+            assert scheduler.run_once(third) == []
+            assert region_stamps(store) == after
+            interval = auto_refreshes(store)["reviewerpart"].interval
+            assert interval is not None
+            again = third + dt.timedelta(seconds=interval)
+            assert due_views(store, again - dt.timedelta(seconds=1)) == []
+            assert due_views(store, again + dt.timedelta(seconds=1)) == ["reviewerpart"]
+            assert scheduler.errors == []
+
+            # and the answers are PostgreSQL's
+            answer = assert_same_answer(
+                conn,
+                dsn,
+                REVIEWER,
+                "SELECT r.name FROM reviewers r WHERE r.reviewerid = %s",
+                (1,),
+            )
+            assert answer.route == "local"
+    finally:
+        scheduler.stop()
