@@ -6,14 +6,19 @@ Why a read went to the backend is told where it happened (`why_planned_remote`,
 `why_guards_failed`), in one of the kinds of `REASONS`. The suggestion is worked out when the
 advice is asked for, from the shape's text against the schema as it is then: each table the
 statement reads that no cached view holds gets a view of the columns it reads, kept
-`REFRESH AUTO` (its bounds then set its interval); a shape whose views' data was too old under
+`REFRESH AUTO` (its bounds then set its interval): the whole table when it fits the size
+budget's room, else, when every read of it by the statement looks it up by key (equalities
+on columns), a presence-controlled view of the keys read, under a new control table, that
+admissions on a miss fill (the primary key when it is looked up whole, else the column looked
+up with the most distinct values); a shape whose views' data was too old under
 a fixed interval gets its views kept `REFRESH AUTO` instead, and one whose bound no refresh
 meets (too old under `REFRESH AUTO`, whose pulls did not pay, or a bound below the refresh
 delay) `REFRESH CONTINUOUSLY`, where the schema's rules allow it: the change stream keeps
 the view current. A kind no DDL fixes (a function DuckDB cannot compute as PostgreSQL,
 privileges, a presence miss that an admission fills) has none. ``saves_ms`` is the backend
 time the shape took per hour it has been seen (at least a minute), which a local answer
-saves; ``bytes`` what the suggested views would hold, from the backend's statistics.
+saves; ``bytes`` what the suggested views would hold, from the backend's statistics (a
+presence-controlled view: the rows of as many keys as the shape was called, at most all).
 
 `apply_script` turns the suggestions into one script within the size budget: one view per
 table (the union of the columns its suggestions read), the most saved per byte first.
@@ -39,13 +44,14 @@ from optimizer.analysis.analyze import analyze
 from optimizer.plan import Plan
 from optimizer.rules.evaluate_guards import Decision
 from optimizer.rules.match_views import match_access
-from sql_ext import CreateCachedView, DropCacheObject, Query, parse
-from sql_ext.catalog import Catalog
+from sql_ext import CreateCachedView, CreateControlTable, DropCacheObject, Query, parse
+from sql_ext.catalog import Catalog, Table
 from sql_ext.errors import Error
 from sql_ext.nodes import format_duration
 from sql_ext.quoting import ident, idents
 
 SUFFIX = "_cache"  # the name of a suggested view: its table's, and this
+KEYS_SUFFIX = "_keys"  # the name of a suggested view's control table: its table's, and this
 # the least bound REFRESH CONTINUOUSLY is suggested for: the change stream's lag is usually
 # well under it, a refresh's delay often not
 STREAM_BOUND = 1.0
@@ -128,10 +134,11 @@ def advice(store: CacheStore, catalog: Catalog, now: float | None = None) -> lis
     """The advice for the shapes the backend answered, the costliest first."""
     now = time.time() if now is None else now
     schema = store.load_schema()
+    room = budget_room(store)
     found = []
     for shape in store.load_remote_reads().shapes():
         kind, message = shape.reason
-        suggested = suggest(shape.statement, kind, schema, catalog)
+        suggested = suggest(shape.statement, kind, schema, catalog, room, shape.calls)
         hours = max(now - shape.first_seen, 60.0) / 3600.0
         found.append(
             Advice(
@@ -145,6 +152,14 @@ def advice(store: CacheStore, catalog: Catalog, now: float | None = None) -> lis
             )
         )
     return sorted(found, key=lambda a: (-a.backend_ms, a.statement))
+
+
+def budget_room(store: CacheStore) -> float:
+    """The bytes the size budget leaves for more data (inf: there is no budget)."""
+    limit = store.budget.limit
+    if limit is None:
+        return math.inf
+    return max(limit - store.resources()["data_bytes"], 0)
 
 
 # the statements the backend ran most, from pg_stat_statements (in this database, SELECTs)
@@ -213,10 +228,16 @@ def _plain(statement: str, percent: bool) -> str | None:
 
 
 def suggest(
-    statement: str, kind: str, schema: CacheSchema, catalog: Catalog
+    statement: str,
+    kind: str,
+    schema: CacheSchema,
+    catalog: Catalog,
+    room: float = math.inf,
+    calls: int = 1,
 ) -> tuple[str, int] | None:
     """The cache DDL that would answer ``statement`` locally and the bytes it would take
-    (None: no DDL does, for that kind of reason, or the statement no longer plans)."""
+    (None: no DDL does, for that kind of reason, or the statement no longer plans); ``room``:
+    the bytes the size budget leaves, ``calls``: how often the statement was run."""
     if kind not in ("no view", "bound not met", "bound below delay", "cheaper remote"):
         return None
     try:
@@ -231,11 +252,15 @@ def suggest(
     ddl: list[str] = []
     size = 0
     missing: dict[str, set[str]] = {}
+    probed: dict[str, set[str]] = {}  # per table, the columns each of its reads looks up
     for access in analysis.accesses:
         if not match_access(access, schema):
             missing.setdefault(access.table, set()).update(access.columns)
+            keys = set(access.probes)
+            probed[access.table] = probed[access.table] & keys if access.table in probed else keys
+    taken = set(schema.views) | set(schema.control_tables)
     for table, columns in sorted(missing.items()):
-        made = _view_for(table, columns, schema, catalog)
+        made = _view_for(table, columns, catalog, taken, probed[table], room, calls)
         if made is None:
             return None
         ddl.append(made[0])
@@ -266,24 +291,68 @@ def suggest(
 
 
 def _view_for(
-    table: str, columns: set[str], schema: CacheSchema, catalog: Catalog
+    table: str,
+    columns: set[str],
+    catalog: Catalog,
+    taken: set[str],
+    probed: set[str],
+    room: float,
+    calls: int,
 ) -> tuple[str, int] | None:
-    """A fully materialized view of ``table`` holding ``columns`` and its key, kept REFRESH
-    AUTO, and its estimated bytes (None: the table has no key to cache it by)."""
+    """A view of ``table`` holding ``columns`` and its key, kept REFRESH AUTO, and its
+    estimated bytes: all its rows when they fit ``room``, else, when its reads look it up
+    by key (``probed``: the columns every one of them looks up), the rows of the keys read,
+    under a new control table (its name and the view's are added to ``taken``). None: the
+    table has no key to cache it by."""
     found = catalog.table(table)
     if found is None or not found.primary_key:
         return None
     order = [c.name for c in found.columns]
-    held = sorted(set(columns) | set(found.primary_key), key=order.index)
-    name = f"{table}{SUFFIX}"
-    taken = set(schema.views) | set(schema.control_tables)
-    number = 2
-    while name in taken:
-        name, number = f"{table}{SUFFIX}{number}", number + 1
+    key = _presence_key(found, probed)
+    held = sorted(set(columns) | set(found.primary_key) | set(key), key=order.index)
+    size = _bytes(catalog, table, held)
+    name = _unused(f"{table}{SUFFIX}", taken)
     listed = "*" if len(held) == len(order) else idents(held)
     where = ident(table) if found.schema == "public" else f"{ident(found.schema)}.{ident(table)}"
-    ddl = f"CREATE CACHED VIEW {ident(name)} AS SELECT {listed} FROM {where} REFRESH AUTO"
-    return ddl, _bytes(catalog, table, held)
+    ddl = f"CREATE CACHED VIEW {ident(name)} AS SELECT {listed} FROM {where}"
+    if size <= room or not key:
+        return f"{ddl} REFRESH AUTO", size
+    control = _unused(f"{table}{KEYS_SUFFIX}", taken)
+    types = {c.name: c.type for c in found.columns}
+    declared = ", ".join(f"{ident(c)} {types[c]}" for c in key)
+    distinct = max(_distinct(found, key), 1.0)
+    return (
+        f"CREATE CONTROL TABLE {ident(control)} ({declared});\n"
+        f"{ddl} PRESENCE ON ({idents(key)}) IN {ident(control)} REFRESH AUTO",
+        math.ceil(size * min(1.0, calls / distinct)),
+    )
+
+
+def _presence_key(table: Table, probed: set[str]) -> tuple[str, ...]:
+    """The columns to control a view of ``table`` by, of those its reads look up: its primary
+    key when they look it up whole, else the one with the most distinct values (() : none)."""
+    if not probed:
+        return ()
+    if set(table.primary_key) <= probed:
+        return table.primary_key
+    return (max(sorted(probed), key=lambda c: _distinct(table, (c,))),)
+
+
+def _distinct(table: Table, columns: tuple[str, ...]) -> float:
+    """How many distinct values ``columns`` take, by the backend's statistics."""
+    if any(set(key) <= set(columns) for key in (table.primary_key, *table.unique_keys)):
+        return table.row_count
+    found = [c.n_distinct for c in table.columns if c.name in columns]
+    return max((n for n in found if n is not None), default=table.row_count)
+
+
+def _unused(name: str, taken: set[str]) -> str:
+    """``name``, or it numbered, not in ``taken`` (to which it is added)."""
+    found, number = name, 2
+    while found in taken:
+        found, number = f"{name}{number}", number + 1
+    taken.add(found)
+    return found
 
 
 def _bytes(catalog: Catalog, table: str, columns: Iterable[str]) -> int:
@@ -338,14 +407,19 @@ class Applied:
 def apply_script(rows: Iterable[Advice], room: float = math.inf) -> Applied:
     """One script of the suggestions: a view per table (the union of the columns they read),
     re-created views as suggested, the most saved per byte first while they fit in ``room``
-    bytes."""
-    per_table: dict[str, tuple[CreateCachedView, set[str] | None, float, int]] = {}
+    bytes. A table's view is its first suggestion's (with the control table it is under, if
+    any), holding the columns all of them read."""
+    # per table: its first view, the control tables created for it, the columns, saves, bytes
+    per_table: dict[str, tuple[CreateCachedView, str, set[str] | None, float, int]] = {}
     again: dict[str, tuple[list[str], float, int]] = {}
     for row in rows:
         if row.suggestion is None:
             continue
         statements = parse(row.suggestion)
         dropped = {s.name for s in statements if isinstance(s, DropCacheObject)}
+        controls = "".join(
+            f"{s.text.strip()};\n" for s in statements if isinstance(s, CreateControlTable)
+        )
         for statement in statements:
             if not isinstance(statement, CreateCachedView):
                 continue
@@ -362,17 +436,24 @@ def apply_script(rows: Iterable[Advice], room: float = math.inf) -> Applied:
             # (None: every column, SELECT *)
             columns = set(statement.columns) if statement.columns is not None else None
             if kept_view is None:
-                per_table[statement.table] = (statement, columns, row.saves_ms, row.bytes or 0)
+                per_table[statement.table] = (
+                    statement,
+                    controls,
+                    columns,
+                    row.saves_ms,
+                    row.bytes or 0,
+                )
             else:
-                first, held, saves, size = kept_view
+                first, under, held, saves, size = kept_view
                 per_table[statement.table] = (
                     first,
+                    under,
                     None if held is None or columns is None else held | columns,
                     saves + row.saves_ms,
                     max(size, row.bytes or 0),
                 )
     candidates: list[tuple[float, str, str, int]] = []  # (saved per byte, name, ddl, bytes)
-    for first, columns, saves, size in per_table.values():
+    for first, under, columns, saves, size in per_table.values():
         ddl = first.text.strip().rstrip(";")
         if first.columns is not None and (columns is None or columns != set(first.columns)):
             listed = "*" if columns is None else idents(sorted(columns))
@@ -380,7 +461,7 @@ def apply_script(rows: Iterable[Advice], room: float = math.inf) -> Applied:
             found = re.search(r"AS\s+SELECT\s+.*?\s+FROM\s", ddl, flags=re.S)
             if found is not None:
                 ddl = f"{ddl[: found.start()]}AS SELECT {listed} FROM {ddl[found.end() :]}"
-        candidates.append((saves / max(size, 1), first.name, ddl + ";", size))
+        candidates.append((saves / max(size, 1), first.name, f"{under}{ddl};", size))
     for name, (texts, saves, size) in again.items():
         candidates.append((saves / max(size, 1), name, "\n".join(texts), 0))
     chosen, left, used = [], [], 0

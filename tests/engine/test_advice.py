@@ -4,6 +4,7 @@ PostgreSQL answers them."""
 
 from __future__ import annotations
 
+import math
 import typing as t
 from collections.abc import Iterator
 from pathlib import Path
@@ -245,3 +246,44 @@ def test_a_view_of_every_column_wins_the_merge_of_a_tables_suggestions() -> None
         'CREATE CACHED VIEW "reviews_cache" AS SELECT "rating", "reviewid" FROM "reviews" '
         "REFRESH AUTO;"
     )
+
+
+def test_a_table_too_big_for_the_budget_read_by_key_gets_a_presence_view(
+    bookstore_dsn: str, tmp_path: Path
+) -> None:
+    """With a size budget the whole of reviews does not fit, a statement that looks reviews up
+    by reviewer gets a view of the reviewers read: a control table of them, filled by the
+    admissions of the reads that miss; applied, its next reads are local, as PostgreSQL
+    answers them."""
+    with cache.connect(
+        bookstore_dsn, tmp_path / "cache.duckdb", background=False, cache_size_limit="4kB"
+    ) as conn:
+        cur = conn.cursor()
+        for key in (1, 2):
+            cur.execute(NO_VIEW, (key,))
+        [row] = conn.admin.advice(backend=False)
+        assert row.reason == "no view: no cached view answers reviews (r)"
+        assert row.suggestion == (
+            'CREATE CONTROL TABLE "reviews_keys" ("reviewerid" integer);\n'
+            'CREATE CACHED VIEW "reviews_cache" AS SELECT * FROM "reviews" '
+            'PRESENCE ON ("reviewerid") IN "reviews_keys" REFRESH AUTO;'
+        )
+        catalog = conn.admin.store.load_catalog()
+        whole = catalog.table("reviews")
+        assert whole is not None and whole.pages * 8192 > 4000  # (it would not fit)
+        # (two keys' rows of the 60 reviewers')
+        assert row.bytes == math.ceil(whole.pages * 8192 * 2 / 60)
+        applied = apply_script([row], room=4000)
+        assert applied.views == ("reviews_cache",)
+        conn.admin.apply_ddl(applied.script)
+        cur.execute(NO_VIEW, (2,))  # a presence miss, admitted
+        assert cur.provenance[0]["route"] == "remote"
+        conn.wait_for_admissions()
+        answer = assert_same_answer(
+            conn,
+            bookstore_dsn,
+            NO_VIEW,
+            "SELECT r.rating, r.isbn FROM reviews r WHERE r.reviewerid = %s",
+            (2,),
+        )
+        assert answer.route == "local", answer.reason
