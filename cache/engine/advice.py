@@ -14,7 +14,7 @@ up with the most distinct values); a shape whose views' data was too old under
 a fixed interval gets its views kept `REFRESH AUTO` instead, and one whose bound no refresh
 meets (too old under `REFRESH AUTO`, whose pulls did not pay, or a bound below the refresh
 delay) `REFRESH CONTINUOUSLY`, where the schema's rules allow it: the change stream keeps
-the view current. A kind no DDL fixes (a function DuckDB cannot compute as PostgreSQL,
+the view current; one whose regions were not from one snapshot, `CONSISTENCY ON ALL`. A kind no DDL fixes (a function DuckDB cannot compute as PostgreSQL,
 privileges, a presence miss that an admission fills) has none. ``saves_ms`` is the backend
 time the shape took per hour it has been seen (at least a minute), which a local answer
 saves; ``bytes`` what the suggested views would hold, from the backend's statistics (a
@@ -238,7 +238,13 @@ def suggest(
     """The cache DDL that would answer ``statement`` locally and the bytes it would take
     (None: no DDL does, for that kind of reason, or the statement no longer plans); ``room``:
     the bytes the size budget leaves, ``calls``: how often the statement was run."""
-    if kind not in ("no view", "bound not met", "bound below delay", "cheaper remote"):
+    if kind not in (
+        "no view",
+        "bound not met",
+        "bound below delay",
+        "cheaper remote",
+        "consistency",
+    ):
         return None
     try:
         [query] = parse(statement, percent=True)
@@ -278,6 +284,16 @@ def suggest(
                 # or below any refresh's delay: the change stream keeps it current
                 mode = "AUTO" if kind == "bound not met" and not view.auto else "CONTINUOUSLY"
                 again = _refreshed(view.statement, mode)
+                if again is not None and again not in ddl:
+                    ddl += [f"DROP CACHED VIEW {ident(view.name)}", again]
+                    size += _bytes(catalog, view.table, view.columns)
+    if kind == "consistency":
+        for access in analysis.accesses:
+            for match in match_access(access, schema)[:1]:
+                view = match.view
+                if view.view_level or view.is_gray:
+                    continue  # (one snapshot already; a gray one's is its root's)
+                again = _consistent(view.statement)
                 if again is not None and again not in ddl:
                     ddl += [f"DROP CACHED VIEW {ident(view.name)}", again]
                     size += _bytes(catalog, view.table, view.columns)
@@ -382,14 +398,50 @@ def _refreshed(statement: str, mode: str) -> str | None:
         return None
     if not isinstance(before, CreateCachedView) or not isinstance(after, CreateCachedView):
         return None
-    if (before.name, before.table, before.columns, before.presence) != (
+    if not _same_view(before, after) or (after.auto, after.continuous) != (
+        mode == "AUTO",
+        mode == "CONTINUOUSLY",
+    ):
+        return None
+    return again
+
+
+def _same_view(before: CreateCachedView, after: CreateCachedView) -> bool:
+    """Whether two views' DDL name, read and control the same."""
+    return (before.name, before.table, before.columns, before.presence) == (
         after.name,
         after.table,
         after.columns,
         after.presence,
-    ) or (after.auto, after.continuous) != (mode == "AUTO", mode == "CONTINUOUSLY"):
+    )
+
+
+_CONSISTENCY = re.compile(r"\s+CONSISTENCY\s+(ROOT|ON\s+ALL|ON\s*\([^)]*\)(\s+IN\s+\S+)?)", re.I)
+_AFTER_CONSISTENCY = re.compile(r"\s+(COMPLETENESS|REFRESH|WITH\s+NO\s+DATA)\b", re.I)
+
+
+def _consistent(statement: str) -> str | None:
+    """A view's DDL with ``CONSISTENCY ON ALL`` (every region of it from one snapshot)
+    instead of its consistency clause (None: the text does not parse back to the same view
+    with it)."""
+    text = statement.strip().rstrip(";")
+    bare = _CONSISTENCY.sub("", text)
+    found = _AFTER_CONSISTENCY.search(bare)
+    at = found.start() if found is not None else len(bare)
+    again = f"{bare[:at]} CONSISTENCY ON ALL{bare[at:]}"
+    try:
+        [before], [after] = parse(text), parse(again)
+    except Error:
         return None
-    return again
+    if not isinstance(before, CreateCachedView) or not isinstance(after, CreateCachedView):
+        return None
+    whole = after.consistency is not None and after.consistency.kind == "all"
+    kept = (before.refresh_seconds, before.auto, before.continuous) == (
+        after.refresh_seconds,
+        after.auto,
+        after.continuous,
+    )
+    return again if whole and kept and _same_view(before, after) else None
 
 
 # -- applying it ----------------------------------------------------------------------------------

@@ -17,7 +17,8 @@ from cache.engine.advice import Advice, apply_script
 from cache.engine.inspect import CACHE_ADVICE
 from cache.maintenance.pipeline import Maintainer
 from cache.tools import bookstore
-from sql_ext import parse_one
+from sql_ext import CreateCachedView, DropCacheObject, parse, parse_one
+from sql_ext.ddl import Presence
 from tests.answers import assert_same_answer
 from tests.roles import login_role
 
@@ -285,5 +286,52 @@ def test_a_table_too_big_for_the_budget_read_by_key_gets_a_presence_view(
             NO_VIEW,
             "SELECT r.rating, r.isbn FROM reviews r WHERE r.reviewerid = %s",
             (2,),
+        )
+        assert answer.route == "local", answer.reason
+
+
+def test_a_consistency_miss_suggests_one_snapshot_for_the_view(
+    pg_cluster: t.Any, tmp_path: Path
+) -> None:
+    """Two authors admitted apart, read in one consistency class: the backend answers, for the
+    reason told, and the advice re-creates the view CONSISTENCY ON ALL (its regions then come
+    from one snapshot); a group not complete in the cache is told as such, and suggests
+    nothing (its admission fills it). Applied and refreshed, the read is local, as PostgreSQL
+    answers it."""
+    dsn = pg_cluster.create_database("advice_consistency")
+    bookstore.load_into(dsn)
+    both = "SELECT a.name FROM authors a WHERE a.authorid IN (4, 9) CURRENCY BOUND 10 MIN ON (a)"
+    city = "SELECT a.name FROM authors a WHERE a.city = 'Seattle' CURRENCY BOUND 10 MIN ON (a)"
+    with cache.connect(
+        dsn, tmp_path / "cache.duckdb", autocommit=True, background=False, admit_on_miss=False
+    ) as conn:
+        conn.admin.apply_ddl(Path("cache/schemas/bookstore.sql").read_text())
+        conn.admin.admit("authorlist_pct", [4])
+        conn.admin.admit("authorlist_pct", [9])
+        cur = conn.cursor()
+        for sql in (both, city):
+            cur.execute(sql)
+            assert cur.provenance[0]["route"] == "remote"
+        found = advice_of(conn)
+        incomplete = found[parse_one(city).normalized]
+        assert incomplete.reason == "completeness miss: a group it reads is not complete"
+        assert incomplete.suggestion is None
+        apart = found[parse_one(both).normalized]
+        assert apart.reason == "consistency: the regions it reads are not from one backend snapshot"
+        assert apart.suggestion is not None
+        [drop, create] = parse(apart.suggestion)
+        assert isinstance(drop, DropCacheObject) and drop.name == "authorcopy"
+        assert isinstance(create, CreateCachedView) and create.name == "authorcopy"
+        assert create.consistency is not None and create.consistency.kind == "all"
+        # (what it reads and is controlled by stays)
+        assert (create.columns, create.presence, create.refresh_seconds) == (
+            None,
+            (Presence(("authorid",), "authorlist_pct", ("authorid",)),),
+            300.0,
+        )
+        conn.admin.apply_ddl(apply_script([apart]).script)
+        conn.admin.refresh("authorcopy")
+        answer = assert_same_answer(
+            conn, dsn, both, "SELECT a.name FROM authors a WHERE a.authorid IN (4, 9)", None
         )
         assert answer.route == "local", answer.reason
