@@ -5,20 +5,21 @@ cache did not answer it, and the cache DDL that would, with what it would save a
 Why a read went to the backend is told where it happened (`why_planned_remote`,
 `why_guards_failed`), in one of the kinds of `REASONS`. The suggestion is worked out when the
 advice is asked for, from the shape's text against the schema as it is then: each table the
-statement reads that no cached view holds gets a view of the columns it reads, kept
-`REFRESH AUTO` (its bounds then set its interval): the whole table when it fits the size
-budget's room, else, when every read of it by the statement looks it up by key (equalities
-on columns), a presence-controlled view of the keys read, under a new control table, that
-admissions on a miss fill (the primary key when it is looked up whole, else the column looked
-up with the most distinct values); a shape whose views' data was too old under
-a fixed interval gets its views kept `REFRESH AUTO` instead, and one whose bound no refresh
-meets (too old under `REFRESH AUTO`, whose pulls did not pay, or a bound below the refresh
-delay) `REFRESH CONTINUOUSLY`, where the schema's rules allow it: the change stream keeps
-the view current; one whose regions were not from one snapshot, `CONSISTENCY ON ALL`. A kind no DDL fixes (a function DuckDB cannot compute as PostgreSQL,
-privileges, a presence miss that an admission fills) has none. ``saves_ms`` is the backend
-time the shape took per hour it has been seen (at least a minute), which a local answer
-saves; ``bytes`` what the suggested views would hold, from the backend's statistics (a
-presence-controlled view: the rows of as many keys as the shape was called, at most all).
+statement reads that no cached view holds gets a view of the columns it reads, kept `REFRESH
+AUTO` (its bounds then set its interval): the whole table when it fits the size budget's room,
+else, when every read of it by the statement looks it up by key (equalities on columns), a
+presence-controlled view of the keys read, under a new control table, that admissions on a miss
+fill (the primary key when it is looked up whole, else the column looked up with the most
+distinct values); a shape whose views' data was too old under a fixed interval gets its views
+kept `REFRESH AUTO` instead, and one whose bound no refresh meets (too old under `REFRESH
+AUTO`, whose pulls did not pay, or a bound below the refresh delay) `REFRESH CONTINUOUSLY`,
+where the schema's rules allow it: the change stream keeps the view current; one whose regions
+were not from one snapshot, `CONSISTENCY ON ALL`. A kind no DDL fixes (a function DuckDB cannot
+compute as PostgreSQL, privileges, a presence miss that an admission fills) has none.
+``saves_ms`` is the backend time the shape took per hour it has been seen (at least a minute),
+which a local answer saves; ``bytes`` what the suggested views would hold, from the backend's
+statistics (a presence-controlled view: the rows of as many keys as the shape was called, at
+most all).
 
 `apply_script` turns the suggestions into one script within the size budget: one view per
 table (the union of the columns its suggestions read), the most saved per byte first.
