@@ -465,11 +465,14 @@ key_values = st.one_of(
 
 
 def cache_contents(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[int, int | None]]:
-    """Every table of a cache file: its row count and a hash of its rows (order-free). The
-    hit/miss counters are left out: reads change them by design."""
+    """Every table of a cache file: its row count and a hash of its rows (order-free). What
+    reads teach is left out - the hit/miss counters, the bounds asked, the reads the backend
+    answered, the intervals chosen from them: reads change them by design, and they are
+    written now and then, whenever a minute has passed (`cache.store.gathered`)."""
     tables = con.execute(
         "SELECT schema_name, table_name FROM duckdb_tables() WHERE NOT (schema_name = 'mtcache' "
-        "AND table_name = 'counters') ORDER BY ALL"
+        "AND table_name IN ('counters', 'bound_asks', 'remote_reads', 'auto_refresh')) "
+        "ORDER BY ALL"
     ).fetchall()
     found: dict[str, tuple[int, int | None]] = {}
     for schema, table in tables:
