@@ -27,6 +27,7 @@ table (the union of the columns its suggestions read), the most saved per byte f
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import time
@@ -289,15 +290,17 @@ def suggest(
                     ddl += [f"DROP CACHED VIEW {ident(view.name)}", again]
                     size += _bytes(catalog, view.table, view.columns)
     if kind == "consistency":
-        for access in analysis.accesses:
-            for match in match_access(access, schema)[:1]:
-                view = match.view
-                if view.view_level or view.is_gray:
-                    continue  # (one snapshot already; a gray one's is its root's)
-                again = _consistent(view.statement)
-                if again is not None and again not in ddl:
-                    ddl += [f"DROP CACHED VIEW {ident(view.name)}", again]
-                    size += _bytes(catalog, view.table, view.columns)
+        views = {
+            m.view.name: m.view for a in analysis.accesses for m in match_access(a, schema)[:1]
+        }
+        # (views refreshed apart share no snapshot however each is kept: one view only)
+        for view in views.values() if len(views) == 1 else ():
+            if view.view_level or view.is_gray:
+                continue  # (one snapshot already; a gray one's is its root's)
+            again = _consistent(view.statement)
+            if again is not None:
+                ddl += [f"DROP CACHED VIEW {ident(view.name)}", again]
+                size += _bytes(catalog, view.table, view.columns)
     if not ddl:
         return None
     try:  # (a suggestion the schema's rules refuse is none: REFRESH CONTINUOUSLY takes no WHERE)
@@ -399,21 +402,20 @@ def _refreshed(statement: str, mode: str) -> str | None:
         return None
     if not isinstance(before, CreateCachedView) or not isinstance(after, CreateCachedView):
         return None
-    if not _same_view(before, after) or (after.auto, after.continuous) != (
-        mode == "AUTO",
-        mode == "CONTINUOUSLY",
-    ):
+    if not _same_view(before, after, "refresh_seconds", "auto", "within_seconds", "continuous") or (
+        after.auto,
+        after.continuous,
+    ) != (mode == "AUTO", mode == "CONTINUOUSLY"):
         return None
     return again
 
 
-def _same_view(before: CreateCachedView, after: CreateCachedView) -> bool:
-    """Whether two views' DDL name, read and control the same."""
-    return (before.name, before.table, before.columns, before.presence) == (
-        after.name,
-        after.table,
-        after.columns,
-        after.presence,
+def _same_view(before: CreateCachedView, after: CreateCachedView, *changed: str) -> bool:
+    """Whether two views' DDL are the same but for the ``changed`` fields (the SELECT compared
+    as SQL: a regular expression must not have touched a string in it)."""
+    kept = {name: getattr(before, name) for name in ("text", "position", *changed)}
+    return (
+        dataclasses.replace(after, **kept) == before and after.select.sql() == before.select.sql()
     )
 
 
@@ -437,12 +439,7 @@ def _consistent(statement: str) -> str | None:
     if not isinstance(before, CreateCachedView) or not isinstance(after, CreateCachedView):
         return None
     whole = after.consistency is not None and after.consistency.kind == "all"
-    kept = (before.refresh_seconds, before.auto, before.continuous) == (
-        after.refresh_seconds,
-        after.auto,
-        after.continuous,
-    )
-    return again if whole and kept and _same_view(before, after) else None
+    return again if whole and _same_view(before, after, "consistency") else None
 
 
 # -- applying it ----------------------------------------------------------------------------------
@@ -470,9 +467,7 @@ def apply_script(rows: Iterable[Advice], room: float = math.inf) -> Applied:
             continue
         statements = parse(row.suggestion)
         dropped = {s.name for s in statements if isinstance(s, DropCacheObject)}
-        controls = "".join(
-            f"{s.text.strip()};\n" for s in statements if isinstance(s, CreateControlTable)
-        )
+        created = {s.name: s for s in statements if isinstance(s, CreateControlTable)}
         for statement in statements:
             if not isinstance(statement, CreateCachedView):
                 continue
@@ -489,6 +484,11 @@ def apply_script(rows: Iterable[Advice], room: float = math.inf) -> Applied:
             # (None: every column, SELECT *)
             columns = set(statement.columns) if statement.columns is not None else None
             if kept_view is None:
+                controls = "".join(
+                    f"{created[p.control].text.strip()};\n"
+                    for p in statement.presence
+                    if p.control in created
+                )
                 per_table[statement.table] = (
                     statement,
                     controls,
@@ -496,7 +496,7 @@ def apply_script(rows: Iterable[Advice], room: float = math.inf) -> Applied:
                     row.saves_ms,
                     row.bytes or 0,
                 )
-            else:
+            elif kept_view[0].presence == statement.presence:  # (else it does not answer it)
                 first, under, held, saves, size = kept_view
                 per_table[statement.table] = (
                     first,

@@ -429,8 +429,8 @@ class CachedReads:
             counters[Counter.COMPLETENESS_MISSES] += misses.completeness
             counters[Counter.CONSISTENCY_MISSES] += misses.consistency
             counters[Counter.TIMELINE_MISSES] += misses.timeline
-            if misses.stale and self.store.region_reads.watched:
-                self.store.region_reads.read(misses.stale, decision.now)
+            if misses.unused and self.store.region_reads.watched:
+                self.store.region_reads.read(misses.unused, decision.now)
             if misses.admittable:
                 self._note_reads(plan, misses.admittable)
                 if self.admit_on_miss:

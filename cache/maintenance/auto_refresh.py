@@ -35,9 +35,9 @@ from cache.store.refresh_times import (
     measured_delays,
     refresh_times,
 )
-from cache.store.region_state import read_region_state
+from cache.store.region_state import control_regions
 from control_tables.kinds import RegionKind
-from control_tables.regions import Region, guarantees
+from control_tables.regions import Region, Stamp, guarantees
 from control_tables.schema import CachedView, CacheSchema
 from optimizer.rules.estimate_cost import DEFAULT_DELAY, TRANSFER_ROW_COST
 from optimizer.rules.refresh_interval import IntervalChoice, choose_interval, upquery_gain
@@ -81,7 +81,7 @@ class AutoIntervals:
         self.early = []
         store = self.store
         schema = store.load_schema()
-        store.region_reads.watch(_watched(schema), dt.datetime.now(dt.UTC))
+        store.region_reads.watch(_watched(schema), self._newest_stamp)
         asks = store.load_asks()
         asks.fold(now)
         asks.forget(schema.views)
@@ -92,7 +92,7 @@ class AutoIntervals:
         if autos:
             delays, landings = measured_delays(store), longest_delays(store)
             for name in autos:
-                group = [name, *self._followers(schema, name)]
+                group = [name, *followers(schema, name)]
                 saved: dict[float, float] = {}
                 recent: dict[float, float] = {}
                 for member in group:
@@ -101,7 +101,11 @@ class AutoIntervals:
                     for bound, rate in (burst or {}).get(member, {}).items():
                         recent[bound] = recent.get(bound, 0.0) + rate
                 cost = sum(self.pull_cost(schema, schema.views[m]) for m in group)
-                cost *= self._read_share.get(name, 1.0)
+                if by_region(schema.views[name], schema):  # (the share its last refresh pulled)
+                    cost *= self._read_share.get(name, 1.0)
+                else:
+                    self._read_share.pop(name, None)
+                    store.region_reads.forget(name)
                 # a bound is met every time only if the refresh lands within it every time: the
                 # longest recent landing, not the median d, is the delay the choice allows for
                 delay = landings.get(name, delays.get(name, DEFAULT_DELAY))
@@ -128,6 +132,10 @@ class AutoIntervals:
         for name, (recent, delay, cost) in bursts.items():
             times = refresh_times(self.store, schema, name)
             oldest, due = times.stamps.oldest, times.due
+            looked = self.store.region_reads.looked.get(name)
+            if oldest is not None and looked is not None:  # (refreshed by the regions read:
+                # those read were refreshed when last looked at, the others are old by design)
+                oldest = max(oldest, looked)
             if due is not None and due <= at:
                 continue  # (refreshed now anyway)
             age = math.inf if oldest is None else (at - oldest).total_seconds()
@@ -150,34 +158,45 @@ class AutoIntervals:
         regions)."""
         store = self.store
         schema = store.load_schema()
-        view = schema.views[name]
-        if not by_region(view, schema):
-            return None
-        state = read_region_state(store)
+        view = schema.views.get(name)
+        if view is None or not by_region(view, schema):
+            return None  # (a view dropped meanwhile: the refresh says so)
+        regions: dict[str, dict[tuple[t.Any, ...], Stamp]] = {}
         read: dict[str, set[tuple[t.Any, ...]] | None] = {}
         chosen: set[Region] = set()
         keyed = 0
         for region in view_regions(store, view):
             control = region.control
-            if region.kind not in KEYED or control is None or control not in schema.control_tables:
-                continue  # (pulled with the keys it encloses)
+            if control is None or control not in schema.control_tables:
+                continue  # (a parent view's keys: pulled with the keys that enclose them)
+            if control not in regions:
+                regions[control] = control_regions(
+                    store.con, control, schema.control_tables[control]
+                )
+            if region.kind not in KEYED:  # (pulled with the keys it encloses, or at once if
+                # it was never refreshed: an interrupted pull)
+                stamp = regions[control].get(region.values)
+                if stamp is not None and stamp[0] is None:
+                    chosen.add(region)
+                continue
             if control not in read:
-                found = store.region_reads.read_since(control, state.listed(control, ()))
+                found = store.region_reads.read_since(control, regions[control])
                 read[control] = None if found is None else set(found)
             keyed += 1
             keys = read[control]
             if keys is None or region.values in keys:
                 chosen.add(region)
-        self._read_share[name] = len(chosen) / keyed if keyed else 1.0
+        self._read_share[name] = (
+            len([r for r in chosen if r.kind in KEYED]) / keyed if keyed else 1.0
+        )
         return chosen
 
-    @staticmethod
-    def _followers(schema: CacheSchema, root: str) -> list[str]:
-        return [
-            v
-            for v in schema.topological_order()
-            if v != root and schema.views[v].is_gray and schema.consistency_root(v) == root
-        ]
+    def _newest_stamp(self, control: str) -> dt.datetime | None:
+        """A control table's newest region stamp."""
+        [(newest,)] = self.store.con.execute(
+            f"SELECT max(refreshed_at) FROM {ident(control)}"
+        ).fetchall()
+        return newest
 
     def pull_cost(self, schema: CacheSchema, view: CachedView) -> float:
         """One refresh's backend cost for ``view`` (see the module); 0 when the backend cannot
@@ -245,10 +264,25 @@ def _chooses(view: CachedView) -> bool:
     return view.auto and not view.is_gray
 
 
+def followers(schema: CacheSchema, root: str) -> list[str]:
+    """The gray views refreshed with white view ``root``."""
+    return [
+        v
+        for v in schema.topological_order()
+        if v != root and schema.views[v].is_gray and schema.consistency_root(v) == root
+    ]
+
+
 def by_region(view: CachedView, schema: CacheSchema) -> bool:
     """Whether a refresh of ``view`` pulls only its regions read since their last refresh: a
-    REFRESH AUTO view without an objective, of keyed regions."""
-    return _chooses(view) and view.within_seconds is None and bool(_keyed_controls(view, schema))
+    REFRESH AUTO view without an objective, of keyed regions, and no gray view following it
+    (their reads are of its rows, by the keys of another view: its refresh pulls them all)."""
+    return (
+        _chooses(view)
+        and view.within_seconds is None
+        and bool(_keyed_controls(view, schema))
+        and not followers(schema, view.name)
+    )
 
 
 def _keyed_controls(view: CachedView, schema: CacheSchema) -> set[str]:

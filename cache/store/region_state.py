@@ -9,25 +9,31 @@ from __future__ import annotations
 
 import datetime as dt
 
+import duckdb
+
 from cache.store.cache_file import CacheStore
 from control_tables.regions import Key, RegionState, Stamp
-from control_tables.schema import CacheSchema
+from control_tables.schema import CacheSchema, ControlTable
 from sql_ext.quoting import ident, idents
+
+
+def control_regions(
+    con: duckdb.DuckDBPyConnection, name: str, control: ControlTable
+) -> dict[Key, Stamp]:
+    """A control table's regions: each key's stamp, as the guards look them up."""
+    return {
+        tuple(row[:-2]): (_utc(row[-2]), row[-1])
+        for row in con.execute(
+            f"SELECT {idents(control.column_names)}, refreshed_at, snapshot_id FROM {ident(name)}"
+        ).fetchall()
+    }
 
 
 def read_region_state(store: CacheStore) -> RegionState:
     version = store.version  # read first: a change committed meanwhile makes it stale, not wrong
     schema = store.load_schema()
     con = store.con
-    controls: dict[str, dict[Key, Stamp]] = {}
-    for name, control in schema.control_tables.items():
-        controls[name] = {
-            tuple(row[:-2]): (_utc(row[-2]), row[-1])
-            for row in con.execute(
-                f"SELECT {idents(control.column_names)}, refreshed_at, snapshot_id "
-                f"FROM {ident(name)}"
-            ).fetchall()
-        }
+    controls = {name: control_regions(con, name, c) for name, c in schema.control_tables.items()}
     views: dict[str, Stamp] = {
         view: (_utc(refreshed_at), snapshot_id)
         for view, refreshed_at, snapshot_id in con.execute(

@@ -77,9 +77,10 @@ class Misses(t.NamedTuple):
     completeness: int = 0  # a completeness region missing
     consistency: int = 0  # regions present and fresh that share no snapshot the class needs
     timeline: int = 0  # data older than the session's timeline floor or its own writes
-    # (control table, key) of regions held but too old for the read (a currency miss): read,
-    # though not locally (`cache.store.region_reads`)
-    stale: tuple[tuple[str, Key], ...] = ()
+    # (control table, key) of regions a guard found held that the read could not use (too old
+    # for it, or not of the snapshot its class needs): read all the same, though not locally
+    # (`cache.store.region_reads`)
+    unused: tuple[tuple[str, Key], ...] = ()
 
 
 class Decision(t.NamedTuple):
@@ -124,8 +125,8 @@ class _Tally:
         "consistency",
         "currency",
         "presence",
-        "stale",
         "timeline",
+        "unused",
     )
 
     def __init__(self) -> None:
@@ -135,7 +136,7 @@ class _Tally:
         self.consistency = 0
         self.timeline = 0
         self.admittable: list[tuple[str, Key]] = []
-        self.stale: list[tuple[str, Key]] = []
+        self.unused: list[tuple[str, Key]] = []
 
     def freeze(self) -> Misses:
         if not (
@@ -149,8 +150,13 @@ class _Tally:
             self.completeness,
             self.consistency,
             self.timeline,
-            tuple(self.stale),
+            tuple(self.unused),
         )
+
+    def held(self, guard: Guard, regions: tuple[tuple[Key, Stamp], ...]) -> None:
+        """Regions the guard found held that the read cannot use (`Misses.unused`)."""
+        if guard.control is not None and guard.kind != GuardKind.FULL:
+            self.unused += [(guard.control, key) for key, _ in regions]
 
 
 _NO_MISSES = Misses()
@@ -226,6 +232,7 @@ def _class_local(
             if token is not None and _consistent(cls_plan, (token,), fds, final=True):
                 return [Binding(access, guard, regions, cls_plan.bound_seconds)]
             tally.consistency += 1
+            tally.held(guard, regions)
         return None
 
     def choose(index: int, pattern: tuple[Token, ...]) -> list[Binding] | None:
@@ -253,6 +260,10 @@ def _class_local(
     chosen = choose(0, ())
     if chosen is None and checked and all(r is not None for r in checked.values()):
         tally.consistency += 1  # (every guard held: what failed was their snapshots)
+        for (index, branch), regions in checked.items():
+            tally.held(
+                accesses[index].guards[branch], t.cast(tuple[tuple[Key, Stamp], ...], regions)
+            )
     return chosen
 
 
@@ -332,14 +343,15 @@ def _check(
             return None
         if oldest is not None and refreshed_at < oldest:
             tally.currency += 1
-            if guard.control is not None and guard.kind != GuardKind.FULL:
-                tally.stale += [(guard.control, key) for key, _ in regions]
+            tally.held(guard, regions)
             return None  # a currency miss
         if floor is not None and refreshed_at < floor:
             tally.timeline += 1
+            tally.held(guard, regions)
             return None  # time must not move backwards inside TIMEORDERED
         if written is not None and refreshed_at < written:
             tally.timeline += 1
+            tally.held(guard, regions)
             return None  # read your own writes (and a position presented: min_position)
     return regions
 

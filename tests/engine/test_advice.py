@@ -249,6 +249,43 @@ def test_a_view_of_every_column_wins_the_merge_of_a_tables_suggestions() -> None
     )
 
 
+def test_each_presence_view_is_applied_with_its_own_control_table() -> None:
+    """A join of two tables each looked up by key suggests two control tables and two views:
+    each view is applied with the control table it names (one left out for the budget takes
+    its own along); a suggestion of another key does not merge into a table's view. No
+    database needed."""
+    join = (
+        'CREATE CONTROL TABLE "reviews_keys" ("reviewerid" integer);\n'
+        'CREATE CONTROL TABLE "reviewers_keys" ("reviewerid" integer);\n'
+        'CREATE CACHED VIEW "reviews_cache" AS SELECT * FROM "reviews" '
+        'PRESENCE ON ("reviewerid") IN "reviews_keys" REFRESH AUTO;\n'
+        'CREATE CACHED VIEW "reviewers_cache" AS SELECT * FROM "reviewers" '
+        'PRESENCE ON ("reviewerid") IN "reviewers_keys" REFRESH AUTO;'
+    )
+    by_isbn = (
+        'CREATE CONTROL TABLE "reviews_keys2" ("isbn" text);\n'
+        'CREATE CACHED VIEW "reviews_cache2" AS SELECT "reviewid", "isbn" FROM "reviews" '
+        'PRESENCE ON ("isbn") IN "reviews_keys2" REFRESH AUTO;'
+    )
+    rows = [
+        Advice("SELECT 1", 1, 1.0, "no view: ...", join, 2.0, 100),
+        Advice("SELECT 2", 1, 1.0, "no view: ...", by_isbn, 1.0, 100),
+    ]
+    assert apply_script(rows).script == (  # (as much saved per byte: by name)
+        'CREATE CONTROL TABLE "reviewers_keys" ("reviewerid" integer);\n'
+        'CREATE CACHED VIEW "reviewers_cache" AS SELECT * FROM "reviewers" '
+        'PRESENCE ON ("reviewerid") IN "reviewers_keys" REFRESH AUTO;\n'
+        'CREATE CONTROL TABLE "reviews_keys" ("reviewerid" integer);\n'
+        'CREATE CACHED VIEW "reviews_cache" AS SELECT * FROM "reviews" '
+        'PRESENCE ON ("reviewerid") IN "reviews_keys" REFRESH AUTO;'
+    )
+    fitting = apply_script(rows, room=100)
+    assert fitting.left_out == (("reviews_cache", 100),)
+    assert fitting.script.count("CREATE CONTROL TABLE") == 1 and '"reviews_keys"' not in (
+        fitting.script
+    )
+
+
 def test_a_table_too_big_for_the_budget_read_by_key_gets_a_presence_view(
     bookstore_dsn: str, tmp_path: Path
 ) -> None:

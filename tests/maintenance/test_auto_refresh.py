@@ -284,22 +284,25 @@ def read_reviewers(conn: cache.Connection, keys: list[int], times: int) -> list[
 def test_a_region_nobody_reads_is_not_refreshed(regions: tuple[CacheStore, str]) -> None:
     """A presence-controlled REFRESH AUTO view's refresh pulls only the regions read since
     their last refresh - locally, or by a read their data was too old for - and none when
-    none was (the scheduler looks again an interval later). The moments are given."""
+    none was (the scheduler looks again an interval later). The moments are given, and so is
+    when the reads began to be watched: before the keys were admitted."""
     store, dsn = regions
     scheduler = RefreshScheduler(store, dsn, InlineEngine(), tick=5.0)
     try:
         with cache.connect(dsn, store.path, background=False) as conn:
             conn.admin.admit("reviewerlist", [1, 2, 3])
+            store.region_reads.watch(["reviewerlist"], lambda control: None)
+            admitted = region_stamps(store)
             now = dt.datetime.now(dt.UTC)
-            assert scheduler.run_once(now) == []  # its reads watched from now on; none asked
+            assert scheduler.run_once(now) == []  # nobody asked yet
             assert read_reviewers(conn, [1, 2], 150) == ["local", "local"]
 
-            # the first refresh pulls every region: those refreshed before this process began
-            # watching their reads count as read (it cannot know)
             first = now + dt.timedelta(seconds=1000)
             [report] = scheduler.run_once(first)
-            assert report.operation == "refresh reviewerpart (3 regions read since refreshed)"
+            assert report.operation == "refresh reviewerpart (2 regions read since refreshed)"
             refreshed = region_stamps(store)
+            assert refreshed[1] > admitted[1] and refreshed[2] > admitted[2]
+            assert refreshed[3] == admitted[3]  # nobody read reviewer 3: not refreshed
 
             # reviewer 1 read locally; reviewer 3's data an hour older than it is (given, not
             # waited for): the backend answers it, and that read counts
@@ -339,3 +342,29 @@ def test_a_region_nobody_reads_is_not_refreshed(regions: tuple[CacheStore, str])
             assert answer.route == "local"
     finally:
         scheduler.stop()
+
+
+def test_a_view_gray_views_follow_is_refreshed_whole(
+    pg_cluster: EmbeddedPostgres, tmp_path: Path
+) -> None:
+    """The books of the authors cached are read by the authors' keys, not the books': a
+    REFRESH AUTO view that a gray view follows is refreshed whole, as is one with an
+    objective; one without either, by the regions read."""
+    schema = """
+    CREATE CONTROL TABLE authorlist (authorid INTEGER);
+    CREATE CACHED VIEW authorpart AS SELECT * FROM authors
+        PRESENCE ON (authorid) IN authorlist REFRESH AUTO;
+    CREATE CACHED VIEW bookpart AS SELECT isbn, authorid, title FROM books
+        PRESENCE ON (authorid) IN authorpart CONSISTENCY ROOT;
+    CREATE CONTROL TABLE reviewerlist (reviewerid INTEGER);
+    CREATE CACHED VIEW reviewerpart AS SELECT * FROM reviewers
+        PRESENCE ON (reviewerid) IN reviewerlist REFRESH AUTO WITHIN 10 MIN;
+    CREATE CONTROL TABLE isbnlist (isbn TEXT);
+    CREATE CACHED VIEW salespart AS SELECT * FROM sales
+        PRESENCE ON (isbn) IN isbnlist REFRESH AUTO;
+    """
+    for store, dsn in bookstore_cache(pg_cluster, tmp_path, "auto_whole", schema):
+        chooser = AutoIntervals(store, dsn)
+        assert chooser.read_regions("authorpart") is None
+        assert chooser.read_regions("reviewerpart") is None
+        assert chooser.read_regions("salespart") == set()  # (none held, none read)
