@@ -396,18 +396,28 @@ def _refreshed(statement: str, mode: str) -> str | None:
     text = statement.strip().rstrip(";")
     bare = _REFRESH.sub("", text)
     again = f"{bare} REFRESH {mode}"
-    try:
-        [before], [after] = parse(text), parse(again)
-    except Error:
+    both = _reparsed(text, again)
+    if both is None:
         return None
-    if not isinstance(before, CreateCachedView) or not isinstance(after, CreateCachedView):
-        return None
+    before, after = both
     if not _same_view(before, after, "refresh_seconds", "auto", "within_seconds", "continuous") or (
         after.auto,
         after.continuous,
     ) != (mode == "AUTO", mode == "CONTINUOUSLY"):
         return None
     return again
+
+
+def _reparsed(text: str, again: str) -> tuple[CreateCachedView, CreateCachedView] | None:
+    """A view's DDL and the text rewritten from it, parsed (None: either is not one view's
+    DDL)."""
+    try:
+        [before], [after] = parse(text), parse(again)
+    except Error:
+        return None
+    if isinstance(before, CreateCachedView) and isinstance(after, CreateCachedView):
+        return before, after
+    return None
 
 
 def _same_view(before: CreateCachedView, after: CreateCachedView, *changed: str) -> bool:
@@ -432,12 +442,10 @@ def _consistent(statement: str) -> str | None:
     found = _AFTER_CONSISTENCY.search(bare)
     at = found.start() if found is not None else len(bare)
     again = f"{bare[:at]} CONSISTENCY ON ALL{bare[at:]}"
-    try:
-        [before], [after] = parse(text), parse(again)
-    except Error:
+    both = _reparsed(text, again)
+    if both is None:
         return None
-    if not isinstance(before, CreateCachedView) or not isinstance(after, CreateCachedView):
-        return None
+    before, after = both
     whole = after.consistency is not None and after.consistency.kind == "all"
     return again if whole and _same_view(before, after, "consistency") else None
 

@@ -60,6 +60,9 @@ class Asked:
 class BoundAsks(Gathered):
     """The bounds asked of a cache file's views in this process (every handle shares it)."""
 
+    TABLE = "bound_asks"
+    COLUMNS = "view, bound, queries, saved, epoch(since), epoch(as_of)"
+
     def __init__(self, half_life: float = ASKS_HALF_LIFE) -> None:
         super().__init__()
         self.half_life = half_life
@@ -160,7 +163,7 @@ class BoundAsks(Gathered):
 
     # -- in the cache file (`cache.store.cache_file.CacheStore.save_gathered`) --------------------
 
-    def load(self, rows: t.Iterable[tuple[str, float, float, float, float, float]]) -> None:
+    def load(self, rows: t.Iterable[tuple[t.Any, ...]]) -> None:
         """The sums the file keeps (view, bound, queries, saved, since, at; the moments in
         seconds since the epoch), once per process, added to those this process counted
         before (later, this process's include them)."""

@@ -31,6 +31,7 @@ from cache.store import functions
 from cache.store.bound_asks import BoundAsks
 from cache.store.budget import data_bytes, data_tables, parse_size
 from cache.store.counters import Counter, Counts, named
+from cache.store.gathered import Gathered
 from cache.store.handle import shared_state
 from cache.store.remote_reads import RemoteReads
 from cache.store.schema_store import SchemaStore
@@ -94,6 +95,8 @@ def count_in(con: duckdb.DuckDBPyConnection, amounts: t.Mapping[Counter, int]) -
             "UPDATE mtcache.counters SET value = value + ? WHERE name = ?", [amount, counter.value]
         )
 
+
+G = t.TypeVar("G", bound=Gathered)
 
 log = logging.getLogger("mtcache.store")
 
@@ -308,26 +311,19 @@ class CacheStore(SchemaStore, CatalogStore):
     def load_asks(self) -> BoundAsks:
         """The bounds asked of the file's views, with the sums the file kept when this
         process first asks."""
-        asks = self.asks
-        if not asks.loaded:
-            asks.load(
-                self.con.execute(
-                    "SELECT view, bound, queries, saved, epoch(since), epoch(as_of) "
-                    "FROM mtcache.bound_asks"
-                ).fetchall()
-            )
-        return asks
+        return self._gathered(self.asks)
 
     def load_remote_reads(self) -> RemoteReads:
         """The cached reads the backend answered, with those the file kept when this process
         first asks."""
-        found = self.remote_reads
+        return self._gathered(self.remote_reads)
+
+    def _gathered(self, found: G) -> G:
+        """``found``, with the rows the file keeps of it read in when this process first
+        asks."""
         if not found.loaded:
             found.load(
-                self.con.execute(
-                    "SELECT statement, calls, backend_ms, kind, reason, epoch(first_seen), "
-                    "epoch(last_seen) FROM mtcache.remote_reads"
-                ).fetchall()
+                self.con.execute(f"SELECT {found.COLUMNS} FROM mtcache.{found.TABLE}").fetchall()
             )
         return found
 
@@ -347,13 +343,13 @@ class CacheStore(SchemaStore, CatalogStore):
         """Keep what the reads taught in the file: the bounds they asked, and the reads the
         backend answered (each at most every minute unless ``force``; no cached data changes,
         so no reader is told of it)."""
-        asks = self.load_asks().to_save(now, force)
-        remote = self.load_remote_reads().to_save(now, force)
-        if asks is None and remote is None:
+        gathered: tuple[Gathered, ...] = (self.load_asks(), self.load_remote_reads())
+        saved = [(found.TABLE, found.to_save(now, force)) for found in gathered]
+        if all(rows is None for _, rows in saved):
             return
         try:
             with self.transaction() as con:
-                for table, rows in (("bound_asks", asks), ("remote_reads", remote)):
+                for table, rows in saved:
                     if rows is None:
                         continue
                     con.execute(f"DELETE FROM mtcache.{table}")
@@ -361,8 +357,8 @@ class CacheStore(SchemaStore, CatalogStore):
                         marks = ", ".join("?" * len(rows[0]))
                         con.executemany(f"INSERT INTO mtcache.{table} VALUES ({marks})", rows)
         except BaseException:
-            self.asks.unsaved()  # (written at the next chance)
-            self.remote_reads.unsaved()
+            for found in gathered:
+                found.unsaved()  # (written at the next chance)
             raise
 
     def save_clock(self, clock: BackendClock) -> None:

@@ -60,6 +60,9 @@ class RemoteShape:
 class RemoteReads(Gathered):
     """The file's cached reads answered by the backend, in this process."""
 
+    TABLE = "remote_reads"
+    COLUMNS = "statement, calls, backend_ms, kind, reason, epoch(first_seen), epoch(last_seen)"
+
     def __init__(self) -> None:
         super().__init__()
         self._shapes: dict[str, RemoteShape] = {}
