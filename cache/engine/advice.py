@@ -69,10 +69,10 @@ def why_planned_remote(plan: Plan) -> tuple[str, str]:
     """Why a plan chose the backend for the whole statement: (kind, message)."""
     analysis = plan.analysis
     message = plan.reason or REASONS["other"]
+    if analysis.outside:  # (also a blocker: what it reads, before how)
+        return "outside", message
     if analysis.local_blocker is not None:
         return "allowlist", message
-    if analysis.outside:
-        return "outside", message
     classes = "; ".join(c.remote_reason for c in plan.classes if c.remote_reason)
     if any(not a.guards for c in plan.classes for a in c.accesses):
         return "no view", classes or message

@@ -165,8 +165,8 @@ def test_the_reasons_no_ddl_fixes_are_told_and_suggest_nothing(
     pg_cluster: t.Any, tmp_path: Path
 ) -> None:
     """A role that may read some columns only (the backend answers it), a function DuckDB
-    cannot compute as PostgreSQL, a session reading after its own write: each counted with
-    its reason, and no DDL suggested."""
+    cannot compute as PostgreSQL, a system catalog, a session reading after its own write:
+    each counted with its reason, and no DDL suggested."""
     dsn = pg_cluster.create_database("advice_kinds")
     bookstore.load_into(dsn)
     reader_dsn = login_role(dsn, "advice_reader")
@@ -178,12 +178,14 @@ def test_the_reasons_no_ddl_fixes_are_told_and_suggest_nothing(
         "SELECT s.qty, pg_backend_pid() > 0 FROM sales s WHERE s.saleid = %s CURRENCY BOUND 10 MIN"
     )
     written = "SELECT s.isbn FROM sales s WHERE s.saleid = %s CURRENCY BOUND 10 MIN"
+    catalog = "SELECT count(*) FROM pg_class c CURRENCY BOUND 10 MIN"
     with cache.connect(dsn, path, autocommit=True, background=False) as owner:
         owner.admin.apply_ddl("CREATE CACHED VIEW salescopy AS SELECT * FROM sales")
         with cache.connect(reader_dsn, path, autocommit=True, background=False) as reader:
             reader.execute(point, (1,))
             assert reader.cursor().execute(point, (1,)).provenance[0]["route"] == "remote"
         owner.execute(function, (1,))
+        owner.execute(catalog)
         owner.execute("UPDATE sales SET qty = qty WHERE saleid = 2")
         owner.execute(written, (2,))
         found = {a.statement: a for a in owner.admin.advice()}
@@ -194,6 +196,7 @@ def test_the_reasons_no_ddl_fixes_are_told_and_suggest_nothing(
             "allowlist: (sales): DuckDB cannot answer it as PostgreSQL: it calls pg_backend_pid",
         ),
         (written, "timeline: "),
+        (catalog, "outside: (pg_class): DuckDB cannot answer it as PostgreSQL: it reads pg_class"),
     ):
         row = found[parse_one(sql).normalized]
         assert row.reason.startswith(start), row.reason
