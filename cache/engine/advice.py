@@ -28,6 +28,7 @@ table (the union of the columns its suggestions read), the most saved per byte f
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 import time
@@ -98,11 +99,16 @@ def why_guards_failed(plan: Plan, decision: Decision) -> tuple[str, str]:
     if misses.timeline:
         return "timeline", "its session needs data newer than the cache holds"
     if misses.currency:
-        older = ", ".join(
-            f"{view} older than {format_duration(bound)}" for view, bound, _ in plan.asks
-        )
-        return "bound not met", f"bound not met: {older}"
+        return "bound not met", _not_met(plan.asks)
     return "other", REASONS["other"]
+
+
+@functools.lru_cache(maxsize=1024)
+def _not_met(asks: tuple[tuple[str, float, float], ...]) -> str:
+    """The message of a bound not met (told once per plan's asks: every remote read of a
+    stale view tells it)."""
+    older = ", ".join(f"{view} older than {format_duration(bound)}" for view, bound, _ in asks)
+    return f"bound not met: {older}"
 
 
 # -- the advice -----------------------------------------------------------------------------------
