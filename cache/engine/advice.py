@@ -488,10 +488,10 @@ def apply_script(rows: Iterable[Advice], room: float = math.inf) -> Applied:
             if statement.name in dropped:
                 text = f"DROP CACHED VIEW {ident(statement.name)};\n{statement.text.strip()};"
                 kept = again.get(statement.name)
-                again[statement.name] = (
-                    [text],
+                again[statement.name] = (  # (the costliest shape's comes first: it stands)
+                    kept[0] if kept else [text],
                     (kept[1] if kept else 0.0) + row.saves_ms,
-                    row.bytes or 0,
+                    kept[2] if kept else row.bytes or 0,
                 )
                 continue
             kept_view = per_table.get(statement.table)

@@ -89,6 +89,9 @@ class AutoIntervals:
         chosen: dict[str, IntervalChoice] = {}
         bursts: dict[str, tuple[dict[float, float], float, float]] = {}  # recent, d, C
         autos = [v for v in schema.topological_order() if _chooses(schema.views[v])]
+        for name in set(self._read_share) - set(autos):  # (dropped, or no longer AUTO)
+            del self._read_share[name]
+            store.region_reads.forget(name)
         if autos:
             delays, landings = measured_delays(store), longest_delays(store)
             for name in autos:
@@ -186,9 +189,9 @@ class AutoIntervals:
             keys = read[control]
             if keys is None or region.values in keys:
                 chosen.add(region)
-        self._read_share[name] = (
-            len([r for r in chosen if r.kind in KEYED]) / keyed if keyed else 1.0
-        )
+        pulled = len([r for r in chosen if r.kind in KEYED])
+        if pulled or not keyed:  # (none read: the pulls' cost stands as it was, not nil)
+            self._read_share[name] = pulled / keyed if keyed else 1.0
         return chosen
 
     def _newest_stamp(self, control: str) -> dt.datetime | None:
@@ -275,13 +278,14 @@ def followers(schema: CacheSchema, root: str) -> list[str]:
 
 def by_region(view: CachedView, schema: CacheSchema) -> bool:
     """Whether a refresh of ``view`` pulls only its regions read since their last refresh: a
-    REFRESH AUTO view without an objective, of keyed regions, and no gray view following it
-    (their reads are of its rows, by the keys of another view: its refresh pulls them all)."""
+    REFRESH AUTO view without an objective, of keyed regions, controlling no other view (the
+    reads of those are of its rows by their own keys, not its control's: its refresh pulls
+    them all)."""
     return (
         _chooses(view)
         and view.within_seconds is None
         and bool(_keyed_controls(view, schema))
-        and not followers(schema, view.name)
+        and not schema.children(view.name)
     )
 
 

@@ -100,6 +100,7 @@ class RefreshScheduler:
         maintainer = Maintainer(self.store, self.dsn, self.engine)
         regions = self.intervals.read_regions(name)
         if regions is None:
+            self.store.region_reads.forget(name)  # (refreshed whole: due by its stamps)
             return maintainer.refresh(name)
         report = None
         if regions:
