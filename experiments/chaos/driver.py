@@ -22,7 +22,7 @@ from rich.console import Console
 import cache
 from cache.backend.embedded_pg import EmbeddedPostgres
 from experiments.chaos.owner import Owner, owner_main, reader
-from experiments.chaos.run import Run, fault_injector, supervisor, writer
+from experiments.chaos.run import Run, extender, fault_injector, supervisor, writer
 from experiments.chaos.wire import (
     Wire,
     disconnector,
@@ -137,14 +137,17 @@ def run_chaos(
     spark: bool = True,
     wire: bool = False,
     completeness: bool = True,
+    patience: float = 3.0,
 ) -> dict[str, t.Any]:
     """A run against ``dsn`` (its server gets a database of the checker's own); ``restart``
     stops and starts that server (faults of that kind are injected only when given);
     ``wire``: the cache as `mtcache serve`, driven over the protocol (see the module);
     ``completeness=False``: no completeness region is ever admitted (group reads then come
     from the consistency-controlled view or the backend; what a completeness region holds:
-    docs/decisions/regions-and-their-stamps.md)."""
+    docs/decisions/regions-and-their-stamps.md); ``patience``: the run goes on, up to this many
+    times ``seconds``, while a fault kind has not had its turn."""
     console = console or Console()
+    started = time.time()
     chaos_dsn = prepare(dsn)
     work = Path(tempfile.mkdtemp(prefix="mtcache-chaos-"))
     served: Wire | None = None
@@ -200,6 +203,9 @@ def run_chaos(
             threads += [
                 threading.Thread(target=supervisor, args=(run,)),
                 threading.Thread(target=fault_injector, args=(run,)),
+                # (every fault kind gets its turn however loaded the machine: at most
+                # ``patience`` times the run's length)
+                threading.Thread(target=extender, args=(run, started + patience * seconds)),
             ]
         console.print(f"chaos for {seconds:g}s, seed {seed}{' over the wire' if wire else ''} ...")
         for thread in threads:
