@@ -6,6 +6,7 @@ handle on the file closes)."""
 
 from __future__ import annotations
 
+import abc
 import threading
 import typing as t
 from collections.abc import Iterable
@@ -13,7 +14,7 @@ from collections.abc import Iterable
 SAVE_EVERY = 60.0  # seconds between writes to the cache file
 
 
-class Gathered:
+class Gathered(abc.ABC):
     TABLE: t.ClassVar[str]  # its table in the file (schema mtcache)
     COLUMNS: t.ClassVar[str]  # what `load` takes of its rows (a SELECT list)
 
@@ -34,15 +35,15 @@ class Gathered:
         self._loaded = True
         return True
 
+    @abc.abstractmethod
     def load(self, rows: Iterable[tuple[t.Any, ...]]) -> None:
         """The file's rows (``COLUMNS`` of ``TABLE``), once per process, added to what this
         process gathered before."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def to_save(self, now: float, force: bool = False) -> list[tuple[t.Any, ...]] | None:
         """The rows of ``TABLE`` to write at ``now``; None: nothing changed, or not yet (at
         most every SAVE_EVERY seconds unless ``force``)."""
-        raise NotImplementedError
 
     def unsaved(self) -> None:
         """The write `_due` allowed failed: to be written again."""
