@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint format typecheck bench-refresh bench-query bench-tpch bench-maintenance bench-server bench-derived bench-budget bench-bounds clean
+.PHONY: demo test lint format typecheck bench-refresh bench-query bench-tpch bench-maintenance bench-server bench-derived bench-budget bench-bounds bench-cluster clean
 
 $(STAMP): pyproject.toml scripts/ensure-system-deps.sh
 	bash scripts/ensure-system-deps.sh
@@ -47,6 +47,9 @@ bench-budget: $(STAMP)
 
 bench-bounds: $(STAMP)
 	$(PY) -m experiments.bench_bounds
+
+bench-cluster: $(STAMP)
+	$(PY) -m experiments.bench_cluster
 
 CODE := cache optimizer control_tables heartbeat sql_ext experiments tests
 

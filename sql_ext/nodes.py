@@ -81,7 +81,7 @@ class SessionBound(exp.Expression):
 class Inspect(exp.Expression):
     """``EXPLAIN LAST STATEMENT``, ``SHOW CACHED VIEWS``, ``SHOW CACHE STATUS [FOR VIEW a, ...]``:
     this = what is asked ("last statement", "cached views", "cache status", "cache stats",
-    "cache advice");
+    "cache advice", "cache seed");
     views = the views whose regions the status lists, however many (as folded names)."""
 
     arg_types = {"this": True, "views": False}

@@ -197,13 +197,19 @@ class SessionBound:
         }
 
 
+# what a session can ask the cache about itself (`Inspect`)
+Inspected = t.Literal[
+    "last statement", "cached views", "cache status", "cache stats", "cache advice", "cache seed"
+]
+
+
 @dataclass(frozen=True)
 class Inspect:
     """EXPLAIN LAST STATEMENT, SHOW CACHED VIEWS or SHOW CACHE STATUS: a session asks the
     cache about itself."""
 
     text: str
-    what: t.Literal["last statement", "cached views", "cache status", "cache stats", "cache advice"]
+    what: Inspected
     views: tuple[str, ...] = ()  # SHOW CACHE STATUS FOR VIEW: whose regions are listed
 
     kind: t.ClassVar[str] = "inspect"

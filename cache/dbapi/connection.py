@@ -78,7 +78,9 @@ class Connection:
     file's DuckDB may use in this process; default 80% of the memory, every core),
     ``cache_size_limit`` (bytes, or ``"500MB"``: the budget of the cached data, kept by
     evicting presence regions; default none) and ``doorkeeper_seconds`` (admit a missed key on
-    its second miss within that many seconds, not its first; default None). The
+    its second miss within that many seconds, not its first; default None), ``spark_master``
+    (where this process's refreshes on Spark run: ``local[*]``, the default,
+    ``spark://HOST:PORT`` or ``sc://HOST:PORT``; docs/decisions/spark-pulls.md). The
     connection is a façade over one session
     (`cache.engine.session.Session`, ``conn.session``) of an engine of its own
     (`cache.engine.engine.Engine`, ``conn.engine``).
@@ -89,7 +91,7 @@ class Connection:
     user, database and password, and the options of the process (``result_memo_bytes``,
     ``background``, ``heartbeat``, ``stream_lag_limit``, ``stream_memory_limit``, ``plan_choice``,
     ``refresh_delays``, ``memory_limit``, ``threads``, ``cache_size_limit``,
-    ``doorkeeper_seconds``) are the server's."""
+    ``doorkeeper_seconds``, ``spark_master``) are the server's."""
 
     engine: Engine | None  # None: through a cache server
     session: Session | ServerSession
@@ -129,6 +131,7 @@ class Connection:
         threads: int | None = None,
         cache_size_limit: int | str | None = None,
         doorkeeper_seconds: float | None = None,
+        spark_master: str | None = None,
     ) -> None:
         # the backend and the cache file not given: the environment's, else the configuration
         # file's (MTCACHE_CONFIG), as the command line reads them (`cache.config`)
@@ -158,6 +161,7 @@ class Connection:
                 "threads": threads is not None,
                 "cache_size_limit": cache_size_limit is not None,
                 "doorkeeper_seconds": doorkeeper_seconds is not None,
+                "spark_master": spark_master is not None,
             }
             given = [name for name, changed in own.items() if changed]
             if given:
@@ -183,6 +187,7 @@ class Connection:
             threads=threads,
             cache_size_limit=cache_size_limit,
             doorkeeper_seconds=doorkeeper_seconds,
+            spark_master=spark_master,
         )
         self.cache_path = self.engine.cache_path
         self.backend = self.engine.backend

@@ -52,6 +52,7 @@ from cache.execution.memo import DEFAULT_BYTES as DEFAULT_MEMO_BYTES
 from cache.execution.memo import memo_for
 from cache.execution.planning import PlanCache
 from cache.maintenance.background import Background, attach, detach
+from cache.maintenance.spark import check_master_url
 from cache.maintenance.stream import DEFAULT_LAG_LIMIT
 from cache.maintenance.stream.arrangements import ARRANGED_BYTES
 from cache.store.budget import parse_size
@@ -149,6 +150,7 @@ class Engine:
         threads: int | None = None,
         cache_size_limit: int | str | None = None,
         doorkeeper_seconds: float | None = None,
+        spark_master: str | None = None,
     ) -> None:
         """``privilege_seconds``: how long what a role may read is taken as known (a GRANT or
         REVOKE takes effect on local answers within it: `cache.engine.privileges`);
@@ -157,8 +159,13 @@ class Engine:
         or ``"500MB"``): the budget of the cached data's bytes, kept by evicting presence
         regions (`cache.maintenance.budget`; default none); ``doorkeeper_seconds``: admit a
         missed key on its second miss within that many seconds, not its first
-        (`cache.engine.admission`; default None: on the first)."""
+        (`cache.engine.admission`; default None: on the first); ``spark_master``: where the
+        refreshes this process runs on Spark pull (`cache.maintenance.spark`; default
+        ``local[*]``), its sessions' ``mtcache.spark_master`` until they set their own."""
         _check_options(heartbeat, stream_lag_limit, result_memo_bytes, doorkeeper_seconds)
+        if spark_master is not None:
+            check_master_url(spark_master)
+        self.spark_master = spark_master
         arranged = (
             ARRANGED_BYTES
             if stream_memory_limit is None
@@ -215,7 +222,9 @@ class Engine:
         self._sessions: weakref.WeakSet[Member] = weakref.WeakSet()
         self._background: Background | None = None
         if background or heartbeat is not None:
-            self._background = attach(self.store, backend, heartbeat, stream_lag_limit, arranged)
+            self._background = attach(
+                self.store, backend, heartbeat, stream_lag_limit, arranged, spark_master
+            )
         self.closed = False
 
     @property

@@ -85,6 +85,8 @@ CACHE_ADVICE: Columns = (
     ("saves_ms", OID.float8),
     ("bytes", OID.int8),
 )
+# SHOW CACHE SEED (`cache.store.seed`): a row of what the seed is, then the file's bytes
+CACHE_SEED: Columns = (("part", OID.text), ("data", OID.bytea))
 CACHE_STATS: Columns = (
     ("name", OID.text),
     ("labels", OID.text),
@@ -107,6 +109,7 @@ def result_columns(route: Route) -> Columns | None:
             "cache status": CACHE_STATUS,
             "cache stats": CACHE_STATS,
             "cache advice": CACHE_ADVICE,
+            "cache seed": CACHE_SEED,
         }[route.what]
     if isinstance(route, Explain):
         return EXPLAIN

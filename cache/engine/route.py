@@ -45,7 +45,7 @@ from sql_ext import (
 )
 from sql_ext.errors import NotSupportedError, ProgrammingError, SqlSyntaxError
 from sql_ext.quoting import folded
-from sql_ext.statements import DIALECT
+from sql_ext.statements import DIALECT, Inspected
 
 _EXTENSION_WORDS = {"CURRENCY", "TIMEORDERED", "CACHED", "CONTROL", "EXPLAIN"}
 # First words of statements that change no table: any other statement the parser cannot read
@@ -148,7 +148,7 @@ class SessionSetting:
 
 @dataclass(frozen=True)
 class Inspection:
-    what: t.Literal["last statement", "cached views", "cache status", "cache stats", "cache advice"]
+    what: Inspected
     views: tuple[str, ...] = ()  # the status lists these views' regions, however many
 
 

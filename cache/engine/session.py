@@ -68,6 +68,7 @@ from cache.execution.phases import Phases
 from cache.execution.planning import Planner
 from cache.execution.provenance import Executed, Provenance
 from cache.store.counters import Counter
+from cache.store.seed import take_seed
 from heartbeat.clock import BackendClock
 from optimizer.plan import Plan
 from optimizer.rules.evaluate_guards import Decision
@@ -82,6 +83,11 @@ from sql_ext.errors import (
 from sql_ext.nodes import plural
 from sql_ext.params import Params, bind_literals
 from sql_ext.quoting import folded
+
+
+class SeedRefused(ProgrammingError):
+    sqlstate = "42501"  # insufficient_privilege
+
 
 # the public methods' edge (cache.engine.boundary), naming this cache file
 _public = public(lambda self: self.engine.cache_path, lambda self: getattr(self, "lock", None))
@@ -122,7 +128,7 @@ class Session(CachedReads):
         self.provenance_notices = False
         self.admit_empty = False
         self.refresh_engine = DEFAULT_ENGINE  # (auto: inline unless a pull is large)
-        self.spark_master: str | None = None
+        self.spark_master: str | None = engine.spark_master  # (SET mtcache.spark_master)
         self.report_position = False  # a ParameterStatus mtcache.position after statements
         # how the last statement was answered (`cache.engine.conversation.statistics`): local,
         # mixed, fallback (guards failed), remote; the caller sets "cache" before the cache's
@@ -243,7 +249,10 @@ class Session(CachedReads):
         self._last = NO_PROVENANCE
         if isinstance(route, Refresh):
             report = self.admin.refresh(
-                route.view, route.keys, engine=self.refresh_engine, spark_master=self.spark_master
+                route.view,
+                route.keys,
+                engine=self.refresh_engine,
+                spark_master=self.spark_master or self.engine.spark_master,
             )
             return no_rows("REFRESH CACHED VIEW", notices=[_report_notice(report)])
         if isinstance(route, TimelineBracket):
@@ -323,6 +332,14 @@ class Session(CachedReads):
             # it lists (another role is shown what the cache counted)
             owner = self._reader() == self.engine.owner_role
             return inspect.cache_advice(self.admin.advice(backend=owner))
+        if route.what == "cache seed":
+            # every cached row of every view: the cache's own role only
+            if self._reader() != self.engine.owner_role:
+                raise SeedRefused(
+                    "SHOW CACHE SEED gives every cached row: only the cache's own role "
+                    f"({self.engine.owner_role}) may take it; connect as that role"
+                )
+            return inspect.rows_of(inspect.CACHE_SEED, take_seed(self.engine.store), "SHOW")
         document = self.admin.status(route.views)
         if route.what == "cached views":
             return inspect.cached_views(document, self._zone().info)

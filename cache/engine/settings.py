@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from cache.defaults import ENGINES
 from cache.engine.engine import bound_seconds
+from cache.maintenance.spark import check_master_url
 from sql_ext.errors import ProgrammingError
 from sql_ext.nodes import format_duration
 
@@ -63,8 +64,12 @@ def _engine(text: str, name: str) -> str:
     return text
 
 
-def _text_or_none(text: str, name: str) -> str | None:
-    return text or None
+def _spark_master(text: str, name: str) -> str | None:
+    word = text.strip()
+    if word.lower() in ("none", "default", ""):
+        return None
+    check_master_url(word)
+    return word
 
 
 def _moment(text: str, name: str) -> dt.datetime | None:
@@ -147,9 +152,10 @@ SETTINGS: dict[str, Setting] = {
         Setting(
             "spark_master",
             "spark_master",
-            _text_or_none,
+            _spark_master,
             lambda v: v or "",
-            "the Spark master REFRESH CACHED VIEW uses (empty: local[*])",
+            "where REFRESH CACHED VIEW pulls on Spark: local[*], spark://HOST:PORT or "
+            "sc://HOST:PORT (empty: the process's --spark-master, else local[*])",
         ),
         Setting(
             "position",

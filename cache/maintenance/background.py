@@ -50,16 +50,20 @@ def attach(
     heartbeat: float | None = None,
     lag_limit: int = DEFAULT_LAG_LIMIT,
     arranged_bytes: int = ARRANGED_BYTES,
+    spark_master: str | None = None,
 ) -> Background:
     """The file's background work, started if this is its first user in the process; with a
     heartbeat every ``heartbeat`` seconds if asked (and none runs yet); the stream consumer
     warns when its slot holds more than ``lag_limit`` bytes of WAL, and its arrangements take
-    at most ``arranged_bytes`` (`cache.maintenance.stream.arrangements`)."""
+    at most ``arranged_bytes`` (`cache.maintenance.stream.arrangements`); the scheduler's
+    pulls on Spark run on ``spark_master`` (default local[*])."""
     path = store.path.resolve()
     with _LOCK:
         background = _RUNNING.get(path)
         if background is None:
-            scheduler = RefreshScheduler(store, backend, SizedEngine(), tick=TICK_SECONDS)
+            scheduler = RefreshScheduler(
+                store, backend, SizedEngine(spark_master), tick=TICK_SECONDS
+            )
             consumer = Consumer(
                 store.for_thread(), backend, lag_limit=lag_limit, arranged_bytes=arranged_bytes
             )

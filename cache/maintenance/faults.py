@@ -7,9 +7,10 @@ read when a pipeline starts) or by the ``faults`` argument of a refresh. ``NAME`
 rollback handler runs), as a crash or an out-of-memory kill would; ``NAME:stall`` hangs there
 (up to a minute, less once its parent process is gone), as a stuck backend or task would, so
 a test can interrupt or kill the refresh while it waits (with ``MTCACHE_FAULT_MARK`` naming a
-file, the stall writes its point there when it begins); ``NAME:sleep=SECONDS`` waits that long
-there and goes on, as a slow network between the backend and the cache would (the
-workload-shift experiment emulates the dissertation's propagation delays with it).
+file, the stall writes its point and process id there when it begins);
+``NAME:sleep=SECONDS`` waits that long there and goes on, as a slow network between the
+backend and the cache would (the workload-shift experiment emulates the dissertation's
+propagation delays with it).
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import signal
 import time
 from collections.abc import Iterable
 
-POINTS = ("after_snapshot", "after_pull", "before_commit", "task")
+POINTS = ("after_snapshot", "after_pull", "before_commit", "task", "first_task")
+# task: every Spark task, every attempt; first_task: the first attempt of an operation's first
+# task only (Spark runs the task again, so a pull on a cluster goes on: a lost executor)
 # The stream consumer's (cache.maintenance.stream):
 STREAM_POINTS = ("stream_apply", "stream_advance", "stream_piece")
 # stream_apply: the stream consumer's batch applied in DuckDB, its position not yet stored;
@@ -41,17 +44,19 @@ def active(extra: Iterable[str] = ()) -> frozenset[str]:
     return frozenset(from_env | set(extra))
 
 
-def hit(point: str, enabled: frozenset[str]) -> None:
+def hit(point: str, enabled: frozenset[str], mark: str | None = None) -> None:
+    """The fault enabled at ``point``, if any; ``mark`` is the stall's file (default
+    ``MTCACHE_FAULT_MARK``: a Spark task gets its driver's, as executors may not share it)."""
     for fault in enabled:
         if fault.startswith(f"{point}:sleep="):
             time.sleep(float(fault.partition("=")[2]))
     if f"{point}:kill" in enabled:
         os.kill(os.getpid(), signal.SIGKILL)
     if f"{point}:stall" in enabled:
-        mark = os.environ.get("MTCACHE_FAULT_MARK")
+        mark = mark or os.environ.get("MTCACHE_FAULT_MARK")
         if mark:  # a test waits for the stall to begin (not for a time to pass)
             with open(mark, "a") as marked:
-                marked.write(f"{point}\n")
+                marked.write(f"{point} {os.getpid()}\n")
         parent = os.getppid()
         deadline = time.monotonic() + STALL_SECONDS
         while time.monotonic() < deadline and os.getppid() == parent:

@@ -1,18 +1,31 @@
 """The Spark refresh engine: pulls run as Spark tasks, each in its own backend session
-joined to the coordinator's exported snapshot, so every task reads the same database state.
+joined to the coordinator's exported snapshot, so every task reads the same database state
+however many executors read it.
+
+The master is ``local[*]`` (the default: Spark in this process's own JVM), a standalone
+cluster's ``spark://HOST:PORT``, or a Spark Connect server's ``sc://HOST:PORT``. One code path
+serves all three: a DataFrame of task numbers (``range``, one per partition) mapped by an Arrow
+UDF (`mapInArrow`) whose task pulls its part in the snapshot and returns the rows as
+LZ4-compressed Arrow IPC streams (a binary column, in chunks of `CHUNK_ROWS` rows); the driver
+collects them with ``toArrow()`` (Arrow batches over the connection, no shared filesystem) and
+decodes each part as the very table an inline pull builds (`copy_to_arrow`), so the types are
+the inline pull's exactly. See docs/decisions/pulls-on-a-spark-cluster.md.
 
 A large pull is split into block ranges of the backend table's heap (``ctid`` ranges: a TID
 range scan each, PostgreSQL 14+), the last range open-ended so rows on pages added since the
-statistics were taken are still read. Each task writes its rows as an Arrow IPC file in a
-staging directory and returns the path; the driver maps the files and hands them to DuckDB
-through Arrow. With a non-local master the staging directory must be shared (a network file
-system) and the backend reachable from the executors.
+statistics were taken are still read. A task that fails or whose executor is lost is run
+again by Spark (on a cluster, up to ``spark.task.maxFailures`` times; in local mode once), in
+the same exported snapshot, and only a finished attempt's rows reach the driver; a pull whose
+task fails for good fails whole, before anything was written to the cache. The executors need
+the ``mtcache[spark]`` extra and must reach the backend; a cluster's need to reach the driver
+(a master on a loopback address keeps the driver there too).
 
-One Spark session per process, created on first use and reused by every refresh. Spark is
-driven from a thread of its own (`_interruptible`): py4j blocks its caller in a socket read,
-which Ctrl-C cannot interrupt cleanly (Spark's own SIGINT handler then calls into the JVM
+One Spark session per process (one classic, one per Connect server), created on first use and
+reused by every refresh; asking for another classic master stops the one before.
+Spark is driven from a thread of its own (`_interruptible`): py4j blocks its caller in a socket
+read, which Ctrl-C cannot interrupt cleanly (Spark's own SIGINT handler then calls into the JVM
 from inside that read). The caller waits instead, so Ctrl-C reaches it at once: the jobs are
-cancelled (or the JVM still starting is stopped) and KeyboardInterrupt goes on up, before
+interrupted (or the JVM still starting is stopped) and KeyboardInterrupt goes on up, before
 anything was written to the cache.
 """
 
@@ -22,27 +35,31 @@ import concurrent.futures
 import contextlib
 import os
 import re
-import shutil
 import signal
+import socket
 import sys
-import tempfile
 import threading
 import typing as t
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import psycopg
 import pyarrow as pa
+import pyarrow.compute as pc
 from psycopg import sql
 
 from cache.backend.copy_arrow import copy_to_arrow
 from cache.maintenance import faults
 from cache.maintenance.engines import Coordinator, PullQuery
-from sql_ext.errors import OperationalError
+from sql_ext.errors import OperationalError, ProgrammingError
 
 DEFAULT_MASTER = "local[*]"
 LOG_CONFIG = Path(__file__).with_name("spark-log4j2.properties")
+CHUNK_ROWS = 131_072  # rows per Arrow IPC stream a task returns (a few MiB compressed)
+RESULT_SCHEMA = "part int, seq int, payload binary"
+CONNECT_TASKS = 8  # the parallelism assumed of a Spark Connect server (it does not say)
 
 _sessions: dict[str, object] = {}
 _lock = threading.Lock()
@@ -53,60 +70,200 @@ T = t.TypeVar("T")
 
 def spark_session(master: str = DEFAULT_MASTER) -> object:
     """The process's Spark session for a master URL (created once, then reused)."""
+    check_master(master)
     return _interruptible(lambda: _session(master), _stop_starting_jvm)
+
+
+def check_master_url(master: str) -> None:
+    """A master URL mtcache pulls on (a ProgrammingError that says which ones if not)."""
+    if master == "local" or re.fullmatch(r"local\[(\*|\d+)(,\s*\d+)?\]", master):
+        return
+    parts = urlsplit(master)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme not in ("spark", "sc") or not parts.hostname or port is None:
+        raise ProgrammingError(
+            f"unknown Spark master {master!r}: use local[*], spark://HOST:PORT (a standalone "
+            "cluster) or sc://HOST:PORT (a Spark Connect server)"
+        )
+
+
+def check_master(master: str) -> None:
+    """A master URL Spark can take, and, for a cluster or a Connect server, one that answers
+    (a ProgrammingError or an OperationalError that says what to do, before any JVM starts)."""
+    check_master_url(master)
+    if master.startswith("local"):
+        return
+    parts = urlsplit(master)
+    assert parts.hostname is not None and parts.port is not None
+    if parts.scheme == "sc" and not connect_installed():
+        raise ProgrammingError(
+            "Spark Connect needs its client libraries: pip install 'mtcache[spark]'"
+        )
+    try:
+        socket.create_connection((parts.hostname, parts.port), timeout=5).close()
+    except OSError as exc:
+        what = "Spark master" if parts.scheme == "spark" else "Spark Connect server"
+        raise OperationalError(
+            f"no {what} answers at {master} ({exc.strerror or exc}): start it, or give "
+            "another --spark-master (local[*] runs Spark in this process)"
+        ) from exc
+
+
+def connect_installed() -> bool:
+    """Whether Spark Connect's client libraries can be imported (the ``spark`` extra)."""
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) is not None for m in ("grpc", "pandas", "zstandard"))
+
+
+def remote(master: str) -> bool:
+    return master.startswith("sc://")
+
+
+def _loopback(master: str) -> bool:
+    if not master.startswith("spark://"):
+        return True  # local mode
+    return all(
+        host.split(":")[0] in ("127.0.0.1", "localhost", "::1")
+        for host in master.removeprefix("spark://").split(",")
+    )
 
 
 def _session(master: str) -> object:
     with _lock:
         session = _sessions.get(master)
-        if session is None:
-            # Executors run this interpreter, so they import the same mtcache and libraries.
-            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-            from pyspark.sql import SparkSession
+        if session is not None and not _stopped(session):
+            return session
+        # Executors run this interpreter unless told otherwise, so they import the same
+        # mtcache and libraries (on a cluster: `spark.pyspark.python` or PYSPARK_PYTHON)
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        from pyspark.sql import SparkSession
 
-            session = (
+        if remote(master):
+            # (Connect's own class: the generic builder refuses a remote session beside a
+            # classic one, and would switch the whole process to Connect's mode)
+            from pyspark.sql.connect.session import SparkSession as RemoteSession
+
+            session = RemoteSession.builder.remote(master).create()
+        else:
+            # one SparkContext per process: another classic master's session goes first
+            for other in [m for m in _sessions if not remote(m)]:
+                with contextlib.suppress(Exception):
+                    _sessions.pop(other).stop()  # type: ignore[attr-defined]
+            builder = (
                 SparkSession.builder.master(master)
                 .appName("mtcache-refresh")
                 .config("spark.ui.enabled", "false")
                 .config("spark.ui.showConsoleProgress", "false")
-                # Local mode stays on the loopback interface.
-                .config("spark.driver.host", "127.0.0.1")
-                .config("spark.driver.bindAddress", "127.0.0.1")
+                # the parts come back whole to the driver: no cap on their total
+                .config("spark.driver.maxResultSize", "0")
                 .config("spark.driver.extraJavaOptions", f"-Dlog4j.configurationFile={LOG_CONFIG}")
-                .getOrCreate()
             )
-            _sessions[master] = session
+            if _loopback(master):  # local mode, or a cluster on this machine's loopback
+                builder = builder.config("spark.driver.host", "127.0.0.1").config(
+                    "spark.driver.bindAddress", "127.0.0.1"
+                )
+            session = builder.getOrCreate()
+        _sessions[master] = session
         return session
+
+
+def _stopped(session: object) -> bool:
+    """A session stopped (a classic one's SparkContext too: its cluster went away)."""
+    if getattr(session, "is_stopped", False):
+        return True
+    context = getattr(session, "_sc", None)
+    try:
+        return bool(context is not None and context._jsc.sc().isStopped())
+    except Exception:  # the JVM itself is gone
+        return True
 
 
 def stop_sessions() -> None:
     with _lock:
         for session in _sessions.values():
-            session.stop()  # type: ignore[attr-defined]
+            with contextlib.suppress(Exception):  # a Connect server already gone
+                session.stop()  # type: ignore[attr-defined]
         _sessions.clear()
 
 
 @dataclass(frozen=True)
 class TaskSpec:
+    part: int  # the task's number in its operation (0: the first)
     dsn: str
     snapshot: str
     query: str
     columns: tuple[tuple[str, str], ...]
-    output: str
     faults: frozenset[str]
+    mark: str | None = None  # MTCACHE_FAULT_MARK of the driver (executors may not share it)
 
 
-def run_task(spec: TaskSpec) -> tuple[str, int]:
+def pull_task(spec: TaskSpec, attempt: int = 0) -> pa.Table:
     """One pull inside the exported snapshot; runs in an executor's Python worker."""
-    faults.hit("task", spec.faults)
+    faults.hit("task", spec.faults, spec.mark)
+    if spec.part == 0 and attempt == 0:
+        faults.hit("first_task", spec.faults, spec.mark)
     with psycopg.connect(spec.dsn, autocommit=False) as conn:
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(spec.snapshot)))
         table = copy_to_arrow(conn, spec.query, list(spec.columns))
         conn.rollback()
-    with pa.OSFile(spec.output, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table)
-    return spec.output, table.num_rows
+    return table
+
+
+def encoded(table: pa.Table) -> Iterator[bytes]:
+    """A table as LZ4-compressed Arrow IPC streams of at most `CHUNK_ROWS` rows each (one
+    with no rows for an empty table: the schema still travels)."""
+    options = pa.ipc.IpcWriteOptions(compression="lz4")
+    batches = table.to_batches(max_chunksize=CHUNK_ROWS) or [None]
+    for batch in batches:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
+            if batch is not None:
+                writer.write_batch(batch)
+        yield sink.getvalue().to_pybytes()
+
+
+def _tasks(specs: list[TaskSpec]) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The Arrow UDF of a pull: each input row names a task; its output rows are the task's
+    encoded parts (shipped to the executors with the specs)."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        attempt = context.attemptNumber() if context is not None else 0
+        for batch in batches:
+            for part in batch.column(0).to_pylist():
+                for seq, blob in enumerate(encoded(pull_task(specs[part], attempt))):
+                    yield pa.record_batch(
+                        [
+                            pa.array([part], pa.int32()),
+                            pa.array([seq], pa.int32()),
+                            pa.array([blob], pa.binary()),
+                        ],
+                        names=["part", "seq", "payload"],
+                    )
+
+    return run
+
+
+def decoded(collected: pa.Table, parts: int) -> list[pa.Table]:
+    """The tables of parts 0..parts-1 out of the collected encoded chunks."""
+    order = pc.sort_indices(collected, [("part", "ascending"), ("seq", "ascending")])
+    rows = collected.take(order)
+    tables: list[list[pa.Table]] = [[] for _ in range(parts)]
+    payloads = rows.column("payload")
+    for index, part in enumerate(rows.column("part").to_pylist()):
+        blob = payloads[index].as_buffer()
+        tables[part].append(pa.ipc.open_stream(blob).read_all())
+    missing = [number for number, found in enumerate(tables) if not found]
+    if missing:  # (Spark returns every partition of a finished job: a bug if not)
+        raise OperationalError(f"Spark returned no rows for task {missing[0]}: pull again")
+    return [pa.concat_tables(found) for found in tables]
 
 
 def block_ranges(pages: int, parts: int) -> list[str | None]:
@@ -128,56 +285,63 @@ class SparkEngine:
     name = "spark"
     reason = "asked for"
 
-    def __init__(
-        self,
-        master: str = DEFAULT_MASTER,
-        staging_dir: str | None = None,
-        min_pages_per_task: int = 2048,
-    ) -> None:
+    def __init__(self, master: str = DEFAULT_MASTER, min_pages_per_task: int = 2048) -> None:
         self.master = master
-        self.staging_dir = staging_dir
         self.min_pages_per_task = min_pages_per_task
 
     def pull(self, coordinator: Coordinator, queries: list[PullQuery]) -> list[pa.Table]:
         session = spark_session(self.master)
-        context = session.sparkContext  # type: ignore[attr-defined]
-        staging = Path(tempfile.mkdtemp(prefix="mtcache-spark-", dir=self.staging_dir))
-        try:
-            specs: list[TaskSpec] = []
-            owners: list[int] = []
-            for index, query in enumerate(queries):
-                parts = max(
-                    1, min(context.defaultParallelism * 2, query.pages // self.min_pages_per_task)
-                )
-                for number, block in enumerate(block_ranges(query.pages, parts)):
-                    specs.append(
-                        TaskSpec(
-                            dsn=coordinator.dsn,
-                            snapshot=coordinator.snapshot.exported,
-                            query=query.sql(block),
-                            columns=query.columns,
-                            output=str(staging / f"q{index}-p{number}.arrow"),
-                            faults=coordinator.faults,
-                        )
+        parallelism = _parallelism(session, self.master)
+        specs: list[TaskSpec] = []
+        owners: list[int] = []
+        mark = os.environ.get("MTCACHE_FAULT_MARK")
+        for index, query in enumerate(queries):
+            parts = max(1, min(parallelism * 2, query.pages // self.min_pages_per_task))
+            for block in block_ranges(query.pages, parts):
+                specs.append(
+                    TaskSpec(
+                        part=len(specs),
+                        dsn=coordinator.dsn,
+                        snapshot=coordinator.snapshot.exported,
+                        query=query.sql(block),
+                        columns=query.columns,
+                        faults=coordinator.faults,
+                        mark=mark,
                     )
-                    owners.append(index)
-            try:
-                results = _interruptible(
-                    lambda: context.parallelize(specs, len(specs)).map(run_task).collect(),
-                    context.cancelAllJobs,
                 )
-            except Exception as exc:  # Py4JJavaError / PythonException from the executors
-                raise OperationalError(
-                    f"a Spark task failed, the cache is unchanged: {_task_error(exc)}"
-                ) from exc
-            tables: list[list[pa.Table]] = [[] for _ in queries]
-            for owner, (path, _rows) in zip(owners, results, strict=True):
-                # Zero-copy: the table's buffers keep the mapping alive after the file is
-                # unlinked below, so the map is not closed here.
-                tables[owner].append(pa.ipc.open_file(pa.memory_map(path)).read_all())
-            return [pa.concat_tables(parts) if parts else pa.table({}) for parts in tables]
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+                owners.append(index)
+
+        def collect() -> pa.Table:
+            frame = session.range(0, len(specs), 1, len(specs))  # type: ignore[attr-defined]
+            return frame.mapInArrow(_tasks(specs), RESULT_SCHEMA).toArrow()
+
+        try:
+            collected = _interruptible(collect, lambda: _cancel(session))
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:  # Py4JJavaError / PythonException from the executors
+            raise OperationalError(
+                f"a Spark task failed, the cache is unchanged: {_task_error(exc)}"
+            ) from exc
+        tables: list[list[pa.Table]] = [[] for _ in queries]
+        for owner, table in zip(owners, decoded(collected, len(specs)), strict=True):
+            tables[owner].append(table)
+        return [pa.concat_tables(found) for found in tables]
+
+
+def _parallelism(session: object, master: str) -> int:
+    if remote(master):
+        return CONNECT_TASKS
+    return int(session.sparkContext.defaultParallelism)  # type: ignore[attr-defined]
+
+
+def _cancel(session: object) -> None:
+    """Interrupt the session's running jobs (classic: every job of its SparkContext too)."""
+    with contextlib.suppress(Exception):
+        session.interruptAll()  # type: ignore[attr-defined]
+    context = getattr(session, "_sc", None)
+    if context is not None:
+        context.cancelAllJobs()
 
 
 def _interruptible(action: Callable[[], T], cancel: Callable[[], object]) -> T:

@@ -17,6 +17,7 @@ class Settings:
     threads: int | None = None
     cache_size_limit: str | None = None  # the budget of the cached data's bytes (None: none)
     server: str | None = None  # a cache server to go through instead of the file (--server)
+    spark_master: str | None = None  # where refreshes on Spark run (None: local[*])
 
     @property
     def embedded_root(self) -> Path:

@@ -67,7 +67,7 @@ class CommandParser(CurrencyParser):
         return super()._parse_statement()
 
     def _cache_command(self, curr: Token, nxt: Token) -> exp.Expr | None:
-        """SHOW/RESET CURRENCY BOUND, SHOW CACHED VIEWS, SHOW CACHE STATUS / STATS / ADVICE,
+        """SHOW/RESET CURRENCY BOUND, SHOW CACHED VIEWS, SHOW CACHE STATUS / STATS / ADVICE / SEED,
         SHOW/RESET mtcache.name, REFRESH CACHED VIEW(S) ...; None for the backend's commands."""
         action, words = curr.text.upper(), nxt.text.split()
         upper = [w.upper() for w in words]
@@ -83,6 +83,7 @@ class CommandParser(CurrencyParser):
             ["CACHE", "STATUS"],
             ["CACHE", "STATS"],
             ["CACHE", "ADVICE"],
+            ["CACHE", "SEED"],
         ):
             node = Inspect(this=" ".join(words).lower())
         elif action == "SHOW" and upper[:4] == ["CACHE", "STATUS", "FOR", "VIEW"]:

@@ -21,10 +21,15 @@ SCHEMA = bookstore.CACHE_SCHEMA_FILE
 
 @pytest.fixture
 def env(bookstore_dsn: str, tmp_path: Path) -> dict[str, str]:
+    return cli_environment(bookstore_dsn, tmp_path)
+
+
+def cli_environment(backend: str, directory: Path) -> dict[str, str]:
+    """The environment of a command on ``backend`` with a cache file in ``directory``."""
     return {
         **os.environ,
-        "MTCACHE_BACKEND": bookstore_dsn,
-        "MTCACHE_CACHE": str(tmp_path / "cli.duckdb"),
+        "MTCACHE_BACKEND": backend,
+        "MTCACHE_CACHE": str(directory / "cli.duckdb"),
     }
 
 
@@ -215,6 +220,15 @@ def _descendants(pid: int) -> list[tuple[int, str]]:
 def test_ctrl_c_during_a_spark_refresh(mtcache_bin: str, env: dict[str, str], when: str) -> None:
     """Ctrl-C stops a Spark refresh at once, whatever it is doing: exit 130, one line, no
     traceback (py4j's included), the cache as it was."""
+    interrupt_a_spark_refresh(mtcache_bin, env, when)
+
+
+def interrupt_a_spark_refresh(
+    mtcache_bin: str, env: dict[str, str], when: str, *options: str
+) -> None:
+    """Ctrl-C a ``refresh --engine spark`` (with ``options`` before the command: a
+    ``--spark-master``) while it starts its JVM or while its task runs; it must end at once
+    with exit 130 and one line, the cache unchanged."""
     assert run(mtcache_bin, env, "ddl", str(SCHEMA)).returncode == 0
     assert run(mtcache_bin, env, "admit", "authorlist_pct", "2").returncode == 0
     before = regions(mtcache_bin, env)
@@ -227,14 +241,23 @@ def test_ctrl_c_during_a_spark_refresh(mtcache_bin: str, env: dict[str, str], wh
         "os.execv(sys.argv[1], sys.argv[1:])"
     )
     proc = subprocess.Popen(
-        [sys.executable, "-c", default_sigint, mtcache_bin, "refresh", "--engine", "spark"],
+        [
+            sys.executable,
+            "-c",
+            default_sigint,
+            mtcache_bin,
+            *options,
+            "refresh",
+            "--engine",
+            "spark",
+        ],
         env=stalled,
         text=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
     try:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + 180  # (a JVM, or a cluster's executors, to start)
         if when == "starting the JVM":
             while not any("java" in c for _, c in _descendants(proc.pid)):
                 assert time.monotonic() < deadline and proc.poll() is None

@@ -42,6 +42,7 @@ def test_the_schemas_are_json_schemas() -> None:
     names = sorted(p.name for p in SCHEMAS.glob("*.schema.json"))
     assert names == [
         "advise.schema.json",
+        "clone.schema.json",
         "explain.schema.json",
         "parse.schema.json",
         "provenance.schema.json",

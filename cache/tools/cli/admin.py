@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import typing as t
 from pathlib import Path
 
@@ -126,6 +125,29 @@ def _print_report(report: t.Any, as_json: bool) -> None:
         print(f"  engine {report.engine}: {report.engine_reason}")
 
 
+def cmd_clone(settings: Settings, args: argparse.Namespace) -> int:
+    from cache.tools.seeding import clone
+
+    seeded = clone(args.peer, settings.cache_path, settings.backend_dsn())
+    if args.json:
+        print_json(
+            {
+                "cache": str(seeded.path),
+                "bytes": seeded.bytes,
+                "views": seeded.views,
+                "seconds": round(seeded.seconds, 3),
+                "stream_position": seeded.position,
+            }
+        )
+    else:
+        at = f" at stream position {seeded.position}" if seeded.position else ""
+        print(
+            f"seeded {seeded.path} from {args.peer}{at}: {plural(seeded.views, 'view')}, "
+            f"{seeded.bytes:,} bytes in {seeded.seconds:.2f}s"
+        )
+    return 0
+
+
 def cmd_admit(settings: Settings, args: argparse.Namespace) -> int:
     with open_admin(settings) as admin:
         keys = _keys(admin, args.name, args.values)
@@ -143,8 +165,9 @@ def cmd_refresh(settings: Settings, args: argparse.Namespace) -> int:
     keys = [tuple(k.split(",")) for k in args.key] if args.key else None
     if keys and not args.view:
         raise ProgrammingError("--key needs --view: keys are presence keys of one view")
-    master = args.spark_master or os.environ.get("MTCACHE_SPARK_MASTER")
     with open_admin(settings) as admin:
-        report = admin.refresh(args.view, keys, engine=args.engine, spark_master=master)
+        report = admin.refresh(
+            args.view, keys, engine=args.engine, spark_master=settings.spark_master
+        )
         _print_report(report, args.json)
     return 0

@@ -78,6 +78,20 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     )
     not_served(settings, "connect to it, or stop it first")
     sock = listen_socket(args.listen, rules)  # a busy port fails before anything starts
+    if args.seed_from and not settings.cache_path.exists():
+        from cache.tools.seeding import clone
+
+        try:
+            seeded = clone(args.seed_from, settings.cache_path, settings.backend_dsn())
+        except BaseException:
+            sock.close()
+            raise
+        print(
+            f"mtcache serve: seeded {seeded.path} from {args.seed_from} "
+            f"({seeded.bytes:,} bytes, {seeded.seconds:.2f}s)",
+            file=sys.stderr,
+            flush=True,
+        )
     try:
         backend = settings.backend_dsn()
         if verifiers is None and rules.challenges:
@@ -95,6 +109,7 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
             threads=settings.threads,
             cache_size_limit=settings.cache_size_limit,
             doorkeeper_seconds=args.doorkeeper,
+            spark_master=settings.spark_master,
         )
     except BaseException:
         sock.close()

@@ -110,6 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
         "refreshes and the stream evict presence regions to stay within it "
         "(env MTCACHE_CACHE_SIZE_LIMIT; default: none)",
     )
+    parser.add_argument(
+        "--spark-master",
+        metavar="URL",
+        help="where refreshes on Spark run: local[*], a standalone cluster's spark://HOST:PORT "
+        "or a Spark Connect server's sc://HOST:PORT (env MTCACHE_SPARK_MASTER; default "
+        "local[*])",
+    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = commands.add_parser("parse", help="parse a statement (no backend needed)")
@@ -169,7 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--spark-master",
-        help="Spark master URL (env MTCACHE_SPARK_MASTER; default local[*])",
+        metavar="URL",
+        default=argparse.SUPPRESS,
+        help="as the option of that name before the command",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(run=_command("admin", "cmd_refresh"))
@@ -240,6 +249,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--cache-size-limit",
         metavar="SIZE",
+        default=argparse.SUPPRESS,
+        help="as the option of that name before the command",
+    )
+    p.add_argument(
+        "--spark-master",
+        metavar="URL",
         default=argparse.SUPPRESS,
         help="as the option of that name before the command",
     )
@@ -343,7 +358,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --pool-size, how long a statement waits for a free backend "
         "connection before it fails with 53300 (default '60 sec')",
     )
+    p.add_argument(
+        "--seed-from",
+        metavar="HOST:PORT",
+        help="when the cache file does not exist yet, start it from this running cache "
+        "server's copy (as mtcache clone does) instead of pulling every view from the backend",
+    )
     p.set_defaults(run=_command("serve", "cmd_serve"))
+
+    p = commands.add_parser(
+        "clone",
+        help="make a new cache file from a running cache server's consistent copy (its "
+        "views, control tables and regions at one stream position), then catch up on its own",
+    )
+    p.add_argument(
+        "--from",
+        dest="peer",
+        required=True,
+        metavar="HOST:PORT",
+        help="the cache server to copy (HOST:PORT, a conninfo or URL; in front of --backend)",
+    )
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
+    p.set_defaults(run=_command("admin", "cmd_clone"))
 
     p = commands.add_parser(
         "doctor",
@@ -509,6 +545,7 @@ def main(argv: list[str] | None = None) -> int:
             memory_limit=args.memory_limit or None,
             threads=args.threads,
             cache_size_limit=args.cache_size_limit or None,
+            spark_master=args.spark_master or None,
             server=args.server or None,
         )
         return int(args.run(settings, args))
