@@ -339,7 +339,7 @@ class Session(CachedReads):
                     "SHOW CACHE SEED gives every cached row: only the cache's own role "
                     f"({self.engine.owner_role}) may take it; connect as that role"
                 )
-            return inspect.rows_of(inspect.CACHE_SEED, take_seed(self.engine.store), "SHOW")
+            return inspect.rows_of(inspect.CACHE_SEED, take_seed(self.store), "SHOW")
         document = self.admin.status(route.views)
         if route.what == "cached views":
             return inspect.cached_views(document, self._zone().info)

@@ -7,7 +7,8 @@ read when a pipeline starts) or by the ``faults`` argument of a refresh. ``NAME`
 rollback handler runs), as a crash or an out-of-memory kill would; ``NAME:stall`` hangs there
 (up to a minute, less once its parent process is gone), as a stuck backend or task would, so
 a test can interrupt or kill the refresh while it waits (with ``MTCACHE_FAULT_MARK`` naming a
-file, the stall writes its point and process id there when it begins);
+file, the stall writes its point and process id there when it begins, as a raised fault
+does when it fires);
 ``NAME:sleep=SECONDS`` waits that long there and goes on, as a slow network between the
 backend and the cache would (the workload-shift experiment emulates the dissertation's
 propagation delays with it).
@@ -45,21 +46,27 @@ def active(extra: Iterable[str] = ()) -> frozenset[str]:
 
 
 def hit(point: str, enabled: frozenset[str], mark: str | None = None) -> None:
-    """The fault enabled at ``point``, if any; ``mark`` is the stall's file (default
-    ``MTCACHE_FAULT_MARK``: a Spark task gets its driver's, as executors may not share it)."""
+    """The fault enabled at ``point``, if any; ``mark`` is the file a stall or a raised fault
+    notes itself in (default ``MTCACHE_FAULT_MARK``: a Spark task gets its driver's, as
+    executors may not share it)."""
+    mark = mark or os.environ.get("MTCACHE_FAULT_MARK")
     for fault in enabled:
         if fault.startswith(f"{point}:sleep="):
             time.sleep(float(fault.partition("=")[2]))
     if f"{point}:kill" in enabled:
         os.kill(os.getpid(), signal.SIGKILL)
     if f"{point}:stall" in enabled:
-        mark = mark or os.environ.get("MTCACHE_FAULT_MARK")
-        if mark:  # a test waits for the stall to begin (not for a time to pass)
-            with open(mark, "a") as marked:
-                marked.write(f"{point} {os.getpid()}\n")
+        _note(mark, point)  # a test waits for the stall to begin (not for a time to pass)
         parent = os.getppid()
         deadline = time.monotonic() + STALL_SECONDS
         while time.monotonic() < deadline and os.getppid() == parent:
             time.sleep(0.1)
     if point in enabled:
+        _note(mark, point)  # (a test tells a fault that fired from one never reached)
         raise InjectedFault(f"injected fault at {point}")
+
+
+def _note(mark: str | None, point: str) -> None:
+    if mark:
+        with open(mark, "a") as marked:
+            marked.write(f"{point} {os.getpid()}\n")

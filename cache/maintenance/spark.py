@@ -9,7 +9,7 @@ UDF (`mapInArrow`) whose task pulls its part in the snapshot and returns the row
 LZ4-compressed Arrow IPC streams (a binary column, in chunks of `CHUNK_ROWS` rows); the driver
 collects them with ``toArrow()`` (Arrow batches over the connection, no shared filesystem) and
 decodes each part as the very table an inline pull builds (`copy_to_arrow`), so the types are
-the inline pull's exactly. See docs/decisions/pulls-on-a-spark-cluster.md.
+the inline pull's exactly. See docs/decisions/spark-pulls.md.
 
 A large pull is split into block ranges of the backend table's heap (``ctid`` ranges: a TID
 range scan each, PostgreSQL 14+), the last range open-ended so rows on pages added since the
@@ -43,7 +43,6 @@ import typing as t
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import psycopg
 import pyarrow as pa
@@ -57,11 +56,12 @@ from sql_ext.errors import OperationalError, ProgrammingError
 
 DEFAULT_MASTER = "local[*]"
 LOG_CONFIG = Path(__file__).with_name("spark-log4j2.properties")
-CHUNK_ROWS = 131_072  # rows per Arrow IPC stream a task returns (a few MiB compressed)
+CHUNK_BYTES = 8 << 20  # at most this much of a task's rows (uncompressed) per IPC stream
 RESULT_SCHEMA = "part int, seq int, payload binary"
-CONNECT_TASKS = 8  # the parallelism assumed of a Spark Connect server (it does not say)
+MAX_TASKS = 4096  # a pull is split in at most this many tasks
 
 _sessions: dict[str, object] = {}
+_pulling: dict[str, int] = {}  # pulls under way per master (a classic one is not switched then)
 _lock = threading.Lock()
 
 
@@ -74,20 +74,40 @@ def spark_session(master: str = DEFAULT_MASTER) -> object:
     return _interruptible(lambda: _session(master), _stop_starting_jvm)
 
 
+CONNECT_PORT = 15002  # a Spark Connect server's port when sc://HOST gives none
+
+
 def check_master_url(master: str) -> None:
     """A master URL mtcache pulls on (a ProgrammingError that says which ones if not)."""
     if master == "local" or re.fullmatch(r"local\[(\*|\d+)(,\s*\d+)?\]", master):
         return
-    parts = urlsplit(master)
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    if parts.scheme not in ("spark", "sc") or not parts.hostname or port is None:
+    if not _addresses(master):
         raise ProgrammingError(
-            f"unknown Spark master {master!r}: use local[*], spark://HOST:PORT (a standalone "
-            "cluster) or sc://HOST:PORT (a Spark Connect server)"
+            f"unknown Spark master {master!r}: use local[*], spark://HOST:PORT[,HOST:PORT...] "
+            "(a standalone cluster, with its standby masters) or sc://HOST[:PORT] (a Spark "
+            "Connect server)"
         )
+
+
+def _addresses(master: str) -> list[tuple[str, int]]:
+    """The (host, port)s of a cluster's master URL (none: not such a URL)."""
+    scheme, _, rest = master.partition("://")
+    if scheme == "sc":
+        rest = rest.split("/", 1)[0].split(";", 1)[0]  # (sc://HOST:PORT/;token=...)
+        hosts = [rest]
+    elif scheme == "spark":
+        hosts = rest.split(",")
+    else:
+        return []
+    found = []
+    for host in hosts:
+        name, colon, port = host.rpartition(":")
+        if not colon and scheme == "sc":
+            name, port = host, str(CONNECT_PORT)
+        if not name or not port.isdigit():
+            return []
+        found.append((name.strip("[]"), int(port)))
+    return found
 
 
 def check_master(master: str) -> None:
@@ -96,20 +116,22 @@ def check_master(master: str) -> None:
     check_master_url(master)
     if master.startswith("local"):
         return
-    parts = urlsplit(master)
-    assert parts.hostname is not None and parts.port is not None
-    if parts.scheme == "sc" and not connect_installed():
+    if remote(master) and not connect_installed():
         raise ProgrammingError(
             "Spark Connect needs its client libraries: pip install 'mtcache[spark]'"
         )
-    try:
-        socket.create_connection((parts.hostname, parts.port), timeout=5).close()
-    except OSError as exc:
-        what = "Spark master" if parts.scheme == "spark" else "Spark Connect server"
-        raise OperationalError(
-            f"no {what} answers at {master} ({exc.strerror or exc}): start it, or give "
-            "another --spark-master (local[*] runs Spark in this process)"
-        ) from exc
+    failures = []
+    for host, port in _addresses(master):
+        try:
+            socket.create_connection((host, port), timeout=5).close()
+            return  # (one master of a standalone cluster's answers: Spark finds the leader)
+        except OSError as exc:
+            failures.append(f"{host}:{port}: {exc.strerror or exc}")
+    what = "Spark Connect server" if remote(master) else "Spark master"
+    raise OperationalError(
+        f"no {what} answers at {master} ({'; '.join(failures)}): start it, or give another "
+        "--spark-master (local[*] runs Spark in this process)"
+    )
 
 
 def connect_installed() -> bool:
@@ -149,7 +171,15 @@ def _session(master: str) -> object:
 
             session = RemoteSession.builder.remote(master).create()
         else:
-            # one SparkContext per process: another classic master's session goes first
+            # one SparkContext per process: another classic master's session goes first, once
+            # no pull runs on it
+            busy = [m for m in _sessions if not remote(m) and m != master and _pulling.get(m)]
+            if busy:
+                raise OperationalError(
+                    f"this process is pulling on Spark master {busy[0]}, and Spark runs one "
+                    f"classic master per process: refresh on {busy[0]} (or a Spark Connect "
+                    "server, sc://), or run this refresh in another process"
+                )
             for other in [m for m in _sessions if not remote(m)]:
                 with contextlib.suppress(Exception):
                     _sessions.pop(other).stop()  # type: ignore[attr-defined]
@@ -180,6 +210,26 @@ def _stopped(session: object) -> bool:
         return bool(context is not None and context._jsc.sc().isStopped())
     except Exception:  # the JVM itself is gone
         return True
+
+
+@contextlib.contextmanager
+def _pull_on(master: str) -> Iterator[None]:
+    """A pull under way on ``master`` (its session is not switched meanwhile); a Connect
+    session whose pull failed is made anew next time (a restarted server refuses the old)."""
+    with _lock:
+        _pulling[master] = _pulling.get(master, 0) + 1
+    failed = True
+    try:
+        yield
+        failed = False
+    finally:
+        with _lock:
+            _pulling[master] -= 1
+            if failed and remote(master) and not _pulling[master]:
+                session = _sessions.pop(master, None)
+                if session is not None:
+                    with contextlib.suppress(Exception):
+                        session.stop()  # type: ignore[attr-defined]
 
 
 def stop_sessions() -> None:
@@ -215,10 +265,11 @@ def pull_task(spec: TaskSpec, attempt: int = 0) -> pa.Table:
 
 
 def encoded(table: pa.Table) -> Iterator[bytes]:
-    """A table as LZ4-compressed Arrow IPC streams of at most `CHUNK_ROWS` rows each (one
-    with no rows for an empty table: the schema still travels)."""
+    """A table as LZ4-compressed Arrow IPC streams of about `CHUNK_BYTES` each before
+    compression (one with no rows for an empty table: the schema still travels)."""
     options = pa.ipc.IpcWriteOptions(compression="lz4")
-    batches = table.to_batches(max_chunksize=CHUNK_ROWS) or [None]
+    rows = max(1, table.num_rows * CHUNK_BYTES // max(table.nbytes, 1))
+    batches = table.to_batches(max_chunksize=rows) or [None]
     for batch in batches:
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
@@ -290,13 +341,18 @@ class SparkEngine:
         self.min_pages_per_task = min_pages_per_task
 
     def pull(self, coordinator: Coordinator, queries: list[PullQuery]) -> list[pa.Table]:
+        with _pull_on(self.master):
+            return self._pull(coordinator, queries)
+
+    def _pull(self, coordinator: Coordinator, queries: list[PullQuery]) -> list[pa.Table]:
         session = spark_session(self.master)
-        parallelism = _parallelism(session, self.master)
         specs: list[TaskSpec] = []
         owners: list[int] = []
         mark = os.environ.get("MTCACHE_FAULT_MARK")
         for index, query in enumerate(queries):
-            parts = max(1, min(parallelism * 2, query.pages // self.min_pages_per_task))
+            # small tasks: a task's rows pass through the JVM of its executor and of the
+            # driver (in local mode one JVM, its heap 1 GiB by default) in one piece
+            parts = max(1, min(MAX_TASKS, query.pages // self.min_pages_per_task))
             for block in block_ranges(query.pages, parts):
                 specs.append(
                     TaskSpec(
@@ -327,12 +383,6 @@ class SparkEngine:
         for owner, table in zip(owners, decoded(collected, len(specs)), strict=True):
             tables[owner].append(table)
         return [pa.concat_tables(found) for found in tables]
-
-
-def _parallelism(session: object, master: str) -> int:
-    if remote(master):
-        return CONNECT_TASKS
-    return int(session.sparkContext.defaultParallelism)  # type: ignore[attr-defined]
 
 
 def _cancel(session: object) -> None:

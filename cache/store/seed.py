@@ -33,23 +33,23 @@ def take_seed(store: CacheStore) -> list[tuple[str, bytes]]:
     con = store.con.cursor()
     try:
         with tempfile.TemporaryDirectory(prefix="mtcache-seed-") as directory:
-            path = Path(directory) / "seed.duckdb"
+            path = str(Path(directory) / "seed.duckdb").replace("'", "''")
             con.execute("BEGIN TRANSACTION")
             try:
-                source = _one(con, "SELECT current_database()")
+                source = str(_one(con, "SELECT current_database()")).replace('"', '""')
                 stream = con.execute(
                     "SELECT slot, publication, applied_lsn FROM mtcache.stream"
                 ).fetchall()
                 con.execute(f"ATTACH '{path}' AS {name}")
-                try:
-                    con.execute(f'COPY FROM DATABASE "{source}" TO {name}')
-                finally:
-                    con.execute("COMMIT")
-                    con.execute(f"DETACH {name}")
+                con.execute(f'COPY FROM DATABASE "{source}" TO {name}')
+                con.execute("COMMIT")
             except BaseException:
                 _rollback(con)
                 raise
-            data = path.read_bytes()
+            finally:
+                with contextlib.suppress(duckdb.Error):  # (gone with a rolled back ATTACH)
+                    con.execute(f"DETACH DATABASE IF EXISTS {name}")
+            data = Path(directory, "seed.duckdb").read_bytes()
     finally:
         con.close()
     info: dict[str, t.Any] = {
@@ -74,5 +74,5 @@ def _one(con: duckdb.DuckDBPyConnection, query: str) -> t.Any:
 
 
 def _rollback(con: duckdb.DuckDBPyConnection) -> None:
-    with contextlib.suppress(duckdb.Error):  # (committed already: the DETACH failed)
+    with contextlib.suppress(duckdb.Error):  # (no transaction left to roll back)
         con.execute("ROLLBACK")

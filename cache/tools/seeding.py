@@ -22,7 +22,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
+import os
 import secrets
+import tempfile
 import time
 import typing as t
 from dataclasses import dataclass
@@ -41,6 +44,8 @@ from cache.store.seed import FORMAT
 from heartbeat.beat import beat
 from sql_ext.errors import OperationalError, ProgrammingError, translate
 
+log = logging.getLogger("mtcache.seeding")
+
 CATCH_UP_SECONDS = 60.0  # how long the peer's stream may take to apply the clone's beat
 
 
@@ -56,22 +61,25 @@ class Seeded:
 def clone(server: str, cache_path: Path, backend: str) -> Seeded:
     """A new cache file at ``cache_path`` from the cache server at ``server`` (HOST:PORT, a
     conninfo or URL), which fronts ``backend`` (the database and role this file will use)."""
-    if cache_path.exists():
-        raise ProgrammingError(
-            f"{cache_path} exists: a seed makes a new cache file (give another --cache, or "
-            "remove that one)"
-        )
+    for existing in (cache_path, cache_path.with_name(cache_path.name + ".wal")):
+        if existing.exists():
+            raise ProgrammingError(
+                f"{existing} exists: a seed makes a new cache file (give another --cache, or "
+                "remove that one)"
+            )
     began = time.monotonic()
-    cache_path.parent.mkdir(parents=True, exist_ok=True)
-    staged = cache_path.with_name(cache_path.name + ".seeding")
-    with contextlib.suppress(FileNotFoundError):
-        staged.unlink()
     try:
         peer = psycopg.connect(server_conninfo(server, backend), autocommit=True)
     except psycopg.Error as exc:
         raise OperationalError(
             f"cannot reach the cache server at {server} to seed from: {exc}".strip()
         ) from exc
+    cache_path.parent.mkdir(parents=True, exist_ok=True)
+    handle, name = tempfile.mkstemp(
+        prefix=f"{cache_path.name}.", suffix=".seeding", dir=cache_path.parent
+    )
+    os.close(handle)
+    staged = Path(name)
     own: _Stream | None = None
     try:
         with peer:
@@ -80,27 +88,63 @@ def clone(server: str, cache_path: Path, backend: str) -> Seeded:
                 own = _own_stream(backend, stream["slot"])
                 _wait_for(peer, own.start, backend)
             info, size = _receive(peer, staged)
-        if own is not None:
-            applied = int(info["stream"]["applied_lsn"])
-            if applied < own.start:  # (the peer's stream went back: a bug, or another slot)
-                raise OperationalError(
-                    f"the peer's copy is at stream position {lsn_text(applied)}, before this "
-                    f"file's slot starts ({lsn_text(own.start)}): seed again"
-                )
+        _check_stream(info["stream"], own, backend)
         views = _settle(staged, backend, own)
-        staged.replace(cache_path)
+        try:
+            os.link(staged, cache_path)  # (never over a file made meanwhile)
+        except FileExistsError as exc:
+            raise ProgrammingError(
+                f"{cache_path} was made while seeding: a seed makes a new cache file"
+            ) from exc
     except BaseException:
-        with contextlib.suppress(OSError):
-            staged.unlink()
-        with contextlib.suppress(OSError):
-            staged.with_name(staged.name + ".wal").unlink()
         if own is not None:
-            with contextlib.suppress(psycopg.Error, OperationalError):
-                drop_slot(backend, own.name)
-                drop_publication(backend, own.name)
+            _drop_stream(backend, own.name)
         raise
+    finally:
+        for leftover in (staged, staged.with_name(staged.name + ".wal")):
+            with contextlib.suppress(OSError):
+                leftover.unlink()
     position = lsn_text(int(info["stream"]["applied_lsn"])) if info["stream"] else None
     return Seeded(cache_path, size, views, time.monotonic() - began, position)
+
+
+def _check_stream(copied: dict[str, t.Any] | None, own: _Stream | None, backend: str) -> None:
+    """The copy's stream is the one this file's slot was made for: the peer made or dropped
+    no continuous view meanwhile, its publication has the same tables, and the copy is past
+    the slot's start."""
+    if (copied is None) != (own is None) or (
+        own is not None
+        and copied is not None
+        and _tables(backend, copied["publication"]) != own.tables
+    ):
+        raise OperationalError(
+            "the peer's continuously maintained views changed while seeding: seed again"
+        )
+    if own is not None and copied is not None and int(copied["applied_lsn"]) < own.start:
+        raise OperationalError(  # (the peer's stream went back: a bug, or another slot)
+            f"the peer's copy is at stream position {lsn_text(int(copied['applied_lsn']))}, "
+            f"before this file's slot starts ({lsn_text(own.start)}): seed again"
+        )
+
+
+def _drop_stream(backend: str, name: str) -> None:
+    """The slot and publication made for a seed that failed (each dropped on its own; one
+    left behind is logged with its name, for an operator to drop)."""
+    for what, drop in (("replication slot", drop_slot), ("publication", drop_publication)):
+        try:
+            drop(backend, name)
+        except (psycopg.Error, OperationalError) as exc:
+            log.error("could not drop the %s %s a failed seed made: %s", what, name, exc)
+
+
+def _tables(backend: str, publication: str) -> tuple[tuple[str, str], ...]:
+    with connect_backend(backend, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s "
+            "ORDER BY 1, 2",
+            (publication,),
+        ).fetchall()
+    return tuple((str(s), str(n)) for s, n in rows)
 
 
 def _status(peer: psycopg.Connection[t.Any]) -> dict[str, t.Any]:
@@ -115,26 +159,22 @@ def _status(peer: psycopg.Connection[t.Any]) -> dict[str, t.Any]:
 class _Stream:
     name: str  # the slot's and the publication's
     start: int  # the slot's consistent point: every transaction committed after is in it
+    tables: tuple[tuple[str, str], ...]  # what the publication carries
 
 
 def _own_stream(backend: str, peer_publication: str) -> _Stream:
     """A publication of the peer's tables and a slot, both this file's."""
-    with connect_backend(backend, autocommit=True) as conn:
-        tables = conn.execute(
-            "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s "
-            "ORDER BY 1, 2",
-            (peer_publication,),
-        ).fetchall()
+    tables = _tables(backend, peer_publication)
     if not tables:
         raise ProgrammingError(
             f"the peer's publication {peer_publication} is not in this backend: seed from a "
             "cache server in front of the same database (--backend)"
         )
     name = SLOT_PREFIX + secrets.token_hex(8)
-    create_publication(backend, name, [(s, n) for s, n in tables])
+    create_publication(backend, name, list(tables))
     try:
         with create_slot(backend, name) as start:
-            return _Stream(name, start.consistent_lsn)
+            return _Stream(name, start.consistent_lsn, tables)
     except BaseException:
         with contextlib.suppress(psycopg.Error, OperationalError):
             drop_publication(backend, name)

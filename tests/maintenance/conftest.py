@@ -3,7 +3,6 @@ pull split into several tasks) and a cache of the bookstore schema with a copy o
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,6 +16,7 @@ from cache.store.cache_file import CacheStore
 from cache.tools import bookstore
 from sql_ext import parse
 from tests.store.test_store import SCHEMA_FILE
+from tests.writers import committing
 
 SALES = "CREATE CACHED VIEW salescopy AS SELECT * FROM sales REFRESH EVERY 1 MIN;"
 
@@ -27,22 +27,8 @@ def restamping(dsn: str, times: int) -> Iterator[None]:
     while the block runs: every committed state has one qty in all rows (it starts at 0)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("UPDATE sales SET qty = 0")
-    stop = threading.Event()
-
-    def write() -> None:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            n = 0
-            while not stop.is_set() and n < times:
-                n += 1
-                conn.execute("UPDATE sales SET qty = %s", (n,))
-
-    writer = threading.Thread(target=write)
-    writer.start()
-    try:
+    with committing(dsn, "UPDATE sales SET qty = %s", range(1, times + 1)):
         yield
-    finally:
-        stop.set()
-        writer.join()
 
 
 @pytest.fixture

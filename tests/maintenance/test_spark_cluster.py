@@ -7,7 +7,6 @@ rows come back to the driver as Arrow."""
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -97,12 +96,19 @@ def test_a_refresh_on_the_cluster_mirrors_the_backend(
 
 
 def test_a_task_failed_once_is_run_again(
-    sales_store: CacheStore, sales_dsn: str, master: str
+    sales_store: CacheStore,
+    sales_dsn: str,
+    master: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The first task's first attempt fails: Spark runs it again, in the same snapshot, and
     the pull goes on with every row once."""
+    mark = tmp_path / "fired"
+    monkeypatch.setenv("MTCACHE_FAULT_MARK", str(mark))  # (the driver's: the task carries it)
     engine = SparkEngine(master, PAGES_PER_TASK)
     Maintainer(sales_store, sales_dsn, engine, faults_enabled=["first_task"]).refresh("salescopy")
+    assert [line.split()[0] for line in mark.read_text().splitlines()] == ["first_task"]
     assert sorted(local(sales_store, "SELECT * FROM salescopy")) == sorted(
         pg(sales_dsn, "SELECT * FROM sales")
     )
@@ -121,13 +127,17 @@ def test_a_task_that_always_fails_fails_the_pull_whole(
 
 
 def test_a_worker_killed_mid_pull_costs_a_retry_not_the_pull(
-    sales_store: CacheStore, sales_dsn: str, cluster: StandaloneCluster, tmp_path: Path
+    sales_store: CacheStore,
+    sales_dsn: str,
+    cluster: StandaloneCluster,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The first task stalls on its first attempt; the worker running it is killed (SIGKILL,
     its executor with it): Spark runs the task again on the other worker, in the same
     snapshot, and the refresh lands every row once."""
     mark = tmp_path / "stalled"
-    os.environ["MTCACHE_FAULT_MARK"] = str(mark)  # (the driver's: the task carries it)
+    monkeypatch.setenv("MTCACHE_FAULT_MARK", str(mark))  # (the driver's: the task carries it)
     engine = SparkEngine(cluster.url, PAGES_PER_TASK)
     failure: list[BaseException] = []
 
@@ -151,8 +161,8 @@ def test_a_worker_killed_mid_pull_costs_a_retry_not_the_pull(
         cluster.kill_worker(lost)
         pulling.join(timeout=300)
         assert not pulling.is_alive() and not failure, failure
+        assert len(mark.read_text().splitlines()) == 1  # the task run again did not stall
     finally:
-        del os.environ["MTCACHE_FAULT_MARK"]
         if len(cluster.running) < cluster.workers:
             cluster.start_worker(
                 next(n for n in range(cluster.workers) if n not in cluster.running)

@@ -24,6 +24,7 @@ from tests.answers import assert_same_answer, typed
 from tests.schemas import AUTHORS_AND_BOOKS
 from tests.serving import Served, serve_process, server_of
 from tests.tools.test_json_documents import validate
+from tests.writers import committing
 
 REVIEWERS = "CREATE CACHED VIEW reviewercopy AS SELECT * FROM reviewers REFRESH CONTINUOUSLY"
 AUTHORS = (1, 2, 3)
@@ -51,6 +52,12 @@ def peer(backend: str, tmp_path: Path) -> Iterator[Served]:
             )
             conn.execute("REFRESH CACHED VIEW reviewercopy")
         yield served
+
+
+def writing_reviewers(backend: str) -> t.ContextManager[None]:
+    """New reviewers inserted, one transaction each, until the block ends."""
+    insert = "INSERT INTO reviewers VALUES (%s, 'new', 'F', 'Madison')"
+    return committing(backend, insert, range(1001, 6001))
 
 
 def rows_sent(backend: str) -> int:
@@ -100,7 +107,6 @@ QUERIES = [
     "SELECT * FROM authors WHERE authorid = 2",
     "SELECT b.title, a.name FROM books b JOIN authors a ON a.authorid = b.authorid "
     "WHERE a.authorid = 3 ORDER BY b.title",
-    "SELECT * FROM reviewers ORDER BY reviewerid",
 ]
 BOUND = " CURRENCY BOUND 1 HOUR"
 
@@ -110,17 +116,22 @@ def test_a_seeded_cache_answers_locally_without_rows_from_the_backend(
 ) -> None:
     target = tmp_path / "new" / "cache.duckdb"
     reset_statements(backend)
-    seeded = clone_cli(mtcache_bin, backend, target, peer)
+    with writing_reviewers(backend):  # (transactions before, around and after the copy)
+        seeded = clone_cli(mtcache_bin, backend, target, peer)
     assert seeded["views"] == 3 and seeded["bytes"] > 0 and seeded["stream_position"]
     with cache.connect(backend, target, background=False, admit_on_miss=False) as clone:
         with cache.connect(backend, peer.engine.cache_path, background=False) as theirs:
-            assert regions(clone) == regions(theirs)  # the copy's stamps are the peer's
+            # the pulled regions' stamps are the peer's (the stream has moved the peer's
+            # reviewers on since the copy, as it moves the new server's from the copy on)
+            pulled = [r for r in regions(theirs) if r[0] != "reviewercopy"]
+            assert [r for r in regions(clone) if r[0] != "reviewercopy"] == pulled
         for query in QUERIES:
             assert assert_same_answer(clone, backend, query + BOUND, query).route == "local"
         # a key the peer never held is not local here either: its guard fails
         missed = "SELECT * FROM authors WHERE authorid = 9"
         assert assert_same_answer(clone, backend, missed + BOUND, missed).route == "remote"
-        # a stream of its own: a change committed after the copy reaches it
+        # a stream of its own: every change committed after the copy reaches it, once (the
+        # copy is behind the backend now, by the writer's inserts: within its bound)
         with psycopg.connect(backend, autocommit=True) as pg:
             pg.execute("UPDATE reviewers SET name = 'seeded' WHERE reviewerid = 1")
         with Consumer(clone.engine.store.for_thread(), backend) as consumer:
@@ -128,6 +139,8 @@ def test_a_seeded_cache_answers_locally_without_rows_from_the_backend(
         changed = "SELECT * FROM reviewers WHERE name = 'seeded'"
         answer = assert_same_answer(clone, backend, changed + BOUND, changed)
         assert answer.route == "local" and len(answer.rows) == 1
+        every = "SELECT * FROM reviewers ORDER BY reviewerid"
+        assert assert_same_answer(clone, backend, every + BOUND, every).route == "local"
     assert rows_sent(backend) == 0, "the backend sent view rows to the seeded cache"
     with cache.connect(backend, target, background=False) as clone:  # (what a pull counts)
         clone.admin.refresh("authorcopy")
@@ -170,7 +183,7 @@ def test_a_seed_is_refused_clearly_and_leaves_nothing(
     backend: str, peer: Served, tmp_path: Path, mtcache_bin: str
 ) -> None:
     target = tmp_path / "new.duckdb"
-    slots = "SELECT count(*) FROM pg_replication_slots"
+    slots = "SELECT (SELECT count(*) FROM pg_replication_slots), count(*) FROM pg_publication"
     with psycopg.connect(backend, autocommit=True) as pg:
         before = pg.execute(slots).fetchone()
         pg.execute("CREATE ROLE seeder LOGIN")
@@ -191,4 +204,4 @@ def test_a_seed_is_refused_clearly_and_leaves_nothing(
     assert done.returncode == 1 and "exists" in done.stderr, done.stderr
     assert target.read_bytes() == b""
     with psycopg.connect(backend, autocommit=True) as pg:
-        assert pg.execute(slots).fetchone() == before  # no slot left behind
+        assert pg.execute(slots).fetchone() == before  # no slot or publication left behind
