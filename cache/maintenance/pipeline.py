@@ -60,7 +60,12 @@ from sql_ext.nodes import plural
 
 def make_engine(name: str, master: str | None = None) -> Engine:
     """A refresh engine by name (`ENGINES`): ``auto`` chooses by each operation's size
-    (`SizedEngine`); Spark (and its JVM) is loaded only when it pulls."""
+    (`SizedEngine`); Spark (and its JVM) is loaded only when it pulls. A master URL mtcache
+    cannot pull on is refused here, whichever engine pulls."""
+    if master is not None:
+        from cache.maintenance.spark import check_master_url
+
+        check_master_url(master)
     if name == "auto":
         return SizedEngine(master)
     if name == "inline":

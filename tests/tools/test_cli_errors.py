@@ -57,6 +57,22 @@ def test_a_statement_that_is_not_utf8(mtcache_bin: str, env: dict[str, str], com
     one_line_error(result, "not valid UTF-8", "byte 0xff at offset 7")
 
 
+def test_a_spark_master_that_is_no_url_or_does_not_answer(
+    mtcache_bin: str, env: dict[str, str]
+) -> None:
+    """Refused at once, whichever engine would pull, the cache file unchanged."""
+    assert run(mtcache_bin, env, "ddl", str(SCHEMA)).returncode == 0
+    assert run(mtcache_bin, env, "admit", "authorlist_pct", "2").returncode == 0
+    before = regions(mtcache_bin, env)
+    result = run(mtcache_bin, env, "--spark-master", "spark//x", "refresh")
+    one_line_error(result, "ProgrammingError", "unknown Spark master 'spark//x'", "sc://HOST")
+    result = run(
+        mtcache_bin, env, "refresh", "--engine", "spark", "--spark-master", "spark://127.0.0.1:1"
+    )
+    one_line_error(result, "OperationalError", "no Spark master answers at spark://127.0.0.1:1")
+    assert regions(mtcache_bin, env) == before
+
+
 def test_a_backend_that_is_not_a_dsn(mtcache_bin: str, env: dict[str, str]) -> None:
     result = run(mtcache_bin, env, "--backend", "this is not a dsn", "query", "SELECT 1")
     one_line_error(result, "InterfaceError", "--backend", "this is not a dsn")
