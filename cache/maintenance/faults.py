@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterable
 
 POINTS = ("after_snapshot", "after_pull", "before_commit", "task", "first_task")
+TASK_POINTS = ("task", "first_task")  # reached only by a pull on Spark
 # task: every Spark task, every attempt; first_task: the first attempt of an operation's first
 # task only (Spark runs the task again, so a pull on a cluster goes on: a lost executor)
 # The stream consumer's (cache.maintenance.stream):

@@ -12,6 +12,7 @@ import psycopg
 import pytest
 import trustme
 
+import cache
 from cache.tools.cli.wiring import settable
 from tests.serving import serve_process
 
@@ -44,6 +45,7 @@ def test_serve_starts_with_a_file_of_every_option(
         "memory_limit": '"1GB"',
         "threads": "2",
         "cache_size_limit": '"200MB"',
+        "spark_master": '"local[2]"',
     }
     serve = {
         "listen": '"127.0.0.1:0"',
@@ -65,10 +67,15 @@ def test_serve_starts_with_a_file_of_every_option(
         "max_result_bytes": "10000000",
         "pool_size": "5",
         "pool_timeout": '"30s"',
+        "spark_master": '"local[1]"',
+        # (an existing cache file is served as it is: no peer is asked for a seed)
+        "seed_from": '"127.0.0.1:1"',
     }
     # every option: one the server gains later must be added here (but `server`, which names
     # a server for the clients' commands: the server itself ignores it)
     assert sorted([*top, "server"]) == settable() and sorted(serve) == settable("serve")
+    with cache.connect(bookstore_dsn, tmp_path / "cache.duckdb", background=False):
+        pass  # (the file exists: seed_from is not used)
     config = tmp_path / "mtcache.toml"
     config.write_text(
         "".join(f"{k} = {v}\n" for k, v in top.items())
