@@ -71,7 +71,7 @@ def test_a_cluster_pull_equals_an_inline_pull_of_the_same_snapshot(
     values and Arrow types, however many tasks read it."""
     query = sales_query(sales_store)
     assert query.pages // PAGES_PER_TASK >= 2, "the pull must be split"
-    with restamping(sales_dsn, 100):
+    with restamping(sales_dsn, 20):
         coordinator = Coordinator(sales_dsn, frozenset())
         try:
             (on_cluster,) = SparkEngine(master, PAGES_PER_TASK).pull(coordinator, [query])
