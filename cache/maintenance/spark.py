@@ -59,6 +59,8 @@ LOG_CONFIG = Path(__file__).with_name("spark-log4j2.properties")
 CHUNK_BYTES = 8 << 20  # at most this much of a task's rows (uncompressed) per IPC stream
 RESULT_SCHEMA = "part int, seq int, payload binary"
 MAX_TASKS = 4096  # a pull is split in at most this many tasks
+TASK_PAGES = 2048  # and in tasks of at most this many heap pages (16 MiB), when it can be
+CONNECT_PARALLELISM = 8  # what a Spark Connect server is taken to run at once (it does not say)
 
 _sessions: dict[str, object] = {}
 _pulling: dict[str, int] = {}  # pulls under way per master (a classic one is not switched then)
@@ -346,13 +348,16 @@ class SparkEngine:
 
     def _pull(self, coordinator: Coordinator, queries: list[PullQuery]) -> list[pa.Table]:
         session = spark_session(self.master)
+        parallelism = CONNECT_PARALLELISM if remote(self.master) else _parallelism(session)
         specs: list[TaskSpec] = []
         owners: list[int] = []
         mark = os.environ.get("MTCACHE_FAULT_MARK")
         for index, query in enumerate(queries):
-            # small tasks: a task's rows pass through the JVM of its executor and of the
-            # driver (in local mode one JVM, its heap 1 GiB by default) in one piece
-            parts = max(1, min(MAX_TASKS, query.pages // self.min_pages_per_task))
+            # twice the parallelism, but tasks of at most TASK_PAGES: a task's rows pass
+            # through the JVM of its executor and of the driver (in local mode one JVM, its
+            # heap 1 GiB by default) in one piece; and none of fewer than min_pages_per_task
+            enough = max(parallelism * 2, -(-query.pages // TASK_PAGES))
+            parts = max(1, min(MAX_TASKS, enough, query.pages // self.min_pages_per_task))
             for block in block_ranges(query.pages, parts):
                 specs.append(
                     TaskSpec(
@@ -383,6 +388,10 @@ class SparkEngine:
         for owner, table in zip(owners, decoded(collected, len(specs)), strict=True):
             tables[owner].append(table)
         return [pa.concat_tables(found) for found in tables]
+
+
+def _parallelism(session: object) -> int:
+    return int(session.sparkContext.defaultParallelism)  # type: ignore[attr-defined]
 
 
 def _cancel(session: object) -> None:
