@@ -66,14 +66,9 @@ def _wait_for(log: Path, pattern: str, process: subprocess.Popen[bytes] | None) 
 
 def _kill_tree(pid: int) -> None:
     """SIGKILL a process and everything below it (a worker's executors and their Pythons)."""
-    from cache.maintenance.spark import child_processes
+    from cache.maintenance.spark import descendants
 
-    pending, found = [pid], []
-    while pending:
-        parent = pending.pop()
-        found.append(parent)
-        pending.extend(child for child, _ in child_processes(parent))
-    for each in found:
+    for each in [pid, *(child for child, _ in descendants(pid))]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(each, signal.SIGKILL)
 
@@ -167,15 +162,11 @@ class StandaloneCluster:
 
     def worker_of(self, pid: int) -> int:
         """The worker a process (an executor's Python worker, say) runs under."""
-        from cache.maintenance.spark import child_processes
+        from cache.maintenance.spark import descendants
 
         for number, worker in self.running.items():
-            pending = [worker.process.pid]
-            while pending:
-                parent = pending.pop()
-                if parent == pid:
-                    return number
-                pending.extend(child for child, _ in child_processes(parent))
+            if any(child == pid for child, _ in descendants(worker.process.pid)):
+                return number
         raise LookupError(f"process {pid} runs under no worker of the cluster")
 
     def stop(self) -> None:

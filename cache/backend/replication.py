@@ -77,6 +77,17 @@ def create_publication(dsn: str, publication: str, tables: list[tuple[str, str]]
             raise translate(exc, "creating the publication for continuous maintenance") from exc
 
 
+def publication_tables(dsn: str, publication: str) -> tuple[tuple[str, str], ...]:
+    """The (schema, table)s ``publication`` carries (none: it does not exist)."""
+    with connect_backend(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s "
+            "ORDER BY 1, 2",
+            (publication,),
+        ).fetchall()
+    return tuple((str(s), str(n)) for s, n in rows)
+
+
 def drop_publication(dsn: str, publication: str) -> None:
     with connect_backend(dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(publication)))

@@ -128,7 +128,7 @@ class Session(CachedReads):
         self.provenance_notices = False
         self.admit_empty = False
         self.refresh_engine = DEFAULT_ENGINE  # (auto: inline unless a pull is large)
-        self.spark_master: str | None = engine.spark_master  # (SET mtcache.spark_master)
+        self.spark_master: str | None = None  # (None: the engine's, `Engine.spark_master`)
         self.report_position = False  # a ParameterStatus mtcache.position after statements
         # how the last statement was answered (`cache.engine.conversation.statistics`): local,
         # mixed, fallback (guards failed), remote; the caller sets "cache" before the cache's

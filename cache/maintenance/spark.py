@@ -6,7 +6,7 @@ The master is ``local[*]`` (the default: Spark in this process's own JVM), a sta
 cluster's ``spark://HOST:PORT``, or a Spark Connect server's ``sc://HOST:PORT``. One code path
 serves all three: a DataFrame of task numbers (``range``, one per partition) mapped by an Arrow
 UDF (`mapInArrow`) whose task pulls its part in the snapshot and returns the rows as
-LZ4-compressed Arrow IPC streams (a binary column, in chunks of `CHUNK_ROWS` rows); the driver
+LZ4-compressed Arrow IPC streams (a binary column, about `CHUNK_BYTES` each); the driver
 collects them with ``toArrow()`` (Arrow batches over the connection, no shared filesystem) and
 decodes each part as the very table an inline pull builds (`copy_to_arrow`), so the types are
 the inline pull's exactly. See docs/decisions/spark-pulls.md.
@@ -148,12 +148,8 @@ def remote(master: str) -> bool:
 
 
 def _loopback(master: str) -> bool:
-    if not master.startswith("spark://"):
-        return True  # local mode
-    return all(
-        host.split(":")[0] in ("127.0.0.1", "localhost", "::1")
-        for host in master.removeprefix("spark://").split(",")
-    )
+    """Local mode, or a standalone cluster whose masters are all on this machine's loopback."""
+    return all(host in ("127.0.0.1", "localhost", "::1") for host, _ in _addresses(master))
 
 
 def _session(master: str) -> object:
@@ -459,6 +455,16 @@ def child_processes(parent: int) -> list[tuple[int, str]]:
                 found.append((int(entry.name), command.decode(errors="replace")))
         except (OSError, ValueError, IndexError):  # gone meanwhile
             continue
+    return found
+
+
+def descendants(pid: int) -> list[tuple[int, str]]:
+    """(pid, command line) of every process below ``pid`` (`child_processes`, down)."""
+    found, pending = [], [pid]
+    while pending:
+        for child in child_processes(pending.pop()):
+            found.append(child)
+            pending.append(child[0])
     return found
 
 

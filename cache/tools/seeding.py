@@ -35,7 +35,13 @@ import psycopg
 
 from cache.backend.pgoutput.messages import lsn_text, lsn_value
 from cache.backend.reflect import connect_backend, fetch_catalog
-from cache.backend.replication import create_publication, create_slot, drop_publication, drop_slot
+from cache.backend.replication import (
+    create_publication,
+    create_slot,
+    drop_publication,
+    drop_slot,
+    publication_tables,
+)
 from cache.dbapi.remote import server_conninfo
 from cache.engine.inspect import status_document
 from cache.maintenance.stream.position import SLOT_PREFIX
@@ -115,7 +121,7 @@ def _check_stream(copied: dict[str, t.Any] | None, own: _Stream | None, backend:
     if (copied is None) != (own is None) or (
         own is not None
         and copied is not None
-        and _tables(backend, copied["publication"]) != own.tables
+        and publication_tables(backend, copied["publication"]) != own.tables
     ):
         raise OperationalError(
             "the peer's continuously maintained views changed while seeding: seed again"
@@ -137,16 +143,6 @@ def _drop_stream(backend: str, name: str) -> None:
             log.error("could not drop the %s %s a failed seed made: %s", what, name, exc)
 
 
-def _tables(backend: str, publication: str) -> tuple[tuple[str, str], ...]:
-    with connect_backend(backend, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s "
-            "ORDER BY 1, 2",
-            (publication,),
-        ).fetchall()
-    return tuple((str(s), str(n)) for s, n in rows)
-
-
 def _status(peer: psycopg.Connection[t.Any]) -> dict[str, t.Any]:
     try:
         rows = peer.execute("SHOW CACHE STATUS").fetchall()
@@ -164,7 +160,7 @@ class _Stream:
 
 def _own_stream(backend: str, peer_publication: str) -> _Stream:
     """A publication of the peer's tables and a slot, both this file's."""
-    tables = _tables(backend, peer_publication)
+    tables = publication_tables(backend, peer_publication)
     if not tables:
         raise ProgrammingError(
             f"the peer's publication {peer_publication} is not in this backend: seed from a "

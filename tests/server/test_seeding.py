@@ -20,6 +20,7 @@ import cache
 from cache.backend.embedded_pg import EmbeddedPostgres
 from cache.maintenance.stream import Consumer
 from cache.tools import bookstore
+from experiments.bench_cluster import copy_rows, reset_statements
 from tests.answers import assert_same_answer, typed
 from tests.schemas import AUTHORS_AND_BOOKS
 from tests.serving import Served, serve_process, server_of
@@ -34,8 +35,6 @@ AUTHORS = (1, 2, 3)
 def backend(pg_cluster: EmbeddedPostgres, request: pytest.FixtureRequest) -> str:
     dsn = pg_cluster.create_database("seed_" + request.node.name[:40])
     bookstore.load_into(dsn)
-    with psycopg.connect(dsn, autocommit=True) as pg:
-        pg.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
     return dsn
 
 
@@ -58,21 +57,6 @@ def writing_reviewers(backend: str) -> t.ContextManager[None]:
     """New reviewers inserted, one transaction each, until the block ends."""
     insert = "INSERT INTO reviewers VALUES (%s, 'new', 'F', 'Madison')"
     return committing(backend, insert, range(1001, 6001))
-
-
-def rows_sent(backend: str) -> int:
-    """Rows the backend has sent in COPY statements (every pull is one) since the reset."""
-    with psycopg.connect(backend, autocommit=True) as pg:
-        row = pg.execute(
-            "SELECT coalesce(sum(rows), 0) FROM pg_stat_statements WHERE query ILIKE 'COPY%'"
-        ).fetchone()
-    assert row is not None
-    return int(row[0])
-
-
-def reset_statements(backend: str) -> None:
-    with psycopg.connect(backend, autocommit=True) as pg:
-        pg.execute("SELECT pg_stat_statements_reset()")
 
 
 def regions(conn: t.Any) -> list[tuple[t.Any, ...]]:
@@ -141,10 +125,10 @@ def test_a_seeded_cache_answers_locally_without_rows_from_the_backend(
         assert answer.route == "local" and len(answer.rows) == 1
         every = "SELECT * FROM reviewers ORDER BY reviewerid"
         assert assert_same_answer(clone, backend, every + BOUND, every).route == "local"
-    assert rows_sent(backend) == 0, "the backend sent view rows to the seeded cache"
+    assert copy_rows(backend) == 0, "the backend sent view rows to the seeded cache"
     with cache.connect(backend, target, background=False) as clone:  # (what a pull counts)
         clone.admin.refresh("authorcopy")
-    assert rows_sent(backend) > 0
+    assert copy_rows(backend) > 0
 
 
 def test_serve_seeds_a_missing_file_and_serves_an_existing_one_as_it_is(
@@ -176,7 +160,7 @@ def test_serve_seeds_a_missing_file_and_serves_an_existing_one_as_it_is(
                 with psycopg.connect(backend) as pg:
                     assert got == typed(pg.execute(query).fetchall())
             assert route and all(r[1] == "local" for r in route), route
-    assert rows_sent(backend) == 0
+    assert copy_rows(backend) == 0
 
 
 def test_a_seed_is_refused_clearly_and_leaves_nothing(

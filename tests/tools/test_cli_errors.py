@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cache.maintenance.spark import child_processes
+from cache.maintenance.spark import descendants
 from cache.tools import bookstore
 
 SCHEMA = bookstore.CACHE_SCHEMA_FILE
@@ -222,16 +222,6 @@ def regions(mtcache_bin: str, env: dict[str, str]) -> list[tuple[object, ...]]:
     ]
 
 
-def _descendants(pid: int) -> list[tuple[int, str]]:
-    """(pid, command line) of every process below ``pid``."""
-    found, pending = [], [pid]
-    while pending:
-        for child in child_processes(pending.pop()):
-            found.append(child)
-            pending.append(child[0])
-    return found
-
-
 @pytest.mark.parametrize("when", ["starting the JVM", "running a Spark task"])
 def test_ctrl_c_during_a_spark_refresh(mtcache_bin: str, env: dict[str, str], when: str) -> None:
     """Ctrl-C stops a Spark refresh at once, whatever it is doing: exit 130, one line, no
@@ -275,7 +265,7 @@ def interrupt_a_spark_refresh(
     try:
         deadline = time.monotonic() + 180  # (a JVM, or a cluster's executors, to start)
         if when == "starting the JVM":
-            while not any("java" in c for _, c in _descendants(proc.pid)):
+            while not any("java" in c for _, c in descendants(proc.pid)):
                 assert time.monotonic() < deadline and proc.poll() is None
                 time.sleep(0.05)
         else:
